@@ -1,0 +1,51 @@
+# RolloutCore — the two commands users run: `make demo` and `make test`.
+# Both install the Debian 12 packages they need (apt, as root), configure, build and run.
+SHELL := /bin/bash
+BUILD ?= build
+FUZZ_BUILD ?= build-fuzz
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+DEB_PACKAGES := cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config \
+  librocksdb-dev libsnappy-dev liblz4-dev libzstd-dev libbz2-dev zlib1g-dev libgflags-dev \
+  flatbuffers-compiler libflatbuffers-dev libspdlog-dev libfmt-dev libcurl4-openssl-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev nlohmann-json3-dev \
+  libcli11-dev libcpp-httplib-dev libssl-dev libbrotli-dev python3 python3-pip python3-venv
+
+.PHONY: all deps configure build test test-cpp test-fuzz demo bench gpu-build clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages:" $$missing; \
+	  SUDO=$$( [ $$(id -u) -eq 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+configure: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test-cpp: build
+	cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(JOBS) --timeout 900
+
+test-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DRC_BUILD_FUZZ=ON -DRC_WITH_CUDA=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
+	cd $(FUZZ_BUILD) && ctest -L fuzz --output-on-failure
+
+test: test-cpp test-fuzz
+
+demo: build
+	./$(BUILD)/cli/rolloutcore demo --journal $(BUILD)/demo-journal
+
+bench: build
+	./scripts/run_benchmarks.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(FUZZ_BUILD)

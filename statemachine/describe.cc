@@ -1,0 +1,126 @@
+#include "statemachine/describe.h"
+
+#include <string>
+#include <type_traits>
+
+namespace rc {
+namespace {
+
+std::string q(const std::string& s) { return "'" + s + "'"; }
+
+std::string version(const WeightVersion& v) {
+  return q(v.label) + "#" + std::to_string(v.generation);
+}
+
+std::string identity(const WeightIdentity& id) {
+  std::string out = "manifest=" + id.manifest_digest.substr(0, 12);
+  if (!id.content_digest.empty()) out += " content=" + id.content_digest.substr(0, 12);
+  if (!id.checkpoint.empty()) out += " ckpt=" + id.checkpoint;
+  if (!id.run.empty()) out += " run=" + id.run;
+  if (id.step >= 0) out += " step=" + std::to_string(id.step);
+  return out;
+}
+
+std::string one(const BootstrapRequested& e) { return "label=" + q(e.label) + " " + identity(e.identity); }
+std::string one(const UpdateRequested& e) {
+  return "update=" + q(e.update_id) + " target=" + q(e.target_label) + " " + identity(e.identity) +
+         (e.source_uri.empty() ? "" : " source=" + e.source_uri);
+}
+std::string one(const RecoveryStarted& e) { return "executor=" + q(e.executor_id); }
+std::string one(const EffectStarted& e) {
+  std::string out = effect_name(e.kind);
+  if (e.kind == EffectKind::kResetCache) out += std::string("(") + cache_name(e.cache) + ")";
+  return out + " deadline=" + std::to_string(e.deadline_ms) + "ms";
+}
+std::string one(const EngineProbed& e) {
+  return describe(e.http) + " version=" + q(e.engine_version) + " label=" + q(e.reported_label);
+}
+std::string one(const DrainObserved& e) {
+  return describe(e.http) + (e.paused ? " paused" : " not-paused");
+}
+std::string one(const DrainTimedOut& e) {
+  return std::to_string(e.active_rollouts) + " active after " + std::to_string(e.waited_ms) + "ms";
+}
+std::string one(const PreflightObserved& e) {
+  return "source_manifest=" + e.source_manifest_digest.substr(0, 12) +
+         " device_ok=" + (e.device_ok ? "1" : "0") + " memory_ok=" + (e.memory_ok ? "1" : "0") +
+         (e.detail.empty() ? "" : " " + e.detail);
+}
+std::string one(const TransferObserved& e) {
+  return std::string(e.acknowledged ? "acknowledged" : "failed") +
+         " mutation=" + mutation_name(e.mutation) + " bytes=" + std::to_string(e.bytes_sent) +
+         " tensors=" + std::to_string(e.tensors_sent) +
+         " duration=" + std::to_string(e.duration_us) + "us finish_label=" + q(e.finish_label) +
+         (e.error.empty() ? "" : " error=" + e.error);
+}
+std::string one(const CacheResetObserved& e) {
+  return std::string(cache_name(e.cache)) + " " + describe(e.http) +
+         " success=" + (e.reported_success ? "true" : "false");
+}
+std::string one(const ValidationObserved& e) {
+  return describe(e.http) + " label=" + q(e.reported_label) +
+         " checks=" + (e.checks_passed ? "passed" : "failed") +
+         (e.detail.empty() ? "" : " " + e.detail);
+}
+std::string one(const ResumeObserved& e) {
+  return describe(e.http) + " is_paused=" +
+         (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown");
+}
+std::string one(const RolloutAdmitted& e) {
+  return "rollout=" + q(e.rollout_id) + " version=" + version(e.version) + " " +
+         identity(e.identity);
+}
+std::string one(const RolloutFinished& e) {
+  return "rollout=" + q(e.rollout_id) + " " + outcome_name(e.outcome) +
+         " prompt_tokens=" + std::to_string(e.prompt_tokens) +
+         " completion_tokens=" + std::to_string(e.completion_tokens);
+}
+std::string one(const StateChanged& e) {
+  return std::string(lifecycle_name(e.from)) + " -> " + lifecycle_name(e.to) + " (" +
+         cause_name(e.cause) + ")" + (e.detail.empty() ? "" : ": " + e.detail);
+}
+std::string one(const VersionPublished& e) {
+  return "update=" + q(e.update_id) + " version=" + version(e.version) + " " +
+         identity(e.identity);
+}
+std::string one(const UpdateEnded& e) {
+  return "update=" + q(e.update_id) + " " + update_outcome_name(e.outcome) +
+         (e.reason.empty() ? "" : ": " + e.reason);
+}
+
+}  // namespace
+
+std::string describe(const HttpEvidence& h) {
+  std::string out = transport_name(h.transport);
+  if (h.transport == Transport::kOk) out = "http " + std::to_string(h.http_status);
+  if (h.transport == Transport::kOk && !h.body_parsed) out += " (unparseable body)";
+  out += " " + std::to_string(h.latency_us) + "us";
+  if (!h.error.empty()) out += " error=" + h.error;
+  return out;
+}
+
+std::string describe(const Event& e) {
+  return std::string(event_name(e)) + " " +
+         std::visit([](const auto& v) { return one(v); }, e);
+}
+
+std::string describe(const State& s) {
+  std::string out = std::string(lifecycle_name(s.lifecycle));
+  if (s.lifecycle != Lifecycle::kUninitialized) {
+    out += " committed=" + version(s.committed) + " " + identity(s.committed_identity);
+  }
+  out += " active=" + std::to_string(s.active.size());
+  if (s.update) {
+    out += " update=" + q(s.update->update_id) + "->" + version(s.update->target);
+    if (s.update->aborting) out += " (aborting: " + s.update->abort_reason + ")";
+  }
+  if (s.taint) {
+    out += std::string(" TAINT from=") + lifecycle_name(s.taint->from) + " cause=" +
+           cause_name(s.taint->cause) + " update=" + q(s.taint->update_id) + " target=" +
+           version(s.taint->target) + ": " + s.taint->detail;
+  }
+  out += " next=" + std::string(effect_name(next_effect(s).kind));
+  return out;
+}
+
+}  // namespace rc

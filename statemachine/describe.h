@@ -1,0 +1,15 @@
+// One-line human descriptions of events and states (demo timelines, replay output, logs).
+#pragma once
+
+#include <string>
+
+#include "statemachine/events.h"
+#include "statemachine/state.h"
+
+namespace rc {
+
+std::string describe(const Event& e);
+std::string describe(const State& s);
+std::string describe(const HttpEvidence& h);
+
+}  // namespace rc

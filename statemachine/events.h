@@ -1,0 +1,204 @@
+// Events: the only way anything enters or leaves the controller. Plain C++ types.
+//
+// Three families:
+//   inputs    — commands accepted (bootstrap, update, recovery) and adapter observations
+//               (typed evidence of each effect, plus the write-ahead EffectStarted intent);
+//   bindings  — a rollout admitted under a committed version+identity, and its end;
+//   decisions — lifecycle transitions, a published version, the end of an update.
+//
+// A journal append is one group: an input (or client binding) followed by the events decide()
+// derived from it; each derived event records the seq of its input (`cause_seq` in the journal
+// envelope). Everything nondeterministic (outcomes, durations, labels the engine reported) is a
+// field here; the fold never reads a clock, the network or the disk.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "statemachine/types.h"
+
+namespace rc {
+
+// ---- inputs: commands ----
+
+// Start serving: the engine must report `label` before the controller goes READY.
+struct BootstrapRequested {
+  std::string label;
+  WeightIdentity identity;
+  bool operator==(const BootstrapRequested&) const = default;
+};
+
+// A trainer asks for the engine to move to a new generation.
+struct UpdateRequested {
+  std::string update_id;     // client-chosen, unique per update
+  std::string target_label;  // what the engine must report after the update
+  WeightIdentity identity;   // what the target is declared to contain
+  std::string source_uri;    // e.g. "safetensors:/ckpt/model.safetensors", "ipc:..."
+  bool operator==(const UpdateRequested&) const = default;
+};
+
+// The executor (re)started and is reconciling with the journal.
+struct RecoveryStarted {
+  std::string executor_id;
+  bool operator==(const RecoveryStarted&) const = default;
+};
+
+// ---- inputs: observations ----
+
+// Write-ahead intent: durable before the effect is performed. For kTransfer, its presence is
+// what makes a crash in UPDATING ambiguous.
+struct EffectStarted {
+  EffectKind kind = EffectKind::kNone;
+  CacheKind cache = CacheKind::kPrefix;  // meaningful for kResetCache only
+  std::uint64_t deadline_ms = 0;         // the deadline the runner gave the effect
+  bool operator==(const EffectStarted&) const = default;
+};
+
+// /health + /version + /weight_info at bootstrap.
+struct EngineProbed {
+  HttpEvidence http;
+  std::string engine_version;  // from /version
+  std::string reported_label;  // from /weight_info
+  bool operator==(const EngineProbed&) const = default;
+};
+
+// POST /pause?mode=wait&clear_cache=false returned (or failed).
+struct DrainObserved {
+  HttpEvidence http;
+  bool paused = false;  // body said {"status":"paused"}
+  bool operator==(const DrainObserved&) const = default;
+};
+
+// The runner waited for local bindings (kAwaitRollouts) past its deadline.
+struct DrainTimedOut {
+  std::uint64_t waited_ms = 0;
+  std::uint32_t active_rollouts = 0;
+  bool operator==(const DrainTimedOut&) const = default;
+};
+
+// Checks before any mutation: the source's manifest, the sender's device and memory.
+struct PreflightObserved {
+  std::string source_manifest_digest;  // computed from the weight source
+  bool device_ok = false;              // calling thread's device == communicator's device
+  bool memory_ok = false;              // staging buffers fit
+  std::string detail;
+  bool operator==(const PreflightObserved&) const = default;
+};
+
+// The weight transfer (start/update/finish + data plane) ended.
+struct TransferObserved {
+  bool acknowledged = false;  // every HTTP step answered 2xx and every byte was sent
+  MutationClass mutation = MutationClass::kNone;
+  std::uint64_t bytes_sent = 0;
+  std::uint32_t tensors_sent = 0;
+  std::uint64_t duration_us = 0;
+  std::string finish_label;  // label sent in /finish_weight_update
+  std::string error;
+  bool operator==(const TransferObserved&) const = default;
+};
+
+// One cache reset. `reported_success` is the body's "success" (routes without one: true on 2xx).
+struct CacheResetObserved {
+  CacheKind cache = CacheKind::kPrefix;
+  HttpEvidence http;
+  bool reported_success = false;
+  bool operator==(const CacheResetObserved&) const = default;
+};
+
+// GET /weight_info (+ optional checksum / canary checks) while the engine is still paused.
+struct ValidationObserved {
+  HttpEvidence http;
+  std::string reported_label;
+  bool checks_passed = true;  // optional checks; true when none configured
+  std::string detail;
+  bool operator==(const ValidationObserved&) const = default;
+};
+
+// POST /resume then GET /is_paused.
+struct ResumeObserved {
+  HttpEvidence http;
+  bool is_paused_known = false;
+  bool is_paused = true;
+  bool operator==(const ResumeObserved&) const = default;
+};
+
+// ---- bindings ----
+
+struct RolloutAdmitted {
+  std::string rollout_id;
+  WeightVersion version;    // must equal the committed version
+  WeightIdentity identity;  // must equal the committed identity
+  bool operator==(const RolloutAdmitted&) const = default;
+};
+
+struct RolloutFinished {
+  std::string rollout_id;
+  RolloutOutcome outcome = RolloutOutcome::kCompleted;
+  std::uint32_t prompt_tokens = 0;
+  std::uint32_t completion_tokens = 0;
+  bool operator==(const RolloutFinished&) const = default;
+};
+
+// ---- decisions ----
+
+// Why a transition happened. Values are part of the journal format: append only.
+enum class Cause : std::uint8_t {
+  kBootstrapped = 0,
+  kUpdateRequested = 1,
+  kDrained = 2,
+  kDrainFailed = 3,
+  kPreflightPassed = 4,
+  kPreflightRefused = 5,
+  kTransferred = 6,
+  kTransferRefused = 7,     // failed, proven before mutation
+  kTransferAmbiguous = 8,   // failed after bytes may have landed
+  kCachesReset = 9,
+  kCacheResetFailed = 10,
+  kValidated = 11,
+  kValidationFailed = 12,
+  kResumed = 13,
+  kRecoveredAmbiguous = 14,   // executor restarted after the transfer intent was durable
+  kRecoveredNoMutation = 15,  // executor restarted in UPDATING before any transfer intent
+};
+inline constexpr std::uint8_t kCauseMax = 15;
+const char* cause_name(Cause c);
+
+struct StateChanged {
+  Lifecycle from = Lifecycle::kUninitialized;
+  Lifecycle to = Lifecycle::kUninitialized;
+  Cause cause = Cause::kBootstrapped;
+  std::string detail;
+  bool operator==(const StateChanged&) const = default;
+};
+
+struct VersionPublished {
+  std::string update_id;
+  WeightVersion version;
+  WeightIdentity identity;
+  bool operator==(const VersionPublished&) const = default;
+};
+
+enum class UpdateOutcome : std::uint8_t { kCommitted = 0, kRefused = 1, kTainted = 2 };
+const char* update_outcome_name(UpdateOutcome o);
+
+struct UpdateEnded {
+  std::string update_id;
+  UpdateOutcome outcome = UpdateOutcome::kCommitted;
+  std::string reason;
+  bool operator==(const UpdateEnded&) const = default;
+};
+
+// Variant order is internal; the journal maps each alternative to a fixed union tag.
+using Event = std::variant<BootstrapRequested, UpdateRequested, RecoveryStarted, EffectStarted,
+                           EngineProbed, DrainObserved, DrainTimedOut, PreflightObserved,
+                           TransferObserved, CacheResetObserved, ValidationObserved,
+                           ResumeObserved, RolloutAdmitted, RolloutFinished, StateChanged,
+                           VersionPublished, UpdateEnded>;
+
+enum class Family : std::uint8_t { kInput = 0, kBinding = 1, kDecision = 2 };
+Family family_of(const Event& e);
+const char* event_name(const Event& e);
+
+}  // namespace rc

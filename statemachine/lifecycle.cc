@@ -1,0 +1,690 @@
+// The lifecycle controller: decide, apply (the fold), next_effect and the invariants.
+//
+// Rules (from the article and DESIGN.md), all enforced here and nowhere else:
+//  * admit only in READY, bound to the committed version and identity;
+//  * an update request stops admissions (READY -> DRAINING);
+//  * QUIESCED only after a drain observed while no local binding is active (an engine that went
+//    idle before the local release landed is re-confirmed, never assumed);
+//  * mutation (the transfer intent) only from UPDATING, entered only from QUIESCED after preflight
+//    (the source's manifest equals the declared identity, device and memory checked);
+//  * publish only after every cache reset reported success and VALIDATING saw the target label;
+//  * a failure that may have mutated weights -> TAINTED; one proven to precede mutation -> the
+//    update is refused and the engine resumes on the old version, untainted;
+//  * TAINTED is terminal: nothing is admitted, nothing published.
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "statemachine/state.h"
+
+namespace rc {
+namespace {
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+bool printable(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c != 0x7f; });
+}
+
+Status check_id(const char* what, const std::string& s) {
+  if (s.empty()) return Status::InvalidArgument(std::string(what) + " is empty");
+  if (s.size() > kIdBytesMax) {
+    return Status::InvalidArgument(std::string(what) + " exceeds " + std::to_string(kIdBytesMax) +
+                                   " bytes");
+  }
+  if (!printable(s)) return Status::InvalidArgument(std::string(what) + " has control bytes");
+  return Status::OK();
+}
+
+Status check_text(const char* what, const std::string& s) {
+  if (s.size() > kTextBytesMax) {
+    return Status::InvalidArgument(std::string(what) + " exceeds " +
+                                   std::to_string(kTextBytesMax) + " bytes");
+  }
+  return Status::OK();
+}
+
+bool is_hex(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+}
+
+Status check_digest(const char* what, const std::string& s, bool required) {
+  if (s.empty()) {
+    if (required) return Status::InvalidArgument(std::string(what) + " is empty");
+    return Status::OK();
+  }
+  if (s.size() > kDigestBytesMax || !is_hex(s)) {
+    return Status::InvalidArgument(std::string(what) + " must be lowercase hex of at most " +
+                                   std::to_string(kDigestBytesMax) + " chars");
+  }
+  return Status::OK();
+}
+
+Status check_identity(const WeightIdentity& id) {
+  RC_RETURN_IF_ERROR(check_digest("identity.manifest_digest", id.manifest_digest, true));
+  RC_RETURN_IF_ERROR(check_digest("identity.content_digest", id.content_digest, false));
+  RC_RETURN_IF_ERROR(check_text("identity.checkpoint", id.checkpoint));
+  if (!id.run.empty()) RC_RETURN_IF_ERROR(check_id("identity.run", id.run));
+  if (id.step < -1) return Status::InvalidArgument("identity.step must be >= -1");
+  return Status::OK();
+}
+
+Status check_http(const HttpEvidence& h) {
+  if (static_cast<std::uint8_t>(h.transport) > 3) {
+    return Status::InvalidArgument("http.transport out of range");
+  }
+  if (h.http_status < 0 || h.http_status > 999) {
+    return Status::InvalidArgument("http.http_status out of range");
+  }
+  return check_text("http.error", h.error);
+}
+
+Status reject(const State& s, const char* what) {
+  return Status::Rejected(std::string(what) + " in state " + lifecycle_name(s.lifecycle));
+}
+
+bool in_update_states(Lifecycle l) {
+  return l == Lifecycle::kDraining || l == Lifecycle::kQuiesced || l == Lifecycle::kUpdating ||
+         l == Lifecycle::kInvalidating || l == Lifecycle::kValidating ||
+         l == Lifecycle::kResuming;
+}
+
+bool must_be_idle(Lifecycle l) {
+  return l == Lifecycle::kQuiesced || l == Lifecycle::kUpdating ||
+         l == Lifecycle::kInvalidating || l == Lifecycle::kValidating;
+}
+
+std::uint8_t cache_bit(CacheKind c) { return static_cast<std::uint8_t>(1u << static_cast<int>(c)); }
+
+// The legal edges of the lifecycle and the causes each may carry.
+bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
+  using L = Lifecycle;
+  using C = Cause;
+  auto is = [&](L f, L t) { return from == f && to == t; };
+  if (is(L::kUninitialized, L::kReady)) return cause == C::kBootstrapped;
+  if (is(L::kReady, L::kDraining)) return cause == C::kUpdateRequested;
+  if (is(L::kDraining, L::kQuiesced)) return cause == C::kDrained;
+  if (is(L::kDraining, L::kResuming)) return cause == C::kDrainFailed;
+  if (is(L::kQuiesced, L::kUpdating)) return cause == C::kPreflightPassed;
+  if (is(L::kQuiesced, L::kResuming)) return cause == C::kPreflightRefused;
+  if (is(L::kUpdating, L::kInvalidating)) return cause == C::kTransferred;
+  if (is(L::kUpdating, L::kResuming)) {
+    return cause == C::kTransferRefused || cause == C::kRecoveredNoMutation;
+  }
+  if (is(L::kUpdating, L::kTainted)) {
+    return cause == C::kTransferAmbiguous || cause == C::kRecoveredAmbiguous;
+  }
+  if (is(L::kInvalidating, L::kValidating)) return cause == C::kCachesReset;
+  if (is(L::kInvalidating, L::kTainted)) return cause == C::kCacheResetFailed;
+  if (is(L::kValidating, L::kResuming)) return cause == C::kValidated;
+  if (is(L::kValidating, L::kTainted)) return cause == C::kValidationFailed;
+  if (is(L::kResuming, L::kReady)) return cause == C::kResumed;
+  return false;
+}
+
+// ---- apply: one handler per event type; each checks legality before changing anything ----
+
+Status observation_open(const State& s, EffectKind kind, const char* what) {
+  if (!s.in_flight.has_value() || s.in_flight->kind != kind) {
+    return Status::Rejected(std::string(what) + " without a matching EffectStarted intent in " +
+                            lifecycle_name(s.lifecycle));
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const BootstrapRequested& e) {
+  if (s.lifecycle != Lifecycle::kUninitialized) return reject(s, "bootstrap");
+  RC_RETURN_IF_ERROR(check_id("label", e.label));
+  RC_RETURN_IF_ERROR(check_identity(e.identity));
+  s.bootstrap = e;
+  s.attempts = 0;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const UpdateRequested& e) {
+  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "update request");
+  RC_RETURN_IF_ERROR(check_id("update_id", e.update_id));
+  RC_RETURN_IF_ERROR(check_id("target_label", e.target_label));
+  RC_RETURN_IF_ERROR(check_identity(e.identity));
+  RC_RETURN_IF_ERROR(check_text("source_uri", e.source_uri));
+  if (e.target_label == s.committed.label) {
+    return Status::InvalidArgument("target_label '" + e.target_label +
+                                   "' equals the committed label");
+  }
+  UpdatePlan plan;
+  plan.update_id = e.update_id;
+  plan.target = WeightVersion{s.committed.generation + 1, e.target_label};
+  plan.identity = e.identity;
+  plan.source_uri = e.source_uri;
+  s.update = std::move(plan);
+  s.counters.updates_requested++;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const RecoveryStarted& e) {
+  RC_RETURN_IF_ERROR(check_id("executor_id", e.executor_id));
+  // The in-flight attempt (if any) is spent; idempotent steps are redone from their start.
+  s.in_flight.reset();
+  s.attempts = 0;
+  if (s.update.has_value()) s.update->drain_seen = false;
+  s.counters.recoveries++;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const EffectStarted& e) {
+  if (s.in_flight.has_value()) return Status::Rejected("an effect is already in flight");
+  if (e.kind == EffectKind::kNone || e.kind == EffectKind::kAwaitRollouts) {
+    return Status::InvalidArgument(std::string("effect ") + effect_name(e.kind) +
+                                   " has no intent record");
+  }
+  Effect want = next_effect(s);
+  Effect got{e.kind, e.kind == EffectKind::kResetCache ? e.cache : CacheKind::kPrefix};
+  if (!(want == got)) {
+    return Status::Rejected(std::string("effect ") + effect_name(e.kind) + " is not due in " +
+                            lifecycle_name(s.lifecycle) + " (due: " + effect_name(want.kind) + ")");
+  }
+  s.in_flight = got;
+  s.attempts++;
+  if (e.kind == EffectKind::kTransfer) s.update->transfer_started = true;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const EngineProbed& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kProbeEngine, "EngineProbed"));
+  RC_RETURN_IF_ERROR(check_http(e.http));
+  RC_RETURN_IF_ERROR(check_text("engine_version", e.engine_version));
+  RC_RETURN_IF_ERROR(check_text("reported_label", e.reported_label));
+  s.in_flight.reset();
+  return Status::OK();
+}
+
+Status apply_one(State& s, const DrainObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kDrain, "DrainObserved"));
+  RC_RETURN_IF_ERROR(check_http(e.http));
+  s.in_flight.reset();
+  if (e.http.ok_2xx() && e.paused && !s.active.empty()) s.update->drain_seen = true;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const DrainTimedOut& e) {
+  (void)e;
+  if (next_effect(s).kind != EffectKind::kAwaitRollouts || s.in_flight.has_value()) {
+    return reject(s, "drain timeout while not awaiting rollouts");
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const PreflightObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kPreflight, "PreflightObserved"));
+  RC_RETURN_IF_ERROR(check_digest("source_manifest_digest", e.source_manifest_digest, false));
+  RC_RETURN_IF_ERROR(check_text("detail", e.detail));
+  s.in_flight.reset();
+  return Status::OK();
+}
+
+Status apply_one(State& s, const TransferObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kTransfer, "TransferObserved"));
+  if (static_cast<std::uint8_t>(e.mutation) > 2) {
+    return Status::InvalidArgument("mutation class out of range");
+  }
+  RC_RETURN_IF_ERROR(check_text("finish_label", e.finish_label));
+  RC_RETURN_IF_ERROR(check_text("error", e.error));
+  s.in_flight.reset();
+  return Status::OK();
+}
+
+Status apply_one(State& s, const CacheResetObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kResetCache, "CacheResetObserved"));
+  if (static_cast<std::uint8_t>(e.cache) >= kCacheKinds) {
+    return Status::InvalidArgument("cache kind out of range");
+  }
+  if (s.in_flight->cache != e.cache) {
+    return Status::Rejected(std::string("reset of ") + cache_name(e.cache) +
+                            " cache observed while " + cache_name(s.in_flight->cache) +
+                            " was in flight");
+  }
+  RC_RETURN_IF_ERROR(check_http(e.http));
+  s.in_flight.reset();
+  if (e.http.ok_2xx() && e.reported_success) {
+    s.update->caches_reset_mask |= cache_bit(e.cache);
+    s.attempts = 0;
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const ValidationObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kValidate, "ValidationObserved"));
+  RC_RETURN_IF_ERROR(check_http(e.http));
+  RC_RETURN_IF_ERROR(check_text("reported_label", e.reported_label));
+  RC_RETURN_IF_ERROR(check_text("detail", e.detail));
+  s.in_flight.reset();
+  return Status::OK();
+}
+
+Status apply_one(State& s, const ResumeObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kResume, "ResumeObserved"));
+  RC_RETURN_IF_ERROR(check_http(e.http));
+  s.in_flight.reset();
+  return Status::OK();
+}
+
+Status apply_one(State& s, const RolloutAdmitted& e) {
+  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "admission");
+  RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
+  if (s.active.count(e.rollout_id) != 0) {
+    return Status::Conflict("rollout '" + e.rollout_id + "' is already active");
+  }
+  if (s.active.size() >= kActiveRolloutsMax) {
+    return Status::Rejected("too many active rollouts (" + std::to_string(kActiveRolloutsMax) +
+                            ")");
+  }
+  if (!(e.version == s.committed) || !(e.identity == s.committed_identity)) {
+    return Status::Rejected("admission for version '" + e.version.label +
+                            "' but the committed version is '" + s.committed.label + "'");
+  }
+  s.active.emplace(e.rollout_id, ActiveRollout{e.version});
+  s.counters.rollouts_admitted++;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const RolloutFinished& e) {
+  RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
+  if (static_cast<std::uint8_t>(e.outcome) > 2) {
+    return Status::InvalidArgument("rollout outcome out of range");
+  }
+  auto it = s.active.find(e.rollout_id);
+  if (it == s.active.end()) {
+    return Status::NotFound("rollout '" + e.rollout_id + "' is not active");
+  }
+  s.active.erase(it);
+  switch (e.outcome) {
+    case RolloutOutcome::kCompleted: s.counters.rollouts_completed++; break;
+    case RolloutOutcome::kAborted: s.counters.rollouts_aborted++; break;
+    case RolloutOutcome::kAbandoned: s.counters.rollouts_abandoned++; break;
+  }
+  return Status::OK();
+}
+
+Status check_state_changed(const State& s, const StateChanged& e) {
+  if (e.from != s.lifecycle) {
+    return Status::Rejected(std::string("transition from ") + lifecycle_name(e.from) +
+                            " recorded in state " + lifecycle_name(s.lifecycle));
+  }
+  if (!legal_edge(e.from, e.to, e.cause)) {
+    return Status::Rejected(std::string("illegal transition ") + lifecycle_name(e.from) + " -> " +
+                            lifecycle_name(e.to) + " (" + cause_name(e.cause) + ")");
+  }
+  RC_RETURN_IF_ERROR(check_text("detail", e.detail));
+  if (s.in_flight.has_value()) return Status::Rejected("transition while an effect is in flight");
+  if (e.to == Lifecycle::kReady && e.from == Lifecycle::kUninitialized && !s.bootstrap) {
+    return Status::Rejected("bootstrap transition without a bootstrap request");
+  }
+  if (e.from != Lifecycle::kUninitialized && !s.update.has_value()) {
+    return Status::Rejected("transition without an update in flight");
+  }
+  if (e.to == Lifecycle::kQuiesced && !s.active.empty()) {
+    return Status::Rejected("QUIESCED with active rollouts");
+  }
+  if (e.to == Lifecycle::kValidating && s.update->caches_reset_mask != kAllCachesMask) {
+    return Status::Rejected("VALIDATING before every cache reset succeeded");
+  }
+  if (e.from == Lifecycle::kResuming && s.update->validated &&
+      !(s.committed == s.update->target)) {
+    return Status::Rejected("RESUMING -> READY before the validated target was published");
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const StateChanged& e) {
+  RC_RETURN_IF_ERROR(check_state_changed(s, e));
+  const Lifecycle from = s.lifecycle;
+  s.lifecycle = e.to;
+  s.attempts = 0;
+  if (e.to == Lifecycle::kReady && from == Lifecycle::kUninitialized) {
+    s.committed = WeightVersion{0, s.bootstrap->label};
+    s.committed_identity = s.bootstrap->identity;
+    s.bootstrap.reset();
+  } else if (e.to == Lifecycle::kResuming && from == Lifecycle::kValidating) {
+    s.update->validated = true;
+  } else if (e.to == Lifecycle::kResuming) {
+    s.update->aborting = true;
+    s.update->abort_reason = e.detail;
+  } else if (e.to == Lifecycle::kReady) {
+    s.update.reset();
+  } else if (e.to == Lifecycle::kTainted) {
+    s.taint = TaintRecord{from, e.cause, s.update->update_id, s.update->target, e.detail};
+    s.update.reset();
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const VersionPublished& e) {
+  if (s.lifecycle != Lifecycle::kResuming || !s.update.has_value() || !s.update->validated) {
+    return reject(s, "publish without validation");
+  }
+  if (e.update_id != s.update->update_id || !(e.version == s.update->target) ||
+      !(e.identity == s.update->identity)) {
+    return Status::Rejected("published version/identity differ from the validated target");
+  }
+  if (e.version.generation != s.committed.generation + 1) {
+    return Status::Rejected("published generation is not committed + 1");
+  }
+  s.committed = e.version;
+  s.committed_identity = e.identity;
+  s.counters.updates_committed++;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const UpdateEnded& e) {
+  if (!s.update.has_value() || s.update->update_id != e.update_id) {
+    return Status::Rejected("update '" + e.update_id + "' is not in flight");
+  }
+  RC_RETURN_IF_ERROR(check_text("reason", e.reason));
+  switch (e.outcome) {
+    case UpdateOutcome::kCommitted:
+      if (!(s.committed == s.update->target)) return Status::Rejected("committed before publish");
+      break;
+    case UpdateOutcome::kRefused:
+      if (s.lifecycle != Lifecycle::kResuming || !s.update->aborting) {
+        return Status::Rejected("refused outside an aborting RESUMING");
+      }
+      s.counters.updates_refused++;
+      break;
+    case UpdateOutcome::kTainted:
+      if (s.lifecycle != Lifecycle::kUpdating && s.lifecycle != Lifecycle::kInvalidating &&
+          s.lifecycle != Lifecycle::kValidating) {
+        return Status::Rejected("tainted outside a mutation state");
+      }
+      break;
+    default:
+      return Status::InvalidArgument("update outcome out of range");
+  }
+  return Status::OK();
+}
+
+// ---- decide: derive the decisions an (already applied) input causes ----
+
+StateChanged change(const State& s, Lifecycle to, Cause cause, std::string detail) {
+  return StateChanged{s.lifecycle, to, cause, std::move(detail)};
+}
+
+void taint(const State& s, Cause cause, std::string detail, std::vector<Event>& out) {
+  out.push_back(UpdateEnded{s.update->update_id, UpdateOutcome::kTainted, detail});
+  out.push_back(change(s, Lifecycle::kTainted, cause, std::move(detail)));
+}
+
+std::string http_summary(const HttpEvidence& h) {
+  std::string out = std::string("transport=") + transport_name(h.transport) +
+                    " status=" + std::to_string(h.http_status);
+  if (!h.body_parsed && h.transport == Transport::kOk) out += " body=unparseable";
+  if (!h.error.empty()) out += " error=" + h.error.substr(0, 256);
+  return out;
+}
+
+bool out_of_attempts(const State& s) { return s.attempts >= kEffectAttemptsMax; }
+
+void derive(const State& s, const EngineProbed& e, std::vector<Event>& out) {
+  if (e.http.ok_2xx() && e.reported_label == s.bootstrap->label) {
+    out.push_back(change(s, Lifecycle::kReady, Cause::kBootstrapped,
+                         "engine " + e.engine_version + " reports '" + e.reported_label + "'"));
+  }
+}
+
+void derive(const State& s, const DrainObserved& e, std::vector<Event>& out) {
+  const bool ok = e.http.ok_2xx() && e.paused;
+  if (ok && s.active.empty()) {
+    out.push_back(change(s, Lifecycle::kQuiesced, Cause::kDrained, "engine paused, no bindings"));
+  } else if (!ok && (e.http.transport == Transport::kTimeout || out_of_attempts(s))) {
+    out.push_back(change(s, Lifecycle::kResuming, Cause::kDrainFailed,
+                         "drain failed: " + http_summary(e.http)));
+  }
+}
+
+void derive(const State& s, const DrainTimedOut& e, std::vector<Event>& out) {
+  out.push_back(change(s, Lifecycle::kResuming, Cause::kDrainFailed,
+                       std::to_string(e.active_rollouts) + " rollouts still active after " +
+                           std::to_string(e.waited_ms) + " ms"));
+}
+
+void derive(const State& s, const PreflightObserved& e, std::vector<Event>& out) {
+  std::string why;
+  if (e.source_manifest_digest != s.update->identity.manifest_digest) {
+    why += "source manifest " + e.source_manifest_digest.substr(0, 16) +
+           " != declared " + s.update->identity.manifest_digest.substr(0, 16) + "; ";
+  }
+  if (!e.device_ok) why += "wrong CUDA device; ";
+  if (!e.memory_ok) why += "not enough device memory for staging; ";
+  if (why.empty()) {
+    out.push_back(change(s, Lifecycle::kUpdating, Cause::kPreflightPassed, e.detail));
+  } else {
+    out.push_back(change(s, Lifecycle::kResuming, Cause::kPreflightRefused, why + e.detail));
+  }
+}
+
+void derive(const State& s, const TransferObserved& e, std::vector<Event>& out) {
+  if (e.acknowledged && e.mutation == MutationClass::kComplete) {
+    out.push_back(change(s, Lifecycle::kInvalidating, Cause::kTransferred,
+                         std::to_string(e.bytes_sent) + " bytes, " +
+                             std::to_string(e.tensors_sent) + " tensors"));
+  } else if (!e.acknowledged && e.mutation == MutationClass::kNone) {
+    out.push_back(change(s, Lifecycle::kResuming, Cause::kTransferRefused,
+                         "no mutation: " + e.error));
+  } else {
+    taint(s, Cause::kTransferAmbiguous,
+          std::string("mutation ") + mutation_name(e.mutation) + " after " +
+              std::to_string(e.bytes_sent) + " bytes: " + e.error,
+          out);
+  }
+}
+
+void derive(const State& s, const CacheResetObserved& e, std::vector<Event>& out) {
+  const bool ok = e.http.ok_2xx() && e.reported_success;
+  if (ok && s.update->caches_reset_mask == kAllCachesMask) {
+    out.push_back(change(s, Lifecycle::kValidating, Cause::kCachesReset,
+                         "prefix, encoder and mm caches reset"));
+  } else if (!ok && out_of_attempts(s)) {
+    std::string why = std::string(cache_name(e.cache)) + " cache reset failed " +
+                      std::to_string(s.attempts) + " times: " + http_summary(e.http);
+    if (e.http.ok_2xx()) why += " success=false";
+    taint(s, Cause::kCacheResetFailed, why, out);
+  }
+}
+
+void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out) {
+  const std::string& want = s.update->target.label;
+  if (e.http.ok_2xx() && e.reported_label == want && e.checks_passed) {
+    out.push_back(change(s, Lifecycle::kResuming, Cause::kValidated,
+                         "engine reports '" + e.reported_label + "'"));
+  } else if (e.http.ok_2xx()) {
+    std::string why = "engine reports '" + e.reported_label + "', expected '" + want + "'";
+    if (!e.checks_passed) why = "checks failed: " + e.detail;
+    taint(s, Cause::kValidationFailed, why, out);
+  } else if (out_of_attempts(s)) {
+    taint(s, Cause::kValidationFailed, "validation unreachable: " + http_summary(e.http), out);
+  }
+}
+
+void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
+  if (!(e.http.ok_2xx() && e.is_paused_known && !e.is_paused)) return;
+  const UpdatePlan& u = *s.update;
+  if (u.validated) {
+    out.push_back(VersionPublished{u.update_id, u.target, u.identity});
+    out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kCommitted,
+                              "engine serves '" + u.target.label + "'"});
+  } else {
+    out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kRefused, u.abort_reason});
+  }
+  out.push_back(change(s, Lifecycle::kReady, Cause::kResumed, "engine resumed"));
+}
+
+void derive(const State& s, const RecoveryStarted&, std::vector<Event>& out) {
+  for (const auto& [id, rollout] : s.active) {
+    (void)rollout;
+    out.push_back(RolloutFinished{id, RolloutOutcome::kAbandoned, 0, 0});
+  }
+  if (s.lifecycle != Lifecycle::kUpdating) return;
+  if (s.update->transfer_started) {
+    taint(s, Cause::kRecoveredAmbiguous, "executor restarted after the transfer intent", out);
+  } else {
+    out.push_back(change(s, Lifecycle::kResuming, Cause::kRecoveredNoMutation,
+                         "executor restarted before any transfer"));
+  }
+}
+
+template <class T>
+void derive(const State& s, const T& e, std::vector<Event>& out) {
+  if constexpr (std::is_same_v<T, UpdateRequested>) {
+    (void)e;
+    out.push_back(change(s, Lifecycle::kDraining, Cause::kUpdateRequested,
+                         "target '" + s.update->target.label + "'"));
+  } else {
+    (void)s;
+    (void)e;
+    (void)out;  // BootstrapRequested, EffectStarted, bindings: no decisions.
+  }
+}
+
+}  // namespace
+
+Status apply(State& state, const Event& event) {
+  State next = state;
+  Status st = std::visit([&](const auto& e) { return apply_one(next, e); }, event);
+  if (!st.ok()) return st;
+  next.counters.events++;
+  const std::string broken = check_invariants(next);
+  if (!broken.empty()) {
+    std::fprintf(stderr, "rolloutcore: after %s: %s\n", event_name(event), broken.c_str());
+    RC_ASSERT(broken.empty());
+  }
+  state = std::move(next);
+  return Status::OK();
+}
+
+Result<std::vector<Event>> decide(const State& state, const Event& input) {
+  if (family_of(input) == Family::kDecision) {
+    return Status::InvalidArgument(std::string(event_name(input)) +
+                                   " is a decision and cannot be submitted as input");
+  }
+  if (const auto* f = std::get_if<RolloutFinished>(&input);
+      f != nullptr && f->outcome == RolloutOutcome::kAbandoned) {
+    return Status::InvalidArgument("abandoned is recorded by recovery, not submitted");
+  }
+  State after = state;
+  RC_RETURN_IF_ERROR(apply(after, input));
+  std::vector<Event> out;
+  std::visit([&](const auto& e) { derive(after, e, out); }, input);
+  // The derived decisions must themselves be legal: a failure here is a bug in derive().
+  for (const Event& d : out) {
+    Status st = apply(after, d);
+    if (!st.ok()) std::fprintf(stderr, "rolloutcore: derived %s\n", st.ToString().c_str());
+    RC_ASSERT(st.ok());
+  }
+  return out;
+}
+
+Result<std::vector<Event>> step(State& state, const Event& input) {
+  Result<std::vector<Event>> decided = decide(state, input);
+  if (!decided.ok()) return decided;
+  State next = state;
+  RC_ASSERT(apply(next, input).ok());
+  for (const Event& d : decided.value()) RC_ASSERT(apply(next, d).ok());
+  state = std::move(next);
+  return decided;
+}
+
+Effect next_effect(const State& s) {
+  const bool can_retry = s.attempts < kEffectAttemptsMax;
+  switch (s.lifecycle) {
+    case Lifecycle::kUninitialized:
+      if (s.bootstrap.has_value() && can_retry) return {EffectKind::kProbeEngine};
+      return {};
+    case Lifecycle::kReady:
+    case Lifecycle::kTainted:
+      return {};
+    case Lifecycle::kDraining:
+      if (s.update->drain_seen && !s.active.empty()) return {EffectKind::kAwaitRollouts};
+      return can_retry ? Effect{EffectKind::kDrain} : Effect{};
+    case Lifecycle::kQuiesced:
+      return can_retry ? Effect{EffectKind::kPreflight} : Effect{};
+    case Lifecycle::kUpdating:
+      // The transfer is not idempotent: one attempt, then the observation decides.
+      return s.update->transfer_started ? Effect{} : Effect{EffectKind::kTransfer};
+    case Lifecycle::kInvalidating:
+      for (std::uint8_t c = 0; c < kCacheKinds; ++c) {
+        if ((s.update->caches_reset_mask & (1u << c)) == 0) {
+          return can_retry ? Effect{EffectKind::kResetCache, static_cast<CacheKind>(c)} : Effect{};
+        }
+      }
+      return {};
+    case Lifecycle::kValidating:
+      return can_retry ? Effect{EffectKind::kValidate} : Effect{};
+    case Lifecycle::kResuming:
+      return can_retry ? Effect{EffectKind::kResume} : Effect{};
+  }
+  return {};
+}
+
+std::string check_invariants(const State& s) {
+  const Lifecycle l = s.lifecycle;
+  if (static_cast<std::uint8_t>(l) > kLifecycleMax) return "lifecycle out of range";
+  if (must_be_idle(l) && !s.active.empty()) return "rollouts active while weights may mutate";
+  if (l == Lifecycle::kResuming && s.update && !s.update->aborting && !s.active.empty()) {
+    return "rollouts active while resuming a new version";
+  }
+  for (const auto& [id, r] : s.active) {
+    if (!(r.version == s.committed)) return "rollout '" + id + "' bound to a non-committed version";
+  }
+  if (in_update_states(l) && !s.update.has_value()) return "update state without an update plan";
+  if ((l == Lifecycle::kUninitialized || l == Lifecycle::kTainted) && s.update.has_value()) {
+    return "update plan outside the update states";
+  }
+  if ((l == Lifecycle::kTainted) != s.taint.has_value()) return "taint record mismatch";
+  if (l == Lifecycle::kUninitialized && (!s.active.empty() || s.committed.generation != 0)) {
+    return "UNINITIALIZED with bindings or a committed generation";
+  }
+  if (s.update.has_value()) {
+    const UpdatePlan& u = *s.update;
+    const bool published = s.committed == u.target;
+    if (!published && u.target.generation != s.committed.generation + 1) {
+      return "target generation is not committed + 1";
+    }
+    if (published && !(l == Lifecycle::kResuming && u.validated)) {
+      return "target published outside a validated RESUMING";
+    }
+    if (l == Lifecycle::kValidating && u.caches_reset_mask != kAllCachesMask) {
+      return "VALIDATING with a cache not reset";
+    }
+    if (u.validated && (u.caches_reset_mask != kAllCachesMask || !u.transfer_started)) {
+      return "validated without transfer and resets";
+    }
+    if (u.validated && u.aborting) return "validated and aborting at once";
+    if ((l == Lifecycle::kUpdating || l == Lifecycle::kInvalidating ||
+         l == Lifecycle::kValidating) && u.aborting) {
+      return "aborting while mutating";
+    }
+    if (u.transfer_started && (l == Lifecycle::kDraining || l == Lifecycle::kQuiesced)) {
+      return "transfer intent before UPDATING";
+    }
+  }
+  if (s.attempts > kEffectAttemptsMax) return "attempts over the bound";
+  if (s.active.size() > kActiveRolloutsMax) return "active rollouts over the bound";
+  if (s.in_flight.has_value() && (l == Lifecycle::kReady || l == Lifecycle::kTainted)) {
+    return "effect in flight in a state without effects";
+  }
+  if (s.bootstrap.has_value() && l != Lifecycle::kUninitialized) return "bootstrap after start";
+  return {};
+}
+
+RolloutAdmitted make_admission(const State& state, std::string rollout_id) {
+  return RolloutAdmitted{std::move(rollout_id), state.committed, state.committed_identity};
+}
+
+}  // namespace rc

@@ -1,0 +1,146 @@
+// Human-readable names for the enums; used in messages, the journal's JSON dump and replay output.
+#include <type_traits>
+
+#include "statemachine/events.h"
+#include "statemachine/types.h"
+
+namespace rc {
+
+const char* lifecycle_name(Lifecycle s) {
+  switch (s) {
+    case Lifecycle::kUninitialized: return "UNINITIALIZED";
+    case Lifecycle::kReady: return "READY";
+    case Lifecycle::kDraining: return "DRAINING";
+    case Lifecycle::kQuiesced: return "QUIESCED";
+    case Lifecycle::kUpdating: return "UPDATING";
+    case Lifecycle::kInvalidating: return "INVALIDATING";
+    case Lifecycle::kValidating: return "VALIDATING";
+    case Lifecycle::kResuming: return "RESUMING";
+    case Lifecycle::kTainted: return "TAINTED";
+  }
+  return "?";
+}
+
+const char* cache_name(CacheKind c) {
+  switch (c) {
+    case CacheKind::kPrefix: return "prefix";
+    case CacheKind::kEncoder: return "encoder";
+    case CacheKind::kMultimodal: return "mm";
+  }
+  return "?";
+}
+
+const char* mutation_name(MutationClass m) {
+  switch (m) {
+    case MutationClass::kNone: return "none";
+    case MutationClass::kPossible: return "possible";
+    case MutationClass::kComplete: return "complete";
+  }
+  return "?";
+}
+
+const char* transport_name(Transport t) {
+  switch (t) {
+    case Transport::kOk: return "ok";
+    case Transport::kConnectFailed: return "connect_failed";
+    case Transport::kTimeout: return "timeout";
+    case Transport::kBroken: return "broken";
+  }
+  return "?";
+}
+
+const char* outcome_name(RolloutOutcome o) {
+  switch (o) {
+    case RolloutOutcome::kCompleted: return "completed";
+    case RolloutOutcome::kAborted: return "aborted";
+    case RolloutOutcome::kAbandoned: return "abandoned";
+  }
+  return "?";
+}
+
+const char* effect_name(EffectKind e) {
+  switch (e) {
+    case EffectKind::kNone: return "none";
+    case EffectKind::kProbeEngine: return "probe_engine";
+    case EffectKind::kDrain: return "drain";
+    case EffectKind::kAwaitRollouts: return "await_rollouts";
+    case EffectKind::kPreflight: return "preflight";
+    case EffectKind::kTransfer: return "transfer";
+    case EffectKind::kResetCache: return "reset_cache";
+    case EffectKind::kValidate: return "validate";
+    case EffectKind::kResume: return "resume";
+  }
+  return "?";
+}
+
+const char* cause_name(Cause c) {
+  switch (c) {
+    case Cause::kBootstrapped: return "bootstrapped";
+    case Cause::kUpdateRequested: return "update_requested";
+    case Cause::kDrained: return "drained";
+    case Cause::kDrainFailed: return "drain_failed";
+    case Cause::kPreflightPassed: return "preflight_passed";
+    case Cause::kPreflightRefused: return "preflight_refused";
+    case Cause::kTransferred: return "transferred";
+    case Cause::kTransferRefused: return "transfer_refused";
+    case Cause::kTransferAmbiguous: return "transfer_ambiguous";
+    case Cause::kCachesReset: return "caches_reset";
+    case Cause::kCacheResetFailed: return "cache_reset_failed";
+    case Cause::kValidated: return "validated";
+    case Cause::kValidationFailed: return "validation_failed";
+    case Cause::kResumed: return "resumed";
+    case Cause::kRecoveredAmbiguous: return "recovered_ambiguous";
+    case Cause::kRecoveredNoMutation: return "recovered_no_mutation";
+  }
+  return "?";
+}
+
+const char* update_outcome_name(UpdateOutcome o) {
+  switch (o) {
+    case UpdateOutcome::kCommitted: return "committed";
+    case UpdateOutcome::kRefused: return "refused";
+    case UpdateOutcome::kTainted: return "tainted";
+  }
+  return "?";
+}
+
+namespace {
+template <class T>
+constexpr const char* name_of() {
+  if constexpr (std::is_same_v<T, BootstrapRequested>) return "BootstrapRequested";
+  if constexpr (std::is_same_v<T, UpdateRequested>) return "UpdateRequested";
+  if constexpr (std::is_same_v<T, RecoveryStarted>) return "RecoveryStarted";
+  if constexpr (std::is_same_v<T, EffectStarted>) return "EffectStarted";
+  if constexpr (std::is_same_v<T, EngineProbed>) return "EngineProbed";
+  if constexpr (std::is_same_v<T, DrainObserved>) return "DrainObserved";
+  if constexpr (std::is_same_v<T, DrainTimedOut>) return "DrainTimedOut";
+  if constexpr (std::is_same_v<T, PreflightObserved>) return "PreflightObserved";
+  if constexpr (std::is_same_v<T, TransferObserved>) return "TransferObserved";
+  if constexpr (std::is_same_v<T, CacheResetObserved>) return "CacheResetObserved";
+  if constexpr (std::is_same_v<T, ValidationObserved>) return "ValidationObserved";
+  if constexpr (std::is_same_v<T, ResumeObserved>) return "ResumeObserved";
+  if constexpr (std::is_same_v<T, RolloutAdmitted>) return "RolloutAdmitted";
+  if constexpr (std::is_same_v<T, RolloutFinished>) return "RolloutFinished";
+  if constexpr (std::is_same_v<T, StateChanged>) return "StateChanged";
+  if constexpr (std::is_same_v<T, VersionPublished>) return "VersionPublished";
+  if constexpr (std::is_same_v<T, UpdateEnded>) return "UpdateEnded";
+  return "?";
+}
+}  // namespace
+
+const char* event_name(const Event& e) {
+  return std::visit([](const auto& v) { return name_of<std::decay_t<decltype(v)>>(); }, e);
+}
+
+Family family_of(const Event& e) {
+  if (std::holds_alternative<RolloutAdmitted>(e) || std::holds_alternative<RolloutFinished>(e)) {
+    return Family::kBinding;
+  }
+  if (std::holds_alternative<StateChanged>(e) || std::holds_alternative<VersionPublished>(e) ||
+      std::holds_alternative<UpdateEnded>(e)) {
+    return Family::kDecision;
+  }
+  return Family::kInput;
+}
+
+}  // namespace rc

@@ -1,0 +1,102 @@
+// The controller's state and its three pure functions: decide, apply (the fold), next_effect.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "statemachine/events.h"
+#include "statemachine/status.h"
+#include "statemachine/types.h"
+
+namespace rc {
+
+struct Effect {
+  EffectKind kind = EffectKind::kNone;
+  CacheKind cache = CacheKind::kPrefix;
+  bool operator==(const Effect&) const = default;
+};
+
+struct ActiveRollout {
+  WeightVersion version;
+  bool operator==(const ActiveRollout&) const = default;
+};
+
+// An update in flight, from READY→DRAINING until it ends in READY or TAINTED.
+struct UpdatePlan {
+  std::string update_id;
+  WeightVersion target;
+  WeightIdentity identity;
+  std::string source_uri;
+  bool drain_seen = false;        // a drain succeeded while local bindings were still active
+  bool transfer_started = false;  // the kTransfer intent is durable: mutation may have begun
+  std::uint8_t caches_reset_mask = 0;
+  bool validated = false;         // VALIDATING saw the target label: RESUMING publishes
+  bool aborting = false;          // refused before mutation: RESUMING returns to the old version
+  std::string abort_reason;
+  bool operator==(const UpdatePlan&) const = default;
+};
+
+struct TaintRecord {
+  Lifecycle from = Lifecycle::kUninitialized;
+  Cause cause = Cause::kTransferAmbiguous;
+  std::string update_id;
+  WeightVersion target;
+  std::string detail;
+  bool operator==(const TaintRecord&) const = default;
+};
+
+struct Counters {
+  std::uint64_t events = 0;
+  std::uint64_t rollouts_admitted = 0;
+  std::uint64_t rollouts_completed = 0;
+  std::uint64_t rollouts_aborted = 0;
+  std::uint64_t rollouts_abandoned = 0;
+  std::uint64_t updates_requested = 0;
+  std::uint64_t updates_committed = 0;
+  std::uint64_t updates_refused = 0;
+  std::uint64_t recoveries = 0;
+  bool operator==(const Counters&) const = default;
+};
+
+struct State {
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  // Committed version and identity: what the engine serves (valid from READY on).
+  WeightVersion committed;
+  WeightIdentity committed_identity;
+  // Bootstrap request awaiting the probe (UNINITIALIZED only).
+  std::optional<BootstrapRequested> bootstrap;
+  // Attempts of the current effect (counted from EffectStarted; reset when the effect changes).
+  std::uint32_t attempts = 0;
+  // The effect whose EffectStarted intent is durable and whose observation has not arrived.
+  std::optional<Effect> in_flight;
+  std::map<std::string, ActiveRollout> active;  // ordered: decisions over it are deterministic
+  std::optional<UpdatePlan> update;
+  std::optional<TaintRecord> taint;
+  Counters counters;
+  bool operator==(const State&) const = default;
+};
+
+// decide: for an input (or a client binding), the events it causes, or a rejection
+// (kRejected for lifecycle refusals, kInvalidArgument for malformed fields). Never mutates.
+[[nodiscard]] Result<std::vector<Event>> decide(const State& state, const Event& input);
+
+// apply: the fold. Returns an error and leaves the state unchanged if the event is not legal
+// in this state (a corrupt or forged history); asserts the invariants after every change.
+[[nodiscard]] Status apply(State& state, const Event& event);
+
+// next_effect: what the runner must perform now (kNone: nothing, wait for input).
+Effect next_effect(const State& state);
+
+// Invariants that must hold between any two events. Empty string when they hold.
+std::string check_invariants(const State& state);
+
+// Convenience: decide then apply the input and its consequences; returns the derived events.
+[[nodiscard]] Result<std::vector<Event>> step(State& state, const Event& input);
+
+// A binding for a new rollout under the committed version (the caller journals it as input).
+RolloutAdmitted make_admission(const State& state, std::string rollout_id);
+
+}  // namespace rc
