@@ -92,6 +92,8 @@ Effect next_effect(const State& state);
 
 // Invariants that must hold between any two events. Empty string when they hold.
 std::string check_invariants(const State& state);
+// The same without the per-rollout checks (O(1)); apply runs it after inputs.
+std::string check_invariants_cheap(const State& state);
 
 // Convenience: decide then apply the input and its consequences; returns the derived events.
 [[nodiscard]] Result<std::vector<Event>> step(State& state, const Event& input);
