@@ -78,8 +78,23 @@ class Journal {
                                                              const Options& options);
 
   // Validates, assigns seqs and enqueues the group for the next group commit. Non-blocking apart
-  // from a short internal lock; call Wait before acting on the events.
+  // from a short internal lock; call Wait before acting on the events. Validation includes the
+  // fold: every event must apply() to the journal's folded state (an illegal group is refused
+  // whole, nothing written), and events[1..] must be exactly decide(state, events[0]).
   [[nodiscard]] virtual Result<Ticket> Enqueue(const AppendRequest& request) = 0;
+
+  // The controller's entry point: under the journal's lock, decide(state, input); if accepted,
+  // enqueue [input, decisions...] as one group and fold it. Returns the ticket and the derived
+  // decisions; a rejection (Rejected / InvalidArgument / Conflict) writes nothing.
+  struct Submitted {
+    Ticket ticket;
+    std::vector<Event> decisions;
+  };
+  [[nodiscard]] virtual Result<Submitted> Submit(const Event& input, std::int64_t wall_time_ms,
+                                                 const std::string& client_event_id = "") = 0;
+
+  // The folded state after every enqueued group (a copy, taken under the lock).
+  virtual State state() const = 0;
   // Blocks until the ticket's group is durable (or the commit failed: the journal is then
   // unusable and every later call fails).
   [[nodiscard]] virtual Status Wait(const Ticket& ticket) = 0;
