@@ -1,0 +1,40 @@
+// The control-plane calls the runner makes on the engine, returning typed evidence.
+// Implemented over HTTP by HttpEngineControl (effects/http_engine.h, libcurl); tests may plug in
+// fault-injecting versions. The decision is always the fold's: these only observe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "statemachine/events.h"
+
+namespace rc::effects {
+
+class EngineControl {
+ public:
+  virtual ~EngineControl() = default;
+  // /health, /version, /weight_info.
+  virtual EngineProbed Probe() = 0;
+  // POST /update_weight_version (bootstrap only: names the initial weights).
+  virtual HttpEvidence SetLabel(const std::string& label) = 0;
+  // POST /pause?mode=wait&clear_cache=false — blocks until running requests finish.
+  virtual DrainObserved PauseWait(std::uint64_t timeout_ms) = 0;
+  virtual CacheResetObserved ResetCache(CacheKind cache) = 0;
+  // GET /weight_info while still paused.
+  virtual ValidationObserved WeightInfo() = 0;
+  // POST /resume then GET /is_paused.
+  virtual ResumeObserved Resume() = 0;
+};
+
+// Monotonic time and sleeping, injectable for simulation.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual std::int64_t now_ms() = 0;       // monotonic
+  virtual std::int64_t wall_ms() = 0;      // wall clock, recorded in the journal envelope
+  virtual void sleep_ms(std::uint32_t ms) = 0;
+};
+
+Clock& system_clock();
+
+}  // namespace rc::effects

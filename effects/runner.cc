@@ -1,0 +1,212 @@
+#include "effects/runner.h"
+
+#include <chrono>
+#include <thread>
+#include <utility>
+
+namespace rc::effects {
+namespace {
+
+std::uint64_t elapsed_us(std::chrono::steady_clock::time_point since) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                        std::chrono::steady_clock::now() - since)
+                                        .count());
+}
+
+class SystemClock final : public Clock {
+ public:
+  std::int64_t now_ms() override {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  std::int64_t wall_ms() override {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  void sleep_ms(std::uint32_t ms) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+};
+
+}  // namespace
+
+Clock& system_clock() {
+  static SystemClock clock;
+  return clock;
+}
+
+Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer& transfer,
+               Clock& clock, RunnerOptions options)
+    : journal_(journal), engine_(engine), transfer_(transfer), clock_(clock),
+      options_(std::move(options)) {
+  RC_ASSERT(options_.backoff_ms_min <= options_.backoff_ms_max);
+  RC_ASSERT(options_.effects_per_drive_max > 0);
+}
+
+Result<std::vector<Event>> Runner::submit(const Event& input, const std::string& client_event_id) {
+  const auto start = std::chrono::steady_clock::now();
+  auto submitted = journal_.Submit(input, clock_.wall_ms(), client_event_id);
+  if (!submitted.ok()) return submitted.status();
+  RC_RETURN_IF_ERROR(journal_.Wait(submitted->ticket));
+  timings_.journal_us += elapsed_us(start);
+  if (observer_) {
+    std::uint64_t seq = submitted->ticket.result.first_seq;
+    observer_(seq, input);
+    for (const Event& d : submitted->decisions) observer_(++seq, d);
+  }
+  for (const Event& d : submitted->decisions) {
+    if (const auto* ended = std::get_if<UpdateEnded>(&d)) ended_.push_back(*ended);
+  }
+  return std::move(submitted->decisions);
+}
+
+std::uint64_t Runner::deadline_for(EffectKind kind) const {
+  switch (kind) {
+    case EffectKind::kDrain: return options_.drain_timeout_ms;
+    case EffectKind::kTransfer: return options_.transfer_timeout_ms;
+    default: return options_.call_timeout_ms;
+  }
+}
+
+Event Runner::observe(const Effect& effect, const State& s) {
+  switch (effect.kind) {
+    case EffectKind::kProbeEngine: {
+      EngineProbed probed = engine_.Probe();
+      // Bootstrap names the initial weights: if the engine is healthy but reports another
+      // label, set it once and probe again; the evidence is what the engine reports after.
+      if (probed.http.ok_2xx() && probed.reported_label != s.bootstrap->label) {
+        HttpEvidence set = engine_.SetLabel(s.bootstrap->label);
+        if (set.ok_2xx()) probed = engine_.Probe();
+      }
+      return probed;
+    }
+    case EffectKind::kDrain:
+      return engine_.PauseWait(options_.drain_timeout_ms);
+    case EffectKind::kPreflight:
+    case EffectKind::kTransfer: {
+      const UpdatePlan& u = *s.update;
+      TransferTarget target{u.update_id, u.target, u.identity, u.source_uri};
+      if (effect.kind == EffectKind::kPreflight) return transfer_.Preflight(target);
+      return transfer_.Transfer(target, options_.transfer_timeout_ms);
+    }
+    case EffectKind::kResetCache:
+      return engine_.ResetCache(effect.cache);
+    case EffectKind::kValidate:
+      return engine_.WeightInfo();
+    case EffectKind::kResume:
+      return engine_.Resume();
+    case EffectKind::kNone:
+    case EffectKind::kAwaitRollouts:
+      break;
+  }
+  RC_ASSERT(false && "observe() called for an effect without I/O");
+  return DrainTimedOut{};
+}
+
+std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
+  switch (kind) {
+    case EffectKind::kDrain:
+    case EffectKind::kAwaitRollouts: return &t.drain_us;
+    case EffectKind::kPreflight: return &t.preflight_us;
+    case EffectKind::kTransfer: return &t.transfer_us;
+    case EffectKind::kResetCache: return &t.invalidate_us;
+    case EffectKind::kValidate: return &t.validate_us;
+    case EffectKind::kResume: return &t.resume_us;
+    default: return nullptr;
+  }
+}
+
+Status Runner::perform(const Effect& effect, const State& state) {
+  auto intent = submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind)});
+  if (!intent.ok()) return intent.status();
+  const auto start = std::chrono::steady_clock::now();
+  Event observation = observe(effect, state);
+  if (std::uint64_t* slot = phase_slot(timings_, effect.kind)) *slot += elapsed_us(start);
+  auto decided = submit(observation);
+  return decided.status();
+}
+
+Status Runner::await_rollouts(const State& state) {
+  const std::int64_t start_ms = clock_.now_ms();
+  const auto start = std::chrono::steady_clock::now();
+  (void)state;
+  while (true) {
+    const State now = journal_.state();
+    if (next_effect(now).kind != EffectKind::kAwaitRollouts) break;
+    const std::int64_t waited_ms = clock_.now_ms() - start_ms;
+    if (waited_ms >= static_cast<std::int64_t>(options_.drain_timeout_ms)) {
+      auto r = submit(DrainTimedOut{static_cast<std::uint64_t>(waited_ms),
+                                    static_cast<std::uint32_t>(now.active.size())});
+      if (!r.ok()) return r.status();
+      break;
+    }
+    clock_.sleep_ms(options_.await_poll_ms);
+  }
+  timings_.drain_us += elapsed_us(start);
+  return Status::OK();
+}
+
+Status Runner::Drive() {
+  std::uint32_t backoff_ms = options_.backoff_ms_min;
+  Effect previous{};
+  for (std::uint32_t i = 0; i < options_.effects_per_drive_max; ++i) {
+    const State state = journal_.state();
+    const Effect effect = next_effect(state);
+    if (effect.kind == EffectKind::kNone) return Status::OK();
+    if (effect.kind == EffectKind::kAwaitRollouts) {
+      RC_RETURN_IF_ERROR(await_rollouts(state));
+      continue;
+    }
+    // The same effect due again means the last attempt failed: back off (bounded).
+    if (i > 0 && effect == previous && state.attempts > 0) {
+      clock_.sleep_ms(backoff_ms);
+      backoff_ms = std::min(options_.backoff_ms_max, backoff_ms * 2);
+    } else {
+      backoff_ms = options_.backoff_ms_min;
+    }
+    previous = effect;
+    RC_RETURN_IF_ERROR(perform(effect, state));
+  }
+  return Status::Internal("Drive() performed " + std::to_string(options_.effects_per_drive_max) +
+                          " effects without settling");
+}
+
+Status Runner::Recover() {
+  auto r = submit(RecoveryStarted{options_.executor_id});
+  if (!r.ok()) return r.status();
+  return Drive();
+}
+
+Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identity) {
+  auto r = submit(BootstrapRequested{label, identity});
+  if (!r.ok()) return r.status();
+  RC_RETURN_IF_ERROR(Drive());
+  const State s = journal_.state();
+  if (s.lifecycle != Lifecycle::kReady) {
+    return Status::Unavailable("bootstrap did not reach READY: engine never reported '" + label +
+                               "' (" + std::to_string(s.attempts) + " probes)");
+  }
+  return Status::OK();
+}
+
+Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {
+  timings_.clear();
+  ended_.clear();
+  const auto start = std::chrono::steady_clock::now();
+  auto r = submit(request, "update:" + request.update_id);
+  if (!r.ok()) return r.status();
+  Status driven = Drive();
+  timings_.total_us = elapsed_us(start);
+  if (!driven.ok()) return driven;
+  for (const UpdateEnded& e : ended_) {
+    if (e.update_id == request.update_id) return e;
+  }
+  const State s = journal_.state();
+  return Status::Unavailable("update '" + request.update_id + "' did not end: state " +
+                             lifecycle_name(s.lifecycle) + ", next effect " +
+                             effect_name(next_effect(s).kind) + " (retries exhausted)");
+}
+
+}  // namespace rc::effects

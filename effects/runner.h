@@ -1,0 +1,85 @@
+// The effects runner: executes next_effect(state) with write-ahead journaling.
+//
+// For each effect: journal the EffectStarted intent (durable) -> perform it -> journal the typed
+// observation (durable; the journal folds it and derives the decisions) -> repeat. The runner
+// decides nothing: it only performs what the fold names and records what it saw. Every effect
+// has a deadline; retries of idempotent effects are bounded by the fold (kEffectAttemptsMax)
+// and spaced by a bounded backoff here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "effects/engine.h"
+#include "effects/transfer.h"
+#include "journal/journal.h"
+#include "statemachine/state.h"
+
+namespace rc::effects {
+
+struct RunnerOptions {
+  std::string executor_id = "rolloutcore";
+  std::uint64_t drain_timeout_ms = 600000;     // pause(mode=wait) + awaiting local bindings
+  std::uint64_t transfer_timeout_ms = 600000;  // the whole transfer, data plane included
+  std::uint64_t call_timeout_ms = 10000;       // recorded deadline of the other effects
+  std::uint32_t backoff_ms_min = 20;           // between retries of a failed idempotent effect
+  std::uint32_t backoff_ms_max = 1000;
+  std::uint32_t await_poll_ms = 1;             // polling interval while awaiting bindings
+  std::uint32_t effects_per_drive_max = 256;   // bound on one Drive() call
+};
+
+// Where one update cycle spent its time (microseconds), for the article's phase split.
+struct PhaseTimings {
+  std::uint64_t drain_us = 0;       // pause(wait) + awaiting bindings
+  std::uint64_t preflight_us = 0;
+  std::uint64_t transfer_us = 0;
+  std::uint64_t invalidate_us = 0;  // the three cache resets
+  std::uint64_t validate_us = 0;
+  std::uint64_t resume_us = 0;
+  std::uint64_t journal_us = 0;     // durable appends (intents, observations, decisions)
+  std::uint64_t total_us = 0;
+  void clear() { *this = PhaseTimings{}; }
+};
+
+class Runner {
+ public:
+  using Observer = std::function<void(std::uint64_t seq, const Event& event)>;
+
+  Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer& transfer, Clock& clock,
+         RunnerOptions options);
+
+  // Journals RecoveryStarted (abandons bindings whose clients are gone, classifies a crash in
+  // UPDATING) and redoes whatever idempotent step was interrupted.
+  [[nodiscard]] Status Recover();
+  // UNINITIALIZED -> READY once the engine reports `label`.
+  [[nodiscard]] Status Bootstrap(const std::string& label, const WeightIdentity& identity);
+  // Submits the request and drives the update to its end (committed, refused or tainted).
+  [[nodiscard]] Result<UpdateEnded> Update(const UpdateRequested& request);
+  // Performs effects until none is due.
+  [[nodiscard]] Status Drive();
+
+  const PhaseTimings& last_timings() const { return timings_; }
+  // Called for every event the runner journals (inputs and their decisions), in seq order.
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
+ private:
+  [[nodiscard]] Result<std::vector<Event>> submit(const Event& input,
+                                                  const std::string& client_event_id = "");
+  [[nodiscard]] Status perform(const Effect& effect, const State& state);
+  [[nodiscard]] Status await_rollouts(const State& state);
+  Event observe(const Effect& effect, const State& state);
+  std::uint64_t deadline_for(EffectKind kind) const;
+
+  journal::Journal& journal_;
+  EngineControl& engine_;
+  WeightTransfer& transfer_;
+  Clock& clock_;
+  RunnerOptions options_;
+  PhaseTimings timings_;
+  Observer observer_;
+  std::vector<UpdateEnded> ended_;  // UpdateEnded decisions seen since the last Update()
+};
+
+}  // namespace rc::effects

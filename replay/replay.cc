@@ -1,0 +1,226 @@
+#include "replay/replay.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+
+#include "journal/json.h"
+#include "statemachine/describe.h"
+
+namespace rc::replay {
+namespace {
+
+// The decisions recorded after an input, waiting to be compared with decide()'s.
+struct PendingInput {
+  std::uint64_t seq = 0;
+  std::vector<Event> expected;
+  std::size_t matched = 0;
+};
+
+class Replayer {
+ public:
+  explicit Replayer(ReplayReport& report) : report_(report) {}
+
+  Status Visit(const journal::Record& r) {
+    report_.records++;
+    report_.last_seq = r.seq;
+    if (!report_.ok) return Status::OK();  // keep counting; the first failure is what matters
+    if (r.cause_seq == 0) {
+      if (!CloseInput()) return Status::OK();
+      Result<std::vector<Event>> decided = decide(report_.state, r.event);
+      if (!decided.ok()) {
+        return Fail(r.seq, std::string("recorded input ") + event_name(r.event) +
+                               " is rejected by decide(): " + decided.status().ToString());
+      }
+      pending_ = PendingInput{r.seq, std::move(decided.value()), 0};
+      report_.inputs++;
+    } else {
+      if (r.cause_seq != pending_.seq) {
+        return Fail(r.seq, "derived record names cause seq " + std::to_string(r.cause_seq) +
+                               " but the open input is seq " + std::to_string(pending_.seq));
+      }
+      if (pending_.matched >= pending_.expected.size() ||
+          !(pending_.expected[pending_.matched] == r.event)) {
+        std::string want = pending_.matched < pending_.expected.size()
+                               ? describe(pending_.expected[pending_.matched])
+                               : "nothing";
+        return Fail(r.seq, "non-determinism: recorded " + describe(r.event) +
+                               " but decide() derives " + want);
+      }
+      pending_.matched++;
+    }
+    Status applied = apply(report_.state, r.event);
+    if (!applied.ok()) return Fail(r.seq, "illegal record: " + applied.ToString());
+    Track(r);
+    return Status::OK();
+  }
+
+  void Finish() { CloseInput(); }
+
+ private:
+  bool CloseInput() {
+    if (pending_.seq != 0 && pending_.matched != pending_.expected.size()) {
+      Fail(pending_.seq, "non-determinism: decide() derives " +
+                             std::to_string(pending_.expected.size()) + " decisions for seq " +
+                             std::to_string(pending_.seq) + " but " +
+                             std::to_string(pending_.matched) + " were recorded");
+      return false;
+    }
+    return true;
+  }
+
+  Status Fail(std::uint64_t seq, std::string why) {
+    report_.ok = false;
+    report_.first_bad_seq = seq;
+    report_.error = std::move(why);
+    return Status::OK();
+  }
+
+  // Keeps the records of the update in flight so a TAINTED incident can be explained.
+  void Track(const journal::Record& r) {
+    if (std::holds_alternative<UpdateRequested>(r.event)) update_records_.clear();
+    if (report_.state.update.has_value() || std::holds_alternative<StateChanged>(r.event) ||
+        std::holds_alternative<UpdateEnded>(r.event)) {
+      if (update_records_.size() < kTimelineRecordsMax) update_records_.push_back(r);
+    }
+    const auto* changed = std::get_if<StateChanged>(&r.event);
+    if (changed != nullptr && changed->to == Lifecycle::kTainted) {
+      report_.incidents.push_back(Explain(r.seq));
+    }
+    if (changed != nullptr && changed->to == Lifecycle::kReady) update_records_.clear();
+  }
+
+  TaintIncident Explain(std::uint64_t taint_seq) const;
+
+  static constexpr std::size_t kTimelineRecordsMax = 4096;
+  ReplayReport& report_;
+  PendingInput pending_;
+  std::vector<journal::Record> update_records_;
+};
+
+TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
+  TaintIncident incident;
+  incident.taint_seq = taint_seq;
+  incident.timeline = update_records_;
+  const TaintRecord& t = *report_.state.taint;
+  incident.update_id = t.update_id;
+  std::ostringstream out;
+  out << "TAINTED at seq " << taint_seq << " from " << lifecycle_name(t.from) << " ("
+      << cause_name(t.cause) << "): " << t.detail << "\n";
+  out << "  update '" << t.update_id << "' targeted '" << t.target.label << "' (generation "
+      << t.target.generation << "); last committed version '" << report_.state.committed.label
+      << "' (generation " << report_.state.committed.generation << ")\n";
+  bool intent = false;
+  for (const journal::Record& r : update_records_) {
+    if (const auto* e = std::get_if<EffectStarted>(&r.event);
+        e != nullptr && e->kind == EffectKind::kTransfer) {
+      intent = true;
+      out << "  seq " << r.seq << ": transfer intent durable (deadline " << e->deadline_ms
+          << " ms) - from here on the engine's weights may have changed\n";
+    }
+    if (const auto* o = std::get_if<TransferObserved>(&r.event)) {
+      out << "  seq " << r.seq << ": transfer " << (o->acknowledged ? "acknowledged" : "failed")
+          << ", mutation " << mutation_name(o->mutation) << ", " << o->bytes_sent << " bytes / "
+          << o->tensors_sent << " tensors in " << o->duration_us / 1000 << " ms"
+          << (o->error.empty() ? "" : ": " + o->error) << "\n";
+    }
+    if (const auto* c = std::get_if<CacheResetObserved>(&r.event)) {
+      out << "  seq " << r.seq << ": " << cache_name(c->cache) << " cache reset "
+          << describe(c->http) << " success=" << (c->reported_success ? "true" : "false") << "\n";
+    }
+    if (const auto* v = std::get_if<ValidationObserved>(&r.event)) {
+      out << "  seq " << r.seq << ": validation " << describe(v->http) << " reported '"
+          << v->reported_label << "'\n";
+    }
+    if (std::holds_alternative<RecoveryStarted>(r.event)) {
+      out << "  seq " << r.seq << ": executor restarted\n";
+    }
+  }
+  switch (t.cause) {
+    case Cause::kTransferAmbiguous:
+    case Cause::kRecoveredAmbiguous:
+      out << "  reading: the transfer " << (intent ? "had started" : "state is unknown")
+          << " and did not complete cleanly, so the engine may hold a mix of '"
+          << report_.state.committed.label << "' and '" << t.target.label
+          << "' tensors. Neither version can be claimed.\n";
+      break;
+    case Cause::kCacheResetFailed:
+      out << "  reading: the new weights landed but a cache computed by the old weights could "
+             "not be shown to be cleared; serving would risk stale KV/encoder reuse.\n";
+      break;
+    case Cause::kValidationFailed:
+      out << "  reading: after the mutation the engine did not prove it serves the target; "
+             "the weights it holds are unknown.\n";
+      break;
+    default:
+      break;
+  }
+  out << "  nothing was published and no rollout was admitted after this point. Recover by "
+         "restarting the engine from a known checkpoint and starting a new journal.";
+  incident.explanation = out.str();
+  return incident;
+}
+
+}  // namespace
+
+Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& options) {
+  ReplayReport report;
+  Replayer replayer(report);
+  Status scanned = journal.Scan(1, options.until_seq, [&](const journal::Record& r) {
+    return replayer.Visit(r);
+  });
+  if (!scanned.ok()) {
+    // A chain, decode or contiguity failure: report it with the seq the journal named.
+    report.ok = false;
+    report.error = scanned.ToString();
+    if (report.first_bad_seq == 0) report.first_bad_seq = report.last_seq + 1;
+    return report;
+  }
+  if (report.ok) replayer.Finish();
+  return report;
+}
+
+std::string FormatReport(const ReplayReport& report) {
+  std::ostringstream out;
+  out << "records: " << report.records << " (inputs re-decided: " << report.inputs
+      << "), last seq " << report.last_seq << "\n";
+  out << "state: " << describe(report.state) << "\n";
+  const Counters& c = report.state.counters;
+  out << "rollouts: admitted " << c.rollouts_admitted << ", completed " << c.rollouts_completed
+      << ", aborted " << c.rollouts_aborted << ", abandoned " << c.rollouts_abandoned
+      << "; updates: requested " << c.updates_requested << ", committed " << c.updates_committed
+      << ", refused " << c.updates_refused << "; recoveries " << c.recoveries << "\n";
+  if (report.ok) {
+    out << "verification: OK (hash chain, legality of every record, every decision reproduced)\n";
+  } else {
+    out << "verification: FAILED at seq " << report.first_bad_seq << ": " << report.error << "\n";
+  }
+  for (const TaintIncident& i : report.incidents) out << i.explanation << "\n";
+  return out.str();
+}
+
+std::string ReportJson(const ReplayReport& report) {
+  nlohmann::json j;
+  j["records"] = report.records;
+  j["inputs"] = report.inputs;
+  j["last_seq"] = report.last_seq;
+  j["ok"] = report.ok;
+  if (!report.ok) {
+    j["first_bad_seq"] = report.first_bad_seq;
+    j["error"] = report.error;
+  }
+  j["state"] = journal::to_json(report.state);
+  j["incidents"] = nlohmann::json::array();
+  for (const TaintIncident& i : report.incidents) {
+    nlohmann::json inc;
+    inc["taint_seq"] = i.taint_seq;
+    inc["update_id"] = i.update_id;
+    inc["explanation"] = i.explanation;
+    inc["timeline"] = nlohmann::json::array();
+    for (const journal::Record& r : i.timeline) inc["timeline"].push_back(journal::to_json(r));
+    j["incidents"].push_back(std::move(inc));
+  }
+  return j.dump(2);
+}
+
+}  // namespace rc::replay

@@ -1,0 +1,45 @@
+// Replay: refold a journal, re-verify every recorded decision, verify the hash chain, and
+// explain TAINTED incidents from the evidence that led to them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "journal/journal.h"
+#include "statemachine/state.h"
+
+namespace rc::replay {
+
+struct ReplayOptions {
+  std::uint64_t until_seq = 0;  // 0: the whole journal
+};
+
+// One TAINTED incident: the update's records from its request to the taint, and a reading.
+struct TaintIncident {
+  std::uint64_t taint_seq = 0;
+  std::string update_id;
+  std::vector<journal::Record> timeline;
+  std::string explanation;
+};
+
+struct ReplayReport {
+  State state;                   // folded state at until_seq (or head)
+  std::uint64_t records = 0;     // records visited
+  std::uint64_t inputs = 0;      // inputs whose decisions were re-derived
+  std::uint64_t last_seq = 0;
+  bool ok = true;                // chain verified, every record legal, decisions reproduced
+  std::uint64_t first_bad_seq = 0;
+  std::string error;             // what is wrong at first_bad_seq
+  std::vector<TaintIncident> incidents;
+};
+
+// Streams the journal once. Never fails on bad content: a broken chain, an illegal record or a
+// decision that decide() does not reproduce is reported in the report (ok=false, first_bad_seq).
+// Fails only when the journal cannot be read at all.
+[[nodiscard]] Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& options);
+
+std::string FormatReport(const ReplayReport& report);
+std::string ReportJson(const ReplayReport& report);
+
+}  // namespace rc::replay
