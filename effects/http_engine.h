@@ -1,0 +1,26 @@
+// EngineControl over vLLM's HTTP routes (the libcurl EngineClient).
+#pragma once
+
+#include "effects/engine.h"
+#include "effects/http/engine_client.h"
+
+namespace rc::effects {
+
+class HttpEngineControl final : public EngineControl {
+ public:
+  explicit HttpEngineControl(EngineClient& client) : client_(client) {}
+  EngineProbed Probe() override { return client_.Probe(); }
+  HttpEvidence SetLabel(const std::string& label) override {
+    return client_.UpdateWeightVersion(label).http;
+  }
+  // The drain deadline is the client's drain_timeout_ms unless a shorter one is asked for.
+  DrainObserved PauseWait(std::uint64_t timeout_ms) override;
+  CacheResetObserved ResetCache(CacheKind cache) override { return client_.ResetCache(cache); }
+  ValidationObserved WeightInfo() override { return client_.WeightInfo(); }
+  ResumeObserved Resume() override { return client_.Resume(); }
+
+ private:
+  EngineClient& client_;
+};
+
+}  // namespace rc::effects
