@@ -123,6 +123,10 @@ class Journal {
   [[nodiscard]] virtual Status CatchUp() = 0;
   // Point-in-time copy (RocksDB checkpoint) for offline audit.
   [[nodiscard]] virtual Status Checkpoint(const std::string& dir) = 0;
+  // Reads every SST block and checks its checksum (offline audit; Corruption names the file).
+  [[nodiscard]] virtual Status VerifyChecksum() = 0;
+  // Flushes memtables to SST files (audit and corruption tests; appends never need it).
+  [[nodiscard]] virtual Status Flush() = 0;
 };
 
 }  // namespace rc::journal

@@ -1,0 +1,565 @@
+// Record and State codec. The wire grammar is in codec.h; this file is the only place that
+// touches the generated FlatBuffers types.
+#include "journal/codec.h"
+
+#include <openssl/evp.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "journal/events_generated.h"
+
+namespace rc::journal {
+namespace {
+
+namespace fb = ::rc::fb;
+using flatbuffers::FlatBufferBuilder;
+using flatbuffers::Offset;
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+// ---- encode ----
+
+template <class E>
+auto Fb(E e) {
+  return static_cast<std::underlying_type_t<E>>(e);
+}
+
+Offset<fb::WeightVersion> EncVersion(FlatBufferBuilder& b, const WeightVersion& v) {
+  auto label = b.CreateString(v.label);
+  return fb::CreateWeightVersion(b, v.generation, label);
+}
+
+Offset<fb::WeightIdentity> EncIdentity(FlatBufferBuilder& b, const WeightIdentity& id) {
+  auto manifest = b.CreateString(id.manifest_digest);
+  auto content = b.CreateString(id.content_digest);
+  auto checkpoint = b.CreateString(id.checkpoint);
+  auto run = b.CreateString(id.run);
+  return fb::CreateWeightIdentity(b, manifest, content, checkpoint, run, id.step);
+}
+
+Offset<fb::HttpEvidence> EncHttp(FlatBufferBuilder& b, const HttpEvidence& h) {
+  auto error = b.CreateString(h.error);
+  return fb::CreateHttpEvidence(b, static_cast<fb::Transport>(Fb(h.transport)), h.http_status,
+                                h.body_parsed, h.latency_us, error);
+}
+
+struct Encoded {
+  fb::Payload type;
+  Offset<void> value;
+};
+
+Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
+  return std::visit(
+      Overloaded{
+          [&](const BootstrapRequested& e) -> Encoded {
+            auto label = b.CreateString(e.label);
+            auto id = EncIdentity(b, e.identity);
+            return {fb::Payload::BootstrapRequested,
+                    fb::CreateBootstrapRequested(b, label, id).Union()};
+          },
+          [&](const UpdateRequested& e) -> Encoded {
+            auto update_id = b.CreateString(e.update_id);
+            auto target = b.CreateString(e.target_label);
+            auto id = EncIdentity(b, e.identity);
+            auto uri = b.CreateString(e.source_uri);
+            return {fb::Payload::UpdateRequested,
+                    fb::CreateUpdateRequested(b, update_id, target, id, uri).Union()};
+          },
+          [&](const RecoveryStarted& e) -> Encoded {
+            auto executor = b.CreateString(e.executor_id);
+            return {fb::Payload::RecoveryStarted, fb::CreateRecoveryStarted(b, executor).Union()};
+          },
+          [&](const EffectStarted& e) -> Encoded {
+            return {fb::Payload::EffectStarted,
+                    fb::CreateEffectStarted(b, static_cast<fb::EffectKind>(Fb(e.kind)),
+                                            static_cast<fb::CacheKind>(Fb(e.cache)), e.deadline_ms)
+                        .Union()};
+          },
+          [&](const EngineProbed& e) -> Encoded {
+            auto http = EncHttp(b, e.http);
+            auto version = b.CreateString(e.engine_version);
+            auto label = b.CreateString(e.reported_label);
+            return {fb::Payload::EngineProbed,
+                    fb::CreateEngineProbed(b, http, version, label).Union()};
+          },
+          [&](const DrainObserved& e) -> Encoded {
+            auto http = EncHttp(b, e.http);
+            return {fb::Payload::DrainObserved, fb::CreateDrainObserved(b, http, e.paused).Union()};
+          },
+          [&](const DrainTimedOut& e) -> Encoded {
+            return {fb::Payload::DrainTimedOut,
+                    fb::CreateDrainTimedOut(b, e.waited_ms, e.active_rollouts).Union()};
+          },
+          [&](const PreflightObserved& e) -> Encoded {
+            auto digest = b.CreateString(e.source_manifest_digest);
+            auto detail = b.CreateString(e.detail);
+            return {fb::Payload::PreflightObserved,
+                    fb::CreatePreflightObserved(b, digest, e.device_ok, e.memory_ok, detail)
+                        .Union()};
+          },
+          [&](const TransferObserved& e) -> Encoded {
+            auto label = b.CreateString(e.finish_label);
+            auto error = b.CreateString(e.error);
+            return {fb::Payload::TransferObserved,
+                    fb::CreateTransferObserved(b, e.acknowledged,
+                                               static_cast<fb::MutationClass>(Fb(e.mutation)),
+                                               e.bytes_sent, e.tensors_sent, e.duration_us, label,
+                                               error)
+                        .Union()};
+          },
+          [&](const CacheResetObserved& e) -> Encoded {
+            auto http = EncHttp(b, e.http);
+            return {fb::Payload::CacheResetObserved,
+                    fb::CreateCacheResetObserved(b, static_cast<fb::CacheKind>(Fb(e.cache)), http,
+                                                 e.reported_success)
+                        .Union()};
+          },
+          [&](const ValidationObserved& e) -> Encoded {
+            auto http = EncHttp(b, e.http);
+            auto label = b.CreateString(e.reported_label);
+            auto detail = b.CreateString(e.detail);
+            return {fb::Payload::ValidationObserved,
+                    fb::CreateValidationObserved(b, http, label, e.checks_passed, detail).Union()};
+          },
+          [&](const ResumeObserved& e) -> Encoded {
+            auto http = EncHttp(b, e.http);
+            return {fb::Payload::ResumeObserved,
+                    fb::CreateResumeObserved(b, http, e.is_paused_known, e.is_paused).Union()};
+          },
+          [&](const RolloutAdmitted& e) -> Encoded {
+            auto rid = b.CreateString(e.rollout_id);
+            auto version = EncVersion(b, e.version);
+            auto id = EncIdentity(b, e.identity);
+            return {fb::Payload::RolloutAdmitted,
+                    fb::CreateRolloutAdmitted(b, rid, version, id).Union()};
+          },
+          [&](const RolloutFinished& e) -> Encoded {
+            auto rid = b.CreateString(e.rollout_id);
+            return {fb::Payload::RolloutFinished,
+                    fb::CreateRolloutFinished(b, rid, static_cast<fb::RolloutOutcome>(Fb(e.outcome)),
+                                              e.prompt_tokens, e.completion_tokens)
+                        .Union()};
+          },
+          [&](const StateChanged& e) -> Encoded {
+            auto detail = b.CreateString(e.detail);
+            return {fb::Payload::StateChanged,
+                    fb::CreateStateChanged(b, static_cast<fb::Lifecycle>(Fb(e.from)),
+                                           static_cast<fb::Lifecycle>(Fb(e.to)),
+                                           static_cast<fb::Cause>(Fb(e.cause)), detail)
+                        .Union()};
+          },
+          [&](const VersionPublished& e) -> Encoded {
+            auto update_id = b.CreateString(e.update_id);
+            auto version = EncVersion(b, e.version);
+            auto id = EncIdentity(b, e.identity);
+            return {fb::Payload::VersionPublished,
+                    fb::CreateVersionPublished(b, update_id, version, id).Union()};
+          },
+          [&](const UpdateEnded& e) -> Encoded {
+            auto update_id = b.CreateString(e.update_id);
+            auto reason = b.CreateString(e.reason);
+            return {fb::Payload::UpdateEnded,
+                    fb::CreateUpdateEnded(b, update_id,
+                                          static_cast<fb::UpdateOutcome>(Fb(e.outcome)), reason)
+                        .Union()};
+          },
+      },
+      event);
+}
+
+std::string Finish(FlatBufferBuilder& b) {
+  return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+}
+
+// ---- decode ----
+
+// Collects the first semantic error while converting a verified buffer.
+struct Decoder {
+  std::string error;
+
+  template <class E, class F>
+  E Enum(F raw_enum, std::uint8_t max, const char* what) {
+    const auto raw = static_cast<std::uint8_t>(raw_enum);
+    if (raw > max) {
+      if (error.empty()) {
+        error = std::string(what) + " value " + std::to_string(raw) + " out of range (max " +
+                std::to_string(max) + ")";
+      }
+      return static_cast<E>(0);
+    }
+    return static_cast<E>(raw);
+  }
+};
+
+std::string Str(const flatbuffers::String* s) { return s == nullptr ? std::string() : s->str(); }
+
+WeightVersion DecVersion(const fb::WeightVersion* v) {
+  if (v == nullptr) return {};
+  return WeightVersion{v->generation(), Str(v->label())};
+}
+
+WeightIdentity DecIdentity(const fb::WeightIdentity* v) {
+  if (v == nullptr) return {};
+  return WeightIdentity{Str(v->manifest_digest()), Str(v->content_digest()), Str(v->checkpoint()),
+                        Str(v->run()), v->step()};
+}
+
+HttpEvidence DecHttp(Decoder& d, const fb::HttpEvidence* v) {
+  if (v == nullptr) return {};
+  HttpEvidence h;
+  h.transport = d.Enum<Transport>(v->transport(), 3, "http.transport");
+  h.http_status = v->http_status();
+  h.body_parsed = v->body_parsed();
+  h.latency_us = v->latency_us();
+  h.error = Str(v->error());
+  return h;
+}
+
+constexpr std::uint8_t kEffectKindMaxRaw = kEffectKindMax;
+constexpr std::uint8_t kCacheMaxRaw = kCacheKinds - 1;
+
+// Converts a verified payload; `table` is non-null (checked by the caller).
+Event DecEvent(Decoder& d, const fb::Record* r) {
+  switch (r->payload_type()) {
+    case fb::Payload::BootstrapRequested: {
+      auto* e = r->payload_as_BootstrapRequested();
+      return BootstrapRequested{Str(e->label()), DecIdentity(e->identity())};
+    }
+    case fb::Payload::UpdateRequested: {
+      auto* e = r->payload_as_UpdateRequested();
+      return UpdateRequested{Str(e->update_id()), Str(e->target_label()),
+                             DecIdentity(e->identity()), Str(e->source_uri())};
+    }
+    case fb::Payload::RecoveryStarted:
+      return RecoveryStarted{Str(r->payload_as_RecoveryStarted()->executor_id())};
+    case fb::Payload::EffectStarted: {
+      auto* e = r->payload_as_EffectStarted();
+      return EffectStarted{d.Enum<EffectKind>(e->kind(), kEffectKindMaxRaw, "EffectStarted.kind"),
+                           d.Enum<CacheKind>(e->cache(), kCacheMaxRaw, "EffectStarted.cache"),
+                           e->deadline_ms()};
+    }
+    case fb::Payload::EngineProbed: {
+      auto* e = r->payload_as_EngineProbed();
+      return EngineProbed{DecHttp(d, e->http()), Str(e->engine_version()),
+                          Str(e->reported_label())};
+    }
+    case fb::Payload::DrainObserved: {
+      auto* e = r->payload_as_DrainObserved();
+      return DrainObserved{DecHttp(d, e->http()), e->paused()};
+    }
+    case fb::Payload::DrainTimedOut: {
+      auto* e = r->payload_as_DrainTimedOut();
+      return DrainTimedOut{e->waited_ms(), e->active_rollouts()};
+    }
+    case fb::Payload::PreflightObserved: {
+      auto* e = r->payload_as_PreflightObserved();
+      return PreflightObserved{Str(e->source_manifest_digest()), e->device_ok(), e->memory_ok(),
+                               Str(e->detail())};
+    }
+    case fb::Payload::TransferObserved: {
+      auto* e = r->payload_as_TransferObserved();
+      return TransferObserved{e->acknowledged(),
+                              d.Enum<MutationClass>(e->mutation(), 2, "TransferObserved.mutation"),
+                              e->bytes_sent(),
+                              e->tensors_sent(),
+                              e->duration_us(),
+                              Str(e->finish_label()),
+                              Str(e->error())};
+    }
+    case fb::Payload::CacheResetObserved: {
+      auto* e = r->payload_as_CacheResetObserved();
+      return CacheResetObserved{
+          d.Enum<CacheKind>(e->cache(), kCacheMaxRaw, "CacheResetObserved.cache"),
+          DecHttp(d, e->http()), e->reported_success()};
+    }
+    case fb::Payload::ValidationObserved: {
+      auto* e = r->payload_as_ValidationObserved();
+      return ValidationObserved{DecHttp(d, e->http()), Str(e->reported_label()),
+                                e->checks_passed(), Str(e->detail())};
+    }
+    case fb::Payload::ResumeObserved: {
+      auto* e = r->payload_as_ResumeObserved();
+      return ResumeObserved{DecHttp(d, e->http()), e->is_paused_known(), e->is_paused()};
+    }
+    case fb::Payload::RolloutAdmitted: {
+      auto* e = r->payload_as_RolloutAdmitted();
+      return RolloutAdmitted{Str(e->rollout_id()), DecVersion(e->version()),
+                             DecIdentity(e->identity())};
+    }
+    case fb::Payload::RolloutFinished: {
+      auto* e = r->payload_as_RolloutFinished();
+      return RolloutFinished{Str(e->rollout_id()),
+                             d.Enum<RolloutOutcome>(e->outcome(), 2, "RolloutFinished.outcome"),
+                             e->prompt_tokens(), e->completion_tokens()};
+    }
+    case fb::Payload::StateChanged: {
+      auto* e = r->payload_as_StateChanged();
+      return StateChanged{d.Enum<Lifecycle>(e->from(), kLifecycleMax, "StateChanged.from"),
+                          d.Enum<Lifecycle>(e->to(), kLifecycleMax, "StateChanged.to"),
+                          d.Enum<Cause>(e->cause(), kCauseMax, "StateChanged.cause"),
+                          Str(e->detail())};
+    }
+    case fb::Payload::VersionPublished: {
+      auto* e = r->payload_as_VersionPublished();
+      return VersionPublished{Str(e->update_id()), DecVersion(e->version()),
+                              DecIdentity(e->identity())};
+    }
+    case fb::Payload::UpdateEnded: {
+      auto* e = r->payload_as_UpdateEnded();
+      return UpdateEnded{Str(e->update_id()),
+                         d.Enum<UpdateOutcome>(e->outcome(), 2, "UpdateEnded.outcome"),
+                         Str(e->reason())};
+    }
+    case fb::Payload::NONE:
+      break;
+  }
+  RC_ASSERT(false && "payload tag checked by the caller");
+  return Event{};
+}
+
+// FlatBuffers reads need the buffer aligned; RocksDB values have no alignment guarantee.
+struct AlignedCopy {
+  std::vector<std::uint64_t> words;
+  const std::uint8_t* data() const { return reinterpret_cast<const std::uint8_t*>(words.data()); }
+  explicit AlignedCopy(std::string_view bytes) : words((bytes.size() + 7) / 8) {
+    if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
+  }
+};
+
+}  // namespace
+
+Hash Sha256(std::string_view bytes) {
+  Hash out{};
+  unsigned int out_bytes = 0;
+  const int ok = EVP_Digest(bytes.data(), bytes.size(), out.data(), &out_bytes, EVP_sha256(),
+                            nullptr);
+  RC_ASSERT(ok == 1 && out_bytes == out.size());
+  return out;
+}
+
+std::string HashHex(const Hash& hash) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(64);
+  for (std::uint8_t byte : hash) {
+    out.push_back(kDigits[byte >> 4]);
+    out.push_back(kDigits[byte & 15]);
+  }
+  return out;
+}
+
+std::string EncodeRecord(const Record& record) {
+  FlatBufferBuilder b(512);
+  Encoded payload = EncEvent(b, record.event);
+  auto prev = b.CreateVector(record.prev_hash.data(), record.prev_hash.size());
+  auto root = fb::CreateRecord(b, record.seq, record.wall_time_ms, record.cause_seq, prev,
+                               payload.type, payload.value);
+  fb::FinishRecordBuffer(b, root);
+  return Finish(b);
+}
+
+std::string EncodeEventOnly(const Event& event) {
+  Record r;
+  r.event = event;
+  return EncodeRecord(r);
+}
+
+Result<Record> DecodeRecord(std::string_view bytes) {
+  // The length is checked before the Verifier is built (its constructor asserts on huge sizes).
+  if (bytes.size() > kRecordBytesMax) {
+    return Status::Corruption("record of " + std::to_string(bytes.size()) +
+                              " bytes exceeds the bound of " + std::to_string(kRecordBytesMax));
+  }
+  if (bytes.size() < 8) {
+    return Status::Corruption("record truncated: " + std::to_string(bytes.size()) + " bytes");
+  }
+  AlignedCopy copy(bytes);
+  if (!fb::RecordBufferHasIdentifier(copy.data())) {
+    return Status::Corruption("record lacks the file identifier RCJ1 (got '" +
+                              std::string(bytes.substr(4, 4)) + "')");
+  }
+  flatbuffers::Verifier::Options options;
+  options.max_depth = kVerifierDepthMax;
+  options.max_tables = kVerifierTablesMax;
+  flatbuffers::Verifier verifier(copy.data(), bytes.size(), options);
+  if (!fb::VerifyRecordBuffer(verifier)) {
+    return Status::Corruption("record fails FlatBuffers verification (" +
+                              std::to_string(bytes.size()) + " bytes)");
+  }
+  const fb::Record* r = fb::GetRecord(copy.data());
+  const auto tag = static_cast<std::uint8_t>(r->payload_type());
+  // The generated verifier accepts unknown union members: reject them here, explicitly.
+  if (tag == 0 || tag > kPayloadTagMax) {
+    return Status::Corruption("record has unknown event type " + std::to_string(tag) +
+                              " (known: 1.." + std::to_string(kPayloadTagMax) + ")");
+  }
+  if (r->payload() == nullptr) return Status::Corruption("record has a type but no payload");
+  if (r->prev_hash() == nullptr || r->prev_hash()->size() != 32) {
+    return Status::Corruption("record prev_hash is not 32 bytes");
+  }
+  Record out;
+  out.seq = r->seq();
+  out.wall_time_ms = r->wall_time_ms();
+  out.cause_seq = r->cause_seq();
+  std::memcpy(out.prev_hash.data(), r->prev_hash()->data(), 32);
+  Decoder d;
+  out.event = DecEvent(d, r);
+  if (!d.error.empty()) {
+    return Status::Corruption("record seq " + std::to_string(out.seq) + ": " + d.error);
+  }
+  out.hash = Sha256(bytes);
+  return out;
+}
+
+// ---- State ----
+
+namespace {
+
+Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
+  auto committed = EncVersion(b, s.committed);
+  auto committed_id = EncIdentity(b, s.committed_identity);
+  Offset<fb::BootstrapRequested> bootstrap;
+  if (s.bootstrap) {
+    auto label = b.CreateString(s.bootstrap->label);
+    auto id = EncIdentity(b, s.bootstrap->identity);
+    bootstrap = fb::CreateBootstrapRequested(b, label, id);
+  }
+  Offset<fb::Effect> in_flight;
+  if (s.in_flight) {
+    in_flight = fb::CreateEffect(b, static_cast<fb::EffectKind>(Fb(s.in_flight->kind)),
+                                 static_cast<fb::CacheKind>(Fb(s.in_flight->cache)));
+  }
+  std::vector<Offset<fb::ActiveRollout>> active;
+  active.reserve(s.active.size());
+  for (const auto& [id, rollout] : s.active) {
+    auto rid = b.CreateString(id);
+    auto version = EncVersion(b, rollout.version);
+    active.push_back(fb::CreateActiveRollout(b, rid, version));
+  }
+  auto active_vec = b.CreateVector(active);
+  Offset<fb::UpdatePlan> update;
+  if (s.update) {
+    const UpdatePlan& u = *s.update;
+    auto update_id = b.CreateString(u.update_id);
+    auto target = EncVersion(b, u.target);
+    auto id = EncIdentity(b, u.identity);
+    auto uri = b.CreateString(u.source_uri);
+    auto reason = b.CreateString(u.abort_reason);
+    update = fb::CreateUpdatePlan(b, update_id, target, id, uri, u.drain_seen, u.transfer_started,
+                                  u.caches_reset_mask, u.validated, u.aborting, reason);
+  }
+  Offset<fb::TaintRecord> taint;
+  if (s.taint) {
+    const TaintRecord& t = *s.taint;
+    auto update_id = b.CreateString(t.update_id);
+    auto target = EncVersion(b, t.target);
+    auto detail = b.CreateString(t.detail);
+    taint = fb::CreateTaintRecord(b, static_cast<fb::Lifecycle>(Fb(t.from)),
+                                  static_cast<fb::Cause>(Fb(t.cause)), update_id, target, detail);
+  }
+  const Counters& c = s.counters;
+  auto counters = fb::CreateCounters(b, c.events, c.rollouts_admitted, c.rollouts_completed,
+                                     c.rollouts_aborted, c.rollouts_abandoned, c.updates_requested,
+                                     c.updates_committed, c.updates_refused, c.recoveries);
+  return fb::CreateState(b, static_cast<fb::Lifecycle>(Fb(s.lifecycle)), committed, committed_id,
+                         bootstrap, s.attempts, in_flight, active_vec, update, taint, counters);
+}
+
+State DecStateTable(Decoder& d, const fb::State* t) {
+  State s;
+  s.lifecycle = d.Enum<Lifecycle>(t->lifecycle(), kLifecycleMax, "State.lifecycle");
+  s.committed = DecVersion(t->committed());
+  s.committed_identity = DecIdentity(t->committed_identity());
+  if (const auto* boot = t->bootstrap()) {
+    s.bootstrap = BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity())};
+  }
+  s.attempts = t->attempts();
+  if (const auto* e = t->in_flight()) {
+    s.in_flight = Effect{d.Enum<EffectKind>(e->kind(), kEffectKindMaxRaw, "State.in_flight.kind"),
+                         d.Enum<CacheKind>(e->cache(), kCacheMaxRaw, "State.in_flight.cache")};
+  }
+  if (const auto* active = t->active()) {
+    for (const fb::ActiveRollout* r : *active) {
+      if (r == nullptr) continue;
+      auto [it, inserted] = s.active.emplace(Str(r->rollout_id()), ActiveRollout{DecVersion(r->version())});
+      if (!inserted && d.error.empty()) d.error = "duplicate active rollout '" + it->first + "'";
+    }
+  }
+  if (const auto* u = t->update()) {
+    UpdatePlan p;
+    p.update_id = Str(u->update_id());
+    p.target = DecVersion(u->target());
+    p.identity = DecIdentity(u->identity());
+    p.source_uri = Str(u->source_uri());
+    p.drain_seen = u->drain_seen();
+    p.transfer_started = u->transfer_started();
+    p.caches_reset_mask = u->caches_reset_mask();
+    p.validated = u->validated();
+    p.aborting = u->aborting();
+    p.abort_reason = Str(u->abort_reason());
+    s.update = std::move(p);
+  }
+  if (const auto* x = t->taint()) {
+    s.taint = TaintRecord{d.Enum<Lifecycle>(x->from(), kLifecycleMax, "State.taint.from"),
+                          d.Enum<Cause>(x->cause(), kCauseMax, "State.taint.cause"),
+                          Str(x->update_id()), DecVersion(x->target()), Str(x->detail())};
+  }
+  if (const auto* c = t->counters()) {
+    s.counters = Counters{c->events(),          c->rollouts_admitted(), c->rollouts_completed(),
+                          c->rollouts_aborted(), c->rollouts_abandoned(), c->updates_requested(),
+                          c->updates_committed(), c->updates_refused(), c->recoveries()};
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string EncodeState(const State& state) {
+  FlatBufferBuilder b(1024 + state.active.size() * 96);
+  b.Finish(EncState(b, state));
+  std::string out = Finish(b);
+  const Hash h = Sha256(out);
+  out.append(reinterpret_cast<const char*>(h.data()), h.size());
+  return out;
+}
+
+Result<State> DecodeState(std::string_view bytes) {
+  if (bytes.size() > kStateBytesMax) {
+    return Status::Corruption("snapshot of " + std::to_string(bytes.size()) +
+                              " bytes exceeds the bound of " + std::to_string(kStateBytesMax));
+  }
+  if (bytes.size() < 8 + 32) {
+    return Status::Corruption("snapshot truncated: " + std::to_string(bytes.size()) + " bytes");
+  }
+  const std::string_view body = bytes.substr(0, bytes.size() - 32);
+  const Hash want = Sha256(body);
+  if (std::memcmp(want.data(), bytes.data() + body.size(), 32) != 0) {
+    return Status::Corruption("snapshot hash mismatch (stored bytes altered)");
+  }
+  AlignedCopy copy(body);
+  flatbuffers::Verifier::Options options;
+  options.max_depth = kVerifierDepthMax;
+  // A snapshot holds two tables per active rollout.
+  options.max_tables = kVerifierTablesMax + 2 * static_cast<std::uint32_t>(kActiveRolloutsMax);
+  flatbuffers::Verifier verifier(copy.data(), body.size(), options);
+  if (!verifier.VerifyBuffer<fb::State>(nullptr)) {
+    return Status::Corruption("snapshot fails FlatBuffers verification");
+  }
+  const auto* t = flatbuffers::GetRoot<fb::State>(copy.data());
+  if (t->active() != nullptr && t->active()->size() > kActiveRolloutsMax) {
+    return Status::Corruption("snapshot has more than " + std::to_string(kActiveRolloutsMax) +
+                              " active rollouts");
+  }
+  Decoder d;
+  State s = DecStateTable(d, t);
+  if (!d.error.empty()) return Status::Corruption("snapshot: " + d.error);
+  return s;
+}
+
+}  // namespace rc::journal

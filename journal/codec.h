@@ -1,0 +1,51 @@
+// Record and State codec: rc::Event + envelope <-> FlatBuffers bytes, and the SHA-256 hash chain.
+//
+// Stored record (value of the `events` column family), grammar:
+//   record      := flatbuffer(Record) with file_identifier "RCJ1" at bytes 4..7, 8 <= size <= kRecordBytesMax
+//   Record      := { seq: u64, wall_time_ms: i64, cause_seq: u64, prev_hash: [u8; 32],
+//                    payload_type: u8 in 1..17, payload: <table for payload_type> }
+//   hash(record) := SHA-256(record bytes exactly as stored); record[n].prev_hash = hash(record[n-1]),
+//                   record[1].prev_hash = 32 zero bytes
+// Stored snapshot (value of the `snapshots` column family):
+//   snapshot    := flatbuffer(State) ‖ SHA-256(flatbuffer(State))   (the last 32 bytes)
+// Decoding never trusts the bytes: length bound first, copy to 8-byte-aligned storage, FlatBuffers
+// Verifier (depth 16, tables 4096), identifier, unknown union tags and out-of-range enums rejected.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "journal/journal.h"
+#include "statemachine/events.h"
+#include "statemachine/state.h"
+#include "statemachine/status.h"
+
+namespace rc::journal {
+
+inline constexpr std::size_t kStateBytesMax = 64u * 1024 * 1024;  // snapshot bound (65536 rollouts)
+inline constexpr std::uint32_t kVerifierDepthMax = 16;
+inline constexpr std::uint32_t kVerifierTablesMax = 4096;
+inline constexpr std::uint8_t kPayloadTagMax = 17;  // rc::fb::Payload::MAX
+inline constexpr std::uint32_t kSchemaVersion = 1;
+
+Hash Sha256(std::string_view bytes);
+std::string HashHex(const Hash& hash);
+
+// Encodes the record's envelope (seq, wall_time_ms, cause_seq, prev_hash) and event. The record's
+// hash field is ignored; compute it with Sha256 over the returned bytes.
+std::string EncodeRecord(const Record& record);
+// Decodes stored bytes into a Record and sets record.hash = Sha256(bytes). Errors: Corruption
+// with a message naming what is wrong (size, identifier, structure, unknown type, enum range).
+[[nodiscard]] Result<Record> DecodeRecord(std::string_view bytes);
+
+// Canonical bytes of one event alone (envelope zeroed): the idempotency digest is over these.
+std::string EncodeEventOnly(const Event& event);
+
+// Snapshot bytes: State flatbuffer followed by its SHA-256.
+std::string EncodeState(const State& state);
+[[nodiscard]] Result<State> DecodeState(std::string_view bytes);
+
+}  // namespace rc::journal

@@ -1,0 +1,209 @@
+// JSON views of records, events and states. See json.h.
+#include "journal/json.h"
+
+#include "journal/codec.h"
+
+namespace rc::journal {
+namespace {
+
+using nlohmann::json;
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::kInput: return "input";
+    case Family::kBinding: return "binding";
+    case Family::kDecision: return "decision";
+  }
+  return "?";
+}
+
+json Fields(const Event& event) {
+  return std::visit(
+      Overloaded{
+          [](const BootstrapRequested& e) {
+            return json{{"label", e.label}, {"identity", WeightIdentityToJson(e.identity)}};
+          },
+          [](const UpdateRequested& e) {
+            return json{{"update_id", e.update_id},
+                        {"target_label", e.target_label},
+                        {"identity", WeightIdentityToJson(e.identity)},
+                        {"source_uri", e.source_uri}};
+          },
+          [](const RecoveryStarted& e) { return json{{"executor_id", e.executor_id}}; },
+          [](const EffectStarted& e) {
+            return json{{"kind", effect_name(e.kind)},
+                        {"cache", cache_name(e.cache)},
+                        {"deadline_ms", e.deadline_ms}};
+          },
+          [](const EngineProbed& e) {
+            return json{{"http", HttpEvidenceToJson(e.http)},
+                        {"engine_version", e.engine_version},
+                        {"reported_label", e.reported_label}};
+          },
+          [](const DrainObserved& e) {
+            return json{{"http", HttpEvidenceToJson(e.http)}, {"paused", e.paused}};
+          },
+          [](const DrainTimedOut& e) {
+            return json{{"waited_ms", e.waited_ms}, {"active_rollouts", e.active_rollouts}};
+          },
+          [](const PreflightObserved& e) {
+            return json{{"source_manifest_digest", e.source_manifest_digest},
+                        {"device_ok", e.device_ok},
+                        {"memory_ok", e.memory_ok},
+                        {"detail", e.detail}};
+          },
+          [](const TransferObserved& e) {
+            return json{{"acknowledged", e.acknowledged},
+                        {"mutation", mutation_name(e.mutation)},
+                        {"bytes_sent", e.bytes_sent},
+                        {"tensors_sent", e.tensors_sent},
+                        {"duration_us", e.duration_us},
+                        {"finish_label", e.finish_label},
+                        {"error", e.error}};
+          },
+          [](const CacheResetObserved& e) {
+            return json{{"cache", cache_name(e.cache)},
+                        {"http", HttpEvidenceToJson(e.http)},
+                        {"reported_success", e.reported_success}};
+          },
+          [](const ValidationObserved& e) {
+            return json{{"http", HttpEvidenceToJson(e.http)},
+                        {"reported_label", e.reported_label},
+                        {"checks_passed", e.checks_passed},
+                        {"detail", e.detail}};
+          },
+          [](const ResumeObserved& e) {
+            return json{{"http", HttpEvidenceToJson(e.http)},
+                        {"is_paused_known", e.is_paused_known},
+                        {"is_paused", e.is_paused}};
+          },
+          [](const RolloutAdmitted& e) {
+            return json{{"rollout_id", e.rollout_id},
+                        {"version", WeightVersionToJson(e.version)},
+                        {"identity", WeightIdentityToJson(e.identity)}};
+          },
+          [](const RolloutFinished& e) {
+            return json{{"rollout_id", e.rollout_id},
+                        {"outcome", outcome_name(e.outcome)},
+                        {"prompt_tokens", e.prompt_tokens},
+                        {"completion_tokens", e.completion_tokens}};
+          },
+          [](const StateChanged& e) {
+            return json{{"from", lifecycle_name(e.from)},
+                        {"to", lifecycle_name(e.to)},
+                        {"cause", cause_name(e.cause)},
+                        {"detail", e.detail}};
+          },
+          [](const VersionPublished& e) {
+            return json{{"update_id", e.update_id},
+                        {"version", WeightVersionToJson(e.version)},
+                        {"identity", WeightIdentityToJson(e.identity)}};
+          },
+          [](const UpdateEnded& e) {
+            return json{{"update_id", e.update_id},
+                        {"outcome", update_outcome_name(e.outcome)},
+                        {"reason", e.reason}};
+          },
+      },
+      event);
+}
+
+}  // namespace
+
+json WeightVersionToJson(const WeightVersion& v) {
+  return json{{"generation", v.generation}, {"label", v.label}};
+}
+
+json WeightIdentityToJson(const WeightIdentity& id) {
+  return json{{"manifest_digest", id.manifest_digest},
+              {"content_digest", id.content_digest},
+              {"checkpoint", id.checkpoint},
+              {"run", id.run},
+              {"step", id.step}};
+}
+
+json HttpEvidenceToJson(const HttpEvidence& h) {
+  return json{{"transport", transport_name(h.transport)},
+              {"http_status", h.http_status},
+              {"body_parsed", h.body_parsed},
+              {"latency_us", h.latency_us},
+              {"error", h.error}};
+}
+
+json EventToJson(const Event& event) {
+  json out = Fields(event);
+  out["type"] = event_name(event);
+  out["family"] = family_name(family_of(event));
+  return out;
+}
+
+json RecordToJson(const Record& record) {
+  return json{{"seq", record.seq},
+              {"wall_time_ms", record.wall_time_ms},
+              {"cause_seq", record.cause_seq},
+              {"prev_hash", HashHex(record.prev_hash)},
+              {"hash", HashHex(record.hash)},
+              {"event", EventToJson(record.event)}};
+}
+
+json StateToJson(const State& s) {
+  json out;
+  out["lifecycle"] = lifecycle_name(s.lifecycle);
+  out["committed"] = WeightVersionToJson(s.committed);
+  out["committed_identity"] = WeightIdentityToJson(s.committed_identity);
+  out["bootstrap"] = s.bootstrap ? json{{"label", s.bootstrap->label},
+                                        {"identity", WeightIdentityToJson(s.bootstrap->identity)}}
+                                 : json(nullptr);
+  out["attempts"] = s.attempts;
+  out["in_flight"] = s.in_flight ? json{{"kind", effect_name(s.in_flight->kind)},
+                                        {"cache", cache_name(s.in_flight->cache)}}
+                                 : json(nullptr);
+  json active = json::object();
+  for (const auto& [id, r] : s.active) active[id] = json{{"version", WeightVersionToJson(r.version)}};
+  out["active"] = std::move(active);
+  if (s.update) {
+    const UpdatePlan& u = *s.update;
+    out["update"] = json{{"update_id", u.update_id},
+                         {"target", WeightVersionToJson(u.target)},
+                         {"identity", WeightIdentityToJson(u.identity)},
+                         {"source_uri", u.source_uri},
+                         {"drain_seen", u.drain_seen},
+                         {"transfer_started", u.transfer_started},
+                         {"caches_reset_mask", u.caches_reset_mask},
+                         {"validated", u.validated},
+                         {"aborting", u.aborting},
+                         {"abort_reason", u.abort_reason}};
+  } else {
+    out["update"] = nullptr;
+  }
+  if (s.taint) {
+    const TaintRecord& t = *s.taint;
+    out["taint"] = json{{"from", lifecycle_name(t.from)},
+                        {"cause", cause_name(t.cause)},
+                        {"update_id", t.update_id},
+                        {"target", WeightVersionToJson(t.target)},
+                        {"detail", t.detail}};
+  } else {
+    out["taint"] = nullptr;
+  }
+  const Counters& c = s.counters;
+  out["counters"] = json{{"events", c.events},
+                         {"rollouts_admitted", c.rollouts_admitted},
+                         {"rollouts_completed", c.rollouts_completed},
+                         {"rollouts_aborted", c.rollouts_aborted},
+                         {"rollouts_abandoned", c.rollouts_abandoned},
+                         {"updates_requested", c.updates_requested},
+                         {"updates_committed", c.updates_committed},
+                         {"updates_refused", c.updates_refused},
+                         {"recoveries", c.recoveries}};
+  return out;
+}
+
+}  // namespace rc::journal

@@ -1,0 +1,780 @@
+// The RocksDB journal: column families, group commit, hash chain, snapshots, secondary readers.
+//
+// Column families (keys are big-endian so that bytewise order is numeric order):
+//   events       BE64(seq)                      -> record bytes (codec.h grammar)
+//   rollouts     u8(len) ‖ rollout_id ‖ BE64(seq) -> ""            (RolloutSeqs)
+//   idempotency  client_event_id                -> BE64(first_seq) ‖ BE64(last_seq) ‖ SHA-256(group)
+//                where group = concat over events of BE32(len) ‖ EncodeEventOnly(event)
+//   snapshots    BE64(seq)                      -> EncodeState(fold of 1..seq)
+//   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64
+// Every group commit is one WriteBatch over all of them (WAL on, sync = Options.sync).
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/utilities/checkpoint.h>
+#include <rocksdb/write_batch.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <unordered_map>
+
+#include "journal/codec.h"
+#include "journal/journal.h"
+
+namespace rc::journal {
+namespace {
+
+enum Cf : std::size_t { kDefaultCf = 0, kEventsCf, kRolloutsCf, kIdemCf, kSnapshotsCf, kMetaCf, kCfCount };
+const char* const kCfNames[kCfCount] = {"default",     "events",    "rollouts",
+                                         "idempotency", "snapshots", "meta"};
+const char kHeadSeqKey[] = "head_seq";
+const char kHeadHashKey[] = "head_hash";
+const char kSchemaKey[] = "schema_version";
+
+std::string BE64(std::uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i) {
+    out[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+  return out;
+}
+
+std::uint64_t ParseBE64(std::string_view s) {
+  RC_ASSERT(s.size() == 8);
+  std::uint64_t v = 0;
+  for (char c : s) v = (v << 8) | static_cast<std::uint8_t>(c);
+  return v;
+}
+
+std::string_view View(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
+
+std::string RolloutPrefix(const std::string& rollout_id) {
+  RC_ASSERT(rollout_id.size() <= 255);
+  return std::string(1, static_cast<char>(rollout_id.size())) + rollout_id;
+}
+
+const std::string* RolloutIdOf(const Event& e) {
+  if (const auto* a = std::get_if<RolloutAdmitted>(&e)) return &a->rollout_id;
+  if (const auto* f = std::get_if<RolloutFinished>(&e)) return &f->rollout_id;
+  return nullptr;
+}
+
+Hash GroupDigest(const std::vector<Event>& events) {
+  std::string all;
+  for (const Event& e : events) {
+    const std::string bytes = EncodeEventOnly(e);
+    all += BE64(bytes.size()).substr(4);
+    all += bytes;
+  }
+  return Sha256(all);
+}
+
+Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::OK();
+  const std::string msg = what + ": " + s.ToString();
+  if (s.IsCorruption()) return Status::Corruption(msg);
+  if (s.IsNotFound()) return Status::NotFound(msg);
+  if (s.IsInvalidArgument()) return Status::InvalidArgument(msg);
+  if (s.IsBusy() || s.IsTryAgain()) return Status::Busy(msg);
+  return Status::IOError(msg);
+}
+
+std::string SeqList(const std::vector<Event>& events, std::size_t from) {
+  std::string out = "[";
+  for (std::size_t i = from; i < events.size(); ++i) {
+    if (i > from) out += ", ";
+    out += event_name(events[i]);
+  }
+  return out + "]";
+}
+
+struct IdemEntry {
+  std::uint64_t first_seq = 0;
+  std::uint64_t last_seq = 0;
+  Hash digest{};
+  std::uint64_t batch_id = 0;  // 0: durable
+  std::vector<Event> events;   // kept while pending, for Submit's duplicate answer
+};
+
+std::string EncodeIdem(const IdemEntry& e) {
+  return BE64(e.first_seq) + BE64(e.last_seq) +
+         std::string(reinterpret_cast<const char*>(e.digest.data()), e.digest.size());
+}
+
+// What a load from disk produced.
+struct Loaded {
+  State state;
+  std::uint64_t head_seq = 0;
+  Hash head_hash{};
+  std::uint64_t snapshot_seq = 0;
+};
+
+class RocksJournal final : public Journal {
+ public:
+  RocksJournal(std::string path, Options options) : path_(std::move(path)), options_(std::move(options)) {}
+  ~RocksJournal() override;
+
+  Status OpenDb();
+
+  Result<Ticket> Enqueue(const AppendRequest& request) override;
+  Result<Submitted> Submit(const Event& input, std::int64_t wall_time_ms,
+                           const std::string& client_event_id) override;
+  State state() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return state_;
+  }
+  Status Wait(const Ticket& ticket) override;
+  Result<AppendResult> Append(const AppendRequest& request) override;
+  std::uint64_t head_seq() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return head_seq_;
+  }
+  Hash head_hash() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return head_hash_;
+  }
+  Result<Record> Read(std::uint64_t seq) override;
+  Status Scan(std::uint64_t from_seq, std::uint64_t to_seq,
+              const std::function<Status(const Record&)>& visit) override;
+  Result<std::vector<std::uint64_t>> RolloutSeqs(const std::string& rollout_id) override;
+  Result<State> LoadState() override;
+  Result<State> Refold(std::uint64_t until_seq) override;
+  Status WriteSnapshot(std::uint64_t seq, const State& state) override;
+  Status CatchUp() override;
+  Status Checkpoint(const std::string& dir) override;
+  Status VerifyChecksum() override;
+  Status Flush() override;
+
+ private:
+  Status Usable() const;  // requires mu_
+  Result<Ticket> EnqueueLocked(const AppendRequest& request, const std::vector<Event>* decided,
+                               std::vector<Event>* original_decisions);
+  Result<std::optional<IdemEntry>> FindIdem(const std::string& key);  // requires mu_
+  void CommitOpenBatch(std::unique_lock<std::mutex>& l);              // requires mu_, no leader
+  Result<Loaded> LoadFromDb();
+  Status ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, const Hash& prev_hash,
+                   const std::function<Status(const Record&)>& visit);
+  Result<std::uint64_t> ReadHeadSeq();
+  Result<Hash> HashAt(std::uint64_t seq);
+
+  const std::string path_;
+  const Options options_;
+  std::string secondary_dir_;
+  bool secondary_dir_owned_ = false;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  State state_;
+  std::uint64_t head_seq_ = 0;  // last enqueued seq
+  Hash head_hash_{};
+  std::uint64_t durable_seq_ = 0;
+  Status failed_;
+  // Group commit: groups collect in open_batch_ until a waiter becomes leader and writes it.
+  rocksdb::WriteBatch open_batch_;
+  std::size_t open_groups_ = 0;
+  std::uint64_t open_batch_id_ = 1;
+  std::uint64_t durable_batch_id_ = 0;
+  bool leader_active_ = false;
+  std::size_t pending_groups_ = 0;
+  std::unordered_map<std::string, IdemEntry> idem_pending_;
+};
+
+RocksJournal::~RocksJournal() {
+  if (db_ == nullptr) return;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return !leader_active_; });
+    if (open_groups_ > 0 && failed_.ok()) CommitOpenBatch(l);
+  }
+  for (auto* h : cfs_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  cfs_.clear();
+  db_->Close().PermitUncheckedError();
+  db_.reset();
+  if (secondary_dir_owned_) {
+    std::error_code ec;
+    std::filesystem::remove_all(secondary_dir_, ec);
+  }
+}
+
+Status RocksJournal::OpenDb() {
+  rocksdb::Options opts;
+  opts.create_if_missing = options_.create_if_missing && !options_.read_only;
+  opts.create_missing_column_families = !options_.read_only;
+  opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  opts.paranoid_checks = true;
+  opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  opts.keep_log_file_num = 4;
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+  for (const char* name : kCfNames) descs.emplace_back(name, rocksdb::ColumnFamilyOptions(opts));
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s;
+  if (options_.read_only) {
+    opts.max_open_files = -1;  // required by secondary instances
+    secondary_dir_ = options_.secondary_path;
+    if (secondary_dir_.empty()) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "rc-journal-secondary-XXXXXX").string();
+      if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp failed for " + tmpl);
+      secondary_dir_ = tmpl;
+      secondary_dir_owned_ = true;
+    }
+    s = rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_, descs, &cfs_, &raw);
+  } else {
+    s = rocksdb::DB::Open(opts, path_, descs, &cfs_, &raw);
+  }
+  if (!s.ok()) {
+    const std::string msg = s.ToString();
+    if (s.IsIOError() && (msg.find("lock") != std::string::npos || msg.find("LOCK") != std::string::npos)) {
+      return Status::Busy("journal already open by another process: " + path_ + "/LOCK (" + msg + ")");
+    }
+    if (s.IsCorruption()) {
+      return Status::Corruption("journal at " + path_ +
+                                " is corrupt; refusing to open (never auto-repaired): " + msg);
+    }
+    return Status::IOError("cannot open journal at " + path_ + ": " + msg);
+  }
+  db_.reset(raw);
+  RC_ASSERT(cfs_.size() == kCfCount);
+
+  std::string version;
+  s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kSchemaKey, &version);
+  if (s.IsNotFound() && !options_.read_only) {
+    RC_RETURN_IF_ERROR(FromRocks(db_->Put(rocksdb::WriteOptions{}, cfs_[kMetaCf], kSchemaKey,
+                                          BE64(kSchemaVersion)),
+                                 "write schema_version"));
+  } else if (s.ok()) {
+    if (version.size() != 8 || ParseBE64(version) != kSchemaVersion) {
+      return Status::Corruption("journal at " + path_ + " has an unsupported schema_version");
+    }
+  } else if (!s.IsNotFound()) {
+    return FromRocks(s, "read schema_version in " + path_);
+  }
+
+  Result<Loaded> loaded = LoadFromDb();
+  if (!loaded.ok()) {
+    return Status(loaded.status().code(), "journal at " + path_ + ": " + loaded.status().message());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  state_ = std::move(loaded->state);
+  head_seq_ = durable_seq_ = loaded->head_seq;
+  head_hash_ = loaded->head_hash;
+  return Status::OK();
+}
+
+Result<std::uint64_t> RocksJournal::ReadHeadSeq() {
+  std::string v;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kHeadSeqKey, &v);
+  if (s.IsNotFound()) return std::uint64_t{0};
+  if (!s.ok()) return FromRocks(s, "read head_seq");
+  if (v.size() != 8) return Status::Corruption("meta head_seq is not 8 bytes");
+  return ParseBE64(v);
+}
+
+Result<Hash> RocksJournal::HashAt(std::uint64_t seq) {
+  if (seq == 0) return Hash{};
+  Result<Record> r = Read(seq);
+  if (!r.ok()) return r.status();
+  return r->hash;
+}
+
+Result<Loaded> RocksJournal::LoadFromDb() {
+  Result<std::uint64_t> head = ReadHeadSeq();
+  if (!head.ok()) return head.status();
+  Loaded out;
+  out.head_seq = *head;
+  // Latest snapshot at or below the head.
+  {
+    rocksdb::ReadOptions ro;
+    const std::string upper = BE64(out.head_seq + 1);
+    rocksdb::Slice upper_slice(upper);
+    ro.iterate_upper_bound = &upper_slice;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_[kSnapshotsCf]));
+    it->SeekToLast();
+    if (it->Valid()) {
+      if (it->key().size() != 8) return Status::Corruption("snapshot key is not 8 bytes");
+      out.snapshot_seq = ParseBE64(View(it->key()));
+      Result<State> st = DecodeState(View(it->value()));
+      if (!st.ok()) {
+        return Status::Corruption("snapshot at seq " + std::to_string(out.snapshot_seq) + ": " +
+                                  st.status().message());
+      }
+      if (st->counters.events != out.snapshot_seq) {
+        return Status::Corruption("snapshot at seq " + std::to_string(out.snapshot_seq) +
+                                  " counts " + std::to_string(st->counters.events) + " events");
+      }
+      out.state = std::move(st.value());
+    }
+    RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan snapshots"));
+  }
+  Result<Hash> prev = HashAt(out.snapshot_seq);
+  if (!prev.ok()) return prev.status();
+  out.head_hash = *prev;
+  RC_RETURN_IF_ERROR(ScanRange(out.snapshot_seq + 1, out.head_seq, *prev, [&](const Record& r) {
+    Status st = apply(out.state, r.event);
+    if (!st.ok()) {
+      return Status::Corruption("seq " + std::to_string(r.seq) + ": " + event_name(r.event) +
+                                " does not apply to the folded state: " + st.ToString());
+    }
+    out.head_hash = r.hash;
+    return Status::OK();
+  }));
+  // The stored head hash must match the chain, and nothing may exist past the head.
+  std::string stored_hash;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kHeadHashKey, &stored_hash);
+  if (out.head_seq > 0) {
+    if (!s.ok()) return FromRocks(s, "read head_hash");
+    if (stored_hash.size() != 32 || std::memcmp(stored_hash.data(), out.head_hash.data(), 32) != 0) {
+      return Status::Corruption("meta head_hash does not match the hash of seq " +
+                                std::to_string(out.head_seq));
+    }
+  }
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kEventsCf]));
+  it->Seek(BE64(out.head_seq + 1));
+  if (it->Valid()) {
+    return Status::Corruption("record stored past the head seq " + std::to_string(out.head_seq));
+  }
+  RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan events past head"));
+  return out;
+}
+
+Status RocksJournal::Usable() const {
+  if (!failed_.ok()) return failed_;
+  if (options_.read_only) return Status::InvalidArgument("journal at " + path_ + " is open read-only");
+  return Status::OK();
+}
+
+Result<std::optional<IdemEntry>> RocksJournal::FindIdem(const std::string& key) {
+  if (auto it = idem_pending_.find(key); it != idem_pending_.end()) {
+    return std::optional<IdemEntry>(it->second);
+  }
+  std::string v;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kIdemCf], key, &v);
+  if (s.IsNotFound()) return std::optional<IdemEntry>();
+  if (!s.ok()) return FromRocks(s, "read idempotency key");
+  if (v.size() != 48) return Status::Corruption("idempotency entry for '" + key + "' is malformed");
+  IdemEntry e;
+  e.first_seq = ParseBE64(std::string_view(v).substr(0, 8));
+  e.last_seq = ParseBE64(std::string_view(v).substr(8, 8));
+  std::memcpy(e.digest.data(), v.data() + 16, 32);
+  return std::optional<IdemEntry>(std::move(e));
+}
+
+Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
+                                           const std::vector<Event>* decided,
+                                           std::vector<Event>* original_decisions) {
+  RC_RETURN_IF_ERROR(Usable());
+  const std::vector<Event>& events = request.events;
+  if (events.empty()) return Status::InvalidArgument("append of an empty group");
+  if (events.size() > kGroupEventsMax) {
+    return Status::InvalidArgument("group of " + std::to_string(events.size()) +
+                                   " events exceeds " + std::to_string(kGroupEventsMax));
+  }
+  if (request.client_event_id.size() > kIdBytesMax) {
+    return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) + " bytes");
+  }
+  // Idempotency first: a retried group answers with its original seqs even if the head moved.
+  Hash digest{};
+  if (!request.client_event_id.empty()) {
+    digest = GroupDigest(events);
+    Result<std::optional<IdemEntry>> found = FindIdem(request.client_event_id);
+    if (!found.ok()) return found.status();
+    if (found->has_value()) {
+      const IdemEntry& e = **found;
+      if (e.digest != digest) {
+        return Status::Conflict("client_event_id '" + request.client_event_id +
+                                "' was used for seqs " + std::to_string(e.first_seq) + ".." +
+                                std::to_string(e.last_seq) + " with different events");
+      }
+      if (original_decisions != nullptr) {
+        if (e.batch_id != 0) {
+          original_decisions->assign(e.events.begin() + 1, e.events.end());
+        } else {
+          for (std::uint64_t seq = e.first_seq + 1; seq <= e.last_seq; ++seq) {
+            Result<Record> r = Read(seq);
+            if (!r.ok()) return r.status();
+            original_decisions->push_back(r->event);
+          }
+        }
+      }
+      return Ticket{AppendResult{e.first_seq, e.last_seq, true}, e.batch_id};
+    }
+  }
+  if (request.expected_head_seq.has_value() && *request.expected_head_seq != head_seq_) {
+    return Status::Conflict("expected head seq " + std::to_string(*request.expected_head_seq) +
+                            " but the head is " + std::to_string(head_seq_));
+  }
+  if (pending_groups_ >= kPendingAppendsMax) {
+    return Status::Busy("group-commit queue full (" + std::to_string(kPendingAppendsMax) +
+                        " groups pending)");
+  }
+  // events[1..] must be exactly what the fold decides for events[0].
+  if (decided == nullptr) {
+    Result<std::vector<Event>> d = decide(state_, events[0]);
+    if (!d.ok()) return d.status();
+    if (d->size() != events.size() - 1 || !std::equal(d->begin(), d->end(), events.begin() + 1)) {
+      return Status::InvalidArgument(std::string("events after the input ") + event_name(events[0]) +
+                                     " are not its decisions: decide gives " + SeqList(*d, 0) +
+                                     ", the group has " + SeqList(events, 1));
+    }
+  }
+  // Encode before touching any state so that a refusal changes nothing.
+  const std::uint64_t first_seq = head_seq_ + 1;
+  std::vector<std::string> encoded;
+  encoded.reserve(events.size());
+  Hash prev = head_hash_;
+  std::vector<Hash> hashes;
+  hashes.reserve(events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    Record r;
+    r.seq = first_seq + i;
+    r.wall_time_ms = request.wall_time_ms;
+    r.cause_seq = i == 0 ? 0 : first_seq;
+    r.prev_hash = prev;
+    r.event = events[i];
+    encoded.push_back(EncodeRecord(r));
+    if (encoded.back().size() > kRecordBytesMax) {
+      return Status::InvalidArgument(std::string(event_name(events[i])) + " encodes to " +
+                                     std::to_string(encoded.back().size()) + " bytes, over " +
+                                     std::to_string(kRecordBytesMax));
+    }
+    prev = Sha256(encoded.back());
+    hashes.push_back(prev);
+  }
+  // Commit to the in-memory fold: decide() already applied these to a copy, so they must apply.
+  for (const Event& e : events) {
+    Status st = apply(state_, e);
+    if (!st.ok()) std::fprintf(stderr, "rolloutcore: journal apply: %s\n", st.ToString().c_str());
+    RC_ASSERT(st.ok());
+  }
+  const std::uint64_t last_seq = first_seq + events.size() - 1;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const std::uint64_t seq = first_seq + i;
+    RC_ASSERT(open_batch_.Put(cfs_[kEventsCf], BE64(seq), encoded[i]).ok());
+    if (const std::string* rid = RolloutIdOf(events[i])) {
+      RC_ASSERT(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
+    }
+  }
+  if (!request.client_event_id.empty()) {
+    IdemEntry entry{first_seq, last_seq, digest, open_batch_id_, events};
+    RC_ASSERT(open_batch_.Put(cfs_[kIdemCf], request.client_event_id, EncodeIdem(entry)).ok());
+    idem_pending_[request.client_event_id] = std::move(entry);
+  }
+  const std::uint64_t every = options_.snapshot_every;
+  if (every > 0 && (head_seq_ / every) != (last_seq / every)) {
+    RC_ASSERT(open_batch_.Put(cfs_[kSnapshotsCf], BE64(last_seq), EncodeState(state_)).ok());
+  }
+  head_seq_ = last_seq;
+  head_hash_ = hashes.back();
+  open_groups_++;
+  pending_groups_++;
+  if (original_decisions != nullptr) original_decisions->assign(events.begin() + 1, events.end());
+  return Ticket{AppendResult{first_seq, last_seq, false}, open_batch_id_};
+}
+
+Result<Ticket> RocksJournal::Enqueue(const AppendRequest& request) {
+  std::lock_guard<std::mutex> l(mu_);
+  return EnqueueLocked(request, nullptr, nullptr);
+}
+
+Result<Journal::Submitted> RocksJournal::Submit(const Event& input, std::int64_t wall_time_ms,
+                                                const std::string& client_event_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  RC_RETURN_IF_ERROR(Usable());
+  AppendRequest request;
+  request.client_event_id = client_event_id;
+  request.wall_time_ms = wall_time_ms;
+  request.events.push_back(input);
+  // With an idempotency key, a retry must be recognised before deciding (the state moved on).
+  if (client_event_id.empty()) {
+    Result<std::vector<Event>> d = decide(state_, input);
+    if (!d.ok()) return d.status();
+    request.events.insert(request.events.end(), d->begin(), d->end());
+    Submitted out;
+    Result<Ticket> t = EnqueueLocked(request, &request.events, &out.decisions);
+    if (!t.ok()) return t.status();
+    out.ticket = *t;
+    return out;
+  }
+  Result<std::optional<IdemEntry>> found = FindIdem(client_event_id);
+  if (!found.ok()) return found.status();
+  if (found->has_value()) {
+    // Same key: compare against the recorded input only (decisions depend on the state then).
+    Submitted out;
+    const IdemEntry& e = **found;
+    Result<Record> first = e.batch_id != 0 ? Result<Record>(Record{0, 0, 0, {}, {}, e.events[0]})
+                                           : Read(e.first_seq);
+    if (!first.ok()) return first.status();
+    if (!(first->event == input)) {
+      return Status::Conflict("client_event_id '" + client_event_id + "' was used for seq " +
+                              std::to_string(e.first_seq) + " with a different input");
+    }
+    AppendRequest original;
+    original.client_event_id = client_event_id;
+    original.events.push_back(input);
+    if (e.batch_id != 0) {
+      original.events = e.events;
+    } else {
+      for (std::uint64_t seq = e.first_seq + 1; seq <= e.last_seq; ++seq) {
+        Result<Record> r = Read(seq);
+        if (!r.ok()) return r.status();
+        original.events.push_back(r->event);
+      }
+    }
+    Result<Ticket> t = EnqueueLocked(original, &original.events, &out.decisions);
+    if (!t.ok()) return t.status();
+    out.ticket = *t;
+    return out;
+  }
+  Result<std::vector<Event>> d = decide(state_, input);
+  if (!d.ok()) return d.status();
+  request.events.insert(request.events.end(), d->begin(), d->end());
+  Submitted out;
+  Result<Ticket> t = EnqueueLocked(request, &request.events, &out.decisions);
+  if (!t.ok()) return t.status();
+  out.ticket = *t;
+  return out;
+}
+
+void RocksJournal::CommitOpenBatch(std::unique_lock<std::mutex>& l) {
+  RC_ASSERT(!leader_active_ && open_groups_ > 0);
+  leader_active_ = true;
+  rocksdb::WriteBatch batch;
+  std::swap(batch, open_batch_);
+  const std::uint64_t batch_id = open_batch_id_++;
+  const std::size_t groups = open_groups_;
+  open_groups_ = 0;
+  const std::uint64_t head = head_seq_;
+  RC_ASSERT(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(head)).ok());
+  RC_ASSERT(batch.Put(cfs_[kMetaCf], kHeadHashKey,
+                      rocksdb::Slice(reinterpret_cast<const char*>(head_hash_.data()), 32))
+                .ok());
+  l.unlock();
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  const rocksdb::Status s = db_->Write(wo, &batch);
+  l.lock();
+  leader_active_ = false;
+  if (s.ok()) {
+    durable_batch_id_ = batch_id;
+    durable_seq_ = head;
+    pending_groups_ -= groups;
+    for (auto it = idem_pending_.begin(); it != idem_pending_.end();) {
+      it = it->second.batch_id <= batch_id ? idem_pending_.erase(it) : std::next(it);
+    }
+  } else {
+    // In-memory state is now ahead of the disk: the process must reopen.
+    failed_ = Status::IOError("journal write failed at seqs up to " + std::to_string(head) +
+                              "; reopen required: " + s.ToString());
+  }
+  cv_.notify_all();
+}
+
+Status RocksJournal::Wait(const Ticket& ticket) {
+  std::unique_lock<std::mutex> l(mu_);
+  RC_ASSERT(ticket.batch_id <= open_batch_id_);
+  while (true) {
+    if (ticket.batch_id <= durable_batch_id_) return Status::OK();
+    if (!failed_.ok()) return failed_;
+    if (!leader_active_) {
+      CommitOpenBatch(l);
+      continue;
+    }
+    cv_.wait(l);
+  }
+}
+
+Result<AppendResult> RocksJournal::Append(const AppendRequest& request) {
+  Result<Ticket> t = Enqueue(request);
+  if (!t.ok()) return t.status();
+  RC_RETURN_IF_ERROR(Wait(*t));
+  return t->result;
+}
+
+Result<Record> RocksJournal::Read(std::uint64_t seq) {
+  std::string v;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kEventsCf], BE64(seq), &v);
+  if (s.IsNotFound()) return Status::NotFound("no record at seq " + std::to_string(seq));
+  if (!s.ok()) return FromRocks(s, "read seq " + std::to_string(seq));
+  Result<Record> r = DecodeRecord(v);
+  if (!r.ok()) return Status::Corruption("seq " + std::to_string(seq) + ": " + r.status().message());
+  if (r->seq != seq) {
+    return Status::Corruption("seq " + std::to_string(seq) + ": stored record says seq " +
+                              std::to_string(r->seq));
+  }
+  return r;
+}
+
+Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, const Hash& prev_hash,
+                               const std::function<Status(const Record&)>& visit) {
+  if (from_seq > to_seq) return Status::OK();
+  rocksdb::ReadOptions ro;
+  const std::string lower = BE64(from_seq);
+  const std::string upper = BE64(to_seq + 1);
+  rocksdb::Slice lower_slice(lower), upper_slice(upper);
+  ro.iterate_lower_bound = &lower_slice;
+  ro.iterate_upper_bound = &upper_slice;
+  ro.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_[kEventsCf]));
+  std::uint64_t expect = from_seq;
+  Hash prev = prev_hash;
+  for (it->Seek(lower); it->Valid(); it->Next()) {
+    const std::string name = "seq " + std::to_string(expect);
+    if (it->key().size() != 8) return Status::Corruption(name + ": malformed key");
+    const std::uint64_t key = ParseBE64(View(it->key()));
+    if (key != expect) {
+      return Status::Corruption(name + " is missing (next stored seq is " + std::to_string(key) + ")");
+    }
+    Result<Record> r = DecodeRecord(View(it->value()));
+    if (!r.ok()) return Status::Corruption(name + ": " + r.status().message());
+    if (r->seq != key) {
+      return Status::Corruption(name + ": stored record says seq " + std::to_string(r->seq));
+    }
+    if (r->prev_hash != prev) {
+      return Status::Corruption(name + ": hash chain broken: prev_hash " + HashHex(r->prev_hash) +
+                                " != hash of seq " + std::to_string(key - 1) + " " + HashHex(prev));
+    }
+    if (r->cause_seq >= key) {
+      return Status::Corruption(name + ": cause_seq " + std::to_string(r->cause_seq) +
+                                " is not before it");
+    }
+    prev = r->hash;
+    RC_RETURN_IF_ERROR(visit(*r));
+    ++expect;
+  }
+  RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan events at seq " + std::to_string(expect)));
+  if (expect != to_seq + 1) {
+    return Status::Corruption("seq " + std::to_string(expect) + " is missing: the journal ends at " +
+                              std::to_string(expect - 1) + " but its head is " +
+                              std::to_string(to_seq));
+  }
+  return Status::OK();
+}
+
+Status RocksJournal::Scan(std::uint64_t from_seq, std::uint64_t to_seq,
+                          const std::function<Status(const Record&)>& visit) {
+  std::uint64_t durable;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    durable = durable_seq_;
+  }
+  if (to_seq == 0) to_seq = durable;
+  if (to_seq > durable) {
+    return Status::InvalidArgument("scan to seq " + std::to_string(to_seq) +
+                                   " past the durable head " + std::to_string(durable));
+  }
+  if (from_seq == 0) from_seq = 1;
+  if (from_seq > to_seq) return Status::OK();
+  Result<Hash> prev = HashAt(from_seq - 1);
+  if (!prev.ok()) return prev.status();
+  return ScanRange(from_seq, to_seq, *prev, visit);
+}
+
+Result<std::vector<std::uint64_t>> RocksJournal::RolloutSeqs(const std::string& rollout_id) {
+  if (rollout_id.empty() || rollout_id.size() > kIdBytesMax) {
+    return Status::InvalidArgument("rollout_id must be 1.." + std::to_string(kIdBytesMax) + " bytes");
+  }
+  const std::string prefix = RolloutPrefix(rollout_id);
+  std::vector<std::uint64_t> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kRolloutsCf]));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (it->key().size() != prefix.size() + 8) return Status::Corruption("malformed rollout index key");
+    out.push_back(ParseBE64(View(it->key()).substr(prefix.size())));
+  }
+  RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan rollout index"));
+  return out;
+}
+
+Result<State> RocksJournal::LoadState() {
+  Result<Loaded> loaded = LoadFromDb();
+  if (!loaded.ok()) return loaded.status();
+  return std::move(loaded->state);
+}
+
+Result<State> RocksJournal::Refold(std::uint64_t until_seq) {
+  State s;
+  RC_RETURN_IF_ERROR(Scan(1, until_seq, [&](const Record& r) {
+    Status st = apply(s, r.event);
+    if (!st.ok()) {
+      return Status::Corruption("seq " + std::to_string(r.seq) + ": " + event_name(r.event) +
+                                " does not apply: " + st.ToString());
+    }
+    return Status::OK();
+  }));
+  return s;
+}
+
+Status RocksJournal::WriteSnapshot(std::uint64_t seq, const State& state) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    RC_RETURN_IF_ERROR(Usable());
+    if (seq == 0 || seq > durable_seq_) {
+      return Status::InvalidArgument("snapshot at seq " + std::to_string(seq) +
+                                     " outside the durable journal 1.." + std::to_string(durable_seq_));
+    }
+  }
+  // A cheap guard against a snapshot of the wrong point: the fold counts every event applied.
+  if (state.counters.events != seq) {
+    return Status::InvalidArgument("snapshot state counts " + std::to_string(state.counters.events) +
+                                   " events, not " + std::to_string(seq));
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  return FromRocks(db_->Put(wo, cfs_[kSnapshotsCf], BE64(seq), EncodeState(state)), "write snapshot");
+}
+
+Status RocksJournal::CatchUp() {
+  if (!options_.read_only) return Status::OK();
+  RC_RETURN_IF_ERROR(FromRocks(db_->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
+  Result<std::uint64_t> head = ReadHeadSeq();
+  if (!head.ok()) return head.status();
+  std::lock_guard<std::mutex> l(mu_);
+  if (*head < head_seq_) {
+    return Status::Corruption("primary head " + std::to_string(*head) + " is behind " +
+                              std::to_string(head_seq_) + " seen before");
+  }
+  State next = state_;
+  Hash hash = head_hash_;
+  RC_RETURN_IF_ERROR(ScanRange(head_seq_ + 1, *head, head_hash_, [&](const Record& r) {
+    Status st = apply(next, r.event);
+    if (!st.ok()) return Status::Corruption("seq " + std::to_string(r.seq) + ": " + st.ToString());
+    hash = r.hash;
+    return Status::OK();
+  }));
+  state_ = std::move(next);
+  head_seq_ = durable_seq_ = *head;
+  head_hash_ = hash;
+  return Status::OK();
+}
+
+Status RocksJournal::Checkpoint(const std::string& dir) {
+  rocksdb::Checkpoint* raw = nullptr;
+  RC_RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(db_.get(), &raw), "create checkpoint"));
+  std::unique_ptr<rocksdb::Checkpoint> cp(raw);
+  return FromRocks(cp->CreateCheckpoint(dir), "checkpoint into " + dir);
+}
+
+Status RocksJournal::VerifyChecksum() {
+  return FromRocks(db_->VerifyChecksum(), "verify checksums of " + path_);
+}
+
+Status RocksJournal::Flush() {
+  if (options_.read_only) return Status::InvalidArgument("flush on a read-only journal");
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  return FromRocks(db_->Flush(fo, cfs_), "flush " + path_);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Journal>> Journal::Open(const std::string& path, const Options& options) {
+  if (path.empty()) return Status::InvalidArgument("journal path is empty");
+  auto journal = std::make_unique<RocksJournal>(path, options);
+  RC_RETURN_IF_ERROR(journal->OpenDb());
+  return std::unique_ptr<Journal>(std::move(journal));
+}
+
+}  // namespace rc::journal
