@@ -1,0 +1,220 @@
+// The history checker (see history.h). Each group (an input and the entries derived from it) is
+// checked against the contract BEFORE it touches the fold, then re-decided: the recorded derived
+// events must equal decide(state before the input, input). Only then is the group applied, so a
+// forged history is reported, never folded into a state whose invariants would abort.
+#include "statemachine/history.h"
+
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include "statemachine/describe.h"
+
+namespace rc {
+namespace {
+
+struct Checker {
+  State state;
+  HistorySummary summary;
+  // Independent bookkeeping (not read from the fold): the generation each active rollout was
+  // admitted under, and the label VALIDATING saw for the update in flight.
+  std::map<std::string, std::uint64_t> admitted_generation;
+  std::optional<std::string> validated_label;
+  std::string target_label;
+
+  // Contract checks on an input, before decide. Empty when fine.
+  std::string check_input(const Event& e) const {
+    if (state.lifecycle == Lifecycle::kTainted && !std::holds_alternative<RecoveryStarted>(e)) {
+      return std::string(event_name(e)) + " after TAINTED (only RecoveryStarted may follow)";
+    }
+    if (family_of(e) == Family::kDecision) {
+      return std::string("decision ") + event_name(e) + " recorded as an input (cause_seq 0)";
+    }
+    if (const auto* a = std::get_if<RolloutAdmitted>(&e)) {
+      if (state.lifecycle != Lifecycle::kReady || state.update.has_value()) {
+        return "admission of rollout '" + a->rollout_id + "' outside READY (state " +
+               lifecycle_name(state.lifecycle) + ")";
+      }
+    }
+    if (const auto* f = std::get_if<RolloutFinished>(&e)) {
+      if (f->outcome == RolloutOutcome::kAbandoned) {
+        return "rollout '" + f->rollout_id + "' abandoned as an input (only recovery records it)";
+      }
+    }
+    if (const auto* x = std::get_if<EffectStarted>(&e)) {
+      if (x->kind == EffectKind::kTransfer && !state.active.empty()) {
+        return "transfer intent (mutation) while " + std::to_string(state.active.size()) +
+               " binding(s) are active, e.g. '" + state.active.begin()->first + "'";
+      }
+    }
+    return {};
+  }
+
+  // Contract checks on a derived event, from the bookkeeping alone (nothing forged is applied
+  // before the checks ran). Empty when fine.
+  std::string check_derived(const Event& e) const {
+    const std::string active = admitted_generation.empty()
+                                   ? std::string()
+                                   : "rollout '" + admitted_generation.begin()->first +
+                                         "' admitted under generation " +
+                                         std::to_string(admitted_generation.begin()->second);
+    if (const auto* p = std::get_if<VersionPublished>(&e)) {
+      if (!validated_label.has_value() || *validated_label != p->version.label) {
+        return "version '" + p->version.label + "' published but VALIDATING " +
+               (validated_label ? "saw '" + *validated_label + "'" : std::string("never saw it"));
+      }
+      if (!active.empty()) {
+        return active + " still active when generation " +
+               std::to_string(p->version.generation) + " was published (spans two versions)";
+      }
+    }
+    if (const auto* c = std::get_if<StateChanged>(&e)) {
+      if (c->from == Lifecycle::kValidating && c->to == Lifecycle::kResuming &&
+          !validated_label.has_value()) {
+        return "VALIDATING -> RESUMING (validated) but VALIDATING never saw the target label '" +
+               target_label + "'";
+      }
+      if (c->to == Lifecycle::kQuiesced && !active.empty()) {
+        return "QUIESCED while " + active + " is active: it would span two versions";
+      }
+    }
+    return {};
+  }
+
+  // Bookkeeping after an event (input or derived) was applied.
+  void note_before_apply(const Event& e) {
+    if (const auto* v = std::get_if<ValidationObserved>(&e)) {
+      if (state.lifecycle == Lifecycle::kValidating && v->http.ok_2xx() && v->checks_passed &&
+          v->reported_label == target_label) {
+        validated_label = v->reported_label;
+      }
+    }
+  }
+
+  std::string note_after_apply(const Event& e) {
+    if (const auto* u = std::get_if<UpdateRequested>(&e)) {
+      summary.updates_requested++;
+      validated_label.reset();
+      target_label = u->target_label;
+    } else if (const auto* a = std::get_if<RolloutAdmitted>(&e)) {
+      admitted_generation[a->rollout_id] = a->version.generation;
+      VersionRollouts& v = summary.rollouts_by_generation[a->version.generation];
+      v.label = a->version.label;
+      v.admitted++;
+    } else if (const auto* f = std::get_if<RolloutFinished>(&e)) {
+      auto it = admitted_generation.find(f->rollout_id);
+      if (it == admitted_generation.end()) return "rollout '" + f->rollout_id + "' never admitted";
+      const std::uint64_t gen = it->second;
+      admitted_generation.erase(it);
+      if (gen != state.committed.generation) {
+        return "rollout '" + f->rollout_id + "' admitted under generation " +
+               std::to_string(gen) + " finished under generation " +
+               std::to_string(state.committed.generation);
+      }
+      summary.rollouts_by_generation[gen].finished++;
+    } else if (const auto* d = std::get_if<UpdateEnded>(&e)) {
+      switch (d->outcome) {
+        case UpdateOutcome::kCommitted: summary.updates_committed++; break;
+        case UpdateOutcome::kRefused: summary.updates_refused++; break;
+        case UpdateOutcome::kTainted: summary.updates_tainted++; break;
+      }
+      validated_label.reset();
+    } else if (std::holds_alternative<RecoveryStarted>(e)) {
+      summary.recoveries++;
+    }
+    return {};
+  }
+};
+
+std::string describe_all(const std::vector<Event>& events) {
+  if (events.empty()) return "(none)";
+  std::string out;
+  for (const Event& e : events) {
+    if (!out.empty()) out += "; ";
+    out += describe(e);
+  }
+  return out;
+}
+
+}  // namespace
+
+HistoryReport check_history(const std::vector<HistoryEntry>& history) {
+  Checker c;
+  HistoryReport report;
+  auto fail = [&](std::uint64_t seq, std::string message) {
+    report.ok = false;
+    report.first_bad_seq = seq;
+    report.message = "seq " + std::to_string(seq) + ": " + std::move(message);
+    report.summary = c.summary;
+    report.state = c.state;
+    return report;
+  };
+
+  std::uint64_t last_seq = 0;
+  std::size_t i = 0;
+  while (i < history.size()) {
+    const HistoryEntry& in = history[i];
+    if (in.seq == 0 || in.seq <= last_seq) {
+      return fail(in.seq, "seq not increasing (previous " + std::to_string(last_seq) + ")");
+    }
+    if (in.cause_seq != 0) {
+      return fail(in.seq, std::string("derived ") + event_name(in.event) + " without its input " +
+                              "(cause_seq " + std::to_string(in.cause_seq) +
+                              " is not the input just before it)");
+    }
+    if (std::string why = c.check_input(in.event); !why.empty()) return fail(in.seq, why);
+
+    // The group: the entries right after the input that name it as their cause.
+    std::size_t end = i + 1;
+    std::vector<Event> recorded;
+    last_seq = in.seq;
+    while (end < history.size() && history[end].cause_seq == in.seq) {
+      if (history[end].seq <= last_seq) {
+        return fail(history[end].seq, "seq not increasing (previous " +
+                                          std::to_string(last_seq) + ")");
+      }
+      last_seq = history[end].seq;
+      recorded.push_back(history[end].event);
+      ++end;
+    }
+
+    // Contract checks on the derived events first: a forged group gets the specific message.
+    c.note_before_apply(in.event);
+    for (std::size_t k = i + 1; k < end; ++k) {
+      if (std::string why = c.check_derived(history[k].event); !why.empty()) {
+        return fail(history[k].seq, why);
+      }
+    }
+
+    Result<std::vector<Event>> decided = decide(c.state, in.event);
+    if (!decided.ok()) {
+      return fail(in.seq, std::string("illegal ") + event_name(in.event) + " in " +
+                              lifecycle_name(c.state.lifecycle) + ": " +
+                              decided.status().ToString());
+    }
+    if (decided.value() != recorded) {
+      return fail(in.seq, std::string("decisions for ") + event_name(in.event) +
+                              " differ from decide(): recorded [" + describe_all(recorded) +
+                              "], decide() gives [" + describe_all(decided.value()) + "]");
+    }
+
+    // Apply the input, then each derived event, with the contract checks around each.
+    c.summary.inputs++;
+    for (std::size_t k = i; k < end; ++k) {
+      const HistoryEntry& h = history[k];
+      if (Status st = apply(c.state, h.event); !st.ok()) {
+        return fail(h.seq, std::string("illegal ") + event_name(h.event) + ": " + st.ToString());
+      }
+      if (std::string why = c.note_after_apply(h.event); !why.empty()) return fail(h.seq, why);
+      c.summary.entries++;
+    }
+    i = end;
+  }
+  report.summary = c.summary;
+  report.state = c.state;
+  return report;
+}
+
+}  // namespace rc
