@@ -360,7 +360,7 @@ std::string EncodeRecord(const Record& record) {
   auto prev = b.CreateVector(record.prev_hash.data(), record.prev_hash.size());
   auto root = fb::CreateRecord(b, record.seq, record.wall_time_ms, record.cause_seq, prev,
                                payload.type, payload.value);
-  fb::FinishRecordBuffer(b, root);
+  fb::FinishSizePrefixedRecordBuffer(b, root);
   return Finish(b);
 }
 
@@ -376,23 +376,23 @@ Result<Record> DecodeRecord(std::string_view bytes) {
     return Status::Corruption("record of " + std::to_string(bytes.size()) +
                               " bytes exceeds the bound of " + std::to_string(kRecordBytesMax));
   }
-  if (bytes.size() < 8) {
+  if (bytes.size() < 12) {
     return Status::Corruption("record truncated: " + std::to_string(bytes.size()) + " bytes");
   }
   AlignedCopy copy(bytes);
-  if (!fb::RecordBufferHasIdentifier(copy.data())) {
+  if (!fb::SizePrefixedRecordBufferHasIdentifier(copy.data())) {
     return Status::Corruption("record lacks the file identifier RCJ1 (got '" +
-                              std::string(bytes.substr(4, 4)) + "')");
+                              std::string(bytes.substr(8, 4)) + "')");
   }
   flatbuffers::Verifier::Options options;
   options.max_depth = kVerifierDepthMax;
   options.max_tables = kVerifierTablesMax;
   flatbuffers::Verifier verifier(copy.data(), bytes.size(), options);
-  if (!fb::VerifyRecordBuffer(verifier)) {
+  if (!fb::VerifySizePrefixedRecordBuffer(verifier)) {
     return Status::Corruption("record fails FlatBuffers verification (" +
                               std::to_string(bytes.size()) + " bytes)");
   }
-  const fb::Record* r = fb::GetRecord(copy.data());
+  const fb::Record* r = fb::GetSizePrefixedRecord(copy.data());
   const auto tag = static_cast<std::uint8_t>(r->payload_type());
   // The generated verifier accepts unknown union members: reject them here, explicitly.
   if (tag == 0 || tag > kPayloadTagMax) {

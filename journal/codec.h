@@ -1,7 +1,9 @@
 // Record and State codec: rc::Event + envelope <-> FlatBuffers bytes, and the SHA-256 hash chain.
 //
 // Stored record (value of the `events` column family), grammar:
-//   record      := flatbuffer(Record) with file_identifier "RCJ1" at bytes 4..7, 8 <= size <= kRecordBytesMax
+//   record      := u32le(size - 4) ‖ flatbuffer(Record)   (FlatBuffers size-prefixed form, so a
+//                  truncated or extended value fails verification), file_identifier "RCJ1" at
+//                  bytes 8..11, 12 <= size <= kRecordBytesMax
 //   Record      := { seq: u64, wall_time_ms: i64, cause_seq: u64, prev_hash: [u8; 32],
 //                    payload_type: u8 in 1..17, payload: <table for payload_type> }
 //   hash(record) := SHA-256(record bytes exactly as stored); record[n].prev_hash = hash(record[n-1]),

@@ -1,0 +1,122 @@
+// Helpers shared by the journal tests: temp dirs and sample events covering every alternative.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "journal/journal.h"
+#include "statemachine/events.h"
+
+namespace rc::journal::testing {
+
+// A fresh directory under $TMPDIR, removed with its contents at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "rc-journal-test-XXXXXX").string();
+    RC_ASSERT(mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline WeightIdentity SampleIdentity() {
+  return WeightIdentity{"abc123", "def456", "/ckpt/step-7", "run-1", 7};
+}
+
+// One event of every rc::Event alternative, each with non-default field values.
+inline std::vector<Event> SampleEvents() {
+  const HttpEvidence http{Transport::kTimeout, 504, true, 1234, "deadline"};
+  return {
+      BootstrapRequested{"rc-0", SampleIdentity()},
+      UpdateRequested{"u1", "rc-1", SampleIdentity(), "safetensors:/ckpt/m.safetensors"},
+      RecoveryStarted{"exec-9"},
+      EffectStarted{EffectKind::kResetCache, CacheKind::kMultimodal, 1500},
+      EngineProbed{http, "0.25.1", "rc-0"},
+      DrainObserved{http, true},
+      DrainTimedOut{30000, 3},
+      PreflightObserved{"abc123", true, false, "not enough memory"},
+      TransferObserved{true, MutationClass::kPossible, 1 << 20, 17, 99999, "rc-1", "eof"},
+      CacheResetObserved{CacheKind::kEncoder, http, true},
+      ValidationObserved{http, "rc-1", false, "canary drift"},
+      ResumeObserved{http, true, false},
+      RolloutAdmitted{"r-1", WeightVersion{3, "rc-3"}, SampleIdentity()},
+      RolloutFinished{"r-1", RolloutOutcome::kAborted, 100, 200},
+      StateChanged{Lifecycle::kUpdating, Lifecycle::kTainted, Cause::kTransferAmbiguous, "x"},
+      VersionPublished{"u1", WeightVersion{4, "rc-4"}, SampleIdentity()},
+      UpdateEnded{"u1", UpdateOutcome::kRefused, "preflight refused"},
+  };
+}
+
+// A random event of a random alternative with random field values (strings of arbitrary bytes).
+inline Event RandomEvent(std::mt19937_64& rng) {
+  auto str = [&] {
+    std::string s(rng() % 40, '\0');
+    for (char& c : s) c = static_cast<char>(rng() % 256);
+    return s;
+  };
+  auto u64 = [&] { return static_cast<std::uint64_t>(rng()); };
+  auto u32 = [&] { return static_cast<std::uint32_t>(rng()); };
+  auto b = [&] { return (rng() & 1) != 0; };
+  auto id = [&] { return WeightIdentity{str(), str(), str(), str(), static_cast<std::int64_t>(u64())}; };
+  auto ver = [&] { return WeightVersion{u64(), str()}; };
+  auto http = [&] {
+    return HttpEvidence{static_cast<Transport>(rng() % 4), static_cast<std::int32_t>(u32()), b(),
+                        u64(), str()};
+  };
+  switch (rng() % 17) {
+    case 0: return BootstrapRequested{str(), id()};
+    case 1: return UpdateRequested{str(), str(), id(), str()};
+    case 2: return RecoveryStarted{str()};
+    case 3: return EffectStarted{static_cast<EffectKind>(rng() % 9), static_cast<CacheKind>(rng() % 3), u64()};
+    case 4: return EngineProbed{http(), str(), str()};
+    case 5: return DrainObserved{http(), b()};
+    case 6: return DrainTimedOut{u64(), u32()};
+    case 7: return PreflightObserved{str(), b(), b(), str()};
+    case 8: return TransferObserved{b(), static_cast<MutationClass>(rng() % 3), u64(), u32(), u64(), str(), str()};
+    case 9: return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b()};
+    case 10: return ValidationObserved{http(), str(), b(), str()};
+    case 11: return ResumeObserved{http(), b(), b()};
+    case 12: return RolloutAdmitted{str(), ver(), id()};
+    case 13: return RolloutFinished{str(), static_cast<RolloutOutcome>(rng() % 3), u32(), u32()};
+    case 14:
+      return StateChanged{static_cast<Lifecycle>(rng() % 9), static_cast<Lifecycle>(rng() % 9),
+                          static_cast<Cause>(rng() % 16), str()};
+    case 15: return VersionPublished{str(), ver(), id()};
+    default: return UpdateEnded{str(), static_cast<UpdateOutcome>(rng() % 3), str()};
+  }
+}
+
+// The groups that take an empty journal to READY (bootstrap, probe intent, probe + decision).
+inline std::vector<std::vector<Event>> BootstrapGroups() {
+  return {
+      {BootstrapRequested{"rc-0", SampleIdentity()}},
+      {EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000}},
+      {EngineProbed{HttpEvidence{Transport::kOk, 200, true, 10, ""}, "0.25.1", "rc-0"},
+       StateChanged{Lifecycle::kUninitialized, Lifecycle::kReady, Cause::kBootstrapped,
+                    "engine 0.25.1 reports 'rc-0'"}},
+  };
+}
+
+inline AppendRequest Group(std::vector<Event> events, std::string key = "") {
+  AppendRequest r;
+  r.events = std::move(events);
+  r.client_event_id = std::move(key);
+  r.wall_time_ms = 1700000000000;
+  return r;
+}
+
+}  // namespace rc::journal::testing
