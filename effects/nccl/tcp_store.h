@@ -1,0 +1,89 @@
+// A c10d TCPStore master speaking the wire protocol torch's TCPStore client uses
+// (reference/vllm-protocol.md §2.4.1; checked against torch 2.11's own client on the GPU host).
+//
+// Grammar (client -> server; integers little-endian host order):
+//   query    := u8 type payload
+//   string   := u64 length byte*                 (keys and values alike)
+//   VALIDATE(0)    u32 magic(0x3C85F7CE)          -> (no reply; wrong magic closes the connection)
+//   SET(1)         key value                      -> (no reply; wakes waiters)
+//   COMPARE_SET(2) key expected desired           -> string (value after the operation)
+//   GET(3)         key                            -> string  (missing key closes the connection)
+//   ADD(4)         key i64 delta                  -> i64 new value (stored as decimal ASCII)
+//   CHECK(5)       u64 n key*n                    -> u8 READY(0) | NOT_READY(1)
+//   WAIT(6)        u64 n key*n                    -> u8 STOP_WAITING(0), now or once all exist
+//   GETNUMKEYS(7)                                 -> i64
+//   DELETE_KEY(8)  key                            -> i64 number deleted
+//   APPEND(9)      key value                      -> (no reply; wakes waiters)
+//   MULTI_GET(10)  u64 n key*n                    -> string*n
+//   MULTI_SET(11)  u64 n (key value)*n            -> (no reply; wakes waiters)
+//   CANCEL_WAIT(12)                               -> u8 WAIT_CANCELED(1)
+//   PING(13)       u32 nonce                      -> u32 nonce
+// Keys are raw wire keys: torch's client prefixes user keys with "/" (but not "init/").
+//
+// One thread serves every connection with poll(). Every resource is bounded (connections, key and
+// value sizes, stored keys, buffered input/output per connection); a client that breaks a bound
+// or the grammar is disconnected, the store itself never grows beyond its limits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "statemachine/status.h"
+
+namespace rc::effects::nccl {
+
+inline constexpr std::uint32_t kTcpStoreValidateMagic = 0x3C85F7CE;
+
+enum class StoreQuery : std::uint8_t {
+  kValidate = 0, kSet = 1, kCompareSet = 2, kGet = 3, kAdd = 4, kCheck = 5, kWait = 6,
+  kGetNumKeys = 7, kDeleteKey = 8, kAppend = 9, kMultiGet = 10, kMultiSet = 11,
+  kCancelWait = 12, kPing = 13,
+};
+
+struct TcpStoreOptions {
+  std::string bind_address = "0.0.0.0";
+  std::uint16_t port = 0;                       // 0: an ephemeral port (see port())
+  std::size_t connections_max = 256;
+  std::size_t key_bytes_max = 4096;
+  std::size_t value_bytes_max = 16u << 20;
+  std::size_t keys_max = 65536;                 // stored keys
+  std::size_t keys_per_query_max = 1024;        // CHECK / WAIT / MULTI_*
+  std::size_t query_bytes_max = 64u << 20;      // one query's encoding (buffered input)
+  std::size_t output_bytes_max = 64u << 20;     // unread replies per connection
+};
+
+struct TcpStoreStats {
+  std::uint64_t connections_accepted = 0;
+  std::uint64_t connections_refused = 0;        // over connections_max
+  std::uint64_t protocol_errors = 0;            // disconnected for a grammar or bound violation
+  std::uint64_t queries = 0;
+  std::size_t connections_open = 0;
+  std::size_t waiters = 0;
+};
+
+class TcpStoreServer {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<TcpStoreServer>> Start(const TcpStoreOptions& options);
+  ~TcpStoreServer();  // Stop()
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  // Server-side access with wire keys; Set wakes waiting clients.
+  [[nodiscard]] Status Set(const std::string& wire_key, const std::string& value);
+  std::optional<std::string> Get(const std::string& wire_key) const;
+  // Closes every connection and joins the serving thread. Idempotent; bounded by one poll tick.
+  void Stop();
+  TcpStoreStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit TcpStoreServer(std::unique_ptr<Impl> impl, std::uint16_t port);
+  std::unique_ptr<Impl> impl_;
+  std::uint16_t port_ = 0;
+};
+
+}  // namespace rc::effects::nccl

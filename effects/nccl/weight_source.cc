@@ -1,0 +1,273 @@
+#include "effects/nccl/weight_source.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+#include <nlohmann/json.hpp>
+
+#include "effects/nccl/rendezvous.h"
+
+namespace rc::effects::nccl {
+namespace {
+
+using json = nlohmann::json;
+
+bool ReadU64(const json& j, std::uint64_t* out) {
+  if (!j.is_number_unsigned()) return false;
+  *out = j.get<std::uint64_t>();
+  return true;
+}
+
+Status ReadShape(const json& j, const std::string& name, std::vector<std::uint64_t>* shape) {
+  if (!j.is_array() || j.size() > kTensorRankMax) {
+    return Status::InvalidArgument("tensor '" + name + "': shape must be an array of rank <= " +
+                                   std::to_string(kTensorRankMax));
+  }
+  for (const auto& d : j) {
+    std::uint64_t v = 0;
+    if (!ReadU64(d, &v)) {
+      return Status::InvalidArgument("tensor '" + name + "': shape holds a non-integer or negative");
+    }
+    shape->push_back(v);
+  }
+  return Status::OK();
+}
+
+Status ReadExact(int fd, std::uint64_t offset, void* dst, std::uint64_t bytes) {
+  auto* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, 1u << 30));
+    const ssize_t got = ::pread(fd, p, want, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return Status::IOError(std::string("pread: ") + std::strerror(errno));
+    if (got == 0) return Status::IOError("file truncated while reading");
+    p += got;
+    offset += static_cast<std::uint64_t>(got);
+    bytes -= static_cast<std::uint64_t>(got);
+  }
+  return Status::OK();
+}
+
+Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status::InvalidArgument(path + ": unreadable or larger than " + std::to_string(max_bytes));
+  }
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  Status s = ReadExact(fd, 0, text.data(), text.size());
+  ::close(fd);
+  if (!s.ok()) return s;
+  return text;
+}
+
+}  // namespace
+
+Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
+                                                std::uint64_t file_bytes) {
+  if (file_bytes < 8 || prefix.size() < 8) {
+    return Status::InvalidArgument("safetensors: file shorter than the 8-byte header length");
+  }
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+  if (header_len > kSafetensorsHeaderBytesMax) {
+    return Status::InvalidArgument("safetensors: header length " + std::to_string(header_len) +
+                                   " exceeds " + std::to_string(kSafetensorsHeaderBytesMax));
+  }
+  if (header_len > file_bytes - 8) {
+    return Status::InvalidArgument("safetensors: header length " + std::to_string(header_len) +
+                                   " runs past the end of a " + std::to_string(file_bytes) +
+                                   "-byte file (truncated?)");
+  }
+  if (prefix.size() < 8 + header_len) {
+    return Status::InvalidArgument("safetensors: header not fully read");
+  }
+  const json header = json::parse(prefix.begin() + 8, prefix.begin() + 8 + static_cast<std::ptrdiff_t>(header_len),
+                                  nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return Status::InvalidArgument("safetensors: header is not a JSON object");
+  }
+  SafetensorsIndex index;
+  index.file_bytes = file_bytes;
+  const std::uint64_t data_start = 8 + header_len;
+  const std::uint64_t data_bytes = file_bytes - data_start;
+  struct Entry { TensorSpec spec; std::uint64_t begin, end; };
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") {
+      if (!it->is_object()) return Status::InvalidArgument("safetensors: __metadata__ not an object");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) return Status::InvalidArgument("safetensors: metadata value not a string");
+        index.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    if (entries.size() >= kTensorsMax) return Status::InvalidArgument("safetensors: too many tensors");
+    const json& t = *it;
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
+        !t.contains("data_offsets")) {
+      return Status::InvalidArgument("safetensors: tensor '" + name +
+                                     "' lacks dtype, shape or data_offsets");
+    }
+    if (!t["dtype"].is_string()) return Status::InvalidArgument("safetensors: '" + name + "' dtype not a string");
+    auto dtype = dtype_from_safetensors_name(t["dtype"].get<std::string>());
+    if (!dtype.ok()) return Status::InvalidArgument("safetensors: '" + name + "': " + dtype.status().message());
+    Entry e;
+    e.spec.name = name;
+    e.spec.dtype = *dtype;
+    if (Status s = ReadShape(t["shape"], name, &e.spec.shape); !s.ok()) return s;
+    const json& off = t["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !ReadU64(off[0], &e.begin) || !ReadU64(off[1], &e.end) ||
+        e.begin > e.end) {
+      return Status::InvalidArgument("safetensors: '" + name + "' data_offsets must be [begin<=end]");
+    }
+    if (e.end > data_bytes) {
+      return Status::InvalidArgument("safetensors: '" + name + "' data_offsets end " +
+                                     std::to_string(e.end) + " beyond the data section (" +
+                                     std::to_string(data_bytes) + " bytes; truncated?)");
+    }
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t cursor = 0;
+  for (auto& e : entries) {
+    if (e.begin != cursor) {
+      return Status::InvalidArgument("safetensors: '" + e.spec.name + "' starts at " +
+                                     std::to_string(e.begin) + ", expected " + std::to_string(cursor) +
+                                     (e.begin < cursor ? " (overlap)" : " (gap)"));
+    }
+    cursor = e.end;
+    index.file_offsets.push_back(data_start + e.begin);
+    index.manifest.tensors.push_back(std::move(e.spec));
+  }
+  if (cursor != data_bytes) {
+    return Status::InvalidArgument("safetensors: tensors cover " + std::to_string(cursor) +
+                                   " data bytes but the file holds " + std::to_string(data_bytes));
+  }
+  if (Status s = index.manifest.Validate(); !s.ok()) return s;
+  // Validate() bounds the shapes first, so nbytes() cannot overflow here.
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& spec = index.manifest.tensors[i];
+    if (entries[i].end - entries[i].begin != spec.nbytes()) {
+      return Status::InvalidArgument("safetensors: '" + spec.name + "' holds " +
+                                     std::to_string(entries[i].end - entries[i].begin) +
+                                     " bytes, its dtype and shape need " + std::to_string(spec.nbytes()));
+    }
+  }
+  return index;
+}
+
+Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return Status::IOError("fstat " + path);
+  }
+  const std::uint64_t file_bytes = static_cast<std::uint64_t>(st.st_size);
+  std::string prefix(std::min<std::uint64_t>(file_bytes, 8), '\0');
+  Status s = ReadExact(fd, 0, prefix.data(), prefix.size());
+  if (s.ok() && prefix.size() == 8) {
+    std::uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+    if (header_len <= kSafetensorsHeaderBytesMax && header_len <= file_bytes - 8) {
+      prefix.resize(8 + header_len);
+      s = ReadExact(fd, 8, prefix.data() + 8, header_len);
+    }
+  }
+  ::close(fd);
+  if (!s.ok()) return s;
+  return ParseSafetensorsHeader(prefix, file_bytes);
+}
+
+Result<std::unique_ptr<SafetensorsSource>> SafetensorsSource::Open(const std::string& path) {
+  auto index = ReadSafetensorsIndex(path);
+  if (!index.ok()) return index.status();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
+  return std::unique_ptr<SafetensorsSource>(new SafetensorsSource(fd, std::move(*index)));
+}
+
+SafetensorsSource::~SafetensorsSource() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status SafetensorsSource::ReadHost(std::size_t i, void* dst) const {
+  RC_ASSERT(i < index_.manifest.tensors.size());
+  return ReadExact(fd_, index_.file_offsets[i], dst, index_.manifest.tensors[i].nbytes());
+}
+
+Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
+  const json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return Status::InvalidArgument("ipc file: not a JSON object");
+  if (!doc.contains("version") || doc["version"] != 1) return Status::InvalidArgument("ipc file: version must be 1");
+  if (!doc.contains("tensors") || !doc["tensors"].is_array()) {
+    return Status::InvalidArgument("ipc file: 'tensors' must be an array");
+  }
+  if (doc["tensors"].size() > kTensorsMax) return Status::InvalidArgument("ipc file: too many tensors");
+  IpcHandleFile out;
+  bool first = true;
+  for (const auto& t : doc["tensors"]) {
+    if (!t.is_object()) return Status::InvalidArgument("ipc file: tensor entry not an object");
+    for (const char* k : {"name", "dtype", "shape", "ipc_handle_b64", "allocation_bytes", "offset", "device"}) {
+      if (!t.contains(k)) return Status::InvalidArgument(std::string("ipc file: entry lacks '") + k + "'");
+    }
+    if (!t["name"].is_string() || !t["dtype"].is_string() || !t["ipc_handle_b64"].is_string() ||
+        !t["device"].is_number_integer()) {
+      return Status::InvalidArgument("ipc file: name/dtype/ipc_handle_b64 must be strings, device an integer");
+    }
+    TensorSpec spec;
+    spec.name = t["name"].get<std::string>();
+    auto dtype = dtype_from_torch_name(t["dtype"].get<std::string>());
+    if (!dtype.ok()) return Status::InvalidArgument("ipc file: '" + spec.name + "': " + dtype.status().message());
+    spec.dtype = *dtype;
+    if (Status s = ReadShape(t["shape"], spec.name, &spec.shape); !s.ok()) return s;
+    IpcTensorRef ref;
+    if (!ReadU64(t["allocation_bytes"], &ref.allocation_bytes) || !ReadU64(t["offset"], &ref.offset)) {
+      return Status::InvalidArgument("ipc file: '" + spec.name + "' offset/allocation_bytes not unsigned");
+    }
+    const std::string& b64 = t["ipc_handle_b64"].get_ref<const std::string&>();
+    if (b64.size() > 128) return Status::InvalidArgument("ipc file: handle text too long");
+    auto handle = Base64Decode(b64);
+    if (!handle.ok() || handle->size() != kCudaIpcHandleBytes) {
+      return Status::InvalidArgument("ipc file: '" + spec.name + "' handle is not base64 of 64 bytes");
+    }
+    ref.handle = std::move(*handle);
+    const int device = t["device"].get<int>();
+    if (device < 0) return Status::InvalidArgument("ipc file: negative device");
+    if (!first && device != out.device) return Status::InvalidArgument("ipc file: tensors on several devices");
+    out.device = device;
+    first = false;
+    out.manifest.tensors.push_back(std::move(spec));
+    out.refs.push_back(std::move(ref));
+  }
+  if (Status s = out.manifest.Validate(); !s.ok()) return s;
+  for (std::size_t i = 0; i < out.refs.size(); ++i) {
+    const auto& r = out.refs[i];
+    const std::uint64_t n = out.manifest.tensors[i].nbytes();
+    if (r.offset > r.allocation_bytes || n > r.allocation_bytes - r.offset) {
+      return Status::InvalidArgument("ipc file: '" + out.manifest.tensors[i].name +
+                                     "' lies outside its allocation");
+    }
+  }
+  return out;
+}
+
+Result<IpcHandleFile> ReadIpcHandleFile(const std::string& path) {
+  auto text = ReadSmallFile(path, kIpcFileBytesMax);
+  if (!text.ok()) return text.status();
+  return ParseIpcHandleFile(*text);
+}
+
+}  // namespace rc::effects::nccl

@@ -1,0 +1,109 @@
+// Where the bytes of a transfer come from. A source exposes its manifest (transfer order) and
+// either device pointers (CUDA IPC from a trainer on this host, or buffers the caller owns) or
+// host reads (a safetensors file, staged through pinned host memory by the sender).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "effects/manifest.h"
+#include "statemachine/status.h"
+
+namespace rc::effects::nccl {
+
+class WeightSource {
+ public:
+  enum class Where : std::uint8_t { kHost, kDevice };
+  virtual ~WeightSource() = default;
+  virtual const Manifest& manifest() const = 0;
+  virtual Where where() const = 0;
+  // kDevice only: the CUDA device holding the tensors and tensor i's first byte there.
+  virtual int device() const { return -1; }
+  virtual const void* device_ptr(std::size_t /*i*/) const { return nullptr; }
+  // kHost only: copies tensor i's nbytes() bytes into dst.
+  [[nodiscard]] virtual Status ReadHost(std::size_t /*i*/, void* /*dst*/) const {
+    return Status::Internal("source has no host bytes");
+  }
+};
+
+// Device buffers owned by the caller (tests, benchmarks, an in-process trainer).
+class DevicePointerSource final : public WeightSource {
+ public:
+  DevicePointerSource(Manifest manifest, std::vector<const void*> ptrs, int device)
+      : manifest_(std::move(manifest)), ptrs_(std::move(ptrs)), device_(device) {
+    RC_ASSERT(ptrs_.size() == manifest_.tensors.size());
+  }
+  const Manifest& manifest() const override { return manifest_; }
+  Where where() const override { return Where::kDevice; }
+  int device() const override { return device_; }
+  const void* device_ptr(std::size_t i) const override { return ptrs_.at(i); }
+
+ private:
+  Manifest manifest_;
+  std::vector<const void*> ptrs_;
+  int device_;
+};
+
+// ---- safetensors ----
+//
+// File := u64le header_len | header_len bytes of JSON | data
+// JSON := { "__metadata__"?: {str: str}, name: {"dtype": str, "shape": [u64...],
+//           "data_offsets": [begin, end]} ... }     offsets relative to the data section
+// Accepted only if: 8 <= file, header_len <= kSafetensorsHeaderBytesMax and fits the file; the
+// JSON parses to an object; dtypes are known; end - begin == numel * itemsize; the byte ranges,
+// sorted, start at 0, touch each other (no gap, no overlap) and end exactly at the file's end.
+inline constexpr std::uint64_t kSafetensorsHeaderBytesMax = 100u << 20;  // the format's own limit
+
+struct SafetensorsIndex {
+  Manifest manifest;                      // in data-offset order (the transfer order)
+  std::vector<std::uint64_t> file_offsets;  // absolute offset of each tensor's first byte
+  std::uint64_t file_bytes = 0;
+  std::map<std::string, std::string> metadata;
+};
+
+// `prefix` holds the file's first bytes (at least 8 + header_len of them to succeed).
+[[nodiscard]] Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
+                                                              std::uint64_t file_bytes);
+[[nodiscard]] Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path);
+
+class SafetensorsSource final : public WeightSource {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<SafetensorsSource>> Open(const std::string& path);
+  ~SafetensorsSource() override;
+  const Manifest& manifest() const override { return index_.manifest; }
+  Where where() const override { return Where::kHost; }
+  [[nodiscard]] Status ReadHost(std::size_t i, void* dst) const override;
+
+ private:
+  SafetensorsSource(int fd, SafetensorsIndex index) : fd_(fd), index_(std::move(index)) {}
+  int fd_ = -1;
+  SafetensorsIndex index_;
+};
+
+// ---- CUDA IPC handle file (written by a trainer process on this host; we only read) ----
+//
+// {"version": 1, "tensors": [{"name": str, "dtype": torch name, "shape": [u64...],
+//   "ipc_handle_b64": base64 of the 64-byte cudaIpcMemHandle_t, "allocation_bytes": u64,
+//   "offset": u64 (bytes into the allocation), "device": int}, ...]}
+// Checked: every field present and typed, handle decodes to 64 bytes, offset + nbytes within
+// allocation_bytes, one device for all tensors, manifest valid. Order = transfer order.
+inline constexpr std::size_t kCudaIpcHandleBytes = 64;
+inline constexpr std::uint64_t kIpcFileBytesMax = 256u << 20;
+
+struct IpcTensorRef {
+  std::string handle;  // 64 raw bytes
+  std::uint64_t allocation_bytes = 0;
+  std::uint64_t offset = 0;
+};
+struct IpcHandleFile {
+  Manifest manifest;
+  std::vector<IpcTensorRef> refs;
+  int device = 0;
+};
+[[nodiscard]] Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text);
+[[nodiscard]] Result<IpcHandleFile> ReadIpcHandleFile(const std::string& path);
+
+}  // namespace rc::effects::nccl

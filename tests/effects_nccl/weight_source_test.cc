@@ -1,0 +1,130 @@
+#include "effects/nccl/weight_source.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "effects/nccl/rendezvous.h"
+
+namespace rc::effects::nccl {
+namespace {
+
+std::string Le64(std::uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+  return s;
+}
+std::string File(const std::string& header, const std::string& data) { return Le64(header.size()) + header + data; }
+
+const std::string kGoodHeader =
+    R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]},)"
+    R"("a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})";
+const std::string kGoodData = "AABBccccdddd";
+
+Result<SafetensorsIndex> Parse(const std::string& file) { return ParseSafetensorsHeader(file, file.size()); }
+
+// Proves a valid file parses into data-offset order with absolute offsets and metadata; catches
+// JSON key order (alphabetical) leaking into the transfer order.
+TEST(Safetensors, ValidFileInOffsetOrder) {
+  auto idx = Parse(File(kGoodHeader, kGoodData));
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  ASSERT_EQ(idx->manifest.tensors.size(), 2u);
+  EXPECT_EQ(idx->manifest.tensors[0].name, "a");
+  EXPECT_EQ(idx->manifest.tensors[1].name, "b");
+  EXPECT_EQ(idx->manifest.tensors[1].dtype, DType::kFloat32);
+  const std::uint64_t data_start = 8 + kGoodHeader.size();
+  EXPECT_EQ(idx->file_offsets[0], data_start);
+  EXPECT_EQ(idx->file_offsets[1], data_start + 4);
+  EXPECT_EQ(idx->metadata.at("format"), "pt");
+}
+
+// Proves each malformed file is refused with an error naming the problem; catches a parser that
+// would stream wrong bytes (gaps, overlaps, short files, size mismatches) into the engine.
+TEST(Safetensors, MalformedFilesRejected) {
+  struct Case { std::string file; std::string needle; };
+  auto hdr = [](const std::string& a, const std::string& b) {
+    return R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":)" + a +
+           R"(},"b":{"dtype":"F32","shape":[2],"data_offsets":)" + b + "}}";
+  };
+  const std::vector<Case> cases = {
+      {"abc", "shorter than"},
+      {Le64(1ull << 40) + "{}", "exceeds"},
+      {Le64(500) + "{}", "runs past"},
+      {File("not json", ""), "not a JSON object"},
+      {File("[1,2]", ""), "not a JSON object"},
+      {File(R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", "x"), "unsupported"},
+      {File(R"({"a":{"shape":[1],"data_offsets":[0,1]}})", "x"), "lacks"},
+      {File(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", "x"), "non-integer or negative"},
+      {File(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[1,0]}})", "x"), "begin<=end"},
+      {File(hdr("[0,4]", "[6,14]"), std::string(14, 'x')), "(gap)"},
+      {File(hdr("[0,4]", "[2,10]"), std::string(10, 'x')), "(overlap)"},
+      {File(hdr("[0,4]", "[4,12]"), std::string(11, 'x')), "beyond the data section"},
+      {File(hdr("[0,4]", "[4,12]"), std::string(13, 'x')), "cover 12 data bytes but the file holds 13"},
+      {File(hdr("[0,6]", "[6,14]"), std::string(14, 'x')), "its dtype and shape need 4"},
+      {File(R"({"__metadata__":[1]})", ""), "__metadata__"},
+  };
+  for (const auto& c : cases) {
+    auto idx = Parse(c.file);
+    ASSERT_FALSE(idx.ok()) << c.needle;
+    EXPECT_NE(idx.status().message().find(c.needle), std::string::npos)
+        << "want '" << c.needle << "' in: " << idx.status().message();
+  }
+}
+
+// Proves a file truncated on disk is refused when opened by path and the source reads exactly
+// each tensor's bytes from a good file; catches reads at wrong offsets.
+TEST(Safetensors, OpenFromDiskAndRead) {
+  char tmpl[] = "/tmp/rc_st_XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string path = tmpl;
+  const std::string good = File(kGoodHeader, kGoodData);
+  { std::ofstream(path, std::ios::binary) << good; }
+  auto src = SafetensorsSource::Open(path);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  std::string a(4, '\0'), b(8, '\0');
+  ASSERT_TRUE((*src)->ReadHost(0, a.data()).ok());
+  ASSERT_TRUE((*src)->ReadHost(1, b.data()).ok());
+  EXPECT_EQ(a, "AABB");
+  EXPECT_EQ(b, "ccccdddd");
+  { std::ofstream(path, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 3); }
+  EXPECT_FALSE(SafetensorsSource::Open(path).ok());
+  { std::ofstream(path, std::ios::binary | std::ios::trunc) << good.substr(0, 20); }
+  auto short_file = SafetensorsSource::Open(path);
+  ASSERT_FALSE(short_file.ok());
+  EXPECT_NE(short_file.status().message().find("runs past"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+std::string IpcEntry(const std::string& name, std::uint64_t alloc, std::uint64_t off, int dev,
+                     const std::string& handle_b64) {
+  return R"({"name":")" + name + R"(","dtype":"bfloat16","shape":[4,2],"ipc_handle_b64":")" + handle_b64 +
+         R"(","allocation_bytes":)" + std::to_string(alloc) + R"(,"offset":)" + std::to_string(off) +
+         R"(,"device":)" + std::to_string(dev) + "}";
+}
+
+// Proves the IPC handle file is checked (handle length, bounds inside the allocation, one device,
+// version); catches a reader that would map past an allocation or mix devices.
+TEST(IpcHandleFile, ParseAndReject) {
+  const std::string h = Base64Encode(std::string(64, '\x5a'));
+  auto ok = ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 32, 16, 1, h) + "," +
+                               IpcEntry("v", 16, 0, 1, h) + "]}");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->device, 1);
+  EXPECT_EQ(ok->refs[0].offset, 16u);
+  EXPECT_EQ(ok->refs[0].handle, std::string(64, '\x5a'));
+  EXPECT_EQ(ok->manifest.tensors[1].nbytes(), 16u);
+  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 20, 8, 0, h) + "]}").ok());
+  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 16, 0, 0, Base64Encode("short")) + "]}").ok());
+  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 16, 0, 0, h) + "," +
+                                  IpcEntry("v", 16, 0, 1, h) + "]}").ok());
+  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":2,"tensors":[]})").ok());
+  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[{"name":"w"}]})").ok());
+  EXPECT_FALSE(ParseIpcHandleFile("{").ok());
+}
+
+}  // namespace
+}  // namespace rc::effects::nccl
