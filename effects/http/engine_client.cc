@@ -1,0 +1,617 @@
+#include "effects/http/engine_client.h"
+
+#include <curl/curl.h>
+
+#include <chrono>
+#include <mutex>
+#include <utility>
+
+namespace rc::effects {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr long kPollIntervalMs = 20;  // how often an in-flight call looks at its cancel flags
+
+std::once_flag g_curl_once;
+
+void curl_global_once() {
+  std::call_once(g_curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+std::uint64_t now_us() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+bool is_blank(const std::string& s) {
+  for (char c : s) {
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return false;
+  }
+  return true;
+}
+
+// ---- route body checks (2xx) ----
+bool short_string(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() && it->get_ref<const std::string&>().size() <= kIdBytesMax;
+}
+bool check_version(const json& j) { return short_string(j, "version"); }
+bool check_weight_info(const json& j) { return short_string(j, "weight_version"); }
+bool check_status(const json& j) { return short_string(j, "status"); }
+bool check_is_paused(const json& j) {
+  auto it = j.find("is_paused");
+  return it != j.end() && it->is_boolean();
+}
+bool check_success(const json& j) {
+  auto it = j.find("success");
+  return it != j.end() && it->is_boolean();
+}
+bool check_world_size(const json& j) {
+  auto it = j.find("world_size");
+  return it != j.end() && it->is_number_integer() && it->get<std::int64_t>() > 0;
+}
+
+// Server-sent events: accumulates bytes, hands each complete event's `data:` payload on.
+struct SseState {
+  const EngineClient::ChunkFn* on_chunk = nullptr;
+  std::string pending;       // bytes of the event being received
+  bool done = false;         // saw `data: [DONE]`
+  bool stopped = false;      // on_chunk returned false
+  bool bad_event = false;    // a data payload was not JSON
+  bool too_big = false;      // one event exceeded kSseEventBytesMax
+  std::size_t events = 0;
+
+  // Returns false to stop the transfer.
+  bool Feed(const char* p, std::size_t n) {
+    pending.append(p, n);
+    for (;;) {
+      // An event ends at a blank line: "\n\n" (or "\r\n\r\n").
+      std::size_t end = pending.find("\n\n");
+      std::size_t sep = 2;
+      const std::size_t crlf = pending.find("\r\n\r\n");
+      if (crlf != std::string::npos && (end == std::string::npos || crlf < end)) {
+        end = crlf;
+        sep = 4;
+      }
+      if (end == std::string::npos) break;
+      std::string event = pending.substr(0, end);
+      pending.erase(0, end + sep);
+      if (!Dispatch(event)) return false;
+    }
+    if (pending.size() > kSseEventBytesMax) {
+      too_big = true;
+      return false;
+    }
+    return true;
+  }
+
+  bool Dispatch(const std::string& event) {
+    std::string data;
+    std::size_t pos = 0;
+    while (pos <= event.size()) {
+      std::size_t nl = event.find('\n', pos);
+      if (nl == std::string::npos) nl = event.size();
+      std::string line = event.substr(pos, nl - pos);
+      pos = nl + 1;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.rfind("data:", 0) == 0) {
+        std::string v = line.substr(5);
+        if (!v.empty() && v[0] == ' ') v.erase(0, 1);
+        if (!data.empty()) data += '\n';
+        data += v;
+      }
+    }
+    if (data.empty()) return true;  // comment or keep-alive
+    if (data == "[DONE]") {
+      done = true;
+      return true;
+    }
+    ++events;
+    json j = json::parse(data, nullptr, false);
+    if (j.is_discarded()) {
+      bad_event = true;
+      return true;
+    }
+    if (!(*on_chunk)(j)) {
+      stopped = true;
+      return false;
+    }
+    return true;
+  }
+};
+
+struct WriteCtx {
+  CURL* easy = nullptr;
+  std::string* body = nullptr;
+  bool overflow = false;
+  SseState* sse = nullptr;  // streaming when set
+};
+
+size_t write_cb(char* ptr, size_t size, size_t nmemb, void* userdata) {
+  auto* ctx = static_cast<WriteCtx*>(userdata);
+  const size_t n = size * nmemb;
+  if (ctx->body->size() + n > kResponseBytesMax) {
+    ctx->overflow = true;
+    return 0;  // CURLE_WRITE_ERROR
+  }
+  ctx->body->append(ptr, n);
+  if (ctx->sse != nullptr) {
+    long code = 0;
+    curl_easy_getinfo(ctx->easy, CURLINFO_RESPONSE_CODE, &code);
+    if (code >= 200 && code < 300 && !ctx->sse->Feed(ptr, n)) return 0;
+  }
+  return n;
+}
+
+const char* cache_path(CacheKind c) {
+  switch (c) {
+    case CacheKind::kPrefix: return "/reset_prefix_cache";
+    case CacheKind::kEncoder: return "/reset_encoder_cache";
+    case CacheKind::kMultimodal: return "/reset_mm_cache";
+  }
+  return "/reset_prefix_cache";
+}
+
+// Folds a later step's evidence into an accumulated one (latencies add up).
+HttpEvidence chain(const HttpEvidence& earlier, HttpEvidence later) {
+  later.latency_us += earlier.latency_us;
+  return later;
+}
+
+}  // namespace
+
+const char* pause_mode_name(PauseMode m) {
+  switch (m) {
+    case PauseMode::kAbort: return "abort";
+    case PauseMode::kWait: return "wait";
+    case PauseMode::kKeep: return "keep";
+  }
+  return "abort";
+}
+
+std::string bound_error(std::string s) {
+  if (s.size() > kHttpErrorBytesMax) {
+    s.resize(kHttpErrorBytesMax - 3);
+    s += "...";
+  }
+  return s;
+}
+
+struct EngineClient::Handle {
+  CURLM* multi = nullptr;  // owns the connection cache this handle reuses
+  CURL* easy = nullptr;
+  char errbuf[CURL_ERROR_SIZE] = {0};
+  Handle() : multi(curl_multi_init()), easy(curl_easy_init()) {
+    RC_ASSERT(multi != nullptr && easy != nullptr);
+    curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 4L);
+  }
+  ~Handle() {
+    curl_easy_cleanup(easy);
+    curl_multi_cleanup(multi);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+};
+
+EngineClient::EngineClient(std::string base_url, EngineDeadlines deadlines)
+    : base_url_(std::move(base_url)), deadlines_(deadlines) {
+  curl_global_once();
+  while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
+  RC_ASSERT(deadlines_.connect_timeout_ms > 0 && deadlines_.call_timeout_ms > 0);
+  RC_ASSERT(deadlines_.drain_timeout_ms > 0 && deadlines_.update_timeout_ms > 0);
+}
+
+EngineClient::~EngineClient() = default;
+
+void EngineClient::Cancel() { cancelled_.store(true, std::memory_order_release); }
+void EngineClient::ClearCancel() { cancelled_.store(false, std::memory_order_release); }
+
+std::unique_ptr<EngineClient::Handle> EngineClient::Acquire() {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!pool_.empty()) {
+      std::unique_ptr<Handle> h = std::move(pool_.back());
+      pool_.pop_back();
+      return h;
+    }
+  }
+  return std::make_unique<Handle>();
+}
+
+void EngineClient::Release(std::unique_ptr<Handle> h) {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (pool_.size() < kIdleHandlesMax) pool_.push_back(std::move(h));
+  // else: h is destroyed here, closing its connections.
+}
+
+HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
+  HttpReply reply;
+  HttpEvidence& ev = reply.http;
+  const std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);
+  RC_ASSERT(timeout_ms > 0);  // 0 would mean "no deadline" to curl
+  auto is_cancelled = [&] { return cancelled() || (o.cancel && o.cancel->cancelled()); };
+
+  if (is_cancelled()) {
+    ev.transport = Transport::kConnectFailed;
+    ev.error = "cancelled before sending";
+    return reply;
+  }
+  if (req.json_body && req.json_body->size() > kRequestBytesMax) {
+    ev.transport = Transport::kConnectFailed;
+    ev.error = "request body of " + std::to_string(req.json_body->size()) + " bytes exceeds " +
+               std::to_string(kRequestBytesMax) + "; not sent";
+    return reply;
+  }
+
+  std::unique_ptr<Handle> h = Acquire();
+  CURL* e = h->easy;
+  curl_easy_reset(e);  // keeps the connection cache (it lives in h->multi)
+  h->errbuf[0] = '\0';
+  const std::string url = base_url_ + req.path;
+  SseState sse;
+  sse.on_chunk = req.on_chunk;
+  WriteCtx ctx{e, &reply.raw, false, req.on_chunk ? &sse : nullptr};
+
+  struct curl_slist* headers = nullptr;
+  headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
+  headers = curl_slist_append(
+      headers, req.on_chunk ? "Accept: text/event-stream" : "Accept: application/json");
+  if (req.json_body) headers = curl_slist_append(headers, "Content-Type: application/json");
+
+  curl_easy_setopt(e, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(deadlines_.connect_timeout_ms));
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, h->errbuf);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &write_cb);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &ctx);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(kResponseBytesMax));
+  if (req.method == Method::kPost) {
+    curl_easy_setopt(e, CURLOPT_POST, 1L);
+    // curl keeps the pointer: it must stay valid until the transfer ends (req outlives it).
+    static const char kEmpty[] = "";
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, req.json_body ? req.json_body->c_str() : kEmpty);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(req.json_body ? req.json_body->size() : 0));
+  } else {
+    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+  }
+
+  // Drive the transfer ourselves so that a cancel is noticed within kPollIntervalMs.
+  const std::uint64_t start_us = now_us();
+  CURLcode result = CURLE_OK;
+  bool finished = false;
+  bool cancelled_mid = false;
+  if (curl_multi_add_handle(h->multi, e) != CURLM_OK) {
+    result = CURLE_FAILED_INIT;
+    finished = true;
+  }
+  while (!finished) {
+    int running = 0;
+    if (curl_multi_perform(h->multi, &running) != CURLM_OK) {
+      result = CURLE_FAILED_INIT;
+      break;
+    }
+    int queued = 0;
+    while (CURLMsg* msg = curl_multi_info_read(h->multi, &queued)) {
+      if (msg->msg == CURLMSG_DONE && msg->easy_handle == e) {
+        result = msg->data.result;
+        finished = true;
+      }
+    }
+    if (finished) break;
+    if (is_cancelled()) {
+      cancelled_mid = true;
+      break;
+    }
+    curl_multi_poll(h->multi, nullptr, 0, kPollIntervalMs, nullptr);
+  }
+  ev.latency_us = now_us() - start_us;
+  long status = 0;
+  curl_off_t request_bytes = 0;
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(e, CURLINFO_REQUEST_SIZE, &request_bytes);
+  curl_multi_remove_handle(h->multi, e);  // an unfinished transfer's connection is closed
+  curl_slist_free_all(headers);
+  const std::string curl_text =
+      h->errbuf[0] != '\0' ? std::string(h->errbuf) : std::string(curl_easy_strerror(result));
+  Release(std::move(h));
+
+  const bool nothing_sent = request_bytes == 0;
+  if (cancelled_mid) {
+    ev.transport = nothing_sent ? Transport::kConnectFailed : Transport::kTimeout;
+    ev.http_status = 0;
+    ev.error = nothing_sent ? "cancelled before the request was sent" : "cancelled in flight";
+    return reply;
+  }
+  const bool write_stopped = result == CURLE_WRITE_ERROR && (ctx.overflow || sse.stopped ||
+                                                             sse.too_big);
+  if (result != CURLE_OK && !write_stopped) {
+    switch (result) {
+      case CURLE_COULDNT_CONNECT:
+      case CURLE_COULDNT_RESOLVE_HOST:
+      case CURLE_COULDNT_RESOLVE_PROXY:
+        ev.transport = Transport::kConnectFailed;
+        break;
+      case CURLE_OPERATION_TIMEDOUT:
+        ev.transport = nothing_sent ? Transport::kConnectFailed : Transport::kTimeout;
+        break;
+      case CURLE_FILESIZE_EXCEEDED:  // Content-Length announced a body over the bound
+        ev.transport = Transport::kOk;
+        break;
+      default:  // RECV_ERROR, SEND_ERROR, GOT_NOTHING, PARTIAL_FILE, and anything unexpected
+        ev.transport = Transport::kBroken;
+        break;
+    }
+    ev.http_status = ev.transport == Transport::kOk ? static_cast<std::int32_t>(status) : 0;
+    ev.body_parsed = false;
+    ev.error = bound_error(std::string(curl_easy_strerror(result)) + ": " + curl_text);
+    reply.raw.clear();
+    return reply;
+  }
+
+  ev.transport = Transport::kOk;
+  ev.http_status = static_cast<std::int32_t>(status);
+  if (status <= 0) {  // CURLE_OK without a status line: treat as a broken exchange
+    ev.transport = Transport::kBroken;
+    ev.error = "no HTTP status";
+    return reply;
+  }
+  if (ctx.overflow) {
+    ev.body_parsed = false;
+    ev.error = "response body exceeds " + std::to_string(kResponseBytesMax) + " bytes";
+    return reply;
+  }
+  const bool is_2xx = status >= 200 && status < 300;
+  if (!is_2xx) {
+    reply.body = json::parse(reply.raw, nullptr, false);
+    ev.body_parsed = !reply.body.is_discarded();
+    if (!ev.body_parsed) reply.body = nullptr;
+    ev.error = bound_error("HTTP " + std::to_string(status) + ": " + reply.raw.substr(0, 400));
+    return reply;
+  }
+  if (req.on_chunk != nullptr) {  // streaming
+    if (sse.too_big) {
+      ev.body_parsed = false;
+      ev.error = "one SSE event exceeds " + std::to_string(kSseEventBytesMax) + " bytes";
+    } else {
+      if (!sse.stopped && !is_blank(sse.pending)) sse.Dispatch(sse.pending);
+      ev.body_parsed = !sse.bad_event && (sse.done || sse.stopped);
+      if (sse.stopped) ev.error = "stream stopped by the caller";
+      else if (sse.bad_event) ev.error = "an SSE event was not JSON";
+      else if (!sse.done) ev.error = "stream ended without [DONE]";
+    }
+    return reply;
+  }
+  switch (req.shape) {
+    case Shape::kText:
+      ev.body_parsed = true;
+      return reply;
+    case Shape::kEmptyOrJson:
+      if (is_blank(reply.raw)) {
+        ev.body_parsed = true;
+        return reply;
+      }
+      reply.body = json::parse(reply.raw, nullptr, false);
+      ev.body_parsed = !reply.body.is_discarded();
+      break;
+    case Shape::kJsonObject:
+      reply.body = json::parse(reply.raw, nullptr, false);
+      ev.body_parsed = !reply.body.is_discarded() && reply.body.is_object() &&
+                       (req.check == nullptr || req.check(reply.body));
+      break;
+  }
+  if (reply.body.is_discarded()) reply.body = nullptr;
+  if (!ev.body_parsed) {
+    ev.error = bound_error("2xx body is not what " + req.path.substr(0, 64) +
+                           " promises: " + reply.raw.substr(0, 300));
+  }
+  return reply;
+}
+
+// ---- raw calls ----
+
+namespace {
+EngineClient::Request get(std::string path, EngineClient::Shape shape,
+                          bool (*check)(const json&), std::uint64_t timeout_ms) {
+  EngineClient::Request r;
+  r.method = EngineClient::Method::kGet;
+  r.path = std::move(path);
+  r.shape = shape;
+  r.check = check;
+  r.timeout_ms = timeout_ms;
+  return r;
+}
+EngineClient::Request post(std::string path, std::optional<std::string> body,
+                           EngineClient::Shape shape, bool (*check)(const json&),
+                           std::uint64_t timeout_ms) {
+  EngineClient::Request r = get(std::move(path), shape, check, timeout_ms);
+  r.method = EngineClient::Method::kPost;
+  r.json_body = std::move(body);
+  return r;
+}
+std::string dump(const json& j) {
+  // Replace invalid UTF-8 instead of throwing.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+}  // namespace
+
+HttpReply EngineClient::Health(const CallOptions& o) {
+  return Call(get("/health", Shape::kEmptyOrJson, nullptr, deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::Version(const CallOptions& o) {
+  return Call(get("/version", Shape::kJsonObject, &check_version, deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::GetWeightInfo(const CallOptions& o) {
+  return Call(
+      get("/weight_info", Shape::kJsonObject, &check_weight_info, deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::Pause(PauseMode mode, bool clear_cache, const CallOptions& o) {
+  std::string path = std::string("/pause?mode=") + pause_mode_name(mode) +
+                     "&clear_cache=" + (clear_cache ? "true" : "false");
+  const std::uint64_t t =
+      mode == PauseMode::kWait ? deadlines_.drain_timeout_ms : deadlines_.call_timeout_ms;
+  return Call(post(std::move(path), std::nullopt, Shape::kJsonObject, &check_status, t), o);
+}
+HttpReply EngineClient::ResumeRaw(const CallOptions& o) {
+  return Call(post("/resume", std::nullopt, Shape::kJsonObject, &check_status,
+                   deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::IsPaused(const CallOptions& o) {
+  return Call(get("/is_paused", Shape::kJsonObject, &check_is_paused, deadlines_.call_timeout_ms),
+              o);
+}
+HttpReply EngineClient::ResetCacheRaw(CacheKind cache, const CallOptions& o) {
+  if (cache == CacheKind::kPrefix) {
+    return Call(post(cache_path(cache), std::nullopt, Shape::kJsonObject, &check_success,
+                     deadlines_.call_timeout_ms), o);
+  }
+  return Call(post(cache_path(cache), std::nullopt, Shape::kEmptyOrJson, nullptr,
+                   deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::UpdateWeightVersion(const std::string& label, const CallOptions& o) {
+  return Call(post("/update_weight_version", dump(json{{"new_version", label}}),
+                   Shape::kJsonObject, &check_success, deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::GetWorldSize(bool include_dp, const CallOptions& o) {
+  return Call(get(std::string("/get_world_size?include_dp=") + (include_dp ? "true" : "false"),
+                  Shape::kJsonObject, &check_world_size, deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::InitWeightTransferEngine(const json& init_info, const CallOptions& o) {
+  return Call(post("/init_weight_transfer_engine", dump(json{{"init_info", init_info}}),
+                   Shape::kJsonObject, nullptr, deadlines_.update_timeout_ms), o);
+}
+HttpReply EngineClient::StartWeightUpdate(const CallOptions& o) {
+  return Call(post("/start_weight_update", std::nullopt, Shape::kJsonObject, nullptr,
+                   deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::UpdateWeights(const json& update_info, const CallOptions& o) {
+  return Call(post("/update_weights", dump(json{{"update_info", update_info}}),
+                   Shape::kJsonObject, nullptr, deadlines_.update_timeout_ms), o);
+}
+HttpReply EngineClient::FinishWeightUpdate(const std::optional<std::string>& label,
+                                           const CallOptions& o) {
+  std::optional<std::string> body;
+  if (label) body = dump(json{{"weight_version", *label}});
+  return Call(post("/finish_weight_update", std::move(body), Shape::kJsonObject, nullptr,
+                   deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::AbortRequests(const std::vector<std::string>& request_ids,
+                                      const CallOptions& o) {
+  return Call(post("/abort_requests", dump(json{{"request_ids", request_ids}}),
+                   Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::MetricsRaw(const CallOptions& o) {
+  return Call(get("/metrics", Shape::kText, nullptr, deadlines_.call_timeout_ms), o);
+}
+Result<MetricsMap> EngineClient::Metrics(const CallOptions& o) {
+  HttpReply r = MetricsRaw(o);
+  if (!r.http.ok_2xx()) {
+    return Status::Unavailable(std::string("GET /metrics: ") + transport_name(r.http.transport) +
+                               " status=" + std::to_string(r.http.http_status) + " " +
+                               r.http.error);
+  }
+  return parse_prometheus_text(r.raw);
+}
+HttpReply EngineClient::Completions(const json& request, const CallOptions& o) {
+  return Call(post("/v1/completions", dump(request), Shape::kJsonObject, nullptr,
+                   deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::ChatCompletions(const json& request, const CallOptions& o) {
+  return Call(post("/v1/chat/completions", dump(request), Shape::kJsonObject, nullptr,
+                   deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::Generate(const json& request, const CallOptions& o) {
+  return Call(post("/inference/v1/generate", dump(request), Shape::kJsonObject, nullptr,
+                   deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::Stream(const std::string& path, json request, const ChunkFn& on_chunk,
+                               const CallOptions& o) {
+  if (!request.is_object()) request = json::object();
+  request["stream"] = true;
+  Request r = post(path, dump(request), Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms);
+  r.on_chunk = &on_chunk;
+  return Call(r, o);
+}
+HttpReply EngineClient::CompletionsStream(const json& request, const ChunkFn& on_chunk,
+                                          const CallOptions& o) {
+  return Stream("/v1/completions", request, on_chunk, o);
+}
+HttpReply EngineClient::ChatCompletionsStream(const json& request, const ChunkFn& on_chunk,
+                                              const CallOptions& o) {
+  return Stream("/v1/chat/completions", request, on_chunk, o);
+}
+HttpReply EngineClient::GenerateStream(const json& request, const ChunkFn& on_chunk,
+                                       const CallOptions& o) {
+  return Stream("/inference/v1/generate", request, on_chunk, o);
+}
+
+// ---- typed evidence ----
+
+EngineProbed EngineClient::Probe() {
+  EngineProbed p;
+  HttpReply health = Health();
+  p.http = health.http;
+  if (!health.http.ok_2xx()) return p;
+  HttpReply version = Version();
+  p.http = chain(p.http, version.http);
+  if (!version.http.ok_2xx()) return p;
+  p.engine_version = version.body["version"].get<std::string>();
+  HttpReply info = GetWeightInfo();
+  p.http = chain(p.http, info.http);
+  if (info.http.ok_2xx()) p.reported_label = info.body["weight_version"].get<std::string>();
+  return p;
+}
+
+DrainObserved EngineClient::PauseWait() {
+  DrainObserved d;
+  HttpReply r = Pause(PauseMode::kWait, /*clear_cache=*/false);
+  d.http = r.http;
+  d.paused = r.http.ok_2xx() && r.body["status"] == "paused";
+  return d;
+}
+
+CacheResetObserved EngineClient::ResetCache(CacheKind cache) {
+  CacheResetObserved c;
+  c.cache = cache;
+  HttpReply r = ResetCacheRaw(cache);
+  c.http = r.http;
+  if (cache == CacheKind::kPrefix) {
+    c.reported_success = r.http.ok_2xx() && r.body["success"].get<bool>();
+  } else {
+    c.reported_success = r.http.ok_2xx();
+  }
+  return c;
+}
+
+ValidationObserved EngineClient::WeightInfo() {
+  ValidationObserved v;
+  HttpReply r = GetWeightInfo();
+  v.http = r.http;
+  if (r.http.ok_2xx()) v.reported_label = r.body["weight_version"].get<std::string>();
+  v.checks_passed = true;  // no optional checks configured here
+  return v;
+}
+
+ResumeObserved EngineClient::Resume() {
+  ResumeObserved out;
+  HttpReply resume = ResumeRaw();
+  out.http = resume.http;
+  if (!resume.http.ok_2xx()) return out;
+  HttpReply paused = IsPaused();
+  out.http = chain(resume.http, paused.http);
+  if (paused.http.ok_2xx()) {
+    out.is_paused_known = true;
+    out.is_paused = paused.body["is_paused"].get<bool>();
+  }
+  return out;
+}
+
+}  // namespace rc::effects

@@ -1,0 +1,175 @@
+// EngineClient: the vLLM HTTP adapter (libcurl). Every call returns typed evidence; the fold
+// decides what it means. No exception escapes; every call has a connect and a total deadline and
+// can be cancelled; every response body is bounded.
+//
+// Transport classification (HttpEvidence::transport):
+//   kConnectFailed  the request provably never reached the engine: CURLE_COULDNT_CONNECT,
+//                   CURLE_COULDNT_RESOLVE_HOST/PROXY, or a timeout / cancellation that struck
+//                   before curl wrote a single request byte (CURLINFO_REQUEST_SIZE == 0), or a
+//                   request refused locally (too large, cancelled before start).
+//   kTimeout        CURLE_OPERATION_TIMEDOUT or a cancellation after request bytes were written.
+//   kBroken         the connection dropped mid-exchange (RECV_ERROR, SEND_ERROR, GOT_NOTHING,
+//                   PARTIAL_FILE) and, conservatively, every other curl failure.
+//   kOk             a status line arrived (including a body cut off at kResponseBytesMax, which
+//                   is reported with body_parsed=false).
+// body_parsed is true only when the body is the JSON the route promises on 2xx (for routes that
+// answer an empty body: empty or valid JSON). On non-2xx it says whether the body is valid JSON.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "effects/http/prometheus.h"
+#include "statemachine/events.h"
+#include "statemachine/types.h"
+
+namespace rc::effects {
+
+inline constexpr std::size_t kResponseBytesMax = std::size_t{16} << 20;  // per response body
+inline constexpr std::size_t kRequestBytesMax = std::size_t{256} << 20;  // per request body
+inline constexpr std::size_t kHttpErrorBytesMax = 512;                   // HttpEvidence::error
+inline constexpr std::size_t kIdleHandlesMax = 16;                       // pooled curl handles
+inline constexpr std::size_t kSseEventBytesMax = std::size_t{4} << 20;   // one SSE event
+
+struct EngineDeadlines {
+  std::uint64_t connect_timeout_ms = 1000;
+  std::uint64_t call_timeout_ms = 10000;     // every call without a more specific deadline
+  std::uint64_t drain_timeout_ms = 600000;   // POST /pause?mode=wait
+  std::uint64_t update_timeout_ms = 600000;  // /init_weight_transfer_engine, /update_weights
+};
+
+// A per-call cancellation flag shared between the caller and the call. Cancel() makes a call that
+// holds the token return promptly (within ~50 ms); calls started after Cancel() return at once.
+class CancelToken {
+ public:
+  CancelToken() : flag_(std::make_shared<std::atomic<bool>>(false)) {}
+  void Cancel() const { flag_->store(true, std::memory_order_release); }
+  bool cancelled() const { return flag_->load(std::memory_order_acquire); }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> flag_;
+};
+
+struct CallOptions {
+  std::optional<std::uint64_t> timeout_ms;  // overrides the call kind's deadline
+  std::optional<CancelToken> cancel;        // in addition to EngineClient::Cancel()
+};
+
+// One raw exchange: the evidence, the parsed JSON (null unless the body parsed) and the raw body
+// (bounded by kResponseBytesMax).
+struct HttpReply {
+  HttpEvidence http;
+  nlohmann::json body;
+  std::string raw;
+};
+
+// What the pause modes of POST /pause are.
+enum class PauseMode : std::uint8_t { kAbort = 0, kWait = 1, kKeep = 2 };
+const char* pause_mode_name(PauseMode m);
+
+class EngineClient {
+ public:
+  // base_url like "http://127.0.0.1:8000" (a trailing '/' is dropped).
+  explicit EngineClient(std::string base_url, EngineDeadlines deadlines = {});
+  ~EngineClient();
+  EngineClient(const EngineClient&) = delete;
+  EngineClient& operator=(const EngineClient&) = delete;
+
+  const std::string& base_url() const { return base_url_; }
+  const EngineDeadlines& deadlines() const { return deadlines_; }
+
+  // Makes every in-flight call return promptly and every later call fail at once (never sent)
+  // until ClearCancel(). Thread-safe.
+  void Cancel();
+  void ClearCancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  // ---- typed evidence for the runner ----
+  EngineProbed Probe();                     // /health, /version, /weight_info
+  DrainObserved PauseWait();                // POST /pause?mode=wait&clear_cache=false
+  CacheResetObserved ResetCache(CacheKind cache);
+  ValidationObserved WeightInfo();          // GET /weight_info
+  ResumeObserved Resume();                  // POST /resume then GET /is_paused
+
+  // ---- raw calls ----
+  HttpReply Health(const CallOptions& o = {});
+  HttpReply Version(const CallOptions& o = {});
+  HttpReply GetWeightInfo(const CallOptions& o = {});
+  HttpReply Pause(PauseMode mode, bool clear_cache, const CallOptions& o = {});
+  HttpReply ResumeRaw(const CallOptions& o = {});
+  HttpReply IsPaused(const CallOptions& o = {});
+  HttpReply ResetCacheRaw(CacheKind cache, const CallOptions& o = {});
+  HttpReply UpdateWeightVersion(const std::string& label, const CallOptions& o = {});
+  HttpReply GetWorldSize(bool include_dp, const CallOptions& o = {});
+  // Deadline: update_timeout_ms unless o.timeout_ms.
+  HttpReply InitWeightTransferEngine(const nlohmann::json& init_info, const CallOptions& o = {});
+  HttpReply StartWeightUpdate(const CallOptions& o = {});
+  HttpReply UpdateWeights(const nlohmann::json& update_info, const CallOptions& o = {});
+  // Body {"weight_version": label} when label is set, no body otherwise.
+  HttpReply FinishWeightUpdate(const std::optional<std::string>& label, const CallOptions& o = {});
+  HttpReply AbortRequests(const std::vector<std::string>& request_ids, const CallOptions& o = {});
+  HttpReply MetricsRaw(const CallOptions& o = {});  // body stays null; raw is Prometheus text
+  // Parses GET /metrics. Fails with the evidence summary when the exchange failed.
+  Result<MetricsMap> Metrics(const CallOptions& o = {});
+
+  HttpReply Completions(const nlohmann::json& request, const CallOptions& o = {});
+  HttpReply ChatCompletions(const nlohmann::json& request, const CallOptions& o = {});
+  HttpReply Generate(const nlohmann::json& request, const CallOptions& o = {});
+  // Streaming (SSE): sets "stream": true, calls on_chunk for each `data:` JSON event until
+  // `data: [DONE]`; on_chunk returning false stops the stream (the reply then reports the
+  // stop in http.error with transport kOk). raw holds the stream text (bounded by
+  // kResponseBytesMax); body_parsed is true when every event parsed and `[DONE]` (or the
+  // caller's stop) ended the stream.
+  using ChunkFn = std::function<bool(const nlohmann::json& chunk)>;
+  HttpReply CompletionsStream(const nlohmann::json& request, const ChunkFn& on_chunk,
+                              const CallOptions& o = {});
+  HttpReply ChatCompletionsStream(const nlohmann::json& request, const ChunkFn& on_chunk,
+                                  const CallOptions& o = {});
+  HttpReply GenerateStream(const nlohmann::json& request, const ChunkFn& on_chunk,
+                           const CallOptions& o = {});
+
+  // The request description used by every call; public for tests of the classification.
+  enum class Method : std::uint8_t { kGet, kPost };
+  enum class Shape : std::uint8_t {
+    kEmptyOrJson,   // empty body or any valid JSON (/health, /reset_mm_cache, ...)
+    kJsonObject,    // any JSON object
+    kText,          // not JSON (e.g. /metrics): body_parsed = a 2xx arrived in full
+  };
+  struct Request {
+    Method method = Method::kGet;
+    std::string path;                      // with query string
+    std::optional<std::string> json_body;  // POST body; nullopt = no body
+    Shape shape = Shape::kJsonObject;
+    // Extra check on a 2xx JSON object (e.g. "weight_version" is a string); null = none.
+    bool (*check)(const nlohmann::json&) = nullptr;
+    std::uint64_t timeout_ms = 0;
+    const ChunkFn* on_chunk = nullptr;     // SSE streaming when set
+  };
+  HttpReply Call(const Request& request, const CallOptions& o);
+
+ private:
+  struct Handle;
+  std::unique_ptr<Handle> Acquire();
+  void Release(std::unique_ptr<Handle> h);
+  HttpReply Stream(const std::string& path, nlohmann::json request, const ChunkFn& on_chunk,
+                   const CallOptions& o);
+
+  std::string base_url_;
+  EngineDeadlines deadlines_;
+  std::atomic<bool> cancelled_{false};
+  std::mutex pool_mu_;
+  std::vector<std::unique_ptr<Handle>> pool_;  // idle handles, at most kIdleHandlesMax
+};
+
+// Bounds a string to kHttpErrorBytesMax bytes.
+std::string bound_error(std::string s);
+
+}  // namespace rc::effects

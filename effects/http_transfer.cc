@@ -1,0 +1,156 @@
+#include "effects/http_transfer.h"
+
+#include <chrono>
+#include <thread>
+
+namespace rc::effects {
+
+namespace {
+
+std::uint64_t now_us() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+std::uint64_t now_ms() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+bool parse_u64(const std::string& s, std::uint64_t max, std::uint64_t* out) {
+  if (s.empty() || s.size() > 20) return false;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (max - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+std::string summary(const char* step, const HttpEvidence& h) {
+  std::string s = std::string(step) + ": transport=" + transport_name(h.transport) +
+                  " status=" + std::to_string(h.http_status);
+  if (h.transport == Transport::kOk && !h.body_parsed) s += " body=unparseable";
+  if (!h.error.empty()) s += " " + h.error;
+  if (s.size() > kTextBytesMax) s.resize(kTextBytesMax);
+  return s;
+}
+
+}  // namespace
+
+Result<Manifest> synthetic_manifest(const std::string& uri) {
+  static const std::string kScheme = "synthetic:";
+  if (uri.rfind(kScheme, 0) != 0) {
+    return Status::InvalidArgument("not a synthetic source: '" + uri.substr(0, 128) + "'");
+  }
+  std::string spec = uri.substr(kScheme.size());
+  const std::size_t colon = spec.find(':');
+  if (colon != std::string::npos) {
+    std::uint64_t seed = 0;
+    if (!parse_u64(spec.substr(colon + 1), UINT64_MAX, &seed)) {
+      return Status::InvalidArgument("bad seed in '" + uri.substr(0, 128) + "'");
+    }
+    spec.resize(colon);
+  }
+  const std::size_t x = spec.find('x');
+  std::uint64_t n = 0;
+  std::uint64_t dim = 0;
+  if (x == std::string::npos || !parse_u64(spec.substr(0, x), kSyntheticTensorsMax, &n) ||
+      !parse_u64(spec.substr(x + 1), kSyntheticDimMax, &dim) || n == 0 || dim == 0) {
+    return Status::InvalidArgument("expected synthetic:<n_tensors>x<dim>[:seed], got '" +
+                                   uri.substr(0, 128) + "'");
+  }
+  Manifest m;
+  m.tensors.reserve(n);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    m.tensors.push_back(
+        TensorSpec{"model.layers." + std::to_string(i) + ".weight", DType::kBFloat16, {dim, dim}});
+  }
+  RC_RETURN_IF_ERROR(m.Validate());
+  return m;
+}
+
+HttpSequenceTransfer::HttpSequenceTransfer(EngineClient& client, EngineProtocol protocol,
+                                           PackingParams packing)
+    : client_(client), protocol_(std::move(protocol)), packing_(packing) {}
+
+PreflightObserved HttpSequenceTransfer::Preflight(const TransferTarget& target) {
+  PreflightObserved p;
+  p.device_ok = true;  // no device: nothing to check
+  p.memory_ok = true;  // no staging buffers
+  Result<Manifest> m = synthetic_manifest(target.source_uri);
+  if (!m.ok()) {
+    p.detail = m.status().ToString();  // empty digest: the fold refuses it
+    return p;
+  }
+  p.source_manifest_digest = m->digest();
+  p.detail = std::to_string(m->tensors.size()) + " tensors, " +
+             std::to_string(m->total_bytes()) + " bytes (synthetic, no device)";
+  return p;
+}
+
+TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
+                                                std::uint64_t deadline_ms) {
+  const std::uint64_t start_us = now_us();
+  const std::uint64_t start_ms = now_ms();
+  const std::uint64_t deadline_at_ms = start_ms + deadline_ms;
+  TransferObserved out;
+  auto finish = [&](MutationClass mutation, std::string error) {
+    out.mutation = mutation;
+    out.acknowledged = mutation == MutationClass::kComplete;
+    if (error.size() > kTextBytesMax) error.resize(kTextBytesMax);
+    out.error = std::move(error);
+    out.duration_us = now_us() - start_us;
+    return out;
+  };
+  // Milliseconds left, or 0 when the deadline has passed.
+  auto remaining_ms = [&]() -> std::uint64_t {
+    const std::uint64_t now = now_ms();
+    return now >= deadline_at_ms ? 0 : deadline_at_ms - now;
+  };
+
+  Result<Manifest> manifest = synthetic_manifest(target.source_uri);
+  if (!manifest.ok()) return finish(MutationClass::kNone, manifest.status().ToString());
+  Result<nlohmann::json> update_info = build_update_info(protocol_, *manifest, packing_);
+  if (!update_info.ok()) return finish(MutationClass::kNone, update_info.status().ToString());
+
+  // 1. /start_weight_update.
+  std::uint64_t left = remaining_ms();
+  if (left == 0) return finish(MutationClass::kNone, "deadline passed before start");
+  HttpReply start = client_.StartWeightUpdate(CallOptions{left, std::nullopt});
+  if (!start.http.ok_2xx()) {
+    return finish(start.http.never_sent() ? MutationClass::kNone : MutationClass::kPossible,
+                  summary("/start_weight_update", start.http));
+  }
+
+  // 2. /update_weights from a second thread, as vLLM requires (the data plane would run here).
+  left = remaining_ms();
+  if (left == 0) return finish(MutationClass::kPossible, "deadline passed after start");
+  HttpReply update;
+  std::thread updater([&] {
+    update = client_.UpdateWeights(*update_info, CallOptions{left, std::nullopt});
+  });
+  updater.join();  // bounded: the call carries the remaining deadline
+  if (!update.http.ok_2xx()) {
+    return finish(MutationClass::kPossible, summary("/update_weights", update.http));
+  }
+  out.bytes_sent = manifest->total_bytes();
+  out.tensors_sent = static_cast<std::uint32_t>(manifest->tensors.size());
+
+  // 3. /finish_weight_update {"weight_version": label}.
+  left = remaining_ms();
+  if (left == 0) return finish(MutationClass::kPossible, "deadline passed before finish");
+  out.finish_label = target.target.label;
+  HttpReply fin = client_.FinishWeightUpdate(target.target.label, CallOptions{left, std::nullopt});
+  if (!fin.http.ok_2xx()) {
+    return finish(MutationClass::kPossible, summary("/finish_weight_update", fin.http));
+  }
+  return finish(MutationClass::kComplete, "");
+}
+
+}  // namespace rc::effects

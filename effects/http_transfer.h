@@ -1,0 +1,54 @@
+// HttpSequenceTransfer: the GPU-free WeightTransfer. It drives vLLM's start/update/finish
+// sequence over HTTP with no data plane (tests, the demo, the vLLM double). The NCCL sender
+// (effects/nccl/) is the real one.
+//
+// Source URIs understood: "synthetic:<n_tensors>x<dim>[:seed]" -> n bf16 tensors named
+// "model.layers.<i>.weight", i = 0..n-1, each of shape [dim, dim]. The manifest (and its digest)
+// does not depend on the seed: the seed names the values, which a GPU-free transfer never has.
+//
+// Mutation classification of Transfer():
+//   kNone      the source or update_info could not be built, the deadline passed before the
+//              first request, or /start_weight_update provably never reached the engine
+//              (HttpEvidence::never_sent()).
+//   kPossible  any other failure once /start_weight_update may have reached the engine.
+//   kComplete  start, update and finish all answered well-formed 2xx (acknowledged = true).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "effects/http/engine_client.h"
+#include "effects/http/protocol.h"
+#include "effects/manifest.h"
+#include "effects/transfer.h"
+
+namespace rc::effects {
+
+inline constexpr std::uint64_t kSyntheticTensorsMax = 100000;
+inline constexpr std::uint64_t kSyntheticDimMax = 1u << 20;
+
+// Parses "synthetic:<n>x<dim>[:seed]" into its manifest.
+[[nodiscard]] Result<Manifest> synthetic_manifest(const std::string& source_uri);
+
+class HttpSequenceTransfer : public WeightTransfer {
+ public:
+  // `protocol` picks where packed* go in update_info; the default is the >= 0.28 line.
+  explicit HttpSequenceTransfer(EngineClient& client, EngineProtocol protocol = DefaultProtocol(),
+                                PackingParams packing = {});
+
+  PreflightObserved Preflight(const TransferTarget& target) override;
+  TransferObserved Transfer(const TransferTarget& target, std::uint64_t deadline_ms) override;
+
+  static EngineProtocol DefaultProtocol() {
+    EngineProtocol p;
+    p.line = ProtocolLine::kPackedInInitInfo;
+    return p;
+  }
+
+ private:
+  EngineClient& client_;
+  EngineProtocol protocol_;
+  PackingParams packing_;
+};
+
+}  // namespace rc::effects

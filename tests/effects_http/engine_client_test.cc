@@ -1,0 +1,520 @@
+// EngineClient against scripted loopback servers: every HttpEvidence field in every way an
+// exchange can end, deadlines, cancellation, concurrency and connection reuse.
+#include "effects/http/engine_client.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "tests/effects_http/test_servers.h"
+
+namespace rc::effects {
+namespace {
+
+using nlohmann::json;
+using rc::testing::ClosedPort;
+using rc::testing::ElapsedMs;
+using rc::testing::RawServer;
+using rc::testing::ScriptedServer;
+using Clock = std::chrono::steady_clock;
+
+void Json(httplib::Response& res, const std::string& body, int status = 200) {
+  res.status = status;
+  res.set_content(body, "application/json");
+}
+
+EngineDeadlines Fast() {
+  EngineDeadlines d;
+  d.connect_timeout_ms = 500;
+  d.call_timeout_ms = 2000;
+  d.drain_timeout_ms = 2000;
+  d.update_timeout_ms = 2000;
+  return d;
+}
+
+// Proves Probe() reads /health, /version and /weight_info into EngineProbed; would catch a
+// swapped field or a probe that reports ok without asking /weight_info.
+TEST(EngineClient, ProbeReadsVersionAndLabel) {
+  ScriptedServer s;
+  s.server().Get("/health", [](const auto&, auto& res) { res.status = 200; });
+  s.server().Get("/version", [](const auto&, auto& res) { Json(res, R"({"version":"0.30.1"})"); });
+  s.server().Get("/weight_info",
+                 [](const auto&, auto& res) { Json(res, R"({"weight_version":"rc-0"})"); });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  EngineProbed p = c.Probe();
+  EXPECT_TRUE(p.http.ok_2xx()) << p.http.error;
+  EXPECT_EQ(p.http.http_status, 200);
+  EXPECT_GT(p.http.latency_us, 0u);
+  EXPECT_EQ(p.engine_version, "0.30.1");
+  EXPECT_EQ(p.reported_label, "rc-0");
+  EXPECT_EQ(s.paths(3), (std::vector<std::string>{"GET /health", "GET /version",
+                                                 "GET /weight_info"}));
+}
+
+// Proves a 503 from /health ends the probe with that evidence; would catch a probe that
+// reports a label from an engine that said it is dead.
+TEST(EngineClient, ProbeStopsAtUnhealthyEngine) {
+  ScriptedServer s;
+  s.server().Get("/health", [](const auto&, auto& res) { res.status = 503; });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  EngineProbed p = c.Probe();
+  EXPECT_FALSE(p.http.ok_2xx());
+  EXPECT_EQ(p.http.transport, Transport::kOk);
+  EXPECT_EQ(p.http.http_status, 503);
+  EXPECT_TRUE(p.reported_label.empty());
+  EXPECT_EQ(s.paths(1).size(), 1u);
+}
+
+// Proves PauseWait sends mode=wait and clear_cache=false and reads {"status":"paused"}; would
+// catch the vLLM default clear_cache=true, which hides whether the post-update reset worked.
+TEST(EngineClient, PauseWaitNeverClearsCache) {
+  ScriptedServer s;
+  std::string mode, clear;
+  s.server().Post("/pause", [&](const httplib::Request& req, auto& res) {
+    mode = req.get_param_value("mode");
+    clear = req.get_param_value("clear_cache");
+    Json(res, R"({"status":"paused"})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  DrainObserved d = c.PauseWait();
+  EXPECT_TRUE(d.http.ok_2xx()) << d.http.error;
+  EXPECT_TRUE(d.paused);
+  EXPECT_EQ(mode, "wait");
+  EXPECT_EQ(clear, "false");
+}
+
+// Proves a 400 {"error":...} from /pause is evidence, not a drain; would catch paused=true on a
+// refused pause.
+TEST(EngineClient, PauseRefusedIsNotPaused) {
+  ScriptedServer s;
+  s.server().Post("/pause",
+                  [](const auto&, auto& res) { Json(res, R"({"error":"bad mode"})", 400); });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  DrainObserved d = c.PauseWait();
+  EXPECT_FALSE(d.paused);
+  EXPECT_EQ(d.http.http_status, 400);
+  EXPECT_EQ(d.http.transport, Transport::kOk);
+  EXPECT_NE(d.http.error.find("bad mode"), std::string::npos);
+}
+
+// Proves /reset_prefix_cache's HTTP 200 {"success": false} is reported as not successful with a
+// parsed body; would catch trusting the status code alone (vLLM answers 200 while blocks are held).
+TEST(EngineClient, PrefixResetSuccessFalseIsFailure) {
+  ScriptedServer s;
+  s.server().Post("/reset_prefix_cache",
+                  [](const auto&, auto& res) { Json(res, R"({"success":false})"); });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  CacheResetObserved r = c.ResetCache(CacheKind::kPrefix);
+  EXPECT_EQ(r.cache, CacheKind::kPrefix);
+  EXPECT_TRUE(r.http.ok_2xx());
+  EXPECT_EQ(r.http.http_status, 200);
+  EXPECT_FALSE(r.reported_success);
+}
+
+// Proves "success" must be a JSON bool; would catch treating "true" (a string) or a missing key
+// as success.
+TEST(EngineClient, PrefixResetSuccessMustBeBool) {
+  for (const char* body : {R"({"success":"true"})", R"({"ok":true})", R"([true])", "true"}) {
+    ScriptedServer s;
+    s.server().Post("/reset_prefix_cache", [&](const auto&, auto& res) { Json(res, body); });
+    s.Start();
+    EngineClient c(s.url(), Fast());
+    CacheResetObserved r = c.ResetCache(CacheKind::kPrefix);
+    EXPECT_FALSE(r.http.body_parsed) << body;
+    EXPECT_FALSE(r.http.ok_2xx()) << body;
+    EXPECT_FALSE(r.reported_success) << body;
+  }
+  ScriptedServer s;
+  s.server().Post("/reset_prefix_cache",
+                  [](const auto&, auto& res) { Json(res, R"({"success":true})"); });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  EXPECT_TRUE(c.ResetCache(CacheKind::kPrefix).reported_success);
+}
+
+// Proves the encoder and mm resets accept vLLM's empty 200 as success and hit the right routes;
+// would catch requiring a JSON body there (every update would fail) or a wrong path.
+TEST(EngineClient, EncoderAndMmResetAcceptEmpty200) {
+  ScriptedServer s;
+  s.server().Post("/reset_encoder_cache", [](const auto&, auto& res) { res.status = 200; });
+  s.server().Post("/reset_mm_cache", [](const auto&, auto& res) { res.status = 200; });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  for (CacheKind k : {CacheKind::kEncoder, CacheKind::kMultimodal}) {
+    CacheResetObserved r = c.ResetCache(k);
+    EXPECT_EQ(r.cache, k);
+    EXPECT_TRUE(r.http.body_parsed);
+    EXPECT_TRUE(r.http.ok_2xx());
+    EXPECT_TRUE(r.reported_success);
+  }
+  EXPECT_EQ(s.paths(2), (std::vector<std::string>{"POST /reset_encoder_cache",
+                                                 "POST /reset_mm_cache"}));
+}
+
+// Proves a 200 with an unparseable body is evidence (body_parsed=false), not success, with
+// bounded error text; would catch a client that trusts 2xx alone.
+TEST(EngineClient, Unparseable200IsNotSuccess) {
+  ScriptedServer s;
+  const std::string garbage = "<html>" + std::string(5000, 'x');
+  s.server().Get("/weight_info", [&](const auto&, auto& res) { Json(res, garbage); });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  ValidationObserved v = c.WeightInfo();
+  EXPECT_EQ(v.http.transport, Transport::kOk);
+  EXPECT_EQ(v.http.http_status, 200);
+  EXPECT_FALSE(v.http.body_parsed);
+  EXPECT_FALSE(v.http.ok_2xx());
+  EXPECT_TRUE(v.reported_label.empty());
+  EXPECT_LE(v.http.error.size(), kHttpErrorBytesMax);
+  EXPECT_FALSE(v.http.error.empty());
+}
+
+// Proves a refused connection is kConnectFailed with status 0 and quickly; would catch a refused
+// connect being classified as a possible mutation (kTimeout/kBroken).
+TEST(EngineClient, ConnectionRefusedIsNeverSent) {
+  EngineClient c("http://127.0.0.1:" + std::to_string(ClosedPort()), Fast());
+  const auto t0 = Clock::now();
+  HttpReply r = c.StartWeightUpdate();
+  EXPECT_EQ(r.http.transport, Transport::kConnectFailed);
+  EXPECT_TRUE(r.http.never_sent());
+  EXPECT_EQ(r.http.http_status, 0);
+  EXPECT_FALSE(r.http.body_parsed);
+  EXPECT_FALSE(r.http.error.empty());
+  EXPECT_LT(ElapsedMs(t0), 1000u);
+}
+
+// Proves a response slower than the call deadline ends as kTimeout within 2x the deadline; would
+// catch a missing CURLOPT_TIMEOUT_MS (the call would hang for the server's 5 s) or calling a
+// sent request "never sent".
+TEST(EngineClient, SlowResponseTimesOutWithinTwiceTheDeadline) {
+  ScriptedServer s;
+  s.server().Post("/update_weights", [&](const auto&, auto& res) {
+    s.SlowSleep(5000);
+    Json(res, R"({"message":"Weights updated"})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  const auto t0 = Clock::now();
+  HttpReply r = c.UpdateWeights(json::object(), CallOptions{300, std::nullopt});
+  const auto ms = ElapsedMs(t0);
+  EXPECT_EQ(r.http.transport, Transport::kTimeout);
+  EXPECT_FALSE(r.http.never_sent());
+  EXPECT_EQ(r.http.http_status, 0);
+  EXPECT_GE(ms, 250u);
+  EXPECT_LT(ms, 600u);
+}
+
+// Proves the drain deadline (not the short call deadline) governs PauseWait; would catch a drain
+// cut off by call_timeout_ms while running requests finish.
+TEST(EngineClient, PauseWaitUsesDrainDeadline) {
+  ScriptedServer s;
+  s.server().Post("/pause", [&](const auto&, auto& res) {
+    s.SlowSleep(600);
+    Json(res, R"({"status":"paused"})");
+  });
+  s.Start();
+  EngineDeadlines d = Fast();
+  d.call_timeout_ms = 200;
+  d.drain_timeout_ms = 5000;
+  EngineClient c(s.url(), d);
+  DrainObserved o = c.PauseWait();
+  EXPECT_TRUE(o.http.ok_2xx()) << o.http.error;
+  EXPECT_TRUE(o.paused);
+}
+
+// Proves a connection closed before any response byte is kBroken; would catch it being called
+// kConnectFailed (the request was sent and may have acted).
+TEST(EngineClient, ClosedWithoutResponseIsBroken) {
+  RawServer raw([](int fd) { RawServer::ReadHead(fd); });
+  EngineClient c(raw.url(), Fast());
+  HttpReply r = c.StartWeightUpdate();
+  EXPECT_EQ(r.http.transport, Transport::kBroken) << r.http.error;
+  EXPECT_EQ(r.http.http_status, 0);
+  EXPECT_FALSE(r.http.never_sent());
+}
+
+// Proves a connection dropped in the middle of a response body is kBroken; would catch a
+// partial body being parsed or reported as a complete 200.
+TEST(EngineClient, DroppedMidResponseIsBroken) {
+  RawServer raw([](int fd) {
+    RawServer::ReadHead(fd);
+    RawServer::Send(fd,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    "Content-Length: 100\r\n\r\n{\"message\":");
+  });
+  EngineClient c(raw.url(), Fast());
+  HttpReply r = c.FinishWeightUpdate(std::string("rc-1"));
+  EXPECT_EQ(r.http.transport, Transport::kBroken) << r.http.error;
+  EXPECT_FALSE(r.http.body_parsed);
+  EXPECT_FALSE(r.http.ok_2xx());
+}
+
+// Proves Cancel() makes an in-flight call return promptly and later calls fail at once without
+// sending, until ClearCancel(); would catch a cancel that waits for the 10 s server or curl's
+// own 1 s poll.
+TEST(EngineClient, CancelInterruptsInFlightCall) {
+  ScriptedServer s;
+  std::atomic<int> hits{0};
+  s.server().Post("/update_weights", [&](const auto&, auto& res) {
+    ++hits;
+    s.SlowSleep(10000);
+    Json(res, R"({"message":"Weights updated"})");
+  });
+  s.server().Get("/health", [](const auto&, auto& res) { res.status = 200; });
+  s.Start();
+  EngineDeadlines d = Fast();
+  d.update_timeout_ms = 20000;
+  EngineClient c(s.url(), d);
+  HttpReply r;
+  Clock::time_point cancelled_at;
+  std::thread caller([&] { r = c.UpdateWeights(json::object()); });
+  while (hits.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  cancelled_at = Clock::now();
+  c.Cancel();
+  caller.join();
+  EXPECT_LT(ElapsedMs(cancelled_at), 500u);
+  EXPECT_EQ(r.http.transport, Transport::kTimeout);  // the request was sent: may have acted
+  EXPECT_NE(r.http.error.find("cancel"), std::string::npos);
+
+  HttpReply after = c.Health();
+  EXPECT_EQ(after.http.transport, Transport::kConnectFailed);
+  EXPECT_EQ(s.paths().size(), 0u);  // the slow one has not been logged yet; health never sent
+  c.ClearCancel();
+  EXPECT_TRUE(c.Health().http.ok_2xx());
+}
+
+// Proves a per-call CancelToken stops only that call; would catch a token that cancels the whole
+// client (the NCCL sender aborts /update_weights while other calls continue).
+TEST(EngineClient, CancelTokenIsPerCall) {
+  ScriptedServer s;
+  std::atomic<int> hits{0};
+  s.server().Post("/update_weights", [&](const auto&, auto& res) {
+    ++hits;
+    s.SlowSleep(10000);
+    Json(res, R"({"message":"ok"})");
+  });
+  s.server().Get("/health", [](const auto&, auto& res) { res.status = 200; });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  CancelToken token;
+  HttpReply r;
+  std::thread caller([&] {
+    r = c.UpdateWeights(json::object(), CallOptions{std::uint64_t{20000}, token});
+  });
+  while (hits.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto t0 = Clock::now();
+  token.Cancel();
+  caller.join();
+  EXPECT_LT(ElapsedMs(t0), 500u);
+  EXPECT_EQ(r.http.transport, Transport::kTimeout);
+  EXPECT_FALSE(c.cancelled());
+  EXPECT_TRUE(c.Health().http.ok_2xx());
+}
+
+// Proves concurrent calls from several threads all get their own correct answers and reuse
+// connections; would catch a shared curl handle (crashes, crossed bodies) or a new connection
+// per call.
+TEST(EngineClient, ConcurrentCallsAndConnectionReuse) {
+  ScriptedServer s;
+  s.server().Get("/get_world_size", [](const httplib::Request& req, auto& res) {
+    const bool dp = req.get_param_value("include_dp") == "true";
+    Json(res, dp ? R"({"world_size":4})" : R"({"world_size":2})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  constexpr int kThreads = 6;
+  constexpr int kCalls = 25;
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        const bool dp = (t + i) % 2 == 0;
+        HttpReply r = c.GetWorldSize(dp);
+        if (r.http.ok_2xx() && r.body["world_size"] == (dp ? 4 : 2)) ++good;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(good.load(), kThreads * kCalls);
+  EXPECT_LE(s.distinct_client_ports(), static_cast<std::size_t>(kThreads * 2));
+}
+
+// Proves /finish_weight_update carries {"weight_version": label} or no body at all; would catch
+// a missing label (the engine would keep reporting the old version) or "null" sent as a body.
+TEST(EngineClient, FinishBodyWithAndWithoutLabel) {
+  ScriptedServer s;
+  std::vector<std::string> bodies;
+  s.server().Post("/finish_weight_update", [&](const httplib::Request& req, auto& res) {
+    bodies.push_back(req.body);
+    Json(res, R"({"message":"Weight update finished"})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  EXPECT_TRUE(c.FinishWeightUpdate(std::string("rc-7")).http.ok_2xx());
+  EXPECT_TRUE(c.FinishWeightUpdate(std::nullopt).http.ok_2xx());
+  ASSERT_EQ(bodies.size(), 2u);
+  EXPECT_EQ(json::parse(bodies[0]), json({{"weight_version", "rc-7"}}));
+  EXPECT_EQ(bodies[1], "");
+}
+
+// Proves request bodies of the weight-transfer routes are wrapped as vLLM expects; would catch
+// sending update_info unwrapped (vLLM answers 400 "update_info missing").
+TEST(EngineClient, InitAndUpdateBodiesAreWrapped) {
+  ScriptedServer s;
+  json init_seen, update_seen, version_seen, abort_seen;
+  s.server().Post("/init_weight_transfer_engine", [&](const httplib::Request& req, auto& res) {
+    init_seen = json::parse(req.body);
+    Json(res, R"({"message":"Weight transfer initialized"})");
+  });
+  s.server().Post("/update_weights", [&](const httplib::Request& req, auto& res) {
+    update_seen = json::parse(req.body);
+    Json(res, R"({"message":"Weights updated"})");
+  });
+  s.server().Post("/update_weight_version", [&](const httplib::Request& req, auto& res) {
+    version_seen = json::parse(req.body);
+    Json(res, R"({"success":true,"new_version":"x"})");
+  });
+  s.server().Post("/abort_requests", [&](const httplib::Request& req, auto& res) {
+    abort_seen = json::parse(req.body);
+    Json(res, R"({"status":"aborted","aborted":2})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  EXPECT_TRUE(c.InitWeightTransferEngine(json{{"world_size", 2}}).http.ok_2xx());
+  EXPECT_TRUE(c.UpdateWeights(json{{"names", json::array()}}).http.ok_2xx());
+  EXPECT_TRUE(c.UpdateWeightVersion("x").http.ok_2xx());
+  EXPECT_TRUE(c.AbortRequests({"a", "b"}).http.ok_2xx());
+  EXPECT_EQ(init_seen, json({{"init_info", {{"world_size", 2}}}}));
+  EXPECT_EQ(update_seen, json({{"update_info", {{"names", json::array()}}}}));
+  EXPECT_EQ(version_seen, json({{"new_version", "x"}}));
+  EXPECT_EQ(abort_seen, json({{"request_ids", {"a", "b"}}}));
+}
+
+// Proves Resume() reports is_paused from GET /is_paused after a 2xx /resume and stops at a failed
+// /resume; would catch a resume reported done while the engine still says paused.
+TEST(EngineClient, ResumeReadsIsPaused) {
+  ScriptedServer s;
+  std::atomic<bool> fail{false};
+  s.server().Post("/resume", [&](const auto&, auto& res) {
+    if (fail) Json(res, R"({"error":"boom"})", 500);
+    else Json(res, R"({"status":"resumed"})");
+  });
+  s.server().Get("/is_paused", [](const auto&, auto& res) { Json(res, R"({"is_paused":false})"); });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  ResumeObserved ok = c.Resume();
+  EXPECT_TRUE(ok.http.ok_2xx());
+  EXPECT_TRUE(ok.is_paused_known);
+  EXPECT_FALSE(ok.is_paused);
+  fail = true;
+  ResumeObserved bad = c.Resume();
+  EXPECT_EQ(bad.http.http_status, 500);
+  EXPECT_FALSE(bad.is_paused_known);
+  EXPECT_TRUE(bad.is_paused);
+}
+
+// Proves a body over kResponseBytesMax is cut off and reported unparsed, not buffered without
+// bound; would catch an unbounded response buffer.
+TEST(EngineClient, OversizedBodyIsBounded) {
+  ScriptedServer s;
+  s.server().Get("/weight_info", [](const auto&, auto& res) {
+    res.set_chunked_content_provider("application/json", [](size_t, httplib::DataSink& sink) {
+      const std::string chunk(1 << 20, ' ');
+      for (int i = 0; i < 20; ++i) {
+        if (!sink.write(chunk.data(), chunk.size())) return false;
+      }
+      sink.done();
+      return true;
+    });
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  HttpReply r = c.GetWeightInfo();
+  EXPECT_EQ(r.http.transport, Transport::kOk);
+  EXPECT_EQ(r.http.http_status, 200);
+  EXPECT_FALSE(r.http.body_parsed);
+  EXPECT_LE(r.raw.size(), kResponseBytesMax);
+  EXPECT_NE(r.http.error.find("exceeds"), std::string::npos);
+}
+
+// Proves SSE streaming hands each data event to the callback, ends at [DONE], and can be stopped
+// by the callback; would catch events merged, lost at a chunk boundary, or a stop ignored.
+TEST(EngineClient, StreamingDeliversEachChunk) {
+  ScriptedServer s;
+  std::string seen_body;
+  s.server().Post("/v1/completions", [&](const httplib::Request& req, auto& res) {
+    seen_body = req.body;
+    res.set_chunked_content_provider("text/event-stream", [](size_t, httplib::DataSink& sink) {
+      const std::string parts[] = {"data: {\"i\":0}\n\n", "data: {\"i\"", ":1}\n\ndata: {\"i\":2}",
+                                   "\n\n", "data: [DONE]\n\n"};
+      for (const auto& p : parts) {
+        if (!sink.write(p.data(), p.size())) return false;
+      }
+      sink.done();
+      return true;
+    });
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  std::vector<int> got;
+  HttpReply r = c.CompletionsStream(json{{"prompt", "hi"}}, [&](const json& j) {
+    got.push_back(j["i"].get<int>());
+    return true;
+  });
+  EXPECT_TRUE(r.http.ok_2xx()) << r.http.error;
+  EXPECT_EQ(got, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(json::parse(seen_body)["stream"], true);
+
+  got.clear();
+  HttpReply stopped = c.CompletionsStream(json{{"prompt", "hi"}}, [&](const json& j) {
+    got.push_back(j["i"].get<int>());
+    return false;
+  });
+  EXPECT_EQ(got, (std::vector<int>{0}));
+  EXPECT_EQ(stopped.http.transport, Transport::kOk);
+  EXPECT_NE(stopped.http.error.find("stopped"), std::string::npos);
+}
+
+// Proves non-streaming completions pass JSON through both ways; would catch a wrong route or a
+// dropped body.
+TEST(EngineClient, CompletionsRoundTrip) {
+  ScriptedServer s;
+  s.server().Post("/v1/chat/completions", [](const httplib::Request& req, auto& res) {
+    json in = json::parse(req.body);
+    Json(res, json{{"echo", in["messages"][0]["content"]}}.dump());
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  HttpReply r = c.ChatCompletions(json{{"messages", {{{"role", "user"}, {"content", "hey"}}}}});
+  EXPECT_TRUE(r.http.ok_2xx());
+  EXPECT_EQ(r.body["echo"], "hey");
+}
+
+// Proves /metrics is fetched as text and parsed; would catch requiring JSON on /metrics.
+TEST(EngineClient, MetricsOverHttp) {
+  ScriptedServer s;
+  s.server().Get("/metrics", [](const auto&, auto& res) {
+    res.set_content(
+        "# TYPE vllm:num_requests_running gauge\n"
+        "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n"
+        "vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 2.0\n",
+        "text/plain; version=0.0.4");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  Result<MetricsMap> m = c.Metrics();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_DOUBLE_EQ(read_engine_load(*m).num_requests_running, 5.0);
+}
+
+}  // namespace
+}  // namespace rc::effects

@@ -1,0 +1,195 @@
+// HttpSequenceTransfer against scripted engines: the start/update/finish order and bodies, and
+// the mutation class of every way the sequence can fail.
+#include "effects/http_transfer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "tests/effects_http/test_servers.h"
+
+namespace rc::effects {
+namespace {
+
+using nlohmann::json;
+using rc::testing::ClosedPort;
+using rc::testing::ElapsedMs;
+using rc::testing::ScriptedServer;
+
+void Json(httplib::Response& res, const std::string& body, int status = 200) {
+  res.status = status;
+  res.set_content(body, "application/json");
+}
+
+TransferTarget Target(const std::string& uri = "synthetic:3x16:7") {
+  TransferTarget t;
+  t.update_id = "u1";
+  t.target = WeightVersion{1, "rc-1"};
+  t.source_uri = uri;
+  return t;
+}
+
+// An engine whose three routes answer per the given statuses (0 = slow past any deadline).
+struct Engine {
+  ScriptedServer s;
+  json update_body, finish_body;
+  Engine(int start, int update, int finish) {
+    auto route = [this](const char* path, int status, json* seen) {
+      s.server().Post(path, [this, status, seen](const httplib::Request& req, auto& res) {
+        if (seen != nullptr) *seen = json::parse(req.body, nullptr, false);
+        if (status == 0) {
+          s.SlowSleep(5000);
+          status_or_ok(res, 200);
+          return;
+        }
+        status_or_ok(res, status);
+      });
+    };
+    route("/start_weight_update", start, nullptr);
+    route("/update_weights", update, &update_body);
+    route("/finish_weight_update", finish, &finish_body);
+    s.Start();
+  }
+  static void status_or_ok(httplib::Response& res, int status) {
+    if (status == 299) {  // 2xx with a body that is not JSON
+      Json(res, "not json", 200);
+    } else {
+      Json(res, status == 200 ? R"({"message":"ok"})" : R"({"error":"x"})", status);
+    }
+  }
+};
+
+EngineDeadlines Fast() {
+  EngineDeadlines d;
+  d.connect_timeout_ms = 500;
+  d.call_timeout_ms = 2000;
+  d.update_timeout_ms = 2000;
+  d.drain_timeout_ms = 2000;
+  return d;
+}
+
+// Proves the synthetic manifest is deterministic, seed-independent and well-formed; would catch
+// a preflight digest that differs between runner and trainer for the same source.
+TEST(SyntheticSource, ManifestIsDeterministic) {
+  Result<Manifest> a = synthetic_manifest("synthetic:3x16:7");
+  Result<Manifest> b = synthetic_manifest("synthetic:3x16");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->digest(), b->digest());
+  ASSERT_EQ(a->tensors.size(), 3u);
+  EXPECT_EQ(a->tensors[2].name, "model.layers.2.weight");
+  EXPECT_EQ(a->tensors[2].dtype, DType::kBFloat16);
+  EXPECT_EQ(a->tensors[2].shape, (std::vector<std::uint64_t>{16, 16}));
+  EXPECT_EQ(a->total_bytes(), 3u * 16 * 16 * 2);
+  EXPECT_NE(a->digest(), synthetic_manifest("synthetic:3x17")->digest());
+  for (const char* bad : {"synthetic:", "synthetic:3", "synthetic:0x4", "synthetic:3x0",
+                          "synthetic:3x4:", "synthetic:3x4:z", "safetensors:/x",
+                          "synthetic:99999999999x4", "synthetic:-1x4"}) {
+    EXPECT_FALSE(synthetic_manifest(bad).ok()) << bad;
+  }
+}
+
+// Proves Preflight reports the source digest with device/memory ok and sends nothing; would
+// catch a preflight that touches the engine (it must not mutate) or a wrong digest.
+TEST(HttpSequenceTransfer, PreflightComputesDigestOffline) {
+  EngineClient c("http://127.0.0.1:" + std::to_string(ClosedPort()), Fast());
+  HttpSequenceTransfer t(c);
+  PreflightObserved p = t.Preflight(Target());
+  EXPECT_EQ(p.source_manifest_digest, synthetic_manifest("synthetic:3x16")->digest());
+  EXPECT_TRUE(p.device_ok);
+  EXPECT_TRUE(p.memory_ok);
+  PreflightObserved bad = t.Preflight(Target("safetensors:/nope"));
+  EXPECT_TRUE(bad.source_manifest_digest.empty());
+  EXPECT_FALSE(bad.detail.empty());
+}
+
+// Proves the happy path is start -> update(update_info of the manifest) -> finish(label) and
+// yields kComplete with byte and tensor counts; would catch a missing step, a wrong order or a
+// finish without the target label.
+TEST(HttpSequenceTransfer, CompleteSequence) {
+  Engine e(200, 200, 200);
+  EngineClient c(e.s.url(), Fast());
+  HttpSequenceTransfer t(c);
+  TransferObserved o = t.Transfer(Target(), 5000);
+  EXPECT_TRUE(o.acknowledged) << o.error;
+  EXPECT_EQ(o.mutation, MutationClass::kComplete);
+  EXPECT_EQ(o.bytes_sent, 3u * 16 * 16 * 2);
+  EXPECT_EQ(o.tensors_sent, 3u);
+  EXPECT_EQ(o.finish_label, "rc-1");
+  EXPECT_GT(o.duration_us, 0u);
+  EXPECT_TRUE(o.error.empty());
+  EXPECT_EQ(e.s.paths(3), (std::vector<std::string>{"POST /start_weight_update",
+                                                   "POST /update_weights",
+                                                   "POST /finish_weight_update"}));
+  EXPECT_EQ(e.finish_body, json({{"weight_version", "rc-1"}}));
+  const json& info = e.update_body["update_info"];
+  EXPECT_EQ(info["names"].size(), 3u);
+  EXPECT_EQ(info["dtype_names"][0], "bfloat16");
+  EXPECT_EQ(info["shapes"][1], json({16, 16}));
+  EXPECT_FALSE(info.contains("packed"));  // default line is >= 0.28
+}
+
+// Proves the 0.25 line's update_info carries packed*; would catch the protocol line ignored.
+TEST(HttpSequenceTransfer, V025UpdateInfoCarriesPacking) {
+  Engine e(200, 200, 200);
+  EngineClient c(e.s.url(), Fast());
+  HttpSequenceTransfer t(c, detect_protocol("0.25.1"));
+  EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
+  EXPECT_EQ(e.update_body["update_info"]["packed"], true);
+}
+
+// Proves a refused connection on /start_weight_update is kNone (refusal without taint); would
+// catch an unreachable engine tainting the controller.
+TEST(HttpSequenceTransfer, ConnectRefusedIsNoMutation) {
+  EngineClient c("http://127.0.0.1:" + std::to_string(ClosedPort()), Fast());
+  HttpSequenceTransfer t(c);
+  TransferObserved o = t.Transfer(Target(), 5000);
+  EXPECT_FALSE(o.acknowledged);
+  EXPECT_EQ(o.mutation, MutationClass::kNone);
+  EXPECT_EQ(o.bytes_sent, 0u);
+  EXPECT_NE(o.error.find("/start_weight_update"), std::string::npos);
+}
+
+// Proves a bad source is kNone before any request; would catch a request sent for an unknown
+// source.
+TEST(HttpSequenceTransfer, BadSourceIsNoMutation) {
+  Engine e(200, 200, 200);
+  EngineClient c(e.s.url(), Fast());
+  HttpSequenceTransfer t(c);
+  EXPECT_EQ(t.Transfer(Target("synthetic:nope"), 5000).mutation, MutationClass::kNone);
+  EXPECT_TRUE(e.s.paths().empty());
+}
+
+// Proves every failure once the engine may have seen /start_weight_update is kPossible; would
+// catch a failed update or finish reported as "no mutation" (a half-loaded model published).
+TEST(HttpSequenceTransfer, FailuresAfterStartArePossible) {
+  struct Case { int start, update, finish; };
+  for (const Case& k : {Case{500, 200, 200}, Case{299, 200, 200}, Case{200, 500, 200},
+                        Case{200, 299, 200}, Case{200, 200, 500}, Case{200, 200, 299}}) {
+    Engine e(k.start, k.update, k.finish);
+    EngineClient c(e.s.url(), Fast());
+    HttpSequenceTransfer t(c);
+    TransferObserved o = t.Transfer(Target(), 5000);
+    EXPECT_FALSE(o.acknowledged) << k.start << k.update << k.finish;
+    EXPECT_EQ(o.mutation, MutationClass::kPossible) << k.start << k.update << k.finish;
+    EXPECT_FALSE(o.error.empty());
+  }
+}
+
+// Proves Transfer honours its deadline when /update_weights hangs and calls it kPossible; would
+// catch a transfer that waits for the engine's own timeout (the article's >120 s stall).
+TEST(HttpSequenceTransfer, HonoursDeadline) {
+  Engine e(200, 0, 200);
+  EngineDeadlines d = Fast();
+  d.update_timeout_ms = 60000;
+  EngineClient c(e.s.url(), d);
+  HttpSequenceTransfer t(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  TransferObserved o = t.Transfer(Target(), 400);
+  EXPECT_LT(ElapsedMs(t0), 800u);
+  EXPECT_EQ(o.mutation, MutationClass::kPossible);
+  EXPECT_FALSE(o.acknowledged);
+}
+
+}  // namespace
+}  // namespace rc::effects
