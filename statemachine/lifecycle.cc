@@ -210,7 +210,14 @@ Status apply_one(State& s, const DrainObserved& e) {
   RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kDrain, "DrainObserved"));
   RC_RETURN_IF_ERROR(check_http(e.http));
   s.in_flight.reset();
-  if (e.http.ok_2xx() && e.paused && !s.active.empty()) s.update->drain_seen = true;
+  if (e.http.ok_2xx() && e.paused && !s.active.empty()) {
+    // The drain succeeded; what follows (await the bindings, then re-confirm) is a new effect
+    // with its own budget. Without the reset a success on the last attempt left DRAINING with
+    // nothing due. Bounded: bindings only shrink in DRAINING and the re-confirmation runs with
+    // none, so this reset happens at most once per update (per executor start).
+    s.update->drain_seen = true;
+    s.attempts = 0;
+  }
   return Status::OK();
 }
 
