@@ -1,0 +1,149 @@
+#include "service/config.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace rc::service {
+namespace {
+
+using Setter = std::function<Status(const nlohmann::json&)>;
+
+template <typename T>
+Setter bind_field(const char* name, T& slot) {
+  return [name, &slot](const nlohmann::json& v) -> Status {
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) return Status::InvalidArgument(std::string(name) + " must be a string");
+      slot = v.get<std::string>();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) return Status::InvalidArgument(std::string(name) + " must be a bool");
+      slot = v.get<bool>();
+    } else if constexpr (std::is_signed_v<T>) {
+      if (!v.is_number_integer()) {
+        return Status::InvalidArgument(std::string(name) + " must be an integer");
+      }
+      slot = v.get<T>();
+    } else {
+      if (!v.is_number_unsigned()) {
+        return Status::InvalidArgument(std::string(name) + " must be a non-negative integer");
+      }
+      slot = v.get<T>();
+    }
+    return Status::OK();
+  };
+}
+
+std::map<std::string, Setter> setters(ServeConfig& c) {
+  std::map<std::string, Setter> m;
+#define RC_FIELD(f) m.emplace(#f, bind_field(#f, c.f))
+  RC_FIELD(engine_url); RC_FIELD(journal_path); RC_FIELD(trajectories_path);
+  RC_FIELD(listen_host); RC_FIELD(listen_port); RC_FIELD(auth_token); RC_FIELD(executor_id);
+  RC_FIELD(initial_label); RC_FIELD(initial_manifest_digest); RC_FIELD(initial_source);
+  RC_FIELD(initial_checkpoint); RC_FIELD(initial_run); RC_FIELD(initial_step);
+  RC_FIELD(connect_timeout_ms); RC_FIELD(call_timeout_ms); RC_FIELD(drain_timeout_ms);
+  RC_FIELD(transfer_timeout_ms); RC_FIELD(request_timeout_ms); RC_FIELD(admit_wait_ms);
+  RC_FIELD(retry_after_s); RC_FIELD(shutdown_grace_ms); RC_FIELD(watch_timeout_ms_max);
+  RC_FIELD(body_bytes_max); RC_FIELD(http_threads); RC_FIELD(events_page_max);
+  RC_FIELD(trajectories_bytes_max); RC_FIELD(transfer); RC_FIELD(packed_buffer_size_bytes);
+  RC_FIELD(packed_num_buffers); RC_FIELD(rendezvous); RC_FIELD(journal_sync);
+#undef RC_FIELD
+  return m;
+}
+
+}  // namespace
+
+Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {
+  if (!doc.is_object()) return Status::InvalidArgument("config must be a JSON object");
+  ServeConfig merged = config;
+  auto m = setters(merged);
+  for (const auto& [key, value] : doc.items()) {
+    auto it = m.find(key);
+    if (it == m.end()) return Status::InvalidArgument("unknown config key '" + key + "'");
+    RC_RETURN_IF_ERROR(it->second(value));
+  }
+  config = std::move(merged);
+  return Status::OK();
+}
+
+Status MergeConfigFile(const std::string& path, ServeConfig& config) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open config file '" + path + "'");
+  std::string text(kConfigFileBytesMax + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kConfigFileBytesMax) {
+    return Status::InvalidArgument("config file '" + path + "' exceeds " +
+                                   std::to_string(kConfigFileBytesMax) + " bytes");
+  }
+  nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return Status::InvalidArgument("config file '" + path + "' is not JSON");
+  Status st = MergeConfigJson(doc, config);
+  if (!st.ok()) return Status::InvalidArgument(path + ": " + st.message());
+  return Status::OK();
+}
+
+Status ValidateConfig(const ServeConfig& c) {
+  if (c.engine_url.rfind("http://", 0) != 0 && c.engine_url.rfind("https://", 0) != 0) {
+    return Status::InvalidArgument("engine_url must start with http:// or https:// (got '" +
+                                   c.engine_url + "')");
+  }
+  if (c.journal_path.empty()) return Status::InvalidArgument("journal_path is required");
+  if (c.listen_port < 0 || c.listen_port > 65535) {
+    return Status::InvalidArgument("listen_port out of range");
+  }
+  if (c.initial_label.empty() || c.initial_label.size() > kIdBytesMax) {
+    return Status::InvalidArgument("initial_label must be 1.." + std::to_string(kIdBytesMax) +
+                                   " bytes");
+  }
+  if (c.http_threads < 4 || c.http_threads > 8192) {
+    return Status::InvalidArgument("http_threads must be in 4..8192");
+  }
+  if (c.body_bytes_max < 1024 || c.body_bytes_max > (std::size_t{256} << 20)) {
+    return Status::InvalidArgument("body_bytes_max must be in 1 KiB..256 MiB");
+  }
+  if (c.events_page_max == 0 || c.events_page_max > 100000) {
+    return Status::InvalidArgument("events_page_max must be in 1..100000");
+  }
+  if (c.transfer != "http" && c.transfer != "nccl") {
+    return Status::InvalidArgument("transfer must be 'http' or 'nccl'");
+  }
+  if (c.packed_num_buffers == 0 || c.packed_buffer_size_bytes == 0) {
+    return Status::InvalidArgument("packed buffers must be non-empty");
+  }
+  for (auto [name, v] : {std::pair{"connect_timeout_ms", c.connect_timeout_ms},
+                         {"call_timeout_ms", c.call_timeout_ms},
+                         {"drain_timeout_ms", c.drain_timeout_ms},
+                         {"transfer_timeout_ms", c.transfer_timeout_ms},
+                         {"request_timeout_ms", c.request_timeout_ms},
+                         {"watch_timeout_ms_max", c.watch_timeout_ms_max}}) {
+    if (v == 0 || v > 24ull * 3600 * 1000) {
+      return Status::InvalidArgument(std::string(name) + " must be in 1 ms..24 h");
+    }
+  }
+  if (c.admit_wait_ms > 3600ull * 1000) return Status::InvalidArgument("admit_wait_ms max 1 h");
+  if (c.shutdown_grace_ms > 3600ull * 1000) {
+    return Status::InvalidArgument("shutdown_grace_ms max 1 h");
+  }
+  return Status::OK();
+}
+
+nlohmann::json ConfigToJson(const ServeConfig& c) {
+  nlohmann::json j;
+#define RC_OUT(f) j[#f] = c.f
+  RC_OUT(engine_url); RC_OUT(journal_path); RC_OUT(trajectories_path); RC_OUT(listen_host);
+  RC_OUT(listen_port); RC_OUT(executor_id); RC_OUT(initial_label);
+  RC_OUT(initial_manifest_digest); RC_OUT(initial_source); RC_OUT(initial_checkpoint);
+  RC_OUT(initial_run); RC_OUT(initial_step); RC_OUT(connect_timeout_ms); RC_OUT(call_timeout_ms);
+  RC_OUT(drain_timeout_ms); RC_OUT(transfer_timeout_ms); RC_OUT(request_timeout_ms);
+  RC_OUT(admit_wait_ms); RC_OUT(retry_after_s); RC_OUT(shutdown_grace_ms);
+  RC_OUT(watch_timeout_ms_max); RC_OUT(body_bytes_max); RC_OUT(http_threads);
+  RC_OUT(events_page_max); RC_OUT(trajectories_bytes_max); RC_OUT(transfer);
+  RC_OUT(packed_buffer_size_bytes); RC_OUT(packed_num_buffers); RC_OUT(rendezvous);
+  RC_OUT(journal_sync);
+#undef RC_OUT
+  j["auth_token"] = c.auth_token.empty() ? "" : "<redacted>";
+  return j;
+}
+
+}  // namespace rc::service

@@ -1,0 +1,71 @@
+// ServeConfig: everything `rolloutcore serve` is told, from flags and an optional JSON file.
+//
+// The JSON file is an object whose keys are exactly the field names below (unknown keys are an
+// error, like every other input to the service); flags given on the command line override it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "statemachine/status.h"
+#include "statemachine/types.h"
+
+namespace rc::service {
+
+inline constexpr std::size_t kConfigFileBytesMax = 1 << 20;
+
+struct ServeConfig {
+  // Where things are.
+  std::string engine_url;                   // vLLM (or the double), e.g. http://127.0.0.1:8000
+  std::string journal_path;                 // RocksDB directory
+  std::string trajectories_path;            // "" = <journal_path>/../trajectories.jsonl
+  std::string listen_host = "127.0.0.1";
+  int listen_port = 8100;                   // 0 = ephemeral (printed on start)
+  std::string auth_token;                   // Bearer token for mutating trainer routes; "" = none
+  std::string executor_id = "rolloutcore-serve";
+
+  // Bootstrap (only used when the journal is UNINITIALIZED).
+  std::string initial_label = "rc-0";
+  std::string initial_manifest_digest;      // or computed from initial_source
+  std::string initial_source;               // e.g. "synthetic:4x64"
+  std::string initial_checkpoint;
+  std::string initial_run;
+  std::int64_t initial_step = -1;
+
+  // Deadlines.
+  std::uint64_t connect_timeout_ms = 1000;
+  std::uint64_t call_timeout_ms = 10000;
+  std::uint64_t drain_timeout_ms = 120000;
+  std::uint64_t transfer_timeout_ms = 600000;
+  std::uint64_t request_timeout_ms = 600000;  // one proxied generation, end to end
+  std::uint64_t admit_wait_ms = 30000;        // a proxied request waits this long for READY
+  std::uint32_t retry_after_s = 2;            // Retry-After on 503
+  std::uint64_t shutdown_grace_ms = 30000;    // SIGTERM: in-flight rollouts get this long
+  std::uint64_t watch_timeout_ms_max = 60000; // long-poll bound
+
+  // Bounds.
+  std::size_t body_bytes_max = std::size_t{8} << 20;
+  int http_threads = 512;                     // concurrent connections served
+  std::uint32_t events_page_max = 1000;
+  std::uint64_t trajectories_bytes_max = std::uint64_t{1} << 30;  // then rotated once (.1)
+
+  // Transfer.
+  std::string transfer = "http";              // "http": GPU-free sequence; "nccl": CUDA builds
+  std::uint64_t packed_buffer_size_bytes = std::uint64_t{1} << 30;
+  std::uint32_t packed_num_buffers = 2;
+  std::string rendezvous;                     // host:port the NCCL sender binds its store on
+
+  bool journal_sync = true;                   // fsync each group commit (off only in benches)
+};
+
+// Merges the keys of `doc` into `config`. Unknown keys and wrong types are InvalidArgument.
+[[nodiscard]] Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config);
+// Reads and merges a JSON file (bounded by kConfigFileBytesMax).
+[[nodiscard]] Status MergeConfigFile(const std::string& path, ServeConfig& config);
+// Checks a complete configuration (required fields, ranges).
+[[nodiscard]] Status ValidateConfig(const ServeConfig& config);
+nlohmann::json ConfigToJson(const ServeConfig& config);  // auth_token redacted
+
+}  // namespace rc::service

@@ -1,0 +1,111 @@
+// Small helpers shared by the service's route handlers: JSON errors, strict field checks.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "statemachine/status.h"
+
+namespace rc::service {
+
+// {"error": {"message", "type", "code"}} (the OpenAI/vLLM error shape).
+inline void send_error(httplib::Response& res, int status, const std::string& type,
+                       const std::string& message) {
+  nlohmann::json j = {{"error", {{"message", message}, {"type", type}, {"code", status}}}};
+  res.status = status;
+  res.set_content(j.dump(), "application/json");
+}
+
+inline void send_json(httplib::Response& res, int status, const nlohmann::json& j) {
+  res.status = status;
+  res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
+}
+
+// Parses a request body as a JSON object ("" allowed when empty_ok: yields {}).
+inline Result<nlohmann::json> parse_object(const std::string& body, bool empty_ok) {
+  if (body.empty() && empty_ok) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument("body is not valid JSON");
+  if (!j.is_object()) return Status::InvalidArgument("body must be a JSON object");
+  return j;
+}
+
+inline Status only_fields(const nlohmann::json& obj, std::initializer_list<const char*> allowed,
+                          const std::string& where) {
+  for (const auto& [key, value] : obj.items()) {
+    bool ok = false;
+    for (const char* a : allowed) ok = ok || key == a;
+    if (!ok) return Status::InvalidArgument("unknown field '" + where + key + "'");
+  }
+  return Status::OK();
+}
+
+inline Result<std::string> get_string(const nlohmann::json& obj, const char* key, bool required,
+                                      const std::string& where = "") {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    if (required) return Status::InvalidArgument("missing field '" + where + key + "'");
+    return std::string();
+  }
+  if (!it->is_string()) return Status::InvalidArgument("'" + where + key + "' must be a string");
+  return it->get<std::string>();
+}
+
+inline Result<std::int64_t> get_int(const nlohmann::json& obj, const char* key,
+                                    std::int64_t fallback, std::int64_t lo, std::int64_t hi,
+                                    const std::string& where = "") {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer()) {
+    return Status::InvalidArgument("'" + where + key + "' must be an integer");
+  }
+  const std::int64_t v = it->get<std::int64_t>();
+  if (v < lo || v > hi) {
+    return Status::InvalidArgument("'" + where + key + "' must be in " + std::to_string(lo) +
+                                   ".." + std::to_string(hi));
+  }
+  return v;
+}
+
+// Query parameter as an unsigned integer within [lo, hi]; fallback when absent.
+inline Result<std::uint64_t> query_u64(const httplib::Request& req, const char* key,
+                                       std::uint64_t fallback, std::uint64_t lo,
+                                       std::uint64_t hi) {
+  if (!req.has_param(key)) return fallback;
+  const std::string v = req.get_param_value(key);
+  if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) {
+    return Status::InvalidArgument("query parameter '" + std::string(key) +
+                                   "' must be a non-negative integer");
+  }
+  const std::uint64_t n = std::stoull(v);
+  if (n < lo || n > hi) {
+    return Status::InvalidArgument("query parameter '" + std::string(key) + "' must be in " +
+                                   std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  return n;
+}
+
+inline int http_status_for(const Status& st) {
+  switch (st.code()) {
+    case Code::kInvalidArgument: return 400;
+    case Code::kNotFound: return 404;
+    case Code::kRejected:
+    case Code::kConflict: return 409;
+    case Code::kBusy:
+    case Code::kUnavailable:
+    case Code::kTimeout: return 503;
+    default: return 500;
+  }
+}
+
+inline void send_status(httplib::Response& res, const Status& st) {
+  send_error(res, http_status_for(st), code_name(st.code()), st.message());
+}
+
+}  // namespace rc::service

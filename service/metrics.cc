@@ -1,0 +1,40 @@
+#include "service/metrics.h"
+
+#include <cstdio>
+
+namespace rc::service {
+
+std::string format_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+void Histogram::ObserveUs(std::uint64_t us) {
+  const double s = static_cast<double>(us) / 1e6;
+  std::size_t i = 0;
+  while (i < kBoundsS.size() && s > kBoundsS[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_us_.fetch_add(us, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Histogram::Render(std::string& out, const std::string& name,
+                       const std::string& labels) const {
+  const std::string sep = labels.empty() ? "" : ",";
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < kBoundsS.size(); ++i) {
+    cumulative += buckets_[i].load(std::memory_order_relaxed);
+    out += name + "_bucket{" + labels + sep + "le=\"" + format_double(kBoundsS[i]) + "\"} " +
+           std::to_string(cumulative) + "\n";
+  }
+  cumulative += buckets_[kBoundsS.size()].load(std::memory_order_relaxed);
+  out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+  const std::string braces = labels.empty() ? "" : "{" + labels + "}";
+  out += name + "_sum" + braces + " " +
+         format_double(static_cast<double>(sum_us_.load(std::memory_order_relaxed)) / 1e6) + "\n";
+  out += name + "_count" + braces + " " + std::to_string(count_.load(std::memory_order_relaxed)) +
+         "\n";
+}
+
+}  // namespace rc::service

@@ -1,0 +1,54 @@
+// Prometheus text exposition for the service: lock-free counters and fixed-bucket histograms.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace rc::service {
+
+// Cumulative histogram over fixed bounds (seconds), recorded in microseconds.
+class Histogram {
+ public:
+  static constexpr std::array<double, 18> kBoundsS = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+      0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0,  60.0};
+  void ObserveUs(std::uint64_t us);
+  // Appends the _bucket/_sum/_count lines for `name` (labels: extra, without braces, or "").
+  void Render(std::string& out, const std::string& name, const std::string& labels) const;
+  std::uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  std::array<std::atomic<std::uint64_t>, kBoundsS.size() + 1> buckets_{};
+  std::atomic<std::uint64_t> sum_us_{0};
+  std::atomic<std::uint64_t> count_{0};
+};
+
+struct ServiceMetrics {
+  std::atomic<std::uint64_t> admissions{0};
+  std::atomic<std::uint64_t> finishes_completed{0};
+  std::atomic<std::uint64_t> finishes_aborted{0};
+  std::atomic<std::uint64_t> admission_rejected_tainted{0};
+  std::atomic<std::uint64_t> admission_rejected_unavailable{0};  // waited past admit_wait_ms
+  std::atomic<std::uint64_t> admission_rejected_shutdown{0};
+  std::atomic<std::uint64_t> bad_requests{0};
+  std::atomic<std::uint64_t> unauthorized{0};
+  std::atomic<std::uint64_t> client_disconnects{0};
+  std::atomic<std::uint64_t> upstream_errors{0};
+  std::atomic<std::uint64_t> updates_committed{0};
+  std::atomic<std::uint64_t> updates_refused{0};
+  std::atomic<std::uint64_t> updates_tainted{0};
+  std::atomic<std::uint64_t> updates_conflict{0};
+  std::atomic<std::uint64_t> trajectories_written{0};
+  std::atomic<std::uint64_t> trajectories_dropped{0};
+  std::atomic<std::int64_t> proxy_in_flight{0};
+  Histogram journal_append;   // Submit + Wait (admissions and finishes)
+  Histogram proxy_total;      // proxy request, receipt to last byte handed to the socket
+  Histogram proxy_upstream;   // the engine call alone
+  Histogram proxy_added;      // total - upstream: what the proxy adds
+};
+
+std::string format_double(double v);
+
+}  // namespace rc::service

@@ -1,0 +1,427 @@
+// The enforcing proxy: /v1/completions, /v1/chat/completions, /inference/v1/generate.
+//
+// Per request: parse (400 on malformed JSON, nothing journaled) -> Admit (RolloutAdmitted durable
+// before anything reaches the engine; waits up to admit_wait_ms for READY, else 503 +
+// Retry-After; TAINTED -> 503 with the taint) -> forward with the version's cache_salt and
+// return_token_ids -> respond (binding in X-RolloutCore-* headers) -> record the trajectory ->
+// RolloutFinished (completed with usage counts, or aborted). A client that hangs up cancels the
+// engine call (DisconnectWatcher, or a failed streamed write) and its rollout is finished as
+// aborted. Fields the proxy added (token ids, usage chunks) are removed from what the client
+// sees unless the client asked for them.
+#include <chrono>
+#include <map>
+#include <memory>
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include "journal/json.h"
+#include "service/http_util.h"
+#include "service/service.h"
+
+namespace rc::service {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // per rollout
+
+std::uint64_t us_since(Clock::time_point t) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
+}
+
+std::uint32_t clamp_u32(std::uint64_t v) {
+  return v > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(v);
+}
+
+struct ChoiceTrace {
+  std::vector<std::int64_t> token_ids;
+  json logprobs = json::array();  // one number (or null) per output token
+  std::string finish_reason;
+};
+
+struct Trajectory {
+  json prompt_token_ids;  // null until seen
+  std::map<std::int64_t, ChoiceTrace> choices;
+  std::optional<std::uint64_t> usage_prompt, usage_completion;
+  std::size_t entries = 0;
+  bool truncated = false;
+
+  void absorb(const json& doc) {
+    if (!doc.is_object()) return;
+    take_prompt(doc);
+    auto u = doc.find("usage");
+    if (u != doc.end() && u->is_object()) {
+      if (u->value("prompt_tokens", json()).is_number_unsigned()) {
+        usage_prompt = (*u)["prompt_tokens"].get<std::uint64_t>();
+      }
+      if (u->value("completion_tokens", json()).is_number_unsigned()) {
+        usage_completion = (*u)["completion_tokens"].get<std::uint64_t>();
+      }
+    }
+    auto cs = doc.find("choices");
+    if (cs == doc.end() || !cs->is_array()) return;
+    for (const json& c : *cs) {
+      if (!c.is_object()) continue;
+      take_prompt(c);
+      const std::int64_t index =
+          c.value("index", json(0)).is_number_integer() ? c["index"].get<std::int64_t>() : 0;
+      ChoiceTrace& t = choices[index];
+      auto ids = c.find("token_ids");
+      if (ids != c.end() && ids->is_array()) {
+        for (const json& id : *ids) {
+          if (!room()) break;
+          if (id.is_number_integer()) t.token_ids.push_back(id.get<std::int64_t>());
+        }
+      }
+      auto lp = c.find("logprobs");
+      if (lp != c.end() && lp->is_object()) {
+        if (auto tl = lp->find("token_logprobs"); tl != lp->end() && tl->is_array()) {
+          for (const json& v : *tl) {
+            if (!room()) break;
+            t.logprobs.push_back(v);
+          }
+        } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
+          for (const json& item : *ct) {
+            if (!room()) break;
+            t.logprobs.push_back(item.is_object() ? item.value("logprob", json()) : json());
+          }
+        }
+      }
+      if (c.value("finish_reason", json()).is_string()) t.finish_reason = c["finish_reason"];
+    }
+  }
+  void take_prompt(const json& obj) {
+    auto p = obj.find("prompt_token_ids");
+    if (p != obj.end() && p->is_array() && prompt_token_ids.is_null()) {
+      if (p->size() <= kTrajectoryEntriesMax) prompt_token_ids = *p; else truncated = true;
+    }
+  }
+  bool room() {
+    if (entries >= kTrajectoryEntriesMax) {
+      truncated = true;
+      return false;
+    }
+    ++entries;
+    return true;
+  }
+  std::uint64_t prompt_count() const {
+    if (usage_prompt) return *usage_prompt;
+    return prompt_token_ids.is_array() ? prompt_token_ids.size() : 0;
+  }
+  std::uint64_t completion_count() const {
+    if (usage_completion) return *usage_completion;
+    std::uint64_t n = 0;
+    for (const auto& [i, c] : choices) n += c.token_ids.size();
+    return n;
+  }
+};
+
+const char* route_path(int route) {
+  switch (route) {
+    case 0: return "/v1/completions";
+    case 1: return "/v1/chat/completions";
+    default: return "/inference/v1/generate";
+  }
+}
+
+// Removes what the proxy added and the client did not ask for.
+void strip_added(json& doc, bool strip_token_ids, bool strip_usage) {
+  if (!doc.is_object()) return;
+  if (strip_usage) doc.erase("usage");
+  if (!strip_token_ids) return;
+  doc.erase("prompt_token_ids");
+  auto cs = doc.find("choices");
+  if (cs == doc.end() || !cs->is_array()) return;
+  for (json& c : *cs) {
+    if (!c.is_object()) continue;
+    c.erase("prompt_token_ids");
+    c.erase("token_ids");
+  }
+}
+
+}  // namespace
+
+struct ProxyCall {
+  int route = 0;
+  bool stream = false;
+  Admission admission;
+  std::string cache_salt;
+  json upstream;  // the body sent to the engine
+  bool strip_token_ids = false;
+  bool strip_usage = false;
+  Trajectory trace;
+  effects::CancelToken cancel;
+  std::uint64_t watch_id = 0;
+  Clock::time_point t0;
+  std::uint64_t upstream_us = 0;
+  bool finished = false;
+  bool client_gone = false;
+};
+
+void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = Clock::now();
+  const int route = static_cast<int>(route_kind);
+  auto parsed = parse_object(req.body, false);
+  Status bad = parsed.ok() ? Status::OK() : parsed.status();
+  json body = parsed.ok() ? std::move(parsed.value()) : json();
+  bool stream = false;
+  std::string client_salt;
+  if (bad.ok()) {
+    auto s = body.find("stream");
+    if (s != body.end() && !s->is_null()) {
+      if (!s->is_boolean()) bad = Status::InvalidArgument("'stream' must be a boolean");
+      else stream = s->get<bool>();
+    }
+  }
+  if (bad.ok()) {
+    auto cs = body.find("cache_salt");
+    if (cs != body.end() && !cs->is_null()) {
+      if (!cs->is_string() || cs->get<std::string>().empty()) {
+        bad = Status::InvalidArgument("'cache_salt' must be a non-empty string");
+      } else {
+        client_salt = cs->get<std::string>();
+      }
+    }
+  }
+  if (bad.ok() && route_kind == Route::kGenerate) {
+    auto ids = body.find("token_ids");
+    if (ids == body.end() || !ids->is_array()) {
+      bad = Status::InvalidArgument("'token_ids' (array of ints) is required");
+    }
+    auto sp = body.find("sampling_params");
+    if (bad.ok() && sp != body.end() && !sp->is_object() && !sp->is_null()) {
+      bad = Status::InvalidArgument("'sampling_params' must be an object");
+    }
+  }
+  if (!bad.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, bad);
+    return;
+  }
+  std::string rollout_id = req.get_header_value("X-RolloutCore-Rollout-Id");
+  if (rollout_id.empty()) rollout_id = NextRolloutId();
+
+  AdmitResult a = Admit(rollout_id, config_.admit_wait_ms);
+  if (!a.admitted) {
+    if (a.refusal.retry_after_s > 0) {
+      res.set_header("Retry-After", std::to_string(a.refusal.retry_after_s));
+    }
+    send_error(res, a.refusal.http_status, a.refusal.type, a.refusal.message);
+    return;
+  }
+  metrics_.proxy_in_flight++;
+
+  auto call = std::make_shared<ProxyCall>();
+  call->route = route;
+  call->stream = stream;
+  call->admission = *a.admitted;
+  call->t0 = t0;
+  call->cache_salt = DeriveCacheSalt(call->admission.binding, client_salt);
+  call->upstream = std::move(body);
+  json& up = call->upstream;
+  up["cache_salt"] = call->cache_salt;
+  if (route_kind != Route::kGenerate) {
+    call->strip_token_ids = !(up.value("return_token_ids", json(false)) == json(true));
+    up["return_token_ids"] = true;
+    if (stream) {
+      json& so = up["stream_options"];
+      if (!so.is_object()) so = json::object();
+      call->strip_usage = !(so.value("include_usage", json(false)) == json(true));
+      so["include_usage"] = true;
+    }
+  } else if (up.value("sampling_params", json()).is_null()) {
+    up["sampling_params"] = json::object();
+  }
+
+  const RolloutAdmitted& b = call->admission.binding;
+  res.set_header("X-RolloutCore-Rollout-Id", b.rollout_id);
+  res.set_header("X-RolloutCore-Version", b.version.label);
+  res.set_header("X-RolloutCore-Generation", std::to_string(b.version.generation));
+  res.set_header("X-RolloutCore-Manifest", b.identity.manifest_digest);
+  res.set_header("X-RolloutCore-Checkpoint", b.identity.checkpoint);
+  res.set_header("X-RolloutCore-Step", std::to_string(b.identity.step));
+  res.set_header("X-RolloutCore-Admission-Seq", std::to_string(call->admission.seq));
+  res.set_header("X-RolloutCore-Cache-Salt", call->cache_salt);
+
+  const int fd = FindPeerSocket(req.local_port, req.remote_addr, req.remote_port);
+  call->watch_id = watcher_->Watch(fd, call->cancel);
+
+  // Finishes the rollout exactly once: trajectory line, then the durable RolloutFinished.
+  auto finish = [this](ProxyCall& c, RolloutOutcome outcome, const std::string& note) {
+    if (c.finished) return;
+    c.finished = true;
+    if (c.watch_id != 0) {
+      if (watcher_->Fired(c.watch_id)) c.client_gone = true;
+      watcher_->Unwatch(c.watch_id);
+      c.watch_id = 0;
+    }
+    if (c.client_gone) metrics_.client_disconnects++;
+    const RolloutAdmitted& bb = c.admission.binding;
+    json outputs = json::array();
+    for (auto& [index, ch] : c.trace.choices) {
+      outputs.push_back({{"index", index}, {"token_ids", ch.token_ids},
+                         {"logprobs", std::move(ch.logprobs)},
+                         {"finish_reason", ch.finish_reason}});
+    }
+    json prompt = c.trace.prompt_token_ids;
+    if (prompt.is_null() && c.route == 2) prompt = c.upstream.value("token_ids", json());
+    json line = {{"rollout_id", bb.rollout_id},
+                 {"admission_seq", c.admission.seq},
+                 {"route", route_path(c.route)},
+                 {"stream", c.stream},
+                 {"version", journal::WeightVersionToJson(bb.version)},
+                 {"identity", journal::WeightIdentityToJson(bb.identity)},
+                 {"cache_salt", c.cache_salt},
+                 {"outcome", outcome_name(outcome)},
+                 {"note", note},
+                 {"prompt_token_ids", prompt},
+                 {"outputs", std::move(outputs)},
+                 {"prompt_tokens", c.trace.prompt_count()},
+                 {"completion_tokens", c.trace.completion_count()},
+                 {"truncated", c.trace.truncated}};
+    if (trajectories_.Append(line)) {
+      metrics_.trajectories_written++;
+    } else {
+      metrics_.trajectories_dropped++;
+    }
+    Status st = Finish(bb.rollout_id, outcome, clamp_u32(c.trace.prompt_count()),
+                       clamp_u32(c.trace.completion_count()));
+    if (!st.ok()) {
+      spdlog::error("proxy: finishing rollout {} failed: {}", bb.rollout_id, st.ToString());
+    }
+    const std::uint64_t total_us = us_since(c.t0);
+    metrics_.proxy_total.ObserveUs(total_us);
+    metrics_.proxy_upstream.ObserveUs(c.upstream_us);
+    metrics_.proxy_added.ObserveUs(total_us > c.upstream_us ? total_us - c.upstream_us : 0);
+    metrics_.proxy_in_flight--;
+  };
+
+  effects::CallOptions opts;
+  opts.cancel = call->cancel;
+
+  if (!stream) {
+    const auto tu = Clock::now();
+    effects::HttpReply reply;
+    switch (route_kind) {
+      case Route::kCompletions: reply = proxy_client_->Completions(up, opts); break;
+      case Route::kChat: reply = proxy_client_->ChatCompletions(up, opts); break;
+      case Route::kGenerate: reply = proxy_client_->Generate(up, opts); break;
+    }
+    call->upstream_us = us_since(tu);
+    if (call->watch_id != 0 && watcher_->Fired(call->watch_id)) call->client_gone = true;
+    if (call->client_gone) {
+      finish(*call, RolloutOutcome::kAborted, "client disconnected");
+      send_error(res, 499, "client_closed", "client closed the connection");
+      return;
+    }
+    if (reply.http.transport != Transport::kOk) {
+      metrics_.upstream_errors++;
+      finish(*call, RolloutOutcome::kAborted,
+             std::string("engine ") + transport_name(reply.http.transport) + ": " +
+                 reply.http.error);
+      send_error(res, 502, "upstream", std::string("engine call failed (") +
+                                           transport_name(reply.http.transport) +
+                                           "): " + reply.http.error);
+      return;
+    }
+    if (reply.http.http_status < 200 || reply.http.http_status >= 300 || !reply.http.body_parsed) {
+      metrics_.upstream_errors++;
+      finish(*call, RolloutOutcome::kAborted,
+             "engine answered HTTP " + std::to_string(reply.http.http_status));
+      res.status = reply.http.http_status >= 200 && reply.http.http_status < 300
+                       ? 502
+                       : reply.http.http_status;
+      res.set_content(reply.raw, "application/json");
+      return;
+    }
+    call->trace.absorb(reply.body);
+    finish(*call, RolloutOutcome::kCompleted, "");
+    strip_added(reply.body, call->strip_token_ids, false);
+    send_json(res, 200, reply.body);
+    return;
+  }
+
+  auto provider = [this, call, finish, route_kind](std::size_t, httplib::DataSink& sink) {
+    if (call->finished) return false;
+    effects::CallOptions o;
+    o.cancel = call->cancel;
+    effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {
+      call->trace.absorb(chunk);
+      if (call->strip_usage && chunk.is_object() && chunk.contains("usage") &&
+          chunk.value("choices", json::array()).empty()) {
+        return true;  // the usage-only chunk the client did not ask for
+      }
+      json out = chunk;
+      strip_added(out, call->strip_token_ids, call->strip_usage);
+      const std::string event = "data: " + out.dump(-1, ' ', false,
+                                                     json::error_handler_t::replace) + "\n\n";
+      if (!sink.write(event.data(), event.size())) {
+        call->client_gone = true;
+        call->cancel.Cancel();
+        return false;
+      }
+      return true;
+    };
+    const auto tu = Clock::now();
+    effects::HttpReply reply;
+    switch (route_kind) {
+      case Route::kCompletions:
+        reply = proxy_client_->CompletionsStream(call->upstream, on_chunk, o);
+        break;
+      case Route::kChat:
+        reply = proxy_client_->ChatCompletionsStream(call->upstream, on_chunk, o);
+        break;
+      case Route::kGenerate:
+        reply = proxy_client_->GenerateStream(call->upstream, on_chunk, o);
+        break;
+    }
+    call->upstream_us = us_since(tu);
+    if (call->watch_id != 0 && watcher_->Fired(call->watch_id)) call->client_gone = true;
+    if (call->client_gone) {
+      finish(*call, RolloutOutcome::kAborted, "client disconnected");
+      return false;
+    }
+    const bool ok = reply.http.transport == Transport::kOk && reply.http.http_status >= 200 &&
+                    reply.http.http_status < 300 && reply.http.body_parsed;
+    if (ok) {
+      finish(*call, RolloutOutcome::kCompleted, "");
+      static const std::string kDone = "data: [DONE]\n\n";
+      sink.write(kDone.data(), kDone.size());
+    } else {
+      metrics_.upstream_errors++;
+      const std::string why =
+          reply.http.transport != Transport::kOk
+              ? std::string("engine ") + transport_name(reply.http.transport) + ": " +
+                    reply.http.error
+              : "engine answered HTTP " + std::to_string(reply.http.http_status) +
+                    (reply.http.error.empty() ? "" : ": " + reply.http.error);
+      finish(*call, RolloutOutcome::kAborted, why);
+      json err = {{"error", {{"message", why}, {"type", "upstream"},
+                             {"code", reply.http.http_status == 0 ? 502 : reply.http.http_status}}}};
+      if (reply.http.transport == Transport::kOk && !reply.raw.empty() &&
+          reply.http.http_status >= 400) {
+        json engine_body = json::parse(reply.raw, nullptr, false);
+        if (!engine_body.is_discarded()) err["error"]["engine"] = engine_body;
+      }
+      const std::string event = "data: " + err.dump() + "\n\ndata: [DONE]\n\n";
+      sink.write(event.data(), event.size());
+    }
+    sink.done();
+    return true;
+  };
+  auto releaser = [call, finish](bool) {
+    // The provider never ran to the end (the client vanished before or during the headers).
+    if (!call->finished) {
+      call->client_gone = true;
+      finish(*call, RolloutOutcome::kAborted, "response not delivered");
+    }
+  };
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", provider, releaser);
+}
+
+}  // namespace rc::service
