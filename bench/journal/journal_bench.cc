@@ -1,0 +1,200 @@
+// Journal benchmarks; every figure that matters is printed as a ratio measured in the same run.
+//   BM_Fold                 rc::apply over a pre-generated legal history (goal >= 5M events/s)
+//   BM_Replay               Refold of a 1M-event RocksDB journal: read, decode, verify, hash
+//                           chain, fold (goal >= 1M events/s)
+//   BM_DurableAppend/T/mode T concurrent appenders, sync=true; mode 0 = group commit,
+//                           mode 1 = one fsync per event (callers serialised) (goal >= 50k/s at 16)
+// Usage: journal_bench [--replay_events=N] [google benchmark flags]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "journal/journal.h"
+#include "journal/testing/random_history.h"
+
+namespace rc::journal {
+namespace {
+
+std::size_t g_replay_events = 1000000;
+std::map<std::string, double> g_results;  // name -> events/s (printed as ratios at the end)
+
+const std::vector<Event>& History() {
+  static const std::vector<Event> events = [] {
+    std::vector<Event> out;
+    for (auto& g : testing::RandomHistory(7, g_replay_events, nullptr, /*allow_taint=*/false)) {
+      for (auto& e : g) out.push_back(std::move(e));
+    }
+    return out;
+  }();
+  return events;
+}
+
+std::string TempPath(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("rc-journal-bench-" + name);
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+void BM_Fold(benchmark::State& st) {
+  const auto& events = History();
+  for (auto _ : st) {
+    State s;
+    for (const Event& e : events) {
+      if (!apply(s, e).ok()) st.SkipWithError("history does not fold");
+    }
+    benchmark::DoNotOptimize(s);
+  }
+  st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations() * events.size()));
+}
+
+void BM_Replay(benchmark::State& st) {
+  static const std::string path = [] {
+    const std::string p = TempPath("replay");
+    Options o;
+    o.sync = false;
+    o.snapshot_every = 0;
+    auto j = Journal::Open(p, o);
+    RC_ASSERT(j.ok());
+    const auto groups = testing::RandomHistory(7, g_replay_events, nullptr, false);
+    std::vector<Ticket> tickets;
+    for (const auto& g : groups) {
+      AppendRequest r;
+      r.events = g;
+      Result<Ticket> t = (*j)->Enqueue(r);
+      RC_ASSERT(t.ok());
+      if (t->result.last_seq % 2048 < g.size()) RC_ASSERT((*j)->Wait(*t).ok());
+      tickets.push_back(*t);
+    }
+    RC_ASSERT((*j)->Wait(tickets.back()).ok());
+    RC_ASSERT((*j)->Flush().ok());
+    return p;
+  }();
+  Options o;
+  o.snapshot_every = 0;
+  auto j = Journal::Open(path, o);  // open also refolds: measure the explicit Refold below
+  RC_ASSERT(j.ok());
+  std::uint64_t events = 0;
+  for (auto _ : st) {
+    Result<State> s = (*j)->Refold();
+    if (!s.ok()) st.SkipWithError(s.status().ToString().c_str());
+    events = s->counters.events;
+  }
+  st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations() * events));
+  st.counters["journal_events"] = static_cast<double>(events);
+}
+
+// Runs `threads` appenders of `total` admissions; returns events/s and fills latencies (us).
+double RunAppends(Journal& j, int threads, int total, bool serialise, std::vector<double>& lat_us) {
+  std::mutex one_at_a_time;
+  std::mutex lat_mu;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<double> mine;
+      for (int i = t; i < total; i += threads) {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::unique_lock<std::mutex> l(one_at_a_time, std::defer_lock);
+        if (serialise) l.lock();
+        Result<Journal::Submitted> s = j.Submit(make_admission(j.state(), "r" + std::to_string(i)), i);
+        RC_ASSERT(s.ok());
+        RC_ASSERT(j.Wait(s->ticket).ok());
+        if (serialise) l.unlock();
+        mine.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::lock_guard<std::mutex> g(lat_mu);
+      lat_us.insert(lat_us.end(), mine.begin(), mine.end());
+    });
+  }
+  for (auto& t : ts) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return total / secs;
+}
+
+void BM_DurableAppend(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const bool per_event_fsync = st.range(1) == 1;
+  const int total = 4000;
+  double rate = 0;
+  std::vector<double> lat;
+  for (auto _ : st) {
+    const std::string path = TempPath("append");
+    {
+      Options o;
+      o.sync = true;
+      auto j = Journal::Open(path, o);
+      RC_ASSERT(j.ok());
+      RC_ASSERT((*j)->Append(AppendRequest{{}, "", 0, {BootstrapRequested{"rc-0", WeightIdentity{"ab", "", "", "", -1}}}}).ok());
+      RC_ASSERT((*j)->Append(AppendRequest{{}, "", 0, {EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1}}}).ok());
+      RC_ASSERT((*j)->Submit(EngineProbed{HttpEvidence{Transport::kOk, 200, true, 1, ""}, "v", "rc-0"}, 0).ok());
+      lat.clear();
+      rate = RunAppends(**j, threads, total, per_event_fsync, lat);
+    }
+    std::filesystem::remove_all(path);
+  }
+  std::sort(lat.begin(), lat.end());
+  st.counters["events_per_s"] = rate;
+  st.counters["p50_us"] = lat[lat.size() / 2];
+  st.counters["p99_us"] = lat[lat.size() * 99 / 100];
+  g_results[std::string(per_event_fsync ? "fsync_each_" : "group_") + std::to_string(threads)] = rate;
+}
+
+BENCHMARK(BM_Fold)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(BM_Replay)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_DurableAppend)
+    ->Args({1, 0})->Args({1, 1})->Args({16, 0})->Args({16, 1})
+    ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Google Benchmark reports items/s per run; the fold and replay rates are read back from it.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      auto it = r.counters.find("items_per_second");
+      if (it != r.counters.end()) g_results[r.benchmark_name().substr(0, r.benchmark_name().find('/'))] = it->second;
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+}  // namespace
+}  // namespace rc::journal
+
+int main(int argc, char** argv) {
+  using rc::journal::g_results;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--replay_events=", 16) == 0) {
+      rc::journal::g_replay_events = std::stoull(argv[i] + 16);
+      for (int k = i; k + 1 < argc; ++k) argv[k] = argv[k + 1];
+      --argc;
+      --i;
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  rc::journal::RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  auto get = [&](const char* k) { return g_results.count(k) ? g_results[k] : 0.0; };
+  const double fold = get("BM_Fold"), replay = get("BM_Replay");
+  std::printf("\n== ratios (same run) ==\n");
+  std::printf("fold: %.2fM events/s (goal 5M: %.2fx)\n", fold / 1e6, fold / 5e6);
+  std::printf("replay (decode+verify+chain+fold): %.2fM events/s (goal 1M: %.2fx); %zu events in %.2f s\n",
+              replay / 1e6, replay / 1e6, rc::journal::g_replay_events,
+              replay > 0 ? rc::journal::g_replay_events / replay : 0.0);
+  std::printf("fold / replay: %.2fx\n", replay > 0 ? fold / replay : 0.0);
+  for (int t : {1, 16}) {
+    const double g = get(("group_" + std::to_string(t)).c_str());
+    const double f = get(("fsync_each_" + std::to_string(t)).c_str());
+    std::printf("durable appends, %2d appenders: group commit %.0f events/s, one fsync per event %.0f events/s, ratio %.1fx\n",
+                t, g, f, f > 0 ? g / f : 0.0);
+  }
+  std::printf("group commit at 16 vs goal 50k events/s: %.2fx\n", get("group_16") / 5e4);
+  benchmark::Shutdown();
+  return 0;
+}
