@@ -319,11 +319,8 @@ NcclSender::NcclSender(EngineApi* engine, NcclSenderOptions options) : impl_(std
 }
 
 NcclSender::~NcclSender() {
-  if (impl_->comm != nullptr) {
-    // Idle communicator: a clean destroy; one with work in flight was already aborted.
-    ncclCommDestroy(impl_->comm);
-    impl_->comm = nullptr;
-  }
+  // Abort, not destroy: local and bounded even if the peer vanished (vLLM just drops its side).
+  if (impl_->comm != nullptr) impl_->AbortComm();
   impl_->FreeSlots();
   if (impl_->warm_buf != nullptr && !impl_->dirty) cudaFree(impl_->warm_buf);
   impl_->sources.clear();

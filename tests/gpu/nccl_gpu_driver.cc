@@ -1,0 +1,400 @@
+// GPU driver for the NCCL sender against tests/gpu/receiver_double.py (rank 1 on GPU 1).
+// Modes (each prints one JSON object per check/measurement, one per line, and exits non-zero if a
+// check failed):
+//   e2e      both rendezvous modes, three protocol lines, packed + unpacked, safetensors and device
+//            sources, byte-for-byte verification by the double; wrong-device and identity refusals
+//   bench    RolloutCore Transfer vs raw ncclBroadcast of the same bytes, same run, Qwen3-8B-shaped
+//            (16 GB bf16) and OPT-125M-shaped sets; contiguous (zero-copy) and scattered (packed copy)
+//   deadline the double stalls after one chunk: Transfer must abort at its deadline (kPossible)
+//   kill     the double is SIGKILLed mid-broadcast: Transfer must return kPossible within 2 s
+#include <cuda_runtime.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "effects/nccl/nccl_sender.h"
+#include "effects/nccl/rendezvous.h"
+
+using namespace rc;
+using namespace rc::effects;
+using namespace rc::effects::nccl;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+namespace {
+
+int g_failures = 0;
+void Emit(json j) {
+  std::cout << j.dump() << std::endl;
+  if (j.contains("pass") && j["pass"] == false) ++g_failures;
+}
+double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+Manifest Qwen3_8B() {
+  Manifest m;
+  auto add = [&m](std::string n, std::vector<std::uint64_t> s) { m.tensors.push_back({std::move(n), DType::kBFloat16, std::move(s)}); };
+  add("model.embed_tokens.weight", {151936, 4096});
+  for (int l = 0; l < 36; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "self_attn.q_proj.weight", {4096, 4096});
+    add(p + "self_attn.k_proj.weight", {1024, 4096});
+    add(p + "self_attn.v_proj.weight", {1024, 4096});
+    add(p + "self_attn.o_proj.weight", {4096, 4096});
+    add(p + "self_attn.q_norm.weight", {128});
+    add(p + "self_attn.k_norm.weight", {128});
+    add(p + "mlp.gate_proj.weight", {12288, 4096});
+    add(p + "mlp.up_proj.weight", {12288, 4096});
+    add(p + "mlp.down_proj.weight", {4096, 12288});
+    add(p + "input_layernorm.weight", {4096});
+    add(p + "post_attention_layernorm.weight", {4096});
+  }
+  add("model.norm.weight", {4096});
+  add("lm_head.weight", {151936, 4096});
+  return m;
+}
+
+Manifest Opt125M() {
+  Manifest m;
+  auto add = [&m](std::string n, std::vector<std::uint64_t> s) { m.tensors.push_back({std::move(n), DType::kBFloat16, std::move(s)}); };
+  add("model.decoder.embed_tokens.weight", {50272, 768});
+  add("model.decoder.embed_positions.weight", {2050, 768});
+  for (int l = 0; l < 12; ++l) {
+    const std::string p = "model.decoder.layers." + std::to_string(l) + ".";
+    for (const char* proj : {"k_proj", "v_proj", "q_proj", "out_proj"}) {
+      add(p + "self_attn." + proj + ".weight", {768, 768});
+      add(p + "self_attn." + proj + ".bias", {768});
+    }
+    add(p + "self_attn_layer_norm.weight", {768});
+    add(p + "self_attn_layer_norm.bias", {768});
+    add(p + "fc1.weight", {3072, 768});
+    add(p + "fc1.bias", {3072});
+    add(p + "fc2.weight", {768, 3072});
+    add(p + "fc2.bias", {768});
+    add(p + "final_layer_norm.weight", {768});
+    add(p + "final_layer_norm.bias", {768});
+  }
+  add("model.decoder.final_layer_norm.weight", {768});
+  add("model.decoder.final_layer_norm.bias", {768});
+  return m;
+}
+
+// Same generator as receiver_double.expected_bytes: u32 word j of tensor i.
+void Generate(std::uint64_t seed, std::size_t i, std::uint64_t nbytes, char* dst) {
+  const std::uint64_t nwords = (nbytes + 3) / 4;
+  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([=] {
+      const std::uint64_t lo = nwords * t / threads, hi = nwords * (t + 1) / threads;
+      const std::uint64_t c = (i + 1) * 2246822519ull + seed;
+      for (std::uint64_t j = lo; j < hi; ++j) {
+        const std::uint32_t w = static_cast<std::uint32_t>(j * 2654435761ull + c);
+        const std::uint64_t off = j * 4;
+        if (off + 4 <= nbytes) std::memcpy(dst + off, &w, 4);
+        else std::memcpy(dst + off, &w, nbytes - off);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+struct DeviceSet {
+  std::vector<void*> allocations;
+  std::vector<const void*> ptrs;
+  ~DeviceSet() { for (void* p : allocations) cudaFree(p); }
+};
+
+// contiguous: one allocation, tensors back to back (broadcast straight from it); else one each.
+std::unique_ptr<DeviceSet> Upload(const Manifest& m, std::uint64_t seed, bool contiguous) {
+  auto set = std::make_unique<DeviceSet>();
+  std::uint64_t max_bytes = 0;
+  for (const auto& t : m.tensors) max_bytes = std::max(max_bytes, t.nbytes());
+  char* host = nullptr;
+  RC_ASSERT(cudaHostAlloc(reinterpret_cast<void**>(&host), max_bytes, cudaHostAllocDefault) == cudaSuccess);
+  char* base = nullptr;
+  if (contiguous) {
+    RC_ASSERT(cudaMalloc(reinterpret_cast<void**>(&base), m.total_bytes()) == cudaSuccess);
+    set->allocations.push_back(base);
+  }
+  std::uint64_t off = 0;
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    const std::uint64_t n = m.tensors[i].nbytes();
+    Generate(seed, i, n, host);
+    char* dst = nullptr;
+    if (contiguous) {
+      dst = base + off;
+    } else {
+      RC_ASSERT(cudaMalloc(reinterpret_cast<void**>(&dst), std::max<std::uint64_t>(n, 1)) == cudaSuccess);
+      set->allocations.push_back(dst);
+    }
+    RC_ASSERT(cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice) == cudaSuccess);
+    set->ptrs.push_back(dst);
+    off += n;
+  }
+  cudaFreeHost(host);
+  return set;
+}
+
+void WriteSafetensors(const Manifest& m, std::uint64_t seed, const std::string& path) {
+  json h = json::object();
+  std::uint64_t off = 0;
+  for (const auto& t : m.tensors) {
+    h[t.name] = {{"dtype", dtype_safetensors_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.nbytes()}}};
+    off += t.nbytes();
+  }
+  std::string header = h.dump();
+  while ((8 + header.size()) % 8) header.push_back(' ');
+  std::ofstream f(path, std::ios::binary);
+  const std::uint64_t len = header.size();
+  f.write(reinterpret_cast<const char*>(&len), 8);
+  f << header;
+  std::vector<char> buf;
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    buf.resize(m.tensors[i].nbytes());
+    Generate(seed, i, buf.size(), buf.data());
+    f.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+  }
+}
+
+struct Ctx {
+  std::uint16_t port;
+  SocketEngineApi api;
+  explicit Ctx(std::uint16_t p) : port(p), api("127.0.0.1", p) {}
+  void Config(const std::string& version, json seed, double stall_s = 0) {
+    auto r = api.Call("POST", "/test/config", json{{"version", version}, {"seed", seed}, {"stall_after_first_s", stall_s}}.dump(), 5000);
+    RC_ASSERT(r.http.http_status == 200);
+  }
+  json Report() { return api.Call("GET", "/test/report", "", 5000).body; }
+  std::string Label() {
+    auto r = api.Call("GET", "/weight_info", "", 5000);
+    return r.body.is_object() ? r.body.value("weight_version", "") : "";
+  }
+};
+
+TransferTarget Target(const std::string& uri, const std::string& label, const std::string& digest = "") {
+  TransferTarget t;
+  t.update_id = "u-" + label;
+  t.target.label = label;
+  t.identity.manifest_digest = digest;
+  t.source_uri = uri;
+  return t;
+}
+
+json Obs(const TransferObserved& o) {
+  return {{"acknowledged", o.acknowledged}, {"mutation", mutation_name(o.mutation)}, {"bytes_sent", o.bytes_sent},
+          {"tensors_sent", o.tensors_sent}, {"duration_us", o.duration_us}, {"error", o.error}};
+}
+
+// One verified transfer; checks ack, the double's byte-for-byte report and the label.
+void VerifiedTransfer(Ctx& c, NcclSender& s, const std::string& name, const std::string& uri, const Manifest& m,
+                      const std::string& label) {
+  auto o = s.Transfer(Target(uri, label, m.digest()), 120000);
+  json rep = c.Report();
+  const bool pass = o.acknowledged && o.mutation == MutationClass::kComplete && rep.value("verified", false) &&
+                    rep.value("verified_ok", -1) == static_cast<int>(m.tensors.size()) &&
+                    rep["verified_bad"].empty() && c.Label() == label && o.bytes_sent == m.total_bytes();
+  Emit({{"check", name}, {"pass", pass}, {"observed", Obs(o)}, {"receiver", rep},
+        {"rendezvous", rendezvous_name(s.rendezvous())}, {"line", protocol_line_name(s.line())}});
+}
+
+int E2E(Ctx& c) {
+  const Manifest opt = Opt125M();
+  const std::uint64_t seed = 1234567;
+  auto dev = Upload(opt, seed, /*contiguous=*/false);
+  auto src = std::make_shared<DevicePointerSource>(opt, dev->ptrs, 0);
+  WriteSafetensors(opt, seed, "/tmp/rc_opt125m.safetensors");
+  struct Case { std::string version; Rendezvous mode; bool packed; };
+  const std::vector<Case> cases = {{"0.30.0", Rendezvous::kUniqueId, true}, {"0.30.0", Rendezvous::kUniqueId, false},
+                                   {"0.30.0", Rendezvous::kTcpStore, true}, {"0.28.0", Rendezvous::kAuto, true},
+                                   {"0.25.1", Rendezvous::kAuto, true},     {"0.25.1", Rendezvous::kAuto, false}};
+  int n = 0;
+  for (const auto& k : cases) {
+    c.Config(k.version, seed);
+    NcclSenderOptions o;
+    o.world_size = 0;  // ask /get_world_size
+    o.rendezvous = k.mode;
+    o.packing.packed = k.packed;
+    o.packing.packed_buffer_size_bytes = 64ull << 20;  // several chunks for a 250 MB set
+    NcclSender s(&c.api, o);
+    Status st = s.Init(60000);
+    json rep = c.Report();
+    const std::string tag = k.version + "/" + rendezvous_name(k.mode) + "/" + (k.packed ? "packed" : "unpacked");
+    Emit({{"check", "init " + tag}, {"pass", st.ok() && rep.value("init", "") == (s.rendezvous() == Rendezvous::kUniqueId ? "uid" : "tcpstore")},
+          {"status", st.ToString()}, {"receiver", rep}});
+    if (!st.ok()) continue;
+    s.RegisterSource("device:opt", src);
+    VerifiedTransfer(c, s, "transfer device " + tag, "device:opt", opt, "rc-" + std::to_string(++n));
+    VerifiedTransfer(c, s, "transfer safetensors " + tag, "safetensors:/tmp/rc_opt125m.safetensors", opt,
+                     "rc-" + std::to_string(++n));
+    if (k.version == "0.30.0" && k.mode == Rendezvous::kUniqueId && k.packed) {
+      // Wrong current device: refused in preflight and in Transfer, nothing sent.
+      cudaSetDevice(1);
+      auto p = s.Preflight(Target("device:opt", "x"));
+      auto t = s.Transfer(Target("device:opt", "rc-wrong-device"), 10000);
+      cudaSetDevice(0);
+      Emit({{"check", "wrong current device refused"}, {"pass", !p.device_ok && !t.acknowledged &&
+            t.mutation == MutationClass::kNone && c.Label() != "rc-wrong-device"},
+            {"preflight_detail", p.detail}, {"observed", Obs(t)}});
+      auto ok = s.Preflight(Target("device:opt", "x", opt.digest()));
+      Emit({{"check", "preflight ok"}, {"pass", ok.device_ok && ok.memory_ok && ok.source_manifest_digest == opt.digest()},
+            {"detail", ok.detail}});
+      // Identity mismatch: the declared manifest is Qwen3-8B's, the source is OPT-125M.
+      const std::string declared = Qwen3_8B().digest();
+      auto pm = s.Preflight(Target("device:opt", "x", declared));
+      auto tm = s.Transfer(Target("device:opt", "rc-mismatch", declared), 10000);
+      Emit({{"check", "identity mismatch: digest differs, transfer refused"},
+            {"pass", pm.source_manifest_digest == opt.digest() && pm.source_manifest_digest != declared &&
+                         !tm.acknowledged && tm.mutation == MutationClass::kNone},
+            {"declared", declared}, {"source", pm.source_manifest_digest}, {"observed", Obs(tm)}});
+      // Re-init: a fresh communicator, transfers still verify.
+      Status re = s.Init(60000);
+      Emit({{"check", "re-init fresh communicator"}, {"pass", re.ok()}, {"status", re.ToString()}});
+      if (re.ok()) VerifiedTransfer(c, s, "transfer after re-init", "device:opt", opt, "rc-" + std::to_string(++n));
+    }
+  }
+  return g_failures;
+}
+
+int Bench(Ctx& c, int reps) {
+  c.Config("0.30.0", nullptr);
+  NcclSenderOptions o;
+  o.world_size = 2;
+  NcclSender s(&c.api, o);
+  Status st = s.Init(60000);
+  Emit({{"check", "bench init"}, {"pass", st.ok()}, {"status", st.ToString()}});
+  if (!st.ok()) return 1;
+  const std::uint64_t chunk = 1ull << 30;
+  for (const auto& [name, m] : std::vector<std::pair<std::string, Manifest>>{{"opt-125m", Opt125M()}, {"qwen3-8b", Qwen3_8B()}}) {
+    const std::uint64_t seed = 99;
+    auto contig = Upload(m, seed, true);
+    auto scattered = Upload(m, seed, false);
+    s.RegisterSource("bench:" + name + ":contiguous", std::make_shared<DevicePointerSource>(m, contig->ptrs, 0));
+    s.RegisterSource("bench:" + name + ":scattered", std::make_shared<DevicePointerSource>(m, scattered->ptrs, 0));
+    std::vector<double> raw_us, contig_us, scat_us, contig_total_us;
+    int label = 0;
+    for (int r = 0; r < reps + 1; ++r) {  // rep 0 warms caches and allocators on both sides
+      std::thread rx([&] { c.api.Call("POST", "/test/raw_recv", json{{"bytes", m.total_bytes()}, {"chunk_bytes", chunk}}.dump(), 120000); });
+      auto raw = s.RawBroadcast(contig->ptrs[0], m.total_bytes(), chunk, 120000);
+      rx.join();
+      auto a = s.Transfer(Target("bench:" + name + ":contiguous", "b" + std::to_string(++label)), 120000);
+      const auto ta = s.last_timing();
+      auto b = s.Transfer(Target("bench:" + name + ":scattered", "b" + std::to_string(++label)), 120000);
+      const auto tb = s.last_timing();
+      if (!raw.ok() || !a.acknowledged || !b.acknowledged) {
+        Emit({{"check", "bench " + name}, {"pass", false}, {"raw", raw.status().ToString()}, {"a", Obs(a)}, {"b", Obs(b)}});
+        return 1;
+      }
+      if (r == 0) continue;
+      raw_us.push_back(static_cast<double>(*raw));
+      contig_us.push_back(static_cast<double>(ta.data_plane_us));
+      contig_total_us.push_back(static_cast<double>(a.duration_us));
+      scat_us.push_back(static_cast<double>(tb.data_plane_us));
+    }
+    auto best = [](std::vector<double> v) { return *std::min_element(v.begin(), v.end()); };
+    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    const double gb = static_cast<double>(m.total_bytes()) / 1e9;
+    Emit({{"bench", name}, {"bytes", m.total_bytes()}, {"tensors", m.tensors.size()}, {"reps", reps},
+          {"raw_us", raw_us}, {"rc_contiguous_data_plane_us", contig_us}, {"rc_scattered_data_plane_us", scat_us},
+          {"rc_contiguous_transfer_total_us", contig_total_us},
+          {"raw_GBps_median", gb / (med(raw_us) / 1e6)},
+          {"rc_contiguous_GBps_median", gb / (med(contig_us) / 1e6)},
+          {"rc_scattered_GBps_median", gb / (med(scat_us) / 1e6)},
+          {"ratio_contiguous_vs_raw_median", med(raw_us) / med(contig_us)},
+          {"ratio_scattered_vs_raw_median", med(raw_us) / med(scat_us)},
+          {"ratio_contiguous_vs_raw_best", best(raw_us) / best(contig_us)},
+          {"ratio_scattered_vs_raw_best", best(raw_us) / best(scat_us)}});
+    // One verified pass of the scattered (packing) path at full size.
+    c.Config("0.30.0", seed);
+    VerifiedTransfer(c, s, "bench verified " + name + " scattered", "bench:" + name + ":scattered", m, "v-" + name);
+    c.Config("0.30.0", nullptr);
+  }
+  return g_failures;
+}
+
+// deadline: the double stalls after the first chunk; kill: additionally SIGKILL it then.
+int Liveness(Ctx& c, bool kill, int pid, std::uint64_t deadline_ms) {
+  c.Config("0.30.0", nullptr, kill ? 30.0 : 60.0);
+  NcclSenderOptions o;
+  o.world_size = 2;
+  NcclSender s(&c.api, o);
+  Status st = s.Init(60000);
+  if (!st.ok()) { Emit({{"check", "liveness init"}, {"pass", false}, {"status", st.ToString()}}); return 1; }
+  const Manifest m = Qwen3_8B();
+  auto dev = Upload(m, 5, true);
+  s.RegisterSource("q", std::make_shared<DevicePointerSource>(m, dev->ptrs, 0));
+  std::atomic<bool> stop{false};
+  Clock::time_point t_kill{};
+  std::thread killer;
+  if (kill) {
+    killer = std::thread([&] {
+      while (!stop && s.progress().ops_completed.load() < 1) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (stop) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the sender is now waiting on chunk 2+
+      t_kill = Clock::now();
+      ::kill(pid, SIGKILL);
+    });
+  }
+  const auto t0 = Clock::now();
+  auto obs = s.Transfer(Target("q", "never"), deadline_ms);
+  const auto t_ret = Clock::now();
+  stop = true;
+  if (killer.joinable()) killer.join();
+  const auto timing = s.last_timing();
+  json j = {{"observed", Obs(obs)}, {"abort_us", timing.abort_us}, {"transfer_ms", MsSince(t0)},
+            {"ops_enqueued", s.progress().ops_enqueued.load()}, {"ops_completed", s.progress().ops_completed.load()},
+            {"ready_after", s.ready()}};
+  if (kill) {
+    const double since_kill_ms = std::chrono::duration<double, std::milli>(t_ret - t_kill).count();
+    j["check"] = "kill receiver mid-broadcast";
+    j["return_after_kill_ms"] = since_kill_ms;
+    j["pass"] = t_kill != Clock::time_point{} && !obs.acknowledged && obs.mutation == MutationClass::kPossible &&
+                since_kill_ms < 2000 && !s.ready();
+  } else {
+    j["check"] = "deadline with a stalled receiver";
+    j["deadline_ms"] = deadline_ms;
+    j["pass"] = !obs.acknowledged && obs.mutation == MutationClass::kPossible &&
+                MsSince(t0) < static_cast<double>(deadline_ms) + 2000 && !s.ready();
+  }
+  Emit(j);
+  // A communicator-less sender refuses without sending anything.
+  auto again = s.Transfer(Target("q", "never2"), 5000);
+  Emit({{"check", "after abort: refused until re-init"}, {"pass", again.mutation == MutationClass::kNone && !again.acknowledged},
+        {"observed", Obs(again)}});
+  return g_failures;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = "e2e";
+  std::uint16_t port = 18000;
+  int pid = -1, reps = 3;
+  std::uint64_t deadline_ms = 3000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--mode") mode = v;
+    else if (k == "--port") port = static_cast<std::uint16_t>(std::stoi(v));
+    else if (k == "--pid") pid = std::stoi(v);
+    else if (k == "--reps") reps = std::stoi(v);
+    else if (k == "--deadline-ms") deadline_ms = std::stoull(v);
+  }
+  cudaSetDevice(0);
+  Ctx c(port);
+  int fails = 0;
+  if (mode == "e2e") fails = E2E(c);
+  else if (mode == "bench") fails = Bench(c, reps);
+  else if (mode == "deadline") fails = Liveness(c, false, pid, deadline_ms);
+  else if (mode == "kill") fails = Liveness(c, true, pid, 60000);
+  else { std::cerr << "unknown mode\n"; return 2; }
+  Emit({{"mode", mode}, {"failures", fails}});
+  return fails == 0 ? 0 : 1;
+}
