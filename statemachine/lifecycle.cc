@@ -337,6 +337,16 @@ Status check_state_changed(const State& s, const StateChanged& e) {
   if (e.from != Lifecycle::kUninitialized && !s.update.has_value()) {
     return Status::Rejected("transition without an update in flight");
   }
+  if (e.from == Lifecycle::kUpdating) {
+    // Every way out of UPDATING is grounded in the transfer intent: an observed transfer (or an
+    // ambiguous restart) needs it durable, a no-mutation restart needs it absent. A forged
+    // UPDATING -> INVALIDATING without it used to be accepted and later aborted the fold.
+    const bool needs_intent = e.cause != Cause::kRecoveredNoMutation;
+    if (s.update->transfer_started != needs_intent) {
+      return Status::Rejected(std::string("transition out of UPDATING (") + cause_name(e.cause) +
+                              (needs_intent ? ") without" : ") after") + " a transfer intent");
+    }
+  }
   if (e.to == Lifecycle::kQuiesced && !s.active.empty()) {
     return Status::Rejected("QUIESCED with active rollouts");
   }
