@@ -44,9 +44,10 @@ struct Checker {
       }
     }
     if (const auto* x = std::get_if<EffectStarted>(&e)) {
-      if (x->kind == EffectKind::kTransfer && !state.active.empty()) {
-        return "transfer intent (mutation) while " + std::to_string(state.active.size()) +
-               " binding(s) are active, e.g. '" + state.active.begin()->first + "'";
+      // From the checker's own bookkeeping, not the fold's: an independent second opinion.
+      if (x->kind == EffectKind::kTransfer && !admitted_generation.empty()) {
+        return "transfer intent (mutation) while " + std::to_string(admitted_generation.size()) +
+               " binding(s) are active, e.g. '" + admitted_generation.begin()->first + "'";
       }
     }
     return {};
