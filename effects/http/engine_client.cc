@@ -274,6 +274,10 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(kResponseBytesMax));
   if (req.method == Method::kPost) {
+    // Never on a reused connection: libcurl silently re-sends a request when a reused connection
+    // closes without a response, which would run a non-idempotent POST (/update_weights,
+    // /start_weight_update) twice and hide the ambiguity from the evidence.
+    curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
     // curl keeps the pointer: it must stay valid until the transfer ends (req outlives it).
     static const char kEmpty[] = "";

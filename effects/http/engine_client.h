@@ -12,6 +12,8 @@
 //                   PARTIAL_FILE) and, conservatively, every other curl failure.
 //   kOk             a status line arrived (including a body cut off at kResponseBytesMax, which
 //                   is reported with body_parsed=false).
+// POSTs always use a fresh connection (libcurl would otherwise silently re-send a POST whose
+// reused connection closed without a response); GETs reuse pooled connections.
 // body_parsed is true only when the body is the JSON the route promises on 2xx (for routes that
 // answer an empty body: empty or valid JSON). On non-2xx it says whether the body is valid JSON.
 #pragma once

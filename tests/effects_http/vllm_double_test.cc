@@ -1,0 +1,230 @@
+// EngineClient and HttpSequenceTransfer against the vLLM double (fixtures/): the whole update
+// sequence per protocol line, injected faults, cancellation, metrics and streaming.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "effects/http/engine_client.h"
+#include "effects/http/protocol.h"
+#include "effects/http_transfer.h"
+#include "fixtures/vllm_double.h"
+
+namespace rc::effects {
+namespace {
+
+using nlohmann::json;
+using rc::fixtures::RouteFault;
+using rc::fixtures::VllmDouble;
+using rc::fixtures::VllmDoubleOptions;
+using Clock = std::chrono::steady_clock;
+
+EngineDeadlines Fast() {
+  EngineDeadlines d;
+  d.connect_timeout_ms = 500;
+  d.call_timeout_ms = 3000;
+  d.drain_timeout_ms = 5000;
+  d.update_timeout_ms = 5000;
+  return d;
+}
+
+std::unique_ptr<VllmDouble> StartDouble(const std::string& version) {
+  VllmDoubleOptions o;
+  o.version = version;
+  o.token_delay_ms = 1;
+  auto d = std::make_unique<VllmDouble>(o);
+  EXPECT_GT(d->Start(0), 0);
+  return d;
+}
+
+TransferTarget Target() {
+  TransferTarget t;
+  t.update_id = "u1";
+  t.target = WeightVersion{1, "rc-1"};
+  t.source_uri = "synthetic:4x32:1";
+  return t;
+}
+
+// Initialises the transfer engine the way the NCCL sender will: world size from the engine,
+// init_info for the detected line.
+void InitTransfer(EngineClient& c, const EngineProtocol& p, bool unique_id) {
+  HttpReply ws = c.GetWorldSize(true);
+  ASSERT_TRUE(ws.http.ok_2xx()) << ws.http.error;
+  NcclInitParams init;
+  if (unique_id) {
+    init.nccl_unique_id_b64 = std::string(171, 'A') + "=";
+  } else {
+    init.master_address = "127.0.0.1";
+    init.master_port = 29555;
+  }
+  init.world_size = 1 + ws.body["world_size"].get<std::uint32_t>();
+  Result<json> info = build_init_info(p, init, PackingParams{});
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  HttpReply r = c.InitWeightTransferEngine(*info);
+  ASSERT_TRUE(r.http.ok_2xx()) << r.http.error;
+}
+
+class FullSequence : public ::testing::TestWithParam<const char*> {};
+
+// Proves the full probe -> pause(wait) -> start/update/finish -> resets -> weight_info -> resume
+// sequence yields the evidence the fold needs on each protocol line; would catch any route,
+// body or layout the double (faithful to vLLM) refuses, e.g. packed* in the wrong info.
+TEST_P(FullSequence, ProbeDrainTransferResetValidateResume) {
+  auto d = StartDouble(GetParam());
+  EngineClient c(d->base_url(), Fast());
+  EngineProbed probe = c.Probe();
+  ASSERT_TRUE(probe.http.ok_2xx()) << probe.http.error;
+  EXPECT_EQ(probe.engine_version, GetParam());
+  EXPECT_EQ(probe.reported_label, "default");
+  const EngineProtocol p = detect_protocol(probe.engine_version);
+  ASSERT_NE(p.line, ProtocolLine::kUnknown);
+
+  DrainObserved drain = c.PauseWait();
+  EXPECT_TRUE(drain.http.ok_2xx()) << drain.http.error;
+  EXPECT_TRUE(drain.paused);
+  InitTransfer(c, p, p.unique_id_rendezvous);
+
+  const std::uint64_t gen_before = d->weights_generation();
+  HttpSequenceTransfer t(c, p);
+  TransferObserved o = t.Transfer(Target(), 10000);
+  EXPECT_TRUE(o.acknowledged) << o.error;
+  EXPECT_EQ(o.mutation, MutationClass::kComplete);
+  EXPECT_EQ(o.tensors_sent, 4u);
+  EXPECT_EQ(o.bytes_sent, 4u * 32 * 32 * 2);
+  EXPECT_GT(d->weights_generation(), gen_before);
+
+  for (CacheKind k : {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal}) {
+    CacheResetObserved r = c.ResetCache(k);
+    EXPECT_TRUE(r.http.ok_2xx()) << cache_name(k) << " " << r.http.error;
+    EXPECT_TRUE(r.reported_success) << cache_name(k);
+  }
+  ValidationObserved v = c.WeightInfo();
+  EXPECT_TRUE(v.http.ok_2xx());
+  EXPECT_EQ(v.reported_label, "rc-1");
+  ResumeObserved res = c.Resume();
+  EXPECT_TRUE(res.http.ok_2xx()) << res.http.error;
+  EXPECT_TRUE(res.is_paused_known);
+  EXPECT_FALSE(res.is_paused);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lines, FullSequence, ::testing::Values("0.25.1", "0.28.0", "0.30.0"));
+
+// Proves a layout mismatch is caught by the engine and reported as a possible mutation; would
+// catch the 0.25 layout silently accepted by a >= 0.28 engine in our classification.
+TEST(VllmDoubleIntegration, WrongLineIsRefusedAsPossible) {
+  auto d = StartDouble("0.28.0");
+  EngineClient c(d->base_url(), Fast());
+  InitTransfer(c, detect_protocol("0.28.0"), false);
+  HttpSequenceTransfer t(c, detect_protocol("0.25.1"));  // packed* in update_info: ValueError
+  TransferObserved o = t.Transfer(Target(), 10000);
+  EXPECT_FALSE(o.acknowledged);
+  EXPECT_EQ(o.mutation, MutationClass::kPossible);
+  EXPECT_NE(o.error.find("update_weights"), std::string::npos);
+}
+
+// Proves {"success": false} from the double's /reset_prefix_cache is reported as a failed reset
+// and the next one succeeds; would catch a reset trusted on its 200.
+TEST(VllmDoubleIntegration, PrefixResetFailureReported) {
+  auto d = StartDouble("0.30.0");
+  d->FailResetPrefixCache(1);
+  EngineClient c(d->base_url(), Fast());
+  CacheResetObserved bad = c.ResetCache(CacheKind::kPrefix);
+  EXPECT_TRUE(bad.http.ok_2xx());
+  EXPECT_FALSE(bad.reported_success);
+  EXPECT_TRUE(c.ResetCache(CacheKind::kPrefix).reported_success);
+}
+
+// Proves injected faults map to the right mutation class: refused before start -> kNone,
+// dropped or garbage after start -> kPossible; would catch ambiguity hidden as "no mutation".
+TEST(VllmDoubleIntegration, FaultsClassifyMutation) {
+  {
+    auto d = StartDouble("0.30.0");
+    const std::string url = d->base_url();
+    d->Stop();
+    EngineClient c(url, Fast());
+    HttpSequenceTransfer t(c, detect_protocol("0.30.0"));
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kNone);
+  }
+  for (const char* route : {"/start_weight_update", "/update_weights", "/finish_weight_update"}) {
+    for (int kind = 0; kind < 2; ++kind) {
+      auto d = StartDouble("0.30.0");
+      EngineClient c(d->base_url(), Fast());
+      InitTransfer(c, detect_protocol("0.30.0"), false);
+      RouteFault f;
+      if (kind == 0) f.drop_connection = true;
+      else f.garbage_body = true;
+      f.times = 1;
+      d->SetRouteFault(route, f);
+      HttpSequenceTransfer t(c, detect_protocol("0.30.0"));
+      TransferObserved o = t.Transfer(Target(), 5000);
+      EXPECT_EQ(o.mutation, MutationClass::kPossible) << route << " kind " << kind;
+      EXPECT_FALSE(o.acknowledged) << route;
+    }
+  }
+}
+
+// Proves Cancel() interrupts a call hung inside the engine within a bounded time; would catch a
+// runner stuck for the whole update deadline on a stuck /update_weights.
+TEST(VllmDoubleIntegration, CancelInterruptsHungUpdate) {
+  auto d = StartDouble("0.30.0");
+  EngineDeadlines dl = Fast();
+  dl.update_timeout_ms = 60000;
+  EngineClient c(d->base_url(), dl);
+  RouteFault hang;
+  hang.hang = true;
+  d->SetRouteFault("/update_weights", hang);
+  HttpReply r;
+  std::thread caller([&] { r = c.UpdateWeights(json{{"names", json::array()}}); });
+  while (d->RouteCount("/update_weights") == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto t0 = Clock::now();
+  c.Cancel();
+  caller.join();
+  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count(),
+            500);
+  EXPECT_EQ(r.http.transport, Transport::kTimeout);
+  d->ReleaseHangs();
+}
+
+// Proves several threads can drive one client against the double at once; would catch shared
+// curl state across threads.
+TEST(VllmDoubleIntegration, ConcurrentClients) {
+  auto d = StartDouble("0.30.0");
+  EngineClient c(d->base_url(), Fast());
+  std::atomic<int> good{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 6; ++i) {
+    ts.emplace_back([&] {
+      for (int k = 0; k < 10; ++k) {
+        if (c.GetWeightInfo().http.ok_2xx() && c.IsPaused().http.ok_2xx()) ++good;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(good.load(), 60);
+}
+
+// Proves the double's /metrics parses and exposes the series the runner reads, and generation
+// works streamed and not; would catch a metric-name or SSE framing mismatch with vLLM.
+TEST(VllmDoubleIntegration, MetricsAndGeneration) {
+  auto d = StartDouble("0.30.0");
+  EngineClient c(d->base_url(), Fast());
+  HttpReply done = c.Completions(json{{"prompt", "hello world"}, {"max_tokens", 4}});
+  ASSERT_TRUE(done.http.ok_2xx()) << done.http.error;
+  EXPECT_TRUE(done.body.contains("choices"));
+  int chunks = 0;
+  HttpReply streamed = c.CompletionsStream(json{{"prompt", "hello"}, {"max_tokens", 4}},
+                                           [&](const json&) { ++chunks; return true; });
+  EXPECT_TRUE(streamed.http.ok_2xx()) << streamed.http.error;
+  EXPECT_GE(chunks, 1);
+  Result<MetricsMap> m = c.Metrics();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE(metric_present(*m, "vllm:num_requests_running"));
+  EXPECT_TRUE(metric_present(*m, "vllm:prefix_cache_queries_total"));
+  EXPECT_GT(read_engine_load(*m).prefix_cache_queries_total, 0.0);
+}
+
+}  // namespace
+}  // namespace rc::effects
