@@ -621,24 +621,24 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_[kEventsCf]));
   std::uint64_t expect = from_seq;
   Hash prev = prev_hash;
+  auto name = [&] { return "seq " + std::to_string(expect); };  // built only on errors
   for (it->Seek(lower); it->Valid(); it->Next()) {
-    const std::string name = "seq " + std::to_string(expect);
-    if (it->key().size() != 8) return Status::Corruption(name + ": malformed key");
+    if (it->key().size() != 8) return Status::Corruption(name() + ": malformed key");
     const std::uint64_t key = ParseBE64(View(it->key()));
     if (key != expect) {
-      return Status::Corruption(name + " is missing (next stored seq is " + std::to_string(key) + ")");
+      return Status::Corruption(name() + " is missing (next stored seq is " + std::to_string(key) + ")");
     }
     Result<Record> r = DecodeRecord(View(it->value()));
-    if (!r.ok()) return Status::Corruption(name + ": " + r.status().message());
+    if (!r.ok()) return Status::Corruption(name() + ": " + r.status().message());
     if (r->seq != key) {
-      return Status::Corruption(name + ": stored record says seq " + std::to_string(r->seq));
+      return Status::Corruption(name() + ": stored record says seq " + std::to_string(r->seq));
     }
     if (r->prev_hash != prev) {
-      return Status::Corruption(name + ": hash chain broken: prev_hash " + HashHex(r->prev_hash) +
+      return Status::Corruption(name() + ": hash chain broken: prev_hash " + HashHex(r->prev_hash) +
                                 " != hash of seq " + std::to_string(key - 1) + " " + HashHex(prev));
     }
     if (r->cause_seq >= key) {
-      return Status::Corruption(name + ": cause_seq " + std::to_string(r->cause_seq) +
+      return Status::Corruption(name() + ": cause_seq " + std::to_string(r->cause_seq) +
                                 " is not before it");
     }
     prev = r->hash;
