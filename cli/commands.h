@@ -12,5 +12,6 @@ using Runner = std::function<int()>;
 
 Runner add_replay(CLI::App& app);
 Runner add_demo(CLI::App& app);
+Runner add_serve(CLI::App& app);
 
 }  // namespace rc::cli

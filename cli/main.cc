@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
       "Refold a journal, re-verify every decision and the hash chain, explain TAINTED incidents");
   add(&rc::cli::add_demo, "demo",
       "Run an update scenario against the vLLM test double and print its timeline");
+  add(&rc::cli::add_serve, "serve",
+      "Run the update executor: trainer API, enforcing admission proxy and /metrics");
   CLI11_PARSE(app, argc, argv);
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) return run();

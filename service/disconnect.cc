@@ -41,6 +41,22 @@ bool endpoint_matches(int fd, int local_port, const std::string& remote_addr, in
 
 }  // namespace
 
+bool RaiseListenBacklog(int port, int backlog) {
+  for (int fd = 3; fd < 65536; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage self{};
+    len = sizeof(self);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) != 0) continue;
+    const int lport = self.ss_family == AF_INET
+                          ? ntohs(reinterpret_cast<sockaddr_in*>(&self)->sin_port)
+                          : ntohs(reinterpret_cast<sockaddr_in6*>(&self)->sin6_port);
+    if (lport == port) return ::listen(fd, backlog) == 0;
+  }
+  return false;
+}
+
 int FindPeerSocket(int local_port, const std::string& remote_addr, int remote_port) {
   thread_local int cached_fd = -1;
   if (cached_fd >= 0 && endpoint_matches(cached_fd, local_port, remote_addr, remote_port)) {

@@ -23,6 +23,12 @@ namespace rc::service {
 
 inline constexpr std::size_t kWatchesMax = 16384;
 
+// cpp-httplib 0.11 listens with a backlog of 5: a burst of a few hundred connects overflows the
+// accept queue and clients see resets. Re-issues listen() with `backlog` on this process's
+// listening socket bound to `port` (Linux updates the backlog of a listening socket). Returns
+// false when no such socket was found.
+bool RaiseListenBacklog(int port, int backlog);
+
 // The descriptor of this process's TCP socket with these endpoints, or -1.
 int FindPeerSocket(int local_port, const std::string& remote_addr, int remote_port);
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
@@ -26,6 +27,8 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // per rollout
+// Engine calls that provably never left (connect refused / timed out) are retried this often.
+inline constexpr std::uint32_t kConnectAttemptsMax = 4;
 
 std::uint64_t us_since(Clock::time_point t) {
   return static_cast<std::uint64_t>(
@@ -69,8 +72,14 @@ struct Trajectory {
       const std::int64_t index =
           c.value("index", json(0)).is_number_integer() ? c["index"].get<std::int64_t>() : 0;
       ChoiceTrace& t = choices[index];
-      auto ids = c.find("token_ids");
-      if (ids != c.end() && ids->is_array()) {
+      const json* ids = nullptr;
+      if (auto it = c.find("token_ids"); it != c.end() && it->is_array()) {
+        ids = &*it;
+      } else if (auto d = c.find("delta"); d != c.end() && d->is_object()) {
+        // chat streams carry them in the delta
+        if (auto dt = d->find("token_ids"); dt != d->end() && dt->is_array()) ids = &*dt;
+      }
+      if (ids != nullptr) {
         for (const json& id : *ids) {
           if (!room()) break;
           if (id.is_number_integer()) t.token_ids.push_back(id.get<std::int64_t>());
@@ -139,6 +148,7 @@ void strip_added(json& doc, bool strip_token_ids, bool strip_usage) {
     if (!c.is_object()) continue;
     c.erase("prompt_token_ids");
     c.erase("token_ids");
+    if (auto d = c.find("delta"); d != c.end() && d->is_object()) d->erase("token_ids");
   }
 }
 
@@ -305,10 +315,18 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
   if (!stream) {
     const auto tu = Clock::now();
     effects::HttpReply reply;
-    switch (route_kind) {
-      case Route::kCompletions: reply = proxy_client_->Completions(up, opts); break;
-      case Route::kChat: reply = proxy_client_->ChatCompletions(up, opts); break;
-      case Route::kGenerate: reply = proxy_client_->Generate(up, opts); break;
+    for (std::uint32_t attempt = 0;; ++attempt) {
+      switch (route_kind) {
+        case Route::kCompletions: reply = proxy_client_->Completions(up, opts); break;
+        case Route::kChat: reply = proxy_client_->ChatCompletions(up, opts); break;
+        case Route::kGenerate: reply = proxy_client_->Generate(up, opts); break;
+      }
+      // Provably never sent (connect refused/timed out under a burst): safe to try again.
+      if (!reply.http.never_sent() || call->cancel.cancelled() ||
+          attempt + 1 >= kConnectAttemptsMax) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 << attempt));
     }
     call->upstream_us = us_since(tu);
     if (call->watch_id != 0 && watcher_->Fired(call->watch_id)) call->client_gone = true;
@@ -322,6 +340,8 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
       finish(*call, RolloutOutcome::kAborted,
              std::string("engine ") + transport_name(reply.http.transport) + ": " +
                  reply.http.error);
+      spdlog::warn("proxy: rollout {}: engine call failed ({}): {}", b.rollout_id,
+                   transport_name(reply.http.transport), reply.http.error);
       send_error(res, 502, "upstream", std::string("engine call failed (") +
                                            transport_name(reply.http.transport) +
                                            "): " + reply.http.error);
@@ -367,16 +387,23 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
     };
     const auto tu = Clock::now();
     effects::HttpReply reply;
-    switch (route_kind) {
-      case Route::kCompletions:
-        reply = proxy_client_->CompletionsStream(call->upstream, on_chunk, o);
+    for (std::uint32_t attempt = 0;; ++attempt) {
+      switch (route_kind) {
+        case Route::kCompletions:
+          reply = proxy_client_->CompletionsStream(call->upstream, on_chunk, o);
+          break;
+        case Route::kChat:
+          reply = proxy_client_->ChatCompletionsStream(call->upstream, on_chunk, o);
+          break;
+        case Route::kGenerate:
+          reply = proxy_client_->GenerateStream(call->upstream, on_chunk, o);
+          break;
+      }
+      if (!reply.http.never_sent() || call->cancel.cancelled() ||
+          attempt + 1 >= kConnectAttemptsMax) {
         break;
-      case Route::kChat:
-        reply = proxy_client_->ChatCompletionsStream(call->upstream, on_chunk, o);
-        break;
-      case Route::kGenerate:
-        reply = proxy_client_->GenerateStream(call->upstream, on_chunk, o);
-        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 << attempt));
     }
     call->upstream_us = us_since(tu);
     if (call->watch_id != 0 && watcher_->Fired(call->watch_id)) call->client_gone = true;

@@ -19,6 +19,7 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+inline constexpr int kListenBacklog = 4096;
 
 std::uint64_t us_since(Clock::time_point t) {
   return static_cast<std::uint64_t>(
@@ -198,6 +199,7 @@ Status Service::Init() {
     }
     RC_RETURN_IF_ERROR(runner_->Bootstrap(config_.initial_label, id));
   }
+  if (journal_->state().lifecycle == Lifecycle::kReady) InitWeightTransfer(protocol);
   s = journal_->state();
   NotifyLifecycle(journal_->head_seq());
   spdlog::info("serve: journal {} at seq {}, state {}, committed '{}' (generation {})",
@@ -205,6 +207,37 @@ Status Service::Init() {
                s.committed.label, s.committed.generation);
   watcher_ = std::make_unique<DisconnectWatcher>();
   return Status::OK();
+}
+
+void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
+  // The GPU-free transfer has no data plane, but the engine still needs its weight-transfer
+  // engine initialised (rendezvous recorded, no NCCL peer joins). Best effort: a failure here
+  // surfaces as a refused update, never as a silent success.
+  effects::NcclInitParams init;
+  const std::string rv = config_.rendezvous.empty() ? "127.0.0.1:29500" : config_.rendezvous;
+  const auto colon = rv.rfind(':');
+  init.master_address = rv.substr(0, colon);
+  init.master_port = static_cast<std::uint16_t>(
+      colon == std::string::npos ? 29500 : std::atoi(rv.c_str() + colon + 1));
+  effects::HttpReply ws = control_client_->GetWorldSize(true);
+  const std::int64_t world =
+      ws.http.ok_2xx() && ws.body.value("world_size", json()).is_number_integer()
+          ? ws.body["world_size"].get<std::int64_t>()
+          : 1;
+  init.world_size = static_cast<std::uint32_t>(1 + std::max<std::int64_t>(1, world));
+  effects::PackingParams packing;
+  packing.packed_buffer_size_bytes = config_.packed_buffer_size_bytes;
+  packing.packed_num_buffers = config_.packed_num_buffers;
+  auto info = effects::build_init_info(protocol, init, packing);
+  if (!info.ok()) {
+    spdlog::warn("serve: weight-transfer init skipped: {}", info.status().ToString());
+    return;
+  }
+  effects::HttpReply r = control_client_->InitWeightTransferEngine(*info);
+  if (!r.http.ok_2xx()) {
+    spdlog::warn("serve: /init_weight_transfer_engine failed: HTTP {} {}", r.http.http_status,
+                 r.http.error);
+  }
 }
 
 void Service::NotifyLifecycle(std::uint64_t seq) {
@@ -239,6 +272,9 @@ Status Service::Start() {
   if (port_ <= 0) {
     return Status::Unavailable("cannot bind " + config_.listen_host + ":" +
                                std::to_string(config_.listen_port));
+  }
+  if (!RaiseListenBacklog(port_, kListenBacklog)) {
+    spdlog::warn("serve: could not raise the listen backlog of port {}", port_);
   }
   server_thread_ = std::thread([this] { server_->listen_after_bind(); });
   spdlog::info("serve: listening on {}", url());

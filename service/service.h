@@ -27,6 +27,7 @@
 
 #include "effects/engine.h"
 #include "effects/http/engine_client.h"
+#include "effects/http/protocol.h"
 #include "effects/http_engine.h"
 #include "effects/runner.h"
 #include "effects/transfer.h"
@@ -101,6 +102,7 @@ class Service {
   [[nodiscard]] Status Init();
   void RegisterRoutes();
   void NotifyLifecycle(std::uint64_t seq);
+  void InitWeightTransfer(const effects::EngineProtocol& protocol);
   std::string NextRolloutId();
 
   // Route handlers (service.cc, proxy.cc).

@@ -1,0 +1,468 @@
+// Integration tests of the executor service: a real Service (RocksDB journal in a temp dir) in
+// front of the in-process vLLM double, driven over loopback HTTP on ephemeral ports.
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "effects/http_transfer.h"
+#include "fixtures/vllm_double.h"
+#include "service/service.h"
+
+namespace rc::service {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kToken = "test-token";
+constexpr const char* kSource = "synthetic:4x64";
+
+std::string synthetic_digest(const std::string& uri) {
+  auto m = effects::synthetic_manifest(uri);
+  RC_ASSERT(m.ok());
+  return m->digest();
+}
+
+struct Stack {
+  fs::path dir;
+  std::unique_ptr<fixtures::VllmDouble> engine;
+  std::unique_ptr<Service> svc;
+
+  explicit Stack(std::function<void(ServeConfig&)> tweak = nullptr, int token_delay_ms = 1) {
+    dir = fs::temp_directory_path() /
+          ("rc-svc-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fixtures::VllmDoubleOptions eo;
+    eo.token_delay_ms = token_delay_ms;
+    eo.http_threads = 320;
+    engine = std::make_unique<fixtures::VllmDouble>(eo);
+    RC_ASSERT(engine->Start(0) > 0);
+    // The double is cpp-httplib too (backlog 5): let it take a 256-connection burst.
+    RaiseListenBacklog(engine->port(), 4096);
+    Open(tweak);
+  }
+  void Open(std::function<void(ServeConfig&)> tweak = nullptr) {
+    ServeConfig c;
+    c.engine_url = engine->base_url();
+    c.journal_path = (dir / "journal").string();
+    c.listen_port = 0;
+    c.auth_token = kToken;
+    c.initial_source = kSource;
+    c.initial_checkpoint = "ckpt-0";
+    c.initial_run = "run-a";
+    c.initial_step = 0;
+    c.drain_timeout_ms = 20000;
+    c.admit_wait_ms = 20000;
+    c.http_threads = 600;
+    if (tweak) tweak(c);
+    auto opened = Service::Open(c);
+    if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
+    RC_ASSERT(opened.ok());
+    svc = std::move(opened.value());
+    RC_ASSERT(svc->Start().ok());
+  }
+  ~Stack() {
+    if (svc) (void)svc->Shutdown(5000);
+    svc.reset();
+    engine->Stop();
+    fs::remove_all(dir);
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", svc->port());
+    c.set_read_timeout(120, 0);
+    c.set_write_timeout(30, 0);
+    return c;
+  }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+};
+
+httplib::Headers auth() { return {{"Authorization", std::string("Bearer ") + kToken}}; }
+
+json update_body(const std::string& id, const std::string& label, int step) {
+  return {{"update_id", id},
+          {"target_label", label},
+          {"identity",
+           {{"manifest_digest", synthetic_digest(kSource)},
+            {"checkpoint", "ckpt-" + std::to_string(step)},
+            {"run", "run-a"},
+            {"step", step}}},
+          {"source", kSource}};
+}
+
+std::vector<journal::Record> all_records(journal::Journal& j) {
+  std::vector<journal::Record> out;
+  Status st = j.Scan(1, 0, [&](const journal::Record& r) {
+    out.push_back(r);
+    return Status::OK();
+  });
+  RC_ASSERT(st.ok());
+  return out;
+}
+
+// What a client saw of one proxied rollout.
+struct Seen {
+  int status = 0;
+  std::string rollout_id;
+  std::uint64_t generation = 0;
+  std::string label;
+  bool done = false;  // streamed [DONE] / non-stream body parsed
+  std::string error;
+};
+
+Seen proxied(const Stack& s, bool stream, int max_tokens, const std::string& prompt) {
+  httplib::Client c = s.client();
+  json body = {{"model", "rc-double-model"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+               {"stream", stream}};
+  Seen seen;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string data;
+  req.response_handler = [&](const httplib::Response& r) {
+    seen.status = r.status;
+    seen.rollout_id = r.get_header_value("X-RolloutCore-Rollout-Id");
+    seen.label = r.get_header_value("X-RolloutCore-Version");
+    const std::string g = r.get_header_value("X-RolloutCore-Generation");
+    if (!g.empty()) seen.generation = std::stoull(g);
+    return true;
+  };
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    data.append(d, n);
+    return true;
+  };
+  auto res = c.send(req);
+  if (!res) {
+    seen.error = httplib::to_string(res.error());
+    return seen;
+  }
+  if (stream) {
+    seen.done = data.find("data: [DONE]") != std::string::npos &&
+                data.find("\"error\"") == std::string::npos;
+  } else {
+    json j = json::parse(data, nullptr, false);
+    seen.done = !j.is_discarded() && j.contains("choices") && !j.contains("prompt_token_ids");
+  }
+  return seen;
+}
+
+// Proves the core contract under load: 256 concurrent proxied rollouts (streaming and not) while
+// three updates run are each bound to exactly one version, none is finished after the next
+// version is published, all finish, and the journal agrees with the headers the clients saw.
+// Catches: admission slipping past a drain, a rollout spanning a mutation, lost finishes,
+// headers that disagree with the journal.
+TEST(ServiceE2E, ConcurrentRolloutsDuringUpdatesAreBoundToOneVersion) {
+  Stack s(nullptr, 1);
+  constexpr int kClients = 256;
+  std::vector<Seen> seen(kClients);
+  std::atomic<int> started{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      started++;
+      seen[i] = proxied(s, i % 4 != 0, 6 + i % 5, "rollout prompt " + std::to_string(i % 7));
+    });
+  }
+  std::vector<std::pair<int, std::string>> updates;
+  {
+    httplib::Client trainer = s.client();
+    for (int u = 1; u <= 3; ++u) {
+      auto r = trainer.Post(
+          "/v1/updates", auth(),
+          update_body("u" + std::to_string(u), "rc-" + std::to_string(u), u).dump(),
+          "application/json");
+      updates.emplace_back(r ? r->status : 0,
+                           r ? r->body : "no response: " + httplib::to_string(r.error()));
+    }
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& [status, body] : updates) {
+    ASSERT_EQ(status, 200) << body;
+    EXPECT_EQ(json::parse(body)["outcome"], "committed");
+  }
+
+  // Clients: every rollout got 200 and a binding, and ran to its end.
+  int failures = 0;
+  for (int i = 0; i < kClients; ++i) {
+    if (seen[i].status != 200 && failures++ < 5) {
+      ADD_FAILURE() << "client " << i << " stream=" << (i % 4 != 0) << " status "
+                    << seen[i].status << " " << seen[i].error;
+    }
+  }
+  EXPECT_EQ(failures, 0) << s.svc->RenderMetrics();
+  std::map<std::string, Seen> by_id;
+  for (const Seen& x : seen) {
+    ASSERT_EQ(x.status, 200) << x.error;
+    ASSERT_FALSE(x.rollout_id.empty());
+    EXPECT_TRUE(x.done) << x.rollout_id;
+    EXPECT_EQ(x.label, "rc-" + std::to_string(x.generation));
+    by_id[x.rollout_id] = x;
+  }
+  ASSERT_EQ(by_id.size(), static_cast<size_t>(kClients));
+  std::set<std::uint64_t> generations;
+  for (const auto& [id, x] : by_id) generations.insert(x.generation);
+  EXPECT_GE(generations.size(), 2u) << "the updates did not overlap the rollouts";
+
+  // Journal: admitted under exactly one version; finished before the next publish.
+  std::map<std::string, std::uint64_t> admitted_gen;
+  std::map<std::string, RolloutOutcome> finished;
+  std::uint64_t published_gen = 0;
+  for (const journal::Record& r : all_records(s.svc->journal())) {
+    if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
+      ASSERT_EQ(admitted_gen.count(a->rollout_id), 0u) << "admitted twice: " << a->rollout_id;
+      EXPECT_EQ(a->version.generation, published_gen) << a->rollout_id;
+      admitted_gen[a->rollout_id] = a->version.generation;
+    } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+      ASSERT_EQ(admitted_gen.count(f->rollout_id), 1u);
+      EXPECT_EQ(admitted_gen[f->rollout_id], published_gen)
+          << f->rollout_id << " finished after generation " << published_gen << " was published";
+      finished[f->rollout_id] = f->outcome;
+    } else if (const auto* p = std::get_if<VersionPublished>(&r.event)) {
+      published_gen = p->version.generation;
+    }
+  }
+  EXPECT_EQ(published_gen, 3u);
+  for (const auto& [id, x] : by_id) {
+    ASSERT_EQ(admitted_gen.count(id), 1u) << id;
+    EXPECT_EQ(admitted_gen[id], x.generation) << "headers disagree with the journal for " << id;
+    ASSERT_EQ(finished.count(id), 1u) << id << " never finished";
+    EXPECT_EQ(finished[id], RolloutOutcome::kCompleted) << id;
+  }
+  EXPECT_TRUE(s.svc->journal().state().active.empty());
+}
+
+// Proves bad input is refused with a 4xx and a message and journals nothing. Catches: parsers
+// that accept unknown fields or wrong types, auth that lets a missing/wrong token through,
+// oversized bodies reaching the journal.
+TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
+  Stack s([](ServeConfig& c) { c.body_bytes_max = 4096; });
+  httplib::Client c = s.client();
+  const std::uint64_t head = s.svc->journal().head_seq();
+  json good = update_body("ok", "rc-1", 1);
+  json unknown = good;
+  unknown["surprise"] = 1;
+  json wrong_type = good;
+  wrong_type["identity"]["step"] = "ten";
+  json bad_source = good;
+  bad_source["source"] = "ftp://x";
+  struct Case {
+    std::string path, body;
+    httplib::Headers headers;
+    int status;
+  };
+  std::vector<Case> cases = {
+      {"/v1/updates", "{not json", auth(), 400},
+      {"/v1/updates", unknown.dump(), auth(), 400},
+      {"/v1/updates", wrong_type.dump(), auth(), 400},
+      {"/v1/updates", bad_source.dump(), auth(), 400},
+      {"/v1/updates", good.dump(), {}, 401},
+      {"/v1/updates", good.dump(), {{"Authorization", "Bearer nope"}}, 403},
+      {"/v1/updates", std::string(8192, ' '), auth(), 413},
+      {"/v1/rollouts", R"({"rollout_id": 5})", auth(), 400},
+      {"/v1/rollouts", R"({"rollout_id": "x", "extra": true})", auth(), 400},
+      {"/v1/rollouts", R"({"rollout_id": "x"})", {}, 401},
+      {"/v1/completions", "[1,2]", {}, 400},
+      {"/v1/completions", R"({"prompt": "a", "stream": "yes"})", {}, 400},
+      {"/v1/completions", R"({"prompt": "a", "cache_salt": ""})", {}, 400},
+      {"/inference/v1/generate", R"({"sampling_params": {}})", {}, 400},
+  };
+  for (const Case& k : cases) {
+    auto r = c.Post(k.path, k.headers, k.body, "application/json");
+    ASSERT_TRUE(r) << k.path;
+    EXPECT_EQ(r->status, k.status) << k.path << " " << k.body.substr(0, 60) << " -> " << r->body;
+    json e = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << r->body;
+    EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
+  }
+  auto del = c.Delete("/v1/rollouts/ghost", auth(), R"({"outcome": "sideways"})",
+                      "application/json");
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 400);
+  auto events = c.Get("/v1/events?since=abc");
+  ASSERT_TRUE(events);
+  EXPECT_EQ(events->status, 400);
+  EXPECT_EQ(s.svc->journal().head_seq(), head) << "bad input reached the journal";
+}
+
+// Proves explicit admission binds to the committed version, blocks the update's mutation until
+// finished, and that the finish records token counts. Catches: an update that mutates under an
+// explicitly admitted rollout, or a finish that loses its counts.
+TEST(ServiceApi, ExplicitRolloutHoldsTheUpdateUntilFinished) {
+  Stack s;
+  httplib::Client c = s.client();
+  auto a = c.Post("/v1/rollouts", auth(), R"({"rollout_id": "r-explicit"})", "application/json");
+  ASSERT_TRUE(a);
+  ASSERT_EQ(a->status, 201) << a->body;
+  json binding = json::parse(a->body);
+  EXPECT_EQ(binding["version"]["label"], "rc-0");
+  std::atomic<bool> update_done{false};
+  std::thread updater([&] {
+    httplib::Client t = s.client();
+    auto r = t.Post("/v1/updates", auth(), update_body("u1", "rc-1", 1).dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    update_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(update_done.load()) << "update finished while a rollout was active";
+  EXPECT_EQ(s.engine->weights_generation(), 0u) << "weights mutated under an active rollout";
+  auto f = c.Delete("/v1/rollouts/r-explicit", auth(),
+                    R"({"outcome": "completed", "prompt_tokens": 3, "completion_tokens": 4})",
+                    "application/json");
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->status, 200) << f->body;
+  updater.join();
+  EXPECT_TRUE(update_done.load());
+  bool found = false;
+  for (const auto& r : all_records(s.svc->journal())) {
+    if (const auto* fin = std::get_if<RolloutFinished>(&r.event)) {
+      found = fin->rollout_id == "r-explicit" && fin->prompt_tokens == 3 &&
+              fin->completion_tokens == 4;
+    }
+  }
+  EXPECT_TRUE(found);
+  auto v = c.Get("/v1/version");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(json::parse(v->body)["version"]["label"], "rc-1");
+}
+
+// Proves a second update while one runs gets 409, and that requests arriving mid-update wait and
+// are then served under the new version (or get 503 + Retry-After when they may not wait).
+// Catches: concurrent runner calls, proxied requests reaching a paused/half-updated engine.
+TEST(ServiceApi, UpdateConflictAndRequestsDuringUpdate) {
+  Stack s([](ServeConfig& c) { c.admit_wait_ms = 10000; });
+  s.engine->SetRouteFault("/update_weights", fixtures::RouteFault{.delay_ms = 600, .times = 1});
+  std::thread updater([&] {
+    httplib::Client t = s.client();
+    auto r = t.Post("/v1/updates", auth(), update_body("u1", "rc-1", 1).dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "none");
+  });
+  // Wait until the update is in flight.
+  for (int i = 0; i < 200 && s.svc->journal().state().lifecycle == Lifecycle::kReady; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_NE(s.svc->journal().state().lifecycle, Lifecycle::kReady);
+  httplib::Client c = s.client();
+  auto second = c.Post("/v1/updates", auth(), update_body("u2", "rc-2", 2).dump(),
+                       "application/json");
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->status, 409) << second->body;
+  Seen during = proxied(s, false, 4, "during the update");
+  updater.join();
+  EXPECT_EQ(during.status, 200);
+  EXPECT_EQ(during.label, "rc-1") << "a request during the update ran on the old version";
+  // With no wait allowed: 503 + Retry-After while updating.
+  s.svc.reset();
+  s.Open([](ServeConfig& c) { c.admit_wait_ms = 0; });
+  s.engine->SetRouteFault("/update_weights", fixtures::RouteFault{.delay_ms = 600, .times = 1});
+  std::thread updater2([&] {
+    httplib::Client t = s.client();
+    auto r = t.Post("/v1/updates", auth(), update_body("u2", "rc-2", 2).dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "none");
+  });
+  for (int i = 0; i < 200 && s.svc->journal().state().lifecycle == Lifecycle::kReady; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  httplib::Client c2 = s.client();
+  auto r = c2.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  updater2.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_FALSE(r->get_header_value("Retry-After").empty());
+}
+
+// Proves a TAINTED engine refuses proxied requests with 503 naming the taint. Catches: serving
+// rollouts on weights of unknown content after an ambiguous transfer failure.
+TEST(ServiceApi, TaintedRefusesWithTheReason) {
+  Stack s;
+  s.engine->SetRouteFault("/update_weights",
+                          fixtures::RouteFault{.drop_connection = true, .after = true, .times = 1});
+  httplib::Client c = s.client();
+  auto u = c.Post("/v1/updates", auth(), update_body("u1", "rc-1", 1).dump(), "application/json");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->status, 500) << u->body;
+  EXPECT_EQ(json::parse(u->body)["outcome"], "tainted");
+  const std::uint64_t head = s.svc->journal().head_seq();
+  auto r = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_NE(r->body.find("TAINTED"), std::string::npos) << r->body;
+  EXPECT_EQ(s.svc->journal().head_seq(), head);
+}
+
+// Proves a client that hangs up mid-stream cancels the engine request and its rollout is recorded
+// as aborted. Catches: orphaned engine requests, rollouts left active forever (blocking drains).
+TEST(ServiceProxy, ClientDisconnectAbortsTheRollout) {
+  Stack s(nullptr, /*token_delay_ms=*/50);
+  {
+    httplib::Client c = s.client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = R"({"prompt": "hang up on me", "max_tokens": 200, "stream": true})";
+    req.set_header("Content-Type", "application/json");
+    int chunks = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+    auto r = c.send(req);  // the receiver returning false closes the connection
+    (void)r;
+  }
+  bool aborted = false;
+  for (int i = 0; i < 400 && !aborted; ++i) {
+    for (const auto& r : all_records(s.svc->journal())) {
+      if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+        aborted = f->outcome == RolloutOutcome::kAborted;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(aborted) << "the disconnected rollout was not recorded as aborted";
+  EXPECT_TRUE(s.engine->engine().WaitUntil(
+      [](const fixtures::EngineSnapshot& e) { return e.running == 0 && e.waiting == 0; }, 3000))
+      << "the engine request kept running after the client left";
+}
+
+// Proves acknowledged admissions survive an unclean stop and are recorded as abandoned on
+// restart; events and watch routes page through the journal. Catches: acknowledging before the
+// record is durable, recovery that silently drops bindings.
+TEST(ServiceApi, RestartAbandonsAcknowledgedRollouts) {
+  Stack s;
+  httplib::Client c = s.client();
+  auto a = c.Post("/v1/rollouts", auth(), R"({"rollout_id": "r-lost"})", "application/json");
+  ASSERT_TRUE(a);
+  ASSERT_EQ(a->status, 201);
+  s.svc.reset();  // no Shutdown: like a crash after the acknowledgement
+  s.Open();
+  const State st = s.svc->journal().state();
+  EXPECT_TRUE(st.active.empty());
+  EXPECT_EQ(st.counters.rollouts_abandoned, 1u);
+  httplib::Client c2 = s.client();
+  auto ev = c2.Get("/v1/events?since=0&limit=5");
+  ASSERT_TRUE(ev);
+  json page = json::parse(ev->body);
+  EXPECT_EQ(page["records"].size(), 5u);
+  EXPECT_EQ(page["next_since"], 5);
+  auto w = c2.Get("/v1/watch?after=0&timeout_ms=10");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(json::parse(w->body)["lifecycle"], "READY");
+  auto m = c2.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("rolloutcore_lifecycle_state{state=\"READY\"} 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rc::service
