@@ -42,6 +42,7 @@ test-fuzz: deps
 test: test-cpp test-fuzz
 
 demo: build
+	rm -rf $(BUILD)/demo-journal
 	./$(BUILD)/cli/rolloutcore demo --journal $(BUILD)/demo-journal
 
 bench: build

@@ -1,5 +1,9 @@
 #include "effects/http_transfer.h"
 
+#include <random>
+
+#include "effects/nccl/rendezvous.h"
+
 #include <chrono>
 #include <thread>
 
@@ -79,6 +83,32 @@ HttpSequenceTransfer::HttpSequenceTransfer(EngineClient& client, EngineProtocol 
                                            PackingParams packing)
     : client_(client), protocol_(std::move(protocol)), packing_(packing) {}
 
+Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
+  HttpReply world = client_.GetWorldSize(true, CallOptions{timeout_ms, std::nullopt});
+  if (!world.http.ok_2xx() || !world.body.contains("world_size") ||
+      !world.body["world_size"].is_number_unsigned()) {
+    return Status::Unavailable(summary("/get_world_size", world.http));
+  }
+  NcclInitParams params;
+  params.world_size = 1 + world.body["world_size"].get<std::uint32_t>();
+  if (protocol_.unique_id_rendezvous) {
+    std::string raw(128, '\0');
+    std::random_device rd;
+    for (char& c : raw) c = static_cast<char>(rd() & 0xff);
+    params.nccl_unique_id_b64 = nccl::Base64Encode(raw);
+  } else {
+    params.master_address = "127.0.0.1";
+    params.master_port = 29555;
+  }
+  Result<nlohmann::json> info = build_init_info(protocol_, params, packing_);
+  if (!info.ok()) return info.status();
+  HttpReply init = client_.InitWeightTransferEngine(*info, CallOptions{timeout_ms, std::nullopt});
+  if (!init.http.ok_2xx()) {
+    return Status::Unavailable(summary("/init_weight_transfer_engine", init.http));
+  }
+  return Status::OK();
+}
+
 PreflightObserved HttpSequenceTransfer::Preflight(const TransferTarget& target) {
   PreflightObserved p;
   p.device_ok = true;  // no device: nothing to check
@@ -119,8 +149,18 @@ TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
   Result<nlohmann::json> update_info = build_update_info(protocol_, *manifest, packing_);
   if (!update_info.ok()) return finish(MutationClass::kNone, update_info.status().ToString());
 
-  // 1. /start_weight_update.
+  // 0. Once per engine: /init_weight_transfer_engine. It changes no weights, so its failure is
+  //    a refusal (kNone). There is no data plane here, so the rendezvous is nominal: a random
+  //    unique id where the engine accepts one, else a loopback address nobody listens on.
   std::uint64_t left = remaining_ms();
+  if (!initialized_) {
+    Status init = Initialize(left);
+    if (!init.ok()) return finish(MutationClass::kNone, init.ToString());
+    initialized_ = true;
+  }
+
+  // 1. /start_weight_update.
+  left = remaining_ms();
   if (left == 0) return finish(MutationClass::kNone, "deadline passed before start");
   HttpReply start = client_.StartWeightUpdate(CallOptions{left, std::nullopt});
   if (!start.http.ok_2xx()) {

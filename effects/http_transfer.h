@@ -46,9 +46,13 @@ class HttpSequenceTransfer : public WeightTransfer {
   }
 
  private:
+  // /get_world_size then /init_weight_transfer_engine (once per engine).
+  [[nodiscard]] Status Initialize(std::uint64_t timeout_ms);
+
   EngineClient& client_;
   EngineProtocol protocol_;
   PackingParams packing_;
+  bool initialized_ = false;
 };
 
 }  // namespace rc::effects

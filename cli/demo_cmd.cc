@@ -1,0 +1,224 @@
+// `rolloutcore demo`: the update executor against the vLLM test double (loopback, no GPU).
+//
+// Scenario: bootstrap rc-0; four concurrent rollouts; update to rc-1 requested while a long
+// rollout is still generating (the drain waits for it); two rollouts under rc-1; update to rc-2
+// with nothing in flight. Every journaled event is printed as a timeline; the journal stays on
+// disk for `rolloutcore replay`.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+#include "effects/http/engine_client.h"
+#include "effects/http_engine.h"
+#include "effects/http_transfer.h"
+#include "effects/runner.h"
+#include "fixtures/vllm_double.h"
+#include "journal/journal.h"
+#include "statemachine/describe.h"
+
+namespace rc::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Prints journaled events in one timeline, from the runner and the rollout threads alike.
+class Timeline {
+ public:
+  Timeline() : start_(Clock::now()) {}
+  void event(std::uint64_t seq, const Event& e) {
+    std::lock_guard lock(mu_);
+    std::printf("[%8.1f ms] seq %-4llu %s%s\n", ms(), static_cast<unsigned long long>(seq),
+                family_of(e) == Family::kDecision ? "  => " : "", describe(e).c_str());
+    std::fflush(stdout);
+  }
+  void note(const std::string& text) {
+    std::lock_guard lock(mu_);
+    std::printf("[%8.1f ms] ---- %s\n", ms(), text.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  double ms() const {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start_).count();
+  }
+  std::mutex mu_;
+  Clock::time_point start_;
+};
+
+struct Demo {
+  journal::Journal& journal;
+  effects::EngineClient& client;
+  Timeline& timeline;
+
+  // Submits an input outside the runner (rollout bindings) and prints what was journaled.
+  Result<std::vector<Event>> submit(const Event& input) {
+    auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+    auto s = journal.Submit(input, wall);
+    if (!s.ok()) return s.status();
+    RC_RETURN_IF_ERROR(journal.Wait(s->ticket));
+    std::uint64_t seq = s->ticket.result.first_seq;
+    timeline.event(seq, input);
+    for (const Event& d : s->decisions) timeline.event(++seq, d);
+    return std::move(s->decisions);
+  }
+
+  // One rollout: admit durably under the committed version, generate, record the finish.
+  Status rollout(const std::string& id, const std::string& prompt, int max_tokens) {
+    const State state = journal.state();
+    RolloutAdmitted admission = make_admission(state, id);
+    auto admitted = submit(admission);
+    if (!admitted.ok()) return admitted.status();
+    nlohmann::json req = {{"model", "rc-double-model"},
+                          {"prompt", prompt},
+                          {"max_tokens", max_tokens},
+                          {"temperature", 0},
+                          {"cache_salt", admission.version.label},
+                          {"return_token_ids", true}};
+    effects::HttpReply reply = client.Completions(req);
+    RolloutFinished finished{id, RolloutOutcome::kCompleted, 0, 0};
+    if (reply.http.ok_2xx() && reply.body.contains("usage")) {
+      finished.prompt_tokens = reply.body["usage"].value("prompt_tokens", 0u);
+      finished.completion_tokens = reply.body["usage"].value("completion_tokens", 0u);
+    } else {
+      finished.outcome = RolloutOutcome::kAborted;
+    }
+    auto done = submit(finished);
+    return done.status();
+  }
+};
+
+int run_demo(const std::string& journal_path, int token_delay_ms) {
+  if (std::filesystem::exists(journal_path) && !std::filesystem::is_empty(journal_path)) {
+    std::fprintf(stderr,
+                 "rolloutcore demo: %s already holds a journal; remove it or pass another "
+                 "--journal (the demo never appends to an existing journal)\n",
+                 journal_path.c_str());
+    return 2;
+  }
+  fixtures::VllmDoubleOptions dopts;
+  dopts.token_delay_ms = token_delay_ms;
+  dopts.version = "0.30.0";
+  fixtures::VllmDouble engine(dopts);
+  const int port = engine.Start(0);
+  if (port <= 0) {
+    std::fprintf(stderr, "rolloutcore demo: could not start the vLLM test double\n");
+    return 2;
+  }
+  std::printf("vLLM TEST DOUBLE (not vLLM) listening on 127.0.0.1:%d; journal: %s\n\n", port,
+              journal_path.c_str());
+
+  auto opened = journal::Journal::Open(journal_path, journal::Options{});
+  if (!opened.ok()) {
+    std::fprintf(stderr, "rolloutcore demo: %s\n", opened.status().ToString().c_str());
+    return 2;
+  }
+  journal::Journal& j = **opened;
+  effects::EngineDeadlines deadlines;
+  deadlines.drain_timeout_ms = 60000;
+  effects::EngineClient client("http://127.0.0.1:" + std::to_string(port), deadlines);
+  effects::HttpEngineControl control(client);
+  effects::HttpReply version = client.Version();
+  effects::HttpSequenceTransfer transfer(
+      client, effects::detect_protocol(version.body.value("version", std::string())));
+  effects::RunnerOptions ropts;
+  ropts.executor_id = "demo";
+  ropts.drain_timeout_ms = 60000;
+  effects::Runner runner(j, control, transfer, effects::system_clock(), ropts);
+  Timeline timeline;
+  runner.set_observer([&](std::uint64_t seq, const Event& e) { timeline.event(seq, e); });
+  Demo demo{j, client, timeline};
+
+  auto manifest = effects::synthetic_manifest("synthetic:8x64");
+  RC_ASSERT(manifest.ok());
+  const std::string digest = manifest->digest();
+  auto identity = [&](int step) {
+    return WeightIdentity{digest, "", "ckpt/step-" + std::to_string(step), "demo-run", step};
+  };
+
+  timeline.note("bootstrap: the engine must report rc-0");
+  if (Status st = runner.Bootstrap("rc-0", identity(0)); !st.ok()) {
+    std::fprintf(stderr, "bootstrap failed: %s\n", st.ToString().c_str());
+    return 1;
+  }
+
+  timeline.note("four concurrent rollouts under rc-0");
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      Status st = demo.rollout("r0-" + std::to_string(i), "the quick brown fox " + std::to_string(i),
+                               12 + 4 * i);
+      if (!st.ok()) failures++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+
+  timeline.note("a long rollout starts under rc-0; update to rc-1 is requested while it runs");
+  std::thread long_rollout([&] {
+    if (!demo.rollout("r0-long", "a long reasoning trace about prime numbers", 64).ok()) failures++;
+  });
+  engine.engine_snapshot();  // let it start generating
+  std::this_thread::sleep_for(std::chrono::milliseconds(20 * token_delay_ms));
+  auto first = runner.Update(UpdateRequested{"u-1", "rc-1", identity(100), "synthetic:8x64:100"});
+  long_rollout.join();
+  if (!first.ok()) {
+    std::fprintf(stderr, "update u-1 failed: %s\n", first.status().ToString().c_str());
+    return 1;
+  }
+  const auto& t1 = runner.last_timings();
+  timeline.note("u-1 " + std::string(update_outcome_name(first->outcome)) + ": total " +
+                std::to_string(t1.total_us / 1000) + " ms, of which drain " +
+                std::to_string(t1.drain_us / 1000) + " ms (waiting for r0-long), journal " +
+                std::to_string(t1.journal_us / 1000) + " ms");
+
+  timeline.note("two rollouts under rc-1");
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      if (!demo.rollout("r1-" + std::to_string(i), "the quick brown fox 0", 16).ok()) failures++;
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  timeline.note("update to rc-2 with nothing in flight");
+  auto second = runner.Update(UpdateRequested{"u-2", "rc-2", identity(200), "synthetic:8x64:200"});
+  if (!second.ok()) {
+    std::fprintf(stderr, "update u-2 failed: %s\n", second.status().ToString().c_str());
+    return 1;
+  }
+  timeline.note("u-2 " + std::string(update_outcome_name(second->outcome)) + " in " +
+                std::to_string(runner.last_timings().total_us / 1000) + " ms");
+
+  const State final_state = j.state();
+  std::printf("\nfinal state: %s\n", describe(final_state).c_str());
+  std::printf("rollout failures: %d\n", failures.load());
+  std::printf("journal left at %s — inspect it with:\n  rolloutcore replay %s --events\n",
+              journal_path.c_str(), journal_path.c_str());
+  engine.Stop();
+  const bool ok = failures.load() == 0 && first->outcome == UpdateOutcome::kCommitted &&
+                  second->outcome == UpdateOutcome::kCommitted &&
+                  final_state.committed.label == "rc-2";
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+Runner add_demo(CLI::App& app) {
+  auto journal_path = std::make_shared<std::string>("demo-journal");
+  auto token_delay_ms = std::make_shared<int>(10);
+  app.add_option("--journal", *journal_path, "Directory for the demo's journal (must be new)");
+  app.add_option("--token-delay-ms", *token_delay_ms, "The double's time per generated token")
+      ->check(CLI::Range(1, 1000));
+  return [journal_path, token_delay_ms]() { return run_demo(*journal_path, *token_delay_ms); };
+}
+
+}  // namespace rc::cli
