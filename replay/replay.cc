@@ -63,7 +63,8 @@ class Replayer {
       Fail(pending_.seq, "non-determinism: decide() derives " +
                              std::to_string(pending_.expected.size()) + " decisions for seq " +
                              std::to_string(pending_.seq) + " but " +
-                             std::to_string(pending_.matched) + " were recorded");
+                             std::to_string(pending_.matched) + " were recorded")
+          .IgnoreError();
       return false;
     }
     return true;
@@ -209,7 +210,7 @@ std::string ReportJson(const ReplayReport& report) {
     j["first_bad_seq"] = report.first_bad_seq;
     j["error"] = report.error;
   }
-  j["state"] = journal::to_json(report.state);
+  j["state"] = journal::StateToJson(report.state);
   j["incidents"] = nlohmann::json::array();
   for (const TaintIncident& i : report.incidents) {
     nlohmann::json inc;
@@ -217,7 +218,7 @@ std::string ReportJson(const ReplayReport& report) {
     inc["update_id"] = i.update_id;
     inc["explanation"] = i.explanation;
     inc["timeline"] = nlohmann::json::array();
-    for (const journal::Record& r : i.timeline) inc["timeline"].push_back(journal::to_json(r));
+    for (const journal::Record& r : i.timeline) inc["timeline"].push_back(journal::RecordToJson(r));
     j["incidents"].push_back(std::move(inc));
   }
   return j.dump(2);
