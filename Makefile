@@ -12,7 +12,7 @@ DEB_PACKAGES := cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config \
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev nlohmann-json3-dev \
   libcli11-dev libcpp-httplib-dev libssl-dev libbrotli-dev python3 python3-pip python3-venv
 
-.PHONY: all deps configure build test test-cpp test-fuzz demo bench gpu-build clean
+.PHONY: all deps configure build test test-cpp test-fuzz test-python demo bench gpu-build clean
 
 all: build
 
@@ -39,7 +39,12 @@ test-fuzz: deps
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
 	cd $(FUZZ_BUILD) && ctest -L fuzz --output-on-failure
 
-test: test-cpp test-fuzz
+# The trainer's Python client against real `rolloutcore serve` + `vllm-double` processes.
+test-python: build
+	python3 -m pip install --quiet pytest ./python
+	cd python && RC_BUILD=$(abspath $(BUILD)) python3 -m pytest -q tests
+
+test: test-cpp test-fuzz test-python
 
 demo: build
 	rm -rf $(BUILD)/demo-journal

@@ -1,0 +1,201 @@
+"""HTTP client for the RolloutCore trainer API (docs/api.md)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Dict, Iterator, Optional
+
+
+class RolloutCoreError(Exception):
+    """An error answer from the executor: HTTP status, error type and message, full body."""
+
+    def __init__(self, status: int, message: str, body: Optional[dict] = None):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.body = body or {}
+
+
+class UpdateConflict(RolloutCoreError):
+    """409: another update is running, or the lifecycle refused the request (e.g. TAINTED)."""
+
+
+class UpdateFailed(RolloutCoreError):
+    """The update ended refused (422) or tainted (500); `outcome` and `reason` say which/why."""
+
+    @property
+    def outcome(self) -> Optional[str]:
+        return self.body.get("outcome")
+
+    @property
+    def reason(self) -> str:
+        return self.body.get("reason", "")
+
+
+class Unavailable(RolloutCoreError):
+    """503: not READY within the wait, TAINTED, or shutting down; `retry_after_s` when given."""
+
+    def __init__(self, status, message, body=None, retry_after_s=None):
+        super().__init__(status, message, body)
+        self.retry_after_s = retry_after_s
+
+
+@dataclasses.dataclass
+class Identity:
+    """What a weight generation is declared to contain (WeightIdentity)."""
+
+    manifest_digest: str
+    checkpoint: str = ""
+    run: str = ""
+    step: int = -1
+    content_digest: str = ""
+
+    def to_json(self) -> dict:
+        d = {"manifest_digest": self.manifest_digest, "checkpoint": self.checkpoint,
+             "run": self.run, "step": self.step}
+        if self.content_digest:
+            d["content_digest"] = self.content_digest
+        return d
+
+
+@dataclasses.dataclass
+class RolloutBinding:
+    """The committed version a rollout was admitted under."""
+
+    rollout_id: str
+    admission_seq: int
+    version: dict
+    identity: dict
+    cache_salt: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    outcome: str = "completed"
+
+    @property
+    def label(self) -> str:
+        return self.version["label"]
+
+    @property
+    def generation(self) -> int:
+        return self.version["generation"]
+
+
+class Client:
+    """Client(url, token): the trainer's handle on one `rolloutcore serve` process."""
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout_s: float = 30.0,
+                 update_timeout_s: float = 3600.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+        self.update_timeout_s = update_timeout_s
+
+    # ---- plumbing ----
+    def _request(self, method: str, path: str, body: Any = None, timeout_s: Optional[float] = None,
+                 auth: bool = False) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if auth and self.token:
+            req.add_header("Authorization", "Bearer " + self.token)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
+                raw = resp.read()
+                return json.loads(raw) if raw else {}
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                doc = {"error": {"message": raw.decode(errors="replace")}}
+            err = doc.get("error") or {}
+            message = err.get("message") if isinstance(err, dict) else str(err)
+            message = message or doc.get("reason") or f"HTTP {e.code}"
+            if e.code == 409:
+                raise UpdateConflict(e.code, message, doc) from None
+            if e.code == 503:
+                ra = e.headers.get("Retry-After")
+                raise Unavailable(e.code, message, doc, int(ra) if ra else None) from None
+            if path.startswith("/v1/updates") and e.code in (422, 500) and "outcome" in doc:
+                raise UpdateFailed(e.code, message, doc) from None
+            raise RolloutCoreError(e.code, message, doc) from None
+
+    # ---- trainer API ----
+    def state(self, full: bool = False) -> dict:
+        """The lifecycle, committed version and identity, active rollouts, taint."""
+        return self._request("GET", "/v1/state" + ("?full=1" if full else ""))
+
+    def version(self) -> dict:
+        return self._request("GET", "/v1/version")
+
+    def manifest_digest(self, source: str) -> str:
+        """The manifest digest of a weight source as the executor computes it."""
+        q = urllib.parse.urlencode({"source": source})
+        return self._request("GET", "/v1/manifest?" + q)["manifest_digest"]
+
+    def update(self, label: str, identity: Identity, source: str,
+               update_id: Optional[str] = None) -> dict:
+        """Moves the engine to a new committed version; returns when it is committed.
+
+        Raises UpdateFailed (refused/tainted, with .outcome and .reason), UpdateConflict (409).
+        `source`: "safetensors:/path", "ipc:/path/handles.json" or "synthetic:<n>x<dim>".
+        """
+        body = {"update_id": update_id or f"update-{label}", "target_label": label,
+                "identity": identity.to_json(), "source": source}
+        return self._request("POST", "/v1/updates", body, timeout_s=self.update_timeout_s,
+                             auth=True)
+
+    def admit(self, rollout_id: Optional[str] = None, wait_ms: Optional[int] = None) -> RolloutBinding:
+        body: Dict[str, Any] = {}
+        if rollout_id:
+            body["rollout_id"] = rollout_id
+        if wait_ms is not None:
+            body["wait_ms"] = wait_ms
+        doc = self._request("POST", "/v1/rollouts", body, auth=True,
+                            timeout_s=self.timeout_s + (wait_ms or 0) / 1000.0)
+        return RolloutBinding(doc["rollout_id"], doc["admission_seq"], doc["version"],
+                              doc["identity"], doc["cache_salt"])
+
+    def finish(self, rollout_id: str, outcome: str = "completed", prompt_tokens: int = 0,
+               completion_tokens: int = 0) -> dict:
+        q = urllib.parse.quote(rollout_id, safe="")
+        return self._request("DELETE", f"/v1/rollouts/{q}",
+                             {"outcome": outcome, "prompt_tokens": prompt_tokens,
+                              "completion_tokens": completion_tokens}, auth=True)
+
+    @contextlib.contextmanager
+    def rollout(self, rollout_id: Optional[str] = None,
+                wait_ms: Optional[int] = None) -> Iterator[RolloutBinding]:
+        """Explicit admission for clients that call the engine directly (not via the proxy).
+
+        The engine's weights cannot change until the block exits. Set `binding.prompt_tokens` /
+        `completion_tokens` inside the block; an exception records the rollout as aborted.
+        Send `binding.cache_salt` as the request's cache_salt.
+        """
+        binding = self.admit(rollout_id, wait_ms)
+        try:
+            yield binding
+        except BaseException:
+            self.finish(binding.rollout_id, "aborted", binding.prompt_tokens,
+                        binding.completion_tokens)
+            raise
+        self.finish(binding.rollout_id, binding.outcome, binding.prompt_tokens,
+                    binding.completion_tokens)
+
+    def watch(self, after: int = 0, timeout_ms: int = 30000) -> dict:
+        """Long-poll: returns when the runner journals a decision after seq `after`."""
+        return self._request("GET", f"/v1/watch?after={after}&timeout_ms={timeout_ms}",
+                             timeout_s=self.timeout_s + timeout_ms / 1000.0)
+
+    def events(self, since: int = 0, limit: int = 1000) -> dict:
+        """Journal records with seq > since, as JSON (a bounded page)."""
+        return self._request("GET", f"/v1/events?since={since}&limit={limit}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=self.timeout_s) as resp:
+            return resp.read().decode()

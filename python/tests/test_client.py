@@ -1,0 +1,120 @@
+"""The Python client against a real `rolloutcore serve` and `vllm-double` on loopback."""
+import json
+import signal
+import urllib.request
+
+import pytest
+
+import rolloutcore
+from conftest import TOKEN
+
+SOURCE = "synthetic:4x64"
+
+
+def proxied(url, prompt="hello"):
+    req = urllib.request.Request(url + "/v1/completions", method="POST",
+                                 data=json.dumps({"prompt": prompt, "max_tokens": 4}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return dict(r.headers), json.loads(r.read())
+
+
+def test_update_commits_and_state_reports_it(serve):
+    # Proves update() returns only once the new version is committed and state() shows it;
+    # would catch a client that returns before the commit or misreads the answer.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    assert c.state()["lifecycle"] == "READY"
+    ident = rolloutcore.Identity(c.manifest_digest(SOURCE), checkpoint="ckpt-1", run="py", step=1)
+    result = c.update("rc-1", ident, SOURCE, update_id="py-u1")
+    assert result["outcome"] == "committed"
+    v = c.version()
+    assert v["version"] == {"generation": 1, "label": "rc-1"}
+    assert v["identity"]["step"] == 1
+
+
+def test_refused_update_raises_with_reason(serve):
+    # Proves a refused update (declared manifest differs from the source's) raises UpdateFailed
+    # carrying the outcome and reason; would catch failures reported as success.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    ident = rolloutcore.Identity("ab" * 32, checkpoint="wrong", step=1)
+    with pytest.raises(rolloutcore.UpdateFailed) as e:
+        c.update("rc-1", ident, SOURCE, update_id="py-bad")
+    assert e.value.outcome == "refused"
+    assert "manifest" in e.value.reason
+    assert c.state()["lifecycle"] == "READY"
+
+
+def test_wrong_token_is_refused_and_journals_nothing(serve):
+    # Proves a wrong token gets 403 and writes nothing; would catch open mutating routes.
+    head = rolloutcore.Client(serve.url).state()["head_seq"]
+    with pytest.raises(rolloutcore.RolloutCoreError) as e:
+        rolloutcore.Client(serve.url, "nope").admit("r-x")
+    assert e.value.status == 403
+    assert rolloutcore.Client(serve.url).state()["head_seq"] == head
+
+
+def test_rollout_context_manager_records_completion_and_abort(serve):
+    # Proves the rollout() block binds to the committed version and records completed/aborted
+    # with token counts; would catch a context manager that leaks active rollouts.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    with c.rollout("py-ok") as b:
+        assert b.label == "rc-0"
+        assert c.state()["active_rollouts"] == 1
+        b.prompt_tokens, b.completion_tokens = 5, 7
+    with pytest.raises(KeyError):
+        with c.rollout("py-fail"):
+            raise KeyError("trainer bug")
+    st = c.state()
+    assert st["active_rollouts"] == 0
+    assert st["counters"]["rollouts_completed"] == 1
+    assert st["counters"]["rollouts_aborted"] == 1
+    finished = [r["event"] for r in c.events(0)["records"]
+                if r["event"]["type"] == "RolloutFinished"]
+    assert any(f["rollout_id"] == "py-ok" and f["completion_tokens"] == 7 for f in finished)
+
+
+def test_proxy_headers_agree_with_the_journal(serve):
+    # Proves a proxied request's binding headers name the version its RolloutAdmitted recorded;
+    # would catch headers and journal drifting apart across an update.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    h0, body = proxied(serve.url)
+    assert body["choices"] and "token_ids" not in body["choices"][0]
+    ident = rolloutcore.Identity(c.manifest_digest(SOURCE), checkpoint="ckpt-1", step=1)
+    c.update("rc-1", ident, SOURCE, update_id="py-u1")
+    h1, _ = proxied(serve.url)
+    assert (h0["X-RolloutCore-Version"], h1["X-RolloutCore-Version"]) == ("rc-0", "rc-1")
+    admitted = {r["event"]["rollout_id"]: r["event"]["version"]["label"]
+                for r in c.events(0)["records"] if r["event"]["type"] == "RolloutAdmitted"}
+    assert admitted[h0["X-RolloutCore-Rollout-Id"]] == "rc-0"
+    assert admitted[h1["X-RolloutCore-Rollout-Id"]] == "rc-1"
+
+
+def test_watch_long_poll_sees_the_update(serve):
+    # Proves watch() returns a change after an update's decisions; would catch a long-poll that
+    # never wakes or reports stale state.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    seq = c.watch(0, timeout_ms=10)["seq"]
+    ident = rolloutcore.Identity(c.manifest_digest(SOURCE), step=1)
+    c.update("rc-1", ident, SOURCE, update_id="py-w1")
+    w = c.watch(seq, timeout_ms=5000)
+    assert w["changed"] and w["committed"]["label"] == "rc-1"
+
+
+def test_sigterm_drains_and_sigkill_loses_nothing_acknowledged(serve):
+    # Proves SIGTERM exits cleanly (journal closed, reopenable) and that an admission
+    # acknowledged before SIGKILL is in the journal after restart (recorded as abandoned);
+    # would catch acknowledging before durability or a shutdown that corrupts the journal.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    c.admit("py-acked")
+    assert serve.stop(signal.SIGTERM) == 0
+    serve.start()
+    c = rolloutcore.Client(serve.url, TOKEN)
+    assert c.state()["counters"]["rollouts_abandoned"] == 1
+    c.admit("py-acked-2")
+    serve.stop(signal.SIGKILL)
+    serve.start()
+    c = rolloutcore.Client(serve.url, TOKEN)
+    st = c.state()
+    assert st["counters"]["rollouts_abandoned"] == 2
+    assert st["counters"]["rollouts_admitted"] == 2
+    assert "rolloutcore_lifecycle_state{state=\"READY\"} 1" in c.metrics()
