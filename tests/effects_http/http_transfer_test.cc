@@ -33,8 +33,11 @@ TransferTarget Target(const std::string& uri = "synthetic:3x16:7") {
 // An engine whose three routes answer per the given statuses (0 = slow past any deadline).
 struct Engine {
   ScriptedServer s;
-  json update_body, finish_body;
-  Engine(int start, int update, int finish) {
+  json update_body, finish_body, init_body;
+  Engine(int start, int update, int finish, int init = 200) {
+    s.server().Get("/get_world_size", [](const httplib::Request&, httplib::Response& res) {
+      Json(res, R"({"world_size":1})");
+    });
     auto route = [this](const char* path, int status, json* seen) {
       s.server().Post(path, [this, status, seen](const httplib::Request& req, auto& res) {
         if (seen != nullptr) *seen = json::parse(req.body, nullptr, false);
@@ -46,6 +49,7 @@ struct Engine {
         status_or_ok(res, status);
       });
     };
+    route("/init_weight_transfer_engine", init, &init_body);
     route("/start_weight_update", start, nullptr);
     route("/update_weights", update, &update_body);
     route("/finish_weight_update", finish, &finish_body);
@@ -118,7 +122,9 @@ TEST(HttpSequenceTransfer, CompleteSequence) {
   EXPECT_EQ(o.finish_label, "rc-1");
   EXPECT_GT(o.duration_us, 0u);
   EXPECT_TRUE(o.error.empty());
-  EXPECT_EQ(e.s.paths(3), (std::vector<std::string>{"POST /start_weight_update",
+  EXPECT_EQ(e.s.paths(5), (std::vector<std::string>{"GET /get_world_size",
+                                                   "POST /init_weight_transfer_engine",
+                                                   "POST /start_weight_update",
                                                    "POST /update_weights",
                                                    "POST /finish_weight_update"}));
   EXPECT_EQ(e.finish_body, json({{"weight_version", "rc-1"}}));
@@ -147,7 +153,32 @@ TEST(HttpSequenceTransfer, ConnectRefusedIsNoMutation) {
   EXPECT_FALSE(o.acknowledged);
   EXPECT_EQ(o.mutation, MutationClass::kNone);
   EXPECT_EQ(o.bytes_sent, 0u);
-  EXPECT_NE(o.error.find("/start_weight_update"), std::string::npos);
+  EXPECT_NE(o.error.find("/get_world_size"), std::string::npos) << o.error;
+}
+
+// Proves the weight-transfer engine is initialised once per engine (world size = 1 + the
+// engine's), and that a failed initialisation is a refusal (kNone) since it mutates no weight;
+// would catch a re-init before every update or an init failure tainting the controller.
+TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
+  {
+    Engine e(200, 200, 200);
+    EngineClient c(e.s.url(), Fast());
+    HttpSequenceTransfer t(c, detect_protocol("0.30.0"));
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
+    EXPECT_EQ(e.init_body["init_info"]["world_size"], 2);
+    EXPECT_EQ(e.init_body["init_info"]["nccl_unique_id_b64"].get<std::string>().size(), 172u);
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
+    int inits = 0;
+    for (const std::string& p : e.s.paths()) inits += p == "POST /init_weight_transfer_engine";
+    EXPECT_EQ(inits, 1);
+  }
+  Engine e(200, 200, 200, /*init=*/500);
+  EngineClient c(e.s.url(), Fast());
+  HttpSequenceTransfer t(c);
+  TransferObserved o = t.Transfer(Target(), 5000);
+  EXPECT_EQ(o.mutation, MutationClass::kNone);
+  EXPECT_NE(o.error.find("/init_weight_transfer_engine"), std::string::npos) << o.error;
+  for (const std::string& p : e.s.paths()) EXPECT_NE(p, "POST /start_weight_update");
 }
 
 // Proves a bad source is kNone before any request; would catch a request sent for an unknown
