@@ -136,7 +136,7 @@ Status Runner::await_rollouts(const State& state) {
     const State now = journal_.state();
     if (next_effect(now).kind != EffectKind::kAwaitRollouts) break;
     const std::int64_t waited_ms = clock_.now_ms() - start_ms;
-    if (waited_ms >= static_cast<std::int64_t>(options_.drain_timeout_ms)) {
+    if (waited_ms >= static_cast<std::int64_t>(options_.await_rollouts_timeout_ms)) {
       auto r = submit(DrainTimedOut{static_cast<std::uint64_t>(waited_ms),
                                     static_cast<std::uint32_t>(now.active.size())});
       if (!r.ok()) return r.status();

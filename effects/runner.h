@@ -21,7 +21,11 @@ namespace rc::effects {
 
 struct RunnerOptions {
   std::string executor_id = "rolloutcore";
-  std::uint64_t drain_timeout_ms = 600000;     // pause(mode=wait) + awaiting local bindings
+  std::uint64_t drain_timeout_ms = 600000;     // pause(mode=wait): running requests finish
+  // After the engine reported drained, how long local bindings may stay active. A binding whose
+  // request is still in transit (or queued behind the pause) cannot finish while the engine is
+  // paused; after this the update is refused and the engine resumes on the old version.
+  std::uint64_t await_rollouts_timeout_ms = 10000;
   std::uint64_t transfer_timeout_ms = 600000;  // the whole transfer, data plane included
   std::uint64_t call_timeout_ms = 10000;       // recorded deadline of the other effects
   std::uint32_t backoff_ms_min = 20;           // between retries of a failed idempotent effect

@@ -89,6 +89,7 @@ struct Executor {
     effects::RunnerOptions o;
     o.executor_id = "itest";
     o.drain_timeout_ms = 20000;
+    o.await_rollouts_timeout_ms = 300;
     o.transfer_timeout_ms = 10000;
     o.call_timeout_ms = 5000;
     o.backoff_ms_min = 5;
