@@ -258,6 +258,7 @@ Status Service::Start() {
   const int threads = config_.http_threads;
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(config_.body_bytes_max);
+  server_->set_tcp_nodelay(true);  // headers and body are separate writes: no Nagle stall
   server_->set_keep_alive_max_count(100000);
   server_->set_keep_alive_timeout(30);
   server_->set_read_timeout(60, 0);

@@ -54,6 +54,7 @@ Side run_load(int port, const Args& a) {
     threads.emplace_back([&, c] {
       httplib::Client cli("127.0.0.1", port);
       cli.set_keep_alive(true);
+      cli.set_tcp_nodelay(true);
       cli.set_read_timeout(120, 0);
       for (int i = 0; i < a.requests; ++i) {
         const auto s = Clock::now();
