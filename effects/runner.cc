@@ -45,11 +45,13 @@ Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer&
   RC_ASSERT(options_.effects_per_drive_max > 0);
 }
 
-Result<std::vector<Event>> Runner::submit(const Event& input, const std::string& client_event_id) {
+Result<std::vector<Event>> Runner::submit(const Event& input, const std::string& client_event_id,
+                                          Durability durability) {
   const auto start = std::chrono::steady_clock::now();
   auto submitted = journal_.Submit(input, clock_.wall_ms(), client_event_id);
   if (!submitted.ok()) return submitted.status();
-  RC_RETURN_IF_ERROR(journal_.Wait(submitted->ticket));
+  unsynced_ = submitted->ticket;
+  if (durability == Durability::kNow) RC_RETURN_IF_ERROR(sync());
   timings_.journal_us += elapsed_us(start);
   if (observer_) {
     std::uint64_t seq = submitted->ticket.result.first_seq;
@@ -60,6 +62,14 @@ Result<std::vector<Event>> Runner::submit(const Event& input, const std::string&
     if (const auto* ended = std::get_if<UpdateEnded>(&d)) ended_.push_back(*ended);
   }
   return std::move(submitted->decisions);
+}
+
+Status Runner::sync() {
+  if (!unsynced_.has_value()) return Status::OK();
+  // Groups commit in order: waiting for the last ticket makes every earlier one durable too.
+  Status st = journal_.Wait(*unsynced_);
+  if (st.ok()) unsynced_.reset();
+  return st;
 }
 
 std::uint64_t Runner::deadline_for(EffectKind kind) const {
@@ -118,13 +128,23 @@ std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
   }
 }
 
+// Write-ahead applies to effects that change the engine: their intent is durable before they
+// start. Preflight (local reads) and Validate (GET) change nothing, so their intents ride with
+// the next durable write, saving an fsync each.
+bool changes_engine(EffectKind kind) {
+  return kind != EffectKind::kPreflight && kind != EffectKind::kValidate;
+}
+
 Status Runner::perform(const Effect& effect, const State& state) {
-  auto intent = submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind)});
+  auto intent = submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind)}, "",
+                       changes_engine(effect.kind) ? Durability::kNow : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
   const auto start = std::chrono::steady_clock::now();
   Event observation = observe(effect, state);
   if (std::uint64_t* slot = phase_slot(timings_, effect.kind)) *slot += elapsed_us(start);
-  auto decided = submit(observation);
+  // The observation becomes durable together with the next intent (one fsync for both): nothing
+  // acts on its decisions before that intent's Wait, and Drive() syncs before it returns.
+  auto decided = submit(observation, "", Durability::kWithNext);
   return decided.status();
 }
 
@@ -154,7 +174,7 @@ Status Runner::Drive() {
   for (std::uint32_t i = 0; i < options_.effects_per_drive_max; ++i) {
     const State state = journal_.state();
     const Effect effect = next_effect(state);
-    if (effect.kind == EffectKind::kNone) return Status::OK();
+    if (effect.kind == EffectKind::kNone) return sync();
     if (effect.kind == EffectKind::kAwaitRollouts) {
       RC_RETURN_IF_ERROR(await_rollouts(state));
       continue;
@@ -169,6 +189,7 @@ Status Runner::Drive() {
     previous = effect;
     RC_RETURN_IF_ERROR(perform(effect, state));
   }
+  RC_RETURN_IF_ERROR(sync());
   return Status::Internal("Drive() performed " + std::to_string(options_.effects_per_drive_max) +
                           " effects without settling");
 }
@@ -195,7 +216,8 @@ Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {
   timings_.clear();
   ended_.clear();
   const auto start = std::chrono::steady_clock::now();
-  auto r = submit(request, "update:" + request.update_id);
+  // Durable with the drain's intent, before the engine is touched.
+  auto r = submit(request, "update:" + request.update_id, Durability::kWithNext);
   if (!r.ok()) return r.status();
   Status driven = Drive();
   timings_.total_us = elapsed_us(start);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,8 +70,12 @@ class Runner {
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
  private:
+  enum class Durability { kNow, kWithNext };
   [[nodiscard]] Result<std::vector<Event>> submit(const Event& input,
-                                                  const std::string& client_event_id = "");
+                                                  const std::string& client_event_id = "",
+                                                  Durability durability = Durability::kNow);
+  // Waits until everything this runner submitted is durable.
+  [[nodiscard]] Status sync();
   [[nodiscard]] Status perform(const Effect& effect, const State& state);
   [[nodiscard]] Status await_rollouts(const State& state);
   Event observe(const Effect& effect, const State& state);
@@ -84,6 +89,7 @@ class Runner {
   PhaseTimings timings_;
   Observer observer_;
   std::vector<UpdateEnded> ended_;  // UpdateEnded decisions seen since the last Update()
+  std::optional<journal::Ticket> unsynced_;  // the last ticket not yet known durable
 };
 
 }  // namespace rc::effects
