@@ -283,7 +283,7 @@ Status apply_one(State& s, const ResumeObserved& e) {
   return Status::OK();
 }
 
-Status apply_one(State& s, const RolloutAdmitted& e) {
+Status check_binding(const State& s, const RolloutAdmitted& e) {
   if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "admission");
   RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
   if (s.active.count(e.rollout_id) != 0) {
@@ -297,20 +297,30 @@ Status apply_one(State& s, const RolloutAdmitted& e) {
     return Status::Rejected("admission for version '" + e.version.label +
                             "' but the committed version is '" + s.committed.label + "'");
   }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const RolloutAdmitted& e) {
+  RC_RETURN_IF_ERROR(check_binding(s, e));
   s.active.emplace(e.rollout_id, ActiveRollout{e.version});
   s.counters.rollouts_admitted++;
   return Status::OK();
 }
 
-Status apply_one(State& s, const RolloutFinished& e) {
+Status check_binding(const State& s, const RolloutFinished& e) {
   RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
   if (static_cast<std::uint8_t>(e.outcome) > 2) {
     return Status::InvalidArgument("rollout outcome out of range");
   }
-  auto it = s.active.find(e.rollout_id);
-  if (it == s.active.end()) {
+  if (s.active.find(e.rollout_id) == s.active.end()) {
     return Status::NotFound("rollout '" + e.rollout_id + "' is not active");
   }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const RolloutFinished& e) {
+  RC_RETURN_IF_ERROR(check_binding(s, e));
+  auto it = s.active.find(e.rollout_id);
   s.active.erase(it);
   switch (e.outcome) {
     case RolloutOutcome::kCompleted: s.counters.rollouts_completed++; break;
@@ -576,9 +586,11 @@ Status apply(State& state, const Event& event) {
   Status st = std::visit([&](const auto& e) { return apply_one(state, e); }, event);
   if (!st.ok()) return st;
   state.counters.events++;
-  // Bindings and decisions can break the per-rollout invariants; other inputs cannot, and the
-  // cheap checks run after every event.
-  const bool full = family_of(event) != Family::kInput || std::holds_alternative<RecoveryStarted>(event);
+  // The cheap (O(1)) checks run after every event.
+  // A binding touches one rollout (an admission is checked against the committed version before
+  // it lands); only decisions and recovery can break the per-rollout invariants.
+  const bool full = family_of(event) == Family::kDecision ||
+                    std::holds_alternative<RecoveryStarted>(event);
   const std::string broken = full ? check_invariants(state) : check_invariants_cheap(state);
   if (!broken.empty()) {
     std::fprintf(stderr, "rolloutcore: after %s: %s\n", event_name(event), broken.c_str());
@@ -595,6 +607,16 @@ Result<std::vector<Event>> decide(const State& state, const Event& input) {
   if (const auto* f = std::get_if<RolloutFinished>(&input);
       f != nullptr && f->outcome == RolloutOutcome::kAbandoned) {
     return Status::InvalidArgument("abandoned is recorded by recovery, not submitted");
+  }
+  // Client bindings derive no decisions: check them without copying the state (the hot path of
+  // every proxied request; the copy is O(active rollouts)).
+  if (const auto* a = std::get_if<RolloutAdmitted>(&input)) {
+    RC_RETURN_IF_ERROR(check_binding(state, *a));
+    return std::vector<Event>{};
+  }
+  if (const auto* f = std::get_if<RolloutFinished>(&input)) {
+    RC_RETURN_IF_ERROR(check_binding(state, *f));
+    return std::vector<Event>{};
   }
   State after = state;
   RC_RETURN_IF_ERROR(apply(after, input));
