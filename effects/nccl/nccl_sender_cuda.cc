@@ -2,9 +2,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -48,40 +50,52 @@ ncclDataType_t NcclType(DType d) {
   return ncclUint8;
 }
 
-bool Ok2xx(const EngineReply& r) {
-  return r.http.transport == Transport::kOk && r.http.http_status >= 200 && r.http.http_status < 300;
-}
-std::string Describe(const char* route, const EngineReply& r) {
+bool Ok2xx(const HttpReply& r) { return r.http.ok_2xx(); }
+std::string Describe(const char* route, const HttpReply& r) {
   return std::string(route) + ": " + transport_name(r.http.transport) + " status " +
          std::to_string(r.http.http_status) + (r.http.error.empty() ? "" : " " + r.http.error);
 }
 
-// An HTTP call on its own thread; the sender polls done() while it drives NCCL.
+// Never 0: a libcurl timeout of 0 means "no timeout".
+CallOptions Within(std::uint64_t timeout_ms, std::optional<CancelToken> cancel = std::nullopt) {
+  CallOptions o;
+  o.timeout_ms = std::max<std::uint64_t>(1, timeout_ms);
+  o.cancel = std::move(cancel);
+  return o;
+}
+
+// An HTTP call on its own thread; the sender polls done() while it drives NCCL. The call holds
+// `cancel`: Cancel() makes it return within ~50 ms, so Join() after Cancel() is prompt.
 class AsyncCall {
  public:
   template <typename F>
-  explicit AsyncCall(F&& f) {
+  AsyncCall(CancelToken cancel, F&& f) : cancel_(std::move(cancel)) {
     thread_ = std::thread([this, fn = std::forward<F>(f)]() mutable {
-      EngineReply r = fn();
+      HttpReply r = fn(cancel_);
       std::lock_guard<std::mutex> lock(mu_);
       reply_ = std::move(r);
       done_.store(true, std::memory_order_release);
     });
   }
-  ~AsyncCall() { Join(); }
+  ~AsyncCall() {
+    cancel_.Cancel();
+    Join();
+  }
+  void Cancel() { cancel_.Cancel(); }
   bool done() const { return done_.load(std::memory_order_acquire); }
   bool failed() const { return done() && !Ok2xx(reply()); }
   // The call carries its own timeout (never beyond the caller's deadline), so this is bounded.
-  const EngineReply& Join() {
+  const HttpReply& Join() {
     if (thread_.joinable()) thread_.join();
     return reply_;
   }
-  const EngineReply& reply() const { return reply_; }
+  const HttpReply& reply() const { return reply_; }
 
  private:
+  CancelToken cancel_;
   std::thread thread_;
   mutable std::mutex mu_;
-  EngineReply reply_;
+  HttpReply reply_;
   std::atomic<bool> done_{false};
 };
 
@@ -132,10 +146,21 @@ class IpcSource final : public WeightSource {
 
 }  // namespace
 
+const char* rendezvous_name(Rendezvous r) {
+  switch (r) {
+    case Rendezvous::kAuto: return "auto";
+    case Rendezvous::kTcpStore: return "tcpstore";
+    case Rendezvous::kUniqueId: return "unique-id";
+  }
+  return "?";
+}
+
 struct NcclSender::Impl {
-  EngineApi* engine;
+  explicit Impl(EngineClient& e) : engine(e) {}
+  EngineClient& engine;
   NcclSenderOptions opt;
-  ProtocolLine line = ProtocolLine::kPackedInInitInfo;
+  EngineProtocol protocol;
+  std::uint64_t abort_max_us = 0;  // longest abort measured (sizes the reserve)
   Rendezvous mode = Rendezvous::kTcpStore;
   std::unique_ptr<TcpStoreServer> store;
   ncclComm_t comm = nullptr;
@@ -150,11 +175,14 @@ struct NcclSender::Impl {
     cudaEvent_t done = nullptr;
     void* dev = nullptr;
     void* host = nullptr;
+    std::uint64_t dev_bytes = 0, host_bytes = 0;  // capacity of dev / host
     bool busy = false;
     std::uint64_t op_bytes = 0;
   };
+  // Streams and events persist across transfers (a ring of `count` uses the first `count`
+  // slots); buffers grow only. Re-creating them whenever the direct (16-op window) and staged
+  // (packed_num_buffers) rings alternate cost a stream/buffer churn per Transfer.
   std::vector<Slot> slots;
-  std::uint64_t dev_staging_bytes = 0, host_staging_bytes = 0;
   void* warm_buf = nullptr;
 
   SenderProgress progress;
@@ -207,13 +235,24 @@ struct NcclSender::Impl {
     }
   }
 
-  // Aborts the communicator and gives kernels a bounded time to exit. Returns the abort's duration.
-  std::uint64_t AbortComm() {
+  std::uint64_t AbortReserveMs() const {
+    return std::max<std::uint64_t>(opt.abort_reserve_ms, (abort_max_us * 5 / 4 + 999) / 1000);
+  }
+  // [t0, deadline): the time left for work once the abort reserve is set aside (all of it when
+  // the deadline is shorter than the reserve: the caller then refuses or accepts the overshoot).
+  static Clock::time_point WorkDeadline(Clock::time_point deadline, std::uint64_t deadline_ms,
+                                        std::uint64_t reserve_ms) {
+    return deadline_ms > reserve_ms ? deadline - std::chrono::milliseconds(reserve_ms) : deadline;
+  }
+
+  // Aborts the communicator and gives kernels a bounded time to exit (drain_after_abort_ms, and
+  // never past `hard_deadline`). Returns the abort's duration and records the longest one.
+  std::uint64_t AbortComm(Clock::time_point hard_deadline = Clock::time_point::max()) {
     if (comm == nullptr) return 0;
     const auto t0 = Clock::now();
     ncclCommAbort(comm);
     comm = nullptr;
-    const auto drain_deadline = t0 + std::chrono::milliseconds(opt.drain_after_abort_ms);
+    const auto drain_deadline = std::min(hard_deadline, t0 + std::chrono::milliseconds(opt.drain_after_abort_ms));
     bool drained = true;
     for (auto& s : slots) {
       while (s.done != nullptr && cudaEventQuery(s.done) == cudaErrorNotReady) {
@@ -227,7 +266,9 @@ struct NcclSender::Impl {
     }
     if (!drained) dirty = true;
     cudaGetLastError();  // clear a sticky-free error left by aborted kernels, if any
-    return UsSince(t0);
+    const std::uint64_t us = UsSince(t0);
+    abort_max_us = std::max(abort_max_us, us);
+    return us;
   }
 
   void FreeSlots() {
@@ -239,28 +280,52 @@ struct NcclSender::Impl {
       if (s.stream) cudaStreamDestroy(s.stream);
     }
     slots.clear();
-    dev_staging_bytes = host_staging_bytes = 0;
+  }
+
+  // Bytes of device memory EnsureSlots(count, dev_bytes, ...) would still allocate.
+  std::uint64_t DeviceShortfallBytes(std::size_t count, std::uint64_t dev_bytes) const {
+    std::uint64_t need = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::uint64_t have = i < slots.size() ? slots[i].dev_bytes : 0;
+      if (have < dev_bytes) need += dev_bytes;
+    }
+    return need;
   }
 
   Status EnsureSlots(std::size_t count, std::uint64_t dev_bytes, std::uint64_t host_bytes) {
-    if (slots.size() == count && dev_staging_bytes >= dev_bytes && host_staging_bytes >= host_bytes) {
-      return Status::OK();
+    RC_ASSERT(count > 0);
+    bool fits = slots.size() >= count;
+    for (std::size_t i = 0; fits && i < count; ++i) {
+      fits = slots[i].dev_bytes >= dev_bytes && slots[i].host_bytes >= host_bytes;
     }
+    if (fits) return Status::OK();
     if (dirty) return Status::Rejected("device work from an aborted transfer has not drained");
-    FreeSlots();
-    slots.resize(count);
-    for (auto& s : slots) {
-      cudaError_t e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
-      if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
-      if (e == cudaSuccess && dev_bytes > 0) e = cudaMalloc(&s.dev, dev_bytes);
-      if (e == cudaSuccess && host_bytes > 0) e = cudaHostAlloc(&s.host, host_bytes, cudaHostAllocDefault);
+    if (slots.size() < count) slots.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      Slot& s = slots[i];
+      RC_ASSERT(!s.busy);
+      cudaError_t e = cudaSuccess;
+      if (s.stream == nullptr) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+      if (e == cudaSuccess && s.done == nullptr) e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+      if (e == cudaSuccess && s.dev_bytes < dev_bytes) {
+        if (s.dev) cudaFree(s.dev);
+        s.dev = nullptr;
+        s.dev_bytes = 0;
+        e = cudaMalloc(&s.dev, dev_bytes);
+        if (e == cudaSuccess) s.dev_bytes = dev_bytes;
+      }
+      if (e == cudaSuccess && s.host_bytes < host_bytes) {
+        if (s.host) cudaFreeHost(s.host);
+        s.host = nullptr;
+        s.host_bytes = 0;
+        e = cudaHostAlloc(&s.host, host_bytes, cudaHostAllocDefault);
+        if (e == cudaSuccess) s.host_bytes = host_bytes;
+      }
       if (e != cudaSuccess) {
         FreeSlots();
         return Status::Unavailable(CudaErr("staging allocation", e));
       }
     }
-    dev_staging_bytes = dev_bytes;
-    host_staging_bytes = host_bytes;
     return Status::OK();
   }
 
@@ -312,9 +377,8 @@ struct NcclSender::Impl {
   }
 };
 
-NcclSender::NcclSender(EngineApi* engine, NcclSenderOptions options) : impl_(std::make_unique<Impl>()) {
-  RC_ASSERT(engine != nullptr);
-  impl_->engine = engine;
+NcclSender::NcclSender(EngineClient& engine, NcclSenderOptions options)
+    : impl_(std::make_unique<Impl>(engine)) {
   impl_->opt = std::move(options);
 }
 
@@ -332,7 +396,8 @@ void NcclSender::RegisterSource(const std::string& uri, std::shared_ptr<WeightSo
 }
 
 bool NcclSender::ready() const { return impl_->comm != nullptr; }
-ProtocolLine NcclSender::line() const { return impl_->line; }
+EngineProtocol NcclSender::protocol() const { return impl_->protocol; }
+std::uint64_t NcclSender::abort_reserve_ms() const { return impl_->AbortReserveMs(); }
 Rendezvous NcclSender::rendezvous() const { return impl_->mode; }
 std::uint16_t NcclSender::store_port() const { return impl_->store ? impl_->store->port() : 0; }
 const SenderProgress& NcclSender::progress() const { return impl_->progress; }
@@ -343,8 +408,10 @@ TransferTiming NcclSender::last_timing() const {
 
 Status NcclSender::Init(std::uint64_t deadline_ms) {
   Impl& m = *impl_;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(deadline_ms);
-  if (m.comm != nullptr) m.AbortComm();  // re-init: never reuse a communicator
+  const auto hard_deadline = Clock::now() + std::chrono::milliseconds(deadline_ms);
+  if (m.comm != nullptr) m.AbortComm(hard_deadline);  // re-init: never reuse a communicator
+  // Work stops early enough that an abort still returns by the caller's deadline.
+  const auto deadline = Impl::WorkDeadline(hard_deadline, deadline_ms, m.AbortReserveMs());
   if (m.store) {
     m.store->Stop();
     m.store.reset();
@@ -353,31 +420,27 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   if (e != cudaSuccess) return Status::Unavailable(CudaErr("cudaSetDevice", e));
   m.comm_device = m.opt.device;
 
-  if (m.opt.line) {
-    m.line = *m.opt.line;
-  } else {
-    EngineReply v = m.engine->Version(std::min(m.opt.http_timeout_ms, MsUntil(deadline)));
-    if (!Ok2xx(v) || !v.body.is_object() || !v.body.contains("version") || !v.body["version"].is_string()) {
-      return Status::Unavailable(Describe("GET /version", v));
-    }
-    m.line = DetectProtocolLine(v.body["version"].get<std::string>());
+  // body_parsed guarantees "version" is a string and "world_size" a positive integer.
+  HttpReply v = m.engine.Version(Within(std::min(m.opt.http_timeout_ms, MsUntil(deadline))));
+  if (!Ok2xx(v) || !v.http.body_parsed) return Status::Unavailable(Describe("GET /version", v));
+  m.protocol = detect_protocol(v.body["version"].get<std::string>(), m.opt.protocol_override);
+  if (m.protocol.line == ProtocolLine::kUnknown) {
+    return Status::InvalidArgument("engine version '" + m.protocol.version +
+                                   "' has no known weight-transfer protocol line; set protocol_override");
   }
   m.mode = m.opt.rendezvous;
   if (m.mode == Rendezvous::kAuto) {
-    m.mode = m.line == ProtocolLine::kUniqueIdCapable ? Rendezvous::kUniqueId : Rendezvous::kTcpStore;
+    m.mode = m.protocol.unique_id_rendezvous ? Rendezvous::kUniqueId : Rendezvous::kTcpStore;
   }
-  if (m.mode == Rendezvous::kUniqueId && m.line != ProtocolLine::kUniqueIdCapable) {
-    return Status::InvalidArgument(std::string("unique-id rendezvous needs a unique-id-capable engine, got ") +
-                                   protocol_line_name(m.line));
+  if (m.mode == Rendezvous::kUniqueId && !m.protocol.unique_id_rendezvous) {
+    return Status::InvalidArgument("unique-id rendezvous needs an engine that accepts nccl_unique_id_b64, got '" +
+                                   m.protocol.version + "'");
   }
   m.world_size = m.opt.world_size;
   if (m.world_size <= 0) {
-    EngineReply w = m.engine->GetWorldSize(std::min(m.opt.http_timeout_ms, MsUntil(deadline)));
-    if (!Ok2xx(w) || !w.body.is_object() || !w.body.contains("world_size") ||
-        !w.body["world_size"].is_number_integer()) {
-      return Status::Unavailable(Describe("GET /get_world_size", w));
-    }
-    m.world_size = 1 + w.body["world_size"].get<int>();
+    HttpReply w = m.engine.GetWorldSize(/*include_dp=*/true, Within(std::min(m.opt.http_timeout_ms, MsUntil(deadline))));
+    if (!Ok2xx(w) || !w.http.body_parsed) return Status::Unavailable(Describe("GET /get_world_size", w));
+    m.world_size = 1 + static_cast<int>(std::min<std::int64_t>(w.body["world_size"].get<std::int64_t>(), 1 << 20));
   }
   if (m.world_size < 2 || m.world_size > 4096) {
     return Status::InvalidArgument("world size " + std::to_string(m.world_size) + " out of [2, 4096]");
@@ -403,12 +466,22 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   } else {
     uid_b64 = Base64Encode(std::string_view(reinterpret_cast<const char*>(id_bytes.data()), id_bytes.size()));
   }
-  const nlohmann::json init_info =
-      BuildInitInfo(m.line, m.mode, m.opt.master_address, port, m.world_size, uid_b64, m.opt.packing);
+  NcclInitParams init;
+  if (m.mode == Rendezvous::kTcpStore) {
+    init.master_address = m.opt.master_address;
+    init.master_port = port;
+  } else {
+    init.nccl_unique_id_b64 = uid_b64;
+  }
+  init.rank_offset = 1;
+  init.world_size = static_cast<std::uint32_t>(m.world_size);
+  Result<nlohmann::json> built = build_init_info(m.protocol, init, m.opt.packing);
+  if (!built.ok()) return built.status();
+  const nlohmann::json init_info = std::move(*built);
 
   // The engine joins the group inside its HTTP handler: run it beside our own init.
-  AsyncCall http([&m, init_info, deadline] {
-    return m.engine->InitWeightTransferEngine(init_info, MsUntil(deadline));
+  AsyncCall http(CancelToken{}, [&m, init_info, deadline](const CancelToken& cancel) {
+    return m.engine.InitWeightTransferEngine(init_info, Within(MsUntil(deadline), cancel));
   });
   Impl::Watch w{deadline, &http};
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -437,8 +510,9 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
     e = cudaEventRecord(warm_done, warm_stream);
     s = e == cudaSuccess ? m.WaitEvent(warm_done, w) : Status::Internal(CudaErr("cudaEventRecord", e));
   }
-  if (!s.ok() && m.comm != nullptr) m.AbortComm();
-  const EngineReply& reply = http.Join();  // bounded: its timeout ends at our deadline
+  if (!s.ok()) http.Cancel();  // the engine's side cannot succeed now: stop waiting for it
+  if (!s.ok() && m.comm != nullptr) m.AbortComm(hard_deadline);
+  const HttpReply& reply = http.Join();  // bounded: cancelled, or its timeout ends at our deadline
   if (warm_done != nullptr && !m.dirty) cudaEventDestroy(warm_done);
   if (warm_stream != nullptr && !m.dirty) cudaStreamDestroy(warm_stream);
   if (!s.ok()) {
@@ -446,7 +520,7 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
                                 (http.done() ? "; " + Describe("init_weight_transfer_engine", reply) : ""));
   }
   if (!Ok2xx(reply)) {
-    m.AbortComm();
+    m.AbortComm(hard_deadline);
     return Status::Unavailable(Describe("POST /init_weight_transfer_engine", reply));
   }
   return Status::OK();
@@ -485,10 +559,10 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
   }
   const BroadcastPlan plan = PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
   const Impl::Needs needs = m.StagingNeeds(**src, plan);
-  const bool have = m.slots.size() == needs.slot_count && m.dev_staging_bytes >= needs.dev_bytes;
+  const std::uint64_t shortfall = m.DeviceShortfallBytes(needs.slot_count, needs.dev_bytes);
   std::size_t free_bytes = 0, total_bytes = 0;
   e = cudaMemGetInfo(&free_bytes, &total_bytes);
-  const std::uint64_t want = have ? 0 : needs.dev_bytes * needs.slot_count + m.opt.memory_margin_bytes;
+  const std::uint64_t want = shortfall == 0 ? 0 : shortfall + m.opt.memory_margin_bytes;
   p.memory_ok = e == cudaSuccess && free_bytes >= want;
   if (!p.memory_ok) {
     detail += "staging needs " + std::to_string(want) + " bytes of device memory, " +
@@ -503,10 +577,15 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
 TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_t deadline_ms) {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::milliseconds(deadline_ms);
+  const auto hard_deadline = t0 + std::chrono::milliseconds(deadline_ms);
   TransferObserved out;
   out.finish_label = target.target.label;
   TransferTiming timing;
+  // Everything but the abort (and the kernel drain after it) stops at `deadline`, so that an
+  // abort started there still returns by hard_deadline.
+  const std::uint64_t reserve_ms = m.AbortReserveMs();
+  timing.abort_reserve_ms = reserve_ms;
+  const auto deadline = Impl::WorkDeadline(hard_deadline, deadline_ms, reserve_ms);
   auto finish = [&](std::string error) {
     out.error = error.substr(0, kTextBytesMax);
     out.duration_us = UsSince(t0);
@@ -519,6 +598,10 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
 
   // ---- checks that change nothing (any failure here: MutationClass::kNone) ----
   if (m.comm == nullptr) return finish("no communicator: Init (a fresh one) before transferring");
+  if (deadline_ms <= reserve_ms) {
+    return finish("deadline " + std::to_string(deadline_ms) + " ms leaves nothing beyond the " +
+                  std::to_string(reserve_ms) + " ms abort reserve; refusing before any mutation");
+  }
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != m.comm_device) {
     return finish("calling thread's CUDA device " + std::to_string(current) + " != communicator's device " +
@@ -540,16 +623,21 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   if (Status s = m.EnsureSlots(needs.slot_count, needs.dev_bytes, needs.host_bytes); !s.ok()) {
     return finish(s.ToString());
   }
-  const nlohmann::json update_info = BuildUpdateInfo(m.line, manifest, m.opt.packing);
+  Result<nlohmann::json> built = build_update_info(m.protocol, manifest, m.opt.packing);
+  if (!built.ok()) return finish("update_info: " + built.status().ToString());
+  const nlohmann::json update_info = std::move(*built);
+  const std::size_t ring = needs.slot_count;
 
   // ---- engine: start ----
-  EngineReply start = m.engine->StartWeightUpdate(std::min(m.opt.http_timeout_ms, MsUntil(deadline)));
+  HttpReply start = m.engine.StartWeightUpdate(Within(std::min(m.opt.http_timeout_ms, MsUntil(deadline))));
   timing.start_http_us = start.http.latency_us;
   if (!Ok2xx(start)) return finish(Describe("POST /start_weight_update", start));
 
   // ---- engine: update (its own thread) + data plane ----
   const auto update_t0 = Clock::now();
-  AsyncCall update([&m, &update_info, deadline] { return m.engine->UpdateWeights(update_info, MsUntil(deadline)); });
+  AsyncCall update(CancelToken{}, [&m, &update_info, deadline](const CancelToken& cancel) {
+    return m.engine.UpdateWeights(update_info, Within(MsUntil(deadline), cancel));
+  });
   Impl::Watch w{deadline, &update};
   Status s;
   std::size_t next_slot = 0;
@@ -557,7 +645,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   for (std::size_t k = 0; k < plan.ops.size() && s.ok(); ++k) {
     const BroadcastOp& op = plan.ops[k];
     Impl::Slot& slot = m.slots[next_slot];
-    next_slot = (next_slot + 1) % m.slots.size();
+    next_slot = (next_slot + 1) % ring;
     if (slot.busy) {  // never overwrite (or over-queue) a buffer NCCL may still read
       s = m.WaitEvent(slot.done, w);
       if (!s.ok()) break;
@@ -598,7 +686,11 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
     }
     const std::uint64_t count = op.packed ? op.bytes : manifest.tensors[op.first_tensor].numel();
     const ncclDataType_t type = op.packed ? ncclUint8 : NcclType(manifest.tensors[op.first_tensor].dtype);
-    if (m.progress.ops_enqueued == 0) dp_t0 = Clock::now();
+    if (m.progress.ops_enqueued == 0) {
+      dp_t0 = Clock::now();
+      timing.first_enqueue_steady_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(dp_t0.time_since_epoch()).count();
+    }
     // Root passes sendbuff == recvbuff, as vLLM's PyNcclCommunicator does.
     ncclResult_t r = ncclBroadcast(buf, const_cast<void*>(buf), count, type, 0, m.comm, slot.stream);
     m.progress.ops_enqueued++;           // counted even if the call failed: bytes may be queued
@@ -631,9 +723,12 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
     out.mutation = enqueued ? MutationClass::kPossible : MutationClass::kNone;
     out.tensors_sent = 0;
     out.bytes_sent = m.progress.bytes_completed;
+    // The engine's answer can no longer be a success: stop waiting for it (the call returns
+    // within ~50 ms) while the communicator is aborted.
+    update.Cancel();
     // The group is unusable once bytes were queued, or while the engine may sit in its receives.
-    if (enqueued || !update.done()) timing.abort_us = m.AbortComm();
-    const EngineReply& ur = update.Join();  // bounded by the same deadline
+    if (enqueued || !update.done()) timing.abort_us = m.AbortComm(hard_deadline);
+    const HttpReply& ur = update.Join();
     timing.update_http_us = UsSince(update_t0);
     return finish("data plane: " + s.ToString() + (enqueued ? " (communicator aborted)" : "") + "; " +
                   Describe("POST /update_weights", ur));
@@ -642,10 +737,12 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   out.mutation = MutationClass::kPossible;  // every byte left; the engine has not confirmed yet
   // The engine answers once it has received everything: wait for that, bounded by the deadline.
   while (!update.done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  const EngineReply& ur = update.Join();
+  if (!update.done()) update.Cancel();  // past the work deadline: the answer comes too late
+  const HttpReply& ur = update.Join();
   timing.update_http_us = UsSince(update_t0);
   if (!Ok2xx(ur)) return finish(Describe("POST /update_weights", ur));
-  EngineReply fin = m.engine->FinishWeightUpdate(target.target.label, std::min(m.opt.http_timeout_ms, MsUntil(deadline)));
+  HttpReply fin = m.engine.FinishWeightUpdate(target.target.label,
+                                              Within(std::min(m.opt.http_timeout_ms, MsUntil(hard_deadline))));
   timing.finish_http_us = fin.http.latency_us;
   if (!Ok2xx(fin)) return finish(Describe("POST /finish_weight_update", fin));
   out.acknowledged = true;
@@ -679,7 +776,7 @@ Result<std::uint64_t> NcclSender::RawBroadcast(const void* device_ptr, std::uint
   }
   const std::uint64_t us = UsSince(t0);
   if (!s.ok()) {
-    m.AbortComm();
+    m.AbortComm(deadline + std::chrono::milliseconds(m.opt.drain_after_abort_ms));
     return s;
   }
   cudaEventDestroy(done);
