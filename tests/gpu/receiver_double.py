@@ -6,6 +6,14 @@ rendezvous through the real torch.distributed.TCPStore client (unpickling the id
 class with vLLM's qualified name) or the unique-id mode, NCCL through ctypes like vLLM's
 pynccl_wrapper, packed-chunk unpacking with vLLM's rule, and byte-for-byte verification of every
 tensor against the seeded generator the C++ driver also uses. Test-only routes live under /test/.
+
+The control routes the Runner uses answer as vLLM does (reference §1.2, §1.3, §1.5): GET /health
+(200, empty body), /version, /weight_info, /is_paused; POST /update_weight_version {"new_version"}
+-> {"success": true, "new_version"}; /pause?mode=abort|wait|keep&clear_cache=... -> {"status":
+"paused"} (no requests run here, so wait completes at once); /resume -> {"status": "resumed"};
+/reset_prefix_cache -> {"success": true}; /reset_encoder_cache and /reset_mm_cache -> 200 empty.
+Timestamps for the sender's benchmarks use time.monotonic_ns() (CLOCK_MONOTONIC, the clock of the
+C++ side's steady_clock): first_post_mono_ns is taken just before the first receive is posted.
 """
 import argparse, base64, ctypes, datetime, json, os, pickle, sys, threading, time, types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -129,6 +137,7 @@ class Engine:
         extra = set(info) - allowed
         if extra: raise ValueError(f"Invalid update_info: unexpected keys {sorted(extra)}")
         names, dts, shapes = info["names"], info["dtype_names"], info["shapes"]
+        self.report["first_post_mono_ns"] = 0
         if not (len(names) == len(dts) == len(shapes)): raise ValueError("length mismatch")
         packing = dict(self.packing)
         if line == "update":
@@ -153,6 +162,7 @@ class Engine:
                 s = streams[k % nbuf]
                 with torch.cuda.stream(s):
                     buf = torch.empty(total, dtype=torch.uint8, device=self.device)
+                    if k == 0: self.report["first_post_mono_ns"] = time.monotonic_ns()
                     self.bcast(buf, 1, s)
                 received.append((idx, buf))
                 if k == 0 and self.stall_after_first_s > 0:
@@ -163,6 +173,7 @@ class Engine:
                 s = streams[i % nbuf]
                 with torch.cuda.stream(s):
                     t = torch.empty(shape, dtype=dt, device=self.device)
+                    if i == 0: self.report["first_post_mono_ns"] = time.monotonic_ns()
                     self.bcast(t, NCCL_DTYPE[dt], s)
                 received.append(([i], t))
         torch.cuda.synchronize(self.device)
@@ -194,6 +205,7 @@ class Engine:
         while off < nbytes:
             n = min(chunk, nbytes - off)
             b = torch.empty(n, dtype=torch.uint8, device=self.device)
+            if off == 0: self.report["first_post_mono_ns"] = time.monotonic_ns()
             self.bcast(b, 1, s)
             bufs.append(b); off += n
         s.synchronize()
@@ -206,7 +218,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
     def reply(self, code, obj):
-        body = json.dumps(obj).encode()
+        body = b"" if obj is None else json.dumps(obj).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -220,15 +232,17 @@ class Handler(BaseHTTPRequestHandler):
         return json.loads(raw) if raw else None
     def do_GET(self):
         e, p = ENGINE, self.path.split("?")[0]
+        e.report["calls"] = e.report.get("calls", 0) + 1
         if p == "/version": return self.reply(200, {"version": e.version})
         if p == "/weight_info": return self.reply(200, {"weight_version": e.weight_version})
         if p == "/is_paused": return self.reply(200, {"is_paused": e.paused})
         if p == "/get_world_size": return self.reply(200, {"world_size": 1})
-        if p == "/health": return self.reply(200, {})
+        if p == "/health": return self.reply(200, None)  # vLLM: 200, empty body
         if p == "/test/report": return self.reply(200, e.report)
         return self.reply(404, {"error": "not found"})
     def do_POST(self):
         e, p = ENGINE, self.path.split("?")[0]
+        query = dict(kv.split("=", 1) for kv in self.path.split("?", 1)[1].split("&") if "=" in kv) if "?" in self.path else {}
         try:
             body = self.body()
             if p == "/init_weight_transfer_engine":
@@ -250,10 +264,20 @@ class Handler(BaseHTTPRequestHandler):
                     if isinstance(body, dict) and body.get("weight_version") is not None:
                         e.weight_version = body["weight_version"]
                 return self.reply(200, {"message": "Weight update finished"})
-            if p == "/pause": e.paused = True; return self.reply(200, {"status": "paused"})
+            if p == "/pause":
+                mode = query.get("mode", "abort")
+                if mode not in ("abort", "wait", "keep"): raise ValueError(f"invalid pause mode {mode!r}")
+                e.paused = True
+                e.report.setdefault("pauses", []).append({"mode": mode, "clear_cache": query.get("clear_cache", "true")})
+                return self.reply(200, {"status": "paused"})
             if p == "/resume": e.paused = False; return self.reply(200, {"status": "resumed"})
+            if p == "/update_weight_version":
+                if not isinstance(body, dict) or not isinstance(body.get("new_version"), str):
+                    return self.reply(400, {"error": "new_version (str) required"})
+                e.weight_version = body["new_version"]
+                return self.reply(200, {"success": True, "new_version": e.weight_version})
             if p == "/reset_prefix_cache": return self.reply(200, {"success": True})
-            if p in ("/reset_mm_cache", "/reset_encoder_cache"): return self.reply(200, {})
+            if p in ("/reset_mm_cache", "/reset_encoder_cache"): return self.reply(200, None)  # empty 200
             if p == "/test/config":
                 e.seed = body.get("seed"); e.stall_after_first_s = float(body.get("stall_after_first_s", 0)); e.version = body.get("version", e.version); e.active = False
                 return self.reply(200, {"ok": True})

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one GPU scenario: starts the receiver double on GPU 1, then the C++ driver on GPU 0.
-#   tests/gpu/run_gpu.sh <nccl_gpu_driver> <e2e|bench|deadline|kill> [extra driver args...]
+#   tests/gpu/run_gpu.sh <nccl_gpu_driver|nccl_runner_driver> <mode> [extra driver args...]
 # Needs 2 GPUs, torch with NCCL (the double loads libnccl from the nvidia-nccl wheel; the driver
 # must use the same library: LD_LIBRARY_PATH=<nvidia>/nccl/lib:/usr/local/cuda/lib64).
 set -u
@@ -18,7 +18,9 @@ import sys, urllib.request; urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[
 PYEOF
   sleep 0.2
 done
-"$DRIVER" --mode "$MODE" --port "$PORT" --pid "$PY" "$@"
+# RC_DRIVER_LIBS: carried shared libraries (libcurl & co.) for the driver only, searched last.
+LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}${RC_DRIVER_LIBS:+:$RC_DRIVER_LIBS}" \
+  "$DRIVER" --mode "$MODE" --port "$PORT" --pid "$PY" "$@"
 RC=$?
 kill -9 "$PY" 2>/dev/null; wait "$PY" 2>/dev/null
 rm -f "$PIDFILE"
