@@ -204,8 +204,9 @@ int Bench(Ctx& c, int reps) {
   return g_failures;
 }
 
-// ipc: a separate torch process (ipc_export.py) on GPU 0 exports the OPT-125M-shaped set as CUDA
-// IPC handles; the sender opens them (ipc:<file>) and the receiver verifies every byte.
+// ipc: proves the sender can broadcast tensors another process exported through CUDA IPC
+// (ipc_export.py on GPU 0, opened as ipc:<file>), verified byte for byte by the receiver; it would
+// catch a handle/offset misread (wrong bytes) or a handle that cannot be opened.
 int Ipc(Ctx& c, const std::string& script) {
   const Manifest opt = Opt125M();
   const std::uint64_t seed = 4242;
@@ -238,7 +239,9 @@ int Ipc(Ctx& c, const std::string& script) {
   return g_failures;
 }
 
-// deadline: the double stalls after the first chunk; kill: additionally SIGKILL it then.
+// deadline: proves Transfer returns by its deadline, abort included, when the double stalls after
+// the first chunk (would catch an overshoot by the ncclCommAbort time); kill: proves a SIGKILLed
+// receiver ends Transfer within 2 s as kPossible (would catch a hang on the dead peer).
 int Liveness(Ctx& c, bool kill, int pid, std::uint64_t deadline_ms) {
   c.Config("0.30.0", nullptr, kill ? 30.0 : 60.0);
   NcclSenderOptions o;

@@ -89,6 +89,9 @@ struct Wiring {
       : client(url, Deadlines()), control(client), sender(client, std::move(o)) {}
 };
 
+// Proves a whole update cycle (drain, preflight, NCCL transfer, cache resets, validation, resume,
+// durable journal) commits through the Runner with the real data plane, and times it; it would
+// catch a control route the double/EngineClient disagree on, or bytes the receiver did not get.
 int Cycle(Ctx& c, int reps) {
   c.Config("0.30.0", nullptr);
   NcclSenderOptions so;
@@ -167,6 +170,9 @@ int Cycle(Ctx& c, int reps) {
   return g_failures;
 }
 
+// Proves a receiver killed mid-broadcast leaves the controller TAINTED (journaled within 2 s of
+// the kill) with the target unpublished and an incident replay explains; it would catch a hang on
+// the dead peer, a failure classified as a clean refusal, or a published half-written version.
 int Kill(Ctx& c, int pid) {
   c.Config("0.30.0", nullptr, 30.0);  // the receiver holds back after chunk 1: the kill lands mid-broadcast
   NcclSenderOptions so;
