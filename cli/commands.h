@@ -13,5 +13,6 @@ using Runner = std::function<int()>;
 Runner add_replay(CLI::App& app);
 Runner add_demo(CLI::App& app);
 Runner add_serve(CLI::App& app);
+Runner add_audit(CLI::App& app);
 
 }  // namespace rc::cli

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
       "Run an update scenario against the vLLM test double and print its timeline");
   add(&rc::cli::add_serve, "serve",
       "Run the update executor: trainer API, enforcing admission proxy and /metrics");
+  add(&rc::cli::add_audit, "audit",
+      "Audit a journal offline: integrity, lifecycle history, provenance, trajectories");
   CLI11_PARSE(app, argc, argv);
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) return run();

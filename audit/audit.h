@@ -1,0 +1,98 @@
+// Offline audit of a journal: integrity, lifecycle history invariants, provenance of every
+// rollout, and re-verification of recorded token/logprob trajectories against an engine.
+//
+// Everything here reads; nothing writes to the journal or changes the engine (the
+// re-verification sends ordinary scoring requests: prompt_logprobs over prompt + output).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "effects/http/engine_client.h"
+#include "journal/journal.h"
+#include "statemachine/history.h"
+#include "statemachine/state.h"
+
+namespace rc::audit {
+
+// A committed generation and where it came from.
+struct VersionRecord {
+  WeightVersion version;
+  WeightIdentity identity;
+  std::string update_id;           // empty for the bootstrap generation
+  std::uint64_t published_seq = 0; // seq of the VersionPublished (or of the bootstrap READY)
+  std::uint64_t rollouts_admitted = 0;
+  std::uint64_t rollouts_finished = 0;
+};
+
+struct AuditReport {
+  bool ok = true;
+  std::vector<std::string> failures;  // each names a seq where one applies
+  std::uint64_t records = 0;
+  bool chain_ok = true;               // decode, contiguity, SHA-256 chain (Journal::Scan)
+  bool checksums_ok = true;           // RocksDB block checksums of every file
+  HistoryReport history;              // lifecycle invariants and decision re-derivation
+  std::vector<VersionRecord> versions;
+  State state;
+};
+
+// Reads the whole journal once. Fails only when it cannot be read at all; every finding lands
+// in the report.
+[[nodiscard]] Result<AuditReport> AuditJournal(journal::Journal& journal);
+
+// Where one rollout came from: its binding, its end, and the update that published its version.
+struct RolloutProvenance {
+  std::string rollout_id;
+  RolloutAdmitted binding;
+  std::uint64_t admitted_seq = 0;
+  std::optional<RolloutFinished> finish;
+  std::uint64_t finished_seq = 0;
+  VersionRecord version;  // the generation the rollout ran under
+};
+[[nodiscard]] Result<RolloutProvenance> Provenance(journal::Journal& journal,
+                                                   const std::string& rollout_id);
+
+// A recorded trajectory (the proxy writes them; see service/trajectories.h for the format).
+struct Trajectory {
+  std::string rollout_id;
+  std::uint64_t admission_seq = 0;
+  WeightVersion version;
+  WeightIdentity identity;
+  std::vector<std::int32_t> prompt;
+  std::vector<std::int32_t> output;
+  std::vector<std::optional<double>> logprobs;  // per output token, when it was recorded
+};
+
+inline constexpr std::size_t kTrajectoriesMax = 1u << 20;
+inline constexpr std::size_t kTrajectoryTokensMax = 1u << 20;
+
+// Parses a trajectories JSON-lines file. Malformed lines are errors naming the line number.
+[[nodiscard]] Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path);
+
+// Checks each trajectory's binding against the journal's RolloutAdmitted for that rollout (same
+// version, same identity, same admission seq). Returns one failure message per mismatch.
+std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
+                                                const std::vector<Trajectory>& trajectories);
+
+struct ReverifyResult {
+  std::string rollout_id;
+  bool checked = false;          // false: skipped (detail says why, e.g. another version served)
+  bool ok = false;
+  std::size_t tokens = 0;        // output tokens compared
+  std::size_t logprob_mismatches = 0;
+  std::size_t not_top1 = 0;      // output tokens the engine does not rank first (greedy check)
+  double max_abs_diff = 0;
+  std::string detail;
+};
+
+// Re-scores prompt + output on an engine that serves the trajectory's version (checked through
+// /weight_info) with prompt_logprobs, and compares each output token's logprob with the recorded
+// one (|diff| <= tolerance). `greedy` also requires each output token to be the engine's top-1.
+ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& trajectory,
+                        double tolerance, bool greedy);
+
+std::string FormatReport(const AuditReport& report);
+
+}  // namespace rc::audit
