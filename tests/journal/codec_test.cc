@@ -2,6 +2,7 @@
 // malformed bytes (truncated, oversized, unknown union type, wrong identifier, bad enums, bit flips).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <set>
 
 #include "journal/codec.h"
@@ -44,6 +45,36 @@ TEST(Codec, RoundTripsEveryEventAlternative) {
   }
   EXPECT_EQ(covered.size(), std::variant_size_v<Event>);
 }
+
+// Proves Sha256 is standard SHA-256 (FIPS 180-2 vectors, including a two-block message); catches a
+// hashing rewrite (low-level SHA256_* instead of EVP) that changes the chain's digests.
+TEST(Codec, Sha256MatchesKnownAnswers) {
+  EXPECT_EQ(HashHex(Sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(HashHex(Sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(HashHex(Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+// Proves a record decodes to the same fields and hash at every byte alignment of its storage;
+// catches the in-place fast path (8-aligned values) or the reused per-thread copy (unaligned
+// values) reading the wrong bytes, or a stale buffer leaking into the next decode.
+TEST(Codec, DecodesIdenticallyAtEveryAlignment) {
+  const auto events = SampleEvents();
+  for (std::size_t k = 0; k < events.size(); ++k) {
+    const std::string bytes = EncodeRecord(SampleRecord(events[k]));
+    alignas(8) char storage[4096 + 8];
+    ASSERT_LE(bytes.size(), 4096u);
+    for (std::size_t offset = 0; offset < 8; ++offset) {
+      std::memcpy(storage + offset, bytes.data(), bytes.size());
+      Result<Record> out = DecodeRecord(std::string_view(storage + offset, bytes.size()));
+      ASSERT_TRUE(out.ok()) << "event " << k << " offset " << offset << ": " << out.status().ToString();
+      EXPECT_TRUE(out->event == events[k]) << "event " << k << " offset " << offset;
+      EXPECT_EQ(out->seq, 42u);
+      EXPECT_EQ(out->hash, Sha256(bytes));
+    }
+  }
+}
+
 
 // Proves truncated or extended bytes are refused with Corruption (the size prefix must match);
 // catches a decoder that reads past the end or ignores a torn/padded value.
