@@ -80,6 +80,20 @@ std::uint64_t Runner::deadline_for(EffectKind kind) const {
   }
 }
 
+// Drains locally before pausing the engine. The fold is DRAINING, so nothing new is admitted;
+// waiting for the admitted rollouts first means no admitted-but-not-yet-forwarded request can
+// reach a paused engine and sit in its queue (pause(mode=wait) leaves queued requests queued).
+// Rollouts still active at the deadline are the fold's to judge after the pause.
+DrainObserved Runner::drain() {
+  const std::int64_t deadline_ms =
+      clock_.now_ms() + static_cast<std::int64_t>(options_.drain_timeout_ms);
+  while (!journal_.state().active.empty() && clock_.now_ms() < deadline_ms) {
+    clock_.sleep_ms(options_.await_poll_ms);
+  }
+  const std::int64_t left_ms = std::max<std::int64_t>(1, deadline_ms - clock_.now_ms());
+  return engine_.PauseWait(static_cast<std::uint64_t>(left_ms));
+}
+
 Event Runner::observe(const Effect& effect, const State& s) {
   switch (effect.kind) {
     case EffectKind::kProbeEngine: {
@@ -93,7 +107,7 @@ Event Runner::observe(const Effect& effect, const State& s) {
       return probed;
     }
     case EffectKind::kDrain:
-      return engine_.PauseWait(options_.drain_timeout_ms);
+      return drain();
     case EffectKind::kPreflight:
     case EffectKind::kTransfer: {
       const UpdatePlan& u = *s.update;

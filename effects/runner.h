@@ -79,6 +79,7 @@ class Runner {
   [[nodiscard]] Status perform(const Effect& effect, const State& state);
   [[nodiscard]] Status await_rollouts(const State& state);
   Event observe(const Effect& effect, const State& state);
+  DrainObserved drain();
   std::uint64_t deadline_for(EffectKind kind) const;
 
   journal::Journal& journal_;
