@@ -196,8 +196,10 @@ struct EngineClient::Handle {
   Handle& operator=(const Handle&) = delete;
 };
 
-EngineClient::EngineClient(std::string base_url, EngineDeadlines deadlines)
-    : base_url_(std::move(base_url)), deadlines_(deadlines) {
+EngineClient::EngineClient(std::string base_url, EngineDeadlines deadlines,
+                           std::size_t idle_handles_max)
+    : base_url_(std::move(base_url)), deadlines_(deadlines), idle_handles_max_(idle_handles_max) {
+  RC_ASSERT(idle_handles_max_ >= 1 && idle_handles_max_ <= kIdleHandlesLimit);
   curl_global_once();
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
   RC_ASSERT(deadlines_.connect_timeout_ms > 0 && deadlines_.call_timeout_ms > 0);
@@ -223,8 +225,13 @@ std::unique_ptr<EngineClient::Handle> EngineClient::Acquire() {
 
 void EngineClient::Release(std::unique_ptr<Handle> h) {
   std::lock_guard<std::mutex> lock(pool_mu_);
-  if (pool_.size() < kIdleHandlesMax) pool_.push_back(std::move(h));
+  if (pool_.size() < idle_handles_max_) pool_.push_back(std::move(h));
   // else: h is destroyed here, closing its connections.
+}
+
+std::size_t EngineClient::idle_handles() const {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  return pool_.size();
 }
 
 HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
@@ -276,8 +283,9 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
   if (req.method == Method::kPost) {
     // Never on a reused connection: libcurl silently re-sends a request when a reused connection
     // closes without a response, which would run a non-idempotent POST (/update_weights,
-    // /start_weight_update) twice and hide the ambiguity from the evidence.
-    curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+    // /start_weight_update) twice and hide the ambiguity from the evidence. Only a caller whose
+    // POST may run twice (generation through the proxy) opts into reuse.
+    if (!o.reuse_connection) curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
     // curl keeps the pointer: it must stay valid until the transfer ends (req outlives it).
     static const char kEmpty[] = "";

@@ -12,8 +12,11 @@
 //                   PARTIAL_FILE) and, conservatively, every other curl failure.
 //   kOk             a status line arrived (including a body cut off at kResponseBytesMax, which
 //                   is reported with body_parsed=false).
-// POSTs always use a fresh connection (libcurl would otherwise silently re-send a POST whose
-// reused connection closed without a response); GETs reuse pooled connections.
+// POSTs use a fresh connection (libcurl would otherwise silently re-send a POST whose reused
+// connection closed without a response) unless the caller sets CallOptions::reuse_connection for
+// a POST that is safe to run twice (the proxy's generation requests); GETs reuse pooled
+// connections. Each pooled handle keeps its own connection cache; how many idle handles are kept
+// is per client (idle_handles_max, default kIdleHandlesMax).
 // body_parsed is true only when the body is the JSON the route promises on 2xx (for routes that
 // answer an empty body: empty or valid JSON). On non-2xx it says whether the body is valid JSON.
 #pragma once
@@ -38,7 +41,8 @@ namespace rc::effects {
 inline constexpr std::size_t kResponseBytesMax = std::size_t{16} << 20;  // per response body
 inline constexpr std::size_t kRequestBytesMax = std::size_t{256} << 20;  // per request body
 inline constexpr std::size_t kHttpErrorBytesMax = 512;                   // HttpEvidence::error
-inline constexpr std::size_t kIdleHandlesMax = 16;                       // pooled curl handles
+inline constexpr std::size_t kIdleHandlesMax = 16;       // pooled curl handles (default)
+inline constexpr std::size_t kIdleHandlesLimit = 65536;  // largest idle_handles_max accepted
 inline constexpr std::size_t kSseEventBytesMax = std::size_t{4} << 20;   // one SSE event
 
 struct EngineDeadlines {
@@ -63,6 +67,10 @@ class CancelToken {
 struct CallOptions {
   std::optional<std::uint64_t> timeout_ms;  // overrides the call kind's deadline
   std::optional<CancelToken> cancel;        // in addition to EngineClient::Cancel()
+  // POST only: allow a pooled keep-alive connection. Only for requests that may run twice
+  // without harm (generation): libcurl re-sends a POST whose reused connection dropped before
+  // any response byte. Never for weight or lifecycle calls.
+  bool reuse_connection = false;
 };
 
 // One raw exchange: the evidence, the parsed JSON (null unless the body parsed) and the raw body
@@ -80,13 +88,19 @@ const char* pause_mode_name(PauseMode m);
 class EngineClient {
  public:
   // base_url like "http://127.0.0.1:8000" (a trailing '/' is dropped).
-  explicit EngineClient(std::string base_url, EngineDeadlines deadlines = {});
+  // idle_handles_max: idle curl handles (each with its open connection) kept for reuse; a
+  // client with many concurrent calls (the proxy) needs about as many as it has calls in flight,
+  // or most calls reconnect. 1..kIdleHandlesLimit.
+  explicit EngineClient(std::string base_url, EngineDeadlines deadlines = {},
+                        std::size_t idle_handles_max = kIdleHandlesMax);
   ~EngineClient();
   EngineClient(const EngineClient&) = delete;
   EngineClient& operator=(const EngineClient&) = delete;
 
   const std::string& base_url() const { return base_url_; }
   const EngineDeadlines& deadlines() const { return deadlines_; }
+  std::size_t idle_handles_max() const { return idle_handles_max_; }
+  std::size_t idle_handles() const;  // handles now in the pool (tests)
 
   // Makes every in-flight call return promptly and every later call fail at once (never sent)
   // until ClearCancel(). Thread-safe.
@@ -167,8 +181,9 @@ class EngineClient {
   std::string base_url_;
   EngineDeadlines deadlines_;
   std::atomic<bool> cancelled_{false};
-  std::mutex pool_mu_;
-  std::vector<std::unique_ptr<Handle>> pool_;  // idle handles, at most kIdleHandlesMax
+  mutable std::mutex pool_mu_;
+  std::size_t idle_handles_max_ = kIdleHandlesMax;
+  std::vector<std::unique_ptr<Handle>> pool_;  // idle handles, at most idle_handles_max_
 };
 
 // Bounds a string to kHttpErrorBytesMax bytes.
