@@ -44,7 +44,8 @@ std::map<std::string, Setter> setters(ServeConfig& c) {
   RC_FIELD(connect_timeout_ms); RC_FIELD(call_timeout_ms); RC_FIELD(drain_timeout_ms);
   RC_FIELD(transfer_timeout_ms); RC_FIELD(request_timeout_ms); RC_FIELD(admit_wait_ms);
   RC_FIELD(retry_after_s); RC_FIELD(shutdown_grace_ms); RC_FIELD(watch_timeout_ms_max);
-  RC_FIELD(body_bytes_max); RC_FIELD(http_threads); RC_FIELD(events_page_max);
+  RC_FIELD(body_bytes_max); RC_FIELD(http_threads);
+  RC_FIELD(engine_connections_max); RC_FIELD(events_page_max);
   RC_FIELD(trajectories_bytes_max); RC_FIELD(transfer); RC_FIELD(packed_buffer_size_bytes);
   RC_FIELD(packed_num_buffers); RC_FIELD(rendezvous); RC_FIELD(journal_sync);
 #undef RC_FIELD
@@ -99,6 +100,9 @@ Status ValidateConfig(const ServeConfig& c) {
   if (c.http_threads < 4 || c.http_threads > 8192) {
     return Status::InvalidArgument("http_threads must be in 4..8192");
   }
+  if (c.engine_connections_max < 1 || c.engine_connections_max > 8192) {
+    return Status::InvalidArgument("engine_connections_max must be in 1..8192");
+  }
   if (c.body_bytes_max < 1024 || c.body_bytes_max > (std::size_t{256} << 20)) {
     return Status::InvalidArgument("body_bytes_max must be in 1 KiB..256 MiB");
   }
@@ -138,6 +142,7 @@ nlohmann::json ConfigToJson(const ServeConfig& c) {
   RC_OUT(drain_timeout_ms); RC_OUT(transfer_timeout_ms); RC_OUT(request_timeout_ms);
   RC_OUT(admit_wait_ms); RC_OUT(retry_after_s); RC_OUT(shutdown_grace_ms);
   RC_OUT(watch_timeout_ms_max); RC_OUT(body_bytes_max); RC_OUT(http_threads);
+  RC_OUT(engine_connections_max);
   RC_OUT(events_page_max); RC_OUT(trajectories_bytes_max); RC_OUT(transfer);
   RC_OUT(packed_buffer_size_bytes); RC_OUT(packed_num_buffers); RC_OUT(rendezvous);
   RC_OUT(journal_sync);

@@ -48,6 +48,9 @@ struct ServeConfig {
   // Bounds.
   std::size_t body_bytes_max = std::size_t{8} << 20;
   int http_threads = 512;                     // concurrent connections served
+  // Idle keep-alive connections (curl handles) the proxy keeps to the engine; about the number
+  // of concurrent proxied requests, or calls beyond it reconnect.
+  std::size_t engine_connections_max = 512;
   std::uint32_t events_page_max = 1000;
   std::uint64_t trajectories_bytes_max = std::uint64_t{1} << 30;  // then rotated once (.1)
 

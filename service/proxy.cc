@@ -311,6 +311,9 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
 
   effects::CallOptions opts;
   opts.cancel = call->cancel;
+  // Generation may run twice without harm (the rollout is bound once, by its admission): reuse
+  // pooled keep-alive connections instead of a TCP connect per request.
+  opts.reuse_connection = true;
 
   if (!stream) {
     const auto tu = Clock::now();
@@ -368,6 +371,7 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
     if (call->finished) return false;
     effects::CallOptions o;
     o.cancel = call->cancel;
+    o.reuse_connection = true;  // as above: generation, not a weight call
     effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {
       call->trace.absorb(chunk);
       if (call->strip_usage && chunk.is_object() && chunk.contains("usage") &&
