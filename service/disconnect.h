@@ -3,16 +3,17 @@
 //
 // cpp-httplib 0.11 gives handlers no access to their socket, so the socket is found by its
 // addresses (local port = our listener, peer = the request's remote addr/port). A worker thread
-// serves one connection at a time, so the last match is cached per thread and re-checked with one
-// getpeername(); a scan of the descriptor table happens once per new connection. One background
-// thread poll()s every registered socket for POLLRDHUP/POLLHUP (peer closed) every poll_ms and
+// serves one connection at a time, so the last match is cached per thread and re-checked; new
+// connections are looked up in a table that one scan of the descriptor table fills for all. One
+// background thread waits in epoll for EPOLLRDHUP/EPOLLHUP (peer closed) on the registered
+// sockets (nothing runs while no client hangs up; it used to poll() all of them every 5 ms) and
 // cancels the registered token. Registrations are bounded (kWatchesMax); beyond that a request is
 // simply not watched (its abort is then noticed when a streamed write fails).
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
-#include <map>
+#include <unordered_map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -23,18 +24,16 @@ namespace rc::service {
 
 inline constexpr std::size_t kWatchesMax = 16384;
 
-// cpp-httplib 0.11 listens with a backlog of 5: a burst of a few hundred connects overflows the
-// accept queue and clients see resets. Re-issues listen() with `backlog` on this process's
-// listening socket bound to `port` (Linux updates the backlog of a listening socket). Returns
-// false when no such socket was found.
-bool RaiseListenBacklog(int port, int backlog);
-
-// The descriptor of this process's TCP socket with these endpoints, or -1.
+// The descriptor of this process's TCP socket with these endpoints, or -1. Checked in order:
+// the calling thread's last answer (a keep-alive connection stays on one worker), then a
+// process-wide table of the sockets the last scan saw, then one scan of the descriptor table
+// (serialised, and it refills the table, so a burst of new connections costs about one scan, not
+// one per connection). Every answer is re-verified with getpeername/getsockname.
 int FindPeerSocket(int local_port, const std::string& remote_addr, int remote_port);
 
 class DisconnectWatcher {
  public:
-  explicit DisconnectWatcher(std::uint32_t poll_ms = 5);
+  DisconnectWatcher();
   ~DisconnectWatcher();
 
   // Returns a registration id (0 when not watched: socket unknown or too many watches).
@@ -51,12 +50,12 @@ class DisconnectWatcher {
   };
   void Loop();
 
-  std::uint32_t poll_ms_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: wakes Loop for the destructor
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::uint64_t, Entry> entries_;
+  std::unordered_map<std::uint64_t, Entry> entries_;
   std::uint64_t next_id_ = 1;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 

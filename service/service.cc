@@ -3,7 +3,10 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <sys/socket.h>
+
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <random>
 
@@ -20,6 +23,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 inline constexpr int kListenBacklog = 4096;
+inline constexpr std::size_t kAcceptQueueMax = 4096;  // accepted connections awaiting a worker
 
 std::uint64_t us_since(Clock::time_point t) {
   return static_cast<std::uint64_t>(
@@ -52,6 +56,60 @@ class DrainFirstControl final : public effects::EngineControl {
  private:
   effects::EngineControl& inner_;
   journal::Journal& journal_;
+};
+
+// A fixed set of worker threads (cpp-httplib serves one connection per worker at a time) fed by
+// a FIFO of accepted connections bounded at queue_max: a full FIFO blocks the accept loop, so
+// excess connections wait in the kernel's listen backlog instead of an unbounded std::list.
+// shutdown() runs what is queued (each job closes its socket), then joins.
+class BoundedThreadPool final : public httplib::TaskQueue {
+ public:
+  BoundedThreadPool(std::size_t threads, std::size_t queue_max) : queue_max_(queue_max) {
+    RC_ASSERT(threads > 0 && queue_max > 0);
+    workers_.reserve(threads);
+    for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~BoundedThreadPool() override { RC_ASSERT(workers_.empty()); }
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    space_.wait(lock, [&] { return jobs_.size() < queue_max_ || stop_; });
+    jobs_.push_back(std::move(fn));
+    lock.unlock();
+    ready_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    ready_.notify_all();
+    space_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        ready_.wait(lock, [&] { return !jobs_.empty() || stop_; });
+        if (jobs_.empty()) return;  // stop_ and nothing left
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      space_.notify_one();
+      fn();
+    }
+  }
+
+  const std::size_t queue_max_;
+  std::mutex mu_;
+  std::condition_variable ready_, space_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
 };
 
 std::string hex(const unsigned char* p, std::size_t n) {
@@ -145,7 +203,10 @@ Status Service::Init() {
   control_client_ = std::make_unique<effects::EngineClient>(config_.engine_url, control_deadlines);
   effects::EngineDeadlines proxy_deadlines = control_deadlines;
   proxy_deadlines.call_timeout_ms = config_.request_timeout_ms;
-  proxy_client_ = std::make_unique<effects::EngineClient>(config_.engine_url, proxy_deadlines);
+  // One pooled handle (and keep-alive connection) per concurrent proxied call: with the default
+  // 16, most calls under load paid a TCP connect to the engine (and the engine an accept).
+  proxy_client_ = std::make_unique<effects::EngineClient>(config_.engine_url, proxy_deadlines,
+                                                          config_.engine_connections_max);
   http_control_ = std::make_unique<effects::HttpEngineControl>(*control_client_);
   control_ = std::make_unique<DrainFirstControl>(*http_control_, *journal_);
 
@@ -245,7 +306,19 @@ void Service::NotifyLifecycle(std::uint64_t seq) {
     std::lock_guard<std::mutex> lock(lifecycle_mu_);
     lifecycle_seq_ = std::max(lifecycle_seq_, seq);
   }
+  lifecycle_epoch_.fetch_add(1, std::memory_order_acq_rel);
   lifecycle_cv_.notify_all();
+}
+
+std::shared_ptr<const State> Service::AdmitView(bool fresh) {
+  std::lock_guard<std::mutex> lock(view_mu_);
+  // The epoch is read before the state: the copy is at least as new as the epoch it is filed
+  // under, so a decision journaled after this read bumps the epoch and forces the next refresh.
+  const std::uint64_t epoch = lifecycle_epoch_.load(std::memory_order_acquire);
+  if (!fresh && view_ != nullptr && view_epoch_ == epoch) return view_;
+  view_ = std::make_shared<const State>(journal_->state());
+  view_epoch_ = epoch;
+  return view_;
 }
 
 std::string Service::NextRolloutId() {
@@ -255,8 +328,18 @@ std::string Service::NextRolloutId() {
 Status Service::Start() {
   RC_ASSERT(!server_);
   server_ = std::make_unique<httplib::Server>();
-  const int threads = config_.http_threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const auto threads = static_cast<std::size_t>(config_.http_threads);
+  // httplib's own ThreadPool queues accepted connections without bound; this one blocks the
+  // accept loop when kAcceptQueueMax connections wait, leaving the rest in the listen backlog.
+  server_->new_task_queue = [threads] { return new BoundedThreadPool(threads, kAcceptQueueMax); };
+  // cpp-httplib 0.11 listens with a backlog of 5 (bursts of a few hundred connects were reset):
+  // capture the listening socket when httplib configures it and re-listen() with a deep backlog
+  // after bind (Linux updates the backlog of a listening socket).
+  int listen_fd = -1;
+  server_->set_socket_options([&listen_fd](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd = fd;
+  });
   server_->set_payload_max_length(config_.body_bytes_max);
   server_->set_tcp_nodelay(true);  // headers and body are separate writes: no Nagle stall
   server_->set_keep_alive_max_count(100000);
@@ -274,9 +357,10 @@ Status Service::Start() {
     return Status::Unavailable("cannot bind " + config_.listen_host + ":" +
                                std::to_string(config_.listen_port));
   }
-  if (!RaiseListenBacklog(port_, kListenBacklog)) {
+  if (listen_fd < 0 || ::listen(listen_fd, kListenBacklog) != 0) {
     spdlog::warn("serve: could not raise the listen backlog of port {}", port_);
   }
+  server_->set_socket_options(httplib::default_socket_options);  // listen_fd's frame ends here
   server_thread_ = std::thread([this] { server_->listen_after_bind(); });
   spdlog::info("serve: listening on {}", url());
   return Status::OK();
@@ -341,7 +425,9 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
                      config_.retry_after_s};
       return out;
     }
-    const State s = journal_->state();
+    // The cached view on the first look; a fresh copy after a refusal or while waiting.
+    const std::shared_ptr<const State> view = AdmitView(/*fresh=*/attempt > 0);
+    const State& s = *view;
     if (s.lifecycle == Lifecycle::kTainted) {
       metrics_.admission_rejected_tainted++;
       const std::string why = s.taint ? std::string(cause_name(s.taint->cause)) + " during " +
@@ -354,7 +440,8 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
     }
     if (s.lifecycle == Lifecycle::kReady && !s.update.has_value()) {
       const auto t0 = Clock::now();
-      auto submitted = journal_->Submit(make_admission(s, rollout_id), wall_ms());
+      RolloutAdmitted binding = make_admission(s, rollout_id);
+      auto submitted = journal_->Submit(binding, wall_ms());
       if (submitted.ok()) {
         Status waited = journal_->Wait(submitted->ticket);
         metrics_.journal_append.ObserveUs(us_since(t0));
@@ -363,7 +450,7 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
           return out;
         }
         metrics_.admissions++;
-        out.admitted = Admission{make_admission(s, rollout_id), submitted->ticket.result.first_seq};
+        out.admitted = Admission{std::move(binding), submitted->ticket.result.first_seq};
         return out;
       }
       const Status& st = submitted.status();
@@ -379,7 +466,7 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
         out.refusal = {503, "unavailable", st.ToString(), config_.retry_after_s};
         return out;
       }
-      if (s.active.size() >= kActiveRolloutsMax) {
+      if (attempt > 0 && s.active.size() >= kActiveRolloutsMax) {  // a fresh view's count
         out.refusal = {503, "unavailable", st.message(), config_.retry_after_s};
         return out;
       }

@@ -104,6 +104,11 @@ class Service {
   void NotifyLifecycle(std::uint64_t seq);
   void InitWeightTransfer(const effects::EngineProtocol& protocol);
   std::string NextRolloutId();
+  // The folded state as admissions read it: a copy refreshed only when the runner has journaled
+  // a decision since (or when `fresh`), instead of one O(active rollouts) copy per admission.
+  // A stale view is harmless: the journal decides every admission against its own state and
+  // refuses one bound to an outdated version (Admit then refreshes and looks again).
+  std::shared_ptr<const State> AdmitView(bool fresh);
 
   // Route handlers (service.cc, proxy.cc).
   void HandleState(const httplib::Request& req, httplib::Response& res);
@@ -142,6 +147,11 @@ class Service {
   mutable std::mutex lifecycle_mu_;
   std::condition_variable lifecycle_cv_;
   std::uint64_t lifecycle_seq_ = 0;       // seq of the last decision the runner journaled
+  std::atomic<std::uint64_t> lifecycle_epoch_{0};  // bumped on every NotifyLifecycle
+
+  std::mutex view_mu_;
+  std::shared_ptr<const State> view_;     // AdmitView's copy
+  std::uint64_t view_epoch_ = 0;          // lifecycle_epoch_ when view_ was taken
   std::atomic<bool> shutting_down_{false};
 
   std::string rollout_prefix_;

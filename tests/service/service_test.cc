@@ -1,5 +1,6 @@
 // Integration tests of the executor service: a real Service (RocksDB journal in a temp dir) in
 // front of the in-process vLLM double, driven over loopback HTTP on ephemeral ports.
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,9 +49,7 @@ struct Stack {
     eo.token_delay_ms = token_delay_ms;
     eo.http_threads = 320;
     engine = std::make_unique<fixtures::VllmDouble>(eo);
-    RC_ASSERT(engine->Start(0) > 0);
-    // The double is cpp-httplib too (backlog 5): let it take a 256-connection burst.
-    RaiseListenBacklog(engine->port(), 4096);
+    RC_ASSERT(engine->Start(0) > 0);  // the double raises its own listen backlog
     Open(tweak);
   }
   void Open(std::function<void(ServeConfig&)> tweak = nullptr) {
@@ -434,6 +433,112 @@ TEST(ServiceProxy, ClientDisconnectAbortsTheRollout) {
   EXPECT_TRUE(s.engine->engine().WaitUntil(
       [](const fixtures::EngineSnapshot& e) { return e.running == 0 && e.waiting == 0; }, 3000))
       << "the engine request kept running after the client left";
+}
+
+// Proves a client that hangs up on a NON-streamed request (nothing is written to it until the
+// engine answers) is noticed by the DisconnectWatcher, cancels the engine call and is recorded
+// aborted. Catches: a watcher that misses hang-ups (epoll registration, socket lookup by
+// endpoints), which would record such rollouts as completed and keep the engine busy.
+TEST(ServiceProxy, NonStreamedClientDisconnectAbortsTheRollout) {
+  Stack s(nullptr, /*token_delay_ms=*/50);
+  {
+    httplib::Client c = s.client();
+    c.set_read_timeout(0, 300 * 1000);  // gives up (closes) long before 200 tokens x 50 ms
+    auto r = c.Post("/v1/completions", R"({"prompt": "hang up on me", "max_tokens": 200})",
+                    "application/json");
+    EXPECT_FALSE(r) << "the request should have timed out on the client side";
+  }
+  bool aborted = false;
+  for (int i = 0; i < 400 && !aborted; ++i) {
+    for (const auto& r : all_records(s.svc->journal())) {
+      if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+        aborted = f->outcome == RolloutOutcome::kAborted;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // Within 4 s, while the engine would still be generating for 10 s: only the watcher's cancel
+  // can have ended it. (The double itself does not notice a non-streamed client leaving.)
+  EXPECT_TRUE(aborted) << "the disconnected rollout was not recorded as aborted";
+  EXPECT_GE(s.svc->metrics().client_disconnects.load(), 1u);
+}
+
+// Proves the proxy's engine client reuses keep-alive connections for generation POSTs that opt
+// in (reuse_connection) and keeps as many idle handles as it was configured for, while POSTs
+// without the option still get a fresh connection each. Catches: a pool capped at the old 16
+// (most proxied calls reconnecting under load) and reuse leaking into weight/lifecycle POSTs.
+TEST(ServiceProxy, EngineClientReusesConnectionsOnlyWhenAsked) {
+  std::mutex mu;
+  std::set<int> ports;
+  httplib::Server srv;
+  std::atomic<int> arrived{0};
+  constexpr int kThreads = 24, kCalls = 20;
+  // A thread per connection: room for the fresh-connection round's idle cached connections.
+  srv.set_keep_alive_timeout(1);
+  srv.set_keep_alive_max_count(1000);
+  srv.new_task_queue = [] { return new httplib::ThreadPool(256); };
+  int listen_fd = -1;
+  srv.set_socket_options([&listen_fd](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd = fd;
+  });
+  srv.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      ports.insert(req.remote_port);
+    }
+    // The first kThreads calls meet here, so that many handles are in use at once.
+    if (++arrived <= kThreads) {
+      for (int i = 0; i < 500 && arrived.load() < kThreads; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    res.set_content(R"({"choices": []})", "application/json");
+  });
+  const int port = srv.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  ASSERT_EQ(::listen(listen_fd, 4096), 0);  // httplib's backlog of 5 resets connect bursts
+  std::thread t([&] { srv.listen_after_bind(); });
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  auto run = [&](effects::EngineClient& c, bool reuse) {
+    std::vector<std::thread> threads;
+    std::atomic<int> good{0};
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&] {
+        effects::CallOptions o;
+        o.reuse_connection = reuse;
+        for (int k = 0; k < kCalls; ++k) {
+          effects::HttpReply r = c.Completions({{"prompt", "x"}}, o);
+          if (r.http.ok_2xx()) {
+            ++good;
+          } else {
+            ADD_FAILURE() << "call failed: " << r.http.error;
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    return good.load();
+  };
+  {
+    effects::EngineClient pooled(url, {}, /*idle_handles_max=*/64);
+    EXPECT_EQ(run(pooled, true), kThreads * kCalls);
+    EXPECT_GT(pooled.idle_handles(), effects::kIdleHandlesMax) << "pool capped below its option";
+    std::lock_guard<std::mutex> g(mu);
+    EXPECT_LE(ports.size(), static_cast<std::size_t>(kThreads))
+        << "reuse_connection POSTs opened more connections than concurrent calls";
+    ports.clear();
+  }
+  {
+    effects::EngineClient fresh(url);
+    EXPECT_EQ(fresh.idle_handles_max(), effects::kIdleHandlesMax);
+    EXPECT_EQ(run(fresh, false), kThreads * kCalls);
+    std::lock_guard<std::mutex> g(mu);
+    EXPECT_GT(ports.size(), static_cast<std::size_t>(2 * kThreads))
+        << "POSTs without reuse_connection went over reused connections";
+  }
+  srv.stop();
+  t.join();
 }
 
 // Proves acknowledged admissions survive an unclean stop and are recorded as abandoned on
