@@ -6,7 +6,11 @@
 //                       [--token-delay-ms 0] [--stream 0|1] [--sync 1]
 //
 // Prints per-request latency p50/p99 for each side, the difference (added latency at that
-// percentile; requests are not paired) and requests/s.
+// percentile; requests are not paired), requests/s, and CPU time per request (getrusage of this
+// one process: load generator + double on the direct side, load generator + proxy + double on
+// the proxy side; the difference is what the proxy costs). On a box with C cores, a side that
+// costs X us of CPU per request cannot exceed C * 1e6 / X requests/s.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,7 +27,6 @@
 #include <nlohmann/json.hpp>
 
 #include "fixtures/vllm_double.h"
-#include "service/disconnect.h"
 #include "service/service.h"
 
 namespace {
@@ -38,8 +41,16 @@ struct Args {
 struct Side {
   std::vector<double> latencies_us;
   double seconds = 0;
+  double cpu_seconds = 0;  // user + system of the whole process while this side ran
   int errors = 0;
 };
+
+double process_cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
 
 Side run_load(int port, const Args& a) {
   Side side;
@@ -49,6 +60,7 @@ Side run_load(int port, const Args& a) {
                                           {"max_tokens", a.max_tokens},
                                           {"stream", a.stream}}.dump();
   const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
   std::vector<std::thread> threads;
   for (int c = 0; c < a.concurrency; ++c) {
     threads.emplace_back([&, c] {
@@ -70,6 +82,7 @@ Side run_load(int port, const Args& a) {
   }
   for (auto& t : threads) t.join();
   side.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  side.cpu_seconds = process_cpu_seconds() - cpu0;
   for (auto& v : per) side.latencies_us.insert(side.latencies_us.end(), v.begin(), v.end());
   side.errors = errors;
   return side;
@@ -104,10 +117,11 @@ int main(int argc, char** argv) {
 
   rc::fixtures::VllmDoubleOptions eo;
   eo.token_delay_ms = a.token_delay_ms;
-  eo.http_threads = a.concurrency + 64;
+  // The double serves a thread per connection: the load generator's connections and the
+  // proxy's pooled keep-alive connections to it both hold one.
+  eo.http_threads = 2 * a.concurrency + 64;
   rc::fixtures::VllmDouble engine(eo);
-  if (engine.Start(0) <= 0) return 1;
-  rc::service::RaiseListenBacklog(engine.port(), 4096);
+  if (engine.Start(0) <= 0) return 1;  // raises its own listen backlog
 
   rc::service::ServeConfig c;
   c.engine_url = engine.base_url();
@@ -131,13 +145,19 @@ int main(int argc, char** argv) {
       into.latencies_us.insert(into.latencies_us.end(), s.latencies_us.begin(),
                                s.latencies_us.end());
       into.seconds += s.seconds;
+      into.cpu_seconds += s.cpu_seconds;
       into.errors += s.errors;
     }
   }
-  auto report = [](const char* name, const Side& s) {
-    std::printf("%-7s n=%zu errors=%d p50=%.0f us p99=%.0f us  %.0f req/s\n", name,
-                s.latencies_us.size(), s.errors, pct(s.latencies_us, 0.50),
-                pct(s.latencies_us, 0.99), static_cast<double>(s.latencies_us.size()) / s.seconds);
+  auto cpu_us_per_req = [](const Side& s) {
+    return s.latencies_us.empty() ? 0.0 : s.cpu_seconds * 1e6 / static_cast<double>(s.latencies_us.size());
+  };
+  auto report = [&](const char* name, const Side& s) {
+    std::printf("%-7s n=%zu errors=%d p50=%.0f us p99=%.0f us  %.0f req/s  cpu=%.0f us/req "
+                "(cores busy %.2f)\n",
+                name, s.latencies_us.size(), s.errors, pct(s.latencies_us, 0.50),
+                pct(s.latencies_us, 0.99), static_cast<double>(s.latencies_us.size()) / s.seconds,
+                cpu_us_per_req(s), s.cpu_seconds / s.seconds);
   };
   std::printf("concurrency=%d requests/client=%d rounds=%d max_tokens=%d token_delay_ms=%d "
               "stream=%d journal_sync=%d cores=%u\n",
@@ -150,6 +170,25 @@ int main(int argc, char** argv) {
               pct(proxy.latencies_us, 0.99) - pct(direct.latencies_us, 0.99),
               (static_cast<double>(proxy.latencies_us.size()) / proxy.seconds) /
                   (static_cast<double>(direct.latencies_us.size()) / direct.seconds));
+  std::printf("proxy cpu per request: +%.0f us (%.3f of a core per request/s; the proxy alone "
+              "caps at %.0f req/s per core)\n",
+              cpu_us_per_req(proxy) - cpu_us_per_req(direct),
+              (cpu_us_per_req(proxy) - cpu_us_per_req(direct)) / 1e6,
+              1e6 / std::max(1.0, cpu_us_per_req(proxy) - cpu_us_per_req(direct)));
+  // Where a proxied request's time went, from the service's own histograms (means).
+  {
+    const std::string m = (*svc)->RenderMetrics();
+    auto value = [&](const std::string& name) {
+      const auto at = m.find("\n" + name + " ");
+      return at == std::string::npos ? 0.0 : std::atof(m.c_str() + at + name.size() + 2);
+    };
+    for (const char* h : {"rolloutcore_journal_append_seconds", "rolloutcore_proxy_upstream_seconds",
+                          "rolloutcore_proxy_added_seconds", "rolloutcore_proxy_request_seconds"}) {
+      const double n = value(std::string(h) + "_count");
+      std::printf("service %-36s mean=%.0f us (n=%.0f)\n", h,
+                  n > 0 ? value(std::string(h) + "_sum") / n * 1e6 : 0.0, n);
+    }
+  }
   (void)(*svc)->Shutdown(5000);
   engine.Stop();
   fs::remove_all(dir);
