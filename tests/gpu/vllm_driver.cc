@@ -1,0 +1,173 @@
+// Proves RolloutCore's Runner + NcclSender commit an update on a REAL vLLM server (and go TAINTED
+// when it is killed mid-transfer); it would catch any route, body or rendezvous the double accepts
+// but the engine does not.
+// RolloutCore against a REAL vLLM server (tests/gpu/vllm/): effects::Runner with a real journal,
+// HttpEngineControl + NcclSender over one EngineClient, the weights read from a safetensors file
+// written by tests/gpu/vllm/make_model.py. One JSON object per line on stdout.
+// One sender Init (one NCCL group), bootstrap --from, then one Runner::Update per --steps entry
+// "FILE=LABEL" (comma separated): drain pause mode=wait, NCCL transfer with the protocol
+// GET /version selects, cache resets, validation while paused, resume; phases and timings.
+// --gate DIR: before step k >= 2 wait for DIR/go.K; after each step touch DIR/done.K.
+//   --mode kill: during the LAST step the engine (--pid; negative = process group) is SIGKILLed
+//   once the first broadcast has completed: the controller must journal TAINTED within 2 s.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "effects/http/engine_client.h"
+#include "effects/http_engine.h"
+#include "effects/nccl/nccl_sender.h"
+#include "effects/nccl/weight_source.h"
+#include "effects/runner.h"
+#include "journal/journal.h"
+#include "replay/replay.h"
+#include "tests/gpu/gpu_fixtures.h"
+
+using namespace rc;
+using namespace rc::effects;
+using namespace rc::effects::nccl;
+using namespace rc::gpu_test;
+
+namespace {
+
+json Phases(const PhaseTimings& t) {
+  return {{"total_us", t.total_us},       {"drain_us", t.drain_us},       {"preflight_us", t.preflight_us},
+          {"transfer_us", t.transfer_us}, {"invalidate_us", t.invalidate_us}, {"validate_us", t.validate_us},
+          {"resume_us", t.resume_us},     {"journal_us", t.journal_us}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = "update", url = "http://127.0.0.1:8000", steps_arg, gate, from = "rc-0";
+  int pid = -1;
+  std::uint64_t drain_ms = 60000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--mode") mode = v;
+    else if (k == "--url") url = v;
+    else if (k == "--steps") steps_arg = v;
+    else if (k == "--gate") gate = v;
+    else if (k == "--from") from = v;
+    else if (k == "--pid") pid = std::stoi(v);
+    else if (k == "--drain-ms") drain_ms = std::stoull(v);
+  }
+  std::vector<std::pair<std::string, std::string>> steps;  // file, label
+  {
+    std::stringstream ss(steps_arg);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const auto eq = item.find('=');
+      if (eq != std::string::npos) steps.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    }
+  }
+  if (steps.empty()) { std::cerr << "--steps FILE=LABEL[,...] required\n"; return 2; }
+  std::vector<std::shared_ptr<WeightSource>> sources;
+  for (const auto& [path, label] : steps) {
+    auto src = SafetensorsSource::Open(path);
+    if (!src.ok()) {
+      std::cout << json{{"check", "open " + path}, {"pass", false}, {"status", src.status().ToString()}}.dump() << std::endl;
+      return 1;
+    }
+    sources.emplace_back(std::move(*src));
+  }
+  const Manifest m = sources[0]->manifest();
+  EngineDeadlines d;
+  d.connect_timeout_ms = 1000;
+  d.call_timeout_ms = 10000;
+  d.drain_timeout_ms = drain_ms;
+  d.update_timeout_ms = 120000;
+  EngineClient client(url, d);
+  HttpEngineControl control(client);
+  NcclSenderOptions so;  // world_size 0: 1 + GET /get_world_size; rendezvous from GET /version
+  NcclSender sender(client, so);
+  const auto t_init = SteadyNs();
+  Status st = sender.Init(120000);
+  std::cout << json{{"check", "sender init (rendezvous with the engine)"}, {"pass", st.ok()}, {"status", st.ToString()},
+                    {"init_ms", (SteadyNs() - t_init) / 1e6}}.dump() << std::endl;
+  if (!st.ok()) return 1;
+  for (std::size_t i = 0; i < steps.size(); ++i) sender.RegisterSource("file:" + steps[i].first + "#" + std::to_string(i), sources[i]);
+  std::random_device rd;
+  const auto dir = (std::filesystem::temp_directory_path() / ("rc-vllm-journal-" + std::to_string(rd()))).string();
+  std::filesystem::create_directories(dir);
+  auto j = journal::Journal::Open(dir, journal::Options{});
+  if (!j.ok()) return 1;
+  RunnerOptions o;
+  o.drain_timeout_ms = drain_ms;
+  o.transfer_timeout_ms = 120000;
+  o.call_timeout_ms = 10000;
+  Runner runner(**j, control, sender, system_clock(), o);
+  Status boot = runner.Bootstrap(from, WeightIdentity{m.digest(), "", "dummy:", "vllm-real", 0});
+  std::cout << json{{"check", "bootstrap " + from}, {"pass", boot.ok()}, {"status", boot.ToString()}}.dump() << std::endl;
+  if (!boot.ok()) return 1;
+  std::atomic<std::int64_t> tainted_ns{0}, kill_ns{0};
+  runner.set_observer([&](std::uint64_t, const Event& e) {
+    if (const auto* ended = std::get_if<UpdateEnded>(&e); ended && ended->outcome == UpdateOutcome::kTainted)
+      tainted_ns = SteadyNs();
+  });
+  int fails = 0;
+  std::string prev = from;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const std::string& label = steps[i].second;
+    const std::string uri = "file:" + steps[i].first + "#" + std::to_string(i);
+    if (i > 0 && !gate.empty()) {
+      const auto go = gate + "/go." + std::to_string(i + 1);
+      for (int w = 0; w < 2400 && !std::filesystem::exists(go); ++w) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const bool kill_step = mode == "kill" && i + 1 == steps.size();
+    std::atomic<bool> stop{false};
+    std::thread killer;
+    if (kill_step) {
+      const auto base = sender.progress().ops_completed.load();
+      killer = std::thread([&, base] {
+        while (!stop && sender.progress().ops_completed.load() < base + 1) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (stop) return;
+        kill_ns = SteadyNs();
+        ::kill(pid, SIGKILL);
+      });
+    }
+    const auto t0 = SteadyNs();
+    auto r = runner.Update(UpdateRequested{"u-" + label, label, WeightIdentity{m.digest(), "", uri, "vllm-real", static_cast<int>(i + 1)}, uri});
+    const double wall_ms = (SteadyNs() - t0) / 1e6;
+    stop = true;
+    if (killer.joinable()) killer.join();
+    const PhaseTimings t = runner.last_timings();
+    const TransferTiming tt = sender.last_timing();
+    const State s = (*j)->state();
+    json row = {{"mode", kill_step ? "kill" : "update"}, {"step", i + 1}, {"file", steps[i].first}, {"label", label},
+                {"bytes", m.total_bytes()}, {"tensors", m.tensors.size()}, {"update_wall_ms", wall_ms},
+                {"outcome", r.ok() ? update_outcome_name(r->outcome) : r.status().ToString()},
+                {"reason", r.ok() ? r->reason : ""}, {"lifecycle", lifecycle_name(s.lifecycle)},
+                {"committed_label", s.committed.label}, {"phases_us", Phases(t)},
+                {"sender_data_plane_us", tt.data_plane_us}, {"sender_update_http_us", tt.update_http_us},
+                {"sender_start_http_us", tt.start_http_us}, {"sender_finish_http_us", tt.finish_http_us},
+                {"direct_ops", tt.direct_ops}, {"staged_ops", tt.staged_ops},
+                {"ops_completed", sender.progress().ops_completed.load()}, {"journal_dir", dir}};
+    if (kill_step) {
+      const double ms = tainted_ns > 0 && kill_ns > 0 ? (tainted_ns - kill_ns) / 1e6 : -1;
+      row["kill_to_tainted_journaled_ms"] = ms;
+      row["check"] = "engine SIGKILLed mid-transfer -> TAINTED within 2 s, target unpublished";
+      row["pass"] = r.ok() && r->outcome == UpdateOutcome::kTainted && ms >= 0 && ms < 2000 && s.committed.label == prev;
+      auto rep = replay::Replay(**j, {});
+      if (rep.ok() && !rep->incidents.empty()) row["replay_explanation"] = rep->incidents[0].explanation;
+    } else {
+      row["check"] = "Runner::Update against real vLLM commits";
+      row["pass"] = r.ok() && r->outcome == UpdateOutcome::kCommitted && s.committed.label == label;
+    }
+    std::cout << row.dump() << std::endl;
+    if (!row["pass"].get<bool>()) ++fails;
+    if (!gate.empty()) std::ofstream(gate + "/done." + std::to_string(i + 1)) << wall_ms;
+    prev = label;
+    if (!r.ok() || r->outcome != UpdateOutcome::kCommitted) break;
+  }
+  return fails == 0 ? 0 : 1;
+}
