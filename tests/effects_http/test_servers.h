@@ -26,10 +26,13 @@ class ScriptedServer {
   ScriptedServer() {
     server_.set_keep_alive_timeout(1);
     server_.set_keep_alive_max_count(1000);
-    server_.set_logger([this](const httplib::Request& req, const httplib::Response&) {
+    // Recorded before routing, i.e. before the answer leaves: a logger runs after the response
+    // is written, so two sequential requests served by two workers could be logged swapped.
+    server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response&) {
       std::lock_guard<std::mutex> lock(mu_);
       paths_.push_back(req.method + " " + req.path);
       ports_.insert(req.remote_port);
+      return httplib::Server::HandlerResponse::Unhandled;
     });
   }
   ~ScriptedServer() { Stop(); }
