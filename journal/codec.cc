@@ -149,6 +149,14 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
                                               e.prompt_tokens, e.completion_tokens)
                         .Union()};
           },
+          [&](const TrajectoryRecorded& e) -> Encoded {
+            auto rid = b.CreateString(e.rollout_id);
+            auto prompt = b.CreateVector(e.prompt_token_ids);
+            auto output = b.CreateVector(e.output_token_ids);
+            auto logprobs = b.CreateVector(e.output_logprobs);
+            return {fb::Payload::TrajectoryRecorded,
+                    fb::CreateTrajectoryRecorded(b, rid, e.part, prompt, output, logprobs).Union()};
+          },
           [&](const StateChanged& e) -> Encoded {
             auto detail = b.CreateString(e.detail);
             return {fb::Payload::StateChanged,
@@ -318,6 +326,22 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       return UpdateEnded{Str(e->update_id()),
                          d.Enum<UpdateOutcome>(e->outcome(), 2, "UpdateEnded.outcome"),
                          Str(e->reason())};
+    }
+    case fb::Payload::TrajectoryRecorded: {
+      auto* e = r->payload_as_TrajectoryRecorded();
+      TrajectoryRecorded t;
+      t.rollout_id = Str(e->rollout_id());
+      t.part = e->part();
+      if (e->prompt_token_ids()) {
+        t.prompt_token_ids.assign(e->prompt_token_ids()->begin(), e->prompt_token_ids()->end());
+      }
+      if (e->output_token_ids()) {
+        t.output_token_ids.assign(e->output_token_ids()->begin(), e->output_token_ids()->end());
+      }
+      if (e->output_logprobs()) {
+        t.output_logprobs.assign(e->output_logprobs()->begin(), e->output_logprobs()->end());
+      }
+      return t;
     }
     case fb::Payload::NONE:
       break;

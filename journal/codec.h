@@ -5,7 +5,7 @@
 //                  truncated or extended value fails verification), file_identifier "RCJ1" at
 //                  bytes 8..11, 12 <= size <= kRecordBytesMax
 //   Record      := { seq: u64, wall_time_ms: i64, cause_seq: u64, prev_hash: [u8; 32],
-//                    payload_type: u8 in 1..17, payload: <table for payload_type> }
+//                    payload_type: u8 in 1..18 (18 = TrajectoryRecorded, schema v2), payload: <table for payload_type> }
 //   hash(record) := SHA-256(record bytes exactly as stored); record[n].prev_hash = hash(record[n-1]),
 //                   record[1].prev_hash = 32 zero bytes
 // Stored snapshot (value of the `snapshots` column family):
@@ -30,7 +30,7 @@ namespace rc::journal {
 inline constexpr std::size_t kStateBytesMax = 64u * 1024 * 1024;  // snapshot bound (65536 rollouts)
 inline constexpr std::uint32_t kVerifierDepthMax = 16;
 inline constexpr std::uint32_t kVerifierTablesMax = 4096;
-inline constexpr std::uint8_t kPayloadTagMax = 17;  // rc::fb::Payload::MAX
+inline constexpr std::uint8_t kPayloadTagMax = 18;  // rc::fb::Payload::MAX
 inline constexpr std::uint32_t kSchemaVersion = 1;
 
 Hash Sha256(std::string_view bytes);

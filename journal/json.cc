@@ -95,6 +95,17 @@ json Fields(const Event& event) {
                         {"prompt_tokens", e.prompt_tokens},
                         {"completion_tokens", e.completion_tokens}};
           },
+          [](const TrajectoryRecorded& e) {
+            json logprobs = json::array();
+            for (float lp : e.output_logprobs) {
+              logprobs.push_back(lp == lp ? json(lp) : json());  // NaN: not reported
+            }
+            return json{{"rollout_id", e.rollout_id},
+                        {"part", e.part},
+                        {"prompt_token_ids", e.prompt_token_ids},
+                        {"output_token_ids", e.output_token_ids},
+                        {"output_logprobs", std::move(logprobs)}};
+          },
           [](const StateChanged& e) {
             return json{{"from", lifecycle_name(e.from)},
                         {"to", lifecycle_name(e.to)},

@@ -61,6 +61,7 @@ std::string RolloutPrefix(const std::string& rollout_id) {
 const std::string* RolloutIdOf(const Event& e) {
   if (const auto* a = std::get_if<RolloutAdmitted>(&e)) return &a->rollout_id;
   if (const auto* f = std::get_if<RolloutFinished>(&e)) return &f->rollout_id;
+  if (const auto* t = std::get_if<TrajectoryRecorded>(&e)) return &t->rollout_id;
   return nullptr;
 }
 

@@ -75,6 +75,12 @@ std::string one(const RolloutFinished& e) {
          " prompt_tokens=" + std::to_string(e.prompt_tokens) +
          " completion_tokens=" + std::to_string(e.completion_tokens);
 }
+std::string one(const TrajectoryRecorded& e) {
+  return "rollout=" + q(e.rollout_id) + " part=" + std::to_string(e.part) +
+         " prompt_tokens=" + std::to_string(e.prompt_token_ids.size()) +
+         " output_tokens=" + std::to_string(e.output_token_ids.size()) +
+         " logprobs=" + std::to_string(e.output_logprobs.size());
+}
 std::string one(const StateChanged& e) {
   return std::string(lifecycle_name(e.from)) + " -> " + lifecycle_name(e.to) + " (" +
          cause_name(e.cause) + ")" + (e.detail.empty() ? "" : ": " + e.detail);

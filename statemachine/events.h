@@ -141,6 +141,20 @@ struct RolloutFinished {
   bool operator==(const RolloutFinished&) const = default;
 };
 
+// What the policy produced for a rollout, recorded for audit before the rollout finishes:
+// prompt and output token ids and the output tokens' logprobs as the engine reported them
+// (NaN where none was reported). Long trajectories span several records (part 0, 1, ...), each
+// within kTrajectoryTokensPerRecordMax tokens; the audit concatenates them in seq order.
+inline constexpr std::size_t kTrajectoryTokensPerRecordMax = 4096;
+struct TrajectoryRecorded {
+  std::string rollout_id;
+  std::uint32_t part = 0;
+  std::vector<std::int32_t> prompt_token_ids;
+  std::vector<std::int32_t> output_token_ids;
+  std::vector<float> output_logprobs;  // empty, or one per output token
+  bool operator==(const TrajectoryRecorded& o) const;  // NaN-aware
+};
+
 // ---- decisions ----
 
 // Why a transition happened. Values are part of the journal format: append only.
@@ -195,7 +209,7 @@ using Event = std::variant<BootstrapRequested, UpdateRequested, RecoveryStarted,
                            EngineProbed, DrainObserved, DrainTimedOut, PreflightObserved,
                            TransferObserved, CacheResetObserved, ValidationObserved,
                            ResumeObserved, RolloutAdmitted, RolloutFinished, StateChanged,
-                           VersionPublished, UpdateEnded>;
+                           VersionPublished, UpdateEnded, TrajectoryRecorded>;
 
 enum class Family : std::uint8_t { kInput = 0, kBinding = 1, kDecision = 2 };
 Family family_of(const Event& e);

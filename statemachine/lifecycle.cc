@@ -330,6 +330,27 @@ Status apply_one(State& s, const RolloutFinished& e) {
   return Status::OK();
 }
 
+Status check_binding(const State& s, const TrajectoryRecorded& e) {
+  RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
+  if (s.active.find(e.rollout_id) == s.active.end()) {
+    return Status::NotFound("trajectory for rollout '" + e.rollout_id + "', which is not active");
+  }
+  if (e.prompt_token_ids.size() + e.output_token_ids.size() > kTrajectoryTokensPerRecordMax) {
+    return Status::InvalidArgument("trajectory record holds more than " +
+                                   std::to_string(kTrajectoryTokensPerRecordMax) +
+                                   " tokens; split it into parts");
+  }
+  if (!e.output_logprobs.empty() && e.output_logprobs.size() != e.output_token_ids.size()) {
+    return Status::InvalidArgument("trajectory has " + std::to_string(e.output_logprobs.size()) +
+                                   " logprobs for " + std::to_string(e.output_token_ids.size()) +
+                                   " output tokens");
+  }
+  return Status::OK();
+}
+
+// A trajectory changes no lifecycle state; the journal keeps it for the audit.
+Status apply_one(State& s, const TrajectoryRecorded& e) { return check_binding(s, e); }
+
 Status check_state_changed(const State& s, const StateChanged& e) {
   if (e.from != s.lifecycle) {
     return Status::Rejected(std::string("transition from ") + lifecycle_name(e.from) +
@@ -616,6 +637,10 @@ Result<std::vector<Event>> decide(const State& state, const Event& input) {
   }
   if (const auto* f = std::get_if<RolloutFinished>(&input)) {
     RC_RETURN_IF_ERROR(check_binding(state, *f));
+    return std::vector<Event>{};
+  }
+  if (const auto* t = std::get_if<TrajectoryRecorded>(&input)) {
+    RC_RETURN_IF_ERROR(check_binding(state, *t));
     return std::vector<Event>{};
   }
   State after = state;

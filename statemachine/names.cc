@@ -104,6 +104,20 @@ const char* update_outcome_name(UpdateOutcome o) {
   return "?";
 }
 
+bool TrajectoryRecorded::operator==(const TrajectoryRecorded& o) const {
+  if (rollout_id != o.rollout_id || part != o.part || prompt_token_ids != o.prompt_token_ids ||
+      output_token_ids != o.output_token_ids ||
+      output_logprobs.size() != o.output_logprobs.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < output_logprobs.size(); ++i) {
+    const float a = output_logprobs[i];
+    const float b = o.output_logprobs[i];
+    if (!(a == b) && !(a != a && b != b)) return false;  // NaN == NaN here: "not reported"
+  }
+  return true;
+}
+
 namespace {
 template <class T>
 constexpr const char* name_of() {
@@ -124,6 +138,7 @@ constexpr const char* name_of() {
   if constexpr (std::is_same_v<T, StateChanged>) return "StateChanged";
   if constexpr (std::is_same_v<T, VersionPublished>) return "VersionPublished";
   if constexpr (std::is_same_v<T, UpdateEnded>) return "UpdateEnded";
+  if constexpr (std::is_same_v<T, TrajectoryRecorded>) return "TrajectoryRecorded";
   return "?";
 }
 }  // namespace
@@ -133,7 +148,8 @@ const char* event_name(const Event& e) {
 }
 
 Family family_of(const Event& e) {
-  if (std::holds_alternative<RolloutAdmitted>(e) || std::holds_alternative<RolloutFinished>(e)) {
+  if (std::holds_alternative<RolloutAdmitted>(e) || std::holds_alternative<RolloutFinished>(e) ||
+      std::holds_alternative<TrajectoryRecorded>(e)) {
     return Family::kBinding;
   }
   if (std::holds_alternative<StateChanged>(e) || std::holds_alternative<VersionPublished>(e) ||

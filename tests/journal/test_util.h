@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +59,7 @@ inline std::vector<Event> SampleEvents() {
       StateChanged{Lifecycle::kUpdating, Lifecycle::kTainted, Cause::kTransferAmbiguous, "x"},
       VersionPublished{"u1", WeightVersion{4, "rc-4"}, SampleIdentity()},
       UpdateEnded{"u1", UpdateOutcome::kRefused, "preflight refused"},
+      TrajectoryRecorded{"r-1", 2, {1, 2, 3}, {97, 98}, {-0.5f, std::nanf("")}},
   };
 }
 
@@ -77,7 +79,12 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     return HttpEvidence{static_cast<Transport>(rng() % 4), static_cast<std::int32_t>(u32()), b(),
                         u64(), str()};
   };
-  switch (rng() % 17) {
+  auto ints = [&] {
+    std::vector<std::int32_t> v(rng() % 20);
+    for (auto& x : v) x = static_cast<std::int32_t>(u32());
+    return v;
+  };
+  switch (rng() % 18) {
     case 0: return BootstrapRequested{str(), id()};
     case 1: return UpdateRequested{str(), str(), id(), str()};
     case 2: return RecoveryStarted{str()};
@@ -96,7 +103,16 @@ inline Event RandomEvent(std::mt19937_64& rng) {
       return StateChanged{static_cast<Lifecycle>(rng() % 9), static_cast<Lifecycle>(rng() % 9),
                           static_cast<Cause>(rng() % 16), str()};
     case 15: return VersionPublished{str(), ver(), id()};
-    default: return UpdateEnded{str(), static_cast<UpdateOutcome>(rng() % 3), str()};
+    case 16: return UpdateEnded{str(), static_cast<UpdateOutcome>(rng() % 3), str()};
+    default: {
+      TrajectoryRecorded t{str(), u32(), ints(), ints(), {}};
+      if (b()) {
+        for (std::size_t i = 0; i < t.output_token_ids.size(); ++i) {
+          t.output_logprobs.push_back(static_cast<float>(static_cast<std::int32_t>(u32())) / 1e6f);
+        }
+      }
+      return t;
+    }
   }
 }
 
