@@ -144,6 +144,52 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
   return p;
 }
 
+Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal) {
+  std::map<std::string, std::size_t> index;  // rollout id -> position in `out`
+  std::map<std::string, RolloutAdmitted> bindings;
+  std::map<std::string, std::uint64_t> admitted_at;
+  std::map<std::string, std::uint32_t> next_part;
+  std::vector<Trajectory> out;
+  Status st = journal.Scan(1, 0, [&](const journal::Record& r) -> Status {
+    if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
+      bindings[a->rollout_id] = *a;
+      admitted_at[a->rollout_id] = r.seq;
+      next_part[a->rollout_id] = 0;
+      index.erase(a->rollout_id);
+      return Status::OK();
+    }
+    const auto* t = std::get_if<TrajectoryRecorded>(&r.event);
+    if (t == nullptr) return Status::OK();
+    auto b = bindings.find(t->rollout_id);
+    if (b == bindings.end() || t->part != next_part[t->rollout_id]) {
+      return Status::Corruption("seq " + std::to_string(r.seq) + ": trajectory part " +
+                                std::to_string(t->part) + " of '" + t->rollout_id +
+                                "' out of order or without an admission");
+    }
+    next_part[t->rollout_id]++;
+    auto [it, fresh] = index.try_emplace(t->rollout_id, out.size());
+    if (fresh) {
+      if (out.size() >= kTrajectoriesMax) return Status::InvalidArgument("too many trajectories");
+      Trajectory tr;
+      tr.rollout_id = t->rollout_id;
+      tr.admission_seq = admitted_at[t->rollout_id];
+      tr.version = b->second.version;
+      tr.identity = b->second.identity;
+      out.push_back(std::move(tr));
+    }
+    Trajectory& tr = out[it->second];
+    tr.prompt.insert(tr.prompt.end(), t->prompt_token_ids.begin(), t->prompt_token_ids.end());
+    tr.output.insert(tr.output.end(), t->output_token_ids.begin(), t->output_token_ids.end());
+    for (std::size_t i = 0; i < t->output_token_ids.size(); ++i) {
+      const bool has = i < t->output_logprobs.size() && t->output_logprobs[i] == t->output_logprobs[i];
+      tr.logprobs.push_back(has ? std::optional<double>(t->output_logprobs[i]) : std::nullopt);
+    }
+    return Status::OK();
+  });
+  if (!st.ok()) return st;
+  return out;
+}
+
 Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::NotFound("cannot open trajectories file " + path);

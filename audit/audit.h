@@ -68,6 +68,10 @@ struct Trajectory {
 inline constexpr std::size_t kTrajectoriesMax = 1u << 20;
 inline constexpr std::size_t kTrajectoryTokensMax = 1u << 20;
 
+// The trajectories the journal holds (TrajectoryRecorded parts joined in seq order), each with
+// its rollout's binding from the journal. Parts out of order are a Corruption naming the seq.
+[[nodiscard]] Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal);
+
 // Parses a trajectories JSON-lines file. Malformed lines are errors naming the line number.
 [[nodiscard]] Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path);
 

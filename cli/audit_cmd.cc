@@ -25,7 +25,8 @@ Runner add_audit(CLI::App& app) {
   app.add_option("--trajectories", o->trajectories,
                  "Trajectories JSON-lines file (written by `serve`) to cross-check");
   app.add_option("--engine", o->engine,
-                 "Re-score trajectories of the version this engine serves (URL)");
+                 "Re-score trajectories (from --trajectories, else the journal's) of the version "
+                 "this engine serves (URL)");
   app.add_option("--tolerance", o->tolerance, "Largest accepted |logprob difference|");
   app.add_flag("--greedy", o->greedy, "Trajectories were sampled greedily: require top-1 tokens");
   app.add_flag("--json", o->json, "JSON output (provenance only)");
@@ -66,6 +67,7 @@ Runner add_audit(CLI::App& app) {
     }
     std::printf("%s", audit::FormatReport(*report).c_str());
     bool ok = report->ok;
+    std::vector<audit::Trajectory> trajectories;
     if (!o->trajectories.empty()) {
       auto ts = audit::LoadTrajectories(o->trajectories);
       if (!ts.ok()) {
@@ -73,25 +75,35 @@ Runner add_audit(CLI::App& app) {
         return 2;
       }
       auto failures = audit::CrossCheckTrajectories(j, *ts);
-      std::printf("trajectories: %zu, binding mismatches: %zu\n", ts->size(), failures.size());
+      std::printf("trajectories file: %zu, binding mismatches: %zu\n", ts->size(),
+                  failures.size());
       for (const auto& f : failures) std::printf("  MISMATCH: %s\n", f.c_str());
       ok = ok && failures.empty();
-      if (!o->engine.empty()) {
-        effects::EngineClient engine(o->engine);
-        std::size_t checked = 0, bad = 0;
-        for (const auto& t : *ts) {
-          audit::ReverifyResult r = audit::Reverify(engine, t, o->tolerance, o->greedy);
-          if (!r.checked) continue;
-          checked++;
-          if (!r.ok) {
-            bad++;
-            std::printf("  REVERIFY FAILED %s: %s\n", r.rollout_id.c_str(), r.detail.c_str());
-          }
-        }
-        std::printf("re-verified against %s: %zu trajectories checked, %zu failed\n",
-                    o->engine.c_str(), checked, bad);
-        ok = ok && bad == 0;
+      trajectories = std::move(ts.value());
+    } else if (!o->engine.empty()) {
+      auto ts = audit::TrajectoriesFromJournal(j);
+      if (!ts.ok()) {
+        std::fprintf(stderr, "rolloutcore audit: %s\n", ts.status().ToString().c_str());
+        return 2;
       }
+      std::printf("trajectories in the journal: %zu\n", ts->size());
+      trajectories = std::move(ts.value());
+    }
+    if (!o->engine.empty()) {
+      effects::EngineClient engine(o->engine);
+      std::size_t checked = 0, bad = 0;
+      for (const auto& t : trajectories) {
+        audit::ReverifyResult r = audit::Reverify(engine, t, o->tolerance, o->greedy);
+        if (!r.checked) continue;
+        checked++;
+        if (!r.ok) {
+          bad++;
+          std::printf("  REVERIFY FAILED %s: %s\n", r.rollout_id.c_str(), r.detail.c_str());
+        }
+      }
+      std::printf("re-verified against %s: %zu trajectories checked, %zu failed\n",
+                  o->engine.c_str(), checked, bad);
+      ok = ok && bad == 0;
     }
     return ok ? 0 : 1;
   };
