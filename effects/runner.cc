@@ -142,16 +142,24 @@ std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
   }
 }
 
-// Write-ahead applies to effects that change the engine: their intent is durable before they
-// start. Preflight (local reads) and Validate (GET) change nothing, so their intents ride with
-// the next durable write, saving an fsync each.
-bool changes_engine(EffectKind kind) {
-  return kind != EffectKind::kPreflight && kind != EffectKind::kValidate;
+// Which intents must be durable before their effect starts. Write-ahead matters where a crash
+// between the effect and its record would leave the journal unable to classify or reconcile:
+//  * kTransfer is not idempotent: its durable intent is what makes a crash in UPDATING TAINTED
+//    rather than a silent "nothing happened";
+//  * kDrain pauses the engine: without a durable UpdateRequested + intent, a crash right after
+//    the pause would restart in READY with the engine paused and nothing to resume it.
+// The other effects are idempotent reads or resets (probe, preflight, cache resets, validate,
+// resume): after a crash the journal shows them not done and recovery simply redoes them. Their
+// intents ride with the next durable write, and Drive() syncs before it returns, so nothing is
+// acknowledged (update result, admission) before everything it depends on is durable.
+bool intent_must_be_durable(EffectKind kind) {
+  return kind == EffectKind::kDrain || kind == EffectKind::kTransfer;
 }
 
 Status Runner::perform(const Effect& effect, const State& state) {
   auto intent = submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind)}, "",
-                       changes_engine(effect.kind) ? Durability::kNow : Durability::kWithNext);
+                       intent_must_be_durable(effect.kind) ? Durability::kNow
+                                                            : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
   const auto start = std::chrono::steady_clock::now();
   Event observation = observe(effect, state);
