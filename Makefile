@@ -12,7 +12,7 @@ DEB_PACKAGES := cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config \
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev nlohmann-json3-dev \
   libcli11-dev libcpp-httplib-dev libssl-dev libbrotli-dev python3 python3-pip python3-venv
 
-.PHONY: all deps configure build test test-cpp test-fuzz test-python demo bench gpu-build clean
+.PHONY: all deps configure build test test-cpp test-fuzz test-python demo bench clean
 
 all: build
 
