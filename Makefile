@@ -40,9 +40,11 @@ test-fuzz: deps
 	cd $(FUZZ_BUILD) && ctest -L fuzz --output-on-failure
 
 # The trainer's Python client against real `rolloutcore serve` + `vllm-double` processes.
+# A virtual environment under the build dir: works with Debian's externally managed python3 too.
 test-python: build
-	python3 -m pip install --quiet pytest ./python
-	cd python && RC_BUILD=$(abspath $(BUILD)) python3 -m pytest -q tests
+	python3 -m venv $(BUILD)/venv
+	$(BUILD)/venv/bin/python -m pip install --quiet pytest ./python
+	cd python && RC_BUILD=$(abspath $(BUILD)) $(abspath $(BUILD))/venv/bin/python -m pytest -q tests
 
 test: test-cpp test-fuzz test-python
 
