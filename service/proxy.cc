@@ -9,6 +9,7 @@
 // aborted. Fields the proxy added (token ids, usage chunks) are removed from what the client
 // sees unless the client asked for them.
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <thread>
@@ -27,6 +28,8 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // per rollout
+// Journal records per trajectory: 1 Mi entries / 4096 tokens per record.
+inline constexpr std::size_t kTrajectoryPartsMax = kTrajectoryEntriesMax / 4096 + 1;
 // Engine calls that provably never left (connect refused / timed out) are retried this often.
 inline constexpr std::uint32_t kConnectAttemptsMax = 4;
 
@@ -127,6 +130,48 @@ struct Trajectory {
     return n;
   }
 };
+
+// Splits choice 0 of a trace into TrajectoryRecorded parts of at most
+// kTrajectoryTokensPerRecordMax tokens: prompt tokens first, then output tokens with their
+// logprobs (NaN where the engine reported none). A truncated trace records what was kept.
+std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollout_id,
+                                                       const Trajectory& trace) {
+  std::vector<std::int32_t> prompt;
+  if (trace.prompt_token_ids.is_array()) {
+    for (const json& id : trace.prompt_token_ids) {
+      if (id.is_number_integer()) prompt.push_back(id.get<std::int32_t>());
+    }
+  }
+  std::vector<std::int32_t> output;
+  std::vector<float> logprobs;
+  bool any_logprob = false;
+  if (auto it = trace.choices.find(0); it != trace.choices.end()) {
+    for (std::size_t i = 0; i < it->second.token_ids.size(); ++i) {
+      output.push_back(static_cast<std::int32_t>(it->second.token_ids[i]));
+      const json lp = i < it->second.logprobs.size() ? it->second.logprobs[i] : json();
+      any_logprob = any_logprob || lp.is_number();
+      logprobs.push_back(lp.is_number() ? lp.get<float>() : std::nanf(""));
+    }
+  }
+  std::vector<TrajectoryRecorded> parts;
+  std::size_t p = 0, o = 0;
+  while ((p < prompt.size() || o < output.size()) && parts.size() < kTrajectoryPartsMax) {
+    TrajectoryRecorded part;
+    part.rollout_id = rollout_id;
+    part.part = static_cast<std::uint32_t>(parts.size());
+    std::size_t room = kTrajectoryTokensPerRecordMax;
+    const std::size_t np = std::min(room, prompt.size() - p);
+    part.prompt_token_ids.assign(prompt.begin() + p, prompt.begin() + p + np);
+    p += np;
+    room -= np;
+    const std::size_t no = std::min(room, output.size() - o);
+    part.output_token_ids.assign(output.begin() + o, output.begin() + o + no);
+    if (any_logprob) part.output_logprobs.assign(logprobs.begin() + o, logprobs.begin() + o + no);
+    o += no;
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
 
 const char* route_path(int route) {
   switch (route) {
@@ -296,6 +341,19 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
       metrics_.trajectories_written++;
     } else {
       metrics_.trajectories_dropped++;
+    }
+    // The journal's record of the trajectory (choice 0), in parts of bounded size; it becomes
+    // durable with the RolloutFinished below (one fsync for all of them).
+    const std::int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
+    for (const TrajectoryRecorded& part : JournalTrajectoryParts(bb.rollout_id, c.trace)) {
+      auto submitted = journal_->Submit(part, now_ms);
+      if (!submitted.ok()) {
+        spdlog::warn("proxy: trajectory of {} not journaled: {}", bb.rollout_id,
+                     submitted.status().ToString());
+        break;
+      }
     }
     Status st = Finish(bb.rollout_id, outcome, clamp_u32(c.trace.prompt_count()),
                        clamp_u32(c.trace.completion_count()));
