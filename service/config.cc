@@ -48,11 +48,48 @@ std::map<std::string, Setter> setters(ServeConfig& c) {
   RC_FIELD(engine_connections_max); RC_FIELD(events_page_max);
   RC_FIELD(trajectories_bytes_max); RC_FIELD(transfer); RC_FIELD(packed_buffer_size_bytes);
   RC_FIELD(packed_num_buffers); RC_FIELD(rendezvous); RC_FIELD(journal_sync);
+  RC_FIELD(cuda_device); RC_FIELD(nccl_world_size); RC_FIELD(nccl_init_timeout_ms);
+  RC_FIELD(nccl_abort_reserve_ms);
 #undef RC_FIELD
   return m;
 }
 
 }  // namespace
+
+Result<HostPort> ParseHostPort(const std::string& text) {
+  std::string host;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {  // [IPv6]:PORT
+    const auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return Status::InvalidArgument("'" + text + "' is not [IPv6]:PORT");
+    }
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string::npos) return Status::InvalidArgument("'" + text + "' is not HOST:PORT");
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (host.find(':') != std::string::npos) {
+      return Status::InvalidArgument("'" + text + "': write an IPv6 host as [addr]:PORT");
+    }
+  }
+  if (host.empty() || host.size() > kRendezvousHostBytesMax) {
+    return Status::InvalidArgument("'" + text + "': host must be 1.." +
+                                   std::to_string(kRendezvousHostBytesMax) + " bytes");
+  }
+  for (char ch : host) {
+    if (ch <= ' ' || ch == '/' || ch == '[' || ch == ']' || static_cast<unsigned char>(ch) >= 0x7f) {
+      return Status::InvalidArgument("'" + text + "': host has a character that is not allowed");
+    }
+  }
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535) {
+    return Status::InvalidArgument("'" + text + "': port must be a number in 0..65535");
+  }
+  return HostPort{host, static_cast<std::uint16_t>(std::stoul(port))};
+}
 
 Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {
   if (!doc.is_object()) return Status::InvalidArgument("config must be a JSON object");
@@ -112,8 +149,47 @@ Status ValidateConfig(const ServeConfig& c) {
   if (c.transfer != "http" && c.transfer != "nccl") {
     return Status::InvalidArgument("transfer must be 'http' or 'nccl'");
   }
-  if (c.packed_num_buffers == 0 || c.packed_buffer_size_bytes == 0) {
-    return Status::InvalidArgument("packed buffers must be non-empty");
+  if (c.packed_buffer_size_bytes < kPackedBufferBytesMin ||
+      c.packed_buffer_size_bytes > kPackedBufferBytesMax) {
+    return Status::InvalidArgument("packed_buffer_size_bytes must be in " +
+                                   std::to_string(kPackedBufferBytesMin) + ".." +
+                                   std::to_string(kPackedBufferBytesMax) + " (1 MiB..64 GiB), got " +
+                                   std::to_string(c.packed_buffer_size_bytes));
+  }
+  if (c.packed_num_buffers == 0 || c.packed_num_buffers > kPackedNumBuffersMax) {
+    return Status::InvalidArgument("packed_num_buffers must be in 1.." +
+                                   std::to_string(kPackedNumBuffersMax) + ", got " +
+                                   std::to_string(c.packed_num_buffers));
+  }
+  if (!c.rendezvous.empty()) {
+    auto hp = ParseHostPort(c.rendezvous);
+    if (!hp.ok()) return Status::InvalidArgument("rendezvous: " + hp.status().message());
+  }
+  if (c.cuda_device < 0 || c.cuda_device > kCudaDeviceMax) {
+    return Status::InvalidArgument("cuda_device must be in 0.." + std::to_string(kCudaDeviceMax) +
+                                   ", got " + std::to_string(c.cuda_device));
+  }
+  if (c.nccl_world_size != 0 && (c.nccl_world_size < 2 || c.nccl_world_size > kNcclWorldSizeMax)) {
+    return Status::InvalidArgument("nccl_world_size must be 0 (ask the engine) or 2.." +
+                                   std::to_string(kNcclWorldSizeMax));
+  }
+  if (c.nccl_init_timeout_ms == 0 || c.nccl_init_timeout_ms > 3600ull * 1000) {
+    return Status::InvalidArgument("nccl_init_timeout_ms must be in 1 ms..1 h");
+  }
+  if (c.transfer == "nccl") {
+    if (c.rendezvous.empty()) {
+      return Status::InvalidArgument(
+          "transfer 'nccl' needs rendezvous HOST:PORT (the address the engine's workers dial; "
+          "PORT 0 = ephemeral)");
+    }
+    // The abort must fit inside every deadline it is reserved from, with time left for work.
+    if (c.nccl_abort_reserve_ms >= c.nccl_init_timeout_ms ||
+        c.nccl_abort_reserve_ms >= c.transfer_timeout_ms) {
+      return Status::InvalidArgument(
+          "nccl_abort_reserve_ms (" + std::to_string(c.nccl_abort_reserve_ms) +
+          ") must be below nccl_init_timeout_ms (" + std::to_string(c.nccl_init_timeout_ms) +
+          ") and transfer_timeout_ms (" + std::to_string(c.transfer_timeout_ms) + ")");
+    }
   }
   for (auto [name, v] : {std::pair{"connect_timeout_ms", c.connect_timeout_ms},
                          {"call_timeout_ms", c.call_timeout_ms},
@@ -145,7 +221,8 @@ nlohmann::json ConfigToJson(const ServeConfig& c) {
   RC_OUT(engine_connections_max);
   RC_OUT(events_page_max); RC_OUT(trajectories_bytes_max); RC_OUT(transfer);
   RC_OUT(packed_buffer_size_bytes); RC_OUT(packed_num_buffers); RC_OUT(rendezvous);
-  RC_OUT(journal_sync);
+  RC_OUT(journal_sync); RC_OUT(cuda_device); RC_OUT(nccl_world_size);
+  RC_OUT(nccl_init_timeout_ms); RC_OUT(nccl_abort_reserve_ms);
 #undef RC_OUT
   j["auth_token"] = c.auth_token.empty() ? "" : "<redacted>";
   return j;

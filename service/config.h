@@ -15,6 +15,12 @@
 namespace rc::service {
 
 inline constexpr std::size_t kConfigFileBytesMax = 1 << 20;
+inline constexpr std::uint64_t kPackedBufferBytesMin = std::uint64_t{1} << 20;   // 1 MiB
+inline constexpr std::uint64_t kPackedBufferBytesMax = std::uint64_t{64} << 30;  // 64 GiB
+inline constexpr std::uint32_t kPackedNumBuffersMax = 64;
+inline constexpr int kCudaDeviceMax = 1023;
+inline constexpr int kNcclWorldSizeMax = 4096;
+inline constexpr std::size_t kRendezvousHostBytesMax = 255;
 
 struct ServeConfig {
   // Where things are.
@@ -56,12 +62,29 @@ struct ServeConfig {
 
   // Transfer.
   std::string transfer = "http";              // "http": GPU-free sequence; "nccl": CUDA builds
-  std::uint64_t packed_buffer_size_bytes = std::uint64_t{1} << 30;
-  std::uint32_t packed_num_buffers = 2;
-  std::string rendezvous;                     // host:port the NCCL sender binds its store on
+  std::uint64_t packed_buffer_size_bytes = std::uint64_t{1} << 30;  // kPackedBufferBytes{Min,Max}
+  std::uint32_t packed_num_buffers = 2;                             // 1..kPackedNumBuffersMax
+  // HOST:PORT. nccl: HOST is what the engine's workers dial for the TCPStore rendezvous (the
+  // store binds 0.0.0.0:PORT; PORT 0 = a fresh ephemeral port per init); required with nccl.
+  // http: only recorded in the engine's init_info (default 127.0.0.1:29500).
+  std::string rendezvous;
+  // NCCL sender only (transfer == "nccl").
+  int cuda_device = 0;                        // rank 0's CUDA device, 0..kCudaDeviceMax
+  int nccl_world_size = 0;                    // 0: 1 + the engine's GET /get_world_size; else 2..4096
+  std::uint64_t nccl_init_timeout_ms = 120000;  // startup rendezvous + communicator + warm-up
+  // Kept at the end of every init/transfer deadline for ncclCommAbort and the kernel drain
+  // (the sender uses the larger of this and 5/4 of the longest abort it has measured).
+  std::uint64_t nccl_abort_reserve_ms = 1000;
 
   bool journal_sync = true;                   // fsync each group commit (off only in benches)
 };
+
+// A rendezvous address, "HOST:PORT" or "[IPv6]:PORT".
+struct HostPort {
+  std::string host;
+  std::uint16_t port = 0;
+};
+[[nodiscard]] Result<HostPort> ParseHostPort(const std::string& text);
 
 // Merges the keys of `doc` into `config`. Unknown keys and wrong types are InvalidArgument.
 [[nodiscard]] Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config);
