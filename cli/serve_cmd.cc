@@ -64,11 +64,22 @@ Runner add_serve(CLI::App& app) {
   add("--events-page-max", &service::ServeConfig::events_page_max, "records per /v1/events page");
   add("--trajectories-bytes-max", &service::ServeConfig::trajectories_bytes_max,
       "trajectories file size before rotation");
-  add("--transfer", &service::ServeConfig::transfer, "http (GPU-free) or nccl");
+  add("--transfer", &service::ServeConfig::transfer,
+      "http (GPU-free) or nccl (needs a CUDA/NCCL build and a GPU)");
   add("--packed-buffer-size-bytes", &service::ServeConfig::packed_buffer_size_bytes,
-      "packed transfer buffer size");
-  add("--packed-num-buffers", &service::ServeConfig::packed_num_buffers, "packed buffer count");
-  add("--rendezvous", &service::ServeConfig::rendezvous, "NCCL rendezvous host:port");
+      "packed transfer buffer size (1 MiB..64 GiB; default 1 GiB)");
+  add("--packed-num-buffers", &service::ServeConfig::packed_num_buffers,
+      "packed buffer count (1..64; default 2)");
+  add("--rendezvous", &service::ServeConfig::rendezvous,
+      "HOST:PORT the engine's workers dial for the NCCL rendezvous (PORT 0 = ephemeral); "
+      "required with --transfer nccl");
+  add("--cuda-device", &service::ServeConfig::cuda_device, "nccl: rank 0's CUDA device (default 0)");
+  add("--nccl-world-size", &service::ServeConfig::nccl_world_size,
+      "nccl: 1 + engine workers (0 = ask GET /get_world_size; default 0)");
+  add("--nccl-init-timeout-ms", &service::ServeConfig::nccl_init_timeout_ms,
+      "nccl: startup rendezvous deadline (default 120000)");
+  add("--nccl-abort-reserve-ms", &service::ServeConfig::nccl_abort_reserve_ms,
+      "nccl: time kept at the end of each deadline for ncclCommAbort (default 1000)");
   add("--journal-sync", &service::ServeConfig::journal_sync, "fsync each group commit (true)");
 
   return [cfg, flags, config_file, opts]() -> int {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include <httplib.h>
@@ -16,6 +17,12 @@
 #include "effects/http_transfer.h"
 #include "journal/json.h"
 #include "service/http_util.h"
+
+#ifdef RC_HAVE_CUDA  // defined (PUBLIC) by the effects target when CUDA and NCCL were found
+#include <cuda_runtime.h>
+
+#include "effects/nccl/nccl_sender.h"
+#endif
 
 namespace rc::service {
 namespace {
@@ -138,6 +145,100 @@ json timings_json(const effects::PhaseTimings& t) {
           {"journal_us", t.journal_us},     {"total_us", t.total_us}};
 }
 
+#ifdef RC_HAVE_CUDA
+std::string CudaError(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+// Checked before the journal is opened, so a host without the configured GPU changes nothing.
+Status CheckCudaDevice(int device) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count <= 0) {
+    return Status::Unavailable(
+        "transfer 'nccl': CUDA device " + std::to_string(device) + " is not usable: " +
+        (e != cudaSuccess ? CudaError("cudaGetDeviceCount", e) : std::string("no CUDA device")) +
+        " (no GPU or no driver on this host?)");
+  }
+  if (device >= count) {
+    return Status::InvalidArgument("transfer 'nccl': cuda_device " + std::to_string(device) +
+                                   " does not exist: this host has " + std::to_string(count) +
+                                   " CUDA device(s), 0.." + std::to_string(count - 1));
+  }
+  e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    return Status::Unavailable("transfer 'nccl': CUDA device " + std::to_string(device) +
+                               " is not usable: " + CudaError("cudaSetDevice", e));
+  }
+  return Status::OK();
+}
+
+// The NcclSender as serve calls it: from httplib workers (the runner on the update route,
+// /v1/manifest on any worker). The sender needs the communicator's device current on the calling
+// thread and is not safe for concurrent calls (its source cache), so every call here makes the
+// device current and holds one lock. A manifest preflight waits at most preflight_wait_ms for a
+// running transfer, then answers without a digest (the route says why) instead of blocking.
+class ServeNcclTransfer final : public effects::WeightTransfer {
+ public:
+  ServeNcclTransfer(effects::EngineClient& engine, effects::nccl::NcclSenderOptions options,
+                    std::uint64_t preflight_wait_ms)
+      : device_(options.device),
+        preflight_wait_ms_(preflight_wait_ms),
+        sender_(engine, std::move(options)) {}
+
+  [[nodiscard]] Status Init(std::uint64_t deadline_ms) {
+    std::lock_guard<std::timed_mutex> lock(mu_);
+    return sender_.Init(deadline_ms);  // sets this thread's device itself
+  }
+
+  PreflightObserved Preflight(const effects::TransferTarget& target) override {
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (!lock.try_lock_for(std::chrono::milliseconds(preflight_wait_ms_))) {
+      PreflightObserved p;
+      p.detail = "the NCCL sender is busy with a transfer (waited " +
+                 std::to_string(preflight_wait_ms_) + " ms); try again";
+      return p;
+    }
+    // A failure leaves the thread on another device: the sender's own check then reports it.
+    (void)cudaSetDevice(device_);
+    return sender_.Preflight(target);
+  }
+
+  TransferObserved Transfer(const effects::TransferTarget& target,
+                                     std::uint64_t deadline_ms) override {
+    const auto t0 = Clock::now();
+    TransferObserved refused;  // mutation kNone: nothing reached the engine
+    refused.finish_label = target.target.label;
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (!lock.try_lock_for(std::chrono::milliseconds(deadline_ms))) {
+      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
+      refused.duration_us = us_since(t0);
+      return refused;
+    }
+    const std::uint64_t waited_ms = us_since(t0) / 1000;
+    if (waited_ms >= deadline_ms) {
+      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
+      refused.duration_us = us_since(t0);
+      return refused;
+    }
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      refused.error = CudaError("cudaSetDevice", e).substr(0, kTextBytesMax);
+      refused.duration_us = us_since(t0);
+      return refused;
+    }
+    return sender_.Transfer(target, deadline_ms - waited_ms);
+  }
+
+  const effects::nccl::NcclSender& sender() const { return sender_; }
+
+ private:
+  const int device_;
+  const std::uint64_t preflight_wait_ms_;
+  std::timed_mutex mu_;
+  effects::nccl::NcclSender sender_;
+};
+#endif  // RC_HAVE_CUDA
+
 }  // namespace
 
 std::string DeriveCacheSalt(const RolloutAdmitted& b, const std::string& client_salt) {
@@ -174,7 +275,22 @@ Result<std::unique_ptr<Service>> Service::Open(const ServeConfig& config) {
   return s;
 }
 
+// `--transfer nccl` is checked before anything is opened: a build without CUDA, or a host without
+// the configured device, is refused with nothing started.
+static Status CheckTransferBuildAndDevice(const ServeConfig& config) {
+  if (config.transfer != "nccl") return Status::OK();
+#ifndef RC_HAVE_CUDA
+  return Status::Unavailable(
+      "transfer 'nccl' needs CUDA and NCCL, and this rolloutcore was built without them (CMake "
+      "found no CUDA toolkit/NCCL when it was configured): rebuild on a host with both, or use "
+      "--transfer http");
+#else
+  return CheckCudaDevice(config.cuda_device);
+#endif
+}
+
 Status Service::Init() {
+  RC_RETURN_IF_ERROR(CheckTransferBuildAndDevice(config_));
   std::random_device rd;
   char prefix[32];
   std::snprintf(prefix, sizeof(prefix), "px-%08x%04x-", static_cast<unsigned>(rd()),
@@ -210,24 +326,65 @@ Status Service::Init() {
   http_control_ = std::make_unique<effects::HttpEngineControl>(*control_client_);
   control_ = std::make_unique<DrainFirstControl>(*http_control_, *journal_);
 
-  if (config_.transfer == "nccl") {
-    return Status::Unavailable(
-        "transfer 'nccl' is not wired into serve yet: this build offers 'http' (GPU-free)");
-  }
-  effects::EngineProtocol protocol = effects::HttpSequenceTransfer::DefaultProtocol();
-  effects::HttpReply version = control_client_->Version();
-  if (version.http.ok_2xx() && version.body.is_object() &&
-      version.body.value("version", json()).is_string()) {
-    effects::EngineProtocol detected = effects::detect_protocol(version.body["version"]);
-    if (detected.line != effects::ProtocolLine::kUnknown) protocol = detected;
-  } else {
-    spdlog::warn("serve: GET /version failed ({}); assuming the >= 0.28 protocol line",
-                 version.http.error);
-  }
   effects::PackingParams packing;
   packing.packed_buffer_size_bytes = config_.packed_buffer_size_bytes;
   packing.packed_num_buffers = config_.packed_num_buffers;
-  transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol, packing);
+  effects::EngineProtocol protocol = effects::HttpSequenceTransfer::DefaultProtocol();
+  // Initialises the transfer with the engine once the journal is bootstrapped (below).
+  std::function<Status()> init_transfer;
+  if (config_.transfer == "nccl") {
+#ifdef RC_HAVE_CUDA
+    auto rendezvous = ParseHostPort(config_.rendezvous);
+    RC_ASSERT(rendezvous.ok());  // ValidateConfig requires a well-formed one for nccl
+    effects::nccl::NcclSenderOptions so;
+    so.device = config_.cuda_device;
+    so.master_address = rendezvous->host;
+    so.master_port = rendezvous->port;
+    so.world_size = config_.nccl_world_size;
+    so.packing = packing;
+    so.http_timeout_ms = config_.call_timeout_ms;
+    so.abort_reserve_ms = config_.nccl_abort_reserve_ms;
+    auto nccl = std::make_unique<ServeNcclTransfer>(*control_client_, so, config_.call_timeout_ms);
+    ServeNcclTransfer* sender = nccl.get();
+    transfer_ = std::move(nccl);
+    init_transfer = [this, sender]() -> Status {
+      spdlog::info("serve: NCCL sender: rendezvous with {} (cuda_device {}, rendezvous {}, "
+                   "deadline {} ms)", config_.engine_url, config_.cuda_device,
+                   config_.rendezvous, config_.nccl_init_timeout_ms);
+      Status st = sender->Init(config_.nccl_init_timeout_ms);
+      if (!st.ok()) {
+        return Status(st.code(), "transfer 'nccl': init with the engine at " + config_.engine_url +
+                                     " (cuda_device " + std::to_string(config_.cuda_device) +
+                                     ", rendezvous " + config_.rendezvous + ", deadline " +
+                                     std::to_string(config_.nccl_init_timeout_ms) +
+                                     " ms) failed: " + st.message());
+      }
+      spdlog::info("serve: NCCL sender ready: engine {} (protocol line of {}), rendezvous {}, "
+                   "store port {}, abort reserve {} ms",
+                   config_.engine_url, sender->sender().protocol().version,
+                   effects::nccl::rendezvous_name(sender->sender().rendezvous()),
+                   sender->sender().store_port(), sender->sender().abort_reserve_ms());
+      return Status::OK();
+    };
+#else
+    RC_ASSERT(false);  // CheckTransferBuildAndDevice refused it before anything was opened
+#endif
+  } else {
+    effects::HttpReply version = control_client_->Version();
+    if (version.http.ok_2xx() && version.body.is_object() &&
+        version.body.value("version", json()).is_string()) {
+      effects::EngineProtocol detected = effects::detect_protocol(version.body["version"]);
+      if (detected.line != effects::ProtocolLine::kUnknown) protocol = detected;
+    } else {
+      spdlog::warn("serve: GET /version failed ({}); assuming the >= 0.28 protocol line",
+                   version.http.error);
+    }
+    transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol, packing);
+    init_transfer = [this, protocol]() -> Status {
+      if (journal_->state().lifecycle == Lifecycle::kReady) InitWeightTransfer(protocol);
+      return Status::OK();
+    };
+  }
 
   effects::RunnerOptions ro;
   ro.executor_id = config_.executor_id;
@@ -260,7 +417,9 @@ Status Service::Init() {
     }
     RC_RETURN_IF_ERROR(runner_->Bootstrap(config_.initial_label, id));
   }
-  if (journal_->state().lifecycle == Lifecycle::kReady) InitWeightTransfer(protocol);
+  // nccl: a failure here is a startup error (no update could ever succeed without the
+  // communicator); the journal keeps what Recover/Bootstrap recorded, which a restart resumes.
+  RC_RETURN_IF_ERROR(init_transfer());
   s = journal_->state();
   NotifyLifecycle(journal_->head_seq());
   spdlog::info("serve: journal {} at seq {}, state {}, committed '{}' (generation {})",
@@ -275,11 +434,10 @@ void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
   // engine initialised (rendezvous recorded, no NCCL peer joins). Best effort: a failure here
   // surfaces as a refused update, never as a silent success.
   effects::NcclInitParams init;
-  const std::string rv = config_.rendezvous.empty() ? "127.0.0.1:29500" : config_.rendezvous;
-  const auto colon = rv.rfind(':');
-  init.master_address = rv.substr(0, colon);
-  init.master_port = static_cast<std::uint16_t>(
-      colon == std::string::npos ? 29500 : std::atoi(rv.c_str() + colon + 1));
+  auto rv = ParseHostPort(config_.rendezvous.empty() ? "127.0.0.1:29500" : config_.rendezvous);
+  RC_ASSERT(rv.ok());  // ValidateConfig checked it
+  init.master_address = rv->host;
+  init.master_port = rv->port;
   effects::HttpReply ws = control_client_->GetWorldSize(true);
   const std::int64_t world =
       ws.http.ok_2xx() && ws.body.value("world_size", json()).is_number_integer()
