@@ -221,9 +221,13 @@ TEST(ServiceE2E, ConcurrentRolloutsDuringUpdatesAreBoundToOneVersion) {
   // Journal: admitted under exactly one version; finished before the next publish.
   std::map<std::string, std::uint64_t> admitted_gen;
   std::map<std::string, RolloutOutcome> finished;
+  std::map<std::string, std::size_t> output_tokens;  // journaled trajectory, before the finish
   std::uint64_t published_gen = 0;
   for (const journal::Record& r : all_records(s.svc->journal())) {
-    if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
+    if (const auto* t = std::get_if<TrajectoryRecorded>(&r.event)) {
+      EXPECT_EQ(finished.count(t->rollout_id), 0u) << "trajectory after the finish";
+      output_tokens[t->rollout_id] += t->output_token_ids.size();
+    } else if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
       ASSERT_EQ(admitted_gen.count(a->rollout_id), 0u) << "admitted twice: " << a->rollout_id;
       EXPECT_EQ(a->version.generation, published_gen) << a->rollout_id;
       admitted_gen[a->rollout_id] = a->version.generation;
@@ -242,6 +246,7 @@ TEST(ServiceE2E, ConcurrentRolloutsDuringUpdatesAreBoundToOneVersion) {
     EXPECT_EQ(admitted_gen[id], x.generation) << "headers disagree with the journal for " << id;
     ASSERT_EQ(finished.count(id), 1u) << id << " never finished";
     EXPECT_EQ(finished[id], RolloutOutcome::kCompleted) << id;
+    EXPECT_GT(output_tokens[id], 0u) << id << " has no journaled trajectory";
   }
   EXPECT_TRUE(s.svc->journal().state().active.empty());
 }
