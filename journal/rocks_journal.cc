@@ -171,7 +171,11 @@ class RocksJournal final : public Journal {
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  // Waiters of batch b sleep on batch_cv_[b % 2]. Only two batches exist at a time (the one being
+  // written and the open one), so a finished batch wakes its own waiters (notify_all on its
+  // parity) and one waiter of the open batch to lead it (notify_one), not every waiter.
+  std::condition_variable batch_cv_[2];
+  std::condition_variable& BatchCv(std::uint64_t batch_id) { return batch_cv_[batch_id % 2]; }
   State state_;
   std::uint64_t head_seq_ = 0;  // last enqueued seq
   Hash head_hash_{};
@@ -191,7 +195,8 @@ RocksJournal::~RocksJournal() {
   if (db_ == nullptr) return;
   {
     std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !leader_active_; });
+    // The batch in flight is open_batch_id_ - 1; its end notifies all of its waiters.
+    while (leader_active_) BatchCv(open_batch_id_ - 1).wait(l);
     if (open_groups_ > 0 && failed_.ok()) CommitOpenBatch(l);
   }
   for (auto* h : cfs_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
@@ -576,8 +581,13 @@ void RocksJournal::CommitOpenBatch(std::unique_lock<std::mutex>& l) {
     // In-memory state is now ahead of the disk: the process must reopen.
     failed_ = Status::IOError("journal write failed at seqs up to " + std::to_string(head) +
                               "; reopen required: " + s.ToString());
+    BatchCv(batch_id).notify_all();
+    BatchCv(batch_id + 1).notify_all();  // every later waiter must see failed_
+    return;
   }
-  cv_.notify_all();
+  RC_ASSERT(open_batch_id_ == batch_id + 1);
+  BatchCv(batch_id).notify_all();  // this batch's waiters: durable now
+  if (open_groups_ > 0) BatchCv(open_batch_id_).notify_one();  // one of them leads the next batch
 }
 
 Status RocksJournal::Wait(const Ticket& ticket) {
@@ -590,7 +600,7 @@ Status RocksJournal::Wait(const Ticket& ticket) {
       CommitOpenBatch(l);
       continue;
     }
-    cv_.wait(l);
+    BatchCv(ticket.batch_id).wait(l);
   }
 }
 
