@@ -138,7 +138,7 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   Demo demo{j, client, timeline};
 
   auto manifest = effects::synthetic_manifest("synthetic:8x64");
-  RC_ASSERT(manifest.ok());
+  RC_CHECK(manifest.ok());
   const std::string digest = manifest->digest();
   auto identity = [&](int step) {
     return WeightIdentity{digest, "", "ckpt/step-" + std::to_string(step), "demo-run", step};

@@ -85,7 +85,7 @@ Status Manifest::Validate() const {
 std::string sha256_hex(const void* data, std::size_t size) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  RC_ASSERT(EVP_Digest(data, size, md, &len, EVP_sha256(), nullptr) == 1);
+  RC_CHECK(EVP_Digest(data, size, md, &len, EVP_sha256(), nullptr) == 1);
   static const char* kHex = "0123456789abcdef";
   std::string out;
   out.reserve(len * 2);

@@ -41,8 +41,8 @@ Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer&
                Clock& clock, RunnerOptions options)
     : journal_(journal), engine_(engine), transfer_(transfer), clock_(clock),
       options_(std::move(options)) {
-  RC_ASSERT(options_.backoff_ms_min <= options_.backoff_ms_max);
-  RC_ASSERT(options_.effects_per_drive_max > 0);
+  RC_CHECK(options_.backoff_ms_min <= options_.backoff_ms_max);
+  RC_CHECK(options_.effects_per_drive_max > 0);
 }
 
 Result<std::vector<Event>> Runner::submit(const Event& input, const std::string& client_event_id,
@@ -125,7 +125,7 @@ Event Runner::observe(const Effect& effect, const State& s) {
     case EffectKind::kAwaitRollouts:
       break;
   }
-  RC_ASSERT(false && "observe() called for an effect without I/O");
+  RC_CHECK(false && "observe() called for an effect without I/O");
   return DrainTimedOut{};
 }
 

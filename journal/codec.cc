@@ -346,7 +346,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     case fb::Payload::NONE:
       break;
   }
-  RC_ASSERT(false && "payload tag checked by the caller");
+  RC_CHECK(false && "payload tag checked by the caller");
   return Event{};
 }
 
@@ -356,13 +356,13 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
 class AlignedView {
  public:
   explicit AlignedView(std::string_view bytes) {
-    RC_ASSERT(bytes.size() <= kRecordBytesMax);
+    RC_CHECK(bytes.size() <= kRecordBytesMax);
     if (reinterpret_cast<std::uintptr_t>(bytes.data()) % 8 == 0) {
       data_ = reinterpret_cast<const std::uint8_t*>(bytes.data());
       return;
     }
     thread_local std::vector<std::uint64_t> words(kRecordBytesMax / 8);
-    RC_ASSERT(words.size() * 8 >= bytes.size());
+    RC_CHECK(words.size() * 8 >= bytes.size());
     if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
     data_ = reinterpret_cast<const std::uint8_t*>(words.data());
   }
@@ -392,7 +392,7 @@ Hash Sha256(std::string_view bytes) {
   Hash out{};
   const bool ok = SHA256_Init(&ctx) == 1 && SHA256_Update(&ctx, bytes.data(), bytes.size()) == 1 &&
                   SHA256_Final(out.data(), &ctx) == 1;
-  RC_ASSERT(ok);
+  RC_CHECK(ok);
   return out;
 }
 

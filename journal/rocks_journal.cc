@@ -45,7 +45,7 @@ std::string BE64(std::uint64_t v) {
 }
 
 std::uint64_t ParseBE64(std::string_view s) {
-  RC_ASSERT(s.size() == 8);
+  RC_CHECK(s.size() == 8);
   std::uint64_t v = 0;
   for (char c : s) v = (v << 8) | static_cast<std::uint8_t>(c);
   return v;
@@ -54,7 +54,7 @@ std::uint64_t ParseBE64(std::string_view s) {
 std::string_view View(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
 
 std::string RolloutPrefix(const std::string& rollout_id) {
-  RC_ASSERT(rollout_id.size() <= 255);
+  RC_CHECK(rollout_id.size() <= 255);
   return std::string(1, static_cast<char>(rollout_id.size())) + rollout_id;
 }
 
@@ -250,7 +250,7 @@ Status RocksJournal::OpenDb() {
     return Status::IOError("cannot open journal at " + path_ + ": " + msg);
   }
   db_.reset(raw);
-  RC_ASSERT(cfs_.size() == kCfCount);
+  RC_CHECK(cfs_.size() == kCfCount);
 
   std::string version;
   s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kSchemaKey, &version);
@@ -460,24 +460,24 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
   for (const Event& e : events) {
     Status st = apply(state_, e);
     if (!st.ok()) std::fprintf(stderr, "rolloutcore: journal apply: %s\n", st.ToString().c_str());
-    RC_ASSERT(st.ok());
+    RC_CHECK(st.ok());
   }
   const std::uint64_t last_seq = first_seq + events.size() - 1;
   for (std::size_t i = 0; i < events.size(); ++i) {
     const std::uint64_t seq = first_seq + i;
-    RC_ASSERT(open_batch_.Put(cfs_[kEventsCf], BE64(seq), encoded[i]).ok());
+    RC_CHECK(open_batch_.Put(cfs_[kEventsCf], BE64(seq), encoded[i]).ok());
     if (const std::string* rid = RolloutIdOf(events[i])) {
-      RC_ASSERT(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
+      RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
     }
   }
   if (!request.client_event_id.empty()) {
     IdemEntry entry{first_seq, last_seq, digest, open_batch_id_, events};
-    RC_ASSERT(open_batch_.Put(cfs_[kIdemCf], request.client_event_id, EncodeIdem(entry)).ok());
+    RC_CHECK(open_batch_.Put(cfs_[kIdemCf], request.client_event_id, EncodeIdem(entry)).ok());
     idem_pending_[request.client_event_id] = std::move(entry);
   }
   const std::uint64_t every = options_.snapshot_every;
   if (every > 0 && (head_seq_ / every) != (last_seq / every)) {
-    RC_ASSERT(open_batch_.Put(cfs_[kSnapshotsCf], BE64(last_seq), EncodeState(state_)).ok());
+    RC_CHECK(open_batch_.Put(cfs_[kSnapshotsCf], BE64(last_seq), EncodeState(state_)).ok());
   }
   head_seq_ = last_seq;
   head_hash_ = hashes.back();
@@ -552,7 +552,7 @@ Result<Journal::Submitted> RocksJournal::Submit(const Event& input, std::int64_t
 }
 
 void RocksJournal::CommitOpenBatch(std::unique_lock<std::mutex>& l) {
-  RC_ASSERT(!leader_active_ && open_groups_ > 0);
+  RC_CHECK(!leader_active_ && open_groups_ > 0);
   leader_active_ = true;
   rocksdb::WriteBatch batch;
   std::swap(batch, open_batch_);
@@ -560,8 +560,8 @@ void RocksJournal::CommitOpenBatch(std::unique_lock<std::mutex>& l) {
   const std::size_t groups = open_groups_;
   open_groups_ = 0;
   const std::uint64_t head = head_seq_;
-  RC_ASSERT(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(head)).ok());
-  RC_ASSERT(batch.Put(cfs_[kMetaCf], kHeadHashKey,
+  RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(head)).ok());
+  RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadHashKey,
                       rocksdb::Slice(reinterpret_cast<const char*>(head_hash_.data()), 32))
                 .ok());
   l.unlock();
@@ -585,14 +585,14 @@ void RocksJournal::CommitOpenBatch(std::unique_lock<std::mutex>& l) {
     BatchCv(batch_id + 1).notify_all();  // every later waiter must see failed_
     return;
   }
-  RC_ASSERT(open_batch_id_ == batch_id + 1);
+  RC_CHECK(open_batch_id_ == batch_id + 1);
   BatchCv(batch_id).notify_all();  // this batch's waiters: durable now
   if (open_groups_ > 0) BatchCv(open_batch_id_).notify_one();  // one of them leads the next batch
 }
 
 Status RocksJournal::Wait(const Ticket& ticket) {
   std::unique_lock<std::mutex> l(mu_);
-  RC_ASSERT(ticket.batch_id <= open_batch_id_);
+  RC_CHECK(ticket.batch_id <= open_batch_id_);
   while (true) {
     if (ticket.batch_id <= durable_batch_id_) return Status::OK();
     if (!failed_.ok()) return failed_;

@@ -132,18 +132,18 @@ int FindPeerSocket(int local_port, const std::string& remote_addr, int remote_po
 DisconnectWatcher::DisconnectWatcher() {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  RC_ASSERT(epoll_fd_ >= 0 && wake_fd_ >= 0);
+  RC_CHECK(epoll_fd_ >= 0 && wake_fd_ >= 0);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = 0;  // ids start at 1: 0 is the stop signal
-  RC_ASSERT(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) == 0);
+  RC_CHECK(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) == 0);
   thread_ = std::thread([this] { Loop(); });
 }
 
 DisconnectWatcher::~DisconnectWatcher() {
   stop_.store(true, std::memory_order_release);
   const std::uint64_t one = 1;
-  RC_ASSERT(::write(wake_fd_, &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one)));
+  RC_CHECK(::write(wake_fd_, &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one)));
   thread_.join();
   ::close(wake_fd_);
   ::close(epoll_fd_);

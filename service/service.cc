@@ -72,11 +72,11 @@ class DrainFirstControl final : public effects::EngineControl {
 class BoundedThreadPool final : public httplib::TaskQueue {
  public:
   BoundedThreadPool(std::size_t threads, std::size_t queue_max) : queue_max_(queue_max) {
-    RC_ASSERT(threads > 0 && queue_max > 0);
+    RC_CHECK(threads > 0 && queue_max > 0);
     workers_.reserve(threads);
     for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
   }
-  ~BoundedThreadPool() override { RC_ASSERT(workers_.empty()); }
+  ~BoundedThreadPool() override { RC_CHECK(workers_.empty()); }
   void enqueue(std::function<void()> fn) override {
     std::unique_lock<std::mutex> lock(mu_);
     space_.wait(lock, [&] { return jobs_.size() < queue_max_ || stop_; });
@@ -335,7 +335,7 @@ Status Service::Init() {
   if (config_.transfer == "nccl") {
 #ifdef RC_HAVE_CUDA
     auto rendezvous = ParseHostPort(config_.rendezvous);
-    RC_ASSERT(rendezvous.ok());  // ValidateConfig requires a well-formed one for nccl
+    RC_CHECK(rendezvous.ok());  // ValidateConfig requires a well-formed one for nccl
     effects::nccl::NcclSenderOptions so;
     so.device = config_.cuda_device;
     so.master_address = rendezvous->host;
@@ -367,7 +367,7 @@ Status Service::Init() {
       return Status::OK();
     };
 #else
-    RC_ASSERT(false);  // CheckTransferBuildAndDevice refused it before anything was opened
+    RC_CHECK(false);  // CheckTransferBuildAndDevice refused it before anything was opened
 #endif
   } else {
     effects::HttpReply version = control_client_->Version();
@@ -435,7 +435,7 @@ void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
   // surfaces as a refused update, never as a silent success.
   effects::NcclInitParams init;
   auto rv = ParseHostPort(config_.rendezvous.empty() ? "127.0.0.1:29500" : config_.rendezvous);
-  RC_ASSERT(rv.ok());  // ValidateConfig checked it
+  RC_CHECK(rv.ok());  // ValidateConfig checked it
   init.master_address = rv->host;
   init.master_port = rv->port;
   effects::HttpReply ws = control_client_->GetWorldSize(true);
@@ -484,7 +484,7 @@ std::string Service::NextRolloutId() {
 }
 
 Status Service::Start() {
-  RC_ASSERT(!server_);
+  RC_CHECK(!server_);
   server_ = std::make_unique<httplib::Server>();
   const auto threads = static_cast<std::size_t>(config_.http_threads);
   // httplib's own ThreadPool queues accepted connections without bound; this one blocks the

@@ -10,7 +10,7 @@ TrajectoryLog::~TrajectoryLog() { Close(); }
 
 Status TrajectoryLog::Open(const std::string& path, std::uint64_t bytes_max) {
   std::lock_guard<std::mutex> lock(mu_);
-  RC_ASSERT(file_ == nullptr);
+  RC_CHECK(file_ == nullptr);
   file_ = std::fopen(path.c_str(), "ab");
   if (file_ == nullptr) return Status::IOError("cannot open trajectories file '" + path + "'");
   struct stat st {};

@@ -615,7 +615,7 @@ Status apply(State& state, const Event& event) {
   const std::string broken = full ? check_invariants(state) : check_invariants_cheap(state);
   if (!broken.empty()) {
     std::fprintf(stderr, "rolloutcore: after %s: %s\n", event_name(event), broken.c_str());
-    RC_ASSERT(broken.empty());
+    RC_CHECK(broken.empty());
   }
   return Status::OK();
 }
@@ -651,7 +651,7 @@ Result<std::vector<Event>> decide(const State& state, const Event& input) {
   for (const Event& d : out) {
     Status st = apply(after, d);
     if (!st.ok()) std::fprintf(stderr, "rolloutcore: derived %s\n", st.ToString().c_str());
-    RC_ASSERT(st.ok());
+    RC_CHECK(st.ok());
   }
   return out;
 }
@@ -660,8 +660,8 @@ Result<std::vector<Event>> step(State& state, const Event& input) {
   Result<std::vector<Event>> decided = decide(state, input);
   if (!decided.ok()) return decided;
   State next = state;
-  RC_ASSERT(apply(next, input).ok());
-  for (const Event& d : decided.value()) RC_ASSERT(apply(next, d).ok());
+  RC_CHECK(apply(next, input).ok());
+  for (const Event& d : decided.value()) RC_CHECK(apply(next, d).ok());
   state = std::move(next);
   return decided;
 }

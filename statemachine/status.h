@@ -19,7 +19,7 @@ namespace rc {
   std::abort();
 }
 
-#define RC_ASSERT(expr) ((expr) ? (void)0 : ::rc::assert_fail(#expr, __FILE__, __LINE__))
+#define RC_CHECK(expr) ((expr) ? (void)0 : ::rc::assert_fail(#expr, __FILE__, __LINE__))
 
 enum class Code : int {
   kOk = 0,
@@ -89,7 +89,7 @@ class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design.
   Result(Status status) : v_(std::move(status)) {  // NOLINT
-    RC_ASSERT(!std::get<Status>(v_).ok());
+    RC_CHECK(!std::get<Status>(v_).ok());
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -98,15 +98,15 @@ class [[nodiscard]] Result {
     return ok() ? kOk : std::get<Status>(v_);
   }
   T& value() & {
-    RC_ASSERT(ok());
+    RC_CHECK(ok());
     return std::get<T>(v_);
   }
   const T& value() const& {
-    RC_ASSERT(ok());
+    RC_CHECK(ok());
     return std::get<T>(v_);
   }
   T&& value() && {
-    RC_ASSERT(ok());
+    RC_CHECK(ok());
     return std::get<T>(std::move(v_));
   }
   T* operator->() { return &value(); }

@@ -44,14 +44,14 @@ void BM_UpdateCycleOverhead(benchmark::State& state) {
   rc::journal::Options jopts;
   jopts.sync = durable;
   auto journal = rc::journal::Journal::Open(dir.string(), jopts);
-  RC_ASSERT(journal.ok());
+  RC_CHECK(journal.ok());
   rc::effects::EngineClient client("http://127.0.0.1:" + std::to_string(port));
   rc::effects::HttpEngineControl control(client);
   rc::effects::HttpSequenceTransfer transfer(client, rc::effects::detect_protocol("0.30.0"));
   rc::effects::Runner runner(**journal, control, transfer, rc::effects::system_clock(), {});
   auto manifest = rc::effects::synthetic_manifest("synthetic:8x64");
   const std::string digest = manifest->digest();
-  RC_ASSERT(runner.Bootstrap("rc-0", {digest, "", "ckpt/0", "bench", 0}).ok());
+  RC_CHECK(runner.Bootstrap("rc-0", {digest, "", "ckpt/0", "bench", 0}).ok());
 
   Sample s;
   std::uint64_t generation = 0;
@@ -62,7 +62,7 @@ void BM_UpdateCycleOverhead(benchmark::State& state) {
                                 {digest, "", "ckpt/" + std::to_string(generation), "bench",
                                  static_cast<std::int64_t>(generation)},
                                 "synthetic:8x64"});
-    RC_ASSERT(ended.ok() && ended->outcome == rc::UpdateOutcome::kCommitted);
+    RC_CHECK(ended.ok() && ended->outcome == rc::UpdateOutcome::kCommitted);
     const auto& t = runner.last_timings();
     const double overhead_ms = static_cast<double>(t.total_us - t.transfer_us) / 1000.0;
     s.overhead_ms.push_back(overhead_ms);

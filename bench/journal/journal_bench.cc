@@ -62,25 +62,25 @@ void BM_Replay(benchmark::State& st) {
     o.sync = false;
     o.snapshot_every = 0;
     auto j = Journal::Open(p, o);
-    RC_ASSERT(j.ok());
+    RC_CHECK(j.ok());
     const auto groups = testing::RandomHistory(7, g_replay_events, nullptr, false);
     std::vector<Ticket> tickets;
     for (const auto& g : groups) {
       AppendRequest r;
       r.events = g;
       Result<Ticket> t = (*j)->Enqueue(r);
-      RC_ASSERT(t.ok());
-      if (t->result.last_seq % 2048 < g.size()) RC_ASSERT((*j)->Wait(*t).ok());
+      RC_CHECK(t.ok());
+      if (t->result.last_seq % 2048 < g.size()) RC_CHECK((*j)->Wait(*t).ok());
       tickets.push_back(*t);
     }
-    RC_ASSERT((*j)->Wait(tickets.back()).ok());
-    RC_ASSERT((*j)->Flush().ok());
+    RC_CHECK((*j)->Wait(tickets.back()).ok());
+    RC_CHECK((*j)->Flush().ok());
     return p;
   }();
   Options o;
   o.snapshot_every = 0;
   auto j = Journal::Open(path, o);  // open also refolds: measure the explicit Refold below
-  RC_ASSERT(j.ok());
+  RC_CHECK(j.ok());
   std::uint64_t events = 0;
   for (auto _ : st) {
     Result<State> s = (*j)->Refold();
@@ -116,8 +116,8 @@ double RunAppends(Journal& j, int threads, int total, bool serialise, bool finis
         Result<Journal::Submitted> s =
             finish ? j.Submit(RolloutFinished{id, RolloutOutcome::kCompleted, 10, 20}, i)
                    : j.Submit(make_admission(at_start, id), i);
-        RC_ASSERT(s.ok());
-        RC_ASSERT(j.Wait(s->ticket).ok());
+        RC_CHECK(s.ok());
+        RC_CHECK(j.Wait(s->ticket).ok());
         if (serialise) l.unlock();
         mine.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
       }
@@ -145,10 +145,10 @@ void BM_DurableAppend(benchmark::State& st) {
       Options o;
       o.sync = true;
       auto j = Journal::Open(path, o);
-      RC_ASSERT(j.ok());
-      RC_ASSERT((*j)->Append(AppendRequest{{}, "", 0, {BootstrapRequested{"rc-0", WeightIdentity{"ab", "", "", "", -1}}}}).ok());
-      RC_ASSERT((*j)->Append(AppendRequest{{}, "", 0, {EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1}}}).ok());
-      RC_ASSERT((*j)->Submit(EngineProbed{HttpEvidence{Transport::kOk, 200, true, 1, ""}, "v", "rc-0"}, 0).ok());
+      RC_CHECK(j.ok());
+      RC_CHECK((*j)->Append(AppendRequest{{}, "", 0, {BootstrapRequested{"rc-0", WeightIdentity{"ab", "", "", "", -1}}}}).ok());
+      RC_CHECK((*j)->Append(AppendRequest{{}, "", 0, {EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1}}}).ok());
+      RC_CHECK((*j)->Submit(EngineProbed{HttpEvidence{Transport::kOk, 200, true, 1, ""}, "v", "rc-0"}, 0).ok());
       lat.clear();
       rate = RunAppends(**j, threads, total, per_event_fsync, bounded, lat);
     }

@@ -185,7 +185,7 @@ struct EngineClient::Handle {
   CURL* easy = nullptr;
   char errbuf[CURL_ERROR_SIZE] = {0};
   Handle() : multi(curl_multi_init()), easy(curl_easy_init()) {
-    RC_ASSERT(multi != nullptr && easy != nullptr);
+    RC_CHECK(multi != nullptr && easy != nullptr);
     curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 4L);
   }
   ~Handle() {
@@ -199,11 +199,11 @@ struct EngineClient::Handle {
 EngineClient::EngineClient(std::string base_url, EngineDeadlines deadlines,
                            std::size_t idle_handles_max)
     : base_url_(std::move(base_url)), deadlines_(deadlines), idle_handles_max_(idle_handles_max) {
-  RC_ASSERT(idle_handles_max_ >= 1 && idle_handles_max_ <= kIdleHandlesLimit);
+  RC_CHECK(idle_handles_max_ >= 1 && idle_handles_max_ <= kIdleHandlesLimit);
   curl_global_once();
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
-  RC_ASSERT(deadlines_.connect_timeout_ms > 0 && deadlines_.call_timeout_ms > 0);
-  RC_ASSERT(deadlines_.drain_timeout_ms > 0 && deadlines_.update_timeout_ms > 0);
+  RC_CHECK(deadlines_.connect_timeout_ms > 0 && deadlines_.call_timeout_ms > 0);
+  RC_CHECK(deadlines_.drain_timeout_ms > 0 && deadlines_.update_timeout_ms > 0);
 }
 
 EngineClient::~EngineClient() = default;
@@ -238,7 +238,7 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
   HttpReply reply;
   HttpEvidence& ev = reply.http;
   const std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);
-  RC_ASSERT(timeout_ms > 0);  // 0 would mean "no deadline" to curl
+  RC_CHECK(timeout_ms > 0);  // 0 would mean "no deadline" to curl
   auto is_cancelled = [&] { return cancelled() || (o.cancel && o.cancel->cancelled()); };
 
   if (is_cancelled()) {

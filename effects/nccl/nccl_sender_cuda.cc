@@ -293,7 +293,7 @@ struct NcclSender::Impl {
   }
 
   Status EnsureSlots(std::size_t count, std::uint64_t dev_bytes, std::uint64_t host_bytes) {
-    RC_ASSERT(count > 0);
+    RC_CHECK(count > 0);
     bool fits = slots.size() >= count;
     for (std::size_t i = 0; fits && i < count; ++i) {
       fits = slots[i].dev_bytes >= dev_bytes && slots[i].host_bytes >= host_bytes;
@@ -303,7 +303,7 @@ struct NcclSender::Impl {
     if (slots.size() < count) slots.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
       Slot& s = slots[i];
-      RC_ASSERT(!s.busy);
+      RC_CHECK(!s.busy);
       cudaError_t e = cudaSuccess;
       if (s.stream == nullptr) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
       if (e == cudaSuccess && s.done == nullptr) e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);

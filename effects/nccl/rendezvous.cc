@@ -33,7 +33,7 @@ std::string PickleNcclUniqueId(const UniqueIdBytes& id) {
   out.append(kPrefix);
   out.append(reinterpret_cast<const char*>(id.data()), id.size());
   out.append(kSuffix);
-  RC_ASSERT(out.size() == kPickledUniqueIdBytes);
+  RC_CHECK(out.size() == kPickledUniqueIdBytes);
   return out;
 }
 

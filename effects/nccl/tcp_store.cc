@@ -355,7 +355,7 @@ struct TcpStoreServer::Impl {
       // Connections were only appended since the snapshot was taken (removal happens below).
       for (std::size_t i = 2; i < fds.size(); ++i) {
         Conn* c = conns[i - 2].get();
-        RC_ASSERT(c->fd == fds[i].fd);
+        RC_CHECK(c->fd == fds[i].fd);
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
           for (;;) {
             const ssize_t got = ::recv(c->fd, buf, sizeof(buf), 0);

@@ -204,7 +204,7 @@ SafetensorsSource::~SafetensorsSource() {
 }
 
 Status SafetensorsSource::ReadHost(std::size_t i, void* dst) const {
-  RC_ASSERT(i < index_.manifest.tensors.size());
+  RC_CHECK(i < index_.manifest.tensors.size());
   return ReadExact(fd_, index_.file_offsets[i], dst, index_.manifest.tensors[i].nbytes());
 }
 

@@ -34,7 +34,7 @@ class DevicePointerSource final : public WeightSource {
  public:
   DevicePointerSource(Manifest manifest, std::vector<const void*> ptrs, int device)
       : manifest_(std::move(manifest)), ptrs_(std::move(ptrs)), device_(device) {
-    RC_ASSERT(ptrs_.size() == manifest_.tensors.size());
+    RC_CHECK(ptrs_.size() == manifest_.tensors.size());
   }
   const Manifest& manifest() const override { return manifest_; }
   Where where() const override { return Where::kDevice; }

@@ -13,13 +13,13 @@ namespace {
 // A greedy trajectory generated on the double under the committed version.
 audit::Trajectory Generate(Executor& x, const std::string& id, const std::string& prompt) {
   auto a = x.Admit(id);
-  RC_ASSERT(a.ok());
+  RC_CHECK(a.ok());
   nlohmann::json req = {{"prompt", prompt},        {"max_tokens", 12},
                         {"temperature", 0},        {"logprobs", 0},
                         {"return_token_ids", true}};
   auto reply = x.client->Completions(req);
-  RC_ASSERT(reply.http.ok_2xx());
-  RC_ASSERT(x.Finish(id, reply.body).ok());
+  RC_CHECK(reply.http.ok_2xx());
+  RC_CHECK(x.Finish(id, reply.body).ok());
   const auto& c = reply.body["choices"][0];
   audit::Trajectory t;
   t.rollout_id = id;

@@ -14,20 +14,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if ((data[0] & 1) == 0) {
     rc::Result<rc::journal::Record> r = rc::journal::DecodeRecord(bytes);
     if (!r.ok()) {
-      RC_ASSERT(r.status().code() == rc::Code::kCorruption && !r.status().message().empty());
+      RC_CHECK(r.status().code() == rc::Code::kCorruption && !r.status().message().empty());
       return 0;
     }
     rc::Result<rc::journal::Record> again = rc::journal::DecodeRecord(rc::journal::EncodeRecord(*r));
-    RC_ASSERT(again.ok() && again->event == r->event && again->seq == r->seq &&
+    RC_CHECK(again.ok() && again->event == r->event && again->seq == r->seq &&
               again->prev_hash == r->prev_hash);
   } else {
     rc::Result<rc::State> s = rc::journal::DecodeState(bytes);
     if (!s.ok()) {
-      RC_ASSERT(s.status().code() == rc::Code::kCorruption);
+      RC_CHECK(s.status().code() == rc::Code::kCorruption);
       return 0;
     }
     rc::Result<rc::State> again = rc::journal::DecodeState(rc::journal::EncodeState(*s));
-    RC_ASSERT(again.ok() && *again == *s);
+    RC_CHECK(again.ok() && *again == *s);
   }
   return 0;
 }

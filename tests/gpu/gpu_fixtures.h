@@ -107,10 +107,10 @@ inline std::unique_ptr<DeviceSet> Upload(const Manifest& m, std::uint64_t seed, 
   std::uint64_t max_bytes = 0;
   for (const auto& t : m.tensors) max_bytes = std::max(max_bytes, t.nbytes());
   char* host = nullptr;
-  RC_ASSERT(cudaHostAlloc(reinterpret_cast<void**>(&host), max_bytes, cudaHostAllocDefault) == cudaSuccess);
+  RC_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), max_bytes, cudaHostAllocDefault) == cudaSuccess);
   char* base = nullptr;
   if (contiguous) {
-    RC_ASSERT(cudaMalloc(reinterpret_cast<void**>(&base), m.total_bytes()) == cudaSuccess);
+    RC_CHECK(cudaMalloc(reinterpret_cast<void**>(&base), m.total_bytes()) == cudaSuccess);
     set->allocations.push_back(base);
   }
   std::uint64_t off = 0;
@@ -121,10 +121,10 @@ inline std::unique_ptr<DeviceSet> Upload(const Manifest& m, std::uint64_t seed, 
     if (contiguous) {
       dst = base + off;
     } else {
-      RC_ASSERT(cudaMalloc(reinterpret_cast<void**>(&dst), std::max<std::uint64_t>(n, 1)) == cudaSuccess);
+      RC_CHECK(cudaMalloc(reinterpret_cast<void**>(&dst), std::max<std::uint64_t>(n, 1)) == cudaSuccess);
       set->allocations.push_back(dst);
     }
-    RC_ASSERT(cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice) == cudaSuccess);
+    RC_CHECK(cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice) == cudaSuccess);
     set->ptrs.push_back(dst);
     off += n;
   }
@@ -175,7 +175,7 @@ struct Ctx {
   void Config(const std::string& version, json seed, double stall_s = 0) {
     auto r = Call(EngineClient::Method::kPost, "/test/config",
                   json{{"version", version}, {"seed", seed}, {"stall_after_first_s", stall_s}}, 5000);
-    RC_ASSERT(r.http.http_status == 200);
+    RC_CHECK(r.http.http_status == 200);
   }
   json Report() { return Call(EngineClient::Method::kGet, "/test/report", std::nullopt, 5000).body; }
   std::string Label() {

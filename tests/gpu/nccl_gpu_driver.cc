@@ -218,7 +218,7 @@ int Ipc(Ctx& c, const std::string& script) {
   std::ofstream(manifest_path) << list.dump();
   const std::string cmd = "python3 " + script + " --manifest " + manifest_path + " --out " + out + " --seed " +
                           std::to_string(seed) + " --device 0 --pid-file " + pidf + " &";
-  RC_ASSERT(std::system(cmd.c_str()) == 0);
+  RC_CHECK(std::system(cmd.c_str()) == 0);
   const auto t0 = Clock::now();
   while (!std::filesystem::exists(out) && MsSince(t0) < 120000) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   int exporter = -1;

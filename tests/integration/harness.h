@@ -38,7 +38,7 @@ inline std::int64_t WallMs() {
 // The manifest every test checkpoint shares ("synthetic:8x64"): same architecture.
 inline std::string SharedDigest() {
   auto m = effects::synthetic_manifest("synthetic:8x64");
-  RC_ASSERT(m.ok());
+  RC_CHECK(m.ok());
   return m->digest();
 }
 
@@ -55,7 +55,7 @@ struct Executor {
                     effects::RunnerOptions ropts = FastRunner())
       : engine(dopts) {
     port = engine.Start(0);
-    RC_ASSERT(port > 0);
+    RC_CHECK(port > 0);
     dir = TempDir("exec");
     OpenJournal();
     effects::EngineDeadlines d;
@@ -99,7 +99,7 @@ struct Executor {
 
   void OpenJournal() {
     auto j = journal::Journal::Open(dir, journal::Options{});
-    RC_ASSERT(j.ok());
+    RC_CHECK(j.ok());
     journal = std::move(j.value());
   }
   // Closes and reopens everything the executor process owns (a restart without a crash).

@@ -124,7 +124,7 @@ TEST(Corruption, ForgedValueBreaksTheChainAtTheNextSeq) {
     WriteJournal(dir.path(), 40, o, /*flush=*/false);
     Result<Record> original = [&] {
       auto j = Journal::Open(dir.path(), o);
-      RC_ASSERT(j.ok());
+      RC_CHECK(j.ok());
       return (*j)->Read(7);
     }();
     ASSERT_TRUE(original.ok());

@@ -34,15 +34,15 @@ Options CrashOptions() {
 
 void WriteSeq(int fd, std::uint64_t seq) {
   const ssize_t n = write(fd, &seq, sizeof(seq));
-  RC_ASSERT(n == sizeof(seq));
+  RC_CHECK(n == sizeof(seq));
 }
 
 // Submits `input` and waits for durability; returns the group's last seq.
 std::uint64_t SubmitDurable(Journal& j, const Event& input) {
   Result<Journal::Submitted> s = j.Submit(input, 1);
   if (!s.ok()) std::fprintf(stderr, "crash child: %s\n", s.status().ToString().c_str());
-  RC_ASSERT(s.ok());
-  RC_ASSERT(j.Wait(s->ticket).ok());
+  RC_CHECK(s.ok());
+  RC_CHECK(j.Wait(s->ticket).ok());
   return s->ticket.result.last_seq;
 }
 
@@ -98,7 +98,7 @@ void ReadAcks(int fd, Acks& acks, int timeout_ms, bool until_ready) {
       acks.eof = true;
       return;
     }
-    RC_ASSERT(n == sizeof(seq));
+    RC_CHECK(n == sizeof(seq));
     if (seq == 0) acks.ready = true;
     acks.max_seq = std::max(acks.max_seq, seq);
   }

@@ -7,8 +7,6 @@
 #include "journal/testing/random_history.h"
 #include "tests/journal/test_util.h"
 
-// statemachine/status.h and rapidcheck both define RC_ASSERT; below this line it is rapidcheck's.
-#undef RC_ASSERT
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 

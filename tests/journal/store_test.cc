@@ -18,7 +18,7 @@ using testing::TempDir;
 
 std::unique_ptr<Journal> OpenOk(const std::string& path, Options options = {}) {
   Result<std::unique_ptr<Journal>> j = Journal::Open(path, options);
-  RC_ASSERT(j.ok() || (std::fprintf(stderr, "%s\n", j.status().ToString().c_str()), false));
+  RC_CHECK(j.ok() || (std::fprintf(stderr, "%s\n", j.status().ToString().c_str()), false));
   return std::move(j.value());
 }
 
@@ -223,8 +223,8 @@ TEST(Store, GroupCommitUnderConcurrency) {
       for (int i = 0; i < kPerThread; ++i) {
         const std::string id = "t" + std::to_string(t) + "-" + std::to_string(i);
         Result<Journal::Submitted> s = j->Submit(make_admission(j->state(), id), i);
-        RC_ASSERT(s.ok());
-        RC_ASSERT(j->Wait(s->ticket).ok());
+        RC_CHECK(s.ok());
+        RC_CHECK(j->Wait(s->ticket).ok());
         got[t].push_back(s->ticket.result.first_seq);
       }
     });

@@ -18,7 +18,7 @@ class TempDir {
  public:
   TempDir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "rc-journal-test-XXXXXX").string();
-    RC_ASSERT(mkdtemp(tmpl.data()) != nullptr);
+    RC_CHECK(mkdtemp(tmpl.data()) != nullptr);
     path_ = tmpl;
   }
   ~TempDir() {

@@ -31,7 +31,7 @@ constexpr const char* kSource = "synthetic:4x64";
 
 std::string synthetic_digest(const std::string& uri) {
   auto m = effects::synthetic_manifest(uri);
-  RC_ASSERT(m.ok());
+  RC_CHECK(m.ok());
   return m->digest();
 }
 
@@ -49,7 +49,7 @@ struct Stack {
     eo.token_delay_ms = token_delay_ms;
     eo.http_threads = 320;
     engine = std::make_unique<fixtures::VllmDouble>(eo);
-    RC_ASSERT(engine->Start(0) > 0);  // the double raises its own listen backlog
+    RC_CHECK(engine->Start(0) > 0);  // the double raises its own listen backlog
     Open(tweak);
   }
   void Open(std::function<void(ServeConfig&)> tweak = nullptr) {
@@ -68,9 +68,9 @@ struct Stack {
     if (tweak) tweak(c);
     auto opened = Service::Open(c);
     if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
-    RC_ASSERT(opened.ok());
+    RC_CHECK(opened.ok());
     svc = std::move(opened.value());
-    RC_ASSERT(svc->Start().ok());
+    RC_CHECK(svc->Start().ok());
   }
   ~Stack() {
     if (svc) (void)svc->Shutdown(5000);
@@ -109,7 +109,7 @@ std::vector<journal::Record> all_records(journal::Journal& j) {
     out.push_back(r);
     return Status::OK();
   });
-  RC_ASSERT(st.ok());
+  RC_CHECK(st.ok());
   return out;
 }
 

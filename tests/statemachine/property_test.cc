@@ -7,9 +7,6 @@
 
 #include "tests/statemachine/gen.h"
 
-// status.h and rapidcheck both define RC_ASSERT; in this file it means rapidcheck's (a failed
-// property with shrinking), so the project's macro is dropped after the project headers.
-#undef RC_ASSERT
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
