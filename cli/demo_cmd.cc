@@ -201,8 +201,12 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   const State final_state = j.state();
   std::printf("\nfinal state: %s\n", describe(final_state).c_str());
   std::printf("rollout failures: %d\n", failures.load());
-  std::printf("journal left at %s — inspect it with:\n  rolloutcore replay %s --events\n",
-              journal_path.c_str(), journal_path.c_str());
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  const std::string exe = ec ? std::string("rolloutcore") : self;
+  std::printf("journal left at %s — inspect it with:\n  %s replay %s --events\n  %s audit %s\n",
+              journal_path.c_str(), exe.c_str(), journal_path.c_str(), exe.c_str(),
+              journal_path.c_str());
   engine.Stop();
   const bool ok = failures.load() == 0 && first->outcome == UpdateOutcome::kCommitted &&
                   second->outcome == UpdateOutcome::kCommitted &&
