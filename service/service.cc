@@ -37,34 +37,6 @@ std::uint64_t us_since(Clock::time_point t) {
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
 }
 
-// Drains locally before pausing the engine: once the fold is DRAINING nothing new is admitted,
-// so waiting for the admitted rollouts first means no admitted-but-not-yet-forwarded request can
-// reach a paused engine and sit in its queue until the drain deadline (pause(mode=wait) leaves
-// queued requests queued). What is still active at the deadline is the runner's to classify.
-class DrainFirstControl final : public effects::EngineControl {
- public:
-  DrainFirstControl(effects::EngineControl& inner, journal::Journal& journal)
-      : inner_(inner), journal_(journal) {}
-  EngineProbed Probe() override { return inner_.Probe(); }
-  HttpEvidence SetLabel(const std::string& label) override { return inner_.SetLabel(label); }
-  DrainObserved PauseWait(std::uint64_t timeout_ms) override {
-    const auto start = Clock::now();
-    const auto deadline = start + std::chrono::milliseconds(timeout_ms);
-    while (!journal_.state().active.empty() && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    return inner_.PauseWait(static_cast<std::uint64_t>(std::max<std::int64_t>(1, left.count())));
-  }
-  CacheResetObserved ResetCache(CacheKind cache) override { return inner_.ResetCache(cache); }
-  ValidationObserved WeightInfo() override { return inner_.WeightInfo(); }
-  ResumeObserved Resume() override { return inner_.Resume(); }
-
- private:
-  effects::EngineControl& inner_;
-  journal::Journal& journal_;
-};
-
 // A fixed set of worker threads (cpp-httplib serves one connection per worker at a time) fed by
 // a FIFO of accepted connections bounded at queue_max: a full FIFO blocks the accept loop, so
 // excess connections wait in the kernel's listen backlog instead of an unbounded std::list.
@@ -323,8 +295,8 @@ Status Service::Init() {
   // 16, most calls under load paid a TCP connect to the engine (and the engine an accept).
   proxy_client_ = std::make_unique<effects::EngineClient>(config_.engine_url, proxy_deadlines,
                                                           config_.engine_connections_max);
+  // The runner drains locally before pausing (effects/runner.cc), so the plain HTTP control.
   http_control_ = std::make_unique<effects::HttpEngineControl>(*control_client_);
-  control_ = std::make_unique<DrainFirstControl>(*http_control_, *journal_);
 
   effects::PackingParams packing;
   packing.packed_buffer_size_bytes = config_.packed_buffer_size_bytes;
@@ -391,7 +363,7 @@ Status Service::Init() {
   ro.drain_timeout_ms = config_.drain_timeout_ms;
   ro.transfer_timeout_ms = config_.transfer_timeout_ms;
   ro.call_timeout_ms = config_.call_timeout_ms;
-  runner_ = std::make_unique<effects::Runner>(*journal_, *control_, *transfer_,
+  runner_ = std::make_unique<effects::Runner>(*journal_, *http_control_, *transfer_,
                                               effects::system_clock(), ro);
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
     if (is_decision(e)) NotifyLifecycle(seq);

@@ -129,7 +129,6 @@ class Service {
   std::unique_ptr<effects::EngineClient> control_client_;  // runner + transfer
   std::unique_ptr<effects::EngineClient> proxy_client_;    // rollouts
   std::unique_ptr<effects::HttpEngineControl> http_control_;
-  std::unique_ptr<effects::EngineControl> control_;        // drain-first wrapper
   std::unique_ptr<effects::WeightTransfer> transfer_;
   std::unique_ptr<effects::Runner> runner_;
   std::unique_ptr<httplib::Server> server_;
