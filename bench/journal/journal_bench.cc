@@ -166,7 +166,8 @@ void BM_DurableAppend(benchmark::State& st) {
 }
 
 BENCHMARK(BM_Fold)->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK(BM_Replay)->Unit(benchmark::kMillisecond)->Iterations(3);
+// Wall time: the goal is "a 1M-event journal in <= 1 s", and a long scan uses two threads.
+BENCHMARK(BM_Replay)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
 BENCHMARK(BM_DurableAppend)
     ->Args({1, 0, 0})->Args({1, 1, 0})->Args({16, 0, 0})->Args({16, 1, 0})
     ->Args({1, 0, 1})->Args({1, 1, 1})->Args({16, 0, 1})->Args({16, 1, 1})
