@@ -501,17 +501,8 @@ Result<Journal::Submitted> RocksJournal::Submit(const Event& input, std::int64_t
   request.wall_time_ms = wall_time_ms;
   request.events.push_back(input);
   // With an idempotency key, a retry must be recognised before deciding (the state moved on).
-  if (client_event_id.empty()) {
-    Result<std::vector<Event>> d = decide(state_, input);
-    if (!d.ok()) return d.status();
-    request.events.insert(request.events.end(), d->begin(), d->end());
-    Submitted out;
-    Result<Ticket> t = EnqueueLocked(request, &request.events, &out.decisions);
-    if (!t.ok()) return t.status();
-    out.ticket = *t;
-    return out;
-  }
-  Result<std::optional<IdemEntry>> found = FindIdem(client_event_id);
+  Result<std::optional<IdemEntry>> found = std::optional<IdemEntry>();
+  if (!client_event_id.empty()) found = FindIdem(client_event_id);
   if (!found.ok()) return found.status();
   if (found->has_value()) {
     // Same key: compare against the recorded input only (decisions depend on the state then).

@@ -216,6 +216,21 @@ struct ProxyCall {
   bool client_gone = false;
 };
 
+// Calls the engine, retrying only what provably never reached it (a connect refused or timed out
+// under a burst) up to kConnectAttemptsMax times with a short backoff.
+template <class Fn>
+effects::HttpReply CallWithConnectRetry(const ProxyCall& call, Fn&& fn) {
+  effects::HttpReply reply;
+  for (std::uint32_t attempt = 0;; ++attempt) {
+    reply = fn();
+    if (!reply.http.never_sent() || call.cancel.cancelled() ||
+        attempt + 1 >= kConnectAttemptsMax) {
+      return reply;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 << attempt));
+  }
+}
+
 void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib::Response& res) {
   const auto t0 = Clock::now();
   const int route = static_cast<int>(route_kind);
@@ -375,20 +390,14 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
 
   if (!stream) {
     const auto tu = Clock::now();
-    effects::HttpReply reply;
-    for (std::uint32_t attempt = 0;; ++attempt) {
+    effects::HttpReply reply = CallWithConnectRetry(*call, [&] {
       switch (route_kind) {
-        case Route::kCompletions: reply = proxy_client_->Completions(up, opts); break;
-        case Route::kChat: reply = proxy_client_->ChatCompletions(up, opts); break;
-        case Route::kGenerate: reply = proxy_client_->Generate(up, opts); break;
+        case Route::kCompletions: return proxy_client_->Completions(up, opts);
+        case Route::kChat: return proxy_client_->ChatCompletions(up, opts);
+        case Route::kGenerate: break;
       }
-      // Provably never sent (connect refused/timed out under a burst): safe to try again.
-      if (!reply.http.never_sent() || call->cancel.cancelled() ||
-          attempt + 1 >= kConnectAttemptsMax) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10 << attempt));
-    }
+      return proxy_client_->Generate(up, opts);
+    });
     call->upstream_us = us_since(tu);
     if (call->watch_id != 0 && watcher_->Fired(call->watch_id)) call->client_gone = true;
     if (call->client_gone) {
@@ -448,25 +457,16 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
       return true;
     };
     const auto tu = Clock::now();
-    effects::HttpReply reply;
-    for (std::uint32_t attempt = 0;; ++attempt) {
+    effects::HttpReply reply = CallWithConnectRetry(*call, [&] {
       switch (route_kind) {
         case Route::kCompletions:
-          reply = proxy_client_->CompletionsStream(call->upstream, on_chunk, o);
-          break;
+          return proxy_client_->CompletionsStream(call->upstream, on_chunk, o);
         case Route::kChat:
-          reply = proxy_client_->ChatCompletionsStream(call->upstream, on_chunk, o);
-          break;
-        case Route::kGenerate:
-          reply = proxy_client_->GenerateStream(call->upstream, on_chunk, o);
-          break;
+          return proxy_client_->ChatCompletionsStream(call->upstream, on_chunk, o);
+        case Route::kGenerate: break;
       }
-      if (!reply.http.never_sent() || call->cancel.cancelled() ||
-          attempt + 1 >= kConnectAttemptsMax) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10 << attempt));
-    }
+      return proxy_client_->GenerateStream(call->upstream, on_chunk, o);
+    });
     call->upstream_us = us_since(tu);
     if (call->watch_id != 0 && watcher_->Fired(call->watch_id)) call->client_gone = true;
     if (call->client_gone) {
