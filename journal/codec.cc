@@ -120,7 +120,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto http = EncHttp(b, e.http);
             return {fb::Payload::CacheResetObserved,
                     fb::CreateCacheResetObserved(b, static_cast<fb::CacheKind>(Fb(e.cache)), http,
-                                                 e.reported_success)
+                                                 e.reported_success, e.success_unreported)
                         .Union()};
           },
           [&](const ValidationObserved& e) -> Encoded {
@@ -287,7 +287,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       auto* e = r->payload_as_CacheResetObserved();
       return CacheResetObserved{
           d.Enum<CacheKind>(e->cache(), kCacheMaxRaw, "CacheResetObserved.cache"),
-          DecHttp(d, e->http()), e->reported_success()};
+          DecHttp(d, e->http()), e->reported_success(), e->success_unreported()};
     }
     case fb::Payload::ValidationObserved: {
       auto* e = r->payload_as_ValidationObserved();

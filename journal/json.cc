@@ -71,7 +71,8 @@ json Fields(const Event& event) {
           [](const CacheResetObserved& e) {
             return json{{"cache", cache_name(e.cache)},
                         {"http", HttpEvidenceToJson(e.http)},
-                        {"reported_success", e.reported_success}};
+                        {"reported_success", e.reported_success},
+                        {"success_unreported", e.success_unreported}};
           },
           [](const ValidationObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},

@@ -127,7 +127,8 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
     }
     if (const auto* c = std::get_if<CacheResetObserved>(&r.event)) {
       out << "  seq " << r.seq << ": " << cache_name(c->cache) << " cache reset "
-          << describe(c->http) << " success=" << (c->reported_success ? "true" : "false") << "\n";
+          << describe(c->http) << " success=" << (c->reported_success ? "true" : "false")
+          << (c->success_unreported ? " (not reported by the engine)" : "") << "\n";
     }
     if (const auto* v = std::get_if<ValidationObserved>(&r.event)) {
       out << "  seq " << r.seq << ": validation " << describe(v->http) << " reported '"

@@ -55,7 +55,8 @@ std::string one(const TransferObserved& e) {
 }
 std::string one(const CacheResetObserved& e) {
   return std::string(cache_name(e.cache)) + " " + describe(e.http) +
-         " success=" + (e.reported_success ? "true" : "false");
+         " success=" + (e.reported_success ? "true" : "false") +
+         (e.success_unreported ? " (not reported by the engine)" : "");
 }
 std::string one(const ValidationObserved& e) {
   return describe(e.http) + " label=" + q(e.reported_label) +

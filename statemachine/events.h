@@ -99,11 +99,14 @@ struct TransferObserved {
   bool operator==(const TransferObserved&) const = default;
 };
 
-// One cache reset. `reported_success` is the body's "success" (routes without one: true on 2xx).
+// One cache reset. `reported_success` is the body's "success"; when the engine's answer carries
+// none (the mm/encoder routes; every reset route of vLLM 0.25.x answers an empty 200) it is true
+// on 2xx and `success_unreported` records that the engine did not report an outcome.
 struct CacheResetObserved {
   CacheKind cache = CacheKind::kPrefix;
   HttpEvidence http;
   bool reported_success = false;
+  bool success_unreported = false;
   bool operator==(const CacheResetObserved&) const = default;
 };
 

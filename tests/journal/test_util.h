@@ -94,7 +94,7 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     case 6: return DrainTimedOut{u64(), u32()};
     case 7: return PreflightObserved{str(), b(), b(), str()};
     case 8: return TransferObserved{b(), static_cast<MutationClass>(rng() % 3), u64(), u32(), u64(), str(), str()};
-    case 9: return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b()};
+    case 9: return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b(), b()};
     case 10: return ValidationObserved{http(), str(), b(), str()};
     case 11: return ResumeObserved{http(), b(), b()};
     case 12: return RolloutAdmitted{str(), ver(), id()};
