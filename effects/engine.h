@@ -13,14 +13,14 @@ namespace rc::effects {
 class EngineControl {
  public:
   virtual ~EngineControl() = default;
-  // /health, /version, /weight_info.
+  // /health, /version and the label (GET /weight_info, or the worker extension on vLLM 0.25.x).
   virtual EngineProbed Probe() = 0;
-  // POST /update_weight_version (bootstrap only: names the initial weights).
+  // Sets the label (bootstrap only: names the initial weights).
   virtual HttpEvidence SetLabel(const std::string& label) = 0;
   // POST /pause?mode=wait&clear_cache=false — blocks until running requests finish.
   virtual DrainObserved PauseWait(std::uint64_t timeout_ms) = 0;
   virtual CacheResetObserved ResetCache(CacheKind cache) = 0;
-  // GET /weight_info while still paused.
+  // The label again, while still paused.
   virtual ValidationObserved WeightInfo() = 0;
   // POST /resume then GET /is_paused.
   virtual ResumeObserved Resume() = 0;

@@ -11,7 +11,7 @@ class HttpEngineControl final : public EngineControl {
   explicit HttpEngineControl(EngineClient& client) : client_(client) {}
   EngineProbed Probe() override { return client_.Probe(); }
   HttpEvidence SetLabel(const std::string& label) override {
-    return client_.UpdateWeightVersion(label).http;
+    return client_.WriteLabel(label).http;
   }
   // The drain deadline is the client's drain_timeout_ms unless a shorter one is asked for.
   DrainObserved PauseWait(std::uint64_t timeout_ms) override;

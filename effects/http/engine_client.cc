@@ -49,6 +49,16 @@ bool check_success(const json& j) {
   auto it = j.find("success");
   return it != j.end() && it->is_boolean();
 }
+// {"results": [{"weight_version": s, ...}, ...]}: at least one worker, all reporting one label.
+bool check_rpc_label(const json& j) {
+  auto it = j.find("results");
+  if (it == j.end() || !it->is_array() || it->empty() || it->size() > kRpcWorkersMax) return false;
+  for (const json& w : *it) {
+    if (!w.is_object() || !short_string(w, "weight_version")) return false;
+    if (w["weight_version"] != (*it)[0]["weight_version"]) return false;
+  }
+  return true;
+}
 bool check_world_size(const json& j) {
   auto it = j.find("world_size");
   return it != j.end() && it->is_number_integer() && it->get<std::int64_t>() > 0;
@@ -162,6 +172,15 @@ HttpEvidence chain(const HttpEvidence& earlier, HttpEvidence later) {
 }
 
 }  // namespace
+
+const char* label_route_name(LabelRoute r) {
+  switch (r) {
+    case LabelRoute::kUnknown: return "unknown";
+    case LabelRoute::kWeightInfoRoute: return "/weight_info";
+    case LabelRoute::kWorkerRpc: return "worker-rpc";
+  }
+  return "unknown";
+}
 
 const char* pause_mode_name(PauseMode m) {
   switch (m) {
@@ -465,6 +484,72 @@ HttpReply EngineClient::GetWeightInfo(const CallOptions& o) {
   return Call(
       get("/weight_info", Shape::kJsonObject, &check_weight_info, deadlines_.call_timeout_ms), o);
 }
+HttpReply EngineClient::CollectiveRpc(const std::string& method,
+                                      const std::vector<std::string>& args, const CallOptions& o) {
+  return Call(post("/collective_rpc", dump(json{{"method", method}, {"args", args}}),
+                   Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms), o);
+}
+namespace {
+// A label RPC reply: checks it and normalises the body to {"weight_version", "workers"}.
+HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::string* want) {
+  if (!r.http.ok_2xx()) {
+    r.http.error = bound_error("/collective_rpc " + method + " failed (is vLLM started with " +
+                               "--worker-extension-cls " + kWorkerExtensionClass + "?): " +
+                               r.http.error + (r.http.error.empty() ? r.raw.substr(0, 200) : ""));
+    return r;
+  }
+  if (!check_rpc_label(r.body) || (want && r.body["results"][0]["weight_version"] != *want)) {
+    r.http.body_parsed = false;
+    r.http.error = bound_error("/collective_rpc " + method + " did not report " +
+                               (want ? "'" + *want + "'" : std::string("one label")) +
+                               " on every worker: " + r.raw.substr(0, 300));
+    return r;
+  }
+  const std::size_t workers = r.body["results"].size();
+  json label = r.body["results"][0]["weight_version"];
+  r.body = json{{"weight_version", label}, {"workers", workers}};
+  return r;
+}
+}  // namespace
+HttpReply EngineClient::ReadLabel(const CallOptions& o) {
+  const LabelRoute route = label_route();
+  if (route != LabelRoute::kWorkerRpc) {
+    HttpReply info = GetWeightInfo(o);
+    const bool absent = info.http.transport == Transport::kOk && info.http.http_status == 404;
+    if (!absent || route == LabelRoute::kWeightInfoRoute) {
+      if (info.http.ok_2xx()) set_label_route(LabelRoute::kWeightInfoRoute);
+      return info;
+    }
+    // No /weight_info: vLLM 0.25.x. The label must come from the worker extension.
+    HttpReply rpc = label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
+    rpc.http = chain(info.http, rpc.http);
+    if (rpc.http.ok_2xx()) {
+      set_label_route(LabelRoute::kWorkerRpc);
+    } else {
+      rpc.http.error = bound_error("GET /weight_info answered 404 (vLLM 0.25.x has no label "
+                                   "route); " + rpc.http.error);
+    }
+    return rpc;
+  }
+  return label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
+}
+HttpReply EngineClient::WriteLabel(const std::string& label, const CallOptions& o) {
+  HttpEvidence found;
+  if (label_route() == LabelRoute::kUnknown) {
+    HttpReply r = ReadLabel(o);
+    if (!r.http.ok_2xx()) return r;
+    found = r.http;
+  }
+  if (label_route() == LabelRoute::kWorkerRpc) {
+    HttpReply r = label_from_rpc(CollectiveRpc("rc_set_weight_version", {label}, o),
+                                 "rc_set_weight_version", &label);
+    r.http = chain(found, r.http);
+    return r;
+  }
+  HttpReply r = UpdateWeightVersion(label, o);
+  r.http = chain(found, r.http);
+  return r;
+}
 HttpReply EngineClient::Pause(PauseMode mode, bool clear_cache, const CallOptions& o) {
   std::string path = std::string("/pause?mode=") + pause_mode_name(mode) +
                      "&clear_cache=" + (clear_cache ? "true" : "false");
@@ -480,11 +565,9 @@ HttpReply EngineClient::IsPaused(const CallOptions& o) {
   return Call(get("/is_paused", Shape::kJsonObject, &check_is_paused, deadlines_.call_timeout_ms),
               o);
 }
+// Every reset route may answer an empty 200 (vLLM 0.25.x: all three; later: mm/encoder) or JSON
+// ({"success": bool} from /reset_prefix_cache after 0.25); ResetCache interprets the body.
 HttpReply EngineClient::ResetCacheRaw(CacheKind cache, const CallOptions& o) {
-  if (cache == CacheKind::kPrefix) {
-    return Call(post(cache_path(cache), std::nullopt, Shape::kJsonObject, &check_success,
-                     deadlines_.call_timeout_ms), o);
-  }
   return Call(post(cache_path(cache), std::nullopt, Shape::kEmptyOrJson, nullptr,
                    deadlines_.call_timeout_ms), o);
 }
@@ -510,10 +593,24 @@ HttpReply EngineClient::UpdateWeights(const json& update_info, const CallOptions
 }
 HttpReply EngineClient::FinishWeightUpdate(const std::optional<std::string>& label,
                                            const CallOptions& o) {
+  // Finish is always sent first: an engine left without it keeps layers mid-reload (0.25.x) and
+  // refuses the next start. The body carries the label unless the engine is known to ignore it.
   std::optional<std::string> body;
-  if (label) body = dump(json{{"weight_version", *label}});
-  return Call(post("/finish_weight_update", std::move(body), Shape::kJsonObject, nullptr,
-                   deadlines_.call_timeout_ms), o);
+  if (label && label_route() != LabelRoute::kWorkerRpc) {
+    body = dump(json{{"weight_version", *label}});
+  }
+  HttpReply fin = Call(post("/finish_weight_update", std::move(body), Shape::kJsonObject, nullptr,
+                            deadlines_.call_timeout_ms), o);
+  if (!label || !fin.http.ok_2xx() || label_route() == LabelRoute::kWeightInfoRoute) return fin;
+  if (label_route() == LabelRoute::kUnknown) {
+    HttpReply found = ReadLabel(o);  // which route: the finish body set it, or the RPC must
+    found.http = chain(fin.http, found.http);
+    if (!found.http.ok_2xx() || label_route() == LabelRoute::kWeightInfoRoute) return found;
+    fin.http = found.http;
+  }
+  HttpReply set = WriteLabel(*label, o);
+  set.http = chain(fin.http, set.http);
+  return set;
 }
 HttpReply EngineClient::AbortRequests(const std::vector<std::string>& request_ids,
                                       const CallOptions& o) {
@@ -576,7 +673,7 @@ EngineProbed EngineClient::Probe() {
   p.http = chain(p.http, version.http);
   if (!version.http.ok_2xx()) return p;
   p.engine_version = version.body["version"].get<std::string>();
-  HttpReply info = GetWeightInfo();
+  HttpReply info = ReadLabel();
   p.http = chain(p.http, info.http);
   if (info.http.ok_2xx()) p.reported_label = info.body["weight_version"].get<std::string>();
   return p;
@@ -595,19 +692,34 @@ CacheResetObserved EngineClient::ResetCache(CacheKind cache) {
   c.cache = cache;
   HttpReply r = ResetCacheRaw(cache);
   c.http = r.http;
-  if (cache == CacheKind::kPrefix) {
-    c.reported_success = r.http.ok_2xx() && r.body["success"].get<bool>();
+  if (!r.http.ok_2xx()) return c;
+  if (r.body.is_object() && r.body.contains("success") && r.body["success"].is_boolean()) {
+    c.reported_success = r.body["success"].get<bool>();
+  } else if (r.body.is_null()) {
+    // Empty 200: the engine did not say whether the reset happened (vLLM 0.25.x for every cache;
+    // "we currently do not check if the ... cache is successfully reset in the API server").
+    c.reported_success = true;
+    c.success_unreported = true;
   } else {
-    c.reported_success = r.http.ok_2xx();
+    c.http.body_parsed = false;
+    c.http.error = bound_error(std::string(cache_path(cache)) +
+                               " answered JSON without a boolean \"success\": " +
+                               r.raw.substr(0, 200));
   }
   return c;
 }
 
 ValidationObserved EngineClient::WeightInfo() {
   ValidationObserved v;
-  HttpReply r = GetWeightInfo();
+  HttpReply r = ReadLabel();
   v.http = r.http;
-  if (r.http.ok_2xx()) v.reported_label = r.body["weight_version"].get<std::string>();
+  if (r.http.ok_2xx()) {
+    v.reported_label = r.body["weight_version"].get<std::string>();
+    if (r.body.contains("workers")) {
+      v.detail = "label from /collective_rpc rc_weight_info on " +
+                 std::to_string(r.body["workers"].get<std::size_t>()) + " worker(s)";
+    }
+  }
   v.checks_passed = true;  // no optional checks configured here
   return v;
 }

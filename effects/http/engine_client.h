@@ -81,6 +81,19 @@ struct HttpReply {
   std::string raw;
 };
 
+// Where the engine keeps its weight-version label. Found by the first label call (Probe):
+//   kWeightInfoRoute  GET /weight_info, POST /update_weight_version, /finish_weight_update
+//                     {"weight_version"} (vLLM after 0.25: PR #49040).
+//   kWorkerRpc        vLLM 0.25.x has none of those routes (GET /weight_info answers 404); the
+//                     label lives in RolloutCore's worker extension and is read and written through
+//                     POST /collective_rpc. vLLM must be started with
+//                     --worker-extension-cls rolloutcore.vllm_ext.RolloutCoreWorkerExtension
+//                     (python/rolloutcore/vllm_ext.py on the engine's PYTHONPATH).
+enum class LabelRoute : std::uint8_t { kUnknown = 0, kWeightInfoRoute = 1, kWorkerRpc = 2 };
+const char* label_route_name(LabelRoute r);
+inline constexpr char kWorkerExtensionClass[] = "rolloutcore.vllm_ext.RolloutCoreWorkerExtension";
+inline constexpr std::size_t kRpcWorkersMax = 4096;  // entries accepted in a collective_rpc reply
+
 // What the pause modes of POST /pause are.
 enum class PauseMode : std::uint8_t { kAbort = 0, kWait = 1, kKeep = 2 };
 const char* pause_mode_name(PauseMode m);
@@ -109,16 +122,27 @@ class EngineClient {
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   // ---- typed evidence for the runner ----
-  EngineProbed Probe();                     // /health, /version, /weight_info
+  EngineProbed Probe();                     // /health, /version, the label (ReadLabel)
   DrainObserved PauseWait();                // POST /pause?mode=wait&clear_cache=false
   CacheResetObserved ResetCache(CacheKind cache);
-  ValidationObserved WeightInfo();          // GET /weight_info
+  ValidationObserved WeightInfo();          // the label (ReadLabel) while paused
   ResumeObserved Resume();                  // POST /resume then GET /is_paused
 
   // ---- raw calls ----
   HttpReply Health(const CallOptions& o = {});
   HttpReply Version(const CallOptions& o = {});
   HttpReply GetWeightInfo(const CallOptions& o = {});
+  // The engine's label through whichever route it has; the first call finds the route (GET
+  // /weight_info; on 404, /collective_rpc rc_weight_info). On success body is
+  // {"weight_version": label} (+ "workers": n on the RPC route, every worker agreeing).
+  HttpReply ReadLabel(const CallOptions& o = {});
+  // Sets the label (/update_weight_version or rc_set_weight_version on every worker).
+  HttpReply WriteLabel(const std::string& label, const CallOptions& o = {});
+  LabelRoute label_route() const { return label_route_.load(std::memory_order_acquire); }
+  void set_label_route(LabelRoute r) { label_route_.store(r, std::memory_order_release); }
+  // POST /collective_rpc {"method", "args"}: 2xx body {"results": [...]} (one entry per worker).
+  HttpReply CollectiveRpc(const std::string& method, const std::vector<std::string>& args,
+                          const CallOptions& o = {});
   HttpReply Pause(PauseMode mode, bool clear_cache, const CallOptions& o = {});
   HttpReply ResumeRaw(const CallOptions& o = {});
   HttpReply IsPaused(const CallOptions& o = {});
@@ -129,7 +153,8 @@ class EngineClient {
   HttpReply InitWeightTransferEngine(const nlohmann::json& init_info, const CallOptions& o = {});
   HttpReply StartWeightUpdate(const CallOptions& o = {});
   HttpReply UpdateWeights(const nlohmann::json& update_info, const CallOptions& o = {});
-  // Body {"weight_version": label} when label is set, no body otherwise.
+  // Body {"weight_version": label} when label is set, no body otherwise. On kWorkerRpc engines
+  // (which ignore the body) the label is then set with WriteLabel and the evidences chained.
   HttpReply FinishWeightUpdate(const std::optional<std::string>& label, const CallOptions& o = {});
   HttpReply AbortRequests(const std::vector<std::string>& request_ids, const CallOptions& o = {});
   HttpReply MetricsRaw(const CallOptions& o = {});  // body stays null; raw is Prometheus text
@@ -181,6 +206,7 @@ class EngineClient {
   std::string base_url_;
   EngineDeadlines deadlines_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<LabelRoute> label_route_{LabelRoute::kUnknown};
   mutable std::mutex pool_mu_;
   std::size_t idle_handles_max_ = kIdleHandlesMax;
   std::vector<std::unique_ptr<Handle>> pool_;  // idle handles, at most idle_handles_max_

@@ -43,10 +43,23 @@ Result<SemVer> parse_vllm_version(const std::string& raw) {
       return Status::InvalidArgument("unparseable version '" + raw + "'");
     }
   }
-  // Anything after X.Y[.Z] (rc, .dev, +local, -N-gHASH, .post) makes the number approximate,
-  // except a plain ".postN" which is a re-release of the same code.
-  const std::string rest = raw.substr(i);
-  v.dev = !rest.empty() && rest.rfind(".post", 0) != 0;
+  // Anything after X.Y[.Z] (rc, .dev, -N-gHASH, +g<hash>) makes the number approximate, except
+  // a plain ".postN" (a re-release of the same code) and a build-variant local segment such as
+  // "+cu129", "+cpu", "+rocm6.3" (the release's code built for another platform).
+  std::string rest = raw.substr(i);
+  if (rest.rfind(".post", 0) == 0) {
+    std::size_t k = 5;
+    while (k < rest.size() && std::isdigit(static_cast<unsigned char>(rest[k]))) ++k;
+    rest = rest.substr(k);
+  }
+  const bool variant = rest.rfind("+cu", 0) == 0 || rest == "+cpu" || rest.rfind("+rocm", 0) == 0 ||
+                       rest == "+xpu" || rest == "+tpu";
+  bool variant_ok = variant;
+  for (std::size_t k = 1; variant && k < rest.size(); ++k) {
+    const char c = rest[k];
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.') variant_ok = false;
+  }
+  v.dev = !rest.empty() && !variant_ok;
   return v;
 }
 

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -154,9 +156,139 @@ TEST(EngineClient, EncoderAndMmResetAcceptEmpty200) {
     EXPECT_TRUE(r.http.body_parsed);
     EXPECT_TRUE(r.http.ok_2xx());
     EXPECT_TRUE(r.reported_success);
+    EXPECT_TRUE(r.success_unreported);
   }
   EXPECT_EQ(s.paths(2), (std::vector<std::string>{"POST /reset_encoder_cache",
                                                  "POST /reset_mm_cache"}));
+}
+
+// Proves vLLM 0.25.x's empty 200 from /reset_prefix_cache is recorded as "not reported" rather
+// than as a reported success, and a reported {"success": true} is not; would catch an adapter
+// that TAINTs every update on 0.25.x (empty body refused) or one that hides that the engine said
+// nothing.
+TEST(EngineClient, PrefixResetEmpty200IsUnreported) {
+  ScriptedServer s;
+  s.server().Post("/reset_prefix_cache", [](const auto&, auto& res) { res.status = 200; });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  CacheResetObserved r = c.ResetCache(CacheKind::kPrefix);
+  EXPECT_TRUE(r.http.ok_2xx()) << r.http.error;
+  EXPECT_TRUE(r.reported_success);
+  EXPECT_TRUE(r.success_unreported);
+  ScriptedServer s2;
+  s2.server().Post("/reset_prefix_cache",
+                   [](const auto&, auto& res) { Json(res, R"({"success":true})"); });
+  s2.Start();
+  EngineClient c2(s2.url(), Fast());
+  CacheResetObserved r2 = c2.ResetCache(CacheKind::kPrefix);
+  EXPECT_TRUE(r2.reported_success);
+  EXPECT_FALSE(r2.success_unreported);
+}
+
+// A server shaped like vLLM 0.25.1 with RolloutCore's worker extension: no /weight_info (404),
+// labels through /collective_rpc, /finish_weight_update ignoring its body.
+struct RpcLabelServer {
+  ScriptedServer s;
+  std::mutex mu;
+  std::string label = "default";
+  std::vector<std::string> finish_bodies;
+  int workers = 2;
+  bool extension = true;
+  RpcLabelServer() {
+    s.server().Get("/health", [](const auto&, auto& res) { res.status = 200; });
+    s.server().Get("/version", [](const auto&, auto& res) { Json(res, R"({"version":"0.25.1"})"); });
+    s.server().Get("/weight_info",
+                   [](const auto&, auto& res) { Json(res, R"({"detail":"Not Found"})", 404); });
+    s.server().Post("/finish_weight_update", [this](const auto& req, auto& res) {
+      std::lock_guard lk(mu);
+      finish_bodies.push_back(req.body);
+      Json(res, R"({"message":"Weight update finished"})");
+    });
+    s.server().Post("/collective_rpc", [this](const auto& req, auto& res) {
+      std::lock_guard lk(mu);
+      json body = json::parse(req.body);
+      if (!extension) {
+        res.status = 500;
+        res.set_content("Internal Server Error", "text/plain");
+        return;
+      }
+      if (body["method"] == "rc_set_weight_version") label = body["args"][0];
+      json results = json::array();
+      for (int i = 0; i < workers; ++i) results.push_back({{"weight_version", label}, {"rank", i}});
+      Json(res, json{{"results", results}}.dump());
+    });
+    s.Start();
+  }
+};
+
+// Proves the label falls back to the worker extension when /weight_info answers 404 (vLLM 0.25.x),
+// remembers the route (no second 404), and that writing and finishing set the label on every
+// worker; would catch a bootstrap that fails on every 0.25.x engine or a finish whose label is
+// silently dropped (0.25.x ignores the finish body).
+TEST(EngineClient, LabelThroughWorkerRpcOn025) {
+  RpcLabelServer srv;
+  EngineClient c(srv.s.url(), Fast());
+  EngineProbed p = c.Probe();
+  ASSERT_TRUE(p.http.ok_2xx()) << p.http.error;
+  EXPECT_EQ(p.engine_version, "0.25.1");
+  EXPECT_EQ(p.reported_label, "default");
+  EXPECT_EQ(c.label_route(), LabelRoute::kWorkerRpc);
+  EXPECT_EQ(srv.s.paths(4), (std::vector<std::string>{"GET /health", "GET /version",
+                                                     "GET /weight_info", "POST /collective_rpc"}));
+  ASSERT_TRUE(c.WriteLabel("rc-0").http.ok_2xx());
+  HttpReply fin = c.FinishWeightUpdate(std::string("rc-1"));
+  ASSERT_TRUE(fin.http.ok_2xx()) << fin.http.error;
+  EXPECT_EQ(fin.body["weight_version"], "rc-1");
+  ValidationObserved v = c.WeightInfo();
+  EXPECT_TRUE(v.http.ok_2xx());
+  EXPECT_EQ(v.reported_label, "rc-1");
+  EXPECT_NE(v.detail.find("2 worker"), std::string::npos) << v.detail;
+  std::lock_guard lk(srv.mu);
+  EXPECT_EQ(srv.finish_bodies, (std::vector<std::string>{""}));  // the label is not sent there
+  EXPECT_EQ(srv.label, "rc-1");
+  const auto paths = srv.s.paths(8);
+  EXPECT_EQ(std::count(paths.begin(), paths.end(), "GET /weight_info"), 1);
+}
+
+// Proves an engine without /weight_info and without the worker extension fails the probe and the
+// finish with an error that names the missing --worker-extension-cls, after sending the finish;
+// would catch a bootstrap that proceeds with an empty label, an error that leaves the operator
+// guessing, or a finish skipped because the label could not be set.
+TEST(EngineClient, LabelWithoutExtensionNamesTheFlag) {
+  RpcLabelServer srv;
+  srv.extension = false;
+  EngineClient c(srv.s.url(), Fast());
+  EngineProbed p = c.Probe();
+  EXPECT_FALSE(p.http.ok_2xx());
+  EXPECT_EQ(p.http.http_status, 500);
+  EXPECT_NE(p.http.error.find("--worker-extension-cls"), std::string::npos) << p.http.error;
+  EXPECT_NE(p.http.error.find("404"), std::string::npos) << p.http.error;
+  EXPECT_EQ(c.label_route(), LabelRoute::kUnknown);
+  HttpReply fin = c.FinishWeightUpdate(std::string("rc-1"));
+  EXPECT_FALSE(fin.http.ok_2xx());
+  EXPECT_NE(fin.http.error.find("--worker-extension-cls"), std::string::npos) << fin.http.error;
+  std::lock_guard lk(srv.mu);
+  // The update is finished even though it cannot be labelled (an unfinished 0.25.x update keeps
+  // layers mid-reload and refuses the next start); the transfer still fails.
+  EXPECT_EQ(srv.finish_bodies, (std::vector<std::string>{R"({"weight_version":"rc-1"})"}));
+}
+
+// Proves workers that disagree on the label, or a write the workers do not echo, are not
+// evidence; would catch validating TP>1 engines by worker 0 alone.
+TEST(EngineClient, RpcLabelWorkersMustAgree) {
+  ScriptedServer s;
+  s.server().Get("/weight_info",
+                 [](const auto&, auto& res) { Json(res, R"({"detail":"Not Found"})", 404); });
+  s.server().Post("/collective_rpc", [](const auto&, auto& res) {
+    Json(res, R"({"results":[{"weight_version":"rc-1","rank":0},{"weight_version":"rc-0","rank":1}]})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  HttpReply r = c.ReadLabel();
+  EXPECT_FALSE(r.http.ok_2xx());
+  EXPECT_NE(r.http.error.find("every worker"), std::string::npos) << r.http.error;
+  c.set_label_route(LabelRoute::kWorkerRpc);
+  EXPECT_FALSE(c.WriteLabel("rc-2").http.ok_2xx());
 }
 
 // Proves a 200 with an unparseable body is evidence (body_parsed=false), not success, with
@@ -360,6 +492,7 @@ TEST(EngineClient, FinishBodyWithAndWithoutLabel) {
   });
   s.Start();
   EngineClient c(s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
   EXPECT_TRUE(c.FinishWeightUpdate(std::string("rc-7")).http.ok_2xx());
   EXPECT_TRUE(c.FinishWeightUpdate(std::nullopt).http.ok_2xx());
   ASSERT_EQ(bodies.size(), 2u);

@@ -113,6 +113,7 @@ TEST(HttpSequenceTransfer, PreflightComputesDigestOffline) {
 TEST(HttpSequenceTransfer, CompleteSequence) {
   Engine e(200, 200, 200);
   EngineClient c(e.s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
   HttpSequenceTransfer t(c);
   TransferObserved o = t.Transfer(Target(), 5000);
   EXPECT_TRUE(o.acknowledged) << o.error;
@@ -139,6 +140,7 @@ TEST(HttpSequenceTransfer, CompleteSequence) {
 TEST(HttpSequenceTransfer, V025UpdateInfoCarriesPacking) {
   Engine e(200, 200, 200);
   EngineClient c(e.s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
   HttpSequenceTransfer t(c, detect_protocol("0.25.1"));
   EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
   EXPECT_EQ(e.update_body["update_info"]["packed"], true);
@@ -163,6 +165,7 @@ TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
   {
     Engine e(200, 200, 200);
     EngineClient c(e.s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
     HttpSequenceTransfer t(c, detect_protocol("0.30.0"));
     EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
     EXPECT_EQ(e.init_body["init_info"]["world_size"], 2);
@@ -174,6 +177,7 @@ TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
   }
   Engine e(200, 200, 200, /*init=*/500);
   EngineClient c(e.s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
   HttpSequenceTransfer t(c);
   TransferObserved o = t.Transfer(Target(), 5000);
   EXPECT_EQ(o.mutation, MutationClass::kNone);
@@ -186,6 +190,7 @@ TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
 TEST(HttpSequenceTransfer, BadSourceIsNoMutation) {
   Engine e(200, 200, 200);
   EngineClient c(e.s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
   HttpSequenceTransfer t(c);
   EXPECT_EQ(t.Transfer(Target("synthetic:nope"), 5000).mutation, MutationClass::kNone);
   EXPECT_TRUE(e.s.paths().empty());
@@ -199,6 +204,7 @@ TEST(HttpSequenceTransfer, FailuresAfterStartArePossible) {
                         Case{200, 299, 200}, Case{200, 200, 500}, Case{200, 200, 299}}) {
     Engine e(k.start, k.update, k.finish);
     EngineClient c(e.s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
     HttpSequenceTransfer t(c);
     TransferObserved o = t.Transfer(Target(), 5000);
     EXPECT_FALSE(o.acknowledged) << k.start << k.update << k.finish;

@@ -29,6 +29,12 @@ TEST(Protocol, VersionLines) {
       {"0.33.0", ProtocolLine::kPackedInInitInfo, true},
       {"0.30.0.post1", ProtocolLine::kPackedInInitInfo, true},
       {"1.0.0", ProtocolLine::kPackedInInitInfo, true},
+      // Build-variant local segments are the release's code (wheels for other CUDA/ROCm/CPU).
+      {"0.25.1+cu129", ProtocolLine::kPackedInUpdateInfo, false},
+      {"0.30.0+cpu", ProtocolLine::kPackedInInitInfo, true},
+      {"0.30.0.post1+rocm6.3", ProtocolLine::kPackedInInitInfo, true},
+      {"0.25.1+cu129-dirty", ProtocolLine::kUnknown, false},
+      {"0.30.0+gabc123", ProtocolLine::kUnknown, false},
       {"0.24.9", ProtocolLine::kUnknown, false},
       {"0.23.1.dev2095+g0fe9a916e", ProtocolLine::kUnknown, false},
       {"0.31.0rc1", ProtocolLine::kUnknown, false},

@@ -1,0 +1,37 @@
+"""RolloutCore's vLLM worker extension: the weight-version label for vLLM 0.25.x.
+
+vLLM 0.25.x has no ``GET /weight_info`` or ``POST /update_weight_version`` (they came later), so
+the engine cannot say which weights it serves. Start it with
+
+    PYTHONPATH=<rolloutcore>/python vllm serve ... \\
+        --worker-extension-cls rolloutcore.vllm_ext.RolloutCoreWorkerExtension
+
+and RolloutCore reads and writes the label through vLLM's ``POST /collective_rpc`` (a dev route:
+``VLLM_SERVER_DEV_MODE=1``), on every worker:
+
+    {"method": "rc_weight_info"}                         -> {"results": [{"weight_version", "rank"}]}
+    {"method": "rc_set_weight_version", "args": [label]} -> the same, after setting it
+
+The label lives in the worker processes: a restarted engine reports "default" again, which is how
+RolloutCore tells a restarted engine from the one it published weights to. Nothing here touches
+the weights or the caches.
+"""
+
+DEFAULT_LABEL = "default"  # what vLLM's own label starts as on later versions
+LABEL_BYTES_MAX = 128      # RolloutCore's bound on labels (statemachine/types.h kIdBytesMax)
+
+
+class RolloutCoreWorkerExtension:
+    """Mixed into vLLM's worker class by ``--worker-extension-cls``; methods run per worker."""
+
+    def rc_weight_info(self) -> dict:
+        return {"weight_version": getattr(self, "_rc_weight_version", DEFAULT_LABEL),
+                "rank": int(getattr(self, "rank", 0))}
+
+    def rc_set_weight_version(self, label: str) -> dict:
+        if not isinstance(label, str) or not label:
+            raise ValueError("rc_set_weight_version: the label must be a non-empty string")
+        if len(label.encode("utf-8")) > LABEL_BYTES_MAX:
+            raise ValueError(f"rc_set_weight_version: label longer than {LABEL_BYTES_MAX} bytes")
+        self._rc_weight_version = label
+        return self.rc_weight_info()
