@@ -1,6 +1,7 @@
 #include "effects/nccl/chunk_plan.h"
 
 #include <algorithm>
+#include <string>
 
 namespace rc::effects::nccl {
 
@@ -40,6 +41,31 @@ BroadcastPlan PlanFor(const Manifest& manifest, bool packed, std::uint64_t buffe
   sizes.reserve(manifest.tensors.size());
   for (const auto& t : manifest.tensors) sizes.push_back(t.nbytes());
   return packed ? PlanPacked(sizes, buffer_bytes) : PlanUnpacked(sizes);
+}
+
+Status CheckPackable(const Manifest& manifest, const BroadcastPlan& plan) {
+  for (const auto& op : plan.ops) {
+    if (!op.packed) continue;
+    std::uint64_t offset = 0;
+    for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count; ++i) {
+      RC_CHECK(i < manifest.tensors.size());
+      const TensorSpec& t = manifest.tensors[i];
+      if (t.shape.empty()) {
+        return Status::InvalidArgument("packed transfer cannot carry the 0-d tensor '" + t.name +
+                                       "' (vLLM's unpack views it with an empty shape); send "
+                                       "unpacked");
+      }
+      if (offset % dtype_bytes(t.dtype) != 0) {
+        return Status::InvalidArgument(
+            "packed transfer would place '" + t.name + "' (" + dtype_torch_name(t.dtype) +
+            ") at byte offset " + std::to_string(offset) + " of its chunk, not a multiple of " +
+            std::to_string(dtype_bytes(t.dtype)) + " (vLLM's unpack cannot view it); send unpacked "
+            "or reorder the manifest");
+      }
+      offset += t.nbytes();
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace rc::effects::nccl

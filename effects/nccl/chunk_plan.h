@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "effects/manifest.h"
+#include "statemachine/status.h"
 
 namespace rc::effects::nccl {
 
@@ -33,5 +34,12 @@ struct BroadcastPlan {
 BroadcastPlan PlanPacked(const std::vector<std::uint64_t>& tensor_bytes, std::uint64_t buffer_bytes);
 BroadcastPlan PlanUnpacked(const std::vector<std::uint64_t>& tensor_bytes);
 BroadcastPlan PlanFor(const Manifest& manifest, bool packed, std::uint64_t buffer_bytes);
+
+// What vLLM's packed consumer can unpack (vLLM 0.25.1 packed_tensor.py: each tensor is
+// chunk[offset:offset+nbytes].view(dtype).view(*shape)): no 0-d tensor (view() of an empty shape
+// raises) and every tensor's byte offset inside its chunk a multiple of its element size (a view
+// at a misaligned offset raises). The engine finds out only after that chunk was broadcast, with
+// its layers mid-reload, so the sender checks before anything is sent. Unpacked plans always pass.
+[[nodiscard]] Status CheckPackable(const Manifest& manifest, const BroadcastPlan& plan);
 
 }  // namespace rc::effects::nccl

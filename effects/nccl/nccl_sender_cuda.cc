@@ -558,6 +558,11 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
     detail += "source tensors on device " + std::to_string((*src)->device()) + "; ";
   }
   const BroadcastPlan plan = PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
+  if (Status packable = CheckPackable(manifest, plan); !packable.ok()) {
+    p.source_manifest_digest.clear();  // the source cannot be sent as configured: refused
+    p.detail = packable.ToString().substr(0, kTextBytesMax);
+    return p;
+  }
   const Impl::Needs needs = m.StagingNeeds(**src, plan);
   const std::uint64_t shortfall = m.DeviceShortfallBytes(needs.slot_count, needs.dev_bytes);
   std::size_t free_bytes = 0, total_bytes = 0;
@@ -619,6 +624,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
     return finish("source tensors are on another device than the communicator");
   }
   const BroadcastPlan plan = PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
+  if (Status packable = CheckPackable(manifest, plan); !packable.ok()) return finish(packable.ToString());
   const Impl::Needs needs = m.StagingNeeds(src, plan);
   if (Status s = m.EnsureSlots(needs.slot_count, needs.dev_bytes, needs.host_bytes); !s.ok()) {
     return finish(s.ToString());
@@ -631,6 +637,10 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   // ---- engine: start ----
   HttpReply start = m.engine.StartWeightUpdate(Within(std::min(m.opt.http_timeout_ms, MsUntil(deadline))));
   timing.start_http_us = start.http.latency_us;
+  // vLLM 0.25.x's start_weight_update already moves every layer's parameters to the meta device
+  // (layerwise reload): from the moment start may have reached the engine, the weights it serves
+  // are no longer the old ones, whatever happens next.
+  if (!start.http.never_sent()) out.mutation = MutationClass::kPossible;
   if (!Ok2xx(start)) return finish(Describe("POST /start_weight_update", start));
 
   // ---- engine: update (its own thread) + data plane ----
@@ -720,7 +730,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
 
   if (!s.ok()) {
     const bool enqueued = m.progress.ops_enqueued > 0;
-    out.mutation = enqueued ? MutationClass::kPossible : MutationClass::kNone;
+    out.mutation = MutationClass::kPossible;  // start succeeded: layers are mid-reload already
     out.tensors_sent = 0;
     out.bytes_sent = m.progress.bytes_completed;
     // The engine's answer can no longer be a success: stop waiting for it (the call returns

@@ -100,5 +100,30 @@ TEST(ChunkPlan, UnpackedOnePerTensor) {
   EXPECT_EQ(packed.ops[0], (BroadcastOp{0, 2, 44, true}));
 }
 
+// Proves packed plans that vLLM's unpack cannot view are refused before anything is sent: a 0-d
+// tensor, and a bf16 tensor at an odd byte offset after a 3-byte int8 tensor; the same manifests
+// pass unpacked, and an aligned mixed manifest passes packed. Would catch a sender that
+// broadcasts a chunk the engine then fails on with its layers mid-reload.
+TEST(ChunkPlan, PackableOnlyWhenVllmCanViewEveryTensor) {
+  auto spec = [](const char* n, DType d, std::vector<std::uint64_t> shape) {
+    return TensorSpec{n, d, std::move(shape)};
+  };
+  Manifest scalar{{spec("a", DType::kFloat32, {4}), spec("s", DType::kFloat32, {})}};
+  Manifest odd{{spec("q", DType::kInt8, {3}), spec("w", DType::kBFloat16, {2, 2})}};
+  Manifest aligned{{spec("w", DType::kBFloat16, {3}), spec("x", DType::kBFloat16, {1}),
+                    spec("f", DType::kFloat32, {5}), spec("q", DType::kInt8, {7})}};
+  const Status s1 = CheckPackable(scalar, PlanFor(scalar, true, 1 << 20));
+  EXPECT_FALSE(s1.ok());
+  EXPECT_NE(s1.ToString().find("'s'"), std::string::npos) << s1.ToString();
+  const Status s2 = CheckPackable(odd, PlanFor(odd, true, 1 << 20));
+  EXPECT_FALSE(s2.ok());
+  EXPECT_NE(s2.ToString().find("offset 3"), std::string::npos) << s2.ToString();
+  EXPECT_TRUE(CheckPackable(scalar, PlanFor(scalar, false, 1 << 20)).ok());
+  EXPECT_TRUE(CheckPackable(odd, PlanFor(odd, false, 1 << 20)).ok());
+  EXPECT_TRUE(CheckPackable(aligned, PlanFor(aligned, true, 1 << 20)).ok());
+  // Offsets restart in each chunk: with a 3-byte buffer the int8 tensor closes its own chunk.
+  EXPECT_TRUE(CheckPackable(odd, PlanFor(odd, true, 2)).ok());
+}
+
 }  // namespace
 }  // namespace rc::effects::nccl
