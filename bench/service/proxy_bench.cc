@@ -26,6 +26,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "effects/http/engine_client.h"
 #include "fixtures/vllm_double.h"
 #include "service/service.h"
 
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
 
   rc::fixtures::VllmDoubleOptions eo;
+  eo.worker_extension_cls = rc::effects::kWorkerExtensionClass;  // vLLM 0.25.1 (the default)
   eo.token_delay_ms = a.token_delay_ms;
   // The double serves a thread per connection: the load generator's connections and the
   // proxy's pooled keep-alive connections to it both hold one.

@@ -31,7 +31,8 @@ def _start(cmd, what):
 @pytest.fixture
 def engine():
     proc, addr = _start([str(BUILD / "fixtures" / "vllm-double"), "--port", "0",
-                         "--token-delay-ms", "2"], "vllm-double")
+                         "--token-delay-ms", "2", "--worker-extension-cls",
+                         "rolloutcore.vllm_ext.RolloutCoreWorkerExtension"], "vllm-double")
     yield "http://" + addr
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)

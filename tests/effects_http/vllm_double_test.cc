@@ -33,6 +33,7 @@ std::unique_ptr<VllmDouble> StartDouble(const std::string& version) {
   VllmDoubleOptions o;
   o.version = version;
   o.token_delay_ms = 1;
+  o.worker_extension_cls = kWorkerExtensionClass;  // needed below 0.26 (no /weight_info)
   auto d = std::make_unique<VllmDouble>(o);
   EXPECT_GT(d->Start(0), 0);
   return d;
@@ -67,9 +68,10 @@ void InitTransfer(EngineClient& c, const EngineProtocol& p, bool unique_id) {
 
 class FullSequence : public ::testing::TestWithParam<const char*> {};
 
-// Proves the full probe -> pause(wait) -> start/update/finish -> resets -> weight_info -> resume
-// sequence yields the evidence the fold needs on each protocol line; would catch any route,
-// body or layout the double (faithful to vLLM) refuses, e.g. packed* in the wrong info.
+// Proves the full probe -> pause(wait) -> start/update/finish -> resets -> label -> resume
+// sequence yields the evidence the fold needs on each protocol line (0.25.1: label through the
+// worker extension, prefix reset unreported); would catch any route, body or layout the double
+// (faithful to vLLM) refuses, e.g. packed* in the wrong info or /weight_info on 0.25.1.
 TEST_P(FullSequence, ProbeDrainTransferResetValidateResume) {
   auto d = StartDouble(GetParam());
   EngineClient c(d->base_url(), Fast());
@@ -79,6 +81,8 @@ TEST_P(FullSequence, ProbeDrainTransferResetValidateResume) {
   EXPECT_EQ(probe.reported_label, "default");
   const EngineProtocol p = detect_protocol(probe.engine_version);
   ASSERT_NE(p.line, ProtocolLine::kUnknown);
+  const bool legacy = std::string(GetParam()) == "0.25.1";  // no /weight_info: worker extension
+  EXPECT_EQ(c.label_route(), legacy ? LabelRoute::kWorkerRpc : LabelRoute::kWeightInfoRoute);
 
   DrainObserved drain = c.PauseWait();
   EXPECT_TRUE(drain.http.ok_2xx()) << drain.http.error;
@@ -98,6 +102,9 @@ TEST_P(FullSequence, ProbeDrainTransferResetValidateResume) {
     CacheResetObserved r = c.ResetCache(k);
     EXPECT_TRUE(r.http.ok_2xx()) << cache_name(k) << " " << r.http.error;
     EXPECT_TRUE(r.reported_success) << cache_name(k);
+    if (k == CacheKind::kPrefix) {
+      EXPECT_EQ(r.success_unreported, legacy);
+    }
   }
   ValidationObserved v = c.WeightInfo();
   EXPECT_TRUE(v.http.ok_2xx());

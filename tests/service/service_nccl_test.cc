@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "effects/http/engine_client.h"
 #include "fixtures/vllm_double.h"
 #include "service/config.h"
 #include "service/service.h"
@@ -129,7 +130,9 @@ TEST(ServiceNcclConfig, BadNcclValuesAreRefusedByName) {
 // bootstrapped, engine initialised) left behind by a refused start, or a vague error.
 TEST(ServiceNccl, StartupWithoutUsableGpuIsRefusedBeforeAnythingStarts) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is present: this test is for GPU-free hosts";
-  fixtures::VllmDouble engine(fixtures::VllmDoubleOptions{});
+  fixtures::VllmDoubleOptions eo;
+  eo.worker_extension_cls = effects::kWorkerExtensionClass;  // vLLM 0.25.1 (the default)
+  fixtures::VllmDouble engine(eo);
   ASSERT_GT(engine.Start(0), 0);
   const fs::path dir = FreshDir("open");
   const ServeConfig c = NcclConfig(engine.base_url(), dir);
@@ -204,7 +207,9 @@ ProcessRun RunServe(const std::vector<std::string>& args, Clock::duration limit)
 // it would catch a CLI that ignores the flags, hangs in CUDA or NCCL setup, or half-starts.
 TEST(ServiceNccl, ServeProcessRefusesNcclClearly) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is present: this test is for GPU-free hosts";
-  fixtures::VllmDouble engine(fixtures::VllmDoubleOptions{});
+  fixtures::VllmDoubleOptions eo;
+  eo.worker_extension_cls = effects::kWorkerExtensionClass;  // vLLM 0.25.1 (the default)
+  fixtures::VllmDouble engine(eo);
   ASSERT_GT(engine.Start(0), 0);
   const fs::path dir = FreshDir("proc");
   const std::vector<std::string> base = {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "effects/http_transfer.h"
+#include "effects/http/engine_client.h"
 #include "fixtures/vllm_double.h"
 #include "service/service.h"
 
@@ -46,6 +47,7 @@ struct Stack {
     fs::remove_all(dir);
     fs::create_directories(dir);
     fixtures::VllmDoubleOptions eo;
+    eo.worker_extension_cls = effects::kWorkerExtensionClass;  // vLLM 0.25.1 (the default)
     eo.token_delay_ms = token_delay_ms;
     eo.http_threads = 320;
     engine = std::make_unique<fixtures::VllmDouble>(eo);
