@@ -174,16 +174,22 @@ TEST(ServiceE2E, ConcurrentRolloutsDuringUpdatesAreBoundToOneVersion) {
   std::vector<Seen> seen(kClients);
   std::atomic<int> started{0};
   std::vector<std::thread> threads;
-  for (int i = 0; i < kClients; ++i) {
-    threads.emplace_back([&, i] {
-      started++;
-      seen[i] = proxied(s, i % 4 != 0, 6 + i % 5, "rollout prompt " + std::to_string(i % 7));
-    });
-  }
+  auto launch = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      threads.emplace_back([&, i] {
+        started++;
+        seen[i] = proxied(s, i % 4 != 0, 6 + i % 5, "rollout prompt " + std::to_string(i % 7));
+      });
+    }
+  };
+  // Half the clients before the first update, half after it committed (racing the next two), so
+  // the rollouts span at least two versions however the threads are scheduled.
+  launch(0, kClients / 2);
   std::vector<std::pair<int, std::string>> updates;
   {
     httplib::Client trainer = s.client();
     for (int u = 1; u <= 3; ++u) {
+      if (u == 2) launch(kClients / 2, kClients);
       auto r = trainer.Post(
           "/v1/updates", auth(),
           update_body("u" + std::to_string(u), "rc-" + std::to_string(u), u).dump(),
