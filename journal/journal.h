@@ -60,6 +60,9 @@ struct Options {
   std::uint64_t snapshot_every = 10000;  // write a folded-state snapshot every N events (0: never)
   bool read_only = false;              // open as a secondary reader (works while a writer runs)
   std::string secondary_path;          // scratch dir for the secondary instance ("" = temp)
+  // Long scans (Scan, Refold, open) read RocksDB on a second thread while the caller decodes,
+  // verifies and folds; false: one thread (benchmarks compare the two).
+  bool scan_pipelined = true;
 };
 
 // A ticket for an enqueued group: seqs are assigned at Enqueue, durability is awaited at Wait.
@@ -127,6 +130,9 @@ class Journal {
   [[nodiscard]] virtual Status VerifyChecksum() = 0;
   // Flushes memtables to SST files (audit and corruption tests; appends never need it).
   [[nodiscard]] virtual Status Flush() = 0;
+  // Flushes, then compacts every column family to its bottom level and waits (offline
+  // maintenance and benchmarks: a compacted journal scans without background work competing).
+  [[nodiscard]] virtual Status Compact() = 0;
 };
 
 }  // namespace rc::journal
