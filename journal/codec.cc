@@ -423,7 +423,17 @@ std::string EncodeEventOnly(const Event& event) {
   return EncodeRecord(r);
 }
 
-Result<Record> DecodeRecord(std::string_view bytes) {
+namespace {
+Result<Record> DecodeRecordImpl(std::string_view bytes, const Hash* bytes_sha256);
+}  // namespace
+
+Result<Record> DecodeRecord(std::string_view bytes) { return DecodeRecordImpl(bytes, nullptr); }
+Result<Record> DecodeRecord(std::string_view bytes, const Hash& bytes_sha256) {
+  return DecodeRecordImpl(bytes, &bytes_sha256);
+}
+
+namespace {
+Result<Record> DecodeRecordImpl(std::string_view bytes, const Hash* bytes_sha256) {
   // The length is checked before the Verifier is built (its constructor asserts on huge sizes).
   if (bytes.size() > kRecordBytesMax) {
     return Status::Corruption("record of " + std::to_string(bytes.size()) +
@@ -466,9 +476,10 @@ Result<Record> DecodeRecord(std::string_view bytes) {
   if (!d.error.empty()) {
     return Status::Corruption("record seq " + std::to_string(out.seq) + ": " + d.error);
   }
-  out.hash = Sha256(bytes);
+  out.hash = bytes_sha256 != nullptr ? *bytes_sha256 : Sha256(bytes);
   return out;
 }
+}  // namespace
 
 // ---- State ----
 

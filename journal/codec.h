@@ -42,6 +42,9 @@ std::string EncodeRecord(const Record& record);
 // Decodes stored bytes into a Record and sets record.hash = Sha256(bytes). Errors: Corruption
 // with a message naming what is wrong (size, identifier, structure, unknown type, enum range).
 [[nodiscard]] Result<Record> DecodeRecord(std::string_view bytes);
+// The same, with Record::hash taken from `bytes_sha256`, which the caller computed over exactly
+// these bytes (a scan hashes on its reader thread while the caller decodes).
+[[nodiscard]] Result<Record> DecodeRecord(std::string_view bytes, const Hash& bytes_sha256);
 
 // Canonical bytes of one event alone (envelope zeroed): the idempotency digest is over these.
 std::string EncodeEventOnly(const Event& event);

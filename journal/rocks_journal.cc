@@ -124,16 +124,18 @@ std::string EncodeIdem(const IdemEntry& e) {
 struct ScanBatch {
   struct Entry {
     std::size_t key_at, key_bytes, value_at, value_bytes;
+    Hash value_sha256;  // computed on the reader thread: the chain's hash of the stored bytes
   };
   std::string bytes;
   std::vector<Entry> entries;
 
   void Add(const rocksdb::Slice& key, const rocksdb::Slice& value) {
-    Entry e{bytes.size(), key.size(), 0, value.size()};
+    Entry e{bytes.size(), key.size(), 0, value.size(), {}};
     bytes.append(key.data(), key.size());
     bytes.resize((bytes.size() + 7) / 8 * 8);
     e.value_at = bytes.size();
     bytes.append(value.data(), value.size());
+    e.value_sha256 = Sha256(std::string_view(bytes.data() + e.value_at, e.value_bytes));
     entries.push_back(e);
   }
   std::string_view Key(const Entry& e) const { return {bytes.data() + e.key_at, e.key_bytes}; }
@@ -741,13 +743,14 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
   Hash prev = prev_hash;
   auto name = [&] { return "seq " + std::to_string(expect); };  // built only on errors
   // Every stored pair, in order: key, decode (FlatBuffers verification + SHA-256), chain, visit.
-  auto check = [&](std::string_view key_bytes, std::string_view value) -> Status {
+  auto check = [&](std::string_view key_bytes, std::string_view value,
+                   const Hash* value_sha256) -> Status {
     if (key_bytes.size() != 8) return Status::Corruption(name() + ": malformed key");
     const std::uint64_t key = ParseBE64(key_bytes);
     if (key != expect) {
       return Status::Corruption(name() + " is missing (next stored seq is " + std::to_string(key) + ")");
     }
-    Result<Record> r = DecodeRecord(value);
+    Result<Record> r = value_sha256 != nullptr ? DecodeRecord(value, *value_sha256) : DecodeRecord(value);
     if (!r.ok()) return Status::Corruption(name() + ": " + r.status().message());
     if (r->seq != key) {
       return Status::Corruption(name() + ": stored record says seq " + std::to_string(r->seq));
@@ -768,12 +771,12 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
   rocksdb::Status iter_status;
   if (!options_.scan_pipelined || to_seq - from_seq + 1 < kPipelinedScanRecordsMin) {
     for (it->Seek(lower); it->Valid(); it->Next()) {
-      RC_RETURN_IF_ERROR(check(View(it->key()), View(it->value())));
+      RC_RETURN_IF_ERROR(check(View(it->key()), View(it->value()), nullptr));
     }
     iter_status = it->status();
   } else {
-    // The reader only copies bytes; every check stays on this thread, in order, so errors and
-    // visitor stops are the serial scan's. On any error the reader is stopped and joined first.
+    // The reader copies bytes and hashes them (SHA-256, the chain's hash); every check stays on
+    // this thread, in order, so errors and visitor stops are the serial scan's. On any error the reader is stopped and joined first.
     ScanQueue queue;
     std::thread reader([&] {
       ScanBatch* b = queue.TakeFree();
@@ -790,7 +793,7 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
     Status failed;
     while (ScanBatch* b = queue.TakeFilled()) {
       for (const ScanBatch::Entry& e : b->entries) {
-        failed = check(b->Key(e), b->Value(e));
+        failed = check(b->Key(e), b->Value(e), &e.value_sha256);
         if (!failed.ok()) break;
       }
       queue.Recycle(b);
