@@ -3,12 +3,12 @@
 # RolloutCore driver (rank 0, sender) on GPU 0. Expects the chunks reassembled from /tmp/wheels
 # (w.tar.* = whl/ with vLLM 0.25.1 + the missing deps + vc.tar.xz with the driver) and appends
 # everything to ONE log: $OUT/vllm.log.
-#   Usage: [RESIDENT=1] tests/gpu/vllm/run_vllm.sh PART [budget_s]     PART: 125m | 8b | install
+#   Usage: [RESIDENT=1] tests/gpu/vllm/run_vllm.sh PART [budget_s]   PART: 125m | 8b | serve | install
 #   RESIDENT=1: the driver sends from GPU 0 memory (as a trainer would), not from the file.
 # vLLM 0.25.1 has no /weight_info: it is started with RolloutCore's worker extension
 # (python/rolloutcore/vllm_ext.py), which keeps the label RolloutCore reads over /collective_rpc.
 set -u
-PART=${1:?part: 125m, 8b or install}; BUDGET=${2:-560}
+PART=${1:?part: 125m, 8b, serve or install}; BUDGET=${2:-560}
 LOG=${OUT:-/tmp}/vllm.log
 exec >>"$LOG" 2>&1
 T0=$(date +%s.%N)
@@ -122,5 +122,16 @@ if [ "$PART" = 8b ]; then
     say "E6 kill the engine mid-transfer (8B)"; touch /tmp/g8b/go.2
   fi
   wait $DP; say "driver exit $?"; kill -9 -- -"$VPID" 2>/dev/null; VPID=
+fi
+if [ "$PART" = serve ]; then
+  # rolloutcore serve --transfer nccl (GPU 0) beside vLLM (GPU 1), driven by the Python client.
+  [ -e /tmp/m125_seed2.safetensors ] || { python3 $HERE/make_model.py --shape opt125m --out /tmp/m125 --seed 1 &&
+    python3 $HERE/make_model.py --shape opt125m --out /tmp/m125 --seed 2 --weights-file /tmp/m125_seed2.safetensors; } || exit 4
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s:/usr/local/cuda/lib64:%s/.vc/lib" exec %s/.vc/rolloutcore "$@"\n' "$NCCL_LIB" "$PWD" "$PWD" > .vc/rc.sh
+  chmod +x .vc/rc.sh
+  say "serve: vLLM dummy 125M (rc-0)"; serve /tmp/m125 dummy125s --load-format dummy || exit 5
+  rm -rf /tmp/e2e; python3 $HERE/serve_e2e.py "$PWD/.vc/rc.sh" $U /tmp/m125 /tmp/m125_seed2.safetensors /tmp/e2e
+  say "serve_e2e exit $?"; tail -c 3000 /tmp/e2e/serve.log; cp /tmp/e2e/serve.log "${OUT:-/tmp}/serve.log" 2>/dev/null
+  stop
 fi
 say done
