@@ -167,7 +167,8 @@ struct NcclSender::Impl {
   int comm_device = -1;
   int world_size = 0;
   bool dirty = false;  // device work may still run after an abort: never free buffers then
-  std::map<std::string, std::shared_ptr<WeightSource>> sources;
+  // Sources by URI, reopened when the file behind them changed (weight_source.h).
+  SourceCache sources{[](const std::string& uri) { return OpenUri(uri); }};
 
   // Ring of slots: each has a stream, an event and (when staging) device + pinned host buffers.
   struct Slot {
@@ -329,8 +330,8 @@ struct NcclSender::Impl {
     return Status::OK();
   }
 
-  Result<std::shared_ptr<WeightSource>> OpenSource(const std::string& uri) {
-    if (auto it = sources.find(uri); it != sources.end()) return it->second;
+  Result<std::shared_ptr<WeightSource>> OpenSource(const std::string& uri) { return sources.Get(uri); }
+  static Result<std::shared_ptr<WeightSource>> OpenUri(const std::string& uri) {
     std::shared_ptr<WeightSource> src;
     if (uri.rfind("safetensors:", 0) == 0) {
       auto s = SafetensorsSource::Open(uri.substr(12));
@@ -343,7 +344,6 @@ struct NcclSender::Impl {
     } else {
       return Status::InvalidArgument("unknown weight source '" + uri + "'");
     }
-    sources[uri] = src;
     return src;
   }
 
@@ -387,12 +387,12 @@ NcclSender::~NcclSender() {
   if (impl_->comm != nullptr) impl_->AbortComm();
   impl_->FreeSlots();
   if (impl_->warm_buf != nullptr && !impl_->dirty) cudaFree(impl_->warm_buf);
-  impl_->sources.clear();
+  impl_->sources.Clear();
   if (impl_->store) impl_->store->Stop();
 }
 
 void NcclSender::RegisterSource(const std::string& uri, std::shared_ptr<WeightSource> source) {
-  impl_->sources[uri] = std::move(source);
+  impl_->sources.Register(uri, std::move(source));
 }
 
 bool NcclSender::ready() const { return impl_->comm != nullptr; }

@@ -270,4 +270,47 @@ Result<IpcHandleFile> ReadIpcHandleFile(const std::string& path) {
   return ParseIpcHandleFile(*text);
 }
 
+// ---- SourceCache ----
+
+SourceCache::SourceCache(Opener opener, std::size_t entries_max)
+    : opener_(std::move(opener)), entries_max_(std::max<std::size_t>(entries_max, 1)) {}
+
+Result<std::shared_ptr<WeightSource>> SourceCache::Get(const std::string& uri) {
+  if (auto it = pinned_.find(uri); it != pinned_.end()) return it->second;
+  const auto colon = uri.find(':');
+  const std::string path = colon == std::string::npos ? uri : uri.substr(colon + 1);
+  struct stat st {};
+  const bool stat_ok = ::stat(path.c_str(), &st) == 0;
+  const FileId id{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                  static_cast<std::uint64_t>(st.st_size),
+                  static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  auto it = std::find_if(files_.begin(), files_.end(), [&](const Entry& e) { return e.uri == uri; });
+  const bool cached = it != files_.end();
+  if (cached && stat_ok && it->id == id) {
+    std::rotate(it, it + 1, files_.end());  // most recently used last
+    return files_.back().source;
+  }
+  if (cached) {
+    files_.erase(it);  // the file changed (or vanished): never reuse the old descriptor
+    ++reopens_;
+  }
+  Result<std::shared_ptr<WeightSource>> opened = opener_(uri);
+  if (!opened.ok()) return opened.status();
+  if (stat_ok) {
+    if (files_.size() >= entries_max_) files_.erase(files_.begin());
+    files_.push_back(Entry{uri, id, *opened});
+  }
+  return opened;
+}
+
+void SourceCache::Register(const std::string& uri, std::shared_ptr<WeightSource> source) {
+  std::erase_if(files_, [&](const Entry& e) { return e.uri == uri; });
+  pinned_[uri] = std::move(source);
+}
+
+void SourceCache::Clear() {
+  pinned_.clear();
+  files_.clear();
+}
+
 }  // namespace rc::effects::nccl

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -105,5 +106,45 @@ struct IpcHandleFile {
 };
 [[nodiscard]] Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text);
 [[nodiscard]] Result<IpcHandleFile> ReadIpcHandleFile(const std::string& path);
+
+// ---- opened sources, by URI ----
+//
+// A trainer typically updates from the same path again and again ("safetensors:/ckpt/latest"
+// rewritten or renamed over each step). An opened source keeps its file descriptor (or its IPC
+// mappings), so reusing it after the file changed would send the OLD bytes under the new
+// identity. The cache therefore stats the file behind "scheme:PATH" on every Get and reopens when
+// the device, inode, size or mtime differ. File-backed entries are bounded (least recently used
+// evicted; a transfer still holding one keeps it alive). Registered sources (tests, benchmarks,
+// an in-process trainer) are pinned: never stat'ed, reopened or evicted.
+inline constexpr std::size_t kSourceCacheEntriesMax = 4;
+
+class SourceCache {
+ public:
+  using Opener = std::function<Result<std::shared_ptr<WeightSource>>(const std::string& uri)>;
+  explicit SourceCache(Opener opener, std::size_t entries_max = kSourceCacheEntriesMax);
+  // The source for `uri`: pinned, or cached and unchanged on disk, or freshly opened.
+  [[nodiscard]] Result<std::shared_ptr<WeightSource>> Get(const std::string& uri);
+  void Register(const std::string& uri, std::shared_ptr<WeightSource> source);
+  void Clear();
+  std::size_t file_entries() const { return files_.size(); }
+  std::uint64_t reopens() const { return reopens_; }  // opens of a URI already cached (tests)
+
+ private:
+  struct FileId {
+    std::uint64_t dev = 0, ino = 0, size = 0;
+    std::int64_t mtime_ns = 0;
+    bool operator==(const FileId&) const = default;
+  };
+  struct Entry {
+    std::string uri;
+    FileId id;
+    std::shared_ptr<WeightSource> source;
+  };
+  Opener opener_;
+  std::size_t entries_max_;
+  std::map<std::string, std::shared_ptr<WeightSource>> pinned_;
+  std::vector<Entry> files_;  // most recently used last
+  std::uint64_t reopens_ = 0;
+};
 
 }  // namespace rc::effects::nccl

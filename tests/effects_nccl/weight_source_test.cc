@@ -3,7 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 
 #include "effects/nccl/rendezvous.h"
@@ -124,6 +129,86 @@ TEST(IpcHandleFile, ParseAndReject) {
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":2,"tensors":[]})").ok());
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[{"name":"w"}]})").ok());
   EXPECT_FALSE(ParseIpcHandleFile("{").ok());
+}
+
+// A temp directory removed at the end of a test.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/rc_srccache_XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+std::string Read0(const WeightSource& src) {
+  std::string a(4, '\0');
+  EXPECT_TRUE(src.ReadHost(0, a.data()).ok());
+  return a;
+}
+
+Result<std::shared_ptr<WeightSource>> OpenSt(const std::string& uri) {
+  auto s = SafetensorsSource::Open(uri.substr(std::string("safetensors:").size()));
+  if (!s.ok()) return s.status();
+  return std::shared_ptr<WeightSource>(std::move(*s));
+}
+
+// Proves a source is reused while its file is unchanged and reopened when the trainer renames a
+// new checkpoint onto the same path or rewrites it in place, so the new bytes are sent; would
+// catch the stale-descriptor bug (the first cached source still reads the OLD checkpoint through
+// its fd, which is what an update would have sent under the new identity).
+TEST(SourceCache, ReopensWhenTheFileChanges) {
+  TempDir dir;
+  const std::string path = dir.path + "/latest.safetensors", uri = "safetensors:" + path;
+  { std::ofstream(path, std::ios::binary) << File(kGoodHeader, kGoodData); }
+  SourceCache cache(&OpenSt);
+  auto first = cache.Get(uri);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(Read0(**first), "AABB");
+  auto again = cache.Get(uri);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), first->get());
+  EXPECT_EQ(cache.reopens(), 0u);
+  // The trainer writes the next checkpoint beside it and renames it over the path.
+  { std::ofstream(path + ".tmp", std::ios::binary) << File(kGoodHeader, "XXYYccccdddd"); }
+  ASSERT_EQ(std::rename((path + ".tmp").c_str(), path.c_str()), 0);
+  auto renamed = cache.Get(uri);
+  ASSERT_TRUE(renamed.ok());
+  EXPECT_NE(renamed->get(), first->get());
+  EXPECT_EQ(Read0(**renamed), "XXYY");
+  EXPECT_EQ(Read0(**first), "AABB");  // the old descriptor: what a stale cache would have sent
+  // Rewritten in place, same size: the mtime tells.
+  { std::ofstream(path, std::ios::binary | std::ios::trunc) << File(kGoodHeader, "ZZWWccccdddd"); }
+  const timespec later[2] = {{0, UTIME_OMIT}, {std::time(nullptr) + 5, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), later, 0), 0);
+  auto rewritten = cache.Get(uri);
+  ASSERT_TRUE(rewritten.ok());
+  EXPECT_EQ(Read0(**rewritten), "ZZWW");
+  EXPECT_EQ(cache.reopens(), 2u);
+  // Gone: an error, and nothing stale is served afterwards.
+  std::remove(path.c_str());
+  EXPECT_FALSE(cache.Get(uri).ok());
+}
+
+// Proves file-backed entries are bounded (each holds a descriptor: one per checkpoint path over a
+// long run would exhaust them) while pinned sources are never evicted or stat'ed; would catch an
+// unbounded cache or a registered in-process source replaced by a file lookup.
+TEST(SourceCache, BoundedAndPinned) {
+  TempDir dir;
+  SourceCache cache(&OpenSt, 4);
+  auto pinned = std::make_shared<DevicePointerSource>(Manifest{}, std::vector<const void*>{}, 0);
+  cache.Register("bench:pinned", pinned);
+  for (int i = 0; i < 6; ++i) {
+    const std::string path = dir.path + "/step-" + std::to_string(i) + ".safetensors";
+    { std::ofstream(path, std::ios::binary) << File(kGoodHeader, kGoodData); }
+    ASSERT_TRUE(cache.Get("safetensors:" + path).ok());
+  }
+  EXPECT_EQ(cache.file_entries(), 4u);
+  auto p = cache.Get("bench:pinned");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->get(), pinned.get());
+  EXPECT_FALSE(cache.Get("safetensors:" + dir.path + "/missing").ok());
+  EXPECT_EQ(cache.file_entries(), 4u);
 }
 
 }  // namespace
