@@ -12,6 +12,10 @@ The control routes the Runner uses answer as vLLM does (reference §1.2, §1.3, 
 -> {"success": true, "new_version"}; /pause?mode=abort|wait|keep&clear_cache=... -> {"status":
 "paused"} (no requests run here, so wait completes at once); /resume -> {"status": "resumed"};
 /reset_prefix_cache -> {"success": true}; /reset_encoder_cache and /reset_mm_cache -> 200 empty.
+Below version 0.26 the route set is vLLM 0.25.1's, as the real engine answered
+(bench/gpu/results/vllm/README.md): no /weight_info or /update_weight_version (404), the finish
+body ignored, every reset an empty 200; the label comes from RolloutCore's worker extension over
+POST /collective_rpc (rc_weight_info, rc_set_weight_version), modelled as installed.
 Timestamps for the sender's benchmarks use time.monotonic_ns() (CLOCK_MONOTONIC, the clock of the
 C++ side's steady_clock): first_post_mono_ns is taken just before the first receive is posted.
 """
@@ -56,6 +60,10 @@ def check(rc, what):
 
 INIT_KEYS_025 = {"master_address", "master_port", "rank_offset", "world_size"}
 PACK_KEYS = {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}
+
+def legacy_routes(version):
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return (major, minor) < (0, 26)
 
 def line_of(version):
     major, minor = (int(x) for x in version.split(".")[:2])
@@ -234,7 +242,9 @@ class Handler(BaseHTTPRequestHandler):
         e, p = ENGINE, self.path.split("?")[0]
         e.report["calls"] = e.report.get("calls", 0) + 1
         if p == "/version": return self.reply(200, {"version": e.version})
-        if p == "/weight_info": return self.reply(200, {"weight_version": e.weight_version})
+        if p == "/weight_info":
+            if legacy_routes(e.version): return self.reply(404, {"detail": "Not Found"})
+            return self.reply(200, {"weight_version": e.weight_version})
         if p == "/is_paused": return self.reply(200, {"is_paused": e.paused})
         if p == "/get_world_size": return self.reply(200, {"world_size": 1})
         if p == "/health": return self.reply(200, None)  # vLLM: 200, empty body
@@ -261,7 +271,7 @@ class Handler(BaseHTTPRequestHandler):
             if p == "/finish_weight_update":
                 with e.lock:
                     e.active = False
-                    if isinstance(body, dict) and body.get("weight_version") is not None:
+                    if not legacy_routes(e.version) and isinstance(body, dict) and body.get("weight_version") is not None:
                         e.weight_version = body["weight_version"]
                 return self.reply(200, {"message": "Weight update finished"})
             if p == "/pause":
@@ -272,11 +282,20 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(200, {"status": "paused"})
             if p == "/resume": e.paused = False; return self.reply(200, {"status": "resumed"})
             if p == "/update_weight_version":
+                if legacy_routes(e.version): return self.reply(404, {"detail": "Not Found"})
                 if not isinstance(body, dict) or not isinstance(body.get("new_version"), str):
                     return self.reply(400, {"error": "new_version (str) required"})
                 e.weight_version = body["new_version"]
                 return self.reply(200, {"success": True, "new_version": e.weight_version})
-            if p == "/reset_prefix_cache": return self.reply(200, {"success": True})
+            if p == "/reset_prefix_cache":
+                return self.reply(200, None if legacy_routes(e.version) else {"success": True})
+            if p == "/collective_rpc":  # the worker extension's two methods, one worker
+                m = body.get("method") if isinstance(body, dict) else None
+                if m == "rc_set_weight_version":
+                    e.weight_version = body["args"][0]
+                if m in ("rc_weight_info", "rc_set_weight_version"):
+                    return self.reply(200, {"results": [{"weight_version": e.weight_version, "rank": 0}]})
+                return self.reply(500, {"error": f"Method {m!r} is not implemented."})
             if p in ("/reset_mm_cache", "/reset_encoder_cache"): return self.reply(200, None)  # empty 200
             if p == "/test/config":
                 e.seed = body.get("seed"); e.stall_after_first_s = float(body.get("stall_after_first_s", 0)); e.version = body.get("version", e.version); e.active = False
