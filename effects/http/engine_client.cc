@@ -173,15 +173,6 @@ HttpEvidence chain(const HttpEvidence& earlier, HttpEvidence later) {
 
 }  // namespace
 
-const char* label_route_name(LabelRoute r) {
-  switch (r) {
-    case LabelRoute::kUnknown: return "unknown";
-    case LabelRoute::kWeightInfoRoute: return "/weight_info";
-    case LabelRoute::kWorkerRpc: return "worker-rpc";
-  }
-  return "unknown";
-}
-
 const char* pause_mode_name(PauseMode m) {
   switch (m) {
     case PauseMode::kAbort: return "abort";
@@ -512,6 +503,9 @@ HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::stri
 }
 }  // namespace
 HttpReply EngineClient::ReadLabel(const CallOptions& o) {
+  auto from_extension = [&] {
+    return label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
+  };
   const LabelRoute route = label_route();
   if (route != LabelRoute::kWorkerRpc) {
     HttpReply info = GetWeightInfo(o);
@@ -521,7 +515,7 @@ HttpReply EngineClient::ReadLabel(const CallOptions& o) {
       return info;
     }
     // No /weight_info: vLLM 0.25.x. The label must come from the worker extension.
-    HttpReply rpc = label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
+    HttpReply rpc = from_extension();
     rpc.http = chain(info.http, rpc.http);
     if (rpc.http.ok_2xx()) {
       set_label_route(LabelRoute::kWorkerRpc);
@@ -531,7 +525,7 @@ HttpReply EngineClient::ReadLabel(const CallOptions& o) {
     }
     return rpc;
   }
-  return label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
+  return from_extension();
 }
 HttpReply EngineClient::WriteLabel(const std::string& label, const CallOptions& o) {
   HttpEvidence found;

@@ -90,7 +90,6 @@ struct HttpReply {
 //                     --worker-extension-cls rolloutcore.vllm_ext.RolloutCoreWorkerExtension
 //                     (python/rolloutcore/vllm_ext.py on the engine's PYTHONPATH).
 enum class LabelRoute : std::uint8_t { kUnknown = 0, kWeightInfoRoute = 1, kWorkerRpc = 2 };
-const char* label_route_name(LabelRoute r);
 inline constexpr char kWorkerExtensionClass[] = "rolloutcore.vllm_ext.RolloutCoreWorkerExtension";
 inline constexpr std::size_t kRpcWorkersMax = 4096;  // entries accepted in a collective_rpc reply
 
