@@ -1,0 +1,27 @@
+// Text that came from outside (clients, engine bodies, files, headers): checked on input,
+// escaped on output, so one record is always one line. Standard library only.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace rc::text {
+
+// True when `s` is well-formed UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF).
+bool valid_utf8(std::string_view s);
+
+// True when `s` is valid UTF-8 without control characters (C0, DEL, C1) and without the Unicode
+// line/paragraph separators (U+2028, U+2029) or bidirectional controls (U+202A..U+202E,
+// U+2066..U+2069): what an identifier or a label may hold. Non-ASCII letters ("rc-é") are fine.
+bool printable_utf8(std::string_view s);
+
+// `s` with every ill-formed UTF-8 sequence replaced by U+FFFD: safe for any JSON serialiser.
+std::string sanitize_utf8(std::string_view s);
+
+// `s` as one line of printable text: control characters become \n, \r, \t or \u00XX (the
+// separators and bidirectional controls above \uXXXX), a backslash becomes \\, each ill-formed
+// byte becomes \xNN. Valid non-control UTF-8 is kept as is. Never throws past bad_alloc; the
+// result is valid UTF-8 and contains no byte below 0x20 or 0x7F, so it is safe for JSON too.
+std::string escape_line(std::string_view s);
+
+}  // namespace rc::text
