@@ -52,6 +52,12 @@ Offset<fb::HttpEvidence> EncHttp(FlatBufferBuilder& b, const HttpEvidence& h) {
                                 h.body_parsed, h.latency_us, error);
 }
 
+// Fields appended after v2 are written only when set, so events that do not use them keep the
+// bytes they always had.
+Offset<flatbuffers::String> OptString(FlatBufferBuilder& b, const std::string& s) {
+  return s.empty() ? Offset<flatbuffers::String>() : b.CreateString(s);
+}
+
 struct Encoded {
   fb::Payload type;
   Offset<void> value;
@@ -64,7 +70,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto label = b.CreateString(e.label);
             auto id = EncIdentity(b, e.identity);
             return {fb::Payload::BootstrapRequested,
-                    fb::CreateBootstrapRequested(b, label, id).Union()};
+                    fb::CreateBootstrapRequested(b, label, id, e.adopt).Union()};
           },
           [&](const UpdateRequested& e) -> Encoded {
             auto update_id = b.CreateString(e.update_id);
@@ -88,8 +94,21 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto http = EncHttp(b, e.http);
             auto version = b.CreateString(e.engine_version);
             auto label = b.CreateString(e.reported_label);
+            auto instance = OptString(b, e.engine_instance);
+            auto before = OptString(b, e.label_before);
             return {fb::Payload::EngineProbed,
-                    fb::CreateEngineProbed(b, http, version, label).Union()};
+                    fb::CreateEngineProbed(b, http, version, label, e.is_paused_known, e.is_paused,
+                                           instance, before, e.resumed_before)
+                        .Union()};
+          },
+          [&](const EngineMonitored& e) -> Encoded {
+            auto http = EncHttp(b, e.http);
+            auto label = b.CreateString(e.reported_label);
+            auto instance = OptString(b, e.engine_instance);
+            return {fb::Payload::EngineMonitored,
+                    fb::CreateEngineMonitored(b, http, label, e.is_paused_known, e.is_paused,
+                                              instance, e.last_ok_wall_ms, e.updates_seen)
+                        .Union()};
           },
           [&](const DrainObserved& e) -> Encoded {
             auto http = EncHttp(b, e.http);
@@ -127,8 +146,10 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto http = EncHttp(b, e.http);
             auto label = b.CreateString(e.reported_label);
             auto detail = b.CreateString(e.detail);
+            auto instance = OptString(b, e.engine_instance);
             return {fb::Payload::ValidationObserved,
-                    fb::CreateValidationObserved(b, http, label, e.checks_passed, detail).Union()};
+                    fb::CreateValidationObserved(b, http, label, e.checks_passed, detail, instance)
+                        .Union()};
           },
           [&](const ResumeObserved& e) -> Encoded {
             auto http = EncHttp(b, e.http);
@@ -140,7 +161,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto version = EncVersion(b, e.version);
             auto id = EncIdentity(b, e.identity);
             return {fb::Payload::RolloutAdmitted,
-                    fb::CreateRolloutAdmitted(b, rid, version, id).Union()};
+                    fb::CreateRolloutAdmitted(b, rid, version, id, e.lease_ms).Union()};
           },
           [&](const RolloutFinished& e) -> Encoded {
             auto rid = b.CreateString(e.rollout_id);
@@ -240,7 +261,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
   switch (r->payload_type()) {
     case fb::Payload::BootstrapRequested: {
       auto* e = r->payload_as_BootstrapRequested();
-      return BootstrapRequested{Str(e->label()), DecIdentity(e->identity())};
+      return BootstrapRequested{Str(e->label()), DecIdentity(e->identity()), e->adopt()};
     }
     case fb::Payload::UpdateRequested: {
       auto* e = r->payload_as_UpdateRequested();
@@ -257,8 +278,20 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::EngineProbed: {
       auto* e = r->payload_as_EngineProbed();
-      return EngineProbed{DecHttp(d, e->http()), Str(e->engine_version()),
-                          Str(e->reported_label())};
+      EngineProbed p{DecHttp(d, e->http()), Str(e->engine_version()), Str(e->reported_label())};
+      p.is_paused_known = e->is_paused_known();
+      p.is_paused = e->is_paused();
+      p.engine_instance = Str(e->engine_instance());
+      p.label_before = Str(e->label_before());
+      p.resumed_before = e->resumed_before();
+      return p;
+    }
+    case fb::Payload::EngineMonitored: {
+      auto* e = r->payload_as_EngineMonitored();
+      return EngineMonitored{DecHttp(d, e->http()),   Str(e->reported_label()),
+                             e->is_paused_known(),    e->is_paused(),
+                             Str(e->engine_instance()), e->last_ok_wall_ms(),
+                             e->updates_seen()};
     }
     case fb::Payload::DrainObserved: {
       auto* e = r->payload_as_DrainObserved();
@@ -292,7 +325,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     case fb::Payload::ValidationObserved: {
       auto* e = r->payload_as_ValidationObserved();
       return ValidationObserved{DecHttp(d, e->http()), Str(e->reported_label()),
-                                e->checks_passed(), Str(e->detail())};
+                                e->checks_passed(), Str(e->detail()), Str(e->engine_instance())};
     }
     case fb::Payload::ResumeObserved: {
       auto* e = r->payload_as_ResumeObserved();
@@ -301,12 +334,13 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     case fb::Payload::RolloutAdmitted: {
       auto* e = r->payload_as_RolloutAdmitted();
       return RolloutAdmitted{Str(e->rollout_id()), DecVersion(e->version()),
-                             DecIdentity(e->identity())};
+                             DecIdentity(e->identity()), e->lease_ms()};
     }
     case fb::Payload::RolloutFinished: {
       auto* e = r->payload_as_RolloutFinished();
       return RolloutFinished{Str(e->rollout_id()),
-                             d.Enum<RolloutOutcome>(e->outcome(), 2, "RolloutFinished.outcome"),
+                             d.Enum<RolloutOutcome>(e->outcome(), kRolloutOutcomeMax,
+                                                    "RolloutFinished.outcome"),
                              e->prompt_tokens(), e->completion_tokens()};
     }
     case fb::Payload::StateChanged: {
@@ -492,7 +526,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   if (s.bootstrap) {
     auto label = b.CreateString(s.bootstrap->label);
     auto id = EncIdentity(b, s.bootstrap->identity);
-    bootstrap = fb::CreateBootstrapRequested(b, label, id);
+    bootstrap = fb::CreateBootstrapRequested(b, label, id, s.bootstrap->adopt);
   }
   Offset<fb::Effect> in_flight;
   if (s.in_flight) {
@@ -504,7 +538,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   for (const auto& [id, rollout] : s.active) {
     auto rid = b.CreateString(id);
     auto version = EncVersion(b, rollout.version);
-    active.push_back(fb::CreateActiveRollout(b, rid, version));
+    active.push_back(fb::CreateActiveRollout(b, rid, version, rollout.lease_ms));
   }
   auto active_vec = b.CreateVector(active);
   Offset<fb::UpdatePlan> update;
@@ -530,9 +564,36 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   const Counters& c = s.counters;
   auto counters = fb::CreateCounters(b, c.events, c.rollouts_admitted, c.rollouts_completed,
                                      c.rollouts_aborted, c.rollouts_abandoned, c.updates_requested,
-                                     c.updates_committed, c.updates_refused, c.recoveries);
+                                     c.updates_committed, c.updates_refused, c.recoveries,
+                                     c.rollouts_expired);
+  std::vector<Offset<fb::LabelIdentity>> labels;
+  labels.reserve(s.labels.size());
+  for (const auto& [label, identity] : s.labels) {
+    auto l = b.CreateString(label);
+    auto id = EncIdentity(b, identity);
+    labels.push_back(fb::CreateLabelIdentity(b, l, id));
+  }
+  auto labels_vec = b.CreateVector(labels);
+  auto instance = b.CreateString(s.engine_instance);
   return fb::CreateState(b, static_cast<fb::Lifecycle>(Fb(s.lifecycle)), committed, committed_id,
-                         bootstrap, s.attempts, in_flight, active_vec, update, taint, counters);
+                         bootstrap, s.attempts, in_flight, active_vec, update, taint, counters,
+                         instance, s.engine_reachable, s.engine_recheck, labels_vec,
+                         /*labels_complete=*/true);
+}
+
+// A snapshot written before the label registry existed knows only the committed label; labels
+// committed earlier in such a journal are then not guarded against reuse.
+void DecLabels(Decoder& d, const fb::State* t, State& s) {
+  if (!t->labels_complete()) {
+    if (s.lifecycle != Lifecycle::kUninitialized) s.labels[s.committed.label] = s.committed_identity;
+    return;
+  }
+  if (t->labels() == nullptr) return;
+  for (const fb::LabelIdentity* l : *t->labels()) {
+    if (l == nullptr) continue;
+    auto [it, inserted] = s.labels.emplace(Str(l->label()), DecIdentity(l->identity()));
+    if (!inserted && d.error.empty()) d.error = "duplicate label '" + it->first + "'";
+  }
 }
 
 State DecStateTable(Decoder& d, const fb::State* t) {
@@ -541,7 +602,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   s.committed = DecVersion(t->committed());
   s.committed_identity = DecIdentity(t->committed_identity());
   if (const auto* boot = t->bootstrap()) {
-    s.bootstrap = BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity())};
+    s.bootstrap =
+        BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity()), boot->adopt()};
   }
   s.attempts = t->attempts();
   if (const auto* e = t->in_flight()) {
@@ -551,7 +613,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   if (const auto* active = t->active()) {
     for (const fb::ActiveRollout* r : *active) {
       if (r == nullptr) continue;
-      auto [it, inserted] = s.active.emplace(Str(r->rollout_id()), ActiveRollout{DecVersion(r->version())});
+      auto [it, inserted] = s.active.emplace(Str(r->rollout_id()),
+                                             ActiveRollout{DecVersion(r->version()), r->lease_ms()});
       if (!inserted && d.error.empty()) d.error = "duplicate active rollout '" + it->first + "'";
     }
   }
@@ -577,8 +640,13 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   if (const auto* c = t->counters()) {
     s.counters = Counters{c->events(),          c->rollouts_admitted(), c->rollouts_completed(),
                           c->rollouts_aborted(), c->rollouts_abandoned(), c->updates_requested(),
-                          c->updates_committed(), c->updates_refused(), c->recoveries()};
+                          c->updates_committed(), c->updates_refused(), c->recoveries(),
+                          c->rollouts_expired()};
   }
+  s.engine_instance = Str(t->engine_instance());
+  s.engine_reachable = t->engine_reachable();
+  s.engine_recheck = t->engine_recheck();
+  DecLabels(d, t, s);
   return s;
 }
 
@@ -610,7 +678,8 @@ Result<State> DecodeState(std::string_view bytes) {
   flatbuffers::Verifier::Options options;
   options.max_depth = kVerifierDepthMax;
   // A snapshot holds two tables per active rollout.
-  options.max_tables = kVerifierTablesMax + 2 * static_cast<std::uint32_t>(kActiveRolloutsMax);
+  options.max_tables = kVerifierTablesMax + 2 * static_cast<std::uint32_t>(kActiveRolloutsMax) +
+                       2 * static_cast<std::uint32_t>(kLabelsMax);
   flatbuffers::Verifier verifier(copy.data(), body.size(), options);
   if (!verifier.VerifyBuffer<fb::State>(nullptr)) {
     return Status::Corruption("snapshot fails FlatBuffers verification");
@@ -619,6 +688,9 @@ Result<State> DecodeState(std::string_view bytes) {
   if (t->active() != nullptr && t->active()->size() > kActiveRolloutsMax) {
     return Status::Corruption("snapshot has more than " + std::to_string(kActiveRolloutsMax) +
                               " active rollouts");
+  }
+  if (t->labels() != nullptr && t->labels()->size() > kLabelsMax) {
+    return Status::Corruption("snapshot has more than " + std::to_string(kLabelsMax) + " labels");
   }
   Decoder d;
   State s = DecStateTable(d, t);

@@ -30,7 +30,7 @@ namespace rc::journal {
 inline constexpr std::size_t kStateBytesMax = 64u * 1024 * 1024;  // snapshot bound (65536 rollouts)
 inline constexpr std::uint32_t kVerifierDepthMax = 16;
 inline constexpr std::uint32_t kVerifierTablesMax = 4096;
-inline constexpr std::uint8_t kPayloadTagMax = 18;  // rc::fb::Payload::MAX
+inline constexpr std::uint8_t kPayloadTagMax = 19;  // rc::fb::Payload::MAX
 inline constexpr std::uint32_t kSchemaVersion = 1;
 
 Hash Sha256(std::string_view bytes);

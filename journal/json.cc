@@ -28,7 +28,9 @@ json Fields(const Event& event) {
   return std::visit(
       Overloaded{
           [](const BootstrapRequested& e) {
-            return json{{"label", e.label}, {"identity", WeightIdentityToJson(e.identity)}};
+            return json{{"label", e.label},
+                        {"identity", WeightIdentityToJson(e.identity)},
+                        {"adopt", e.adopt}};
           },
           [](const UpdateRequested& e) {
             return json{{"update_id", e.update_id},
@@ -45,7 +47,21 @@ json Fields(const Event& event) {
           [](const EngineProbed& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},
                         {"engine_version", e.engine_version},
-                        {"reported_label", e.reported_label}};
+                        {"reported_label", e.reported_label},
+                        {"is_paused_known", e.is_paused_known},
+                        {"is_paused", e.is_paused},
+                        {"engine_instance", e.engine_instance},
+                        {"label_before", e.label_before},
+                        {"resumed_before", e.resumed_before}};
+          },
+          [](const EngineMonitored& e) {
+            return json{{"http", HttpEvidenceToJson(e.http)},
+                        {"reported_label", e.reported_label},
+                        {"is_paused_known", e.is_paused_known},
+                        {"is_paused", e.is_paused},
+                        {"engine_instance", e.engine_instance},
+                        {"last_ok_wall_ms", e.last_ok_wall_ms},
+                        {"updates_seen", e.updates_seen}};
           },
           [](const DrainObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)}, {"paused", e.paused}};
@@ -78,7 +94,8 @@ json Fields(const Event& event) {
             return json{{"http", HttpEvidenceToJson(e.http)},
                         {"reported_label", e.reported_label},
                         {"checks_passed", e.checks_passed},
-                        {"detail", e.detail}};
+                        {"detail", e.detail},
+                        {"engine_instance", e.engine_instance}};
           },
           [](const ResumeObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},
@@ -88,7 +105,8 @@ json Fields(const Event& event) {
           [](const RolloutAdmitted& e) {
             return json{{"rollout_id", e.rollout_id},
                         {"version", WeightVersionToJson(e.version)},
-                        {"identity", WeightIdentityToJson(e.identity)}};
+                        {"identity", WeightIdentityToJson(e.identity)},
+                        {"lease_ms", e.lease_ms}};
           },
           [](const RolloutFinished& e) {
             return json{{"rollout_id", e.rollout_id},
@@ -178,7 +196,9 @@ json StateToJson(const State& s) {
                                         {"cache", cache_name(s.in_flight->cache)}}
                                  : json(nullptr);
   json active = json::object();
-  for (const auto& [id, r] : s.active) active[id] = json{{"version", WeightVersionToJson(r.version)}};
+  for (const auto& [id, r] : s.active) {
+    active[id] = json{{"version", WeightVersionToJson(r.version)}, {"lease_ms", r.lease_ms}};
+  }
   out["active"] = std::move(active);
   if (s.update) {
     const UpdatePlan& u = *s.update;
@@ -214,7 +234,12 @@ json StateToJson(const State& s) {
                          {"updates_requested", c.updates_requested},
                          {"updates_committed", c.updates_committed},
                          {"updates_refused", c.updates_refused},
-                         {"recoveries", c.recoveries}};
+                         {"recoveries", c.recoveries},
+                         {"rollouts_expired", c.rollouts_expired}};
+  out["engine"] = json{{"instance", s.engine_instance},
+                       {"reachable", s.engine_reachable},
+                       {"recheck", s.engine_recheck}};
+  out["labels"] = s.labels.size();
   return out;
 }
 

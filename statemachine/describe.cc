@@ -3,6 +3,8 @@
 #include <string>
 #include <type_traits>
 
+#include "statemachine/text.h"
+
 namespace rc {
 namespace {
 
@@ -21,7 +23,9 @@ std::string identity(const WeightIdentity& id) {
   return out;
 }
 
-std::string one(const BootstrapRequested& e) { return "label=" + q(e.label) + " " + identity(e.identity); }
+std::string one(const BootstrapRequested& e) {
+  return "label=" + q(e.label) + " " + identity(e.identity) + (e.adopt ? " adopt" : "");
+}
 std::string one(const UpdateRequested& e) {
   return "update=" + q(e.update_id) + " target=" + q(e.target_label) + " " + identity(e.identity) +
          (e.source_uri.empty() ? "" : " source=" + e.source_uri);
@@ -32,8 +36,22 @@ std::string one(const EffectStarted& e) {
   if (e.kind == EffectKind::kResetCache) out += std::string("(") + cache_name(e.cache) + ")";
   return out + " deadline=" + std::to_string(e.deadline_ms) + "ms";
 }
+std::string paused(bool known, bool is_paused) {
+  return known ? (is_paused ? " paused" : " running") : " paused=unknown";
+}
+std::string instance(const std::string& i) { return i.empty() ? "" : " instance=" + q(i); }
 std::string one(const EngineProbed& e) {
-  return describe(e.http) + " version=" + q(e.engine_version) + " label=" + q(e.reported_label);
+  std::string out = describe(e.http) + " version=" + q(e.engine_version) +
+                    " label=" + q(e.reported_label) + paused(e.is_paused_known, e.is_paused) +
+                    instance(e.engine_instance);
+  if (!e.label_before.empty()) out += " relabelled_from=" + q(e.label_before);
+  if (e.resumed_before) out += " resumed_at_adoption";
+  return out;
+}
+std::string one(const EngineMonitored& e) {
+  return describe(e.http) + " label=" + q(e.reported_label) +
+         paused(e.is_paused_known, e.is_paused) + instance(e.engine_instance) +
+         " last_ok_wall_ms=" + std::to_string(e.last_ok_wall_ms);
 }
 std::string one(const DrainObserved& e) {
   return describe(e.http) + (e.paused ? " paused" : " not-paused");
@@ -61,7 +79,7 @@ std::string one(const CacheResetObserved& e) {
 std::string one(const ValidationObserved& e) {
   return describe(e.http) + " label=" + q(e.reported_label) +
          " checks=" + (e.checks_passed ? "passed" : "failed") +
-         (e.detail.empty() ? "" : " " + e.detail);
+         (e.detail.empty() ? "" : " " + e.detail) + instance(e.engine_instance);
 }
 std::string one(const ResumeObserved& e) {
   return describe(e.http) + " is_paused=" +
@@ -69,7 +87,7 @@ std::string one(const ResumeObserved& e) {
 }
 std::string one(const RolloutAdmitted& e) {
   return "rollout=" + q(e.rollout_id) + " version=" + version(e.version) + " " +
-         identity(e.identity);
+         identity(e.identity) + (e.lease_ms ? " lease=" + std::to_string(e.lease_ms) + "ms" : "");
 }
 std::string one(const RolloutFinished& e) {
   return "rollout=" + q(e.rollout_id) + " " + outcome_name(e.outcome) +
@@ -107,8 +125,9 @@ std::string describe(const HttpEvidence& h) {
 }
 
 std::string describe(const Event& e) {
-  return std::string(event_name(e)) + " " +
-         std::visit([](const auto& v) { return one(v); }, e);
+  // Fields came from clients and engines: escaped here, so a description is always one line.
+  return text::escape_line(std::string(event_name(e)) + " " +
+                           std::visit([](const auto& v) { return one(v); }, e));
 }
 
 std::string describe(const State& s) {
@@ -126,8 +145,10 @@ std::string describe(const State& s) {
            cause_name(s.taint->cause) + " update=" + q(s.taint->update_id) + " target=" +
            version(s.taint->target) + ": " + s.taint->detail;
   }
+  if (!s.engine_reachable) out += " engine=unreachable";
+  if (s.engine_recheck) out += " engine=not-reverified";
   out += " next=" + std::string(effect_name(next_effect(s).kind));
-  return out;
+  return text::escape_line(out);
 }
 
 }  // namespace rc

@@ -24,9 +24,12 @@ namespace rc {
 // ---- inputs: commands ----
 
 // Start serving: the engine must report `label` before the controller goes READY.
+// With `adopt`, the operator accepts an engine found in another state: one that reports another
+// label (it is relabelled) or is paused (it is resumed); the probe journals what was seen.
 struct BootstrapRequested {
   std::string label;
   WeightIdentity identity;
+  bool adopt = false;
   bool operator==(const BootstrapRequested&) const = default;
 };
 
@@ -56,12 +59,35 @@ struct EffectStarted {
   bool operator==(const EffectStarted&) const = default;
 };
 
-// /health + /version + /weight_info at bootstrap.
+// /health + /version + the label + /is_paused + the engine's process identity, at bootstrap and
+// when a restarted executor re-verifies a READY engine.
 struct EngineProbed {
   HttpEvidence http;
   std::string engine_version;  // from /version
-  std::string reported_label;  // from /weight_info
+  std::string reported_label;  // from /weight_info (or the worker extension)
+  bool is_paused_known = false;
+  bool is_paused = false;
+  // Which engine process answered: the worker extension's instance nonce, else the process start
+  // time from /metrics; empty when the engine exposes neither (restarts then go unseen).
+  std::string engine_instance;
+  std::string label_before;    // the label found before the runner set it ("" = not set)
+  bool resumed_before = false; // the runner resumed a paused engine (adoption only)
   bool operator==(const EngineProbed&) const = default;
+};
+
+// The executor's engine monitor, while READY: what the engine is now. Submitted only when it
+// changes something (reachability, a mismatch, a pending re-verification), never as a heartbeat.
+// `updates_seen` is updates_requested + recoveries of the state the monitor compared against:
+// an observation taken before an update (or a restart) is stale and refused.
+struct EngineMonitored {
+  HttpEvidence http;
+  std::string reported_label;
+  bool is_paused_known = false;
+  bool is_paused = false;
+  std::string engine_instance;
+  std::int64_t last_ok_wall_ms = 0;  // when the monitor last saw the validated engine
+  std::uint64_t updates_seen = 0;
+  bool operator==(const EngineMonitored&) const = default;
 };
 
 // POST /pause?mode=wait&clear_cache=false returned (or failed).
@@ -116,6 +142,7 @@ struct ValidationObserved {
   std::string reported_label;
   bool checks_passed = true;  // optional checks; true when none configured
   std::string detail;
+  std::string engine_instance;  // which engine process answered (see EngineProbed)
   bool operator==(const ValidationObserved&) const = default;
 };
 
@@ -129,10 +156,14 @@ struct ResumeObserved {
 
 // ---- bindings ----
 
+// lease_ms 0: the rollout lives as long as its proxied request (a restarted executor records it
+// abandoned). lease_ms > 0: an explicit rollout whose client renews a lease; it survives an
+// executor restart and ends by its finish, or expired once the lease lapses.
 struct RolloutAdmitted {
   std::string rollout_id;
   WeightVersion version;    // must equal the committed version
   WeightIdentity identity;  // must equal the committed identity
+  std::uint32_t lease_ms = 0;
   bool operator==(const RolloutAdmitted&) const = default;
 };
 
@@ -178,8 +209,11 @@ enum class Cause : std::uint8_t {
   kResumed = 13,
   kRecoveredAmbiguous = 14,   // executor restarted after the transfer intent was durable
   kRecoveredNoMutation = 15,  // executor restarted in UPDATING before any transfer intent
+  kEngineReplaced = 16,       // READY, but another engine process answers (restarted)
+  kEngineRelabelled = 17,     // READY, but the engine reports a label nobody committed
+  kEnginePausedExternally = 18,  // READY, but someone else paused the engine
 };
-inline constexpr std::uint8_t kCauseMax = 15;
+inline constexpr std::uint8_t kCauseMax = 18;
 const char* cause_name(Cause c);
 
 struct StateChanged {
@@ -212,7 +246,7 @@ using Event = std::variant<BootstrapRequested, UpdateRequested, RecoveryStarted,
                            EngineProbed, DrainObserved, DrainTimedOut, PreflightObserved,
                            TransferObserved, CacheResetObserved, ValidationObserved,
                            ResumeObserved, RolloutAdmitted, RolloutFinished, StateChanged,
-                           VersionPublished, UpdateEnded, TrajectoryRecorded>;
+                           VersionPublished, UpdateEnded, TrajectoryRecorded, EngineMonitored>;
 
 enum class Family : std::uint8_t { kInput = 0, kBinding = 1, kDecision = 2 };
 Family family_of(const Event& e);

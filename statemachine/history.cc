@@ -23,11 +23,18 @@ struct Checker {
   std::map<std::string, std::uint64_t> admitted_generation;
   std::optional<std::string> validated_label;
   std::string target_label;
+  std::set<std::string> used_rollout_ids;  // every id ever admitted
 
   // Contract checks on an input, before decide. Empty when fine.
   std::string check_input(const Event& e) const {
-    if (state.lifecycle == Lifecycle::kTainted && !std::holds_alternative<RecoveryStarted>(e)) {
-      return std::string(event_name(e)) + " after TAINTED (only RecoveryStarted may follow)";
+    // After a taint only recovery, and the end of rollouts that were active when it struck (an
+    // engine taint in READY leaves them running; they are suspect, never silently dropped).
+    const bool after_taint_ok = std::holds_alternative<RecoveryStarted>(e) ||
+                                std::holds_alternative<RolloutFinished>(e) ||
+                                std::holds_alternative<TrajectoryRecorded>(e);
+    if (state.lifecycle == Lifecycle::kTainted && !after_taint_ok) {
+      return std::string(event_name(e)) +
+             " after TAINTED (only RecoveryStarted and the end of active rollouts may follow)";
     }
     if (family_of(e) == Family::kDecision) {
       return std::string("decision ") + event_name(e) + " recorded as an input (cause_seq 0)";
@@ -36,6 +43,9 @@ struct Checker {
       if (state.lifecycle != Lifecycle::kReady || state.update.has_value()) {
         return "admission of rollout '" + a->rollout_id + "' outside READY (state " +
                lifecycle_name(state.lifecycle) + ")";
+      }
+      if (used_rollout_ids.count(a->rollout_id) != 0) {
+        return "rollout id '" + a->rollout_id + "' admitted again (ids are unique per journal)";
       }
     }
     if (const auto* f = std::get_if<RolloutFinished>(&e)) {
@@ -101,6 +111,7 @@ struct Checker {
       target_label = u->target_label;
     } else if (const auto* a = std::get_if<RolloutAdmitted>(&e)) {
       admitted_generation[a->rollout_id] = a->version.generation;
+      used_rollout_ids.insert(a->rollout_id);
       VersionRollouts& v = summary.rollouts_by_generation[a->version.generation];
       v.label = a->version.label;
       v.admitted++;

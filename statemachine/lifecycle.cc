@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "statemachine/state.h"
+#include "statemachine/text.h"
 
 namespace rc {
 namespace {
@@ -28,24 +29,35 @@ struct Overloaded : Ts... {
 template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
-bool printable(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c != 0x7f; });
-}
-
 Status check_id(const char* what, const std::string& s) {
   if (s.empty()) return Status::InvalidArgument(std::string(what) + " is empty");
   if (s.size() > kIdBytesMax) {
     return Status::InvalidArgument(std::string(what) + " exceeds " + std::to_string(kIdBytesMax) +
                                    " bytes");
   }
-  if (!printable(s)) return Status::InvalidArgument(std::string(what) + " has control bytes");
+  if (!text::printable_utf8(s)) {
+    return Status::InvalidArgument(std::string(what) +
+                                   " must be UTF-8 without control characters");
+  }
   return Status::OK();
 }
 
+// Free text the executor recorded (errors, details, engine answers): bounded here, escaped by
+// every reader on output.
 Status check_text(const char* what, const std::string& s) {
   if (s.size() > kTextBytesMax) {
     return Status::InvalidArgument(std::string(what) + " exceeds " +
                                    std::to_string(kTextBytesMax) + " bytes");
+  }
+  return Status::OK();
+}
+
+// Text a client declared (checkpoint, source): bounded and printable, so no reader can be fooled.
+Status check_client_text(const char* what, const std::string& s) {
+  RC_RETURN_IF_ERROR(check_text(what, s));
+  if (!text::printable_utf8(s)) {
+    return Status::InvalidArgument(std::string(what) +
+                                   " must be UTF-8 without control characters");
   }
   return Status::OK();
 }
@@ -71,7 +83,7 @@ Status check_digest(const char* what, const std::string& s, bool required) {
 Status check_identity(const WeightIdentity& id) {
   RC_RETURN_IF_ERROR(check_digest("identity.manifest_digest", id.manifest_digest, true));
   RC_RETURN_IF_ERROR(check_digest("identity.content_digest", id.content_digest, false));
-  RC_RETURN_IF_ERROR(check_text("identity.checkpoint", id.checkpoint));
+  RC_RETURN_IF_ERROR(check_client_text("identity.checkpoint", id.checkpoint));
   if (!id.run.empty()) RC_RETURN_IF_ERROR(check_id("identity.run", id.run));
   if (id.step < -1) return Status::InvalidArgument("identity.step must be >= -1");
   return Status::OK();
@@ -104,6 +116,12 @@ bool must_be_idle(Lifecycle l) {
 
 std::uint8_t cache_bit(CacheKind c) { return static_cast<std::uint8_t>(1u << static_cast<int>(c)); }
 
+// READY -> TAINTED: the engine is no longer the one the committed version was verified on.
+bool is_engine_cause(Cause c) {
+  return c == Cause::kEngineReplaced || c == Cause::kEngineRelabelled ||
+         c == Cause::kEnginePausedExternally;
+}
+
 // The legal edges of the lifecycle and the causes each may carry.
 bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
   using L = Lifecycle;
@@ -127,6 +145,7 @@ bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
   if (is(L::kValidating, L::kResuming)) return cause == C::kValidated;
   if (is(L::kValidating, L::kTainted)) return cause == C::kValidationFailed;
   if (is(L::kResuming, L::kReady)) return cause == C::kResumed;
+  if (is(L::kReady, L::kTainted)) return is_engine_cause(cause);
   return false;
 }
 
@@ -149,16 +168,33 @@ Status apply_one(State& s, const BootstrapRequested& e) {
   return Status::OK();
 }
 
+// A label names one policy for the journal's life: reuse only for the identity it first named.
+Status check_label_reuse(const State& s, const std::string& label, const WeightIdentity& id) {
+  auto it = s.labels.find(label);
+  if (it == s.labels.end()) {
+    if (s.labels.size() >= kLabelsMax) return Status::Rejected("too many distinct labels");
+    return Status::OK();
+  }
+  if (it->second == id) return Status::OK();
+  return Status::InvalidArgument("label '" + label +
+                                 "' was committed before for other weights (checkpoint '" +
+                                 it->second.checkpoint + "'); choose a new label");
+}
+
 Status apply_one(State& s, const UpdateRequested& e) {
   if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "update request");
+  if (s.engine_recheck) {
+    return Status::Rejected("update request before the engine was re-verified after a restart");
+  }
   RC_RETURN_IF_ERROR(check_id("update_id", e.update_id));
   RC_RETURN_IF_ERROR(check_id("target_label", e.target_label));
   RC_RETURN_IF_ERROR(check_identity(e.identity));
-  RC_RETURN_IF_ERROR(check_text("source_uri", e.source_uri));
+  RC_RETURN_IF_ERROR(check_client_text("source_uri", e.source_uri));
   if (e.target_label == s.committed.label) {
     return Status::InvalidArgument("target_label '" + e.target_label +
                                    "' equals the committed label");
   }
+  RC_RETURN_IF_ERROR(check_label_reuse(s, e.target_label, e.identity));
   UpdatePlan plan;
   plan.update_id = e.update_id;
   plan.target = WeightVersion{s.committed.generation + 1, e.target_label};
@@ -175,6 +211,8 @@ Status apply_one(State& s, const RecoveryStarted& e) {
   s.in_flight.reset();
   s.attempts = 0;
   if (s.update.has_value()) s.update->drain_seen = false;
+  // The engine may have changed while no executor watched it: READY is re-verified first.
+  if (s.lifecycle == Lifecycle::kReady) s.engine_recheck = true;
   s.counters.recoveries++;
   return Status::OK();
 }
@@ -197,12 +235,75 @@ Status apply_one(State& s, const EffectStarted& e) {
   return Status::OK();
 }
 
+Status check_engine_view(const HttpEvidence& http, const std::string& label,
+                         const std::string& instance) {
+  RC_RETURN_IF_ERROR(check_http(http));
+  RC_RETURN_IF_ERROR(check_text("reported_label", label));
+  return check_text("engine_instance", instance);
+}
+
+// Why the engine answering now is not the one the committed version was verified on, or "".
+std::string engine_mismatch(const State& s, const std::string& label, bool paused_known,
+                            bool paused, const std::string& instance, Cause* cause) {
+  if (!s.engine_instance.empty() && !instance.empty() && instance != s.engine_instance) {
+    *cause = Cause::kEngineReplaced;
+    return "another engine process answers (instance '" + instance + "', verified '" +
+           s.engine_instance + "'; it reports '" + label + "')";
+  }
+  if (label != s.committed.label) {
+    *cause = Cause::kEngineRelabelled;
+    return "the engine reports '" + label + "' but '" + s.committed.label + "' is committed";
+  }
+  if (paused_known && paused) {
+    *cause = Cause::kEnginePausedExternally;
+    return "the engine was paused outside RolloutCore while READY";
+  }
+  return {};
+}
+
+// Evidence that the READY engine is still the verified one clears a pending re-verification.
+void note_engine_seen(State& s, bool ok, bool matches, const std::string& instance) {
+  s.engine_reachable = ok;
+  if (!ok || !matches) return;
+  s.engine_recheck = false;
+  if (s.engine_instance.empty()) s.engine_instance = instance;
+}
+
+bool engine_matches(const State& s, const std::string& label, bool paused_known, bool paused,
+                    const std::string& instance) {
+  Cause unused = Cause::kEngineReplaced;
+  return engine_mismatch(s, label, paused_known, paused, instance, &unused).empty();
+}
+
 Status apply_one(State& s, const EngineProbed& e) {
   RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kProbeEngine, "EngineProbed"));
-  RC_RETURN_IF_ERROR(check_http(e.http));
+  RC_RETURN_IF_ERROR(check_engine_view(e.http, e.reported_label, e.engine_instance));
   RC_RETURN_IF_ERROR(check_text("engine_version", e.engine_version));
-  RC_RETURN_IF_ERROR(check_text("reported_label", e.reported_label));
+  RC_RETURN_IF_ERROR(check_text("label_before", e.label_before));
   s.in_flight.reset();
+  if (s.lifecycle == Lifecycle::kUninitialized) {
+    s.engine_instance = e.engine_instance;  // the bootstrap verifies this process
+  } else {
+    note_engine_seen(s, e.http.ok_2xx(),
+                     engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused,
+                                    e.engine_instance),
+                     e.engine_instance);
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const EngineMonitored& e) {
+  if (s.lifecycle != Lifecycle::kReady) return reject(s, "engine monitor observation");
+  if (s.in_flight.has_value()) return Status::Rejected("engine monitor observation mid-effect");
+  if (e.updates_seen != monitor_epoch(s)) {
+    return Status::Rejected("stale engine monitor observation (taken before an update or a "
+                            "restart)");
+  }
+  RC_RETURN_IF_ERROR(check_engine_view(e.http, e.reported_label, e.engine_instance));
+  note_engine_seen(s, e.http.ok_2xx(),
+                   engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused,
+                                  e.engine_instance),
+                   e.engine_instance);
   return Status::OK();
 }
 
@@ -272,6 +373,7 @@ Status apply_one(State& s, const ValidationObserved& e) {
   RC_RETURN_IF_ERROR(check_http(e.http));
   RC_RETURN_IF_ERROR(check_text("reported_label", e.reported_label));
   RC_RETURN_IF_ERROR(check_text("detail", e.detail));
+  RC_RETURN_IF_ERROR(check_text("engine_instance", e.engine_instance));
   s.in_flight.reset();
   return Status::OK();
 }
@@ -285,7 +387,11 @@ Status apply_one(State& s, const ResumeObserved& e) {
 
 Status check_binding(const State& s, const RolloutAdmitted& e) {
   if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "admission");
+  if (!admits(s)) return Status::Rejected("admission refused: " + admission_block_reason(s));
   RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
+  if (e.lease_ms > kLeaseMsMax) {
+    return Status::InvalidArgument("lease_ms exceeds " + std::to_string(kLeaseMsMax));
+  }
   if (s.active.count(e.rollout_id) != 0) {
     return Status::Conflict("rollout '" + e.rollout_id + "' is already active");
   }
@@ -302,18 +408,22 @@ Status check_binding(const State& s, const RolloutAdmitted& e) {
 
 Status apply_one(State& s, const RolloutAdmitted& e) {
   RC_RETURN_IF_ERROR(check_binding(s, e));
-  s.active.emplace(e.rollout_id, ActiveRollout{e.version});
+  s.active.emplace(e.rollout_id, ActiveRollout{e.version, e.lease_ms});
   s.counters.rollouts_admitted++;
   return Status::OK();
 }
 
 Status check_binding(const State& s, const RolloutFinished& e) {
   RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
-  if (static_cast<std::uint8_t>(e.outcome) > 2) {
+  if (static_cast<std::uint8_t>(e.outcome) > kRolloutOutcomeMax) {
     return Status::InvalidArgument("rollout outcome out of range");
   }
-  if (s.active.find(e.rollout_id) == s.active.end()) {
+  auto it = s.active.find(e.rollout_id);
+  if (it == s.active.end()) {
     return Status::NotFound("rollout '" + e.rollout_id + "' is not active");
+  }
+  if (e.outcome == RolloutOutcome::kExpired && it->second.lease_ms == 0) {
+    return Status::InvalidArgument("rollout '" + e.rollout_id + "' has no lease to expire");
   }
   return Status::OK();
 }
@@ -326,6 +436,7 @@ Status apply_one(State& s, const RolloutFinished& e) {
     case RolloutOutcome::kCompleted: s.counters.rollouts_completed++; break;
     case RolloutOutcome::kAborted: s.counters.rollouts_aborted++; break;
     case RolloutOutcome::kAbandoned: s.counters.rollouts_abandoned++; break;
+    case RolloutOutcome::kExpired: s.counters.rollouts_expired++; break;
   }
   return Status::OK();
 }
@@ -362,11 +473,18 @@ Status check_state_changed(const State& s, const StateChanged& e) {
   }
   RC_RETURN_IF_ERROR(check_text("detail", e.detail));
   if (s.in_flight.has_value()) return Status::Rejected("transition while an effect is in flight");
+  if (e.from == Lifecycle::kReady && e.to == Lifecycle::kDraining && s.engine_recheck) {
+    return Status::Rejected("update before the engine was re-verified");
+  }
   if (e.to == Lifecycle::kReady && e.from == Lifecycle::kUninitialized && !s.bootstrap) {
     return Status::Rejected("bootstrap transition without a bootstrap request");
   }
-  if (e.from != Lifecycle::kUninitialized && !s.update.has_value()) {
+  const bool engine_taint = e.from == Lifecycle::kReady && e.to == Lifecycle::kTainted;
+  if (e.from != Lifecycle::kUninitialized && !engine_taint && !s.update.has_value()) {
     return Status::Rejected("transition without an update in flight");
+  }
+  if (engine_taint && s.update.has_value()) {
+    return Status::Rejected("engine taint while an update is planned");
   }
   if (e.from == Lifecycle::kUpdating) {
     // Every way out of UPDATING is grounded in the transfer intent: an observed transfer (or an
@@ -396,9 +514,11 @@ Status apply_one(State& s, const StateChanged& e) {
   const Lifecycle from = s.lifecycle;
   s.lifecycle = e.to;
   s.attempts = 0;
+  s.engine_recheck = false;  // only READY holds it, and every edge here leaves or enters READY
   if (e.to == Lifecycle::kReady && from == Lifecycle::kUninitialized) {
     s.committed = WeightVersion{0, s.bootstrap->label};
     s.committed_identity = s.bootstrap->identity;
+    s.labels[s.bootstrap->label] = s.bootstrap->identity;
     s.bootstrap.reset();
   } else if (e.to == Lifecycle::kResuming && from == Lifecycle::kValidating) {
     s.update->validated = true;
@@ -407,9 +527,11 @@ Status apply_one(State& s, const StateChanged& e) {
     s.update->abort_reason = e.detail;
   } else if (e.to == Lifecycle::kReady) {
     s.update.reset();
-  } else if (e.to == Lifecycle::kTainted) {
+  } else if (e.to == Lifecycle::kTainted && s.update.has_value()) {
     s.taint = TaintRecord{from, e.cause, s.update->update_id, s.update->target, e.detail};
     s.update.reset();
+  } else if (e.to == Lifecycle::kTainted) {
+    s.taint = TaintRecord{from, e.cause, "", s.committed, e.detail};
   }
   return Status::OK();
 }
@@ -427,6 +549,7 @@ Status apply_one(State& s, const VersionPublished& e) {
   }
   s.committed = e.version;
   s.committed_identity = e.identity;
+  s.labels[e.version.label] = e.identity;
   s.counters.updates_committed++;
   return Status::OK();
 }
@@ -479,11 +602,54 @@ std::string http_summary(const HttpEvidence& h) {
 
 bool out_of_attempts(const State& s) { return s.attempts >= kEffectAttemptsMax; }
 
-void derive(const State& s, const EngineProbed& e, std::vector<Event>& out) {
-  if (e.http.ok_2xx() && e.reported_label == s.bootstrap->label) {
-    out.push_back(change(s, Lifecycle::kReady, Cause::kBootstrapped,
-                         "engine " + e.engine_version + " reports '" + e.reported_label + "'"));
+// The engine found at bootstrap is taken only as declared: a fresh engine (relabelled once), or
+// one that already reports the declared label; anything else only when the operator adopts it.
+std::string bootstrap_refusal(const BootstrapRequested& b, const EngineProbed& e) {
+  if (!e.http.ok_2xx()) return "engine not answering: " + http_summary(e.http);
+  if (e.is_paused_known && e.is_paused) return "the engine is paused";
+  const bool foreign = !e.label_before.empty() && e.label_before != kFreshEngineLabel &&
+                       e.label_before != b.label;
+  if ((foreign || e.resumed_before) && !b.adopt) return "the engine was changed without adopt";
+  if (e.reported_label != b.label) {
+    return "the engine reports '" + e.reported_label + "', not the declared '" + b.label + "'";
   }
+  return {};
+}
+
+std::string bootstrap_detail(const EngineProbed& e) {
+  std::string out = "engine " + e.engine_version + " reports '" + e.reported_label + "'";
+  if (!e.label_before.empty()) out += " (found '" + e.label_before + "', relabelled)";
+  if (e.resumed_before) out += " (found paused, resumed: adopted)";
+  if (!e.engine_instance.empty()) out += ", instance '" + e.engine_instance + "'";
+  return out;
+}
+
+void taint_engine(const State& s, Cause cause, std::string detail, std::vector<Event>& out) {
+  out.push_back(change(s, Lifecycle::kTainted, cause, std::move(detail)));
+}
+
+void derive_engine_view(const State& s, bool ok, const std::string& label, bool paused_known,
+                        bool paused, const std::string& instance, std::vector<Event>& out) {
+  if (!ok) return;
+  Cause cause = Cause::kEngineReplaced;
+  std::string why = engine_mismatch(s, label, paused_known, paused, instance, &cause);
+  if (!why.empty()) taint_engine(s, cause, std::move(why), out);
+}
+
+void derive(const State& s, const EngineProbed& e, std::vector<Event>& out) {
+  if (s.lifecycle == Lifecycle::kReady) {
+    derive_engine_view(s, e.http.ok_2xx(), e.reported_label, e.is_paused_known, e.is_paused,
+                       e.engine_instance, out);
+    return;
+  }
+  if (bootstrap_refusal(*s.bootstrap, e).empty()) {
+    out.push_back(change(s, Lifecycle::kReady, Cause::kBootstrapped, bootstrap_detail(e)));
+  }
+}
+
+void derive(const State& s, const EngineMonitored& e, std::vector<Event>& out) {
+  derive_engine_view(s, e.http.ok_2xx(), e.reported_label, e.is_paused_known, e.is_paused,
+                     e.engine_instance, out);
 }
 
 void derive(const State& s, const DrainObserved& e, std::vector<Event>& out) {
@@ -548,7 +714,14 @@ void derive(const State& s, const CacheResetObserved& e, std::vector<Event>& out
 
 void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out) {
   const std::string& want = s.update->target.label;
-  if (e.http.ok_2xx() && e.reported_label == want && e.checks_passed) {
+  const bool replaced = e.http.ok_2xx() && !s.engine_instance.empty() &&
+                        !e.engine_instance.empty() && e.engine_instance != s.engine_instance;
+  if (replaced) {
+    taint(s, Cause::kValidationFailed,
+          "the engine process changed during the update (instance '" + e.engine_instance +
+              "', verified '" + s.engine_instance + "')",
+          out);
+  } else if (e.http.ok_2xx() && e.reported_label == want && e.checks_passed) {
     out.push_back(change(s, Lifecycle::kResuming, Cause::kValidated,
                          "engine reports '" + e.reported_label + "'"));
   } else if (e.http.ok_2xx()) {
@@ -574,9 +747,10 @@ void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
 }
 
 void derive(const State& s, const RecoveryStarted&, std::vector<Event>& out) {
+  // A proxied rollout's client was the executor's own connection: gone with it. A leased one's
+  // client is another process, which keeps renewing; its lease decides.
   for (const auto& [id, rollout] : s.active) {
-    (void)rollout;
-    out.push_back(RolloutFinished{id, RolloutOutcome::kAbandoned, 0, 0});
+    if (rollout.lease_ms == 0) out.push_back(RolloutFinished{id, RolloutOutcome::kAbandoned, 0, 0});
   }
   if (s.lifecycle != Lifecycle::kUpdating) return;
   if (s.update->transfer_started) {
@@ -673,6 +847,8 @@ Effect next_effect(const State& s) {
       if (s.bootstrap.has_value() && can_retry) return {EffectKind::kProbeEngine};
       return {};
     case Lifecycle::kReady:
+      if (s.engine_recheck && can_retry) return {EffectKind::kProbeEngine};
+      return {};
     case Lifecycle::kTainted:
       return {};
     case Lifecycle::kDraining:
@@ -746,15 +922,38 @@ std::string check_invariants_cheap(const State& s) {
   }
   if (s.attempts > kEffectAttemptsMax) return "attempts over the bound";
   if (s.active.size() > kActiveRolloutsMax) return "active rollouts over the bound";
-  if (s.in_flight.has_value() && (l == Lifecycle::kReady || l == Lifecycle::kTainted)) {
+  const bool recheck_probe = l == Lifecycle::kReady && s.engine_recheck && s.in_flight &&
+                             s.in_flight->kind == EffectKind::kProbeEngine;
+  if (s.in_flight.has_value() && !recheck_probe &&
+      (l == Lifecycle::kReady || l == Lifecycle::kTainted)) {
     return "effect in flight in a state without effects";
   }
+  if (s.engine_recheck && l != Lifecycle::kReady) return "engine re-verification outside READY";
+
   if (s.bootstrap.has_value() && l != Lifecycle::kUninitialized) return "bootstrap after start";
   return {};
 }
 
-RolloutAdmitted make_admission(const State& state, std::string rollout_id) {
-  return RolloutAdmitted{std::move(rollout_id), state.committed, state.committed_identity};
+RolloutAdmitted make_admission(const State& state, std::string rollout_id,
+                               std::uint32_t lease_ms) {
+  return RolloutAdmitted{std::move(rollout_id), state.committed, state.committed_identity,
+                         lease_ms};
+}
+
+bool admits(const State& s) { return admission_block_reason(s).empty(); }
+
+std::string admission_block_reason(const State& s) {
+  if (s.lifecycle == Lifecycle::kTainted) return "the engine is TAINTED";
+  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) {
+    return std::string("an update is in progress (") + lifecycle_name(s.lifecycle) + ")";
+  }
+  if (!s.engine_reachable) return "the engine is unreachable";
+  if (s.engine_recheck) return "the engine is not re-verified since the executor restarted";
+  return {};
+}
+
+std::uint64_t monitor_epoch(const State& s) {
+  return s.counters.updates_requested + s.counters.recoveries;
 }
 
 }  // namespace rc

@@ -54,6 +54,7 @@ const char* outcome_name(RolloutOutcome o) {
     case RolloutOutcome::kCompleted: return "completed";
     case RolloutOutcome::kAborted: return "aborted";
     case RolloutOutcome::kAbandoned: return "abandoned";
+    case RolloutOutcome::kExpired: return "expired";
   }
   return "?";
 }
@@ -91,6 +92,9 @@ const char* cause_name(Cause c) {
     case Cause::kResumed: return "resumed";
     case Cause::kRecoveredAmbiguous: return "recovered_ambiguous";
     case Cause::kRecoveredNoMutation: return "recovered_no_mutation";
+    case Cause::kEngineReplaced: return "engine_replaced";
+    case Cause::kEngineRelabelled: return "engine_relabelled";
+    case Cause::kEnginePausedExternally: return "engine_paused_externally";
   }
   return "?";
 }
@@ -139,6 +143,7 @@ constexpr const char* name_of() {
   if constexpr (std::is_same_v<T, VersionPublished>) return "VersionPublished";
   if constexpr (std::is_same_v<T, UpdateEnded>) return "UpdateEnded";
   if constexpr (std::is_same_v<T, TrajectoryRecorded>) return "TrajectoryRecorded";
+  if constexpr (std::is_same_v<T, EngineMonitored>) return "EngineMonitored";
   return "?";
 }
 }  // namespace

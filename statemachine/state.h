@@ -21,6 +21,7 @@ struct Effect {
 
 struct ActiveRollout {
   WeightVersion version;
+  std::uint32_t lease_ms = 0;  // > 0: explicit, survives an executor restart
   bool operator==(const ActiveRollout&) const = default;
 };
 
@@ -54,6 +55,7 @@ struct Counters {
   std::uint64_t rollouts_completed = 0;
   std::uint64_t rollouts_aborted = 0;
   std::uint64_t rollouts_abandoned = 0;
+  std::uint64_t rollouts_expired = 0;
   std::uint64_t updates_requested = 0;
   std::uint64_t updates_committed = 0;
   std::uint64_t updates_refused = 0;
@@ -75,6 +77,13 @@ struct State {
   std::map<std::string, ActiveRollout> active;  // ordered: decisions over it are deterministic
   std::optional<UpdatePlan> update;
   std::optional<TaintRecord> taint;
+  // The engine process the committed version was verified on ("" = it exposes no identity).
+  std::string engine_instance;
+  bool engine_reachable = true;  // the monitor's last word; false refuses admissions
+  bool engine_recheck = false;   // READY after an executor restart: not re-verified yet
+  // Every label ever committed and the identity it named: a label names one policy for the
+  // journal's life (re-committing it is allowed only for the same identity).
+  std::map<std::string, WeightIdentity> labels;
   Counters counters;
   bool operator==(const State&) const = default;
 };
@@ -99,6 +108,14 @@ std::string check_invariants_cheap(const State& state);
 [[nodiscard]] Result<std::vector<Event>> step(State& state, const Event& input);
 
 // A binding for a new rollout under the committed version (the caller journals it as input).
-RolloutAdmitted make_admission(const State& state, std::string rollout_id);
+RolloutAdmitted make_admission(const State& state, std::string rollout_id,
+                               std::uint32_t lease_ms = 0);
+
+// Whether the state admits rollouts, and if not, why (for 503 messages and /readyz).
+bool admits(const State& state);
+std::string admission_block_reason(const State& state);
+
+// updates_requested + recoveries: what an EngineMonitored must name to be current.
+std::uint64_t monitor_epoch(const State& state);
 
 }  // namespace rc

@@ -14,6 +14,12 @@ inline constexpr std::size_t kTextBytesMax = 4096;       // error messages, deta
 inline constexpr std::size_t kDigestBytesMax = 128;      // hex digests
 inline constexpr std::size_t kActiveRolloutsMax = 65536; // admissions refused beyond this
 inline constexpr std::uint32_t kEffectAttemptsMax = 3;   // retries of one idempotent effect
+inline constexpr std::uint32_t kLeaseMsMax = 3600000;    // an explicit rollout's lease, at most
+inline constexpr std::size_t kLabelsMax = 65536;         // distinct labels one journal commits
+
+// What a freshly started engine reports as its weight-version label (vLLM's own default, and
+// the worker extension's): bootstrap names such an engine; any other label is someone's.
+inline constexpr const char* kFreshEngineLabel = "default";
 
 // The nine lifecycle states. Values are part of the journal format: append only.
 enum class Lifecycle : std::uint8_t {
@@ -93,7 +99,9 @@ enum class RolloutOutcome : std::uint8_t {
   kCompleted = 0,
   kAborted = 1,    // the client or the engine aborted it
   kAbandoned = 2,  // its client vanished (executor restart); recorded, never dropped
+  kExpired = 3,    // an explicit rollout whose client stopped renewing its lease
 };
+inline constexpr std::uint8_t kRolloutOutcomeMax = 3;
 const char* outcome_name(RolloutOutcome o);
 
 // What the runner must do next; derived from state by next_effect().
