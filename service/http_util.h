@@ -1,10 +1,17 @@
 // Small helpers shared by the service's route handlers: JSON errors, strict field checks.
+//
+// Every serialisation here is non-throwing: strings in a reply come from outside (engine bodies
+// cut inside a UTF-8 character, client fields, file paths), and nlohmann's default dump() throws
+// type_error 316 on invalid UTF-8 — inside an httplib handler or a streaming callback that is
+// std::terminate. Use dump_safe() for every JSON that holds outside text.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -13,18 +20,23 @@
 
 namespace rc::service {
 
+// `j` serialised without ever throwing on its strings: ill-formed UTF-8 becomes U+FFFD
+// (error_handler_t::replace). indent < 0: one line. Only bad_alloc can escape.
+inline std::string dump_safe(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+}
+
 // {"error": {"message", "type", "code"}} (the OpenAI/vLLM error shape).
 inline void send_error(httplib::Response& res, int status, const std::string& type,
                        const std::string& message) {
   nlohmann::json j = {{"error", {{"message", message}, {"type", type}, {"code", status}}}};
   res.status = status;
-  res.set_content(j.dump(), "application/json");
+  res.set_content(dump_safe(j), "application/json");
 }
 
 inline void send_json(httplib::Response& res, int status, const nlohmann::json& j) {
   res.status = status;
-  res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                  "application/json");
+  res.set_content(dump_safe(j), "application/json");
 }
 
 // Parses a request body as a JSON object ("" allowed when empty_ok: yields {}).
@@ -65,30 +77,44 @@ inline Result<std::int64_t> get_int(const nlohmann::json& obj, const char* key,
   if (!it->is_number_integer()) {
     return Status::InvalidArgument("'" + where + key + "' must be an integer");
   }
-  const std::int64_t v = it->get<std::int64_t>();
-  if (v < lo || v > hi) {
+  const auto range_error = [&] {
     return Status::InvalidArgument("'" + where + key + "' must be in " + std::to_string(lo) +
                                    ".." + std::to_string(hi));
+  };
+  // An unsigned above INT64_MAX would wrap to a negative through get<int64_t>().
+  if (it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+    return range_error();
   }
+  const std::int64_t v = it->get<std::int64_t>();
+  if (v < lo || v > hi) return range_error();
   return v;
 }
 
-// Query parameter as an unsigned integer within [lo, hi]; fallback when absent.
+// Decimal digits only (no sign, no space, no "0x"), parsed without exceptions; nullopt when the
+// text is empty, holds anything else or does not fit in 64 bits.
+inline std::optional<std::uint64_t> parse_u64(std::string_view text) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  std::uint64_t n = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
+  return n;
+}
+
+// Query parameter as an unsigned integer within [lo, hi]; fallback when absent. Anything that is
+// not a decimal integer in range (including one beyond 64 bits) is InvalidArgument (400).
 inline Result<std::uint64_t> query_u64(const httplib::Request& req, const char* key,
                                        std::uint64_t fallback, std::uint64_t lo,
                                        std::uint64_t hi) {
   if (!req.has_param(key)) return fallback;
-  const std::string v = req.get_param_value(key);
-  if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos) {
+  const std::optional<std::uint64_t> n = parse_u64(req.get_param_value(key));
+  if (!n || *n < lo || *n > hi) {
     return Status::InvalidArgument("query parameter '" + std::string(key) +
-                                   "' must be a non-negative integer");
+                                   "' must be an integer in " + std::to_string(lo) + ".." +
+                                   std::to_string(hi));
   }
-  const std::uint64_t n = std::stoull(v);
-  if (n < lo || n > hi) {
-    return Status::InvalidArgument("query parameter '" + std::string(key) + "' must be in " +
-                                   std::to_string(lo) + ".." + std::to_string(hi));
-  }
-  return n;
+  return *n;
 }
 
 inline int http_status_for(const Status& st) {
