@@ -7,11 +7,17 @@
 
 #include "journal/json.h"
 #include "statemachine/describe.h"
+#include "statemachine/text.h"
 
 namespace rc::audit {
 namespace {
 
 using nlohmann::json;
+
+// Every string that reaches audit's text (report lines, failure and detail messages) passes
+// through here whatever its origin: identities, labels and ids are client text, and one record
+// must stay one line (a "\n" in a checkpoint forged report lines, a NUL truncated them).
+std::string E(const std::string& s) { return text::escape_line(s); }
 
 // Tracks the committed generations while scanning, keyed by generation.
 class VersionTable {
@@ -109,7 +115,7 @@ Result<AuditReport> AuditJournal(journal::Journal& journal) {
 Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::string& rollout_id) {
   auto seqs = journal.RolloutSeqs(rollout_id);
   if (!seqs.ok()) return seqs.status();
-  if (seqs->empty()) return Status::NotFound("no rollout '" + rollout_id + "' in the journal");
+  if (seqs->empty()) return Status::NotFound("no rollout '" + E(rollout_id) + "' in the journal");
   RolloutProvenance p;
   p.rollout_id = rollout_id;
   for (std::uint64_t seq : *seqs) {
@@ -124,7 +130,7 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
     }
   }
   if (p.admitted_seq == 0) {
-    return Status::Corruption("rollout '" + rollout_id + "' is indexed but has no admission");
+    return Status::Corruption("rollout '" + E(rollout_id) + "' is indexed but has no admission");
   }
   // The generation's origin: scan up to the admission (bounded by the journal's size).
   Pass pass;
@@ -136,7 +142,7 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
   if (!st.ok()) return st;
   auto v = pass.versions.find(p.binding.version.generation);
   if (!v) {
-    return Status::Corruption("rollout '" + rollout_id + "' is bound to generation " +
+    return Status::Corruption("rollout '" + E(rollout_id) + "' is bound to generation " +
                               std::to_string(p.binding.version.generation) +
                               " which was never committed");
   }
@@ -163,7 +169,7 @@ Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journa
     auto b = bindings.find(t->rollout_id);
     if (b == bindings.end() || t->part != next_part[t->rollout_id]) {
       return Status::Corruption("seq " + std::to_string(r.seq) + ": trajectory part " +
-                                std::to_string(t->part) + " of '" + t->rollout_id +
+                                std::to_string(t->part) + " of '" + E(t->rollout_id) +
                                 "' out of order or without an admission");
     }
     next_part[t->rollout_id]++;
@@ -254,13 +260,14 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
     auto r = journal.Read(t.admission_seq);
     const RolloutAdmitted* a = r.ok() ? std::get_if<RolloutAdmitted>(&r->event) : nullptr;
     if (a == nullptr || a->rollout_id != t.rollout_id) {
-      failures.push_back("trajectory '" + t.rollout_id + "' names admission seq " +
+      failures.push_back("trajectory '" + E(t.rollout_id) + "' names admission seq " +
                          std::to_string(t.admission_seq) + ", which is not its admission");
       continue;
     }
     if (!(a->version == t.version) || !(a->identity == t.identity)) {
-      failures.push_back("trajectory '" + t.rollout_id + "' claims version '" + t.version.label +
-                         "' but the journal bound it to '" + a->version.label + "' (seq " +
+      failures.push_back("trajectory '" + E(t.rollout_id) + "' claims version '" +
+                         E(t.version.label) + "' but the journal bound it to '" +
+                         E(a->version.label) + "' (seq " +
                          std::to_string(t.admission_seq) + ")");
     }
   }
@@ -273,12 +280,12 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, doub
   out.rollout_id = t.rollout_id;
   ValidationObserved served = engine.WeightInfo();
   if (!served.http.ok_2xx()) {
-    out.detail = "engine unreachable: " + describe(served.http);
+    out.detail = "engine unreachable: " + E(describe(served.http));
     return out;
   }
   if (served.reported_label != t.version.label) {
-    out.detail = "engine serves '" + served.reported_label + "', trajectory ran under '" +
-                 t.version.label + "'";
+    out.detail = "engine serves '" + E(served.reported_label) + "', trajectory ran under '" +
+                 E(t.version.label) + "'";
     return out;
   }
   if (t.output.empty() || t.prompt.empty()) {
@@ -292,7 +299,7 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, doub
                         {"prompt_logprobs", 0}, {"cache_salt", "rolloutcore-audit"}};
   effects::HttpReply reply = engine.Completions(request);
   if (!reply.http.ok_2xx() || !reply.body.contains("choices")) {
-    out.detail = "scoring request failed: " + describe(reply.http);
+    out.detail = "scoring request failed: " + E(describe(reply.http));
     return out;
   }
   const json& plp = reply.body["choices"][0].value("prompt_logprobs", json());
@@ -337,19 +344,38 @@ std::string FormatReport(const AuditReport& r) {
       << "; recoveries " << s.recoveries << "\n";
   out << "versions:\n";
   for (const VersionRecord& v : r.versions) {
-    out << "  " << v.version.label << " (generation " << v.version.generation << ") "
-        << (v.update_id.empty() ? "bootstrap" : "update '" + v.update_id + "'") << " at seq "
-        << v.published_seq << ": ckpt=" << v.identity.checkpoint << " step=" << v.identity.step
-        << " manifest=" << v.identity.manifest_digest.substr(0, 12) << "; rollouts admitted "
+    out << "  " << E(v.version.label) << " (generation " << v.version.generation << ") "
+        << (v.update_id.empty() ? "bootstrap" : "update '" + E(v.update_id) + "'") << " at seq "
+        << v.published_seq << ": ckpt=" << E(v.identity.checkpoint) << " step=" << v.identity.step
+        << " manifest=" << E(v.identity.manifest_digest.substr(0, 12)) << "; rollouts admitted "
         << v.rollouts_admitted << ", finished " << v.rollouts_finished << "\n";
   }
-  out << "state: " << describe(r.state) << "\n";
+  out << "state: " << E(describe(r.state)) << "\n";
   if (r.ok) {
     out << "audit: OK\n";
   } else {
-    for (const std::string& f : r.failures) out << "audit FAILURE: " << f << "\n";
+    for (const std::string& f : r.failures) out << "audit FAILURE: " << E(f) << "\n";
   }
   return out.str();
+}
+
+std::string ProvenanceJson(const RolloutProvenance& p, int indent) {
+  const json out = {
+      {"rollout_id", p.rollout_id},
+      {"admitted_seq", p.admitted_seq},
+      {"binding", journal::EventToJson(p.binding)},
+      {"finished_seq", p.finished_seq},
+      {"finish", p.finish ? journal::EventToJson(*p.finish) : json()},
+      {"version",
+       {{"version", journal::WeightVersionToJson(p.version.version)},
+        {"identity", journal::WeightIdentityToJson(p.version.identity)},
+        {"update_id", p.version.update_id},
+        {"published_seq", p.version.published_seq}}}};
+  return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+std::string FormatReverifyFailure(const ReverifyResult& r) {
+  return "REVERIFY FAILED " + E(r.rollout_id) + ": " + r.detail;
 }
 
 }  // namespace rc::audit

@@ -29,7 +29,7 @@ struct VersionRecord {
 
 struct AuditReport {
   bool ok = true;
-  std::vector<std::string> failures;  // each names a seq where one applies
+  std::vector<std::string> failures;  // each names a seq where one applies (raw; escaped when printed)
   std::uint64_t records = 0;
   bool chain_ok = true;               // decode, contiguity, SHA-256 chain (Journal::Scan)
   bool checksums_ok = true;           // RocksDB block checksums of every file
@@ -97,6 +97,14 @@ struct ReverifyResult {
 ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& trajectory,
                         double tolerance, bool greedy);
 
+// Text report; every string from the journal is escaped (rc::text::escape_line), so each
+// version, state and failure is exactly one line and the verdict line is always present.
 std::string FormatReport(const AuditReport& report);
+
+// `rolloutcore audit --rollout`'s JSON (what audit_cmd.cc builds inline today), serialised
+// without throwing on invalid UTF-8 in journal strings (replaced by U+FFFD).
+std::string ProvenanceJson(const RolloutProvenance& p, int indent);
+// One line for a failed re-verification: the rollout id escaped (detail is escaped already).
+std::string FormatReverifyFailure(const ReverifyResult& r);
 
 }  // namespace rc::audit

@@ -22,25 +22,28 @@
 #include "fixtures/vllm_double.h"
 #include "journal/journal.h"
 #include "statemachine/describe.h"
+#include "statemachine/text.h"
 
 namespace rc::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Prints journaled events in one timeline, from the runner and the rollout threads alike.
+// Prints journaled events in one timeline, from the runner and the rollout threads alike. Every
+// string is escaped: event fields carry engine and client text, and one event is one line.
 class Timeline {
  public:
   Timeline() : start_(Clock::now()) {}
   void event(std::uint64_t seq, const Event& e) {
     std::lock_guard lock(mu_);
     std::printf("[%8.1f ms] seq %-4llu %s%s\n", ms(), static_cast<unsigned long long>(seq),
-                family_of(e) == Family::kDecision ? "  => " : "", describe(e).c_str());
+                family_of(e) == Family::kDecision ? "  => " : "",
+                text::escape_line(describe(e)).c_str());
     std::fflush(stdout);
   }
-  void note(const std::string& text) {
+  void note(const std::string& what) {
     std::lock_guard lock(mu_);
-    std::printf("[%8.1f ms] ---- %s\n", ms(), text.c_str());
+    std::printf("[%8.1f ms] ---- %s\n", ms(), text::escape_line(what).c_str());
     std::fflush(stdout);
   }
 
@@ -97,11 +100,12 @@ struct Demo {
 };
 
 int run_demo(const std::string& journal_path, int token_delay_ms) {
+  const std::string shown_path = text::escape_line(journal_path);
   if (std::filesystem::exists(journal_path) && !std::filesystem::is_empty(journal_path)) {
     std::fprintf(stderr,
                  "rolloutcore demo: %s already holds a journal; remove it or pass another "
                  "--journal (the demo never appends to an existing journal)\n",
-                 journal_path.c_str());
+                 shown_path.c_str());
     return 2;
   }
   fixtures::VllmDoubleOptions dopts;
@@ -114,11 +118,12 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
     return 2;
   }
   std::printf("vLLM TEST DOUBLE (not vLLM) listening on 127.0.0.1:%d; journal: %s\n\n", port,
-              journal_path.c_str());
+              shown_path.c_str());
 
   auto opened = journal::Journal::Open(journal_path, journal::Options{});
   if (!opened.ok()) {
-    std::fprintf(stderr, "rolloutcore demo: %s\n", opened.status().ToString().c_str());
+    std::fprintf(stderr, "rolloutcore demo: %s\n",
+                 text::escape_line(opened.status().ToString()).c_str());
     return 2;
   }
   journal::Journal& j = **opened;
@@ -146,7 +151,7 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
 
   timeline.note("bootstrap: the engine must report rc-0");
   if (Status st = runner.Bootstrap("rc-0", identity(0)); !st.ok()) {
-    std::fprintf(stderr, "bootstrap failed: %s\n", st.ToString().c_str());
+    std::fprintf(stderr, "bootstrap failed: %s\n", text::escape_line(st.ToString()).c_str());
     return 1;
   }
 
@@ -172,7 +177,8 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   auto first = runner.Update(UpdateRequested{"u-1", "rc-1", identity(100), "synthetic:8x64:100"});
   long_rollout.join();
   if (!first.ok()) {
-    std::fprintf(stderr, "update u-1 failed: %s\n", first.status().ToString().c_str());
+    std::fprintf(stderr, "update u-1 failed: %s\n",
+                 text::escape_line(first.status().ToString()).c_str());
     return 1;
   }
   const auto& t1 = runner.last_timings();
@@ -192,21 +198,22 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   timeline.note("update to rc-2 with nothing in flight");
   auto second = runner.Update(UpdateRequested{"u-2", "rc-2", identity(200), "synthetic:8x64:200"});
   if (!second.ok()) {
-    std::fprintf(stderr, "update u-2 failed: %s\n", second.status().ToString().c_str());
+    std::fprintf(stderr, "update u-2 failed: %s\n",
+                 text::escape_line(second.status().ToString()).c_str());
     return 1;
   }
   timeline.note("u-2 " + std::string(update_outcome_name(second->outcome)) + " in " +
                 std::to_string(runner.last_timings().total_us / 1000) + " ms");
 
   const State final_state = j.state();
-  std::printf("\nfinal state: %s\n", describe(final_state).c_str());
+  std::printf("\nfinal state: %s\n", text::escape_line(describe(final_state)).c_str());
   std::printf("rollout failures: %d\n", failures.load());
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  const std::string exe = ec ? std::string("rolloutcore") : self;
+  const std::string exe = text::escape_line(ec ? std::string("rolloutcore") : self);
   std::printf("journal left at %s — inspect it with:\n  %s replay %s --events\n  %s audit %s\n",
-              journal_path.c_str(), exe.c_str(), journal_path.c_str(), exe.c_str(),
-              journal_path.c_str());
+              shown_path.c_str(), exe.c_str(), shown_path.c_str(), exe.c_str(),
+              shown_path.c_str());
   engine.Stop();
   const bool ok = failures.load() == 0 && first->outcome == UpdateOutcome::kCommitted &&
                   second->outcome == UpdateOutcome::kCommitted &&

@@ -2,13 +2,24 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <sstream>
 
 #include "journal/json.h"
 #include "statemachine/describe.h"
+#include "statemachine/text.h"
 
 namespace rc::replay {
 namespace {
+
+// Every string that reaches replay's text output passes through here, whatever its origin (event
+// fields are client/engine text: a NUL truncated the report, a "\n" forged a verdict line).
+std::string E(const std::string& s) { return text::escape_line(s); }
+
+// JSON that holds journal strings: invalid UTF-8 is replaced, never thrown on.
+std::string DumpSafe(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+}
 
 // The decisions recorded after an input, waiting to be compared with decide()'s.
 struct PendingInput {
@@ -106,11 +117,14 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
   const TaintRecord& t = *report_.state.taint;
   incident.update_id = t.update_id;
   std::ostringstream out;
+  // One line per fact: every field below is escaped, so the explanation's line count is fixed
+  // by this code and never by what the journal holds.
   out << "TAINTED at seq " << taint_seq << " from " << lifecycle_name(t.from) << " ("
-      << cause_name(t.cause) << "): " << t.detail << "\n";
-  out << "  update '" << t.update_id << "' targeted '" << t.target.label << "' (generation "
-      << t.target.generation << "); last committed version '" << report_.state.committed.label
-      << "' (generation " << report_.state.committed.generation << ")\n";
+      << cause_name(t.cause) << "): " << E(t.detail) << "\n";
+  out << "  update '" << E(t.update_id) << "' targeted '" << E(t.target.label) << "' (generation "
+      << t.target.generation << "); last committed version '"
+      << E(report_.state.committed.label) << "' (generation "
+      << report_.state.committed.generation << ")\n";
   bool intent = false;
   for (const journal::Record& r : update_records_) {
     if (const auto* e = std::get_if<EffectStarted>(&r.event);
@@ -123,16 +137,16 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
       out << "  seq " << r.seq << ": transfer " << (o->acknowledged ? "acknowledged" : "failed")
           << ", mutation " << mutation_name(o->mutation) << ", " << o->bytes_sent << " bytes / "
           << o->tensors_sent << " tensors in " << o->duration_us / 1000 << " ms"
-          << (o->error.empty() ? "" : ": " + o->error) << "\n";
+          << (o->error.empty() ? "" : ": " + E(o->error)) << "\n";
     }
     if (const auto* c = std::get_if<CacheResetObserved>(&r.event)) {
       out << "  seq " << r.seq << ": " << cache_name(c->cache) << " cache reset "
-          << describe(c->http) << " success=" << (c->reported_success ? "true" : "false")
+          << E(describe(c->http)) << " success=" << (c->reported_success ? "true" : "false")
           << (c->success_unreported ? " (not reported by the engine)" : "") << "\n";
     }
     if (const auto* v = std::get_if<ValidationObserved>(&r.event)) {
-      out << "  seq " << r.seq << ": validation " << describe(v->http) << " reported '"
-          << v->reported_label << "'\n";
+      out << "  seq " << r.seq << ": validation " << E(describe(v->http)) << " reported '"
+          << E(v->reported_label) << "'\n";
     }
     if (std::holds_alternative<RecoveryStarted>(r.event)) {
       out << "  seq " << r.seq << ": executor restarted\n";
@@ -143,7 +157,7 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
     case Cause::kRecoveredAmbiguous:
       out << "  reading: the transfer " << (intent ? "had started" : "state is unknown")
           << " and did not complete cleanly, so the engine may hold a mix of '"
-          << report_.state.committed.label << "' and '" << t.target.label
+          << E(report_.state.committed.label) << "' and '" << E(t.target.label)
           << "' tensors. Neither version can be claimed.\n";
       break;
     case Cause::kCacheResetFailed:
@@ -186,7 +200,7 @@ std::string FormatReport(const ReplayReport& report) {
   std::ostringstream out;
   out << "records: " << report.records << " (inputs re-decided: " << report.inputs
       << "), last seq " << report.last_seq << "\n";
-  out << "state: " << describe(report.state) << "\n";
+  out << "state: " << E(describe(report.state)) << "\n";
   const Counters& c = report.state.counters;
   out << "rollouts: admitted " << c.rollouts_admitted << ", completed " << c.rollouts_completed
       << ", aborted " << c.rollouts_aborted << ", abandoned " << c.rollouts_abandoned
@@ -195,7 +209,8 @@ std::string FormatReport(const ReplayReport& report) {
   if (report.ok) {
     out << "verification: OK (hash chain, legality of every record, every decision reproduced)\n";
   } else {
-    out << "verification: FAILED at seq " << report.first_bad_seq << ": " << report.error << "\n";
+    out << "verification: FAILED at seq " << report.first_bad_seq << ": " << E(report.error)
+        << "\n";
   }
   for (const TaintIncident& i : report.incidents) out << i.explanation << "\n";
   return out.str();
@@ -222,7 +237,17 @@ std::string ReportJson(const ReplayReport& report) {
     for (const journal::Record& r : i.timeline) inc["timeline"].push_back(journal::RecordToJson(r));
     j["incidents"].push_back(std::move(inc));
   }
-  return j.dump(2);
+  return DumpSafe(j, 2);
+}
+
+std::string FormatRecordLine(const journal::Record& r) {
+  char seq[32];
+  std::snprintf(seq, sizeof seq, "%8llu ", static_cast<unsigned long long>(r.seq));
+  return seq + std::string(r.cause_seq == 0 ? "" : "  -> ") + E(describe(r.event));
+}
+
+std::string RecordJsonLine(const journal::Record& r) {
+  return DumpSafe(journal::RecordToJson(r), -1);
 }
 
 }  // namespace rc::replay

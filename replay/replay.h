@@ -39,7 +39,15 @@ struct ReplayReport {
 // Fails only when the journal cannot be read at all.
 [[nodiscard]] Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& options);
 
+// Text output: every string taken from the journal is escaped (rc::text::escape_line), so each
+// report line is one line whatever the records hold, and the verdict line is always present.
 std::string FormatReport(const ReplayReport& report);
+// JSON output; strings keep their content, invalid UTF-8 becomes U+FFFD (never throws).
 std::string ReportJson(const ReplayReport& report);
+
+// One record as one line for `replay --events`: "%8llu [  -> ]<escaped describe(event)>".
+std::string FormatRecordLine(const journal::Record& r);
+// One record as one line of JSON (RecordToJson, serialised without throwing).
+std::string RecordJsonLine(const journal::Record& r);
 
 }  // namespace rc::replay
