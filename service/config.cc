@@ -50,6 +50,7 @@ std::map<std::string, Setter> setters(ServeConfig& c) {
   RC_FIELD(packed_num_buffers); RC_FIELD(rendezvous); RC_FIELD(journal_sync);
   RC_FIELD(cuda_device); RC_FIELD(nccl_world_size); RC_FIELD(nccl_init_timeout_ms);
   RC_FIELD(nccl_abort_reserve_ms);
+  RC_FIELD(header_timeout_ms); RC_FIELD(idle_timeout_ms); RC_FIELD(http_connections_max);  // proxy owner
 #undef RC_FIELD
   return m;
 }
@@ -202,6 +203,15 @@ Status ValidateConfig(const ServeConfig& c) {
     }
   }
   if (c.admit_wait_ms > 3600ull * 1000) return Status::InvalidArgument("admit_wait_ms max 1 h");
+  // proxy owner: the connection gate.
+  if (c.header_timeout_ms == 0 || c.header_timeout_ms > 3600ull * 1000 ||
+      c.idle_timeout_ms == 0 || c.idle_timeout_ms > 3600ull * 1000) {
+    return Status::InvalidArgument("header_timeout_ms and idle_timeout_ms must be in 1 ms..1 h");
+  }
+  if (c.http_connections_max < static_cast<std::uint64_t>(c.http_threads) ||
+      c.http_connections_max > 65536) {
+    return Status::InvalidArgument("http_connections_max must be in http_threads..65536");
+  }
   if (c.shutdown_grace_ms > 3600ull * 1000) {
     return Status::InvalidArgument("shutdown_grace_ms max 1 h");
   }
@@ -223,6 +233,7 @@ nlohmann::json ConfigToJson(const ServeConfig& c) {
   RC_OUT(packed_buffer_size_bytes); RC_OUT(packed_num_buffers); RC_OUT(rendezvous);
   RC_OUT(journal_sync); RC_OUT(cuda_device); RC_OUT(nccl_world_size);
   RC_OUT(nccl_init_timeout_ms); RC_OUT(nccl_abort_reserve_ms);
+  RC_OUT(header_timeout_ms); RC_OUT(idle_timeout_ms); RC_OUT(http_connections_max);  // proxy owner
 #undef RC_OUT
   j["auth_token"] = c.auth_token.empty() ? "" : "<redacted>";
   return j;

@@ -77,6 +77,11 @@ struct ServeConfig {
   std::uint64_t nccl_abort_reserve_ms = 1000;
 
   bool journal_sync = true;                   // fsync each group commit (off only in benches)
+
+  // ---- proxy owner: the connection gate (service/connection_gate.h).
+  std::uint64_t header_timeout_ms = 10000;    // accept -> complete request head, else 408
+  std::uint64_t idle_timeout_ms = 5000;       // accept -> first request byte, else 408
+  std::uint64_t http_connections_max = 4096;  // accepted and not yet closed; beyond: 503
 };
 
 // A rendezvous address, "HOST:PORT" or "[IPv6]:PORT".

@@ -18,8 +18,10 @@
 #include <spdlog/spdlog.h>
 
 #include "journal/json.h"
+#include "service/connection_gate.h"
 #include "service/http_util.h"
 #include "service/service.h"
+#include "statemachine/text.h"
 
 namespace rc::service {
 namespace {
@@ -32,6 +34,8 @@ inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // p
 inline constexpr std::size_t kTrajectoryPartsMax = kTrajectoryEntriesMax / 4096 + 1;
 // Engine calls that provably never left (connect refused / timed out) are retried this often.
 inline constexpr std::uint32_t kConnectAttemptsMax = 4;
+inline constexpr std::size_t kRolloutIdHeaderBytesMax = 128;
+constexpr const char* kRolloutIdHeader = "X-RolloutCore-Rollout-Id";
 
 std::uint64_t us_since(Clock::time_point t) {
   return static_cast<std::uint64_t>(
@@ -197,6 +201,30 @@ void strip_added(json& doc, bool strip_token_ids, bool strip_usage) {
   }
 }
 
+// The client's X-RolloutCore-Rollout-Id, taken verbatim from the request head the gate saw
+// (cpp-httplib 0.11 percent-decodes header values: "zz%00yy" would become "zz"). "" when absent;
+// InvalidArgument unless it is one printable UTF-8 value of at most kRolloutIdHeaderBytesMax.
+Result<std::string> client_rollout_id(const httplib::Request& req) {
+  const std::string_view head = CurrentRequestHead();
+  RawHeader h;
+  if (!head.empty()) {
+    h = FindRawHeader(head, kRolloutIdHeader);
+  } else if (req.has_header(kRolloutIdHeader)) {
+    // Not gated (never in serve): only the decoded value exists; a '%' means it was altered.
+    h.value = req.get_header_value(kRolloutIdHeader);
+    h.duplicate = req.get_header_value_count(kRolloutIdHeader) > 1 ||
+                  h.value->find('%') != std::string::npos;
+  }
+  if (!h.value) return std::string();
+  if (h.duplicate || h.value->empty() || h.value->size() > kRolloutIdHeaderBytesMax ||
+      !text::printable_utf8(*h.value)) {
+    return Status::InvalidArgument(std::string(kRolloutIdHeader) + " must be one printable UTF-8 "
+                                   "value of 1.." + std::to_string(kRolloutIdHeaderBytesMax) +
+                                   " bytes, sent verbatim");
+  }
+  return *h.value;
+}
+
 }  // namespace
 
 struct ProxyCall {
@@ -210,6 +238,7 @@ struct ProxyCall {
   Trajectory trace;
   effects::CancelToken cancel;
   std::uint64_t watch_id = 0;
+  std::uint64_t in_flight_id = 0;  // InFlightCalls registration (Shutdown cancels through it)
   Clock::time_point t0;
   std::uint64_t upstream_us = 0;
   bool finished = false;
@@ -266,12 +295,16 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
       bad = Status::InvalidArgument("'sampling_params' must be an object");
     }
   }
+  std::string rollout_id;
+  if (bad.ok()) {
+    auto given = client_rollout_id(req);
+    if (given.ok()) rollout_id = std::move(given.value()); else bad = given.status();
+  }
   if (!bad.ok()) {
     metrics_.bad_requests++;
     send_status(res, bad);
     return;
   }
-  std::string rollout_id = req.get_header_value("X-RolloutCore-Rollout-Id");
   if (rollout_id.empty()) rollout_id = NextRolloutId();
 
   AdmitResult a = Admit(rollout_id, config_.admit_wait_ms);
@@ -316,13 +349,23 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
   res.set_header("X-RolloutCore-Admission-Seq", std::to_string(call->admission.seq));
   res.set_header("X-RolloutCore-Cache-Salt", call->cache_salt);
 
-  const int fd = FindPeerSocket(req.local_port, req.remote_addr, req.remote_port);
+  // The gate tells the worker its socket; the descriptor scan is only for ungated servers.
+  int fd = CurrentConnectionFd();
+  if (fd < 0) fd = FindPeerSocket(req.local_port, req.remote_addr, req.remote_port);
   call->watch_id = watcher_->Watch(fd, call->cancel);
+  call->in_flight_id = in_flight_calls_.Add(call->cancel);
 
-  // Finishes the rollout exactly once: trajectory line, then the durable RolloutFinished.
-  auto finish = [this](ProxyCall& c, RolloutOutcome outcome, const std::string& note) {
-    if (c.finished) return;
+  // Finishes the rollout: trajectory line, then its journal parts and RolloutFinished, durably.
+  // Every path of an admitted request calls it exactly once (the streamed provider and releaser
+  // test `finished` first; anything else is a bug, not a second finish to ignore).
+  auto finish = [this](ProxyCall& c, RolloutOutcome outcome, std::string note) {
+    RC_CHECK(!c.finished);
     c.finished = true;
+    in_flight_calls_.Remove(c.in_flight_id);
+    c.in_flight_id = 0;
+    if (outcome == RolloutOutcome::kAborted && !c.client_gone && in_flight_calls_.cancelled()) {
+      note = "shutdown grace expired; " + note;
+    }
     if (c.watch_id != 0) {
       if (watcher_->Fired(c.watch_id)) c.client_gone = true;
       watcher_->Unwatch(c.watch_id);
@@ -357,23 +400,16 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
     } else {
       metrics_.trajectories_dropped++;
     }
-    // The journal's record of the trajectory (choice 0), in parts of bounded size; it becomes
-    // durable with the RolloutFinished below (one fsync for all of them).
-    const std::int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count();
-    for (const TrajectoryRecorded& part : JournalTrajectoryParts(bb.rollout_id, c.trace)) {
-      auto submitted = journal_->Submit(part, now_ms);
-      if (!submitted.ok()) {
-        spdlog::warn("proxy: trajectory of {} not journaled: {}", bb.rollout_id,
-                     submitted.status().ToString());
-        break;
-      }
-    }
-    Status st = Finish(bb.rollout_id, outcome, clamp_u32(c.trace.prompt_count()),
-                       clamp_u32(c.trace.completion_count()));
+    // The journal's record of the trajectory (choice 0), in parts of bounded size, submitted in
+    // order before the RolloutFinished and durable with it. FinishDurably never drops a finish:
+    // it retries a full queue and fail-stops the executor when the journal cannot make it
+    // durable, so a non-OK answer here is only logged (the restart records the rollout).
+    Status st = FinishDurably(bb.rollout_id, outcome, clamp_u32(c.trace.prompt_count()),
+                              clamp_u32(c.trace.completion_count()),
+                              JournalTrajectoryParts(bb.rollout_id, c.trace));
     if (!st.ok()) {
-      spdlog::error("proxy: finishing rollout {} failed: {}", bb.rollout_id, st.ToString());
+      spdlog::error("proxy: finish of rollout {} not durable: {}", bb.rollout_id,
+                    st.ToString());
     }
     const std::uint64_t total_us = us_since(c.t0);
     metrics_.proxy_total.ObserveUs(total_us);
@@ -447,8 +483,7 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
       }
       json out = chunk;
       strip_added(out, call->strip_token_ids, call->strip_usage);
-      const std::string event = "data: " + out.dump(-1, ' ', false,
-                                                     json::error_handler_t::replace) + "\n\n";
+      const std::string event = "data: " + dump_safe(out) + "\n\n";
       if (!sink.write(event.data(), event.size())) {
         call->client_gone = true;
         call->cancel.Cancel();
@@ -495,7 +530,9 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
         json engine_body = json::parse(reply.raw, nullptr, false);
         if (!engine_body.is_discarded()) err["error"]["engine"] = engine_body;
       }
-      const std::string event = "data: " + err.dump() + "\n\ndata: [DONE]\n\n";
+      // `why` and the engine body are outside text (a body may be cut inside a UTF-8
+      // character): a throwing dump here would terminate the process from httplib's provider.
+      const std::string event = "data: " + dump_safe(err) + "\n\ndata: [DONE]\n\n";
       sink.write(event.data(), event.size());
     }
     sink.done();

@@ -30,66 +30,17 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 inline constexpr int kListenBacklog = 4096;
-inline constexpr std::size_t kAcceptQueueMax = 4096;  // accepted connections awaiting a worker
 
 std::uint64_t us_since(Clock::time_point t) {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
 }
 
-// A fixed set of worker threads (cpp-httplib serves one connection per worker at a time) fed by
-// a FIFO of accepted connections bounded at queue_max: a full FIFO blocks the accept loop, so
-// excess connections wait in the kernel's listen backlog instead of an unbounded std::list.
-// shutdown() runs what is queued (each job closes its socket), then joins.
-class BoundedThreadPool final : public httplib::TaskQueue {
- public:
-  BoundedThreadPool(std::size_t threads, std::size_t queue_max) : queue_max_(queue_max) {
-    RC_CHECK(threads > 0 && queue_max > 0);
-    workers_.reserve(threads);
-    for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-  }
-  ~BoundedThreadPool() override { RC_CHECK(workers_.empty()); }
-  void enqueue(std::function<void()> fn) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    space_.wait(lock, [&] { return jobs_.size() < queue_max_ || stop_; });
-    jobs_.push_back(std::move(fn));
-    lock.unlock();
-    ready_.notify_one();
-  }
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    ready_.notify_all();
-    space_.notify_all();
-    for (auto& t : workers_) t.join();
-    workers_.clear();
-  }
-
- private:
-  void Work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        ready_.wait(lock, [&] { return !jobs_.empty() || stop_; });
-        if (jobs_.empty()) return;  // stop_ and nothing left
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      space_.notify_one();
-      fn();
-    }
-  }
-
-  const std::size_t queue_max_;
-  std::mutex mu_;
-  std::condition_variable ready_, space_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
-};
+// The worker pool that serves connections now lives behind the connection gate
+// (connection_gate.h: WorkerPool); nothing here waits on a client's request bytes.
+// Shutdown: after the grace deadline, cancelled proxied calls get this long to be recorded
+// aborted (their finish is durable before the journal closes), and the workers this long to exit.
+inline constexpr std::uint64_t kShutdownSettleMs = 2000;
 
 std::string hex(const unsigned char* p, std::size_t n) {
   static const char* k = "0123456789abcdef";
@@ -456,70 +407,78 @@ std::string Service::NextRolloutId() {
 }
 
 Status Service::Start() {
-  RC_CHECK(!server_);
-  server_ = std::make_unique<httplib::Server>();
-  const auto threads = static_cast<std::size_t>(config_.http_threads);
-  // httplib's own ThreadPool queues accepted connections without bound; this one blocks the
-  // accept loop when kAcceptQueueMax connections wait, leaving the rest in the listen backlog.
-  server_->new_task_queue = [threads] { return new BoundedThreadPool(threads, kAcceptQueueMax); };
-  // cpp-httplib 0.11 listens with a backlog of 5 (bursts of a few hundred connects were reset):
-  // capture the listening socket when httplib configures it and re-listen() with a deep backlog
-  // after bind (Linux updates the backlog of a listening socket).
-  int listen_fd = -1;
-  server_->set_socket_options([&listen_fd](int fd) {
-    httplib::default_socket_options(fd);
-    listen_fd = fd;
-  });
+  RC_CHECK(!server_ && !http_);
+  // Routes live on a server that never listens; a separate listener hands each accepted socket
+  // to the connection gate, which gives it to one of http_threads workers only once its request
+  // head is complete (connection_gate.h).
+  server_ = GatedHttpServer::MakeRoutesServer();
   server_->set_payload_max_length(config_.body_bytes_max);
-  server_->set_tcp_nodelay(true);  // headers and body are separate writes: no Nagle stall
-  server_->set_keep_alive_max_count(100000);
-  server_->set_keep_alive_timeout(30);
   server_->set_read_timeout(60, 0);
   server_->set_write_timeout(60, 0);
   RegisterRoutes();
-  if (config_.listen_port == 0) {
-    port_ = server_->bind_to_any_port(config_.listen_host);
-  } else {
-    port_ = server_->bind_to_port(config_.listen_host, config_.listen_port) ? config_.listen_port
-                                                                            : -1;
-  }
+  GateOptions gate;
+  gate.header_timeout_ms = config_.header_timeout_ms;
+  gate.idle_timeout_ms = config_.idle_timeout_ms;
+  gate.connections_max = static_cast<std::size_t>(config_.http_connections_max);
+  gate.workers = static_cast<std::size_t>(config_.http_threads);
+  http_ = std::make_unique<GatedHttpServer>(*server_, gate);
+  httplib::Server& listener = http_->listener();
+  listener.set_tcp_nodelay(true);  // headers and body are separate writes: no Nagle stall
+  listener.set_read_timeout(60, 0);   // SO_RCVTIMEO/SO_SNDTIMEO of accepted sockets
+  listener.set_write_timeout(60, 0);
+  port_ = http_->Bind(config_.listen_host, config_.listen_port, kListenBacklog);
   if (port_ <= 0) {
     return Status::Unavailable("cannot bind " + config_.listen_host + ":" +
                                std::to_string(config_.listen_port));
   }
-  if (listen_fd < 0 || ::listen(listen_fd, kListenBacklog) != 0) {
-    spdlog::warn("serve: could not raise the listen backlog of port {}", port_);
-  }
-  server_->set_socket_options(httplib::default_socket_options);  // listen_fd's frame ends here
-  server_thread_ = std::thread([this] { server_->listen_after_bind(); });
+  http_->Start();
   spdlog::info("serve: listening on {}", url());
   return Status::OK();
 }
 
 bool Service::Shutdown(std::uint64_t grace_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms);
+  const auto settle = [] { return Clock::now() + std::chrono::milliseconds(kShutdownSettleMs); };
   shutting_down_.store(true);
   lifecycle_cv_.notify_all();
-  while (metrics_.proxy_in_flight.load() > 0 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto wait_rollouts = [this](Clock::time_point until) {
+    while (metrics_.proxy_in_flight.load() > 0 && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return metrics_.proxy_in_flight.load() == 0;
+  };
+  const bool rollouts_done = wait_rollouts(deadline);
+  if (!rollouts_done) {
+    // Grace is over: cancel the engine calls; each is finished as aborted by its worker.
+    const std::size_t n = in_flight_calls_.CancelAll();
+    spdlog::warn("serve: cancelled {} proxied rollout(s) at the shutdown deadline", n);
+    if (!wait_rollouts(settle())) {
+      spdlog::warn("serve: proxied rollouts did not end after cancel; exiting without closing "
+                   "the journal");
+      return false;
+    }
   }
-  const bool rollouts_done = metrics_.proxy_in_flight.load() == 0;
-  const bool update_done = update_mu_.try_lock_until(deadline);
+  const bool update_done = update_mu_.try_lock_until(std::max(deadline, Clock::now()));
   if (!update_done) {
     spdlog::warn("serve: an update is still running at the shutdown deadline; exiting without "
                  "closing the journal (recovery will classify it)");
     return false;
   }
-  if (server_) server_->stop();
-  if (server_thread_.joinable()) server_thread_.join();
+  StopBackground();
+  if (http_ && !http_->Stop(settle())) {
+    // A worker is still inside a handler: everything it uses must outlive it, so nothing is
+    // torn down (the caller exits; everything acknowledged is already durable).
+    update_mu_.unlock();
+    spdlog::warn("serve: HTTP workers still busy after the shutdown deadline; exiting without "
+                 "closing the journal");
+    return false;
+  }
+  http_.reset();
   server_.reset();
   runner_.reset();
   trajectories_.Close();
   journal_.reset();  // closes RocksDB
   update_mu_.unlock();
-  if (!rollouts_done) {
-    spdlog::warn("serve: proxied rollouts still in flight at the shutdown deadline");
-  }
   return rollouts_done;
 }
 

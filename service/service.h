@@ -33,6 +33,8 @@
 #include "effects/transfer.h"
 #include "journal/journal.h"
 #include "service/config.h"
+#include "service/connection_gate.h"  // proxy owner
+#include "service/inflight_calls.h"   // proxy owner
 #include "service/disconnect.h"
 #include "service/metrics.h"
 #include "service/trajectories.h"
@@ -155,6 +157,11 @@ class Service {
 
   std::string rollout_prefix_;
   std::atomic<std::uint64_t> rollout_counter_{0};
+
+  // ---- proxy owner: the gated HTTP front and the proxied calls in flight (connection_gate.h,
+  // inflight_calls.h). Declared last so they are destroyed first, while what handlers use lives.
+  InFlightCalls in_flight_calls_;
+  std::unique_ptr<GatedHttpServer> http_;
 };
 
 // The cache_salt a proxied request is sent with: a digest of the committed version and identity

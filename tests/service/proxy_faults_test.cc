@@ -1,0 +1,364 @@
+// Trust-under-faults tests of serve's HTTP front and proxy: a real Service (RocksDB journal in a
+// temp dir) behind the connection gate, in front of the in-process vLLM double, over loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "effects/http_transfer.h"
+#include "fixtures/vllm_double.h"
+#include "service/connection_gate.h"
+#include "service/service.h"
+
+namespace rc::service {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+std::int64_t ms_since(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+struct Stack {
+  fs::path dir;
+  std::unique_ptr<fixtures::VllmDouble> engine;
+  std::unique_ptr<Service> svc;
+
+  explicit Stack(std::function<void(ServeConfig&)> tweak = nullptr) {
+    static int counter = 0;
+    dir = fs::temp_directory_path() /
+          ("rc-proxyfault-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fixtures::VllmDoubleOptions eo;
+    eo.worker_extension_cls = effects::kWorkerExtensionClass;
+    eo.token_delay_ms = 1;
+    engine = std::make_unique<fixtures::VllmDouble>(eo);
+    RC_CHECK(engine->Start(0) > 0);
+    ServeConfig c;
+    c.engine_url = engine->base_url();
+    c.journal_path = (dir / "journal").string();
+    c.listen_port = 0;
+    c.initial_source = "synthetic:4x64";
+    c.initial_checkpoint = "ckpt-0";
+    c.initial_run = "run-a";
+    c.initial_step = 0;
+    c.admit_wait_ms = 5000;
+    if (tweak) tweak(c);
+    auto opened = Service::Open(c);
+    if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
+    RC_CHECK(opened.ok());
+    svc = std::move(opened.value());
+    RC_CHECK(svc->Start().ok());
+  }
+  ~Stack() {
+    if (svc) (void)svc->Shutdown(5000);
+    svc.reset();
+    engine->Stop();
+    fs::remove_all(dir);
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", svc->port());
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+};
+
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  RC_CHECK(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  RC_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  return fd;
+}
+
+// Sends raw bytes as one request and returns everything the server answered until it closed.
+std::string raw_exchange(int port, const std::string& bytes) {
+  const int fd = connect_loopback(port);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  RC_CHECK(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size()));
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::string post_bytes(const std::string& path, const std::string& body,
+                       const std::string& extra_headers = "") {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+         extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+int status_of(const std::string& response) {
+  if (response.size() < 12 || response.rfind("HTTP/1.1 ", 0) != 0) return 0;
+  return std::atoi(response.substr(9, 3).c_str());
+}
+
+std::string completion_body(bool stream) {
+  return json{{"model", "rc-double-model"}, {"prompt", "hi"}, {"max_tokens", 4},
+              {"stream", stream}}.dump();
+}
+
+// Proves that clients trickling their request heads cannot starve the server: with 8 workers and
+// 64 tricklers, proxied rollouts and trainer calls keep completing, and every trickler is closed
+// at the header deadline. Catches: a worker (or any blocking wait) per connection still in its
+// head, and a missing header deadline (tricklers held forever).
+TEST(ConnectionGate, TricklersDoNotStarveWorkersAndAreClosedAtTheHeaderDeadline) {
+  constexpr std::uint64_t kHeaderTimeoutMs = 2000;
+  Stack s([](ServeConfig& c) {
+    c.http_threads = 8;
+    c.header_timeout_ms = kHeaderTimeoutMs;
+    c.idle_timeout_ms = 1000;
+  });
+  constexpr int kTricklers = 64;
+  struct Trickler {
+    int fd = -1;
+    Clock::time_point opened;
+    std::int64_t closed_after_ms = -1;
+  };
+  std::vector<Trickler> tricklers(kTricklers);
+  for (auto& t : tricklers) {
+    t.fd = connect_loopback(s.svc->port());
+    t.opened = Clock::now();
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: ";
+    for (std::size_t i = 0; !stop.load(); ++i) {
+      for (auto& t : tricklers) {
+        if (t.closed_after_ms >= 0) continue;
+        const char c = head[std::min(i, head.size() - 1)];
+        pollfd p{t.fd, POLLIN, 0};
+        const bool readable = ::poll(&p, 1, 0) > 0;  // an answer (408) or EOF: closed by us
+        if (readable || ::send(t.fd, &c, 1, MSG_NOSIGNAL) != 1) {
+          t.closed_after_ms = ms_since(t.opened);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  // Meanwhile, rollouts through the proxy and trainer calls answer promptly.
+  for (int i = 0; i < 12; ++i) {
+    const auto t0 = Clock::now();
+    auto c = s.client();
+    auto r = c.Post("/v1/completions", completion_body(i % 2 == 1), "application/json");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+    auto st = c.Get("/v1/state");
+    ASSERT_TRUE(st);
+    EXPECT_EQ(st->status, 200);
+    EXPECT_LT(ms_since(t0), 1500) << "request " << i << " waited behind tricklers";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(kHeaderTimeoutMs + 1500));
+  stop.store(true);
+  trickle.join();
+  for (const auto& t : tricklers) {
+    EXPECT_GE(t.closed_after_ms, static_cast<std::int64_t>(kHeaderTimeoutMs) - 100);
+    EXPECT_LE(t.closed_after_ms, static_cast<std::int64_t>(kHeaderTimeoutMs) + 1000);
+    ::close(t.fd);
+  }
+  EXPECT_GE(s.svc->metrics().finishes_completed.load(), 12u);
+}
+
+// Proves that a connection that never sends a byte is closed at the idle deadline and that
+// connections beyond the gate's budget are refused at once. Catches: silent connections held
+// until the (longer) header deadline, and an unbounded gate.
+TEST(ConnectionGate, IdleConnectionsCloseAndTheBudgetRefusesBeyondIt) {
+  Stack s([](ServeConfig& c) {
+    c.http_threads = 4;
+    c.http_connections_max = 8;
+    c.header_timeout_ms = 10000;
+    c.idle_timeout_ms = 500;
+  });
+  std::vector<int> fds;
+  for (int i = 0; i < 8; ++i) fds.push_back(connect_loopback(s.svc->port()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The ninth is over budget: 503 without waiting.
+  const std::string refused = raw_exchange(s.svc->port(), post_bytes("/v1/state", ""));
+  EXPECT_EQ(status_of(refused), 503) << refused;
+  const auto t0 = Clock::now();
+  for (int fd : fds) {
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);  // the 408, then EOF
+    EXPECT_GT(n, 0);
+    if (n > 0) {
+      EXPECT_EQ(status_of(std::string(buf, static_cast<std::size_t>(n))), 408);
+    }
+    ::close(fd);
+  }
+  EXPECT_LT(ms_since(t0), 3000);
+  // Budget released: served again.
+  auto c = s.client();
+  auto r = c.Get("/v1/state");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+// Proves that invalid UTF-8 from the engine (an error body cut inside a character: vLLM echoes a
+// long non-ASCII model name in its 404) and from clients never crashes serve, on every proxy
+// route, streamed or not. Catches: a throwing json::dump() inside httplib's content provider
+// (std::terminate), and client bytes that reach a throwing serialiser.
+TEST(ProxyText, InvalidUtf8FromEngineAndClientsNeverCrashes) {
+  Stack s;
+  std::string accents;
+  for (int i = 0; i < 300; ++i) accents += "\xc3\xa9";  // é
+  const char* routes[] = {"/v1/completions", "/v1/chat/completions"};
+  for (const char* route : routes) {
+    for (bool stream : {false, true}) {
+      for (const std::string pad : {"", "x"}) {  // the cut at byte 400 falls on both parities
+        json body = {{"model", pad + accents}, {"max_tokens", 2}, {"stream", stream}};
+        if (std::string(route) == "/v1/completions") {
+          body["prompt"] = "hi";
+        } else {
+          body["messages"] = json::array({{{"role", "user"}, {"content", "hi"}}});
+        }
+        auto c = s.client();
+        auto r = c.Post(route, body.dump(), "application/json");
+        ASSERT_TRUE(r) << route << " stream=" << stream;
+        EXPECT_TRUE(stream ? r->status == 200 : r->status == 404) << r->status;
+        if (stream) {
+          EXPECT_NE(r->body.find("\"upstream\""), std::string::npos) << r->body;
+        }
+      }
+    }
+  }
+  // Client bytes: invalid UTF-8 in a JSON string and in the rollout id header, on every route.
+  const char* all_routes[] = {"/v1/completions", "/v1/chat/completions",
+                              "/inference/v1/generate"};
+  for (const char* route : all_routes) {
+    for (bool stream : {false, true}) {
+      const std::string bad_body = std::string("{\"model\":\"m\xff\xfe\",\"stream\":") +
+                                   (stream ? "true" : "false") + ",\"prompt\":\"\xc3\"}";
+      EXPECT_EQ(status_of(raw_exchange(s.svc->port(), post_bytes(route, bad_body))), 400);
+      const std::string bad_header = "X-RolloutCore-Rollout-Id: r\xc3\x28\r\n";
+      EXPECT_EQ(status_of(raw_exchange(s.svc->port(),
+                                       post_bytes(route, completion_body(stream), bad_header))),
+                400);
+    }
+  }
+  // Engine bodies that are not JSON at all (garbage on a 200).
+  fixtures::RouteFault garbage;
+  garbage.garbage_body = true;
+  s.engine->SetRouteFault("/v1/completions", garbage);
+  for (bool stream : {false, true}) {
+    auto c = s.client();
+    auto r = c.Post("/v1/completions", completion_body(stream), "application/json");
+    ASSERT_TRUE(r);
+  }
+  s.engine->ClearFaults();
+  auto c = s.client();
+  auto r = c.Get("/v1/state");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(s.svc->metrics().proxy_in_flight.load(), 0);
+}
+
+// Proves that X-RolloutCore-Rollout-Id is taken verbatim and validated: "zz%00yy" is admitted as
+// "zz%00yy" (not percent-decoded to "zz"), control bytes and over-long values are 400. Catches:
+// the header decoding of cpp-httplib 0.11 reaching the journal, and unvalidated ids.
+TEST(ProxyText, RolloutIdHeaderIsVerbatimAndValidated) {
+  Stack s;
+  const std::string body = completion_body(false);
+  std::string ok = raw_exchange(s.svc->port(), post_bytes("/v1/completions", body,
+                                                          "X-RolloutCore-Rollout-Id: zz%00yy\r\n"));
+  EXPECT_EQ(status_of(ok), 200) << ok;
+  EXPECT_NE(ok.find("X-RolloutCore-Rollout-Id: zz%00yy\r\n"), std::string::npos) << ok;
+  bool journaled = false;
+  Status st = s.svc->journal().Scan(1, 0, [&](const journal::Record& rec) {
+    if (const auto* a = std::get_if<RolloutAdmitted>(&rec.event)) {
+      journaled = journaled || a->rollout_id == "zz%00yy";
+    }
+    return Status::OK();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(journaled);
+  const std::string bad[] = {"X-RolloutCore-Rollout-Id: a\x01" "b\r\n",
+                             "X-RolloutCore-Rollout-Id: " + std::string(129, 'a') + "\r\n",
+                             "X-RolloutCore-Rollout-Id: a\r\nX-RolloutCore-Rollout-Id: b\r\n"};
+  for (const std::string& h : bad) {
+    EXPECT_EQ(status_of(raw_exchange(s.svc->port(), post_bytes("/v1/completions", body, h))), 400)
+        << h;
+  }
+}
+
+// Proves that Shutdown enforces its grace: with an engine request hung in flight it returns false
+// within grace + a small bound, the hung rollout is recorded aborted, and requests during the
+// grace are refused 503 with Retry-After. Catches: Shutdown joining workers that proxy for up to
+// request_timeout_ms, a cancelled rollout left unfinished, refusals without Retry-After.
+TEST(ProxyShutdown, GraceIsEnforcedWithAHungEngineRequest) {
+  Stack s;
+  fixtures::RouteFault hang;
+  hang.hang = true;
+  hang.times = 1;
+  s.engine->SetRouteFault("/v1/completions", hang);
+  std::thread hung([&] {
+    auto c = s.client();
+    (void)c.Post("/v1/completions", completion_body(false), "application/json");
+  });
+  const auto wait_start = Clock::now();
+  while (s.svc->metrics().proxy_in_flight.load() == 0 && ms_since(wait_start) < 5000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(s.svc->metrics().proxy_in_flight.load(), 1);
+  constexpr std::uint64_t kGraceMs = 1000;
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::string r = raw_exchange(s.svc->port(), post_bytes("/v1/completions",
+                                                                 completion_body(false)));
+    EXPECT_EQ(status_of(r), 503) << r;
+    EXPECT_NE(r.find("Retry-After: "), std::string::npos) << r;
+  });
+  const std::uint64_t aborted_before = s.svc->metrics().finishes_aborted.load();
+  const auto t0 = Clock::now();
+  const bool clean = s.svc->Shutdown(kGraceMs);
+  const std::int64_t took_ms = ms_since(t0);
+  EXPECT_FALSE(clean);
+  EXPECT_GE(took_ms, static_cast<std::int64_t>(kGraceMs));
+  EXPECT_LT(took_ms, static_cast<std::int64_t>(kGraceMs) + 3000);
+  EXPECT_EQ(s.svc->metrics().finishes_aborted.load(), aborted_before + 1);
+  EXPECT_EQ(s.svc->metrics().proxy_in_flight.load(), 0);
+  late.join();
+  hung.join();
+  s.svc.reset();
+}
+
+// Proves FindRawHeader reads a raw head verbatim, case-insensitively, and flags duplicates.
+// Catches: decoded or merged header values reaching validation.
+TEST(ConnectionGate, FindRawHeaderIsVerbatim) {
+  const std::string head =
+      "POST / HTTP/1.1\r\nHost: x\r\nx-rolloutcore-rollout-id:  a%20b \r\nA: 1\r\nA: 2\r\n\r\n";
+  RawHeader id = FindRawHeader(head, "X-RolloutCore-Rollout-Id");
+  ASSERT_TRUE(id.value);
+  EXPECT_EQ(*id.value, "a%20b");
+  EXPECT_FALSE(id.duplicate);
+  EXPECT_TRUE(FindRawHeader(head, "A").duplicate);
+  EXPECT_FALSE(FindRawHeader(head, "Missing").value);
+}
+
+}  // namespace
+}  // namespace rc::service
