@@ -360,5 +360,47 @@ TEST(ConnectionGate, FindRawHeaderIsVerbatim) {
   EXPECT_FALSE(FindRawHeader(head, "Missing").value);
 }
 
+// Proves the gate alone (no Service): with 2 workers and 16 tricklers a plain route keeps
+// answering, and tricklers get 408 at the header deadline. Catches: a worker per waiting
+// connection, a missing header deadline, a gate that never hands complete requests over.
+TEST(ConnectionGate, GatedServerServesWhileTricklersWait) {
+  auto routes = GatedHttpServer::MakeRoutesServer();
+  routes->Get("/ping", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("pong", "text/plain");
+  });
+  GateOptions o;
+  o.workers = 2;
+  o.connections_max = 64;
+  o.header_timeout_ms = 1000;
+  o.idle_timeout_ms = 5000;
+  GatedHttpServer http(*routes, o);
+  const int port = http.Bind("127.0.0.1", 0, 128);
+  ASSERT_GT(port, 0);
+  http.Start();
+  std::vector<int> tricklers;
+  for (int i = 0; i < 16; ++i) {
+    tricklers.push_back(connect_loopback(port));
+    ASSERT_EQ(::send(tricklers.back(), "G", 1, MSG_NOSIGNAL), 1);
+  }
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 20; ++i) {
+    httplib::Client c("127.0.0.1", port);
+    auto r = c.Get("/ping");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->body, "pong");
+  }
+  EXPECT_LT(ms_since(t0), 900);
+  for (int fd : tricklers) {
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    EXPECT_EQ(status_of(std::string(buf, static_cast<std::size_t>(n))), 408);
+    ::close(fd);
+  }
+  EXPECT_GE(ms_since(t0), 900);
+  EXPECT_EQ(http.gate().counters().header_timeouts.load(), 16u);
+  EXPECT_TRUE(http.Stop(Clock::now() + std::chrono::seconds(5)));
+}
+
 }  // namespace
 }  // namespace rc::service
