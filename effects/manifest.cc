@@ -4,6 +4,8 @@
 
 #include <set>
 
+#include "statemachine/text.h"
+
 namespace rc::effects {
 
 std::size_t dtype_bytes(DType d) {
@@ -37,11 +39,12 @@ const char* dtype_safetensors_name(DType d) {
 }
 Result<DType> dtype_from_torch_name(const std::string& name) {
   for (const auto& n : kNames) if (name == n.torch) return n.d;
-  return Status::InvalidArgument("unsupported dtype '" + name + "'");
+  return Status::InvalidArgument("unsupported dtype '" + text::escape_line(name.substr(0, 64)) + "'");
 }
 Result<DType> dtype_from_safetensors_name(const std::string& name) {
   for (const auto& n : kNames) if (name == n.st) return n.d;
-  return Status::InvalidArgument("unsupported safetensors dtype '" + name + "'");
+  return Status::InvalidArgument("unsupported safetensors dtype '" +
+                                 text::escape_line(name.substr(0, 64)) + "'");
 }
 
 std::uint64_t TensorSpec::numel() const {
@@ -61,16 +64,20 @@ Status Manifest::Validate() const {
   std::set<std::string> names;
   constexpr std::uint64_t kBytesMax = std::uint64_t{1} << 50;  // 1 PiB: far above any model
   std::uint64_t total = 0;
-  for (const auto& t : tensors) {
+  // Tensors are named by position: names come from files a caller may point at, and an error
+  // message must not carry a file's content (see SourceManifestDigest).
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
+    const std::string who = "tensor #" + std::to_string(i);
     if (t.name.empty() || t.name.size() > kTensorNameBytesMax) {
-      return Status::InvalidArgument("tensor name empty or longer than " +
+      return Status::InvalidArgument(who + ": name empty or longer than " +
                                      std::to_string(kTensorNameBytesMax));
     }
-    if (!names.insert(t.name).second) return Status::InvalidArgument("duplicate tensor " + t.name);
-    if (t.shape.size() > kTensorRankMax) return Status::InvalidArgument("rank too high: " + t.name);
+    if (!names.insert(t.name).second) return Status::InvalidArgument(who + ": duplicate name");
+    if (t.shape.size() > kTensorRankMax) return Status::InvalidArgument(who + ": rank too high");
     std::uint64_t n = 1;
     for (std::uint64_t d : t.shape) {
-      if (d != 0 && n > kBytesMax / d) return Status::InvalidArgument("shape overflows: " + t.name);
+      if (d != 0 && n > kBytesMax / d) return Status::InvalidArgument(who + ": shape overflows");
       n *= d;
     }
     const std::uint64_t bytes = n * dtype_bytes(t.dtype);

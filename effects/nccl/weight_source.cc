@@ -10,7 +10,9 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 
+#include "effects/http_transfer.h"
 #include "effects/nccl/rendezvous.h"
+#include "statemachine/text.h"
 
 namespace rc::effects::nccl {
 namespace {
@@ -23,29 +25,45 @@ bool ReadU64(const json& j, std::uint64_t* out) {
   return true;
 }
 
-Status ReadShape(const json& j, const std::string& name, std::vector<std::uint64_t>* shape) {
+// Error messages about a file's content name a tensor by its position, never by its name or any
+// value read from the file: the manifest route computes manifests of paths a caller names, and an
+// error must not become a way to read a file's bytes (the first 8 of any file used to come back
+// as a "header length").
+std::string Nth(const char* what, std::size_t i) {
+  return std::string(what) + " #" + std::to_string(i);
+}
+
+Status ReadShape(const json& j, const std::string& who, std::vector<std::uint64_t>* shape) {
   if (!j.is_array() || j.size() > kTensorRankMax) {
-    return Status::InvalidArgument("tensor '" + name + "': shape must be an array of rank <= " +
+    return Status::InvalidArgument(who + ": shape must be an array of rank <= " +
                                    std::to_string(kTensorRankMax));
   }
   for (const auto& d : j) {
     std::uint64_t v = 0;
     if (!ReadU64(d, &v)) {
-      return Status::InvalidArgument("tensor '" + name + "': shape holds a non-integer or negative");
+      return Status::InvalidArgument(who + ": shape holds a non-integer or negative");
     }
     shape->push_back(v);
   }
   return Status::OK();
 }
 
+// Reads exactly `bytes` at `offset`. Bounded: every pass either makes progress or returns, and
+// interrupted calls are retried at most kEintrRetriesMax times in a row. The descriptor is a
+// regular file (OpenRegularFile), so no pread here waits for a writer.
+constexpr int kEintrRetriesMax = 64;
+constexpr std::uint64_t kReadChunkBytesMax = 64u << 20;
+
 Status ReadExact(int fd, std::uint64_t offset, void* dst, std::uint64_t bytes) {
   auto* p = static_cast<char*>(dst);
+  int interrupted = 0;
   while (bytes > 0) {
-    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, 1u << 30));
+    const std::size_t want = static_cast<std::size_t>(std::min(bytes, kReadChunkBytesMax));
     const ssize_t got = ::pread(fd, p, want, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && errno == EINTR && ++interrupted <= kEintrRetriesMax) continue;
     if (got < 0) return Status::IOError(std::string("pread: ") + std::strerror(errno));
     if (got == 0) return Status::IOError("file truncated while reading");
+    interrupted = 0;
     p += got;
     offset += static_cast<std::uint64_t>(got);
     bytes -= static_cast<std::uint64_t>(got);
@@ -53,19 +71,53 @@ Status ReadExact(int fd, std::uint64_t offset, void* dst, std::uint64_t bytes) {
   return Status::OK();
 }
 
-Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Opens `path` read-only as a regular file. O_NONBLOCK keeps open() of a FIFO from waiting
+// forever for a writer; anything but a regular file (FIFO, socket, device, directory) is refused
+// before a read could block on it. `st` receives the descriptor's fstat.
+Result<int> OpenRegularFile(const std::string& path, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+  if (::fstat(fd, st) != 0) {
+    const int err = errno;
     ::close(fd);
-    return Status::InvalidArgument(path + ": unreadable or larger than " + std::to_string(max_bytes));
+    return Status::IOError("fstat " + path + ": " + std::strerror(err));
+  }
+  if (!S_ISREG(st->st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument(path + ": not a regular file");
+  }
+  return fd;
+}
+
+Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t max_bytes) {
+  struct stat st {};
+  Result<int> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return fd.status();
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    ::close(*fd);
+    return Status::InvalidArgument(path + ": larger than " + std::to_string(max_bytes) + " bytes");
   }
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  Status s = ReadExact(fd, 0, text.data(), text.size());
-  ::close(fd);
+  Status s = ReadExact(*fd, 0, text.data(), text.size());
+  ::close(*fd);
   if (!s.ok()) return s;
   return text;
+}
+
+// The index of the safetensors file open on `fd` (`file_bytes` from its fstat).
+Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes) {
+  std::string prefix(std::min<std::uint64_t>(file_bytes, 8), '\0');
+  RC_RETURN_IF_ERROR(ReadExact(fd, 0, prefix.data(), prefix.size()));
+  if (prefix.size() == 8) {
+    std::uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+    // Bounded before the allocation: the format's limit and the file's size.
+    if (header_len <= kSafetensorsHeaderBytesMax && header_len <= file_bytes - 8) {
+      prefix.resize(8 + header_len);
+      RC_RETURN_IF_ERROR(ReadExact(fd, 8, prefix.data() + 8, header_len));
+    }
+  }
+  return ParseSafetensorsHeader(prefix, file_bytes);
 }
 
 }  // namespace
@@ -77,14 +129,15 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   }
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+  // The length's value is the file's first 8 bytes: never echoed (see Nth).
   if (header_len > kSafetensorsHeaderBytesMax) {
-    return Status::InvalidArgument("safetensors: header length " + std::to_string(header_len) +
-                                   " exceeds " + std::to_string(kSafetensorsHeaderBytesMax));
+    return Status::InvalidArgument("safetensors: header length exceeds " +
+                                   std::to_string(kSafetensorsHeaderBytesMax) +
+                                   " (not a safetensors file?)");
   }
   if (header_len > file_bytes - 8) {
-    return Status::InvalidArgument("safetensors: header length " + std::to_string(header_len) +
-                                   " runs past the end of a " + std::to_string(file_bytes) +
-                                   "-byte file (truncated?)");
+    return Status::InvalidArgument("safetensors: header length runs past the end of a " +
+                                   std::to_string(file_bytes) + "-byte file (truncated?)");
   }
   if (prefix.size() < 8 + header_len) {
     return Status::InvalidArgument("safetensors: header not fully read");
@@ -98,10 +151,11 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   index.file_bytes = file_bytes;
   const std::uint64_t data_start = 8 + header_len;
   const std::uint64_t data_bytes = file_bytes - data_start;
-  struct Entry { TensorSpec spec; std::uint64_t begin, end; };
+  struct Entry { TensorSpec spec; std::uint64_t begin, end; std::string who; };
   std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
+    const std::string who = "safetensors: " + Nth("tensor", entries.size());
     if (name == "__metadata__") {
       if (!it->is_object()) return Status::InvalidArgument("safetensors: __metadata__ not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
@@ -114,24 +168,23 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
     const json& t = *it;
     if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
         !t.contains("data_offsets")) {
-      return Status::InvalidArgument("safetensors: tensor '" + name +
-                                     "' lacks dtype, shape or data_offsets");
+      return Status::InvalidArgument(who + " lacks dtype, shape or data_offsets");
     }
-    if (!t["dtype"].is_string()) return Status::InvalidArgument("safetensors: '" + name + "' dtype not a string");
+    if (!t["dtype"].is_string()) return Status::InvalidArgument(who + ": dtype not a string");
     auto dtype = dtype_from_safetensors_name(t["dtype"].get<std::string>());
-    if (!dtype.ok()) return Status::InvalidArgument("safetensors: '" + name + "': " + dtype.status().message());
+    if (!dtype.ok()) return Status::InvalidArgument(who + ": unsupported dtype");
     Entry e;
     e.spec.name = name;
     e.spec.dtype = *dtype;
-    if (Status s = ReadShape(t["shape"], name, &e.spec.shape); !s.ok()) return s;
+    e.who = who;
+    if (Status s = ReadShape(t["shape"], who, &e.spec.shape); !s.ok()) return s;
     const json& off = t["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !ReadU64(off[0], &e.begin) || !ReadU64(off[1], &e.end) ||
         e.begin > e.end) {
-      return Status::InvalidArgument("safetensors: '" + name + "' data_offsets must be [begin<=end]");
+      return Status::InvalidArgument(who + ": data_offsets must be [begin<=end]");
     }
     if (e.end > data_bytes) {
-      return Status::InvalidArgument("safetensors: '" + name + "' data_offsets end " +
-                                     std::to_string(e.end) + " beyond the data section (" +
+      return Status::InvalidArgument(who + ": data_offsets end beyond the data section (" +
                                      std::to_string(data_bytes) + " bytes; truncated?)");
     }
     entries.push_back(std::move(e));
@@ -142,8 +195,7 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   std::uint64_t cursor = 0;
   for (auto& e : entries) {
     if (e.begin != cursor) {
-      return Status::InvalidArgument("safetensors: '" + e.spec.name + "' starts at " +
-                                     std::to_string(e.begin) + ", expected " + std::to_string(cursor) +
+      return Status::InvalidArgument(e.who + ": data does not start where the previous tensor's ends" +
                                      (e.begin < cursor ? " (overlap)" : " (gap)"));
     }
     cursor = e.end;
@@ -151,52 +203,42 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
     index.manifest.tensors.push_back(std::move(e.spec));
   }
   if (cursor != data_bytes) {
-    return Status::InvalidArgument("safetensors: tensors cover " + std::to_string(cursor) +
-                                   " data bytes but the file holds " + std::to_string(data_bytes));
+    return Status::InvalidArgument("safetensors: tensors do not cover the data section (the file "
+                                   "holds " + std::to_string(data_bytes) + " data bytes)");
   }
-  if (Status s = index.manifest.Validate(); !s.ok()) return s;
+  if (Status s = index.manifest.Validate(); !s.ok()) return Status::InvalidArgument("safetensors: " + s.message());
   // Validate() bounds the shapes first, so nbytes() cannot overflow here.
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& spec = index.manifest.tensors[i];
     if (entries[i].end - entries[i].begin != spec.nbytes()) {
-      return Status::InvalidArgument("safetensors: '" + spec.name + "' holds " +
-                                     std::to_string(entries[i].end - entries[i].begin) +
-                                     " bytes, its dtype and shape need " + std::to_string(spec.nbytes()));
+      return Status::InvalidArgument(entries[i].who +
+                                     ": byte range does not match its dtype and shape");
     }
   }
   return index;
 }
 
 Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return Status::IOError("fstat " + path);
-  }
-  const std::uint64_t file_bytes = static_cast<std::uint64_t>(st.st_size);
-  std::string prefix(std::min<std::uint64_t>(file_bytes, 8), '\0');
-  Status s = ReadExact(fd, 0, prefix.data(), prefix.size());
-  if (s.ok() && prefix.size() == 8) {
-    std::uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
-    if (header_len <= kSafetensorsHeaderBytesMax && header_len <= file_bytes - 8) {
-      prefix.resize(8 + header_len);
-      s = ReadExact(fd, 8, prefix.data() + 8, header_len);
-    }
-  }
-  ::close(fd);
-  if (!s.ok()) return s;
-  return ParseSafetensorsHeader(prefix, file_bytes);
+  Result<int> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return fd.status();
+  Result<SafetensorsIndex> index = ReadIndexFromFd(*fd, static_cast<std::uint64_t>(st.st_size));
+  ::close(*fd);
+  return index;
 }
 
 Result<std::unique_ptr<SafetensorsSource>> SafetensorsSource::Open(const std::string& path) {
-  auto index = ReadSafetensorsIndex(path);
-  if (!index.ok()) return index.status();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
-  return std::unique_ptr<SafetensorsSource>(new SafetensorsSource(fd, std::move(*index)));
+  // One open(): the index and every later ReadHost use this descriptor, so a rename onto `path`
+  // at any point cannot pair one file's index with another file's bytes.
+  struct stat st {};
+  Result<int> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return fd.status();
+  Result<SafetensorsIndex> index = ReadIndexFromFd(*fd, static_cast<std::uint64_t>(st.st_size));
+  if (!index.ok()) {
+    ::close(*fd);
+    return index.status();
+  }
+  return std::unique_ptr<SafetensorsSource>(new SafetensorsSource(*fd, std::move(*index)));
 }
 
 SafetensorsSource::~SafetensorsSource() {
@@ -219,7 +261,8 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
   IpcHandleFile out;
   bool first = true;
   for (const auto& t : doc["tensors"]) {
-    if (!t.is_object()) return Status::InvalidArgument("ipc file: tensor entry not an object");
+    const std::string who = "ipc file: " + Nth("tensor", out.refs.size());
+    if (!t.is_object()) return Status::InvalidArgument(who + ": entry not an object");
     for (const char* k : {"name", "dtype", "shape", "ipc_handle_b64", "allocation_bytes", "offset", "device"}) {
       if (!t.contains(k)) return Status::InvalidArgument(std::string("ipc file: entry lacks '") + k + "'");
     }
@@ -230,18 +273,18 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
     TensorSpec spec;
     spec.name = t["name"].get<std::string>();
     auto dtype = dtype_from_torch_name(t["dtype"].get<std::string>());
-    if (!dtype.ok()) return Status::InvalidArgument("ipc file: '" + spec.name + "': " + dtype.status().message());
+    if (!dtype.ok()) return Status::InvalidArgument(who + ": unsupported dtype");
     spec.dtype = *dtype;
-    if (Status s = ReadShape(t["shape"], spec.name, &spec.shape); !s.ok()) return s;
+    if (Status s = ReadShape(t["shape"], who, &spec.shape); !s.ok()) return s;
     IpcTensorRef ref;
     if (!ReadU64(t["allocation_bytes"], &ref.allocation_bytes) || !ReadU64(t["offset"], &ref.offset)) {
-      return Status::InvalidArgument("ipc file: '" + spec.name + "' offset/allocation_bytes not unsigned");
+      return Status::InvalidArgument(who + ": offset/allocation_bytes not unsigned");
     }
     const std::string& b64 = t["ipc_handle_b64"].get_ref<const std::string&>();
     if (b64.size() > 128) return Status::InvalidArgument("ipc file: handle text too long");
     auto handle = Base64Decode(b64);
     if (!handle.ok() || handle->size() != kCudaIpcHandleBytes) {
-      return Status::InvalidArgument("ipc file: '" + spec.name + "' handle is not base64 of 64 bytes");
+      return Status::InvalidArgument(who + ": handle is not base64 of 64 bytes");
     }
     ref.handle = std::move(*handle);
     const int device = t["device"].get<int>();
@@ -252,13 +295,13 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
     out.manifest.tensors.push_back(std::move(spec));
     out.refs.push_back(std::move(ref));
   }
-  if (Status s = out.manifest.Validate(); !s.ok()) return s;
+  if (Status s = out.manifest.Validate(); !s.ok()) return Status::InvalidArgument("ipc file: " + s.message());
   for (std::size_t i = 0; i < out.refs.size(); ++i) {
     const auto& r = out.refs[i];
     const std::uint64_t n = out.manifest.tensors[i].nbytes();
     if (r.offset > r.allocation_bytes || n > r.allocation_bytes - r.offset) {
-      return Status::InvalidArgument("ipc file: '" + out.manifest.tensors[i].name +
-                                     "' lies outside its allocation");
+      return Status::InvalidArgument("ipc file: " + Nth("tensor", i) +
+                                     " lies outside its allocation");
     }
   }
   return out;
@@ -268,6 +311,77 @@ Result<IpcHandleFile> ReadIpcHandleFile(const std::string& path) {
   auto text = ReadSmallFile(path, kIpcFileBytesMax);
   if (!text.ok()) return text.status();
   return ParseIpcHandleFile(*text);
+}
+
+// ---- source URIs ----
+
+namespace {
+
+constexpr std::string_view kSyntheticScheme = "synthetic:";
+constexpr std::string_view kSafetensorsScheme = "safetensors:";
+constexpr std::string_view kIpcScheme = "ipc:";
+constexpr std::size_t kPathBytesMax = 4095;  // PATH_MAX less its NUL
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+Status ValidatePath(std::string_view path) {
+  if (path.empty() || path.front() != '/') {
+    return Status::InvalidArgument("source path must be absolute");
+  }
+  if (path.size() > kPathBytesMax) return Status::InvalidArgument("source path too long");
+  if (path.size() > 1 && path.back() == '/') {
+    return Status::InvalidArgument("source path must name a file (trailing '/')");
+  }
+  for (std::size_t begin = 1; begin <= path.size();) {
+    const std::size_t end = std::min(path.find('/', begin), path.size());
+    const std::string_view part = path.substr(begin, end - begin);
+    if (part.empty() || part == "." || part == "..") {
+      return Status::InvalidArgument(
+          "source path must be normal (no empty, '.' or '..' component)");
+    }
+    begin = end + 1;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ValidateSourceUri(const std::string& uri) {
+  if (uri.size() > kSourceUriBytesMax) {
+    return Status::InvalidArgument("source longer than " + std::to_string(kSourceUriBytesMax) +
+                                   " bytes");
+  }
+  if (!text::printable_utf8(uri)) {
+    return Status::InvalidArgument("source must be UTF-8 without control characters");
+  }
+  if (StartsWith(uri, kSyntheticScheme)) {
+    Result<Manifest> m = synthetic_manifest(uri);
+    return m.ok() ? Status::OK() : m.status();
+  }
+  if (StartsWith(uri, kSafetensorsScheme)) {
+    return ValidatePath(std::string_view(uri).substr(kSafetensorsScheme.size()));
+  }
+  if (StartsWith(uri, kIpcScheme)) return ValidatePath(std::string_view(uri).substr(kIpcScheme.size()));
+  return Status::InvalidArgument("source must start with synthetic:, safetensors: or ipc:");
+}
+
+Result<std::string> SourceManifestDigest(const std::string& uri) {
+  RC_RETURN_IF_ERROR(ValidateSourceUri(uri));
+  if (StartsWith(uri, kSyntheticScheme)) {
+    Result<Manifest> m = synthetic_manifest(uri);
+    if (!m.ok()) return m.status();
+    return m->digest();
+  }
+  if (StartsWith(uri, kSafetensorsScheme)) {
+    Result<SafetensorsIndex> index = ReadSafetensorsIndex(uri.substr(kSafetensorsScheme.size()));
+    if (!index.ok()) return index.status();
+    return index->manifest.digest();
+  }
+  Result<IpcHandleFile> file = ReadIpcHandleFile(uri.substr(kIpcScheme.size()));
+  if (!file.ok()) return file.status();
+  return file->manifest.digest();
 }
 
 // ---- SourceCache ----

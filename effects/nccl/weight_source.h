@@ -107,6 +107,24 @@ struct IpcHandleFile {
 [[nodiscard]] Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text);
 [[nodiscard]] Result<IpcHandleFile> ReadIpcHandleFile(const std::string& path);
 
+// ---- source URIs, checked before anything touches the engine ----
+//
+// uri := "synthetic:" N "x" DIM [":" SEED]      (bounds of effects/http_transfer.h)
+//      | "safetensors:" PATH | "ipc:" PATH
+// PATH is absolute and normal: it starts with "/", has no empty, "." or ".." component and no
+// trailing "/". The whole URI is printable UTF-8 (no control bytes) of at most
+// kSourceUriBytesMax bytes.
+inline constexpr std::size_t kSourceUriBytesMax = 4096;
+
+// Syntax and bounds only: no file is opened. InvalidArgument names what is wrong.
+[[nodiscard]] Status ValidateSourceUri(const std::string& uri);
+
+// The manifest digest of the source behind `uri`, computed without any engine call: the synthetic
+// spec, the safetensors header (the file's data is not read) or the IPC handle file (not mapped).
+// InvalidArgument for a bad URI or a malformed file, IOError/NotFound-like IOError when it cannot
+// be read. Error messages never quote the file's content (only its path and size).
+[[nodiscard]] Result<std::string> SourceManifestDigest(const std::string& uri);
+
 // ---- opened sources, by URI ----
 //
 // A trainer typically updates from the same path again and again ("safetensors:/ckpt/latest"

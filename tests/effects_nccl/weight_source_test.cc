@@ -66,8 +66,8 @@ TEST(Safetensors, MalformedFilesRejected) {
       {File(hdr("[0,4]", "[6,14]"), std::string(14, 'x')), "(gap)"},
       {File(hdr("[0,4]", "[2,10]"), std::string(10, 'x')), "(overlap)"},
       {File(hdr("[0,4]", "[4,12]"), std::string(11, 'x')), "beyond the data section"},
-      {File(hdr("[0,4]", "[4,12]"), std::string(13, 'x')), "cover 12 data bytes but the file holds 13"},
-      {File(hdr("[0,6]", "[6,14]"), std::string(14, 'x')), "its dtype and shape need 4"},
+      {File(hdr("[0,4]", "[4,12]"), std::string(13, 'x')), "do not cover the data section"},
+      {File(hdr("[0,6]", "[6,14]"), std::string(14, 'x')), "does not match its dtype and shape"},
       {File(R"({"__metadata__":[1]})", ""), "__metadata__"},
   };
   for (const auto& c : cases) {
