@@ -5,6 +5,21 @@
 // that caused it (0 for an input itself), the SHA-256 of the previous record's stored bytes, and
 // its own hash. One Append is one group (an input followed by its derived decisions) written in
 // one WriteBatch.
+//
+// Fail-stop: any write or sync error, or a group commit that is not durable within
+// Options::commit_stall_timeout_ms, fails the journal: that Wait and every later call return the
+// failure (naming the journal's path), nothing more is written, and the process is expected to
+// exit and recover from what is durable. Nothing is acknowledged (Wait OK) before its batch's
+// WAL sync returned OK.
+//
+// Never silently shorter: Open verifies that every live file the MANIFEST lists exists with its
+// recorded size, a missing head is Corruption, a clean close records where the journal ended
+// (seq and hash, in the file CLOSED beside the database) and a later open refuses a journal that
+// holds less, and a WAL tail that crash recovery could not read is reported (Recovery).
+// Limit: after a crash (no clean close), acknowledged groups cut away exactly at a WAL batch
+// boundary leave no trace in the journal itself; only an external witness of an acknowledged
+// head (AppendResult::last_seq/last_hash, checked with `rolloutcore audit --expect-head`)
+// detects that loss.
 #pragma once
 
 #include <array>
@@ -13,15 +28,23 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "statemachine/events.h"
 #include "statemachine/state.h"
 #include "statemachine/status.h"
 
+namespace rocksdb {
+class Env;
+}
+
 namespace rc::journal {
 
 using Hash = std::array<std::uint8_t, 32>;  // SHA-256
+
+// Parses 64 hex digits (upper or lower case) into a Hash; InvalidArgument otherwise.
+[[nodiscard]] Result<Hash> ParseHashHex(std::string_view hex);
 
 inline constexpr std::size_t kRecordBytesMax = 64 * 1024;  // larger records are refused
 inline constexpr std::size_t kGroupEventsMax = 1024;       // events in one Append
@@ -51,6 +74,9 @@ struct AppendRequest {
 struct AppendResult {
   std::uint64_t first_seq = 0;
   std::uint64_t last_seq = 0;
+  // The hash of record last_seq: once Wait returned OK, (last_seq, last_hash) is an acknowledged
+  // head a client can keep as a witness (`rolloutcore audit --expect-head SEQ:HASH`).
+  Hash last_hash{};
   bool duplicate = false;
 };
 
@@ -58,11 +84,29 @@ struct Options {
   bool create_if_missing = true;
   bool sync = true;                    // fsync each group commit (off only in benchmarks)
   std::uint64_t snapshot_every = 10000;  // write a folded-state snapshot every N events (0: never)
-  bool read_only = false;              // open as a secondary reader (works while a writer runs)
-  std::string secondary_path;          // scratch dir for the secondary instance ("" = temp)
+  // Read-only: a journal no writer holds opens as a plain read-only DB (WAL tail checked); one a
+  // writer holds opens as a secondary instance (works while the writer runs; tail not checked).
+  bool read_only = false;
+  std::string secondary_path;          // scratch dir for a secondary instance ("" = temp, removed)
+  // The RocksDB Env (file system, threads, clock); nullptr: rocksdb::Env::Default(). Tests pass
+  // an in-memory or fault-injecting one (journal/testing/fault_env.h). Must outlive the journal.
+  rocksdb::Env* env = nullptr;
+  // A group commit not durable within this fails the journal (Wait returns Timeout); 0: no limit.
+  std::uint32_t commit_stall_timeout_ms = 10000;
   // Long scans (Scan, Refold, open) read RocksDB on a second thread while the caller decodes,
   // verifies and folds; false: one thread (benchmarks compare the two).
   bool scan_pipelined = true;
+};
+
+// What Open found on disk about how the journal ended before.
+struct Recovery {
+  bool clean_close = false;   // a clean-close record was present and matched the head
+  bool live_writer = false;   // read-only beside a live writer (secondary): the tail is not checked
+  std::uint64_t head_seq = 0;  // the head recovered
+  // Bytes of the WAL that crash recovery could not read (a torn tail: a group cut mid-write). Its
+  // seqs are unknowable (the torn batch is unreadable): they would follow head_seq.
+  std::uint64_t wal_bytes_unread = 0;
+  std::string torn_tail;  // "" or a sentence naming the WAL file(s), the bytes and the seqs
 };
 
 // A ticket for an enqueued group: seqs are assigned at Enqueue, durability is awaited at Wait.
@@ -76,7 +120,9 @@ class Journal {
   virtual ~Journal() = default;
 
   // Opens or creates the journal at `path`. Errors: Busy ("journal already open by another
-  // process", naming the holder's LOCK path), Corruption (naming the path; never auto-repaired).
+  // process", naming the holder's LOCK path), Corruption (naming the path; never auto-repaired:
+  // a live file missing or of the wrong size, a missing head, fewer records than a clean close
+  // recorded). A torn WAL tail opens (crash recovery) and is reported by recovery().
   [[nodiscard]] static Result<std::unique_ptr<Journal>> Open(const std::string& path,
                                                              const Options& options);
 
@@ -98,9 +144,15 @@ class Journal {
 
   // The folded state after every enqueued group (a copy, taken under the lock).
   virtual State state() const = 0;
-  // Blocks until the ticket's group is durable (or the commit failed: the journal is then
-  // unusable and every later call fails).
+  // Blocks until the ticket's group is durable. If its commit failed, or was not durable within
+  // commit_stall_timeout_ms (Timeout), returns the journal's failure; see fail-stop above.
   [[nodiscard]] virtual Status Wait(const Ticket& ticket) = 0;
+  // True once the journal failed (a write or sync error, or a commit stalled past its deadline);
+  // failure() is then the error every call returns, naming the journal's path.
+  virtual bool failed() const = 0;
+  virtual Status failure() const = 0;
+  // What Open found about how the journal ended before (clean close, torn tail).
+  virtual Recovery recovery() const = 0;
   // Enqueue + Wait.
   [[nodiscard]] virtual Result<AppendResult> Append(const AppendRequest& request) = 0;
 

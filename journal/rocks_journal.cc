@@ -3,22 +3,38 @@
 // Column families (keys are big-endian so that bytewise order is numeric order):
 //   events       BE64(seq)                      -> record bytes (codec.h grammar)
 //   rollouts     u8(len) ‖ rollout_id ‖ BE64(seq) -> ""            (RolloutSeqs)
+//                u8(len) ‖ rollout_id           -> BE64(admission seq) (ids are used once: a
+//                                                  point lookup at admission)
 //   idempotency  client_event_id                -> BE64(first_seq) ‖ BE64(last_seq) ‖ SHA-256(group)
 //                where group = concat over events of BE32(len) ‖ EncodeEventOnly(event)
 //   snapshots    BE64(seq)                      -> EncodeState(fold of 1..seq)
 //   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64
-// Every group commit is one WriteBatch over all of them (WAL on, sync = Options.sync).
+// Every group commit is one WriteBatch over all of them (WAL on, sync = Options.sync), written by
+// one committer thread; waiters sleep with the stall deadline.
+//
+// A clean close commits what is pending, flushes every memtable (the WAL is then not needed),
+// and writes the file CLOSED beside the database: "seq N, hash H" and a SHA-256 of those lines.
+// A file and not a meta key: the record must survive the loss of the very SST files it vouches
+// for, so that "closed at seq N but holds only M records" can be said. A writer removes it
+// (synced) before it accepts appends, so a crash afterwards leaves no stale record.
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
+#include <rocksdb/wal_filter.h>
 #include <rocksdb/write_batch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -35,6 +51,10 @@ const char* const kCfNames[kCfCount] = {"default",     "events",    "rollouts",
 const char kHeadSeqKey[] = "head_seq";
 const char kHeadHashKey[] = "head_hash";
 const char kSchemaKey[] = "schema_version";
+const char kClosedFile[] = "CLOSED";  // the clean-close record beside the database
+// A secondary reader may list a file the writer's compaction just deleted: it catches up and
+// checks again, this many times.
+constexpr int kLiveFileChecksMax = 3;
 // Scans read SST files sequentially: read ahead in large chunks instead of block by block.
 constexpr std::size_t kScanReadaheadBytes = 2 * 1024 * 1024;
 // Data blocks of `events` (RocksDB's default is 4 KiB): replay reads every block, and per-block
@@ -112,12 +132,214 @@ struct IdemEntry {
   Hash digest{};
   std::uint64_t batch_id = 0;  // 0: durable
   std::vector<Event> events;   // kept while pending, for Submit's duplicate answer
+  Hash last_hash{};            // kept while pending; read from record last_seq once durable
 };
 
 std::string EncodeIdem(const IdemEntry& e) {
   return BE64(e.first_seq) + BE64(e.last_seq) +
          std::string(reinterpret_cast<const char*>(e.digest.data()), e.digest.size());
 }
+
+struct PendingAdmission {
+  std::uint64_t seq = 0;
+  std::uint64_t batch_id = 0;
+};
+
+// The point-lookup key of a rollout id (its first use): the RolloutSeqs prefix alone.
+std::string RolloutIdKey(const std::string& rollout_id) { return RolloutPrefix(rollout_id); }
+
+// Where a cleanly closed journal ended.
+struct ClosedMark {
+  std::uint64_t seq = 0;
+  Hash hash{};
+};
+
+std::string ClosedMarkLines(const ClosedMark& m) {
+  return "rolloutcore journal closed cleanly\nseq " + std::to_string(m.seq) + "\nhash " +
+         HashHex(m.hash) + "\n";
+}
+
+std::string EncodeClosedMark(const ClosedMark& m) {
+  const std::string lines = ClosedMarkLines(m);
+  return lines + "check " + HashHex(Sha256(lines)) + "\n";
+}
+
+std::optional<ClosedMark> DecodeClosedMark(const std::string& text) {
+  const std::size_t check_at = text.rfind("check ");
+  if (check_at == std::string::npos) return std::nullopt;
+  ClosedMark m;
+  const std::string lines = text.substr(0, check_at);
+  std::uint64_t seq = 0;
+  char hash_hex[65] = {0};
+  if (std::sscanf(lines.c_str(), "rolloutcore journal closed cleanly\nseq %lu\nhash %64s", &seq,
+                  hash_hex) != 2) {
+    return std::nullopt;
+  }
+  Result<Hash> hash = ParseHashHex(hash_hex);
+  if (!hash.ok()) return std::nullopt;
+  m.seq = seq;
+  m.hash = *hash;
+  if (text != EncodeClosedMark(m)) return std::nullopt;
+  return m;
+}
+
+// The WAL's framing (RocksDB's log format, no recycling, no WAL compression): 32 KiB blocks;
+// a record is written as fragments, each with a 7-byte header; a block tail shorter than a
+// header is zero padding. Advances `at` (a log's write position) past one record of `bytes`.
+constexpr std::uint64_t kWalBlockBytes = 32768;
+constexpr std::uint64_t kWalHeaderBytes = 7;
+void AdvancePastWalRecord(std::uint64_t& at, std::uint64_t bytes) {
+  std::uint64_t left = bytes;
+  bool first = true;
+  while (first || left > 0) {
+    first = false;
+    std::uint64_t in_block = at % kWalBlockBytes;
+    if (kWalBlockBytes - in_block < kWalHeaderBytes) {
+      at += kWalBlockBytes - in_block;
+      in_block = 0;
+    }
+    const std::uint64_t fragment = std::min(left, kWalBlockBytes - in_block - kWalHeaderBytes);
+    at += kWalHeaderBytes + fragment;
+    left -= fragment;
+  }
+}
+
+// The largest events-column-family key (a seq) a WriteBatch puts.
+class EventSeqsInBatch final : public rocksdb::WriteBatch::Handler {
+ public:
+  explicit EventSeqsInBatch(std::uint32_t events_cf) : events_cf_(events_cf) {}
+  rocksdb::Status PutCF(std::uint32_t cf, const rocksdb::Slice& key, const rocksdb::Slice&) override {
+    if (cf == events_cf_ && key.size() == 8) last_ = std::max(last_, ParseBE64(View(key)));
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status DeleteCF(std::uint32_t, const rocksdb::Slice&) override { return rocksdb::Status::OK(); }
+  rocksdb::Status SingleDeleteCF(std::uint32_t, const rocksdb::Slice&) override {
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status DeleteRangeCF(std::uint32_t, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status MergeCF(std::uint32_t, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return rocksdb::Status::OK();
+  }
+  void LogData(const rocksdb::Slice&) override {}
+  std::uint64_t last() const { return last_; }
+
+ private:
+  const std::uint32_t events_cf_;
+  std::uint64_t last_ = 0;
+};
+
+// Watches crash recovery replay the WAL: per log, the bytes its complete records span (by the
+// framing above), and the last seq replayed. A WAL longer than that had a tail recovery could not
+// read (kTolerateCorruptedTailRecords drops it silently).
+class WalReplay final : public rocksdb::WalFilter {
+ public:
+  struct Log {
+    std::uint64_t read_bytes = 0;
+    std::uint64_t records = 0;
+  };
+  void ColumnFamilyLogNumberMap(const std::map<std::uint32_t, std::uint64_t>& cf_log,
+                                const std::map<std::string, std::uint32_t>& cf_ids) override {
+    for (const auto& [cf, log] : cf_log) {
+      (void)cf;
+      min_log_ = min_log_.has_value() ? std::min(*min_log_, log) : log;
+    }
+    if (auto it = cf_ids.find(kCfNames[kEventsCf]); it != cf_ids.end()) events_cf_ = it->second;
+  }
+  WalProcessingOption LogRecordFound(unsigned long long log_number, const std::string&,
+                                     const rocksdb::WriteBatch& batch, rocksdb::WriteBatch*,
+                                     bool* batch_changed) override {
+    *batch_changed = false;
+    Log& log = logs_[log_number];
+    AdvancePastWalRecord(log.read_bytes, batch.GetDataSize());
+    ++log.records;
+    EventSeqsInBatch seqs(events_cf_);
+    batch.Iterate(&seqs).PermitUncheckedError();  // informative only
+    last_seq_ = std::max(last_seq_, seqs.last());
+    return WalProcessingOption::kContinueProcessing;
+  }
+  const char* Name() const override { return "rolloutcore-wal-replay"; }
+
+  // Logs before this one were flushed before the crash: recovery does not read them.
+  std::optional<std::uint64_t> min_log() const { return min_log_; }
+  std::uint64_t read_bytes(std::uint64_t log) const {
+    auto it = logs_.find(log);
+    return it == logs_.end() ? 0 : it->second.read_bytes;
+  }
+  std::uint64_t last_seq() const { return last_seq_; }
+
+ private:
+  std::optional<std::uint64_t> min_log_;
+  std::uint32_t events_cf_ = ~std::uint32_t{0};
+  std::map<std::uint64_t, Log> logs_;
+  std::uint64_t last_seq_ = 0;
+};
+
+// WAL files of a database directory: number -> size in bytes.
+Result<std::map<std::uint64_t, std::uint64_t>> ListWals(rocksdb::Env* env, const std::string& dir) {
+  std::vector<std::string> names;
+  rocksdb::Status s = env->GetChildren(dir, &names);
+  if (!s.ok()) return FromRocks(s, "list " + dir);
+  std::map<std::uint64_t, std::uint64_t> out;
+  for (const std::string& name : names) {
+    if (name.size() <= 4 || name.compare(name.size() - 4, 4, ".log") != 0) continue;
+    const std::string digits = name.substr(0, name.size() - 4);
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::uint64_t size = 0;
+    s = env->GetFileSize(dir + "/" + name, &size);
+    if (!s.ok()) return FromRocks(s, "size of " + dir + "/" + name);
+    out[std::stoull(digits)] = size;
+  }
+  return out;
+}
+
+std::string WalName(std::uint64_t number) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%06llu.log", static_cast<unsigned long long>(number));
+  return buf;
+}
+
+// A scratch directory removed with its contents when this goes out of scope, on every path.
+class ScratchDir {
+ public:
+  ScratchDir() = default;
+  ~ScratchDir() {
+    if (!owned_) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  Status MakeTemp() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "rc-journal-secondary-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp failed for " + tmpl);
+    path_ = tmpl;
+    owned_ = true;
+    return Status::OK();
+  }
+  void Use(const std::string& path) { path_ = path; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool owned_ = false;
+};
+
+// Holds a file lock taken with Env::LockFile; releases it at scope exit.
+class HeldLock {
+ public:
+  HeldLock(rocksdb::Env* env, rocksdb::FileLock* lock) : env_(env), lock_(lock) {}
+  ~HeldLock() {
+    if (lock_ != nullptr) env_->UnlockFile(lock_).PermitUncheckedError();
+  }
+  HeldLock(const HeldLock&) = delete;
+  HeldLock& operator=(const HeldLock&) = delete;
+
+ private:
+  rocksdb::Env* env_;
+  rocksdb::FileLock* lock_;
+};
 
 // Raw (key, value) pairs copied out of the iterator, values 8-byte aligned so that DecodeRecord
 // reads them in place.
@@ -222,7 +444,10 @@ struct Loaded {
 
 class RocksJournal final : public Journal {
  public:
-  RocksJournal(std::string path, Options options) : path_(std::move(path)), options_(std::move(options)) {}
+  RocksJournal(std::string path, Options options)
+      : path_(std::move(path)),
+        options_(std::move(options)),
+        env_(options_.env != nullptr ? options_.env : rocksdb::Env::Default()) {}
   ~RocksJournal() override;
 
   Status OpenDb();
@@ -236,6 +461,17 @@ class RocksJournal final : public Journal {
   }
   Status Wait(const Ticket& ticket) override;
   Result<AppendResult> Append(const AppendRequest& request) override;
+  bool failed() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    CheckStall();
+    return !failed_.ok();
+  }
+  Status failure() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    CheckStall();
+    return failed_;
+  }
+  Recovery recovery() const override { return recovery_; }
   std::uint64_t head_seq() const override {
     std::lock_guard<std::mutex> l(mu_);
     return head_seq_;
@@ -258,11 +494,29 @@ class RocksJournal final : public Journal {
   Status Compact() override;
 
  private:
+  // Open, by role. Each leaves db_ open and the in-memory head loaded, or returns an error.
+  Status OpenWriter();
+  Status OpenReadOnly();
+  Status OpenSecondary();
+  rocksdb::Options DbOptions() const;
+  std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(const rocksdb::Options& opts) const;
+  Status OpenError(const rocksdb::Status& s) const;
+  Status CheckLiveFiles();
+  Status CheckSchema();
+  Status LoadHead();
+  Result<std::optional<ClosedMark>> ReadClosedMark();
+  Status CheckClosedMark(const std::optional<ClosedMark>& mark);
+  Status RemoveClosedMark();
+  void CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before);
+  void CloseCleanly();
+
   Status Usable() const;  // requires mu_
+  void CheckStall() const;  // requires mu_: fails the journal once a commit is past its deadline
   Result<Ticket> EnqueueLocked(const AppendRequest& request, const std::vector<Event>* decided,
                                std::vector<Event>* original_decisions);
   Result<std::optional<IdemEntry>> FindIdem(const std::string& key);  // requires mu_
-  void CommitOpenBatch(std::unique_lock<std::mutex>& l);              // requires mu_, no leader
+  Status CheckRolloutIdsUnused(const std::vector<Event>& events);    // requires mu_
+  void CommitterLoop();
   Result<Loaded> LoadFromDb();
   Status ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, const Hash& prev_hash,
                    const std::function<Status(const Record&)>& visit);
@@ -271,58 +525,88 @@ class RocksJournal final : public Journal {
 
   const std::string path_;
   const Options options_;
-  std::string secondary_dir_;
-  bool secondary_dir_owned_ = false;
+  rocksdb::Env* const env_;
+  ScratchDir secondary_dir_;  // declared before db_: removed after the DB closed
+  WalReplay wal_replay_;      // RocksDB keeps a pointer to it: lives as long as db_
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
+  Recovery recovery_;  // set once by Open
+  bool opened_ = false;  // Open succeeded: only then may a close record a clean close
 
   mutable std::mutex mu_;
   // Waiters of batch b sleep on batch_cv_[b % 2]. Only two batches exist at a time (the one being
-  // written and the open one), so a finished batch wakes its own waiters (notify_all on its
-  // parity) and one waiter of the open batch to lead it (notify_one), not every waiter.
+  // written and the open one), so a finished batch wakes its own waiters only.
   std::condition_variable batch_cv_[2];
   std::condition_variable& BatchCv(std::uint64_t batch_id) { return batch_cv_[batch_id % 2]; }
+  std::condition_variable commit_cv_;  // wakes the committer: a group is open, or stop
   State state_;
   std::uint64_t head_seq_ = 0;  // last enqueued seq
   Hash head_hash_{};
   std::uint64_t durable_seq_ = 0;
-  Status failed_;
-  // Group commit: groups collect in open_batch_ until a waiter becomes leader and writes it.
+  mutable Status failed_;  // set once; never cleared (fail-stop)
+  // Group commit: groups collect in open_batch_ while the committer writes the previous batch.
   rocksdb::WriteBatch open_batch_;
   std::size_t open_groups_ = 0;
   std::uint64_t open_batch_id_ = 1;
   std::uint64_t durable_batch_id_ = 0;
-  bool leader_active_ = false;
+  std::uint64_t writing_batch_id_ = 0;  // 0: no write in flight
+  std::chrono::steady_clock::time_point write_started_;
+  bool stopping_ = false;
   std::size_t pending_groups_ = 0;
   std::unordered_map<std::string, IdemEntry> idem_pending_;
+  std::unordered_map<std::string, PendingAdmission> admitted_pending_;
+  std::thread committer_;  // last: started after everything above exists
 };
 
 RocksJournal::~RocksJournal() {
-  if (db_ == nullptr) return;
-  {
-    std::unique_lock<std::mutex> l(mu_);
-    // The batch in flight is open_batch_id_ - 1; its end notifies all of its waiters.
-    while (leader_active_) BatchCv(open_batch_id_ - 1).wait(l);
-    if (open_groups_ > 0 && failed_.ok()) CommitOpenBatch(l);
+  if (committer_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    commit_cv_.notify_all();
+    committer_.join();  // commits what is open unless the journal failed
   }
+  if (db_ == nullptr) return;
+  if (opened_ && !options_.read_only) CloseCleanly();
   for (auto* h : cfs_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   cfs_.clear();
   db_->Close().PermitUncheckedError();
   db_.reset();
-  if (secondary_dir_owned_) {
-    std::error_code ec;
-    std::filesystem::remove_all(secondary_dir_, ec);
-  }
 }
 
-Status RocksJournal::OpenDb() {
+// Flush every memtable, then record where the journal ended; only if nothing failed. Written
+// while this process still holds the LOCK, so no other writer can have started.
+void RocksJournal::CloseCleanly() {
+  ClosedMark mark;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!failed_.ok() || pending_groups_ != 0) return;
+    mark = ClosedMark{durable_seq_, head_hash_};
+  }
+  if (!Flush().ok()) return;
+  const std::string file = path_ + "/" + kClosedFile;
+  if (!rocksdb::WriteStringToFile(env_, EncodeClosedMark(mark), file, /*should_sync=*/true).ok()) {
+    env_->DeleteFile(file).PermitUncheckedError();
+    return;
+  }
+  std::unique_ptr<rocksdb::Directory> dir;
+  if (env_->NewDirectory(path_, &dir).ok()) dir->Fsync().PermitUncheckedError();
+}
+
+rocksdb::Options RocksJournal::DbOptions() const {
   rocksdb::Options opts;
+  opts.env = env_;
   opts.create_if_missing = options_.create_if_missing && !options_.read_only;
   opts.create_missing_column_families = !options_.read_only;
   opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   opts.paranoid_checks = true;
   opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   opts.keep_log_file_num = 4;
+  return opts;
+}
+
+std::vector<rocksdb::ColumnFamilyDescriptor> RocksJournal::Descriptors(const rocksdb::Options& opts) const {
   std::vector<rocksdb::ColumnFamilyDescriptor> descs;
   for (const char* name : kCfNames) descs.emplace_back(name, rocksdb::ColumnFamilyOptions(opts));
   // Records are mostly SHA-256 hashes and short ids (they compress little) and replay reads every
@@ -334,49 +618,169 @@ Status RocksJournal::OpenDb() {
     table.block_size = kEventsBlockBytes;
     descs[kEventsCf].options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   }
+  {
+    // Admission looks up an id that is (almost always) absent: a whole-key filter answers that
+    // without reading a data block.
+    rocksdb::BlockBasedTableOptions table;
+    table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+    descs[kRolloutsCf].options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  }
+  return descs;
+}
+
+Status RocksJournal::OpenError(const rocksdb::Status& s) const {
+  const std::string msg = s.ToString();
+  if (s.IsIOError() && (msg.find("lock") != std::string::npos || msg.find("LOCK") != std::string::npos)) {
+    return Status::Busy("journal already open by another process: " + path_ + "/LOCK (" + msg + ")");
+  }
+  if (s.IsCorruption()) {
+    return Status::Corruption("journal at " + path_ +
+                              " is corrupt; refusing to open (never auto-repaired): " + msg);
+  }
+  return Status::IOError("cannot open journal at " + path_ + ": " + msg);
+}
+
+Status RocksJournal::OpenDb() {
+  Status s = options_.read_only ? OpenReadOnly() : OpenWriter();
+  if (!s.ok() && s.message().find(path_) == std::string::npos) {
+    return Status(s.code(), "journal at " + path_ + ": " + s.message());
+  }
+  opened_ = s.ok();
+  return s;
+}
+
+Status RocksJournal::OpenWriter() {
+  Result<std::optional<ClosedMark>> mark = ReadClosedMark();
+  if (!mark.ok()) return mark.status();
+  Result<std::map<std::uint64_t, std::uint64_t>> wals = std::map<std::uint64_t, std::uint64_t>();
+  if (env_->FileExists(path_ + "/CURRENT").ok()) wals = ListWals(env_, path_);
+  if (!wals.ok()) return wals.status();
+  rocksdb::Options opts = DbOptions();
+  opts.wal_filter = &wal_replay_;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s;
-  if (options_.read_only) {
-    opts.max_open_files = -1;  // required by secondary instances
-    secondary_dir_ = options_.secondary_path;
-    if (secondary_dir_.empty()) {
-      std::string tmpl = (std::filesystem::temp_directory_path() / "rc-journal-secondary-XXXXXX").string();
-      if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp failed for " + tmpl);
-      secondary_dir_ = tmpl;
-      secondary_dir_owned_ = true;
-    }
-    s = rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_, descs, &cfs_, &raw);
-  } else {
-    s = rocksdb::DB::Open(opts, path_, descs, &cfs_, &raw);
-  }
-  if (!s.ok()) {
-    const std::string msg = s.ToString();
-    if (s.IsIOError() && (msg.find("lock") != std::string::npos || msg.find("LOCK") != std::string::npos)) {
-      return Status::Busy("journal already open by another process: " + path_ + "/LOCK (" + msg + ")");
-    }
-    if (s.IsCorruption()) {
-      return Status::Corruption("journal at " + path_ +
-                                " is corrupt; refusing to open (never auto-repaired): " + msg);
-    }
-    return Status::IOError("cannot open journal at " + path_ + ": " + msg);
-  }
+  rocksdb::Status s = rocksdb::DB::Open(opts, path_, Descriptors(opts), &cfs_, &raw);
+  if (!s.ok()) return OpenError(s);
   db_.reset(raw);
   RC_CHECK(cfs_.size() == kCfCount);
+  RC_RETURN_IF_ERROR(CheckLiveFiles());
+  RC_RETURN_IF_ERROR(CheckSchema());
+  RC_RETURN_IF_ERROR(LoadHead());
+  RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
+  CheckWalTail(*wals);
+  // From here on a crash must not look like a clean close.
+  if (mark->has_value()) RC_RETURN_IF_ERROR(RemoveClosedMark());
+  committer_ = std::thread([this] { CommitterLoop(); });
+  return Status::OK();
+}
 
-  std::string version;
-  s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kSchemaKey, &version);
-  if (s.IsNotFound() && !options_.read_only) {
-    RC_RETURN_IF_ERROR(FromRocks(db_->Put(rocksdb::WriteOptions{}, cfs_[kMetaCf], kSchemaKey,
-                                          BE64(kSchemaVersion)),
-                                 "write schema_version"));
-  } else if (s.ok()) {
-    if (version.size() != 8 || ParseBE64(version) != kSchemaVersion) {
-      return Status::Corruption("journal at " + path_ + " has an unsupported schema_version");
-    }
-  } else if (!s.IsNotFound()) {
-    return FromRocks(s, "read schema_version in " + path_);
+// A journal no writer holds opens as a plain read-only DB while this holds its LOCK (no writer
+// can start mid-open); one a writer holds opens as a secondary instance.
+Status RocksJournal::OpenReadOnly() {
+  if (!env_->FileExists(path_ + "/CURRENT").ok()) {
+    return Status::NotFound("no journal at " + path_ + " (no CURRENT file)");
   }
+  rocksdb::FileLock* lock = nullptr;
+  if (!env_->LockFile(path_ + "/LOCK", &lock).ok()) return OpenSecondary();
+  HeldLock held(env_, lock);
+  Result<std::optional<ClosedMark>> mark = ReadClosedMark();
+  if (!mark.ok()) return mark.status();
+  Result<std::map<std::uint64_t, std::uint64_t>> wals = ListWals(env_, path_);
+  if (!wals.ok()) return wals.status();
+  rocksdb::Options opts = DbOptions();
+  opts.max_open_files = -1;  // every table file is opened (and its footer read) now
+  opts.wal_filter = &wal_replay_;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(opts, path_, Descriptors(opts), &cfs_, &raw);
+  if (!s.ok()) return OpenError(s);
+  db_.reset(raw);
+  RC_CHECK(cfs_.size() == kCfCount);
+  RC_RETURN_IF_ERROR(CheckLiveFiles());
+  RC_RETURN_IF_ERROR(CheckSchema());
+  RC_RETURN_IF_ERROR(LoadHead());
+  RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
+  CheckWalTail(*wals);
+  return Status::OK();
+}
 
+Status RocksJournal::OpenSecondary() {
+  if (options_.secondary_path.empty()) {
+    RC_RETURN_IF_ERROR(secondary_dir_.MakeTemp());
+  } else {
+    secondary_dir_.Use(options_.secondary_path);
+  }
+  rocksdb::Options opts = DbOptions();
+  opts.max_open_files = -1;  // required by secondary instances
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s =
+      rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_.path(), Descriptors(opts), &cfs_, &raw);
+  if (!s.ok()) return OpenError(s);
+  db_.reset(raw);
+  RC_CHECK(cfs_.size() == kCfCount);
+  recovery_.live_writer = true;
+  Status live = CheckLiveFiles();
+  for (int i = 1; !live.ok() && i < kLiveFileChecksMax; ++i) {
+    RC_RETURN_IF_ERROR(FromRocks(db_->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
+    live = CheckLiveFiles();
+  }
+  RC_RETURN_IF_ERROR(live);
+  RC_RETURN_IF_ERROR(CheckSchema());
+  return LoadHead();
+}
+
+// Every live file the MANIFEST lists must exist with its recorded size, before anything is read.
+Status RocksJournal::CheckLiveFiles() {
+  std::vector<rocksdb::LiveFileMetaData> files;
+  db_->GetLiveFilesMetaData(&files);
+  for (const rocksdb::LiveFileMetaData& f : files) {
+    const std::string file = f.directory + "/" + f.relative_filename;
+    std::uint64_t size = 0;
+    const rocksdb::Status s = env_->GetFileSize(file, &size);
+    const std::string where = " (column family " + f.column_family_name + ", level " +
+                              std::to_string(f.level) + ")";
+    if (!s.ok()) {
+      return Status::Corruption("journal at " + path_ + ": live file " + f.relative_filename + where +
+                                " listed by the MANIFEST is missing or unreadable: " + s.ToString());
+    }
+    if (size != f.size) {
+      return Status::Corruption("journal at " + path_ + ": live file " + f.relative_filename + where +
+                                " is " + std::to_string(size) + " bytes but the MANIFEST recorded " +
+                                std::to_string(f.size));
+    }
+  }
+  return Status::OK();
+}
+
+// A new journal gets its schema version and an explicit empty head in one write; an existing one
+// must carry the supported schema version.
+Status RocksJournal::CheckSchema() {
+  std::string version;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kSchemaKey, &version);
+  if (s.IsNotFound() && !options_.read_only) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kEventsCf]));
+    it->SeekToFirst();
+    RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan events of " + path_));
+    if (it->Valid()) {
+      return Status::Corruption("journal at " + path_ + " holds records but no schema_version");
+    }
+    rocksdb::WriteBatch batch;
+    RC_CHECK(batch.Put(cfs_[kMetaCf], kSchemaKey, BE64(kSchemaVersion)).ok());
+    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(0)).ok());
+    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadHashKey, std::string(32, '\0')).ok());
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    return FromRocks(db_->Write(wo, &batch), "write schema_version of " + path_);
+  }
+  if (s.IsNotFound()) {
+    return Status::Corruption("journal at " + path_ + " has no schema_version (damaged, or not a journal)");
+  }
+  if (!s.ok()) return FromRocks(s, "read schema_version in " + path_);
+  if (version.size() != 8 || ParseBE64(version) != kSchemaVersion) {
+    return Status::Corruption("journal at " + path_ + " has an unsupported schema_version");
+  }
+  return Status::OK();
+}
+
+Status RocksJournal::LoadHead() {
   Result<Loaded> loaded = LoadFromDb();
   if (!loaded.ok()) {
     return Status(loaded.status().code(), "journal at " + path_ + ": " + loaded.status().message());
@@ -385,13 +789,78 @@ Status RocksJournal::OpenDb() {
   state_ = std::move(loaded->state);
   head_seq_ = durable_seq_ = loaded->head_seq;
   head_hash_ = loaded->head_hash;
+  recovery_.head_seq = head_seq_;
   return Status::OK();
+}
+
+Result<std::optional<ClosedMark>> RocksJournal::ReadClosedMark() {
+  const std::string file = path_ + "/" + kClosedFile;
+  const rocksdb::Status exists = env_->FileExists(file);
+  if (exists.IsNotFound()) return std::optional<ClosedMark>();
+  std::string text;
+  rocksdb::Status s = exists.ok() ? rocksdb::ReadFileToString(env_, file, &text) : exists;
+  if (!s.ok()) return FromRocks(s, "read the clean-close record " + file);
+  std::optional<ClosedMark> mark = DecodeClosedMark(text);
+  if (!mark.has_value()) {
+    return Status::Corruption("journal at " + path_ + ": the clean-close record " + file + " is malformed");
+  }
+  return mark;
+}
+
+Status RocksJournal::CheckClosedMark(const std::optional<ClosedMark>& mark) {
+  if (!mark.has_value()) return Status::OK();
+  std::lock_guard<std::mutex> l(mu_);
+  if (head_seq_ != mark->seq || head_hash_ != mark->hash) {
+    return Status::Corruption("journal at " + path_ + " was closed at seq " + std::to_string(mark->seq) +
+                              " hash " + HashHex(mark->hash) + " but holds only " +
+                              std::to_string(head_seq_) + " records (head hash " + HashHex(head_hash_) +
+                              ")");
+  }
+  recovery_.clean_close = true;
+  return Status::OK();
+}
+
+Status RocksJournal::RemoveClosedMark() {
+  const std::string file = path_ + "/" + kClosedFile;
+  RC_RETURN_IF_ERROR(FromRocks(env_->DeleteFile(file), "remove the clean-close record " + file));
+  std::unique_ptr<rocksdb::Directory> dir;
+  RC_RETURN_IF_ERROR(FromRocks(env_->NewDirectory(path_, &dir), "open directory " + path_));
+  return FromRocks(dir->Fsync(), "sync directory " + path_);
+}
+
+// Compares each WAL recovery read with its size on disk before the open: the difference is a
+// tail recovery dropped. What is knowable: the file, the bytes, the last seq recovered. The seqs
+// of a torn group are not (its batch is unreadable); they would follow the recovered head.
+void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before) {
+  if (!wal_replay_.min_log().has_value()) return;  // nothing was replayed (no WAL read)
+  std::string detail;
+  for (const auto& [number, size] : wals_before) {
+    if (number < *wal_replay_.min_log()) continue;  // flushed before: recovery does not read it
+    const std::uint64_t read = wal_replay_.read_bytes(number);
+    if (size == read) continue;
+    if (!detail.empty()) detail += "; ";
+    if (size < read) {
+      detail += WalName(number) + ": recovery read " + std::to_string(read) + " bytes of a " +
+                std::to_string(size) + "-byte file (framing not understood; tail unknown)";
+      continue;
+    }
+    recovery_.wal_bytes_unread += size - read;
+    detail += WalName(number) + ": " + std::to_string(size - read) + " of " + std::to_string(size) +
+              " bytes after its last complete batch could not be read";
+  }
+  if (detail.empty()) return;
+  recovery_.torn_tail = "torn WAL tail in " + path_ + ": " + detail + "; recovered through seq " +
+                        std::to_string(recovery_.head_seq) + "; records from seq " +
+                        std::to_string(recovery_.head_seq + 1) +
+                        " on that the torn batch held, if any, are lost (unacknowledged unless "
+                        "a client holds a later acknowledged head)";
 }
 
 Result<std::uint64_t> RocksJournal::ReadHeadSeq() {
   std::string v;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kHeadSeqKey, &v);
-  if (s.IsNotFound()) return std::uint64_t{0};
+  // Every journal has a head from its creation (0 when empty): a missing one is lost, never 0.
+  if (s.IsNotFound()) return Status::Corruption("meta head_seq is missing: the journal's head is lost");
   if (!s.ok()) return FromRocks(s, "read head_seq");
   if (v.size() != 8) return Status::Corruption("meta head_seq is not 8 bytes");
   return ParseBE64(v);
@@ -448,12 +917,11 @@ Result<Loaded> RocksJournal::LoadFromDb() {
   // The stored head hash must match the chain, and nothing may exist past the head.
   std::string stored_hash;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kHeadHashKey, &stored_hash);
-  if (out.head_seq > 0) {
-    if (!s.ok()) return FromRocks(s, "read head_hash");
-    if (stored_hash.size() != 32 || std::memcmp(stored_hash.data(), out.head_hash.data(), 32) != 0) {
-      return Status::Corruption("meta head_hash does not match the hash of seq " +
-                                std::to_string(out.head_seq));
-    }
+  if (s.IsNotFound()) return Status::Corruption("meta head_hash is missing");
+  if (!s.ok()) return FromRocks(s, "read head_hash");
+  if (stored_hash.size() != 32 || std::memcmp(stored_hash.data(), out.head_hash.data(), 32) != 0) {
+    return Status::Corruption("meta head_hash does not match the hash of seq " +
+                              std::to_string(out.head_seq));
   }
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kEventsCf]));
   it->Seek(BE64(out.head_seq + 1));
@@ -465,6 +933,7 @@ Result<Loaded> RocksJournal::LoadFromDb() {
 }
 
 Status RocksJournal::Usable() const {
+  CheckStall();
   if (!failed_.ok()) return failed_;
   if (options_.read_only) return Status::InvalidArgument("journal at " + path_ + " is open read-only");
   return Status::OK();
@@ -523,7 +992,13 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
           }
         }
       }
-      return Ticket{AppendResult{e.first_seq, e.last_seq, true}, e.batch_id};
+      Hash last_hash = e.last_hash;
+      if (e.batch_id == 0) {
+        Result<Record> last = Read(e.last_seq);
+        if (!last.ok()) return last.status();
+        last_hash = last->hash;
+      }
+      return Ticket{AppendResult{e.first_seq, e.last_seq, last_hash, true}, e.batch_id};
     }
   }
   if (request.expected_head_seq.has_value() && *request.expected_head_seq != head_seq_) {
@@ -534,6 +1009,7 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
     return Status::Busy("group-commit queue full (" + std::to_string(kPendingAppendsMax) +
                         " groups pending)");
   }
+  RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(events));
   // events[1..] must be exactly what the fold decides for events[0].
   if (decided == nullptr) {
     Result<std::vector<Event>> d = decide(state_, events[0]);
@@ -580,9 +1056,13 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
     if (const std::string* rid = RolloutIdOf(events[i])) {
       RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
     }
+    if (const auto* admitted = std::get_if<RolloutAdmitted>(&events[i])) {
+      RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutIdKey(admitted->rollout_id), BE64(seq)).ok());
+      admitted_pending_[admitted->rollout_id] = PendingAdmission{seq, open_batch_id_};
+    }
   }
   if (!request.client_event_id.empty()) {
-    IdemEntry entry{first_seq, last_seq, digest, open_batch_id_, events};
+    IdemEntry entry{first_seq, last_seq, digest, open_batch_id_, events, hashes.back()};
     RC_CHECK(open_batch_.Put(cfs_[kIdemCf], request.client_event_id, EncodeIdem(entry)).ok());
     idem_pending_[request.client_event_id] = std::move(entry);
   }
@@ -592,10 +1072,39 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
   }
   head_seq_ = last_seq;
   head_hash_ = hashes.back();
-  open_groups_++;
+  if (open_groups_++ == 0) commit_cv_.notify_one();
   pending_groups_++;
   if (original_decisions != nullptr) original_decisions->assign(events.begin() + 1, events.end());
-  return Ticket{AppendResult{first_seq, last_seq, false}, open_batch_id_};
+  return Ticket{AppendResult{first_seq, last_seq, hashes.back(), false}, open_batch_id_};
+}
+
+// Rollout ids are unique for the journal's life: an admission of an id with any record in the
+// journal (its first use is a point key) or admitted by a pending group is refused.
+Status RocksJournal::CheckRolloutIdsUnused(const std::vector<Event>& events) {
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto* admitted = std::get_if<RolloutAdmitted>(&events[i]);
+    if (admitted == nullptr) continue;
+    const std::string& id = admitted->rollout_id;
+    if (id.empty() || id.size() > kIdBytesMax) {
+      return Status::InvalidArgument("rollout_id must be 1.." + std::to_string(kIdBytesMax) + " bytes");
+    }
+    auto used_at = [&](std::uint64_t seq) {
+      return Status::Conflict("rollout id '" + id + "' was already used at seq " + std::to_string(seq));
+    };
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto* earlier = std::get_if<RolloutAdmitted>(&events[j]);
+      if (earlier != nullptr && earlier->rollout_id == id) return used_at(head_seq_ + 1 + j);
+    }
+    if (auto it = admitted_pending_.find(id); it != admitted_pending_.end()) return used_at(it->second.seq);
+    std::string v;
+    const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kRolloutsCf], RolloutIdKey(id), &v);
+    if (s.ok()) {
+      if (v.size() != 8) return Status::Corruption("rollout index entry for '" + id + "' is malformed");
+      return used_at(ParseBE64(v));
+    }
+    if (!s.IsNotFound()) return FromRocks(s, "read rollout index");
+  }
+  return Status::OK();
 }
 
 Result<Ticket> RocksJournal::Enqueue(const AppendRequest& request) {
@@ -653,56 +1162,90 @@ Result<Journal::Submitted> RocksJournal::Submit(const Event& input, std::int64_t
   return out;
 }
 
-void RocksJournal::CommitOpenBatch(std::unique_lock<std::mutex>& l) {
-  RC_CHECK(!leader_active_ && open_groups_ > 0);
-  leader_active_ = true;
-  rocksdb::WriteBatch batch;
-  std::swap(batch, open_batch_);
-  const std::uint64_t batch_id = open_batch_id_++;
-  const std::size_t groups = open_groups_;
-  open_groups_ = 0;
-  const std::uint64_t head = head_seq_;
-  RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(head)).ok());
-  RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadHashKey,
-                      rocksdb::Slice(reinterpret_cast<const char*>(head_hash_.data()), 32))
-                .ok());
-  l.unlock();
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync;
-  const rocksdb::Status s = db_->Write(wo, &batch);
-  l.lock();
-  leader_active_ = false;
-  if (s.ok()) {
+// The committer: writes each open batch as one WriteBatch (sync per Options.sync) while the next
+// one fills. Nothing is marked durable before the write (and its WAL sync) returned OK; a failed
+// or late write fails the journal and the committer stops writing.
+void RocksJournal::CommitterLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    commit_cv_.wait(l, [&] { return open_groups_ > 0 || stopping_ || !failed_.ok(); });
+    if (!failed_.ok() || open_groups_ == 0) break;  // failed, or stopping with nothing open
+    rocksdb::WriteBatch batch;
+    std::swap(batch, open_batch_);
+    const std::uint64_t batch_id = open_batch_id_++;
+    const std::size_t groups = open_groups_;
+    open_groups_ = 0;
+    const std::uint64_t head = head_seq_;
+    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(head)).ok());
+    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadHashKey,
+                       rocksdb::Slice(reinterpret_cast<const char*>(head_hash_.data()), 32))
+                 .ok());
+    writing_batch_id_ = batch_id;
+    write_started_ = std::chrono::steady_clock::now();
+    l.unlock();
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync;
+    const rocksdb::Status s = db_->Write(wo, &batch);
+    l.lock();
+    writing_batch_id_ = 0;
+    if (!failed_.ok()) {  // the stall deadline passed while this write ran: it stays unacknowledged
+      BatchCv(batch_id).notify_all();
+      BatchCv(batch_id + 1).notify_all();
+      break;
+    }
+    if (!s.ok()) {
+      // In-memory state is now ahead of the disk: the process must exit and reopen.
+      failed_ = Status::IOError("journal at " + path_ + " failed: the group commit of seqs up to " +
+                                std::to_string(head) +
+                                " was not made durable; reopen to recover from what is durable: " +
+                                s.ToString());
+      BatchCv(batch_id).notify_all();
+      BatchCv(batch_id + 1).notify_all();  // every later waiter must see failed_
+      break;
+    }
     durable_batch_id_ = batch_id;
     durable_seq_ = head;
     pending_groups_ -= groups;
     for (auto it = idem_pending_.begin(); it != idem_pending_.end();) {
       it = it->second.batch_id <= batch_id ? idem_pending_.erase(it) : std::next(it);
     }
-  } else {
-    // In-memory state is now ahead of the disk: the process must reopen.
-    failed_ = Status::IOError("journal write failed at seqs up to " + std::to_string(head) +
-                              "; reopen required: " + s.ToString());
-    BatchCv(batch_id).notify_all();
-    BatchCv(batch_id + 1).notify_all();  // every later waiter must see failed_
-    return;
+    for (auto it = admitted_pending_.begin(); it != admitted_pending_.end();) {
+      it = it->second.batch_id <= batch_id ? admitted_pending_.erase(it) : std::next(it);
+    }
+    RC_CHECK(open_batch_id_ == batch_id + 1);
+    BatchCv(batch_id).notify_all();  // this batch's waiters: durable now
   }
-  RC_CHECK(open_batch_id_ == batch_id + 1);
-  BatchCv(batch_id).notify_all();  // this batch's waiters: durable now
-  if (open_groups_ > 0) BatchCv(open_batch_id_).notify_one();  // one of them leads the next batch
+}
+
+void RocksJournal::CheckStall() const {
+  if (writing_batch_id_ == 0 || options_.commit_stall_timeout_ms == 0 || !failed_.ok()) return;
+  const auto late = std::chrono::steady_clock::now() - write_started_;
+  if (late < std::chrono::milliseconds(options_.commit_stall_timeout_ms)) return;
+  failed_ = Status::Timeout("journal at " + path_ + " failed: a group commit was not durable within " +
+                            std::to_string(options_.commit_stall_timeout_ms) +
+                            " ms (fsync stalled); exit and recover from what is durable");
 }
 
 Status RocksJournal::Wait(const Ticket& ticket) {
   std::unique_lock<std::mutex> l(mu_);
   RC_CHECK(ticket.batch_id <= open_batch_id_);
+  const auto timeout = std::chrono::milliseconds(options_.commit_stall_timeout_ms);
   while (true) {
     if (ticket.batch_id <= durable_batch_id_) return Status::OK();
-    if (!failed_.ok()) return failed_;
-    if (!leader_active_) {
-      CommitOpenBatch(l);
-      continue;
+    CheckStall();
+    if (!failed_.ok()) {
+      BatchCv(ticket.batch_id).notify_all();
+      BatchCv(ticket.batch_id + 1).notify_all();
+      commit_cv_.notify_all();
+      return failed_;
     }
-    BatchCv(ticket.batch_id).wait(l);
+    if (timeout.count() == 0) {
+      BatchCv(ticket.batch_id).wait(l);
+    } else if (writing_batch_id_ != 0) {
+      BatchCv(ticket.batch_id).wait_until(l, write_started_ + timeout);
+    } else {
+      BatchCv(ticket.batch_id).wait_for(l, timeout);
+    }
   }
 }
 
@@ -840,6 +1383,7 @@ Result<std::vector<std::uint64_t>> RocksJournal::RolloutSeqs(const std::string& 
   std::vector<std::uint64_t> out;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kRolloutsCf]));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (it->key().size() == prefix.size()) continue;  // the id's point key (RolloutIdKey)
     if (it->key().size() != prefix.size() + 8) return Status::Corruption("malformed rollout index key");
     out.push_back(ParseBE64(View(it->key()).substr(prefix.size())));
   }
@@ -940,6 +1484,21 @@ Status RocksJournal::Compact() {
 }
 
 }  // namespace
+
+Result<Hash> ParseHashHex(std::string_view hex) {
+  if (hex.size() != 64) return Status::InvalidArgument("a hash is 64 hex digits, got " + std::to_string(hex.size()) + " characters");
+  Hash out{};
+  for (std::size_t i = 0; i < 64; ++i) {
+    const char c = hex[i];
+    int v = -1;
+    if (c >= '0' && c <= '9') v = c - '0';
+    if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+    if (v < 0) return Status::InvalidArgument("a hash is 64 hex digits: bad digit at " + std::to_string(i));
+    out[i / 2] = static_cast<std::uint8_t>(out[i / 2] << 4 | v);
+  }
+  return out;
+}
 
 Result<std::unique_ptr<Journal>> Journal::Open(const std::string& path, const Options& options) {
   if (path.empty()) return Status::InvalidArgument("journal path is empty");

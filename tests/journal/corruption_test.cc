@@ -9,6 +9,7 @@
 
 #include "journal/codec.h"
 #include "journal/journal.h"
+#include "journal/testing/fault_env.h"
 #include "tests/journal/test_util.h"
 
 namespace rc::journal {
@@ -53,13 +54,25 @@ void FlipByte(const fs::path& file, std::uintmax_t offset) {
   f.write(&c, 1);
 }
 
-// Proves a byte flipped in the middle of the WAL makes Open refuse with Corruption naming the
-// path; catches the default recovery mode's silent truncation of half the acknowledged events.
+// Proves a byte flipped in the middle of the WAL of a crashed journal (a clean close flushes the
+// WAL away) makes Open refuse with Corruption naming the path; catches the default recovery
+// mode's silent truncation of half the acknowledged events.
 TEST(Corruption, MidWalByteFlipRefusesToOpen) {
   TempDir dir;
   Options o;
   o.snapshot_every = 0;
-  WriteJournal(dir.path(), 300, o, /*flush=*/false);
+  {
+    testing::FaultEnv faults;
+    Options crashing = o;
+    crashing.env = faults.env();
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), crashing);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(testing::Group(g)).ok());
+    for (int i = 0; i < 300; ++i) {
+      ASSERT_TRUE((*j)->Append(testing::Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    }
+    faults.Crash();  // every group was synced: the WAL is whole, only the clean close is missing
+  }
   const fs::path wal = LargestWithExtension(dir.path(), ".log");
   ASSERT_FALSE(wal.empty());
   ASSERT_GT(fs::file_size(wal), 10000u);

@@ -1,0 +1,332 @@
+// Journal under injected faults (journal/testing/fault_env.h over the real file system): write
+// and sync errors and stalls fail the journal for good, torn writes after a crash recover exactly
+// the acknowledged prefix, a torn WAL tail is reported, rollout ids are never reused.
+#include <gtest/gtest.h>
+#include <rocksdb/env.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "journal/journal.h"
+#include "journal/testing/fault_env.h"
+#include "tests/journal/test_util.h"
+
+namespace rc::journal {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::BootstrapGroups;
+using testing::FaultEnv;
+using testing::FileKind;
+using testing::FileOp;
+using testing::Group;
+using testing::TempDir;
+
+std::unique_ptr<Journal> OpenOk(const std::string& path, const Options& o) {
+  Result<std::unique_ptr<Journal>> j = Journal::Open(path, o);
+  RC_CHECK(j.ok() || (std::fprintf(stderr, "%s\n", j.status().ToString().c_str()), false));
+  return std::move(j.value());
+}
+
+void Bootstrap(Journal& j) {
+  for (auto& g : BootstrapGroups()) ASSERT_TRUE(j.Append(Group(g)).ok());
+}
+
+Result<AppendResult> Admit(Journal& j, const std::string& id) {
+  return j.Append(Group({make_admission(j.state(), id)}));
+}
+
+// Proves an EIO or ENOSPC on the WAL's append or sync fails that Append and every later call
+// with an error naming the journal and the fault, and that reopening yields at least every
+// acknowledged record and at most the failed group; catches a journal that acknowledges an
+// unsynced group, keeps accepting appends after a failed commit, or hides which journal failed.
+TEST(FailStop, WalWriteAndSyncErrorsFailTheJournalForGood) {
+  for (FileOp op : {FileOp::kAppend, FileOp::kSync}) {
+    for (testing::Fault fault : {testing::Fault::kEio, testing::Fault::kEnospc}) {
+      SCOPED_TRACE(std::string(op == FileOp::kAppend ? "append " : "sync ") +
+                   (fault == testing::Fault::kEio ? "EIO" : "ENOSPC"));
+      TempDir dir;
+      FaultEnv faults;
+      Options o;
+      o.env = faults.env();
+      std::uint64_t acked = 0;
+      {
+        auto j = OpenOk(dir.path(), o);
+        Bootstrap(*j);
+        ASSERT_TRUE(Admit(*j, "r1").ok());
+        acked = j->head_seq();
+        EXPECT_FALSE(j->failed());
+        faults.Inject(FileKind::kWal, op, fault);
+        Result<AppendResult> failed = Admit(*j, "r2");
+        ASSERT_FALSE(failed.ok());
+        const std::string msg = failed.status().message();
+        EXPECT_NE(msg.find(dir.path()), std::string::npos) << msg;
+        EXPECT_NE(msg.find("fault injected"), std::string::npos) << msg;
+        if (fault == testing::Fault::kEnospc) { EXPECT_NE(msg.find("space"), std::string::npos) << msg; }
+        EXPECT_TRUE(j->failed());
+        EXPECT_EQ(j->failure().ToString(), failed.status().ToString());
+        faults.Clear();  // the disk recovered: the journal must stay failed anyway
+        Result<AppendResult> later = Admit(*j, "r3");
+        ASSERT_FALSE(later.ok());
+        EXPECT_EQ(later.status().ToString(), failed.status().ToString());
+        EXPECT_FALSE(j->WriteSnapshot(acked, j->state()).ok());
+      }
+      auto reopened = OpenOk(dir.path(), o);
+      EXPECT_FALSE(reopened->recovery().clean_close) << "a failed journal recorded a clean close";
+      EXPECT_GE(reopened->head_seq(), acked) << "an acknowledged record was lost";
+      EXPECT_LE(reopened->head_seq(), acked + 1) << "records appeared that were never enqueued";
+      EXPECT_TRUE(reopened->Scan(1, 0, [](const Record&) { return Status::OK(); }).ok());
+    }
+  }
+}
+
+// Proves a WAL sync stalled past commit_stall_timeout_ms makes Wait return Timeout naming the
+// journal well before the stall ends, fails every later call, and never acknowledges the stalled
+// group; catches an unbounded wait on a hung disk and a journal that goes on after it.
+TEST(FailStop, StalledSyncPastTheDeadlineTimesOut) {
+  TempDir dir;
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.commit_stall_timeout_ms = 200;
+  std::uint64_t acked = 0;
+  {
+    auto j = OpenOk(dir.path(), o);
+    Bootstrap(*j);
+    acked = j->head_seq();
+    faults.StallSync(FileKind::kWal, 2000);
+    const auto t0 = std::chrono::steady_clock::now();
+    Result<AppendResult> stalled = Admit(*j, "r1");
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    ASSERT_FALSE(stalled.ok()) << "acknowledged while its sync was still stalled";
+    EXPECT_EQ(stalled.status().code(), Code::kTimeout) << stalled.status().ToString();
+    EXPECT_NE(stalled.status().message().find(dir.path()), std::string::npos);
+    EXPECT_LT(waited, std::chrono::milliseconds(1500));
+    EXPECT_GE(waited, std::chrono::milliseconds(150));
+    EXPECT_TRUE(j->failed());
+    EXPECT_EQ(j->failure().code(), Code::kTimeout);
+    faults.Clear();
+    EXPECT_EQ(Admit(*j, "r2").status().code(), Code::kTimeout);
+  }  // the close waits for the stalled sync, then writes nothing more
+  auto reopened = OpenOk(dir.path(), o);
+  EXPECT_GE(reopened->head_seq(), acked);
+  EXPECT_LE(reopened->head_seq(), acked + 1);
+}
+
+// Appends admissions from several threads until the WAL's sync fails, then crashes and drops
+// the unsynced bytes (whole or a torn prefix). Returns the acknowledged (seq -> hash).
+struct CrashRun {
+  std::map<std::uint64_t, Hash> acked;
+  std::uint64_t enqueued_head = 0;
+  std::uint64_t kept_unsynced_bytes = 0;
+};
+
+CrashRun AppendThenCrash(const std::string& path, FaultEnv& faults, testing::Torn torn,
+                         std::uint64_t seed) {
+  CrashRun run;
+  Options o;
+  o.env = faults.env();
+  o.snapshot_every = 16;
+  std::mutex mu;
+  {
+    auto j = OpenOk(path, o);
+    for (auto& g : BootstrapGroups()) {
+      Result<AppendResult> r = j->Append(Group(g));
+      RC_CHECK(r.ok());
+      run.acked[r->last_seq] = r->last_hash;
+    }
+    // The sync of some batch after the first ~40 fails: its bytes reach the WAL, unsynced.
+    faults.Inject(FileKind::kWal, FileOp::kSync, testing::Fault::kEio,
+                  static_cast<std::uint32_t>(40 + seed % 40));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 1000; ++i) {
+          const std::string id = "s" + std::to_string(seed) + "-t" + std::to_string(t) + "-" + std::to_string(i);
+          Result<Journal::Submitted> s = j->Submit(make_admission(j->state(), id), i);
+          if (!s.ok()) return;
+          if (!j->Wait(s->ticket).ok()) return;
+          std::lock_guard<std::mutex> l(mu);
+          run.acked[s->ticket.result.last_seq] = s->ticket.result.last_hash;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    RC_CHECK(j->failed());
+    run.enqueued_head = j->head_seq();
+    faults.Crash();
+  }
+  RC_CHECK(faults.DropUnsyncedData(torn, seed, &run.kept_unsynced_bytes).ok());
+  faults.Restart();
+  return run;
+}
+
+// Proves that after a crash with torn writes (unsynced WAL bytes dropped whole or cut at a
+// seeded point) recovery yields every acknowledged record with its acknowledged hash, nothing
+// beyond the enqueued head, and reports exactly the torn bytes when the tail was cut mid-batch;
+// catches acknowledging before the sync, losing a synced group, and a torn tail passed off as a
+// healthy shorter journal.
+TEST(FailStop, TornWritesRecoverTheAcknowledgedPrefix) {
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    TempDir dir;
+    FaultEnv faults;
+    const testing::Torn torn = seed % 2 == 0 ? testing::Torn::kNone : testing::Torn::kRandomPrefix;
+    CrashRun run = AppendThenCrash(dir.path(), faults, torn, seed);
+    ASSERT_FALSE(run.acked.empty());
+    const std::uint64_t max_acked = run.acked.rbegin()->first;
+    for (bool read_only : {true, false}) {
+      Options o;
+      o.env = faults.env();
+      o.read_only = read_only;
+      o.create_if_missing = false;
+      auto j = OpenOk(dir.path(), o);
+      const std::uint64_t head = j->head_seq();
+      EXPECT_GE(head, max_acked) << "an acknowledged record was lost";
+      EXPECT_LE(head, run.enqueued_head);
+      for (const auto& [seq, hash] : run.acked) {
+        Result<Record> r = j->Read(seq);
+        ASSERT_TRUE(r.ok()) << "acknowledged seq " << seq << ": " << r.status().ToString();
+        EXPECT_EQ(r->hash, hash) << "acknowledged seq " << seq << " changed";
+      }
+      ASSERT_TRUE(j->Scan(1, 0, [](const Record&) { return Status::OK(); }).ok());
+      const Recovery rec = j->recovery();
+      EXPECT_FALSE(rec.clean_close);
+      if (head == max_acked) {
+        // The unacknowledged batch was dropped: what was kept of it is exactly the torn tail.
+        EXPECT_EQ(rec.wal_bytes_unread, run.kept_unsynced_bytes) << rec.torn_tail;
+        EXPECT_EQ(rec.torn_tail.empty(), run.kept_unsynced_bytes == 0) << rec.torn_tail;
+      } else {
+        EXPECT_EQ(rec.wal_bytes_unread, 0u) << rec.torn_tail;
+      }
+      if (!rec.torn_tail.empty()) {
+        EXPECT_NE(rec.torn_tail.find(".log"), std::string::npos) << rec.torn_tail;
+        EXPECT_NE(rec.torn_tail.find("seq " + std::to_string(head + 1)), std::string::npos) << rec.torn_tail;
+      }
+      if (read_only) continue;
+      // The writer recovered: the next open finds no torn tail (the WAL was flushed away).
+    }
+    Options o;
+    o.env = faults.env();
+    auto again = OpenOk(dir.path(), o);
+    EXPECT_TRUE(again->recovery().torn_tail.empty()) << again->recovery().torn_tail;
+    EXPECT_TRUE(again->recovery().clean_close);
+  }
+}
+
+// Proves a crash whose WAL is intact (every batch synced) reports no torn tail across a WAL of
+// many 32 KiB blocks; catches a tail check that miscounts the WAL's framing and would call every
+// healthy crash recovery torn.
+TEST(Recovery, IntactWalAfterACrashIsNotTorn) {
+  TempDir dir;
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.snapshot_every = 0;
+  std::uint64_t head = 0;
+  {
+    auto j = OpenOk(dir.path(), o);
+    Bootstrap(*j);
+    for (int i = 0; i < 700; ++i) {
+      // Ids of varying length move the records across block boundaries at varying offsets.
+      ASSERT_TRUE(Admit(*j, "r" + std::string(static_cast<std::size_t>(i % 97), 'x') + std::to_string(i)).ok());
+    }
+    head = j->head_seq();
+    faults.Crash();
+  }
+  ASSERT_TRUE(faults.DropUnsyncedData(testing::Torn::kNone, 0).ok());
+  faults.Restart();
+  std::uintmax_t wal_bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    if (e.path().extension() == ".log") wal_bytes += e.file_size();
+  }
+  ASSERT_GT(wal_bytes, 4 * 32768u) << "the WAL must span several blocks";
+  Options ro = o;
+  ro.read_only = true;
+  auto j = OpenOk(dir.path(), ro);
+  EXPECT_EQ(j->head_seq(), head);
+  EXPECT_FALSE(j->recovery().clean_close);
+  EXPECT_EQ(j->recovery().wal_bytes_unread, 0u) << j->recovery().torn_tail;
+  EXPECT_TRUE(j->recovery().torn_tail.empty()) << j->recovery().torn_tail;
+}
+
+// Proves a journal runs over an in-memory Env through Options::env (open, append, clean close,
+// reopen); catches an Env that is not passed to RocksDB or to the journal's own files.
+TEST(Recovery, RunsOverAnInMemoryEnv) {
+  std::unique_ptr<rocksdb::Env> mem(rocksdb::NewMemEnv(rocksdb::Env::Default()));
+  Options o;
+  o.env = mem.get();
+  const std::string path = "/rc-mem-journal";
+  Hash head_hash{};
+  {
+    auto j = OpenOk(path, o);
+    Bootstrap(*j);
+    ASSERT_TRUE(Admit(*j, "r1").ok());
+    head_hash = j->head_hash();
+  }
+  EXPECT_FALSE(fs::exists(path)) << "the in-memory journal reached the real file system";
+  auto j = OpenOk(path, o);
+  EXPECT_EQ(j->head_seq(), 5u);
+  EXPECT_EQ(j->head_hash(), head_hash);
+  EXPECT_TRUE(j->recovery().clean_close);
+}
+
+// Proves a rollout id is refused (Conflict naming the id and the seq of its first use, nothing
+// written) once it has any record: finished, durable, reopened, or still pending in the same
+// group commit; catches an id bound to two versions over the journal's life (rc-2, then rc-3).
+TEST(RolloutIds, AreNeverReused) {
+  TempDir dir;
+  {
+    auto j = OpenOk(dir.path(), Options{});
+    Bootstrap(*j);
+    ASSERT_TRUE(Admit(*j, "r1").ok());  // seq 5
+    ASSERT_TRUE(j->Append(Group({RolloutFinished{"r1", RolloutOutcome::kCompleted, 1, 1}})).ok());
+    const std::uint64_t head = j->head_seq();
+    Result<AppendResult> again = Admit(*j, "r1");
+    ASSERT_FALSE(again.ok());
+    EXPECT_EQ(again.status().code(), Code::kConflict);
+    EXPECT_EQ(again.status().message(), "rollout id 'r1' was already used at seq 5");
+    Result<Journal::Submitted> submitted = j->Submit(make_admission(j->state(), "r1"), 9);
+    EXPECT_EQ(submitted.status().code(), Code::kConflict);
+    EXPECT_EQ(j->head_seq(), head);
+    // Pending: admitted and finished in groups not yet known durable, then admitted again.
+    Result<Ticket> a = j->Enqueue(Group({make_admission(j->state(), "r2")}));
+    ASSERT_TRUE(a.ok());
+    Result<Ticket> f = j->Enqueue(Group({RolloutFinished{"r2", RolloutOutcome::kAborted, 0, 0}}));
+    ASSERT_TRUE(f.ok());
+    Result<Ticket> reuse = j->Enqueue(Group({make_admission(j->state(), "r2")}));
+    EXPECT_EQ(reuse.status().code(), Code::kConflict);
+    EXPECT_EQ(reuse.status().message(),
+              "rollout id 'r2' was already used at seq " + std::to_string(a->result.first_seq));
+    ASSERT_TRUE(j->Wait(*f).ok());
+    EXPECT_EQ(*j->RolloutSeqs("r1"), (std::vector<std::uint64_t>{5, 6}));
+  }
+  auto j = OpenOk(dir.path(), Options{});
+  EXPECT_EQ(Admit(*j, "r1").status().code(), Code::kConflict);
+  EXPECT_EQ(Admit(*j, "r2").status().code(), Code::kConflict);
+  EXPECT_TRUE(Admit(*j, "r3").ok());
+}
+
+// Proves AppendResult.last_hash is the hash of record last_seq, also for an idempotent duplicate;
+// catches a witness head a client could not check against the journal.
+TEST(RolloutIds, AppendResultCarriesTheLastHash) {
+  TempDir dir;
+  auto j = OpenOk(dir.path(), Options{});
+  Bootstrap(*j);
+  const AppendRequest request = Group({make_admission(j->state(), "r1")}, "key-1");
+  Result<AppendResult> r = j->Append(request);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->last_hash, j->Read(r->last_seq)->hash);
+  EXPECT_EQ(r->last_hash, j->head_hash());
+  Result<AppendResult> dup = j->Append(request);
+  ASSERT_TRUE(dup.ok()) << dup.status().ToString();
+  EXPECT_TRUE(dup->duplicate);
+  EXPECT_EQ(dup->last_hash, r->last_hash);
+}
+
+}  // namespace
+}  // namespace rc::journal
