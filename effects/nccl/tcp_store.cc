@@ -14,6 +14,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -23,6 +25,7 @@ namespace {
 constexpr std::uint8_t kCheckReady = 0, kCheckNotReady = 1;
 constexpr std::uint8_t kWaitStop = 0, kWaitCanceled = 1;
 constexpr int kPollTickMs = 100;
+constexpr std::size_t kIdleBufferBytesMax = 64u << 10;  // an emptied buffer keeps at most this
 
 enum class Parse { kOk, kNeedMore, kBad };
 
@@ -82,11 +85,13 @@ void PutBytes(std::string* out, const std::string& s) {
 
 struct TcpStoreServer::Impl {
   TcpStoreOptions opt;
+  std::set<std::string> write_once;
   int listen_fd = -1;
   int wake_fd = -1;
   std::thread thread;
   mutable std::mutex mu;  // guards everything below
   std::map<std::string, std::string> store;
+  std::size_t stored_bytes = 0;  // sum of key + value sizes in `store`
   std::vector<std::unique_ptr<Conn>> conns;
   TcpStoreStats stats;
   bool stop = false;
@@ -109,21 +114,77 @@ struct TcpStoreServer::Impl {
     return true;
   }
 
+  // Bytes held for connections: buffered input, unsent replies, the keys of a deferred WAIT.
+  std::size_t BufferedBytes() const {
+    std::size_t total = 0;
+    for (const auto& c : conns) {
+      total += c->in.capacity() + c->out.capacity();
+      for (const auto& k : c->wait_keys) total += k.size();
+    }
+    return total;
+  }
+
+  // True when `bytes` more of reply fit c's output bound and the all-connection budget. Called
+  // BEFORE the reply is built, so a reply that would not fit is never allocated.
+  bool ReplyFits(const Conn* c, std::size_t bytes) {
+    const bool fits = bytes <= opt.output_bytes_max - std::min(opt.output_bytes_max, c->out.size()) &&
+                      bytes <= opt.buffered_bytes_max - std::min(opt.buffered_bytes_max, BufferedBytes());
+    if (!fits) ++stats.budget_refusals;
+    return fits;
+  }
+
+  // A deferred WAIT's wake-up is one byte; a waiter that cannot take it is dropped.
   void WakeWaiters() {
     for (auto& c : conns) {
       if (!c->wait_keys.empty() && AllExist(c->wait_keys)) {
         c->wait_keys.clear();
+        if (c->out.size() >= opt.output_bytes_max) {
+          Disconnect(c.get());
+          continue;
+        }
         PutPod<std::uint8_t>(&c->out, kWaitStop);
       }
     }
   }
 
-  bool PutValue(const std::string& key, std::string value) {
+  bool Protected(const std::string& key) const {
+    return write_once.count(key) != 0 && store.count(key) != 0;
+  }
+  // Refuses (and counts) any client mutation of a write-once key, set or not: only the master
+  // writes it (server-side Set), so no peer can overwrite it, delete it, or win a race to set it
+  // first with its own NCCL unique id.
+  bool RefuseWriteOnce(const std::string& key) {
+    if (write_once.count(key) == 0) return false;
+    ++stats.write_once_refusals;
+    return true;
+  }
+
+  // True when `key` may hold a value of `value_bytes` within every store bound.
+  bool StoreFits(const std::string& key, std::size_t value_bytes) {
+    if (value_bytes > opt.value_bytes_max) return false;
     auto it = store.find(key);
-    if (it == store.end() && store.size() >= opt.keys_max) return false;
-    if (value.size() > opt.value_bytes_max) return false;
+    const std::size_t old_bytes = it == store.end() ? 0 : key.size() + it->second.size();
+    const bool fits = (it != store.end() || store.size() < opt.keys_max) &&
+                      key.size() + value_bytes <= opt.store_bytes_max - (stored_bytes - old_bytes);
+    if (!fits) ++stats.budget_refusals;
+    return fits;
+  }
+
+  bool PutValue(const std::string& key, std::string value) {
+    if (Protected(key) || !StoreFits(key, value.size())) return false;
+    auto it = store.find(key);
+    if (it != store.end()) stored_bytes -= key.size() + it->second.size();
+    stored_bytes += key.size() + value.size();
     store[key] = std::move(value);
     return true;
+  }
+
+  std::size_t Erase(const std::string& key) {
+    auto it = store.find(key);
+    if (it == store.end()) return 0;
+    stored_bytes -= key.size() + it->second.size();
+    store.erase(it);
+    return 1;
   }
 
   Parse ReadKeys(Reader* r, std::vector<std::string>* keys) {
@@ -132,6 +193,103 @@ struct TcpStoreServer::Impl {
     if (n > opt.keys_per_query_max) return Parse::kBad;
     keys->resize(n);
     for (auto& k : *keys) RC_PARSE(r->Bytes(&k, true));
+    return Parse::kOk;
+  }
+
+  template <typename T>
+  Parse ReplyPod(Conn* c, T v) {
+    if (!ReplyFits(c, sizeof(T))) return Parse::kBad;
+    PutPod(&c->out, v);
+    return Parse::kOk;
+  }
+  Parse ReplyBytes(Conn* c, const std::string& v) {
+    if (!ReplyFits(c, sizeof(std::uint64_t) + v.size())) return Parse::kBad;
+    PutBytes(&c->out, v);
+    return Parse::kOk;
+  }
+
+  Parse CompareSet(Conn* c, const std::string& key, const std::string& expected,
+                   std::string desired) {
+    if (RefuseWriteOnce(key)) return Parse::kBad;
+    auto it = store.find(key);
+    const bool swap = it == store.end() ? expected.empty() : it->second == expected;
+    if (!swap) return ReplyBytes(c, it == store.end() ? expected : it->second);
+    if (!ReplyFits(c, sizeof(std::uint64_t) + desired.size())) return Parse::kBad;
+    if (!PutValue(key, desired)) return Parse::kBad;
+    PutBytes(&c->out, desired);
+    WakeWaiters();
+    return Parse::kOk;
+  }
+
+  Parse Add(Conn* c, const std::string& key, std::int64_t delta) {
+    if (RefuseWriteOnce(key)) return Parse::kBad;
+    std::int64_t current = 0;
+    auto it = store.find(key);
+    if (it != store.end()) {
+      const std::string& s = it->second;
+      auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), current);
+      if (ec != std::errc() || ptr != s.data() + s.size()) return Parse::kBad;
+    }
+    if ((delta > 0 && current > INT64_MAX - delta) || (delta < 0 && current < INT64_MIN - delta)) {
+      return Parse::kBad;
+    }
+    current += delta;
+    if (!ReplyFits(c, sizeof(std::int64_t))) return Parse::kBad;
+    if (!PutValue(key, std::to_string(current))) return Parse::kBad;
+    PutPod<std::int64_t>(&c->out, current);
+    WakeWaiters();
+    return Parse::kOk;
+  }
+
+  Parse Append(const std::string& key, const std::string& value) {
+    if (RefuseWriteOnce(key)) return Parse::kBad;
+    auto it = store.find(key);
+    const std::size_t old_size = it == store.end() ? 0 : it->second.size();
+    if (value.size() > opt.value_bytes_max - std::min(opt.value_bytes_max, old_size) ||
+        !StoreFits(key, old_size + value.size())) {
+      return Parse::kBad;
+    }
+    if (it == store.end()) return PutValue(key, value) ? Parse::kOk : Parse::kBad;
+    it->second.append(value);  // in place: the joined value was bounded above
+    stored_bytes += value.size();
+    return Parse::kOk;
+  }
+
+  // The reply's size is summed and checked before a byte of it is built.
+  Parse MultiGet(Conn* c, const std::vector<std::string>& keys) {
+    std::size_t reply_bytes = 0;
+    for (const auto& k : keys) {
+      auto it = store.find(k);
+      if (it == store.end()) return Parse::kBad;
+      reply_bytes += sizeof(std::uint64_t) + it->second.size();
+      if (reply_bytes > opt.output_bytes_max) {
+        ++stats.budget_refusals;
+        return Parse::kBad;
+      }
+    }
+    if (!ReplyFits(c, reply_bytes)) return Parse::kBad;
+    for (const auto& k : keys) PutBytes(&c->out, store.find(k)->second);
+    return Parse::kOk;
+  }
+
+  // All pairs are checked before any is stored: a refused MULTI_SET changes nothing.
+  Parse MultiSet(std::vector<std::pair<std::string, std::string>>& kvs) {
+    std::size_t added_bytes = 0, added_keys = 0;
+    for (const auto& [k, v] : kvs) {
+      if (RefuseWriteOnce(k)) return Parse::kBad;
+      if (v.size() > opt.value_bytes_max) return Parse::kBad;
+      added_bytes += k.size() + v.size();  // upper bound: replaced values are not subtracted
+      added_keys += store.count(k) == 0 ? 1 : 0;
+    }
+    if (added_keys > opt.keys_max - std::min(opt.keys_max, store.size()) ||
+        added_bytes > opt.store_bytes_max - stored_bytes) {
+      ++stats.budget_refusals;
+      return Parse::kBad;
+    }
+    for (auto& [k, v] : kvs) {
+      if (!PutValue(k, std::move(v))) return Parse::kBad;
+    }
+    WakeWaiters();
     return Parse::kOk;
   }
 
@@ -152,13 +310,13 @@ struct TcpStoreServer::Impl {
       case StoreQuery::kPing: {
         std::uint32_t nonce = 0;
         RC_PARSE(r.Pod(&nonce));
-        PutPod(&c->out, nonce);
+        RC_PARSE(ReplyPod(c, nonce));
         break;
       }
       case StoreQuery::kSet: {
         RC_PARSE(r.Bytes(&key, true));
         RC_PARSE(r.Bytes(&value, false));
-        if (!PutValue(key, std::move(value))) return Parse::kBad;
+        if (RefuseWriteOnce(key) || !PutValue(key, std::move(value))) return Parse::kBad;
         WakeWaiters();
         break;
       }
@@ -166,61 +324,33 @@ struct TcpStoreServer::Impl {
         RC_PARSE(r.Bytes(&key, true));
         RC_PARSE(r.Bytes(&value, false));   // expected
         RC_PARSE(r.Bytes(&value2, false));  // desired
-        auto it = store.find(key);
-        if (it == store.end()) {
-          if (value.empty()) {
-            if (!PutValue(key, value2)) return Parse::kBad;
-            PutBytes(&c->out, value2);
-            WakeWaiters();
-          } else {
-            PutBytes(&c->out, value);
-          }
-        } else if (it->second == value) {
-          it->second = value2;
-          PutBytes(&c->out, value2);
-          WakeWaiters();
-        } else {
-          PutBytes(&c->out, it->second);
-        }
+        RC_PARSE(CompareSet(c, key, value, std::move(value2)));
         break;
       }
       case StoreQuery::kGet: {
         RC_PARSE(r.Bytes(&key, true));
         auto it = store.find(key);
         if (it == store.end()) return Parse::kBad;  // torch's server errors; the client must WAIT first
-        PutBytes(&c->out, it->second);
+        RC_PARSE(ReplyBytes(c, it->second));
         break;
       }
       case StoreQuery::kAdd: {
         RC_PARSE(r.Bytes(&key, true));
         std::int64_t delta = 0;
         RC_PARSE(r.Pod(&delta));
-        std::int64_t current = 0;
-        auto it = store.find(key);
-        if (it != store.end()) {
-          const std::string& s = it->second;
-          auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), current);
-          if (ec != std::errc() || ptr != s.data() + s.size()) return Parse::kBad;
-        }
-        if ((delta > 0 && current > INT64_MAX - delta) || (delta < 0 && current < INT64_MIN - delta)) {
-          return Parse::kBad;
-        }
-        current += delta;
-        if (!PutValue(key, std::to_string(current))) return Parse::kBad;
-        PutPod<std::int64_t>(&c->out, current);
-        WakeWaiters();
+        RC_PARSE(Add(c, key, delta));
         break;
       }
       case StoreQuery::kCheck: {
         RC_PARSE(ReadKeys(&r, &keys));
-        PutPod<std::uint8_t>(&c->out, AllExist(keys) ? kCheckReady : kCheckNotReady);
+        RC_PARSE(ReplyPod<std::uint8_t>(c, AllExist(keys) ? kCheckReady : kCheckNotReady));
         break;
       }
       case StoreQuery::kWait: {
         RC_PARSE(ReadKeys(&r, &keys));
         if (!c->wait_keys.empty()) return Parse::kBad;  // one deferred wait per connection
         if (AllExist(keys)) {
-          PutPod<std::uint8_t>(&c->out, kWaitStop);
+          RC_PARSE(ReplyPod<std::uint8_t>(c, kWaitStop));
         } else {
           c->wait_keys = std::move(keys);
         }
@@ -228,36 +358,30 @@ struct TcpStoreServer::Impl {
       }
       case StoreQuery::kCancelWait: {
         c->wait_keys.clear();
-        PutPod<std::uint8_t>(&c->out, kWaitCanceled);
+        RC_PARSE(ReplyPod<std::uint8_t>(c, kWaitCanceled));
         break;
       }
       case StoreQuery::kGetNumKeys: {
-        PutPod<std::int64_t>(&c->out, static_cast<std::int64_t>(store.size()));
+        RC_PARSE(ReplyPod<std::int64_t>(c, static_cast<std::int64_t>(store.size())));
         break;
       }
       case StoreQuery::kDeleteKey: {
         RC_PARSE(r.Bytes(&key, true));
-        PutPod<std::int64_t>(&c->out, static_cast<std::int64_t>(store.erase(key)));
+        if (RefuseWriteOnce(key)) return Parse::kBad;
+        if (!ReplyFits(c, sizeof(std::int64_t))) return Parse::kBad;
+        PutPod<std::int64_t>(&c->out, static_cast<std::int64_t>(Erase(key)));
         break;
       }
       case StoreQuery::kAppend: {
         RC_PARSE(r.Bytes(&key, true));
         RC_PARSE(r.Bytes(&value, false));
-        auto it = store.find(key);
-        std::string joined = it == store.end() ? value : it->second + value;
-        if (!PutValue(key, std::move(joined))) return Parse::kBad;
+        RC_PARSE(Append(key, value));
         WakeWaiters();
         break;
       }
       case StoreQuery::kMultiGet: {
         RC_PARSE(ReadKeys(&r, &keys));
-        std::string reply;
-        for (const auto& k : keys) {
-          auto it = store.find(k);
-          if (it == store.end()) return Parse::kBad;
-          PutBytes(&reply, it->second);
-        }
-        c->out.append(reply);
+        RC_PARSE(MultiGet(c, keys));
         break;
       }
       case StoreQuery::kMultiSet: {
@@ -269,10 +393,7 @@ struct TcpStoreServer::Impl {
           RC_PARSE(r.Bytes(&k, true));
           RC_PARSE(r.Bytes(&v, false));
         }
-        for (auto& [k, v] : kvs) {
-          if (!PutValue(k, std::move(v))) return Parse::kBad;
-        }
-        WakeWaiters();
+        RC_PARSE(MultiSet(kvs));
         break;
       }
       default:
@@ -296,6 +417,7 @@ struct TcpStoreServer::Impl {
         return;
       }
       c->in.erase(0, consumed);
+      if (c->in.empty() && c->in.capacity() > kIdleBufferBytesMax) std::string().swap(c->in);
       if (c->out.size() > opt.output_bytes_max) {
         Disconnect(c);
         return;
@@ -306,6 +428,47 @@ struct TcpStoreServer::Impl {
   void Disconnect(Conn* c) {
     if (!c->closing) ++stats.protocol_errors;
     c->closing = true;
+  }
+
+  // How many bytes c may receive now: its query bound (plus one byte, so an oversize query is
+  // detected) and the all-connection budget. 0 means c must be dropped.
+  std::size_t ReceiveRoom(const Conn* c) const {
+    const std::size_t own = opt.query_bytes_max + 1 - std::min(opt.query_bytes_max + 1, c->in.size());
+    const std::size_t used = BufferedBytes();
+    const std::size_t shared = opt.buffered_bytes_max - std::min(opt.buffered_bytes_max, used);
+    return std::min(own, shared);
+  }
+
+  // Reads what c sent and serves the complete queries. Only this connection is dropped when a
+  // bound is hit or an allocation fails.
+  void Receive(Conn* c, char* buf, std::size_t buf_bytes) {
+    try {
+      for (;;) {
+        const std::size_t room = std::min(buf_bytes, ReceiveRoom(c));
+        if (room == 0) {
+          ++stats.budget_refusals;
+          Disconnect(c);
+          return;
+        }
+        const ssize_t got = ::recv(c->fd, buf, room, 0);
+        if (got > 0) {
+          c->in.append(buf, static_cast<std::size_t>(got));
+          HandleInput(c);
+          if (c->closing) return;
+          continue;
+        }
+        if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          c->closing = true;  // peer closed: not a protocol error
+        }
+        return;
+      }
+    } catch (const std::bad_alloc&) {
+      ++stats.allocation_failures;
+      Disconnect(c);
+      std::string().swap(c->in);
+      std::string().swap(c->out);
+      std::vector<std::string>().swap(c->wait_keys);
+    }
   }
 
   void Accept() {
@@ -319,9 +482,15 @@ struct TcpStoreServer::Impl {
       }
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto c = std::make_unique<Conn>();
-      c->fd = fd;
-      conns.push_back(std::move(c));
+      try {
+        auto c = std::make_unique<Conn>();
+        c->fd = fd;
+        conns.push_back(std::move(c));  // capacity reserved at Start: no reallocation
+      } catch (const std::bad_alloc&) {
+        ::close(fd);
+        ++stats.allocation_failures;
+        return;
+      }
       ++stats.connections_accepted;
     }
   }
@@ -356,21 +525,7 @@ struct TcpStoreServer::Impl {
       for (std::size_t i = 2; i < fds.size(); ++i) {
         Conn* c = conns[i - 2].get();
         RC_CHECK(c->fd == fds[i].fd);
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-          for (;;) {
-            const ssize_t got = ::recv(c->fd, buf, sizeof(buf), 0);
-            if (got > 0) {
-              c->in.append(buf, static_cast<std::size_t>(got));
-              HandleInput(c);
-              if (c->closing) break;
-              continue;
-            }
-            if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-              c->closing = true;  // peer closed: not a protocol error
-            }
-            break;
-          }
-        }
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) Receive(c, buf, sizeof(buf));
       }
       // Flush every connection (waiters may have been woken by another connection's SET).
       for (auto& c : conns) {
@@ -378,6 +533,7 @@ struct TcpStoreServer::Impl {
           const ssize_t sent = ::send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
           if (sent > 0) {
             c->out.erase(0, static_cast<std::size_t>(sent));
+            if (c->out.empty() && c->out.capacity() > kIdleBufferBytesMax) std::string().swap(c->out);
           } else {
             if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) c->closing = true;
             break;
@@ -390,6 +546,7 @@ struct TcpStoreServer::Impl {
         return c->closing;
       });
       stats.connections_open = conns.size();
+      stats.stored_bytes = stored_bytes;
       stats.waiters = 0;
       for (auto& c : conns) stats.waiters += c->wait_keys.empty() ? 0 : 1;
     }
@@ -409,8 +566,14 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreOpti
       options.keys_per_query_max == 0) {
     return Status::InvalidArgument("tcp store bounds must be positive");
   }
+  if (options.query_bytes_max == 0 || options.output_bytes_max == 0 ||
+      options.buffered_bytes_max == 0 || options.store_bytes_max == 0) {
+    return Status::InvalidArgument("tcp store byte bounds must be positive");
+  }
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
+  impl->write_once.insert(options.write_once_keys.begin(), options.write_once_keys.end());
+  impl->conns.reserve(options.connections_max);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(options.port);
@@ -453,6 +616,9 @@ Status TcpStoreServer::Set(const std::string& wire_key, const std::string& value
   if (wire_key.size() > impl_->opt.key_bytes_max) return Status::InvalidArgument("key too long");
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->Protected(wire_key)) {
+      return Status::Rejected("tcp store key is write-once and already set");
+    }
     if (!impl_->PutValue(wire_key, value)) {
       return Status::InvalidArgument("value too large or store full");
     }

@@ -20,16 +20,28 @@
 //   PING(13)       u32 nonce                      -> u32 nonce
 // Keys are raw wire keys: torch's client prefixes user keys with "/" (but not "init/").
 //
-// One thread serves every connection with poll(). Every resource is bounded (connections, key and
-// value sizes, stored keys, buffered input/output per connection); a client that breaks a bound
-// or the grammar is disconnected, the store itself never grows beyond its limits.
+// One thread serves every connection with poll(). Every resource is bounded BEFORE it is allocated
+// (connections, key and value sizes, stored keys and stored bytes, buffered input/output per
+// connection and across all connections, the size of a reply computed before it is built); a
+// client that breaks a bound or the grammar is disconnected, and an allocation failure while
+// serving one connection drops that connection only. The store never grows beyond its limits.
+//
+// The master is unauthenticated (torch's protocol has no credentials), so it binds to one address
+// (the rendezvous host, loopback by default) and the rendezvous key is write-once and master-only:
+// the server-side Set writes it once; any client SET / COMPARE_SET / ADD / APPEND / MULTI_SET /
+// DELETE_KEY naming it is refused, before or after it is set (so no peer can race the master). A
+// refusal is signalled as torch's own master signals a failed query: the connection is closed
+// (there is no error reply on this wire). The legitimate flow (master Set, then workers VALIDATE,
+// PING, ADD init/, WAIT, GET) never writes the key from a client and is unchanged.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "effects/nccl/rendezvous.h"
 #include "statemachine/status.h"
 
 namespace rc::effects::nccl {
@@ -43,15 +55,21 @@ enum class StoreQuery : std::uint8_t {
 };
 
 struct TcpStoreOptions {
-  std::string bind_address = "0.0.0.0";
+  // IPv4 address to listen on: the rendezvous host the engine's workers are told to reach.
+  // "0.0.0.0" listens on every interface; only configure it deliberately.
+  std::string bind_address = "127.0.0.1";
   std::uint16_t port = 0;                       // 0: an ephemeral port (see port())
   std::size_t connections_max = 256;
   std::size_t key_bytes_max = 4096;
-  std::size_t value_bytes_max = 16u << 20;
+  std::size_t value_bytes_max = 1u << 20;       // the rendezvous value is 223 bytes
   std::size_t keys_max = 65536;                 // stored keys
+  std::size_t store_bytes_max = 64u << 20;      // stored keys + values, all together
   std::size_t keys_per_query_max = 1024;        // CHECK / WAIT / MULTI_*
-  std::size_t query_bytes_max = 64u << 20;      // one query's encoding (buffered input)
-  std::size_t output_bytes_max = 64u << 20;     // unread replies per connection
+  std::size_t query_bytes_max = 4u << 20;       // one query's encoding (buffered input)
+  std::size_t output_bytes_max = 4u << 20;      // unread replies per connection
+  std::size_t buffered_bytes_max = 128u << 20;  // input + output + waits, all connections
+  // Wire keys only the server-side Set may write, once; no client may write or delete them.
+  std::vector<std::string> write_once_keys = {std::string(kUniqueIdWireKey)};
 };
 
 struct TcpStoreStats {
@@ -59,6 +77,10 @@ struct TcpStoreStats {
   std::uint64_t connections_refused = 0;        // over connections_max
   std::uint64_t protocol_errors = 0;            // disconnected for a grammar or bound violation
   std::uint64_t queries = 0;
+  std::uint64_t write_once_refusals = 0;        // writes or deletes of a write-once key
+  std::uint64_t budget_refusals = 0;            // a store, reply or buffer bound would be passed
+  std::uint64_t allocation_failures = 0;        // bad_alloc while serving a connection (dropped)
+  std::size_t stored_bytes = 0;
   std::size_t connections_open = 0;
   std::size_t waiters = 0;
 };
@@ -71,7 +93,8 @@ class TcpStoreServer {
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   std::uint16_t port() const { return port_; }
-  // Server-side access with wire keys; Set wakes waiting clients.
+  // Server-side access with wire keys; Set wakes waiting clients. Set is bounded like a client's
+  // SET and refuses to change a write-once key that already holds a value.
   [[nodiscard]] Status Set(const std::string& wire_key, const std::string& value);
   std::optional<std::string> Get(const std::string& wire_key) const;
   // Closes every connection and joins the serving thread. Idempotent; bounded by one poll tick.

@@ -1,0 +1,232 @@
+// Tests of the TCPStore master under hostile peers over real loopback sockets: every allocation
+// is bounded before it is made, the rendezvous key cannot be changed by a client, and the master
+// listens only where it was told to.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "effects/nccl/rendezvous.h"
+#include "effects/nccl/tcp_store.h"
+#include "tests/effects_nccl/store_client.h"
+
+namespace rc::effects::nccl {
+namespace {
+
+using testing::StoreClient;
+using Q = StoreQuery;
+
+std::unique_ptr<TcpStoreServer> Start(TcpStoreOptions o) {
+  auto s = TcpStoreServer::Start(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return std::move(*s);
+}
+
+// True when a fresh client gets its PING answered: the master is still serving.
+bool StillServes(std::uint16_t port) {
+  StoreClient c(port);
+  c.Type(static_cast<std::uint8_t>(Q::kPing));
+  c.Pod<std::uint32_t>(99);
+  if (!c.Flush()) return false;
+  std::uint32_t n = 0;
+  return c.Read(&n) && n == 99;
+}
+
+long MaxRssKib() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+// Proves a MULTI_GET whose reply would pass the output bound is refused before the reply is
+// built: 64 x a 16 MiB value (1 GiB) leaves the peak RSS nearly unchanged and the master serving;
+// catches the reply assembled in full (2.1 GB RSS, bad_alloc aborting the executor under ulimit)
+// before output_bytes_max was looked at.
+TEST(TcpStoreBounds, MultiGetReplyCheckedBeforeItIsBuilt) {
+  TcpStoreOptions o;
+  o.value_bytes_max = 16u << 20;
+  o.query_bytes_max = 64u << 20;
+  o.output_bytes_max = 64u << 20;
+  o.store_bytes_max = 32u << 20;
+  auto store = Start(o);
+  ASSERT_TRUE(store->Set("/big", std::string(16u << 20, 'v')).ok());
+  const long before_kib = MaxRssKib();
+  StoreClient c(store->port());
+  c.Type(static_cast<std::uint8_t>(Q::kMultiGet));
+  c.Pod<std::uint64_t>(64);
+  for (int i = 0; i < 64; ++i) c.Str("/big");
+  ASSERT_TRUE(c.Flush());
+  EXPECT_TRUE(c.ClosedByServer());
+  EXPECT_LT(MaxRssKib() - before_kib, 128 * 1024) << "the reply was allocated";
+  EXPECT_GE(store->stats().budget_refusals, 1u);
+  EXPECT_TRUE(StillServes(store->port()));
+  // Within the bound MULTI_GET still answers.
+  StoreClient ok(store->port());
+  ok.Type(static_cast<std::uint8_t>(Q::kMultiGet));
+  ok.Pod<std::uint64_t>(2);
+  ok.Str("/big");
+  ok.Str("/big");
+  ASSERT_TRUE(ok.Flush());
+  std::string v;
+  ASSERT_TRUE(ok.ReadStr(&v));
+  EXPECT_EQ(v.size(), 16u << 20);
+}
+
+// Proves the store's total bytes are capped (SET, APPEND and MULTI_SET alike) and a refused
+// MULTI_SET stores nothing; catches a store that grows until the executor runs out of memory.
+TEST(TcpStoreBounds, StoredBytesCapped) {
+  TcpStoreOptions o;
+  o.bind_address = "127.0.0.1";
+  o.store_bytes_max = 1u << 20;
+  auto store = Start(o);
+  {
+    StoreClient c(store->port());
+    for (int i = 0; i < 40; ++i) {
+      c.Type(static_cast<std::uint8_t>(Q::kSet));
+      c.Str("/k" + std::to_string(i));
+      c.Str(std::string(64u << 10, 'x'));
+    }
+    c.Flush();
+    EXPECT_TRUE(c.ClosedByServer());
+  }
+  EXPECT_LE(store->stats().stored_bytes, o.store_bytes_max);
+  EXPECT_GT(store->stats().stored_bytes, o.store_bytes_max / 2);
+  {
+    StoreClient c(store->port());
+    for (int i = 0; i < 40; ++i) {
+      c.Type(static_cast<std::uint8_t>(Q::kAppend));
+      c.Str("/k0");
+      c.Str(std::string(64u << 10, 'y'));
+    }
+    c.Flush();
+    EXPECT_TRUE(c.ClosedByServer());
+  }
+  EXPECT_LE(store->stats().stored_bytes, o.store_bytes_max);
+  const std::size_t before = store->stats().stored_bytes;
+  {
+    StoreClient c(store->port());
+    c.Type(static_cast<std::uint8_t>(Q::kMultiSet));
+    c.Pod<std::uint64_t>(2);
+    c.Str("/small");
+    c.Str("1");
+    c.Str("/huge");
+    c.Str(std::string(900u << 10, 'z'));
+    c.Flush();
+    EXPECT_TRUE(c.ClosedByServer());
+  }
+  EXPECT_EQ(store->stats().stored_bytes, before);
+  EXPECT_FALSE(store->Get("/small").has_value()) << "a refused MULTI_SET stored part of itself";
+  EXPECT_TRUE(StillServes(store->port()));
+}
+
+// Proves the bytes buffered for all connections together are bounded: peers each holding an
+// incomplete query are dropped once the shared budget is spent, and the master keeps serving;
+// catches 256 connections x a 64 MiB partial query (16 GiB) being accepted.
+TEST(TcpStoreBounds, BufferedBytesAcrossConnectionsBounded) {
+  TcpStoreOptions o;
+  o.bind_address = "127.0.0.1";
+  o.value_bytes_max = 1u << 20;
+  o.query_bytes_max = 2u << 20;
+  o.buffered_bytes_max = 2u << 20;
+  auto store = Start(o);
+  std::vector<std::unique_ptr<StoreClient>> peers;
+  for (int i = 0; i < 6; ++i) {
+    auto c = std::make_unique<StoreClient>(store->port());
+    c->Type(static_cast<std::uint8_t>(Q::kSet));
+    c->Str("/slow" + std::to_string(i));
+    c->Pod<std::uint64_t>(1u << 20);  // announces a 1 MiB value, sends 700 KiB, never the rest
+    for (std::size_t b = 0; b < (700u << 10); ++b) c->Pod<char>('p');
+    c->Flush();
+    peers.push_back(std::move(c));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_GE(store->stats().budget_refusals, 1u);
+  EXPECT_LT(store->stats().connections_open, 6u);
+  peers.clear();
+  EXPECT_TRUE(StillServes(store->port()));
+}
+
+// Proves no client can overwrite, delete, compare-and-swap, append to, add to or multi-set the
+// rendezvous key, before or after the master set it, and that the master cannot set it twice;
+// catches a peer redirecting workers to its own NCCL unique id.
+TEST(TcpStoreBounds, RendezvousKeyIsWriteOnceAndMasterOnly) {
+  TcpStoreOptions o;
+  auto store = Start(o);
+  const std::string key(kUniqueIdWireKey);
+  {
+    StoreClient early(store->port());
+    early.Type(static_cast<std::uint8_t>(Q::kSet));
+    early.Str(key);
+    early.Str("attacker-id");
+    ASSERT_TRUE(early.Flush());
+    EXPECT_TRUE(early.ClosedByServer());
+  }
+  EXPECT_FALSE(store->Get(key).has_value());
+  UniqueIdBytes id{};
+  id[0] = 7;
+  const std::string pickled = PickleNcclUniqueId(id);
+  ASSERT_TRUE(store->Set(key, pickled).ok());
+  EXPECT_EQ(store->Set(key, "again").code(), Code::kRejected);
+  auto attack = [&](auto&& write) {
+    StoreClient c(store->port());
+    write(c);
+    EXPECT_TRUE(c.Flush());
+    EXPECT_TRUE(c.ClosedByServer());
+    EXPECT_EQ(store->Get(key).value_or(""), pickled);
+  };
+  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kSet)); c.Str(key); c.Str("x"); });
+  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kDeleteKey)); c.Str(key); });
+  attack([&](StoreClient& c) {
+    c.Type(static_cast<std::uint8_t>(Q::kCompareSet)); c.Str(key); c.Str(pickled); c.Str("x");
+  });
+  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kAppend)); c.Str(key); c.Str("x"); });
+  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kAdd)); c.Str(key); c.Pod<std::int64_t>(1); });
+  attack([&](StoreClient& c) {
+    c.Type(static_cast<std::uint8_t>(Q::kMultiSet)); c.Pod<std::uint64_t>(1); c.Str(key); c.Str("x");
+  });
+  EXPECT_GE(store->stats().write_once_refusals, 7u);
+  // The legitimate worker read still works.
+  StoreClient worker(store->port());
+  worker.Type(static_cast<std::uint8_t>(Q::kGet));
+  worker.Str(key);
+  ASSERT_TRUE(worker.Flush());
+  std::string got;
+  ASSERT_TRUE(worker.ReadStr(&got));
+  EXPECT_EQ(got, pickled);
+}
+
+// True when a TCP connect to addr:port succeeds.
+bool Connects(const char* addr, std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, addr, &a.sin_addr);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Proves the master listens only on its configured address (loopback by default), not on every
+// interface: 127.0.0.2 reaches a 0.0.0.0 listener but not one bound to 127.0.0.1; catches the
+// unauthenticated store exposed on 0.0.0.0.
+TEST(TcpStoreBounds, BindsOnlyTheConfiguredAddress) {
+  auto store = Start(TcpStoreOptions{});
+  EXPECT_TRUE(Connects("127.0.0.1", store->port()));
+  EXPECT_FALSE(Connects("127.0.0.2", store->port()));
+  TcpStoreOptions any;
+  any.bind_address = "0.0.0.0";
+  auto open_store = Start(any);
+  EXPECT_TRUE(Connects("127.0.0.2", open_store->port())) << "control: 127.0.0.2 is routable here";
+}
+
+}  // namespace
+}  // namespace rc::effects::nccl
