@@ -13,6 +13,8 @@ namespace rc::effects {
 class EngineControl {
  public:
   virtual ~EngineControl() = default;
+  // GET /health alone: whether the engine process answers at all (startup waits on it).
+  virtual HttpEvidence Health() = 0;
   // /health, /version and the label (GET /weight_info, or the worker extension on vLLM 0.25.x).
   virtual EngineProbed Probe() = 0;
   // Sets the label (bootstrap only: names the initial weights).
@@ -31,6 +33,7 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual std::int64_t now_ms() = 0;       // monotonic
+  virtual std::int64_t now_us() { return now_ms() * 1000; }  // monotonic, for phase timings
   virtual std::int64_t wall_ms() = 0;      // wall clock, recorded in the journal envelope
   virtual void sleep_ms(std::uint32_t ms) = 0;
 };

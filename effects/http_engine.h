@@ -9,6 +9,7 @@ namespace rc::effects {
 class HttpEngineControl final : public EngineControl {
  public:
   explicit HttpEngineControl(EngineClient& client) : client_(client) {}
+  HttpEvidence Health() override { return client_.Health().http; }
   EngineProbed Probe() override { return client_.Probe(); }
   HttpEvidence SetLabel(const std::string& label) override {
     return client_.WriteLabel(label).http;

@@ -153,6 +153,7 @@ TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
   //    a refusal (kNone). There is no data plane here, so the rendezvous is nominal: a random
   //    unique id where the engine accepts one, else a loopback address nobody listens on.
   std::uint64_t left = remaining_ms();
+  if (left == 0) return finish(MutationClass::kNone, "deadline spent before the first engine call");
   if (!initialized_) {
     Status init = Initialize(left);
     if (!init.ok()) return finish(MutationClass::kNone, init.ToString());

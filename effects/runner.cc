@@ -1,5 +1,7 @@
 #include "effects/runner.h"
 
+#include "statemachine/describe.h"
+
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -7,16 +9,15 @@
 namespace rc::effects {
 namespace {
 
-std::uint64_t elapsed_us(std::chrono::steady_clock::time_point since) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                        std::chrono::steady_clock::now() - since)
-                                        .count());
-}
-
 class SystemClock final : public Clock {
  public:
   std::int64_t now_ms() override {
     return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  std::int64_t now_us() override {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
@@ -45,19 +46,24 @@ Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer&
   RC_CHECK(options_.effects_per_drive_max > 0);
 }
 
+std::uint64_t Runner::elapsed_us(std::int64_t since_us) const {
+  const std::int64_t now = clock_.now_us();
+  return now > since_us ? static_cast<std::uint64_t>(now - since_us) : 0;
+}
+
 Result<std::vector<Event>> Runner::submit(const Event& input, const std::string& client_event_id,
                                           Durability durability) {
-  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t start_us = clock_.now_us();
   auto submitted = journal_.Submit(input, clock_.wall_ms(), client_event_id);
   if (!submitted.ok()) return submitted.status();
   unsynced_ = submitted->ticket;
-  if (durability == Durability::kNow) RC_RETURN_IF_ERROR(sync());
-  timings_.journal_us += elapsed_us(start);
-  if (observer_) {
+  if (observer_ && !submitted->ticket.result.duplicate) {
     std::uint64_t seq = submitted->ticket.result.first_seq;
-    observer_(seq, input);
-    for (const Event& d : submitted->decisions) observer_(++seq, d);
+    unobserved_.emplace_back(seq, input);
+    for (const Event& d : submitted->decisions) unobserved_.emplace_back(++seq, d);
   }
+  if (durability == Durability::kNow) RC_RETURN_IF_ERROR(sync());
+  timings_.journal_us += elapsed_us(start_us);
   for (const Event& d : submitted->decisions) {
     if (const auto* ended = std::get_if<UpdateEnded>(&d)) ended_.push_back(*ended);
   }
@@ -68,8 +74,12 @@ Status Runner::sync() {
   if (!unsynced_.has_value()) return Status::OK();
   // Groups commit in order: waiting for the last ticket makes every earlier one durable too.
   Status st = journal_.Wait(*unsynced_);
-  if (st.ok()) unsynced_.reset();
-  return st;
+  if (!st.ok()) return st;
+  unsynced_.reset();
+  std::vector<std::pair<std::uint64_t, Event>> durable;
+  durable.swap(unobserved_);
+  for (const auto& [seq, event] : durable) observer_(seq, event);
+  return Status::OK();
 }
 
 std::uint64_t Runner::deadline_for(EffectKind kind) const {
@@ -96,16 +106,10 @@ DrainObserved Runner::drain() {
 
 Event Runner::observe(const Effect& effect, const State& s) {
   switch (effect.kind) {
-    case EffectKind::kProbeEngine: {
-      EngineProbed probed = engine_.Probe();
-      // Bootstrap names the initial weights: if the engine is healthy but reports another
-      // label, set it once and probe again; the evidence is what the engine reports after.
-      if (probed.http.ok_2xx() && probed.reported_label != s.bootstrap->label) {
-        HttpEvidence set = engine_.SetLabel(s.bootstrap->label);
-        if (set.ok_2xx()) probed = engine_.Probe();
-      }
-      return probed;
-    }
+    case EffectKind::kProbeEngine:
+      // In READY this re-verifies the engine after a restart: what it is, nothing changed.
+      if (s.lifecycle != Lifecycle::kUninitialized) return engine_.Probe();
+      return probe_for_bootstrap(*s.bootstrap);
     case EffectKind::kDrain:
       return drain();
     case EffectKind::kPreflight:
@@ -127,6 +131,27 @@ Event Runner::observe(const Effect& effect, const State& s) {
   }
   RC_CHECK(false && "observe() called for an effect without I/O");
   return DrainTimedOut{};
+}
+
+// Bootstrap names the initial weights. A fresh engine (kFreshEngineLabel) is labelled once; with
+// adopt, so is an engine with another label, and a paused one is resumed first. The evidence is
+// what the engine reports afterwards, with what was found before (the fold judges both).
+EngineProbed Runner::probe_for_bootstrap(const BootstrapRequested& bootstrap) {
+  EngineProbed probed = engine_.Probe();
+  if (!probed.http.ok_2xx()) return probed;
+  bool resumed = false;
+  if (bootstrap.adopt && probed.is_paused_known && probed.is_paused) {
+    if (!engine_.Resume().http.ok_2xx()) return probed;
+    resumed = true;
+    probed = engine_.Probe();
+  }
+  const std::string found = probed.reported_label;
+  const bool relabel = probed.http.ok_2xx() && found != bootstrap.label &&
+                       (found == kFreshEngineLabel || bootstrap.adopt);
+  if (relabel && engine_.SetLabel(bootstrap.label).ok_2xx()) probed = engine_.Probe();
+  if (relabel) probed.label_before = found;
+  probed.resumed_before = resumed;
+  return probed;
 }
 
 std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
@@ -161,9 +186,10 @@ Status Runner::perform(const Effect& effect, const State& state) {
                        intent_must_be_durable(effect.kind) ? Durability::kNow
                                                             : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
-  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t start_us = clock_.now_us();
   Event observation = observe(effect, state);
-  if (std::uint64_t* slot = phase_slot(timings_, effect.kind)) *slot += elapsed_us(start);
+  if (const auto* probed = std::get_if<EngineProbed>(&observation)) last_probe_ = *probed;
+  if (std::uint64_t* slot = phase_slot(timings_, effect.kind)) *slot += elapsed_us(start_us);
   // The observation becomes durable together with the next intent (one fsync for both): nothing
   // acts on its decisions before that intent's Wait, and Drive() syncs before it returns.
   auto decided = submit(observation, "", Durability::kWithNext);
@@ -172,7 +198,7 @@ Status Runner::perform(const Effect& effect, const State& state) {
 
 Status Runner::await_rollouts(const State& state) {
   const std::int64_t start_ms = clock_.now_ms();
-  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t start_us = clock_.now_us();
   (void)state;
   while (true) {
     const State now = journal_.state();
@@ -186,7 +212,7 @@ Status Runner::await_rollouts(const State& state) {
     }
     clock_.sleep_ms(options_.await_poll_ms);
   }
-  timings_.drain_us += elapsed_us(start);
+  timings_.drain_us += elapsed_us(start_us);
   return Status::OK();
 }
 
@@ -222,27 +248,64 @@ Status Runner::Recover() {
   return Drive();
 }
 
-Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identity) {
-  auto r = submit(BootstrapRequested{label, identity});
+// Waits (unjournaled) until the engine answers /health: an engine still loading its weights is
+// not a failed bootstrap. Bounded by options.startup_timeout_ms.
+Status Runner::wait_for_engine(const BootstrapOptions& options) {
+  const std::int64_t start_ms = clock_.now_ms();
+  std::int64_t reported_ms = start_ms;
+  for (;;) {
+    const HttpEvidence health = engine_.Health();
+    if (health.ok_2xx() || (health.transport == Transport::kOk && health.http_status < 500)) {
+      return Status::OK();  // it answers; the journaled probe judges what it says
+    }
+    const std::int64_t waited_ms = clock_.now_ms() - start_ms;
+    const std::string last = describe(health);
+    if (waited_ms >= static_cast<std::int64_t>(options.startup_timeout_ms)) {
+      return Status::Unavailable("the engine did not come up within " +
+                                 std::to_string(options.startup_timeout_ms) +
+                                 " ms (engine_startup_timeout_ms); last /health: " + last);
+    }
+    if (options.progress && clock_.now_ms() - reported_ms >= options_.startup_report_ms) {
+      reported_ms = clock_.now_ms();
+      options.progress("waiting for the engine to start (" + std::to_string(waited_ms / 1000) +
+                       " s of " + std::to_string(options.startup_timeout_ms / 1000) +
+                       " s): /health " + last);
+    }
+    clock_.sleep_ms(options_.startup_poll_ms);
+  }
+}
+
+Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identity,
+                         const BootstrapOptions& options) {
+  if (options.startup_timeout_ms > 0) RC_RETURN_IF_ERROR(wait_for_engine(options));
+  const BootstrapRequested request{label, identity, options.adopt};
+  auto r = submit(request);
   if (!r.ok()) return r.status();
+  last_probe_.reset();
   RC_RETURN_IF_ERROR(Drive());
   const State s = journal_.state();
-  if (s.lifecycle != Lifecycle::kReady) {
-    return Status::Unavailable("bootstrap did not reach READY: engine never reported '" + label +
-                               "' (" + std::to_string(s.attempts) + " probes)");
+  if (s.lifecycle == Lifecycle::kReady) return Status::OK();
+  std::string why = last_probe_ ? explain_bootstrap_refusal(request, *last_probe_)
+                                : std::string("no probe was made");
+  if (last_probe_ && last_probe_->is_paused_known && last_probe_->is_paused) {
+    why += " (resume it, or restart it from the declared weights; --adopt-engine resumes it)";
+  } else if (last_probe_ && last_probe_->http.ok_2xx() && !options.adopt) {
+    why += " (restart the engine from the declared weights, or start with --adopt-engine to "
+           "journal it as found)";
   }
-  return Status::OK();
+  return Status::Unavailable("bootstrap did not reach READY after " +
+                             std::to_string(s.attempts) + " probe(s): " + why);
 }
 
 Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {
   timings_.clear();
   ended_.clear();
-  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t start_us = clock_.now_us();
   // Durable with the drain's intent, before the engine is touched.
   auto r = submit(request, "update:" + request.update_id, Durability::kWithNext);
   if (!r.ok()) return r.status();
   Status driven = Drive();
-  timings_.total_us = elapsed_us(start);
+  timings_.total_us = elapsed_us(start_us);
   if (!driven.ok()) return driven;
   for (const UpdateEnded& e : ended_) {
     if (e.update_id == request.update_id) return e;

@@ -33,6 +33,16 @@ struct RunnerOptions {
   std::uint32_t backoff_ms_max = 1000;
   std::uint32_t await_poll_ms = 1;             // polling interval while awaiting bindings
   std::uint32_t effects_per_drive_max = 256;   // bound on one Drive() call
+  std::uint32_t startup_poll_ms = 250;         // between /health probes while the engine starts
+  std::uint32_t startup_report_ms = 5000;      // between progress reports while it starts
+};
+
+// How a bootstrap treats the engine it finds.
+struct BootstrapOptions {
+  bool adopt = false;                  // accept another label (relabel) or a paused engine
+  std::uint64_t startup_timeout_ms = 0;  // wait this long for /health first (0: no wait)
+  // Told what the runner is waiting for (one line each, at most every startup_report_ms).
+  std::function<void(const std::string&)> progress;
 };
 
 // Where one update cycle spent its time (microseconds), for the article's phase split.
@@ -58,15 +68,19 @@ class Runner {
   // Journals RecoveryStarted (abandons bindings whose clients are gone, classifies a crash in
   // UPDATING) and redoes whatever idempotent step was interrupted.
   [[nodiscard]] Status Recover();
-  // UNINITIALIZED -> READY once the engine reports `label`.
-  [[nodiscard]] Status Bootstrap(const std::string& label, const WeightIdentity& identity);
+  // UNINITIALIZED -> READY once the engine reports `label`: a fresh engine (label "default") is
+  // labelled; one that reports another label or is paused is refused unless adopted. Errors say
+  // what the engine answered and what to do.
+  [[nodiscard]] Status Bootstrap(const std::string& label, const WeightIdentity& identity,
+                                 const BootstrapOptions& options = {});
   // Submits the request and drives the update to its end (committed, refused or tainted).
   [[nodiscard]] Result<UpdateEnded> Update(const UpdateRequested& request);
   // Performs effects until none is due.
   [[nodiscard]] Status Drive();
 
   const PhaseTimings& last_timings() const { return timings_; }
-  // Called for every event the runner journals (inputs and their decisions), in seq order.
+  // Called for every event the runner journals (inputs and their decisions), in seq order, once
+  // it is durable: an observer never reports what a crash could still take back.
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
  private:
@@ -79,7 +93,10 @@ class Runner {
   [[nodiscard]] Status perform(const Effect& effect, const State& state);
   [[nodiscard]] Status await_rollouts(const State& state);
   Event observe(const Effect& effect, const State& state);
+  EngineProbed probe_for_bootstrap(const BootstrapRequested& bootstrap);
   DrainObserved drain();
+  [[nodiscard]] Status wait_for_engine(const BootstrapOptions& options);
+  std::uint64_t elapsed_us(std::int64_t since_us) const;
   std::uint64_t deadline_for(EffectKind kind) const;
 
   journal::Journal& journal_;
@@ -91,6 +108,9 @@ class Runner {
   Observer observer_;
   std::vector<UpdateEnded> ended_;  // UpdateEnded decisions seen since the last Update()
   std::optional<journal::Ticket> unsynced_;  // the last ticket not yet known durable
+  // Events journaled but not yet known durable, for the observer: (seq, event).
+  std::vector<std::pair<std::uint64_t, Event>> unobserved_;
+  std::optional<EngineProbed> last_probe_;  // the last probe's evidence (bootstrap errors)
 };
 
 }  // namespace rc::effects

@@ -293,7 +293,9 @@ Status apply_one(State& s, const EngineProbed& e) {
 }
 
 Status apply_one(State& s, const EngineMonitored& e) {
-  if (s.lifecycle != Lifecycle::kReady) return reject(s, "engine monitor observation");
+  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) {
+    return reject(s, "engine monitor observation");
+  }
   if (s.in_flight.has_value()) return Status::Rejected("engine monitor observation mid-effect");
   if (e.updates_seen != monitor_epoch(s)) {
     return Status::Rejected("stale engine monitor observation (taken before an update or a "
@@ -602,19 +604,6 @@ std::string http_summary(const HttpEvidence& h) {
 
 bool out_of_attempts(const State& s) { return s.attempts >= kEffectAttemptsMax; }
 
-// The engine found at bootstrap is taken only as declared: a fresh engine (relabelled once), or
-// one that already reports the declared label; anything else only when the operator adopts it.
-std::string bootstrap_refusal(const BootstrapRequested& b, const EngineProbed& e) {
-  if (!e.http.ok_2xx()) return "engine not answering: " + http_summary(e.http);
-  if (e.is_paused_known && e.is_paused) return "the engine is paused";
-  const bool foreign = !e.label_before.empty() && e.label_before != kFreshEngineLabel &&
-                       e.label_before != b.label;
-  if ((foreign || e.resumed_before) && !b.adopt) return "the engine was changed without adopt";
-  if (e.reported_label != b.label) {
-    return "the engine reports '" + e.reported_label + "', not the declared '" + b.label + "'";
-  }
-  return {};
-}
 
 std::string bootstrap_detail(const EngineProbed& e) {
   std::string out = "engine " + e.engine_version + " reports '" + e.reported_label + "'";
@@ -630,19 +619,19 @@ void taint_engine(const State& s, Cause cause, std::string detail, std::vector<E
 
 void derive_engine_view(const State& s, bool ok, const std::string& label, bool paused_known,
                         bool paused, const std::string& instance, std::vector<Event>& out) {
-  if (!ok) return;
+  if (!ok || s.update.has_value()) return;  // an update owns the engine from its request on
   Cause cause = Cause::kEngineReplaced;
   std::string why = engine_mismatch(s, label, paused_known, paused, instance, &cause);
   if (!why.empty()) taint_engine(s, cause, std::move(why), out);
 }
 
 void derive(const State& s, const EngineProbed& e, std::vector<Event>& out) {
-  if (s.lifecycle == Lifecycle::kReady) {
+  if (s.lifecycle != Lifecycle::kUninitialized || !s.bootstrap.has_value()) {
     derive_engine_view(s, e.http.ok_2xx(), e.reported_label, e.is_paused_known, e.is_paused,
                        e.engine_instance, out);
     return;
   }
-  if (bootstrap_refusal(*s.bootstrap, e).empty()) {
+  if (explain_bootstrap_refusal(*s.bootstrap, e).empty()) {
     out.push_back(change(s, Lifecycle::kReady, Cause::kBootstrapped, bootstrap_detail(e)));
   }
 }
@@ -775,6 +764,21 @@ void derive(const State& s, const T& e, std::vector<Event>& out) {
 }
 
 }  // namespace
+
+// The engine found at bootstrap is taken only as declared: a fresh engine (relabelled once), or
+// one that already reports the declared label; anything else only when the operator adopts it.
+std::string explain_bootstrap_refusal(const BootstrapRequested& b, const EngineProbed& e) {
+  if (!e.http.ok_2xx()) return "engine not answering: " + http_summary(e.http);
+  if (e.is_paused_known && e.is_paused) return "the engine is paused";
+  const bool foreign = !e.label_before.empty() && e.label_before != kFreshEngineLabel &&
+                       e.label_before != b.label;
+  if ((foreign || e.resumed_before) && !b.adopt) return "the engine was changed without adopt";
+  if (e.reported_label != b.label) {
+    return "the engine reports '" + e.reported_label + "', not the declared '" + b.label + "'";
+  }
+  return {};
+}
+
 
 Status apply(State& state, const Event& event) {
   // Every apply_one checks legality before it changes anything, so the fold runs in place.

@@ -115,6 +115,10 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id,
 bool admits(const State& state);
 std::string admission_block_reason(const State& state);
 
+// Why a bootstrap probe does not take the engine ("" when it does): the fold's rule, exported so
+// the executor can tell the operator exactly what was refused.
+std::string explain_bootstrap_refusal(const BootstrapRequested& bootstrap, const EngineProbed& e);
+
 // updates_requested + recoveries: what an EngineMonitored must name to be current.
 std::uint64_t monitor_epoch(const State& state);
 

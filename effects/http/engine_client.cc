@@ -248,9 +248,15 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
   HttpReply reply;
   HttpEvidence& ev = reply.http;
   const std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);
-  RC_CHECK(timeout_ms > 0);  // 0 would mean "no deadline" to curl
   auto is_cancelled = [&] { return cancelled() || (o.cancel && o.cancel->cancelled()); };
 
+  // A spent deadline is the caller's evidence, not a crash: nothing is sent (0 would also mean
+  // "no deadline" to curl).
+  if (timeout_ms == 0) {
+    ev.transport = Transport::kConnectFailed;
+    ev.error = "deadline spent before sending";
+    return reply;
+  }
   if (is_cancelled()) {
     ev.transport = Transport::kConnectFailed;
     ev.error = "cancelled before sending";
@@ -482,6 +488,8 @@ HttpReply EngineClient::CollectiveRpc(const std::string& method,
 }
 namespace {
 // A label RPC reply: checks it and normalises the body to {"weight_version", "workers"}.
+std::string rpc_instances(const json& results);
+
 HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::string* want) {
   if (!r.http.ok_2xx()) {
     r.http.error = bound_error("/collective_rpc " + method + " failed (is vLLM started with " +
@@ -498,8 +506,40 @@ HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::stri
   }
   const std::size_t workers = r.body["results"].size();
   json label = r.body["results"][0]["weight_version"];
+  std::string instance = rpc_instances(r.body["results"]);
   r.body = json{{"weight_version", label}, {"workers", workers}};
+  if (!instance.empty()) r.body["instance"] = instance;
   return r;
+}
+
+// The worker extension's per-process nonces, one per worker in answer order ("" when the
+// extension predates them). A restarted engine has new workers, hence new nonces.
+std::string rpc_instances(const json& results) {
+  std::string out;
+  for (const json& w : results) {
+    auto it = w.find("instance");
+    if (it == w.end() || !it->is_string() || it->get_ref<const std::string&>().size() > 64) {
+      return {};
+    }
+    if (!out.empty()) out += ',';
+    out += it->get<std::string>();
+    if (out.size() > kTextBytesMax / 2) return {};
+  }
+  return out;
+}
+
+// The engine's process start time from its Prometheus text ("" when absent): the instance of an
+// engine without the worker extension.
+std::string start_time_instance(const std::string& metrics_text) {
+  static const std::string kName = "process_start_time_seconds ";
+  std::size_t at = metrics_text.rfind("\n" + kName);
+  at = at == std::string::npos ? (metrics_text.rfind(kName, 0) == 0 ? 0 : at) : at + 1;
+  if (at == std::string::npos) return {};
+  const std::size_t begin = at + kName.size();
+  const std::size_t end = metrics_text.find_first_of("\r\n ", begin);
+  std::string value = metrics_text.substr(begin, std::min<std::size_t>(end - begin, 32));
+  if (value.empty() || value.find_first_not_of("0123456789.e+") != std::string::npos) return {};
+  return "start:" + value;
 }
 }  // namespace
 HttpReply EngineClient::ReadLabel(const CallOptions& o) {
@@ -667,10 +707,51 @@ EngineProbed EngineClient::Probe() {
   p.http = chain(p.http, version.http);
   if (!version.http.ok_2xx()) return p;
   p.engine_version = version.body["version"].get<std::string>();
-  HttpReply info = ReadLabel();
-  p.http = chain(p.http, info.http);
-  if (info.http.ok_2xx()) p.reported_label = info.body["weight_version"].get<std::string>();
+  EngineView view = ObserveView();
+  p.http = chain(p.http, view.http);
+  p.reported_label = std::move(view.label);
+  p.is_paused_known = view.is_paused_known;
+  p.is_paused = view.is_paused;
+  p.engine_instance = std::move(view.instance);
   return p;
+}
+
+std::string EngineClient::Instance(const HttpReply& label_reply) {
+  if (label_reply.body.is_object() && label_reply.body.contains("instance")) {
+    return label_reply.body["instance"].get<std::string>();
+  }
+  HttpReply metrics = MetricsRaw();
+  return metrics.http.ok_2xx() ? start_time_instance(metrics.raw) : std::string();
+}
+
+EngineClient::EngineView EngineClient::ObserveView() {
+  EngineView v;
+  HttpReply info = ReadLabel();
+  v.http = info.http;
+  if (!info.http.ok_2xx()) return v;
+  v.label = info.body["weight_version"].get<std::string>();
+  HttpReply paused = IsPaused();
+  v.http = chain(v.http, paused.http);
+  if (paused.http.ok_2xx()) {
+    v.is_paused_known = true;
+    v.is_paused = paused.body["is_paused"].get<bool>();
+  }
+  v.instance = Instance(info);
+  return v;
+}
+
+EngineMonitored EngineClient::Monitor() {
+  EngineMonitored m;
+  HttpReply health = Health();
+  m.http = health.http;
+  if (!health.http.ok_2xx()) return m;
+  EngineView view = ObserveView();
+  m.http = chain(m.http, view.http);
+  m.reported_label = std::move(view.label);
+  m.is_paused_known = view.is_paused_known;
+  m.is_paused = view.is_paused;
+  m.engine_instance = std::move(view.instance);
+  return m;
 }
 
 DrainObserved EngineClient::PauseWait() {
@@ -713,6 +794,7 @@ ValidationObserved EngineClient::WeightInfo() {
       v.detail = "label from /collective_rpc rc_weight_info on " +
                  std::to_string(r.body["workers"].get<std::size_t>()) + " worker(s)";
     }
+    v.engine_instance = Instance(r);
   }
   v.checks_passed = true;  // no optional checks configured here
   return v;

@@ -121,7 +121,13 @@ class EngineClient {
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   // ---- typed evidence for the runner ----
-  EngineProbed Probe();                     // /health, /version, the label (ReadLabel)
+  // /health, /version, the label (ReadLabel), /is_paused and the engine's instance.
+  EngineProbed Probe();
+  // The monitor's view: /health, the label, /is_paused, the instance (no /version).
+  EngineMonitored Monitor();
+  // Which engine process answers: the worker extension's nonces when the label reply carries
+  // them, else "start:<process_start_time_seconds>" from /metrics, else "" (unknown).
+  std::string Instance(const HttpReply& label_reply);
   DrainObserved PauseWait();                // POST /pause?mode=wait&clear_cache=false
   CacheResetObserved ResetCache(CacheKind cache);
   ValidationObserved WeightInfo();          // the label (ReadLabel) while paused
@@ -157,6 +163,15 @@ class EngineClient {
   HttpReply FinishWeightUpdate(const std::optional<std::string>& label, const CallOptions& o = {});
   HttpReply AbortRequests(const std::vector<std::string>& request_ids, const CallOptions& o = {});
   HttpReply MetricsRaw(const CallOptions& o = {});  // body stays null; raw is Prometheus text
+  struct EngineView {
+    HttpEvidence http;
+    std::string label;
+    bool is_paused_known = false;
+    bool is_paused = false;
+    std::string instance;
+  };
+  // The label, /is_paused and the instance, evidence chained.
+  EngineView ObserveView();
   // Parses GET /metrics. Fails with the evidence summary when the exchange failed.
   Result<MetricsMap> Metrics(const CallOptions& o = {});
 

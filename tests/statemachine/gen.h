@@ -140,7 +140,9 @@ inline Event garbage(const State& s, Rng& r) {
     case 8: return CacheResetObserved{static_cast<CacheKind>(r.below(3)), ok_http(), true};
     case 9: return ValidationObserved{ok_http(), "rc-1", true, ""};
     case 10: return ResumeObserved{ok_http(), true, false};
-    case 11: return RolloutAdmitted{id, s.committed, s.committed_identity};
+    // Unique per walk (ids are unique per journal; the journal, not the fold, enforces it).
+    case 11: return RolloutAdmitted{"g" + std::to_string(s.counters.events), s.committed,
+                                    s.committed_identity};
     case 12: return RolloutFinished{id, static_cast<RolloutOutcome>(r.below(3)), 0, 0};
     case 13: {
       // Half the time a structurally legal edge out of the current state (the forgeries that

@@ -67,6 +67,14 @@ struct Driver {
     effect(EffectKind::kProbeEngine);
     ok(EngineProbed{ok_http(), "0.25.1", label});
   }
+  // The probe a restarted executor makes in READY, showing the same engine as before.
+  void reverify() {
+    effect(EffectKind::kProbeEngine);
+    EngineProbed p{ok_http(), "0.25.1", s.committed.label};
+    p.is_paused_known = true;
+    p.engine_instance = s.engine_instance;
+    ok(p);
+  }
   std::string admit() {
     std::string id = "r" + std::to_string(++rollout_counter);
     ok(make_admission(s, id));

@@ -60,6 +60,7 @@ TEST(History, AcceptsGenuineHistoryAndSummarizes) {
   d.ok(DrainObserved{http(Transport::kTimeout), false});
   d.resume();
   d.ok(RecoveryStarted{"exec-2"});  // abandons the rc-1 rollout
+  d.reverify();
   d.to_updating("rc-3");
   d.effect(EffectKind::kTransfer);
   d.ok(TransferObserved{false, MutationClass::kPossible, 5, 1, 1, "", "reset"});

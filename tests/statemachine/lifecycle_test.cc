@@ -452,8 +452,9 @@ TEST(Lifecycle, RecoveryInEveryStateAbandonsBindings) {
          d.effect(EffectKind::kProbeEngine);
        },
        Lifecycle::kUninitialized, EffectKind::kProbeEngine},
+      // READY is re-verified after a restart: the engine may have changed while unwatched.
       {"ready", [](Driver& d) { d.to_ready(); d.admit(); d.admit(); }, Lifecycle::kReady,
-       EffectKind::kNone},
+       EffectKind::kProbeEngine},
       {"draining",
        [](Driver& d) {
          d.to_ready();

@@ -1,0 +1,227 @@
+// The engine under a READY executor can change (restart, relabel, someone's pause), a fresh
+// journal can meet an engine someone else left behind, explicit rollouts outlive executor
+// restarts, and a label names one policy: the fold's rules for each.
+#include <gtest/gtest.h>
+
+#include "tests/statemachine/helpers.h"
+
+namespace rc::test {
+namespace {
+
+EngineProbed probe(const std::string& label, bool paused = false,
+                   const std::string& instance = "i-1") {
+  EngineProbed p{ok_http(), "0.25.1", label};
+  p.is_paused_known = true;
+  p.is_paused = paused;
+  p.engine_instance = instance;
+  return p;
+}
+
+EngineMonitored seen(const State& s, const std::string& label, bool paused = false,
+                     const std::string& instance = "i-1") {
+  EngineMonitored m{ok_http(), label, true, paused, instance, 1000, monitor_epoch(s)};
+  return m;
+}
+
+// A driver whose engine reported instance "i-1" at bootstrap.
+Driver ready_on_instance() {
+  Driver d;
+  d.ok(BootstrapRequested{"rc-0", identity('a')});
+  d.effect(EffectKind::kProbeEngine);
+  d.ok(probe("rc-0"));
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(d.s.engine_instance, "i-1");
+  return d;
+}
+
+// Each way the READY engine stops being the verified one taints with its own cause and keeps
+// the active rollouts visible; catches a monitor whose observation leaves a silent READY.
+TEST(EngineMonitor, EachChangeTaintsWithItsCause) {
+  struct Case {
+    const char* name;
+    EngineMonitored (*make)(const State&);
+    Cause cause;
+  };
+  const Case cases[] = {
+      {"restarted", [](const State& s) { return seen(s, "default", false, "i-2"); },
+       Cause::kEngineReplaced},
+      {"relabelled", [](const State& s) { return seen(s, "rc-9"); }, Cause::kEngineRelabelled},
+      {"paused", [](const State& s) { return seen(s, "rc-0", true); },
+       Cause::kEnginePausedExternally},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Driver d = ready_on_instance();
+    const std::string r = d.admit();
+    auto ev = d.ok(c.make(d.s));
+    EXPECT_EQ(last_change(ev).to, Lifecycle::kTainted);
+    EXPECT_EQ(last_change(ev).cause, c.cause);
+    EXPECT_EQ(d.s.taint->update_id, "");
+    EXPECT_EQ(d.s.active.count(r), 1u) << "a suspect rollout is kept, never dropped";
+    EXPECT_EQ(d.rejected(make_admission(d.s, "late")), Code::kRejected);
+    d.ok(RolloutFinished{r, RolloutOutcome::kCompleted, 1, 1});  // it may still end
+    HistoryReport h = check_history(d.history);
+    EXPECT_TRUE(h.ok) << h.message;
+  }
+}
+
+// An unreachable engine stops admissions without a taint and a matching answer restores them;
+// catches admissions forwarded to a dead engine, and a blip that taints forever.
+TEST(EngineMonitor, UnreachableBlocksAdmissionUntilTheSameEngineAnswers) {
+  Driver d = ready_on_instance();
+  EngineMonitored down{http(Transport::kConnectFailed), "", false, false, "", 0, monitor_epoch(d.s)};
+  EXPECT_TRUE(d.ok(down).empty());
+  EXPECT_FALSE(d.s.engine_reachable);
+  EXPECT_FALSE(admits(d.s));
+  EXPECT_EQ(d.rejected(make_admission(d.s, "x")), Code::kRejected);
+  EXPECT_TRUE(d.ok(seen(d.s, "rc-0")).empty());
+  EXPECT_TRUE(admits(d.s));
+  d.admit();
+}
+
+// An observation taken before an update (or restart) began is refused as stale; catches the
+// race where a probe of the old generation lands after the new one committed and taints it.
+TEST(EngineMonitor, StaleObservationIsRefused) {
+  Driver d = ready_on_instance();
+  EngineMonitored before = seen(d.s, "rc-0");
+  d.to_resuming_validated("rc-1");
+  d.resume();
+  ASSERT_EQ(d.s.committed.label, "rc-1");
+  EXPECT_EQ(d.rejected(before), Code::kRejected);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kReady);
+  // Monitors are refused outside READY too.
+  d.to_draining("rc-2");
+  EXPECT_EQ(d.rejected(seen(d.s, "rc-1")), Code::kRejected);
+}
+
+// A restarted executor re-verifies READY before admitting, and a replaced engine found then
+// taints; catches the executor restart that trusted an engine it had not watched.
+TEST(EngineMonitor, RecoveryInReadyReverifiesBeforeAdmitting) {
+  Driver d = ready_on_instance();
+  d.ok(RecoveryStarted{"exec-2"});
+  EXPECT_TRUE(d.s.engine_recheck);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kProbeEngine);
+  EXPECT_EQ(d.rejected(make_admission(d.s, "x")), Code::kRejected);
+  EXPECT_EQ(d.rejected(d.update_request("rc-1")), Code::kRejected);
+  d.effect(EffectKind::kProbeEngine);
+  d.ok(probe("rc-0"));
+  EXPECT_FALSE(d.s.engine_recheck);
+  d.admit();
+
+  Driver e = ready_on_instance();
+  e.ok(RecoveryStarted{"exec-2"});
+  e.effect(EffectKind::kProbeEngine);
+  auto ev = e.ok(probe("default", false, "i-7"));
+  EXPECT_EQ(last_change(ev).cause, Cause::kEngineReplaced);
+  EXPECT_EQ(e.s.lifecycle, Lifecycle::kTainted);
+}
+
+// Bootstrap takes a fresh or declared engine; a foreign label or a paused engine only with adopt;
+// catches the bootstrap that relabelled an engine left at rc-7 (maybe tainted) as rc-0.
+TEST(Bootstrap, RefusesAForeignOrPausedEngineUnlessAdopted) {
+  auto boot = [](bool adopt, EngineProbed p) {
+    Driver d;
+    d.ok(BootstrapRequested{"rc-0", identity('a'), adopt});
+    d.effect(EffectKind::kProbeEngine);
+    d.ok(p);
+    return d.s.lifecycle;
+  };
+  EngineProbed fresh = probe("rc-0");
+  fresh.label_before = kFreshEngineLabel;
+  EXPECT_EQ(boot(false, fresh), Lifecycle::kReady);
+  EXPECT_EQ(boot(false, probe("rc-0")), Lifecycle::kReady);
+  EngineProbed foreign = probe("rc-0");
+  foreign.label_before = "rc-7";
+  EXPECT_EQ(boot(false, foreign), Lifecycle::kUninitialized);
+  EXPECT_EQ(boot(true, foreign), Lifecycle::kReady);
+  EXPECT_EQ(boot(false, probe("rc-7")), Lifecycle::kUninitialized);
+  EXPECT_EQ(boot(false, probe("rc-0", /*paused=*/true)), Lifecycle::kUninitialized);
+  EngineProbed resumed = probe("rc-0");
+  resumed.resumed_before = true;
+  EXPECT_EQ(boot(false, resumed), Lifecycle::kUninitialized);
+  EXPECT_EQ(boot(true, resumed), Lifecycle::kReady);
+  EXPECT_NE(explain_bootstrap_refusal(BootstrapRequested{"rc-0", identity('a')},
+                                      probe("rc-0", true)),
+            "");
+}
+
+// Validation fails when another engine process answers than the one verified; catches an
+// engine restarted mid-update (back on its initial weights) being published as the target.
+TEST(EngineMonitor, ValidationRefusesAnotherEngineProcess) {
+  Driver d = ready_on_instance();
+  d.to_validating("rc-1");
+  d.effect(EffectKind::kValidate);
+  ValidationObserved v{ok_http(), "rc-1", true, ""};
+  v.engine_instance = "i-2";
+  auto ev = d.ok(v);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(last_change(ev).cause, Cause::kValidationFailed);
+}
+
+// Leased (explicit) rollouts survive recovery; proxied ones are abandoned; a lapsed lease ends
+// as expired, only for a leased rollout; catches explicit rollouts lost on an executor restart.
+TEST(Lease, ExplicitRolloutsSurviveRecoveryAndExpire) {
+  Driver d = ready_on_instance();
+  const std::string proxied = d.admit();
+  d.ok(make_admission(d.s, "explicit", 30000));
+  auto ev = d.ok(RecoveryStarted{"exec-2"});
+  EXPECT_EQ(count_of<RolloutFinished>(ev), 1);
+  EXPECT_EQ(d.s.active.count(proxied), 0u);
+  EXPECT_EQ(d.s.active.count("explicit"), 1u);
+  d.reverify();
+  EXPECT_EQ(d.rejected(RolloutFinished{proxied, RolloutOutcome::kExpired}), Code::kNotFound);
+  const std::string other = d.admit();
+  EXPECT_EQ(d.rejected(RolloutFinished{other, RolloutOutcome::kExpired}),
+            Code::kInvalidArgument);
+  d.ok(RolloutFinished{"explicit", RolloutOutcome::kExpired});
+  EXPECT_EQ(d.s.counters.rollouts_expired, 1u);
+  EXPECT_EQ(d.rejected(make_admission(d.s, "long", kLeaseMsMax + 1)), Code::kInvalidArgument);
+  HistoryReport h = check_history(d.history);
+  EXPECT_TRUE(h.ok) << h.message;
+}
+
+// A label names one identity for the journal's life; catches `step-5` committed twice with
+// different weights, after which X-RolloutCore-Version no longer names one policy.
+TEST(Labels, ReuseOnlyForTheSameIdentity) {
+  Driver d = ready_on_instance();
+  d.to_resuming_validated("step-5");
+  d.resume();
+  d.to_resuming_validated("step-6");
+  d.resume();
+  UpdateRequested other{"u-x", "step-5", identity('c'), "safetensors:/ckpt/c"};
+  EXPECT_EQ(d.rejected(other), Code::kInvalidArgument);
+  UpdateRequested same{"u-y", "step-5", identity('b'), "safetensors:/ckpt/x"};
+  d.ok(same);
+  EXPECT_EQ(d.rejected(UpdateRequested{"u-z", "rc-0", identity('z'), "s"}), Code::kRejected)
+      << "an update is in flight";
+}
+
+// Ids and labels must be printable UTF-8: non-ASCII letters pass, control bytes do not;
+// catches the signed-char comparison that refused "rc-é" and the checkpoint that forged lines.
+TEST(Labels, Utf8AcceptedControlBytesRefused) {
+  Driver d = ready_on_instance();
+  d.to_draining("rc-\xc3\xa9");
+  Driver e = ready_on_instance();
+  WeightIdentity forged = identity('b');
+  forged.checkpoint = "ck\nverification: OK";
+  EXPECT_EQ(e.rejected(UpdateRequested{"u", "rc-1", forged, "s"}), Code::kInvalidArgument);
+  forged.checkpoint = std::string("a\0b", 3);
+  EXPECT_EQ(e.rejected(UpdateRequested{"u", "rc-1", forged, "s"}), Code::kInvalidArgument);
+  EXPECT_EQ(e.rejected(UpdateRequested{"u", "rc-\xff", identity('b'), "s"}),
+            Code::kInvalidArgument);
+}
+
+// The history checker refuses a rollout id admitted twice; catches a journal where audit
+// --rollout can report only one of two bindings under one id.
+TEST(History, RefusesARolloutIdAdmittedTwice) {
+  Driver d = ready_on_instance();
+  d.ok(make_admission(d.s, "dup"));
+  d.ok(RolloutFinished{"dup", RolloutOutcome::kCompleted});
+  d.ok(make_admission(d.s, "dup"));  // the fold alone cannot see it; the journal refuses it
+  HistoryReport h = check_history(d.history);
+  EXPECT_FALSE(h.ok);
+  EXPECT_NE(h.message.find("admitted again"), std::string::npos) << h.message;
+}
+
+}  // namespace
+}  // namespace rc::test
