@@ -9,13 +9,16 @@ the engine cannot say which weights it serves. Start it with
 and RolloutCore reads and writes the label through vLLM's ``POST /collective_rpc`` (a dev route:
 ``VLLM_SERVER_DEV_MODE=1``), on every worker:
 
-    {"method": "rc_weight_info"}                         -> {"results": [{"weight_version", "rank"}]}
+    {"method": "rc_weight_info"}                         -> {"results": [{"weight_version", "rank", "instance"}]}
     {"method": "rc_set_weight_version", "args": [label]} -> the same, after setting it
 
-The label lives in the worker processes: a restarted engine reports "default" again, which is how
-RolloutCore tells a restarted engine from the one it published weights to. Nothing here touches
-the weights or the caches.
+The label lives in the worker processes: a restarted engine reports "default" again and new
+instance nonces (one per worker process), which is how RolloutCore tells a restarted engine from
+the one it published weights to. Nothing here touches the weights or the caches.
 """
+
+import os
+import uuid
 
 DEFAULT_LABEL = "default"  # what vLLM's own label starts as on later versions
 LABEL_BYTES_MAX = 128      # RolloutCore's bound on labels (statemachine/types.h kIdBytesMax)
@@ -26,7 +29,17 @@ class RolloutCoreWorkerExtension:
 
     def rc_weight_info(self) -> dict:
         return {"weight_version": getattr(self, "_rc_weight_version", DEFAULT_LABEL),
-                "rank": int(getattr(self, "rank", 0))}
+                "rank": int(getattr(self, "rank", 0)),
+                "instance": self._rc_instance()}
+
+    def _rc_instance(self) -> str:
+        # A nonce per worker process: a restarted engine answers with new ones, which is how
+        # RolloutCore tells it from the engine it verified (generation 0 looks the same).
+        nonce = getattr(self, "_rc_instance_nonce", None)
+        if nonce is None:
+            nonce = f"{uuid.uuid4().hex[:16]}.{os.getpid()}"
+            self._rc_instance_nonce = nonce
+        return nonce
 
     def rc_set_weight_version(self, label: str) -> dict:
         if not isinstance(label, str) or not label:
