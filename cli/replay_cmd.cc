@@ -1,4 +1,5 @@
-// `rolloutcore replay JOURNAL`: works on a journal a live writer holds (secondary instance).
+// `rolloutcore replay JOURNAL`: works on a journal a live writer holds (secondary instance); a
+// journal no writer holds opens read-only with its live files and WAL tail checked.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,8 +8,21 @@
 #include "journal/json.h"
 #include "replay/replay.h"
 #include "statemachine/describe.h"
+#include "statemachine/text.h"
 
 namespace rc::cli {
+namespace {
+
+// The report with its verdict line replaced by `verdict` (appended when no such line exists): a
+// journal-level failure such as a torn tail is never printed as "verification: OK".
+std::string ReplaceVerdict(std::string report, const std::string& ok_prefix, const std::string& verdict) {
+  const std::size_t at = report.find(ok_prefix);
+  if (at == std::string::npos || (at > 0 && report[at - 1] != '\n')) return report + verdict + "\n";
+  const std::size_t end = report.find('\n', at);
+  return report.replace(at, end == std::string::npos ? std::string::npos : end - at, verdict);
+}
+
+}  // namespace
 
 Runner add_replay(CLI::App& app) {
   struct Opts {
@@ -28,33 +42,43 @@ Runner add_replay(CLI::App& app) {
     options.create_if_missing = false;
     auto opened = journal::Journal::Open(opts->path, options);
     if (!opened.ok()) {
-      std::fprintf(stderr, "rolloutcore replay: %s\n", opened.status().ToString().c_str());
+      std::fprintf(stderr, "rolloutcore replay: %s\n", text::escape_line(opened.status().ToString()).c_str());
       return 2;
     }
     journal::Journal& j = **opened;
+    const std::string torn = j.recovery().torn_tail;
     if (opts->events) {
       Status st = j.Scan(1, opts->until, [&](const journal::Record& r) {
         if (opts->json) {
           std::printf("%s\n", journal::RecordToJson(r).dump().c_str());
         } else {
           std::printf("%8llu %s%s\n", static_cast<unsigned long long>(r.seq),
-                      r.cause_seq == 0 ? "" : "  -> ", describe(r.event).c_str());
+                      r.cause_seq == 0 ? "" : "  -> ", text::escape_line(describe(r.event)).c_str());
         }
         return Status::OK();
       });
-      if (!st.ok()) std::fprintf(stderr, "scan stopped: %s\n", st.ToString().c_str());
+      if (!st.ok()) std::fprintf(stderr, "scan stopped: %s\n", text::escape_line(st.ToString()).c_str());
     }
     auto report = replay::Replay(j, replay::ReplayOptions{opts->until});
     if (!report.ok()) {
-      std::fprintf(stderr, "rolloutcore replay: %s\n", report.status().ToString().c_str());
+      std::fprintf(stderr, "rolloutcore replay: %s\n", text::escape_line(report.status().ToString()).c_str());
       return 2;
     }
     if (opts->json) {
-      std::printf("%s\n", replay::ReportJson(*report).c_str());
-    } else {
+      nlohmann::json out = nlohmann::json::parse(replay::ReportJson(*report));
+      if (!torn.empty()) {
+        out["ok"] = false;
+        out["torn_tail"] = text::sanitize_utf8(torn);
+      }
+      std::printf("%s\n", out.dump().c_str());
+    } else if (torn.empty()) {
       std::printf("%s", replay::FormatReport(*report).c_str());
+    } else {
+      std::printf("%s", ReplaceVerdict(replay::FormatReport(*report), "verification: OK",
+                                       "verification: FAILED: " + text::escape_line(torn))
+                            .c_str());
     }
-    return report->ok ? 0 : 1;
+    return report->ok && torn.empty() ? 0 : 1;
   };
 }
 
