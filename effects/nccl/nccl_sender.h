@@ -41,7 +41,9 @@ const char* rendezvous_name(Rendezvous r);
 struct NcclSenderOptions {
   int device = 0;                          // CUDA device of rank 0
   std::string master_address = "127.0.0.1";  // what workers dial (TCPStore mode)
-  std::string bind_address = "0.0.0.0";
+  // Where the TCPStore master listens: "" = master_address (the one address the workers are
+  // told to dial, so nothing else can reach the unauthenticated store); "0.0.0.0" only if set.
+  std::string bind_address;
   std::uint16_t master_port = 0;           // 0: ephemeral (a fresh port on every Init)
   int world_size = 0;                      // 0: 1 + GET /get_world_size
   Rendezvous rendezvous = Rendezvous::kAuto;  // kAuto: unique id where the engine accepts it

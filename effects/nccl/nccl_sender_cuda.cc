@@ -456,7 +456,7 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   std::uint16_t port = 0;
   if (m.mode == Rendezvous::kTcpStore) {
     TcpStoreOptions so;
-    so.bind_address = m.opt.bind_address;
+    so.bind_address = m.opt.bind_address.empty() ? m.opt.master_address : m.opt.bind_address;
     so.port = m.opt.master_port;
     auto store = TcpStoreServer::Start(so);
     if (!store.ok()) return store.status();
