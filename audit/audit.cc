@@ -1,6 +1,8 @@
 #include "audit/audit.h"
 
+#include <algorithm>
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -62,10 +64,143 @@ class VersionTable {
   std::map<std::uint64_t, VersionRecord> versions_;
 };
 
+// Appends to a bounded list; the count stays exact past the bound.
+void Note(std::vector<RolloutNote>& list, std::uint64_t& count, RolloutNote note) {
+  count++;
+  if (list.size() < kRolloutNotesMax) list.push_back(std::move(note));
+}
+
+// Follows rollouts and the lifecycle through the records to find the rollouts a READY taint
+// makes suspect. Reads only the records' own fields (seq, wall time, event): the fold's legality
+// is the history checker's verdict.
+class EngineWatch {
+ public:
+  void Observe(const journal::Record& r) {
+    if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
+      active_[a->rollout_id] = RolloutNote{a->rollout_id, a->version, r.seq, 0, 0, ""};
+    } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+      OnFinish(*f, r);
+    } else if (const auto* c = std::get_if<StateChanged>(&r.event)) {
+      OnChange(*c, r);
+    } else if (const auto* u = std::get_if<UpdateEnded>(&r.event)) {
+      if (u->outcome == UpdateOutcome::kTainted && !h_.tainted) {
+        h_.unexplained_taints.push_back("update '" + u->update_id + "' ended tainted at seq " +
+                                        std::to_string(r.seq) +
+                                        " without a transition to TAINTED");
+      }
+    }
+    if (std::holds_alternative<RecoveryStarted>(r.event)) recovery_window_start_ = prev_wall_;
+    if (r.cause_seq == 0) last_input_ = r.event;
+    prev_wall_ = r.wall_time_ms;
+  }
+
+  EngineHealth Finish(const State& state) && {
+    h_.lifecycle = state.lifecycle;
+    if (state.taint) h_.taint_update_id = state.taint->update_id;
+    return std::move(h_);
+  }
+
+ private:
+  void OnFinish(const RolloutFinished& f, const journal::Record& r) {
+    auto it = active_.find(f.rollout_id);
+    if (it == active_.end()) return;  // an illegal finish: the history checker names it
+    RolloutNote note = std::move(it->second);
+    active_.erase(it);
+    note.finished_seq = r.seq;
+    note.finished_wall_ms = r.wall_time_ms;
+    if (f.outcome == RolloutOutcome::kExpired) {
+      Note(h_.expired, h_.expired_count, WithWhy(note, "expired: its lease lapsed"));
+    } else if (f.outcome == RolloutOutcome::kAbandoned) {
+      Note(h_.abandoned, h_.abandoned_count, WithWhy(note, "abandoned: its client vanished"));
+    }
+    auto s = suspect_index_.find(note.rollout_id);
+    if (s != suspect_index_.end()) {  // active at the taint, finished after it
+      h_.suspect[s->second].finished_seq = r.seq;
+      h_.suspect[s->second].finished_wall_ms = r.wall_time_ms;
+      return;
+    }
+    if (h_.tainted) return;
+    // Only finishes since the last READY entry can fall in a window (see OnChange).
+    if (finished_.size() >= kRolloutNotesMax) {
+      finished_.pop_front();
+      h_.finishes_truncated = true;
+    }
+    finished_.push_back(std::move(note));
+  }
+
+  static RolloutNote WithWhy(RolloutNote note, std::string why) {
+    note.why = std::move(why);
+    return note;
+  }
+
+  void OnChange(const StateChanged& c, const journal::Record& r) {
+    if (c.to == Lifecycle::kReady) {
+      ready_wall_ = r.wall_time_ms;
+      finished_.clear();
+    }
+    if (c.to != Lifecycle::kTainted || h_.tainted) return;
+    h_.tainted = true;
+    h_.taint_seq = r.seq;
+    h_.taint_wall_ms = r.wall_time_ms;
+    h_.taint_cause = c.cause;
+    h_.taint_from = c.from;
+    h_.taint_detail = c.detail;
+    if (c.from != Lifecycle::kReady) return;  // an update's taint: no binding was active
+    SetWindow();
+    CollectSuspects();
+  }
+
+  // The window opens when the executor last knew the verified engine served: the monitor's
+  // last_ok_wall_ms; for a probe after an executor restart, the last record before the
+  // RecoveryStarted (nobody watched in between). Never before the engine was verified READY:
+  // earlier finishes ran before the drain of an update whose validation checked the instance.
+  void SetWindow() {
+    h_.window_known = true;
+    h_.window_start_wall_ms = ready_wall_;
+    h_.window_source = "the engine's verification (READY)";
+    if (const auto* m = std::get_if<EngineMonitored>(&last_input_); m && m->last_ok_wall_ms > 0) {
+      h_.window_start_wall_ms = std::max(ready_wall_, m->last_ok_wall_ms);
+      h_.window_source = "the monitor's last sight of the verified engine";
+    } else if (std::holds_alternative<EngineProbed>(last_input_) && recovery_window_start_) {
+      h_.window_start_wall_ms = std::max(ready_wall_, *recovery_window_start_);
+      h_.window_source = "the last record before the executor restarted";
+    }
+  }
+
+  void CollectSuspects() {
+    for (const RolloutNote& f : finished_) {
+      // Inclusive: a finish in the same millisecond as the last good sight is not proven clean.
+      if (f.finished_wall_ms < h_.window_start_wall_ms) continue;
+      AddSuspect(f, "finished at wall " + std::to_string(f.finished_wall_ms) +
+                        " ms, inside the window");
+    }
+    for (const auto& [id, a] : active_) AddSuspect(a, "active at the taint");
+    finished_.clear();
+    std::sort(h_.suspect.begin(), h_.suspect.end(),
+              [](const RolloutNote& x, const RolloutNote& y) { return x.admitted_seq < y.admitted_seq; });
+    suspect_index_.clear();
+    for (std::size_t i = 0; i < h_.suspect.size(); ++i) suspect_index_[h_.suspect[i].rollout_id] = i;
+  }
+
+  void AddSuspect(const RolloutNote& n, const std::string& why) {
+    Note(h_.suspect, h_.suspect_count, WithWhy(n, why));
+  }
+
+  EngineHealth h_;
+  std::map<std::string, RolloutNote> active_;
+  std::deque<RolloutNote> finished_;  // finished since the last READY entry, before any taint
+  std::map<std::string, std::size_t> suspect_index_;
+  std::int64_t prev_wall_ = 0;
+  std::optional<std::int64_t> recovery_window_start_;
+  std::int64_t ready_wall_ = 0;
+  Event last_input_;
+};
+
 // One pass over the journal: chain (by Scan), history entries, the version table.
 struct Pass {
   std::vector<HistoryEntry> history;
   VersionTable versions;
+  EngineWatch engine;
   State state;
   Status scanned;
 };
@@ -74,6 +209,7 @@ Pass ScanAll(journal::Journal& journal) {
   Pass pass;
   pass.scanned = journal.Scan(1, 0, [&](const journal::Record& r) {
     pass.versions.Observe(r, pass.state);
+    pass.engine.Observe(r);
     // The fold here only feeds the version table; legality is the history checker's verdict.
     apply(pass.state, r.event).IgnoreError();
     pass.history.push_back(HistoryEntry{r.seq, r.cause_seq, r.event});
@@ -104,6 +240,7 @@ Result<AuditReport> AuditJournal(journal::Journal& journal) {
   }
   report.versions = pass.versions.list();
   report.state = report.history.state;
+  report.engine = std::move(pass.engine).Finish(report.state);
   const State head = journal.state();
   if (report.history.ok && report.chain_ok && !(head == report.state)) {
     report.failures.push_back("the journal's folded state differs from the audit's refold");
@@ -333,8 +470,33 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, doub
   return out;
 }
 
-std::string FormatReport(const AuditReport& r) {
-  std::ostringstream out;
+int Verdict::exit_code() const {
+  if (!journal_intact()) return kExitJournalDamaged;
+  return engine_healthy() ? kExitOk : kExitEngineUnhealthy;
+}
+
+Verdict MakeVerdict(const AuditReport& r) {
+  Verdict v;
+  v.journal_failures = r.failures;
+  const EngineHealth& e = r.engine;
+  if (r.state.lifecycle == Lifecycle::kTainted || e.tainted) {
+    v.engine_findings.push_back(
+        "the engine is TAINTED since seq " + std::to_string(e.taint_seq) + " (" +
+        lifecycle_name(e.taint_from) + " -> TAINTED, cause " + cause_name(e.taint_cause) +
+        (e.taint_update_id.empty() ? "" : ", update '" + e.taint_update_id + "'") +
+        (e.taint_detail.empty() ? "" : ": " + e.taint_detail) + ")");
+  }
+  if (e.suspect_count > 0) {
+    v.engine_findings.push_back(std::to_string(e.suspect_count) +
+                                " rollouts are suspect: another engine may have served them");
+  }
+  for (const std::string& u : e.unexplained_taints) v.engine_findings.push_back(u);
+  return v;
+}
+
+namespace {
+
+void FormatSummary(const AuditReport& r, std::ostringstream& out) {
   out << "records: " << r.records << "; hash chain " << (r.chain_ok ? "OK" : "BROKEN")
       << "; RocksDB checksums " << (r.checksums_ok ? "OK" : "FAILED") << "; lifecycle history "
       << (r.history.ok ? "OK" : "VIOLATED") << "\n";
@@ -351,12 +513,124 @@ std::string FormatReport(const AuditReport& r) {
         << v.rollouts_admitted << ", finished " << v.rollouts_finished << "\n";
   }
   out << "state: " << E(describe(r.state)) << "\n";
-  if (r.ok) {
-    out << "audit: OK\n";
-  } else {
-    for (const std::string& f : r.failures) out << "audit FAILURE: " << E(f) << "\n";
+}
+
+// A bounded list: a header with the exact count, the first kReportRolloutsMax entries, then
+// how many were left out (kept in the report or beyond kRolloutNotesMax).
+void FormatRollouts(const char* title, const char* tag, const std::vector<RolloutNote>& list,
+                    std::uint64_t count, std::ostringstream& out) {
+  out << title << ": " << count << "\n";
+  const std::size_t shown = std::min<std::size_t>(list.size(), kReportRolloutsMax);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const RolloutNote& n = list[i];
+    out << "  " << tag << " '" << E(n.rollout_id) << "' version '" << E(n.version.label)
+        << "' admitted at seq " << n.admitted_seq << ", "
+        << (n.finished_seq == 0 ? std::string("not finished")
+                                : "finished at seq " + std::to_string(n.finished_seq))
+        << ": " << E(n.why) << "\n";
   }
-  return out.str();
+  if (count > shown) out << "  ... and " << (count - shown) << " more\n";
+}
+
+void FormatEngine(const EngineHealth& e, std::ostringstream& out) {
+  if (e.tainted) {
+    out << "taint: seq " << e.taint_seq << " at wall " << e.taint_wall_ms << " ms, "
+        << lifecycle_name(e.taint_from) << " -> TAINTED, cause " << cause_name(e.taint_cause)
+        << ": " << E(e.taint_detail) << "\n";
+  }
+  if (e.window_known) {
+    out << "suspect window: from wall " << e.window_start_wall_ms << " ms ("
+        << e.window_source << ") to the taint at wall " << e.taint_wall_ms << " ms\n";
+  }
+  if (e.tainted || e.suspect_count > 0) {
+    FormatRollouts("suspect rollouts", "SUSPECT", e.suspect, e.suspect_count, out);
+  }
+  if (e.finishes_truncated) {
+    out << "suspect rollouts: the window may hold more than the last " << kRolloutNotesMax
+        << " finishes kept\n";
+  }
+  FormatRollouts("expired rollouts (informational)", "EXPIRED", e.expired, e.expired_count, out);
+  FormatRollouts("abandoned rollouts (informational)", "ABANDONED", e.abandoned,
+                 e.abandoned_count, out);
+}
+
+// The two halves of the verdict, then exactly one final "audit: ..." line.
+void FormatVerdict(const Verdict& v, const std::string& journal_path, std::ostringstream& out) {
+  out << "journal: " << (v.journal_intact() ? "INTACT" : "DAMAGED") << "\n";
+  for (const std::string& f : v.journal_failures) out << "audit FAILURE: " << E(f) << "\n";
+  out << "engine: " << (v.engine_healthy() ? "HEALTHY" : "NOT HEALTHY") << "\n";
+  for (const std::string& f : v.engine_findings) out << "audit ENGINE: " << E(f) << "\n";
+  switch (v.exit_code()) {
+    case kExitOk: out << "audit: OK\n"; break;
+    case kExitEngineUnhealthy:
+      out << "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: rolloutcore replay "
+          << E(journal_path) << "\n";
+      break;
+    default: out << "audit: JOURNAL DAMAGED: nothing it says can be trusted\n"; break;
+  }
+}
+
+}  // namespace
+
+AuditOutput RenderAudit(const AuditReport& report, const Verdict& verdict,
+                        const std::string& journal_path) {
+  std::ostringstream out;
+  FormatSummary(report, out);
+  FormatEngine(report.engine, out);
+  FormatVerdict(verdict, journal_path, out);
+  return AuditOutput{out.str(), verdict.exit_code()};
+}
+
+std::string FormatReport(const AuditReport& r) {
+  return RenderAudit(r, MakeVerdict(r), "JOURNAL").text;
+}
+
+namespace {
+
+json NotesJson(const std::vector<RolloutNote>& list) {
+  json out = json::array();
+  for (const RolloutNote& n : list) {
+    out.push_back({{"rollout_id", n.rollout_id},
+                   {"version", journal::WeightVersionToJson(n.version)},
+                   {"admitted_seq", n.admitted_seq},
+                   {"finished_seq", n.finished_seq},
+                   {"finished_wall_ms", n.finished_wall_ms},
+                   {"why", n.why}});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent) {
+  const EngineHealth& e = r.engine;
+  json engine = {{"lifecycle", lifecycle_name(e.lifecycle)},
+                 {"tainted", e.tainted},
+                 {"suspect_count", e.suspect_count},
+                 {"suspect", NotesJson(e.suspect)},
+                 {"expired_count", e.expired_count},
+                 {"expired", NotesJson(e.expired)},
+                 {"abandoned_count", e.abandoned_count},
+                 {"abandoned", NotesJson(e.abandoned)},
+                 {"unexplained_taints", e.unexplained_taints}};
+  if (e.tainted) {
+    engine["taint"] = {{"seq", e.taint_seq},          {"wall_ms", e.taint_wall_ms},
+                       {"from", lifecycle_name(e.taint_from)},
+                       {"cause", cause_name(e.taint_cause)}, {"detail", e.taint_detail}};
+  }
+  if (e.window_known) {
+    engine["window"] = {{"start_wall_ms", e.window_start_wall_ms},
+                        {"source", e.window_source},
+                        {"end_wall_ms", e.taint_wall_ms}};
+  }
+  const json out = {{"journal_intact", v.journal_intact()},
+                    {"journal_failures", v.journal_failures},
+                    {"engine_healthy", v.engine_healthy()},
+                    {"engine_findings", v.engine_findings},
+                    {"exit_code", v.exit_code()},
+                    {"records", r.records},
+                    {"engine", engine}};
+  return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 
 std::string ProvenanceJson(const RolloutProvenance& p, int indent) {

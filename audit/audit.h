@@ -27,8 +27,51 @@ struct VersionRecord {
   std::uint64_t rollouts_finished = 0;
 };
 
+// A rollout the audit names: suspect (it may have been served by an engine other than the
+// verified one), or informational (it ended expired or abandoned).
+struct RolloutNote {
+  std::string rollout_id;
+  WeightVersion version;           // the version it was bound to
+  std::uint64_t admitted_seq = 0;
+  std::uint64_t finished_seq = 0;  // 0: no finish in the journal
+  std::int64_t finished_wall_ms = 0;
+  std::string why;                 // raw; escaped when printed
+};
+
+// Bounds on what the audit keeps per list; the counts stay exact past them.
+inline constexpr std::size_t kRolloutNotesMax = 1u << 16;
+// How many rollouts of each list the text report prints before "... and N more".
+inline constexpr std::size_t kReportRolloutsMax = 20;
+
+// Whether the engine still serves what the journal committed. A READY->TAINTED taint (the
+// monitor or a post-restart probe saw another process, another label, or a pause) opens a
+// window [window_start_wall_ms, taint]: rollouts active at the taint or finished inside the
+// window may have been served by the other engine.
+struct EngineHealth {
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  bool tainted = false;
+  std::uint64_t taint_seq = 0;       // the StateChanged ->TAINTED
+  std::int64_t taint_wall_ms = 0;
+  Cause taint_cause = Cause::kTransferAmbiguous;
+  Lifecycle taint_from = Lifecycle::kUninitialized;
+  std::string taint_detail;          // raw
+  std::string taint_update_id;       // empty for a taint in READY
+  bool window_known = false;         // a READY taint: the window below applies
+  std::int64_t window_start_wall_ms = 0;
+  std::string window_source;         // what the window start was taken from (fixed text)
+  std::vector<RolloutNote> suspect;  // first kRolloutNotesMax, in admission order
+  std::uint64_t suspect_count = 0;
+  std::vector<RolloutNote> expired;  // informational: the lease lapsed
+  std::uint64_t expired_count = 0;
+  std::vector<RolloutNote> abandoned;  // informational: the client vanished (executor restart)
+  std::uint64_t abandoned_count = 0;
+  // UpdateEnded{tainted} with no ->TAINTED transition before it (raw messages naming the seq).
+  std::vector<std::string> unexplained_taints;
+  bool finishes_truncated = false;   // more than kRolloutNotesMax finishes in one READY period
+};
+
 struct AuditReport {
-  bool ok = true;
+  bool ok = true;                     // the journal is intact (see Verdict for the engine)
   std::vector<std::string> failures;  // each names a seq where one applies (raw; escaped when printed)
   std::uint64_t records = 0;
   bool chain_ok = true;               // decode, contiguity, SHA-256 chain (Journal::Scan)
@@ -36,6 +79,7 @@ struct AuditReport {
   HistoryReport history;              // lifecycle invariants and decision re-derivation
   std::vector<VersionRecord> versions;
   State state;
+  EngineHealth engine;
 };
 
 // Reads the whole journal once. Fails only when it cannot be read at all; every finding lands
@@ -97,9 +141,42 @@ struct ReverifyResult {
 ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& trajectory,
                         double tolerance, bool greedy);
 
-// Text report; every string from the journal is escaped (rc::text::escape_line), so each
-// version, state and failure is exactly one line and the verdict line is always present.
+// The audit's verdict in two parts: is the journal intact, is the engine healthy. Exit codes
+// (docs/audit.md):
+inline constexpr int kExitOk = 0;              // journal intact, engine healthy
+inline constexpr int kExitEngineUnhealthy = 1; // journal intact; engine TAINTED / rollouts suspect
+inline constexpr int kExitUsage = 2;           // bad arguments, or the journal cannot be opened
+inline constexpr int kExitJournalDamaged = 3;  // the journal is damaged or unverifiable
+struct Verdict {
+  // Raw messages (escaped when printed). Callers add their own journal-level findings (a torn
+  // WAL tail, an --expect-head mismatch) to journal_failures and rollout-level ones (trajectory
+  // binding mismatches, failed re-verifications) to engine_findings before rendering.
+  std::vector<std::string> journal_failures;
+  std::vector<std::string> engine_findings;
+  bool journal_intact() const { return journal_failures.empty(); }
+  bool engine_healthy() const { return engine_findings.empty(); }
+  // kExitJournalDamaged dominates kExitEngineUnhealthy: an unverifiable journal explains nothing.
+  int exit_code() const;
+};
+[[nodiscard]] Verdict MakeVerdict(const AuditReport& report);
+
+struct AuditOutput {
+  std::string text;  // every line ends in '\n'; exactly one final "audit: ..." verdict line
+  int exit_code = kExitOk;
+};
+// The report and the verdict lines. `journal_path` appears (escaped) in the `rolloutcore replay`
+// command printed when the engine is not healthy.
+[[nodiscard]] AuditOutput RenderAudit(const AuditReport& report, const Verdict& verdict,
+                                      const std::string& journal_path);
+
+// RenderAudit(report, MakeVerdict(report), "JOURNAL").text. Every string from the journal is
+// escaped (rc::text::escape_line), so each version, state, rollout and failure is exactly one
+// line and the verdict line is always present.
 std::string FormatReport(const AuditReport& report);
+
+// The verdict and the engine section as JSON (for `audit --json`), never throwing on invalid
+// UTF-8 in journal strings (replaced by U+FFFD).
+std::string VerdictJson(const AuditReport& report, const Verdict& verdict, int indent);
 
 // `rolloutcore audit --rollout`'s JSON (what audit_cmd.cc builds inline today), serialised
 // without throwing on invalid UTF-8 in journal strings (replaced by U+FFFD).
