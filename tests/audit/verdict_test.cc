@@ -1,0 +1,252 @@
+// The audit's two-part verdict on real RocksDB journals (no engine): "the journal is intact"
+// apart from "the engine is healthy", the suspect rollouts of a READY taint, and the exit codes.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "audit/audit.h"
+#include "journal/codec.h"
+#include "journal/journal.h"
+#include "statemachine/text.h"
+#include "tests/journal/test_util.h"
+
+namespace rc {
+namespace {
+
+using journal::testing::TempDir;
+
+const HttpEvidence kOk{Transport::kOk, 200, true, 10, ""};
+const WeightIdentity kIdentity{"ab12cd34ef56", "", "ckpt/step-0", "run-1", 0};
+
+void SubmitAt(journal::Journal& j, const Event& e, std::int64_t wall_ms) {
+  auto s = j.Submit(e, wall_ms);
+  ASSERT_TRUE(s.ok()) << text::escape_line(s.status().ToString());
+  ASSERT_TRUE(j.Wait(s->ticket).ok());
+}
+
+EngineProbed Probe(const std::string& label, const std::string& instance) {
+  EngineProbed p{kOk, "0.25.1", label};
+  p.is_paused_known = true;
+  p.engine_instance = instance;
+  return p;
+}
+
+// Bootstrap to READY at wall 1000 on engine instance "i-1".
+void Bootstrap(journal::Journal& j) {
+  SubmitAt(j, BootstrapRequested{"rc-0", kIdentity}, 1000);
+  SubmitAt(j, EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000}, 1000);
+  SubmitAt(j, Probe("rc-0", "i-1"), 1000);
+  ASSERT_EQ(j.state().lifecycle, Lifecycle::kReady);
+}
+
+void Admit(journal::Journal& j, const std::string& id, std::int64_t wall_ms) {
+  SubmitAt(j, make_admission(j.state(), id), wall_ms);
+}
+
+void Finish(journal::Journal& j, const std::string& id, std::int64_t wall_ms,
+            RolloutOutcome outcome = RolloutOutcome::kCompleted) {
+  SubmitAt(j, RolloutFinished{id, outcome, 1, 1}, wall_ms);
+}
+
+// Opens `dir` read-only (as `rolloutcore audit` does) and audits it.
+audit::AuditReport AuditDir(const std::string& dir) {
+  journal::Options ro;
+  ro.read_only = true;
+  ro.create_if_missing = false;
+  auto opened = journal::Journal::Open(dir, ro);
+  RC_CHECK(opened.ok());
+  auto report = audit::AuditJournal(**opened);
+  RC_CHECK(report.ok());
+  return std::move(report.value());
+}
+
+std::vector<std::string> Ids(const std::vector<audit::RolloutNote>& notes) {
+  std::vector<std::string> out;
+  for (const auto& n : notes) out.push_back(n.rollout_id);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string LastLine(const std::string& text) {
+  const std::size_t end = text.find_last_of('\n');
+  const std::size_t start = text.find_last_of('\n', end == 0 ? 0 : end - 1);
+  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start + 1));
+}
+
+// Proves a monitor taint in READY makes exactly the rollouts active at the taint or finished
+// after the monitor's last good sight suspect, with "journal intact, engine TAINTED" and exit 1;
+// catches the audit that printed "audit: OK" and exited 0 on a TAINTED journal, and a window
+// that misses (or over-reaches to) a rollout.
+TEST(Verdict, MonitorTaintInReadyNamesTheSuspectRollouts) {
+  TempDir dir;
+  {
+    auto opened = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    journal::Journal& j = **opened;
+    Bootstrap(j);
+    Admit(j, "before", 2000);
+    Finish(j, "before", 3000);  // before last_ok (5000): served by the verified engine
+    Admit(j, "inside", 4000);
+    Admit(j, "active", 4000);
+    Finish(j, "inside", 6000);  // after last_ok: may have been served by the new process
+    EngineMonitored m{kOk, "default", true, false, "i-2", 5000, monitor_epoch(j.state())};
+    SubmitAt(j, m, 7000);
+    ASSERT_EQ(j.state().lifecycle, Lifecycle::kTainted);
+    Finish(j, "active", 8000);  // a rollout active at the taint still ends as usual
+  }
+  const audit::AuditReport report = AuditDir(dir.path());
+  EXPECT_TRUE(report.ok) << audit::FormatReport(report);
+  const audit::EngineHealth& e = report.engine;
+  EXPECT_TRUE(e.tainted);
+  EXPECT_EQ(e.taint_cause, Cause::kEngineReplaced);
+  EXPECT_EQ(e.window_start_wall_ms, 5000);
+  EXPECT_EQ(e.suspect_count, 2u);
+  EXPECT_EQ(Ids(e.suspect), (std::vector<std::string>{"active", "inside"}));
+  const audit::Verdict v = audit::MakeVerdict(report);
+  EXPECT_TRUE(v.journal_intact());
+  EXPECT_FALSE(v.engine_healthy());
+  const audit::AuditOutput out = audit::RenderAudit(report, v, "/j/path");
+  EXPECT_EQ(out.exit_code, audit::kExitEngineUnhealthy);
+  EXPECT_EQ(out.text.find("audit: OK"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("journal: INTACT\n"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("SUSPECT 'inside'"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("SUSPECT 'active'"), std::string::npos) << out.text;
+  EXPECT_EQ(out.text.find("SUSPECT 'before'"), std::string::npos) << out.text;
+  EXPECT_NE(LastLine(out.text).find("rolloutcore replay /j/path"), std::string::npos) << out.text;
+  const auto json = nlohmann::json::parse(audit::VerdictJson(report, v, -1), nullptr, false);
+  ASSERT_FALSE(json.is_discarded());
+  EXPECT_EQ(json["exit_code"], 1);
+  EXPECT_EQ(json["engine"]["suspect"].size(), 2u);
+}
+
+// Proves a taint found by the probe after an executor restart opens its window at the last
+// record before RecoveryStarted (nobody watched in between); catches a window taken from the
+// probe's own time, which would clear rollouts that finished while the executor was down.
+TEST(Verdict, ProbeTaintAfterRestartOpensAtTheLastRecordBeforeIt) {
+  TempDir dir;
+  {
+    auto opened = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    journal::Journal& j = **opened;
+    Bootstrap(j);
+    Admit(j, "early", 2000);
+    Finish(j, "early", 2500);  // before the window: nothing is suspect about it
+    SubmitAt(j, make_admission(j.state(), "leased", 60000), 2600);    // survives the restart
+    SubmitAt(j, make_admission(j.state(), "expiring", 60000), 2600);
+    Admit(j, "proxied", 2650);  // the restart records it abandoned
+    // The last record before the restart: the window opens here (inclusive).
+    SubmitAt(j, RolloutFinished{"expiring", RolloutOutcome::kExpired, 0, 0}, 2700);
+    SubmitAt(j, RecoveryStarted{"x-2"}, 9000);
+    SubmitAt(j, EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000}, 9000);
+    SubmitAt(j, Probe("rc-9", "i-1"), 9000);
+    ASSERT_EQ(j.state().lifecycle, Lifecycle::kTainted);
+  }
+  const audit::AuditReport report = AuditDir(dir.path());
+  EXPECT_TRUE(report.ok) << audit::FormatReport(report);
+  EXPECT_EQ(report.engine.taint_cause, Cause::kEngineRelabelled);
+  EXPECT_EQ(report.engine.window_start_wall_ms, 2700);
+  EXPECT_EQ(Ids(report.engine.suspect),
+            (std::vector<std::string>{"expiring", "leased", "proxied"}));
+  EXPECT_EQ(Ids(report.engine.expired), std::vector<std::string>{"expiring"});
+  EXPECT_EQ(Ids(report.engine.abandoned), std::vector<std::string>{"proxied"});
+  EXPECT_EQ(audit::RenderAudit(report, audit::MakeVerdict(report), "j").exit_code,
+            audit::kExitEngineUnhealthy);
+}
+
+// Proves a healthy journal (rollouts served, no taint) audits "audit: OK" with exit 0; catches
+// a verdict that flags healthy journals (an exit code nobody can script against).
+TEST(Verdict, HealthyJournalIsOk) {
+  TempDir dir;
+  {
+    auto opened = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    Bootstrap(**opened);
+    Admit(**opened, "r", 2000);
+    Finish(**opened, "r", 3000);
+  }
+  const audit::AuditReport report = AuditDir(dir.path());
+  const audit::AuditOutput out = audit::RenderAudit(report, audit::MakeVerdict(report), "j");
+  EXPECT_EQ(out.exit_code, audit::kExitOk) << out.text;
+  EXPECT_EQ(LastLine(out.text), "audit: OK") << out.text;
+  EXPECT_EQ(report.engine.suspect_count, 0u);
+}
+
+// Replaces the stored value at `seq` (events column family) through RocksDB directly.
+void OverwriteEvent(const std::string& path, std::uint64_t seq, const std::string& value) {
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
+    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
+  std::string key(8, '\0');
+  for (int i = 0; i < 8; ++i) key[7 - i] = static_cast<char>((seq >> (8 * i)) & 0xff);
+  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1], key, value).ok());
+  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  ASSERT_TRUE(db->Close().ok());
+  delete db;
+}
+
+// Proves a forged record (the hash chain breaks after it) is "journal DAMAGED" with exit 3 even
+// though the engine looks healthy; catches a damaged journal reported as OK, or as the engine's
+// problem (exit 1) with a replay command that would trust it.
+TEST(Verdict, DamagedJournalIsExit3) {
+  TempDir dir;
+  journal::Options o;
+  o.snapshot_every = 8;  // a snapshot past the forgery lets the journal open; the scan sees it
+  std::uint64_t forged_seq = 0;
+  {
+    auto opened = journal::Journal::Open(dir.path(), o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    Bootstrap(**opened);
+    Admit(**opened, "r", 2000);
+    forged_seq = (*opened)->head_seq();
+    for (int i = 0; i < 12; ++i) Admit(**opened, "r" + std::to_string(i), 3000 + i);
+  }
+  {
+    auto opened = journal::Journal::Open(dir.path(), o);
+    ASSERT_TRUE(opened.ok());
+    auto rec = (*opened)->Read(forged_seq);
+    ASSERT_TRUE(rec.ok());
+    journal::Record forged = *rec;
+    std::get<RolloutAdmitted>(forged.event).rollout_id = "forged";
+    opened->reset();
+    OverwriteEvent(dir.path(), forged_seq, journal::EncodeRecord(forged));
+  }
+  const audit::AuditReport report = AuditDir(dir.path());
+  EXPECT_FALSE(report.ok);
+  const audit::Verdict v = audit::MakeVerdict(report);
+  EXPECT_FALSE(v.journal_intact());
+  const audit::AuditOutput out = audit::RenderAudit(report, v, "j");
+  EXPECT_EQ(out.exit_code, audit::kExitJournalDamaged) << out.text;
+  EXPECT_NE(out.text.find("journal: DAMAGED\n"), std::string::npos) << out.text;
+  EXPECT_EQ(LastLine(out.text).rfind("audit: JOURNAL DAMAGED", 0), 0u) << out.text;
+}
+
+// Proves a caller's journal-level finding (a torn WAL tail, an --expect-head mismatch) turns an
+// otherwise clean verdict into exit 3 and an engine-level one (a failed re-verification) into
+// exit 1, each on one escaped line; catches CLI findings that bypass the verdict.
+TEST(Verdict, CallerFindingsJoinTheVerdict) {
+  TempDir dir;
+  {
+    auto opened = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    Bootstrap(**opened);
+  }
+  const audit::AuditReport report = AuditDir(dir.path());
+  audit::Verdict engine = audit::MakeVerdict(report);
+  engine.engine_findings.push_back("REVERIFY FAILED r\nforged: 1 mismatch");
+  const audit::AuditOutput e = audit::RenderAudit(report, engine, "j");
+  EXPECT_EQ(e.exit_code, audit::kExitEngineUnhealthy);
+  EXPECT_NE(e.text.find("audit ENGINE: REVERIFY FAILED r\\nforged"), std::string::npos) << e.text;
+  audit::Verdict torn = engine;
+  torn.journal_failures.push_back("torn WAL tail");
+  EXPECT_EQ(audit::RenderAudit(report, torn, "j").exit_code, audit::kExitJournalDamaged);
+}
+
+}  // namespace
+}  // namespace rc
