@@ -81,6 +81,22 @@ Runner add_serve(CLI::App& app) {
   add("--nccl-abort-reserve-ms", &service::ServeConfig::nccl_abort_reserve_ms,
       "nccl: time kept at the end of each deadline for ncclCommAbort (default 1000)");
   add("--journal-sync", &service::ServeConfig::journal_sync, "fsync each group commit (true)");
+  add("--engine-monitor-interval-ms", &service::ServeConfig::engine_monitor_interval_ms,
+      "how often the engine is probed while READY (10..60000; default 200)");
+  add("--engine-startup-timeout-ms", &service::ServeConfig::engine_startup_timeout_ms,
+      "how long startup waits for the engine to come up (default 300000)");
+  add("--rollout-lease-ms", &service::ServeConfig::rollout_lease_ms,
+      "lease of an explicit rollout, renewed by its client (1000..3600000; default 30000)");
+  add("--finish-retry-ms", &service::ServeConfig::finish_retry_ms,
+      "how long a finish that cannot be made durable is retried before fail-stop (default 30000)");
+  add("--journal-commit-stall-timeout-ms", &service::ServeConfig::journal_commit_stall_timeout_ms,
+      "a group commit not durable within this fail-stops the executor (default 10000)");
+  {
+    CLI::Option* o = app.add_flag("--adopt-engine", flags->adopt_engine,
+                                  "accept an engine that reports another label or is paused "
+                                  "(relabel/resume it; journaled)");
+    opts->push_back({o, [cfg, flags] { cfg->adopt_engine = flags->adopt_engine; }});
+  }
 
   return [cfg, flags, config_file, opts]() -> int {
     if (!config_file->empty()) {
@@ -126,10 +142,27 @@ Runner add_serve(CLI::App& app) {
     }
     std::printf("listening on %s:%d\n", cfg->listen_host.c_str(), svc->port());
     std::fflush(stdout);
+    // Waits for SIGTERM/SIGINT or a fail-stop (a journal write/fsync error, a stalled fsync,
+    // the runner failing mid-update): then nothing more may be decided, so the process exits
+    // non-zero without closing the journal and the next start recovers from what is durable.
     int sig = 0;
-    sigwait(&set, &sig);
+    for (;;) {
+      if (svc->failed()) {
+        std::fprintf(stderr, "rolloutcore serve: fail-stop: %s\n", svc->failure().c_str());
+        std::fflush(stderr);
+        std::_Exit(4);
+      }
+      timespec tick{0, 100 * 1000 * 1000};
+      sig = sigtimedwait(&set, nullptr, &tick);
+      if (sig > 0) break;
+    }
     spdlog::info("serve: signal {}: draining (grace {} ms)", sig, cfg->shutdown_grace_ms);
     const bool clean = svc->Shutdown(cfg->shutdown_grace_ms);
+    if (svc->failed()) {
+      std::fprintf(stderr, "rolloutcore serve: fail-stop: %s\n", svc->failure().c_str());
+      std::fflush(stderr);
+      std::_Exit(4);
+    }
     if (!clean) {
       // Everything acknowledged is durable; recovery on the next start classifies the rest.
       std::fflush(stderr);

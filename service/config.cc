@@ -49,7 +49,9 @@ std::map<std::string, Setter> setters(ServeConfig& c) {
   RC_FIELD(trajectories_bytes_max); RC_FIELD(transfer); RC_FIELD(packed_buffer_size_bytes);
   RC_FIELD(packed_num_buffers); RC_FIELD(rendezvous); RC_FIELD(journal_sync);
   RC_FIELD(cuda_device); RC_FIELD(nccl_world_size); RC_FIELD(nccl_init_timeout_ms);
-  RC_FIELD(nccl_abort_reserve_ms);
+  RC_FIELD(nccl_abort_reserve_ms); RC_FIELD(engine_monitor_interval_ms);
+  RC_FIELD(engine_startup_timeout_ms); RC_FIELD(adopt_engine); RC_FIELD(rollout_lease_ms);
+  RC_FIELD(finish_retry_ms);
   RC_FIELD(header_timeout_ms); RC_FIELD(idle_timeout_ms); RC_FIELD(http_connections_max);  // proxy owner
 #undef RC_FIELD
   return m;
@@ -202,6 +204,26 @@ Status ValidateConfig(const ServeConfig& c) {
       return Status::InvalidArgument(std::string(name) + " must be in 1 ms..24 h");
     }
   }
+  if (c.engine_monitor_interval_ms < kEngineMonitorIntervalMsMin ||
+      c.engine_monitor_interval_ms > kEngineMonitorIntervalMsMax) {
+    return Status::InvalidArgument("engine_monitor_interval_ms must be in " +
+                                   std::to_string(kEngineMonitorIntervalMsMin) + ".." +
+                                   std::to_string(kEngineMonitorIntervalMsMax));
+  }
+  if (c.engine_startup_timeout_ms == 0 || c.engine_startup_timeout_ms > 24ull * 3600 * 1000) {
+    return Status::InvalidArgument("engine_startup_timeout_ms must be in 1 ms..24 h");
+  }
+  if (c.rollout_lease_ms < kRolloutLeaseMsMin || c.rollout_lease_ms > kRolloutLeaseMsMax) {
+    return Status::InvalidArgument("rollout_lease_ms must be in " +
+                                   std::to_string(kRolloutLeaseMsMin) + ".." +
+                                   std::to_string(kRolloutLeaseMsMax));
+  }
+  if (c.journal_commit_stall_timeout_ms < 100 || c.journal_commit_stall_timeout_ms > 600000) {
+    return Status::InvalidArgument("journal_commit_stall_timeout_ms must be in 100..600000");
+  }
+  if (c.finish_retry_ms == 0 || c.finish_retry_ms > 600ull * 1000) {
+    return Status::InvalidArgument("finish_retry_ms must be in 1 ms..10 min");
+  }
   if (c.admit_wait_ms > 3600ull * 1000) return Status::InvalidArgument("admit_wait_ms max 1 h");
   // proxy owner: the connection gate.
   if (c.header_timeout_ms == 0 || c.header_timeout_ms > 3600ull * 1000 ||
@@ -233,6 +255,8 @@ nlohmann::json ConfigToJson(const ServeConfig& c) {
   RC_OUT(packed_buffer_size_bytes); RC_OUT(packed_num_buffers); RC_OUT(rendezvous);
   RC_OUT(journal_sync); RC_OUT(cuda_device); RC_OUT(nccl_world_size);
   RC_OUT(nccl_init_timeout_ms); RC_OUT(nccl_abort_reserve_ms);
+  RC_OUT(engine_monitor_interval_ms); RC_OUT(engine_startup_timeout_ms); RC_OUT(adopt_engine);
+  RC_OUT(rollout_lease_ms); RC_OUT(finish_retry_ms); RC_OUT(journal_commit_stall_timeout_ms);
   RC_OUT(header_timeout_ms); RC_OUT(idle_timeout_ms); RC_OUT(http_connections_max);  // proxy owner
 #undef RC_OUT
   j["auth_token"] = c.auth_token.empty() ? "" : "<redacted>";

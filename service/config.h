@@ -82,7 +82,31 @@ struct ServeConfig {
   std::uint64_t header_timeout_ms = 10000;    // accept -> complete request head, else 408
   std::uint64_t idle_timeout_ms = 5000;       // accept -> first request byte, else 408
   std::uint64_t http_connections_max = 4096;  // accepted and not yet closed; beyond: 503
+
+  // Trust under faults.
+  // The engine monitor probes the engine this often while READY (kEngineMonitorIntervalMs{Min,Max}).
+  std::uint64_t engine_monitor_interval_ms = 200;
+  // Startup waits this long for the engine to answer (GET /version, then bootstrap/recovery),
+  // logging progress, then fails saying why (1 ms..24 h).
+  std::uint64_t engine_startup_timeout_ms = 300000;
+  // Bootstrap accepts an engine that reports another label (relabelled) or is paused (resumed);
+  // what was seen is journaled.
+  bool adopt_engine = false;
+  // Lease of an explicit rollout (POST /v1/rollouts) when the client names none; renewed by
+  // POST /v1/rollouts/<id>/lease. Bounded by kRolloutLeaseMs{Min,Max}.
+  std::uint32_t rollout_lease_ms = 30000;
+  // A finish (or abandon) that cannot be made durable is retried for this long with a bounded
+  // backoff; then the executor fail-stops (1 ms..10 min).
+  std::uint64_t finish_retry_ms = 30000;
+  // A group commit not durable within this (a stalled fsync) fails the journal: fail-stop
+  // (100 ms..10 min).
+  std::uint32_t journal_commit_stall_timeout_ms = 10000;
 };
+
+inline constexpr std::uint64_t kEngineMonitorIntervalMsMin = 10;
+inline constexpr std::uint64_t kEngineMonitorIntervalMsMax = 60000;
+inline constexpr std::uint32_t kRolloutLeaseMsMin = 1000;
+inline constexpr std::uint32_t kRolloutLeaseMsMax = 3600 * 1000;
 
 // A rendezvous address, "HOST:PORT" or "[IPv6]:PORT".
 struct HostPort {

@@ -2,12 +2,26 @@
 
 #include <cstdio>
 
+#include "statemachine/text.h"
+
 namespace rc::service {
 
 std::string format_double(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.9g", v);
   return buf;
+}
+
+std::string escape_label_value(const std::string& v) {
+  // escape_line leaves no control byte and doubles backslashes; only '"' is left to escape.
+  const std::string line = rc::text::escape_line(v);
+  std::string out;
+  out.reserve(line.size());
+  for (char c : line) {
+    if (c == '"') out += "\\\"";
+    else out.push_back(c);
+  }
+  return out;
 }
 
 void Histogram::ObserveUs(std::uint64_t us) {

@@ -42,6 +42,16 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> updates_conflict{0};
   std::atomic<std::uint64_t> trajectories_written{0};
   std::atomic<std::uint64_t> trajectories_dropped{0};
+  std::atomic<std::uint64_t> updates_outcome_unknown{0};  // answered 503 outcome_unknown
+  std::atomic<std::uint64_t> updates_replayed{0};          // a re-POST answered from the record
+  std::atomic<std::uint64_t> admission_rejected_overloaded{0};  // group-commit queue full
+  std::atomic<std::uint64_t> admission_rejected_failed{0};      // after fail-stop
+  std::atomic<std::uint64_t> finish_retries{0};   // FinishDurably retries (queue full)
+  std::atomic<std::uint64_t> leases_renewed{0};
+  std::atomic<std::uint64_t> leases_expired{0};   // RolloutFinished{kExpired} submitted
+  std::atomic<std::uint64_t> engine_monitor_submits{0};  // EngineMonitored journaled
+  std::atomic<std::uint64_t> engine_probes{0};
+  std::atomic<std::uint64_t> engine_probe_failures{0};
   std::atomic<std::int64_t> proxy_in_flight{0};
   Histogram journal_append;   // Submit + Wait (admissions and finishes)
   Histogram proxy_total;      // proxy request, receipt to last byte handed to the socket
@@ -50,5 +60,8 @@ struct ServiceMetrics {
 };
 
 std::string format_double(double v);
+// `v` as the value of a Prometheus label: backslash, double quote and newline escaped; other
+// control bytes and ill-formed UTF-8 are escaped as text (never a second line).
+std::string escape_label_value(const std::string& v);
 
 }  // namespace rc::service

@@ -4,6 +4,10 @@
 #include <openssl/sha.h>
 
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <chrono>
 #include <deque>
@@ -17,6 +21,7 @@
 #include "effects/http_transfer.h"
 #include "journal/json.h"
 #include "service/http_util.h"
+#include "statemachine/text.h"
 
 #ifdef RC_HAVE_CUDA  // defined (PUBLIC) by the effects target when CUDA and NCCL were found
 #include <cuda_runtime.h>
@@ -60,6 +65,19 @@ std::int64_t wall_ms() {
 }
 
 bool is_decision(const Event& e) { return family_of(e) == Family::kDecision; }
+
+// Outside text (engine bodies, client ids, journal details) as one log line.
+std::string esc(const std::string& s) { return rc::text::escape_line(s); }
+
+std::string replay_hint(const std::string& journal_path) {
+  return "explain it with: rolloutcore replay " + esc(journal_path);
+}
+
+// Journal errors after which nothing more may be decided or acknowledged.
+bool is_journal_failure(const Status& st) {
+  return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
+         st.code() == Code::kInternal || st.code() == Code::kTimeout;
+}
 
 json timings_json(const effects::PhaseTimings& t) {
   return {{"drain_us", t.drain_us},         {"preflight_us", t.preflight_us},
@@ -162,6 +180,50 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
 };
 #endif  // RC_HAVE_CUDA
 
+struct EngineVersionWait {
+  Status status;
+  std::string version;
+};
+
+// Polls GET /version until the engine answers with a version string, logging progress every
+// 5 s, for at most engine_startup_timeout_ms; then fails saying what the last attempt saw.
+EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const ServeConfig& config) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(config.engine_startup_timeout_ms);
+  auto next_log = start + std::chrono::seconds(5);
+  std::string last;
+  for (std::uint32_t attempt = 1;; ++attempt) {
+    effects::HttpReply v = client.Version();
+    if (v.http.ok_2xx() && v.body.is_object() && v.body.value("version", json()).is_string()) {
+      const std::string version = v.body["version"].get<std::string>();
+      spdlog::info("serve: engine {} answers GET /version: '{}' (after {} ms, {} attempt(s))",
+                   esc(config.engine_url), esc(version), us_since(start) / 1000, attempt);
+      return {Status::OK(), version};
+    }
+    last = v.http.ok_2xx() ? "HTTP " + std::to_string(v.http.http_status) +
+                                 " without a 'version' string"
+                           : (v.http.http_status != 0
+                                  ? "HTTP " + std::to_string(v.http.http_status) + " " + v.http.error
+                                  : v.http.error);
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    if (now >= next_log) {
+      spdlog::info("serve: waiting for the engine at {} to answer GET /version ({} s so far, "
+                   "up to {} s): {}",
+                   esc(config.engine_url), us_since(start) / 1000000,
+                   config.engine_startup_timeout_ms / 1000, esc(last));
+      next_log = now + std::chrono::seconds(5);
+    }
+    const auto pause = std::min<Clock::duration>(std::chrono::milliseconds(250), deadline - now);
+    std::this_thread::sleep_for(pause);
+  }
+  return {Status::Unavailable("engine " + esc(config.engine_url) + " did not answer GET /version "
+                              "within engine_startup_timeout_ms " +
+                              std::to_string(config.engine_startup_timeout_ms) + " ms (last: " +
+                              esc(last) + "); is it running and reachable from this host?"),
+          ""};
+}
+
 }  // namespace
 
 std::string DeriveCacheSalt(const RolloutAdmitted& b, const std::string& client_salt) {
@@ -180,20 +242,67 @@ std::string DeriveCacheSalt(const RolloutAdmitted& b, const std::string& client_
   return "rc" + std::to_string(b.version.generation) + "-" + hex(digest, 16);
 }
 
+std::string DurableHead::ToString() const {
+  return std::to_string(seq) + ":" + hex(hash.data(), hash.size());
+}
+
 Service::Service(ServeConfig config) : config_(std::move(config)) {}
 
 Service::~Service() {
+  StopBackground();
   if (server_) server_->stop();
   if (server_thread_.joinable()) server_thread_.join();
+}
+
+void Service::StopBackground() {
+  {
+    std::lock_guard<std::mutex> lock(bg_mu_);
+    bg_stop_ = true;
+  }
+  bg_cv_.notify_all();
+  if (monitor_thread_.joinable() && monitor_thread_.get_id() != std::this_thread::get_id()) {
+    monitor_thread_.join();
+  }
+  if (lease_thread_.joinable() && lease_thread_.get_id() != std::this_thread::get_id()) {
+    lease_thread_.join();
+  }
+}
+
+void Service::FailStop(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(failed_mu_);
+    if (failed_.load()) return;
+    failure_ = "journal " + config_.journal_path + ": " + why;
+    failed_.store(true, std::memory_order_release);
+  }
+  spdlog::critical("serve: FAIL-STOP: {}; refusing admissions and updates, stopping effects; "
+                   "the process must exit and restart to recover from what is durable ({})",
+                   esc(failure()), replay_hint(config_.journal_path));
+  failed_cv_.notify_all();
+  lifecycle_cv_.notify_all();
+  bg_cv_.notify_all();  // the monitor and lease threads stop at their next look
+}
+
+std::string Service::failure() const {
+  std::lock_guard<std::mutex> lock(failed_mu_);
+  return failure_;
+}
+
+bool Service::WaitFailed(std::uint64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(failed_mu_);
+  return failed_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                             [&] { return failed_.load(); });
 }
 
 std::string Service::url() const {
   return "http://" + config_.listen_host + ":" + std::to_string(port_);
 }
 
-Result<std::unique_ptr<Service>> Service::Open(const ServeConfig& config) {
+Result<std::unique_ptr<Service>> Service::Open(const ServeConfig& config,
+                                               rocksdb::Env* journal_env) {
   RC_RETURN_IF_ERROR(ValidateConfig(config));
   std::unique_ptr<Service> s(new Service(config));
+  s->journal_env_ = journal_env;
   RC_RETURN_IF_ERROR(s->Init());
   return s;
 }
@@ -222,6 +331,8 @@ Status Service::Init() {
 
   journal::Options jo;
   jo.sync = config_.journal_sync;
+  jo.env = journal_env_;
+  jo.commit_stall_timeout_ms = config_.journal_commit_stall_timeout_ms;
   auto opened = journal::Journal::Open(config_.journal_path, jo);
   if (!opened.ok()) return opened.status();
   journal_ = std::move(opened.value());
@@ -255,6 +366,12 @@ Status Service::Init() {
   effects::EngineProtocol protocol = effects::HttpSequenceTransfer::DefaultProtocol();
   // Initialises the transfer with the engine once the journal is bootstrapped (below).
   std::function<Status()> init_transfer;
+  // Nothing below is decided before the engine answers GET /version: it may still be loading.
+  {
+    const EngineVersionWait waited = WaitForEngineVersion(*control_client_, config_);
+    if (!waited.status.ok()) return waited.status;
+    engine_version_ = waited.version;
+  }
   if (config_.transfer == "nccl") {
 #ifdef RC_HAVE_CUDA
     auto rendezvous = ParseHostPort(config_.rendezvous);
@@ -293,15 +410,14 @@ Status Service::Init() {
     RC_CHECK(false);  // CheckTransferBuildAndDevice refused it before anything was opened
 #endif
   } else {
-    effects::HttpReply version = control_client_->Version();
-    if (version.http.ok_2xx() && version.body.is_object() &&
-        version.body.value("version", json()).is_string()) {
-      effects::EngineProtocol detected = effects::detect_protocol(version.body["version"]);
-      if (detected.line != effects::ProtocolLine::kUnknown) protocol = detected;
-    } else {
-      spdlog::warn("serve: GET /version failed ({}); assuming the >= 0.28 protocol line",
-                   version.http.error);
+    // The protocol line comes from the engine's own /version (waited for above), never a guess.
+    effects::EngineProtocol detected = effects::detect_protocol(engine_version_);
+    if (detected.line == effects::ProtocolLine::kUnknown) {
+      return Status::Unavailable("engine " + config_.engine_url + " reports version '" +
+                                 esc(engine_version_) +
+                                 "', which no protocol line of this build speaks");
     }
+    protocol = detected;
     transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol, packing);
     init_transfer = [this, protocol]() -> Status {
       if (journal_->state().lifecycle == Lifecycle::kReady) InitWeightTransfer(protocol);
@@ -317,12 +433,56 @@ Status Service::Init() {
   runner_ = std::make_unique<effects::Runner>(*journal_, *http_control_, *transfer_,
                                               effects::system_clock(), ro);
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
-    if (is_decision(e)) NotifyLifecycle(seq);
+    if (!is_decision(e)) return;
+    // Every lifecycle transition and every update's outcome, with its reason; taints at error
+    // level with the command that explains them.
+    if (const auto* c = std::get_if<StateChanged>(&e)) {
+      if (c->to == Lifecycle::kTainted) {
+        spdlog::error("serve: seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted until an "
+                      "operator intervenes; {}",
+                      seq, lifecycle_name(c->from), cause_name(c->cause), esc(c->detail),
+                      replay_hint(config_.journal_path));
+      } else {
+        spdlog::info("serve: seq {}: {} -> {} ({}): {}", seq, lifecycle_name(c->from),
+                     lifecycle_name(c->to), cause_name(c->cause), esc(c->detail));
+      }
+    } else if (const auto* u = std::get_if<UpdateEnded>(&e)) {
+      if (u->outcome == UpdateOutcome::kCommitted) {
+        spdlog::info("serve: seq {}: update '{}' committed: {}", seq, esc(u->update_id),
+                     esc(u->reason));
+      } else {
+        spdlog::warn("serve: seq {}: update '{}' {}: {}; {}", seq, esc(u->update_id),
+                     update_outcome_name(u->outcome), esc(u->reason),
+                     replay_hint(config_.journal_path));
+      }
+    }
+    NotifyLifecycle(seq);
   });
 
   std::lock_guard<std::timed_mutex> lock(update_mu_);
-  RC_RETURN_IF_ERROR(runner_->Recover());
+  const State before = journal_->state();
+  spdlog::info("serve: journal {} opened at seq {}: {}{}", esc(config_.journal_path),
+               journal_->head_seq(), lifecycle_name(before.lifecycle),
+               before.update ? " (update '" + esc(before.update->update_id) + "' interrupted)" : "");
+  Status recovered = runner_->Recover();
+  if (!recovered.ok()) {
+    return Status(recovered.code(), "recovery of journal " + config_.journal_path +
+                                        " failed: " + recovered.message());
+  }
   State s = journal_->state();
+  if (before.update) {
+    const std::string& id = before.update->update_id;
+    if (s.lifecycle == Lifecycle::kReady && s.committed == before.update->target) {
+      spdlog::warn("serve: this restart COMPLETED the interrupted update '{}': the engine now "
+                   "serves '{}' (generation {}); a trainer that was told otherwise should re-POST "
+                   "it to read the recorded outcome; {}",
+                   esc(id), esc(s.committed.label), s.committed.generation,
+                   replay_hint(config_.journal_path));
+    } else {
+      spdlog::warn("serve: this restart ended the interrupted update '{}' in {}; {}", esc(id),
+                   lifecycle_name(s.lifecycle), replay_hint(config_.journal_path));
+    }
+  }
   if (s.lifecycle == Lifecycle::kUninitialized) {
     WeightIdentity id;
     id.manifest_digest = config_.initial_manifest_digest;
@@ -333,23 +493,153 @@ Status Service::Init() {
       PreflightObserved p = transfer_->Preflight(
           effects::TransferTarget{"bootstrap", {}, {}, config_.initial_source});
       if (p.source_manifest_digest.empty()) {
-        return Status::InvalidArgument("initial_source '" + config_.initial_source +
-                                       "': no manifest (" + p.detail + ")");
+        return Status::InvalidArgument("initial_source '" + esc(config_.initial_source) +
+                                       "': no manifest (" + esc(p.detail) + ")");
       }
       id.manifest_digest = p.source_manifest_digest;
     }
-    RC_RETURN_IF_ERROR(runner_->Bootstrap(config_.initial_label, id));
+    effects::BootstrapOptions bo;
+    bo.adopt = config_.adopt_engine;
+    bo.startup_timeout_ms = config_.engine_startup_timeout_ms;
+    bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", esc(line)); };
+    spdlog::info("serve: bootstrapping engine {} as '{}'{}", esc(config_.engine_url),
+                 esc(config_.initial_label), config_.adopt_engine ? " (adopt)" : "");
+    Status booted = runner_->Bootstrap(config_.initial_label, id, bo);
+    if (!booted.ok()) {
+      std::string msg = "bootstrap of engine " + config_.engine_url + " as '" +
+                        config_.initial_label + "' failed: " + booted.message();
+      // vLLM 0.25.x keeps the label only in the worker extension.
+      if (engine_version_.rfind("0.25", 0) == 0 &&
+          msg.find("worker-extension-cls") == std::string::npos) {
+        msg += " (engine version " + engine_version_ +
+               ": is vLLM started with --worker-extension-cls "
+               "rolloutcore.vllm_ext.RolloutCoreWorkerExtension?)";
+      }
+      return Status(booted.code(), msg);
+    }
   }
   // nccl: a failure here is a startup error (no update could ever succeed without the
   // communicator); the journal keeps what Recover/Bootstrap recorded, which a restart resumes.
   RC_RETURN_IF_ERROR(init_transfer());
   s = journal_->state();
+  // Nothing else runs yet and the runner synced before it returned: all of it is durable.
+  durable_.state = s;
+  durable_.head = DurableHead{journal_->head_seq(), journal_->head_hash()};
+  durable_.decision_seq = journal_->head_seq();
   NotifyLifecycle(journal_->head_seq());
-  spdlog::info("serve: journal {} at seq {}, state {}, committed '{}' (generation {})",
-               config_.journal_path, journal_->head_seq(), lifecycle_name(s.lifecycle),
-               s.committed.label, s.committed.generation);
+  if (s.lifecycle == Lifecycle::kTainted) {
+    LogTaint(s, "starting on a TAINTED journal");
+  } else {
+    spdlog::info("serve: journal {} at seq {}, state {}, committed '{}' (generation {}), {} "
+                 "leased rollout(s) kept",
+                 esc(config_.journal_path), journal_->head_seq(), lifecycle_name(s.lifecycle),
+                 esc(s.committed.label), s.committed.generation, s.active.size());
+  }
+  // Leased rollouts that survived the restart get a full lease from now.
+  {
+    std::lock_guard<std::mutex> g(lease_mu_);
+    const std::int64_t now_ms = effects::system_clock().now_ms();
+    for (const auto& [rid, r] : s.active) {
+      if (r.lease_ms > 0) lease_deadline_ms_[rid] = now_ms + r.lease_ms;
+    }
+  }
   watcher_ = std::make_unique<DisconnectWatcher>();
+  monitor_thread_ = std::thread([this] { MonitorLoop(); });
+  lease_thread_ = std::thread([this] { LeaseLoop(); });
   return Status::OK();
+}
+
+void Service::LogTaint(const State& s, const char* context) const {
+  if (!s.taint) {
+    spdlog::error("serve: {}: TAINTED without a taint record; {}", context,
+                  replay_hint(config_.journal_path));
+    return;
+  }
+  spdlog::error("serve: {}: engine is TAINTED since {} of update '{}' ({}): {}; no rollouts are "
+                "admitted and /readyz answers 503; {}",
+                context, lifecycle_name(s.taint->from), esc(s.taint->update_id),
+                cause_name(s.taint->cause), esc(s.taint->detail),
+                replay_hint(config_.journal_path));
+}
+
+// The engine monitor: while READY, probes the engine every engine_monitor_interval_ms and
+// journals EngineMonitored only when it changes something (reachability toggles, another engine
+// process, another label, paused behind our back, or a pending recheck now confirmed), so the
+// journal does not grow with time. The fold decides what it means (docs/lifecycle.md).
+void Service::MonitorLoop() {
+  const auto interval = std::chrono::milliseconds(config_.engine_monitor_interval_ms);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(bg_mu_);
+      bg_cv_.wait_for(lock, interval, [&] { return bg_stop_ || failed(); });
+      if (bg_stop_ || failed()) return;
+    }
+    if (journal_->failed()) {
+      FailStop(journal_->failure().ToString());
+      return;
+    }
+    const State before = journal_->state();
+    if (before.lifecycle != Lifecycle::kReady) continue;  // the runner owns the engine now
+    const std::uint64_t updates_seen =
+        before.counters.updates_requested + before.counters.recoveries;
+    const EngineMonitored p = control_client_->Monitor();
+    const std::int64_t now_wall_ms = wall_ms();
+    metrics_.engine_probes++;
+    engine_last_probe_wall_ms_.store(now_wall_ms);
+    const bool ok = p.http.ok_2xx();
+    engine_up_.store(ok);
+    if (!ok) metrics_.engine_probe_failures++;
+    if (ok) {
+      std::lock_guard<std::mutex> g(engine_info_mu_);
+      engine_instance_seen_ = p.engine_instance;
+      engine_label_seen_ = p.reported_label;
+    }
+    const bool other_instance = ok && !p.engine_instance.empty() &&
+                                !before.engine_instance.empty() &&
+                                p.engine_instance != before.engine_instance;
+    const bool other_label = ok && !p.reported_label.empty() &&
+                             p.reported_label != before.committed.label;
+    const bool paused = ok && p.is_paused_known && p.is_paused;
+    const bool matches = ok && !other_instance && !other_label && !paused;
+    if (matches) engine_last_ok_wall_ms_.store(now_wall_ms);
+    const bool changes = (ok != before.engine_reachable) || other_instance || other_label ||
+                         paused || (matches && before.engine_recheck);
+    if (!changes) continue;
+    EngineMonitored m = p;
+    m.last_ok_wall_ms = engine_last_ok_wall_ms_.load();
+    m.updates_seen = updates_seen;
+    auto submitted = journal_->Submit(m, now_wall_ms);
+    if (!submitted.ok()) {
+      const Status& st = submitted.status();
+      if (is_journal_failure(st)) {
+        FailStop("the engine monitor's record was refused: " + st.ToString());
+        return;
+      }
+      // Rejected: stale (an update or recovery began after our read) or no longer READY.
+      continue;
+    }
+    Status waited = journal_->Wait(submitted->ticket);
+    if (!waited.ok()) {
+      FailStop("commit of the engine monitor's record failed: " + waited.ToString());
+      return;
+    }
+    metrics_.engine_monitor_submits++;
+    std::uint64_t seq = submitted->ticket.result.first_seq;
+    spdlog::log(ok ? spdlog::level::warn : spdlog::level::err,
+                "serve: seq {}: engine monitor: {} (label '{}', instance '{}', paused {})", seq,
+                ok ? "engine answers" : "engine unreachable: " + esc(p.http.error),
+                esc(p.reported_label), esc(p.engine_instance),
+                p.is_paused_known ? (p.is_paused ? "yes" : "no") : "unknown");
+    for (const Event& d : submitted->decisions) {
+      ++seq;
+      if (const auto* c = std::get_if<StateChanged>(&d)) {
+        spdlog::error("serve: seq {}: {} -> {} ({}): {}; {}", seq, lifecycle_name(c->from),
+                      lifecycle_name(c->to), cause_name(c->cause), esc(c->detail),
+                      replay_hint(config_.journal_path));
+      }
+    }
+    NotifyLifecycle(submitted->ticket.result.last_seq);
+  }
 }
 
 void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
@@ -504,10 +794,17 @@ bool Service::Authorized(const httplib::Request& req, httplib::Response& res) {
 
 // ---- admission ----
 
-Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t wait_ms) {
+Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t wait_ms,
+                                   std::uint32_t lease_ms) {
+  RC_CHECK(lease_ms == 0 || (lease_ms >= kRolloutLeaseMsMin && lease_ms <= kRolloutLeaseMsMax));
   AdmitResult out;
   const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
   for (std::uint32_t attempt = 0;; ++attempt) {
+    if (failed()) {
+      metrics_.admission_rejected_failed++;
+      out.refusal = {503, "failed", "the executor has fail-stopped: " + failure(), 0};
+      return out;
+    }
     if (shutting_down_.load()) {
       metrics_.admission_rejected_shutdown++;
       out.refusal = {503, "shutting_down", "the executor is shutting down",
@@ -527,22 +824,40 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
                      0};
       return out;
     }
-    if (s.lifecycle == Lifecycle::kReady && !s.update.has_value()) {
+    if (admits(s)) {
       const auto t0 = Clock::now();
-      RolloutAdmitted binding = make_admission(s, rollout_id);
+      RolloutAdmitted binding = make_admission(s, rollout_id, lease_ms);
       auto submitted = journal_->Submit(binding, wall_ms());
       if (submitted.ok()) {
         Status waited = journal_->Wait(submitted->ticket);
         metrics_.journal_append.ObserveUs(us_since(t0));
         if (!waited.ok()) {
-          out.refusal = {503, "journal", "journal commit failed: " + waited.ToString(), 0};
+          // Durable or not, nobody was told: recovery records it abandoned if it is.
+          FailStop("commit of admission '" + rollout_id + "' failed: " + waited.ToString());
+          metrics_.admission_rejected_failed++;
+          out.refusal = {503, "failed", "journal commit failed: " + waited.ToString(), 0};
           return out;
         }
         metrics_.admissions++;
-        out.admitted = Admission{std::move(binding), submitted->ticket.result.first_seq};
+        out.admitted = Admission{std::move(binding), submitted->ticket.result.first_seq,
+                                 DurableHead{submitted->ticket.result.last_seq,
+                                             submitted->ticket.result.last_hash}};
         return out;
       }
       const Status& st = submitted.status();
+      if (st.code() == Code::kBusy) {
+        // The group-commit queue is full: back-pressure on admission, never on finishing.
+        metrics_.admission_rejected_overloaded++;
+        out.refusal = {503, "overloaded", "journal busy: " + st.message(),
+                       std::max<std::uint32_t>(1, config_.retry_after_s)};
+        return out;
+      }
+      if (is_journal_failure(st)) {
+        FailStop("admission '" + rollout_id + "' refused by the journal: " + st.ToString());
+        metrics_.admission_rejected_failed++;
+        out.refusal = {503, "failed", "journal failed: " + st.ToString(), 0};
+        return out;
+      }
       if (st.code() == Code::kConflict) {
         out.refusal = {409, "conflict", st.message(), 0};
         return out;
@@ -567,8 +882,9 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
       metrics_.admission_rejected_unavailable++;
       out.refusal = {503, "unavailable",
                      std::string("engine is ") + lifecycle_name(s.lifecycle) +
-                         (s.update ? " (update '" + s.update->update_id + "')" : "") +
-                         "; not READY within " + std::to_string(wait_ms) + " ms",
+                         (s.update ? " (update '" + s.update->update_id + "')" : "") + ": " +
+                         admission_block_reason(s) + "; not admitting within " +
+                         std::to_string(wait_ms) + " ms",
                      config_.retry_after_s};
       return out;
     }
@@ -577,15 +893,67 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
   }
 }
 
-Status Service::Finish(const std::string& rollout_id, RolloutOutcome outcome,
-                       std::uint32_t prompt_tokens, std::uint32_t completion_tokens) {
+Status Service::FinishDurably(const std::string& rollout_id, RolloutOutcome outcome,
+                              std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+                              const std::vector<TrajectoryRecorded>& parts) {
   const auto t0 = Clock::now();
-  auto submitted = journal_->Submit(
-      RolloutFinished{rollout_id, outcome, prompt_tokens, completion_tokens}, wall_ms());
-  if (!submitted.ok()) return submitted.status();
-  Status waited = journal_->Wait(submitted->ticket);
+  const auto deadline = t0 + std::chrono::milliseconds(config_.finish_retry_ms);
+  std::uint32_t backoff_ms = 1;
+  constexpr std::uint32_t kBackoffMsMax = 50;
+  // Submits one input, retrying a full queue until the deadline. OK: enqueued (ticket set).
+  auto submit = [&](const Event& input, std::optional<journal::Ticket>& ticket) -> Status {
+    for (;;) {
+      if (failed()) return Status::Unavailable("the executor has fail-stopped: " + failure());
+      auto submitted = journal_->Submit(input, wall_ms());
+      if (submitted.ok()) {
+        ticket = submitted->ticket;
+        return Status::OK();
+      }
+      const Status& st = submitted.status();
+      if (st.code() != Code::kBusy) return st;
+      if (Clock::now() >= deadline) {
+        FailStop("the finish of rollout '" + rollout_id + "' stayed un-journaled for " +
+                 std::to_string(config_.finish_retry_ms) + " ms (" + st.message() + ")");
+        return Status::Unavailable("the executor has fail-stopped: " + failure());
+      }
+      metrics_.finish_retries++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      backoff_ms = std::min(kBackoffMsMax, backoff_ms * 2);
+    }
+  };
+  std::optional<journal::Ticket> ticket;
+  for (const TrajectoryRecorded& part : parts) {
+    RC_CHECK(part.rollout_id == rollout_id);
+    Status st = submit(part, ticket);
+    if (st.code() == Code::kUnavailable) return st;
+    if (is_journal_failure(st)) {
+      FailStop("trajectory of rollout '" + rollout_id + "' refused: " + st.ToString());
+      return Status::Unavailable("the executor has fail-stopped: " + failure());
+    }
+    if (!st.ok()) {
+      // Malformed or the rollout is not active: the part is lost, the finish is not.
+      spdlog::warn("serve: trajectory part of rollout {} not journaled: {}", esc(rollout_id),
+                   esc(st.ToString()));
+      if (st.code() == Code::kNotFound) break;
+    }
+  }
+  Status st = submit(RolloutFinished{rollout_id, outcome, prompt_tokens, completion_tokens}, ticket);
+  if (st.code() == Code::kUnavailable) return st;
+  if (is_journal_failure(st)) {
+    FailStop("finish of rollout '" + rollout_id + "' refused: " + st.ToString());
+    return Status::Unavailable("the executor has fail-stopped: " + failure());
+  }
+  if (!st.ok()) return st;  // NotFound (not active), InvalidArgument
+  Status waited = journal_->Wait(*ticket);
   metrics_.journal_append.ObserveUs(us_since(t0));
-  if (!waited.ok()) return waited;
+  if (!waited.ok()) {
+    FailStop("commit of the finish of rollout '" + rollout_id + "' failed: " + waited.ToString());
+    return Status::Unavailable("the executor has fail-stopped: " + failure());
+  }
+  {
+    std::lock_guard<std::mutex> g(lease_mu_);
+    lease_deadline_ms_.erase(rollout_id);
+  }
   if (outcome == RolloutOutcome::kCompleted) {
     metrics_.finishes_completed++;
   } else {
@@ -596,14 +964,51 @@ Status Service::Finish(const std::string& rollout_id, RolloutOutcome outcome,
 
 // ---- trainer API ----
 
-json Service::StateSummary() const {
-  const State s = journal_->state();
+Service::DurableView Service::CatchUpDurable(bool copy_state) {
+  std::lock_guard<std::mutex> lock(durable_mu_);
+  if (!failed()) {
+    // Scan stops at the durable head: whatever was only enqueued is not folded here.
+    Status st = journal_->Scan(durable_.head.seq + 1, 0, [&](const journal::Record& r) {
+      RC_CHECK(r.seq == durable_.head.seq + 1);  // dense seqs, in order
+      Status applied = apply(durable_.state, r.event);
+      if (!applied.ok()) {
+        return Status::Corruption("seq " + std::to_string(r.seq) + " does not apply to the "
+                                  "durable view: " + applied.ToString());
+      }
+      durable_.head = DurableHead{r.seq, r.hash};
+      if (is_decision(r.event)) durable_.decision_seq = r.seq;
+      return Status::OK();
+    });
+    if (!st.ok() && st.code() != Code::kInvalidArgument) {
+      FailStop("reading the durable journal failed: " + st.ToString());
+    }
+  }
+  DurableView out;
+  out.head = durable_.head;
+  out.decision_seq = durable_.decision_seq;
+  if (copy_state) out.state = durable_.state;
+  return out;
+}
+
+DurableHead Service::durable_head() { return CatchUpDurable(false).head; }
+
+void Service::SetHeadHeader(httplib::Response& res, const DurableHead& head) {
+  res.set_header("X-RolloutCore-Head", head.ToString());
+}
+
+namespace {
+
+json summary_json(const State& s, const DurableHead& head) {
   json j;
   j["lifecycle"] = lifecycle_name(s.lifecycle);
   j["committed"] = journal::WeightVersionToJson(s.committed);
   j["identity"] = journal::WeightIdentityToJson(s.committed_identity);
   j["active_rollouts"] = s.active.size();
-  j["head_seq"] = journal_->head_seq();
+  j["head_seq"] = head.seq;
+  j["head"] = head.ToString();
+  j["engine_reachable"] = s.engine_reachable;
+  j["engine_recheck"] = s.engine_recheck;
+  j["engine_instance"] = s.engine_instance;
   if (s.update) {
     j["update"] = {{"update_id", s.update->update_id},
                    {"target", journal::WeightVersionToJson(s.update->target)}};
@@ -623,6 +1028,7 @@ json Service::StateSummary() const {
                    {"rollouts_completed", s.counters.rollouts_completed},
                    {"rollouts_aborted", s.counters.rollouts_aborted},
                    {"rollouts_abandoned", s.counters.rollouts_abandoned},
+                   {"rollouts_expired", s.counters.rollouts_expired},
                    {"updates_requested", s.counters.updates_requested},
                    {"updates_committed", s.counters.updates_committed},
                    {"updates_refused", s.counters.updates_refused},
@@ -630,25 +1036,69 @@ json Service::StateSummary() const {
   return j;
 }
 
+}  // namespace
+
+json Service::StateSummary() {
+  const DurableView v = CatchUpDurable(true);
+  return summary_json(v.state, v.head);
+}
+
 void Service::HandleState(const httplib::Request& req, httplib::Response& res) {
+  const DurableView v = CatchUpDurable(true);
+  SetHeadHeader(res, v.head);
   if (req.has_param("full")) {
-    json j = journal::StateToJson(journal_->state());
-    j["head_seq"] = journal_->head_seq();
+    json j = journal::StateToJson(v.state);
+    j["head_seq"] = v.head.seq;
+    j["head"] = v.head.ToString();
     send_json(res, 200, j);
     return;
   }
-  send_json(res, 200, StateSummary());
+  send_json(res, 200, summary_json(v.state, v.head));
 }
 
 void Service::HandleVersion(const httplib::Request&, httplib::Response& res) {
-  const State s = journal_->state();
+  const DurableView v = CatchUpDurable(true);
+  SetHeadHeader(res, v.head);
   send_json(res, 200,
-            {{"lifecycle", lifecycle_name(s.lifecycle)},
-             {"version", journal::WeightVersionToJson(s.committed)},
-             {"identity", journal::WeightIdentityToJson(s.committed_identity)}});
+            {{"lifecycle", lifecycle_name(v.state.lifecycle)},
+             {"version", journal::WeightVersionToJson(v.state.committed)},
+             {"identity", journal::WeightIdentityToJson(v.state.committed_identity)},
+             {"head_seq", v.head.seq}});
 }
 
 namespace {
+
+// A source URI from a client, checked before anything is journaled or the engine touched: a bad
+// one is a 400 with zero journal events. Messages name the URI (escaped), never file contents.
+Status ValidateSource(const std::string& uri) {
+  if (uri.empty() || uri.size() > kTextBytesMax || !rc::text::printable_utf8(uri)) {
+    return Status::InvalidArgument("'source' must be 1.." + std::to_string(kTextBytesMax) +
+                                   " bytes of printable UTF-8");
+  }
+  if (uri.rfind("synthetic:", 0) == 0) {
+    auto m = effects::synthetic_manifest(uri);
+    if (!m.ok()) return Status::InvalidArgument("'source': " + m.status().message());
+    return Status::OK();
+  }
+  std::string path;
+  for (const char* p : {"safetensors:", "ipc:"}) {
+    if (uri.rfind(p, 0) == 0) path = uri.substr(std::strlen(p));
+  }
+  if (path.empty() && uri.rfind("safetensors:", 0) != 0 && uri.rfind("ipc:", 0) != 0) {
+    return Status::InvalidArgument(
+        "'source' must start with safetensors:, ipc: or synthetic: (got '" +
+        esc(uri.substr(0, 64)) + "')");
+  }
+  if (path.empty() || path.front() != '/') {
+    return Status::InvalidArgument("'source' must name an absolute path (got '" + esc(uri) + "')");
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || ::access(path.c_str(), R_OK) != 0) {
+    return Status::InvalidArgument("'source' " + esc(uri) +
+                                   ": not a readable regular file on the executor's host");
+  }
+  return Status::OK();
+}
 
 Result<UpdateRequested> parse_update(const json& body) {
   RC_RETURN_IF_ERROR(only_fields(body, {"update_id", "target_label", "identity", "source"}, ""));
@@ -662,15 +1112,7 @@ Result<UpdateRequested> parse_update(const json& body) {
   auto source = get_string(body, "source", true);
   if (!source.ok()) return source.status();
   r.source_uri = *source;
-  bool known = false;
-  for (const char* p : {"safetensors:", "ipc:", "synthetic:"}) {
-    known = known || r.source_uri.rfind(p, 0) == 0;
-  }
-  if (!known) {
-    return Status::InvalidArgument(
-        "'source' must start with safetensors:, ipc: or synthetic: (got '" +
-        r.source_uri.substr(0, 64) + "')");
-  }
+  RC_RETURN_IF_ERROR(ValidateSource(r.source_uri));
   auto it = body.find("identity");
   if (it == body.end() || !it->is_object()) {
     return Status::InvalidArgument("missing object field 'identity'");
@@ -694,6 +1136,81 @@ Result<UpdateRequested> parse_update(const json& body) {
 
 }  // namespace
 
+std::optional<Service::EndedUpdate> Service::FindEndedUpdate(const std::string& update_id) {
+  std::lock_guard<std::mutex> lock(ended_mu_);
+  auto it = ended_updates_.find(update_id);
+  if (it == ended_updates_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Service::RememberEndedUpdate(const UpdateRequested& request, const UpdateEnded& ended) {
+  RC_CHECK(request.update_id == ended.update_id);
+  std::lock_guard<std::mutex> lock(ended_mu_);
+  if (ended_updates_.emplace(request.update_id, EndedUpdate{request, ended}).second) {
+    ended_order_.push_back(request.update_id);
+  }
+  while (ended_order_.size() > kEndedUpdatesMax) {
+    ended_updates_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
+  RC_CHECK(ended_updates_.size() == ended_order_.size());
+}
+
+namespace {
+
+// The journal's record of an update: its request and, once it ended, its outcome. Scans the
+// durable journal (bounded by kUpdateLookupRecordsMax records); the fallback when the update
+// route's memory no longer holds it (older, or decided before this process started).
+struct UpdateLookup {
+  std::optional<UpdateRequested> request;
+  std::optional<UpdateEnded> ended;
+};
+Result<UpdateLookup> LookUpUpdate(journal::Journal& j, const std::string& update_id,
+                                  std::uint64_t durable_seq) {
+  UpdateLookup out;
+  const std::uint64_t from =
+      durable_seq > kUpdateLookupRecordsMax ? durable_seq - kUpdateLookupRecordsMax + 1 : 1;
+  Status st = j.Scan(from, durable_seq, [&](const journal::Record& r) {
+    if (const auto* u = std::get_if<UpdateRequested>(&r.event)) {
+      if (u->update_id == update_id) out.request = *u;
+    } else if (const auto* e = std::get_if<UpdateEnded>(&r.event)) {
+      if (e->update_id == update_id) out.ended = *e;
+    }
+    return Status::OK();
+  });
+  if (!st.ok()) return st;
+  return out;
+}
+
+int update_status(UpdateOutcome o) {
+  switch (o) {
+    case UpdateOutcome::kCommitted: return 200;
+    case UpdateOutcome::kRefused: return 422;
+    case UpdateOutcome::kTainted: return 500;
+  }
+  return 500;
+}
+
+}  // namespace
+
+void Service::SendUpdateOutcome(httplib::Response& res, const UpdateRequested& request,
+                                const UpdateEnded& ended, bool replayed) {
+  const DurableView v = CatchUpDurable(true);
+  json out;
+  out["update_id"] = request.update_id;
+  out["outcome"] = update_outcome_name(ended.outcome);
+  out["reason"] = ended.reason;
+  out["state"] = summary_json(v.state, v.head);
+  out["head"] = v.head.ToString();
+  out["replayed"] = replayed;
+  if (!replayed) {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    out["timings"] = timings_json(last_timings_);
+  }
+  SetHeadHeader(res, v.head);
+  send_json(res, update_status(ended.outcome), out);
+}
+
 void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) {
   if (!Authorized(req, res)) return;
   auto body = parse_object(req.body, false);
@@ -701,6 +1218,29 @@ void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) 
   if (!request.ok()) {
     metrics_.bad_requests++;
     send_status(res, request.status());
+    return;
+  }
+  if (failed()) {
+    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    return;
+  }
+  // A re-POST of an update that already ended answers what was recorded (idempotent retries).
+  auto replay = [&](const EndedUpdate& e) {
+    if (!(e.request == *request)) {
+      metrics_.updates_conflict++;
+      send_error(res, 409, "conflict",
+                 "update_id '" + request->update_id +
+                     "' was already used for another request (different body); choose a new "
+                     "update_id");
+      return;
+    }
+    metrics_.updates_replayed++;
+    spdlog::info("serve: update '{}' re-POSTed: answering its recorded outcome ({})",
+                 esc(request->update_id), update_outcome_name(e.ended.outcome));
+    SendUpdateOutcome(res, e.request, e.ended, /*replayed=*/true);
+  };
+  if (auto e = FindEndedUpdate(request->update_id)) {
+    replay(*e);
     return;
   }
   if (shutting_down_.load()) {
@@ -715,10 +1255,22 @@ void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) 
                "update '" + running_update_id_ + "' is running; one update at a time");
     return;
   }
+  if (failed()) {
+    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    return;
+  }
+  if (auto e = FindEndedUpdate(request->update_id)) {  // it ended while we waited for the lock
+    replay(*e);
+    return;
+  }
   {
     std::lock_guard<std::mutex> g(update_id_mu_);
     running_update_id_ = request->update_id;
   }
+  spdlog::info("serve: update '{}' requested: target '{}', manifest {}, source {}",
+               esc(request->update_id), esc(request->target_label),
+               esc(request->identity.manifest_digest), esc(request->source_uri));
+  const std::uint64_t requested_before = journal_->state().counters.updates_requested;
   Result<UpdateEnded> ended = runner_->Update(*request);
   {
     std::lock_guard<std::mutex> g(update_id_mu_);
@@ -726,44 +1278,81 @@ void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) 
     last_timings_ = runner_->last_timings();
   }
   NotifyLifecycle(journal_->head_seq());
-  json out;
-  out["update_id"] = request->update_id;
-  out["state"] = StateSummary();
-  out["timings"] = timings_json(runner_->last_timings());
-  if (!ended.ok()) {
-    const Status& st = ended.status();
-    if (st.code() == Code::kRejected || st.code() == Code::kConflict) metrics_.updates_conflict++;
-    out["error"] = {{"message", st.message()}, {"type", code_name(st.code())},
-                    {"code", http_status_for(st)}};
-    out["outcome"] = nullptr;
-    send_json(res, http_status_for(st), out);
+  if (ended.ok()) {
+    RememberEndedUpdate(*request, *ended);
+    switch (ended->outcome) {
+      case UpdateOutcome::kCommitted: metrics_.updates_committed++; break;
+      case UpdateOutcome::kRefused: metrics_.updates_refused++; break;
+      case UpdateOutcome::kTainted: metrics_.updates_tainted++; break;
+    }
+    SendUpdateOutcome(res, *request, *ended, /*replayed=*/false);
     return;
   }
-  out["outcome"] = update_outcome_name(ended->outcome);
-  out["reason"] = ended->reason;
-  int status = 200;
-  switch (ended->outcome) {
-    case UpdateOutcome::kCommitted: metrics_.updates_committed++; break;
-    case UpdateOutcome::kRefused: metrics_.updates_refused++; status = 422; break;
-    case UpdateOutcome::kTainted: metrics_.updates_tainted++; status = 500; break;
+  const Status& st = ended.status();
+  const bool journaled = journal_->state().counters.updates_requested > requested_before;
+  if (!journaled) {
+    // Nothing of this request was journaled: a lifecycle refusal (e.g. TAINTED), a reused
+    // update_id with another body (the journal's idempotency: Conflict), bad input, or a
+    // duplicate of an update decided before this process remembered it.
+    if (st.code() == Code::kRejected || st.code() == Code::kConflict ||
+        st.code() == Code::kInvalidArgument) {
+      metrics_.updates_conflict++;
+      spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
+                   esc(request->update_id), esc(st.ToString()));
+      send_status(res, st);
+      return;
+    }
+    if (!is_journal_failure(st)) {
+      auto found = LookUpUpdate(*journal_, request->update_id, durable_head().seq);
+      if (found.ok() && found->request && found->ended) {
+        RememberEndedUpdate(*found->request, *found->ended);
+        replay(EndedUpdate{*found->request, *found->ended});
+        return;
+      }
+    }
   }
-  send_json(res, status, out);
+  // The request may be durable and its effects may have run: nobody can say how it ended. The
+  // executor stops (a restart recovers from what is durable); the trainer is told "unknown",
+  // never "failed", and re-POSTs the same update_id after the restart to read the outcome.
+  metrics_.updates_outcome_unknown++;
+  FailStop("update '" + request->update_id + "' did not reach a recorded outcome: " +
+           st.ToString());
+  res.set_header("Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  send_error(res, 503, "outcome_unknown",
+             "the outcome of update '" + request->update_id +
+                 "' is unknown (" + st.ToString() +
+                 "); the executor fail-stopped and recovers on restart: re-POST the same "
+                 "update_id then to read the recorded outcome");
 }
 
 void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
   if (!Authorized(req, res)) return;
   auto body = parse_object(req.body, true);
-  Status st = body.ok() ? only_fields(*body, {"rollout_id", "wait_ms"}, "") : body.status();
+  Status st = body.ok() ? only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, "")
+                        : body.status();
   std::string id;
   std::int64_t wait_ms = 0;
+  std::int64_t lease_ms = config_.rollout_lease_ms;
   if (st.ok()) {
     auto r = get_string(*body, "rollout_id", false);
-    if (!r.ok()) st = r.status(); else id = *r;
+    if (!r.ok()) {
+      st = r.status();
+    } else if (r->size() > kIdBytesMax || !rc::text::printable_utf8(*r)) {
+      st = Status::InvalidArgument("'rollout_id' must be 1.." + std::to_string(kIdBytesMax) +
+                                   " bytes of printable UTF-8");
+    } else {
+      id = *r;
+    }
   }
   if (st.ok()) {
     auto w = get_int(*body, "wait_ms", static_cast<std::int64_t>(config_.admit_wait_ms), 0,
                      static_cast<std::int64_t>(config_.admit_wait_ms));
     if (!w.ok()) st = w.status(); else wait_ms = *w;
+  }
+  if (st.ok()) {
+    auto l = get_int(*body, "lease_ms", config_.rollout_lease_ms, kRolloutLeaseMsMin,
+                     kRolloutLeaseMsMax);
+    if (!l.ok()) st = l.status(); else lease_ms = *l;
   }
   if (!st.ok()) {
     metrics_.bad_requests++;
@@ -771,7 +1360,8 @@ void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
     return;
   }
   if (id.empty()) id = NextRolloutId();
-  AdmitResult a = Admit(id, static_cast<std::uint64_t>(wait_ms));
+  AdmitResult a = Admit(id, static_cast<std::uint64_t>(wait_ms),
+                        static_cast<std::uint32_t>(lease_ms));
   if (!a.admitted) {
     if (a.refusal.retry_after_s > 0) {
       res.set_header("Retry-After", std::to_string(a.refusal.retry_after_s));
@@ -779,13 +1369,100 @@ void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
     send_error(res, a.refusal.http_status, a.refusal.type, a.refusal.message);
     return;
   }
+  {
+    std::lock_guard<std::mutex> g(lease_mu_);
+    lease_deadline_ms_[id] = effects::system_clock().now_ms() + lease_ms;
+  }
   const RolloutAdmitted& b = a.admitted->binding;
+  const DurableHead& head = a.admitted->head;
+  RC_CHECK(head.seq >= a.admitted->seq);  // the admission's own group
+  SetHeadHeader(res, head);
   send_json(res, 201,
             {{"rollout_id", b.rollout_id},
              {"admission_seq", a.admitted->seq},
              {"version", journal::WeightVersionToJson(b.version)},
              {"identity", journal::WeightIdentityToJson(b.identity)},
-             {"cache_salt", DeriveCacheSalt(b, "")}});
+             {"cache_salt", DeriveCacheSalt(b, "")},
+             {"lease_ms", lease_ms},
+             {"head", head.ToString()}});
+}
+
+void Service::HandleLease(const httplib::Request& req, httplib::Response& res) {
+  if (!Authorized(req, res)) return;
+  const std::string id = req.matches[1];
+  auto body = parse_object(req.body, true);
+  Status st = body.ok() ? only_fields(*body, {}, "") : body.status();
+  if (!st.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, st);
+    return;
+  }
+  if (failed()) {
+    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    return;
+  }
+  std::uint32_t lease_ms = 0;
+  {
+    const State s = *AdmitView(false);
+    auto it = s.active.find(id);
+    if (it != s.active.end()) lease_ms = it->second.lease_ms;
+    if (it == s.active.end()) {
+      // The view may be older than the admission: look at the journal's own state.
+      const State fresh = journal_->state();
+      auto f = fresh.active.find(id);
+      if (f != fresh.active.end()) lease_ms = f->second.lease_ms;
+    }
+  }
+  std::lock_guard<std::mutex> g(lease_mu_);
+  auto it = lease_deadline_ms_.find(id);
+  if (it == lease_deadline_ms_.end() || lease_ms == 0) {
+    if (lease_ms == 0 && it == lease_deadline_ms_.end()) {
+      send_error(res, 404, "not_found",
+                 "rollout '" + id + "' holds no lease (not active, finished, expired, or a "
+                 "proxied rollout)");
+    } else {
+      send_error(res, 404, "not_found", "the lease of rollout '" + id + "' has lapsed");
+    }
+    return;
+  }
+  it->second = effects::system_clock().now_ms() + lease_ms;
+  metrics_.leases_renewed++;
+  send_json(res, 200, {{"rollout_id", id}, {"lease_ms", lease_ms}});
+}
+
+void Service::LeaseLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(bg_mu_);
+      bg_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return bg_stop_ || failed(); });
+      if (bg_stop_ || failed()) return;
+    }
+    std::vector<std::string> lapsed;
+    {
+      std::lock_guard<std::mutex> g(lease_mu_);
+      const std::int64_t now_ms = effects::system_clock().now_ms();
+      for (auto it = lease_deadline_ms_.begin(); it != lease_deadline_ms_.end();) {
+        if (it->second <= now_ms) {
+          lapsed.push_back(it->first);
+          it = lease_deadline_ms_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const std::string& id : lapsed) {
+      Status st = FinishDurably(id, RolloutOutcome::kExpired, 0, 0);
+      if (st.ok()) {
+        metrics_.leases_expired++;
+        spdlog::warn("serve: the lease of rollout {} lapsed (its client stopped renewing): "
+                     "recorded expired",
+                     esc(id));
+      } else if (st.code() != Code::kNotFound) {
+        spdlog::error("serve: recording the lapsed lease of rollout {} failed: {}", esc(id),
+                      esc(st.ToString()));
+      }
+    }
+  }
 }
 
 void Service::HandleFinish(const httplib::Request& req, httplib::Response& res) {
@@ -816,12 +1493,20 @@ void Service::HandleFinish(const httplib::Request& req, httplib::Response& res) 
     send_status(res, st);
     return;
   }
-  Status done = Finish(id, outcome, static_cast<std::uint32_t>(pt), static_cast<std::uint32_t>(ct));
+  Status done = FinishDurably(id, outcome, static_cast<std::uint32_t>(pt),
+                              static_cast<std::uint32_t>(ct));
   if (!done.ok()) {
-    send_status(res, done);
+    if (done.code() == Code::kUnavailable) {
+      send_error(res, 503, "failed", done.message());
+    } else {
+      send_status(res, done);
+    }
     return;
   }
-  send_json(res, 200, {{"rollout_id", id}, {"outcome", outcome_name(outcome)}});
+  const DurableHead head = durable_head();
+  SetHeadHeader(res, head);
+  send_json(res, 200, {{"rollout_id", id}, {"outcome", outcome_name(outcome)},
+                       {"head", head.ToString()}});
 }
 
 void Service::HandleWatch(const httplib::Request& req, httplib::Response& res) {
@@ -834,16 +1519,26 @@ void Service::HandleWatch(const httplib::Request& req, httplib::Response& res) {
     return;
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(*timeout);
-  std::uint64_t seq = 0;
-  {
+  // Only durable decisions are reported: a decision the runner journaled wakes us, and we look
+  // again (every 20 ms at most) until it is durable or the deadline passes.
+  for (;;) {
+    if (CatchUpDurable(false).decision_seq > *after) break;
     std::unique_lock<std::mutex> lock(lifecycle_mu_);
-    lifecycle_cv_.wait_until(lock, deadline,
-                             [&] { return lifecycle_seq_ > *after || shutting_down_.load(); });
-    seq = lifecycle_seq_;
+    if (Clock::now() >= deadline || shutting_down_.load() || failed()) break;
+    lifecycle_cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)),
+                             [&] { return lifecycle_seq_ > *after || shutting_down_.load() ||
+                                          failed(); });
+    if (lifecycle_seq_ > *after) {
+      lock.unlock();
+      if (CatchUpDurable(false).decision_seq > *after) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   }
-  json j = StateSummary();
-  j["seq"] = seq;
-  j["changed"] = seq > *after;
+  const DurableView v = CatchUpDurable(true);
+  json j = summary_json(v.state, v.head);
+  j["seq"] = v.decision_seq;
+  j["changed"] = v.decision_seq > *after;
+  SetHeadHeader(res, v.head);
   send_json(res, 200, j);
 }
 
@@ -855,11 +1550,12 @@ void Service::HandleEvents(const httplib::Request& req, httplib::Response& res) 
     send_status(res, since.ok() ? limit.status() : since.status());
     return;
   }
-  const std::uint64_t head = journal_->head_seq();
+  // Only durable records: the durable head, never what is merely enqueued.
+  const DurableHead head = durable_head();
   json records = json::array();
   std::uint64_t next = *since;
-  if (*since < head) {
-    const std::uint64_t to = std::min(head, *since + *limit);
+  if (*since < head.seq) {
+    const std::uint64_t to = *limit >= head.seq - *since ? head.seq : *since + *limit;
     Status st = journal_->Scan(*since + 1, to, [&](const journal::Record& r) {
       records.push_back(journal::RecordToJson(r));
       next = r.seq;
@@ -870,23 +1566,69 @@ void Service::HandleEvents(const httplib::Request& req, httplib::Response& res) 
       return;
     }
   }
-  send_json(res, 200, {{"records", records}, {"next_since", next}, {"head_seq", head}});
+  SetHeadHeader(res, head);
+  send_json(res, 200, {{"records", records}, {"next_since", next}, {"head_seq", head.seq},
+                       {"head", head.ToString()}});
 }
 
 void Service::HandleManifest(const httplib::Request& req, httplib::Response& res) {
+  // It opens files on this host: only for the trainer, and its errors never quote them.
+  if (!Authorized(req, res)) return;
   const std::string source = req.get_param_value("source");
-  if (source.empty() || source.size() > kTextBytesMax) {
+  Status valid = ValidateSource(source);
+  if (!valid.ok()) {
     metrics_.bad_requests++;
-    send_error(res, 400, "invalid", "query parameter 'source' is required (<= 4096 bytes)");
+    send_status(res, valid);
     return;
   }
   // A preflight sends nothing to the engine; here it only computes the source's manifest.
   PreflightObserved p = transfer_->Preflight(effects::TransferTarget{"manifest", {}, {}, source});
   if (p.source_manifest_digest.empty()) {
-    send_error(res, 400, "invalid", "no manifest for '" + source + "': " + p.detail);
+    spdlog::warn("serve: /v1/manifest: no manifest for {}: {}", esc(source), esc(p.detail));
+    send_error(res, 400, "invalid",
+               "no manifest for this source: it is missing, unreadable, busy or not a valid "
+               "source of its kind (details in the executor's log)");
     return;
   }
   send_json(res, 200, {{"source", source}, {"manifest_digest", p.source_manifest_digest}});
+}
+
+void Service::HandleHealthz(const httplib::Request&, httplib::Response& res) {
+  // Liveness: the process serves. After a fail-stop it must be restarted: 503.
+  if (failed()) {
+    send_json(res, 503, {{"ok", false}, {"reason", "fail-stopped: " + failure()}});
+    return;
+  }
+  send_json(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(journal_->state().lifecycle)}});
+}
+
+std::string Service::NotReadyReason() const {
+  if (failed()) return "fail-stopped: " + failure();
+  if (shutting_down_.load()) return "shutting down";
+  const State s = journal_->state();
+  if (s.lifecycle == Lifecycle::kTainted) {
+    return "engine is TAINTED" +
+           (s.taint ? std::string(" (") + cause_name(s.taint->cause) + ": " + s.taint->detail + ")"
+                    : std::string()) +
+           "; rolloutcore replay " + config_.journal_path + " explains it";
+  }
+  if (!admits(s)) return admission_block_reason(s);
+  if (!engine_up_.load() && engine_last_probe_wall_ms_.load() != 0) {
+    return "the engine did not answer the last probe";
+  }
+  return "";
+}
+
+void Service::HandleReadyz(const httplib::Request&, httplib::Response& res) {
+  // Readiness: 200 only while rollouts can be served safely.
+  const std::string why = NotReadyReason();
+  const State s = journal_->state();
+  json j = {{"ready", why.empty()},
+            {"lifecycle", lifecycle_name(s.lifecycle)},
+            {"engine_reachable", s.engine_reachable},
+            {"journal_failed", failed()}};
+  if (!why.empty()) j["reason"] = why;
+  send_json(res, why.empty() ? 200 : 503, j);
 }
 
 std::string Service::RenderMetrics() const {
@@ -941,6 +1683,54 @@ std::string Service::RenderMetrics() const {
          std::to_string(metrics_.updates_tainted.load()) + "\n";
   out += "rolloutcore_updates_total{outcome=\"conflict\"} " +
          std::to_string(metrics_.updates_conflict.load()) + "\n";
+  out += "rolloutcore_admissions_refused_total{reason=\"overloaded\"} " +
+         std::to_string(metrics_.admission_rejected_overloaded.load()) + "\n";
+  out += "rolloutcore_admissions_refused_total{reason=\"failed\"} " +
+         std::to_string(metrics_.admission_rejected_failed.load()) + "\n";
+  out += "rolloutcore_rollouts_finished_total{outcome=\"expired\"} " +
+         std::to_string(s.counters.rollouts_expired) + "\n";
+  out += "rolloutcore_updates_total{outcome=\"outcome_unknown\"} " +
+         std::to_string(metrics_.updates_outcome_unknown.load()) + "\n";
+  out += "rolloutcore_updates_total{outcome=\"replayed\"} " +
+         std::to_string(metrics_.updates_replayed.load()) + "\n";
+  gauge("rolloutcore_journal_failed", "1 once the executor fail-stopped on a journal error",
+        failed() ? "1" : "0");
+  gauge("rolloutcore_engine_up", "1 when the engine monitor's last probe succeeded",
+        engine_up_.load() ? "1" : "0");
+  gauge("rolloutcore_engine_reachable", "the journaled view: 0 refuses admissions",
+        s.engine_reachable ? "1" : "0");
+  {
+    const std::int64_t probe_ms = engine_last_probe_wall_ms_.load();
+    const std::int64_t ok_ms = engine_last_ok_wall_ms_.load();
+    gauge("rolloutcore_engine_last_probe_timestamp_seconds", "wall time of the last engine probe",
+          format_double(static_cast<double>(probe_ms) / 1e3));
+    gauge("rolloutcore_engine_last_ok_timestamp_seconds",
+          "wall time of the last successful engine probe",
+          format_double(static_cast<double>(ok_ms) / 1e3));
+    gauge("rolloutcore_engine_last_probe_age_seconds", "seconds since the last engine probe",
+          probe_ms == 0 ? "NaN" : format_double(static_cast<double>(wall_ms() - probe_ms) / 1e3));
+    std::string instance, label;
+    {
+      std::lock_guard<std::mutex> g(engine_info_mu_);
+      instance = engine_instance_seen_;
+      label = engine_label_seen_;
+    }
+    out += "# HELP rolloutcore_engine_info the engine process the monitor sees (instance, label)\n"
+           "# TYPE rolloutcore_engine_info gauge\n"
+           "rolloutcore_engine_info{instance=\"" + escape_label_value(instance) +
+           "\",journal_instance=\"" + escape_label_value(s.engine_instance) + "\",label=\"" +
+           escape_label_value(label) + "\"} 1\n";
+  }
+  counter("rolloutcore_finish_retries_total", "finishes retried while the journal queue was full",
+          metrics_.finish_retries.load());
+  counter("rolloutcore_leases_renewed_total", "explicit rollout leases renewed",
+          metrics_.leases_renewed.load());
+  counter("rolloutcore_engine_probes_total", "engine monitor probes",
+          metrics_.engine_probes.load());
+  counter("rolloutcore_engine_probe_failures_total", "engine monitor probes that failed",
+          metrics_.engine_probe_failures.load());
+  counter("rolloutcore_engine_monitor_events_total", "EngineMonitored events journaled",
+          metrics_.engine_monitor_submits.load());
   counter("rolloutcore_bad_requests_total", "requests refused as malformed (4xx)",
           metrics_.bad_requests.load());
   counter("rolloutcore_unauthorized_total", "requests refused for a missing or wrong token",
@@ -990,9 +1780,9 @@ void Service::RegisterRoutes() {
   auto bind = [this](void (Service::*fn)(const httplib::Request&, httplib::Response&)) {
     return [this, fn](const httplib::Request& req, httplib::Response& res) { (this->*fn)(req, res); };
   };
-  s.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(journal_->state().lifecycle)}});
-  });
+  s.Get("/healthz", bind(&Service::HandleHealthz));
+  s.Get("/readyz", bind(&Service::HandleReadyz));
+  s.Post(R"(/v1/rollouts/([^/]+)/lease)", bind(&Service::HandleLease));
   s.Get("/v1/state", bind(&Service::HandleState));
   s.Get("/v1/version", bind(&Service::HandleVersion));
   s.Post("/v1/updates", bind(&Service::HandleUpdate));

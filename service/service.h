@@ -2,8 +2,8 @@
 //
 // It owns the journal, the runner (the only writer of lifecycle inputs) and the weight transfer,
 // and serves over HTTP (cpp-httplib):
-//   trainer API   /v1/state, /v1/version, /v1/updates, /v1/rollouts[/<id>], /v1/watch,
-//                 /v1/events, /v1/manifest, /healthz           (docs/api.md)
+//   trainer API   /v1/state, /v1/version, /v1/updates, /v1/rollouts[/<id>[/lease]], /v1/watch,
+//                 /v1/events, /v1/manifest, /healthz (liveness), /readyz   (docs/api.md)
 //   proxy         /v1/completions, /v1/chat/completions, /inference/v1/generate: each request is
 //                 admitted durably under the committed version before it reaches the engine,
 //                 salted per version, and finished (or recorded aborted) when its response ends.
@@ -13,15 +13,29 @@
 // calls (Recover, Bootstrap, Update) are serialised by update_mu_; admissions and finishes go
 // straight to Journal::Submit + Wait (group commit), which decides them against the folded state
 // under the journal's lock, so an admission can never slip past the start of a drain.
+//
+// Trust under faults:
+//  * fail-stop: any journal write/fsync failure (or a stalled fsync, or a runner error after an
+//    update was journaled) calls FailStop(): admissions and updates are refused, the monitor and
+//    lease threads stop, /readyz and /healthz answer 503, and `rolloutcore serve` exits non-zero
+//    naming the journal and the error, so the next start recovers from what is durable;
+//  * a finish is never dropped (FinishDurably); a full group-commit queue is back-pressure on
+//    admission only (503 + Retry-After);
+//  * what the read routes report (/v1/state, /v1/version, /v1/watch, /v1/events) is durable: a
+//    view folded from durable records only (DurableView).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -40,6 +54,10 @@
 #include "service/trajectories.h"
 #include "statemachine/state.h"
 
+namespace rocksdb {
+class Env;
+}
+
 namespace httplib {
 class Server;
 struct Request;
@@ -48,11 +66,6 @@ struct Response;
 
 namespace rc::service {
 
-// The binding a rollout was admitted under (what the response headers carry).
-struct Admission {
-  RolloutAdmitted binding;
-  std::uint64_t seq = 0;  // journal seq of the RolloutAdmitted record
-};
 
 // Why an admission was refused, with the HTTP status a client sees.
 struct AdmitRefusal {
@@ -62,11 +75,34 @@ struct AdmitRefusal {
   std::uint32_t retry_after_s = 0;  // 0: no Retry-After
 };
 
+// A journal head as an acknowledgement carries it (`X-RolloutCore-Head: SEQ:HASH`), so that
+// `rolloutcore audit --expect-head SEQ:HASH` can later prove the journal still holds it.
+struct DurableHead {
+  std::uint64_t seq = 0;
+  journal::Hash hash{};
+  std::string ToString() const;  // "SEQ:hex(hash)"
+};
+
+// The binding a rollout was admitted under (what the response headers carry).
+struct Admission {
+  RolloutAdmitted binding;
+  std::uint64_t seq = 0;  // journal seq of the RolloutAdmitted record
+  DurableHead head;       // the head the admission made durable (X-RolloutCore-Head)
+};
+
+// How many ended updates the update route remembers for idempotent re-POSTs (older ones are
+// looked up in the journal).
+inline constexpr std::size_t kEndedUpdatesMax = 1024;
+// Bound on the journal records scanned to find an older update's outcome.
+inline constexpr std::uint64_t kUpdateLookupRecordsMax = 10'000'000;
+
 class Service {
  public:
   // Opens the journal, recovers (abandons rollouts of dead clients, reconciles the engine) and
   // bootstraps if the journal is UNINITIALIZED. Does not listen yet.
-  [[nodiscard]] static Result<std::unique_ptr<Service>> Open(const ServeConfig& config);
+  // journal_env: the journal's RocksDB Env (tests pass a fault-injecting one; nullptr: default).
+  [[nodiscard]] static Result<std::unique_ptr<Service>> Open(const ServeConfig& config,
+                                                             rocksdb::Env* journal_env = nullptr);
   ~Service();
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
@@ -92,15 +128,48 @@ class Service {
     std::optional<Admission> admitted;
     AdmitRefusal refusal;
   };
-  AdmitResult Admit(const std::string& rollout_id, std::uint64_t wait_ms);
+  // lease_ms 0: bound to the caller's HTTP request (proxied); else an explicit rollout whose
+  // client renews its lease (kRolloutLeaseMs{Min,Max}).
+  AdmitResult Admit(const std::string& rollout_id, std::uint64_t wait_ms,
+                    std::uint32_t lease_ms = 0);
+  // Makes a rollout's end durable and never drops it: submits `parts` (its trajectory records,
+  // in order), then RolloutFinished, and waits until durable. A full group-commit queue (Busy)
+  // is retried with a bounded backoff (1..50 ms) for up to finish_retry_ms; a failed commit, a
+  // failed journal or the deadline fail-stops the executor (FailStop), so the restart records
+  // the rollout from what is durable. Callable from any thread, any number of times.
+  //   OK          the finish is durable
+  //   NotFound    the rollout is not active (already finished or abandoned): nothing to record
+  //   Unavailable the executor has fail-stopped: the finish is not durable (never acknowledge it)
+  //   InvalidArgument  the finish itself is malformed (e.g. kExpired for an unleased rollout)
+  // A trajectory part the fold refuses (malformed) is logged and skipped, never the finish.
+  [[nodiscard]] Status FinishDurably(const std::string& rollout_id, RolloutOutcome outcome,
+                                     std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+                                     const std::vector<TrajectoryRecorded>& parts = {});
+  // FinishDurably without trajectory parts (kept for existing callers).
   [[nodiscard]] Status Finish(const std::string& rollout_id, RolloutOutcome outcome,
-                              std::uint32_t prompt_tokens, std::uint32_t completion_tokens);
+                              std::uint32_t prompt_tokens, std::uint32_t completion_tokens) {
+    return FinishDurably(rollout_id, outcome, prompt_tokens, completion_tokens);
+  }
 
-  nlohmann::json StateSummary() const;
+  // Fail-stop: the journal (or the runner mid-update) failed, so nothing more may be decided or
+  // acknowledged. Idempotent; the first reason wins. Logs at critical level, wakes WaitFailed().
+  void FailStop(const std::string& why);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string failure() const;  // "" until FailStop
+  // Blocks until FailStop (true) or timeout_ms (false). serve_cmd exits non-zero on true.
+  bool WaitFailed(std::uint64_t timeout_ms);
+
+  // Whether rollouts can be served safely now, and if not why ("" = ready).
+  std::string NotReadyReason() const;
+  // The durable head, folded up to date (for tests and acknowledgements).
+  DurableHead durable_head();
+
+  nlohmann::json StateSummary();  // the durable view
   std::string RenderMetrics() const;
 
  private:
   explicit Service(ServeConfig config);
+  rocksdb::Env* journal_env_ = nullptr;
   [[nodiscard]] Status Init();
   void RegisterRoutes();
   void NotifyLifecycle(std::uint64_t seq);
@@ -122,6 +191,36 @@ class Service {
   void HandleEvents(const httplib::Request& req, httplib::Response& res);
   void HandleManifest(const httplib::Request& req, httplib::Response& res);
   void HandleMetrics(const httplib::Request& req, httplib::Response& res);
+  void HandleLease(const httplib::Request& req, httplib::Response& res);
+  void HandleReadyz(const httplib::Request& req, httplib::Response& res);
+  void HandleHealthz(const httplib::Request& req, httplib::Response& res);
+
+  // The durable view: a State folded only from durable records (Journal::Scan stops at the
+  // durable head), for every route that reports state. CatchUpDurable folds what became durable
+  // since; it fail-stops on a record that does not apply (the journal and this fold disagree).
+  struct DurableView {
+    State state;
+    DurableHead head;
+    std::uint64_t decision_seq = 0;  // seq of the last lifecycle decision folded
+  };
+  DurableView CatchUpDurable(bool copy_state);
+  void SetHeadHeader(httplib::Response& res, const DurableHead& head);
+
+  // Ended updates for idempotent re-POSTs: update_id -> the request and the answer it got.
+  struct EndedUpdate {
+    UpdateRequested request;
+    UpdateEnded ended;
+  };
+  std::optional<EndedUpdate> FindEndedUpdate(const std::string& update_id);
+  void RememberEndedUpdate(const UpdateRequested& request, const UpdateEnded& ended);
+  void SendUpdateOutcome(httplib::Response& res, const UpdateRequested& request,
+                         const UpdateEnded& ended, bool replayed);
+
+  // Engine monitor (see Init) and lease expiry; both stop on FailStop and Shutdown.
+  void MonitorLoop();
+  void LeaseLoop();
+  void StopBackground();
+  void LogTaint(const State& s, const char* context) const;
   enum class Route : std::uint8_t { kCompletions, kChat, kGenerate };
   void HandleProxy(Route route, const httplib::Request& req, httplib::Response& res);
   bool Authorized(const httplib::Request& req, httplib::Response& res);
@@ -157,6 +256,37 @@ class Service {
 
   std::string rollout_prefix_;
   std::atomic<std::uint64_t> rollout_counter_{0};
+
+  // Fail-stop.
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failed_mu_;
+  std::condition_variable failed_cv_;
+  std::string failure_;
+
+  std::mutex durable_mu_;
+  DurableView durable_;
+
+  std::mutex ended_mu_;
+  std::map<std::string, EndedUpdate> ended_updates_;
+  std::deque<std::string> ended_order_;  // FIFO eviction at kEndedUpdatesMax
+
+  // Leases of explicit rollouts: id -> steady ms at which it lapses.
+  std::mutex lease_mu_;
+  std::map<std::string, std::int64_t> lease_deadline_ms_;
+
+  // Background threads (engine monitor, lease expiry).
+  std::mutex bg_mu_;
+  std::condition_variable bg_cv_;
+  bool bg_stop_ = false;
+  std::thread monitor_thread_;
+  std::thread lease_thread_;
+  std::atomic<std::int64_t> engine_last_probe_wall_ms_{0};
+  std::atomic<std::int64_t> engine_last_ok_wall_ms_{0};
+  std::atomic<bool> engine_up_{false};
+  mutable std::mutex engine_info_mu_;
+  std::string engine_instance_seen_;
+  std::string engine_label_seen_;
+  std::string engine_version_;  // GET /version at startup
 
   // ---- proxy owner: the gated HTTP front and the proxied calls in flight (connection_gate.h,
   // inflight_calls.h). Declared last so they are destroyed first, while what handlers use lives.

@@ -554,19 +554,24 @@ TEST(ServiceProxy, EngineClientReusesConnectionsOnlyWhenAsked) {
   t.join();
 }
 
-// Proves acknowledged admissions survive an unclean stop and are recorded as abandoned on
-// restart; events and watch routes page through the journal. Catches: acknowledging before the
-// record is durable, recovery that silently drops bindings.
+// Proves acknowledged admissions survive an unclean stop: a request-bound (proxied, lease 0)
+// rollout is recorded abandoned on restart while a leased explicit rollout stays active; events
+// and watch routes page through the journal. Catches: acknowledging before the record is durable,
+// recovery that silently drops bindings, and recovery that abandons an explicit rollout whose
+// client is alive (its lease still holds).
 TEST(ServiceApi, RestartAbandonsAcknowledgedRollouts) {
   Stack s;
   httplib::Client c = s.client();
-  auto a = c.Post("/v1/rollouts", auth(), R"({"rollout_id": "r-lost"})", "application/json");
+  auto a = c.Post("/v1/rollouts", auth(), R"({"rollout_id": "r-leased"})", "application/json");
   ASSERT_TRUE(a);
   ASSERT_EQ(a->status, 201);
+  Service::AdmitResult proxied = s.svc->Admit("r-lost", 1000, 0);
+  ASSERT_TRUE(proxied.admitted.has_value());
   s.svc.reset();  // no Shutdown: like a crash after the acknowledgement
   s.Open();
   const State st = s.svc->journal().state();
-  EXPECT_TRUE(st.active.empty());
+  EXPECT_EQ(st.active.count("r-lost"), 0u);
+  EXPECT_EQ(st.active.count("r-leased"), 1u) << "a leased rollout was abandoned by a restart";
   EXPECT_EQ(st.counters.rollouts_abandoned, 1u);
   httplib::Client c2 = s.client();
   auto ev = c2.Get("/v1/events?since=0&limit=5");
