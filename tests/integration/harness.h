@@ -183,6 +183,25 @@ std::uint64_t FirstSeq(const std::vector<journal::Record>& records, Pred pred) {
   return 0;
 }
 
+// Every record of a journal in seq order (a scan error is recorded as a test failure).
+inline std::vector<journal::Record> ScanRecords(journal::Journal& j) {
+  std::vector<journal::Record> out;
+  Status st = j.Scan(1, 0, [&](const journal::Record& r) {
+    out.push_back(r);
+    return Status::OK();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+// The history checker over records as the journal holds them.
+inline HistoryReport CheckRecords(const std::vector<journal::Record>& records) {
+  std::vector<HistoryEntry> h;
+  h.reserve(records.size());
+  for (const journal::Record& r : records) h.push_back({r.seq, r.cause_seq, r.event});
+  return check_history(h);
+}
+
 inline double MetricOr0(effects::EngineClient& c, const std::string& name) {
   auto m = c.Metrics();
   if (!m.ok()) return -1;
