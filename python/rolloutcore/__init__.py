@@ -5,6 +5,7 @@ Standard library only (urllib); torch is imported lazily by `export_cuda_ipc_han
 from .client import (  # noqa: F401
     Client,
     Identity,
+    OutcomeUnknown,
     RolloutBinding,
     RolloutCoreError,
     UpdateConflict,
@@ -14,6 +15,6 @@ from .client import (  # noqa: F401
 from .ipc import export_cuda_ipc_handles  # noqa: F401
 
 __all__ = [
-    "Client", "Identity", "RolloutBinding", "RolloutCoreError", "UpdateConflict", "UpdateFailed",
+    "Client", "Identity", "OutcomeUnknown", "RolloutBinding", "RolloutCoreError", "UpdateConflict", "UpdateFailed",
     "Unavailable", "export_cuda_ipc_handles",
 ]

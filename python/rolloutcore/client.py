@@ -4,9 +4,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from typing import Any, Dict, Iterator, Optional
 
 
@@ -34,6 +36,19 @@ class UpdateFailed(RolloutCoreError):
     @property
     def reason(self) -> str:
         return self.body.get("reason", "")
+
+
+class OutcomeUnknown(RolloutCoreError):
+    """503 outcome_unknown: the executor fail-stopped before the update's outcome was durable.
+
+    Nothing was decided for the trainer: once the executor is back, call `update(...)` again with
+    the SAME `update_id` (`self.update_id`) to read the outcome that was recorded; never assume
+    the update failed.
+    """
+
+    @property
+    def update_id(self) -> str:
+        return self.body.get("update_id", "")
 
 
 class Unavailable(RolloutCoreError):
@@ -71,6 +86,7 @@ class RolloutBinding:
     version: dict
     identity: dict
     cache_salt: str
+    lease_ms: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     outcome: str = "completed"
@@ -118,6 +134,9 @@ class Client:
             message = message or doc.get("reason") or f"HTTP {e.code}"
             if e.code == 409:
                 raise UpdateConflict(e.code, message, doc) from None
+            if e.code == 503 and isinstance(err, dict) and err.get("type") == "outcome_unknown":
+                doc.setdefault("update_id", (body or {}).get("update_id", ""))
+                raise OutcomeUnknown(e.code, message, doc) from None
             if e.code == 503:
                 ra = e.headers.get("Retry-After")
                 raise Unavailable(e.code, message, doc, int(ra) if ra else None) from None
@@ -142,24 +161,43 @@ class Client:
                update_id: Optional[str] = None) -> dict:
         """Moves the engine to a new committed version; returns when it is committed.
 
-        Raises UpdateFailed (refused/tainted, with .outcome and .reason), UpdateConflict (409).
+        Raises UpdateFailed (refused/tainted, with .outcome and .reason), UpdateConflict (409),
+        OutcomeUnknown (503: the executor stopped before the outcome was durable).
         `source`: "safetensors:/path", "ipc:/path/handles.json" or "synthetic:<n>x<dim>".
+
+        `update_id` is the idempotency key: the same id with the same body answers the outcome
+        recorded for it (a retry after a lost answer or an OutcomeUnknown); the same id with
+        another body is refused (409). Default: a fresh unique id per call
+        (`update-<label>-<uuid>`), so a refused update can simply be called again. Pass your own
+        id, and reuse it only to retry the very same request.
         """
-        body = {"update_id": update_id or f"update-{label}", "target_label": label,
+        if update_id is None:
+            update_id = f"update-{label}-{uuid.uuid4().hex}"[-128:]
+        body = {"update_id": update_id, "target_label": label,
                 "identity": identity.to_json(), "source": source}
         return self._request("POST", "/v1/updates", body, timeout_s=self.update_timeout_s,
                              auth=True)
 
-    def admit(self, rollout_id: Optional[str] = None, wait_ms: Optional[int] = None) -> RolloutBinding:
+    def admit(self, rollout_id: Optional[str] = None, wait_ms: Optional[int] = None,
+              lease_ms: Optional[int] = None) -> RolloutBinding:
+        """Explicit admission. The rollout holds a lease (`lease_ms`, default the executor's
+        rollout_lease_ms) that must be renewed (`renew_lease`) or it is recorded expired."""
         body: Dict[str, Any] = {}
         if rollout_id:
             body["rollout_id"] = rollout_id
         if wait_ms is not None:
             body["wait_ms"] = wait_ms
+        if lease_ms is not None:
+            body["lease_ms"] = lease_ms
         doc = self._request("POST", "/v1/rollouts", body, auth=True,
                             timeout_s=self.timeout_s + (wait_ms or 0) / 1000.0)
         return RolloutBinding(doc["rollout_id"], doc["admission_seq"], doc["version"],
-                              doc["identity"], doc["cache_salt"])
+                              doc["identity"], doc["cache_salt"], doc.get("lease_ms", 0))
+
+    def renew_lease(self, rollout_id: str) -> dict:
+        """Renews an explicit rollout's lease for another lease_ms (404 once it lapsed)."""
+        q = urllib.parse.quote(rollout_id, safe="")
+        return self._request("POST", f"/v1/rollouts/{q}/lease", {}, auth=True)
 
     def finish(self, rollout_id: str, outcome: str = "completed", prompt_tokens: int = 0,
                completion_tokens: int = 0) -> dict:
@@ -169,23 +207,56 @@ class Client:
                               "completion_tokens": completion_tokens}, auth=True)
 
     @contextlib.contextmanager
-    def rollout(self, rollout_id: Optional[str] = None,
-                wait_ms: Optional[int] = None) -> Iterator[RolloutBinding]:
+    def rollout(self, rollout_id: Optional[str] = None, wait_ms: Optional[int] = None,
+                lease_ms: Optional[int] = None) -> Iterator[RolloutBinding]:
         """Explicit admission for clients that call the engine directly (not via the proxy).
 
         The engine's weights cannot change until the block exits. Set `binding.prompt_tokens` /
         `completion_tokens` inside the block; an exception records the rollout as aborted.
-        Send `binding.cache_salt` as the request's cache_salt.
+        Send `binding.cache_salt` as the request's cache_salt. A background thread renews the
+        rollout's lease every lease_ms/3 while the block runs (it survives an executor restart
+        while renewed; a process that dies stops renewing and the rollout is recorded expired).
         """
-        binding = self.admit(rollout_id, wait_ms)
+        binding = self.admit(rollout_id, wait_ms, lease_ms)
+        stop = threading.Event()
+        renewer = None
+        if binding.lease_ms > 0:
+            period_s = max(0.05, binding.lease_ms / 3000.0)
+
+            def renew() -> None:
+                while not stop.wait(period_s):
+                    try:
+                        self.renew_lease(binding.rollout_id)
+                    except RolloutCoreError as e:
+                        if e.status == 404:
+                            return  # lapsed or finished: nothing left to renew
+                    except OSError:
+                        pass  # the executor may be restarting: keep trying
+
+            renewer = threading.Thread(target=renew, name=f"rc-lease-{binding.rollout_id}",
+                                       daemon=True)
+            renewer.start()
         try:
             yield binding
         except BaseException:
+            stop.set()
+            if renewer:
+                renewer.join()
             self.finish(binding.rollout_id, "aborted", binding.prompt_tokens,
                         binding.completion_tokens)
             raise
+        stop.set()
+        if renewer:
+            renewer.join()
         self.finish(binding.rollout_id, binding.outcome, binding.prompt_tokens,
                     binding.completion_tokens)
+
+    def ready(self) -> dict:
+        """GET /readyz: {ready, reason?}; never raises for 503 (that is the answer)."""
+        try:
+            return self._request("GET", "/readyz")
+        except Unavailable as e:
+            return e.body
 
     def watch(self, after: int = 0, timeout_ms: int = 30000) -> dict:
         """Long-poll: returns when the runner journals a decision after seq `after`."""

@@ -118,3 +118,43 @@ def test_sigterm_drains_and_sigkill_loses_nothing_acknowledged(serve):
     assert st["counters"]["rollouts_abandoned"] == 2
     assert st["counters"]["rollouts_admitted"] == 2
     assert "rolloutcore_lifecycle_state{state=\"READY\"} 1" in c.metrics()
+
+
+def test_refused_update_can_be_retried_under_the_default_id(serve):
+    # Proves update() without an update_id can be called again after a refusal (each call gets a
+    # fresh id) and that re-sending one explicit id answers its recorded outcome; would catch the
+    # old default id `update-<label>`, under which a refused update could never be retried.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    with pytest.raises(rolloutcore.UpdateFailed):
+        c.update("rc-1", rolloutcore.Identity("ab" * 32, step=1), SOURCE)
+    ident = rolloutcore.Identity(c.manifest_digest(SOURCE), checkpoint="ckpt-1", run="py", step=1)
+    assert c.update("rc-1", ident, SOURCE)["outcome"] == "committed"
+    again = c.update("rc-2", ident, SOURCE, update_id="py-explicit")
+    replay = c.update("rc-2", ident, SOURCE, update_id="py-explicit")
+    assert again["outcome"] == replay["outcome"] == "committed"
+    assert replay["replayed"] is True
+    assert c.version()["version"]["generation"] == 2
+
+
+def test_rollout_block_renews_its_lease(serve):
+    # Proves the rollout() block renews its lease in the background, so a block that outlives
+    # the lease is recorded completed, not expired; would catch leases that lapse under a live
+    # client (rollouts recorded expired while their client still works).
+    import time
+    c = rolloutcore.Client(serve.url, TOKEN)
+    with c.rollout("py-long", lease_ms=1000) as b:
+        assert b.lease_ms == 1000
+        time.sleep(2.5)
+        b.prompt_tokens, b.completion_tokens = 3, 4
+    counters = c.state()["counters"]
+    assert counters["rollouts_expired"] == 0
+    assert counters["rollouts_completed"] == 1
+
+
+def test_readyz_and_healthz(serve):
+    # Proves /readyz answers ready on a READY executor with a reachable engine and /healthz is
+    # liveness; would catch orchestrators routing rollouts by a health check that ignores state.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    assert c.ready()["ready"] is True
+    with urllib.request.urlopen(serve.url + "/healthz", timeout=10) as r:
+        assert json.loads(r.read())["ok"] is True
