@@ -153,9 +153,10 @@ class Client:
         return self._request("GET", "/v1/version")
 
     def manifest_digest(self, source: str) -> str:
-        """The manifest digest of a weight source as the executor computes it."""
+        """The manifest digest of a weight source as the executor computes it (needs the token:
+        the executor opens files on its host for it)."""
         q = urllib.parse.urlencode({"source": source})
-        return self._request("GET", "/v1/manifest?" + q)["manifest_digest"]
+        return self._request("GET", "/v1/manifest?" + q, auth=True)["manifest_digest"]
 
     def update(self, label: str, identity: Identity, source: str,
                update_id: Optional[str] = None) -> dict:

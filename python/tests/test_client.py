@@ -102,21 +102,26 @@ def test_watch_long_poll_sees_the_update(serve):
 
 def test_sigterm_drains_and_sigkill_loses_nothing_acknowledged(serve):
     # Proves SIGTERM exits cleanly (journal closed, reopenable) and that an admission
-    # acknowledged before SIGKILL is in the journal after restart (recorded as abandoned);
-    # would catch acknowledging before durability or a shutdown that corrupts the journal.
+    # acknowledged before SIGKILL is in the journal after restart (an explicit rollout keeps its
+    # lease across restarts, so it is still active, not abandoned); would catch acknowledging
+    # before durability, a shutdown that corrupts the journal, or a restart that abandons the
+    # rollouts of live clients.
     c = rolloutcore.Client(serve.url, TOKEN)
     c.admit("py-acked")
     assert serve.stop(signal.SIGTERM) == 0
     serve.start()
     c = rolloutcore.Client(serve.url, TOKEN)
-    assert c.state()["counters"]["rollouts_abandoned"] == 1
+    st = c.state()
+    assert st["counters"]["rollouts_abandoned"] == 0
+    assert st["active_rollouts"] == 1
     c.admit("py-acked-2")
     serve.stop(signal.SIGKILL)
     serve.start()
     c = rolloutcore.Client(serve.url, TOKEN)
     st = c.state()
-    assert st["counters"]["rollouts_abandoned"] == 2
+    assert st["counters"]["rollouts_abandoned"] == 0
     assert st["counters"]["rollouts_admitted"] == 2
+    assert st["active_rollouts"] + st["counters"]["rollouts_expired"] == 2
     assert "rolloutcore_lifecycle_state{state=\"READY\"} 1" in c.metrics()
 
 
