@@ -620,6 +620,14 @@ void RunSeed(std::uint32_t seed, Totals& totals) {
           << "the cycle left " << lifecycle_name(after.lifecycle) << ": the update never ended";
     }
   }
+  // The run ends with a clean close and a reopen: everything acknowledged is still there.
+  if (w) {
+    w->runner.reset();
+    w->journal.reset();
+    ASSERT_TRUE(w->OpenJournal());
+    EXPECT_TRUE(w->journal->recovery().clean_close);
+    CheckWorld(*w, totals);
+  }
 }
 
 // Proves that under seeded disk, engine and executor faults the journal never loses an
