@@ -638,10 +638,18 @@ State DecStateTable(Decoder& d, const fb::State* t) {
                           Str(x->update_id()), DecVersion(x->target()), Str(x->detail())};
   }
   if (const auto* c = t->counters()) {
-    s.counters = Counters{c->events(),          c->rollouts_admitted(), c->rollouts_completed(),
-                          c->rollouts_aborted(), c->rollouts_abandoned(), c->updates_requested(),
-                          c->updates_committed(), c->updates_refused(), c->recoveries(),
-                          c->rollouts_expired()};
+    // By name: positional initialisation silently shifted every counter when one was added.
+    Counters& n = s.counters;
+    n.events = c->events();
+    n.rollouts_admitted = c->rollouts_admitted();
+    n.rollouts_completed = c->rollouts_completed();
+    n.rollouts_aborted = c->rollouts_aborted();
+    n.rollouts_abandoned = c->rollouts_abandoned();
+    n.rollouts_expired = c->rollouts_expired();
+    n.updates_requested = c->updates_requested();
+    n.updates_committed = c->updates_committed();
+    n.updates_refused = c->updates_refused();
+    n.recoveries = c->recoveries();
   }
   s.engine_instance = Str(t->engine_instance());
   s.engine_reachable = t->engine_reachable();

@@ -40,10 +40,8 @@ using journal::testing::Torn;
 
 constexpr std::uint32_t kStallTimeoutMs = 400;     // the journal's commit_stall_timeout_ms here
 constexpr int kCyclesPerSeed = 10;
-// No folded-state snapshots in the seeded runs: a snapshot decodes its counters shifted (see
-// DISABLED_ReopenedStateEqualsRefoldAfterSnapshot) and would mask every other finding. Set it to
-// 64 once that bug is fixed.
-constexpr std::uint64_t kSnapshotEvery = 0;
+// Frequent folded-state snapshots, so reopening after a crash restores from one.
+constexpr std::uint64_t kSnapshotEvery = 64;
 constexpr auto kStepDeadline = std::chrono::seconds(90);  // liveness bound of one step
 
 std::vector<std::uint32_t> Seeds() {
@@ -658,15 +656,11 @@ TEST(TrustFaults, SeededFaultsNeverBreakTrust) {
   EXPECT_GT(t.committed, 0) << "nothing committed: the run proves nothing";
 }
 
-// BUG (journal/codec.cc DecodeState): Counters is rebuilt by position, but State's Counters has
-// rollouts_expired after rollouts_abandoned while DecodeState passes it last, so every counter
-// from rollouts_expired on is shifted by one (expired <- updates_requested, updates_requested <-
-// updates_committed, ..., recoveries <- rollouts_expired). Proves that a state restored from a
-// snapshot (LoadState, and the live state of a journal reopened past a snapshot) equals the full
-// refold; it catches exactly this: after a restart monitor_epoch() (updates_requested +
-// recoveries) is wrong, so the monitor's current observations are refused as stale and
-// observations from before an update can be accepted.
-TEST(TrustFaults, DISABLED_ReopenedStateEqualsRefoldAfterSnapshot) {
+// A state restored from a snapshot (LoadState, and the live state of a journal reopened past a
+// snapshot) equals the full refold, counters included; catches a snapshot decoder that shifted
+// every counter after one was added, so that after a restart monitor_epoch() was wrong and the
+// monitor's current observations were refused as stale.
+TEST(TrustFaults, ReopenedStateEqualsRefoldAfterSnapshot) {
   fixtures::VllmDoubleOptions o;
   o.version = "0.30.0";
   o.token_delay_ms = 1;
