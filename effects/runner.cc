@@ -1,5 +1,6 @@
 #include "effects/runner.h"
 
+#include "journal/codec.h"
 #include "statemachine/describe.h"
 
 #include <chrono>
@@ -32,6 +33,12 @@ class SystemClock final : public Clock {
 };
 
 }  // namespace
+
+// A fixed-size key, so the one limit on update ids (kIdBytesMax) is the only one: a prefix on the
+// id itself pushed ids near the limit over the journal's key bound.
+std::string UpdateIdempotencyKey(const std::string& update_id) {
+  return "update:" + journal::HashHex(journal::Sha256(update_id));
+}
 
 Clock& system_clock() {
   static SystemClock clock;
@@ -302,7 +309,7 @@ Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {
   ended_.clear();
   const std::int64_t start_us = clock_.now_us();
   // Durable with the drain's intent, before the engine is touched.
-  auto r = submit(request, "update:" + request.update_id, Durability::kWithNext);
+  auto r = submit(request, UpdateIdempotencyKey(request.update_id), Durability::kWithNext);
   if (!r.ok()) return r.status();
   Status driven = Drive();
   timings_.total_us = elapsed_us(start_us);

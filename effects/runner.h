@@ -58,6 +58,9 @@ struct PhaseTimings {
   void clear() { *this = PhaseTimings{}; }
 };
 
+// The journal idempotency key of an update request (fixed size whatever the id's length).
+std::string UpdateIdempotencyKey(const std::string& update_id);
+
 class Runner {
  public:
   using Observer = std::function<void(std::uint64_t seq, const Event& event)>;
