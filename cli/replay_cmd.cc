@@ -50,7 +50,7 @@ Runner add_replay(CLI::App& app) {
     if (opts->events) {
       Status st = j.Scan(1, opts->until, [&](const journal::Record& r) {
         if (opts->json) {
-          std::printf("%s\n", journal::RecordToJson(r).dump().c_str());
+          std::printf("%s\n", replay::RecordJsonLine(r).c_str());
         } else {
           std::printf("%8llu %s%s\n", static_cast<unsigned long long>(r.seq),
                       r.cause_seq == 0 ? "" : "  -> ", text::escape_line(describe(r.event)).c_str());

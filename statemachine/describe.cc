@@ -3,7 +3,6 @@
 #include <string>
 #include <type_traits>
 
-#include "statemachine/text.h"
 
 namespace rc {
 namespace {
@@ -125,9 +124,9 @@ std::string describe(const HttpEvidence& h) {
 }
 
 std::string describe(const Event& e) {
-  // Fields came from clients and engines: escaped here, so a description is always one line.
-  return text::escape_line(std::string(event_name(e)) + " " +
-                           std::visit([](const auto& v) { return one(v); }, e));
+  // Raw text: fields came from clients and engines, so every output boundary escapes it
+  // (rc::text::escape_line) to keep one record on one line.
+  return std::string(event_name(e)) + " " + std::visit([](const auto& v) { return one(v); }, e);
 }
 
 std::string describe(const State& s) {
@@ -148,7 +147,7 @@ std::string describe(const State& s) {
   if (!s.engine_reachable) out += " engine=unreachable";
   if (s.engine_recheck) out += " engine=not-reverified";
   out += " next=" + std::string(effect_name(next_effect(s).kind));
-  return text::escape_line(out);
+  return out;
 }
 
 }  // namespace rc

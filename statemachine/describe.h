@@ -1,4 +1,5 @@
-// One-line human descriptions of events and states (demo timelines, replay output, logs).
+// Human descriptions of events and states (demo timelines, replay output, logs). They hold text
+// from outside verbatim: escape them (rc::text::escape_line) wherever they are printed.
 #pragma once
 
 #include <string>
