@@ -1,5 +1,6 @@
 // `rolloutcore audit JOURNAL`: integrity, lifecycle history, provenance, trajectory checks.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -12,16 +13,6 @@
 namespace rc::cli {
 namespace {
 
-// The report with its "audit: OK" verdict replaced by `verdict` (appended when absent): a
-// journal-level failure such as a torn tail is never printed as OK.
-std::string ReplaceOkVerdict(std::string report, const std::string& verdict) {
-  const std::string ok = "audit: OK";
-  const std::size_t at = report.find(ok);
-  if (at == std::string::npos || (at > 0 && report[at - 1] != '\n')) return report + verdict + "\n";
-  const std::size_t end = report.find('\n', at);
-  return report.replace(at, end == std::string::npos ? std::string::npos : end - at, verdict);
-}
-
 // `--expect-head SEQ:HEXHASH`: the journal must still hold record SEQ with that hash. This is the
 // only check that sees acknowledged groups cut away exactly at a WAL batch boundary of a crashed
 // journal: a client kept the head (AppendResult last_seq, last_hash) it was acknowledged.
@@ -32,7 +23,7 @@ bool CheckExpectedHead(journal::Journal& j, const std::string& spec) {
   if (colon != std::string::npos) {
     const std::string digits = spec.substr(0, colon);
     if (!digits.empty() && digits.size() <= 19 && digits.find_first_not_of("0123456789") == std::string::npos) {
-      seq = std::stoull(digits);
+      seq = std::strtoull(digits.c_str(), nullptr, 10);  // <= 19 digits: no overflow
     }
     hash = journal::ParseHashHex(spec.substr(colon + 1));
   }
@@ -58,19 +49,80 @@ bool CheckExpectedHead(journal::Journal& j, const std::string& spec) {
   return true;
 }
 
+struct Opts {
+  std::string path;
+  std::string rollout;
+  std::string trajectories;
+  std::string engine;
+  double tolerance = 1e-3;
+  bool greedy = false;
+  bool json = false;
+  std::string expect_head;
+};
+
+int ShowProvenance(journal::Journal& j, const Opts& o, const std::string& torn, bool head_ok) {
+  auto p = audit::Provenance(j, o.rollout);
+  if (!p.ok()) {
+    std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(p.status().ToString()).c_str());
+    return p.status().code() == Code::kCorruption ? audit::kExitJournalDamaged : audit::kExitUsage;
+  }
+  std::printf("%s\n", audit::ProvenanceJson(*p, o.json ? -1 : 2).c_str());
+  if (!torn.empty()) std::printf("audit: JOURNAL DAMAGED: %s\n", text::escape_line(torn).c_str());
+  return head_ok && torn.empty() ? audit::kExitOk : audit::kExitJournalDamaged;
+}
+
+// The trajectories to re-verify: the file's (cross-checked against the journal's bindings), or
+// the journal's own when only --engine is given. A mismatch is an engine finding.
+int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdict,
+                      std::vector<audit::Trajectory>& out) {
+  if (o.trajectories.empty() && o.engine.empty()) return audit::kExitOk;
+  auto ts = o.trajectories.empty() ? audit::TrajectoriesFromJournal(j)
+                                   : audit::LoadTrajectories(o.trajectories);
+  if (!ts.ok()) {
+    std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(ts.status().ToString()).c_str());
+    return audit::kExitUsage;
+  }
+  if (!o.trajectories.empty()) {
+    auto failures = audit::CrossCheckTrajectories(j, *ts);
+    std::printf("trajectories file: %zu, binding mismatches: %zu\n", ts->size(), failures.size());
+    for (const auto& f : failures) {
+      std::printf("  MISMATCH: %s\n", text::escape_line(f).c_str());
+      verdict.engine_findings.push_back(f);
+    }
+  } else {
+    std::printf("trajectories in the journal: %zu\n", ts->size());
+  }
+  out = std::move(ts.value());
+  return audit::kExitOk;
+}
+
+void Reverify(const Opts& o, const std::vector<audit::Trajectory>& trajectories,
+              audit::Verdict& verdict) {
+  effects::EngineClient engine(o.engine);
+  std::size_t checked = 0, bad = 0;
+  for (const auto& t : trajectories) {
+    audit::ReverifyResult r = audit::Reverify(engine, t, o.tolerance, o.greedy);
+    if (!r.checked) continue;
+    checked++;
+    if (r.ok) continue;
+    bad++;
+    std::printf("  REVERIFY FAILED %s: %s\n", text::escape_line(r.rollout_id).c_str(),
+                text::escape_line(r.detail).c_str());
+    verdict.engine_findings.push_back(audit::FormatReverifyFailure(r));
+  }
+  std::printf("re-verified against %s: %zu trajectories checked, %zu failed\n",
+              text::escape_line(o.engine).c_str(), checked, bad);
+  // Re-verifying nothing proves nothing: never let it read as OK.
+  if (!trajectories.empty() && checked == 0) {
+    verdict.engine_findings.push_back("re-verification checked 0 of " +
+                                      std::to_string(trajectories.size()) +
+                                      " trajectories (does the engine serve their version?)");
+  }
+}
+
 }  // namespace
 
 Runner add_audit(CLI::App& app) {
-  struct Opts {
-    std::string path;
-    std::string rollout;
-    std::string trajectories;
-    std::string engine;
-    double tolerance = 1e-3;
-    bool greedy = false;
-    bool json = false;
-    std::string expect_head;
-  };
   auto o = std::make_shared<Opts>();
   app.add_option("journal", o->path, "Journal directory")->required();
   app.add_option("--rollout", o->rollout, "Show the provenance of one rollout");
@@ -81,7 +133,7 @@ Runner add_audit(CLI::App& app) {
                  "this engine serves (URL)");
   app.add_option("--tolerance", o->tolerance, "Largest accepted |logprob difference|");
   app.add_flag("--greedy", o->greedy, "Trajectories were sampled greedily: require top-1 tokens");
-  app.add_flag("--json", o->json, "JSON output (provenance only)");
+  app.add_flag("--json", o->json, "JSON output (the verdict with its findings, or the provenance with --rollout)");
   app.add_option("--expect-head", o->expect_head,
                  "SEQ:HEXHASH of an acknowledged head: the journal must still hold that record "
                  "with that hash");
@@ -92,84 +144,35 @@ Runner add_audit(CLI::App& app) {
     auto opened = journal::Journal::Open(o->path, options);
     if (!opened.ok()) {
       std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(opened.status().ToString()).c_str());
-      return 2;
+      // A journal that exists but fails its checks is damaged; anything else is a usage error.
+      return opened.status().code() == Code::kCorruption ? audit::kExitJournalDamaged
+                                                          : audit::kExitUsage;
     }
     journal::Journal& j = **opened;
     const std::string torn = j.recovery().torn_tail;
     const bool head_ok = o->expect_head.empty() || CheckExpectedHead(j, o->expect_head);
-    if (!o->rollout.empty()) {
-      auto p = audit::Provenance(j, o->rollout);
-      if (!p.ok()) {
-        std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(p.status().ToString()).c_str());
-        return 1;
-      }
-      nlohmann::json out = {
-          {"rollout_id", p->rollout_id},
-          {"admitted_seq", p->admitted_seq},
-          {"binding", journal::EventToJson(p->binding)},
-          {"finished_seq", p->finished_seq},
-          {"finish", p->finish ? journal::EventToJson(*p->finish) : nlohmann::json()},
-          {"version",
-           {{"version", journal::WeightVersionToJson(p->version.version)},
-            {"identity", journal::WeightIdentityToJson(p->version.identity)},
-            {"update_id", p->version.update_id},
-            {"published_seq", p->version.published_seq}}}};
-      std::printf("%s\n", out.dump(o->json ? -1 : 2).c_str());
-      if (!torn.empty()) std::printf("audit FAILURE: %s\n", text::escape_line(torn).c_str());
-      return head_ok && torn.empty() ? 0 : 1;
-    }
+    if (!o->rollout.empty()) return ShowProvenance(j, *o, torn, head_ok);
     auto report = audit::AuditJournal(j);
     if (!report.ok()) {
-      std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(report.status().ToString()).c_str());
-      return 2;
+      std::fprintf(stderr, "rolloutcore audit: %s\n",
+                   text::escape_line(report.status().ToString()).c_str());
+      return audit::kExitJournalDamaged;
     }
-    if (torn.empty()) {
-      std::printf("%s", audit::FormatReport(*report).c_str());
-    } else {
-      std::printf("%s", ReplaceOkVerdict(audit::FormatReport(*report),
-                                         "audit FAILURE: " + text::escape_line(torn)).c_str());
+    audit::Verdict verdict = audit::MakeVerdict(*report);
+    if (!torn.empty()) verdict.journal_failures.push_back(torn);
+    if (!head_ok) {
+      verdict.journal_failures.push_back("--expect-head: the acknowledged head is not in the journal");
     }
-    bool ok = report->ok && torn.empty() && head_ok;
     std::vector<audit::Trajectory> trajectories;
-    if (!o->trajectories.empty()) {
-      auto ts = audit::LoadTrajectories(o->trajectories);
-      if (!ts.ok()) {
-        std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(ts.status().ToString()).c_str());
-        return 2;
-      }
-      auto failures = audit::CrossCheckTrajectories(j, *ts);
-      std::printf("trajectories file: %zu, binding mismatches: %zu\n", ts->size(),
-                  failures.size());
-      for (const auto& f : failures) std::printf("  MISMATCH: %s\n", text::escape_line(f).c_str());
-      ok = ok && failures.empty();
-      trajectories = std::move(ts.value());
-    } else if (!o->engine.empty()) {
-      auto ts = audit::TrajectoriesFromJournal(j);
-      if (!ts.ok()) {
-        std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(ts.status().ToString()).c_str());
-        return 2;
-      }
-      std::printf("trajectories in the journal: %zu\n", ts->size());
-      trajectories = std::move(ts.value());
+    if (int rc = CheckTrajectories(j, *o, verdict, trajectories); rc != audit::kExitOk) return rc;
+    if (!o->engine.empty()) Reverify(*o, trajectories, verdict);
+    if (o->json) {
+      std::printf("%s\n", audit::VerdictJson(*report, verdict, -1).c_str());
+      return audit::RenderAudit(*report, verdict, o->path).exit_code;
     }
-    if (!o->engine.empty()) {
-      effects::EngineClient engine(o->engine);
-      std::size_t checked = 0, bad = 0;
-      for (const auto& t : trajectories) {
-        audit::ReverifyResult r = audit::Reverify(engine, t, o->tolerance, o->greedy);
-        if (!r.checked) continue;
-        checked++;
-        if (!r.ok) {
-          bad++;
-          std::printf("  REVERIFY FAILED %s: %s\n", text::escape_line(r.rollout_id).c_str(),
-                      text::escape_line(r.detail).c_str());
-        }
-      }
-      std::printf("re-verified against %s: %zu trajectories checked, %zu failed\n",
-                  text::escape_line(o->engine).c_str(), checked, bad);
-      ok = ok && bad == 0;
-    }
-    return ok ? 0 : 1;
+    audit::AuditOutput out = audit::RenderAudit(*report, verdict, o->path);
+    std::printf("%s", out.text.c_str());
+    return out.exit_code;
   };
 }
 
