@@ -3,6 +3,8 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -246,15 +248,32 @@ struct NcclSender::Impl {
     return deadline_ms > reserve_ms ? deadline - std::chrono::milliseconds(reserve_ms) : deadline;
   }
 
+  // ncclCommAbort normally returns well within the reserve. If it does not (a wedged proxy
+  // thread), the sender stops waiting at `deadline` and leaves the abort running on its own
+  // thread: the transfer is already ambiguous (TAINTED), the sender is marked dirty and refuses
+  // further work, and only a restart of the executor recovers NCCL.
+  static bool AbortWithin(ncclComm_t c, Clock::time_point deadline) {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread([c, done] {
+      ncclCommAbort(c);
+      done->store(true, std::memory_order_release);
+    }).detach();
+    while (!done->load(std::memory_order_acquire)) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(kPollSleep);
+    }
+    return true;
+  }
+
   // Aborts the communicator and gives kernels a bounded time to exit (drain_after_abort_ms, and
   // never past `hard_deadline`). Returns the abort's duration and records the longest one.
   std::uint64_t AbortComm(Clock::time_point hard_deadline = Clock::time_point::max()) {
     if (comm == nullptr) return 0;
     const auto t0 = Clock::now();
-    ncclCommAbort(comm);
-    comm = nullptr;
     const auto drain_deadline = std::min(hard_deadline, t0 + std::chrono::milliseconds(opt.drain_after_abort_ms));
-    bool drained = true;
+    bool drained = AbortWithin(comm, std::min(hard_deadline,
+                                              t0 + std::chrono::milliseconds(AbortReserveMs())));
+    comm = nullptr;
     for (auto& s : slots) {
       while (s.done != nullptr && cudaEventQuery(s.done) == cudaErrorNotReady) {
         if (Clock::now() >= drain_deadline) {
