@@ -37,14 +37,20 @@ EngineDeadlines Fast() {
   return d;
 }
 
-// Proves Probe() reads /health, /version and /weight_info into EngineProbed; would catch a
-// swapped field or a probe that reports ok without asking /weight_info.
+// Proves Probe() reads /health, /version, /weight_info, /is_paused and the process start time
+// into EngineProbed; would catch a swapped field, a probe that reports ok without asking
+// /weight_info, or one blind to a paused or restarted engine.
 TEST(EngineClient, ProbeReadsVersionAndLabel) {
   ScriptedServer s;
   s.server().Get("/health", [](const auto&, auto& res) { res.status = 200; });
   s.server().Get("/version", [](const auto&, auto& res) { Json(res, R"({"version":"0.30.1"})"); });
   s.server().Get("/weight_info",
                  [](const auto&, auto& res) { Json(res, R"({"weight_version":"rc-0"})"); });
+  s.server().Get("/is_paused", [](const auto&, auto& res) { Json(res, R"({"is_paused":true})"); });
+  s.server().Get("/metrics", [](const auto&, auto& res) {
+    res.set_content("# TYPE process_start_time_seconds gauge\n"
+                    "process_start_time_seconds 1.7649e+09\n", "text/plain");
+  });
   s.Start();
   EngineClient c(s.url(), Fast());
   EngineProbed p = c.Probe();
@@ -53,8 +59,11 @@ TEST(EngineClient, ProbeReadsVersionAndLabel) {
   EXPECT_GT(p.http.latency_us, 0u);
   EXPECT_EQ(p.engine_version, "0.30.1");
   EXPECT_EQ(p.reported_label, "rc-0");
-  EXPECT_EQ(s.paths(3), (std::vector<std::string>{"GET /health", "GET /version",
-                                                 "GET /weight_info"}));
+  EXPECT_TRUE(p.is_paused_known);
+  EXPECT_TRUE(p.is_paused);
+  EXPECT_EQ(p.engine_instance, "start:1.7649e+09");
+  EXPECT_EQ(s.paths(5), (std::vector<std::string>{"GET /health", "GET /version", "GET /weight_info",
+                                                 "GET /is_paused", "GET /metrics"}));
 }
 
 // Proves a 503 from /health ends the probe with that evidence; would catch a probe that
@@ -199,6 +208,8 @@ struct RpcLabelServer {
     s.server().Get("/version", [](const auto&, auto& res) { Json(res, R"({"version":"0.25.1"})"); });
     s.server().Get("/weight_info",
                    [](const auto&, auto& res) { Json(res, R"({"detail":"Not Found"})", 404); });
+    s.server().Get("/is_paused",
+                   [](const auto&, auto& res) { Json(res, R"({"is_paused":false})"); });
     s.server().Post("/finish_weight_update", [this](const auto& req, auto& res) {
       std::lock_guard lk(mu);
       finish_bodies.push_back(req.body);
@@ -214,7 +225,9 @@ struct RpcLabelServer {
       }
       if (body["method"] == "rc_set_weight_version") label = body["args"][0];
       json results = json::array();
-      for (int i = 0; i < workers; ++i) results.push_back({{"weight_version", label}, {"rank", i}});
+      for (int i = 0; i < workers; ++i) {
+        results.push_back({{"weight_version", label}, {"rank", i}, {"instance", "n" + std::to_string(i)}});
+      }
       Json(res, json{{"results", results}}.dump());
     });
     s.Start();
@@ -233,8 +246,10 @@ TEST(EngineClient, LabelThroughWorkerRpcOn025) {
   EXPECT_EQ(p.engine_version, "0.25.1");
   EXPECT_EQ(p.reported_label, "default");
   EXPECT_EQ(c.label_route(), LabelRoute::kWorkerRpc);
-  EXPECT_EQ(srv.s.paths(4), (std::vector<std::string>{"GET /health", "GET /version",
-                                                     "GET /weight_info", "POST /collective_rpc"}));
+  EXPECT_EQ(p.engine_instance, "n0,n1") << "the extension's nonces name the engine's processes";
+  EXPECT_EQ(srv.s.paths(5), (std::vector<std::string>{"GET /health", "GET /version",
+                                                     "GET /weight_info", "POST /collective_rpc",
+                                                     "GET /is_paused"}));
   ASSERT_TRUE(c.WriteLabel("rc-0").http.ok_2xx());
   HttpReply fin = c.FinishWeightUpdate(std::string("rc-1"));
   ASSERT_TRUE(fin.http.ok_2xx()) << fin.http.error;

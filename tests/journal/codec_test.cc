@@ -26,7 +26,7 @@ Record SampleRecord(const Event& e) {
   return r;
 }
 
-// Proves every one of the 17 alternatives survives encode/decode field for field; catches a field
+// Proves every alternative survives encode/decode field for field; catches a field
 // or alternative the codec forgets (it would decode to a default value or the wrong type).
 TEST(Codec, RoundTripsEveryEventAlternative) {
   std::set<std::size_t> covered;

@@ -42,24 +42,25 @@ inline WeightIdentity SampleIdentity() {
 inline std::vector<Event> SampleEvents() {
   const HttpEvidence http{Transport::kTimeout, 504, true, 1234, "deadline"};
   return {
-      BootstrapRequested{"rc-0", SampleIdentity()},
+      BootstrapRequested{"rc-0", SampleIdentity(), /*adopt=*/true},
       UpdateRequested{"u1", "rc-1", SampleIdentity(), "safetensors:/ckpt/m.safetensors"},
       RecoveryStarted{"exec-9"},
       EffectStarted{EffectKind::kResetCache, CacheKind::kMultimodal, 1500},
-      EngineProbed{http, "0.25.1", "rc-0"},
+      EngineProbed{http, "0.25.1", "rc-0", true, true, "nonce-0,nonce-1", "default", true},
       DrainObserved{http, true},
       DrainTimedOut{30000, 3},
       PreflightObserved{"abc123", true, false, "not enough memory"},
       TransferObserved{true, MutationClass::kPossible, 1 << 20, 17, 99999, "rc-1", "eof"},
       CacheResetObserved{CacheKind::kEncoder, http, true},
-      ValidationObserved{http, "rc-1", false, "canary drift"},
+      ValidationObserved{http, "rc-1", false, "canary drift", "start:1.7e9"},
       ResumeObserved{http, true, false},
-      RolloutAdmitted{"r-1", WeightVersion{3, "rc-3"}, SampleIdentity()},
-      RolloutFinished{"r-1", RolloutOutcome::kAborted, 100, 200},
+      RolloutAdmitted{"r-1", WeightVersion{3, "rc-3"}, SampleIdentity(), 30000},
+      RolloutFinished{"r-1", RolloutOutcome::kExpired, 100, 200},
       StateChanged{Lifecycle::kUpdating, Lifecycle::kTainted, Cause::kTransferAmbiguous, "x"},
       VersionPublished{"u1", WeightVersion{4, "rc-4"}, SampleIdentity()},
       UpdateEnded{"u1", UpdateOutcome::kRefused, "preflight refused"},
       TrajectoryRecorded{"r-1", 2, {1, 2, 3}, {97, 98}, {-0.5f, std::nanf("")}},
+      EngineMonitored{http, "rc-2", true, false, "nonce-9", 1700000000123, 7},
   };
 }
 
@@ -84,24 +85,25 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     for (auto& x : v) x = static_cast<std::int32_t>(u32());
     return v;
   };
-  switch (rng() % 18) {
+  switch (rng() % 19) {
     case 0: return BootstrapRequested{str(), id()};
     case 1: return UpdateRequested{str(), str(), id(), str()};
     case 2: return RecoveryStarted{str()};
     case 3: return EffectStarted{static_cast<EffectKind>(rng() % 9), static_cast<CacheKind>(rng() % 3), u64()};
-    case 4: return EngineProbed{http(), str(), str()};
+    case 4: return EngineProbed{http(), str(), str(), b(), b(), str(), str(), b()};
+    case 18: return EngineMonitored{http(), str(), b(), b(), str(), static_cast<std::int64_t>(u64()), u64()};
     case 5: return DrainObserved{http(), b()};
     case 6: return DrainTimedOut{u64(), u32()};
     case 7: return PreflightObserved{str(), b(), b(), str()};
     case 8: return TransferObserved{b(), static_cast<MutationClass>(rng() % 3), u64(), u32(), u64(), str(), str()};
     case 9: return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b(), b()};
-    case 10: return ValidationObserved{http(), str(), b(), str()};
+    case 10: return ValidationObserved{http(), str(), b(), str(), str()};
     case 11: return ResumeObserved{http(), b(), b()};
-    case 12: return RolloutAdmitted{str(), ver(), id()};
-    case 13: return RolloutFinished{str(), static_cast<RolloutOutcome>(rng() % 3), u32(), u32()};
+    case 12: return RolloutAdmitted{str(), ver(), id(), u32()};
+    case 13: return RolloutFinished{str(), static_cast<RolloutOutcome>(rng() % 4), u32(), u32()};
     case 14:
       return StateChanged{static_cast<Lifecycle>(rng() % 9), static_cast<Lifecycle>(rng() % 9),
-                          static_cast<Cause>(rng() % 16), str()};
+                          static_cast<Cause>(rng() % (kCauseMax + 1)), str()};
     case 15: return VersionPublished{str(), ver(), id()};
     case 16: return UpdateEnded{str(), static_cast<UpdateOutcome>(rng() % 3), str()};
     default: {
