@@ -1,0 +1,242 @@
+// The pure parsers of EngineClient (see response_parsers.h): moved verbatim out of
+// engine_client.cc so that they can be exercised without libcurl.
+#include "effects/http/response_parsers.h"
+
+#include <algorithm>
+
+namespace rc::effects {
+
+using nlohmann::json;
+
+bool is_blank(const std::string& s) {
+  for (char c : s) {
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return false;
+  }
+  return true;
+}
+
+namespace {
+bool short_string(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() && it->get_ref<const std::string&>().size() <= kIdBytesMax;
+}
+}  // namespace
+
+bool check_version(const json& j) { return short_string(j, "version"); }
+bool check_weight_info(const json& j) { return short_string(j, "weight_version"); }
+bool check_status(const json& j) { return short_string(j, "status"); }
+bool check_is_paused(const json& j) {
+  auto it = j.find("is_paused");
+  return it != j.end() && it->is_boolean();
+}
+bool check_success(const json& j) {
+  auto it = j.find("success");
+  return it != j.end() && it->is_boolean();
+}
+// {"results": [{"weight_version": s, ...}, ...]}: at least one worker, all reporting one label.
+bool check_rpc_label(const json& j) {
+  auto it = j.find("results");
+  if (it == j.end() || !it->is_array() || it->empty() || it->size() > kRpcWorkersMax) return false;
+  for (const json& w : *it) {
+    if (!w.is_object() || !short_string(w, "weight_version")) return false;
+    if (w["weight_version"] != (*it)[0]["weight_version"]) return false;
+  }
+  return true;
+}
+bool check_world_size(const json& j) {
+  auto it = j.find("world_size");
+  return it != j.end() && it->is_number_integer() && it->get<std::int64_t>() > 0;
+}
+
+void interpret_body(EngineClient::Shape shape, bool (*check)(const json&), const std::string& path,
+                    HttpReply& reply) {
+  using Shape = EngineClient::Shape;
+  HttpEvidence& ev = reply.http;
+  switch (shape) {
+    case Shape::kText:
+      ev.body_parsed = true;
+      return;
+    case Shape::kEmptyOrJson:
+      if (is_blank(reply.raw)) {
+        ev.body_parsed = true;
+        return;
+      }
+      reply.body = json::parse(reply.raw, nullptr, false);
+      ev.body_parsed = !reply.body.is_discarded();
+      break;
+    case Shape::kJsonObject:
+      reply.body = json::parse(reply.raw, nullptr, false);
+      ev.body_parsed = !reply.body.is_discarded() && reply.body.is_object() &&
+                       (check == nullptr || check(reply.body));
+      break;
+  }
+  if (reply.body.is_discarded()) reply.body = nullptr;
+  if (!ev.body_parsed) {
+    ev.error = bound_error("2xx body is not what " + path.substr(0, 64) +
+                           " promises: " + reply.raw.substr(0, 300));
+  }
+}
+
+bool SseState::Feed(const char* p, std::size_t n) {
+  pending.append(p, n);
+  for (;;) {
+    // An event ends at a blank line: "\n\n" (or "\r\n\r\n").
+    std::size_t end = pending.find("\n\n");
+    std::size_t sep = 2;
+    const std::size_t crlf = pending.find("\r\n\r\n");
+    if (crlf != std::string::npos && (end == std::string::npos || crlf < end)) {
+      end = crlf;
+      sep = 4;
+    }
+    if (end == std::string::npos) break;
+    std::string event = pending.substr(0, end);
+    pending.erase(0, end + sep);
+    if (!Dispatch(event)) return false;
+  }
+  if (pending.size() > kSseEventBytesMax) {
+    too_big = true;
+    return false;
+  }
+  return true;
+}
+
+bool SseState::Dispatch(const std::string& event) {
+  std::string data;
+  std::size_t pos = 0;
+  while (pos <= event.size()) {
+    std::size_t nl = event.find('\n', pos);
+    if (nl == std::string::npos) nl = event.size();
+    std::string line = event.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.rfind("data:", 0) == 0) {
+      std::string v = line.substr(5);
+      if (!v.empty() && v[0] == ' ') v.erase(0, 1);
+      if (!data.empty()) data += '\n';
+      data += v;
+    }
+  }
+  if (data.empty()) return true;  // comment or keep-alive
+  if (data == "[DONE]") {
+    done = true;
+    return true;
+  }
+  ++events;
+  json j = json::parse(data, nullptr, false);
+  if (j.is_discarded()) {
+    bad_event = true;
+    return true;
+  }
+  if (!(*on_chunk)(j)) {
+    stopped = true;
+    return false;
+  }
+  return true;
+}
+
+void SseState::Finish(HttpEvidence& ev) {
+  if (!stopped && !is_blank(pending)) Dispatch(pending);
+  ev.body_parsed = !bad_event && (done || stopped);
+  if (stopped) ev.error = "stream stopped by the caller";
+  else if (bad_event) ev.error = "an SSE event was not JSON";
+  else if (!done) ev.error = "stream ended without [DONE]";
+}
+
+const char* cache_path(CacheKind c) {
+  switch (c) {
+    case CacheKind::kPrefix: return "/reset_prefix_cache";
+    case CacheKind::kEncoder: return "/reset_encoder_cache";
+    case CacheKind::kMultimodal: return "/reset_mm_cache";
+  }
+  return "/reset_prefix_cache";
+}
+
+HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::string* want) {
+  if (!r.http.ok_2xx()) {
+    r.http.error = bound_error("/collective_rpc " + method + " failed (is vLLM started with " +
+                               "--worker-extension-cls " + kWorkerExtensionClass + "?): " +
+                               r.http.error + (r.http.error.empty() ? r.raw.substr(0, 200) : ""));
+    return r;
+  }
+  if (!check_rpc_label(r.body) || (want && r.body["results"][0]["weight_version"] != *want)) {
+    r.http.body_parsed = false;
+    r.http.error = bound_error("/collective_rpc " + method + " did not report " +
+                               (want ? "'" + *want + "'" : std::string("one label")) +
+                               " on every worker: " + r.raw.substr(0, 300));
+    return r;
+  }
+  const std::size_t workers = r.body["results"].size();
+  json label = r.body["results"][0]["weight_version"];
+  std::string instance = rpc_instances(r.body["results"]);
+  r.body = json{{"weight_version", label}, {"workers", workers}};
+  if (!instance.empty()) r.body["instance"] = instance;
+  return r;
+}
+
+// The worker extension's per-process nonces, one per worker in answer order ("" when the
+// extension predates them). A restarted engine has new workers, hence new nonces.
+std::string rpc_instances(const json& results) {
+  std::string out;
+  for (const json& w : results) {
+    auto it = w.find("instance");
+    if (it == w.end() || !it->is_string() || it->get_ref<const std::string&>().size() > 64) {
+      return {};
+    }
+    if (!out.empty()) out += ',';
+    out += it->get<std::string>();
+    if (out.size() > kTextBytesMax / 2) return {};
+  }
+  return out;
+}
+
+// The engine's process start time from its Prometheus text ("" when absent): the instance of an
+// engine without the worker extension.
+std::string start_time_instance(const std::string& metrics_text) {
+  static const std::string kName = "process_start_time_seconds ";
+  std::size_t at = metrics_text.rfind("\n" + kName);
+  at = at == std::string::npos ? (metrics_text.rfind(kName, 0) == 0 ? 0 : at) : at + 1;
+  if (at == std::string::npos) return {};
+  const std::size_t begin = at + kName.size();
+  const std::size_t end = metrics_text.find_first_of("\r\n ", begin);
+  std::string value = metrics_text.substr(begin, std::min<std::size_t>(end - begin, 32));
+  if (value.empty() || value.find_first_not_of("0123456789.e+") != std::string::npos) return {};
+  return "start:" + value;
+}
+
+std::optional<std::string> instance_in_label_body(const json& body) {
+  if (body.is_object() && body.contains("instance")) {
+    return body["instance"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+std::string label_detail(const json& body) {
+  if (body.contains("workers")) {
+    return "label from /collective_rpc rc_weight_info on " +
+           std::to_string(body["workers"].get<std::size_t>()) + " worker(s)";
+  }
+  return {};
+}
+
+CacheResetObserved reset_observed(CacheKind cache, const HttpReply& r) {
+  CacheResetObserved c;
+  c.cache = cache;
+  c.http = r.http;
+  if (!r.http.ok_2xx()) return c;
+  if (r.body.is_object() && r.body.contains("success") && r.body["success"].is_boolean()) {
+    c.reported_success = r.body["success"].get<bool>();
+  } else if (r.body.is_null()) {
+    // Empty 200: the engine did not say whether the reset happened (vLLM 0.25.x for every cache;
+    // "we currently do not check if the ... cache is successfully reset in the API server").
+    c.reported_success = true;
+    c.success_unreported = true;
+  } else {
+    c.http.body_parsed = false;
+    c.http.error = bound_error(std::string(cache_path(cache)) +
+                               " answered JSON without a boolean \"success\": " +
+                               r.raw.substr(0, 200));
+  }
+  return c;
+}
+
+}  // namespace rc::effects

@@ -1,0 +1,68 @@
+// The pure parts of EngineClient: what it makes of the bytes an engine answered (route body
+// checks, the 2xx/non-2xx body interpretation, the SSE event splitter, the collective_rpc label
+// normalisation, the instance read from a label reply or from /metrics). No libcurl here, so that
+// tests and fuzz targets run the exact parsers the client runs on hostile engine bytes.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "effects/http/engine_client.h"
+
+namespace rc::effects {
+
+bool is_blank(const std::string& s);
+
+// ---- route body checks (2xx JSON objects) ----
+bool check_version(const nlohmann::json& j);      // {"version": short string}
+bool check_weight_info(const nlohmann::json& j);  // {"weight_version": short string}
+bool check_status(const nlohmann::json& j);       // {"status": short string} (/pause, /resume)
+bool check_is_paused(const nlohmann::json& j);    // {"is_paused": bool}
+bool check_success(const nlohmann::json& j);      // {"success": bool}
+// {"results": [{"weight_version": s, ...}, ...]}: at least one worker, all reporting one label.
+bool check_rpc_label(const nlohmann::json& j);
+bool check_world_size(const nlohmann::json& j);   // {"world_size": integer > 0}
+
+// A complete body of a non-streaming call (reply.raw, http_status already set): sets reply.body
+// (null unless it parsed) and http.body_parsed / http.error, by the route's shape and check.
+void interpret_body(EngineClient::Shape shape, bool (*check)(const nlohmann::json&),
+                    const std::string& path, HttpReply& reply);
+
+// Server-sent events: accumulates bytes, hands each complete event's `data:` payload on.
+struct SseState {
+  const EngineClient::ChunkFn* on_chunk = nullptr;
+  std::string pending;       // bytes of the event being received
+  bool done = false;         // saw `data: [DONE]`
+  bool stopped = false;      // on_chunk returned false
+  bool bad_event = false;    // a data payload was not JSON
+  bool too_big = false;      // one event exceeded kSseEventBytesMax
+  std::size_t events = 0;
+
+  // Returns false to stop the transfer.
+  bool Feed(const char* p, std::size_t n);
+  bool Dispatch(const std::string& event);
+  // The end of a 2xx stream: the last event (without its blank line) and the verdict in ev.
+  void Finish(HttpEvidence& ev);
+};
+
+// A label RPC reply: checks it and normalises the body to {"weight_version", "workers"
+// [, "instance"]}; `want` (when set) is the label every worker must report.
+HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::string* want);
+// The worker extension's per-process nonces, one per worker in answer order ("" when the
+// extension predates them). A restarted engine has new workers, hence new nonces.
+std::string rpc_instances(const nlohmann::json& results);
+// The engine's process start time from its Prometheus text ("" when absent): the instance of an
+// engine without the worker extension.
+std::string start_time_instance(const std::string& metrics_text);
+// The instance a label reply's body names itself (nullopt: ask /metrics).
+std::optional<std::string> instance_in_label_body(const nlohmann::json& body);
+// ValidationObserved::detail for a label reply's body ("" unless it came from the worker RPC).
+std::string label_detail(const nlohmann::json& body);
+// ResetCache's reading of a /reset_* reply.
+CacheResetObserved reset_observed(CacheKind cache, const HttpReply& r);
+const char* cache_path(CacheKind c);
+
+}  // namespace rc::effects
