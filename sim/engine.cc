@@ -1,0 +1,327 @@
+#include "sim/engine.h"
+
+#include <algorithm>
+
+namespace rc::sim {
+
+void Scheduler::At(std::int64_t t_us, std::function<void()> fn) {
+  RC_CHECK(queue_.size() < kEventsMax);
+  queue_.push(Item{std::max(t_us, now_us_), ++seq_, std::move(fn)});
+}
+
+void Scheduler::RunUntil(std::int64_t t_us) {
+  RC_CHECK(!running_);  // an event that advanced time would reorder the world
+  running_ = true;
+  while (!queue_.empty() && queue_.top().t <= t_us) {
+    Item item = queue_.top();
+    queue_.pop();
+    now_us_ = item.t;
+    item.fn();
+  }
+  now_us_ = std::max(now_us_, t_us);
+  running_ = false;
+}
+
+SimEngine::SimEngine(Scheduler& s, Line line, std::vector<std::string>& violations)
+    : s_(s), line_(line), violations_(violations) {}
+
+bool SimEngine::CachesResetSinceMutation() const {
+  return std::all_of(t_.last_reset_op.begin(), t_.last_reset_op.end(),
+                     [&](std::uint64_t r) { return r > t_.last_mutation_op; });
+}
+
+void SimEngine::Die(std::uint32_t down_ms) {
+  if (!t_.alive) return;
+  t_.alive = false;
+  std::vector<Done> failed;
+  for (auto& [id, r] : requests_) failed.push_back(std::move(r.done));
+  requests_.clear();
+  for (Done& d : failed) d(false);
+  s_.After(std::int64_t{down_ms} * 1000 + 1000, [this] {
+    // A new process: initial weights, the fresh label, empty caches (restart = a mutation).
+    t_.alive = true;
+    t_.instance++;
+    t_.restarts++;
+    t_.label = kFreshEngineLabel;
+    t_.weights = kInitialWeights;
+    t_.paused = false;
+    t_.prefix_cache.clear();
+    t_.last_mutation_op = ++t_.op;
+    ++t_.op;
+    t_.last_reset_op.fill(t_.op);
+  });
+}
+
+std::uint64_t SimEngine::Start(const std::string& rollout_id, const std::string& cache_key,
+                               std::uint32_t duration_ms, Done done) {
+  if (!t_.alive) return 0;
+  const std::uint64_t id = next_id_++;
+  requests_[id] = Request{rollout_id, cache_key, duration_ms, false, 0, std::move(done)};
+  if (!t_.paused) Begin(id);  // a paused engine queues it (pause leaves queued requests queued)
+  return id;
+}
+
+void SimEngine::Begin(std::uint64_t id) {
+  Request& r = requests_.at(id);
+  r.started = true;
+  r.token = next_token_++;
+  // Prefix caching: blocks computed by other weights must never serve this request.
+  auto hit = t_.prefix_cache.find(r.cache_key);
+  if (hit != t_.prefix_cache.end() && hit->second != t_.weights && violations_.size() < 32) {
+    violations_.push_back("stale KV: rollout '" + r.rollout_id + "' hit prefix blocks computed by '" +
+                          hit->second + "' while the engine holds '" + t_.weights + "'");
+  }
+  t_.prefix_cache[r.cache_key] = t_.weights;
+  const std::uint64_t token = r.token;
+  s_.After(std::int64_t{r.duration_ms} * 1000, [this, id, token] { Finish(id, token); });
+}
+
+void SimEngine::Finish(std::uint64_t id, std::uint64_t token) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second.token != token) return;
+  Done done = std::move(it->second.done);
+  requests_.erase(it);
+  done(true);
+}
+
+void SimEngine::Abort(std::uint64_t request_id) { requests_.erase(request_id); }
+
+std::size_t SimEngine::running() const {
+  return static_cast<std::size_t>(std::count_if(requests_.begin(), requests_.end(),
+                                                [](const auto& kv) { return kv.second.started; }));
+}
+
+void SimEngine::Resume() {
+  t_.paused = false;
+  std::vector<std::uint64_t> queued;
+  for (const auto& [id, r] : requests_) {
+    if (!r.started) queued.push_back(id);
+  }
+  for (std::uint64_t id : queued) Begin(id);
+}
+
+bool SimEngine::ResetCache(CacheKind c) {
+  // Blocks held by running requests: the newer line answers {"success": false}; 0.25.x answers
+  // an empty 200 either way (nothing reported).
+  if (running() > 0) return false;
+  if (c == CacheKind::kPrefix) t_.prefix_cache.clear();
+  t_.last_reset_op[static_cast<int>(c)] = ++t_.op;
+  return true;
+}
+
+void SimEngine::Mutate(const std::string& weights) {
+  t_.weights = weights;
+  t_.last_mutation_op = ++t_.op;
+  t_.transfer_epoch++;
+}
+
+// ---- SimControl ----
+
+namespace {
+HttpEvidence Ok() { return HttpEvidence{Transport::kOk, 200, true, 1000, ""}; }
+HttpEvidence Failed(Transport t, std::int32_t status, const char* error) {
+  return HttpEvidence{t, status, false, 1000, error};
+}
+}  // namespace
+
+HttpEvidence SimControl::Call(bool* applied) {
+  const std::uint32_t index = f_.calls++;
+  s_.RunUntil(s_.now_us() + 1000 + std::int64_t{f_.delay_ms} * 1000);  // latency: others act
+  if (f_.death && index == f_.death->a % 16) e_.Die(f_.death->b % 200);
+  *applied = false;
+  if (!e_.truth().alive) return Failed(Transport::kConnectFailed, 0, "connection refused");
+  auto it = f_.by_call.find(index);
+  if (it == f_.by_call.end()) {
+    *applied = true;
+    return Ok();
+  }
+  const Fault& f = it->second;
+  const bool done_anyway = (f.b % 2) == 1;
+  switch (f.kind) {
+    case FaultKind::kHttp5xx: return Failed(Transport::kOk, 500, "HTTP 500");
+    case FaultKind::kHttpTimeout:
+      *applied = done_anyway;
+      return Failed(Transport::kTimeout, 0, "timed out");
+    case FaultKind::kHttpDrop:
+      *applied = done_anyway;
+      return Failed(Transport::kBroken, 0, "connection dropped");
+    case FaultKind::kHttpRefused: return Failed(Transport::kConnectFailed, 0, "connection refused");
+    case FaultKind::kHttpGarbage:
+      *applied = done_anyway;
+      return Failed(Transport::kOk, 200, "unparsable body");
+    default: break;
+  }
+  *applied = true;
+  return Ok();
+}
+
+HttpEvidence SimControl::Health() {
+  return e_.truth().alive ? Ok() : Failed(Transport::kConnectFailed, 0, "connection refused");
+}
+
+EngineProbed SimControl::Probe() {
+  bool applied = false;
+  EngineProbed p;
+  p.http = Call(&applied);
+  if (!applied || !p.http.ok_2xx()) return p;
+  const EngineTruth& t = e_.truth();
+  p.engine_version = e_.line() == Line::k025 ? "0.25.1" : "0.30.0";
+  p.reported_label = t.label;
+  p.is_paused_known = true;
+  p.is_paused = t.paused;
+  p.engine_instance = e_.instance_name();
+  return p;
+}
+
+HttpEvidence SimControl::SetLabel(const std::string& label) {
+  bool applied = false;
+  HttpEvidence h = Call(&applied);
+  if (applied) e_.SetLabel(label);
+  return h;
+}
+
+DrainObserved SimControl::PauseWait(std::uint64_t timeout_ms) {
+  bool applied = false;
+  DrainObserved d;
+  d.http = Call(&applied);
+  if (!applied) return d;
+  e_.Pause();
+  // mode=wait: running requests finish first; the clients act meanwhile.
+  const std::int64_t deadline = s_.now_us() + static_cast<std::int64_t>(timeout_ms) * 1000;
+  while (e_.truth().alive && e_.running() > 0 && s_.now_us() < deadline) {
+    s_.RunUntil(s_.now_us() + 1000);
+  }
+  if (!e_.truth().alive) {
+    d.http = Failed(Transport::kBroken, 0, "connection dropped");
+  } else if (e_.running() > 0) {
+    d.http = Failed(Transport::kTimeout, 0, "pause timed out");
+  } else {
+    d.paused = d.http.ok_2xx();
+  }
+  return d;
+}
+
+CacheResetObserved SimControl::ResetCache(CacheKind cache) {
+  bool applied = false;
+  CacheResetObserved r;
+  r.cache = cache;
+  r.http = Call(&applied);
+  if (!applied) return r;
+  const bool newer = e_.line() == Line::kNewer;
+  if (newer && cache == CacheKind::kPrefix && f_.success_false_left > 0) {
+    f_.success_false_left--;  // blocks held by something: {"success": false}, nothing reset
+    r.reported_success = false;
+    return r;
+  }
+  const bool done = e_.ResetCache(cache);
+  if (!r.http.ok_2xx()) return r;
+  if (newer && cache == CacheKind::kPrefix) {
+    r.reported_success = done;
+  } else {
+    r.reported_success = true;  // an empty 200 (0.25.x, mm/encoder routes): nothing reported
+    r.success_unreported = true;
+  }
+  return r;
+}
+
+ValidationObserved SimControl::WeightInfo() {
+  bool applied = false;
+  ValidationObserved v;
+  v.http = Call(&applied);
+  if (!applied || !v.http.ok_2xx()) return v;
+  v.reported_label = e_.truth().label;
+  v.engine_instance = e_.instance_name();
+  validated_instance_ = e_.truth().instance;
+  return v;
+}
+
+ResumeObserved SimControl::Resume() {
+  bool applied = false;
+  ResumeObserved r;
+  r.http = Call(&applied);
+  if (!applied) return r;
+  e_.Resume();
+  if (!r.http.ok_2xx()) return r;
+  r.is_paused_known = true;
+  r.is_paused = e_.truth().paused;
+  return r;
+}
+
+PreflightObserved SimControl::Preflight(const effects::TransferTarget& target) {
+  PreflightObserved p;
+  p.source_manifest_digest = target.identity.manifest_digest;
+  p.device_ok = true;
+  p.memory_ok = true;
+  if (f_.preflight) {
+    if (f_.preflight->b % 2 == 0) {
+      p.source_manifest_digest = std::string(64, '0');
+    } else {
+      p.device_ok = false;
+    }
+    f_.preflight.reset();
+  }
+  return p;
+}
+
+TransferObserved SimControl::Transfer(const effects::TransferTarget& target,
+                                      std::uint64_t deadline_ms) {
+  const std::int64_t start_us = s_.now_us();
+  const std::uint32_t mode = f_.transfer ? f_.transfer->b % 4 : 4;
+  f_.transfer.reset();
+  TransferObserved t;
+  t.finish_label = target.target.label;
+  auto ambiguous = [&](const std::string& why) {
+    t.acknowledged = false;
+    t.mutation = MutationClass::kPossible;
+    t.error = why;
+    t.duration_us = static_cast<std::uint64_t>(s_.now_us() - start_us);
+    return t;
+  };
+  // /start_weight_update: on 0.25.x it moves every layer to meta before it can fail.
+  bool applied = false;
+  const HttpEvidence start = Call(&applied);
+  if (mode == 0 || start.never_sent()) {
+    t.mutation = MutationClass::kNone;
+    t.error = "start_weight_update: connection refused";
+    return t;
+  }
+  if (e_.line() == Line::k025 && e_.truth().alive) e_.Mutate("meta");
+  if (!applied || !start.ok_2xx() || mode == 1) return ambiguous("start_weight_update failed");
+  // /update_weights + the data plane: chunks land one by one.
+  const HttpEvidence update = Call(&applied);
+  if (!e_.truth().alive) return ambiguous("engine gone mid-transfer");
+  e_.Mutate("mixed:" + target.identity.checkpoint);
+  if (!applied || !update.ok_2xx() || mode == 2) return ambiguous("update_weights failed");
+  s_.RunUntil(s_.now_us() + 5000);  // the data plane runs; others act
+  if (!e_.truth().alive) return ambiguous("engine gone mid-transfer");
+  e_.Mutate(target.identity.checkpoint);
+  // /finish_weight_update {"weight_version": label}
+  const HttpEvidence finish = Call(&applied);
+  if (applied) e_.SetLabel(target.target.label);
+  if (!applied || !finish.ok_2xx() || mode == 3) return ambiguous("finish_weight_update failed");
+  if (s_.now_us() - start_us > static_cast<std::int64_t>(deadline_ms) * 1000) {
+    return ambiguous("transfer deadline passed");
+  }
+  t.acknowledged = true;
+  t.mutation = MutationClass::kComplete;
+  t.bytes_sent = 4096;
+  t.tensors_sent = 4;
+  t.duration_us = static_cast<std::uint64_t>(s_.now_us() - start_us);
+  return t;
+}
+
+EngineMonitored SimControl::Monitor() {
+  EngineMonitored m;
+  if (!e_.truth().alive) {
+    m.http = Failed(Transport::kConnectFailed, 0, "connection refused");
+    return m;
+  }
+  m.http = Ok();
+  m.reported_label = e_.truth().label;
+  m.is_paused_known = true;
+  m.is_paused = e_.truth().paused;
+  m.engine_instance = e_.instance_name();
+  return m;
+}
+
+}  // namespace rc::sim

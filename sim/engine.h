@@ -1,0 +1,172 @@
+// Simulated parts: a discrete-event scheduler and virtual clock, a vLLM engine with its own
+// truth (weights, label, pause, prefix cache, process instance), the EngineControl and
+// WeightTransfer the real runner calls, with per-cycle faults. Single-threaded and seeded.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "effects/engine.h"
+#include "effects/transfer.h"
+#include "sim/sim.h"
+
+namespace rc::sim {
+
+// Discrete events in virtual time. Events never advance time themselves (no nesting).
+class Scheduler {
+ public:
+  static constexpr std::size_t kEventsMax = 1 << 16;  // a runaway producer is a bug
+  std::int64_t now_us() const { return now_us_; }
+  void At(std::int64_t t_us, std::function<void()> fn);
+  void After(std::int64_t delay_us, std::function<void()> fn) { At(now_us_ + delay_us, std::move(fn)); }
+  // Runs every event due up to t_us in time order, then sets the time to t_us.
+  void RunUntil(std::int64_t t_us);
+
+ private:
+  struct Item {
+    std::int64_t t;
+    std::uint64_t seq;
+    std::function<void()> fn;
+    bool operator>(const Item& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue_;
+  std::int64_t now_us_ = 1'000'000;
+  std::uint64_t seq_ = 0;
+  bool running_ = false;
+};
+
+// The runner's clock: sleep_ms is the scheduling point where clients, the monitor and the
+// engine's requests act. The wall clock may jump; the monotonic one never goes back.
+class SimClock final : public effects::Clock {
+ public:
+  explicit SimClock(Scheduler& s) : s_(s) {}
+  std::int64_t now_ms() override { return s_.now_us() / 1000; }
+  std::int64_t now_us() override { return s_.now_us(); }
+  std::int64_t wall_ms() override { return 1'700'000'000'000 + wall_offset_ms_ + now_ms(); }
+  void sleep_ms(std::uint32_t ms) override { s_.RunUntil(s_.now_us() + std::int64_t{ms} * 1000); }
+  void Jump(std::int64_t ms) { wall_offset_ms_ += ms; }
+
+ private:
+  Scheduler& s_;
+  std::int64_t wall_offset_ms_ = 0;
+};
+
+enum class Line : std::uint8_t { k025, kNewer };  // vLLM 0.25.x vs the newer route behaviour
+
+inline constexpr const char* kInitialWeights = "ckpt/initial";
+
+// The engine's own truth, which the checks compare the journal against.
+struct EngineTruth {
+  bool alive = true;
+  std::uint64_t instance = 1;      // changes on restart
+  std::string label = kFreshEngineLabel;
+  std::string weights = kInitialWeights;  // a checkpoint, "meta" or "mixed:<...>"
+  bool paused = false;
+  std::uint64_t op = 0;                    // every state-changing operation, in order
+  std::uint64_t last_mutation_op = 0;      // weights changed by a transfer or a restart
+  std::array<std::uint64_t, kCacheKinds> last_reset_op{};
+  std::uint64_t transfer_epoch = 0;        // transfers that touched the weights
+  std::uint64_t restarts = 0;
+  std::map<std::string, std::string> prefix_cache;  // key -> weights that computed the blocks
+};
+
+class SimEngine {
+ public:
+  using Done = std::function<void(bool ok)>;
+  SimEngine(Scheduler& s, Line line, std::vector<std::string>& violations);
+
+  EngineTruth& truth() { return t_; }
+  Line line() const { return line_; }
+  std::string instance_name() const { return "sim-" + std::to_string(t_.instance); }
+  bool CachesResetSinceMutation() const;
+
+  // The process dies now (requests fail) and is back `down_ms` later: a new instance, initial
+  // weights, label "default", unpaused, empty caches.
+  void Die(std::uint32_t down_ms);
+  // A generate request. Runs `duration_ms` once the engine is unpaused; `done(false)` if the
+  // engine dies or it is aborted. Returns 0 when the engine is down (connection refused).
+  std::uint64_t Start(const std::string& rollout_id, const std::string& cache_key,
+                      std::uint32_t duration_ms, Done done);
+  void Abort(std::uint64_t request_id);
+  std::size_t running() const;
+
+  // Route semantics (the fault-free effect of each call).
+  void Pause() { t_.paused = true; }
+  void Resume();
+  void SetLabel(const std::string& l) { t_.label = l; }
+  // false: {"success": false} (blocks held); the 0.25.x line never reports.
+  bool ResetCache(CacheKind c);
+  void Mutate(const std::string& weights);  // a transfer step that changes the weights
+
+ private:
+  struct Request {
+    std::string rollout_id;
+    std::string cache_key;
+    std::uint32_t duration_ms = 0;
+    bool started = false;
+    std::uint64_t token = 0;
+    Done done;
+  };
+  void Begin(std::uint64_t id);
+  void Finish(std::uint64_t id, std::uint64_t token);
+
+  Scheduler& s_;
+  Line line_;
+  std::vector<std::string>& violations_;
+  EngineTruth t_;
+  std::map<std::uint64_t, Request> requests_;
+  std::uint64_t next_id_ = 1;
+  std::uint64_t next_token_ = 1;
+};
+
+// The faults armed for one cycle, consumed by the engine calls of that cycle (in call order).
+struct CycleFaults {
+  std::map<std::uint32_t, Fault> by_call;   // engine call index -> fault
+  std::uint32_t delay_ms = 0;
+  std::uint32_t success_false_left = 0;
+  std::optional<Fault> death;               // at call a%16
+  std::optional<Fault> preflight;
+  std::optional<Fault> transfer;
+  std::uint32_t calls = 0;
+};
+
+// The EngineControl and WeightTransfer the real runner drives.
+class SimControl final : public effects::EngineControl, public effects::WeightTransfer {
+ public:
+  SimControl(SimEngine& e, Scheduler& s) : e_(e), s_(s) {}
+  CycleFaults& faults() { return f_; }
+
+  HttpEvidence Health() override;
+  EngineProbed Probe() override;
+  HttpEvidence SetLabel(const std::string& label) override;
+  DrainObserved PauseWait(std::uint64_t timeout_ms) override;
+  CacheResetObserved ResetCache(CacheKind cache) override;
+  ValidationObserved WeightInfo() override;
+  ResumeObserved Resume() override;
+  PreflightObserved Preflight(const effects::TransferTarget& target) override;
+  TransferObserved Transfer(const effects::TransferTarget& target, std::uint64_t deadline_ms) override;
+
+  // The engine as the executor's monitor sees it (no injected faults; a dead engine is
+  // unreachable).
+  EngineMonitored Monitor();
+  // What the last successful WeightInfo saw: the instance it answered from.
+  std::optional<std::uint64_t> validated_instance() const { return validated_instance_; }
+
+ private:
+  // One call: latency, the death fault, then the injected fault. `applied` says whether the
+  // route's effect happened (the caller performs it when true).
+  HttpEvidence Call(bool* applied);
+
+  SimEngine& e_;
+  Scheduler& s_;
+  CycleFaults f_;
+  std::optional<std::uint64_t> validated_instance_;
+};
+
+}  // namespace rc::sim

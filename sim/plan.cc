@@ -1,0 +1,158 @@
+// The fault schedule: names, the --faults syntax, the per-seed swarm, and shrinking.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include "sim/sim.h"
+
+namespace rc::sim {
+namespace {
+
+constexpr const char* kNames[] = {
+    "http_5xx",      "http_timeout",   "http_drop",        "http_refused",  "http_garbage",
+    "success_false", "delay",          "engine_death",     "engine_restart_ready",
+    "relabel",       "external_pause", "wal_fault",        "fsync_stall",   "executor_crash",
+    "clock_jump",    "preflight_refuse", "transfer_fail",  "disconnect",    "lease_stop",
+    "slow_rollout"};
+static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
+
+// Each fsync stall costs real time (the journal's stall deadline is a real-time bound): rare.
+bool ExpensiveKind(FaultKind k) { return k == FaultKind::kFsyncStall; }
+
+}  // namespace
+
+const char* FaultName(FaultKind k) { return kNames[static_cast<int>(k)]; }
+
+std::string FormatPlan(const FaultPlan& plan) {
+  std::string out;
+  for (const Fault& f : plan) {
+    if (!out.empty()) out += ",";
+    out += std::string(FaultName(f.kind)) + "@" + std::to_string(f.cycle) + ":" +
+           std::to_string(f.a) + ":" + std::to_string(f.b);
+  }
+  return out;
+}
+
+Result<FaultPlan> ParsePlan(const std::string& text) {
+  FaultPlan plan;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    pos = end + 1;
+    const std::size_t at = item.find('@');
+    if (at == std::string::npos) return Status::InvalidArgument("fault without @: " + item);
+    Fault f;
+    int kind = -1;
+    for (int k = 0; k < static_cast<int>(FaultKind::kCount); ++k) {
+      if (item.compare(0, at, kNames[k]) == 0 && std::string(kNames[k]).size() == at) kind = k;
+    }
+    if (kind < 0) return Status::InvalidArgument("unknown fault: " + item.substr(0, at));
+    f.kind = static_cast<FaultKind>(kind);
+    unsigned c = 0, a = 0, b = 0;
+    if (std::sscanf(item.c_str() + at + 1, "%u:%u:%u", &c, &a, &b) != 3) {
+      return Status::InvalidArgument("fault needs @cycle:a:b: " + item);
+    }
+    f.cycle = c;
+    f.a = a;
+    f.b = b;
+    plan.push_back(f);
+  }
+  return plan;
+}
+
+FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
+  const double intensities[] = {0.01, 0.04, 0.12, 0.3};
+  std::vector<std::pair<FaultKind, double>> enabled;
+  for (int k = 0; k < static_cast<int>(FaultKind::kCount); ++k) {
+    const FaultKind kind = static_cast<FaultKind>(k);
+    if (rng() % 2 != 0) continue;
+    if (ExpensiveKind(kind) && rng() % 16 != 0) continue;
+    enabled.emplace_back(kind, ExpensiveKind(kind) ? 0.005 : intensities[rng() % 4]);
+  }
+  FaultPlan plan;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (std::uint32_t c = 0; c < cycles; ++c) {
+    for (const auto& [kind, p] : enabled) {
+      if (u(rng) >= p) continue;
+      plan.push_back(Fault{kind, c, static_cast<std::uint32_t>(rng() % 64),
+                           static_cast<std::uint32_t>(rng() % 4096)});
+    }
+  }
+  return plan;
+}
+
+void SimStats::Add(const SimStats& o) {
+  cycles += o.cycles;
+  worlds += o.worlds;
+  committed += o.committed;
+  refused += o.refused;
+  tainted += o.tainted;
+  update_errors += o.update_errors;
+  restarts += o.restarts;
+  admissions_acked += o.admissions_acked;
+  events += o.events;
+  full_checks += o.full_checks;
+  faults += o.faults;
+  for (const auto& [k, n] : o.taints) taints[k] += n;
+}
+
+std::string ReplayCommand(const SimOptions& o, const FaultPlan& plan) {
+  std::string cmd = "rolloutcore-sim --seed " + std::to_string(o.seed);
+  if (o.cycles != SimOptions{}.cycles) cmd += " --cycles " + std::to_string(o.cycles);
+  cmd += " --faults '" + FormatPlan(plan) + "'";
+  return cmd;
+}
+
+namespace {
+
+// Runs the plan in a forked child (the parent holds no journal, so forking is safe): true when
+// it fails, by a violation or by an aborting assertion.
+bool FailsIsolated(const SimOptions& options, const FaultPlan& plan) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int null_fd = open("/dev/null", 1);
+    if (null_fd >= 0) dup2(null_fd, 2);  // the child's assertion text is not the report
+    SimResult r = Run(options, plan);
+    _exit(r.violations.empty() ? 0 : 1);
+  }
+  if (pid < 0) return true;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+}  // namespace
+
+FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t trials_max) {
+  FaultPlan best = plan;
+  std::uint32_t trials = 0;
+  // Halves first (cheap big steps), then one fault at a time; keep any smaller plan that fails.
+  for (std::size_t chunk = std::max<std::size_t>(1, best.size() / 2);
+       !best.empty() && chunk >= 1 && trials < trials_max; chunk /= 2) {
+    for (std::size_t start = 0; start < best.size() && trials < trials_max;) {
+      FaultPlan candidate;
+      for (std::size_t i = 0; i < best.size(); ++i) {
+        if (i < start || i >= start + chunk) candidate.push_back(best[i]);
+      }
+      ++trials;
+      if (FailsIsolated(options, candidate)) {
+        best = std::move(candidate);
+      } else {
+        start += chunk;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace rc::sim

@@ -1,0 +1,93 @@
+// The deterministic simulator: the REAL fold, runner and journal (over a fault-injecting
+// in-memory Env) against a simulated vLLM engine, weight transfer, clients and clock.
+//
+// One seed = one run of `cycles` update cycles, possibly over several "worlds" (a TAINTED engine
+// is replaced by a fresh journal and engine). Everything random derives from the seed through
+// std::mt19937_64; the fault schedule is an explicit list (FaultPlan) so that a failing run can
+// be replayed exactly and shrunk fault by fault.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "statemachine/status.h"
+
+namespace rc::sim {
+
+// Values are part of the --faults syntax (by name): append only.
+enum class FaultKind : std::uint8_t {
+  kHttp5xx,          // one engine call answers 500, nothing done
+  kHttpTimeout,      // one engine call times out (b odd: the engine did it anyway)
+  kHttpDrop,         // one engine call's connection drops (b odd: done anyway)
+  kHttpRefused,      // one engine call: connection refused, nothing done
+  kHttpGarbage,      // one engine call answers 200 with an unparsable body (b odd: done)
+  kSuccessFalse,     // prefix resets answer {"success": false} (blocks held), 1 + b%3 times
+  kDelay,            // every engine call of the cycle takes b%40 ms more
+  kEngineDeath,      // the engine dies at call a%16 of the cycle, back b%200 ms later
+  kEngineRestartReady,  // the engine restarts while READY (after the update)
+  kRelabel,          // someone relabels the engine b%60 ms into the cycle
+  kExternalPause,    // someone pauses the engine b%60 ms into the cycle
+  kWalFault,         // WAL append/sync EIO/ENOSPC after a%12 successes: fail-stop
+  kFsyncStall,       // WAL syncs stall past the commit stall timeout: fail-stop
+  kExecutorCrash,    // the executor dies at its (1 + a%24)-th durable event of the cycle
+  kClockJump,        // the wall clock jumps by +-b%3600 s (monotonic never goes back)
+  kPreflightRefuse,  // the source's manifest differs (b even) or the device is wrong
+  kTransferFail,     // b%4: refused before sending / start fails / mid-chunk / finish fails
+  kDisconnect,       // a client disconnects mid-request (aborted)
+  kLeaseStop,        // an explicit client vanishes: its lease must be expired
+  kSlowRollout,      // a rollout runs 300..2300 ms: may outlive the drain
+  kCount
+};
+const char* FaultName(FaultKind k);
+
+struct Fault {
+  FaultKind kind = FaultKind::kHttp5xx;
+  std::uint32_t cycle = 0;
+  std::uint32_t a = 0;
+  std::uint32_t b = 0;
+  bool operator==(const Fault&) const = default;
+};
+using FaultPlan = std::vector<Fault>;
+
+// "kind@cycle:a:b,..." (empty: no faults). ParsePlan is FormatPlan's inverse.
+std::string FormatPlan(const FaultPlan& plan);
+[[nodiscard]] Result<FaultPlan> ParsePlan(const std::string& text);
+// The swarm: the seed picks a subset of fault kinds and an intensity for each.
+FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles);
+
+struct SimOptions {
+  std::uint64_t seed = 1;
+  std::uint32_t cycles = 200;            // update cycles in this run
+  std::uint32_t cycles_per_world = 100;  // a world is retired after this many (bounded checks)
+  std::uint32_t check_every = 25;        // full journal checks every N cycles (and at world end)
+  bool verbose = false;
+};
+
+struct SimStats {
+  std::uint64_t cycles = 0, worlds = 0, committed = 0, refused = 0, tainted = 0;
+  std::uint64_t update_errors = 0, restarts = 0, admissions_acked = 0, events = 0;
+  std::uint64_t full_checks = 0, faults = 0;
+  std::map<std::string, std::uint64_t> taints;  // by cause
+  void Add(const SimStats& o);
+};
+
+struct SimResult {
+  SimStats stats;
+  std::vector<std::string> violations;  // empty: the run passed
+  std::string head;                     // "worlds:last head seq:hash" (determinism checks)
+};
+
+// Runs one seed with the given fault plan. Never throws; an invariant violated inside the fold
+// aborts the process (assertions stay on), which the caller reports with the replay command.
+SimResult Run(const SimOptions& options, const FaultPlan& plan);
+
+// The command that replays a run exactly.
+std::string ReplayCommand(const SimOptions& options, const FaultPlan& plan);
+
+// Removes faults while the run still fails (each trial in a forked child, so that an aborting
+// fold is a failure too, not the end of the shrink); returns a minimal failing plan.
+FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t trials_max = 64);
+
+}  // namespace rc::sim

@@ -1,0 +1,641 @@
+// One seed's run: worlds of (in-memory journal over FaultEnv, real runner, simulated engine and
+// clients), update cycles with the seed's faults, and the checks after every step.
+#include <rocksdb/env.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "effects/runner.h"
+#include "journal/journal.h"
+#include "journal/testing/fault_env.h"
+#include "replay/replay.h"
+#include "sim/engine.h"
+#include "statemachine/history.h"
+
+namespace rc::sim {
+namespace {
+
+using journal::testing::FaultEnv;
+using journal::testing::FileKind;
+using journal::testing::FileOp;
+using journal::testing::Torn;
+
+constexpr std::uint32_t kStallTimeoutMs = 200;    // the journal's commit stall bound (real time)
+constexpr std::uint32_t kStallMs = 260;           // an fsync stall past it
+constexpr std::int64_t kUpdateBudgetMs = 40000;   // every deadline and backoff of one update, summed
+constexpr int kRestartsPerCycleMax = 8;           // an update must end within this many restarts
+constexpr std::size_t kViolationsMax = 16;
+constexpr std::uint32_t kLeaseMs = 300;
+constexpr std::uint32_t kFinishRetriesMax = 200;  // an explicit client retries its finish (bounded)
+const std::string kDigest(64, 'a');
+
+WeightIdentity IdentityFor(const std::string& checkpoint, std::int64_t step) {
+  return WeightIdentity{kDigest, "", checkpoint, "sim-run", step};
+}
+
+struct Client {
+  std::string id;
+  std::uint32_t lease_ms = 0;       // > 0: explicit
+  std::uint32_t requests_left = 1;
+  std::uint32_t duration_ms = 5;
+  bool disconnect = false;          // aborts mid-request
+  bool vanish = false;              // an explicit client that stops renewing after admission
+  bool alive = true;
+  bool admitted = false;            // its admission was acknowledged
+  bool finish_acked = false;
+  std::uint64_t transfer_epoch = 0; // the engine's weights when it was admitted
+  std::uint64_t request = 0;
+  std::int64_t last_renew_us = 0;
+  std::uint32_t finish_tries = 0;
+};
+
+class World {
+ public:
+  World(const SimOptions& o, std::uint64_t index, Line line, SimResult& result)
+      : o_(o), index_(index), result_(result), clock_(sched_),
+        engine_(sched_, line, result.violations), ctl_(engine_, sched_),
+        mem_(rocksdb::NewMemEnv(rocksdb::Env::Default())),
+        faults_(std::make_unique<FaultEnv>(mem_.get())),
+        path_("/sim/world-" + std::to_string(index)), rng_(o.seed * 1000003 + index) {}
+
+  ~World() {
+    runner_.reset();
+    journal_.reset();
+  }
+
+  bool Boot();
+  void RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults);
+  void Close();
+  bool tainted() { return journal_ && journal_->state().lifecycle == Lifecycle::kTainted; }
+  std::uint32_t cycles() const { return cycles_; }
+  std::string head() const { return head_; }
+
+ private:
+  void Violate(const std::string& what);
+  bool Open();
+  void NewRunner();
+  void Ack(const journal::Journal::Submitted& s, const Event& input);
+  bool SubmitAcked(const Event& e, Status* why = nullptr);
+  void OnDurable(std::uint64_t seq, const Event& e);
+  void CheckPublish(const VersionPublished& v);
+
+  void Tick();
+  void Monitor();
+  void Reap();
+  void Arm(const Fault& f, std::vector<Client>& spawn);
+  void Spawn(std::mt19937_64& rng, std::vector<Client>& out, std::uint32_t cycle);
+  void ClientAdmit(const std::string& id);
+  void ClientSend(const std::string& id);
+  void ClientDone(const std::string& id, bool ok);
+  void ClientFinish(const std::string& id, RolloutOutcome outcome);
+
+  void RunUpdate(std::uint32_t cycle);
+  bool NeedsRestart(bool crashed, bool update_ok);
+  bool Restart();
+  void Sleep(std::uint32_t ms) { clock_.sleep_ms(ms); }
+  void EndOfCycleChecks(std::uint32_t cycle);
+  void FullChecks(bool with_replay);
+
+  const SimOptions& o_;
+  std::uint64_t index_;
+  SimResult& result_;
+  Scheduler sched_;
+  SimClock clock_;
+  SimEngine engine_;
+  SimControl ctl_;
+  std::unique_ptr<rocksdb::Env> mem_;
+  std::unique_ptr<FaultEnv> faults_;
+  std::string path_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<journal::Journal> journal_;
+  std::unique_ptr<effects::Runner> runner_;
+
+  std::vector<std::pair<std::uint64_t, Event>> acked_;  // every acknowledged (seq, event)
+  std::map<std::string, UpdateOutcome> answers_;         // update id -> outcome answered
+  std::map<std::string, Client> clients_;
+  std::map<std::string, std::int64_t> lease_seen_us_;     // leased bindings nobody renews
+  std::uint64_t observed_ = 0, crash_at_ = 0;
+  bool update_open_ = false;
+  bool restart_engine_ready_ = false;
+  std::uint32_t cycles_ = 0, cycle_ = 0;
+  std::string head_;
+};
+
+void World::Violate(const std::string& what) {
+  if (result_.violations.size() >= kViolationsMax) return;
+  result_.violations.push_back("world " + std::to_string(index_) + " cycle " +
+                               std::to_string(cycle_) + ": " + what);
+}
+
+bool World::Open() {
+  journal::Options jo;
+  jo.env = faults_->env();
+  jo.snapshot_every = 64;  // small: reopening restores from a snapshot + tail
+  jo.commit_stall_timeout_ms = kStallTimeoutMs;
+  jo.scan_pipelined = false;  // no reader thread: the simulator stays single-threaded
+  auto j = journal::Journal::Open(path_, jo);
+  if (!j.ok()) {
+    Violate("journal open: " + j.status().ToString());
+    return false;
+  }
+  journal_ = std::move(j.value());
+  return true;
+}
+
+void World::NewRunner() {
+  effects::RunnerOptions ro;
+  ro.executor_id = "sim";
+  ro.drain_timeout_ms = 2000;
+  ro.await_rollouts_timeout_ms = 500;
+  ro.transfer_timeout_ms = 3000;
+  ro.call_timeout_ms = 500;
+  runner_ = std::make_unique<effects::Runner>(*journal_, ctl_, ctl_, clock_, ro);
+  runner_->set_observer([this](std::uint64_t seq, const Event& e) { OnDurable(seq, e); });
+}
+
+// The runner's observer: told of each event once durable. Where the executor "dies" on command.
+void World::OnDurable(std::uint64_t seq, const Event& e) {
+  acked_.emplace_back(seq, e);
+  if (const auto* v = std::get_if<VersionPublished>(&e)) CheckPublish(*v);
+  if (crash_at_ > 0 && ++observed_ == crash_at_) faults_->Crash();
+}
+
+// Nothing published without every reset and validation, judged from the engine's own truth.
+void World::CheckPublish(const VersionPublished& v) {
+  const EngineTruth& t = engine_.truth();
+  // An engine restarted since it answered the validation is the monitor's to taint.
+  if (!t.alive || ctl_.validated_instance() != t.instance) return;
+  if (t.weights != v.identity.checkpoint || t.label != v.version.label) {
+    Violate("published '" + v.version.label + "' (" + v.identity.checkpoint +
+            ") but the engine holds '" + t.weights + "' labelled '" + t.label + "'");
+  }
+  if (!engine_.CachesResetSinceMutation()) {
+    Violate("published '" + v.version.label + "' without every cache reset after the mutation");
+  }
+}
+
+void World::Ack(const journal::Journal::Submitted& s, const Event& input) {
+  acked_.emplace_back(s.ticket.result.first_seq, input);
+  for (std::size_t i = 0; i < s.decisions.size(); ++i) {
+    acked_.emplace_back(s.ticket.result.first_seq + 1 + i, s.decisions[i]);
+  }
+}
+
+bool World::SubmitAcked(const Event& e, Status* why) {
+  if (!journal_ || journal_->failed()) return false;
+  auto s = journal_->Submit(e, clock_.wall_ms());
+  if (!s.ok()) {
+    if (why) *why = s.status();
+    return false;
+  }
+  if (!journal_->Wait(s->ticket).ok()) return false;
+  Ack(*s, e);
+  return true;
+}
+
+bool World::Boot() {
+  result_.stats.worlds++;
+  if (!Open()) return false;
+  NewRunner();
+  sched_.After(10000, [this] { Tick(); });
+  Status st = runner_->Bootstrap("rc-0", IdentityFor(kInitialWeights, 0));
+  if (!st.ok()) Violate("bootstrap: " + st.ToString());
+  return st.ok();
+}
+
+// Every 10 ms of virtual time: renewals, the lease reaper, the engine monitor.
+void World::Tick() {
+  for (auto& [id, c] : clients_) {
+    if (c.alive && c.admitted && c.lease_ms > 0) c.last_renew_us = sched_.now_us();
+  }
+  if (journal_ && !journal_->failed()) {
+    Reap();
+    Monitor();
+  }
+  sched_.After(10000, [this] { Tick(); });
+}
+
+// The executor's lease reaper: an explicit rollout whose client stopped renewing is expired.
+void World::Reap() {
+  const State s = journal_->state();
+  for (const auto& [id, r] : s.active) {
+    if (r.lease_ms == 0) continue;
+    auto c = clients_.find(id);
+    std::int64_t renewed = c != clients_.end() && c->second.alive ? c->second.last_renew_us : 0;
+    if (renewed == 0) renewed = lease_seen_us_.emplace(id, sched_.now_us()).first->second;
+    if (sched_.now_us() - renewed <= std::int64_t{r.lease_ms} * 1000) continue;
+    SubmitAcked(RolloutFinished{id, RolloutOutcome::kExpired, 0, 0});
+  }
+}
+
+// The engine monitor: submits EngineMonitored only when something changed.
+void World::Monitor() {
+  const State s = journal_->state();
+  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return;
+  EngineMonitored m = ctl_.Monitor();
+  const bool reachable = m.http.ok_2xx();
+  const bool changed =
+      reachable ? (!s.engine_reachable || s.engine_recheck || m.reported_label != s.committed.label ||
+                   m.is_paused || m.engine_instance != s.engine_instance)
+                : s.engine_reachable;
+  if (!changed) return;
+  m.updates_seen = monitor_epoch(s);
+  m.last_ok_wall_ms = clock_.wall_ms();
+  SubmitAcked(m);  // a refusal (stale, an effect in flight) is the fold's word
+}
+
+void World::ClientAdmit(const std::string& id) {
+  Client& c = clients_.at(id);
+  if (!journal_ || journal_->failed()) {
+    c.alive = false;
+    return;
+  }
+  const RolloutAdmitted a = make_admission(journal_->state(), id, c.lease_ms);
+  if (!SubmitAcked(a)) {  // 503: refused while updating or tainted, or the journal failed
+    c.alive = false;
+    return;
+  }
+  result_.stats.admissions_acked++;
+  if (update_open_) Violate("admission of '" + id + "' acknowledged while an update is open");
+  c.admitted = true;
+  c.transfer_epoch = engine_.truth().transfer_epoch;
+  c.last_renew_us = sched_.now_us();
+  if (c.vanish) {
+    c.alive = false;  // never renews, never finishes: its lease must be expired
+    return;
+  }
+  ClientSend(id);
+}
+
+void World::ClientSend(const std::string& id) {
+  Client& c = clients_.at(id);
+  // 0.25.x relies on the proxy's per-version cache_salt; the newer line on the resets.
+  const std::string key = (engine_.line() == Line::k025 ? "salt-" + journal_->state().committed.label
+                                                        : std::string()) +
+                          "/prefix-" + std::to_string(rng_() % 4);
+  c.request = engine_.Start(id, key, c.duration_ms, [this, id](bool ok) { ClientDone(id, ok); });
+  if (c.request == 0) {
+    ClientFinish(id, RolloutOutcome::kAborted);
+    return;
+  }
+  if (c.disconnect) {
+    const std::uint64_t req = c.request;
+    sched_.After(std::int64_t{c.duration_ms} * 500, [this, id, req] {
+      Client& cl = clients_.at(id);
+      if (!cl.alive || cl.request != req) return;
+      engine_.Abort(req);
+      ClientFinish(id, RolloutOutcome::kAborted);
+    });
+  }
+}
+
+void World::ClientDone(const std::string& id, bool ok) {
+  Client& c = clients_.at(id);
+  if (!c.alive) return;
+  c.request = 0;
+  if (engine_.truth().transfer_epoch != c.transfer_epoch) {
+    Violate("rollout '" + id + "' spans two weight states (transfer epoch " +
+            std::to_string(c.transfer_epoch) + " -> " +
+            std::to_string(engine_.truth().transfer_epoch) + ")");
+  }
+  if (ok && --c.requests_left > 0) {
+    sched_.After(2000, [this, id] {
+      if (clients_.at(id).alive) ClientSend(id);
+    });
+    return;
+  }
+  ClientFinish(id, ok ? RolloutOutcome::kCompleted : RolloutOutcome::kAborted);
+}
+
+void World::ClientFinish(const std::string& id, RolloutOutcome outcome) {
+  Client& c = clients_.at(id);
+  Status why;
+  if (SubmitAcked(RolloutFinished{id, outcome, 0, 0}, &why)) {
+    c.finish_acked = true;
+    c.alive = false;
+    return;
+  }
+  if (!why.ok()) {  // refused: an acknowledged binding must still be active
+    Violate("finish of acknowledged rollout '" + id + "' refused: " + why.ToString());
+    c.alive = false;
+    return;
+  }
+  // The journal failed: a proxied client died with the executor; an explicit one retries.
+  if (c.lease_ms == 0 || ++c.finish_tries > kFinishRetriesMax) {
+    c.alive = false;
+    return;
+  }
+  sched_.After(50000, [this, id, outcome] {
+    if (clients_.at(id).alive) ClientFinish(id, outcome);
+  });
+}
+
+void World::Arm(const Fault& f, std::vector<Client>& spawn) {
+  result_.stats.faults++;
+  CycleFaults& cf = ctl_.faults();
+  switch (f.kind) {
+    case FaultKind::kHttp5xx:
+    case FaultKind::kHttpTimeout:
+    case FaultKind::kHttpDrop:
+    case FaultKind::kHttpRefused:
+    case FaultKind::kHttpGarbage: cf.by_call[f.a % 14] = f; break;
+    case FaultKind::kSuccessFalse: cf.success_false_left = 1 + f.b % 3; break;
+    case FaultKind::kDelay: cf.delay_ms = f.b % 40; break;
+    case FaultKind::kEngineDeath: cf.death = f; break;
+    case FaultKind::kEngineRestartReady: restart_engine_ready_ = true; break;
+    case FaultKind::kRelabel:
+      sched_.After(std::int64_t{f.b % 60} * 1000, [this, f] {
+        if (engine_.truth().alive) engine_.SetLabel("intruder-" + std::to_string(f.a));
+      });
+      break;
+    case FaultKind::kExternalPause:
+      sched_.After(std::int64_t{f.b % 60} * 1000, [this] {
+        if (engine_.truth().alive) engine_.Pause();
+      });
+      break;
+    case FaultKind::kWalFault:
+      faults_->Inject(FileKind::kWal, f.a % 2 ? FileOp::kSync : FileOp::kAppend,
+                      f.b % 2 ? journal::testing::Fault::kEio : journal::testing::Fault::kEnospc,
+                      f.a % 12);
+      break;
+    case FaultKind::kFsyncStall: faults_->StallSync(FileKind::kWal, kStallMs); break;
+    case FaultKind::kExecutorCrash: crash_at_ = observed_ + 1 + f.a % 24; break;
+    case FaultKind::kClockJump:
+      clock_.Jump((f.b % 2 ? 1 : -1) * std::int64_t{f.b % 3600} * 1000);
+      break;
+    case FaultKind::kPreflightRefuse: cf.preflight = f; break;
+    case FaultKind::kTransferFail: cf.transfer = f; break;
+    case FaultKind::kDisconnect:
+      if (!spawn.empty()) spawn[f.a % spawn.size()].disconnect = true;
+      break;
+    case FaultKind::kLeaseStop:
+      if (!spawn.empty()) {
+        Client& c = spawn[f.a % spawn.size()];
+        c.lease_ms = kLeaseMs;
+        c.vanish = true;
+      }
+      break;
+    case FaultKind::kSlowRollout:
+      if (!spawn.empty()) spawn[f.a % spawn.size()].duration_ms = 300 + f.b % 2000;
+      break;
+    case FaultKind::kCount: break;
+  }
+}
+
+void World::Spawn(std::mt19937_64& rng, std::vector<Client>& out, std::uint32_t cycle) {
+  const int n = 1 + static_cast<int>(rng() % 6);
+  for (int i = 0; i < n; ++i) {
+    Client c;
+    c.id = "r" + std::to_string(cycle) + "-" + std::to_string(i);
+    if (rng() % 3 == 0) {
+      c.lease_ms = kLeaseMs;
+      c.requests_left = 1 + static_cast<std::uint32_t>(rng() % 3);
+    }
+    c.duration_ms = 1 + static_cast<std::uint32_t>(rng() % 20);
+    out.push_back(c);
+  }
+}
+
+void World::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults) {
+  cycle_ = cycle;
+  cycles_++;
+  result_.stats.cycles++;
+  ctl_.faults() = CycleFaults{};
+  restart_engine_ready_ = false;
+  std::mt19937_64 rng(o_.seed * 0x100000001B3ull ^ (std::uint64_t{cycle} << 20));
+  std::vector<Client> spawn;
+  Spawn(rng, spawn, cycle);
+  for (const Fault& f : faults) Arm(f, spawn);
+  for (Client& c : spawn) {
+    const std::string id = c.id;
+    const std::int64_t at = static_cast<std::int64_t>(rng() % 30) * 1000;
+    clients_[id] = std::move(c);
+    sched_.After(at, [this, id] { ClientAdmit(id); });
+  }
+  Sleep(static_cast<std::uint32_t>(rng() % 20));
+  RunUpdate(cycle);
+  Sleep(60);  // rollouts finish, the monitor looks
+  if (restart_engine_ready_ && journal_ && journal_->state().lifecycle == Lifecycle::kReady) {
+    engine_.Die(static_cast<std::uint32_t>(rng() % 50));
+    Sleep(120);
+  }
+  Sleep(40);
+  for (int k = 0; journal_ && journal_->failed() && k < kRestartsPerCycleMax; ++k) {
+    if (!Restart()) return;  // a client's append met the fault after the update
+  }
+  EndOfCycleChecks(cycle);
+  if (cycles_ % o_.check_every == 0) FullChecks(false);
+}
+
+void World::RunUpdate(std::uint32_t cycle) {
+  const State before = journal_->state();
+  if (before.lifecycle != Lifecycle::kReady || before.engine_recheck) return;  // tainted
+  const std::string id = "u" + std::to_string(index_) + "-" + std::to_string(cycle);
+  const std::string ckpt = "ckpt/c" + std::to_string(cycle);
+  const UpdateRequested request{id, "rc-c" + std::to_string(cycle), IdentityFor(ckpt, cycle),
+                                "synthetic:" + ckpt};
+  update_open_ = true;
+  const std::int64_t start_ms = clock_.now_ms();
+  Result<UpdateEnded> ended = runner_->Update(request);
+  if (clock_.now_ms() - start_ms > kUpdateBudgetMs) {
+    Violate("update '" + id + "' ran " + std::to_string(clock_.now_ms() - start_ms) +
+            " ms of virtual time (budget " + std::to_string(kUpdateBudgetMs) + ")");
+  }
+  const bool crashed = crash_at_ > 0 && observed_ >= crash_at_;
+  crash_at_ = 0;
+  if (ended.ok()) {
+    answers_[id] = ended->outcome;
+    result_.stats.committed += ended->outcome == UpdateOutcome::kCommitted;
+    result_.stats.refused += ended->outcome == UpdateOutcome::kRefused;
+    result_.stats.tainted += ended->outcome == UpdateOutcome::kTainted;
+  } else {
+    result_.stats.update_errors++;
+  }
+  bool restart = crashed || journal_->failed() || !ended.ok();
+  for (int k = 0; restart; ++k) {
+    if (k >= kRestartsPerCycleMax) {
+      Violate("update '" + id + "' did not end after " + std::to_string(k) + " restarts");
+      return;
+    }
+    if (k > 0) Sleep(250);  // an engine that is down comes back
+    if (!Restart()) return;
+    restart = journal_->state().update.has_value() || journal_->failed();
+  }
+  update_open_ = false;
+  ctl_.faults() = CycleFaults{};  // what did not fire is disarmed
+  if (!journal_->failed()) faults_->Clear();
+}
+
+// The executor process dies (or fail-stopped) and restarts from what is durable.
+bool World::Restart() {
+  result_.stats.restarts++;
+  faults_->Crash();
+  runner_.reset();
+  journal_.reset();
+  std::uint64_t kept = 0;
+  const Torn torn = rng_() % 2 ? Torn::kRandomPrefix : Torn::kNone;
+  rocksdb::Status ds = faults_->DropUnsyncedData(torn, rng_(), &kept);
+  if (!ds.ok()) Violate("drop unsynced: " + ds.ToString());
+  faults_->Restart();
+  crash_at_ = 0;
+  if (!Open()) return false;
+  // Proxied clients were the dead executor's connections; explicit ones are other processes.
+  for (auto& [id, c] : clients_) {
+    if (!c.alive) continue;
+    if (c.lease_ms == 0) {
+      if (c.request) engine_.Abort(c.request);
+      c.alive = false;
+    } else {
+      c.last_renew_us = sched_.now_us();
+    }
+  }
+  lease_seen_us_.clear();
+  NewRunner();
+  Status rec = runner_->Recover();
+  if (!rec.ok()) Violate("Recover: " + rec.ToString());
+  FullChecks(false);  // no acknowledged event is lost across the crash
+  return rec.ok();
+}
+
+void World::EndOfCycleChecks(std::uint32_t cycle) {
+  (void)cycle;
+  if (!journal_ || journal_->failed()) return;
+  const State s = journal_->state();
+  if (s.lifecycle != Lifecycle::kReady && s.lifecycle != Lifecycle::kTainted) {
+    Violate(std::string("the cycle ended in ") + lifecycle_name(s.lifecycle));
+    return;
+  }
+  if (s.lifecycle == Lifecycle::kTainted) {
+    result_.stats.taints[cause_name(s.taint->cause)]++;
+    return;
+  }
+  const EngineTruth& t = engine_.truth();
+  if (!s.engine_reachable || s.engine_recheck || !t.alive) return;
+  const std::string want = s.committed.generation == 0 ? std::string(kInitialWeights)
+                                                       : s.committed_identity.checkpoint;
+  if (t.weights != want || t.label != s.committed.label ||
+      engine_.instance_name() != s.engine_instance || t.paused) {
+    Violate("READY on '" + s.committed.label + "' (" + want + ") but the engine holds '" +
+            t.weights + "' labelled '" + t.label + "'" + (t.paused ? ", paused" : ""));
+  }
+}
+
+// Scans the journal: acknowledged events, answers, the history checker, refold and snapshot
+// against the live state, bindings. Bounded by the world's size (cycles_per_world).
+void World::FullChecks(bool with_replay) {
+  if (!journal_ || journal_->failed()) return;
+  result_.stats.full_checks++;
+  std::vector<journal::Record> records;
+  Status scanned = journal_->Scan(1, 0, [&](const journal::Record& r) {
+    records.push_back(r);
+    return Status::OK();
+  });
+  if (!scanned.ok()) return Violate("scan: " + scanned.ToString());
+  for (const auto& [seq, e] : acked_) {
+    if (seq < 1 || seq > records.size()) {
+      return Violate("acknowledged seq " + std::to_string(seq) + " (" + event_name(e) +
+                     ") lost: head " + std::to_string(records.size()));
+    }
+    if (!(records[seq - 1].event == e)) {
+      return Violate("acknowledged seq " + std::to_string(seq) + " was " + event_name(e) +
+                     ", the journal holds " + event_name(records[seq - 1].event));
+    }
+  }
+  std::vector<HistoryEntry> history;
+  history.reserve(records.size());
+  std::map<std::string, UpdateOutcome> ended;
+  std::map<std::string, int> finishes;
+  std::map<std::string, std::uint64_t> admitted_gen;
+  std::uint64_t gen = 0;
+  for (const journal::Record& r : records) {
+    history.push_back(HistoryEntry{r.seq, r.cause_seq, r.event});
+    if (const auto* e = std::get_if<UpdateEnded>(&r.event)) ended[e->update_id] = e->outcome;
+    if (const auto* v = std::get_if<VersionPublished>(&r.event)) gen = v->version.generation;
+    if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) admitted_gen[a->rollout_id] = gen;
+    if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+      finishes[f->rollout_id]++;
+      if (admitted_gen.count(f->rollout_id) && admitted_gen[f->rollout_id] != gen) {
+        Violate("rollout '" + f->rollout_id + "' admitted under generation " +
+                std::to_string(admitted_gen[f->rollout_id]) + " finished under " +
+                std::to_string(gen));
+      }
+    }
+  }
+  for (const auto& [id, outcome] : answers_) {
+    auto it = ended.find(id);
+    if (it == ended.end() || it->second != outcome) {
+      Violate("update '" + id + "' answered " + update_outcome_name(outcome) +
+              " but the journal says " +
+              (it == ended.end() ? std::string("nothing") : update_outcome_name(it->second)));
+    }
+  }
+  const State live = journal_->state();
+  for (const auto& [id, c] : clients_) {
+    if (!c.admitted) continue;
+    const int n = finishes.count(id) ? finishes[id] : 0;
+    if (n > 1 || (n == 0 && live.active.count(id) == 0)) {
+      Violate("acknowledged rollout '" + id + "' has " + std::to_string(n) +
+              " finish records and is " + (live.active.count(id) ? "active" : "not active"));
+    }
+  }
+  HistoryReport h = check_history(history);
+  if (!h.ok) Violate("history: seq " + std::to_string(h.first_bad_seq) + ": " + h.message);
+  auto refold = journal_->Refold();
+  if (!refold.ok() || !(*refold == live)) Violate("refold differs from the live state");
+  auto loaded = journal_->LoadState();
+  if (!loaded.ok() || !(*loaded == live)) Violate("snapshot + tail differs from the live state");
+  if (with_replay) {
+    auto rep = replay::Replay(*journal_, {});
+    if (!rep.ok() || !rep->ok) Violate("replay: " + (rep.ok() ? rep->error : rep.status().ToString()));
+  }
+  head_ = std::to_string(records.size()) + ":" +
+          (records.empty() ? std::string() : std::to_string(records.back().hash[0]) + "." +
+                                                 std::to_string(records.back().hash[31]));
+}
+
+// The world ends with a clean close and a reopen: everything acknowledged is still there.
+void World::Close() {
+  if (!journal_) return;
+  if (!journal_->failed()) FullChecks(true);
+  result_.stats.events += journal_->head_seq();
+  const State before = journal_->state();
+  runner_.reset();
+  journal_.reset();
+  if (!Open()) return;
+  if (!journal_->recovery().clean_close) Violate("a clean close was not recorded");
+  if (!(journal_->state() == before)) Violate("the reopened state differs from the closed one");
+  journal_.reset();
+}
+
+}  // namespace
+
+SimResult Run(const SimOptions& options, const FaultPlan& plan) {
+  SimResult result;
+  std::map<std::uint32_t, std::vector<Fault>> by_cycle;
+  for (const Fault& f : plan) by_cycle[f.cycle].push_back(f);
+  const Line line = options.seed % 3 == 2 ? Line::k025 : Line::kNewer;
+  std::unique_ptr<World> world;
+  std::uint64_t index = 0;
+  for (std::uint32_t cycle = 0; cycle < options.cycles && result.violations.empty(); ++cycle) {
+    if (world && (world->tainted() || world->cycles() >= options.cycles_per_world)) {
+      world->Close();
+      result.head += world->head() + ";";
+      world.reset();
+    }
+    if (!world) {
+      world = std::make_unique<World>(options, ++index, line, result);
+      if (!world->Boot()) break;
+    }
+    auto it = by_cycle.find(cycle);
+    world->RunCycle(cycle, it == by_cycle.end() ? std::vector<Fault>{} : it->second);
+  }
+  if (world && result.violations.empty()) {
+    world->Close();
+    result.head += world->head();
+  }
+  return result;
+}
+
+}  // namespace rc::sim
