@@ -228,5 +228,24 @@ TEST(HttpSequenceTransfer, HonoursDeadline) {
   EXPECT_FALSE(o.acknowledged);
 }
 
+// Proves a transfer whose deadline is already spent is a refusal (kNone) with nothing sent, and
+// that a zero deadline reaches no engine call; catches the abort (RC_CHECK(timeout_ms > 0) in the
+// client) that crashed the executor and recovered as TAINTED although nothing was ever sent.
+TEST(HttpSequenceTransfer, SpentDeadlineIsARefusalNotACrash) {
+  Engine e(200, 200, 200);
+  EngineClient c(e.s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);
+  HttpSequenceTransfer t(c);
+  TransferObserved o = t.Transfer(Target(), 0);
+  EXPECT_FALSE(o.acknowledged);
+  EXPECT_EQ(o.mutation, MutationClass::kNone);
+  EXPECT_NE(o.error.find("deadline"), std::string::npos) << o.error;
+  EXPECT_TRUE(e.s.paths().empty());
+  // A call with a spent deadline is evidence that nothing was sent, for every route.
+  HttpReply r = c.StartWeightUpdate(CallOptions{0, std::nullopt});
+  EXPECT_TRUE(r.http.never_sent()) << r.http.error;
+  EXPECT_TRUE(e.s.paths().empty());
+}
+
 }  // namespace
 }  // namespace rc::effects
