@@ -20,6 +20,7 @@
 
 #include "effects/http_transfer.h"
 #include "journal/json.h"
+#include "service/api_parse.h"
 #include "service/http_util.h"
 #include "statemachine/text.h"
 
@@ -1066,75 +1067,6 @@ void Service::HandleVersion(const httplib::Request&, httplib::Response& res) {
              {"head_seq", v.head.seq}});
 }
 
-namespace {
-
-// A source URI from a client, checked before anything is journaled or the engine touched: a bad
-// one is a 400 with zero journal events. Messages name the URI (escaped), never file contents.
-Status ValidateSource(const std::string& uri) {
-  if (uri.empty() || uri.size() > kTextBytesMax || !rc::text::printable_utf8(uri)) {
-    return Status::InvalidArgument("'source' must be 1.." + std::to_string(kTextBytesMax) +
-                                   " bytes of printable UTF-8");
-  }
-  if (uri.rfind("synthetic:", 0) == 0) {
-    auto m = effects::synthetic_manifest(uri);
-    if (!m.ok()) return Status::InvalidArgument("'source': " + m.status().message());
-    return Status::OK();
-  }
-  std::string path;
-  for (const char* p : {"safetensors:", "ipc:"}) {
-    if (uri.rfind(p, 0) == 0) path = uri.substr(std::strlen(p));
-  }
-  if (path.empty() && uri.rfind("safetensors:", 0) != 0 && uri.rfind("ipc:", 0) != 0) {
-    return Status::InvalidArgument(
-        "'source' must start with safetensors:, ipc: or synthetic: (got '" +
-        esc(uri.substr(0, 64)) + "')");
-  }
-  if (path.empty() || path.front() != '/') {
-    return Status::InvalidArgument("'source' must name an absolute path (got '" + esc(uri) + "')");
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || ::access(path.c_str(), R_OK) != 0) {
-    return Status::InvalidArgument("'source' " + esc(uri) +
-                                   ": not a readable regular file on the executor's host");
-  }
-  return Status::OK();
-}
-
-Result<UpdateRequested> parse_update(const json& body) {
-  RC_RETURN_IF_ERROR(only_fields(body, {"update_id", "target_label", "identity", "source"}, ""));
-  UpdateRequested r;
-  auto id = get_string(body, "update_id", true);
-  if (!id.ok()) return id.status();
-  r.update_id = *id;
-  auto label = get_string(body, "target_label", true);
-  if (!label.ok()) return label.status();
-  r.target_label = *label;
-  auto source = get_string(body, "source", true);
-  if (!source.ok()) return source.status();
-  r.source_uri = *source;
-  RC_RETURN_IF_ERROR(ValidateSource(r.source_uri));
-  auto it = body.find("identity");
-  if (it == body.end() || !it->is_object()) {
-    return Status::InvalidArgument("missing object field 'identity'");
-  }
-  const json& idj = *it;
-  RC_RETURN_IF_ERROR(only_fields(
-      idj, {"manifest_digest", "content_digest", "checkpoint", "run", "step"}, "identity."));
-  auto md = get_string(idj, "manifest_digest", true, "identity.");
-  if (!md.ok()) return md.status();
-  auto cd = get_string(idj, "content_digest", false, "identity.");
-  if (!cd.ok()) return cd.status();
-  auto ck = get_string(idj, "checkpoint", false, "identity.");
-  if (!ck.ok()) return ck.status();
-  auto run = get_string(idj, "run", false, "identity.");
-  if (!run.ok()) return run.status();
-  auto step = get_int(idj, "step", -1, -1, INT64_MAX, "identity.");
-  if (!step.ok()) return step.status();
-  r.identity = WeightIdentity{*md, *cd, *ck, *run, *step};
-  return r;
-}
-
-}  // namespace
 
 std::optional<Service::EndedUpdate> Service::FindEndedUpdate(const std::string& update_id) {
   std::lock_guard<std::mutex> lock(ended_mu_);
@@ -1213,8 +1145,7 @@ void Service::SendUpdateOutcome(httplib::Response& res, const UpdateRequested& r
 
 void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) {
   if (!Authorized(req, res)) return;
-  auto body = parse_object(req.body, false);
-  Result<UpdateRequested> request = body.ok() ? parse_update(*body) : body.status();
+  Result<UpdateRequested> request = parse_update_body(req.body);
   if (!request.ok()) {
     metrics_.bad_requests++;
     send_status(res, request.status());
@@ -1327,38 +1258,16 @@ void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) 
 
 void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
   if (!Authorized(req, res)) return;
-  auto body = parse_object(req.body, true);
-  Status st = body.ok() ? only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, "")
-                        : body.status();
-  std::string id;
-  std::int64_t wait_ms = 0;
-  std::int64_t lease_ms = config_.rollout_lease_ms;
-  if (st.ok()) {
-    auto r = get_string(*body, "rollout_id", false);
-    if (!r.ok()) {
-      st = r.status();
-    } else if (r->size() > kIdBytesMax || !rc::text::printable_utf8(*r)) {
-      st = Status::InvalidArgument("'rollout_id' must be 1.." + std::to_string(kIdBytesMax) +
-                                   " bytes of printable UTF-8");
-    } else {
-      id = *r;
-    }
-  }
-  if (st.ok()) {
-    auto w = get_int(*body, "wait_ms", static_cast<std::int64_t>(config_.admit_wait_ms), 0,
-                     static_cast<std::int64_t>(config_.admit_wait_ms));
-    if (!w.ok()) st = w.status(); else wait_ms = *w;
-  }
-  if (st.ok()) {
-    auto l = get_int(*body, "lease_ms", config_.rollout_lease_ms, kRolloutLeaseMsMin,
-                     kRolloutLeaseMsMax);
-    if (!l.ok()) st = l.status(); else lease_ms = *l;
-  }
-  if (!st.ok()) {
+  Result<AdmitBody> parsed = parse_admit_body(req.body, config_.admit_wait_ms,
+                                              config_.rollout_lease_ms);
+  if (!parsed.ok()) {
     metrics_.bad_requests++;
-    send_status(res, st);
+    send_status(res, parsed.status());
     return;
   }
+  std::string id = parsed->rollout_id;
+  const std::int64_t wait_ms = parsed->wait_ms;
+  const std::int64_t lease_ms = parsed->lease_ms;
   if (id.empty()) id = NextRolloutId();
   AdmitResult a = Admit(id, static_cast<std::uint64_t>(wait_ms),
                         static_cast<std::uint32_t>(lease_ms));
@@ -1390,8 +1299,7 @@ void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
 void Service::HandleLease(const httplib::Request& req, httplib::Response& res) {
   if (!Authorized(req, res)) return;
   const std::string id = req.matches[1];
-  auto body = parse_object(req.body, true);
-  Status st = body.ok() ? only_fields(*body, {}, "") : body.status();
+  Status st = parse_lease_body(req.body);
   if (!st.ok()) {
     metrics_.bad_requests++;
     send_status(res, st);
@@ -1468,31 +1376,14 @@ void Service::LeaseLoop() {
 void Service::HandleFinish(const httplib::Request& req, httplib::Response& res) {
   if (!Authorized(req, res)) return;
   const std::string id = req.matches[1];
-  auto body = parse_object(req.body, true);
-  Status st = body.ok() ? only_fields(*body, {"outcome", "prompt_tokens", "completion_tokens"}, "")
-                        : body.status();
-  RolloutOutcome outcome = RolloutOutcome::kCompleted;
-  std::int64_t pt = 0, ct = 0;
-  if (st.ok()) {
-    auto o = get_string(*body, "outcome", false);
-    if (!o.ok()) {
-      st = o.status();
-    } else if (*o == "aborted") {
-      outcome = RolloutOutcome::kAborted;
-    } else if (!o->empty() && *o != "completed") {
-      st = Status::InvalidArgument("'outcome' must be 'completed' or 'aborted'");
-    }
-  }
-  if (st.ok()) {
-    auto p = get_int(*body, "prompt_tokens", 0, 0, UINT32_MAX);
-    auto c = get_int(*body, "completion_tokens", 0, 0, UINT32_MAX);
-    if (!p.ok()) st = p.status(); else if (!c.ok()) st = c.status(); else { pt = *p; ct = *c; }
-  }
-  if (!st.ok()) {
+  Result<FinishBody> parsed = parse_finish_body(req.body);
+  if (!parsed.ok()) {
     metrics_.bad_requests++;
-    send_status(res, st);
+    send_status(res, parsed.status());
     return;
   }
+  const RolloutOutcome outcome = parsed->outcome;
+  const std::int64_t pt = parsed->prompt_tokens, ct = parsed->completion_tokens;
   Status done = FinishDurably(id, outcome, static_cast<std::uint32_t>(pt),
                               static_cast<std::uint32_t>(ct));
   if (!done.ok()) {

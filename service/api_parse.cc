@@ -1,0 +1,156 @@
+// The trainer API's body parsers (see api_parse.h). parse_update and ValidateSource moved verbatim
+// from service.cc; the admit / finish / lease parsers are the handlers' former inline code.
+#include "service/api_parse.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "effects/http_transfer.h"
+#include "service/config.h"
+#include "service/http_util.h"
+#include "statemachine/text.h"
+
+namespace rc::service {
+
+using nlohmann::json;
+
+namespace {
+std::string esc(const std::string& s) { return rc::text::escape_line(s); }
+}  // namespace
+
+Status ValidateSource(const std::string& uri) {
+  if (uri.empty() || uri.size() > kTextBytesMax || !rc::text::printable_utf8(uri)) {
+    return Status::InvalidArgument("'source' must be 1.." + std::to_string(kTextBytesMax) +
+                                   " bytes of printable UTF-8");
+  }
+  if (uri.rfind("synthetic:", 0) == 0) {
+    auto m = effects::synthetic_manifest(uri);
+    if (!m.ok()) return Status::InvalidArgument("'source': " + m.status().message());
+    return Status::OK();
+  }
+  std::string path;
+  for (const char* p : {"safetensors:", "ipc:"}) {
+    if (uri.rfind(p, 0) == 0) path = uri.substr(std::strlen(p));
+  }
+  if (path.empty() && uri.rfind("safetensors:", 0) != 0 && uri.rfind("ipc:", 0) != 0) {
+    return Status::InvalidArgument(
+        "'source' must start with safetensors:, ipc: or synthetic: (got '" +
+        esc(uri.substr(0, 64)) + "')");
+  }
+  if (path.empty() || path.front() != '/') {
+    return Status::InvalidArgument("'source' must name an absolute path (got '" + esc(uri) + "')");
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || ::access(path.c_str(), R_OK) != 0) {
+    return Status::InvalidArgument("'source' " + esc(uri) +
+                                   ": not a readable regular file on the executor's host");
+  }
+  return Status::OK();
+}
+
+Result<UpdateRequested> parse_update(const json& body) {
+  RC_RETURN_IF_ERROR(only_fields(body, {"update_id", "target_label", "identity", "source"}, ""));
+  UpdateRequested r;
+  auto id = get_string(body, "update_id", true);
+  if (!id.ok()) return id.status();
+  r.update_id = *id;
+  auto label = get_string(body, "target_label", true);
+  if (!label.ok()) return label.status();
+  r.target_label = *label;
+  auto source = get_string(body, "source", true);
+  if (!source.ok()) return source.status();
+  r.source_uri = *source;
+  RC_RETURN_IF_ERROR(ValidateSource(r.source_uri));
+  auto it = body.find("identity");
+  if (it == body.end() || !it->is_object()) {
+    return Status::InvalidArgument("missing object field 'identity'");
+  }
+  const json& idj = *it;
+  RC_RETURN_IF_ERROR(only_fields(
+      idj, {"manifest_digest", "content_digest", "checkpoint", "run", "step"}, "identity."));
+  auto md = get_string(idj, "manifest_digest", true, "identity.");
+  if (!md.ok()) return md.status();
+  auto cd = get_string(idj, "content_digest", false, "identity.");
+  if (!cd.ok()) return cd.status();
+  auto ck = get_string(idj, "checkpoint", false, "identity.");
+  if (!ck.ok()) return ck.status();
+  auto run = get_string(idj, "run", false, "identity.");
+  if (!run.ok()) return run.status();
+  auto step = get_int(idj, "step", -1, -1, INT64_MAX, "identity.");
+  if (!step.ok()) return step.status();
+  r.identity = WeightIdentity{*md, *cd, *ck, *run, *step};
+  return r;
+}
+
+Result<UpdateRequested> parse_update_body(const std::string& body) {
+  auto parsed = parse_object(body, false);
+  return parsed.ok() ? parse_update(*parsed) : Result<UpdateRequested>(parsed.status());
+}
+
+Result<AdmitBody> parse_admit_body(const std::string& req_body, std::uint64_t admit_wait_ms,
+                                   std::uint32_t rollout_lease_ms) {
+  auto body = parse_object(req_body, true);
+  Status st = body.ok() ? only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, "")
+                        : body.status();
+  AdmitBody out;
+  out.lease_ms = rollout_lease_ms;
+  if (st.ok()) {
+    auto r = get_string(*body, "rollout_id", false);
+    if (!r.ok()) {
+      st = r.status();
+    } else if (r->size() > kIdBytesMax || !rc::text::printable_utf8(*r)) {
+      st = Status::InvalidArgument("'rollout_id' must be 1.." + std::to_string(kIdBytesMax) +
+                                   " bytes of printable UTF-8");
+    } else {
+      out.rollout_id = *r;
+    }
+  }
+  if (st.ok()) {
+    auto w = get_int(*body, "wait_ms", static_cast<std::int64_t>(admit_wait_ms), 0,
+                     static_cast<std::int64_t>(admit_wait_ms));
+    if (!w.ok()) st = w.status(); else out.wait_ms = *w;
+  }
+  if (st.ok()) {
+    auto l = get_int(*body, "lease_ms", rollout_lease_ms, kRolloutLeaseMsMin,
+                     kRolloutLeaseMsMax);
+    if (!l.ok()) st = l.status(); else out.lease_ms = *l;
+  }
+  if (!st.ok()) return st;
+  return out;
+}
+
+Result<FinishBody> parse_finish_body(const std::string& req_body) {
+  auto body = parse_object(req_body, true);
+  Status st = body.ok() ? only_fields(*body, {"outcome", "prompt_tokens", "completion_tokens"}, "")
+                        : body.status();
+  FinishBody out;
+  if (st.ok()) {
+    auto o = get_string(*body, "outcome", false);
+    if (!o.ok()) {
+      st = o.status();
+    } else if (*o == "aborted") {
+      out.outcome = RolloutOutcome::kAborted;
+    } else if (!o->empty() && *o != "completed") {
+      st = Status::InvalidArgument("'outcome' must be 'completed' or 'aborted'");
+    }
+  }
+  if (st.ok()) {
+    auto p = get_int(*body, "prompt_tokens", 0, 0, UINT32_MAX);
+    auto c = get_int(*body, "completion_tokens", 0, 0, UINT32_MAX);
+    if (!p.ok()) st = p.status(); else if (!c.ok()) st = c.status(); else {
+      out.prompt_tokens = *p;
+      out.completion_tokens = *c;
+    }
+  }
+  if (!st.ok()) return st;
+  return out;
+}
+
+Status parse_lease_body(const std::string& req_body) {
+  auto body = parse_object(req_body, true);
+  return body.ok() ? only_fields(*body, {}, "") : body.status();
+}
+
+}  // namespace rc::service

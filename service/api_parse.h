@@ -1,0 +1,46 @@
+// The trainer API's request-body parsers and validation (POST /v1/updates, POST /v1/rollouts,
+// DELETE /v1/rollouts/{id}, POST /v1/rollouts/{id}/lease), as the route handlers run them: a
+// malformed body is an InvalidArgument Status (a 400, nothing journaled), never an exception.
+// Separate from service.cc so that tests and fuzz targets run the exact same code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "statemachine/events.h"
+#include "statemachine/status.h"
+
+namespace rc::service {
+
+// A source URI from a client, checked before anything is journaled or the engine touched: a bad
+// one is a 400 with zero journal events. Messages name the URI (escaped), never file contents.
+Status ValidateSource(const std::string& uri);
+
+// POST /v1/updates: the already-parsed JSON object.
+Result<UpdateRequested> parse_update(const nlohmann::json& body);
+// POST /v1/updates: the raw body (not JSON, not an object, or parse_update's refusal).
+Result<UpdateRequested> parse_update_body(const std::string& body);
+
+// POST /v1/rollouts: {"rollout_id"?, "wait_ms"?, "lease_ms"?} ("" allowed: all defaults).
+struct AdmitBody {
+  std::string rollout_id;  // "" = the executor names it
+  std::int64_t wait_ms = 0;
+  std::int64_t lease_ms = 0;
+};
+Result<AdmitBody> parse_admit_body(const std::string& body, std::uint64_t admit_wait_ms,
+                                   std::uint32_t rollout_lease_ms);
+
+// DELETE /v1/rollouts/{id}: {"outcome"?, "prompt_tokens"?, "completion_tokens"?}.
+struct FinishBody {
+  RolloutOutcome outcome = RolloutOutcome::kCompleted;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t completion_tokens = 0;
+};
+Result<FinishBody> parse_finish_body(const std::string& body);
+
+// POST /v1/rollouts/{id}/lease: an empty body or {}.
+Status parse_lease_body(const std::string& body);
+
+}  // namespace rc::service
