@@ -1,63 +1,387 @@
 #include "service/config.h"
 
+#include <algorithm>
+#include <array>
 #include <fstream>
-#include <functional>
-#include <map>
+#include <limits>
 #include <sstream>
 
 namespace rc::service {
 namespace {
 
-using Setter = std::function<Status(const nlohmann::json&)>;
+using C = ServeConfig;
+constexpr std::uint64_t kSecond = 1000;
+constexpr std::uint64_t kHour = 3600 * kSecond;
+constexpr std::uint64_t kDay = 24 * kHour;
+constexpr std::uint64_t kPathBytesMax = 4096;
+constexpr std::uint64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+constexpr std::size_t kKeyEchoBytesMax = 64;  // an unknown key is quoted at most this long
+
+constexpr const char* kWhere = "Where things are";
+constexpr const char* kBoot = "Bootstrap (used only while the journal is UNINITIALIZED)";
+constexpr const char* kDeadlines = "Deadlines";
+constexpr const char* kBounds = "Bounds";
+constexpr const char* kTransfer = "Weight transfer";
+constexpr const char* kGate = "Connection gate";
+constexpr const char* kTrust = "Trust under faults";
+
+// The single definition of every setting. Adding a ServeConfig member means adding its row here;
+// the parser, the flags, the validation and docs/config.md follow from it.
+const std::array kKeys = {
+    ConfigKey{"engine_url", "engine-url", &C::engine_url, 1, 2048, kWhere,
+              "vLLM base URL (http:// or https://), e.g. http://127.0.0.1:8000", {}},
+    ConfigKey{"journal_path", "journal", &C::journal_path, 1, kPathBytesMax, kWhere,
+              "journal directory (RocksDB); its parent directories are created if missing", {}},
+    ConfigKey{"trajectories_path", "trajectories", &C::trajectories_path, 0, kPathBytesMax, kWhere,
+              "trajectories JSON-lines file; empty = trajectories.jsonl beside the journal", {}},
+    ConfigKey{"listen_host", "host", &C::listen_host, 1, 255, kWhere, "listen address", {}},
+    ConfigKey{"listen_port", "port", &C::listen_port, 0, 65535, kWhere,
+              "listen port; 0 = ephemeral (the chosen port is printed on start)", {}},
+    ConfigKey{"auth_token", "auth-token", &C::auth_token, 0, 4096, kWhere,
+              "Bearer token required on mutating trainer routes; empty = RC_AUTH_TOKEN from the "
+              "environment, else none",
+              {}},
+    ConfigKey{"executor_id", "executor-id", &C::executor_id, 1, kIdBytesMax, kWhere,
+              "executor id recorded on recovery", {}},
+    ConfigKey{"initial_label", "initial-label", &C::initial_label, 1, kIdBytesMax, kBoot,
+              "weight-version label of the bootstrap version", {}},
+    ConfigKey{"initial_manifest_digest", "initial-manifest", &C::initial_manifest_digest, 0, 128,
+              kBoot, "bootstrap identity: manifest digest (or give initial_source)", {}},
+    ConfigKey{"initial_source", "initial-source", &C::initial_source, 0, kPathBytesMax, kBoot,
+              "bootstrap identity: compute the manifest from this source, e.g. synthetic:4x64",
+              {}},
+    ConfigKey{"initial_checkpoint", "initial-checkpoint", &C::initial_checkpoint, 0, kPathBytesMax,
+              kBoot, "bootstrap checkpoint", {}},
+    ConfigKey{"initial_run", "initial-run", &C::initial_run, 0, kPathBytesMax, kBoot,
+              "bootstrap run id", {}},
+    ConfigKey{"initial_step", "initial-step", &C::initial_step, -1, kInt64Max, kBoot,
+              "bootstrap training step; -1 = none", {}},
+    ConfigKey{"connect_timeout_ms", "connect-timeout-ms", &C::connect_timeout_ms, 1, kDay,
+              kDeadlines, "engine connect deadline (ms)", {}},
+    ConfigKey{"call_timeout_ms", "call-timeout-ms", &C::call_timeout_ms, 1, kDay, kDeadlines,
+              "deadline of one engine control call (ms)", {}},
+    ConfigKey{"drain_timeout_ms", "drain-timeout-ms", &C::drain_timeout_ms, 1, kDay, kDeadlines,
+              "how long an update waits for running requests to finish (ms)", {}},
+    ConfigKey{"transfer_timeout_ms", "transfer-timeout-ms", &C::transfer_timeout_ms, 1, kDay,
+              kDeadlines, "deadline of one whole weight transfer (ms)", {}},
+    ConfigKey{"request_timeout_ms", "request-timeout-ms", &C::request_timeout_ms, 1, kDay,
+              kDeadlines, "deadline of one proxied generation, end to end (ms)", {}},
+    ConfigKey{"admit_wait_ms", "admit-wait-ms", &C::admit_wait_ms, 0, kHour, kDeadlines,
+              "how long a proxied request waits for READY during an update before 503 (ms)", {}},
+    ConfigKey{"retry_after_s", "retry-after-s", &C::retry_after_s, 0, 3600, kDeadlines,
+              "Retry-After sent with 503 (s)", {}},
+    ConfigKey{"shutdown_grace_ms", "shutdown-grace-ms", &C::shutdown_grace_ms, 0, kHour,
+              kDeadlines, "SIGTERM/SIGINT: how long in-flight rollouts may take to finish (ms)",
+              {}},
+    ConfigKey{"watch_timeout_ms_max", "watch-timeout-ms-max", &C::watch_timeout_ms_max, 1, kDay,
+              kDeadlines, "upper bound of a /v1/watch long-poll (ms)", {}},
+    ConfigKey{"body_bytes_max", "body-bytes-max", &C::body_bytes_max, 1024,
+              std::uint64_t{256} << 20, kBounds, "request body bound (bytes); larger = 413", {}},
+    ConfigKey{"http_threads", "http-threads", &C::http_threads, 4, 8192, kBounds,
+              "connections served concurrently", {}},
+    ConfigKey{"engine_connections_max", "engine-connections-max", &C::engine_connections_max, 1,
+              8192, kBounds,
+              "idle keep-alive connections kept to the engine (about the number of concurrent "
+              "proxied requests; beyond it calls reconnect)",
+              {}},
+    ConfigKey{"events_page_max", "events-page-max", &C::events_page_max, 1, 100000, kBounds,
+              "records per /v1/events page", {}},
+    ConfigKey{"trajectories_bytes_max", "trajectories-bytes-max", &C::trajectories_bytes_max, 4096,
+              std::uint64_t{1} << 40, kBounds,
+              "trajectories file size (bytes) at which it is rotated once (to .1)", {}},
+    ConfigKey{"transfer", "transfer", &C::transfer, 1, 8, kTransfer,
+              "http: the GPU-free start/update/finish sequence (tests, demo); nccl: the NCCL "
+              "sender (needs a CUDA/NCCL build and a GPU)",
+              "http|nccl"},
+    ConfigKey{"packed_buffer_size_bytes", "packed-buffer-size-bytes", &C::packed_buffer_size_bytes,
+              static_cast<std::int64_t>(kPackedBufferBytesMin), kPackedBufferBytesMax, kTransfer,
+              "packed chunk size (bytes), announced to the engine", {}},
+    ConfigKey{"packed_num_buffers", "packed-num-buffers", &C::packed_num_buffers, 1,
+              kPackedNumBuffersMax, kTransfer, "packed staging buffers in flight", {}},
+    ConfigKey{"rendezvous", "rendezvous", &C::rendezvous, 0, kRendezvousHostBytesMax + 8,
+              kTransfer,
+              "HOST:PORT (or [IPv6]:PORT) the engine's workers dial for the NCCL rendezvous; "
+              "PORT 0 = a fresh ephemeral port per init; required with transfer nccl (http: only "
+              "recorded in init_info, empty = 127.0.0.1:29500)",
+              {}},
+    ConfigKey{"cuda_device", "cuda-device", &C::cuda_device, 0, kCudaDeviceMax, kTransfer,
+              "nccl: rank 0's CUDA device", {}},
+    ConfigKey{"nccl_world_size", "nccl-world-size", &C::nccl_world_size, 0, kNcclWorldSizeMax,
+              kTransfer, "nccl: 1 + engine workers; 0 = 1 + GET /get_world_size; 1 is refused",
+              {}},
+    ConfigKey{"nccl_init_timeout_ms", "nccl-init-timeout-ms", &C::nccl_init_timeout_ms, 1, kHour,
+              kTransfer, "nccl: deadline of the startup rendezvous, communicator and warm-up (ms)",
+              {}},
+    ConfigKey{"nccl_abort_reserve_ms", "nccl-abort-reserve-ms", &C::nccl_abort_reserve_ms, 0, kHour,
+              kTransfer,
+              "nccl: kept at the end of every init/transfer deadline for ncclCommAbort (ms); "
+              "must be below nccl_init_timeout_ms and transfer_timeout_ms",
+              {}},
+    ConfigKey{"header_timeout_ms", "header-timeout-ms", &C::header_timeout_ms, 1, kHour, kGate,
+              "accept to complete request head, else 408 (ms)", {}},
+    ConfigKey{"idle_timeout_ms", "idle-timeout-ms", &C::idle_timeout_ms, 1, kHour, kGate,
+              "accept to first request byte, else 408 (ms)", {}},
+    ConfigKey{"http_connections_max", "http-connections-max", &C::http_connections_max, 4, 65536,
+              kGate, "connections accepted and not yet closed (at least http_threads); beyond: 503",
+              {}},
+    ConfigKey{"journal_sync", "journal-sync", &C::journal_sync, 0, 1, kTrust,
+              "fsync each group commit (turn off only in benchmarks)", {}},
+    ConfigKey{"journal_commit_stall_timeout_ms", "journal-commit-stall-timeout-ms",
+              &C::journal_commit_stall_timeout_ms, 100, 600 * kSecond, kTrust,
+              "a group commit not durable within this fail-stops the executor (ms)", {}},
+    ConfigKey{"finish_retry_ms", "finish-retry-ms", &C::finish_retry_ms, 1, 600 * kSecond, kTrust,
+              "how long a finish that cannot be made durable is retried before fail-stop (ms)", {}},
+    ConfigKey{"engine_monitor_interval_ms", "engine-monitor-interval-ms",
+              &C::engine_monitor_interval_ms, static_cast<std::int64_t>(kEngineMonitorIntervalMsMin),
+              kEngineMonitorIntervalMsMax, kTrust, "how often the engine is probed while READY (ms)",
+              {}},
+    ConfigKey{"engine_startup_timeout_ms", "engine-startup-timeout-ms",
+              &C::engine_startup_timeout_ms, 1, kDay, kTrust,
+              "how long startup waits for the engine to answer, logging progress (ms)", {}},
+    ConfigKey{"adopt_engine", "adopt-engine", &C::adopt_engine, 0, 1, kTrust,
+              "bootstrap accepts an engine that reports another label or is paused (relabels or "
+              "resumes it; what was found is journaled)",
+              {}, /*is_switch=*/true},
+    ConfigKey{"rollout_lease_ms", "rollout-lease-ms", &C::rollout_lease_ms, kRolloutLeaseMsMin,
+              kRolloutLeaseMsMax, kTrust,
+              "lease of an explicit rollout whose client names none, renewed by POST "
+              "/v1/rollouts/ID/lease (ms)",
+              {}},
+};
+
+// ---- JSON values into typed members (no exceptions: every get<> is on a checked type).
 
 template <typename T>
-Setter bind_field(const char* name, T& slot) {
-  return [name, &slot](const nlohmann::json& v) -> Status {
-    if constexpr (std::is_same_v<T, std::string>) {
-      if (!v.is_string()) return Status::InvalidArgument(std::string(name) + " must be a string");
-      slot = v.get<std::string>();
-    } else if constexpr (std::is_same_v<T, bool>) {
-      if (!v.is_boolean()) return Status::InvalidArgument(std::string(name) + " must be a bool");
-      slot = v.get<bool>();
-    } else if constexpr (std::is_signed_v<T>) {
-      if (!v.is_number_integer()) {
-        return Status::InvalidArgument(std::string(name) + " must be an integer");
-      }
-      slot = v.get<T>();
-    } else {
-      if (!v.is_number_unsigned()) {
-        return Status::InvalidArgument(std::string(name) + " must be a non-negative integer");
-      }
-      slot = v.get<T>();
+Status AssignInteger(std::string_view key, const nlohmann::json& v, T& slot) {
+  const std::string k(key);
+  if (!v.is_number_integer()) return Status::InvalidArgument(k + " must be an integer");
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) {
+      return Status::InvalidArgument(k + " is too large: " + std::to_string(u));
     }
+    slot = static_cast<T>(u);
     return Status::OK();
-  };
+  }
+  const auto s = v.get<std::int64_t>();
+  if constexpr (std::is_unsigned_v<T>) {
+    return Status::InvalidArgument(k + " must be a non-negative integer");
+  } else {
+    if (s < std::numeric_limits<T>::min()) {
+      return Status::InvalidArgument(k + " is too small: " + std::to_string(s));
+    }
+    slot = static_cast<T>(s);
+    return Status::OK();
+  }
 }
 
-std::map<std::string, Setter> setters(ServeConfig& c) {
-  std::map<std::string, Setter> m;
-#define RC_FIELD(f) m.emplace(#f, bind_field(#f, c.f))
-  RC_FIELD(engine_url); RC_FIELD(journal_path); RC_FIELD(trajectories_path);
-  RC_FIELD(listen_host); RC_FIELD(listen_port); RC_FIELD(auth_token); RC_FIELD(executor_id);
-  RC_FIELD(initial_label); RC_FIELD(initial_manifest_digest); RC_FIELD(initial_source);
-  RC_FIELD(initial_checkpoint); RC_FIELD(initial_run); RC_FIELD(initial_step);
-  RC_FIELD(connect_timeout_ms); RC_FIELD(call_timeout_ms); RC_FIELD(drain_timeout_ms);
-  RC_FIELD(transfer_timeout_ms); RC_FIELD(request_timeout_ms); RC_FIELD(admit_wait_ms);
-  RC_FIELD(retry_after_s); RC_FIELD(shutdown_grace_ms); RC_FIELD(watch_timeout_ms_max);
-  RC_FIELD(body_bytes_max); RC_FIELD(http_threads);
-  RC_FIELD(engine_connections_max); RC_FIELD(events_page_max);
-  RC_FIELD(trajectories_bytes_max); RC_FIELD(transfer); RC_FIELD(packed_buffer_size_bytes);
-  RC_FIELD(packed_num_buffers); RC_FIELD(rendezvous); RC_FIELD(journal_sync);
-  RC_FIELD(cuda_device); RC_FIELD(nccl_world_size); RC_FIELD(nccl_init_timeout_ms);
-  RC_FIELD(nccl_abort_reserve_ms); RC_FIELD(engine_monitor_interval_ms);
-  RC_FIELD(engine_startup_timeout_ms); RC_FIELD(adopt_engine); RC_FIELD(rollout_lease_ms);
-  RC_FIELD(finish_retry_ms);
-  RC_FIELD(header_timeout_ms); RC_FIELD(idle_timeout_ms); RC_FIELD(http_connections_max);  // proxy owner
-#undef RC_FIELD
-  return m;
+template <typename T>
+Status Assign(std::string_view key, const nlohmann::json& v, T& slot) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return Status::InvalidArgument(std::string(key) + " must be a string");
+    slot = v.get<std::string>();
+    return Status::OK();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return Status::InvalidArgument(std::string(key) + " must be a bool");
+    slot = v.get<bool>();
+    return Status::OK();
+  } else {
+    return AssignInteger(key, v, slot);
+  }
+}
+
+// ---- Bounds of one row.
+
+std::string FlagOf(const ConfigKey& k) { return "--" + std::string(k.flag); }
+
+bool InChoices(std::string_view choices, std::string_view value) {
+  while (!choices.empty()) {
+    const auto bar = choices.find('|');
+    if (choices.substr(0, bar) == value) return true;
+    if (bar == std::string_view::npos) break;
+    choices.remove_prefix(bar + 1);
+  }
+  return false;
+}
+
+Status CheckString(const ConfigKey& k, const std::string& v) {
+  const std::string name = std::string(k.key) + " (" + FlagOf(k) + ")";
+  if (v.empty() && k.min > 0) return Status::InvalidArgument(name + " is required");
+  if (v.size() < static_cast<std::uint64_t>(k.min) || v.size() > k.max) {
+    return Status::InvalidArgument(name + " must be " + std::to_string(k.min) + ".." +
+                                   std::to_string(k.max) + " bytes, got " +
+                                   std::to_string(v.size()));
+  }
+  if (!k.choices.empty() && !InChoices(k.choices, v)) {
+    return Status::InvalidArgument(name + " must be one of " + std::string(k.choices) +
+                                   ", got '" + v.substr(0, kKeyEchoBytesMax) + "'");
+  }
+  return Status::OK();
+}
+
+template <typename T>
+Status CheckNumber(const ConfigKey& k, T v) {
+  bool ok = false;
+  if constexpr (std::is_signed_v<T>) {
+    ok = static_cast<std::int64_t>(v) >= k.min &&
+         (v < 0 || static_cast<std::uint64_t>(v) <= k.max);
+  } else {
+    ok = (k.min <= 0 || static_cast<std::uint64_t>(v) >= static_cast<std::uint64_t>(k.min)) &&
+         static_cast<std::uint64_t>(v) <= k.max;
+  }
+  if (ok) return Status::OK();
+  return Status::InvalidArgument(std::string(k.key) + " (" + FlagOf(k) + ") must be in " +
+                                 std::to_string(k.min) + ".." + std::to_string(k.max) +
+                                 ", got " + std::to_string(v));
+}
+
+Status CheckRow(const ConfigKey& k, const ServeConfig& c) {
+  return std::visit(
+      [&](auto member) -> Status {
+        const auto& v = c.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return CheckString(k, v);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return Status::OK();
+        } else {
+          return CheckNumber(k, v);
+        }
+      },
+      k.field);
+}
+
+// ---- Rules that join keys.
+
+Status CheckEngineUrl(const ServeConfig& c) {
+  if (c.engine_url.rfind("http://", 0) != 0 && c.engine_url.rfind("https://", 0) != 0) {
+    return Status::InvalidArgument("engine_url must start with http:// or https:// (got '" +
+                                   c.engine_url.substr(0, 256) + "')");
+  }
+  return Status::OK();
+}
+
+Status CheckNccl(const ServeConfig& c) {
+  if (!c.rendezvous.empty()) {
+    auto hp = ParseHostPort(c.rendezvous);
+    if (!hp.ok()) return Status::InvalidArgument("rendezvous: " + hp.status().message());
+  }
+  if (c.nccl_world_size == 1) {
+    return Status::InvalidArgument("nccl_world_size must be 0 (ask the engine) or 2.." +
+                                   std::to_string(kNcclWorldSizeMax));
+  }
+  if (c.transfer != "nccl") return Status::OK();
+  if (c.rendezvous.empty()) {
+    return Status::InvalidArgument(
+        "transfer 'nccl' needs rendezvous HOST:PORT (the address the engine's workers dial; "
+        "PORT 0 = ephemeral)");
+  }
+  // The abort must fit inside every deadline it is reserved from, with time left for work.
+  if (c.nccl_abort_reserve_ms >= c.nccl_init_timeout_ms ||
+      c.nccl_abort_reserve_ms >= c.transfer_timeout_ms) {
+    return Status::InvalidArgument(
+        "nccl_abort_reserve_ms (" + std::to_string(c.nccl_abort_reserve_ms) +
+        ") must be below nccl_init_timeout_ms (" + std::to_string(c.nccl_init_timeout_ms) +
+        ") and transfer_timeout_ms (" + std::to_string(c.transfer_timeout_ms) + ")");
+  }
+  return Status::OK();
+}
+
+Status CheckConnections(const ServeConfig& c) {
+  if (c.http_connections_max < static_cast<std::uint64_t>(c.http_threads)) {
+    return Status::InvalidArgument("http_connections_max (" +
+                                   std::to_string(c.http_connections_max) +
+                                   ") must be at least http_threads (" +
+                                   std::to_string(c.http_threads) + ")");
+  }
+  return Status::OK();
+}
+
+// ---- Unknown keys.
+
+std::size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Printable ASCII only, bounded: the key came from outside.
+std::string Echo(std::string_view text) {
+  std::string out;
+  for (char ch : text.substr(0, kKeyEchoBytesMax)) {
+    out += (ch >= ' ' && ch < 0x7f) ? ch : '?';
+  }
+  if (text.size() > kKeyEchoBytesMax) out += "...";
+  return out;
+}
+
+Status UnknownKey(std::string_view key) {
+  std::string msg = "unknown config key '" + Echo(key) + "'";
+  const auto close = ClosestConfigKeys(key, 3);
+  if (!close.empty()) {
+    msg += "; did you mean";
+    for (std::size_t i = 0; i < close.size(); ++i) msg += (i ? ", '" : " '") + close[i] + "'";
+    msg += "?";
+  } else {
+    msg += "; valid keys:";
+    for (const auto& k : kKeys) msg += " " + std::string(k.key);
+  }
+  msg += " (all keys: docs/config.md, or `rolloutcore serve --config-reference`)";
+  return Status::InvalidArgument(msg);
 }
 
 }  // namespace
+
+std::span<const ConfigKey> ConfigKeys() { return kKeys; }
+
+const ConfigKey* FindConfigKey(std::string_view key) {
+  for (const auto& k : kKeys) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+std::string_view ConfigTypeName(const ConfigKey& key) {
+  return std::visit(
+      [](auto member) -> std::string_view {
+        using T = std::decay_t<decltype(ServeConfig{}.*member)>;
+        if constexpr (std::is_same_v<T, std::string>) return "string";
+        if constexpr (std::is_same_v<T, bool>) return "bool";
+        if constexpr (std::is_signed_v<T>) return "integer";
+        return "unsigned integer";
+      },
+      key.field);
+}
+
+nlohmann::json ConfigDefault(const ConfigKey& key) {
+  static const ServeConfig defaults;
+  return std::visit([](auto member) { return nlohmann::json(defaults.*member); }, key.field);
+}
+
+std::vector<std::string> ClosestConfigKeys(std::string_view unknown, std::size_t max) {
+  const std::string_view probe = unknown.substr(0, kKeyEchoBytesMax);
+  std::vector<std::pair<std::size_t, std::string_view>> scored;
+  for (const auto& k : kKeys) {
+    const std::size_t d = EditDistance(probe, k.key);
+    const bool contains = probe.size() >= 4 && (k.key.find(probe) != std::string_view::npos ||
+                                                probe.find(k.key) != std::string_view::npos);
+    if (d <= std::max<std::size_t>(2, k.key.size() / 3) || contains) scored.emplace_back(d, k.key);
+  }
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < scored.size() && i < max; ++i) out.emplace_back(scored[i].second);
+  return out;
+}
 
 Result<HostPort> ParseHostPort(const std::string& text) {
   std::string host;
@@ -97,11 +421,11 @@ Result<HostPort> ParseHostPort(const std::string& text) {
 Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {
   if (!doc.is_object()) return Status::InvalidArgument("config must be a JSON object");
   ServeConfig merged = config;
-  auto m = setters(merged);
   for (const auto& [key, value] : doc.items()) {
-    auto it = m.find(key);
-    if (it == m.end()) return Status::InvalidArgument("unknown config key '" + key + "'");
-    RC_RETURN_IF_ERROR(it->second(value));
+    const ConfigKey* k = FindConfigKey(key);
+    if (k == nullptr) return UnknownKey(key);
+    RC_RETURN_IF_ERROR(std::visit(
+        [&](auto member) { return Assign(k->key, value, merged.*member); }, k->field));
   }
   config = std::move(merged);
   return Status::OK();
@@ -125,142 +449,104 @@ Status MergeConfigFile(const std::string& path, ServeConfig& config) {
 }
 
 Status ValidateConfig(const ServeConfig& c) {
-  if (c.engine_url.rfind("http://", 0) != 0 && c.engine_url.rfind("https://", 0) != 0) {
-    return Status::InvalidArgument("engine_url must start with http:// or https:// (got '" +
-                                   c.engine_url + "')");
-  }
-  if (c.journal_path.empty()) return Status::InvalidArgument("journal_path is required");
-  if (c.listen_port < 0 || c.listen_port > 65535) {
-    return Status::InvalidArgument("listen_port out of range");
-  }
-  if (c.initial_label.empty() || c.initial_label.size() > kIdBytesMax) {
-    return Status::InvalidArgument("initial_label must be 1.." + std::to_string(kIdBytesMax) +
-                                   " bytes");
-  }
-  if (c.http_threads < 4 || c.http_threads > 8192) {
-    return Status::InvalidArgument("http_threads must be in 4..8192");
-  }
-  if (c.engine_connections_max < 1 || c.engine_connections_max > 8192) {
-    return Status::InvalidArgument("engine_connections_max must be in 1..8192");
-  }
-  if (c.body_bytes_max < 1024 || c.body_bytes_max > (std::size_t{256} << 20)) {
-    return Status::InvalidArgument("body_bytes_max must be in 1 KiB..256 MiB");
-  }
-  if (c.events_page_max == 0 || c.events_page_max > 100000) {
-    return Status::InvalidArgument("events_page_max must be in 1..100000");
-  }
-  if (c.transfer != "http" && c.transfer != "nccl") {
-    return Status::InvalidArgument("transfer must be 'http' or 'nccl'");
-  }
-  if (c.packed_buffer_size_bytes < kPackedBufferBytesMin ||
-      c.packed_buffer_size_bytes > kPackedBufferBytesMax) {
-    return Status::InvalidArgument("packed_buffer_size_bytes must be in " +
-                                   std::to_string(kPackedBufferBytesMin) + ".." +
-                                   std::to_string(kPackedBufferBytesMax) + " (1 MiB..64 GiB), got " +
-                                   std::to_string(c.packed_buffer_size_bytes));
-  }
-  if (c.packed_num_buffers == 0 || c.packed_num_buffers > kPackedNumBuffersMax) {
-    return Status::InvalidArgument("packed_num_buffers must be in 1.." +
-                                   std::to_string(kPackedNumBuffersMax) + ", got " +
-                                   std::to_string(c.packed_num_buffers));
-  }
-  if (!c.rendezvous.empty()) {
-    auto hp = ParseHostPort(c.rendezvous);
-    if (!hp.ok()) return Status::InvalidArgument("rendezvous: " + hp.status().message());
-  }
-  if (c.cuda_device < 0 || c.cuda_device > kCudaDeviceMax) {
-    return Status::InvalidArgument("cuda_device must be in 0.." + std::to_string(kCudaDeviceMax) +
-                                   ", got " + std::to_string(c.cuda_device));
-  }
-  if (c.nccl_world_size != 0 && (c.nccl_world_size < 2 || c.nccl_world_size > kNcclWorldSizeMax)) {
-    return Status::InvalidArgument("nccl_world_size must be 0 (ask the engine) or 2.." +
-                                   std::to_string(kNcclWorldSizeMax));
-  }
-  if (c.nccl_init_timeout_ms == 0 || c.nccl_init_timeout_ms > 3600ull * 1000) {
-    return Status::InvalidArgument("nccl_init_timeout_ms must be in 1 ms..1 h");
-  }
-  if (c.transfer == "nccl") {
-    if (c.rendezvous.empty()) {
-      return Status::InvalidArgument(
-          "transfer 'nccl' needs rendezvous HOST:PORT (the address the engine's workers dial; "
-          "PORT 0 = ephemeral)");
-    }
-    // The abort must fit inside every deadline it is reserved from, with time left for work.
-    if (c.nccl_abort_reserve_ms >= c.nccl_init_timeout_ms ||
-        c.nccl_abort_reserve_ms >= c.transfer_timeout_ms) {
-      return Status::InvalidArgument(
-          "nccl_abort_reserve_ms (" + std::to_string(c.nccl_abort_reserve_ms) +
-          ") must be below nccl_init_timeout_ms (" + std::to_string(c.nccl_init_timeout_ms) +
-          ") and transfer_timeout_ms (" + std::to_string(c.transfer_timeout_ms) + ")");
-    }
-  }
-  for (auto [name, v] : {std::pair{"connect_timeout_ms", c.connect_timeout_ms},
-                         {"call_timeout_ms", c.call_timeout_ms},
-                         {"drain_timeout_ms", c.drain_timeout_ms},
-                         {"transfer_timeout_ms", c.transfer_timeout_ms},
-                         {"request_timeout_ms", c.request_timeout_ms},
-                         {"watch_timeout_ms_max", c.watch_timeout_ms_max}}) {
-    if (v == 0 || v > 24ull * 3600 * 1000) {
-      return Status::InvalidArgument(std::string(name) + " must be in 1 ms..24 h");
-    }
-  }
-  if (c.engine_monitor_interval_ms < kEngineMonitorIntervalMsMin ||
-      c.engine_monitor_interval_ms > kEngineMonitorIntervalMsMax) {
-    return Status::InvalidArgument("engine_monitor_interval_ms must be in " +
-                                   std::to_string(kEngineMonitorIntervalMsMin) + ".." +
-                                   std::to_string(kEngineMonitorIntervalMsMax));
-  }
-  if (c.engine_startup_timeout_ms == 0 || c.engine_startup_timeout_ms > 24ull * 3600 * 1000) {
-    return Status::InvalidArgument("engine_startup_timeout_ms must be in 1 ms..24 h");
-  }
-  if (c.rollout_lease_ms < kRolloutLeaseMsMin || c.rollout_lease_ms > kRolloutLeaseMsMax) {
-    return Status::InvalidArgument("rollout_lease_ms must be in " +
-                                   std::to_string(kRolloutLeaseMsMin) + ".." +
-                                   std::to_string(kRolloutLeaseMsMax));
-  }
-  if (c.journal_commit_stall_timeout_ms < 100 || c.journal_commit_stall_timeout_ms > 600000) {
-    return Status::InvalidArgument("journal_commit_stall_timeout_ms must be in 100..600000");
-  }
-  if (c.finish_retry_ms == 0 || c.finish_retry_ms > 600ull * 1000) {
-    return Status::InvalidArgument("finish_retry_ms must be in 1 ms..10 min");
-  }
-  if (c.admit_wait_ms > 3600ull * 1000) return Status::InvalidArgument("admit_wait_ms max 1 h");
-  // proxy owner: the connection gate.
-  if (c.header_timeout_ms == 0 || c.header_timeout_ms > 3600ull * 1000 ||
-      c.idle_timeout_ms == 0 || c.idle_timeout_ms > 3600ull * 1000) {
-    return Status::InvalidArgument("header_timeout_ms and idle_timeout_ms must be in 1 ms..1 h");
-  }
-  if (c.http_connections_max < static_cast<std::uint64_t>(c.http_threads) ||
-      c.http_connections_max > 65536) {
-    return Status::InvalidArgument("http_connections_max must be in http_threads..65536");
-  }
-  if (c.shutdown_grace_ms > 3600ull * 1000) {
-    return Status::InvalidArgument("shutdown_grace_ms max 1 h");
-  }
-  return Status::OK();
+  for (const auto& k : kKeys) RC_RETURN_IF_ERROR(CheckRow(k, c));
+  RC_RETURN_IF_ERROR(CheckEngineUrl(c));
+  RC_RETURN_IF_ERROR(CheckNccl(c));
+  return CheckConnections(c);
 }
 
 nlohmann::json ConfigToJson(const ServeConfig& c) {
-  nlohmann::json j;
-#define RC_OUT(f) j[#f] = c.f
-  RC_OUT(engine_url); RC_OUT(journal_path); RC_OUT(trajectories_path); RC_OUT(listen_host);
-  RC_OUT(listen_port); RC_OUT(executor_id); RC_OUT(initial_label);
-  RC_OUT(initial_manifest_digest); RC_OUT(initial_source); RC_OUT(initial_checkpoint);
-  RC_OUT(initial_run); RC_OUT(initial_step); RC_OUT(connect_timeout_ms); RC_OUT(call_timeout_ms);
-  RC_OUT(drain_timeout_ms); RC_OUT(transfer_timeout_ms); RC_OUT(request_timeout_ms);
-  RC_OUT(admit_wait_ms); RC_OUT(retry_after_s); RC_OUT(shutdown_grace_ms);
-  RC_OUT(watch_timeout_ms_max); RC_OUT(body_bytes_max); RC_OUT(http_threads);
-  RC_OUT(engine_connections_max);
-  RC_OUT(events_page_max); RC_OUT(trajectories_bytes_max); RC_OUT(transfer);
-  RC_OUT(packed_buffer_size_bytes); RC_OUT(packed_num_buffers); RC_OUT(rendezvous);
-  RC_OUT(journal_sync); RC_OUT(cuda_device); RC_OUT(nccl_world_size);
-  RC_OUT(nccl_init_timeout_ms); RC_OUT(nccl_abort_reserve_ms);
-  RC_OUT(engine_monitor_interval_ms); RC_OUT(engine_startup_timeout_ms); RC_OUT(adopt_engine);
-  RC_OUT(rollout_lease_ms); RC_OUT(finish_retry_ms); RC_OUT(journal_commit_stall_timeout_ms);
-  RC_OUT(header_timeout_ms); RC_OUT(idle_timeout_ms); RC_OUT(http_connections_max);  // proxy owner
-#undef RC_OUT
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& k : kKeys) {
+    std::visit([&](auto member) { j[std::string(k.key)] = c.*member; }, k.field);
+  }
   j["auth_token"] = c.auth_token.empty() ? "" : "<redacted>";
   return j;
+}
+
+// ---- The reference (docs/config.md).
+
+namespace {
+
+std::string DefaultText(const ConfigKey& k) {
+  const nlohmann::json d = ConfigDefault(k);
+  if (d.is_string()) {
+    const auto text = d.get<std::string>();
+    return text.empty() ? "(empty)" : "`" + text + "`";
+  }
+  return "`" + d.dump() + "`";
+}
+
+std::string BoundsText(const ConfigKey& k) {
+  if (ConfigTypeName(k) == "bool") return "true, false";
+  if (!k.choices.empty()) {
+    std::string out;
+    std::string_view rest = k.choices;
+    while (!rest.empty()) {
+      const auto bar = rest.find('|');
+      out += (out.empty() ? "`" : ", `") + std::string(rest.substr(0, bar)) + "`";
+      if (bar == std::string_view::npos) break;
+      rest.remove_prefix(bar + 1);
+    }
+    return out;
+  }
+  const std::string range = std::to_string(k.min) + ".." + std::to_string(k.max);
+  if (ConfigTypeName(k) == "string") {
+    return (k.min > 0 ? "required, " : "") + std::to_string(k.min) + ".." +
+           std::to_string(k.max) + " bytes";
+  }
+  return range;
+}
+
+std::string Row(const ConfigKey& k) {
+  const std::string flag = FlagOf(k) + (k.is_switch ? "" : " V");
+  return "| `" + std::string(k.key) + "` | `" + flag + "` | " + std::string(ConfigTypeName(k)) +
+         " | " + DefaultText(k) + " | " + BoundsText(k) + " | " + std::string(k.help) + " |\n";
+}
+
+constexpr const char* kPreamble = R"(# `rolloutcore serve` configuration reference
+
+<!-- Generated by `rolloutcore serve --config-reference`; do not edit by hand.
+     tests/service/config_test.cc fails when this file differs from the generated text. -->
+
+Every setting can be given as a command-line flag or as a key of a JSON config file passed with
+`--config FILE`. Flags override the file; anything given neither way keeps the default below.
+The file is one JSON object (at most 1 MiB); an unknown key, a value of the wrong type or a value
+out of bounds stops `serve` before anything starts (exit 2), and an unknown key is answered with
+the closest valid names. A complete example with every key: [serve.example.json](serve.example.json).
+
+Bool flags take a value (`--journal-sync false`), except `--adopt-engine`, which is a switch.
+Bounds are inclusive; string bounds are lengths in bytes.
+
+Rules that join several keys, checked after the bounds:
+
+- `engine_url` starts with `http://` or `https://`.
+- `rendezvous`, when given, is `HOST:PORT` or `[IPv6]:PORT` (PORT 0..65535).
+- `nccl_world_size` is 0 (ask the engine) or 2 and more.
+- With `transfer` = `nccl`: `rendezvous` is required, and `nccl_abort_reserve_ms` is below both
+  `nccl_init_timeout_ms` and `transfer_timeout_ms`.
+- `http_connections_max` is at least `http_threads`.
+
+The journal's parent directories are created on start when missing (logged); the journal
+directory itself is created by the journal. Settings that are not configurable: the runner waits
+10 s after the engine reports drained for rollouts still in transit before it refuses the update
+(see the limits in the README).
+)";
+
+}  // namespace
+
+std::string ConfigReferenceMarkdown() {
+  std::string out = kPreamble;
+  std::string_view section;
+  for (const auto& k : kKeys) {
+    if (k.section != section) {
+      section = k.section;
+      out += "\n## " + std::string(section) + "\n\n";
+      out += "| key | flag | type | default | bounds | meaning |\n|---|---|---|---|---|---|\n";
+    }
+    out += Row(k);
+  }
+  return out;
 }
 
 }  // namespace rc::service

@@ -1,11 +1,19 @@
 // ServeConfig: everything `rolloutcore serve` is told, from flags and an optional JSON file.
 //
-// The JSON file is an object whose keys are exactly the field names below (unknown keys are an
-// error, like every other input to the service); flags given on the command line override it.
+// One table (ConfigKeys(), in config.cc) defines every setting: its JSON key, its flag, its type,
+// its bounds and its help. The JSON parser, the CLI flags, ValidateConfig and the generated
+// reference (docs/config.md, `rolloutcore serve --config-reference`) are all driven by it. The
+// JSON file is an object of those keys (unknown keys are an error naming the closest valid
+// ones); flags given on the command line override it. Defaults are the initialisers below.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -108,6 +116,39 @@ inline constexpr std::uint64_t kEngineMonitorIntervalMsMax = 60000;
 inline constexpr std::uint32_t kRolloutLeaseMsMin = 1000;
 inline constexpr std::uint32_t kRolloutLeaseMsMax = 3600 * 1000;
 
+// Which ServeConfig member a table row sets. std::size_t members are std::uint64_t here.
+static_assert(std::is_same_v<std::size_t, std::uint64_t>, "size_t fields are bound as uint64");
+using ConfigField =
+    std::variant<std::string ServeConfig::*, bool ServeConfig::*, int ServeConfig::*,
+                 std::int64_t ServeConfig::*, std::uint32_t ServeConfig::*,
+                 std::uint64_t ServeConfig::*>;
+
+// One row of the configuration table: the single definition of a setting.
+struct ConfigKey {
+  std::string_view key;      // JSON key, and the ServeConfig member's name
+  std::string_view flag;     // long command-line flag, without the leading "--"
+  ConfigField field;
+  std::int64_t min;          // numbers: inclusive bounds; strings: length in bytes
+  std::uint64_t max;
+  std::string_view section;  // heading in the reference
+  std::string_view help;
+  std::string_view choices;  // strings: "a|b" = the only accepted values; empty = any
+  bool is_switch = false;    // bools: a flag without a value (--adopt-engine)
+};
+
+// Every setting, in reference order.
+std::span<const ConfigKey> ConfigKeys();
+// The row for a JSON key, or nullptr.
+const ConfigKey* FindConfigKey(std::string_view key);
+// "string", "bool", "integer" or "unsigned integer".
+std::string_view ConfigTypeName(const ConfigKey& key);
+// The value a default ServeConfig holds for the row, as JSON.
+nlohmann::json ConfigDefault(const ConfigKey& key);
+// Up to `max` valid keys closest to `unknown` (edit distance), closest first.
+std::vector<std::string> ClosestConfigKeys(std::string_view unknown, std::size_t max);
+// The configuration reference in Markdown (committed as docs/config.md).
+std::string ConfigReferenceMarkdown();
+
 // A rendezvous address, "HOST:PORT" or "[IPv6]:PORT".
 struct HostPort {
   std::string host;
@@ -115,11 +156,12 @@ struct HostPort {
 };
 [[nodiscard]] Result<HostPort> ParseHostPort(const std::string& text);
 
-// Merges the keys of `doc` into `config`. Unknown keys and wrong types are InvalidArgument.
+// Merges the keys of `doc` into `config`. Unknown keys, wrong types and values the member's type
+// cannot hold are InvalidArgument; ranges are ValidateConfig's.
 [[nodiscard]] Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config);
 // Reads and merges a JSON file (bounded by kConfigFileBytesMax).
 [[nodiscard]] Status MergeConfigFile(const std::string& path, ServeConfig& config);
-// Checks a complete configuration (required fields, ranges).
+// Checks a complete configuration: every row's bounds, then the rules that join keys.
 [[nodiscard]] Status ValidateConfig(const ServeConfig& config);
 nlohmann::json ConfigToJson(const ServeConfig& config);  // auth_token redacted
 

@@ -1,0 +1,250 @@
+// The configuration table (service/config.cc) against its committed reference, its example file,
+// its parser, its bounds and the `rolloutcore serve` flags it drives.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "service/config.h"
+
+namespace rc::service {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kSource = RC_TEST_SOURCE_DIR;
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path FreshDir(const std::string& tag) {
+  char tmpl[] = "/tmp/rc_config_test_XXXXXX";
+  const char* made = ::mkdtemp(tmpl);
+  EXPECT_NE(made, nullptr);
+  const fs::path dir = fs::path(made == nullptr ? "/tmp" : made) / tag;
+  fs::create_directories(dir);
+  return dir;
+}
+
+ServeConfig Minimal() {
+  ServeConfig c;
+  c.engine_url = "http://127.0.0.1:8000";
+  c.journal_path = "/tmp/journal";
+  return c;
+}
+
+// A value for `k` other than its default and inside its bounds.
+nlohmann::json OtherValue(const ConfigKey& k) {
+  const nlohmann::json d = ConfigDefault(k);
+  if (d.is_boolean()) return !d.get<bool>();
+  if (d.is_string()) {
+    if (!k.choices.empty()) return d.get<std::string>() == "http" ? "nccl" : "http";
+    if (k.key == "engine_url") return "http://10.0.0.1:8000";
+    if (k.key == "rendezvous") return "10.0.0.7:29500";
+    return d.get<std::string>() + "x";
+  }
+  if (d.is_number_unsigned() && d.get<std::uint64_t>() < k.max) return d.get<std::uint64_t>() + 1;
+  if (d.is_number_integer() && d.get<std::int64_t>() > k.min) return d.get<std::int64_t>() - 1;
+  return d.get<std::int64_t>() + 1;
+}
+
+// Proves docs/config.md is exactly the generated reference; it would catch a table change (a new
+// key, a changed default or bound) committed without regenerating the documentation.
+TEST(ConfigReference, CommittedReferenceMatchesTheTable) {
+  const std::string committed = ReadAll(kSource / "docs" / "config.md");
+  EXPECT_EQ(committed, ConfigReferenceMarkdown())
+      << "regenerate: rolloutcore serve --config-reference > docs/config.md";
+}
+
+// Proves the example file holds every documented key once, parses, and validates; it would
+// catch an example that drifts from the table or uses a key the parser rejects.
+TEST(ConfigReference, ExampleSetsEveryDocumentedKeyAndValidates) {
+  const fs::path example = kSource / "docs" / "serve.example.json";
+  ServeConfig c;
+  const Status merged = MergeConfigFile(example.string(), c);
+  ASSERT_TRUE(merged.ok()) << merged.ToString();
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+  const auto doc = nlohmann::json::parse(ReadAll(example), nullptr, false);
+  ASSERT_TRUE(doc.is_object());
+  std::set<std::string> in_example;
+  for (const auto& [key, value] : doc.items()) in_example.insert(key);
+  std::set<std::string> documented;
+  for (const auto& k : ConfigKeys()) documented.insert(std::string(k.key));
+  EXPECT_EQ(in_example, documented);
+}
+
+// Proves every key, flag and member is bound exactly once and that setting one key changes only
+// that key; it would catch a row that sets another member, a key the parser forgets (as
+// journal_commit_stall_timeout_ms once was), or two rows sharing a key or a flag.
+TEST(ConfigTable, EveryKeySetsItsOwnMemberOnly) {
+  std::set<std::string_view> keys, flags;
+  for (const auto& k : ConfigKeys()) {
+    EXPECT_TRUE(keys.insert(k.key).second) << k.key;
+    EXPECT_TRUE(flags.insert(k.flag).second) << k.flag;
+    ServeConfig c = Minimal();
+    const nlohmann::json before = ConfigToJson(c);
+    const Status st = MergeConfigJson(nlohmann::json{{std::string(k.key), OtherValue(k)}}, c);
+    ASSERT_TRUE(st.ok()) << k.key << ": " << st.ToString();
+    const nlohmann::json after = ConfigToJson(c);
+    for (const auto& [key, value] : before.items()) {
+      if (key == k.key) {
+        EXPECT_NE(after[key], value) << key << " did not change";
+      } else {
+        EXPECT_EQ(after[key], value) << "setting " << k.key << " changed " << key;
+      }
+    }
+  }
+  EXPECT_EQ(ConfigToJson(Minimal()).size(), ConfigKeys().size());
+}
+
+// Proves the defaults satisfy their own bounds and a just-out-of-bounds value is refused with a
+// message naming the key; it would catch a default outside its bounds or a bound not enforced.
+TEST(ConfigTable, BoundsAreEnforcedAndNamed) {
+  ASSERT_TRUE(ValidateConfig(Minimal()).ok()) << ValidateConfig(Minimal()).ToString();
+  for (const auto& k : ConfigKeys()) {
+    const nlohmann::json d = ConfigDefault(k);
+    std::vector<nlohmann::json> bad;
+    if (d.is_string()) {
+      bad.emplace_back(std::string(k.max + 1, 'a'));
+      if (k.min > 0) bad.emplace_back("");
+    } else if (d.is_number()) {
+      if (k.min > 0) bad.emplace_back(k.min - 1);
+      if (k.min < 0 && d.is_number_integer()) bad.emplace_back(k.min - 1);
+      if (k.max < std::uint64_t{1} << 62) bad.emplace_back(k.max + 1);
+    }
+    for (const auto& v : bad) {
+      ServeConfig c = Minimal();
+      if (!MergeConfigJson(nlohmann::json{{std::string(k.key), v}}, c).ok()) continue;  // type
+      const Status st = ValidateConfig(c);
+      EXPECT_FALSE(st.ok()) << k.key << " accepted " << v.dump().substr(0, 40);
+      EXPECT_NE(st.message().find(std::string(k.key)), std::string::npos) << st.ToString();
+    }
+  }
+}
+
+// Proves an unknown key is refused with the closest valid keys (or, with none close, all of
+// them) and outside bytes are not echoed raw; it would catch the bare "unknown config key" that
+// left users guessing (e.g. `journal` for `journal_path`).
+TEST(ConfigParse, UnknownKeyNamesTheClosestValidKeys) {
+  ServeConfig c;
+  Status st = MergeConfigJson(nlohmann::json{{"journal", "/x"}}, c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("journal_path"), std::string::npos) << st.message();
+  st = MergeConfigJson(nlohmann::json{{"listen_prot", 1}}, c);
+  EXPECT_NE(st.message().find("did you mean 'listen_port'"), std::string::npos) << st.message();
+  st = MergeConfigJson(nlohmann::json{{"zzzzzzzz", 1}}, c);
+  EXPECT_NE(st.message().find("engine_monitor_interval_ms"), std::string::npos) << st.message();
+  st = MergeConfigJson(nlohmann::json{{std::string("a\nb\x01") + std::string(500, 'q'), 1}}, c);
+  EXPECT_EQ(st.message().find('\n'), std::string::npos);
+  EXPECT_LT(st.message().size(), 4096u);
+}
+
+// Proves wrong types, values the member cannot hold, non-JSON and oversized files are refused
+// as errors (no exception, no silent truncation); it would catch 2^40 wrapping into a port.
+TEST(ConfigParse, WrongTypesAndUnrepresentableValuesAreRefused) {
+  ServeConfig c;
+  for (const auto& doc :
+       {nlohmann::json{{"listen_port", std::uint64_t{1} << 40}}, nlohmann::json{{"listen_port", 1.5}},
+        nlohmann::json{{"call_timeout_ms", -1}}, nlohmann::json{{"cuda_device", "0"}},
+        nlohmann::json{{"journal_sync", 1}}, nlohmann::json{{"engine_url", 3}},
+        nlohmann::json{{"retry_after_s", std::uint64_t{1} << 33}}, nlohmann::json::array()}) {
+    EXPECT_FALSE(MergeConfigJson(doc, c).ok()) << doc.dump();
+  }
+  EXPECT_EQ(c.listen_port, ServeConfig{}.listen_port);
+  const fs::path dir = FreshDir("parse");
+  std::ofstream(dir / "bad.json") << "{\"listen_port\": ";
+  EXPECT_FALSE(MergeConfigFile((dir / "bad.json").string(), c).ok());
+  std::ofstream(dir / "big.json") << std::string(kConfigFileBytesMax + 1, ' ');
+  EXPECT_FALSE(MergeConfigFile((dir / "big.json").string(), c).ok());
+  EXPECT_FALSE(MergeConfigFile((dir / "missing.json").string(), c).ok());
+  fs::remove_all(dir.parent_path());
+}
+
+#ifdef RC_TEST_ROLLOUTCORE_BIN
+struct ProcessRun {
+  int exit_code = -1;  // -1: killed at the limit
+  std::string output;
+};
+
+ProcessRun RunServe(const std::vector<std::string>& args, const fs::path& out) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<std::string> all = {RC_TEST_ROLLOUTCORE_BIN, "serve"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ProcessRun r;
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (::waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      r.output = ReadAll(out);
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.output = ReadAll(out);
+  return r;
+}
+
+// Proves the CLI accepts every table flag with its default value and prints the same reference
+// as the library; it would catch a row without a flag or a flag parsed as the wrong type.
+TEST(ConfigCli, EveryFlagIsAcceptedAndTheReferenceIsPrinted) {
+  const fs::path dir = FreshDir("cli");
+  std::vector<std::string> args = {"--config-reference"};
+  for (const auto& k : ConfigKeys()) {
+    args.push_back("--" + std::string(k.flag));
+    if (k.is_switch) continue;
+    const nlohmann::json d = ConfigDefault(k);
+    args.push_back(d.is_string() ? d.get<std::string>() : d.dump());
+  }
+  const ProcessRun run = RunServe(args, dir / "out.txt");
+  EXPECT_EQ(run.exit_code, 0) << run.output.substr(0, 2000);
+  EXPECT_EQ(run.output, ConfigReferenceMarkdown());
+  fs::remove_all(dir.parent_path());
+}
+
+// Proves serve creates a missing parent of the journal directory and says so; it would catch
+// the RocksDB "No such file or directory" that a first start on a fresh path used to end in.
+TEST(ConfigCli, MissingJournalParentIsCreatedAndLogged) {
+  const fs::path dir = FreshDir("parent");
+  const fs::path journal = dir / "a" / "b" / "journal";
+  const ProcessRun run = RunServe(
+      {"--engine-url", "http://127.0.0.1:1", "--journal", journal.string(), "--port", "0",
+       "--initial-source", "synthetic:4x64", "--engine-startup-timeout-ms", "200"},
+      dir / "out.txt");
+  EXPECT_NE(run.exit_code, 0) << run.output;  // no engine answers on port 1
+  EXPECT_TRUE(fs::is_directory(journal.parent_path())) << run.output;
+  EXPECT_NE(run.output.find("created the journal's parent directory"), std::string::npos)
+      << run.output;
+  fs::remove_all(dir.parent_path());
+}
+#endif
+
+}  // namespace
+}  // namespace rc::service
