@@ -20,6 +20,7 @@
 #include "journal/json.h"
 #include "service/connection_gate.h"
 #include "service/http_util.h"
+#include "service/proxy_stream.h"
 #include "service/service.h"
 #include "statemachine/text.h"
 
@@ -29,9 +30,6 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // per rollout
-// Journal records per trajectory: 1 Mi entries / 4096 tokens per record.
-inline constexpr std::size_t kTrajectoryPartsMax = kTrajectoryEntriesMax / 4096 + 1;
 // Engine calls that provably never left (connect refused / timed out) are retried this often.
 inline constexpr std::uint32_t kConnectAttemptsMax = 4;
 inline constexpr std::size_t kRolloutIdHeaderBytesMax = 128;
@@ -46,158 +44,11 @@ std::uint32_t clamp_u32(std::uint64_t v) {
   return v > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(v);
 }
 
-struct ChoiceTrace {
-  std::vector<std::int64_t> token_ids;
-  json logprobs = json::array();  // one number (or null) per output token
-  std::string finish_reason;
-};
-
-struct Trajectory {
-  json prompt_token_ids;  // null until seen
-  std::map<std::int64_t, ChoiceTrace> choices;
-  std::optional<std::uint64_t> usage_prompt, usage_completion;
-  std::size_t entries = 0;
-  bool truncated = false;
-
-  void absorb(const json& doc) {
-    if (!doc.is_object()) return;
-    take_prompt(doc);
-    auto u = doc.find("usage");
-    if (u != doc.end() && u->is_object()) {
-      if (u->value("prompt_tokens", json()).is_number_unsigned()) {
-        usage_prompt = (*u)["prompt_tokens"].get<std::uint64_t>();
-      }
-      if (u->value("completion_tokens", json()).is_number_unsigned()) {
-        usage_completion = (*u)["completion_tokens"].get<std::uint64_t>();
-      }
-    }
-    auto cs = doc.find("choices");
-    if (cs == doc.end() || !cs->is_array()) return;
-    for (const json& c : *cs) {
-      if (!c.is_object()) continue;
-      take_prompt(c);
-      const std::int64_t index =
-          c.value("index", json(0)).is_number_integer() ? c["index"].get<std::int64_t>() : 0;
-      ChoiceTrace& t = choices[index];
-      const json* ids = nullptr;
-      if (auto it = c.find("token_ids"); it != c.end() && it->is_array()) {
-        ids = &*it;
-      } else if (auto d = c.find("delta"); d != c.end() && d->is_object()) {
-        // chat streams carry them in the delta
-        if (auto dt = d->find("token_ids"); dt != d->end() && dt->is_array()) ids = &*dt;
-      }
-      if (ids != nullptr) {
-        for (const json& id : *ids) {
-          if (!room()) break;
-          if (id.is_number_integer()) t.token_ids.push_back(id.get<std::int64_t>());
-        }
-      }
-      auto lp = c.find("logprobs");
-      if (lp != c.end() && lp->is_object()) {
-        if (auto tl = lp->find("token_logprobs"); tl != lp->end() && tl->is_array()) {
-          for (const json& v : *tl) {
-            if (!room()) break;
-            t.logprobs.push_back(v);
-          }
-        } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
-          for (const json& item : *ct) {
-            if (!room()) break;
-            t.logprobs.push_back(item.is_object() ? item.value("logprob", json()) : json());
-          }
-        }
-      }
-      if (c.value("finish_reason", json()).is_string()) t.finish_reason = c["finish_reason"];
-    }
-  }
-  void take_prompt(const json& obj) {
-    auto p = obj.find("prompt_token_ids");
-    if (p != obj.end() && p->is_array() && prompt_token_ids.is_null()) {
-      if (p->size() <= kTrajectoryEntriesMax) prompt_token_ids = *p; else truncated = true;
-    }
-  }
-  bool room() {
-    if (entries >= kTrajectoryEntriesMax) {
-      truncated = true;
-      return false;
-    }
-    ++entries;
-    return true;
-  }
-  std::uint64_t prompt_count() const {
-    if (usage_prompt) return *usage_prompt;
-    return prompt_token_ids.is_array() ? prompt_token_ids.size() : 0;
-  }
-  std::uint64_t completion_count() const {
-    if (usage_completion) return *usage_completion;
-    std::uint64_t n = 0;
-    for (const auto& [i, c] : choices) n += c.token_ids.size();
-    return n;
-  }
-};
-
-// Splits choice 0 of a trace into TrajectoryRecorded parts of at most
-// kTrajectoryTokensPerRecordMax tokens: prompt tokens first, then output tokens with their
-// logprobs (NaN where the engine reported none). A truncated trace records what was kept.
-std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollout_id,
-                                                       const Trajectory& trace) {
-  std::vector<std::int32_t> prompt;
-  if (trace.prompt_token_ids.is_array()) {
-    for (const json& id : trace.prompt_token_ids) {
-      if (id.is_number_integer()) prompt.push_back(id.get<std::int32_t>());
-    }
-  }
-  std::vector<std::int32_t> output;
-  std::vector<float> logprobs;
-  bool any_logprob = false;
-  if (auto it = trace.choices.find(0); it != trace.choices.end()) {
-    for (std::size_t i = 0; i < it->second.token_ids.size(); ++i) {
-      output.push_back(static_cast<std::int32_t>(it->second.token_ids[i]));
-      const json lp = i < it->second.logprobs.size() ? it->second.logprobs[i] : json();
-      any_logprob = any_logprob || lp.is_number();
-      logprobs.push_back(lp.is_number() ? lp.get<float>() : std::nanf(""));
-    }
-  }
-  std::vector<TrajectoryRecorded> parts;
-  std::size_t p = 0, o = 0;
-  while ((p < prompt.size() || o < output.size()) && parts.size() < kTrajectoryPartsMax) {
-    TrajectoryRecorded part;
-    part.rollout_id = rollout_id;
-    part.part = static_cast<std::uint32_t>(parts.size());
-    std::size_t room = kTrajectoryTokensPerRecordMax;
-    const std::size_t np = std::min(room, prompt.size() - p);
-    part.prompt_token_ids.assign(prompt.begin() + p, prompt.begin() + p + np);
-    p += np;
-    room -= np;
-    const std::size_t no = std::min(room, output.size() - o);
-    part.output_token_ids.assign(output.begin() + o, output.begin() + o + no);
-    if (any_logprob) part.output_logprobs.assign(logprobs.begin() + o, logprobs.begin() + o + no);
-    o += no;
-    parts.push_back(std::move(part));
-  }
-  return parts;
-}
-
 const char* route_path(int route) {
   switch (route) {
     case 0: return "/v1/completions";
     case 1: return "/v1/chat/completions";
     default: return "/inference/v1/generate";
-  }
-}
-
-// Removes what the proxy added and the client did not ask for.
-void strip_added(json& doc, bool strip_token_ids, bool strip_usage) {
-  if (!doc.is_object()) return;
-  if (strip_usage) doc.erase("usage");
-  if (!strip_token_ids) return;
-  doc.erase("prompt_token_ids");
-  auto cs = doc.find("choices");
-  if (cs == doc.end() || !cs->is_array()) return;
-  for (json& c : *cs) {
-    if (!c.is_object()) continue;
-    c.erase("prompt_token_ids");
-    c.erase("token_ids");
-    if (auto d = c.find("delta"); d != c.end() && d->is_object()) d->erase("token_ids");
   }
 }
 
@@ -476,15 +327,10 @@ void Service::HandleProxy(Route route_kind, const httplib::Request& req, httplib
     o.cancel = call->cancel;
     o.reuse_connection = true;  // as above: generation, not a weight call
     effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {
-      call->trace.absorb(chunk);
-      if (call->strip_usage && chunk.is_object() && chunk.contains("usage") &&
-          chunk.value("choices", json::array()).empty()) {
-        return true;  // the usage-only chunk the client did not ask for
-      }
-      json out = chunk;
-      strip_added(out, call->strip_token_ids, call->strip_usage);
-      const std::string event = "data: " + dump_safe(out) + "\n\n";
-      if (!sink.write(event.data(), event.size())) {
+      const std::optional<std::string> event =
+          pass_chunk(call->trace, chunk, call->strip_token_ids, call->strip_usage);
+      if (!event) return true;  // the usage-only chunk the client did not ask for
+      if (!sink.write(event->data(), event->size())) {
         call->client_gone = true;
         call->cancel.Cancel();
         return false;
