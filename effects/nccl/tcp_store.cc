@@ -639,4 +639,105 @@ TcpStoreStats TcpStoreServer::stats() const {
   return impl_->stats;
 }
 
+TcpStoreFrameHarness::TcpStoreFrameHarness(const TcpStoreOptions& options,
+                                           std::size_t connections)
+    : impl_(std::make_unique<TcpStoreServer::Impl>()) {
+  impl_->opt = options;
+  impl_->write_once.insert(options.write_once_keys.begin(), options.write_once_keys.end());
+  impl_->conns.reserve(connections);
+  for (std::size_t i = 0; i < connections; ++i) {
+    impl_->conns.push_back(std::make_unique<Conn>());
+    impl_->conns.back()->fd = -1;
+  }
+}
+
+TcpStoreFrameHarness::~TcpStoreFrameHarness() = default;
+
+void TcpStoreFrameHarness::Feed(std::size_t conn, const char* data, std::size_t size) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Conn* c = impl_->conns.at(conn).get();
+  // Receive() with the bytes in hand instead of recv(): same room, same handler, same drop.
+  try {
+    while (size > 0 && !c->closing) {
+      const std::size_t room = std::min(size, impl_->ReceiveRoom(c));
+      if (room == 0) {
+        ++impl_->stats.budget_refusals;
+        impl_->Disconnect(c);
+        return;
+      }
+      c->in.append(data, room);
+      data += room;
+      size -= room;
+      impl_->HandleInput(c);
+    }
+  } catch (const std::bad_alloc&) {
+    ++impl_->stats.allocation_failures;
+    impl_->Disconnect(c);
+    std::string().swap(c->in);
+    std::string().swap(c->out);
+    std::vector<std::string>().swap(c->wait_keys);
+  }
+}
+
+std::string TcpStoreFrameHarness::TakeOutput(std::size_t conn) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::string out;
+  out.swap(impl_->conns.at(conn)->out);
+  return out;
+}
+
+bool TcpStoreFrameHarness::closed(std::size_t conn) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->conns.at(conn)->closing;
+}
+
+bool TcpStoreFrameHarness::waiting(std::size_t conn) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return !impl_->conns.at(conn)->wait_keys.empty();
+}
+
+Status TcpStoreFrameHarness::SetServer(const std::string& wire_key, const std::string& value) {
+  if (wire_key.size() > impl_->opt.key_bytes_max) return Status::InvalidArgument("key too long");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->Protected(wire_key)) {
+    return Status::Rejected("tcp store key is write-once and already set");
+  }
+  if (!impl_->PutValue(wire_key, value)) {
+    return Status::InvalidArgument("value too large or store full");
+  }
+  impl_->WakeWaiters();  // what the serving thread does on the wake-up
+  return Status::OK();
+}
+
+std::optional<std::string> TcpStoreFrameHarness::Get(const std::string& wire_key) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->store.find(wire_key);
+  if (it == impl_->store.end()) return std::nullopt;
+  return it->second;
+}
+
+TcpStoreStats TcpStoreFrameHarness::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+std::string TcpStoreFrameHarness::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const TcpStoreOptions& o = impl_->opt;
+  std::size_t bytes = 0;
+  for (const auto& [k, v] : impl_->store) {
+    if (k.size() > o.key_bytes_max) return "a stored key exceeds key_bytes_max";
+    if (v.size() > o.value_bytes_max) return "a stored value exceeds value_bytes_max";
+    bytes += k.size() + v.size();
+  }
+  if (bytes != impl_->stored_bytes) return "stored_bytes does not match the store";
+  if (bytes > o.store_bytes_max) return "the store exceeds store_bytes_max";
+  if (impl_->store.size() > o.keys_max) return "the store exceeds keys_max";
+  for (const auto& c : impl_->conns) {
+    if (c->wait_keys.size() > o.keys_per_query_max) return "a WAIT holds too many keys";
+    if (!c->closing && c->in.size() > o.query_bytes_max) return "an open connection buffers too much";
+  }
+  return {};
+}
+
 }  // namespace rc::effects::nccl

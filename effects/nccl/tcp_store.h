@@ -109,4 +109,30 @@ class TcpStoreServer {
   std::uint16_t port_ = 0;
 };
 
+// The server's frame handler without sockets or a thread, for tests and fuzzing: one store
+// (TcpStoreServer's own Impl and bounds) and `connections` in-memory connections. Feed hands bytes
+// to a connection as the serving thread does after recv() (bounded by the same receive room, every
+// complete query served); TakeOutput drains what the server would send; SetServer is
+// TcpStoreServer::Set plus the wake-up the serving thread would run.
+class TcpStoreFrameHarness {
+ public:
+  TcpStoreFrameHarness(const TcpStoreOptions& options, std::size_t connections);
+  ~TcpStoreFrameHarness();
+  TcpStoreFrameHarness(const TcpStoreFrameHarness&) = delete;
+  TcpStoreFrameHarness& operator=(const TcpStoreFrameHarness&) = delete;
+
+  void Feed(std::size_t conn, const char* data, std::size_t size);
+  std::string TakeOutput(std::size_t conn);
+  bool closed(std::size_t conn) const;    // dropped for a grammar or bound violation
+  bool waiting(std::size_t conn) const;   // holds a deferred WAIT
+  [[nodiscard]] Status SetServer(const std::string& wire_key, const std::string& value);
+  std::optional<std::string> Get(const std::string& wire_key) const;
+  TcpStoreStats stats() const;
+  // "" when the store is within its bounds and its byte count is exact; else what is wrong.
+  std::string CheckInvariants() const;
+
+ private:
+  std::unique_ptr<TcpStoreServer::Impl> impl_;
+};
+
 }  // namespace rc::effects::nccl
