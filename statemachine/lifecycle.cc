@@ -1,6 +1,6 @@
 // The lifecycle controller: decide, apply (the fold), next_effect and the invariants.
 //
-// Rules (from the article and DESIGN.md), all enforced here and nowhere else:
+// Rules (docs/architecture.md, docs/lifecycle.md), all enforced here and nowhere else:
 //  * admit only in READY, bound to the committed version and identity;
 //  * an update request stops admissions (READY -> DRAINING);
 //  * QUIESCED only after a drain observed while no local binding is active (an engine that went

@@ -1,5 +1,5 @@
 // Prometheus text exposition (format 0.0.4) parsing, bounded, and the few vLLM series the
-// controller reads (reference/vllm-protocol.md §4).
+// engine monitor and the GPU checks read; the controller reads none (docs/vllm-protocol.md §2).
 //
 //   line   := comment | sample | empty
 //   sample := name [ "{" label ("," label)* [","] "}" ] value [ timestamp ]

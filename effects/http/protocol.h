@@ -1,5 +1,5 @@
 // Which weight-transfer protocol line an engine speaks, from `GET /version`, and the init_info /
-// update_info JSON bodies for that line (reference/vllm-protocol.md §2.2, §2.3, §8).
+// update_info JSON bodies for that line (docs/vllm-protocol.md §3).
 //
 // Rules (overridable with ProtocolOverride, e.g. for dev builds or back-ports):
 //   0.25 <= v < 0.28  kPackedInUpdateInfo: init_info = {master_address, master_port, rank_offset,

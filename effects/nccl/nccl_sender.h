@@ -1,5 +1,5 @@
 // NcclSender: the trainer-side (rank 0) NCCL weight sender that speaks vLLM's receiver protocol
-// (reference/vllm-protocol.md §2), implementing rc::effects::WeightTransfer.
+// (docs/vllm-protocol.md §5), implementing rc::effects::WeightTransfer.
 //
 // Init: ncclGetUniqueId; TCPStore master serving the pickled id at /broadcast_from/0/0 (or the id
 // as base64 in init_info); POST /init_weight_transfer_engine from a second thread while rank 0

@@ -1,4 +1,4 @@
-// Rendezvous payloads for vLLM's NCCL weight-transfer group (reference/vllm-protocol.md §2.4.2, §8).
+// Rendezvous payloads for vLLM's NCCL weight-transfer group (docs/vllm-protocol.md §5).
 //
 // TCPStore mode: the trainer (rank 0) stores, at key "broadcast_from/0/0" (wire key
 // "/broadcast_from/0/0"), the pickle of vLLM's ctypes `ncclUniqueId`. We write protocol 3 by hand

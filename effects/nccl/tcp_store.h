@@ -1,5 +1,5 @@
 // A c10d TCPStore master speaking the wire protocol torch's TCPStore client uses
-// (reference/vllm-protocol.md §2.4.1; checked against torch 2.11's own client on the GPU host).
+// (docs/vllm-protocol.md §5; checked against torch 2.11's own client).
 //
 // Grammar (client -> server; integers little-endian host order):
 //   query    := u8 type payload

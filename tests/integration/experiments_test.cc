@@ -1,4 +1,4 @@
-// The article's experiments (seed/), reproduced over real loopback HTTP against the vLLM test
+// The article's experiments (docs/experiments.md), reproduced over real loopback HTTP against the vLLM test
 // double with a real RocksDB journal. The double is not vLLM: these prove the controller's
 // behaviour against vLLM's documented protocol; tests/gpu and bench/gpu cover the GPU path.
 #include <gtest/gtest.h>
