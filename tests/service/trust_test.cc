@@ -412,5 +412,69 @@ TEST(TrustApi, ManifestNeedsTheTokenAndBadSourcesJournalNothing) {
   EXPECT_EQ(s.svc->journal().head_seq(), head) << "a bad source reached the journal";
 }
 
+// Hostile bodies, ids and queries on every trainer route: each gets a 4xx whose body is valid
+// JSON, the journal gains no record, and the server keeps serving; catches a route that throws on
+// invalid UTF-8 (std::terminate), answers 500 on an integer past 64 bits, or journals bad input.
+TEST(TrustApi, HostileInputOnEveryTrainerRouteIsA4xxThatChangesNothing) {
+  Stack s;
+  httplib::Client c = s.client();
+  const std::uint64_t head = s.svc->journal().head_seq();
+  // Invalid UTF-8 makes the body invalid JSON; control characters arrive JSON-escaped and must be
+  // refused after parsing; an over-long string must be refused by its bound.
+  const std::string raw_bad[] = {std::string("\xff\xfe", 2), std::string("\xc3", 1),
+                                 std::string("a\x01" "b", 3)};
+  const std::string parsed_bad[] = {std::string("a\0b", 3), "ck\nverification: OK",
+                                    "\x1b[31mred", std::string(20000, 'x')};
+  std::vector<std::pair<std::string, std::string>> posts;  // path, raw body
+  int n = 0;
+  for (const char* field : {"update_id", "target_label", "source"}) {
+    for (const std::string& bad : raw_bad) {
+      posts.emplace_back("/v1/updates", std::string("{\"") + field + "\":\"" + bad + "\"}");
+    }
+    for (const std::string& bad : parsed_bad) {
+      json b = update_body("u-hostile-" + std::to_string(n++), "rc-1", 1);
+      b[field] = bad;
+      posts.emplace_back("/v1/updates", b.dump());
+    }
+  }
+  for (const std::string& bad : parsed_bad) {
+    json b = update_body("u-hostile-" + std::to_string(n++), "rc-1", 1);
+    b["identity"]["checkpoint"] = bad;
+    posts.emplace_back("/v1/updates", b.dump());
+    posts.emplace_back("/v1/rollouts", json{{"rollout_id", bad}}.dump());
+  }
+  for (const std::string& bad : raw_bad) {
+    posts.emplace_back("/v1/rollouts", std::string("{\"rollout_id\":\"") + bad + "\"}");
+  }
+  posts.emplace_back("/v1/updates", std::string(100000, '['));
+  posts.emplace_back("/v1/updates", R"({"update_id":"u","target_label":"rc-1","identity":{"step":1e400}})");
+  posts.emplace_back("/v1/rollouts", R"({"lease_ms":18446744073709551616})");
+  posts.emplace_back("/v1/rollouts/%ff%fe/lease", "{}");
+  for (const auto& [path, body] : posts) {
+    auto r = c.Post(path, auth(), body, "application/json");
+    ASSERT_TRUE(r) << path;
+    EXPECT_GE(r->status, 400) << path << " " << body.substr(0, 80);
+    EXPECT_LT(r->status, 500) << path << " " << body.substr(0, 80) << ": " << r->body;
+    EXPECT_FALSE(json::parse(r->body, nullptr, false).is_discarded()) << r->body;
+  }
+  for (const std::string q :
+       {"/v1/events?since=18446744073709551616", "/v1/events?limit=99999999999999999999999",
+        "/v1/watch?after=-1", "/v1/watch?timeout_ms=18446744073709551616",
+        "/v1/manifest?source=%00", "/v1/manifest?source=safetensors:../../etc/passwd"}) {
+    auto r = c.Get(q, auth());
+    ASSERT_TRUE(r) << q;
+    EXPECT_EQ(r->status, 400) << q << ": " << r->body;
+    EXPECT_FALSE(json::parse(r->body, nullptr, false).is_discarded()) << r->body;
+  }
+  auto del = c.Delete("/v1/rollouts/%ff%fe%00", auth());
+  ASSERT_TRUE(del);
+  EXPECT_GE(del->status, 400);
+  EXPECT_LT(del->status, 500) << del->body;
+  EXPECT_EQ(s.svc->journal().head_seq(), head) << "hostile input reached the journal";
+  auto health = c.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
 }  // namespace
 }  // namespace rc::service
