@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Every GPU scenario in one device call (2x H200). Per-step results go to $WORK (default
-# /tmp/rc_gpu_work); at the end they are concatenated ("=== <file>" headers) into one file,
-# $OUT/all.txt, because the device tool brings back only a few files per call.
-# Built here, carried in .carry/ (see tests/gpu/README.md):
-#   .carry/nccl_gpu_driver, .carry/nccl_runner_driver, .carry/lib (shared libraries the GPU image
-#   lacks: libcurl and its dependencies; searched after the system's).
-# Usage (device tool, kind nvidia-h200-x2, carry [".carry"]): bench/gpu/run_all.sh [step...]
-# Steps run in the order given (default: all), each bounded by `timeout`.
+# Every GPU scenario of the NCCL sender and the runner, one after the other, on a host with two
+# GPUs (tests/gpu/README.md, "Running them"). From the repository root, after building the drivers:
+#   cmake --build build-gpu --target nccl_gpu_driver nccl_runner_driver
+#   bench/gpu/run_all.sh [step...]      steps: deadline runner_cycle runner_kill e2e ipc bench kill
+# RC_BUILD_DIR: the build directory (default build-gpu). Each step's output goes to a private
+# directory (WORK, default a fresh mktemp -d); at the end everything is concatenated ("=== <file>"
+# headers) into $OUT/all.txt (OUT defaults to WORK). Steps run in the order given (default: all),
+# each bounded by `timeout`.
 set -u
-OUT=${OUT:-/tmp/rc_gpu_out}
-WORK=${WORK:-/tmp/rc_gpu_work}
+BUILD=${RC_BUILD_DIR:-build-gpu}
+WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/rc_gpu_XXXXXX")}
+OUT=${OUT:-$WORK}
 mkdir -p "$OUT" "$WORK"
-export LD_LIBRARY_PATH=$(python3 -c 'import nvidia;print(list(nvidia.__path__)[0])')/nccl/lib:/usr/local/cuda/lib64
-export RC_DRIVER_LIBS=$PWD/.carry/lib
+export LD_LIBRARY_PATH=$(python3 -c 'import nvidia;print(list(nvidia.__path__)[0])')/nccl/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-D=.carry/nccl_gpu_driver
-R=.carry/nccl_runner_driver
+D=$BUILD/tests/gpu/nccl_gpu_driver
+R=$BUILD/tests/gpu/nccl_runner_driver
 STEPS=${*:-"deadline runner_cycle runner_kill e2e ipc bench kill"}
 for step in $STEPS; do
   t0=$(date +%s%N)
@@ -33,4 +33,6 @@ for step in $STEPS; do
   echo "{\"step\":\"$step\",\"rc\":$rc,\"wall_ms\":$(( ($(date +%s%N) - t0) / 1000000 ))}" | tee -a "$WORK/steps.jsonl"
   grep -h '"pass":false\|"failures"' "$WORK/$step.jsonl" | cut -c1-600
 done
-for f in "$WORK"/*; do echo "=== $f"; cat "$f"; done > "$OUT/all.txt"
+for f in "$WORK"/*; do case $f in "$OUT"/all.txt|"$OUT"/all.txt.tmp) continue ;; esac; echo "=== $(basename "$f")"; cat "$f"; done > "$OUT/all.txt.tmp"
+mv "$OUT/all.txt.tmp" "$OUT/all.txt"
+echo "run_all.sh: results in $OUT/all.txt"

@@ -38,6 +38,20 @@ using nlohmann::json;
 
 namespace {
 
+// The files a run writes go to one private directory (--workdir DIR, else a fresh mkdtemp under
+// $TMPDIR or /tmp), so that two runs on one host never share a path.
+std::string g_workdir;
+const std::string& WorkDir() {
+  if (g_workdir.empty()) {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/rc_gpu_XXXXXX";
+    RC_CHECK(::mkdtemp(tmpl.data()) != nullptr);
+    g_workdir = tmpl;
+  }
+  return g_workdir;
+}
+std::string WorkFile(const std::string& name) { return WorkDir() + "/" + name; }
+
 int g_failures = 0;
 void Emit(json j) {
   std::cout << j.dump() << std::endl;
@@ -76,7 +90,8 @@ int E2E(Ctx& c) {
   const std::uint64_t seed = 1234567;
   auto dev = Upload(opt, seed, /*contiguous=*/false);
   auto src = std::make_shared<DevicePointerSource>(opt, dev->ptrs, 0);
-  WriteSafetensors(opt, seed, "/tmp/rc_opt125m.safetensors");
+  const std::string weights = WorkFile("opt125m.safetensors");
+  WriteSafetensors(opt, seed, weights);
   struct Case { std::string version; Rendezvous mode; bool packed; };
   const std::vector<Case> cases = {{"0.30.0", Rendezvous::kUniqueId, true}, {"0.30.0", Rendezvous::kUniqueId, false},
                                    {"0.30.0", Rendezvous::kTcpStore, true}, {"0.28.0", Rendezvous::kAuto, true},
@@ -98,7 +113,7 @@ int E2E(Ctx& c) {
     if (!st.ok()) continue;
     s.RegisterSource("device:opt", src);
     VerifiedTransfer(c, s, "transfer device " + tag, "device:opt", opt, "rc-" + std::to_string(++n));
-    VerifiedTransfer(c, s, "transfer safetensors " + tag, "safetensors:/tmp/rc_opt125m.safetensors", opt,
+    VerifiedTransfer(c, s, "transfer safetensors " + tag, "safetensors:" + weights, opt,
                      "rc-" + std::to_string(++n));
     if (k.version == "0.30.0" && k.mode == Rendezvous::kUniqueId && k.packed) {
       // Wrong current device: refused in preflight and in Transfer, nothing sent.
@@ -210,7 +225,8 @@ int Bench(Ctx& c, int reps) {
 int Ipc(Ctx& c, const std::string& script) {
   const Manifest opt = Opt125M();
   const std::uint64_t seed = 4242;
-  const std::string manifest_path = "/tmp/rc_ipc_manifest.json", out = "/tmp/rc_ipc.json", pidf = "/tmp/rc_ipc.pid";
+  const std::string manifest_path = WorkFile("ipc_manifest.json"), out = WorkFile("ipc.json"),
+                    pidf = WorkFile("ipc.pid");
   std::remove(out.c_str());
   std::remove(pidf.c_str());
   json list = json::array();
@@ -313,7 +329,10 @@ int main(int argc, char** argv) {
     else if (k == "--reps") reps = std::stoi(v);
     else if (k == "--deadline-ms") deadline_ms = std::stoull(v);
     else if (k == "--ipc-script") ipc_script = v;
+    else if (k == "--workdir") g_workdir = v;
   }
+  if (!g_workdir.empty()) std::filesystem::create_directories(g_workdir);
+  std::cerr << "nccl_gpu_driver: files in " << WorkDir() << "\n";
   cudaSetDevice(0);
   Ctx c(port);
   int fails = 0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A vLLM receiver double for the NCCL weight-transfer protocol (reference/vllm-protocol.md §1.2, §2).
+"""A vLLM receiver double for the NCCL weight-transfer protocol (docs/vllm-protocol.md §2, §5).
 
 Rank >= 1 of the trainer<->engine group, on its own GPU: the dev-mode RL HTTP routes, TCPStore
 rendezvous through the real torch.distributed.TCPStore client (unpickling the id into a stand-in

@@ -18,7 +18,8 @@ import sys, urllib.request; urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[
 PYEOF
   sleep 0.2
 done
-# RC_DRIVER_LIBS: carried shared libraries (libcurl & co.) for the driver only, searched last.
+# RC_DRIVER_LIBS: a directory of shared libraries the driver needs when it was built on another
+# machine (libcurl & co.), for the driver only, searched last.
 LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}${RC_DRIVER_LIBS:+:$RC_DRIVER_LIBS}" \
   "$DRIVER" --mode "$MODE" --port "$PORT" --pid "$PY" "$@"
 RC=$?
