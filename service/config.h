@@ -30,6 +30,8 @@ inline constexpr int kCudaDeviceMax = 1023;
 inline constexpr int kNcclWorldSizeMax = 4096;
 inline constexpr std::size_t kRendezvousHostBytesMax = 255;
 
+// A new member needs its row in ConfigKeys() (service/config.cc), then a regenerated
+// docs/config.md and a key in docs/serve.example.json (config_test checks both).
 struct ServeConfig {
   // Where things are.
   std::string engine_url;                   // vLLM (or the double), e.g. http://127.0.0.1:8000
