@@ -337,6 +337,7 @@ Status Service::Init() {
   auto opened = journal::Journal::Open(config_.journal_path, jo);
   if (!opened.ok()) return opened.status();
   journal_ = std::move(opened.value());
+  LogRecovery(journal_->recovery());
 
   std::string traj = config_.trajectories_path;
   if (traj.empty()) {
@@ -548,6 +549,18 @@ Status Service::Init() {
   monitor_thread_ = std::thread([this] { MonitorLoop(); });
   lease_thread_ = std::thread([this] { LeaseLoop(); });
   return Status::OK();
+}
+
+// What the open found: a torn WAL tail after a crash is named (what was acknowledged is intact:
+// nothing is acknowledged before its sync), so an operator can tell it from a clean restart.
+void Service::LogRecovery(const journal::Recovery& r) const {
+  if (!r.torn_tail.empty()) {
+    spdlog::warn("serve: journal {}: {} (unacknowledged writes of the crashed process)",
+                 esc(config_.journal_path), esc(r.torn_tail));
+  } else if (!r.clean_close && r.head_seq > 0) {
+    spdlog::info("serve: journal {} was not closed cleanly; recovering from seq {}",
+                 esc(config_.journal_path), r.head_seq);
+  }
 }
 
 void Service::LogTaint(const State& s, const char* context) const {

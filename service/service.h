@@ -220,6 +220,7 @@ class Service {
   void MonitorLoop();
   void LeaseLoop();
   void StopBackground();
+  void LogRecovery(const journal::Recovery& r) const;
   void LogTaint(const State& s, const char* context) const;
   enum class Route : std::uint8_t { kCompletions, kChat, kGenerate };
   void HandleProxy(Route route, const httplib::Request& req, httplib::Response& res);
