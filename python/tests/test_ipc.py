@@ -1,7 +1,7 @@
 """The CUDA IPC exporter writes exactly the handle file RolloutCore's NCCL sender parses
 (effects/nccl/weight_source.h). No GPU here: a stand-in `torch` module reproduces what
 `untyped_storage()._share_cuda_()` returns (torch >= 2.5 framing included); the real export
-path runs on the GPU host (tests/gpu/ipc_export.py exercises the same fields end to end)."""
+path runs on a host with GPUs (tests/gpu/ipc_export.py exercises the same fields end to end)."""
 import base64
 import json
 import sys
