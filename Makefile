@@ -12,7 +12,8 @@ DEB_PACKAGES := cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config \
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev nlohmann-json3-dev \
   libcli11-dev libcpp-httplib-dev libssl-dev libbrotli-dev python3 python3-pip python3-venv
 
-.PHONY: all deps configure build test test-cpp test-fuzz test-python demo bench clean
+.PHONY: all deps configure build test test-cpp test-fuzz fuzz-build fuzz-campaign fuzz-merge \
+  test-python demo bench clean
 
 all: build
 
@@ -33,11 +34,30 @@ build: configure
 test-cpp: build
 	cd $(BUILD) && ctest -LE gpu --output-on-failure -j $(JOBS) --timeout 900
 
-test-fuzz: deps
+# libFuzzer targets (ASan + UBSan, clang-14) in their own build dir: tests/fuzz/.
+FUZZ_TARGETS ?= decoder_fuzz api_fuzz engine_response_fuzz safetensors_fuzz tcp_store_fuzz \
+  proxy_stream_fuzz text_fuzz
+FUZZ_RUNS ?= 10000000
+FUZZ_PARALLEL ?= 1
+
+fuzz-build: deps
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DRC_BUILD_FUZZ=ON -DRC_WITH_CUDA=OFF
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_targets
+
+# CI smoke: every target over its committed corpus and regressions, then ~5 s of fuzzing each.
+test-fuzz: fuzz-build
 	cd $(FUZZ_BUILD) && ctest -L fuzz --output-on-failure
+
+# Long campaigns (tests/fuzz/RESULTS.md): FUZZ_RUNS executions per target, FUZZ_PARALLEL targets
+# at once (one core each). Summaries: $(FUZZ_BUILD)/campaign/<target>/summary.
+fuzz-campaign: fuzz-build
+	printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(FUZZ_PARALLEL) -I{} \
+	  tests/fuzz/campaign.sh run $(FUZZ_BUILD) $(FUZZ_RUNS) {}
+
+# Minimises the committed corpora with what the last campaign found (-merge=1).
+fuzz-merge:
+	tests/fuzz/campaign.sh merge $(FUZZ_BUILD) $(FUZZ_TARGETS)
 
 # The trainer's Python client against real `rolloutcore serve` + `vllm-double` processes.
 # A virtual environment under the build dir: works with Debian's externally managed python3 too.
