@@ -510,8 +510,10 @@ Status Service::Init() {
     if (!booted.ok()) {
       std::string msg = "bootstrap of engine " + config_.engine_url + " as '" +
                         config_.initial_label + "' failed: " + booted.message();
-      // vLLM 0.25.x keeps the label only in the worker extension.
+      // vLLM 0.25.x keeps the label only in the worker extension: when no route ever gave a
+      // label, that is the likely fix (not when the engine answered with the wrong one).
       if (engine_version_.rfind("0.25", 0) == 0 &&
+          control_client_->label_route() == effects::LabelRoute::kUnknown &&
           msg.find("worker-extension-cls") == std::string::npos) {
         msg += " (engine version " + engine_version_ +
                ": is vLLM started with --worker-extension-cls "
