@@ -87,3 +87,11 @@ bench: build
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD)
+
+# The simulator's long campaign: disjoint seed ranges in parallel (figures in sim/RESULTS.md).
+SOAK_SEEDS ?= 2500
+soak: configure
+	cmake --build $(BUILD) -j $(JOBS) --target rolloutcore-sim
+	rc=0; pids=""; for i in 0 1 2 3; do \
+	  ./$(BUILD)/sim/rolloutcore-sim --quiet --seeds $$((100000 + i * 100000)):$$((100000 + i * 100000 + $(SOAK_SEEDS))) & \
+	  pids="$$pids $$!"; done; for p in $$pids; do wait $$p || rc=1; done; exit $$rc

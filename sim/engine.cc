@@ -231,7 +231,9 @@ ValidationObserved SimControl::WeightInfo() {
   if (!applied || !v.http.ok_2xx()) return v;
   v.reported_label = e_.truth().label;
   v.engine_instance = e_.instance_name();
-  validated_instance_ = e_.truth().instance;
+  const EngineTruth& t = e_.truth();
+  validated_ = Validated{t.instance, t.weights, t.label, e_.CachesResetSinceMutation(),
+                         t.last_mutation_op};
   return v;
 }
 

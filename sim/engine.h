@@ -155,8 +155,14 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   // The engine as the executor's monitor sees it (no injected faults; a dead engine is
   // unreachable).
   EngineMonitored Monitor();
-  // What the last successful WeightInfo saw: the instance it answered from.
-  std::optional<std::uint64_t> validated_instance() const { return validated_instance_; }
+  // The engine's truth when the last WeightInfo answered (what validation vouched for).
+  struct Validated {
+    std::uint64_t instance = 0;
+    std::string weights, label;
+    bool caches_reset = false;
+    std::uint64_t mutation_op = 0;
+  };
+  const std::optional<Validated>& validated() const { return validated_; }
 
  private:
   // One call: latency, the death fault, then the injected fault. `applied` says whether the
@@ -166,7 +172,7 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   SimEngine& e_;
   Scheduler& s_;
   CycleFaults f_;
-  std::optional<std::uint64_t> validated_instance_;
+  std::optional<Validated> validated_;
 };
 
 }  // namespace rc::sim

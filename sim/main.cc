@@ -34,6 +34,7 @@ struct Args {
   std::uint32_t cycles = rc::sim::SimOptions{}.cycles;
   bool shrink = true;
   bool quiet = false;
+  bool monitor_during_recovery = false;
 };
 
 bool Parse(int argc, char** argv, Args& a) {
@@ -54,6 +55,8 @@ bool Parse(int argc, char** argv, Args& a) {
     } else if (arg == "--cycles" && next) {
       a.cycles = static_cast<std::uint32_t>(std::strtoul(next, nullptr, 10));
       ++i;
+    } else if (arg == "--monitor-during-recovery") {
+      a.monitor_during_recovery = true;
     } else if (arg == "--no-shrink") {
       a.shrink = false;
     } else if (arg == "--quiet") {
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
     rc::sim::SimOptions o;
     o.seed = seed;
     o.cycles = args.cycles;
+    o.monitor_during_recovery = args.monitor_during_recovery;
     rc::sim::FaultPlan plan = rc::sim::PlanForSeed(seed, o.cycles);
     if (args.explicit_faults) {
       auto parsed = rc::sim::ParsePlan(args.faults);

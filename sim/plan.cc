@@ -70,7 +70,7 @@ Result<FaultPlan> ParsePlan(const std::string& text) {
 
 FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
-  const double intensities[] = {0.01, 0.04, 0.12, 0.3};
+  const double intensities[] = {0.005, 0.02, 0.06, 0.15};
   std::vector<std::pair<FaultKind, double>> enabled;
   for (int k = 0; k < static_cast<int>(FaultKind::kCount); ++k) {
     const FaultKind kind = static_cast<FaultKind>(k);
@@ -108,6 +108,7 @@ void SimStats::Add(const SimStats& o) {
 std::string ReplayCommand(const SimOptions& o, const FaultPlan& plan) {
   std::string cmd = "rolloutcore-sim --seed " + std::to_string(o.seed);
   if (o.cycles != SimOptions{}.cycles) cmd += " --cycles " + std::to_string(o.cycles);
+ if (o.monitor_during_recovery) cmd += " --monitor-during-recovery";
   cmd += " --faults '" + FormatPlan(plan) + "'";
   return cmd;
 }

@@ -211,6 +211,10 @@ Status apply_one(State& s, const RecoveryStarted& e) {
   s.in_flight.reset();
   s.attempts = 0;
   if (s.update.has_value()) s.update->drain_seen = false;
+#ifdef RC_MUTANT_RECOVERY_DROPS_BINDINGS
+  // Simulator mutant (off in every normal build): recovery silently forgets leased bindings.
+  std::erase_if(s.active, [](const auto& kv) { return kv.second.lease_ms > 0; });
+#endif
   // The engine may have changed while no executor watched it: READY is re-verified first.
   if (s.lifecycle == Lifecycle::kReady) s.engine_recheck = true;
   s.counters.recoveries++;
@@ -388,8 +392,15 @@ Status apply_one(State& s, const ResumeObserved& e) {
 }
 
 Status check_binding(const State& s, const RolloutAdmitted& e) {
+#ifdef RC_MUTANT_ADMIT_IN_DRAINING
+  // Simulator mutant (off in every normal build): DRAINING still admits.
+  if (s.lifecycle != Lifecycle::kDraining) {
+#endif
   if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "admission");
   if (!admits(s)) return Status::Rejected("admission refused: " + admission_block_reason(s));
+#ifdef RC_MUTANT_ADMIT_IN_DRAINING
+  }
+#endif
   RC_RETURN_IF_ERROR(check_id("rollout_id", e.rollout_id));
   if (e.lease_ms > kLeaseMsMax) {
     return Status::InvalidArgument("lease_ms exceeds " + std::to_string(kLeaseMsMax));
@@ -677,6 +688,12 @@ void derive(const State& s, const TransferObserved& e, std::vector<Event>& out) 
     out.push_back(change(s, Lifecycle::kInvalidating, Cause::kTransferred,
                          std::to_string(e.bytes_sent) + " bytes, " +
                              std::to_string(e.tensors_sent) + " tensors"));
+#ifdef RC_MUTANT_RESET_BEFORE_TRANSFER
+    if (s.update->caches_reset_mask == kAllCachesMask) {
+      out.push_back(StateChanged{Lifecycle::kInvalidating, Lifecycle::kValidating,
+                                 Cause::kCachesReset, "mutant"});
+    }
+#endif
   } else if (!e.acknowledged && e.mutation == MutationClass::kNone) {
     out.push_back(change(s, Lifecycle::kResuming, Cause::kTransferRefused,
                          "no mutation: " + e.error));
@@ -690,6 +707,14 @@ void derive(const State& s, const TransferObserved& e, std::vector<Event>& out) 
 
 void derive(const State& s, const CacheResetObserved& e, std::vector<Event>& out) {
   const bool ok = e.http.ok_2xx() && e.reported_success;
+#ifdef RC_MUTANT_RESET_BEFORE_TRANSFER
+  if (s.lifecycle == Lifecycle::kQuiesced) {
+    if (!ok && out_of_attempts(s)) {
+      out.push_back(change(s, Lifecycle::kResuming, Cause::kPreflightRefused, "mutant"));
+    }
+    return;
+  }
+#endif
   if (ok && s.update->caches_reset_mask == kAllCachesMask) {
     out.push_back(change(s, Lifecycle::kValidating, Cause::kCachesReset,
                          "prefix, encoder and mm caches reset"));
@@ -703,8 +728,16 @@ void derive(const State& s, const CacheResetObserved& e, std::vector<Event>& out
 
 void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out) {
   const std::string& want = s.update->target.label;
-  const bool replaced = e.http.ok_2xx() && !s.engine_instance.empty() &&
-                        !e.engine_instance.empty() && e.engine_instance != s.engine_instance;
+  bool replaced = e.http.ok_2xx() && !s.engine_instance.empty() &&
+                  !e.engine_instance.empty() && e.engine_instance != s.engine_instance;
+#ifdef RC_MUTANT_PUBLISH_WITHOUT_VALIDATION
+  // Simulator mutant (off in every normal build): any 2xx validates, whatever it reports.
+  replaced = false;
+  if (e.http.ok_2xx()) {
+    out.push_back(change(s, Lifecycle::kResuming, Cause::kValidated, "mutant"));
+    return;
+  }
+#endif
   if (replaced) {
     taint(s, Cause::kValidationFailed,
           "the engine process changed during the update (instance '" + e.engine_instance +
@@ -859,6 +892,14 @@ Effect next_effect(const State& s) {
       if (s.update->drain_seen && !s.active.empty()) return {EffectKind::kAwaitRollouts};
       return can_retry ? Effect{EffectKind::kDrain} : Effect{};
     case Lifecycle::kQuiesced:
+#ifdef RC_MUTANT_RESET_BEFORE_TRANSFER
+      // Simulator mutant (off in every normal build): caches reset before the mutation.
+      for (std::uint8_t c = 0; c < kCacheKinds; ++c) {
+        if ((s.update->caches_reset_mask & (1u << c)) == 0) {
+          return can_retry ? Effect{EffectKind::kResetCache, static_cast<CacheKind>(c)} : Effect{};
+        }
+      }
+#endif
       return can_retry ? Effect{EffectKind::kPreflight} : Effect{};
     case Lifecycle::kUpdating:
       // The transfer is not idempotent: one attempt, then the observation decides.
