@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "effects/http_transfer.h"
+#include "effects/nccl/weight_source.h"
 #include "journal/json.h"
 #include "service/api_parse.h"
 #include "service/http_util.h"
@@ -1158,6 +1159,25 @@ void Service::SendUpdateOutcome(httplib::Response& res, const UpdateRequested& r
   send_json(res, update_status(ended.outcome), out);
 }
 
+bool Service::SourceMatchesIdentity(const UpdateRequested& request, httplib::Response& res) {
+  Result<std::string> digest = effects::nccl::SourceManifestDigest(request.source_uri);
+  if (!digest.ok()) {
+    metrics_.bad_requests++;
+    send_error(res, 400, "invalid_source", "'source': " + digest.status().message());
+    return false;
+  }
+  if (*digest != request.identity.manifest_digest) {
+    metrics_.bad_requests++;
+    send_error(res, 422, "manifest_mismatch",
+               "the source's manifest " + digest->substr(0, 16) +
+                   " is not the declared identity.manifest_digest " +
+                   request.identity.manifest_digest.substr(0, 16) +
+                   " (nothing was journaled; the engine was not touched)");
+    return false;
+  }
+  return true;
+}
+
 void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) {
   if (!Authorized(req, res)) return;
   Result<UpdateRequested> request = parse_update_body(req.body);
@@ -1189,6 +1209,9 @@ void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) 
     replay(*e);
     return;
   }
+  // What can be checked without the engine is checked before anything is journaled: a source
+  // that cannot be read, or whose manifest is not the declared one, never drains the engine.
+  if (!SourceMatchesIdentity(*request, res)) return;
   if (shutting_down_.load()) {
     send_error(res, 503, "shutting_down", "the executor is shutting down");
     return;

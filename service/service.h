@@ -221,6 +221,8 @@ class Service {
   void LeaseLoop();
   void StopBackground();
   void LogRecovery(const journal::Recovery& r) const;
+  // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
+  bool SourceMatchesIdentity(const UpdateRequested& request, httplib::Response& res);
   void LogTaint(const State& s, const char* context) const;
   enum class Route : std::uint8_t { kCompletions, kChat, kGenerate };
   void HandleProxy(Route route, const httplib::Request& req, httplib::Response& res);

@@ -410,6 +410,14 @@ TEST(TrustApi, ManifestNeedsTheTokenAndBadSourcesJournalNothing) {
     EXPECT_EQ(u->status, 400) << src << ": " << u->body;
   }
   EXPECT_EQ(s.svc->journal().head_seq(), head) << "a bad source reached the journal";
+  // A readable source whose manifest is not the declared one: refused before the drain too.
+  json mismatch = update_body("u-mismatch", "rc-1", 1);
+  mismatch["source"] = "synthetic:8x64";
+  auto m = c.Post("/v1/updates", auth(), mismatch.dump(), "application/json");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 422) << m->body;
+  EXPECT_EQ(s.svc->journal().head_seq(), head) << "a mismatched manifest reached the journal";
+  EXPECT_EQ(s.engine->RouteCount("/pause"), 0u) << "the engine was drained for a bad source";
 }
 
 // Hostile bodies, ids and queries on every trainer route: each gets a 4xx whose body is valid
