@@ -238,11 +238,16 @@ Status Runner::Drive() {
     if (i > 0 && effect == previous && state.attempts > 0) {
       clock_.sleep_ms(backoff_ms);
       backoff_ms = std::min(options_.backoff_ms_max, backoff_ms * 2);
+      // Other inputs (the engine monitor, bindings) may have moved the state while we slept.
+      if (!(next_effect(journal_.state()) == effect)) continue;
     } else {
       backoff_ms = options_.backoff_ms_min;
     }
     previous = effect;
-    RC_RETURN_IF_ERROR(perform(effect, state));
+    Status performed = perform(effect, state);
+    // An intent refused because another input made it no longer due: look again.
+    if (performed.code() == Code::kRejected && !(next_effect(journal_.state()) == effect)) continue;
+    RC_RETURN_IF_ERROR(performed);
   }
   RC_RETURN_IF_ERROR(sync());
   return Status::Internal("Drive() performed " + std::to_string(options_.effects_per_drive_max) +

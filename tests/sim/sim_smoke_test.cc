@@ -9,7 +9,7 @@ namespace rc::sim {
 namespace {
 
 void ExpectPasses(const SimOptions& o, const FaultPlan& plan) {
-  SimResult r = Run(o, plan);
+  SimResult r = sim::Run(o, plan);
   for (const std::string& v : r.violations) ADD_FAILURE() << v;
   if (!r.violations.empty()) ADD_FAILURE() << "replay with: " << ReplayCommand(o, plan);
 }
@@ -47,8 +47,8 @@ TEST(Sim, SameSeedSameRun) {
   o.seed = 4242;
   o.cycles = 60;
   const FaultPlan plan = PlanForSeed(o.seed, o.cycles);
-  const SimResult a = Run(o, plan);
-  const SimResult b = Run(o, plan);
+  const SimResult a = sim::Run(o, plan);
+  const SimResult b = sim::Run(o, plan);
   EXPECT_EQ(a.head, b.head);
   EXPECT_EQ(a.stats.committed, b.stats.committed);
   EXPECT_EQ(a.stats.admissions_acked, b.stats.admissions_acked);
@@ -63,11 +63,11 @@ TEST(Sim, FaultPlanRoundTrips) {
   EXPECT_EQ(*parsed, plan);
 }
 
-// Regression seed for a runner bug (effects/runner.cc, not fixed here): Drive() computes the next
-// effect, sleeps its retry backoff, then submits that intent; an engine-monitor observation during
-// the backoff re-verifies READY, the stale EffectStarted(probe_engine) is rejected ("not due in
-// READY") and Recover() fails. Disabled until the runner recomputes the effect after its backoff.
-TEST(Sim, DISABLED_MonitorDuringRecoveryBackoff) {
+// Regression seed (found by the simulator): the runner computed the next effect, slept its retry
+// backoff, then submitted that intent; an engine-monitor observation during the backoff
+// re-verified READY, the stale EffectStarted(probe_engine) was rejected ("not due in READY") and
+// Recover() failed. Proves the runner looks again after its backoff.
+TEST(Sim, MonitorDuringRecoveryBackoff) {
   SimOptions o;
   o.seed = 17;
   o.cycles = 200;
