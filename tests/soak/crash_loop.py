@@ -916,16 +916,16 @@ def main():
                     help="replay+audit check after every N kills (and at each journal's end)")
     ap.add_argument("--kills-per-journal", type=int, default=50,
                     help="start a fresh journal after this many kills (bounds the check's cost)")
-    ap.add_argument("--p-explicit", type=float, default=0.2,
+    ap.add_argument("--p-explicit", type=float, default=0.1,
                     help="fraction of client requests that are explicit (leased) rollouts")
-    ap.add_argument("--p-update-bias", type=float, default=0.15,
+    ap.add_argument("--p-update-bias", type=float, default=0.08,
                     help="fraction of kills aimed just after an update was sent")
     ap.add_argument("--p-engine-kill", type=float, default=0.03,
                     help="fraction of iterations that kill and restart the engine double")
-    ap.add_argument("--window-min-s", type=float, default=0.05)
-    ap.add_argument("--window-max-s", type=float, default=0.5)
+    ap.add_argument("--window-min-s", type=float, default=0.03)
+    ap.add_argument("--window-max-s", type=float, default=0.35)
     ap.add_argument("--deadline-s", type=float, default=15.0, help="bound of every single wait")
-    ap.add_argument("--max-minutes", type=float, default=40.0, help="stop (as a failure) after this")
+    ap.add_argument("--max-minutes", type=float, default=50.0, help="stop (as a failure) after this")
     ap.add_argument("--json-out", help="write the figures here as JSON")
     ap.add_argument("--strict", action="store_true",
                     help="count the known product findings (RESULTS.md) as failures")
