@@ -389,6 +389,8 @@ def trainer_thread(w: World, seed: int, digest: str, p_bad: float):
                 break
             if rec["status"] == 409 and "TAINTED" in rec.get("message", ""):
                 break
+            if rec["status"] in (400, 401, 403, 404, 413, 422):
+                break  # refused before anything was journaled (e.g. 422 manifest_mismatch)
             time.sleep(0.1)
 
 
