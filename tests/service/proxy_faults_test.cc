@@ -22,6 +22,7 @@
 #include "fixtures/vllm_double.h"
 #include "service/connection_gate.h"
 #include "service/service.h"
+#include "tests/service/service_stack.h"
 
 namespace rc::service {
 namespace {
@@ -34,49 +35,19 @@ std::int64_t ms_since(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
-struct Stack {
-  fs::path dir;
-  std::unique_ptr<fixtures::VllmDouble> engine;
-  std::unique_ptr<Service> svc;
-
-  explicit Stack(std::function<void(ServeConfig&)> tweak = nullptr) {
-    static int counter = 0;
-    dir = fs::temp_directory_path() /
-          ("rc-proxyfault-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    fixtures::VllmDoubleOptions eo;
-    eo.worker_extension_cls = effects::kWorkerExtensionClass;
-    eo.token_delay_ms = 1;
-    engine = std::make_unique<fixtures::VllmDouble>(eo);
-    RC_CHECK(engine->Start(0) > 0);
-    ServeConfig c;
-    c.engine_url = engine->base_url();
-    c.journal_path = (dir / "journal").string();
-    c.listen_port = 0;
-    c.initial_source = "synthetic:4x64";
-    c.initial_checkpoint = "ckpt-0";
-    c.initial_run = "run-a";
-    c.initial_step = 0;
-    c.admit_wait_ms = 5000;
-    if (tweak) tweak(c);
-    auto opened = Service::Open(c);
-    if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
-    RC_CHECK(opened.ok());
-    svc = std::move(opened.value());
-    RC_CHECK(svc->Start().ok());
+struct Stack : stack::ServiceStack {
+  explicit Stack(std::function<void(ServeConfig&)> tweak = nullptr)
+      : ServiceStack(Options(std::move(tweak))) {}
+  static stack::StackOptions Options(std::function<void(ServeConfig&)> tweak) {
+    stack::StackOptions o;
+    o.dir_prefix = "rc-proxyfault";
+    o.tweak = [tweak = std::move(tweak)](ServeConfig& c) {
+      c.admit_wait_ms = 5000;
+      if (tweak) tweak(c);
+    };
+    return o;
   }
-  ~Stack() {
-    if (svc) (void)svc->Shutdown(5000);
-    svc.reset();
-    engine->Stop();
-    fs::remove_all(dir);
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", svc->port());
-    c.set_read_timeout(30, 0);
-    return c;
-  }
+  httplib::Client client() const { return ServiceStack::client(30); }
 };
 
 int connect_loopback(int port) {

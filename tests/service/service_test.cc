@@ -20,6 +20,7 @@
 #include "effects/http/engine_client.h"
 #include "fixtures/vllm_double.h"
 #include "service/service.h"
+#include "tests/service/service_stack.h"
 
 namespace rc::service {
 namespace {
@@ -36,59 +37,22 @@ std::string synthetic_digest(const std::string& uri) {
   return m->digest();
 }
 
-struct Stack {
-  fs::path dir;
-  std::unique_ptr<fixtures::VllmDouble> engine;
-  std::unique_ptr<Service> svc;
-
-  explicit Stack(std::function<void(ServeConfig&)> tweak = nullptr, int token_delay_ms = 1) {
-    dir = fs::temp_directory_path() /
-          ("rc-svc-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    fixtures::VllmDoubleOptions eo;
-    eo.worker_extension_cls = effects::kWorkerExtensionClass;  // vLLM 0.25.1 (the default)
-    eo.token_delay_ms = token_delay_ms;
-    eo.http_threads = 320;
-    engine = std::make_unique<fixtures::VllmDouble>(eo);
-    RC_CHECK(engine->Start(0) > 0);  // the double raises its own listen backlog
-    Open(tweak);
-  }
-  void Open(std::function<void(ServeConfig&)> tweak = nullptr) {
-    ServeConfig c;
-    c.engine_url = engine->base_url();
-    c.journal_path = (dir / "journal").string();
-    c.listen_port = 0;
-    c.auth_token = kToken;
-    c.initial_source = kSource;
-    c.initial_checkpoint = "ckpt-0";
-    c.initial_run = "run-a";
-    c.initial_step = 0;
-    c.drain_timeout_ms = 20000;
-    c.admit_wait_ms = 20000;
-    c.http_threads = 600;
-    if (tweak) tweak(c);
-    auto opened = Service::Open(c);
-    if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
-    RC_CHECK(opened.ok());
-    svc = std::move(opened.value());
-    RC_CHECK(svc->Start().ok());
-  }
-  ~Stack() {
-    if (svc) (void)svc->Shutdown(5000);
-    svc.reset();
-    engine->Stop();
-    fs::remove_all(dir);
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", svc->port());
-    c.set_read_timeout(120, 0);
-    c.set_write_timeout(30, 0);
-    return c;
-  }
-  static int& counter() {
-    static int n = 0;
-    return n;
+// The stack these tests use: a token, a double and a service sized for hundreds of streams.
+struct Stack : stack::ServiceStack {
+  explicit Stack(std::function<void(ServeConfig&)> tweak = nullptr, int token_delay_ms = 1)
+      : ServiceStack(Options(std::move(tweak), token_delay_ms)) {}
+  static stack::StackOptions Options(std::function<void(ServeConfig&)> tweak, int delay_ms) {
+    stack::StackOptions o;
+    o.token = kToken;
+    o.token_delay_ms = delay_ms;
+    o.engine_http_threads = 320;
+    o.tweak = [tweak = std::move(tweak)](ServeConfig& c) {
+      c.drain_timeout_ms = 20000;
+      c.admit_wait_ms = 20000;
+      c.http_threads = 600;
+      if (tweak) tweak(c);
+    };
+    return o;
   }
 };
 

@@ -21,6 +21,7 @@
 #include "fixtures/vllm_double.h"
 #include "journal/testing/fault_env.h"
 #include "service/service.h"
+#include "tests/service/service_stack.h"
 
 namespace rc::service {
 namespace {
@@ -55,72 +56,26 @@ json update_body(const std::string& id, const std::string& label, int step) {
           {"source", kSource}};
 }
 
-fixtures::VllmDoubleOptions engine_options(int token_delay_ms) {
-  fixtures::VllmDoubleOptions eo;
-  eo.worker_extension_cls = effects::kWorkerExtensionClass;  // vLLM 0.25.1
-  eo.token_delay_ms = token_delay_ms;
-  eo.http_threads = 64;
-  return eo;
-}
-
 // A service over a journal in a temp dir (optionally over a FaultEnv) and a vLLM double.
-struct Stack {
-  fs::path dir;
-  std::unique_ptr<FaultEnv> faults;
-  std::unique_ptr<fixtures::VllmDouble> engine;
-  std::unique_ptr<Service> svc;
-  std::function<void(ServeConfig&)> tweak;
-
+struct Stack : stack::ServiceStack {
   explicit Stack(std::function<void(ServeConfig&)> t = nullptr, bool fault_env = false,
                  int token_delay_ms = 1)
-      : tweak(std::move(t)) {
-    static int n = 0;
-    dir = fs::temp_directory_path() /
-          ("rc-trust-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    if (fault_env) faults = std::make_unique<FaultEnv>();
-    engine = std::make_unique<fixtures::VllmDouble>(engine_options(token_delay_ms));
-    RC_CHECK(engine->Start(0) > 0);
-    Open();
-  }
-  ServeConfig Config() const {
-    ServeConfig c;
-    c.engine_url = engine->base_url();
-    c.journal_path = (dir / "journal").string();
-    c.listen_port = 0;
-    c.auth_token = kToken;
-    c.initial_source = kSource;
-    c.initial_checkpoint = "ckpt-0";
-    c.initial_run = "run-t";
-    c.initial_step = 0;
-    c.drain_timeout_ms = 20000;
-    c.admit_wait_ms = 20000;
-    c.http_threads = 64;
-    c.engine_startup_timeout_ms = 10000;
-    if (tweak) tweak(c);
-    return c;
-  }
-  void Open() {
-    auto opened = Service::Open(Config(), faults ? faults->env() : nullptr);
-    if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
-    RC_CHECK(opened.ok());
-    svc = std::move(opened.value());
-    RC_CHECK(svc->Start().ok());
-  }
-  // Like a crash: no Shutdown; the journal is closed by the destructor.
-  void Kill() { svc.reset(); }
-  ~Stack() {
-    if (svc && !svc->failed()) (void)svc->Shutdown(5000);
-    svc.reset();
-    if (engine) engine->Stop();
-    fs::remove_all(dir);
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", svc->port());
-    c.set_read_timeout(120, 0);
-    c.set_write_timeout(30, 0);
-    return c;
+      : ServiceStack(Options(std::move(t), fault_env, token_delay_ms)) {}
+  static stack::StackOptions Options(std::function<void(ServeConfig&)> t, bool fault_env,
+                                     int delay_ms) {
+    stack::StackOptions o;
+    o.token = kToken;
+    o.run = "run-t";
+    o.dir_prefix = "rc-trust";
+    o.token_delay_ms = delay_ms;
+    o.fault_env = fault_env;
+    o.tweak = [t = std::move(t)](ServeConfig& c) {
+      c.drain_timeout_ms = 20000;
+      c.admit_wait_ms = 20000;
+      c.http_threads = 64;
+      if (t) t(c);
+    };
+    return o;
   }
 };
 
@@ -351,10 +306,7 @@ TEST(TrustEngine, MonitorDetectsAReplacedEngine) {
   auto ready = c.Get("/readyz");
   ASSERT_TRUE(ready);
   EXPECT_EQ(ready->status, 200) << ready->body;
-  const int port = s.engine->port();
-  s.engine->Stop();
-  s.engine = std::make_unique<fixtures::VllmDouble>(engine_options(1));
-  ASSERT_EQ(s.engine->Start(port), port);
+  ASSERT_TRUE(s.RestartEngine());
   const auto started = SteadyClock::now();
   ASSERT_TRUE(eventually(
       [&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 10000))

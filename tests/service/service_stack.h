@@ -1,0 +1,120 @@
+// The service tests' world: a real Service (RocksDB journal in a private temporary directory,
+// optionally over a fault-injecting Env) in front of an in-process vLLM double, over loopback.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include "effects/http/engine_client.h"
+#include "fixtures/vllm_double.h"
+#include "journal/testing/fault_env.h"
+#include "service/service.h"
+
+namespace rc::service::stack {
+
+inline constexpr const char* kStackSource = "synthetic:4x64";
+
+struct StackOptions {
+  std::string token;             // "" = the trainer routes need no token
+  std::string run = "run-a";     // the initial identity's run
+  std::string dir_prefix = "rc-svc";
+  int token_delay_ms = 1;
+  int engine_http_threads = 64;  // the double's concurrent requests
+  bool fault_env = false;        // the journal over a journal::testing::FaultEnv
+  // Applied last: a test's own settings (http_threads, deadlines, ...).
+  std::function<void(ServeConfig&)> tweak;
+};
+
+class ServiceStack {
+ public:
+  std::filesystem::path dir;
+  std::unique_ptr<journal::testing::FaultEnv> faults;
+  std::unique_ptr<fixtures::VllmDouble> engine;
+  std::unique_ptr<Service> svc;
+
+  explicit ServiceStack(StackOptions options) : options_(std::move(options)) {
+    static int n = 0;
+    dir = std::filesystem::temp_directory_path() /
+          (options_.dir_prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    if (options_.fault_env) faults = std::make_unique<journal::testing::FaultEnv>();
+    engine = std::make_unique<fixtures::VllmDouble>(EngineOptions());
+    RC_CHECK(engine->Start(0) > 0);
+    Open();
+  }
+
+  fixtures::VllmDoubleOptions EngineOptions() const {
+    fixtures::VllmDoubleOptions eo;
+    eo.worker_extension_cls = effects::kWorkerExtensionClass;  // vLLM 0.25.1 (the default)
+    eo.token_delay_ms = options_.token_delay_ms;
+    eo.http_threads = options_.engine_http_threads;
+    return eo;
+  }
+
+  // The engine process restarts on the same port: initial label, a new instance. Returns false
+  // when the port could not be bound again.
+  bool RestartEngine() {
+    const int port = engine->port();
+    engine->Stop();
+    engine = std::make_unique<fixtures::VllmDouble>(EngineOptions());
+    return engine->Start(port) == port;
+  }
+  ServiceStack(const ServiceStack&) = delete;
+  ServiceStack& operator=(const ServiceStack&) = delete;
+
+  ~ServiceStack() {
+    if (svc && !svc->failed()) (void)svc->Shutdown(5000);
+    svc.reset();
+    if (engine) engine->Stop();
+    std::filesystem::remove_all(dir);
+  }
+
+  ServeConfig Config() const {
+    ServeConfig c;
+    c.engine_url = engine->base_url();
+    c.journal_path = (dir / "journal").string();
+    c.listen_port = 0;
+    c.auth_token = options_.token;
+    c.initial_source = kStackSource;
+    c.initial_checkpoint = "ckpt-0";
+    c.initial_run = options_.run;
+    c.initial_step = 0;
+    c.engine_startup_timeout_ms = 10000;
+    if (options_.tweak) options_.tweak(c);
+    return c;
+  }
+
+  // Opens and starts the service; `extra` applies after the stack's own tweak (this open only).
+  void Open(const std::function<void(ServeConfig&)>& extra = nullptr) {
+    ServeConfig c = Config();
+    if (extra) extra(c);
+    auto opened = Service::Open(c, faults ? faults->env() : nullptr);
+    if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
+    RC_CHECK(opened.ok());
+    svc = std::move(opened.value());
+    RC_CHECK(svc->Start().ok());
+  }
+
+  // Like a crash: no Shutdown; the journal is closed by the destructor.
+  void Kill() { svc.reset(); }
+
+  httplib::Client client(int read_timeout_s = 120) const {
+    httplib::Client c("127.0.0.1", svc->port());
+    c.set_read_timeout(read_timeout_s, 0);
+    c.set_write_timeout(30, 0);
+    return c;
+  }
+
+ private:
+  StackOptions options_;
+};
+
+}  // namespace rc::service::stack
