@@ -11,8 +11,10 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 
 #include "effects/http/engine_client.h"
+#include "effects/http_transfer.h"
 #include "fixtures/vllm_double.h"
 #include "journal/testing/fault_env.h"
 #include "service/service.h"
@@ -20,6 +22,29 @@
 namespace rc::service::stack {
 
 inline constexpr const char* kStackSource = "synthetic:4x64";
+
+inline std::string SyntheticDigest(const std::string& uri) {
+  auto m = effects::synthetic_manifest(uri);
+  RC_CHECK(m.ok());
+  return m->digest();
+}
+
+inline httplib::Headers Bearer(const std::string& token) {
+  return {{"Authorization", "Bearer " + token}};
+}
+
+// The body of POST /v1/updates for `label` at `step`, from kStackSource.
+inline nlohmann::json UpdateBody(const std::string& id, const std::string& label, int step,
+                                 const std::string& run) {
+  return {{"update_id", id},
+          {"target_label", label},
+          {"identity",
+           {{"manifest_digest", SyntheticDigest(kStackSource)},
+            {"checkpoint", "ckpt-" + std::to_string(step)},
+            {"run", run},
+            {"step", step}}},
+          {"source", kStackSource}};
+}
 
 struct StackOptions {
   std::string token;             // "" = the trainer routes need no token

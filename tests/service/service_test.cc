@@ -31,11 +31,6 @@ namespace fs = std::filesystem;
 constexpr const char* kToken = "test-token";
 constexpr const char* kSource = "synthetic:4x64";
 
-std::string synthetic_digest(const std::string& uri) {
-  auto m = effects::synthetic_manifest(uri);
-  RC_CHECK(m.ok());
-  return m->digest();
-}
 
 // The stack these tests use: a token, a double and a service sized for hundreds of streams.
 struct Stack : stack::ServiceStack {
@@ -56,17 +51,10 @@ struct Stack : stack::ServiceStack {
   }
 };
 
-httplib::Headers auth() { return {{"Authorization", std::string("Bearer ") + kToken}}; }
+httplib::Headers auth() { return stack::Bearer(kToken); }
 
 json update_body(const std::string& id, const std::string& label, int step) {
-  return {{"update_id", id},
-          {"target_label", label},
-          {"identity",
-           {{"manifest_digest", synthetic_digest(kSource)},
-            {"checkpoint", "ckpt-" + std::to_string(step)},
-            {"run", "run-a"},
-            {"step", step}}},
-          {"source", kSource}};
+  return stack::UpdateBody(id, label, step, "run-a");
 }
 
 std::vector<journal::Record> all_records(journal::Journal& j) {

@@ -37,23 +37,11 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr const char* kToken = "trust-token";
 constexpr const char* kSource = "synthetic:4x64";
 
-std::string synthetic_digest(const std::string& uri) {
-  auto m = effects::synthetic_manifest(uri);
-  RC_CHECK(m.ok());
-  return m->digest();
-}
 
-httplib::Headers auth() { return {{"Authorization", std::string("Bearer ") + kToken}}; }
+httplib::Headers auth() { return stack::Bearer(kToken); }
 
 json update_body(const std::string& id, const std::string& label, int step) {
-  return {{"update_id", id},
-          {"target_label", label},
-          {"identity",
-           {{"manifest_digest", synthetic_digest(kSource)},
-            {"checkpoint", "ckpt-" + std::to_string(step)},
-            {"run", "run-t"},
-            {"step", step}}},
-          {"source", kSource}};
+  return stack::UpdateBody(id, label, step, "run-t");
 }
 
 // A service over a journal in a temp dir (optionally over a FaultEnv) and a vLLM double.
