@@ -34,7 +34,7 @@ struct Args {
   std::uint32_t cycles = rc::sim::SimOptions{}.cycles;
   bool shrink = true;
   bool quiet = false;
-  bool monitor_during_recovery = false;
+  bool monitor_during_recovery = true;
 };
 
 bool Parse(int argc, char** argv, Args& a) {
@@ -57,6 +57,8 @@ bool Parse(int argc, char** argv, Args& a) {
       ++i;
     } else if (arg == "--monitor-during-recovery") {
       a.monitor_during_recovery = true;
+    } else if (arg == "--no-monitor-during-recovery") {
+      a.monitor_during_recovery = false;
     } else if (arg == "--no-shrink") {
       a.shrink = false;
     } else if (arg == "--quiet") {
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
   Args args;
   if (!Parse(argc, argv, args)) {
     std::fprintf(stderr, "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
-                         "[--cycles C] [--no-shrink] [--quiet]\n");
+                         "[--cycles C] [--no-shrink] [--quiet] [--no-monitor-during-recovery]\n");
     return 2;
   }
   std::signal(SIGABRT, OnAbort);

@@ -108,7 +108,7 @@ void SimStats::Add(const SimStats& o) {
 std::string ReplayCommand(const SimOptions& o, const FaultPlan& plan) {
   std::string cmd = "rolloutcore-sim --seed " + std::to_string(o.seed);
   if (o.cycles != SimOptions{}.cycles) cmd += " --cycles " + std::to_string(o.cycles);
- if (o.monitor_during_recovery) cmd += " --monitor-during-recovery";
+  if (!o.monitor_during_recovery) cmd += " --no-monitor-during-recovery";
   cmd += " --faults '" + FormatPlan(plan) + "'";
   return cmd;
 }

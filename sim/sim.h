@@ -63,11 +63,9 @@ struct SimOptions {
   std::uint32_t cycles_per_world = 100;  // a world is retired after this many (bounded checks)
   std::uint32_t check_every = 25;        // full journal checks every N cycles (and at world end)
   bool verbose = false;
-  // The engine monitor also acts while a restarted runner recovers. Off by default: the runner
-  // computes its next effect before its retry backoff and submits that intent after it, so a
-  // monitor observation during the backoff makes the intent stale and Recover() fails (a runner
-  // bug reported in sim/RESULTS.md; tests/sim keeps the regression seed).
-  bool monitor_during_recovery = false;
+  // The engine monitor also acts while a restarted runner recovers, as in the real executor
+  // (--no-monitor-during-recovery pauses it there, to tell such interleavings apart).
+  bool monitor_during_recovery = true;
 };
 
 struct SimStats {
