@@ -4,7 +4,8 @@
 #                                               executions, one process per target; the log, new
 #                                               units and any crash go to BUILD_DIR/campaign/T/
 #   campaign.sh merge BUILD_DIR TARGET...       minimises committed corpus + campaign units with
-#                                               -merge=1 into tests/fuzz/corpus/T/ (replaced)
+#                                               -merge=1, then keeps a greedy cover of at most 200
+#                                               inputs (select_corpus.py) in tests/fuzz/corpus/T/
 # The last lines of each log carry libFuzzer's final stats (executions, exec/s) for RESULTS.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,6 +15,7 @@ shift 2
 max_len() {
   case $1 in
     decoder_fuzz) echo 65600 ;;
+    api_fuzz | proxy_stream_fuzz) echo 2048 ;;
     *) echo 4096 ;;
   esac
 }
@@ -44,13 +46,15 @@ case $mode in
     ;;
   merge)
     for t in "$@"; do
-      out=$(mktemp -d)
-      "$build/tests/fuzz/$t" -merge=1 -max_len="$(max_len "$t")" -timeout=10 "$out" \
-        "$here/corpus/$t" "$build/campaign/$t/corpus" > "$build/campaign/$t/merge.log" 2>&1
-      rm -rf "${here:?}/corpus/$t" && mkdir -p "$here/corpus/$t"
-      for f in "$out"/*; do cp "$f" "$here/corpus/$t/"; done
-      rm -rf "$out"
-      echo "$t: $(find "$here/corpus/$t" -type f | wc -l) files, $(du -sk "$here/corpus/$t" | cut -f1) KiB"
+      tmp=$(mktemp -d)
+      mkdir -p "$tmp/merged" "$build/campaign/$t/corpus"
+      "$build/tests/fuzz/$t" -merge=1 -merge_control_file="$tmp/control" -max_len="$(max_len "$t")" \
+        -timeout=10 "$tmp/merged" "$here/corpus/$t" "$build/campaign/$t/corpus" \
+        > "$build/campaign/$t/merge.log" 2>&1
+      # The control file lists every input's coverage; keep a small greedy cover of it.
+      echo "$t: $(python3 "$here/select_corpus.py" "$tmp/control" "$tmp/selected")"
+      rm -rf "${here:?}/corpus/$t" && mv "$tmp/selected" "$here/corpus/$t"
+      rm -rf "$tmp"
     done
     ;;
   *) echo "usage: $0 run|merge BUILD_DIR ..." >&2; exit 2 ;;

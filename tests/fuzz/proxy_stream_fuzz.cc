@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size < 1) return 0;
   const bool strip_token_ids = (data[0] & 1) != 0;
   const bool strip_usage = (data[0] & 2) != 0;
-  const std::size_t step = 1 + (data[0] >> 2);
+  const std::size_t step = 1 + 32 * (data[0] >> 2);  // 1 byte .. 2 KiB per network read
   const std::string raw(reinterpret_cast<const char*>(data + 1), size - 1);
 
   svc::Trajectory trace;
