@@ -52,8 +52,10 @@ struct Trajectory {
     for (const json& c : *cs) {
       if (!c.is_object()) continue;
       take_prompt(c);
+      // An engine chunk is outside text: a missing or non-integer "index" is choice 0.
+      const auto at = c.find("index");
       const std::int64_t index =
-          c.value("index", json(0)).is_number_integer() ? c["index"].get<std::int64_t>() : 0;
+          at != c.end() && at->is_number_integer() ? at->get<std::int64_t>() : 0;
       ChoiceTrace& t = choices[index];
       const json* ids = nullptr;
       if (auto it = c.find("token_ids"); it != c.end() && it->is_array()) {

@@ -203,19 +203,20 @@ std::string start_time_instance(const std::string& metrics_text) {
   return "start:" + value;
 }
 
+// Engine bodies are outside text: a field of another type is absent, never a throw.
 std::optional<std::string> instance_in_label_body(const json& body) {
-  if (body.is_object() && body.contains("instance")) {
-    return body["instance"].get<std::string>();
-  }
-  return std::nullopt;
+  if (!body.is_object()) return std::nullopt;
+  auto it = body.find("instance");
+  if (it == body.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
 }
 
 std::string label_detail(const json& body) {
-  if (body.contains("workers")) {
-    return "label from /collective_rpc rc_weight_info on " +
-           std::to_string(body["workers"].get<std::size_t>()) + " worker(s)";
-  }
-  return {};
+  if (!body.is_object()) return {};
+  auto it = body.find("workers");
+  if (it == body.end() || !it->is_number_unsigned()) return {};
+  return "label from /collective_rpc rc_weight_info on " +
+         std::to_string(it->get<std::uint64_t>()) + " worker(s)";
 }
 
 CacheResetObserved reset_observed(CacheKind cache, const HttpReply& r) {

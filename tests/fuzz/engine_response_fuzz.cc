@@ -7,11 +7,8 @@
 // /pause, /is_paused, /reset_*_cache, /get_world_size, /update_weight_version, /metrics
 // (process_start_time_seconds and the Prometheus text parser) and the SSE event splitter.
 //
-// Known failure (see tests/fuzz/RESULTS.md): a /weight_info body with a non-string "instance" or
-// a non-integer "workers" passes check_weight_info, then instance_in_label_body / label_detail
-// (EngineClient::Instance / WeightInfo) throw nlohmann::json::type_error. The target skips those
-// two reads for such bodies unless RC_FUZZ_KNOWN_BUGS=1 is set, so that the campaign keeps
-// searching past them; the reproducer is tests/fuzz/regressions/engine_response_fuzz/known-*.
+// Regressions: a /weight_info body with a non-string "instance" or a non-integer "workers" made
+// the typed reads throw nlohmann::json::type_error (tests/fuzz/regressions/).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -36,14 +33,6 @@ using rc::effects::HttpReply;
       std::abort();                                                        \
     }                                                                      \
   } while (0)
-
-bool known_bugs() {
-  static const bool on = [] {
-    const char* v = std::getenv("RC_FUZZ_KNOWN_BUGS");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
 
 HttpReply reply_for(const std::string& raw) {
   HttpReply r;
@@ -79,14 +68,11 @@ void read_label_reply(const HttpReply& r, bool rpc_route) {
   const bool bad_instance = r.body.contains("instance") && !r.body["instance"].is_string();
   const bool bad_workers = r.body.contains("workers") && !r.body["workers"].is_number_integer();
   if (rpc_route) FUZZ_CHECK(!bad_instance && !bad_workers);  // label_from_rpc builds them
-  if (!bad_instance || known_bugs()) {
-    auto inst = rc::effects::instance_in_label_body(r.body);
-    if (rpc_route && inst) FUZZ_CHECK(!inst->empty());
-  }
-  if (!bad_workers || known_bugs()) {
-    const std::string detail = rc::effects::label_detail(r.body);
-    FUZZ_CHECK(rpc_route == !detail.empty() || !rpc_route);
-  }
+  auto inst = rc::effects::instance_in_label_body(r.body);
+  if (bad_instance) FUZZ_CHECK(!inst.has_value());
+  if (rpc_route && inst) FUZZ_CHECK(!inst->empty());
+  const std::string detail = rc::effects::label_detail(r.body);
+  FUZZ_CHECK(rpc_route == !detail.empty() || !rpc_route);
 }
 
 void fuzz_sse(const std::string& raw, std::uint8_t knob) {

@@ -7,10 +7,8 @@
 // Input: one flags byte (strip token ids, strip usage, chunking), then the engine's SSE bytes.
 // The bytes go through the engine client's own SSE splitter (SseState), then pass_chunk.
 //
-// Known failure (see tests/fuzz/RESULTS.md): a chunk whose "choices" holds an object without an
-// "index" makes Trajectory::absorb index a missing key of a const json (nlohmann's assertion
-// aborts; UB without assertions). Such chunks are set aside unless RC_FUZZ_KNOWN_BUGS=1, so that
-// the campaign keeps searching past it; the reproducer is tests/fuzz/known_failures/.
+// Regression: a chunk whose "choices" held an object without an "index" made Trajectory::absorb
+// read a missing key of a const json and abort (tests/fuzz/regressions/).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -35,25 +33,6 @@ namespace {
 
 using nlohmann::json;
 namespace svc = rc::service;
-
-bool known_bugs() {
-  static const bool on = [] {
-    const char* v = std::getenv("RC_FUZZ_KNOWN_BUGS");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
-
-// The known failure's trigger: a choice object without "index".
-bool choice_without_index(const json& chunk) {
-  if (!chunk.is_object()) return false;
-  auto cs = chunk.find("choices");
-  if (cs == chunk.end() || !cs->is_array()) return false;
-  for (const json& c : *cs) {
-    if (c.is_object() && !c.contains("index")) return true;
-  }
-  return false;
-}
 
 bool mentions_added(const json& doc, bool token_ids, bool usage) {
   if (!doc.is_object()) return false;
@@ -85,10 +64,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::string> sent;  // each event's JSON text
   std::size_t skipped = 0;
   rc::effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {
-    if (!known_bugs() && choice_without_index(chunk)) {
-      ++skipped;
-      return true;
-    }
     const std::optional<std::string> event =
         svc::pass_chunk(trace, chunk, strip_token_ids, strip_usage);
     if (!event) {
