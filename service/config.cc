@@ -421,9 +421,10 @@ Result<HostPort> ParseHostPort(const std::string& text) {
 Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {
   if (!doc.is_object()) return Status::InvalidArgument("config must be a JSON object");
   ServeConfig merged = config;
-  for (const auto& [key, value] : doc.items()) {
-    const ConfigKey* k = FindConfigKey(key);
-    if (k == nullptr) return UnknownKey(key);
+  for (const auto& item : doc.items()) {
+    const ConfigKey* k = FindConfigKey(item.key());
+    if (k == nullptr) return UnknownKey(item.key());
+    const nlohmann::json& value = item.value();
     RC_RETURN_IF_ERROR(std::visit(
         [&](auto member) { return Assign(k->key, value, merged.*member); }, k->field));
   }
