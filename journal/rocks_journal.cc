@@ -549,6 +549,11 @@ class RocksJournal final : public Journal {
   std::size_t open_groups_ = 0;
   std::uint64_t open_batch_id_ = 1;
   std::uint64_t durable_batch_id_ = 0;
+  // The newest batch some Wait needs durable. The committer writes a batch only when asked, so a
+  // batch holds exactly what was enqueued before the first Wait on it: group commit for many
+  // threads, and for one thread (the simulator) the same batches on every run, hence the same
+  // crash outcomes.
+  std::uint64_t wanted_batch_id_ = 0;
   std::uint64_t writing_batch_id_ = 0;  // 0: no write in flight
   std::chrono::steady_clock::time_point write_started_;
   bool stopping_ = false;
@@ -1085,7 +1090,7 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
   }
   head_seq_ = last_seq;
   head_hash_ = hashes.back();
-  if (open_groups_++ == 0) commit_cv_.notify_one();
+  open_groups_++;  // committed once a waiter asks for it (Wait)
   pending_groups_++;
   if (original_decisions != nullptr) original_decisions->assign(events.begin() + 1, events.end());
   return Ticket{AppendResult{first_seq, last_seq, hashes.back(), false}, open_batch_id_};
@@ -1181,7 +1186,10 @@ Result<Journal::Submitted> RocksJournal::Submit(const Event& input, std::int64_t
 void RocksJournal::CommitterLoop() {
   std::unique_lock<std::mutex> l(mu_);
   while (true) {
-    commit_cv_.wait(l, [&] { return open_groups_ > 0 || stopping_ || !failed_.ok(); });
+    commit_cv_.wait(l, [&] {
+      return (open_groups_ > 0 && wanted_batch_id_ >= open_batch_id_) || stopping_ ||
+             !failed_.ok();
+    });
     if (!failed_.ok() || open_groups_ == 0) break;  // failed, or stopping with nothing open
     rocksdb::WriteBatch batch;
     std::swap(batch, open_batch_);
@@ -1248,6 +1256,10 @@ Status RocksJournal::Wait(const Ticket& ticket) {
   std::unique_lock<std::mutex> l(mu_);
   RC_CHECK(ticket.batch_id <= open_batch_id_);
   const auto timeout = std::chrono::milliseconds(options_.commit_stall_timeout_ms);
+  if (ticket.batch_id > wanted_batch_id_) {
+    wanted_batch_id_ = ticket.batch_id;
+    commit_cv_.notify_one();
+  }
   while (true) {
     if (ticket.batch_id <= durable_batch_id_) return Status::OK();
     CheckStall();

@@ -92,6 +92,7 @@ class World {
   void ClientFinish(const std::string& id, RolloutOutcome outcome);
 
   void RunUpdate(std::uint32_t cycle);
+  void CheckAdmissionsDuring(const std::string& update_id, std::uint64_t after_seq);
   bool NeedsRestart(bool crashed, bool update_ok);
   bool Restart();
   void Sleep(std::uint32_t ms) { clock_.sleep_ms(ms); }
@@ -118,6 +119,7 @@ class World {
   std::map<std::string, std::int64_t> lease_seen_us_;     // leased bindings nobody renews
   std::uint64_t observed_ = 0, crash_at_ = 0;
   bool update_open_ = false;
+  std::vector<std::pair<std::string, std::uint64_t>> admitted_during_update_;  // id, seq
   bool recovering_ = false;  // Runner::Recover() is running
   bool restart_engine_ready_ = false;
   std::uint32_t cycles_ = 0, cycle_ = 0;
@@ -304,7 +306,9 @@ void World::ClientAdmit(const std::string& id) {
     return;
   }
   result_.stats.admissions_acked++;
-  if (update_open_) Violate("admission of '" + id + "' acknowledged while an update is open");
+  // Judged once the update is over: it may have ended (refused, say) inside a recovery that ran
+  // before this admission, which is legal.
+  if (update_open_) admitted_during_update_.emplace_back(id, acked_.back().first);
   c.admitted = true;
   c.transfer_epoch = engine_.truth().transfer_epoch;
   c.last_renew_us = sched_.now_us();
@@ -483,6 +487,7 @@ void World::RunUpdate(std::uint32_t cycle) {
   const UpdateRequested request{id, "rc-c" + std::to_string(cycle), IdentityFor(ckpt, cycle),
                                 "synthetic:" + ckpt};
   update_open_ = true;
+  const std::uint64_t request_after_seq = journal_->head_seq();
   const std::int64_t start_ms = clock_.now_ms();
   Result<UpdateEnded> ended = runner_->Update(request);
   if (clock_.now_ms() - start_ms > kUpdateBudgetMs) {
@@ -510,8 +515,30 @@ void World::RunUpdate(std::uint32_t cycle) {
     restart = journal_->state().update.has_value() || journal_->failed();
   }
   update_open_ = false;
+  CheckAdmissionsDuring(id, request_after_seq);
   ctl_.faults() = CycleFaults{};  // what did not fire is disarmed
   if (!journal_->failed()) faults_->Clear();
+}
+
+// No admission between an update's request and its end: each admission acknowledged while the
+// update ran must come after the journal's UpdateEnded for it.
+void World::CheckAdmissionsDuring(const std::string& update_id, std::uint64_t after_seq) {
+  std::vector<std::pair<std::string, std::uint64_t>> admitted;
+  admitted.swap(admitted_during_update_);
+  if (admitted.empty() || !journal_ || journal_->failed()) return;
+  std::uint64_t ended_seq = 0;
+  Status st = journal_->Scan(after_seq + 1, 0, [&](const journal::Record& r) {
+    const auto* e = std::get_if<UpdateEnded>(&r.event);
+    if (e != nullptr && e->update_id == update_id) ended_seq = r.seq;
+    return Status::OK();
+  });
+  if (!st.ok()) return;
+  for (const auto& [rollout_id, seq] : admitted) {
+    if (ended_seq == 0 || seq < ended_seq) {
+      Violate("admission of '" + rollout_id + "' (seq " + std::to_string(seq) +
+              ") acknowledged while update '" + update_id + "' was open");
+    }
+  }
 }
 
 // The executor process dies (or fail-stopped) and restarts from what is durable.
