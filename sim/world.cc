@@ -526,15 +526,17 @@ void World::CheckAdmissionsDuring(const std::string& update_id, std::uint64_t af
   std::vector<std::pair<std::string, std::uint64_t>> admitted;
   admitted.swap(admitted_during_update_);
   if (admitted.empty() || !journal_ || journal_->failed()) return;
-  std::uint64_t ended_seq = 0;
+  std::uint64_t requested_seq = 0, ended_seq = 0;
   Status st = journal_->Scan(after_seq + 1, 0, [&](const journal::Record& r) {
+    const auto* q = std::get_if<UpdateRequested>(&r.event);
+    if (q != nullptr && q->update_id == update_id) requested_seq = r.seq;
     const auto* e = std::get_if<UpdateEnded>(&r.event);
     if (e != nullptr && e->update_id == update_id) ended_seq = r.seq;
     return Status::OK();
   });
-  if (!st.ok()) return;
+  if (!st.ok() || requested_seq == 0) return;  // refused before anything was journaled
   for (const auto& [rollout_id, seq] : admitted) {
-    if (ended_seq == 0 || seq < ended_seq) {
+    if (seq > requested_seq && (ended_seq == 0 || seq < ended_seq)) {
       Violate("admission of '" + rollout_id + "' (seq " + std::to_string(seq) +
               ") acknowledged while update '" + update_id + "' was open");
     }
