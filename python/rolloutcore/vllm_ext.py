@@ -30,9 +30,9 @@ class RolloutCoreWorkerExtension:
     def rc_weight_info(self) -> dict:
         return {"weight_version": getattr(self, "_rc_weight_version", DEFAULT_LABEL),
                 "rank": int(getattr(self, "rank", 0)),
-                "instance": self._rc_instance()}
+                "instance": self.rc_instance()}
 
-    def _rc_instance(self) -> str:
+    def rc_instance(self) -> str:
         # A nonce per worker process: a restarted engine answers with new ones, which is how
         # RolloutCore tells it from the engine it verified (generation 0 looks the same).
         nonce = getattr(self, "_rc_instance_nonce", None)

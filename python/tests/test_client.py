@@ -32,16 +32,19 @@ def test_update_commits_and_state_reports_it(serve):
     assert v["identity"]["step"] == 1
 
 
-def test_refused_update_raises_with_reason(serve):
-    # Proves a refused update (declared manifest differs from the source's) raises UpdateFailed
-    # carrying the outcome and reason; would catch failures reported as success.
+def test_mismatched_manifest_is_refused_before_anything_is_journaled(serve):
+    # Proves an update whose declared manifest differs from the source's is refused with 422
+    # before the engine is drained or anything is journaled; would catch failures reported as
+    # success, and a bad request that pauses the engine to find out.
     c = rolloutcore.Client(serve.url, TOKEN)
+    head = c.state()["head_seq"]
     ident = rolloutcore.Identity("ab" * 32, checkpoint="wrong", step=1)
-    with pytest.raises(rolloutcore.UpdateFailed) as e:
+    with pytest.raises(rolloutcore.RolloutCoreError) as e:
         c.update("rc-1", ident, SOURCE, update_id="py-bad")
-    assert e.value.outcome == "refused"
-    assert "manifest" in e.value.reason
+    assert e.value.status == 422
+    assert "manifest" in e.value.message
     assert c.state()["lifecycle"] == "READY"
+    assert c.state()["head_seq"] == head
 
 
 def test_wrong_token_is_refused_and_journals_nothing(serve):
@@ -130,9 +133,16 @@ def test_refused_update_can_be_retried_under_the_default_id(serve):
     # fresh id) and that re-sending one explicit id answers its recorded outcome; would catch the
     # old default id `update-<label>`, under which a refused update could never be retried.
     c = rolloutcore.Client(serve.url, TOKEN)
-    with pytest.raises(rolloutcore.UpdateFailed):
-        c.update("rc-1", rolloutcore.Identity("ab" * 32, step=1), SOURCE)
     ident = rolloutcore.Identity(c.manifest_digest(SOURCE), checkpoint="ckpt-1", run="py", step=1)
+    # A journaled refusal: the engine answers /pause with 500 three times (the drain's retries).
+    fault = {"routes": {"/pause": {"status": 500, "times": 3}}}
+    req = urllib.request.Request(serve.engine_url + "/_double/faults", method="POST",
+                                 data=json.dumps(fault).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).close()
+    with pytest.raises(rolloutcore.UpdateFailed) as e:
+        c.update("rc-1", ident, SOURCE)
+    assert e.value.outcome == "refused"
     assert c.update("rc-1", ident, SOURCE)["outcome"] == "committed"
     again = c.update("rc-2", ident, SOURCE, update_id="py-explicit")
     replay = c.update("rc-2", ident, SOURCE, update_id="py-explicit")

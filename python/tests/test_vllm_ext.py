@@ -27,8 +27,10 @@ def test_label_starts_default_and_is_set_per_worker():
     # Proves a fresh worker reports "default" (so a restarted engine is told apart) and a set label
     # is what it reports after; would catch a class-level label shared across engines.
     a, b = FakeWorker(0), FakeWorker(1)
-    assert a.rc_weight_info() == {"weight_version": DEFAULT_LABEL, "rank": 0}
-    assert a.rc_set_weight_version("rc-1") == {"weight_version": "rc-1", "rank": 0}
+    nonce = a.rc_instance()
+    assert a.rc_weight_info() == {"weight_version": DEFAULT_LABEL, "rank": 0, "instance": nonce}
+    assert a.rc_set_weight_version("rc-1") == {"weight_version": "rc-1", "rank": 0,
+                                               "instance": nonce}
     assert a.rc_weight_info()["weight_version"] == "rc-1"
     assert b.rc_weight_info()["weight_version"] == DEFAULT_LABEL
 
@@ -42,6 +44,14 @@ def test_bad_label_is_refused_and_changes_nothing(bad):
     with pytest.raises(ValueError):
         w.rc_set_weight_version(bad)
     assert w.rc_weight_info()["weight_version"] == "rc-3"
+
+
+def test_instance_is_one_nonce_per_worker_process():
+    # Proves each worker reports one nonce for its life, and another worker (or a restarted one)
+    # another; would catch a restarted engine that looks like the one RolloutCore verified.
+    a, b = FakeWorker(0), FakeWorker(0)
+    assert a.rc_instance() == a.rc_weight_info()["instance"]
+    assert a.rc_instance() != b.rc_instance()
 
 
 def test_extension_methods_do_not_clash_with_vllm_worker_names():
@@ -59,7 +69,10 @@ def test_double_answers_like_the_extension(engine):
     assert [sorted(r) for r in got] == [sorted(FakeWorker(0).rc_weight_info())]
     assert got[0]["weight_version"] == DEFAULT_LABEL
     got = rpc(engine, "rc_set_weight_version", ["rc-9"])["results"]
-    assert got == [FakeWorker(0).rc_set_weight_version("rc-9")]
+    want = FakeWorker(0).rc_set_weight_version("rc-9")
+    assert [{k: v for k, v in r.items() if k != "instance"} for r in got] == \
+        [{k: v for k, v in want.items() if k != "instance"}]
+    assert isinstance(got[0]["instance"], str) and got[0]["instance"]
     assert rpc(engine, "rc_weight_info")["results"][0]["weight_version"] == "rc-9"
     with pytest.raises(urllib.error.HTTPError) as e:
         rpc(engine, "not_a_worker_method")
