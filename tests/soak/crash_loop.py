@@ -574,8 +574,12 @@ class Soak:
         self.bin.mkdir()
         build = pathlib.Path(args.build).resolve()
         # Copies: a concurrent rebuild cannot swap the binaries under a long campaign.
-        shutil.copy2(build / "cli" / "rolloutcore", self.bin / "rolloutcore")
-        shutil.copy2(build / "fixtures" / "vllm-double", self.bin / "vllm-double")
+        try:
+            shutil.copy2(build / "cli" / "rolloutcore", self.bin / "rolloutcore")
+            shutil.copy2(build / "fixtures" / "vllm-double", self.bin / "vllm-double")
+        except OSError:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # e.g. a rebuild is relinking them
+            raise
         self.rc = str(self.bin / "rolloutcore")
         self.stats = collections.Counter()
         self.findings = collections.Counter()
