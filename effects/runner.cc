@@ -104,8 +104,15 @@ std::uint64_t Runner::deadline_for(EffectKind kind) const {
 DrainObserved Runner::drain() {
   const std::int64_t deadline_ms =
       clock_.now_ms() + static_cast<std::int64_t>(options_.drain_timeout_ms);
-  while (!journal_.state().active.empty() && clock_.now_ms() < deadline_ms) {
+  // A failed journal stops every effect at once (fail-stop): nothing waits out its deadline.
+  while (!journal_.state().active.empty() && clock_.now_ms() < deadline_ms && !journal_.failed()) {
     clock_.sleep_ms(options_.await_poll_ms);
+  }
+  if (journal_.failed()) {
+    DrainObserved refused;
+    refused.http.transport = Transport::kConnectFailed;
+    refused.http.error = "not sent: the journal failed";
+    return refused;
   }
   const std::int64_t left_ms = std::max<std::int64_t>(1, deadline_ms - clock_.now_ms());
   return engine_.PauseWait(static_cast<std::uint64_t>(left_ms));
@@ -208,6 +215,7 @@ Status Runner::await_rollouts(const State& state) {
   const std::int64_t start_us = clock_.now_us();
   (void)state;
   while (true) {
+    if (journal_.failed()) return journal_.failure();
     const State now = journal_.state();
     if (next_effect(now).kind != EffectKind::kAwaitRollouts) break;
     const std::int64_t waited_ms = clock_.now_ms() - start_ms;
@@ -254,9 +262,13 @@ Status Runner::Drive() {
                           " effects without settling");
 }
 
-Status Runner::Recover() {
+Status Runner::BeginRecovery() {
   auto r = submit(RecoveryStarted{options_.executor_id});
-  if (!r.ok()) return r.status();
+  return r.status();
+}
+
+Status Runner::Recover() {
+  RC_RETURN_IF_ERROR(BeginRecovery());
   return Drive();
 }
 

@@ -71,6 +71,10 @@ class Runner {
   // Journals RecoveryStarted (abandons bindings whose clients are gone, classifies a crash in
   // UPDATING) and redoes whatever idempotent step was interrupted.
   [[nodiscard]] Status Recover();
+  // Recover() in two halves: journal RecoveryStarted (no I/O) now, Drive() later — for an executor
+  // that must be reachable by its clients (leased rollouts finishing) before an interrupted
+  // update can go on.
+  [[nodiscard]] Status BeginRecovery();
   // UNINITIALIZED -> READY once the engine reports `label`: a fresh engine (label "default") is
   // labelled; one that reports another label or is paused is refused unless adopted. Errors say
   // what the engine answered and what to do.

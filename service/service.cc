@@ -467,25 +467,16 @@ Status Service::Init() {
   spdlog::info("serve: journal {} opened at seq {}: {}{}", esc(config_.journal_path),
                journal_->head_seq(), lifecycle_name(before.lifecycle),
                before.update ? " (update '" + esc(before.update->update_id) + "' interrupted)" : "");
-  Status recovered = runner_->Recover();
-  if (!recovered.ok()) {
-    return Status(recovered.code(), "recovery of journal " + config_.journal_path +
-                                        " failed: " + recovered.message());
+  // An interrupted update goes on only once clients can reach the executor (Start): its drain
+  // may wait for leased rollouts whose holders must be able to finish them.
+  if (before.update) {
+    interrupted_update_ = before.update;
+    Status begun = runner_->BeginRecovery();
+    if (!begun.ok()) return RecoveryFailed(begun);
+  } else if (Status recovered = runner_->Recover(); !recovered.ok()) {
+    return RecoveryFailed(recovered);
   }
   State s = journal_->state();
-  if (before.update) {
-    const std::string& id = before.update->update_id;
-    if (s.lifecycle == Lifecycle::kReady && s.committed == before.update->target) {
-      spdlog::warn("serve: this restart COMPLETED the interrupted update '{}': the engine now "
-                   "serves '{}' (generation {}); a trainer that was told otherwise should re-POST "
-                   "it to read the recorded outcome; {}",
-                   esc(id), esc(s.committed.label), s.committed.generation,
-                   replay_hint(config_.journal_path));
-    } else {
-      spdlog::warn("serve: this restart ended the interrupted update '{}' in {}; {}", esc(id),
-                   lifecycle_name(s.lifecycle), replay_hint(config_.journal_path));
-    }
-  }
   if (s.lifecycle == Lifecycle::kUninitialized) {
     WeightIdentity id;
     id.manifest_digest = config_.initial_manifest_digest;
@@ -740,6 +731,44 @@ Status Service::Start() {
   }
   http_->Start();
   spdlog::info("serve: listening on {}", url());
+  return FinishInterruptedUpdate();
+}
+
+Status Service::RecoveryFailed(const Status& st) const {
+  return Status(st.code(), "recovery of journal " + config_.journal_path + " failed: " +
+                               st.message());
+}
+
+// The second half of a recovery that found an update interrupted (Init journaled RecoveryStarted):
+// driven while listening, so leased rollouts can finish and the drain can complete.
+Status Service::FinishInterruptedUpdate() {
+  if (!interrupted_update_) return Status::OK();
+  const UpdatePlan before = *interrupted_update_;
+  interrupted_update_.reset();
+  std::lock_guard<std::timed_mutex> lock(update_mu_);
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_ = before.update_id;
+  }
+  spdlog::info("serve: going on with the interrupted update '{}' now that clients can reach "
+               "the executor", esc(before.update_id));
+  if (Status driven = runner_->Drive(); !driven.ok()) {
+    FailStop("recovery of the interrupted update failed: " + driven.ToString());
+    return RecoveryFailed(driven);
+  }
+  const State s = journal_->state();
+  if (s.lifecycle == Lifecycle::kReady && s.committed == before.target) {
+    spdlog::warn("serve: this restart COMPLETED the interrupted update '{}': the engine now "
+                 "serves '{}' (generation {}); a trainer that was told otherwise should re-POST "
+                 "it to read the recorded outcome; {}",
+                 esc(before.update_id), esc(s.committed.label), s.committed.generation,
+                 replay_hint(config_.journal_path));
+  } else {
+    spdlog::warn("serve: this restart ended the interrupted update '{}' in {}; {}",
+                 esc(before.update_id), lifecycle_name(s.lifecycle),
+                 replay_hint(config_.journal_path));
+  }
+  if (s.lifecycle == Lifecycle::kTainted) LogTaint(s, "after recovery");
   return Status::OK();
 }
 

@@ -221,6 +221,8 @@ class Service {
   void LeaseLoop();
   void StopBackground();
   void LogRecovery(const journal::Recovery& r) const;
+  Status RecoveryFailed(const Status& st) const;
+  [[nodiscard]] Status FinishInterruptedUpdate();
   // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
   bool SourceMatchesIdentity(const UpdateRequested& request, httplib::Response& res);
   void LogTaint(const State& s, const char* context) const;
@@ -242,6 +244,7 @@ class Service {
   std::thread server_thread_;
   int port_ = 0;
 
+  std::optional<UpdatePlan> interrupted_update_;  // found by Init, driven by Start
   std::timed_mutex update_mu_;            // held by the one runner call in progress
   std::mutex update_id_mu_;
   std::string running_update_id_;

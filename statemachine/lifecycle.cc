@@ -215,8 +215,12 @@ Status apply_one(State& s, const RecoveryStarted& e) {
   // Simulator mutant (off in every normal build): recovery silently forgets leased bindings.
   std::erase_if(s.active, [](const auto& kv) { return kv.second.lease_ms > 0; });
 #endif
-  // The engine may have changed while no executor watched it: READY is re-verified first.
-  if (s.lifecycle == Lifecycle::kReady) s.engine_recheck = true;
+  // The engine may have changed while no executor watched it: it is re-verified before anything
+  // is admitted again (in READY at once; after an interrupted update, once it is READY again,
+  // unless a validation vouched for the engine on the way).
+  if (s.lifecycle != Lifecycle::kUninitialized && s.lifecycle != Lifecycle::kTainted) {
+    s.engine_recheck = true;
+  }
   s.counters.recoveries++;
   return Status::OK();
 }
@@ -527,7 +531,10 @@ Status apply_one(State& s, const StateChanged& e) {
   const Lifecycle from = s.lifecycle;
   s.lifecycle = e.to;
   s.attempts = 0;
-  s.engine_recheck = false;  // only READY holds it, and every edge here leaves or enters READY
+  // A validation (label and instance checked while paused) vouches for the engine; a taint ends
+  // every question. Any other edge keeps a pending re-verification.
+  const bool vouched = e.to == Lifecycle::kResuming && from == Lifecycle::kValidating;
+  if (vouched || e.to == Lifecycle::kTainted) s.engine_recheck = false;
   if (e.to == Lifecycle::kReady && from == Lifecycle::kUninitialized) {
     s.committed = WeightVersion{0, s.bootstrap->label};
     s.committed_identity = s.bootstrap->identity;
@@ -973,7 +980,9 @@ std::string check_invariants_cheap(const State& s) {
       (l == Lifecycle::kReady || l == Lifecycle::kTainted)) {
     return "effect in flight in a state without effects";
   }
-  if (s.engine_recheck && l != Lifecycle::kReady) return "engine re-verification outside READY";
+  if (s.engine_recheck && (l == Lifecycle::kUninitialized || l == Lifecycle::kTainted)) {
+    return "engine re-verification pending before bootstrap or after a taint";
+  }
 
   if (s.bootstrap.has_value() && l != Lifecycle::kUninitialized) return "bootstrap after start";
   return {};

@@ -80,7 +80,9 @@ struct State {
   // The engine process the committed version was verified on ("" = it exposes no identity).
   std::string engine_instance;
   bool engine_reachable = true;  // the monitor's last word; false refuses admissions
-  bool engine_recheck = false;   // READY after an executor restart: not re-verified yet
+  // An executor restarted and nothing has re-verified the engine since: no admissions (and, in
+  // READY, a probe is due) until a probe or the monitor shows the same engine, or a validation.
+  bool engine_recheck = false;
   // Every label ever committed and the identity it named: a label names one policy for the
   // journal's life (re-committing it is allowed only for the same identity).
   std::map<std::string, WeightIdentity> labels;

@@ -119,13 +119,19 @@ class ServiceStack {
 
   // Opens and starts the service; `extra` applies after the stack's own tweak (this open only).
   void Open(const std::function<void(ServeConfig&)>& extra = nullptr) {
+    OpenWithoutStarting(extra);
+    RC_CHECK(svc->Start().ok());
+  }
+
+  // Opens (recovers, bootstraps) without listening: the caller calls svc->Start(), which also
+  // drives an update the last process left interrupted.
+  void OpenWithoutStarting(const std::function<void(ServeConfig&)>& extra = nullptr) {
     ServeConfig c = Config();
     if (extra) extra(c);
     auto opened = Service::Open(c, faults ? faults->env() : nullptr);
     if (!opened.ok()) ADD_FAILURE() << opened.status().ToString();
     RC_CHECK(opened.ok());
     svc = std::move(opened.value());
-    RC_CHECK(svc->Start().ok());
   }
 
   // Like a crash: no Shutdown; the journal is closed by the destructor.

@@ -21,6 +21,7 @@
 #include "fixtures/vllm_double.h"
 #include "journal/testing/fault_env.h"
 #include "service/service.h"
+#include "statemachine/describe.h"
 #include "tests/service/service_stack.h"
 
 namespace rc::service {
@@ -168,6 +169,85 @@ TEST(TrustFaults, FsyncErrorWhileDrainingFailStopsAndNeverContradicts) {
       << again->body;
   EXPECT_EQ(j.value("replayed", false), true) << again->body;
   EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 1u);
+}
+
+// Puts the stack's journal in DRAINING with the leased rollout "held" active, as a process that
+// died mid-drain leaves it (fail-stopped by an fsync error on the finish of a second rollout).
+void CrashWhileDraining(Stack& s) {
+  httplib::Client c = s.client();
+  for (const char* id : {"held", "other"}) {
+    auto a = c.Post("/v1/rollouts", auth(), json{{"rollout_id", id}}.dump(), "application/json");
+    ASSERT_TRUE(a && a->status == 201);
+  }
+  std::thread trainer([&] {
+    httplib::Client t = s.client();
+    (void)t.Post("/v1/updates", auth(), update_body("u-mid", "rc-1", 1).dump(), "application/json");
+  });
+  ASSERT_TRUE(eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; },
+                         5000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the drain intent is durable
+  s.faults->Inject(FileKind::kWal, FileOp::kSync, Fault::kEio);
+  (void)c.Delete("/v1/rollouts/other", auth());
+  trainer.join();
+  ASSERT_TRUE(s.svc->failed());
+  s.Kill();
+  s.faults->Restart();
+}
+
+// Starts the reopened service on a thread (Start drives the interrupted update) and waits until
+// it listens.
+std::thread StartInBackground(Stack& s, std::atomic<bool>& started_ok) {
+  std::thread t([&] { started_ok = s.svc->Start().ok(); });
+  EXPECT_TRUE(eventually([&] { return s.svc->port() > 0; }, 10000)) << "never listened";
+  return t;
+}
+
+// A restart that finds an update interrupted mid-drain listens before it goes on with it, so the
+// holders of leased rollouts can finish them and the update commits; catches the recovery that
+// ran before listening, waited out the drain for clients that could not reach it, and refused.
+TEST(TrustRecovery, InterruptedDrainGoesOnOnceClientsCanFinish) {
+  Stack s(nullptr, /*fault_env=*/true);
+  CrashWhileDraining(s);
+  s.OpenWithoutStarting();
+  std::atomic<bool> started_ok{false};
+  std::thread starter = StartInBackground(s, started_ok);
+  httplib::Client c = s.client();
+  auto held = c.Delete("/v1/rollouts/held", auth());
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->status, 200) << held->body;
+  // The finish of "other" was written but never acknowledged: it may or may not have survived.
+  auto other = c.Delete("/v1/rollouts/other", auth());
+  ASSERT_TRUE(other);
+  EXPECT_TRUE(other->status == 200 || other->status == 404) << other->body;
+  starter.join();
+  EXPECT_TRUE(started_ok);
+  const State st = s.svc->journal().state();
+  EXPECT_EQ(st.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(st.committed.label, "rc-1") << "the interrupted update did not go on";
+}
+
+// An engine replaced while the executor was down is re-verified before anything is admitted,
+// even when the interrupted update is refused on the way back to READY; catches a restart that
+// resumed an aborted update and served rollouts on an engine it never looked at.
+TEST(TrustRecovery, EngineReplacedWhileDownIsCaughtAfterARefusedUpdate) {
+  // The drain waits for the leased rollout nobody finishes here: keep that wait short.
+  Stack s([](ServeConfig& c) { c.drain_timeout_ms = 2000; }, /*fault_env=*/true);
+  CrashWhileDraining(s);
+  ASSERT_TRUE(s.RestartEngine());
+  s.engine->SetRouteFault("/pause", fixtures::RouteFault{.status = 500, .times = 3});
+  s.OpenWithoutStarting();
+  std::atomic<bool> started_ok{false};
+  std::thread starter = StartInBackground(s, started_ok);
+  starter.join();
+  const State st = s.svc->journal().state();
+  ASSERT_EQ(st.lifecycle, Lifecycle::kTainted) << describe(st);
+  EXPECT_EQ(st.taint->cause, Cause::kEngineReplaced);
+  std::uint64_t admitted = 0;
+  ASSERT_TRUE(s.svc->journal().Scan(1, 0, [&](const journal::Record& r) {
+    admitted += std::holds_alternative<RolloutAdmitted>(r.event);
+    return Status::OK();
+  }).ok());
+  EXPECT_EQ(admitted, 2u) << "an admission reached the replaced engine";
 }
 
 // Proves a re-POST of an ended update answers its recorded outcome (in memory and, after a

@@ -116,6 +116,41 @@ TEST(EngineMonitor, RecoveryInReadyReverifiesBeforeAdmitting) {
   EXPECT_EQ(e.s.lifecycle, Lifecycle::kTainted);
 }
 
+// An executor restarted mid-update re-verifies the engine once READY again, unless a validation
+// vouched for it; catches a restart that resumed an aborted update and admitted rollouts onto an
+// engine replaced while the executor was down.
+TEST(EngineMonitor, RecoveryMidUpdateReverifiesAfterAnAbortedUpdate) {
+  Driver d = ready_on_instance();
+  d.admit();
+  d.to_draining("rc-1");
+  d.ok(RecoveryStarted{"exec-2"});  // abandons the proxied rollout
+  EXPECT_TRUE(d.s.engine_recheck);
+  d.effect(EffectKind::kDrain);
+  d.ok(DrainObserved{http(Transport::kTimeout), false});  // drain failed: refused
+  d.resume();
+  ASSERT_EQ(d.s.lifecycle, Lifecycle::kReady);
+  EXPECT_TRUE(d.s.engine_recheck);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kProbeEngine);
+  EXPECT_EQ(d.rejected(make_admission(d.s, "x")), Code::kRejected);
+  d.effect(EffectKind::kProbeEngine);
+  auto ev = d.ok(probe("default", false, "i-9"));
+  EXPECT_EQ(last_change(ev).cause, Cause::kEngineReplaced);
+
+  Driver v = ready_on_instance();
+  v.to_invalidating("rc-1");
+  v.ok(RecoveryStarted{"exec-2"});
+  v.reset_cache(CacheKind::kPrefix);
+  v.reset_cache(CacheKind::kEncoder);
+  v.reset_cache(CacheKind::kMultimodal);
+  v.effect(EffectKind::kValidate);
+  ValidationObserved ok{ok_http(), "rc-1", true, ""};
+  ok.engine_instance = "i-1";
+  v.ok(ok);
+  v.resume();
+  EXPECT_FALSE(v.s.engine_recheck) << "the validation vouched for the engine";
+  v.admit();
+}
+
 // Bootstrap takes a fresh or declared engine; a foreign label or a paused engine only with adopt;
 // catches the bootstrap that relabelled an engine left at rc-7 (maybe tainted) as rc-0.
 TEST(Bootstrap, RefusesAForeignOrPausedEngineUnlessAdopted) {
