@@ -16,16 +16,10 @@
 #include "service/config.h"
 #include "statemachine/state.h"
 #include "statemachine/text.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);    \
-      std::abort();                                                                         \
-    }                                                                                       \
-  } while (0)
 
 constexpr std::uint64_t kAdmitWaitMs = 30000;
 constexpr std::uint32_t kLeaseMs = 30000;

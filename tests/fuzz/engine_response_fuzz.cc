@@ -18,6 +18,7 @@
 #include "effects/http/prometheus.h"
 #include "effects/http/protocol.h"
 #include "effects/http/response_parsers.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
@@ -25,14 +26,6 @@ using nlohmann::json;
 using rc::effects::EngineClient;
 using rc::effects::HttpReply;
 
-#define FUZZ_CHECK(cond)                                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      __builtin_fprintf(stderr, "property failed: %s (%s:%d)\n", #cond,    \
-                        __FILE__, __LINE__);                               \
-      std::abort();                                                        \
-    }                                                                      \
-  } while (0)
 
 HttpReply reply_for(const std::string& raw) {
   HttpReply r;

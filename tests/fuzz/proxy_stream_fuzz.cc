@@ -20,16 +20,10 @@
 #include "effects/http/response_parsers.h"
 #include "service/http_util.h"
 #include "service/proxy_stream.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);    \
-      std::abort();                                                                         \
-    }                                                                                       \
-  } while (0)
 
 using nlohmann::json;
 namespace svc = rc::service;

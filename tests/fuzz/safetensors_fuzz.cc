@@ -14,16 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "effects/nccl/weight_source.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);    \
-      std::abort();                                                                         \
-    }                                                                                       \
-  } while (0)
 
 namespace nccl = rc::effects::nccl;
 

@@ -17,16 +17,10 @@
 
 #include "effects/nccl/rendezvous.h"
 #include "effects/nccl/tcp_store.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);    \
-      std::abort();                                                                         \
-    }                                                                                       \
-  } while (0)
 
 namespace nccl = rc::effects::nccl;
 
