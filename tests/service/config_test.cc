@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "service/config.h"
+#include "tests/service/serve_process.h"
 
 namespace rc::service {
 namespace {
@@ -176,40 +177,8 @@ TEST(ConfigParse, WrongTypesAndUnrepresentableValuesAreRefused) {
 }
 
 #ifdef RC_TEST_ROLLOUTCORE_BIN
-struct ProcessRun {
-  int exit_code = -1;  // -1: killed at the limit
-  std::string output;
-};
-
-ProcessRun RunServe(const std::vector<std::string>& args, const fs::path& out) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<std::string> all = {RC_TEST_ROLLOUTCORE_BIN, "serve"};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ProcessRun r;
-  int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (::waitpid(pid, &status, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      r.output = ReadAll(out);
-      return r;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.output = ReadAll(out);
-  return r;
+stack::ServeRun RunServe(const std::vector<std::string>& args, const fs::path& out) {
+  return stack::RunServeProcess(RC_TEST_ROLLOUTCORE_BIN, args, out, std::chrono::seconds(30));
 }
 
 // Proves the CLI accepts every table flag with its default value and prints the same reference
@@ -223,7 +192,7 @@ TEST(ConfigCli, EveryFlagIsAcceptedAndTheReferenceIsPrinted) {
     const nlohmann::json d = ConfigDefault(k);
     args.push_back(d.is_string() ? d.get<std::string>() : d.dump());
   }
-  const ProcessRun run = RunServe(args, dir / "out.txt");
+  const stack::ServeRun run = RunServe(args, dir / "out.txt");
   EXPECT_EQ(run.exit_code, 0) << run.output.substr(0, 2000);
   EXPECT_EQ(run.output, ConfigReferenceMarkdown());
   fs::remove_all(dir.parent_path());
@@ -234,7 +203,7 @@ TEST(ConfigCli, EveryFlagIsAcceptedAndTheReferenceIsPrinted) {
 TEST(ConfigCli, MissingJournalParentIsCreatedAndLogged) {
   const fs::path dir = FreshDir("parent");
   const fs::path journal = dir / "a" / "b" / "journal";
-  const ProcessRun run = RunServe(
+  const stack::ServeRun run = RunServe(
       {"--engine-url", "http://127.0.0.1:1", "--journal", journal.string(), "--port", "0",
        "--initial-source", "synthetic:4x64", "--engine-startup-timeout-ms", "200"},
       dir / "out.txt");

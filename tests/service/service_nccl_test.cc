@@ -21,6 +21,7 @@
 #include "fixtures/vllm_double.h"
 #include "service/config.h"
 #include "service/service.h"
+#include "tests/service/serve_process.h"
 
 #ifdef RC_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -157,47 +158,10 @@ TEST(ServiceNccl, StartupWithoutUsableGpuIsRefusedBeforeAnythingStarts) {
 }
 
 // Runs `rolloutcore serve` with args; stdout+stderr into one string; killed at `limit`.
-struct ProcessRun {
-  int exit_code = -1;  // -1: killed at the limit
-  std::string output;
-  Clock::duration took{};
-};
+using ProcessRun = stack::ServeRun;
 ProcessRun RunServe(const std::vector<std::string>& args, Clock::duration limit) {
   const fs::path out = FreshDir("cli") / "out.txt";
-  ProcessRun r;
-  const auto t0 = Clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<std::string> all = {RC_TEST_ROLLOUTCORE_BIN, "serve"};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  for (;;) {
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) {
-      r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      break;
-    }
-    if (Clock::now() - t0 > limit) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  r.took = Clock::now() - t0;
-  std::ifstream in(out);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
+  ProcessRun r = stack::RunServeProcess(RC_TEST_ROLLOUTCORE_BIN, args, out, limit);
   fs::remove_all(out.parent_path());
   return r;
 }
