@@ -70,7 +70,7 @@ Runner add_replay(CLI::App& app) {
         out["ok"] = false;
         out["torn_tail"] = text::sanitize_utf8(torn);
       }
-      std::printf("%s\n", out.dump().c_str());
+      std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else if (torn.empty()) {
       std::printf("%s", replay::FormatReport(*report).c_str());
     } else {

@@ -602,16 +602,12 @@ void Service::MonitorLoop() {
       engine_instance_seen_ = p.engine_instance;
       engine_label_seen_ = p.reported_label;
     }
-    const bool other_instance = ok && !p.engine_instance.empty() &&
-                                !before.engine_instance.empty() &&
-                                p.engine_instance != before.engine_instance;
-    const bool other_label = ok && !p.reported_label.empty() &&
-                             p.reported_label != before.committed.label;
-    const bool paused = ok && p.is_paused_known && p.is_paused;
-    const bool matches = ok && !other_instance && !other_label && !paused;
+    // The fold's own rule decides what matches; only a change is journaled.
+    const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
+                                              p.is_paused, p.engine_instance);
     if (matches) engine_last_ok_wall_ms_.store(now_wall_ms);
-    const bool changes = (ok != before.engine_reachable) || other_instance || other_label ||
-                         paused || (matches && before.engine_recheck);
+    const bool changes = (ok != before.engine_reachable) || (ok && !matches) ||
+                         (matches && before.engine_recheck);
     if (!changes) continue;
     EngineMonitored m = p;
     m.last_ok_wall_ms = engine_last_ok_wall_ms_.load();

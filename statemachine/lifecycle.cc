@@ -277,11 +277,6 @@ void note_engine_seen(State& s, bool ok, bool matches, const std::string& instan
   if (s.engine_instance.empty()) s.engine_instance = instance;
 }
 
-bool engine_matches(const State& s, const std::string& label, bool paused_known, bool paused,
-                    const std::string& instance) {
-  Cause unused = Cause::kEngineReplaced;
-  return engine_mismatch(s, label, paused_known, paused, instance, &unused).empty();
-}
 
 Status apply_one(State& s, const EngineProbed& e) {
   RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kProbeEngine, "EngineProbed"));
@@ -804,6 +799,12 @@ void derive(const State& s, const T& e, std::vector<Event>& out) {
 }
 
 }  // namespace
+
+bool engine_matches(const State& s, const std::string& label, bool paused_known, bool paused,
+                    const std::string& instance) {
+  Cause unused = Cause::kEngineReplaced;
+  return engine_mismatch(s, label, paused_known, paused, instance, &unused).empty();
+}
 
 // The engine found at bootstrap is taken only as declared: a fresh engine (relabelled once), or
 // one that already reports the declared label; anything else only when the operator adopts it.

@@ -121,6 +121,11 @@ std::string admission_block_reason(const State& state);
 // the executor can tell the operator exactly what was refused.
 std::string explain_bootstrap_refusal(const BootstrapRequested& bootstrap, const EngineProbed& e);
 
+// Whether an engine answering with this label, pause state and instance is the one the committed
+// version was verified on (the fold's rule for EngineProbed and EngineMonitored in READY).
+bool engine_matches(const State& state, const std::string& label, bool paused_known, bool paused,
+                    const std::string& instance);
+
 // updates_requested + recoveries: what an EngineMonitored must name to be current.
 std::uint64_t monitor_epoch(const State& state);
 
