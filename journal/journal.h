@@ -147,6 +147,12 @@ class Journal {
   // Blocks until the ticket's group is durable. If its commit failed, or was not durable within
   // commit_stall_timeout_ms (Timeout), returns the journal's failure; see fail-stop above.
   [[nodiscard]] virtual Status Wait(const Ticket& ticket) = 0;
+  // Wait without blocking: `done` runs exactly once, with OK when the ticket's group is durable
+  // or with the journal's failure, on the committer thread (or on the caller's, when that is
+  // already decided; or on the thread that detects a stalled commit through failed()). `done`
+  // must be short and must not call back into the journal: event loops post it onward.
+  using DurableFn = std::function<void(Status)>;
+  virtual void WaitAsync(const Ticket& ticket, DurableFn done) = 0;
   // True once the journal failed (a write or sync error, or a commit stalled past its deadline);
   // failure() is then the error every call returns, naming the journal's path.
   virtual bool failed() const = 0;

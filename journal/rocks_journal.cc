@@ -460,16 +460,21 @@ class RocksJournal final : public Journal {
     return state_;
   }
   Status Wait(const Ticket& ticket) override;
+  void WaitAsync(const Ticket& ticket, DurableFn done) override;
   Result<AppendResult> Append(const AppendRequest& request) override;
   bool failed() const override {
-    std::lock_guard<std::mutex> l(mu_);
+    std::unique_lock<std::mutex> l(mu_);
     CheckStall();
-    return !failed_.ok();
+    const bool failed = !failed_.ok();
+    RunAsyncWaiters(l, failed ? UINT64_MAX : durable_batch_id_);
+    return failed;
   }
   Status failure() const override {
-    std::lock_guard<std::mutex> l(mu_);
+    std::unique_lock<std::mutex> l(mu_);
     CheckStall();
-    return failed_;
+    Status failure = failed_;
+    RunAsyncWaiters(l, failure.ok() ? durable_batch_id_ : UINT64_MAX);
+    return failure;
   }
   Recovery recovery() const override { return recovery_; }
   std::uint64_t head_seq() const override {
@@ -517,6 +522,9 @@ class RocksJournal final : public Journal {
   Result<std::optional<IdemEntry>> FindIdem(const std::string& key);  // requires mu_
   Status CheckRolloutIdsUnused(const std::vector<Event>& events);    // requires mu_
   void CommitterLoop();
+  // Runs (outside mu_, which `l` holds on entry and on return) every async waiter whose batch is
+  // <= upto: with OK when durable, else with failed_. UINT64_MAX: all of them (the journal failed).
+  void RunAsyncWaiters(std::unique_lock<std::mutex>& l, std::uint64_t upto) const;
   Result<Loaded> LoadFromDb();
   Status ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, const Hash& prev_hash,
                    const std::function<Status(const Record&)>& visit);
@@ -560,6 +568,8 @@ class RocksJournal final : public Journal {
   std::size_t pending_groups_ = 0;
   std::unordered_map<std::string, IdemEntry> idem_pending_;
   std::unordered_map<std::string, PendingAdmission> admitted_pending_;
+  // WaitAsync's callbacks by batch id; mutable: failed() fires them when it detects a stall.
+  mutable std::multimap<std::uint64_t, DurableFn> async_waiters_;
   std::thread committer_;  // last: started after everything above exists
 };
 
@@ -571,6 +581,11 @@ RocksJournal::~RocksJournal() {
     }
     commit_cv_.notify_all();
     committer_.join();  // commits what is open unless the journal failed
+    std::unique_lock<std::mutex> l(mu_);
+    if (failed_.ok() && !async_waiters_.empty()) {
+      failed_ = Status::Unavailable("journal at " + path_ + " closed before the commit");
+    }
+    RunAsyncWaiters(l, UINT64_MAX);
   }
   if (db_ == nullptr) return;
   if (opened_ && !options_.read_only) CloseCleanly();
@@ -1212,6 +1227,7 @@ void RocksJournal::CommitterLoop() {
     if (!failed_.ok()) {  // the stall deadline passed while this write ran: it stays unacknowledged
       BatchCv(batch_id).notify_all();
       BatchCv(batch_id + 1).notify_all();
+      RunAsyncWaiters(l, UINT64_MAX);
       break;
     }
     if (!s.ok()) {
@@ -1222,6 +1238,7 @@ void RocksJournal::CommitterLoop() {
                                 s.ToString());
       BatchCv(batch_id).notify_all();
       BatchCv(batch_id + 1).notify_all();  // every later waiter must see failed_
+      RunAsyncWaiters(l, UINT64_MAX);
       break;
     }
     durable_batch_id_ = batch_id;
@@ -1237,6 +1254,7 @@ void RocksJournal::CommitterLoop() {
     BatchCv(batch_id).notify_all();  // this batch's waiters: durable now
     // Let the woken waiters enqueue their next groups before the next batch is taken: one fsync
     // then covers them too (taking the batch at once halved the groups per fsync).
+    RunAsyncWaiters(l, batch_id);
     l.unlock();
     std::this_thread::yield();
     l.lock();
@@ -1267,7 +1285,9 @@ Status RocksJournal::Wait(const Ticket& ticket) {
       BatchCv(ticket.batch_id).notify_all();
       BatchCv(ticket.batch_id + 1).notify_all();
       commit_cv_.notify_all();
-      return failed_;
+      const Status failure = failed_;
+      RunAsyncWaiters(l, UINT64_MAX);
+      return failure;
     }
     if (timeout.count() == 0) {
       BatchCv(ticket.batch_id).wait(l);
@@ -1277,6 +1297,38 @@ Status RocksJournal::Wait(const Ticket& ticket) {
       BatchCv(ticket.batch_id).wait_for(l, timeout);
     }
   }
+}
+
+void RocksJournal::WaitAsync(const Ticket& ticket, DurableFn done) {
+  RC_CHECK(done != nullptr);
+  std::unique_lock<std::mutex> l(mu_);
+  RC_CHECK(ticket.batch_id <= open_batch_id_);
+  CheckStall();
+  if (ticket.batch_id <= durable_batch_id_ || !failed_.ok()) {
+    const Status st = ticket.batch_id <= durable_batch_id_ ? Status::OK() : failed_;
+    l.unlock();
+    done(st);
+    return;
+  }
+  async_waiters_.emplace(ticket.batch_id, std::move(done));
+  if (ticket.batch_id > wanted_batch_id_) {
+    wanted_batch_id_ = ticket.batch_id;
+    commit_cv_.notify_one();
+  }
+}
+
+void RocksJournal::RunAsyncWaiters(std::unique_lock<std::mutex>& l, std::uint64_t upto) const {
+  RC_CHECK(l.owns_lock());
+  if (async_waiters_.empty() || async_waiters_.begin()->first > upto) return;
+  const auto end = upto == UINT64_MAX ? async_waiters_.end() : async_waiters_.upper_bound(upto);
+  std::vector<DurableFn> ready;
+  for (auto it = async_waiters_.begin(); it != end; ++it) ready.push_back(std::move(it->second));
+  async_waiters_.erase(async_waiters_.begin(), end);
+  const Status st = upto == UINT64_MAX ? failed_ : Status::OK();
+  RC_CHECK(upto != UINT64_MAX || !st.ok());
+  l.unlock();
+  for (DurableFn& fn : ready) fn(st);
+  l.lock();
 }
 
 Result<AppendResult> RocksJournal::Append(const AppendRequest& request) {

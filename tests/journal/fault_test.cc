@@ -117,6 +117,85 @@ TEST(FailStop, StalledSyncPastTheDeadlineTimesOut) {
   EXPECT_LE(reopened->head_seq(), acked + 1);
 }
 
+// Proves WaitAsync calls back exactly once with OK only after the group is durable (every
+// callback of one group commit sees the record readable), and with the failure when the WAL sync
+// fails; catches an event loop told "durable" before the fsync or never told at all.
+TEST(WaitAsync, CallsBackOnceAfterTheCommitOrWithTheFailure) {
+  TempDir dir;
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  auto j = OpenOk(dir.path(), o);
+  Bootstrap(*j);
+  constexpr int kGroups = 64;
+  std::atomic<int> ok{0}, calls{0};
+  std::vector<Ticket> tickets;
+  for (int i = 0; i < kGroups; ++i) {
+    Result<Ticket> t = j->Enqueue(Group({make_admission(j->state(), "a" + std::to_string(i))}));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tickets.push_back(*t);
+  }
+  for (const Ticket& t : tickets) {
+    j->WaitAsync(t, [&, seq = t.result.last_seq](Status st) {
+      calls++;
+      if (st.ok() && j->Read(seq).ok()) ok++;
+    });
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (calls.load() < kGroups && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(calls.load(), kGroups);
+  EXPECT_EQ(ok.load(), kGroups);
+  faults.Inject(FileKind::kWal, FileOp::kSync, testing::Fault::kEio);
+  Result<Ticket> doomed = j->Enqueue(Group({make_admission(j->state(), "doomed")}));
+  ASSERT_TRUE(doomed.ok());
+  std::atomic<int> failed_calls{0};
+  Status seen;
+  std::mutex seen_mu;
+  j->WaitAsync(*doomed, [&](Status st) {
+    std::lock_guard<std::mutex> g(seen_mu);
+    seen = st;
+    failed_calls++;
+  });
+  while (failed_calls.load() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(failed_calls.load(), 1);
+  std::lock_guard<std::mutex> g(seen_mu);
+  EXPECT_FALSE(seen.ok());
+  EXPECT_NE(seen.message().find(dir.path()), std::string::npos) << seen.ToString();
+  // Already decided: called back at once, on the caller's thread.
+  bool inline_call = false;
+  j->WaitAsync(*doomed, [&](Status st) { inline_call = !st.ok(); });
+  EXPECT_TRUE(inline_call);
+}
+
+// Proves a stalled sync reaches async waiters too: failed() past the deadline calls them back
+// with Timeout while the sync still hangs; catches admissions parked forever on a hung disk.
+TEST(WaitAsync, StalledSyncCallsBackWithTimeout) {
+  TempDir dir;
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.commit_stall_timeout_ms = 200;
+  auto j = OpenOk(dir.path(), o);
+  Bootstrap(*j);
+  faults.StallSync(FileKind::kWal, 2000);
+  Result<Ticket> t = j->Enqueue(Group({make_admission(j->state(), "r1")}));
+  ASSERT_TRUE(t.ok());
+  std::atomic<int> code{-1};
+  j->WaitAsync(*t, [&](Status st) { code = static_cast<int>(st.code()); });
+  const auto t0 = std::chrono::steady_clock::now();
+  while (code.load() < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    (void)j->failed();  // what serve's watchdog does
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(code.load(), static_cast<int>(Code::kTimeout));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  faults.Clear();
+}
+
 // Appends admissions from several threads until the WAL's sync fails, then crashes and drops
 // the unsynced bytes (whole or a torn prefix). Returns the acknowledged (seq -> hash).
 struct CrashRun {
