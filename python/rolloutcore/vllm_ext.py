@@ -11,10 +11,12 @@ and RolloutCore reads and writes the label through vLLM's ``POST /collective_rpc
 
     {"method": "rc_weight_info"}                         -> {"results": [{"weight_version", "rank", "instance"}]}
     {"method": "rc_set_weight_version", "args": [label]} -> the same, after setting it
+    {"method": "rc_weight_digest"}                       -> {"results": [{"tensors", "combined", ...}]}
 
 The label lives in the worker processes: a restarted engine reports "default" again and new
 instance nonces (one per worker process), which is how RolloutCore tells a restarted engine from
-the one it published weights to. Nothing here touches the weights or the caches.
+the one it published weights to. Nothing here changes the weights or the caches;
+``rc_weight_digest`` reads every parameter (rolloutcore.digest, ~10 ms for 16 GB on an H200).
 """
 
 import os
@@ -48,3 +50,21 @@ class RolloutCoreWorkerExtension:
             raise ValueError(f"rc_set_weight_version: label longer than {LABEL_BYTES_MAX} bytes")
         self._rc_weight_version = label
         return self.rc_weight_info()
+
+    def rc_weight_digest(self) -> dict:
+        """The rcd1 digest of this worker's parameters as it holds them (its shard under TP):
+        {"algorithm", "tensors": {name: hex}, "combined": hex, "bytes", "elapsed_ms", "rank",
+        "instance"}. Computed on the worker's GPU after its queued work has finished; it uses
+        neither the scheduler nor the KV cache, so it can be called while the engine is paused.
+        Needs ~bytes/64 of free device memory for the duration (256 MB for 16 GB)."""
+        from .digest import named_digest  # torch is imported only when a digest is asked for
+
+        runner = getattr(self, "model_runner", None)
+        get_model = getattr(runner, "get_model", None)
+        model = get_model() if callable(get_model) else getattr(runner, "model", None)
+        if model is None:
+            raise RuntimeError("rc_weight_digest: this worker has no model loaded")
+        out = named_digest(model.named_parameters())
+        out["rank"] = int(getattr(self, "rank", 0))
+        out["instance"] = self.rc_instance()
+        return out
