@@ -82,7 +82,24 @@ demo: build
 	rm -rf $(BUILD)/demo-journal
 	./$(BUILD)/cli/rolloutcore demo --journal $(BUILD)/demo-journal
 
-bench: build
+# The side-by-side proxy benchmark (bench/proxy/README.md): wrk and nginx, installed only for it.
+BENCH_PACKAGES := wrk nginx-light
+BENCH_PROXY_DURATION ?= 10
+.PHONY: bench-deps bench-proxy
+
+bench-deps:
+	@missing=$$(for p in $(BENCH_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages for the benchmarks:" $$missing; \
+	  SUDO=$$( [ $$(id -u) -eq 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+# wrk against the double directly, through nginx and through `rolloutcore serve`, one run.
+bench-proxy: build bench-deps
+	python3 bench/proxy/compare.py --build $(BUILD) --duration $(BENCH_PROXY_DURATION)
+
+bench: build bench-proxy
 	./scripts/run_benchmarks.sh $(BUILD)
 
 clean:
