@@ -17,8 +17,8 @@ Definition (the digest of one tensor ``t``; C = 4096, N = 16, L = 6)
    ``Y = X @ K_l^T`` (R x N) over the integers; ``B_l`` = Y's entries as little-endian int32,
    row-major. |Y| <= C * 128 * 128 = 2**26, so int32 holds Y exactly. Each level shrinks the data
    C/(4N) = 64 times, so ``B_L`` is one row: 4N = 64 bytes.
-3. ``K_l`` (N x C, int8) is fixed: the first N*C bytes of SHAKE256("rolloutcore.digest/rcd1:
-   4096:16/key/<l>"), row-major, read as signed bytes.
+3. ``K_l`` (N x C, int8) is fixed: the first N*C bytes of SHAKE256 of the ASCII label
+   ``rolloutcore.digest/rcd1:4096:16/key/<l>`` (l in decimal), row-major, as signed bytes.
 4. digest(t) = BLAKE2b-128(person "rc-digest-tens") of ``"rcd1|<dtype>|<shape>|<n>"`` + ``\\0``
    + ``B_L``, as 32 hex digits. dtype is torch's name without "torch." ("bfloat16"), shape is
    the sizes joined by "," ("" for a 0-d tensor).

@@ -9,13 +9,12 @@ including odd sizes, a non-contiguous view, an empty and a 0-d tensor.
 
     python3 bench/gpu/digest/digest_bench.py [--reps 15] [--out DIR]
 
-Prints a table; writes DIR/digest_bench.json ($OUT or the current directory by default).
+Prints a table; writes DIR/digest_bench.json (the current directory by default).
 """
 import argparse
 import cProfile
 import io
 import json
-import os
 import pathlib
 import pstats
 import statistics
@@ -202,7 +201,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--naive-reps", type=int, default=5)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=".")
     ap.add_argument("--no-variants", action="store_true", help="time rcd1 as shipped only")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shrink", type=int, default=1, help="divide large dimensions (smoke runs)")
