@@ -47,8 +47,8 @@ def parse_args():
     p.add_argument("--baseline-s", type=float, default=5, metavar="S",
                    help="probes before any stream or trickle is opened, for comparison (%(default)s)")
     p.add_argument("--measure-s", type=float, default=20, metavar="S",
-                   help="probe window while the streams are open; it ends early when the first "
-                        "stream finishes (%(default)s)")
+                   help="probe window while the streams are open; it ends early when more than "
+                        "10%% of the streams open at its start have finished (%(default)s)")
     p.add_argument("--probe-interval-ms", type=float, default=10, metavar="MS",
                    help="one admission and one /v1/state call started every MS (%(default)s)")
     p.add_argument("--request-timeout", type=float, default=10, metavar="S",
@@ -292,8 +292,9 @@ class Run:
         self.established = 0
         self.open_now = 0
         self.open_min_in_window = None
-        self.first_done = asyncio.Event()
+        self.window_floor = 0       # the window ends when fewer streams than this are open
         self.window_over = asyncio.Event()
+        self.status_samples = {}    # HTTP status -> the start of one such answer's body
         self.open_slots = asyncio.Semaphore(args.open_concurrency)
         self.open_times = []
         self.stream_lengths = []
@@ -317,6 +318,13 @@ class Run:
             status, headers = await read_head(reader)
             if status != 200:
                 self.outcome(f"HTTP {status}")
+                if status not in self.status_samples:
+                    self.status_samples[status] = b""
+                    try:
+                        body, _ = await asyncio.wait_for(read_body(reader, headers), 5)
+                        self.status_samples[status] = body[:300]
+                    except (asyncio.TimeoutError, OSError, ConnectionError, ValueError):
+                        pass
                 return
             tail = bytearray()
             seen = {"first": False, "done": False}
@@ -345,7 +353,6 @@ class Run:
             if seen["done"] and complete:
                 self.outcome("completed with [DONE]")
                 self.stream_lengths.append(time.monotonic() - t0)
-                self.first_done.set()
             elif not seen["first"]:
                 self.outcome("200 but no data")
             else:
@@ -366,6 +373,8 @@ class Run:
         if self.window_active:
             if self.open_min_in_window is None or self.open_now < self.open_min_in_window:
                 self.open_min_in_window = self.open_now
+            if self.open_now < self.window_floor:
+                self.window_over.set()
 
     async def trickle_one(self):
         req = self.trickle_req
@@ -474,23 +483,18 @@ async def drive(args, run, serve):
 
     # 3. the window: probes while the streams are open, until the first one finishes
     win_a, win_s = Latencies("admit"), Latencies("state")
-    run.window_active = True
-    run.open_min_in_window = run.open_now
     open_at_start = run.open_now
-
-    async def end_window_on_first_done():
-        await run.first_done.wait()
-        run.window_over.set()
-    watcher = asyncio.ensure_future(end_window_on_first_done())
+    run.open_min_in_window = open_at_start
+    run.window_floor = math.ceil(0.9 * open_at_start)
+    run.window_active = True
     t_win = time.monotonic()
     await run_probes(run, max(0.0, min(args.measure_s, deadline - time.monotonic())), win_a, win_s)
     run.window_active = False
-    watcher.cancel()
     out["phases"]["window_s"] = time.monotonic() - t_win
     out["window"] = {"admission": win_a.summary(), "state": win_s.summary(),
                      "streams_open_at_start": open_at_start,
                      "streams_open_min": run.open_min_in_window,
-                     "ended_early_by_first_completion": run.first_done.is_set()}
+                     "ended_early": run.window_over.is_set()}
     log(f"window {out['phases']['window_s']:.1f} s: admission p99 "
         f"{fmt_ms(out['window']['admission']['p99_ms'])}, /v1/state p99 "
         f"{fmt_ms(out['window']['state']['p99_ms'])}; waiting for the streams to finish")
@@ -533,12 +537,16 @@ def report(args, out, run, cfg, dbl_cmd, nofile):
         ("streams completed with `data: [DONE]`", f"{completed} / {args.streams}"
          + ("" if ok or not args.streams else " **(NOT ALL)**")),
         ("stream outcomes", ", ".join(f"{k}: {v}" for k, v in sorted(st.items())) or "—"),
+    ] + [
+        (f"a stream's HTTP {k} answer began", "`" + v.decode("utf-8", "replace").replace("|", "\\|")
+         .replace("`", "'").replace("\n", " ")[:200] + "`")
+        for k, v in sorted(run.status_samples.items())
     ]
     rows.append(("probe window", f"{out['phases']['window_s']:.1f} s"
                  + (f", streams open {w['streams_open_at_start']} at start, {w['streams_open_min']} "
                     "at least" if args.streams else "")
-                 + (" (ended by the first stream finishing)"
-                    if w["ended_early_by_first_completion"] else "")))
+                 + (" (ended early: more than 10% of the streams finished)"
+                    if w["ended_early"] else "")))
     for label, key in (("admission (POST max_tokens 1)", "admission"), ("trainer GET /v1/state", "state")):
         for phase, d in (("baseline", b), ("under load", w)):
             s = d[key]
