@@ -59,11 +59,12 @@ fuzz-campaign: fuzz-build
 fuzz-merge:
 	tests/fuzz/campaign.sh merge $(FUZZ_BUILD) $(FUZZ_TARGETS)
 
-# The trainer's Python client against real `rolloutcore serve` + `vllm-double` processes.
+# The trainer's Python client and the official `openai` client against real `rolloutcore serve` +
+# `vllm-double` processes.
 # A virtual environment under the build dir: works with Debian's externally managed python3 too.
 test-python: build
 	python3 -m venv $(BUILD)/venv
-	$(BUILD)/venv/bin/python -m pip install --quiet pytest ./python
+	$(BUILD)/venv/bin/python -m pip install --quiet pytest openai ./python
 	cd python && RC_BUILD=$(abspath $(BUILD)) $(abspath $(BUILD))/venv/bin/python -m pytest -q tests
 
 test: test-cpp test-fuzz test-python
