@@ -40,7 +40,8 @@ def parse_args():
     p.add_argument("--stream-tokens", type=int, default=None, metavar="T",
                    help="max_tokens of each stream (default: about 60 s of tokens)")
     p.add_argument("--open-concurrency", type=int, default=256, metavar="C",
-                   help="connections being opened at once while the streams start (%(default)s)")
+                   help="connects in flight (until the request is written) while the streams "
+                        "start (%(default)s)")
     p.add_argument("--open-timeout", type=float, default=90, metavar="S",
                    help="how long to wait for all streams to be established; then the measurement "
                         "starts anyway with those that are (%(default)s)")
@@ -270,8 +271,10 @@ async def run_probes(run, duration, admit, state):
                 await asyncio.wait_for(run.window_over.wait(), delay)
             except asyncio.TimeoutError:
                 pass
-    if tasks:
+    launched_s = time.monotonic() - (end - duration)
+    if tasks:  # the last ones still get their full timeout
         await asyncio.gather(*tasks, return_exceptions=True)
+    return launched_s
 
 
 class Run:
@@ -290,6 +293,7 @@ class Run:
                                          {"model": model, "prompt": pad, "max_tokens": 1})
         self.stream_status = {}     # outcome -> count
         self.established = 0
+        self.ended_unestablished = 0  # streams that ended (failed) before their first event
         self.open_now = 0
         self.open_min_in_window = None
         self.window_floor = 0       # the window ends when fewer streams than this are open
@@ -303,21 +307,32 @@ class Run:
         self.window_active = False
         self.rss = {"peak_kib": 0, "hwm_kib": 0, "threads_peak": 0, "fds_peak": 0, "samples": 0}
 
-    def outcome(self, what):
+    def outcome(self, what, established=True):
         self.stream_status[what] = self.stream_status.get(what, 0) + 1
+        if not established:
+            self.ended_unestablished += 1
 
     async def stream(self):
+        """One streaming request. An open slot is held from connect until the request is written,
+        so at most --open-concurrency connects are in flight, while every stream is offered to
+        serve whatever serve does with it."""
         t0 = time.monotonic()
         writer = None
-        held = True
-        await self.open_slots.acquire()
+        stage = "waiting for an open slot"
+        held = False
         try:
+            await self.open_slots.acquire()
+            held = True
+            stage = "connecting"
             reader, writer = await asyncio.open_connection(self.host, self.port)
             writer.write(self.stream_req)
             await writer.drain()
+            self.open_slots.release()
+            held = False
+            stage = "sent, no answer yet"
             status, headers = await read_head(reader)
             if status != 200:
-                self.outcome(f"HTTP {status}")
+                self.outcome(f"HTTP {status}", established=False)
                 if status not in self.status_samples:
                     self.status_samples[status] = b""
                     try:
@@ -326,19 +341,18 @@ class Run:
                     except (asyncio.TimeoutError, OSError, ConnectionError, ValueError):
                         pass
                 return
+            stage = "200, no event yet"
             tail = bytearray()
             seen = {"first": False, "done": False}
 
             def on_data(piece):
-                nonlocal held
+                nonlocal stage
                 if not seen["first"]:
                     seen["first"] = True
+                    stage = "streaming"
                     self.established += 1
                     self.open_now += 1
                     self.open_times.append(time.monotonic() - t0)
-                    if held:
-                        held = False
-                        self.open_slots.release()
                 tail.extend(piece)
                 if b"data: [DONE]" in tail:
                     seen["done"] = True
@@ -354,15 +368,14 @@ class Run:
                 self.outcome("completed with [DONE]")
                 self.stream_lengths.append(time.monotonic() - t0)
             elif not seen["first"]:
-                self.outcome("200 but no data")
+                self.outcome("200 but no data", established=False)
             else:
                 self.outcome("ended without [DONE]" if complete else "cut off mid-stream")
         except asyncio.CancelledError:
-            self.outcome("still open at the run's deadline" if not held else
-                         "not yet answered at the run's deadline")
+            self.outcome(f"at the run's deadline: {stage}", established=stage == "streaming")
             raise
         except (OSError, ConnectionError, ValueError, asyncio.IncompleteReadError) as e:
-            self.outcome(f"error: {type(e).__name__}")
+            self.outcome(f"error {stage}: {type(e).__name__}", established=stage == "streaming")
         finally:
             if held:
                 self.open_slots.release()
@@ -467,13 +480,13 @@ async def drive(args, run, serve):
     open_end = min(t_open + args.open_timeout, deadline)
     last_log = 0
     while time.monotonic() < open_end:
-        settled = run.established + sum(run.stream_status.values())
+        settled = run.established + run.ended_unestablished
         if settled >= args.streams and run.trickle["connections"] >= args.trickle:
             break
         if time.monotonic() - last_log > 5:
             last_log = time.monotonic()
-            log(f"  {run.established} streams established, {sum(run.stream_status.values())} "
-                f"ended/failed, {run.trickle['connections']} trickle connects, serve RSS "
+            log(f"  {run.established} streams established, {run.ended_unestablished} failed before "
+                f"their first event, {run.trickle['connections']} trickle connects, serve RSS "
                 f"{run.rss['peak_kib'] / 1024:.0f} MiB peak")
         await asyncio.sleep(0.1)
     out["phases"]["open_s"] = time.monotonic() - t_open
@@ -487,10 +500,9 @@ async def drive(args, run, serve):
     run.open_min_in_window = open_at_start
     run.window_floor = math.ceil(0.9 * open_at_start)
     run.window_active = True
-    t_win = time.monotonic()
-    await run_probes(run, max(0.0, min(args.measure_s, deadline - time.monotonic())), win_a, win_s)
+    out["phases"]["window_s"] = await run_probes(
+        run, max(0.0, min(args.measure_s, deadline - time.monotonic())), win_a, win_s)
     run.window_active = False
-    out["phases"]["window_s"] = time.monotonic() - t_win
     out["window"] = {"admission": win_a.summary(), "state": win_s.summary(),
                      "streams_open_at_start": open_at_start,
                      "streams_open_min": run.open_min_in_window,
