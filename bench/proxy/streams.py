@@ -205,9 +205,12 @@ class Latencies:
         self.name = name
         self.ok = []        # seconds
         self.failed = {}    # reason -> count
+        self.samples = {}   # reason -> the start of one such answer's body
 
-    def fail(self, reason):
+    def fail(self, reason, body=None):
         self.failed[reason] = self.failed.get(reason, 0) + 1
+        if body is not None and reason not in self.samples:
+            self.samples[reason] = body[:200].decode("utf-8", "replace")
 
     def summary(self):
         n_fail = sum(self.failed.values())
@@ -219,7 +222,7 @@ class Latencies:
                 return None
             k = max(0, math.ceil(q * n) - 1)
             return s[k] * 1e3 if k < len(s) else math.inf
-        return {"count": n, "ok": len(s), "failed": dict(self.failed),
+        return {"count": n, "ok": len(s), "failed": dict(self.failed), "samples": dict(self.samples),
                 "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": s[-1] * 1e3 if s else None}
 
 
@@ -237,7 +240,7 @@ async def probe(kind, lat, host, port, req, timeout):
             return status, body, complete
         status, body, complete = await asyncio.wait_for(once(), timeout)
         if status != 200:
-            lat.fail(f"HTTP {status}")
+            lat.fail(f"HTTP {status}", body)
         elif not complete:
             lat.fail("truncated body")
         elif kind == "admit" and b'"choices"' not in body:
@@ -449,6 +452,11 @@ class Run:
             await asyncio.sleep(0.25)
 
 
+def md_code(text):
+    """Text as inline code in a Markdown table cell."""
+    return "`" + text.replace("|", "\\|").replace("`", "'").replace("\n", " ")[:200] + "`"
+
+
 def fmt_ms(v):
     if v is None:
         return "—"
@@ -550,8 +558,7 @@ def report(args, out, run, cfg, dbl_cmd, nofile):
          + ("" if ok or not args.streams else " **(NOT ALL)**")),
         ("stream outcomes", ", ".join(f"{k}: {v}" for k, v in sorted(st.items())) or "—"),
     ] + [
-        (f"a stream's HTTP {k} answer began", "`" + v.decode("utf-8", "replace").replace("|", "\\|")
-         .replace("`", "'").replace("\n", " ")[:200] + "`")
+        (f"a stream's HTTP {k} answer began", md_code(v.decode("utf-8", "replace")))
         for k, v in sorted(run.status_samples.items())
     ]
     rows.append(("probe window", f"{out['phases']['window_s']:.1f} s"
@@ -566,6 +573,8 @@ def report(args, out, run, cfg, dbl_cmd, nofile):
             rows.append((f"{label}, {phase}: p50 / p99 / max",
                          f"{fmt_ms(s['p50_ms'])} / {fmt_ms(s['p99_ms'])} / {fmt_ms(s['max_ms'])} "
                          f"({s['ok']}/{s['count']} ok{fails})"))
+            for reason, body in s["samples"].items():
+                rows.append((f"{label}, {phase}: a {reason} answer began", md_code(body)))
     rows += [
         ("serve RSS peak (sampled VmRSS / kernel VmHWM)",
          f"{run.rss['peak_kib'] / 1024:.0f} MiB / {run.rss['hwm_kib'] / 1024:.0f} MiB"),
