@@ -102,6 +102,12 @@ Runner add_serve(CLI::App& app) {
     if (cfg->auth_token.empty()) {
       if (const char* t = std::getenv("RC_AUTH_TOKEN"); t != nullptr) cfg->auth_token = t;
     }
+    if (cfg->proxy_token.empty()) {
+      if (const char* t = std::getenv("RC_PROXY_TOKEN"); t != nullptr) cfg->proxy_token = t;
+    }
+    if (cfg->engine_api_key.empty()) {
+      if (const char* t = std::getenv("RC_ENGINE_API_KEY"); t != nullptr) cfg->engine_api_key = t;
+    }
     Status valid = service::ValidateConfig(*cfg);
     if (!valid.ok()) {
       std::fprintf(stderr, "rolloutcore serve: %s\n", valid.ToString().c_str());

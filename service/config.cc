@@ -22,14 +22,14 @@ constexpr const char* kBoot = "Bootstrap (used only while the journal is UNINITI
 constexpr const char* kDeadlines = "Deadlines";
 constexpr const char* kBounds = "Bounds";
 constexpr const char* kTransfer = "Weight transfer";
-constexpr const char* kGate = "Connection gate";
+constexpr const char* kGate = "Connections";
 constexpr const char* kTrust = "Trust under faults";
 
 // The single definition of every setting. Adding a ServeConfig member means adding its row here;
 // the parser, the flags, the validation and docs/config.md follow from it.
 const std::array kKeys = {
     ConfigKey{"engine_url", "engine-url", &C::engine_url, 1, 2048, kWhere,
-              "vLLM base URL (http:// or https://), e.g. http://127.0.0.1:8000", {}},
+              "vLLM base URL (http://), e.g. http://127.0.0.1:8000", {}},
     ConfigKey{"journal_path", "journal", &C::journal_path, 1, kPathBytesMax, kWhere,
               "journal directory (RocksDB); its parent directories are created if missing", {}},
     ConfigKey{"trajectories_path", "trajectories", &C::trajectories_path, 0, kPathBytesMax, kWhere,
@@ -40,6 +40,14 @@ const std::array kKeys = {
     ConfigKey{"auth_token", "auth-token", &C::auth_token, 0, 4096, kWhere,
               "Bearer token required on mutating trainer routes; empty = RC_AUTH_TOKEN from the "
               "environment, else none",
+              {}},
+    ConfigKey{"proxy_token", "proxy-token", &C::proxy_token, 0, 4096, kWhere,
+              "Bearer token every proxied request must carry (client authentication, separate "
+              "from auth_token); empty = RC_PROXY_TOKEN from the environment, else none",
+              {}},
+    ConfigKey{"engine_api_key", "engine-api-key", &C::engine_api_key, 0, 4096, kWhere,
+              "Bearer token sent to the engine on proxied calls (vLLM --api-key); empty = "
+              "RC_ENGINE_API_KEY from the environment, else none",
               {}},
     ConfigKey{"executor_id", "executor-id", &C::executor_id, 1, kIdBytesMax, kWhere,
               "executor id recorded on recovery", {}},
@@ -78,7 +86,13 @@ const std::array kKeys = {
     ConfigKey{"body_bytes_max", "body-bytes-max", &C::body_bytes_max, 1024,
               std::uint64_t{256} << 20, kBounds, "request body bound (bytes); larger = 413", {}},
     ConfigKey{"http_threads", "http-threads", &C::http_threads, 4, 8192, kBounds,
-              "connections served concurrently", {}},
+              "threads running trainer calls that may block (updates, long polls); connections "
+              "themselves cost no thread",
+              {}},
+    ConfigKey{"io_threads", "io-threads", &C::io_threads, 1, 256, kBounds,
+              "event-loop threads serving every connection (about the cores given to serve)", {}},
+    ConfigKey{"header_bytes_max", "header-bytes-max", &C::header_bytes_max, 1024, 1 << 20,
+              kBounds, "request line and headers bound (bytes); larger = 431", {}},
     ConfigKey{"engine_connections_max", "engine-connections-max", &C::engine_connections_max, 1,
               8192, kBounds,
               "idle keep-alive connections kept to the engine (about the number of concurrent "
@@ -118,12 +132,19 @@ const std::array kKeys = {
               "must be below nccl_init_timeout_ms and transfer_timeout_ms",
               {}},
     ConfigKey{"header_timeout_ms", "header-timeout-ms", &C::header_timeout_ms, 1, kHour, kGate,
-              "accept to complete request head, else 408 (ms)", {}},
+              "first byte of a request to its complete head, else 408 (ms)", {}},
     ConfigKey{"idle_timeout_ms", "idle-timeout-ms", &C::idle_timeout_ms, 1, kHour, kGate,
-              "accept to first request byte, else 408 (ms)", {}},
-    ConfigKey{"http_connections_max", "http-connections-max", &C::http_connections_max, 4, 65536,
-              kGate, "connections accepted and not yet closed (at least http_threads); beyond: 503",
+              "no byte of a request yet: a new connection gets 408, a kept-alive one is closed "
+              "(ms)",
               {}},
+    ConfigKey{"body_timeout_ms", "body-timeout-ms", &C::body_timeout_ms, 1, kHour, kGate,
+              "complete head to complete body, else 408 (ms)", {}},
+    ConfigKey{"write_timeout_ms", "write-timeout-ms", &C::write_timeout_ms, 1, kHour, kGate,
+              "one response write the client does not take within this closes the connection "
+              "(a streamed rollout is then finished as aborted) (ms)",
+              {}},
+    ConfigKey{"http_connections_max", "http-connections-max", &C::http_connections_max, 4, 65536,
+              kGate, "open connections; beyond: 503 and closed", {}},
     ConfigKey{"journal_sync", "journal-sync", &C::journal_sync, 0, 1, kTrust,
               "fsync each group commit (turn off only in benchmarks)", {}},
     ConfigKey{"journal_commit_stall_timeout_ms", "journal-commit-stall-timeout-ms",
@@ -254,9 +275,10 @@ Status CheckRow(const ConfigKey& k, const ServeConfig& c) {
 // ---- Rules that join keys.
 
 Status CheckEngineUrl(const ServeConfig& c) {
-  if (c.engine_url.rfind("http://", 0) != 0 && c.engine_url.rfind("https://", 0) != 0) {
-    return Status::InvalidArgument("engine_url must start with http:// or https:// (got '" +
-                                   c.engine_url.substr(0, 256) + "')");
+  if (c.engine_url.rfind("http://", 0) != 0) {
+    return Status::InvalidArgument("engine_url must start with http:// (the proxy speaks plain "
+                                   "HTTP to an engine on loopback or a private network; see "
+                                   "docs/security.md), got '" + c.engine_url.substr(0, 256) + "'");
   }
   return Status::OK();
 }
@@ -288,11 +310,9 @@ Status CheckNccl(const ServeConfig& c) {
 }
 
 Status CheckConnections(const ServeConfig& c) {
-  if (c.http_connections_max < static_cast<std::uint64_t>(c.http_threads)) {
-    return Status::InvalidArgument("http_connections_max (" +
-                                   std::to_string(c.http_connections_max) +
-                                   ") must be at least http_threads (" +
-                                   std::to_string(c.http_threads) + ")");
+  if (!c.proxy_token.empty() && c.proxy_token == c.auth_token) {
+    return Status::InvalidArgument("proxy_token must differ from auth_token: a rollout client "
+                                   "must not hold the trainer's token");
   }
   return Status::OK();
 }
@@ -462,6 +482,8 @@ nlohmann::json ConfigToJson(const ServeConfig& c) {
     std::visit([&](auto member) { j[std::string(k.key)] = c.*member; }, k.field);
   }
   j["auth_token"] = c.auth_token.empty() ? "" : "<redacted>";
+  j["proxy_token"] = c.proxy_token.empty() ? "" : "<redacted>";
+  j["engine_api_key"] = c.engine_api_key.empty() ? "" : "<redacted>";
   return j;
 }
 
@@ -521,12 +543,13 @@ Bounds are inclusive; string bounds are lengths in bytes.
 
 Rules that join several keys, checked after the bounds:
 
-- `engine_url` starts with `http://` or `https://`.
+- `engine_url` starts with `http://` (the engine sits on loopback or a private network; see
+  docs/security.md).
+- `proxy_token`, when given, differs from `auth_token`.
 - `rendezvous`, when given, is `HOST:PORT` or `[IPv6]:PORT` (PORT 0..65535).
 - `nccl_world_size` is 0 (ask the engine) or 2 and more.
 - With `transfer` = `nccl`: `rendezvous` is required, and `nccl_abort_reserve_ms` is below both
   `nccl_init_timeout_ms` and `transfer_timeout_ms`.
-- `http_connections_max` is at least `http_threads`.
 
 The journal's parent directories are created on start when missing (logged); the journal
 directory itself is created by the journal. Settings that are not configurable: the runner waits

@@ -40,6 +40,8 @@ struct ServeConfig {
   std::string listen_host = "127.0.0.1";
   int listen_port = 8100;                   // 0 = ephemeral (printed on start)
   std::string auth_token;                   // Bearer token for mutating trainer routes; "" = none
+  std::string proxy_token;                  // Bearer token clients must send to the proxy; "" = none
+  std::string engine_api_key;               // sent to the engine as a Bearer token; "" = none
   std::string executor_id = "rolloutcore-serve";
 
   // Bootstrap (only used when the journal is UNINITIALIZED).
@@ -63,7 +65,9 @@ struct ServeConfig {
 
   // Bounds.
   std::size_t body_bytes_max = std::size_t{8} << 20;
-  int http_threads = 512;                     // concurrent connections served
+  int http_threads = 64;                      // threads for trainer calls that may block
+  std::uint64_t io_threads = 2;               // event-loop threads (every connection)
+  std::uint64_t header_bytes_max = 16 << 10;  // request line + headers; larger = 431
   // Idle keep-alive connections (curl handles) the proxy keeps to the engine; about the number
   // of concurrent proxied requests, or calls beyond it reconnect.
   std::size_t engine_connections_max = 512;
@@ -88,9 +92,11 @@ struct ServeConfig {
 
   bool journal_sync = true;                   // fsync each group commit (off only in benches)
 
-  // ---- proxy owner: the connection gate (service/connection_gate.h).
-  std::uint64_t header_timeout_ms = 10000;    // accept -> complete request head, else 408
-  std::uint64_t idle_timeout_ms = 5000;       // accept -> first request byte, else 408
+  // Connections (service/http_server.h).
+  std::uint64_t header_timeout_ms = 10000;    // first byte -> complete request head, else 408
+  std::uint64_t idle_timeout_ms = 5000;       // no byte of a request yet, else 408 / closed
+  std::uint64_t body_timeout_ms = 30000;      // complete head -> complete body, else 408
+  std::uint64_t write_timeout_ms = 60000;     // a response write the client does not take
   std::uint64_t http_connections_max = 4096;  // accepted and not yet closed; beyond: 503
 
   // Trust under faults.

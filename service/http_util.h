@@ -2,8 +2,8 @@
 //
 // Every serialisation here is non-throwing: strings in a reply come from outside (engine bodies
 // cut inside a UTF-8 character, client fields, file paths), and nlohmann's default dump() throws
-// type_error 316 on invalid UTF-8 — inside an httplib handler or a streaming callback that is
-// std::terminate. Use dump_safe() for every JSON that holds outside text.
+// type_error 316 on invalid UTF-8 — inside an event-loop handler or a streaming callback that
+// is a failed request at best. Use dump_safe() for every JSON that holds outside text.
 #pragma once
 
 #include <charconv>
@@ -13,9 +13,9 @@
 #include <string>
 #include <string_view>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "service/http_server.h"
 #include "statemachine/status.h"
 
 namespace rc::service {
@@ -27,16 +27,29 @@ inline std::string dump_safe(const nlohmann::json& j, int indent = -1) {
 }
 
 // {"error": {"message", "type", "code"}} (the OpenAI/vLLM error shape).
-inline void send_error(httplib::Response& res, int status, const std::string& type,
-                       const std::string& message) {
+inline std::string error_body(int status, const std::string& type, const std::string& message) {
   nlohmann::json j = {{"error", {{"message", message}, {"type", type}, {"code", status}}}};
-  res.status = status;
-  res.set_content(dump_safe(j), "application/json");
+  return dump_safe(j);
 }
 
-inline void send_json(httplib::Response& res, int status, const nlohmann::json& j) {
-  res.status = status;
-  res.set_content(dump_safe(j), "application/json");
+inline HttpResponse ErrorResponse(int status, const std::string& type,
+                                  const std::string& message) {
+  return MakeResponse(status, error_body(status, type, message), "application/json");
+}
+
+// Sets status and body, keeping the headers already set on `res`.
+inline void send_error(HttpResponse& res, int status, const std::string& type,
+                       const std::string& message) {
+  SetBody(res, status, error_body(status, type, message), "application/json");
+}
+
+inline void send_json(HttpResponse& res, int status, const nlohmann::json& j) {
+  SetBody(res, status, dump_safe(j), "application/json");
+}
+
+inline void set_header(HttpResponse& res, std::string_view name, std::string_view value) {
+  res.set(boost::beast::string_view(name.data(), name.size()),
+          boost::beast::string_view(value.data(), value.size()));
 }
 
 // Parses a request body as a JSON object ("" allowed when empty_ok: yields {}).
@@ -104,11 +117,12 @@ inline std::optional<std::uint64_t> parse_u64(std::string_view text) {
 
 // Query parameter as an unsigned integer within [lo, hi]; fallback when absent. Anything that is
 // not a decimal integer in range (including one beyond 64 bits) is InvalidArgument (400).
-inline Result<std::uint64_t> query_u64(const httplib::Request& req, const char* key,
+inline Result<std::uint64_t> query_u64(const ApiRequest& req, const char* key,
                                        std::uint64_t fallback, std::uint64_t lo,
                                        std::uint64_t hi) {
-  if (!req.has_param(key)) return fallback;
-  const std::optional<std::uint64_t> n = parse_u64(req.get_param_value(key));
+  const std::optional<std::string> text = req.query(key);
+  if (!text) return fallback;
+  const std::optional<std::uint64_t> n = parse_u64(*text);
   if (!n || *n < lo || *n > hi) {
     return Status::InvalidArgument("query parameter '" + std::string(key) +
                                    "' must be an integer in " + std::to_string(lo) + ".." +
@@ -130,7 +144,7 @@ inline int http_status_for(const Status& st) {
   }
 }
 
-inline void send_status(httplib::Response& res, const Status& st) {
+inline void send_status(HttpResponse& res, const Status& st) {
   send_error(res, http_status_for(st), code_name(st.code()), st.message());
 }
 

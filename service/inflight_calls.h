@@ -3,29 +3,32 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 
-#include "effects/http/engine_client.h"
 #include "statemachine/status.h"
 
 namespace rc::service {
 
-// At most one per worker; the bound only guards against a leak.
-inline constexpr std::size_t kInFlightCallsMax = 65536;
+// At most one per open connection; the bound only guards against a leak.
+inline constexpr std::size_t kInFlightCallsMax = 1 << 20;
 
 class InFlightCalls {
  public:
-  // Returns a registration id (0: not registered because the registry is full or cancelling
-  // already began — the token is then cancelled at once).
-  std::uint64_t Add(effects::CancelToken token) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_ || calls_.size() >= kInFlightCallsMax) {
-      token.Cancel();
-      return 0;
+  // `cancel` must be cheap and thread-safe (it posts to the call's executor). Returns a
+  // registration id (0: not registered because the registry is full or cancelling already
+  // began — `cancel` is then called at once).
+  std::uint64_t Add(std::function<void()> cancel) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!cancelled_ && calls_.size() < kInFlightCallsMax) {
+        calls_.emplace(next_id_, std::move(cancel));
+        return next_id_++;
+      }
     }
-    calls_.emplace(next_id_, std::move(token));
-    return next_id_++;
+    cancel();
+    return 0;
   }
   void Remove(std::uint64_t id) {
     if (id == 0) return;
@@ -34,10 +37,14 @@ class InFlightCalls {
   }
   // Cancels every registered call and every later one. Returns how many were cancelled now.
   std::size_t CancelAll() {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancelled_ = true;
-    for (auto& [id, token] : calls_) token.Cancel();
-    return calls_.size();
+    std::unordered_map<std::uint64_t, std::function<void()>> calls;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      calls = calls_;
+    }
+    for (auto& [id, cancel] : calls) cancel();
+    return calls.size();
   }
   bool cancelled() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -46,7 +53,7 @@ class InFlightCalls {
 
  private:
   mutable std::mutex mu_;
-  std::unordered_map<std::uint64_t, effects::CancelToken> calls_;
+  std::unordered_map<std::uint64_t, std::function<void()>> calls_;
   std::uint64_t next_id_ = 1;
   bool cancelled_ = false;
 };

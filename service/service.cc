@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +16,6 @@
 #include <functional>
 #include <random>
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 
 #include "effects/http_transfer.h"
@@ -36,7 +36,6 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-inline constexpr int kListenBacklog = 4096;
 
 std::uint64_t us_since(Clock::time_point t) {
   return static_cast<std::uint64_t>(
@@ -252,8 +251,8 @@ Service::Service(ServeConfig config) : config_(std::move(config)) {}
 
 Service::~Service() {
   StopBackground();
-  if (server_) server_->stop();
-  if (server_thread_.joinable()) server_thread_.join();
+  upstream_.reset();
+  if (http_) (void)http_->Stop(0);
 }
 
 void Service::StopBackground() {
@@ -354,12 +353,9 @@ Status Service::Init() {
   control_deadlines.drain_timeout_ms = config_.drain_timeout_ms;
   control_deadlines.update_timeout_ms = config_.transfer_timeout_ms;
   control_client_ = std::make_unique<effects::EngineClient>(config_.engine_url, control_deadlines);
-  effects::EngineDeadlines proxy_deadlines = control_deadlines;
-  proxy_deadlines.call_timeout_ms = config_.request_timeout_ms;
-  // One pooled handle (and keep-alive connection) per concurrent proxied call: with the default
-  // 16, most calls under load paid a TCP connect to the engine (and the engine an accept).
-  proxy_client_ = std::make_unique<effects::EngineClient>(config_.engine_url, proxy_deadlines,
-                                                          config_.engine_connections_max);
+  Result<UpstreamTarget> target = ParseEngineUrl(config_.engine_url);
+  if (!target.ok()) return target.status();
+  engine_target_ = std::move(target.value());
   // The runner drains locally before pausing (effects/runner.cc), so the plain HTTP control.
   http_control_ = std::make_unique<effects::HttpEngineControl>(*control_client_);
 
@@ -539,7 +535,6 @@ Status Service::Init() {
       if (r.lease_ms > 0) lease_deadline_ms_[rid] = now_ms + r.lease_ms;
     }
   }
-  watcher_ = std::make_unique<DisconnectWatcher>();
   monitor_thread_ = std::thread([this] { MonitorLoop(); });
   lease_thread_ = std::thread([this] { LeaseLoop(); });
   return Status::OK();
@@ -700,32 +695,56 @@ std::string Service::NextRolloutId() {
   return rollout_prefix_ + std::to_string(rollout_counter_.fetch_add(1) + 1);
 }
 
-Status Service::Start() {
-  RC_CHECK(!server_ && !http_);
-  // Routes live on a server that never listens; a separate listener hands each accepted socket
-  // to the connection gate, which gives it to one of http_threads workers only once its request
-  // head is complete (connection_gate.h).
-  server_ = GatedHttpServer::MakeRoutesServer();
-  server_->set_payload_max_length(config_.body_bytes_max);
-  server_->set_read_timeout(60, 0);
-  server_->set_write_timeout(60, 0);
-  RegisterRoutes();
-  GateOptions gate;
-  gate.header_timeout_ms = config_.header_timeout_ms;
-  gate.idle_timeout_ms = config_.idle_timeout_ms;
-  gate.connections_max = static_cast<std::size_t>(config_.http_connections_max);
-  gate.workers = static_cast<std::size_t>(config_.http_threads);
-  http_ = std::make_unique<GatedHttpServer>(*server_, gate);
-  httplib::Server& listener = http_->listener();
-  listener.set_tcp_nodelay(true);  // headers and body are separate writes: no Nagle stall
-  listener.set_read_timeout(60, 0);   // SO_RCVTIMEO/SO_SNDTIMEO of accepted sockets
-  listener.set_write_timeout(60, 0);
-  port_ = http_->Bind(config_.listen_host, config_.listen_port, kListenBacklog);
-  if (port_ <= 0) {
-    return Status::Unavailable("cannot bind " + config_.listen_host + ":" +
-                               std::to_string(config_.listen_port));
+// Connections cost descriptors, not threads: each proxied rollout holds a client socket and an
+// engine socket. The soft limit is raised to the hard one so http_connections_max can be met.
+static void RaiseDescriptorLimit(std::uint64_t connections_max) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);
   }
-  http_->Start();
+  const std::uint64_t needed = 2 * connections_max + 256;
+  if (lim.rlim_cur < needed) {
+    spdlog::warn("serve: the descriptor limit ({}) is below what http_connections_max={} needs "
+                 "({}); raise `ulimit -n`", static_cast<std::uint64_t>(lim.rlim_cur),
+                 connections_max, needed);
+  }
+}
+
+HttpServerOptions Service::ServerOptions() const {
+  HttpServerOptions o;
+  o.host = config_.listen_host;
+  o.port = config_.listen_port;
+  o.io_threads = config_.io_threads;
+  o.connections_max = config_.http_connections_max;
+  o.header_bytes_max = config_.header_bytes_max;
+  o.body_bytes_max = config_.body_bytes_max;
+  o.idle_timeout_ms = config_.idle_timeout_ms;
+  o.header_timeout_ms = config_.header_timeout_ms;
+  o.body_timeout_ms = config_.body_timeout_ms;
+  o.write_timeout_ms = config_.write_timeout_ms;
+  o.blocking_threads = static_cast<std::size_t>(config_.http_threads);
+  o.blocking_queue_max = 16 * static_cast<std::size_t>(config_.http_threads);
+  return o;
+}
+
+Status Service::Start() {
+  RC_CHECK(!http_ && !upstream_);
+  RaiseDescriptorLimit(config_.http_connections_max);
+  http_ = std::make_unique<HttpServer>(ServerOptions(), Routes());
+  boost::system::error_code ec;
+  boost::asio::ip::tcp::resolver resolver(http_->io());
+  auto endpoints = resolver.resolve(engine_target_.host, std::to_string(engine_target_.port), ec);
+  if (ec || endpoints.empty()) {
+    return Status::Unavailable("cannot resolve the engine host '" + engine_target_.host +
+                               "': " + ec.message());
+  }
+  upstream_ = std::make_unique<UpstreamPool>(http_->io(), endpoints.begin()->endpoint(),
+                                             config_.engine_connections_max);
+  Result<int> port = http_->Start();
+  if (!port.ok()) return port.status();
+  port_ = *port;
   spdlog::info("serve: listening on {}", url());
   return FinishInterruptedUpdate();
 }
@@ -797,7 +816,12 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
     return false;
   }
   StopBackground();
-  if (http_ && !http_->Stop(settle())) {
+  const auto left_ms = [&settle] {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          settle() - Clock::now()).count());
+  };
+  upstream_.reset();
+  if (http_ && !http_->Stop(left_ms())) {
     // A worker is still inside a handler: everything it uses must outlive it, so nothing is
     // torn down (the caller exits; everything acknowledged is already durable).
     update_mu_.unlock();
@@ -806,7 +830,6 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
     return false;
   }
   http_.reset();
-  server_.reset();
   runner_.reset();
   trajectories_.Close();
   journal_.reset();  // closes RocksDB
@@ -814,13 +837,13 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
   return rollouts_done;
 }
 
-bool Service::Authorized(const httplib::Request& req, httplib::Response& res) {
+bool Service::Authorized(const ApiRequest& req, HttpResponse& res) {
   if (config_.auth_token.empty()) return true;
-  const std::string h = req.get_header_value("Authorization");
+  const std::string h = req.header("Authorization");
   const std::string prefix = "Bearer ";
   if (h.rfind(prefix, 0) != 0) {
     metrics_.unauthorized++;
-    res.set_header("WWW-Authenticate", "Bearer");
+    set_header(res, "WWW-Authenticate", "Bearer");
     send_error(res, 401, "unauthorized", "missing 'Authorization: Bearer <token>'");
     return false;
   }
@@ -832,176 +855,6 @@ bool Service::Authorized(const httplib::Request& req, httplib::Response& res) {
     return false;
   }
   return true;
-}
-
-// ---- admission ----
-
-Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t wait_ms,
-                                   std::uint32_t lease_ms) {
-  RC_CHECK(lease_ms == 0 || (lease_ms >= kRolloutLeaseMsMin && lease_ms <= kRolloutLeaseMsMax));
-  AdmitResult out;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
-  for (std::uint32_t attempt = 0;; ++attempt) {
-    if (failed()) {
-      metrics_.admission_rejected_failed++;
-      out.refusal = {503, "failed", "the executor has fail-stopped: " + failure(), 0};
-      return out;
-    }
-    if (shutting_down_.load()) {
-      metrics_.admission_rejected_shutdown++;
-      out.refusal = {503, "shutting_down", "the executor is shutting down",
-                     config_.retry_after_s};
-      return out;
-    }
-    // The cached view on the first look; a fresh copy after a refusal or while waiting.
-    const std::shared_ptr<const State> view = AdmitView(/*fresh=*/attempt > 0);
-    const State& s = *view;
-    if (s.lifecycle == Lifecycle::kTainted) {
-      metrics_.admission_rejected_tainted++;
-      const std::string why = s.taint ? std::string(cause_name(s.taint->cause)) + " during " +
-                                            lifecycle_name(s.taint->from) + " of update '" +
-                                            s.taint->update_id + "': " + s.taint->detail
-                                      : "no taint record";
-      out.refusal = {503, "tainted", "engine is TAINTED; no rollouts are admitted (" + why + ")",
-                     0};
-      return out;
-    }
-    if (admits(s)) {
-      const auto t0 = Clock::now();
-      RolloutAdmitted binding = make_admission(s, rollout_id, lease_ms);
-      auto submitted = journal_->Submit(binding, wall_ms());
-      if (submitted.ok()) {
-        Status waited = journal_->Wait(submitted->ticket);
-        metrics_.journal_append.ObserveUs(us_since(t0));
-        if (!waited.ok()) {
-          // Durable or not, nobody was told: recovery records it abandoned if it is.
-          FailStop("commit of admission '" + rollout_id + "' failed: " + waited.ToString());
-          metrics_.admission_rejected_failed++;
-          out.refusal = {503, "failed", "journal commit failed: " + waited.ToString(), 0};
-          return out;
-        }
-        metrics_.admissions++;
-        out.admitted = Admission{std::move(binding), submitted->ticket.result.first_seq,
-                                 DurableHead{submitted->ticket.result.last_seq,
-                                             submitted->ticket.result.last_hash}};
-        return out;
-      }
-      const Status& st = submitted.status();
-      if (st.code() == Code::kBusy) {
-        // The group-commit queue is full: back-pressure on admission, never on finishing.
-        metrics_.admission_rejected_overloaded++;
-        out.refusal = {503, "overloaded", "journal busy: " + st.message(),
-                       std::max<std::uint32_t>(1, config_.retry_after_s)};
-        return out;
-      }
-      if (is_journal_failure(st)) {
-        FailStop("admission '" + rollout_id + "' refused by the journal: " + st.ToString());
-        metrics_.admission_rejected_failed++;
-        out.refusal = {503, "failed", "journal failed: " + st.ToString(), 0};
-        return out;
-      }
-      if (st.code() == Code::kConflict) {
-        out.refusal = {409, "conflict", st.message(), 0};
-        return out;
-      }
-      if (st.code() == Code::kInvalidArgument) {
-        out.refusal = {400, "invalid", st.message(), 0};
-        return out;
-      }
-      if (st.code() != Code::kRejected || attempt > 1000) {
-        out.refusal = {503, "unavailable", st.ToString(), config_.retry_after_s};
-        return out;
-      }
-      if (attempt > 0 && s.active.size() >= kActiveRolloutsMax) {  // a fresh view's count
-        out.refusal = {503, "unavailable", st.message(), config_.retry_after_s};
-        return out;
-      }
-      // The state moved between our read and the journal's decision: look again.
-      continue;
-    }
-    std::unique_lock<std::mutex> lock(lifecycle_mu_);
-    if (Clock::now() >= deadline) {
-      metrics_.admission_rejected_unavailable++;
-      out.refusal = {503, "unavailable",
-                     std::string("engine is ") + lifecycle_name(s.lifecycle) +
-                         (s.update ? " (update '" + s.update->update_id + "')" : "") + ": " +
-                         admission_block_reason(s) + "; not admitting within " +
-                         std::to_string(wait_ms) + " ms",
-                     config_.retry_after_s};
-      return out;
-    }
-    // Woken by every runner decision; the 20 ms cap makes a missed wake-up harmless.
-    lifecycle_cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)));
-  }
-}
-
-Status Service::FinishDurably(const std::string& rollout_id, RolloutOutcome outcome,
-                              std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
-                              const std::vector<TrajectoryRecorded>& parts) {
-  const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::milliseconds(config_.finish_retry_ms);
-  std::uint32_t backoff_ms = 1;
-  constexpr std::uint32_t kBackoffMsMax = 50;
-  // Submits one input, retrying a full queue until the deadline. OK: enqueued (ticket set).
-  auto submit = [&](const Event& input, std::optional<journal::Ticket>& ticket) -> Status {
-    for (;;) {
-      if (failed()) return Status::Unavailable("the executor has fail-stopped: " + failure());
-      auto submitted = journal_->Submit(input, wall_ms());
-      if (submitted.ok()) {
-        ticket = submitted->ticket;
-        return Status::OK();
-      }
-      const Status& st = submitted.status();
-      if (st.code() != Code::kBusy) return st;
-      if (Clock::now() >= deadline) {
-        FailStop("the finish of rollout '" + rollout_id + "' stayed un-journaled for " +
-                 std::to_string(config_.finish_retry_ms) + " ms (" + st.message() + ")");
-        return Status::Unavailable("the executor has fail-stopped: " + failure());
-      }
-      metrics_.finish_retries++;
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
-      backoff_ms = std::min(kBackoffMsMax, backoff_ms * 2);
-    }
-  };
-  std::optional<journal::Ticket> ticket;
-  for (const TrajectoryRecorded& part : parts) {
-    RC_CHECK(part.rollout_id == rollout_id);
-    Status st = submit(part, ticket);
-    if (st.code() == Code::kUnavailable) return st;
-    if (is_journal_failure(st)) {
-      FailStop("trajectory of rollout '" + rollout_id + "' refused: " + st.ToString());
-      return Status::Unavailable("the executor has fail-stopped: " + failure());
-    }
-    if (!st.ok()) {
-      // Malformed or the rollout is not active: the part is lost, the finish is not.
-      spdlog::warn("serve: trajectory part of rollout {} not journaled: {}", esc(rollout_id),
-                   esc(st.ToString()));
-      if (st.code() == Code::kNotFound) break;
-    }
-  }
-  Status st = submit(RolloutFinished{rollout_id, outcome, prompt_tokens, completion_tokens}, ticket);
-  if (st.code() == Code::kUnavailable) return st;
-  if (is_journal_failure(st)) {
-    FailStop("finish of rollout '" + rollout_id + "' refused: " + st.ToString());
-    return Status::Unavailable("the executor has fail-stopped: " + failure());
-  }
-  if (!st.ok()) return st;  // NotFound (not active), InvalidArgument
-  Status waited = journal_->Wait(*ticket);
-  metrics_.journal_append.ObserveUs(us_since(t0));
-  if (!waited.ok()) {
-    FailStop("commit of the finish of rollout '" + rollout_id + "' failed: " + waited.ToString());
-    return Status::Unavailable("the executor has fail-stopped: " + failure());
-  }
-  {
-    std::lock_guard<std::mutex> g(lease_mu_);
-    lease_deadline_ms_.erase(rollout_id);
-  }
-  if (outcome == RolloutOutcome::kCompleted) {
-    metrics_.finishes_completed++;
-  } else {
-    metrics_.finishes_aborted++;
-  }
-  return Status::OK();
 }
 
 // ---- trainer API ----
@@ -1034,8 +887,8 @@ Service::DurableView Service::CatchUpDurable(bool copy_state) {
 
 DurableHead Service::durable_head() { return CatchUpDurable(false).head; }
 
-void Service::SetHeadHeader(httplib::Response& res, const DurableHead& head) {
-  res.set_header("X-RolloutCore-Head", head.ToString());
+void Service::SetHeadHeader(HttpResponse& res, const DurableHead& head) {
+  set_header(res, "X-RolloutCore-Head", head.ToString());
 }
 
 namespace {
@@ -1085,10 +938,10 @@ json Service::StateSummary() {
   return summary_json(v.state, v.head);
 }
 
-void Service::HandleState(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleState(const ApiRequest& req, HttpResponse& res) {
   const DurableView v = CatchUpDurable(true);
   SetHeadHeader(res, v.head);
-  if (req.has_param("full")) {
+  if (req.query("full").has_value()) {
     json j = journal::StateToJson(v.state);
     j["head_seq"] = v.head.seq;
     j["head"] = v.head.ToString();
@@ -1098,7 +951,7 @@ void Service::HandleState(const httplib::Request& req, httplib::Response& res) {
   send_json(res, 200, summary_json(v.state, v.head));
 }
 
-void Service::HandleVersion(const httplib::Request&, httplib::Response& res) {
+void Service::HandleVersion(const ApiRequest&, HttpResponse& res) {
   const DurableView v = CatchUpDurable(true);
   SetHeadHeader(res, v.head);
   send_json(res, 200,
@@ -1166,7 +1019,7 @@ int update_status(UpdateOutcome o) {
 
 }  // namespace
 
-void Service::SendUpdateOutcome(httplib::Response& res, const UpdateRequested& request,
+void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                                 const UpdateEnded& ended, bool replayed) {
   const DurableView v = CatchUpDurable(true);
   json out;
@@ -1184,7 +1037,7 @@ void Service::SendUpdateOutcome(httplib::Response& res, const UpdateRequested& r
   send_json(res, update_status(ended.outcome), out);
 }
 
-bool Service::SourceMatchesIdentity(const UpdateRequested& request, httplib::Response& res) {
+bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res) {
   Result<std::string> digest = effects::nccl::SourceManifestDigest(request.source_uri);
   if (!digest.ok()) {
     metrics_.bad_requests++;
@@ -1203,9 +1056,9 @@ bool Service::SourceMatchesIdentity(const UpdateRequested& request, httplib::Res
   return true;
 }
 
-void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  Result<UpdateRequested> request = parse_update_body(req.body);
+  Result<UpdateRequested> request = parse_update_body(req.body());
   if (!request.ok()) {
     metrics_.bad_requests++;
     send_status(res, request.status());
@@ -1311,7 +1164,7 @@ void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) 
   metrics_.updates_outcome_unknown++;
   FailStop("update '" + request->update_id + "' did not reach a recorded outcome: " +
            st.ToString());
-  res.set_header("Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  set_header(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
   send_error(res, 503, "outcome_unknown",
              "the outcome of update '" + request->update_id +
                  "' is unknown (" + st.ToString() +
@@ -1319,9 +1172,9 @@ void Service::HandleUpdate(const httplib::Request& req, httplib::Response& res) 
                  "update_id then to read the recorded outcome");
 }
 
-void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  Result<AdmitBody> parsed = parse_admit_body(req.body, config_.admit_wait_ms,
+  Result<AdmitBody> parsed = parse_admit_body(req.body(), config_.admit_wait_ms,
                                               config_.rollout_lease_ms);
   if (!parsed.ok()) {
     metrics_.bad_requests++;
@@ -1336,7 +1189,7 @@ void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
                         static_cast<std::uint32_t>(lease_ms));
   if (!a.admitted) {
     if (a.refusal.retry_after_s > 0) {
-      res.set_header("Retry-After", std::to_string(a.refusal.retry_after_s));
+      set_header(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
     }
     send_error(res, a.refusal.http_status, a.refusal.type, a.refusal.message);
     return;
@@ -1359,10 +1212,10 @@ void Service::HandleAdmit(const httplib::Request& req, httplib::Response& res) {
              {"head", head.ToString()}});
 }
 
-void Service::HandleLease(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  const std::string id = req.matches[1];
-  Status st = parse_lease_body(req.body);
+  const std::string id = req.captures.at(0);
+  Status st = parse_lease_body(req.body());
   if (!st.ok()) {
     metrics_.bad_requests++;
     send_status(res, st);
@@ -1436,10 +1289,10 @@ void Service::LeaseLoop() {
   }
 }
 
-void Service::HandleFinish(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  const std::string id = req.matches[1];
-  Result<FinishBody> parsed = parse_finish_body(req.body);
+  const std::string id = req.captures.at(0);
+  Result<FinishBody> parsed = parse_finish_body(req.body());
   if (!parsed.ok()) {
     metrics_.bad_requests++;
     send_status(res, parsed.status());
@@ -1463,7 +1316,7 @@ void Service::HandleFinish(const httplib::Request& req, httplib::Response& res) 
                        {"head", head.ToString()}});
 }
 
-void Service::HandleWatch(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
   auto after = query_u64(req, "after", 0, 0, UINT64_MAX);
   auto timeout = query_u64(req, "timeout_ms", config_.watch_timeout_ms_max, 0,
                            config_.watch_timeout_ms_max);
@@ -1496,7 +1349,7 @@ void Service::HandleWatch(const httplib::Request& req, httplib::Response& res) {
   send_json(res, 200, j);
 }
 
-void Service::HandleEvents(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
   auto since = query_u64(req, "since", 0, 0, UINT64_MAX - 1);
   auto limit = query_u64(req, "limit", config_.events_page_max, 1, config_.events_page_max);
   if (!since.ok() || !limit.ok()) {
@@ -1525,10 +1378,10 @@ void Service::HandleEvents(const httplib::Request& req, httplib::Response& res) 
                        {"head", head.ToString()}});
 }
 
-void Service::HandleManifest(const httplib::Request& req, httplib::Response& res) {
+void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {
   // It opens files on this host: only for the trainer, and its errors never quote them.
   if (!Authorized(req, res)) return;
-  const std::string source = req.get_param_value("source");
+  const std::string source = req.query("source").value_or("");
   Status valid = ValidateSource(source);
   if (!valid.ok()) {
     metrics_.bad_requests++;
@@ -1547,7 +1400,7 @@ void Service::HandleManifest(const httplib::Request& req, httplib::Response& res
   send_json(res, 200, {{"source", source}, {"manifest_digest", p.source_manifest_digest}});
 }
 
-void Service::HandleHealthz(const httplib::Request&, httplib::Response& res) {
+void Service::HandleHealthz(const ApiRequest&, HttpResponse& res) {
   // Liveness: the process serves. After a fail-stop it must be restarted: 503.
   if (failed()) {
     send_json(res, 503, {{"ok", false}, {"reason", "fail-stopped: " + failure()}});
@@ -1573,7 +1426,7 @@ std::string Service::NotReadyReason() const {
   return "";
 }
 
-void Service::HandleReadyz(const httplib::Request&, httplib::Response& res) {
+void Service::HandleReadyz(const ApiRequest&, HttpResponse& res) {
   // Readiness: 200 only while rollouts can be served safely.
   const std::string why = NotReadyReason();
   const State s = journal_->state();
@@ -1724,57 +1577,30 @@ std::string Service::RenderMetrics() const {
   return out;
 }
 
-void Service::HandleMetrics(const httplib::Request&, httplib::Response& res) {
-  res.status = 200;
-  res.set_content(RenderMetrics(), "text/plain; version=0.0.4");
+void Service::HandleMetrics(const ApiRequest&, HttpResponse& res) {
+  SetBody(res, 200, RenderMetrics(), "text/plain; version=0.0.4");
 }
 
-void Service::RegisterRoutes() {
-  httplib::Server& s = *server_;
-  auto bind = [this](void (Service::*fn)(const httplib::Request&, httplib::Response&)) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res) { (this->*fn)(req, res); };
+HttpRouter Service::Routes() {
+  using bhttp::verb;
+  HttpRouter r;
+  auto bind = [this](void (Service::*fn)(const ApiRequest&, HttpResponse&)) {
+    return [this, fn](const ApiRequest& req, HttpResponse& res) { (this->*fn)(req, res); };
   };
-  s.Get("/healthz", bind(&Service::HandleHealthz));
-  s.Get("/readyz", bind(&Service::HandleReadyz));
-  s.Post(R"(/v1/rollouts/([^/]+)/lease)", bind(&Service::HandleLease));
-  s.Get("/v1/state", bind(&Service::HandleState));
-  s.Get("/v1/version", bind(&Service::HandleVersion));
-  s.Post("/v1/updates", bind(&Service::HandleUpdate));
-  s.Post("/v1/rollouts", bind(&Service::HandleAdmit));
-  s.Delete(R"(/v1/rollouts/([^/]+))", bind(&Service::HandleFinish));
-  s.Get("/v1/watch", bind(&Service::HandleWatch));
-  s.Get("/v1/events", bind(&Service::HandleEvents));
-  s.Get("/v1/manifest", bind(&Service::HandleManifest));
-  s.Get("/metrics", bind(&Service::HandleMetrics));
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleProxy(Route::kCompletions, req, res);
-  });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleProxy(Route::kChat, req, res);
-  });
-  s.Post("/inference/v1/generate", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleProxy(Route::kGenerate, req, res);
-  });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      send_error(res, 413, "too_large", "request body exceeds body_bytes_max");
-    } else if (res.status == 404) {
-      send_error(res, 404, "not_found", "no route " + req.method + " " + req.path);
-    } else {
-      send_error(res, res.status, "error", "HTTP " + std::to_string(res.status));
-    }
-  });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, 500, "internal", "internal error: " + what);
-  });
+  r.Blocking(verb::get, "/healthz", bind(&Service::HandleHealthz));
+  r.Blocking(verb::get, "/readyz", bind(&Service::HandleReadyz));
+  r.Blocking(verb::post, "/v1/rollouts/*/lease", bind(&Service::HandleLease));
+  r.Blocking(verb::get, "/v1/state", bind(&Service::HandleState));
+  r.Blocking(verb::get, "/v1/version", bind(&Service::HandleVersion));
+  r.Blocking(verb::post, "/v1/updates", bind(&Service::HandleUpdate));
+  r.Blocking(verb::post, "/v1/rollouts", bind(&Service::HandleAdmit));
+  r.Blocking(verb::delete_, "/v1/rollouts/*", bind(&Service::HandleFinish));
+  r.Blocking(verb::get, "/v1/watch", bind(&Service::HandleWatch));
+  r.Blocking(verb::get, "/v1/events", bind(&Service::HandleEvents));
+  r.Blocking(verb::get, "/v1/manifest", bind(&Service::HandleManifest));
+  r.Blocking(verb::get, "/metrics", bind(&Service::HandleMetrics));
+  AddProxyRoutes(r);
+  return r;
 }
 
 }  // namespace rc::service

@@ -1,7 +1,7 @@
 // Service: the long-running executor behind `rolloutcore serve` — one per engine.
 //
 // It owns the journal, the runner (the only writer of lifecycle inputs) and the weight transfer,
-// and serves over HTTP (cpp-httplib):
+// and serves over HTTP (service/http_server.h, an event loop on Boost.Beast):
 //   trainer API   /v1/state, /v1/version, /v1/updates, /v1/rollouts[/<id>[/lease]], /v1/watch,
 //                 /v1/events, /v1/manifest, /healthz (liveness), /readyz   (docs/api.md)
 //   proxy         /v1/completions, /v1/chat/completions, /inference/v1/generate: each request is
@@ -9,10 +9,12 @@
 //                 salted per version, and finished (or recorded aborted) when its response ends.
 //   metrics       /metrics (Prometheus text)
 //
-// Thread model: every request runs on an httplib worker (bounded pool of http_threads). Runner
-// calls (Recover, Bootstrap, Update) are serialised by update_mu_; admissions and finishes go
-// straight to Journal::Submit + Wait (group commit), which decides them against the folded state
-// under the journal's lock, so an admission can never slip past the start of a drain.
+// Thread model: io_threads run every connection's event loop (parse, route, the proxy's whole
+// request path). Proxy admissions and finishes never block them: they wait on the journal's
+// group commit through Journal::WaitAsync. Trainer API routes that may block (updates, long
+// polls, explicit rollouts) run on a bounded pool (api_threads). Runner calls (Recover,
+// Bootstrap, Update) are serialised by update_mu_; every admission is decided against the folded
+// state under the journal's lock, so an admission can never slip past the start of a drain.
 //
 // Trust under faults:
 //  * fail-stop: any journal write/fsync failure (or a stalled fsync, or a runner error after an
@@ -26,6 +28,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/any_io_executor.hpp>
 #include <nlohmann/json.hpp>
 
 #include "effects/engine.h"
@@ -47,22 +52,17 @@
 #include "effects/transfer.h"
 #include "journal/journal.h"
 #include "service/config.h"
-#include "service/connection_gate.h"  // proxy owner
-#include "service/inflight_calls.h"   // proxy owner
-#include "service/disconnect.h"
+#include "service/http_server.h"
+#include "service/inflight_calls.h"
 #include "service/metrics.h"
 #include "service/trajectories.h"
+#include "service/upstream.h"
 #include "statemachine/state.h"
 
 namespace rocksdb {
 class Env;
 }
 
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace rc::service {
 
@@ -150,6 +150,16 @@ class Service {
                               std::uint32_t prompt_tokens, std::uint32_t completion_tokens) {
     return FinishDurably(rollout_id, outcome, prompt_tokens, completion_tokens);
   }
+  // The same two writes without blocking the caller: `done` runs once on `executor` with what
+  // Admit / FinishDurably would have returned. Proxied rollouts only (lease_ms 0).
+  using AdmitDone = std::function<void(AdmitResult)>;
+  void AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
+                  const boost::asio::any_io_executor& executor, AdmitDone done);
+  using FinishDone = std::function<void(Status)>;
+  void FinishAsync(const std::string& rollout_id, RolloutOutcome outcome,
+                   std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+                   const std::vector<TrajectoryRecorded>& parts,
+                   const boost::asio::any_io_executor& executor, FinishDone done);
 
   // Fail-stop: the journal (or the runner mid-update) failed, so nothing more may be decided or
   // acknowledged. Idempotent; the first reason wins. Logs at critical level, wakes WaitFailed().
@@ -181,19 +191,56 @@ class Service {
   // refuses one bound to an outdated version (Admit then refreshes and looks again).
   std::shared_ptr<const State> AdmitView(bool fresh);
 
-  // Route handlers (service.cc, proxy.cc).
-  void HandleState(const httplib::Request& req, httplib::Response& res);
-  void HandleVersion(const httplib::Request& req, httplib::Response& res);
-  void HandleUpdate(const httplib::Request& req, httplib::Response& res);
-  void HandleAdmit(const httplib::Request& req, httplib::Response& res);
-  void HandleFinish(const httplib::Request& req, httplib::Response& res);
-  void HandleWatch(const httplib::Request& req, httplib::Response& res);
-  void HandleEvents(const httplib::Request& req, httplib::Response& res);
-  void HandleManifest(const httplib::Request& req, httplib::Response& res);
-  void HandleMetrics(const httplib::Request& req, httplib::Response& res);
-  void HandleLease(const httplib::Request& req, httplib::Response& res);
-  void HandleReadyz(const httplib::Request& req, httplib::Response& res);
-  void HandleHealthz(const httplib::Request& req, httplib::Response& res);
+  friend class ProxyExchange;
+  friend class PassThrough;
+  // One look at whether a rollout can be admitted now (admission.cc).
+  struct AdmitStep {
+    enum Kind : std::uint8_t { kSubmitted, kRefused, kWait, kAgain } kind = kRefused;
+    journal::Ticket ticket;       // kSubmitted: the admission's group
+    RolloutAdmitted binding;      // kSubmitted
+    AdmitRefusal refusal;         // kRefused
+    std::string waiting_on;       // kWait: why the engine cannot admit now
+  };
+  AdmitStep TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms, std::uint32_t attempt);
+  AdmitResult Admitted(AdmitStep step, const Status& durable,
+                       std::chrono::steady_clock::time_point t0);
+  AdmitRefusal NotAdmittedWithin(const AdmitStep& step, std::uint64_t wait_ms);
+  struct AsyncAdmission;
+  // A finish's records (trajectory parts, then RolloutFinished) and how far they are submitted.
+  struct FinishRecords {
+    std::string rollout_id;
+    RolloutOutcome outcome = RolloutOutcome::kCompleted;
+    std::vector<Event> records;
+    std::size_t next = 0;
+    std::optional<journal::Ticket> ticket;
+    std::chrono::steady_clock::time_point t0, deadline;
+    std::uint32_t backoff_ms = 0;
+  };
+  FinishRecords MakeFinish(const std::string& rollout_id, RolloutOutcome outcome,
+                           std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+                           const std::vector<TrajectoryRecorded>& parts);
+  [[nodiscard]] Status SubmitFinishFrom(FinishRecords& f);
+  [[nodiscard]] Status FinishBackoff(FinishRecords& f, const Status& busy);
+  [[nodiscard]] Status FinishCommitted(FinishRecords& f, const Status& durable);
+  struct AsyncFinish;
+
+  // Route handlers (service.cc; the proxy's in proxy_exchange.cc).
+  HttpRouter Routes();
+  HttpServerOptions ServerOptions() const;
+  void AddProxyRoutes(HttpRouter& router);  // proxy_exchange.cc
+  bool ProxyAuthorized(Exchange& ex);
+  void HandleState(const ApiRequest& req, HttpResponse& res);
+  void HandleVersion(const ApiRequest& req, HttpResponse& res);
+  void HandleUpdate(const ApiRequest& req, HttpResponse& res);
+  void HandleAdmit(const ApiRequest& req, HttpResponse& res);
+  void HandleFinish(const ApiRequest& req, HttpResponse& res);
+  void HandleWatch(const ApiRequest& req, HttpResponse& res);
+  void HandleEvents(const ApiRequest& req, HttpResponse& res);
+  void HandleManifest(const ApiRequest& req, HttpResponse& res);
+  void HandleMetrics(const ApiRequest& req, HttpResponse& res);
+  void HandleLease(const ApiRequest& req, HttpResponse& res);
+  void HandleReadyz(const ApiRequest& req, HttpResponse& res);
+  void HandleHealthz(const ApiRequest& req, HttpResponse& res);
 
   // The durable view: a State folded only from durable records (Journal::Scan stops at the
   // durable head), for every route that reports state. CatchUpDurable folds what became durable
@@ -204,7 +251,7 @@ class Service {
     std::uint64_t decision_seq = 0;  // seq of the last lifecycle decision folded
   };
   DurableView CatchUpDurable(bool copy_state);
-  void SetHeadHeader(httplib::Response& res, const DurableHead& head);
+  void SetHeadHeader(HttpResponse& res, const DurableHead& head);
 
   // Ended updates for idempotent re-POSTs: update_id -> the request and the answer it got.
   struct EndedUpdate {
@@ -213,7 +260,7 @@ class Service {
   };
   std::optional<EndedUpdate> FindEndedUpdate(const std::string& update_id);
   void RememberEndedUpdate(const UpdateRequested& request, const UpdateEnded& ended);
-  void SendUpdateOutcome(httplib::Response& res, const UpdateRequested& request,
+  void SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                          const UpdateEnded& ended, bool replayed);
 
   // Engine monitor (see Init) and lease expiry; both stop on FailStop and Shutdown.
@@ -224,24 +271,18 @@ class Service {
   Status RecoveryFailed(const Status& st) const;
   [[nodiscard]] Status FinishInterruptedUpdate();
   // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
-  bool SourceMatchesIdentity(const UpdateRequested& request, httplib::Response& res);
+  bool SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res);
   void LogTaint(const State& s, const char* context) const;
-  enum class Route : std::uint8_t { kCompletions, kChat, kGenerate };
-  void HandleProxy(Route route, const httplib::Request& req, httplib::Response& res);
-  bool Authorized(const httplib::Request& req, httplib::Response& res);
+  bool Authorized(const ApiRequest& req, HttpResponse& res);
 
   ServeConfig config_;
   std::unique_ptr<journal::Journal> journal_;
   std::unique_ptr<effects::EngineClient> control_client_;  // runner + transfer
-  std::unique_ptr<effects::EngineClient> proxy_client_;    // rollouts
   std::unique_ptr<effects::HttpEngineControl> http_control_;
   std::unique_ptr<effects::WeightTransfer> transfer_;
   std::unique_ptr<effects::Runner> runner_;
-  std::unique_ptr<httplib::Server> server_;
-  std::unique_ptr<DisconnectWatcher> watcher_;
   TrajectoryLog trajectories_;
   mutable ServiceMetrics metrics_;
-  std::thread server_thread_;
   int port_ = 0;
 
   std::optional<UpdatePlan> interrupted_update_;  // found by Init, driven by Start
@@ -294,10 +335,12 @@ class Service {
   std::string engine_label_seen_;
   std::string engine_version_;  // GET /version at startup
 
-  // ---- proxy owner: the gated HTTP front and the proxied calls in flight (connection_gate.h,
-  // inflight_calls.h). Declared last so they are destroyed first, while what handlers use lives.
+  // ---- the HTTP front and the proxied calls in flight. Declared last so they are destroyed
+  // first, while what handlers use lives; upstream_ (sockets on http_'s io_context) before http_.
   InFlightCalls in_flight_calls_;
-  std::unique_ptr<GatedHttpServer> http_;
+  UpstreamTarget engine_target_;
+  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<UpstreamPool> upstream_;
 };
 
 // The cache_salt a proxied request is sent with: a digest of the committed version and identity

@@ -4,28 +4,44 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <string>
 #include <vector>
 
 namespace rc::service {
 namespace {
 
-httplib::Request WithParam(const std::string& key, const std::string& value) {
-  httplib::Request req;
-  req.params.emplace(key, value);
-  return req;
-}
+// A request whose target carries `?key=value` (percent-encoded as a client would send it).
+struct WithParam {
+  WithParam(const std::string& key, const std::string& value) {
+    static const char* kHex = "0123456789ABCDEF";
+    std::string target = "/v1/events?" + key + "=";
+    for (unsigned char c : value) {
+      if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+        target += static_cast<char>(c);
+      } else {
+        target += '%';
+        target += kHex[c >> 4];
+        target += kHex[c & 15];
+      }
+    }
+    message.target(target);
+  }
+  operator const ApiRequest&() const { return api; }  // NOLINT: reads like the old request
+  HttpRequest message;
+  ApiRequest api{message, {}, {}};
+};
 
 // Proves send_error serialises a message cut inside a UTF-8 character (an engine error body
 // truncated to its byte bound) instead of throwing; catches the dump() that threw type_error 316
 // and terminated the server from a streaming callback.
 TEST(HttpUtil, SendErrorWithCutUtf8DoesNotThrow) {
-  httplib::Response res;
+  HttpResponse res;
   const std::string cut = "engine said: caf\xC3";  // "café" cut after the first byte of 'é'
   EXPECT_NO_THROW(send_error(res, 502, "engine_error", cut));
-  EXPECT_EQ(res.status, 502);
-  const nlohmann::json back = nlohmann::json::parse(res.body, nullptr, false);
-  ASSERT_FALSE(back.is_discarded()) << res.body;
+  EXPECT_EQ(res.result_int(), 502u);
+  const nlohmann::json back = nlohmann::json::parse(res.body(), nullptr, false);
+  ASSERT_FALSE(back.is_discarded()) << res.body();
   EXPECT_EQ(back["error"]["message"], "engine said: caf\xEF\xBF\xBD");
   EXPECT_EQ(back["error"]["code"], 502);
 }
@@ -42,9 +58,9 @@ TEST(HttpUtil, DumpSafeNeverThrows) {
   EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded());
   EXPECT_NO_THROW(out = dump_safe(j, 2));
   EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded());
-  httplib::Response res;
+  HttpResponse res;
   EXPECT_NO_THROW(send_json(res, 200, j));
-  EXPECT_FALSE(nlohmann::json::parse(res.body, nullptr, false).is_discarded());
+  EXPECT_FALSE(nlohmann::json::parse(res.body(), nullptr, false).is_discarded());
 }
 
 // Proves the query parser accepts exactly the decimal integers in range, up to 2^64-1, and turns
@@ -68,7 +84,8 @@ TEST(HttpUtil, QueryU64RejectsBeyond64BitsWithoutThrowing) {
   EXPECT_FALSE(q("5", 1, 4).ok());
   EXPECT_FALSE(q("0", 1, 4).ok());
   EXPECT_EQ(*q("4", 1, 4), 4u);
-  EXPECT_EQ(*query_u64(httplib::Request{}, "limit", 42, 1, 100), 42u);  // absent: fallback
+  const HttpRequest bare;
+  EXPECT_EQ(*query_u64(ApiRequest{bare, {}, {}}, "limit", 42, 1, 100), 42u);  // absent: fallback
   for (const char* key : {"limit", "after", "timeout_ms"}) {
     EXPECT_FALSE(query_u64(WithParam(key, "18446744073709551616"), key, 1, 0, UINT64_MAX).ok());
   }

@@ -20,7 +20,7 @@
 
 #include "effects/http_transfer.h"
 #include "fixtures/vllm_double.h"
-#include "service/connection_gate.h"
+#include "service/http_server.h"
 #include "service/service.h"
 #include "tests/service/service_stack.h"
 
@@ -318,36 +318,59 @@ TEST(ProxyShutdown, GraceIsEnforcedWithAHungEngineRequest) {
   s.svc.reset();
 }
 
-// Proves FindRawHeader reads a raw head verbatim, case-insensitively, and flags duplicates.
-// Catches: decoded or merged header values reaching validation.
-TEST(ConnectionGate, FindRawHeaderIsVerbatim) {
-  const std::string head =
-      "POST / HTTP/1.1\r\nHost: x\r\nx-rolloutcore-rollout-id:  a%20b \r\nA: 1\r\nA: 2\r\n\r\n";
-  RawHeader id = FindRawHeader(head, "X-RolloutCore-Rollout-Id");
-  ASSERT_TRUE(id.value);
-  EXPECT_EQ(*id.value, "a%20b");
-  EXPECT_FALSE(id.duplicate);
-  EXPECT_TRUE(FindRawHeader(head, "A").duplicate);
-  EXPECT_FALSE(FindRawHeader(head, "Missing").value);
+// A server with one route, GET /echo, answering the X-RolloutCore-Rollout-Id header as the
+// route sees it ("dup" when repeated, "none" when absent), and GET /ping answering "pong".
+HttpRouter EchoRoutes() {
+  HttpRouter r;
+  r.Async(bhttp::verb::get, "/echo", [](Exchange ex) {
+    bool dup = false;
+    const auto v = ex.header("X-RolloutCore-Rollout-Id", &dup);
+    ex.Respond(MakeResponse(200, dup ? "dup" : v ? std::string(*v) : "none", "text/plain"));
+  });
+  r.Async(bhttp::verb::get, "/ping", [](Exchange ex) {
+    ex.Respond(MakeResponse(200, "pong", "text/plain"));
+  });
+  return r;
 }
 
-// Proves the gate alone (no Service): with 2 workers and 16 tricklers a plain route keeps
-// answering, and tricklers get 408 at the header deadline. Catches: a worker per waiting
-// connection, a missing header deadline, a gate that never hands complete requests over.
+std::string body_of(const std::string& response) {
+  const std::size_t at = response.find("\r\n\r\n");
+  return at == std::string::npos ? "" : response.substr(at + 4);
+}
+
+// Proves a route reads a header verbatim (never percent-decoded), case-insensitively, and sees
+// duplicates. Catches: decoded or merged header values reaching validation.
+TEST(ConnectionGate, HeadersReachRoutesVerbatim) {
+  HttpServerOptions o;
+  o.io_threads = 1;
+  HttpServer http(o, EchoRoutes());
+  Result<int> port = http.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  const auto get = [&](const std::string& headers) {
+    return body_of(raw_exchange(*port, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+                                           headers + "\r\n"));
+  };
+  EXPECT_EQ(get("x-rolloutcore-rollout-id:  a%20b \r\n"), "a%20b");
+  EXPECT_EQ(get("X-RolloutCore-Rollout-Id: a\r\nX-RolloutCore-Rollout-Id: b\r\n"), "dup");
+  EXPECT_EQ(get(""), "none");
+  EXPECT_TRUE(http.Stop(5000));
+}
+
+// Proves the server alone (no Service): with one event-loop thread and 16 tricklers a plain
+// route keeps answering, and tricklers get 408 at the header deadline. Catches: a thread per
+// waiting connection, a missing header deadline, a server that never hands complete requests
+// over.
 TEST(ConnectionGate, GatedServerServesWhileTricklersWait) {
-  auto routes = GatedHttpServer::MakeRoutesServer();
-  routes->Get("/ping", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("pong", "text/plain");
-  });
-  GateOptions o;
-  o.workers = 2;
+  HttpServerOptions o;
+  o.io_threads = 1;
   o.connections_max = 64;
   o.header_timeout_ms = 1000;
   o.idle_timeout_ms = 5000;
-  GatedHttpServer http(*routes, o);
-  const int port = http.Bind("127.0.0.1", 0, 128);
+  HttpServer http(o, EchoRoutes());
+  Result<int> bound = http.Start();
+  ASSERT_TRUE(bound.ok());
+  const int port = *bound;
   ASSERT_GT(port, 0);
-  http.Start();
   std::vector<int> tricklers;
   for (int i = 0; i < 16; ++i) {
     tricklers.push_back(connect_loopback(port));
@@ -369,8 +392,8 @@ TEST(ConnectionGate, GatedServerServesWhileTricklersWait) {
     ::close(fd);
   }
   EXPECT_GE(ms_since(t0), 900);
-  EXPECT_EQ(http.gate().counters().header_timeouts.load(), 16u);
-  EXPECT_TRUE(http.Stop(Clock::now() + std::chrono::seconds(5)));
+  EXPECT_EQ(http.counters().header_timeouts.load(), 16u);
+  EXPECT_TRUE(http.Stop(5000));
 }
 
 }  // namespace

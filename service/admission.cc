@@ -1,0 +1,366 @@
+// Admission and finish: the two journal writes every rollout makes, blocking (trainer API,
+// lease expiry) and completion-based (the proxy's event loop never waits on a group commit).
+//
+// Both forms share one step each (TryAdmit, SubmitFinishFrom): the journal decides every
+// admission against its own folded state under its lock, so a stale view can only cost a retry,
+// never admit past the start of a drain; a finish is never dropped (a full queue is retried with
+// a bounded backoff, and a journal that cannot make it durable fail-stops the executor).
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <spdlog/spdlog.h>
+
+#include "service/service.h"
+#include "statemachine/text.h"
+
+namespace rc::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace asio = boost::asio;
+
+constexpr std::uint32_t kAdmitAttemptsMax = 1000;  // races with the journal's decision
+constexpr std::uint64_t kAdmitPollMs = 20;         // a waiting admission looks again this often
+constexpr std::uint32_t kFinishBackoffMsMax = 50;
+
+std::uint64_t us_since(Clock::time_point t) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
+}
+
+std::int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool is_journal_failure(const Status& st) {
+  return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
+         st.code() == Code::kTimeout;
+}
+
+std::string esc(const std::string& s) { return text::escape_line(s); }
+
+}  // namespace
+
+// ---- admission ----
+
+Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms,
+                                     std::uint32_t attempt) {
+  RC_CHECK(lease_ms == 0 || (lease_ms >= kRolloutLeaseMsMin && lease_ms <= kRolloutLeaseMsMax));
+  AdmitStep step;
+  const auto refuse = [&step](AdmitRefusal r) {
+    step.kind = AdmitStep::kRefused;
+    step.refusal = std::move(r);
+    return step;
+  };
+  if (failed()) {
+    metrics_.admission_rejected_failed++;
+    return refuse({503, "failed", "the executor has fail-stopped: " + failure(), 0});
+  }
+  if (shutting_down_.load()) {
+    metrics_.admission_rejected_shutdown++;
+    return refuse({503, "shutting_down", "the executor is shutting down", config_.retry_after_s});
+  }
+  // The cached view on the first look; a fresh copy after a refusal or while waiting.
+  const std::shared_ptr<const State> view = AdmitView(/*fresh=*/attempt > 0);
+  const State& s = *view;
+  if (s.lifecycle == Lifecycle::kTainted) {
+    metrics_.admission_rejected_tainted++;
+    const std::string why = s.taint ? std::string(cause_name(s.taint->cause)) + " during " +
+                                          lifecycle_name(s.taint->from) + " of update '" +
+                                          s.taint->update_id + "': " + s.taint->detail
+                                    : "no taint record";
+    return refuse({503, "tainted", "engine is TAINTED; no rollouts are admitted (" + why + ")", 0});
+  }
+  if (!admits(s)) {
+    step.kind = AdmitStep::kWait;
+    step.waiting_on = std::string("engine is ") + lifecycle_name(s.lifecycle) +
+                      (s.update ? " (update '" + s.update->update_id + "')" : "") + ": " +
+                      admission_block_reason(s);
+    return step;
+  }
+  step.binding = make_admission(s, rollout_id, lease_ms);
+  auto submitted = journal_->Submit(step.binding, wall_ms());
+  if (submitted.ok()) {
+    step.kind = AdmitStep::kSubmitted;
+    step.ticket = submitted->ticket;
+    return step;
+  }
+  const Status& st = submitted.status();
+  if (st.code() == Code::kBusy) {
+    // The group-commit queue is full: back-pressure on admission, never on finishing.
+    metrics_.admission_rejected_overloaded++;
+    return refuse({503, "overloaded", "journal busy: " + st.message(),
+                   std::max<std::uint32_t>(1, config_.retry_after_s)});
+  }
+  if (is_journal_failure(st)) {
+    FailStop("admission '" + rollout_id + "' refused by the journal: " + st.ToString());
+    metrics_.admission_rejected_failed++;
+    return refuse({503, "failed", "journal failed: " + st.ToString(), 0});
+  }
+  if (st.code() == Code::kConflict) return refuse({409, "conflict", st.message(), 0});
+  if (st.code() == Code::kInvalidArgument) return refuse({400, "invalid", st.message(), 0});
+  if (st.code() != Code::kRejected || attempt >= kAdmitAttemptsMax ||
+      (attempt > 0 && s.active.size() >= kActiveRolloutsMax)) {  // a fresh view's count
+    return refuse({503, "unavailable", st.message(), config_.retry_after_s});
+  }
+  step.kind = AdmitStep::kAgain;  // the state moved between our read and the journal's decision
+  return step;
+}
+
+Service::AdmitResult Service::Admitted(AdmitStep step, const Status& durable,
+                                       Clock::time_point t0) {
+  RC_CHECK(step.kind == AdmitStep::kSubmitted);
+  metrics_.journal_append.ObserveUs(us_since(t0));
+  AdmitResult out;
+  if (!durable.ok()) {
+    // Durable or not, nobody was told: recovery records it abandoned if it is.
+    FailStop("commit of admission '" + step.binding.rollout_id + "' failed: " +
+             durable.ToString());
+    metrics_.admission_rejected_failed++;
+    out.refusal = {503, "failed", "journal commit failed: " + durable.ToString(), 0};
+    return out;
+  }
+  metrics_.admissions++;
+  const journal::AppendResult& r = step.ticket.result;
+  out.admitted = Admission{std::move(step.binding), r.first_seq,
+                           DurableHead{r.last_seq, r.last_hash}};
+  return out;
+}
+
+AdmitRefusal Service::NotAdmittedWithin(const AdmitStep& step, std::uint64_t wait_ms) {
+  RC_CHECK(step.kind == AdmitStep::kWait);
+  metrics_.admission_rejected_unavailable++;
+  return {503, "unavailable",
+          step.waiting_on + "; not admitting within " + std::to_string(wait_ms) + " ms",
+          config_.retry_after_s};
+}
+
+Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t wait_ms,
+                                   std::uint32_t lease_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+  for (std::uint32_t attempt = 0;; ++attempt) {
+    const auto t0 = Clock::now();
+    AdmitStep step = TryAdmit(rollout_id, lease_ms, attempt);
+    switch (step.kind) {
+      case AdmitStep::kRefused: return AdmitResult{std::nullopt, std::move(step.refusal)};
+      case AdmitStep::kAgain: continue;
+      case AdmitStep::kSubmitted: {
+        const Status durable = journal_->Wait(step.ticket);
+        return Admitted(std::move(step), durable, t0);
+      }
+      case AdmitStep::kWait: break;
+    }
+    std::unique_lock<std::mutex> lock(lifecycle_mu_);
+    if (Clock::now() >= deadline) {
+      return AdmitResult{std::nullopt, NotAdmittedWithin(step, wait_ms)};
+    }
+    // Woken by every runner decision; the poll cap makes a missed wake-up harmless.
+    lifecycle_cv_.wait_until(
+        lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(kAdmitPollMs)));
+  }
+}
+
+// One asynchronous admission: looks, waits on a timer while the engine cannot admit, and hands
+// the result to `done` on `executor` once the admission is durable (or refused).
+struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
+  AsyncAdmission(Service& s, std::string id, std::uint64_t wait, asio::any_io_executor ex,
+                 AdmitDone fn)
+      : svc(s), rollout_id(std::move(id)), wait_ms(wait), executor(std::move(ex)),
+        timer(executor), done(std::move(fn)),
+        deadline(Clock::now() + std::chrono::milliseconds(wait)) {}
+
+  void Step() {
+    for (;; ++attempt) {
+      const auto t0 = Clock::now();
+      AdmitStep step = svc.TryAdmit(rollout_id, 0, attempt);
+      switch (step.kind) {
+        case AdmitStep::kRefused: return Done(AdmitResult{std::nullopt, std::move(step.refusal)});
+        case AdmitStep::kAgain: continue;
+        case AdmitStep::kSubmitted: return AwaitDurable(std::move(step), t0);
+        case AdmitStep::kWait: return WaitForReady(std::move(step));
+      }
+    }
+  }
+  void AwaitDurable(AdmitStep step, Clock::time_point t0) {
+    const journal::Ticket ticket = step.ticket;
+    auto self = shared_from_this();
+    svc.journal_->WaitAsync(ticket, [self, step = std::move(step), t0](Status durable) mutable {
+      asio::post(self->executor, [self, step = std::move(step), t0, durable]() mutable {
+        self->Done(self->svc.Admitted(std::move(step), durable, t0));
+      });
+    });
+  }
+  void WaitForReady(AdmitStep step) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return Done(AdmitResult{std::nullopt, svc.NotAdmittedWithin(step, wait_ms)});
+    }
+    ++attempt;
+    timer.expires_at(std::min(deadline, now + std::chrono::milliseconds(kAdmitPollMs)));
+    timer.async_wait([self = shared_from_this()](boost::system::error_code) { self->Step(); });
+  }
+  void Done(AdmitResult r) {
+    RC_CHECK(done != nullptr);  // exactly once
+    AdmitDone fn = std::move(done);
+    done = nullptr;
+    fn(std::move(r));
+  }
+
+  Service& svc;
+  const std::string rollout_id;
+  const std::uint64_t wait_ms;
+  asio::any_io_executor executor;
+  asio::steady_timer timer;
+  AdmitDone done;
+  const Clock::time_point deadline;
+  std::uint32_t attempt = 0;
+};
+
+void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
+                         const asio::any_io_executor& executor, AdmitDone done) {
+  auto job = std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor,
+                                              std::move(done));
+  job->Step();
+}
+
+// ---- finish ----
+
+// Submits records[from..] in order until one meets a full queue (returns kBusy with `from` at
+// it), all are enqueued (OK, `ticket` the last one's), or the finish cannot be recorded.
+Status Service::SubmitFinishFrom(FinishRecords& f) {
+  for (; f.next < f.records.size(); ++f.next) {
+    if (failed()) return Status::Unavailable("the executor has fail-stopped: " + failure());
+    const bool is_finish = f.next + 1 == f.records.size();
+    auto submitted = journal_->Submit(f.records[f.next], wall_ms());
+    if (submitted.ok()) {
+      f.ticket = submitted->ticket;
+      continue;
+    }
+    const Status& st = submitted.status();
+    if (st.code() == Code::kBusy) return st;
+    if (is_journal_failure(st)) {
+      FailStop(std::string(is_finish ? "finish" : "trajectory") + " of rollout '" + f.rollout_id +
+               "' refused: " + st.ToString());
+      return Status::Unavailable("the executor has fail-stopped: " + failure());
+    }
+    if (is_finish) return st;  // NotFound (not active), InvalidArgument
+    // Malformed, or the rollout is not active: the part is lost, the finish is not.
+    spdlog::warn("serve: trajectory part of rollout {} not journaled: {}", esc(f.rollout_id),
+                 esc(st.ToString()));
+    if (st.code() == Code::kNotFound) f.next = f.records.size() - 2;  // straight to the finish
+  }
+  RC_CHECK(f.ticket.has_value());
+  return Status::OK();
+}
+
+Service::FinishRecords Service::MakeFinish(const std::string& rollout_id, RolloutOutcome outcome,
+                                           std::uint32_t prompt_tokens,
+                                           std::uint32_t completion_tokens,
+                                           const std::vector<TrajectoryRecorded>& parts) {
+  FinishRecords f;
+  f.rollout_id = rollout_id;
+  f.outcome = outcome;
+  f.t0 = Clock::now();
+  f.deadline = f.t0 + std::chrono::milliseconds(config_.finish_retry_ms);
+  for (const TrajectoryRecorded& part : parts) {
+    RC_CHECK(part.rollout_id == rollout_id);
+    f.records.emplace_back(part);
+  }
+  f.records.emplace_back(RolloutFinished{rollout_id, outcome, prompt_tokens, completion_tokens});
+  return f;
+}
+
+// A full queue past finish_retry_ms fail-stops; otherwise the next backoff (1..50 ms).
+Status Service::FinishBackoff(FinishRecords& f, const Status& busy) {
+  if (Clock::now() >= f.deadline) {
+    FailStop("the finish of rollout '" + f.rollout_id + "' stayed un-journaled for " +
+             std::to_string(config_.finish_retry_ms) + " ms (" + busy.message() + ")");
+    return Status::Unavailable("the executor has fail-stopped: " + failure());
+  }
+  metrics_.finish_retries++;
+  f.backoff_ms = std::min(kFinishBackoffMsMax, std::max<std::uint32_t>(1, f.backoff_ms * 2));
+  return Status::OK();
+}
+
+Status Service::FinishCommitted(FinishRecords& f, const Status& durable) {
+  metrics_.journal_append.ObserveUs(us_since(f.t0));
+  if (!durable.ok()) {
+    FailStop("commit of the finish of rollout '" + f.rollout_id + "' failed: " +
+             durable.ToString());
+    return Status::Unavailable("the executor has fail-stopped: " + failure());
+  }
+  {
+    std::lock_guard<std::mutex> g(lease_mu_);
+    lease_deadline_ms_.erase(f.rollout_id);
+  }
+  if (f.outcome == RolloutOutcome::kCompleted) {
+    metrics_.finishes_completed++;
+  } else {
+    metrics_.finishes_aborted++;
+  }
+  return Status::OK();
+}
+
+Status Service::FinishDurably(const std::string& rollout_id, RolloutOutcome outcome,
+                              std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+                              const std::vector<TrajectoryRecorded>& parts) {
+  FinishRecords f = MakeFinish(rollout_id, outcome, prompt_tokens, completion_tokens, parts);
+  for (;;) {
+    Status st = SubmitFinishFrom(f);
+    if (st.ok()) break;
+    if (st.code() != Code::kBusy) return st;
+    if (Status next = FinishBackoff(f, st); !next.ok()) return next;
+    std::this_thread::sleep_for(std::chrono::milliseconds(f.backoff_ms));
+  }
+  return FinishCommitted(f, journal_->Wait(*f.ticket));
+}
+
+struct Service::AsyncFinish : std::enable_shared_from_this<AsyncFinish> {
+  AsyncFinish(Service& s, FinishRecords r, asio::any_io_executor ex, FinishDone fn)
+      : svc(s), f(std::move(r)), executor(std::move(ex)), timer(executor), done(std::move(fn)) {}
+
+  void Step() {
+    Status st = svc.SubmitFinishFrom(f);
+    if (st.code() == Code::kBusy) return Backoff(st);
+    if (!st.ok()) return Done(st);
+    svc.journal_->WaitAsync(*f.ticket, [self = shared_from_this()](Status durable) {
+      asio::post(self->executor, [self, durable] {
+        self->Done(self->svc.FinishCommitted(self->f, durable));
+      });
+    });
+  }
+  void Backoff(const Status& busy) {
+    if (Status next = svc.FinishBackoff(f, busy); !next.ok()) return Done(next);
+    timer.expires_after(std::chrono::milliseconds(f.backoff_ms));
+    timer.async_wait([self = shared_from_this()](boost::system::error_code) { self->Step(); });
+  }
+  void Done(const Status& st) {
+    RC_CHECK(done != nullptr);  // exactly once
+    FinishDone fn = std::move(done);
+    done = nullptr;
+    fn(st);
+  }
+
+  Service& svc;
+  FinishRecords f;
+  asio::any_io_executor executor;
+  asio::steady_timer timer;
+  FinishDone done;
+};
+
+void Service::FinishAsync(const std::string& rollout_id, RolloutOutcome outcome,
+                          std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+                          const std::vector<TrajectoryRecorded>& parts,
+                          const asio::any_io_executor& executor, FinishDone done) {
+  auto job = std::make_shared<AsyncFinish>(
+      *this, MakeFinish(rollout_id, outcome, prompt_tokens, completion_tokens, parts), executor,
+      std::move(done));
+  job->Step();
+}
+
+}  // namespace rc::service

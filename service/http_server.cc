@@ -1,0 +1,749 @@
+#include "service/http_server.h"
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/http/chunk_encode.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+#include <spdlog/spdlog.h>
+
+#include "service/http_util.h"
+#include "statemachine/text.h"
+
+namespace rc::service {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using tcp = asio::ip::tcp;
+using Strand = asio::strand<asio::io_context::executor_type>;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr std::size_t kReadChunkBytes = 4096;
+constexpr std::uint64_t kLingerMs = 1000;  // after a final answer, until the client's EOF
+
+std::string_view split_path(std::string_view target) {
+  const std::size_t q = target.find('?');
+  return q == std::string_view::npos ? target : target.substr(0, q);
+}
+
+std::vector<std::string_view> segments_of(std::string_view path) {
+  std::vector<std::string_view> out;
+  std::size_t pos = 0;
+  while (pos <= path.size()) {
+    std::size_t next = path.find('/', pos);
+    if (next == std::string_view::npos) next = path.size();
+    out.push_back(path.substr(pos, next - pos));
+    pos = next + 1;
+  }
+  return out;
+}
+
+std::optional<std::string_view> query_value(std::string_view target, std::string_view key) {
+  const std::size_t q = target.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  for (std::string_view rest = target.substr(q + 1); !rest.empty();) {
+    const std::size_t amp = rest.find('&');
+    const std::string_view pair = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    const std::size_t eq = pair.find('=');
+    if (pair.substr(0, eq) != key) continue;
+    return eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+  }
+  return std::nullopt;
+}
+
+// %XX decoded (and '+' as a space in queries); a malformed escape is kept as it is.
+std::string percent_decode(std::string_view in, bool plus_is_space) {
+  std::string out;
+  out.reserve(in.size());
+  const auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%' && i + 2 < in.size() && hex(in[i + 1]) >= 0 && hex(in[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(plus_is_space && in[i] == '+' ? ' ' : in[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+HttpResponse MakeResponse(int status, std::string body, std::string_view content_type) {
+  HttpResponse res;
+  SetBody(res, status, std::move(body), content_type);
+  return res;
+}
+
+void SetBody(HttpResponse& res, int status, std::string body, std::string_view content_type) {
+  res.result(static_cast<unsigned>(status));
+  res.set(bhttp::field::content_type, content_type);
+  res.body() = std::move(body);
+}
+
+// ---- Session: one connection ----
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(HttpServer& server, tcp::socket socket, Strand strand)
+      : server_(server), strand_(std::move(strand)), socket_(std::move(socket)), timer_(strand_) {}
+  ~Session() {
+    Uncount();
+    server_.SessionClosed(this);
+  }
+
+  void Start() { ReadRequest(); }
+  void Close();
+  // A connection-level refusal (before any exchange): answered, then closed.
+  void Refuse(int status, const std::string& type, const std::string& message);
+
+  // Exchange operations; all on the strand.
+  bool Live(std::uint64_t serial) const { return serial == serial_ && !answered_ && !closed_; }
+  const HttpRequest& request() const { return request_; }
+  void Respond(std::uint64_t serial, HttpResponse res);
+  void StartStream(std::uint64_t serial, HttpResponse head, Exchange::WriteDone done);
+  void Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone done);
+  void End(std::uint64_t serial, std::string last_bytes);
+  void WatchClient(std::uint64_t serial, std::function<void()> on_gone);
+  const Strand& strand() const { return strand_; }
+
+ private:
+  void ReadRequest();
+  void OnFirstBytes(beast::error_code ec, std::size_t n);
+  void ReadHead();
+  void OnHead(beast::error_code ec, std::size_t);
+  void ReadBody();
+  void OnBody(beast::error_code ec, std::size_t);
+  void OnRequest();
+  void Linger();
+  // Releases this connection's place in connections_max: at close, or once it only lingers.
+  void Uncount() {
+    if (counted_) server_.mutable_counters().open_connections--;
+    counted_ = false;
+  }
+  void OnResponseWritten(beast::error_code ec);
+  void AfterExchange();
+  void OnWatch(beast::error_code ec, std::size_t n);
+  void StopWatching();
+  void WriteChunk(std::string bytes, std::function<void(beast::error_code)> then);
+  bool KeepReading() const { return keep_alive_ && !peer_closed_ && !closed_; }
+
+  // Deadlines: one timer, armed for one phase at a time. A read phase that expires cancels the
+  // read (its handler answers 408); a write that expires closes the socket.
+  enum class Phase : std::uint8_t { kIdle, kHead, kBody, kWrite };
+  void Arm(Phase phase, std::uint64_t ms);
+  void Disarm();
+  bool Expired(Phase phase) const { return expired_ && expired_phase_ == phase; }
+
+  HttpServer& server_;
+  Strand strand_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::uint64_t armed_ = 0;  // generation of the armed deadline
+  Phase expired_phase_ = Phase::kIdle;
+  bool expired_ = false;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  HttpRequest request_;
+  std::uint64_t serial_ = 0;
+  bool answered_ = true;  // no exchange open
+  bool first_request_ = true;
+  bool keep_alive_ = true;
+  bool closed_ = false;
+  bool peer_closed_ = false;  // the client's half is closed: answer, then close
+  bool counted_ = true;       // holds a place in connections_max
+
+  std::unique_ptr<HttpResponse> out_;  // the response being written
+  std::unique_ptr<bhttp::response<bhttp::empty_body>> stream_head_;
+  std::unique_ptr<bhttp::response_serializer<bhttp::empty_body>> stream_sr_;
+  std::string out_chunk_;
+
+  // Client watch: a read of the socket while the handler works (watch_buf_ is its only buffer).
+  std::array<char, kReadChunkBytes> watch_buf_{};
+  bool watch_pending_ = false;
+  bool read_after_watch_ = false;  // the next request's read waits for the watch read's end
+  std::function<void()> on_gone_;
+};
+
+void Session::ReadRequest() {
+  RC_CHECK(answered_ && !watch_pending_);
+  if (closed_) return;
+  parser_.emplace();
+  parser_->header_limit(static_cast<std::uint32_t>(server_.options().header_bytes_max));
+  parser_->body_limit(server_.options().body_bytes_max);
+  if (buffer_.size() > 0) return ReadHead();
+  Arm(Phase::kIdle, server_.options().idle_timeout_ms);
+  socket_.async_read_some(buffer_.prepare(kReadChunkBytes),
+                          beast::bind_front_handler(&Session::OnFirstBytes, shared_from_this()));
+}
+
+void Session::OnFirstBytes(beast::error_code ec, std::size_t n) {
+  Disarm();
+  if (Expired(Phase::kIdle)) {
+    server_.mutable_counters().idle_timeouts++;
+    // A keep-alive connection idles out silently; a fresh one that never spoke is told.
+    if (first_request_) return Refuse(408, "timeout", "no request within idle_timeout_ms");
+    return Close();
+  }
+  if (ec) return Close();
+  buffer_.commit(n);
+  ReadHead();
+}
+
+void Session::ReadHead() {
+  Arm(Phase::kHead, server_.options().header_timeout_ms);
+  bhttp::async_read_header(socket_, buffer_, *parser_,
+                           beast::bind_front_handler(&Session::OnHead, shared_from_this()));
+}
+
+void Session::OnHead(beast::error_code ec, std::size_t) {
+  Disarm();
+  if (Expired(Phase::kHead)) {
+    server_.mutable_counters().header_timeouts++;
+    return Refuse(408, "timeout", "request head not complete within header_timeout_ms");
+  }
+  if (ec == bhttp::error::header_limit) {
+    return Refuse(431, "too_large", "request head exceeds " +
+                                        std::to_string(server_.options().header_bytes_max) +
+                                        " bytes");
+  }
+  if (ec == bhttp::error::body_limit) {
+    return Refuse(413, "too_large", "request body exceeds body_bytes_max");
+  }
+  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+      ec == asio::error::connection_reset) {
+    return Close();
+  }
+  if (ec) {
+    server_.mutable_counters().bad_requests++;
+    return Refuse(400, "bad_request", "malformed HTTP request: " + ec.message());
+  }
+  const auto& head = parser_->get();
+  if (head[bhttp::field::expect] == "100-continue" && !parser_->is_done()) {
+    out_chunk_ = "HTTP/1.1 100 Continue\r\n\r\n";
+    Arm(Phase::kWrite, server_.options().write_timeout_ms);
+    asio::async_write(socket_, asio::buffer(out_chunk_),
+                      [self = shared_from_this()](beast::error_code wec, std::size_t) {
+                        self->Disarm();
+                        if (wec) return self->Close();
+                        self->ReadBody();
+                      });
+    return;
+  }
+  ReadBody();
+}
+
+void Session::ReadBody() {
+  if (parser_->is_done()) return OnRequest();
+  Arm(Phase::kBody, server_.options().body_timeout_ms);
+  bhttp::async_read(socket_, buffer_, *parser_,
+                    beast::bind_front_handler(&Session::OnBody, shared_from_this()));
+}
+
+void Session::OnBody(beast::error_code ec, std::size_t) {
+  Disarm();
+  if (Expired(Phase::kBody)) {
+    server_.mutable_counters().body_timeouts++;
+    return Refuse(408, "timeout", "request body not complete within body_timeout_ms");
+  }
+  if (ec == bhttp::error::body_limit) {
+    return Refuse(413, "too_large", "request body exceeds body_bytes_max");
+  }
+  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+      ec == asio::error::connection_reset) {
+    return Close();
+  }
+  if (ec) {
+    server_.mutable_counters().bad_requests++;
+    return Refuse(400, "bad_request", "malformed HTTP request body: " + ec.message());
+  }
+  OnRequest();
+}
+
+void Session::OnRequest() {
+  request_ = parser_->release();
+  parser_.reset();
+  first_request_ = false;
+  keep_alive_ = request_.keep_alive();
+  answered_ = false;
+  ++serial_;
+  server_.Dispatch(Exchange(shared_from_this(), serial_));
+}
+
+void Session::Refuse(int status, const std::string& type, const std::string& message) {
+  RC_CHECK(answered_);
+  keep_alive_ = false;
+  answered_ = false;
+  ++serial_;
+  Respond(serial_, ErrorResponse(status, type, message));
+}
+
+void Session::Respond(std::uint64_t serial, HttpResponse res) {
+  if (!Live(serial)) return;
+  answered_ = true;
+  StopWatching();
+  out_ = std::make_unique<HttpResponse>(std::move(res));
+  out_->version(11);
+  out_->keep_alive(KeepReading());
+  out_->prepare_payload();
+  Arm(Phase::kWrite, server_.options().write_timeout_ms);
+  bhttp::async_write(socket_, *out_, [self = shared_from_this()](beast::error_code ec,
+                                                                 std::size_t) {
+    self->Disarm();
+    self->OnResponseWritten(ec);
+  });
+}
+
+void Session::OnResponseWritten(beast::error_code ec) {
+  out_.reset();
+  if (Expired(Phase::kWrite)) server_.mutable_counters().write_timeouts++;
+  if (ec) return Close();
+  AfterExchange();
+}
+
+void Session::AfterExchange() {
+  if (!KeepReading()) return Linger();
+  if (watch_pending_) {
+    read_after_watch_ = true;  // OnWatch continues once the cancelled read has returned
+    return;
+  }
+  ReadRequest();
+}
+
+// Closing a socket with unread input sends a reset that can destroy the answer before the
+// client read it: half-close, then drain what the client still sends for a bounded time.
+void Session::Linger() {
+  Uncount();
+  beast::error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_send, ignored);
+  if (closed_ || peer_closed_ || watch_pending_) return Close();
+  Arm(Phase::kIdle, kLingerMs);
+  socket_.async_read_some(asio::buffer(watch_buf_),
+                          [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                            self->Disarm();
+                            if (ec || self->expired_) return self->Close();
+                            self->Linger();
+                          });
+}
+
+void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::WriteDone done) {
+  if (!Live(serial)) return;
+  stream_head_ = std::make_unique<bhttp::response<bhttp::empty_body>>();
+  stream_head_->base() = head.base();
+  stream_head_->version(11);
+  stream_head_->keep_alive(KeepReading());
+  stream_head_->chunked(true);
+  stream_sr_ = std::make_unique<bhttp::response_serializer<bhttp::empty_body>>(*stream_head_);
+  Arm(Phase::kWrite, server_.options().write_timeout_ms);
+  bhttp::async_write_header(
+      socket_, *stream_sr_,
+      [self = shared_from_this(), serial, done = std::move(done)](beast::error_code ec,
+                                                                 std::size_t) {
+        self->Disarm();
+        if (self->Expired(Phase::kWrite)) self->server_.mutable_counters().write_timeouts++;
+        done(!ec && self->Live(serial));
+      });
+}
+
+void Session::WriteChunk(std::string bytes, std::function<void(beast::error_code)> then) {
+  out_chunk_ = std::move(bytes);
+  Arm(Phase::kWrite, server_.options().write_timeout_ms);
+  asio::async_write(socket_, bhttp::make_chunk(asio::buffer(out_chunk_)),
+                    [self = shared_from_this(), then = std::move(then)](beast::error_code ec,
+                                                                        std::size_t) {
+                      self->Disarm();
+                      if (self->Expired(Phase::kWrite)) {
+                        self->server_.mutable_counters().write_timeouts++;
+                      }
+                      then(ec);
+                    });
+}
+
+void Session::Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone done) {
+  if (!Live(serial) || stream_sr_ == nullptr) return done(false);
+  RC_CHECK(!bytes.empty());  // an empty chunk would end the chunked body
+  WriteChunk(std::move(bytes), [self = shared_from_this(), serial,
+                                done = std::move(done)](beast::error_code ec) {
+    if (ec) self->Close();
+    done(!ec && self->Live(serial));
+  });
+}
+
+void Session::End(std::uint64_t serial, std::string last_bytes) {
+  if (!Live(serial) || stream_sr_ == nullptr) return;
+  answered_ = true;
+  StopWatching();
+  auto finish = [self = shared_from_this()](beast::error_code ec) {
+    if (ec) return self->Close();
+    self->Arm(Phase::kWrite, self->server_.options().write_timeout_ms);
+    asio::async_write(self->socket_, bhttp::make_chunk_last(),
+                      [self](beast::error_code wec, std::size_t) {
+                        self->Disarm();
+                        self->stream_sr_.reset();
+                        self->stream_head_.reset();
+                        self->OnResponseWritten(wec);
+                      });
+  };
+  if (last_bytes.empty()) return finish(beast::error_code());
+  WriteChunk(std::move(last_bytes), std::move(finish));
+}
+
+void Session::WatchClient(std::uint64_t serial, std::function<void()> on_gone) {
+  if (!Live(serial) || watch_pending_ || peer_closed_) return;
+  on_gone_ = std::move(on_gone);
+  watch_pending_ = true;
+  socket_.async_read_some(
+      asio::buffer(watch_buf_),
+      beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
+}
+
+void Session::OnWatch(beast::error_code ec, std::size_t n) {
+  watch_pending_ = false;
+  if (n > 0) {  // the client's next request, early: kept for it
+    auto dst = buffer_.prepare(n);
+    asio::buffer_copy(dst, asio::buffer(watch_buf_.data(), n));
+    buffer_.commit(n);
+  }
+  std::function<void()> gone = std::move(on_gone_);
+  on_gone_ = nullptr;
+  if (ec && ec != asio::error::operation_aborted) {
+    peer_closed_ = true;
+    if (!answered_ && gone) gone();
+  }
+  if (read_after_watch_) {
+    read_after_watch_ = false;
+    if (KeepReading()) return ReadRequest();
+    return Close();
+  }
+}
+
+void Session::StopWatching() {
+  on_gone_ = nullptr;
+  if (!watch_pending_) return;
+  beast::error_code ignored;
+  socket_.cancel(ignored);
+}
+
+void Session::Close() {
+  if (closed_) return;
+  closed_ = true;
+  on_gone_ = nullptr;
+  Disarm();
+  Uncount();
+  beast::error_code ignored;
+  socket_.close(ignored);
+}
+
+void Session::Arm(Phase phase, std::uint64_t ms) {
+  const std::uint64_t generation = ++armed_;
+  expired_ = false;
+  timer_.expires_after(milliseconds(ms));
+  timer_.async_wait([self = shared_from_this(), phase, generation](beast::error_code ec) {
+    if (ec || generation != self->armed_) return;  // disarmed or re-armed meanwhile
+    self->expired_ = true;
+    self->expired_phase_ = phase;
+    beast::error_code ignored;
+    if (phase == Phase::kWrite) return self->Close();
+    self->socket_.cancel(ignored);  // the read completes with operation_aborted
+  });
+}
+
+void Session::Disarm() {
+  ++armed_;
+  timer_.cancel();
+}
+
+// ---- Exchange ----
+
+Exchange::Exchange(std::shared_ptr<Session> session, std::uint64_t serial)
+    : session_(std::move(session)), serial_(serial) {}
+
+const HttpRequest& Exchange::request() const { return session_->request(); }
+
+std::string_view Exchange::path() const {
+  const auto t = request().target();
+  return split_path(std::string_view(t.data(), t.size()));
+}
+
+std::optional<std::string_view> Exchange::query(std::string_view key) const {
+  const auto t = request().target();
+  return query_value(std::string_view(t.data(), t.size()), key);
+}
+
+std::optional<std::string_view> Exchange::header(std::string_view name, bool* duplicate) const {
+  const auto range = request().equal_range(beast::string_view(name.data(), name.size()));
+  if (range.first == range.second) return std::nullopt;
+  const bool dup = std::next(range.first) != range.second;
+  if (duplicate != nullptr) *duplicate = dup;
+  const auto v = range.first->value();
+  return std::string_view(v.data(), v.size());
+}
+
+void Exchange::Respond(HttpResponse response) {
+  RC_CHECK(session_->strand().running_in_this_thread());
+  session_->Respond(serial_, std::move(response));
+}
+
+void Exchange::StartStream(HttpResponse head, WriteDone done) {
+  RC_CHECK(session_->strand().running_in_this_thread());
+  session_->StartStream(serial_, std::move(head), std::move(done));
+}
+
+void Exchange::Write(std::string bytes, WriteDone done) {
+  RC_CHECK(session_->strand().running_in_this_thread());
+  session_->Write(serial_, std::move(bytes), std::move(done));
+}
+
+void Exchange::End(std::string last_bytes) {
+  RC_CHECK(session_->strand().running_in_this_thread());
+  session_->End(serial_, std::move(last_bytes));
+}
+
+void Exchange::WatchClient(std::function<void()> on_gone) {
+  RC_CHECK(session_->strand().running_in_this_thread());
+  session_->WatchClient(serial_, std::move(on_gone));
+}
+
+asio::any_io_executor Exchange::executor() const { return session_->strand(); }
+
+void Exchange::Post(std::function<void()> fn) const { asio::post(session_->strand(), std::move(fn)); }
+
+bool Exchange::live() const { return session_->Live(serial_); }
+
+std::optional<std::string> ApiRequest::query(std::string_view key) const {
+  const auto t = message.target();
+  auto v = query_value(std::string_view(t.data(), t.size()), key);
+  if (!v) return std::nullopt;
+  return percent_decode(*v, /*plus_is_space=*/true);
+}
+
+std::string ApiRequest::header(std::string_view name) const {
+  const auto it = message.find(beast::string_view(name.data(), name.size()));
+  return it == message.end() ? std::string() : std::string(it->value());
+}
+
+// ---- HttpRouter ----
+
+void HttpRouter::Async(bhttp::verb method, std::string pattern, AsyncHandler handler) {
+  Route r{method, {}, std::move(handler), nullptr};
+  for (auto s : segments_of(pattern)) r.segments.emplace_back(s);
+  routes_.push_back(std::move(r));
+}
+
+void HttpRouter::Blocking(bhttp::verb method, std::string pattern, BlockingHandler handler) {
+  Route r{method, {}, nullptr, std::move(handler)};
+  for (auto s : segments_of(pattern)) r.segments.emplace_back(s);
+  routes_.push_back(std::move(r));
+}
+
+HttpRouter::Match HttpRouter::Find(bhttp::verb method, std::string_view path) const {
+  Match m;
+  const std::vector<std::string_view> segs = segments_of(path);
+  for (const Route& r : routes_) {
+    if (r.segments.size() != segs.size()) continue;
+    std::vector<std::string> captures;
+    bool ok = true;
+    for (std::size_t i = 0; ok && i < segs.size(); ++i) {
+      if (r.segments[i] == "*") {
+        ok = !segs[i].empty();
+        captures.push_back(percent_decode(segs[i], /*plus_is_space=*/false));
+      } else {
+        ok = r.segments[i] == segs[i];
+      }
+    }
+    if (!ok) continue;
+    m.path_known = true;
+    if (r.method != method) continue;
+    m.async = r.async ? &r.async : nullptr;
+    m.blocking = r.blocking ? &r.blocking : nullptr;
+    m.captures = std::move(captures);
+    return m;
+  }
+  if (fallback_) m.async = &fallback_;
+  return m;
+}
+
+// ---- HttpServer ----
+
+struct HttpServer::BlockingPool {
+  explicit BlockingPool(std::size_t threads) : pool(threads) {}
+  asio::thread_pool pool;
+  std::mutex mu;
+  std::condition_variable idle_cv;
+  std::size_t in_flight = 0;  // queued or running
+};
+
+HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
+    : options_(std::move(options)),
+      router_(std::move(router)),
+      acceptor_(io_),
+      blocking_(std::make_unique<BlockingPool>(options_.blocking_threads)) {
+  RC_CHECK(options_.io_threads >= 1 && options_.blocking_threads >= 1);
+  RC_CHECK(options_.connections_max >= 1 && options_.body_bytes_max >= 1);
+}
+
+HttpServer::~HttpServer() {
+  if (!io_threads_.empty()) (void)Stop(0);
+}
+
+Result<int> HttpServer::Start() {
+  RC_CHECK(io_threads_.empty());
+  beast::error_code ec;
+  const auto address = asio::ip::make_address(options_.host, ec);
+  if (ec) return Status::InvalidArgument("listen_host '" + options_.host + "': " + ec.message());
+  const tcp::endpoint endpoint(address, static_cast<std::uint16_t>(options_.port));
+  if (acceptor_.open(endpoint.protocol(), ec); ec) {
+    return Status::Unavailable("cannot open a socket: " + ec.message());
+  }
+  acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (acceptor_.bind(endpoint, ec); ec) {
+    return Status::Unavailable("cannot bind " + options_.host + ":" +
+                               std::to_string(options_.port) + ": " + ec.message());
+  }
+  if (acceptor_.listen(asio::socket_base::max_listen_connections, ec); ec) {
+    return Status::Unavailable("cannot listen: " + ec.message());
+  }
+  const int port = acceptor_.local_endpoint().port();
+  Accept();
+  for (std::size_t i = 0; i < options_.io_threads; ++i) {
+    io_threads_.emplace_back([this] {
+      for (;;) {
+        try {
+          io_.run();
+          return;
+        } catch (const std::exception& e) {  // a handler bug must not take the loop down
+          spdlog::critical("http: exception escaped a handler: {}", text::escape_line(e.what()));
+        }
+      }
+    });
+  }
+  return port;
+}
+
+void HttpServer::Accept() {
+  auto strand = asio::make_strand(io_);
+  acceptor_.async_accept(strand, [this, strand](beast::error_code ec, tcp::socket socket) {
+    if (stopping_.load() || !acceptor_.is_open()) return;
+    if (!ec) {
+      counters_.accepted++;
+      socket.set_option(tcp::no_delay(true), ec);
+      auto session = std::make_shared<Session>(*this, std::move(socket), strand);
+      const bool over = counters_.open_connections.fetch_add(1) >=
+                        static_cast<std::int64_t>(options_.connections_max);
+      {
+        std::lock_guard<std::mutex> g(sessions_mu_);
+        sessions_.emplace(session.get(), session);
+      }
+      if (over) counters_.refused_over_budget++;
+      asio::dispatch(strand, [session, over] {
+        if (over) return session->Refuse(503, "overloaded", "too many connections "
+                                         "(http_connections_max)");
+        session->Start();
+      });
+    }
+    Accept();
+  });
+}
+
+void HttpServer::SessionClosed(Session* session) {
+  std::lock_guard<std::mutex> g(sessions_mu_);
+  sessions_.erase(session);
+}
+
+void HttpServer::Dispatch(const Exchange& exchange) {
+  Exchange ex = exchange;
+  const HttpRouter::Match m = router_.Find(ex.request().method(), ex.path());
+  if (m.blocking != nullptr) return RunBlocking(m.blocking, m.captures, ex);
+  if (m.async == nullptr) {
+    const std::string method(ex.request().method_string());
+    return ex.Respond(ErrorResponse(404, "not_found",
+                                    "no route " + text::escape_line(method) + " " +
+                                        text::escape_line(std::string(ex.path()))));
+  }
+  try {
+    (*m.async)(ex);
+  } catch (const std::exception& e) {
+    spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
+    ex.Respond(ErrorResponse(500, "internal", "internal error"));
+  }
+}
+
+void HttpServer::RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
+                             Exchange exchange) {
+  {
+    std::lock_guard<std::mutex> g(blocking_->mu);
+    if (blocking_->in_flight >= options_.blocking_queue_max) {
+      counters_.blocking_refused++;
+      HttpResponse res = ErrorResponse(503, "overloaded", "too many trainer API calls in flight");
+      res.set(bhttp::field::retry_after, "1");
+      return exchange.Respond(std::move(res));
+    }
+    blocking_->in_flight++;
+  }
+  asio::post(blocking_->pool, [this, handler, captures = std::move(captures), exchange] {
+    HttpResponse res;
+    try {
+      const ApiRequest api{exchange.request(), captures, exchange};
+      (*handler)(api, res);
+    } catch (const std::exception& e) {
+      spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
+      res = ErrorResponse(500, "internal", "internal error");
+    }
+    exchange.Post([exchange, res = std::move(res)]() mutable {
+      Exchange ex = exchange;
+      ex.Respond(std::move(res));
+    });
+    std::lock_guard<std::mutex> g(blocking_->mu);
+    blocking_->in_flight--;
+    blocking_->idle_cv.notify_all();
+  });
+}
+
+bool HttpServer::Stop(std::uint64_t deadline_ms) {
+  if (stopping_.exchange(true)) return true;
+  asio::post(io_, [this] {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+  });
+  std::vector<std::shared_ptr<Session>> open;
+  {
+    std::lock_guard<std::mutex> g(sessions_mu_);
+    for (auto& [raw, weak] : sessions_) {
+      if (auto s = weak.lock()) open.push_back(std::move(s));
+    }
+  }
+  for (auto& s : open) asio::post(s->strand(), [s] { s->Close(); });
+  open.clear();
+  bool drained = false;
+  {
+    std::unique_lock<std::mutex> l(blocking_->mu);
+    drained = blocking_->idle_cv.wait_for(l, milliseconds(deadline_ms),
+                                          [&] { return blocking_->in_flight == 0; });
+  }
+  io_.stop();
+  for (auto& t : io_threads_) t.join();
+  io_threads_.clear();
+  if (!drained) return false;  // the pool's threads still run handlers: not joined
+  blocking_->pool.join();
+  return true;
+}
+
+}  // namespace rc::service

@@ -1,0 +1,200 @@
+// HttpServer: the event-driven HTTP/1.1 front of `rolloutcore serve` (Boost.Beast over Asio).
+//
+// Why Beast: it is a protocol layer, not a framework — it parses and serialises HTTP/1.1 with
+// explicit limits and leaves the event loop, the buffers and the timers to us, so a connection
+// costs a socket and a few KiB instead of a thread, back-pressure is the natural shape of an
+// async write, and the same library is the upstream client (upstream.h). It ships with Debian.
+//
+// Model: `io_threads` threads run one io_context; each connection is a Session serialised on its
+// own strand. A Session reads one request (idle deadline before its first byte, header deadline
+// for the head, body deadline for the body, bounded head and body), hands it to the router as an
+// Exchange, and reads the next request only once that Exchange has been answered (keep-alive).
+// Routes are either async (run on the strand; they must not block) or blocking (run on a bounded
+// pool: the trainer API's long polls and updates), answered back on the strand.
+//
+// Invariants: an Exchange is answered exactly once (Respond, or StartStream..EndStream); a write
+// the client does not take within write_timeout_ms closes the connection; connections beyond
+// connections_max are answered 503 and closed; nothing is buffered beyond one response or one
+// streamed chunk per connection.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
+
+#include "statemachine/status.h"
+
+namespace rc::service {
+
+namespace bhttp = boost::beast::http;
+using HttpRequest = bhttp::request<bhttp::string_body>;
+using HttpResponse = bhttp::response<bhttp::string_body>;
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                              // 0: ephemeral
+  std::size_t io_threads = 2;
+  std::size_t connections_max = 4096;        // open connections; beyond: 503 and close
+  std::size_t header_bytes_max = 16 << 10;   // request line + headers; beyond: 431
+  std::size_t body_bytes_max = 8 << 20;      // beyond: 413
+  std::uint64_t idle_timeout_ms = 5000;      // connection open, no byte of a request yet
+  std::uint64_t header_timeout_ms = 10000;   // first byte -> complete head, else 408
+  std::uint64_t body_timeout_ms = 30000;     // complete head -> complete body, else 408
+  std::uint64_t write_timeout_ms = 60000;    // one write the client does not take: closed
+  std::size_t blocking_threads = 16;         // threads running blocking routes
+  std::size_t blocking_queue_max = 1024;     // blocking calls queued or running; beyond: 503
+};
+
+struct HttpServerCounters {
+  std::atomic<std::uint64_t> accepted{0};
+  std::atomic<std::uint64_t> refused_over_budget{0};
+  std::atomic<std::uint64_t> idle_timeouts{0};
+  std::atomic<std::uint64_t> header_timeouts{0};
+  std::atomic<std::uint64_t> body_timeouts{0};
+  std::atomic<std::uint64_t> write_timeouts{0};
+  std::atomic<std::uint64_t> bad_requests{0};
+  std::atomic<std::uint64_t> blocking_refused{0};
+  std::atomic<std::int64_t> open_connections{0};
+};
+
+class Session;
+
+// A handle on one request of one connection. Copyable; every method runs on the exchange's
+// executor (call Post() from other threads). Calls on an exchange that has already ended are
+// ignored (a late completion after the client left), never applied to the next request.
+class Exchange {
+ public:
+  Exchange() = default;
+  Exchange(std::shared_ptr<Session> session, std::uint64_t serial);
+
+  const HttpRequest& request() const;
+  std::string_view path() const;  // the target without its query
+  // A query parameter's raw value (not percent-decoded); nullopt when absent.
+  std::optional<std::string_view> query(std::string_view key) const;
+  // The header's value when it occurs exactly once; `duplicate` set when it occurs more often.
+  std::optional<std::string_view> header(std::string_view name, bool* duplicate = nullptr) const;
+
+  // Answers with a complete response (Content-Length, keep-alive as the request allows).
+  void Respond(HttpResponse response);
+  // A chunked response: the head now, then Write()s, each completing only when the client took
+  // the bytes (back-pressure), then End(). `done(false)`: the client is gone or stalled.
+  using WriteDone = std::function<void(bool delivered)>;
+  void StartStream(HttpResponse head, WriteDone done);
+  void Write(std::string bytes, WriteDone done);
+  void End(std::string last_bytes);
+  // `on_gone` runs (once, on the executor) if the client closes its connection before the
+  // exchange ended. Watching reads the socket; bytes that arrive meanwhile are kept.
+  void WatchClient(std::function<void()> on_gone);
+
+  boost::asio::any_io_executor executor() const;
+  void Post(std::function<void()> fn) const;
+  bool valid() const { return session_ != nullptr; }
+  bool live() const;  // still the session's current, unanswered exchange
+
+ private:
+  std::shared_ptr<Session> session_;
+  std::uint64_t serial_ = 0;
+};
+
+// A request as blocking handlers see it: the message, the path's captures, the query.
+struct ApiRequest {
+  const HttpRequest& message;
+  std::vector<std::string> captures;  // the path segments matched by '*' in the route
+  Exchange exchange;
+
+  const std::string& body() const { return message.body(); }
+  std::optional<std::string> query(std::string_view key) const;
+  std::string header(std::string_view name) const;  // "" when absent
+};
+
+using AsyncHandler = std::function<void(Exchange)>;
+using BlockingHandler = std::function<void(const ApiRequest&, HttpResponse&)>;
+
+// Routes: exact paths, or patterns with '*' standing for one non-empty path segment.
+class HttpRouter {
+ public:
+  void Async(bhttp::verb method, std::string pattern, AsyncHandler handler);
+  void Blocking(bhttp::verb method, std::string pattern, BlockingHandler handler);
+  // Any method and path not matched by a route (read-only pass-through); nullptr: 404.
+  void Fallback(AsyncHandler handler) { fallback_ = std::move(handler); }
+
+  struct Match {
+    const AsyncHandler* async = nullptr;
+    const BlockingHandler* blocking = nullptr;
+    std::vector<std::string> captures;
+    bool path_known = false;  // some route has this path (another method: 405)
+  };
+  Match Find(bhttp::verb method, std::string_view path) const;
+
+ private:
+  struct Route {
+    bhttp::verb method;
+    std::vector<std::string> segments;  // pattern split at '/'; "*" captures
+    AsyncHandler async;
+    BlockingHandler blocking;
+  };
+  std::vector<Route> routes_;
+  AsyncHandler fallback_;
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpServerOptions options, HttpRouter router);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and starts the io threads. Returns the bound port.
+  [[nodiscard]] Result<int> Start();
+  // Stops accepting, closes every connection, joins the threads. True when every blocking
+  // handler returned by `deadline_ms` from now; false leaves the pool's threads detached-safe.
+  bool Stop(std::uint64_t deadline_ms);
+
+  const HttpServerCounters& counters() const { return counters_; }
+  const HttpServerOptions& options() const { return options_; }
+  boost::asio::io_context& io() { return io_; }
+
+  // Internal (Session): dispatch of a complete request.
+  void Dispatch(const Exchange& exchange);
+  void SessionClosed(Session* session);
+  HttpServerCounters& mutable_counters() { return counters_; }
+
+ private:
+  void Accept();
+  void RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
+                   Exchange exchange);
+
+  const HttpServerOptions options_;
+  const HttpRouter router_;
+  HttpServerCounters counters_;
+  // Before io_: sessions destroyed with io_'s pending handlers still unregister here.
+  std::mutex sessions_mu_;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::vector<std::thread> io_threads_;
+  std::atomic<bool> stopping_{false};
+
+  struct BlockingPool;
+  std::unique_ptr<BlockingPool> blocking_;
+};
+
+// Small response helpers.
+HttpResponse MakeResponse(int status, std::string body, std::string_view content_type);
+void SetBody(HttpResponse& res, int status, std::string body, std::string_view content_type);
+
+}  // namespace rc::service

@@ -1,0 +1,702 @@
+#include "service/proxy_exchange.h"
+
+#include <chrono>
+
+#include <openssl/crypto.h>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+#include <spdlog/spdlog.h>
+
+#include "journal/json.h"
+#include "service/http_util.h"
+#include "statemachine/text.h"
+
+namespace rc::service {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kRolloutIdHeader = "X-RolloutCore-Rollout-Id";
+const std::string kDoneEvent = "data: [DONE]\n\n";
+
+std::uint32_t clamp_u32(std::uint64_t v) {
+  return v > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(v);
+}
+
+std::uint64_t us_between(Clock::time_point a, Clock::time_point b) {
+  return b <= a ? 0
+                : static_cast<std::uint64_t>(
+                      std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+}
+
+bool is_2xx(unsigned status) { return status >= 200 && status < 300; }
+
+// The optional boolean `stream`; the optional non-empty `cache_salt`.
+Status parse_stream_and_salt(const json& body, bool& stream, std::string& salt) {
+  auto s = body.find("stream");
+  if (s != body.end() && !s->is_null()) {
+    if (!s->is_boolean()) return Status::InvalidArgument("'stream' must be a boolean");
+    stream = s->get<bool>();
+  }
+  auto cs = body.find("cache_salt");
+  if (cs == body.end() || cs->is_null()) return Status::OK();
+  if (!cs->is_string() || cs->get<std::string>().empty()) {
+    return Status::InvalidArgument("'cache_salt' must be a non-empty string");
+  }
+  salt = cs->get<std::string>();
+  return Status::OK();
+}
+
+Status check_generate_body(const json& body) {
+  auto ids = body.find("token_ids");
+  if (ids == body.end() || !ids->is_array()) {
+    return Status::InvalidArgument("'token_ids' (array of ints) is required");
+  }
+  auto sp = body.find("sampling_params");
+  if (sp != body.end() && !sp->is_object() && !sp->is_null()) {
+    return Status::InvalidArgument("'sampling_params' must be an object");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+const char* proxy_route_path(ProxyRoute route) {
+  switch (route) {
+    case ProxyRoute::kCompletions: return "/v1/completions";
+    case ProxyRoute::kChat: return "/v1/chat/completions";
+    case ProxyRoute::kGenerate: return "/inference/v1/generate";
+  }
+  return "/v1/completions";
+}
+
+ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchange)
+    : svc_(service), route_(route), ex_(std::move(exchange)), deadline_(ex_.executor()) {
+  on_chunk_ = [this](const json& chunk) {
+    const std::optional<std::string> event =
+        pass_chunk(trace_, chunk, strip_token_ids_, strip_usage_);
+    if (event) out_ += *event;  // nullopt: the usage-only chunk the client did not ask for
+    return !client_gone_;
+  };
+  sse_.on_chunk = &on_chunk_;
+}
+
+// ---- parse and admit ----
+
+void ProxyExchange::Start() {
+  t0_ = Clock::now();
+  if (Status bad = Parse(); !bad.ok()) {
+    svc_.metrics_.bad_requests++;
+    return ex_.Respond(ErrorResponse(http_status_for(bad), code_name(bad.code()), bad.message()));
+  }
+  if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
+  svc_.AdmitAsync(rollout_id_, svc_.config_.admit_wait_ms, ex_.executor(),
+                  [self = shared_from_this()](Service::AdmitResult a) {
+                    self->OnAdmitted(std::move(a));
+                  });
+}
+
+Status ProxyExchange::Parse() {
+  Result<json> parsed = parse_object(ex_.request().body(), false);
+  if (!parsed.ok()) return parsed.status();
+  upstream_body_ = std::move(parsed.value());
+  RC_RETURN_IF_ERROR(parse_stream_and_salt(upstream_body_, stream_, client_salt_));
+  if (route_ == ProxyRoute::kGenerate) RC_RETURN_IF_ERROR(check_generate_body(upstream_body_));
+  return ParseRolloutId();
+}
+
+// The client's own rollout id: one printable UTF-8 value of 1..kRolloutIdHeaderBytesMax bytes,
+// taken verbatim (never percent-decoded).
+Status ProxyExchange::ParseRolloutId() {
+  bool duplicate = false;
+  const std::optional<std::string_view> v = ex_.header(kRolloutIdHeader, &duplicate);
+  if (!v) return Status::OK();
+  if (duplicate || v->empty() || v->size() > kRolloutIdHeaderBytesMax ||
+      !text::printable_utf8(std::string(*v))) {
+    return Status::InvalidArgument(std::string(kRolloutIdHeader) + " must be one printable UTF-8 "
+                                   "value of 1.." + std::to_string(kRolloutIdHeaderBytesMax) +
+                                   " bytes, sent verbatim");
+  }
+  rollout_id_ = std::string(*v);
+  return Status::OK();
+}
+
+void ProxyExchange::OnAdmitted(Service::AdmitResult a) {
+  if (!a.admitted) {
+    HttpResponse res = ErrorResponse(a.refusal.http_status, a.refusal.type, a.refusal.message);
+    if (a.refusal.retry_after_s > 0) {
+      set_header(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
+    }
+    return ex_.Respond(std::move(res));
+  }
+  admission_ = std::move(*a.admitted);
+  svc_.metrics_.proxy_in_flight++;
+  in_flight_id_ = svc_.in_flight_calls_.Add(
+      [weak = weak_from_this(), ex = ex_] {
+        ex.Post([weak] {
+          if (auto self = weak.lock()) self->Cancel();
+        });
+      });
+  PrepareUpstream();
+  ex_.WatchClient([self = shared_from_this()] { self->OnClientGone(); });
+  if (!stream_) return Connect();
+  HttpResponse head = BindingHead(200);
+  set_header(head, "Content-Type", "text/event-stream");
+  set_header(head, "Cache-Control", "no-cache");
+  ex_.StartStream(std::move(head), [self = shared_from_this()](bool delivered) {
+    self->OnStreamHeadSent(delivered);
+  });
+}
+
+void ProxyExchange::PrepareUpstream() {
+  cache_salt_ = DeriveCacheSalt(admission_.binding, client_salt_);
+  json& up = upstream_body_;
+  up["cache_salt"] = cache_salt_;
+  if (route_ != ProxyRoute::kGenerate) {
+    strip_token_ids_ = !(up.value("return_token_ids", json(false)) == json(true));
+    up["return_token_ids"] = true;
+    if (stream_) {
+      json& so = up["stream_options"];
+      if (!so.is_object()) so = json::object();
+      strip_usage_ = !(so.value("include_usage", json(false)) == json(true));
+      so["include_usage"] = true;
+    }
+  } else if (up.value("sampling_params", json()).is_null()) {
+    up["sampling_params"] = json::object();
+  }
+  namespace bhttp = beast::http;
+  const UpstreamTarget& t = svc_.engine_target_;
+  upstream_request_ = {bhttp::verb::post, t.base_path + proxy_route_path(route_), 11};
+  upstream_request_.set(bhttp::field::host, t.host + ":" + std::to_string(t.port));
+  upstream_request_.set(bhttp::field::content_type, "application/json");
+  if (stream_) upstream_request_.set(bhttp::field::accept, "text/event-stream");
+  if (!svc_.config_.engine_api_key.empty()) {
+    upstream_request_.set(bhttp::field::authorization, "Bearer " + svc_.config_.engine_api_key);
+  }
+  upstream_request_.keep_alive(true);
+  upstream_request_.body() = dump_safe(up);
+  upstream_request_.prepare_payload();
+}
+
+HttpResponse ProxyExchange::BindingHead(int status) const {
+  HttpResponse res;
+  res.result(static_cast<unsigned>(status));
+  const RolloutAdmitted& b = admission_.binding;
+  set_header(res, "X-RolloutCore-Rollout-Id", b.rollout_id);
+  set_header(res, "X-RolloutCore-Version", b.version.label);
+  set_header(res, "X-RolloutCore-Generation", std::to_string(b.version.generation));
+  set_header(res, "X-RolloutCore-Manifest", b.identity.manifest_digest);
+  set_header(res, "X-RolloutCore-Checkpoint", b.identity.checkpoint);
+  set_header(res, "X-RolloutCore-Step", std::to_string(b.identity.step));
+  set_header(res, "X-RolloutCore-Admission-Seq", std::to_string(admission_.seq));
+  set_header(res, "X-RolloutCore-Cache-Salt", cache_salt_);
+  return res;
+}
+
+void ProxyExchange::OnStreamHeadSent(bool delivered) {
+  if (!delivered) {
+    client_gone_ = true;
+    return Finish(RolloutOutcome::kAborted, "response not delivered", [] {});
+  }
+  Connect();
+}
+
+// ---- the engine call ----
+
+void ProxyExchange::Connect() {
+  if (client_gone_ || cancelled_) return Abort("before the engine call");
+  if (connect_attempts_ == 0) {
+    upstream_t0_ = Clock::now();
+    deadline_.expires_after(std::chrono::milliseconds(svc_.config_.request_timeout_ms));
+    deadline_.async_wait([self = shared_from_this()](error_code ec) {
+      if (ec) return;  // cancelled: the call ended first
+      self->timed_out_ = true;
+      self->CloseUpstream();
+    });
+  }
+  ++connect_attempts_;
+  svc_.upstream_->Acquire(ex_.executor(), svc_.config_.connect_timeout_ms,
+                          [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c,
+                                                      bool reused) {
+                            self->OnConnected(std::move(st), std::move(c), reused);
+                          });
+}
+
+void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, bool reused) {
+  if (!st.ok()) {
+    if (!client_gone_ && !cancelled_ && !timed_out_ && connect_attempts_ < kConnectAttemptsMax) {
+      auto retry = std::make_shared<asio::steady_timer>(ex_.executor());
+      retry->expires_after(std::chrono::milliseconds(10u << connect_attempts_));
+      retry->async_wait([self = shared_from_this(), retry](error_code) { self->Connect(); });
+      return;
+    }
+    return UpstreamFailed(Transport::kConnectFailed, st.message());
+  }
+  conn_ = std::move(conn);
+  conn_reused_ = reused;
+  if (client_gone_ || cancelled_ || timed_out_) {
+    conn_.reset();
+    return Abort("before the engine call");
+  }
+  Send();
+}
+
+void ProxyExchange::Send() {
+  parser_.emplace();
+  parser_->header_limit(kUpstreamHeadBytesMax);
+  parser_->body_limit(boost::none);  // streams are unbounded; each read is bounded
+  body_.clear();
+  beast::http::async_write(conn_->socket, upstream_request_,
+                           asio::bind_executor(ex_.executor(),
+                                               [self = shared_from_this()](error_code ec,
+                                                                           std::size_t) {
+                                                 self->OnSent(ec);
+                                               }));
+}
+
+void ProxyExchange::OnSent(error_code ec) {
+  if (ec) {
+    if (RetryAfterFailure(/*reused_and_silent=*/conn_reused_)) return;
+    return UpstreamFailed(Transport::kBroken, "send: " + ec.message());
+  }
+  ReadHead();
+}
+
+void ProxyExchange::ReadHead() {
+  beast::http::async_read_header(
+      conn_->socket, conn_->buffer, *parser_,
+      asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
+        self->OnHead(ec);
+      }));
+}
+
+void ProxyExchange::OnHead(error_code ec) {
+  if (ec) {
+    const bool silent = conn_reused_ && !parser_->got_some();
+    if (RetryAfterFailure(silent)) return;
+    return UpstreamFailed(timed_out_ ? Transport::kTimeout : Transport::kBroken,
+                          "response head: " + ec.message());
+  }
+  ReadBody();
+}
+
+void ProxyExchange::ReadBody() {
+  if (parser_->is_done()) return UpstreamDone();
+  auto& body = parser_->get().body();
+  body.data = read_buf_.data();
+  body.size = read_buf_.size();
+  beast::http::async_read_some(
+      conn_->socket, conn_->buffer, *parser_,
+      asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
+        self->OnBody(ec);
+      }));
+}
+
+void ProxyExchange::OnBody(error_code ec) {
+  if (ec == beast::http::error::need_buffer) ec = {};
+  const std::size_t got = read_buf_.size() - parser_->get().body().size;
+  if (ec) {
+    return UpstreamFailed(timed_out_ ? Transport::kTimeout : Transport::kBroken,
+                          "response body: " + ec.message());
+  }
+  if (got > 0 && !Absorb(read_buf_.data(), got)) return;
+  if (!out_.empty()) {
+    return ex_.Write(std::move(out_), [self = shared_from_this()](bool delivered) {
+      self->OnClientTook(delivered);
+    });
+  }
+  ReadBody();
+}
+
+// Streamed 2xx bodies go through the SSE reader; anything else is kept, bounded.
+bool ProxyExchange::Absorb(const char* data, std::size_t n) {
+  const bool relay = stream_ && is_2xx(parser_->get().result_int());
+  if (relay) {
+    if (sse_.Feed(data, n)) return true;
+    if (client_gone_) return true;  // OnClientTook/OnClientGone finish it
+    UpstreamFailed(Transport::kOk, "one SSE event exceeds " +
+                                       std::to_string(effects::kSseEventBytesMax) + " bytes");
+    return false;
+  }
+  if (body_.size() + n > effects::kResponseBytesMax) {
+    body_overflow_ = true;
+    UpstreamFailed(Transport::kOk, "response body exceeds " +
+                                       std::to_string(effects::kResponseBytesMax) + " bytes");
+    return false;
+  }
+  body_.append(data, n);
+  return true;
+}
+
+void ProxyExchange::OnClientTook(bool delivered) {
+  if (!delivered) {
+    client_gone_ = true;
+    CloseUpstream();
+    return Abort("client disconnected");
+  }
+  ReadBody();
+}
+
+// A pooled connection the engine closed between requests fails before any response byte: the
+// request is sent again once on a fresh connection (generation may run twice without harm; the
+// rollout is bound once, by its admission). A fresh connection is never retried.
+bool ProxyExchange::RetryAfterFailure(bool reused_and_silent) {
+  if (!reused_and_silent || retried_stale_ || client_gone_ || cancelled_ || timed_out_) {
+    return false;
+  }
+  retried_stale_ = true;
+  conn_.reset();
+  svc_.upstream_->Acquire(ex_.executor(), svc_.config_.connect_timeout_ms,
+                          [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c,
+                                                      bool reused) {
+                            self->OnConnected(std::move(st), std::move(c), reused);
+                          });
+  return true;
+}
+
+// ---- ends ----
+
+void ProxyExchange::UpstreamDone() {
+  deadline_.cancel();
+  const unsigned status = parser_->get().result_int();
+  const bool keep = parser_->keep_alive();
+  ReleaseUpstream(keep);
+  if (stream_ && is_2xx(status)) {
+    HttpEvidence ev;
+    sse_.Finish(ev);
+    if (!out_.empty()) {
+      // The last event (no blank line after it) still goes out before [DONE].
+      return ex_.Write(std::move(out_), [self = shared_from_this(), ev](bool delivered) {
+        if (!delivered) return self->Abort("client disconnected");
+        self->AnswerStreamEnd(ev.body_parsed, ev.error);
+      });
+    }
+    return AnswerStreamEnd(ev.body_parsed, ev.error);
+  }
+  if (!is_2xx(status)) return AnswerEngineError();
+  AnswerCompletion();
+}
+
+void ProxyExchange::AnswerCompletion() {
+  json doc = json::parse(body_, nullptr, false);
+  if (doc.is_discarded()) {
+    transport_error_ = "engine answered HTTP 200 with a body that is not JSON";
+    return AnswerEngineError();
+  }
+  trace_.absorb(doc);
+  Finish(RolloutOutcome::kCompleted, "", [self = shared_from_this(), doc = std::move(doc)]() mutable {
+    strip_added(doc, self->strip_token_ids_, false);
+    HttpResponse res = self->BindingHead(200);
+    send_json(res, 200, doc);
+    self->ex_.Respond(std::move(res));
+  });
+}
+
+void ProxyExchange::AnswerStreamEnd(bool ok, const std::string& why) {
+  if (ok) {
+    return Finish(RolloutOutcome::kCompleted, "",
+                  [self = shared_from_this()] { self->ex_.End(kDoneEvent); });
+  }
+  svc_.metrics_.upstream_errors++;
+  const std::string reason = "engine stream: " + why;
+  Finish(RolloutOutcome::kAborted, reason, [self = shared_from_this(), reason] {
+    json err = {{"error", {{"message", reason}, {"type", "upstream"}, {"code", 502}}}};
+    self->ex_.End("data: " + dump_safe(err) + "\n\n" + kDoneEvent);
+  });
+}
+
+// The engine answered, but not with a completion: non-streamed, its status and body are passed
+// on (a 2xx that is not JSON becomes 502); streamed, an error event and [DONE].
+void ProxyExchange::AnswerEngineError() {
+  svc_.metrics_.upstream_errors++;
+  const unsigned status = parser_->get().result_int();
+  const std::string why = EngineFailure();
+  Finish(RolloutOutcome::kAborted, why, [self = shared_from_this(), status, why] {
+    if (!self->stream_) {
+      HttpResponse res = self->BindingHead(is_2xx(status) ? 502 : static_cast<int>(status));
+      SetBody(res, res.result_int(), std::move(self->body_), "application/json");
+      return self->ex_.Respond(std::move(res));
+    }
+    json err = {{"error", {{"message", why}, {"type", "upstream"},
+                           {"code", static_cast<int>(status)}}}};
+    json engine_body = json::parse(self->body_, nullptr, false);
+    if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
+    self->ex_.End("data: " + dump_safe(err) + "\n\n" + kDoneEvent);
+  });
+}
+
+std::string ProxyExchange::EngineFailure() const {
+  if (!transport_error_.empty()) return transport_error_;
+  const unsigned status = parser_ ? parser_->get().result_int() : 0;
+  return "engine answered HTTP " + std::to_string(status) +
+         (body_.empty() ? "" : ": " + text::escape_line(body_.substr(0, 400)));
+}
+
+// No usable answer from the engine (or one beyond a bound): 502 non-streamed, an error event
+// streamed; a client that left or a shutdown gets its own note.
+void ProxyExchange::UpstreamFailed(Transport transport, std::string why) {
+  deadline_.cancel();
+  CloseUpstream();
+  if (client_gone_ || cancelled_) return Abort("engine call ended: " + why);
+  transport_ = transport;
+  if (timed_out_) {
+    transport = Transport::kTimeout;
+    why = "no complete answer within request_timeout_ms (" +
+          std::to_string(svc_.config_.request_timeout_ms) + " ms)";
+  }
+  svc_.metrics_.upstream_errors++;
+  const std::string note = std::string("engine ") + transport_name(transport) + ": " + why;
+  spdlog::warn("proxy: rollout {}: {}", text::escape_line(admission_.binding.rollout_id),
+               text::escape_line(note));
+  Finish(RolloutOutcome::kAborted, note, [self = shared_from_this(), transport, why, note] {
+    if (!self->stream_) {
+      HttpResponse res = self->BindingHead(502);
+      send_error(res, 502, "upstream", std::string("engine call failed (") +
+                                           transport_name(transport) + "): " + why);
+      return self->ex_.Respond(std::move(res));
+    }
+    json err = {{"error", {{"message", note}, {"type", "upstream"}, {"code", 502}}}};
+    self->ex_.End("data: " + dump_safe(err) + "\n\n" + kDoneEvent);
+  });
+}
+
+// The client left or the shutdown cancelled: finish as aborted; the answer goes nowhere useful
+// but is still formed (a cancelled client may still be reading).
+void ProxyExchange::Abort(std::string note) {
+  if (finished_) return;
+  deadline_.cancel();
+  CloseUpstream();
+  if (!client_gone_ && cancelled_) note = "shutdown grace expired; " + note;
+  if (client_gone_) note = "client disconnected";
+  Finish(RolloutOutcome::kAborted, note, [self = shared_from_this()] {
+    if (self->stream_) return self->ex_.End("");
+    self->ex_.Respond(ErrorResponse(499, "client_closed", "client closed the connection"));
+  });
+}
+
+void ProxyExchange::OnClientGone() {
+  client_gone_ = true;
+  CloseUpstream();  // the engine sees the disconnect and aborts the generation
+}
+
+void ProxyExchange::Cancel() {
+  cancelled_ = true;
+  CloseUpstream();
+}
+
+void ProxyExchange::ReleaseUpstream(bool reusable) {
+  if (conn_ == nullptr) return;
+  if (reusable) svc_.upstream_->Release(std::move(conn_));
+  conn_.reset();
+}
+
+void ProxyExchange::CloseUpstream() {
+  if (conn_ == nullptr) return;
+  error_code ignored;
+  conn_->socket.close(ignored);  // pending operations complete with an error on the strand
+}
+
+std::uint64_t ProxyExchange::upstream_us() const {
+  return connect_attempts_ == 0 ? 0 : us_between(upstream_t0_, Clock::now());
+}
+
+// Exactly once per admitted rollout: the trajectory line, then its journal parts and
+// RolloutFinished, durable before `then` answers the client.
+void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::function<void()> then) {
+  RC_CHECK(!finished_);
+  finished_ = true;
+  svc_.in_flight_calls_.Remove(in_flight_id_);
+  in_flight_id_ = 0;
+  if (client_gone_) svc_.metrics_.client_disconnects++;
+  WriteTrajectoryLine(outcome, note);
+  const std::uint64_t up_us = upstream_us();
+  const RolloutAdmitted& b = admission_.binding;
+  svc_.FinishAsync(
+      b.rollout_id, outcome, clamp_u32(trace_.prompt_count()), clamp_u32(trace_.completion_count()),
+      JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(),
+      [self = shared_from_this(), then = std::move(then), up_us](Status st) {
+        // Never dropped: FinishAsync fail-stops the executor when the journal cannot make it
+        // durable, so a restart records the rollout from what is durable.
+        if (!st.ok()) {
+          spdlog::error("proxy: finish of rollout {} not durable: {}",
+                        text::escape_line(self->admission_.binding.rollout_id),
+                        text::escape_line(st.ToString()));
+        }
+        const std::uint64_t total_us = us_between(self->t0_, Clock::now());
+        ServiceMetrics& m = self->svc_.metrics_;
+        m.proxy_total.ObserveUs(total_us);
+        m.proxy_upstream.ObserveUs(up_us);
+        m.proxy_added.ObserveUs(total_us > up_us ? total_us - up_us : 0);
+        m.proxy_in_flight--;
+        then();
+      });
+}
+
+void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
+  const RolloutAdmitted& b = admission_.binding;
+  json outputs = json::array();
+  for (auto& [index, ch] : trace_.choices) {
+    outputs.push_back({{"index", index}, {"token_ids", ch.token_ids}, {"logprobs", ch.logprobs},
+                       {"finish_reason", ch.finish_reason}});
+  }
+  json prompt = trace_.prompt_token_ids;
+  if (prompt.is_null() && route_ == ProxyRoute::kGenerate) {
+    prompt = upstream_body_.value("token_ids", json());
+  }
+  const json line = {{"rollout_id", b.rollout_id},
+                     {"admission_seq", admission_.seq},
+                     {"route", proxy_route_path(route_)},
+                     {"stream", stream_},
+                     {"version", journal::WeightVersionToJson(b.version)},
+                     {"identity", journal::WeightIdentityToJson(b.identity)},
+                     {"cache_salt", cache_salt_},
+                     {"outcome", outcome_name(outcome)},
+                     {"note", note},
+                     {"prompt_token_ids", prompt},
+                     {"outputs", std::move(outputs)},
+                     {"prompt_tokens", trace_.prompt_count()},
+                     {"completion_tokens", trace_.completion_count()},
+                     {"truncated", trace_.truncated}};
+  if (svc_.trajectories_.Append(line)) {
+    svc_.metrics_.trajectories_written++;
+  } else {
+    svc_.metrics_.trajectories_dropped++;
+  }
+}
+
+// ---- read-only pass-through ----
+
+// An engine route OpenAI clients call that reads nothing RolloutCore governs (models, tokenizer,
+// health, version): relayed as is, bounded, without an admission. Nothing else of the engine is
+// reachable through the proxy (never the dev-mode routes).
+class PassThrough : public std::enable_shared_from_this<PassThrough> {
+ public:
+  PassThrough(Service& svc, Exchange ex, UpstreamPool& pool, const UpstreamTarget& target,
+              const ServeConfig& config)
+      : ex_(std::move(ex)), pool_(pool), target_(target), config_(config),
+        deadline_(ex_.executor()) {
+    (void)svc;
+  }
+
+  void Start() {
+    namespace bhttp = beast::http;
+    const HttpRequest& in = ex_.request();
+    request_ = {in.method(), target_.base_path + std::string(in.target()), 11};
+    request_.set(bhttp::field::host, target_.host + ":" + std::to_string(target_.port));
+    if (in.method() == bhttp::verb::post) {
+      request_.set(bhttp::field::content_type, "application/json");
+      request_.body() = in.body();
+    }
+    if (!config_.engine_api_key.empty()) {
+      request_.set(bhttp::field::authorization, "Bearer " + config_.engine_api_key);
+    }
+    request_.keep_alive(true);
+    request_.prepare_payload();
+    deadline_.expires_after(std::chrono::milliseconds(config_.call_timeout_ms));
+    deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec && self->conn_) self->conn_->socket.close(ec);
+    });
+    pool_.Acquire(ex_.executor(), config_.connect_timeout_ms,
+                  [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool) {
+                    if (!st.ok()) return self->Fail(st.message());
+                    self->conn_ = std::move(c);
+                    self->Send();
+                  });
+  }
+
+ private:
+  void Send() {
+    parser_.emplace();
+    parser_->body_limit(effects::kResponseBytesMax);
+    beast::http::async_write(
+        conn_->socket, request_,
+        asio::bind_executor(ex_.executor(),
+                            [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                              if (ec) return self->Fail("send: " + ec.message());
+                              self->Read();
+                            }));
+  }
+  void Read() {
+    beast::http::async_read(
+        conn_->socket, conn_->buffer, *parser_,
+        asio::bind_executor(ex_.executor(),
+                            [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                              if (ec) return self->Fail("response: " + ec.message());
+                              self->Answer();
+                            }));
+  }
+  void Answer() {
+    deadline_.cancel();
+    auto& msg = parser_->get();
+    HttpResponse res;
+    const auto type = msg[beast::http::field::content_type];
+    SetBody(res, static_cast<int>(msg.result_int()), std::move(msg.body()),
+            type.empty() ? "application/json" : std::string_view(type.data(), type.size()));
+    if (parser_->keep_alive()) pool_.Release(std::move(conn_));
+    ex_.Respond(std::move(res));
+  }
+  void Fail(const std::string& why) {
+    deadline_.cancel();
+    conn_.reset();
+    ex_.Respond(ErrorResponse(502, "upstream", "engine call failed: " + why));
+  }
+
+  Exchange ex_;
+  UpstreamPool& pool_;
+  const UpstreamTarget& target_;
+  const ServeConfig& config_;
+  asio::steady_timer deadline_;
+  std::unique_ptr<UpstreamConn> conn_;
+  beast::http::request<beast::http::string_body> request_;
+  std::optional<beast::http::response_parser<beast::http::string_body>> parser_;
+};
+
+// ---- routes ----
+
+// With proxy_token set, every proxied route wants `Authorization: Bearer <proxy_token>`: each
+// admission is a durable write that holds off updates, so anonymous clients get none.
+bool Service::ProxyAuthorized(Exchange& ex) {
+  if (config_.proxy_token.empty()) return true;
+  const std::optional<std::string_view> h = ex.header("Authorization");
+  const std::string_view prefix = "Bearer ";
+  const bool ok = h && h->substr(0, prefix.size()) == prefix &&
+                  h->size() - prefix.size() == config_.proxy_token.size() &&
+                  CRYPTO_memcmp(h->data() + prefix.size(), config_.proxy_token.data(),
+                                config_.proxy_token.size()) == 0;
+  if (ok) return true;
+  metrics_.unauthorized++;
+  HttpResponse res = ErrorResponse(401, "unauthorized", "missing or wrong proxy token");
+  set_header(res, "WWW-Authenticate", "Bearer");
+  ex.Respond(std::move(res));
+  return false;
+}
+
+void Service::AddProxyRoutes(HttpRouter& router) {
+  using bhttp::verb;
+  for (ProxyRoute route : {ProxyRoute::kCompletions, ProxyRoute::kChat, ProxyRoute::kGenerate}) {
+    router.Async(verb::post, proxy_route_path(route), [this, route](Exchange ex) {
+      if (!ProxyAuthorized(ex)) return;
+      std::make_shared<ProxyExchange>(*this, route, std::move(ex))->Start();
+    });
+  }
+  const std::pair<verb, const char*> read_only[] = {{verb::get, "/v1/models"},
+                                                    {verb::post, "/tokenize"},
+                                                    {verb::post, "/detokenize"},
+                                                    {verb::get, "/health"},
+                                                    {verb::get, "/version"}};
+  for (const auto& [method, path] : read_only) {
+    router.Async(method, path, [this](Exchange ex) {
+      if (!ProxyAuthorized(ex)) return;
+      std::make_shared<PassThrough>(*this, std::move(ex), *upstream_, engine_target_, config_)
+          ->Start();
+    });
+  }
+}
+
+}  // namespace rc::service

@@ -1,0 +1,126 @@
+// ProxyExchange: one proxied rollout, /v1/completions, /v1/chat/completions or
+// /inference/v1/generate, as a chain of small asynchronous steps on its connection's strand:
+//
+//   Parse (400, nothing journaled) -> Admit (RolloutAdmitted durable before any byte reaches the
+//   engine; 503 + Retry-After while not READY past admit_wait_ms, or TAINTED) -> PrepareUpstream
+//   (the version's cache_salt, return_token_ids, include_usage) -> Connect (pooled keep-alive;
+//   a connect that never reached the engine is retried) -> Send -> Relay (non-streamed: bounded
+//   body; streamed: each engine read is turned into client events and written before the next
+//   read, so a slow client slows the engine stream and nothing accumulates) -> Finish (trajectory
+//   line, then the journal parts and RolloutFinished, durably, exactly once) -> Answer.
+//
+// A client that goes away closes the engine connection (vLLM aborts the request) and the rollout
+// is finished as aborted; so is one the shutdown cancels, or one past request_timeout_ms.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <nlohmann/json.hpp>
+
+#include "effects/http/response_parsers.h"
+#include "service/http_server.h"
+#include "service/proxy_stream.h"
+#include "service/service.h"
+#include "service/upstream.h"
+
+namespace rc::service {
+
+enum class ProxyRoute : std::uint8_t { kCompletions, kChat, kGenerate };
+const char* proxy_route_path(ProxyRoute route);
+
+inline constexpr std::size_t kUpstreamReadBytes = 64 << 10;  // one engine read, one client write
+inline constexpr std::size_t kUpstreamHeadBytesMax = 64 << 10;
+inline constexpr std::uint32_t kConnectAttemptsMax = 4;  // connects that never reached the engine
+inline constexpr std::size_t kRolloutIdHeaderBytesMax = 128;
+
+class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
+ public:
+  ProxyExchange(Service& service, ProxyRoute route, Exchange exchange);
+  void Start();
+
+ private:
+  using error_code = boost::system::error_code;
+
+  [[nodiscard]] Status Parse();
+  [[nodiscard]] Status ParseRolloutId();
+  void OnAdmitted(Service::AdmitResult admitted);
+  void PrepareUpstream();
+  HttpResponse BindingHead(int status) const;
+  void OnStreamHeadSent(bool delivered);
+  void Connect();
+  void OnConnected(Status status, std::unique_ptr<UpstreamConn> conn, bool reused);
+  void Send();
+  void OnSent(error_code ec);
+  void ReadHead();
+  void OnHead(error_code ec);
+  void ReadBody();
+  void OnBody(error_code ec);
+  bool Absorb(const char* data, std::size_t n);  // false: stop (client gone, bound exceeded)
+  void OnClientTook(bool delivered);
+  void UpstreamDone();
+  void UpstreamFailed(Transport transport, std::string why);
+  bool RetryAfterFailure(bool reused_and_silent);
+  void AnswerEngineError();
+  void AnswerCompletion();
+  void AnswerStreamEnd(bool ok, const std::string& why);
+  void Abort(std::string note);
+  void Finish(RolloutOutcome outcome, std::string note, std::function<void()> then);
+  void WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note);
+  void ReleaseUpstream(bool reusable);
+  void CloseUpstream();
+  void OnClientGone();
+  void Cancel();
+  std::string EngineFailure() const;
+  std::uint64_t upstream_us() const;
+
+  Service& svc_;
+  const ProxyRoute route_;
+  Exchange ex_;
+  std::chrono::steady_clock::time_point t0_, upstream_t0_;
+
+  // Parsed request.
+  nlohmann::json upstream_body_;
+  bool stream_ = false;
+  std::string client_salt_;
+  std::string rollout_id_;
+
+  // Admission and what the proxy added.
+  Admission admission_;
+  std::string cache_salt_;
+  bool strip_token_ids_ = false;
+  bool strip_usage_ = false;
+  Trajectory trace_;
+  std::uint64_t in_flight_id_ = 0;
+
+  // The engine call.
+  std::unique_ptr<UpstreamConn> conn_;
+  bool conn_reused_ = false;
+  std::uint32_t connect_attempts_ = 0;
+  bool retried_stale_ = false;
+  boost::beast::http::request<boost::beast::http::string_body> upstream_request_;
+  std::optional<boost::beast::http::response_parser<boost::beast::http::buffer_body>> parser_;
+  std::array<char, kUpstreamReadBytes> read_buf_{};
+  std::string body_;       // non-streamed (or error) body, bounded
+  bool body_overflow_ = false;
+  std::string out_;        // client events of one engine read
+  effects::SseState sse_;
+  effects::EngineClient::ChunkFn on_chunk_;
+  boost::asio::steady_timer deadline_;
+  bool timed_out_ = false;
+  Transport transport_ = Transport::kOk;
+  std::string transport_error_;
+
+  // End states.
+  bool client_gone_ = false;
+  bool cancelled_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace rc::service

@@ -1,0 +1,115 @@
+#include "service/upstream.h"
+
+#include <sys/socket.h>
+
+#include <chrono>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "service/http_util.h"
+
+namespace rc::service {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
+  const std::string scheme = "http://";
+  if (url.rfind(scheme, 0) != 0) {
+    return Status::InvalidArgument("engine_url must start with http:// (got '" + url + "')");
+  }
+  const std::string rest = url.substr(scheme.size());
+  const std::size_t slash = rest.find('/');
+  const std::string authority = rest.substr(0, slash);
+  UpstreamTarget t;
+  t.base_path = slash == std::string::npos ? "" : rest.substr(slash);
+  while (!t.base_path.empty() && t.base_path.back() == '/') t.base_path.pop_back();
+  const std::size_t colon = authority.rfind(':');
+  const bool bracketed = !authority.empty() && authority.front() == '[';
+  if (colon == std::string::npos || (bracketed && authority.back() == ']')) {
+    t.host = authority;
+    t.port = 80;
+  } else {
+    t.host = authority.substr(0, colon);
+    const auto port = parse_u64(authority.substr(colon + 1));
+    if (!port || *port == 0 || *port > 65535) {
+      return Status::InvalidArgument("engine_url has no valid port: '" + url + "'");
+    }
+    t.port = static_cast<std::uint16_t>(*port);
+  }
+  if (t.host.size() > 2 && t.host.front() == '[') t.host = t.host.substr(1, t.host.size() - 2);
+  if (t.host.empty()) return Status::InvalidArgument("engine_url has no host: '" + url + "'");
+  return t;
+}
+
+UpstreamPool::UpstreamPool(asio::io_context& io, tcp::endpoint endpoint, std::size_t idle_max)
+    : io_(io), endpoint_(std::move(endpoint)), idle_max_(idle_max) {
+  RC_CHECK(idle_max_ >= 1);
+}
+
+std::size_t UpstreamPool::idle() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return idle_.size();
+}
+
+// The most recently used idle connection whose peer has not closed it (a closed one reads EOF
+// at once; one with stray bytes is not at a response boundary either: both are dropped).
+std::unique_ptr<UpstreamConn> UpstreamPool::TakeIdle() {
+  std::lock_guard<std::mutex> g(mu_);
+  while (!idle_.empty()) {
+    std::unique_ptr<UpstreamConn> c = std::move(idle_.back());
+    idle_.pop_back();
+    char probe = 0;
+    const ssize_t n = ::recv(c->socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;
+  }
+  return nullptr;
+}
+
+void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
+                           Ready done) {
+  if (std::unique_ptr<UpstreamConn> c = TakeIdle()) {
+    asio::dispatch(executor, [c = std::move(c), done = std::move(done)]() mutable {
+      done(Status::OK(), std::move(c), true);
+    });
+    return;
+  }
+  Connect(executor, connect_timeout_ms, std::move(done));
+}
+
+void UpstreamPool::Connect(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
+                           Ready done) {
+  auto conn = std::make_shared<std::unique_ptr<UpstreamConn>>(std::make_unique<UpstreamConn>(io_));
+  auto timer = std::make_shared<asio::steady_timer>(executor);
+  timer->expires_after(std::chrono::milliseconds(connect_timeout_ms));
+  timer->async_wait([conn](boost::system::error_code ec) {
+    if (!ec && *conn) (*conn)->socket.close(ec);  // the connect completes with an error
+  });
+  UpstreamConn& c = **conn;
+  c.socket.async_connect(
+      endpoint_, asio::bind_executor(executor, [conn, timer, done = std::move(done),
+                                                connect_timeout_ms](boost::system::error_code ec) {
+        timer->cancel();
+        if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) {
+          return done(Status::Timeout("connect timed out after " +
+                                      std::to_string(connect_timeout_ms) + " ms"),
+                      nullptr, false);
+        }
+        if (ec) return done(Status::Unavailable("connect failed: " + ec.message()), nullptr, false);
+        (*conn)->socket.set_option(tcp::no_delay(true), ec);
+        done(Status::OK(), std::move(*conn), false);
+      }));
+}
+
+void UpstreamPool::Release(std::unique_ptr<UpstreamConn> conn) {
+  RC_CHECK(conn != nullptr);
+  if (!conn->socket.is_open() || conn->buffer.size() != 0) return;
+  conn->uses++;
+  std::lock_guard<std::mutex> g(mu_);
+  if (idle_.size() >= idle_max_) return;  // closed by its destructor
+  idle_.push_back(std::move(conn));
+}
+
+}  // namespace rc::service

@@ -1,0 +1,70 @@
+// UpstreamPool: keep-alive connections from the proxy to one engine, bounded.
+//
+// Sockets belong to no strand: every operation on a connection is started from, and completes
+// on, the strand of the one exchange that holds it (asio::bind_executor), so a connection moves
+// between exchanges without moving between threads' state. At most `idle_max` idle connections
+// are kept; a connection in use belongs to exactly one exchange (the client connection budget
+// bounds those). A pooled connection the engine closed meanwhile is detected before reuse.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+
+#include "statemachine/status.h"
+
+namespace rc::service {
+
+struct UpstreamConn {
+  explicit UpstreamConn(boost::asio::io_context& io) : socket(io) {}
+  boost::asio::ip::tcp::socket socket;
+  boost::beast::flat_buffer buffer;  // bytes read past the last response
+  std::uint64_t uses = 0;
+};
+
+struct UpstreamTarget {
+  std::string host;       // as in the engine URL (the Host header)
+  std::uint16_t port = 0;
+  std::string base_path;  // URL path prefix ("" for none)
+};
+
+// Parses "http://HOST[:PORT][/PREFIX]". Only plain HTTP: the engine sits on a private network
+// or loopback beside the executor (docs/security.md).
+[[nodiscard]] Result<UpstreamTarget> ParseEngineUrl(const std::string& url);
+
+class UpstreamPool {
+ public:
+  UpstreamPool(boost::asio::io_context& io, boost::asio::ip::tcp::endpoint endpoint,
+               std::size_t idle_max);
+
+  // A connection: an idle one (reused = true) or a fresh one connecting within connect_timeout_ms.
+  // `done` runs on `executor`.
+  using Ready = std::function<void(Status, std::unique_ptr<UpstreamConn>, bool reused)>;
+  void Acquire(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
+               Ready done);
+  // Returns a connection whose last response was read completely (keep-alive).
+  void Release(std::unique_ptr<UpstreamConn> conn);
+
+  std::size_t idle() const;
+
+ private:
+  std::unique_ptr<UpstreamConn> TakeIdle();
+  void Connect(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
+               Ready done);
+
+  boost::asio::io_context& io_;
+  const boost::asio::ip::tcp::endpoint endpoint_;
+  const std::size_t idle_max_;
+  mutable std::mutex mu_;
+  std::deque<std::unique_ptr<UpstreamConn>> idle_;
+};
+
+}  // namespace rc::service
