@@ -25,7 +25,11 @@ import harness  # noqa: E402
 from harness import BenchError, log  # noqa: E402
 
 PROMPT = "hello world"
-CONNECTS_MARGIN = 1024  # probes and trainer calls on top of the streams and trickles
+
+
+def probe_connections(args):
+    """Probes that can be open at once: two kinds, one each per interval, each up to its timeout."""
+    return 2 * math.ceil(args.request_timeout * 1000 / args.probe_interval_ms) + 256
 
 
 def parse_args():
@@ -604,9 +608,10 @@ def main():
     args = parse_args()
     rc_bin, dbl_bin = harness.resolve_binaries(args)
     settings = harness.parse_serve_sets(args.serve_set)
-    conns = args.streams + args.trickle + CONNECTS_MARGIN
+    margin = probe_connections(args)
+    conns = args.streams + args.trickle + margin
     # serve holds a client socket and an engine socket per stream (2 per stream), plus its own.
-    serve_needs = 2 * args.streams + args.trickle + CONNECTS_MARGIN
+    serve_needs = 2 * args.streams + args.trickle + margin + margin // 2
     nofile = harness.raise_nofile(max(65536, serve_needs))
     if nofile < conns:
         raise BenchError(f"this process can open only {nofile} files; {conns} are needed "
@@ -626,7 +631,7 @@ def main():
     defaults.update(settings)
 
     with harness.Lab(args, "rc-proxy-streams.") as lab:
-        want = args.streams + CONNECTS_MARGIN
+        want = args.streams + margin
         double, dbl_url, model, dbl_cmd = lab.start_double(
             dbl_bin, args.token_delay_ms, http_threads=want, max_num_seqs=want, nofile=nofile,
             extra=args.double_arg)
