@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -52,6 +53,7 @@ struct StackOptions {
   std::string dir_prefix = "rc-svc";
   int token_delay_ms = 1;
   int engine_http_threads = 64;  // the double's concurrent requests
+  int engine_max_model_len = 4096;
   bool fault_env = false;        // the journal over a journal::testing::FaultEnv
   // Applied last: a test's own settings (http_threads, deadlines, ...).
   std::function<void(ServeConfig&)> tweak;
@@ -81,6 +83,8 @@ class ServiceStack {
     eo.worker_extension_cls = effects::kWorkerExtensionClass;  // vLLM 0.25.1 (the default)
     eo.token_delay_ms = options_.token_delay_ms;
     eo.http_threads = options_.engine_http_threads;
+    eo.max_num_seqs = std::max(eo.max_num_seqs, options_.engine_http_threads);
+    eo.max_model_len = options_.engine_max_model_len;
     return eo;
   }
 
