@@ -539,5 +539,40 @@ TEST(ServiceApi, RestartAbandonsAcknowledgedRollouts) {
   EXPECT_NE(m->body.find("rolloutcore_lifecycle_state{state=\"READY\"} 1"), std::string::npos);
 }
 
+// Proves the proxy's security face: with proxy_token set, generations and read-only
+// pass-throughs need that token (the trainer's token is not it) and nothing is admitted without
+// it; the engine's development routes are never reachable through the proxy; /v1/models is
+// passed through. Catches an anonymous client holding off updates with admissions, and a proxy
+// that forwards /pause or /collective_rpc to the engine.
+TEST(ProxySecurity, ProxyTokenGuardsTheProxyAndDevRoutesAreUnreachable) {
+  Stack s([](ServeConfig& c) { c.proxy_token = "proxy-secret"; });
+  auto c = s.client();
+  const std::string body =
+      json{{"model", "rc-double-model"}, {"prompt", "hi"}, {"max_tokens", 2}}.dump();
+  auto anonymous = c.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(anonymous);
+  EXPECT_EQ(anonymous->status, 401);
+  auto trainer = c.Post("/v1/completions", auth(), body, "application/json");
+  ASSERT_TRUE(trainer);
+  EXPECT_EQ(trainer->status, 401) << "the trainer's token must not open the proxy";
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 0u);
+  const httplib::Headers client = stack::Bearer("proxy-secret");
+  auto ok = c.Post("/v1/completions", client, body, "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  auto models = c.Get("/v1/models", client);
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200) << models->body;
+  EXPECT_NE(models->body.find("rc-double-model"), std::string::npos);
+  EXPECT_EQ(c.Get("/v1/models")->status, 401);
+  for (const char* dev : {"/pause", "/resume", "/collective_rpc", "/reset_prefix_cache",
+                          "/update_weights", "/init_weight_transfer_engine"}) {
+    auto r = c.Post(dev, client, "{}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404) << dev;
+  }
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 1u);
+}
+
 }  // namespace
 }  // namespace rc::service
