@@ -41,6 +41,7 @@
 
 #include "journal/codec.h"
 #include "journal/journal.h"
+#include "statemachine/hex.h"
 
 namespace rc::journal {
 namespace {
@@ -1570,15 +1571,8 @@ Status RocksJournal::Compact() {
 Result<Hash> ParseHashHex(std::string_view hex) {
   if (hex.size() != 64) return Status::InvalidArgument("a hash is 64 hex digits, got " + std::to_string(hex.size()) + " characters");
   Hash out{};
-  for (std::size_t i = 0; i < 64; ++i) {
-    const char c = hex[i];
-    int v = -1;
-    if (c >= '0' && c <= '9') v = c - '0';
-    if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    if (v < 0) return Status::InvalidArgument("a hash is 64 hex digits: bad digit at " + std::to_string(i));
-    out[i / 2] = static_cast<std::uint8_t>(out[i / 2] << 4 | v);
-  }
+  const Status decoded = rc::hex::decode_into(hex, out);  // `hex` alone is the parameter
+  if (!decoded.ok()) return Status::InvalidArgument("a hash is 64 hex digits: " + decoded.message());
   return out;
 }
 

@@ -11,11 +11,11 @@
 //  * a failure that may have mutated weights -> TAINTED; one proven to precede mutation -> the
 //    update is refused and the engine resumes on the old version, untainted;
 //  * TAINTED is terminal: nothing is admitted, nothing published.
-#include <algorithm>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "statemachine/hex.h"
 #include "statemachine/state.h"
 #include "statemachine/text.h"
 
@@ -62,18 +62,12 @@ Status check_client_text(const char* what, const std::string& s) {
   return Status::OK();
 }
 
-bool is_hex(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-  });
-}
-
 Status check_digest(const char* what, const std::string& s, bool required) {
   if (s.empty()) {
     if (required) return Status::InvalidArgument(std::string(what) + " is empty");
     return Status::OK();
   }
-  if (s.size() > kDigestBytesMax || !is_hex(s)) {
+  if (s.size() > kDigestBytesMax || !hex::is_lower(s)) {
     return Status::InvalidArgument(std::string(what) + " must be lowercase hex of at most " +
                                    std::to_string(kDigestBytesMax) + " chars");
   }

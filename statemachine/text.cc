@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "statemachine/hex.h"
+
 namespace rc::text {
 namespace {
 
@@ -50,9 +52,10 @@ bool is_layout_control(std::uint32_t cp) {
 // Appends `prefix` then `digits` lowercase hex digits of `value` (no formatting library: this
 // runs on every byte of outside text and must not allocate beyond `out`).
 void append_hex(std::string& out, const char* prefix, std::uint32_t value, int digits) {
-  static constexpr char kHex[] = "0123456789abcdef";
   out += prefix;
-  for (int shift = 4 * (digits - 1); shift >= 0; shift -= 4) out += kHex[(value >> shift) & 0xF];
+  for (int shift = 4 * (digits - 1); shift >= 0; shift -= 4) {
+    out += hex::kLowerDigits[(value >> shift) & 0xF];
+  }
 }
 
 }  // namespace

@@ -10,14 +10,14 @@
 #include <vector>
 
 #include "statemachine/events.h"
+#include "statemachine/hex.h"
 #include "statemachine/state.h"
 
 namespace rc::journal::testing {
 
 inline WeightIdentity RandomIdentity(std::mt19937_64& rng) {
-  static const char kHex[] = "0123456789abcdef";
   WeightIdentity id;
-  for (int i = 0; i < 16; ++i) id.manifest_digest.push_back(kHex[rng() % 16]);
+  for (int i = 0; i < 16; ++i) id.manifest_digest.push_back(hex::kLowerDigits[rng() % 16]);
   if (rng() % 2) id.content_digest = id.manifest_digest + "ff";
   id.checkpoint = "/ckpt/step-" + std::to_string(rng() % 1000);
   id.run = "run-" + std::to_string(rng() % 10);
