@@ -2,7 +2,7 @@
 
 #include <random>
 
-#include "effects/nccl/rendezvous.h"
+#include "encoding/base64.h"
 
 #include <chrono>
 #include <thread>
@@ -95,7 +95,7 @@ Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
     std::string raw(128, '\0');
     std::random_device rd;
     for (char& c : raw) c = static_cast<char>(rd() & 0xff);
-    params.nccl_unique_id_b64 = nccl::Base64Encode(raw);
+    params.nccl_unique_id_b64 = encoding::Base64Encode(raw);
   } else {
     params.master_address = "127.0.0.1";
     params.master_port = 29555;

@@ -1,9 +1,8 @@
 #include "effects/manifest.h"
 
-#include <openssl/evp.h>
-
 #include <set>
 
+#include "encoding/sha256.h"
 #include "statemachine/text.h"
 
 namespace rc::effects {
@@ -89,20 +88,6 @@ Status Manifest::Validate() const {
   return Status::OK();
 }
 
-std::string sha256_hex(const void* data, std::size_t size) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  RC_CHECK(EVP_Digest(data, size, md, &len, EVP_sha256(), nullptr) == 1);
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  out.reserve(len * 2);
-  for (unsigned int i = 0; i < len; ++i) {
-    out.push_back(kHex[md[i] >> 4]);
-    out.push_back(kHex[md[i] & 15]);
-  }
-  return out;
-}
-
 std::string Manifest::digest() const {
   std::string canon = "rolloutcore-manifest-v1\n";
   for (const auto& t : tensors) {
@@ -116,7 +101,7 @@ std::string Manifest::digest() const {
     }
     canon += '\n';
   }
-  return sha256_hex(canon.data(), canon.size());
+  return encoding::Sha256Hex(canon);
 }
 
 }  // namespace rc::effects

@@ -48,7 +48,4 @@ struct Manifest {
   [[nodiscard]] Status Validate() const;
 };
 
-// Lowercase hex SHA-256 of arbitrary bytes.
-std::string sha256_hex(const void* data, std::size_t size);
-
 }  // namespace rc::effects

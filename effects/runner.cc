@@ -1,6 +1,6 @@
 #include "effects/runner.h"
 
-#include "journal/codec.h"
+#include "encoding/sha256.h"
 #include "statemachine/describe.h"
 
 #include <chrono>
@@ -37,7 +37,7 @@ class SystemClock final : public Clock {
 // A fixed-size key, so the one limit on update ids (kIdBytesMax) is the only one: a prefix on the
 // id itself pushed ids near the limit over the journal's key bound.
 std::string UpdateIdempotencyKey(const std::string& update_id) {
-  return "update:" + journal::HashHex(journal::Sha256(update_id));
+  return "update:" + encoding::Sha256Hex(update_id);
 }
 
 Clock& system_clock() {

@@ -2,15 +2,12 @@
 // touches the generated FlatBuffers types.
 #include "journal/codec.h"
 
-// SHA256_* are deprecated in OpenSSL 3.0 but kept; EVP adds per-call dispatch (see Sha256).
-#define OPENSSL_SUPPRESS_DEPRECATED
-#include <openssl/sha.h>
-
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "journal/events_generated.h"
+#include "statemachine/hex.h"
 
 namespace rc::journal {
 namespace {
@@ -417,29 +414,7 @@ struct AlignedCopy {
 
 }  // namespace
 
-// SHA-256 through OpenSSL's low-level SHA256_* (same SHA-NI/AVX code as EVP): EVP_Digest with
-// EVP_sha256() does an implicit provider fetch per call in OpenSSL 3, and even a reused
-// EVP_MD_CTX pays provider dispatch; measured in a 1M-event replay, EVP hashing cost ~0.45 us per
-// ~200-byte record, most of it outside the compression function.
-Hash Sha256(std::string_view bytes) {
-  SHA256_CTX ctx;
-  Hash out{};
-  const bool ok = SHA256_Init(&ctx) == 1 && SHA256_Update(&ctx, bytes.data(), bytes.size()) == 1 &&
-                  SHA256_Final(out.data(), &ctx) == 1;
-  RC_CHECK(ok);
-  return out;
-}
-
-std::string HashHex(const Hash& hash) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(64);
-  for (std::uint8_t byte : hash) {
-    out.push_back(kDigits[byte >> 4]);
-    out.push_back(kDigits[byte & 15]);
-  }
-  return out;
-}
+std::string HashHex(const Hash& hash) { return hex::encode(hash); }
 
 std::string EncodeRecord(const Record& record) {
   FlatBufferBuilder b(512);

@@ -18,8 +18,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "encoding/sha256.h"
 #include "journal/journal.h"
 #include "statemachine/events.h"
 #include "statemachine/state.h"
@@ -33,7 +35,10 @@ inline constexpr std::uint32_t kVerifierTablesMax = 4096;
 inline constexpr std::uint8_t kPayloadTagMax = 19;  // rc::fb::Payload::MAX
 inline constexpr std::uint32_t kSchemaVersion = 1;
 
-Hash Sha256(std::string_view bytes);
+// hash(record) above; one SHA-256 for every layer (encoding/sha256.h).
+using encoding::Sha256;
+static_assert(std::is_same_v<Hash, encoding::Sha256Digest>);
+// Lowercase hex, 64 characters.
 std::string HashHex(const Hash& hash);
 
 // Encodes the record's envelope (seq, wall_time_ms, cause_seq, prev_hash) and event. The record's

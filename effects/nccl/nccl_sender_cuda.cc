@@ -15,6 +15,7 @@
 #include "effects/nccl/nccl_sender.h"
 #include "effects/nccl/rendezvous.h"
 #include "effects/nccl/tcp_store.h"
+#include "encoding/base64.h"
 
 namespace rc::effects::nccl {
 namespace {
@@ -483,7 +484,7 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
     if (Status s = m.store->Set(std::string(kUniqueIdWireKey), PickleNcclUniqueId(id_bytes)); !s.ok()) return s;
     port = m.store->port();
   } else {
-    uid_b64 = Base64Encode(std::string_view(reinterpret_cast<const char*>(id_bytes.data()), id_bytes.size()));
+    uid_b64 = encoding::Base64Encode(std::string_view(reinterpret_cast<const char*>(id_bytes.data()), id_bytes.size()));
   }
   NcclInitParams init;
   if (m.mode == Rendezvous::kTcpStore) {

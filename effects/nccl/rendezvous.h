@@ -10,7 +10,7 @@
 //   43 80 <128 raw id bytes>                                  SHORT_BINBYTES
 //   86 86 52 2E                                               TUPLE2 TUPLE2 REDUCE STOP
 // Unique-id mode (newer vLLM): init_info carries `nccl_unique_id_b64`, standard base64 (with
-// padding, not URL-safe) of the 128 raw bytes.
+// padding, not URL-safe) of the 128 raw bytes (encoding/base64.h).
 #pragma once
 
 #include <array>
@@ -33,9 +33,5 @@ inline constexpr std::size_t kPickledUniqueIdBytes = 223;
 std::string PickleNcclUniqueId(const UniqueIdBytes& id);
 // Accepts only the exact layout PickleNcclUniqueId writes (tests and self-checks).
 [[nodiscard]] Result<UniqueIdBytes> UnpickleNcclUniqueId(std::string_view pickled);
-
-std::string Base64Encode(std::string_view bytes);
-// Standard alphabet, padding required, no whitespace; length bounded by the caller's input.
-[[nodiscard]] Result<std::string> Base64Decode(std::string_view text);
 
 }  // namespace rc::effects::nccl

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "effects/http_transfer.h"
-#include "effects/nccl/rendezvous.h"
+#include "encoding/base64.h"
 #include "statemachine/text.h"
 
 namespace rc::effects::nccl {
@@ -282,7 +282,7 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
     }
     const std::string& b64 = t["ipc_handle_b64"].get_ref<const std::string&>();
     if (b64.size() > 128) return Status::InvalidArgument("ipc file: handle text too long");
-    auto handle = Base64Decode(b64);
+    auto handle = encoding::Base64Decode(b64);
     if (!handle.ok() || handle->size() != kCudaIpcHandleBytes) {
       return Status::InvalidArgument(who + ": handle is not base64 of 64 bytes");
     }

@@ -35,27 +35,5 @@ TEST(Rendezvous, UnpickleRejectsDamage) {
   EXPECT_FALSE(UnpickleNcclUniqueId(p).ok());
 }
 
-// Proves standard base64 (RFC 4648 vectors, '+' '/' and padding) and round trips of 128 bytes;
-// catches URL-safe alphabets or missing padding that vLLM's validator rejects.
-TEST(Rendezvous, Base64) {
-  EXPECT_EQ(Base64Encode(""), "");
-  EXPECT_EQ(Base64Encode("f"), "Zg==");
-  EXPECT_EQ(Base64Encode("fo"), "Zm8=");
-  EXPECT_EQ(Base64Encode("foo"), "Zm9v");
-  EXPECT_EQ(Base64Encode("foobar"), "Zm9vYmFy");
-  EXPECT_EQ(Base64Encode(std::string("\xfb\xff\xbf", 3)), "+/+/");
-  std::string raw;
-  for (int i = 0; i < 128; ++i) raw.push_back(static_cast<char>(i * 37 + 11));
-  const std::string enc = Base64Encode(raw);
-  EXPECT_EQ(enc.size(), 172u);
-  auto dec = Base64Decode(enc);
-  ASSERT_TRUE(dec.ok());
-  EXPECT_EQ(*dec, raw);
-  EXPECT_FALSE(Base64Decode("Zm9").ok());
-  EXPECT_FALSE(Base64Decode("Zm-v").ok());
-  EXPECT_FALSE(Base64Decode("Z===").ok());
-  EXPECT_FALSE(Base64Decode("Zg==Zg==").ok());
-}
-
 }  // namespace
 }  // namespace rc::effects::nccl

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "effects/http_transfer.h"
-#include "effects/nccl/rendezvous.h"
 #include "effects/nccl/weight_source.h"
+#include "encoding/base64.h"
 
 namespace rc::effects::nccl {
 namespace {
@@ -84,7 +84,7 @@ TEST(SourceUri, ManifestDigestMatchesTheSource) {
   auto digest = SourceManifestDigest("safetensors:" + st);
   ASSERT_TRUE(digest.ok()) << digest.status().ToString();
   EXPECT_EQ(*digest, ReadSafetensorsIndex(st)->manifest.digest());
-  const std::string h = Base64Encode(std::string(64, 'z'));
+  const std::string h = encoding::Base64Encode(std::string(64, 'z'));
   const std::string ipc = dir.Write(
       "h.json", R"({"version":1,"tensors":[{"name":"w","dtype":"bfloat16","shape":[2],)"
                 R"("ipc_handle_b64":")" + h + R"(","allocation_bytes":4,"offset":0,"device":0}]})");

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "effects/nccl/rendezvous.h"
+#include "encoding/base64.h"
 
 namespace rc::effects::nccl {
 namespace {
@@ -114,7 +114,7 @@ std::string IpcEntry(const std::string& name, std::uint64_t alloc, std::uint64_t
 // Proves the IPC handle file is checked (handle length, bounds inside the allocation, one device,
 // version); catches a reader that would map past an allocation or mix devices.
 TEST(IpcHandleFile, ParseAndReject) {
-  const std::string h = Base64Encode(std::string(64, '\x5a'));
+  const std::string h = encoding::Base64Encode(std::string(64, '\x5a'));
   auto ok = ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 32, 16, 1, h) + "," +
                                IpcEntry("v", 16, 0, 1, h) + "]}");
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
@@ -123,7 +123,7 @@ TEST(IpcHandleFile, ParseAndReject) {
   EXPECT_EQ(ok->refs[0].handle, std::string(64, '\x5a'));
   EXPECT_EQ(ok->manifest.tensors[1].nbytes(), 16u);
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 20, 8, 0, h) + "]}").ok());
-  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 16, 0, 0, Base64Encode("short")) + "]}").ok());
+  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 16, 0, 0, encoding::Base64Encode("short")) + "]}").ok());
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 16, 0, 0, h) + "," +
                                   IpcEntry("v", 16, 0, 1, h) + "]}").ok());
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":2,"tensors":[]})").ok());

@@ -18,7 +18,6 @@
 // setup); without it the sender stages the file through pinned host memory.
 // Every checkpoint's identity carries the SHA-256 of the file's bytes (files up to 4 GiB), so two
 // checkpoints with one manifest are told apart by content, not only by path (E5).
-#include <openssl/evp.h>
 #include <signal.h>
 
 #include <atomic>
@@ -37,8 +36,10 @@
 #include "effects/nccl/nccl_sender.h"
 #include "effects/nccl/weight_source.h"
 #include "effects/runner.h"
+#include "encoding/sha256.h"
 #include "journal/journal.h"
 #include "replay/replay.h"
+#include "statemachine/hex.h"
 #include "tests/gpu/gpu_fixtures.h"
 
 using namespace rc;
@@ -60,25 +61,13 @@ std::string FileSha256(const std::string& path, std::uint64_t max_bytes) {
   const auto size = std::filesystem::file_size(path, ec);
   if (ec || size > max_bytes) return "";
   std::ifstream in(path, std::ios::binary);
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  encoding::Sha256Hasher hasher;
   std::vector<char> buf(std::size_t{8} << 20);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx, buf.data(), static_cast<std::size_t>(in.gcount()));
+    if (in.gcount() > 0) hasher.Update(std::string_view(buf.data(), static_cast<std::size_t>(in.gcount())));
   }
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int md_len = 0;
-  EVP_DigestFinal_ex(ctx, md, &md_len);
-  EVP_MD_CTX_free(ctx);
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int k = 0; k < md_len; ++k) {
-    const unsigned char c = md[k];
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
+  return hex::encode(hasher.Finish());
 }
 
 // Copies a host source into one device allocation on the current device (freed at exit).
