@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "effects/clock.h"
 #include "effects/http/engine_client.h"
 #include "effects/http_engine.h"
 #include "effects/http_transfer.h"
@@ -62,10 +63,7 @@ struct Demo {
 
   // Submits an input outside the runner (rollout bindings) and prints what was journaled.
   Result<std::vector<Event>> submit(const Event& input) {
-    auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    std::chrono::system_clock::now().time_since_epoch())
-                    .count();
-    auto s = journal.Submit(input, wall);
+    auto s = journal.Submit(input, effects::wall_now_ms());
     if (!s.ok()) return s.status();
     RC_RETURN_IF_ERROR(journal.Wait(s->ticket));
     std::uint64_t seq = s->ticket.result.first_seq;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "effects/clock.h"  // Clock, which the runner takes next to EngineControl
 #include "statemachine/events.h"
 
 namespace rc::effects {
@@ -27,17 +28,5 @@ class EngineControl {
   // POST /resume then GET /is_paused.
   virtual ResumeObserved Resume() = 0;
 };
-
-// Monotonic time and sleeping, injectable for simulation.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual std::int64_t now_ms() = 0;       // monotonic
-  virtual std::int64_t now_us() { return now_ms() * 1000; }  // monotonic, for phase timings
-  virtual std::int64_t wall_ms() = 0;      // wall clock, recorded in the journal envelope
-  virtual void sleep_ms(std::uint32_t ms) = 0;
-};
-
-Clock& system_clock();
 
 }  // namespace rc::effects

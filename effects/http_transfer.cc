@@ -1,27 +1,15 @@
 #include "effects/http_transfer.h"
 
-#include <random>
-
-#include "encoding/base64.h"
-
 #include <chrono>
+#include <random>
 #include <thread>
+
+#include "effects/clock.h"
+#include "encoding/base64.h"
 
 namespace rc::effects {
 
 namespace {
-
-std::uint64_t now_us() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
-std::uint64_t now_ms() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
 
 bool parse_u64(const std::string& s, std::uint64_t max, std::uint64_t* out) {
   if (s.empty() || s.size() > 20) return false;
@@ -126,22 +114,22 @@ PreflightObserved HttpSequenceTransfer::Preflight(const TransferTarget& target) 
 
 TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
                                                 std::uint64_t deadline_ms) {
-  const std::uint64_t start_us = now_us();
-  const std::uint64_t start_ms = now_ms();
-  const std::uint64_t deadline_at_ms = start_ms + deadline_ms;
+  const SteadyTime started = std::chrono::steady_clock::now();
+  // Integer milliseconds, as before: a time_point (nanoseconds) overflows past ~292 years.
+  const std::uint64_t deadline_at_ms = static_cast<std::uint64_t>(steady_now_ms()) + deadline_ms;
   TransferObserved out;
   auto finish = [&](MutationClass mutation, std::string error) {
     out.mutation = mutation;
     out.acknowledged = mutation == MutationClass::kComplete;
     if (error.size() > kTextBytesMax) error.resize(kTextBytesMax);
     out.error = std::move(error);
-    out.duration_us = now_us() - start_us;
+    out.duration_us = elapsed_us(started);
     return out;
   };
   // Milliseconds left, or 0 when the deadline has passed.
   auto remaining_ms = [&]() -> std::uint64_t {
-    const std::uint64_t now = now_ms();
-    return now >= deadline_at_ms ? 0 : deadline_at_ms - now;
+    const auto now_ms = static_cast<std::uint64_t>(steady_now_ms());
+    return now_ms >= deadline_at_ms ? 0 : deadline_at_ms - now_ms;
   };
 
   Result<Manifest> manifest = synthetic_manifest(target.source_uri);

@@ -3,46 +3,14 @@
 #include "encoding/sha256.h"
 #include "statemachine/describe.h"
 
-#include <chrono>
-#include <thread>
 #include <utility>
 
 namespace rc::effects {
-namespace {
-
-class SystemClock final : public Clock {
- public:
-  std::int64_t now_ms() override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  std::int64_t now_us() override {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  std::int64_t wall_ms() override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-  void sleep_ms(std::uint32_t ms) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  }
-};
-
-}  // namespace
 
 // A fixed-size key, so the one limit on update ids (kIdBytesMax) is the only one: a prefix on the
 // id itself pushed ids near the limit over the journal's key bound.
 std::string UpdateIdempotencyKey(const std::string& update_id) {
   return "update:" + encoding::Sha256Hex(update_id);
-}
-
-Clock& system_clock() {
-  static SystemClock clock;
-  return clock;
 }
 
 Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer& transfer,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "effects/clock.h"
 #include "effects/engine.h"
 #include "effects/transfer.h"
 #include "journal/journal.h"

@@ -1,4 +1,5 @@
 #include "effects/http/engine_client.h"
+#include "effects/clock.h"
 #include "effects/http/response_parsers.h"
 
 #include <curl/curl.h>
@@ -19,12 +20,6 @@ std::once_flag g_curl_once;
 
 void curl_global_once() {
   std::call_once(g_curl_once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
-std::uint64_t now_us() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
 }
 
 struct WriteCtx {
@@ -198,7 +193,7 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
   }
 
   // Drive the transfer ourselves so that a cancel is noticed within kPollIntervalMs.
-  const std::uint64_t start_us = now_us();
+  const SteadyTime start = std::chrono::steady_clock::now();
   CURLcode result = CURLE_OK;
   bool finished = false;
   bool cancelled_mid = false;
@@ -226,7 +221,7 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
     }
     curl_multi_poll(h->multi, nullptr, 0, kPollIntervalMs, nullptr);
   }
-  ev.latency_us = now_us() - start_us;
+  ev.latency_us = elapsed_us(start);
   long status = 0;
   curl_off_t request_bytes = 0;
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);

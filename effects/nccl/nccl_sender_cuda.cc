@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "effects/clock.h"
 #include "effects/nccl/nccl_sender.h"
 #include "effects/nccl/rendezvous.h"
 #include "effects/nccl/tcp_store.h"
@@ -23,14 +24,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kPollSleep = std::chrono::microseconds(20);
 
-std::uint64_t UsSince(Clock::time_point t) {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
-}
-std::uint64_t MsUntil(Clock::time_point deadline) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return ms > 0 ? static_cast<std::uint64_t>(ms) : 0;
-}
 std::string CudaErr(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
 }
@@ -287,7 +280,7 @@ struct NcclSender::Impl {
     }
     if (!drained) dirty = true;
     cudaGetLastError();  // clear a sticky-free error left by aborted kernels, if any
-    const std::uint64_t us = UsSince(t0);
+    const std::uint64_t us = elapsed_us(t0);
     abort_max_us = std::max(abort_max_us, us);
     return us;
   }
@@ -441,7 +434,7 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   m.comm_device = m.opt.device;
 
   // body_parsed guarantees "version" is a string and "world_size" a positive integer.
-  HttpReply v = m.engine.Version(Within(std::min(m.opt.http_timeout_ms, MsUntil(deadline))));
+  HttpReply v = m.engine.Version(Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
   if (!Ok2xx(v) || !v.http.body_parsed) return Status::Unavailable(Describe("GET /version", v));
   m.protocol = detect_protocol(v.body["version"].get<std::string>(), m.opt.protocol_override);
   if (m.protocol.line == ProtocolLine::kUnknown) {
@@ -458,7 +451,7 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   }
   m.world_size = m.opt.world_size;
   if (m.world_size <= 0) {
-    HttpReply w = m.engine.GetWorldSize(/*include_dp=*/true, Within(std::min(m.opt.http_timeout_ms, MsUntil(deadline))));
+    HttpReply w = m.engine.GetWorldSize(/*include_dp=*/true, Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
     if (!Ok2xx(w) || !w.http.body_parsed) return Status::Unavailable(Describe("GET /get_world_size", w));
     m.world_size = 1 + static_cast<int>(std::min<std::int64_t>(w.body["world_size"].get<std::int64_t>(), 1 << 20));
   }
@@ -501,7 +494,7 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
 
   // The engine joins the group inside its HTTP handler: run it beside our own init.
   AsyncCall http(CancelToken{}, [&m, init_info, deadline](const CancelToken& cancel) {
-    return m.engine.InitWeightTransferEngine(init_info, Within(MsUntil(deadline), cancel));
+    return m.engine.InitWeightTransferEngine(init_info, Within(remaining_ms(deadline), cancel));
   });
   Impl::Watch w{deadline, &http};
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -613,7 +606,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   const auto deadline = Impl::WorkDeadline(hard_deadline, deadline_ms, reserve_ms);
   auto finish = [&](std::string error) {
     out.error = error.substr(0, kTextBytesMax);
-    out.duration_us = UsSince(t0);
+    out.duration_us = elapsed_us(t0);
     std::lock_guard<std::mutex> lock(m.timing_mu);
     m.timing = timing;
     return out;
@@ -655,7 +648,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   const std::size_t ring = needs.slot_count;
 
   // ---- engine: start ----
-  HttpReply start = m.engine.StartWeightUpdate(Within(std::min(m.opt.http_timeout_ms, MsUntil(deadline))));
+  HttpReply start = m.engine.StartWeightUpdate(Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
   timing.start_http_us = start.http.latency_us;
   // vLLM 0.25.x's start_weight_update already moves every layer's parameters to the meta device
   // (layerwise reload): from the moment start may have reached the engine, the weights it serves
@@ -666,7 +659,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   // ---- engine: update (its own thread) + data plane ----
   const auto update_t0 = Clock::now();
   AsyncCall update(CancelToken{}, [&m, &update_info, deadline](const CancelToken& cancel) {
-    return m.engine.UpdateWeights(update_info, Within(MsUntil(deadline), cancel));
+    return m.engine.UpdateWeights(update_info, Within(remaining_ms(deadline), cancel));
   });
   Impl::Watch w{deadline, &update};
   Status s;
@@ -745,7 +738,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
       m.progress.bytes_completed += slot.op_bytes;
     }
   }
-  if (m.progress.ops_enqueued > 0) timing.data_plane_us = UsSince(dp_t0);
+  if (m.progress.ops_enqueued > 0) timing.data_plane_us = elapsed_us(dp_t0);
   out.tensors_sent = static_cast<std::uint32_t>(manifest.tensors.size());
 
   if (!s.ok()) {
@@ -759,7 +752,7 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
     // The group is unusable once bytes were queued, or while the engine may sit in its receives.
     if (enqueued || !update.done()) timing.abort_us = m.AbortComm(hard_deadline);
     const HttpReply& ur = update.Join();
-    timing.update_http_us = UsSince(update_t0);
+    timing.update_http_us = elapsed_us(update_t0);
     return finish("data plane: " + s.ToString() + (enqueued ? " (communicator aborted)" : "") + "; " +
                   Describe("POST /update_weights", ur));
   }
@@ -769,10 +762,10 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   while (!update.done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(100));
   if (!update.done()) update.Cancel();  // past the work deadline: the answer comes too late
   const HttpReply& ur = update.Join();
-  timing.update_http_us = UsSince(update_t0);
+  timing.update_http_us = elapsed_us(update_t0);
   if (!Ok2xx(ur)) return finish(Describe("POST /update_weights", ur));
   HttpReply fin = m.engine.FinishWeightUpdate(target.target.label,
-                                              Within(std::min(m.opt.http_timeout_ms, MsUntil(hard_deadline))));
+                                              Within(std::min(m.opt.http_timeout_ms, remaining_ms(hard_deadline))));
   timing.finish_http_us = fin.http.latency_us;
   if (!Ok2xx(fin)) return finish(Describe("POST /finish_weight_update", fin));
   out.acknowledged = true;
@@ -804,7 +797,7 @@ Result<std::uint64_t> NcclSender::RawBroadcast(const void* device_ptr, std::uint
     cudaEventRecord(done, stream);
     s = m.WaitEvent(done, w);
   }
-  const std::uint64_t us = UsSince(t0);
+  const std::uint64_t us = elapsed_us(t0);
   if (!s.ok()) {
     m.AbortComm(deadline + std::chrono::milliseconds(m.opt.drain_after_abort_ms));
     return s;

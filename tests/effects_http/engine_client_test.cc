@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "effects/clock.h"
 #include "tests/effects_http/test_servers.h"
 
 namespace rc::effects {
@@ -18,7 +19,6 @@ namespace {
 
 using nlohmann::json;
 using rc::testing::ClosedPort;
-using rc::testing::ElapsedMs;
 using rc::testing::RawServer;
 using rc::testing::ScriptedServer;
 using Clock = std::chrono::steady_clock;
@@ -335,7 +335,7 @@ TEST(EngineClient, ConnectionRefusedIsNeverSent) {
   EXPECT_EQ(r.http.http_status, 0);
   EXPECT_FALSE(r.http.body_parsed);
   EXPECT_FALSE(r.http.error.empty());
-  EXPECT_LT(ElapsedMs(t0), 1000u);
+  EXPECT_LT(elapsed_ms(t0), 1000u);
 }
 
 // Proves a response slower than the call deadline ends as kTimeout within 2x the deadline; would
@@ -351,7 +351,7 @@ TEST(EngineClient, SlowResponseTimesOutWithinTwiceTheDeadline) {
   EngineClient c(s.url(), Fast());
   const auto t0 = Clock::now();
   HttpReply r = c.UpdateWeights(json::object(), CallOptions{300, std::nullopt});
-  const auto ms = ElapsedMs(t0);
+  const auto ms = elapsed_ms(t0);
   EXPECT_EQ(r.http.transport, Transport::kTimeout);
   EXPECT_FALSE(r.http.never_sent());
   EXPECT_EQ(r.http.http_status, 0);
@@ -427,7 +427,7 @@ TEST(EngineClient, CancelInterruptsInFlightCall) {
   cancelled_at = Clock::now();
   c.Cancel();
   caller.join();
-  EXPECT_LT(ElapsedMs(cancelled_at), 500u);
+  EXPECT_LT(elapsed_ms(cancelled_at), 500u);
   EXPECT_EQ(r.http.transport, Transport::kTimeout);  // the request was sent: may have acted
   EXPECT_NE(r.http.error.find("cancel"), std::string::npos);
 
@@ -461,7 +461,7 @@ TEST(EngineClient, CancelTokenIsPerCall) {
   const auto t0 = Clock::now();
   token.Cancel();
   caller.join();
-  EXPECT_LT(ElapsedMs(t0), 500u);
+  EXPECT_LT(elapsed_ms(t0), 500u);
   EXPECT_EQ(r.http.transport, Transport::kTimeout);
   EXPECT_FALSE(c.cancelled());
   EXPECT_TRUE(c.Health().http.ok_2xx());

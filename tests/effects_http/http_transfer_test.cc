@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "effects/clock.h"
 #include "tests/effects_http/test_servers.h"
 
 namespace rc::effects {
@@ -14,7 +15,6 @@ namespace {
 
 using nlohmann::json;
 using rc::testing::ClosedPort;
-using rc::testing::ElapsedMs;
 using rc::testing::ScriptedServer;
 
 void Json(httplib::Response& res, const std::string& body, int status = 200) {
@@ -223,7 +223,7 @@ TEST(HttpSequenceTransfer, HonoursDeadline) {
   HttpSequenceTransfer t(c);
   const auto t0 = std::chrono::steady_clock::now();
   TransferObserved o = t.Transfer(Target(), 400);
-  EXPECT_LT(ElapsedMs(t0), 800u);
+  EXPECT_LT(elapsed_ms(t0), 800u);
   EXPECT_EQ(o.mutation, MutationClass::kPossible);
   EXPECT_FALSE(o.acknowledged);
 }

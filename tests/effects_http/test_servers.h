@@ -159,10 +159,4 @@ inline int ClosedPort() {
   return ntohs(a.sin_port);
 }
 
-inline std::uint64_t ElapsedMs(std::chrono::steady_clock::time_point since) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::steady_clock::now() - since)
-                                        .count());
-}
-
 }  // namespace rc::testing

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "effects/clock.h"
 #include "effects/http/engine_client.h"
 #include "effects/http_engine.h"
 #include "effects/http_transfer.h"
@@ -29,11 +30,7 @@ inline std::string TempDir(const std::string& tag) {
   return dir.string();
 }
 
-inline std::int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+inline std::int64_t WallMs() { return effects::wall_now_ms(); }
 
 // The manifest every test checkpoint shares ("synthetic:8x64"): same architecture.
 inline std::string SharedDigest() {
