@@ -1,6 +1,7 @@
 #include "effects/http/engine_client.h"
 #include "effects/clock.h"
 #include "effects/http/response_parsers.h"
+#include "statemachine/status.h"
 
 #include <curl/curl.h>
 
@@ -444,22 +445,8 @@ HttpReply EngineClient::FinishWeightUpdate(const std::optional<std::string>& lab
   set.http = chain(fin.http, set.http);
   return set;
 }
-HttpReply EngineClient::AbortRequests(const std::vector<std::string>& request_ids,
-                                      const CallOptions& o) {
-  return Call(post("/abort_requests", dump(json{{"request_ids", request_ids}}),
-                   Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms), o);
-}
 HttpReply EngineClient::MetricsRaw(const CallOptions& o) {
   return Call(get("/metrics", Shape::kText, nullptr, deadlines_.call_timeout_ms), o);
-}
-Result<MetricsMap> EngineClient::Metrics(const CallOptions& o) {
-  HttpReply r = MetricsRaw(o);
-  if (!r.http.ok_2xx()) {
-    return Status::Unavailable(std::string("GET /metrics: ") + transport_name(r.http.transport) +
-                               " status=" + std::to_string(r.http.http_status) + " " +
-                               r.http.error);
-  }
-  return parse_prometheus_text(r.raw);
 }
 HttpReply EngineClient::Completions(const json& request, const CallOptions& o) {
   return Call(post("/v1/completions", dump(request), Shape::kJsonObject, nullptr,

@@ -32,7 +32,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "effects/http/prometheus.h"
 #include "statemachine/events.h"
 #include "statemachine/types.h"
 
@@ -161,8 +160,8 @@ class EngineClient {
   // Body {"weight_version": label} when label is set, no body otherwise. On kWorkerRpc engines
   // (which ignore the body) the label is then set with WriteLabel and the evidences chained.
   HttpReply FinishWeightUpdate(const std::optional<std::string>& label, const CallOptions& o = {});
-  HttpReply AbortRequests(const std::vector<std::string>& request_ids, const CallOptions& o = {});
-  HttpReply MetricsRaw(const CallOptions& o = {});  // body stays null; raw is Prometheus text
+  // GET /metrics: body stays null; raw is the Prometheus text (read only for Instance()).
+  HttpReply MetricsRaw(const CallOptions& o = {});
   struct EngineView {
     HttpEvidence http;
     std::string label;
@@ -172,8 +171,6 @@ class EngineClient {
   };
   // The label, /is_paused and the instance, evidence chained.
   EngineView ObserveView();
-  // Parses GET /metrics. Fails with the evidence summary when the exchange failed.
-  Result<MetricsMap> Metrics(const CallOptions& o = {});
 
   HttpReply Completions(const nlohmann::json& request, const CallOptions& o = {});
   HttpReply ChatCompletions(const nlohmann::json& request, const CallOptions& o = {});

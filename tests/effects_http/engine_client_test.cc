@@ -13,12 +13,17 @@
 
 #include "effects/clock.h"
 #include "tests/effects_http/test_servers.h"
+#include "tests/support/engine_calls.h"
 
 namespace rc::effects {
 namespace {
 
 using nlohmann::json;
+using rc::testing::AbortRequests;
 using rc::testing::ClosedPort;
+using rc::testing::Metrics;
+using rc::testing::MetricsMap;
+using rc::testing::read_engine_load;
 using rc::testing::RawServer;
 using rc::testing::ScriptedServer;
 using Clock = std::chrono::steady_clock;
@@ -541,7 +546,7 @@ TEST(EngineClient, InitAndUpdateBodiesAreWrapped) {
   EXPECT_TRUE(c.InitWeightTransferEngine(json{{"world_size", 2}}).http.ok_2xx());
   EXPECT_TRUE(c.UpdateWeights(json{{"names", json::array()}}).http.ok_2xx());
   EXPECT_TRUE(c.UpdateWeightVersion("x").http.ok_2xx());
-  EXPECT_TRUE(c.AbortRequests({"a", "b"}).http.ok_2xx());
+  EXPECT_TRUE(AbortRequests(c, {"a", "b"}).http.ok_2xx());
   EXPECT_EQ(init_seen, json({{"init_info", {{"world_size", 2}}}}));
   EXPECT_EQ(update_seen, json({{"update_info", {{"names", json::array()}}}}));
   EXPECT_EQ(version_seen, json({{"new_version", "x"}}));
@@ -660,7 +665,7 @@ TEST(EngineClient, MetricsOverHttp) {
   });
   s.Start();
   EngineClient c(s.url(), Fast());
-  Result<MetricsMap> m = c.Metrics();
+  Result<MetricsMap> m = Metrics(c);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_DOUBLE_EQ(read_engine_load(*m).num_requests_running, 5.0);
 }

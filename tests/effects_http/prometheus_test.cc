@@ -1,11 +1,11 @@
 // Prometheus text parsing: labels, escapes, special values, sums over label sets, bounds.
-#include "effects/http/prometheus.h"
+#include "tests/support/prometheus.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-namespace rc::effects {
+namespace rc::testing {
 namespace {
 
 // Proves samples with quoted label values containing '}', ',', spaces and escaped quotes parse to
@@ -70,4 +70,4 @@ TEST(Prometheus, SeriesAreBounded) {
 }
 
 }  // namespace
-}  // namespace rc::effects
+}  // namespace rc::testing

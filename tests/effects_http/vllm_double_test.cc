@@ -10,12 +10,17 @@
 #include "effects/http/protocol.h"
 #include "effects/http_transfer.h"
 #include "fixtures/vllm_double.h"
+#include "tests/support/engine_calls.h"
 
 namespace rc::effects {
 namespace {
 
 using nlohmann::json;
 using rc::fixtures::RouteFault;
+using rc::testing::Metrics;
+using rc::testing::MetricsMap;
+using rc::testing::metric_present;
+using rc::testing::read_engine_load;
 using rc::fixtures::VllmDouble;
 using rc::fixtures::VllmDoubleOptions;
 using Clock = std::chrono::steady_clock;
@@ -226,7 +231,7 @@ TEST(VllmDoubleIntegration, MetricsAndGeneration) {
                                            [&](const json&) { ++chunks; return true; });
   EXPECT_TRUE(streamed.http.ok_2xx()) << streamed.http.error;
   EXPECT_GE(chunks, 1);
-  Result<MetricsMap> m = c.Metrics();
+  Result<MetricsMap> m = Metrics(c);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_TRUE(metric_present(*m, "vllm:num_requests_running"));
   EXPECT_TRUE(metric_present(*m, "vllm:prefix_cache_queries_total"));

@@ -5,7 +5,8 @@
 // Input: one selector byte (which route's parser), then the response body as the engine sent it.
 // Routes: /version, /weight_info, /collective_rpc rc_weight_info (with per-worker instances),
 // /pause, /is_paused, /reset_*_cache, /get_world_size, /update_weight_version, /metrics
-// (process_start_time_seconds and the Prometheus text parser) and the SSE event splitter.
+// (process_start_time_seconds, and the Prometheus text parser the tests use, tests/support/)
+// and the SSE event splitter.
 //
 // Regressions: a /weight_info body with a non-string "instance" or a non-integer "workers" made
 // the typed reads throw nlohmann::json::type_error (tests/fuzz/regressions/).
@@ -15,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "effects/http/prometheus.h"
 #include "effects/http/protocol.h"
 #include "effects/http/response_parsers.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/support/prometheus.h"
 
 namespace {
 
@@ -115,19 +116,19 @@ void fuzz_metrics(const std::string& raw) {
     FUZZ_CHECK(v.find_first_not_of("0123456789.e+") == std::string::npos);
     FUZZ_CHECK(raw.find("process_start_time_seconds " + v) != std::string::npos);
   }
-  rc::Result<rc::effects::MetricsMap> m = rc::effects::parse_prometheus_text(raw);
+  rc::Result<rc::testing::MetricsMap> m = rc::testing::parse_prometheus_text(raw);
   if (!m.ok()) {
     FUZZ_CHECK(!m.status().message().empty());
     return;
   }
-  FUZZ_CHECK(m->size() <= rc::effects::kMetricSeriesMax);
+  FUZZ_CHECK(m->size() <= rc::testing::kMetricSeriesMax);
   for (const auto& [key, value] : *m) {
-    const std::string_view name = rc::effects::metric_name_of(key);
+    const std::string_view name = rc::testing::metric_name_of(key);
     FUZZ_CHECK(!name.empty() && key.compare(0, name.size(), name) == 0);
-    FUZZ_CHECK(rc::effects::metric_present(*m, name));
+    FUZZ_CHECK(rc::testing::metric_present(*m, name));
     (void)value;
   }
-  (void)rc::effects::read_engine_load(*m);
+  (void)rc::testing::read_engine_load(*m);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "fixtures/vllm_double.h"
 #include "journal/journal.h"
 #include "statemachine/history.h"
+#include "tests/support/engine_calls.h"
 
 namespace rc::itest {
 
@@ -200,9 +201,9 @@ inline HistoryReport CheckRecords(const std::vector<journal::Record>& records) {
 }
 
 inline double MetricOr0(effects::EngineClient& c, const std::string& name) {
-  auto m = c.Metrics();
+  auto m = rc::testing::Metrics(c);
   if (!m.ok()) return -1;
-  return effects::metric_sum(*m, name);
+  return rc::testing::metric_sum(*m, name);
 }
 
 }  // namespace rc::itest

@@ -1,10 +1,10 @@
-#include "effects/http/prometheus.h"
+#include "tests/support/prometheus.h"
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
-namespace rc::effects {
+namespace rc::testing {
 
 namespace {
 
@@ -121,4 +121,4 @@ EngineLoad read_engine_load(const MetricsMap& m) {
   return l;
 }
 
-}  // namespace rc::effects
+}  // namespace rc::testing

@@ -1,5 +1,7 @@
-// Prometheus text exposition (format 0.0.4) parsing, bounded, and the few vLLM series the
-// engine monitor and the GPU checks read; the controller reads none (docs/vllm-protocol.md §2).
+// Prometheus text exposition (format 0.0.4) parsing, bounded, and the few vLLM series tests read.
+// Test support only: production code parses no /metrics text. The engine's instance is taken
+// from process_start_time_seconds in the raw text (start_time_instance, effects/http/
+// response_parsers.h); the controller reads no series (docs/vllm-protocol.md §2).
 //
 //   line   := comment | sample | empty
 //   sample := name [ "{" label ("," label)* [","] "}" ] value [ timestamp ]
@@ -14,7 +16,7 @@
 
 #include "statemachine/status.h"
 
-namespace rc::effects {
+namespace rc::testing {
 
 inline constexpr std::size_t kMetricSeriesMax = 200000;
 
@@ -31,7 +33,7 @@ double metric_sum(const MetricsMap& m, std::string_view name);
 // Whether any series is named exactly `name`.
 bool metric_present(const MetricsMap& m, std::string_view name);
 
-// The vLLM gauges and counters the runner and bench read, summed over labels (engines, models).
+// The vLLM gauges and counters the tests read, summed over labels (engines, models).
 struct EngineLoad {
   double prefix_cache_hits_total = 0;     // vllm:prefix_cache_hits_total (tokens)
   double prefix_cache_queries_total = 0;  // vllm:prefix_cache_queries_total (tokens)
@@ -40,4 +42,4 @@ struct EngineLoad {
 };
 EngineLoad read_engine_load(const MetricsMap& m);
 
-}  // namespace rc::effects
+}  // namespace rc::testing
