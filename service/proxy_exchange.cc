@@ -288,9 +288,10 @@ void ProxyExchange::OnHead(error_code ec) {
 
 void ProxyExchange::ReadBody() {
   if (parser_->is_done()) return UpstreamDone();
+  if (read_buf_ == nullptr) read_buf_.reset(new char[kUpstreamReadBytes]);
   auto& body = parser_->get().body();
-  body.data = read_buf_.data();
-  body.size = read_buf_.size();
+  body.data = read_buf_.get();
+  body.size = kUpstreamReadBytes;
   beast::http::async_read_some(
       conn_->socket, conn_->buffer, *parser_,
       asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
@@ -300,12 +301,12 @@ void ProxyExchange::ReadBody() {
 
 void ProxyExchange::OnBody(error_code ec) {
   if (ec == beast::http::error::need_buffer) ec = {};
-  const std::size_t got = read_buf_.size() - parser_->get().body().size;
+  const std::size_t got = kUpstreamReadBytes - parser_->get().body().size;
   if (ec) {
     return UpstreamFailed(timed_out_ ? Transport::kTimeout : Transport::kBroken,
                           "response body: " + ec.message());
   }
-  if (got > 0 && !Absorb(read_buf_.data(), got)) return;
+  if (got > 0 && !Absorb(read_buf_.get(), got)) return;
   if (!out_.empty()) {
     return ex_.Write(std::move(out_), [self = shared_from_this()](bool delivered) {
       self->OnClientTook(delivered);

@@ -106,7 +106,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   bool retried_stale_ = false;
   boost::beast::http::request<boost::beast::http::string_body> upstream_request_;
   std::optional<boost::beast::http::response_parser<boost::beast::http::buffer_body>> parser_;
-  std::array<char, kUpstreamReadBytes> read_buf_{};
+  std::unique_ptr<char[]> read_buf_;  // kUpstreamReadBytes, allocated (not zeroed) on first read
   std::string body_;       // non-streamed (or error) body, bounded
   bool body_overflow_ = false;
   std::string out_;        // client events of one engine read
