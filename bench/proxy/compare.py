@@ -86,7 +86,11 @@ def nginx_config(lab_dir, nginx_bin, listen_port, upstream, nofile):
     user_line = ""
     if os.geteuid() == 0:
         # As root the worker switches to an unprivileged user; let it reach its temp dirs.
-        pw = pwd.getpwnam("nobody")
+        try:
+            pw = pwd.getpwnam("nobody")
+        except KeyError:
+            raise BenchError("running as root, nginx's worker needs the user 'nobody', which "
+                             "does not exist here")
         group = grp.getgrgid(pw.pw_gid).gr_name
         user_line = f"user nobody {group};"
         os.chmod(lab_dir, 0o711)

@@ -437,7 +437,10 @@ class Run:
             if not self.stopping:
                 d = self.trickle["closed_by_server"]
                 d[reason] = d.get(reason, 0) + 1
-                self.trickle["close_after_s"].append(time.monotonic() - t0)
+                lasted = time.monotonic() - t0
+                self.trickle["close_after_s"].append(lasted)
+                if lasted < 1.0:  # refused at once: no reconnect storm
+                    await asyncio.sleep(1.0)
 
     async def sample_serve(self):
         n = 0
