@@ -13,6 +13,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include "effects/clock.h"
 #include "service/service.h"
 #include "statemachine/text.h"
 
@@ -26,16 +27,6 @@ constexpr std::uint32_t kAdmitAttemptsMax = 1000;  // races with the journal's d
 constexpr std::uint64_t kAdmitPollMs = 20;         // a waiting admission looks again this often
 constexpr std::uint32_t kFinishBackoffMsMax = 50;
 
-std::uint64_t us_since(Clock::time_point t) {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
-}
-
-std::int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 bool is_journal_failure(const Status& st) {
   return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
@@ -84,7 +75,7 @@ Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_
     return step;
   }
   step.binding = make_admission(s, rollout_id, lease_ms);
-  auto submitted = journal_->Submit(step.binding, wall_ms());
+  auto submitted = journal_->Submit(step.binding, effects::wall_now_ms());
   if (submitted.ok()) {
     step.kind = AdmitStep::kSubmitted;
     step.ticket = submitted->ticket;
@@ -115,7 +106,7 @@ Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_
 Service::AdmitResult Service::Admitted(AdmitStep step, const Status& durable,
                                        Clock::time_point t0) {
   RC_CHECK(step.kind == AdmitStep::kSubmitted);
-  metrics_.journal_append.ObserveUs(us_since(t0));
+  metrics_.journal_append.ObserveUs(effects::elapsed_us(t0));
   AdmitResult out;
   if (!durable.ok()) {
     // Durable or not, nobody was told: recovery records it abandoned if it is.
@@ -236,7 +227,7 @@ Status Service::SubmitFinishFrom(FinishRecords& f) {
   for (; f.next < f.records.size(); ++f.next) {
     if (failed()) return Status::Unavailable("the executor has fail-stopped: " + failure());
     const bool is_finish = f.next + 1 == f.records.size();
-    auto submitted = journal_->Submit(f.records[f.next], wall_ms());
+    auto submitted = journal_->Submit(f.records[f.next], effects::wall_now_ms());
     if (submitted.ok()) {
       f.ticket = submitted->ticket;
       continue;
@@ -288,7 +279,7 @@ Status Service::FinishBackoff(FinishRecords& f, const Status& busy) {
 }
 
 Status Service::FinishCommitted(FinishRecords& f, const Status& durable) {
-  metrics_.journal_append.ObserveUs(us_since(f.t0));
+  metrics_.journal_append.ObserveUs(effects::elapsed_us(f.t0));
   if (!durable.ok()) {
     FailStop("commit of the finish of rollout '" + f.rollout_id + "' failed: " +
              durable.ToString());

@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "service/http_util.h"
+#include "statemachine/hex.h"
 #include "statemachine/text.h"
 
 namespace rc::service {
@@ -68,12 +69,7 @@ std::optional<std::string_view> query_value(std::string_view target, std::string
 std::string percent_decode(std::string_view in, bool plus_is_space) {
   std::string out;
   out.reserve(in.size());
-  const auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
+  const auto hex = [](char c) { return rc::hex::digit_value(c); };
   for (std::size_t i = 0; i < in.size(); ++i) {
     if (in[i] == '%' && i + 2 < in.size() && hex(in[i + 1]) >= 0 && hex(in[i + 2]) >= 0) {
       out.push_back(static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2])));

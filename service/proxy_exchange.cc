@@ -9,6 +9,7 @@
 #include <boost/beast/http/write.hpp>
 #include <spdlog/spdlog.h>
 
+#include "effects/clock.h"
 #include "journal/json.h"
 #include "service/http_util.h"
 #include "statemachine/text.h"
@@ -27,12 +28,6 @@ const std::string kDoneEvent = "data: [DONE]\n\n";
 
 std::uint32_t clamp_u32(std::uint64_t v) {
   return v > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(v);
-}
-
-std::uint64_t us_between(Clock::time_point a, Clock::time_point b) {
-  return b <= a ? 0
-                : static_cast<std::uint64_t>(
-                      std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
 }
 
 bool is_2xx(unsigned status) { return status >= 200 && status < 300; }
@@ -504,7 +499,7 @@ void ProxyExchange::CloseUpstream() {
 }
 
 std::uint64_t ProxyExchange::upstream_us() const {
-  return connect_attempts_ == 0 ? 0 : us_between(upstream_t0_, Clock::now());
+  return connect_attempts_ == 0 ? 0 : effects::elapsed_us(upstream_t0_);
 }
 
 // Exactly once per admitted rollout: the trajectory line, then its journal parts and
@@ -529,7 +524,7 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
                         text::escape_line(self->admission_.binding.rollout_id),
                         text::escape_line(st.ToString()));
         }
-        const std::uint64_t total_us = us_between(self->t0_, Clock::now());
+        const std::uint64_t total_us = effects::elapsed_us(self->t0_);
         ServiceMetrics& m = self->svc_.metrics_;
         m.proxy_total.ObserveUs(total_us);
         m.proxy_upstream.ObserveUs(up_us);

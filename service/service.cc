@@ -1,7 +1,6 @@
 #include "service/service.h"
 
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -18,11 +17,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include "effects/clock.h"
 #include "effects/http_transfer.h"
+#include "encoding/sha256.h"
 #include "effects/nccl/weight_source.h"
 #include "journal/json.h"
 #include "service/api_parse.h"
 #include "service/http_util.h"
+#include "statemachine/hex.h"
 #include "statemachine/text.h"
 
 #ifdef RC_HAVE_CUDA  // defined (PUBLIC) by the effects target when CUDA and NCCL were found
@@ -37,33 +39,11 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::uint64_t us_since(Clock::time_point t) {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
-}
-
-// The worker pool that serves connections now lives behind the connection gate
-// (connection_gate.h: WorkerPool); nothing here waits on a client's request bytes.
 // Shutdown: after the grace deadline, cancelled proxied calls get this long to be recorded
 // aborted (their finish is durable before the journal closes), and the workers this long to exit.
 inline constexpr std::uint64_t kShutdownSettleMs = 2000;
 
-std::string hex(const unsigned char* p, std::size_t n) {
-  static const char* k = "0123456789abcdef";
-  std::string s;
-  s.reserve(n * 2);
-  for (std::size_t i = 0; i < n; ++i) {
-    s.push_back(k[p[i] >> 4]);
-    s.push_back(k[p[i] & 15]);
-  }
-  return s;
-}
-
-std::int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+std::int64_t wall_ms() { return effects::wall_now_ms(); }
 
 bool is_decision(const Event& e) { return family_of(e) == Family::kDecision; }
 
@@ -154,18 +134,18 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
     std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
     if (!lock.try_lock_for(std::chrono::milliseconds(deadline_ms))) {
       refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
-      refused.duration_us = us_since(t0);
+      refused.duration_us = effects::elapsed_us(t0);
       return refused;
     }
-    const std::uint64_t waited_ms = us_since(t0) / 1000;
+    const std::uint64_t waited_ms = effects::elapsed_us(t0) / 1000;
     if (waited_ms >= deadline_ms) {
       refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
-      refused.duration_us = us_since(t0);
+      refused.duration_us = effects::elapsed_us(t0);
       return refused;
     }
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
       refused.error = CudaError("cudaSetDevice", e).substr(0, kTextBytesMax);
-      refused.duration_us = us_since(t0);
+      refused.duration_us = effects::elapsed_us(t0);
       return refused;
     }
     return sender_.Transfer(target, deadline_ms - waited_ms);
@@ -198,7 +178,7 @@ EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const Serv
     if (v.http.ok_2xx() && v.body.is_object() && v.body.value("version", json()).is_string()) {
       const std::string version = v.body["version"].get<std::string>();
       spdlog::info("serve: engine {} answers GET /version: '{}' (after {} ms, {} attempt(s))",
-                   esc(config.engine_url), esc(version), us_since(start) / 1000, attempt);
+                   esc(config.engine_url), esc(version), effects::elapsed_us(start) / 1000, attempt);
       return {Status::OK(), version};
     }
     last = v.http.ok_2xx() ? "HTTP " + std::to_string(v.http.http_status) +
@@ -211,7 +191,7 @@ EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const Serv
     if (now >= next_log) {
       spdlog::info("serve: waiting for the engine at {} to answer GET /version ({} s so far, "
                    "up to {} s): {}",
-                   esc(config.engine_url), us_since(start) / 1000000,
+                   esc(config.engine_url), effects::elapsed_us(start) / 1000000,
                    config.engine_startup_timeout_ms / 1000, esc(last));
       next_log = now + std::chrono::seconds(5);
     }
@@ -238,13 +218,13 @@ std::string DeriveCacheSalt(const RolloutAdmitted& b, const std::string& client_
     material += ':';
     material += part;
   }
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(material.data()), material.size(), digest);
-  return "rc" + std::to_string(b.version.generation) + "-" + hex(digest, 16);
+  const encoding::Sha256Digest digest = encoding::Sha256(material);
+  return "rc" + std::to_string(b.version.generation) + "-" +
+         hex::encode(std::span<const std::uint8_t>(digest.data(), 16));
 }
 
 std::string DurableHead::ToString() const {
-  return std::to_string(seq) + ":" + hex(hash.data(), hash.size());
+  return std::to_string(seq) + ":" + hex::encode(std::span<const std::uint8_t>(hash));
 }
 
 Service::Service(ServeConfig config) : config_(std::move(config)) {}
