@@ -15,10 +15,13 @@
 
 #include "effects/clock.h"
 #include "service/service.h"
+#include "service/service_internal.h"
 #include "statemachine/text.h"
 
 namespace rc::service {
 namespace {
+
+using namespace internal;  // NOLINT: the service's own helpers
 
 using Clock = std::chrono::steady_clock;
 namespace asio = boost::asio;
@@ -26,14 +29,6 @@ namespace asio = boost::asio;
 constexpr std::uint32_t kAdmitAttemptsMax = 1000;  // races with the journal's decision
 constexpr std::uint64_t kAdmitPollMs = 20;         // a waiting admission looks again this often
 constexpr std::uint32_t kFinishBackoffMsMax = 50;
-
-
-bool is_journal_failure(const Status& st) {
-  return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
-         st.code() == Code::kTimeout;
-}
-
-std::string esc(const std::string& s) { return text::escape_line(s); }
 
 }  // namespace
 

@@ -1,0 +1,42 @@
+// Small helpers shared by the service's files (service.cc, admission.cc, trainer_api.cc,
+// metrics_render.cc, proxy_exchange.cc). Not part of the service's interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "effects/clock.h"
+#include "effects/runner.h"
+#include "statemachine/events.h"
+#include "statemachine/status.h"
+#include "statemachine/text.h"
+
+namespace rc::service::internal {
+
+inline std::int64_t wall_ms() { return effects::wall_now_ms(); }
+
+inline bool is_decision(const Event& e) { return family_of(e) == Family::kDecision; }
+
+// Outside text (engine bodies, client ids, journal details) as one log line.
+inline std::string esc(const std::string& s) { return rc::text::escape_line(s); }
+
+inline std::string replay_hint(const std::string& journal_path) {
+  return "explain it with: rolloutcore replay " + esc(journal_path);
+}
+
+// Journal errors after which nothing more may be decided or acknowledged.
+inline bool is_journal_failure(const Status& st) {
+  return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
+         st.code() == Code::kInternal || st.code() == Code::kTimeout;
+}
+
+inline nlohmann::json timings_json(const effects::PhaseTimings& t) {
+  return {{"drain_us", t.drain_us},         {"preflight_us", t.preflight_us},
+          {"transfer_us", t.transfer_us},   {"invalidate_us", t.invalidate_us},
+          {"validate_us", t.validate_us},   {"resume_us", t.resume_us},
+          {"journal_us", t.journal_us},     {"total_us", t.total_us}};
+}
+
+}  // namespace rc::service::internal

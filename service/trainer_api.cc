@@ -1,0 +1,628 @@
+// The trainer API: state and version reads, updates, explicit rollouts and their leases, watch,
+// events, manifest, health and readiness, and the routing table of the whole server.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <openssl/crypto.h>
+#include <spdlog/spdlog.h>
+
+#include "effects/nccl/weight_source.h"
+#include "journal/json.h"
+#include "service/api_parse.h"
+#include "service/http_util.h"
+#include "service/service.h"
+#include "service/service_internal.h"
+#include "statemachine/text.h"
+
+namespace rc::service {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using namespace internal;  // NOLINT: the service's own helpers
+
+// ---- trainer API ----
+
+Service::DurableView Service::CatchUpDurable(bool copy_state) {
+  std::lock_guard<std::mutex> lock(durable_mu_);
+  if (!failed()) {
+    // Scan stops at the durable head: whatever was only enqueued is not folded here.
+    Status st = journal_->Scan(durable_.head.seq + 1, 0, [&](const journal::Record& r) {
+      RC_CHECK(r.seq == durable_.head.seq + 1);  // dense seqs, in order
+      Status applied = apply(durable_.state, r.event);
+      if (!applied.ok()) {
+        return Status::Corruption("seq " + std::to_string(r.seq) + " does not apply to the "
+                                  "durable view: " + applied.ToString());
+      }
+      durable_.head = DurableHead{r.seq, r.hash};
+      if (is_decision(r.event)) durable_.decision_seq = r.seq;
+      return Status::OK();
+    });
+    if (!st.ok() && st.code() != Code::kInvalidArgument) {
+      FailStop("reading the durable journal failed: " + st.ToString());
+    }
+  }
+  DurableView out;
+  out.head = durable_.head;
+  out.decision_seq = durable_.decision_seq;
+  if (copy_state) out.state = durable_.state;
+  return out;
+}
+
+DurableHead Service::durable_head() { return CatchUpDurable(false).head; }
+
+void Service::SetHeadHeader(HttpResponse& res, const DurableHead& head) {
+  set_header(res, "X-RolloutCore-Head", head.ToString());
+}
+
+namespace {
+
+json summary_json(const State& s, const DurableHead& head) {
+  json j;
+  j["lifecycle"] = lifecycle_name(s.lifecycle);
+  j["committed"] = journal::WeightVersionToJson(s.committed);
+  j["identity"] = journal::WeightIdentityToJson(s.committed_identity);
+  j["active_rollouts"] = s.active.size();
+  j["head_seq"] = head.seq;
+  j["head"] = head.ToString();
+  j["engine_reachable"] = s.engine_reachable;
+  j["engine_recheck"] = s.engine_recheck;
+  j["engine_instance"] = s.engine_instance;
+  if (s.update) {
+    j["update"] = {{"update_id", s.update->update_id},
+                   {"target", journal::WeightVersionToJson(s.update->target)}};
+  } else {
+    j["update"] = nullptr;
+  }
+  if (s.taint) {
+    j["taint"] = {{"from", lifecycle_name(s.taint->from)},
+                  {"cause", cause_name(s.taint->cause)},
+                  {"update_id", s.taint->update_id},
+                  {"target", journal::WeightVersionToJson(s.taint->target)},
+                  {"detail", s.taint->detail}};
+  } else {
+    j["taint"] = nullptr;
+  }
+  j["counters"] = {{"rollouts_admitted", s.counters.rollouts_admitted},
+                   {"rollouts_completed", s.counters.rollouts_completed},
+                   {"rollouts_aborted", s.counters.rollouts_aborted},
+                   {"rollouts_abandoned", s.counters.rollouts_abandoned},
+                   {"rollouts_expired", s.counters.rollouts_expired},
+                   {"updates_requested", s.counters.updates_requested},
+                   {"updates_committed", s.counters.updates_committed},
+                   {"updates_refused", s.counters.updates_refused},
+                   {"recoveries", s.counters.recoveries}};
+  return j;
+}
+
+}  // namespace
+
+json Service::StateSummary() {
+  const DurableView v = CatchUpDurable(true);
+  return summary_json(v.state, v.head);
+}
+
+void Service::HandleState(const ApiRequest& req, HttpResponse& res) {
+  const DurableView v = CatchUpDurable(true);
+  SetHeadHeader(res, v.head);
+  if (req.query("full").has_value()) {
+    json j = journal::StateToJson(v.state);
+    j["head_seq"] = v.head.seq;
+    j["head"] = v.head.ToString();
+    send_json(res, 200, j);
+    return;
+  }
+  send_json(res, 200, summary_json(v.state, v.head));
+}
+
+void Service::HandleVersion(const ApiRequest&, HttpResponse& res) {
+  const DurableView v = CatchUpDurable(true);
+  SetHeadHeader(res, v.head);
+  send_json(res, 200,
+            {{"lifecycle", lifecycle_name(v.state.lifecycle)},
+             {"version", journal::WeightVersionToJson(v.state.committed)},
+             {"identity", journal::WeightIdentityToJson(v.state.committed_identity)},
+             {"head_seq", v.head.seq}});
+}
+
+
+std::optional<Service::EndedUpdate> Service::FindEndedUpdate(const std::string& update_id) {
+  std::lock_guard<std::mutex> lock(ended_mu_);
+  auto it = ended_updates_.find(update_id);
+  if (it == ended_updates_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Service::RememberEndedUpdate(const UpdateRequested& request, const UpdateEnded& ended) {
+  RC_CHECK(request.update_id == ended.update_id);
+  std::lock_guard<std::mutex> lock(ended_mu_);
+  if (ended_updates_.emplace(request.update_id, EndedUpdate{request, ended}).second) {
+    ended_order_.push_back(request.update_id);
+  }
+  while (ended_order_.size() > kEndedUpdatesMax) {
+    ended_updates_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
+  RC_CHECK(ended_updates_.size() == ended_order_.size());
+}
+
+namespace {
+
+// The journal's record of an update: its request and, once it ended, its outcome. Scans the
+// durable journal (bounded by kUpdateLookupRecordsMax records); the fallback when the update
+// route's memory no longer holds it (older, or decided before this process started).
+struct UpdateLookup {
+  std::optional<UpdateRequested> request;
+  std::optional<UpdateEnded> ended;
+};
+Result<UpdateLookup> LookUpUpdate(journal::Journal& j, const std::string& update_id,
+                                  std::uint64_t durable_seq) {
+  UpdateLookup out;
+  const std::uint64_t from =
+      durable_seq > kUpdateLookupRecordsMax ? durable_seq - kUpdateLookupRecordsMax + 1 : 1;
+  Status st = j.Scan(from, durable_seq, [&](const journal::Record& r) {
+    if (const auto* u = std::get_if<UpdateRequested>(&r.event)) {
+      if (u->update_id == update_id) out.request = *u;
+    } else if (const auto* e = std::get_if<UpdateEnded>(&r.event)) {
+      if (e->update_id == update_id) out.ended = *e;
+    }
+    return Status::OK();
+  });
+  if (!st.ok()) return st;
+  return out;
+}
+
+int update_status(UpdateOutcome o) {
+  switch (o) {
+    case UpdateOutcome::kCommitted: return 200;
+    case UpdateOutcome::kRefused: return 422;
+    case UpdateOutcome::kTainted: return 500;
+  }
+  return 500;
+}
+
+}  // namespace
+
+void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
+                                const UpdateEnded& ended, bool replayed) {
+  const DurableView v = CatchUpDurable(true);
+  json out;
+  out["update_id"] = request.update_id;
+  out["outcome"] = update_outcome_name(ended.outcome);
+  out["reason"] = ended.reason;
+  out["state"] = summary_json(v.state, v.head);
+  out["head"] = v.head.ToString();
+  out["replayed"] = replayed;
+  if (!replayed) {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    out["timings"] = timings_json(last_timings_);
+  }
+  SetHeadHeader(res, v.head);
+  send_json(res, update_status(ended.outcome), out);
+}
+
+bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res) {
+  Result<std::string> digest = effects::nccl::SourceManifestDigest(request.source_uri);
+  if (!digest.ok()) {
+    metrics_.bad_requests++;
+    send_error(res, 400, "invalid_source", "'source': " + digest.status().message());
+    return false;
+  }
+  if (*digest != request.identity.manifest_digest) {
+    metrics_.bad_requests++;
+    send_error(res, 422, "manifest_mismatch",
+               "the source's manifest " + digest->substr(0, 16) +
+                   " is not the declared identity.manifest_digest " +
+                   request.identity.manifest_digest.substr(0, 16) +
+                   " (nothing was journaled; the engine was not touched)");
+    return false;
+  }
+  return true;
+}
+
+void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
+  Result<UpdateRequested> request = parse_update_body(req.body());
+  if (!request.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, request.status());
+    return;
+  }
+  if (failed()) {
+    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    return;
+  }
+  // A re-POST of an update that already ended answers what was recorded (idempotent retries).
+  auto replay = [&](const EndedUpdate& e) {
+    if (!(e.request == *request)) {
+      metrics_.updates_conflict++;
+      send_error(res, 409, "conflict",
+                 "update_id '" + request->update_id +
+                     "' was already used for another request (different body); choose a new "
+                     "update_id");
+      return;
+    }
+    metrics_.updates_replayed++;
+    spdlog::info("serve: update '{}' re-POSTed: answering its recorded outcome ({})",
+                 esc(request->update_id), update_outcome_name(e.ended.outcome));
+    SendUpdateOutcome(res, e.request, e.ended, /*replayed=*/true);
+  };
+  if (auto e = FindEndedUpdate(request->update_id)) {
+    replay(*e);
+    return;
+  }
+  // What can be checked without the engine is checked before anything is journaled: a source
+  // that cannot be read, or whose manifest is not the declared one, never drains the engine.
+  if (!SourceMatchesIdentity(*request, res)) return;
+  if (shutting_down_.load()) {
+    send_error(res, 503, "shutting_down", "the executor is shutting down");
+    return;
+  }
+  std::unique_lock<std::timed_mutex> lock(update_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    metrics_.updates_conflict++;
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    send_error(res, 409, "conflict",
+               "update '" + running_update_id_ + "' is running; one update at a time");
+    return;
+  }
+  if (failed()) {
+    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    return;
+  }
+  if (auto e = FindEndedUpdate(request->update_id)) {  // it ended while we waited for the lock
+    replay(*e);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_ = request->update_id;
+  }
+  spdlog::info("serve: update '{}' requested: target '{}', manifest {}, source {}",
+               esc(request->update_id), esc(request->target_label),
+               esc(request->identity.manifest_digest), esc(request->source_uri));
+  const std::uint64_t requested_before = journal_->state().counters.updates_requested;
+  Result<UpdateEnded> ended = runner_->Update(*request);
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_.clear();
+    last_timings_ = runner_->last_timings();
+  }
+  NotifyLifecycle(journal_->head_seq());
+  if (ended.ok()) {
+    RememberEndedUpdate(*request, *ended);
+    switch (ended->outcome) {
+      case UpdateOutcome::kCommitted: metrics_.updates_committed++; break;
+      case UpdateOutcome::kRefused: metrics_.updates_refused++; break;
+      case UpdateOutcome::kTainted: metrics_.updates_tainted++; break;
+    }
+    SendUpdateOutcome(res, *request, *ended, /*replayed=*/false);
+    return;
+  }
+  const Status& st = ended.status();
+  const bool journaled = journal_->state().counters.updates_requested > requested_before;
+  if (!journaled) {
+    // Nothing of this request was journaled: a lifecycle refusal (e.g. TAINTED), a reused
+    // update_id with another body (the journal's idempotency: Conflict), bad input, or a
+    // duplicate of an update decided before this process remembered it.
+    if (st.code() == Code::kRejected || st.code() == Code::kConflict ||
+        st.code() == Code::kInvalidArgument) {
+      metrics_.updates_conflict++;
+      spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
+                   esc(request->update_id), esc(st.ToString()));
+      send_status(res, st);
+      return;
+    }
+    if (!is_journal_failure(st)) {
+      auto found = LookUpUpdate(*journal_, request->update_id, durable_head().seq);
+      if (found.ok() && found->request && found->ended) {
+        RememberEndedUpdate(*found->request, *found->ended);
+        replay(EndedUpdate{*found->request, *found->ended});
+        return;
+      }
+    }
+  }
+  // The request may be durable and its effects may have run: nobody can say how it ended. The
+  // executor stops (a restart recovers from what is durable); the trainer is told "unknown",
+  // never "failed", and re-POSTs the same update_id after the restart to read the outcome.
+  metrics_.updates_outcome_unknown++;
+  FailStop("update '" + request->update_id + "' did not reach a recorded outcome: " +
+           st.ToString());
+  set_header(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  send_error(res, 503, "outcome_unknown",
+             "the outcome of update '" + request->update_id +
+                 "' is unknown (" + st.ToString() +
+                 "); the executor fail-stopped and recovers on restart: re-POST the same "
+                 "update_id then to read the recorded outcome");
+}
+
+void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
+  Result<AdmitBody> parsed = parse_admit_body(req.body(), config_.admit_wait_ms,
+                                              config_.rollout_lease_ms);
+  if (!parsed.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, parsed.status());
+    return;
+  }
+  std::string id = parsed->rollout_id;
+  const std::int64_t wait_ms = parsed->wait_ms;
+  const std::int64_t lease_ms = parsed->lease_ms;
+  if (id.empty()) id = NextRolloutId();
+  AdmitResult a = Admit(id, static_cast<std::uint64_t>(wait_ms),
+                        static_cast<std::uint32_t>(lease_ms));
+  if (!a.admitted) {
+    if (a.refusal.retry_after_s > 0) {
+      set_header(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
+    }
+    send_error(res, a.refusal.http_status, a.refusal.type, a.refusal.message);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> g(lease_mu_);
+    lease_deadline_ms_[id] = effects::system_clock().now_ms() + lease_ms;
+  }
+  const RolloutAdmitted& b = a.admitted->binding;
+  const DurableHead& head = a.admitted->head;
+  RC_CHECK(head.seq >= a.admitted->seq);  // the admission's own group
+  SetHeadHeader(res, head);
+  send_json(res, 201,
+            {{"rollout_id", b.rollout_id},
+             {"admission_seq", a.admitted->seq},
+             {"version", journal::WeightVersionToJson(b.version)},
+             {"identity", journal::WeightIdentityToJson(b.identity)},
+             {"cache_salt", DeriveCacheSalt(b, "")},
+             {"lease_ms", lease_ms},
+             {"head", head.ToString()}});
+}
+
+void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
+  const std::string id = req.captures.at(0);
+  Status st = parse_lease_body(req.body());
+  if (!st.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, st);
+    return;
+  }
+  if (failed()) {
+    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    return;
+  }
+  std::uint32_t lease_ms = 0;
+  {
+    const State s = *AdmitView(false);
+    auto it = s.active.find(id);
+    if (it != s.active.end()) lease_ms = it->second.lease_ms;
+    if (it == s.active.end()) {
+      // The view may be older than the admission: look at the journal's own state.
+      const State fresh = journal_->state();
+      auto f = fresh.active.find(id);
+      if (f != fresh.active.end()) lease_ms = f->second.lease_ms;
+    }
+  }
+  std::lock_guard<std::mutex> g(lease_mu_);
+  auto it = lease_deadline_ms_.find(id);
+  if (it == lease_deadline_ms_.end() || lease_ms == 0) {
+    if (lease_ms == 0 && it == lease_deadline_ms_.end()) {
+      send_error(res, 404, "not_found",
+                 "rollout '" + id + "' holds no lease (not active, finished, expired, or a "
+                 "proxied rollout)");
+    } else {
+      send_error(res, 404, "not_found", "the lease of rollout '" + id + "' has lapsed");
+    }
+    return;
+  }
+  it->second = effects::system_clock().now_ms() + lease_ms;
+  metrics_.leases_renewed++;
+  send_json(res, 200, {{"rollout_id", id}, {"lease_ms", lease_ms}});
+}
+
+void Service::LeaseLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(bg_mu_);
+      bg_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return bg_stop_ || failed(); });
+      if (bg_stop_ || failed()) return;
+    }
+    std::vector<std::string> lapsed;
+    {
+      std::lock_guard<std::mutex> g(lease_mu_);
+      const std::int64_t now_ms = effects::system_clock().now_ms();
+      for (auto it = lease_deadline_ms_.begin(); it != lease_deadline_ms_.end();) {
+        if (it->second <= now_ms) {
+          lapsed.push_back(it->first);
+          it = lease_deadline_ms_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const std::string& id : lapsed) {
+      Status st = FinishDurably(id, RolloutOutcome::kExpired, 0, 0);
+      if (st.ok()) {
+        metrics_.leases_expired++;
+        spdlog::warn("serve: the lease of rollout {} lapsed (its client stopped renewing): "
+                     "recorded expired",
+                     esc(id));
+      } else if (st.code() != Code::kNotFound) {
+        spdlog::error("serve: recording the lapsed lease of rollout {} failed: {}", esc(id),
+                      esc(st.ToString()));
+      }
+    }
+  }
+}
+
+void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
+  const std::string id = req.captures.at(0);
+  Result<FinishBody> parsed = parse_finish_body(req.body());
+  if (!parsed.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, parsed.status());
+    return;
+  }
+  const RolloutOutcome outcome = parsed->outcome;
+  const std::int64_t pt = parsed->prompt_tokens, ct = parsed->completion_tokens;
+  Status done = FinishDurably(id, outcome, static_cast<std::uint32_t>(pt),
+                              static_cast<std::uint32_t>(ct));
+  if (!done.ok()) {
+    if (done.code() == Code::kUnavailable) {
+      send_error(res, 503, "failed", done.message());
+    } else {
+      send_status(res, done);
+    }
+    return;
+  }
+  const DurableHead head = durable_head();
+  SetHeadHeader(res, head);
+  send_json(res, 200, {{"rollout_id", id}, {"outcome", outcome_name(outcome)},
+                       {"head", head.ToString()}});
+}
+
+void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
+  auto after = query_u64(req, "after", 0, 0, UINT64_MAX);
+  auto timeout = query_u64(req, "timeout_ms", config_.watch_timeout_ms_max, 0,
+                           config_.watch_timeout_ms_max);
+  if (!after.ok() || !timeout.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, after.ok() ? timeout.status() : after.status());
+    return;
+  }
+  const auto deadline = Clock::now() + std::chrono::milliseconds(*timeout);
+  // Only durable decisions are reported: a decision the runner journaled wakes us, and we look
+  // again (every 20 ms at most) until it is durable or the deadline passes.
+  for (;;) {
+    if (CatchUpDurable(false).decision_seq > *after) break;
+    std::unique_lock<std::mutex> lock(lifecycle_mu_);
+    if (Clock::now() >= deadline || shutting_down_.load() || failed()) break;
+    lifecycle_cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)),
+                             [&] { return lifecycle_seq_ > *after || shutting_down_.load() ||
+                                          failed(); });
+    if (lifecycle_seq_ > *after) {
+      lock.unlock();
+      if (CatchUpDurable(false).decision_seq > *after) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  const DurableView v = CatchUpDurable(true);
+  json j = summary_json(v.state, v.head);
+  j["seq"] = v.decision_seq;
+  j["changed"] = v.decision_seq > *after;
+  SetHeadHeader(res, v.head);
+  send_json(res, 200, j);
+}
+
+void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
+  auto since = query_u64(req, "since", 0, 0, UINT64_MAX - 1);
+  auto limit = query_u64(req, "limit", config_.events_page_max, 1, config_.events_page_max);
+  if (!since.ok() || !limit.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, since.ok() ? limit.status() : since.status());
+    return;
+  }
+  // Only durable records: the durable head, never what is merely enqueued.
+  const DurableHead head = durable_head();
+  json records = json::array();
+  std::uint64_t next = *since;
+  if (*since < head.seq) {
+    const std::uint64_t to = *limit >= head.seq - *since ? head.seq : *since + *limit;
+    Status st = journal_->Scan(*since + 1, to, [&](const journal::Record& r) {
+      records.push_back(journal::RecordToJson(r));
+      next = r.seq;
+      return Status::OK();
+    });
+    if (!st.ok()) {
+      send_status(res, st);
+      return;
+    }
+  }
+  SetHeadHeader(res, head);
+  send_json(res, 200, {{"records", records}, {"next_since", next}, {"head_seq", head.seq},
+                       {"head", head.ToString()}});
+}
+
+void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {
+  // It opens files on this host: only for the trainer, and its errors never quote them.
+  if (!Authorized(req, res)) return;
+  const std::string source = req.query("source").value_or("");
+  Status valid = ValidateSource(source);
+  if (!valid.ok()) {
+    metrics_.bad_requests++;
+    send_status(res, valid);
+    return;
+  }
+  // A preflight sends nothing to the engine; here it only computes the source's manifest.
+  PreflightObserved p = transfer_->Preflight(effects::TransferTarget{"manifest", {}, {}, source});
+  if (p.source_manifest_digest.empty()) {
+    spdlog::warn("serve: /v1/manifest: no manifest for {}: {}", esc(source), esc(p.detail));
+    send_error(res, 400, "invalid",
+               "no manifest for this source: it is missing, unreadable, busy or not a valid "
+               "source of its kind (details in the executor's log)");
+    return;
+  }
+  send_json(res, 200, {{"source", source}, {"manifest_digest", p.source_manifest_digest}});
+}
+
+void Service::HandleHealthz(const ApiRequest&, HttpResponse& res) {
+  // Liveness: the process serves. After a fail-stop it must be restarted: 503.
+  if (failed()) {
+    send_json(res, 503, {{"ok", false}, {"reason", "fail-stopped: " + failure()}});
+    return;
+  }
+  send_json(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(journal_->state().lifecycle)}});
+}
+
+std::string Service::NotReadyReason() const {
+  if (failed()) return "fail-stopped: " + failure();
+  if (shutting_down_.load()) return "shutting down";
+  const State s = journal_->state();
+  if (s.lifecycle == Lifecycle::kTainted) {
+    return "engine is TAINTED" +
+           (s.taint ? std::string(" (") + cause_name(s.taint->cause) + ": " + s.taint->detail + ")"
+                    : std::string()) +
+           "; rolloutcore replay " + config_.journal_path + " explains it";
+  }
+  if (!admits(s)) return admission_block_reason(s);
+  if (!engine_up_.load() && engine_last_probe_wall_ms_.load() != 0) {
+    return "the engine did not answer the last probe";
+  }
+  return "";
+}
+
+void Service::HandleReadyz(const ApiRequest&, HttpResponse& res) {
+  // Readiness: 200 only while rollouts can be served safely.
+  const std::string why = NotReadyReason();
+  const State s = journal_->state();
+  json j = {{"ready", why.empty()},
+            {"lifecycle", lifecycle_name(s.lifecycle)},
+            {"engine_reachable", s.engine_reachable},
+            {"journal_failed", failed()}};
+  if (!why.empty()) j["reason"] = why;
+  send_json(res, why.empty() ? 200 : 503, j);
+}
+
+HttpRouter Service::Routes() {
+  using bhttp::verb;
+  HttpRouter r;
+  auto bind = [this](void (Service::*fn)(const ApiRequest&, HttpResponse&)) {
+    return [this, fn](const ApiRequest& req, HttpResponse& res) { (this->*fn)(req, res); };
+  };
+  r.Blocking(verb::get, "/healthz", bind(&Service::HandleHealthz));
+  r.Blocking(verb::get, "/readyz", bind(&Service::HandleReadyz));
+  r.Blocking(verb::post, "/v1/rollouts/*/lease", bind(&Service::HandleLease));
+  r.Blocking(verb::get, "/v1/state", bind(&Service::HandleState));
+  r.Blocking(verb::get, "/v1/version", bind(&Service::HandleVersion));
+  r.Blocking(verb::post, "/v1/updates", bind(&Service::HandleUpdate));
+  r.Blocking(verb::post, "/v1/rollouts", bind(&Service::HandleAdmit));
+  r.Blocking(verb::delete_, "/v1/rollouts/*", bind(&Service::HandleFinish));
+  r.Blocking(verb::get, "/v1/watch", bind(&Service::HandleWatch));
+  r.Blocking(verb::get, "/v1/events", bind(&Service::HandleEvents));
+  r.Blocking(verb::get, "/v1/manifest", bind(&Service::HandleManifest));
+  r.Blocking(verb::get, "/metrics", bind(&Service::HandleMetrics));
+  AddProxyRoutes(r);
+  return r;
+}
+
+}  // namespace rc::service
