@@ -57,6 +57,7 @@ struct ServiceMetrics {
   Histogram proxy_total;      // proxy request, receipt to last byte handed to the socket
   Histogram proxy_upstream;   // the engine call alone
   Histogram proxy_added;      // total - upstream: what the proxy adds
+  Histogram proxy_relay;      // streamed: an engine read's events until the client took them
 };
 
 std::string format_double(double v);

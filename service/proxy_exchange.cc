@@ -303,7 +303,9 @@ void ProxyExchange::OnBody(error_code ec) {
   }
   if (got > 0 && !Absorb(read_buf_.get(), got)) return;
   if (!out_.empty()) {
-    return ex_.Write(std::move(out_), [self = shared_from_this()](bool delivered) {
+    const auto read_at = Clock::now();
+    return ex_.Write(std::move(out_), [self = shared_from_this(), read_at](bool delivered) {
+      if (delivered) self->svc_.metrics_.proxy_relay.ObserveUs(effects::elapsed_us(read_at));
       self->OnClientTook(delivered);
     });
   }
@@ -348,11 +350,12 @@ bool ProxyExchange::RetryAfterFailure(bool reused_and_silent) {
   }
   retried_stale_ = true;
   conn_.reset();
-  svc_.upstream_->Acquire(ex_.executor(), svc_.config_.connect_timeout_ms,
-                          [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c,
-                                                      bool reused) {
-                            self->OnConnected(std::move(st), std::move(c), reused);
-                          });
+  svc_.upstream_->Acquire(
+      ex_.executor(), svc_.config_.connect_timeout_ms,
+      [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
+        self->OnConnected(std::move(st), std::move(c), reused);
+      },
+      /*fresh_only=*/true);
   return true;
 }
 

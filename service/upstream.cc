@@ -69,8 +69,8 @@ std::unique_ptr<UpstreamConn> UpstreamPool::TakeIdle() {
 }
 
 void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
-                           Ready done) {
-  if (std::unique_ptr<UpstreamConn> c = TakeIdle()) {
+                           Ready done, bool fresh_only) {
+  if (std::unique_ptr<UpstreamConn> c = fresh_only ? nullptr : TakeIdle()) {
     asio::dispatch(executor, [c = std::move(c), done = std::move(done)]() mutable {
       done(Status::OK(), std::move(c), true);
     });

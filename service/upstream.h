@@ -45,11 +45,12 @@ class UpstreamPool {
   UpstreamPool(boost::asio::io_context& io, boost::asio::ip::tcp::endpoint endpoint,
                std::size_t idle_max);
 
-  // A connection: an idle one (reused = true) or a fresh one connecting within connect_timeout_ms.
-  // `done` runs on `executor`.
+  // A connection: an idle one (reused = true) or a fresh one connecting within connect_timeout_ms;
+  // `fresh_only`: never a pooled one (the retry after a pooled one turned out closed, since the
+  // next pooled one may have been closed by the same engine timeout). `done` runs on `executor`.
   using Ready = std::function<void(Status, std::unique_ptr<UpstreamConn>, bool reused)>;
   void Acquire(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
-               Ready done);
+               Ready done, bool fresh_only = false);
   // Returns a connection whose last response was read completely (keep-alive).
   void Release(std::unique_ptr<UpstreamConn> conn);
 
