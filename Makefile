@@ -11,9 +11,9 @@ DEB_PACKAGES := cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config \
   flatbuffers-compiler libflatbuffers-dev libspdlog-dev libfmt-dev libcurl4-openssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev nlohmann-json3-dev \
   libcli11-dev libcpp-httplib-dev libssl-dev libbrotli-dev libboost1.81-dev \
-  python3 python3-pip python3-venv
+  clang-format-14 clang-tidy-14 python3 python3-pip python3-venv
 
-.PHONY: all deps configure build test test-cpp test-fuzz fuzz-build fuzz-campaign fuzz-merge \
+.PHONY: all deps configure build lint test test-cpp test-fuzz fuzz-build fuzz-campaign fuzz-merge \
   test-python demo bench clean
 
 all: build
@@ -68,7 +68,11 @@ test-python: build
 	$(BUILD)/venv/bin/python -m pip install --quiet pytest openai ./python
 	cd python && RC_BUILD=$(abspath $(BUILD)) $(abspath $(BUILD))/venv/bin/python -m pytest -q tests
 
-test: test-cpp test-fuzz test-python
+# Formatting (.clang-format) and clang-tidy (.clang-tidy) over the tree: scripts/lint.sh.
+lint: build
+	scripts/lint.sh $(BUILD)
+
+test: test-cpp test-fuzz test-python lint
 
 # Crash loop of the real `rolloutcore serve` under proxied traffic and updates: SOAK_KILLS SIGKILLs
 # at seeded random points, each followed by restart + recovery and a check of every answer against
