@@ -85,8 +85,7 @@ class EngineWatch {
     } else if (const auto* u = std::get_if<UpdateEnded>(&r.event)) {
       if (u->outcome == UpdateOutcome::kTainted && !h_.tainted) {
         h_.unexplained_taints.push_back("update '" + u->update_id + "' ended tainted at seq " +
-                                        std::to_string(r.seq) +
-                                        " without a transition to TAINTED");
+                                        std::to_string(r.seq) + " without a transition to TAINTED");
       }
     }
     if (std::holds_alternative<RecoveryStarted>(r.event)) recovery_window_start_ = prev_wall_;
@@ -171,15 +170,17 @@ class EngineWatch {
     for (const RolloutNote& f : finished_) {
       // Inclusive: a finish in the same millisecond as the last good sight is not proven clean.
       if (f.finished_wall_ms < h_.window_start_wall_ms) continue;
-      AddSuspect(f, "finished at wall " + std::to_string(f.finished_wall_ms) +
-                        " ms, inside the window");
+      AddSuspect(
+          f, "finished at wall " + std::to_string(f.finished_wall_ms) + " ms, inside the window");
     }
     for (const auto& [id, a] : active_) AddSuspect(a, "active at the taint");
     finished_.clear();
-    std::sort(h_.suspect.begin(), h_.suspect.end(),
-              [](const RolloutNote& x, const RolloutNote& y) { return x.admitted_seq < y.admitted_seq; });
+    std::sort(h_.suspect.begin(), h_.suspect.end(), [](const RolloutNote& x, const RolloutNote& y) {
+      return x.admitted_seq < y.admitted_seq;
+    });
     suspect_index_.clear();
-    for (std::size_t i = 0; i < h_.suspect.size(); ++i) suspect_index_[h_.suspect[i].rollout_id] = i;
+    for (std::size_t i = 0; i < h_.suspect.size(); ++i)
+      suspect_index_[h_.suspect[i].rollout_id] = i;
   }
 
   void AddSuspect(const RolloutNote& n, const std::string& why) {
@@ -324,7 +325,8 @@ Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journa
     tr.prompt.insert(tr.prompt.end(), t->prompt_token_ids.begin(), t->prompt_token_ids.end());
     tr.output.insert(tr.output.end(), t->output_token_ids.begin(), t->output_token_ids.end());
     for (std::size_t i = 0; i < t->output_token_ids.size(); ++i) {
-      const bool has = i < t->output_logprobs.size() && t->output_logprobs[i] == t->output_logprobs[i];
+      const bool has =
+          i < t->output_logprobs.size() && t->output_logprobs[i] == t->output_logprobs[i];
       tr.logprobs.push_back(has ? std::optional<double>(t->output_logprobs[i]) : std::nullopt);
     }
     return Status::OK();
@@ -362,7 +364,8 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
     Trajectory t;
     t.rollout_id = j.value("rollout_id", std::string());
     t.admission_seq = j.value("admission_seq", std::uint64_t{0});
-    if (t.rollout_id.empty() || t.admission_seq == 0) return bad("missing rollout_id/admission_seq");
+    if (t.rollout_id.empty() || t.admission_seq == 0)
+      return bad("missing rollout_id/admission_seq");
     const json& v = j.value("version", json::object());
     t.version.generation = v.value("generation", std::uint64_t{0});
     t.version.label = v.value("label", std::string());
@@ -376,7 +379,8 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
     const json& outputs = j.value("outputs", json::array());
     if (!outputs.is_array()) return bad("outputs is not an array");
     if (!outputs.empty()) {  // choice 0: the proxy records one trajectory per choice index
-      if (!ints(outputs[0].value("token_ids", json::array()), t.output)) return bad("bad token_ids");
+      if (!ints(outputs[0].value("token_ids", json::array()), t.output))
+        return bad("bad token_ids");
       const json& lps = outputs[0].value("logprobs", json::array());
       if (lps.is_array()) {
         for (const json& lp : lps) {
@@ -404,8 +408,7 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
     if (!(a->version == t.version) || !(a->identity == t.identity)) {
       failures.push_back("trajectory '" + E(t.rollout_id) + "' claims version '" +
                          E(t.version.label) + "' but the journal bound it to '" +
-                         E(a->version.label) + "' (seq " +
-                         std::to_string(t.admission_seq) + ")");
+                         E(a->version.label) + "' (seq " + std::to_string(t.admission_seq) + ")");
     }
   }
   return failures;
@@ -432,8 +435,11 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, doub
   json prompt = json::array();
   for (std::int32_t id : t.prompt) prompt.push_back(id);
   for (std::int32_t id : t.output) prompt.push_back(id);
-  const json request = {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0},
-                        {"prompt_logprobs", 0}, {"cache_salt", "rolloutcore-audit"}};
+  const json request = {{"prompt", prompt},
+                        {"max_tokens", 1},
+                        {"temperature", 0},
+                        {"prompt_logprobs", 0},
+                        {"cache_salt", "rolloutcore-audit"}};
   effects::HttpReply reply = engine.Completions(request);
   if (!reply.http.ok_2xx() || !reply.body.contains("choices")) {
     out.detail = "scoring request failed: " + E(describe(reply.http));
@@ -502,8 +508,8 @@ void FormatSummary(const AuditReport& r, std::ostringstream& out) {
       << (r.history.ok ? "OK" : "VIOLATED") << "\n";
   const HistorySummary& s = r.history.summary;
   out << "updates: requested " << s.updates_requested << ", committed " << s.updates_committed
-      << ", refused " << s.updates_refused << ", tainted " << s.updates_tainted
-      << "; recoveries " << s.recoveries << "\n";
+      << ", refused " << s.updates_refused << ", tainted " << s.updates_tainted << "; recoveries "
+      << s.recoveries << "\n";
   out << "versions:\n";
   for (const VersionRecord& v : r.versions) {
     out << "  " << E(v.version.label) << " (generation " << v.version.generation << ") "
@@ -539,8 +545,8 @@ void FormatEngine(const EngineHealth& e, std::ostringstream& out) {
         << ": " << E(e.taint_detail) << "\n";
   }
   if (e.window_known) {
-    out << "suspect window: from wall " << e.window_start_wall_ms << " ms ("
-        << e.window_source << ") to the taint at wall " << e.taint_wall_ms << " ms\n";
+    out << "suspect window: from wall " << e.window_start_wall_ms << " ms (" << e.window_source
+        << ") to the taint at wall " << e.taint_wall_ms << " ms\n";
   }
   if (e.tainted || e.suspect_count > 0) {
     FormatRollouts("suspect rollouts", "SUSPECT", e.suspect, e.suspect_count, out);
@@ -550,8 +556,8 @@ void FormatEngine(const EngineHealth& e, std::ostringstream& out) {
         << " finishes kept\n";
   }
   FormatRollouts("expired rollouts (informational)", "EXPIRED", e.expired, e.expired_count, out);
-  FormatRollouts("abandoned rollouts (informational)", "ABANDONED", e.abandoned,
-                 e.abandoned_count, out);
+  FormatRollouts("abandoned rollouts (informational)", "ABANDONED", e.abandoned, e.abandoned_count,
+                 out);
 }
 
 // The two halves of the verdict, then exactly one final "audit: ..." line.
@@ -561,12 +567,16 @@ void FormatVerdict(const Verdict& v, const std::string& journal_path, std::ostri
   out << "engine: " << (v.engine_healthy() ? "HEALTHY" : "NOT HEALTHY") << "\n";
   for (const std::string& f : v.engine_findings) out << "audit ENGINE: " << E(f) << "\n";
   switch (v.exit_code()) {
-    case kExitOk: out << "audit: OK\n"; break;
+    case kExitOk:
+      out << "audit: OK\n";
+      break;
     case kExitEngineUnhealthy:
       out << "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: rolloutcore replay "
           << E(journal_path) << "\n";
       break;
-    default: out << "audit: JOURNAL DAMAGED: nothing it says can be trusted\n"; break;
+    default:
+      out << "audit: JOURNAL DAMAGED: nothing it says can be trusted\n";
+      break;
   }
 }
 
@@ -604,19 +614,17 @@ json NotesJson(const std::vector<RolloutNote>& list) {
 
 std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent) {
   const EngineHealth& e = r.engine;
-  json engine = {{"lifecycle", lifecycle_name(e.lifecycle)},
-                 {"tainted", e.tainted},
-                 {"suspect_count", e.suspect_count},
-                 {"suspect", NotesJson(e.suspect)},
-                 {"expired_count", e.expired_count},
-                 {"expired", NotesJson(e.expired)},
-                 {"abandoned_count", e.abandoned_count},
-                 {"abandoned", NotesJson(e.abandoned)},
+  json engine = {{"lifecycle", lifecycle_name(e.lifecycle)},  {"tainted", e.tainted},
+                 {"suspect_count", e.suspect_count},          {"suspect", NotesJson(e.suspect)},
+                 {"expired_count", e.expired_count},          {"expired", NotesJson(e.expired)},
+                 {"abandoned_count", e.abandoned_count},      {"abandoned", NotesJson(e.abandoned)},
                  {"unexplained_taints", e.unexplained_taints}};
   if (e.tainted) {
-    engine["taint"] = {{"seq", e.taint_seq},          {"wall_ms", e.taint_wall_ms},
+    engine["taint"] = {{"seq", e.taint_seq},
+                       {"wall_ms", e.taint_wall_ms},
                        {"from", lifecycle_name(e.taint_from)},
-                       {"cause", cause_name(e.taint_cause)}, {"detail", e.taint_detail}};
+                       {"cause", cause_name(e.taint_cause)},
+                       {"detail", e.taint_detail}};
   }
   if (e.window_known) {
     engine["window"] = {{"start_wall_ms", e.window_start_wall_ms},
@@ -634,17 +642,16 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent) {
 }
 
 std::string ProvenanceJson(const RolloutProvenance& p, int indent) {
-  const json out = {
-      {"rollout_id", p.rollout_id},
-      {"admitted_seq", p.admitted_seq},
-      {"binding", journal::EventToJson(p.binding)},
-      {"finished_seq", p.finished_seq},
-      {"finish", p.finish ? journal::EventToJson(*p.finish) : json()},
-      {"version",
-       {{"version", journal::WeightVersionToJson(p.version.version)},
-        {"identity", journal::WeightIdentityToJson(p.version.identity)},
-        {"update_id", p.version.update_id},
-        {"published_seq", p.version.published_seq}}}};
+  const json out = {{"rollout_id", p.rollout_id},
+                    {"admitted_seq", p.admitted_seq},
+                    {"binding", journal::EventToJson(p.binding)},
+                    {"finished_seq", p.finished_seq},
+                    {"finish", p.finish ? journal::EventToJson(*p.finish) : json()},
+                    {"version",
+                     {{"version", journal::WeightVersionToJson(p.version.version)},
+                      {"identity", journal::WeightIdentityToJson(p.version.identity)},
+                      {"update_id", p.version.update_id},
+                      {"published_seq", p.version.published_seq}}}};
   return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 

@@ -21,8 +21,8 @@ namespace rc::audit {
 struct VersionRecord {
   WeightVersion version;
   WeightIdentity identity;
-  std::string update_id;           // empty for the bootstrap generation
-  std::uint64_t published_seq = 0; // seq of the VersionPublished (or of the bootstrap READY)
+  std::string update_id;            // empty for the bootstrap generation
+  std::uint64_t published_seq = 0;  // seq of the VersionPublished (or of the bootstrap READY)
   std::uint64_t rollouts_admitted = 0;
   std::uint64_t rollouts_finished = 0;
 };
@@ -31,11 +31,11 @@ struct VersionRecord {
 // verified one), or informational (it ended expired or abandoned).
 struct RolloutNote {
   std::string rollout_id;
-  WeightVersion version;           // the version it was bound to
+  WeightVersion version;  // the version it was bound to
   std::uint64_t admitted_seq = 0;
   std::uint64_t finished_seq = 0;  // 0: no finish in the journal
   std::int64_t finished_wall_ms = 0;
-  std::string why;                 // raw; escaped when printed
+  std::string why;  // raw; escaped when printed
 };
 
 // Bounds on what the audit keeps per list; the counts stay exact past them.
@@ -50,13 +50,13 @@ inline constexpr std::size_t kReportRolloutsMax = 20;
 struct EngineHealth {
   Lifecycle lifecycle = Lifecycle::kUninitialized;
   bool tainted = false;
-  std::uint64_t taint_seq = 0;       // the StateChanged ->TAINTED
+  std::uint64_t taint_seq = 0;  // the StateChanged ->TAINTED
   std::int64_t taint_wall_ms = 0;
   Cause taint_cause = Cause::kTransferAmbiguous;
   Lifecycle taint_from = Lifecycle::kUninitialized;
-  std::string taint_detail;          // raw
-  std::string taint_update_id;       // empty for a taint in READY
-  bool window_known = false;         // a READY taint: the window below applies
+  std::string taint_detail;     // raw
+  std::string taint_update_id;  // empty for a taint in READY
+  bool window_known = false;    // a READY taint: the window below applies
   std::int64_t window_start_wall_ms = 0;
   std::string window_source;         // what the window start was taken from (fixed text)
   std::vector<RolloutNote> suspect;  // first kRolloutNotesMax, in admission order
@@ -67,16 +67,17 @@ struct EngineHealth {
   std::uint64_t abandoned_count = 0;
   // UpdateEnded{tainted} with no ->TAINTED transition before it (raw messages naming the seq).
   std::vector<std::string> unexplained_taints;
-  bool finishes_truncated = false;   // more than kRolloutNotesMax finishes in one READY period
+  bool finishes_truncated = false;  // more than kRolloutNotesMax finishes in one READY period
 };
 
 struct AuditReport {
-  bool ok = true;                     // the journal is intact (see Verdict for the engine)
-  std::vector<std::string> failures;  // each names a seq where one applies (raw; escaped when printed)
+  bool ok = true;  // the journal is intact (see Verdict for the engine)
+  std::vector<std::string>
+      failures;  // each names a seq where one applies (raw; escaped when printed)
   std::uint64_t records = 0;
-  bool chain_ok = true;               // decode, contiguity, SHA-256 chain (Journal::Scan)
-  bool checksums_ok = true;           // RocksDB block checksums of every file
-  HistoryReport history;              // lifecycle invariants and decision re-derivation
+  bool chain_ok = true;      // decode, contiguity, SHA-256 chain (Journal::Scan)
+  bool checksums_ok = true;  // RocksDB block checksums of every file
+  HistoryReport history;     // lifecycle invariants and decision re-derivation
   std::vector<VersionRecord> versions;
   State state;
   EngineHealth engine;
@@ -126,11 +127,11 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
 
 struct ReverifyResult {
   std::string rollout_id;
-  bool checked = false;          // false: skipped (detail says why, e.g. another version served)
+  bool checked = false;  // false: skipped (detail says why, e.g. another version served)
   bool ok = false;
-  std::size_t tokens = 0;        // output tokens compared
+  std::size_t tokens = 0;  // output tokens compared
   std::size_t logprob_mismatches = 0;
-  std::size_t not_top1 = 0;      // output tokens the engine does not rank first (greedy check)
+  std::size_t not_top1 = 0;  // output tokens the engine does not rank first (greedy check)
   double max_abs_diff = 0;
   std::string detail;
 };
@@ -143,10 +144,10 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& traject
 
 // The audit's verdict in two parts: is the journal intact, is the engine healthy. Exit codes
 // (docs/audit.md):
-inline constexpr int kExitOk = 0;              // journal intact, engine healthy
-inline constexpr int kExitEngineUnhealthy = 1; // journal intact; engine TAINTED / rollouts suspect
-inline constexpr int kExitUsage = 2;           // bad arguments, or the journal cannot be opened
-inline constexpr int kExitJournalDamaged = 3;  // the journal is damaged or unverifiable
+inline constexpr int kExitOk = 0;               // journal intact, engine healthy
+inline constexpr int kExitEngineUnhealthy = 1;  // journal intact; engine TAINTED / rollouts suspect
+inline constexpr int kExitUsage = 2;            // bad arguments, or the journal cannot be opened
+inline constexpr int kExitJournalDamaged = 3;   // the journal is damaged or unverifiable
 struct Verdict {
   // Raw messages (escaped when printed). Callers add their own journal-level findings (a torn
   // WAL tail, an --expect-head mismatch) to journal_failures and rollout-level ones (trajectory

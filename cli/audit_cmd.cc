@@ -22,14 +22,16 @@ bool CheckExpectedHead(journal::Journal& j, const std::string& spec) {
   Result<journal::Hash> hash = Status::InvalidArgument("missing ':'");
   if (colon != std::string::npos) {
     const std::string digits = spec.substr(0, colon);
-    if (!digits.empty() && digits.size() <= 19 && digits.find_first_not_of("0123456789") == std::string::npos) {
+    if (!digits.empty() && digits.size() <= 19 &&
+        digits.find_first_not_of("0123456789") == std::string::npos) {
       seq = std::strtoull(digits.c_str(), nullptr, 10);  // <= 19 digits: no overflow
     }
     hash = journal::ParseHashHex(spec.substr(colon + 1));
   }
   if (seq == 0 || !hash.ok()) {
-    std::printf("expected head: FAILED: '%s' is not SEQ:HEXHASH (%s)\n", text::escape_line(spec).c_str(),
-                text::escape_line(hash.ok() ? "seq must be >= 1" : hash.status().message()).c_str());
+    std::printf(
+        "expected head: FAILED: '%s' is not SEQ:HEXHASH (%s)\n", text::escape_line(spec).c_str(),
+        text::escape_line(hash.ok() ? "seq must be >= 1" : hash.status().message()).c_str());
     return false;
   }
   Result<journal::Record> r = j.Read(seq);
@@ -40,12 +42,13 @@ bool CheckExpectedHead(journal::Journal& j, const std::string& spec) {
     return false;
   }
   if (r->hash != *hash) {
-    std::printf("expected head: FAILED: seq %llu has hash %s, not %s\n", static_cast<unsigned long long>(seq),
-                journal::HashHex(r->hash).c_str(), journal::HashHex(*hash).c_str());
+    std::printf("expected head: FAILED: seq %llu has hash %s, not %s\n",
+                static_cast<unsigned long long>(seq), journal::HashHex(r->hash).c_str(),
+                journal::HashHex(*hash).c_str());
     return false;
   }
-  std::printf("expected head: OK: seq %llu hash %s is in the journal\n", static_cast<unsigned long long>(seq),
-              journal::HashHex(*hash).c_str());
+  std::printf("expected head: OK: seq %llu hash %s is in the journal\n",
+              static_cast<unsigned long long>(seq), journal::HashHex(*hash).c_str());
   return true;
 }
 
@@ -63,7 +66,8 @@ struct Opts {
 int ShowProvenance(journal::Journal& j, const Opts& o, const std::string& torn, bool head_ok) {
   auto p = audit::Provenance(j, o.rollout);
   if (!p.ok()) {
-    std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(p.status().ToString()).c_str());
+    std::fprintf(stderr, "rolloutcore audit: %s\n",
+                 text::escape_line(p.status().ToString()).c_str());
     return p.status().code() == Code::kCorruption ? audit::kExitJournalDamaged : audit::kExitUsage;
   }
   std::printf("%s\n", audit::ProvenanceJson(*p, o.json ? -1 : 2).c_str());
@@ -79,7 +83,8 @@ int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdic
   auto ts = o.trajectories.empty() ? audit::TrajectoriesFromJournal(j)
                                    : audit::LoadTrajectories(o.trajectories);
   if (!ts.ok()) {
-    std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(ts.status().ToString()).c_str());
+    std::fprintf(stderr, "rolloutcore audit: %s\n",
+                 text::escape_line(ts.status().ToString()).c_str());
     return audit::kExitUsage;
   }
   if (!o.trajectories.empty()) {
@@ -133,7 +138,8 @@ Runner add_audit(CLI::App& app) {
                  "this engine serves (URL)");
   app.add_option("--tolerance", o->tolerance, "Largest accepted |logprob difference|");
   app.add_flag("--greedy", o->greedy, "Trajectories were sampled greedily: require top-1 tokens");
-  app.add_flag("--json", o->json, "JSON output (the verdict with its findings, or the provenance with --rollout)");
+  app.add_flag("--json", o->json,
+               "JSON output (the verdict with its findings, or the provenance with --rollout)");
   app.add_option("--expect-head", o->expect_head,
                  "SEQ:HEXHASH of an acknowledged head: the journal must still hold that record "
                  "with that hash");
@@ -143,10 +149,11 @@ Runner add_audit(CLI::App& app) {
     options.create_if_missing = false;
     auto opened = journal::Journal::Open(o->path, options);
     if (!opened.ok()) {
-      std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(opened.status().ToString()).c_str());
+      std::fprintf(stderr, "rolloutcore audit: %s\n",
+                   text::escape_line(opened.status().ToString()).c_str());
       // A journal that exists but fails its checks is damaged; anything else is a usage error.
       return opened.status().code() == Code::kCorruption ? audit::kExitJournalDamaged
-                                                          : audit::kExitUsage;
+                                                         : audit::kExitUsage;
     }
     journal::Journal& j = **opened;
     const std::string torn = j.recovery().torn_tail;
@@ -161,7 +168,8 @@ Runner add_audit(CLI::App& app) {
     audit::Verdict verdict = audit::MakeVerdict(*report);
     if (!torn.empty()) verdict.journal_failures.push_back(torn);
     if (!head_ok) {
-      verdict.journal_failures.push_back("--expect-head: the acknowledged head is not in the journal");
+      verdict.journal_failures.push_back(
+          "--expect-head: the acknowledged head is not in the journal");
     }
     std::vector<audit::Trajectory> trajectories;
     if (int rc = CheckTrajectories(j, *o, verdict, trajectories); rc != audit::kExitOk) return rc;

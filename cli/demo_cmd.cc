@@ -158,8 +158,8 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   std::atomic<int> failures{0};
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
-      Status st = demo.rollout("r0-" + std::to_string(i), "the quick brown fox " + std::to_string(i),
-                               12 + 4 * i);
+      Status st = demo.rollout("r0-" + std::to_string(i),
+                               "the quick brown fox " + std::to_string(i), 12 + 4 * i);
       if (!st.ok()) failures++;
     });
   }
@@ -210,8 +210,7 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   const std::string exe = text::escape_line(ec ? std::string("rolloutcore") : self);
   std::printf("journal left at %s — inspect it with:\n  %s replay %s --events\n  %s audit %s\n",
-              shown_path.c_str(), exe.c_str(), shown_path.c_str(), exe.c_str(),
-              shown_path.c_str());
+              shown_path.c_str(), exe.c_str(), shown_path.c_str(), exe.c_str(), shown_path.c_str());
   engine.Stop();
   const bool ok = failures.load() == 0 && first->outcome == UpdateOutcome::kCommitted &&
                   second->outcome == UpdateOutcome::kCommitted &&

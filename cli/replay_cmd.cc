@@ -15,7 +15,8 @@ namespace {
 
 // The report with its verdict line replaced by `verdict` (appended when no such line exists): a
 // journal-level failure such as a torn tail is never printed as "verification: OK".
-std::string ReplaceVerdict(std::string report, const std::string& ok_prefix, const std::string& verdict) {
+std::string ReplaceVerdict(std::string report, const std::string& ok_prefix,
+                           const std::string& verdict) {
   const std::size_t at = report.find(ok_prefix);
   if (at == std::string::npos || (at > 0 && report[at - 1] != '\n')) return report + verdict + "\n";
   const std::size_t end = report.find('\n', at);
@@ -42,7 +43,8 @@ Runner add_replay(CLI::App& app) {
     options.create_if_missing = false;
     auto opened = journal::Journal::Open(opts->path, options);
     if (!opened.ok()) {
-      std::fprintf(stderr, "rolloutcore replay: %s\n", text::escape_line(opened.status().ToString()).c_str());
+      std::fprintf(stderr, "rolloutcore replay: %s\n",
+                   text::escape_line(opened.status().ToString()).c_str());
       return 2;
     }
     journal::Journal& j = **opened;
@@ -53,15 +55,18 @@ Runner add_replay(CLI::App& app) {
           std::printf("%s\n", replay::RecordJsonLine(r).c_str());
         } else {
           std::printf("%8llu %s%s\n", static_cast<unsigned long long>(r.seq),
-                      r.cause_seq == 0 ? "" : "  -> ", text::escape_line(describe(r.event)).c_str());
+                      r.cause_seq == 0 ? "" : "  -> ",
+                      text::escape_line(describe(r.event)).c_str());
         }
         return Status::OK();
       });
-      if (!st.ok()) std::fprintf(stderr, "scan stopped: %s\n", text::escape_line(st.ToString()).c_str());
+      if (!st.ok())
+        std::fprintf(stderr, "scan stopped: %s\n", text::escape_line(st.ToString()).c_str());
     }
     auto report = replay::Replay(j, replay::ReplayOptions{opts->until});
     if (!report.ok()) {
-      std::fprintf(stderr, "rolloutcore replay: %s\n", text::escape_line(report.status().ToString()).c_str());
+      std::fprintf(stderr, "rolloutcore replay: %s\n",
+                   text::escape_line(report.status().ToString()).c_str());
       return 2;
     }
     if (opts->json) {
@@ -70,7 +75,8 @@ Runner add_replay(CLI::App& app) {
         out["ok"] = false;
         out["torn_tail"] = text::sanitize_utf8(torn);
       }
-      std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      std::printf("%s\n",
+                  out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else if (torn.empty()) {
       std::printf("%s", replay::FormatReport(*report).c_str());
     } else {

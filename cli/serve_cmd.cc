@@ -58,7 +58,8 @@ bool EnsureJournalParent(const std::string& journal_path) {
   std::error_code ec;
   if (std::filesystem::is_directory(parent, ec)) return true;
   if (!std::filesystem::create_directories(parent, ec) || ec) {
-    std::fprintf(stderr, "rolloutcore serve: cannot create the journal's parent directory '%s': %s\n",
+    std::fprintf(stderr,
+                 "rolloutcore serve: cannot create the journal's parent directory '%s': %s\n",
                  parent.c_str(), ec ? ec.message().c_str() : "not created");
     return false;
   }

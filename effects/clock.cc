@@ -44,9 +44,13 @@ std::int64_t wall_now_ms() {
   return duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::uint64_t elapsed_us(SteadyTime start) { return clamped<microseconds>(steady_clock::now() - start); }
+std::uint64_t elapsed_us(SteadyTime start) {
+  return clamped<microseconds>(steady_clock::now() - start);
+}
 
-std::uint64_t elapsed_ms(SteadyTime start) { return clamped<milliseconds>(steady_clock::now() - start); }
+std::uint64_t elapsed_ms(SteadyTime start) {
+  return clamped<milliseconds>(steady_clock::now() - start);
+}
 
 std::uint64_t remaining_ms(SteadyTime deadline) {
   return clamped<milliseconds>(deadline - steady_clock::now());

@@ -13,9 +13,9 @@ namespace rc::effects {
 class Clock {
  public:
   virtual ~Clock() = default;
-  virtual std::int64_t now_ms() = 0;       // monotonic
+  virtual std::int64_t now_ms() = 0;                         // monotonic
   virtual std::int64_t now_us() { return now_ms() * 1000; }  // monotonic, for phase timings
-  virtual std::int64_t wall_ms() = 0;      // wall clock, recorded in the journal envelope
+  virtual std::int64_t wall_ms() = 0;  // wall clock, recorded in the journal envelope
   virtual void sleep_ms(std::uint32_t ms) = 0;
 };
 

@@ -107,8 +107,8 @@ PreflightObserved HttpSequenceTransfer::Preflight(const TransferTarget& target) 
     return p;
   }
   p.source_manifest_digest = m->digest();
-  p.detail = std::to_string(m->tensors.size()) + " tensors, " +
-             std::to_string(m->total_bytes()) + " bytes (synthetic, no device)";
+  p.detail = std::to_string(m->tensors.size()) + " tensors, " + std::to_string(m->total_bytes()) +
+             " bytes (synthetic, no device)";
   return p;
 }
 

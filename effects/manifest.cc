@@ -9,39 +9,61 @@ namespace rc::effects {
 
 std::size_t dtype_bytes(DType d) {
   switch (d) {
-    case DType::kBFloat16: case DType::kFloat16: return 2;
-    case DType::kFloat32: case DType::kInt32: return 4;
-    case DType::kFloat64: case DType::kInt64: return 8;
-    case DType::kInt8: case DType::kUInt8: case DType::kFloat8E4M3: return 1;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+    case DType::kInt64:
+      return 8;
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kFloat8E4M3:
+      return 1;
   }
   return 0;
 }
 
 namespace {
-struct DTypeNames { DType d; const char* torch; const char* st; };
+struct DTypeNames {
+  DType d;
+  const char* torch;
+  const char* st;
+};
 constexpr DTypeNames kNames[] = {
-    {DType::kBFloat16, "bfloat16", "BF16"}, {DType::kFloat16, "float16", "F16"},
-    {DType::kFloat32, "float32", "F32"},    {DType::kFloat64, "float64", "F64"},
-    {DType::kInt8, "int8", "I8"},           {DType::kUInt8, "uint8", "U8"},
-    {DType::kInt32, "int32", "I32"},        {DType::kInt64, "int64", "I64"},
+    {DType::kBFloat16, "bfloat16", "BF16"},
+    {DType::kFloat16, "float16", "F16"},
+    {DType::kFloat32, "float32", "F32"},
+    {DType::kFloat64, "float64", "F64"},
+    {DType::kInt8, "int8", "I8"},
+    {DType::kUInt8, "uint8", "U8"},
+    {DType::kInt32, "int32", "I32"},
+    {DType::kInt64, "int64", "I64"},
     {DType::kFloat8E4M3, "float8_e4m3fn", "F8_E4M3"},
 };
 }  // namespace
 
 const char* dtype_torch_name(DType d) {
-  for (const auto& n : kNames) if (n.d == d) return n.torch;
+  for (const auto& n : kNames)
+    if (n.d == d) return n.torch;
   return "?";
 }
 const char* dtype_safetensors_name(DType d) {
-  for (const auto& n : kNames) if (n.d == d) return n.st;
+  for (const auto& n : kNames)
+    if (n.d == d) return n.st;
   return "?";
 }
 Result<DType> dtype_from_torch_name(const std::string& name) {
-  for (const auto& n : kNames) if (name == n.torch) return n.d;
-  return Status::InvalidArgument("unsupported dtype '" + text::escape_line(name.substr(0, 64)) + "'");
+  for (const auto& n : kNames)
+    if (name == n.torch) return n.d;
+  return Status::InvalidArgument("unsupported dtype '" + text::escape_line(name.substr(0, 64)) +
+                                 "'");
 }
 Result<DType> dtype_from_safetensors_name(const std::string& name) {
-  for (const auto& n : kNames) if (name == n.st) return n.d;
+  for (const auto& n : kNames)
+    if (name == n.st) return n.d;
   return Status::InvalidArgument("unsupported safetensors dtype '" +
                                  text::escape_line(name.substr(0, 64)) + "'");
 }

@@ -16,16 +16,24 @@
 
 namespace rc::effects {
 
-inline constexpr std::size_t kTensorsMax = 1u << 20;      // entries in one manifest
+inline constexpr std::size_t kTensorsMax = 1u << 20;  // entries in one manifest
 inline constexpr std::size_t kTensorNameBytesMax = 1024;
 inline constexpr std::size_t kTensorRankMax = 8;
 
 // vLLM / torch dtype names (`getattr(torch, name)` on the engine side) and their NCCL codes.
 enum class DType : std::uint8_t {
-  kBFloat16, kFloat16, kFloat32, kFloat64, kInt8, kUInt8, kInt32, kInt64, kFloat8E4M3
+  kBFloat16,
+  kFloat16,
+  kFloat32,
+  kFloat64,
+  kInt8,
+  kUInt8,
+  kInt32,
+  kInt64,
+  kFloat8E4M3
 };
 std::size_t dtype_bytes(DType d);
-const char* dtype_torch_name(DType d);      // "bfloat16", "float16", ...
+const char* dtype_torch_name(DType d);        // "bfloat16", "float16", ...
 const char* dtype_safetensors_name(DType d);  // "BF16", "F16", ...
 [[nodiscard]] Result<DType> dtype_from_torch_name(const std::string& name);
 [[nodiscard]] Result<DType> dtype_from_safetensors_name(const std::string& name);

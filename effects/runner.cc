@@ -15,7 +15,10 @@ std::string UpdateIdempotencyKey(const std::string& update_id) {
 
 Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer& transfer,
                Clock& clock, RunnerOptions options)
-    : journal_(journal), engine_(engine), transfer_(transfer), clock_(clock),
+    : journal_(journal),
+      engine_(engine),
+      transfer_(transfer),
+      clock_(clock),
       options_(std::move(options)) {
   RC_CHECK(options_.backoff_ms_min <= options_.backoff_ms_max);
   RC_CHECK(options_.effects_per_drive_max > 0);
@@ -59,9 +62,12 @@ Status Runner::sync() {
 
 std::uint64_t Runner::deadline_for(EffectKind kind) const {
   switch (kind) {
-    case EffectKind::kDrain: return options_.drain_timeout_ms;
-    case EffectKind::kTransfer: return options_.transfer_timeout_ms;
-    default: return options_.call_timeout_ms;
+    case EffectKind::kDrain:
+      return options_.drain_timeout_ms;
+    case EffectKind::kTransfer:
+      return options_.transfer_timeout_ms;
+    default:
+      return options_.call_timeout_ms;
   }
 }
 
@@ -139,13 +145,20 @@ EngineProbed Runner::probe_for_bootstrap(const BootstrapRequested& bootstrap) {
 std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
   switch (kind) {
     case EffectKind::kDrain:
-    case EffectKind::kAwaitRollouts: return &t.drain_us;
-    case EffectKind::kPreflight: return &t.preflight_us;
-    case EffectKind::kTransfer: return &t.transfer_us;
-    case EffectKind::kResetCache: return &t.invalidate_us;
-    case EffectKind::kValidate: return &t.validate_us;
-    case EffectKind::kResume: return &t.resume_us;
-    default: return nullptr;
+    case EffectKind::kAwaitRollouts:
+      return &t.drain_us;
+    case EffectKind::kPreflight:
+      return &t.preflight_us;
+    case EffectKind::kTransfer:
+      return &t.transfer_us;
+    case EffectKind::kResetCache:
+      return &t.invalidate_us;
+    case EffectKind::kValidate:
+      return &t.validate_us;
+    case EffectKind::kResume:
+      return &t.resume_us;
+    default:
+      return nullptr;
   }
 }
 
@@ -164,9 +177,9 @@ bool intent_must_be_durable(EffectKind kind) {
 }
 
 Status Runner::perform(const Effect& effect, const State& state) {
-  auto intent = submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind)}, "",
-                       intent_must_be_durable(effect.kind) ? Durability::kNow
-                                                            : Durability::kWithNext);
+  auto intent =
+      submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind)}, "",
+             intent_must_be_durable(effect.kind) ? Durability::kNow : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
   const std::int64_t start_us = clock_.now_us();
   Event observation = observe(effect, state);
@@ -282,11 +295,12 @@ Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identit
   if (last_probe_ && last_probe_->is_paused_known && last_probe_->is_paused) {
     why += " (resume it, or restart it from the declared weights; --adopt-engine resumes it)";
   } else if (last_probe_ && last_probe_->http.ok_2xx() && !options.adopt) {
-    why += " (restart the engine from the declared weights, or start with --adopt-engine to "
-           "journal it as found)";
+    why +=
+        " (restart the engine from the declared weights, or start with --adopt-engine to "
+        "journal it as found)";
   }
-  return Status::Unavailable("bootstrap did not reach READY after " +
-                             std::to_string(s.attempts) + " probe(s): " + why);
+  return Status::Unavailable("bootstrap did not reach READY after " + std::to_string(s.attempts) +
+                             " probe(s): " + why);
 }
 
 Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {

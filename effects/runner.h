@@ -23,7 +23,7 @@ namespace rc::effects {
 
 struct RunnerOptions {
   std::string executor_id = "rolloutcore";
-  std::uint64_t drain_timeout_ms = 600000;     // pause(mode=wait): running requests finish
+  std::uint64_t drain_timeout_ms = 600000;  // pause(mode=wait): running requests finish
   // After the engine reported drained, how long local bindings may stay active. A binding whose
   // request is still in transit (or queued behind the pause) cannot finish while the engine is
   // paused; after this the update is refused and the engine resumes on the old version.
@@ -32,15 +32,15 @@ struct RunnerOptions {
   std::uint64_t call_timeout_ms = 10000;       // recorded deadline of the other effects
   std::uint32_t backoff_ms_min = 20;           // between retries of a failed idempotent effect
   std::uint32_t backoff_ms_max = 1000;
-  std::uint32_t await_poll_ms = 1;             // polling interval while awaiting bindings
-  std::uint32_t effects_per_drive_max = 256;   // bound on one Drive() call
-  std::uint32_t startup_poll_ms = 250;         // between /health probes while the engine starts
-  std::uint32_t startup_report_ms = 5000;      // between progress reports while it starts
+  std::uint32_t await_poll_ms = 1;            // polling interval while awaiting bindings
+  std::uint32_t effects_per_drive_max = 256;  // bound on one Drive() call
+  std::uint32_t startup_poll_ms = 250;        // between /health probes while the engine starts
+  std::uint32_t startup_report_ms = 5000;     // between progress reports while it starts
 };
 
 // How a bootstrap treats the engine it finds.
 struct BootstrapOptions {
-  bool adopt = false;                  // accept another label (relabel) or a paused engine
+  bool adopt = false;                    // accept another label (relabel) or a paused engine
   std::uint64_t startup_timeout_ms = 0;  // wait this long for /health first (0: no wait)
   // Told what the runner is waiting for (one line each, at most every startup_report_ms).
   std::function<void(const std::string&)> progress;
@@ -48,13 +48,13 @@ struct BootstrapOptions {
 
 // Where one update cycle spent its time (microseconds), for the article's phase split.
 struct PhaseTimings {
-  std::uint64_t drain_us = 0;       // pause(wait) + awaiting bindings
+  std::uint64_t drain_us = 0;  // pause(wait) + awaiting bindings
   std::uint64_t preflight_us = 0;
   std::uint64_t transfer_us = 0;
   std::uint64_t invalidate_us = 0;  // the three cache resets
   std::uint64_t validate_us = 0;
   std::uint64_t resume_us = 0;
-  std::uint64_t journal_us = 0;     // durable appends (intents, observations, decisions)
+  std::uint64_t journal_us = 0;  // durable appends (intents, observations, decisions)
   std::uint64_t total_us = 0;
   void clear() { *this = PhaseTimings{}; }
 };
@@ -114,7 +114,7 @@ class Runner {
   RunnerOptions options_;
   PhaseTimings timings_;
   Observer observer_;
-  std::vector<UpdateEnded> ended_;  // UpdateEnded decisions seen since the last Update()
+  std::vector<UpdateEnded> ended_;           // UpdateEnded decisions seen since the last Update()
   std::optional<journal::Ticket> unsynced_;  // the last ticket not yet known durable
   // Events journaled but not yet known durable, for the observer: (seq, event).
   std::vector<std::pair<std::uint64_t, Event>> unobserved_;

@@ -13,9 +13,9 @@ namespace rc::effects {
 
 struct TransferTarget {
   std::string update_id;
-  WeightVersion target;      // target.label goes into /finish_weight_update
-  WeightIdentity identity;   // declared; preflight compares its manifest with the source's
-  std::string source_uri;    // "safetensors:/path", "ipc:/path/to/handles.json", "synthetic:..."
+  WeightVersion target;     // target.label goes into /finish_weight_update
+  WeightIdentity identity;  // declared; preflight compares its manifest with the source's
+  std::string source_uri;   // "safetensors:/path", "ipc:/path/to/handles.json", "synthetic:..."
 };
 
 class WeightTransfer {

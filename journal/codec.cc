@@ -118,18 +118,17 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
           [&](const PreflightObserved& e) -> Encoded {
             auto digest = b.CreateString(e.source_manifest_digest);
             auto detail = b.CreateString(e.detail);
-            return {fb::Payload::PreflightObserved,
-                    fb::CreatePreflightObserved(b, digest, e.device_ok, e.memory_ok, detail)
-                        .Union()};
+            return {
+                fb::Payload::PreflightObserved,
+                fb::CreatePreflightObserved(b, digest, e.device_ok, e.memory_ok, detail).Union()};
           },
           [&](const TransferObserved& e) -> Encoded {
             auto label = b.CreateString(e.finish_label);
             auto error = b.CreateString(e.error);
             return {fb::Payload::TransferObserved,
-                    fb::CreateTransferObserved(b, e.acknowledged,
-                                               static_cast<fb::MutationClass>(Fb(e.mutation)),
-                                               e.bytes_sent, e.tensors_sent, e.duration_us, label,
-                                               error)
+                    fb::CreateTransferObserved(
+                        b, e.acknowledged, static_cast<fb::MutationClass>(Fb(e.mutation)),
+                        e.bytes_sent, e.tensors_sent, e.duration_us, label, error)
                         .Union()};
           },
           [&](const CacheResetObserved& e) -> Encoded {
@@ -162,10 +161,11 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
           },
           [&](const RolloutFinished& e) -> Encoded {
             auto rid = b.CreateString(e.rollout_id);
-            return {fb::Payload::RolloutFinished,
-                    fb::CreateRolloutFinished(b, rid, static_cast<fb::RolloutOutcome>(Fb(e.outcome)),
-                                              e.prompt_tokens, e.completion_tokens)
-                        .Union()};
+            return {
+                fb::Payload::RolloutFinished,
+                fb::CreateRolloutFinished(b, rid, static_cast<fb::RolloutOutcome>(Fb(e.outcome)),
+                                          e.prompt_tokens, e.completion_tokens)
+                    .Union()};
           },
           [&](const TrajectoryRecorded& e) -> Encoded {
             auto rid = b.CreateString(e.rollout_id);
@@ -285,9 +285,8 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::EngineMonitored: {
       auto* e = r->payload_as_EngineMonitored();
-      return EngineMonitored{DecHttp(d, e->http()),   Str(e->reported_label()),
-                             e->is_paused_known(),    e->is_paused(),
-                             Str(e->engine_instance()), e->last_ok_wall_ms(),
+      return EngineMonitored{DecHttp(d, e->http()), Str(e->reported_label()),  e->is_paused_known(),
+                             e->is_paused(),        Str(e->engine_instance()), e->last_ok_wall_ms(),
                              e->updates_seen()};
     }
     case fb::Payload::DrainObserved: {
@@ -305,13 +304,11 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::TransferObserved: {
       auto* e = r->payload_as_TransferObserved();
-      return TransferObserved{e->acknowledged(),
-                              d.Enum<MutationClass>(e->mutation(), 2, "TransferObserved.mutation"),
-                              e->bytes_sent(),
-                              e->tensors_sent(),
-                              e->duration_us(),
-                              Str(e->finish_label()),
-                              Str(e->error())};
+      return TransferObserved{
+          e->acknowledged(), d.Enum<MutationClass>(e->mutation(), 2, "TransferObserved.mutation"),
+          e->bytes_sent(),   e->tensors_sent(),
+          e->duration_us(),  Str(e->finish_label()),
+          Str(e->error())};
     }
     case fb::Payload::CacheResetObserved: {
       auto* e = r->payload_as_CacheResetObserved();
@@ -321,8 +318,8 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::ValidationObserved: {
       auto* e = r->payload_as_ValidationObserved();
-      return ValidationObserved{DecHttp(d, e->http()), Str(e->reported_label()),
-                                e->checks_passed(), Str(e->detail()), Str(e->engine_instance())};
+      return ValidationObserved{DecHttp(d, e->http()), Str(e->reported_label()), e->checks_passed(),
+                                Str(e->detail()), Str(e->engine_instance())};
     }
     case fb::Payload::ResumeObserved: {
       auto* e = r->payload_as_ResumeObserved();
@@ -335,10 +332,10 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::RolloutFinished: {
       auto* e = r->payload_as_RolloutFinished();
-      return RolloutFinished{Str(e->rollout_id()),
-                             d.Enum<RolloutOutcome>(e->outcome(), kRolloutOutcomeMax,
-                                                    "RolloutFinished.outcome"),
-                             e->prompt_tokens(), e->completion_tokens()};
+      return RolloutFinished{
+          Str(e->rollout_id()),
+          d.Enum<RolloutOutcome>(e->outcome(), kRolloutOutcomeMax, "RolloutFinished.outcome"),
+          e->prompt_tokens(), e->completion_tokens()};
     }
     case fb::Payload::StateChanged: {
       auto* e = r->payload_as_StateChanged();
@@ -537,10 +534,10 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
                                   static_cast<fb::Cause>(Fb(t.cause)), update_id, target, detail);
   }
   const Counters& c = s.counters;
-  auto counters = fb::CreateCounters(b, c.events, c.rollouts_admitted, c.rollouts_completed,
-                                     c.rollouts_aborted, c.rollouts_abandoned, c.updates_requested,
-                                     c.updates_committed, c.updates_refused, c.recoveries,
-                                     c.rollouts_expired);
+  auto counters =
+      fb::CreateCounters(b, c.events, c.rollouts_admitted, c.rollouts_completed, c.rollouts_aborted,
+                         c.rollouts_abandoned, c.updates_requested, c.updates_committed,
+                         c.updates_refused, c.recoveries, c.rollouts_expired);
   std::vector<Offset<fb::LabelIdentity>> labels;
   labels.reserve(s.labels.size());
   for (const auto& [label, identity] : s.labels) {
@@ -560,7 +557,8 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
 // committed earlier in such a journal are then not guarded against reuse.
 void DecLabels(Decoder& d, const fb::State* t, State& s) {
   if (!t->labels_complete()) {
-    if (s.lifecycle != Lifecycle::kUninitialized) s.labels[s.committed.label] = s.committed_identity;
+    if (s.lifecycle != Lifecycle::kUninitialized)
+      s.labels[s.committed.label] = s.committed_identity;
     return;
   }
   if (t->labels() == nullptr) return;
@@ -588,8 +586,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   if (const auto* active = t->active()) {
     for (const fb::ActiveRollout* r : *active) {
       if (r == nullptr) continue;
-      auto [it, inserted] = s.active.emplace(Str(r->rollout_id()),
-                                             ActiveRollout{DecVersion(r->version()), r->lease_ms()});
+      auto [it, inserted] = s.active.emplace(
+          Str(r->rollout_id()), ActiveRollout{DecVersion(r->version()), r->lease_ms()});
       if (!inserted && d.error.empty()) d.error = "duplicate active rollout '" + it->first + "'";
     }
   }

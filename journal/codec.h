@@ -5,8 +5,10 @@
 //                  truncated or extended value fails verification), file_identifier "RCJ1" at
 //                  bytes 8..11, 12 <= size <= kRecordBytesMax
 //   Record      := { seq: u64, wall_time_ms: i64, cause_seq: u64, prev_hash: [u8; 32],
-//                    payload_type: u8 in 1..18 (18 = TrajectoryRecorded, schema v2), payload: <table for payload_type> }
-//   hash(record) := SHA-256(record bytes exactly as stored); record[n].prev_hash = hash(record[n-1]),
+//                    payload_type: u8 in 1..18 (18 = TrajectoryRecorded, schema v2), payload:
+//                    <table for payload_type> }
+//   hash(record) := SHA-256(record bytes exactly as stored); record[n].prev_hash =
+//   hash(record[n-1]),
 //                   record[1].prev_hash = 32 zero bytes
 // Stored snapshot (value of the `snapshots` column family):
 //   snapshot    := flatbuffer(State) ‖ SHA-256(flatbuffer(State))   (the last 32 bytes)

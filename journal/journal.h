@@ -82,12 +82,12 @@ struct AppendResult {
 
 struct Options {
   bool create_if_missing = true;
-  bool sync = true;                    // fsync each group commit (off only in benchmarks)
+  bool sync = true;                      // fsync each group commit (off only in benchmarks)
   std::uint64_t snapshot_every = 10000;  // write a folded-state snapshot every N events (0: never)
   // Read-only: a journal no writer holds opens as a plain read-only DB (WAL tail checked); one a
   // writer holds opens as a secondary instance (works while the writer runs; tail not checked).
   bool read_only = false;
-  std::string secondary_path;          // scratch dir for a secondary instance ("" = temp, removed)
+  std::string secondary_path;  // scratch dir for a secondary instance ("" = temp, removed)
   // The RocksDB Env (file system, threads, clock); nullptr: rocksdb::Env::Default(). Tests pass
   // an in-memory or fault-injecting one (journal/testing/fault_env.h). Must outlive the journal.
   rocksdb::Env* env = nullptr;
@@ -100,8 +100,8 @@ struct Options {
 
 // What Open found on disk about how the journal ended before.
 struct Recovery {
-  bool clean_close = false;   // a clean-close record was present and matched the head
-  bool live_writer = false;   // read-only beside a live writer (secondary): the tail is not checked
+  bool clean_close = false;  // a clean-close record was present and matched the head
+  bool live_writer = false;  // read-only beside a live writer (secondary): the tail is not checked
   std::uint64_t head_seq = 0;  // the head recovered
   // Bytes of the WAL that crash recovery could not read (a torn tail: a group cut mid-write). Its
   // seqs are unknowable (the torn batch is unreadable): they would follow head_seq.

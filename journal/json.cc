@@ -17,9 +17,12 @@ Overloaded(Ts...) -> Overloaded<Ts...>;
 
 const char* family_name(Family f) {
   switch (f) {
-    case Family::kInput: return "input";
-    case Family::kBinding: return "binding";
-    case Family::kDecision: return "decision";
+    case Family::kInput:
+      return "input";
+    case Family::kBinding:
+      return "binding";
+    case Family::kDecision:
+      return "decision";
   }
   return "?";
 }
@@ -38,30 +41,27 @@ json Fields(const Event& event) {
                         {"identity", WeightIdentityToJson(e.identity)},
                         {"source_uri", e.source_uri}};
           },
-          [](const RecoveryStarted& e) { return json{{"executor_id", e.executor_id}}; },
+          [](const RecoveryStarted& e) {
+            return json{{"executor_id", e.executor_id}};
+          },
           [](const EffectStarted& e) {
             return json{{"kind", effect_name(e.kind)},
                         {"cache", cache_name(e.cache)},
                         {"deadline_ms", e.deadline_ms}};
           },
           [](const EngineProbed& e) {
-            return json{{"http", HttpEvidenceToJson(e.http)},
-                        {"engine_version", e.engine_version},
-                        {"reported_label", e.reported_label},
-                        {"is_paused_known", e.is_paused_known},
-                        {"is_paused", e.is_paused},
-                        {"engine_instance", e.engine_instance},
-                        {"label_before", e.label_before},
-                        {"resumed_before", e.resumed_before}};
+            return json{
+                {"http", HttpEvidenceToJson(e.http)}, {"engine_version", e.engine_version},
+                {"reported_label", e.reported_label}, {"is_paused_known", e.is_paused_known},
+                {"is_paused", e.is_paused},           {"engine_instance", e.engine_instance},
+                {"label_before", e.label_before},     {"resumed_before", e.resumed_before}};
           },
           [](const EngineMonitored& e) {
-            return json{{"http", HttpEvidenceToJson(e.http)},
-                        {"reported_label", e.reported_label},
-                        {"is_paused_known", e.is_paused_known},
-                        {"is_paused", e.is_paused},
-                        {"engine_instance", e.engine_instance},
-                        {"last_ok_wall_ms", e.last_ok_wall_ms},
-                        {"updates_seen", e.updates_seen}};
+            return json{
+                {"http", HttpEvidenceToJson(e.http)},   {"reported_label", e.reported_label},
+                {"is_paused_known", e.is_paused_known}, {"is_paused", e.is_paused},
+                {"engine_instance", e.engine_instance}, {"last_ok_wall_ms", e.last_ok_wall_ms},
+                {"updates_seen", e.updates_seen}};
           },
           [](const DrainObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)}, {"paused", e.paused}};

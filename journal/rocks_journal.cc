@@ -5,7 +5,8 @@
 //   rollouts     u8(len) ‖ rollout_id ‖ BE64(seq) -> ""            (RolloutSeqs)
 //                u8(len) ‖ rollout_id           -> BE64(admission seq) (ids are used once: a
 //                                                  point lookup at admission)
-//   idempotency  client_event_id                -> BE64(first_seq) ‖ BE64(last_seq) ‖ SHA-256(group)
+//   idempotency  client_event_id                -> BE64(first_seq) ‖ BE64(last_seq) ‖
+//   SHA-256(group)
 //                where group = concat over events of BE32(len) ‖ EncodeEventOnly(event)
 //   snapshots    BE64(seq)                      -> EncodeState(fold of 1..seq)
 //   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64
@@ -46,9 +47,17 @@
 namespace rc::journal {
 namespace {
 
-enum Cf : std::size_t { kDefaultCf = 0, kEventsCf, kRolloutsCf, kIdemCf, kSnapshotsCf, kMetaCf, kCfCount };
+enum Cf : std::size_t {
+  kDefaultCf = 0,
+  kEventsCf,
+  kRolloutsCf,
+  kIdemCf,
+  kSnapshotsCf,
+  kMetaCf,
+  kCfCount
+};
 const char* const kCfNames[kCfCount] = {"default",     "events",    "rollouts",
-                                         "idempotency", "snapshots", "meta"};
+                                        "idempotency", "snapshots", "meta"};
 const char kHeadSeqKey[] = "head_seq";
 const char kHeadHashKey[] = "head_hash";
 const char kSchemaKey[] = "schema_version";
@@ -209,15 +218,19 @@ void AdvancePastWalRecord(std::uint64_t& at, std::uint64_t bytes) {
 class EventSeqsInBatch final : public rocksdb::WriteBatch::Handler {
  public:
   explicit EventSeqsInBatch(std::uint32_t events_cf) : events_cf_(events_cf) {}
-  rocksdb::Status PutCF(std::uint32_t cf, const rocksdb::Slice& key, const rocksdb::Slice&) override {
+  rocksdb::Status PutCF(std::uint32_t cf, const rocksdb::Slice& key,
+                        const rocksdb::Slice&) override {
     if (cf == events_cf_ && key.size() == 8) last_ = std::max(last_, ParseBE64(View(key)));
     return rocksdb::Status::OK();
   }
-  rocksdb::Status DeleteCF(std::uint32_t, const rocksdb::Slice&) override { return rocksdb::Status::OK(); }
+  rocksdb::Status DeleteCF(std::uint32_t, const rocksdb::Slice&) override {
+    return rocksdb::Status::OK();
+  }
   rocksdb::Status SingleDeleteCF(std::uint32_t, const rocksdb::Slice&) override {
     return rocksdb::Status::OK();
   }
-  rocksdb::Status DeleteRangeCF(std::uint32_t, const rocksdb::Slice&, const rocksdb::Slice&) override {
+  rocksdb::Status DeleteRangeCF(std::uint32_t, const rocksdb::Slice&,
+                                const rocksdb::Slice&) override {
     return rocksdb::Status::OK();
   }
   rocksdb::Status MergeCF(std::uint32_t, const rocksdb::Slice&, const rocksdb::Slice&) override {
@@ -313,7 +326,8 @@ class ScratchDir {
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
   Status MakeTemp() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "rc-journal-secondary-XXXXXX").string();
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "rc-journal-secondary-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp failed for " + tmpl);
     path_ = tmpl;
     owned_ = true;
@@ -362,7 +376,9 @@ struct ScanBatch {
     entries.push_back(e);
   }
   std::string_view Key(const Entry& e) const { return {bytes.data() + e.key_at, e.key_bytes}; }
-  std::string_view Value(const Entry& e) const { return {bytes.data() + e.value_at, e.value_bytes}; }
+  std::string_view Value(const Entry& e) const {
+    return {bytes.data() + e.value_at, e.value_bytes};
+  }
 };
 
 // The bounded hand-over between a scan's reader thread and its caller: kScanBatchesMax batches
@@ -516,12 +532,12 @@ class RocksJournal final : public Journal {
   void CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before);
   void CloseCleanly();
 
-  Status Usable() const;  // requires mu_
+  Status Usable() const;    // requires mu_
   void CheckStall() const;  // requires mu_: fails the journal once a commit is past its deadline
   Result<Ticket> EnqueueLocked(const AppendRequest& request, const std::vector<Event>* decided,
                                std::vector<Event>* original_decisions);
   Result<std::optional<IdemEntry>> FindIdem(const std::string& key);  // requires mu_
-  Status CheckRolloutIdsUnused(const std::vector<Event>& events);    // requires mu_
+  Status CheckRolloutIdsUnused(const std::vector<Event>& events);     // requires mu_
   void CommitterLoop();
   // Runs (outside mu_, which `l` holds on entry and on return) every async waiter whose batch is
   // <= upto: with OK when durable, else with failed_. UINT64_MAX: all of them (the journal failed).
@@ -539,7 +555,7 @@ class RocksJournal final : public Journal {
   WalReplay wal_replay_;      // RocksDB keeps a pointer to it: lives as long as db_
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
-  Recovery recovery_;  // set once by Open
+  Recovery recovery_;    // set once by Open
   bool opened_ = false;  // Open succeeded: only then may a close record a clean close
 
   mutable std::mutex mu_;
@@ -629,7 +645,8 @@ rocksdb::Options RocksJournal::DbOptions() const {
   return opts;
 }
 
-std::vector<rocksdb::ColumnFamilyDescriptor> RocksJournal::Descriptors(const rocksdb::Options& opts) const {
+std::vector<rocksdb::ColumnFamilyDescriptor> RocksJournal::Descriptors(
+    const rocksdb::Options& opts) const {
   std::vector<rocksdb::ColumnFamilyDescriptor> descs;
   for (const char* name : kCfNames) descs.emplace_back(name, rocksdb::ColumnFamilyOptions(opts));
   // Each memtable zero-fills its first arena block when created (at open, and at every flush): at
@@ -658,8 +675,10 @@ std::vector<rocksdb::ColumnFamilyDescriptor> RocksJournal::Descriptors(const roc
 
 Status RocksJournal::OpenError(const rocksdb::Status& s) const {
   const std::string msg = s.ToString();
-  if (s.IsIOError() && (msg.find("lock") != std::string::npos || msg.find("LOCK") != std::string::npos)) {
-    return Status::Busy("journal already open by another process: " + path_ + "/LOCK (" + msg + ")");
+  if (s.IsIOError() &&
+      (msg.find("lock") != std::string::npos || msg.find("LOCK") != std::string::npos)) {
+    return Status::Busy("journal already open by another process: " + path_ + "/LOCK (" + msg +
+                        ")");
   }
   if (s.IsCorruption()) {
     return Status::Corruption("journal at " + path_ +
@@ -692,9 +711,11 @@ Status RocksJournal::OpenWriter() {
   RC_CHECK(cfs_.size() == kCfCount);
   {
     // Background compaction may already run: keep the files it obsoletes until the check ends.
-    RC_RETURN_IF_ERROR(FromRocks(db_->DisableFileDeletions(), "disable file deletions in " + path_));
+    RC_RETURN_IF_ERROR(
+        FromRocks(db_->DisableFileDeletions(), "disable file deletions in " + path_));
     const Status live = CheckLiveFiles();
-    RC_RETURN_IF_ERROR(FromRocks(db_->EnableFileDeletions(/*force=*/false), "enable file deletions in " + path_));
+    RC_RETURN_IF_ERROR(
+        FromRocks(db_->EnableFileDeletions(/*force=*/false), "enable file deletions in " + path_));
     RC_RETURN_IF_ERROR(live);
   }
   RC_RETURN_IF_ERROR(CheckSchema());
@@ -745,15 +766,16 @@ Status RocksJournal::OpenSecondary() {
   rocksdb::Options opts = DbOptions();
   opts.max_open_files = -1;  // required by secondary instances
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s =
-      rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_.path(), Descriptors(opts), &cfs_, &raw);
+  rocksdb::Status s = rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_.path(),
+                                                   Descriptors(opts), &cfs_, &raw);
   if (!s.ok()) return OpenError(s);
   db_.reset(raw);
   RC_CHECK(cfs_.size() == kCfCount);
   recovery_.live_writer = true;
   Status live = CheckLiveFiles();
   for (int i = 1; !live.ok() && i < kLiveFileChecksMax; ++i) {
-    RC_RETURN_IF_ERROR(FromRocks(db_->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
+    RC_RETURN_IF_ERROR(
+        FromRocks(db_->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
     live = CheckLiveFiles();
   }
   RC_RETURN_IF_ERROR(live);
@@ -769,16 +791,17 @@ Status RocksJournal::CheckLiveFiles() {
     const std::string file = f.directory + "/" + f.relative_filename;
     std::uint64_t size = 0;
     const rocksdb::Status s = env_->GetFileSize(file, &size);
-    const std::string where = " (column family " + f.column_family_name + ", level " +
-                              std::to_string(f.level) + ")";
+    const std::string where =
+        " (column family " + f.column_family_name + ", level " + std::to_string(f.level) + ")";
     if (!s.ok()) {
-      return Status::Corruption("journal at " + path_ + ": live file " + f.relative_filename + where +
-                                " listed by the MANIFEST is missing or unreadable: " + s.ToString());
+      return Status::Corruption(
+          "journal at " + path_ + ": live file " + f.relative_filename + where +
+          " listed by the MANIFEST is missing or unreadable: " + s.ToString());
     }
     if (size != f.size) {
-      return Status::Corruption("journal at " + path_ + ": live file " + f.relative_filename + where +
-                                " is " + std::to_string(size) + " bytes but the MANIFEST recorded " +
-                                std::to_string(f.size));
+      return Status::Corruption("journal at " + path_ + ": live file " + f.relative_filename +
+                                where + " is " + std::to_string(size) +
+                                " bytes but the MANIFEST recorded " + std::to_string(f.size));
     }
   }
   return Status::OK();
@@ -790,7 +813,8 @@ Status RocksJournal::CheckSchema() {
   std::string version;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kSchemaKey, &version);
   if (s.IsNotFound() && !options_.read_only) {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kEventsCf]));
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(rocksdb::ReadOptions(), cfs_[kEventsCf]));
     it->SeekToFirst();
     RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan events of " + path_));
     if (it->Valid()) {
@@ -805,7 +829,8 @@ Status RocksJournal::CheckSchema() {
     return FromRocks(db_->Write(wo, &batch), "write schema_version of " + path_);
   }
   if (s.IsNotFound()) {
-    return Status::Corruption("journal at " + path_ + " has no schema_version (damaged, or not a journal)");
+    return Status::Corruption("journal at " + path_ +
+                              " has no schema_version (damaged, or not a journal)");
   }
   if (!s.ok()) return FromRocks(s, "read schema_version in " + path_);
   if (version.size() != 8 || ParseBE64(version) != kSchemaVersion) {
@@ -836,7 +861,8 @@ Result<std::optional<ClosedMark>> RocksJournal::ReadClosedMark() {
   if (!s.ok()) return FromRocks(s, "read the clean-close record " + file);
   std::optional<ClosedMark> mark = DecodeClosedMark(text);
   if (!mark.has_value()) {
-    return Status::Corruption("journal at " + path_ + ": the clean-close record " + file + " is malformed");
+    return Status::Corruption("journal at " + path_ + ": the clean-close record " + file +
+                              " is malformed");
   }
   return mark;
 }
@@ -845,10 +871,10 @@ Status RocksJournal::CheckClosedMark(const std::optional<ClosedMark>& mark) {
   if (!mark.has_value()) return Status::OK();
   std::lock_guard<std::mutex> l(mu_);
   if (head_seq_ != mark->seq || head_hash_ != mark->hash) {
-    return Status::Corruption("journal at " + path_ + " was closed at seq " + std::to_string(mark->seq) +
-                              " hash " + HashHex(mark->hash) + " but holds only " +
-                              std::to_string(head_seq_) + " records (head hash " + HashHex(head_hash_) +
-                              ")");
+    return Status::Corruption("journal at " + path_ + " was closed at seq " +
+                              std::to_string(mark->seq) + " hash " + HashHex(mark->hash) +
+                              " but holds only " + std::to_string(head_seq_) +
+                              " records (head hash " + HashHex(head_hash_) + ")");
   }
   recovery_.clean_close = true;
   return Status::OK();
@@ -894,7 +920,8 @@ Result<std::uint64_t> RocksJournal::ReadHeadSeq() {
   std::string v;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kHeadSeqKey, &v);
   // Every journal has a head from its creation (0 when empty): a missing one is lost, never 0.
-  if (s.IsNotFound()) return Status::Corruption("meta head_seq is missing: the journal's head is lost");
+  if (s.IsNotFound())
+    return Status::Corruption("meta head_seq is missing: the journal's head is lost");
   if (!s.ok()) return FromRocks(s, "read head_seq");
   if (v.size() != 8) return Status::Corruption("meta head_seq is not 8 bytes");
   return ParseBE64(v);
@@ -969,7 +996,8 @@ Result<Loaded> RocksJournal::LoadFromDb() {
 Status RocksJournal::Usable() const {
   CheckStall();
   if (!failed_.ok()) return failed_;
-  if (options_.read_only) return Status::InvalidArgument("journal at " + path_ + " is open read-only");
+  if (options_.read_only)
+    return Status::InvalidArgument("journal at " + path_ + " is open read-only");
   return Status::OK();
 }
 
@@ -1000,7 +1028,8 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
                                    " events exceeds " + std::to_string(kGroupEventsMax));
   }
   if (request.client_event_id.size() > kIdBytesMax) {
-    return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) + " bytes");
+    return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
+                                   " bytes");
   }
   // Idempotency first: a retried group answers with its original seqs even if the head moved.
   Hash digest{};
@@ -1049,7 +1078,8 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
     Result<std::vector<Event>> d = decide(state_, events[0]);
     if (!d.ok()) return d.status();
     if (d->size() != events.size() - 1 || !std::equal(d->begin(), d->end(), events.begin() + 1)) {
-      return Status::InvalidArgument(std::string("events after the input ") + event_name(events[0]) +
+      return Status::InvalidArgument(std::string("events after the input ") +
+                                     event_name(events[0]) +
                                      " are not its decisions: decide gives " + SeqList(*d, 0) +
                                      ", the group has " + SeqList(events, 1));
     }
@@ -1091,7 +1121,8 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
       RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
     }
     if (const auto* admitted = std::get_if<RolloutAdmitted>(&events[i])) {
-      RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutIdKey(admitted->rollout_id), BE64(seq)).ok());
+      RC_CHECK(
+          open_batch_.Put(cfs_[kRolloutsCf], RolloutIdKey(admitted->rollout_id), BE64(seq)).ok());
       admitted_pending_[admitted->rollout_id] = PendingAdmission{seq, open_batch_id_};
     }
   }
@@ -1120,20 +1151,25 @@ Status RocksJournal::CheckRolloutIdsUnused(const std::vector<Event>& events) {
     if (admitted == nullptr) continue;
     const std::string& id = admitted->rollout_id;
     if (id.empty() || id.size() > kIdBytesMax) {
-      return Status::InvalidArgument("rollout_id must be 1.." + std::to_string(kIdBytesMax) + " bytes");
+      return Status::InvalidArgument("rollout_id must be 1.." + std::to_string(kIdBytesMax) +
+                                     " bytes");
     }
     auto used_at = [&](std::uint64_t seq) {
-      return Status::Conflict("rollout id '" + id + "' was already used at seq " + std::to_string(seq));
+      return Status::Conflict("rollout id '" + id + "' was already used at seq " +
+                              std::to_string(seq));
     };
     for (std::size_t j = 0; j < i; ++j) {
       const auto* earlier = std::get_if<RolloutAdmitted>(&events[j]);
       if (earlier != nullptr && earlier->rollout_id == id) return used_at(head_seq_ + 1 + j);
     }
-    if (auto it = admitted_pending_.find(id); it != admitted_pending_.end()) return used_at(it->second.seq);
+    if (auto it = admitted_pending_.find(id); it != admitted_pending_.end())
+      return used_at(it->second.seq);
     std::string v;
-    const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kRolloutsCf], RolloutIdKey(id), &v);
+    const rocksdb::Status s =
+        db_->Get(rocksdb::ReadOptions(), cfs_[kRolloutsCf], RolloutIdKey(id), &v);
     if (s.ok()) {
-      if (v.size() != 8) return Status::Corruption("rollout index entry for '" + id + "' is malformed");
+      if (v.size() != 8)
+        return Status::Corruption("rollout index entry for '" + id + "' is malformed");
       return used_at(ParseBE64(v));
     }
     if (!s.IsNotFound()) return FromRocks(s, "read rollout index");
@@ -1162,8 +1198,8 @@ Result<Journal::Submitted> RocksJournal::Submit(const Event& input, std::int64_t
     // Same key: compare against the recorded input only (decisions depend on the state then).
     Submitted out;
     const IdemEntry& e = **found;
-    Result<Record> first = e.batch_id != 0 ? Result<Record>(Record{0, 0, 0, {}, {}, e.events[0]})
-                                           : Read(e.first_seq);
+    Result<Record> first =
+        e.batch_id != 0 ? Result<Record>(Record{0, 0, 0, {}, {}, e.events[0]}) : Read(e.first_seq);
     if (!first.ok()) return first.status();
     if (!(first->event == input)) {
       return Status::Conflict("client_event_id '" + client_event_id + "' was used for seq " +
@@ -1203,8 +1239,7 @@ void RocksJournal::CommitterLoop() {
   std::unique_lock<std::mutex> l(mu_);
   while (true) {
     commit_cv_.wait(l, [&] {
-      return (open_groups_ > 0 && wanted_batch_id_ >= open_batch_id_) || stopping_ ||
-             !failed_.ok();
+      return (open_groups_ > 0 && wanted_batch_id_ >= open_batch_id_) || stopping_ || !failed_.ok();
     });
     if (!failed_.ok() || open_groups_ == 0) break;  // failed, or stopping with nothing open
     rocksdb::WriteBatch batch;
@@ -1214,8 +1249,9 @@ void RocksJournal::CommitterLoop() {
     open_groups_ = 0;
     const std::uint64_t head = head_seq_;
     RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(head)).ok());
-    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadHashKey,
-                       rocksdb::Slice(reinterpret_cast<const char*>(head_hash_.data()), 32))
+    RC_CHECK(batch
+                 .Put(cfs_[kMetaCf], kHeadHashKey,
+                      rocksdb::Slice(reinterpret_cast<const char*>(head_hash_.data()), 32))
                  .ok());
     writing_batch_id_ = batch_id;
     write_started_ = std::chrono::steady_clock::now();
@@ -1233,10 +1269,10 @@ void RocksJournal::CommitterLoop() {
     }
     if (!s.ok()) {
       // In-memory state is now ahead of the disk: the process must exit and reopen.
-      failed_ = Status::IOError("journal at " + path_ + " failed: the group commit of seqs up to " +
-                                std::to_string(head) +
-                                " was not made durable; reopen to recover from what is durable: " +
-                                s.ToString());
+      failed_ = Status::IOError(
+          "journal at " + path_ + " failed: the group commit of seqs up to " +
+          std::to_string(head) +
+          " was not made durable; reopen to recover from what is durable: " + s.ToString());
       BatchCv(batch_id).notify_all();
       BatchCv(batch_id + 1).notify_all();  // every later waiter must see failed_
       RunAsyncWaiters(l, UINT64_MAX);
@@ -1266,9 +1302,10 @@ void RocksJournal::CheckStall() const {
   if (writing_batch_id_ == 0 || options_.commit_stall_timeout_ms == 0 || !failed_.ok()) return;
   const auto late = std::chrono::steady_clock::now() - write_started_;
   if (late < std::chrono::milliseconds(options_.commit_stall_timeout_ms)) return;
-  failed_ = Status::Timeout("journal at " + path_ + " failed: a group commit was not durable within " +
-                            std::to_string(options_.commit_stall_timeout_ms) +
-                            " ms (fsync stalled); exit and recover from what is durable");
+  failed_ =
+      Status::Timeout("journal at " + path_ + " failed: a group commit was not durable within " +
+                      std::to_string(options_.commit_stall_timeout_ms) +
+                      " ms (fsync stalled); exit and recover from what is durable");
 }
 
 Status RocksJournal::Wait(const Ticket& ticket) {
@@ -1345,7 +1382,8 @@ Result<Record> RocksJournal::Read(std::uint64_t seq) {
   if (s.IsNotFound()) return Status::NotFound("no record at seq " + std::to_string(seq));
   if (!s.ok()) return FromRocks(s, "read seq " + std::to_string(seq));
   Result<Record> r = DecodeRecord(v);
-  if (!r.ok()) return Status::Corruption("seq " + std::to_string(seq) + ": " + r.status().message());
+  if (!r.ok())
+    return Status::Corruption("seq " + std::to_string(seq) + ": " + r.status().message());
   if (r->seq != seq) {
     return Status::Corruption("seq " + std::to_string(seq) + ": stored record says seq " +
                               std::to_string(r->seq));
@@ -1374,9 +1412,11 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
     if (key_bytes.size() != 8) return Status::Corruption(name() + ": malformed key");
     const std::uint64_t key = ParseBE64(key_bytes);
     if (key != expect) {
-      return Status::Corruption(name() + " is missing (next stored seq is " + std::to_string(key) + ")");
+      return Status::Corruption(name() + " is missing (next stored seq is " + std::to_string(key) +
+                                ")");
     }
-    Result<Record> r = value_sha256 != nullptr ? DecodeRecord(value, *value_sha256) : DecodeRecord(value);
+    Result<Record> r =
+        value_sha256 != nullptr ? DecodeRecord(value, *value_sha256) : DecodeRecord(value);
     if (!r.ok()) return Status::Corruption(name() + ": " + r.status().message());
     if (r->seq != key) {
       return Status::Corruption(name() + ": stored record says seq " + std::to_string(r->seq));
@@ -1402,7 +1442,8 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
     iter_status = it->status();
   } else {
     // The reader copies bytes and hashes them (SHA-256, the chain's hash); every check stays on
-    // this thread, in order, so errors and visitor stops are the serial scan's. On any error the reader is stopped and joined first.
+    // this thread, in order, so errors and visitor stops are the serial scan's. On any error the
+    // reader is stopped and joined first.
     ScanQueue queue;
     std::thread reader([&] {
       ScanBatch* b = queue.TakeFree();
@@ -1432,9 +1473,9 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
   }
   RC_RETURN_IF_ERROR(FromRocks(iter_status, "scan events at seq " + std::to_string(expect)));
   if (expect != to_seq + 1) {
-    return Status::Corruption("seq " + std::to_string(expect) + " is missing: the journal ends at " +
-                              std::to_string(expect - 1) + " but its head is " +
-                              std::to_string(to_seq));
+    return Status::Corruption("seq " + std::to_string(expect) +
+                              " is missing: the journal ends at " + std::to_string(expect - 1) +
+                              " but its head is " + std::to_string(to_seq));
   }
   return Status::OK();
 }
@@ -1460,14 +1501,17 @@ Status RocksJournal::Scan(std::uint64_t from_seq, std::uint64_t to_seq,
 
 Result<std::vector<std::uint64_t>> RocksJournal::RolloutSeqs(const std::string& rollout_id) {
   if (rollout_id.empty() || rollout_id.size() > kIdBytesMax) {
-    return Status::InvalidArgument("rollout_id must be 1.." + std::to_string(kIdBytesMax) + " bytes");
+    return Status::InvalidArgument("rollout_id must be 1.." + std::to_string(kIdBytesMax) +
+                                   " bytes");
   }
   const std::string prefix = RolloutPrefix(rollout_id);
   std::vector<std::uint64_t> out;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kRolloutsCf]));
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions(), cfs_[kRolloutsCf]));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     if (it->key().size() == prefix.size()) continue;  // the id's point key (RolloutIdKey)
-    if (it->key().size() != prefix.size() + 8) return Status::Corruption("malformed rollout index key");
+    if (it->key().size() != prefix.size() + 8)
+      return Status::Corruption("malformed rollout index key");
     out.push_back(ParseBE64(View(it->key()).substr(prefix.size())));
   }
   RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan rollout index"));
@@ -1499,17 +1543,20 @@ Status RocksJournal::WriteSnapshot(std::uint64_t seq, const State& state) {
     RC_RETURN_IF_ERROR(Usable());
     if (seq == 0 || seq > durable_seq_) {
       return Status::InvalidArgument("snapshot at seq " + std::to_string(seq) +
-                                     " outside the durable journal 1.." + std::to_string(durable_seq_));
+                                     " outside the durable journal 1.." +
+                                     std::to_string(durable_seq_));
     }
   }
   // A cheap guard against a snapshot of the wrong point: the fold counts every event applied.
   if (state.counters.events != seq) {
-    return Status::InvalidArgument("snapshot state counts " + std::to_string(state.counters.events) +
-                                   " events, not " + std::to_string(seq));
+    return Status::InvalidArgument("snapshot state counts " +
+                                   std::to_string(state.counters.events) + " events, not " +
+                                   std::to_string(seq));
   }
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
-  return FromRocks(db_->Put(wo, cfs_[kSnapshotsCf], BE64(seq), EncodeState(state)), "write snapshot");
+  return FromRocks(db_->Put(wo, cfs_[kSnapshotsCf], BE64(seq), EncodeState(state)),
+                   "write snapshot");
 }
 
 Status RocksJournal::CatchUp() {
@@ -1569,10 +1616,13 @@ Status RocksJournal::Compact() {
 }  // namespace
 
 Result<Hash> ParseHashHex(std::string_view hex) {
-  if (hex.size() != 64) return Status::InvalidArgument("a hash is 64 hex digits, got " + std::to_string(hex.size()) + " characters");
+  if (hex.size() != 64)
+    return Status::InvalidArgument("a hash is 64 hex digits, got " + std::to_string(hex.size()) +
+                                   " characters");
   Hash out{};
   const Status decoded = rc::hex::decode_into(hex, out);  // `hex` alone is the parameter
-  if (!decoded.ok()) return Status::InvalidArgument("a hash is 64 hex digits: " + decoded.message());
+  if (!decoded.ok())
+    return Status::InvalidArgument("a hash is 64 hex digits: " + decoded.message());
   return out;
 }
 

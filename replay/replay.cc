@@ -122,9 +122,8 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
   out << "TAINTED at seq " << taint_seq << " from " << lifecycle_name(t.from) << " ("
       << cause_name(t.cause) << "): " << E(t.detail) << "\n";
   out << "  update '" << E(t.update_id) << "' targeted '" << E(t.target.label) << "' (generation "
-      << t.target.generation << "); last committed version '"
-      << E(report_.state.committed.label) << "' (generation "
-      << report_.state.committed.generation << ")\n";
+      << t.target.generation << "); last committed version '" << E(report_.state.committed.label)
+      << "' (generation " << report_.state.committed.generation << ")\n";
   bool intent = false;
   for (const journal::Record& r : update_records_) {
     if (const auto* e = std::get_if<EffectStarted>(&r.event);
@@ -182,9 +181,8 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
 Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& options) {
   ReplayReport report;
   Replayer replayer(report);
-  Status scanned = journal.Scan(1, options.until_seq, [&](const journal::Record& r) {
-    return replayer.Visit(r);
-  });
+  Status scanned = journal.Scan(1, options.until_seq,
+                                [&](const journal::Record& r) { return replayer.Visit(r); });
   if (!scanned.ok()) {
     // A chain, decode or contiguity failure: report it with the seq the journal named.
     report.ok = false;
@@ -198,8 +196,8 @@ Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& opti
 
 std::string FormatReport(const ReplayReport& report) {
   std::ostringstream out;
-  out << "records: " << report.records << " (inputs re-decided: " << report.inputs
-      << "), last seq " << report.last_seq << "\n";
+  out << "records: " << report.records << " (inputs re-decided: " << report.inputs << "), last seq "
+      << report.last_seq << "\n";
   out << "state: " << E(describe(report.state)) << "\n";
   const Counters& c = report.state.counters;
   out << "rollouts: admitted " << c.rollouts_admitted << ", completed " << c.rollouts_completed

@@ -24,13 +24,13 @@ struct TaintIncident {
 };
 
 struct ReplayReport {
-  State state;                   // folded state at until_seq (or head)
-  std::uint64_t records = 0;     // records visited
-  std::uint64_t inputs = 0;      // inputs whose decisions were re-derived
+  State state;                // folded state at until_seq (or head)
+  std::uint64_t records = 0;  // records visited
+  std::uint64_t inputs = 0;   // inputs whose decisions were re-derived
   std::uint64_t last_seq = 0;
-  bool ok = true;                // chain verified, every record legal, decisions reproduced
+  bool ok = true;  // chain verified, every record legal, decisions reproduced
   std::uint64_t first_bad_seq = 0;
-  std::string error;             // what is wrong at first_bad_seq
+  std::string error;  // what is wrong at first_bad_seq
   std::vector<TaintIncident> incidents;
 };
 

@@ -105,16 +105,15 @@ Service::AdmitResult Service::Admitted(AdmitStep step, const Status& durable,
   AdmitResult out;
   if (!durable.ok()) {
     // Durable or not, nobody was told: recovery records it abandoned if it is.
-    FailStop("commit of admission '" + step.binding.rollout_id + "' failed: " +
-             durable.ToString());
+    FailStop("commit of admission '" + step.binding.rollout_id + "' failed: " + durable.ToString());
     metrics_.admission_rejected_failed++;
     out.refusal = {503, "failed", "journal commit failed: " + durable.ToString(), 0};
     return out;
   }
   metrics_.admissions++;
   const journal::AppendResult& r = step.ticket.result;
-  out.admitted = Admission{std::move(step.binding), r.first_seq,
-                           DurableHead{r.last_seq, r.last_hash}};
+  out.admitted =
+      Admission{std::move(step.binding), r.first_seq, DurableHead{r.last_seq, r.last_hash}};
   return out;
 }
 
@@ -127,19 +126,22 @@ AdmitRefusal Service::NotAdmittedWithin(const AdmitStep& step, std::uint64_t wai
 }
 
 Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t wait_ms,
-                                   std::uint32_t lease_ms) {
+                                    std::uint32_t lease_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
   for (std::uint32_t attempt = 0;; ++attempt) {
     const auto t0 = Clock::now();
     AdmitStep step = TryAdmit(rollout_id, lease_ms, attempt);
     switch (step.kind) {
-      case AdmitStep::kRefused: return AdmitResult{std::nullopt, std::move(step.refusal)};
-      case AdmitStep::kAgain: continue;
+      case AdmitStep::kRefused:
+        return AdmitResult{std::nullopt, std::move(step.refusal)};
+      case AdmitStep::kAgain:
+        continue;
       case AdmitStep::kSubmitted: {
         const Status durable = journal_->Wait(step.ticket);
         return Admitted(std::move(step), durable, t0);
       }
-      case AdmitStep::kWait: break;
+      case AdmitStep::kWait:
+        break;
     }
     std::unique_lock<std::mutex> lock(lifecycle_mu_);
     if (Clock::now() >= deadline) {
@@ -156,8 +158,12 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
 struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
   AsyncAdmission(Service& s, std::string id, std::uint64_t wait, asio::any_io_executor ex,
                  AdmitDone fn)
-      : svc(s), rollout_id(std::move(id)), wait_ms(wait), executor(std::move(ex)),
-        timer(executor), done(std::move(fn)),
+      : svc(s),
+        rollout_id(std::move(id)),
+        wait_ms(wait),
+        executor(std::move(ex)),
+        timer(executor),
+        done(std::move(fn)),
         deadline(Clock::now() + std::chrono::milliseconds(wait)) {}
 
   void Step() {
@@ -165,10 +171,14 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
       const auto t0 = Clock::now();
       AdmitStep step = svc.TryAdmit(rollout_id, 0, attempt);
       switch (step.kind) {
-        case AdmitStep::kRefused: return Done(AdmitResult{std::nullopt, std::move(step.refusal)});
-        case AdmitStep::kAgain: continue;
-        case AdmitStep::kSubmitted: return AwaitDurable(std::move(step), t0);
-        case AdmitStep::kWait: return WaitForReady(std::move(step));
+        case AdmitStep::kRefused:
+          return Done(AdmitResult{std::nullopt, std::move(step.refusal)});
+        case AdmitStep::kAgain:
+          continue;
+        case AdmitStep::kSubmitted:
+          return AwaitDurable(std::move(step), t0);
+        case AdmitStep::kWait:
+          return WaitForReady(std::move(step));
       }
     }
   }
@@ -209,8 +219,8 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
 
 void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
                          const asio::any_io_executor& executor, AdmitDone done) {
-  auto job = std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor,
-                                              std::move(done));
+  auto job =
+      std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor, std::move(done));
   job->Step();
 }
 
@@ -276,8 +286,8 @@ Status Service::FinishBackoff(FinishRecords& f, const Status& busy) {
 Status Service::FinishCommitted(FinishRecords& f, const Status& durable) {
   metrics_.journal_append.ObserveUs(effects::elapsed_us(f.t0));
   if (!durable.ok()) {
-    FailStop("commit of the finish of rollout '" + f.rollout_id + "' failed: " +
-             durable.ToString());
+    FailStop("commit of the finish of rollout '" + f.rollout_id +
+             "' failed: " + durable.ToString());
     return Status::Unavailable("the executor has fail-stopped: " + failure());
   }
   {
@@ -315,9 +325,8 @@ struct Service::AsyncFinish : std::enable_shared_from_this<AsyncFinish> {
     if (st.code() == Code::kBusy) return Backoff(st);
     if (!st.ok()) return Done(st);
     svc.journal_->WaitAsync(*f.ticket, [self = shared_from_this()](Status durable) {
-      asio::post(self->executor, [self, durable] {
-        self->Done(self->svc.FinishCommitted(self->f, durable));
-      });
+      asio::post(self->executor,
+                 [self, durable] { self->Done(self->svc.FinishCommitted(self->f, durable)); });
     });
   }
   void Backoff(const Status& busy) {

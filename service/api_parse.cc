@@ -92,8 +92,8 @@ Result<UpdateRequested> parse_update_body(const std::string& body) {
 Result<AdmitBody> parse_admit_body(const std::string& req_body, std::uint64_t admit_wait_ms,
                                    std::uint32_t rollout_lease_ms) {
   auto body = parse_object(req_body, true);
-  Status st = body.ok() ? only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, "")
-                        : body.status();
+  Status st =
+      body.ok() ? only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, "") : body.status();
   AdmitBody out;
   out.lease_ms = rollout_lease_ms;
   if (st.ok()) {
@@ -110,12 +110,17 @@ Result<AdmitBody> parse_admit_body(const std::string& req_body, std::uint64_t ad
   if (st.ok()) {
     auto w = get_int(*body, "wait_ms", static_cast<std::int64_t>(admit_wait_ms), 0,
                      static_cast<std::int64_t>(admit_wait_ms));
-    if (!w.ok()) st = w.status(); else out.wait_ms = *w;
+    if (!w.ok())
+      st = w.status();
+    else
+      out.wait_ms = *w;
   }
   if (st.ok()) {
-    auto l = get_int(*body, "lease_ms", rollout_lease_ms, kRolloutLeaseMsMin,
-                     kRolloutLeaseMsMax);
-    if (!l.ok()) st = l.status(); else out.lease_ms = *l;
+    auto l = get_int(*body, "lease_ms", rollout_lease_ms, kRolloutLeaseMsMin, kRolloutLeaseMsMax);
+    if (!l.ok())
+      st = l.status();
+    else
+      out.lease_ms = *l;
   }
   if (!st.ok()) return st;
   return out;
@@ -139,7 +144,11 @@ Result<FinishBody> parse_finish_body(const std::string& req_body) {
   if (st.ok()) {
     auto p = get_int(*body, "prompt_tokens", 0, 0, UINT32_MAX);
     auto c = get_int(*body, "completion_tokens", 0, 0, UINT32_MAX);
-    if (!p.ok()) st = p.status(); else if (!c.ok()) st = c.status(); else {
+    if (!p.ok())
+      st = p.status();
+    else if (!c.ok())
+      st = c.status();
+    else {
       out.prompt_tokens = *p;
       out.completion_tokens = *c;
     }

@@ -34,20 +34,20 @@ inline constexpr std::size_t kRendezvousHostBytesMax = 255;
 // docs/config.md and a key in docs/serve.example.json (config_test checks both).
 struct ServeConfig {
   // Where things are.
-  std::string engine_url;                   // vLLM (or the double), e.g. http://127.0.0.1:8000
-  std::string journal_path;                 // RocksDB directory
-  std::string trajectories_path;            // "" = <journal_path>/../trajectories.jsonl
+  std::string engine_url;         // vLLM (or the double), e.g. http://127.0.0.1:8000
+  std::string journal_path;       // RocksDB directory
+  std::string trajectories_path;  // "" = <journal_path>/../trajectories.jsonl
   std::string listen_host = "127.0.0.1";
-  int listen_port = 8100;                   // 0 = ephemeral (printed on start)
-  std::string auth_token;                   // Bearer token for mutating trainer routes; "" = none
-  std::string proxy_token;                  // Bearer token clients must send to the proxy; "" = none
-  std::string engine_api_key;               // sent to the engine as a Bearer token; "" = none
+  int listen_port = 8100;      // 0 = ephemeral (printed on start)
+  std::string auth_token;      // Bearer token for mutating trainer routes; "" = none
+  std::string proxy_token;     // Bearer token clients must send to the proxy; "" = none
+  std::string engine_api_key;  // sent to the engine as a Bearer token; "" = none
   std::string executor_id = "rolloutcore-serve";
 
   // Bootstrap (only used when the journal is UNINITIALIZED).
   std::string initial_label = "rc-0";
-  std::string initial_manifest_digest;      // or computed from initial_source
-  std::string initial_source;               // e.g. "synthetic:4x64"
+  std::string initial_manifest_digest;  // or computed from initial_source
+  std::string initial_source;           // e.g. "synthetic:4x64"
   std::string initial_checkpoint;
   std::string initial_run;
   std::int64_t initial_step = -1;
@@ -57,11 +57,11 @@ struct ServeConfig {
   std::uint64_t call_timeout_ms = 10000;
   std::uint64_t drain_timeout_ms = 120000;
   std::uint64_t transfer_timeout_ms = 600000;
-  std::uint64_t request_timeout_ms = 600000;  // one proxied generation, end to end
-  std::uint64_t admit_wait_ms = 30000;        // a proxied request waits this long for READY
-  std::uint32_t retry_after_s = 2;            // Retry-After on 503
-  std::uint64_t shutdown_grace_ms = 30000;    // SIGTERM: in-flight rollouts get this long
-  std::uint64_t watch_timeout_ms_max = 60000; // long-poll bound
+  std::uint64_t request_timeout_ms = 600000;   // one proxied generation, end to end
+  std::uint64_t admit_wait_ms = 30000;         // a proxied request waits this long for READY
+  std::uint32_t retry_after_s = 2;             // Retry-After on 503
+  std::uint64_t shutdown_grace_ms = 30000;     // SIGTERM: in-flight rollouts get this long
+  std::uint64_t watch_timeout_ms_max = 60000;  // long-poll bound
 
   // Bounds.
   std::size_t body_bytes_max = std::size_t{8} << 20;
@@ -75,7 +75,7 @@ struct ServeConfig {
   std::uint64_t trajectories_bytes_max = std::uint64_t{1} << 30;  // then rotated once (.1)
 
   // Transfer.
-  std::string transfer = "http";              // "http": GPU-free sequence; "nccl": CUDA builds
+  std::string transfer = "http";  // "http": GPU-free sequence; "nccl": CUDA builds
   std::uint64_t packed_buffer_size_bytes = std::uint64_t{1} << 30;  // kPackedBufferBytes{Min,Max}
   std::uint32_t packed_num_buffers = 2;                             // 1..kPackedNumBuffersMax
   // HOST:PORT. nccl: HOST is what the engine's workers dial for the TCPStore rendezvous (the
@@ -83,14 +83,14 @@ struct ServeConfig {
   // http: only recorded in the engine's init_info (default 127.0.0.1:29500).
   std::string rendezvous;
   // NCCL sender only (transfer == "nccl").
-  int cuda_device = 0;                        // rank 0's CUDA device, 0..kCudaDeviceMax
-  int nccl_world_size = 0;                    // 0: 1 + the engine's GET /get_world_size; else 2..4096
+  int cuda_device = 0;      // rank 0's CUDA device, 0..kCudaDeviceMax
+  int nccl_world_size = 0;  // 0: 1 + the engine's GET /get_world_size; else 2..4096
   std::uint64_t nccl_init_timeout_ms = 120000;  // startup rendezvous + communicator + warm-up
   // Kept at the end of every init/transfer deadline for ncclCommAbort and the kernel drain
   // (the sender uses the larger of this and 5/4 of the longest abort it has measured).
   std::uint64_t nccl_abort_reserve_ms = 1000;
 
-  bool journal_sync = true;                   // fsync each group commit (off only in benches)
+  bool journal_sync = true;  // fsync each group commit (off only in benches)
 
   // Connections (service/http_server.h).
   std::uint64_t header_timeout_ms = 10000;    // first byte -> complete request head, else 408
@@ -100,7 +100,8 @@ struct ServeConfig {
   std::uint64_t http_connections_max = 4096;  // accepted and not yet closed; beyond: 503
 
   // Trust under faults.
-  // The engine monitor probes the engine this often while READY (kEngineMonitorIntervalMs{Min,Max}).
+  // The engine monitor probes the engine this often while READY
+  // (kEngineMonitorIntervalMs{Min,Max}).
   std::uint64_t engine_monitor_interval_ms = 200;
   // Startup waits this long for the engine to answer (GET /version, then bootstrap/recovery),
   // logging progress, then fails saying why (1 ms..24 h).
@@ -126,17 +127,16 @@ inline constexpr std::uint32_t kRolloutLeaseMsMax = 3600 * 1000;
 
 // Which ServeConfig member a table row sets. std::size_t members are std::uint64_t here.
 static_assert(std::is_same_v<std::size_t, std::uint64_t>, "size_t fields are bound as uint64");
-using ConfigField =
-    std::variant<std::string ServeConfig::*, bool ServeConfig::*, int ServeConfig::*,
-                 std::int64_t ServeConfig::*, std::uint32_t ServeConfig::*,
-                 std::uint64_t ServeConfig::*>;
+using ConfigField = std::variant<std::string ServeConfig::*, bool ServeConfig::*,
+                                 int ServeConfig::*, std::int64_t ServeConfig::*,
+                                 std::uint32_t ServeConfig::*, std::uint64_t ServeConfig::*>;
 
 // One row of the configuration table: the single definition of a setting.
 struct ConfigKey {
-  std::string_view key;      // JSON key, and the ServeConfig member's name
-  std::string_view flag;     // long command-line flag, without the leading "--"
+  std::string_view key;   // JSON key, and the ServeConfig member's name
+  std::string_view flag;  // long command-line flag, without the leading "--"
   ConfigField field;
-  std::int64_t min;          // numbers: inclusive bounds; strings: length in bytes
+  std::int64_t min;  // numbers: inclusive bounds; strings: length in bytes
   std::uint64_t max;
   std::string_view section;  // heading in the reference
   std::string_view help;

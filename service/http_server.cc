@@ -217,9 +217,9 @@ void Session::OnHead(beast::error_code ec, std::size_t) {
     return Refuse(408, "timeout", "request head not complete within header_timeout_ms");
   }
   if (ec == bhttp::error::header_limit) {
-    return Refuse(431, "too_large", "request head exceeds " +
-                                        std::to_string(server_.options().header_bytes_max) +
-                                        " bytes");
+    return Refuse(
+        431, "too_large",
+        "request head exceeds " + std::to_string(server_.options().header_bytes_max) + " bytes");
   }
   if (ec == bhttp::error::body_limit) {
     return Refuse(413, "too_large", "request body exceeds body_bytes_max");
@@ -301,11 +301,11 @@ void Session::Respond(std::uint64_t serial, HttpResponse res) {
   out_->keep_alive(KeepReading());
   out_->prepare_payload();
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
-  bhttp::async_write(socket_, *out_, [self = shared_from_this()](beast::error_code ec,
-                                                                 std::size_t) {
-    self->Disarm();
-    self->OnResponseWritten(ec);
-  });
+  bhttp::async_write(socket_, *out_,
+                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                       self->Disarm();
+                       self->OnResponseWritten(ec);
+                     });
 }
 
 void Session::OnResponseWritten(beast::error_code ec) {
@@ -349,38 +349,38 @@ void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::Wri
   stream_head_->chunked(true);
   stream_sr_ = std::make_unique<bhttp::response_serializer<bhttp::empty_body>>(*stream_head_);
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
-  bhttp::async_write_header(
-      socket_, *stream_sr_,
-      [self = shared_from_this(), serial, done = std::move(done)](beast::error_code ec,
-                                                                 std::size_t) {
-        self->Disarm();
-        if (self->Expired(Phase::kWrite)) self->server_.mutable_counters().write_timeouts++;
-        done(!ec && self->Live(serial));
-      });
+  bhttp::async_write_header(socket_, *stream_sr_,
+                            [self = shared_from_this(), serial, done = std::move(done)](
+                                beast::error_code ec, std::size_t) {
+                              self->Disarm();
+                              if (self->Expired(Phase::kWrite))
+                                self->server_.mutable_counters().write_timeouts++;
+                              done(!ec && self->Live(serial));
+                            });
 }
 
 void Session::WriteChunk(std::string bytes, std::function<void(beast::error_code)> then) {
   out_chunk_ = std::move(bytes);
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
-  asio::async_write(socket_, bhttp::make_chunk(asio::buffer(out_chunk_)),
-                    [self = shared_from_this(), then = std::move(then)](beast::error_code ec,
-                                                                        std::size_t) {
-                      self->Disarm();
-                      if (self->Expired(Phase::kWrite)) {
-                        self->server_.mutable_counters().write_timeouts++;
-                      }
-                      then(ec);
-                    });
+  asio::async_write(
+      socket_, bhttp::make_chunk(asio::buffer(out_chunk_)),
+      [self = shared_from_this(), then = std::move(then)](beast::error_code ec, std::size_t) {
+        self->Disarm();
+        if (self->Expired(Phase::kWrite)) {
+          self->server_.mutable_counters().write_timeouts++;
+        }
+        then(ec);
+      });
 }
 
 void Session::Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone done) {
   if (!Live(serial) || stream_sr_ == nullptr) return done(false);
   RC_CHECK(!bytes.empty());  // an empty chunk would end the chunked body
-  WriteChunk(std::move(bytes), [self = shared_from_this(), serial,
-                                done = std::move(done)](beast::error_code ec) {
-    if (ec) self->Close();
-    done(!ec && self->Live(serial));
-  });
+  WriteChunk(std::move(bytes),
+             [self = shared_from_this(), serial, done = std::move(done)](beast::error_code ec) {
+               if (ec) self->Close();
+               done(!ec && self->Live(serial));
+             });
 }
 
 void Session::End(std::uint64_t serial, std::string last_bytes) {
@@ -406,9 +406,8 @@ void Session::WatchClient(std::uint64_t serial, std::function<void()> on_gone) {
   if (!Live(serial) || watch_pending_ || peer_closed_) return;
   on_gone_ = std::move(on_gone);
   watch_pending_ = true;
-  socket_.async_read_some(
-      asio::buffer(watch_buf_),
-      beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
+  socket_.async_read_some(asio::buffer(watch_buf_),
+                          beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
 }
 
 void Session::OnWatch(beast::error_code ec, std::size_t n) {
@@ -520,7 +519,9 @@ void Exchange::WatchClient(std::function<void()> on_gone) {
 
 asio::any_io_executor Exchange::executor() const { return session_->strand(); }
 
-void Exchange::Post(std::function<void()> fn) const { asio::post(session_->strand(), std::move(fn)); }
+void Exchange::Post(std::function<void()> fn) const {
+  asio::post(session_->strand(), std::move(fn));
+}
 
 bool Exchange::live() const { return session_->Live(serial_); }
 
@@ -650,8 +651,10 @@ void HttpServer::Accept() {
       }
       if (over) counters_.refused_over_budget++;
       asio::dispatch(strand, [session, over] {
-        if (over) return session->Refuse(503, "overloaded", "too many connections "
-                                         "(http_connections_max)");
+        if (over)
+          return session->Refuse(503, "overloaded",
+                                 "too many connections "
+                                 "(http_connections_max)");
         session->Start();
       });
     }
@@ -670,9 +673,9 @@ void HttpServer::Dispatch(const Exchange& exchange) {
   if (m.blocking != nullptr) return RunBlocking(m.blocking, m.captures, ex);
   if (m.async == nullptr) {
     const std::string method(ex.request().method_string());
-    return ex.Respond(ErrorResponse(404, "not_found",
-                                    "no route " + text::escape_line(method) + " " +
-                                        text::escape_line(std::string(ex.path()))));
+    return ex.Respond(ErrorResponse(
+        404, "not_found",
+        "no route " + text::escape_line(method) + " " + text::escape_line(std::string(ex.path()))));
   }
   try {
     (*m.async)(ex);

@@ -46,17 +46,17 @@ using HttpResponse = bhttp::response<bhttp::string_body>;
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;                              // 0: ephemeral
+  int port = 0;  // 0: ephemeral
   std::size_t io_threads = 2;
-  std::size_t connections_max = 4096;        // open connections; beyond: 503 and close
-  std::size_t header_bytes_max = 16 << 10;   // request line + headers; beyond: 431
-  std::size_t body_bytes_max = 8 << 20;      // beyond: 413
-  std::uint64_t idle_timeout_ms = 5000;      // connection open, no byte of a request yet
-  std::uint64_t header_timeout_ms = 10000;   // first byte -> complete head, else 408
-  std::uint64_t body_timeout_ms = 30000;     // complete head -> complete body, else 408
-  std::uint64_t write_timeout_ms = 60000;    // one write the client does not take: closed
-  std::size_t blocking_threads = 16;         // threads running blocking routes
-  std::size_t blocking_queue_max = 1024;     // blocking calls queued or running; beyond: 503
+  std::size_t connections_max = 4096;       // open connections; beyond: 503 and close
+  std::size_t header_bytes_max = 16 << 10;  // request line + headers; beyond: 431
+  std::size_t body_bytes_max = 8 << 20;     // beyond: 413
+  std::uint64_t idle_timeout_ms = 5000;     // connection open, no byte of a request yet
+  std::uint64_t header_timeout_ms = 10000;  // first byte -> complete head, else 408
+  std::uint64_t body_timeout_ms = 30000;    // complete head -> complete body, else 408
+  std::uint64_t write_timeout_ms = 60000;   // one write the client does not take: closed
+  std::size_t blocking_threads = 16;        // threads running blocking routes
+  std::size_t blocking_queue_max = 1024;    // blocking calls queued or running; beyond: 503
 };
 
 struct HttpServerCounters {

@@ -32,8 +32,7 @@ inline std::string error_body(int status, const std::string& type, const std::st
   return dump_safe(j);
 }
 
-inline HttpResponse ErrorResponse(int status, const std::string& type,
-                                  const std::string& message) {
+inline HttpResponse ErrorResponse(int status, const std::string& type, const std::string& message) {
   return MakeResponse(status, error_body(status, type, message), "application/json");
 }
 
@@ -91,11 +90,12 @@ inline Result<std::int64_t> get_int(const nlohmann::json& obj, const char* key,
     return Status::InvalidArgument("'" + where + key + "' must be an integer");
   }
   const auto range_error = [&] {
-    return Status::InvalidArgument("'" + where + key + "' must be in " + std::to_string(lo) +
-                                   ".." + std::to_string(hi));
+    return Status::InvalidArgument("'" + where + key + "' must be in " + std::to_string(lo) + ".." +
+                                   std::to_string(hi));
   };
   // An unsigned above INT64_MAX would wrap to a negative through get<int64_t>().
-  if (it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+  if (it->is_number_unsigned() &&
+      it->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
     return range_error();
   }
   const std::int64_t v = it->get<std::int64_t>();
@@ -118,8 +118,7 @@ inline std::optional<std::uint64_t> parse_u64(std::string_view text) {
 // Query parameter as an unsigned integer within [lo, hi]; fallback when absent. Anything that is
 // not a decimal integer in range (including one beyond 64 bits) is InvalidArgument (400).
 inline Result<std::uint64_t> query_u64(const ApiRequest& req, const char* key,
-                                       std::uint64_t fallback, std::uint64_t lo,
-                                       std::uint64_t hi) {
+                                       std::uint64_t fallback, std::uint64_t lo, std::uint64_t hi) {
   const std::optional<std::string> text = req.query(key);
   if (!text) return fallback;
   const std::optional<std::uint64_t> n = parse_u64(*text);
@@ -133,14 +132,19 @@ inline Result<std::uint64_t> query_u64(const ApiRequest& req, const char* key,
 
 inline int http_status_for(const Status& st) {
   switch (st.code()) {
-    case Code::kInvalidArgument: return 400;
-    case Code::kNotFound: return 404;
+    case Code::kInvalidArgument:
+      return 400;
+    case Code::kNotFound:
+      return 404;
     case Code::kRejected:
-    case Code::kConflict: return 409;
+    case Code::kConflict:
+      return 409;
     case Code::kBusy:
     case Code::kUnavailable:
-    case Code::kTimeout: return 503;
-    default: return 500;
+    case Code::kTimeout:
+      return 503;
+    default:
+      return 500;
   }
 }
 

@@ -18,8 +18,10 @@ std::string escape_label_value(const std::string& v) {
   std::string out;
   out.reserve(line.size());
   for (char c : line) {
-    if (c == '"') out += "\\\"";
-    else out.push_back(c);
+    if (c == '"')
+      out += "\\\"";
+    else
+      out.push_back(c);
   }
   return out;
 }
@@ -33,8 +35,7 @@ void Histogram::ObserveUs(std::uint64_t us) {
   count_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Histogram::Render(std::string& out, const std::string& name,
-                       const std::string& labels) const {
+void Histogram::Render(std::string& out, const std::string& name, const std::string& labels) const {
   const std::string sep = labels.empty() ? "" : ",";
   std::uint64_t cumulative = 0;
   for (std::size_t i = 0; i < kBoundsS.size(); ++i) {

@@ -11,9 +11,9 @@ namespace rc::service {
 // Cumulative histogram over fixed bounds (seconds), recorded in microseconds.
 class Histogram {
  public:
-  static constexpr std::array<double, 18> kBoundsS = {
-      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-      0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0,  60.0};
+  static constexpr std::array<double, 18> kBoundsS = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                      0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                      1.0,    2.5,     5.0,    10.0,  30.0,   60.0};
   void ObserveUs(std::uint64_t us);
   // Appends the _bucket/_sum/_count lines for `name` (labels: extra, without braces, or "").
   void Render(std::string& out, const std::string& name, const std::string& labels) const;
@@ -43,21 +43,21 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> trajectories_written{0};
   std::atomic<std::uint64_t> trajectories_dropped{0};
   std::atomic<std::uint64_t> updates_outcome_unknown{0};  // answered 503 outcome_unknown
-  std::atomic<std::uint64_t> updates_replayed{0};          // a re-POST answered from the record
+  std::atomic<std::uint64_t> updates_replayed{0};         // a re-POST answered from the record
   std::atomic<std::uint64_t> admission_rejected_overloaded{0};  // group-commit queue full
   std::atomic<std::uint64_t> admission_rejected_failed{0};      // after fail-stop
-  std::atomic<std::uint64_t> finish_retries{0};   // FinishDurably retries (queue full)
+  std::atomic<std::uint64_t> finish_retries{0};  // FinishDurably retries (queue full)
   std::atomic<std::uint64_t> leases_renewed{0};
-  std::atomic<std::uint64_t> leases_expired{0};   // RolloutFinished{kExpired} submitted
+  std::atomic<std::uint64_t> leases_expired{0};          // RolloutFinished{kExpired} submitted
   std::atomic<std::uint64_t> engine_monitor_submits{0};  // EngineMonitored journaled
   std::atomic<std::uint64_t> engine_probes{0};
   std::atomic<std::uint64_t> engine_probe_failures{0};
   std::atomic<std::int64_t> proxy_in_flight{0};
-  Histogram journal_append;   // Submit + Wait (admissions and finishes)
-  Histogram proxy_total;      // proxy request, receipt to last byte handed to the socket
-  Histogram proxy_upstream;   // the engine call alone
-  Histogram proxy_added;      // total - upstream: what the proxy adds
-  Histogram proxy_relay;      // streamed: an engine read's events until the client took them
+  Histogram journal_append;  // Submit + Wait (admissions and finishes)
+  Histogram proxy_total;     // proxy request, receipt to last byte handed to the socket
+  Histogram proxy_upstream;  // the engine call alone
+  Histogram proxy_added;     // total - upstream: what the proxy adds
+  Histogram proxy_relay;     // streamed: an engine read's events until the client took them
 };
 
 std::string format_double(double v);

@@ -30,8 +30,9 @@ std::string Service::RenderMetrics() const {
     out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
            std::to_string(v) + "\n";
   };
-  out += "# HELP rolloutcore_lifecycle_state 1 for the current lifecycle state\n"
-         "# TYPE rolloutcore_lifecycle_state gauge\n";
+  out +=
+      "# HELP rolloutcore_lifecycle_state 1 for the current lifecycle state\n"
+      "# TYPE rolloutcore_lifecycle_state gauge\n";
   for (std::uint8_t i = 0; i <= kLifecycleMax; ++i) {
     const auto l = static_cast<Lifecycle>(i);
     out += std::string("rolloutcore_lifecycle_state{state=\"") + lifecycle_name(l) + "\"} " +
@@ -46,24 +47,27 @@ std::string Service::RenderMetrics() const {
   gauge("rolloutcore_journal_head_seq", "last journal seq", std::to_string(journal_->head_seq()));
   counter("rolloutcore_rollouts_admitted_total", "admissions journaled (journal counters)",
           s.counters.rollouts_admitted);
-  out += "# HELP rolloutcore_rollouts_finished_total rollouts finished, by outcome (journal)\n"
-         "# TYPE rolloutcore_rollouts_finished_total counter\n";
+  out +=
+      "# HELP rolloutcore_rollouts_finished_total rollouts finished, by outcome (journal)\n"
+      "# TYPE rolloutcore_rollouts_finished_total counter\n";
   out += "rolloutcore_rollouts_finished_total{outcome=\"completed\"} " +
          std::to_string(s.counters.rollouts_completed) + "\n";
   out += "rolloutcore_rollouts_finished_total{outcome=\"aborted\"} " +
          std::to_string(s.counters.rollouts_aborted) + "\n";
   out += "rolloutcore_rollouts_finished_total{outcome=\"abandoned\"} " +
          std::to_string(s.counters.rollouts_abandoned) + "\n";
-  out += "# HELP rolloutcore_admissions_refused_total proxied/explicit admissions refused\n"
-         "# TYPE rolloutcore_admissions_refused_total counter\n";
+  out +=
+      "# HELP rolloutcore_admissions_refused_total proxied/explicit admissions refused\n"
+      "# TYPE rolloutcore_admissions_refused_total counter\n";
   out += "rolloutcore_admissions_refused_total{reason=\"tainted\"} " +
          std::to_string(metrics_.admission_rejected_tainted.load()) + "\n";
   out += "rolloutcore_admissions_refused_total{reason=\"not_ready\"} " +
          std::to_string(metrics_.admission_rejected_unavailable.load()) + "\n";
   out += "rolloutcore_admissions_refused_total{reason=\"shutting_down\"} " +
          std::to_string(metrics_.admission_rejected_shutdown.load()) + "\n";
-  out += "# HELP rolloutcore_updates_total update requests answered, by outcome\n"
-         "# TYPE rolloutcore_updates_total counter\n";
+  out +=
+      "# HELP rolloutcore_updates_total update requests answered, by outcome\n"
+      "# TYPE rolloutcore_updates_total counter\n";
   out += "rolloutcore_updates_total{outcome=\"committed\"} " +
          std::to_string(metrics_.updates_committed.load()) + "\n";
   out += "rolloutcore_updates_total{outcome=\"refused\"} " +
@@ -104,11 +108,13 @@ std::string Service::RenderMetrics() const {
       instance = engine_instance_seen_;
       label = engine_label_seen_;
     }
-    out += "# HELP rolloutcore_engine_info the engine process the monitor sees (instance, label)\n"
-           "# TYPE rolloutcore_engine_info gauge\n"
-           "rolloutcore_engine_info{instance=\"" + escape_label_value(instance) +
-           "\",journal_instance=\"" + escape_label_value(s.engine_instance) + "\",label=\"" +
-           escape_label_value(label) + "\"} 1\n";
+    out +=
+        "# HELP rolloutcore_engine_info the engine process the monitor sees (instance, label)\n"
+        "# TYPE rolloutcore_engine_info gauge\n"
+        "rolloutcore_engine_info{instance=\"" +
+        escape_label_value(instance) + "\",journal_instance=\"" +
+        escape_label_value(s.engine_instance) + "\",label=\"" + escape_label_value(label) +
+        "\"} 1\n";
   }
   counter("rolloutcore_finish_retries_total", "finishes retried while the journal queue was full",
           metrics_.finish_retries.load());
@@ -137,12 +143,17 @@ std::string Service::RenderMetrics() const {
     std::lock_guard<std::mutex> g(const_cast<std::mutex&>(update_id_mu_));
     t = last_timings_;
   }
-  out += "# HELP rolloutcore_update_phase_seconds phase durations of the last update\n"
-         "# TYPE rolloutcore_update_phase_seconds gauge\n";
-  for (auto [phase, us] : {std::pair{"drain", t.drain_us}, {"preflight", t.preflight_us},
-                           {"transfer", t.transfer_us}, {"invalidate", t.invalidate_us},
-                           {"validate", t.validate_us}, {"resume", t.resume_us},
-                           {"journal", t.journal_us}, {"total", t.total_us}}) {
+  out +=
+      "# HELP rolloutcore_update_phase_seconds phase durations of the last update\n"
+      "# TYPE rolloutcore_update_phase_seconds gauge\n";
+  for (auto [phase, us] : {std::pair{"drain", t.drain_us},
+                           {"preflight", t.preflight_us},
+                           {"transfer", t.transfer_us},
+                           {"invalidate", t.invalidate_us},
+                           {"validate", t.validate_us},
+                           {"resume", t.resume_us},
+                           {"journal", t.journal_us},
+                           {"total", t.total_us}}) {
     out += std::string("rolloutcore_update_phase_seconds{phase=\"") + phase + "\"} " +
            format_double(static_cast<double>(us) / 1e6) + "\n";
   }

@@ -64,9 +64,12 @@ Status check_generate_body(const json& body) {
 
 const char* proxy_route_path(ProxyRoute route) {
   switch (route) {
-    case ProxyRoute::kCompletions: return "/v1/completions";
-    case ProxyRoute::kChat: return "/v1/chat/completions";
-    case ProxyRoute::kGenerate: return "/inference/v1/generate";
+    case ProxyRoute::kCompletions:
+      return "/v1/completions";
+    case ProxyRoute::kChat:
+      return "/v1/chat/completions";
+    case ProxyRoute::kGenerate:
+      return "/inference/v1/generate";
   }
   return "/v1/completions";
 }
@@ -91,10 +94,9 @@ void ProxyExchange::Start() {
     return ex_.Respond(ErrorResponse(http_status_for(bad), code_name(bad.code()), bad.message()));
   }
   if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
-  svc_.AdmitAsync(rollout_id_, svc_.config_.admit_wait_ms, ex_.executor(),
-                  [self = shared_from_this()](Service::AdmitResult a) {
-                    self->OnAdmitted(std::move(a));
-                  });
+  svc_.AdmitAsync(
+      rollout_id_, svc_.config_.admit_wait_ms, ex_.executor(),
+      [self = shared_from_this()](Service::AdmitResult a) { self->OnAdmitted(std::move(a)); });
 }
 
 Status ProxyExchange::Parse() {
@@ -114,8 +116,10 @@ Status ProxyExchange::ParseRolloutId() {
   if (!v) return Status::OK();
   if (duplicate || v->empty() || v->size() > kRolloutIdHeaderBytesMax ||
       !text::printable_utf8(std::string(*v))) {
-    return Status::InvalidArgument(std::string(kRolloutIdHeader) + " must be one printable UTF-8 "
-                                   "value of 1.." + std::to_string(kRolloutIdHeaderBytesMax) +
+    return Status::InvalidArgument(std::string(kRolloutIdHeader) +
+                                   " must be one printable UTF-8 "
+                                   "value of 1.." +
+                                   std::to_string(kRolloutIdHeaderBytesMax) +
                                    " bytes, sent verbatim");
   }
   rollout_id_ = std::string(*v);
@@ -132,12 +136,11 @@ void ProxyExchange::OnAdmitted(Service::AdmitResult a) {
   }
   admission_ = std::move(*a.admitted);
   svc_.metrics_.proxy_in_flight++;
-  in_flight_id_ = svc_.in_flight_calls_.Add(
-      [weak = weak_from_this(), ex = ex_] {
-        ex.Post([weak] {
-          if (auto self = weak.lock()) self->Cancel();
-        });
-      });
+  in_flight_id_ = svc_.in_flight_calls_.Add([weak = weak_from_this(), ex = ex_] {
+    ex.Post([weak] {
+      if (auto self = weak.lock()) self->Cancel();
+    });
+  });
   PrepareUpstream();
   ex_.WatchClient([self = shared_from_this()] { self->OnClientGone(); });
   if (!stream_) return Connect();
@@ -216,11 +219,11 @@ void ProxyExchange::Connect() {
     });
   }
   ++connect_attempts_;
-  svc_.upstream_->Acquire(ex_.executor(), svc_.config_.connect_timeout_ms,
-                          [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c,
-                                                      bool reused) {
-                            self->OnConnected(std::move(st), std::move(c), reused);
-                          });
+  svc_.upstream_->Acquire(
+      ex_.executor(), svc_.config_.connect_timeout_ms,
+      [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
+        self->OnConnected(std::move(st), std::move(c), reused);
+      });
 }
 
 void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, bool reused) {
@@ -247,12 +250,11 @@ void ProxyExchange::Send() {
   parser_->header_limit(kUpstreamHeadBytesMax);
   parser_->body_limit(boost::none);  // streams are unbounded; each read is bounded
   body_.clear();
-  beast::http::async_write(conn_->socket, upstream_request_,
-                           asio::bind_executor(ex_.executor(),
-                                               [self = shared_from_this()](error_code ec,
-                                                                           std::size_t) {
-                                                 self->OnSent(ec);
-                                               }));
+  beast::http::async_write(
+      conn_->socket, upstream_request_,
+      asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
+        self->OnSent(ec);
+      }));
 }
 
 void ProxyExchange::OnSent(error_code ec) {
@@ -389,12 +391,13 @@ void ProxyExchange::AnswerCompletion() {
     return AnswerEngineError();
   }
   trace_.absorb(doc);
-  Finish(RolloutOutcome::kCompleted, "", [self = shared_from_this(), doc = std::move(doc)]() mutable {
-    strip_added(doc, self->strip_token_ids_, false);
-    HttpResponse res = self->BindingHead(200);
-    send_json(res, 200, doc);
-    self->ex_.Respond(std::move(res));
-  });
+  Finish(RolloutOutcome::kCompleted, "",
+         [self = shared_from_this(), doc = std::move(doc)]() mutable {
+           strip_added(doc, self->strip_token_ids_, false);
+           HttpResponse res = self->BindingHead(200);
+           send_json(res, 200, doc);
+           self->ex_.Respond(std::move(res));
+         });
 }
 
 void ProxyExchange::AnswerStreamEnd(bool ok, const std::string& why) {
@@ -422,8 +425,8 @@ void ProxyExchange::AnswerEngineError() {
       SetBody(res, res.result_int(), std::move(self->body_), "application/json");
       return self->ex_.Respond(std::move(res));
     }
-    json err = {{"error", {{"message", why}, {"type", "upstream"},
-                           {"code", static_cast<int>(status)}}}};
+    json err = {
+        {"error", {{"message", why}, {"type", "upstream"}, {"code", static_cast<int>(status)}}}};
     json engine_body = json::parse(self->body_, nullptr, false);
     if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
     self->ex_.End("data: " + dump_safe(err) + "\n\n" + kDoneEvent);
@@ -456,8 +459,8 @@ void ProxyExchange::UpstreamFailed(Transport transport, std::string why) {
   Finish(RolloutOutcome::kAborted, note, [self = shared_from_this(), transport, why, note] {
     if (!self->stream_) {
       HttpResponse res = self->BindingHead(502);
-      send_error(res, 502, "upstream", std::string("engine call failed (") +
-                                           transport_name(transport) + "): " + why);
+      send_error(res, 502, "upstream",
+                 std::string("engine call failed (") + transport_name(transport) + "): " + why);
       return self->ex_.Respond(std::move(res));
     }
     json err = {{"error", {{"message", note}, {"type", "upstream"}, {"code", 502}}}};
@@ -516,32 +519,34 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
   WriteTrajectoryLine(outcome, note);
   const std::uint64_t up_us = upstream_us();
   const RolloutAdmitted& b = admission_.binding;
-  svc_.FinishAsync(
-      b.rollout_id, outcome, clamp_u32(trace_.prompt_count()), clamp_u32(trace_.completion_count()),
-      JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(),
-      [self = shared_from_this(), then = std::move(then), up_us](Status st) {
-        // Never dropped: FinishAsync fail-stops the executor when the journal cannot make it
-        // durable, so a restart records the rollout from what is durable.
-        if (!st.ok()) {
-          spdlog::error("proxy: finish of rollout {} not durable: {}",
-                        text::escape_line(self->admission_.binding.rollout_id),
-                        text::escape_line(st.ToString()));
-        }
-        const std::uint64_t total_us = effects::elapsed_us(self->t0_);
-        ServiceMetrics& m = self->svc_.metrics_;
-        m.proxy_total.ObserveUs(total_us);
-        m.proxy_upstream.ObserveUs(up_us);
-        m.proxy_added.ObserveUs(total_us > up_us ? total_us - up_us : 0);
-        m.proxy_in_flight--;
-        then();
-      });
+  svc_.FinishAsync(b.rollout_id, outcome, clamp_u32(trace_.prompt_count()),
+                   clamp_u32(trace_.completion_count()),
+                   JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(),
+                   [self = shared_from_this(), then = std::move(then), up_us](Status st) {
+                     // Never dropped: FinishAsync fail-stops the executor when the journal cannot
+                     // make it durable, so a restart records the rollout from what is durable.
+                     if (!st.ok()) {
+                       spdlog::error("proxy: finish of rollout {} not durable: {}",
+                                     text::escape_line(self->admission_.binding.rollout_id),
+                                     text::escape_line(st.ToString()));
+                     }
+                     const std::uint64_t total_us = effects::elapsed_us(self->t0_);
+                     ServiceMetrics& m = self->svc_.metrics_;
+                     m.proxy_total.ObserveUs(total_us);
+                     m.proxy_upstream.ObserveUs(up_us);
+                     m.proxy_added.ObserveUs(total_us > up_us ? total_us - up_us : 0);
+                     m.proxy_in_flight--;
+                     then();
+                   });
 }
 
 void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
   const RolloutAdmitted& b = admission_.binding;
   json outputs = json::array();
   for (auto& [index, ch] : trace_.choices) {
-    outputs.push_back({{"index", index}, {"token_ids", ch.token_ids}, {"logprobs", ch.logprobs},
+    outputs.push_back({{"index", index},
+                       {"token_ids", ch.token_ids},
+                       {"logprobs", ch.logprobs},
                        {"finish_reason", ch.finish_reason}});
   }
   json prompt = trace_.prompt_token_ids;
@@ -578,7 +583,10 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
  public:
   PassThrough(Service& svc, Exchange ex, UpstreamPool& pool, const UpstreamTarget& target,
               const ServeConfig& config)
-      : ex_(std::move(ex)), pool_(pool), target_(target), config_(config),
+      : ex_(std::move(ex)),
+        pool_(pool),
+        target_(target),
+        config_(config),
         deadline_(ex_.executor()) {
     (void)svc;
   }

@@ -107,9 +107,9 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   boost::beast::http::request<boost::beast::http::string_body> upstream_request_;
   std::optional<boost::beast::http::response_parser<boost::beast::http::buffer_body>> parser_;
   std::unique_ptr<char[]> read_buf_;  // kUpstreamReadBytes, allocated (not zeroed) on first read
-  std::string body_;       // non-streamed (or error) body, bounded
+  std::string body_;                  // non-streamed (or error) body, bounded
   bool body_overflow_ = false;
-  std::string out_;        // client events of one engine read
+  std::string out_;  // client events of one engine read
   effects::SseState sse_;
   effects::EngineClient::ChunkFn on_chunk_;
   boost::asio::steady_timer deadline_;

@@ -90,7 +90,10 @@ struct Trajectory {
   void take_prompt(const json& obj) {
     auto p = obj.find("prompt_token_ids");
     if (p != obj.end() && p->is_array() && prompt_token_ids.is_null()) {
-      if (p->size() <= kTrajectoryEntriesMax) prompt_token_ids = *p; else truncated = true;
+      if (p->size() <= kTrajectoryEntriesMax)
+        prompt_token_ids = *p;
+      else
+        truncated = true;
     }
   }
   bool room() {

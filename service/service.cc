@@ -106,7 +106,7 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
   }
 
   TransferObserved Transfer(const effects::TransferTarget& target,
-                                     std::uint64_t deadline_ms) override {
+                            std::uint64_t deadline_ms) override {
     const auto t0 = Clock::now();
     TransferObserved refused;  // mutation kNone: nothing reached the engine
     refused.finish_label = target.target.label;
@@ -157,27 +157,30 @@ EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const Serv
     if (v.http.ok_2xx() && v.body.is_object() && v.body.value("version", json()).is_string()) {
       const std::string version = v.body["version"].get<std::string>();
       spdlog::info("serve: engine {} answers GET /version: '{}' (after {} ms, {} attempt(s))",
-                   esc(config.engine_url), esc(version), effects::elapsed_us(start) / 1000, attempt);
+                   esc(config.engine_url), esc(version), effects::elapsed_us(start) / 1000,
+                   attempt);
       return {Status::OK(), version};
     }
-    last = v.http.ok_2xx() ? "HTTP " + std::to_string(v.http.http_status) +
-                                 " without a 'version' string"
-                           : (v.http.http_status != 0
-                                  ? "HTTP " + std::to_string(v.http.http_status) + " " + v.http.error
-                                  : v.http.error);
+    last = v.http.ok_2xx()
+               ? "HTTP " + std::to_string(v.http.http_status) + " without a 'version' string"
+               : (v.http.http_status != 0
+                      ? "HTTP " + std::to_string(v.http.http_status) + " " + v.http.error
+                      : v.http.error);
     const auto now = Clock::now();
     if (now >= deadline) break;
     if (now >= next_log) {
-      spdlog::info("serve: waiting for the engine at {} to answer GET /version ({} s so far, "
-                   "up to {} s): {}",
-                   esc(config.engine_url), effects::elapsed_us(start) / 1000000,
-                   config.engine_startup_timeout_ms / 1000, esc(last));
+      spdlog::info(
+          "serve: waiting for the engine at {} to answer GET /version ({} s so far, "
+          "up to {} s): {}",
+          esc(config.engine_url), effects::elapsed_us(start) / 1000000,
+          config.engine_startup_timeout_ms / 1000, esc(last));
       next_log = now + std::chrono::seconds(5);
     }
     const auto pause = std::min<Clock::duration>(std::chrono::milliseconds(250), deadline - now);
     std::this_thread::sleep_for(pause);
   }
-  return {Status::Unavailable("engine " + esc(config.engine_url) + " did not answer GET /version "
+  return {Status::Unavailable("engine " + esc(config.engine_url) +
+                              " did not answer GET /version "
                               "within engine_startup_timeout_ms " +
                               std::to_string(config.engine_startup_timeout_ms) + " ms (last: " +
                               esc(last) + "); is it running and reachable from this host?"),
@@ -235,9 +238,10 @@ void Service::FailStop(const std::string& why) {
     failure_ = "journal " + config_.journal_path + ": " + why;
     failed_.store(true, std::memory_order_release);
   }
-  spdlog::critical("serve: FAIL-STOP: {}; refusing admissions and updates, stopping effects; "
-                   "the process must exit and restart to recover from what is durable ({})",
-                   esc(failure()), replay_hint(config_.journal_path));
+  spdlog::critical(
+      "serve: FAIL-STOP: {}; refusing admissions and updates, stopping effects; "
+      "the process must exit and restart to recover from what is durable ({})",
+      esc(failure()), replay_hint(config_.journal_path));
   failed_cv_.notify_all();
   lifecycle_cv_.notify_all();
   bg_cv_.notify_all();  // the monitor and lease threads stop at their next look
@@ -346,9 +350,11 @@ Status Service::Init() {
     ServeNcclTransfer* sender = nccl.get();
     transfer_ = std::move(nccl);
     init_transfer = [this, sender]() -> Status {
-      spdlog::info("serve: NCCL sender: rendezvous with {} (cuda_device {}, rendezvous {}, "
-                   "deadline {} ms)", config_.engine_url, config_.cuda_device,
-                   config_.rendezvous, config_.nccl_init_timeout_ms);
+      spdlog::info(
+          "serve: NCCL sender: rendezvous with {} (cuda_device {}, rendezvous {}, "
+          "deadline {} ms)",
+          config_.engine_url, config_.cuda_device, config_.rendezvous,
+          config_.nccl_init_timeout_ms);
       Status st = sender->Init(config_.nccl_init_timeout_ms);
       if (!st.ok()) {
         return Status(st.code(), "transfer 'nccl': init with the engine at " + config_.engine_url +
@@ -357,11 +363,12 @@ Status Service::Init() {
                                      std::to_string(config_.nccl_init_timeout_ms) +
                                      " ms) failed: " + st.message());
       }
-      spdlog::info("serve: NCCL sender ready: engine {} (protocol line of {}), rendezvous {}, "
-                   "store port {}, abort reserve {} ms",
-                   config_.engine_url, sender->sender().protocol().version,
-                   effects::nccl::rendezvous_name(sender->sender().rendezvous()),
-                   sender->sender().store_port(), sender->sender().abort_reserve_ms());
+      spdlog::info(
+          "serve: NCCL sender ready: engine {} (protocol line of {}), rendezvous {}, "
+          "store port {}, abort reserve {} ms",
+          config_.engine_url, sender->sender().protocol().version,
+          effects::nccl::rendezvous_name(sender->sender().rendezvous()),
+          sender->sender().store_port(), sender->sender().abort_reserve_ms());
       return Status::OK();
     };
 #else
@@ -376,7 +383,8 @@ Status Service::Init() {
                                  "', which no protocol line of this build speaks");
     }
     protocol = detected;
-    transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol, packing);
+    transfer_ =
+        std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol, packing);
     init_transfer = [this, protocol]() -> Status {
       if (journal_->state().lifecycle == Lifecycle::kReady) InitWeightTransfer(protocol);
       return Status::OK();
@@ -396,10 +404,11 @@ Status Service::Init() {
     // level with the command that explains them.
     if (const auto* c = std::get_if<StateChanged>(&e)) {
       if (c->to == Lifecycle::kTainted) {
-        spdlog::error("serve: seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted until an "
-                      "operator intervenes; {}",
-                      seq, lifecycle_name(c->from), cause_name(c->cause), esc(c->detail),
-                      replay_hint(config_.journal_path));
+        spdlog::error(
+            "serve: seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted until an "
+            "operator intervenes; {}",
+            seq, lifecycle_name(c->from), cause_name(c->cause), esc(c->detail),
+            replay_hint(config_.journal_path));
       } else {
         spdlog::info("serve: seq {}: {} -> {} ({}): {}", seq, lifecycle_name(c->from),
                      lifecycle_name(c->to), cause_name(c->cause), esc(c->detail));
@@ -419,9 +428,10 @@ Status Service::Init() {
 
   std::lock_guard<std::timed_mutex> lock(update_mu_);
   const State before = journal_->state();
-  spdlog::info("serve: journal {} opened at seq {}: {}{}", esc(config_.journal_path),
-               journal_->head_seq(), lifecycle_name(before.lifecycle),
-               before.update ? " (update '" + esc(before.update->update_id) + "' interrupted)" : "");
+  spdlog::info(
+      "serve: journal {} opened at seq {}: {}{}", esc(config_.journal_path), journal_->head_seq(),
+      lifecycle_name(before.lifecycle),
+      before.update ? " (update '" + esc(before.update->update_id) + "' interrupted)" : "");
   // An interrupted update goes on only once clients can reach the executor (Start): its drain
   // may wait for leased rollouts whose holders must be able to finish them.
   if (before.update) {
@@ -481,10 +491,11 @@ Status Service::Init() {
   if (s.lifecycle == Lifecycle::kTainted) {
     LogTaint(s, "starting on a TAINTED journal");
   } else {
-    spdlog::info("serve: journal {} at seq {}, state {}, committed '{}' (generation {}), {} "
-                 "leased rollout(s) kept",
-                 esc(config_.journal_path), journal_->head_seq(), lifecycle_name(s.lifecycle),
-                 esc(s.committed.label), s.committed.generation, s.active.size());
+    spdlog::info(
+        "serve: journal {} at seq {}, state {}, committed '{}' (generation {}), {} "
+        "leased rollout(s) kept",
+        esc(config_.journal_path), journal_->head_seq(), lifecycle_name(s.lifecycle),
+        esc(s.committed.label), s.committed.generation, s.active.size());
   }
   // Leased rollouts that survived the restart get a full lease from now.
   {
@@ -517,11 +528,11 @@ void Service::LogTaint(const State& s, const char* context) const {
                   replay_hint(config_.journal_path));
     return;
   }
-  spdlog::error("serve: {}: engine is TAINTED since {} of update '{}' ({}): {}; no rollouts are "
-                "admitted and /readyz answers 503; {}",
-                context, lifecycle_name(s.taint->from), esc(s.taint->update_id),
-                cause_name(s.taint->cause), esc(s.taint->detail),
-                replay_hint(config_.journal_path));
+  spdlog::error(
+      "serve: {}: engine is TAINTED since {} of update '{}' ({}): {}; no rollouts are "
+      "admitted and /readyz answers 503; {}",
+      context, lifecycle_name(s.taint->from), esc(s.taint->update_id), cause_name(s.taint->cause),
+      esc(s.taint->detail), replay_hint(config_.journal_path));
 }
 
 // The engine monitor: while READY, probes the engine every engine_monitor_interval_ms and
@@ -560,8 +571,8 @@ void Service::MonitorLoop() {
     const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
                                               p.is_paused, p.engine_instance);
     if (matches) engine_last_ok_wall_ms_.store(now_wall_ms);
-    const bool changes = (ok != before.engine_reachable) || (ok && !matches) ||
-                         (matches && before.engine_recheck);
+    const bool changes =
+        (ok != before.engine_reachable) || (ok && !matches) || (matches && before.engine_recheck);
     if (!changes) continue;
     EngineMonitored m = p;
     m.last_ok_wall_ms = engine_last_ok_wall_ms_.load();
@@ -665,9 +676,10 @@ static void RaiseDescriptorLimit(std::uint64_t connections_max) {
   }
   const std::uint64_t needed = 2 * connections_max + 256;
   if (lim.rlim_cur < needed) {
-    spdlog::warn("serve: the descriptor limit ({}) is below what http_connections_max={} needs "
-                 "({}); raise `ulimit -n`", static_cast<std::uint64_t>(lim.rlim_cur),
-                 connections_max, needed);
+    spdlog::warn(
+        "serve: the descriptor limit ({}) is below what http_connections_max={} needs "
+        "({}); raise `ulimit -n`",
+        static_cast<std::uint64_t>(lim.rlim_cur), connections_max, needed);
   }
 }
 
@@ -709,8 +721,8 @@ Status Service::Start() {
 }
 
 Status Service::RecoveryFailed(const Status& st) const {
-  return Status(st.code(), "recovery of journal " + config_.journal_path + " failed: " +
-                               st.message());
+  return Status(st.code(),
+                "recovery of journal " + config_.journal_path + " failed: " + st.message());
 }
 
 // The second half of a recovery that found an update interrupted (Init journaled RecoveryStarted):
@@ -724,19 +736,22 @@ Status Service::FinishInterruptedUpdate() {
     std::lock_guard<std::mutex> g(update_id_mu_);
     running_update_id_ = before.update_id;
   }
-  spdlog::info("serve: going on with the interrupted update '{}' now that clients can reach "
-               "the executor", esc(before.update_id));
+  spdlog::info(
+      "serve: going on with the interrupted update '{}' now that clients can reach "
+      "the executor",
+      esc(before.update_id));
   if (Status driven = runner_->Drive(); !driven.ok()) {
     FailStop("recovery of the interrupted update failed: " + driven.ToString());
     return RecoveryFailed(driven);
   }
   const State s = journal_->state();
   if (s.lifecycle == Lifecycle::kReady && s.committed == before.target) {
-    spdlog::warn("serve: this restart COMPLETED the interrupted update '{}': the engine now "
-                 "serves '{}' (generation {}); a trainer that was told otherwise should re-POST "
-                 "it to read the recorded outcome; {}",
-                 esc(before.update_id), esc(s.committed.label), s.committed.generation,
-                 replay_hint(config_.journal_path));
+    spdlog::warn(
+        "serve: this restart COMPLETED the interrupted update '{}': the engine now "
+        "serves '{}' (generation {}); a trainer that was told otherwise should re-POST "
+        "it to read the recorded outcome; {}",
+        esc(before.update_id), esc(s.committed.label), s.committed.generation,
+        replay_hint(config_.journal_path));
   } else {
     spdlog::warn("serve: this restart ended the interrupted update '{}' in {}; {}",
                  esc(before.update_id), lifecycle_name(s.lifecycle),
@@ -763,29 +778,32 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
     const std::size_t n = in_flight_calls_.CancelAll();
     spdlog::warn("serve: cancelled {} proxied rollout(s) at the shutdown deadline", n);
     if (!wait_rollouts(settle())) {
-      spdlog::warn("serve: proxied rollouts did not end after cancel; exiting without closing "
-                   "the journal");
+      spdlog::warn(
+          "serve: proxied rollouts did not end after cancel; exiting without closing "
+          "the journal");
       return false;
     }
   }
   const bool update_done = update_mu_.try_lock_until(std::max(deadline, Clock::now()));
   if (!update_done) {
-    spdlog::warn("serve: an update is still running at the shutdown deadline; exiting without "
-                 "closing the journal (recovery will classify it)");
+    spdlog::warn(
+        "serve: an update is still running at the shutdown deadline; exiting without "
+        "closing the journal (recovery will classify it)");
     return false;
   }
   StopBackground();
   const auto left_ms = [&settle] {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          settle() - Clock::now()).count());
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(settle() - Clock::now()).count());
   };
   upstream_.reset();
   if (http_ && !http_->Stop(left_ms())) {
     // A worker is still inside a handler: everything it uses must outlive it, so nothing is
     // torn down (the caller exits; everything acknowledged is already durable).
     update_mu_.unlock();
-    spdlog::warn("serve: HTTP workers still busy after the shutdown deadline; exiting without "
-                 "closing the journal");
+    spdlog::warn(
+        "serve: HTTP workers still busy after the shutdown deadline; exiting without "
+        "closing the journal");
     return false;
   }
   http_.reset();

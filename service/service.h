@@ -63,14 +63,12 @@ namespace rocksdb {
 class Env;
 }
 
-
 namespace rc::service {
-
 
 // Why an admission was refused, with the HTTP status a client sees.
 struct AdmitRefusal {
   int http_status = 503;
-  std::string type;     // "tainted", "unavailable", "shutting_down", "conflict", "invalid"
+  std::string type;  // "tainted", "unavailable", "shutting_down", "conflict", "invalid"
   std::string message;
   std::uint32_t retry_after_s = 0;  // 0: no Retry-After
 };
@@ -196,10 +194,10 @@ class Service {
   // One look at whether a rollout can be admitted now (admission.cc).
   struct AdmitStep {
     enum Kind : std::uint8_t { kSubmitted, kRefused, kWait, kAgain } kind = kRefused;
-    journal::Ticket ticket;       // kSubmitted: the admission's group
-    RolloutAdmitted binding;      // kSubmitted
-    AdmitRefusal refusal;         // kRefused
-    std::string waiting_on;       // kWait: why the engine cannot admit now
+    journal::Ticket ticket;   // kSubmitted: the admission's group
+    RolloutAdmitted binding;  // kSubmitted
+    AdmitRefusal refusal;     // kRefused
+    std::string waiting_on;   // kWait: why the engine cannot admit now
   };
   AdmitStep TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms, std::uint32_t attempt);
   AdmitResult Admitted(AdmitStep step, const Status& durable,
@@ -286,19 +284,19 @@ class Service {
   int port_ = 0;
 
   std::optional<UpdatePlan> interrupted_update_;  // found by Init, driven by Start
-  std::timed_mutex update_mu_;            // held by the one runner call in progress
+  std::timed_mutex update_mu_;                    // held by the one runner call in progress
   std::mutex update_id_mu_;
   std::string running_update_id_;
-  effects::PhaseTimings last_timings_;    // copied under update_id_mu_ after each update
+  effects::PhaseTimings last_timings_;  // copied under update_id_mu_ after each update
 
   mutable std::mutex lifecycle_mu_;
   std::condition_variable lifecycle_cv_;
-  std::uint64_t lifecycle_seq_ = 0;       // seq of the last decision the runner journaled
+  std::uint64_t lifecycle_seq_ = 0;                // seq of the last decision the runner journaled
   std::atomic<std::uint64_t> lifecycle_epoch_{0};  // bumped on every NotifyLifecycle
 
   std::mutex view_mu_;
-  std::shared_ptr<const State> view_;     // AdmitView's copy
-  std::uint64_t view_epoch_ = 0;          // lifecycle_epoch_ when view_ was taken
+  std::shared_ptr<const State> view_;  // AdmitView's copy
+  std::uint64_t view_epoch_ = 0;       // lifecycle_epoch_ when view_ was taken
   std::atomic<bool> shutting_down_{false};
 
   std::string rollout_prefix_;

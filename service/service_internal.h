@@ -33,10 +33,10 @@ inline bool is_journal_failure(const Status& st) {
 }
 
 inline nlohmann::json timings_json(const effects::PhaseTimings& t) {
-  return {{"drain_us", t.drain_us},         {"preflight_us", t.preflight_us},
-          {"transfer_us", t.transfer_us},   {"invalidate_us", t.invalidate_us},
-          {"validate_us", t.validate_us},   {"resume_us", t.resume_us},
-          {"journal_us", t.journal_us},     {"total_us", t.total_us}};
+  return {{"drain_us", t.drain_us},       {"preflight_us", t.preflight_us},
+          {"transfer_us", t.transfer_us}, {"invalidate_us", t.invalidate_us},
+          {"validate_us", t.validate_us}, {"resume_us", t.resume_us},
+          {"journal_us", t.journal_us},   {"total_us", t.total_us}};
 }
 
 }  // namespace rc::service::internal

@@ -32,8 +32,10 @@ Service::DurableView Service::CatchUpDurable(bool copy_state) {
       RC_CHECK(r.seq == durable_.head.seq + 1);  // dense seqs, in order
       Status applied = apply(durable_.state, r.event);
       if (!applied.ok()) {
-        return Status::Corruption("seq " + std::to_string(r.seq) + " does not apply to the "
-                                  "durable view: " + applied.ToString());
+        return Status::Corruption("seq " + std::to_string(r.seq) +
+                                  " does not apply to the "
+                                  "durable view: " +
+                                  applied.ToString());
       }
       durable_.head = DurableHead{r.seq, r.hash};
       if (is_decision(r.event)) durable_.decision_seq = r.seq;
@@ -126,7 +128,6 @@ void Service::HandleVersion(const ApiRequest&, HttpResponse& res) {
              {"head_seq", v.head.seq}});
 }
 
-
 std::optional<Service::EndedUpdate> Service::FindEndedUpdate(const std::string& update_id) {
   std::lock_guard<std::mutex> lock(ended_mu_);
   auto it = ended_updates_.find(update_id);
@@ -175,9 +176,12 @@ Result<UpdateLookup> LookUpUpdate(journal::Journal& j, const std::string& update
 
 int update_status(UpdateOutcome o) {
   switch (o) {
-    case UpdateOutcome::kCommitted: return 200;
-    case UpdateOutcome::kRefused: return 422;
-    case UpdateOutcome::kTainted: return 500;
+    case UpdateOutcome::kCommitted:
+      return 200;
+    case UpdateOutcome::kRefused:
+      return 422;
+    case UpdateOutcome::kTainted:
+      return 500;
   }
   return 500;
 }
@@ -293,9 +297,15 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   if (ended.ok()) {
     RememberEndedUpdate(*request, *ended);
     switch (ended->outcome) {
-      case UpdateOutcome::kCommitted: metrics_.updates_committed++; break;
-      case UpdateOutcome::kRefused: metrics_.updates_refused++; break;
-      case UpdateOutcome::kTainted: metrics_.updates_tainted++; break;
+      case UpdateOutcome::kCommitted:
+        metrics_.updates_committed++;
+        break;
+      case UpdateOutcome::kRefused:
+        metrics_.updates_refused++;
+        break;
+      case UpdateOutcome::kTainted:
+        metrics_.updates_tainted++;
+        break;
     }
     SendUpdateOutcome(res, *request, *ended, /*replayed=*/false);
     return;
@@ -327,20 +337,19 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   // executor stops (a restart recovers from what is durable); the trainer is told "unknown",
   // never "failed", and re-POSTs the same update_id after the restart to read the outcome.
   metrics_.updates_outcome_unknown++;
-  FailStop("update '" + request->update_id + "' did not reach a recorded outcome: " +
-           st.ToString());
+  FailStop("update '" + request->update_id +
+           "' did not reach a recorded outcome: " + st.ToString());
   set_header(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
   send_error(res, 503, "outcome_unknown",
-             "the outcome of update '" + request->update_id +
-                 "' is unknown (" + st.ToString() +
+             "the outcome of update '" + request->update_id + "' is unknown (" + st.ToString() +
                  "); the executor fail-stopped and recovers on restart: re-POST the same "
                  "update_id then to read the recorded outcome");
 }
 
 void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  Result<AdmitBody> parsed = parse_admit_body(req.body(), config_.admit_wait_ms,
-                                              config_.rollout_lease_ms);
+  Result<AdmitBody> parsed =
+      parse_admit_body(req.body(), config_.admit_wait_ms, config_.rollout_lease_ms);
   if (!parsed.ok()) {
     metrics_.bad_requests++;
     send_status(res, parsed.status());
@@ -350,8 +359,8 @@ void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
   const std::int64_t wait_ms = parsed->wait_ms;
   const std::int64_t lease_ms = parsed->lease_ms;
   if (id.empty()) id = NextRolloutId();
-  AdmitResult a = Admit(id, static_cast<std::uint64_t>(wait_ms),
-                        static_cast<std::uint32_t>(lease_ms));
+  AdmitResult a =
+      Admit(id, static_cast<std::uint64_t>(wait_ms), static_cast<std::uint32_t>(lease_ms));
   if (!a.admitted) {
     if (a.refusal.retry_after_s > 0) {
       set_header(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
@@ -407,8 +416,9 @@ void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
   if (it == lease_deadline_ms_.end() || lease_ms == 0) {
     if (lease_ms == 0 && it == lease_deadline_ms_.end()) {
       send_error(res, 404, "not_found",
-                 "rollout '" + id + "' holds no lease (not active, finished, expired, or a "
-                 "proxied rollout)");
+                 "rollout '" + id +
+                     "' holds no lease (not active, finished, expired, or a "
+                     "proxied rollout)");
     } else {
       send_error(res, 404, "not_found", "the lease of rollout '" + id + "' has lapsed");
     }
@@ -443,9 +453,10 @@ void Service::LeaseLoop() {
       Status st = FinishDurably(id, RolloutOutcome::kExpired, 0, 0);
       if (st.ok()) {
         metrics_.leases_expired++;
-        spdlog::warn("serve: the lease of rollout {} lapsed (its client stopped renewing): "
-                     "recorded expired",
-                     esc(id));
+        spdlog::warn(
+            "serve: the lease of rollout {} lapsed (its client stopped renewing): "
+            "recorded expired",
+            esc(id));
       } else if (st.code() != Code::kNotFound) {
         spdlog::error("serve: recording the lapsed lease of rollout {} failed: {}", esc(id),
                       esc(st.ToString()));
@@ -465,8 +476,8 @@ void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
   }
   const RolloutOutcome outcome = parsed->outcome;
   const std::int64_t pt = parsed->prompt_tokens, ct = parsed->completion_tokens;
-  Status done = FinishDurably(id, outcome, static_cast<std::uint32_t>(pt),
-                              static_cast<std::uint32_t>(ct));
+  Status done =
+      FinishDurably(id, outcome, static_cast<std::uint32_t>(pt), static_cast<std::uint32_t>(ct));
   if (!done.ok()) {
     if (done.code() == Code::kUnavailable) {
       send_error(res, 503, "failed", done.message());
@@ -477,14 +488,14 @@ void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
   }
   const DurableHead head = durable_head();
   SetHeadHeader(res, head);
-  send_json(res, 200, {{"rollout_id", id}, {"outcome", outcome_name(outcome)},
-                       {"head", head.ToString()}});
+  send_json(res, 200,
+            {{"rollout_id", id}, {"outcome", outcome_name(outcome)}, {"head", head.ToString()}});
 }
 
 void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
   auto after = query_u64(req, "after", 0, 0, UINT64_MAX);
-  auto timeout = query_u64(req, "timeout_ms", config_.watch_timeout_ms_max, 0,
-                           config_.watch_timeout_ms_max);
+  auto timeout =
+      query_u64(req, "timeout_ms", config_.watch_timeout_ms_max, 0, config_.watch_timeout_ms_max);
   if (!after.ok() || !timeout.ok()) {
     metrics_.bad_requests++;
     send_status(res, after.ok() ? timeout.status() : after.status());
@@ -497,9 +508,9 @@ void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
     if (CatchUpDurable(false).decision_seq > *after) break;
     std::unique_lock<std::mutex> lock(lifecycle_mu_);
     if (Clock::now() >= deadline || shutting_down_.load() || failed()) break;
-    lifecycle_cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)),
-                             [&] { return lifecycle_seq_ > *after || shutting_down_.load() ||
-                                          failed(); });
+    lifecycle_cv_.wait_until(
+        lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)),
+        [&] { return lifecycle_seq_ > *after || shutting_down_.load() || failed(); });
     if (lifecycle_seq_ > *after) {
       lock.unlock();
       if (CatchUpDurable(false).decision_seq > *after) break;
@@ -539,8 +550,11 @@ void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
     }
   }
   SetHeadHeader(res, head);
-  send_json(res, 200, {{"records", records}, {"next_since", next}, {"head_seq", head.seq},
-                       {"head", head.ToString()}});
+  send_json(res, 200,
+            {{"records", records},
+             {"next_since", next},
+             {"head_seq", head.seq},
+             {"head", head.ToString()}});
 }
 
 void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {

@@ -31,7 +31,7 @@ struct UpstreamConn {
 };
 
 struct UpstreamTarget {
-  std::string host;       // as in the engine URL (the Host header)
+  std::string host;  // as in the engine URL (the Host header)
   std::uint16_t port = 0;
   std::string base_path;  // URL path prefix ("" for none)
 };

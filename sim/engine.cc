@@ -68,8 +68,9 @@ void SimEngine::Begin(std::uint64_t id) {
   // Prefix caching: blocks computed by other weights must never serve this request.
   auto hit = t_.prefix_cache.find(r.cache_key);
   if (hit != t_.prefix_cache.end() && hit->second != t_.weights && violations_.size() < 32) {
-    violations_.push_back("stale KV: rollout '" + r.rollout_id + "' hit prefix blocks computed by '" +
-                          hit->second + "' while the engine holds '" + t_.weights + "'");
+    violations_.push_back("stale KV: rollout '" + r.rollout_id +
+                          "' hit prefix blocks computed by '" + hit->second +
+                          "' while the engine holds '" + t_.weights + "'");
   }
   t_.prefix_cache[r.cache_key] = t_.weights;
   const std::uint64_t token = r.token;
@@ -138,18 +139,21 @@ HttpEvidence SimControl::Call(bool* applied) {
   const Fault& f = it->second;
   const bool done_anyway = (f.b % 2) == 1;
   switch (f.kind) {
-    case FaultKind::kHttp5xx: return Failed(Transport::kOk, 500, "HTTP 500");
+    case FaultKind::kHttp5xx:
+      return Failed(Transport::kOk, 500, "HTTP 500");
     case FaultKind::kHttpTimeout:
       *applied = done_anyway;
       return Failed(Transport::kTimeout, 0, "timed out");
     case FaultKind::kHttpDrop:
       *applied = done_anyway;
       return Failed(Transport::kBroken, 0, "connection dropped");
-    case FaultKind::kHttpRefused: return Failed(Transport::kConnectFailed, 0, "connection refused");
+    case FaultKind::kHttpRefused:
+      return Failed(Transport::kConnectFailed, 0, "connection refused");
     case FaultKind::kHttpGarbage:
       *applied = done_anyway;
       return Failed(Transport::kOk, 200, "unparsable body");
-    default: break;
+    default:
+      break;
   }
   *applied = true;
   return Ok();
@@ -232,8 +236,8 @@ ValidationObserved SimControl::WeightInfo() {
   v.reported_label = e_.truth().label;
   v.engine_instance = e_.instance_name();
   const EngineTruth& t = e_.truth();
-  validated_ = Validated{t.instance, t.weights, t.label, e_.CachesResetSinceMutation(),
-                         t.last_mutation_op};
+  validated_ =
+      Validated{t.instance, t.weights, t.label, e_.CachesResetSinceMutation(), t.last_mutation_op};
   return v;
 }
 

@@ -24,7 +24,9 @@ class Scheduler {
   static constexpr std::size_t kEventsMax = 1 << 16;  // a runaway producer is a bug
   std::int64_t now_us() const { return now_us_; }
   void At(std::int64_t t_us, std::function<void()> fn);
-  void After(std::int64_t delay_us, std::function<void()> fn) { At(now_us_ + delay_us, std::move(fn)); }
+  void After(std::int64_t delay_us, std::function<void()> fn) {
+    At(now_us_ + delay_us, std::move(fn));
+  }
   // Runs every event due up to t_us in time order, then sets the time to t_us.
   void RunUntil(std::int64_t t_us);
 
@@ -64,14 +66,14 @@ inline constexpr const char* kInitialWeights = "ckpt/initial";
 // The engine's own truth, which the checks compare the journal against.
 struct EngineTruth {
   bool alive = true;
-  std::uint64_t instance = 1;      // changes on restart
+  std::uint64_t instance = 1;  // changes on restart
   std::string label = kFreshEngineLabel;
   std::string weights = kInitialWeights;  // a checkpoint, "meta" or "mixed:<...>"
   bool paused = false;
-  std::uint64_t op = 0;                    // every state-changing operation, in order
-  std::uint64_t last_mutation_op = 0;      // weights changed by a transfer or a restart
+  std::uint64_t op = 0;                // every state-changing operation, in order
+  std::uint64_t last_mutation_op = 0;  // weights changed by a transfer or a restart
   std::array<std::uint64_t, kCacheKinds> last_reset_op{};
-  std::uint64_t transfer_epoch = 0;        // transfers that touched the weights
+  std::uint64_t transfer_epoch = 0;  // transfers that touched the weights
   std::uint64_t restarts = 0;
   std::map<std::string, std::string> prefix_cache;  // key -> weights that computed the blocks
 };
@@ -127,10 +129,10 @@ class SimEngine {
 
 // The faults armed for one cycle, consumed by the engine calls of that cycle (in call order).
 struct CycleFaults {
-  std::map<std::uint32_t, Fault> by_call;   // engine call index -> fault
+  std::map<std::uint32_t, Fault> by_call;  // engine call index -> fault
   std::uint32_t delay_ms = 0;
   std::uint32_t success_false_left = 0;
-  std::optional<Fault> death;               // at call a%16
+  std::optional<Fault> death;  // at call a%16
   std::optional<Fault> preflight;
   std::optional<Fault> transfer;
   std::uint32_t calls = 0;
@@ -150,7 +152,8 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   ValidationObserved WeightInfo() override;
   ResumeObserved Resume() override;
   PreflightObserved Preflight(const effects::TransferTarget& target) override;
-  TransferObserved Transfer(const effects::TransferTarget& target, std::uint64_t deadline_ms) override;
+  TransferObserved Transfer(const effects::TransferTarget& target,
+                            std::uint64_t deadline_ms) override;
 
   // The engine as the executor's monitor sees it (no injected faults; a dead engine is
   // unreachable).

@@ -2,7 +2,8 @@
 // command that replays it, then shrinks its fault schedule and prints the minimal one.
 //
 //   rolloutcore-sim --seed N [--faults SPEC] [--cycles C]    one seed (SPEC replaces its swarm)
-//   rolloutcore-sim --seeds A:B [--cycles C]                 seeds A..B-1, stops at the first failure
+//   rolloutcore-sim --seeds A:B [--cycles C]                 seeds A..B-1, stops at the first
+//   failure
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -73,12 +74,12 @@ bool Parse(int argc, char** argv, Args& a) {
 void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
   std::string taints;
   for (const auto& [k, n] : s.taints) taints += " " + k + "=" + std::to_string(n);
-  std::printf("sim: %lu seeds, %lu cycles, %lu worlds, %lu events; updates committed %lu refused "
-              "%lu tainted %lu errors %lu; restarts %lu; admissions acknowledged %lu; faults %lu; "
-              "full checks %lu; taints:%s\n",
-              seeds, s.cycles, s.worlds, s.events, s.committed, s.refused, s.tainted,
-              s.update_errors, s.restarts, s.admissions_acked, s.faults, s.full_checks,
-              taints.c_str());
+  std::printf(
+      "sim: %lu seeds, %lu cycles, %lu worlds, %lu events; updates committed %lu refused "
+      "%lu tainted %lu errors %lu; restarts %lu; admissions acknowledged %lu; faults %lu; "
+      "full checks %lu; taints:%s\n",
+      seeds, s.cycles, s.worlds, s.events, s.committed, s.refused, s.tainted, s.update_errors,
+      s.restarts, s.admissions_acked, s.faults, s.full_checks, taints.c_str());
 }
 
 }  // namespace
@@ -86,8 +87,9 @@ void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
 int main(int argc, char** argv) {
   Args args;
   if (!Parse(argc, argv, args)) {
-    std::fprintf(stderr, "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
-                         "[--cycles C] [--no-shrink] [--quiet] [--no-monitor-during-recovery]\n");
+    std::fprintf(stderr,
+                 "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
+                 "[--cycles C] [--no-shrink] [--quiet] [--no-monitor-during-recovery]\n");
     return 2;
   }
   std::signal(SIGABRT, OnAbort);
@@ -109,8 +111,9 @@ int main(int argc, char** argv) {
     std::snprintf(g_replay, sizeof(g_replay), "%s", rc::sim::ReplayCommand(o, plan).c_str());
     rc::sim::SimResult r = rc::sim::Run(o, plan);
     total.Add(r.stats);
-    if (!args.quiet) std::printf("seed %lu: %s head %s\n", seed,
-                                 r.violations.empty() ? "ok" : "FAILED", r.head.c_str());
+    if (!args.quiet)
+      std::printf("seed %lu: %s head %s\n", seed, r.violations.empty() ? "ok" : "FAILED",
+                  r.head.c_str());
     if (r.violations.empty()) continue;
     std::printf("SIM FAILURE seed %lu:\n", seed);
     for (const std::string& v : r.violations) std::printf("  %s\n", v.c_str());

@@ -18,26 +18,26 @@ namespace rc::sim {
 
 // Values are part of the --faults syntax (by name): append only.
 enum class FaultKind : std::uint8_t {
-  kHttp5xx,          // one engine call answers 500, nothing done
-  kHttpTimeout,      // one engine call times out (b odd: the engine did it anyway)
-  kHttpDrop,         // one engine call's connection drops (b odd: done anyway)
-  kHttpRefused,      // one engine call: connection refused, nothing done
-  kHttpGarbage,      // one engine call answers 200 with an unparsable body (b odd: done)
-  kSuccessFalse,     // prefix resets answer {"success": false} (blocks held), 1 + b%3 times
-  kDelay,            // every engine call of the cycle takes b%40 ms more
-  kEngineDeath,      // the engine dies at call a%16 of the cycle, back b%200 ms later
+  kHttp5xx,             // one engine call answers 500, nothing done
+  kHttpTimeout,         // one engine call times out (b odd: the engine did it anyway)
+  kHttpDrop,            // one engine call's connection drops (b odd: done anyway)
+  kHttpRefused,         // one engine call: connection refused, nothing done
+  kHttpGarbage,         // one engine call answers 200 with an unparsable body (b odd: done)
+  kSuccessFalse,        // prefix resets answer {"success": false} (blocks held), 1 + b%3 times
+  kDelay,               // every engine call of the cycle takes b%40 ms more
+  kEngineDeath,         // the engine dies at call a%16 of the cycle, back b%200 ms later
   kEngineRestartReady,  // the engine restarts while READY (after the update)
-  kRelabel,          // someone relabels the engine b%60 ms into the cycle
-  kExternalPause,    // someone pauses the engine b%60 ms into the cycle
-  kWalFault,         // WAL append/sync EIO/ENOSPC after a%12 successes: fail-stop
-  kFsyncStall,       // WAL syncs stall past the commit stall timeout: fail-stop
-  kExecutorCrash,    // the executor dies at its (1 + a%24)-th durable event of the cycle
-  kClockJump,        // the wall clock jumps by +-b%3600 s (monotonic never goes back)
-  kPreflightRefuse,  // the source's manifest differs (b even) or the device is wrong
-  kTransferFail,     // b%4: refused before sending / start fails / mid-chunk / finish fails
-  kDisconnect,       // a client disconnects mid-request (aborted)
-  kLeaseStop,        // an explicit client vanishes: its lease must be expired
-  kSlowRollout,      // a rollout runs 300..2300 ms: may outlive the drain
+  kRelabel,             // someone relabels the engine b%60 ms into the cycle
+  kExternalPause,       // someone pauses the engine b%60 ms into the cycle
+  kWalFault,            // WAL append/sync EIO/ENOSPC after a%12 successes: fail-stop
+  kFsyncStall,          // WAL syncs stall past the commit stall timeout: fail-stop
+  kExecutorCrash,       // the executor dies at its (1 + a%24)-th durable event of the cycle
+  kClockJump,           // the wall clock jumps by +-b%3600 s (monotonic never goes back)
+  kPreflightRefuse,     // the source's manifest differs (b even) or the device is wrong
+  kTransferFail,        // b%4: refused before sending / start fails / mid-chunk / finish fails
+  kDisconnect,          // a client disconnects mid-request (aborted)
+  kLeaseStop,           // an explicit client vanishes: its lease must be expired
+  kSlowRollout,         // a rollout runs 300..2300 ms: may outlive the drain
   kCount
 };
 const char* FaultName(FaultKind k);

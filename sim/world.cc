@@ -22,10 +22,10 @@ using journal::testing::FileKind;
 using journal::testing::FileOp;
 using journal::testing::Torn;
 
-constexpr std::uint32_t kStallTimeoutMs = 200;    // the journal's commit stall bound (real time)
-constexpr std::uint32_t kStallMs = 260;           // an fsync stall past it
-constexpr std::int64_t kUpdateBudgetMs = 40000;   // every deadline and backoff of one update, summed
-constexpr int kRestartsPerCycleMax = 8;           // an update must end within this many restarts
+constexpr std::uint32_t kStallTimeoutMs = 200;   // the journal's commit stall bound (real time)
+constexpr std::uint32_t kStallMs = 260;          // an fsync stall past it
+constexpr std::int64_t kUpdateBudgetMs = 40000;  // every deadline and backoff of one update, summed
+constexpr int kRestartsPerCycleMax = 8;          // an update must end within this many restarts
 constexpr std::size_t kViolationsMax = 16;
 constexpr std::uint32_t kLeaseMs = 300;
 constexpr std::uint32_t kFinishRetriesMax = 200;  // an explicit client retries its finish (bounded)
@@ -37,15 +37,15 @@ WeightIdentity IdentityFor(const std::string& checkpoint, std::int64_t step) {
 
 struct Client {
   std::string id;
-  std::uint32_t lease_ms = 0;       // > 0: explicit
+  std::uint32_t lease_ms = 0;  // > 0: explicit
   std::uint32_t requests_left = 1;
   std::uint32_t duration_ms = 5;
-  bool disconnect = false;          // aborts mid-request
-  bool vanish = false;              // an explicit client that stops renewing after admission
+  bool disconnect = false;  // aborts mid-request
+  bool vanish = false;      // an explicit client that stops renewing after admission
   bool alive = true;
-  bool admitted = false;            // its admission was acknowledged
+  bool admitted = false;  // its admission was acknowledged
   bool finish_acked = false;
-  std::uint64_t transfer_epoch = 0; // the engine's weights when it was admitted
+  std::uint64_t transfer_epoch = 0;  // the engine's weights when it was admitted
   std::uint64_t request = 0;
   std::int64_t last_renew_us = 0;
   std::uint32_t finish_tries = 0;
@@ -54,11 +54,16 @@ struct Client {
 class World {
  public:
   World(const SimOptions& o, std::uint64_t index, Line line, SimResult& result)
-      : o_(o), index_(index), result_(result), clock_(sched_),
-        engine_(sched_, line, result.violations), ctl_(engine_, sched_),
+      : o_(o),
+        index_(index),
+        result_(result),
+        clock_(sched_),
+        engine_(sched_, line, result.violations),
+        ctl_(engine_, sched_),
         mem_(rocksdb::NewMemEnv(rocksdb::Env::Default())),
         faults_(std::make_unique<FaultEnv>(mem_.get())),
-        path_("/sim/world-" + std::to_string(index)), rng_(o.seed * 1000003 + index) {}
+        path_("/sim/world-" + std::to_string(index)),
+        rng_(o.seed * 1000003 + index) {}
 
   ~World() {
     runner_.reset();
@@ -114,9 +119,9 @@ class World {
   std::unique_ptr<effects::Runner> runner_;
 
   std::vector<std::pair<std::uint64_t, Event>> acked_;  // every acknowledged (seq, event)
-  std::map<std::string, UpdateOutcome> answers_;         // update id -> outcome answered
+  std::map<std::string, UpdateOutcome> answers_;        // update id -> outcome answered
   std::map<std::string, Client> clients_;
-  std::map<std::string, std::int64_t> lease_seen_us_;     // leased bindings nobody renews
+  std::map<std::string, std::int64_t> lease_seen_us_;  // leased bindings nobody renews
   std::uint64_t observed_ = 0, crash_at_ = 0;
   bool update_open_ = false;
   std::vector<std::pair<std::string, std::uint64_t>> admitted_during_update_;  // id, seq
@@ -175,8 +180,8 @@ void World::CheckPublish(const VersionPublished& v) {
   if (val->weights != v.identity.checkpoint || val->label != v.version.label ||
       t.last_mutation_op != val->mutation_op) {
     Violate("published '" + v.version.label + "' (" + v.identity.checkpoint +
-            ") but at validation the engine held '" + val->weights + "' labelled '" +
-            val->label + "'");
+            ") but at validation the engine held '" + val->weights + "' labelled '" + val->label +
+            "'");
   }
   if (!val->caches_reset) {
     Violate("published '" + v.version.label + "' without every cache reset after the mutation");
@@ -284,10 +289,10 @@ void World::Monitor() {
   if (recovering_ && !o_.monitor_during_recovery) return;
   EngineMonitored m = ctl_.Monitor();
   const bool reachable = m.http.ok_2xx();
-  const bool changed =
-      reachable ? (!s.engine_reachable || s.engine_recheck || m.reported_label != s.committed.label ||
-                   m.is_paused || m.engine_instance != s.engine_instance)
-                : s.engine_reachable;
+  const bool changed = reachable ? (!s.engine_reachable || s.engine_recheck ||
+                                    m.reported_label != s.committed.label || m.is_paused ||
+                                    m.engine_instance != s.engine_instance)
+                                 : s.engine_reachable;
   if (!changed) return;
   m.updates_seen = monitor_epoch(s);
   m.last_ok_wall_ms = clock_.wall_ms();
@@ -322,9 +327,9 @@ void World::ClientAdmit(const std::string& id) {
 void World::ClientSend(const std::string& id) {
   Client& c = clients_.at(id);
   // 0.25.x relies on the proxy's per-version cache_salt; the newer line on the resets.
-  const std::string key = (engine_.line() == Line::k025 ? "salt-" + journal_->state().committed.label
-                                                        : std::string()) +
-                          "/prefix-" + std::to_string(rng_() % 4);
+  const std::string key =
+      (engine_.line() == Line::k025 ? "salt-" + journal_->state().committed.label : std::string()) +
+      "/prefix-" + std::to_string(rng_() % 4);
   c.request = engine_.Start(id, key, c.duration_ms, [this, id](bool ok) { ClientDone(id, ok); });
   if (c.request == 0) {
     ClientFinish(id, RolloutOutcome::kAborted);
@@ -390,11 +395,21 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
     case FaultKind::kHttpTimeout:
     case FaultKind::kHttpDrop:
     case FaultKind::kHttpRefused:
-    case FaultKind::kHttpGarbage: cf.by_call[f.a % 14] = f; break;
-    case FaultKind::kSuccessFalse: cf.success_false_left = 1 + f.b % 3; break;
-    case FaultKind::kDelay: cf.delay_ms = f.b % 40; break;
-    case FaultKind::kEngineDeath: cf.death = f; break;
-    case FaultKind::kEngineRestartReady: restart_engine_ready_ = true; break;
+    case FaultKind::kHttpGarbage:
+      cf.by_call[f.a % 14] = f;
+      break;
+    case FaultKind::kSuccessFalse:
+      cf.success_false_left = 1 + f.b % 3;
+      break;
+    case FaultKind::kDelay:
+      cf.delay_ms = f.b % 40;
+      break;
+    case FaultKind::kEngineDeath:
+      cf.death = f;
+      break;
+    case FaultKind::kEngineRestartReady:
+      restart_engine_ready_ = true;
+      break;
     case FaultKind::kRelabel:
       sched_.After(std::int64_t{f.b % 60} * 1000, [this, f] {
         if (engine_.truth().alive) engine_.SetLabel("intruder-" + std::to_string(f.a));
@@ -410,13 +425,21 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
                       f.b % 2 ? journal::testing::Fault::kEio : journal::testing::Fault::kEnospc,
                       f.a % 12);
       break;
-    case FaultKind::kFsyncStall: faults_->StallSync(FileKind::kWal, kStallMs); break;
-    case FaultKind::kExecutorCrash: crash_at_ = observed_ + 1 + f.a % 24; break;
+    case FaultKind::kFsyncStall:
+      faults_->StallSync(FileKind::kWal, kStallMs);
+      break;
+    case FaultKind::kExecutorCrash:
+      crash_at_ = observed_ + 1 + f.a % 24;
+      break;
     case FaultKind::kClockJump:
       clock_.Jump((f.b % 2 ? 1 : -1) * std::int64_t{f.b % 3600} * 1000);
       break;
-    case FaultKind::kPreflightRefuse: cf.preflight = f; break;
-    case FaultKind::kTransferFail: cf.transfer = f; break;
+    case FaultKind::kPreflightRefuse:
+      cf.preflight = f;
+      break;
+    case FaultKind::kTransferFail:
+      cf.transfer = f;
+      break;
     case FaultKind::kDisconnect:
       if (!spawn.empty()) spawn[f.a % spawn.size()].disconnect = true;
       break;
@@ -430,7 +453,8 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
     case FaultKind::kSlowRollout:
       if (!spawn.empty()) spawn[f.a % spawn.size()].duration_ms = 300 + f.b % 2000;
       break;
-    case FaultKind::kCount: break;
+    case FaultKind::kCount:
+      break;
   }
 }
 
@@ -590,8 +614,8 @@ void World::EndOfCycleChecks(std::uint32_t cycle) {
   }
   const EngineTruth& t = engine_.truth();
   if (!s.engine_reachable || s.engine_recheck || !t.alive) return;
-  const std::string want = s.committed.generation == 0 ? std::string(kInitialWeights)
-                                                       : s.committed_identity.checkpoint;
+  const std::string want =
+      s.committed.generation == 0 ? std::string(kInitialWeights) : s.committed_identity.checkpoint;
   if (t.weights != want || t.label != s.committed.label ||
       engine_.instance_name() != s.engine_instance || t.paused) {
     Violate("READY on '" + s.committed.label + "' (" + want + ") but the engine holds '" +
@@ -665,11 +689,13 @@ void World::FullChecks(bool with_replay) {
   if (!loaded.ok() || !(*loaded == live)) Violate("snapshot + tail differs from the live state");
   if (with_replay) {
     auto rep = replay::Replay(*journal_, {});
-    if (!rep.ok() || !rep->ok) Violate("replay: " + (rep.ok() ? rep->error : rep.status().ToString()));
+    if (!rep.ok() || !rep->ok)
+      Violate("replay: " + (rep.ok() ? rep->error : rep.status().ToString()));
   }
   head_ = std::to_string(records.size()) + ":" +
-          (records.empty() ? std::string() : std::to_string(records.back().hash[0]) + "." +
-                                                 std::to_string(records.back().hash[31]));
+          (records.empty() ? std::string()
+                           : std::to_string(records.back().hash[0]) + "." +
+                                 std::to_string(records.back().hash[31]));
 }
 
 // The world ends with a clean close and a reopen: everything acknowledged is still there.

@@ -3,7 +3,6 @@
 #include <string>
 #include <type_traits>
 
-
 namespace rc {
 namespace {
 
@@ -81,8 +80,8 @@ std::string one(const ValidationObserved& e) {
          (e.detail.empty() ? "" : " " + e.detail) + instance(e.engine_instance);
 }
 std::string one(const ResumeObserved& e) {
-  return describe(e.http) + " is_paused=" +
-         (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown");
+  return describe(e.http) +
+         " is_paused=" + (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown");
 }
 std::string one(const RolloutAdmitted& e) {
   return "rollout=" + q(e.rollout_id) + " version=" + version(e.version) + " " +
@@ -104,8 +103,7 @@ std::string one(const StateChanged& e) {
          cause_name(e.cause) + ")" + (e.detail.empty() ? "" : ": " + e.detail);
 }
 std::string one(const VersionPublished& e) {
-  return "update=" + q(e.update_id) + " version=" + version(e.version) + " " +
-         identity(e.identity);
+  return "update=" + q(e.update_id) + " version=" + version(e.version) + " " + identity(e.identity);
 }
 std::string one(const UpdateEnded& e) {
   return "update=" + q(e.update_id) + " " + update_outcome_name(e.outcome) +
@@ -140,9 +138,9 @@ std::string describe(const State& s) {
     if (s.update->aborting) out += " (aborting: " + s.update->abort_reason + ")";
   }
   if (s.taint) {
-    out += std::string(" TAINT from=") + lifecycle_name(s.taint->from) + " cause=" +
-           cause_name(s.taint->cause) + " update=" + q(s.taint->update_id) + " target=" +
-           version(s.taint->target) + ": " + s.taint->detail;
+    out += std::string(" TAINT from=") + lifecycle_name(s.taint->from) +
+           " cause=" + cause_name(s.taint->cause) + " update=" + q(s.taint->update_id) +
+           " target=" + version(s.taint->target) + ": " + s.taint->detail;
   }
   if (!s.engine_reachable) out += " engine=unreachable";
   if (s.engine_recheck) out += " engine=not-reverified";

@@ -70,8 +70,8 @@ struct EngineProbed {
   // Which engine process answered: the worker extension's instance nonce, else the process start
   // time from /metrics; empty when the engine exposes neither (restarts then go unseen).
   std::string engine_instance;
-  std::string label_before;    // the label found before the runner set it ("" = not set)
-  bool resumed_before = false; // the runner resumed a paused engine (adoption only)
+  std::string label_before;     // the label found before the runner set it ("" = not set)
+  bool resumed_before = false;  // the runner resumed a paused engine (adoption only)
   bool operator==(const EngineProbed&) const = default;
 };
 
@@ -185,7 +185,7 @@ struct TrajectoryRecorded {
   std::uint32_t part = 0;
   std::vector<std::int32_t> prompt_token_ids;
   std::vector<std::int32_t> output_token_ids;
-  std::vector<float> output_logprobs;  // empty, or one per output token
+  std::vector<float> output_logprobs;                  // empty, or one per output token
   bool operator==(const TrajectoryRecorded& o) const;  // NaN-aware
 };
 
@@ -200,17 +200,17 @@ enum class Cause : std::uint8_t {
   kPreflightPassed = 4,
   kPreflightRefused = 5,
   kTransferred = 6,
-  kTransferRefused = 7,     // failed, proven before mutation
-  kTransferAmbiguous = 8,   // failed after bytes may have landed
+  kTransferRefused = 7,    // failed, proven before mutation
+  kTransferAmbiguous = 8,  // failed after bytes may have landed
   kCachesReset = 9,
   kCacheResetFailed = 10,
   kValidated = 11,
   kValidationFailed = 12,
   kResumed = 13,
-  kRecoveredAmbiguous = 14,   // executor restarted after the transfer intent was durable
-  kRecoveredNoMutation = 15,  // executor restarted in UPDATING before any transfer intent
-  kEngineReplaced = 16,       // READY, but another engine process answers (restarted)
-  kEngineRelabelled = 17,     // READY, but the engine reports a label nobody committed
+  kRecoveredAmbiguous = 14,      // executor restarted after the transfer intent was durable
+  kRecoveredNoMutation = 15,     // executor restarted in UPDATING before any transfer intent
+  kEngineReplaced = 16,          // READY, but another engine process answers (restarted)
+  kEngineRelabelled = 17,        // READY, but the engine reports a label nobody committed
   kEnginePausedExternally = 18,  // READY, but someone else paused the engine
 };
 inline constexpr std::uint8_t kCauseMax = 18;
@@ -244,9 +244,9 @@ struct UpdateEnded {
 // Variant order is internal; the journal maps each alternative to a fixed union tag.
 using Event = std::variant<BootstrapRequested, UpdateRequested, RecoveryStarted, EffectStarted,
                            EngineProbed, DrainObserved, DrainTimedOut, PreflightObserved,
-                           TransferObserved, CacheResetObserved, ValidationObserved,
-                           ResumeObserved, RolloutAdmitted, RolloutFinished, StateChanged,
-                           VersionPublished, UpdateEnded, TrajectoryRecorded, EngineMonitored>;
+                           TransferObserved, CacheResetObserved, ValidationObserved, ResumeObserved,
+                           RolloutAdmitted, RolloutFinished, StateChanged, VersionPublished,
+                           UpdateEnded, TrajectoryRecorded, EngineMonitored>;
 
 enum class Family : std::uint8_t { kInput = 0, kBinding = 1, kDecision = 2 };
 Family family_of(const Event& e);

@@ -77,8 +77,8 @@ struct Checker {
                (validated_label ? "saw '" + *validated_label + "'" : std::string("never saw it"));
       }
       if (!active.empty()) {
-        return active + " still active when generation " +
-               std::to_string(p->version.generation) + " was published (spans two versions)";
+        return active + " still active when generation " + std::to_string(p->version.generation) +
+               " was published (spans two versions)";
       }
     }
     if (const auto* c = std::get_if<StateChanged>(&e)) {
@@ -121,16 +121,21 @@ struct Checker {
       const std::uint64_t gen = it->second;
       admitted_generation.erase(it);
       if (gen != state.committed.generation) {
-        return "rollout '" + f->rollout_id + "' admitted under generation " +
-               std::to_string(gen) + " finished under generation " +
-               std::to_string(state.committed.generation);
+        return "rollout '" + f->rollout_id + "' admitted under generation " + std::to_string(gen) +
+               " finished under generation " + std::to_string(state.committed.generation);
       }
       summary.rollouts_by_generation[gen].finished++;
     } else if (const auto* d = std::get_if<UpdateEnded>(&e)) {
       switch (d->outcome) {
-        case UpdateOutcome::kCommitted: summary.updates_committed++; break;
-        case UpdateOutcome::kRefused: summary.updates_refused++; break;
-        case UpdateOutcome::kTainted: summary.updates_tainted++; break;
+        case UpdateOutcome::kCommitted:
+          summary.updates_committed++;
+          break;
+        case UpdateOutcome::kRefused:
+          summary.updates_refused++;
+          break;
+        case UpdateOutcome::kTainted:
+          summary.updates_tainted++;
+          break;
       }
       validated_label.reset();
     } else if (std::holds_alternative<RecoveryStarted>(e)) {
@@ -184,8 +189,8 @@ HistoryReport check_history(const std::vector<HistoryEntry>& history) {
     last_seq = in.seq;
     while (end < history.size() && history[end].cause_seq == in.seq) {
       if (history[end].seq <= last_seq) {
-        return fail(history[end].seq, "seq not increasing (previous " +
-                                          std::to_string(last_seq) + ")");
+        return fail(history[end].seq,
+                    "seq not increasing (previous " + std::to_string(last_seq) + ")");
       }
       last_seq = history[end].seq;
       recorded.push_back(history[end].event);

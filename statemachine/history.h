@@ -49,7 +49,7 @@ struct HistoryReport {
   std::uint64_t first_bad_seq = 0;  // 0 when ok
   std::string message;              // empty when ok
   HistorySummary summary;
-  State state;                      // the fold after the last accepted group
+  State state;  // the fold after the last accepted group
 };
 
 [[nodiscard]] HistoryReport check_history(const std::vector<HistoryEntry>& history);

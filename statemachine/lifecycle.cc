@@ -36,8 +36,7 @@ Status check_id(const char* what, const std::string& s) {
                                    " bytes");
   }
   if (!text::printable_utf8(s)) {
-    return Status::InvalidArgument(std::string(what) +
-                                   " must be UTF-8 without control characters");
+    return Status::InvalidArgument(std::string(what) + " must be UTF-8 without control characters");
   }
   return Status::OK();
 }
@@ -46,8 +45,8 @@ Status check_id(const char* what, const std::string& s) {
 // every reader on output.
 Status check_text(const char* what, const std::string& s) {
   if (s.size() > kTextBytesMax) {
-    return Status::InvalidArgument(std::string(what) + " exceeds " +
-                                   std::to_string(kTextBytesMax) + " bytes");
+    return Status::InvalidArgument(std::string(what) + " exceeds " + std::to_string(kTextBytesMax) +
+                                   " bytes");
   }
   return Status::OK();
 }
@@ -56,8 +55,7 @@ Status check_text(const char* what, const std::string& s) {
 Status check_client_text(const char* what, const std::string& s) {
   RC_RETURN_IF_ERROR(check_text(what, s));
   if (!text::printable_utf8(s)) {
-    return Status::InvalidArgument(std::string(what) +
-                                   " must be UTF-8 without control characters");
+    return Status::InvalidArgument(std::string(what) + " must be UTF-8 without control characters");
   }
   return Status::OK();
 }
@@ -99,13 +97,12 @@ Status reject(const State& s, const char* what) {
 
 bool in_update_states(Lifecycle l) {
   return l == Lifecycle::kDraining || l == Lifecycle::kQuiesced || l == Lifecycle::kUpdating ||
-         l == Lifecycle::kInvalidating || l == Lifecycle::kValidating ||
-         l == Lifecycle::kResuming;
+         l == Lifecycle::kInvalidating || l == Lifecycle::kValidating || l == Lifecycle::kResuming;
 }
 
 bool must_be_idle(Lifecycle l) {
-  return l == Lifecycle::kQuiesced || l == Lifecycle::kUpdating ||
-         l == Lifecycle::kInvalidating || l == Lifecycle::kValidating;
+  return l == Lifecycle::kQuiesced || l == Lifecycle::kUpdating || l == Lifecycle::kInvalidating ||
+         l == Lifecycle::kValidating;
 }
 
 std::uint8_t cache_bit(CacheKind c) { return static_cast<std::uint8_t>(1u << static_cast<int>(c)); }
@@ -271,7 +268,6 @@ void note_engine_seen(State& s, bool ok, bool matches, const std::string& instan
   if (s.engine_instance.empty()) s.engine_instance = instance;
 }
 
-
 Status apply_one(State& s, const EngineProbed& e) {
   RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kProbeEngine, "EngineProbed"));
   RC_RETURN_IF_ERROR(check_engine_view(e.http, e.reported_label, e.engine_instance));
@@ -281,10 +277,10 @@ Status apply_one(State& s, const EngineProbed& e) {
   if (s.lifecycle == Lifecycle::kUninitialized) {
     s.engine_instance = e.engine_instance;  // the bootstrap verifies this process
   } else {
-    note_engine_seen(s, e.http.ok_2xx(),
-                     engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused,
-                                    e.engine_instance),
-                     e.engine_instance);
+    note_engine_seen(
+        s, e.http.ok_2xx(),
+        engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance),
+        e.engine_instance);
   }
   return Status::OK();
 }
@@ -295,14 +291,15 @@ Status apply_one(State& s, const EngineMonitored& e) {
   }
   if (s.in_flight.has_value()) return Status::Rejected("engine monitor observation mid-effect");
   if (e.updates_seen != monitor_epoch(s)) {
-    return Status::Rejected("stale engine monitor observation (taken before an update or a "
-                            "restart)");
+    return Status::Rejected(
+        "stale engine monitor observation (taken before an update or a "
+        "restart)");
   }
   RC_RETURN_IF_ERROR(check_engine_view(e.http, e.reported_label, e.engine_instance));
-  note_engine_seen(s, e.http.ok_2xx(),
-                   engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused,
-                                  e.engine_instance),
-                   e.engine_instance);
+  note_engine_seen(
+      s, e.http.ok_2xx(),
+      engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance),
+      e.engine_instance);
   return Status::OK();
 }
 
@@ -389,8 +386,8 @@ Status check_binding(const State& s, const RolloutAdmitted& e) {
   // Simulator mutant (off in every normal build): DRAINING still admits.
   if (s.lifecycle != Lifecycle::kDraining) {
 #endif
-  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "admission");
-  if (!admits(s)) return Status::Rejected("admission refused: " + admission_block_reason(s));
+    if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "admission");
+    if (!admits(s)) return Status::Rejected("admission refused: " + admission_block_reason(s));
 #ifdef RC_MUTANT_ADMIT_IN_DRAINING
   }
 #endif
@@ -439,10 +436,18 @@ Status apply_one(State& s, const RolloutFinished& e) {
   auto it = s.active.find(e.rollout_id);
   s.active.erase(it);
   switch (e.outcome) {
-    case RolloutOutcome::kCompleted: s.counters.rollouts_completed++; break;
-    case RolloutOutcome::kAborted: s.counters.rollouts_aborted++; break;
-    case RolloutOutcome::kAbandoned: s.counters.rollouts_abandoned++; break;
-    case RolloutOutcome::kExpired: s.counters.rollouts_expired++; break;
+    case RolloutOutcome::kCompleted:
+      s.counters.rollouts_completed++;
+      break;
+    case RolloutOutcome::kAborted:
+      s.counters.rollouts_aborted++;
+      break;
+    case RolloutOutcome::kAbandoned:
+      s.counters.rollouts_abandoned++;
+      break;
+    case RolloutOutcome::kExpired:
+      s.counters.rollouts_expired++;
+      break;
   }
   return Status::OK();
 }
@@ -508,8 +513,7 @@ Status check_state_changed(const State& s, const StateChanged& e) {
   if (e.to == Lifecycle::kValidating && s.update->caches_reset_mask != kAllCachesMask) {
     return Status::Rejected("VALIDATING before every cache reset succeeded");
   }
-  if (e.from == Lifecycle::kResuming && s.update->validated &&
-      !(s.committed == s.update->target)) {
+  if (e.from == Lifecycle::kResuming && s.update->validated && !(s.committed == s.update->target)) {
     return Status::Rejected("RESUMING -> READY before the validated target was published");
   }
   return Status::OK();
@@ -611,7 +615,6 @@ std::string http_summary(const HttpEvidence& h) {
 
 bool out_of_attempts(const State& s) { return s.attempts >= kEffectAttemptsMax; }
 
-
 std::string bootstrap_detail(const EngineProbed& e) {
   std::string out = "engine " + e.engine_version + " reports '" + e.reported_label + "'";
   if (!e.label_before.empty()) out += " (found '" + e.label_before + "', relabelled)";
@@ -667,8 +670,8 @@ void derive(const State& s, const DrainTimedOut& e, std::vector<Event>& out) {
 void derive(const State& s, const PreflightObserved& e, std::vector<Event>& out) {
   std::string why;
   if (e.source_manifest_digest != s.update->identity.manifest_digest) {
-    why += "source manifest " + e.source_manifest_digest.substr(0, 16) +
-           " != declared " + s.update->identity.manifest_digest.substr(0, 16) + "; ";
+    why += "source manifest " + e.source_manifest_digest.substr(0, 16) + " != declared " +
+           s.update->identity.manifest_digest.substr(0, 16) + "; ";
   }
   if (!e.device_ok) why += "wrong CUDA device; ";
   if (!e.memory_ok) why += "not enough device memory for staging; ";
@@ -681,9 +684,9 @@ void derive(const State& s, const PreflightObserved& e, std::vector<Event>& out)
 
 void derive(const State& s, const TransferObserved& e, std::vector<Event>& out) {
   if (e.acknowledged && e.mutation == MutationClass::kComplete) {
-    out.push_back(change(s, Lifecycle::kInvalidating, Cause::kTransferred,
-                         std::to_string(e.bytes_sent) + " bytes, " +
-                             std::to_string(e.tensors_sent) + " tensors"));
+    out.push_back(change(
+        s, Lifecycle::kInvalidating, Cause::kTransferred,
+        std::to_string(e.bytes_sent) + " bytes, " + std::to_string(e.tensors_sent) + " tensors"));
 #ifdef RC_MUTANT_RESET_BEFORE_TRANSFER
     if (s.update->caches_reset_mask == kAllCachesMask) {
       out.push_back(StateChanged{Lifecycle::kInvalidating, Lifecycle::kValidating,
@@ -691,8 +694,8 @@ void derive(const State& s, const TransferObserved& e, std::vector<Event>& out) 
     }
 #endif
   } else if (!e.acknowledged && e.mutation == MutationClass::kNone) {
-    out.push_back(change(s, Lifecycle::kResuming, Cause::kTransferRefused,
-                         "no mutation: " + e.error));
+    out.push_back(
+        change(s, Lifecycle::kResuming, Cause::kTransferRefused, "no mutation: " + e.error));
   } else {
     taint(s, Cause::kTransferAmbiguous,
           std::string("mutation ") + mutation_name(e.mutation) + " after " +
@@ -724,8 +727,8 @@ void derive(const State& s, const CacheResetObserved& e, std::vector<Event>& out
 
 void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out) {
   const std::string& want = s.update->target.label;
-  bool replaced = e.http.ok_2xx() && !s.engine_instance.empty() &&
-                  !e.engine_instance.empty() && e.engine_instance != s.engine_instance;
+  bool replaced = e.http.ok_2xx() && !s.engine_instance.empty() && !e.engine_instance.empty() &&
+                  e.engine_instance != s.engine_instance;
 #ifdef RC_MUTANT_PUBLISH_WITHOUT_VALIDATION
   // Simulator mutant (off in every normal build): any 2xx validates, whatever it reports.
   replaced = false;
@@ -805,15 +808,14 @@ bool engine_matches(const State& s, const std::string& label, bool paused_known,
 std::string explain_bootstrap_refusal(const BootstrapRequested& b, const EngineProbed& e) {
   if (!e.http.ok_2xx()) return "engine not answering: " + http_summary(e.http);
   if (e.is_paused_known && e.is_paused) return "the engine is paused";
-  const bool foreign = !e.label_before.empty() && e.label_before != kFreshEngineLabel &&
-                       e.label_before != b.label;
+  const bool foreign =
+      !e.label_before.empty() && e.label_before != kFreshEngineLabel && e.label_before != b.label;
   if ((foreign || e.resumed_before) && !b.adopt) return "the engine was changed without adopt";
   if (e.reported_label != b.label) {
     return "the engine reports '" + e.reported_label + "', not the declared '" + b.label + "'";
   }
   return {};
 }
-
 
 Status apply(State& state, const Event& event) {
   // Every apply_one checks legality before it changes anything, so the fold runs in place.
@@ -823,8 +825,8 @@ Status apply(State& state, const Event& event) {
   // The cheap (O(1)) checks run after every event.
   // A binding touches one rollout (an admission is checked against the committed version before
   // it lands); only decisions and recovery can break the per-rollout invariants.
-  const bool full = family_of(event) == Family::kDecision ||
-                    std::holds_alternative<RecoveryStarted>(event);
+  const bool full =
+      family_of(event) == Family::kDecision || std::holds_alternative<RecoveryStarted>(event);
   const std::string broken = full ? check_invariants(state) : check_invariants_cheap(state);
   if (!broken.empty()) {
     std::fprintf(stderr, "rolloutcore: after %s: %s\n", event_name(event), broken.c_str());
@@ -960,7 +962,8 @@ std::string check_invariants_cheap(const State& s) {
     }
     if (u.validated && u.aborting) return "validated and aborting at once";
     if ((l == Lifecycle::kUpdating || l == Lifecycle::kInvalidating ||
-         l == Lifecycle::kValidating) && u.aborting) {
+         l == Lifecycle::kValidating) &&
+        u.aborting) {
       return "aborting while mutating";
     }
     if (u.transfer_started && (l == Lifecycle::kDraining || l == Lifecycle::kQuiesced)) {
@@ -983,8 +986,7 @@ std::string check_invariants_cheap(const State& s) {
   return {};
 }
 
-RolloutAdmitted make_admission(const State& state, std::string rollout_id,
-                               std::uint32_t lease_ms) {
+RolloutAdmitted make_admission(const State& state, std::string rollout_id, std::uint32_t lease_ms) {
   return RolloutAdmitted{std::move(rollout_id), state.committed, state.committed_identity,
                          lease_ms};
 }

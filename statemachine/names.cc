@@ -8,102 +8,156 @@ namespace rc {
 
 const char* lifecycle_name(Lifecycle s) {
   switch (s) {
-    case Lifecycle::kUninitialized: return "UNINITIALIZED";
-    case Lifecycle::kReady: return "READY";
-    case Lifecycle::kDraining: return "DRAINING";
-    case Lifecycle::kQuiesced: return "QUIESCED";
-    case Lifecycle::kUpdating: return "UPDATING";
-    case Lifecycle::kInvalidating: return "INVALIDATING";
-    case Lifecycle::kValidating: return "VALIDATING";
-    case Lifecycle::kResuming: return "RESUMING";
-    case Lifecycle::kTainted: return "TAINTED";
+    case Lifecycle::kUninitialized:
+      return "UNINITIALIZED";
+    case Lifecycle::kReady:
+      return "READY";
+    case Lifecycle::kDraining:
+      return "DRAINING";
+    case Lifecycle::kQuiesced:
+      return "QUIESCED";
+    case Lifecycle::kUpdating:
+      return "UPDATING";
+    case Lifecycle::kInvalidating:
+      return "INVALIDATING";
+    case Lifecycle::kValidating:
+      return "VALIDATING";
+    case Lifecycle::kResuming:
+      return "RESUMING";
+    case Lifecycle::kTainted:
+      return "TAINTED";
   }
   return "?";
 }
 
 const char* cache_name(CacheKind c) {
   switch (c) {
-    case CacheKind::kPrefix: return "prefix";
-    case CacheKind::kEncoder: return "encoder";
-    case CacheKind::kMultimodal: return "mm";
+    case CacheKind::kPrefix:
+      return "prefix";
+    case CacheKind::kEncoder:
+      return "encoder";
+    case CacheKind::kMultimodal:
+      return "mm";
   }
   return "?";
 }
 
 const char* mutation_name(MutationClass m) {
   switch (m) {
-    case MutationClass::kNone: return "none";
-    case MutationClass::kPossible: return "possible";
-    case MutationClass::kComplete: return "complete";
+    case MutationClass::kNone:
+      return "none";
+    case MutationClass::kPossible:
+      return "possible";
+    case MutationClass::kComplete:
+      return "complete";
   }
   return "?";
 }
 
 const char* transport_name(Transport t) {
   switch (t) {
-    case Transport::kOk: return "ok";
-    case Transport::kConnectFailed: return "connect_failed";
-    case Transport::kTimeout: return "timeout";
-    case Transport::kBroken: return "broken";
+    case Transport::kOk:
+      return "ok";
+    case Transport::kConnectFailed:
+      return "connect_failed";
+    case Transport::kTimeout:
+      return "timeout";
+    case Transport::kBroken:
+      return "broken";
   }
   return "?";
 }
 
 const char* outcome_name(RolloutOutcome o) {
   switch (o) {
-    case RolloutOutcome::kCompleted: return "completed";
-    case RolloutOutcome::kAborted: return "aborted";
-    case RolloutOutcome::kAbandoned: return "abandoned";
-    case RolloutOutcome::kExpired: return "expired";
+    case RolloutOutcome::kCompleted:
+      return "completed";
+    case RolloutOutcome::kAborted:
+      return "aborted";
+    case RolloutOutcome::kAbandoned:
+      return "abandoned";
+    case RolloutOutcome::kExpired:
+      return "expired";
   }
   return "?";
 }
 
 const char* effect_name(EffectKind e) {
   switch (e) {
-    case EffectKind::kNone: return "none";
-    case EffectKind::kProbeEngine: return "probe_engine";
-    case EffectKind::kDrain: return "drain";
-    case EffectKind::kAwaitRollouts: return "await_rollouts";
-    case EffectKind::kPreflight: return "preflight";
-    case EffectKind::kTransfer: return "transfer";
-    case EffectKind::kResetCache: return "reset_cache";
-    case EffectKind::kValidate: return "validate";
-    case EffectKind::kResume: return "resume";
+    case EffectKind::kNone:
+      return "none";
+    case EffectKind::kProbeEngine:
+      return "probe_engine";
+    case EffectKind::kDrain:
+      return "drain";
+    case EffectKind::kAwaitRollouts:
+      return "await_rollouts";
+    case EffectKind::kPreflight:
+      return "preflight";
+    case EffectKind::kTransfer:
+      return "transfer";
+    case EffectKind::kResetCache:
+      return "reset_cache";
+    case EffectKind::kValidate:
+      return "validate";
+    case EffectKind::kResume:
+      return "resume";
   }
   return "?";
 }
 
 const char* cause_name(Cause c) {
   switch (c) {
-    case Cause::kBootstrapped: return "bootstrapped";
-    case Cause::kUpdateRequested: return "update_requested";
-    case Cause::kDrained: return "drained";
-    case Cause::kDrainFailed: return "drain_failed";
-    case Cause::kPreflightPassed: return "preflight_passed";
-    case Cause::kPreflightRefused: return "preflight_refused";
-    case Cause::kTransferred: return "transferred";
-    case Cause::kTransferRefused: return "transfer_refused";
-    case Cause::kTransferAmbiguous: return "transfer_ambiguous";
-    case Cause::kCachesReset: return "caches_reset";
-    case Cause::kCacheResetFailed: return "cache_reset_failed";
-    case Cause::kValidated: return "validated";
-    case Cause::kValidationFailed: return "validation_failed";
-    case Cause::kResumed: return "resumed";
-    case Cause::kRecoveredAmbiguous: return "recovered_ambiguous";
-    case Cause::kRecoveredNoMutation: return "recovered_no_mutation";
-    case Cause::kEngineReplaced: return "engine_replaced";
-    case Cause::kEngineRelabelled: return "engine_relabelled";
-    case Cause::kEnginePausedExternally: return "engine_paused_externally";
+    case Cause::kBootstrapped:
+      return "bootstrapped";
+    case Cause::kUpdateRequested:
+      return "update_requested";
+    case Cause::kDrained:
+      return "drained";
+    case Cause::kDrainFailed:
+      return "drain_failed";
+    case Cause::kPreflightPassed:
+      return "preflight_passed";
+    case Cause::kPreflightRefused:
+      return "preflight_refused";
+    case Cause::kTransferred:
+      return "transferred";
+    case Cause::kTransferRefused:
+      return "transfer_refused";
+    case Cause::kTransferAmbiguous:
+      return "transfer_ambiguous";
+    case Cause::kCachesReset:
+      return "caches_reset";
+    case Cause::kCacheResetFailed:
+      return "cache_reset_failed";
+    case Cause::kValidated:
+      return "validated";
+    case Cause::kValidationFailed:
+      return "validation_failed";
+    case Cause::kResumed:
+      return "resumed";
+    case Cause::kRecoveredAmbiguous:
+      return "recovered_ambiguous";
+    case Cause::kRecoveredNoMutation:
+      return "recovered_no_mutation";
+    case Cause::kEngineReplaced:
+      return "engine_replaced";
+    case Cause::kEngineRelabelled:
+      return "engine_relabelled";
+    case Cause::kEnginePausedExternally:
+      return "engine_paused_externally";
   }
   return "?";
 }
 
 const char* update_outcome_name(UpdateOutcome o) {
   switch (o) {
-    case UpdateOutcome::kCommitted: return "committed";
-    case UpdateOutcome::kRefused: return "refused";
-    case UpdateOutcome::kTainted: return "tainted";
+    case UpdateOutcome::kCommitted:
+      return "committed";
+    case UpdateOutcome::kRefused:
+      return "refused";
+    case UpdateOutcome::kTainted:
+      return "tainted";
   }
   return "?";
 }

@@ -34,8 +34,8 @@ struct UpdatePlan {
   bool drain_seen = false;        // a drain succeeded while local bindings were still active
   bool transfer_started = false;  // the kTransfer intent is durable: mutation may have begun
   std::uint8_t caches_reset_mask = 0;
-  bool validated = false;         // VALIDATING saw the target label: RESUMING publishes
-  bool aborting = false;          // refused before mutation: RESUMING returns to the old version
+  bool validated = false;  // VALIDATING saw the target label: RESUMING publishes
+  bool aborting = false;   // refused before mutation: RESUMING returns to the old version
   std::string abort_reason;
   bool operator==(const UpdatePlan&) const = default;
 };

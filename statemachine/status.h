@@ -24,30 +24,41 @@ namespace rc {
 enum class Code : int {
   kOk = 0,
   kInvalidArgument = 1,  // Bad input from a caller; nothing changed.
-  kRejected = 2,         // A legal input refused by the lifecycle rules (e.g. admit while DRAINING).
-  kConflict = 3,         // Expected-seq or idempotency-key conflict.
+  kRejected = 2,  // A legal input refused by the lifecycle rules (e.g. admit while DRAINING).
+  kConflict = 3,  // Expected-seq or idempotency-key conflict.
   kNotFound = 4,
-  kCorruption = 5,       // Stored bytes fail a check (hash chain, verifier, unknown type).
+  kCorruption = 5,  // Stored bytes fail a check (hash chain, verifier, unknown type).
   kIOError = 6,
-  kBusy = 7,             // Resource held elsewhere (journal open by another process).
+  kBusy = 7,  // Resource held elsewhere (journal open by another process).
   kTimeout = 8,
-  kUnavailable = 9,      // Peer unreachable.
+  kUnavailable = 9,  // Peer unreachable.
   kInternal = 10,
 };
 
 inline const char* code_name(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "InvalidArgument";
-    case Code::kRejected: return "Rejected";
-    case Code::kConflict: return "Conflict";
-    case Code::kNotFound: return "NotFound";
-    case Code::kCorruption: return "Corruption";
-    case Code::kIOError: return "IOError";
-    case Code::kBusy: return "Busy";
-    case Code::kTimeout: return "Timeout";
-    case Code::kUnavailable: return "Unavailable";
-    case Code::kInternal: return "Internal";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "InvalidArgument";
+    case Code::kRejected:
+      return "Rejected";
+    case Code::kConflict:
+      return "Conflict";
+    case Code::kNotFound:
+      return "NotFound";
+    case Code::kCorruption:
+      return "Corruption";
+    case Code::kIOError:
+      return "IOError";
+    case Code::kBusy:
+      return "Busy";
+    case Code::kTimeout:
+      return "Timeout";
+    case Code::kUnavailable:
+      return "Unavailable";
+    case Code::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -87,7 +98,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design.
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design.
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     RC_CHECK(!std::get<Status>(v_).ok());
   }
@@ -118,9 +129,9 @@ class [[nodiscard]] Result {
   std::variant<T, Status> v_;
 };
 
-#define RC_RETURN_IF_ERROR(expr)          \
-  do {                                    \
-    ::rc::Status rc_status_ = (expr);     \
+#define RC_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::rc::Status rc_status_ = (expr);        \
     if (!rc_status_.ok()) return rc_status_; \
   } while (0)
 

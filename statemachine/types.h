@@ -9,13 +9,13 @@
 namespace rc {
 
 // Bounds on every payload the fold accepts (TigerStyle: put a limit on everything).
-inline constexpr std::size_t kIdBytesMax = 128;          // rollout ids, update ids, labels
-inline constexpr std::size_t kTextBytesMax = 4096;       // error messages, details, URIs
-inline constexpr std::size_t kDigestBytesMax = 128;      // hex digests
-inline constexpr std::size_t kActiveRolloutsMax = 65536; // admissions refused beyond this
-inline constexpr std::uint32_t kEffectAttemptsMax = 3;   // retries of one idempotent effect
-inline constexpr std::uint32_t kLeaseMsMax = 3600000;    // an explicit rollout's lease, at most
-inline constexpr std::size_t kLabelsMax = 65536;         // distinct labels one journal commits
+inline constexpr std::size_t kIdBytesMax = 128;           // rollout ids, update ids, labels
+inline constexpr std::size_t kTextBytesMax = 4096;        // error messages, details, URIs
+inline constexpr std::size_t kDigestBytesMax = 128;       // hex digests
+inline constexpr std::size_t kActiveRolloutsMax = 65536;  // admissions refused beyond this
+inline constexpr std::uint32_t kEffectAttemptsMax = 3;    // retries of one idempotent effect
+inline constexpr std::uint32_t kLeaseMsMax = 3600000;     // an explicit rollout's lease, at most
+inline constexpr std::size_t kLabelsMax = 65536;          // distinct labels one journal commits
 
 // What a freshly started engine reports as its weight-version label (vLLM's own default, and
 // the worker extension's): bootstrap names such an engine; any other label is someone's.
@@ -71,10 +71,10 @@ const char* mutation_name(MutationClass m);
 
 // How an HTTP exchange ended at the transport level; the fold decides what it means.
 enum class Transport : std::uint8_t {
-  kOk = 0,              // a response with a status code arrived
-  kConnectFailed = 1,   // no connection: the request never reached the engine
-  kTimeout = 2,         // deadline passed after the request may have been sent
-  kBroken = 3,          // connection dropped mid-exchange
+  kOk = 0,             // a response with a status code arrived
+  kConnectFailed = 1,  // no connection: the request never reached the engine
+  kTimeout = 2,        // deadline passed after the request may have been sent
+  kBroken = 3,         // connection dropped mid-exchange
 };
 const char* transport_name(Transport t);
 
@@ -84,7 +84,7 @@ struct HttpEvidence {
   std::int32_t http_status = 0;  // 0 when no response
   bool body_parsed = false;      // the body parsed as the JSON the route promises
   std::uint64_t latency_us = 0;
-  std::string error;             // transport or parse error text, bounded
+  std::string error;  // transport or parse error text, bounded
   bool operator==(const HttpEvidence&) const = default;
 
   // True when a well-formed 2xx response arrived.
@@ -107,14 +107,14 @@ const char* outcome_name(RolloutOutcome o);
 // What the runner must do next; derived from state by next_effect().
 enum class EffectKind : std::uint8_t {
   kNone = 0,
-  kProbeEngine = 1,     // /health, /version, /weight_info
-  kDrain = 2,           // POST /pause?mode=wait&clear_cache=false
-  kAwaitRollouts = 3,   // no I/O: wait for local bindings to finish (bounded)
-  kPreflight = 4,       // identity/device/memory checks before any mutation
-  kTransfer = 5,        // start/update/finish weight update (+ NCCL)
-  kResetCache = 6,      // one of /reset_prefix_cache, /reset_encoder_cache, /reset_mm_cache
-  kValidate = 7,        // GET /weight_info (+ optional checks) while paused
-  kResume = 8,          // POST /resume then GET /is_paused
+  kProbeEngine = 1,    // /health, /version, /weight_info
+  kDrain = 2,          // POST /pause?mode=wait&clear_cache=false
+  kAwaitRollouts = 3,  // no I/O: wait for local bindings to finish (bounded)
+  kPreflight = 4,      // identity/device/memory checks before any mutation
+  kTransfer = 5,       // start/update/finish weight update (+ NCCL)
+  kResetCache = 6,     // one of /reset_prefix_cache, /reset_encoder_cache, /reset_mm_cache
+  kValidate = 7,       // GET /weight_info (+ optional checks) while paused
+  kResume = 8,         // POST /resume then GET /is_paused
 };
 inline constexpr std::uint8_t kEffectKindMax = 8;
 const char* effect_name(EffectKind e);

@@ -39,8 +39,7 @@ void BM_UpdateCycleOverhead(benchmark::State& state) {
   rc::fixtures::VllmDouble engine(dopts);
   const int port = engine.Start(0);
   std::random_device rd;
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("rc-cp-bench-" + std::to_string(rd()));
+  const auto dir = std::filesystem::temp_directory_path() / ("rc-cp-bench-" + std::to_string(rd()));
   rc::journal::Options jopts;
   jopts.sync = durable;
   auto journal = rc::journal::Journal::Open(dir.string(), jopts);
@@ -58,7 +57,8 @@ void BM_UpdateCycleOverhead(benchmark::State& state) {
   for (auto _ : state) {
     ++generation;
     const std::string label = "rc-" + std::to_string(generation);
-    auto ended = runner.Update({"u-" + std::to_string(generation), label,
+    auto ended = runner.Update({"u-" + std::to_string(generation),
+                                label,
                                 {digest, "", "ckpt/" + std::to_string(generation), "bench",
                                  static_cast<std::int64_t>(generation)},
                                 "synthetic:8x64"});
@@ -74,18 +74,22 @@ void BM_UpdateCycleOverhead(benchmark::State& state) {
   state.counters["p99_ms"] = Percentile(s.overhead_ms, 0.99);
   state.counters["journal_p50_ms"] = Percentile(s.journal_ms, 0.5);
   state.counters["transfer_p50_ms"] = Percentile(s.transfer_ms, 0.5);
-  std::printf("%s journal: overhead p50 %.3f ms, p99 %.3f ms (journal waits p50 %.3f ms; "
-              "excluded transfer p50 %.3f ms) over %zu cycles; article 46 ms -> %.1fx less\n",
-              durable ? "durable" : "unsynced", Percentile(s.overhead_ms, 0.5),
-              Percentile(s.overhead_ms, 0.99), Percentile(s.journal_ms, 0.5),
-              Percentile(s.transfer_ms, 0.5), s.overhead_ms.size(),
-              46.0 / Percentile(s.overhead_ms, 0.5));
+  std::printf(
+      "%s journal: overhead p50 %.3f ms, p99 %.3f ms (journal waits p50 %.3f ms; "
+      "excluded transfer p50 %.3f ms) over %zu cycles; article 46 ms -> %.1fx less\n",
+      durable ? "durable" : "unsynced", Percentile(s.overhead_ms, 0.5),
+      Percentile(s.overhead_ms, 0.99), Percentile(s.journal_ms, 0.5),
+      Percentile(s.transfer_ms, 0.5), s.overhead_ms.size(), 46.0 / Percentile(s.overhead_ms, 0.5));
   journal->reset();
   engine.Stop();
   std::filesystem::remove_all(dir);
 }
 
-BENCHMARK(BM_UpdateCycleOverhead)->Arg(1)->Arg(0)->Iterations(250)->UseManualTime()
+BENCHMARK(BM_UpdateCycleOverhead)
+    ->Arg(1)
+    ->Arg(0)
+    ->Iterations(250)
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -8,12 +8,13 @@
 //                            iteration alone (raw DB, the journal's ReadOptions), V=1 iteration +
 //                            copy into batches (the reader stage), V=2 the same with
 //                            allow_mmap_reads (measured only; the journal reads with pread),
-//                            V=3 decode + verify + chain over values in memory (no RocksDB, no fold)
+//                            V=3 decode + verify + chain over values in memory (no RocksDB, no
+//                            fold)
 //   BM_DurableAppend/T/M/W/D T concurrent appenders, sync=true; M=0 group commit, M=1 one fsync per
 //                            event (callers serialised); W=0 4000 admissions, W=1 admit+finish;
-//                            D = submissions each appender keeps outstanding (1 = closed loop: submit,
-//                            wait; D>1 = pipelined: submit up to D before waiting for the oldest)
-//                            (goal >= 50k/s at 16)
+//                            D = submissions each appender keeps outstanding (1 = closed loop:
+//                            submit, wait; D>1 = pipelined: submit up to D before waiting for the
+//                            oldest) (goal >= 50k/s at 16)
 // Usage: journal_bench [--replay_events=N] [google benchmark flags]
 #include <benchmark/benchmark.h>
 #include <rocksdb/db.h>
@@ -206,7 +207,8 @@ double RunAppends(Journal& j, int threads, int total, bool serialise, bool finis
       auto wait_oldest = [&] {
         RC_CHECK(j.Wait(outstanding.front().ticket).ok());
         const auto now = std::chrono::steady_clock::now();
-        mine.push_back(std::chrono::duration<double, std::micro>(now - outstanding.front().t0).count());
+        mine.push_back(
+            std::chrono::duration<double, std::micro>(now - outstanding.front().t0).count());
         outstanding.pop_front();
       };
       // With depth D, this appender's k-th admission is finished D submissions later.
@@ -231,7 +233,8 @@ double RunAppends(Journal& j, int threads, int total, bool serialise, bool finis
     });
   }
   for (auto& t : ts) t.join();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return total / secs;
 }
 
@@ -253,14 +256,24 @@ void BM_DurableAppend(benchmark::State& st) {
       o.sync = true;
       auto j = Journal::Open(path, o);
       RC_CHECK(j.ok());
-      RC_CHECK((*j)->Append(AppendRequest{{}, "", 0, {BootstrapRequested{"rc-0", WeightIdentity{"ab", "", "", "", -1}}}}).ok());
-      RC_CHECK((*j)->Append(AppendRequest{{}, "", 0, {EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1}}}).ok());
-      RC_CHECK((*j)->Submit(EngineProbed{HttpEvidence{Transport::kOk, 200, true, 1, ""}, "v", "rc-0"}, 0).ok());
+      RC_CHECK(
+          (*j)
+              ->Append(AppendRequest{
+                  {}, "", 0, {BootstrapRequested{"rc-0", WeightIdentity{"ab", "", "", "", -1}}}})
+              .ok());
+      RC_CHECK((*j)
+                   ->Append(AppendRequest{
+                       {}, "", 0, {EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1}}})
+                   .ok());
+      RC_CHECK(
+          (*j)->Submit(EngineProbed{HttpEvidence{Transport::kOk, 200, true, 1, ""}, "v", "rc-0"}, 0)
+              .ok());
       lat.clear();
       const std::uint64_t seq_before = (*j)->head_seq();
       const auto t0 = std::chrono::steady_clock::now();
       rate = RunAppends(**j, threads, total, per_event_fsync, bounded, depth, lat);
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       journal_rate = static_cast<double>((*j)->head_seq() - seq_before) / secs;
     }
     std::filesystem::remove_all(path);
@@ -281,14 +294,32 @@ void BM_DurableAppend(benchmark::State& st) {
 BENCHMARK(BM_Fold)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 // Wall time: the goal is "a 1M-event journal in <= 1 s", and a long scan uses two threads.
 BENCHMARK(BM_Replay)
-    ->Args({0, 0})->Args({0, 1})->Args({1, 0})->Args({1, 1})
-    ->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
-BENCHMARK(BM_ScanStage)->DenseRange(0, 3)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK(BM_ScanStage)
+    ->DenseRange(0, 3)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
+    ->UseRealTime();
 BENCHMARK(BM_DurableAppend)
-    ->Args({1, 0, 0, 1})->Args({1, 1, 0, 1})->Args({16, 0, 0, 1})->Args({16, 1, 0, 1})
-    ->Args({1, 0, 1, 1})->Args({1, 1, 1, 1})->Args({16, 0, 1, 1})->Args({16, 1, 1, 1})
-    ->Args({16, 0, 1, 4})->Args({16, 0, 1, 16})
-    ->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Args({1, 0, 0, 1})
+    ->Args({1, 1, 0, 1})
+    ->Args({16, 0, 0, 1})
+    ->Args({16, 1, 0, 1})
+    ->Args({1, 0, 1, 1})
+    ->Args({1, 1, 1, 1})
+    ->Args({16, 0, 1, 1})
+    ->Args({16, 1, 1, 1})
+    ->Args({16, 0, 1, 4})
+    ->Args({16, 0, 1, 16})
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // "BM_Replay/1/0/iterations:3/real_time" -> "BM_Replay/1/0": the name and its arguments.
 std::string BaseName(const std::string& name) {
@@ -297,7 +328,8 @@ std::string BaseName(const std::string& name) {
   while (at <= name.size()) {
     const std::size_t slash = std::min(name.find('/', at), name.size());
     const std::string part = name.substr(at, slash - at);
-    if (part.find(':') == std::string::npos && part != "real_time") out += (out.empty() ? "" : "/") + part;
+    if (part.find(':') == std::string::npos && part != "real_time")
+      out += (out.empty() ? "" : "/") + part;
     at = slash + 1;
   }
   return out;
@@ -346,25 +378,29 @@ int main(int argc, char** argv) {
     }
   }
   const double serial = get("BM_Replay/1/0"), piped = get("BM_Replay/1/1");
-  std::printf("  compacted: two-stage / one thread %.2fx; compacted / as written (one thread) %.2fx\n",
-              serial > 0 ? piped / serial : 0.0,
-              get("BM_Replay/0/0") > 0 ? serial / get("BM_Replay/0/0") : 0.0);
+  std::printf(
+      "  compacted: two-stage / one thread %.2fx; compacted / as written (one thread) %.2fx\n",
+      serial > 0 ? piped / serial : 0.0,
+      get("BM_Replay/0/0") > 0 ? serial / get("BM_Replay/0/0") : 0.0);
   const char* stages[] = {"RocksDB iteration", "iteration + copy (reader stage)",
                           "  same, allow_mmap_reads", "decode+verify+chain (in memory)"};
   for (int v = 0; v < 4; ++v) {
     const double r = get("BM_ScanStage/" + std::to_string(v));
-    std::printf("  stage %-34s %.2fM records/s, %.0f ns/record\n", stages[v], r / 1e6, r > 0 ? 1e9 / r : 0.0);
+    std::printf("  stage %-34s %.2fM records/s, %.0f ns/record\n", stages[v], r / 1e6,
+                r > 0 ? 1e9 / r : 0.0);
   }
   std::printf("  fold alone: %.0f ns/event\n", fold > 0 ? 1e9 / fold : 0.0);
   for (const char* w : {"", "_bounded"}) {
     std::printf("durable appends, %s:\n", *w ? "admit+finish (active set <= appenders)"
-                                              : "4000 admissions (active set grows to 4000)");
+                                             : "4000 admissions (active set grows to 4000)");
     for (int t : {1, 16}) {
-      const std::string g = "group_" + std::to_string(t) + w, f = "fsync_each_" + std::to_string(t) + w;
-      std::printf("  %2d appenders: group commit %.0f events/s (p50 %.0f us, p99 %.0f us), one fsync per "
-                  "event %.0f events/s (p50 %.0f us, p99 %.0f us), ratio %.1fx\n",
-                  t, get(g), rc::journal::g_p50_us[g], rc::journal::g_p99_us[g], get(f),
-                  rc::journal::g_p50_us[f], rc::journal::g_p99_us[f], get(f) > 0 ? get(g) / get(f) : 0.0);
+      const std::string g = "group_" + std::to_string(t) + w,
+                        f = "fsync_each_" + std::to_string(t) + w;
+      std::printf(
+          "  %2d appenders: group commit %.0f events/s (p50 %.0f us, p99 %.0f us), one fsync per "
+          "event %.0f events/s (p50 %.0f us, p99 %.0f us), ratio %.1fx\n",
+          t, get(g), rc::journal::g_p50_us[g], rc::journal::g_p99_us[g], get(f),
+          rc::journal::g_p50_us[f], rc::journal::g_p99_us[f], get(f) > 0 ? get(g) / get(f) : 0.0);
     }
   }
   const double closed = get("group_16_bounded");
@@ -372,12 +408,13 @@ int main(int argc, char** argv) {
               rc::journal::g_p50_us["group_16_bounded"]);
   for (int d : {4, 16}) {
     const std::string k = "group_16_bounded_depth" + std::to_string(d);
-    std::printf(", pipelined depth %d %.0f/s (p50 %.0f us, %.1fx)", d, get(k), rc::journal::g_p50_us[k],
-                closed > 0 ? get(k) / closed : 0.0);
+    std::printf(", pipelined depth %d %.0f/s (p50 %.0f us, %.1fx)", d, get(k),
+                rc::journal::g_p50_us[k], closed > 0 ? get(k) / closed : 0.0);
   }
-  std::printf("\ngroup commit at 16 vs goal 50k events/s: %.2fx (4000 admissions), %.2fx (admit+finish, "
-              "closed loop), %.2fx (pipelined depth 4)\n",
-              get("group_16") / 5e4, closed / 5e4, get("group_16_bounded_depth4") / 5e4);
+  std::printf(
+      "\ngroup commit at 16 vs goal 50k events/s: %.2fx (4000 admissions), %.2fx (admit+finish, "
+      "closed loop), %.2fx (pipelined depth 4)\n",
+      get("group_16") / 5e4, closed / 5e4, get("group_16_bounded_depth4") / 5e4);
   benchmark::Shutdown();
   return 0;
 }

@@ -57,9 +57,10 @@ Side run_load(int port, const Args& a) {
   Side side;
   std::vector<std::vector<double>> per(a.concurrency);
   std::atomic<int> errors{0};
-  const std::string body = nlohmann::json{{"prompt", "benchmark prompt"},
-                                          {"max_tokens", a.max_tokens},
-                                          {"stream", a.stream}}.dump();
+  const std::string body = nlohmann::json{
+      {"prompt", "benchmark prompt"},
+      {"max_tokens", a.max_tokens},
+      {"stream", a.stream}}.dump();
   const auto t0 = Clock::now();
   const double cpu0 = process_cpu_seconds();
   std::vector<std::thread> threads;
@@ -102,14 +103,24 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (k == "--concurrency") a.concurrency = v;
-    else if (k == "--requests") a.requests = v;
-    else if (k == "--rounds") a.rounds = v;
-    else if (k == "--max-tokens") a.max_tokens = v;
-    else if (k == "--token-delay-ms") a.token_delay_ms = v;
-    else if (k == "--stream") a.stream = v != 0;
-    else if (k == "--sync") a.sync = v != 0;
-    else { std::fprintf(stderr, "unknown flag %s\n", k.c_str()); return 2; }
+    if (k == "--concurrency")
+      a.concurrency = v;
+    else if (k == "--requests")
+      a.requests = v;
+    else if (k == "--rounds")
+      a.rounds = v;
+    else if (k == "--max-tokens")
+      a.max_tokens = v;
+    else if (k == "--token-delay-ms")
+      a.token_delay_ms = v;
+    else if (k == "--stream")
+      a.stream = v != 0;
+    else if (k == "--sync")
+      a.sync = v != 0;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
   }
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("rc-proxy-bench-" + std::to_string(::getpid()));
@@ -152,19 +163,23 @@ int main(int argc, char** argv) {
     }
   }
   auto cpu_us_per_req = [](const Side& s) {
-    return s.latencies_us.empty() ? 0.0 : s.cpu_seconds * 1e6 / static_cast<double>(s.latencies_us.size());
+    return s.latencies_us.empty()
+               ? 0.0
+               : s.cpu_seconds * 1e6 / static_cast<double>(s.latencies_us.size());
   };
   auto report = [&](const char* name, const Side& s) {
-    std::printf("%-7s n=%zu errors=%d p50=%.0f us p99=%.0f us  %.0f req/s  cpu=%.0f us/req "
-                "(cores busy %.2f)\n",
-                name, s.latencies_us.size(), s.errors, pct(s.latencies_us, 0.50),
-                pct(s.latencies_us, 0.99), static_cast<double>(s.latencies_us.size()) / s.seconds,
-                cpu_us_per_req(s), s.cpu_seconds / s.seconds);
+    std::printf(
+        "%-7s n=%zu errors=%d p50=%.0f us p99=%.0f us  %.0f req/s  cpu=%.0f us/req "
+        "(cores busy %.2f)\n",
+        name, s.latencies_us.size(), s.errors, pct(s.latencies_us, 0.50), pct(s.latencies_us, 0.99),
+        static_cast<double>(s.latencies_us.size()) / s.seconds, cpu_us_per_req(s),
+        s.cpu_seconds / s.seconds);
   };
-  std::printf("concurrency=%d requests/client=%d rounds=%d max_tokens=%d token_delay_ms=%d "
-              "stream=%d journal_sync=%d cores=%u\n",
-              a.concurrency, a.requests, a.rounds, a.max_tokens, a.token_delay_ms, a.stream,
-              a.sync, std::thread::hardware_concurrency());
+  std::printf(
+      "concurrency=%d requests/client=%d rounds=%d max_tokens=%d token_delay_ms=%d "
+      "stream=%d journal_sync=%d cores=%u\n",
+      a.concurrency, a.requests, a.rounds, a.max_tokens, a.token_delay_ms, a.stream, a.sync,
+      std::thread::hardware_concurrency());
   report("direct", direct);
   report("proxy", proxy);
   std::printf("added   p50=%.0f us p99=%.0f us  throughput ratio proxy/direct=%.2f\n",
@@ -172,11 +187,12 @@ int main(int argc, char** argv) {
               pct(proxy.latencies_us, 0.99) - pct(direct.latencies_us, 0.99),
               (static_cast<double>(proxy.latencies_us.size()) / proxy.seconds) /
                   (static_cast<double>(direct.latencies_us.size()) / direct.seconds));
-  std::printf("proxy cpu per request: +%.0f us (%.3f of a core per request/s; the proxy alone "
-              "caps at %.0f req/s per core)\n",
-              cpu_us_per_req(proxy) - cpu_us_per_req(direct),
-              (cpu_us_per_req(proxy) - cpu_us_per_req(direct)) / 1e6,
-              1e6 / std::max(1.0, cpu_us_per_req(proxy) - cpu_us_per_req(direct)));
+  std::printf(
+      "proxy cpu per request: +%.0f us (%.3f of a core per request/s; the proxy alone "
+      "caps at %.0f req/s per core)\n",
+      cpu_us_per_req(proxy) - cpu_us_per_req(direct),
+      (cpu_us_per_req(proxy) - cpu_us_per_req(direct)) / 1e6,
+      1e6 / std::max(1.0, cpu_us_per_req(proxy) - cpu_us_per_req(direct)));
   // Where a proxied request's time went, from the service's own histograms (means).
   {
     const std::string m = (*svc)->RenderMetrics();
@@ -184,8 +200,9 @@ int main(int argc, char** argv) {
       const auto at = m.find("\n" + name + " ");
       return at == std::string::npos ? 0.0 : std::atof(m.c_str() + at + name.size() + 2);
     };
-    for (const char* h : {"rolloutcore_journal_append_seconds", "rolloutcore_proxy_upstream_seconds",
-                          "rolloutcore_proxy_added_seconds", "rolloutcore_proxy_request_seconds"}) {
+    for (const char* h :
+         {"rolloutcore_journal_append_seconds", "rolloutcore_proxy_upstream_seconds",
+          "rolloutcore_proxy_added_seconds", "rolloutcore_proxy_request_seconds"}) {
       const double n = value(std::string(h) + "_count");
       std::printf("service %-36s mean=%.0f us (n=%.0f)\n", h,
                   n > 0 ? value(std::string(h) + "_sum") / n * 1e6 : 0.0, n);

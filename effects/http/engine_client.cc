@@ -56,9 +56,12 @@ HttpEvidence chain(const HttpEvidence& earlier, HttpEvidence later) {
 
 const char* pause_mode_name(PauseMode m) {
   switch (m) {
-    case PauseMode::kAbort: return "abort";
-    case PauseMode::kWait: return "wait";
-    case PauseMode::kKeep: return "keep";
+    case PauseMode::kAbort:
+      return "abort";
+    case PauseMode::kWait:
+      return "wait";
+    case PauseMode::kKeep:
+      return "keep";
   }
   return "abort";
 }
@@ -240,8 +243,8 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
     ev.error = nothing_sent ? "cancelled before the request was sent" : "cancelled in flight";
     return reply;
   }
-  const bool write_stopped = result == CURLE_WRITE_ERROR && (ctx.overflow || sse.stopped ||
-                                                             sse.too_big);
+  const bool write_stopped =
+      result == CURLE_WRITE_ERROR && (ctx.overflow || sse.stopped || sse.too_big);
   if (result != CURLE_OK && !write_stopped) {
     switch (result) {
       case CURLE_COULDNT_CONNECT:
@@ -302,8 +305,8 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
 // ---- raw calls ----
 
 namespace {
-EngineClient::Request get(std::string path, EngineClient::Shape shape,
-                          bool (*check)(const json&), std::uint64_t timeout_ms) {
+EngineClient::Request get(std::string path, EngineClient::Shape shape, bool (*check)(const json&),
+                          std::uint64_t timeout_ms) {
   EngineClient::Request r;
   r.method = EngineClient::Method::kGet;
   r.path = std::move(path);
@@ -339,7 +342,8 @@ HttpReply EngineClient::GetWeightInfo(const CallOptions& o) {
 HttpReply EngineClient::CollectiveRpc(const std::string& method,
                                       const std::vector<std::string>& args, const CallOptions& o) {
   return Call(post("/collective_rpc", dump(json{{"method", method}, {"args", args}}),
-                   Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms), o);
+                   Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::ReadLabel(const CallOptions& o) {
   auto from_extension = [&] {
@@ -359,8 +363,10 @@ HttpReply EngineClient::ReadLabel(const CallOptions& o) {
     if (rpc.http.ok_2xx()) {
       set_label_route(LabelRoute::kWorkerRpc);
     } else {
-      rpc.http.error = bound_error("GET /weight_info answered 404 (vLLM 0.25.x has no label "
-                                   "route); " + rpc.http.error);
+      rpc.http.error = bound_error(
+          "GET /weight_info answered 404 (vLLM 0.25.x has no label "
+          "route); " +
+          rpc.http.error);
     }
     return rpc;
   }
@@ -391,8 +397,9 @@ HttpReply EngineClient::Pause(PauseMode mode, bool clear_cache, const CallOption
   return Call(post(std::move(path), std::nullopt, Shape::kJsonObject, &check_status, t), o);
 }
 HttpReply EngineClient::ResumeRaw(const CallOptions& o) {
-  return Call(post("/resume", std::nullopt, Shape::kJsonObject, &check_status,
-                   deadlines_.call_timeout_ms), o);
+  return Call(
+      post("/resume", std::nullopt, Shape::kJsonObject, &check_status, deadlines_.call_timeout_ms),
+      o);
 }
 HttpReply EngineClient::IsPaused(const CallOptions& o) {
   return Call(get("/is_paused", Shape::kJsonObject, &check_is_paused, deadlines_.call_timeout_ms),
@@ -402,27 +409,33 @@ HttpReply EngineClient::IsPaused(const CallOptions& o) {
 // ({"success": bool} from /reset_prefix_cache after 0.25); ResetCache interprets the body.
 HttpReply EngineClient::ResetCacheRaw(CacheKind cache, const CallOptions& o) {
   return Call(post(cache_path(cache), std::nullopt, Shape::kEmptyOrJson, nullptr,
-                   deadlines_.call_timeout_ms), o);
+                   deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::UpdateWeightVersion(const std::string& label, const CallOptions& o) {
-  return Call(post("/update_weight_version", dump(json{{"new_version", label}}),
-                   Shape::kJsonObject, &check_success, deadlines_.call_timeout_ms), o);
+  return Call(post("/update_weight_version", dump(json{{"new_version", label}}), Shape::kJsonObject,
+                   &check_success, deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::GetWorldSize(bool include_dp, const CallOptions& o) {
   return Call(get(std::string("/get_world_size?include_dp=") + (include_dp ? "true" : "false"),
-                  Shape::kJsonObject, &check_world_size, deadlines_.call_timeout_ms), o);
+                  Shape::kJsonObject, &check_world_size, deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::InitWeightTransferEngine(const json& init_info, const CallOptions& o) {
   return Call(post("/init_weight_transfer_engine", dump(json{{"init_info", init_info}}),
-                   Shape::kJsonObject, nullptr, deadlines_.update_timeout_ms), o);
+                   Shape::kJsonObject, nullptr, deadlines_.update_timeout_ms),
+              o);
 }
 HttpReply EngineClient::StartWeightUpdate(const CallOptions& o) {
   return Call(post("/start_weight_update", std::nullopt, Shape::kJsonObject, nullptr,
-                   deadlines_.call_timeout_ms), o);
+                   deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::UpdateWeights(const json& update_info, const CallOptions& o) {
-  return Call(post("/update_weights", dump(json{{"update_info", update_info}}),
-                   Shape::kJsonObject, nullptr, deadlines_.update_timeout_ms), o);
+  return Call(post("/update_weights", dump(json{{"update_info", update_info}}), Shape::kJsonObject,
+                   nullptr, deadlines_.update_timeout_ms),
+              o);
 }
 HttpReply EngineClient::FinishWeightUpdate(const std::optional<std::string>& label,
                                            const CallOptions& o) {
@@ -433,7 +446,8 @@ HttpReply EngineClient::FinishWeightUpdate(const std::optional<std::string>& lab
     body = dump(json{{"weight_version", *label}});
   }
   HttpReply fin = Call(post("/finish_weight_update", std::move(body), Shape::kJsonObject, nullptr,
-                            deadlines_.call_timeout_ms), o);
+                            deadlines_.call_timeout_ms),
+                       o);
   if (!label || !fin.http.ok_2xx() || label_route() == LabelRoute::kWeightInfoRoute) return fin;
   if (label_route() == LabelRoute::kUnknown) {
     HttpReply found = ReadLabel(o);  // which route: the finish body set it, or the RPC must
@@ -450,15 +464,18 @@ HttpReply EngineClient::MetricsRaw(const CallOptions& o) {
 }
 HttpReply EngineClient::Completions(const json& request, const CallOptions& o) {
   return Call(post("/v1/completions", dump(request), Shape::kJsonObject, nullptr,
-                   deadlines_.call_timeout_ms), o);
+                   deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::ChatCompletions(const json& request, const CallOptions& o) {
   return Call(post("/v1/chat/completions", dump(request), Shape::kJsonObject, nullptr,
-                   deadlines_.call_timeout_ms), o);
+                   deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::Generate(const json& request, const CallOptions& o) {
   return Call(post("/inference/v1/generate", dump(request), Shape::kJsonObject, nullptr,
-                   deadlines_.call_timeout_ms), o);
+                   deadlines_.call_timeout_ms),
+              o);
 }
 HttpReply EngineClient::Stream(const std::string& path, json request, const ChunkFn& on_chunk,
                                const CallOptions& o) {

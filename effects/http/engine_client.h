@@ -42,7 +42,7 @@ inline constexpr std::size_t kRequestBytesMax = std::size_t{256} << 20;  // per 
 inline constexpr std::size_t kHttpErrorBytesMax = 512;                   // HttpEvidence::error
 inline constexpr std::size_t kIdleHandlesMax = 16;       // pooled curl handles (default)
 inline constexpr std::size_t kIdleHandlesLimit = 65536;  // largest idle_handles_max accepted
-inline constexpr std::size_t kSseEventBytesMax = std::size_t{4} << 20;   // one SSE event
+inline constexpr std::size_t kSseEventBytesMax = std::size_t{4} << 20;  // one SSE event
 
 struct EngineDeadlines {
   std::uint64_t connect_timeout_ms = 1000;
@@ -127,10 +127,10 @@ class EngineClient {
   // Which engine process answers: the worker extension's nonces when the label reply carries
   // them, else "start:<process_start_time_seconds>" from /metrics, else "" (unknown).
   std::string Instance(const HttpReply& label_reply);
-  DrainObserved PauseWait();                // POST /pause?mode=wait&clear_cache=false
+  DrainObserved PauseWait();  // POST /pause?mode=wait&clear_cache=false
   CacheResetObserved ResetCache(CacheKind cache);
-  ValidationObserved WeightInfo();          // the label (ReadLabel) while paused
-  ResumeObserved Resume();                  // POST /resume then GET /is_paused
+  ValidationObserved WeightInfo();  // the label (ReadLabel) while paused
+  ResumeObserved Resume();          // POST /resume then GET /is_paused
 
   // ---- raw calls ----
   HttpReply Health(const CallOptions& o = {});
@@ -191,9 +191,9 @@ class EngineClient {
   // The request description used by every call; public for tests of the classification.
   enum class Method : std::uint8_t { kGet, kPost };
   enum class Shape : std::uint8_t {
-    kEmptyOrJson,   // empty body or any valid JSON (/health, /reset_mm_cache, ...)
-    kJsonObject,    // any JSON object
-    kText,          // not JSON (e.g. /metrics): body_parsed = a 2xx arrived in full
+    kEmptyOrJson,  // empty body or any valid JSON (/health, /reset_mm_cache, ...)
+    kJsonObject,   // any JSON object
+    kText,         // not JSON (e.g. /metrics): body_parsed = a 2xx arrived in full
   };
   struct Request {
     Method method = Method::kGet;
@@ -203,7 +203,7 @@ class EngineClient {
     // Extra check on a 2xx JSON object (e.g. "weight_version" is a string); null = none.
     bool (*check)(const nlohmann::json&) = nullptr;
     std::uint64_t timeout_ms = 0;
-    const ChunkFn* on_chunk = nullptr;     // SSE streaming when set
+    const ChunkFn* on_chunk = nullptr;  // SSE streaming when set
   };
   HttpReply Call(const Request& request, const CallOptions& o);
 

@@ -6,9 +6,12 @@ namespace rc::effects {
 
 const char* protocol_line_name(ProtocolLine l) {
   switch (l) {
-    case ProtocolLine::kUnknown: return "unknown";
-    case ProtocolLine::kPackedInUpdateInfo: return "packed-in-update-info(0.25)";
-    case ProtocolLine::kPackedInInitInfo: return "packed-in-init-info(>=0.28)";
+    case ProtocolLine::kUnknown:
+      return "unknown";
+    case ProtocolLine::kPackedInUpdateInfo:
+      return "packed-in-update-info(0.25)";
+    case ProtocolLine::kPackedInInitInfo:
+      return "packed-in-init-info(>=0.28)";
   }
   return "?";
 }
@@ -36,7 +39,8 @@ Result<SemVer> parse_vllm_version(const std::string& raw) {
     return Status::InvalidArgument("unparseable version '" + raw + "'");
   }
   ++i;
-  if (!read_int(raw, &i, &v.minor)) return Status::InvalidArgument("unparseable version '" + raw + "'");
+  if (!read_int(raw, &i, &v.minor))
+    return Status::InvalidArgument("unparseable version '" + raw + "'");
   if (i < raw.size() && raw[i] == '.') {
     ++i;
     if (!read_int(raw, &i, &v.patch)) {

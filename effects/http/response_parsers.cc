@@ -18,7 +18,8 @@ bool is_blank(const std::string& s) {
 namespace {
 bool short_string(const json& j, const char* key) {
   auto it = j.find(key);
-  return it != j.end() && it->is_string() && it->get_ref<const std::string&>().size() <= kIdBytesMax;
+  return it != j.end() && it->is_string() &&
+         it->get_ref<const std::string&>().size() <= kIdBytesMax;
 }
 }  // namespace
 
@@ -137,25 +138,32 @@ bool SseState::Dispatch(const std::string& event) {
 void SseState::Finish(HttpEvidence& ev) {
   if (!stopped && !is_blank(pending)) Dispatch(pending);
   ev.body_parsed = !bad_event && (done || stopped);
-  if (stopped) ev.error = "stream stopped by the caller";
-  else if (bad_event) ev.error = "an SSE event was not JSON";
-  else if (!done) ev.error = "stream ended without [DONE]";
+  if (stopped)
+    ev.error = "stream stopped by the caller";
+  else if (bad_event)
+    ev.error = "an SSE event was not JSON";
+  else if (!done)
+    ev.error = "stream ended without [DONE]";
 }
 
 const char* cache_path(CacheKind c) {
   switch (c) {
-    case CacheKind::kPrefix: return "/reset_prefix_cache";
-    case CacheKind::kEncoder: return "/reset_encoder_cache";
-    case CacheKind::kMultimodal: return "/reset_mm_cache";
+    case CacheKind::kPrefix:
+      return "/reset_prefix_cache";
+    case CacheKind::kEncoder:
+      return "/reset_encoder_cache";
+    case CacheKind::kMultimodal:
+      return "/reset_mm_cache";
   }
   return "/reset_prefix_cache";
 }
 
 HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::string* want) {
   if (!r.http.ok_2xx()) {
-    r.http.error = bound_error("/collective_rpc " + method + " failed (is vLLM started with " +
-                               "--worker-extension-cls " + kWorkerExtensionClass + "?): " +
-                               r.http.error + (r.http.error.empty() ? r.raw.substr(0, 200) : ""));
+    r.http.error =
+        bound_error("/collective_rpc " + method + " failed (is vLLM started with " +
+                    "--worker-extension-cls " + kWorkerExtensionClass + "?): " + r.http.error +
+                    (r.http.error.empty() ? r.raw.substr(0, 200) : ""));
     return r;
   }
   if (!check_rpc_label(r.body) || (want && r.body["results"][0]["weight_version"] != *want)) {
@@ -233,9 +241,9 @@ CacheResetObserved reset_observed(CacheKind cache, const HttpReply& r) {
     c.success_unreported = true;
   } else {
     c.http.body_parsed = false;
-    c.http.error = bound_error(std::string(cache_path(cache)) +
-                               " answered JSON without a boolean \"success\": " +
-                               r.raw.substr(0, 200));
+    c.http.error =
+        bound_error(std::string(cache_path(cache)) +
+                    " answered JSON without a boolean \"success\": " + r.raw.substr(0, 200));
   }
   return c;
 }

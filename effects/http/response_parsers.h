@@ -24,7 +24,7 @@ bool check_is_paused(const nlohmann::json& j);    // {"is_paused": bool}
 bool check_success(const nlohmann::json& j);      // {"success": bool}
 // {"results": [{"weight_version": s, ...}, ...]}: at least one worker, all reporting one label.
 bool check_rpc_label(const nlohmann::json& j);
-bool check_world_size(const nlohmann::json& j);   // {"world_size": integer > 0}
+bool check_world_size(const nlohmann::json& j);  // {"world_size": integer > 0}
 
 // A complete body of a non-streaming call (reply.raw, http_status already set): sets reply.body
 // (null unless it parsed) and http.body_parsed / http.error, by the route's shape and check.
@@ -34,11 +34,11 @@ void interpret_body(EngineClient::Shape shape, bool (*check)(const nlohmann::jso
 // Server-sent events: accumulates bytes, hands each complete event's `data:` payload on.
 struct SseState {
   const EngineClient::ChunkFn* on_chunk = nullptr;
-  std::string pending;       // bytes of the event being received
-  bool done = false;         // saw `data: [DONE]`
-  bool stopped = false;      // on_chunk returned false
-  bool bad_event = false;    // a data payload was not JSON
-  bool too_big = false;      // one event exceeded kSseEventBytesMax
+  std::string pending;     // bytes of the event being received
+  bool done = false;       // saw `data: [DONE]`
+  bool stopped = false;    // on_chunk returned false
+  bool bad_event = false;  // a data payload was not JSON
+  bool too_big = false;    // one event exceeded kSseEventBytesMax
   std::size_t events = 0;
 
   // Returns false to stop the transfer.

@@ -59,7 +59,8 @@ Status CheckPackable(const Manifest& manifest, const BroadcastPlan& plan) {
         return Status::InvalidArgument(
             "packed transfer would place '" + t.name + "' (" + dtype_torch_name(t.dtype) +
             ") at byte offset " + std::to_string(offset) + " of its chunk, not a multiple of " +
-            std::to_string(dtype_bytes(t.dtype)) + " (vLLM's unpack cannot view it); send unpacked "
+            std::to_string(dtype_bytes(t.dtype)) +
+            " (vLLM's unpack cannot view it); send unpacked "
             "or reorder the manifest");
       }
       offset += t.nbytes();

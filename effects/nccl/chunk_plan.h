@@ -17,10 +17,10 @@
 namespace rc::effects::nccl {
 
 struct BroadcastOp {
-  std::size_t first_tensor = 0;   // index into the manifest
+  std::size_t first_tensor = 0;  // index into the manifest
   std::size_t tensor_count = 0;
-  std::uint64_t bytes = 0;        // sum of the tensors' nbytes
-  bool packed = false;            // true: uint8 x bytes; false: one tensor, its dtype x numel
+  std::uint64_t bytes = 0;  // sum of the tensors' nbytes
+  bool packed = false;      // true: uint8 x bytes; false: one tensor, its dtype x numel
   bool operator==(const BroadcastOp&) const = default;
 };
 
@@ -31,7 +31,8 @@ struct BroadcastPlan {
 };
 
 // Packed chunking over byte sizes (the rule above).
-BroadcastPlan PlanPacked(const std::vector<std::uint64_t>& tensor_bytes, std::uint64_t buffer_bytes);
+BroadcastPlan PlanPacked(const std::vector<std::uint64_t>& tensor_bytes,
+                         std::uint64_t buffer_bytes);
 BroadcastPlan PlanUnpacked(const std::vector<std::uint64_t>& tensor_bytes);
 BroadcastPlan PlanFor(const Manifest& manifest, bool packed, std::uint64_t buffer_bytes);
 

@@ -39,19 +39,20 @@ enum class Rendezvous : std::uint8_t { kAuto = 0, kTcpStore = 1, kUniqueId = 2 }
 const char* rendezvous_name(Rendezvous r);
 
 struct NcclSenderOptions {
-  int device = 0;                          // CUDA device of rank 0
+  int device = 0;                            // CUDA device of rank 0
   std::string master_address = "127.0.0.1";  // what workers dial (TCPStore mode)
   // Where the TCPStore master listens: "" = master_address (the one address the workers are
   // told to dial, so nothing else can reach the unauthenticated store); "0.0.0.0" only if set.
   std::string bind_address;
-  std::uint16_t master_port = 0;           // 0: ephemeral (a fresh port on every Init)
-  int world_size = 0;                      // 0: 1 + GET /get_world_size
+  std::uint16_t master_port = 0;              // 0: ephemeral (a fresh port on every Init)
+  int world_size = 0;                         // 0: 1 + GET /get_world_size
   Rendezvous rendezvous = Rendezvous::kAuto;  // kAuto: unique id where the engine accepts it
-  ProtocolOverride protocol_override;      // applied to detect_protocol(GET /version)
+  ProtocolOverride protocol_override;         // applied to detect_protocol(GET /version)
   PackingParams packing;
-  std::uint64_t http_timeout_ms = 30000;   // short calls (version, start, finish), capped by deadlines
+  std::uint64_t http_timeout_ms =
+      30000;  // short calls (version, start, finish), capped by deadlines
   std::uint64_t memory_margin_bytes = 256ull << 20;  // free device memory kept beyond staging
-  std::uint32_t direct_window_ops = 16;    // in-flight broadcasts when no staging is needed
+  std::uint32_t direct_window_ops = 16;       // in-flight broadcasts when no staging is needed
   std::uint64_t drain_after_abort_ms = 2000;  // how long to wait for kernels to exit after abort
   // Time kept at the end of every Init/Transfer deadline for ncclCommAbort and the kernel drain
   // (measured ~0.55 s on 2x H200, NCCL 2.28.9). The sender uses the larger of this and 5/4 of
@@ -69,14 +70,15 @@ struct SenderProgress {
 
 // Timing of the last Transfer's phases (microseconds; for benchmarks).
 struct TransferTiming {
-  std::uint64_t data_plane_us = 0;   // first broadcast enqueued -> last broadcast completed
+  std::uint64_t data_plane_us = 0;  // first broadcast enqueued -> last broadcast completed
   std::uint64_t start_http_us = 0;
   std::uint64_t update_http_us = 0;
   std::uint64_t finish_http_us = 0;
-  std::uint64_t abort_us = 0;        // ncclCommAbort + kernel drain, if aborted
+  std::uint64_t abort_us = 0;          // ncclCommAbort + kernel drain, if aborted
   std::uint64_t abort_reserve_ms = 0;  // what this transfer kept for the abort
-  std::int64_t first_enqueue_steady_ns = 0;  // steady_clock (CLOCK_MONOTONIC) at the first broadcast
-  std::uint32_t direct_ops = 0;      // broadcast straight from the source (no staging copy)
+  std::int64_t first_enqueue_steady_ns =
+      0;                         // steady_clock (CLOCK_MONOTONIC) at the first broadcast
+  std::uint32_t direct_ops = 0;  // broadcast straight from the source (no staging copy)
   std::uint32_t staged_ops = 0;
 };
 
@@ -100,12 +102,13 @@ class NcclSender final : public WeightTransfer {
   // Benchmark baseline: plain ncclBroadcast of [ptr, ptr+bytes) in chunk_bytes pieces on one
   // stream, polled like Transfer. Returns the data-plane time in microseconds.
   [[nodiscard]] Result<std::uint64_t> RawBroadcast(const void* device_ptr, std::uint64_t bytes,
-                                                   std::uint64_t chunk_bytes, std::uint64_t deadline_ms);
+                                                   std::uint64_t chunk_bytes,
+                                                   std::uint64_t deadline_ms);
 
-  bool ready() const;                  // a live communicator
-  EngineProtocol protocol() const;     // as detected by the last Init
-  Rendezvous rendezvous() const;       // the mode the last Init used
-  std::uint16_t store_port() const;    // 0 in unique-id mode
+  bool ready() const;                // a live communicator
+  EngineProtocol protocol() const;   // as detected by the last Init
+  Rendezvous rendezvous() const;     // the mode the last Init used
+  std::uint16_t store_port() const;  // 0 in unique-id mode
   const SenderProgress& progress() const;
   TransferTiming last_timing() const;
   std::uint64_t abort_reserve_ms() const;  // what the next Transfer will keep for an abort

@@ -33,15 +33,24 @@ std::string NcclErr(const char* what, ncclResult_t r) {
 
 ncclDataType_t NcclType(DType d) {
   switch (d) {
-    case DType::kInt8: return ncclInt8;
-    case DType::kUInt8: return ncclUint8;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kFloat8E4M3: return ncclFloat8e4m3;
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kUInt8:
+      return ncclUint8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat8E4M3:
+      return ncclFloat8e4m3;
   }
   return ncclUint8;
 }
@@ -106,7 +115,8 @@ class IpcSource final : public WeightSource {
     int current = -1;
     cudaGetDevice(&current);
     if (current != src->file_.device) {
-      return Status::Rejected("ipc file tensors live on device " + std::to_string(src->file_.device) +
+      return Status::Rejected("ipc file tensors live on device " +
+                              std::to_string(src->file_.device) +
                               ", the calling thread is on device " + std::to_string(current));
     }
     std::map<std::string, void*> opened;
@@ -144,9 +154,12 @@ class IpcSource final : public WeightSource {
 
 const char* rendezvous_name(Rendezvous r) {
   switch (r) {
-    case Rendezvous::kAuto: return "auto";
-    case Rendezvous::kTcpStore: return "tcpstore";
-    case Rendezvous::kUniqueId: return "unique-id";
+    case Rendezvous::kAuto:
+      return "auto";
+    case Rendezvous::kTcpStore:
+      return "tcpstore";
+    case Rendezvous::kUniqueId:
+      return "unique-id";
   }
   return "?";
 }
@@ -216,9 +229,11 @@ struct NcclSender::Impl {
       if (state == ncclSuccess) return Status::OK();
       if (state != ncclInProgress) return Status::Unavailable(NcclErr(what, state));
       if (w.call != nullptr && w.call->failed()) {
-        return Status::Unavailable(std::string(what) + " while " + Describe("engine", w.call->reply()));
+        return Status::Unavailable(std::string(what) + " while " +
+                                   Describe("engine", w.call->reply()));
       }
-      if (Clock::now() >= w.deadline) return Status::Timeout(std::string(what) + " passed the deadline");
+      if (Clock::now() >= w.deadline)
+        return Status::Timeout(std::string(what) + " passed the deadline");
       std::this_thread::sleep_for(kPollSleep);
     }
   }
@@ -264,9 +279,10 @@ struct NcclSender::Impl {
   std::uint64_t AbortComm(Clock::time_point hard_deadline = Clock::time_point::max()) {
     if (comm == nullptr) return 0;
     const auto t0 = Clock::now();
-    const auto drain_deadline = std::min(hard_deadline, t0 + std::chrono::milliseconds(opt.drain_after_abort_ms));
-    bool drained = AbortWithin(comm, std::min(hard_deadline,
-                                              t0 + std::chrono::milliseconds(AbortReserveMs())));
+    const auto drain_deadline =
+        std::min(hard_deadline, t0 + std::chrono::milliseconds(opt.drain_after_abort_ms));
+    bool drained = AbortWithin(
+        comm, std::min(hard_deadline, t0 + std::chrono::milliseconds(AbortReserveMs())));
     comm = nullptr;
     for (auto& s : slots) {
       while (s.done != nullptr && cudaEventQuery(s.done) == cudaErrorNotReady) {
@@ -320,7 +336,8 @@ struct NcclSender::Impl {
       RC_CHECK(!s.busy);
       cudaError_t e = cudaSuccess;
       if (s.stream == nullptr) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
-      if (e == cudaSuccess && s.done == nullptr) e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+      if (e == cudaSuccess && s.done == nullptr)
+        e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
       if (e == cudaSuccess && s.dev_bytes < dev_bytes) {
         if (s.dev) cudaFree(s.dev);
         s.dev = nullptr;
@@ -343,7 +360,9 @@ struct NcclSender::Impl {
     return Status::OK();
   }
 
-  Result<std::shared_ptr<WeightSource>> OpenSource(const std::string& uri) { return sources.Get(uri); }
+  Result<std::shared_ptr<WeightSource>> OpenSource(const std::string& uri) {
+    return sources.Get(uri);
+  }
   static Result<std::shared_ptr<WeightSource>> OpenUri(const std::string& uri) {
     std::shared_ptr<WeightSource> src;
     if (uri.rfind("safetensors:", 0) == 0) {
@@ -438,25 +457,31 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   if (!Ok2xx(v) || !v.http.body_parsed) return Status::Unavailable(Describe("GET /version", v));
   m.protocol = detect_protocol(v.body["version"].get<std::string>(), m.opt.protocol_override);
   if (m.protocol.line == ProtocolLine::kUnknown) {
-    return Status::InvalidArgument("engine version '" + m.protocol.version +
-                                   "' has no known weight-transfer protocol line; set protocol_override");
+    return Status::InvalidArgument(
+        "engine version '" + m.protocol.version +
+        "' has no known weight-transfer protocol line; set protocol_override");
   }
   m.mode = m.opt.rendezvous;
   if (m.mode == Rendezvous::kAuto) {
     m.mode = m.protocol.unique_id_rendezvous ? Rendezvous::kUniqueId : Rendezvous::kTcpStore;
   }
   if (m.mode == Rendezvous::kUniqueId && !m.protocol.unique_id_rendezvous) {
-    return Status::InvalidArgument("unique-id rendezvous needs an engine that accepts nccl_unique_id_b64, got '" +
-                                   m.protocol.version + "'");
+    return Status::InvalidArgument(
+        "unique-id rendezvous needs an engine that accepts nccl_unique_id_b64, got '" +
+        m.protocol.version + "'");
   }
   m.world_size = m.opt.world_size;
   if (m.world_size <= 0) {
-    HttpReply w = m.engine.GetWorldSize(/*include_dp=*/true, Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
-    if (!Ok2xx(w) || !w.http.body_parsed) return Status::Unavailable(Describe("GET /get_world_size", w));
-    m.world_size = 1 + static_cast<int>(std::min<std::int64_t>(w.body["world_size"].get<std::int64_t>(), 1 << 20));
+    HttpReply w = m.engine.GetWorldSize(
+        /*include_dp=*/true, Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
+    if (!Ok2xx(w) || !w.http.body_parsed)
+      return Status::Unavailable(Describe("GET /get_world_size", w));
+    m.world_size = 1 + static_cast<int>(std::min<std::int64_t>(
+                           w.body["world_size"].get<std::int64_t>(), 1 << 20));
   }
   if (m.world_size < 2 || m.world_size > 4096) {
-    return Status::InvalidArgument("world size " + std::to_string(m.world_size) + " out of [2, 4096]");
+    return Status::InvalidArgument("world size " + std::to_string(m.world_size) +
+                                   " out of [2, 4096]");
   }
 
   ncclUniqueId id;
@@ -474,10 +499,13 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
     auto store = TcpStoreServer::Start(so);
     if (!store.ok()) return store.status();
     m.store = std::move(*store);
-    if (Status s = m.store->Set(std::string(kUniqueIdWireKey), PickleNcclUniqueId(id_bytes)); !s.ok()) return s;
+    if (Status s = m.store->Set(std::string(kUniqueIdWireKey), PickleNcclUniqueId(id_bytes));
+        !s.ok())
+      return s;
     port = m.store->port();
   } else {
-    uid_b64 = encoding::Base64Encode(std::string_view(reinterpret_cast<const char*>(id_bytes.data()), id_bytes.size()));
+    uid_b64 = encoding::Base64Encode(
+        std::string_view(reinterpret_cast<const char*>(id_bytes.data()), id_bytes.size()));
   }
   NcclInitParams init;
   if (m.mode == Rendezvous::kTcpStore) {
@@ -517,11 +545,13 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   }
   if (s.ok()) {
     float* f = static_cast<float*>(m.warm_buf);
-    s = m.Settle(ncclAllReduce(f, f + 1, 1, ncclFloat32, ncclSum, m.comm, warm_stream), "warm-up all-reduce", w);
+    s = m.Settle(ncclAllReduce(f, f + 1, 1, ncclFloat32, ncclSum, m.comm, warm_stream),
+                 "warm-up all-reduce", w);
   }
   if (s.ok()) {
     e = cudaEventRecord(warm_done, warm_stream);
-    s = e == cudaSuccess ? m.WaitEvent(warm_done, w) : Status::Internal(CudaErr("cudaEventRecord", e));
+    s = e == cudaSuccess ? m.WaitEvent(warm_done, w)
+                         : Status::Internal(CudaErr("cudaEventRecord", e));
   }
   if (!s.ok()) http.Cancel();  // the engine's side cannot succeed now: stop waiting for it
   if (!s.ok() && m.comm != nullptr) m.AbortComm(hard_deadline);
@@ -529,8 +559,9 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   if (warm_done != nullptr && !m.dirty) cudaEventDestroy(warm_done);
   if (warm_stream != nullptr && !m.dirty) cudaStreamDestroy(warm_stream);
   if (!s.ok()) {
-    return Status(s.code(), "init (" + std::string(rendezvous_name(m.mode)) + "): " + s.message() +
-                                (http.done() ? "; " + Describe("init_weight_transfer_engine", reply) : ""));
+    return Status(s.code(),
+                  "init (" + std::string(rendezvous_name(m.mode)) + "): " + s.message() +
+                      (http.done() ? "; " + Describe("init_weight_transfer_engine", reply) : ""));
   }
   if (!Ok2xx(reply)) {
     m.AbortComm(hard_deadline);
@@ -554,7 +585,8 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
   }
   p.source_manifest_digest = manifest.digest();
   std::string detail;
-  if (!target.identity.manifest_digest.empty() && target.identity.manifest_digest != p.source_manifest_digest) {
+  if (!target.identity.manifest_digest.empty() &&
+      target.identity.manifest_digest != p.source_manifest_digest) {
     detail += "source manifest digest differs from the declared identity; ";
   }
   int current = -1;
@@ -570,7 +602,8 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
     p.device_ok = false;
     detail += "source tensors on device " + std::to_string((*src)->device()) + "; ";
   }
-  const BroadcastPlan plan = PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
+  const BroadcastPlan plan =
+      PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
   if (Status packable = CheckPackable(manifest, plan); !packable.ok()) {
     p.source_manifest_digest.clear();  // the source cannot be sent as configured: refused
     p.detail = packable.ToString().substr(0, kTextBytesMax);
@@ -586,8 +619,9 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
     detail += "staging needs " + std::to_string(want) + " bytes of device memory, " +
               std::to_string(free_bytes) + " free; ";
   }
-  detail += std::to_string(manifest.tensors.size()) + " tensors, " + std::to_string(plan.total_bytes) +
-            " bytes, " + std::to_string(plan.ops.size()) + " broadcasts";
+  detail += std::to_string(manifest.tensors.size()) + " tensors, " +
+            std::to_string(plan.total_bytes) + " bytes, " + std::to_string(plan.ops.size()) +
+            " broadcasts";
   p.detail = detail.substr(0, kTextBytesMax);
   return p;
 }
@@ -622,22 +656,26 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   }
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != m.comm_device) {
-    return finish("calling thread's CUDA device " + std::to_string(current) + " != communicator's device " +
-                  std::to_string(m.comm_device) + "; refusing (would fail as 'invalid resource handle')");
+    return finish("calling thread's CUDA device " + std::to_string(current) +
+                  " != communicator's device " + std::to_string(m.comm_device) +
+                  "; refusing (would fail as 'invalid resource handle')");
   }
   auto src_r = m.OpenSource(target.source_uri);
   if (!src_r.ok()) return finish("source: " + src_r.status().ToString());
   const WeightSource& src = **src_r;
   const Manifest& manifest = src.manifest();
   if (Status s = manifest.Validate(); !s.ok()) return finish("manifest: " + s.ToString());
-  if (!target.identity.manifest_digest.empty() && target.identity.manifest_digest != manifest.digest()) {
+  if (!target.identity.manifest_digest.empty() &&
+      target.identity.manifest_digest != manifest.digest()) {
     return finish("source manifest digest differs from the declared identity");
   }
   if (src.where() == WeightSource::Where::kDevice && src.device() != m.comm_device) {
     return finish("source tensors are on another device than the communicator");
   }
-  const BroadcastPlan plan = PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
-  if (Status packable = CheckPackable(manifest, plan); !packable.ok()) return finish(packable.ToString());
+  const BroadcastPlan plan =
+      PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
+  if (Status packable = CheckPackable(manifest, plan); !packable.ok())
+    return finish(packable.ToString());
   const Impl::Needs needs = m.StagingNeeds(src, plan);
   if (Status s = m.EnsureSlots(needs.slot_count, needs.dev_bytes, needs.host_bytes); !s.ok()) {
     return finish(s.ToString());
@@ -648,7 +686,8 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
   const std::size_t ring = needs.slot_count;
 
   // ---- engine: start ----
-  HttpReply start = m.engine.StartWeightUpdate(Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
+  HttpReply start =
+      m.engine.StartWeightUpdate(Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
   timing.start_http_us = start.http.latency_us;
   // vLLM 0.25.x's start_weight_update already moves every layer's parameters to the meta device
   // (layerwise reload): from the moment start may have reached the engine, the weights it serves
@@ -688,16 +727,19 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
       cudaError_t e = cudaSuccess;
       if (src.where() == WeightSource::Where::kHost) {
         char* host = static_cast<char*>(slot.host);
-        for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count && s.ok(); ++i) {
+        for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count && s.ok();
+             ++i) {
           s = src.ReadHost(i, host + off);
           off += manifest.tensors[i].nbytes();
         }
         if (!s.ok()) break;
         e = cudaMemcpyAsync(dev, host, op.bytes, cudaMemcpyHostToDevice, slot.stream);
       } else {
-        for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count && e == cudaSuccess; ++i) {
+        for (std::size_t i = op.first_tensor;
+             i < op.first_tensor + op.tensor_count && e == cudaSuccess; ++i) {
           const std::uint64_t n = manifest.tensors[i].nbytes();
-          e = cudaMemcpyAsync(dev + off, src.device_ptr(i), n, cudaMemcpyDeviceToDevice, slot.stream);
+          e = cudaMemcpyAsync(dev + off, src.device_ptr(i), n, cudaMemcpyDeviceToDevice,
+                              slot.stream);
           off += n;
         }
       }
@@ -708,15 +750,17 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
       buf = dev;
     }
     const std::uint64_t count = op.packed ? op.bytes : manifest.tensors[op.first_tensor].numel();
-    const ncclDataType_t type = op.packed ? ncclUint8 : NcclType(manifest.tensors[op.first_tensor].dtype);
+    const ncclDataType_t type =
+        op.packed ? ncclUint8 : NcclType(manifest.tensors[op.first_tensor].dtype);
     if (m.progress.ops_enqueued == 0) {
       dp_t0 = Clock::now();
       timing.first_enqueue_steady_ns =
           std::chrono::duration_cast<std::chrono::nanoseconds>(dp_t0.time_since_epoch()).count();
     }
     // Root passes sendbuff == recvbuff, as vLLM's PyNcclCommunicator does.
-    ncclResult_t r = ncclBroadcast(buf, const_cast<void*>(buf), count, type, 0, m.comm, slot.stream);
-    m.progress.ops_enqueued++;           // counted even if the call failed: bytes may be queued
+    ncclResult_t r =
+        ncclBroadcast(buf, const_cast<void*>(buf), count, type, 0, m.comm, slot.stream);
+    m.progress.ops_enqueued++;  // counted even if the call failed: bytes may be queued
     m.progress.bytes_enqueued += op.bytes;
     s = m.Settle(r, "ncclBroadcast", w);
     if (!s.ok()) break;
@@ -753,19 +797,20 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
     if (enqueued || !update.done()) timing.abort_us = m.AbortComm(hard_deadline);
     const HttpReply& ur = update.Join();
     timing.update_http_us = elapsed_us(update_t0);
-    return finish("data plane: " + s.ToString() + (enqueued ? " (communicator aborted)" : "") + "; " +
-                  Describe("POST /update_weights", ur));
+    return finish("data plane: " + s.ToString() + (enqueued ? " (communicator aborted)" : "") +
+                  "; " + Describe("POST /update_weights", ur));
   }
   out.bytes_sent = plan.total_bytes;
   out.mutation = MutationClass::kPossible;  // every byte left; the engine has not confirmed yet
   // The engine answers once it has received everything: wait for that, bounded by the deadline.
-  while (!update.done() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  while (!update.done() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
   if (!update.done()) update.Cancel();  // past the work deadline: the answer comes too late
   const HttpReply& ur = update.Join();
   timing.update_http_us = elapsed_us(update_t0);
   if (!Ok2xx(ur)) return finish(Describe("POST /update_weights", ur));
-  HttpReply fin = m.engine.FinishWeightUpdate(target.target.label,
-                                              Within(std::min(m.opt.http_timeout_ms, remaining_ms(hard_deadline))));
+  HttpReply fin = m.engine.FinishWeightUpdate(
+      target.target.label, Within(std::min(m.opt.http_timeout_ms, remaining_ms(hard_deadline))));
   timing.finish_http_us = fin.http.latency_us;
   if (!Ok2xx(fin)) return finish(Describe("POST /finish_weight_update", fin));
   out.acknowledged = true;
@@ -774,7 +819,8 @@ TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_
 }
 
 Result<std::uint64_t> NcclSender::RawBroadcast(const void* device_ptr, std::uint64_t bytes,
-                                               std::uint64_t chunk_bytes, std::uint64_t deadline_ms) {
+                                               std::uint64_t chunk_bytes,
+                                               std::uint64_t deadline_ms) {
   Impl& m = *impl_;
   if (m.comm == nullptr) return Status::Rejected("no communicator");
   if (chunk_bytes == 0) return Status::InvalidArgument("chunk_bytes must be positive");
@@ -791,7 +837,8 @@ Result<std::uint64_t> NcclSender::RawBroadcast(const void* device_ptr, std::uint
   char* p = static_cast<char*>(const_cast<void*>(device_ptr));
   for (std::uint64_t off = 0; off < bytes && s.ok(); off += chunk_bytes) {
     const std::uint64_t n = std::min(chunk_bytes, bytes - off);
-    s = m.Settle(ncclBroadcast(p + off, p + off, n, ncclUint8, 0, m.comm, stream), "ncclBroadcast", w);
+    s = m.Settle(ncclBroadcast(p + off, p + off, n, ncclUint8, 0, m.comm, stream), "ncclBroadcast",
+                 w);
   }
   if (s.ok()) {
     cudaEventRecord(done, stream);

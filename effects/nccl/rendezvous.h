@@ -25,8 +25,8 @@ namespace rc::effects::nccl {
 inline constexpr std::size_t kNcclUniqueIdBytes = 128;
 using UniqueIdBytes = std::array<std::uint8_t, kNcclUniqueIdBytes>;
 
-inline constexpr std::string_view kUniqueIdStoreKey = "broadcast_from/0/0";        // as vLLM names it
-inline constexpr std::string_view kUniqueIdWireKey = "/broadcast_from/0/0";        // as it travels
+inline constexpr std::string_view kUniqueIdStoreKey = "broadcast_from/0/0";  // as vLLM names it
+inline constexpr std::string_view kUniqueIdWireKey = "/broadcast_from/0/0";  // as it travels
 inline constexpr std::size_t kPickledUniqueIdBytes = 223;
 
 // The protocol-3 pickle above, exactly kPickledUniqueIdBytes long.

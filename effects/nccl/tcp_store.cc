@@ -58,10 +58,10 @@ class Reader {
   std::size_t key_max_, value_max_;
 };
 
-#define RC_PARSE(expr)                         \
-  do {                                         \
-    Parse p_ = (expr);                         \
-    if (p_ != Parse::kOk) return p_;           \
+#define RC_PARSE(expr)               \
+  do {                               \
+    Parse p_ = (expr);               \
+    if (p_ != Parse::kOk) return p_; \
   } while (0)
 
 struct Conn {
@@ -127,8 +127,9 @@ struct TcpStoreServer::Impl {
   // True when `bytes` more of reply fit c's output bound and the all-connection budget. Called
   // BEFORE the reply is built, so a reply that would not fit is never allocated.
   bool ReplyFits(const Conn* c, std::size_t bytes) {
-    const bool fits = bytes <= opt.output_bytes_max - std::min(opt.output_bytes_max, c->out.size()) &&
-                      bytes <= opt.buffered_bytes_max - std::min(opt.buffered_bytes_max, BufferedBytes());
+    const bool fits =
+        bytes <= opt.output_bytes_max - std::min(opt.output_bytes_max, c->out.size()) &&
+        bytes <= opt.buffered_bytes_max - std::min(opt.buffered_bytes_max, BufferedBytes());
     if (!fits) ++stats.budget_refusals;
     return fits;
   }
@@ -330,7 +331,8 @@ struct TcpStoreServer::Impl {
       case StoreQuery::kGet: {
         RC_PARSE(r.Bytes(&key, true));
         auto it = store.find(key);
-        if (it == store.end()) return Parse::kBad;  // torch's server errors; the client must WAIT first
+        if (it == store.end())
+          return Parse::kBad;  // torch's server errors; the client must WAIT first
         RC_PARSE(ReplyBytes(c, it->second));
         break;
       }
@@ -433,7 +435,8 @@ struct TcpStoreServer::Impl {
   // How many bytes c may receive now: its query bound (plus one byte, so an oversize query is
   // detected) and the all-connection budget. 0 means c must be dropped.
   std::size_t ReceiveRoom(const Conn* c) const {
-    const std::size_t own = opt.query_bytes_max + 1 - std::min(opt.query_bytes_max + 1, c->in.size());
+    const std::size_t own =
+        opt.query_bytes_max + 1 - std::min(opt.query_bytes_max + 1, c->in.size());
     const std::size_t used = BufferedBytes();
     const std::size_t shared = opt.buffered_bytes_max - std::min(opt.buffered_bytes_max, used);
     return std::min(own, shared);
@@ -533,9 +536,11 @@ struct TcpStoreServer::Impl {
           const ssize_t sent = ::send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
           if (sent > 0) {
             c->out.erase(0, static_cast<std::size_t>(sent));
-            if (c->out.empty() && c->out.capacity() > kIdleBufferBytesMax) std::string().swap(c->out);
+            if (c->out.empty() && c->out.capacity() > kIdleBufferBytesMax)
+              std::string().swap(c->out);
           } else {
-            if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) c->closing = true;
+            if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+              c->closing = true;
             break;
           }
         }
@@ -639,8 +644,7 @@ TcpStoreStats TcpStoreServer::stats() const {
   return impl_->stats;
 }
 
-TcpStoreFrameHarness::TcpStoreFrameHarness(const TcpStoreOptions& options,
-                                           std::size_t connections)
+TcpStoreFrameHarness::TcpStoreFrameHarness(const TcpStoreOptions& options, std::size_t connections)
     : impl_(std::make_unique<TcpStoreServer::Impl>()) {
   impl_->opt = options;
   impl_->write_once.insert(options.write_once_keys.begin(), options.write_once_keys.end());
@@ -735,7 +739,8 @@ std::string TcpStoreFrameHarness::CheckInvariants() const {
   if (impl_->store.size() > o.keys_max) return "the store exceeds keys_max";
   for (const auto& c : impl_->conns) {
     if (c->wait_keys.size() > o.keys_per_query_max) return "a WAIT holds too many keys";
-    if (!c->closing && c->in.size() > o.query_bytes_max) return "an open connection buffers too much";
+    if (!c->closing && c->in.size() > o.query_bytes_max)
+      return "an open connection buffers too much";
   }
   return {};
 }

@@ -49,16 +49,27 @@ namespace rc::effects::nccl {
 inline constexpr std::uint32_t kTcpStoreValidateMagic = 0x3C85F7CE;
 
 enum class StoreQuery : std::uint8_t {
-  kValidate = 0, kSet = 1, kCompareSet = 2, kGet = 3, kAdd = 4, kCheck = 5, kWait = 6,
-  kGetNumKeys = 7, kDeleteKey = 8, kAppend = 9, kMultiGet = 10, kMultiSet = 11,
-  kCancelWait = 12, kPing = 13,
+  kValidate = 0,
+  kSet = 1,
+  kCompareSet = 2,
+  kGet = 3,
+  kAdd = 4,
+  kCheck = 5,
+  kWait = 6,
+  kGetNumKeys = 7,
+  kDeleteKey = 8,
+  kAppend = 9,
+  kMultiGet = 10,
+  kMultiSet = 11,
+  kCancelWait = 12,
+  kPing = 13,
 };
 
 struct TcpStoreOptions {
   // IPv4 address to listen on: the rendezvous host the engine's workers are told to reach.
   // "0.0.0.0" listens on every interface; only configure it deliberately.
   std::string bind_address = "127.0.0.1";
-  std::uint16_t port = 0;                       // 0: an ephemeral port (see port())
+  std::uint16_t port = 0;  // 0: an ephemeral port (see port())
   std::size_t connections_max = 256;
   std::size_t key_bytes_max = 4096;
   std::size_t value_bytes_max = 1u << 20;       // the rendezvous value is 223 bytes
@@ -74,12 +85,12 @@ struct TcpStoreOptions {
 
 struct TcpStoreStats {
   std::uint64_t connections_accepted = 0;
-  std::uint64_t connections_refused = 0;        // over connections_max
-  std::uint64_t protocol_errors = 0;            // disconnected for a grammar or bound violation
+  std::uint64_t connections_refused = 0;  // over connections_max
+  std::uint64_t protocol_errors = 0;      // disconnected for a grammar or bound violation
   std::uint64_t queries = 0;
-  std::uint64_t write_once_refusals = 0;        // writes or deletes of a write-once key
-  std::uint64_t budget_refusals = 0;            // a store, reply or buffer bound would be passed
-  std::uint64_t allocation_failures = 0;        // bad_alloc while serving a connection (dropped)
+  std::uint64_t write_once_refusals = 0;  // writes or deletes of a write-once key
+  std::uint64_t budget_refusals = 0;      // a store, reply or buffer bound would be passed
+  std::uint64_t allocation_failures = 0;  // bad_alloc while serving a connection (dropped)
   std::size_t stored_bytes = 0;
   std::size_t connections_open = 0;
   std::size_t waiters = 0;
@@ -87,7 +98,8 @@ struct TcpStoreStats {
 
 class TcpStoreServer {
  public:
-  [[nodiscard]] static Result<std::unique_ptr<TcpStoreServer>> Start(const TcpStoreOptions& options);
+  [[nodiscard]] static Result<std::unique_ptr<TcpStoreServer>> Start(
+      const TcpStoreOptions& options);
   ~TcpStoreServer();  // Stop()
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -123,8 +135,8 @@ class TcpStoreFrameHarness {
 
   void Feed(std::size_t conn, const char* data, std::size_t size);
   std::string TakeOutput(std::size_t conn);
-  bool closed(std::size_t conn) const;    // dropped for a grammar or bound violation
-  bool waiting(std::size_t conn) const;   // holds a deferred WAIT
+  bool closed(std::size_t conn) const;   // dropped for a grammar or bound violation
+  bool waiting(std::size_t conn) const;  // holds a deferred WAIT
   [[nodiscard]] Status SetServer(const std::string& wire_key, const std::string& value);
   std::optional<std::string> Get(const std::string& wire_key) const;
   TcpStoreStats stats() const;

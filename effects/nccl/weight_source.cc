@@ -35,8 +35,8 @@ std::string Nth(const char* what, std::size_t i) {
 
 Status ReadShape(const json& j, const std::string& who, std::vector<std::uint64_t>* shape) {
   if (!j.is_array() || j.size() > kTensorRankMax) {
-    return Status::InvalidArgument(who + ": shape must be an array of rank <= " +
-                                   std::to_string(kTensorRankMax));
+    return Status::InvalidArgument(
+        who + ": shape must be an array of rank <= " + std::to_string(kTensorRankMax));
   }
   for (const auto& d : j) {
     std::uint64_t v = 0;
@@ -110,7 +110,8 @@ Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes) {
   RC_RETURN_IF_ERROR(ReadExact(fd, 0, prefix.data(), prefix.size()));
   if (prefix.size() == 8) {
     std::uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+    for (int i = 7; i >= 0; --i)
+      header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
     // Bounded before the allocation: the format's limit and the file's size.
     if (header_len <= kSafetensorsHeaderBytesMax && header_len <= file_bytes - 8) {
       prefix.resize(8 + header_len);
@@ -128,7 +129,8 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
     return Status::InvalidArgument("safetensors: file shorter than the 8-byte header length");
   }
   std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+  for (int i = 7; i >= 0; --i)
+    header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
   // The length's value is the file's first 8 bytes: never echoed (see Nth).
   if (header_len > kSafetensorsHeaderBytesMax) {
     return Status::InvalidArgument("safetensors: header length exceeds " +
@@ -142,8 +144,9 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   if (prefix.size() < 8 + header_len) {
     return Status::InvalidArgument("safetensors: header not fully read");
   }
-  const json header = json::parse(prefix.begin() + 8, prefix.begin() + 8 + static_cast<std::ptrdiff_t>(header_len),
-                                  nullptr, /*allow_exceptions=*/false);
+  const json header =
+      json::parse(prefix.begin() + 8, prefix.begin() + 8 + static_cast<std::ptrdiff_t>(header_len),
+                  nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return Status::InvalidArgument("safetensors: header is not a JSON object");
   }
@@ -151,20 +154,27 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   index.file_bytes = file_bytes;
   const std::uint64_t data_start = 8 + header_len;
   const std::uint64_t data_bytes = file_bytes - data_start;
-  struct Entry { TensorSpec spec; std::uint64_t begin, end; std::string who; };
+  struct Entry {
+    TensorSpec spec;
+    std::uint64_t begin, end;
+    std::string who;
+  };
   std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const std::string who = "safetensors: " + Nth("tensor", entries.size());
     if (name == "__metadata__") {
-      if (!it->is_object()) return Status::InvalidArgument("safetensors: __metadata__ not an object");
+      if (!it->is_object())
+        return Status::InvalidArgument("safetensors: __metadata__ not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) return Status::InvalidArgument("safetensors: metadata value not a string");
+        if (!m->is_string())
+          return Status::InvalidArgument("safetensors: metadata value not a string");
         index.metadata[m.key()] = m->get<std::string>();
       }
       continue;
     }
-    if (entries.size() >= kTensorsMax) return Status::InvalidArgument("safetensors: too many tensors");
+    if (entries.size() >= kTensorsMax)
+      return Status::InvalidArgument("safetensors: too many tensors");
     const json& t = *it;
     if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
         !t.contains("data_offsets")) {
@@ -179,8 +189,8 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
     e.who = who;
     if (Status s = ReadShape(t["shape"], who, &e.spec.shape); !s.ok()) return s;
     const json& off = t["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !ReadU64(off[0], &e.begin) || !ReadU64(off[1], &e.end) ||
-        e.begin > e.end) {
+    if (!off.is_array() || off.size() != 2 || !ReadU64(off[0], &e.begin) ||
+        !ReadU64(off[1], &e.end) || e.begin > e.end) {
       return Status::InvalidArgument(who + ": data_offsets must be [begin<=end]");
     }
     if (e.end > data_bytes) {
@@ -195,7 +205,8 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   std::uint64_t cursor = 0;
   for (auto& e : entries) {
     if (e.begin != cursor) {
-      return Status::InvalidArgument(e.who + ": data does not start where the previous tensor's ends" +
+      return Status::InvalidArgument(e.who +
+                                     ": data does not start where the previous tensor's ends" +
                                      (e.begin < cursor ? " (overlap)" : " (gap)"));
     }
     cursor = e.end;
@@ -203,10 +214,13 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
     index.manifest.tensors.push_back(std::move(e.spec));
   }
   if (cursor != data_bytes) {
-    return Status::InvalidArgument("safetensors: tensors do not cover the data section (the file "
-                                   "holds " + std::to_string(data_bytes) + " data bytes)");
+    return Status::InvalidArgument(
+        "safetensors: tensors do not cover the data section (the file "
+        "holds " +
+        std::to_string(data_bytes) + " data bytes)");
   }
-  if (Status s = index.manifest.Validate(); !s.ok()) return Status::InvalidArgument("safetensors: " + s.message());
+  if (Status s = index.manifest.Validate(); !s.ok())
+    return Status::InvalidArgument("safetensors: " + s.message());
   // Validate() bounds the shapes first, so nbytes() cannot overflow here.
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& spec = index.manifest.tensors[i];
@@ -252,23 +266,29 @@ Status SafetensorsSource::ReadHost(std::size_t i, void* dst) const {
 
 Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
   const json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return Status::InvalidArgument("ipc file: not a JSON object");
-  if (!doc.contains("version") || doc["version"] != 1) return Status::InvalidArgument("ipc file: version must be 1");
+  if (doc.is_discarded() || !doc.is_object())
+    return Status::InvalidArgument("ipc file: not a JSON object");
+  if (!doc.contains("version") || doc["version"] != 1)
+    return Status::InvalidArgument("ipc file: version must be 1");
   if (!doc.contains("tensors") || !doc["tensors"].is_array()) {
     return Status::InvalidArgument("ipc file: 'tensors' must be an array");
   }
-  if (doc["tensors"].size() > kTensorsMax) return Status::InvalidArgument("ipc file: too many tensors");
+  if (doc["tensors"].size() > kTensorsMax)
+    return Status::InvalidArgument("ipc file: too many tensors");
   IpcHandleFile out;
   bool first = true;
   for (const auto& t : doc["tensors"]) {
     const std::string who = "ipc file: " + Nth("tensor", out.refs.size());
     if (!t.is_object()) return Status::InvalidArgument(who + ": entry not an object");
-    for (const char* k : {"name", "dtype", "shape", "ipc_handle_b64", "allocation_bytes", "offset", "device"}) {
-      if (!t.contains(k)) return Status::InvalidArgument(std::string("ipc file: entry lacks '") + k + "'");
+    for (const char* k :
+         {"name", "dtype", "shape", "ipc_handle_b64", "allocation_bytes", "offset", "device"}) {
+      if (!t.contains(k))
+        return Status::InvalidArgument(std::string("ipc file: entry lacks '") + k + "'");
     }
     if (!t["name"].is_string() || !t["dtype"].is_string() || !t["ipc_handle_b64"].is_string() ||
         !t["device"].is_number_integer()) {
-      return Status::InvalidArgument("ipc file: name/dtype/ipc_handle_b64 must be strings, device an integer");
+      return Status::InvalidArgument(
+          "ipc file: name/dtype/ipc_handle_b64 must be strings, device an integer");
     }
     TensorSpec spec;
     spec.name = t["name"].get<std::string>();
@@ -277,7 +297,8 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
     spec.dtype = *dtype;
     if (Status s = ReadShape(t["shape"], who, &spec.shape); !s.ok()) return s;
     IpcTensorRef ref;
-    if (!ReadU64(t["allocation_bytes"], &ref.allocation_bytes) || !ReadU64(t["offset"], &ref.offset)) {
+    if (!ReadU64(t["allocation_bytes"], &ref.allocation_bytes) ||
+        !ReadU64(t["offset"], &ref.offset)) {
       return Status::InvalidArgument(who + ": offset/allocation_bytes not unsigned");
     }
     const std::string& b64 = t["ipc_handle_b64"].get_ref<const std::string&>();
@@ -289,13 +310,15 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
     ref.handle = std::move(*handle);
     const int device = t["device"].get<int>();
     if (device < 0) return Status::InvalidArgument("ipc file: negative device");
-    if (!first && device != out.device) return Status::InvalidArgument("ipc file: tensors on several devices");
+    if (!first && device != out.device)
+      return Status::InvalidArgument("ipc file: tensors on several devices");
     out.device = device;
     first = false;
     out.manifest.tensors.push_back(std::move(spec));
     out.refs.push_back(std::move(ref));
   }
-  if (Status s = out.manifest.Validate(); !s.ok()) return Status::InvalidArgument("ipc file: " + s.message());
+  if (Status s = out.manifest.Validate(); !s.ok())
+    return Status::InvalidArgument("ipc file: " + s.message());
   for (std::size_t i = 0; i < out.refs.size(); ++i) {
     const auto& r = out.refs[i];
     const std::uint64_t n = out.manifest.tensors[i].nbytes();
@@ -363,7 +386,8 @@ Status ValidateSourceUri(const std::string& uri) {
   if (StartsWith(uri, kSafetensorsScheme)) {
     return ValidatePath(std::string_view(uri).substr(kSafetensorsScheme.size()));
   }
-  if (StartsWith(uri, kIpcScheme)) return ValidatePath(std::string_view(uri).substr(kIpcScheme.size()));
+  if (StartsWith(uri, kIpcScheme))
+    return ValidatePath(std::string_view(uri).substr(kIpcScheme.size()));
   return Status::InvalidArgument("source must start with synthetic:, safetensors: or ipc:");
 }
 
@@ -398,7 +422,8 @@ Result<std::shared_ptr<WeightSource>> SourceCache::Get(const std::string& uri) {
   const FileId id{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
                   static_cast<std::uint64_t>(st.st_size),
                   static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-  auto it = std::find_if(files_.begin(), files_.end(), [&](const Entry& e) { return e.uri == uri; });
+  auto it =
+      std::find_if(files_.begin(), files_.end(), [&](const Entry& e) { return e.uri == uri; });
   const bool cached = it != files_.end();
   if (cached && stat_ok && it->id == id) {
     std::rotate(it, it + 1, files_.end());  // most recently used last

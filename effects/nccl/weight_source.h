@@ -59,7 +59,7 @@ class DevicePointerSource final : public WeightSource {
 inline constexpr std::uint64_t kSafetensorsHeaderBytesMax = 100u << 20;  // the format's own limit
 
 struct SafetensorsIndex {
-  Manifest manifest;                      // in data-offset order (the transfer order)
+  Manifest manifest;                        // in data-offset order (the transfer order)
   std::vector<std::uint64_t> file_offsets;  // absolute offset of each tensor's first byte
   std::uint64_t file_bytes = 0;
   std::map<std::string, std::string> metadata;

@@ -13,10 +13,10 @@
 #include <thread>
 
 // Returns the IOStatus of `expr` when it is not OK.
-#define RC_RETURN_IF_ROCKS(expr)                 \
-  do {                                           \
-    rocksdb::IOStatus rc_s_ = (expr);            \
-    if (!rc_s_.ok()) return rc_s_;               \
+#define RC_RETURN_IF_ROCKS(expr)      \
+  do {                                \
+    rocksdb::IOStatus rc_s_ = (expr); \
+    if (!rc_s_.ok()) return rc_s_;    \
   } while (0)
 
 namespace rc::journal::testing {
@@ -36,10 +36,14 @@ FileKind KindOf(const std::string& path) {
 
 const char* KindName(FileKind kind) {
   switch (kind) {
-    case FileKind::kWal: return "WAL";
-    case FileKind::kSst: return "SST";
-    case FileKind::kManifest: return "MANIFEST";
-    case FileKind::kOther: return "file";
+    case FileKind::kWal:
+      return "WAL";
+    case FileKind::kSst:
+      return "SST";
+    case FileKind::kManifest:
+      return "MANIFEST";
+    case FileKind::kOther:
+      return "file";
   }
   return "file";
 }
@@ -72,7 +76,8 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
   rocksdb::IOStatus Check(const std::string& path, FileOp op) {
     std::lock_guard<std::mutex> l(mu_);
     if (crashed_) return Fail(Fault::kEio, "crashed", path);
-    Injection& in = injections_[static_cast<std::size_t>(KindOf(path))][static_cast<std::size_t>(op)];
+    Injection& in =
+        injections_[static_cast<std::size_t>(KindOf(path))][static_cast<std::size_t>(op)];
     if (!in.armed) return rocksdb::IOStatus::OK();
     if (in.skip > 0) {
       --in.skip;
@@ -183,7 +188,8 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
   rocksdb::IOStatus Fail(Fault fault, const char* what, const std::string& path) {  // requires mu_
     ++failures_;
     const std::string msg = std::string("fault injected: ") + what + " of " + path;
-    return fault == Fault::kEnospc ? rocksdb::IOStatus::NoSpace(msg) : rocksdb::IOStatus::IOError(msg);
+    return fault == Fault::kEnospc ? rocksdb::IOStatus::NoSpace(msg)
+                                   : rocksdb::IOStatus::IOError(msg);
   }
   mutable std::mutex mu_;
   bool crashed_ = false;
@@ -243,8 +249,8 @@ class FaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
     return DoSync([&] { return target()->Fsync(o, dbg); });
   }
   // A range sync promises nothing about the file's end: it is not a sync point here.
-  rocksdb::IOStatus RangeSync(std::uint64_t offset, std::uint64_t nbytes, const rocksdb::IOOptions& o,
-                              rocksdb::IODebugContext* dbg) override {
+  rocksdb::IOStatus RangeSync(std::uint64_t offset, std::uint64_t nbytes,
+                              const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
     RC_RETURN_IF_ROCKS(fs_->CheckAlive(path_));
     return target()->RangeSync(offset, nbytes, o, dbg);
   }
@@ -278,7 +284,8 @@ rocksdb::IOStatus FaultEnv::Fs::NewWritableFile(const std::string& f, const rock
   return rocksdb::IOStatus::OK();
 }
 
-rocksdb::IOStatus FaultEnv::Fs::ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+rocksdb::IOStatus FaultEnv::Fs::ReopenWritableFile(const std::string& f,
+                                                   const rocksdb::FileOptions& o,
                                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
                                                    rocksdb::IODebugContext* dbg) {
   RC_RETURN_IF_ROCKS(CheckAlive(f));
@@ -291,7 +298,8 @@ rocksdb::IOStatus FaultEnv::Fs::ReopenWritableFile(const std::string& f, const r
   return rocksdb::IOStatus::OK();
 }
 
-rocksdb::Status FaultEnv::Fs::Drop(Torn torn, std::uint64_t seed, std::uint64_t* kept_unsynced_bytes) {
+rocksdb::Status FaultEnv::Fs::Drop(Torn torn, std::uint64_t seed,
+                                   std::uint64_t* kept_unsynced_bytes) {
   std::map<std::string, FileState> files;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -306,7 +314,8 @@ rocksdb::Status FaultEnv::Fs::Drop(Torn torn, std::uint64_t seed, std::uint64_t*
     if (torn == Torn::kRandomPrefix) keep += rng() % (f.size - f.synced + 1);
     if (kept_unsynced_bytes != nullptr) *kept_unsynced_bytes += keep - f.synced;
     std::unique_ptr<rocksdb::FSWritableFile> file;
-    rocksdb::IOStatus s = target()->ReopenWritableFile(path, rocksdb::FileOptions(), &file, nullptr);
+    rocksdb::IOStatus s =
+        target()->ReopenWritableFile(path, rocksdb::FileOptions(), &file, nullptr);
     if (s.ok()) s = file->Truncate(keep, rocksdb::IOOptions(), nullptr);
     if (s.ok()) s = file->Close(rocksdb::IOOptions(), nullptr);
     if (!s.ok() && first.ok()) first = s;

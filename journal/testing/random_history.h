@@ -68,15 +68,16 @@ inline Event RandomInput(const State& s, std::mt19937_64& rng, std::uint64_t& co
         break;
       case EffectKind::kTransfer: {
         const bool clean = ok_mutating;
-        const auto mutation = clean ? MutationClass::kComplete
-                                    : static_cast<MutationClass>(rng() % 2);
+        const auto mutation =
+            clean ? MutationClass::kComplete : static_cast<MutationClass>(rng() % 2);
         options.push_back(TransferObserved{clean, mutation, rng() % (1u << 30),
                                            static_cast<std::uint32_t>(rng() % 300), rng() % 100000,
                                            s.update->target.label, clean ? "" : "broken pipe"});
         break;
       }
       case EffectKind::kResetCache:
-        options.push_back(CacheResetObserved{s.in_flight->cache, RandomHttp(rng, ok || !allow_taint),
+        options.push_back(CacheResetObserved{s.in_flight->cache,
+                                             RandomHttp(rng, ok || !allow_taint),
                                              ok || !allow_taint || chance(30)});
         break;
       case EffectKind::kValidate:
@@ -96,10 +97,12 @@ inline Event RandomInput(const State& s, std::mt19937_64& rng, std::uint64_t& co
     options.push_back(DrainTimedOut{rng() % 60000, static_cast<std::uint32_t>(s.active.size())});
   }
   if (s.lifecycle == Lifecycle::kReady && !s.update) {
-    for (int i = 0; i < 3; ++i) options.push_back(make_admission(s, "r" + std::to_string(n) + "-" + std::to_string(i)));
+    for (int i = 0; i < 3; ++i)
+      options.push_back(make_admission(s, "r" + std::to_string(n) + "-" + std::to_string(i)));
     if (chance(30)) {
       options.push_back(UpdateRequested{"u" + std::to_string(n), "rc-" + std::to_string(n),
-                                        RandomIdentity(rng), "safetensors:/ckpt/" + std::to_string(n)});
+                                        RandomIdentity(rng),
+                                        "safetensors:/ckpt/" + std::to_string(n)});
     }
   }
   if (!s.active.empty()) {
@@ -107,11 +110,13 @@ inline Event RandomInput(const State& s, std::mt19937_64& rng, std::uint64_t& co
     std::advance(it, static_cast<long>(rng() % s.active.size()));
     const auto outcome = chance(80) ? RolloutOutcome::kCompleted : RolloutOutcome::kAborted;
     for (int i = 0; i < 2; ++i) {
-      options.push_back(RolloutFinished{it->first, outcome, static_cast<std::uint32_t>(rng() % 4096),
+      options.push_back(RolloutFinished{it->first, outcome,
+                                        static_cast<std::uint32_t>(rng() % 4096),
                                         static_cast<std::uint32_t>(rng() % 4096)});
     }
   }
-  if (options.empty() || (allow_taint && chance(1))) return RecoveryStarted{"executor-" + std::to_string(rng() % 4)};
+  if (options.empty() || (allow_taint && chance(1)))
+    return RecoveryStarted{"executor-" + std::to_string(rng() % 4)};
   return options[rng() % options.size()];
 }
 

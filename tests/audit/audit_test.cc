@@ -14,8 +14,10 @@ namespace {
 audit::Trajectory Generate(Executor& x, const std::string& id, const std::string& prompt) {
   auto a = x.Admit(id);
   RC_CHECK(a.ok());
-  nlohmann::json req = {{"prompt", prompt},        {"max_tokens", 12},
-                        {"temperature", 0},        {"logprobs", 0},
+  nlohmann::json req = {{"prompt", prompt},
+                        {"max_tokens", 12},
+                        {"temperature", 0},
+                        {"logprobs", 0},
                         {"return_token_ids", true}};
   auto reply = x.client->Completions(req);
   RC_CHECK(reply.http.ok_2xx());
@@ -125,11 +127,12 @@ TEST(Audit, TrajectoryFileCrossCheck) {
           {"rollout_id", tr.rollout_id},
           {"admission_seq", tr.admission_seq},
           {"version", {{"generation", tr.version.generation}, {"label", label}}},
-          {"identity", {{"manifest_digest", tr.identity.manifest_digest},
-                        {"content_digest", tr.identity.content_digest},
-                        {"checkpoint", tr.identity.checkpoint},
-                        {"run", tr.identity.run},
-                        {"step", tr.identity.step}}},
+          {"identity",
+           {{"manifest_digest", tr.identity.manifest_digest},
+            {"content_digest", tr.identity.content_digest},
+            {"checkpoint", tr.identity.checkpoint},
+            {"run", tr.identity.run},
+            {"step", tr.identity.step}}},
           {"prompt_token_ids", tr.prompt},
           {"outputs", {{{"index", 0}, {"token_ids", tr.output}, {"logprobs", lps}}}}}
           .dump();
@@ -147,8 +150,7 @@ TEST(Audit, TrajectoryFileCrossCheck) {
   { std::ofstream(path, std::ios::app) << "{not json\n"; }
   auto broken = audit::LoadTrajectories(path);
   ASSERT_FALSE(broken.ok());
-  EXPECT_NE(broken.status().message().find(":3:"), std::string::npos)
-      << broken.status().message();
+  EXPECT_NE(broken.status().message().find(":3:"), std::string::npos) << broken.status().message();
 }
 
 // Proves trajectories journaled as TrajectoryRecorded parts come back joined in order with
@@ -168,7 +170,9 @@ TEST(Audit, TrajectoriesFromTheJournal) {
   TrajectoryRecorded p0{"r-j", 0, t.prompt,
                         std::vector<std::int32_t>(t.output.begin(), t.output.begin() + half),
                         std::vector<float>(lps.begin(), lps.begin() + half)};
-  TrajectoryRecorded p1{"r-j", 1, {},
+  TrajectoryRecorded p1{"r-j",
+                        1,
+                        {},
                         std::vector<std::int32_t>(t.output.begin() + half, t.output.end()),
                         std::vector<float>(lps.begin() + half, lps.end())};
   for (const auto& part : {p0, p1}) {

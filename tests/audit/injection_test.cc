@@ -1,8 +1,8 @@
 // Output injection through journal text: a real RocksDB journal is driven through bootstrap and a
 // TAINTED update with hostile bytes (NUL, CR/LF, ESC, C1, U+2028, invalid UTF-8) in every free-text
-// field the fold accepts (what the executor recorded from the engine and its effects); replay's and audit's reports must keep exactly the line count of the
-// same journal written with benign text, keep their verdict line, and serialise JSON without
-// throwing.
+// field the fold accepts (what the executor recorded from the engine and its effects); replay's and
+// audit's reports must keep exactly the line count of the same journal written with benign text,
+// keep their verdict line, and serialise JSON without throwing.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -45,13 +45,20 @@ void DriveEffects(journal::Journal& j, const std::string& t) {
     if (e.kind == EffectKind::kNone) return;
     SubmitOk(j, EffectStarted{e.kind, e.cache, 1000});
     switch (e.kind) {
-      case EffectKind::kProbeEngine: SubmitOk(j, EngineProbed{ok, "0.30.0 " + t, "rc-0"}); break;
-      case EffectKind::kDrain: SubmitOk(j, DrainObserved{ok, true}); break;
-      case EffectKind::kPreflight: SubmitOk(j, PreflightObserved{kDigest, true, true, t}); break;
+      case EffectKind::kProbeEngine:
+        SubmitOk(j, EngineProbed{ok, "0.30.0 " + t, "rc-0"});
+        break;
+      case EffectKind::kDrain:
+        SubmitOk(j, DrainObserved{ok, true});
+        break;
+      case EffectKind::kPreflight:
+        SubmitOk(j, PreflightObserved{kDigest, true, true, t});
+        break;
       case EffectKind::kTransfer:
         SubmitOk(j, TransferObserved{false, MutationClass::kPossible, 10, 1, 1000, t, t});
         break;
-      default: FAIL() << "unexpected effect " << effect_name(e.kind);
+      default:
+        FAIL() << "unexpected effect " << effect_name(e.kind);
     }
   }
   FAIL() << "the fold did not settle";
@@ -126,11 +133,11 @@ Reports Produce(const std::string& t) {
   RC_CHECK(audited.ok());
   out.audit_text = audit::FormatReport(*audited);
   RC_CHECK(j.Scan(1, 0, [&](const journal::Record& r) {
-                 out.events_text += replay::FormatRecordLine(r) + "\n";
-                 RC_CHECK(!nlohmann::json::parse(replay::RecordJsonLine(r), nullptr, false)
-                               .is_discarded());
-                 return Status::OK();
-               }).ok());
+              out.events_text += replay::FormatRecordLine(r) + "\n";
+              RC_CHECK(
+                  !nlohmann::json::parse(replay::RecordJsonLine(r), nullptr, false).is_discarded());
+              return Status::OK();
+            }).ok());
   return out;
 }
 

@@ -134,7 +134,7 @@ TEST(Verdict, ProbeTaintAfterRestartOpensAtTheLastRecordBeforeIt) {
     Bootstrap(j);
     Admit(j, "early", 2000);
     Finish(j, "early", 2500);  // before the window: nothing is suspect about it
-    SubmitAt(j, make_admission(j.state(), "leased", 60000), 2600);    // survives the restart
+    SubmitAt(j, make_admission(j.state(), "leased", 60000), 2600);  // survives the restart
     SubmitAt(j, make_admission(j.state(), "expiring", 60000), 2600);
     Admit(j, "proxied", 2650);  // the restart records it abandoned
     // The last record before the restart: the window opens here (inclusive).

@@ -23,8 +23,8 @@ using rc::testing::AbortRequests;
 using rc::testing::ClosedPort;
 using rc::testing::Metrics;
 using rc::testing::MetricsMap;
-using rc::testing::read_engine_load;
 using rc::testing::RawServer;
+using rc::testing::read_engine_load;
 using rc::testing::ScriptedServer;
 using Clock = std::chrono::steady_clock;
 
@@ -53,8 +53,10 @@ TEST(EngineClient, ProbeReadsVersionAndLabel) {
                  [](const auto&, auto& res) { Json(res, R"({"weight_version":"rc-0"})"); });
   s.server().Get("/is_paused", [](const auto&, auto& res) { Json(res, R"({"is_paused":true})"); });
   s.server().Get("/metrics", [](const auto&, auto& res) {
-    res.set_content("# TYPE process_start_time_seconds gauge\n"
-                    "process_start_time_seconds 1.7649e+09\n", "text/plain");
+    res.set_content(
+        "# TYPE process_start_time_seconds gauge\n"
+        "process_start_time_seconds 1.7649e+09\n",
+        "text/plain");
   });
   s.Start();
   EngineClient c(s.url(), Fast());
@@ -68,7 +70,7 @@ TEST(EngineClient, ProbeReadsVersionAndLabel) {
   EXPECT_TRUE(p.is_paused);
   EXPECT_EQ(p.engine_instance, "start:1.7649e+09");
   EXPECT_EQ(s.paths(5), (std::vector<std::string>{"GET /health", "GET /version", "GET /weight_info",
-                                                 "GET /is_paused", "GET /metrics"}));
+                                                  "GET /is_paused", "GET /metrics"}));
 }
 
 // Proves a 503 from /health ends the probe with that evidence; would catch a probe that
@@ -172,8 +174,8 @@ TEST(EngineClient, EncoderAndMmResetAcceptEmpty200) {
     EXPECT_TRUE(r.reported_success);
     EXPECT_TRUE(r.success_unreported);
   }
-  EXPECT_EQ(s.paths(2), (std::vector<std::string>{"POST /reset_encoder_cache",
-                                                 "POST /reset_mm_cache"}));
+  EXPECT_EQ(s.paths(2),
+            (std::vector<std::string>{"POST /reset_encoder_cache", "POST /reset_mm_cache"}));
 }
 
 // Proves vLLM 0.25.x's empty 200 from /reset_prefix_cache is recorded as "not reported" rather
@@ -210,7 +212,8 @@ struct RpcLabelServer {
   bool extension = true;
   RpcLabelServer() {
     s.server().Get("/health", [](const auto&, auto& res) { res.status = 200; });
-    s.server().Get("/version", [](const auto&, auto& res) { Json(res, R"({"version":"0.25.1"})"); });
+    s.server().Get("/version",
+                   [](const auto&, auto& res) { Json(res, R"({"version":"0.25.1"})"); });
     s.server().Get("/weight_info",
                    [](const auto&, auto& res) { Json(res, R"({"detail":"Not Found"})", 404); });
     s.server().Get("/is_paused",
@@ -231,7 +234,8 @@ struct RpcLabelServer {
       if (body["method"] == "rc_set_weight_version") label = body["args"][0];
       json results = json::array();
       for (int i = 0; i < workers; ++i) {
-        results.push_back({{"weight_version", label}, {"rank", i}, {"instance", "n" + std::to_string(i)}});
+        results.push_back(
+            {{"weight_version", label}, {"rank", i}, {"instance", "n" + std::to_string(i)}});
       }
       Json(res, json{{"results", results}}.dump());
     });
@@ -252,9 +256,9 @@ TEST(EngineClient, LabelThroughWorkerRpcOn025) {
   EXPECT_EQ(p.reported_label, "default");
   EXPECT_EQ(c.label_route(), LabelRoute::kWorkerRpc);
   EXPECT_EQ(p.engine_instance, "n0,n1") << "the extension's nonces name the engine's processes";
-  EXPECT_EQ(srv.s.paths(5), (std::vector<std::string>{"GET /health", "GET /version",
-                                                     "GET /weight_info", "POST /collective_rpc",
-                                                     "GET /is_paused"}));
+  EXPECT_EQ(srv.s.paths(5),
+            (std::vector<std::string>{"GET /health", "GET /version", "GET /weight_info",
+                                      "POST /collective_rpc", "GET /is_paused"}));
   ASSERT_TRUE(c.WriteLabel("rc-0").http.ok_2xx());
   HttpReply fin = c.FinishWeightUpdate(std::string("rc-1"));
   ASSERT_TRUE(fin.http.ok_2xx()) << fin.http.error;
@@ -300,7 +304,8 @@ TEST(EngineClient, RpcLabelWorkersMustAgree) {
   s.server().Get("/weight_info",
                  [](const auto&, auto& res) { Json(res, R"({"detail":"Not Found"})", 404); });
   s.server().Post("/collective_rpc", [](const auto&, auto& res) {
-    Json(res, R"({"results":[{"weight_version":"rc-1","rank":0},{"weight_version":"rc-0","rank":1}]})");
+    Json(res,
+         R"({"results":[{"weight_version":"rc-1","rank":0},{"weight_version":"rc-0","rank":1}]})");
   });
   s.Start();
   EngineClient c(s.url(), Fast());
@@ -559,8 +564,10 @@ TEST(EngineClient, ResumeReadsIsPaused) {
   ScriptedServer s;
   std::atomic<bool> fail{false};
   s.server().Post("/resume", [&](const auto&, auto& res) {
-    if (fail) Json(res, R"({"error":"boom"})", 500);
-    else Json(res, R"({"status":"resumed"})");
+    if (fail)
+      Json(res, R"({"error":"boom"})", 500);
+    else
+      Json(res, R"({"status":"resumed"})");
   });
   s.server().Get("/is_paused", [](const auto&, auto& res) { Json(res, R"({"is_paused":false})"); });
   s.Start();

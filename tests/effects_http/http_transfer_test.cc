@@ -123,11 +123,10 @@ TEST(HttpSequenceTransfer, CompleteSequence) {
   EXPECT_EQ(o.finish_label, "rc-1");
   EXPECT_GT(o.duration_us, 0u);
   EXPECT_TRUE(o.error.empty());
-  EXPECT_EQ(e.s.paths(5), (std::vector<std::string>{"GET /get_world_size",
-                                                   "POST /init_weight_transfer_engine",
-                                                   "POST /start_weight_update",
-                                                   "POST /update_weights",
-                                                   "POST /finish_weight_update"}));
+  EXPECT_EQ(e.s.paths(5),
+            (std::vector<std::string>{"GET /get_world_size", "POST /init_weight_transfer_engine",
+                                      "POST /start_weight_update", "POST /update_weights",
+                                      "POST /finish_weight_update"}));
   EXPECT_EQ(e.finish_body, json({{"weight_version", "rc-1"}}));
   const json& info = e.update_body["update_info"];
   EXPECT_EQ(info["names"].size(), 3u);
@@ -165,7 +164,7 @@ TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
   {
     Engine e(200, 200, 200);
     EngineClient c(e.s.url(), Fast());
-  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
+    c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
     HttpSequenceTransfer t(c, detect_protocol("0.30.0"));
     EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
     EXPECT_EQ(e.init_body["init_info"]["world_size"], 2);
@@ -199,12 +198,14 @@ TEST(HttpSequenceTransfer, BadSourceIsNoMutation) {
 // Proves every failure once the engine may have seen /start_weight_update is kPossible; would
 // catch a failed update or finish reported as "no mutation" (a half-loaded model published).
 TEST(HttpSequenceTransfer, FailuresAfterStartArePossible) {
-  struct Case { int start, update, finish; };
+  struct Case {
+    int start, update, finish;
+  };
   for (const Case& k : {Case{500, 200, 200}, Case{299, 200, 200}, Case{200, 500, 200},
                         Case{200, 299, 200}, Case{200, 200, 500}, Case{200, 200, 299}}) {
     Engine e(k.start, k.update, k.finish);
     EngineClient c(e.s.url(), Fast());
-  c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
+    c.set_label_route(LabelRoute::kWeightInfoRoute);  // probed: an engine with /weight_info
     HttpSequenceTransfer t(c);
     TransferObserved o = t.Transfer(Target(), 5000);
     EXPECT_FALSE(o.acknowledged) << k.start << k.update << k.finish;

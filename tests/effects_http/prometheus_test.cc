@@ -54,8 +54,8 @@ TEST(Prometheus, SumsMatchExactNames) {
 // Proves malformed lines are errors, not silently skipped or zero; would catch a parser that
 // turns garbage into a 0 gauge (a drain check would then see "no running requests").
 TEST(Prometheus, MalformedLinesAreErrors) {
-  for (const char* bad : {"vllm:x{a=\"b\" 1\n", "vllm:x notanumber\n", "{a=\"b\"} 1\n",
-                          "vllm:x\n", "9bad 1\n"}) {
+  for (const char* bad :
+       {"vllm:x{a=\"b\" 1\n", "vllm:x notanumber\n", "{a=\"b\"} 1\n", "vllm:x\n", "9bad 1\n"}) {
     EXPECT_FALSE(parse_prometheus_text(bad).ok()) << bad;
   }
 }

@@ -18,7 +18,11 @@ Manifest Two() {
 // Proves each released version maps to the right line and rendezvous support; would catch 0.28
 // treated as old (packed keys in update_info break it) or uid mode offered to 0.29.
 TEST(Protocol, VersionLines) {
-  struct Case { const char* v; ProtocolLine line; bool uid; };
+  struct Case {
+    const char* v;
+    ProtocolLine line;
+    bool uid;
+  };
   const Case cases[] = {
       {"0.25.1", ProtocolLine::kPackedInUpdateInfo, false},
       {"v0.25.0", ProtocolLine::kPackedInUpdateInfo, false},
@@ -69,8 +73,10 @@ TEST(Protocol, V025Layout) {
   NcclInitParams init{"10.0.0.1", 29555, "", 1, 3};
   Result<json> i = build_init_info(p, init, PackingParams{});
   ASSERT_TRUE(i.ok()) << i.status().ToString();
-  EXPECT_EQ(*i, json({{"master_address", "10.0.0.1"}, {"master_port", 29555},
-                      {"rank_offset", 1}, {"world_size", 3}}));
+  EXPECT_EQ(*i, json({{"master_address", "10.0.0.1"},
+                      {"master_port", 29555},
+                      {"rank_offset", 1},
+                      {"world_size", 3}}));
   Result<json> u = build_update_info(p, Two(), PackingParams{true, 1024, 3});
   ASSERT_TRUE(u.ok());
   EXPECT_EQ(*u, json({{"names", {"model.embed_tokens.weight", "lm_head.bias"}},
@@ -87,9 +93,13 @@ TEST(Protocol, V028Layout) {
   EngineProtocol p = detect_protocol("0.28.0");
   Result<json> i = build_init_info(p, NcclInitParams{"h", 1234, "", 1, 2}, PackingParams{});
   ASSERT_TRUE(i.ok());
-  EXPECT_EQ(*i, json({{"master_address", "h"}, {"master_port", 1234}, {"rank_offset", 1},
-                      {"world_size", 2}, {"packed", true},
-                      {"packed_buffer_size_bytes", 1073741824}, {"packed_num_buffers", 2}}));
+  EXPECT_EQ(*i, json({{"master_address", "h"},
+                      {"master_port", 1234},
+                      {"rank_offset", 1},
+                      {"world_size", 2},
+                      {"packed", true},
+                      {"packed_buffer_size_bytes", 1073741824},
+                      {"packed_num_buffers", 2}}));
   Result<json> u = build_update_info(p, Two(), PackingParams{});
   ASSERT_TRUE(u.ok());
   EXPECT_EQ(u->size(), 3u);

@@ -17,12 +17,12 @@ namespace {
 
 using nlohmann::json;
 using rc::fixtures::RouteFault;
-using rc::testing::Metrics;
-using rc::testing::MetricsMap;
-using rc::testing::metric_present;
-using rc::testing::read_engine_load;
 using rc::fixtures::VllmDouble;
 using rc::fixtures::VllmDoubleOptions;
+using rc::testing::metric_present;
+using rc::testing::Metrics;
+using rc::testing::MetricsMap;
+using rc::testing::read_engine_load;
 using Clock = std::chrono::steady_clock;
 
 EngineDeadlines Fast() {
@@ -164,8 +164,10 @@ TEST(VllmDoubleIntegration, FaultsClassifyMutation) {
       EngineClient c(d->base_url(), Fast());
       InitTransfer(c, detect_protocol("0.30.0"), false);
       RouteFault f;
-      if (kind == 0) f.drop_connection = true;
-      else f.garbage_body = true;
+      if (kind == 0)
+        f.drop_connection = true;
+      else
+        f.garbage_body = true;
       f.times = 1;
       d->SetRouteFault(route, f);
       HttpSequenceTransfer t(c, detect_protocol("0.30.0"));
@@ -194,8 +196,7 @@ TEST(VllmDoubleIntegration, CancelInterruptsHungUpdate) {
   const auto t0 = Clock::now();
   c.Cancel();
   caller.join();
-  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count(),
-            500);
+  EXPECT_LT(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count(), 500);
   EXPECT_EQ(r.http.transport, Transport::kTimeout);
   d->ReleaseHangs();
 }
@@ -227,8 +228,11 @@ TEST(VllmDoubleIntegration, MetricsAndGeneration) {
   ASSERT_TRUE(done.http.ok_2xx()) << done.http.error;
   EXPECT_TRUE(done.body.contains("choices"));
   int chunks = 0;
-  HttpReply streamed = c.CompletionsStream(json{{"prompt", "hello"}, {"max_tokens", 4}},
-                                           [&](const json&) { ++chunks; return true; });
+  HttpReply streamed =
+      c.CompletionsStream(json{{"prompt", "hello"}, {"max_tokens", 4}}, [&](const json&) {
+        ++chunks;
+        return true;
+      });
   EXPECT_TRUE(streamed.http.ok_2xx()) << streamed.http.error;
   EXPECT_GE(chunks, 1);
   Result<MetricsMap> m = Metrics(c);

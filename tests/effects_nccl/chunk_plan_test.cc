@@ -9,7 +9,8 @@ namespace rc::effects::nccl {
 namespace {
 
 // Reference: the rule spelled out independently (running sum, close when strictly greater).
-std::vector<std::vector<std::size_t>> Reference(const std::vector<std::uint64_t>& sizes, std::uint64_t buf) {
+std::vector<std::vector<std::size_t>> Reference(const std::vector<std::uint64_t>& sizes,
+                                                std::uint64_t buf) {
   std::vector<std::vector<std::size_t>> chunks;
   std::vector<std::size_t> cur;
   std::uint64_t total = 0;

@@ -15,7 +15,8 @@ TEST(Rendezvous, PickleLayout) {
   ASSERT_EQ(p.size(), 223u);
   EXPECT_EQ(p.substr(0, 2), std::string("\x80\x03", 2));
   EXPECT_EQ(p.substr(2, 19), "c_ctypes\n_unpickle\n");
-  EXPECT_EQ(p.substr(21, 67), "cvllm.distributed.device_communicators.pynccl_wrapper\nncclUniqueId\n");
+  EXPECT_EQ(p.substr(21, 67),
+            "cvllm.distributed.device_communicators.pynccl_wrapper\nncclUniqueId\n");
   EXPECT_EQ(p[88], '}');
   EXPECT_EQ(p[89], 'C');
   EXPECT_EQ(static_cast<unsigned char>(p[90]), 128);

@@ -58,14 +58,30 @@ TEST(SourceUri, ValidateSyntaxAndBounds) {
         "safetensors:/ckpt/\xc3\xa9t\xc3\xa9.safetensors", "safetensors:/a..b/c."}) {
     EXPECT_TRUE(ValidateSourceUri(good).ok()) << good << ": " << ValidateSourceUri(good).ToString();
   }
-  const std::vector<std::string> bad = {
-      "safetensors:../../etc/passwd", "safetensors:/ckpt/../../etc/passwd",
-      "safetensors:/ckpt/..", "ipc:relative/handles.json", "safetensors:", "safetensors:/a//b",
-      "safetensors:/a/./b", "safetensors:/a/", "safetensors:/", "synthetic:-1x64", "synthetic:0x64",
-      "synthetic:8x64:-1", "synthetic:99999999999999999999x1", "synthetic:8x", "ftp:/x",
-      "/ckpt/m.safetensors", "", "safetensors:/a\nb", std::string("safetensors:/a\0b", 16),
-      "safetensors:/a\xff", "safetensors:/a\x1b[2J", "safetensors:/a\xc2\x85",
-      "safetensors:/" + std::string(5000, 'a'), "safetensors:/" + std::string(4094, 'a')};
+  const std::vector<std::string> bad = {"safetensors:../../etc/passwd",
+                                        "safetensors:/ckpt/../../etc/passwd",
+                                        "safetensors:/ckpt/..",
+                                        "ipc:relative/handles.json",
+                                        "safetensors:",
+                                        "safetensors:/a//b",
+                                        "safetensors:/a/./b",
+                                        "safetensors:/a/",
+                                        "safetensors:/",
+                                        "synthetic:-1x64",
+                                        "synthetic:0x64",
+                                        "synthetic:8x64:-1",
+                                        "synthetic:99999999999999999999x1",
+                                        "synthetic:8x",
+                                        "ftp:/x",
+                                        "/ckpt/m.safetensors",
+                                        "",
+                                        "safetensors:/a\nb",
+                                        std::string("safetensors:/a\0b", 16),
+                                        "safetensors:/a\xff",
+                                        "safetensors:/a\x1b[2J",
+                                        "safetensors:/a\xc2\x85",
+                                        "safetensors:/" + std::string(5000, 'a'),
+                                        "safetensors:/" + std::string(4094, 'a')};
   for (const std::string& uri : bad) {
     const Status st = ValidateSourceUri(uri);
     EXPECT_FALSE(st.ok()) << uri;
@@ -79,15 +95,17 @@ TEST(SourceUri, ValidateSyntaxAndBounds) {
 // a pre-check that hashes something else than the sender will.
 TEST(SourceUri, ManifestDigestMatchesTheSource) {
   TempDir dir;
-  EXPECT_EQ(*SourceManifestDigest("synthetic:8x64:3"), synthetic_manifest("synthetic:8x64")->digest());
+  EXPECT_EQ(*SourceManifestDigest("synthetic:8x64:3"),
+            synthetic_manifest("synthetic:8x64")->digest());
   const std::string st = dir.Write("m.safetensors", File(kHeader, "AABBccccdddd"));
   auto digest = SourceManifestDigest("safetensors:" + st);
   ASSERT_TRUE(digest.ok()) << digest.status().ToString();
   EXPECT_EQ(*digest, ReadSafetensorsIndex(st)->manifest.digest());
   const std::string h = encoding::Base64Encode(std::string(64, 'z'));
-  const std::string ipc = dir.Write(
-      "h.json", R"({"version":1,"tensors":[{"name":"w","dtype":"bfloat16","shape":[2],)"
-                R"("ipc_handle_b64":")" + h + R"(","allocation_bytes":4,"offset":0,"device":0}]})");
+  const std::string ipc =
+      dir.Write("h.json", R"({"version":1,"tensors":[{"name":"w","dtype":"bfloat16","shape":[2],)"
+                          R"("ipc_handle_b64":")" +
+                              h + R"(","allocation_bytes":4,"offset":0,"device":0}]})");
   auto ipc_digest = SourceManifestDigest("ipc:" + ipc);
   ASSERT_TRUE(ipc_digest.ok()) << ipc_digest.status().ToString();
   EXPECT_EQ(*ipc_digest, ReadIpcHandleFile(ipc)->manifest.digest());
@@ -106,10 +124,17 @@ TEST(SourceUri, ErrorsNeverQuoteFileContent) {
       dir.Write("shadow", secret + "root:$6$hash:19000:0:99999:7:::\n"),
       dir.Write("short", "SECRET"),
       dir.Write("len", Le64(40) + "SECRET-not-json-at-all-but-40-bytes-long" + "x"),
-      dir.Write("names", File(R"({"SECRET-name":{"dtype":"SECRET-dtype","shape":[1],"data_offsets":[0,1]}})", "x")),
-      dir.Write("shape", File(R"({"SECRET-name":{"dtype":"U8","shape":["SECRET"],"data_offsets":[0,1]}})", "x")),
-      dir.Write("offsets", File(R"({"SECRET-name":{"dtype":"U8","shape":[1],"data_offsets":[0,987654321]}})", "x")),
-      dir.Write("dup", File(R"({"SECRET-a":{"dtype":"U8","shape":[2],"data_offsets":[0,1]}})", "x")),
+      dir.Write("names",
+                File(R"({"SECRET-name":{"dtype":"SECRET-dtype","shape":[1],"data_offsets":[0,1]}})",
+                     "x")),
+      dir.Write(
+          "shape",
+          File(R"({"SECRET-name":{"dtype":"U8","shape":["SECRET"],"data_offsets":[0,1]}})", "x")),
+      dir.Write(
+          "offsets",
+          File(R"({"SECRET-name":{"dtype":"U8","shape":[1],"data_offsets":[0,987654321]}})", "x")),
+      dir.Write("dup",
+                File(R"({"SECRET-a":{"dtype":"U8","shape":[2],"data_offsets":[0,1]}})", "x")),
   };
   for (const std::string& path : files) {
     for (const std::string& uri : {"safetensors:" + path, "ipc:" + path}) {
@@ -185,11 +210,12 @@ TEST(SourceUri, SafetensorsOpenUsesOneDescriptor) {
   TempDir dir;
   const std::string path = dir.Write("latest.safetensors", File(kHeader, "AABBccccdddd"));
   std::unique_ptr<SafetensorsSource> src;
-  EXPECT_EQ(OpensDuring(path, [&] {
-              auto s = SafetensorsSource::Open(path);
-              ASSERT_TRUE(s.ok()) << s.status().ToString();
-              src = std::move(*s);
-            }),
+  EXPECT_EQ(OpensDuring(path,
+                        [&] {
+                          auto s = SafetensorsSource::Open(path);
+                          ASSERT_TRUE(s.ok()) << s.status().ToString();
+                          src = std::move(*s);
+                        }),
             1);
   // A different file (another layout: one 12-byte tensor) renamed into place afterwards: the open
   // source keeps reading the file its index describes.

@@ -28,11 +28,17 @@ class StoreClient {
   bool connected() const { return connected_; }
 
   template <typename T>
-  void Pod(T v) { buf_.append(reinterpret_cast<const char*>(&v), sizeof(T)); }
-  void Str(const std::string& s) { Pod<std::uint64_t>(s.size()); buf_.append(s); }
+  void Pod(T v) {
+    buf_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  void Str(const std::string& s) {
+    Pod<std::uint64_t>(s.size());
+    buf_.append(s);
+  }
   void Type(std::uint8_t t) { Pod<std::uint8_t>(t); }
   bool Flush() {
-    const bool ok = ::send(fd_, buf_.data(), buf_.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(buf_.size());
+    const bool ok =
+        ::send(fd_, buf_.data(), buf_.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(buf_.size());
     buf_.clear();
     return ok;
   }
@@ -50,7 +56,9 @@ class StoreClient {
     return true;
   }
   template <typename T>
-  bool Read(T* v, int timeout_ms = 2000) { return ReadExact(v, sizeof(T), timeout_ms); }
+  bool Read(T* v, int timeout_ms = 2000) {
+    return ReadExact(v, sizeof(T), timeout_ms);
+  }
   bool ReadStr(std::string* s) {
     std::uint64_t n = 0;
     if (!Read(&n)) return false;

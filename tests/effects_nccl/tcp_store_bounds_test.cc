@@ -182,15 +182,36 @@ TEST(TcpStoreBounds, RendezvousKeyIsWriteOnceAndMasterOnly) {
     EXPECT_TRUE(c.ClosedByServer());
     EXPECT_EQ(store->Get(key).value_or(""), pickled);
   };
-  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kSet)); c.Str(key); c.Str("x"); });
-  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kDeleteKey)); c.Str(key); });
   attack([&](StoreClient& c) {
-    c.Type(static_cast<std::uint8_t>(Q::kCompareSet)); c.Str(key); c.Str(pickled); c.Str("x");
+    c.Type(static_cast<std::uint8_t>(Q::kSet));
+    c.Str(key);
+    c.Str("x");
   });
-  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kAppend)); c.Str(key); c.Str("x"); });
-  attack([&](StoreClient& c) { c.Type(static_cast<std::uint8_t>(Q::kAdd)); c.Str(key); c.Pod<std::int64_t>(1); });
   attack([&](StoreClient& c) {
-    c.Type(static_cast<std::uint8_t>(Q::kMultiSet)); c.Pod<std::uint64_t>(1); c.Str(key); c.Str("x");
+    c.Type(static_cast<std::uint8_t>(Q::kDeleteKey));
+    c.Str(key);
+  });
+  attack([&](StoreClient& c) {
+    c.Type(static_cast<std::uint8_t>(Q::kCompareSet));
+    c.Str(key);
+    c.Str(pickled);
+    c.Str("x");
+  });
+  attack([&](StoreClient& c) {
+    c.Type(static_cast<std::uint8_t>(Q::kAppend));
+    c.Str(key);
+    c.Str("x");
+  });
+  attack([&](StoreClient& c) {
+    c.Type(static_cast<std::uint8_t>(Q::kAdd));
+    c.Str(key);
+    c.Pod<std::int64_t>(1);
+  });
+  attack([&](StoreClient& c) {
+    c.Type(static_cast<std::uint8_t>(Q::kMultiSet));
+    c.Pod<std::uint64_t>(1);
+    c.Str(key);
+    c.Str("x");
   });
   EXPECT_GE(store->stats().write_once_refusals, 7u);
   // The legitimate worker read still works.

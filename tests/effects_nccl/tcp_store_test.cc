@@ -80,7 +80,7 @@ TEST(TcpStore, WaitIsDeferredUntilSet) {
   setter.Str("/a");
   setter.Str("1");
   ASSERT_TRUE(setter.Flush());
-  EXPECT_TRUE(waiter.Silent(200));  // only one of two keys
+  EXPECT_TRUE(waiter.Silent(200));          // only one of two keys
   ASSERT_TRUE(store->Set("/b", "2").ok());  // server-side set wakes too
   std::uint8_t r = 9;
   ASSERT_TRUE(waiter.Read(&r));
@@ -129,16 +129,25 @@ TEST(TcpStore, AddCheckDeleteNumKeys) {
   c.Type(static_cast<std::uint8_t>(Q::kGetNumKeys));
   ASSERT_TRUE(c.Flush());
   std::int64_t v = 0;
-  ASSERT_TRUE(c.Read(&v)); EXPECT_EQ(v, 5);
-  ASSERT_TRUE(c.Read(&v)); EXPECT_EQ(v, 12);
-  ASSERT_TRUE(c.Read(&v)); EXPECT_EQ(v, 10);
+  ASSERT_TRUE(c.Read(&v));
+  EXPECT_EQ(v, 5);
+  ASSERT_TRUE(c.Read(&v));
+  EXPECT_EQ(v, 12);
+  ASSERT_TRUE(c.Read(&v));
+  EXPECT_EQ(v, 10);
   std::uint8_t ready = 9;
-  ASSERT_TRUE(c.Read(&ready)); EXPECT_EQ(ready, 1);  // NOT_READY
-  ASSERT_TRUE(c.Read(&ready)); EXPECT_EQ(ready, 0);  // READY
-  ASSERT_TRUE(c.Read(&v)); EXPECT_EQ(v, 1);
-  ASSERT_TRUE(c.Read(&v)); EXPECT_EQ(v, 1);
-  ASSERT_TRUE(c.Read(&v)); EXPECT_EQ(v, 0);
-  ASSERT_TRUE(c.Read(&v)); EXPECT_EQ(v, 0);
+  ASSERT_TRUE(c.Read(&ready));
+  EXPECT_EQ(ready, 1);  // NOT_READY
+  ASSERT_TRUE(c.Read(&ready));
+  EXPECT_EQ(ready, 0);  // READY
+  ASSERT_TRUE(c.Read(&v));
+  EXPECT_EQ(v, 1);
+  ASSERT_TRUE(c.Read(&v));
+  EXPECT_EQ(v, 1);
+  ASSERT_TRUE(c.Read(&v));
+  EXPECT_EQ(v, 0);
+  ASSERT_TRUE(c.Read(&v));
+  EXPECT_EQ(v, 0);
 }
 
 // Proves MULTI_SET/MULTI_GET, APPEND and COMPARE_SET follow c10d semantics; catches reordered
@@ -148,23 +157,35 @@ TEST(TcpStore, MultiAppendCompareSet) {
   StoreClient c(store->port());
   c.Type(static_cast<std::uint8_t>(Q::kMultiSet));
   c.Pod<std::uint64_t>(2);
-  c.Str("/x"); c.Str("ab");
-  c.Str("/y"); c.Str("");
+  c.Str("/x");
+  c.Str("ab");
+  c.Str("/y");
+  c.Str("");
   c.Type(static_cast<std::uint8_t>(Q::kAppend));
-  c.Str("/x"); c.Str("cd");
+  c.Str("/x");
+  c.Str("cd");
   c.Type(static_cast<std::uint8_t>(Q::kMultiGet));
   c.Pod<std::uint64_t>(2);
-  c.Str("/y"); c.Str("/x");
+  c.Str("/y");
+  c.Str("/x");
   c.Type(static_cast<std::uint8_t>(Q::kCompareSet));
-  c.Str("/x"); c.Str("zz"); c.Str("new");   // mismatch: returns current
+  c.Str("/x");
+  c.Str("zz");
+  c.Str("new");  // mismatch: returns current
   c.Type(static_cast<std::uint8_t>(Q::kCompareSet));
-  c.Str("/x"); c.Str("abcd"); c.Str("new"); // match: returns desired
+  c.Str("/x");
+  c.Str("abcd");
+  c.Str("new");  // match: returns desired
   ASSERT_TRUE(c.Flush());
   std::string s;
-  ASSERT_TRUE(c.ReadStr(&s)); EXPECT_EQ(s, "");
-  ASSERT_TRUE(c.ReadStr(&s)); EXPECT_EQ(s, "abcd");
-  ASSERT_TRUE(c.ReadStr(&s)); EXPECT_EQ(s, "abcd");
-  ASSERT_TRUE(c.ReadStr(&s)); EXPECT_EQ(s, "new");
+  ASSERT_TRUE(c.ReadStr(&s));
+  EXPECT_EQ(s, "");
+  ASSERT_TRUE(c.ReadStr(&s));
+  EXPECT_EQ(s, "abcd");
+  ASSERT_TRUE(c.ReadStr(&s));
+  EXPECT_EQ(s, "abcd");
+  ASSERT_TRUE(c.ReadStr(&s));
+  EXPECT_EQ(s, "new");
   EXPECT_EQ(store->Get("/x").value_or(""), "new");
 }
 
@@ -221,8 +242,12 @@ TEST(TcpStore, ConnectionsBounded) {
   o.connections_max = 2;
   auto store = StartStore(o);
   StoreClient a(store->port()), b(store->port());
-  a.Type(static_cast<std::uint8_t>(Q::kPing)); a.Pod<std::uint32_t>(1); ASSERT_TRUE(a.Flush());
-  b.Type(static_cast<std::uint8_t>(Q::kPing)); b.Pod<std::uint32_t>(2); ASSERT_TRUE(b.Flush());
+  a.Type(static_cast<std::uint8_t>(Q::kPing));
+  a.Pod<std::uint32_t>(1);
+  ASSERT_TRUE(a.Flush());
+  b.Type(static_cast<std::uint8_t>(Q::kPing));
+  b.Pod<std::uint32_t>(2);
+  ASSERT_TRUE(b.Flush());
   std::uint32_t n;
   ASSERT_TRUE(a.Read(&n));
   ASSERT_TRUE(b.Read(&n));
@@ -258,13 +283,18 @@ TEST(TcpStore, ByteByByteFraming) {
   auto put = [&q](const void* p, std::size_t n) { q.append(static_cast<const char*>(p), n); };
   std::uint8_t t = static_cast<std::uint8_t>(Q::kSet);
   put(&t, 1);
-  std::uint64_t n = 3; put(&n, 8); q += "/kk";
-  n = 5; put(&n, 8); q += "hello";
+  std::uint64_t n = 3;
+  put(&n, 8);
+  q += "/kk";
+  n = 5;
+  put(&n, 8);
+  q += "hello";
   for (char ch : q) {
     c.Pod<char>(ch);
     ASSERT_TRUE(c.Flush());
   }
-  for (int i = 0; i < 100 && !store->Get("/kk"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 100 && !store->Get("/kk"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(store->Get("/kk").value_or(""), "hello");
 }
 

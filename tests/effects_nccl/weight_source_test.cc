@@ -21,14 +21,18 @@ std::string Le64(std::uint64_t v) {
   for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
   return s;
 }
-std::string File(const std::string& header, const std::string& data) { return Le64(header.size()) + header + data; }
+std::string File(const std::string& header, const std::string& data) {
+  return Le64(header.size()) + header + data;
+}
 
 const std::string kGoodHeader =
     R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]},)"
     R"("a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})";
 const std::string kGoodData = "AABBccccdddd";
 
-Result<SafetensorsIndex> Parse(const std::string& file) { return ParseSafetensorsHeader(file, file.size()); }
+Result<SafetensorsIndex> Parse(const std::string& file) {
+  return ParseSafetensorsHeader(file, file.size());
+}
 
 // Proves a valid file parses into data-offset order with absolute offsets and metadata; catches
 // JSON key order (alphabetical) leaking into the transfer order.
@@ -48,7 +52,10 @@ TEST(Safetensors, ValidFileInOffsetOrder) {
 // Proves each malformed file is refused with an error naming the problem; catches a parser that
 // would stream wrong bytes (gaps, overlaps, short files, size mismatches) into the engine.
 TEST(Safetensors, MalformedFilesRejected) {
-  struct Case { std::string file; std::string needle; };
+  struct Case {
+    std::string file;
+    std::string needle;
+  };
   auto hdr = [](const std::string& a, const std::string& b) {
     return R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":)" + a +
            R"(},"b":{"dtype":"F32","shape":[2],"data_offsets":)" + b + "}}";
@@ -61,7 +68,8 @@ TEST(Safetensors, MalformedFilesRejected) {
       {File("[1,2]", ""), "not a JSON object"},
       {File(R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", "x"), "unsupported"},
       {File(R"({"a":{"shape":[1],"data_offsets":[0,1]}})", "x"), "lacks"},
-      {File(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", "x"), "non-integer or negative"},
+      {File(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", "x"),
+       "non-integer or negative"},
       {File(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[1,0]}})", "x"), "begin<=end"},
       {File(hdr("[0,4]", "[6,14]"), std::string(14, 'x')), "(gap)"},
       {File(hdr("[0,4]", "[2,10]"), std::string(10, 'x')), "(overlap)"},
@@ -106,9 +114,9 @@ TEST(Safetensors, OpenFromDiskAndRead) {
 
 std::string IpcEntry(const std::string& name, std::uint64_t alloc, std::uint64_t off, int dev,
                      const std::string& handle_b64) {
-  return R"({"name":")" + name + R"(","dtype":"bfloat16","shape":[4,2],"ipc_handle_b64":")" + handle_b64 +
-         R"(","allocation_bytes":)" + std::to_string(alloc) + R"(,"offset":)" + std::to_string(off) +
-         R"(,"device":)" + std::to_string(dev) + "}";
+  return R"({"name":")" + name + R"(","dtype":"bfloat16","shape":[4,2],"ipc_handle_b64":")" +
+         handle_b64 + R"(","allocation_bytes":)" + std::to_string(alloc) + R"(,"offset":)" +
+         std::to_string(off) + R"(,"device":)" + std::to_string(dev) + "}";
 }
 
 // Proves the IPC handle file is checked (handle length, bounds inside the allocation, one device,
@@ -122,10 +130,14 @@ TEST(IpcHandleFile, ParseAndReject) {
   EXPECT_EQ(ok->refs[0].offset, 16u);
   EXPECT_EQ(ok->refs[0].handle, std::string(64, '\x5a'));
   EXPECT_EQ(ok->manifest.tensors[1].nbytes(), 16u);
-  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 20, 8, 0, h) + "]}").ok());
-  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 16, 0, 0, encoding::Base64Encode("short")) + "]}").ok());
+  EXPECT_FALSE(
+      ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 20, 8, 0, h) + "]}").ok());
+  EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" +
+                                  IpcEntry("w", 16, 0, 0, encoding::Base64Encode("short")) + "]}")
+                   .ok());
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[)" + IpcEntry("w", 16, 0, 0, h) + "," +
-                                  IpcEntry("v", 16, 0, 1, h) + "]}").ok());
+                                  IpcEntry("v", 16, 0, 1, h) + "]}")
+                   .ok());
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":2,"tensors":[]})").ok());
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[{"name":"w"}]})").ok());
   EXPECT_FALSE(ParseIpcHandleFile("{").ok());

@@ -57,7 +57,8 @@ TEST(Sha256, StreamingEqualsOneShot) {
   for (int i = 0; i < 5000; ++i) input.push_back(static_cast<char>(i * 131 + 7));
   for (std::size_t piece : {1u, 3u, 63u, 64u, 65u, 4096u}) {
     Sha256Hasher h;
-    for (std::size_t at = 0; at < input.size(); at += piece) h.Update(std::string_view(input).substr(at, piece));
+    for (std::size_t at = 0; at < input.size(); at += piece)
+      h.Update(std::string_view(input).substr(at, piece));
     EXPECT_EQ(h.Finish(), Sha256(input)) << piece;
   }
   Sha256Hasher h;

@@ -20,7 +20,6 @@
 
 namespace {
 
-
 constexpr std::uint64_t kAdmitWaitMs = 30000;
 constexpr std::uint32_t kLeaseMs = 30000;
 const char* const kActive = "r1";  // the rollout active in the READY state
@@ -124,9 +123,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       FUZZ_CHECK(f->prompt_tokens >= 0 && f->prompt_tokens <= UINT32_MAX);
       FUZZ_CHECK(f->completion_tokens >= 0 && f->completion_tokens <= UINT32_MAX);
-      const bool accepted = decide_and_apply(rc::RolloutFinished{
-          id, f->outcome, static_cast<std::uint32_t>(f->prompt_tokens),
-          static_cast<std::uint32_t>(f->completion_tokens)});
+      const bool accepted = decide_and_apply(
+          rc::RolloutFinished{id, f->outcome, static_cast<std::uint32_t>(f->prompt_tokens),
+                              static_cast<std::uint32_t>(f->completion_tokens)});
       if (id == kActive) FUZZ_CHECK(accepted);  // the active rollout always finishes
       if (ready().active.count(id) == 0) FUZZ_CHECK(!accepted);
       return 0;

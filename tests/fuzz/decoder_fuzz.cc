@@ -17,9 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       RC_CHECK(r.status().code() == rc::Code::kCorruption && !r.status().message().empty());
       return 0;
     }
-    rc::Result<rc::journal::Record> again = rc::journal::DecodeRecord(rc::journal::EncodeRecord(*r));
+    rc::Result<rc::journal::Record> again =
+        rc::journal::DecodeRecord(rc::journal::EncodeRecord(*r));
     RC_CHECK(again.ok() && again->event == r->event && again->seq == r->seq &&
-              again->prev_hash == r->prev_hash);
+             again->prev_hash == r->prev_hash);
   } else {
     rc::Result<rc::State> s = rc::journal::DecodeState(bytes);
     if (!s.ok()) {

@@ -27,7 +27,6 @@ using nlohmann::json;
 using rc::effects::EngineClient;
 using rc::effects::HttpReply;
 
-
 HttpReply reply_for(const std::string& raw) {
   HttpReply r;
   r.raw = raw;
@@ -46,8 +45,8 @@ void check_evidence(const HttpReply& r, EngineClient::Shape shape) {
   }
 }
 
-HttpReply interpret(const std::string& raw, EngineClient::Shape shape,
-                    bool (*check)(const json&), const char* path) {
+HttpReply interpret(const std::string& raw, EngineClient::Shape shape, bool (*check)(const json&),
+                    const char* path) {
   HttpReply r = reply_for(raw);
   rc::effects::interpret_body(shape, check, path, r);
   check_evidence(r, shape);
@@ -204,8 +203,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;
     }
     case 7: {  // POST /update_weight_version
-      HttpReply r = interpret(raw, Shape::kJsonObject, &fx::check_success,
-                              "/update_weight_version");
+      HttpReply r =
+          interpret(raw, Shape::kJsonObject, &fx::check_success, "/update_weight_version");
       if (r.http.ok_2xx()) (void)r.body["success"].get<bool>();
       return 0;
     }

@@ -24,7 +24,6 @@
 
 namespace {
 
-
 using nlohmann::json;
 namespace svc = rc::service;
 
@@ -54,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string raw(reinterpret_cast<const char*>(data + 1), size - 1);
 
   svc::Trajectory trace;
-  std::string client;          // what the client receives
+  std::string client;             // what the client receives
   std::vector<std::string> sent;  // each event's JSON text
   std::size_t skipped = 0;
   rc::effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {

@@ -18,7 +18,6 @@
 
 namespace {
 
-
 namespace nccl = rc::effects::nccl;
 
 std::string le64(std::uint64_t v) {
@@ -50,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // near the prefix's own end reach the "header runs past the end" and "truncated" paths.
   static const std::uint64_t kExtra[] = {0, 0, 0, 1, 2, 4, 8, 16, 64, 256, 4096, 1u << 20};
   std::uint64_t file_bytes = prefix.size() + kExtra[data[0] % 12];
-  if (data[0] >= 0xF0) file_bytes = prefix.size() - std::min<std::size_t>(prefix.size(), data[0] & 0x0F);
+  if (data[0] >= 0xF0)
+    file_bytes = prefix.size() - std::min<std::size_t>(prefix.size(), data[0] & 0x0F);
 
   rc::Result<nccl::SafetensorsIndex> r = nccl::ParseSafetensorsHeader(prefix, file_bytes);
   if (!r.ok()) {
@@ -61,7 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const nccl::SafetensorsIndex& index = *r;
   FUZZ_CHECK(prefix.size() >= 8);
   std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+  for (int i = 7; i >= 0; --i)
+    header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
   const std::uint64_t data_start = 8 + header_len;
   FUZZ_CHECK(index.file_bytes == file_bytes && data_start <= file_bytes);
   FUZZ_CHECK(index.file_offsets.size() == index.manifest.tensors.size());
@@ -81,7 +82,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string header = reserialise(index, data_start);
   const std::string again_prefix = le64(header.size()) + header;
   const std::uint64_t again_bytes = again_prefix.size() + (file_bytes - data_start);
-  rc::Result<nccl::SafetensorsIndex> again = nccl::ParseSafetensorsHeader(again_prefix, again_bytes);
+  rc::Result<nccl::SafetensorsIndex> again =
+      nccl::ParseSafetensorsHeader(again_prefix, again_bytes);
   FUZZ_CHECK(again.ok());
   FUZZ_CHECK(again->manifest.tensors == index.manifest.tensors);
   FUZZ_CHECK(again->metadata == index.metadata);

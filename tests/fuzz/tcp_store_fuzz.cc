@@ -21,7 +21,6 @@
 
 namespace {
 
-
 namespace nccl = rc::effects::nccl;
 
 const std::string kWriteOnce(nccl::kUniqueIdWireKey);

@@ -29,7 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 inline Manifest Qwen3_8B() {
   Manifest m;
-  auto add = [&m](std::string n, std::vector<std::uint64_t> s) { m.tensors.push_back({std::move(n), DType::kBFloat16, std::move(s)}); };
+  auto add = [&m](std::string n, std::vector<std::uint64_t> s) {
+    m.tensors.push_back({std::move(n), DType::kBFloat16, std::move(s)});
+  };
   add("model.embed_tokens.weight", {151936, 4096});
   for (int l = 0; l < 36; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -52,7 +54,9 @@ inline Manifest Qwen3_8B() {
 
 inline Manifest Opt125M() {
   Manifest m;
-  auto add = [&m](std::string n, std::vector<std::uint64_t> s) { m.tensors.push_back({std::move(n), DType::kBFloat16, std::move(s)}); };
+  auto add = [&m](std::string n, std::vector<std::uint64_t> s) {
+    m.tensors.push_back({std::move(n), DType::kBFloat16, std::move(s)});
+  };
   add("model.decoder.embed_tokens.weight", {50272, 768});
   add("model.decoder.embed_positions.weight", {2050, 768});
   for (int l = 0; l < 12; ++l) {
@@ -87,8 +91,10 @@ inline void Generate(std::uint64_t seed, std::size_t i, std::uint64_t nbytes, ch
       for (std::uint64_t j = lo; j < hi; ++j) {
         const std::uint32_t w = static_cast<std::uint32_t>(j * 2654435761ull + c);
         const std::uint64_t off = j * 4;
-        if (off + 4 <= nbytes) std::memcpy(dst + off, &w, 4);
-        else std::memcpy(dst + off, &w, nbytes - off);
+        if (off + 4 <= nbytes)
+          std::memcpy(dst + off, &w, 4);
+        else
+          std::memcpy(dst + off, &w, nbytes - off);
       }
     });
   }
@@ -98,7 +104,9 @@ inline void Generate(std::uint64_t seed, std::size_t i, std::uint64_t nbytes, ch
 struct DeviceSet {
   std::vector<void*> allocations;
   std::vector<const void*> ptrs;
-  ~DeviceSet() { for (void* p : allocations) cudaFree(p); }
+  ~DeviceSet() {
+    for (void* p : allocations) cudaFree(p);
+  }
 };
 
 // contiguous: one allocation, tensors back to back (broadcast straight from it); else one each.
@@ -107,7 +115,8 @@ inline std::unique_ptr<DeviceSet> Upload(const Manifest& m, std::uint64_t seed, 
   std::uint64_t max_bytes = 0;
   for (const auto& t : m.tensors) max_bytes = std::max(max_bytes, t.nbytes());
   char* host = nullptr;
-  RC_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), max_bytes, cudaHostAllocDefault) == cudaSuccess);
+  RC_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host), max_bytes, cudaHostAllocDefault) ==
+           cudaSuccess);
   char* base = nullptr;
   if (contiguous) {
     RC_CHECK(cudaMalloc(reinterpret_cast<void**>(&base), m.total_bytes()) == cudaSuccess);
@@ -121,7 +130,8 @@ inline std::unique_ptr<DeviceSet> Upload(const Manifest& m, std::uint64_t seed, 
     if (contiguous) {
       dst = base + off;
     } else {
-      RC_CHECK(cudaMalloc(reinterpret_cast<void**>(&dst), std::max<std::uint64_t>(n, 1)) == cudaSuccess);
+      RC_CHECK(cudaMalloc(reinterpret_cast<void**>(&dst), std::max<std::uint64_t>(n, 1)) ==
+               cudaSuccess);
       set->allocations.push_back(dst);
     }
     RC_CHECK(cudaMemcpy(dst, host, n, cudaMemcpyHostToDevice) == cudaSuccess);
@@ -136,7 +146,9 @@ inline void WriteSafetensors(const Manifest& m, std::uint64_t seed, const std::s
   json h = json::object();
   std::uint64_t off = 0;
   for (const auto& t : m.tensors) {
-    h[t.name] = {{"dtype", dtype_safetensors_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.nbytes()}}};
+    h[t.name] = {{"dtype", dtype_safetensors_name(t.dtype)},
+                 {"shape", t.shape},
+                 {"data_offsets", {off, off + t.nbytes()}}};
     off += t.nbytes();
   }
   std::string header = h.dump();
@@ -154,7 +166,8 @@ inline void WriteSafetensors(const Manifest& m, std::uint64_t seed, const std::s
 }
 
 inline std::int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
 }
 
 // The sender and the test routes share the project's one HTTP client.
@@ -173,14 +186,17 @@ struct Ctx {
     return api.Call(r, {});
   }
   void Config(const std::string& version, json seed, double stall_s = 0) {
-    auto r = Call(EngineClient::Method::kPost, "/test/config",
-                  json{{"version", version}, {"seed", seed}, {"stall_after_first_s", stall_s}}, 5000);
+    auto r =
+        Call(EngineClient::Method::kPost, "/test/config",
+             json{{"version", version}, {"seed", seed}, {"stall_after_first_s", stall_s}}, 5000);
     RC_CHECK(r.http.http_status == 200);
     // The receiver now answers as `version` (0.25.x: no /weight_info): as after an engine restart
     // with another vLLM, the client finds the label route again.
     api.set_label_route(LabelRoute::kUnknown);
   }
-  json Report() { return Call(EngineClient::Method::kGet, "/test/report", std::nullopt, 5000).body; }
+  json Report() {
+    return Call(EngineClient::Method::kGet, "/test/report", std::nullopt, 5000).body;
+  }
   std::string Label() {  // either route: /weight_info, or the worker extension on 0.25.x
     auto r = api.ReadLabel();
     return r.body.is_object() ? r.body.value("weight_version", "") : "";

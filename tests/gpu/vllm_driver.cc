@@ -50,9 +50,10 @@ using namespace rc::gpu_test;
 namespace {
 
 json Phases(const PhaseTimings& t) {
-  return {{"total_us", t.total_us},       {"drain_us", t.drain_us},       {"preflight_us", t.preflight_us},
-          {"transfer_us", t.transfer_us}, {"invalidate_us", t.invalidate_us}, {"validate_us", t.validate_us},
-          {"resume_us", t.resume_us},     {"journal_us", t.journal_us}};
+  return {{"total_us", t.total_us},           {"drain_us", t.drain_us},
+          {"preflight_us", t.preflight_us},   {"transfer_us", t.transfer_us},
+          {"invalidate_us", t.invalidate_us}, {"validate_us", t.validate_us},
+          {"resume_us", t.resume_us},         {"journal_us", t.journal_us}};
 }
 
 // Lowercase hex SHA-256 of a file, "" when larger than max_bytes or unreadable.
@@ -65,7 +66,8 @@ std::string FileSha256(const std::string& path, std::uint64_t max_bytes) {
   std::vector<char> buf(std::size_t{8} << 20);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) hasher.Update(std::string_view(buf.data(), static_cast<std::size_t>(in.gcount())));
+    if (in.gcount() > 0)
+      hasher.Update(std::string_view(buf.data(), static_cast<std::size_t>(in.gcount())));
   }
   return hex::encode(hasher.Finish());
 }
@@ -74,7 +76,8 @@ std::string FileSha256(const std::string& path, std::uint64_t max_bytes) {
 std::shared_ptr<WeightSource> MakeResident(const WeightSource& host, std::vector<void*>* keep) {
   const Manifest& m = host.manifest();
   char* base = nullptr;
-  RC_CHECK(cudaMalloc(reinterpret_cast<void**>(&base), std::max<std::uint64_t>(m.total_bytes(), 1)) == cudaSuccess);
+  RC_CHECK(cudaMalloc(reinterpret_cast<void**>(&base),
+                      std::max<std::uint64_t>(m.total_bytes(), 1)) == cudaSuccess);
   keep->push_back(base);
   std::uint64_t max_bytes = 1;
   for (const auto& t : m.tensors) max_bytes = std::max(max_bytes, t.nbytes());
@@ -83,7 +86,8 @@ std::shared_ptr<WeightSource> MakeResident(const WeightSource& host, std::vector
   std::uint64_t off = 0;
   for (std::size_t i = 0; i < m.tensors.size(); ++i) {
     RC_CHECK(host.ReadHost(i, buf.data()).ok());
-    RC_CHECK(cudaMemcpy(base + off, buf.data(), m.tensors[i].nbytes(), cudaMemcpyHostToDevice) == cudaSuccess);
+    RC_CHECK(cudaMemcpy(base + off, buf.data(), m.tensors[i].nbytes(), cudaMemcpyHostToDevice) ==
+             cudaSuccess);
     ptrs.push_back(base + off);
     off += m.tensors[i].nbytes();
   }
@@ -91,8 +95,11 @@ std::shared_ptr<WeightSource> MakeResident(const WeightSource& host, std::vector
 }
 
 json IdentityJson(const WeightIdentity& id) {
-  return {{"manifest_digest", id.manifest_digest}, {"content_digest", id.content_digest},
-          {"checkpoint", id.checkpoint}, {"run", id.run}, {"step", id.step}};
+  return {{"manifest_digest", id.manifest_digest},
+          {"content_digest", id.content_digest},
+          {"checkpoint", id.checkpoint},
+          {"run", id.run},
+          {"step", id.step}};
 }
 
 }  // namespace
@@ -104,14 +111,22 @@ int main(int argc, char** argv) {
   std::uint64_t drain_ms = 60000;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--mode") mode = v;
-    else if (k == "--url") url = v;
-    else if (k == "--steps") steps_arg = v;
-    else if (k == "--gate") gate = v;
-    else if (k == "--from") from = v;
-    else if (k == "--pid") pid = std::stoi(v);
-    else if (k == "--drain-ms") drain_ms = std::stoull(v);
-    else if (k == "--resident") resident = v == "1";
+    if (k == "--mode")
+      mode = v;
+    else if (k == "--url")
+      url = v;
+    else if (k == "--steps")
+      steps_arg = v;
+    else if (k == "--gate")
+      gate = v;
+    else if (k == "--from")
+      from = v;
+    else if (k == "--pid")
+      pid = std::stoi(v);
+    else if (k == "--drain-ms")
+      drain_ms = std::stoull(v);
+    else if (k == "--resident")
+      resident = v == "1";
   }
   std::vector<std::pair<std::string, std::string>> steps;  // file, label
   {
@@ -122,12 +137,19 @@ int main(int argc, char** argv) {
       if (eq != std::string::npos) steps.emplace_back(item.substr(0, eq), item.substr(eq + 1));
     }
   }
-  if (steps.empty()) { std::cerr << "--steps FILE=LABEL[,...] required\n"; return 2; }
+  if (steps.empty()) {
+    std::cerr << "--steps FILE=LABEL[,...] required\n";
+    return 2;
+  }
   std::vector<std::shared_ptr<WeightSource>> sources;
   for (const auto& [path, label] : steps) {
     auto src = SafetensorsSource::Open(path);
     if (!src.ok()) {
-      std::cout << json{{"check", "open " + path}, {"pass", false}, {"status", src.status().ToString()}}.dump() << std::endl;
+      std::cout << json{{"check", "open " + path},
+                        {"pass", false},
+                        {"status", src.status().ToString()}}
+                       .dump()
+                << std::endl;
       return 1;
     }
     sources.emplace_back(std::move(*src));
@@ -144,19 +166,27 @@ int main(int argc, char** argv) {
   NcclSender sender(client, so);
   const auto t_init = SteadyNs();
   Status st = sender.Init(120000);
-  std::cout << json{{"check", "sender init (rendezvous with the engine)"}, {"pass", st.ok()}, {"status", st.ToString()},
-                    {"init_ms", (SteadyNs() - t_init) / 1e6}}.dump() << std::endl;
+  std::cout << json{{"check", "sender init (rendezvous with the engine)"},
+                    {"pass", st.ok()},
+                    {"status", st.ToString()},
+                    {"init_ms", (SteadyNs() - t_init) / 1e6}}
+                   .dump()
+            << std::endl;
   if (!st.ok()) return 1;
   std::vector<void*> device_copies;
   if (resident) {
     RC_CHECK(cudaSetDevice(0) == cudaSuccess);
     const auto t = SteadyNs();
     for (auto& src : sources) src = MakeResident(*src, &device_copies);
-    std::cout << json{{"resident", true}, {"upload_ms", (SteadyNs() - t) / 1e6}}.dump() << std::endl;
+    std::cout << json{{"resident", true}, {"upload_ms", (SteadyNs() - t) / 1e6}}.dump()
+              << std::endl;
   }
-  for (std::size_t i = 0; i < steps.size(); ++i) sender.RegisterSource("file:" + steps[i].first + "#" + std::to_string(i), sources[i]);
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    sender.RegisterSource("file:" + steps[i].first + "#" + std::to_string(i), sources[i]);
   std::random_device rd;
-  const auto dir = (std::filesystem::temp_directory_path() / ("rc-vllm-journal-" + std::to_string(rd()))).string();
+  const auto dir =
+      (std::filesystem::temp_directory_path() / ("rc-vllm-journal-" + std::to_string(rd())))
+          .string();
   std::filesystem::create_directories(dir);
   auto j = journal::Journal::Open(dir, journal::Options{});
   if (!j.ok()) return 1;
@@ -166,11 +196,16 @@ int main(int argc, char** argv) {
   o.call_timeout_ms = 10000;
   Runner runner(**j, control, sender, system_clock(), o);
   Status boot = runner.Bootstrap(from, WeightIdentity{m.digest(), "", "dummy:", "vllm-real", 0});
-  std::cout << json{{"check", "bootstrap " + from}, {"pass", boot.ok()}, {"status", boot.ToString()}}.dump() << std::endl;
+  std::cout << json{{"check", "bootstrap " + from},
+                    {"pass", boot.ok()},
+                    {"status", boot.ToString()}}
+                   .dump()
+            << std::endl;
   if (!boot.ok()) return 1;
   std::atomic<std::int64_t> tainted_ns{0}, kill_ns{0};
   runner.set_observer([&](std::uint64_t, const Event& e) {
-    if (const auto* ended = std::get_if<UpdateEnded>(&e); ended && ended->outcome == UpdateOutcome::kTainted)
+    if (const auto* ended = std::get_if<UpdateEnded>(&e);
+        ended && ended->outcome == UpdateOutcome::kTainted)
       tainted_ns = SteadyNs();
   });
   int fails = 0;
@@ -179,25 +214,36 @@ int main(int argc, char** argv) {
   for (const auto& [path, label] : steps) {
     const auto t = SteadyNs();
     contents.push_back(FileSha256(path, std::uint64_t{4} << 30));
-    std::cout << json{{"content_sha256", path}, {"digest", contents.back()}, {"ms", (SteadyNs() - t) / 1e6}}.dump() << std::endl;
+    std::cout << json{{"content_sha256", path},
+                      {"digest", contents.back()},
+                      {"ms", (SteadyNs() - t) / 1e6}}
+                     .dump()
+              << std::endl;
   }
   for (std::size_t i = 0; i < steps.size(); ++i) {
     std::string label = steps[i].second;
     const bool raw = label.rfind("raw:", 0) == 0;
     if (raw) label = label.substr(4);
     const std::string uri = "file:" + steps[i].first + "#" + std::to_string(i);
-    const WeightIdentity identity{m.digest(), contents[i], uri, "vllm-real", static_cast<int>(i + 1)};
+    const WeightIdentity identity{m.digest(), contents[i], uri, "vllm-real",
+                                  static_cast<int>(i + 1)};
     if (i > 0 && !gate.empty()) {
       const auto go = gate + "/go." + std::to_string(i + 1);
-      for (int w = 0; w < 2400 && !std::filesystem::exists(go); ++w) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (int w = 0; w < 2400 && !std::filesystem::exists(go); ++w)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (raw) {  // outside the lifecycle: no drain, no reset, no validation, nothing journaled
       const auto t0 = SteadyNs();
       TransferObserved tr = sender.Transfer(
           TransferTarget{"raw-" + label, WeightVersion{0, label}, identity, uri}, 120000);
-      json row = {{"mode", "raw"}, {"step", i + 1}, {"file", steps[i].first}, {"label", label},
-                  {"transfer_wall_ms", (SteadyNs() - t0) / 1e6}, {"acknowledged", tr.acknowledged},
-                  {"mutation", mutation_name(tr.mutation)}, {"error", tr.error},
+      json row = {{"mode", "raw"},
+                  {"step", i + 1},
+                  {"file", steps[i].first},
+                  {"label", label},
+                  {"transfer_wall_ms", (SteadyNs() - t0) / 1e6},
+                  {"acknowledged", tr.acknowledged},
+                  {"mutation", mutation_name(tr.mutation)},
+                  {"error", tr.error},
                   {"check", "raw transfer outside RolloutCore (E4 negative control: caches left)"},
                   {"pass", tr.acknowledged}};
       std::cout << row.dump() << std::endl;
@@ -234,23 +280,37 @@ int main(int argc, char** argv) {
     const PhaseTimings t = runner.last_timings();
     const TransferTiming tt = sender.last_timing();
     const State s = (*j)->state();
-    json row = {{"mode", kill_step ? "kill" : "update"}, {"resident", resident}, {"step", i + 1}, {"file", steps[i].first}, {"label", label},
-                {"bytes", m.total_bytes()}, {"tensors", m.tensors.size()}, {"update_wall_ms", wall_ms},
+    json row = {{"mode", kill_step ? "kill" : "update"},
+                {"resident", resident},
+                {"step", i + 1},
+                {"file", steps[i].first},
+                {"label", label},
+                {"bytes", m.total_bytes()},
+                {"tensors", m.tensors.size()},
+                {"update_wall_ms", wall_ms},
                 {"outcome", r.ok() ? update_outcome_name(r->outcome) : r.status().ToString()},
-                {"reason", r.ok() ? r->reason : ""}, {"lifecycle", lifecycle_name(s.lifecycle)},
-                {"committed_label", s.committed.label}, {"phases_us", Phases(t)},
+                {"reason", r.ok() ? r->reason : ""},
+                {"lifecycle", lifecycle_name(s.lifecycle)},
+                {"committed_label", s.committed.label},
+                {"phases_us", Phases(t)},
                 {"committed_identity", IdentityJson(s.committed_identity)},
-                {"sender_data_plane_us", tt.data_plane_us}, {"sender_update_http_us", tt.update_http_us},
-                {"sender_start_http_us", tt.start_http_us}, {"sender_finish_http_us", tt.finish_http_us},
-                {"direct_ops", tt.direct_ops}, {"staged_ops", tt.staged_ops},
-                {"ops_completed", sender.progress().ops_completed.load()}, {"journal_dir", dir}};
+                {"sender_data_plane_us", tt.data_plane_us},
+                {"sender_update_http_us", tt.update_http_us},
+                {"sender_start_http_us", tt.start_http_us},
+                {"sender_finish_http_us", tt.finish_http_us},
+                {"direct_ops", tt.direct_ops},
+                {"staged_ops", tt.staged_ops},
+                {"ops_completed", sender.progress().ops_completed.load()},
+                {"journal_dir", dir}};
     if (kill_step) {
       const double ms = tainted_ns > 0 && kill_ns > 0 ? (tainted_ns - kill_ns) / 1e6 : -1;
       row["kill_to_tainted_journaled_ms"] = ms;
       row["check"] = "engine SIGKILLed mid-transfer -> TAINTED within 2 s, target unpublished";
-      row["pass"] = r.ok() && r->outcome == UpdateOutcome::kTainted && ms >= 0 && ms < 2000 && s.committed.label == prev;
+      row["pass"] = r.ok() && r->outcome == UpdateOutcome::kTainted && ms >= 0 && ms < 2000 &&
+                    s.committed.label == prev;
       auto rep = replay::Replay(**j, {});
-      if (rep.ok() && !rep->incidents.empty()) row["replay_explanation"] = rep->incidents[0].explanation;
+      if (rep.ok() && !rep->incidents.empty())
+        row["replay_explanation"] = rep->incidents[0].explanation;
     } else {
       row["check"] = "Runner::Update against real vLLM commits";
       row["pass"] = r.ok() && r->outcome == UpdateOutcome::kCommitted && s.committed.label == label;

@@ -73,8 +73,9 @@ TEST(HttpUtil, QueryU64RejectsBeyond64BitsWithoutThrowing) {
   EXPECT_EQ(*q("0"), 0u);
   EXPECT_EQ(*q("18446744073709551615"), UINT64_MAX);
   EXPECT_EQ(*q("000000000000000000000000007"), 7u);
-  for (const std::string& bad : std::vector<std::string>{"18446744073709551616", "99999999999999999999", std::string(1000, '9'), "", "-1", "+1",
-        " 1", "1 ", "0x10", "1e3", "1.0", "١", std::string("1\0", 2)}) {
+  for (const std::string& bad : std::vector<std::string>{
+           "18446744073709551616", "99999999999999999999", std::string(1000, '9'), "", "-1", "+1",
+           " 1", "1 ", "0x10", "1e3", "1.0", "١", std::string("1\0", 2)}) {
     Result<std::uint64_t> r = Result<std::uint64_t>(Status::Internal("unset"));
     EXPECT_NO_THROW(r = q(bad)) << bad;
     ASSERT_FALSE(r.ok()) << bad;

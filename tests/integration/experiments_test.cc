@@ -1,6 +1,7 @@
-// The article's experiments (docs/experiments.md), reproduced over real loopback HTTP against the vLLM test
-// double with a real RocksDB journal. The double is not vLLM: these prove the controller's
-// behaviour against vLLM's documented protocol; tests/gpu and bench/gpu cover the GPU path.
+// The article's experiments (docs/experiments.md), reproduced over real loopback HTTP against the
+// vLLM test double with a real RocksDB journal. The double is not vLLM: these prove the
+// controller's behaviour against vLLM's documented protocol; tests/gpu and bench/gpu cover the GPU
+// path.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -40,8 +41,8 @@ TEST(Experiments, E1ControlPlaneOnly) {
     auto r = x.Complete("a 256-token rollout", 256);
     EXPECT_TRUE(r.http.ok_2xx());
     EXPECT_EQ(r.body["usage"]["completion_tokens"], 256);
-    finished_at_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                         steady_clock::now() - t0).count();
+    finished_at_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(steady_clock::now() - t0).count();
   });
   ASSERT_TRUE(x.engine.engine().WaitUntil([](const auto& s) { return s.running == 1; }, 5000));
   DrainObserved drained = x.control->PauseWait(20000);

@@ -22,7 +22,8 @@ namespace rc::itest {
 namespace {
 
 std::vector<std::uint32_t> Seeds(std::uint32_t count) {
-  if (const char* s = std::getenv("RC_FAULT_SEED")) return {static_cast<std::uint32_t>(std::atoi(s))};
+  if (const char* s = std::getenv("RC_FAULT_SEED"))
+    return {static_cast<std::uint32_t>(std::atoi(s))};
   std::vector<std::uint32_t> out;
   for (std::uint32_t i = 1; i <= count; ++i) out.push_back(i * 7919u);
   return out;
@@ -32,20 +33,38 @@ std::vector<std::uint32_t> Seeds(std::uint32_t count) {
 void InjectFaults(fixtures::VllmDouble& engine, std::mt19937& rng, double intensity) {
   engine.ClearFaults();
   std::uniform_real_distribution<double> p(0, 1);
-  const char* routes[] = {"/pause", "/resume", "/is_paused", "/weight_info",
-                          "/reset_encoder_cache", "/reset_mm_cache", "/start_weight_update",
-                          "/update_weights", "/finish_weight_update",
+  const char* routes[] = {"/pause",
+                          "/resume",
+                          "/is_paused",
+                          "/weight_info",
+                          "/reset_encoder_cache",
+                          "/reset_mm_cache",
+                          "/start_weight_update",
+                          "/update_weights",
+                          "/finish_weight_update",
                           "/init_weight_transfer_engine"};
   for (const char* route : routes) {
     if (p(rng) > intensity) continue;
     fixtures::RouteFault f;
     f.times = 1 + static_cast<int>(rng() % 2);
     switch (rng() % 5) {
-      case 0: f.delay_ms = 1 + static_cast<int>(rng() % 30); break;
-      case 1: f.status = (rng() % 2) ? 500 : 503; break;
-      case 2: f.garbage_body = true; break;
-      case 3: f.drop_connection = true; f.after = (rng() % 2) == 0; break;
-      default: f.delay_ms = 5; f.status = 500; break;
+      case 0:
+        f.delay_ms = 1 + static_cast<int>(rng() % 30);
+        break;
+      case 1:
+        f.status = (rng() % 2) ? 500 : 503;
+        break;
+      case 2:
+        f.garbage_body = true;
+        break;
+      case 3:
+        f.drop_connection = true;
+        f.after = (rng() % 2) == 0;
+        break;
+      default:
+        f.delay_ms = 5;
+        f.status = 500;
+        break;
     }
     engine.SetRouteFault(route, f);
   }
@@ -86,11 +105,11 @@ struct RolloutLoad {
             continue;
           }
           admitted++;
-          auto reply = x.Complete("prompt " + std::to_string(i % 3) + " under test", 6,
-                                  a->version.label);
-          Status st = x.Finish(id, reply.body,
-                               reply.http.ok_2xx() ? RolloutOutcome::kCompleted
-                                                   : RolloutOutcome::kAborted);
+          auto reply =
+              x.Complete("prompt " + std::to_string(i % 3) + " under test", 6, a->version.label);
+          Status st =
+              x.Finish(id, reply.body,
+                       reply.http.ok_2xx() ? RolloutOutcome::kCompleted : RolloutOutcome::kAborted);
           EXPECT_TRUE(st.ok()) << st.ToString();
         }
       });
@@ -119,7 +138,8 @@ TEST(FaultRun, SeededFaultsKeepTheContract) {
       InjectFaults(x->engine, rng, intensity);
       RolloutLoad load(*x, 3, "s" + std::to_string(seed) + "c" + std::to_string(cycle));
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 20));
-      const std::string label = "rc-" + std::to_string(x->journal->state().committed.generation + 1);
+      const std::string label =
+          "rc-" + std::to_string(x->journal->state().committed.generation + 1);
       auto ended = x->runner->Update(Update("u-" + std::to_string(cycle), label, cycle + 1));
       load.Stop();
       x->engine.ClearFaults();
@@ -160,8 +180,7 @@ int ChildMain(const std::string& dir, const std::string& url, std::uint32_t seed
   effects::EngineClient client(url, d);
   effects::HttpEngineControl control(client);
   effects::HttpSequenceTransfer transfer(client, effects::detect_protocol("0.30.0"));
-  effects::Runner runner(**j, control, transfer, effects::system_clock(),
-                         Executor::FastRunner());
+  effects::Runner runner(**j, control, transfer, effects::system_clock(), Executor::FastRunner());
   if ((*j)->state().lifecycle == Lifecycle::kUninitialized) {
     if (!runner.Bootstrap("rc-0", Identity(0)).ok()) return 4;
   } else if (!runner.Recover().ok()) {
@@ -174,8 +193,8 @@ int ChildMain(const std::string& dir, const std::string& url, std::uint32_t seed
     std::atomic<bool> stop{false};
     std::thread rollouts([&] {
       for (int i = 0; !stop.load() && i < 1000; ++i) {
-        const std::string id = "k" + std::to_string(seed) + "-" + std::to_string(cycle) + "-" +
-                               std::to_string(i);
+        const std::string id =
+            "k" + std::to_string(seed) + "-" + std::to_string(cycle) + "-" + std::to_string(i);
         RolloutAdmitted a = make_admission((*j)->state(), id);
         auto sub = (*j)->Submit(a, WallMs());
         if (!sub.ok() || !(*j)->Wait(sub->ticket).ok()) {
@@ -190,8 +209,9 @@ int ChildMain(const std::string& dir, const std::string& url, std::uint32_t seed
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 10));
     const std::string label = "rc-" + std::to_string(s.committed.generation + 1);
-    runner.Update(Update("k" + std::to_string(seed) + "-u" + std::to_string(cycle), label,
-                         static_cast<int>(s.committed.generation + 1)))
+    runner
+        .Update(Update("k" + std::to_string(seed) + "-u" + std::to_string(cycle), label,
+                       static_cast<int>(s.committed.generation + 1)))
         .status()
         .IgnoreError();
     stop = true;
@@ -219,8 +239,8 @@ TEST(FaultRun, ExecutorKillsAreReconciled) {
       const pid_t pid = fork();
       ASSERT_GE(pid, 0);
       if (pid == 0) {
-        execl("/proc/self/exe", "fault_run_child", x->dir.c_str(), url.c_str(),
-              seed_text.c_str(), static_cast<char*>(nullptr));
+        execl("/proc/self/exe", "fault_run_child", x->dir.c_str(), url.c_str(), seed_text.c_str(),
+              static_cast<char*>(nullptr));
         _exit(127);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(40 + rng() % 250));
@@ -253,8 +273,8 @@ TEST(FaultRun, ExecutorKillsAreReconciled) {
     recovered_updates += journal_updates;
     journal_updates = 0;
   }
-  std::printf("executor kills: %d kills, %d tainted, %d updates committed across restarts\n",
-              kills, tainted, recovered_updates);
+  std::printf("executor kills: %d kills, %d tainted, %d updates committed across restarts\n", kills,
+              tainted, recovered_updates);
   EXPECT_GT(recovered_updates, 0);
 }
 

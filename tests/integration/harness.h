@@ -138,8 +138,10 @@ struct Executor {
   // Greedy completion on the engine.
   effects::HttpReply Complete(const std::string& prompt, int max_tokens,
                               const std::string& cache_salt = "") {
-    nlohmann::json req = {{"model", "rc-double-model"}, {"prompt", prompt},
-                          {"max_tokens", max_tokens}, {"temperature", 0},
+    nlohmann::json req = {{"model", "rc-double-model"},
+                          {"prompt", prompt},
+                          {"max_tokens", max_tokens},
+                          {"temperature", 0},
                           {"return_token_ids", true}};
     if (!cache_salt.empty()) req["cache_salt"] = cache_salt;
     return client->Completions(req);

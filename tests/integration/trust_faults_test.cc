@@ -38,7 +38,7 @@ using journal::testing::FileKind;
 using journal::testing::FileOp;
 using journal::testing::Torn;
 
-constexpr std::uint32_t kStallTimeoutMs = 400;     // the journal's commit_stall_timeout_ms here
+constexpr std::uint32_t kStallTimeoutMs = 400;  // the journal's commit_stall_timeout_ms here
 constexpr int kCyclesPerSeed = 10;
 // Frequent folded-state snapshots, so reopening after a crash restores from one.
 constexpr std::uint64_t kSnapshotEvery = 64;
@@ -57,23 +57,23 @@ std::vector<std::uint32_t> Seeds() {
 
 enum class Kind : int {
   kNone,
-  kWalFault,           // EIO/ENOSPC on a WAL append or sync after a random number of successes
-  kStallBelow,         // every WAL sync stalls well below commit_stall_timeout_ms
-  kStallAbove,         // every WAL sync stalls past commit_stall_timeout_ms: fail-stop
-  kRouteFaults,        // 5xx, garbage bodies, dropped connections on engine routes
-  kEngineRestartMid,   // the engine restarts (same port, new process) during the update
-  kEngineRestartReady, // the engine restarts while READY
-  kRelabel,            // someone else sets the engine's label while READY
-  kPauseExternal,      // someone else pauses the engine while READY
-  kExecutorCrash,      // the executor process dies at a random step of the update
-  kStaleMonitor,       // a monitor observation taken before an update is submitted after it
+  kWalFault,            // EIO/ENOSPC on a WAL append or sync after a random number of successes
+  kStallBelow,          // every WAL sync stalls well below commit_stall_timeout_ms
+  kStallAbove,          // every WAL sync stalls past commit_stall_timeout_ms: fail-stop
+  kRouteFaults,         // 5xx, garbage bodies, dropped connections on engine routes
+  kEngineRestartMid,    // the engine restarts (same port, new process) during the update
+  kEngineRestartReady,  // the engine restarts while READY
+  kRelabel,             // someone else sets the engine's label while READY
+  kPauseExternal,       // someone else pauses the engine while READY
+  kExecutorCrash,       // the executor process dies at a random step of the update
+  kStaleMonitor,        // a monitor observation taken before an update is submitted after it
   kCount
 };
 const char* KindName(Kind k) {
-  static const char* names[] = {"none",          "wal_fault",      "stall_below",
-                                "stall_above",   "route_faults",   "engine_restart_mid",
-                                "engine_restart_ready", "relabel", "pause_external",
-                                "executor_crash", "stale_monitor"};
+  static const char* names[] = {
+      "none",           "wal_fault",          "stall_below",          "stall_above",
+      "route_faults",   "engine_restart_mid", "engine_restart_ready", "relabel",
+      "pause_external", "executor_crash",     "stale_monitor"};
   return names[static_cast<int>(k)];
 }
 
@@ -118,8 +118,8 @@ struct World {
 
   std::mutex mu;
   std::vector<std::pair<std::uint64_t, Event>> acked;  // every (seq, event) acknowledged
-  std::map<std::string, UpdateOutcome> answers;         // update id -> outcome answered OK
-  std::atomic<int> crash_at{0};   // observer event count at which the "process" dies (0: never)
+  std::map<std::string, UpdateOutcome> answers;        // update id -> outcome answered OK
+  std::atomic<int> crash_at{0};  // observer event count at which the "process" dies (0: never)
   std::atomic<int> observed{0};
 
   std::uint64_t snapshot_every = kSnapshotEvery;
@@ -226,13 +226,14 @@ struct RolloutLoad {
             continue;
           }
           admitted++;
-          nlohmann::json req = {{"model", "rc-double-model"}, {"prompt", "trust " + id},
-                                {"max_tokens", 4}, {"temperature", 0}};
+          nlohmann::json req = {{"model", "rc-double-model"},
+                                {"prompt", "trust " + id},
+                                {"max_tokens", 4},
+                                {"temperature", 0}};
           auto reply = w.client->Completions(req);
-          RolloutFinished f{id,
-                            reply.http.ok_2xx() ? RolloutOutcome::kCompleted
-                                                : RolloutOutcome::kAborted,
-                            0, 0};
+          RolloutFinished f{
+              id, reply.http.ok_2xx() ? RolloutOutcome::kCompleted : RolloutOutcome::kAborted, 0,
+              0};
           w.SubmitAcked(f).IgnoreError();  // a failed journal leaves it to recovery
         }
       });
@@ -247,19 +248,36 @@ struct RolloutLoad {
 };
 
 void InjectRouteFaults(fixtures::VllmDouble& engine, std::mt19937& rng) {
-  const char* routes[] = {"/pause",        "/resume",          "/is_paused",
-                          "/weight_info",  "/reset_prefix_cache", "/reset_encoder_cache",
-                          "/start_weight_update", "/update_weights", "/finish_weight_update",
-                          "/init_weight_transfer_engine", "/collective_rpc"};
+  const char* routes[] = {"/pause",
+                          "/resume",
+                          "/is_paused",
+                          "/weight_info",
+                          "/reset_prefix_cache",
+                          "/reset_encoder_cache",
+                          "/start_weight_update",
+                          "/update_weights",
+                          "/finish_weight_update",
+                          "/init_weight_transfer_engine",
+                          "/collective_rpc"};
   for (const char* route : routes) {
     if (rng() % 4 != 0) continue;
     fixtures::RouteFault f;
     f.times = 1 + static_cast<int>(rng() % 2);
     switch (rng() % 4) {
-      case 0: f.status = (rng() % 2) ? 500 : 503; break;
-      case 1: f.garbage_body = true; break;
-      case 2: f.drop_connection = true; f.after = (rng() % 2) == 0; break;
-      default: f.delay_ms = 1 + static_cast<int>(rng() % 20); f.status = 500; break;
+      case 0:
+        f.status = (rng() % 2) ? 500 : 503;
+        break;
+      case 1:
+        f.garbage_body = true;
+        break;
+      case 2:
+        f.drop_connection = true;
+        f.after = (rng() % 2) == 0;
+        break;
+      default:
+        f.delay_ms = 1 + static_cast<int>(rng() % 20);
+        f.status = 500;
+        break;
     }
     engine.SetRouteFault(route, f);
   }
@@ -288,20 +306,19 @@ std::string StateDiff(const State& a, const State& b) {
   if (!(a.counters == b.counters)) {
     const Counters& x = a.counters;
     const Counters& y = b.counters;
-    out += " [events " + std::to_string(x.events) + "/" + std::to_string(y.events) +
-           " admitted " + std::to_string(x.rollouts_admitted) + "/" +
-           std::to_string(y.rollouts_admitted) + " completed " +
-           std::to_string(x.rollouts_completed) + "/" + std::to_string(y.rollouts_completed) +
-           " aborted " + std::to_string(x.rollouts_aborted) + "/" +
-           std::to_string(y.rollouts_aborted) + " abandoned " +
+    out += " [events " + std::to_string(x.events) + "/" + std::to_string(y.events) + " admitted " +
+           std::to_string(x.rollouts_admitted) + "/" + std::to_string(y.rollouts_admitted) +
+           " completed " + std::to_string(x.rollouts_completed) + "/" +
+           std::to_string(y.rollouts_completed) + " aborted " + std::to_string(x.rollouts_aborted) +
+           "/" + std::to_string(y.rollouts_aborted) + " abandoned " +
            std::to_string(x.rollouts_abandoned) + "/" + std::to_string(y.rollouts_abandoned) +
            " expired " + std::to_string(x.rollouts_expired) + "/" +
            std::to_string(y.rollouts_expired) + " requested " +
            std::to_string(x.updates_requested) + "/" + std::to_string(y.updates_requested) +
            " committed " + std::to_string(x.updates_committed) + "/" +
            std::to_string(y.updates_committed) + " refused " + std::to_string(x.updates_refused) +
-           "/" + std::to_string(y.updates_refused) + " recoveries " +
-           std::to_string(x.recoveries) + "/" + std::to_string(y.recoveries) + "]";
+           "/" + std::to_string(y.updates_refused) + " recoveries " + std::to_string(x.recoveries) +
+           "/" + std::to_string(y.recoveries) + "]";
   }
   return out.empty() ? " (none)" : out;
 }
@@ -316,7 +333,7 @@ void CheckWorld(World& w, Totals& totals) {
   auto loaded = j.LoadState();
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(*loaded, live) << "snapshot + tail differs from the live state in"
-                         << StateDiff(*loaded, live);
+                           << StateDiff(*loaded, live);
 
   const std::vector<journal::Record> records = ScanRecords(j);
   HistoryReport h = CheckRecords(records);
@@ -333,9 +350,8 @@ void CheckWorld(World& w, Totals& totals) {
         << records.size();
     const journal::Record& r = records[seq - 1];
     ASSERT_EQ(r.seq, seq);
-    EXPECT_TRUE(r.event == event) << "acknowledged seq " << seq << " was "
-                                  << event_name(event) << ", the journal holds "
-                                  << event_name(r.event);
+    EXPECT_TRUE(r.event == event) << "acknowledged seq " << seq << " was " << event_name(event)
+                                  << ", the journal holds " << event_name(r.event);
   }
   totals.acked_checked += static_cast<int>(w.acked.size());
 
@@ -344,9 +360,9 @@ void CheckWorld(World& w, Totals& totals) {
     bool found = false;
     for (const journal::Record& r : records) {
       if (const auto* e = std::get_if<UpdateEnded>(&r.event); e && e->update_id == id) {
-        EXPECT_EQ(e->outcome, outcome) << "update " << id << " answered "
-                                       << update_outcome_name(outcome) << ", journal says "
-                                       << update_outcome_name(e->outcome);
+        EXPECT_EQ(e->outcome, outcome)
+            << "update " << id << " answered " << update_outcome_name(outcome) << ", journal says "
+            << update_outcome_name(e->outcome);
         found = true;
       }
     }
@@ -432,8 +448,8 @@ void SubmitMonitor(World& w, Cause expected) {
       << "the monitor saw the engine changed behind our back, but the state is "
       << lifecycle_name(after.lifecycle);
   ASSERT_TRUE(after.taint.has_value());
-  EXPECT_EQ(after.taint->cause, expected) << "taint cause " << cause_name(after.taint->cause)
-                                          << ": " << after.taint->detail;
+  EXPECT_EQ(after.taint->cause, expected)
+      << "taint cause " << cause_name(after.taint->cause) << ": " << after.taint->detail;
 }
 
 fixtures::VllmDoubleOptions EngineOptionsFor(std::uint32_t seed) {
@@ -491,12 +507,18 @@ void RunSeed(std::uint32_t seed, Totals& totals) {
                          (rng() % 2) ? Fault::kEio : Fault::kEnospc,
                          static_cast<std::uint32_t>(rng() % 12));
         break;
-      case Kind::kStallBelow: w->faults.StallSync(FileKind::kWal, kStallTimeoutMs / 8); break;
+      case Kind::kStallBelow:
+        w->faults.StallSync(FileKind::kWal, kStallTimeoutMs / 8);
+        break;
       case Kind::kStallAbove:
         w->faults.StallSync(FileKind::kWal, kStallTimeoutMs * 2 + 100);
         break;
-      case Kind::kRouteFaults: InjectRouteFaults(*w->engine, rng); break;
-      case Kind::kExecutorCrash: w->crash_at = w->observed.load() + 1 + rng() % 24; break;
+      case Kind::kRouteFaults:
+        InjectRouteFaults(*w->engine, rng);
+        break;
+      case Kind::kExecutorCrash:
+        w->crash_at = w->observed.load() + 1 + rng() % 24;
+        break;
       case Kind::kStaleMonitor: {
         EngineMonitored m = w->client->Monitor();
         m.updates_seen = monitor_epoch(w->journal->state());
@@ -513,22 +535,22 @@ void RunSeed(std::uint32_t seed, Totals& totals) {
         totals.engine_restarts++;
         break;
       }
-      default: break;
+      default:
+        break;
     }
 
     // ---- one update cycle with rollouts interleaved ----
     const State before = w->journal->state();
     const std::uint64_t gen = before.committed.generation + 1;
-    const std::string update_id =
-        "s" + std::to_string(seed) + "-w" + std::to_string(totals.worlds) + "-c" +
-        std::to_string(cycle);
+    const std::string update_id = "s" + std::to_string(seed) + "-w" +
+                                  std::to_string(totals.worlds) + "-c" + std::to_string(cycle);
     Result<UpdateEnded> ended = Status::Unavailable("not run");
     {
       RolloutLoad load(*w, 2, 12, update_id);
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 15));
       ended = Bounded("Update " + update_id, [&] {
-        return w->runner->Update(Update(update_id, "rc-" + std::to_string(gen),
-                                        static_cast<int>(gen)));
+        return w->runner->Update(
+            Update(update_id, "rc-" + std::to_string(gen), static_cast<int>(gen)));
       });
       load.Stop();
     }
@@ -590,8 +612,8 @@ void RunSeed(std::uint32_t seed, Totals& totals) {
           break;
         }
         case Kind::kStaleMonitor:
-          if (stale && w->journal->state().counters.updates_requested >
-                           before.counters.updates_requested) {
+          if (stale &&
+              w->journal->state().counters.updates_requested > before.counters.updates_requested) {
             auto s = w->journal->Submit(*stale, WallMs());
             EXPECT_FALSE(s.ok()) << "a monitor observation taken before an update was accepted";
             if (!s.ok()) {
@@ -600,7 +622,8 @@ void RunSeed(std::uint32_t seed, Totals& totals) {
             }
           }
           break;
-        default: break;
+        default:
+          break;
       }
       if (expect_taint) SubmitMonitor(*w, *expect_taint);
     }
@@ -670,7 +693,8 @@ TEST(TrustFaults, ReopenedStateEqualsRefoldAfterSnapshot) {
   w.NewRunner();
   ASSERT_TRUE(w.runner->Bootstrap("rc-0", Identity(0)).ok());
   for (int g = 1; g <= 2; ++g) {
-    auto ended = w.runner->Update(Update("snap-" + std::to_string(g), "rc-" + std::to_string(g), g));
+    auto ended =
+        w.runner->Update(Update("snap-" + std::to_string(g), "rc-" + std::to_string(g), g));
     ASSERT_TRUE(ended.ok()) << ended.status().ToString();
     ASSERT_EQ(ended->outcome, UpdateOutcome::kCommitted);
   }

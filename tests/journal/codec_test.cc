@@ -1,5 +1,6 @@
 // Codec unit tests: round trips of every event alternative and of State, and clear errors on
-// malformed bytes (truncated, oversized, unknown union type, wrong identifier, bad enums, bit flips).
+// malformed bytes (truncated, oversized, unknown union type, wrong identifier, bad enums, bit
+// flips).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,7 +22,8 @@ Record SampleRecord(const Event& e) {
   r.seq = 42;
   r.wall_time_ms = 1700000000123;
   r.cause_seq = 41;
-  for (std::size_t i = 0; i < r.prev_hash.size(); ++i) r.prev_hash[i] = static_cast<std::uint8_t>(i * 7);
+  for (std::size_t i = 0; i < r.prev_hash.size(); ++i)
+    r.prev_hash[i] = static_cast<std::uint8_t>(i * 7);
   r.event = e;
   return r;
 }
@@ -49,8 +51,10 @@ TEST(Codec, RoundTripsEveryEventAlternative) {
 // Proves Sha256 is standard SHA-256 (FIPS 180-2 vectors, including a two-block message); catches a
 // hashing rewrite (low-level SHA256_* instead of EVP) that changes the chain's digests.
 TEST(Codec, Sha256MatchesKnownAnswers) {
-  EXPECT_EQ(HashHex(Sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(HashHex(Sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(HashHex(Sha256("")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(HashHex(Sha256("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(HashHex(Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
 }
@@ -67,7 +71,8 @@ TEST(Codec, DecodesIdenticallyAtEveryAlignment) {
     for (std::size_t offset = 0; offset < 8; ++offset) {
       std::memcpy(storage + offset, bytes.data(), bytes.size());
       Result<Record> out = DecodeRecord(std::string_view(storage + offset, bytes.size()));
-      ASSERT_TRUE(out.ok()) << "event " << k << " offset " << offset << ": " << out.status().ToString();
+      ASSERT_TRUE(out.ok()) << "event " << k << " offset " << offset << ": "
+                            << out.status().ToString();
       EXPECT_TRUE(out->event == events[k]) << "event " << k << " offset " << offset;
       EXPECT_EQ(out->seq, 42u);
       EXPECT_EQ(out->hash, Sha256(bytes));
@@ -75,18 +80,18 @@ TEST(Codec, DecodesIdenticallyAtEveryAlignment) {
   }
 }
 
-
 // Proves truncated or extended bytes are refused with Corruption (the size prefix must match);
 // catches a decoder that reads past the end or ignores a torn/padded value.
 TEST(Codec, RejectsTruncatedRecords) {
   const std::string bytes = EncodeRecord(SampleRecord(SampleEvents()[1]));
-  for (std::size_t len : {std::size_t{0}, std::size_t{3}, std::size_t{7}, bytes.size() / 2,
-                          bytes.size() - 1}) {
+  for (std::size_t len :
+       {std::size_t{0}, std::size_t{3}, std::size_t{7}, bytes.size() / 2, bytes.size() - 1}) {
     Result<Record> r = DecodeRecord(std::string_view(bytes).substr(0, len));
     ASSERT_FALSE(r.ok()) << "length " << len;
     EXPECT_EQ(r.status().code(), Code::kCorruption);
   }
-  EXPECT_NE(DecodeRecord(bytes.substr(0, 5)).status().message().find("truncated"), std::string::npos);
+  EXPECT_NE(DecodeRecord(bytes.substr(0, 5)).status().message().find("truncated"),
+            std::string::npos);
   EXPECT_EQ(DecodeRecord(bytes + "xx").status().code(), Code::kCorruption);
 }
 
@@ -136,8 +141,8 @@ TEST(Codec, RejectsOutOfRangeEnums) {
                                         fb::Cause::Resumed, b.CreateString("d"));
   std::vector<std::uint8_t> zeros(32, 0);
   auto prev = b.CreateVector(zeros);
-  fb::FinishSizePrefixedRecordBuffer(b, fb::CreateRecord(b, 5, 0, 4, prev, fb::Payload::StateChanged,
-                                             payload.Union()));
+  fb::FinishSizePrefixedRecordBuffer(
+      b, fb::CreateRecord(b, 5, 0, 4, prev, fb::Payload::StateChanged, payload.Union()));
   const std::string bytes(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
   Result<Record> r = DecodeRecord(bytes);
   ASSERT_FALSE(r.ok());
@@ -148,8 +153,8 @@ TEST(Codec, RejectsOutOfRangeEnums) {
   auto http = fb::CreateHttpEvidence(b2, static_cast<fb::Transport>(200), 200);
   auto probe = fb::CreateEngineProbed(b2, http);
   auto prev2 = b2.CreateVector(zeros);
-  fb::FinishSizePrefixedRecordBuffer(b2, fb::CreateRecord(b2, 5, 0, 0, prev2, fb::Payload::EngineProbed,
-                                              probe.Union()));
+  fb::FinishSizePrefixedRecordBuffer(
+      b2, fb::CreateRecord(b2, 5, 0, 0, prev2, fb::Payload::EngineProbed, probe.Union()));
   const std::string bytes2(reinterpret_cast<const char*>(b2.GetBufferPointer()), b2.GetSize());
   Result<Record> r2 = DecodeRecord(bytes2);
   ASSERT_FALSE(r2.ok());
@@ -177,7 +182,8 @@ TEST(Codec, BitFlipsAreRefusedOrChangeTheHash) {
     EXPECT_NE(r->hash, original) << "bit " << bit;
   }
   EXPECT_GT(refused, 0u);
-  std::printf("bit flips: %zu refused by the decoder, %zu left to the hash chain\n", refused, decoded);
+  std::printf("bit flips: %zu refused by the decoder, %zu left to the hash chain\n", refused,
+              decoded);
 }
 
 // Proves a State with every field set survives the snapshot codec; catches a field left out.
@@ -200,7 +206,8 @@ TEST(Codec, RoundTripsState) {
   u.caches_reset_mask = 5;
   u.abort_reason = "why";
   s.update = u;
-  s.taint = TaintRecord{Lifecycle::kValidating, Cause::kValidationFailed, "u3", WeightVersion{3, "x"}, "d"};
+  s.taint = TaintRecord{Lifecycle::kValidating, Cause::kValidationFailed, "u3",
+                        WeightVersion{3, "x"}, "d"};
   s.counters = Counters{1, 2, 3, 4, 5, 6, 7, 8, 9};
   const std::string bytes = EncodeState(s);
   Result<State> out = DecodeState(bytes);

@@ -24,7 +24,9 @@ void WriteJournal(const std::string& path, int admissions, const Options& o, boo
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(testing::Group(g)).ok());
   for (int i = 0; i < admissions; ++i) {
-    ASSERT_TRUE((*j)->Append(testing::Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    ASSERT_TRUE(
+        (*j)->Append(testing::Group({make_admission((*j)->state(), "r" + std::to_string(i))}))
+            .ok());
   }
   if (flush) {
     ASSERT_TRUE((*j)->Flush().ok());
@@ -69,7 +71,9 @@ TEST(Corruption, MidWalByteFlipRefusesToOpen) {
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(testing::Group(g)).ok());
     for (int i = 0; i < 300; ++i) {
-      ASSERT_TRUE((*j)->Append(testing::Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+      ASSERT_TRUE(
+          (*j)->Append(testing::Group({make_admission((*j)->state(), "r" + std::to_string(i))}))
+              .ok());
     }
     faults.Crash();  // every group was synced: the WAL is whole, only the clean close is missing
   }
@@ -246,7 +250,8 @@ TEST(Corruption, TwoStageScanMatchesOneThreadScan) {
   o.snapshot_every = 5000;  // the snapshot hides the damage (seq 4321) from Open; Scan must find it
   o.sync = false;           // 6000 appends: durability is not what this test is about
   WriteJournal(dir.path(), 6000, o, /*flush=*/true);
-  auto visit_all = [&](bool pipelined, std::vector<std::uint64_t>& seqs, std::vector<Hash>& hashes) {
+  auto visit_all = [&](bool pipelined, std::vector<std::uint64_t>& seqs,
+                       std::vector<Hash>& hashes) {
     Options read = o;
     read.scan_pipelined = pipelined;
     auto j = Journal::Open(dir.path(), read);

@@ -60,7 +60,8 @@ std::uint64_t SubmitDurable(Journal& j, const Event& input) {
     if (!s.bootstrap) {
       WriteSeq(fd, SubmitDurable(j, BootstrapRequested{"rc-0", testing::SampleIdentity()}));
     } else if (!s.in_flight) {
-      WriteSeq(fd, SubmitDurable(j, EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000}));
+      WriteSeq(fd,
+               SubmitDurable(j, EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000}));
     } else {
       WriteSeq(fd, SubmitDurable(j, EngineProbed{HttpEvidence{Transport::kOk, 200, true, 1, ""},
                                                  "0.25.1", "rc-0"}));
@@ -71,7 +72,8 @@ std::uint64_t SubmitDurable(Journal& j, const Event& input) {
   for (int t = 0; t < kChildThreads; ++t) {
     threads.emplace_back([&, t] {
       for (std::uint64_t i = 0;; ++i) {
-        const std::string id = "p" + std::to_string(getpid()) + "-t" + std::to_string(t) + "-" + std::to_string(i);
+        const std::string id =
+            "p" + std::to_string(getpid()) + "-t" + std::to_string(t) + "-" + std::to_string(i);
         WriteSeq(fd, SubmitDurable(j, make_admission(j.state(), id)));
         WriteSeq(fd, SubmitDurable(j, RolloutFinished{id, RolloutOutcome::kCompleted, 1, 1}));
       }
@@ -162,7 +164,8 @@ TEST(Crash, SigkillDuringGroupCommitLosesNoAcknowledgedEvent) {
     Result<State> loaded = (*j)->LoadState();
     Result<State> refold = (*j)->Refold();
     ASSERT_TRUE(loaded.ok() && refold.ok());
-    ASSERT_EQ(*loaded, *refold) << "snapshot + tail differs from the full fold after kill " << kill_no;
+    ASSERT_EQ(*loaded, *refold) << "snapshot + tail differs from the full fold after kill "
+                                << kill_no;
     ASSERT_EQ((*j)->state(), *refold);
   }
   EXPECT_GE(ready_kills, kKills * 9 / 10);

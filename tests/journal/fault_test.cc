@@ -66,7 +66,9 @@ TEST(FailStop, WalWriteAndSyncErrorsFailTheJournalForGood) {
         const std::string msg = failed.status().message();
         EXPECT_NE(msg.find(dir.path()), std::string::npos) << msg;
         EXPECT_NE(msg.find("fault injected"), std::string::npos) << msg;
-        if (fault == testing::Fault::kEnospc) { EXPECT_NE(msg.find("space"), std::string::npos) << msg; }
+        if (fault == testing::Fault::kEnospc) {
+          EXPECT_NE(msg.find("space"), std::string::npos) << msg;
+        }
         EXPECT_TRUE(j->failed());
         EXPECT_EQ(j->failure().ToString(), failed.status().ToString());
         faults.Clear();  // the disk recovered: the journal must stay failed anyway
@@ -225,7 +227,8 @@ CrashRun AppendThenCrash(const std::string& path, FaultEnv& faults, testing::Tor
     for (int t = 0; t < 3; ++t) {
       threads.emplace_back([&, t] {
         for (int i = 0; i < 1000; ++i) {
-          const std::string id = "s" + std::to_string(seed) + "-t" + std::to_string(t) + "-" + std::to_string(i);
+          const std::string id =
+              "s" + std::to_string(seed) + "-t" + std::to_string(t) + "-" + std::to_string(i);
           Result<Journal::Submitted> s = j->Submit(make_admission(j->state(), id), i);
           if (!s.ok()) return;
           if (!j->Wait(s->ticket).ok()) return;
@@ -284,7 +287,8 @@ TEST(FailStop, TornWritesRecoverTheAcknowledgedPrefix) {
       }
       if (!rec.torn_tail.empty()) {
         EXPECT_NE(rec.torn_tail.find(".log"), std::string::npos) << rec.torn_tail;
-        EXPECT_NE(rec.torn_tail.find("seq " + std::to_string(head + 1)), std::string::npos) << rec.torn_tail;
+        EXPECT_NE(rec.torn_tail.find("seq " + std::to_string(head + 1)), std::string::npos)
+            << rec.torn_tail;
       }
       if (read_only) continue;
       // The writer recovered: the next open finds no torn tail (the WAL was flushed away).
@@ -312,7 +316,9 @@ TEST(Recovery, IntactWalAfterACrashIsNotTorn) {
     Bootstrap(*j);
     for (int i = 0; i < 700; ++i) {
       // Ids of varying length move the records across block boundaries at varying offsets.
-      ASSERT_TRUE(Admit(*j, "r" + std::string(static_cast<std::size_t>(i % 97), 'x') + std::to_string(i)).ok());
+      ASSERT_TRUE(
+          Admit(*j, "r" + std::string(static_cast<std::size_t>(i % 97), 'x') + std::to_string(i))
+              .ok());
     }
     head = j->head_seq();
     faults.Crash();

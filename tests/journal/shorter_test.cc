@@ -89,7 +89,8 @@ TEST(Shorter, TruncatedOrDeletedSstFilesAreRefused) {
     EXPECT_EQ(read.status().code(), Code::kCorruption) << read.status().ToString();
     const std::string& m = read.status().message();  // RocksDB's own check names .ldb, ours .sst
     EXPECT_TRUE(m.find(".sst") != std::string::npos || m.find(".ldb") != std::string::npos) << m;
-    EXPECT_NE(read.status().message().find(dir.path()), std::string::npos) << read.status().ToString();
+    EXPECT_NE(read.status().message().find(dir.path()), std::string::npos)
+        << read.status().ToString();
     Result<std::unique_ptr<Journal>> writer = Journal::Open(dir.path(), Options{});
     EXPECT_FALSE(writer.ok()) << "the writer opened with head " << (*writer)->head_seq();
   }
@@ -108,7 +109,9 @@ TEST(Shorter, CutWalOfAClosedJournalIsNeverShorter) {
     fs::resize_file(wal, fs::file_size(wal) * 2 / 3);
   }
   Result<std::uint64_t> read = ReadableRecords(dir.path());
-  if (read.ok()) { EXPECT_EQ(*read, head) << "a cut WAL was read as a shorter healthy journal"; }
+  if (read.ok()) {
+    EXPECT_EQ(*read, head) << "a cut WAL was read as a shorter healthy journal";
+  }
 }
 
 // Proves a journal holding less than its clean close recorded (an older copy of its files beside
@@ -124,11 +127,13 @@ TEST(Shorter, FewerRecordsThanTheCleanCloseRecordedIsRefused) {
     ASSERT_TRUE(j.ok());
     for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
     for (int i = 0; i < 36; ++i) {
-      ASSERT_TRUE((*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
     }
     ASSERT_TRUE((*j)->Checkpoint(old_copy).ok());  // 40 records
     for (int i = 36; i < 66; ++i) {
-      ASSERT_TRUE((*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
     }
     closed_hash = (*j)->head_hash();
   }
@@ -175,7 +180,8 @@ TEST(Shorter, MissingHeadIsCorruption) {
     Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), o);
     ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
     EXPECT_EQ(j.status().code(), Code::kCorruption);
-    EXPECT_NE(j.status().message().find("head_seq is missing"), std::string::npos) << j.status().message();
+    EXPECT_NE(j.status().message().find("head_seq is missing"), std::string::npos)
+        << j.status().message();
   }
 }
 
@@ -198,7 +204,8 @@ TEST(Shorter, CutWalOfACrashedJournalIsReportedTorn) {
     for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
     wal = FilesWithExtension(dir.path(), ".log").at(0);
     for (int i = 0; i < 66; ++i) {
-      Result<AppendResult> r = (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))}));
+      Result<AppendResult> r =
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))}));
       ASSERT_TRUE(r.ok());
       witness = *r;
       wal_sizes.push_back(fs::file_size(wal));
@@ -217,8 +224,9 @@ TEST(Shorter, CutWalOfACrashedJournalIsReportedTorn) {
     const Recovery rec = (*j)->recovery();
     EXPECT_EQ((*j)->head_seq(), 69u);
     EXPECT_EQ(rec.wal_bytes_unread, 9u) << rec.torn_tail;
-    EXPECT_NE(rec.torn_tail.find(wal.filename().string() + ": 9 of " + std::to_string(cut) + " bytes"),
-              std::string::npos)
+    EXPECT_NE(
+        rec.torn_tail.find(wal.filename().string() + ": 9 of " + std::to_string(cut) + " bytes"),
+        std::string::npos)
         << rec.torn_tail;
     EXPECT_NE(rec.torn_tail.find("from seq 70"), std::string::npos) << rec.torn_tail;
     EXPECT_LT(cut, full);

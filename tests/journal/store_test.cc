@@ -114,12 +114,14 @@ TEST(Store, IllegalGroupRefusedAndNothingWritten) {
   Bootstrap(*j);
   const State ready = j->state();
   // An update request without its DRAINING decision.
-  Result<AppendResult> bad = j->Append(Group({UpdateRequested{"u1", "rc-1", testing::SampleIdentity(), "x"}}));
+  Result<AppendResult> bad =
+      j->Append(Group({UpdateRequested{"u1", "rc-1", testing::SampleIdentity(), "x"}}));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("not its decisions"), std::string::npos);
   // A decision submitted as input.
-  Result<AppendResult> dec = j->Append(Group({StateChanged{Lifecycle::kReady, Lifecycle::kDraining, Cause::kUpdateRequested, ""}}));
+  Result<AppendResult> dec = j->Append(
+      Group({StateChanged{Lifecycle::kReady, Lifecycle::kDraining, Cause::kUpdateRequested, ""}}));
   EXPECT_EQ(dec.status().code(), Code::kInvalidArgument);
   EXPECT_EQ(j->head_seq(), 4u);
   EXPECT_EQ(j->state(), ready);
@@ -164,8 +166,8 @@ TEST(Store, SecondOpenerIsBusy) {
   Result<std::unique_ptr<Journal>> second = Journal::Open(dir.path(), Options{});
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), Code::kBusy);
-  EXPECT_NE(second.status().message().find("journal already open by another process: " +
-                                           dir.path() + "/LOCK"),
+  EXPECT_NE(second.status().message().find(
+                "journal already open by another process: " + dir.path() + "/LOCK"),
             std::string::npos)
       << second.status().message();
 }
@@ -182,7 +184,8 @@ TEST(Store, SecondaryReaderCatchesUpWithLiveWriter) {
   auto reader = OpenOk(dir.path(), ro);
   EXPECT_EQ(reader->head_seq(), 4u);
   for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(writer->Append(Group({make_admission(writer->state(), "r" + std::to_string(i))})).ok());
+    ASSERT_TRUE(
+        writer->Append(Group({make_admission(writer->state(), "r" + std::to_string(i))})).ok());
   }
   EXPECT_EQ(reader->head_seq(), 4u);
   ASSERT_TRUE(reader->CatchUp().ok());
@@ -201,7 +204,8 @@ TEST(Store, RolloutSeqs) {
   Bootstrap(*j);
   ASSERT_TRUE(j->Append(Group({make_admission(j->state(), "r1")})).ok());   // 5
   ASSERT_TRUE(j->Append(Group({make_admission(j->state(), "r10")})).ok());  // 6
-  ASSERT_TRUE(j->Append(Group({RolloutFinished{"r1", RolloutOutcome::kCompleted, 1, 2}})).ok());  // 7
+  ASSERT_TRUE(
+      j->Append(Group({RolloutFinished{"r1", RolloutOutcome::kCompleted, 1, 2}})).ok());  // 7
   EXPECT_EQ(*j->RolloutSeqs("r1"), (std::vector<std::uint64_t>{5, 7}));
   EXPECT_EQ(*j->RolloutSeqs("r10"), (std::vector<std::uint64_t>{6}));
   EXPECT_TRUE(j->RolloutSeqs("r2")->empty());

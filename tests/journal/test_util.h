@@ -74,7 +74,9 @@ inline Event RandomEvent(std::mt19937_64& rng) {
   auto u64 = [&] { return static_cast<std::uint64_t>(rng()); };
   auto u32 = [&] { return static_cast<std::uint32_t>(rng()); };
   auto b = [&] { return (rng() & 1) != 0; };
-  auto id = [&] { return WeightIdentity{str(), str(), str(), str(), static_cast<std::int64_t>(u64())}; };
+  auto id = [&] {
+    return WeightIdentity{str(), str(), str(), str(), static_cast<std::int64_t>(u64())};
+  };
   auto ver = [&] { return WeightVersion{u64(), str()}; };
   auto http = [&] {
     return HttpEvidence{static_cast<Transport>(rng() % 4), static_cast<std::int32_t>(u32()), b(),
@@ -86,26 +88,46 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     return v;
   };
   switch (rng() % 19) {
-    case 0: return BootstrapRequested{str(), id()};
-    case 1: return UpdateRequested{str(), str(), id(), str()};
-    case 2: return RecoveryStarted{str()};
-    case 3: return EffectStarted{static_cast<EffectKind>(rng() % 9), static_cast<CacheKind>(rng() % 3), u64()};
-    case 4: return EngineProbed{http(), str(), str(), b(), b(), str(), str(), b()};
-    case 18: return EngineMonitored{http(), str(), b(), b(), str(), static_cast<std::int64_t>(u64()), u64()};
-    case 5: return DrainObserved{http(), b()};
-    case 6: return DrainTimedOut{u64(), u32()};
-    case 7: return PreflightObserved{str(), b(), b(), str()};
-    case 8: return TransferObserved{b(), static_cast<MutationClass>(rng() % 3), u64(), u32(), u64(), str(), str()};
-    case 9: return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b(), b()};
-    case 10: return ValidationObserved{http(), str(), b(), str(), str()};
-    case 11: return ResumeObserved{http(), b(), b()};
-    case 12: return RolloutAdmitted{str(), ver(), id(), u32()};
-    case 13: return RolloutFinished{str(), static_cast<RolloutOutcome>(rng() % 4), u32(), u32()};
+    case 0:
+      return BootstrapRequested{str(), id()};
+    case 1:
+      return UpdateRequested{str(), str(), id(), str()};
+    case 2:
+      return RecoveryStarted{str()};
+    case 3:
+      return EffectStarted{static_cast<EffectKind>(rng() % 9), static_cast<CacheKind>(rng() % 3),
+                           u64()};
+    case 4:
+      return EngineProbed{http(), str(), str(), b(), b(), str(), str(), b()};
+    case 18:
+      return EngineMonitored{http(), str(), b(), b(), str(), static_cast<std::int64_t>(u64()),
+                             u64()};
+    case 5:
+      return DrainObserved{http(), b()};
+    case 6:
+      return DrainTimedOut{u64(), u32()};
+    case 7:
+      return PreflightObserved{str(), b(), b(), str()};
+    case 8:
+      return TransferObserved{
+          b(), static_cast<MutationClass>(rng() % 3), u64(), u32(), u64(), str(), str()};
+    case 9:
+      return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b(), b()};
+    case 10:
+      return ValidationObserved{http(), str(), b(), str(), str()};
+    case 11:
+      return ResumeObserved{http(), b(), b()};
+    case 12:
+      return RolloutAdmitted{str(), ver(), id(), u32()};
+    case 13:
+      return RolloutFinished{str(), static_cast<RolloutOutcome>(rng() % 4), u32(), u32()};
     case 14:
       return StateChanged{static_cast<Lifecycle>(rng() % 9), static_cast<Lifecycle>(rng() % 9),
                           static_cast<Cause>(rng() % (kCauseMax + 1)), str()};
-    case 15: return VersionPublished{str(), ver(), id()};
-    case 16: return UpdateEnded{str(), static_cast<UpdateOutcome>(rng() % 3), str()};
+    case 15:
+      return VersionPublished{str(), ver(), id()};
+    case 16:
+      return UpdateEnded{str(), static_cast<UpdateOutcome>(rng() % 3), str()};
     default: {
       TrajectoryRecorded t{str(), u32(), ints(), ints(), {}};
       if (b()) {

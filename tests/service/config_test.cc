@@ -160,9 +160,10 @@ TEST(ConfigParse, UnknownKeyNamesTheClosestValidKeys) {
 TEST(ConfigParse, WrongTypesAndUnrepresentableValuesAreRefused) {
   ServeConfig c;
   for (const auto& doc :
-       {nlohmann::json{{"listen_port", std::uint64_t{1} << 40}}, nlohmann::json{{"listen_port", 1.5}},
-        nlohmann::json{{"call_timeout_ms", -1}}, nlohmann::json{{"cuda_device", "0"}},
-        nlohmann::json{{"journal_sync", 1}}, nlohmann::json{{"engine_url", 3}},
+       {nlohmann::json{{"listen_port", std::uint64_t{1} << 40}},
+        nlohmann::json{{"listen_port", 1.5}}, nlohmann::json{{"call_timeout_ms", -1}},
+        nlohmann::json{{"cuda_device", "0"}}, nlohmann::json{{"journal_sync", 1}},
+        nlohmann::json{{"engine_url", 3}},
         nlohmann::json{{"retry_after_s", std::uint64_t{1} << 33}}, nlohmann::json::array()}) {
     EXPECT_FALSE(MergeConfigJson(doc, c).ok()) << doc.dump();
   }
@@ -203,10 +204,10 @@ TEST(ConfigCli, EveryFlagIsAcceptedAndTheReferenceIsPrinted) {
 TEST(ConfigCli, MissingJournalParentIsCreatedAndLogged) {
   const fs::path dir = FreshDir("parent");
   const fs::path journal = dir / "a" / "b" / "journal";
-  const stack::ServeRun run = RunServe(
-      {"--engine-url", "http://127.0.0.1:1", "--journal", journal.string(), "--port", "0",
-       "--initial-source", "synthetic:4x64", "--engine-startup-timeout-ms", "200"},
-      dir / "out.txt");
+  const stack::ServeRun run =
+      RunServe({"--engine-url", "http://127.0.0.1:1", "--journal", journal.string(), "--port", "0",
+                "--initial-source", "synthetic:4x64", "--engine-startup-timeout-ms", "200"},
+               dir / "out.txt");
   EXPECT_NE(run.exit_code, 0) << run.output;  // no engine answers on port 1
   EXPECT_TRUE(fs::is_directory(journal.parent_path())) << run.output;
   EXPECT_NE(run.output.find("created the journal's parent directory"), std::string::npos)

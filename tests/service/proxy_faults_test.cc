@@ -91,8 +91,8 @@ int status_of(const std::string& response) {
 }
 
 std::string completion_body(bool stream) {
-  return json{{"model", "rc-double-model"}, {"prompt", "hi"}, {"max_tokens", 4},
-              {"stream", stream}}.dump();
+  return json{{"model", "rc-double-model"}, {"prompt", "hi"}, {"max_tokens", 4}, {"stream", stream}}
+      .dump();
 }
 
 // Proves that clients trickling their request heads cannot starve the server: with 8 workers and
@@ -219,8 +219,7 @@ TEST(ProxyText, InvalidUtf8FromEngineAndClientsNeverCrashes) {
     }
   }
   // Client bytes: invalid UTF-8 in a JSON string and in the rollout id header, on every route.
-  const char* all_routes[] = {"/v1/completions", "/v1/chat/completions",
-                              "/inference/v1/generate"};
+  const char* all_routes[] = {"/v1/completions", "/v1/chat/completions", "/inference/v1/generate"};
   for (const char* route : all_routes) {
     for (bool stream : {false, true}) {
       const std::string bad_body = std::string("{\"model\":\"m\xff\xfe\",\"stream\":") +
@@ -255,8 +254,8 @@ TEST(ProxyText, InvalidUtf8FromEngineAndClientsNeverCrashes) {
 TEST(ProxyText, RolloutIdHeaderIsVerbatimAndValidated) {
   Stack s;
   const std::string body = completion_body(false);
-  std::string ok = raw_exchange(s.svc->port(), post_bytes("/v1/completions", body,
-                                                          "X-RolloutCore-Rollout-Id: zz%00yy\r\n"));
+  std::string ok = raw_exchange(
+      s.svc->port(), post_bytes("/v1/completions", body, "X-RolloutCore-Rollout-Id: zz%00yy\r\n"));
   EXPECT_EQ(status_of(ok), 200) << ok;
   EXPECT_NE(ok.find("X-RolloutCore-Rollout-Id: zz%00yy\r\n"), std::string::npos) << ok;
   bool journaled = false;
@@ -268,9 +267,11 @@ TEST(ProxyText, RolloutIdHeaderIsVerbatimAndValidated) {
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_TRUE(journaled);
-  const std::string bad[] = {"X-RolloutCore-Rollout-Id: a\x01" "b\r\n",
-                             "X-RolloutCore-Rollout-Id: " + std::string(129, 'a') + "\r\n",
-                             "X-RolloutCore-Rollout-Id: a\r\nX-RolloutCore-Rollout-Id: b\r\n"};
+  const std::string bad[] = {
+      "X-RolloutCore-Rollout-Id: a\x01"
+      "b\r\n",
+      "X-RolloutCore-Rollout-Id: " + std::string(129, 'a') + "\r\n",
+      "X-RolloutCore-Rollout-Id: a\r\nX-RolloutCore-Rollout-Id: b\r\n"};
   for (const std::string& h : bad) {
     EXPECT_EQ(status_of(raw_exchange(s.svc->port(), post_bytes("/v1/completions", body, h))), 400)
         << h;
@@ -299,8 +300,8 @@ TEST(ProxyShutdown, GraceIsEnforcedWithAHungEngineRequest) {
   constexpr std::uint64_t kGraceMs = 1000;
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const std::string r = raw_exchange(s.svc->port(), post_bytes("/v1/completions",
-                                                                 completion_body(false)));
+    const std::string r =
+        raw_exchange(s.svc->port(), post_bytes("/v1/completions", completion_body(false)));
     EXPECT_EQ(status_of(r), 503) << r;
     EXPECT_NE(r.find("Retry-After: "), std::string::npos) << r;
   });
@@ -327,9 +328,8 @@ HttpRouter EchoRoutes() {
     const auto v = ex.header("X-RolloutCore-Rollout-Id", &dup);
     ex.Respond(MakeResponse(200, dup ? "dup" : v ? std::string(*v) : "none", "text/plain"));
   });
-  r.Async(bhttp::verb::get, "/ping", [](Exchange ex) {
-    ex.Respond(MakeResponse(200, "pong", "text/plain"));
-  });
+  r.Async(bhttp::verb::get, "/ping",
+          [](Exchange ex) { ex.Respond(MakeResponse(200, "pong", "text/plain")); });
   return r;
 }
 
@@ -347,8 +347,8 @@ TEST(ConnectionGate, HeadersReachRoutesVerbatim) {
   Result<int> port = http.Start();
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   const auto get = [&](const std::string& headers) {
-    return body_of(raw_exchange(*port, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
-                                           headers + "\r\n"));
+    return body_of(raw_exchange(
+        *port, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers + "\r\n"));
   };
   EXPECT_EQ(get("x-rolloutcore-rollout-id:  a%20b \r\n"), "a%20b");
   EXPECT_EQ(get("X-RolloutCore-Rollout-Id: a\r\nX-RolloutCore-Rollout-Id: b\r\n"), "dup");

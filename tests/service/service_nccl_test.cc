@@ -38,8 +38,8 @@ constexpr auto kStartupRefusalMax = std::chrono::seconds(30);
 
 fs::path FreshDir(const std::string& tag) {
   static int n = 0;
-  fs::path d = fs::temp_directory_path() /
-               ("rc-svc-nccl-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+  fs::path d = fs::temp_directory_path() / ("rc-svc-nccl-" + tag + "-" +
+                                            std::to_string(::getpid()) + "-" + std::to_string(n++));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -87,17 +87,21 @@ TEST(ServiceNcclConfig, BadNcclValuesAreRefusedByName) {
       {"rendezvous bare IPv6", [](ServeConfig& c) { c.rendezvous = "::1:29500"; }, "IPv6"},
       {"negative device", [](ServeConfig& c) { c.cuda_device = -1; }, "cuda_device"},
       {"device too large", [](ServeConfig& c) { c.cuda_device = 5000; }, "cuda_device"},
-      {"zero buffer", [](ServeConfig& c) { c.packed_buffer_size_bytes = 0; }, "packed_buffer_size_bytes"},
+      {"zero buffer", [](ServeConfig& c) { c.packed_buffer_size_bytes = 0; },
+       "packed_buffer_size_bytes"},
       {"huge buffer", [](ServeConfig& c) { c.packed_buffer_size_bytes = std::uint64_t{1} << 40; },
        "packed_buffer_size_bytes"},
       {"no buffers", [](ServeConfig& c) { c.packed_num_buffers = 0; }, "packed_num_buffers"},
       {"too many buffers", [](ServeConfig& c) { c.packed_num_buffers = 65; }, "packed_num_buffers"},
       {"world size 1", [](ServeConfig& c) { c.nccl_world_size = 1; }, "nccl_world_size"},
-      {"zero init deadline", [](ServeConfig& c) { c.nccl_init_timeout_ms = 0; }, "nccl_init_timeout_ms"},
+      {"zero init deadline", [](ServeConfig& c) { c.nccl_init_timeout_ms = 0; },
+       "nccl_init_timeout_ms"},
       {"reserve eats the init deadline",
-       [](ServeConfig& c) { c.nccl_abort_reserve_ms = c.nccl_init_timeout_ms; }, "nccl_abort_reserve_ms"},
+       [](ServeConfig& c) { c.nccl_abort_reserve_ms = c.nccl_init_timeout_ms; },
+       "nccl_abort_reserve_ms"},
       {"reserve eats the transfer deadline",
-       [](ServeConfig& c) { c.transfer_timeout_ms = c.nccl_abort_reserve_ms; }, "nccl_abort_reserve_ms"},
+       [](ServeConfig& c) { c.transfer_timeout_ms = c.nccl_abort_reserve_ms; },
+       "nccl_abort_reserve_ms"},
   };
   for (const auto& k : cases) {
     ServeConfig c = ok;
@@ -115,10 +119,10 @@ TEST(ServiceNcclConfig, BadNcclValuesAreRefusedByName) {
   EXPECT_EQ(eph->port, 0);
   // The JSON config file takes the same keys.
   ServeConfig j = ok;
-  const Status merged = MergeConfigJson(
-      nlohmann::json::parse(R"({"cuda_device": 1, "nccl_abort_reserve_ms": 2000,
+  const Status merged =
+      MergeConfigJson(nlohmann::json::parse(R"({"cuda_device": 1, "nccl_abort_reserve_ms": 2000,
                                 "nccl_init_timeout_ms": 60000, "nccl_world_size": 2})"),
-      j);
+                      j);
   ASSERT_TRUE(merged.ok()) << merged.ToString();
   EXPECT_EQ(j.cuda_device, 1);
   EXPECT_EQ(j.nccl_abort_reserve_ms, 2000u);
@@ -176,25 +180,28 @@ TEST(ServiceNccl, ServeProcessRefusesNcclClearly) {
   fixtures::VllmDouble engine(eo);
   ASSERT_GT(engine.Start(0), 0);
   const fs::path dir = FreshDir("proc");
-  const std::vector<std::string> base = {
-      "--engine-url", engine.base_url(), "--journal", (dir / "journal").string(), "--port", "0",
-      "--initial-source", "synthetic:4x64", "--transfer", "nccl"};
+  const std::vector<std::string> base = {"--engine-url",     engine.base_url(),
+                                         "--journal",        (dir / "journal").string(),
+                                         "--port",           "0",
+                                         "--initial-source", "synthetic:4x64",
+                                         "--transfer",       "nccl"};
 
   ProcessRun missing = RunServe(base, kStartupRefusalMax);
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("needs rendezvous HOST:PORT"), std::string::npos) << missing.output;
 
   std::vector<std::string> full = base;
-  for (const char* a : {"--rendezvous", "127.0.0.1:0", "--cuda-device", "0",
-                        "--packed-buffer-size-bytes", "268435456", "--packed-num-buffers", "2",
-                        "--nccl-init-timeout-ms", "5000"}) {
+  for (const char* a :
+       {"--rendezvous", "127.0.0.1:0", "--cuda-device", "0", "--packed-buffer-size-bytes",
+        "268435456", "--packed-num-buffers", "2", "--nccl-init-timeout-ms", "5000"}) {
     full.emplace_back(a);
   }
   ProcessRun refused = RunServe(full, kStartupRefusalMax);
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
   EXPECT_EQ(refused.output.find("listening on"), std::string::npos) << refused.output;
 #ifdef RC_HAVE_CUDA
-  EXPECT_NE(refused.output.find("CUDA device 0 is not usable"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("CUDA device 0 is not usable"), std::string::npos)
+      << refused.output;
 #else
   EXPECT_NE(refused.output.find("built without"), std::string::npos) << refused.output;
 #endif

@@ -48,13 +48,13 @@ inline nlohmann::json UpdateBody(const std::string& id, const std::string& label
 }
 
 struct StackOptions {
-  std::string token;             // "" = the trainer routes need no token
-  std::string run = "run-a";     // the initial identity's run
+  std::string token;          // "" = the trainer routes need no token
+  std::string run = "run-a";  // the initial identity's run
   std::string dir_prefix = "rc-svc";
   int token_delay_ms = 1;
   int engine_http_threads = 64;  // the double's concurrent requests
   int engine_max_model_len = 4096;
-  bool fault_env = false;        // the journal over a journal::testing::FaultEnv
+  bool fault_env = false;  // the journal over a journal::testing::FaultEnv
   // Applied last: a test's own settings (http_threads, deadlines, ...).
   std::function<void(ServeConfig&)> tweak;
 };

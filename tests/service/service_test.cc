@@ -31,7 +31,6 @@ namespace fs = std::filesystem;
 constexpr const char* kToken = "test-token";
 constexpr const char* kSource = "synthetic:4x64";
 
-
 // The stack these tests use: a token, a double and a service sized for hundreds of streams.
 struct Stack : stack::ServiceStack {
   explicit Stack(std::function<void(ServeConfig&)> tweak = nullptr, int token_delay_ms = 1)
@@ -79,7 +78,9 @@ struct Seen {
 
 Seen proxied(const Stack& s, bool stream, int max_tokens, const std::string& prompt) {
   httplib::Client c = s.client();
-  json body = {{"model", "rc-double-model"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+  json body = {{"model", "rc-double-model"},
+               {"prompt", prompt},
+               {"max_tokens", max_tokens},
                {"stream", stream}};
   Seen seen;
   httplib::Request req;
@@ -142,10 +143,10 @@ TEST(ServiceE2E, ConcurrentRolloutsDuringUpdatesAreBoundToOneVersion) {
     httplib::Client trainer = s.client();
     for (int u = 1; u <= 3; ++u) {
       if (u == 2) launch(kClients / 2, kClients);
-      auto r = trainer.Post(
-          "/v1/updates", auth(),
-          update_body("u" + std::to_string(u), "rc-" + std::to_string(u), u).dump(),
-          "application/json");
+      auto r =
+          trainer.Post("/v1/updates", auth(),
+                       update_body("u" + std::to_string(u), "rc-" + std::to_string(u), u).dump(),
+                       "application/json");
       updates.emplace_back(r ? r->status : 0,
                            r ? r->body : "no response: " + httplib::to_string(r.error()));
     }
@@ -160,8 +161,8 @@ TEST(ServiceE2E, ConcurrentRolloutsDuringUpdatesAreBoundToOneVersion) {
   int failures = 0;
   for (int i = 0; i < kClients; ++i) {
     if (seen[i].status != 200 && failures++ < 5) {
-      ADD_FAILURE() << "client " << i << " stream=" << (i % 4 != 0) << " status "
-                    << seen[i].status << " " << seen[i].error;
+      ADD_FAILURE() << "client " << i << " stream=" << (i % 4 != 0) << " status " << seen[i].status
+                    << " " << seen[i].error;
     }
   }
   EXPECT_EQ(failures, 0) << s.svc->RenderMetrics();
@@ -254,8 +255,8 @@ TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
     ASSERT_FALSE(e.is_discarded()) << r->body;
     EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
   }
-  auto del = c.Delete("/v1/rollouts/ghost", auth(), R"({"outcome": "sideways"})",
-                      "application/json");
+  auto del =
+      c.Delete("/v1/rollouts/ghost", auth(), R"({"outcome": "sideways"})", "application/json");
   ASSERT_TRUE(del);
   EXPECT_EQ(del->status, 400);
   auto events = c.Get("/v1/events?since=abc");
@@ -295,8 +296,8 @@ TEST(ServiceApi, ExplicitRolloutHoldsTheUpdateUntilFinished) {
   bool found = false;
   for (const auto& r : all_records(s.svc->journal())) {
     if (const auto* fin = std::get_if<RolloutFinished>(&r.event)) {
-      found = fin->rollout_id == "r-explicit" && fin->prompt_tokens == 3 &&
-              fin->completion_tokens == 4;
+      found =
+          fin->rollout_id == "r-explicit" && fin->prompt_tokens == 3 && fin->completion_tokens == 4;
     }
   }
   EXPECT_TRUE(found);
@@ -322,8 +323,8 @@ TEST(ServiceApi, UpdateConflictAndRequestsDuringUpdate) {
   }
   ASSERT_NE(s.svc->journal().state().lifecycle, Lifecycle::kReady);
   httplib::Client c = s.client();
-  auto second = c.Post("/v1/updates", auth(), update_body("u2", "rc-2", 2).dump(),
-                       "application/json");
+  auto second =
+      c.Post("/v1/updates", auth(), update_body("u2", "rc-2", 2).dump(), "application/json");
   ASSERT_TRUE(second);
   EXPECT_EQ(second->status, 409) << second->body;
   Seen during = proxied(s, false, 4, "during the update");

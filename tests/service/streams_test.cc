@@ -86,8 +86,8 @@ class StreamClient : public std::enable_shared_from_this<StreamClient> {
     const auto& h = parser_.get();
     out_.status = h.result_int();
     out_.rollout_id = std::string(h["X-RolloutCore-Rollout-Id"]);
-    out_.admission_seq = std::strtoull(std::string(h["X-RolloutCore-Admission-Seq"]).c_str(),
-                                       nullptr, 10);
+    out_.admission_seq =
+        std::strtoull(std::string(h["X-RolloutCore-Admission-Seq"]).c_str(), nullptr, 10);
     if (on_head_) on_head_(out_);
     ReadSome();
   }
@@ -95,14 +95,13 @@ class StreamClient : public std::enable_shared_from_this<StreamClient> {
     if (parser_.is_done()) return Finish();
     parser_.get().body().data = chunk_.data();
     parser_.get().body().size = chunk_.size();
-    beast::http::async_read_some(socket_, buf_, parser_,
-                                 [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                                   if (ec == beast::http::error::need_buffer) ec = {};
-                                   if (ec) return self->Fail("body: " + ec.message());
-                                   self->Take(self->chunk_.size() -
-                                              self->parser_.get().body().size);
-                                   self->ReadSome();
-                                 });
+    beast::http::async_read_some(
+        socket_, buf_, parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+          if (ec == beast::http::error::need_buffer) ec = {};
+          if (ec) return self->Fail("body: " + ec.message());
+          self->Take(self->chunk_.size() - self->parser_.get().body().size);
+          self->ReadSome();
+        });
   }
   // Counts events across reads (an event may be split between two reads).
   void Take(std::size_t n) {
@@ -111,7 +110,10 @@ class StreamClient : public std::enable_shared_from_this<StreamClient> {
     for (std::size_t at; (at = tail_.find("\n\n")) != std::string::npos;) {
       const std::string event = tail_.substr(0, at);
       tail_.erase(0, at + 2);
-      if (event == "data: [DONE]") out_.done = true; else ++out_.events;
+      if (event == "data: [DONE]")
+        out_.done = true;
+      else
+        ++out_.events;
     }
     RC_CHECK(tail_.size() < (1 << 20));
   }
@@ -136,7 +138,9 @@ class StreamClient : public std::enable_shared_from_this<StreamClient> {
 };
 
 std::string stream_body(int max_tokens) {
-  return json{{"model", "rc-double-model"}, {"prompt", "hello"}, {"max_tokens", max_tokens},
+  return json{{"model", "rc-double-model"},
+              {"prompt", "hello"},
+              {"max_tokens", max_tokens},
               {"stream", true}}
       .dump();
 }
@@ -261,9 +265,10 @@ TEST(ProxyStreams, AClientThatStopsReadingIsCutAtTheWriteDeadline) {
     return sock;
   }();
   const std::string body = stream_body(kTokens);
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          "application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   // Never read. The proxy must give up on this client and record the rollout aborted.
   const auto t0 = std::chrono::steady_clock::now();

@@ -29,15 +29,14 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
+using journal::testing::Fault;
 using journal::testing::FaultEnv;
 using journal::testing::FileKind;
 using journal::testing::FileOp;
-using journal::testing::Fault;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr const char* kToken = "trust-token";
 constexpr const char* kSource = "synthetic:4x64";
-
 
 httplib::Headers auth() { return stack::Bearer(kToken); }
 
@@ -91,11 +90,11 @@ TEST(TrustFaults, StalledFsyncNeverDropsAFinish) {
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
       httplib::Client c = s.client();
-      auto r = c.Post("/v1/completions",
-                      json({{"prompt", "p" + std::to_string(i)}, {"max_tokens", 16},
-                            {"stream", i % 2 == 0}})
-                          .dump(),
-                      "application/json");
+      auto r = c.Post(
+          "/v1/completions",
+          json({{"prompt", "p" + std::to_string(i)}, {"max_tokens", 16}, {"stream", i % 2 == 0}})
+              .dump(),
+          "application/json");
       status[i] = r ? r->status : -1;
     });
   }
@@ -127,13 +126,13 @@ TEST(TrustFaults, FsyncErrorWhileDrainingFailStopsAndNeverContradicts) {
   int update_status = 0;
   std::thread trainer([&] {
     httplib::Client t = s.client();
-    auto r = t.Post("/v1/updates", auth(), update_body("u-eio", "rc-1", 1).dump(),
-                    "application/json");
+    auto r =
+        t.Post("/v1/updates", auth(), update_body("u-eio", "rc-1", 1).dump(), "application/json");
     update_status = r ? r->status : -1;
     update_answer = r ? r->body : "";
   });
-  ASSERT_TRUE(eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; },
-                         5000));
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; }, 5000));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the drain intent is durable
   s.faults->Inject(FileKind::kWal, FileOp::kSync, Fault::kEio);
   auto f = c.Delete("/v1/rollouts/held", auth());
@@ -159,14 +158,13 @@ TEST(TrustFaults, FsyncErrorWhileDrainingFailStopsAndNeverContradicts) {
   s.faults->Restart();
   s.Open();
   httplib::Client c2 = s.client();
-  auto again = c2.Post("/v1/updates", auth(), update_body("u-eio", "rc-1", 1).dump(),
-                       "application/json");
+  auto again =
+      c2.Post("/v1/updates", auth(), update_body("u-eio", "rc-1", 1).dump(), "application/json");
   ASSERT_TRUE(again);
   json j = json::parse(again->body, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << again->body;
   // Whatever recovery decided is what the re-POST reads: recorded, never a second attempt.
-  EXPECT_TRUE(again->status == 200 || again->status == 422 || again->status == 500)
-      << again->body;
+  EXPECT_TRUE(again->status == 200 || again->status == 422 || again->status == 500) << again->body;
   EXPECT_EQ(j.value("replayed", false), true) << again->body;
   EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 1u);
 }
@@ -183,8 +181,8 @@ void CrashWhileDraining(Stack& s) {
     httplib::Client t = s.client();
     (void)t.Post("/v1/updates", auth(), update_body("u-mid", "rc-1", 1).dump(), "application/json");
   });
-  ASSERT_TRUE(eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; },
-                         5000));
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; }, 5000));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the drain intent is durable
   s.faults->Inject(FileKind::kWal, FileOp::kSync, Fault::kEio);
   (void)c.Delete("/v1/rollouts/other", auth());
@@ -243,10 +241,13 @@ TEST(TrustRecovery, EngineReplacedWhileDownIsCaughtAfterARefusedUpdate) {
   ASSERT_EQ(st.lifecycle, Lifecycle::kTainted) << describe(st);
   EXPECT_EQ(st.taint->cause, Cause::kEngineReplaced);
   std::uint64_t admitted = 0;
-  ASSERT_TRUE(s.svc->journal().Scan(1, 0, [&](const journal::Record& r) {
-    admitted += std::holds_alternative<RolloutAdmitted>(r.event);
-    return Status::OK();
-  }).ok());
+  ASSERT_TRUE(s.svc->journal()
+                  .Scan(1, 0,
+                        [&](const journal::Record& r) {
+                          admitted += std::holds_alternative<RolloutAdmitted>(r.event);
+                          return Status::OK();
+                        })
+                  .ok());
   EXPECT_EQ(admitted, 2u) << "an admission reached the replaced engine";
 }
 
@@ -261,22 +262,22 @@ TEST(TrustIdempotency, RePostOfAnEndedUpdateAnswersTheRecordedOutcome) {
   ASSERT_TRUE(u);
   ASSERT_EQ(u->status, 200) << u->body;
   EXPECT_FALSE(u->get_header_value("X-RolloutCore-Head").empty());
-  auto again = c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(),
-                      "application/json");
+  auto again =
+      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
   ASSERT_TRUE(again);
   EXPECT_EQ(again->status, 200) << again->body;
   EXPECT_EQ(json::parse(again->body)["outcome"], "committed");
   EXPECT_EQ(json::parse(again->body)["replayed"], true);
-  auto other = c.Post("/v1/updates", auth(), update_body("u-1", "rc-9", 9).dump(),
-                      "application/json");
+  auto other =
+      c.Post("/v1/updates", auth(), update_body("u-1", "rc-9", 9).dump(), "application/json");
   ASSERT_TRUE(other);
   EXPECT_EQ(other->status, 409) << other->body;
 
   s.Kill();
   s.Open();
   httplib::Client c2 = s.client();
-  auto after = c2.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(),
-                       "application/json");
+  auto after =
+      c2.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200) << after->body;
   EXPECT_EQ(json::parse(after->body)["replayed"], true) << after->body;
@@ -291,8 +292,8 @@ TEST(TrustIdempotency, UpdateIdOfTheFullIdLimitIsAccepted) {
   Stack s;
   httplib::Client c = s.client();
   const std::string long_id(kIdBytesMax, 'x');
-  auto l = c.Post("/v1/updates", auth(), update_body(long_id, "rc-2", 2).dump(),
-                  "application/json");
+  auto l =
+      c.Post("/v1/updates", auth(), update_body(long_id, "rc-2", 2).dump(), "application/json");
   ASSERT_TRUE(l);
   EXPECT_EQ(l->status, 200) << "a " << kIdBytesMax << "-byte update_id: " << l->body;
   auto over = c.Post("/v1/updates", auth(), update_body(long_id + "y", "rc-3", 3).dump(),
@@ -354,8 +355,8 @@ TEST(TrustLeases, RenewedLeaseSurvivesARestartAndLapsesWhenRenewalsStop) {
   s.Kill();
   s.Open();
   EXPECT_EQ(s.svc->journal().state().active.count("leased"), 1u) << "abandoned by the restart";
-  ASSERT_TRUE(eventually([&] { return s.svc->journal().state().counters.rollouts_expired == 1; },
-                         3000));
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().counters.rollouts_expired == 1; }, 3000));
   EXPECT_EQ(s.svc->journal().state().active.count("leased"), 0u);
   httplib::Client c2 = s.client();
   auto late = c2.Post("/v1/rollouts/leased/lease", auth(), "", "application/json");
@@ -376,17 +377,17 @@ TEST(TrustEngine, MonitorDetectsAReplacedEngine) {
   EXPECT_EQ(ready->status, 200) << ready->body;
   ASSERT_TRUE(s.RestartEngine());
   const auto started = SteadyClock::now();
-  ASSERT_TRUE(eventually(
-      [&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 10000))
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 10000))
       << "the replaced engine went unnoticed";
-  const auto window_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             SteadyClock::now() - started)
-                             .count();
+  const auto window_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started).count();
   std::printf("[ detection ] replaced engine detected %lld ms after it started answering\n",
               static_cast<long long>(window_ms));
   const State st = s.svc->journal().state();
   ASSERT_TRUE(st.taint.has_value());
-  EXPECT_TRUE(st.taint->cause == Cause::kEngineReplaced || st.taint->cause == Cause::kEngineRelabelled)
+  EXPECT_TRUE(st.taint->cause == Cause::kEngineReplaced ||
+              st.taint->cause == Cause::kEngineRelabelled)
       << cause_name(st.taint->cause);
   auto h = c.Get("/healthz");
   ASSERT_TRUE(h);
@@ -450,9 +451,11 @@ TEST(TrustApi, HostileInputOnEveryTrainerRouteIsA4xxThatChangesNothing) {
   // Invalid UTF-8 makes the body invalid JSON; control characters arrive JSON-escaped and must be
   // refused after parsing; an over-long string must be refused by its bound.
   const std::string raw_bad[] = {std::string("\xff\xfe", 2), std::string("\xc3", 1),
-                                 std::string("a\x01" "b", 3)};
-  const std::string parsed_bad[] = {std::string("a\0b", 3), "ck\nverification: OK",
-                                    "\x1b[31mred", std::string(20000, 'x')};
+                                 std::string("a\x01"
+                                             "b",
+                                             3)};
+  const std::string parsed_bad[] = {std::string("a\0b", 3), "ck\nverification: OK", "\x1b[31mred",
+                                    std::string(20000, 'x')};
   std::vector<std::pair<std::string, std::string>> posts;  // path, raw body
   int n = 0;
   for (const char* field : {"update_id", "target_label", "source"}) {
@@ -475,7 +478,8 @@ TEST(TrustApi, HostileInputOnEveryTrainerRouteIsA4xxThatChangesNothing) {
     posts.emplace_back("/v1/rollouts", std::string("{\"rollout_id\":\"") + bad + "\"}");
   }
   posts.emplace_back("/v1/updates", std::string(100000, '['));
-  posts.emplace_back("/v1/updates", R"({"update_id":"u","target_label":"rc-1","identity":{"step":1e400}})");
+  posts.emplace_back("/v1/updates",
+                     R"({"update_id":"u","target_label":"rc-1","identity":{"step":1e400}})");
   posts.emplace_back("/v1/rollouts", R"({"lease_ms":18446744073709551616})");
   posts.emplace_back("/v1/rollouts/%ff%fe/lease", "{}");
   for (const auto& [path, body] : posts) {

@@ -69,7 +69,8 @@ TEST(EngineMonitor, EachChangeTaintsWithItsCause) {
 // catches admissions forwarded to a dead engine, and a blip that taints forever.
 TEST(EngineMonitor, UnreachableBlocksAdmissionUntilTheSameEngineAnswers) {
   Driver d = ready_on_instance();
-  EngineMonitored down{http(Transport::kConnectFailed), "", false, false, "", 0, monitor_epoch(d.s)};
+  EngineMonitored down{
+      http(Transport::kConnectFailed), "", false, false, "", 0, monitor_epoch(d.s)};
   EXPECT_TRUE(d.ok(down).empty());
   EXPECT_FALSE(d.s.engine_reachable);
   EXPECT_FALSE(admits(d.s));
@@ -175,9 +176,9 @@ TEST(Bootstrap, RefusesAForeignOrPausedEngineUnlessAdopted) {
   resumed.resumed_before = true;
   EXPECT_EQ(boot(false, resumed), Lifecycle::kUninitialized);
   EXPECT_EQ(boot(true, resumed), Lifecycle::kReady);
-  EXPECT_NE(explain_bootstrap_refusal(BootstrapRequested{"rc-0", identity('a')},
-                                      probe("rc-0", true)),
-            "");
+  EXPECT_NE(
+      explain_bootstrap_refusal(BootstrapRequested{"rc-0", identity('a')}, probe("rc-0", true)),
+      "");
 }
 
 // Validation fails when another engine process answers than the one verified; catches an
@@ -206,8 +207,7 @@ TEST(Lease, ExplicitRolloutsSurviveRecoveryAndExpire) {
   d.reverify();
   EXPECT_EQ(d.rejected(RolloutFinished{proxied, RolloutOutcome::kExpired}), Code::kNotFound);
   const std::string other = d.admit();
-  EXPECT_EQ(d.rejected(RolloutFinished{other, RolloutOutcome::kExpired}),
-            Code::kInvalidArgument);
+  EXPECT_EQ(d.rejected(RolloutFinished{other, RolloutOutcome::kExpired}), Code::kInvalidArgument);
   d.ok(RolloutFinished{"explicit", RolloutOutcome::kExpired});
   EXPECT_EQ(d.s.counters.rollouts_expired, 1u);
   EXPECT_EQ(d.rejected(make_admission(d.s, "long", kLeaseMsMax + 1)), Code::kInvalidArgument);

@@ -21,7 +21,9 @@ struct Rng {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
   }
-  std::uint32_t below(std::uint32_t n) { return n == 0 ? 0 : static_cast<std::uint32_t>(next() % n); }
+  std::uint32_t below(std::uint32_t n) {
+    return n == 0 ? 0 : static_cast<std::uint32_t>(next() % n);
+  }
   bool chance(std::uint32_t percent) { return below(100) < percent; }
 };
 
@@ -59,11 +61,16 @@ struct FaultMix {
 
 inline HttpEvidence random_bad_http(Rng& r) {
   switch (r.below(5)) {
-    case 0: return http(Transport::kConnectFailed);
-    case 1: return http(Transport::kTimeout);
-    case 2: return http(Transport::kBroken);
-    case 3: return http(Transport::kOk, 500, true);
-    default: return http(Transport::kOk, 200, false);  // unparseable body
+    case 0:
+      return http(Transport::kConnectFailed);
+    case 1:
+      return http(Transport::kTimeout);
+    case 2:
+      return http(Transport::kBroken);
+    case 3:
+      return http(Transport::kOk, 500, true);
+    default:
+      return http(Transport::kOk, 200, false);  // unparseable body
   }
 }
 
@@ -82,9 +89,15 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
       PreflightObserved p{s.update->identity.manifest_digest, true, true, ""};
       if (r.chance(m.preflight_bad)) {
         switch (r.below(3)) {
-          case 0: p.source_manifest_digest = hex('9'); break;
-          case 1: p.device_ok = false; break;
-          default: p.memory_ok = false; break;
+          case 0:
+            p.source_manifest_digest = hex('9');
+            break;
+          case 1:
+            p.device_ok = false;
+            break;
+          default:
+            p.memory_ok = false;
+            break;
         }
       }
       return p;
@@ -94,11 +107,16 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
         return TransferObserved{false, MutationClass::kNone, 0, 0, 1, "", "refused"};
       }
       if (r.chance(m.transfer_ambiguous)) {
-        return TransferObserved{r.chance(30), r.chance(50) ? MutationClass::kPossible
-                                                           : MutationClass::kComplete,
-                                7, 1, 1, "", "broken"};
+        return TransferObserved{r.chance(30),
+                                r.chance(50) ? MutationClass::kPossible : MutationClass::kComplete,
+                                7,
+                                1,
+                                1,
+                                "",
+                                "broken"};
       }
-      return TransferObserved{true, MutationClass::kComplete, 100, 2, 1, s.update->target.label, ""};
+      return TransferObserved{true, MutationClass::kComplete, 100, 2,
+                              1,    s.update->target.label,   ""};
     case EffectKind::kResetCache:
       if (r.chance(m.reset_fail)) {
         return r.chance(50) ? CacheResetObserved{e.cache, ok_http(), false}
@@ -128,37 +146,60 @@ inline Event garbage(const State& s, Rng& r) {
   const std::string ids[] = {"r1", "r2", "", std::string("x\x01"), "u-1", "rc-0"};
   const std::string& id = ids[r.below(6)];
   switch (r.below(16)) {
-    case 0: return BootstrapRequested{r.chance(50) ? "rc-0" : id, identity('a')};
-    case 1: return UpdateRequested{id, r.chance(50) ? "rc-g" : id, identity('b'), ""};
-    case 2: return EffectStarted{static_cast<EffectKind>(r.below(kEffectKindMax + 2)),
-                                 static_cast<CacheKind>(r.below(4)), 0};
-    case 3: return EngineProbed{ok_http(), "v", "rc-0"};
-    case 4: return DrainObserved{ok_http(), true};
-    case 5: return DrainTimedOut{1, 0};
-    case 6: return PreflightObserved{hex('b'), true, true, ""};
-    case 7: return TransferObserved{true, MutationClass::kComplete, 1, 1, 1, "", ""};
-    case 8: return CacheResetObserved{static_cast<CacheKind>(r.below(3)), ok_http(), true};
-    case 9: return ValidationObserved{ok_http(), "rc-1", true, ""};
-    case 10: return ResumeObserved{ok_http(), true, false};
+    case 0:
+      return BootstrapRequested{r.chance(50) ? "rc-0" : id, identity('a')};
+    case 1:
+      return UpdateRequested{id, r.chance(50) ? "rc-g" : id, identity('b'), ""};
+    case 2:
+      return EffectStarted{static_cast<EffectKind>(r.below(kEffectKindMax + 2)),
+                           static_cast<CacheKind>(r.below(4)), 0};
+    case 3:
+      return EngineProbed{ok_http(), "v", "rc-0"};
+    case 4:
+      return DrainObserved{ok_http(), true};
+    case 5:
+      return DrainTimedOut{1, 0};
+    case 6:
+      return PreflightObserved{hex('b'), true, true, ""};
+    case 7:
+      return TransferObserved{true, MutationClass::kComplete, 1, 1, 1, "", ""};
+    case 8:
+      return CacheResetObserved{static_cast<CacheKind>(r.below(3)), ok_http(), true};
+    case 9:
+      return ValidationObserved{ok_http(), "rc-1", true, ""};
+    case 10:
+      return ResumeObserved{ok_http(), true, false};
     // Unique per walk (ids are unique per journal; the journal, not the fold, enforces it).
-    case 11: return RolloutAdmitted{"g" + std::to_string(s.counters.events), s.committed,
-                                    s.committed_identity};
-    case 12: return RolloutFinished{id, static_cast<RolloutOutcome>(r.below(3)), 0, 0};
+    case 11:
+      return RolloutAdmitted{"g" + std::to_string(s.counters.events), s.committed,
+                             s.committed_identity};
+    case 12:
+      return RolloutFinished{id, static_cast<RolloutOutcome>(r.below(3)), 0, 0};
     case 13: {
       // Half the time a structurally legal edge out of the current state (the forgeries that
       // only grounding in the state can refuse), else anything.
-      struct Edge { Lifecycle from, to; Cause cause; };
+      struct Edge {
+        Lifecycle from, to;
+        Cause cause;
+      };
       using L = Lifecycle;
       using C = Cause;
-      static const Edge kEdges[] = {
-          {L::kUninitialized, L::kReady, C::kBootstrapped}, {L::kReady, L::kDraining, C::kUpdateRequested},
-          {L::kDraining, L::kQuiesced, C::kDrained}, {L::kDraining, L::kResuming, C::kDrainFailed},
-          {L::kQuiesced, L::kUpdating, C::kPreflightPassed}, {L::kQuiesced, L::kResuming, C::kPreflightRefused},
-          {L::kUpdating, L::kInvalidating, C::kTransferred}, {L::kUpdating, L::kResuming, C::kTransferRefused},
-          {L::kUpdating, L::kResuming, C::kRecoveredNoMutation}, {L::kUpdating, L::kTainted, C::kTransferAmbiguous},
-          {L::kUpdating, L::kTainted, C::kRecoveredAmbiguous}, {L::kInvalidating, L::kValidating, C::kCachesReset},
-          {L::kInvalidating, L::kTainted, C::kCacheResetFailed}, {L::kValidating, L::kResuming, C::kValidated},
-          {L::kValidating, L::kTainted, C::kValidationFailed}, {L::kResuming, L::kReady, C::kResumed}};
+      static const Edge kEdges[] = {{L::kUninitialized, L::kReady, C::kBootstrapped},
+                                    {L::kReady, L::kDraining, C::kUpdateRequested},
+                                    {L::kDraining, L::kQuiesced, C::kDrained},
+                                    {L::kDraining, L::kResuming, C::kDrainFailed},
+                                    {L::kQuiesced, L::kUpdating, C::kPreflightPassed},
+                                    {L::kQuiesced, L::kResuming, C::kPreflightRefused},
+                                    {L::kUpdating, L::kInvalidating, C::kTransferred},
+                                    {L::kUpdating, L::kResuming, C::kTransferRefused},
+                                    {L::kUpdating, L::kResuming, C::kRecoveredNoMutation},
+                                    {L::kUpdating, L::kTainted, C::kTransferAmbiguous},
+                                    {L::kUpdating, L::kTainted, C::kRecoveredAmbiguous},
+                                    {L::kInvalidating, L::kValidating, C::kCachesReset},
+                                    {L::kInvalidating, L::kTainted, C::kCacheResetFailed},
+                                    {L::kValidating, L::kResuming, C::kValidated},
+                                    {L::kValidating, L::kTainted, C::kValidationFailed},
+                                    {L::kResuming, L::kReady, C::kResumed}};
       std::vector<Edge> out;
       for (const Edge& e : kEdges) {
         if (e.from == s.lifecycle) out.push_back(e);
@@ -170,9 +211,10 @@ inline Event garbage(const State& s, Rng& r) {
       return StateChanged{s.lifecycle, static_cast<Lifecycle>(r.below(9)),
                           static_cast<Cause>(r.below(kCauseMax + 1)), ""};
     }
-    case 14: return VersionPublished{id, WeightVersion{s.committed.generation + 1, "rc-g"},
-                                     identity('b')};
-    default: return UpdateEnded{id, static_cast<UpdateOutcome>(r.below(3)), ""};
+    case 14:
+      return VersionPublished{id, WeightVersion{s.committed.generation + 1, "rc-g"}, identity('b')};
+    default:
+      return UpdateEnded{id, static_cast<UpdateOutcome>(r.below(3)), ""};
   }
 }
 
@@ -189,9 +231,10 @@ struct InputGen {
     const std::uint32_t pick = r.below(100);
     if (pick < 20 && !s.active.empty()) {  // a rollout finishes (possibly mid-drain: the race)
       auto it = s.active.begin();
-      std::advance(it, r.below(static_cast<std::uint32_t>(std::min<std::size_t>(s.active.size(), 64))));
-      return RolloutFinished{it->first, r.chance(80) ? RolloutOutcome::kCompleted
-                                                     : RolloutOutcome::kAborted, 5, 9};
+      std::advance(it,
+                   r.below(static_cast<std::uint32_t>(std::min<std::size_t>(s.active.size(), 64))));
+      return RolloutFinished{
+          it->first, r.chance(80) ? RolloutOutcome::kCompleted : RolloutOutcome::kAborted, 5, 9};
     }
     if (pick < 45 && s.lifecycle == Lifecycle::kReady) {
       return make_admission(s, "r" + std::to_string(++counter));
@@ -205,13 +248,15 @@ struct InputGen {
           return UpdateRequested{"u" + std::to_string(++counter),
                                  "rc-" + std::to_string(s.committed.generation + 1),
                                  identity(static_cast<char>('a' + r.below(6))), "safetensors:x"};
-        default: break;
+        default:
+          break;
       }
     }
     if (s.in_flight.has_value()) return observation(s, r, mix);
     const Effect due = next_effect(s);
     if (due.kind == EffectKind::kAwaitRollouts) {
-      if (r.chance(mix.drain_timeout)) return DrainTimedOut{1000, static_cast<std::uint32_t>(s.active.size())};
+      if (r.chance(mix.drain_timeout))
+        return DrainTimedOut{1000, static_cast<std::uint32_t>(s.active.size())};
       if (!s.active.empty()) {
         return RolloutFinished{s.active.begin()->first, RolloutOutcome::kCompleted, 1, 1};
       }
@@ -222,8 +267,7 @@ struct InputGen {
     }
     if (s.lifecycle == Lifecycle::kReady) {
       return UpdateRequested{"u" + std::to_string(++counter),
-                             "rc-" + std::to_string(s.committed.generation + 1), identity('b'),
-                             ""};
+                             "rc-" + std::to_string(s.committed.generation + 1), identity('b'), ""};
     }
     // Stuck (bounded retries spent): only a restart helps.
     return RecoveryStarted{"exec-" + std::to_string(++counter)};

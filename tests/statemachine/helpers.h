@@ -39,8 +39,8 @@ struct Driver {
   // Steps `input`; returns the derived events (fails the test if the input is rejected).
   std::vector<Event> ok(const Event& input) {
     Result<std::vector<Event>> r = step(s, input);
-    EXPECT_TRUE(r.ok()) << "rejected " << describe(input) << ": " << r.status().ToString()
-                        << " in " << describe(s);
+    EXPECT_TRUE(r.ok()) << "rejected " << describe(input) << ": " << r.status().ToString() << " in "
+                        << describe(s);
     if (!r.ok()) return {};
     record(input, r.value());
     return r.value();
@@ -98,8 +98,8 @@ struct Driver {
     ok(good_preflight());
   }
   TransferObserved good_transfer() const {
-    return TransferObserved{true, MutationClass::kComplete, 1 << 20, 10, 5000,
-                            s.update->target.label, ""};
+    return TransferObserved{true, MutationClass::kComplete, 1 << 20, 10,
+                            5000, s.update->target.label,   ""};
   }
   void to_invalidating(const std::string& label = "rc-1") {
     to_updating(label);

@@ -126,7 +126,8 @@ TEST(History, DerivedWithoutInput) {
   Driver d;
   d.to_ready();
   auto h = d.history;
-  h.erase(h.begin() + static_cast<long>(find_entry<EngineProbed>(h)));  // the READY decision loses its input
+  h.erase(h.begin() +
+          static_cast<long>(find_entry<EngineProbed>(h)));  // the READY decision loses its input
   expect_bad(h, h.back().seq, "without its input");
   HistoryEntry first = d.history.front();
   first.cause_seq = 7;
@@ -237,7 +238,8 @@ TEST(History, RolloutSpanningTwoVersions) {
   // finish never comes.
   std::size_t req = find_entry<UpdateRequested>(h);
   h.insert(h.begin() + static_cast<long>(req),
-           HistoryEntry{h[req].seq, 0, RolloutAdmitted{"stale", WeightVersion{0, "rc-0"}, identity('a')}});
+           HistoryEntry{h[req].seq, 0,
+                        RolloutAdmitted{"stale", WeightVersion{0, "rc-0"}, identity('a')}});
   for (std::size_t k = req + 1; k < h.size(); ++k) {
     h[k].seq += 1;
     if (h[k].cause_seq != 0) h[k].cause_seq += 1;

@@ -15,8 +15,15 @@ using Walk = std::function<void(Driver&)>;
 std::vector<std::pair<std::string, Walk>> non_ready_walks() {
   return {
       {"uninitialized", [](Driver&) {}},
-      {"uninitialized-bootstrap", [](Driver& d) { d.ok(BootstrapRequested{"rc-0", identity('a')}); }},
-      {"draining", [](Driver& d) { d.to_ready(); d.to_draining(); }},
+      {"uninitialized-bootstrap",
+       [](Driver& d) {
+         d.ok(BootstrapRequested{"rc-0", identity('a')});
+       }},
+      {"draining",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_draining();
+       }},
       {"draining-awaiting",
        [](Driver& d) {
          d.to_ready();
@@ -25,12 +32,37 @@ std::vector<std::pair<std::string, Walk>> non_ready_walks() {
          d.effect(EffectKind::kDrain);
          d.ok(DrainObserved{ok_http(), true});
        }},
-      {"quiesced", [](Driver& d) { d.to_ready(); d.to_quiesced(); }},
-      {"updating", [](Driver& d) { d.to_ready(); d.to_updating(); }},
-      {"updating-transfer", [](Driver& d) { d.to_ready(); d.to_updating(); d.effect(EffectKind::kTransfer); }},
-      {"invalidating", [](Driver& d) { d.to_ready(); d.to_invalidating(); }},
-      {"validating", [](Driver& d) { d.to_ready(); d.to_validating(); }},
-      {"resuming", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); }},
+      {"quiesced",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_quiesced();
+       }},
+      {"updating",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_updating();
+       }},
+      {"updating-transfer",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_updating();
+         d.effect(EffectKind::kTransfer);
+       }},
+      {"invalidating",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_invalidating();
+       }},
+      {"validating",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_validating();
+       }},
+      {"resuming",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       }},
       {"resuming-aborting",
        [](Driver& d) {
          d.to_ready();
@@ -165,9 +197,10 @@ TEST(Illegal, DecisionsSubmittedAsInput) {
   d.to_ready();
   d.to_resuming_validated();
   const UpdatePlan u = *d.s.update;
-  for (const Event& e : {Event{StateChanged{Lifecycle::kResuming, Lifecycle::kReady, Cause::kResumed, ""}},
-                         Event{VersionPublished{u.update_id, u.target, u.identity}},
-                         Event{UpdateEnded{u.update_id, UpdateOutcome::kCommitted, ""}}}) {
+  for (const Event& e :
+       {Event{StateChanged{Lifecycle::kResuming, Lifecycle::kReady, Cause::kResumed, ""}},
+        Event{VersionPublished{u.update_id, u.target, u.identity}},
+        Event{UpdateEnded{u.update_id, UpdateOutcome::kCommitted, ""}}}) {
     EXPECT_EQ(d.rejected(e), Code::kInvalidArgument) << describe(e);
   }
 }
@@ -195,8 +228,14 @@ TEST(Illegal, FinishOfUnknownRollout) {
 }
 
 std::vector<std::string> bad_ids() {
-  return {"", std::string(kIdBytesMax + 1, 'x'), std::string("a\x01" "b"), "tab\tid", "nl\n",
-          std::string("del\x7f"), std::string("nul\0x", 5)};
+  return {"",
+          std::string(kIdBytesMax + 1, 'x'),
+          std::string("a\x01"
+                      "b"),
+          "tab\tid",
+          "nl\n",
+          std::string("del\x7f"),
+          std::string("nul\0x", 5)};
 }
 
 // Malformed ids, labels and digests are InvalidArgument; catches unbounded or control-byte
@@ -282,23 +321,56 @@ TEST(Illegal, ForgedDecisionsRefusedByApply) {
   const std::vector<Forgery> forgeries = {
       {"ready->draining without a request", [](Driver& d) { d.to_ready(); },
        StateChanged{Lifecycle::kReady, Lifecycle::kDraining, Cause::kUpdateRequested, ""}},
-      {"wrong from", [](Driver& d) { d.to_ready(); d.to_draining(); },
+      {"wrong from",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_draining();
+       },
        StateChanged{Lifecycle::kQuiesced, Lifecycle::kUpdating, Cause::kPreflightPassed, ""}},
-      {"skip to updating", [](Driver& d) { d.to_ready(); d.to_draining(); },
+      {"skip to updating",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_draining();
+       },
        StateChanged{Lifecycle::kDraining, Lifecycle::kUpdating, Cause::kPreflightPassed, ""}},
-      {"edge with the wrong cause", [](Driver& d) { d.to_ready(); d.to_draining(); },
+      {"edge with the wrong cause",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_draining();
+       },
        StateChanged{Lifecycle::kDraining, Lifecycle::kQuiesced, Cause::kValidated, ""}},
-      {"quiesced with bindings", [](Driver& d) { d.to_ready(); d.admit(); d.to_draining(); },
+      {"quiesced with bindings",
+       [](Driver& d) {
+         d.to_ready();
+         d.admit();
+         d.to_draining();
+       },
        StateChanged{Lifecycle::kDraining, Lifecycle::kQuiesced, Cause::kDrained, ""}},
       {"transition with effect in flight",
-       [](Driver& d) { d.to_ready(); d.to_draining(); d.effect(EffectKind::kDrain); },
+       [](Driver& d) {
+         d.to_ready();
+         d.to_draining();
+         d.effect(EffectKind::kDrain);
+       },
        StateChanged{Lifecycle::kDraining, Lifecycle::kQuiesced, Cause::kDrained, ""}},
-      {"validating before resets", [](Driver& d) { d.to_ready(); d.to_invalidating(); },
+      {"validating before resets",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_invalidating();
+       },
        StateChanged{Lifecycle::kInvalidating, Lifecycle::kValidating, Cause::kCachesReset, ""}},
-      {"invalidating without transfer intent", [](Driver& d) { d.to_ready(); d.to_updating(); },
+      {"invalidating without transfer intent",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_updating();
+       },
        StateChanged{Lifecycle::kUpdating, Lifecycle::kInvalidating, Cause::kTransferred, ""}},
       {"refusal while the transfer is in flight",
-       [](Driver& d) { d.to_ready(); d.to_updating(); d.effect(EffectKind::kTransfer); },
+       [](Driver& d) {
+         d.to_ready();
+         d.to_updating();
+         d.effect(EffectKind::kTransfer);
+       },
        StateChanged{Lifecycle::kUpdating, Lifecycle::kResuming, Cause::kTransferRefused, ""}},
       {"leave tainted",
        [](Driver& d) {
@@ -316,7 +388,11 @@ TEST(Illegal, ForgedDecisionsRefusedByApply) {
        StateChanged{Lifecycle::kReady, static_cast<Lifecycle>(42), Cause::kUpdateRequested, ""}},
       {"publish in ready", [](Driver& d) { d.to_ready(); },
        VersionPublished{"u", WeightVersion{1, "rc-1"}, idb}},
-      {"publish in validating", [](Driver& d) { d.to_ready(); d.to_validating(); },
+      {"publish in validating",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_validating();
+       },
        VersionPublished{"u-rc-1", WeightVersion{1, "rc-1"}, idb}},
       {"publish while aborting",
        [](Driver& d) {
@@ -326,23 +402,59 @@ TEST(Illegal, ForgedDecisionsRefusedByApply) {
          d.ok(DrainObserved{http(Transport::kTimeout), false});
        },
        VersionPublished{"u-rc-1", WeightVersion{1, "rc-1"}, idb}},
-      {"publish other label", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); },
+      {"publish other label",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       },
        VersionPublished{"u-rc-1", WeightVersion{1, "rc-9"}, idb}},
-      {"publish other identity", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); },
+      {"publish other identity",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       },
        VersionPublished{"u-rc-1", WeightVersion{1, "rc-1"}, identity('c')}},
-      {"publish skipping a generation", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); },
+      {"publish skipping a generation",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       },
        VersionPublished{"u-rc-1", WeightVersion{2, "rc-1"}, idb}},
-      {"publish other update", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); },
+      {"publish other update",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       },
        VersionPublished{"u-other", WeightVersion{1, "rc-1"}, idb}},
-      {"ready before publish", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); },
+      {"ready before publish",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       },
        StateChanged{Lifecycle::kResuming, Lifecycle::kReady, Cause::kResumed, ""}},
-      {"committed before publish", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); },
+      {"committed before publish",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       },
        UpdateEnded{"u-rc-1", UpdateOutcome::kCommitted, ""}},
-      {"refused while validated", [](Driver& d) { d.to_ready(); d.to_resuming_validated(); },
+      {"refused while validated",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+       },
        UpdateEnded{"u-rc-1", UpdateOutcome::kRefused, ""}},
-      {"ended unknown update", [](Driver& d) { d.to_ready(); d.to_updating(); },
+      {"ended unknown update",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_updating();
+       },
        UpdateEnded{"u-other", UpdateOutcome::kTainted, ""}},
-      {"tainted outcome outside mutation", [](Driver& d) { d.to_ready(); d.to_draining(); },
+      {"tainted outcome outside mutation",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_draining();
+       },
        UpdateEnded{"u-rc-1", UpdateOutcome::kTainted, ""}},
   };
   for (const Forgery& f : forgeries) {

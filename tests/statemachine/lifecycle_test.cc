@@ -123,7 +123,9 @@ TEST(Lifecycle, DrainFailureRetriesThenAborts) {
     EXPECT_EQ(next_effect(d.s).kind, EffectKind::kDrain);
     d.effect(EffectKind::kDrain);
     auto ev = d.ok(DrainObserved{http(Transport::kOk, 503, false), false});
-    if (i < kEffectAttemptsMax) { EXPECT_TRUE(ev.empty()) << "attempt " << i; }
+    if (i < kEffectAttemptsMax) {
+      EXPECT_TRUE(ev.empty()) << "attempt " << i;
+    }
   }
   EXPECT_EQ(d.s.lifecycle, Lifecycle::kResuming);
   EXPECT_TRUE(d.s.update->aborting);
@@ -312,7 +314,9 @@ TEST(Lifecycle, CacheResetReportedFailureTaintsAfterBound) {
       ASSERT_EQ(next_effect(d.s), (Effect{EffectKind::kResetCache, c}));
       d.effect(EffectKind::kResetCache, c);
       ev = d.ok(CacheResetObserved{c, ok_http(), false});
-      if (i < kEffectAttemptsMax) { EXPECT_TRUE(ev.empty()); }
+      if (i < kEffectAttemptsMax) {
+        EXPECT_TRUE(ev.empty());
+      }
     }
     expect_tainted(d, ev, Lifecycle::kInvalidating, Cause::kCacheResetFailed);
   }
@@ -383,7 +387,9 @@ TEST(Lifecycle, ValidationUnreachableTaintsAfterBound) {
     EXPECT_EQ(next_effect(d.s).kind, EffectKind::kValidate);
     d.effect(EffectKind::kValidate);
     ev = d.ok(ValidationObserved{http(Transport::kConnectFailed), "", true, ""});
-    if (i < kEffectAttemptsMax) { EXPECT_TRUE(ev.empty()); }
+    if (i < kEffectAttemptsMax) {
+      EXPECT_TRUE(ev.empty());
+    }
   }
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
 }
@@ -398,9 +404,9 @@ TEST(Lifecycle, ResumeRetriesAreBounded) {
     EXPECT_EQ(next_effect(d.s).kind, EffectKind::kResume);
     d.effect(EffectKind::kResume);
     // Still paused, or the pause state unknown, or a failed exchange: none of them resumes.
-    ResumeObserved r = i == 1 ? ResumeObserved{ok_http(), true, true}
-                     : i == 2 ? ResumeObserved{ok_http(), false, false}
-                              : ResumeObserved{http(Transport::kTimeout), false, true};
+    ResumeObserved r = i == 1   ? ResumeObserved{ok_http(), true, true}
+                       : i == 2 ? ResumeObserved{ok_http(), false, false}
+                                : ResumeObserved{http(Transport::kTimeout), false, true};
     EXPECT_TRUE(d.ok(r).empty());
   }
   EXPECT_EQ(next_effect(d.s).kind, EffectKind::kNone);
@@ -453,8 +459,13 @@ TEST(Lifecycle, RecoveryInEveryStateAbandonsBindings) {
        },
        Lifecycle::kUninitialized, EffectKind::kProbeEngine},
       // READY is re-verified after a restart: the engine may have changed while unwatched.
-      {"ready", [](Driver& d) { d.to_ready(); d.admit(); d.admit(); }, Lifecycle::kReady,
-       EffectKind::kProbeEngine},
+      {"ready",
+       [](Driver& d) {
+         d.to_ready();
+         d.admit();
+         d.admit();
+       },
+       Lifecycle::kReady, EffectKind::kProbeEngine},
       {"draining",
        [](Driver& d) {
          d.to_ready();
@@ -464,7 +475,12 @@ TEST(Lifecycle, RecoveryInEveryStateAbandonsBindings) {
          d.ok(DrainObserved{ok_http(), true});
        },
        Lifecycle::kDraining, EffectKind::kDrain},
-      {"quiesced", [](Driver& d) { d.to_ready(); d.to_quiesced(); d.effect(EffectKind::kPreflight); },
+      {"quiesced",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_quiesced();
+         d.effect(EffectKind::kPreflight);
+       },
        Lifecycle::kQuiesced, EffectKind::kPreflight},
       {"invalidating",
        [](Driver& d) {
@@ -474,10 +490,19 @@ TEST(Lifecycle, RecoveryInEveryStateAbandonsBindings) {
          d.effect(EffectKind::kResetCache, CacheKind::kEncoder);
        },
        Lifecycle::kInvalidating, EffectKind::kResetCache},
-      {"validating", [](Driver& d) { d.to_ready(); d.to_validating(); d.effect(EffectKind::kValidate); },
+      {"validating",
+       [](Driver& d) {
+         d.to_ready();
+         d.to_validating();
+         d.effect(EffectKind::kValidate);
+       },
        Lifecycle::kValidating, EffectKind::kValidate},
       {"resuming-validated",
-       [](Driver& d) { d.to_ready(); d.to_resuming_validated(); d.effect(EffectKind::kResume); },
+       [](Driver& d) {
+         d.to_ready();
+         d.to_resuming_validated();
+         d.effect(EffectKind::kResume);
+       },
        Lifecycle::kResuming, EffectKind::kResume},
       {"resuming-aborting",
        [](Driver& d) {

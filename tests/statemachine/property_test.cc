@@ -16,7 +16,8 @@ namespace {
 // Per-step seeds: shrinking drops steps, so a counterexample comes back short.
 ::rc::Gen<std::vector<std::uint64_t>> step_seeds() {
   return ::rc::gen::mapcat(::rc::gen::inRange<std::size_t>(1, 600), [](std::size_t n) {
-    return ::rc::gen::container<std::vector<std::uint64_t>>(n, ::rc::gen::arbitrary<std::uint64_t>());
+    return ::rc::gen::container<std::vector<std::uint64_t>>(n,
+                                                            ::rc::gen::arbitrary<std::uint64_t>());
   });
 }
 

@@ -26,7 +26,7 @@ class Sim {
  public:
   Sim(std::uint64_t seed, std::uint64_t cycles) : seed_(seed), cycles_(cycles), rng_(seed) {
     gen_.mix = FaultMix::draw(rng_);
-    gen_.mix.garbage = rng_.below(4);      // the runner is production code: little garbage
+    gen_.mix.garbage = rng_.below(4);       // the runner is production code: little garbage
     gen_.recovery_percent = rng_.below(3);  // 0..2% restarts per step
     rollouts_target_ = 1 + rng_.below(200);
   }
@@ -59,9 +59,12 @@ class Sim {
     // Rollouts finish at random, including while the controller drains (the race).
     if (!state_.active.empty() && rng_.chance(35)) {
       auto it = state_.active.begin();
-      std::advance(it, rng_.below(static_cast<std::uint32_t>(std::min<std::size_t>(state_.active.size(), 32))));
-      feed(RolloutFinished{it->first, rng_.chance(90) ? RolloutOutcome::kCompleted
-                                                      : RolloutOutcome::kAborted, 10, 20});
+      std::advance(
+          it,
+          rng_.below(static_cast<std::uint32_t>(std::min<std::size_t>(state_.active.size(), 32))));
+      feed(RolloutFinished{it->first,
+                           rng_.chance(90) ? RolloutOutcome::kCompleted : RolloutOutcome::kAborted,
+                           10, 20});
       return;
     }
     feed(gen_.next(state_, rng_));
@@ -184,13 +187,14 @@ TEST(StatemachineSim, SwarmOfSeeds) {
     total.recoveries += r.recoveries;
     total.drain_races += r.drain_races;
   }
-  std::printf("sim: %d seeds, %llu steps, %llu committed, %llu refused, %llu recoveries, "
-              "%llu drain races\n",
-              seeds, static_cast<unsigned long long>(total.steps),
-              static_cast<unsigned long long>(total.committed),
-              static_cast<unsigned long long>(total.refused),
-              static_cast<unsigned long long>(total.recoveries),
-              static_cast<unsigned long long>(total.drain_races));
+  std::printf(
+      "sim: %d seeds, %llu steps, %llu committed, %llu refused, %llu recoveries, "
+      "%llu drain races\n",
+      seeds, static_cast<unsigned long long>(total.steps),
+      static_cast<unsigned long long>(total.committed),
+      static_cast<unsigned long long>(total.refused),
+      static_cast<unsigned long long>(total.recoveries),
+      static_cast<unsigned long long>(total.drain_races));
   // The simulator must actually exercise the lifecycle, or it proves nothing.
   if (std::getenv("RC_SIM_SEED") == nullptr) {
     EXPECT_GT(total.committed, 100u);
@@ -202,7 +206,8 @@ TEST(StatemachineSim, SwarmOfSeeds) {
 }
 
 // With no faults, no restarts and no garbage, every update commits; catches a lifecycle that
-// cannot make progress on the happy path under rollout traffic (which would make the swarm vacuous).
+// cannot make progress on the happy path under rollout traffic (which would make the swarm
+// vacuous).
 TEST(StatemachineSim, FaultFreeRunCommitsEveryCycle) {
   Driver d;
   d.to_ready();

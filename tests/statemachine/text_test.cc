@@ -13,8 +13,13 @@ namespace {
 
 // Reference: Unicode 15, Table 3-7 "Well-Formed UTF-8 Byte Sequences", written as byte ranges (a
 // formulation independent of the decoder under test, which works on code points).
-struct Range { std::uint8_t lo, hi; };
-struct Row { int len; Range b[4]; };
+struct Range {
+  std::uint8_t lo, hi;
+};
+struct Row {
+  int len;
+  Range b[4];
+};
 constexpr Row kTable[] = {
     {1, {{0x00, 0x7F}}},
     {2, {{0xC2, 0xDF}, {0x80, 0xBF}}},
@@ -96,7 +101,7 @@ TEST(Text, EveryCodePoint) {
     ASSERT_EQ(valid_utf8(s), !surrogate) << std::hex << cp;
     ASSERT_EQ(printable_utf8(s), !surrogate && !IsControl(cp) && !IsLayout(cp)) << std::hex << cp;
   }
-  EXPECT_TRUE(printable_utf8("rc-\xC3\xA9"));  // rc-é
+  EXPECT_TRUE(printable_utf8("rc-\xC3\xA9"));                   // rc-é
   EXPECT_TRUE(printable_utf8("\xE4\xB8\xAD\xF0\x9F\x98\x80"));  // CJK and an emoji
 }
 
@@ -141,30 +146,30 @@ TEST(Text, FourByteBoundaries) {
 TEST(Text, NamedEdgeCases) {
   EXPECT_TRUE(valid_utf8(""));
   EXPECT_TRUE(valid_utf8("\x7F"));
-  EXPECT_TRUE(valid_utf8("\xC2\x80"));            // U+0080, first 2-byte
-  EXPECT_TRUE(valid_utf8("\xDF\xBF"));            // U+07FF, last 2-byte
-  EXPECT_TRUE(valid_utf8("\xE0\xA0\x80"));        // U+0800, first 3-byte
-  EXPECT_TRUE(valid_utf8("\xED\x9F\xBF"));        // U+D7FF, before the surrogates
-  EXPECT_TRUE(valid_utf8("\xEE\x80\x80"));        // U+E000, after them
-  EXPECT_TRUE(valid_utf8("\xEF\xBF\xBF"));        // U+FFFF
-  EXPECT_TRUE(valid_utf8("\xF0\x90\x80\x80"));    // U+10000, first 4-byte
-  EXPECT_TRUE(valid_utf8("\xF4\x8F\xBF\xBF"));    // U+10FFFF, the last code point
-  EXPECT_FALSE(valid_utf8("\xC0\x80"));           // overlong NUL
-  EXPECT_FALSE(valid_utf8("\xC1\xBF"));           // overlong U+007F
-  EXPECT_FALSE(valid_utf8("\xE0\x9F\xBF"));       // overlong U+07FF
-  EXPECT_FALSE(valid_utf8("\xF0\x8F\xBF\xBF"));   // overlong U+FFFF
-  EXPECT_FALSE(valid_utf8("\xED\xA0\x80"));       // U+D800
-  EXPECT_FALSE(valid_utf8("\xED\xBF\xBF"));       // U+DFFF
-  EXPECT_FALSE(valid_utf8("\xF4\x90\x80\x80"));   // U+110000
+  EXPECT_TRUE(valid_utf8("\xC2\x80"));           // U+0080, first 2-byte
+  EXPECT_TRUE(valid_utf8("\xDF\xBF"));           // U+07FF, last 2-byte
+  EXPECT_TRUE(valid_utf8("\xE0\xA0\x80"));       // U+0800, first 3-byte
+  EXPECT_TRUE(valid_utf8("\xED\x9F\xBF"));       // U+D7FF, before the surrogates
+  EXPECT_TRUE(valid_utf8("\xEE\x80\x80"));       // U+E000, after them
+  EXPECT_TRUE(valid_utf8("\xEF\xBF\xBF"));       // U+FFFF
+  EXPECT_TRUE(valid_utf8("\xF0\x90\x80\x80"));   // U+10000, first 4-byte
+  EXPECT_TRUE(valid_utf8("\xF4\x8F\xBF\xBF"));   // U+10FFFF, the last code point
+  EXPECT_FALSE(valid_utf8("\xC0\x80"));          // overlong NUL
+  EXPECT_FALSE(valid_utf8("\xC1\xBF"));          // overlong U+007F
+  EXPECT_FALSE(valid_utf8("\xE0\x9F\xBF"));      // overlong U+07FF
+  EXPECT_FALSE(valid_utf8("\xF0\x8F\xBF\xBF"));  // overlong U+FFFF
+  EXPECT_FALSE(valid_utf8("\xED\xA0\x80"));      // U+D800
+  EXPECT_FALSE(valid_utf8("\xED\xBF\xBF"));      // U+DFFF
+  EXPECT_FALSE(valid_utf8("\xF4\x90\x80\x80"));  // U+110000
   EXPECT_FALSE(valid_utf8("\xF5\x80\x80\x80"));
   EXPECT_FALSE(valid_utf8("\xF8\x88\x80\x80\x80"));  // 5-byte form
   EXPECT_FALSE(valid_utf8("\xFE"));
   EXPECT_FALSE(valid_utf8("\xFF"));
-  EXPECT_FALSE(valid_utf8("\x80"));               // lone continuation
-  EXPECT_FALSE(valid_utf8("a\xC3"));              // truncated 2-byte at the end
-  EXPECT_FALSE(valid_utf8("\xE2\x82"));           // truncated 3-byte
-  EXPECT_FALSE(valid_utf8("\xF0\x9F\x98"));       // truncated 4-byte
-  EXPECT_FALSE(valid_utf8("\xE2\x28\xA1"));       // bad continuation in the middle
+  EXPECT_FALSE(valid_utf8("\x80"));          // lone continuation
+  EXPECT_FALSE(valid_utf8("a\xC3"));         // truncated 2-byte at the end
+  EXPECT_FALSE(valid_utf8("\xE2\x82"));      // truncated 3-byte
+  EXPECT_FALSE(valid_utf8("\xF0\x9F\x98"));  // truncated 4-byte
+  EXPECT_FALSE(valid_utf8("\xE2\x28\xA1"));  // bad continuation in the middle
   for (const char* bad : {"a\x01", "\x1B[2J", "a\x7F", "\xC2\x85", "\xC2\x9B", "\xE2\x80\xA8",
                           "\xE2\x80\xAE", "\xE2\x81\xA6"}) {
     EXPECT_FALSE(printable_utf8(bad)) << escape_line(bad);
@@ -177,8 +182,8 @@ TEST(Text, NamedEdgeCases) {
 // silently, eats the following valid character or leaves a truncated sequence at the end.
 TEST(Text, SanitizeAlwaysYieldsValidUtf8) {
   EXPECT_EQ(sanitize_utf8("rc-\xC3\xA9 \xF0\x9F\x98\x80"), "rc-\xC3\xA9 \xF0\x9F\x98\x80");
-  EXPECT_EQ(sanitize_utf8("ab\xC3"), "ab\xEF\xBF\xBD");                  // cut at the end
-  EXPECT_EQ(sanitize_utf8("\xC3(x"), "\xEF\xBF\xBD(x");                   // next char kept
+  EXPECT_EQ(sanitize_utf8("ab\xC3"), "ab\xEF\xBF\xBD");  // cut at the end
+  EXPECT_EQ(sanitize_utf8("\xC3(x"), "\xEF\xBF\xBD(x");  // next char kept
   EXPECT_EQ(sanitize_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   std::string all;
   for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
@@ -196,9 +201,9 @@ TEST(Text, EscapeLineIsOneLine) {
   EXPECT_EQ(escape_line("a\r\tb"), "a\\r\\tb");
   EXPECT_EQ(escape_line("\x1B[31mred"), "\\u001b[31mred");
   EXPECT_EQ(escape_line("\x7F"), "\\u007f");
-  EXPECT_EQ(escape_line("\xC2\x85"), "\\u0085");            // NEL, a C1 line break
-  EXPECT_EQ(escape_line("x\xE2\x80\xA8y"), "x\\u2028y");    // LINE SEPARATOR
-  EXPECT_EQ(escape_line("\xE2\x80\xAE"), "\\u202e");        // RIGHT-TO-LEFT OVERRIDE
+  EXPECT_EQ(escape_line("\xC2\x85"), "\\u0085");          // NEL, a C1 line break
+  EXPECT_EQ(escape_line("x\xE2\x80\xA8y"), "x\\u2028y");  // LINE SEPARATOR
+  EXPECT_EQ(escape_line("\xE2\x80\xAE"), "\\u202e");      // RIGHT-TO-LEFT OVERRIDE
   EXPECT_EQ(escape_line("\xFF\xC3"), "\\xff\\xc3");
   EXPECT_EQ(escape_line("\\x41"), "\\\\x41");
   EXPECT_EQ(escape_line("rc-\xC3\xA9"), "rc-\xC3\xA9");

@@ -15,9 +15,18 @@ bool is_name_char(char c, bool first) {
 
 // Parses a float the exposition format allows: decimal, NaN, +Inf, -Inf.
 bool parse_value(std::string_view s, double* out) {
-  if (s == "NaN") { *out = std::nan(""); return true; }
-  if (s == "+Inf" || s == "Inf") { *out = INFINITY; return true; }
-  if (s == "-Inf") { *out = -INFINITY; return true; }
+  if (s == "NaN") {
+    *out = std::nan("");
+    return true;
+  }
+  if (s == "+Inf" || s == "Inf") {
+    *out = INFINITY;
+    return true;
+  }
+  if (s == "-Inf") {
+    *out = -INFINITY;
+    return true;
+  }
   if (s.empty() || s.size() > 64) return false;
   std::string tmp(s);
   char* end = nullptr;
@@ -40,7 +49,10 @@ bool parse_sample(std::string_view line, std::string* key, double* value) {
     for (; i < line.size(); ++i) {
       const char c = line[i];
       if (in_quotes) {
-        if (c == '\\') { ++i; continue; }
+        if (c == '\\') {
+          ++i;
+          continue;
+        }
         if (c == '"') in_quotes = false;
       } else if (c == '"') {
         in_quotes = true;
