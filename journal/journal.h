@@ -144,6 +144,10 @@ class Journal {
 
   // The folded state after every enqueued group (a copy, taken under the lock).
   virtual State state() const = 0;
+  // Calls `read` on the folded state under the lock, without copying it: for callers that need
+  // a few fields of a state whose active rollouts may number in the tens of thousands. `read`
+  // must be short and must not call back into the journal.
+  virtual void ReadState(const std::function<void(const State&)>& read) const = 0;
   // Blocks until the ticket's group is durable. If its commit failed, or was not durable within
   // commit_stall_timeout_ms (Timeout), returns the journal's failure; see fail-stop above.
   [[nodiscard]] virtual Status Wait(const Ticket& ticket) = 0;

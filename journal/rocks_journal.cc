@@ -476,6 +476,10 @@ class RocksJournal final : public Journal {
     std::lock_guard<std::mutex> l(mu_);
     return state_;
   }
+  void ReadState(const std::function<void(const State&)>& read) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    read(state_);
+  }
   Status Wait(const Ticket& ticket) override;
   void WaitAsync(const Ticket& ticket, DurableFn done) override;
   Result<AppendResult> Append(const AppendRequest& request) override;

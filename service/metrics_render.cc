@@ -20,8 +20,23 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace internal;  // NOLINT: the service's own helpers
 
+// The few fields /metrics shows, read without copying the state (its active rollouts may be
+// tens of thousands).
+struct MetricsState {
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  std::uint64_t generation = 0;
+  std::size_t active = 0;
+  Counters counters;
+  std::string engine_instance;
+  bool engine_reachable = false;
+};
+
 std::string Service::RenderMetrics() const {
-  const State s = journal_->state();
+  MetricsState s;
+  journal_->ReadState([&s](const State& st) {
+    s = {st.lifecycle, st.committed.generation, st.active.size(),
+         st.counters,  st.engine_instance,      st.engine_reachable};
+  });
   std::string out;
   auto gauge = [&out](const std::string& name, const std::string& help, const std::string& v) {
     out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + v + "\n";
@@ -39,9 +54,9 @@ std::string Service::RenderMetrics() const {
            (l == s.lifecycle ? "1" : "0") + "\n";
   }
   gauge("rolloutcore_committed_generation", "committed weight generation",
-        std::to_string(s.committed.generation));
+        std::to_string(s.generation));
   gauge("rolloutcore_active_rollouts", "rollouts admitted and not finished (journal)",
-        std::to_string(s.active.size()));
+        std::to_string(s.active));
   gauge("rolloutcore_proxy_in_flight", "proxied requests in flight",
         std::to_string(metrics_.proxy_in_flight.load()));
   gauge("rolloutcore_journal_head_seq", "last journal seq", std::to_string(journal_->head_seq()));
@@ -140,7 +155,7 @@ std::string Service::RenderMetrics() const {
           metrics_.trajectories_dropped.load());
   effects::PhaseTimings t;
   {
-    std::lock_guard<std::mutex> g(const_cast<std::mutex&>(update_id_mu_));
+    std::lock_guard<std::mutex> g(update_id_mu_);
     t = last_timings_;
   }
   out +=

@@ -270,6 +270,7 @@ class Service {
   [[nodiscard]] Status FinishInterruptedUpdate();
   // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
   bool SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res);
+  std::uint64_t UpdatesRequested() const;
   void LogTaint(const State& s, const char* context) const;
   bool Authorized(const ApiRequest& req, HttpResponse& res);
 
@@ -285,7 +286,7 @@ class Service {
 
   std::optional<UpdatePlan> interrupted_update_;  // found by Init, driven by Start
   std::timed_mutex update_mu_;                    // held by the one runner call in progress
-  std::mutex update_id_mu_;
+  mutable std::mutex update_id_mu_;
   std::string running_update_id_;
   effects::PhaseTimings last_timings_;  // copied under update_id_mu_ after each update
 

@@ -206,6 +206,12 @@ void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& reques
   send_json(res, update_status(ended.outcome), out);
 }
 
+std::uint64_t Service::UpdatesRequested() const {
+  std::uint64_t n = 0;
+  journal_->ReadState([&n](const State& s) { n = s.counters.updates_requested; });
+  return n;
+}
+
 bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res) {
   Result<std::string> digest = effects::nccl::SourceManifestDigest(request.source_uri);
   if (!digest.ok()) {
@@ -286,7 +292,7 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   spdlog::info("serve: update '{}' requested: target '{}', manifest {}, source {}",
                esc(request->update_id), esc(request->target_label),
                esc(request->identity.manifest_digest), esc(request->source_uri));
-  const std::uint64_t requested_before = journal_->state().counters.updates_requested;
+  const std::uint64_t requested_before = UpdatesRequested();
   Result<UpdateEnded> ended = runner_->Update(*request);
   {
     std::lock_guard<std::mutex> g(update_id_mu_);
@@ -311,7 +317,7 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
     return;
   }
   const Status& st = ended.status();
-  const bool journaled = journal_->state().counters.updates_requested > requested_before;
+  const bool journaled = UpdatesRequested() > requested_before;
   if (!journaled) {
     // Nothing of this request was journaled: a lifecycle refusal (e.g. TAINTED), a reused
     // update_id with another body (the journal's idempotency: Conflict), bad input, or a
@@ -585,20 +591,27 @@ void Service::HandleHealthz(const ApiRequest&, HttpResponse& res) {
     send_json(res, 503, {{"ok", false}, {"reason", "fail-stopped: " + failure()}});
     return;
   }
-  send_json(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(journal_->state().lifecycle)}});
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  journal_->ReadState([&lifecycle](const State& st) { lifecycle = st.lifecycle; });
+  send_json(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(lifecycle)}});
 }
 
 std::string Service::NotReadyReason() const {
   if (failed()) return "fail-stopped: " + failure();
   if (shutting_down_.load()) return "shutting down";
-  const State s = journal_->state();
-  if (s.lifecycle == Lifecycle::kTainted) {
-    return "engine is TAINTED" +
-           (s.taint ? std::string(" (") + cause_name(s.taint->cause) + ": " + s.taint->detail + ")"
-                    : std::string()) +
-           "; rolloutcore replay " + config_.journal_path + " explains it";
-  }
-  if (!admits(s)) return admission_block_reason(s);
+  std::string blocked;
+  journal_->ReadState([&](const State& s) {
+    if (s.lifecycle == Lifecycle::kTainted) {
+      blocked =
+          "engine is TAINTED" +
+          (s.taint ? std::string(" (") + cause_name(s.taint->cause) + ": " + s.taint->detail + ")"
+                   : std::string()) +
+          "; rolloutcore replay " + config_.journal_path + " explains it";
+    } else if (!admits(s)) {
+      blocked = admission_block_reason(s);
+    }
+  });
+  if (!blocked.empty()) return blocked;
   if (!engine_up_.load() && engine_last_probe_wall_ms_.load() != 0) {
     return "the engine did not answer the last probe";
   }
