@@ -146,6 +146,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // read (its handler answers 408); a write that expires closes the socket.
   enum class Phase : std::uint8_t { kIdle, kHead, kBody, kWrite };
   void Arm(Phase phase, std::uint64_t ms);
+  bool ReadFailed(beast::error_code ec, Phase phase);
   void Disarm();
   bool Expired(Phase phase) const { return expired_ && expired_phase_ == phase; }
 
@@ -210,28 +211,36 @@ void Session::ReadHead() {
                            beast::bind_front_handler(&Session::OnHead, shared_from_this()));
 }
 
+// Ends the connection on a failed read of a request (a deadline, a bound, a malformed or cut
+// request) with the answer it deserves; false when `ec` is no failure.
+bool Session::ReadFailed(beast::error_code ec, Phase phase) {
+  if (Expired(phase)) {
+    auto& timeouts = phase == Phase::kHead ? server_.mutable_counters().header_timeouts
+                                           : server_.mutable_counters().body_timeouts;
+    timeouts++;
+    Refuse(408, "timeout",
+           phase == Phase::kHead ? "request head not complete within header_timeout_ms"
+                                 : "request body not complete within body_timeout_ms");
+  } else if (ec == bhttp::error::header_limit) {
+    Refuse(431, "too_large",
+           "request head exceeds " + std::to_string(server_.options().header_bytes_max) + " bytes");
+  } else if (ec == bhttp::error::body_limit) {
+    Refuse(413, "too_large", "request body exceeds body_bytes_max");
+  } else if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+             ec == asio::error::connection_reset) {
+    Close();
+  } else if (ec) {
+    server_.mutable_counters().bad_requests++;
+    Refuse(400, "bad_request", "malformed HTTP request: " + ec.message());
+  } else {
+    return false;
+  }
+  return true;
+}
+
 void Session::OnHead(beast::error_code ec, std::size_t) {
   Disarm();
-  if (Expired(Phase::kHead)) {
-    server_.mutable_counters().header_timeouts++;
-    return Refuse(408, "timeout", "request head not complete within header_timeout_ms");
-  }
-  if (ec == bhttp::error::header_limit) {
-    return Refuse(
-        431, "too_large",
-        "request head exceeds " + std::to_string(server_.options().header_bytes_max) + " bytes");
-  }
-  if (ec == bhttp::error::body_limit) {
-    return Refuse(413, "too_large", "request body exceeds body_bytes_max");
-  }
-  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-      ec == asio::error::connection_reset) {
-    return Close();
-  }
-  if (ec) {
-    server_.mutable_counters().bad_requests++;
-    return Refuse(400, "bad_request", "malformed HTTP request: " + ec.message());
-  }
+  if (ReadFailed(ec, Phase::kHead)) return;
   const auto& head = parser_->get();
   if (head[bhttp::field::expect] == "100-continue" && !parser_->is_done()) {
     out_chunk_ = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -256,21 +265,7 @@ void Session::ReadBody() {
 
 void Session::OnBody(beast::error_code ec, std::size_t) {
   Disarm();
-  if (Expired(Phase::kBody)) {
-    server_.mutable_counters().body_timeouts++;
-    return Refuse(408, "timeout", "request body not complete within body_timeout_ms");
-  }
-  if (ec == bhttp::error::body_limit) {
-    return Refuse(413, "too_large", "request body exceeds body_bytes_max");
-  }
-  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-      ec == asio::error::connection_reset) {
-    return Close();
-  }
-  if (ec) {
-    server_.mutable_counters().bad_requests++;
-    return Refuse(400, "bad_request", "malformed HTTP request body: " + ec.message());
-  }
+  if (ReadFailed(ec, Phase::kBody)) return;
   OnRequest();
 }
 
