@@ -9,11 +9,13 @@
 
 #include <cstring>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -45,6 +47,7 @@ using Clock = std::chrono::steady_clock;
 // Shutdown: after the grace deadline, cancelled proxied calls get this long to be recorded
 // aborted (their finish is durable before the journal closes), and the workers this long to exit.
 inline constexpr std::uint64_t kShutdownSettleMs = 2000;
+inline constexpr std::uint64_t kIoThreadsAutoMax = 16;
 
 #ifdef RC_HAVE_CUDA
 std::string CudaError(const char* what, cudaError_t e) {
@@ -687,7 +690,11 @@ HttpServerOptions Service::ServerOptions() const {
   HttpServerOptions o;
   o.host = config_.listen_host;
   o.port = config_.listen_port;
-  o.io_threads = config_.io_threads;
+  // One event loop per core by default: the proxy's work is CPU, and fewer loops than cores left
+  // a 16-core host serving at the speed of two.
+  const std::uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  o.io_threads = config_.io_threads != 0 ? config_.io_threads
+                                         : std::min<std::uint64_t>(cores, kIoThreadsAutoMax);
   o.connections_max = config_.http_connections_max;
   o.header_bytes_max = config_.header_bytes_max;
   o.body_bytes_max = config_.body_bytes_max;
