@@ -48,6 +48,8 @@ using Clock = std::chrono::steady_clock;
 // aborted (their finish is durable before the journal closes), and the workers this long to exit.
 inline constexpr std::uint64_t kShutdownSettleMs = 2000;
 inline constexpr std::uint64_t kIoThreadsAutoMax = 16;
+// The destructor waits this long for blocking handlers (an update) to return.
+inline constexpr std::uint64_t kHandlersDrainMsMax = 24ull * 3600 * 1000;
 
 #ifdef RC_HAVE_CUDA
 std::string CudaError(const char* what, cudaError_t e) {
@@ -214,10 +216,15 @@ std::string DurableHead::ToString() const {
 
 Service::Service(ServeConfig config) : config_(std::move(config)) {}
 
+// Also the path of a crash in tests (no Shutdown): the event loops stop and blocking handlers
+// finish first, then the engine connections and the journal go, and only then the io_context
+// that journal callbacks post to (they are queued, never run).
 Service::~Service() {
   StopBackground();
+  if (http_) (void)http_->Stop(kHandlersDrainMsMax);
   upstream_.reset();
-  if (http_) (void)http_->Stop(0);
+  runner_.reset();
+  journal_.reset();
 }
 
 void Service::StopBackground() {
@@ -803,7 +810,6 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
     return static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::milliseconds>(settle() - Clock::now()).count());
   };
-  upstream_.reset();
   if (http_ && !http_->Stop(left_ms())) {
     // A worker is still inside a handler: everything it uses must outlive it, so nothing is
     // torn down (the caller exits; everything acknowledged is already durable).
@@ -813,10 +819,11 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
         "closing the journal");
     return false;
   }
-  http_.reset();
+  upstream_.reset();  // its sockets belong to http_'s io_context
   runner_.reset();
   trajectories_.Close();
-  journal_.reset();  // closes RocksDB
+  journal_.reset();  // closes RocksDB; late commit callbacks only queue on the stopped loops
+  http_.reset();
   update_mu_.unlock();
   return rollouts_done;
 }
