@@ -66,7 +66,7 @@ struct Trajectory {
       }
       if (ids != nullptr) {
         for (const json& id : *ids) {
-          if (!room()) break;
+          if (!take_entry()) break;
           if (id.is_number_integer()) t.token_ids.push_back(id.get<std::int64_t>());
         }
       }
@@ -74,12 +74,12 @@ struct Trajectory {
       if (lp != c.end() && lp->is_object()) {
         if (auto tl = lp->find("token_logprobs"); tl != lp->end() && tl->is_array()) {
           for (const json& v : *tl) {
-            if (!room()) break;
+            if (!take_entry()) break;
             t.logprobs.push_back(v);
           }
         } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
           for (const json& item : *ct) {
-            if (!room()) break;
+            if (!take_entry()) break;
             t.logprobs.push_back(item.is_object() ? item.value("logprob", json()) : json());
           }
         }
@@ -96,7 +96,8 @@ struct Trajectory {
         truncated = true;
     }
   }
-  bool room() {
+  // Counts one more entry against kTrajectoryEntriesMax; false (and `truncated`) once it is spent.
+  bool take_entry() {
     if (entries >= kTrajectoryEntriesMax) {
       truncated = true;
       return false;
