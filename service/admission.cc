@@ -7,6 +7,7 @@
 // a bounded backoff, and a journal that cannot make it durable fail-stops the executor).
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include <boost/asio/post.hpp>
@@ -34,34 +35,70 @@ constexpr std::uint32_t kFinishBackoffMsMax = 50;
 
 // ---- admission ----
 
+Service::AdmitStep Service::Refused(AdmitRefusal refusal) {
+  AdmitStep step;
+  step.kind = AdmitStep::kRefused;
+  step.refusal = std::move(refusal);
+  return step;
+}
+
+// Refusals that do not depend on the lifecycle: the executor failed or is shutting down.
+std::optional<AdmitRefusal> Service::ExecutorRefusal() {
+  if (failed()) {
+    metrics_.admission_rejected_failed++;
+    return AdmitRefusal{503, "failed", "the executor has fail-stopped: " + failure(), 0};
+  }
+  if (!shutting_down_.load()) return std::nullopt;
+  metrics_.admission_rejected_shutdown++;
+  return AdmitRefusal{503, "shutting_down", "the executor is shutting down", config_.retry_after_s};
+}
+
+AdmitRefusal Service::TaintedRefusal(const State& s) {
+  RC_CHECK(s.lifecycle == Lifecycle::kTainted);
+  metrics_.admission_rejected_tainted++;
+  const std::string why = s.taint ? std::string(cause_name(s.taint->cause)) + " during " +
+                                        lifecycle_name(s.taint->from) + " of update '" +
+                                        s.taint->update_id + "': " + s.taint->detail
+                                  : "no taint record";
+  return {503, "tainted", "engine is TAINTED; no rollouts are admitted (" + why + ")", 0};
+}
+
+// What a journal that did not take the admission means for the client; kAgain when the state
+// moved between our read and the journal's decision (look again).
+Service::AdmitStep Service::SubmitRefused(const Status& st, const std::string& rollout_id,
+                                          std::uint32_t attempt, std::size_t active) {
+  RC_CHECK(!st.ok());
+  if (st.code() == Code::kBusy) {
+    // The group-commit queue is full: back-pressure on admission, never on finishing.
+    metrics_.admission_rejected_overloaded++;
+    return Refused({503, "overloaded", "journal busy: " + st.message(),
+                    std::max<std::uint32_t>(1, config_.retry_after_s)});
+  }
+  if (is_journal_failure(st)) {
+    FailStop("admission '" + rollout_id + "' refused by the journal: " + st.ToString());
+    metrics_.admission_rejected_failed++;
+    return Refused({503, "failed", "journal failed: " + st.ToString(), 0});
+  }
+  if (st.code() == Code::kConflict) return Refused({409, "conflict", st.message(), 0});
+  if (st.code() == Code::kInvalidArgument) return Refused({400, "invalid", st.message(), 0});
+  if (st.code() != Code::kRejected || attempt >= kAdmitAttemptsMax ||
+      (attempt > 0 && active >= kActiveRolloutsMax)) {  // a fresh view's count
+    return Refused({503, "unavailable", st.message(), config_.retry_after_s});
+  }
+  AdmitStep again;
+  again.kind = AdmitStep::kAgain;
+  return again;
+}
+
 Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms,
                                      std::uint32_t attempt) {
   RC_CHECK(lease_ms == 0 || (lease_ms >= kRolloutLeaseMsMin && lease_ms <= kRolloutLeaseMsMax));
-  AdmitStep step;
-  const auto refuse = [&step](AdmitRefusal r) {
-    step.kind = AdmitStep::kRefused;
-    step.refusal = std::move(r);
-    return step;
-  };
-  if (failed()) {
-    metrics_.admission_rejected_failed++;
-    return refuse({503, "failed", "the executor has fail-stopped: " + failure(), 0});
-  }
-  if (shutting_down_.load()) {
-    metrics_.admission_rejected_shutdown++;
-    return refuse({503, "shutting_down", "the executor is shutting down", config_.retry_after_s});
-  }
+  if (std::optional<AdmitRefusal> r = ExecutorRefusal()) return Refused(std::move(*r));
   // The cached view on the first look; a fresh copy after a refusal or while waiting.
   const std::shared_ptr<const State> view = AdmitView(/*fresh=*/attempt > 0);
   const State& s = *view;
-  if (s.lifecycle == Lifecycle::kTainted) {
-    metrics_.admission_rejected_tainted++;
-    const std::string why = s.taint ? std::string(cause_name(s.taint->cause)) + " during " +
-                                          lifecycle_name(s.taint->from) + " of update '" +
-                                          s.taint->update_id + "': " + s.taint->detail
-                                    : "no taint record";
-    return refuse({503, "tainted", "engine is TAINTED; no rollouts are admitted (" + why + ")", 0});
-  }
+  if (s.lifecycle == Lifecycle::kTainted) return Refused(TaintedRefusal(s));
+  AdmitStep step;
   if (!admits(s)) {
     step.kind = AdmitStep::kWait;
     step.waiting_on = std::string("engine is ") + lifecycle_name(s.lifecycle) +
@@ -71,30 +108,10 @@ Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_
   }
   step.binding = make_admission(s, rollout_id, lease_ms);
   auto submitted = journal_->Submit(step.binding, effects::wall_now_ms());
-  if (submitted.ok()) {
-    step.kind = AdmitStep::kSubmitted;
-    step.ticket = submitted->ticket;
-    return step;
-  }
-  const Status& st = submitted.status();
-  if (st.code() == Code::kBusy) {
-    // The group-commit queue is full: back-pressure on admission, never on finishing.
-    metrics_.admission_rejected_overloaded++;
-    return refuse({503, "overloaded", "journal busy: " + st.message(),
-                   std::max<std::uint32_t>(1, config_.retry_after_s)});
-  }
-  if (is_journal_failure(st)) {
-    FailStop("admission '" + rollout_id + "' refused by the journal: " + st.ToString());
-    metrics_.admission_rejected_failed++;
-    return refuse({503, "failed", "journal failed: " + st.ToString(), 0});
-  }
-  if (st.code() == Code::kConflict) return refuse({409, "conflict", st.message(), 0});
-  if (st.code() == Code::kInvalidArgument) return refuse({400, "invalid", st.message(), 0});
-  if (st.code() != Code::kRejected || attempt >= kAdmitAttemptsMax ||
-      (attempt > 0 && s.active.size() >= kActiveRolloutsMax)) {  // a fresh view's count
-    return refuse({503, "unavailable", st.message(), config_.retry_after_s});
-  }
-  step.kind = AdmitStep::kAgain;  // the state moved between our read and the journal's decision
+  if (!submitted.ok())
+    return SubmitRefused(submitted.status(), rollout_id, attempt, s.active.size());
+  step.kind = AdmitStep::kSubmitted;
+  step.ticket = submitted->ticket;
   return step;
 }
 

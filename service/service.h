@@ -200,6 +200,11 @@ class Service {
     std::string waiting_on;   // kWait: why the engine cannot admit now
   };
   AdmitStep TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms, std::uint32_t attempt);
+  static AdmitStep Refused(AdmitRefusal refusal);
+  std::optional<AdmitRefusal> ExecutorRefusal();
+  AdmitRefusal TaintedRefusal(const State& s);
+  AdmitStep SubmitRefused(const Status& st, const std::string& rollout_id, std::uint32_t attempt,
+                          std::size_t active);
   AdmitResult Admitted(AdmitStep step, const Status& durable,
                        std::chrono::steady_clock::time_point t0);
   AdmitRefusal NotAdmittedWithin(const AdmitStep& step, std::uint64_t wait_ms);
