@@ -171,7 +171,7 @@ void ProxyExchange::PrepareUpstream() {
   namespace bhttp = beast::http;
   const UpstreamTarget& t = svc_.engine_target_;
   upstream_request_ = {bhttp::verb::post, t.base_path + proxy_route_path(route_), 11};
-  upstream_request_.set(bhttp::field::host, t.host + ":" + std::to_string(t.port));
+  upstream_request_.set(bhttp::field::host, t.authority);
   upstream_request_.set(bhttp::field::content_type, "application/json");
   if (stream_) upstream_request_.set(bhttp::field::accept, "text/event-stream");
   if (!svc_.config_.engine_api_key.empty()) {
@@ -219,16 +219,21 @@ void ProxyExchange::Connect() {
     });
   }
   ++connect_attempts_;
+  AcquireUpstream(/*fresh_only=*/false);
+}
+
+void ProxyExchange::AcquireUpstream(bool fresh_only) {
   svc_.upstream_->Acquire(
       ex_.executor(), svc_.config_.connect_timeout_ms,
       [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
         self->OnConnected(std::move(st), std::move(c), reused);
-      });
+      },
+      fresh_only);
 }
 
 void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, bool reused) {
   if (!st.ok()) {
-    if (!client_gone_ && !cancelled_ && !timed_out_ && connect_attempts_ < kConnectAttemptsMax) {
+    if (!Abandoned() && connect_attempts_ < kConnectAttemptsMax) {
       auto retry = std::make_shared<asio::steady_timer>(ex_.executor());
       retry->expires_after(std::chrono::milliseconds(10u << connect_attempts_));
       retry->async_wait([self = shared_from_this(), retry](error_code) { self->Connect(); });
@@ -238,7 +243,7 @@ void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, b
   }
   conn_ = std::move(conn);
   conn_reused_ = reused;
-  if (client_gone_ || cancelled_ || timed_out_) {
+  if (Abandoned()) {
     conn_.reset();
     return Abort("before the engine call");
   }
@@ -325,7 +330,6 @@ bool ProxyExchange::Absorb(const char* data, std::size_t n) {
     return false;
   }
   if (body_.size() + n > effects::kResponseBytesMax) {
-    body_overflow_ = true;
     UpstreamFailed(Transport::kOk, "response body exceeds " +
                                        std::to_string(effects::kResponseBytesMax) + " bytes");
     return false;
@@ -347,17 +351,12 @@ void ProxyExchange::OnClientTook(bool delivered) {
 // request is sent again once on a fresh connection (generation may run twice without harm; the
 // rollout is bound once, by its admission). A fresh connection is never retried.
 bool ProxyExchange::RetryAfterFailure(bool reused_and_silent) {
-  if (!reused_and_silent || retried_stale_ || client_gone_ || cancelled_ || timed_out_) {
+  if (!reused_and_silent || retried_stale_ || Abandoned()) {
     return false;
   }
   retried_stale_ = true;
   conn_.reset();
-  svc_.upstream_->Acquire(
-      ex_.executor(), svc_.config_.connect_timeout_ms,
-      [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
-        self->OnConnected(std::move(st), std::move(c), reused);
-      },
-      /*fresh_only=*/true);
+  AcquireUpstream(/*fresh_only=*/true);
   return true;
 }
 
@@ -446,7 +445,6 @@ void ProxyExchange::UpstreamFailed(Transport transport, std::string why) {
   deadline_.cancel();
   CloseUpstream();
   if (client_gone_ || cancelled_) return Abort("engine call ended: " + why);
-  transport_ = transport;
   if (timed_out_) {
     transport = Transport::kTimeout;
     why = "no complete answer within request_timeout_ms (" +
@@ -581,21 +579,19 @@ void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::strin
 // reachable through the proxy (never the dev-mode routes).
 class PassThrough : public std::enable_shared_from_this<PassThrough> {
  public:
-  PassThrough(Service& svc, Exchange ex, UpstreamPool& pool, const UpstreamTarget& target,
+  PassThrough(Exchange ex, UpstreamPool& pool, const UpstreamTarget& target,
               const ServeConfig& config)
       : ex_(std::move(ex)),
         pool_(pool),
         target_(target),
         config_(config),
-        deadline_(ex_.executor()) {
-    (void)svc;
-  }
+        deadline_(ex_.executor()) {}
 
   void Start() {
     namespace bhttp = beast::http;
     const HttpRequest& in = ex_.request();
     request_ = {in.method(), target_.base_path + std::string(in.target()), 11};
-    request_.set(bhttp::field::host, target_.host + ":" + std::to_string(target_.port));
+    request_.set(bhttp::field::host, target_.authority);
     if (in.method() == bhttp::verb::post) {
       request_.set(bhttp::field::content_type, "application/json");
       request_.body() = in.body();
@@ -700,8 +696,7 @@ void Service::AddProxyRoutes(HttpRouter& router) {
   for (const auto& [method, path] : read_only) {
     router.Async(method, path, [this](Exchange ex) {
       if (!ProxyAuthorized(ex)) return;
-      std::make_shared<PassThrough>(*this, std::move(ex), *upstream_, engine_target_, config_)
-          ->Start();
+      std::make_shared<PassThrough>(std::move(ex), *upstream_, engine_target_, config_)->Start();
     });
   }
 }

@@ -13,7 +13,6 @@
 // is finished as aborted; so is one the shutdown cancels, or one past request_timeout_ms.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -55,6 +54,9 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   HttpResponse BindingHead(int status) const;
   void OnStreamHeadSent(bool delivered);
   void Connect();
+  void AcquireUpstream(bool fresh_only);
+  // The client left, the shutdown cancelled, or request_timeout_ms passed: no new engine work.
+  bool Abandoned() const { return client_gone_ || cancelled_ || timed_out_; }
   void OnConnected(Status status, std::unique_ptr<UpstreamConn> conn, bool reused);
   void Send();
   void OnSent(error_code ec);
@@ -108,13 +110,11 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   std::optional<boost::beast::http::response_parser<boost::beast::http::buffer_body>> parser_;
   std::unique_ptr<char[]> read_buf_;  // kUpstreamReadBytes, allocated (not zeroed) on first read
   std::string body_;                  // non-streamed (or error) body, bounded
-  bool body_overflow_ = false;
-  std::string out_;  // client events of one engine read
+  std::string out_;                   // client events of one engine read
   effects::SseState sse_;
   effects::EngineClient::ChunkFn on_chunk_;
   boost::asio::steady_timer deadline_;
   bool timed_out_ = false;
-  Transport transport_ = Transport::kOk;
   std::string transport_error_;
 
   // End states.

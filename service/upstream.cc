@@ -41,6 +41,8 @@ Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
   }
   if (t.host.size() > 2 && t.host.front() == '[') t.host = t.host.substr(1, t.host.size() - 2);
   if (t.host.empty()) return Status::InvalidArgument("engine_url has no host: '" + url + "'");
+  t.authority = authority.find(':') == std::string::npos ? authority + ":" + std::to_string(t.port)
+                                                         : authority;
   return t;
 }
 

@@ -33,6 +33,7 @@ struct UpstreamConn {
 struct UpstreamTarget {
   std::string host;  // as in the engine URL (the Host header)
   std::uint16_t port = 0;
+  std::string authority;  // "HOST:PORT", the Host header of every request to the engine
   std::string base_path;  // URL path prefix ("" for none)
 };
 
