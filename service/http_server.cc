@@ -473,11 +473,6 @@ std::string_view Exchange::path() const {
   return split_path(std::string_view(t.data(), t.size()));
 }
 
-std::optional<std::string_view> Exchange::query(std::string_view key) const {
-  const auto t = request().target();
-  return query_value(std::string_view(t.data(), t.size()), key);
-}
-
 std::optional<std::string_view> Exchange::header(std::string_view name, bool* duplicate) const {
   const auto range = request().equal_range(beast::string_view(name.data(), name.size()));
   if (range.first == range.second) return std::nullopt;
@@ -517,8 +512,6 @@ asio::any_io_executor Exchange::executor() const { return session_->strand(); }
 void Exchange::Post(std::function<void()> fn) const {
   asio::post(session_->strand(), std::move(fn));
 }
-
-bool Exchange::live() const { return session_->Live(serial_); }
 
 std::optional<std::string> ApiRequest::query(std::string_view key) const {
   const auto t = message.target();

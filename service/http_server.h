@@ -83,8 +83,6 @@ class Exchange {
 
   const HttpRequest& request() const;
   std::string_view path() const;  // the target without its query
-  // A query parameter's raw value (not percent-decoded); nullopt when absent.
-  std::optional<std::string_view> query(std::string_view key) const;
   // The header's value when it occurs exactly once; `duplicate` set when it occurs more often.
   std::optional<std::string_view> header(std::string_view name, bool* duplicate = nullptr) const;
 
@@ -102,8 +100,6 @@ class Exchange {
 
   boost::asio::any_io_executor executor() const;
   void Post(std::function<void()> fn) const;
-  bool valid() const { return session_ != nullptr; }
-  bool live() const;  // still the session's current, unanswered exchange
 
  private:
   std::shared_ptr<Session> session_;

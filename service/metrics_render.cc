@@ -145,6 +145,21 @@ std::string Service::RenderMetrics() const {
           metrics_.bad_requests.load());
   counter("rolloutcore_unauthorized_total", "requests refused for a missing or wrong token",
           metrics_.unauthorized.load());
+  if (http_) {
+    const HttpServerCounters& h = http_->counters();
+    gauge("rolloutcore_http_open_connections", "client connections open",
+          std::to_string(h.open_connections.load()));
+    counter("rolloutcore_http_connections_refused_total",
+            "connections answered 503 beyond http_connections_max", h.refused_over_budget.load());
+    counter("rolloutcore_http_header_timeouts_total", "requests cut at header_timeout_ms (408)",
+            h.header_timeouts.load());
+    counter("rolloutcore_http_body_timeouts_total", "requests cut at body_timeout_ms (408)",
+            h.body_timeouts.load());
+    counter("rolloutcore_http_write_timeouts_total",
+            "connections closed at write_timeout_ms (client not reading)", h.write_timeouts.load());
+    counter("rolloutcore_http_blocking_refused_total",
+            "trainer calls refused: the blocking pool's queue was full", h.blocking_refused.load());
+  }
   counter("rolloutcore_client_disconnects_total", "proxied clients that hung up mid-request",
           metrics_.client_disconnects.load());
   counter("rolloutcore_upstream_errors_total", "proxied requests the engine failed",
