@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "service/config.h"
 #include "service/http_util.h"
 #include "statemachine/text.h"

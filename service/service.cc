@@ -20,7 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "effects/clock.h"
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "encoding/sha256.h"
 #include "effects/nccl/weight_source.h"
 #include "journal/json.h"

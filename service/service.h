@@ -47,7 +47,7 @@
 #include "effects/engine.h"
 #include "effects/http/engine_client.h"
 #include "effects/http/protocol.h"
-#include "effects/http_engine.h"
+#include "effects/http/engine_control.h"
 #include "effects/runner.h"
 #include "effects/transfer.h"
 #include "journal/journal.h"

@@ -10,7 +10,7 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "encoding/base64.h"
 #include "statemachine/text.h"
 

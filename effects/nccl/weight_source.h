@@ -109,7 +109,7 @@ struct IpcHandleFile {
 
 // ---- source URIs, checked before anything touches the engine ----
 //
-// uri := "synthetic:" N "x" DIM [":" SEED]      (bounds of effects/http_transfer.h)
+// uri := "synthetic:" N "x" DIM [":" SEED]      (bounds of effects/http/sequence_transfer.h)
 //      | "safetensors:" PATH | "ipc:" PATH
 // PATH is absolute and normal: it starts with "/", has no empty, "." or ".." component and no
 // trailing "/". The whole URI is printable UTF-8 (no control bytes) of at most

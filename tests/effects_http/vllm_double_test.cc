@@ -8,7 +8,7 @@
 
 #include "effects/http/engine_client.h"
 #include "effects/http/protocol.h"
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
 #include "tests/support/engine_calls.h"
 

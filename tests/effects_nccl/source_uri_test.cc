@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "effects/nccl/weight_source.h"
 #include "encoding/base64.h"
 

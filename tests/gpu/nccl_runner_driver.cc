@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "effects/http/engine_client.h"
-#include "effects/http_engine.h"
+#include "effects/http/engine_control.h"
 #include "effects/nccl/nccl_sender.h"
 #include "effects/runner.h"
 #include "journal/journal.h"

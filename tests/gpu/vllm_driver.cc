@@ -32,7 +32,7 @@
 #include <thread>
 
 #include "effects/http/engine_client.h"
-#include "effects/http_engine.h"
+#include "effects/http/engine_control.h"
 #include "effects/nccl/nccl_sender.h"
 #include "effects/nccl/weight_source.h"
 #include "effects/runner.h"

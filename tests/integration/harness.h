@@ -13,8 +13,8 @@
 
 #include "effects/clock.h"
 #include "effects/http/engine_client.h"
-#include "effects/http_engine.h"
-#include "effects/http_transfer.h"
+#include "effects/http/engine_control.h"
+#include "effects/http/sequence_transfer.h"
 #include "effects/runner.h"
 #include "fixtures/vllm_double.h"
 #include "journal/journal.h"

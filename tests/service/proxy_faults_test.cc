@@ -18,7 +18,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
 #include "service/http_server.h"
 #include "service/service.h"

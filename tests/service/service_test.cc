@@ -16,7 +16,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "effects/http/engine_client.h"
 #include "fixtures/vllm_double.h"
 #include "service/service.h"

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "effects/http/engine_client.h"
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
 #include "journal/testing/fault_env.h"
 #include "service/service.h"

@@ -1,4 +1,4 @@
-#include "effects/http_engine.h"
+#include "effects/http/engine_control.h"
 
 namespace rc::effects {
 

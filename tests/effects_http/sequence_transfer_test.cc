@@ -1,6 +1,6 @@
 // HttpSequenceTransfer against scripted engines: the start/update/finish order and bodies, and
 // the mutation class of every way the sequence can fail.
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "effects/http_transfer.h"
+#include "effects/http/sequence_transfer.h"
 
 #include <chrono>
 #include <random>
