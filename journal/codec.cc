@@ -55,6 +55,24 @@ Offset<flatbuffers::String> OptString(FlatBufferBuilder& b, const std::string& s
   return s.empty() ? Offset<flatbuffers::String>() : b.CreateString(s);
 }
 
+// An absent digest is written as no table at all: events without one keep their v3 bytes.
+Offset<fb::WeightDigest> EncDigest(FlatBufferBuilder& b, const WeightDigest& d) {
+  if (!d.present() && d.error.empty()) return {};
+  std::vector<Offset<fb::TensorDigest>> tensors;
+  tensors.reserve(d.tensors.size());
+  for (const TensorDigest& t : d.tensors) {
+    auto name = b.CreateString(t.name);
+    auto digest = b.CreateString(t.digest);
+    tensors.push_back(fb::CreateTensorDigest(b, name, digest));
+  }
+  auto tensors_vec = tensors.empty() ? Offset<flatbuffers::Vector<Offset<fb::TensorDigest>>>()
+                                     : b.CreateVector(tensors);
+  auto algorithm = OptString(b, d.algorithm);
+  auto combined = OptString(b, d.combined);
+  auto error = OptString(b, d.error);
+  return fb::CreateWeightDigest(b, algorithm, combined, tensors_vec, d.bytes, error);
+}
+
 struct Encoded {
   fb::Payload type;
   Offset<void> value;
@@ -67,15 +85,16 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto label = b.CreateString(e.label);
             auto id = EncIdentity(b, e.identity);
             return {fb::Payload::BootstrapRequested,
-                    fb::CreateBootstrapRequested(b, label, id, e.adopt).Union()};
+                    fb::CreateBootstrapRequested(b, label, id, e.adopt, e.require_digest).Union()};
           },
           [&](const UpdateRequested& e) -> Encoded {
             auto update_id = b.CreateString(e.update_id);
             auto target = b.CreateString(e.target_label);
             auto id = EncIdentity(b, e.identity);
             auto uri = b.CreateString(e.source_uri);
+            auto expected = OptString(b, e.expected_digest);
             return {fb::Payload::UpdateRequested,
-                    fb::CreateUpdateRequested(b, update_id, target, id, uri).Union()};
+                    fb::CreateUpdateRequested(b, update_id, target, id, uri, expected).Union()};
           },
           [&](const RecoveryStarted& e) -> Encoded {
             auto executor = b.CreateString(e.executor_id);
@@ -93,18 +112,20 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto label = b.CreateString(e.reported_label);
             auto instance = OptString(b, e.engine_instance);
             auto before = OptString(b, e.label_before);
+            auto digest = EncDigest(b, e.digest);
             return {fb::Payload::EngineProbed,
                     fb::CreateEngineProbed(b, http, version, label, e.is_paused_known, e.is_paused,
-                                           instance, before, e.resumed_before)
+                                           instance, before, e.resumed_before, digest)
                         .Union()};
           },
           [&](const EngineMonitored& e) -> Encoded {
             auto http = EncHttp(b, e.http);
             auto label = b.CreateString(e.reported_label);
             auto instance = OptString(b, e.engine_instance);
+            auto digest = EncDigest(b, e.digest);
             return {fb::Payload::EngineMonitored,
                     fb::CreateEngineMonitored(b, http, label, e.is_paused_known, e.is_paused,
-                                              instance, e.last_ok_wall_ms, e.updates_seen)
+                                              instance, e.last_ok_wall_ms, e.updates_seen, digest)
                         .Union()};
           },
           [&](const DrainObserved& e) -> Encoded {
@@ -143,8 +164,10 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto label = b.CreateString(e.reported_label);
             auto detail = b.CreateString(e.detail);
             auto instance = OptString(b, e.engine_instance);
+            auto digest = EncDigest(b, e.digest);
             return {fb::Payload::ValidationObserved,
-                    fb::CreateValidationObserved(b, http, label, e.checks_passed, detail, instance)
+                    fb::CreateValidationObserved(b, http, label, e.checks_passed, detail, instance,
+                                                 digest)
                         .Union()};
           },
           [&](const ResumeObserved& e) -> Encoded {
@@ -187,8 +210,9 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto update_id = b.CreateString(e.update_id);
             auto version = EncVersion(b, e.version);
             auto id = EncIdentity(b, e.identity);
+            auto digest = OptString(b, e.engine_digest);
             return {fb::Payload::VersionPublished,
-                    fb::CreateVersionPublished(b, update_id, version, id).Union()};
+                    fb::CreateVersionPublished(b, update_id, version, id, digest).Union()};
           },
           [&](const UpdateEnded& e) -> Encoded {
             auto update_id = b.CreateString(e.update_id);
@@ -239,6 +263,21 @@ WeightIdentity DecIdentity(const fb::WeightIdentity* v) {
                         Str(v->run()), v->step()};
 }
 
+WeightDigest DecDigest(const fb::WeightDigest* v) {
+  if (v == nullptr) return {};
+  WeightDigest d;
+  d.algorithm = Str(v->algorithm());
+  d.combined = Str(v->combined());
+  d.bytes = v->bytes();
+  d.error = Str(v->error());
+  if (v->tensors() == nullptr) return d;
+  d.tensors.reserve(v->tensors()->size());
+  for (const fb::TensorDigest* t : *v->tensors()) {
+    if (t != nullptr) d.tensors.push_back(TensorDigest{Str(t->name()), Str(t->digest())});
+  }
+  return d;
+}
+
 HttpEvidence DecHttp(Decoder& d, const fb::HttpEvidence* v) {
   if (v == nullptr) return {};
   HttpEvidence h;
@@ -258,12 +297,14 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
   switch (r->payload_type()) {
     case fb::Payload::BootstrapRequested: {
       auto* e = r->payload_as_BootstrapRequested();
-      return BootstrapRequested{Str(e->label()), DecIdentity(e->identity()), e->adopt()};
+      return BootstrapRequested{Str(e->label()), DecIdentity(e->identity()), e->adopt(),
+                                e->require_digest()};
     }
     case fb::Payload::UpdateRequested: {
       auto* e = r->payload_as_UpdateRequested();
       return UpdateRequested{Str(e->update_id()), Str(e->target_label()),
-                             DecIdentity(e->identity()), Str(e->source_uri())};
+                             DecIdentity(e->identity()), Str(e->source_uri()),
+                             Str(e->expected_digest())};
     }
     case fb::Payload::RecoveryStarted:
       return RecoveryStarted{Str(r->payload_as_RecoveryStarted()->executor_id())};
@@ -281,13 +322,14 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       p.engine_instance = Str(e->engine_instance());
       p.label_before = Str(e->label_before());
       p.resumed_before = e->resumed_before();
+      p.digest = DecDigest(e->digest());
       return p;
     }
     case fb::Payload::EngineMonitored: {
       auto* e = r->payload_as_EngineMonitored();
       return EngineMonitored{DecHttp(d, e->http()), Str(e->reported_label()),  e->is_paused_known(),
                              e->is_paused(),        Str(e->engine_instance()), e->last_ok_wall_ms(),
-                             e->updates_seen()};
+                             e->updates_seen(),     DecDigest(e->digest())};
     }
     case fb::Payload::DrainObserved: {
       auto* e = r->payload_as_DrainObserved();
@@ -318,8 +360,9 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::ValidationObserved: {
       auto* e = r->payload_as_ValidationObserved();
-      return ValidationObserved{DecHttp(d, e->http()), Str(e->reported_label()), e->checks_passed(),
-                                Str(e->detail()), Str(e->engine_instance())};
+      return ValidationObserved{DecHttp(d, e->http()),     Str(e->reported_label()),
+                                e->checks_passed(),        Str(e->detail()),
+                                Str(e->engine_instance()), DecDigest(e->digest())};
     }
     case fb::Payload::ResumeObserved: {
       auto* e = r->payload_as_ResumeObserved();
@@ -347,7 +390,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     case fb::Payload::VersionPublished: {
       auto* e = r->payload_as_VersionPublished();
       return VersionPublished{Str(e->update_id()), DecVersion(e->version()),
-                              DecIdentity(e->identity())};
+                              DecIdentity(e->identity()), Str(e->engine_digest())};
     }
     case fb::Payload::UpdateEnded: {
       auto* e = r->payload_as_UpdateEnded();
@@ -498,7 +541,8 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   if (s.bootstrap) {
     auto label = b.CreateString(s.bootstrap->label);
     auto id = EncIdentity(b, s.bootstrap->identity);
-    bootstrap = fb::CreateBootstrapRequested(b, label, id, s.bootstrap->adopt);
+    bootstrap =
+        fb::CreateBootstrapRequested(b, label, id, s.bootstrap->adopt, s.bootstrap->require_digest);
   }
   Offset<fb::Effect> in_flight;
   if (s.in_flight) {
@@ -521,8 +565,11 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
     auto id = EncIdentity(b, u.identity);
     auto uri = b.CreateString(u.source_uri);
     auto reason = b.CreateString(u.abort_reason);
+    auto expected = OptString(b, u.expected_digest);
+    auto observed = EncDigest(b, u.observed_digest);
     update = fb::CreateUpdatePlan(b, update_id, target, id, uri, u.drain_seen, u.transfer_started,
-                                  u.caches_reset_mask, u.validated, u.aborting, reason);
+                                  u.caches_reset_mask, u.validated, u.aborting, reason, expected,
+                                  observed);
   }
   Offset<fb::TaintRecord> taint;
   if (s.taint) {
@@ -547,10 +594,19 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   }
   auto labels_vec = b.CreateVector(labels);
   auto instance = b.CreateString(s.engine_instance);
+  auto committed_digest = EncDigest(b, s.committed_digest);
+  std::vector<Offset<fb::LabelDigest>> label_digests;
+  label_digests.reserve(s.label_digests.size());
+  for (const auto& [label, combined] : s.label_digests) {
+    auto l = b.CreateString(label);
+    auto c = b.CreateString(combined);
+    label_digests.push_back(fb::CreateLabelDigest(b, l, c));
+  }
+  auto label_digests_vec = b.CreateVector(label_digests);
   return fb::CreateState(b, static_cast<fb::Lifecycle>(Fb(s.lifecycle)), committed, committed_id,
                          bootstrap, s.attempts, in_flight, active_vec, update, taint, counters,
                          instance, s.engine_reachable, s.engine_recheck, labels_vec,
-                         /*labels_complete=*/true);
+                         /*labels_complete=*/true, committed_digest, label_digests_vec);
 }
 
 // A snapshot written before the label registry existed knows only the committed label; labels
@@ -575,8 +631,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   s.committed = DecVersion(t->committed());
   s.committed_identity = DecIdentity(t->committed_identity());
   if (const auto* boot = t->bootstrap()) {
-    s.bootstrap =
-        BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity()), boot->adopt()};
+    s.bootstrap = BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity()),
+                                     boot->adopt(), boot->require_digest()};
   }
   s.attempts = t->attempts();
   if (const auto* e = t->in_flight()) {
@@ -603,6 +659,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
     p.validated = u->validated();
     p.aborting = u->aborting();
     p.abort_reason = Str(u->abort_reason());
+    p.expected_digest = Str(u->expected_digest());
+    p.observed_digest = DecDigest(u->observed_digest());
     s.update = std::move(p);
   }
   if (const auto* x = t->taint()) {
@@ -628,6 +686,14 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   s.engine_reachable = t->engine_reachable();
   s.engine_recheck = t->engine_recheck();
   DecLabels(d, t, s);
+  s.committed_digest = DecDigest(t->committed_digest());
+  if (const auto* digests = t->label_digests()) {
+    for (const fb::LabelDigest* l : *digests) {
+      if (l == nullptr) continue;
+      auto [it, inserted] = s.label_digests.emplace(Str(l->label()), Str(l->combined()));
+      if (!inserted && d.error.empty()) d.error = "duplicate label digest '" + it->first + "'";
+    }
+  }
   return s;
 }
 
@@ -660,7 +726,8 @@ Result<State> DecodeState(std::string_view bytes) {
   options.max_depth = kVerifierDepthMax;
   // A snapshot holds two tables per active rollout.
   options.max_tables = kVerifierTablesMax + 2 * static_cast<std::uint32_t>(kActiveRolloutsMax) +
-                       2 * static_cast<std::uint32_t>(kLabelsMax);
+                       3 * static_cast<std::uint32_t>(kLabelsMax) +
+                       2 * static_cast<std::uint32_t>(kTensorDigestsMax);
   flatbuffers::Verifier verifier(copy.data(), body.size(), options);
   if (!verifier.VerifyBuffer<fb::State>(nullptr)) {
     return Status::Corruption("snapshot fails FlatBuffers verification");

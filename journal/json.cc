@@ -33,13 +33,15 @@ json Fields(const Event& event) {
           [](const BootstrapRequested& e) {
             return json{{"label", e.label},
                         {"identity", WeightIdentityToJson(e.identity)},
-                        {"adopt", e.adopt}};
+                        {"adopt", e.adopt},
+                        {"require_digest", e.require_digest}};
           },
           [](const UpdateRequested& e) {
             return json{{"update_id", e.update_id},
                         {"target_label", e.target_label},
                         {"identity", WeightIdentityToJson(e.identity)},
-                        {"source_uri", e.source_uri}};
+                        {"source_uri", e.source_uri},
+                        {"expected_digest", e.expected_digest}};
           },
           [](const RecoveryStarted& e) {
             return json{{"executor_id", e.executor_id}};
@@ -50,18 +52,22 @@ json Fields(const Event& event) {
                         {"deadline_ms", e.deadline_ms}};
           },
           [](const EngineProbed& e) {
-            return json{
-                {"http", HttpEvidenceToJson(e.http)}, {"engine_version", e.engine_version},
-                {"reported_label", e.reported_label}, {"is_paused_known", e.is_paused_known},
-                {"is_paused", e.is_paused},           {"engine_instance", e.engine_instance},
-                {"label_before", e.label_before},     {"resumed_before", e.resumed_before}};
+            return json{{"http", HttpEvidenceToJson(e.http)},
+                        {"engine_version", e.engine_version},
+                        {"reported_label", e.reported_label},
+                        {"is_paused_known", e.is_paused_known},
+                        {"is_paused", e.is_paused},
+                        {"engine_instance", e.engine_instance},
+                        {"label_before", e.label_before},
+                        {"resumed_before", e.resumed_before},
+                        {"digest", WeightDigestToJson(e.digest)}};
           },
           [](const EngineMonitored& e) {
             return json{
                 {"http", HttpEvidenceToJson(e.http)},   {"reported_label", e.reported_label},
                 {"is_paused_known", e.is_paused_known}, {"is_paused", e.is_paused},
                 {"engine_instance", e.engine_instance}, {"last_ok_wall_ms", e.last_ok_wall_ms},
-                {"updates_seen", e.updates_seen}};
+                {"updates_seen", e.updates_seen},       {"digest", WeightDigestToJson(e.digest)}};
           },
           [](const DrainObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)}, {"paused", e.paused}};
@@ -91,11 +97,10 @@ json Fields(const Event& event) {
                         {"success_unreported", e.success_unreported}};
           },
           [](const ValidationObserved& e) {
-            return json{{"http", HttpEvidenceToJson(e.http)},
-                        {"reported_label", e.reported_label},
-                        {"checks_passed", e.checks_passed},
-                        {"detail", e.detail},
-                        {"engine_instance", e.engine_instance}};
+            return json{
+                {"http", HttpEvidenceToJson(e.http)},   {"reported_label", e.reported_label},
+                {"checks_passed", e.checks_passed},     {"detail", e.detail},
+                {"engine_instance", e.engine_instance}, {"digest", WeightDigestToJson(e.digest)}};
           },
           [](const ResumeObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},
@@ -134,7 +139,8 @@ json Fields(const Event& event) {
           [](const VersionPublished& e) {
             return json{{"update_id", e.update_id},
                         {"version", WeightVersionToJson(e.version)},
-                        {"identity", WeightIdentityToJson(e.identity)}};
+                        {"identity", WeightIdentityToJson(e.identity)},
+                        {"engine_digest", e.engine_digest}};
           },
           [](const UpdateEnded& e) {
             return json{{"update_id", e.update_id},
@@ -157,6 +163,17 @@ json WeightIdentityToJson(const WeightIdentity& id) {
               {"checkpoint", id.checkpoint},
               {"run", id.run},
               {"step", id.step}};
+}
+
+json WeightDigestToJson(const WeightDigest& d) {
+  if (!d.present() && d.error.empty()) return nullptr;
+  json tensors = json::object();
+  for (const TensorDigest& t : d.tensors) tensors[t.name] = t.digest;
+  return json{{"algorithm", d.algorithm},
+              {"combined", d.combined},
+              {"bytes", d.bytes},
+              {"error", d.error},
+              {"tensors", std::move(tensors)}};
 }
 
 json HttpEvidenceToJson(const HttpEvidence& h) {
@@ -211,7 +228,9 @@ json StateToJson(const State& s) {
                          {"caches_reset_mask", u.caches_reset_mask},
                          {"validated", u.validated},
                          {"aborting", u.aborting},
-                         {"abort_reason", u.abort_reason}};
+                         {"abort_reason", u.abort_reason},
+                         {"expected_digest", u.expected_digest},
+                         {"observed_digest", WeightDigestToJson(u.observed_digest)}};
   } else {
     out["update"] = nullptr;
   }
@@ -240,6 +259,8 @@ json StateToJson(const State& s) {
                        {"reachable", s.engine_reachable},
                        {"recheck", s.engine_recheck}};
   out["labels"] = s.labels.size();
+  out["committed_digest"] = WeightDigestToJson(s.committed_digest);
+  out["label_digests"] = s.label_digests;
   return out;
 }
 

@@ -21,5 +21,6 @@ nlohmann::json StateToJson(const State& state);
 nlohmann::json WeightVersionToJson(const WeightVersion& v);
 nlohmann::json WeightIdentityToJson(const WeightIdentity& id);
 nlohmann::json HttpEvidenceToJson(const HttpEvidence& h);
+nlohmann::json WeightDigestToJson(const WeightDigest& d);  // null when there is none
 
 }  // namespace rc::journal

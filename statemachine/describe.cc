@@ -22,11 +22,18 @@ std::string identity(const WeightIdentity& id) {
 }
 
 std::string one(const BootstrapRequested& e) {
-  return "label=" + q(e.label) + " " + identity(e.identity) + (e.adopt ? " adopt" : "");
+  return "label=" + q(e.label) + " " + identity(e.identity) + (e.adopt ? " adopt" : "") +
+         (e.require_digest ? " require_digest" : "");
+}
+std::string digest(const WeightDigest& d) {
+  if (!d.present()) return d.error.empty() ? "" : " digest=none(" + d.error + ")";
+  return " digest=" + d.algorithm + ":" + d.combined.substr(0, 16) +
+         " tensors=" + std::to_string(d.tensors.size()) + " bytes=" + std::to_string(d.bytes);
 }
 std::string one(const UpdateRequested& e) {
   return "update=" + q(e.update_id) + " target=" + q(e.target_label) + " " + identity(e.identity) +
-         (e.source_uri.empty() ? "" : " source=" + e.source_uri);
+         (e.source_uri.empty() ? "" : " source=" + e.source_uri) +
+         (e.expected_digest.empty() ? "" : " expected_digest=" + e.expected_digest.substr(0, 16));
 }
 std::string one(const RecoveryStarted& e) { return "executor=" + q(e.executor_id); }
 std::string one(const EffectStarted& e) {
@@ -44,12 +51,12 @@ std::string one(const EngineProbed& e) {
                     instance(e.engine_instance);
   if (!e.label_before.empty()) out += " relabelled_from=" + q(e.label_before);
   if (e.resumed_before) out += " resumed_at_adoption";
-  return out;
+  return out + digest(e.digest);
 }
 std::string one(const EngineMonitored& e) {
   return describe(e.http) + " label=" + q(e.reported_label) +
          paused(e.is_paused_known, e.is_paused) + instance(e.engine_instance) +
-         " last_ok_wall_ms=" + std::to_string(e.last_ok_wall_ms);
+         " last_ok_wall_ms=" + std::to_string(e.last_ok_wall_ms) + digest(e.digest);
 }
 std::string one(const DrainObserved& e) {
   return describe(e.http) + (e.paused ? " paused" : " not-paused");
@@ -77,7 +84,7 @@ std::string one(const CacheResetObserved& e) {
 std::string one(const ValidationObserved& e) {
   return describe(e.http) + " label=" + q(e.reported_label) +
          " checks=" + (e.checks_passed ? "passed" : "failed") +
-         (e.detail.empty() ? "" : " " + e.detail) + instance(e.engine_instance);
+         (e.detail.empty() ? "" : " " + e.detail) + instance(e.engine_instance) + digest(e.digest);
 }
 std::string one(const ResumeObserved& e) {
   return describe(e.http) +
@@ -103,7 +110,9 @@ std::string one(const StateChanged& e) {
          cause_name(e.cause) + ")" + (e.detail.empty() ? "" : ": " + e.detail);
 }
 std::string one(const VersionPublished& e) {
-  return "update=" + q(e.update_id) + " version=" + version(e.version) + " " + identity(e.identity);
+  return "update=" + q(e.update_id) + " version=" + version(e.version) + " " +
+         identity(e.identity) +
+         (e.engine_digest.empty() ? "" : " engine_digest=" + e.engine_digest.substr(0, 16));
 }
 std::string one(const UpdateEnded& e) {
   return "update=" + q(e.update_id) + " " + update_outcome_name(e.outcome) +

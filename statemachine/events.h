@@ -30,6 +30,9 @@ struct BootstrapRequested {
   std::string label;
   WeightIdentity identity;
   bool adopt = false;
+  // The engine must compute a weight digest at the probe; without one the bootstrap is refused.
+  // (Without this flag a digest is used whenever the engine computes one.)
+  bool require_digest = false;
   bool operator==(const BootstrapRequested&) const = default;
 };
 
@@ -39,6 +42,9 @@ struct UpdateRequested {
   std::string target_label;  // what the engine must report after the update
   WeightIdentity identity;   // what the target is declared to contain
   std::string source_uri;    // e.g. "safetensors:/ckpt/model.safetensors", "ipc:..."
+  // The combined weight digest the trainer computed for the engine's layout ("" = none): when
+  // given, VALIDATING requires the engine's digest to equal it.
+  std::string expected_digest;
   bool operator==(const UpdateRequested&) const = default;
 };
 
@@ -72,6 +78,7 @@ struct EngineProbed {
   std::string engine_instance;
   std::string label_before;     // the label found before the runner set it ("" = not set)
   bool resumed_before = false;  // the runner resumed a paused engine (adoption only)
+  WeightDigest digest;          // what the engine holds (absent when it cannot compute one)
   bool operator==(const EngineProbed&) const = default;
 };
 
@@ -87,6 +94,7 @@ struct EngineMonitored {
   std::string engine_instance;
   std::int64_t last_ok_wall_ms = 0;  // when the monitor last saw the validated engine
   std::uint64_t updates_seen = 0;
+  WeightDigest digest;  // present when this observation included a digest check
   bool operator==(const EngineMonitored&) const = default;
 };
 
@@ -143,6 +151,7 @@ struct ValidationObserved {
   bool checks_passed = true;  // optional checks; true when none configured
   std::string detail;
   std::string engine_instance;  // which engine process answered (see EngineProbed)
+  WeightDigest digest;          // what the engine holds now, computed while paused
   bool operator==(const ValidationObserved&) const = default;
 };
 
@@ -212,8 +221,9 @@ enum class Cause : std::uint8_t {
   kEngineReplaced = 16,          // READY, but another engine process answers (restarted)
   kEngineRelabelled = 17,        // READY, but the engine reports a label nobody committed
   kEnginePausedExternally = 18,  // READY, but someone else paused the engine
+  kWeightsChanged = 19,          // READY, but the engine's weight digest is not the committed one
 };
-inline constexpr std::uint8_t kCauseMax = 18;
+inline constexpr std::uint8_t kCauseMax = 19;
 const char* cause_name(Cause c);
 
 struct StateChanged {
@@ -228,6 +238,7 @@ struct VersionPublished {
   std::string update_id;
   WeightVersion version;
   WeightIdentity identity;
+  std::string engine_digest;  // the combined digest VALIDATING saw ("" when none is in use)
   bool operator==(const VersionPublished&) const = default;
 };
 

@@ -22,6 +22,7 @@ struct Checker {
   // admitted under, and the label VALIDATING saw for the update in flight.
   std::map<std::string, std::uint64_t> admitted_generation;
   std::optional<std::string> validated_label;
+  std::string validated_digest;  // the combined digest of the validation that saw the target
   std::string target_label;
   std::set<std::string> used_rollout_ids;  // every id ever admitted
 
@@ -80,6 +81,14 @@ struct Checker {
         return active + " still active when generation " + std::to_string(p->version.generation) +
                " was published (spans two versions)";
       }
+      if (p->engine_digest != validated_digest) {
+        return "version '" + p->version.label + "' published with weight digest '" +
+               p->engine_digest + "' but VALIDATING saw '" + validated_digest + "'";
+      }
+      if (state.committed_digest.present() && p->engine_digest.empty()) {
+        return "version '" + p->version.label +
+               "' published without a weight digest in a journal that records them";
+      }
     }
     if (const auto* c = std::get_if<StateChanged>(&e)) {
       if (c->from == Lifecycle::kValidating && c->to == Lifecycle::kResuming &&
@@ -100,6 +109,7 @@ struct Checker {
       if (state.lifecycle == Lifecycle::kValidating && v->http.ok_2xx() && v->checks_passed &&
           v->reported_label == target_label) {
         validated_label = v->reported_label;
+        validated_digest = v->digest.combined;
       }
     }
   }
@@ -108,6 +118,7 @@ struct Checker {
     if (const auto* u = std::get_if<UpdateRequested>(&e)) {
       summary.updates_requested++;
       validated_label.reset();
+      validated_digest.clear();
       target_label = u->target_label;
     } else if (const auto* a = std::get_if<RolloutAdmitted>(&e)) {
       admitted_generation[a->rollout_id] = a->version.generation;

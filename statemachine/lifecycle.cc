@@ -7,7 +7,9 @@
 //    idle before the local release landed is re-confirmed, never assumed);
 //  * mutation (the transfer intent) only from UPDATING, entered only from QUIESCED after preflight
 //    (the source's manifest equals the declared identity, device and memory checked);
-//  * publish only after every cache reset reported success and VALIDATING saw the target label;
+//  * publish only after every cache reset reported success and VALIDATING saw the target label
+//    and, once the journal holds weight digests, a digest that proves the weights changed (or
+//    equals the one recorded for the same weights, or the trainer's expected one);
 //  * a failure that may have mutated weights -> TAINTED; one proven to precede mutation -> the
 //    update is refused and the engine resumes on the old version, untainted;
 //  * TAINTED is terminal: nothing is admitted, nothing published.
@@ -81,6 +83,38 @@ Status check_identity(const WeightIdentity& id) {
   return Status::OK();
 }
 
+Status check_tensor_digests(const std::vector<TensorDigest>& tensors) {
+  if (tensors.size() > kTensorDigestsMax) {
+    return Status::InvalidArgument("digest names more than " + std::to_string(kTensorDigestsMax) +
+                                   " tensors");
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorDigest& t = tensors[i];
+    if (t.name.empty() || t.name.size() > kTensorNameBytesMax || !text::printable_utf8(t.name)) {
+      return Status::InvalidArgument("digest tensor " + std::to_string(i) + ": name empty, over " +
+                                     std::to_string(kTensorNameBytesMax) + " bytes or unprintable");
+    }
+    if (i > 0 && !(tensors[i - 1].name < t.name)) {
+      return Status::InvalidArgument("digest tensors not sorted by name or not unique");
+    }
+    RC_RETURN_IF_ERROR(check_digest("digest tensor digest", t.digest, true));
+  }
+  return Status::OK();
+}
+
+Status check_weight_digest(const WeightDigest& d) {
+  if (d.algorithm.size() > kIdBytesMax || !text::printable_utf8(d.algorithm)) {
+    return Status::InvalidArgument("digest algorithm over " + std::to_string(kIdBytesMax) +
+                                   " bytes or unprintable");
+  }
+  RC_RETURN_IF_ERROR(check_digest("digest combined", d.combined, false));
+  RC_RETURN_IF_ERROR(check_text("digest error", d.error));
+  if (!d.present() && (!d.tensors.empty() || !d.algorithm.empty())) {
+    return Status::InvalidArgument("digest names tensors or an algorithm but no combined digest");
+  }
+  return check_tensor_digests(d.tensors);
+}
+
 Status check_http(const HttpEvidence& h) {
   if (static_cast<std::uint8_t>(h.transport) > 3) {
     return Status::InvalidArgument("http.transport out of range");
@@ -110,7 +144,7 @@ std::uint8_t cache_bit(CacheKind c) { return static_cast<std::uint8_t>(1u << sta
 // READY -> TAINTED: the engine is no longer the one the committed version was verified on.
 bool is_engine_cause(Cause c) {
   return c == Cause::kEngineReplaced || c == Cause::kEngineRelabelled ||
-         c == Cause::kEnginePausedExternally;
+         c == Cause::kEnginePausedExternally || c == Cause::kWeightsChanged;
 }
 
 // The legal edges of the lifecycle and the causes each may carry.
@@ -181,6 +215,7 @@ Status apply_one(State& s, const UpdateRequested& e) {
   RC_RETURN_IF_ERROR(check_id("target_label", e.target_label));
   RC_RETURN_IF_ERROR(check_identity(e.identity));
   RC_RETURN_IF_ERROR(check_client_text("source_uri", e.source_uri));
+  RC_RETURN_IF_ERROR(check_digest("expected_digest", e.expected_digest, false));
   if (e.target_label == s.committed.label) {
     return Status::InvalidArgument("target_label '" + e.target_label +
                                    "' equals the committed label");
@@ -191,6 +226,7 @@ Status apply_one(State& s, const UpdateRequested& e) {
   plan.target = WeightVersion{s.committed.generation + 1, e.target_label};
   plan.identity = e.identity;
   plan.source_uri = e.source_uri;
+  plan.expected_digest = e.expected_digest;
   s.update = std::move(plan);
   s.counters.updates_requested++;
   return Status::OK();
@@ -260,6 +296,48 @@ std::string engine_mismatch(const State& s, const std::string& label, bool pause
   return {};
 }
 
+// Names (at most kDigestTensorsNamedMax) the tensors whose digests differ between `was` and
+// `now`, or are in one only: what a failed digest check tells the operator to look at.
+std::string tensors_differing(const WeightDigest& was, const WeightDigest& now) {
+  if (was.tensors.empty() || now.tensors.empty()) return {};
+  std::vector<std::string> names;
+  std::size_t differing = 0;
+  auto note = [&](const std::string& name) {
+    if (++differing <= kDigestTensorsNamedMax) names.push_back(name);
+  };
+  std::size_t i = 0, j = 0;
+  while (i < was.tensors.size() || j < now.tensors.size()) {
+    const bool take_was = j == now.tensors.size() ||
+                          (i < was.tensors.size() && was.tensors[i].name < now.tensors[j].name);
+    const bool take_now = i == was.tensors.size() ||
+                          (j < now.tensors.size() && now.tensors[j].name < was.tensors[i].name);
+    if (take_was) {
+      note(was.tensors[i++].name + " (missing)");
+    } else if (take_now) {
+      note(now.tensors[j++].name + " (new)");
+    } else {
+      if (was.tensors[i].digest != now.tensors[j].digest) note(now.tensors[j].name);
+      ++i, ++j;
+    }
+  }
+  if (differing == 0) return "; no tensor differs";
+  std::string out = "; " + std::to_string(differing) + " of " + std::to_string(now.tensors.size()) +
+                    " tensors differ: ";
+  for (std::size_t k = 0; k < names.size(); ++k) out += (k ? ", " : "") + names[k];
+  if (differing > names.size()) out += ", ...";
+  return out;
+}
+
+// Why a digest the READY engine computed is not the committed weights' ("" when it is, or when
+// either side has none: the monitor and engines without the extension compute none).
+std::string digest_mismatch(const State& s, const WeightDigest& d) {
+  if (!d.present() || !s.committed_digest.present()) return {};
+  if (d.combined == s.committed_digest.combined) return {};
+  return "the engine's weight digest " + d.combined.substr(0, 16) + " is not the committed " +
+         s.committed_digest.combined.substr(0, 16) + " ('" + s.committed.label + "')" +
+         tensors_differing(s.committed_digest, d);
+}
+
 // Evidence that the READY engine is still the verified one clears a pending re-verification.
 void note_engine_seen(State& s, bool ok, bool matches, const std::string& instance) {
   s.engine_reachable = ok;
@@ -273,13 +351,16 @@ Status apply_one(State& s, const EngineProbed& e) {
   RC_RETURN_IF_ERROR(check_engine_view(e.http, e.reported_label, e.engine_instance));
   RC_RETURN_IF_ERROR(check_text("engine_version", e.engine_version));
   RC_RETURN_IF_ERROR(check_text("label_before", e.label_before));
+  RC_RETURN_IF_ERROR(check_weight_digest(e.digest));
   s.in_flight.reset();
   if (s.lifecycle == Lifecycle::kUninitialized) {
     s.engine_instance = e.engine_instance;  // the bootstrap verifies this process
+    s.committed_digest = e.digest;          // ... and these weights (committed from READY on)
   } else {
     note_engine_seen(
         s, e.http.ok_2xx(),
-        engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance),
+        engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
+            digest_mismatch(s, e.digest).empty(),
         e.engine_instance);
   }
   return Status::OK();
@@ -296,9 +377,11 @@ Status apply_one(State& s, const EngineMonitored& e) {
         "restart)");
   }
   RC_RETURN_IF_ERROR(check_engine_view(e.http, e.reported_label, e.engine_instance));
+  RC_RETURN_IF_ERROR(check_weight_digest(e.digest));
   note_engine_seen(
       s, e.http.ok_2xx(),
-      engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance),
+      engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
+          digest_mismatch(s, e.digest).empty(),
       e.engine_instance);
   return Status::OK();
 }
@@ -370,7 +453,9 @@ Status apply_one(State& s, const ValidationObserved& e) {
   RC_RETURN_IF_ERROR(check_text("reported_label", e.reported_label));
   RC_RETURN_IF_ERROR(check_text("detail", e.detail));
   RC_RETURN_IF_ERROR(check_text("engine_instance", e.engine_instance));
+  RC_RETURN_IF_ERROR(check_weight_digest(e.digest));
   s.in_flight.reset();
+  s.update->observed_digest = e.digest;
   return Status::OK();
 }
 
@@ -532,6 +617,9 @@ Status apply_one(State& s, const StateChanged& e) {
     s.committed = WeightVersion{0, s.bootstrap->label};
     s.committed_identity = s.bootstrap->identity;
     s.labels[s.bootstrap->label] = s.bootstrap->identity;
+    if (s.committed_digest.present()) {
+      s.label_digests[s.bootstrap->label] = s.committed_digest.combined;
+    }
     s.bootstrap.reset();
   } else if (e.to == Lifecycle::kResuming && from == Lifecycle::kValidating) {
     s.update->validated = true;
@@ -557,12 +645,17 @@ Status apply_one(State& s, const VersionPublished& e) {
       !(e.identity == s.update->identity)) {
     return Status::Rejected("published version/identity differ from the validated target");
   }
+  if (e.engine_digest != s.update->observed_digest.combined) {
+    return Status::Rejected("published engine digest differs from the validated one");
+  }
   if (e.version.generation != s.committed.generation + 1) {
     return Status::Rejected("published generation is not committed + 1");
   }
   s.committed = e.version;
   s.committed_identity = e.identity;
   s.labels[e.version.label] = e.identity;
+  s.committed_digest = s.update->observed_digest;
+  if (s.committed_digest.present()) s.label_digests[e.version.label] = e.engine_digest;
   s.counters.updates_committed++;
   return Status::OK();
 }
@@ -635,10 +728,18 @@ void derive_engine_view(const State& s, bool ok, const std::string& label, bool 
   if (!why.empty()) taint_engine(s, cause, std::move(why), out);
 }
 
+// A READY engine whose digest is no longer the committed one changed weights outside RolloutCore.
+void derive_weights_view(const State& s, bool ok, const WeightDigest& d, std::vector<Event>& out) {
+  if (!out.empty() || !ok || s.update.has_value()) return;
+  std::string drift = digest_mismatch(s, d);
+  if (!drift.empty()) taint_engine(s, Cause::kWeightsChanged, std::move(drift), out);
+}
+
 void derive(const State& s, const EngineProbed& e, std::vector<Event>& out) {
   if (s.lifecycle != Lifecycle::kUninitialized || !s.bootstrap.has_value()) {
     derive_engine_view(s, e.http.ok_2xx(), e.reported_label, e.is_paused_known, e.is_paused,
                        e.engine_instance, out);
+    derive_weights_view(s, e.http.ok_2xx(), e.digest, out);
     return;
   }
   if (explain_bootstrap_refusal(*s.bootstrap, e).empty()) {
@@ -649,6 +750,7 @@ void derive(const State& s, const EngineProbed& e, std::vector<Event>& out) {
 void derive(const State& s, const EngineMonitored& e, std::vector<Event>& out) {
   derive_engine_view(s, e.http.ok_2xx(), e.reported_label, e.is_paused_known, e.is_paused,
                      e.engine_instance, out);
+  derive_weights_view(s, e.http.ok_2xx(), e.digest, out);
 }
 
 void derive(const State& s, const DrainObserved& e, std::vector<Event>& out) {
@@ -725,6 +827,57 @@ void derive(const State& s, const CacheResetObserved& e, std::vector<Event>& out
   }
 }
 
+std::string digest_note(const WeightDigest& d) {
+  if (!d.present()) return {};
+  return ", weight digest " + d.algorithm + ":" + d.combined.substr(0, 16);
+}
+
+// The combined digest recorded for these exact weights (an identity committed before under some
+// label), or nullptr when they were never served in this journal.
+const std::string* recorded_digest(const State& s, const WeightIdentity& identity,
+                                   std::string* label) {
+  for (const auto& [l, id] : s.labels) {
+    if (!(id == identity)) continue;
+    auto it = s.label_digests.find(l);
+    if (it == s.label_digests.end()) continue;
+    *label = l;
+    return &it->second;
+  }
+  return nullptr;
+}
+
+bool same_bytes(const WeightIdentity& a, const WeightIdentity& b) {
+  return !a.content_digest.empty() && a.content_digest == b.content_digest;
+}
+
+// VALIDATING's digest rules, once the journal holds digests (or the trainer sent one): the
+// engine computed a digest while paused; it equals the trainer's expected one when given; it
+// equals the digest recorded when the same weights were served before; otherwise it differs
+// from the pre-update digest unless the source is declared byte-identical to what was served.
+std::string digest_refusal(const State& s, const WeightDigest& d) {
+  const UpdatePlan& u = *s.update;
+  if (!s.committed_digest.present() && u.expected_digest.empty()) return {};
+  if (!d.present()) return "no weight digest while paused: " + d.error;
+  const std::string got = d.combined.substr(0, 16);
+  if (!u.expected_digest.empty() && d.combined != u.expected_digest) {
+    return "weight digest " + got + " is not the trainer's expected " +
+           u.expected_digest.substr(0, 16) + tensors_differing(s.committed_digest, d);
+  }
+  std::string label;
+  if (const std::string* recorded = recorded_digest(s, u.identity, &label)) {
+    if (d.combined == *recorded) return {};
+    std::string why = "weight digest " + got + " is not " + recorded->substr(0, 16) +
+                      ", recorded when these weights were served as '" + label + "'";
+    if (label == s.committed.label) why += tensors_differing(s.committed_digest, d);
+    return why;
+  }
+  if (d.combined == s.committed_digest.combined && !same_bytes(s.committed_identity, u.identity)) {
+    return "the weights did not change: weight digest " + got + " equals the pre-update one of '" +
+           s.committed.label + "'";
+  }
+  return {};
+}
+
 void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out) {
   const std::string& want = s.update->target.label;
   bool replaced = e.http.ok_2xx() && !s.engine_instance.empty() && !e.engine_instance.empty() &&
@@ -743,8 +896,13 @@ void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out
               "', verified '" + s.engine_instance + "')",
           out);
   } else if (e.http.ok_2xx() && e.reported_label == want && e.checks_passed) {
+    std::string why = digest_refusal(s, e.digest);
+    if (!why.empty()) {
+      taint(s, Cause::kValidationFailed, std::move(why), out);
+      return;
+    }
     out.push_back(change(s, Lifecycle::kResuming, Cause::kValidated,
-                         "engine reports '" + e.reported_label + "'"));
+                         "engine reports '" + e.reported_label + "'" + digest_note(e.digest)));
   } else if (e.http.ok_2xx()) {
     std::string why = "engine reports '" + e.reported_label + "', expected '" + want + "'";
     if (!e.checks_passed) why = "checks failed: " + e.detail;
@@ -758,7 +916,7 @@ void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
   if (!(e.http.ok_2xx() && e.is_paused_known && !e.is_paused)) return;
   const UpdatePlan& u = *s.update;
   if (u.validated) {
-    out.push_back(VersionPublished{u.update_id, u.target, u.identity});
+    out.push_back(VersionPublished{u.update_id, u.target, u.identity, u.observed_digest.combined});
     out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kCommitted,
                               "engine serves '" + u.target.label + "'"});
   } else {
@@ -813,6 +971,9 @@ std::string explain_bootstrap_refusal(const BootstrapRequested& b, const EngineP
   if ((foreign || e.resumed_before) && !b.adopt) return "the engine was changed without adopt";
   if (e.reported_label != b.label) {
     return "the engine reports '" + e.reported_label + "', not the declared '" + b.label + "'";
+  }
+  if (b.require_digest && !e.digest.present()) {
+    return "the engine computed no weight digest (" + e.digest.error + ")";
   }
   return {};
 }
@@ -983,6 +1144,13 @@ std::string check_invariants_cheap(const State& s) {
   }
 
   if (s.bootstrap.has_value() && l != Lifecycle::kUninitialized) return "bootstrap after start";
+  if (l != Lifecycle::kUninitialized && s.committed_digest.present()) {
+    auto it = s.label_digests.find(s.committed.label);
+    if (it == s.label_digests.end() || it->second != s.committed_digest.combined) {
+      return "the committed digest is not the one recorded for the committed label";
+    }
+  }
+  if (s.label_digests.size() > s.labels.size()) return "digests for labels never committed";
   return {};
 }
 
@@ -1001,6 +1169,10 @@ std::string admission_block_reason(const State& s) {
   if (!s.engine_reachable) return "the engine is unreachable";
   if (s.engine_recheck) return "the engine is not re-verified since the executor restarted";
   return {};
+}
+
+std::string digest_difference(const WeightDigest& was, const WeightDigest& now) {
+  return tensors_differing(was, now);
 }
 
 std::uint64_t monitor_epoch(const State& s) {

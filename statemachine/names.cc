@@ -146,6 +146,8 @@ const char* cause_name(Cause c) {
       return "engine_relabelled";
     case Cause::kEnginePausedExternally:
       return "engine_paused_externally";
+    case Cause::kWeightsChanged:
+      return "weights_changed";
   }
   return "?";
 }

@@ -34,8 +34,10 @@ struct UpdatePlan {
   bool drain_seen = false;        // a drain succeeded while local bindings were still active
   bool transfer_started = false;  // the kTransfer intent is durable: mutation may have begun
   std::uint8_t caches_reset_mask = 0;
-  bool validated = false;  // VALIDATING saw the target label: RESUMING publishes
-  bool aborting = false;   // refused before mutation: RESUMING returns to the old version
+  std::string expected_digest;   // the trainer's combined digest for the target ("" = none)
+  WeightDigest observed_digest;  // the last digest VALIDATING observed
+  bool validated = false;        // VALIDATING saw the target label: RESUMING publishes
+  bool aborting = false;         // refused before mutation: RESUMING returns to the old version
   std::string abort_reason;
   bool operator==(const UpdatePlan&) const = default;
 };
@@ -68,6 +70,12 @@ struct State {
   // Committed version and identity: what the engine serves (valid from READY on).
   WeightVersion committed;
   WeightIdentity committed_identity;
+  // The committed version's weight digest as the engine computed it (absent when the journal
+  // uses none: it was bootstrapped on an engine that computes no digest).
+  WeightDigest committed_digest;
+  // The combined digest recorded for every committed label that had one: an identity served
+  // again must come back with the same digest.
+  std::map<std::string, std::string> label_digests;
   // Bootstrap request awaiting the probe (UNINITIALIZED only).
   std::optional<BootstrapRequested> bootstrap;
   // Attempts of the current effect (counted from EffectStarted; reset when the effect changes).
@@ -125,6 +133,11 @@ std::string explain_bootstrap_refusal(const BootstrapRequested& bootstrap, const
 // version was verified on (the fold's rule for EngineProbed and EngineMonitored in READY).
 bool engine_matches(const State& state, const std::string& label, bool paused_known, bool paused,
                     const std::string& instance);
+
+// "; N of M tensors differ: a, b, ..." naming at most kDigestTensorsNamedMax tensors of `now`
+// whose digests are not those of `was` (or are in one only): the text a failed digest check
+// carries. "" when either side names no tensors.
+std::string digest_difference(const WeightDigest& was, const WeightDigest& now);
 
 // updates_requested + recoveries: what an EngineMonitored must name to be current.
 std::uint64_t monitor_epoch(const State& state);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace rc {
 
@@ -53,6 +54,27 @@ struct WeightIdentity {
   std::string run;              // trainer run id
   std::int64_t step = -1;       // training step, -1 when unknown
   bool operator==(const WeightIdentity&) const = default;
+};
+
+// A digest of the weights an engine holds, computed by the engine on its own memory (the worker
+// extension's "rcd1": python/rolloutcore/digest.py). Integrity, not authenticity: it tells
+// a complete update from a partial or missing one, not an adversary's forgery.
+inline constexpr std::size_t kTensorDigestsMax = 1024;     // tensors one digest names (a record)
+inline constexpr std::size_t kTensorNameBytesMax = 256;    // one tensor's name
+inline constexpr std::size_t kDigestTensorsNamedMax = 16;  // tensors a failure names, at most
+struct TensorDigest {
+  std::string name;    // the engine's parameter name ("r<rank>/" first when several workers)
+  std::string digest;  // lowercase hex
+  bool operator==(const TensorDigest&) const = default;
+};
+struct WeightDigest {
+  std::string algorithm;              // e.g. "rcd1"; "" when none was computed
+  std::string combined;               // lowercase hex over every tensor; "" when none
+  std::vector<TensorDigest> tensors;  // sorted by name, unique
+  std::uint64_t bytes = 0;            // bytes digested
+  std::string error;                  // why none was computed (bounded, escaped on output)
+  bool operator==(const WeightDigest&) const = default;
+  bool present() const { return !combined.empty(); }
 };
 
 // The caches a new version must never reuse from the old one.
