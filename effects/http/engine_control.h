@@ -10,14 +10,15 @@ class HttpEngineControl final : public EngineControl {
  public:
   explicit HttpEngineControl(EngineClient& client) : client_(client) {}
   HttpEvidence Health() override { return client_.Health().http; }
-  EngineProbed Probe() override { return client_.Probe(); }
+  // With the weight digest (effects/http/weight_digest.h) when the engine answered.
+  EngineProbed Probe() override;
   HttpEvidence SetLabel(const std::string& label) override {
     return client_.WriteLabel(label).http;
   }
   // The drain deadline is the client's drain_timeout_ms unless a shorter one is asked for.
   DrainObserved PauseWait(std::uint64_t timeout_ms) override;
   CacheResetObserved ResetCache(CacheKind cache) override { return client_.ResetCache(cache); }
-  ValidationObserved WeightInfo() override { return client_.WeightInfo(); }
+  ValidationObserved WeightInfo() override;
   ResumeObserved Resume() override { return client_.Resume(); }
 
  private:
