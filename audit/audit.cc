@@ -335,13 +335,67 @@ Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journa
   return out;
 }
 
+namespace {
+
+// The label whose recorded digest `combined` is, or "" when none.
+std::string LabelWithDigest(const State& s, const std::string& combined) {
+  for (const auto& [label, digest] : s.label_digests) {
+    if (digest == combined) return label;
+  }
+  return {};
+}
+
+DigestCheck Finding(DigestCheck::Result result, std::string line) {
+  DigestCheck c;
+  c.result = result;
+  c.line = line;
+  c.findings.push_back(std::move(line));
+  return c;
+}
+
+}  // namespace
+
+DigestCheck CheckEngineDigest(const State& s, const std::string& engine_label,
+                              const WeightDigest& live) {
+  using R = DigestCheck::Result;
+  if (s.label_digests.empty()) {
+    return DigestCheck{R::kNotRecorded, "weight digest: the journal records none", {}};
+  }
+  if (!live.present()) {
+    return Finding(R::kUnavailable, "weight digest: the engine computes none (" + live.error + ")");
+  }
+  const std::string short_live = live.combined.substr(0, 16);
+  auto recorded = s.label_digests.find(engine_label);
+  if (recorded == s.label_digests.end()) {
+    const std::string match = LabelWithDigest(s, live.combined);
+    return Finding(
+        R::kDrift,
+        "weight digest: the engine reports '" + engine_label +
+            "', which this journal never committed with a digest; its " + "weights " + short_live +
+            (match.empty() ? " match no committed version" : " are those of '" + match + "'"));
+  }
+  if (recorded->second == live.combined) {
+    return DigestCheck{R::kMatch,
+                       "weight digest: the engine holds '" + engine_label + "' as journaled (" +
+                           live.algorithm + ":" + short_live + ")",
+                       {}};
+  }
+  std::string line = "weight drift: the engine reports '" + engine_label + "' but its digest " +
+                     short_live + " is not the journaled " + recorded->second.substr(0, 16);
+  if (engine_label == s.committed.label) line += digest_difference(s.committed_digest, live);
+  return Finding(R::kDrift, std::move(line));
+}
+
 Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::NotFound("cannot open trajectories file " + path);
   std::vector<Trajectory> out;
   std::string line;
   std::size_t line_no = 0;
+  // null: the rollout ended before the engine reported any token (e.g. its client went away);
+  // the line is still the product's own record and is read as "no tokens".
   auto ints = [](const json& a, std::vector<std::int32_t>& dst) {
+    if (a.is_null()) return true;
     if (!a.is_array() || a.size() > kTrajectoryTokensMax) return false;
     for (const json& t : a) {
       if (!t.is_number_integer()) return false;
@@ -377,8 +431,9 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
     t.identity.step = id.value("step", std::int64_t{-1});
     if (!ints(j.value("prompt_token_ids", json()), t.prompt)) return bad("bad prompt_token_ids");
     const json& outputs = j.value("outputs", json::array());
-    if (!outputs.is_array()) return bad("outputs is not an array");
-    if (!outputs.empty()) {  // choice 0: the proxy records one trajectory per choice index
+    if (!outputs.is_array() && !outputs.is_null()) return bad("outputs is not an array");
+    if (outputs.is_array() && !outputs.empty()) {  // choice 0: one trajectory per choice index
+      if (!outputs[0].is_object()) return bad("outputs[0] is not an object");
       if (!ints(outputs[0].value("token_ids", json::array()), t.output))
         return bad("bad token_ids");
       const json& lps = outputs[0].value("logprobs", json::array());

@@ -144,6 +144,19 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& traject
 
 // The audit's verdict in two parts: is the journal intact, is the engine healthy. Exit codes
 // (docs/audit.md):
+// The live engine's weight digest against the journal's (`audit --engine`): a digest that is not
+// the one recorded for the label the engine reports means something changed the weights outside
+// RolloutCore. `line` is the one-line result; each finding is an engine finding.
+struct DigestCheck {
+  enum class Result : std::uint8_t { kMatch, kDrift, kUnavailable, kNotRecorded };
+  Result result = Result::kNotRecorded;
+  std::string line;
+  std::vector<std::string> findings;
+};
+[[nodiscard]] DigestCheck CheckEngineDigest(const State& journal_state,
+                                            const std::string& engine_label,
+                                            const WeightDigest& live);
+
 inline constexpr int kExitOk = 0;               // journal intact, engine healthy
 inline constexpr int kExitEngineUnhealthy = 1;  // journal intact; engine TAINTED / rollouts suspect
 inline constexpr int kExitUsage = 2;            // bad arguments, or the journal cannot be opened

@@ -5,9 +5,11 @@
 #include <string>
 
 #include "audit/audit.h"
+#include "effects/http/weight_digest.h"
 #include "cli/commands.h"
 #include "journal/codec.h"
 #include "journal/json.h"
+#include "statemachine/describe.h"
 #include "statemachine/text.h"
 
 namespace rc::cli {
@@ -101,6 +103,24 @@ int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdic
   return audit::kExitOk;
 }
 
+// Compares the weights the engine holds with the digest journaled for the version it reports.
+void CheckDigest(journal::Journal& j, const Opts& o, audit::Verdict& verdict) {
+  effects::EngineClient engine(o.engine);
+  const ValidationObserved served = engine.WeightInfo();
+  if (!served.http.ok_2xx()) {
+    verdict.engine_findings.push_back("weight digest: the engine did not report its label (" +
+                                      describe(served.http) + ")");
+    std::printf("weight digest: the engine did not report its label\n");
+    return;
+  }
+  const WeightDigest live = effects::ReadWeightDigest(engine);
+  audit::DigestCheck check;
+  j.ReadState(
+      [&](const State& s) { check = audit::CheckEngineDigest(s, served.reported_label, live); });
+  std::printf("%s\n", text::escape_line(check.line).c_str());
+  for (std::string& f : check.findings) verdict.engine_findings.push_back(std::move(f));
+}
+
 void Reverify(const Opts& o, const std::vector<audit::Trajectory>& trajectories,
               audit::Verdict& verdict) {
   effects::EngineClient engine(o.engine);
@@ -173,7 +193,10 @@ Runner add_audit(CLI::App& app) {
     }
     std::vector<audit::Trajectory> trajectories;
     if (int rc = CheckTrajectories(j, *o, verdict, trajectories); rc != audit::kExitOk) return rc;
-    if (!o->engine.empty()) Reverify(*o, trajectories, verdict);
+    if (!o->engine.empty()) {
+      CheckDigest(j, *o, verdict);
+      Reverify(*o, trajectories, verdict);
+    }
     if (o->json) {
       std::printf("%s\n", audit::VerdictJson(*report, verdict, -1).c_str());
       return audit::RenderAudit(*report, verdict, o->path).exit_code;
