@@ -449,6 +449,13 @@ std::string dump(const json& j) {
   // Replace invalid UTF-8 instead of throwing.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
+// /is_paused's answer in a 2xx reply (check_is_paused made it a boolean).
+bool is_paused_in(const HttpReply& paused) {
+  RC_CHECK(paused.http.ok_2xx());
+  auto it = paused.body.find("is_paused");
+  RC_CHECK(it != paused.body.end() && it->is_boolean());
+  return it->get<bool>();
+}
 bool has_string(const json& body, const char* key) {
   if (!body.is_object()) return false;
   auto it = body.find(key);
@@ -668,7 +675,7 @@ EngineClient::EngineView EngineClient::ObserveView() {
   v.http = chain(v.http, paused.http);
   if (paused.http.ok_2xx()) {
     v.is_paused_known = true;
-    v.is_paused = paused.body["is_paused"].get<bool>();
+    v.is_paused = is_paused_in(paused);
   }
   v.instance = Instance(info);
   return v;
@@ -722,7 +729,7 @@ ResumeObserved EngineClient::Resume() {
   out.http = chain(resume.http, paused.http);
   if (paused.http.ok_2xx()) {
     out.is_paused_known = true;
-    out.is_paused = paused.body["is_paused"].get<bool>();
+    out.is_paused = is_paused_in(paused);
   }
   return out;
 }

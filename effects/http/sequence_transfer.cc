@@ -87,6 +87,26 @@ Result<Manifest> synthetic_manifest(const std::string& uri) {
   return m;
 }
 
+namespace {
+
+// No data plane here, so the rendezvous is nominal: a random unique id where the engine accepts
+// one, else a loopback address nobody listens on.
+NcclInitParams nominal_rendezvous(bool unique_id) {
+  NcclInitParams params;
+  if (unique_id) {
+    std::string raw(128, '\0');
+    std::random_device rd;
+    for (char& c : raw) c = static_cast<char>(rd() & 0xff);
+    params.nccl_unique_id_b64 = encoding::Base64Encode(raw);
+  } else {
+    params.master_address = "127.0.0.1";
+    params.master_port = 29555;
+  }
+  return params;
+}
+
+}  // namespace
+
 HttpSequenceTransfer::HttpSequenceTransfer(EngineClient& client, EngineProtocol protocol,
                                            PackingParams packing)
     : client_(client), protocol_(std::move(protocol)), packing_(packing) {}
@@ -98,17 +118,8 @@ Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
       !world.body["world_size"].is_number_unsigned()) {
     return Status::Unavailable(summary("/get_world_size", world.http));
   }
-  NcclInitParams params;
+  NcclInitParams params = nominal_rendezvous(protocol_.unique_id_rendezvous);
   params.world_size = 1 + world.body["world_size"].get<std::uint32_t>();
-  if (protocol_.unique_id_rendezvous) {
-    std::string raw(128, '\0');
-    std::random_device rd;
-    for (char& c : raw) c = static_cast<char>(rd() & 0xff);
-    params.nccl_unique_id_b64 = encoding::Base64Encode(raw);
-  } else {
-    params.master_address = "127.0.0.1";
-    params.master_port = 29555;
-  }
   Result<nlohmann::json> info = build_init_info(protocol_, params, packing_);
   if (!info.ok()) return info.status();
   HttpReply init = client_.InitWeightTransferEngine(*info, CallOptions{timeout_ms, std::nullopt});
@@ -183,8 +194,7 @@ std::optional<StepFailed> finish_update(EngineClient& client, const std::string&
 }  // namespace
 
 // 0. Once per engine: /init_weight_transfer_engine. It changes no weights, so its failure is a
-//    refusal (kNone). There is no data plane here, so the rendezvous is nominal: a random unique
-//    id where the engine accepts one, else a loopback address nobody listens on.
+//    refusal (kNone).
 std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t deadline_at_ms) {
   const std::uint64_t left = remaining_ms(deadline_at_ms);
   if (left == 0) {
