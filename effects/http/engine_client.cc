@@ -71,6 +71,7 @@ std::string bound_error(std::string s) {
     s.resize(kHttpErrorBytesMax - 3);
     s += "...";
   }
+  RC_CHECK(s.size() <= kHttpErrorBytesMax);
   return s;
 }
 
@@ -88,11 +89,17 @@ struct EngineClient::Handle {
   }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
+  // Ready for the next call; keeps the connection cache (it lives in multi).
+  void Reset() {
+    curl_easy_reset(easy);
+    errbuf[0] = '\0';
+  }
 };
 
 EngineClient::EngineClient(std::string base_url, EngineDeadlines deadlines,
                            std::size_t idle_handles_max)
     : base_url_(std::move(base_url)), deadlines_(deadlines), idle_handles_max_(idle_handles_max) {
+  RC_CHECK(!base_url_.empty());
   RC_CHECK(idle_handles_max_ >= 1 && idle_handles_max_ <= kIdleHandlesLimit);
   curl_global_once();
   while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
@@ -111,6 +118,7 @@ std::unique_ptr<EngineClient::Handle> EngineClient::Acquire() {
     if (!pool_.empty()) {
       std::unique_ptr<Handle> h = std::move(pool_.back());
       pool_.pop_back();
+      RC_CHECK(h != nullptr);
       return h;
     }
   }
@@ -118,9 +126,11 @@ std::unique_ptr<EngineClient::Handle> EngineClient::Acquire() {
 }
 
 void EngineClient::Release(std::unique_ptr<Handle> h) {
+  RC_CHECK(h != nullptr);
   std::lock_guard<std::mutex> lock(pool_mu_);
   if (pool_.size() < idle_handles_max_) pool_.push_back(std::move(h));
   // else: h is destroyed here, closing its connections.
+  RC_CHECK(pool_.size() <= idle_handles_max_);
 }
 
 std::size_t EngineClient::idle_handles() const {
@@ -128,177 +138,288 @@ std::size_t EngineClient::idle_handles() const {
   return pool_.size();
 }
 
-HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
-  HttpReply reply;
-  HttpEvidence& ev = reply.http;
-  const std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);
-  auto is_cancelled = [&] { return cancelled() || (o.cancel && o.cancel->cancelled()); };
+// ---- one call: refuse, configure, transfer, classify, read ----
 
+std::optional<std::string> refusal_before_sending(std::uint64_t timeout_ms, bool cancelled,
+                                                  std::size_t body_bytes) {
   // A spent deadline is the caller's evidence, not a crash: nothing is sent (0 would also mean
   // "no deadline" to curl).
-  if (timeout_ms == 0) {
-    ev.transport = Transport::kConnectFailed;
-    ev.error = "deadline spent before sending";
-    return reply;
+  if (timeout_ms == 0) return "deadline spent before sending";
+  if (cancelled) return "cancelled before sending";
+  if (body_bytes > kRequestBytesMax) {
+    return "request body of " + std::to_string(body_bytes) + " bytes exceeds " +
+           std::to_string(kRequestBytesMax) + "; not sent";
   }
-  if (is_cancelled()) {
-    ev.transport = Transport::kConnectFailed;
-    ev.error = "cancelled before sending";
-    return reply;
-  }
-  if (req.json_body && req.json_body->size() > kRequestBytesMax) {
-    ev.transport = Transport::kConnectFailed;
-    ev.error = "request body of " + std::to_string(req.json_body->size()) + " bytes exceeds " +
-               std::to_string(kRequestBytesMax) + "; not sent";
-    return reply;
-  }
+  return std::nullopt;
+}
 
-  std::unique_ptr<Handle> h = Acquire();
-  CURL* e = h->easy;
-  curl_easy_reset(e);  // keeps the connection cache (it lives in h->multi)
-  h->errbuf[0] = '\0';
-  const std::string url = base_url_ + req.path;
-  SseState sse;
-  sse.on_chunk = req.on_chunk;
-  WriteCtx ctx{e, &reply.raw, false, req.on_chunk ? &sse : nullptr};
+namespace {
 
-  struct curl_slist* headers = nullptr;
+bool is_connect_failure(int curl_code) {
+  return curl_code == CURLE_COULDNT_CONNECT || curl_code == CURLE_COULDNT_RESOLVE_HOST ||
+         curl_code == CURLE_COULDNT_RESOLVE_PROXY;
+}
+
+// A curl failure other than the body sink's own refusal.
+Transport curl_failure_transport(int curl_code, bool request_bytes_sent) {
+  if (is_connect_failure(curl_code)) return Transport::kConnectFailed;
+  switch (curl_code) {
+    case CURLE_OPERATION_TIMEDOUT:
+      return request_bytes_sent ? Transport::kTimeout : Transport::kConnectFailed;
+    case CURLE_FILESIZE_EXCEEDED:  // Content-Length announced a body over the bound
+      return Transport::kOk;
+    default:  // RECV_ERROR, SEND_ERROR, GOT_NOTHING, PARTIAL_FILE, and anything unexpected
+      return Transport::kBroken;
+  }
+}
+
+TransportVerdict classify_unchecked(const TransferEnd& end) {
+  const auto status = static_cast<std::int32_t>(end.http_status);
+  if (end.cancelled_in_flight) {
+    const Transport t = end.request_bytes_sent ? Transport::kTimeout : Transport::kConnectFailed;
+    return {t, 0, TransferEnding::kCancelled};
+  }
+  const bool sink_stopped = end.curl_code == CURLE_WRITE_ERROR && end.write_refused;
+  if (end.curl_code != CURLE_OK && !sink_stopped) {
+    const Transport t = curl_failure_transport(end.curl_code, end.request_bytes_sent);
+    return {t, t == Transport::kOk ? status : 0, TransferEnding::kCurlFailed};
+  }
+  if (status <= 0) return {Transport::kBroken, status, TransferEnding::kNoStatus};
+  return {Transport::kOk, status, TransferEnding::kResponse};
+}
+
+}  // namespace
+
+TransportVerdict classify_transport(const TransferEnd& end) {
+  const TransportVerdict v = classify_unchecked(end);
+  // Only a request that left can time out; only one that never left (or never connected) is a
+  // refusal; a cancel outranks curl; a body is read only behind a status line.
+  RC_CHECK(v.transport != Transport::kTimeout || end.request_bytes_sent);
+  RC_CHECK(v.transport != Transport::kConnectFailed || !end.request_bytes_sent ||
+           is_connect_failure(end.curl_code));
+  RC_CHECK(end.cancelled_in_flight == (v.ending == TransferEnding::kCancelled));
+  RC_CHECK(v.ending != TransferEnding::kResponse ||
+           (v.transport == Transport::kOk && v.http_status > 0));
+  RC_CHECK(v.transport == Transport::kOk || v.http_status <= 0);
+  return v;
+}
+
+namespace {
+
+bool call_cancelled(const EngineClient& client, const CallOptions& o) {
+  return client.cancelled() || (o.cancel && o.cancel->cancelled());
+}
+
+curl_slist* request_headers(const EngineClient::Request& req) {
+  curl_slist* headers = nullptr;
   headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
   headers = curl_slist_append(
       headers, req.on_chunk ? "Accept: text/event-stream" : "Accept: application/json");
   if (req.json_body) headers = curl_slist_append(headers, "Content-Type: application/json");
+  return headers;
+}
 
-  curl_easy_setopt(e, CURLOPT_URL, url.c_str());
+// Where and how long one transfer runs, and where its bytes go.
+struct TransferSetup {
+  std::string url;
+  std::uint64_t connect_timeout_ms = 0;
+  std::uint64_t timeout_ms = 0;
+  char* errbuf = nullptr;
+  WriteCtx* sink = nullptr;
+  curl_slist* headers = nullptr;
+};
+
+void set_transfer_options(CURL* e, const TransferSetup& s) {
+  curl_easy_setopt(e, CURLOPT_URL, s.url.c_str());
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(deadlines_.connect_timeout_ms));
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, h->errbuf);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(s.connect_timeout_ms));
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(s.timeout_ms));
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, s.errbuf);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &write_cb);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &ctx);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, s.sink);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, s.headers);
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(kResponseBytesMax));
-  if (req.method == Method::kPost) {
-    // Never on a reused connection: libcurl silently re-sends a request when a reused connection
-    // closes without a response, which would run a non-idempotent POST (/update_weights,
-    // /start_weight_update) twice and hide the ambiguity from the evidence. Only a caller whose
-    // POST may run twice (generation through the proxy) opts into reuse.
-    if (!o.reuse_connection) curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
-    curl_easy_setopt(e, CURLOPT_POST, 1L);
-    // curl keeps the pointer: it must stay valid until the transfer ends (req outlives it).
-    static const char kEmpty[] = "";
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, req.json_body ? req.json_body->c_str() : kEmpty);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
-                     static_cast<curl_off_t>(req.json_body ? req.json_body->size() : 0));
-  } else {
+}
+
+void set_method(CURL* e, const EngineClient::Request& req, bool reuse_connection) {
+  if (req.method != EngineClient::Method::kPost) {
     curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    return;
   }
+  // Never on a reused connection: libcurl silently re-sends a request when a reused connection
+  // closes without a response, which would run a non-idempotent POST (/update_weights,
+  // /start_weight_update) twice and hide the ambiguity from the evidence. Only a caller whose
+  // POST may run twice (generation through the proxy) opts into reuse.
+  if (!reuse_connection) curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+  curl_easy_setopt(e, CURLOPT_POST, 1L);
+  // curl keeps the pointer: it must stay valid until the transfer ends (req outlives it).
+  static const char kEmpty[] = "";
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, req.json_body ? req.json_body->c_str() : kEmpty);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
+                   static_cast<curl_off_t>(req.json_body ? req.json_body->size() : 0));
+}
 
-  // Drive the transfer ourselves so that a cancel is noticed within kPollIntervalMs.
-  const SteadyTime start = std::chrono::steady_clock::now();
+struct LoopEnd {
   CURLcode result = CURLE_OK;
-  bool finished = false;
-  bool cancelled_mid = false;
-  if (curl_multi_add_handle(h->multi, e) != CURLM_OK) {
-    result = CURLE_FAILED_INIT;
-    finished = true;
+  bool cancelled = false;
+};
+
+// The result of e's transfer when curl reports it done.
+std::optional<CURLcode> take_done(CURLM* multi, CURL* e) {
+  std::optional<CURLcode> result;
+  int queued = 0;
+  while (CURLMsg* msg = curl_multi_info_read(multi, &queued)) {
+    if (msg->msg == CURLMSG_DONE && msg->easy_handle == e) result = msg->data.result;
   }
-  while (!finished) {
+  return result;
+}
+
+// Drives the transfer ourselves so that a cancel is noticed within kPollIntervalMs. Bounded by
+// the transfer's CURLOPT_TIMEOUT_MS.
+LoopEnd drive_transfer(CURLM* multi, CURL* e, const EngineClient& client, const CallOptions& o) {
+  if (curl_multi_add_handle(multi, e) != CURLM_OK) return {CURLE_FAILED_INIT, false};
+  for (;;) {
     int running = 0;
-    if (curl_multi_perform(h->multi, &running) != CURLM_OK) {
-      result = CURLE_FAILED_INIT;
-      break;
-    }
-    int queued = 0;
-    while (CURLMsg* msg = curl_multi_info_read(h->multi, &queued)) {
-      if (msg->msg == CURLMSG_DONE && msg->easy_handle == e) {
-        result = msg->data.result;
-        finished = true;
-      }
-    }
-    if (finished) break;
-    if (is_cancelled()) {
-      cancelled_mid = true;
-      break;
-    }
-    curl_multi_poll(h->multi, nullptr, 0, kPollIntervalMs, nullptr);
+    if (curl_multi_perform(multi, &running) != CURLM_OK) return {CURLE_FAILED_INIT, false};
+    if (std::optional<CURLcode> done = take_done(multi, e)) return {*done, false};
+    if (call_cancelled(client, o)) return {CURLE_OK, true};
+    curl_multi_poll(multi, nullptr, 0, kPollIntervalMs, nullptr);
   }
-  ev.latency_us = elapsed_us(start);
-  long status = 0;
+}
+
+// What one transfer left: the classifier's inputs and curl's own words for a failure.
+struct Transferred {
+  TransferEnd end;
+  std::string curl_text;
+  std::uint64_t latency_us = 0;
+};
+
+// Runs one transfer on a configured handle and detaches it again. Frees s.headers.
+Transferred run_transfer(CURLM* multi, CURL* e, const TransferSetup& s, const EngineClient& client,
+                         const CallOptions& o) {
+  const SteadyTime start = std::chrono::steady_clock::now();
+  const LoopEnd loop = drive_transfer(multi, e, client, o);
+  Transferred t;
+  t.latency_us = elapsed_us(start);
   curl_off_t request_bytes = 0;
-  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &t.end.http_status);
   curl_easy_getinfo(e, CURLINFO_REQUEST_SIZE, &request_bytes);
-  curl_multi_remove_handle(h->multi, e);  // an unfinished transfer's connection is closed
-  curl_slist_free_all(headers);
-  const std::string curl_text =
-      h->errbuf[0] != '\0' ? std::string(h->errbuf) : std::string(curl_easy_strerror(result));
-  Release(std::move(h));
+  curl_multi_remove_handle(multi, e);  // an unfinished transfer's connection is closed
+  curl_slist_free_all(s.headers);
+  t.curl_text =
+      s.errbuf[0] != '\0' ? std::string(s.errbuf) : std::string(curl_easy_strerror(loop.result));
+  t.end.curl_code = loop.result;
+  t.end.request_bytes_sent = request_bytes != 0;
+  t.end.cancelled_in_flight = loop.cancelled;
+  const SseState* sse = s.sink->sse;
+  t.end.write_refused = s.sink->overflow || (sse != nullptr && (sse->stopped || sse->too_big));
+  return t;
+}
 
-  const bool nothing_sent = request_bytes == 0;
-  if (cancelled_mid) {
-    ev.transport = nothing_sent ? Transport::kConnectFailed : Transport::kTimeout;
-    ev.http_status = 0;
-    ev.error = nothing_sent ? "cancelled before the request was sent" : "cancelled in flight";
-    return reply;
-  }
-  const bool write_stopped =
-      result == CURLE_WRITE_ERROR && (ctx.overflow || sse.stopped || sse.too_big);
-  if (result != CURLE_OK && !write_stopped) {
-    switch (result) {
-      case CURLE_COULDNT_CONNECT:
-      case CURLE_COULDNT_RESOLVE_HOST:
-      case CURLE_COULDNT_RESOLVE_PROXY:
-        ev.transport = Transport::kConnectFailed;
-        break;
-      case CURLE_OPERATION_TIMEDOUT:
-        ev.transport = nothing_sent ? Transport::kConnectFailed : Transport::kTimeout;
-        break;
-      case CURLE_FILESIZE_EXCEEDED:  // Content-Length announced a body over the bound
-        ev.transport = Transport::kOk;
-        break;
-      default:  // RECV_ERROR, SEND_ERROR, GOT_NOTHING, PARTIAL_FILE, and anything unexpected
-        ev.transport = Transport::kBroken;
-        break;
-    }
-    ev.http_status = ev.transport == Transport::kOk ? static_cast<std::int32_t>(status) : 0;
-    ev.body_parsed = false;
-    ev.error = bound_error(std::string(curl_easy_strerror(result)) + ": " + curl_text);
-    reply.raw.clear();
-    return reply;
-  }
+// A non-2xx body: kept as JSON when it is JSON, and quoted in the error.
+void read_error_body(std::int32_t status, HttpReply& reply) {
+  reply.body = json::parse(reply.raw, nullptr, false);
+  reply.http.body_parsed = !reply.body.is_discarded();
+  if (!reply.http.body_parsed) reply.body = nullptr;
+  reply.http.error =
+      bound_error("HTTP " + std::to_string(status) + ": " + reply.raw.substr(0, 400));
+}
 
-  ev.transport = Transport::kOk;
-  ev.http_status = static_cast<std::int32_t>(status);
-  if (status <= 0) {  // CURLE_OK without a status line: treat as a broken exchange
-    ev.transport = Transport::kBroken;
-    ev.error = "no HTTP status";
-    return reply;
-  }
-  if (ctx.overflow) {
+void finish_stream(SseState& sse, HttpEvidence& ev) {
+  RC_CHECK(sse.on_chunk != nullptr);
+  if (sse.too_big) {
     ev.body_parsed = false;
-    ev.error = "response body exceeds " + std::to_string(kResponseBytesMax) + " bytes";
-    return reply;
+    ev.error = "one SSE event exceeds " + std::to_string(kSseEventBytesMax) + " bytes";
+    return;
   }
-  const bool is_2xx = status >= 200 && status < 300;
-  if (!is_2xx) {
-    reply.body = json::parse(reply.raw, nullptr, false);
-    ev.body_parsed = !reply.body.is_discarded();
-    if (!ev.body_parsed) reply.body = nullptr;
-    ev.error = bound_error("HTTP " + std::to_string(status) + ": " + reply.raw.substr(0, 400));
-    return reply;
+  sse.Finish(ev);
+}
+
+// The body behind a status line (verdict kResponse).
+void read_response(const EngineClient::Request& req, const WriteCtx& sink, HttpReply& reply) {
+  const std::int32_t status = reply.http.http_status;
+  RC_CHECK(reply.http.transport == Transport::kOk && status > 0);
+  if (sink.overflow) {
+    reply.http.body_parsed = false;
+    reply.http.error = "response body exceeds " + std::to_string(kResponseBytesMax) + " bytes";
+    return;
   }
-  if (req.on_chunk != nullptr) {  // streaming
-    if (sse.too_big) {
-      ev.body_parsed = false;
-      ev.error = "one SSE event exceeds " + std::to_string(kSseEventBytesMax) + " bytes";
-    } else {
-      sse.Finish(ev);
-    }
-    return reply;
-  }
+  if (status < 200 || status >= 300) return read_error_body(status, reply);
+  if (req.on_chunk != nullptr) return finish_stream(*sink.sse, reply.http);
   interpret_body(req.shape, req.check, req.path, reply);
+}
+
+HttpReply never_sent(std::string error) {
+  HttpReply reply;
+  reply.http.transport = Transport::kConnectFailed;
+  reply.http.error = std::move(error);
+  return reply;
+}
+
+void record_curl_failure(const Transferred& t, HttpReply& reply) {
+  const char* code_text = curl_easy_strerror(static_cast<CURLcode>(t.end.curl_code));
+  reply.http.body_parsed = false;
+  reply.http.error = bound_error(std::string(code_text) + ": " + t.curl_text);
+  reply.raw.clear();
+}
+
+// Records the verdict in the reply, and reads the body where there is one to read.
+void conclude(const TransportVerdict& v, const Transferred& t, const EngineClient::Request& req,
+              const WriteCtx& sink, HttpReply& reply) {
+  HttpEvidence& ev = reply.http;
+  ev.latency_us = t.latency_us;
+  ev.transport = v.transport;
+  ev.http_status = v.http_status;
+  switch (v.ending) {
+    case TransferEnding::kCancelled:
+      ev.error = t.end.request_bytes_sent ? "cancelled in flight"
+                                          : "cancelled before the request was sent";
+      return;
+    case TransferEnding::kCurlFailed:
+      return record_curl_failure(t, reply);
+    case TransferEnding::kNoStatus:  // CURLE_OK without a status line: a broken exchange
+      ev.error = "no HTTP status";
+      return;
+    case TransferEnding::kResponse:
+      return read_response(req, sink, reply);
+  }
+}
+
+}  // namespace
+
+HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
+  RC_CHECK(!req.path.empty() && req.path.front() == '/');
+  const std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);
+  const std::size_t body_bytes = req.json_body ? req.json_body->size() : 0;
+  std::optional<std::string> refused =
+      refusal_before_sending(timeout_ms, call_cancelled(*this, o), body_bytes);
+  if (refused) return never_sent(std::move(*refused));
+  HttpReply reply = Send(req, o, timeout_ms);
+  RC_CHECK(reply.raw.size() <= kResponseBytesMax && !reply.body.is_discarded());
+  RC_CHECK(reply.http.error.size() <= kHttpErrorBytesMax);
+  return reply;
+}
+
+HttpReply EngineClient::Send(const Request& req, const CallOptions& o, std::uint64_t timeout_ms) {
+  RC_CHECK(timeout_ms > 0);
+  HttpReply reply;
+  SseState sse;
+  sse.on_chunk = req.on_chunk;
+  WriteCtx sink{nullptr, &reply.raw, false, req.on_chunk ? &sse : nullptr};
+  std::unique_ptr<Handle> h = Acquire();
+  h->Reset();
+  sink.easy = h->easy;
+  const TransferSetup setup{
+      base_url_ + req.path, deadlines_.connect_timeout_ms, timeout_ms, h->errbuf, &sink,
+      request_headers(req)};
+  set_transfer_options(h->easy, setup);
+  set_method(h->easy, req, o.reuse_connection);
+  const Transferred t = run_transfer(h->multi, h->easy, setup, *this, o);
+  Release(std::move(h));
+  conclude(classify_transport(t.end), t, req, sink, reply);
   return reply;
 }
 
@@ -307,6 +428,7 @@ HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
 namespace {
 EngineClient::Request get(std::string path, EngineClient::Shape shape, bool (*check)(const json&),
                           std::uint64_t timeout_ms) {
+  RC_CHECK(!path.empty() && path.front() == '/' && timeout_ms > 0);
   EngineClient::Request r;
   r.method = EngineClient::Method::kGet;
   r.path = std::move(path);
@@ -327,6 +449,18 @@ std::string dump(const json& j) {
   // Replace invalid UTF-8 instead of throwing.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
+// /is_paused's answer in a 2xx reply (check_is_paused made it a boolean).
+bool is_paused_in(const HttpReply& paused) {
+  RC_CHECK(paused.http.ok_2xx());
+  auto it = paused.body.find("is_paused");
+  RC_CHECK(it != paused.body.end() && it->is_boolean());
+  return it->get<bool>();
+}
+bool has_string(const json& body, const char* key) {
+  if (!body.is_object()) return false;
+  auto it = body.find(key);
+  return it != body.end() && it->is_string();
+}
 }  // namespace
 
 HttpReply EngineClient::Health(const CallOptions& o) {
@@ -341,36 +475,41 @@ HttpReply EngineClient::GetWeightInfo(const CallOptions& o) {
 }
 HttpReply EngineClient::CollectiveRpc(const std::string& method,
                                       const std::vector<std::string>& args, const CallOptions& o) {
+  RC_CHECK(!method.empty());
   return Call(post("/collective_rpc", dump(json{{"method", method}, {"args", args}}),
                    Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms),
               o);
 }
 HttpReply EngineClient::ReadLabel(const CallOptions& o) {
-  auto from_extension = [&] {
-    return label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
-  };
   const LabelRoute route = label_route();
-  if (route != LabelRoute::kWorkerRpc) {
-    HttpReply info = GetWeightInfo(o);
-    const bool absent = info.http.transport == Transport::kOk && info.http.http_status == 404;
-    if (!absent || route == LabelRoute::kWeightInfoRoute) {
-      if (info.http.ok_2xx()) set_label_route(LabelRoute::kWeightInfoRoute);
-      return info;
-    }
-    // No /weight_info: vLLM 0.25.x. The label must come from the worker extension.
-    HttpReply rpc = from_extension();
-    rpc.http = chain(info.http, rpc.http);
-    if (rpc.http.ok_2xx()) {
-      set_label_route(LabelRoute::kWorkerRpc);
-    } else {
-      rpc.http.error = bound_error(
-          "GET /weight_info answered 404 (vLLM 0.25.x has no label "
-          "route); " +
-          rpc.http.error);
-    }
-    return rpc;
+  HttpReply r = route == LabelRoute::kWorkerRpc ? LabelFromExtension(o) : LabelFromRoute(route, o);
+  // ObserveView, WeightInfo and the runner read it without another check.
+  RC_CHECK(!r.http.ok_2xx() || has_string(r.body, "weight_version"));
+  return r;
+}
+HttpReply EngineClient::LabelFromExtension(const CallOptions& o) {
+  return label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
+}
+HttpReply EngineClient::LabelFromRoute(LabelRoute route, const CallOptions& o) {
+  RC_CHECK(route != LabelRoute::kWorkerRpc);
+  HttpReply info = GetWeightInfo(o);
+  const bool absent = info.http.transport == Transport::kOk && info.http.http_status == 404;
+  if (!absent || route == LabelRoute::kWeightInfoRoute) {
+    if (info.http.ok_2xx()) set_label_route(LabelRoute::kWeightInfoRoute);
+    return info;
   }
-  return from_extension();
+  // No /weight_info: vLLM 0.25.x. The label must come from the worker extension.
+  HttpReply rpc = LabelFromExtension(o);
+  rpc.http = chain(info.http, rpc.http);
+  if (rpc.http.ok_2xx()) {
+    set_label_route(LabelRoute::kWorkerRpc);
+  } else {
+    rpc.http.error = bound_error(
+        "GET /weight_info answered 404 (vLLM 0.25.x has no label "
+        "route); " +
+        rpc.http.error);
+  }
+  return rpc;
 }
 HttpReply EngineClient::WriteLabel(const std::string& label, const CallOptions& o) {
   HttpEvidence found;
@@ -479,6 +618,7 @@ HttpReply EngineClient::Generate(const json& request, const CallOptions& o) {
 }
 HttpReply EngineClient::Stream(const std::string& path, json request, const ChunkFn& on_chunk,
                                const CallOptions& o) {
+  RC_CHECK(static_cast<bool>(on_chunk));  // Dispatch calls it
   if (!request.is_object()) request = json::object();
   request["stream"] = true;
   Request r = post(path, dump(request), Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms);
@@ -508,6 +648,7 @@ EngineProbed EngineClient::Probe() {
   HttpReply version = Version();
   p.http = chain(p.http, version.http);
   if (!version.http.ok_2xx()) return p;
+  RC_CHECK(has_string(version.body, "version"));  // check_version passed
   p.engine_version = version.body["version"].get<std::string>();
   EngineView view = ObserveView();
   p.http = chain(p.http, view.http);
@@ -534,7 +675,7 @@ EngineClient::EngineView EngineClient::ObserveView() {
   v.http = chain(v.http, paused.http);
   if (paused.http.ok_2xx()) {
     v.is_paused_known = true;
-    v.is_paused = paused.body["is_paused"].get<bool>();
+    v.is_paused = is_paused_in(paused);
   }
   v.instance = Instance(info);
   return v;
@@ -588,7 +729,7 @@ ResumeObserved EngineClient::Resume() {
   out.http = chain(resume.http, paused.http);
   if (paused.http.ok_2xx()) {
     out.is_paused_known = true;
-    out.is_paused = paused.body["is_paused"].get<bool>();
+    out.is_paused = is_paused_in(paused);
   }
   return out;
 }

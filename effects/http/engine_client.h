@@ -1,17 +1,7 @@
 // EngineClient: the vLLM HTTP adapter (libcurl). Every call returns typed evidence; the fold
 // decides what it means. No exception escapes; every call has a connect and a total deadline and
-// can be cancelled; every response body is bounded.
-//
-// Transport classification (HttpEvidence::transport):
-//   kConnectFailed  the request provably never reached the engine: CURLE_COULDNT_CONNECT,
-//                   CURLE_COULDNT_RESOLVE_HOST/PROXY, or a timeout / cancellation that struck
-//                   before curl wrote a single request byte (CURLINFO_REQUEST_SIZE == 0), or a
-//                   request refused locally (too large, cancelled before start).
-//   kTimeout        CURLE_OPERATION_TIMEDOUT or a cancellation after request bytes were written.
-//   kBroken         the connection dropped mid-exchange (RECV_ERROR, SEND_ERROR, GOT_NOTHING,
-//                   PARTIAL_FILE) and, conservatively, every other curl failure.
-//   kOk             a status line arrived (including a body cut off at kResponseBytesMax, which
-//                   is reported with body_parsed=false).
+// can be cancelled; every response body is bounded. How an exchange's end becomes
+// HttpEvidence::transport: the table at classify_transport() below.
 // POSTs use a fresh connection (libcurl would otherwise silently re-send a POST whose reused
 // connection closed without a response) unless the caller sets CallOptions::reuse_connection for
 // a POST that is safe to run twice (the proxy's generation requests); GETs reuse pooled
@@ -79,6 +69,55 @@ struct HttpReply {
   nlohmann::json body;
   std::string raw;
 };
+
+// ---- Transport classification (HttpEvidence::transport) ----
+//   kConnectFailed  the request provably never reached the engine: CURLE_COULDNT_CONNECT,
+//                   CURLE_COULDNT_RESOLVE_HOST/PROXY, or a timeout / cancellation that struck
+//                   before curl wrote a single request byte (CURLINFO_REQUEST_SIZE == 0), or a
+//                   request refused locally (spent deadline, cancelled before start, too large:
+//                   refusal_before_sending).
+//   kTimeout        CURLE_OPERATION_TIMEDOUT or a cancellation after request bytes were written.
+//   kBroken         the connection dropped mid-exchange (RECV_ERROR, SEND_ERROR, GOT_NOTHING,
+//                   PARTIAL_FILE), curl finished without a status line, and, conservatively,
+//                   every other curl failure (a CURLE_WRITE_ERROR the body sink did not cause
+//                   included).
+//   kOk             a status line arrived (including a body cut off at kResponseBytesMax, by
+//                   the body sink or by CURLE_FILESIZE_EXCEEDED, which is reported with
+//                   body_parsed=false).
+// A cancellation outranks whatever curl reported.
+
+// What a transfer left behind that its transport depends on (and nothing else).
+struct TransferEnd {
+  int curl_code = 0;                 // the transfer's CURLcode; 0 is CURLE_OK
+  long http_status = 0;              // CURLINFO_RESPONSE_CODE: 0 until a status line arrived
+  bool request_bytes_sent = false;   // CURLINFO_REQUEST_SIZE != 0
+  bool cancelled_in_flight = false;  // a cancel stopped the transfer before curl ended it
+  // The body sink refused bytes on purpose (body over kResponseBytesMax, an SSE event over
+  // kSseEventBytesMax, the caller's stop): curl then reports CURLE_WRITE_ERROR.
+  bool write_refused = false;
+};
+
+// What the reply then records besides the transport.
+enum class TransferEnding : std::uint8_t {
+  kCancelled = 0,   // a cancel ended it; the error says whether a byte was sent
+  kCurlFailed = 1,  // curl failed on its own; its words are the error, the body is dropped
+  kNoStatus = 2,    // curl ended cleanly without a status line
+  kResponse = 3,    // a status line arrived and curl ended: the body is read
+};
+
+struct TransportVerdict {
+  Transport transport = Transport::kBroken;
+  std::int32_t http_status = 0;  // the status line's code where transport is kOk, else <= 0
+  TransferEnding ending = TransferEnding::kCurlFailed;
+};
+
+// The table above, for a call that reached curl. Pure.
+TransportVerdict classify_transport(const TransferEnd& end);
+
+// The table's local refusals, checked in this order: the error text of a call that must not be
+// sent (reported as kConnectFailed), or nullopt. Pure.
+std::optional<std::string> refusal_before_sending(std::uint64_t timeout_ms, bool cancelled,
+                                                  std::size_t body_bytes);
 
 // Where the engine keeps its weight-version label. Found by the first label call (Probe):
 //   kWeightInfoRoute  GET /weight_info, POST /update_weight_version, /finish_weight_update
@@ -211,8 +250,14 @@ class EngineClient {
   struct Handle;
   std::unique_ptr<Handle> Acquire();
   void Release(std::unique_ptr<Handle> h);
+  // Call's exchange once the call may be sent: one transfer on a pooled handle, classified.
+  HttpReply Send(const Request& req, const CallOptions& o, std::uint64_t timeout_ms);
   HttpReply Stream(const std::string& path, nlohmann::json request, const ChunkFn& on_chunk,
                    const CallOptions& o);
+  // ReadLabel's two routes: the worker extension's RPC, and /weight_info (which falls back to
+  // the RPC on a 404 unless the route is already known).
+  HttpReply LabelFromExtension(const CallOptions& o);
+  HttpReply LabelFromRoute(LabelRoute route, const CallOptions& o);
 
   std::string base_url_;
   EngineDeadlines deadlines_;

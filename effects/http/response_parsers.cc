@@ -3,6 +3,9 @@
 #include "effects/http/response_parsers.h"
 
 #include <algorithm>
+#include <utility>
+
+#include "statemachine/status.h"
 
 namespace rc::effects {
 
@@ -49,8 +52,10 @@ bool check_world_size(const json& j) {
   return it != j.end() && it->is_number_integer() && it->get<std::int64_t>() > 0;
 }
 
-void interpret_body(EngineClient::Shape shape, bool (*check)(const json&), const std::string& path,
-                    HttpReply& reply) {
+namespace {
+
+// Sets reply.body (null unless it parsed) and http.body_parsed by the route's shape and check.
+void interpret_by_shape(EngineClient::Shape shape, bool (*check)(const json&), HttpReply& reply) {
   using Shape = EngineClient::Shape;
   HttpEvidence& ev = reply.http;
   switch (shape) {
@@ -72,36 +77,36 @@ void interpret_body(EngineClient::Shape shape, bool (*check)(const json&), const
       break;
   }
   if (reply.body.is_discarded()) reply.body = nullptr;
+}
+
+}  // namespace
+
+void interpret_body(EngineClient::Shape shape, bool (*check)(const json&), const std::string& path,
+                    HttpReply& reply) {
+  HttpEvidence& ev = reply.http;
+  RC_CHECK(ev.transport == Transport::kOk && ev.http_status >= 200 && ev.http_status < 300);
+  RC_CHECK(ev.error.empty());
+  interpret_by_shape(shape, check, reply);
   if (!ev.body_parsed) {
     ev.error = bound_error("2xx body is not what " + path.substr(0, 64) +
                            " promises: " + reply.raw.substr(0, 300));
   }
+  RC_CHECK(ev.body_parsed == ev.error.empty() && !reply.body.is_discarded());
 }
 
-bool SseState::Feed(const char* p, std::size_t n) {
-  pending.append(p, n);
-  for (;;) {
-    // An event ends at a blank line: "\n\n" (or "\r\n\r\n").
-    std::size_t end = pending.find("\n\n");
-    std::size_t sep = 2;
-    const std::size_t crlf = pending.find("\r\n\r\n");
-    if (crlf != std::string::npos && (end == std::string::npos || crlf < end)) {
-      end = crlf;
-      sep = 4;
-    }
-    if (end == std::string::npos) break;
-    std::string event = pending.substr(0, end);
-    pending.erase(0, end + sep);
-    if (!Dispatch(event)) return false;
-  }
-  if (pending.size() > kSseEventBytesMax) {
-    too_big = true;
-    return false;
-  }
-  return true;
+namespace {
+
+// Where the first complete event in `pending` ends and the length of the blank line that ends
+// it ("\n\n" or "\r\n\r\n"); npos when none is complete.
+std::pair<std::size_t, std::size_t> first_event_end(const std::string& pending) {
+  const std::size_t lf = pending.find("\n\n");
+  const std::size_t crlf = pending.find("\r\n\r\n");
+  if (crlf != std::string::npos && (lf == std::string::npos || crlf < lf)) return {crlf, 4};
+  return {lf, 2};
 }
 
-bool SseState::Dispatch(const std::string& event) {
+// The event's `data:` lines joined by '\n' ("" for a comment or keep-alive).
+std::string event_data(const std::string& event) {
   std::string data;
   std::size_t pos = 0;
   while (pos <= event.size()) {
@@ -117,6 +122,30 @@ bool SseState::Dispatch(const std::string& event) {
       data += v;
     }
   }
+  return data;
+}
+
+}  // namespace
+
+bool SseState::Feed(const char* p, std::size_t n) {
+  pending.append(p, n);
+  for (;;) {
+    const auto [end, sep] = first_event_end(pending);
+    if (end == std::string::npos) break;
+    std::string event = pending.substr(0, end);
+    pending.erase(0, end + sep);
+    if (!Dispatch(event)) return false;
+  }
+  if (pending.size() > kSseEventBytesMax) {
+    too_big = true;
+    return false;
+  }
+  return true;
+}
+
+bool SseState::Dispatch(const std::string& event) {
+  RC_CHECK(on_chunk != nullptr);
+  const std::string data = event_data(event);
   if (data.empty()) return true;  // comment or keep-alive
   if (data == "[DONE]") {
     done = true;
@@ -158,7 +187,10 @@ const char* cache_path(CacheKind c) {
   return "/reset_prefix_cache";
 }
 
-HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::string* want) {
+namespace {
+
+// label_from_rpc's work; the function itself checks the contract.
+HttpReply normalise_rpc_label(HttpReply r, const std::string& method, const std::string* want) {
   if (!r.http.ok_2xx()) {
     r.http.error =
         bound_error("/collective_rpc " + method + " failed (is vLLM started with " +
@@ -181,6 +213,18 @@ HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::stri
   return r;
 }
 
+}  // namespace
+
+HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::string* want) {
+  RC_CHECK(!method.empty());
+  r = normalise_rpc_label(std::move(r), method, want);
+  // A label reply that passed is {"weight_version": string (== *want when set), ...}.
+  RC_CHECK(!r.http.ok_2xx() || (r.body["weight_version"].is_string() &&
+                                (want == nullptr || r.body["weight_version"] == *want)));
+  RC_CHECK(r.http.error.size() <= kHttpErrorBytesMax);
+  return r;
+}
+
 // The worker extension's per-process nonces, one per worker in answer order ("" when the
 // extension predates them). A restarted engine has new workers, hence new nonces.
 std::string rpc_instances(const json& results) {
@@ -194,6 +238,7 @@ std::string rpc_instances(const json& results) {
     out += it->get<std::string>();
     if (out.size() > kTextBytesMax / 2) return {};
   }
+  RC_CHECK(out.size() <= kTextBytesMax / 2);
   return out;
 }
 
@@ -208,6 +253,7 @@ std::string start_time_instance(const std::string& metrics_text) {
   const std::size_t end = metrics_text.find_first_of("\r\n ", begin);
   std::string value = metrics_text.substr(begin, std::min<std::size_t>(end - begin, 32));
   if (value.empty() || value.find_first_not_of("0123456789.e+") != std::string::npos) return {};
+  RC_CHECK(value.size() <= 32);
   return "start:" + value;
 }
 
@@ -245,6 +291,8 @@ CacheResetObserved reset_observed(CacheKind cache, const HttpReply& r) {
         bound_error(std::string(cache_path(cache)) +
                     " answered JSON without a boolean \"success\": " + r.raw.substr(0, 200));
   }
+  // An unreported outcome is counted as a success only on a 2xx.
+  RC_CHECK(!c.success_unreported || (c.reported_success && c.http.ok_2xx()));
   return c;
 }
 

@@ -35,51 +35,65 @@ std::string summary(const char* step, const HttpEvidence& h) {
 
 }  // namespace
 
-Result<Manifest> synthetic_manifest(const std::string& uri) {
-  static const std::string kScheme = "synthetic:";
-  if (uri.rfind(kScheme, 0) != 0) {
-    return Status::InvalidArgument("not a synthetic source: '" + uri.substr(0, 128) + "'");
-  }
-  std::string spec = uri.substr(kScheme.size());
+namespace {
+
+// Drops a ":seed" from spec; false when the seed is not a number.
+bool strip_seed(std::string& spec) {
   const std::size_t colon = spec.find(':');
-  if (colon != std::string::npos) {
-    std::uint64_t seed = 0;
-    if (!parse_u64(spec.substr(colon + 1), UINT64_MAX, &seed)) {
-      return Status::InvalidArgument("bad seed in '" + uri.substr(0, 128) + "'");
-    }
-    spec.resize(colon);
-  }
+  if (colon == std::string::npos) return true;
+  std::uint64_t seed = 0;
+  if (!parse_u64(spec.substr(colon + 1), UINT64_MAX, &seed)) return false;
+  spec.resize(colon);
+  return true;
+}
+
+// "<n>x<dim>", each within its bound and non-zero.
+bool parse_shape(const std::string& spec, std::uint64_t* n, std::uint64_t* dim) {
   const std::size_t x = spec.find('x');
-  std::uint64_t n = 0;
-  std::uint64_t dim = 0;
-  if (x == std::string::npos || !parse_u64(spec.substr(0, x), kSyntheticTensorsMax, &n) ||
-      !parse_u64(spec.substr(x + 1), kSyntheticDimMax, &dim) || n == 0 || dim == 0) {
-    return Status::InvalidArgument("expected synthetic:<n_tensors>x<dim>[:seed], got '" +
-                                   uri.substr(0, 128) + "'");
-  }
+  return x != std::string::npos && parse_u64(spec.substr(0, x), kSyntheticTensorsMax, n) &&
+         parse_u64(spec.substr(x + 1), kSyntheticDimMax, dim) && *n != 0 && *dim != 0;
+}
+
+Manifest synthetic_layers(std::uint64_t n, std::uint64_t dim) {
   Manifest m;
   m.tensors.reserve(n);
   for (std::uint64_t i = 0; i < n; ++i) {
     m.tensors.push_back(
         TensorSpec{"model.layers." + std::to_string(i) + ".weight", DType::kBFloat16, {dim, dim}});
   }
-  RC_RETURN_IF_ERROR(m.Validate());
   return m;
 }
 
-HttpSequenceTransfer::HttpSequenceTransfer(EngineClient& client, EngineProtocol protocol,
-                                           PackingParams packing)
-    : client_(client), protocol_(std::move(protocol)), packing_(packing) {}
+}  // namespace
 
-Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
-  HttpReply world = client_.GetWorldSize(true, CallOptions{timeout_ms, std::nullopt});
-  if (!world.http.ok_2xx() || !world.body.contains("world_size") ||
-      !world.body["world_size"].is_number_unsigned()) {
-    return Status::Unavailable(summary("/get_world_size", world.http));
+Result<Manifest> synthetic_manifest(const std::string& uri) {
+  static const std::string kScheme = "synthetic:";
+  if (uri.rfind(kScheme, 0) != 0) {
+    return Status::InvalidArgument("not a synthetic source: '" + uri.substr(0, 128) + "'");
   }
+  std::string spec = uri.substr(kScheme.size());
+  if (!strip_seed(spec)) {
+    return Status::InvalidArgument("bad seed in '" + uri.substr(0, 128) + "'");
+  }
+  std::uint64_t n = 0;
+  std::uint64_t dim = 0;
+  if (!parse_shape(spec, &n, &dim)) {
+    return Status::InvalidArgument("expected synthetic:<n_tensors>x<dim>[:seed], got '" +
+                                   uri.substr(0, 128) + "'");
+  }
+  Manifest m = synthetic_layers(n, dim);
+  RC_RETURN_IF_ERROR(m.Validate());
+  RC_CHECK(m.tensors.size() == n && n <= kSyntheticTensorsMax);
+  return m;
+}
+
+namespace {
+
+// No data plane here, so the rendezvous is nominal: a random unique id where the engine accepts
+// one, else a loopback address nobody listens on.
+NcclInitParams nominal_rendezvous(bool unique_id) {
   NcclInitParams params;
-  params.world_size = 1 + world.body["world_size"].get<std::uint32_t>();
-  if (protocol_.unique_id_rendezvous) {
+  if (unique_id) {
     std::string raw(128, '\0');
     std::random_device rd;
     for (char& c : raw) c = static_cast<char>(rd() & 0xff);
@@ -88,6 +102,24 @@ Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
     params.master_address = "127.0.0.1";
     params.master_port = 29555;
   }
+  return params;
+}
+
+}  // namespace
+
+HttpSequenceTransfer::HttpSequenceTransfer(EngineClient& client, EngineProtocol protocol,
+                                           PackingParams packing)
+    : client_(client), protocol_(std::move(protocol)), packing_(packing) {}
+
+Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
+  RC_CHECK(timeout_ms > 0 && !initialized_);  // once per engine, with time left
+  HttpReply world = client_.GetWorldSize(true, CallOptions{timeout_ms, std::nullopt});
+  if (!world.http.ok_2xx() || !world.body.contains("world_size") ||
+      !world.body["world_size"].is_number_unsigned()) {
+    return Status::Unavailable(summary("/get_world_size", world.http));
+  }
+  NcclInitParams params = nominal_rendezvous(protocol_.unique_id_rendezvous);
+  params.world_size = 1 + world.body["world_size"].get<std::uint32_t>();
   Result<nlohmann::json> info = build_init_info(protocol_, params, packing_);
   if (!info.ok()) return info.status();
   HttpReply init = client_.InitWeightTransferEngine(*info, CallOptions{timeout_ms, std::nullopt});
@@ -107,79 +139,105 @@ PreflightObserved HttpSequenceTransfer::Preflight(const TransferTarget& target) 
     return p;
   }
   p.source_manifest_digest = m->digest();
+  RC_CHECK(!p.source_manifest_digest.empty());  // the fold reads empty as a refusal
   p.detail = std::to_string(m->tensors.size()) + " tensors, " + std::to_string(m->total_bytes()) +
              " bytes (synthetic, no device)";
   return p;
 }
 
-TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
-                                                std::uint64_t deadline_ms) {
-  const SteadyTime started = std::chrono::steady_clock::now();
-  // Integer milliseconds, as before: a time_point (nanoseconds) overflows past ~292 years.
-  const std::uint64_t deadline_at_ms = static_cast<std::uint64_t>(steady_now_ms()) + deadline_ms;
-  TransferObserved out;
-  auto finish = [&](MutationClass mutation, std::string error) {
-    out.mutation = mutation;
-    out.acknowledged = mutation == MutationClass::kComplete;
-    if (error.size() > kTextBytesMax) error.resize(kTextBytesMax);
-    out.error = std::move(error);
-    out.duration_us = elapsed_us(started);
-    return out;
-  };
-  // Milliseconds left, or 0 when the deadline has passed.
-  auto remaining_ms = [&]() -> std::uint64_t {
-    const auto now_ms = static_cast<std::uint64_t>(steady_now_ms());
-    return now_ms >= deadline_at_ms ? 0 : deadline_at_ms - now_ms;
-  };
+namespace {
 
-  Result<Manifest> manifest = synthetic_manifest(target.source_uri);
-  if (!manifest.ok()) return finish(MutationClass::kNone, manifest.status().ToString());
-  Result<nlohmann::json> update_info = build_update_info(protocol_, *manifest, packing_);
-  if (!update_info.ok()) return finish(MutationClass::kNone, update_info.status().ToString());
+// Milliseconds left until deadline_at_ms, or 0 when it has passed. Integer milliseconds: a
+// time_point (nanoseconds) overflows past ~292 years.
+std::uint64_t remaining_ms(std::uint64_t deadline_at_ms) {
+  const auto now_ms = static_cast<std::uint64_t>(steady_now_ms());
+  return now_ms >= deadline_at_ms ? 0 : deadline_at_ms - now_ms;
+}
 
-  // 0. Once per engine: /init_weight_transfer_engine. It changes no weights, so its failure is
-  //    a refusal (kNone). There is no data plane here, so the rendezvous is nominal: a random
-  //    unique id where the engine accepts one, else a loopback address nobody listens on.
-  std::uint64_t left = remaining_ms();
-  if (left == 0) return finish(MutationClass::kNone, "deadline spent before the first engine call");
-  if (!initialized_) {
-    Status init = Initialize(left);
-    if (!init.ok()) return finish(MutationClass::kNone, init.ToString());
-    initialized_ = true;
-  }
+using StepFailed = HttpSequenceTransfer::StepFailed;
 
-  // 1. /start_weight_update.
-  left = remaining_ms();
-  if (left == 0) return finish(MutationClass::kNone, "deadline passed before start");
-  HttpReply start = client_.StartWeightUpdate(CallOptions{left, std::nullopt});
-  if (!start.http.ok_2xx()) {
-    return finish(start.http.never_sent() ? MutationClass::kNone : MutationClass::kPossible,
-                  summary("/start_weight_update", start.http));
-  }
+// 1. /start_weight_update: the first call that may change the engine.
+std::optional<StepFailed> start_update(EngineClient& client, std::uint64_t deadline_at_ms) {
+  const std::uint64_t left = remaining_ms(deadline_at_ms);
+  if (left == 0) return StepFailed{MutationClass::kNone, "deadline passed before start"};
+  HttpReply start = client.StartWeightUpdate(CallOptions{left, std::nullopt});
+  if (start.http.ok_2xx()) return std::nullopt;
+  return StepFailed{start.http.never_sent() ? MutationClass::kNone : MutationClass::kPossible,
+                    summary("/start_weight_update", start.http)};
+}
 
-  // 2. /update_weights from a second thread, as vLLM requires (the data plane would run here).
-  left = remaining_ms();
-  if (left == 0) return finish(MutationClass::kPossible, "deadline passed after start");
+// 2. /update_weights from a second thread, as vLLM requires (the data plane would run here).
+std::optional<StepFailed> update_weights(EngineClient& client, const nlohmann::json& update_info,
+                                         std::uint64_t deadline_at_ms) {
+  const std::uint64_t left = remaining_ms(deadline_at_ms);
+  if (left == 0) return StepFailed{MutationClass::kPossible, "deadline passed after start"};
   HttpReply update;
   std::thread updater([&] {
-    update = client_.UpdateWeights(*update_info, CallOptions{left, std::nullopt});
+    update = client.UpdateWeights(update_info, CallOptions{left, std::nullopt});
   });
   updater.join();  // bounded: the call carries the remaining deadline
-  if (!update.http.ok_2xx()) {
-    return finish(MutationClass::kPossible, summary("/update_weights", update.http));
+  if (update.http.ok_2xx()) return std::nullopt;
+  return StepFailed{MutationClass::kPossible, summary("/update_weights", update.http)};
+}
+
+// 3. /finish_weight_update {"weight_version": label}; out.finish_label once it is sent.
+std::optional<StepFailed> finish_update(EngineClient& client, const std::string& label,
+                                        std::uint64_t deadline_at_ms, TransferObserved& out) {
+  const std::uint64_t left = remaining_ms(deadline_at_ms);
+  if (left == 0) return StepFailed{MutationClass::kPossible, "deadline passed before finish"};
+  out.finish_label = label;
+  HttpReply fin = client.FinishWeightUpdate(label, CallOptions{left, std::nullopt});
+  if (fin.http.ok_2xx()) return std::nullopt;
+  return StepFailed{MutationClass::kPossible, summary("/finish_weight_update", fin.http)};
+}
+
+}  // namespace
+
+// 0. Once per engine: /init_weight_transfer_engine. It changes no weights, so its failure is a
+//    refusal (kNone).
+std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t deadline_at_ms) {
+  const std::uint64_t left = remaining_ms(deadline_at_ms);
+  if (left == 0) {
+    return StepFailed{MutationClass::kNone, "deadline spent before the first engine call"};
+  }
+  if (initialized_) return std::nullopt;
+  Status init = Initialize(left);
+  if (!init.ok()) return StepFailed{MutationClass::kNone, init.ToString()};
+  initialized_ = true;
+  return std::nullopt;
+}
+
+std::optional<StepFailed> HttpSequenceTransfer::RunSequence(const TransferTarget& target,
+                                                            std::uint64_t deadline_at_ms,
+                                                            TransferObserved& out) {
+  Result<Manifest> manifest = synthetic_manifest(target.source_uri);
+  if (!manifest.ok()) return StepFailed{MutationClass::kNone, manifest.status().ToString()};
+  Result<nlohmann::json> update_info = build_update_info(protocol_, *manifest, packing_);
+  if (!update_info.ok()) return StepFailed{MutationClass::kNone, update_info.status().ToString()};
+  if (std::optional<StepFailed> failed = InitializeOnce(deadline_at_ms)) return failed;
+  if (std::optional<StepFailed> failed = start_update(client_, deadline_at_ms)) return failed;
+  if (std::optional<StepFailed> failed = update_weights(client_, *update_info, deadline_at_ms)) {
+    return failed;
   }
   out.bytes_sent = manifest->total_bytes();
   out.tensors_sent = static_cast<std::uint32_t>(manifest->tensors.size());
+  return finish_update(client_, target.target.label, deadline_at_ms, out);
+}
 
-  // 3. /finish_weight_update {"weight_version": label}.
-  left = remaining_ms();
-  if (left == 0) return finish(MutationClass::kPossible, "deadline passed before finish");
-  out.finish_label = target.target.label;
-  HttpReply fin = client_.FinishWeightUpdate(target.target.label, CallOptions{left, std::nullopt});
-  if (!fin.http.ok_2xx()) {
-    return finish(MutationClass::kPossible, summary("/finish_weight_update", fin.http));
-  }
-  return finish(MutationClass::kComplete, "");
+TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
+                                                std::uint64_t deadline_ms) {
+  const SteadyTime started = std::chrono::steady_clock::now();
+  const std::uint64_t deadline_at_ms = static_cast<std::uint64_t>(steady_now_ms()) + deadline_ms;
+  TransferObserved out;
+  const std::optional<StepFailed> failed = RunSequence(target, deadline_at_ms, out);
+  out.mutation = failed ? failed->mutation : MutationClass::kComplete;
+  out.acknowledged = out.mutation == MutationClass::kComplete;
+  out.error = failed ? failed->error.substr(0, kTextBytesMax) : std::string();
+  out.duration_us = elapsed_us(started);
+  // Complete means every step answered: the bytes were counted and nothing is left to explain.
+  RC_CHECK(!out.acknowledged || (out.error.empty() && out.tensors_sent > 0));
+  RC_CHECK(out.error.size() <= kTextBytesMax);
+  return out;
 }
 
 }  // namespace rc::effects

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "effects/http/engine_client.h"
@@ -45,9 +46,20 @@ class HttpSequenceTransfer : public WeightTransfer {
     return p;
   }
 
+  // A step that ended a transfer short: how far the engine may have changed, and why.
+  struct StepFailed {
+    MutationClass mutation = MutationClass::kNone;
+    std::string error;
+  };
+
  private:
   // /get_world_size then /init_weight_transfer_engine (once per engine).
   [[nodiscard]] Status Initialize(std::uint64_t timeout_ms);
+  // Initialize unless done; deadline_at_ms is on steady_now_ms()'s clock.
+  std::optional<StepFailed> InitializeOnce(std::uint64_t deadline_at_ms);
+  // The source, then the engine steps in order; nullopt when every one succeeded.
+  std::optional<StepFailed> RunSequence(const TransferTarget& target, std::uint64_t deadline_at_ms,
+                                        TransferObserved& out);
 
   EngineClient& client_;
   EngineProtocol protocol_;

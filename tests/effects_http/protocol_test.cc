@@ -53,6 +53,37 @@ TEST(Protocol, VersionLines) {
   EXPECT_TRUE(detect_protocol("0.23.1.dev2095+g0fe9a916e").dev_build);
 }
 
+// Proves parse_vllm_version reads X.Y[.Z] with an optional v, caps each number at six digits,
+// and marks only suffixes other than .postN and build variants as dev; would catch a trailing
+// dot accepted, a seven-digit number read whole, or ".post" read as a pre-release.
+TEST(Protocol, ParsesVersionNumbers) {
+  struct Case {
+    const char* v;
+    int major, minor, patch;
+    bool dev;
+  };
+  const Case cases[] = {
+      {"0.30.0", 0, 30, 0, false},        {"V1.2", 1, 2, 0, false},
+      {"0.30.0.post12", 0, 30, 0, false}, {"0.30.0.post", 0, 30, 0, false},
+      {"0.30.0rc1", 0, 30, 0, true},      {"0.30.0+xpu", 0, 30, 0, false},
+      {"0.30.0+cu12-4", 0, 30, 0, true},  {"999999.999999.999999", 999999, 999999, 999999, false},
+      {"0.1234567", 0, 123456, 0, true},  // the seventh digit is a suffix
+  };
+  for (const Case& c : cases) {
+    Result<SemVer> v = parse_vllm_version(c.v);
+    ASSERT_TRUE(v.ok()) << c.v;
+    EXPECT_EQ(v->major, c.major) << c.v;
+    EXPECT_EQ(v->minor, c.minor) << c.v;
+    EXPECT_EQ(v->patch, c.patch) << c.v;
+    EXPECT_EQ(v->dev, c.dev) << c.v;
+  }
+  for (const char* bad : {"0.30.", "0", "0.", ".1.2", "v", "1234567.0"}) {
+    EXPECT_FALSE(parse_vllm_version(bad).ok()) << bad;
+  }
+  EXPECT_FALSE(parse_vllm_version("0.30.0" + std::string(123, 'x')).ok());
+  EXPECT_TRUE(parse_vllm_version("0.30.0" + std::string(122, 'x')).ok());
+}
+
 // Proves the override wins over the rule; would catch a dev build that can never be used.
 TEST(Protocol, OverrideWins) {
   ProtocolOverride o;
