@@ -30,7 +30,8 @@ struct BroadcastPlan {
   std::uint64_t max_op_bytes = 0;  // staging buffer size needed per buffer
 };
 
-// Packed chunking over byte sizes (the rule above).
+// Packed chunking over byte sizes (the rule above). Both plans broadcast every tensor exactly once,
+// in order, and their totals are the sums of their ops.
 BroadcastPlan PlanPacked(const std::vector<std::uint64_t>& tensor_bytes,
                          std::uint64_t buffer_bytes);
 BroadcastPlan PlanUnpacked(const std::vector<std::uint64_t>& tensor_bytes);
@@ -41,6 +42,7 @@ BroadcastPlan PlanFor(const Manifest& manifest, bool packed, std::uint64_t buffe
 // raises) and every tensor's byte offset inside its chunk a multiple of its element size (a view
 // at a misaligned offset raises). The engine finds out only after that chunk was broadcast, with
 // its layers mid-reload, so the sender checks before anything is sent. Unpacked plans always pass.
+// Requires `plan` to be PlanFor(manifest, ...).
 [[nodiscard]] Status CheckPackable(const Manifest& manifest, const BroadcastPlan& plan);
 
 }  // namespace rc::effects::nccl

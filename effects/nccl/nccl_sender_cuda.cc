@@ -133,6 +133,7 @@ class IpcSource final : public WeightSource {
       }
       src->ptrs_.push_back(static_cast<const char*>(it->second) + ref.offset);
     }
+    RC_CHECK(src->ptrs_.size() == src->file_.manifest.tensors.size());  // device_ptr(i) per tensor
     return src;
   }
   ~IpcSource() override {
@@ -322,42 +323,60 @@ struct NcclSender::Impl {
     return need;
   }
 
+  // True when the first `count` slots exist with buffers of at least these sizes.
+  bool SlotsFit(std::size_t count, std::uint64_t dev_bytes, std::uint64_t host_bytes) const {
+    if (slots.size() < count) return false;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (slots[i].dev_bytes < dev_bytes || slots[i].host_bytes < host_bytes) return false;
+    }
+    return true;
+  }
+
+  bool NoSlotBusy() const {
+    return std::none_of(slots.begin(), slots.end(), [](const Slot& s) { return s.busy; });
+  }
+
   Status EnsureSlots(std::size_t count, std::uint64_t dev_bytes, std::uint64_t host_bytes) {
     RC_CHECK(count > 0);
-    bool fits = slots.size() >= count;
-    for (std::size_t i = 0; fits && i < count; ++i) {
-      fits = slots[i].dev_bytes >= dev_bytes && slots[i].host_bytes >= host_bytes;
-    }
-    if (fits) return Status::OK();
+    if (SlotsFit(count, dev_bytes, host_bytes)) return Status::OK();
     if (dirty) return Status::Rejected("device work from an aborted transfer has not drained");
     if (slots.size() < count) slots.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
-      Slot& s = slots[i];
-      RC_CHECK(!s.busy);
-      cudaError_t e = cudaSuccess;
-      if (s.stream == nullptr) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
-      if (e == cudaSuccess && s.done == nullptr)
-        e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
-      if (e == cudaSuccess && s.dev_bytes < dev_bytes) {
-        if (s.dev) cudaFree(s.dev);
-        s.dev = nullptr;
-        s.dev_bytes = 0;
-        e = cudaMalloc(&s.dev, dev_bytes);
-        if (e == cudaSuccess) s.dev_bytes = dev_bytes;
-      }
-      if (e == cudaSuccess && s.host_bytes < host_bytes) {
-        if (s.host) cudaFreeHost(s.host);
-        s.host = nullptr;
-        s.host_bytes = 0;
-        e = cudaHostAlloc(&s.host, host_bytes, cudaHostAllocDefault);
-        if (e == cudaSuccess) s.host_bytes = host_bytes;
-      }
-      if (e != cudaSuccess) {
+      if (cudaError_t e = GrowSlot(&slots[i], dev_bytes, host_bytes); e != cudaSuccess) {
         FreeSlots();
         return Status::Unavailable(CudaErr("staging allocation", e));
       }
     }
+    RC_CHECK(SlotsFit(count, dev_bytes, host_bytes));
     return Status::OK();
+  }
+
+  // Gives s a stream, an event and buffers of at least these sizes (buffers only grow).
+  static cudaError_t GrowSlot(Slot* s, std::uint64_t dev_bytes, std::uint64_t host_bytes) {
+    RC_CHECK(!s->busy);  // its buffers may be freed: NCCL must not be reading them
+    cudaError_t e = cudaSuccess;
+    if (s->stream == nullptr) e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess && s->done == nullptr)
+      e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+    if (e == cudaSuccess && s->dev_bytes < dev_bytes) e = GrowDeviceBuffer(s, dev_bytes);
+    if (e == cudaSuccess && s->host_bytes < host_bytes) e = GrowHostBuffer(s, host_bytes);
+    return e;
+  }
+  static cudaError_t GrowDeviceBuffer(Slot* s, std::uint64_t bytes) {
+    if (s->dev) cudaFree(s->dev);
+    s->dev = nullptr;
+    s->dev_bytes = 0;
+    const cudaError_t e = cudaMalloc(&s->dev, bytes);
+    if (e == cudaSuccess) s->dev_bytes = bytes;
+    return e;
+  }
+  static cudaError_t GrowHostBuffer(Slot* s, std::uint64_t bytes) {
+    if (s->host) cudaFreeHost(s->host);
+    s->host = nullptr;
+    s->host_bytes = 0;
+    const cudaError_t e = cudaHostAlloc(&s->host, bytes, cudaHostAllocDefault);
+    if (e == cudaSuccess) s->host_bytes = bytes;
+    return e;
   }
 
   Result<std::shared_ptr<WeightSource>> OpenSource(const std::string& uri) {
@@ -383,6 +402,7 @@ struct NcclSender::Impl {
   static bool Direct(const WeightSource& src, const BroadcastOp& op) {
     if (src.where() != WeightSource::Where::kDevice) return false;
     const auto& m = src.manifest();
+    RC_CHECK(op.first_tensor + op.tensor_count <= m.tensors.size());
     const char* expect = static_cast<const char*>(src.device_ptr(op.first_tensor));
     for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count; ++i) {
       if (static_cast<const char*>(src.device_ptr(i)) != expect) return false;
@@ -406,6 +426,205 @@ struct NcclSender::Impl {
     n.slot_count = staged_max > 0 ? std::max<std::uint32_t>(1, opt.packing.packed_num_buffers)
                                   : std::max<std::uint32_t>(1, opt.direct_window_ops);
     return n;
+  }
+
+  // ---- Preflight checks: each sets its verdict and returns what it found wrong ----
+  // The calling thread, the communicator and a device source on one device.
+  std::string CheckDevices(const WeightSource& src, bool* device_ok) const {
+    std::string detail;
+    int current = -1;
+    cudaError_t e = cudaGetDevice(&current);
+    *device_ok = e == cudaSuccess && comm != nullptr && current == comm_device;
+    if (!*device_ok) {
+      detail += comm == nullptr ? "no communicator (Init first); "
+                                : "calling thread's CUDA device " + std::to_string(current) +
+                                      " != communicator's device " + std::to_string(comm_device) +
+                                      " (would fail as 'invalid resource handle'); ";
+    }
+    if (src.where() == WeightSource::Where::kDevice && src.device() != comm_device) {
+      *device_ok = false;
+      detail += "source tensors on device " + std::to_string(src.device()) + "; ";
+    }
+    return detail;
+  }
+
+  // Free device memory for the staging buffers the plan still needs, plus the margin.
+  std::string CheckMemory(const WeightSource& src, const BroadcastPlan& plan,
+                          bool* memory_ok) const {
+    const Needs needs = StagingNeeds(src, plan);
+    const std::uint64_t shortfall = DeviceShortfallBytes(needs.slot_count, needs.dev_bytes);
+    std::size_t free_bytes = 0, total_bytes = 0;
+    const cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes);
+    const std::uint64_t want = shortfall == 0 ? 0 : shortfall + opt.memory_margin_bytes;
+    *memory_ok = e == cudaSuccess && free_bytes >= want;
+    if (*memory_ok) return "";
+    return "staging needs " + std::to_string(want) + " bytes of device memory, " +
+           std::to_string(free_bytes) + " free; ";
+  }
+
+  // ---- Init steps ----
+  void StopStore() {
+    if (store) {
+      store->Stop();
+      store.reset();
+    }
+  }
+
+  Status UseDevice() {
+    cudaError_t e = cudaSetDevice(opt.device);
+    if (e != cudaSuccess) return Status::Unavailable(CudaErr("cudaSetDevice", e));
+    comm_device = opt.device;
+    return Status::OK();
+  }
+
+  // body_parsed guarantees "version" is a string and "world_size" a positive integer.
+  Status DetectProtocol(Clock::time_point deadline) {
+    HttpReply v = engine.Version(Within(std::min(opt.http_timeout_ms, remaining_ms(deadline))));
+    if (!Ok2xx(v) || !v.http.body_parsed) return Status::Unavailable(Describe("GET /version", v));
+    protocol = detect_protocol(v.body["version"].get<std::string>(), opt.protocol_override);
+    if (protocol.line == ProtocolLine::kUnknown) {
+      return Status::InvalidArgument(
+          "engine version '" + protocol.version +
+          "' has no known weight-transfer protocol line; set protocol_override");
+    }
+    return Status::OK();
+  }
+
+  Status ChooseRendezvous() {
+    mode = opt.rendezvous;
+    if (mode == Rendezvous::kAuto) {
+      mode = protocol.unique_id_rendezvous ? Rendezvous::kUniqueId : Rendezvous::kTcpStore;
+    }
+    if (mode == Rendezvous::kUniqueId && !protocol.unique_id_rendezvous) {
+      return Status::InvalidArgument(
+          "unique-id rendezvous needs an engine that accepts nccl_unique_id_b64, got '" +
+          protocol.version + "'");
+    }
+    RC_CHECK(mode != Rendezvous::kAuto);
+    return Status::OK();
+  }
+
+  // Rank 0 plus the engine's ranks (configured, or 1 + what the engine reports).
+  Status ResolveWorldSize(Clock::time_point deadline) {
+    world_size = opt.world_size;
+    if (world_size <= 0) {
+      HttpReply w = engine.GetWorldSize(
+          /*include_dp=*/true, Within(std::min(opt.http_timeout_ms, remaining_ms(deadline))));
+      if (!Ok2xx(w) || !w.http.body_parsed)
+        return Status::Unavailable(Describe("GET /get_world_size", w));
+      world_size = 1 + static_cast<int>(std::min<std::int64_t>(
+                           w.body["world_size"].get<std::int64_t>(), 1 << 20));
+    }
+    if (world_size < 2 || world_size > 4096) {
+      return Status::InvalidArgument("world size " + std::to_string(world_size) +
+                                     " out of [2, 4096]");
+    }
+    return Status::OK();
+  }
+
+  // Makes `id` reachable by the engine's workers (served by a fresh store, or carried as base64
+  // in init_info) and returns the init parameters that tell them where to find it.
+  Result<NcclInitParams> PublishUniqueId(const ncclUniqueId& id) {
+    RC_CHECK(store == nullptr && mode != Rendezvous::kAuto);
+    static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes);
+    UniqueIdBytes id_bytes;
+    std::memcpy(id_bytes.data(), &id, sizeof(id));
+    NcclInitParams init;
+    if (mode == Rendezvous::kTcpStore) {
+      Result<std::uint16_t> port = ServeUniqueId(id_bytes);
+      if (!port.ok()) return port.status();
+      init.master_address = opt.master_address;
+      init.master_port = *port;
+    } else {
+      init.nccl_unique_id_b64 = encoding::Base64Encode(
+          std::string_view(reinterpret_cast<const char*>(id_bytes.data()), id_bytes.size()));
+    }
+    init.rank_offset = 1;
+    init.world_size = static_cast<std::uint32_t>(world_size);
+    RC_CHECK((mode == Rendezvous::kTcpStore) == (store != nullptr));
+    return init;
+  }
+
+  // A TCPStore master holding the pickled id at vLLM's key; returns the port it listens on.
+  Result<std::uint16_t> ServeUniqueId(const UniqueIdBytes& id_bytes) {
+    TcpStoreOptions so;
+    so.bind_address = opt.bind_address.empty() ? opt.master_address : opt.bind_address;
+    so.port = opt.master_port;
+    auto started = TcpStoreServer::Start(so);
+    if (!started.ok()) return started.status();
+    store = std::move(*started);
+    RC_RETURN_IF_ERROR(store->Set(std::string(kUniqueIdWireKey), PickleNcclUniqueId(id_bytes)));
+    return store->port();
+  }
+
+  // The warm-up collective's stream and event, destroyed once the engine's call returned.
+  struct WarmUp {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+
+  // Rank 0 creates its communicator and runs the warm-up all-reduce while the engine's workers
+  // join from inside its HTTP handler. On any failure the communicator is aborted.
+  Status JoinGroup(const nlohmann::json& init_info, const ncclUniqueId& id,
+                   Clock::time_point deadline, Clock::time_point hard_deadline) {
+    RC_CHECK(comm == nullptr);
+    // The engine joins the group inside its HTTP handler: run it beside our own init.
+    AsyncCall http(CancelToken{}, [this, init_info, deadline](const CancelToken& cancel) {
+      return engine.InitWeightTransferEngine(init_info, Within(remaining_ms(deadline), cancel));
+    });
+    const Watch w{deadline, &http};
+    WarmUp warm;
+    Status s = InitComm(id, w);
+    if (s.ok()) s = WarmUpAllReduce(&warm, w);
+    if (!s.ok()) http.Cancel();  // the engine's side cannot succeed now: stop waiting for it
+    if (!s.ok() && comm != nullptr) AbortComm(hard_deadline);
+    const HttpReply& reply =
+        http.Join();  // bounded: cancelled, or its timeout ends at our deadline
+    DestroyWarmUp(warm);
+    if (!s.ok()) {
+      return Status(s.code(),
+                    "init (" + std::string(rendezvous_name(mode)) + "): " + s.message() +
+                        (http.done() ? "; " + Describe("init_weight_transfer_engine", reply) : ""));
+    }
+    if (!Ok2xx(reply)) {
+      AbortComm(hard_deadline);
+      return Status::Unavailable(Describe("POST /init_weight_transfer_engine", reply));
+    }
+    return Status::OK();
+  }
+
+  Status InitComm(const ncclUniqueId& id, const Watch& w) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, id, 0, &config);
+    return (comm == nullptr && r != ncclSuccess && r != ncclInProgress)
+               ? Status::Internal(NcclErr("ncclCommInitRankConfig", r))
+               : Settle(r, "ncclCommInitRankConfig", w);
+  }
+
+  // A 1-element float32 sum over the fresh group: proves every rank joined.
+  Status WarmUpAllReduce(WarmUp* warm, const Watch& w) {
+    cudaError_t e = cudaSuccess;
+    if (warm_buf == nullptr) {
+      e = cudaMalloc(&warm_buf, 2 * sizeof(float));
+      if (e != cudaSuccess) return Status::Unavailable(CudaErr("cudaMalloc warm-up", e));
+    }
+    e = cudaMemset(warm_buf, 0, 2 * sizeof(float));
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&warm->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&warm->done, cudaEventDisableTiming);
+    if (e != cudaSuccess) return Status::Unavailable(CudaErr("warm-up setup", e));
+    float* f = static_cast<float*>(warm_buf);
+    RC_RETURN_IF_ERROR(Settle(ncclAllReduce(f, f + 1, 1, ncclFloat32, ncclSum, comm, warm->stream),
+                              "warm-up all-reduce", w));
+    e = cudaEventRecord(warm->done, warm->stream);
+    return e == cudaSuccess ? WaitEvent(warm->done, w)
+                            : Status::Internal(CudaErr("cudaEventRecord", e));
+  }
+
+  // Kept when an abort may not have drained (dirty): aborted kernels may still use them.
+  void DestroyWarmUp(const WarmUp& warm) const {
+    if (warm.done != nullptr && !dirty) cudaEventDestroy(warm.done);
+    if (warm.stream != nullptr && !dirty) cudaStreamDestroy(warm.stream);
   }
 };
 
@@ -444,129 +663,20 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   if (m.comm != nullptr) m.AbortComm(hard_deadline);  // re-init: never reuse a communicator
   // Work stops early enough that an abort still returns by the caller's deadline.
   const auto deadline = Impl::WorkDeadline(hard_deadline, deadline_ms, m.AbortReserveMs());
-  if (m.store) {
-    m.store->Stop();
-    m.store.reset();
-  }
-  cudaError_t e = cudaSetDevice(m.opt.device);
-  if (e != cudaSuccess) return Status::Unavailable(CudaErr("cudaSetDevice", e));
-  m.comm_device = m.opt.device;
-
-  // body_parsed guarantees "version" is a string and "world_size" a positive integer.
-  HttpReply v = m.engine.Version(Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
-  if (!Ok2xx(v) || !v.http.body_parsed) return Status::Unavailable(Describe("GET /version", v));
-  m.protocol = detect_protocol(v.body["version"].get<std::string>(), m.opt.protocol_override);
-  if (m.protocol.line == ProtocolLine::kUnknown) {
-    return Status::InvalidArgument(
-        "engine version '" + m.protocol.version +
-        "' has no known weight-transfer protocol line; set protocol_override");
-  }
-  m.mode = m.opt.rendezvous;
-  if (m.mode == Rendezvous::kAuto) {
-    m.mode = m.protocol.unique_id_rendezvous ? Rendezvous::kUniqueId : Rendezvous::kTcpStore;
-  }
-  if (m.mode == Rendezvous::kUniqueId && !m.protocol.unique_id_rendezvous) {
-    return Status::InvalidArgument(
-        "unique-id rendezvous needs an engine that accepts nccl_unique_id_b64, got '" +
-        m.protocol.version + "'");
-  }
-  m.world_size = m.opt.world_size;
-  if (m.world_size <= 0) {
-    HttpReply w = m.engine.GetWorldSize(
-        /*include_dp=*/true, Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
-    if (!Ok2xx(w) || !w.http.body_parsed)
-      return Status::Unavailable(Describe("GET /get_world_size", w));
-    m.world_size = 1 + static_cast<int>(std::min<std::int64_t>(
-                           w.body["world_size"].get<std::int64_t>(), 1 << 20));
-  }
-  if (m.world_size < 2 || m.world_size > 4096) {
-    return Status::InvalidArgument("world size " + std::to_string(m.world_size) +
-                                   " out of [2, 4096]");
-  }
-
+  m.StopStore();
+  RC_RETURN_IF_ERROR(m.UseDevice());
+  RC_RETURN_IF_ERROR(m.DetectProtocol(deadline));
+  RC_RETURN_IF_ERROR(m.ChooseRendezvous());
+  RC_RETURN_IF_ERROR(m.ResolveWorldSize(deadline));
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
   if (r != ncclSuccess) return Status::Internal(NcclErr("ncclGetUniqueId", r));
-  static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes);
-  UniqueIdBytes id_bytes;
-  std::memcpy(id_bytes.data(), &id, sizeof(id));
-  std::string uid_b64;
-  std::uint16_t port = 0;
-  if (m.mode == Rendezvous::kTcpStore) {
-    TcpStoreOptions so;
-    so.bind_address = m.opt.bind_address.empty() ? m.opt.master_address : m.opt.bind_address;
-    so.port = m.opt.master_port;
-    auto store = TcpStoreServer::Start(so);
-    if (!store.ok()) return store.status();
-    m.store = std::move(*store);
-    if (Status s = m.store->Set(std::string(kUniqueIdWireKey), PickleNcclUniqueId(id_bytes));
-        !s.ok())
-      return s;
-    port = m.store->port();
-  } else {
-    uid_b64 = encoding::Base64Encode(
-        std::string_view(reinterpret_cast<const char*>(id_bytes.data()), id_bytes.size()));
-  }
-  NcclInitParams init;
-  if (m.mode == Rendezvous::kTcpStore) {
-    init.master_address = m.opt.master_address;
-    init.master_port = port;
-  } else {
-    init.nccl_unique_id_b64 = uid_b64;
-  }
-  init.rank_offset = 1;
-  init.world_size = static_cast<std::uint32_t>(m.world_size);
-  Result<nlohmann::json> built = build_init_info(m.protocol, init, m.opt.packing);
+  Result<NcclInitParams> init = m.PublishUniqueId(id);
+  if (!init.ok()) return init.status();
+  Result<nlohmann::json> built = build_init_info(m.protocol, *init, m.opt.packing);
   if (!built.ok()) return built.status();
-  const nlohmann::json init_info = std::move(*built);
-
-  // The engine joins the group inside its HTTP handler: run it beside our own init.
-  AsyncCall http(CancelToken{}, [&m, init_info, deadline](const CancelToken& cancel) {
-    return m.engine.InitWeightTransferEngine(init_info, Within(remaining_ms(deadline), cancel));
-  });
-  Impl::Watch w{deadline, &http};
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  r = ncclCommInitRankConfig(&m.comm, m.world_size, id, 0, &config);
-  Status s = (m.comm == nullptr && r != ncclSuccess && r != ncclInProgress)
-                 ? Status::Internal(NcclErr("ncclCommInitRankConfig", r))
-                 : m.Settle(r, "ncclCommInitRankConfig", w);
-  cudaStream_t warm_stream = nullptr;
-  cudaEvent_t warm_done = nullptr;
-  if (s.ok() && m.warm_buf == nullptr) {
-    e = cudaMalloc(&m.warm_buf, 2 * sizeof(float));
-    if (e != cudaSuccess) s = Status::Unavailable(CudaErr("cudaMalloc warm-up", e));
-  }
-  if (s.ok()) {
-    e = cudaMemset(m.warm_buf, 0, 2 * sizeof(float));
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&warm_stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&warm_done, cudaEventDisableTiming);
-    if (e != cudaSuccess) s = Status::Unavailable(CudaErr("warm-up setup", e));
-  }
-  if (s.ok()) {
-    float* f = static_cast<float*>(m.warm_buf);
-    s = m.Settle(ncclAllReduce(f, f + 1, 1, ncclFloat32, ncclSum, m.comm, warm_stream),
-                 "warm-up all-reduce", w);
-  }
-  if (s.ok()) {
-    e = cudaEventRecord(warm_done, warm_stream);
-    s = e == cudaSuccess ? m.WaitEvent(warm_done, w)
-                         : Status::Internal(CudaErr("cudaEventRecord", e));
-  }
-  if (!s.ok()) http.Cancel();  // the engine's side cannot succeed now: stop waiting for it
-  if (!s.ok() && m.comm != nullptr) m.AbortComm(hard_deadline);
-  const HttpReply& reply = http.Join();  // bounded: cancelled, or its timeout ends at our deadline
-  if (warm_done != nullptr && !m.dirty) cudaEventDestroy(warm_done);
-  if (warm_stream != nullptr && !m.dirty) cudaStreamDestroy(warm_stream);
-  if (!s.ok()) {
-    return Status(s.code(),
-                  "init (" + std::string(rendezvous_name(m.mode)) + "): " + s.message() +
-                      (http.done() ? "; " + Describe("init_weight_transfer_engine", reply) : ""));
-  }
-  if (!Ok2xx(reply)) {
-    m.AbortComm(hard_deadline);
-    return Status::Unavailable(Describe("POST /init_weight_transfer_engine", reply));
-  }
+  RC_RETURN_IF_ERROR(m.JoinGroup(*built, id, deadline, hard_deadline));
+  RC_CHECK(m.comm != nullptr && m.comm_device == m.opt.device && m.world_size >= 2);
   return Status::OK();
 }
 
@@ -589,19 +699,7 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
       target.identity.manifest_digest != p.source_manifest_digest) {
     detail += "source manifest digest differs from the declared identity; ";
   }
-  int current = -1;
-  cudaError_t e = cudaGetDevice(&current);
-  p.device_ok = e == cudaSuccess && m.comm != nullptr && current == m.comm_device;
-  if (!p.device_ok) {
-    detail += m.comm == nullptr ? "no communicator (Init first); "
-                                : "calling thread's CUDA device " + std::to_string(current) +
-                                      " != communicator's device " + std::to_string(m.comm_device) +
-                                      " (would fail as 'invalid resource handle'); ";
-  }
-  if ((*src)->where() == WeightSource::Where::kDevice && (*src)->device() != m.comm_device) {
-    p.device_ok = false;
-    detail += "source tensors on device " + std::to_string((*src)->device()) + "; ";
-  }
+  detail += m.CheckDevices(**src, &p.device_ok);
   const BroadcastPlan plan =
       PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
   if (Status packable = CheckPackable(manifest, plan); !packable.ok()) {
@@ -609,16 +707,7 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
     p.detail = packable.ToString().substr(0, kTextBytesMax);
     return p;
   }
-  const Impl::Needs needs = m.StagingNeeds(**src, plan);
-  const std::uint64_t shortfall = m.DeviceShortfallBytes(needs.slot_count, needs.dev_bytes);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  e = cudaMemGetInfo(&free_bytes, &total_bytes);
-  const std::uint64_t want = shortfall == 0 ? 0 : shortfall + m.opt.memory_margin_bytes;
-  p.memory_ok = e == cudaSuccess && free_bytes >= want;
-  if (!p.memory_ok) {
-    detail += "staging needs " + std::to_string(want) + " bytes of device memory, " +
-              std::to_string(free_bytes) + " free; ";
-  }
+  detail += m.CheckMemory(**src, plan, &p.memory_ok);
   detail += std::to_string(manifest.tensors.size()) + " tensors, " +
             std::to_string(plan.total_bytes) + " bytes, " + std::to_string(plan.ops.size()) +
             " broadcasts";
@@ -626,196 +715,314 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
   return p;
 }
 
-TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_t deadline_ms) {
-  Impl& m = *impl_;
-  const auto t0 = Clock::now();
-  const auto hard_deadline = t0 + std::chrono::milliseconds(deadline_ms);
-  TransferObserved out;
-  out.finish_label = target.target.label;
-  TransferTiming timing;
-  // Everything but the abort (and the kernel drain after it) stops at `deadline`, so that an
-  // abort started there still returns by hard_deadline.
-  const std::uint64_t reserve_ms = m.AbortReserveMs();
-  timing.abort_reserve_ms = reserve_ms;
-  const auto deadline = Impl::WorkDeadline(hard_deadline, deadline_ms, reserve_ms);
-  auto finish = [&](std::string error) {
-    out.error = error.substr(0, kTextBytesMax);
-    out.duration_us = elapsed_us(t0);
-    std::lock_guard<std::mutex> lock(m.timing_mu);
-    m.timing = timing;
-    return out;
-  };
-  m.progress.ops_enqueued = m.progress.ops_completed = 0;
-  m.progress.bytes_enqueued = m.progress.bytes_completed = 0;
+namespace {
+
+using Impl = NcclSender::Impl;
+
+// One Transfer call: its deadlines, what it reports, and its steps in the order they run. A step
+// that fails returns a Status whose message is the transfer's error text.
+class TransferRun {
+ public:
+  TransferRun(Impl& m, const TransferTarget& target, std::uint64_t deadline_ms)
+      : m_(m),
+        target_(target),
+        deadline_ms_(deadline_ms),
+        t0_(Clock::now()),
+        hard_deadline_(t0_ + std::chrono::milliseconds(deadline_ms)),
+        reserve_ms_(m.AbortReserveMs()),
+        deadline_(Impl::WorkDeadline(hard_deadline_, deadline_ms, reserve_ms_)) {
+    out_.finish_label = target.target.label;
+    timing_.abort_reserve_ms = reserve_ms_;
+    m.progress.ops_enqueued = m.progress.ops_completed = 0;
+    m.progress.bytes_enqueued = m.progress.bytes_completed = 0;
+  }
+
+  TransferObserved Run() {
+    const Status s = Steps();
+    return Finish(s.ok() ? std::string() : s.message());
+  }
+
+ private:
+  Status Steps() {
+    RC_RETURN_IF_ERROR(Prepare());
+    RC_RETURN_IF_ERROR(StartUpdate());
+    return UpdateWeights();
+  }
+
+  // What the sender promises: kNone only while no broadcast was enqueued, kComplete exactly when
+  // the engine acknowledged.
+  TransferObserved Finish(const std::string& error) {
+    RC_CHECK(out_.mutation != MutationClass::kNone || m_.progress.ops_enqueued == 0);
+    RC_CHECK(out_.acknowledged == (out_.mutation == MutationClass::kComplete));
+    out_.error = error.substr(0, kTextBytesMax);
+    out_.duration_us = elapsed_us(t0_);
+    std::lock_guard<std::mutex> lock(m_.timing_mu);
+    m_.timing = timing_;
+    return out_;
+  }
 
   // ---- checks that change nothing (any failure here: MutationClass::kNone) ----
-  if (m.comm == nullptr) return finish("no communicator: Init (a fresh one) before transferring");
-  if (deadline_ms <= reserve_ms) {
-    return finish("deadline " + std::to_string(deadline_ms) + " ms leaves nothing beyond the " +
-                  std::to_string(reserve_ms) + " ms abort reserve; refusing before any mutation");
+  static Status Refuse(std::string text) { return Status::Rejected(std::move(text)); }
+
+  Status Prepare() {
+    RC_RETURN_IF_ERROR(CheckReady());
+    auto src_r = m_.OpenSource(target_.source_uri);
+    if (!src_r.ok()) return Refuse("source: " + src_r.status().ToString());
+    source_ = std::move(*src_r);
+    RC_RETURN_IF_ERROR(CheckSource());
+    const Manifest& manifest = source_->manifest();
+    plan_ = PlanFor(manifest, m_.opt.packing.packed, m_.opt.packing.packed_buffer_size_bytes);
+    if (Status packable = CheckPackable(manifest, plan_); !packable.ok())
+      return Refuse(packable.ToString());
+    const Impl::Needs needs = m_.StagingNeeds(*source_, plan_);
+    if (Status s = m_.EnsureSlots(needs.slot_count, needs.dev_bytes, needs.host_bytes); !s.ok()) {
+      return Refuse(s.ToString());
+    }
+    Result<nlohmann::json> built = build_update_info(m_.protocol, manifest, m_.opt.packing);
+    if (!built.ok()) return Refuse("update_info: " + built.status().ToString());
+    update_info_ = std::move(*built);
+    ring_ = needs.slot_count;
+    return Status::OK();
   }
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess || current != m.comm_device) {
-    return finish("calling thread's CUDA device " + std::to_string(current) +
-                  " != communicator's device " + std::to_string(m.comm_device) +
-                  "; refusing (would fail as 'invalid resource handle')");
+
+  Status CheckReady() const {
+    if (m_.comm == nullptr)
+      return Refuse("no communicator: Init (a fresh one) before transferring");
+    if (deadline_ms_ <= reserve_ms_) {
+      return Refuse("deadline " + std::to_string(deadline_ms_) + " ms leaves nothing beyond the " +
+                    std::to_string(reserve_ms_) +
+                    " ms abort reserve; refusing before any mutation");
+    }
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != m_.comm_device) {
+      return Refuse("calling thread's CUDA device " + std::to_string(current) +
+                    " != communicator's device " + std::to_string(m_.comm_device) +
+                    "; refusing (would fail as 'invalid resource handle')");
+    }
+    return Status::OK();
   }
-  auto src_r = m.OpenSource(target.source_uri);
-  if (!src_r.ok()) return finish("source: " + src_r.status().ToString());
-  const WeightSource& src = **src_r;
-  const Manifest& manifest = src.manifest();
-  if (Status s = manifest.Validate(); !s.ok()) return finish("manifest: " + s.ToString());
-  if (!target.identity.manifest_digest.empty() &&
-      target.identity.manifest_digest != manifest.digest()) {
-    return finish("source manifest digest differs from the declared identity");
+
+  Status CheckSource() const {
+    const Manifest& manifest = source_->manifest();
+    if (Status s = manifest.Validate(); !s.ok()) return Refuse("manifest: " + s.ToString());
+    if (!target_.identity.manifest_digest.empty() &&
+        target_.identity.manifest_digest != manifest.digest()) {
+      return Refuse("source manifest digest differs from the declared identity");
+    }
+    if (source_->where() == WeightSource::Where::kDevice && source_->device() != m_.comm_device) {
+      return Refuse("source tensors are on another device than the communicator");
+    }
+    return Status::OK();
   }
-  if (src.where() == WeightSource::Where::kDevice && src.device() != m.comm_device) {
-    return finish("source tensors are on another device than the communicator");
-  }
-  const BroadcastPlan plan =
-      PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
-  if (Status packable = CheckPackable(manifest, plan); !packable.ok())
-    return finish(packable.ToString());
-  const Impl::Needs needs = m.StagingNeeds(src, plan);
-  if (Status s = m.EnsureSlots(needs.slot_count, needs.dev_bytes, needs.host_bytes); !s.ok()) {
-    return finish(s.ToString());
-  }
-  Result<nlohmann::json> built = build_update_info(m.protocol, manifest, m.opt.packing);
-  if (!built.ok()) return finish("update_info: " + built.status().ToString());
-  const nlohmann::json update_info = std::move(*built);
-  const std::size_t ring = needs.slot_count;
 
   // ---- engine: start ----
-  HttpReply start =
-      m.engine.StartWeightUpdate(Within(std::min(m.opt.http_timeout_ms, remaining_ms(deadline))));
-  timing.start_http_us = start.http.latency_us;
-  // vLLM 0.25.x's start_weight_update already moves every layer's parameters to the meta device
-  // (layerwise reload): from the moment start may have reached the engine, the weights it serves
-  // are no longer the old ones, whatever happens next.
-  if (!start.http.never_sent()) out.mutation = MutationClass::kPossible;
-  if (!Ok2xx(start)) return finish(Describe("POST /start_weight_update", start));
+  Status StartUpdate() {
+    HttpReply start = m_.engine.StartWeightUpdate(
+        Within(std::min(m_.opt.http_timeout_ms, remaining_ms(deadline_))));
+    timing_.start_http_us = start.http.latency_us;
+    // vLLM 0.25.x's start_weight_update already moves every layer's parameters to the meta device
+    // (layerwise reload): from the moment start may have reached the engine, the weights it serves
+    // are no longer the old ones, whatever happens next.
+    if (!start.http.never_sent()) out_.mutation = MutationClass::kPossible;
+    if (!Ok2xx(start)) return Status::Unavailable(Describe("POST /start_weight_update", start));
+    return Status::OK();
+  }
 
   // ---- engine: update (its own thread) + data plane ----
-  const auto update_t0 = Clock::now();
-  AsyncCall update(CancelToken{}, [&m, &update_info, deadline](const CancelToken& cancel) {
-    return m.engine.UpdateWeights(update_info, Within(remaining_ms(deadline), cancel));
-  });
-  Impl::Watch w{deadline, &update};
-  Status s;
-  std::size_t next_slot = 0;
-  Clock::time_point dp_t0{};
-  for (std::size_t k = 0; k < plan.ops.size() && s.ok(); ++k) {
-    const BroadcastOp& op = plan.ops[k];
-    Impl::Slot& slot = m.slots[next_slot];
-    next_slot = (next_slot + 1) % ring;
-    if (slot.busy) {  // never overwrite (or over-queue) a buffer NCCL may still read
-      s = m.WaitEvent(slot.done, w);
-      if (!s.ok()) break;
-      slot.busy = false;
-      m.progress.ops_completed++;
-      m.progress.bytes_completed += slot.op_bytes;
+  Status UpdateWeights() {
+    const auto update_t0 = Clock::now();
+    AsyncCall update(CancelToken{}, [&m = m_, &update_info = update_info_,
+                                     deadline = deadline_](const CancelToken& cancel) {
+      return m.engine.UpdateWeights(update_info, Within(remaining_ms(deadline), cancel));
+    });
+    const Impl::Watch w{deadline_, &update};
+    Status s = SendAll(w);
+    if (s.ok()) s = DrainSlots(w);
+    if (m_.progress.ops_enqueued > 0) timing_.data_plane_us = elapsed_us(dp_t0_);
+    out_.tensors_sent = static_cast<std::uint32_t>(source_->manifest().tensors.size());
+    if (!s.ok()) return AbandonUpdate(s, &update, update_t0);
+    return AwaitEngine(&update, update_t0);
+  }
+
+  // The ops go round the first ring_ slots; a slot is reused only once its broadcast completed.
+  Status SendAll(const Impl::Watch& w) {
+    RC_CHECK(ring_ >= 1 && ring_ <= m_.slots.size() && m_.NoSlotBusy());
+    std::size_t next_slot = 0;
+    for (const BroadcastOp& op : plan_.ops) {
+      Impl::Slot& slot = m_.slots[next_slot];
+      next_slot = (next_slot + 1) % ring_;
+      RC_RETURN_IF_ERROR(SendOne(op, &slot, w));
     }
-    if (s = m.Check(w); !s.ok()) break;
+    return Status::OK();
+  }
+
+  Status SendOne(const BroadcastOp& op, Impl::Slot* slot, const Impl::Watch& w) {
+    // never overwrite (or over-queue) a buffer NCCL may still read
+    if (slot->busy) RC_RETURN_IF_ERROR(Release(slot, w));
+    RC_RETURN_IF_ERROR(m_.Check(w));
     const void* buf = nullptr;
-    if (Impl::Direct(src, op)) {
-      buf = src.device_ptr(op.first_tensor);
-      timing.direct_ops++;
+    if (Impl::Direct(*source_, op)) {
+      buf = source_->device_ptr(op.first_tensor);
+      timing_.direct_ops++;
     } else {
-      timing.staged_ops++;
-      char* dev = static_cast<char*>(slot.dev);
-      std::uint64_t off = 0;
-      cudaError_t e = cudaSuccess;
-      if (src.where() == WeightSource::Where::kHost) {
-        char* host = static_cast<char*>(slot.host);
-        for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count && s.ok();
-             ++i) {
-          s = src.ReadHost(i, host + off);
-          off += manifest.tensors[i].nbytes();
-        }
-        if (!s.ok()) break;
-        e = cudaMemcpyAsync(dev, host, op.bytes, cudaMemcpyHostToDevice, slot.stream);
-      } else {
-        for (std::size_t i = op.first_tensor;
-             i < op.first_tensor + op.tensor_count && e == cudaSuccess; ++i) {
-          const std::uint64_t n = manifest.tensors[i].nbytes();
-          e = cudaMemcpyAsync(dev + off, src.device_ptr(i), n, cudaMemcpyDeviceToDevice,
-                              slot.stream);
-          off += n;
-        }
-      }
-      if (e != cudaSuccess) {
-        s = Status::Internal(CudaErr("staging copy", e));
-        break;
-      }
-      buf = dev;
+      timing_.staged_ops++;
+      RC_RETURN_IF_ERROR(Stage(op, *slot));
+      buf = slot->dev;
     }
+    return Enqueue(op, buf, slot, w);
+  }
+
+  // Waits for the slot's broadcast and counts it complete.
+  Status Release(Impl::Slot* slot, const Impl::Watch& w) {
+    RC_CHECK(slot->busy);
+    RC_RETURN_IF_ERROR(m_.WaitEvent(slot->done, w));
+    slot->busy = false;
+    m_.progress.ops_completed++;
+    m_.progress.bytes_completed += slot->op_bytes;
+    return Status::OK();
+  }
+
+  // Copies the op's tensors into the slot's device buffer (through its pinned host buffer when
+  // the source is a file). StagingNeeds sized every slot of the ring for the largest staged op.
+  Status Stage(const BroadcastOp& op, const Impl::Slot& slot) {
+    RC_CHECK(op.bytes <= slot.dev_bytes);
+    char* dev = static_cast<char*>(slot.dev);
+    cudaError_t e = cudaSuccess;
+    if (source_->where() == WeightSource::Where::kHost) {
+      RC_CHECK(op.bytes <= slot.host_bytes);
+      char* host = static_cast<char*>(slot.host);
+      RC_RETURN_IF_ERROR(ReadToHost(op, host));
+      e = cudaMemcpyAsync(dev, host, op.bytes, cudaMemcpyHostToDevice, slot.stream);
+    } else {
+      e = CopyOnDevice(op, dev, slot.stream);
+    }
+    if (e != cudaSuccess) return Status::Internal(CudaErr("staging copy", e));
+    return Status::OK();
+  }
+
+  Status ReadToHost(const BroadcastOp& op, char* host) const {
+    std::uint64_t off = 0;
+    for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count; ++i) {
+      RC_RETURN_IF_ERROR(source_->ReadHost(i, host + off));
+      off += source_->manifest().tensors[i].nbytes();
+    }
+    return Status::OK();
+  }
+
+  cudaError_t CopyOnDevice(const BroadcastOp& op, char* dev, cudaStream_t stream) const {
+    std::uint64_t off = 0;
+    for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count; ++i) {
+      const std::uint64_t n = source_->manifest().tensors[i].nbytes();
+      const cudaError_t e =
+          cudaMemcpyAsync(dev + off, source_->device_ptr(i), n, cudaMemcpyDeviceToDevice, stream);
+      if (e != cudaSuccess) return e;
+      off += n;
+    }
+    return cudaSuccess;
+  }
+
+  // Broadcasts `buf` on the slot's stream; the slot stays busy until the broadcast completed.
+  Status Enqueue(const BroadcastOp& op, const void* buf, Impl::Slot* slot, const Impl::Watch& w) {
+    RC_CHECK(!slot->busy);
+    const Manifest& manifest = source_->manifest();
     const std::uint64_t count = op.packed ? op.bytes : manifest.tensors[op.first_tensor].numel();
     const ncclDataType_t type =
         op.packed ? ncclUint8 : NcclType(manifest.tensors[op.first_tensor].dtype);
-    if (m.progress.ops_enqueued == 0) {
-      dp_t0 = Clock::now();
-      timing.first_enqueue_steady_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(dp_t0.time_since_epoch()).count();
+    if (m_.progress.ops_enqueued == 0) {
+      dp_t0_ = Clock::now();
+      timing_.first_enqueue_steady_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(dp_t0_.time_since_epoch()).count();
     }
     // Root passes sendbuff == recvbuff, as vLLM's PyNcclCommunicator does.
     ncclResult_t r =
-        ncclBroadcast(buf, const_cast<void*>(buf), count, type, 0, m.comm, slot.stream);
-    m.progress.ops_enqueued++;  // counted even if the call failed: bytes may be queued
-    m.progress.bytes_enqueued += op.bytes;
-    s = m.Settle(r, "ncclBroadcast", w);
-    if (!s.ok()) break;
-    cudaError_t e = cudaEventRecord(slot.done, slot.stream);
-    if (e != cudaSuccess) {
-      s = Status::Internal(CudaErr("cudaEventRecord", e));
-      break;
-    }
-    slot.busy = true;
-    slot.op_bytes = op.bytes;
+        ncclBroadcast(buf, const_cast<void*>(buf), count, type, 0, m_.comm, slot->stream);
+    m_.progress.ops_enqueued++;  // counted even if the call failed: bytes may be queued
+    m_.progress.bytes_enqueued += op.bytes;
+    RC_RETURN_IF_ERROR(m_.Settle(r, "ncclBroadcast", w));
+    cudaError_t e = cudaEventRecord(slot->done, slot->stream);
+    if (e != cudaSuccess) return Status::Internal(CudaErr("cudaEventRecord", e));
+    slot->busy = true;
+    slot->op_bytes = op.bytes;
+    return Status::OK();
   }
-  for (auto& slot : m.slots) {
-    if (!s.ok()) break;
-    if (!slot.busy) continue;
-    s = m.WaitEvent(slot.done, w);
-    if (s.ok()) {
-      slot.busy = false;
-      m.progress.ops_completed++;
-      m.progress.bytes_completed += slot.op_bytes;
-    }
-  }
-  if (m.progress.ops_enqueued > 0) timing.data_plane_us = elapsed_us(dp_t0);
-  out.tensors_sent = static_cast<std::uint32_t>(manifest.tensors.size());
 
-  if (!s.ok()) {
-    const bool enqueued = m.progress.ops_enqueued > 0;
-    out.mutation = MutationClass::kPossible;  // start succeeded: layers are mid-reload already
-    out.tensors_sent = 0;
-    out.bytes_sent = m.progress.bytes_completed;
+  Status DrainSlots(const Impl::Watch& w) {
+    for (auto& slot : m_.slots) {
+      if (slot.busy) RC_RETURN_IF_ERROR(Release(&slot, w));
+    }
+    // Every op of the plan was broadcast and completed exactly once.
+    RC_CHECK(m_.progress.ops_completed == plan_.ops.size() &&
+             m_.progress.bytes_completed == plan_.total_bytes);
+    return Status::OK();
+  }
+
+  // The data plane failed after start succeeded: the layers are mid-reload already.
+  Status AbandonUpdate(const Status& s, AsyncCall* update, Clock::time_point update_t0) {
+    const bool enqueued = m_.progress.ops_enqueued > 0;
+    out_.mutation = MutationClass::kPossible;  // start succeeded: layers are mid-reload already
+    out_.tensors_sent = 0;
+    out_.bytes_sent = m_.progress.bytes_completed;
     // The engine's answer can no longer be a success: stop waiting for it (the call returns
     // within ~50 ms) while the communicator is aborted.
-    update.Cancel();
+    update->Cancel();
     // The group is unusable once bytes were queued, or while the engine may sit in its receives.
-    if (enqueued || !update.done()) timing.abort_us = m.AbortComm(hard_deadline);
-    const HttpReply& ur = update.Join();
-    timing.update_http_us = elapsed_us(update_t0);
-    return finish("data plane: " + s.ToString() + (enqueued ? " (communicator aborted)" : "") +
-                  "; " + Describe("POST /update_weights", ur));
+    if (enqueued || !update->done()) timing_.abort_us = m_.AbortComm(hard_deadline_);
+    const HttpReply& ur = update->Join();
+    timing_.update_http_us = elapsed_us(update_t0);
+    RC_CHECK(!enqueued || m_.comm == nullptr);
+    return Status::Unavailable("data plane: " + s.ToString() +
+                               (enqueued ? " (communicator aborted)" : "") + "; " +
+                               Describe("POST /update_weights", ur));
   }
-  out.bytes_sent = plan.total_bytes;
-  out.mutation = MutationClass::kPossible;  // every byte left; the engine has not confirmed yet
-  // The engine answers once it has received everything: wait for that, bounded by the deadline.
-  while (!update.done() && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  if (!update.done()) update.Cancel();  // past the work deadline: the answer comes too late
-  const HttpReply& ur = update.Join();
-  timing.update_http_us = elapsed_us(update_t0);
-  if (!Ok2xx(ur)) return finish(Describe("POST /update_weights", ur));
-  HttpReply fin = m.engine.FinishWeightUpdate(
-      target.target.label, Within(std::min(m.opt.http_timeout_ms, remaining_ms(hard_deadline))));
-  timing.finish_http_us = fin.http.latency_us;
-  if (!Ok2xx(fin)) return finish(Describe("POST /finish_weight_update", fin));
-  out.acknowledged = true;
-  out.mutation = MutationClass::kComplete;
-  return finish("");
+
+  Status AwaitEngine(AsyncCall* update, Clock::time_point update_t0) {
+    out_.bytes_sent = plan_.total_bytes;
+    out_.mutation = MutationClass::kPossible;  // every byte left; the engine has not confirmed yet
+    // The engine answers once it has received everything: wait for that, bounded by the deadline.
+    while (!update->done() && Clock::now() < deadline_)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (!update->done()) update->Cancel();  // past the work deadline: the answer comes too late
+    const HttpReply& ur = update->Join();
+    timing_.update_http_us = elapsed_us(update_t0);
+    if (!Ok2xx(ur)) return Status::Unavailable(Describe("POST /update_weights", ur));
+    return FinishUpdate();
+  }
+
+  // ---- engine: finish ----
+  Status FinishUpdate() {
+    HttpReply fin = m_.engine.FinishWeightUpdate(
+        target_.target.label,
+        Within(std::min(m_.opt.http_timeout_ms, remaining_ms(hard_deadline_))));
+    timing_.finish_http_us = fin.http.latency_us;
+    if (!Ok2xx(fin)) return Status::Unavailable(Describe("POST /finish_weight_update", fin));
+    out_.acknowledged = true;
+    out_.mutation = MutationClass::kComplete;
+    return Status::OK();
+  }
+
+  Impl& m_;
+  const TransferTarget& target_;
+  const std::uint64_t deadline_ms_;
+  const Clock::time_point t0_;
+  const Clock::time_point hard_deadline_;
+  const std::uint64_t reserve_ms_;
+  // Everything but the abort (and the kernel drain after it) stops at deadline_, so that an
+  // abort started there still returns by hard_deadline_.
+  const Clock::time_point deadline_;
+  TransferObserved out_;
+  TransferTiming timing_;
+  // What Prepare checked; the source is held until the transfer returns.
+  std::shared_ptr<WeightSource> source_;
+  BroadcastPlan plan_;
+  nlohmann::json update_info_;
+  std::size_t ring_ = 0;       // the ring is the first ring_ slots
+  Clock::time_point dp_t0_{};  // the first broadcast's enqueue
+};
+
+}  // namespace
+
+TransferObserved NcclSender::Transfer(const TransferTarget& target, std::uint64_t deadline_ms) {
+  return TransferRun(*impl_, target, deadline_ms).Run();
 }
 
 Result<std::uint64_t> NcclSender::RawBroadcast(const void* device_ptr, std::uint64_t bytes,

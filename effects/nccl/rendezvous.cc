@@ -38,6 +38,7 @@ Result<UniqueIdBytes> UnpickleNcclUniqueId(std::string_view pickled) {
   }
   UniqueIdBytes id{};
   std::memcpy(id.data(), pickled.data() + kPrefix.size(), id.size());
+  RC_CHECK(PickleNcclUniqueId(id) == pickled);  // the layout above is all there is to it
   return id;
 }
 

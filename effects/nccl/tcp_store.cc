@@ -101,6 +101,38 @@ struct TcpStoreServer::Impl {
     if (wake_fd >= 0) ::close(wake_fd);
   }
 
+  void Configure(const TcpStoreOptions& options, std::size_t connections) {
+    opt = options;
+    write_once.insert(options.write_once_keys.begin(), options.write_once_keys.end());
+    conns.reserve(connections);
+  }
+
+  // Opens the listening socket and the wake-up descriptor; returns the port it listens on.
+  Result<std::uint16_t> Listen() {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(opt.port);
+    if (::inet_pton(AF_INET, opt.bind_address.c_str(), &addr.sin_addr) != 1) {
+      return Status::InvalidArgument("tcp store bind address is not IPv4: " + opt.bind_address);
+    }
+    listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
+    int one = 1;
+    ::setsockopt(listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return Status::IOError("tcp store bind " + opt.bind_address + ":" + std::to_string(opt.port) +
+                             ": " + std::strerror(errno));
+    }
+    if (::listen(listen_fd, 128) != 0) {
+      return Status::IOError(std::string("listen: ") + std::strerror(errno));
+    }
+    socklen_t len = sizeof(addr);
+    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd < 0) return Status::IOError(std::string("eventfd: ") + std::strerror(errno));
+    return ntohs(addr.sin_port);
+  }
+
   void Wake() {
     std::uint64_t one = 1;
     ssize_t n = ::write(wake_fd, &one, sizeof(one));
@@ -177,7 +209,13 @@ struct TcpStoreServer::Impl {
     if (it != store.end()) stored_bytes -= key.size() + it->second.size();
     stored_bytes += key.size() + value.size();
     store[key] = std::move(value);
+    RC_CHECK(WithinStoreBounds());
     return true;
+  }
+
+  // Every write goes through StoreFits first, so this holds after each one.
+  bool WithinStoreBounds() const {
+    return stored_bytes <= opt.store_bytes_max && store.size() <= opt.keys_max;
   }
 
   std::size_t Erase(const std::string& key) {
@@ -194,6 +232,18 @@ struct TcpStoreServer::Impl {
     if (n > opt.keys_per_query_max) return Parse::kBad;
     keys->resize(n);
     for (auto& k : *keys) RC_PARSE(r->Bytes(&k, true));
+    return Parse::kOk;
+  }
+
+  Parse ReadPairs(Reader* r, std::vector<std::pair<std::string, std::string>>* kvs) {
+    std::uint64_t n = 0;
+    RC_PARSE(r->Pod(&n));
+    if (n > opt.keys_per_query_max) return Parse::kBad;
+    kvs->resize(n);
+    for (auto& [k, v] : *kvs) {
+      RC_PARSE(r->Bytes(&k, true));
+      RC_PARSE(r->Bytes(&v, false));
+    }
     return Parse::kOk;
   }
 
@@ -253,6 +303,7 @@ struct TcpStoreServer::Impl {
     if (it == store.end()) return PutValue(key, value) ? Parse::kOk : Parse::kBad;
     it->second.append(value);  // in place: the joined value was bounded above
     stored_bytes += value.size();
+    RC_CHECK(WithinStoreBounds() && it->second.size() <= opt.value_bytes_max);
     return Parse::kOk;
   }
 
@@ -294,137 +345,165 @@ struct TcpStoreServer::Impl {
     return Parse::kOk;
   }
 
+  // ---- one handler per query type: read the query's fields, then act ----
+  Parse OnValidate(Reader* r) {
+    std::uint32_t magic = 0;
+    RC_PARSE(r->Pod(&magic));
+    return magic == kTcpStoreValidateMagic ? Parse::kOk : Parse::kBad;
+  }
+  Parse OnPing(Conn* c, Reader* r) {
+    std::uint32_t nonce = 0;
+    RC_PARSE(r->Pod(&nonce));
+    return ReplyPod(c, nonce);
+  }
+  Parse OnSet(Reader* r) {
+    std::string key, value;
+    RC_PARSE(r->Bytes(&key, true));
+    RC_PARSE(r->Bytes(&value, false));
+    if (RefuseWriteOnce(key) || !PutValue(key, std::move(value))) return Parse::kBad;
+    WakeWaiters();
+    return Parse::kOk;
+  }
+  Parse OnCompareSet(Conn* c, Reader* r) {
+    std::string key, expected, desired;
+    RC_PARSE(r->Bytes(&key, true));
+    RC_PARSE(r->Bytes(&expected, false));
+    RC_PARSE(r->Bytes(&desired, false));
+    return CompareSet(c, key, expected, std::move(desired));
+  }
+  Parse OnGet(Conn* c, Reader* r) {
+    std::string key;
+    RC_PARSE(r->Bytes(&key, true));
+    auto it = store.find(key);
+    if (it == store.end()) return Parse::kBad;  // torch's server errors; the client must WAIT first
+    return ReplyBytes(c, it->second);
+  }
+  Parse OnAdd(Conn* c, Reader* r) {
+    std::string key;
+    RC_PARSE(r->Bytes(&key, true));
+    std::int64_t delta = 0;
+    RC_PARSE(r->Pod(&delta));
+    return Add(c, key, delta);
+  }
+  Parse OnCheck(Conn* c, Reader* r) {
+    std::vector<std::string> keys;
+    RC_PARSE(ReadKeys(r, &keys));
+    return ReplyPod<std::uint8_t>(c, AllExist(keys) ? kCheckReady : kCheckNotReady);
+  }
+  Parse OnWait(Conn* c, Reader* r) {
+    std::vector<std::string> keys;
+    RC_PARSE(ReadKeys(r, &keys));
+    if (!c->wait_keys.empty()) return Parse::kBad;  // one deferred wait per connection
+    if (AllExist(keys)) return ReplyPod<std::uint8_t>(c, kWaitStop);
+    c->wait_keys = std::move(keys);
+    return Parse::kOk;
+  }
+  Parse OnCancelWait(Conn* c) {
+    c->wait_keys.clear();
+    return ReplyPod<std::uint8_t>(c, kWaitCanceled);
+  }
+  Parse OnGetNumKeys(Conn* c) {
+    return ReplyPod<std::int64_t>(c, static_cast<std::int64_t>(store.size()));
+  }
+  Parse OnDeleteKey(Conn* c, Reader* r) {
+    std::string key;
+    RC_PARSE(r->Bytes(&key, true));
+    if (RefuseWriteOnce(key)) return Parse::kBad;
+    if (!ReplyFits(c, sizeof(std::int64_t))) return Parse::kBad;
+    PutPod<std::int64_t>(&c->out, static_cast<std::int64_t>(Erase(key)));
+    return Parse::kOk;
+  }
+  Parse OnAppend(Reader* r) {
+    std::string key, value;
+    RC_PARSE(r->Bytes(&key, true));
+    RC_PARSE(r->Bytes(&value, false));
+    RC_PARSE(Append(key, value));
+    WakeWaiters();
+    return Parse::kOk;
+  }
+  Parse OnMultiGet(Conn* c, Reader* r) {
+    std::vector<std::string> keys;
+    RC_PARSE(ReadKeys(r, &keys));
+    return MultiGet(c, keys);
+  }
+  Parse OnMultiSet(Reader* r) {
+    std::vector<std::pair<std::string, std::string>> kvs;
+    RC_PARSE(ReadPairs(r, &kvs));
+    return MultiSet(kvs);
+  }
+
+  Parse Serve(StoreQuery type, Conn* c, Reader* r) {
+    switch (type) {
+      case StoreQuery::kValidate:
+        return OnValidate(r);
+      case StoreQuery::kSet:
+        return OnSet(r);
+      case StoreQuery::kCompareSet:
+        return OnCompareSet(c, r);
+      case StoreQuery::kGet:
+        return OnGet(c, r);
+      case StoreQuery::kAdd:
+        return OnAdd(c, r);
+      case StoreQuery::kCheck:
+        return OnCheck(c, r);
+      case StoreQuery::kWait:
+        return OnWait(c, r);
+      case StoreQuery::kGetNumKeys:
+        return OnGetNumKeys(c);
+      case StoreQuery::kDeleteKey:
+        return OnDeleteKey(c, r);
+      case StoreQuery::kAppend:
+        return OnAppend(r);
+      case StoreQuery::kMultiGet:
+        return OnMultiGet(c, r);
+      case StoreQuery::kMultiSet:
+        return OnMultiSet(r);
+      case StoreQuery::kCancelWait:
+        return OnCancelWait(c);
+      case StoreQuery::kPing:
+        return OnPing(c, r);
+    }
+    return Parse::kBad;  // a type byte outside the grammar
+  }
+
   // Parses and executes one query from c->in. kNeedMore leaves the input untouched.
   Parse HandleOne(Conn* c, std::size_t* consumed) {
     Reader r(c->in, opt.key_bytes_max, opt.value_bytes_max);
     std::uint8_t type = 0;
     RC_PARSE(r.Pod(&type));
-    std::string key, value, value2;
-    std::vector<std::string> keys;
-    switch (static_cast<StoreQuery>(type)) {
-      case StoreQuery::kValidate: {
-        std::uint32_t magic = 0;
-        RC_PARSE(r.Pod(&magic));
-        if (magic != kTcpStoreValidateMagic) return Parse::kBad;
-        break;
-      }
-      case StoreQuery::kPing: {
-        std::uint32_t nonce = 0;
-        RC_PARSE(r.Pod(&nonce));
-        RC_PARSE(ReplyPod(c, nonce));
-        break;
-      }
-      case StoreQuery::kSet: {
-        RC_PARSE(r.Bytes(&key, true));
-        RC_PARSE(r.Bytes(&value, false));
-        if (RefuseWriteOnce(key) || !PutValue(key, std::move(value))) return Parse::kBad;
-        WakeWaiters();
-        break;
-      }
-      case StoreQuery::kCompareSet: {
-        RC_PARSE(r.Bytes(&key, true));
-        RC_PARSE(r.Bytes(&value, false));   // expected
-        RC_PARSE(r.Bytes(&value2, false));  // desired
-        RC_PARSE(CompareSet(c, key, value, std::move(value2)));
-        break;
-      }
-      case StoreQuery::kGet: {
-        RC_PARSE(r.Bytes(&key, true));
-        auto it = store.find(key);
-        if (it == store.end())
-          return Parse::kBad;  // torch's server errors; the client must WAIT first
-        RC_PARSE(ReplyBytes(c, it->second));
-        break;
-      }
-      case StoreQuery::kAdd: {
-        RC_PARSE(r.Bytes(&key, true));
-        std::int64_t delta = 0;
-        RC_PARSE(r.Pod(&delta));
-        RC_PARSE(Add(c, key, delta));
-        break;
-      }
-      case StoreQuery::kCheck: {
-        RC_PARSE(ReadKeys(&r, &keys));
-        RC_PARSE(ReplyPod<std::uint8_t>(c, AllExist(keys) ? kCheckReady : kCheckNotReady));
-        break;
-      }
-      case StoreQuery::kWait: {
-        RC_PARSE(ReadKeys(&r, &keys));
-        if (!c->wait_keys.empty()) return Parse::kBad;  // one deferred wait per connection
-        if (AllExist(keys)) {
-          RC_PARSE(ReplyPod<std::uint8_t>(c, kWaitStop));
-        } else {
-          c->wait_keys = std::move(keys);
-        }
-        break;
-      }
-      case StoreQuery::kCancelWait: {
-        c->wait_keys.clear();
-        RC_PARSE(ReplyPod<std::uint8_t>(c, kWaitCanceled));
-        break;
-      }
-      case StoreQuery::kGetNumKeys: {
-        RC_PARSE(ReplyPod<std::int64_t>(c, static_cast<std::int64_t>(store.size())));
-        break;
-      }
-      case StoreQuery::kDeleteKey: {
-        RC_PARSE(r.Bytes(&key, true));
-        if (RefuseWriteOnce(key)) return Parse::kBad;
-        if (!ReplyFits(c, sizeof(std::int64_t))) return Parse::kBad;
-        PutPod<std::int64_t>(&c->out, static_cast<std::int64_t>(Erase(key)));
-        break;
-      }
-      case StoreQuery::kAppend: {
-        RC_PARSE(r.Bytes(&key, true));
-        RC_PARSE(r.Bytes(&value, false));
-        RC_PARSE(Append(key, value));
-        WakeWaiters();
-        break;
-      }
-      case StoreQuery::kMultiGet: {
-        RC_PARSE(ReadKeys(&r, &keys));
-        RC_PARSE(MultiGet(c, keys));
-        break;
-      }
-      case StoreQuery::kMultiSet: {
-        std::uint64_t n = 0;
-        RC_PARSE(r.Pod(&n));
-        if (n > opt.keys_per_query_max) return Parse::kBad;
-        std::vector<std::pair<std::string, std::string>> kvs(n);
-        for (auto& [k, v] : kvs) {
-          RC_PARSE(r.Bytes(&k, true));
-          RC_PARSE(r.Bytes(&v, false));
-        }
-        RC_PARSE(MultiSet(kvs));
-        break;
-      }
-      default:
-        return Parse::kBad;
-    }
+    RC_PARSE(Serve(static_cast<StoreQuery>(type), c, &r));
     *consumed = r.pos();
+    RC_CHECK(*consumed > 0 && *consumed <= c->in.size());
     ++stats.queries;
     return Parse::kOk;
   }
 
+  // Serves every complete query in c->in; what stays buffered is one incomplete query.
   void HandleInput(Conn* c) {
-    while (!c->closing) {
-      std::size_t consumed = 0;
-      const Parse p = HandleOne(c, &consumed);
-      if (p == Parse::kNeedMore) {
-        if (c->in.size() > opt.query_bytes_max) Disconnect(c);  // an incomplete query too large
-        return;
-      }
-      if (p == Parse::kBad) {
-        Disconnect(c);
-        return;
-      }
-      c->in.erase(0, consumed);
-      if (c->in.empty() && c->in.capacity() > kIdleBufferBytesMax) std::string().swap(c->in);
-      if (c->out.size() > opt.output_bytes_max) {
-        Disconnect(c);
-        return;
-      }
+    while (!c->closing && HandleNext(c)) {
     }
+    RC_CHECK(c->closing || c->in.size() <= opt.query_bytes_max);
+  }
+
+  // Serves the next query of c->in. False when c must wait for more bytes or was dropped.
+  bool HandleNext(Conn* c) {
+    std::size_t consumed = 0;
+    const Parse p = HandleOne(c, &consumed);
+    if (p == Parse::kNeedMore) {
+      if (c->in.size() > opt.query_bytes_max) Disconnect(c);  // an incomplete query too large
+      return false;
+    }
+    if (p == Parse::kBad) {
+      Disconnect(c);
+      return false;
+    }
+    c->in.erase(0, consumed);
+    if (c->in.empty() && c->in.capacity() > kIdleBufferBytesMax) std::string().swap(c->in);
+    if (c->out.size() > opt.output_bytes_max) {
+      Disconnect(c);
+      return false;
+    }
+    return true;
   }
 
   void Disconnect(Conn* c) {
@@ -466,107 +545,158 @@ struct TcpStoreServer::Impl {
         return;
       }
     } catch (const std::bad_alloc&) {
-      ++stats.allocation_failures;
-      Disconnect(c);
-      std::string().swap(c->in);
-      std::string().swap(c->out);
-      std::vector<std::string>().swap(c->wait_keys);
+      DropAfterAllocationFailure(c);
     }
   }
 
   void Accept() {
     for (;;) {
       const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;
-      if (conns.size() >= opt.connections_max) {
-        ::close(fd);
-        ++stats.connections_refused;
-        continue;
-      }
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      try {
-        auto c = std::make_unique<Conn>();
-        c->fd = fd;
-        conns.push_back(std::move(c));  // capacity reserved at Start: no reallocation
-      } catch (const std::bad_alloc&) {
-        ::close(fd);
-        ++stats.allocation_failures;
-        return;
-      }
-      ++stats.connections_accepted;
+      if (fd < 0 || !TakeConnection(fd)) return;
     }
   }
 
+  // Serves fd, or closes it when connections_max are open. False: out of memory, stop accepting.
+  bool TakeConnection(int fd) {
+    if (conns.size() >= opt.connections_max) {
+      ::close(fd);
+      ++stats.connections_refused;
+      return true;
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    try {
+      auto c = std::make_unique<Conn>();
+      c->fd = fd;
+      conns.push_back(std::move(c));  // capacity reserved at Start: no reallocation
+    } catch (const std::bad_alloc&) {
+      ::close(fd);
+      ++stats.allocation_failures;
+      return false;
+    }
+    ++stats.connections_accepted;
+    RC_CHECK(conns.size() <= opt.connections_max);
+    return true;
+  }
+
+  // Serves until Stop(): poll every descriptor, then serve what is ready, under the lock.
   void Loop() {
+    RC_CHECK(listen_fd >= 0 && wake_fd >= 0);
     std::vector<pollfd> fds;
     char buf[64 * 1024];
-    for (;;) {
-      fds.clear();
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (stop) break;
-        fds.push_back({listen_fd, POLLIN, 0});
-        fds.push_back({wake_fd, POLLIN, 0});
-        for (auto& c : conns) {
-          short ev = POLLIN;
-          if (!c->out.empty()) ev |= POLLOUT;
-          fds.push_back({c->fd, ev, 0});
-        }
-      }
+    while (PollSet(&fds)) {
       const int n = ::poll(fds.data(), fds.size(), kPollTickMs);
       if (n < 0 && errno != EINTR) break;
       std::lock_guard<std::mutex> lock(mu);
       if (stop) break;
-      if (fds[1].revents & POLLIN) {
-        std::uint64_t v;
-        ssize_t r = ::read(wake_fd, &v, sizeof(v));
-        (void)r;
-        WakeWaiters();
-      }
-      // Connections were only appended since the snapshot was taken (removal happens below).
-      for (std::size_t i = 2; i < fds.size(); ++i) {
-        Conn* c = conns[i - 2].get();
-        RC_CHECK(c->fd == fds[i].fd);
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) Receive(c, buf, sizeof(buf));
-      }
-      // Flush every connection (waiters may have been woken by another connection's SET).
-      for (auto& c : conns) {
-        while (!c->closing && !c->out.empty()) {
-          const ssize_t sent = ::send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
-          if (sent > 0) {
-            c->out.erase(0, static_cast<std::size_t>(sent));
-            if (c->out.empty() && c->out.capacity() > kIdleBufferBytesMax)
-              std::string().swap(c->out);
-          } else {
-            if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-              c->closing = true;
-            break;
-          }
-        }
-      }
-      if (fds[0].revents & POLLIN) Accept();
-      std::erase_if(conns, [](const std::unique_ptr<Conn>& c) {
-        if (c->closing) ::close(c->fd);
-        return c->closing;
-      });
-      stats.connections_open = conns.size();
-      stats.stored_bytes = stored_bytes;
-      stats.waiters = 0;
-      for (auto& c : conns) stats.waiters += c->wait_keys.empty() ? 0 : 1;
+      ServeReady(fds, buf, sizeof(buf));
     }
+    CloseAll();
+  }
+
+  // fds := listener, wake-up, then one entry per connection in `conns` order. False once stopped.
+  bool PollSet(std::vector<pollfd>* fds) {
+    fds->clear();
+    std::lock_guard<std::mutex> lock(mu);
+    if (stop) return false;
+    fds->push_back({listen_fd, POLLIN, 0});
+    fds->push_back({wake_fd, POLLIN, 0});
+    for (auto& c : conns) {
+      short ev = POLLIN;
+      if (!c->out.empty()) ev |= POLLOUT;
+      fds->push_back({c->fd, ev, 0});
+    }
+    return true;
+  }
+
+  void ServeReady(const std::vector<pollfd>& fds, char* buf, std::size_t buf_bytes) {
+    if (fds[1].revents & POLLIN) DrainWakeFd();
+    ReceiveReady(fds, buf, buf_bytes);
+    // Flush every connection (waiters may have been woken by another connection's SET).
+    for (auto& c : conns) Flush(c.get());
+    if (fds[0].revents & POLLIN) Accept();
+    Reap();
+    PublishStats();
+  }
+
+  void DrainWakeFd() {
+    std::uint64_t v;
+    ssize_t r = ::read(wake_fd, &v, sizeof(v));
+    (void)r;
+    WakeWaiters();
+  }
+
+  void ReceiveReady(const std::vector<pollfd>& fds, char* buf, std::size_t buf_bytes) {
+    // Connections were only appended since the snapshot was taken (removal happens in Reap).
+    RC_CHECK(fds.size() >= 2 && fds.size() - 2 <= conns.size());
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      Conn* c = conns[i - 2].get();
+      RC_CHECK(c->fd == fds[i].fd);
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) Receive(c, buf, buf_bytes);
+    }
+  }
+
+  // Sends what the socket takes now; a send error other than "try again" closes c.
+  void Flush(Conn* c) {
+    while (!c->closing && !c->out.empty()) {
+      const ssize_t sent = ::send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
+      if (sent > 0) {
+        c->out.erase(0, static_cast<std::size_t>(sent));
+        if (c->out.empty() && c->out.capacity() > kIdleBufferBytesMax) std::string().swap(c->out);
+      } else {
+        if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+          c->closing = true;
+        break;
+      }
+    }
+  }
+
+  void Reap() {
+    std::erase_if(conns, [](const std::unique_ptr<Conn>& c) {
+      if (c->closing) ::close(c->fd);
+      return c->closing;
+    });
+  }
+
+  void PublishStats() {
+    stats.connections_open = conns.size();
+    stats.stored_bytes = stored_bytes;
+    stats.waiters = 0;
+    for (auto& c : conns) stats.waiters += c->wait_keys.empty() ? 0 : 1;
+  }
+
+  void CloseAll() {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& c : conns) ::close(c->fd);
     conns.clear();
     stats.connections_open = 0;
     stats.waiters = 0;
   }
+
+  // What the server-side Set checks and stores; the caller holds `mu` and wakes the waiters.
+  Status ServerSet(const std::string& wire_key, const std::string& value) {
+    if (Protected(wire_key)) return Status::Rejected("tcp store key is write-once and already set");
+    if (!PutValue(wire_key, value)) return Status::InvalidArgument("value too large or store full");
+    RC_CHECK(store.at(wire_key) == value);
+    return Status::OK();
+  }
+
+  // A connection whose serving ran out of memory: dropped, its buffers released.
+  void DropAfterAllocationFailure(Conn* c) {
+    ++stats.allocation_failures;
+    Disconnect(c);
+    std::string().swap(c->in);
+    std::string().swap(c->out);
+    std::vector<std::string>().swap(c->wait_keys);
+  }
 };
 
 TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl, std::uint16_t port)
     : impl_(std::move(impl)), port_(port) {}
 
-Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreOptions& options) {
+namespace {
+
+Status CheckBounds(const TcpStoreOptions& options) {
   if (options.connections_max == 0 || options.key_bytes_max == 0 || options.keys_max == 0 ||
       options.keys_per_query_max == 0) {
     return Status::InvalidArgument("tcp store bounds must be positive");
@@ -575,34 +705,20 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreOpti
       options.buffered_bytes_max == 0 || options.store_bytes_max == 0) {
     return Status::InvalidArgument("tcp store byte bounds must be positive");
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreOptions& options) {
+  RC_RETURN_IF_ERROR(CheckBounds(options));
   auto impl = std::make_unique<Impl>();
-  impl->opt = options;
-  impl->write_once.insert(options.write_once_keys.begin(), options.write_once_keys.end());
-  impl->conns.reserve(options.connections_max);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(options.port);
-  if (::inet_pton(AF_INET, options.bind_address.c_str(), &addr.sin_addr) != 1) {
-    return Status::InvalidArgument("tcp store bind address is not IPv4: " + options.bind_address);
-  }
-  impl->listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (impl->listen_fd < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
-  int one = 1;
-  ::setsockopt(impl->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(impl->listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Status::IOError("tcp store bind " + options.bind_address + ":" +
-                           std::to_string(options.port) + ": " + std::strerror(errno));
-  }
-  if (::listen(impl->listen_fd, 128) != 0) {
-    return Status::IOError(std::string("listen: ") + std::strerror(errno));
-  }
-  socklen_t len = sizeof(addr);
-  ::getsockname(impl->listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  impl->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (impl->wake_fd < 0) return Status::IOError(std::string("eventfd: ") + std::strerror(errno));
+  impl->Configure(options, options.connections_max);
+  Result<std::uint16_t> port = impl->Listen();
+  if (!port.ok()) return port.status();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Loop(); });
-  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl), ntohs(addr.sin_port)));
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl), *port));
 }
 
 TcpStoreServer::~TcpStoreServer() { Stop(); }
@@ -615,18 +731,14 @@ void TcpStoreServer::Stop() {
   }
   impl_->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
+  RC_CHECK(impl_->conns.empty());  // the serving thread closed every connection on its way out
 }
 
 Status TcpStoreServer::Set(const std::string& wire_key, const std::string& value) {
   if (wire_key.size() > impl_->opt.key_bytes_max) return Status::InvalidArgument("key too long");
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->Protected(wire_key)) {
-      return Status::Rejected("tcp store key is write-once and already set");
-    }
-    if (!impl_->PutValue(wire_key, value)) {
-      return Status::InvalidArgument("value too large or store full");
-    }
+    RC_RETURN_IF_ERROR(impl_->ServerSet(wire_key, value));
   }
   impl_->Wake();
   return Status::OK();
@@ -646,9 +758,7 @@ TcpStoreStats TcpStoreServer::stats() const {
 
 TcpStoreFrameHarness::TcpStoreFrameHarness(const TcpStoreOptions& options, std::size_t connections)
     : impl_(std::make_unique<TcpStoreServer::Impl>()) {
-  impl_->opt = options;
-  impl_->write_once.insert(options.write_once_keys.begin(), options.write_once_keys.end());
-  impl_->conns.reserve(connections);
+  impl_->Configure(options, connections);
   for (std::size_t i = 0; i < connections; ++i) {
     impl_->conns.push_back(std::make_unique<Conn>());
     impl_->conns.back()->fd = -1;
@@ -675,11 +785,7 @@ void TcpStoreFrameHarness::Feed(std::size_t conn, const char* data, std::size_t 
       impl_->HandleInput(c);
     }
   } catch (const std::bad_alloc&) {
-    ++impl_->stats.allocation_failures;
-    impl_->Disconnect(c);
-    std::string().swap(c->in);
-    std::string().swap(c->out);
-    std::vector<std::string>().swap(c->wait_keys);
+    impl_->DropAfterAllocationFailure(c);
   }
 }
 
@@ -703,12 +809,7 @@ bool TcpStoreFrameHarness::waiting(std::size_t conn) const {
 Status TcpStoreFrameHarness::SetServer(const std::string& wire_key, const std::string& value) {
   if (wire_key.size() > impl_->opt.key_bytes_max) return Status::InvalidArgument("key too long");
   std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->Protected(wire_key)) {
-    return Status::Rejected("tcp store key is write-once and already set");
-  }
-  if (!impl_->PutValue(wire_key, value)) {
-    return Status::InvalidArgument("value too large or store full");
-  }
+  RC_RETURN_IF_ERROR(impl_->ServerSet(wire_key, value));
   impl_->WakeWaiters();  // what the serving thread does on the wake-up
   return Status::OK();
 }

@@ -55,6 +55,7 @@ constexpr int kEintrRetriesMax = 64;
 constexpr std::uint64_t kReadChunkBytesMax = 64u << 20;
 
 Status ReadExact(int fd, std::uint64_t offset, void* dst, std::uint64_t bytes) {
+  RC_CHECK(fd >= 0 && (dst != nullptr || bytes == 0));
   auto* p = static_cast<char*>(dst);
   int interrupted = 0;
   while (bytes > 0) {
@@ -101,7 +102,16 @@ Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t max_byt
   Status s = ReadExact(*fd, 0, text.data(), text.size());
   ::close(*fd);
   if (!s.ok()) return s;
+  RC_CHECK(text.size() <= max_bytes);
   return text;
+}
+
+// The u64 little-endian at the start of `bytes` (at least 8 of them).
+std::uint64_t LittleEndian64(const std::string& bytes) {
+  RC_CHECK(bytes.size() >= 8);
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(bytes[i]);
+  return v;
 }
 
 // The index of the safetensors file open on `fd` (`file_bytes` from its fstat).
@@ -109,9 +119,7 @@ Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes) {
   std::string prefix(std::min<std::uint64_t>(file_bytes, 8), '\0');
   RC_RETURN_IF_ERROR(ReadExact(fd, 0, prefix.data(), prefix.size()));
   if (prefix.size() == 8) {
-    std::uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i)
-      header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+    const std::uint64_t header_len = LittleEndian64(prefix);
     // Bounded before the allocation: the format's limit and the file's size.
     if (header_len <= kSafetensorsHeaderBytesMax && header_len <= file_bytes - 8) {
       prefix.resize(8 + header_len);
@@ -123,14 +131,21 @@ Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes) {
 
 }  // namespace
 
-Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
-                                                std::uint64_t file_bytes) {
+namespace {
+
+// A tensor's header entry, kept until the byte ranges are checked against each other.
+struct HeaderEntry {
+  TensorSpec spec;
+  std::uint64_t begin = 0, end = 0;  // relative to the data section
+  std::string who;
+};
+
+// The header's length, checked against the format's limit, the file and the bytes at hand.
+Result<std::uint64_t> ReadHeaderLength(const std::string& prefix, std::uint64_t file_bytes) {
   if (file_bytes < 8 || prefix.size() < 8) {
     return Status::InvalidArgument("safetensors: file shorter than the 8-byte header length");
   }
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i)
-    header_len = (header_len << 8) | static_cast<std::uint8_t>(prefix[i]);
+  const std::uint64_t header_len = LittleEndian64(prefix);
   // The length's value is the file's first 8 bytes: never echoed (see Nth).
   if (header_len > kSafetensorsHeaderBytesMax) {
     return Status::InvalidArgument("safetensors: header length exceeds " +
@@ -144,74 +159,87 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   if (prefix.size() < 8 + header_len) {
     return Status::InvalidArgument("safetensors: header not fully read");
   }
-  const json header =
-      json::parse(prefix.begin() + 8, prefix.begin() + 8 + static_cast<std::ptrdiff_t>(header_len),
-                  nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) {
-    return Status::InvalidArgument("safetensors: header is not a JSON object");
+  return header_len;
+}
+
+Status ReadMetadata(const json& j, std::map<std::string, std::string>* metadata) {
+  if (!j.is_object()) return Status::InvalidArgument("safetensors: __metadata__ not an object");
+  for (auto m = j.begin(); m != j.end(); ++m) {
+    if (!m->is_string()) return Status::InvalidArgument("safetensors: metadata value not a string");
+    (*metadata)[m.key()] = m->get<std::string>();
   }
-  SafetensorsIndex index;
-  index.file_bytes = file_bytes;
-  const std::uint64_t data_start = 8 + header_len;
-  const std::uint64_t data_bytes = file_bytes - data_start;
-  struct Entry {
-    TensorSpec spec;
-    std::uint64_t begin, end;
-    std::string who;
-  };
-  std::vector<Entry> entries;
+  return Status::OK();
+}
+
+Status ReadDataOffsets(const json& off, std::uint64_t data_bytes, HeaderEntry* e) {
+  if (!off.is_array() || off.size() != 2 || !ReadU64(off[0], &e->begin) ||
+      !ReadU64(off[1], &e->end) || e->begin > e->end) {
+    return Status::InvalidArgument(e->who + ": data_offsets must be [begin<=end]");
+  }
+  if (e->end > data_bytes) {
+    return Status::InvalidArgument(e->who + ": data_offsets end beyond the data section (" +
+                                   std::to_string(data_bytes) + " bytes; truncated?)");
+  }
+  return Status::OK();
+}
+
+// One tensor's entry: dtype, shape and a byte range inside the data section.
+Result<HeaderEntry> ReadTensorEntry(const std::string& name, const json& t, std::string who,
+                                    std::uint64_t data_bytes) {
+  if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
+      !t.contains("data_offsets")) {
+    return Status::InvalidArgument(who + " lacks dtype, shape or data_offsets");
+  }
+  if (!t["dtype"].is_string()) return Status::InvalidArgument(who + ": dtype not a string");
+  auto dtype = dtype_from_safetensors_name(t["dtype"].get<std::string>());
+  if (!dtype.ok()) return Status::InvalidArgument(who + ": unsupported dtype");
+  HeaderEntry e;
+  e.spec.name = name;
+  e.spec.dtype = *dtype;
+  e.who = std::move(who);
+  RC_RETURN_IF_ERROR(ReadShape(t["shape"], e.who, &e.spec.shape));
+  RC_RETURN_IF_ERROR(ReadDataOffsets(t["data_offsets"], data_bytes, &e));
+  RC_CHECK(e.begin <= e.end && e.end <= data_bytes);
+  return e;
+}
+
+// Every tensor entry of the header, in the header's order; "__metadata__" goes to `metadata`.
+Status ReadEntries(const json& header, std::uint64_t data_bytes,
+                   std::map<std::string, std::string>* metadata,
+                   std::vector<HeaderEntry>* entries) {
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
-    const std::string who = "safetensors: " + Nth("tensor", entries.size());
+    std::string who = "safetensors: " + Nth("tensor", entries->size());
     if (name == "__metadata__") {
-      if (!it->is_object())
-        return Status::InvalidArgument("safetensors: __metadata__ not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string())
-          return Status::InvalidArgument("safetensors: metadata value not a string");
-        index.metadata[m.key()] = m->get<std::string>();
-      }
+      RC_RETURN_IF_ERROR(ReadMetadata(*it, metadata));
       continue;
     }
-    if (entries.size() >= kTensorsMax)
+    if (entries->size() >= kTensorsMax)
       return Status::InvalidArgument("safetensors: too many tensors");
-    const json& t = *it;
-    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
-        !t.contains("data_offsets")) {
-      return Status::InvalidArgument(who + " lacks dtype, shape or data_offsets");
-    }
-    if (!t["dtype"].is_string()) return Status::InvalidArgument(who + ": dtype not a string");
-    auto dtype = dtype_from_safetensors_name(t["dtype"].get<std::string>());
-    if (!dtype.ok()) return Status::InvalidArgument(who + ": unsupported dtype");
-    Entry e;
-    e.spec.name = name;
-    e.spec.dtype = *dtype;
-    e.who = who;
-    if (Status s = ReadShape(t["shape"], who, &e.spec.shape); !s.ok()) return s;
-    const json& off = t["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !ReadU64(off[0], &e.begin) ||
-        !ReadU64(off[1], &e.end) || e.begin > e.end) {
-      return Status::InvalidArgument(who + ": data_offsets must be [begin<=end]");
-    }
-    if (e.end > data_bytes) {
-      return Status::InvalidArgument(who + ": data_offsets end beyond the data section (" +
-                                     std::to_string(data_bytes) + " bytes; truncated?)");
-    }
-    entries.push_back(std::move(e));
+    Result<HeaderEntry> e = ReadTensorEntry(name, *it, std::move(who), data_bytes);
+    if (!e.ok()) return e.status();
+    entries->push_back(std::move(*e));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+  return Status::OK();
+}
+
+// Sorted by offset, the ranges must tile the data section: no gap, no overlap, nothing left over.
+// Moves each entry's spec into the index, in that order.
+Status PlaceEntries(std::vector<HeaderEntry>* entries, std::uint64_t data_start,
+                    std::uint64_t data_bytes, SafetensorsIndex* index) {
+  std::sort(entries->begin(), entries->end(), [](const HeaderEntry& a, const HeaderEntry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   std::uint64_t cursor = 0;
-  for (auto& e : entries) {
+  for (auto& e : *entries) {
     if (e.begin != cursor) {
       return Status::InvalidArgument(e.who +
                                      ": data does not start where the previous tensor's ends" +
                                      (e.begin < cursor ? " (overlap)" : " (gap)"));
     }
     cursor = e.end;
-    index.file_offsets.push_back(data_start + e.begin);
-    index.manifest.tensors.push_back(std::move(e.spec));
+    index->file_offsets.push_back(data_start + e.begin);
+    index->manifest.tensors.push_back(std::move(e.spec));
   }
   if (cursor != data_bytes) {
     return Status::InvalidArgument(
@@ -219,16 +247,56 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
         "holds " +
         std::to_string(data_bytes) + " data bytes)");
   }
-  if (Status s = index.manifest.Validate(); !s.ok())
-    return Status::InvalidArgument("safetensors: " + s.message());
-  // Validate() bounds the shapes first, so nbytes() cannot overflow here.
+  return Status::OK();
+}
+
+// Validate() bounds the shapes first, so nbytes() cannot overflow here.
+Status CheckRangeSizes(const std::vector<HeaderEntry>& entries, const Manifest& manifest) {
+  RC_CHECK(entries.size() == manifest.tensors.size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    const auto& spec = index.manifest.tensors[i];
+    const auto& spec = manifest.tensors[i];
     if (entries[i].end - entries[i].begin != spec.nbytes()) {
       return Status::InvalidArgument(entries[i].who +
                                      ": byte range does not match its dtype and shape");
     }
   }
+  return Status::OK();
+}
+
+// True when the tensors, in order, tile [data_start, file_bytes) exactly.
+bool TilesDataSection(const SafetensorsIndex& index, std::uint64_t data_start) {
+  if (index.file_offsets.size() != index.manifest.tensors.size()) return false;
+  std::uint64_t cursor = data_start;
+  for (std::size_t i = 0; i < index.file_offsets.size(); ++i) {
+    if (index.file_offsets[i] != cursor) return false;
+    cursor += index.manifest.tensors[i].nbytes();
+  }
+  return cursor == index.file_bytes;
+}
+
+}  // namespace
+
+Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
+                                                std::uint64_t file_bytes) {
+  Result<std::uint64_t> header_len = ReadHeaderLength(prefix, file_bytes);
+  if (!header_len.ok()) return header_len.status();
+  const json header = json::parse(
+      prefix.begin() + 8, prefix.begin() + 8 + static_cast<std::ptrdiff_t>(*header_len), nullptr,
+      /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return Status::InvalidArgument("safetensors: header is not a JSON object");
+  }
+  SafetensorsIndex index;
+  index.file_bytes = file_bytes;
+  const std::uint64_t data_start = 8 + *header_len;
+  const std::uint64_t data_bytes = file_bytes - data_start;
+  std::vector<HeaderEntry> entries;
+  RC_RETURN_IF_ERROR(ReadEntries(header, data_bytes, &index.metadata, &entries));
+  RC_RETURN_IF_ERROR(PlaceEntries(&entries, data_start, data_bytes, &index));
+  if (Status s = index.manifest.Validate(); !s.ok())
+    return Status::InvalidArgument("safetensors: " + s.message());
+  RC_RETURN_IF_ERROR(CheckRangeSizes(entries, index.manifest));
+  RC_CHECK(TilesDataSection(index, data_start));
   return index;
 }
 
@@ -264,8 +332,10 @@ Status SafetensorsSource::ReadHost(std::size_t i, void* dst) const {
   return ReadExact(fd_, index_.file_offsets[i], dst, index_.manifest.tensors[i].nbytes());
 }
 
-Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
-  const json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+namespace {
+
+// The document's envelope: an object of version 1 whose "tensors" is an array within bounds.
+Status CheckIpcEnvelope(const json& doc) {
   if (doc.is_discarded() || !doc.is_object())
     return Status::InvalidArgument("ipc file: not a JSON object");
   if (!doc.contains("version") || doc["version"] != 1)
@@ -275,58 +345,101 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
   }
   if (doc["tensors"].size() > kTensorsMax)
     return Status::InvalidArgument("ipc file: too many tensors");
-  IpcHandleFile out;
-  bool first = true;
-  for (const auto& t : doc["tensors"]) {
-    const std::string who = "ipc file: " + Nth("tensor", out.refs.size());
-    if (!t.is_object()) return Status::InvalidArgument(who + ": entry not an object");
-    for (const char* k :
-         {"name", "dtype", "shape", "ipc_handle_b64", "allocation_bytes", "offset", "device"}) {
-      if (!t.contains(k))
-        return Status::InvalidArgument(std::string("ipc file: entry lacks '") + k + "'");
-    }
-    if (!t["name"].is_string() || !t["dtype"].is_string() || !t["ipc_handle_b64"].is_string() ||
-        !t["device"].is_number_integer()) {
-      return Status::InvalidArgument(
-          "ipc file: name/dtype/ipc_handle_b64 must be strings, device an integer");
-    }
-    TensorSpec spec;
-    spec.name = t["name"].get<std::string>();
-    auto dtype = dtype_from_torch_name(t["dtype"].get<std::string>());
-    if (!dtype.ok()) return Status::InvalidArgument(who + ": unsupported dtype");
-    spec.dtype = *dtype;
-    if (Status s = ReadShape(t["shape"], who, &spec.shape); !s.ok()) return s;
-    IpcTensorRef ref;
-    if (!ReadU64(t["allocation_bytes"], &ref.allocation_bytes) ||
-        !ReadU64(t["offset"], &ref.offset)) {
-      return Status::InvalidArgument(who + ": offset/allocation_bytes not unsigned");
-    }
-    const std::string& b64 = t["ipc_handle_b64"].get_ref<const std::string&>();
-    if (b64.size() > 128) return Status::InvalidArgument("ipc file: handle text too long");
-    auto handle = encoding::Base64Decode(b64);
-    if (!handle.ok() || handle->size() != kCudaIpcHandleBytes) {
-      return Status::InvalidArgument(who + ": handle is not base64 of 64 bytes");
-    }
-    ref.handle = std::move(*handle);
-    const int device = t["device"].get<int>();
-    if (device < 0) return Status::InvalidArgument("ipc file: negative device");
-    if (!first && device != out.device)
-      return Status::InvalidArgument("ipc file: tensors on several devices");
-    out.device = device;
-    first = false;
-    out.manifest.tensors.push_back(std::move(spec));
-    out.refs.push_back(std::move(ref));
+  return Status::OK();
+}
+
+// An entry is an object holding every field, with the scalar fields typed.
+Status CheckIpcFields(const json& t, const std::string& who) {
+  if (!t.is_object()) return Status::InvalidArgument(who + ": entry not an object");
+  for (const char* k :
+       {"name", "dtype", "shape", "ipc_handle_b64", "allocation_bytes", "offset", "device"}) {
+    if (!t.contains(k))
+      return Status::InvalidArgument(std::string("ipc file: entry lacks '") + k + "'");
   }
-  if (Status s = out.manifest.Validate(); !s.ok())
-    return Status::InvalidArgument("ipc file: " + s.message());
-  for (std::size_t i = 0; i < out.refs.size(); ++i) {
-    const auto& r = out.refs[i];
-    const std::uint64_t n = out.manifest.tensors[i].nbytes();
+  if (!t["name"].is_string() || !t["dtype"].is_string() || !t["ipc_handle_b64"].is_string() ||
+      !t["device"].is_number_integer()) {
+    return Status::InvalidArgument(
+        "ipc file: name/dtype/ipc_handle_b64 must be strings, device an integer");
+  }
+  return Status::OK();
+}
+
+Result<TensorSpec> ReadIpcSpec(const json& t, const std::string& who) {
+  TensorSpec spec;
+  spec.name = t["name"].get<std::string>();
+  auto dtype = dtype_from_torch_name(t["dtype"].get<std::string>());
+  if (!dtype.ok()) return Status::InvalidArgument(who + ": unsupported dtype");
+  spec.dtype = *dtype;
+  RC_RETURN_IF_ERROR(ReadShape(t["shape"], who, &spec.shape));
+  return spec;
+}
+
+Result<IpcTensorRef> ReadIpcRef(const json& t, const std::string& who) {
+  IpcTensorRef ref;
+  if (!ReadU64(t["allocation_bytes"], &ref.allocation_bytes) ||
+      !ReadU64(t["offset"], &ref.offset)) {
+    return Status::InvalidArgument(who + ": offset/allocation_bytes not unsigned");
+  }
+  const std::string& b64 = t["ipc_handle_b64"].get_ref<const std::string&>();
+  if (b64.size() > 128) return Status::InvalidArgument("ipc file: handle text too long");
+  auto handle = encoding::Base64Decode(b64);
+  if (!handle.ok() || handle->size() != kCudaIpcHandleBytes) {
+    return Status::InvalidArgument(who + ": handle is not base64 of 64 bytes");
+  }
+  ref.handle = std::move(*handle);
+  return ref;
+}
+
+// Every tensor lives on one device: the first entry's (`first`), which the others must match.
+Status ReadIpcDevice(const json& t, bool first, int* device) {
+  const int d = t["device"].get<int>();
+  if (d < 0) return Status::InvalidArgument("ipc file: negative device");
+  if (!first && d != *device)
+    return Status::InvalidArgument("ipc file: tensors on several devices");
+  *device = d;
+  return Status::OK();
+}
+
+// Appends one entry's tensor and reference to `out`.
+Status ReadIpcEntry(const json& t, IpcHandleFile* out) {
+  const std::string who = "ipc file: " + Nth("tensor", out->refs.size());
+  RC_RETURN_IF_ERROR(CheckIpcFields(t, who));
+  Result<TensorSpec> spec = ReadIpcSpec(t, who);
+  if (!spec.ok()) return spec.status();
+  Result<IpcTensorRef> ref = ReadIpcRef(t, who);
+  if (!ref.ok()) return ref.status();
+  RC_RETURN_IF_ERROR(ReadIpcDevice(t, out->refs.empty(), &out->device));
+  out->manifest.tensors.push_back(std::move(*spec));
+  out->refs.push_back(std::move(*ref));
+  RC_CHECK(out->refs.size() == out->manifest.tensors.size() &&
+           out->refs.back().handle.size() == kCudaIpcHandleBytes);
+  return Status::OK();
+}
+
+// Validate() bounds the shapes first, so nbytes() cannot overflow here.
+Status CheckWithinAllocations(const IpcHandleFile& file) {
+  RC_CHECK(file.refs.size() == file.manifest.tensors.size());
+  for (std::size_t i = 0; i < file.refs.size(); ++i) {
+    const auto& r = file.refs[i];
+    const std::uint64_t n = file.manifest.tensors[i].nbytes();
     if (r.offset > r.allocation_bytes || n > r.allocation_bytes - r.offset) {
       return Status::InvalidArgument("ipc file: " + Nth("tensor", i) +
                                      " lies outside its allocation");
     }
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
+  const json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  RC_RETURN_IF_ERROR(CheckIpcEnvelope(doc));
+  IpcHandleFile out;
+  for (const auto& t : doc["tensors"]) RC_RETURN_IF_ERROR(ReadIpcEntry(t, &out));
+  if (Status s = out.manifest.Validate(); !s.ok())
+    return Status::InvalidArgument("ipc file: " + s.message());
+  RC_RETURN_IF_ERROR(CheckWithinAllocations(out));
   return out;
 }
 
@@ -438,6 +551,7 @@ Result<std::shared_ptr<WeightSource>> SourceCache::Get(const std::string& uri) {
   if (stat_ok) {
     if (files_.size() >= entries_max_) files_.erase(files_.begin());
     files_.push_back(Entry{uri, id, *opened});
+    RC_CHECK(files_.size() <= entries_max_);
   }
   return opened;
 }
