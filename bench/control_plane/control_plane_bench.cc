@@ -61,7 +61,7 @@ void BM_UpdateCycleOverhead(benchmark::State& state) {
                                 label,
                                 {digest, "", "ckpt/" + std::to_string(generation), "bench",
                                  static_cast<std::int64_t>(generation)},
-                                "synthetic:8x64"});
+                                "synthetic:8x64:" + std::to_string(generation)});
     RC_CHECK(ended.ok() && ended->outcome == rc::UpdateOutcome::kCommitted);
     const auto& t = runner.last_timings();
     const double overhead_ms = static_cast<double>(t.total_us - t.transfer_us) / 1000.0;

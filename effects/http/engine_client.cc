@@ -480,6 +480,10 @@ HttpReply EngineClient::CollectiveRpc(const std::string& method,
                    Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms),
               o);
 }
+HttpReply EngineClient::PostJson(const std::string& path, const json& body, const CallOptions& o) {
+  RC_CHECK(!path.empty() && path[0] == '/' && body.is_object());
+  return Call(post(path, dump(body), Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms), o);
+}
 HttpReply EngineClient::ReadLabel(const CallOptions& o) {
   const LabelRoute route = label_route();
   HttpReply r = route == LabelRoute::kWorkerRpc ? LabelFromExtension(o) : LabelFromRoute(route, o);

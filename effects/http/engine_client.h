@@ -186,6 +186,9 @@ class EngineClient {
   // POST /collective_rpc {"method", "args"}: 2xx body {"results": [...]} (one entry per worker).
   HttpReply CollectiveRpc(const std::string& method, const std::vector<std::string>& args,
                           const CallOptions& o = {});
+  // POST `path` with a JSON object body; 2xx body: any JSON object (call_timeout_ms).
+  HttpReply PostJson(const std::string& path, const nlohmann::json& body,
+                     const CallOptions& o = {});
   HttpReply Pause(PauseMode mode, bool clear_cache, const CallOptions& o = {});
   HttpReply ResumeRaw(const CallOptions& o = {});
   HttpReply IsPaused(const CallOptions& o = {});

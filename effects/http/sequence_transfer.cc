@@ -166,6 +166,14 @@ std::optional<StepFailed> start_update(EngineClient& client, std::uint64_t deadl
                     summary("/start_weight_update", start.http)};
 }
 
+// The data plane's stand-in: names the source, whose bytes NCCL would carry, to an engine that
+// models content (the vLLM double's /_double/data_plane). A real engine answers 404; either way
+// the answer changes nothing here, because no byte of a weight moves over this call.
+void announce_content(EngineClient& client, const std::string& source_uri, std::uint64_t left) {
+  (void)client.PostJson(kDataPlaneRoute, nlohmann::json{{"content", source_uri}},
+                        CallOptions{std::min<std::uint64_t>(left, 1000), std::nullopt});
+}
+
 // 2. /update_weights from a second thread, as vLLM requires (the data plane would run here).
 std::optional<StepFailed> update_weights(EngineClient& client, const nlohmann::json& update_info,
                                          std::uint64_t deadline_at_ms) {
@@ -216,6 +224,7 @@ std::optional<StepFailed> HttpSequenceTransfer::RunSequence(const TransferTarget
   if (!update_info.ok()) return StepFailed{MutationClass::kNone, update_info.status().ToString()};
   if (std::optional<StepFailed> failed = InitializeOnce(deadline_at_ms)) return failed;
   if (std::optional<StepFailed> failed = start_update(client_, deadline_at_ms)) return failed;
+  announce_content(client_, target.source_uri, remaining_ms(deadline_at_ms));
   if (std::optional<StepFailed> failed = update_weights(client_, *update_info, deadline_at_ms)) {
     return failed;
   }

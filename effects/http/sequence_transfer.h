@@ -5,6 +5,8 @@
 // Source URIs understood: "synthetic:<n_tensors>x<dim>[:seed]" -> n bf16 tensors named
 // "model.layers.<i>.weight", i = 0..n-1, each of shape [dim, dim]. The manifest (and its digest)
 // does not depend on the seed: the seed names the values, which a GPU-free transfer never has.
+// After /start_weight_update it names the source URI to the engine (kDataPlaneRoute), so a double
+// that models content holds the same values for the same source; a real engine ignores it.
 //
 // Mutation classification of Transfer():
 //   kNone      the source or update_info could not be built, the deadline passed before the
@@ -26,6 +28,9 @@
 namespace rc::effects {
 
 inline constexpr std::uint64_t kSyntheticTensorsMax = 100000;
+// Where the transfer names its source for an engine that models weight content (the double):
+// the stand-in for the data plane this transfer does not have (see announce_content).
+inline constexpr char kDataPlaneRoute[] = "/_double/data_plane";
 inline constexpr std::uint64_t kSyntheticDimMax = 1u << 20;
 
 // Parses "synthetic:<n>x<dim>[:seed]" into its manifest.

@@ -37,7 +37,10 @@ def main() -> None:
         # ... compute the loss on `batch`, optimizer.step() ...
         ident = rolloutcore.Identity(manifest_digest=digest, checkpoint=f"step-{step}",
                                      run="example", step=step)
-        result = rc.update(f"rc-{step}", ident, args.source, update_id=f"example-{step}")
+        # A synthetic source's seed names its values: each step sends other weights (one
+        # manifest), so the engine's weight digest proves each update landed.
+        source = f"{args.source}:{step}"
+        result = rc.update(f"rc-{step}", ident, source, update_id=f"example-{step}")
         print(f"step {step}: {result['outcome']} -> {result['state']['committed']['label']} "
               f"(update {result['timings']['total_us'] / 1000:.1f} ms)")
 

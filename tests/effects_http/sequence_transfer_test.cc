@@ -107,9 +107,10 @@ TEST(HttpSequenceTransfer, PreflightComputesDigestOffline) {
   EXPECT_FALSE(bad.detail.empty());
 }
 
-// Proves the happy path is start -> update(update_info of the manifest) -> finish(label) and
-// yields kComplete with byte and tensor counts; would catch a missing step, a wrong order or a
-// finish without the target label.
+// Proves the happy path is start -> (the source named to a content-modelling engine) ->
+// update(update_info of the manifest) -> finish(label) and yields kComplete with byte and tensor
+// counts; would catch a missing step, a wrong order or a finish without the target label. The
+// loopback engine answers 404 to the data-plane stand-in, as a real one does: no effect.
 TEST(HttpSequenceTransfer, CompleteSequence) {
   Engine e(200, 200, 200);
   EngineClient c(e.s.url(), Fast());
@@ -123,10 +124,10 @@ TEST(HttpSequenceTransfer, CompleteSequence) {
   EXPECT_EQ(o.finish_label, "rc-1");
   EXPECT_GT(o.duration_us, 0u);
   EXPECT_TRUE(o.error.empty());
-  EXPECT_EQ(e.s.paths(5),
+  EXPECT_EQ(e.s.paths(6),
             (std::vector<std::string>{"GET /get_world_size", "POST /init_weight_transfer_engine",
-                                      "POST /start_weight_update", "POST /update_weights",
-                                      "POST /finish_weight_update"}));
+                                      "POST /start_weight_update", "POST /_double/data_plane",
+                                      "POST /update_weights", "POST /finish_weight_update"}));
   EXPECT_EQ(e.finish_body, json({{"weight_version", "rc-1"}}));
   const json& info = e.update_body["update_info"];
   EXPECT_EQ(info["names"].size(), 3u);

@@ -34,7 +34,9 @@ inline httplib::Headers Bearer(const std::string& token) {
   return {{"Authorization", "Bearer " + token}};
 }
 
-// The body of POST /v1/updates for `label` at `step`, from kStackSource.
+// The body of POST /v1/updates for `label` at `step`, from kStackSource seeded with the step:
+// each step's checkpoint holds other bytes (one manifest), as a trainer's steps do, so the
+// engine's weight digest changes with every update.
 inline nlohmann::json UpdateBody(const std::string& id, const std::string& label, int step,
                                  const std::string& run) {
   return {{"update_id", id},
@@ -44,7 +46,7 @@ inline nlohmann::json UpdateBody(const std::string& id, const std::string& label
             {"checkpoint", "ckpt-" + std::to_string(step)},
             {"run", run},
             {"step", step}}},
-          {"source", kStackSource}};
+          {"source", std::string(kStackSource) + ":" + std::to_string(step)}};
 }
 
 struct StackOptions {

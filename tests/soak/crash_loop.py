@@ -368,7 +368,8 @@ def trainer_thread(w: World, seed: int, digest: str, p_bad: float):
                    "try": tries}
             w.update_sent.set()
             try:
-                doc = c.update(label, ident, SOURCE, update_id=uid)
+                # Each step's seed names other weights, so the weight digest changes per update.
+                doc = c.update(label, ident, f"{SOURCE}:{n}", update_id=uid)
                 rec.update(status=200, outcome=doc.get("outcome"), head=doc.get("head"),
                            replayed=doc.get("replayed"))
             except rolloutcore.OutcomeUnknown as e:
