@@ -389,10 +389,10 @@ void ProxyExchange::AnswerCompletion() {
     transport_error_ = "engine answered HTTP 200 with a body that is not JSON";
     return AnswerEngineError();
   }
-  trace_.absorb(doc);
+  trace_.Absorb(doc);
   Finish(RolloutOutcome::kCompleted, "",
          [self = shared_from_this(), doc = std::move(doc)]() mutable {
-           strip_added(doc, self->strip_token_ids_, false);
+           StripAdded(doc, self->strip_token_ids_, false);
            HttpResponse res = self->BindingHead(200);
            send_json(res, 200, doc);
            self->ex_.Respond(std::move(res));
