@@ -29,6 +29,8 @@ inline constexpr std::uint32_t kPackedNumBuffersMax = 64;
 inline constexpr int kCudaDeviceMax = 1023;
 inline constexpr int kNcclWorldSizeMax = 4096;
 inline constexpr std::size_t kRendezvousHostBytesMax = 255;
+// The rendezvous the GPU-free transfer records in the engine's init_info when none is given.
+inline constexpr const char* kHttpRendezvousDefault = "127.0.0.1:29500";
 
 // A new member needs its row in ConfigKeys() (service/config.cc), then a regenerated
 // docs/config.md and a key in docs/serve.example.json (config_test checks both).
