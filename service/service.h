@@ -283,6 +283,17 @@ class Service {
   void RememberEndedUpdate(const UpdateRequested& request, const UpdateEnded& ended);
   void SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                          const UpdateEnded& ended, bool replayed);
+  // HandleUpdate's steps (trainer_api.cc).
+  bool RefusedFailStopped(HttpResponse& res);
+  bool ReplayedIfEnded(const UpdateRequested& request, HttpResponse& res);
+  void ReplayEndedUpdate(const UpdateRequested& request, const EndedUpdate& e, HttpResponse& res);
+  void RunUpdate(const UpdateRequested& request, HttpResponse& res);
+  void AnswerUpdateEnded(const UpdateRequested& request, const UpdateEnded& ended,
+                         HttpResponse& res);
+  bool AnsweredUnjournaledUpdate(const UpdateRequested& request, const Status& st,
+                                 HttpResponse& res);
+  void AnswerUpdateOutcomeUnknown(const UpdateRequested& request, const Status& st,
+                                  HttpResponse& res);
 
   // Engine monitor (see MonitorLoop) and lease expiry; both stop on FailStop and Shutdown.
   void MonitorLoop();
