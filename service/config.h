@@ -29,6 +29,7 @@ inline constexpr std::uint32_t kPackedNumBuffersMax = 64;
 inline constexpr int kCudaDeviceMax = 1023;
 inline constexpr int kNcclWorldSizeMax = 4096;
 inline constexpr std::size_t kRendezvousHostBytesMax = 255;
+inline constexpr std::uint32_t kPortMax = 65535;
 // The rendezvous the GPU-free transfer records in the engine's init_info when none is given.
 inline constexpr const char* kHttpRendezvousDefault = "127.0.0.1:29500";
 
@@ -125,7 +126,7 @@ struct ServeConfig {
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMin = 10;
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMax = 60000;
 inline constexpr std::uint32_t kRolloutLeaseMsMin = 1000;
-inline constexpr std::uint32_t kRolloutLeaseMsMax = 3600 * 1000;
+inline constexpr std::uint32_t kRolloutLeaseMsMax = kLeaseMsMax;
 
 // Which ServeConfig member a table row sets. std::size_t members are std::uint64_t here.
 static_assert(std::is_same_v<std::size_t, std::uint64_t>, "size_t fields are bound as uint64");
