@@ -599,6 +599,17 @@ HttpServer::~HttpServer() {
 
 Result<int> HttpServer::Start() {
   RC_CHECK(io_threads_.empty());
+  RC_RETURN_IF_ERROR(Listen());
+  const int port = acceptor_.local_endpoint().port();
+  Accept();
+  for (std::size_t i = 0; i < options_.io_threads; ++i) {
+    io_threads_.emplace_back([this] { RunLoop(); });
+  }
+  RC_CHECK(io_threads_.size() == options_.io_threads);
+  return port;
+}
+
+Status HttpServer::Listen() {
   beast::error_code ec;
   const auto address = asio::ip::make_address(options_.host, ec);
   if (ec) return Status::InvalidArgument("listen_host '" + options_.host + "': " + ec.message());
@@ -614,21 +625,19 @@ Result<int> HttpServer::Start() {
   if (acceptor_.listen(asio::socket_base::max_listen_connections, ec); ec) {
     return Status::Unavailable("cannot listen: " + ec.message());
   }
-  const int port = acceptor_.local_endpoint().port();
-  Accept();
-  for (std::size_t i = 0; i < options_.io_threads; ++i) {
-    io_threads_.emplace_back([this] {
-      for (;;) {
-        try {
-          io_.run();
-          return;
-        } catch (const std::exception& e) {  // a handler bug must not take the loop down
-          spdlog::critical("http: exception escaped a handler: {}", text::escape_line(e.what()));
-        }
-      }
-    });
+  return Status::OK();
+}
+
+// One io thread: runs the loop until it is stopped; a handler bug must not take the loop down.
+void HttpServer::RunLoop() {
+  for (;;) {
+    try {
+      io_.run();
+      return;
+    } catch (const std::exception& e) {
+      spdlog::critical("http: exception escaped a handler: {}", text::escape_line(e.what()));
+    }
   }
-  return port;
 }
 
 void HttpServer::Accept() {
@@ -683,35 +692,49 @@ void HttpServer::Dispatch(const Exchange& exchange) {
 
 void HttpServer::RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                              Exchange exchange) {
-  {
-    std::lock_guard<std::mutex> g(blocking_->mu);
-    if (blocking_->in_flight >= options_.blocking_queue_max) {
-      counters_.blocking_refused++;
-      HttpResponse res = ErrorResponse(503, "overloaded", "too many trainer API calls in flight");
-      res.set(bhttp::field::retry_after, "1");
-      return exchange.Respond(std::move(res));
-    }
-    blocking_->in_flight++;
-    RC_CHECK(blocking_->in_flight <= options_.blocking_queue_max);
+  if (!TakeBlockingSlot()) {
+    HttpResponse res = ErrorResponse(503, "overloaded", "too many trainer API calls in flight");
+    res.set(bhttp::field::retry_after, "1");
+    return exchange.Respond(std::move(res));
   }
   asio::post(blocking_->pool, [this, handler, captures = std::move(captures), exchange] {
-    HttpResponse res;
-    try {
-      const ApiRequest api{exchange.request(), captures, exchange};
-      (*handler)(api, res);
-    } catch (const std::exception& e) {
-      spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
-      res = ErrorResponse(500, "internal", "internal error");
-    }
-    exchange.Post([exchange, res = std::move(res)]() mutable {
-      Exchange ex = exchange;
-      ex.Respond(std::move(res));
-    });
-    std::lock_guard<std::mutex> g(blocking_->mu);
-    RC_CHECK(blocking_->in_flight > 0);
-    blocking_->in_flight--;
-    blocking_->idle_cv.notify_all();
+    RunHandler(handler, captures, exchange);
   });
+}
+
+// A place among the blocking_queue_max calls queued or running; false (counted) when all are
+// taken.
+bool HttpServer::TakeBlockingSlot() {
+  std::lock_guard<std::mutex> g(blocking_->mu);
+  if (blocking_->in_flight >= options_.blocking_queue_max) {
+    counters_.blocking_refused++;
+    return false;
+  }
+  blocking_->in_flight++;
+  RC_CHECK(blocking_->in_flight <= options_.blocking_queue_max);
+  return true;
+}
+
+// On a pool thread: the handler's answer goes back to the exchange's strand, then the slot is
+// given back.
+void HttpServer::RunHandler(const BlockingHandler* handler,
+                            const std::vector<std::string>& captures, const Exchange& exchange) {
+  HttpResponse res;
+  try {
+    const ApiRequest api{exchange.request(), captures, exchange};
+    (*handler)(api, res);
+  } catch (const std::exception& e) {
+    spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
+    res = ErrorResponse(500, "internal", "internal error");
+  }
+  exchange.Post([exchange, res = std::move(res)]() mutable {
+    Exchange ex = exchange;
+    ex.Respond(std::move(res));
+  });
+  std::lock_guard<std::mutex> g(blocking_->mu);
+  RC_CHECK(blocking_->in_flight > 0);
+  blocking_->in_flight--;
+  blocking_->idle_cv.notify_all();
 }
 
 bool HttpServer::Stop(std::uint64_t deadline_ms) {

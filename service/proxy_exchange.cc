@@ -60,6 +60,18 @@ Status CheckGenerateBody(const json& body) {
   return Status::OK();
 }
 
+// Each choice of a trace as the trajectory line records it.
+json OutputsJson(const Trajectory& trace) {
+  json outputs = json::array();
+  for (const auto& [index, ch] : trace.choices) {
+    outputs.push_back({{"index", index},
+                       {"token_ids", ch.token_ids},
+                       {"logprobs", ch.logprobs},
+                       {"finish_reason", ch.finish_reason}});
+  }
+  return outputs;
+}
+
 }  // namespace
 
 const char* ProxyRoutePath(ProxyRoute route) {
@@ -545,13 +557,6 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
 
 void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
   const RolloutAdmitted& b = admission_.binding;
-  json outputs = json::array();
-  for (auto& [index, ch] : trace_.choices) {
-    outputs.push_back({{"index", index},
-                       {"token_ids", ch.token_ids},
-                       {"logprobs", ch.logprobs},
-                       {"finish_reason", ch.finish_reason}});
-  }
   json prompt = trace_.prompt_token_ids;
   if (prompt.is_null() && route_ == ProxyRoute::kGenerate) {
     prompt = upstream_body_.value("token_ids", json());
@@ -566,7 +571,7 @@ void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::strin
                      {"outcome", outcome_name(outcome)},
                      {"note", note},
                      {"prompt_token_ids", prompt},
-                     {"outputs", std::move(outputs)},
+                     {"outputs", OutputsJson(trace_)},
                      {"prompt_tokens", trace_.prompt_count()},
                      {"completion_tokens", trace_.completion_count()},
                      {"truncated", trace_.truncated}};
