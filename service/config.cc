@@ -108,7 +108,7 @@ const std::array kKeys = {
               "initial-manifest",
               &C::initial_manifest_digest,
               0,
-              128,
+              kDigestBytesMax,
               kBoot,
               "bootstrap identity: manifest digest (or give initial_source)",
               {}},

@@ -87,7 +87,7 @@ struct ServeConfig {
   std::string rendezvous;
   // NCCL sender only (transfer == "nccl").
   int cuda_device = 0;      // rank 0's CUDA device, 0..kCudaDeviceMax
-  int nccl_world_size = 0;  // 0: 1 + the engine's GET /get_world_size; else 2..4096
+  int nccl_world_size = 0;  // 0: 1 + the engine's GET /get_world_size; else 2..kNcclWorldSizeMax
   std::uint64_t nccl_init_timeout_ms = 120000;  // startup rendezvous + communicator + warm-up
   // Kept at the end of every init/transfer deadline for ncclCommAbort and the kernel drain
   // (the sender uses the larger of this and 5/4 of the longest abort it has measured).
