@@ -39,6 +39,7 @@ Service::AdmitStep Service::Refused(AdmitRefusal refusal) {
   AdmitStep step;
   step.kind = AdmitStep::kRefused;
   step.refusal = std::move(refusal);
+  RC_CHECK(step.refusal.http_status >= 400 && !step.refusal.type.empty());
   return step;
 }
 
@@ -286,6 +287,7 @@ Service::FinishRecords Service::MakeFinish(const std::string& rollout_id, Rollou
     f.records.emplace_back(part);
   }
   f.records.emplace_back(RolloutFinished{rollout_id, outcome, prompt_tokens, completion_tokens});
+  RC_CHECK(f.records.size() == parts.size() + 1 && f.next == 0);  // the finish last
   return f;
 }
 

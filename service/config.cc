@@ -603,6 +603,7 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
       diag = up;
     }
   }
+  RC_CHECK(row[b.size()] <= std::max(a.size(), b.size()));
   return row[b.size()];
 }
 
@@ -613,6 +614,7 @@ std::string Echo(std::string_view text) {
     out += (ch >= ' ' && ch < 0x7f) ? ch : '?';
   }
   if (text.size() > kKeyEchoBytesMax) out += "...";
+  RC_CHECK(out.size() <= kKeyEchoBytesMax + 3);
   return out;
 }
 
@@ -629,6 +631,19 @@ Status UnknownKey(std::string_view key) {
   }
   msg += " (all keys: docs/config.md, or `rolloutcore serve --config-reference`)";
   return Status::InvalidArgument(msg);
+}
+
+// Every row has a key, a flag and bounds that admit a value; keys and flags are unique.
+bool TableIsWellFormed() {
+  for (std::size_t i = 0; i < kKeys.size(); ++i) {
+    const ConfigKey& k = kKeys[i];
+    if (k.key.empty() || k.flag.empty() || k.help.empty()) return false;
+    if (k.min > 0 && static_cast<std::uint64_t>(k.min) > k.max) return false;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (kKeys[j].key == k.key || kKeys[j].flag == k.flag) return false;
+    }
+  }
+  return true;
 }
 
 // ---- Rendezvous addresses.
@@ -683,7 +698,11 @@ Result<std::uint16_t> ParsePort(const std::string& text, const std::string& port
 
 }  // namespace
 
-std::span<const ConfigKey> ConfigKeys() { return kKeys; }
+std::span<const ConfigKey> ConfigKeys() {
+  static const bool well_formed = TableIsWellFormed();
+  RC_CHECK(well_formed);
+  return kKeys;
+}
 
 const ConfigKey* FindConfigKey(std::string_view key) {
   for (const auto& k : kKeys) {
@@ -722,6 +741,7 @@ std::vector<std::string> ClosestConfigKeys(std::string_view unknown, std::size_t
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> out;
   for (std::size_t i = 0; i < scored.size() && i < max; ++i) out.emplace_back(scored[i].second);
+  RC_CHECK(out.size() <= max);
   return out;
 }
 

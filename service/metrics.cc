@@ -25,6 +25,7 @@ std::string EscapeLabelValue(const std::string& v) {
     else
       out.push_back(c);
   }
+  RC_CHECK(out.find('\n') == std::string::npos);  // one sample line, whatever the value held
   return out;
 }
 

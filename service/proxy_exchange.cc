@@ -193,6 +193,7 @@ void ProxyExchange::PrepareUpstream() {
   upstream_request_.keep_alive(true);
   upstream_request_.body() = dump_safe(up);
   upstream_request_.prepare_payload();
+  RC_CHECK(!cache_salt_.empty() && up.contains("cache_salt"));  // never sent unsalted
 }
 
 HttpResponse ProxyExchange::BindingHead(int status) const {

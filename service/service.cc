@@ -473,6 +473,7 @@ Status Service::OpenEngineClients() {
   engine_target_ = std::move(target.value());
   // The runner drains locally before pausing (effects/runner.cc), so the plain HTTP control.
   http_control_ = std::make_unique<effects::HttpEngineControl>(*control_client_);
+  RC_CHECK(!engine_target_.host.empty() && engine_target_.port != 0);
   return Status::OK();
 }
 
@@ -517,6 +518,7 @@ Result<Service::TransferInit> Service::MakeHttpTransfer() {
   }
   transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol,
                                                               PackingOf(config_));
+  RC_CHECK(protocol.line != effects::ProtocolLine::kUnknown);
   return TransferInit([this, protocol]() -> Status {
     if (ReadLifecycle(*journal_) == Lifecycle::kReady) InitWeightTransfer(protocol);
     return Status::OK();
@@ -639,6 +641,7 @@ Status Service::BootstrapFailed(const Status& booted) const {
 
 // Nothing else runs yet and the runner synced before it returned: all of the journal is durable.
 void Service::SeedDurableView() {
+  RC_CHECK(durable_.head.seq == 0);  // seeded once, before any route reads it
   durable_.state = journal_->state();
   durable_.head = DurableHead{journal_->head_seq(), journal_->head_hash()};
   durable_.decision_seq = journal_->head_seq();
@@ -838,6 +841,7 @@ std::shared_ptr<const State> Service::AdmitView(bool fresh) {
   if (!fresh && view_ != nullptr && view_epoch_ == epoch) return view_;
   view_ = std::make_shared<const State>(journal_->state());
   view_epoch_ = epoch;
+  RC_CHECK(view_epoch_ <= lifecycle_epoch_.load(std::memory_order_acquire));
   return view_;
 }
 
@@ -881,6 +885,8 @@ HttpServerOptions Service::ServerOptions() const {
   o.write_timeout_ms = config_.write_timeout_ms;
   o.blocking_threads = static_cast<std::size_t>(config_.http_threads);
   o.blocking_queue_max = kBlockingQueuePerThread * static_cast<std::size_t>(config_.http_threads);
+  RC_CHECK(o.io_threads >= 1 && o.blocking_threads >= 1 &&
+           o.blocking_queue_max >= o.blocking_threads);  // ValidateConfig's bounds
   return o;
 }
 
