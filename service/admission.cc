@@ -39,6 +39,7 @@ Service::AdmitStep Service::Refused(AdmitRefusal refusal) {
   AdmitStep step;
   step.kind = AdmitStep::kRefused;
   step.refusal = std::move(refusal);
+  RC_CHECK(step.refusal.http_status >= 400 && !step.refusal.type.empty());
   return step;
 }
 
@@ -129,6 +130,7 @@ Service::AdmitResult Service::Admitted(AdmitStep step, const Status& durable,
   }
   metrics_.admissions++;
   const journal::AppendResult& r = step.ticket.result;
+  RC_CHECK(r.first_seq >= 1 && r.last_seq >= r.first_seq);
   out.admitted =
       Admission{std::move(step.binding), r.first_seq, DurableHead{r.last_seq, r.last_hash}};
   return out;
@@ -285,6 +287,7 @@ Service::FinishRecords Service::MakeFinish(const std::string& rollout_id, Rollou
     f.records.emplace_back(part);
   }
   f.records.emplace_back(RolloutFinished{rollout_id, outcome, prompt_tokens, completion_tokens});
+  RC_CHECK(f.records.size() == parts.size() + 1 && f.next == 0);  // the finish last
   return f;
 }
 
@@ -297,10 +300,12 @@ Status Service::FinishBackoff(FinishRecords& f, const Status& busy) {
   }
   metrics_.finish_retries++;
   f.backoff_ms = std::min(kFinishBackoffMsMax, std::max<std::uint32_t>(1, f.backoff_ms * 2));
+  RC_CHECK(f.backoff_ms >= 1 && f.backoff_ms <= kFinishBackoffMsMax);
   return Status::OK();
 }
 
 Status Service::FinishCommitted(FinishRecords& f, const Status& durable) {
+  RC_CHECK(f.ticket.has_value() && f.next == f.records.size());  // every record submitted
   metrics_.journal_append.ObserveUs(effects::elapsed_us(f.t0));
   if (!durable.ok()) {
     FailStop("commit of the finish of rollout '" + f.rollout_id +

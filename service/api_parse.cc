@@ -1,5 +1,4 @@
-// The trainer API's body parsers (see api_parse.h). parse_update and ValidateSource moved verbatim
-// from service.cc; the admit / finish / lease parsers are the handlers' former inline code.
+// The trainer API's body parsers (see api_parse.h).
 #include "service/api_parse.h"
 
 #include <sys/stat.h>
@@ -17,52 +16,47 @@ namespace rc::service {
 using nlohmann::json;
 
 namespace {
-std::string esc(const std::string& s) { return rc::text::escape_line(s); }
-}  // namespace
 
-Status ValidateSource(const std::string& uri) {
-  if (uri.empty() || uri.size() > kTextBytesMax || !rc::text::printable_utf8(uri)) {
-    return Status::InvalidArgument("'source' must be 1.." + std::to_string(kTextBytesMax) +
-                                   " bytes of printable UTF-8");
-  }
-  if (uri.rfind("synthetic:", 0) == 0) {
-    auto m = effects::synthetic_manifest(uri);
-    if (!m.ok()) return Status::InvalidArgument("'source': " + m.status().message());
-    return Status::OK();
-  }
+constexpr std::size_t kSourceEchoBytesMax = 64;  // an unknown scheme is quoted at most this long
+
+std::string Esc(const std::string& s) { return rc::text::escape_line(s); }
+
+Status ValidateSyntheticSource(const std::string& uri) {
+  auto m = effects::synthetic_manifest(uri);
+  if (!m.ok()) return Status::InvalidArgument("'source': " + m.status().message());
+  return Status::OK();
+}
+
+// The absolute path a safetensors: or ipc: source names.
+Result<std::string> SourcePath(const std::string& uri) {
   std::string path;
-  for (const char* p : {"safetensors:", "ipc:"}) {
-    if (uri.rfind(p, 0) == 0) path = uri.substr(std::strlen(p));
+  bool file_scheme = false;
+  for (const char* scheme : {"safetensors:", "ipc:"}) {
+    if (uri.rfind(scheme, 0) != 0) continue;
+    path = uri.substr(std::strlen(scheme));
+    file_scheme = true;
   }
-  if (path.empty() && uri.rfind("safetensors:", 0) != 0 && uri.rfind("ipc:", 0) != 0) {
+  if (!file_scheme) {
     return Status::InvalidArgument(
         "'source' must start with safetensors:, ipc: or synthetic: (got '" +
-        esc(uri.substr(0, 64)) + "')");
+        Esc(uri.substr(0, kSourceEchoBytesMax)) + "')");
   }
   if (path.empty() || path.front() != '/') {
-    return Status::InvalidArgument("'source' must name an absolute path (got '" + esc(uri) + "')");
+    return Status::InvalidArgument("'source' must name an absolute path (got '" + Esc(uri) + "')");
   }
+  return path;
+}
+
+Status CheckReadableFile(const std::string& uri, const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || ::access(path.c_str(), R_OK) != 0) {
-    return Status::InvalidArgument("'source' " + esc(uri) +
+    return Status::InvalidArgument("'source' " + Esc(uri) +
                                    ": not a readable regular file on the executor's host");
   }
   return Status::OK();
 }
 
-Result<UpdateRequested> parse_update(const json& body) {
-  RC_RETURN_IF_ERROR(only_fields(body, {"update_id", "target_label", "identity", "source"}, ""));
-  UpdateRequested r;
-  auto id = get_string(body, "update_id", true);
-  if (!id.ok()) return id.status();
-  r.update_id = *id;
-  auto label = get_string(body, "target_label", true);
-  if (!label.ok()) return label.status();
-  r.target_label = *label;
-  auto source = get_string(body, "source", true);
-  if (!source.ok()) return source.status();
-  r.source_uri = *source;
-  RC_RETURN_IF_ERROR(ValidateSource(r.source_uri));
+Result<WeightIdentity> ParseIdentity(const json& body) {
   auto it = body.find("identity");
   if (it == body.end() || !it->is_object()) {
     return Status::InvalidArgument("missing object field 'identity'");
@@ -80,7 +74,38 @@ Result<UpdateRequested> parse_update(const json& body) {
   if (!run.ok()) return run.status();
   auto step = get_int(idj, "step", -1, -1, INT64_MAX, "identity.");
   if (!step.ok()) return step.status();
-  r.identity = WeightIdentity{*md, *cd, *ck, *run, *step};
+  return WeightIdentity{*md, *cd, *ck, *run, *step};
+}
+
+}  // namespace
+
+Status ValidateSource(const std::string& uri) {
+  if (uri.empty() || uri.size() > kTextBytesMax || !rc::text::printable_utf8(uri)) {
+    return Status::InvalidArgument("'source' must be 1.." + std::to_string(kTextBytesMax) +
+                                   " bytes of printable UTF-8");
+  }
+  if (uri.rfind("synthetic:", 0) == 0) return ValidateSyntheticSource(uri);
+  Result<std::string> path = SourcePath(uri);
+  if (!path.ok()) return path.status();
+  return CheckReadableFile(uri, *path);
+}
+
+Result<UpdateRequested> parse_update(const json& body) {
+  RC_RETURN_IF_ERROR(only_fields(body, {"update_id", "target_label", "identity", "source"}, ""));
+  UpdateRequested r;
+  auto id = get_string(body, "update_id", true);
+  if (!id.ok()) return id.status();
+  r.update_id = *id;
+  auto label = get_string(body, "target_label", true);
+  if (!label.ok()) return label.status();
+  r.target_label = *label;
+  auto source = get_string(body, "source", true);
+  if (!source.ok()) return source.status();
+  r.source_uri = *source;
+  RC_RETURN_IF_ERROR(ValidateSource(r.source_uri));
+  Result<WeightIdentity> identity = ParseIdentity(body);
+  if (!identity.ok()) return identity.status();
+  r.identity = std::move(identity.value());
   return r;
 }
 
@@ -91,69 +116,49 @@ Result<UpdateRequested> parse_update_body(const std::string& body) {
 
 Result<AdmitBody> parse_admit_body(const std::string& req_body, std::uint64_t admit_wait_ms,
                                    std::uint32_t rollout_lease_ms) {
+  RC_CHECK(rollout_lease_ms >= kRolloutLeaseMsMin && rollout_lease_ms <= kRolloutLeaseMsMax);
   auto body = parse_object(req_body, true);
-  Status st =
-      body.ok() ? only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, "") : body.status();
+  if (!body.ok()) return body.status();
+  RC_RETURN_IF_ERROR(only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, ""));
   AdmitBody out;
-  out.lease_ms = rollout_lease_ms;
-  if (st.ok()) {
-    auto r = get_string(*body, "rollout_id", false);
-    if (!r.ok()) {
-      st = r.status();
-    } else if (r->size() > kIdBytesMax || !rc::text::printable_utf8(*r)) {
-      st = Status::InvalidArgument("'rollout_id' must be 1.." + std::to_string(kIdBytesMax) +
+  auto r = get_string(*body, "rollout_id", false);
+  if (!r.ok()) return r.status();
+  if (r->size() > kIdBytesMax || !rc::text::printable_utf8(*r)) {
+    return Status::InvalidArgument("'rollout_id' must be 1.." + std::to_string(kIdBytesMax) +
                                    " bytes of printable UTF-8");
-    } else {
-      out.rollout_id = *r;
-    }
   }
-  if (st.ok()) {
-    auto w = get_int(*body, "wait_ms", static_cast<std::int64_t>(admit_wait_ms), 0,
-                     static_cast<std::int64_t>(admit_wait_ms));
-    if (!w.ok())
-      st = w.status();
-    else
-      out.wait_ms = *w;
-  }
-  if (st.ok()) {
-    auto l = get_int(*body, "lease_ms", rollout_lease_ms, kRolloutLeaseMsMin, kRolloutLeaseMsMax);
-    if (!l.ok())
-      st = l.status();
-    else
-      out.lease_ms = *l;
-  }
-  if (!st.ok()) return st;
+  out.rollout_id = *r;
+  auto w = get_int(*body, "wait_ms", static_cast<std::int64_t>(admit_wait_ms), 0,
+                   static_cast<std::int64_t>(admit_wait_ms));
+  if (!w.ok()) return w.status();
+  out.wait_ms = *w;
+  auto l = get_int(*body, "lease_ms", rollout_lease_ms, kRolloutLeaseMsMin, kRolloutLeaseMsMax);
+  if (!l.ok()) return l.status();
+  out.lease_ms = *l;
+  RC_CHECK(out.lease_ms >= kRolloutLeaseMsMin && out.lease_ms <= kRolloutLeaseMsMax);
   return out;
 }
 
 Result<FinishBody> parse_finish_body(const std::string& req_body) {
   auto body = parse_object(req_body, true);
-  Status st = body.ok() ? only_fields(*body, {"outcome", "prompt_tokens", "completion_tokens"}, "")
-                        : body.status();
+  if (!body.ok()) return body.status();
+  RC_RETURN_IF_ERROR(only_fields(*body, {"outcome", "prompt_tokens", "completion_tokens"}, ""));
   FinishBody out;
-  if (st.ok()) {
-    auto o = get_string(*body, "outcome", false);
-    if (!o.ok()) {
-      st = o.status();
-    } else if (*o == "aborted") {
-      out.outcome = RolloutOutcome::kAborted;
-    } else if (!o->empty() && *o != "completed") {
-      st = Status::InvalidArgument("'outcome' must be 'completed' or 'aborted'");
-    }
+  auto o = get_string(*body, "outcome", false);
+  if (!o.ok()) return o.status();
+  if (*o == "aborted") {
+    out.outcome = RolloutOutcome::kAborted;
+  } else if (!o->empty() && *o != "completed") {
+    return Status::InvalidArgument("'outcome' must be 'completed' or 'aborted'");
   }
-  if (st.ok()) {
-    auto p = get_int(*body, "prompt_tokens", 0, 0, UINT32_MAX);
-    auto c = get_int(*body, "completion_tokens", 0, 0, UINT32_MAX);
-    if (!p.ok())
-      st = p.status();
-    else if (!c.ok())
-      st = c.status();
-    else {
-      out.prompt_tokens = *p;
-      out.completion_tokens = *c;
-    }
-  }
-  if (!st.ok()) return st;
+  auto p = get_int(*body, "prompt_tokens", 0, 0, UINT32_MAX);
+  if (!p.ok()) return p.status();
+  auto c = get_int(*body, "completion_tokens", 0, 0, UINT32_MAX);
+  if (!c.ok()) return c.status();
+  out.prompt_tokens = *p;
+  out.completion_tokens = *c;
+  RC_CHECK(out.prompt_tokens >= 0 && out.prompt_tokens <= UINT32_MAX);
+  RC_CHECK(out.completion_tokens >= 0 && out.completion_tokens <= UINT32_MAX);
   return out;
 }
 

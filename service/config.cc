@@ -57,7 +57,7 @@ const std::array kKeys = {
               "port",
               &C::listen_port,
               0,
-              65535,
+              kPortMax,
               kWhere,
               "listen port; 0 = ephemeral (the chosen port is printed on start)",
               {}},
@@ -108,7 +108,7 @@ const std::array kKeys = {
               "initial-manifest",
               &C::initial_manifest_digest,
               0,
-              128,
+              kDigestBytesMax,
               kBoot,
               "bootstrap identity: manifest digest (or give initial_source)",
               {}},
@@ -603,6 +603,7 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
       diag = up;
     }
   }
+  RC_CHECK(row[b.size()] <= std::max(a.size(), b.size()));
   return row[b.size()];
 }
 
@@ -613,6 +614,7 @@ std::string Echo(std::string_view text) {
     out += (ch >= ' ' && ch < 0x7f) ? ch : '?';
   }
   if (text.size() > kKeyEchoBytesMax) out += "...";
+  RC_CHECK(out.size() <= kKeyEchoBytesMax + 3);
   return out;
 }
 
@@ -631,9 +633,76 @@ Status UnknownKey(std::string_view key) {
   return Status::InvalidArgument(msg);
 }
 
+// Every row has a key, a flag and bounds that admit a value; keys and flags are unique.
+bool TableIsWellFormed() {
+  for (std::size_t i = 0; i < kKeys.size(); ++i) {
+    const ConfigKey& k = kKeys[i];
+    if (k.key.empty() || k.flag.empty() || k.help.empty()) return false;
+    if (k.min > 0 && static_cast<std::uint64_t>(k.min) > k.max) return false;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (kKeys[j].key == k.key || kKeys[j].flag == k.flag) return false;
+    }
+  }
+  return true;
+}
+
+// ---- Rendezvous addresses.
+
+struct HostPortText {
+  std::string host;
+  std::string port;
+};
+
+// "HOST:PORT" or "[IPv6]:PORT" cut at its colon; a bare IPv6 address is refused (ambiguous).
+Result<HostPortText> SplitHostPort(const std::string& text) {
+  if (!text.empty() && text.front() == '[') {  // [IPv6]:PORT
+    const auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return Status::InvalidArgument("'" + text + "' is not [IPv6]:PORT");
+    }
+    return HostPortText{text.substr(1, close - 1), text.substr(close + 2)};
+  }
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return Status::InvalidArgument("'" + text + "' is not HOST:PORT");
+  HostPortText out{text.substr(0, colon), text.substr(colon + 1)};
+  if (out.host.find(':') != std::string::npos) {
+    return Status::InvalidArgument("'" + text + "': write an IPv6 host as [addr]:PORT");
+  }
+  return out;
+}
+
+Status CheckRendezvousHost(const std::string& text, const std::string& host) {
+  if (host.empty() || host.size() > kRendezvousHostBytesMax) {
+    return Status::InvalidArgument("'" + text + "': host must be 1.." +
+                                   std::to_string(kRendezvousHostBytesMax) + " bytes");
+  }
+  for (char ch : host) {
+    if (ch <= ' ' || ch == '/' || ch == '[' || ch == ']' ||
+        static_cast<unsigned char>(ch) >= 0x7f) {
+      return Status::InvalidArgument("'" + text + "': host has a character that is not allowed");
+    }
+  }
+  return Status::OK();
+}
+
+// Decimal digits only, 0..kPortMax (std::stoul cannot throw on at most kPortDigitsMax digits).
+Result<std::uint16_t> ParsePort(const std::string& text, const std::string& port) {
+  constexpr std::size_t kPortDigitsMax = 5;
+  if (port.empty() || port.size() > kPortDigitsMax ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > kPortMax) {
+    return Status::InvalidArgument("'" + text + "': port must be a number in 0.." +
+                                   std::to_string(kPortMax));
+  }
+  return static_cast<std::uint16_t>(std::stoul(port));
+}
+
 }  // namespace
 
-std::span<const ConfigKey> ConfigKeys() { return kKeys; }
+std::span<const ConfigKey> ConfigKeys() {
+  static const bool well_formed = TableIsWellFormed();
+  RC_CHECK(well_formed);
+  return kKeys;
+}
 
 const ConfigKey* FindConfigKey(std::string_view key) {
   for (const auto& k : kKeys) {
@@ -672,44 +741,17 @@ std::vector<std::string> ClosestConfigKeys(std::string_view unknown, std::size_t
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::string> out;
   for (std::size_t i = 0; i < scored.size() && i < max; ++i) out.emplace_back(scored[i].second);
+  RC_CHECK(out.size() <= max);
   return out;
 }
 
 Result<HostPort> ParseHostPort(const std::string& text) {
-  std::string host;
-  std::string port;
-  if (!text.empty() && text.front() == '[') {  // [IPv6]:PORT
-    const auto close = text.find(']');
-    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return Status::InvalidArgument("'" + text + "' is not [IPv6]:PORT");
-    }
-    host = text.substr(1, close - 1);
-    port = text.substr(close + 2);
-  } else {
-    const auto colon = text.rfind(':');
-    if (colon == std::string::npos)
-      return Status::InvalidArgument("'" + text + "' is not HOST:PORT");
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-    if (host.find(':') != std::string::npos) {
-      return Status::InvalidArgument("'" + text + "': write an IPv6 host as [addr]:PORT");
-    }
-  }
-  if (host.empty() || host.size() > kRendezvousHostBytesMax) {
-    return Status::InvalidArgument("'" + text + "': host must be 1.." +
-                                   std::to_string(kRendezvousHostBytesMax) + " bytes");
-  }
-  for (char ch : host) {
-    if (ch <= ' ' || ch == '/' || ch == '[' || ch == ']' ||
-        static_cast<unsigned char>(ch) >= 0x7f) {
-      return Status::InvalidArgument("'" + text + "': host has a character that is not allowed");
-    }
-  }
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535) {
-    return Status::InvalidArgument("'" + text + "': port must be a number in 0..65535");
-  }
-  return HostPort{host, static_cast<std::uint16_t>(std::stoul(port))};
+  Result<HostPortText> split = SplitHostPort(text);
+  if (!split.ok()) return split.status();
+  RC_RETURN_IF_ERROR(CheckRendezvousHost(text, split->host));
+  Result<std::uint16_t> port = ParsePort(text, split->port);
+  if (!port.ok()) return port.status();
+  return HostPort{split->host, *port};
 }
 
 Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {

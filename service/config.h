@@ -29,6 +29,9 @@ inline constexpr std::uint32_t kPackedNumBuffersMax = 64;
 inline constexpr int kCudaDeviceMax = 1023;
 inline constexpr int kNcclWorldSizeMax = 4096;
 inline constexpr std::size_t kRendezvousHostBytesMax = 255;
+inline constexpr std::uint32_t kPortMax = 65535;
+// The rendezvous the GPU-free transfer records in the engine's init_info when none is given.
+inline constexpr const char* kHttpRendezvousDefault = "127.0.0.1:29500";
 
 // A new member needs its row in ConfigKeys() (service/config.cc), then a regenerated
 // docs/config.md and a key in docs/serve.example.json (config_test checks both).
@@ -84,7 +87,7 @@ struct ServeConfig {
   std::string rendezvous;
   // NCCL sender only (transfer == "nccl").
   int cuda_device = 0;      // rank 0's CUDA device, 0..kCudaDeviceMax
-  int nccl_world_size = 0;  // 0: 1 + the engine's GET /get_world_size; else 2..4096
+  int nccl_world_size = 0;  // 0: 1 + the engine's GET /get_world_size; else 2..kNcclWorldSizeMax
   std::uint64_t nccl_init_timeout_ms = 120000;  // startup rendezvous + communicator + warm-up
   // Kept at the end of every init/transfer deadline for ncclCommAbort and the kernel drain
   // (the sender uses the larger of this and 5/4 of the longest abort it has measured).
@@ -123,7 +126,7 @@ struct ServeConfig {
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMin = 10;
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMax = 60000;
 inline constexpr std::uint32_t kRolloutLeaseMsMin = 1000;
-inline constexpr std::uint32_t kRolloutLeaseMsMax = 3600 * 1000;
+inline constexpr std::uint32_t kRolloutLeaseMsMax = kLeaseMsMax;
 
 // Which ServeConfig member a table row sets. std::size_t members are std::uint64_t here.
 static_assert(std::is_same_v<std::size_t, std::uint64_t>, "size_t fields are bound as uint64");

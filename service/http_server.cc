@@ -34,12 +34,12 @@ namespace {
 constexpr std::size_t kReadChunkBytes = 4096;
 constexpr std::uint64_t kLingerMs = 1000;  // after a final answer, until the client's EOF
 
-std::string_view split_path(std::string_view target) {
+std::string_view SplitPath(std::string_view target) {
   const std::size_t q = target.find('?');
   return q == std::string_view::npos ? target : target.substr(0, q);
 }
 
-std::vector<std::string_view> segments_of(std::string_view path) {
+std::vector<std::string_view> SegmentsOf(std::string_view path) {
   std::vector<std::string_view> out;
   std::size_t pos = 0;
   while (pos <= path.size()) {
@@ -51,7 +51,7 @@ std::vector<std::string_view> segments_of(std::string_view path) {
   return out;
 }
 
-std::optional<std::string_view> query_value(std::string_view target, std::string_view key) {
+std::optional<std::string_view> QueryValue(std::string_view target, std::string_view key) {
   const std::size_t q = target.find('?');
   if (q == std::string_view::npos) return std::nullopt;
   for (std::string_view rest = target.substr(q + 1); !rest.empty();) {
@@ -66,7 +66,7 @@ std::optional<std::string_view> query_value(std::string_view target, std::string
 }
 
 // %XX decoded (and '+' as a space in queries); a malformed escape is kept as it is.
-std::string percent_decode(std::string_view in, bool plus_is_space) {
+std::string PercentDecode(std::string_view in, bool plus_is_space) {
   std::string out;
   out.reserve(in.size());
   const auto hex = [](char c) { return rc::hex::digit_value(c); };
@@ -78,6 +78,7 @@ std::string percent_decode(std::string_view in, bool plus_is_space) {
       out.push_back(plus_is_space && in[i] == '+' ? ' ' : in[i]);
     }
   }
+  RC_CHECK(out.size() <= in.size());
   return out;
 }
 
@@ -132,7 +133,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void Linger();
   // Releases this connection's place in connections_max: at close, or once it only lingers.
   void Uncount() {
-    if (counted_) server_.mutable_counters().open_connections--;
+    if (counted_) {
+      const std::int64_t open = --server_.mutable_counters().open_connections;
+      RC_CHECK(open >= 0);
+    }
     counted_ = false;
   }
   void OnResponseWritten(beast::error_code ec);
@@ -270,6 +274,7 @@ void Session::OnBody(beast::error_code ec, std::size_t) {
 }
 
 void Session::OnRequest() {
+  RC_CHECK(parser_ && parser_->is_done() && answered_);  // the previous exchange was answered
   request_ = parser_->release();
   parser_.reset();
   first_request_ = false;
@@ -337,6 +342,7 @@ void Session::Linger() {
 
 void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::WriteDone done) {
   if (!Live(serial)) return;
+  RC_CHECK(stream_sr_ == nullptr);  // one stream per exchange
   stream_head_ = std::make_unique<bhttp::response<bhttp::empty_body>>();
   stream_head_->base() = head.base();
   stream_head_->version(11);
@@ -470,7 +476,7 @@ const HttpRequest& Exchange::request() const { return session_->request(); }
 
 std::string_view Exchange::path() const {
   const auto t = request().target();
-  return split_path(std::string_view(t.data(), t.size()));
+  return SplitPath(std::string_view(t.data(), t.size()));
 }
 
 std::optional<std::string_view> Exchange::header(std::string_view name, bool* duplicate) const {
@@ -515,9 +521,9 @@ void Exchange::Post(std::function<void()> fn) const {
 
 std::optional<std::string> ApiRequest::query(std::string_view key) const {
   const auto t = message.target();
-  auto v = query_value(std::string_view(t.data(), t.size()), key);
+  auto v = QueryValue(std::string_view(t.data(), t.size()), key);
   if (!v) return std::nullopt;
-  return percent_decode(*v, /*plus_is_space=*/true);
+  return PercentDecode(*v, /*plus_is_space=*/true);
 }
 
 std::string ApiRequest::header(std::string_view name) const {
@@ -528,20 +534,22 @@ std::string ApiRequest::header(std::string_view name) const {
 // ---- HttpRouter ----
 
 void HttpRouter::Async(bhttp::verb method, std::string pattern, AsyncHandler handler) {
+  RC_CHECK(!pattern.empty() && pattern.front() == '/' && handler != nullptr);
   Route r{method, {}, std::move(handler), nullptr};
-  for (auto s : segments_of(pattern)) r.segments.emplace_back(s);
+  for (auto s : SegmentsOf(pattern)) r.segments.emplace_back(s);
   routes_.push_back(std::move(r));
 }
 
 void HttpRouter::Blocking(bhttp::verb method, std::string pattern, BlockingHandler handler) {
+  RC_CHECK(!pattern.empty() && pattern.front() == '/' && handler != nullptr);
   Route r{method, {}, nullptr, std::move(handler)};
-  for (auto s : segments_of(pattern)) r.segments.emplace_back(s);
+  for (auto s : SegmentsOf(pattern)) r.segments.emplace_back(s);
   routes_.push_back(std::move(r));
 }
 
 HttpRouter::Match HttpRouter::Find(bhttp::verb method, std::string_view path) const {
   Match m;
-  const std::vector<std::string_view> segs = segments_of(path);
+  const std::vector<std::string_view> segs = SegmentsOf(path);
   for (const Route& r : routes_) {
     if (r.segments.size() != segs.size()) continue;
     std::vector<std::string> captures;
@@ -549,7 +557,7 @@ HttpRouter::Match HttpRouter::Find(bhttp::verb method, std::string_view path) co
     for (std::size_t i = 0; ok && i < segs.size(); ++i) {
       if (r.segments[i] == "*") {
         ok = !segs[i].empty();
-        captures.push_back(percent_decode(segs[i], /*plus_is_space=*/false));
+        captures.push_back(PercentDecode(segs[i], /*plus_is_space=*/false));
       } else {
         ok = r.segments[i] == segs[i];
       }
@@ -591,6 +599,17 @@ HttpServer::~HttpServer() {
 
 Result<int> HttpServer::Start() {
   RC_CHECK(io_threads_.empty());
+  RC_RETURN_IF_ERROR(Listen());
+  const int port = acceptor_.local_endpoint().port();
+  Accept();
+  for (std::size_t i = 0; i < options_.io_threads; ++i) {
+    io_threads_.emplace_back([this] { RunLoop(); });
+  }
+  RC_CHECK(io_threads_.size() == options_.io_threads);
+  return port;
+}
+
+Status HttpServer::Listen() {
   beast::error_code ec;
   const auto address = asio::ip::make_address(options_.host, ec);
   if (ec) return Status::InvalidArgument("listen_host '" + options_.host + "': " + ec.message());
@@ -606,21 +625,19 @@ Result<int> HttpServer::Start() {
   if (acceptor_.listen(asio::socket_base::max_listen_connections, ec); ec) {
     return Status::Unavailable("cannot listen: " + ec.message());
   }
-  const int port = acceptor_.local_endpoint().port();
-  Accept();
-  for (std::size_t i = 0; i < options_.io_threads; ++i) {
-    io_threads_.emplace_back([this] {
-      for (;;) {
-        try {
-          io_.run();
-          return;
-        } catch (const std::exception& e) {  // a handler bug must not take the loop down
-          spdlog::critical("http: exception escaped a handler: {}", text::escape_line(e.what()));
-        }
-      }
-    });
+  return Status::OK();
+}
+
+// One io thread: runs the loop until it is stopped; a handler bug must not take the loop down.
+void HttpServer::RunLoop() {
+  for (;;) {
+    try {
+      io_.run();
+      return;
+    } catch (const std::exception& e) {
+      spdlog::critical("http: exception escaped a handler: {}", text::escape_line(e.what()));
+    }
   }
-  return port;
 }
 
 void HttpServer::Accept() {
@@ -675,33 +692,49 @@ void HttpServer::Dispatch(const Exchange& exchange) {
 
 void HttpServer::RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                              Exchange exchange) {
-  {
-    std::lock_guard<std::mutex> g(blocking_->mu);
-    if (blocking_->in_flight >= options_.blocking_queue_max) {
-      counters_.blocking_refused++;
-      HttpResponse res = ErrorResponse(503, "overloaded", "too many trainer API calls in flight");
-      res.set(bhttp::field::retry_after, "1");
-      return exchange.Respond(std::move(res));
-    }
-    blocking_->in_flight++;
+  if (!TakeBlockingSlot()) {
+    HttpResponse res = ErrorResponse(503, "overloaded", "too many trainer API calls in flight");
+    res.set(bhttp::field::retry_after, "1");
+    return exchange.Respond(std::move(res));
   }
   asio::post(blocking_->pool, [this, handler, captures = std::move(captures), exchange] {
-    HttpResponse res;
-    try {
-      const ApiRequest api{exchange.request(), captures, exchange};
-      (*handler)(api, res);
-    } catch (const std::exception& e) {
-      spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
-      res = ErrorResponse(500, "internal", "internal error");
-    }
-    exchange.Post([exchange, res = std::move(res)]() mutable {
-      Exchange ex = exchange;
-      ex.Respond(std::move(res));
-    });
-    std::lock_guard<std::mutex> g(blocking_->mu);
-    blocking_->in_flight--;
-    blocking_->idle_cv.notify_all();
+    RunHandler(handler, captures, exchange);
   });
+}
+
+// A place among the blocking_queue_max calls queued or running; false (counted) when all are
+// taken.
+bool HttpServer::TakeBlockingSlot() {
+  std::lock_guard<std::mutex> g(blocking_->mu);
+  if (blocking_->in_flight >= options_.blocking_queue_max) {
+    counters_.blocking_refused++;
+    return false;
+  }
+  blocking_->in_flight++;
+  RC_CHECK(blocking_->in_flight <= options_.blocking_queue_max);
+  return true;
+}
+
+// On a pool thread: the handler's answer goes back to the exchange's strand, then the slot is
+// given back.
+void HttpServer::RunHandler(const BlockingHandler* handler,
+                            const std::vector<std::string>& captures, const Exchange& exchange) {
+  HttpResponse res;
+  try {
+    const ApiRequest api{exchange.request(), captures, exchange};
+    (*handler)(api, res);
+  } catch (const std::exception& e) {
+    spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
+    res = ErrorResponse(500, "internal", "internal error");
+  }
+  exchange.Post([exchange, res = std::move(res)]() mutable {
+    Exchange ex = exchange;
+    ex.Respond(std::move(res));
+  });
+  std::lock_guard<std::mutex> g(blocking_->mu);
+  RC_CHECK(blocking_->in_flight > 0);
+  blocking_->in_flight--;
+  blocking_->idle_cv.notify_all();
 }
 
 bool HttpServer::Stop(std::uint64_t deadline_ms) {

@@ -170,9 +170,14 @@ class HttpServer {
   HttpServerCounters& mutable_counters() { return counters_; }
 
  private:
+  [[nodiscard]] Status Listen();
+  void RunLoop();
   void Accept();
   void RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                    Exchange exchange);
+  bool TakeBlockingSlot();
+  void RunHandler(const BlockingHandler* handler, const std::vector<std::string>& captures,
+                  const Exchange& exchange);
 
   const HttpServerOptions options_;
   const HttpRouter router_;

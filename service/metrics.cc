@@ -2,17 +2,19 @@
 
 #include <cstdio>
 
+#include "statemachine/status.h"
 #include "statemachine/text.h"
 
 namespace rc::service {
 
-std::string format_double(double v) {
+std::string FormatDouble(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  const int n = std::snprintf(buf, sizeof(buf), "%.9g", v);
+  RC_CHECK(n > 0 && static_cast<std::size_t>(n) < sizeof(buf));  // %.9g is at most 16 bytes
   return buf;
 }
 
-std::string escape_label_value(const std::string& v) {
+std::string EscapeLabelValue(const std::string& v) {
   // escape_line leaves no control byte and doubles backslashes; only '"' is left to escape.
   const std::string line = rc::text::escape_line(v);
   std::string out;
@@ -23,6 +25,7 @@ std::string escape_label_value(const std::string& v) {
     else
       out.push_back(c);
   }
+  RC_CHECK(out.find('\n') == std::string::npos);  // one sample line, whatever the value held
   return out;
 }
 
@@ -40,14 +43,14 @@ void Histogram::Render(std::string& out, const std::string& name, const std::str
   std::uint64_t cumulative = 0;
   for (std::size_t i = 0; i < kBoundsS.size(); ++i) {
     cumulative += buckets_[i].load(std::memory_order_relaxed);
-    out += name + "_bucket{" + labels + sep + "le=\"" + format_double(kBoundsS[i]) + "\"} " +
+    out += name + "_bucket{" + labels + sep + "le=\"" + FormatDouble(kBoundsS[i]) + "\"} " +
            std::to_string(cumulative) + "\n";
   }
   cumulative += buckets_[kBoundsS.size()].load(std::memory_order_relaxed);
   out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
   const std::string braces = labels.empty() ? "" : "{" + labels + "}";
   out += name + "_sum" + braces + " " +
-         format_double(static_cast<double>(sum_us_.load(std::memory_order_relaxed)) / 1e6) + "\n";
+         FormatDouble(static_cast<double>(sum_us_.load(std::memory_order_relaxed)) / 1e6) + "\n";
   out += name + "_count" + braces + " " + std::to_string(count_.load(std::memory_order_relaxed)) +
          "\n";
 }

@@ -60,9 +60,9 @@ struct ServiceMetrics {
   Histogram proxy_relay;     // streamed: an engine read's events until the client took them
 };
 
-std::string format_double(double v);
+std::string FormatDouble(double v);
 // `v` as the value of a Prometheus label: backslash, double quote and newline escaped; other
 // control bytes and ill-formed UTF-8 are escaped as text (never a second line).
-std::string escape_label_value(const std::string& v);
+std::string EscapeLabelValue(const std::string& v);
 
 }  // namespace rc::service

@@ -1,23 +1,20 @@
 // /metrics: the executor's state, the journal and the proxy as Prometheus text.
-#include <algorithm>
-#include <chrono>
+//
+// Each family group is one short function over rows in exposition order. The text is kept
+// byte-stable for scrapers: some families' later labels (admissions_refused_total's overloaded
+// and failed, rollouts_finished_total's expired, updates_total's outcome_unknown and replayed)
+// follow other families' rows, where they have always been.
 #include <string>
-#include <thread>
+#include <string_view>
 
-#include <openssl/crypto.h>
-#include <spdlog/spdlog.h>
-
-#include "journal/json.h"
 #include "service/api_parse.h"
 #include "service/http_util.h"
 #include "service/service.h"
 #include "service/service_internal.h"
-#include "statemachine/text.h"
 
 namespace rc::service {
+namespace {
 
-using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 using namespace internal;  // NOLINT: the service's own helpers
 
 // The few fields /metrics shows, read without copying the state (its active rollouts may be
@@ -31,151 +28,196 @@ struct MetricsState {
   bool engine_reachable = false;
 };
 
-std::string Service::RenderMetrics() const {
+MetricsState ReadMetricsState(const journal::Journal& journal) {
   MetricsState s;
-  journal_->ReadState([&s](const State& st) {
+  journal.ReadState([&s](const State& st) {
     s = {st.lifecycle, st.committed.generation, st.active.size(),
          st.counters,  st.engine_instance,      st.engine_reachable};
   });
-  std::string out;
-  auto gauge = [&out](const std::string& name, const std::string& help, const std::string& v) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + v + "\n";
-  };
-  auto counter = [&out](const std::string& name, const std::string& help, std::uint64_t v) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
-           std::to_string(v) + "\n";
-  };
-  out +=
-      "# HELP rolloutcore_lifecycle_state 1 for the current lifecycle state\n"
-      "# TYPE rolloutcore_lifecycle_state gauge\n";
+  return s;
+}
+
+// What the engine monitor last saw, as /metrics shows it.
+struct EngineProbes {
+  bool journal_failed = false;
+  bool up = false;
+  std::int64_t last_probe_wall_ms = 0;
+  std::int64_t last_ok_wall_ms = 0;
+  std::string instance, label;
+};
+
+void AppendHead(std::string& out, std::string_view name, std::string_view type,
+                std::string_view help) {
+  out.append("# HELP ").append(name).append(" ").append(help);
+  out.append("\n# TYPE ").append(name).append(" ").append(type).append("\n");
+}
+
+// `series` is the metric's name with its labels, if any.
+void AppendSample(std::string& out, std::string_view series, std::string_view value) {
+  out.append(series).append(" ").append(value).append("\n");
+}
+
+void AppendGauge(std::string& out, std::string_view name, std::string_view help,
+                 std::string_view value) {
+  AppendHead(out, name, "gauge", help);
+  AppendSample(out, name, value);
+}
+
+void AppendCounter(std::string& out, std::string_view name, std::string_view help,
+                   std::uint64_t value) {
+  AppendHead(out, name, "counter", help);
+  AppendSample(out, name, std::to_string(value));
+}
+
+std::string Series(std::string_view name, std::string_view key, std::string_view label) {
+  return std::string(name) + "{" + std::string(key) + "=\"" + std::string(label) + "\"}";
+}
+
+std::string Seconds(std::int64_t ms) { return FormatDouble(static_cast<double>(ms) / 1e3); }
+
+struct CounterRow {
+  const char* name;
+  const char* help;
+  std::uint64_t value;
+};
+
+void AppendCounters(std::string& out, std::initializer_list<CounterRow> rows) {
+  for (const CounterRow& r : rows) AppendCounter(out, r.name, r.help, r.value);
+}
+
+void AppendLifecycle(std::string& out, Lifecycle current) {
+  RC_CHECK(static_cast<std::uint8_t>(current) <= kLifecycleMax);  // exactly one line says 1
+  AppendHead(out, "rolloutcore_lifecycle_state", "gauge", "1 for the current lifecycle state");
   for (std::uint8_t i = 0; i <= kLifecycleMax; ++i) {
     const auto l = static_cast<Lifecycle>(i);
-    out += std::string("rolloutcore_lifecycle_state{state=\"") + lifecycle_name(l) + "\"} " +
-           (l == s.lifecycle ? "1" : "0") + "\n";
+    AppendSample(out, Series("rolloutcore_lifecycle_state", "state", lifecycle_name(l)),
+                 l == current ? "1" : "0");
   }
-  gauge("rolloutcore_committed_generation", "committed weight generation",
-        std::to_string(s.generation));
-  gauge("rolloutcore_active_rollouts", "rollouts admitted and not finished (journal)",
-        std::to_string(s.active));
-  gauge("rolloutcore_proxy_in_flight", "proxied requests in flight",
-        std::to_string(metrics_.proxy_in_flight.load()));
-  gauge("rolloutcore_journal_head_seq", "last journal seq", std::to_string(journal_->head_seq()));
-  counter("rolloutcore_rollouts_admitted_total", "admissions journaled (journal counters)",
-          s.counters.rollouts_admitted);
-  out +=
-      "# HELP rolloutcore_rollouts_finished_total rollouts finished, by outcome (journal)\n"
-      "# TYPE rolloutcore_rollouts_finished_total counter\n";
-  out += "rolloutcore_rollouts_finished_total{outcome=\"completed\"} " +
-         std::to_string(s.counters.rollouts_completed) + "\n";
-  out += "rolloutcore_rollouts_finished_total{outcome=\"aborted\"} " +
-         std::to_string(s.counters.rollouts_aborted) + "\n";
-  out += "rolloutcore_rollouts_finished_total{outcome=\"abandoned\"} " +
-         std::to_string(s.counters.rollouts_abandoned) + "\n";
-  out +=
-      "# HELP rolloutcore_admissions_refused_total proxied/explicit admissions refused\n"
-      "# TYPE rolloutcore_admissions_refused_total counter\n";
-  out += "rolloutcore_admissions_refused_total{reason=\"tainted\"} " +
-         std::to_string(metrics_.admission_rejected_tainted.load()) + "\n";
-  out += "rolloutcore_admissions_refused_total{reason=\"not_ready\"} " +
-         std::to_string(metrics_.admission_rejected_unavailable.load()) + "\n";
-  out += "rolloutcore_admissions_refused_total{reason=\"shutting_down\"} " +
-         std::to_string(metrics_.admission_rejected_shutdown.load()) + "\n";
-  out +=
-      "# HELP rolloutcore_updates_total update requests answered, by outcome\n"
-      "# TYPE rolloutcore_updates_total counter\n";
-  out += "rolloutcore_updates_total{outcome=\"committed\"} " +
-         std::to_string(metrics_.updates_committed.load()) + "\n";
-  out += "rolloutcore_updates_total{outcome=\"refused\"} " +
-         std::to_string(metrics_.updates_refused.load()) + "\n";
-  out += "rolloutcore_updates_total{outcome=\"tainted\"} " +
-         std::to_string(metrics_.updates_tainted.load()) + "\n";
-  out += "rolloutcore_updates_total{outcome=\"conflict\"} " +
-         std::to_string(metrics_.updates_conflict.load()) + "\n";
-  out += "rolloutcore_admissions_refused_total{reason=\"overloaded\"} " +
-         std::to_string(metrics_.admission_rejected_overloaded.load()) + "\n";
-  out += "rolloutcore_admissions_refused_total{reason=\"failed\"} " +
-         std::to_string(metrics_.admission_rejected_failed.load()) + "\n";
-  out += "rolloutcore_rollouts_finished_total{outcome=\"expired\"} " +
-         std::to_string(s.counters.rollouts_expired) + "\n";
-  out += "rolloutcore_updates_total{outcome=\"outcome_unknown\"} " +
-         std::to_string(metrics_.updates_outcome_unknown.load()) + "\n";
-  out += "rolloutcore_updates_total{outcome=\"replayed\"} " +
-         std::to_string(metrics_.updates_replayed.load()) + "\n";
-  gauge("rolloutcore_journal_failed", "1 once the executor fail-stopped on a journal error",
-        failed() ? "1" : "0");
-  gauge("rolloutcore_engine_up", "1 when the engine monitor's last probe succeeded",
-        engine_up_.load() ? "1" : "0");
-  gauge("rolloutcore_engine_reachable", "the journaled view: 0 refuses admissions",
-        s.engine_reachable ? "1" : "0");
-  {
-    const std::int64_t probe_ms = engine_last_probe_wall_ms_.load();
-    const std::int64_t ok_ms = engine_last_ok_wall_ms_.load();
-    gauge("rolloutcore_engine_last_probe_timestamp_seconds", "wall time of the last engine probe",
-          format_double(static_cast<double>(probe_ms) / 1e3));
-    gauge("rolloutcore_engine_last_ok_timestamp_seconds",
-          "wall time of the last successful engine probe",
-          format_double(static_cast<double>(ok_ms) / 1e3));
-    gauge("rolloutcore_engine_last_probe_age_seconds", "seconds since the last engine probe",
-          probe_ms == 0 ? "NaN" : format_double(static_cast<double>(wall_ms() - probe_ms) / 1e3));
-    std::string instance, label;
-    {
-      std::lock_guard<std::mutex> g(engine_info_mu_);
-      instance = engine_instance_seen_;
-      label = engine_label_seen_;
-    }
-    out +=
-        "# HELP rolloutcore_engine_info the engine process the monitor sees (instance, label)\n"
-        "# TYPE rolloutcore_engine_info gauge\n"
-        "rolloutcore_engine_info{instance=\"" +
-        escape_label_value(instance) + "\",journal_instance=\"" +
-        escape_label_value(s.engine_instance) + "\",label=\"" + escape_label_value(label) +
-        "\"} 1\n";
+}
+
+void AppendJournalGauges(std::string& out, const MetricsState& s, const ServiceMetrics& m,
+                         std::uint64_t head_seq) {
+  AppendGauge(out, "rolloutcore_committed_generation", "committed weight generation",
+              std::to_string(s.generation));
+  AppendGauge(out, "rolloutcore_active_rollouts", "rollouts admitted and not finished (journal)",
+              std::to_string(s.active));
+  AppendGauge(out, "rolloutcore_proxy_in_flight", "proxied requests in flight",
+              std::to_string(m.proxy_in_flight.load()));
+  AppendGauge(out, "rolloutcore_journal_head_seq", "last journal seq", std::to_string(head_seq));
+  AppendCounter(out, "rolloutcore_rollouts_admitted_total",
+                "admissions journaled (journal counters)", s.counters.rollouts_admitted);
+}
+
+// One sample of a family labelled by outcome or reason; `help` only on the family's first row.
+struct LabeledRow {
+  const char* family;
+  const char* help;  // nullptr: not the family's first row
+  const char* key;
+  const char* label;
+  std::uint64_t value;
+};
+
+void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m) {
+  constexpr const char* kFinished = "rolloutcore_rollouts_finished_total";
+  constexpr const char* kRefused = "rolloutcore_admissions_refused_total";
+  constexpr const char* kUpdates = "rolloutcore_updates_total";
+  const LabeledRow rows[] = {
+      {kFinished, "rollouts finished, by outcome (journal)", "outcome", "completed",
+       c.rollouts_completed},
+      {kFinished, nullptr, "outcome", "aborted", c.rollouts_aborted},
+      {kFinished, nullptr, "outcome", "abandoned", c.rollouts_abandoned},
+      {kRefused, "proxied/explicit admissions refused", "reason", "tainted",
+       m.admission_rejected_tainted.load()},
+      {kRefused, nullptr, "reason", "not_ready", m.admission_rejected_unavailable.load()},
+      {kRefused, nullptr, "reason", "shutting_down", m.admission_rejected_shutdown.load()},
+      {kUpdates, "update requests answered, by outcome", "outcome", "committed",
+       m.updates_committed.load()},
+      {kUpdates, nullptr, "outcome", "refused", m.updates_refused.load()},
+      {kUpdates, nullptr, "outcome", "tainted", m.updates_tainted.load()},
+      {kUpdates, nullptr, "outcome", "conflict", m.updates_conflict.load()},
+      {kRefused, nullptr, "reason", "overloaded", m.admission_rejected_overloaded.load()},
+      {kRefused, nullptr, "reason", "failed", m.admission_rejected_failed.load()},
+      {kFinished, nullptr, "outcome", "expired", c.rollouts_expired},
+      {kUpdates, nullptr, "outcome", "outcome_unknown", m.updates_outcome_unknown.load()},
+      {kUpdates, nullptr, "outcome", "replayed", m.updates_replayed.load()},
+  };
+  for (const LabeledRow& r : rows) {
+    if (r.help != nullptr) AppendHead(out, r.family, "counter", r.help);
+    AppendSample(out, Series(r.family, r.key, r.label), std::to_string(r.value));
   }
-  counter("rolloutcore_finish_retries_total", "finishes retried while the journal queue was full",
-          metrics_.finish_retries.load());
-  counter("rolloutcore_leases_renewed_total", "explicit rollout leases renewed",
-          metrics_.leases_renewed.load());
-  counter("rolloutcore_engine_probes_total", "engine monitor probes",
-          metrics_.engine_probes.load());
-  counter("rolloutcore_engine_probe_failures_total", "engine monitor probes that failed",
-          metrics_.engine_probe_failures.load());
-  counter("rolloutcore_engine_monitor_events_total", "EngineMonitored events journaled",
-          metrics_.engine_monitor_submits.load());
-  counter("rolloutcore_bad_requests_total", "requests refused as malformed (4xx)",
-          metrics_.bad_requests.load());
-  counter("rolloutcore_unauthorized_total", "requests refused for a missing or wrong token",
-          metrics_.unauthorized.load());
-  if (http_) {
-    const HttpServerCounters& h = http_->counters();
-    gauge("rolloutcore_http_open_connections", "client connections open",
-          std::to_string(h.open_connections.load()));
-    counter("rolloutcore_http_connections_refused_total",
-            "connections answered 503 beyond http_connections_max", h.refused_over_budget.load());
-    counter("rolloutcore_http_header_timeouts_total", "requests cut at header_timeout_ms (408)",
-            h.header_timeouts.load());
-    counter("rolloutcore_http_body_timeouts_total", "requests cut at body_timeout_ms (408)",
-            h.body_timeouts.load());
-    counter("rolloutcore_http_write_timeouts_total",
-            "connections closed at write_timeout_ms (client not reading)", h.write_timeouts.load());
-    counter("rolloutcore_http_blocking_refused_total",
-            "trainer calls refused: the blocking pool's queue was full", h.blocking_refused.load());
-  }
-  counter("rolloutcore_client_disconnects_total", "proxied clients that hung up mid-request",
-          metrics_.client_disconnects.load());
-  counter("rolloutcore_upstream_errors_total", "proxied requests the engine failed",
-          metrics_.upstream_errors.load());
-  counter("rolloutcore_trajectories_written_total", "trajectory lines written",
-          metrics_.trajectories_written.load());
-  counter("rolloutcore_trajectories_dropped_total", "trajectory lines dropped (size or I/O)",
-          metrics_.trajectories_dropped.load());
-  effects::PhaseTimings t;
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    t = last_timings_;
-  }
-  out +=
-      "# HELP rolloutcore_update_phase_seconds phase durations of the last update\n"
-      "# TYPE rolloutcore_update_phase_seconds gauge\n";
+}
+
+void AppendEngine(std::string& out, const EngineProbes& e, const MetricsState& s) {
+  AppendGauge(out, "rolloutcore_journal_failed",
+              "1 once the executor fail-stopped on a journal error", e.journal_failed ? "1" : "0");
+  AppendGauge(out, "rolloutcore_engine_up", "1 when the engine monitor's last probe succeeded",
+              e.up ? "1" : "0");
+  AppendGauge(out, "rolloutcore_engine_reachable", "the journaled view: 0 refuses admissions",
+              s.engine_reachable ? "1" : "0");
+  AppendGauge(out, "rolloutcore_engine_last_probe_timestamp_seconds",
+              "wall time of the last engine probe", Seconds(e.last_probe_wall_ms));
+  AppendGauge(out, "rolloutcore_engine_last_ok_timestamp_seconds",
+              "wall time of the last successful engine probe", Seconds(e.last_ok_wall_ms));
+  AppendGauge(out, "rolloutcore_engine_last_probe_age_seconds",
+              "seconds since the last engine probe",
+              e.last_probe_wall_ms == 0 ? "NaN" : Seconds(wall_ms() - e.last_probe_wall_ms));
+  AppendHead(out, "rolloutcore_engine_info", "gauge",
+             "the engine process the monitor sees (instance, label)");
+  AppendSample(out,
+               "rolloutcore_engine_info{instance=\"" + EscapeLabelValue(e.instance) +
+                   "\",journal_instance=\"" + EscapeLabelValue(s.engine_instance) + "\",label=\"" +
+                   EscapeLabelValue(e.label) + "\"}",
+               "1");
+}
+
+void AppendServiceCounters(std::string& out, const ServiceMetrics& m) {
+  AppendCounters(
+      out, {{"rolloutcore_finish_retries_total",
+             "finishes retried while the journal queue was full", m.finish_retries.load()},
+            {"rolloutcore_leases_renewed_total", "explicit rollout leases renewed",
+             m.leases_renewed.load()},
+            {"rolloutcore_engine_probes_total", "engine monitor probes", m.engine_probes.load()},
+            {"rolloutcore_engine_probe_failures_total", "engine monitor probes that failed",
+             m.engine_probe_failures.load()},
+            {"rolloutcore_engine_monitor_events_total", "EngineMonitored events journaled",
+             m.engine_monitor_submits.load()},
+            {"rolloutcore_bad_requests_total", "requests refused as malformed (4xx)",
+             m.bad_requests.load()},
+            {"rolloutcore_unauthorized_total", "requests refused for a missing or wrong token",
+             m.unauthorized.load()}});
+}
+
+void AppendHttp(std::string& out, const HttpServerCounters& h) {
+  AppendGauge(out, "rolloutcore_http_open_connections", "client connections open",
+              std::to_string(h.open_connections.load()));
+  AppendCounters(
+      out,
+      {{"rolloutcore_http_connections_refused_total",
+        "connections answered 503 beyond http_connections_max", h.refused_over_budget.load()},
+       {"rolloutcore_http_header_timeouts_total", "requests cut at header_timeout_ms (408)",
+        h.header_timeouts.load()},
+       {"rolloutcore_http_body_timeouts_total", "requests cut at body_timeout_ms (408)",
+        h.body_timeouts.load()},
+       {"rolloutcore_http_write_timeouts_total",
+        "connections closed at write_timeout_ms (client not reading)", h.write_timeouts.load()},
+       {"rolloutcore_http_blocking_refused_total",
+        "trainer calls refused: the blocking pool's queue was full", h.blocking_refused.load()}});
+}
+
+void AppendProxyCounters(std::string& out, const ServiceMetrics& m) {
+  AppendCounters(out, {{"rolloutcore_client_disconnects_total",
+                        "proxied clients that hung up mid-request", m.client_disconnects.load()},
+                       {"rolloutcore_upstream_errors_total", "proxied requests the engine failed",
+                        m.upstream_errors.load()},
+                       {"rolloutcore_trajectories_written_total", "trajectory lines written",
+                        m.trajectories_written.load()},
+                       {"rolloutcore_trajectories_dropped_total",
+                        "trajectory lines dropped (size or I/O)", m.trajectories_dropped.load()}});
+}
+
+void AppendUpdatePhases(std::string& out, const effects::PhaseTimings& t) {
+  AppendHead(out, "rolloutcore_update_phase_seconds", "gauge",
+             "phase durations of the last update");
   for (auto [phase, us] : {std::pair{"drain", t.drain_us},
                            {"preflight", t.preflight_us},
                            {"transfer", t.transfer_us},
@@ -184,21 +226,64 @@ std::string Service::RenderMetrics() const {
                            {"resume", t.resume_us},
                            {"journal", t.journal_us},
                            {"total", t.total_us}}) {
-    out += std::string("rolloutcore_update_phase_seconds{phase=\"") + phase + "\"} " +
-           format_double(static_cast<double>(us) / 1e6) + "\n";
+    AppendSample(out, Series("rolloutcore_update_phase_seconds", "phase", phase),
+                 FormatDouble(static_cast<double>(us) / 1e6));
   }
-  auto hist = [&out](const Histogram& h, const std::string& name, const std::string& help) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
-    h.Render(out, name, "");
+}
+
+struct HistogramRow {
+  const Histogram& histogram;
+  const char* name;
+  const char* help;
+};
+
+void AppendHistograms(std::string& out, const ServiceMetrics& m) {
+  const HistogramRow rows[] = {
+      {m.journal_append, "rolloutcore_journal_append_seconds",
+       "admission/finish Submit + durable Wait"},
+      {m.proxy_total, "rolloutcore_proxy_request_seconds", "proxied request end to end"},
+      {m.proxy_upstream, "rolloutcore_proxy_upstream_seconds", "the engine call alone"},
+      {m.proxy_added, "rolloutcore_proxy_added_seconds",
+       "what the proxy adds (end to end minus the engine call)"},
+      {m.proxy_relay, "rolloutcore_proxy_relay_seconds",
+       "streamed: from an engine read's completion until the client's socket took its events"},
   };
-  hist(metrics_.journal_append, "rolloutcore_journal_append_seconds",
-       "admission/finish Submit + durable Wait");
-  hist(metrics_.proxy_total, "rolloutcore_proxy_request_seconds", "proxied request end to end");
-  hist(metrics_.proxy_upstream, "rolloutcore_proxy_upstream_seconds", "the engine call alone");
-  hist(metrics_.proxy_added, "rolloutcore_proxy_added_seconds",
-       "what the proxy adds (end to end minus the engine call)");
-  hist(metrics_.proxy_relay, "rolloutcore_proxy_relay_seconds",
-       "streamed: from an engine read's completion until the client's socket took its events");
+  for (const HistogramRow& r : rows) {
+    AppendHead(out, r.name, "histogram", r.help);
+    r.histogram.Render(out, r.name, "");
+  }
+}
+
+}  // namespace
+
+std::string Service::RenderMetrics() const {
+  const MetricsState s = ReadMetricsState(*journal_);
+  EngineProbes probes{failed(),
+                      engine_up_.load(),
+                      engine_last_probe_wall_ms_.load(),
+                      engine_last_ok_wall_ms_.load(),
+                      "",
+                      ""};
+  {
+    std::lock_guard<std::mutex> g(engine_info_mu_);
+    probes.instance = engine_instance_seen_;
+    probes.label = engine_label_seen_;
+  }
+  std::string out;
+  AppendLifecycle(out, s.lifecycle);
+  AppendJournalGauges(out, s, metrics_, journal_->head_seq());
+  AppendOutcomes(out, s.counters, metrics_);
+  AppendEngine(out, probes, s);
+  AppendServiceCounters(out, metrics_);
+  if (http_) AppendHttp(out, http_->counters());
+  AppendProxyCounters(out, metrics_);
+  effects::PhaseTimings timings;
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    timings = last_timings_;
+  }
+  AppendUpdatePhases(out, timings);
+  AppendHistograms(out, metrics_);
   return out;
 }
 

@@ -26,14 +26,14 @@ namespace {
 constexpr const char* kRolloutIdHeader = "X-RolloutCore-Rollout-Id";
 const std::string kDoneEvent = "data: [DONE]\n\n";
 
-std::uint32_t clamp_u32(std::uint64_t v) {
+std::uint32_t ClampU32(std::uint64_t v) {
   return v > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(v);
 }
 
-bool is_2xx(unsigned status) { return status >= 200 && status < 300; }
+bool Is2xx(unsigned status) { return status >= 200 && status < 300; }
 
 // The optional boolean `stream`; the optional non-empty `cache_salt`.
-Status parse_stream_and_salt(const json& body, bool& stream, std::string& salt) {
+Status ParseStreamAndSalt(const json& body, bool& stream, std::string& salt) {
   auto s = body.find("stream");
   if (s != body.end() && !s->is_null()) {
     if (!s->is_boolean()) return Status::InvalidArgument("'stream' must be a boolean");
@@ -48,7 +48,7 @@ Status parse_stream_and_salt(const json& body, bool& stream, std::string& salt) 
   return Status::OK();
 }
 
-Status check_generate_body(const json& body) {
+Status CheckGenerateBody(const json& body) {
   auto ids = body.find("token_ids");
   if (ids == body.end() || !ids->is_array()) {
     return Status::InvalidArgument("'token_ids' (array of ints) is required");
@@ -60,9 +60,21 @@ Status check_generate_body(const json& body) {
   return Status::OK();
 }
 
+// Each choice of a trace as the trajectory line records it.
+json OutputsJson(const Trajectory& trace) {
+  json outputs = json::array();
+  for (const auto& [index, ch] : trace.choices) {
+    outputs.push_back({{"index", index},
+                       {"token_ids", ch.token_ids},
+                       {"logprobs", ch.logprobs},
+                       {"finish_reason", ch.finish_reason}});
+  }
+  return outputs;
+}
+
 }  // namespace
 
-const char* proxy_route_path(ProxyRoute route) {
+const char* ProxyRoutePath(ProxyRoute route) {
   switch (route) {
     case ProxyRoute::kCompletions:
       return "/v1/completions";
@@ -103,8 +115,8 @@ Status ProxyExchange::Parse() {
   Result<json> parsed = parse_object(ex_.request().body(), false);
   if (!parsed.ok()) return parsed.status();
   upstream_body_ = std::move(parsed.value());
-  RC_RETURN_IF_ERROR(parse_stream_and_salt(upstream_body_, stream_, client_salt_));
-  if (route_ == ProxyRoute::kGenerate) RC_RETURN_IF_ERROR(check_generate_body(upstream_body_));
+  RC_RETURN_IF_ERROR(ParseStreamAndSalt(upstream_body_, stream_, client_salt_));
+  if (route_ == ProxyRoute::kGenerate) RC_RETURN_IF_ERROR(CheckGenerateBody(upstream_body_));
   return ParseRolloutId();
 }
 
@@ -134,6 +146,7 @@ void ProxyExchange::OnAdmitted(Service::AdmitResult a) {
     }
     return ex_.Respond(std::move(res));
   }
+  RC_CHECK(a.admitted->binding.rollout_id == rollout_id_);
   admission_ = std::move(*a.admitted);
   svc_.metrics_.proxy_in_flight++;
   in_flight_id_ = svc_.in_flight_calls_.Add([weak = weak_from_this(), ex = ex_] {
@@ -170,7 +183,7 @@ void ProxyExchange::PrepareUpstream() {
   }
   namespace bhttp = beast::http;
   const UpstreamTarget& t = svc_.engine_target_;
-  upstream_request_ = {bhttp::verb::post, t.base_path + proxy_route_path(route_), 11};
+  upstream_request_ = {bhttp::verb::post, t.base_path + ProxyRoutePath(route_), 11};
   upstream_request_.set(bhttp::field::host, t.authority);
   upstream_request_.set(bhttp::field::content_type, "application/json");
   if (stream_) upstream_request_.set(bhttp::field::accept, "text/event-stream");
@@ -180,6 +193,7 @@ void ProxyExchange::PrepareUpstream() {
   upstream_request_.keep_alive(true);
   upstream_request_.body() = dump_safe(up);
   upstream_request_.prepare_payload();
+  RC_CHECK(!cache_salt_.empty() && up.contains("cache_salt"));  // never sent unsalted
 }
 
 HttpResponse ProxyExchange::BindingHead(int status) const {
@@ -219,6 +233,7 @@ void ProxyExchange::Connect() {
     });
   }
   ++connect_attempts_;
+  RC_CHECK(connect_attempts_ <= kConnectAttemptsMax);
   AcquireUpstream(/*fresh_only=*/false);
 }
 
@@ -251,6 +266,7 @@ void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, b
 }
 
 void ProxyExchange::Send() {
+  RC_CHECK(conn_ != nullptr);
   parser_.emplace();
   parser_->header_limit(kUpstreamHeadBytesMax);
   parser_->body_limit(boost::none);  // streams are unbounded; each read is bounded
@@ -321,7 +337,7 @@ void ProxyExchange::OnBody(error_code ec) {
 
 // Streamed 2xx bodies go through the SSE reader; anything else is kept, bounded.
 bool ProxyExchange::Absorb(const char* data, std::size_t n) {
-  const bool relay = stream_ && is_2xx(parser_->get().result_int());
+  const bool relay = stream_ && Is2xx(parser_->get().result_int());
   if (relay) {
     if (sse_.Feed(data, n)) return true;
     if (client_gone_) return true;  // OnClientTook/OnClientGone finish it
@@ -335,6 +351,7 @@ bool ProxyExchange::Absorb(const char* data, std::size_t n) {
     return false;
   }
   body_.append(data, n);
+  RC_CHECK(body_.size() <= effects::kResponseBytesMax);
   return true;
 }
 
@@ -363,11 +380,12 @@ bool ProxyExchange::RetryAfterFailure(bool reused_and_silent) {
 // ---- ends ----
 
 void ProxyExchange::UpstreamDone() {
+  RC_CHECK(parser_ && parser_->is_done());
   deadline_.cancel();
   const unsigned status = parser_->get().result_int();
   const bool keep = parser_->keep_alive();
   ReleaseUpstream(keep);
-  if (stream_ && is_2xx(status)) {
+  if (stream_ && Is2xx(status)) {
     HttpEvidence ev;
     sse_.Finish(ev);
     if (!out_.empty()) {
@@ -379,7 +397,7 @@ void ProxyExchange::UpstreamDone() {
     }
     return AnswerStreamEnd(ev.body_parsed, ev.error);
   }
-  if (!is_2xx(status)) return AnswerEngineError();
+  if (!Is2xx(status)) return AnswerEngineError();
   AnswerCompletion();
 }
 
@@ -389,10 +407,10 @@ void ProxyExchange::AnswerCompletion() {
     transport_error_ = "engine answered HTTP 200 with a body that is not JSON";
     return AnswerEngineError();
   }
-  trace_.absorb(doc);
+  trace_.Absorb(doc);
   Finish(RolloutOutcome::kCompleted, "",
          [self = shared_from_this(), doc = std::move(doc)]() mutable {
-           strip_added(doc, self->strip_token_ids_, false);
+           StripAdded(doc, self->strip_token_ids_, false);
            HttpResponse res = self->BindingHead(200);
            send_json(res, 200, doc);
            self->ex_.Respond(std::move(res));
@@ -420,7 +438,7 @@ void ProxyExchange::AnswerEngineError() {
   const std::string why = EngineFailure();
   Finish(RolloutOutcome::kAborted, why, [self = shared_from_this(), status, why] {
     if (!self->stream_) {
-      HttpResponse res = self->BindingHead(is_2xx(status) ? 502 : static_cast<int>(status));
+      HttpResponse res = self->BindingHead(Is2xx(status) ? 502 : static_cast<int>(status));
       SetBody(res, res.result_int(), std::move(self->body_), "application/json");
       return self->ex_.Respond(std::move(res));
     }
@@ -502,7 +520,7 @@ void ProxyExchange::CloseUpstream() {
   conn_->socket.close(ignored);  // pending operations complete with an error on the strand
 }
 
-std::uint64_t ProxyExchange::upstream_us() const {
+std::uint64_t ProxyExchange::UpstreamElapsedUs() const {
   return connect_attempts_ == 0 ? 0 : effects::elapsed_us(upstream_t0_);
 }
 
@@ -515,10 +533,10 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
   in_flight_id_ = 0;
   if (client_gone_) svc_.metrics_.client_disconnects++;
   WriteTrajectoryLine(outcome, note);
-  const std::uint64_t up_us = upstream_us();
+  const std::uint64_t up_us = UpstreamElapsedUs();
   const RolloutAdmitted& b = admission_.binding;
-  svc_.FinishAsync(b.rollout_id, outcome, clamp_u32(trace_.prompt_count()),
-                   clamp_u32(trace_.completion_count()),
+  svc_.FinishAsync(b.rollout_id, outcome, ClampU32(trace_.prompt_count()),
+                   ClampU32(trace_.completion_count()),
                    JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(),
                    [self = shared_from_this(), then = std::move(then), up_us](Status st) {
                      // Never dropped: FinishAsync fail-stops the executor when the journal cannot
@@ -540,20 +558,13 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
 
 void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
   const RolloutAdmitted& b = admission_.binding;
-  json outputs = json::array();
-  for (auto& [index, ch] : trace_.choices) {
-    outputs.push_back({{"index", index},
-                       {"token_ids", ch.token_ids},
-                       {"logprobs", ch.logprobs},
-                       {"finish_reason", ch.finish_reason}});
-  }
   json prompt = trace_.prompt_token_ids;
   if (prompt.is_null() && route_ == ProxyRoute::kGenerate) {
     prompt = upstream_body_.value("token_ids", json());
   }
   const json line = {{"rollout_id", b.rollout_id},
                      {"admission_seq", admission_.seq},
-                     {"route", proxy_route_path(route_)},
+                     {"route", ProxyRoutePath(route_)},
                      {"stream", stream_},
                      {"version", journal::WeightVersionToJson(b.version)},
                      {"identity", journal::WeightIdentityToJson(b.identity)},
@@ -561,7 +572,7 @@ void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::strin
                      {"outcome", outcome_name(outcome)},
                      {"note", note},
                      {"prompt_token_ids", prompt},
-                     {"outputs", std::move(outputs)},
+                     {"outputs", OutputsJson(trace_)},
                      {"prompt_tokens", trace_.prompt_count()},
                      {"completion_tokens", trace_.completion_count()},
                      {"truncated", trace_.truncated}};
@@ -683,7 +694,7 @@ bool Service::ProxyAuthorized(Exchange& ex) {
 void Service::AddProxyRoutes(HttpRouter& router) {
   using bhttp::verb;
   for (ProxyRoute route : {ProxyRoute::kCompletions, ProxyRoute::kChat, ProxyRoute::kGenerate}) {
-    router.Async(verb::post, proxy_route_path(route), [this, route](Exchange ex) {
+    router.Async(verb::post, ProxyRoutePath(route), [this, route](Exchange ex) {
       if (!ProxyAuthorized(ex)) return;
       std::make_shared<ProxyExchange>(*this, route, std::move(ex))->Start();
     });

@@ -32,12 +32,12 @@
 namespace rc::service {
 
 enum class ProxyRoute : std::uint8_t { kCompletions, kChat, kGenerate };
-const char* proxy_route_path(ProxyRoute route);
+const char* ProxyRoutePath(ProxyRoute route);
 
 inline constexpr std::size_t kUpstreamReadBytes = 64 << 10;  // one engine read, one client write
 inline constexpr std::size_t kUpstreamHeadBytesMax = 64 << 10;
 inline constexpr std::uint32_t kConnectAttemptsMax = 4;  // connects that never reached the engine
-inline constexpr std::size_t kRolloutIdHeaderBytesMax = 128;
+inline constexpr std::size_t kRolloutIdHeaderBytesMax = kIdBytesMax;  // a journal rollout id
 
 class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
  public:
@@ -80,7 +80,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void OnClientGone();
   void Cancel();
   std::string EngineFailure() const;
-  std::uint64_t upstream_us() const;
+  std::uint64_t UpstreamElapsedUs() const;
 
   Service& svc_;
   const ProxyRoute route_;

@@ -1,52 +1,180 @@
-// The proxy's stream and trajectory handling (see proxy_stream.h), moved verbatim from proxy.cc.
+// The proxy's stream and trajectory handling (see proxy_stream.h).
 #include "service/proxy_stream.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "service/http_util.h"
+#include "statemachine/status.h"
 
 namespace rc::service {
+namespace {
+
+// An engine chunk is outside text: a missing or non-integer "index" is choice 0.
+std::int64_t ChoiceIndex(const json& choice) {
+  const auto at = choice.find("index");
+  return at != choice.end() && at->is_number_integer() ? at->get<std::int64_t>() : 0;
+}
+
+// A choice's output token ids: its own, or (chat streams) those of its delta; nullptr if none.
+const json* TokenIdsOf(const json& choice) {
+  if (auto it = choice.find("token_ids"); it != choice.end() && it->is_array()) return &*it;
+  auto d = choice.find("delta");
+  if (d == choice.end() || !d->is_object()) return nullptr;
+  auto dt = d->find("token_ids");
+  return dt != d->end() && dt->is_array() ? &*dt : nullptr;
+}
+
+// One item of chat's logprobs.content: its "logprob", or null.
+json ContentLogprob(const json& item) {
+  return item.is_object() ? item.value("logprob", json()) : json();
+}
+
+}  // namespace
+
+void Trajectory::Absorb(const json& doc) {
+  if (!doc.is_object()) return;
+  TakePrompt(doc);
+  TakeUsage(doc);
+  auto cs = doc.find("choices");
+  if (cs == doc.end() || !cs->is_array()) return;
+  for (const json& c : *cs) {
+    if (c.is_object()) TakeChoice(c);
+  }
+  RC_CHECK(entries <= kTrajectoryEntriesMax);
+}
+
+void Trajectory::TakePrompt(const json& obj) {
+  auto p = obj.find("prompt_token_ids");
+  if (p == obj.end() || !p->is_array() || !prompt_token_ids.is_null()) return;
+  if (p->size() <= kTrajectoryEntriesMax) {
+    prompt_token_ids = *p;
+  } else {
+    truncated = true;
+  }
+}
+
+void Trajectory::TakeUsage(const json& doc) {
+  auto u = doc.find("usage");
+  if (u == doc.end() || !u->is_object()) return;
+  if (u->value("prompt_tokens", json()).is_number_unsigned()) {
+    usage_prompt = (*u)["prompt_tokens"].get<std::uint64_t>();
+  }
+  if (u->value("completion_tokens", json()).is_number_unsigned()) {
+    usage_completion = (*u)["completion_tokens"].get<std::uint64_t>();
+  }
+}
+
+void Trajectory::TakeChoice(const json& choice) {
+  RC_CHECK(choice.is_object());
+  TakePrompt(choice);
+  ChoiceTrace& t = choices[ChoiceIndex(choice)];
+  if (const json* ids = TokenIdsOf(choice)) TakeTokenIds(*ids, t);
+  TakeLogprobs(choice, t);
+  if (choice.value("finish_reason", json()).is_string()) t.finish_reason = choice["finish_reason"];
+}
+
+void Trajectory::TakeTokenIds(const json& ids, ChoiceTrace& trace) {
+  for (const json& id : ids) {
+    if (!TakeEntry()) break;
+    if (id.is_number_integer()) trace.token_ids.push_back(id.get<std::int64_t>());
+  }
+}
+
+// Completions carry logprobs.token_logprobs (numbers), chat logprobs.content (objects).
+void Trajectory::TakeLogprobs(const json& choice, ChoiceTrace& trace) {
+  auto lp = choice.find("logprobs");
+  if (lp == choice.end() || !lp->is_object()) return;
+  if (auto tl = lp->find("token_logprobs"); tl != lp->end() && tl->is_array()) {
+    for (const json& v : *tl) {
+      if (!TakeEntry()) break;
+      trace.logprobs.push_back(v);
+    }
+  } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
+    for (const json& item : *ct) {
+      if (!TakeEntry()) break;
+      trace.logprobs.push_back(ContentLogprob(item));
+    }
+  }
+}
+
+bool Trajectory::TakeEntry() {
+  if (entries >= kTrajectoryEntriesMax) {
+    truncated = true;
+    return false;
+  }
+  ++entries;
+  return true;
+}
+
+namespace {
+
+// Choice 0 of a trace as the flat arrays its journal parts are cut from.
+struct FlatTrace {
+  std::vector<std::int32_t> prompt;
+  std::vector<std::int32_t> output;
+  std::vector<float> logprobs;  // one per output token (NaN: none reported)
+  bool any_logprob = false;
+};
+
+FlatTrace Flatten(const Trajectory& trace) {
+  FlatTrace flat;
+  if (trace.prompt_token_ids.is_array()) {
+    for (const json& id : trace.prompt_token_ids) {
+      if (id.is_number_integer()) flat.prompt.push_back(id.get<std::int32_t>());
+    }
+  }
+  auto it = trace.choices.find(0);
+  if (it == trace.choices.end()) return flat;
+  const ChoiceTrace& c = it->second;
+  for (std::size_t i = 0; i < c.token_ids.size(); ++i) {
+    flat.output.push_back(static_cast<std::int32_t>(c.token_ids[i]));
+    const json lp = i < c.logprobs.size() ? c.logprobs[i] : json();
+    flat.any_logprob = flat.any_logprob || lp.is_number();
+    flat.logprobs.push_back(lp.is_number() ? lp.get<float>() : std::nanf(""));
+  }
+  RC_CHECK(flat.logprobs.size() == flat.output.size());
+  return flat;
+}
+
+// The next part: prompt tokens from `p` first, then output tokens from `o`, together at most
+// kTrajectoryTokensPerRecordMax; `p` and `o` advance past what it took.
+TrajectoryRecorded NextPart(const std::string& rollout_id, std::uint32_t index,
+                            const FlatTrace& flat, std::size_t& p, std::size_t& o) {
+  RC_CHECK(p <= flat.prompt.size() && o <= flat.output.size());
+  TrajectoryRecorded part;
+  part.rollout_id = rollout_id;
+  part.part = index;
+  std::size_t room = kTrajectoryTokensPerRecordMax;
+  const std::size_t np = std::min(room, flat.prompt.size() - p);
+  part.prompt_token_ids.assign(flat.prompt.begin() + p, flat.prompt.begin() + p + np);
+  p += np;
+  room -= np;
+  const std::size_t no = std::min(room, flat.output.size() - o);
+  part.output_token_ids.assign(flat.output.begin() + o, flat.output.begin() + o + no);
+  if (flat.any_logprob) {
+    part.output_logprobs.assign(flat.logprobs.begin() + o, flat.logprobs.begin() + o + no);
+  }
+  o += no;
+  RC_CHECK(np + no > 0 && np + no <= kTrajectoryTokensPerRecordMax);
+  return part;
+}
+
+}  // namespace
 
 std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollout_id,
                                                        const Trajectory& trace) {
-  std::vector<std::int32_t> prompt;
-  if (trace.prompt_token_ids.is_array()) {
-    for (const json& id : trace.prompt_token_ids) {
-      if (id.is_number_integer()) prompt.push_back(id.get<std::int32_t>());
-    }
-  }
-  std::vector<std::int32_t> output;
-  std::vector<float> logprobs;
-  bool any_logprob = false;
-  if (auto it = trace.choices.find(0); it != trace.choices.end()) {
-    for (std::size_t i = 0; i < it->second.token_ids.size(); ++i) {
-      output.push_back(static_cast<std::int32_t>(it->second.token_ids[i]));
-      const json lp = i < it->second.logprobs.size() ? it->second.logprobs[i] : json();
-      any_logprob = any_logprob || lp.is_number();
-      logprobs.push_back(lp.is_number() ? lp.get<float>() : std::nanf(""));
-    }
-  }
+  const FlatTrace flat = Flatten(trace);
   std::vector<TrajectoryRecorded> parts;
   std::size_t p = 0, o = 0;
-  while ((p < prompt.size() || o < output.size()) && parts.size() < kTrajectoryPartsMax) {
-    TrajectoryRecorded part;
-    part.rollout_id = rollout_id;
-    part.part = static_cast<std::uint32_t>(parts.size());
-    std::size_t room = kTrajectoryTokensPerRecordMax;
-    const std::size_t np = std::min(room, prompt.size() - p);
-    part.prompt_token_ids.assign(prompt.begin() + p, prompt.begin() + p + np);
-    p += np;
-    room -= np;
-    const std::size_t no = std::min(room, output.size() - o);
-    part.output_token_ids.assign(output.begin() + o, output.begin() + o + no);
-    if (any_logprob) part.output_logprobs.assign(logprobs.begin() + o, logprobs.begin() + o + no);
-    o += no;
-    parts.push_back(std::move(part));
+  while ((p < flat.prompt.size() || o < flat.output.size()) && parts.size() < kTrajectoryPartsMax) {
+    parts.push_back(NextPart(rollout_id, static_cast<std::uint32_t>(parts.size()), flat, p, o));
   }
+  RC_CHECK(parts.size() <= kTrajectoryPartsMax);
   return parts;
 }
 
-void strip_added(json& doc, bool strip_token_ids, bool strip_usage) {
+void StripAdded(json& doc, bool strip_token_ids, bool strip_usage) {
   if (!doc.is_object()) return;
   if (strip_usage) doc.erase("usage");
   if (!strip_token_ids) return;
@@ -63,13 +191,13 @@ void strip_added(json& doc, bool strip_token_ids, bool strip_usage) {
 
 std::optional<std::string> pass_chunk(Trajectory& trace, const json& chunk, bool strip_token_ids,
                                       bool strip_usage) {
-  trace.absorb(chunk);
+  trace.Absorb(chunk);
   if (strip_usage && chunk.is_object() && chunk.contains("usage") &&
       chunk.value("choices", json::array()).empty()) {
     return std::nullopt;  // the usage-only chunk the client did not ask for
   }
   json out = chunk;
-  strip_added(out, strip_token_ids, strip_usage);
+  StripAdded(out, strip_token_ids, strip_usage);
   return "data: " + dump_safe(out) + "\n\n";
 }
 

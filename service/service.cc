@@ -47,9 +47,26 @@ using Clock = std::chrono::steady_clock;
 // Shutdown: after the grace deadline, cancelled proxied calls get this long to be recorded
 // aborted (their finish is durable before the journal closes), and the workers this long to exit.
 inline constexpr std::uint64_t kShutdownSettleMs = 2000;
+inline constexpr std::uint64_t kShutdownPollMs = 5;  // how often Shutdown looks at what is left
 inline constexpr std::uint64_t kIoThreadsAutoMax = 16;
+// Trainer API calls queued or running per blocking thread, beyond which they are answered 503.
+inline constexpr std::size_t kBlockingQueuePerThread = 16;
+// Descriptors: a proxied rollout holds a client socket and an engine socket; the rest (journal,
+// trajectories, listeners, engine control) fits in the spare.
+inline constexpr std::uint64_t kDescriptorsPerConnection = 2;
+inline constexpr std::uint64_t kDescriptorsSpare = 256;
 // The destructor waits this long for blocking handlers (an update) to return.
 inline constexpr std::uint64_t kHandlersDrainMsMax = 24ull * 3600 * 1000;
+// Startup: GET /version is tried this often, and the wait logged this often, until it answers.
+inline constexpr std::uint64_t kEngineWaitPollMs = 250;
+inline constexpr std::uint64_t kEngineWaitLogMs = 5000;
+
+effects::PackingParams PackingOf(const ServeConfig& config) {
+  effects::PackingParams packing;
+  packing.packed_buffer_size_bytes = config.packed_buffer_size_bytes;
+  packing.packed_num_buffers = config.packed_num_buffers;
+  return packing;
+}
 
 #ifdef RC_HAVE_CUDA
 std::string CudaError(const char* what, cudaError_t e) {
@@ -143,6 +160,42 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
   std::timed_mutex mu_;
   effects::nccl::NcclSender sender_;
 };
+
+effects::nccl::NcclSenderOptions NcclOptionsOf(const ServeConfig& config,
+                                               const HostPort& rendezvous) {
+  effects::nccl::NcclSenderOptions so;
+  so.device = config.cuda_device;
+  so.master_address = rendezvous.host;
+  so.master_port = rendezvous.port;
+  so.world_size = config.nccl_world_size;
+  so.packing = PackingOf(config);
+  so.http_timeout_ms = config.call_timeout_ms;
+  so.abort_reserve_ms = config.nccl_abort_reserve_ms;
+  return so;
+}
+
+// The sender's rendezvous with the engine, once the journal is recovered or bootstrapped.
+Status InitNcclSender(ServeNcclTransfer& sender, const ServeConfig& config) {
+  spdlog::info(
+      "serve: NCCL sender: rendezvous with {} (cuda_device {}, rendezvous {}, "
+      "deadline {} ms)",
+      config.engine_url, config.cuda_device, config.rendezvous, config.nccl_init_timeout_ms);
+  Status st = sender.Init(config.nccl_init_timeout_ms);
+  if (!st.ok()) {
+    return Status(st.code(), "transfer 'nccl': init with the engine at " + config.engine_url +
+                                 " (cuda_device " + std::to_string(config.cuda_device) +
+                                 ", rendezvous " + config.rendezvous + ", deadline " +
+                                 std::to_string(config.nccl_init_timeout_ms) +
+                                 " ms) failed: " + st.message());
+  }
+  spdlog::info(
+      "serve: NCCL sender ready: engine {} (protocol line of {}), rendezvous {}, "
+      "store port {}, abort reserve {} ms",
+      config.engine_url, sender.sender().protocol().version,
+      effects::nccl::rendezvous_name(sender.sender().rendezvous()), sender.sender().store_port(),
+      sender.sender().abort_reserve_ms());
+  return Status::OK();
+}
 #endif  // RC_HAVE_CUDA
 
 struct EngineVersionWait {
@@ -150,46 +203,104 @@ struct EngineVersionWait {
   std::string version;
 };
 
+// What one GET /version attempt that gave no version saw.
+std::string VersionAttemptFailure(const effects::HttpReply& v) {
+  if (v.http.ok_2xx()) {
+    return "HTTP " + std::to_string(v.http.http_status) + " without a 'version' string";
+  }
+  if (v.http.http_status != 0)
+    return "HTTP " + std::to_string(v.http.http_status) + " " + v.http.error;
+  return v.http.error;
+}
+
+void LogEngineWait(const ServeConfig& config, Clock::time_point start, const std::string& last) {
+  spdlog::info(
+      "serve: waiting for the engine at {} to answer GET /version ({} s so far, "
+      "up to {} s): {}",
+      esc(config.engine_url), effects::elapsed_us(start) / 1000000,
+      config.engine_startup_timeout_ms / 1000, esc(last));
+}
+
+Status EngineVersionTimeout(const ServeConfig& config, const std::string& last) {
+  return Status::Unavailable("engine " + esc(config.engine_url) +
+                             " did not answer GET /version "
+                             "within engine_startup_timeout_ms " +
+                             std::to_string(config.engine_startup_timeout_ms) + " ms (last: " +
+                             esc(last) + "); is it running and reachable from this host?");
+}
+
+// The version string of a GET /version answer, or nullopt.
+std::optional<std::string> VersionOf(const effects::HttpReply& v) {
+  if (!v.http.ok_2xx() || !v.body.is_object() || !v.body.value("version", json()).is_string()) {
+    return std::nullopt;
+  }
+  return v.body["version"].get<std::string>();
+}
+
 // Polls GET /version until the engine answers with a version string, logging progress every
-// 5 s, for at most engine_startup_timeout_ms; then fails saying what the last attempt saw.
+// kEngineWaitLogMs, for at most engine_startup_timeout_ms; then fails saying what the last
+// attempt saw.
 EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const ServeConfig& config) {
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::milliseconds(config.engine_startup_timeout_ms);
-  auto next_log = start + std::chrono::seconds(5);
-  std::string last;
+  auto next_log = start + std::chrono::milliseconds(kEngineWaitLogMs);
   for (std::uint32_t attempt = 1;; ++attempt) {
-    effects::HttpReply v = client.Version();
-    if (v.http.ok_2xx() && v.body.is_object() && v.body.value("version", json()).is_string()) {
-      const std::string version = v.body["version"].get<std::string>();
+    const effects::HttpReply v = client.Version();
+    if (std::optional<std::string> version = VersionOf(v)) {
       spdlog::info("serve: engine {} answers GET /version: '{}' (after {} ms, {} attempt(s))",
-                   esc(config.engine_url), esc(version), effects::elapsed_us(start) / 1000,
+                   esc(config.engine_url), esc(*version), effects::elapsed_us(start) / 1000,
                    attempt);
-      return {Status::OK(), version};
+      return {Status::OK(), *version};
     }
-    last = v.http.ok_2xx()
-               ? "HTTP " + std::to_string(v.http.http_status) + " without a 'version' string"
-               : (v.http.http_status != 0
-                      ? "HTTP " + std::to_string(v.http.http_status) + " " + v.http.error
-                      : v.http.error);
+    const std::string last = VersionAttemptFailure(v);
     const auto now = Clock::now();
-    if (now >= deadline) break;
+    if (now >= deadline) return {EngineVersionTimeout(config, last), ""};
     if (now >= next_log) {
-      spdlog::info(
-          "serve: waiting for the engine at {} to answer GET /version ({} s so far, "
-          "up to {} s): {}",
-          esc(config.engine_url), effects::elapsed_us(start) / 1000000,
-          config.engine_startup_timeout_ms / 1000, esc(last));
-      next_log = now + std::chrono::seconds(5);
+      LogEngineWait(config, start, last);
+      next_log = now + std::chrono::milliseconds(kEngineWaitLogMs);
     }
-    const auto pause = std::min<Clock::duration>(std::chrono::milliseconds(250), deadline - now);
-    std::this_thread::sleep_for(pause);
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(std::chrono::milliseconds(kEngineWaitPollMs), deadline - now));
   }
-  return {Status::Unavailable("engine " + esc(config.engine_url) +
-                              " did not answer GET /version "
-                              "within engine_startup_timeout_ms " +
-                              std::to_string(config.engine_startup_timeout_ms) + " ms (last: " +
-                              esc(last) + "); is it running and reachable from this host?"),
-          ""};
+}
+
+// A prefix no other executor (or restart of this one) gives its rollouts: "px-<48 random bits>-".
+std::string RandomRolloutPrefix() {
+  std::random_device rd;
+  char prefix[32];
+  const int n = std::snprintf(prefix, sizeof(prefix), "px-%08x%04x-", static_cast<unsigned>(rd()),
+                              static_cast<unsigned>(rd() & 0xffff));
+  RC_CHECK(n > 0 && static_cast<std::size_t>(n) < sizeof(prefix));
+  return prefix;
+}
+
+Clock::time_point SettleDeadline() {
+  return Clock::now() + std::chrono::milliseconds(kShutdownSettleMs);
+}
+
+Lifecycle ReadLifecycle(const journal::Journal& journal) {
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  journal.ReadState([&lifecycle](const State& st) { lifecycle = st.lifecycle; });
+  return lifecycle;
+}
+
+// The state the engine monitor decides on, read under the journal's lock without the maps that
+// grow with the journal (active rollouts, committed labels): engine_matches and the monitor read
+// only the lifecycle, the committed version, the engine's fields and the counters.
+State MonitorView(const journal::Journal& journal) {
+  State view;
+  journal.ReadState([&view](const State& st) {
+    view.lifecycle = st.lifecycle;
+    view.committed = st.committed;
+    view.committed_identity = st.committed_identity;
+    view.update = st.update;
+    view.taint = st.taint;
+    view.engine_instance = st.engine_instance;
+    view.engine_reachable = st.engine_reachable;
+    view.engine_recheck = st.engine_recheck;
+    view.counters = st.counters;
+  });
+  return view;
 }
 
 }  // namespace
@@ -255,6 +366,7 @@ void Service::FailStop(const std::string& why) {
   failed_cv_.notify_all();
   lifecycle_cv_.notify_all();
   bg_cv_.notify_all();  // the monitor and lease threads stop at their next look
+  RC_CHECK(failed());
 }
 
 std::string Service::failure() const {
@@ -295,14 +407,37 @@ static Status CheckTransferBuildAndDevice(const ServeConfig& config) {
 #endif
 }
 
+// Opens everything the executor runs on, in the order each needs the one before: the journal,
+// the trajectories file, the engine clients (once the engine answers GET /version), the weight
+// transfer and the runner; then, under update_mu_, recovers or bootstraps the journal, seeds the
+// durable view and starts the monitor and lease threads.
 Status Service::Init() {
+  RC_CHECK(journal_ == nullptr && runner_ == nullptr);  // once, from Open
   RC_RETURN_IF_ERROR(CheckTransferBuildAndDevice(config_));
-  std::random_device rd;
-  char prefix[32];
-  std::snprintf(prefix, sizeof(prefix), "px-%08x%04x-", static_cast<unsigned>(rd()),
-                static_cast<unsigned>(rd() & 0xffff));
-  rollout_prefix_ = prefix;
+  rollout_prefix_ = RandomRolloutPrefix();
+  RC_RETURN_IF_ERROR(OpenJournal());
+  RC_RETURN_IF_ERROR(OpenTrajectories());
+  RC_RETURN_IF_ERROR(OpenEngineClients());
+  // Nothing below is decided before the engine answers GET /version: it may still be loading.
+  RC_RETURN_IF_ERROR(AwaitEngineVersion());
+  Result<TransferInit> init_transfer = MakeTransfer();
+  if (!init_transfer.ok()) return init_transfer.status();
+  MakeRunner();
+  std::lock_guard<std::timed_mutex> lock(update_mu_);
+  RC_RETURN_IF_ERROR(RecoverJournal());
+  RC_RETURN_IF_ERROR(BootstrapIfUninitialized());
+  // nccl: a failure here is a startup error (no update could ever succeed without the
+  // communicator); the journal keeps what Recover/Bootstrap recorded, which a restart resumes.
+  RC_RETURN_IF_ERROR((*init_transfer)());
+  SeedDurableView();
+  RenewSurvivingLeases(durable_.state);
+  monitor_thread_ = std::thread([this] { MonitorLoop(); });
+  lease_thread_ = std::thread([this] { LeaseLoop(); });
+  RC_CHECK(control_client_ && http_control_ && transfer_ && runner_ && !rollout_prefix_.empty());
+  return Status::OK();
+}
 
+Status Service::OpenJournal() {
   journal::Options jo;
   jo.sync = config_.journal_sync;
   jo.env = journal_env_;
@@ -311,15 +446,22 @@ Status Service::Init() {
   if (!opened.ok()) return opened.status();
   journal_ = std::move(opened.value());
   LogRecovery(journal_->recovery());
+  RC_CHECK(journal_ != nullptr);
+  return Status::OK();
+}
 
-  std::string traj = config_.trajectories_path;
-  if (traj.empty()) {
+// trajectories_path, or trajectories.jsonl beside the journal's directory.
+Status Service::OpenTrajectories() {
+  std::string path = config_.trajectories_path;
+  if (path.empty()) {
     std::filesystem::path p(config_.journal_path);
     if (!p.has_filename()) p = p.parent_path();
-    traj = (p.parent_path() / "trajectories.jsonl").string();
+    path = (p.parent_path() / "trajectories.jsonl").string();
   }
-  RC_RETURN_IF_ERROR(trajectories_.Open(traj, config_.trajectories_bytes_max));
+  return trajectories_.Open(path, config_.trajectories_bytes_max);
+}
 
+Status Service::OpenEngineClients() {
   effects::EngineDeadlines control_deadlines;
   control_deadlines.connect_timeout_ms = config_.connect_timeout_ms;
   control_deadlines.call_timeout_ms = config_.call_timeout_ms;
@@ -331,76 +473,60 @@ Status Service::Init() {
   engine_target_ = std::move(target.value());
   // The runner drains locally before pausing (effects/runner.cc), so the plain HTTP control.
   http_control_ = std::make_unique<effects::HttpEngineControl>(*control_client_);
+  RC_CHECK(!engine_target_.host.empty() && engine_target_.port != 0);
+  return Status::OK();
+}
 
-  effects::PackingParams packing;
-  packing.packed_buffer_size_bytes = config_.packed_buffer_size_bytes;
-  packing.packed_num_buffers = config_.packed_num_buffers;
-  effects::EngineProtocol protocol = effects::HttpSequenceTransfer::DefaultProtocol();
-  // Initialises the transfer with the engine once the journal is bootstrapped (below).
-  std::function<Status()> init_transfer;
-  // Nothing below is decided before the engine answers GET /version: it may still be loading.
-  {
-    const EngineVersionWait waited = WaitForEngineVersion(*control_client_, config_);
-    if (!waited.status.ok()) return waited.status;
-    engine_version_ = waited.version;
-  }
-  if (config_.transfer == "nccl") {
+Status Service::AwaitEngineVersion() {
+  RC_CHECK(control_client_ != nullptr);
+  const EngineVersionWait waited = WaitForEngineVersion(*control_client_, config_);
+  if (!waited.status.ok()) return waited.status;
+  engine_version_ = waited.version;
+  return Status::OK();
+}
+
+// The weight transfer `transfer` names, and what initialises it with the engine once the journal
+// is recovered or bootstrapped.
+Result<Service::TransferInit> Service::MakeTransfer() {
+  RC_CHECK(control_client_ != nullptr && transfer_ == nullptr);
+  if (config_.transfer == "nccl") return MakeNcclTransfer();
+  return MakeHttpTransfer();
+}
+
+Service::TransferInit Service::MakeNcclTransfer() {
 #ifdef RC_HAVE_CUDA
-    auto rendezvous = ParseHostPort(config_.rendezvous);
-    RC_CHECK(rendezvous.ok());  // ValidateConfig requires a well-formed one for nccl
-    effects::nccl::NcclSenderOptions so;
-    so.device = config_.cuda_device;
-    so.master_address = rendezvous->host;
-    so.master_port = rendezvous->port;
-    so.world_size = config_.nccl_world_size;
-    so.packing = packing;
-    so.http_timeout_ms = config_.call_timeout_ms;
-    so.abort_reserve_ms = config_.nccl_abort_reserve_ms;
-    auto nccl = std::make_unique<ServeNcclTransfer>(*control_client_, so, config_.call_timeout_ms);
-    ServeNcclTransfer* sender = nccl.get();
-    transfer_ = std::move(nccl);
-    init_transfer = [this, sender]() -> Status {
-      spdlog::info(
-          "serve: NCCL sender: rendezvous with {} (cuda_device {}, rendezvous {}, "
-          "deadline {} ms)",
-          config_.engine_url, config_.cuda_device, config_.rendezvous,
-          config_.nccl_init_timeout_ms);
-      Status st = sender->Init(config_.nccl_init_timeout_ms);
-      if (!st.ok()) {
-        return Status(st.code(), "transfer 'nccl': init with the engine at " + config_.engine_url +
-                                     " (cuda_device " + std::to_string(config_.cuda_device) +
-                                     ", rendezvous " + config_.rendezvous + ", deadline " +
-                                     std::to_string(config_.nccl_init_timeout_ms) +
-                                     " ms) failed: " + st.message());
-      }
-      spdlog::info(
-          "serve: NCCL sender ready: engine {} (protocol line of {}), rendezvous {}, "
-          "store port {}, abort reserve {} ms",
-          config_.engine_url, sender->sender().protocol().version,
-          effects::nccl::rendezvous_name(sender->sender().rendezvous()),
-          sender->sender().store_port(), sender->sender().abort_reserve_ms());
-      return Status::OK();
-    };
+  auto rendezvous = ParseHostPort(config_.rendezvous);
+  RC_CHECK(rendezvous.ok());  // ValidateConfig requires a well-formed one for nccl
+  auto nccl = std::make_unique<ServeNcclTransfer>(
+      *control_client_, NcclOptionsOf(config_, *rendezvous), config_.call_timeout_ms);
+  ServeNcclTransfer* sender = nccl.get();
+  transfer_ = std::move(nccl);
+  return [this, sender] { return InitNcclSender(*sender, config_); };
 #else
-    RC_CHECK(false);  // CheckTransferBuildAndDevice refused it before anything was opened
+  RC_CHECK(false);  // CheckTransferBuildAndDevice refused it before anything was opened
+  return nullptr;
 #endif
-  } else {
-    // The protocol line comes from the engine's own /version (waited for above), never a guess.
-    effects::EngineProtocol detected = effects::detect_protocol(engine_version_);
-    if (detected.line == effects::ProtocolLine::kUnknown) {
-      return Status::Unavailable("engine " + config_.engine_url + " reports version '" +
-                                 esc(engine_version_) +
-                                 "', which no protocol line of this build speaks");
-    }
-    protocol = detected;
-    transfer_ =
-        std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol, packing);
-    init_transfer = [this, protocol]() -> Status {
-      if (journal_->state().lifecycle == Lifecycle::kReady) InitWeightTransfer(protocol);
-      return Status::OK();
-    };
-  }
+}
 
+// The protocol line comes from the engine's own /version (waited for before), never a guess.
+Result<Service::TransferInit> Service::MakeHttpTransfer() {
+  const effects::EngineProtocol protocol = effects::detect_protocol(engine_version_);
+  if (protocol.line == effects::ProtocolLine::kUnknown) {
+    return Status::Unavailable("engine " + config_.engine_url + " reports version '" +
+                               esc(engine_version_) +
+                               "', which no protocol line of this build speaks");
+  }
+  transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol,
+                                                              PackingOf(config_));
+  RC_CHECK(protocol.line != effects::ProtocolLine::kUnknown);
+  return TransferInit([this, protocol]() -> Status {
+    if (ReadLifecycle(*journal_) == Lifecycle::kReady) InitWeightTransfer(protocol);
+    return Status::OK();
+  });
+}
+
+void Service::MakeRunner() {
+  RC_CHECK(journal_ && http_control_ && transfer_ && runner_ == nullptr);
   effects::RunnerOptions ro;
   ro.executor_id = config_.executor_id;
   ro.drain_timeout_ms = config_.drain_timeout_ms;
@@ -410,96 +536,119 @@ Status Service::Init() {
                                               effects::system_clock(), ro);
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
     if (!is_decision(e)) return;
-    // Every lifecycle transition and every update's outcome, with its reason; taints at error
-    // level with the command that explains them.
-    if (const auto* c = std::get_if<StateChanged>(&e)) {
-      if (c->to == Lifecycle::kTainted) {
-        spdlog::error(
-            "serve: seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted until an "
-            "operator intervenes; {}",
-            seq, lifecycle_name(c->from), cause_name(c->cause), esc(c->detail),
-            replay_hint(config_.journal_path));
-      } else {
-        spdlog::info("serve: seq {}: {} -> {} ({}): {}", seq, lifecycle_name(c->from),
-                     lifecycle_name(c->to), cause_name(c->cause), esc(c->detail));
-      }
-    } else if (const auto* u = std::get_if<UpdateEnded>(&e)) {
-      if (u->outcome == UpdateOutcome::kCommitted) {
-        spdlog::info("serve: seq {}: update '{}' committed: {}", seq, esc(u->update_id),
-                     esc(u->reason));
-      } else {
-        spdlog::warn("serve: seq {}: update '{}' {}: {}; {}", seq, esc(u->update_id),
-                     update_outcome_name(u->outcome), esc(u->reason),
-                     replay_hint(config_.journal_path));
-      }
-    }
+    LogDecision(seq, e);
     NotifyLifecycle(seq);
   });
+}
 
-  std::lock_guard<std::timed_mutex> lock(update_mu_);
-  const State before = journal_->state();
-  spdlog::info(
-      "serve: journal {} opened at seq {}: {}{}", esc(config_.journal_path), journal_->head_seq(),
-      lifecycle_name(before.lifecycle),
-      before.update ? " (update '" + esc(before.update->update_id) + "' interrupted)" : "");
-  // An interrupted update goes on only once clients can reach the executor (Start): its drain
-  // may wait for leased rollouts whose holders must be able to finish them.
-  if (before.update) {
-    interrupted_update_ = before.update;
+// Every lifecycle transition and every update's outcome, with its reason; taints at error level
+// with the command that explains them.
+void Service::LogDecision(std::uint64_t seq, const Event& e) const {
+  if (const auto* c = std::get_if<StateChanged>(&e)) {
+    if (c->to == Lifecycle::kTainted) {
+      spdlog::error(
+          "serve: seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted until an "
+          "operator intervenes; {}",
+          seq, lifecycle_name(c->from), cause_name(c->cause), esc(c->detail),
+          replay_hint(config_.journal_path));
+    } else {
+      spdlog::info("serve: seq {}: {} -> {} ({}): {}", seq, lifecycle_name(c->from),
+                   lifecycle_name(c->to), cause_name(c->cause), esc(c->detail));
+    }
+  } else if (const auto* u = std::get_if<UpdateEnded>(&e)) {
+    if (u->outcome == UpdateOutcome::kCommitted) {
+      spdlog::info("serve: seq {}: update '{}' committed: {}", seq, esc(u->update_id),
+                   esc(u->reason));
+    } else {
+      spdlog::warn("serve: seq {}: update '{}' {}: {}; {}", seq, esc(u->update_id),
+                   update_outcome_name(u->outcome), esc(u->reason),
+                   replay_hint(config_.journal_path));
+    }
+  }
+}
+
+// An interrupted update goes on only once clients can reach the executor (Start): its drain may
+// wait for leased rollouts whose holders must be able to finish them. Anything else recovers now.
+Status Service::RecoverJournal() {
+  RC_CHECK(runner_ != nullptr && !interrupted_update_);
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  std::optional<UpdatePlan> update;
+  journal_->ReadState([&](const State& st) {
+    lifecycle = st.lifecycle;
+    update = st.update;
+  });
+  spdlog::info("serve: journal {} opened at seq {}: {}{}", esc(config_.journal_path),
+               journal_->head_seq(), lifecycle_name(lifecycle),
+               update ? " (update '" + esc(update->update_id) + "' interrupted)" : "");
+  if (update) {
+    interrupted_update_ = update;
     Status begun = runner_->BeginRecovery();
     if (!begun.ok()) return RecoveryFailed(begun);
   } else if (Status recovered = runner_->Recover(); !recovered.ok()) {
     return RecoveryFailed(recovered);
   }
-  State s = journal_->state();
-  if (s.lifecycle == Lifecycle::kUninitialized) {
-    WeightIdentity id;
-    id.manifest_digest = config_.initial_manifest_digest;
-    id.checkpoint = config_.initial_checkpoint;
-    id.run = config_.initial_run;
-    id.step = config_.initial_step;
-    if (id.manifest_digest.empty() && !config_.initial_source.empty()) {
-      PreflightObserved p = transfer_->Preflight(
-          effects::TransferTarget{"bootstrap", {}, {}, config_.initial_source});
-      if (p.source_manifest_digest.empty()) {
-        return Status::InvalidArgument("initial_source '" + esc(config_.initial_source) +
-                                       "': no manifest (" + esc(p.detail) + ")");
-      }
-      id.manifest_digest = p.source_manifest_digest;
-    }
-    effects::BootstrapOptions bo;
-    bo.adopt = config_.adopt_engine;
-    bo.startup_timeout_ms = config_.engine_startup_timeout_ms;
-    bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", esc(line)); };
-    spdlog::info("serve: bootstrapping engine {} as '{}'{}", esc(config_.engine_url),
-                 esc(config_.initial_label), config_.adopt_engine ? " (adopt)" : "");
-    Status booted = runner_->Bootstrap(config_.initial_label, id, bo);
-    if (!booted.ok()) {
-      std::string msg = "bootstrap of engine " + config_.engine_url + " as '" +
-                        config_.initial_label + "' failed: " + booted.message();
-      // vLLM 0.25.x keeps the label only in the worker extension: when no route ever gave a
-      // label, that is the likely fix (not when the engine answered with the wrong one).
-      if (engine_version_.rfind("0.25", 0) == 0 &&
-          control_client_->label_route() == effects::LabelRoute::kUnknown &&
-          msg.find("worker-extension-cls") == std::string::npos) {
-        msg += " (engine version " + engine_version_ +
-               ": is vLLM started with --worker-extension-cls "
-               "rolloutcore.vllm_ext.RolloutCoreWorkerExtension?)";
-      }
-      return Status(booted.code(), msg);
-    }
+  return Status::OK();
+}
+
+Status Service::BootstrapIfUninitialized() {
+  if (ReadLifecycle(*journal_) != Lifecycle::kUninitialized) return Status::OK();
+  Result<WeightIdentity> id = BootstrapIdentity();
+  if (!id.ok()) return id.status();
+  effects::BootstrapOptions bo;
+  bo.adopt = config_.adopt_engine;
+  bo.startup_timeout_ms = config_.engine_startup_timeout_ms;
+  bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", esc(line)); };
+  spdlog::info("serve: bootstrapping engine {} as '{}'{}", esc(config_.engine_url),
+               esc(config_.initial_label), config_.adopt_engine ? " (adopt)" : "");
+  Status booted = runner_->Bootstrap(config_.initial_label, *id, bo);
+  return booted.ok() ? booted : BootstrapFailed(booted);
+}
+
+// The declared initial identity; its manifest digest computed from initial_source when only
+// the source was given.
+Result<WeightIdentity> Service::BootstrapIdentity() {
+  WeightIdentity id;
+  id.manifest_digest = config_.initial_manifest_digest;
+  id.checkpoint = config_.initial_checkpoint;
+  id.run = config_.initial_run;
+  id.step = config_.initial_step;
+  if (!id.manifest_digest.empty() || config_.initial_source.empty()) return id;
+  PreflightObserved p =
+      transfer_->Preflight(effects::TransferTarget{"bootstrap", {}, {}, config_.initial_source});
+  if (p.source_manifest_digest.empty()) {
+    return Status::InvalidArgument("initial_source '" + esc(config_.initial_source) +
+                                   "': no manifest (" + esc(p.detail) + ")");
   }
-  // nccl: a failure here is a startup error (no update could ever succeed without the
-  // communicator); the journal keeps what Recover/Bootstrap recorded, which a restart resumes.
-  RC_RETURN_IF_ERROR(init_transfer());
-  s = journal_->state();
-  // Nothing else runs yet and the runner synced before it returned: all of it is durable.
-  durable_.state = s;
+  id.manifest_digest = p.source_manifest_digest;
+  return id;
+}
+
+// vLLM 0.25.x keeps the label only in the worker extension: when no route ever gave a label,
+// that is the likely fix (not when the engine answered with the wrong one).
+Status Service::BootstrapFailed(const Status& booted) const {
+  RC_CHECK(!booted.ok());
+  std::string msg = "bootstrap of engine " + config_.engine_url + " as '" + config_.initial_label +
+                    "' failed: " + booted.message();
+  if (engine_version_.rfind("0.25", 0) == 0 &&
+      control_client_->label_route() == effects::LabelRoute::kUnknown &&
+      msg.find("worker-extension-cls") == std::string::npos) {
+    msg += " (engine version " + engine_version_ +
+           ": is vLLM started with --worker-extension-cls "
+           "rolloutcore.vllm_ext.RolloutCoreWorkerExtension?)";
+  }
+  return Status(booted.code(), msg);
+}
+
+// Nothing else runs yet and the runner synced before it returned: all of the journal is durable.
+void Service::SeedDurableView() {
+  RC_CHECK(durable_.head.seq == 0);  // seeded once, before any route reads it
+  durable_.state = journal_->state();
   durable_.head = DurableHead{journal_->head_seq(), journal_->head_hash()};
   durable_.decision_seq = journal_->head_seq();
   NotifyLifecycle(journal_->head_seq());
+  const State& s = durable_.state;
   if (s.lifecycle == Lifecycle::kTainted) {
-    LogTaint(s, "starting on a TAINTED journal");
+    LogTaint(s.taint, "starting on a TAINTED journal");
   } else {
     spdlog::info(
         "serve: journal {} at seq {}, state {}, committed '{}' (generation {}), {} "
@@ -507,17 +656,16 @@ Status Service::Init() {
         esc(config_.journal_path), journal_->head_seq(), lifecycle_name(s.lifecycle),
         esc(s.committed.label), s.committed.generation, s.active.size());
   }
-  // Leased rollouts that survived the restart get a full lease from now.
-  {
-    std::lock_guard<std::mutex> g(lease_mu_);
-    const std::int64_t now_ms = effects::system_clock().now_ms();
-    for (const auto& [rid, r] : s.active) {
-      if (r.lease_ms > 0) lease_deadline_ms_[rid] = now_ms + r.lease_ms;
-    }
+}
+
+// Leased rollouts that survived the restart get a full lease from now.
+void Service::RenewSurvivingLeases(const State& s) {
+  std::lock_guard<std::mutex> g(lease_mu_);
+  const std::int64_t now_ms = effects::system_clock().now_ms();
+  for (const auto& [rid, r] : s.active) {
+    if (r.lease_ms > 0) lease_deadline_ms_[rid] = now_ms + r.lease_ms;
   }
-  monitor_thread_ = std::thread([this] { MonitorLoop(); });
-  lease_thread_ = std::thread([this] { LeaseLoop(); });
-  return Status::OK();
+  RC_CHECK(lease_deadline_ms_.size() <= s.active.size());
 }
 
 // What the open found: a torn WAL tail after a crash is named (what was acknowledged is intact:
@@ -532,8 +680,8 @@ void Service::LogRecovery(const journal::Recovery& r) const {
   }
 }
 
-void Service::LogTaint(const State& s, const char* context) const {
-  if (!s.taint) {
+void Service::LogTaint(const std::optional<TaintRecord>& taint, const char* context) const {
+  if (!taint) {
     spdlog::error("serve: {}: TAINTED without a taint record; {}", context,
                   replay_hint(config_.journal_path));
     return;
@@ -541,8 +689,8 @@ void Service::LogTaint(const State& s, const char* context) const {
   spdlog::error(
       "serve: {}: engine is TAINTED since {} of update '{}' ({}): {}; no rollouts are "
       "admitted and /readyz answers 503; {}",
-      context, lifecycle_name(s.taint->from), esc(s.taint->update_id), cause_name(s.taint->cause),
-      esc(s.taint->detail), replay_hint(config_.journal_path));
+      context, lifecycle_name(taint->from), esc(taint->update_id), cause_name(taint->cause),
+      esc(taint->detail), replay_hint(config_.journal_path));
 }
 
 // The engine monitor: while READY, probes the engine every engine_monitor_interval_ms and
@@ -551,74 +699,99 @@ void Service::LogTaint(const State& s, const char* context) const {
 // journal does not grow with time. The fold decides what it means (docs/lifecycle.md).
 void Service::MonitorLoop() {
   const auto interval = std::chrono::milliseconds(config_.engine_monitor_interval_ms);
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(bg_mu_);
-      bg_cv_.wait_for(lock, interval, [&] { return bg_stop_ || failed(); });
-      if (bg_stop_ || failed()) return;
-    }
+  while (WaitBackgroundTick(interval)) {
     if (journal_->failed()) {
       FailStop(journal_->failure().ToString());
       return;
     }
-    const State before = journal_->state();
-    if (before.lifecycle != Lifecycle::kReady) continue;  // the runner owns the engine now
-    const std::uint64_t updates_seen =
-        before.counters.updates_requested + before.counters.recoveries;
-    const EngineMonitored p = control_client_->Monitor();
-    const std::int64_t now_wall_ms = wall_ms();
-    metrics_.engine_probes++;
-    engine_last_probe_wall_ms_.store(now_wall_ms);
-    const bool ok = p.http.ok_2xx();
-    engine_up_.store(ok);
-    if (!ok) metrics_.engine_probe_failures++;
-    if (ok) {
-      std::lock_guard<std::mutex> g(engine_info_mu_);
-      engine_instance_seen_ = p.engine_instance;
-      engine_label_seen_ = p.reported_label;
-    }
-    // The fold's own rule decides what matches; only a change is journaled.
-    const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
-                                              p.is_paused, p.engine_instance);
-    if (matches) engine_last_ok_wall_ms_.store(now_wall_ms);
-    const bool changes =
-        (ok != before.engine_reachable) || (ok && !matches) || (matches && before.engine_recheck);
-    if (!changes) continue;
-    EngineMonitored m = p;
-    m.last_ok_wall_ms = engine_last_ok_wall_ms_.load();
-    m.updates_seen = updates_seen;
-    auto submitted = journal_->Submit(m, now_wall_ms);
-    if (!submitted.ok()) {
-      const Status& st = submitted.status();
-      if (is_journal_failure(st)) {
-        FailStop("the engine monitor's record was refused: " + st.ToString());
-        return;
-      }
-      // Rejected: stale (an update or recovery began after our read) or no longer READY.
-      continue;
-    }
-    Status waited = journal_->Wait(submitted->ticket);
-    if (!waited.ok()) {
-      FailStop("commit of the engine monitor's record failed: " + waited.ToString());
-      return;
-    }
-    metrics_.engine_monitor_submits++;
-    std::uint64_t seq = submitted->ticket.result.first_seq;
-    spdlog::log(ok ? spdlog::level::warn : spdlog::level::err,
-                "serve: seq {}: engine monitor: {} (label '{}', instance '{}', paused {})", seq,
-                ok ? "engine answers" : "engine unreachable: " + esc(p.http.error),
-                esc(p.reported_label), esc(p.engine_instance),
-                p.is_paused_known ? (p.is_paused ? "yes" : "no") : "unknown");
-    for (const Event& d : submitted->decisions) {
-      ++seq;
-      if (const auto* c = std::get_if<StateChanged>(&d)) {
-        spdlog::error("serve: seq {}: {} -> {} ({}): {}; {}", seq, lifecycle_name(c->from),
-                      lifecycle_name(c->to), cause_name(c->cause), esc(c->detail),
-                      replay_hint(config_.journal_path));
-      }
-    }
-    NotifyLifecycle(submitted->ticket.result.last_seq);
+    if (!MonitorOnce()) return;
   }
+}
+
+// False when the background threads are to stop (Shutdown, or a fail-stop).
+bool Service::WaitBackgroundTick(std::chrono::milliseconds interval) {
+  std::unique_lock<std::mutex> lock(bg_mu_);
+  bg_cv_.wait_for(lock, interval, [&] { return bg_stop_ || failed(); });
+  return !bg_stop_ && !failed();
+}
+
+// One probe, compared with the state read before it; false once the executor fail-stopped.
+bool Service::MonitorOnce() {
+  const State before = MonitorView(*journal_);
+  if (before.lifecycle != Lifecycle::kReady) return true;  // the runner owns the engine now
+  const EngineProbe probe = ProbeEngine();
+  const EngineMonitored& p = probe.seen;
+  const bool ok = p.http.ok_2xx();
+  // The fold's own rule decides what matches; only a change is journaled.
+  const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
+                                            p.is_paused, p.engine_instance);
+  if (matches) engine_last_ok_wall_ms_.store(probe.wall_ms);
+  const bool changes =
+      (ok != before.engine_reachable) || (ok && !matches) || (matches && before.engine_recheck);
+  if (!changes) return true;
+  EngineMonitored m = p;
+  m.last_ok_wall_ms = engine_last_ok_wall_ms_.load();
+  m.updates_seen = before.counters.updates_requested + before.counters.recoveries;
+  return JournalEngineChange(m, probe.wall_ms);
+}
+
+// GET the engine's view once; what it saw is kept for /metrics and /readyz.
+Service::EngineProbe Service::ProbeEngine() {
+  EngineProbe probe{control_client_->Monitor(), wall_ms()};
+  const EngineMonitored& p = probe.seen;
+  metrics_.engine_probes++;
+  engine_last_probe_wall_ms_.store(probe.wall_ms);
+  const bool ok = p.http.ok_2xx();
+  engine_up_.store(ok);
+  if (!ok) metrics_.engine_probe_failures++;
+  if (ok) {
+    std::lock_guard<std::mutex> g(engine_info_mu_);
+    engine_instance_seen_ = p.engine_instance;
+    engine_label_seen_ = p.reported_label;
+  }
+  RC_CHECK(metrics_.engine_probe_failures.load() <= metrics_.engine_probes.load());
+  return probe;
+}
+
+// Submits the monitor's record and waits until it is durable; false once the executor
+// fail-stopped. A refusal that is not a journal failure is a stale look (an update or recovery
+// began after it, or the engine is no longer READY): the next tick looks again.
+bool Service::JournalEngineChange(const EngineMonitored& m, std::int64_t now_wall_ms) {
+  auto submitted = journal_->Submit(m, now_wall_ms);
+  if (!submitted.ok()) {
+    const Status& st = submitted.status();
+    if (!is_journal_failure(st)) return true;
+    FailStop("the engine monitor's record was refused: " + st.ToString());
+    return false;
+  }
+  Status waited = journal_->Wait(submitted->ticket);
+  if (!waited.ok()) {
+    FailStop("commit of the engine monitor's record failed: " + waited.ToString());
+    return false;
+  }
+  metrics_.engine_monitor_submits++;
+  LogEngineChange(m, *submitted);
+  NotifyLifecycle(submitted->ticket.result.last_seq);
+  return true;
+}
+
+void Service::LogEngineChange(const EngineMonitored& m, const journal::Journal::Submitted& s) {
+  const bool ok = m.http.ok_2xx();
+  std::uint64_t seq = s.ticket.result.first_seq;
+  spdlog::log(ok ? spdlog::level::warn : spdlog::level::err,
+              "serve: seq {}: engine monitor: {} (label '{}', instance '{}', paused {})", seq,
+              ok ? "engine answers" : "engine unreachable: " + esc(m.http.error),
+              esc(m.reported_label), esc(m.engine_instance),
+              m.is_paused_known ? (m.is_paused ? "yes" : "no") : "unknown");
+  for (const Event& d : s.decisions) {
+    ++seq;
+    if (const auto* c = std::get_if<StateChanged>(&d)) {
+      spdlog::error("serve: seq {}: {} -> {} ({}): {}; {}", seq, lifecycle_name(c->from),
+                    lifecycle_name(c->to), cause_name(c->cause), esc(c->detail),
+                    replay_hint(config_.journal_path));
+    }
+  }
+  RC_CHECK(seq == s.ticket.result.last_seq);  // the group is the record and its decisions
 }
 
 void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
@@ -626,20 +799,12 @@ void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
   // engine initialised (rendezvous recorded, no NCCL peer joins). Best effort: a failure here
   // surfaces as a refused update, never as a silent success.
   effects::NcclInitParams init;
-  auto rv = ParseHostPort(config_.rendezvous.empty() ? "127.0.0.1:29500" : config_.rendezvous);
+  auto rv = ParseHostPort(config_.rendezvous.empty() ? kHttpRendezvousDefault : config_.rendezvous);
   RC_CHECK(rv.ok());  // ValidateConfig checked it
   init.master_address = rv->host;
   init.master_port = rv->port;
-  effects::HttpReply ws = control_client_->GetWorldSize(true);
-  const std::int64_t world =
-      ws.http.ok_2xx() && ws.body.value("world_size", json()).is_number_integer()
-          ? ws.body["world_size"].get<std::int64_t>()
-          : 1;
-  init.world_size = static_cast<std::uint32_t>(1 + std::max<std::int64_t>(1, world));
-  effects::PackingParams packing;
-  packing.packed_buffer_size_bytes = config_.packed_buffer_size_bytes;
-  packing.packed_num_buffers = config_.packed_num_buffers;
-  auto info = effects::build_init_info(protocol, init, packing);
+  init.world_size = static_cast<std::uint32_t>(1 + std::max<std::int64_t>(1, EngineWorldSize()));
+  auto info = effects::build_init_info(protocol, init, PackingOf(config_));
   if (!info.ok()) {
     spdlog::warn("serve: weight-transfer init skipped: {}", info.status().ToString());
     return;
@@ -649,6 +814,14 @@ void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
     spdlog::warn("serve: /init_weight_transfer_engine failed: HTTP {} {}", r.http.http_status,
                  r.http.error);
   }
+}
+
+// The engine's GET /get_world_size, or 1 when it does not say.
+std::int64_t Service::EngineWorldSize() {
+  effects::HttpReply ws = control_client_->GetWorldSize(true);
+  return ws.http.ok_2xx() && ws.body.value("world_size", json()).is_number_integer()
+             ? ws.body["world_size"].get<std::int64_t>()
+             : 1;
 }
 
 void Service::NotifyLifecycle(std::uint64_t seq) {
@@ -668,6 +841,7 @@ std::shared_ptr<const State> Service::AdmitView(bool fresh) {
   if (!fresh && view_ != nullptr && view_epoch_ == epoch) return view_;
   view_ = std::make_shared<const State>(journal_->state());
   view_epoch_ = epoch;
+  RC_CHECK(view_epoch_ <= lifecycle_epoch_.load(std::memory_order_acquire));
   return view_;
 }
 
@@ -684,7 +858,7 @@ static void RaiseDescriptorLimit(std::uint64_t connections_max) {
     lim.rlim_cur = lim.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &lim);
   }
-  const std::uint64_t needed = 2 * connections_max + 256;
+  const std::uint64_t needed = kDescriptorsPerConnection * connections_max + kDescriptorsSpare;
   if (lim.rlim_cur < needed) {
     spdlog::warn(
         "serve: the descriptor limit ({}) is below what http_connections_max={} needs "
@@ -710,7 +884,9 @@ HttpServerOptions Service::ServerOptions() const {
   o.body_timeout_ms = config_.body_timeout_ms;
   o.write_timeout_ms = config_.write_timeout_ms;
   o.blocking_threads = static_cast<std::size_t>(config_.http_threads);
-  o.blocking_queue_max = 16 * static_cast<std::size_t>(config_.http_threads);
+  o.blocking_queue_max = kBlockingQueuePerThread * static_cast<std::size_t>(config_.http_threads);
+  RC_CHECK(o.io_threads >= 1 && o.blocking_threads >= 1 &&
+           o.blocking_queue_max >= o.blocking_threads);  // ValidateConfig's bounds
   return o;
 }
 
@@ -730,6 +906,7 @@ Status Service::Start() {
   Result<int> port = http_->Start();
   if (!port.ok()) return port.status();
   port_ = *port;
+  RC_CHECK(port_ > 0 && upstream_ != nullptr);
   spdlog::info("serve: listening on {}", url());
   return FinishInterruptedUpdate();
 }
@@ -758,59 +935,49 @@ Status Service::FinishInterruptedUpdate() {
     FailStop("recovery of the interrupted update failed: " + driven.ToString());
     return RecoveryFailed(driven);
   }
-  const State s = journal_->state();
-  if (s.lifecycle == Lifecycle::kReady && s.committed == before.target) {
+  LogInterruptedUpdateEnd(before);
+  return Status::OK();
+}
+
+// How this restart ended the update it found interrupted, as the journal now says.
+void Service::LogInterruptedUpdateEnd(const UpdatePlan& update) const {
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  WeightVersion committed;
+  std::optional<TaintRecord> taint;
+  journal_->ReadState([&](const State& st) {
+    lifecycle = st.lifecycle;
+    committed = st.committed;
+    taint = st.taint;
+  });
+  if (lifecycle == Lifecycle::kReady && committed == update.target) {
     spdlog::warn(
         "serve: this restart COMPLETED the interrupted update '{}': the engine now "
         "serves '{}' (generation {}); a trainer that was told otherwise should re-POST "
         "it to read the recorded outcome; {}",
-        esc(before.update_id), esc(s.committed.label), s.committed.generation,
+        esc(update.update_id), esc(committed.label), committed.generation,
         replay_hint(config_.journal_path));
   } else {
     spdlog::warn("serve: this restart ended the interrupted update '{}' in {}; {}",
-                 esc(before.update_id), lifecycle_name(s.lifecycle),
+                 esc(update.update_id), lifecycle_name(lifecycle),
                  replay_hint(config_.journal_path));
   }
-  if (s.lifecycle == Lifecycle::kTainted) LogTaint(s, "after recovery");
-  return Status::OK();
+  if (lifecycle == Lifecycle::kTainted) LogTaint(taint, "after recovery");
 }
 
 bool Service::Shutdown(std::uint64_t grace_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms);
-  const auto settle = [] { return Clock::now() + std::chrono::milliseconds(kShutdownSettleMs); };
   shutting_down_.store(true);
   lifecycle_cv_.notify_all();
-  const auto wait_rollouts = [this](Clock::time_point until) {
-    while (metrics_.proxy_in_flight.load() > 0 && Clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return metrics_.proxy_in_flight.load() == 0;
-  };
-  const bool rollouts_done = wait_rollouts(deadline);
-  if (!rollouts_done) {
-    // Grace is over: cancel the engine calls; each is finished as aborted by its worker.
-    const std::size_t n = in_flight_calls_.CancelAll();
-    spdlog::warn("serve: cancelled {} proxied rollout(s) at the shutdown deadline", n);
-    if (!wait_rollouts(settle())) {
-      spdlog::warn(
-          "serve: proxied rollouts did not end after cancel; exiting without closing "
-          "the journal");
-      return false;
-    }
-  }
-  const bool update_done = update_mu_.try_lock_until(std::max(deadline, Clock::now()));
-  if (!update_done) {
+  const RolloutsEnded rollouts = EndProxiedRollouts(deadline);
+  if (rollouts == RolloutsEnded::kStillRunning) return false;
+  if (!update_mu_.try_lock_until(std::max(deadline, Clock::now()))) {
     spdlog::warn(
         "serve: an update is still running at the shutdown deadline; exiting without "
         "closing the journal (recovery will classify it)");
     return false;
   }
   StopBackground();
-  const auto left_ms = [&settle] {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(settle() - Clock::now()).count());
-  };
-  if (http_ && !http_->Stop(left_ms())) {
+  if (!StopServing()) {
     // A worker is still inside a handler: everything it uses must outlive it, so nothing is
     // torn down (the caller exits; everything acknowledged is already durable).
     update_mu_.unlock();
@@ -819,13 +986,47 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
         "closing the journal");
     return false;
   }
+  update_mu_.unlock();
+  return rollouts == RolloutsEnded::kInGrace;
+}
+
+// Proxied rollouts get until `deadline`; then their engine calls are cancelled (each is finished
+// as aborted by its worker) and they get kShutdownSettleMs more.
+Service::RolloutsEnded Service::EndProxiedRollouts(Clock::time_point deadline) {
+  if (WaitProxiedRollouts(deadline)) return RolloutsEnded::kInGrace;
+  const std::size_t n = in_flight_calls_.CancelAll();
+  spdlog::warn("serve: cancelled {} proxied rollout(s) at the shutdown deadline", n);
+  if (WaitProxiedRollouts(SettleDeadline())) return RolloutsEnded::kCancelled;
+  spdlog::warn(
+      "serve: proxied rollouts did not end after cancel; exiting without closing "
+      "the journal");
+  return RolloutsEnded::kStillRunning;
+}
+
+// True once no proxied rollout is in flight; false at `until`.
+bool Service::WaitProxiedRollouts(Clock::time_point until) {
+  while (metrics_.proxy_in_flight.load() > 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kShutdownPollMs));
+  }
+  const std::int64_t in_flight = metrics_.proxy_in_flight.load();
+  RC_CHECK(in_flight >= 0);  // each admitted rollout leaves exactly once
+  return in_flight == 0;
+}
+
+// Stops serving, then closes what the handlers used, the journal last but one; false (nothing
+// torn down) when an HTTP worker is still inside a handler after kShutdownSettleMs.
+bool Service::StopServing() {
+  const auto settle = SettleDeadline();
+  const auto left_ms = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(settle - Clock::now()).count());
+  if (http_ && !http_->Stop(left_ms)) return false;
   upstream_.reset();  // its sockets belong to http_'s io_context
   runner_.reset();
   trajectories_.Close();
   journal_.reset();  // closes RocksDB; late commit callbacks only queue on the stopped loops
   http_.reset();
-  update_mu_.unlock();
-  return rollouts_done;
+  RC_CHECK(!journal_ && !runner_ && !http_ && !upstream_);
+  return true;
 }
 
 bool Service::Authorized(const ApiRequest& req, HttpResponse& res) {

@@ -178,10 +178,28 @@ class Service {
  private:
   explicit Service(ServeConfig config);
   rocksdb::Env* journal_env_ = nullptr;
+  // Init's steps, in order (service.cc).
   [[nodiscard]] Status Init();
-  void RegisterRoutes();
+  [[nodiscard]] Status OpenJournal();
+  [[nodiscard]] Status OpenTrajectories();
+  [[nodiscard]] Status OpenEngineClients();
+  [[nodiscard]] Status AwaitEngineVersion();
+  // Initialises the transfer with the engine once the journal is recovered or bootstrapped.
+  using TransferInit = std::function<Status()>;
+  [[nodiscard]] Result<TransferInit> MakeTransfer();
+  TransferInit MakeNcclTransfer();
+  [[nodiscard]] Result<TransferInit> MakeHttpTransfer();
+  void MakeRunner();
+  void LogDecision(std::uint64_t seq, const Event& e) const;
+  [[nodiscard]] Status RecoverJournal();
+  [[nodiscard]] Status BootstrapIfUninitialized();
+  [[nodiscard]] Result<WeightIdentity> BootstrapIdentity();
+  Status BootstrapFailed(const Status& booted) const;
+  void SeedDurableView();
+  void RenewSurvivingLeases(const State& s);
   void NotifyLifecycle(std::uint64_t seq);
   void InitWeightTransfer(const effects::EngineProtocol& protocol);
+  std::int64_t EngineWorldSize();
   std::string NextRolloutId();
   // The folded state as admissions read it: a copy refreshed only when the runner has journaled
   // a decision since (or when `fresh`), instead of one O(active rollouts) copy per admission.
@@ -265,18 +283,44 @@ class Service {
   void RememberEndedUpdate(const UpdateRequested& request, const UpdateEnded& ended);
   void SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                          const UpdateEnded& ended, bool replayed);
+  // HandleUpdate's steps (trainer_api.cc).
+  bool RefusedFailStopped(HttpResponse& res);
+  bool ReplayedIfEnded(const UpdateRequested& request, HttpResponse& res);
+  void ReplayEndedUpdate(const UpdateRequested& request, const EndedUpdate& e, HttpResponse& res);
+  void RunUpdate(const UpdateRequested& request, HttpResponse& res);
+  void AnswerUpdateEnded(const UpdateRequested& request, const UpdateEnded& ended,
+                         HttpResponse& res);
+  bool AnsweredUnjournaledUpdate(const UpdateRequested& request, const Status& st,
+                                 HttpResponse& res);
+  void AnswerUpdateOutcomeUnknown(const UpdateRequested& request, const Status& st,
+                                  HttpResponse& res);
 
-  // Engine monitor (see Init) and lease expiry; both stop on FailStop and Shutdown.
+  // Engine monitor (see MonitorLoop) and lease expiry; both stop on FailStop and Shutdown.
   void MonitorLoop();
+  bool WaitBackgroundTick(std::chrono::milliseconds interval);
+  bool MonitorOnce();
+  struct EngineProbe {
+    EngineMonitored seen;
+    std::int64_t wall_ms = 0;  // when it was seen
+  };
+  EngineProbe ProbeEngine();
+  bool JournalEngineChange(const EngineMonitored& m, std::int64_t now_wall_ms);
+  void LogEngineChange(const EngineMonitored& m, const journal::Journal::Submitted& s);
   void LeaseLoop();
   void StopBackground();
+  // Shutdown's steps (service.cc).
+  enum class RolloutsEnded : std::uint8_t { kInGrace, kCancelled, kStillRunning };
+  RolloutsEnded EndProxiedRollouts(std::chrono::steady_clock::time_point deadline);
+  bool WaitProxiedRollouts(std::chrono::steady_clock::time_point until);
+  bool StopServing();
   void LogRecovery(const journal::Recovery& r) const;
   Status RecoveryFailed(const Status& st) const;
   [[nodiscard]] Status FinishInterruptedUpdate();
+  void LogInterruptedUpdateEnd(const UpdatePlan& update) const;
   // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
   bool SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res);
   std::uint64_t UpdatesRequested() const;
-  void LogTaint(const State& s, const char* context) const;
+  void LogTaint(const std::optional<TaintRecord>& taint, const char* context) const;
   bool Authorized(const ApiRequest& req, HttpResponse& res);
 
   ServeConfig config_;

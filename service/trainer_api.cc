@@ -239,29 +239,7 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
     send_status(res, request.status());
     return;
   }
-  if (failed()) {
-    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
-    return;
-  }
-  // A re-POST of an update that already ended answers what was recorded (idempotent retries).
-  auto replay = [&](const EndedUpdate& e) {
-    if (!(e.request == *request)) {
-      metrics_.updates_conflict++;
-      send_error(res, 409, "conflict",
-                 "update_id '" + request->update_id +
-                     "' was already used for another request (different body); choose a new "
-                     "update_id");
-      return;
-    }
-    metrics_.updates_replayed++;
-    spdlog::info("serve: update '{}' re-POSTed: answering its recorded outcome ({})",
-                 esc(request->update_id), update_outcome_name(e.ended.outcome));
-    SendUpdateOutcome(res, e.request, e.ended, /*replayed=*/true);
-  };
-  if (auto e = FindEndedUpdate(request->update_id)) {
-    replay(*e);
-    return;
-  }
+  if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
   // What can be checked without the engine is checked before anything is journaled: a source
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
   if (!SourceMatchesIdentity(*request, res)) return;
@@ -277,77 +255,119 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
                "update '" + running_update_id_ + "' is running; one update at a time");
     return;
   }
-  if (failed()) {
-    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+  // It may have ended while we waited for the lock.
+  if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
+  RunUpdate(*request, res);
+}
+
+// After a fail-stop nothing more is decided: 503.
+bool Service::RefusedFailStopped(HttpResponse& res) {
+  if (!failed()) return false;
+  send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+  return true;
+}
+
+// A re-POST of an update that already ended answers what was recorded (idempotent retries).
+bool Service::ReplayedIfEnded(const UpdateRequested& request, HttpResponse& res) {
+  std::optional<EndedUpdate> ended = FindEndedUpdate(request.update_id);
+  if (!ended) return false;
+  ReplayEndedUpdate(request, *ended, res);
+  return true;
+}
+
+// The recorded outcome, or 409 when the update_id was used for another request.
+void Service::ReplayEndedUpdate(const UpdateRequested& request, const EndedUpdate& e,
+                                HttpResponse& res) {
+  RC_CHECK(e.request.update_id == request.update_id && e.ended.update_id == request.update_id);
+  if (!(e.request == request)) {
+    metrics_.updates_conflict++;
+    send_error(res, 409, "conflict",
+               "update_id '" + request.update_id +
+                   "' was already used for another request (different body); choose a new "
+                   "update_id");
     return;
   }
-  if (auto e = FindEndedUpdate(request->update_id)) {  // it ended while we waited for the lock
-    replay(*e);
-    return;
-  }
+  metrics_.updates_replayed++;
+  spdlog::info("serve: update '{}' re-POSTed: answering its recorded outcome ({})",
+               esc(request.update_id), update_outcome_name(e.ended.outcome));
+  SendUpdateOutcome(res, e.request, e.ended, /*replayed=*/true);
+}
+
+// Drives the update to its end and answers; the caller holds update_mu_.
+void Service::RunUpdate(const UpdateRequested& request, HttpResponse& res) {
   {
     std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_ = request->update_id;
+    running_update_id_ = request.update_id;
   }
   spdlog::info("serve: update '{}' requested: target '{}', manifest {}, source {}",
-               esc(request->update_id), esc(request->target_label),
-               esc(request->identity.manifest_digest), esc(request->source_uri));
+               esc(request.update_id), esc(request.target_label),
+               esc(request.identity.manifest_digest), esc(request.source_uri));
   const std::uint64_t requested_before = UpdatesRequested();
-  Result<UpdateEnded> ended = runner_->Update(*request);
+  Result<UpdateEnded> ended = runner_->Update(request);
   {
     std::lock_guard<std::mutex> g(update_id_mu_);
     running_update_id_.clear();
     last_timings_ = runner_->last_timings();
   }
   NotifyLifecycle(journal_->head_seq());
-  if (ended.ok()) {
-    RememberEndedUpdate(*request, *ended);
-    switch (ended->outcome) {
-      case UpdateOutcome::kCommitted:
-        metrics_.updates_committed++;
-        break;
-      case UpdateOutcome::kRefused:
-        metrics_.updates_refused++;
-        break;
-      case UpdateOutcome::kTainted:
-        metrics_.updates_tainted++;
-        break;
-    }
-    SendUpdateOutcome(res, *request, *ended, /*replayed=*/false);
-    return;
+  if (ended.ok()) return AnswerUpdateEnded(request, *ended, res);
+  const std::uint64_t requested_after = UpdatesRequested();
+  RC_CHECK(requested_after >= requested_before);  // journal counters never go back
+  const bool journaled = requested_after > requested_before;
+  if (!journaled && AnsweredUnjournaledUpdate(request, ended.status(), res)) return;
+  AnswerUpdateOutcomeUnknown(request, ended.status(), res);
+}
+
+void Service::AnswerUpdateEnded(const UpdateRequested& request, const UpdateEnded& ended,
+                                HttpResponse& res) {
+  RememberEndedUpdate(request, ended);
+  switch (ended.outcome) {
+    case UpdateOutcome::kCommitted:
+      metrics_.updates_committed++;
+      break;
+    case UpdateOutcome::kRefused:
+      metrics_.updates_refused++;
+      break;
+    case UpdateOutcome::kTainted:
+      metrics_.updates_tainted++;
+      break;
   }
-  const Status& st = ended.status();
-  const bool journaled = UpdatesRequested() > requested_before;
-  if (!journaled) {
-    // Nothing of this request was journaled: a lifecycle refusal (e.g. TAINTED), a reused
-    // update_id with another body (the journal's idempotency: Conflict), bad input, or a
-    // duplicate of an update decided before this process remembered it.
-    if (st.code() == Code::kRejected || st.code() == Code::kConflict ||
-        st.code() == Code::kInvalidArgument) {
-      metrics_.updates_conflict++;
-      spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
-                   esc(request->update_id), esc(st.ToString()));
-      send_status(res, st);
-      return;
-    }
-    if (!is_journal_failure(st)) {
-      auto found = LookUpUpdate(*journal_, request->update_id, durable_head().seq);
-      if (found.ok() && found->request && found->ended) {
-        RememberEndedUpdate(*found->request, *found->ended);
-        replay(EndedUpdate{*found->request, *found->ended});
-        return;
-      }
-    }
+  SendUpdateOutcome(res, request, ended, /*replayed=*/false);
+}
+
+// Nothing of this request was journaled: a lifecycle refusal (e.g. TAINTED), a reused update_id
+// with another body (the journal's idempotency: Conflict), bad input, or a duplicate of an update
+// decided before this process remembered it. False when none of these explains the error.
+bool Service::AnsweredUnjournaledUpdate(const UpdateRequested& request, const Status& st,
+                                        HttpResponse& res) {
+  RC_CHECK(!st.ok());
+  if (st.code() == Code::kRejected || st.code() == Code::kConflict ||
+      st.code() == Code::kInvalidArgument) {
+    metrics_.updates_conflict++;
+    spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
+                 esc(request.update_id), esc(st.ToString()));
+    send_status(res, st);
+    return true;
   }
-  // The request may be durable and its effects may have run: nobody can say how it ended. The
-  // executor stops (a restart recovers from what is durable); the trainer is told "unknown",
-  // never "failed", and re-POSTs the same update_id after the restart to read the outcome.
+  if (is_journal_failure(st)) return false;
+  auto found = LookUpUpdate(*journal_, request.update_id, durable_head().seq);
+  if (!found.ok() || !found->request || !found->ended) return false;
+  RememberEndedUpdate(*found->request, *found->ended);
+  ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);
+  return true;
+}
+
+// The request may be durable and its effects may have run: nobody can say how it ended. The
+// executor stops (a restart recovers from what is durable); the trainer is told "unknown", never
+// "failed", and re-POSTs the same update_id after the restart to read the outcome.
+void Service::AnswerUpdateOutcomeUnknown(const UpdateRequested& request, const Status& st,
+                                         HttpResponse& res) {
+  RC_CHECK(!st.ok());
   metrics_.updates_outcome_unknown++;
-  FailStop("update '" + request->update_id +
-           "' did not reach a recorded outcome: " + st.ToString());
+  FailStop("update '" + request.update_id + "' did not reach a recorded outcome: " + st.ToString());
   set_header(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
   send_error(res, 503, "outcome_unknown",
-             "the outcome of update '" + request->update_id + "' is unknown (" + st.ToString() +
+             "the outcome of update '" + request.update_id + "' is unknown (" + st.ToString() +
                  "); the executor fail-stopped and recovers on restart: re-POST the same "
                  "update_id then to read the recorded outcome");
 }

@@ -36,6 +36,7 @@ bool TrajectoryLog::Append(const nlohmann::json& line) {
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size()) return false;
   if (std::fflush(file_) != 0) return false;
   bytes_ += text.size();
+  RC_CHECK(text.size() <= kTrajectoryLineBytesMax && bytes_ >= text.size());
   return true;
 }
 

@@ -8,12 +8,40 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "service/config.h"
 #include "service/http_util.h"
 
 namespace rc::service {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr std::uint16_t kHttpPortDefault = 80;
+
+// HOST and PORT of an authority ("HOST", "HOST:PORT", "[IPv6]" or "[IPv6]:PORT"); the port is
+// kHttpPortDefault when none is given.
+Status ParseAuthority(const std::string& url, const std::string& authority, UpstreamTarget& t) {
+  const std::size_t colon = authority.rfind(':');
+  const bool bracketed = !authority.empty() && authority.front() == '[';
+  if (colon == std::string::npos || (bracketed && authority.back() == ']')) {
+    t.host = authority;
+    t.port = kHttpPortDefault;
+  } else {
+    t.host = authority.substr(0, colon);
+    const auto port = parse_u64(authority.substr(colon + 1));
+    if (!port || *port == 0 || *port > kPortMax) {
+      return Status::InvalidArgument("engine_url has no valid port: '" + url + "'");
+    }
+    t.port = static_cast<std::uint16_t>(*port);
+  }
+  if (t.host.size() > 2 && t.host.front() == '[') t.host = t.host.substr(1, t.host.size() - 2);
+  if (t.host.empty()) return Status::InvalidArgument("engine_url has no host: '" + url + "'");
+  return Status::OK();
+}
+
+}  // namespace
 
 Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
   const std::string scheme = "http://";
@@ -26,23 +54,10 @@ Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
   UpstreamTarget t;
   t.base_path = slash == std::string::npos ? "" : rest.substr(slash);
   while (!t.base_path.empty() && t.base_path.back() == '/') t.base_path.pop_back();
-  const std::size_t colon = authority.rfind(':');
-  const bool bracketed = !authority.empty() && authority.front() == '[';
-  if (colon == std::string::npos || (bracketed && authority.back() == ']')) {
-    t.host = authority;
-    t.port = 80;
-  } else {
-    t.host = authority.substr(0, colon);
-    const auto port = parse_u64(authority.substr(colon + 1));
-    if (!port || *port == 0 || *port > 65535) {
-      return Status::InvalidArgument("engine_url has no valid port: '" + url + "'");
-    }
-    t.port = static_cast<std::uint16_t>(*port);
-  }
-  if (t.host.size() > 2 && t.host.front() == '[') t.host = t.host.substr(1, t.host.size() - 2);
-  if (t.host.empty()) return Status::InvalidArgument("engine_url has no host: '" + url + "'");
+  RC_RETURN_IF_ERROR(ParseAuthority(url, authority, t));
   t.authority = authority.find(':') == std::string::npos ? authority + ":" + std::to_string(t.port)
                                                          : authority;
+  RC_CHECK(!t.host.empty() && t.port != 0);
   return t;
 }
 
@@ -112,6 +127,7 @@ void UpstreamPool::Release(std::unique_ptr<UpstreamConn> conn) {
   std::lock_guard<std::mutex> g(mu_);
   if (idle_.size() >= idle_max_) return;  // closed by its destructor
   idle_.push_back(std::move(conn));
+  RC_CHECK(idle_.size() <= idle_max_);
 }
 
 }  // namespace rc::service

@@ -1,0 +1,138 @@
+// The proxy's reading of engine responses (service/proxy_stream.h) as pure functions: what a
+// trace takes from completions and chat chunks, its bound, the journal parts it becomes, and the
+// event a client receives.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "service/proxy_stream.h"
+
+namespace rc::service {
+namespace {
+
+// Proves that a completion (token_ids, logprobs.token_logprobs) and chat chunks (delta.token_ids,
+// logprobs.content) fill the same trace, with usage, prompt and finish reason; would catch one of
+// Absorb's steps dropping a shape, or taking a later prompt over the first.
+TEST(ProxyStreamTrace, CompletionAndChatShapesFillOneTrace) {
+  Trajectory completion;
+  completion.Absorb(json::parse(R"({
+    "prompt_token_ids": [1, 2, 3],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    "choices": [{"index": 0, "token_ids": [7, 8], "finish_reason": "stop",
+                 "logprobs": {"token_logprobs": [-0.5, null]}}]})"));
+  EXPECT_EQ(completion.prompt_token_ids, json::parse("[1, 2, 3]"));
+  EXPECT_EQ(completion.choices.at(0).token_ids, (std::vector<std::int64_t>{7, 8}));
+  EXPECT_EQ(completion.choices.at(0).logprobs, json::parse("[-0.5, null]"));
+  EXPECT_EQ(completion.choices.at(0).finish_reason, "stop");
+  EXPECT_EQ(completion.prompt_count(), 3u);
+  EXPECT_EQ(completion.completion_count(), 2u);
+  EXPECT_EQ(completion.entries, 4u);
+  EXPECT_FALSE(completion.truncated);
+
+  Trajectory chat;
+  chat.Absorb(json::parse(R"({"choices": [{"prompt_token_ids": [4, 5],
+    "delta": {"token_ids": [9]}, "logprobs": {"content": [{"logprob": -1.0}]}}]})"));
+  chat.Absorb(json::parse(R"({"prompt_token_ids": [6], "choices": [{"index": 0,
+    "delta": {"token_ids": [10]}, "logprobs": {"content": ["not an object"]},
+    "finish_reason": "length"}]})"));
+  EXPECT_EQ(chat.prompt_token_ids, json::parse("[4, 5]"));  // the first prompt seen is kept
+  EXPECT_EQ(chat.choices.at(0).token_ids, (std::vector<std::int64_t>{9, 10}));
+  EXPECT_EQ(chat.choices.at(0).logprobs, json::parse("[-1.0, null]"));
+  EXPECT_EQ(chat.choices.at(0).finish_reason, "length");
+  EXPECT_EQ(chat.completion_count(), 2u);  // no usage: counted from the token ids
+}
+
+// Proves that outside text of another shape is ignored, never fatal: a non-object document or
+// choice, a non-integer index (choice 0), non-integer token ids (counted, not kept); would catch
+// a split step that assumes the shape its caller used to check.
+TEST(ProxyStreamTrace, OtherShapesAreIgnored) {
+  Trajectory t;
+  t.Absorb(json::parse("[1, 2]"));
+  t.Absorb(json::parse(R"({"choices": "no", "usage": [1]})"));
+  t.Absorb(json::parse(R"({"choices": [3, {"index": "x", "token_ids": [1, "a", 2.5, 4]}]})"));
+  EXPECT_EQ(t.choices.size(), 1u);
+  EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{1, 4}));
+  EXPECT_EQ(t.entries, 4u);
+  EXPECT_FALSE(t.usage_prompt.has_value());
+  EXPECT_TRUE(t.prompt_token_ids.is_null());
+}
+
+// Proves the per-rollout bound: offered one more entry than kTrajectoryEntriesMax, the trace keeps
+// exactly the bound and says it was truncated; would catch TakeEntry counting past its bound.
+TEST(ProxyStreamTrace, EntriesStopAtTheirBound) {
+  Trajectory t;
+  json ids = json::array();
+  for (std::size_t i = 0; i < kTrajectoryEntriesMax; ++i) ids.push_back(1);
+  t.Absorb(json{{"choices", json::array({json{{"token_ids", std::move(ids)}}})}});
+  EXPECT_EQ(t.entries, kTrajectoryEntriesMax);
+  EXPECT_FALSE(t.truncated);
+  t.Absorb(json::parse(R"({"choices": [{"token_ids": [2]}]})"));
+  EXPECT_EQ(t.entries, kTrajectoryEntriesMax);
+  EXPECT_EQ(t.choices.at(0).token_ids.size(), kTrajectoryEntriesMax);
+  EXPECT_TRUE(t.truncated);
+}
+
+// Proves how a trace becomes journal parts: prompt tokens first, then output tokens, at most
+// kTrajectoryTokensPerRecordMax per part, parts numbered densely from 0, logprobs aligned with
+// the output tokens (NaN where none was reported); would catch NextPart's cursors drifting across
+// the prompt/output boundary.
+TEST(ProxyStreamParts, PromptFirstThenOutputWithinTheRecordBound) {
+  const std::size_t per = kTrajectoryTokensPerRecordMax;
+  Trajectory t;
+  json prompt = json::array();
+  for (std::size_t i = 0; i < per + 1; ++i) prompt.push_back(static_cast<int>(i));
+  json out = json::array();
+  json lps = json::array();
+  for (std::size_t i = 0; i < per; ++i) {
+    out.push_back(static_cast<int>(100000 + i));
+    lps.push_back(i == 0 ? json() : json(-0.25));
+  }
+  t.Absorb(json{{"prompt_token_ids", prompt},
+                {"choices", json::array({json{{"token_ids", out},
+                                              {"logprobs", {{"token_logprobs", lps}}}}})}});
+  const std::vector<TrajectoryRecorded> parts = JournalTrajectoryParts("r1", t);
+  ASSERT_EQ(parts.size(), 3u);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].rollout_id, "r1");
+    EXPECT_EQ(parts[i].part, i);
+    EXPECT_LE(parts[i].prompt_token_ids.size() + parts[i].output_token_ids.size(), per);
+    EXPECT_EQ(parts[i].output_logprobs.size(), parts[i].output_token_ids.size());
+  }
+  EXPECT_EQ(parts[0].prompt_token_ids.size(), per);
+  EXPECT_TRUE(parts[0].output_token_ids.empty());
+  EXPECT_EQ(parts[1].prompt_token_ids, (std::vector<std::int32_t>{static_cast<int>(per)}));
+  EXPECT_EQ(parts[1].output_token_ids.size(), per - 1);
+  EXPECT_EQ(parts[1].output_token_ids.front(), 100000);
+  EXPECT_TRUE(std::isnan(parts[1].output_logprobs.front()));
+  EXPECT_FLOAT_EQ(parts[1].output_logprobs.back(), -0.25f);
+  EXPECT_EQ(parts[2].output_token_ids,
+            (std::vector<std::int32_t>{static_cast<int>(100000 + per - 1)}));
+  EXPECT_TRUE(JournalTrajectoryParts("r2", Trajectory{}).empty());
+}
+
+// Proves what a client receives of a streamed chunk: the fields the proxy added removed, and no
+// event at all for the usage-only chunk it did not ask for, while the trace still takes both;
+// would catch pass_chunk stripping before the trace read the chunk.
+TEST(ProxyStreamEvents, AddedFieldsAreStrippedAfterTheTraceTookThem) {
+  Trajectory t;
+  const json chunk = json::parse(R"({"prompt_token_ids": [1], "choices": [{"index": 0,
+    "text": "hi", "token_ids": [5], "delta": {"token_ids": [6]}}]})");
+  const std::optional<std::string> event = pass_chunk(t, chunk, /*strip_token_ids=*/true,
+                                                      /*strip_usage=*/true);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(*event, R"(data: {"choices":[{"delta":{},"index":0,"text":"hi"}]})"
+                    "\n\n");
+  EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{5}));
+
+  const json usage = json::parse(R"({"choices": [], "usage": {"prompt_tokens": 1,
+    "completion_tokens": 1}})");
+  EXPECT_FALSE(pass_chunk(t, usage, true, /*strip_usage=*/true).has_value());
+  EXPECT_EQ(t.usage_completion, 1u);
+  EXPECT_TRUE(pass_chunk(t, usage, true, /*strip_usage=*/false).has_value());
+}
+
+}  // namespace
+}  // namespace rc::service
