@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "encoding/sha256.h"
+
 namespace rc::sim {
 
 void Scheduler::At(std::int64_t t_us, std::function<void()> fn) {
@@ -163,6 +165,15 @@ HttpEvidence SimControl::Health() {
   return e_.truth().alive ? Ok() : Failed(Transport::kConnectFailed, 0, "connection refused");
 }
 
+WeightDigest SimDigest(const std::string& weights) {
+  WeightDigest d;
+  d.algorithm = "sim";
+  d.combined = encoding::Sha256Hex(weights).substr(0, 32);
+  d.tensors.push_back({"model.weight", d.combined});
+  d.bytes = 4096;
+  return d;
+}
+
 EngineProbed SimControl::Probe() {
   bool applied = false;
   EngineProbed p;
@@ -174,6 +185,7 @@ EngineProbed SimControl::Probe() {
   p.is_paused_known = true;
   p.is_paused = t.paused;
   p.engine_instance = e_.instance_name();
+  p.digest = SimDigest(t.weights);
   return p;
 }
 
@@ -236,6 +248,7 @@ ValidationObserved SimControl::WeightInfo() {
   v.reported_label = e_.truth().label;
   v.engine_instance = e_.instance_name();
   const EngineTruth& t = e_.truth();
+  v.digest = SimDigest(t.weights);
   validated_ =
       Validated{t.instance, t.weights, t.label, e_.CachesResetSinceMutation(), t.last_mutation_op};
   return v;
@@ -300,7 +313,9 @@ TransferObserved SimControl::Transfer(const effects::TransferTarget& target,
   if (!applied || !update.ok_2xx() || mode == 2) return ambiguous("update_weights failed");
   s_.RunUntil(s_.now_us() + 5000);  // the data plane runs; others act
   if (!e_.truth().alive) return ambiguous("engine gone mid-transfer");
-  e_.Mutate(target.identity.checkpoint);
+  // A silent loss leaves the mix in place and nothing reports it: only the digest can tell.
+  if (!f_.silent_loss) e_.Mutate(target.identity.checkpoint);
+  f_.silent_loss = false;
   // /finish_weight_update {"weight_version": label}
   const HttpEvidence finish = Call(&applied);
   if (applied) e_.SetLabel(target.target.label);
@@ -327,6 +342,7 @@ EngineMonitored SimControl::Monitor() {
   m.is_paused_known = true;
   m.is_paused = e_.truth().paused;
   m.engine_instance = e_.instance_name();
+  m.digest = SimDigest(e_.truth().weights);
   return m;
 }
 

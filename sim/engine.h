@@ -135,8 +135,13 @@ struct CycleFaults {
   std::optional<Fault> death;  // at call a%16
   std::optional<Fault> preflight;
   std::optional<Fault> transfer;
+  bool silent_loss = false;
   std::uint32_t calls = 0;
 };
+
+// The weight digest the engine's worker extension would compute over `weights` (and what a
+// trainer digesting the same checkpoint in the engine's layout computes).
+WeightDigest SimDigest(const std::string& weights);
 
 // The EngineControl and WeightTransfer the real runner drives.
 class SimControl final : public effects::EngineControl, public effects::WeightTransfer {

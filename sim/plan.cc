@@ -15,10 +15,11 @@ namespace rc::sim {
 namespace {
 
 constexpr const char* kNames[] = {
-    "http_5xx",         "http_timeout",  "http_drop",    "http_refused",         "http_garbage",
-    "success_false",    "delay",         "engine_death", "engine_restart_ready", "relabel",
-    "external_pause",   "wal_fault",     "fsync_stall",  "executor_crash",       "clock_jump",
-    "preflight_refuse", "transfer_fail", "disconnect",   "lease_stop",           "slow_rollout"};
+    "http_5xx",         "http_timeout",   "http_drop",    "http_refused",         "http_garbage",
+    "success_false",    "delay",          "engine_death", "engine_restart_ready", "relabel",
+    "external_pause",   "wal_fault",      "fsync_stall",  "executor_crash",       "clock_jump",
+    "preflight_refuse", "transfer_fail",  "disconnect",   "lease_stop",           "slow_rollout",
+    "silent_loss",      "external_update"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
 
 // Each fsync stall costs real time (the journal's stall deadline is a real-time bound): rare.

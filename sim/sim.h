@@ -38,6 +38,8 @@ enum class FaultKind : std::uint8_t {
   kDisconnect,          // a client disconnects mid-request (aborted)
   kLeaseStop,           // an explicit client vanishes: its lease must be expired
   kSlowRollout,         // a rollout runs 300..2300 ms: may outlive the drain
+  kSilentLoss,          // the data plane drops chunks yet every call answers 2xx: weights partial
+  kExternalUpdate,      // someone replaces the READY engine's weights (same process and label)
   kCount
 };
 const char* FaultName(FaultKind k);

@@ -79,6 +79,7 @@ class World {
 
  private:
   void Violate(const std::string& what);
+  void ExternalUpdate(int attempts_left);
   bool Open();
   void NewRunner();
   void Ack(const journal::Journal::Submitted& s, const Event& input);
@@ -130,6 +131,29 @@ class World {
   std::uint32_t cycles_ = 0, cycle_ = 0;
   std::string head_;
 };
+
+// Someone updates the engine through its own routes, as a careful outsider would: once no
+// rollout is open and no update runs, new weights, caches reset; same process, same label. Only
+// the weight digest shows it. (Amid rollouts or our own update the outsider would make a rollout
+// span two weight states or change what was validated, which no executor can prevent, only
+// report: the oracle keeps those rules strict instead.)
+void World::ExternalUpdate(int attempts_left) {
+  if (!engine_.truth().alive || attempts_left <= 0) return;
+  bool quiet = false;
+  if (journal_) {
+    journal_->ReadState([&quiet](const State& st) {
+      quiet = st.lifecycle == Lifecycle::kReady && !st.update.has_value() && st.active.empty();
+    });
+  }
+  if (engine_.running() > 0 || !quiet) {
+    sched_.After(5000, [this, attempts_left] { ExternalUpdate(attempts_left - 1); });
+    return;
+  }
+  engine_.Mutate("external:" + engine_.truth().weights);
+  for (CacheKind c : {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal}) {
+    (void)engine_.ResetCache(c);
+  }
+}
 
 void World::Violate(const std::string& what) {
   if (result_.violations.size() >= kViolationsMax) return;
@@ -289,9 +313,11 @@ void World::Monitor() {
   if (recovering_ && !o_.monitor_during_recovery) return;
   EngineMonitored m = ctl_.Monitor();
   const bool reachable = m.http.ok_2xx();
+  const bool drifted = s.committed_digest.present() && m.digest.present() &&
+                       m.digest.combined != s.committed_digest.combined;
   const bool changed = reachable ? (!s.engine_reachable || s.engine_recheck ||
                                     m.reported_label != s.committed.label || m.is_paused ||
-                                    m.engine_instance != s.engine_instance)
+                                    m.engine_instance != s.engine_instance || drifted)
                                  : s.engine_reachable;
   if (!changed) return;
   m.updates_seen = monitor_epoch(s);
@@ -450,6 +476,12 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
         c.vanish = true;
       }
       break;
+    case FaultKind::kSilentLoss:
+      cf.silent_loss = true;
+      break;
+    case FaultKind::kExternalUpdate:
+      sched_.After(std::int64_t{f.b % 60} * 1000, [this] { ExternalUpdate(50); });
+      break;
     case FaultKind::kSlowRollout:
       if (!spawn.empty()) spawn[f.a % spawn.size()].duration_ms = 300 + f.b % 2000;
       break;
@@ -508,8 +540,9 @@ void World::RunUpdate(std::uint32_t cycle) {
   if (before.lifecycle != Lifecycle::kReady || before.engine_recheck) return;  // tainted
   const std::string id = "u" + std::to_string(index_) + "-" + std::to_string(cycle);
   const std::string ckpt = "ckpt/c" + std::to_string(cycle);
+  // The trainer digests the checkpoint in the engine's layout: VALIDATING must see exactly it.
   const UpdateRequested request{id, "rc-c" + std::to_string(cycle), IdentityFor(ckpt, cycle),
-                                "synthetic:" + ckpt};
+                                "synthetic:" + ckpt, SimDigest(ckpt).combined};
   update_open_ = true;
   const std::uint64_t request_after_seq = journal_->head_seq();
   const std::int64_t start_ms = clock_.now_ms();

@@ -855,6 +855,12 @@ bool same_bytes(const WeightIdentity& a, const WeightIdentity& b) {
 // equals the digest recorded when the same weights were served before; otherwise it differs
 // from the pre-update digest unless the source is declared byte-identical to what was served.
 std::string digest_refusal(const State& s, const WeightDigest& d) {
+#ifdef RC_MUTANT_IGNORE_DIGEST
+  // Simulator mutant (off in every normal build): the digest is journaled but never checked.
+  (void)s;
+  (void)d;
+  return {};
+#endif
   const UpdatePlan& u = *s.update;
   if (!s.committed_digest.present() && u.expected_digest.empty()) return {};
   if (!d.present()) return "no weight digest while paused: " + d.error;
