@@ -283,7 +283,7 @@ Status Runner::wait_for_engine(const BootstrapOptions& options) {
 Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identity,
                          const BootstrapOptions& options) {
   if (options.startup_timeout_ms > 0) RC_RETURN_IF_ERROR(wait_for_engine(options));
-  const BootstrapRequested request{label, identity, options.adopt};
+  const BootstrapRequested request{label, identity, options.adopt, options.require_digest};
   auto r = submit(request);
   if (!r.ok()) return r.status();
   last_probe_.reset();

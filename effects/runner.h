@@ -41,6 +41,7 @@ struct RunnerOptions {
 // How a bootstrap treats the engine it finds.
 struct BootstrapOptions {
   bool adopt = false;                    // accept another label (relabel) or a paused engine
+  bool require_digest = false;           // refuse an engine that computes no weight digest
   std::uint64_t startup_timeout_ms = 0;  // wait this long for /health first (0: no wait)
   // Told what the runner is waiting for (one line each, at most every startup_report_ms).
   std::function<void(const std::string&)> progress;

@@ -9,6 +9,7 @@
 #include "effects/http/sequence_transfer.h"
 #include "service/config.h"
 #include "service/http_util.h"
+#include "statemachine/hex.h"
 #include "statemachine/text.h"
 
 namespace rc::service {
@@ -91,7 +92,8 @@ Status ValidateSource(const std::string& uri) {
 }
 
 Result<UpdateRequested> parse_update(const json& body) {
-  RC_RETURN_IF_ERROR(only_fields(body, {"update_id", "target_label", "identity", "source"}, ""));
+  RC_RETURN_IF_ERROR(only_fields(
+      body, {"update_id", "target_label", "identity", "source", "expected_digest"}, ""));
   UpdateRequested r;
   auto id = get_string(body, "update_id", true);
   if (!id.ok()) return id.status();
@@ -106,6 +108,13 @@ Result<UpdateRequested> parse_update(const json& body) {
   Result<WeightIdentity> identity = ParseIdentity(body);
   if (!identity.ok()) return identity.status();
   r.identity = std::move(identity.value());
+  auto expected = get_string(body, "expected_digest", false);
+  if (!expected.ok()) return expected.status();
+  if (expected->size() > kDigestBytesMax || !hex::is_lower(*expected)) {
+    return Status::InvalidArgument("'expected_digest' must be lowercase hex of at most " +
+                                   std::to_string(kDigestBytesMax) + " chars");
+  }
+  r.expected_digest = *expected;
   return r;
 }
 

@@ -112,6 +112,12 @@ struct ServeConfig {
   // Bootstrap accepts an engine that reports another label (relabelled) or is paused (resumed);
   // what was seen is journaled.
   bool adopt_engine = false;
+  // Bootstrap refuses an engine that computes no weight digest (docs/lifecycle.md, "Weight
+  // digests"); without it a digest is used whenever the engine computes one.
+  bool require_weight_digest = false;
+  // While READY the monitor also digests the engine's weights this often (0: never); a digest
+  // other than the committed one taints (weights_changed).
+  std::uint64_t weight_digest_check_interval_ms = 60000;
   // Lease of an explicit rollout (POST /v1/rollouts) when the client names none; renewed by
   // POST /v1/rollouts/<id>/lease. Bounded by kRolloutLeaseMs{Min,Max}.
   std::uint32_t rollout_lease_ms = 30000;

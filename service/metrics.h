@@ -51,6 +51,10 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> leases_expired{0};          // RolloutFinished{kExpired} submitted
   std::atomic<std::uint64_t> engine_monitor_submits{0};  // EngineMonitored journaled
   std::atomic<std::uint64_t> engine_probes{0};
+  // The monitor's weight-digest checks by result (docs/lifecycle.md, "Weight digests").
+  std::atomic<std::uint64_t> digest_checks_match{0};
+  std::atomic<std::uint64_t> digest_checks_drift{0};
+  std::atomic<std::uint64_t> digest_checks_unavailable{0};
   std::atomic<std::uint64_t> engine_probe_failures{0};
   std::atomic<std::int64_t> proxy_in_flight{0};
   Histogram journal_append;  // Submit + Wait (admissions and finishes)

@@ -44,6 +44,7 @@ struct EngineProbes {
   std::int64_t last_probe_wall_ms = 0;
   std::int64_t last_ok_wall_ms = 0;
   std::string instance, label;
+  std::int64_t last_digest_check_wall_ms = 0;
 };
 
 void AppendHead(std::string& out, std::string_view name, std::string_view type,
@@ -158,6 +159,9 @@ void AppendEngine(std::string& out, const EngineProbes& e, const MetricsState& s
               "wall time of the last engine probe", Seconds(e.last_probe_wall_ms));
   AppendGauge(out, "rolloutcore_engine_last_ok_timestamp_seconds",
               "wall time of the last successful engine probe", Seconds(e.last_ok_wall_ms));
+  AppendGauge(out, "rolloutcore_weight_digest_last_check_timestamp_seconds",
+              "wall time of the monitor's last weight-digest check",
+              Seconds(e.last_digest_check_wall_ms));
   AppendGauge(out, "rolloutcore_engine_last_probe_age_seconds",
               "seconds since the last engine probe",
               e.last_probe_wall_ms == 0 ? "NaN" : Seconds(wall_ms() - e.last_probe_wall_ms));
@@ -172,19 +176,28 @@ void AppendEngine(std::string& out, const EngineProbes& e, const MetricsState& s
 
 void AppendServiceCounters(std::string& out, const ServiceMetrics& m) {
   AppendCounters(
-      out, {{"rolloutcore_finish_retries_total",
-             "finishes retried while the journal queue was full", m.finish_retries.load()},
-            {"rolloutcore_leases_renewed_total", "explicit rollout leases renewed",
-             m.leases_renewed.load()},
-            {"rolloutcore_engine_probes_total", "engine monitor probes", m.engine_probes.load()},
-            {"rolloutcore_engine_probe_failures_total", "engine monitor probes that failed",
-             m.engine_probe_failures.load()},
-            {"rolloutcore_engine_monitor_events_total", "EngineMonitored events journaled",
-             m.engine_monitor_submits.load()},
-            {"rolloutcore_bad_requests_total", "requests refused as malformed (4xx)",
-             m.bad_requests.load()},
-            {"rolloutcore_unauthorized_total", "requests refused for a missing or wrong token",
-             m.unauthorized.load()}});
+      out,
+      {{"rolloutcore_finish_retries_total", "finishes retried while the journal queue was full",
+        m.finish_retries.load()},
+       {"rolloutcore_leases_renewed_total", "explicit rollout leases renewed",
+        m.leases_renewed.load()},
+       {"rolloutcore_engine_probes_total", "engine monitor probes", m.engine_probes.load()},
+       {"rolloutcore_engine_probe_failures_total", "engine monitor probes that failed",
+        m.engine_probe_failures.load()},
+       {"rolloutcore_engine_monitor_events_total", "EngineMonitored events journaled",
+        m.engine_monitor_submits.load()},
+       {"rolloutcore_weight_digest_checks_match_total",
+        "monitor weight digests equal to the committed version's", m.digest_checks_match.load()},
+       {"rolloutcore_weight_digest_checks_drift_total",
+        "monitor weight digests other than the committed version's (tainted)",
+        m.digest_checks_drift.load()},
+       {"rolloutcore_weight_digest_checks_unavailable_total",
+        "monitor weight digest checks the engine could not answer",
+        m.digest_checks_unavailable.load()},
+       {"rolloutcore_bad_requests_total", "requests refused as malformed (4xx)",
+        m.bad_requests.load()},
+       {"rolloutcore_unauthorized_total", "requests refused for a missing or wrong token",
+        m.unauthorized.load()}});
 }
 
 void AppendHttp(std::string& out, const HttpServerCounters& h) {
@@ -269,6 +282,7 @@ std::string Service::RenderMetrics() const {
     probes.instance = engine_instance_seen_;
     probes.label = engine_label_seen_;
   }
+  probes.last_digest_check_wall_ms = last_digest_check_wall_ms_.load();
   std::string out;
   AppendLifecycle(out, s.lifecycle);
   AppendJournalGauges(out, s, metrics_, journal_->head_seq());

@@ -21,6 +21,7 @@
 
 #include "effects/clock.h"
 #include "effects/http/sequence_transfer.h"
+#include "effects/http/weight_digest.h"
 #include "encoding/sha256.h"
 #include "effects/nccl/weight_source.h"
 #include "journal/json.h"
@@ -299,6 +300,7 @@ State MonitorView(const journal::Journal& journal) {
     view.engine_reachable = st.engine_reachable;
     view.engine_recheck = st.engine_recheck;
     view.counters = st.counters;
+    view.committed_digest = st.committed_digest;
   });
   return view;
 }
@@ -450,14 +452,18 @@ Status Service::OpenJournal() {
   return Status::OK();
 }
 
-// trajectories_path, or trajectories.jsonl beside the journal's directory.
+// trajectories_path, or <journal>.trajectories.jsonl beside the journal's directory: named after
+// the journal, so two journals in one parent directory never share a file.
+std::string DefaultTrajectoriesPath(const std::string& journal_path) {
+  std::filesystem::path p(journal_path);
+  if (!p.has_filename()) p = p.parent_path();
+  return p.string() + ".trajectories.jsonl";
+}
+
 Status Service::OpenTrajectories() {
-  std::string path = config_.trajectories_path;
-  if (path.empty()) {
-    std::filesystem::path p(config_.journal_path);
-    if (!p.has_filename()) p = p.parent_path();
-    path = (p.parent_path() / "trajectories.jsonl").string();
-  }
+  const std::string path = config_.trajectories_path.empty()
+                               ? DefaultTrajectoriesPath(config_.journal_path)
+                               : config_.trajectories_path;
   return trajectories_.Open(path, config_.trajectories_bytes_max);
 }
 
@@ -596,6 +602,7 @@ Status Service::BootstrapIfUninitialized() {
   if (!id.ok()) return id.status();
   effects::BootstrapOptions bo;
   bo.adopt = config_.adopt_engine;
+  bo.require_digest = config_.require_weight_digest;
   bo.startup_timeout_ms = config_.engine_startup_timeout_ms;
   bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", esc(line)); };
   spdlog::info("serve: bootstrapping engine {} as '{}'{}", esc(config_.engine_url),
@@ -726,8 +733,9 @@ bool Service::MonitorOnce() {
   const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
                                             p.is_paused, p.engine_instance);
   if (matches) engine_last_ok_wall_ms_.store(probe.wall_ms);
-  const bool changes =
-      (ok != before.engine_reachable) || (ok && !matches) || (matches && before.engine_recheck);
+  const bool drift = ok && WeightsDrifted(before, p.digest);
+  const bool changes = (ok != before.engine_reachable) || (ok && !matches) || drift ||
+                       (matches && before.engine_recheck);
   if (!changes) return true;
   EngineMonitored m = p;
   m.last_ok_wall_ms = engine_last_ok_wall_ms_.load();
@@ -735,9 +743,36 @@ bool Service::MonitorOnce() {
   return JournalEngineChange(m, probe.wall_ms);
 }
 
+// Whether a digest the monitor took shows weights other than the committed ones; counts the
+// check for /metrics either way.
+bool Service::WeightsDrifted(const State& before, const WeightDigest& d) {
+  if (!d.present() && d.error.empty()) return false;  // no check this tick
+  if (!d.present()) {
+    metrics_.digest_checks_unavailable++;
+    return false;
+  }
+  const bool drifted =
+      before.committed_digest.present() && d.combined != before.committed_digest.combined;
+  (drifted ? metrics_.digest_checks_drift : metrics_.digest_checks_match)++;
+  return drifted;
+}
+
+// Whether this tick also digests the weights (every weight_digest_check_interval_ms).
+bool Service::DigestCheckDue(std::int64_t now_wall_ms) {
+  const std::uint64_t interval = config_.weight_digest_check_interval_ms;
+  if (interval == 0) return false;
+  const std::int64_t last = last_digest_check_wall_ms_.load();
+  if (last != 0 && now_wall_ms - last < static_cast<std::int64_t>(interval)) return false;
+  last_digest_check_wall_ms_.store(now_wall_ms);
+  return true;
+}
+
 // GET the engine's view once; what it saw is kept for /metrics and /readyz.
 Service::EngineProbe Service::ProbeEngine() {
   EngineProbe probe{control_client_->Monitor(), wall_ms()};
+  if (probe.seen.http.ok_2xx() && DigestCheckDue(probe.wall_ms)) {
+    probe.seen.digest = effects::ReadWeightDigest(*control_client_);
+  }
   const EngineMonitored& p = probe.seen;
   metrics_.engine_probes++;
   engine_last_probe_wall_ms_.store(probe.wall_ms);

@@ -304,6 +304,8 @@ class Service {
     std::int64_t wall_ms = 0;  // when it was seen
   };
   EngineProbe ProbeEngine();
+  bool DigestCheckDue(std::int64_t now_wall_ms);
+  bool WeightsDrifted(const State& before, const WeightDigest& d);
   bool JournalEngineChange(const EngineMonitored& m, std::int64_t now_wall_ms);
   void LogEngineChange(const EngineMonitored& m, const journal::Journal::Submitted& s);
   void LeaseLoop();
@@ -377,6 +379,7 @@ class Service {
   std::thread lease_thread_;
   std::atomic<std::int64_t> engine_last_probe_wall_ms_{0};
   std::atomic<std::int64_t> engine_last_ok_wall_ms_{0};
+  std::atomic<std::int64_t> last_digest_check_wall_ms_{0};  // the monitor's last weight digest
   std::atomic<bool> engine_up_{false};
   mutable std::mutex engine_info_mu_;
   std::string engine_instance_seen_;
@@ -395,5 +398,7 @@ class Service {
 // (and the client's own salt, when given), so KV computed under one generation is never reused
 // under another while requests of one generation share their prefixes.
 std::string DeriveCacheSalt(const RolloutAdmitted& binding, const std::string& client_salt);
+// The trajectories file serve writes when trajectories_path is empty: <journal>.trajectories.jsonl.
+std::string DefaultTrajectoriesPath(const std::string& journal_path);
 
 }  // namespace rc::service

@@ -159,7 +159,7 @@ class Client:
         return self._request("GET", "/v1/manifest?" + q, auth=True)["manifest_digest"]
 
     def update(self, label: str, identity: Identity, source: str,
-               update_id: Optional[str] = None) -> dict:
+               update_id: Optional[str] = None, expected_digest: Optional[str] = None) -> dict:
         """Moves the engine to a new committed version; returns when it is committed.
 
         Raises UpdateFailed (refused/tainted, with .outcome and .reason), UpdateConflict (409),
@@ -171,11 +171,18 @@ class Client:
         another body is refused (409). Default: a fresh unique id per call
         (`update-<label>-<uuid>`), so a refused update can simply be called again. Pass your own
         id, and reuse it only to retry the very same request.
+
+        `expected_digest`: the combined weight digest (lowercase hex) you computed for the target
+        in the engine's own layout (rolloutcore.digest over the engine's parameter shapes). When
+        given, the update is published only if the engine's digest, taken while it is still
+        paused, equals it; otherwise it is TAINTED and the reason names the tensors that differ.
         """
         if update_id is None:
             update_id = f"update-{label}-{uuid.uuid4().hex}"[-128:]
         body = {"update_id": update_id, "target_label": label,
                 "identity": identity.to_json(), "source": source}
+        if expected_digest:
+            body["expected_digest"] = expected_digest
         return self._request("POST", "/v1/updates", body, timeout_s=self.update_timeout_s,
                              auth=True)
 

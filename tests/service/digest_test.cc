@@ -1,0 +1,159 @@
+// Weight digests through the whole service: `serve` against the vLLM double (which holds tensor
+// values and digests them like the worker extension) over loopback, with a real journal. Each
+// test names the failure it would catch.
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "fixtures/vllm_double.h"
+#include "service/service.h"
+#include "tests/service/service_stack.h"
+
+namespace rc::service {
+namespace {
+
+using nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr const char* kToken = "digest-token";
+
+httplib::Headers auth() { return stack::Bearer(kToken); }
+
+struct Stack : stack::ServiceStack {
+  explicit Stack(std::function<void(ServeConfig&)> t = nullptr)
+      : ServiceStack(Options(std::move(t))) {}
+  static stack::StackOptions Options(std::function<void(ServeConfig&)> t) {
+    stack::StackOptions o;
+    o.token = kToken;
+    o.dir_prefix = "rc-digest";
+    o.tweak = [t = std::move(t)](ServeConfig& c) {
+      c.engine_monitor_interval_ms = 20;
+      c.weight_digest_check_interval_ms = 20;
+      if (t) t(c);
+    };
+    return o;
+  }
+  json Update(const std::string& id, const std::string& label, int step,
+              const std::string& expected = "") {
+    json body = stack::UpdateBody(id, label, step, "run-a");
+    if (!expected.empty()) body["expected_digest"] = expected;
+    httplib::Client c = client();
+    c.set_read_timeout(30, 0);
+    auto r = c.Post("/v1/updates", auth(), body.dump(), "application/json");
+    if (!r) return json{{"http", -1}};
+    json out = json::parse(r->body, nullptr, false);
+    if (!out.is_object()) out = json::object();
+    out["http"] = r->status;
+    return out;
+  }
+  std::string Metrics() {
+    httplib::Client c = client();
+    auto r = c.Get("/metrics");
+    return r ? r->body : "";
+  }
+};
+
+bool Eventually(const std::function<bool()>& pred, int timeout_ms) {
+  const auto deadline = SteadyClock::now() + std::chrono::milliseconds(timeout_ms);
+  while (SteadyClock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+// The bootstrap and each commit journal the engine's digest, which changes with every update;
+// catches a service that validates on the label alone (no digest in the journal).
+TEST(ServiceDigest, BootstrapAndCommitsJournalTheEnginesDigest) {
+  Stack s;
+  const std::string boot = s.svc->journal().state().committed_digest.combined;
+  ASSERT_FALSE(boot.empty());
+  ASSERT_EQ(s.Update("u1", "rc-1", 1)["http"], 200);
+  const State after = s.svc->journal().state();
+  EXPECT_FALSE(after.committed_digest.combined.empty());
+  EXPECT_NE(after.committed_digest.combined, boot);
+  EXPECT_EQ(after.label_digests.at("rc-0"), boot);
+  EXPECT_EQ(after.label_digests.at("rc-1"), after.committed_digest.combined);
+}
+
+// An engine that acknowledges an update but drops its data keeps the old weights: the update is
+// TAINTED and never published; catches publishing an update nothing of which landed.
+TEST(ServiceDigest, AnUpdateThatChangedNothingTaints) {
+  Stack s;
+  s.engine->SetWeightsFault(fixtures::WeightsFault::kIgnore);
+  const json r = s.Update("u1", "rc-1", 1);
+  EXPECT_EQ(r["http"], 500) << r.dump();
+  EXPECT_EQ(r.value("outcome", ""), "tainted");
+  EXPECT_NE(r.value("reason", "").find("did not change"), std::string::npos) << r.dump();
+  EXPECT_EQ(s.svc->journal().state().committed.label, "rc-0");
+}
+
+// A trainer's expected digest that the engine does not reach (half the tensors landed) taints and
+// names the tensors; catches a partial update that passes because its digest merely changed.
+TEST(ServiceDigest, ExpectedDigestCatchesAPartialUpdate) {
+  Stack s;
+  // The digest the complete update gives: measured on a run that lands in full.
+  ASSERT_EQ(s.Update("u1", "rc-1", 1)["http"], 200);
+  const std::string full = s.svc->journal().state().committed_digest.combined;
+  // rc-2 re-sends step 1's bytes (expected: `full`) to an engine that applies half of them.
+  ASSERT_EQ(s.Update("u2", "rc-2", 2)["http"], 200);
+  s.engine->SetWeightsFault(fixtures::WeightsFault::kPartial);
+  const json r = s.Update("u3", "rc-3", 1, full);
+  EXPECT_EQ(r.value("outcome", ""), "tainted") << r.dump();
+  const std::string reason = r.value("reason", "");
+  EXPECT_NE(reason.find("not the trainer's expected"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("tensors differ"), std::string::npos) << reason;
+}
+
+// A malformed expected digest is a 400 that journals nothing; catches outside text reaching the
+// journal unchecked.
+TEST(ServiceDigest, MalformedExpectedDigestIsRefusedBeforeTheJournal) {
+  Stack s;
+  const std::uint64_t head = s.svc->journal().head_seq();
+  EXPECT_EQ(s.Update("u1", "rc-1", 1, "NOT-HEX")["http"], 400);
+  EXPECT_EQ(s.svc->journal().head_seq(), head);
+}
+
+// Someone changes the READY engine's weights outside RolloutCore (same process, same label): the
+// monitor's digest check taints with weights_changed and /metrics counts the drift; catches
+// drift going unnoticed because label and instance still match.
+TEST(ServiceDigest, MonitorCatchesWeightsChangedOutside) {
+  Stack s;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return s.Metrics().find("rolloutcore_weight_digest_checks_match_total 0") ==
+               std::string::npos;
+      },
+      5000))
+      << "no digest check matched";
+  // An outsider's own update through the engine's routes, label left as it was.
+  effects::EngineClient outsider(s.engine->base_url());
+  effects::HttpSequenceTransfer t(outsider, effects::detect_protocol("0.25.1"));
+  effects::TransferTarget target;
+  target.update_id = "outside";
+  target.target = s.svc->journal().state().committed;
+  target.source_uri = "synthetic:4x64:99";
+  ASSERT_TRUE(t.Transfer(target, 10000).acknowledged);
+  ASSERT_TRUE(
+      Eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 5000));
+  const State st = s.svc->journal().state();
+  ASSERT_TRUE(st.taint.has_value());
+  EXPECT_EQ(st.taint->cause, Cause::kWeightsChanged);
+  EXPECT_NE(s.Metrics().find("rolloutcore_weight_digest_checks_drift_total 1"), std::string::npos);
+}
+
+// Two journals in one directory write two trajectories files; catches the shared default that
+// mixed two journals' rollouts into one file.
+TEST(ServiceDigest, DefaultTrajectoriesFileIsNamedAfterItsJournal) {
+  EXPECT_EQ(DefaultTrajectoriesPath("/data/rc/a"), "/data/rc/a.trajectories.jsonl");
+  EXPECT_EQ(DefaultTrajectoriesPath("/data/rc/a/"), "/data/rc/a.trajectories.jsonl");
+  EXPECT_NE(DefaultTrajectoriesPath("/data/rc/a"), DefaultTrajectoriesPath("/data/rc/b"));
+}
+
+}  // namespace
+}  // namespace rc::service
