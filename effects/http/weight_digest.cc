@@ -41,6 +41,20 @@ bool IsTensorName(const std::string& name) {
   return !name.empty() && name.size() <= kTensorNameBytesMax && text::printable_utf8(name);
 }
 
+std::string ParseTensors(const json& tensors, WorkerDigest& out) {
+  if (!tensors.is_object() || tensors.size() > kTensorDigestsMax) return "bad tensors";
+  for (const auto& [name, digest] : tensors.items()) {
+    if (!IsTensorName(name)) return "a tensor name is empty, too long or unprintable";
+    if (!IsDigestHex(digest)) return "tensor '" + name + "' has a bad digest";
+    out.tensors.emplace(name, digest.get<std::string>());
+  }
+  return {};
+}
+
+bool IsCount(const json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0);
+}
+
 // One worker's entry, or the reason it is not a digest.
 std::string ParseWorker(const json& w, WorkerDigest& out) {
   if (!w.is_object()) return "a worker's result is not an object";
@@ -53,14 +67,9 @@ std::string ParseWorker(const json& w, WorkerDigest& out) {
   }
   if (!IsDigestHex(w.value("combined", json()))) return "bad combined digest";
   const json& bytes = w.value("bytes", json(0));
-  if (!bytes.is_number_unsigned() && !(bytes.is_number_integer() && bytes.get<std::int64_t>() >= 0))
-    return "bad bytes";
-  const json& tensors = w.value("tensors", json::object());
-  if (!tensors.is_object() || tensors.size() > kTensorDigestsMax) return "bad tensors";
-  for (const auto& [name, digest] : tensors.items()) {
-    if (!IsTensorName(name)) return "a tensor name is empty, too long or unprintable";
-    if (!IsDigestHex(digest)) return "tensor '" + name + "' has a bad digest";
-    out.tensors.emplace(name, digest.get<std::string>());
+  if (!IsCount(bytes)) return "bad bytes";
+  if (std::string why = ParseTensors(w.value("tensors", json::object()), out); !why.empty()) {
+    return why;
   }
   out.rank = rank.get<std::int64_t>();
   out.algorithm = algorithm.get<std::string>();

@@ -153,6 +153,68 @@ TEST(Audit, TrajectoryFileCrossCheck) {
   EXPECT_NE(broken.status().message().find(":3:"), std::string::npos) << broken.status().message();
 }
 
+// Proves the audit reads the line serve writes for a rollout that ended before any token (its
+// client left: prompt_token_ids null, outputs empty); would catch the audit refusing the
+// product's own trajectories file (exit 2) as soon as one rollout was aborted.
+TEST(Audit, TrajectoryLineOfAnAbortedRolloutIsRead) {
+  Executor x;
+  x.Bootstrap();
+  audit::Trajectory t = Generate(x, "r", "prompt");
+  const std::string path = x.dir + "/aborted.trajectories.jsonl";
+  {
+    std::ofstream out(path);
+    out << nlohmann::json{{"rollout_id", "r"},
+                          {"admission_seq", t.admission_seq},
+                          {"version", {{"generation", 0}, {"label", "rc-0"}}},
+                          {"outcome", "aborted"},
+                          {"prompt_token_ids", nullptr},
+                          {"outputs",
+                           nlohmann::json::array({{{"index", 0}, {"token_ids", nullptr}}})}}
+               .dump()
+        << "\n";
+  }
+  auto loaded = audit::LoadTrajectories(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_TRUE((*loaded)[0].prompt.empty());
+  EXPECT_TRUE((*loaded)[0].output.empty());
+}
+
+// Proves `audit --engine`'s digest check: the engine's digest is compared with the one journaled
+// for the label it reports; would catch weights changed outside RolloutCore reading as healthy,
+// and an engine that computes no digest passing a journal that records them.
+TEST(Audit, EngineDigestAgainstTheJournal) {
+  State s;
+  s.committed = WeightVersion{1, "rc-1"};
+  s.committed_digest.algorithm = "rcd1";
+  s.committed_digest.combined = std::string(32, 'b');
+  s.committed_digest.tensors = {{"w", std::string(32, '1')}};
+  s.label_digests = {{"rc-0", std::string(32, 'a')}, {"rc-1", std::string(32, 'b')}};
+  WeightDigest live = s.committed_digest;
+  audit::DigestCheck ok = audit::CheckEngineDigest(s, "rc-1", live);
+  EXPECT_EQ(ok.result, audit::DigestCheck::Result::kMatch);
+  EXPECT_TRUE(ok.findings.empty());
+
+  live.combined = std::string(32, 'c');
+  live.tensors = {{"w", std::string(32, '2')}};
+  audit::DigestCheck drift = audit::CheckEngineDigest(s, "rc-1", live);
+  EXPECT_EQ(drift.result, audit::DigestCheck::Result::kDrift);
+  ASSERT_EQ(drift.findings.size(), 1u);
+  EXPECT_NE(drift.line.find("1 of 1 tensors differ: w"), std::string::npos) << drift.line;
+
+  live.combined = std::string(32, 'a');  // rc-0's bytes under the label rc-1
+  EXPECT_EQ(audit::CheckEngineDigest(s, "rc-1", live).result, audit::DigestCheck::Result::kDrift);
+  audit::DigestCheck foreign = audit::CheckEngineDigest(s, "intruder", live);
+  EXPECT_NE(foreign.line.find("are those of 'rc-0'"), std::string::npos) << foreign.line;
+
+  WeightDigest none;
+  none.error = "no extension";
+  EXPECT_EQ(audit::CheckEngineDigest(s, "rc-1", none).result,
+            audit::DigestCheck::Result::kUnavailable);
+  EXPECT_FALSE(audit::CheckEngineDigest(s, "rc-1", none).findings.empty());
+  EXPECT_TRUE(audit::CheckEngineDigest(State{}, "rc-1", none).findings.empty());
+}
+
 // Proves trajectories journaled as TrajectoryRecorded parts come back joined in order with
 // their journal binding, re-verify against the engine, and that a tampered part fails; would
 // catch a part lost or reordered, or a trajectory detached from its binding.
