@@ -75,7 +75,7 @@ Service::AdmitStep Service::SubmitRefused(const Status& st, const std::string& r
     return Refused({503, "overloaded", "journal busy: " + st.message(),
                     std::max<std::uint32_t>(1, config_.retry_after_s)});
   }
-  if (is_journal_failure(st)) {
+  if (IsJournalFailure(st)) {
     FailStop("admission '" + rollout_id + "' refused by the journal: " + st.ToString());
     metrics_.admission_rejected_failed++;
     return Refused({503, "failed", "journal failed: " + st.ToString(), 0});
@@ -258,15 +258,15 @@ Status Service::SubmitFinishFrom(FinishRecords& f) {
     }
     const Status& st = submitted.status();
     if (st.code() == Code::kBusy) return st;
-    if (is_journal_failure(st)) {
+    if (IsJournalFailure(st)) {
       FailStop(std::string(is_finish ? "finish" : "trajectory") + " of rollout '" + f.rollout_id +
                "' refused: " + st.ToString());
       return Status::Unavailable("the executor has fail-stopped: " + failure());
     }
     if (is_finish) return st;  // NotFound (not active), InvalidArgument
     // Malformed, or the rollout is not active: the part is lost, the finish is not.
-    spdlog::warn("serve: trajectory part of rollout {} not journaled: {}", esc(f.rollout_id),
-                 esc(st.ToString()));
+    spdlog::warn("serve: trajectory part of rollout {} not journaled: {}", Esc(f.rollout_id),
+                 Esc(st.ToString()));
     if (st.code() == Code::kNotFound) f.next = f.records.size() - 2;  // straight to the finish
   }
   RC_CHECK(f.ticket.has_value());

@@ -63,17 +63,17 @@ Result<WeightIdentity> ParseIdentity(const json& body) {
     return Status::InvalidArgument("missing object field 'identity'");
   }
   const json& idj = *it;
-  RC_RETURN_IF_ERROR(only_fields(
+  RC_RETURN_IF_ERROR(OnlyFields(
       idj, {"manifest_digest", "content_digest", "checkpoint", "run", "step"}, "identity."));
-  auto md = get_string(idj, "manifest_digest", true, "identity.");
+  auto md = GetString(idj, "manifest_digest", true, "identity.");
   if (!md.ok()) return md.status();
-  auto cd = get_string(idj, "content_digest", false, "identity.");
+  auto cd = GetString(idj, "content_digest", false, "identity.");
   if (!cd.ok()) return cd.status();
-  auto ck = get_string(idj, "checkpoint", false, "identity.");
+  auto ck = GetString(idj, "checkpoint", false, "identity.");
   if (!ck.ok()) return ck.status();
-  auto run = get_string(idj, "run", false, "identity.");
+  auto run = GetString(idj, "run", false, "identity.");
   if (!run.ok()) return run.status();
-  auto step = get_int(idj, "step", -1, -1, INT64_MAX, "identity.");
+  auto step = GetInt(idj, "step", -1, -1, INT64_MAX, "identity.");
   if (!step.ok()) return step.status();
   return WeightIdentity{*md, *cd, *ck, *run, *step};
 }
@@ -91,24 +91,24 @@ Status ValidateSource(const std::string& uri) {
   return CheckReadableFile(uri, *path);
 }
 
-Result<UpdateRequested> parse_update(const json& body) {
-  RC_RETURN_IF_ERROR(only_fields(
-      body, {"update_id", "target_label", "identity", "source", "expected_digest"}, ""));
+Result<UpdateRequested> ParseUpdate(const json& body) {
+  RC_RETURN_IF_ERROR(
+      OnlyFields(body, {"update_id", "target_label", "identity", "source", "expected_digest"}, ""));
   UpdateRequested r;
-  auto id = get_string(body, "update_id", true);
+  auto id = GetString(body, "update_id", true);
   if (!id.ok()) return id.status();
   r.update_id = *id;
-  auto label = get_string(body, "target_label", true);
+  auto label = GetString(body, "target_label", true);
   if (!label.ok()) return label.status();
   r.target_label = *label;
-  auto source = get_string(body, "source", true);
+  auto source = GetString(body, "source", true);
   if (!source.ok()) return source.status();
   r.source_uri = *source;
   RC_RETURN_IF_ERROR(ValidateSource(r.source_uri));
   Result<WeightIdentity> identity = ParseIdentity(body);
   if (!identity.ok()) return identity.status();
   r.identity = std::move(identity.value());
-  auto expected = get_string(body, "expected_digest", false);
+  auto expected = GetString(body, "expected_digest", false);
   if (!expected.ok()) return expected.status();
   if (expected->size() > kDigestBytesMax || !hex::is_lower(*expected)) {
     return Status::InvalidArgument("'expected_digest' must be lowercase hex of at most " +
@@ -118,51 +118,51 @@ Result<UpdateRequested> parse_update(const json& body) {
   return r;
 }
 
-Result<UpdateRequested> parse_update_body(const std::string& body) {
-  auto parsed = parse_object(body, false);
-  return parsed.ok() ? parse_update(*parsed) : Result<UpdateRequested>(parsed.status());
+Result<UpdateRequested> ParseUpdateBody(const std::string& body) {
+  auto parsed = ParseObject(body, false);
+  return parsed.ok() ? ParseUpdate(*parsed) : Result<UpdateRequested>(parsed.status());
 }
 
-Result<AdmitBody> parse_admit_body(const std::string& req_body, std::uint64_t admit_wait_ms,
-                                   std::uint32_t rollout_lease_ms) {
+Result<AdmitBody> ParseAdmitBody(const std::string& req_body, std::uint64_t admit_wait_ms,
+                                 std::uint32_t rollout_lease_ms) {
   RC_CHECK(rollout_lease_ms >= kRolloutLeaseMsMin && rollout_lease_ms <= kRolloutLeaseMsMax);
-  auto body = parse_object(req_body, true);
+  auto body = ParseObject(req_body, true);
   if (!body.ok()) return body.status();
-  RC_RETURN_IF_ERROR(only_fields(*body, {"rollout_id", "wait_ms", "lease_ms"}, ""));
+  RC_RETURN_IF_ERROR(OnlyFields(*body, {"rollout_id", "wait_ms", "lease_ms"}, ""));
   AdmitBody out;
-  auto r = get_string(*body, "rollout_id", false);
+  auto r = GetString(*body, "rollout_id", false);
   if (!r.ok()) return r.status();
   if (r->size() > kIdBytesMax || !rc::text::printable_utf8(*r)) {
     return Status::InvalidArgument("'rollout_id' must be 1.." + std::to_string(kIdBytesMax) +
                                    " bytes of printable UTF-8");
   }
   out.rollout_id = *r;
-  auto w = get_int(*body, "wait_ms", static_cast<std::int64_t>(admit_wait_ms), 0,
-                   static_cast<std::int64_t>(admit_wait_ms));
+  auto w = GetInt(*body, "wait_ms", static_cast<std::int64_t>(admit_wait_ms), 0,
+                  static_cast<std::int64_t>(admit_wait_ms));
   if (!w.ok()) return w.status();
   out.wait_ms = *w;
-  auto l = get_int(*body, "lease_ms", rollout_lease_ms, kRolloutLeaseMsMin, kRolloutLeaseMsMax);
+  auto l = GetInt(*body, "lease_ms", rollout_lease_ms, kRolloutLeaseMsMin, kRolloutLeaseMsMax);
   if (!l.ok()) return l.status();
   out.lease_ms = *l;
   RC_CHECK(out.lease_ms >= kRolloutLeaseMsMin && out.lease_ms <= kRolloutLeaseMsMax);
   return out;
 }
 
-Result<FinishBody> parse_finish_body(const std::string& req_body) {
-  auto body = parse_object(req_body, true);
+Result<FinishBody> ParseFinishBody(const std::string& req_body) {
+  auto body = ParseObject(req_body, true);
   if (!body.ok()) return body.status();
-  RC_RETURN_IF_ERROR(only_fields(*body, {"outcome", "prompt_tokens", "completion_tokens"}, ""));
+  RC_RETURN_IF_ERROR(OnlyFields(*body, {"outcome", "prompt_tokens", "completion_tokens"}, ""));
   FinishBody out;
-  auto o = get_string(*body, "outcome", false);
+  auto o = GetString(*body, "outcome", false);
   if (!o.ok()) return o.status();
   if (*o == "aborted") {
     out.outcome = RolloutOutcome::kAborted;
   } else if (!o->empty() && *o != "completed") {
     return Status::InvalidArgument("'outcome' must be 'completed' or 'aborted'");
   }
-  auto p = get_int(*body, "prompt_tokens", 0, 0, UINT32_MAX);
+  auto p = GetInt(*body, "prompt_tokens", 0, 0, UINT32_MAX);
   if (!p.ok()) return p.status();
-  auto c = get_int(*body, "completion_tokens", 0, 0, UINT32_MAX);
+  auto c = GetInt(*body, "completion_tokens", 0, 0, UINT32_MAX);
   if (!c.ok()) return c.status();
   out.prompt_tokens = *p;
   out.completion_tokens = *c;
@@ -171,9 +171,9 @@ Result<FinishBody> parse_finish_body(const std::string& req_body) {
   return out;
 }
 
-Status parse_lease_body(const std::string& req_body) {
-  auto body = parse_object(req_body, true);
-  return body.ok() ? only_fields(*body, {}, "") : body.status();
+Status ParseLeaseBody(const std::string& req_body) {
+  auto body = ParseObject(req_body, true);
+  return body.ok() ? OnlyFields(*body, {}, "") : body.status();
 }
 
 }  // namespace rc::service

@@ -19,9 +19,9 @@ namespace rc::service {
 Status ValidateSource(const std::string& uri);
 
 // POST /v1/updates: the already-parsed JSON object.
-Result<UpdateRequested> parse_update(const nlohmann::json& body);
-// POST /v1/updates: the raw body (not JSON, not an object, or parse_update's refusal).
-Result<UpdateRequested> parse_update_body(const std::string& body);
+Result<UpdateRequested> ParseUpdate(const nlohmann::json& body);
+// POST /v1/updates: the raw body (not JSON, not an object, or ParseUpdate's refusal).
+Result<UpdateRequested> ParseUpdateBody(const std::string& body);
 
 // POST /v1/rollouts: {"rollout_id"?, "wait_ms"?, "lease_ms"?} ("" allowed: all defaults).
 struct AdmitBody {
@@ -29,8 +29,8 @@ struct AdmitBody {
   std::int64_t wait_ms = 0;
   std::int64_t lease_ms = 0;
 };
-Result<AdmitBody> parse_admit_body(const std::string& body, std::uint64_t admit_wait_ms,
-                                   std::uint32_t rollout_lease_ms);
+Result<AdmitBody> ParseAdmitBody(const std::string& body, std::uint64_t admit_wait_ms,
+                                 std::uint32_t rollout_lease_ms);
 
 // DELETE /v1/rollouts/{id}: {"outcome"?, "prompt_tokens"?, "completion_tokens"?}.
 struct FinishBody {
@@ -38,9 +38,9 @@ struct FinishBody {
   std::int64_t prompt_tokens = 0;
   std::int64_t completion_tokens = 0;
 };
-Result<FinishBody> parse_finish_body(const std::string& body);
+Result<FinishBody> ParseFinishBody(const std::string& body);
 
 // POST /v1/rollouts/{id}/lease: an empty body or {}.
-Status parse_lease_body(const std::string& body);
+Status ParseLeaseBody(const std::string& body);
 
 }  // namespace rc::service

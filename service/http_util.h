@@ -3,7 +3,7 @@
 // Every serialisation here is non-throwing: strings in a reply come from outside (engine bodies
 // cut inside a UTF-8 character, client fields, file paths), and nlohmann's default dump() throws
 // type_error 316 on invalid UTF-8 — inside an event-loop handler or a streaming callback that
-// is a failed request at best. Use dump_safe() for every JSON that holds outside text.
+// is a failed request at best. Use DumpSafe() for every JSON that holds outside text.
 #pragma once
 
 #include <charconv>
@@ -22,37 +22,37 @@ namespace rc::service {
 
 // `j` serialised without ever throwing on its strings: ill-formed UTF-8 becomes U+FFFD
 // (error_handler_t::replace). indent < 0: one line. Only bad_alloc can escape.
-inline std::string dump_safe(const nlohmann::json& j, int indent = -1) {
+inline std::string DumpSafe(const nlohmann::json& j, int indent = -1) {
   return j.dump(indent, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
 }
 
 // {"error": {"message", "type", "code"}} (the OpenAI/vLLM error shape).
-inline std::string error_body(int status, const std::string& type, const std::string& message) {
+inline std::string ErrorBody(int status, const std::string& type, const std::string& message) {
   nlohmann::json j = {{"error", {{"message", message}, {"type", type}, {"code", status}}}};
-  return dump_safe(j);
+  return DumpSafe(j);
 }
 
 inline HttpResponse ErrorResponse(int status, const std::string& type, const std::string& message) {
-  return MakeResponse(status, error_body(status, type, message), "application/json");
+  return MakeResponse(status, ErrorBody(status, type, message), "application/json");
 }
 
 // Sets status and body, keeping the headers already set on `res`.
-inline void send_error(HttpResponse& res, int status, const std::string& type,
-                       const std::string& message) {
-  SetBody(res, status, error_body(status, type, message), "application/json");
+inline void SendError(HttpResponse& res, int status, const std::string& type,
+                      const std::string& message) {
+  SetBody(res, status, ErrorBody(status, type, message), "application/json");
 }
 
-inline void send_json(HttpResponse& res, int status, const nlohmann::json& j) {
-  SetBody(res, status, dump_safe(j), "application/json");
+inline void SendJson(HttpResponse& res, int status, const nlohmann::json& j) {
+  SetBody(res, status, DumpSafe(j), "application/json");
 }
 
-inline void set_header(HttpResponse& res, std::string_view name, std::string_view value) {
+inline void SetHeader(HttpResponse& res, std::string_view name, std::string_view value) {
   res.set(boost::beast::string_view(name.data(), name.size()),
           boost::beast::string_view(value.data(), value.size()));
 }
 
 // Parses a request body as a JSON object ("" allowed when empty_ok: yields {}).
-inline Result<nlohmann::json> parse_object(const std::string& body, bool empty_ok) {
+inline Result<nlohmann::json> ParseObject(const std::string& body, bool empty_ok) {
   if (body.empty() && empty_ok) return nlohmann::json::object();
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument("body is not valid JSON");
@@ -60,8 +60,8 @@ inline Result<nlohmann::json> parse_object(const std::string& body, bool empty_o
   return j;
 }
 
-inline Status only_fields(const nlohmann::json& obj, std::initializer_list<const char*> allowed,
-                          const std::string& where) {
+inline Status OnlyFields(const nlohmann::json& obj, std::initializer_list<const char*> allowed,
+                         const std::string& where) {
   for (const auto& [key, value] : obj.items()) {
     bool ok = false;
     for (const char* a : allowed) ok = ok || key == a;
@@ -70,8 +70,8 @@ inline Status only_fields(const nlohmann::json& obj, std::initializer_list<const
   return Status::OK();
 }
 
-inline Result<std::string> get_string(const nlohmann::json& obj, const char* key, bool required,
-                                      const std::string& where = "") {
+inline Result<std::string> GetString(const nlohmann::json& obj, const char* key, bool required,
+                                     const std::string& where = "") {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) {
     if (required) return Status::InvalidArgument("missing field '" + where + key + "'");
@@ -81,9 +81,9 @@ inline Result<std::string> get_string(const nlohmann::json& obj, const char* key
   return it->get<std::string>();
 }
 
-inline Result<std::int64_t> get_int(const nlohmann::json& obj, const char* key,
-                                    std::int64_t fallback, std::int64_t lo, std::int64_t hi,
-                                    const std::string& where = "") {
+inline Result<std::int64_t> GetInt(const nlohmann::json& obj, const char* key,
+                                   std::int64_t fallback, std::int64_t lo, std::int64_t hi,
+                                   const std::string& where = "") {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return fallback;
   if (!it->is_number_integer()) {
@@ -117,8 +117,8 @@ inline std::optional<std::uint64_t> parse_u64(std::string_view text) {
 
 // Query parameter as an unsigned integer within [lo, hi]; fallback when absent. Anything that is
 // not a decimal integer in range (including one beyond 64 bits) is InvalidArgument (400).
-inline Result<std::uint64_t> query_u64(const ApiRequest& req, const char* key,
-                                       std::uint64_t fallback, std::uint64_t lo, std::uint64_t hi) {
+inline Result<std::uint64_t> QueryU64(const ApiRequest& req, const char* key,
+                                      std::uint64_t fallback, std::uint64_t lo, std::uint64_t hi) {
   const std::optional<std::string> text = req.query(key);
   if (!text) return fallback;
   const std::optional<std::uint64_t> n = parse_u64(*text);
@@ -130,7 +130,7 @@ inline Result<std::uint64_t> query_u64(const ApiRequest& req, const char* key,
   return *n;
 }
 
-inline int http_status_for(const Status& st) {
+inline int HttpStatusFor(const Status& st) {
   switch (st.code()) {
     case Code::kInvalidArgument:
       return 400;
@@ -148,8 +148,8 @@ inline int http_status_for(const Status& st) {
   }
 }
 
-inline void send_status(HttpResponse& res, const Status& st) {
-  send_error(res, http_status_for(st), code_name(st.code()), st.message());
+inline void SendStatus(HttpResponse& res, const Status& st) {
+  SendError(res, HttpStatusFor(st), code_name(st.code()), st.message());
 }
 
 }  // namespace rc::service

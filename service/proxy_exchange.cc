@@ -90,7 +90,7 @@ ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchan
     : svc_(service), route_(route), ex_(std::move(exchange)), deadline_(ex_.executor()) {
   on_chunk_ = [this](const json& chunk) {
     const std::optional<std::string> event =
-        pass_chunk(trace_, chunk, strip_token_ids_, strip_usage_);
+        PassChunk(trace_, chunk, strip_token_ids_, strip_usage_);
     if (event) out_ += *event;  // nullopt: the usage-only chunk the client did not ask for
     return !client_gone_;
   };
@@ -103,7 +103,7 @@ void ProxyExchange::Start() {
   t0_ = Clock::now();
   if (Status bad = Parse(); !bad.ok()) {
     svc_.metrics_.bad_requests++;
-    return ex_.Respond(ErrorResponse(http_status_for(bad), code_name(bad.code()), bad.message()));
+    return ex_.Respond(ErrorResponse(HttpStatusFor(bad), code_name(bad.code()), bad.message()));
   }
   if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
   svc_.AdmitAsync(
@@ -112,7 +112,7 @@ void ProxyExchange::Start() {
 }
 
 Status ProxyExchange::Parse() {
-  Result<json> parsed = parse_object(ex_.request().body(), false);
+  Result<json> parsed = ParseObject(ex_.request().body(), false);
   if (!parsed.ok()) return parsed.status();
   upstream_body_ = std::move(parsed.value());
   RC_RETURN_IF_ERROR(ParseStreamAndSalt(upstream_body_, stream_, client_salt_));
@@ -142,7 +142,7 @@ void ProxyExchange::OnAdmitted(Service::AdmitResult a) {
   if (!a.admitted) {
     HttpResponse res = ErrorResponse(a.refusal.http_status, a.refusal.type, a.refusal.message);
     if (a.refusal.retry_after_s > 0) {
-      set_header(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
+      SetHeader(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
     }
     return ex_.Respond(std::move(res));
   }
@@ -158,8 +158,8 @@ void ProxyExchange::OnAdmitted(Service::AdmitResult a) {
   ex_.WatchClient([self = shared_from_this()] { self->OnClientGone(); });
   if (!stream_) return Connect();
   HttpResponse head = BindingHead(200);
-  set_header(head, "Content-Type", "text/event-stream");
-  set_header(head, "Cache-Control", "no-cache");
+  SetHeader(head, "Content-Type", "text/event-stream");
+  SetHeader(head, "Cache-Control", "no-cache");
   ex_.StartStream(std::move(head), [self = shared_from_this()](bool delivered) {
     self->OnStreamHeadSent(delivered);
   });
@@ -191,7 +191,7 @@ void ProxyExchange::PrepareUpstream() {
     upstream_request_.set(bhttp::field::authorization, "Bearer " + svc_.config_.engine_api_key);
   }
   upstream_request_.keep_alive(true);
-  upstream_request_.body() = dump_safe(up);
+  upstream_request_.body() = DumpSafe(up);
   upstream_request_.prepare_payload();
   RC_CHECK(!cache_salt_.empty() && up.contains("cache_salt"));  // never sent unsalted
 }
@@ -200,14 +200,14 @@ HttpResponse ProxyExchange::BindingHead(int status) const {
   HttpResponse res;
   res.result(static_cast<unsigned>(status));
   const RolloutAdmitted& b = admission_.binding;
-  set_header(res, "X-RolloutCore-Rollout-Id", b.rollout_id);
-  set_header(res, "X-RolloutCore-Version", b.version.label);
-  set_header(res, "X-RolloutCore-Generation", std::to_string(b.version.generation));
-  set_header(res, "X-RolloutCore-Manifest", b.identity.manifest_digest);
-  set_header(res, "X-RolloutCore-Checkpoint", b.identity.checkpoint);
-  set_header(res, "X-RolloutCore-Step", std::to_string(b.identity.step));
-  set_header(res, "X-RolloutCore-Admission-Seq", std::to_string(admission_.seq));
-  set_header(res, "X-RolloutCore-Cache-Salt", cache_salt_);
+  SetHeader(res, "X-RolloutCore-Rollout-Id", b.rollout_id);
+  SetHeader(res, "X-RolloutCore-Version", b.version.label);
+  SetHeader(res, "X-RolloutCore-Generation", std::to_string(b.version.generation));
+  SetHeader(res, "X-RolloutCore-Manifest", b.identity.manifest_digest);
+  SetHeader(res, "X-RolloutCore-Checkpoint", b.identity.checkpoint);
+  SetHeader(res, "X-RolloutCore-Step", std::to_string(b.identity.step));
+  SetHeader(res, "X-RolloutCore-Admission-Seq", std::to_string(admission_.seq));
+  SetHeader(res, "X-RolloutCore-Cache-Salt", cache_salt_);
   return res;
 }
 
@@ -412,7 +412,7 @@ void ProxyExchange::AnswerCompletion() {
          [self = shared_from_this(), doc = std::move(doc)]() mutable {
            StripAdded(doc, self->strip_token_ids_, false);
            HttpResponse res = self->BindingHead(200);
-           send_json(res, 200, doc);
+           SendJson(res, 200, doc);
            self->ex_.Respond(std::move(res));
          });
 }
@@ -426,7 +426,7 @@ void ProxyExchange::AnswerStreamEnd(bool ok, const std::string& why) {
   const std::string reason = "engine stream: " + why;
   Finish(RolloutOutcome::kAborted, reason, [self = shared_from_this(), reason] {
     json err = {{"error", {{"message", reason}, {"type", "upstream"}, {"code", 502}}}};
-    self->ex_.End("data: " + dump_safe(err) + "\n\n" + kDoneEvent);
+    self->ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
   });
 }
 
@@ -446,7 +446,7 @@ void ProxyExchange::AnswerEngineError() {
         {"error", {{"message", why}, {"type", "upstream"}, {"code", static_cast<int>(status)}}}};
     json engine_body = json::parse(self->body_, nullptr, false);
     if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
-    self->ex_.End("data: " + dump_safe(err) + "\n\n" + kDoneEvent);
+    self->ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
   });
 }
 
@@ -475,12 +475,12 @@ void ProxyExchange::UpstreamFailed(Transport transport, std::string why) {
   Finish(RolloutOutcome::kAborted, note, [self = shared_from_this(), transport, why, note] {
     if (!self->stream_) {
       HttpResponse res = self->BindingHead(502);
-      send_error(res, 502, "upstream",
-                 std::string("engine call failed (") + transport_name(transport) + "): " + why);
+      SendError(res, 502, "upstream",
+                std::string("engine call failed (") + transport_name(transport) + "): " + why);
       return self->ex_.Respond(std::move(res));
     }
     json err = {{"error", {{"message", note}, {"type", "upstream"}, {"code", 502}}}};
-    self->ex_.End("data: " + dump_safe(err) + "\n\n" + kDoneEvent);
+    self->ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
   });
 }
 
@@ -686,7 +686,7 @@ bool Service::ProxyAuthorized(Exchange& ex) {
   if (ok) return true;
   metrics_.unauthorized++;
   HttpResponse res = ErrorResponse(401, "unauthorized", "missing or wrong proxy token");
-  set_header(res, "WWW-Authenticate", "Bearer");
+  SetHeader(res, "WWW-Authenticate", "Bearer");
   ex.Respond(std::move(res));
   return false;
 }

@@ -189,8 +189,8 @@ void StripAdded(json& doc, bool strip_token_ids, bool strip_usage) {
   }
 }
 
-std::optional<std::string> pass_chunk(Trajectory& trace, const json& chunk, bool strip_token_ids,
-                                      bool strip_usage) {
+std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk, bool strip_token_ids,
+                                     bool strip_usage) {
   trace.Absorb(chunk);
   if (strip_usage && chunk.is_object() && chunk.contains("usage") &&
       chunk.value("choices", json::array()).empty()) {
@@ -198,7 +198,7 @@ std::optional<std::string> pass_chunk(Trajectory& trace, const json& chunk, bool
   }
   json out = chunk;
   StripAdded(out, strip_token_ids, strip_usage);
-  return "data: " + dump_safe(out) + "\n\n";
+  return "data: " + DumpSafe(out) + "\n\n";
 }
 
 }  // namespace rc::service

@@ -72,7 +72,7 @@ void StripAdded(json& doc, bool strip_token_ids, bool strip_usage);
 
 // One streamed engine chunk: absorbed into the trace, then the SSE event the client receives
 // ("data: <json>\n\n"), or nullopt for the usage-only chunk the client did not ask for.
-std::optional<std::string> pass_chunk(Trajectory& trace, const json& chunk, bool strip_token_ids,
-                                      bool strip_usage);
+std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk, bool strip_token_ids,
+                                     bool strip_usage);
 
 }  // namespace rc::service

@@ -218,16 +218,16 @@ void LogEngineWait(const ServeConfig& config, Clock::time_point start, const std
   spdlog::info(
       "serve: waiting for the engine at {} to answer GET /version ({} s so far, "
       "up to {} s): {}",
-      esc(config.engine_url), effects::elapsed_us(start) / 1000000,
-      config.engine_startup_timeout_ms / 1000, esc(last));
+      Esc(config.engine_url), effects::elapsed_us(start) / 1000000,
+      config.engine_startup_timeout_ms / 1000, Esc(last));
 }
 
 Status EngineVersionTimeout(const ServeConfig& config, const std::string& last) {
-  return Status::Unavailable("engine " + esc(config.engine_url) +
+  return Status::Unavailable("engine " + Esc(config.engine_url) +
                              " did not answer GET /version "
                              "within engine_startup_timeout_ms " +
                              std::to_string(config.engine_startup_timeout_ms) + " ms (last: " +
-                             esc(last) + "); is it running and reachable from this host?");
+                             Esc(last) + "); is it running and reachable from this host?");
 }
 
 // The version string of a GET /version answer, or nullopt.
@@ -249,7 +249,7 @@ EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const Serv
     const effects::HttpReply v = client.Version();
     if (std::optional<std::string> version = VersionOf(v)) {
       spdlog::info("serve: engine {} answers GET /version: '{}' (after {} ms, {} attempt(s))",
-                   esc(config.engine_url), esc(*version), effects::elapsed_us(start) / 1000,
+                   Esc(config.engine_url), Esc(*version), effects::elapsed_us(start) / 1000,
                    attempt);
       return {Status::OK(), *version};
     }
@@ -364,7 +364,7 @@ void Service::FailStop(const std::string& why) {
   spdlog::critical(
       "serve: FAIL-STOP: {}; refusing admissions and updates, stopping effects; "
       "the process must exit and restart to recover from what is durable ({})",
-      esc(failure()), replay_hint(config_.journal_path));
+      Esc(failure()), ReplayHint(config_.journal_path));
   failed_cv_.notify_all();
   lifecycle_cv_.notify_all();
   bg_cv_.notify_all();  // the monitor and lease threads stop at their next look
@@ -519,7 +519,7 @@ Result<Service::TransferInit> Service::MakeHttpTransfer() {
   const effects::EngineProtocol protocol = effects::detect_protocol(engine_version_);
   if (protocol.line == effects::ProtocolLine::kUnknown) {
     return Status::Unavailable("engine " + config_.engine_url + " reports version '" +
-                               esc(engine_version_) +
+                               Esc(engine_version_) +
                                "', which no protocol line of this build speaks");
   }
   transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol,
@@ -541,7 +541,7 @@ void Service::MakeRunner() {
   runner_ = std::make_unique<effects::Runner>(*journal_, *http_control_, *transfer_,
                                               effects::system_clock(), ro);
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
-    if (!is_decision(e)) return;
+    if (!IsDecision(e)) return;
     LogDecision(seq, e);
     NotifyLifecycle(seq);
   });
@@ -555,20 +555,20 @@ void Service::LogDecision(std::uint64_t seq, const Event& e) const {
       spdlog::error(
           "serve: seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted until an "
           "operator intervenes; {}",
-          seq, lifecycle_name(c->from), cause_name(c->cause), esc(c->detail),
-          replay_hint(config_.journal_path));
+          seq, lifecycle_name(c->from), cause_name(c->cause), Esc(c->detail),
+          ReplayHint(config_.journal_path));
     } else {
       spdlog::info("serve: seq {}: {} -> {} ({}): {}", seq, lifecycle_name(c->from),
-                   lifecycle_name(c->to), cause_name(c->cause), esc(c->detail));
+                   lifecycle_name(c->to), cause_name(c->cause), Esc(c->detail));
     }
   } else if (const auto* u = std::get_if<UpdateEnded>(&e)) {
     if (u->outcome == UpdateOutcome::kCommitted) {
-      spdlog::info("serve: seq {}: update '{}' committed: {}", seq, esc(u->update_id),
-                   esc(u->reason));
+      spdlog::info("serve: seq {}: update '{}' committed: {}", seq, Esc(u->update_id),
+                   Esc(u->reason));
     } else {
-      spdlog::warn("serve: seq {}: update '{}' {}: {}; {}", seq, esc(u->update_id),
-                   update_outcome_name(u->outcome), esc(u->reason),
-                   replay_hint(config_.journal_path));
+      spdlog::warn("serve: seq {}: update '{}' {}: {}; {}", seq, Esc(u->update_id),
+                   update_outcome_name(u->outcome), Esc(u->reason),
+                   ReplayHint(config_.journal_path));
     }
   }
 }
@@ -583,9 +583,9 @@ Status Service::RecoverJournal() {
     lifecycle = st.lifecycle;
     update = st.update;
   });
-  spdlog::info("serve: journal {} opened at seq {}: {}{}", esc(config_.journal_path),
+  spdlog::info("serve: journal {} opened at seq {}: {}{}", Esc(config_.journal_path),
                journal_->head_seq(), lifecycle_name(lifecycle),
-               update ? " (update '" + esc(update->update_id) + "' interrupted)" : "");
+               update ? " (update '" + Esc(update->update_id) + "' interrupted)" : "");
   if (update) {
     interrupted_update_ = update;
     Status begun = runner_->BeginRecovery();
@@ -604,9 +604,9 @@ Status Service::BootstrapIfUninitialized() {
   bo.adopt = config_.adopt_engine;
   bo.require_digest = config_.require_weight_digest;
   bo.startup_timeout_ms = config_.engine_startup_timeout_ms;
-  bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", esc(line)); };
-  spdlog::info("serve: bootstrapping engine {} as '{}'{}", esc(config_.engine_url),
-               esc(config_.initial_label), config_.adopt_engine ? " (adopt)" : "");
+  bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", Esc(line)); };
+  spdlog::info("serve: bootstrapping engine {} as '{}'{}", Esc(config_.engine_url),
+               Esc(config_.initial_label), config_.adopt_engine ? " (adopt)" : "");
   Status booted = runner_->Bootstrap(config_.initial_label, *id, bo);
   return booted.ok() ? booted : BootstrapFailed(booted);
 }
@@ -623,8 +623,8 @@ Result<WeightIdentity> Service::BootstrapIdentity() {
   PreflightObserved p =
       transfer_->Preflight(effects::TransferTarget{"bootstrap", {}, {}, config_.initial_source});
   if (p.source_manifest_digest.empty()) {
-    return Status::InvalidArgument("initial_source '" + esc(config_.initial_source) +
-                                   "': no manifest (" + esc(p.detail) + ")");
+    return Status::InvalidArgument("initial_source '" + Esc(config_.initial_source) +
+                                   "': no manifest (" + Esc(p.detail) + ")");
   }
   id.manifest_digest = p.source_manifest_digest;
   return id;
@@ -660,8 +660,8 @@ void Service::SeedDurableView() {
     spdlog::info(
         "serve: journal {} at seq {}, state {}, committed '{}' (generation {}), {} "
         "leased rollout(s) kept",
-        esc(config_.journal_path), journal_->head_seq(), lifecycle_name(s.lifecycle),
-        esc(s.committed.label), s.committed.generation, s.active.size());
+        Esc(config_.journal_path), journal_->head_seq(), lifecycle_name(s.lifecycle),
+        Esc(s.committed.label), s.committed.generation, s.active.size());
   }
 }
 
@@ -680,24 +680,24 @@ void Service::RenewSurvivingLeases(const State& s) {
 void Service::LogRecovery(const journal::Recovery& r) const {
   if (!r.torn_tail.empty()) {
     spdlog::warn("serve: journal {}: {} (unacknowledged writes of the crashed process)",
-                 esc(config_.journal_path), esc(r.torn_tail));
+                 Esc(config_.journal_path), Esc(r.torn_tail));
   } else if (!r.clean_close && r.head_seq > 0) {
     spdlog::info("serve: journal {} was not closed cleanly; recovering from seq {}",
-                 esc(config_.journal_path), r.head_seq);
+                 Esc(config_.journal_path), r.head_seq);
   }
 }
 
 void Service::LogTaint(const std::optional<TaintRecord>& taint, const char* context) const {
   if (!taint) {
     spdlog::error("serve: {}: TAINTED without a taint record; {}", context,
-                  replay_hint(config_.journal_path));
+                  ReplayHint(config_.journal_path));
     return;
   }
   spdlog::error(
       "serve: {}: engine is TAINTED since {} of update '{}' ({}): {}; no rollouts are "
       "admitted and /readyz answers 503; {}",
-      context, lifecycle_name(taint->from), esc(taint->update_id), cause_name(taint->cause),
-      esc(taint->detail), replay_hint(config_.journal_path));
+      context, lifecycle_name(taint->from), Esc(taint->update_id), cause_name(taint->cause),
+      Esc(taint->detail), ReplayHint(config_.journal_path));
 }
 
 // The engine monitor: while READY, probes the engine every engine_monitor_interval_ms and
@@ -795,7 +795,7 @@ bool Service::JournalEngineChange(const EngineMonitored& m, std::int64_t now_wal
   auto submitted = journal_->Submit(m, now_wall_ms);
   if (!submitted.ok()) {
     const Status& st = submitted.status();
-    if (!is_journal_failure(st)) return true;
+    if (!IsJournalFailure(st)) return true;
     FailStop("the engine monitor's record was refused: " + st.ToString());
     return false;
   }
@@ -815,15 +815,15 @@ void Service::LogEngineChange(const EngineMonitored& m, const journal::Journal::
   std::uint64_t seq = s.ticket.result.first_seq;
   spdlog::log(ok ? spdlog::level::warn : spdlog::level::err,
               "serve: seq {}: engine monitor: {} (label '{}', instance '{}', paused {})", seq,
-              ok ? "engine answers" : "engine unreachable: " + esc(m.http.error),
-              esc(m.reported_label), esc(m.engine_instance),
+              ok ? "engine answers" : "engine unreachable: " + Esc(m.http.error),
+              Esc(m.reported_label), Esc(m.engine_instance),
               m.is_paused_known ? (m.is_paused ? "yes" : "no") : "unknown");
   for (const Event& d : s.decisions) {
     ++seq;
     if (const auto* c = std::get_if<StateChanged>(&d)) {
       spdlog::error("serve: seq {}: {} -> {} ({}): {}; {}", seq, lifecycle_name(c->from),
-                    lifecycle_name(c->to), cause_name(c->cause), esc(c->detail),
-                    replay_hint(config_.journal_path));
+                    lifecycle_name(c->to), cause_name(c->cause), Esc(c->detail),
+                    ReplayHint(config_.journal_path));
     }
   }
   RC_CHECK(seq == s.ticket.result.last_seq);  // the group is the record and its decisions
@@ -965,7 +965,7 @@ Status Service::FinishInterruptedUpdate() {
   spdlog::info(
       "serve: going on with the interrupted update '{}' now that clients can reach "
       "the executor",
-      esc(before.update_id));
+      Esc(before.update_id));
   if (Status driven = runner_->Drive(); !driven.ok()) {
     FailStop("recovery of the interrupted update failed: " + driven.ToString());
     return RecoveryFailed(driven);
@@ -989,12 +989,12 @@ void Service::LogInterruptedUpdateEnd(const UpdatePlan& update) const {
         "serve: this restart COMPLETED the interrupted update '{}': the engine now "
         "serves '{}' (generation {}); a trainer that was told otherwise should re-POST "
         "it to read the recorded outcome; {}",
-        esc(update.update_id), esc(committed.label), committed.generation,
-        replay_hint(config_.journal_path));
+        Esc(update.update_id), Esc(committed.label), committed.generation,
+        ReplayHint(config_.journal_path));
   } else {
     spdlog::warn("serve: this restart ended the interrupted update '{}' in {}; {}",
-                 esc(update.update_id), lifecycle_name(lifecycle),
-                 replay_hint(config_.journal_path));
+                 Esc(update.update_id), lifecycle_name(lifecycle),
+                 ReplayHint(config_.journal_path));
   }
   if (lifecycle == Lifecycle::kTainted) LogTaint(taint, "after recovery");
 }
@@ -1070,15 +1070,15 @@ bool Service::Authorized(const ApiRequest& req, HttpResponse& res) {
   const std::string prefix = "Bearer ";
   if (h.rfind(prefix, 0) != 0) {
     metrics_.unauthorized++;
-    set_header(res, "WWW-Authenticate", "Bearer");
-    send_error(res, 401, "unauthorized", "missing 'Authorization: Bearer <token>'");
+    SetHeader(res, "WWW-Authenticate", "Bearer");
+    SendError(res, 401, "unauthorized", "missing 'Authorization: Bearer <token>'");
     return false;
   }
   const std::string given = h.substr(prefix.size());
   if (given.size() != config_.auth_token.size() ||
       CRYPTO_memcmp(given.data(), config_.auth_token.data(), given.size()) != 0) {
     metrics_.unauthorized++;
-    send_error(res, 403, "forbidden", "wrong token");
+    SendError(res, 403, "forbidden", "wrong token");
     return false;
   }
   return true;

@@ -170,7 +170,7 @@ class Service {
   // Whether rollouts can be served safely now, and if not why ("" = ready).
   std::string NotReadyReason() const;
   // The durable head, folded up to date (for tests and acknowledgements).
-  DurableHead durable_head();
+  DurableHead CatchUpDurableHead();
 
   nlohmann::json StateSummary();  // the durable view
   std::string RenderMetrics() const;
@@ -259,6 +259,7 @@ class Service {
   void HandleEvents(const ApiRequest& req, HttpResponse& res);
   void HandleManifest(const ApiRequest& req, HttpResponse& res);
   void HandleMetrics(const ApiRequest& req, HttpResponse& res);
+  std::uint32_t ActiveLeaseMs(const std::string& id);
   void HandleLease(const ApiRequest& req, HttpResponse& res);
   void HandleReadyz(const ApiRequest& req, HttpResponse& res);
   void HandleHealthz(const ApiRequest& req, HttpResponse& res);

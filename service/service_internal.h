@@ -17,22 +17,22 @@ namespace rc::service::internal {
 
 inline std::int64_t wall_ms() { return effects::wall_now_ms(); }
 
-inline bool is_decision(const Event& e) { return family_of(e) == Family::kDecision; }
+inline bool IsDecision(const Event& e) { return family_of(e) == Family::kDecision; }
 
 // Outside text (engine bodies, client ids, journal details) as one log line.
-inline std::string esc(const std::string& s) { return rc::text::escape_line(s); }
+inline std::string Esc(const std::string& s) { return rc::text::escape_line(s); }
 
-inline std::string replay_hint(const std::string& journal_path) {
-  return "explain it with: rolloutcore replay " + esc(journal_path);
+inline std::string ReplayHint(const std::string& journal_path) {
+  return "explain it with: rolloutcore replay " + Esc(journal_path);
 }
 
 // Journal errors after which nothing more may be decided or acknowledged.
-inline bool is_journal_failure(const Status& st) {
+inline bool IsJournalFailure(const Status& st) {
   return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
          st.code() == Code::kInternal || st.code() == Code::kTimeout;
 }
 
-inline nlohmann::json timings_json(const effects::PhaseTimings& t) {
+inline nlohmann::json TimingsJson(const effects::PhaseTimings& t) {
   return {{"drain_us", t.drain_us},       {"preflight_us", t.preflight_us},
           {"transfer_us", t.transfer_us}, {"invalidate_us", t.invalidate_us},
           {"validate_us", t.validate_us}, {"resume_us", t.resume_us},

@@ -38,7 +38,7 @@ Service::DurableView Service::CatchUpDurable(bool copy_state) {
                                   applied.ToString());
       }
       durable_.head = DurableHead{r.seq, r.hash};
-      if (is_decision(r.event)) durable_.decision_seq = r.seq;
+      if (IsDecision(r.event)) durable_.decision_seq = r.seq;
       return Status::OK();
     });
     if (!st.ok() && st.code() != Code::kInvalidArgument) {
@@ -52,15 +52,15 @@ Service::DurableView Service::CatchUpDurable(bool copy_state) {
   return out;
 }
 
-DurableHead Service::durable_head() { return CatchUpDurable(false).head; }
+DurableHead Service::CatchUpDurableHead() { return CatchUpDurable(false).head; }
 
 void Service::SetHeadHeader(HttpResponse& res, const DurableHead& head) {
-  set_header(res, "X-RolloutCore-Head", head.ToString());
+  SetHeader(res, "X-RolloutCore-Head", head.ToString());
 }
 
 namespace {
 
-json summary_json(const State& s, const DurableHead& head) {
+json SummaryJson(const State& s, const DurableHead& head) {
   json j;
   j["lifecycle"] = lifecycle_name(s.lifecycle);
   j["committed"] = journal::WeightVersionToJson(s.committed);
@@ -102,7 +102,7 @@ json summary_json(const State& s, const DurableHead& head) {
 
 json Service::StateSummary() {
   const DurableView v = CatchUpDurable(true);
-  return summary_json(v.state, v.head);
+  return SummaryJson(v.state, v.head);
 }
 
 void Service::HandleState(const ApiRequest& req, HttpResponse& res) {
@@ -112,20 +112,20 @@ void Service::HandleState(const ApiRequest& req, HttpResponse& res) {
     json j = journal::StateToJson(v.state);
     j["head_seq"] = v.head.seq;
     j["head"] = v.head.ToString();
-    send_json(res, 200, j);
+    SendJson(res, 200, j);
     return;
   }
-  send_json(res, 200, summary_json(v.state, v.head));
+  SendJson(res, 200, SummaryJson(v.state, v.head));
 }
 
 void Service::HandleVersion(const ApiRequest&, HttpResponse& res) {
   const DurableView v = CatchUpDurable(true);
   SetHeadHeader(res, v.head);
-  send_json(res, 200,
-            {{"lifecycle", lifecycle_name(v.state.lifecycle)},
-             {"version", journal::WeightVersionToJson(v.state.committed)},
-             {"identity", journal::WeightIdentityToJson(v.state.committed_identity)},
-             {"head_seq", v.head.seq}});
+  SendJson(res, 200,
+           {{"lifecycle", lifecycle_name(v.state.lifecycle)},
+            {"version", journal::WeightVersionToJson(v.state.committed)},
+            {"identity", journal::WeightIdentityToJson(v.state.committed_identity)},
+            {"head_seq", v.head.seq}});
 }
 
 std::optional<Service::EndedUpdate> Service::FindEndedUpdate(const std::string& update_id) {
@@ -174,7 +174,7 @@ Result<UpdateLookup> LookUpUpdate(journal::Journal& j, const std::string& update
   return out;
 }
 
-int update_status(UpdateOutcome o) {
+int UpdateStatus(UpdateOutcome o) {
   switch (o) {
     case UpdateOutcome::kCommitted:
       return 200;
@@ -195,15 +195,15 @@ void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& reques
   out["update_id"] = request.update_id;
   out["outcome"] = update_outcome_name(ended.outcome);
   out["reason"] = ended.reason;
-  out["state"] = summary_json(v.state, v.head);
+  out["state"] = SummaryJson(v.state, v.head);
   out["head"] = v.head.ToString();
   out["replayed"] = replayed;
   if (!replayed) {
     std::lock_guard<std::mutex> g(update_id_mu_);
-    out["timings"] = timings_json(last_timings_);
+    out["timings"] = TimingsJson(last_timings_);
   }
   SetHeadHeader(res, v.head);
-  send_json(res, update_status(ended.outcome), out);
+  SendJson(res, UpdateStatus(ended.outcome), out);
 }
 
 std::uint64_t Service::UpdatesRequested() const {
@@ -216,16 +216,16 @@ bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse
   Result<std::string> digest = effects::nccl::SourceManifestDigest(request.source_uri);
   if (!digest.ok()) {
     metrics_.bad_requests++;
-    send_error(res, 400, "invalid_source", "'source': " + digest.status().message());
+    SendError(res, 400, "invalid_source", "'source': " + digest.status().message());
     return false;
   }
   if (*digest != request.identity.manifest_digest) {
     metrics_.bad_requests++;
-    send_error(res, 422, "manifest_mismatch",
-               "the source's manifest " + digest->substr(0, 16) +
-                   " is not the declared identity.manifest_digest " +
-                   request.identity.manifest_digest.substr(0, 16) +
-                   " (nothing was journaled; the engine was not touched)");
+    SendError(res, 422, "manifest_mismatch",
+              "the source's manifest " + digest->substr(0, 16) +
+                  " is not the declared identity.manifest_digest " +
+                  request.identity.manifest_digest.substr(0, 16) +
+                  " (nothing was journaled; the engine was not touched)");
     return false;
   }
   return true;
@@ -233,10 +233,10 @@ bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse
 
 void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  Result<UpdateRequested> request = parse_update_body(req.body());
+  Result<UpdateRequested> request = ParseUpdateBody(req.body());
   if (!request.ok()) {
     metrics_.bad_requests++;
-    send_status(res, request.status());
+    SendStatus(res, request.status());
     return;
   }
   if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
@@ -244,15 +244,15 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
   if (!SourceMatchesIdentity(*request, res)) return;
   if (shutting_down_.load()) {
-    send_error(res, 503, "shutting_down", "the executor is shutting down");
+    SendError(res, 503, "shutting_down", "the executor is shutting down");
     return;
   }
   std::unique_lock<std::timed_mutex> lock(update_mu_, std::try_to_lock);
   if (!lock.owns_lock()) {
     metrics_.updates_conflict++;
     std::lock_guard<std::mutex> g(update_id_mu_);
-    send_error(res, 409, "conflict",
-               "update '" + running_update_id_ + "' is running; one update at a time");
+    SendError(res, 409, "conflict",
+              "update '" + running_update_id_ + "' is running; one update at a time");
     return;
   }
   // It may have ended while we waited for the lock.
@@ -263,7 +263,7 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
 // After a fail-stop nothing more is decided: 503.
 bool Service::RefusedFailStopped(HttpResponse& res) {
   if (!failed()) return false;
-  send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+  SendError(res, 503, "failed", "the executor has fail-stopped: " + failure());
   return true;
 }
 
@@ -281,15 +281,15 @@ void Service::ReplayEndedUpdate(const UpdateRequested& request, const EndedUpdat
   RC_CHECK(e.request.update_id == request.update_id && e.ended.update_id == request.update_id);
   if (!(e.request == request)) {
     metrics_.updates_conflict++;
-    send_error(res, 409, "conflict",
-               "update_id '" + request.update_id +
-                   "' was already used for another request (different body); choose a new "
-                   "update_id");
+    SendError(res, 409, "conflict",
+              "update_id '" + request.update_id +
+                  "' was already used for another request (different body); choose a new "
+                  "update_id");
     return;
   }
   metrics_.updates_replayed++;
   spdlog::info("serve: update '{}' re-POSTed: answering its recorded outcome ({})",
-               esc(request.update_id), update_outcome_name(e.ended.outcome));
+               Esc(request.update_id), update_outcome_name(e.ended.outcome));
   SendUpdateOutcome(res, e.request, e.ended, /*replayed=*/true);
 }
 
@@ -300,8 +300,8 @@ void Service::RunUpdate(const UpdateRequested& request, HttpResponse& res) {
     running_update_id_ = request.update_id;
   }
   spdlog::info("serve: update '{}' requested: target '{}', manifest {}, source {}",
-               esc(request.update_id), esc(request.target_label),
-               esc(request.identity.manifest_digest), esc(request.source_uri));
+               Esc(request.update_id), Esc(request.target_label),
+               Esc(request.identity.manifest_digest), Esc(request.source_uri));
   const std::uint64_t requested_before = UpdatesRequested();
   Result<UpdateEnded> ended = runner_->Update(request);
   {
@@ -345,12 +345,12 @@ bool Service::AnsweredUnjournaledUpdate(const UpdateRequested& request, const St
       st.code() == Code::kInvalidArgument) {
     metrics_.updates_conflict++;
     spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
-                 esc(request.update_id), esc(st.ToString()));
-    send_status(res, st);
+                 Esc(request.update_id), Esc(st.ToString()));
+    SendStatus(res, st);
     return true;
   }
-  if (is_journal_failure(st)) return false;
-  auto found = LookUpUpdate(*journal_, request.update_id, durable_head().seq);
+  if (IsJournalFailure(st)) return false;
+  auto found = LookUpUpdate(*journal_, request.update_id, CatchUpDurableHead().seq);
   if (!found.ok() || !found->request || !found->ended) return false;
   RememberEndedUpdate(*found->request, *found->ended);
   ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);
@@ -365,20 +365,20 @@ void Service::AnswerUpdateOutcomeUnknown(const UpdateRequested& request, const S
   RC_CHECK(!st.ok());
   metrics_.updates_outcome_unknown++;
   FailStop("update '" + request.update_id + "' did not reach a recorded outcome: " + st.ToString());
-  set_header(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
-  send_error(res, 503, "outcome_unknown",
-             "the outcome of update '" + request.update_id + "' is unknown (" + st.ToString() +
-                 "); the executor fail-stopped and recovers on restart: re-POST the same "
-                 "update_id then to read the recorded outcome");
+  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  SendError(res, 503, "outcome_unknown",
+            "the outcome of update '" + request.update_id + "' is unknown (" + st.ToString() +
+                "); the executor fail-stopped and recovers on restart: re-POST the same "
+                "update_id then to read the recorded outcome");
 }
 
 void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
   Result<AdmitBody> parsed =
-      parse_admit_body(req.body(), config_.admit_wait_ms, config_.rollout_lease_ms);
+      ParseAdmitBody(req.body(), config_.admit_wait_ms, config_.rollout_lease_ms);
   if (!parsed.ok()) {
     metrics_.bad_requests++;
-    send_status(res, parsed.status());
+    SendStatus(res, parsed.status());
     return;
   }
   std::string id = parsed->rollout_id;
@@ -389,9 +389,9 @@ void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
       Admit(id, static_cast<std::uint64_t>(wait_ms), static_cast<std::uint32_t>(lease_ms));
   if (!a.admitted) {
     if (a.refusal.retry_after_s > 0) {
-      set_header(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
+      SetHeader(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
     }
-    send_error(res, a.refusal.http_status, a.refusal.type, a.refusal.message);
+    SendError(res, a.refusal.http_status, a.refusal.type, a.refusal.message);
     return;
   }
   {
@@ -402,57 +402,60 @@ void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
   const DurableHead& head = a.admitted->head;
   RC_CHECK(head.seq >= a.admitted->seq);  // the admission's own group
   SetHeadHeader(res, head);
-  send_json(res, 201,
-            {{"rollout_id", b.rollout_id},
-             {"admission_seq", a.admitted->seq},
-             {"version", journal::WeightVersionToJson(b.version)},
-             {"identity", journal::WeightIdentityToJson(b.identity)},
-             {"cache_salt", DeriveCacheSalt(b, "")},
-             {"lease_ms", lease_ms},
-             {"head", head.ToString()}});
+  SendJson(res, 201,
+           {{"rollout_id", b.rollout_id},
+            {"admission_seq", a.admitted->seq},
+            {"version", journal::WeightVersionToJson(b.version)},
+            {"identity", journal::WeightIdentityToJson(b.identity)},
+            {"cache_salt", DeriveCacheSalt(b, "")},
+            {"lease_ms", lease_ms},
+            {"head", head.ToString()}});
+}
+
+// The lease of an active rollout (0: not active, or proxied). The admission view may be older
+// than the admission, so a miss there is looked up in the journal's own state, without a copy.
+std::uint32_t Service::ActiveLeaseMs(const std::string& id) {
+  const std::shared_ptr<const State> view = AdmitView(false);
+  auto it = view->active.find(id);
+  if (it != view->active.end()) return it->second.lease_ms;
+  std::uint32_t lease_ms = 0;
+  journal_->ReadState([&](const State& s) {
+    auto f = s.active.find(id);
+    if (f != s.active.end()) lease_ms = f->second.lease_ms;
+  });
+  return lease_ms;
 }
 
 void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
   const std::string id = req.captures.at(0);
-  Status st = parse_lease_body(req.body());
+  Status st = ParseLeaseBody(req.body());
   if (!st.ok()) {
     metrics_.bad_requests++;
-    send_status(res, st);
+    SendStatus(res, st);
     return;
   }
   if (failed()) {
-    send_error(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    SendError(res, 503, "failed", "the executor has fail-stopped: " + failure());
     return;
   }
-  std::uint32_t lease_ms = 0;
-  {
-    const State s = *AdmitView(false);
-    auto it = s.active.find(id);
-    if (it != s.active.end()) lease_ms = it->second.lease_ms;
-    if (it == s.active.end()) {
-      // The view may be older than the admission: look at the journal's own state.
-      const State fresh = journal_->state();
-      auto f = fresh.active.find(id);
-      if (f != fresh.active.end()) lease_ms = f->second.lease_ms;
-    }
-  }
+  const std::uint32_t lease_ms = ActiveLeaseMs(id);
   std::lock_guard<std::mutex> g(lease_mu_);
   auto it = lease_deadline_ms_.find(id);
   if (it == lease_deadline_ms_.end() || lease_ms == 0) {
     if (lease_ms == 0 && it == lease_deadline_ms_.end()) {
-      send_error(res, 404, "not_found",
-                 "rollout '" + id +
-                     "' holds no lease (not active, finished, expired, or a "
-                     "proxied rollout)");
+      SendError(res, 404, "not_found",
+                "rollout '" + id +
+                    "' holds no lease (not active, finished, expired, or a "
+                    "proxied rollout)");
     } else {
-      send_error(res, 404, "not_found", "the lease of rollout '" + id + "' has lapsed");
+      SendError(res, 404, "not_found", "the lease of rollout '" + id + "' has lapsed");
     }
     return;
   }
   it->second = effects::system_clock().now_ms() + lease_ms;
   metrics_.leases_renewed++;
-  send_json(res, 200, {{"rollout_id", id}, {"lease_ms", lease_ms}});
+  SendJson(res, 200, {{"rollout_id", id}, {"lease_ms", lease_ms}});
 }
 
 void Service::LeaseLoop() {
@@ -482,10 +485,10 @@ void Service::LeaseLoop() {
         spdlog::warn(
             "serve: the lease of rollout {} lapsed (its client stopped renewing): "
             "recorded expired",
-            esc(id));
+            Esc(id));
       } else if (st.code() != Code::kNotFound) {
-        spdlog::error("serve: recording the lapsed lease of rollout {} failed: {}", esc(id),
-                      esc(st.ToString()));
+        spdlog::error("serve: recording the lapsed lease of rollout {} failed: {}", Esc(id),
+                      Esc(st.ToString()));
       }
     }
   }
@@ -494,10 +497,10 @@ void Service::LeaseLoop() {
 void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
   const std::string id = req.captures.at(0);
-  Result<FinishBody> parsed = parse_finish_body(req.body());
+  Result<FinishBody> parsed = ParseFinishBody(req.body());
   if (!parsed.ok()) {
     metrics_.bad_requests++;
-    send_status(res, parsed.status());
+    SendStatus(res, parsed.status());
     return;
   }
   const RolloutOutcome outcome = parsed->outcome;
@@ -506,25 +509,25 @@ void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
       FinishDurably(id, outcome, static_cast<std::uint32_t>(pt), static_cast<std::uint32_t>(ct));
   if (!done.ok()) {
     if (done.code() == Code::kUnavailable) {
-      send_error(res, 503, "failed", done.message());
+      SendError(res, 503, "failed", done.message());
     } else {
-      send_status(res, done);
+      SendStatus(res, done);
     }
     return;
   }
-  const DurableHead head = durable_head();
+  const DurableHead head = CatchUpDurableHead();
   SetHeadHeader(res, head);
-  send_json(res, 200,
-            {{"rollout_id", id}, {"outcome", outcome_name(outcome)}, {"head", head.ToString()}});
+  SendJson(res, 200,
+           {{"rollout_id", id}, {"outcome", outcome_name(outcome)}, {"head", head.ToString()}});
 }
 
 void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
-  auto after = query_u64(req, "after", 0, 0, UINT64_MAX);
+  auto after = QueryU64(req, "after", 0, 0, UINT64_MAX);
   auto timeout =
-      query_u64(req, "timeout_ms", config_.watch_timeout_ms_max, 0, config_.watch_timeout_ms_max);
+      QueryU64(req, "timeout_ms", config_.watch_timeout_ms_max, 0, config_.watch_timeout_ms_max);
   if (!after.ok() || !timeout.ok()) {
     metrics_.bad_requests++;
-    send_status(res, after.ok() ? timeout.status() : after.status());
+    SendStatus(res, after.ok() ? timeout.status() : after.status());
     return;
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(*timeout);
@@ -544,23 +547,23 @@ void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
     }
   }
   const DurableView v = CatchUpDurable(true);
-  json j = summary_json(v.state, v.head);
+  json j = SummaryJson(v.state, v.head);
   j["seq"] = v.decision_seq;
   j["changed"] = v.decision_seq > *after;
   SetHeadHeader(res, v.head);
-  send_json(res, 200, j);
+  SendJson(res, 200, j);
 }
 
 void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
-  auto since = query_u64(req, "since", 0, 0, UINT64_MAX - 1);
-  auto limit = query_u64(req, "limit", config_.events_page_max, 1, config_.events_page_max);
+  auto since = QueryU64(req, "since", 0, 0, UINT64_MAX - 1);
+  auto limit = QueryU64(req, "limit", config_.events_page_max, 1, config_.events_page_max);
   if (!since.ok() || !limit.ok()) {
     metrics_.bad_requests++;
-    send_status(res, since.ok() ? limit.status() : since.status());
+    SendStatus(res, since.ok() ? limit.status() : since.status());
     return;
   }
   // Only durable records: the durable head, never what is merely enqueued.
-  const DurableHead head = durable_head();
+  const DurableHead head = CatchUpDurableHead();
   json records = json::array();
   std::uint64_t next = *since;
   if (*since < head.seq) {
@@ -571,16 +574,16 @@ void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
       return Status::OK();
     });
     if (!st.ok()) {
-      send_status(res, st);
+      SendStatus(res, st);
       return;
     }
   }
   SetHeadHeader(res, head);
-  send_json(res, 200,
-            {{"records", records},
-             {"next_since", next},
-             {"head_seq", head.seq},
-             {"head", head.ToString()}});
+  SendJson(res, 200,
+           {{"records", records},
+            {"next_since", next},
+            {"head_seq", head.seq},
+            {"head", head.ToString()}});
 }
 
 void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {
@@ -590,30 +593,30 @@ void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {
   Status valid = ValidateSource(source);
   if (!valid.ok()) {
     metrics_.bad_requests++;
-    send_status(res, valid);
+    SendStatus(res, valid);
     return;
   }
   // A preflight sends nothing to the engine; here it only computes the source's manifest.
   PreflightObserved p = transfer_->Preflight(effects::TransferTarget{"manifest", {}, {}, source});
   if (p.source_manifest_digest.empty()) {
-    spdlog::warn("serve: /v1/manifest: no manifest for {}: {}", esc(source), esc(p.detail));
-    send_error(res, 400, "invalid",
-               "no manifest for this source: it is missing, unreadable, busy or not a valid "
-               "source of its kind (details in the executor's log)");
+    spdlog::warn("serve: /v1/manifest: no manifest for {}: {}", Esc(source), Esc(p.detail));
+    SendError(res, 400, "invalid",
+              "no manifest for this source: it is missing, unreadable, busy or not a valid "
+              "source of its kind (details in the executor's log)");
     return;
   }
-  send_json(res, 200, {{"source", source}, {"manifest_digest", p.source_manifest_digest}});
+  SendJson(res, 200, {{"source", source}, {"manifest_digest", p.source_manifest_digest}});
 }
 
 void Service::HandleHealthz(const ApiRequest&, HttpResponse& res) {
   // Liveness: the process serves. After a fail-stop it must be restarted: 503.
   if (failed()) {
-    send_json(res, 503, {{"ok", false}, {"reason", "fail-stopped: " + failure()}});
+    SendJson(res, 503, {{"ok", false}, {"reason", "fail-stopped: " + failure()}});
     return;
   }
   Lifecycle lifecycle = Lifecycle::kUninitialized;
   journal_->ReadState([&lifecycle](const State& st) { lifecycle = st.lifecycle; });
-  send_json(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(lifecycle)}});
+  SendJson(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(lifecycle)}});
 }
 
 std::string Service::NotReadyReason() const {
@@ -641,13 +644,18 @@ std::string Service::NotReadyReason() const {
 void Service::HandleReadyz(const ApiRequest&, HttpResponse& res) {
   // Readiness: 200 only while rollouts can be served safely.
   const std::string why = NotReadyReason();
-  const State s = journal_->state();
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  bool reachable = false;
+  journal_->ReadState([&](const State& s) {
+    lifecycle = s.lifecycle;
+    reachable = s.engine_reachable;
+  });
   json j = {{"ready", why.empty()},
-            {"lifecycle", lifecycle_name(s.lifecycle)},
-            {"engine_reachable", s.engine_reachable},
+            {"lifecycle", lifecycle_name(lifecycle)},
+            {"engine_reachable", reachable},
             {"journal_failed", failed()}};
   if (!why.empty()) j["reason"] = why;
-  send_json(res, why.empty() ? 200 : 503, j);
+  SendJson(res, why.empty() ? 200 : 503, j);
 }
 
 HttpRouter Service::Routes() {

@@ -84,7 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   switch (route) {
     case 0: {  // POST /v1/updates
-      rc::Result<rc::UpdateRequested> u = rc::service::parse_update_body(rest);
+      rc::Result<rc::UpdateRequested> u = rc::service::ParseUpdateBody(rest);
       if (!u.ok()) {
         check_refusal(u.status());
         return 0;
@@ -98,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     case 1: {  // POST /v1/rollouts
       rc::Result<rc::service::AdmitBody> a =
-          rc::service::parse_admit_body(rest, kAdmitWaitMs, kLeaseMs);
+          rc::service::ParseAdmitBody(rest, kAdmitWaitMs, kLeaseMs);
       if (!a.ok()) {
         check_refusal(a.status());
         return 0;
@@ -116,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;
     }
     case 2: {  // DELETE /v1/rollouts/{id}
-      rc::Result<rc::service::FinishBody> f = rc::service::parse_finish_body(rest);
+      rc::Result<rc::service::FinishBody> f = rc::service::ParseFinishBody(rest);
       if (!f.ok()) {
         check_refusal(f.status());
         return 0;
@@ -131,7 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;
     }
     default: {  // POST /v1/rollouts/{id}/lease
-      const rc::Status st = rc::service::parse_lease_body(rest);
+      const rc::Status st = rc::service::ParseLeaseBody(rest);
       if (!st.ok()) check_refusal(st);
       return 0;
     }

@@ -5,9 +5,9 @@
 // fields the proxy added, or make the journal parts exceed their size bounds.
 //
 // Input: one flags byte (strip token ids, strip usage, chunking), then the engine's SSE bytes.
-// The bytes go through the engine client's own SSE splitter (SseState), then pass_chunk.
+// The bytes go through the engine client's own SSE splitter (SseState), then PassChunk.
 //
-// Regression: a chunk whose "choices" held an object without an "index" made Trajectory::absorb
+// Regression: a chunk whose "choices" held an object without an "index" made Trajectory::Absorb
 // read a missing key of a const json and abort (tests/fuzz/regressions/).
 #include <cmath>
 #include <cstddef>
@@ -58,7 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::size_t skipped = 0;
   rc::effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {
     const std::optional<std::string> event =
-        svc::pass_chunk(trace, chunk, strip_token_ids, strip_usage);
+        svc::PassChunk(trace, chunk, strip_token_ids, strip_usage);
     if (!event) {
       ++skipped;
       FUZZ_CHECK(strip_usage && chunk.is_object() && chunk.contains("usage"));
@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The client's stream, split by the same splitter, gives back exactly the events sent.
   std::vector<std::string> seen;
   rc::effects::EngineClient::ChunkFn collect = [&](const json& chunk) {
-    seen.push_back(svc::dump_safe(chunk));
+    seen.push_back(svc::DumpSafe(chunk));
     return true;
   };
   rc::effects::SseState again;
@@ -98,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(again.pending.empty() && !again.bad_event && !again.done);
   FUZZ_CHECK(seen.size() == sent.size());
   for (std::size_t k = 0; k < seen.size(); ++k) {
-    FUZZ_CHECK(seen[k] == svc::dump_safe(json::parse(sent[k])));
+    FUZZ_CHECK(seen[k] == svc::DumpSafe(json::parse(sent[k])));
   }
 
   // The trajectory: bounded, and its journal parts are the trace cut in order.

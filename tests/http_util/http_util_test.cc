@@ -32,13 +32,13 @@ struct WithParam {
   ApiRequest api{message, {}, {}};
 };
 
-// Proves send_error serialises a message cut inside a UTF-8 character (an engine error body
+// Proves SendError serialises a message cut inside a UTF-8 character (an engine error body
 // truncated to its byte bound) instead of throwing; catches the dump() that threw type_error 316
 // and terminated the server from a streaming callback.
 TEST(HttpUtil, SendErrorWithCutUtf8DoesNotThrow) {
   HttpResponse res;
   const std::string cut = "engine said: caf\xC3";  // "café" cut after the first byte of 'é'
-  EXPECT_NO_THROW(send_error(res, 502, "engine_error", cut));
+  EXPECT_NO_THROW(SendError(res, 502, "engine_error", cut));
   EXPECT_EQ(res.result_int(), 502u);
   const nlohmann::json back = nlohmann::json::parse(res.body(), nullptr, false);
   ASSERT_FALSE(back.is_discarded()) << res.body();
@@ -46,20 +46,20 @@ TEST(HttpUtil, SendErrorWithCutUtf8DoesNotThrow) {
   EXPECT_EQ(back["error"]["code"], 502);
 }
 
-// Proves dump_safe and send_json survive every byte value in keys and values and produce one
+// Proves DumpSafe and SendJson survive every byte value in keys and values and produce one
 // line of valid JSON; catches a helper that passes the default (throwing) error handler.
 TEST(HttpUtil, DumpSafeNeverThrows) {
   std::string all;
   for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
   nlohmann::json j = {{"v", all}, {all, 1}, {"nested", {{"x", std::string("\xFF\xFE")}}}};
   std::string out;
-  EXPECT_NO_THROW(out = dump_safe(j));
+  EXPECT_NO_THROW(out = DumpSafe(j));
   EXPECT_EQ(out.find('\n'), std::string::npos);
   EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded());
-  EXPECT_NO_THROW(out = dump_safe(j, 2));
+  EXPECT_NO_THROW(out = DumpSafe(j, 2));
   EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded());
   HttpResponse res;
-  EXPECT_NO_THROW(send_json(res, 200, j));
+  EXPECT_NO_THROW(SendJson(res, 200, j));
   EXPECT_FALSE(nlohmann::json::parse(res.body(), nullptr, false).is_discarded());
 }
 
@@ -68,7 +68,7 @@ TEST(HttpUtil, DumpSafeNeverThrows) {
 // since=18446744073709551616 (a 500) and any sign, space or hex prefix slipping through.
 TEST(HttpUtil, QueryU64RejectsBeyond64BitsWithoutThrowing) {
   auto q = [](const std::string& v, std::uint64_t lo = 0, std::uint64_t hi = UINT64_MAX) {
-    return query_u64(WithParam("since", v), "since", 42, lo, hi);
+    return QueryU64(WithParam("since", v), "since", 42, lo, hi);
   };
   EXPECT_EQ(*q("0"), 0u);
   EXPECT_EQ(*q("18446744073709551615"), UINT64_MAX);
@@ -80,15 +80,15 @@ TEST(HttpUtil, QueryU64RejectsBeyond64BitsWithoutThrowing) {
     EXPECT_NO_THROW(r = q(bad)) << bad;
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
-    EXPECT_EQ(http_status_for(r.status()), 400);
+    EXPECT_EQ(HttpStatusFor(r.status()), 400);
   }
   EXPECT_FALSE(q("5", 1, 4).ok());
   EXPECT_FALSE(q("0", 1, 4).ok());
   EXPECT_EQ(*q("4", 1, 4), 4u);
   const HttpRequest bare;
-  EXPECT_EQ(*query_u64(ApiRequest{bare, {}, {}}, "limit", 42, 1, 100), 42u);  // absent: fallback
+  EXPECT_EQ(*QueryU64(ApiRequest{bare, {}, {}}, "limit", 42, 1, 100), 42u);  // absent: fallback
   for (const char* key : {"limit", "after", "timeout_ms"}) {
-    EXPECT_FALSE(query_u64(WithParam(key, "18446744073709551616"), key, 1, 0, UINT64_MAX).ok());
+    EXPECT_FALSE(QueryU64(WithParam(key, "18446744073709551616"), key, 1, 0, UINT64_MAX).ok());
   }
 }
 
@@ -96,11 +96,11 @@ TEST(HttpUtil, QueryU64RejectsBeyond64BitsWithoutThrowing) {
 // that a [-1, N] bound would accept; catches get<int64_t>() on an unsigned value.
 TEST(HttpUtil, GetIntDoesNotWrapUnsigned) {
   const nlohmann::json body = nlohmann::json::parse(R"({"n": 18446744073709551615, "m": 7})");
-  auto n = get_int(body, "n", 0, -1, 100);
+  auto n = GetInt(body, "n", 0, -1, 100);
   ASSERT_FALSE(n.ok());
   EXPECT_EQ(n.status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(*get_int(body, "m", 0, -1, 100), 7);
-  EXPECT_EQ(*get_int(body, "absent", 5, -1, 100), 5);
+  EXPECT_EQ(*GetInt(body, "m", 0, -1, 100), 7);
+  EXPECT_EQ(*GetInt(body, "absent", 5, -1, 100), 5);
 }
 
 }  // namespace

@@ -115,13 +115,13 @@ TEST(ProxyStreamParts, PromptFirstThenOutputWithinTheRecordBound) {
 
 // Proves what a client receives of a streamed chunk: the fields the proxy added removed, and no
 // event at all for the usage-only chunk it did not ask for, while the trace still takes both;
-// would catch pass_chunk stripping before the trace read the chunk.
+// would catch PassChunk stripping before the trace read the chunk.
 TEST(ProxyStreamEvents, AddedFieldsAreStrippedAfterTheTraceTookThem) {
   Trajectory t;
   const json chunk = json::parse(R"({"prompt_token_ids": [1], "choices": [{"index": 0,
     "text": "hi", "token_ids": [5], "delta": {"token_ids": [6]}}]})");
-  const std::optional<std::string> event = pass_chunk(t, chunk, /*strip_token_ids=*/true,
-                                                      /*strip_usage=*/true);
+  const std::optional<std::string> event = PassChunk(t, chunk, /*strip_token_ids=*/true,
+                                                     /*strip_usage=*/true);
   ASSERT_TRUE(event.has_value());
   EXPECT_EQ(*event, R"(data: {"choices":[{"delta":{},"index":0,"text":"hi"}]})"
                     "\n\n");
@@ -129,9 +129,9 @@ TEST(ProxyStreamEvents, AddedFieldsAreStrippedAfterTheTraceTookThem) {
 
   const json usage = json::parse(R"({"choices": [], "usage": {"prompt_tokens": 1,
     "completion_tokens": 1}})");
-  EXPECT_FALSE(pass_chunk(t, usage, true, /*strip_usage=*/true).has_value());
+  EXPECT_FALSE(PassChunk(t, usage, true, /*strip_usage=*/true).has_value());
   EXPECT_EQ(t.usage_completion, 1u);
-  EXPECT_TRUE(pass_chunk(t, usage, true, /*strip_usage=*/false).has_value());
+  EXPECT_TRUE(PassChunk(t, usage, true, /*strip_usage=*/false).has_value());
 }
 
 }  // namespace

@@ -308,7 +308,7 @@ TEST(TrustIdempotency, UpdateIdOfTheFullIdLimitIsAccepted) {
 TEST(TrustDurability, ReadRoutesReportOnlyDurableRecords) {
   Stack s([](ServeConfig& c) { c.journal_commit_stall_timeout_ms = 20000; }, /*fault_env=*/true);
   httplib::Client c = s.client();
-  const DurableHead before = s.svc->durable_head();
+  const DurableHead before = s.svc->CatchUpDurableHead();
   s.faults->StallSync(FileKind::kWal, 800);
   std::thread admit([&] {
     httplib::Client a = s.client();
