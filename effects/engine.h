@@ -1,6 +1,6 @@
 // The control-plane calls the runner makes on the engine, returning typed evidence.
-// Implemented over HTTP by HttpEngineControl (effects/http/engine_control.h, libcurl); tests may plug in
-// fault-injecting versions. The decision is always the fold's: these only observe.
+// Implemented over HTTP by HttpEngineControl (effects/http/engine_control.h, libcurl); tests may
+// plug in fault-injecting versions. The decision is always the fold's: these only observe.
 #pragma once
 
 #include <cstdint>

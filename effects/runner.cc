@@ -75,11 +75,24 @@ std::uint64_t Runner::deadline_for(EffectKind kind) const {
 // waiting for the admitted rollouts first means no admitted-but-not-yet-forwarded request can
 // reach a paused engine and sit in its queue (pause(mode=wait) leaves queued requests queued).
 // Rollouts still active at the deadline are the fold's to judge after the pause.
+// Read under the journal's lock: no copy of the state (O(active rollouts)) per poll.
+std::size_t Runner::active_rollouts() const {
+  std::size_t n = 0;
+  journal_.ReadState([&n](const State& s) { n = s.active.size(); });
+  return n;
+}
+
+Effect Runner::due_effect() const {
+  Effect e;
+  journal_.ReadState([&e](const State& s) { e = next_effect(s); });
+  return e;
+}
+
 DrainObserved Runner::drain() {
   const std::int64_t deadline_ms =
       clock_.now_ms() + static_cast<std::int64_t>(options_.drain_timeout_ms);
   // A failed journal stops every effect at once (fail-stop): nothing waits out its deadline.
-  while (!journal_.state().active.empty() && clock_.now_ms() < deadline_ms && !journal_.failed()) {
+  while (active_rollouts() > 0 && clock_.now_ms() < deadline_ms && !journal_.failed()) {
     clock_.sleep_ms(options_.await_poll_ms);
   }
   if (journal_.failed()) {
@@ -228,14 +241,14 @@ Status Runner::Drive() {
       clock_.sleep_ms(backoff_ms);
       backoff_ms = std::min(options_.backoff_ms_max, backoff_ms * 2);
       // Other inputs (the engine monitor, bindings) may have moved the state while we slept.
-      if (!(next_effect(journal_.state()) == effect)) continue;
+      if (!(due_effect() == effect)) continue;
     } else {
       backoff_ms = options_.backoff_ms_min;
     }
     previous = effect;
     Status performed = perform(effect, state);
     // An intent refused because another input made it no longer due: look again.
-    if (performed.code() == Code::kRejected && !(next_effect(journal_.state()) == effect)) continue;
+    if (performed.code() == Code::kRejected && !(due_effect() == effect)) continue;
     RC_RETURN_IF_ERROR(performed);
   }
   RC_RETURN_IF_ERROR(sync());

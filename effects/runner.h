@@ -99,6 +99,8 @@ class Runner {
                                                   Durability durability = Durability::kNow);
   // Waits until everything this runner submitted is durable.
   [[nodiscard]] Status sync();
+  std::size_t active_rollouts() const;
+  Effect due_effect() const;
   [[nodiscard]] Status perform(const Effect& effect, const State& state);
   [[nodiscard]] Status await_rollouts(const State& state);
   Event observe(const Effect& effect, const State& state);
