@@ -61,16 +61,7 @@ struct DigestDriver : Driver {
     }
   }
   void commit(const std::string& label, char ident, const WeightDigest& seen) {
-    ok(distinct_request(label, ident));
-    effect(EffectKind::kDrain);
-    ok(DrainObserved{ok_http(), true});
-    effect(EffectKind::kPreflight);
-    ok(good_preflight());
-    effect(EffectKind::kTransfer);
-    ok(good_transfer());
-    for (CacheKind c : {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal}) {
-      reset_cache(c);
-    }
+    walk_to_validating(distinct_request(label, ident));
     validate(label, seen);
     ASSERT_EQ(s.lifecycle, Lifecycle::kResuming);
     resume();
