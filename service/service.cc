@@ -733,19 +733,21 @@ bool Service::MonitorOnce() {
   const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
                                             p.is_paused, p.engine_instance);
   if (matches) engine_last_ok_wall_ms_.store(probe.wall_ms);
-  const bool drift = ok && WeightsDrifted(before, p.digest);
+  const bool drift = ok && WeightsDrifted(before, p.digest, probe.wall_ms);
   const bool changes = (ok != before.engine_reachable) || (ok && !matches) || drift ||
                        (matches && before.engine_recheck);
   if (!changes) return true;
   EngineMonitored m = p;
-  m.last_ok_wall_ms = engine_last_ok_wall_ms_.load();
+  // Weights can have changed any time since the last digest that matched (label and instance
+  // checks cannot see it): the audit's window of suspect rollouts opens there.
+  m.last_ok_wall_ms = drift ? last_digest_match_wall_ms_.load() : engine_last_ok_wall_ms_.load();
   m.updates_seen = before.counters.updates_requested + before.counters.recoveries;
   return JournalEngineChange(m, probe.wall_ms);
 }
 
 // Whether a digest the monitor took shows weights other than the committed ones; counts the
 // check for /metrics either way.
-bool Service::WeightsDrifted(const State& before, const WeightDigest& d) {
+bool Service::WeightsDrifted(const State& before, const WeightDigest& d, std::int64_t now_wall_ms) {
   if (!d.present() && d.error.empty()) return false;  // no check this tick
   if (!d.present()) {
     metrics_.digest_checks_unavailable++;
@@ -754,6 +756,7 @@ bool Service::WeightsDrifted(const State& before, const WeightDigest& d) {
   const bool drifted =
       before.committed_digest.present() && d.combined != before.committed_digest.combined;
   (drifted ? metrics_.digest_checks_drift : metrics_.digest_checks_match)++;
+  if (!drifted) last_digest_match_wall_ms_.store(now_wall_ms);
   return drifted;
 }
 

@@ -306,7 +306,7 @@ class Service {
   };
   EngineProbe ProbeEngine();
   bool DigestCheckDue(std::int64_t now_wall_ms);
-  bool WeightsDrifted(const State& before, const WeightDigest& d);
+  bool WeightsDrifted(const State& before, const WeightDigest& d, std::int64_t now_wall_ms);
   bool JournalEngineChange(const EngineMonitored& m, std::int64_t now_wall_ms);
   void LogEngineChange(const EngineMonitored& m, const journal::Journal::Submitted& s);
   void LeaseLoop();
@@ -381,6 +381,7 @@ class Service {
   std::atomic<std::int64_t> engine_last_probe_wall_ms_{0};
   std::atomic<std::int64_t> engine_last_ok_wall_ms_{0};
   std::atomic<std::int64_t> last_digest_check_wall_ms_{0};  // the monitor's last weight digest
+  std::atomic<std::int64_t> last_digest_match_wall_ms_{0};  // ... the last one that matched
   std::atomic<bool> engine_up_{false};
   mutable std::mutex engine_info_mu_;
   std::string engine_instance_seen_;

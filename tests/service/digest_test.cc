@@ -123,7 +123,8 @@ TEST(ServiceDigest, MalformedExpectedDigestIsRefusedBeforeTheJournal) {
 // monitor's digest check taints with weights_changed and /metrics counts the drift; catches
 // drift going unnoticed because label and instance still match.
 TEST(ServiceDigest, MonitorCatchesWeightsChangedOutside) {
-  Stack s;
+  // Label checks every 20 ms, digests every 400 ms: the two sights of the engine differ.
+  Stack s([](ServeConfig& c) { c.weight_digest_check_interval_ms = 400; });
   EXPECT_TRUE(Eventually(
       [&] {
         return s.Metrics().find("rolloutcore_weight_digest_checks_match_total 0") ==
@@ -145,6 +146,20 @@ TEST(ServiceDigest, MonitorCatchesWeightsChangedOutside) {
   ASSERT_TRUE(st.taint.has_value());
   EXPECT_EQ(st.taint->cause, Cause::kWeightsChanged);
   EXPECT_NE(s.Metrics().find("rolloutcore_weight_digest_checks_drift_total 1"), std::string::npos);
+  // The audit's window of suspect rollouts opens at the last digest that matched, not at the
+  // last label check: the weights may have changed any time since.
+  std::int64_t last_ok = -1, taint_wall = 0;
+  for (std::uint64_t seq = 1; seq <= s.svc->journal().head_seq(); ++seq) {
+    auto r = s.svc->journal().Read(seq);
+    ASSERT_TRUE(r.ok());
+    if (const auto* m = std::get_if<EngineMonitored>(&r->event); m && m->digest.present()) {
+      last_ok = m->last_ok_wall_ms;
+      taint_wall = r->wall_time_ms;
+    }
+  }
+  EXPECT_GT(last_ok, 0);
+  // At least one digest interval before the drift was seen, though labels matched until then.
+  EXPECT_LE(last_ok, taint_wall - 300) << "window opens at the last label check, not the digest";
 }
 
 // Two journals in one directory write two trajectories files; catches the shared default that
