@@ -109,6 +109,9 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   fixtures::VllmDoubleOptions dopts;
   dopts.token_delay_ms = token_delay_ms;
   dopts.version = "0.30.0";
+  // With the worker extension the engine digests its weights: the journal shows the digest
+  // each validation saw and each version published.
+  dopts.worker_extension_cls = effects::kWorkerExtensionClass;
   fixtures::VllmDouble engine(dopts);
   const int port = engine.Start(0);
   if (port <= 0) {

@@ -152,7 +152,7 @@ WeightDigest ReadWeightDigest(EngineClient& client) {
   HttpReply reply = client.CollectiveRpc(kWeightDigestMethod, {});
   if (!reply.http.ok_2xx()) {
     return Absent(std::string("the engine computes no weight digest (") + kWeightDigestMethod +
-                  ": " + transport_name(reply.http.transport) + " " +
+                  ": transport " + transport_name(reply.http.transport) + ", status " +
                   std::to_string(reply.http.http_status) + ")");
   }
   return ParseWeightDigestReply(reply.body);
