@@ -49,6 +49,12 @@ using namespace rc::gpu_test;
 
 namespace {
 
+// One log row. Rows carry status texts that may hold an engine's bytes: never throw on invalid
+// UTF-8.
+std::string Row(const json& row) {
+  return row.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 json Phases(const PhaseTimings& t) {
   return {{"total_us", t.total_us},           {"drain_us", t.drain_us},
           {"preflight_us", t.preflight_us},   {"transfer_us", t.transfer_us},
@@ -145,10 +151,9 @@ int main(int argc, char** argv) {
   for (const auto& [path, label] : steps) {
     auto src = SafetensorsSource::Open(path);
     if (!src.ok()) {
-      std::cout << json{{"check", "open " + path},
-                        {"pass", false},
-                        {"status", src.status().ToString()}}
-                       .dump()
+      std::cout << Row(json{{"check", "open " + path},
+                            {"pass", false},
+                            {"status", src.status().ToString()}})
                 << std::endl;
       return 1;
     }
@@ -166,11 +171,10 @@ int main(int argc, char** argv) {
   NcclSender sender(client, so);
   const auto t_init = SteadyNs();
   Status st = sender.Init(120000);
-  std::cout << json{{"check", "sender init (rendezvous with the engine)"},
-                    {"pass", st.ok()},
-                    {"status", st.ToString()},
-                    {"init_ms", (SteadyNs() - t_init) / 1e6}}
-                   .dump()
+  std::cout << Row(json{{"check", "sender init (rendezvous with the engine)"},
+                        {"pass", st.ok()},
+                        {"status", st.ToString()},
+                        {"init_ms", (SteadyNs() - t_init) / 1e6}})
             << std::endl;
   if (!st.ok()) return 1;
   std::vector<void*> device_copies;
@@ -178,8 +182,7 @@ int main(int argc, char** argv) {
     RC_CHECK(cudaSetDevice(0) == cudaSuccess);
     const auto t = SteadyNs();
     for (auto& src : sources) src = MakeResident(*src, &device_copies);
-    std::cout << json{{"resident", true}, {"upload_ms", (SteadyNs() - t) / 1e6}}.dump()
-              << std::endl;
+    std::cout << Row(json{{"resident", true}, {"upload_ms", (SteadyNs() - t) / 1e6}}) << std::endl;
   }
   for (std::size_t i = 0; i < steps.size(); ++i)
     sender.RegisterSource("file:" + steps[i].first + "#" + std::to_string(i), sources[i]);
@@ -196,10 +199,9 @@ int main(int argc, char** argv) {
   o.call_timeout_ms = 10000;
   Runner runner(**j, control, sender, system_clock(), o);
   Status boot = runner.Bootstrap(from, WeightIdentity{m.digest(), "", "dummy:", "vllm-real", 0});
-  std::cout << json{{"check", "bootstrap " + from},
-                    {"pass", boot.ok()},
-                    {"status", boot.ToString()}}
-                   .dump()
+  std::cout << Row(json{{"check", "bootstrap " + from},
+                        {"pass", boot.ok()},
+                        {"status", boot.ToString()}})
             << std::endl;
   if (!boot.ok()) return 1;
   std::atomic<std::int64_t> tainted_ns{0}, kill_ns{0};
@@ -214,10 +216,9 @@ int main(int argc, char** argv) {
   for (const auto& [path, label] : steps) {
     const auto t = SteadyNs();
     contents.push_back(FileSha256(path, std::uint64_t{4} << 30));
-    std::cout << json{{"content_sha256", path},
-                      {"digest", contents.back()},
-                      {"ms", (SteadyNs() - t) / 1e6}}
-                     .dump()
+    std::cout << Row(json{{"content_sha256", path},
+                          {"digest", contents.back()},
+                          {"ms", (SteadyNs() - t) / 1e6}})
               << std::endl;
   }
   for (std::size_t i = 0; i < steps.size(); ++i) {
@@ -246,7 +247,7 @@ int main(int argc, char** argv) {
                   {"error", tr.error},
                   {"check", "raw transfer outside RolloutCore (E4 negative control: caches left)"},
                   {"pass", tr.acknowledged}};
-      std::cout << row.dump() << std::endl;
+      std::cout << Row(row) << std::endl;
       if (!tr.acknowledged) ++fails;
       if (!gate.empty()) std::ofstream(gate + "/done." + std::to_string(i + 1)) << 0;
       continue;
@@ -315,7 +316,7 @@ int main(int argc, char** argv) {
       row["check"] = "Runner::Update against real vLLM commits";
       row["pass"] = r.ok() && r->outcome == UpdateOutcome::kCommitted && s.committed.label == label;
     }
-    std::cout << row.dump() << std::endl;
+    std::cout << Row(row) << std::endl;
     if (!row["pass"].get<bool>()) ++fails;
     if (!gate.empty()) std::ofstream(gate + "/done." + std::to_string(i + 1)) << wall_ms;
     prev = label;
