@@ -753,8 +753,7 @@ bool Service::WeightsDrifted(const State& before, const WeightDigest& d, std::in
     metrics_.digest_checks_unavailable++;
     return false;
   }
-  const bool drifted =
-      before.committed_digest.present() && d.combined != before.committed_digest.combined;
+  const bool drifted = !weights_match(before, d);
   (drifted ? metrics_.digest_checks_drift : metrics_.digest_checks_match)++;
   if (!drifted) last_digest_match_wall_ms_.store(now_wall_ms);
   return drifted;

@@ -313,8 +313,7 @@ void World::Monitor() {
   if (recovering_ && !o_.monitor_during_recovery) return;
   EngineMonitored m = ctl_.Monitor();
   const bool reachable = m.http.ok_2xx();
-  const bool drifted = s.committed_digest.present() && m.digest.present() &&
-                       m.digest.combined != s.committed_digest.combined;
+  const bool drifted = !weights_match(s, m.digest);
   const bool changed = reachable ? (!s.engine_reachable || s.engine_recheck ||
                                     m.reported_label != s.committed.label || m.is_paused ||
                                     m.engine_instance != s.engine_instance || drifted)

@@ -296,38 +296,6 @@ std::string engine_mismatch(const State& s, const std::string& label, bool pause
   return {};
 }
 
-// Names (at most kDigestTensorsNamedMax) the tensors whose digests differ between `was` and
-// `now`, or are in one only: what a failed digest check tells the operator to look at.
-std::string tensors_differing(const WeightDigest& was, const WeightDigest& now) {
-  if (was.tensors.empty() || now.tensors.empty()) return {};
-  std::vector<std::string> names;
-  std::size_t differing = 0;
-  auto note = [&](const std::string& name) {
-    if (++differing <= kDigestTensorsNamedMax) names.push_back(name);
-  };
-  std::size_t i = 0, j = 0;
-  while (i < was.tensors.size() || j < now.tensors.size()) {
-    const bool take_was = j == now.tensors.size() ||
-                          (i < was.tensors.size() && was.tensors[i].name < now.tensors[j].name);
-    const bool take_now = i == was.tensors.size() ||
-                          (j < now.tensors.size() && now.tensors[j].name < was.tensors[i].name);
-    if (take_was) {
-      note(was.tensors[i++].name + " (missing)");
-    } else if (take_now) {
-      note(now.tensors[j++].name + " (new)");
-    } else {
-      if (was.tensors[i].digest != now.tensors[j].digest) note(now.tensors[j].name);
-      ++i, ++j;
-    }
-  }
-  if (differing == 0) return "; no tensor differs";
-  std::string out = "; " + std::to_string(differing) + " of " + std::to_string(now.tensors.size()) +
-                    " tensors differ: ";
-  for (std::size_t k = 0; k < names.size(); ++k) out += (k ? ", " : "") + names[k];
-  if (differing > names.size()) out += ", ...";
-  return out;
-}
-
 // Why a digest the READY engine computed is not the committed weights' ("" when it is, or when
 // either side has none: the monitor and engines without the extension compute none).
 std::string digest_mismatch(const State& s, const WeightDigest& d) {
@@ -335,7 +303,7 @@ std::string digest_mismatch(const State& s, const WeightDigest& d) {
   if (d.combined == s.committed_digest.combined) return {};
   return "the engine's weight digest " + d.combined.substr(0, 16) + " is not the committed " +
          s.committed_digest.combined.substr(0, 16) + " ('" + s.committed.label + "')" +
-         tensors_differing(s.committed_digest, d);
+         digest_difference(s.committed_digest, d);
 }
 
 // Evidence that the READY engine is still the verified one clears a pending re-verification.
@@ -867,14 +835,14 @@ std::string digest_refusal(const State& s, const WeightDigest& d) {
   const std::string got = d.combined.substr(0, 16);
   if (!u.expected_digest.empty() && d.combined != u.expected_digest) {
     return "weight digest " + got + " is not the trainer's expected " +
-           u.expected_digest.substr(0, 16) + tensors_differing(s.committed_digest, d);
+           u.expected_digest.substr(0, 16) + digest_difference(s.committed_digest, d);
   }
   std::string label;
   if (const std::string* recorded = recorded_digest(s, u.identity, &label)) {
     if (d.combined == *recorded) return {};
     std::string why = "weight digest " + got + " is not " + recorded->substr(0, 16) +
                       ", recorded when these weights were served as '" + label + "'";
-    if (label == s.committed.label) why += tensors_differing(s.committed_digest, d);
+    if (label == s.committed.label) why += digest_difference(s.committed_digest, d);
     return why;
   }
   if (d.combined == s.committed_digest.combined && !same_bytes(s.committed_identity, u.identity)) {
@@ -1178,8 +1146,36 @@ std::string admission_block_reason(const State& s) {
 }
 
 std::string digest_difference(const WeightDigest& was, const WeightDigest& now) {
-  return tensors_differing(was, now);
+  if (was.tensors.empty() || now.tensors.empty()) return {};
+  std::vector<std::string> names;
+  std::size_t differing = 0;
+  auto note = [&](const std::string& name) {
+    if (++differing <= kDigestTensorsNamedMax) names.push_back(name);
+  };
+  std::size_t i = 0, j = 0;
+  while (i < was.tensors.size() || j < now.tensors.size()) {
+    const bool take_was = j == now.tensors.size() ||
+                          (i < was.tensors.size() && was.tensors[i].name < now.tensors[j].name);
+    const bool take_now = i == was.tensors.size() ||
+                          (j < now.tensors.size() && now.tensors[j].name < was.tensors[i].name);
+    if (take_was) {
+      note(was.tensors[i++].name + " (missing)");
+    } else if (take_now) {
+      note(now.tensors[j++].name + " (new)");
+    } else {
+      if (was.tensors[i].digest != now.tensors[j].digest) note(now.tensors[j].name);
+      ++i, ++j;
+    }
+  }
+  if (differing == 0) return "; no tensor differs";
+  std::string out = "; " + std::to_string(differing) + " of " + std::to_string(now.tensors.size()) +
+                    " tensors differ: ";
+  for (std::size_t k = 0; k < names.size(); ++k) out += (k ? ", " : "") + names[k];
+  if (differing > names.size()) out += ", ...";
+  return out;
 }
+
+bool weights_match(const State& s, const WeightDigest& d) { return digest_mismatch(s, d).empty(); }
 
 std::uint64_t monitor_epoch(const State& s) {
   return s.counters.updates_requested + s.counters.recoveries;

@@ -139,6 +139,10 @@ bool engine_matches(const State& state, const std::string& label, bool paused_kn
 // carries. "" when either side names no tensors.
 std::string digest_difference(const WeightDigest& was, const WeightDigest& now);
 
+// Whether a digest the READY engine computed is the committed weights' (true when either side
+// has none): the fold's rule for EngineProbed and EngineMonitored in READY.
+bool weights_match(const State& state, const WeightDigest& digest);
+
 // updates_requested + recoveries: what an EngineMonitored must name to be current.
 std::uint64_t monitor_epoch(const State& state);
 
