@@ -104,8 +104,7 @@ int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdic
 }
 
 // Compares the weights the engine holds with the digest journaled for the version it reports.
-void CheckDigest(journal::Journal& j, const Opts& o, audit::Verdict& verdict) {
-  effects::EngineClient engine(o.engine);
+void CheckDigest(journal::Journal& j, effects::EngineClient& engine, audit::Verdict& verdict) {
   const ValidationObserved served = engine.WeightInfo();
   if (!served.http.ok_2xx()) {
     verdict.engine_findings.push_back("weight digest: the engine did not report its label (" +
@@ -121,9 +120,8 @@ void CheckDigest(journal::Journal& j, const Opts& o, audit::Verdict& verdict) {
   for (std::string& f : check.findings) verdict.engine_findings.push_back(std::move(f));
 }
 
-void Reverify(const Opts& o, const std::vector<audit::Trajectory>& trajectories,
-              audit::Verdict& verdict) {
-  effects::EngineClient engine(o.engine);
+void Reverify(const Opts& o, effects::EngineClient& engine,
+              const std::vector<audit::Trajectory>& trajectories, audit::Verdict& verdict) {
   std::size_t checked = 0, bad = 0;
   for (const auto& t : trajectories) {
     audit::ReverifyResult r = audit::Reverify(engine, t, o.tolerance, o.greedy);
@@ -194,8 +192,9 @@ Runner add_audit(CLI::App& app) {
     std::vector<audit::Trajectory> trajectories;
     if (int rc = CheckTrajectories(j, *o, verdict, trajectories); rc != audit::kExitOk) return rc;
     if (!o->engine.empty()) {
-      CheckDigest(j, *o, verdict);
-      Reverify(*o, trajectories, verdict);
+      effects::EngineClient engine(o->engine);
+      CheckDigest(j, engine, verdict);
+      Reverify(*o, engine, trajectories, verdict);
     }
     if (o->json) {
       std::printf("%s\n", audit::VerdictJson(*report, verdict, -1).c_str());
