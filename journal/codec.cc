@@ -96,6 +96,13 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             return {fb::Payload::UpdateRequested,
                     fb::CreateUpdateRequested(b, update_id, target, id, uri, expected).Union()};
           },
+          [&](const RestoreRequested& e) -> Encoded {
+            auto restore_id = b.CreateString(e.restore_id);
+            auto label = b.CreateString(e.label);
+            auto uri = OptString(b, e.source_uri);
+            return {fb::Payload::RestoreRequested,
+                    fb::CreateRestoreRequested(b, restore_id, label, uri, e.adopt).Union()};
+          },
           [&](const RecoveryStarted& e) -> Encoded {
             auto executor = b.CreateString(e.executor_id);
             return {fb::Payload::RecoveryStarted, fb::CreateRecoveryStarted(b, executor).Union()};
@@ -305,6 +312,11 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       return UpdateRequested{Str(e->update_id()), Str(e->target_label()),
                              DecIdentity(e->identity()), Str(e->source_uri()),
                              Str(e->expected_digest())};
+    }
+    case fb::Payload::RestoreRequested: {
+      auto* e = r->payload_as_RestoreRequested();
+      return RestoreRequested{Str(e->restore_id()), Str(e->label()), Str(e->source_uri()),
+                              e->adopt()};
     }
     case fb::Payload::RecoveryStarted:
       return RecoveryStarted{Str(r->payload_as_RecoveryStarted()->executor_id())};
@@ -569,7 +581,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
     auto observed = EncDigest(b, u.observed_digest);
     update = fb::CreateUpdatePlan(b, update_id, target, id, uri, u.drain_seen, u.transfer_started,
                                   u.caches_reset_mask, u.validated, u.aborting, reason, expected,
-                                  observed);
+                                  observed, u.restore, u.adopt);
   }
   Offset<fb::TaintRecord> taint;
   if (s.taint) {
@@ -581,10 +593,10 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
                                   static_cast<fb::Cause>(Fb(t.cause)), update_id, target, detail);
   }
   const Counters& c = s.counters;
-  auto counters =
-      fb::CreateCounters(b, c.events, c.rollouts_admitted, c.rollouts_completed, c.rollouts_aborted,
-                         c.rollouts_abandoned, c.updates_requested, c.updates_committed,
-                         c.updates_refused, c.recoveries, c.rollouts_expired);
+  auto counters = fb::CreateCounters(
+      b, c.events, c.rollouts_admitted, c.rollouts_completed, c.rollouts_aborted,
+      c.rollouts_abandoned, c.updates_requested, c.updates_committed, c.updates_refused,
+      c.recoveries, c.rollouts_expired, c.restores_requested, c.restores_committed);
   std::vector<Offset<fb::LabelIdentity>> labels;
   labels.reserve(s.labels.size());
   for (const auto& [label, identity] : s.labels) {
@@ -661,6 +673,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
     p.abort_reason = Str(u->abort_reason());
     p.expected_digest = Str(u->expected_digest());
     p.observed_digest = DecDigest(u->observed_digest());
+    p.restore = u->restore();
+    p.adopt = u->adopt();
     s.update = std::move(p);
   }
   if (const auto* x = t->taint()) {
@@ -681,6 +695,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
     n.updates_committed = c->updates_committed();
     n.updates_refused = c->updates_refused();
     n.recoveries = c->recoveries();
+    n.restores_requested = c->restores_requested();
+    n.restores_committed = c->restores_committed();
   }
   s.engine_instance = Str(t->engine_instance());
   s.engine_reachable = t->engine_reachable();

@@ -46,6 +46,12 @@ json Fields(const Event& event) {
           [](const RecoveryStarted& e) {
             return json{{"executor_id", e.executor_id}};
           },
+          [](const RestoreRequested& e) {
+            return json{{"restore_id", e.restore_id},
+                        {"label", e.label},
+                        {"source_uri", e.source_uri},
+                        {"adopt", e.adopt}};
+          },
           [](const EffectStarted& e) {
             return json{{"kind", effect_name(e.kind)},
                         {"cache", cache_name(e.cache)},
@@ -230,7 +236,9 @@ json StateToJson(const State& s) {
                          {"aborting", u.aborting},
                          {"abort_reason", u.abort_reason},
                          {"expected_digest", u.expected_digest},
-                         {"observed_digest", WeightDigestToJson(u.observed_digest)}};
+                         {"observed_digest", WeightDigestToJson(u.observed_digest)},
+                         {"restore", u.restore},
+                         {"adopt", u.adopt}};
   } else {
     out["update"] = nullptr;
   }
@@ -254,7 +262,9 @@ json StateToJson(const State& s) {
                          {"updates_committed", c.updates_committed},
                          {"updates_refused", c.updates_refused},
                          {"recoveries", c.recoveries},
-                         {"rollouts_expired", c.rollouts_expired}};
+                         {"rollouts_expired", c.rollouts_expired},
+                         {"restores_requested", c.restores_requested},
+                         {"restores_committed", c.restores_committed}};
   out["engine"] = json{{"instance", s.engine_instance},
                        {"reachable", s.engine_reachable},
                        {"recheck", s.engine_recheck}};

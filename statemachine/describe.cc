@@ -36,6 +36,10 @@ std::string one(const UpdateRequested& e) {
          (e.expected_digest.empty() ? "" : " expected_digest=" + e.expected_digest.substr(0, 16));
 }
 std::string one(const RecoveryStarted& e) { return "executor=" + q(e.executor_id); }
+std::string one(const RestoreRequested& e) {
+  return "restore=" + q(e.restore_id) + " label=" + q(e.label) +
+         (e.adopt ? " adopt" : " source=" + e.source_uri);
+}
 std::string one(const EffectStarted& e) {
   std::string out = effect_name(e.kind);
   if (e.kind == EffectKind::kResetCache) out += std::string("(") + cache_name(e.cache) + ")";
@@ -143,7 +147,8 @@ std::string describe(const State& s) {
   }
   out += " active=" + std::to_string(s.active.size());
   if (s.update) {
-    out += " update=" + q(s.update->update_id) + "->" + version(s.update->target);
+    out += std::string(s.update->restore ? " restore=" : " update=") + q(s.update->update_id) +
+           "->" + version(s.update->target);
     if (s.update->aborting) out += " (aborting: " + s.update->abort_reason + ")";
   }
   if (s.taint) {

@@ -48,6 +48,20 @@ struct UpdateRequested {
   bool operator==(const UpdateRequested&) const = default;
 };
 
+// An operator asks to take a TAINTED engine back to a version committed earlier in this journal,
+// with proof: the engine reloads that version's weights from `source_uri` (or, with `adopt`, is
+// taken as already holding them: an engine restarted outside RolloutCore on that checkpoint), and
+// VALIDATING requires the weight digest recorded when that version was served. The restore runs
+// the update path (drain, preflight, transfer, resets, validation while paused, resume); anything
+// that fails before the weights may have changed leaves the engine TAINTED, as it was.
+struct RestoreRequested {
+  std::string restore_id;  // client-chosen, unique per update or restore
+  std::string label;       // a label committed earlier in this journal, with a digest recorded
+  std::string source_uri;  // where that version's weights are ("" with adopt)
+  bool adopt = false;      // the engine already holds them: only label, reset and prove
+  bool operator==(const RestoreRequested&) const = default;
+};
+
 // The executor (re)started and is reconciling with the journal.
 struct RecoveryStarted {
   std::string executor_id;
@@ -222,8 +236,9 @@ enum class Cause : std::uint8_t {
   kEngineRelabelled = 17,        // READY, but the engine reports a label nobody committed
   kEnginePausedExternally = 18,  // READY, but someone else paused the engine
   kWeightsChanged = 19,          // READY, but the engine's weight digest is not the committed one
+  kRestoreRequested = 20,        // TAINTED -> DRAINING: a restore with proof begins
 };
-inline constexpr std::uint8_t kCauseMax = 19;
+inline constexpr std::uint8_t kCauseMax = 20;
 const char* cause_name(Cause c);
 
 struct StateChanged {
@@ -257,7 +272,7 @@ using Event = std::variant<BootstrapRequested, UpdateRequested, RecoveryStarted,
                            EngineProbed, DrainObserved, DrainTimedOut, PreflightObserved,
                            TransferObserved, CacheResetObserved, ValidationObserved, ResumeObserved,
                            RolloutAdmitted, RolloutFinished, StateChanged, VersionPublished,
-                           UpdateEnded, TrajectoryRecorded, EngineMonitored>;
+                           UpdateEnded, TrajectoryRecorded, EngineMonitored, RestoreRequested>;
 
 enum class Family : std::uint8_t { kInput = 0, kBinding = 1, kDecision = 2 };
 Family family_of(const Event& e);

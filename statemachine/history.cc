@@ -25,17 +25,22 @@ struct Checker {
   std::string validated_digest;  // the combined digest of the validation that saw the target
   std::string target_label;
   std::set<std::string> used_rollout_ids;  // every id ever admitted
+  // The digest each label was first served with (bootstrap or publish), and whether the update
+  // in flight is a restore, which must come back with exactly that digest.
+  std::map<std::string, std::string> served_digest;
+  bool restoring = false;
 
   // Contract checks on an input, before decide. Empty when fine.
   std::string check_input(const Event& e) const {
     // After a taint only recovery, and the end of rollouts that were active when it struck (an
     // engine taint in READY leaves them running; they are suspect, never silently dropped).
-    const bool after_taint_ok = std::holds_alternative<RecoveryStarted>(e) ||
-                                std::holds_alternative<RolloutFinished>(e) ||
-                                std::holds_alternative<TrajectoryRecorded>(e);
+    const bool after_taint_ok =
+        std::holds_alternative<RecoveryStarted>(e) || std::holds_alternative<RestoreRequested>(e) ||
+        std::holds_alternative<RolloutFinished>(e) || std::holds_alternative<TrajectoryRecorded>(e);
     if (state.lifecycle == Lifecycle::kTainted && !after_taint_ok) {
       return std::string(event_name(e)) +
-             " after TAINTED (only RecoveryStarted and the end of active rollouts may follow)";
+             " after TAINTED (only a restore, RecoveryStarted and the end of active rollouts may "
+             "follow)";
     }
     if (family_of(e) == Family::kDecision) {
       return std::string("decision ") + event_name(e) + " recorded as an input (cause_seq 0)";
@@ -89,6 +94,12 @@ struct Checker {
         return "version '" + p->version.label +
                "' published without a weight digest in a journal that records them";
       }
+      auto served = served_digest.find(p->version.label);
+      if (restoring && (served == served_digest.end() || served->second != p->engine_digest)) {
+        return "restore published '" + p->version.label + "' with weight digest '" +
+               p->engine_digest + "' but it was served with '" +
+               (served == served_digest.end() ? std::string("none") : served->second) + "'";
+      }
     }
     if (const auto* c = std::get_if<StateChanged>(&e)) {
       if (c->from == Lifecycle::kValidating && c->to == Lifecycle::kResuming &&
@@ -99,12 +110,17 @@ struct Checker {
       if (c->to == Lifecycle::kQuiesced && !active.empty()) {
         return "QUIESCED while " + active + " is active: it would span two versions";
       }
+      if (c->from == Lifecycle::kTainted && !restoring) {
+        return "TAINTED left without a restore request";
+      }
     }
     return {};
   }
 
   // Bookkeeping after an event (input or derived) was applied.
   void note_before_apply(const Event& e) {
+    // Before its own decisions are checked: TAINTED -> DRAINING needs to know it is a restore.
+    if (std::holds_alternative<RestoreRequested>(e)) restoring = true;
     if (const auto* v = std::get_if<ValidationObserved>(&e)) {
       if (state.lifecycle == Lifecycle::kValidating && v->http.ok_2xx() && v->checks_passed &&
           v->reported_label == target_label) {
@@ -120,6 +136,18 @@ struct Checker {
       validated_label.reset();
       validated_digest.clear();
       target_label = u->target_label;
+      restoring = false;
+    } else if (const auto* r = std::get_if<RestoreRequested>(&e)) {
+      summary.restores_requested++;
+      validated_label.reset();
+      validated_digest.clear();
+      target_label = r->label;
+    } else if (const auto* p = std::get_if<VersionPublished>(&e)) {
+      if (!p->engine_digest.empty()) served_digest.emplace(p->version.label, p->engine_digest);
+    } else if (const auto* c = std::get_if<StateChanged>(&e);
+               c != nullptr && c->from == Lifecycle::kUninitialized &&
+               state.committed_digest.present()) {
+      served_digest.emplace(state.committed.label, state.committed_digest.combined);
     } else if (const auto* a = std::get_if<RolloutAdmitted>(&e)) {
       admitted_generation[a->rollout_id] = a->version.generation;
       used_rollout_ids.insert(a->rollout_id);

@@ -41,6 +41,7 @@ struct HistorySummary {
   std::uint64_t updates_refused = 0;
   std::uint64_t updates_tainted = 0;
   std::uint64_t recoveries = 0;
+  std::uint64_t restores_requested = 0;  // their ends count with the updates' outcomes
   std::map<std::uint64_t, VersionRollouts> rollouts_by_generation;
 };
 

@@ -12,7 +12,10 @@
 //    equals the one recorded for the same weights, or the trainer's expected one);
 //  * a failure that may have mutated weights -> TAINTED; one proven to precede mutation -> the
 //    update is refused and the engine resumes on the old version, untainted;
-//  * TAINTED is terminal: nothing is admitted, nothing published.
+//  * TAINTED admits nothing and publishes nothing; the only way out is a restore with proof:
+//    the update path to a version committed earlier in this journal, published only when the
+//    engine's digest equals the one recorded for it. A restore refused before mutation returns
+//    to TAINTED, never to serving.
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -147,11 +150,21 @@ bool is_engine_cause(Cause c) {
          c == Cause::kEnginePausedExternally || c == Cause::kWeightsChanged;
 }
 
+// A failure proven to precede mutation: an update resumes on the old version, a restore returns
+// to TAINTED (the engine's weights are still the suspect ones).
+bool is_refusal_cause(Cause c) {
+  return c == Cause::kDrainFailed || c == Cause::kPreflightRefused ||
+         c == Cause::kTransferRefused || c == Cause::kRecoveredNoMutation;
+}
+
 // The legal edges of the lifecycle and the causes each may carry.
 bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
   using L = Lifecycle;
   using C = Cause;
   auto is = [&](L f, L t) { return from == f && to == t; };
+  if (is(L::kTainted, L::kDraining)) return cause == C::kRestoreRequested;
+  if (is(L::kDraining, L::kTainted)) return cause == C::kDrainFailed;
+  if (is(L::kQuiesced, L::kTainted)) return cause == C::kPreflightRefused;
   if (is(L::kUninitialized, L::kReady)) return cause == C::kBootstrapped;
   if (is(L::kReady, L::kDraining)) return cause == C::kUpdateRequested;
   if (is(L::kDraining, L::kQuiesced)) return cause == C::kDrained;
@@ -163,7 +176,8 @@ bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
     return cause == C::kTransferRefused || cause == C::kRecoveredNoMutation;
   }
   if (is(L::kUpdating, L::kTainted)) {
-    return cause == C::kTransferAmbiguous || cause == C::kRecoveredAmbiguous;
+    return cause == C::kTransferAmbiguous || cause == C::kRecoveredAmbiguous ||
+           cause == C::kTransferRefused || cause == C::kRecoveredNoMutation;
   }
   if (is(L::kInvalidating, L::kValidating)) return cause == C::kCachesReset;
   if (is(L::kInvalidating, L::kTainted)) return cause == C::kCacheResetFailed;
@@ -229,6 +243,40 @@ Status apply_one(State& s, const UpdateRequested& e) {
   plan.expected_digest = e.expected_digest;
   s.update = std::move(plan);
   s.counters.updates_requested++;
+  return Status::OK();
+}
+
+Status check_restore(const State& s, const RestoreRequested& e) {
+  if (s.lifecycle != Lifecycle::kTainted) return reject(s, "restore (only a TAINTED engine)");
+  RC_RETURN_IF_ERROR(check_id("restore_id", e.restore_id));
+  RC_RETURN_IF_ERROR(check_id("label", e.label));
+  RC_RETURN_IF_ERROR(check_client_text("source_uri", e.source_uri));
+  if (e.adopt != e.source_uri.empty()) {
+    return Status::InvalidArgument(e.adopt ? "adopt takes no source_uri (the engine holds them)"
+                                           : "source_uri is required unless adopt");
+  }
+  if (s.labels.count(e.label) == 0) {
+    return Status::InvalidArgument("label '" + e.label + "' was never committed in this journal");
+  }
+  if (s.label_digests.count(e.label) == 0) {
+    return Status::Rejected("no weight digest was recorded for '" + e.label +
+                            "': nothing could prove the restore");
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const RestoreRequested& e) {
+  RC_RETURN_IF_ERROR(check_restore(s, e));
+  UpdatePlan plan;
+  plan.update_id = e.restore_id;
+  plan.target = WeightVersion{s.committed.generation + 1, e.label};
+  plan.identity = s.labels.at(e.label);
+  plan.source_uri = e.source_uri;
+  plan.expected_digest = s.label_digests.at(e.label);
+  plan.restore = true;
+  plan.adopt = e.adopt;
+  s.update = std::move(plan);
+  s.counters.restores_requested++;
   return Status::OK();
 }
 
@@ -424,6 +472,9 @@ Status apply_one(State& s, const ValidationObserved& e) {
   RC_RETURN_IF_ERROR(check_weight_digest(e.digest));
   s.in_flight.reset();
   s.update->observed_digest = e.digest;
+  // A restore proves the weights, not the process: the engine may have been restarted since the
+  // taint (adopt), so the instance that answers the validation is the one verified from now on.
+  if (s.update->restore && s.engine_instance.empty()) s.engine_instance = e.engine_instance;
   return Status::OK();
 }
 
@@ -550,6 +601,17 @@ Status check_state_changed(const State& s, const StateChanged& e) {
   if (engine_taint && s.update.has_value()) {
     return Status::Rejected("engine taint while an update is planned");
   }
+  const bool restore_edge = e.cause == Cause::kRestoreRequested ||
+                            (e.to == Lifecycle::kTainted && is_refusal_cause(e.cause));
+  if (restore_edge && !s.update->restore) {
+    return Status::Rejected(std::string("transition ") + lifecycle_name(e.from) + " -> " +
+                            lifecycle_name(e.to) + " (" + cause_name(e.cause) +
+                            ") outside a restore");
+  }
+  if (s.update.has_value() && s.update->restore && e.to == Lifecycle::kResuming &&
+      e.cause != Cause::kValidated) {
+    return Status::Rejected("a refused restore resumed the TAINTED engine");
+  }
   if (e.from == Lifecycle::kUpdating) {
     // Every way out of UPDATING is grounded in the transfer intent: an observed transfer (or an
     // ambiguous restart) needs it durable, a no-mutation restart needs it absent. A forged
@@ -581,6 +643,12 @@ Status apply_one(State& s, const StateChanged& e) {
   // every question. Any other edge keeps a pending re-verification.
   const bool vouched = e.to == Lifecycle::kResuming && from == Lifecycle::kValidating;
   if (vouched || e.to == Lifecycle::kTainted) s.engine_recheck = false;
+  if (from == Lifecycle::kTainted) {
+    // The restore owns the engine now; the incident stays in the journal. Which process serves
+    // afterwards is what the restore's validation sees.
+    s.taint.reset();
+    s.engine_instance.clear();
+  }
   if (e.to == Lifecycle::kReady && from == Lifecycle::kUninitialized) {
     s.committed = WeightVersion{0, s.bootstrap->label};
     s.committed_identity = s.bootstrap->identity;
@@ -624,7 +692,11 @@ Status apply_one(State& s, const VersionPublished& e) {
   s.labels[e.version.label] = e.identity;
   s.committed_digest = s.update->observed_digest;
   if (s.committed_digest.present()) s.label_digests[e.version.label] = e.engine_digest;
-  s.counters.updates_committed++;
+  if (s.update->restore) {
+    s.counters.restores_committed++;
+  } else {
+    s.counters.updates_committed++;
+  }
   return Status::OK();
 }
 
@@ -638,6 +710,13 @@ Status apply_one(State& s, const UpdateEnded& e) {
       if (!(s.committed == s.update->target)) return Status::Rejected("committed before publish");
       break;
     case UpdateOutcome::kRefused:
+      if (s.update->restore) {
+        if (s.lifecycle != Lifecycle::kDraining && s.lifecycle != Lifecycle::kQuiesced &&
+            s.lifecycle != Lifecycle::kUpdating) {
+          return Status::Rejected("restore refused after the weights may have changed");
+        }
+        break;
+      }
       if (s.lifecycle != Lifecycle::kResuming || !s.update->aborting) {
         return Status::Rejected("refused outside an aborting RESUMING");
       }
@@ -664,6 +743,17 @@ StateChanged change(const State& s, Lifecycle to, Cause cause, std::string detai
 void taint(const State& s, Cause cause, std::string detail, std::vector<Event>& out) {
   out.push_back(UpdateEnded{s.update->update_id, UpdateOutcome::kTainted, detail});
   out.push_back(change(s, Lifecycle::kTainted, cause, std::move(detail)));
+}
+
+// A failure proven to precede mutation: an update resumes on the old version; a restore ends
+// refused and the engine stays TAINTED (its weights were never proven).
+void refuse(const State& s, Cause cause, std::string detail, std::vector<Event>& out) {
+  if (!s.update->restore) {
+    out.push_back(change(s, Lifecycle::kResuming, cause, std::move(detail)));
+    return;
+  }
+  out.push_back(UpdateEnded{s.update->update_id, UpdateOutcome::kRefused, detail});
+  out.push_back(change(s, Lifecycle::kTainted, cause, "restore refused: " + detail));
 }
 
 std::string http_summary(const HttpEvidence& h) {
@@ -726,20 +816,22 @@ void derive(const State& s, const DrainObserved& e, std::vector<Event>& out) {
   if (ok && s.active.empty()) {
     out.push_back(change(s, Lifecycle::kQuiesced, Cause::kDrained, "engine paused, no bindings"));
   } else if (!ok && (e.http.transport == Transport::kTimeout || out_of_attempts(s))) {
-    out.push_back(change(s, Lifecycle::kResuming, Cause::kDrainFailed,
-                         "drain failed: " + http_summary(e.http)));
+    refuse(s, Cause::kDrainFailed, "drain failed: " + http_summary(e.http), out);
   }
 }
 
 void derive(const State& s, const DrainTimedOut& e, std::vector<Event>& out) {
-  out.push_back(change(s, Lifecycle::kResuming, Cause::kDrainFailed,
-                       std::to_string(e.active_rollouts) + " rollouts still active after " +
-                           std::to_string(e.waited_ms) + " ms"));
+  refuse(s, Cause::kDrainFailed,
+         std::to_string(e.active_rollouts) + " rollouts still active after " +
+             std::to_string(e.waited_ms) + " ms",
+         out);
 }
 
 void derive(const State& s, const PreflightObserved& e, std::vector<Event>& out) {
   std::string why;
-  if (e.source_manifest_digest != s.update->identity.manifest_digest) {
+  // Adopt transfers nothing, so there is no source to check; the digest is the proof.
+  const bool no_source = s.update->adopt && e.source_manifest_digest.empty();
+  if (!no_source && e.source_manifest_digest != s.update->identity.manifest_digest) {
     why += "source manifest " + e.source_manifest_digest.substr(0, 16) + " != declared " +
            s.update->identity.manifest_digest.substr(0, 16) + "; ";
   }
@@ -748,7 +840,7 @@ void derive(const State& s, const PreflightObserved& e, std::vector<Event>& out)
   if (why.empty()) {
     out.push_back(change(s, Lifecycle::kUpdating, Cause::kPreflightPassed, e.detail));
   } else {
-    out.push_back(change(s, Lifecycle::kResuming, Cause::kPreflightRefused, why + e.detail));
+    refuse(s, Cause::kPreflightRefused, why + e.detail, out);
   }
 }
 
@@ -764,8 +856,7 @@ void derive(const State& s, const TransferObserved& e, std::vector<Event>& out) 
     }
 #endif
   } else if (!e.acknowledged && e.mutation == MutationClass::kNone) {
-    out.push_back(
-        change(s, Lifecycle::kResuming, Cause::kTransferRefused, "no mutation: " + e.error));
+    refuse(s, Cause::kTransferRefused, "no mutation: " + e.error, out);
   } else {
     taint(s, Cause::kTransferAmbiguous,
           std::string("mutation ") + mutation_name(e.mutation) + " after " +
@@ -833,6 +924,12 @@ std::string digest_refusal(const State& s, const WeightDigest& d) {
   if (!s.committed_digest.present() && u.expected_digest.empty()) return {};
   if (!d.present()) return "no weight digest while paused: " + d.error;
   const std::string got = d.combined.substr(0, 16);
+  if (u.restore && d.combined != u.expected_digest) {
+    std::string why = "weight digest " + got + " is not " + u.expected_digest.substr(0, 16) +
+                      ", recorded when '" + u.target.label + "' was served";
+    if (u.target.label == s.committed.label) why += digest_difference(s.committed_digest, d);
+    return why;
+  }
   if (!u.expected_digest.empty() && d.combined != u.expected_digest) {
     return "weight digest " + got + " is not the trainer's expected " +
            u.expected_digest.substr(0, 16) + digest_difference(s.committed_digest, d);
@@ -909,8 +1006,7 @@ void derive(const State& s, const RecoveryStarted&, std::vector<Event>& out) {
   if (s.update->transfer_started) {
     taint(s, Cause::kRecoveredAmbiguous, "executor restarted after the transfer intent", out);
   } else {
-    out.push_back(change(s, Lifecycle::kResuming, Cause::kRecoveredNoMutation,
-                         "executor restarted before any transfer"));
+    refuse(s, Cause::kRecoveredNoMutation, "executor restarted before any transfer", out);
   }
 }
 
@@ -920,6 +1016,11 @@ void derive(const State& s, const T& e, std::vector<Event>& out) {
     (void)e;
     out.push_back(change(s, Lifecycle::kDraining, Cause::kUpdateRequested,
                          "target '" + s.update->target.label + "'"));
+  } else if constexpr (std::is_same_v<T, RestoreRequested>) {
+    out.push_back(change(s, Lifecycle::kDraining, Cause::kRestoreRequested,
+                         "restore to '" + e.label + "'" +
+                             (e.adopt ? " (adopt)" : " from " + e.source_uri) + ", proof: digest " +
+                             s.update->expected_digest.substr(0, 16)));
   } else {
     (void)s;
     (void)e;
@@ -1073,7 +1174,12 @@ std::string check_invariants_cheap(const State& s) {
     return "rollouts active while resuming a new version";
   }
   if (in_update_states(l) && !s.update.has_value()) return "update state without an update plan";
-  if ((l == Lifecycle::kUninitialized || l == Lifecycle::kTainted) && s.update.has_value()) {
+  // A restore's plan exists in TAINTED only between its request and TAINTED -> DRAINING.
+  const bool restore_requested = l == Lifecycle::kTainted && s.update.has_value() &&
+                                 s.update->restore && !s.update->drain_seen &&
+                                 !s.update->transfer_started && s.update->caches_reset_mask == 0;
+  if ((l == Lifecycle::kUninitialized || l == Lifecycle::kTainted) && s.update.has_value() &&
+      !restore_requested) {
     return "update plan outside the update states";
   }
   if ((l == Lifecycle::kTainted) != s.taint.has_value()) return "taint record mismatch";
@@ -1104,6 +1210,9 @@ std::string check_invariants_cheap(const State& s) {
     if (u.transfer_started && (l == Lifecycle::kDraining || l == Lifecycle::kQuiesced)) {
       return "transfer intent before UPDATING";
     }
+    if (u.adopt && !u.restore) return "adopt outside a restore";
+    if (u.restore && u.expected_digest.empty()) return "a restore without the digest to prove it";
+    if (u.restore && u.aborting) return "a restore aborting to serve";
   }
   if (s.attempts > kEffectAttemptsMax) return "attempts over the bound";
   if (s.active.size() > kActiveRolloutsMax) return "active rollouts over the bound";
@@ -1178,7 +1287,7 @@ std::string digest_difference(const WeightDigest& was, const WeightDigest& now) 
 bool weights_match(const State& s, const WeightDigest& d) { return digest_mismatch(s, d).empty(); }
 
 std::uint64_t monitor_epoch(const State& s) {
-  return s.counters.updates_requested + s.counters.recoveries;
+  return s.counters.updates_requested + s.counters.restores_requested + s.counters.recoveries;
 }
 
 }  // namespace rc

@@ -148,6 +148,8 @@ const char* cause_name(Cause c) {
       return "engine_paused_externally";
     case Cause::kWeightsChanged:
       return "weights_changed";
+    case Cause::kRestoreRequested:
+      return "restore_requested";
   }
   return "?";
 }
@@ -200,6 +202,7 @@ constexpr const char* name_of() {
   if constexpr (std::is_same_v<T, UpdateEnded>) return "UpdateEnded";
   if constexpr (std::is_same_v<T, TrajectoryRecorded>) return "TrajectoryRecorded";
   if constexpr (std::is_same_v<T, EngineMonitored>) return "EngineMonitored";
+  if constexpr (std::is_same_v<T, RestoreRequested>) return "RestoreRequested";
   return "?";
 }
 }  // namespace

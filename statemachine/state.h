@@ -39,6 +39,10 @@ struct UpdatePlan {
   bool validated = false;        // VALIDATING saw the target label: RESUMING publishes
   bool aborting = false;         // refused before mutation: RESUMING returns to the old version
   std::string abort_reason;
+  // A restore of a TAINTED engine to an earlier committed version (expected_digest is the one
+  // recorded for it): refused before mutation it returns to TAINTED, never to serving.
+  bool restore = false;
+  bool adopt = false;  // restore only: nothing is transferred, the engine is labelled and proven
   bool operator==(const UpdatePlan&) const = default;
 };
 
@@ -62,6 +66,8 @@ struct Counters {
   std::uint64_t updates_committed = 0;
   std::uint64_t updates_refused = 0;
   std::uint64_t recoveries = 0;
+  std::uint64_t restores_requested = 0;
+  std::uint64_t restores_committed = 0;
   bool operator==(const Counters&) const = default;
 };
 
@@ -143,7 +149,8 @@ std::string digest_difference(const WeightDigest& was, const WeightDigest& now);
 // has none): the fold's rule for EngineProbed and EngineMonitored in READY.
 bool weights_match(const State& state, const WeightDigest& digest);
 
-// updates_requested + recoveries: what an EngineMonitored must name to be current.
+// updates_requested + restores_requested + recoveries: what an EngineMonitored must name to be
+// current.
 std::uint64_t monitor_epoch(const State& state);
 
 }  // namespace rc

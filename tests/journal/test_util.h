@@ -61,6 +61,8 @@ inline std::vector<Event> SampleEvents() {
       UpdateEnded{"u1", UpdateOutcome::kRefused, "preflight refused"},
       TrajectoryRecorded{"r-1", 2, {1, 2, 3}, {97, 98}, {-0.5f, std::nanf("")}},
       EngineMonitored{http, "rc-2", true, false, "nonce-9", 1700000000123, 7},
+      RestoreRequested{"restore-1", "rc-2", "safetensors:/ckpt/rc-2", false},
+      RestoreRequested{"restore-2", "rc-2", "", true},
   };
 }
 
@@ -87,7 +89,7 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     for (auto& x : v) x = static_cast<std::int32_t>(u32());
     return v;
   };
-  switch (rng() % 19) {
+  switch (rng() % 20) {
     case 0:
       return BootstrapRequested{str(), id()};
     case 1:
@@ -99,6 +101,8 @@ inline Event RandomEvent(std::mt19937_64& rng) {
                            u64()};
     case 4:
       return EngineProbed{http(), str(), str(), b(), b(), str(), str(), b()};
+    case 19:
+      return RestoreRequested{str(), str(), str(), b()};
     case 18:
       return EngineMonitored{http(), str(), b(), b(), str(), static_cast<std::int64_t>(u64()),
                              u64()};

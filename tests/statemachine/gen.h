@@ -199,7 +199,11 @@ inline Event garbage(const State& s, Rng& r) {
                                     {L::kInvalidating, L::kTainted, C::kCacheResetFailed},
                                     {L::kValidating, L::kResuming, C::kValidated},
                                     {L::kValidating, L::kTainted, C::kValidationFailed},
-                                    {L::kResuming, L::kReady, C::kResumed}};
+                                    {L::kResuming, L::kReady, C::kResumed},
+                                    {L::kTainted, L::kDraining, C::kRestoreRequested},
+                                    {L::kDraining, L::kTainted, C::kDrainFailed},
+                                    {L::kQuiesced, L::kTainted, C::kPreflightRefused},
+                                    {L::kUpdating, L::kTainted, C::kTransferRefused}};
       std::vector<Edge> out;
       for (const Edge& e : kEdges) {
         if (e.from == s.lifecycle) out.push_back(e);
@@ -248,6 +252,9 @@ struct InputGen {
           return UpdateRequested{"u" + std::to_string(++counter),
                                  "rc-" + std::to_string(s.committed.generation + 1),
                                  identity(static_cast<char>('a' + r.below(6))), "safetensors:x"};
+        case Lifecycle::kTainted:  // refused unless a digest was recorded for the label
+          return RestoreRequested{"x" + std::to_string(++counter), s.committed.label,
+                                  r.chance(50) ? "safetensors:x" : "", r.chance(50)};
         default:
           break;
       }
