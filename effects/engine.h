@@ -18,7 +18,7 @@ class EngineControl {
   virtual HttpEvidence Health() = 0;
   // /health, /version and the label (GET /weight_info, or the worker extension on vLLM 0.25.x).
   virtual EngineProbed Probe() = 0;
-  // Sets the label (bootstrap only: names the initial weights).
+  // Sets the label: names the initial weights at bootstrap, and an adopted engine at a restore.
   virtual HttpEvidence SetLabel(const std::string& label) = 0;
   // POST /pause?mode=wait&clear_cache=false — blocks until running requests finish.
   virtual DrainObserved PauseWait(std::uint64_t timeout_ms) = 0;

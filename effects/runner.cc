@@ -13,6 +13,10 @@ std::string UpdateIdempotencyKey(const std::string& update_id) {
   return "update:" + encoding::Sha256Hex(update_id);
 }
 
+std::string RestoreIdempotencyKey(const std::string& restore_id) {
+  return "restore:" + encoding::Sha256Hex(restore_id);
+}
+
 Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer& transfer,
                Clock& clock, RunnerOptions options)
     : journal_(journal),
@@ -116,6 +120,8 @@ Event Runner::observe(const Effect& effect, const State& s) {
     case EffectKind::kPreflight:
     case EffectKind::kTransfer: {
       const UpdatePlan& u = *s.update;
+      if (u.adopt && effect.kind == EffectKind::kPreflight) return adopt_preflight();
+      if (u.adopt) return label_only(u);
       TransferTarget target{u.update_id, u.target, u.identity, u.source_uri};
       if (effect.kind == EffectKind::kPreflight) return transfer_.Preflight(target);
       return transfer_.Transfer(target, options_.transfer_timeout_ms);
@@ -132,6 +138,27 @@ Event Runner::observe(const Effect& effect, const State& s) {
   }
   RC_CHECK(false && "observe() called for an effect without I/O");
   return DrainTimedOut{};
+}
+
+// A restore that adopts sends no weights, so there is no source to check: the validation's
+// digest, compared with the one recorded for the version, is the whole proof.
+PreflightObserved Runner::adopt_preflight() {
+  return PreflightObserved{"", true, true, "adopt: nothing is sent; the weight digest decides"};
+}
+
+// Adopt's transfer only labels the engine. The weights are never touched, so a failed label is
+// a refusal (the engine stays TAINTED), never an ambiguous mutation.
+TransferObserved Runner::label_only(const UpdatePlan& plan) {
+  RC_CHECK(plan.restore && plan.adopt);
+  const std::int64_t start_us = clock_.now_us();
+  const HttpEvidence set = engine_.SetLabel(plan.target.label);
+  TransferObserved t;
+  t.acknowledged = set.ok_2xx();
+  t.mutation = t.acknowledged ? MutationClass::kComplete : MutationClass::kNone;
+  t.finish_label = plan.target.label;
+  t.duration_us = elapsed_us(start_us);
+  if (!t.acknowledged) t.error = "labelling the adopted engine failed: " + describe(set);
+  return t;
 }
 
 // Bootstrap names the initial weights. A fresh engine (kFreshEngineLabel) is labelled once; with
@@ -317,22 +344,31 @@ Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identit
 }
 
 Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {
+  return run_to_end(request, request.update_id, UpdateIdempotencyKey(request.update_id));
+}
+
+Result<UpdateEnded> Runner::Restore(const RestoreRequested& request) {
+  return run_to_end(request, request.restore_id, RestoreIdempotencyKey(request.restore_id));
+}
+
+Result<UpdateEnded> Runner::run_to_end(const Event& request, const std::string& id,
+                                       const std::string& key) {
   timings_.clear();
   ended_.clear();
   const std::int64_t start_us = clock_.now_us();
   // Durable with the drain's intent, before the engine is touched.
-  auto r = submit(request, UpdateIdempotencyKey(request.update_id), Durability::kWithNext);
+  auto r = submit(request, key, Durability::kWithNext);
   if (!r.ok()) return r.status();
   Status driven = Drive();
   timings_.total_us = elapsed_us(start_us);
   if (!driven.ok()) return driven;
   for (const UpdateEnded& e : ended_) {
-    if (e.update_id == request.update_id) return e;
+    if (e.update_id == id) return e;
   }
   const State s = journal_.state();
-  return Status::Unavailable("update '" + request.update_id + "' did not end: state " +
-                             lifecycle_name(s.lifecycle) + ", next effect " +
-                             effect_name(next_effect(s).kind) + " (retries exhausted)");
+  return Status::Unavailable("'" + id + "' did not end: state " + lifecycle_name(s.lifecycle) +
+                             ", next effect " + effect_name(next_effect(s).kind) +
+                             " (retries exhausted)");
 }
 
 }  // namespace rc::effects

@@ -62,6 +62,8 @@ struct PhaseTimings {
 
 // The journal idempotency key of an update request (fixed size whatever the id's length).
 std::string UpdateIdempotencyKey(const std::string& update_id);
+// The same for a restore (its own key space: a restore never answers as an earlier update).
+std::string RestoreIdempotencyKey(const std::string& restore_id);
 
 class Runner {
  public:
@@ -84,6 +86,9 @@ class Runner {
                                  const BootstrapOptions& options = {});
   // Submits the request and drives the update to its end (committed, refused or tainted).
   [[nodiscard]] Result<UpdateEnded> Update(const UpdateRequested& request);
+  // The same for a restore of a TAINTED engine: committed (READY on the restored version, its
+  // digest proven), refused (still TAINTED, nothing changed) or tainted (the reload failed).
+  [[nodiscard]] Result<UpdateEnded> Restore(const RestoreRequested& request);
   // Performs effects until none is due.
   [[nodiscard]] Status Drive();
 
@@ -105,6 +110,10 @@ class Runner {
   [[nodiscard]] Status await_rollouts(const State& state);
   Event observe(const Effect& effect, const State& state);
   EngineProbed probe_for_bootstrap(const BootstrapRequested& bootstrap);
+  PreflightObserved adopt_preflight();
+  TransferObserved label_only(const UpdatePlan& plan);
+  [[nodiscard]] Result<UpdateEnded> run_to_end(const Event& request, const std::string& id,
+                                               const std::string& key);
   DrainObserved drain();
   [[nodiscard]] Status wait_for_engine(const BootstrapOptions& options);
   std::uint64_t elapsed_us(std::int64_t since_us) const;
