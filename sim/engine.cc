@@ -282,6 +282,14 @@ PreflightObserved SimControl::Preflight(const effects::TransferTarget& target) {
   return p;
 }
 
+// The weights a source names: "synthetic:<checkpoint>" (what the world sends), else the declared
+// checkpoint. A restore from the wrong source loads what the source holds, not what was declared.
+std::string SourceWeights(const effects::TransferTarget& target) {
+  const std::string scheme = "synthetic:";
+  if (target.source_uri.rfind(scheme, 0) == 0) return target.source_uri.substr(scheme.size());
+  return target.identity.checkpoint;
+}
+
 TransferObserved SimControl::Transfer(const effects::TransferTarget& target,
                                       std::uint64_t deadline_ms) {
   const std::int64_t start_us = s_.now_us();
@@ -309,12 +317,13 @@ TransferObserved SimControl::Transfer(const effects::TransferTarget& target,
   // /update_weights + the data plane: chunks land one by one.
   const HttpEvidence update = Call(&applied);
   if (!e_.truth().alive) return ambiguous("engine gone mid-transfer");
-  e_.Mutate("mixed:" + target.identity.checkpoint);
+  const std::string weights = SourceWeights(target);
+  e_.Mutate("mixed:" + weights);
   if (!applied || !update.ok_2xx() || mode == 2) return ambiguous("update_weights failed");
   s_.RunUntil(s_.now_us() + 5000);  // the data plane runs; others act
   if (!e_.truth().alive) return ambiguous("engine gone mid-transfer");
   // A silent loss leaves the mix in place and nothing reports it: only the digest can tell.
-  if (!f_.silent_loss) e_.Mutate(target.identity.checkpoint);
+  if (!f_.silent_loss) e_.Mutate(weights);
   f_.silent_loss = false;
   // /finish_weight_update {"weight_version": label}
   const HttpEvidence finish = Call(&applied);

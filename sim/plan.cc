@@ -102,6 +102,8 @@ void SimStats::Add(const SimStats& o) {
   events += o.events;
   full_checks += o.full_checks;
   faults += o.faults;
+  restores += o.restores;
+  restored += o.restored;
   for (const auto& [k, n] : o.taints) taints[k] += n;
 }
 

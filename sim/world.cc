@@ -29,6 +29,7 @@ constexpr int kRestartsPerCycleMax = 8;          // an update must end within th
 constexpr std::size_t kViolationsMax = 16;
 constexpr std::uint32_t kLeaseMs = 300;
 constexpr std::uint32_t kFinishRetriesMax = 200;  // an explicit client retries its finish (bounded)
+constexpr std::uint32_t kRestoresPerWorldMax = 3;  // failed restores in a row before retiring
 const std::string kDigest(64, 'a');
 
 WeightIdentity IdentityFor(const std::string& checkpoint, std::int64_t step) {
@@ -74,6 +75,8 @@ class World {
   void RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults);
   void Close();
   bool tainted() { return journal_ && journal_->state().lifecycle == Lifecycle::kTainted; }
+  // Still TAINTED after this many restores in a row: the world is retired.
+  bool restores_exhausted() const { return restores_failed_ >= kRestoresPerWorldMax; }
   std::uint32_t cycles() const { return cycles_; }
   std::string head() const { return head_; }
 
@@ -98,6 +101,9 @@ class World {
   void ClientFinish(const std::string& id, RolloutOutcome outcome);
 
   void RunUpdate(std::uint32_t cycle);
+  void RunRestore(std::uint32_t cycle);
+  RestoreRequested PlanRestore(const State& s, std::uint32_t cycle);
+  [[nodiscard]] bool FinishEffect(const std::string& id, bool crashed, bool ok);
   void CheckAdmissionsDuring(const std::string& update_id, std::uint64_t after_seq);
   bool NeedsRestart(bool crashed, bool update_ok);
   bool Restart();
@@ -128,6 +134,8 @@ class World {
   std::vector<std::pair<std::string, std::uint64_t>> admitted_during_update_;  // id, seq
   bool recovering_ = false;  // Runner::Recover() is running
   bool restart_engine_ready_ = false;
+  std::uint32_t restores_failed_ = 0;    // restores in a row that left the engine TAINTED
+  std::set<std::string> wrong_sources_;  // restore ids sent the wrong checkpoint on purpose
   std::uint32_t cycles_ = 0, cycle_ = 0;
   std::string head_;
 };
@@ -536,7 +544,8 @@ void World::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults) {
 
 void World::RunUpdate(std::uint32_t cycle) {
   const State before = journal_->state();
-  if (before.lifecycle != Lifecycle::kReady || before.engine_recheck) return;  // tainted
+  if (before.lifecycle == Lifecycle::kTainted) return RunRestore(cycle);
+  if (before.lifecycle != Lifecycle::kReady || before.engine_recheck) return;
   const std::string id = "u" + std::to_string(index_) + "-" + std::to_string(cycle);
   const std::string ckpt = "ckpt/c" + std::to_string(cycle);
   // The trainer digests the checkpoint in the engine's layout: VALIDATING must see exactly it.
@@ -560,20 +569,63 @@ void World::RunUpdate(std::uint32_t cycle) {
   } else {
     result_.stats.update_errors++;
   }
-  bool restart = crashed || journal_->failed() || !ended.ok();
+  if (!FinishEffect(id, crashed, ended.ok())) return;
+  CheckAdmissionsDuring(id, request_after_seq);
+}
+
+// After an update or a restore: restarts until nothing is in flight, then disarms the cycle's
+// faults that did not fire. False when the world cannot go on (a violation, or no journal).
+bool World::FinishEffect(const std::string& id, bool crashed, bool ok) {
+  bool restart = crashed || journal_->failed() || !ok;
   for (int k = 0; restart; ++k) {
     if (k >= kRestartsPerCycleMax) {
-      Violate("update '" + id + "' did not end after " + std::to_string(k) + " restarts");
-      return;
+      Violate("'" + id + "' did not end after " + std::to_string(k) + " restarts");
+      return false;
     }
     if (k > 0) Sleep(250);  // an engine that is down comes back
-    if (!Restart()) return;
+    if (!Restart()) return false;
     restart = journal_->state().update.has_value() || journal_->failed();
   }
   update_open_ = false;
-  CheckAdmissionsDuring(id, request_after_seq);
   ctl_.faults() = CycleFaults{};  // what did not fire is disarmed
   if (!journal_->failed()) faults_->Clear();
+  return true;
+}
+
+// The operator's restore of a TAINTED engine to the committed version: adopt (half the time)
+// when the monitor saw a restarted engine, else reload the version's checkpoint; one reload in
+// eight names the wrong checkpoint, which must never be published.
+RestoreRequested World::PlanRestore(const State& s, std::uint32_t cycle) {
+  RestoreRequested r;
+  r.restore_id = "x" + std::to_string(index_) + "-" + std::to_string(cycle);
+  r.label = s.committed.label;
+  r.adopt = s.taint->cause == Cause::kEngineReplaced && rng_() % 2 == 0;
+  if (r.adopt) return r;
+  const bool wrong = rng_() % 8 == 0;
+  r.source_uri = "synthetic:" + (wrong ? "ckpt/elsewhere" : s.committed_identity.checkpoint);
+  if (wrong) wrong_sources_.insert(r.restore_id);
+  return r;
+}
+
+void World::RunRestore(std::uint32_t cycle) {
+  const State before = journal_->state();
+  const RestoreRequested request = PlanRestore(before, cycle);
+  update_open_ = true;
+  const std::uint64_t request_after_seq = journal_->head_seq();
+  Result<UpdateEnded> ended = runner_->Restore(request);
+  const bool crashed = crash_at_ > 0 && observed_ >= crash_at_;
+  crash_at_ = 0;
+  const bool committed = ended.ok() && ended->outcome == UpdateOutcome::kCommitted;
+  if (ended.ok()) answers_[request.restore_id] = ended->outcome;
+  if (!ended.ok()) result_.stats.update_errors++;
+  result_.stats.restores++;
+  result_.stats.restored += committed;
+  if (committed && wrong_sources_.count(request.restore_id)) {
+    Violate("restore '" + request.restore_id + "' from the wrong checkpoint was published");
+  }
+  if (!FinishEffect(request.restore_id, crashed, ended.ok())) return;
+  restores_failed_ = tainted() ? restores_failed_ + 1 : 0;
+  CheckAdmissionsDuring(request.restore_id, request_after_seq);
 }
 
 // No admission between an update's request and its end: each admission acknowledged while the
@@ -586,6 +638,8 @@ void World::CheckAdmissionsDuring(const std::string& update_id, std::uint64_t af
   Status st = journal_->Scan(after_seq + 1, 0, [&](const journal::Record& r) {
     const auto* q = std::get_if<UpdateRequested>(&r.event);
     if (q != nullptr && q->update_id == update_id) requested_seq = r.seq;
+    const auto* x = std::get_if<RestoreRequested>(&r.event);
+    if (x != nullptr && x->restore_id == update_id) requested_seq = r.seq;
     const auto* e = std::get_if<UpdateEnded>(&r.event);
     if (e != nullptr && e->update_id == update_id) ended_seq = r.seq;
     return Status::OK();
@@ -755,7 +809,8 @@ SimResult Run(const SimOptions& options, const FaultPlan& plan) {
   std::unique_ptr<World> world;
   std::uint64_t index = 0;
   for (std::uint32_t cycle = 0; cycle < options.cycles && result.violations.empty(); ++cycle) {
-    if (world && (world->tainted() || world->cycles() >= options.cycles_per_world)) {
+    if (world && ((world->tainted() && world->restores_exhausted()) ||
+                  world->cycles() >= options.cycles_per_world)) {
       world->Close();
       result.head += world->head() + ";";
       world.reset();
