@@ -90,7 +90,10 @@ class Replayer {
 
   // Keeps the records of the update in flight so a TAINTED incident can be explained.
   void Track(const journal::Record& r) {
-    if (std::holds_alternative<UpdateRequested>(r.event)) update_records_.clear();
+    if (std::holds_alternative<UpdateRequested>(r.event) ||
+        std::holds_alternative<RestoreRequested>(r.event)) {
+      update_records_.clear();
+    }
     if (report_.state.update.has_value() || std::holds_alternative<StateChanged>(r.event) ||
         std::holds_alternative<UpdateEnded>(r.event)) {
       if (update_records_.size() < kTimelineRecordsMax) update_records_.push_back(r);
@@ -98,17 +101,54 @@ class Replayer {
     const auto* changed = std::get_if<StateChanged>(&r.event);
     if (changed != nullptr && changed->to == Lifecycle::kTainted) {
       report_.incidents.push_back(Explain(r.seq));
+      last_taint_seq_ = r.seq;
+    }
+    const auto* published = std::get_if<VersionPublished>(&r.event);
+    if (published != nullptr && report_.state.update->restore) {
+      report_.restores.push_back(ExplainRestore(r.seq, *published));
     }
     if (changed != nullptr && changed->to == Lifecycle::kReady) update_records_.clear();
   }
 
   TaintIncident Explain(std::uint64_t taint_seq) const;
+  RestoreProof ExplainRestore(std::uint64_t seq, const VersionPublished& p) const;
+  const RestoreRequested* RestoreInFlight() const;
 
   static constexpr std::size_t kTimelineRecordsMax = 4096;
   ReplayReport& report_;
   PendingInput pending_;
   std::vector<journal::Record> update_records_;
+  std::uint64_t last_taint_seq_ = 0;
 };
+
+// The restore request among the records of the update in flight, if it is a restore.
+const RestoreRequested* Replayer::RestoreInFlight() const {
+  for (const journal::Record& r : update_records_) {
+    if (const auto* q = std::get_if<RestoreRequested>(&r.event)) return q;
+  }
+  return nullptr;
+}
+
+RestoreProof Replayer::ExplainRestore(std::uint64_t seq, const VersionPublished& p) const {
+  RestoreProof proof;
+  proof.publish_seq = seq;
+  proof.restore_id = p.update_id;
+  const RestoreRequested* q = RestoreInFlight();
+  std::ostringstream out;
+  out << "RESTORED at seq " << seq << ": restore '" << E(p.update_id)
+      << "' took the engine back to '" << E(p.version.label) << "' (generation "
+      << p.version.generation << ", checkpoint '" << E(p.identity.checkpoint) << "')"
+      << (q == nullptr ? ""
+          : q->adopt   ? " by adopting the engine as found"
+                       : " by reloading " + E(q->source_uri))
+      << "\n";
+  out << "  proof: the weight digest " << E(p.engine_digest.substr(0, 16))
+      << " taken while paused equals the one recorded when '" << E(p.version.label)
+      << "' was served; every cache was reset after the reload";
+  if (last_taint_seq_ != 0) out << "\n  it ends the TAINTED incident at seq " << last_taint_seq_;
+  proof.explanation = out.str();
+  return proof;
+}
 
 TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
   TaintIncident incident;
@@ -164,14 +204,28 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
              "not be shown to be cleared; serving would risk stale KV/encoder reuse.\n";
       break;
     case Cause::kValidationFailed:
-      out << "  reading: after the mutation the engine did not prove it serves the target; "
-             "the weights it holds are unknown.\n";
+      out << (RestoreInFlight() != nullptr
+                  ? "  reading: the restore's reload did not bring back the recorded weights "
+                    "(the source holds other weights, or the reload was partial); the engine "
+                    "stays TAINTED.\n"
+                  : "  reading: after the mutation the engine did not prove it serves the "
+                    "target; the weights it holds are unknown.\n");
       break;
     default:
       break;
   }
-  out << "  nothing was published and no rollout was admitted after this point. Recover by "
-         "restarting the engine from a known checkpoint and starting a new journal.";
+  out << "  nothing was published and no rollout was admitted after this point.\n";
+  const State& st = report_.state;
+  if (st.label_digests.count(st.committed.label) != 0) {
+    out << "  recover: restore it with proof, e.g. `rolloutcore restore --label '"
+        << E(st.committed.label) << "' --source <where its weights are>` (or --adopt for an "
+        << "engine restarted on that checkpoint): it serves again only if its weight digest "
+        << "equals the recorded one.";
+  } else {
+    out << "  recover: no weight digest was recorded for '" << E(st.committed.label)
+        << "', so no restore can be proven: restart the engine from a known checkpoint and "
+           "start a new journal.";
+  }
   incident.explanation = out.str();
   return incident;
 }
@@ -203,7 +257,8 @@ std::string FormatReport(const ReplayReport& report) {
   out << "rollouts: admitted " << c.rollouts_admitted << ", completed " << c.rollouts_completed
       << ", aborted " << c.rollouts_aborted << ", abandoned " << c.rollouts_abandoned
       << "; updates: requested " << c.updates_requested << ", committed " << c.updates_committed
-      << ", refused " << c.updates_refused << "; recoveries " << c.recoveries << "\n";
+      << ", refused " << c.updates_refused << "; restores: requested " << c.restores_requested
+      << ", proven " << c.restores_committed << "; recoveries " << c.recoveries << "\n";
   if (report.ok) {
     out << "verification: OK (hash chain, legality of every record, every decision reproduced)\n";
   } else {
@@ -211,6 +266,7 @@ std::string FormatReport(const ReplayReport& report) {
         << "\n";
   }
   for (const TaintIncident& i : report.incidents) out << i.explanation << "\n";
+  for (const RestoreProof& r : report.restores) out << r.explanation << "\n";
   return out.str();
 }
 
@@ -234,6 +290,12 @@ std::string ReportJson(const ReplayReport& report) {
     inc["timeline"] = nlohmann::json::array();
     for (const journal::Record& r : i.timeline) inc["timeline"].push_back(journal::RecordToJson(r));
     j["incidents"].push_back(std::move(inc));
+  }
+  j["restores"] = nlohmann::json::array();
+  for (const RestoreProof& r : report.restores) {
+    j["restores"].push_back({{"publish_seq", r.publish_seq},
+                             {"restore_id", r.restore_id},
+                             {"explanation", r.explanation}});
   }
   return DumpSafe(j, 2);
 }

@@ -23,6 +23,13 @@ struct TaintIncident {
   std::string explanation;
 };
 
+// One restore that brought a TAINTED engine back: what it restored, the proof, the taint it ended.
+struct RestoreProof {
+  std::uint64_t publish_seq = 0;
+  std::string restore_id;
+  std::string explanation;
+};
+
 struct ReplayReport {
   State state;                // folded state at until_seq (or head)
   std::uint64_t records = 0;  // records visited
@@ -32,6 +39,7 @@ struct ReplayReport {
   std::uint64_t first_bad_seq = 0;
   std::string error;  // what is wrong at first_bad_seq
   std::vector<TaintIncident> incidents;
+  std::vector<RestoreProof> restores;
 };
 
 // Streams the journal once. Never fails on bad content: a broken chain, an illegal record or a
