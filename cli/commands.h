@@ -14,5 +14,6 @@ Runner add_replay(CLI::App& app);
 Runner add_demo(CLI::App& app);
 Runner add_serve(CLI::App& app);
 Runner add_audit(CLI::App& app);
+Runner add_restore(CLI::App& app);
 
 }  // namespace rc::cli

@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
       "Run the update executor: trainer API, enforcing admission proxy and /metrics");
   add(&rc::cli::add_audit, "audit",
       "Audit a journal offline: integrity, lifecycle history, provenance, trajectories");
+#ifdef RC_CLI_HAVE_EFFECTS
+  add(&rc::cli::add_restore, "restore",
+      "Ask a running executor to restore its TAINTED engine to an earlier version, with proof");
+#endif
   CLI11_PARSE(app, argc, argv);
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) return run();

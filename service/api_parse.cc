@@ -80,7 +80,7 @@ Result<WeightIdentity> ParseIdentity(const json& body) {
 
 }  // namespace
 
-Status ValidateSource(const std::string& uri) {
+Status ValidateSource(const std::string& uri, SourceReader reader) {
   if (uri.empty() || uri.size() > kTextBytesMax || !rc::text::printable_utf8(uri)) {
     return Status::InvalidArgument("'source' must be 1.." + std::to_string(kTextBytesMax) +
                                    " bytes of printable UTF-8");
@@ -88,10 +88,11 @@ Status ValidateSource(const std::string& uri) {
   if (uri.rfind("synthetic:", 0) == 0) return ValidateSyntheticSource(uri);
   Result<std::string> path = SourcePath(uri);
   if (!path.ok()) return path.status();
+  if (reader == SourceReader::kEngine) return Status::OK();
   return CheckReadableFile(uri, *path);
 }
 
-Result<UpdateRequested> ParseUpdate(const json& body) {
+Result<UpdateRequested> ParseUpdate(const json& body, SourceReader reader) {
   RC_RETURN_IF_ERROR(
       OnlyFields(body, {"update_id", "target_label", "identity", "source", "expected_digest"}, ""));
   UpdateRequested r;
@@ -104,7 +105,7 @@ Result<UpdateRequested> ParseUpdate(const json& body) {
   auto source = GetString(body, "source", true);
   if (!source.ok()) return source.status();
   r.source_uri = *source;
-  RC_RETURN_IF_ERROR(ValidateSource(r.source_uri));
+  RC_RETURN_IF_ERROR(ValidateSource(r.source_uri, reader));
   Result<WeightIdentity> identity = ParseIdentity(body);
   if (!identity.ok()) return identity.status();
   r.identity = std::move(identity.value());
@@ -118,9 +119,49 @@ Result<UpdateRequested> ParseUpdate(const json& body) {
   return r;
 }
 
-Result<UpdateRequested> ParseUpdateBody(const std::string& body) {
+Result<UpdateRequested> ParseUpdateBody(const std::string& body, SourceReader reader) {
   auto parsed = ParseObject(body, false);
-  return parsed.ok() ? ParseUpdate(*parsed) : Result<UpdateRequested>(parsed.status());
+  return parsed.ok() ? ParseUpdate(*parsed, reader) : Result<UpdateRequested>(parsed.status());
+}
+
+namespace {
+
+Result<bool> GetAdopt(const json& body) {
+  auto it = body.find("adopt");
+  if (it == body.end() || it->is_null()) return false;
+  if (!it->is_boolean()) return Status::InvalidArgument("'adopt' must be a boolean");
+  return it->get<bool>();
+}
+
+Result<RestoreRequested> ParseRestore(const json& body, SourceReader reader) {
+  RC_RETURN_IF_ERROR(OnlyFields(body, {"restore_id", "label", "source", "adopt"}, ""));
+  RestoreRequested r;
+  auto id = GetString(body, "restore_id", true);
+  if (!id.ok()) return id.status();
+  r.restore_id = *id;
+  auto label = GetString(body, "label", true);
+  if (!label.ok()) return label.status();
+  r.label = *label;
+  auto adopt = GetAdopt(body);
+  if (!adopt.ok()) return adopt.status();
+  r.adopt = *adopt;
+  auto source = GetString(body, "source", false);
+  if (!source.ok()) return source.status();
+  r.source_uri = *source;
+  if (r.adopt == !r.source_uri.empty()) {
+    return Status::InvalidArgument(
+        r.adopt ? "'adopt': true takes no 'source' (the engine already holds the weights)"
+                : "'source' is required (where the version's weights are), or 'adopt': true");
+  }
+  if (!r.adopt) RC_RETURN_IF_ERROR(ValidateSource(r.source_uri, reader));
+  return r;
+}
+
+}  // namespace
+
+Result<RestoreRequested> ParseRestoreBody(const std::string& body, SourceReader reader) {
+  auto parsed = ParseObject(body, false);
+  return parsed.ok() ? ParseRestore(*parsed, reader) : Result<RestoreRequested>(parsed.status());
 }
 
 Result<AdmitBody> ParseAdmitBody(const std::string& req_body, std::uint64_t admit_wait_ms,

@@ -14,14 +14,26 @@
 
 namespace rc::service {
 
+// Who reads a source's files: the executor (NCCL and HTTP transfers: the file must be readable
+// here) or the engine (the reload transfer: only the syntax is checked here, the engine's
+// preflight reads the files).
+enum class SourceReader : std::uint8_t { kExecutor = 0, kEngine = 1 };
+
 // A source URI from a client, checked before anything is journaled or the engine touched: a bad
 // one is a 400 with zero journal events. Messages name the URI (escaped), never file contents.
-Status ValidateSource(const std::string& uri);
+Status ValidateSource(const std::string& uri, SourceReader reader = SourceReader::kExecutor);
 
 // POST /v1/updates: the already-parsed JSON object.
-Result<UpdateRequested> ParseUpdate(const nlohmann::json& body);
+Result<UpdateRequested> ParseUpdate(const nlohmann::json& body,
+                                    SourceReader reader = SourceReader::kExecutor);
 // POST /v1/updates: the raw body (not JSON, not an object, or ParseUpdate's refusal).
-Result<UpdateRequested> ParseUpdateBody(const std::string& body);
+Result<UpdateRequested> ParseUpdateBody(const std::string& body,
+                                        SourceReader reader = SourceReader::kExecutor);
+
+// POST /v1/restores: {"restore_id", "label", "source"?, "adopt"?} — exactly one of a source and
+// adopt: true.
+Result<RestoreRequested> ParseRestoreBody(const std::string& body,
+                                          SourceReader reader = SourceReader::kExecutor);
 
 // POST /v1/rollouts: {"rollout_id"?, "wait_ms"?, "lease_ms"?} ("" allowed: all defaults).
 struct AdmitBody {

@@ -44,6 +44,11 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> trajectories_dropped{0};
   std::atomic<std::uint64_t> updates_outcome_unknown{0};  // answered 503 outcome_unknown
   std::atomic<std::uint64_t> updates_replayed{0};         // a re-POST answered from the record
+  std::atomic<std::uint64_t> restores_committed{0};       // restore answers, by outcome
+  std::atomic<std::uint64_t> restores_refused{0};
+  std::atomic<std::uint64_t> restores_tainted{0};
+  std::atomic<std::uint64_t> restores_conflict{0};
+  std::atomic<std::uint64_t> restores_replayed{0};
   std::atomic<std::uint64_t> admission_rejected_overloaded{0};  // group-commit queue full
   std::atomic<std::uint64_t> admission_rejected_failed{0};      // after fail-stop
   std::atomic<std::uint64_t> finish_retries{0};  // FinishDurably retries (queue full)

@@ -122,6 +122,7 @@ void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m
   constexpr const char* kFinished = "rolloutcore_rollouts_finished_total";
   constexpr const char* kRefused = "rolloutcore_admissions_refused_total";
   constexpr const char* kUpdates = "rolloutcore_updates_total";
+  constexpr const char* kRestores = "rolloutcore_restores_total";
   const LabeledRow rows[] = {
       {kFinished, "rollouts finished, by outcome (journal)", "outcome", "completed",
        c.rollouts_completed},
@@ -141,6 +142,12 @@ void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m
       {kFinished, nullptr, "outcome", "expired", c.rollouts_expired},
       {kUpdates, nullptr, "outcome", "outcome_unknown", m.updates_outcome_unknown.load()},
       {kUpdates, nullptr, "outcome", "replayed", m.updates_replayed.load()},
+      {kRestores, "restore requests answered, by outcome", "outcome", "committed",
+       m.restores_committed.load()},
+      {kRestores, nullptr, "outcome", "refused", m.restores_refused.load()},
+      {kRestores, nullptr, "outcome", "tainted", m.restores_tainted.load()},
+      {kRestores, nullptr, "outcome", "conflict", m.restores_conflict.load()},
+      {kRestores, nullptr, "outcome", "replayed", m.restores_replayed.load()},
   };
   for (const LabeledRow& r : rows) {
     if (r.help != nullptr) AppendHead(out, r.family, "counter", r.help);

@@ -54,6 +54,7 @@
 #include "service/config.h"
 #include "service/http_server.h"
 #include "service/inflight_calls.h"
+#include "service/api_parse.h"
 #include "service/metrics.h"
 #include "service/trajectories.h"
 #include "service/upstream.h"
@@ -253,6 +254,7 @@ class Service {
   void HandleState(const ApiRequest& req, HttpResponse& res);
   void HandleVersion(const ApiRequest& req, HttpResponse& res);
   void HandleUpdate(const ApiRequest& req, HttpResponse& res);
+  void HandleRestore(const ApiRequest& req, HttpResponse& res);  // restore_api.cc
   void HandleAdmit(const ApiRequest& req, HttpResponse& res);
   void HandleFinish(const ApiRequest& req, HttpResponse& res);
   void HandleWatch(const ApiRequest& req, HttpResponse& res);
@@ -295,6 +297,16 @@ class Service {
                                  HttpResponse& res);
   void AnswerUpdateOutcomeUnknown(const UpdateRequested& request, const Status& st,
                                   HttpResponse& res);
+
+  // HandleRestore's steps (restore_api.cc).
+  SourceReader SourceReaderForTransfer() const;
+  std::uint64_t RestoresRequested() const;
+  bool ReplayedRestore(const RestoreRequested& request, HttpResponse& res);
+  void RunRestore(const RestoreRequested& request, HttpResponse& res);
+  void AnswerRestoreEnded(const RestoreRequested& request, const UpdateEnded& ended,
+                          HttpResponse& res);
+  void SendRestoreOutcome(HttpResponse& res, const RestoreRequested& request,
+                          const UpdateEnded& ended, bool replayed);
 
   // Engine monitor (see MonitorLoop) and lease expiry; both stop on FailStop and Shutdown.
   void MonitorLoop();

@@ -10,6 +10,7 @@
 #include "effects/clock.h"
 #include "effects/runner.h"
 #include "statemachine/events.h"
+#include "statemachine/state.h"
 #include "statemachine/status.h"
 #include "statemachine/text.h"
 
@@ -40,3 +41,9 @@ inline nlohmann::json TimingsJson(const effects::PhaseTimings& t) {
 }
 
 }  // namespace rc::service::internal
+
+namespace rc::service {
+struct DurableHead;
+// The state as the trainer API reports it (/v1/state and every update or restore answer).
+nlohmann::json SummaryJson(const State& s, const DurableHead& head);
+}  // namespace rc::service

@@ -58,8 +58,6 @@ void Service::SetHeadHeader(HttpResponse& res, const DurableHead& head) {
   SetHeader(res, "X-RolloutCore-Head", head.ToString());
 }
 
-namespace {
-
 json SummaryJson(const State& s, const DurableHead& head) {
   json j;
   j["lifecycle"] = lifecycle_name(s.lifecycle);
@@ -73,7 +71,8 @@ json SummaryJson(const State& s, const DurableHead& head) {
   j["engine_instance"] = s.engine_instance;
   if (s.update) {
     j["update"] = {{"update_id", s.update->update_id},
-                   {"target", journal::WeightVersionToJson(s.update->target)}};
+                   {"target", journal::WeightVersionToJson(s.update->target)},
+                   {"restore", s.update->restore}};
   } else {
     j["update"] = nullptr;
   }
@@ -94,11 +93,13 @@ json SummaryJson(const State& s, const DurableHead& head) {
                    {"updates_requested", s.counters.updates_requested},
                    {"updates_committed", s.counters.updates_committed},
                    {"updates_refused", s.counters.updates_refused},
-                   {"recoveries", s.counters.recoveries}};
+                   {"recoveries", s.counters.recoveries},
+                   {"restores_requested", s.counters.restores_requested},
+                   {"restores_committed", s.counters.restores_committed}};
   return j;
 }
 
-}  // namespace
+namespace {}  // namespace
 
 json Service::StateSummary() {
   const DurableView v = CatchUpDurable(true);
@@ -233,7 +234,7 @@ bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse
 
 void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  Result<UpdateRequested> request = ParseUpdateBody(req.body());
+  Result<UpdateRequested> request = ParseUpdateBody(req.body(), SourceReaderForTransfer());
   if (!request.ok()) {
     metrics_.bad_requests++;
     SendStatus(res, request.status());
@@ -242,7 +243,8 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
   // What can be checked without the engine is checked before anything is journaled: a source
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
-  if (!SourceMatchesIdentity(*request, res)) return;
+  const bool engine_reads = SourceReaderForTransfer() == SourceReader::kEngine;
+  if (!engine_reads && !SourceMatchesIdentity(*request, res)) return;
   if (shutting_down_.load()) {
     SendError(res, 503, "shutting_down", "the executor is shutting down");
     return;
@@ -670,6 +672,7 @@ HttpRouter Service::Routes() {
   r.Blocking(verb::get, "/v1/state", bind(&Service::HandleState));
   r.Blocking(verb::get, "/v1/version", bind(&Service::HandleVersion));
   r.Blocking(verb::post, "/v1/updates", bind(&Service::HandleUpdate));
+  r.Blocking(verb::post, "/v1/restores", bind(&Service::HandleRestore));
   r.Blocking(verb::post, "/v1/rollouts", bind(&Service::HandleAdmit));
   r.Blocking(verb::delete_, "/v1/rollouts/*", bind(&Service::HandleFinish));
   r.Blocking(verb::get, "/v1/watch", bind(&Service::HandleWatch));

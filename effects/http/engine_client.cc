@@ -216,6 +216,11 @@ curl_slist* request_headers(const EngineClient::Request& req) {
   headers = curl_slist_append(
       headers, req.on_chunk ? "Accept: text/event-stream" : "Accept: application/json");
   if (req.json_body) headers = curl_slist_append(headers, "Content-Type: application/json");
+  if (req.bearer_token != nullptr) {
+    RC_CHECK(IsBearerToken(*req.bearer_token));  // no header can be injected through it
+    const std::string line = "Authorization: Bearer " + *req.bearer_token;
+    headers = curl_slist_append(headers, line.c_str());
+  }
   return headers;
 }
 
@@ -482,7 +487,17 @@ HttpReply EngineClient::CollectiveRpc(const std::string& method,
 }
 HttpReply EngineClient::PostJson(const std::string& path, const json& body, const CallOptions& o) {
   RC_CHECK(!path.empty() && path[0] == '/' && body.is_object());
-  return Call(post(path, dump(body), Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms), o);
+  Request r = post(path, dump(body), Shape::kJsonObject, nullptr, deadlines_.call_timeout_ms);
+  if (!o.bearer_token.empty()) r.bearer_token = &o.bearer_token;
+  return Call(r, o);
+}
+
+bool IsBearerToken(const std::string& token) {
+  if (token.empty() || token.size() > 4096) return false;
+  for (unsigned char c : token) {
+    if (c <= 0x20 || c >= 0x7f) return false;
+  }
+  return true;
 }
 HttpReply EngineClient::ReadLabel(const CallOptions& o) {
   const LabelRoute route = label_route();

@@ -60,7 +60,13 @@ struct CallOptions {
   // without harm (generation): libcurl re-sends a POST whose reused connection dropped before
   // any response byte. Never for weight or lifecycle calls.
   bool reuse_connection = false;
+  // PostJson only: sent as "Authorization: Bearer <token>" (RolloutCore's own API, not an
+  // engine). The caller has checked it is printable ASCII without spaces (IsBearerToken).
+  std::string bearer_token;
 };
+
+// A token that can travel in an Authorization header: 1..4096 printable ASCII, no space.
+bool IsBearerToken(const std::string& token);
 
 // One raw exchange: the evidence, the parsed JSON (null unless the body parsed) and the raw body
 // (bounded by kResponseBytesMax).
@@ -245,7 +251,8 @@ class EngineClient {
     // Extra check on a 2xx JSON object (e.g. "weight_version" is a string); null = none.
     bool (*check)(const nlohmann::json&) = nullptr;
     std::uint64_t timeout_ms = 0;
-    const ChunkFn* on_chunk = nullptr;  // SSE streaming when set
+    const ChunkFn* on_chunk = nullptr;          // SSE streaming when set
+    const std::string* bearer_token = nullptr;  // Authorization: Bearer, when set
   };
   HttpReply Call(const Request& request, const CallOptions& o);
 

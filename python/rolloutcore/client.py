@@ -135,12 +135,14 @@ class Client:
             if e.code == 409:
                 raise UpdateConflict(e.code, message, doc) from None
             if e.code == 503 and isinstance(err, dict) and err.get("type") == "outcome_unknown":
-                doc.setdefault("update_id", (body or {}).get("update_id", ""))
+                doc.setdefault("update_id", (body or {}).get("update_id") or
+                               (body or {}).get("restore_id", ""))
                 raise OutcomeUnknown(e.code, message, doc) from None
             if e.code == 503:
                 ra = e.headers.get("Retry-After")
                 raise Unavailable(e.code, message, doc, int(ra) if ra else None) from None
-            if path.startswith("/v1/updates") and e.code in (422, 500) and "outcome" in doc:
+            if (path.startswith("/v1/updates") or path.startswith("/v1/restores")) and \
+                    e.code in (422, 500) and "outcome" in doc:
                 raise UpdateFailed(e.code, message, doc) from None
             raise RolloutCoreError(e.code, message, doc) from None
 
@@ -184,6 +186,34 @@ class Client:
         if expected_digest:
             body["expected_digest"] = expected_digest
         return self._request("POST", "/v1/updates", body, timeout_s=self.update_timeout_s,
+                             auth=True)
+
+    def restore(self, label: str, source: Optional[str] = None, adopt: bool = False,
+                restore_id: Optional[str] = None) -> dict:
+        """Takes a TAINTED engine back to `label`, a version committed earlier in this journal.
+
+        The engine reloads that version's weights from `source` (the same URIs as update()), or,
+        with `adopt=True`, is taken as already holding them (an engine restarted on that
+        checkpoint). Either way the engine's weight digest, taken while it is still paused, must
+        equal the one recorded when `label` was served; only then does it serve again.
+
+        Returns the answer when the restore committed (the engine is READY on `label`). Raises
+        UpdateFailed when it was refused before anything changed or the reload failed or the
+        digest differed (the engine stays TAINTED; .reason names the tensors that differ),
+        UpdateConflict (409: not TAINTED, an update or restore is running, or the id was used for
+        another request), OutcomeUnknown (503). `restore_id` is the idempotency key, as
+        update()'s update_id.
+        """
+        if (source is None) == (not adopt):
+            raise ValueError("restore() takes a source, or adopt=True, not both")
+        if restore_id is None:
+            restore_id = f"restore-{label}-{uuid.uuid4().hex}"[-128:]
+        body = {"restore_id": restore_id, "label": label}
+        if adopt:
+            body["adopt"] = True
+        else:
+            body["source"] = source
+        return self._request("POST", "/v1/restores", body, timeout_s=self.update_timeout_s,
                              auth=True)
 
     def admit(self, rollout_id: Optional[str] = None, wait_ms: Optional[int] = None,

@@ -1,0 +1,192 @@
+// POST /v1/restores: takes a TAINTED engine back to a version committed earlier in this journal,
+// with proof (docs/lifecycle.md, "Restore with proof"). One update or restore runs at a time; a
+// re-POST of a restore that ended answers what the journal recorded.
+#include <algorithm>
+#include <mutex>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "service/api_parse.h"
+#include "service/http_util.h"
+#include "service/service.h"
+#include "service/service_internal.h"
+
+namespace rc::service {
+
+using nlohmann::json;
+using namespace internal;  // NOLINT: the service's own helpers
+
+namespace {
+
+// The journal's record of a restore: its request and, once it ended, its outcome (bounded by
+// kUpdateLookupRecordsMax records back from the durable head).
+struct RestoreLookup {
+  std::optional<RestoreRequested> request;
+  std::optional<UpdateEnded> ended;
+};
+
+Result<RestoreLookup> LookUpRestore(journal::Journal& j, const std::string& restore_id,
+                                    std::uint64_t durable_seq) {
+  RestoreLookup out;
+  const std::uint64_t from =
+      durable_seq > kUpdateLookupRecordsMax ? durable_seq - kUpdateLookupRecordsMax + 1 : 1;
+  Status st = j.Scan(from, durable_seq, [&](const journal::Record& r) {
+    if (const auto* q = std::get_if<RestoreRequested>(&r.event)) {
+      if (q->restore_id == restore_id) out.request = *q, out.ended.reset();
+    } else if (const auto* e = std::get_if<UpdateEnded>(&r.event)) {
+      if (out.request && e->update_id == restore_id) out.ended = *e;
+    }
+    return Status::OK();
+  });
+  if (!st.ok()) return st;
+  return out;
+}
+
+int RestoreHttpStatus(UpdateOutcome o) {
+  switch (o) {
+    case UpdateOutcome::kCommitted:
+      return 200;
+    case UpdateOutcome::kRefused:
+      return 422;
+    case UpdateOutcome::kTainted:
+      return 500;
+  }
+  return 500;
+}
+
+}  // namespace
+
+SourceReader Service::SourceReaderForTransfer() const {
+  return config_.transfer == "reload" ? SourceReader::kEngine : SourceReader::kExecutor;
+}
+
+std::uint64_t Service::RestoresRequested() const {
+  std::uint64_t n = 0;
+  journal_->ReadState([&n](const State& s) { n = s.counters.restores_requested; });
+  return n;
+}
+
+void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
+  Result<RestoreRequested> request = ParseRestoreBody(req.body(), SourceReaderForTransfer());
+  if (!request.ok()) {
+    metrics_.bad_requests++;
+    SendStatus(res, request.status());
+    return;
+  }
+  if (RefusedFailStopped(res)) return;
+  if (shutting_down_.load()) {
+    SendError(res, 503, "shutting_down", "the executor is shutting down");
+    return;
+  }
+  std::unique_lock<std::timed_mutex> lock(update_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    metrics_.restores_conflict++;
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    SendError(res, 409, "conflict",
+              "'" + running_update_id_ + "' is running; one update or restore at a time");
+    return;
+  }
+  if (RefusedFailStopped(res) || ReplayedRestore(*request, res)) return;
+  RunRestore(*request, res);
+}
+
+// A restore_id the journal already holds: its recorded outcome, or 409 for another body.
+bool Service::ReplayedRestore(const RestoreRequested& request, HttpResponse& res) {
+  auto found = LookUpRestore(*journal_, request.restore_id, CatchUpDurableHead().seq);
+  if (!found.ok() || !found->request || !found->ended) return false;
+  if (!(*found->request == request)) {
+    metrics_.restores_conflict++;
+    SendError(res, 409, "conflict",
+              "restore_id '" + request.restore_id +
+                  "' was already used for another request; choose a new restore_id");
+    return true;
+  }
+  metrics_.restores_replayed++;
+  SendRestoreOutcome(res, request, *found->ended, /*replayed=*/true);
+  return true;
+}
+
+// Drives the restore to its end and answers; the caller holds update_mu_.
+void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_ = request.restore_id;
+  }
+  spdlog::warn("serve: restore '{}' requested: back to '{}' {}", Esc(request.restore_id),
+               Esc(request.label), request.adopt ? "(adopt)" : "from " + Esc(request.source_uri));
+  const std::uint64_t requested_before = RestoresRequested();
+  Result<UpdateEnded> ended = runner_->Restore(request);
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_.clear();
+    last_timings_ = runner_->last_timings();
+  }
+  NotifyLifecycle(journal_->head_seq());
+  if (ended.ok()) return AnswerRestoreEnded(request, *ended, res);
+  const bool journaled = RestoresRequested() > requested_before;
+  const Code code = ended.status().code();
+  if (!journaled &&
+      (code == Code::kRejected || code == Code::kConflict || code == Code::kInvalidArgument)) {
+    metrics_.restores_conflict++;
+    spdlog::warn("serve: restore '{}' refused before anything was journaled: {}",
+                 Esc(request.restore_id), Esc(ended.status().ToString()));
+    SendStatus(res, ended.status());
+    return;
+  }
+  metrics_.updates_outcome_unknown++;
+  FailStop("restore '" + request.restore_id +
+           "' did not reach a recorded outcome: " + ended.status().ToString());
+  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  SendError(res, 503, "outcome_unknown",
+            "the outcome of restore '" + request.restore_id + "' is unknown (" +
+                ended.status().ToString() +
+                "); the executor fail-stopped and recovers on restart: re-POST the same "
+                "restore_id then to read the recorded outcome");
+}
+
+void Service::AnswerRestoreEnded(const RestoreRequested& request, const UpdateEnded& ended,
+                                 HttpResponse& res) {
+  RC_CHECK(ended.update_id == request.restore_id);
+  switch (ended.outcome) {
+    case UpdateOutcome::kCommitted:
+      metrics_.restores_committed++;
+      spdlog::info("serve: restore '{}' proven: the engine serves '{}' again",
+                   Esc(request.restore_id), Esc(request.label));
+      break;
+    case UpdateOutcome::kRefused:
+      metrics_.restores_refused++;
+      break;
+    case UpdateOutcome::kTainted:
+      metrics_.restores_tainted++;
+      break;
+  }
+  if (ended.outcome != UpdateOutcome::kCommitted) {
+    spdlog::warn("serve: restore '{}' {}: the engine stays TAINTED: {}", Esc(request.restore_id),
+                 update_outcome_name(ended.outcome), Esc(ended.reason));
+  }
+  SendRestoreOutcome(res, request, ended, /*replayed=*/false);
+}
+
+void Service::SendRestoreOutcome(HttpResponse& res, const RestoreRequested& request,
+                                 const UpdateEnded& ended, bool replayed) {
+  const DurableView v = CatchUpDurable(true);
+  json out;
+  out["restore_id"] = request.restore_id;
+  out["label"] = request.label;
+  out["adopt"] = request.adopt;
+  out["outcome"] = update_outcome_name(ended.outcome);
+  out["reason"] = ended.reason;
+  out["state"] = SummaryJson(v.state, v.head);
+  out["head"] = v.head.ToString();
+  out["replayed"] = replayed;
+  if (!replayed) {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    out["timings"] = TimingsJson(last_timings_);
+  }
+  SetHeadHeader(res, v.head);
+  SendJson(res, RestoreHttpStatus(ended.outcome), out);
+}
+
+}  // namespace rc::service
