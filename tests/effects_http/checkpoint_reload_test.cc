@@ -98,12 +98,14 @@ struct Double {
   fixtures::VllmDouble engine;
   EngineClient client;
   CheckpointReload reload;
-  explicit Double(const std::string& load_format = "auto")
-      : engine(Options(load_format)), client(Url(engine), Fast()), reload(client) {}
-  static fixtures::VllmDoubleOptions Options(const std::string& load_format) {
+  explicit Double(const std::string& load_format = "auto", const std::string& version = "0.25.1")
+      : engine(Options(load_format, version)), client(Url(engine), Fast()), reload(client) {}
+  static fixtures::VllmDoubleOptions Options(const std::string& load_format,
+                                             const std::string& version) {
     fixtures::VllmDoubleOptions o;
     o.worker_extension_cls = kWorkerExtensionClass;
     o.load_format = load_format;
+    o.version = version;
     return o;
   }
   static std::string Url(fixtures::VllmDouble& d) {
@@ -177,6 +179,19 @@ TEST(CheckpointReload, ReloadLoadsLabelsAndRestores) {
   EXPECT_NE(d.Digest(), at_v1);
   ASSERT_EQ(d.reload.Transfer(Target(v1), 5000).mutation, MutationClass::kComplete);
   EXPECT_EQ(d.Digest(), at_v1) << "the same checkpoint gives the same weights again";
+}
+
+// Proves that on a line with label routes (>= 0.26 in the double) the label is set through
+// POST /update_weight_version, since reload_weights has no update to finish; would catch a
+// reload that calls /finish_weight_update there, which fails with no update in progress.
+TEST(CheckpointReload, LaterLinesSetTheLabelThroughTheirRoute) {
+  TempDir tmp;
+  Double d("auto", "0.30.0");
+  const TransferObserved t = d.reload.Transfer(Target(Uri(tmp.Checkpoint("v1", 1))), 5000);
+  EXPECT_EQ(t.mutation, MutationClass::kComplete) << t.error;
+  EXPECT_EQ(d.engine.weight_label(), "rc-1");
+  EXPECT_EQ(d.engine.RouteCount("/update_weight_version"), 1u);
+  EXPECT_EQ(d.engine.RouteCount("/finish_weight_update"), 0u);
 }
 
 // Proves an engine on --load-format dummy, a missing path, a file beside other checkpoint files
