@@ -277,8 +277,10 @@ const std::array kKeys = {
               {}},
     ConfigKey{"transfer", "transfer", &C::transfer, 1, 8, kTransfer,
               "http: the GPU-free start/update/finish sequence (tests, demo); nccl: the NCCL "
-              "sender (needs a CUDA/NCCL build and a GPU)",
-              "http|nccl"},
+              "sender (needs a CUDA/NCCL build and a GPU); reload: the engine loads a "
+              "safetensors:/path checkpoint from its own disk (vLLM's reload_weights; needs the "
+              "worker extension, no NCCL, no second GPU)",
+              "http|nccl|reload"},
     ConfigKey{"packed_buffer_size_bytes",
               "packed-buffer-size-bytes",
               &C::packed_buffer_size_bytes,

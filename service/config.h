@@ -78,7 +78,8 @@ struct ServeConfig {
   std::uint64_t trajectories_bytes_max = std::uint64_t{1} << 30;  // then rotated once (.1)
 
   // Transfer.
-  std::string transfer = "http";  // "http": GPU-free sequence; "nccl": CUDA builds
+  // "http": GPU-free sequence; "nccl": CUDA builds; "reload": the engine reloads from its disk
+  std::string transfer = "http";
   std::uint64_t packed_buffer_size_bytes = std::uint64_t{1} << 30;  // kPackedBufferBytes{Min,Max}
   std::uint32_t packed_num_buffers = 2;                             // 1..kPackedNumBuffersMax
   // HOST:PORT. nccl: HOST is what the engine's workers dial for the TCPStore rendezvous (the

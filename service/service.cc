@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "effects/clock.h"
+#include "effects/http/checkpoint_reload.h"
 #include "effects/http/sequence_transfer.h"
 #include "effects/http/weight_digest.h"
 #include "encoding/sha256.h"
@@ -496,6 +497,11 @@ Status Service::AwaitEngineVersion() {
 Result<Service::TransferInit> Service::MakeTransfer() {
   RC_CHECK(control_client_ != nullptr && transfer_ == nullptr);
   if (config_.transfer == "nccl") return MakeNcclTransfer();
+  if (config_.transfer == "reload") {
+    // Nothing to initialise: the engine reads the checkpoint itself, no data plane to set up.
+    transfer_ = std::make_unique<effects::CheckpointReload>(*control_client_);
+    return TransferInit([] { return Status::OK(); });
+  }
   return MakeHttpTransfer();
 }
 

@@ -12,6 +12,10 @@ and RolloutCore reads and writes the label through vLLM's ``POST /collective_rpc
     {"method": "rc_weight_info"}                         -> {"results": [{"weight_version", "rank", "instance"}]}
     {"method": "rc_set_weight_version", "args": [label]} -> the same, after setting it
     {"method": "rc_weight_digest"}                       -> {"results": [{"tensors", "combined", ...}]}
+    {"method": "rc_checkpoint_manifest", "args": [path]} -> {"results": [{"manifest_digest", ...}]}
+
+``rc_checkpoint_manifest`` describes a checkpoint on the engine's own disk before RolloutCore asks
+vLLM's native ``reload_weights`` to load it (effects/http/checkpoint_reload.h).
 
 The label lives in the worker processes: a restarted engine reports "default" again and new
 instance nonces (one per worker process), which is how RolloutCore tells a restarted engine from
@@ -24,6 +28,7 @@ import uuid
 
 DEFAULT_LABEL = "default"  # what vLLM's own label starts as on later versions
 LABEL_BYTES_MAX = 128      # RolloutCore's bound on labels (statemachine/types.h kIdBytesMax)
+ERROR_BYTES_MAX = 1024     # rc_checkpoint_manifest's error text
 
 
 class RolloutCoreWorkerExtension:
@@ -67,4 +72,29 @@ class RolloutCoreWorkerExtension:
         out = named_digest(model.named_parameters())
         out["rank"] = int(getattr(self, "rank", 0))
         out["instance"] = self.rc_instance()
+        return out
+
+    def rc_checkpoint_manifest(self, path: str) -> dict:
+        """What vLLM's ``reload_weights(weights_path=...)`` would load for the checkpoint at
+        ``path`` (a .safetensors file alone in its directory, or a directory), read from the
+        safetensors headers only: {"manifest_digest", "tensors", "bytes", "files",
+        "weights_path", "load_format", "error", "rank"}. ``manifest_digest`` is RolloutCore's
+        manifest digest (rolloutcore.manifest, the same as the C++ one of the same files);
+        ``weights_path`` is the directory to hand to reload_weights. On any problem (a missing
+        path, a file that is not safetensors, ``--load-format dummy``) ``error`` says why and
+        ``manifest_digest`` is "". Changes nothing, raises nothing: the RPC always answers."""
+        from .manifest import ManifestError, checkpoint_manifest
+
+        load_config = getattr(self, "load_config", None)
+        load_format = str(getattr(load_config, "load_format", "auto")).lower()
+        out = {"manifest_digest": "", "tensors": 0, "bytes": 0, "files": 0, "weights_path": "",
+               "load_format": load_format, "error": "", "rank": int(getattr(self, "rank", 0))}
+        try:
+            out.update(checkpoint_manifest(path, load_format))
+        except ManifestError as e:
+            out["error"] = str(e)[:ERROR_BYTES_MAX]
+        except OSError as e:  # a file that vanished or changed type between two looks
+            out["error"] = f"{path!r}: {e.strerror}"[:ERROR_BYTES_MAX]
+        except Exception as e:  # noqa: BLE001 - the RPC must answer; the type only, no content
+            out["error"] = f"rc_checkpoint_manifest failed: {type(e).__name__}"
         return out
