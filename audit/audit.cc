@@ -469,68 +469,6 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
   return failures;
 }
 
-ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, double tolerance,
-                        bool greedy) {
-  ReverifyResult out;
-  out.rollout_id = t.rollout_id;
-  ValidationObserved served = engine.WeightInfo();
-  if (!served.http.ok_2xx()) {
-    out.detail = "engine unreachable: " + E(describe(served.http));
-    return out;
-  }
-  if (served.reported_label != t.version.label) {
-    out.detail = "engine serves '" + E(served.reported_label) + "', trajectory ran under '" +
-                 E(t.version.label) + "'";
-    return out;
-  }
-  if (t.output.empty() || t.prompt.empty()) {
-    out.detail = "nothing to compare";
-    return out;
-  }
-  json prompt = json::array();
-  for (std::int32_t id : t.prompt) prompt.push_back(id);
-  for (std::int32_t id : t.output) prompt.push_back(id);
-  const json request = {{"prompt", prompt},
-                        {"max_tokens", 1},
-                        {"temperature", 0},
-                        {"prompt_logprobs", 0},
-                        {"cache_salt", "rolloutcore-audit"}};
-  effects::HttpReply reply = engine.Completions(request);
-  if (!reply.http.ok_2xx() || !reply.body.contains("choices")) {
-    out.detail = "scoring request failed: " + E(describe(reply.http));
-    return out;
-  }
-  const json& plp = reply.body["choices"][0].value("prompt_logprobs", json());
-  if (!plp.is_array() || plp.size() != prompt.size()) {
-    out.detail = "engine returned no prompt_logprobs of the expected length";
-    return out;
-  }
-  out.checked = true;
-  for (std::size_t k = 0; k < t.output.size(); ++k) {
-    const json& entry = plp[t.prompt.size() + k];
-    const std::string key = std::to_string(t.output[k]);
-    if (!entry.is_object() || !entry.contains(key)) {
-      out.logprob_mismatches++;
-      continue;
-    }
-    const double engine_lp = entry[key].value("logprob", 0.0);
-    const int rank = entry[key].value("rank", 0);
-    if (rank != 1) out.not_top1++;
-    out.tokens++;
-    if (k < t.logprobs.size() && t.logprobs[k].has_value()) {
-      const double diff = std::fabs(engine_lp - *t.logprobs[k]);
-      out.max_abs_diff = std::max(out.max_abs_diff, diff);
-      if (diff > tolerance) out.logprob_mismatches++;
-    }
-  }
-  out.ok = out.logprob_mismatches == 0 && (!greedy || out.not_top1 == 0);
-  std::ostringstream d;
-  d << out.tokens << " tokens, " << out.logprob_mismatches << " logprob mismatches (max |diff| "
-    << out.max_abs_diff << "), " << out.not_top1 << " not top-1";
-  out.detail = d.str();
-  return out;
-}
-
 int Verdict::exit_code() const {
   if (!journal_intact()) return kExitJournalDamaged;
   return engine_healthy() ? kExitOk : kExitEngineUnhealthy;
@@ -667,7 +605,8 @@ json NotesJson(const std::vector<RolloutNote>& list) {
 
 }  // namespace
 
-std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent) {
+std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
+                        const ReverifySummary* reverify) {
   const EngineHealth& e = r.engine;
   json engine = {{"lifecycle", lifecycle_name(e.lifecycle)},  {"tainted", e.tainted},
                  {"suspect_count", e.suspect_count},          {"suspect", NotesJson(e.suspect)},
@@ -686,13 +625,14 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent) {
                         {"source", e.window_source},
                         {"end_wall_ms", e.taint_wall_ms}};
   }
-  const json out = {{"journal_intact", v.journal_intact()},
-                    {"journal_failures", v.journal_failures},
-                    {"engine_healthy", v.engine_healthy()},
-                    {"engine_findings", v.engine_findings},
-                    {"exit_code", v.exit_code()},
-                    {"records", r.records},
-                    {"engine", engine}};
+  json out = {{"journal_intact", v.journal_intact()},
+              {"journal_failures", v.journal_failures},
+              {"engine_healthy", v.engine_healthy()},
+              {"engine_findings", v.engine_findings},
+              {"exit_code", v.exit_code()},
+              {"records", r.records},
+              {"engine", engine}};
+  if (reverify != nullptr) out["reverification"] = ReverifyJson(*reverify);
   return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 
@@ -708,10 +648,6 @@ std::string ProvenanceJson(const RolloutProvenance& p, int indent) {
                       {"update_id", p.version.update_id},
                       {"published_seq", p.version.published_seq}}}};
   return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
-}
-
-std::string FormatReverifyFailure(const ReverifyResult& r) {
-  return "REVERIFY FAILED " + E(r.rollout_id) + ": " + r.detail;
 }
 
 }  // namespace rc::audit

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "effects/http/engine_client.h"
 #include "journal/journal.h"
 #include "statemachine/history.h"
@@ -125,22 +127,65 @@ inline constexpr std::size_t kTrajectoryTokensMax = 1u << 20;
 std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
                                                 const std::vector<Trajectory>& trajectories);
 
+// One rollout re-scored: each output token's logprob as the engine scores it now (prompt_logprobs
+// over prompt + output) against the one recorded when it was sampled.
 struct ReverifyResult {
   std::string rollout_id;
-  bool checked = false;  // false: skipped (detail says why, e.g. another version served)
-  bool ok = false;
-  std::size_t tokens = 0;  // output tokens compared
-  std::size_t logprob_mismatches = 0;
-  std::size_t not_top1 = 0;  // output tokens the engine does not rank first (greedy check)
+  double tolerance = 0;      // the largest accepted |recorded - engine| logprob difference
+  bool greedy = false;       // the rollout was sampled greedily: each token must be the top-1
+  bool checked = false;      // false: skipped (detail says why, e.g. another version served)
+  bool ok = false;           // checked, and nothing below counts against it
+  std::size_t tokens = 0;    // output tokens the engine scored
+  std::size_t compared = 0;  // of those, with a recorded logprob: |diff| computed
+  std::size_t top1 = 0;      // of those scored, the engine's top-1 token
+  std::size_t not_top1 = 0;  // scored, not the engine's top-1 (fails only if greedy)
+  std::size_t logprob_mismatches = 0;  // |diff| > tolerance
+  std::size_t unscored = 0;            // output tokens the engine's answer gave no score for
+  // Output tokens without a recorded logprob: nothing to compare, so they fail the rollout
+  // unless greedy (then the top-1 check verifies them).
+  std::size_t unrecorded = 0;
   double max_abs_diff = 0;
-  std::string detail;
+  double sum_abs_diff = 0;  // over `compared` tokens
+  std::string detail;       // raw (escaped when printed): why skipped, or the figures
+  double mean_abs_diff() const { return compared == 0 ? 0 : sum_abs_diff / compared; }
 };
 
 // Re-scores prompt + output on an engine that serves the trajectory's version (checked through
 // /weight_info) with prompt_logprobs, and compares each output token's logprob with the recorded
 // one (|diff| <= tolerance). `greedy` also requires each output token to be the engine's top-1.
+// The engine's answer is outside input: any shape is a skip or a count, never an exception.
 ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& trajectory,
                         double tolerance, bool greedy);
+
+// Every trajectory re-scored: the per-rollout results and their totals.
+struct ReverifySummary {
+  double tolerance = 0;
+  bool greedy = false;
+  std::size_t trajectories = 0;  // offered
+  std::size_t checked = 0;
+  std::size_t failed = 0;          // checked, not ok
+  std::size_t over_tolerance = 0;  // rollouts with at least one |diff| > tolerance
+  std::size_t tokens = 0, compared = 0, top1 = 0;
+  double max_abs_diff = 0;
+  double sum_abs_diff = 0;
+  std::vector<ReverifyResult> rollouts;  // one per trajectory offered (<= kTrajectoriesMax)
+  double mean_abs_diff() const { return compared == 0 ? 0 : sum_abs_diff / compared; }
+  // Re-verification proved something, and nothing it checked failed. Never true for 0 checked.
+  bool verified() const { return checked > 0 && failed == 0; }
+};
+ReverifySummary ReverifyAll(effects::EngineClient& engine,
+                            const std::vector<Trajectory>& trajectories, double tolerance,
+                            bool greedy);
+
+// One line per rollout ("REVERIFY 'ID': OK|FAILED|SKIPPED: figures"), escaped, no newline.
+std::string FormatReverify(const ReverifyResult& r);
+// The totals in one line, escaped; "NOTHING VERIFIED" when 0 were checked, never "OK" then.
+std::string FormatReverifySummary(const ReverifySummary& s, const std::string& engine_url);
+// The engine findings of a re-verification (raw; escaped when printed): each failed rollout,
+// and "checked 0 of N" when trajectories were offered and none could be checked.
+std::vector<std::string> ReverifyFindings(const ReverifySummary& s);
+// The summary and every rollout's result as JSON, never throwing on invalid UTF-8.
+nlohmann::json ReverifyJson(const ReverifySummary& s);
 
 // The audit's verdict in two parts: is the journal intact, is the engine healthy. Exit codes
 // (docs/audit.md):
@@ -188,14 +233,13 @@ struct AuditOutput {
 // line and the verdict line is always present.
 std::string FormatReport(const AuditReport& report);
 
-// The verdict and the engine section as JSON (for `audit --json`), never throwing on invalid
-// UTF-8 in journal strings (replaced by U+FFFD).
-std::string VerdictJson(const AuditReport& report, const Verdict& verdict, int indent);
+// The verdict and the engine section as JSON (for `audit --json`), with the re-verification's
+// when one ran, never throwing on invalid UTF-8 in journal strings (replaced by U+FFFD).
+std::string VerdictJson(const AuditReport& report, const Verdict& verdict, int indent,
+                        const ReverifySummary* reverify = nullptr);
 
 // `rolloutcore audit --rollout`'s JSON (what audit_cmd.cc builds inline today), serialised
 // without throwing on invalid UTF-8 in journal strings (replaced by U+FFFD).
 std::string ProvenanceJson(const RolloutProvenance& p, int indent);
-// One line for a failed re-verification: the rollout id escaped (detail is escaped already).
-std::string FormatReverifyFailure(const ReverifyResult& r);
 
 }  // namespace rc::audit

@@ -89,8 +89,7 @@ const char* ProxyRoutePath(ProxyRoute route) {
 ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchange)
     : svc_(service), route_(route), ex_(std::move(exchange)), deadline_(ex_.executor()) {
   on_chunk_ = [this](const json& chunk) {
-    const std::optional<std::string> event =
-        PassChunk(trace_, chunk, strip_token_ids_, strip_usage_);
+    const std::optional<std::string> event = PassChunk(trace_, chunk, added_);
     if (event) out_ += *event;  // nullopt: the usage-only chunk the client did not ask for
     return !client_gone_;
   };
@@ -169,18 +168,9 @@ void ProxyExchange::PrepareUpstream() {
   cache_salt_ = DeriveCacheSalt(admission_.binding, client_salt_);
   json& up = upstream_body_;
   up["cache_salt"] = cache_salt_;
-  if (route_ != ProxyRoute::kGenerate) {
-    strip_token_ids_ = !(up.value("return_token_ids", json(false)) == json(true));
-    up["return_token_ids"] = true;
-    if (stream_) {
-      json& so = up["stream_options"];
-      if (!so.is_object()) so = json::object();
-      strip_usage_ = !(so.value("include_usage", json(false)) == json(true));
-      so["include_usage"] = true;
-    }
-  } else if (up.value("sampling_params", json()).is_null()) {
-    up["sampling_params"] = json::object();
-  }
+  added_ = AddTraceFields(route_, stream_, up);
+  // Token in, token out: the engine answers without the prompt, which is the request's.
+  if (route_ == ProxyRoute::kGenerate) trace_.Absorb(json{{"prompt_token_ids", up["token_ids"]}});
   namespace bhttp = beast::http;
   const UpstreamTarget& t = svc_.engine_target_;
   upstream_request_ = {bhttp::verb::post, t.base_path + ProxyRoutePath(route_), 11};
@@ -410,7 +400,7 @@ void ProxyExchange::AnswerCompletion() {
   trace_.Absorb(doc);
   Finish(RolloutOutcome::kCompleted, "",
          [self = shared_from_this(), doc = std::move(doc)]() mutable {
-           StripAdded(doc, self->strip_token_ids_, false);
+           StripAdded(doc, self->added_);
            HttpResponse res = self->BindingHead(200);
            SendJson(res, 200, doc);
            self->ex_.Respond(std::move(res));
@@ -558,10 +548,7 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
 
 void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
   const RolloutAdmitted& b = admission_.binding;
-  json prompt = trace_.prompt_token_ids;
-  if (prompt.is_null() && route_ == ProxyRoute::kGenerate) {
-    prompt = upstream_body_.value("token_ids", json());
-  }
+  const json& prompt = trace_.prompt_token_ids;
   const json line = {{"rollout_id", b.rollout_id},
                      {"admission_seq", admission_.seq},
                      {"route", ProxyRoutePath(route_)},

@@ -3,7 +3,8 @@
 //
 //   Parse (400, nothing journaled) -> Admit (RolloutAdmitted durable before any byte reaches the
 //   engine; 503 + Retry-After while not READY past admit_wait_ms, or TAINTED) -> PrepareUpstream
-//   (the version's cache_salt, return_token_ids, include_usage) -> Connect (pooled keep-alive;
+//   (the version's cache_salt; return_token_ids, include_usage and the sampled tokens' logprobs
+//   where the client did not ask, removed again from its answer) -> Connect (pooled keep-alive;
 //   a connect that never reached the engine is retried) -> Send -> Relay (non-streamed: bounded
 //   body; streamed: each engine read is turned into client events and written before the next
 //   read, so a slow client slows the engine stream and nothing accumulates) -> Finish (trajectory
@@ -31,7 +32,6 @@
 
 namespace rc::service {
 
-enum class ProxyRoute : std::uint8_t { kCompletions, kChat, kGenerate };
 const char* ProxyRoutePath(ProxyRoute route);
 
 inline constexpr std::size_t kUpstreamReadBytes = 64 << 10;  // one engine read, one client write
@@ -96,8 +96,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   // Admission and what the proxy added.
   Admission admission_;
   std::string cache_salt_;
-  bool strip_token_ids_ = false;
-  bool strip_usage_ = false;
+  AddedFields added_;  // asked of the engine for the trace only: removed from the answer
   Trajectory trace_;
   std::uint64_t in_flight_id_ = 0;
 

@@ -81,14 +81,19 @@ void Trajectory::TakeTokenIds(const json& ids, ChoiceTrace& trace) {
   }
 }
 
-// Completions carry logprobs.token_logprobs (numbers), chat logprobs.content (objects).
+// Completions carry logprobs.token_logprobs (numbers), chat and generate logprobs.content
+// (objects). A completion with echo scores the prompt first, in the same list: the output's
+// logprobs are its last ones, one per output token id the choice carries.
 void Trajectory::TakeLogprobs(const json& choice, ChoiceTrace& trace) {
   auto lp = choice.find("logprobs");
   if (lp == choice.end() || !lp->is_object()) return;
   if (auto tl = lp->find("token_logprobs"); tl != lp->end() && tl->is_array()) {
-    for (const json& v : *tl) {
+    const json* ids = TokenIdsOf(choice);
+    const std::size_t echoed =
+        ids != nullptr && ids->size() < tl->size() ? tl->size() - ids->size() : 0;
+    for (auto v = tl->begin() + static_cast<std::ptrdiff_t>(echoed); v != tl->end(); ++v) {
       if (!TakeEntry()) break;
-      trace.logprobs.push_back(v);
+      trace.logprobs.push_back(*v);
     }
   } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
     for (const json& item : *ct) {
@@ -174,30 +179,93 @@ std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollou
   return parts;
 }
 
-void StripAdded(json& doc, bool strip_token_ids, bool strip_usage) {
+namespace {
+
+// The request field `key` is absent or null: the client left it to the engine's default.
+bool Unset(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null();
+}
+
+// The request field `key` is absent, null, or exactly `none` (what says "no" in vLLM's reading).
+bool UnsetOr(const json& obj, const char* key, const json& none) {
+  return Unset(obj, key) || obj.at(key) == none;
+}
+
+// Adds the sampled tokens' logprobs where the client asked for none (see AddTraceFields).
+bool AddLogprobs(ProxyRoute route, json& body) {
+  switch (route) {
+    case ProxyRoute::kCompletions:
+      if (!Unset(body, "logprobs") || !UnsetOr(body, "echo", false)) return false;
+      body["logprobs"] = 0;
+      return true;
+    case ProxyRoute::kChat:
+      if (!UnsetOr(body, "logprobs", false) || !UnsetOr(body, "top_logprobs", 0) ||
+          !UnsetOr(body, "echo", false)) {
+        return false;
+      }
+      body["logprobs"] = true;
+      body["top_logprobs"] = 0;
+      return true;
+    case ProxyRoute::kGenerate: {
+      json& sp = body["sampling_params"];
+      if (sp.is_null()) sp = json::object();
+      if (!sp.is_object() || !Unset(sp, "logprobs")) return false;
+      sp["logprobs"] = 0;
+      return true;
+    }
+  }
+  return false;
+}
+
+void StripChoice(json& choice, const AddedFields& added) {
+  if (added.logprobs && choice.contains("logprobs")) choice["logprobs"] = nullptr;
+  if (!added.token_ids) return;
+  choice.erase("prompt_token_ids");
+  choice.erase("token_ids");
+  if (auto d = choice.find("delta"); d != choice.end() && d->is_object()) d->erase("token_ids");
+}
+
+}  // namespace
+
+AddedFields AddTraceFields(ProxyRoute route, bool stream, json& body) {
+  RC_CHECK(body.is_object());
+  AddedFields added;
+  if (route != ProxyRoute::kGenerate) {
+    added.token_ids = !(body.value("return_token_ids", json(false)) == json(true));
+    body["return_token_ids"] = true;
+    if (stream) {
+      json& so = body["stream_options"];
+      if (!so.is_object()) so = json::object();
+      added.usage = !(so.value("include_usage", json(false)) == json(true));
+      so["include_usage"] = true;
+    }
+  }
+  added.logprobs = AddLogprobs(route, body);
+  RC_CHECK(route == ProxyRoute::kGenerate || body["return_token_ids"] == json(true));
+  return added;
+}
+
+void StripAdded(json& doc, const AddedFields& added) {
   if (!doc.is_object()) return;
-  if (strip_usage) doc.erase("usage");
-  if (!strip_token_ids) return;
-  doc.erase("prompt_token_ids");
+  if (added.usage) doc.erase("usage");
+  if (added.token_ids) doc.erase("prompt_token_ids");
   auto cs = doc.find("choices");
   if (cs == doc.end() || !cs->is_array()) return;
   for (json& c : *cs) {
-    if (!c.is_object()) continue;
-    c.erase("prompt_token_ids");
-    c.erase("token_ids");
-    if (auto d = c.find("delta"); d != c.end() && d->is_object()) d->erase("token_ids");
+    if (c.is_object()) StripChoice(c, added);
   }
 }
 
-std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk, bool strip_token_ids,
-                                     bool strip_usage) {
+std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk,
+                                     const AddedFields& added) {
   trace.Absorb(chunk);
-  if (strip_usage && chunk.is_object() && chunk.contains("usage") &&
+  if (added.usage && chunk.is_object() && chunk.contains("usage") &&
       chunk.value("choices", json::array()).empty()) {
     return std::nullopt;  // the usage-only chunk the client did not ask for
   }
   json out = chunk;
-  StripAdded(out, strip_token_ids, strip_usage);
+  StripAdded(out, added);
   return "data: " + DumpSafe(out) + "\n\n";
 }
 

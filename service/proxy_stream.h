@@ -1,7 +1,8 @@
-// The proxy's reading of engine responses: what a completion (or each streamed chunk) tells about
-// the rollout's trajectory and token counts, the journal parts it becomes, and the client event a
-// streamed engine chunk is turned into (the fields the proxy added removed). Pure functions of the
-// engine's JSON, apart from the proxy's sockets so that tests and fuzz targets run the same code.
+// The proxy's reading of engine exchanges: what it adds to a client's request so the trace gets
+// token ids and logprobs, what a completion (or each streamed chunk) tells about the rollout's
+// trajectory and token counts, the journal parts it becomes, and the client event a streamed
+// engine chunk is turned into (the fields the proxy added removed). Pure functions of the JSON,
+// apart from the proxy's sockets so that tests and fuzz targets run the same code.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,27 @@
 namespace rc::service {
 
 using json = nlohmann::json;
+
+enum class ProxyRoute : std::uint8_t { kCompletions, kChat, kGenerate };
+
+// What the proxy asked the engine for that the client did not: the answer's copies are removed
+// before the client sees them (the trace has taken them by then).
+struct AddedFields {
+  bool token_ids = false;  // return_token_ids (completions, chat)
+  bool usage = false;      // stream_options.include_usage (streamed completions, chat)
+  bool logprobs = false;   // the sampled tokens' logprobs (choices[i].logprobs)
+};
+
+// Adds to a client's request body what the trace needs and the client did not ask for: token ids
+// and, on a streamed answer, the usage chunk (not on /inference/v1/generate, which always returns
+// token ids); and the sampled tokens' logprobs, only the sampled token's (vLLM 0.25.1: completions
+// `logprobs: 0`; chat `logprobs: true, top_logprobs: 0`; generate `sampling_params.logprobs: 0`).
+// Logprobs are added only where the client's fields are absent or say "none" in the form vLLM
+// reads that way (null, false, top_logprobs 0), and never with `echo: true`, which turns them
+// into prompt logprobs (a full prefill); anything else the client wrote is left for the engine
+// to answer. `body` is the parsed request of `route` (for generate, sampling_params is an object
+// or absent).
+AddedFields AddTraceFields(ProxyRoute route, bool stream, json& body);
 
 inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // per rollout
 // Journal records one trajectory becomes, at most.
@@ -67,12 +89,13 @@ struct Trajectory {
 std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollout_id,
                                                        const Trajectory& trace);
 
-// Removes what the proxy added and the client did not ask for.
-void StripAdded(json& doc, bool strip_token_ids, bool strip_usage);
+// Removes what the proxy added and the client did not ask for: token ids and usage go, each
+// choice's logprobs becomes null (what vLLM answers a client that asked for none).
+void StripAdded(json& doc, const AddedFields& added);
 
 // One streamed engine chunk: absorbed into the trace, then the SSE event the client receives
 // ("data: <json>\n\n"), or nullopt for the usage-only chunk the client did not ask for.
-std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk, bool strip_token_ids,
-                                     bool strip_usage);
+std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk,
+                                     const AddedFields& added);
 
 }  // namespace rc::service

@@ -2,7 +2,10 @@
 // token/logprob re-verification of trajectories against the vLLM test double over loopback.
 #include <gtest/gtest.h>
 
+#include <httplib.h>
+
 #include <fstream>
+#include <thread>
 
 #include "audit/audit.h"
 #include "tests/integration/harness.h"
@@ -259,6 +262,151 @@ TEST(Audit, TrajectoriesFromTheJournal) {
   EXPECT_FALSE(audit::Reverify(*x.client, tampered, 1e-5, true).ok);
   auto seqs = x.journal->RolloutSeqs("r-j");
   EXPECT_EQ(seqs->size(), 4u);  // admitted, two trajectory parts, finished
+}
+
+// Proves the re-verification's report: every rollout re-scored against the double it ran on is
+// OK with its figures (tokens compared, top-1 matches, |diff| 0) and the totals add up, while a
+// doctored trajectory (one logprob moved by 10x the tolerance) is reported FAILED under its
+// rollout id, counted over tolerance, and becomes the one engine finding; would catch a report
+// that hides which rollout failed, totals that disagree with the rollouts, or an OK summary
+// over a failure.
+TEST(Audit, ReverifyReportsEachRolloutAndTheTotals) {
+  Executor x;
+  x.Bootstrap();
+  std::vector<audit::Trajectory> ts = {Generate(x, "r-a", "first rollout"),
+                                       Generate(x, "r-b", "second rollout"),
+                                       Generate(x, "r-c", "third rollout")};
+  const audit::ReverifySummary clean = audit::ReverifyAll(*x.client, ts, 1e-3, /*greedy=*/true);
+  EXPECT_EQ(clean.checked, 3u);
+  EXPECT_EQ(clean.failed, 0u);
+  EXPECT_EQ(clean.over_tolerance, 0u);
+  EXPECT_EQ(clean.tokens, 36u);
+  EXPECT_EQ(clean.compared, 36u);
+  EXPECT_EQ(clean.top1, 36u);
+  EXPECT_EQ(clean.max_abs_diff, 0.0);
+  EXPECT_TRUE(clean.verified());
+  EXPECT_TRUE(audit::ReverifyFindings(clean).empty());
+  EXPECT_EQ(audit::FormatReverify(clean.rollouts[1]),
+            "REVERIFY 'r-b': OK: 12 tokens compared, top-1 12 of 12 (required), max |diff| 0, "
+            "mean |diff| 0 (tolerance 0.001)");
+  EXPECT_EQ(audit::FormatReverifySummary(clean, "http://e"),
+            "re-verification against http://e: 3 of 3 rollouts checked (0 skipped), 36 tokens "
+            "compared, top-1 36 of 36 (required), max |diff| 0, mean |diff| 0 (tolerance 0.001): "
+            "0 rollouts over tolerance, 0 failed: OK");
+
+  *ts[1].logprobs[4] -= 0.01;
+  const audit::ReverifySummary doctored = audit::ReverifyAll(*x.client, ts, 1e-3, true);
+  EXPECT_EQ(doctored.checked, 3u);
+  EXPECT_EQ(doctored.failed, 1u);
+  EXPECT_EQ(doctored.over_tolerance, 1u);
+  EXPECT_NEAR(doctored.max_abs_diff, 0.01, 1e-12);
+  EXPECT_NEAR(doctored.mean_abs_diff(), 0.01 / 36, 1e-12);
+  EXPECT_FALSE(doctored.verified());
+  EXPECT_TRUE(doctored.rollouts[0].ok && doctored.rollouts[2].ok);
+  const std::string line = audit::FormatReverify(doctored.rollouts[1]);
+  EXPECT_EQ(line.rfind("REVERIFY 'r-b': FAILED: ", 0), 0u) << line;
+  EXPECT_NE(line.find("; 1 over tolerance"), std::string::npos) << line;
+  const std::string summary = audit::FormatReverifySummary(doctored, "http://e");
+  EXPECT_NE(summary.find("1 rollouts over tolerance, 1 failed: FAILED"), std::string::npos)
+      << summary;
+  const std::vector<std::string> findings = audit::ReverifyFindings(doctored);
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_NE(findings[0].find("rollout 'r-b' failed"), std::string::npos) << findings[0];
+  const nlohmann::json j = audit::ReverifyJson(doctored);
+  EXPECT_EQ(j["rollouts"][1]["rollout_id"], "r-b");
+  EXPECT_EQ(j["rollouts"][1]["over_tolerance"], 1);
+  EXPECT_EQ(j["verified"], false);
+}
+
+// Proves "0 checked" never reads as verified: no trajectories, or none the engine can score
+// (it serves another version), give NOTHING VERIFIED and, when some were offered, a finding;
+// and a token without a recorded logprob fails unless the greedy top-1 check verifies it; would
+// catch an audit that prints OK over nothing compared.
+TEST(Audit, NothingComparedIsNeverOk) {
+  Executor x;
+  x.Bootstrap();
+  audit::Trajectory t = Generate(x, "r", "prompt");
+  const audit::ReverifySummary none = audit::ReverifyAll(*x.client, {}, 1e-3, false);
+  EXPECT_FALSE(none.verified());
+  EXPECT_EQ(audit::FormatReverifySummary(none, "E"),
+            "re-verification against E: 0 of 0 rollouts checked: NOTHING VERIFIED");
+
+  audit::Trajectory unrecorded = t;
+  unrecorded.logprobs.assign(t.output.size(), std::nullopt);
+  const audit::ReverifyResult sampled = audit::Reverify(*x.client, unrecorded, 1e-3, false);
+  EXPECT_TRUE(sampled.checked);
+  EXPECT_FALSE(sampled.ok) << sampled.detail;
+  EXPECT_EQ(sampled.unrecorded, t.output.size());
+  EXPECT_NE(sampled.detail.find("12 without a recorded logprob"), std::string::npos)
+      << sampled.detail;
+  EXPECT_TRUE(audit::Reverify(*x.client, unrecorded, 1e-3, /*greedy=*/true).ok);
+
+  ASSERT_TRUE(x.runner->Update(Update("u-1", "rc-1", 1)).ok());
+  const audit::ReverifySummary other = audit::ReverifyAll(*x.client, {t}, 1e-3, true);
+  EXPECT_EQ(other.checked, 0u);
+  EXPECT_FALSE(other.verified());
+  const std::string line = audit::FormatReverifySummary(other, "E");
+  EXPECT_NE(line.find("NOTHING VERIFIED"), std::string::npos) << line;
+  EXPECT_EQ(line.find("OK"), std::string::npos) << line;
+  ASSERT_EQ(audit::ReverifyFindings(other).size(), 1u);
+  EXPECT_EQ(audit::FormatReverify(other.rollouts[0]).rfind("REVERIFY 'r': SKIPPED: ", 0), 0u);
+}
+
+// An engine that serves label "rc-0" and answers every scoring request with `answer`.
+struct ScriptedEngine {
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  explicit ScriptedEngine(const std::string* answer) {
+    server.Get("/weight_info", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"weight_version": "rc-0"})", "application/json");
+    });
+    server.Post("/v1/completions", [answer](const httplib::Request&, httplib::Response& res) {
+      res.set_content(*answer, "application/json");
+    });
+    port = server.bind_to_any_port("127.0.0.1");
+    thread = std::thread([this] { server.listen_after_bind(); });  // bound: connects queue
+  }
+  ~ScriptedEngine() {
+    server.stop();
+    thread.join();
+  }
+};
+
+// Proves an engine's scoring answer of any shape is a skip or a count, never an exception or an
+// abort, and a rollout id that holds a newline stays on its one report line; would catch the
+// re-verifier indexing the engine's JSON unchecked (an exception ends the audit) or a forged
+// report line.
+TEST(Audit, HostileScoringAnswersAreCountedNotThrown) {
+  std::string answer;
+  ScriptedEngine e(&answer);
+  effects::EngineClient client("http://127.0.0.1:" + std::to_string(e.port));
+  audit::Trajectory t;
+  t.rollout_id = "r\naudit: OK";
+  t.version.label = "rc-0";
+  t.prompt = {1, 2};
+  t.output = {97, 98, 99, 100, 101};
+  t.logprobs = {-0.5, -0.5, -0.5, -0.5, -0.5};
+  for (const char* skipped : {R"({"choices": {}})", R"({"choices": []})", R"({"choices": [3]})",
+                              R"({"choices": [{"prompt_logprobs": [null]}]})", "[1]"}) {
+    answer = skipped;
+    const audit::ReverifyResult r = audit::Reverify(client, t, 1e-3, true);
+    EXPECT_FALSE(r.checked) << skipped;
+  }
+  answer = R"({"choices": [{"prompt_logprobs": [null, null, "x", {"98": 5},
+    {"99": {"logprob": "no", "rank": 1}}, {"100": {"logprob": -0.5, "rank": null}},
+    {"101": {"logprob": -0.5, "rank": 1}}]}]})";
+  const audit::ReverifyResult r = audit::Reverify(client, t, 1e-3, true);
+  EXPECT_TRUE(r.checked);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.unscored, 3u);
+  EXPECT_EQ(r.tokens, 2u);
+  EXPECT_EQ(r.top1, 1u);
+  EXPECT_EQ(r.not_top1, 1u);
+  EXPECT_EQ(r.logprob_mismatches, 0u);
+  const std::string line = audit::FormatReverify(r);
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_EQ(line.rfind("REVERIFY 'r\\naudit: OK': FAILED: ", 0), 0u) << line;
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ def proxy():
                          "logprobs": {"content": [{"logprob": -1.25}]},
                          "finish_reason": "stop"}]}
     stream = b"".join(b"data: " + j(x) + b"\n\n" for x in (c1, chat, usage)) + b"data: [DONE]\n\n"
-    for flags in (0, 1, 2, 3, 0x41):
+    for flags in (0, 1, 2, 3, 4, 7, 0x41):
         yield bytes([flags]) + stream
     yield b"\x03" + b"data: " + j({"choices": [{"index": 1, "token_ids": [1] * 50}]}) + b"\n\n"
 

@@ -4,7 +4,8 @@
 // catches an engine chunk that could inject a second event into the client's stream, leak the
 // fields the proxy added, or make the journal parts exceed their size bounds.
 //
-// Input: one flags byte (strip token ids, strip usage, chunking), then the engine's SSE bytes.
+// Input: one flags byte (strip token ids, strip usage, strip logprobs, chunking), then the
+// engine's SSE bytes.
 // The bytes go through the engine client's own SSE splitter (SseState), then PassChunk.
 //
 // Regression: a chunk whose "choices" held an object without an "index" made Trajectory::Absorb
@@ -27,15 +28,16 @@ namespace {
 using nlohmann::json;
 namespace svc = rc::service;
 
-bool mentions_added(const json& doc, bool token_ids, bool usage) {
+bool mentions_added(const json& doc, const svc::AddedFields& added) {
   if (!doc.is_object()) return false;
-  if (usage && doc.contains("usage")) return true;
-  if (!token_ids) return false;
-  if (doc.contains("prompt_token_ids")) return true;
+  if (added.usage && doc.contains("usage")) return true;
+  if (added.token_ids && doc.contains("prompt_token_ids")) return true;
   auto cs = doc.find("choices");
   if (cs == doc.end() || !cs->is_array()) return false;
   for (const json& c : *cs) {
     if (!c.is_object()) continue;
+    if (added.logprobs && c.contains("logprobs") && !c["logprobs"].is_null()) return true;
+    if (!added.token_ids) continue;
     if (c.contains("prompt_token_ids") || c.contains("token_ids")) return true;
     auto d = c.find("delta");
     if (d != c.end() && d->is_object() && d->contains("token_ids")) return true;
@@ -47,9 +49,11 @@ bool mentions_added(const json& doc, bool token_ids, bool usage) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;
-  const bool strip_token_ids = (data[0] & 1) != 0;
-  const bool strip_usage = (data[0] & 2) != 0;
-  const std::size_t step = 1 + 32 * (data[0] >> 2);  // 1 byte .. 2 KiB per network read
+  svc::AddedFields added;
+  added.token_ids = (data[0] & 1) != 0;
+  added.usage = (data[0] & 2) != 0;
+  added.logprobs = (data[0] & 4) != 0;
+  const std::size_t step = 1 + 64 * (data[0] >> 3);  // 1 byte .. 2 KiB per network read
   const std::string raw(reinterpret_cast<const char*>(data + 1), size - 1);
 
   svc::Trajectory trace;
@@ -57,11 +61,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::string> sent;  // each event's JSON text
   std::size_t skipped = 0;
   rc::effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {
-    const std::optional<std::string> event =
-        svc::PassChunk(trace, chunk, strip_token_ids, strip_usage);
+    const std::optional<std::string> event = svc::PassChunk(trace, chunk, added);
     if (!event) {
       ++skipped;
-      FUZZ_CHECK(strip_usage && chunk.is_object() && chunk.contains("usage"));
+      FUZZ_CHECK(added.usage && chunk.is_object() && chunk.contains("usage"));
       return true;
     }
     // Exactly one SSE event: "data: " + one line of JSON + the blank line.
@@ -71,7 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(payload.find_first_of("\r\n") == std::string::npos);
     const json back = json::parse(payload, nullptr, false);
     FUZZ_CHECK(!back.is_discarded());
-    FUZZ_CHECK(!mentions_added(back, strip_token_ids, strip_usage));
+    FUZZ_CHECK(!mentions_added(back, added));
     client += *event;
     sent.push_back(payload);
     return true;

@@ -120,8 +120,8 @@ TEST(ProxyStreamEvents, AddedFieldsAreStrippedAfterTheTraceTookThem) {
   Trajectory t;
   const json chunk = json::parse(R"({"prompt_token_ids": [1], "choices": [{"index": 0,
     "text": "hi", "token_ids": [5], "delta": {"token_ids": [6]}}]})");
-  const std::optional<std::string> event = PassChunk(t, chunk, /*strip_token_ids=*/true,
-                                                     /*strip_usage=*/true);
+  const AddedFields ids_and_usage{.token_ids = true, .usage = true};
+  const std::optional<std::string> event = PassChunk(t, chunk, ids_and_usage);
   ASSERT_TRUE(event.has_value());
   EXPECT_EQ(*event, R"(data: {"choices":[{"delta":{},"index":0,"text":"hi"}]})"
                     "\n\n");
@@ -129,9 +129,98 @@ TEST(ProxyStreamEvents, AddedFieldsAreStrippedAfterTheTraceTookThem) {
 
   const json usage = json::parse(R"({"choices": [], "usage": {"prompt_tokens": 1,
     "completion_tokens": 1}})");
-  EXPECT_FALSE(PassChunk(t, usage, true, /*strip_usage=*/true).has_value());
+  EXPECT_FALSE(PassChunk(t, usage, ids_and_usage).has_value());
   EXPECT_EQ(t.usage_completion, 1u);
-  EXPECT_TRUE(PassChunk(t, usage, true, /*strip_usage=*/false).has_value());
+  EXPECT_TRUE(PassChunk(t, usage, AddedFields{.token_ids = true}).has_value());
+}
+
+// Proves which requests get the sampled tokens' logprobs added, per route, in the form vLLM
+// 0.25.1 reads, and that a client's own logprobs request (or one the engine must refuse) is left
+// as written; would catch the proxy overriding a client's top-k, adding prompt logprobs through
+// echo, or sending chat top_logprobs without logprobs.
+TEST(ProxyTraceFields, LogprobsAreAddedOnlyWhereTheClientAskedForNone) {
+  json c = json::parse(R"({"prompt": "x"})");
+  EXPECT_TRUE(AddTraceFields(ProxyRoute::kCompletions, false, c).logprobs);
+  EXPECT_EQ(c["logprobs"], 0);
+  EXPECT_EQ(c["return_token_ids"], true);
+  for (const char* kept :
+       {R"({"logprobs": 3})", R"({"logprobs": 0})", R"({"echo": true})", R"({"logprobs": "x"})"}) {
+    json body = json::parse(kept);
+    const json before = body;
+    EXPECT_FALSE(AddTraceFields(ProxyRoute::kCompletions, false, body).logprobs) << kept;
+    EXPECT_EQ(body.value("logprobs", json()), before.value("logprobs", json())) << kept;
+  }
+  json null_lp = json::parse(R"({"logprobs": null, "echo": false})");
+  EXPECT_TRUE(AddTraceFields(ProxyRoute::kCompletions, true, null_lp).logprobs);
+  EXPECT_EQ(null_lp["logprobs"], 0);
+
+  for (const char* none : {"{}", R"({"logprobs": false})", R"({"logprobs": null,
+                           "top_logprobs": 0})"}) {
+    json chat = json::parse(none);
+    EXPECT_TRUE(AddTraceFields(ProxyRoute::kChat, true, chat).logprobs) << none;
+    EXPECT_EQ(chat["logprobs"], true);
+    EXPECT_EQ(chat["top_logprobs"], 0);
+  }
+  for (const char* kept : {R"({"logprobs": true, "top_logprobs": 2})", R"({"logprobs": true})",
+                           R"({"top_logprobs": 2})", R"({"logprobs": 1})", R"({"echo": true})"}) {
+    json chat = json::parse(kept);
+    const json before = chat;
+    EXPECT_FALSE(AddTraceFields(ProxyRoute::kChat, false, chat).logprobs) << kept;
+    EXPECT_EQ(chat.value("logprobs", json()), before.value("logprobs", json())) << kept;
+    EXPECT_EQ(chat.value("top_logprobs", json()), before.value("top_logprobs", json())) << kept;
+  }
+
+  json gen = json::parse(R"({"token_ids": [1]})");
+  const AddedFields g = AddTraceFields(ProxyRoute::kGenerate, false, gen);
+  EXPECT_TRUE(g.logprobs);
+  EXPECT_FALSE(g.token_ids);
+  EXPECT_EQ(gen["sampling_params"], json::parse(R"({"logprobs": 0})"));
+  EXPECT_FALSE(gen.contains("return_token_ids"));
+  json gen_asked = json::parse(R"({"token_ids": [1], "sampling_params": {"logprobs": 2}})");
+  EXPECT_FALSE(AddTraceFields(ProxyRoute::kGenerate, false, gen_asked).logprobs);
+  EXPECT_EQ(gen_asked["sampling_params"]["logprobs"], 2);
+}
+
+// Proves a client that asked for no logprobs gets each choice's logprobs back as null (vLLM's
+// answer to it) in buffered answers and streamed chunks, while the trace keeps one logprob per
+// output token; and that a client's own logprobs pass unchanged; would catch logprobs leaking to
+// a client that did not ask, or being stripped before the trace took them.
+TEST(ProxyStreamEvents, AddedLogprobsAreNullForTheClientAndKeptInTheTrace) {
+  const json chunk = json::parse(R"({"choices": [{"index": 0, "text": "ab", "token_ids": [97, 98],
+    "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25],
+                 "top_logprobs": [{"a": -0.5}, {"b": -0.25}], "text_offset": [0, 1]}}]})");
+  Trajectory t;
+  const std::optional<std::string> event =
+      PassChunk(t, chunk, AddedFields{.token_ids = true, .logprobs = true});
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(*event, "data: {\"choices\":[{\"index\":0,\"logprobs\":null,\"text\":\"ab\"}]}\n\n");
+  EXPECT_EQ(t.choices.at(0).logprobs, json::parse("[-0.5, -0.25]"));
+
+  Trajectory asked;
+  const std::optional<std::string> own = PassChunk(asked, chunk, AddedFields{});
+  ASSERT_TRUE(own.has_value());
+  EXPECT_EQ(json::parse(own->substr(6)), chunk);
+
+  json chat = json::parse(R"({"choices": [{"index": 0, "message": {"content": "a"},
+    "logprobs": {"content": [{"token": "a", "logprob": -0.125, "top_logprobs": []}]}},
+    {"index": 1, "message": {"content": "b"}}]})");
+  Trajectory buffered;
+  buffered.Absorb(chat);
+  StripAdded(chat, AddedFields{.logprobs = true});
+  EXPECT_TRUE(chat["choices"][0]["logprobs"].is_null());
+  EXPECT_FALSE(chat["choices"][1].contains("logprobs"));  // never added where vLLM had none
+  EXPECT_EQ(buffered.choices.at(0).logprobs, json::parse("[-0.125]"));
+}
+
+// Proves a completion with echo, whose logprobs score the prompt first, records only the output
+// tokens' logprobs, aligned to its output token ids; would catch prompt logprobs recorded as the
+// output's (every recorded logprob then belongs to another token).
+TEST(ProxyStreamTrace, EchoedCompletionLogprobsAlignToTheOutput) {
+  Trajectory t;
+  t.Absorb(json::parse(R"({"choices": [{"index": 0, "token_ids": [7, 8],
+    "logprobs": {"token_logprobs": [null, -3.0, -0.5, -0.25]}}]})"));
+  EXPECT_EQ(t.choices.at(0).logprobs, json::parse("[-0.5, -0.25]"));
+  EXPECT_EQ(t.entries, 4u);
 }
 
 }  // namespace
