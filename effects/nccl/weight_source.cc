@@ -227,8 +227,12 @@ Status ReadEntries(const json& header, std::uint64_t data_bytes,
 // Moves each entry's spec into the index, in that order.
 Status PlaceEntries(std::vector<HeaderEntry>* entries, std::uint64_t data_start,
                     std::uint64_t data_bytes, SafetensorsIndex* index) {
+  // Ties (zero-size tensors at one offset) are broken by name, so the order, and with it the
+  // manifest digest, is one function of the header whatever the sort's implementation.
   std::sort(entries->begin(), entries->end(), [](const HeaderEntry& a, const HeaderEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    return a.spec.name < b.spec.name;
   });
   std::uint64_t cursor = 0;
   for (auto& e : *entries) {
