@@ -5,6 +5,7 @@
 
 #include <curl/curl.h>
 
+#include <cctype>
 #include <chrono>
 #include <mutex>
 #include <utility>
@@ -585,10 +586,34 @@ HttpReply EngineClient::InitWeightTransferEngine(const json& init_info, const Ca
                    Shape::kJsonObject, nullptr, deadlines_.update_timeout_ms),
               o);
 }
+namespace {
+
+// vLLM's refusal to start while an earlier session is open ("... already active. Call
+// finish_weight_update first."; the double says the same).
+bool StaleSessionRefusal(const HttpReply& start) {
+  if (start.http.transport != Transport::kOk || start.http.http_status < 500) return false;
+  std::string lower = start.raw;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower.find("finish_weight_update first") != std::string::npos;
+}
+
+}  // namespace
+
 HttpReply EngineClient::StartWeightUpdate(const CallOptions& o) {
-  return Call(post("/start_weight_update", std::nullopt, Shape::kJsonObject, nullptr,
-                   deadlines_.call_timeout_ms),
-              o);
+  auto start = [&] {
+    return Call(post("/start_weight_update", std::nullopt, Shape::kJsonObject, nullptr,
+                     deadlines_.call_timeout_ms),
+                o);
+  };
+  HttpReply first = start();
+  if (!StaleSessionRefusal(first)) return first;
+  // A transfer that failed after its start (the engine kept alive) leaves the session open, and
+  // the next start — the restore that follows the taint — is refused until it is finished. The
+  // engine already holds unproven weights, so finishing the stale session changes nothing the
+  // restore does not replace; done once, and every byte after it is judged as before.
+  HttpReply fin = FinishWeightUpdate(std::nullopt, o);
+  if (!fin.http.ok_2xx()) return first;
+  return start();
 }
 HttpReply EngineClient::UpdateWeights(const json& update_info, const CallOptions& o) {
   return Call(post("/update_weights", dump(json{{"update_info", update_info}}), Shape::kJsonObject,

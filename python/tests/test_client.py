@@ -1,12 +1,14 @@
 """The Python client against a real `rolloutcore serve` and `vllm-double` on loopback."""
 import json
+import os
 import signal
+import subprocess
 import urllib.request
 
 import pytest
 
 import rolloutcore
-from conftest import TOKEN
+from conftest import BUILD, TOKEN
 
 SOURCE = "synthetic:4x64"
 
@@ -173,3 +175,43 @@ def test_readyz_and_healthz(serve):
     assert c.ready()["ready"] is True
     with urllib.request.urlopen(serve.url + "/healthz", timeout=10) as r:
         assert json.loads(r.read())["ok"] is True
+
+
+def _double_faults(engine_url, doc, path="/_double/faults"):
+    req = urllib.request.Request(engine_url + path, method="POST",
+                                 data=json.dumps(doc).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_restore_with_proof_through_the_client_and_the_cli(serve, engine):
+    # Proves Client.restore and `rolloutcore restore` take a TAINTED engine back to an earlier
+    # version only on the recorded digest: a wrong source raises UpdateFailed (tainted) and leaves
+    # it TAINTED, the right one (through the CLI, token from RC_AUTH_TOKEN) commits; would catch
+    # a client that hides a failed restore or a CLI that exits 0 on one.
+    c = rolloutcore.Client(serve.url, TOKEN)
+    src1, src2 = "synthetic:4x64:1", "synthetic:4x64:2"
+    c.update("rc-1", rolloutcore.Identity(c.manifest_digest(src1), checkpoint="c1", step=1), src1)
+    _double_faults(engine, {"routes": {"/update_weights": {"status": 500}}})
+    with pytest.raises(rolloutcore.UpdateFailed) as e:
+        c.update("rc-2", rolloutcore.Identity(c.manifest_digest(src2), checkpoint="c2", step=2),
+                 src2)
+    assert e.value.outcome == "tainted"
+    _double_faults(engine, {}, path="/_double/faults/clear")
+    with pytest.raises(ValueError):
+        c.restore("rc-1")  # neither a source nor adopt
+    with pytest.raises(rolloutcore.UpdateFailed) as wrong:
+        c.restore("rc-1", source=src2, restore_id="py-wrong")
+    assert wrong.value.outcome == "tainted"
+    assert "recorded when 'rc-1' was served" in wrong.value.reason, wrong.value.reason
+    assert c.state()["lifecycle"] == "TAINTED"
+    env = dict(os.environ, RC_AUTH_TOKEN=TOKEN)
+    cli = subprocess.run([str(BUILD / "cli" / "rolloutcore"), "restore", "--url", serve.url,
+                          "--label", "rc-1", "--source", src1], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert "committed" in cli.stdout
+    s = c.state()
+    assert s["lifecycle"] == "READY" and s["committed"]["label"] == "rc-1"
+    assert s["counters"]["restores_committed"] == 1
