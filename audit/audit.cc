@@ -76,6 +76,7 @@ void Note(std::vector<RolloutNote>& list, std::uint64_t& count, RolloutNote note
 class EngineWatch {
  public:
   void Observe(const journal::Record& r) {
+    if (r.cause_seq == 0) CloseGroup();
     if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
       active_[a->rollout_id] = RolloutNote{a->rollout_id, a->version, r.seq, 0, 0, ""};
     } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
@@ -83,9 +84,10 @@ class EngineWatch {
     } else if (const auto* c = std::get_if<StateChanged>(&r.event)) {
       OnChange(*c, r);
     } else if (const auto* u = std::get_if<UpdateEnded>(&r.event)) {
-      if (u->outcome == UpdateOutcome::kTainted && !h_.tainted) {
-        h_.unexplained_taints.push_back("update '" + u->update_id + "' ended tainted at seq " +
-                                        std::to_string(r.seq) + " without a transition to TAINTED");
+      // The fold journals UpdateEnded before the transition it ends with, in the same group.
+      if (u->outcome == UpdateOutcome::kTainted) {
+        tainted_end_ = "update '" + u->update_id + "' ended tainted at seq " +
+                       std::to_string(r.seq) + " without a transition to TAINTED";
       }
     }
     if (std::holds_alternative<RecoveryStarted>(r.event)) recovery_window_start_ = prev_wall_;
@@ -94,6 +96,7 @@ class EngineWatch {
   }
 
   EngineHealth Finish(const State& state) && {
+    CloseGroup();
     h_.lifecycle = state.lifecycle;
     if (state.taint) h_.taint_update_id = state.taint->update_id;
     return std::move(h_);
@@ -132,7 +135,29 @@ class EngineWatch {
     return note;
   }
 
+  // An UpdateEnded{tainted} whose group held no transition to TAINTED.
+  void CloseGroup() {
+    if (!tainted_end_.empty()) h_.unexplained_taints.push_back(std::move(tainted_end_));
+    tainted_end_.clear();
+  }
+
+  // A restore with proof ended the open taint: the engine serves a proven version again.
+  void OnRestored(const journal::Record& r) {
+    h_.restored_count++;
+    if (h_.restored.size() < kRolloutNotesMax) {
+      h_.restored.push_back("seq " + std::to_string(r.seq) + ": READY again after a restore; it " +
+                            "ends the taint at seq " + std::to_string(h_.taint_seq) + " (" +
+                            cause_name(h_.taint_cause) + ")");
+    }
+    h_.tainted = false;
+    h_.taint_seq = 0;
+    h_.taint_wall_ms = 0;
+    h_.taint_detail.clear();
+  }
+
   void OnChange(const StateChanged& c, const journal::Record& r) {
+    if (c.to == Lifecycle::kTainted) tainted_end_.clear();
+    if (c.to == Lifecycle::kReady && h_.tainted) OnRestored(r);
     if (c.to == Lifecycle::kReady) {
       ready_wall_ = r.wall_time_ms;
       finished_.clear();
@@ -195,6 +220,7 @@ class EngineWatch {
   std::optional<std::int64_t> recovery_window_start_;
   std::int64_t ready_wall_ = 0;
   Event last_input_;
+  std::string tainted_end_;  // an UpdateEnded{tainted} waiting for its group's transition
 };
 
 // One pass over the journal: chain (by Scan), history entries, the version table.
@@ -544,6 +570,10 @@ void FormatEngine(const EngineHealth& e, std::ostringstream& out) {
   if (e.tainted || e.suspect_count > 0) {
     FormatRollouts("suspect rollouts", "SUSPECT", e.suspect, e.suspect_count, out);
   }
+  for (const std::string& line : e.restored) out << "restored: " << E(line) << "\n";
+  if (e.restored_count > e.restored.size()) {
+    out << "restored: ... and " << (e.restored_count - e.restored.size()) << " more\n";
+  }
   if (e.finishes_truncated) {
     out << "suspect rollouts: the window may hold more than the last " << kRolloutNotesMax
         << " finishes kept\n";
@@ -608,11 +638,13 @@ json NotesJson(const std::vector<RolloutNote>& list) {
 std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
                         const ReverifySummary* reverify) {
   const EngineHealth& e = r.engine;
-  json engine = {{"lifecycle", lifecycle_name(e.lifecycle)},  {"tainted", e.tainted},
-                 {"suspect_count", e.suspect_count},          {"suspect", NotesJson(e.suspect)},
-                 {"expired_count", e.expired_count},          {"expired", NotesJson(e.expired)},
-                 {"abandoned_count", e.abandoned_count},      {"abandoned", NotesJson(e.abandoned)},
-                 {"unexplained_taints", e.unexplained_taints}};
+  json engine = {
+      {"lifecycle", lifecycle_name(e.lifecycle)},   {"tainted", e.tainted},
+      {"suspect_count", e.suspect_count},           {"suspect", NotesJson(e.suspect)},
+      {"expired_count", e.expired_count},           {"expired", NotesJson(e.expired)},
+      {"abandoned_count", e.abandoned_count},       {"abandoned", NotesJson(e.abandoned)},
+      {"unexplained_taints", e.unexplained_taints}, {"restored", e.restored},
+      {"restored_count", e.restored_count}};
   if (e.tainted) {
     engine["taint"] = {{"seq", e.taint_seq},
                        {"wall_ms", e.taint_wall_ms},

@@ -67,8 +67,12 @@ struct EngineHealth {
   std::uint64_t expired_count = 0;
   std::vector<RolloutNote> abandoned;  // informational: the client vanished (executor restart)
   std::uint64_t abandoned_count = 0;
-  // UpdateEnded{tainted} with no ->TAINTED transition before it (raw messages naming the seq).
+  // UpdateEnded{tainted} with no ->TAINTED transition in its group (raw messages naming the seq).
   std::vector<std::string> unexplained_taints;
+  // Taints a restore with proof ended (READY again): one line each, first kRolloutNotesMax. The
+  // fields above then describe the last taint still open, if any; suspects stay suspect.
+  std::vector<std::string> restored;
+  std::uint64_t restored_count = 0;
   bool finishes_truncated = false;  // more than kRolloutNotesMax finishes in one READY period
 };
 

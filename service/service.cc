@@ -747,7 +747,7 @@ bool Service::MonitorOnce() {
   // Weights can have changed any time since the last digest that matched (label and instance
   // checks cannot see it): the audit's window of suspect rollouts opens there.
   m.last_ok_wall_ms = drift ? last_digest_match_wall_ms_.load() : engine_last_ok_wall_ms_.load();
-  m.updates_seen = before.counters.updates_requested + before.counters.recoveries;
+  m.updates_seen = monitor_epoch(before);  // the fold's own definition, never restated
   return JournalEngineChange(m, probe.wall_ms);
 }
 

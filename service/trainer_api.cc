@@ -589,10 +589,11 @@ void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
 }
 
 void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {
-  // It opens files on this host: only for the trainer, and its errors never quote them.
+  // It opens files (on this host, or the engine's with the reload transfer): only for the
+  // trainer, and its errors never quote them.
   if (!Authorized(req, res)) return;
   const std::string source = req.query("source").value_or("");
-  Status valid = ValidateSource(source);
+  Status valid = ValidateSource(source, SourceReaderForTransfer());
   if (!valid.ok()) {
     metrics_.bad_requests++;
     SendStatus(res, valid);

@@ -12,6 +12,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "audit/audit.h"
 #include "effects/http/engine_client.h"
 #include "effects/http/weight_digest.h"
 #include "effects/nccl/weight_source.h"
@@ -151,6 +152,14 @@ TEST(RestoreApi, ProvenRestoreAfterAHalfAppliedReload) {
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("rolloutcore_restores_total{outcome=\"committed\"} 1"), std::string::npos);
+
+  // The audit of the same journal: the taint is ended by the restore, nothing else is found.
+  Result<audit::AuditReport> report = audit::AuditJournal(s.svc->journal());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const audit::Verdict v = audit::MakeVerdict(*report);
+  EXPECT_TRUE(v.engine_healthy()) << audit::RenderAudit(*report, v, "j").text;
+  EXPECT_EQ(report->engine.restored_count, 1u);
+  EXPECT_TRUE(report->engine.unexplained_taints.empty());
 }
 
 // Proves a restore from the wrong checkpoint (same manifest, other weights) stays TAINTED with
@@ -204,11 +213,12 @@ TEST(RestoreApi, BadRequestsJournalNothing) {
   EXPECT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kTainted);
 }
 
-// Proves re-adoption: the engine restarts outside RolloutCore (the monitor taints: another
-// process answers); adopting it as a version whose digest it does not have stays TAINTED, and
-// adopting it as the version it does hold (the bootstrap's rc-0: a fresh engine holds the same
-// initial weights) is committed without any reload. Would catch adopt skipping the digest proof,
-// or an adoption refused only because the process changed.
+// Proves re-adoption, and that the monitor still watches after restores: the engine restarts
+// outside RolloutCore (the monitor taints: another process answers); adopting it as a version whose
+// digest it does not have stays TAINTED, and adopting it as the version it does hold (the
+// bootstrap's rc-0: a fresh engine holds the same initial weights) is committed without any reload.
+// Would catch adopt skipping the digest proof, or an adoption refused only because the process
+// changed.
 TEST(RestoreApi, AdoptsARestartedEngineOnlyAsTheVersionItHolds) {
   Checkpoints ckpt;
   Stack s(ckpt.v0);
@@ -229,9 +239,14 @@ TEST(RestoreApi, AdoptsARestartedEngineOnlyAsTheVersionItHolds) {
   EXPECT_EQ(st.committed.label, "rc-0");
   EXPECT_EQ(s.engine->weight_label(), "rc-0");
   EXPECT_EQ(s.engine->RpcCount("reload_weights"), reloads) << "adopt reloaded weights";
-  // The monitor watches the adopted process from now on: no second taint.
+  // The monitor watches the adopted process from now on: no second taint, until that process
+  // is replaced too (a monitor whose observations the fold refuses as stale after a restore
+  // would never see it).
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kReady);
+  ASSERT_TRUE(s.RestartEngine());
+  ASSERT_TRUE(s.WaitForTaint(5000)) << "the monitor missed a restart after a restore";
+  EXPECT_EQ(s.svc->journal().state().taint->cause, Cause::kEngineReplaced);
 }
 
 }  // namespace
