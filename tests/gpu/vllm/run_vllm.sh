@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# The real-vLLM experiments (docs/experiments.md) on one host with two GPUs: vLLM on GPU 1, the
-# RolloutCore driver (rank 0, the sender) on GPU 0. What to install and build first:
-# tests/gpu/vllm/README.md. Run from the repository root.
+# The real-vLLM experiments (docs/experiments.md). Parts 125m, 8b and serve need one host with two
+# GPUs: vLLM on GPU 1, the RolloutCore driver (rank 0, the sender) on GPU 0. Parts proof125m and
+# proof8b need ONE GPU: vLLM on GPU 0 reloads checkpoints from its own disk (proof.py). What to
+# install and build first: tests/gpu/vllm/README.md. Run from the repository root.
 #   Usage: [RESIDENT=1] [RC_BUILD_DIR=build-gpu] [RC_WORKDIR=DIR] [RC_VLLM_PORT=8000] \
 #          tests/gpu/vllm/run_vllm.sh PART [budget_s]
 #   PART: 125m (E1-E5, E7 at 125M) | 8b (E2, E6, E7 at 8B) | serve (rolloutcore serve beside vLLM)
+#         | proof125m | proof8b (proof of content, P0-P9 of proof.py, one GPU)
 #   RESIDENT=1: the driver sends from GPU 0 memory (as a trainer would), not from the file.
 #   RC_WORKDIR: models, engine logs and gate files (default: a fresh mktemp -d, so two runs never
 #   share a path); everything is appended to ONE log, $OUT/vllm.log if OUT is set, else
-#   $RC_WORKDIR/vllm.log.
+#   $RC_WORKDIR/vllm.log (proof parts: PART.log, plus servePART.log and vllmPART.log, the serve and
+#   engine logs trimmed to their last 200 KB).
 # vLLM 0.25.1 has no /weight_info: it is started with RolloutCore's worker extension
 # (python/rolloutcore/vllm_ext.py), which keeps the label RolloutCore reads over /collective_rpc.
 set -u
-PART=${1:?part: 125m, 8b or serve}; BUDGET=${2:-560}
+PART=${1:?part: 125m, 8b, serve, proof125m or proof8b}; BUDGET=${2:-560}
 BUILD=${RC_BUILD_DIR:-build-gpu}
 W=${RC_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/rc_vllm_XXXXXX")}
 mkdir -p "$W" || exit 3
-LOG=${OUT:-$W}/vllm.log
+case $PART in proof*) LOG=${OUT:-$W}/$PART.log ;; *) LOG=${OUT:-$W}/vllm.log ;; esac
 echo "run_vllm.sh: files in $W, log $LOG"
 exec >>"$LOG" 2>&1
 T0=$(date +%s.%N)
@@ -30,10 +33,27 @@ HERE=tests/gpu/vllm; PORT=${RC_VLLM_PORT:-8000}; U=http://127.0.0.1:$PORT; VPID=
 cleanup() { [ -n "$VPID" ] && kill -9 -- -"$VPID" 2>/dev/null; sleep 1; }
 trap cleanup EXIT
 python3 -c "import vllm" 2>/dev/null || { say "vllm is not importable: pip install vllm==0.25.1"; exit 3; }
-[ -x "$BUILD/tests/gpu/vllm_driver" ] || { say "build $BUILD/tests/gpu/vllm_driver first (tests/gpu/vllm/README.md)"; exit 3; }
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 NCCL_LIB=$(python3 -c 'import nvidia;print(list(nvidia.__path__)[0])')/nccl/lib
 LIBS="$NCCL_LIB:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+rcwrap() {  # $W/rc.sh: the rolloutcore binary with the engine's NCCL library (a CUDA build links it)
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$LIBS" "$PWD/$BUILD/cli/rolloutcore" > "$W/rc.sh"
+  chmod +x "$W/rc.sh"
+}
+if [ "$PART" = proof125m ] || [ "$PART" = proof8b ]; then
+  # One GPU, no NCCL, no driver: proof.py starts vLLM and serve itself and prints its own
+  # provenance (P0). Its budget leaves 20 s for killing what is left and trimming the logs.
+  SIZE=${PART#proof}; PW=$W/p$SIZE
+  [ -x "$BUILD/cli/rolloutcore" ] || { say "build $BUILD/cli/rolloutcore first (tests/gpu/vllm/README.md)"; exit 3; }
+  rcwrap; sha256sum "$BUILD/cli/rolloutcore"; git log -1 --format='rolloutcore %H' 2>/dev/null
+  say "proof $SIZE: vLLM on GPU 0 (real weights, reload from its disk), rolloutcore serve --transfer reload"
+  RC_PROOF_BUDGET_S=$((BUDGET - 20)) timeout -s KILL "$((BUDGET - 5))" python3 $HERE/proof.py "$W/rc.sh" "$SIZE" "$PW"
+  say "proof.py exit $?"
+  [ -s "$PW/engine.pgid" ] && kill -9 -- -"$(cat "$PW/engine.pgid")" 2>/dev/null
+  for f in serve engine; do [ -e "$PW/$f.log" ] && tail -c 200000 "$PW/$f.log" > "${OUT:-$W}/${f/engine/vllm}$SIZE.log"; done
+  say done; exit 0
+fi
+[ -x "$BUILD/tests/gpu/vllm_driver" ] || { say "build $BUILD/tests/gpu/vllm_driver first (tests/gpu/vllm/README.md)"; exit 3; }
 DRV() { LD_LIBRARY_PATH="$LIBS" timeout 300 "$BUILD/tests/gpu/vllm_driver" "$@"; }
 say provenance
 python3 -c "import vllm,torch;print('vllm',vllm.__version__,'torch',torch.__version__,torch.version.cuda,'gpus',torch.cuda.device_count())" 2>&1 | tail -3
@@ -129,8 +149,7 @@ if [ "$PART" = serve ]; then
   # rolloutcore serve --transfer nccl (GPU 0) beside vLLM (GPU 1), driven by the Python client.
   [ -e $W/m125_seed2.safetensors ] || { python3 $HERE/make_model.py --shape opt125m --out $W/m125 --seed 1 &&
     python3 $HERE/make_model.py --shape opt125m --out $W/m125 --seed 2 --weights-file $W/m125_seed2.safetensors; } || exit 4
-  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$LIBS" "$PWD/$BUILD/cli/rolloutcore" > "$W/rc.sh"
-  chmod +x "$W/rc.sh"
+  rcwrap
   say "serve: vLLM dummy 125M (rc-0)"; serve $W/m125 dummy125s --load-format dummy || exit 5
   rm -rf $W/e2e; python3 $HERE/serve_e2e.py "$W/rc.sh" $U $W/m125 $W/m125_seed2.safetensors $W/e2e
   say "serve_e2e exit $?"; tail -c 3000 $W/e2e/serve.log; cp $W/e2e/serve.log "${OUT:-$W}/serve.log" 2>/dev/null
