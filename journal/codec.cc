@@ -78,6 +78,38 @@ struct Encoded {
   Offset<void> value;
 };
 
+Encoded EncRestore(FlatBufferBuilder& b, const RestoreRequested& e) {
+  auto restore_id = b.CreateString(e.restore_id);
+  auto label = b.CreateString(e.label);
+  auto uri = OptString(b, e.source_uri);
+  return {fb::Payload::RestoreRequested,
+          fb::CreateRestoreRequested(b, restore_id, label, uri, e.adopt).Union()};
+}
+
+Encoded EncProbed(FlatBufferBuilder& b, const EngineProbed& e) {
+  auto http = EncHttp(b, e.http);
+  auto version = b.CreateString(e.engine_version);
+  auto label = b.CreateString(e.reported_label);
+  auto instance = OptString(b, e.engine_instance);
+  auto before = OptString(b, e.label_before);
+  auto digest = EncDigest(b, e.digest);
+  return {fb::Payload::EngineProbed,
+          fb::CreateEngineProbed(b, http, version, label, e.is_paused_known, e.is_paused, instance,
+                                 before, e.resumed_before, digest)
+              .Union()};
+}
+
+Encoded EncMonitored(FlatBufferBuilder& b, const EngineMonitored& e) {
+  auto http = EncHttp(b, e.http);
+  auto label = b.CreateString(e.reported_label);
+  auto instance = OptString(b, e.engine_instance);
+  auto digest = EncDigest(b, e.digest);
+  return {fb::Payload::EngineMonitored,
+          fb::CreateEngineMonitored(b, http, label, e.is_paused_known, e.is_paused, instance,
+                                    e.last_ok_wall_ms, e.updates_seen, digest)
+              .Union()};
+}
+
 Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
   return std::visit(
       Overloaded{
@@ -96,13 +128,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             return {fb::Payload::UpdateRequested,
                     fb::CreateUpdateRequested(b, update_id, target, id, uri, expected).Union()};
           },
-          [&](const RestoreRequested& e) -> Encoded {
-            auto restore_id = b.CreateString(e.restore_id);
-            auto label = b.CreateString(e.label);
-            auto uri = OptString(b, e.source_uri);
-            return {fb::Payload::RestoreRequested,
-                    fb::CreateRestoreRequested(b, restore_id, label, uri, e.adopt).Union()};
-          },
+          [&](const RestoreRequested& e) { return EncRestore(b, e); },
           [&](const RecoveryStarted& e) -> Encoded {
             auto executor = b.CreateString(e.executor_id);
             return {fb::Payload::RecoveryStarted, fb::CreateRecoveryStarted(b, executor).Union()};
@@ -113,28 +139,8 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
                                             static_cast<fb::CacheKind>(Fb(e.cache)), e.deadline_ms)
                         .Union()};
           },
-          [&](const EngineProbed& e) -> Encoded {
-            auto http = EncHttp(b, e.http);
-            auto version = b.CreateString(e.engine_version);
-            auto label = b.CreateString(e.reported_label);
-            auto instance = OptString(b, e.engine_instance);
-            auto before = OptString(b, e.label_before);
-            auto digest = EncDigest(b, e.digest);
-            return {fb::Payload::EngineProbed,
-                    fb::CreateEngineProbed(b, http, version, label, e.is_paused_known, e.is_paused,
-                                           instance, before, e.resumed_before, digest)
-                        .Union()};
-          },
-          [&](const EngineMonitored& e) -> Encoded {
-            auto http = EncHttp(b, e.http);
-            auto label = b.CreateString(e.reported_label);
-            auto instance = OptString(b, e.engine_instance);
-            auto digest = EncDigest(b, e.digest);
-            return {fb::Payload::EngineMonitored,
-                    fb::CreateEngineMonitored(b, http, label, e.is_paused_known, e.is_paused,
-                                              instance, e.last_ok_wall_ms, e.updates_seen, digest)
-                        .Union()};
-          },
+          [&](const EngineProbed& e) { return EncProbed(b, e); },
+          [&](const EngineMonitored& e) { return EncMonitored(b, e); },
           [&](const DrainObserved& e) -> Encoded {
             auto http = EncHttp(b, e.http);
             return {fb::Payload::DrainObserved, fb::CreateDrainObserved(b, http, e.paused).Union()};
