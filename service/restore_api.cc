@@ -17,46 +17,6 @@ namespace rc::service {
 using nlohmann::json;
 using namespace internal;  // NOLINT: the service's own helpers
 
-namespace {
-
-// The journal's record of a restore: its request and, once it ended, its outcome (bounded by
-// kUpdateLookupRecordsMax records back from the durable head).
-struct RestoreLookup {
-  std::optional<RestoreRequested> request;
-  std::optional<UpdateEnded> ended;
-};
-
-Result<RestoreLookup> LookUpRestore(journal::Journal& j, const std::string& restore_id,
-                                    std::uint64_t durable_seq) {
-  RestoreLookup out;
-  const std::uint64_t from =
-      durable_seq > kUpdateLookupRecordsMax ? durable_seq - kUpdateLookupRecordsMax + 1 : 1;
-  Status st = j.Scan(from, durable_seq, [&](const journal::Record& r) {
-    if (const auto* q = std::get_if<RestoreRequested>(&r.event)) {
-      if (q->restore_id == restore_id) out.request = *q, out.ended.reset();
-    } else if (const auto* e = std::get_if<UpdateEnded>(&r.event)) {
-      if (out.request && e->update_id == restore_id) out.ended = *e;
-    }
-    return Status::OK();
-  });
-  if (!st.ok()) return st;
-  return out;
-}
-
-int RestoreHttpStatus(UpdateOutcome o) {
-  switch (o) {
-    case UpdateOutcome::kCommitted:
-      return 200;
-    case UpdateOutcome::kRefused:
-      return 422;
-    case UpdateOutcome::kTainted:
-      return 500;
-  }
-  return 500;
-}
-
-}  // namespace
-
 SourceReader Service::SourceReaderForTransfer() const {
   return config_.transfer == "reload" ? SourceReader::kEngine : SourceReader::kExecutor;
 }
@@ -94,7 +54,9 @@ void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
 
 // A restore_id the journal already holds: its recorded outcome, or 409 for another body.
 bool Service::ReplayedRestore(const RestoreRequested& request, HttpResponse& res) {
-  auto found = LookUpRestore(*journal_, request.restore_id, CatchUpDurableHead().seq);
+  auto found = LookUpRequest<RestoreRequested>(
+      *journal_, request.restore_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
+      [](const RestoreRequested& r) { return r.restore_id; });
   if (!found.ok() || !found->request || !found->ended) return false;
   if (!(*found->request == request)) {
     metrics_.restores_conflict++;
@@ -186,7 +148,7 @@ void Service::SendRestoreOutcome(HttpResponse& res, const RestoreRequested& requ
     out["timings"] = TimingsJson(last_timings_);
   }
   SetHeadHeader(res, v.head);
-  SendJson(res, RestoreHttpStatus(ended.outcome), out);
+  SendJson(res, OutcomeHttpStatus(ended.outcome), out);
 }
 
 }  // namespace rc::service

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "effects/clock.h"
 #include "effects/runner.h"
+#include "journal/journal.h"
 #include "statemachine/events.h"
 #include "statemachine/state.h"
 #include "statemachine/status.h"
@@ -38,6 +40,46 @@ inline nlohmann::json TimingsJson(const effects::PhaseTimings& t) {
           {"transfer_us", t.transfer_us}, {"invalidate_us", t.invalidate_us},
           {"validate_us", t.validate_us}, {"resume_us", t.resume_us},
           {"journal_us", t.journal_us},   {"total_us", t.total_us}};
+}
+
+// The HTTP status an ended update or restore answers with.
+inline int OutcomeHttpStatus(UpdateOutcome o) {
+  switch (o) {
+    case UpdateOutcome::kCommitted:
+      return 200;
+    case UpdateOutcome::kRefused:
+      return 422;
+    case UpdateOutcome::kTainted:
+      return 500;
+  }
+  return 500;
+}
+
+// The journal's record of an update or a restore by its id: its request and, once it ended, its
+// outcome. Scans the durable journal, at most `records_max` records back from durable_seq.
+template <class Request>
+struct RequestLookup {
+  std::optional<Request> request;
+  std::optional<UpdateEnded> ended;
+};
+
+template <class Request, class IdOf>
+Result<RequestLookup<Request>> LookUpRequest(journal::Journal& j, const std::string& id,
+                                             std::uint64_t durable_seq, std::uint64_t records_max,
+                                             IdOf id_of) {
+  RequestLookup<Request> out;
+  const std::uint64_t from = durable_seq > records_max ? durable_seq - records_max + 1 : 1;
+  Status st = j.Scan(from, durable_seq, [&](const journal::Record& r) {
+    if (const auto* q = std::get_if<Request>(&r.event); q != nullptr && id_of(*q) == id) {
+      out.request = *q;
+      out.ended.reset();
+    } else if (const auto* e = std::get_if<UpdateEnded>(&r.event)) {
+      if (out.request && e->update_id == id) out.ended = *e;
+    }
+    return Status::OK();
+  });
+  if (!st.ok()) return st;
+  return out;
 }
 
 }  // namespace rc::service::internal

@@ -99,8 +99,6 @@ json SummaryJson(const State& s, const DurableHead& head) {
   return j;
 }
 
-namespace {}  // namespace
-
 json Service::StateSummary() {
   const DurableView v = CatchUpDurable(true);
   return SummaryJson(v.state, v.head);
@@ -149,46 +147,6 @@ void Service::RememberEndedUpdate(const UpdateRequested& request, const UpdateEn
   RC_CHECK(ended_updates_.size() == ended_order_.size());
 }
 
-namespace {
-
-// The journal's record of an update: its request and, once it ended, its outcome. Scans the
-// durable journal (bounded by kUpdateLookupRecordsMax records); the fallback when the update
-// route's memory no longer holds it (older, or decided before this process started).
-struct UpdateLookup {
-  std::optional<UpdateRequested> request;
-  std::optional<UpdateEnded> ended;
-};
-Result<UpdateLookup> LookUpUpdate(journal::Journal& j, const std::string& update_id,
-                                  std::uint64_t durable_seq) {
-  UpdateLookup out;
-  const std::uint64_t from =
-      durable_seq > kUpdateLookupRecordsMax ? durable_seq - kUpdateLookupRecordsMax + 1 : 1;
-  Status st = j.Scan(from, durable_seq, [&](const journal::Record& r) {
-    if (const auto* u = std::get_if<UpdateRequested>(&r.event)) {
-      if (u->update_id == update_id) out.request = *u;
-    } else if (const auto* e = std::get_if<UpdateEnded>(&r.event)) {
-      if (e->update_id == update_id) out.ended = *e;
-    }
-    return Status::OK();
-  });
-  if (!st.ok()) return st;
-  return out;
-}
-
-int UpdateStatus(UpdateOutcome o) {
-  switch (o) {
-    case UpdateOutcome::kCommitted:
-      return 200;
-    case UpdateOutcome::kRefused:
-      return 422;
-    case UpdateOutcome::kTainted:
-      return 500;
-  }
-  return 500;
-}
-
-}  // namespace
-
 void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                                 const UpdateEnded& ended, bool replayed) {
   const DurableView v = CatchUpDurable(true);
@@ -204,7 +162,7 @@ void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& reques
     out["timings"] = TimingsJson(last_timings_);
   }
   SetHeadHeader(res, v.head);
-  SendJson(res, UpdateStatus(ended.outcome), out);
+  SendJson(res, OutcomeHttpStatus(ended.outcome), out);
 }
 
 std::uint64_t Service::UpdatesRequested() const {
@@ -352,7 +310,9 @@ bool Service::AnsweredUnjournaledUpdate(const UpdateRequested& request, const St
     return true;
   }
   if (IsJournalFailure(st)) return false;
-  auto found = LookUpUpdate(*journal_, request.update_id, CatchUpDurableHead().seq);
+  auto found = LookUpRequest<UpdateRequested>(*journal_, request.update_id,
+                                              CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
+                                              [](const UpdateRequested& u) { return u.update_id; });
   if (!found.ok() || !found->request || !found->ended) return false;
   RememberEndedUpdate(*found->request, *found->ended);
   ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);

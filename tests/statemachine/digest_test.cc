@@ -10,21 +10,6 @@ namespace {
 
 using namespace rc::test;
 
-// A digest over tensors "a", "b", "c" whose values are named by `v` (one char per tensor).
-WeightDigest digest_of(const std::string& v) {
-  WeightDigest d;
-  d.algorithm = "rcd1";
-  d.bytes = 3 * 1024;
-  const char* names[] = {"a", "b", "c"};
-  std::string combined;
-  for (int i = 0; i < 3; ++i) {
-    d.tensors.push_back({names[i], std::string(32, v[i])});
-    combined += std::string(1, v[i]);
-  }
-  d.combined = std::string(29, '0') + combined;
-  return d;
-}
-
 // Walks bootstrap with `boot` digest, then validates `label` with `seen`.
 struct DigestDriver : Driver {
   void bootstrap(const WeightDigest& boot, bool require = false) {

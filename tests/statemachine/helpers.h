@@ -29,6 +29,17 @@ inline EffectStarted intent(EffectKind k, CacheKind c = CacheKind::kPrefix) {
   return EffectStarted{k, c, 1000};
 }
 
+// A digest over tensors "a", "b", "c" whose values are named by `v` (one hex digit per tensor).
+inline WeightDigest digest_of(const std::string& v) {
+  WeightDigest d;
+  d.algorithm = "rcd1";
+  d.bytes = 3 * 1024;
+  const char* names[] = {"a", "b", "c"};
+  for (int i = 0; i < 3; ++i) d.tensors.push_back({names[i], std::string(32, v[i])});
+  d.combined = std::string(61, '0') + v;
+  return d;
+}
+
 // Steps a State through inputs, asserting acceptance, and records the history like the journal.
 struct Driver {
   State s;

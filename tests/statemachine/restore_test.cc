@@ -10,17 +10,6 @@ namespace {
 
 using namespace rc::test;
 
-// A digest over tensors "a", "b", "c" whose values are named by `v` (one char per tensor).
-WeightDigest digest_of(const std::string& v) {
-  WeightDigest d;
-  d.algorithm = "rcd1";
-  d.bytes = 3 * 1024;
-  const char* names[] = {"a", "b", "c"};
-  for (int i = 0; i < 3; ++i) d.tensors.push_back({names[i], std::string(32, v[i])});
-  d.combined = std::string(61, '0') + v;
-  return d;
-}
-
 struct RestoreDriver : Driver {
   // READY on rc-1 (digest 222) after a bootstrap on rc-0 (digest 111).
   void to_committed_rc1() {
