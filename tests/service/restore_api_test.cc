@@ -151,6 +151,36 @@ TEST(RestoreApi, WrongSourceStaysTaintedNamingTensors) {
   EXPECT_EQ(p->status, 503);
 }
 
+// Proves the failures a restore can meet before anything changes leave the engine TAINTED and
+// are answered 422 refused: a source the engine cannot read (the preflight through the engine
+// fails, nothing is reloaded) and an engine that is down (the drain fails); afterwards a good
+// restore still succeeds. Would catch a refused restore that resumes the suspect engine.
+TEST(RestoreApi, MissingSourceAndDeadEngineAreRefusedAndStayTainted) {
+  Checkpoints ckpt;
+  Stack s(ckpt.v0);
+  s.CommitThenTaint(ckpt);
+  const std::uint64_t reloads = s.engine->RpcCount("reload_weights");
+  const json missing = s.Restore({{"restore_id", "r-missing"},
+                                  {"label", "rc-1"},
+                                  {"source", "safetensors:" + (ckpt.dir / "nowhere").string()}});
+  EXPECT_EQ(missing["http"], 422) << missing.dump();
+  EXPECT_EQ(missing.value("outcome", ""), "refused");
+  EXPECT_EQ(s.engine->RpcCount("reload_weights"), reloads) << "a missing source was reloaded";
+  EXPECT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kTainted);
+
+  s.engine->SetEngineDead(true);
+  const json dead = s.Restore(
+      {{"restore_id", "r-dead"}, {"label", "rc-1"}, {"source", "safetensors:" + ckpt.v1}});
+  EXPECT_EQ(dead["http"], 422) << dead.dump();
+  EXPECT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kTainted);
+  s.engine->SetEngineDead(false);
+
+  const json good = s.Restore(
+      {{"restore_id", "r-good"}, {"label", "rc-1"}, {"source", "safetensors:" + ckpt.v1}});
+  EXPECT_EQ(good["http"], 200) << good.dump();
+  EXPECT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kReady);
+}
+
 // Proves bad restore requests are refused with a clear status and journal nothing: unauthorised,
 // not TAINTED, a label never committed, both or neither of source and adopt, malformed JSON.
 TEST(RestoreApi, BadRequestsJournalNothing) {
