@@ -36,18 +36,8 @@ void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
     return;
   }
   if (RefusedFailStopped(res)) return;
-  if (shutting_down_.load()) {
-    SendError(res, 503, "shutting_down", "the executor is shutting down");
-    return;
-  }
-  std::unique_lock<std::timed_mutex> lock(update_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) {
-    metrics_.restores_conflict++;
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    SendError(res, 409, "conflict",
-              "'" + running_update_id_ + "' is running; one update or restore at a time");
-    return;
-  }
+  std::unique_lock<std::timed_mutex> lock;
+  if (!TookUpdateSlot(lock, metrics_.restores_conflict, res)) return;
   if (RefusedFailStopped(res) || ReplayedRestore(*request, res)) return;
   RunRestore(*request, res);
 }
@@ -133,22 +123,10 @@ void Service::AnswerRestoreEnded(const RestoreRequested& request, const UpdateEn
 
 void Service::SendRestoreOutcome(HttpResponse& res, const RestoreRequested& request,
                                  const UpdateEnded& ended, bool replayed) {
-  const DurableView v = CatchUpDurable(true);
-  json out;
-  out["restore_id"] = request.restore_id;
-  out["label"] = request.label;
-  out["adopt"] = request.adopt;
-  out["outcome"] = update_outcome_name(ended.outcome);
-  out["reason"] = ended.reason;
-  out["state"] = SummaryJson(v.state, v.head);
-  out["head"] = v.head.ToString();
-  out["replayed"] = replayed;
-  if (!replayed) {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    out["timings"] = TimingsJson(last_timings_);
-  }
-  SetHeadHeader(res, v.head);
-  SendJson(res, OutcomeHttpStatus(ended.outcome), out);
+  SendOutcome(
+      res,
+      json{{"restore_id", request.restore_id}, {"label", request.label}, {"adopt", request.adopt}},
+      ended, replayed);
 }
 
 }  // namespace rc::service

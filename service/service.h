@@ -286,6 +286,9 @@ class Service {
   void RememberEndedUpdate(const UpdateRequested& request, const UpdateEnded& ended);
   void SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                          const UpdateEnded& ended, bool replayed);
+  void SendOutcome(HttpResponse& res, nlohmann::json out, const UpdateEnded& ended, bool replayed);
+  [[nodiscard]] bool TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
+                                    std::atomic<std::uint64_t>& conflicts, HttpResponse& res);
   // HandleUpdate's steps (trainer_api.cc).
   bool RefusedFailStopped(HttpResponse& res);
   bool ReplayedIfEnded(const UpdateRequested& request, HttpResponse& res);

@@ -149,9 +149,13 @@ void Service::RememberEndedUpdate(const UpdateRequested& request, const UpdateEn
 
 void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                                 const UpdateEnded& ended, bool replayed) {
+  SendOutcome(res, json{{"update_id", request.update_id}}, ended, replayed);
+}
+
+// The answer of an ended update or restore: `out` (its ids) with the outcome, the durable state
+// and head, and the phase timings when this process just ran it.
+void Service::SendOutcome(HttpResponse& res, json out, const UpdateEnded& ended, bool replayed) {
   const DurableView v = CatchUpDurable(true);
-  json out;
-  out["update_id"] = request.update_id;
   out["outcome"] = update_outcome_name(ended.outcome);
   out["reason"] = ended.reason;
   out["state"] = SummaryJson(v.state, v.head);
@@ -163,6 +167,24 @@ void Service::SendUpdateOutcome(HttpResponse& res, const UpdateRequested& reques
   }
   SetHeadHeader(res, v.head);
   SendJson(res, OutcomeHttpStatus(ended.outcome), out);
+}
+
+// The one slot for an update or a restore: 503 while shutting down, 409 while another runs
+// (counted in `conflicts`). The lock is held by the caller until it answered.
+bool Service::TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
+                             std::atomic<std::uint64_t>& conflicts, HttpResponse& res) {
+  RC_CHECK(!lock.owns_lock());
+  if (shutting_down_.load()) {
+    SendError(res, 503, "shutting_down", "the executor is shutting down");
+    return false;
+  }
+  lock = std::unique_lock<std::timed_mutex>(update_mu_, std::try_to_lock);
+  if (lock.owns_lock()) return true;
+  conflicts++;
+  std::lock_guard<std::mutex> g(update_id_mu_);
+  SendError(res, 409, "conflict",
+            "'" + running_update_id_ + "' is running; one update or restore at a time");
+  return false;
 }
 
 std::uint64_t Service::UpdatesRequested() const {
@@ -203,18 +225,8 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
   const bool engine_reads = SourceReaderForTransfer() == SourceReader::kEngine;
   if (!engine_reads && !SourceMatchesIdentity(*request, res)) return;
-  if (shutting_down_.load()) {
-    SendError(res, 503, "shutting_down", "the executor is shutting down");
-    return;
-  }
-  std::unique_lock<std::timed_mutex> lock(update_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) {
-    metrics_.updates_conflict++;
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    SendError(res, 409, "conflict",
-              "update '" + running_update_id_ + "' is running; one update at a time");
-    return;
-  }
+  std::unique_lock<std::timed_mutex> lock;
+  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res)) return;
   // It may have ended while we waited for the lock.
   if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
   RunUpdate(*request, res);
