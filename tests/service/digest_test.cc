@@ -149,7 +149,10 @@ TEST(ServiceDigest, MonitorCatchesWeightsChangedOutside) {
   // The audit's window of suspect rollouts opens at the last digest that matched, not at the
   // last label check: the weights may have changed any time since.
   std::int64_t last_ok = -1, taint_wall = 0;
-  for (std::uint64_t seq = 1; seq <= s.svc->journal().head_seq(); ++seq) {
+  // The fold shows the taint as soon as it is submitted; the records are readable once durable.
+  const std::uint64_t head = s.svc->journal().head_seq();
+  ASSERT_TRUE(Eventually([&] { return s.svc->journal().Read(head).ok(); }, 5000));
+  for (std::uint64_t seq = 1; seq <= head; ++seq) {
     auto r = s.svc->journal().Read(seq);
     ASSERT_TRUE(r.ok());
     if (const auto* m = std::get_if<EngineMonitored>(&r->event); m && m->digest.present()) {
