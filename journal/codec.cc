@@ -86,6 +86,38 @@ Encoded EncRestore(FlatBufferBuilder& b, const RestoreRequested& e) {
           fb::CreateRestoreRequested(b, restore_id, label, uri, e.adopt).Union()};
 }
 
+Offset<fb::DeviceMemory> EncMemory(FlatBufferBuilder& b, const DeviceMemory& m) {
+  if (!m.known) return {};
+  return fb::CreateDeviceMemory(b, m.known, m.free_bytes_before, m.free_bytes_after, m.total_bytes);
+}
+
+Encoded EncSleepRequested(FlatBufferBuilder& b, const SleepRequested& e) {
+  auto id = b.CreateString(e.sleep_id);
+  return {fb::Payload::SleepRequested, fb::CreateSleepRequested(b, id, e.level).Union()};
+}
+
+Encoded EncWakeRequested(FlatBufferBuilder& b, const WakeRequested& e) {
+  auto id = b.CreateString(e.wake_id);
+  return {fb::Payload::WakeRequested, fb::CreateWakeRequested(b, id).Union()};
+}
+
+Encoded EncSleepObserved(FlatBufferBuilder& b, const SleepObserved& e) {
+  auto http = EncHttp(b, e.http);
+  auto memory = EncMemory(b, e.memory);
+  return {fb::Payload::SleepObserved,
+          fb::CreateSleepObserved(b, http, e.level, e.is_sleeping_known, e.is_sleeping, memory)
+              .Union()};
+}
+
+Encoded EncWakeObserved(FlatBufferBuilder& b, const WakeObserved& e) {
+  auto http = EncHttp(b, e.http);
+  auto memory = EncMemory(b, e.memory);
+  return {fb::Payload::WakeObserved,
+          fb::CreateWakeObserved(b, http, static_cast<fb::WakeTag>(Fb(e.tag)), e.is_paused_known,
+                                 e.is_paused, memory)
+              .Union()};
+}
+
 Encoded EncProbed(FlatBufferBuilder& b, const EngineProbed& e) {
   auto http = EncHttp(b, e.http);
   auto version = b.CreateString(e.engine_version);
@@ -136,11 +168,16 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
           [&](const EffectStarted& e) -> Encoded {
             return {fb::Payload::EffectStarted,
                     fb::CreateEffectStarted(b, static_cast<fb::EffectKind>(Fb(e.kind)),
-                                            static_cast<fb::CacheKind>(Fb(e.cache)), e.deadline_ms)
+                                            static_cast<fb::CacheKind>(Fb(e.cache)), e.deadline_ms,
+                                            static_cast<fb::WakeTag>(Fb(e.wake)))
                         .Union()};
           },
           [&](const EngineProbed& e) { return EncProbed(b, e); },
           [&](const EngineMonitored& e) { return EncMonitored(b, e); },
+          [&](const SleepRequested& e) { return EncSleepRequested(b, e); },
+          [&](const WakeRequested& e) { return EncWakeRequested(b, e); },
+          [&](const SleepObserved& e) { return EncSleepObserved(b, e); },
+          [&](const WakeObserved& e) { return EncWakeObserved(b, e); },
           [&](const DrainObserved& e) -> Encoded {
             auto http = EncHttp(b, e.http);
             return {fb::Payload::DrainObserved, fb::CreateDrainObserved(b, http, e.paused).Union()};
@@ -302,6 +339,14 @@ HttpEvidence DecHttp(Decoder& d, const fb::HttpEvidence* v) {
   return h;
 }
 
+DeviceMemory DecMemory(const fb::DeviceMemory* v) {
+  if (v == nullptr) return {};
+  return DeviceMemory{v->known(), v->free_bytes_before(), v->free_bytes_after(), v->total_bytes()};
+}
+
+// A union member appended to the schema must be known to the decoder too.
+static_assert(kPayloadTagMax == static_cast<std::uint8_t>(fb::Payload::MAX));
+
 constexpr std::uint8_t kEffectKindMaxRaw = kEffectKindMax;
 constexpr std::uint8_t kCacheMaxRaw = kCacheKinds - 1;
 
@@ -330,7 +375,25 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       auto* e = r->payload_as_EffectStarted();
       return EffectStarted{d.Enum<EffectKind>(e->kind(), kEffectKindMaxRaw, "EffectStarted.kind"),
                            d.Enum<CacheKind>(e->cache(), kCacheMaxRaw, "EffectStarted.cache"),
-                           e->deadline_ms()};
+                           e->deadline_ms(),
+                           d.Enum<WakeTag>(e->wake(), kWakeTagMax, "EffectStarted.wake")};
+    }
+    case fb::Payload::SleepRequested: {
+      auto* e = r->payload_as_SleepRequested();
+      return SleepRequested{Str(e->sleep_id()), e->level()};
+    }
+    case fb::Payload::WakeRequested:
+      return WakeRequested{Str(r->payload_as_WakeRequested()->wake_id())};
+    case fb::Payload::SleepObserved: {
+      auto* e = r->payload_as_SleepObserved();
+      return SleepObserved{DecHttp(d, e->http()), e->level(), e->is_sleeping_known(),
+                           e->is_sleeping(), DecMemory(e->memory())};
+    }
+    case fb::Payload::WakeObserved: {
+      auto* e = r->payload_as_WakeObserved();
+      return WakeObserved{DecHttp(d, e->http()),
+                          d.Enum<WakeTag>(e->tag(), kWakeTagMax, "WakeObserved.tag"),
+                          e->is_paused_known(), e->is_paused(), DecMemory(e->memory())};
     }
     case fb::Payload::EngineProbed: {
       auto* e = r->payload_as_EngineProbed();
@@ -565,7 +628,8 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   Offset<fb::Effect> in_flight;
   if (s.in_flight) {
     in_flight = fb::CreateEffect(b, static_cast<fb::EffectKind>(Fb(s.in_flight->kind)),
-                                 static_cast<fb::CacheKind>(Fb(s.in_flight->cache)));
+                                 static_cast<fb::CacheKind>(Fb(s.in_flight->cache)),
+                                 static_cast<fb::WakeTag>(Fb(s.in_flight->wake)));
   }
   std::vector<Offset<fb::ActiveRollout>> active;
   active.reserve(s.active.size());
@@ -585,9 +649,11 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
     auto reason = b.CreateString(u.abort_reason);
     auto expected = OptString(b, u.expected_digest);
     auto observed = EncDigest(b, u.observed_digest);
+    auto memory = EncMemory(b, u.sleep_memory);
     update = fb::CreateUpdatePlan(b, update_id, target, id, uri, u.drain_seen, u.transfer_started,
                                   u.caches_reset_mask, u.validated, u.aborting, reason, expected,
-                                  observed, u.restore, u.adopt);
+                                  observed, u.restore, u.adopt, u.sleep_level, u.wake_only,
+                                  u.from_sleep, u.weights_awake, memory);
   }
   Offset<fb::TaintRecord> taint;
   if (s.taint) {
@@ -602,7 +668,8 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   auto counters = fb::CreateCounters(
       b, c.events, c.rollouts_admitted, c.rollouts_completed, c.rollouts_aborted,
       c.rollouts_abandoned, c.updates_requested, c.updates_committed, c.updates_refused,
-      c.recoveries, c.rollouts_expired, c.restores_requested, c.restores_committed);
+      c.recoveries, c.rollouts_expired, c.restores_requested, c.restores_committed,
+      c.sleeps_requested, c.sleeps_committed, c.wakes_requested, c.wakes_committed);
   std::vector<Offset<fb::LabelIdentity>> labels;
   labels.reserve(s.labels.size());
   for (const auto& [label, identity] : s.labels) {
@@ -624,7 +691,8 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   return fb::CreateState(b, static_cast<fb::Lifecycle>(Fb(s.lifecycle)), committed, committed_id,
                          bootstrap, s.attempts, in_flight, active_vec, update, taint, counters,
                          instance, s.engine_reachable, s.engine_recheck, labels_vec,
-                         /*labels_complete=*/true, committed_digest, label_digests_vec);
+                         /*labels_complete=*/true, committed_digest, label_digests_vec,
+                         s.sleep_level);
 }
 
 // A snapshot written before the label registry existed knows only the committed label; labels
@@ -655,7 +723,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   s.attempts = t->attempts();
   if (const auto* e = t->in_flight()) {
     s.in_flight = Effect{d.Enum<EffectKind>(e->kind(), kEffectKindMaxRaw, "State.in_flight.kind"),
-                         d.Enum<CacheKind>(e->cache(), kCacheMaxRaw, "State.in_flight.cache")};
+                         d.Enum<CacheKind>(e->cache(), kCacheMaxRaw, "State.in_flight.cache"),
+                         d.Enum<WakeTag>(e->wake(), kWakeTagMax, "State.in_flight.wake")};
   }
   if (const auto* active = t->active()) {
     for (const fb::ActiveRollout* r : *active) {
@@ -681,6 +750,11 @@ State DecStateTable(Decoder& d, const fb::State* t) {
     p.observed_digest = DecDigest(u->observed_digest());
     p.restore = u->restore();
     p.adopt = u->adopt();
+    p.sleep_level = u->sleep_level();
+    p.wake_only = u->wake_only();
+    p.from_sleep = u->from_sleep();
+    p.weights_awake = u->weights_awake();
+    p.sleep_memory = DecMemory(u->sleep_memory());
     s.update = std::move(p);
   }
   if (const auto* x = t->taint()) {
@@ -703,12 +777,17 @@ State DecStateTable(Decoder& d, const fb::State* t) {
     n.recoveries = c->recoveries();
     n.restores_requested = c->restores_requested();
     n.restores_committed = c->restores_committed();
+    n.sleeps_requested = c->sleeps_requested();
+    n.sleeps_committed = c->sleeps_committed();
+    n.wakes_requested = c->wakes_requested();
+    n.wakes_committed = c->wakes_committed();
   }
   s.engine_instance = Str(t->engine_instance());
   s.engine_reachable = t->engine_reachable();
   s.engine_recheck = t->engine_recheck();
   DecLabels(d, t, s);
   s.committed_digest = DecDigest(t->committed_digest());
+  s.sleep_level = t->sleep_level();
   if (const auto* digests = t->label_digests()) {
     for (const fb::LabelDigest* l : *digests) {
       if (l == nullptr) continue;

@@ -34,7 +34,7 @@ namespace rc::journal {
 inline constexpr std::size_t kStateBytesMax = 64u * 1024 * 1024;  // snapshot bound (65536 rollouts)
 inline constexpr std::uint32_t kVerifierDepthMax = 16;
 inline constexpr std::uint32_t kVerifierTablesMax = 4096;
-inline constexpr std::uint8_t kPayloadTagMax = 20;  // rc::fb::Payload::MAX
+inline constexpr std::uint8_t kPayloadTagMax = 24;  // rc::fb::Payload::MAX
 inline constexpr std::uint32_t kSchemaVersion = 1;
 
 // hash(record) above; one SHA-256 for every layer (encoding/sha256.h).

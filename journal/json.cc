@@ -27,6 +27,13 @@ const char* family_name(Family f) {
   return "?";
 }
 
+json DeviceMemoryToJson(const DeviceMemory& m) {
+  if (!m.known) return nullptr;
+  return json{{"free_bytes_before", m.free_bytes_before},
+              {"free_bytes_after", m.free_bytes_after},
+              {"total_bytes", m.total_bytes}};
+}
+
 json Fields(const Event& event) {
   return std::visit(
       Overloaded{
@@ -55,7 +62,28 @@ json Fields(const Event& event) {
           [](const EffectStarted& e) {
             return json{{"kind", effect_name(e.kind)},
                         {"cache", cache_name(e.cache)},
+                        {"wake", wake_tag_name(e.wake)},
                         {"deadline_ms", e.deadline_ms}};
+          },
+          [](const SleepRequested& e) {
+            return json{{"sleep_id", e.sleep_id}, {"level", e.level}};
+          },
+          [](const WakeRequested& e) {
+            return json{{"wake_id", e.wake_id}};
+          },
+          [](const SleepObserved& e) {
+            return json{{"http", HttpEvidenceToJson(e.http)},
+                        {"level", e.level},
+                        {"is_sleeping_known", e.is_sleeping_known},
+                        {"is_sleeping", e.is_sleeping},
+                        {"memory", DeviceMemoryToJson(e.memory)}};
+          },
+          [](const WakeObserved& e) {
+            return json{{"http", HttpEvidenceToJson(e.http)},
+                        {"tags", wake_tag_name(e.tag)},
+                        {"is_paused_known", e.is_paused_known},
+                        {"is_paused", e.is_paused},
+                        {"memory", DeviceMemoryToJson(e.memory)}};
           },
           [](const EngineProbed& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},
@@ -216,7 +244,8 @@ json StateToJson(const State& s) {
                                  : json(nullptr);
   out["attempts"] = s.attempts;
   out["in_flight"] = s.in_flight ? json{{"kind", effect_name(s.in_flight->kind)},
-                                        {"cache", cache_name(s.in_flight->cache)}}
+                                        {"cache", cache_name(s.in_flight->cache)},
+                                        {"wake", wake_tag_name(s.in_flight->wake)}}
                                  : json(nullptr);
   json active = json::object();
   for (const auto& [id, r] : s.active) {
@@ -238,7 +267,12 @@ json StateToJson(const State& s) {
                          {"expected_digest", u.expected_digest},
                          {"observed_digest", WeightDigestToJson(u.observed_digest)},
                          {"restore", u.restore},
-                         {"adopt", u.adopt}};
+                         {"adopt", u.adopt},
+                         {"sleep_level", u.sleep_level},
+                         {"wake_only", u.wake_only},
+                         {"from_sleep", u.from_sleep},
+                         {"weights_awake", u.weights_awake},
+                         {"sleep_memory", DeviceMemoryToJson(u.sleep_memory)}};
   } else {
     out["update"] = nullptr;
   }
@@ -264,13 +298,18 @@ json StateToJson(const State& s) {
                          {"recoveries", c.recoveries},
                          {"rollouts_expired", c.rollouts_expired},
                          {"restores_requested", c.restores_requested},
-                         {"restores_committed", c.restores_committed}};
+                         {"restores_committed", c.restores_committed},
+                         {"sleeps_requested", c.sleeps_requested},
+                         {"sleeps_committed", c.sleeps_committed},
+                         {"wakes_requested", c.wakes_requested},
+                         {"wakes_committed", c.wakes_committed}};
   out["engine"] = json{{"instance", s.engine_instance},
                        {"reachable", s.engine_reachable},
                        {"recheck", s.engine_recheck}};
   out["labels"] = s.labels.size();
   out["committed_digest"] = WeightDigestToJson(s.committed_digest);
   out["label_digests"] = s.label_digests;
+  out["sleep_level"] = s.sleep_level;
   return out;
 }
 

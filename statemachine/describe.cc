@@ -40,9 +40,14 @@ std::string one(const RestoreRequested& e) {
   return "restore=" + q(e.restore_id) + " label=" + q(e.label) +
          (e.adopt ? " adopt" : " source=" + e.source_uri);
 }
+std::string one(const SleepRequested& e) {
+  return "sleep=" + q(e.sleep_id) + " level=" + std::to_string(e.level);
+}
+std::string one(const WakeRequested& e) { return "wake=" + q(e.wake_id); }
 std::string one(const EffectStarted& e) {
   std::string out = effect_name(e.kind);
   if (e.kind == EffectKind::kResetCache) out += std::string("(") + cache_name(e.cache) + ")";
+  if (e.kind == EffectKind::kWake) out += std::string("(") + wake_tag_name(e.wake) + ")";
   return out + " deadline=" + std::to_string(e.deadline_ms) + "ms";
 }
 std::string paused(bool known, bool is_paused) {
@@ -94,6 +99,21 @@ std::string one(const ResumeObserved& e) {
   return describe(e.http) +
          " is_paused=" + (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown");
 }
+std::string memory(const DeviceMemory& m) {
+  if (!m.known) return " memory=unreported";
+  return " free_bytes=" + std::to_string(m.free_bytes_before) + "->" +
+         std::to_string(m.free_bytes_after) + " total_bytes=" + std::to_string(m.total_bytes);
+}
+std::string one(const SleepObserved& e) {
+  return "level=" + std::to_string(e.level) + " " + describe(e.http) +
+         " is_sleeping=" + (e.is_sleeping_known ? (e.is_sleeping ? "true" : "false") : "unknown") +
+         memory(e.memory);
+}
+std::string one(const WakeObserved& e) {
+  return std::string("tags=") + wake_tag_name(e.tag) + " " + describe(e.http) +
+         " is_paused=" + (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown") +
+         memory(e.memory);
+}
 std::string one(const RolloutAdmitted& e) {
   return "rollout=" + q(e.rollout_id) + " version=" + version(e.version) + " " +
          identity(e.identity) + (e.lease_ms ? " lease=" + std::to_string(e.lease_ms) + "ms" : "");
@@ -123,6 +143,13 @@ std::string one(const UpdateEnded& e) {
          (e.reason.empty() ? "" : ": " + e.reason);
 }
 
+const char* plan_kind(const UpdatePlan& u) {
+  if (u.restore) return " restore=";
+  if (u.sleep_level > 0) return " sleep=";
+  if (u.wake_only) return " wake=";
+  return " update=";
+}
+
 }  // namespace
 
 std::string describe(const HttpEvidence& h) {
@@ -146,9 +173,10 @@ std::string describe(const State& s) {
     out += " committed=" + version(s.committed) + " " + identity(s.committed_identity);
   }
   out += " active=" + std::to_string(s.active.size());
+  if (s.sleep_level > 0) out += " asleep=level" + std::to_string(s.sleep_level);
   if (s.update) {
-    out += std::string(s.update->restore ? " restore=" : " update=") + q(s.update->update_id) +
-           "->" + version(s.update->target);
+    out += std::string(plan_kind(*s.update)) + q(s.update->update_id) + "->" +
+           version(s.update->target);
     if (s.update->aborting) out += " (aborting: " + s.update->abort_reason + ")";
   }
   if (s.taint) {

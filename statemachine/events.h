@@ -62,6 +62,23 @@ struct RestoreRequested {
   bool operator==(const RestoreRequested&) const = default;
 };
 
+// Colocated mode: the trainer asks the engine to release its GPU memory. The engine drains like
+// for an update (every rollout admitted before finishes first), then sleeps at `level` (1 or 2)
+// and admits nothing until an update (or, after level 1, a wake-up) brings it back.
+struct SleepRequested {
+  std::string sleep_id;  // client-chosen, unique per update, restore, sleep or wake
+  std::uint8_t level = 1;
+  bool operator==(const SleepRequested&) const = default;
+};
+
+// Colocated mode: wake a level-1 sleeper on the weights it holds. The wake-up runs the update's
+// checks with no transfer: caches reset, then the label and the weight digest are validated
+// while the KV cache still sleeps (nothing is served), and only then is the KV cache woken.
+struct WakeRequested {
+  std::string wake_id;  // client-chosen, unique per update, restore, sleep or wake
+  bool operator==(const WakeRequested&) const = default;
+};
+
 // The executor (re)started and is reconciling with the journal.
 struct RecoveryStarted {
   std::string executor_id;
@@ -76,6 +93,7 @@ struct EffectStarted {
   EffectKind kind = EffectKind::kNone;
   CacheKind cache = CacheKind::kPrefix;  // meaningful for kResetCache only
   std::uint64_t deadline_ms = 0;         // the deadline the runner gave the effect
+  WakeTag wake = WakeTag::kWeights;      // meaningful for kWake only
   bool operator==(const EffectStarted&) const = default;
 };
 
@@ -177,6 +195,36 @@ struct ResumeObserved {
   bool operator==(const ResumeObserved&) const = default;
 };
 
+// The engine's device memory around a sleep or a wake-up, as its workers reported it (the worker
+// extension's rc_device_info, summed over workers); unknown without the extension.
+struct DeviceMemory {
+  bool known = false;
+  std::uint64_t free_bytes_before = 0;
+  std::uint64_t free_bytes_after = 0;
+  std::uint64_t total_bytes = 0;
+  bool operator==(const DeviceMemory&) const = default;
+};
+
+// POST /sleep?level=L&mode=wait, then GET /is_sleeping.
+struct SleepObserved {
+  HttpEvidence http;
+  std::uint8_t level = 0;  // the level sent
+  bool is_sleeping_known = false;
+  bool is_sleeping = false;
+  DeviceMemory memory;
+  bool operator==(const SleepObserved&) const = default;
+};
+
+// POST /wake_up?tags=<tag>; after the KV cache (which resumes the scheduler), GET /is_paused.
+struct WakeObserved {
+  HttpEvidence http;
+  WakeTag tag = WakeTag::kWeights;
+  bool is_paused_known = false;
+  bool is_paused = true;
+  DeviceMemory memory;
+  bool operator==(const WakeObserved&) const = default;
+};
+
 // ---- bindings ----
 
 // lease_ms 0: the rollout lives as long as its proxied request (a restarted executor records it
@@ -237,8 +285,15 @@ enum class Cause : std::uint8_t {
   kEnginePausedExternally = 18,  // READY, but someone else paused the engine
   kWeightsChanged = 19,          // READY, but the engine's weight digest is not the committed one
   kRestoreRequested = 20,        // TAINTED -> DRAINING: a restore with proof begins
+  kSleepRequested = 21,          // READY -> DRAINING: the trainer wants the GPU memory
+  kSlept = 22,                   // QUIESCED -> SLEEPING
+  kSleepFailed = 23,             // the sleep was refused (-> RESUMING) or is ambiguous (TAINTED)
+  kWakeRequested = 24,           // SLEEPING -> UPDATING: wake a level-1 sleeper, no transfer
+  kWakeFailed = 25,              // waking the weights was refused (-> SLEEPING) or ambiguous
+  kWoken = 26,                   // UPDATING -> INVALIDATING: the weights are awake (no transfer)
+  kEngineWokenExternally = 27,   // SLEEPING, but someone else resumed the engine
 };
-inline constexpr std::uint8_t kCauseMax = 20;
+inline constexpr std::uint8_t kCauseMax = 27;
 const char* cause_name(Cause c);
 
 struct StateChanged {
@@ -272,7 +327,8 @@ using Event = std::variant<BootstrapRequested, UpdateRequested, RecoveryStarted,
                            EngineProbed, DrainObserved, DrainTimedOut, PreflightObserved,
                            TransferObserved, CacheResetObserved, ValidationObserved, ResumeObserved,
                            RolloutAdmitted, RolloutFinished, StateChanged, VersionPublished,
-                           UpdateEnded, TrajectoryRecorded, EngineMonitored, RestoreRequested>;
+                           UpdateEnded, TrajectoryRecorded, EngineMonitored, RestoreRequested,
+                           SleepRequested, WakeRequested, SleepObserved, WakeObserved>;
 
 enum class Family : std::uint8_t { kInput = 0, kBinding = 1, kDecision = 2 };
 Family family_of(const Event& e);

@@ -29,6 +29,11 @@ struct Checker {
   // in flight is a restore, which must come back with exactly that digest.
   std::map<std::string, std::string> served_digest;
   bool restoring = false;
+  // Colocated mode, from the observations alone: pools the engine has not woken since its last
+  // sleep, and the ids of sleeps and wake-ups (their ends are not updates).
+  bool weights_asleep = false;
+  bool kv_asleep = false;
+  std::set<std::string> same_version_ids;
 
   // Contract checks on an input, before decide. Empty when fine.
   std::string check_input(const Event& e) const {
@@ -64,6 +69,9 @@ struct Checker {
       if (x->kind == EffectKind::kTransfer && !admitted_generation.empty()) {
         return "transfer intent (mutation) while " + std::to_string(admitted_generation.size()) +
                " binding(s) are active, e.g. '" + admitted_generation.begin()->first + "'";
+      }
+      if (x->kind == EffectKind::kTransfer && weights_asleep) {
+        return "transfer intent while the engine's weights are asleep (never woken since /sleep)";
       }
     }
     return {};
@@ -113,6 +121,9 @@ struct Checker {
       if (c->from == Lifecycle::kTainted && !restoring) {
         return "TAINTED left without a restore request";
       }
+      if (c->to == Lifecycle::kReady && kv_asleep) {
+        return "READY while the KV cache sleeps (never woken since /sleep)";
+      }
     }
     return {};
   }
@@ -121,6 +132,7 @@ struct Checker {
   void note_before_apply(const Event& e) {
     // Before its own decisions are checked: TAINTED -> DRAINING needs to know it is a restore.
     if (std::holds_alternative<RestoreRequested>(e)) restoring = true;
+    note_woken(e);
     if (const auto* v = std::get_if<ValidationObserved>(&e)) {
       if (state.lifecycle == Lifecycle::kValidating && v->http.ok_2xx() && v->checks_passed &&
           v->reported_label == target_label) {
@@ -130,7 +142,64 @@ struct Checker {
     }
   }
 
+  // Which pools sleep: every one from a sleep that may have happened, each woken by its answer.
+  void note_sleep(const Event& e) {
+    if (const auto* c = std::get_if<StateChanged>(&e)) {
+      if (c->to == Lifecycle::kSleeping && c->cause == Cause::kSlept) {
+        weights_asleep = kv_asleep = true;
+      }
+      if (c->to == Lifecycle::kTainted && c->cause == Cause::kSleepFailed) {
+        weights_asleep = kv_asleep = true;
+      }
+    }
+  }
+
+  // An input's own evidence, before its decisions are checked: a woken pool is awake for them.
+  void note_woken(const Event& e) {
+    if (const auto* w = std::get_if<WakeObserved>(&e); w != nullptr && w->http.ok_2xx()) {
+      (w->tag == WakeTag::kWeights ? weights_asleep : kv_asleep) = false;
+    }
+  }
+
+  // Sleeps and wake-ups keep the committed version: the checker validates them against it.
+  void note_same_version(const Event& e) {
+    if (const auto* sl = std::get_if<SleepRequested>(&e)) {
+      summary.sleeps_requested++;
+      same_version_ids.insert(sl->sleep_id);
+    } else if (const auto* w = std::get_if<WakeRequested>(&e)) {
+      summary.wakes_requested++;
+      same_version_ids.insert(w->wake_id);
+      validated_label.reset();
+      validated_digest.clear();
+      target_label = state.committed.label;
+      restoring = false;
+    }
+  }
+
+  void note_end(const UpdateEnded& d) {
+    if (same_version_ids.count(d.update_id) != 0) {
+      if (d.outcome == UpdateOutcome::kCommitted) {
+        (state.lifecycle == Lifecycle::kQuiesced ? summary.sleeps_committed
+                                                 : summary.wakes_committed)++;
+      }
+      return;
+    }
+    switch (d.outcome) {
+      case UpdateOutcome::kCommitted:
+        summary.updates_committed++;
+        break;
+      case UpdateOutcome::kRefused:
+        summary.updates_refused++;
+        break;
+      case UpdateOutcome::kTainted:
+        summary.updates_tainted++;
+        break;
+    }
+  }
+
   std::string note_after_apply(const Event& e) {
+    note_sleep(e);
+    note_same_version(e);
     if (const auto* u = std::get_if<UpdateRequested>(&e)) {
       summary.updates_requested++;
       validated_label.reset();
@@ -165,17 +234,7 @@ struct Checker {
       }
       summary.rollouts_by_generation[gen].finished++;
     } else if (const auto* d = std::get_if<UpdateEnded>(&e)) {
-      switch (d->outcome) {
-        case UpdateOutcome::kCommitted:
-          summary.updates_committed++;
-          break;
-        case UpdateOutcome::kRefused:
-          summary.updates_refused++;
-          break;
-        case UpdateOutcome::kTainted:
-          summary.updates_tainted++;
-          break;
-      }
+      note_end(*d);
       validated_label.reset();
     } else if (std::holds_alternative<RecoveryStarted>(e)) {
       summary.recoveries++;

@@ -6,7 +6,8 @@
 // violation (its seq and a message): an illegal event, recorded decisions that differ from
 // decide(state before the input, input), derived events without their input, a rollout that
 // spans two versions, a publish without VALIDATING having seen the label, a transfer intent while
-// a binding is active, an admission outside READY, or anything but RecoveryStarted after TAINTED.
+// a binding is active, an admission outside READY, or anything but RecoveryStarted after TAINTED;
+// in colocated mode, a transfer into weights still asleep, or READY with the KV cache asleep.
 // Used by `rolloutcore replay` and the audit. Standard library only, like the rest of the fold.
 #pragma once
 
@@ -42,6 +43,10 @@ struct HistorySummary {
   std::uint64_t updates_tainted = 0;
   std::uint64_t recoveries = 0;
   std::uint64_t restores_requested = 0;  // their ends count with the updates' outcomes
+  std::uint64_t sleeps_requested = 0;    // colocated sleeps and wake-ups: their ends count here,
+  std::uint64_t sleeps_committed = 0;    // not with the updates'
+  std::uint64_t wakes_requested = 0;
+  std::uint64_t wakes_committed = 0;
   std::map<std::uint64_t, VersionRollouts> rollouts_by_generation;
 };
 

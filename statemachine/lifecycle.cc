@@ -139,7 +139,7 @@ bool in_update_states(Lifecycle l) {
 
 bool must_be_idle(Lifecycle l) {
   return l == Lifecycle::kQuiesced || l == Lifecycle::kUpdating || l == Lifecycle::kInvalidating ||
-         l == Lifecycle::kValidating;
+         l == Lifecycle::kValidating || l == Lifecycle::kSleeping;
 }
 
 std::uint8_t cache_bit(CacheKind c) { return static_cast<std::uint8_t>(1u << static_cast<int>(c)); }
@@ -150,6 +150,12 @@ bool is_engine_cause(Cause c) {
          c == Cause::kEnginePausedExternally || c == Cause::kWeightsChanged;
 }
 
+// SLEEPING -> TAINTED: the sleeping engine is not the one put to sleep, or someone woke it.
+bool is_sleeper_cause(Cause c) {
+  return c == Cause::kEngineReplaced || c == Cause::kEngineRelabelled ||
+         c == Cause::kEngineWokenExternally;
+}
+
 // A failure proven to precede mutation: an update resumes on the old version, a restore returns
 // to TAINTED (the engine's weights are still the suspect ones).
 bool is_refusal_cause(Cause c) {
@@ -157,8 +163,36 @@ bool is_refusal_cause(Cause c) {
          c == Cause::kTransferRefused || c == Cause::kRecoveredNoMutation;
 }
 
-// The legal edges of the lifecycle and the causes each may carry.
-bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
+// The causes that leave UPDATING because of the transfer: they need its intent durable.
+bool is_transfer_cause(Cause c) {
+  return c == Cause::kTransferred || c == Cause::kTransferRefused ||
+         c == Cause::kTransferAmbiguous || c == Cause::kRecoveredAmbiguous;
+}
+
+// The colocated edges: into and out of SLEEPING, and the wake-up of the weights in UPDATING.
+bool legal_sleep_edge(Lifecycle from, Lifecycle to, Cause cause) {
+  using L = Lifecycle;
+  using C = Cause;
+  auto is = [&](L f, L t) { return from == f && to == t; };
+  if (is(L::kReady, L::kDraining)) return cause == C::kSleepRequested;
+  if (is(L::kQuiesced, L::kSleeping)) return cause == C::kSlept || cause == C::kPreflightRefused;
+  if (is(L::kQuiesced, L::kResuming) || is(L::kQuiesced, L::kTainted)) {
+    return cause == C::kSleepFailed;
+  }
+  if (is(L::kSleeping, L::kQuiesced)) return cause == C::kUpdateRequested;
+  if (is(L::kSleeping, L::kUpdating)) return cause == C::kWakeRequested;
+  if (is(L::kSleeping, L::kTainted)) return is_sleeper_cause(cause);
+  if (is(L::kUpdating, L::kSleeping)) {
+    return cause == C::kWakeFailed || cause == C::kTransferRefused ||
+           cause == C::kRecoveredNoMutation;
+  }
+  if (is(L::kUpdating, L::kTainted)) return cause == C::kWakeFailed;
+  if (is(L::kUpdating, L::kInvalidating)) return cause == C::kWoken;
+  return false;
+}
+
+// The edges of the update path and of the engine's taint, and the causes each may carry.
+bool legal_update_edge(Lifecycle from, Lifecycle to, Cause cause) {
   using L = Lifecycle;
   using C = Cause;
   auto is = [&](L f, L t) { return from == f && to == t; };
@@ -186,6 +220,11 @@ bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
   if (is(L::kResuming, L::kReady)) return cause == C::kResumed;
   if (is(L::kReady, L::kTainted)) return is_engine_cause(cause);
   return false;
+}
+
+// The legal edges of the lifecycle and the causes each may carry.
+bool legal_edge(Lifecycle from, Lifecycle to, Cause cause) {
+  return legal_update_edge(from, to, cause) || legal_sleep_edge(from, to, cause);
 }
 
 // ---- apply: one handler per event type; each checks legality before changing anything ----
@@ -220,9 +259,25 @@ Status check_label_reuse(const State& s, const std::string& label, const WeightI
                                  it->second.checkpoint + "'); choose a new label");
 }
 
+// After a level-2 sleep the engine's weights are garbage: only an update that names every tensor
+// the engine holds (the committed manifest) can make it servable again.
+Status check_update_from_sleep(const State& s, const UpdateRequested& e) {
+  if (s.sleep_level < 2 || e.identity.manifest_digest == s.committed_identity.manifest_digest) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      "the engine slept at level 2 (weights discarded): the update must carry every tensor of "
+      "the committed manifest " +
+      s.committed_identity.manifest_digest.substr(0, 16));
+}
+
 Status apply_one(State& s, const UpdateRequested& e) {
-  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "update request");
-  if (s.engine_recheck) {
+  const bool asleep = s.lifecycle == Lifecycle::kSleeping;
+  if ((s.lifecycle != Lifecycle::kReady && !asleep) || s.update.has_value()) {
+    return reject(s, "update request");
+  }
+  // A sleeping engine is re-verified by the update's own validation (instance, label, digest).
+  if (s.engine_recheck && !asleep) {
     return Status::Rejected("update request before the engine was re-verified after a restart");
   }
   RC_RETURN_IF_ERROR(check_id("update_id", e.update_id));
@@ -235,12 +290,14 @@ Status apply_one(State& s, const UpdateRequested& e) {
                                    "' equals the committed label");
   }
   RC_RETURN_IF_ERROR(check_label_reuse(s, e.target_label, e.identity));
+  RC_RETURN_IF_ERROR(check_update_from_sleep(s, e));
   UpdatePlan plan;
   plan.update_id = e.update_id;
   plan.target = WeightVersion{s.committed.generation + 1, e.target_label};
   plan.identity = e.identity;
   plan.source_uri = e.source_uri;
   plan.expected_digest = e.expected_digest;
+  plan.from_sleep = asleep;
   s.update = std::move(plan);
   s.counters.updates_requested++;
   return Status::OK();
@@ -275,8 +332,53 @@ Status apply_one(State& s, const RestoreRequested& e) {
   plan.expected_digest = s.label_digests.at(e.label);
   plan.restore = true;
   plan.adopt = e.adopt;
+  plan.from_sleep = s.sleep_level > 0;  // tainted while (possibly) asleep: wake it on the way
   s.update = std::move(plan);
   s.counters.restores_requested++;
+  return Status::OK();
+}
+
+// A plan that keeps the committed version (a sleep or a wake-up): its target is that version.
+UpdatePlan same_version_plan(const State& s, const std::string& id) {
+  UpdatePlan plan;
+  plan.update_id = id;
+  plan.target = s.committed;
+  plan.identity = s.committed_identity;
+  plan.expected_digest = s.committed_digest.combined;
+  return plan;
+}
+
+Status apply_one(State& s, const SleepRequested& e) {
+  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return reject(s, "sleep request");
+  if (s.engine_recheck) {
+    return Status::Rejected("sleep request before the engine was re-verified after a restart");
+  }
+  RC_RETURN_IF_ERROR(check_id("sleep_id", e.sleep_id));
+  if (e.level < 1 || e.level > kSleepLevelMax) {
+    return Status::InvalidArgument(
+        "sleep level must be 1 (weights kept in host memory) or 2 "
+        "(weights discarded)");
+  }
+  s.update = same_version_plan(s, e.sleep_id);
+  s.update->sleep_level = e.level;
+  s.counters.sleeps_requested++;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const WakeRequested& e) {
+  if (s.lifecycle != Lifecycle::kSleeping || s.update.has_value()) {
+    return reject(s, "wake request (only a SLEEPING engine)");
+  }
+  RC_RETURN_IF_ERROR(check_id("wake_id", e.wake_id));
+  if (s.sleep_level != 1) {
+    return Status::Rejected("the engine slept at level " + std::to_string(s.sleep_level) +
+                            " and its weights were discarded: only an update carrying every "
+                            "tensor (or a restore) can wake it");
+  }
+  s.update = same_version_plan(s, e.wake_id);
+  s.update->wake_only = true;
+  s.update->from_sleep = true;
+  s.counters.wakes_requested++;
   return Status::OK();
 }
 
@@ -300,6 +402,13 @@ Status apply_one(State& s, const RecoveryStarted& e) {
   return Status::OK();
 }
 
+std::string effect_label(const Effect& e) {
+  std::string out = effect_name(e.kind);
+  if (e.kind == EffectKind::kResetCache) out += std::string(" ") + cache_name(e.cache);
+  if (e.kind == EffectKind::kWake) out += std::string(" ") + wake_tag_name(e.wake);
+  return out;
+}
+
 Status apply_one(State& s, const EffectStarted& e) {
   if (s.in_flight.has_value()) return Status::Rejected("an effect is already in flight");
   if (e.kind == EffectKind::kNone || e.kind == EffectKind::kAwaitRollouts) {
@@ -307,10 +416,11 @@ Status apply_one(State& s, const EffectStarted& e) {
                                    " has no intent record");
   }
   Effect want = next_effect(s);
-  Effect got{e.kind, e.kind == EffectKind::kResetCache ? e.cache : CacheKind::kPrefix};
+  Effect got{e.kind, e.kind == EffectKind::kResetCache ? e.cache : CacheKind::kPrefix,
+             e.kind == EffectKind::kWake ? e.wake : WakeTag::kWeights};
   if (!(want == got)) {
-    return Status::Rejected(std::string("effect ") + effect_name(e.kind) + " is not due in " +
-                            lifecycle_name(s.lifecycle) + " (due: " + effect_name(want.kind) + ")");
+    return Status::Rejected(std::string("effect ") + effect_label(got) + " is not due in " +
+                            lifecycle_name(s.lifecycle) + " (due: " + effect_label(want) + ")");
   }
   s.in_flight = got;
   s.attempts++;
@@ -337,9 +447,16 @@ std::string engine_mismatch(const State& s, const std::string& label, bool pause
     *cause = Cause::kEngineRelabelled;
     return "the engine reports '" + label + "' but '" + s.committed.label + "' is committed";
   }
-  if (paused_known && paused) {
+  const bool asleep = s.lifecycle == Lifecycle::kSleeping;
+  if (paused_known && paused && !asleep) {
     *cause = Cause::kEnginePausedExternally;
     return "the engine was paused outside RolloutCore while READY";
+  }
+  // vLLM reports a sleeping engine as paused; one that is not was resumed by someone else, and
+  // would serve from memory it released.
+  if (paused_known && !paused && asleep) {
+    *cause = Cause::kEngineWokenExternally;
+    return "the sleeping engine was resumed outside RolloutCore";
   }
   return {};
 }
@@ -383,8 +500,12 @@ Status apply_one(State& s, const EngineProbed& e) {
 }
 
 Status apply_one(State& s, const EngineMonitored& e) {
-  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) {
-    return reject(s, "engine monitor observation");
+  const bool watched = s.lifecycle == Lifecycle::kReady || s.lifecycle == Lifecycle::kSleeping;
+  if (!watched || s.update.has_value()) return reject(s, "engine monitor observation");
+  if (s.lifecycle == Lifecycle::kSleeping && e.digest.present()) {
+    return Status::InvalidArgument(
+        "a weight digest of a sleeping engine (its weights are not "
+        "mapped)");
   }
   if (s.in_flight.has_value()) return Status::Rejected("engine monitor observation mid-effect");
   if (e.updates_seen != monitor_epoch(s)) {
@@ -475,6 +596,48 @@ Status apply_one(State& s, const ValidationObserved& e) {
   // A restore proves the weights, not the process: the engine may have been restarted since the
   // taint (adopt), so the instance that answers the validation is the one verified from now on.
   if (s.update->restore && s.engine_instance.empty()) s.engine_instance = e.engine_instance;
+  return Status::OK();
+}
+
+Status check_memory(const DeviceMemory& m) {
+  if (!m.known && (m.free_bytes_before | m.free_bytes_after | m.total_bytes) != 0) {
+    return Status::InvalidArgument("device memory figures marked unknown");
+  }
+  if (m.free_bytes_before > m.total_bytes || m.free_bytes_after > m.total_bytes) {
+    return Status::InvalidArgument("device free memory above its total");
+  }
+  return Status::OK();
+}
+
+Status apply_one(State& s, const SleepObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kSleep, "SleepObserved"));
+  RC_RETURN_IF_ERROR(check_http(e.http));
+  RC_RETURN_IF_ERROR(check_memory(e.memory));
+  if (e.level != s.update->sleep_level) {
+    return Status::Rejected("sleep observed at level " + std::to_string(e.level) + ", requested " +
+                            std::to_string(s.update->sleep_level));
+  }
+  s.in_flight.reset();
+  s.update->sleep_memory = e.memory;
+  return Status::OK();
+}
+
+Status apply_one(State& s, const WakeObserved& e) {
+  RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kWake, "WakeObserved"));
+  if (static_cast<std::uint8_t>(e.tag) > kWakeTagMax) {
+    return Status::InvalidArgument("wake tag out of range");
+  }
+  if (s.in_flight->wake != e.tag) {
+    return Status::Rejected(std::string("wake of ") + wake_tag_name(e.tag) + " observed while " +
+                            wake_tag_name(s.in_flight->wake) + " was in flight");
+  }
+  RC_RETURN_IF_ERROR(check_http(e.http));
+  RC_RETURN_IF_ERROR(check_memory(e.memory));
+  s.in_flight.reset();
+  if (e.tag == WakeTag::kWeights && e.http.ok_2xx()) {
+    s.update->weights_awake = true;
+    s.attempts = 0;
+  }
   return Status::OK();
 }
 
@@ -577,6 +740,49 @@ Status check_binding(const State& s, const TrajectoryRecorded& e) {
 // A trajectory changes no lifecycle state; the journal keeps it for the audit.
 Status apply_one(State& s, const TrajectoryRecorded& e) { return check_binding(s, e); }
 
+// Every way out of UPDATING is grounded in what was done there: an observed transfer (or an
+// ambiguous restart) needs the transfer intent durable; a no-mutation restart or a failed wake-up
+// needs it absent; a wake-up alone leaves only once the weights answered awake. A forged
+// UPDATING -> INVALIDATING without the intent used to be accepted and later aborted the fold.
+Status check_updating_exit(const UpdatePlan& u, Cause c) {
+  const bool intent_needed = is_transfer_cause(c);
+  const bool intent_forbidden = c == Cause::kRecoveredNoMutation || c == Cause::kWakeFailed;
+  if ((intent_needed && !u.transfer_started) || (intent_forbidden && u.transfer_started)) {
+    return Status::Rejected(std::string("transition out of UPDATING (") + cause_name(c) +
+                            (intent_needed ? ") without" : ") after") + " a transfer intent");
+  }
+  if (c == Cause::kWoken && !(u.wake_only && u.weights_awake)) {
+    return Status::Rejected("UPDATING -> INVALIDATING (woken) without a wake-up of the weights");
+  }
+  if (c == Cause::kWakeFailed && (!u.from_sleep || u.weights_awake)) {
+    return Status::Rejected("a failed wake-up of weights that were not asleep or already awake");
+  }
+  return Status::OK();
+}
+
+// The colocated edges belong to their kind of plan: a sleep enters SLEEPING (or fails), a plan
+// from a sleeping engine leaves it and returns there when refused, and only a wake-up is woken.
+Status check_plan_kind(const UpdatePlan& u, const StateChanged& e) {
+  using L = Lifecycle;
+  const bool sleep_plan = u.sleep_level > 0;
+  const bool back_to_sleep = e.to == L::kSleeping && e.cause != Cause::kSlept;
+  bool ok = true;
+  if (e.cause == Cause::kSleepRequested || e.cause == Cause::kSlept ||
+      e.cause == Cause::kSleepFailed) {
+    ok = sleep_plan;
+  } else if (e.cause == Cause::kUpdateRequested) {
+    ok = !sleep_plan && !u.wake_only && (e.from == L::kSleeping) == u.from_sleep;
+  } else if (e.cause == Cause::kWakeRequested || e.cause == Cause::kWoken) {
+    ok = u.wake_only;
+  }
+  if (back_to_sleep) ok = ok && u.from_sleep && !u.restore;
+  if (u.from_sleep && !u.restore && e.to == L::kResuming) ok = ok && e.cause == Cause::kValidated;
+  if (ok) return Status::OK();
+  return Status::Rejected(std::string("transition ") + lifecycle_name(e.from) + " -> " +
+                          lifecycle_name(e.to) + " (" + cause_name(e.cause) +
+                          ") does not belong to this plan");
+}
+
 Status check_state_changed(const State& s, const StateChanged& e) {
   if (e.from != s.lifecycle) {
     return Status::Rejected(std::string("transition from ") + lifecycle_name(e.from) +
@@ -594,7 +800,8 @@ Status check_state_changed(const State& s, const StateChanged& e) {
   if (e.to == Lifecycle::kReady && e.from == Lifecycle::kUninitialized && !s.bootstrap) {
     return Status::Rejected("bootstrap transition without a bootstrap request");
   }
-  const bool engine_taint = e.from == Lifecycle::kReady && e.to == Lifecycle::kTainted;
+  const bool engine_taint = (e.from == Lifecycle::kReady || e.from == Lifecycle::kSleeping) &&
+                            e.to == Lifecycle::kTainted;
   if (e.from != Lifecycle::kUninitialized && !engine_taint && !s.update.has_value()) {
     return Status::Rejected("transition without an update in flight");
   }
@@ -612,16 +819,8 @@ Status check_state_changed(const State& s, const StateChanged& e) {
       e.cause != Cause::kValidated) {
     return Status::Rejected("a refused restore resumed the TAINTED engine");
   }
-  if (e.from == Lifecycle::kUpdating) {
-    // Every way out of UPDATING is grounded in the transfer intent: an observed transfer (or an
-    // ambiguous restart) needs it durable, a no-mutation restart needs it absent. A forged
-    // UPDATING -> INVALIDATING without it used to be accepted and later aborted the fold.
-    const bool needs_intent = e.cause != Cause::kRecoveredNoMutation;
-    if (s.update->transfer_started != needs_intent) {
-      return Status::Rejected(std::string("transition out of UPDATING (") + cause_name(e.cause) +
-                              (needs_intent ? ") without" : ") after") + " a transfer intent");
-    }
-  }
+  if (e.from == Lifecycle::kUpdating) RC_RETURN_IF_ERROR(check_updating_exit(*s.update, e.cause));
+  if (!engine_taint && s.update.has_value()) RC_RETURN_IF_ERROR(check_plan_kind(*s.update, e));
   if (e.to == Lifecycle::kQuiesced && !s.active.empty()) {
     return Status::Rejected("QUIESCED with active rollouts");
   }
@@ -664,8 +863,14 @@ Status apply_one(State& s, const StateChanged& e) {
     s.update->abort_reason = e.detail;
   } else if (e.to == Lifecycle::kReady) {
     s.update.reset();
+    s.sleep_level = 0;
+  } else if (e.to == Lifecycle::kSleeping) {
+    if (e.cause == Cause::kSlept) s.sleep_level = s.update->sleep_level;
+    s.update.reset();
   } else if (e.to == Lifecycle::kTainted && s.update.has_value()) {
     s.taint = TaintRecord{from, e.cause, s.update->update_id, s.update->target, e.detail};
+    // An ambiguous sleep may have released the memory: a restore wakes the engine first.
+    if (e.cause == Cause::kSleepFailed) s.sleep_level = s.update->sleep_level;
     s.update.reset();
   } else if (e.to == Lifecycle::kTainted) {
     s.taint = TaintRecord{from, e.cause, "", s.committed, e.detail};
@@ -677,6 +882,7 @@ Status apply_one(State& s, const VersionPublished& e) {
   if (s.lifecycle != Lifecycle::kResuming || !s.update.has_value() || !s.update->validated) {
     return reject(s, "publish without validation");
   }
+  if (s.update->keeps_version()) return Status::Rejected("a sleep or a wake-up publishes nothing");
   if (e.update_id != s.update->update_id || !(e.version == s.update->target) ||
       !(e.identity == s.update->identity)) {
     return Status::Rejected("published version/identity differ from the validated target");
@@ -700,31 +906,43 @@ Status apply_one(State& s, const VersionPublished& e) {
   return Status::OK();
 }
 
+// A restore, and a plan from a sleeping engine, end refused before the weights may change (the
+// engine stays TAINTED, or SLEEPING); any other plan is refused once resumed on the old version.
+Status check_refusal(const State& s) {
+  const UpdatePlan& u = *s.update;
+  const Lifecycle l = s.lifecycle;
+  if (u.restore || u.from_sleep) {
+    if (l != Lifecycle::kDraining && l != Lifecycle::kQuiesced && l != Lifecycle::kUpdating) {
+      return Status::Rejected("refused after the weights may have changed");
+    }
+    return Status::OK();
+  }
+  if (l != Lifecycle::kResuming || !u.aborting) {
+    return Status::Rejected("refused outside an aborting RESUMING");
+  }
+  return Status::OK();
+}
+
 Status apply_one(State& s, const UpdateEnded& e) {
   if (!s.update.has_value() || s.update->update_id != e.update_id) {
     return Status::Rejected("update '" + e.update_id + "' is not in flight");
   }
   RC_RETURN_IF_ERROR(check_text("reason", e.reason));
+  const UpdatePlan& u = *s.update;
   switch (e.outcome) {
     case UpdateOutcome::kCommitted:
-      if (!(s.committed == s.update->target)) return Status::Rejected("committed before publish");
+      if (!(s.committed == u.target)) return Status::Rejected("committed before publish");
+      if (u.sleep_level > 0) s.counters.sleeps_committed++;
+      if (u.wake_only) s.counters.wakes_committed++;
       break;
     case UpdateOutcome::kRefused:
-      if (s.update->restore) {
-        if (s.lifecycle != Lifecycle::kDraining && s.lifecycle != Lifecycle::kQuiesced &&
-            s.lifecycle != Lifecycle::kUpdating) {
-          return Status::Rejected("restore refused after the weights may have changed");
-        }
-        break;
-      }
-      if (s.lifecycle != Lifecycle::kResuming || !s.update->aborting) {
-        return Status::Rejected("refused outside an aborting RESUMING");
-      }
-      s.counters.updates_refused++;
+      RC_RETURN_IF_ERROR(check_refusal(s));
+      if (!u.restore && !u.keeps_version()) s.counters.updates_refused++;
       break;
     case UpdateOutcome::kTainted:
       if (s.lifecycle != Lifecycle::kUpdating && s.lifecycle != Lifecycle::kInvalidating &&
-          s.lifecycle != Lifecycle::kValidating) {
+          s.lifecycle != Lifecycle::kValidating &&
+          !(s.lifecycle == Lifecycle::kQuiesced && u.sleep_level > 0)) {
         return Status::Rejected("tainted outside a mutation state");
       }
       break;
@@ -747,13 +965,35 @@ void taint(const State& s, Cause cause, std::string detail, std::vector<Event>& 
 
 // A failure proven to precede mutation: an update resumes on the old version; a restore ends
 // refused and the engine stays TAINTED (its weights were never proven).
+// A plan from a sleeping engine ends refused and the engine sleeps on, as it was.
 void refuse(const State& s, Cause cause, std::string detail, std::vector<Event>& out) {
-  if (!s.update->restore) {
+  const UpdatePlan& u = *s.update;
+  if (!u.restore && !u.from_sleep) {
     out.push_back(change(s, Lifecycle::kResuming, cause, std::move(detail)));
     return;
   }
-  out.push_back(UpdateEnded{s.update->update_id, UpdateOutcome::kRefused, detail});
-  out.push_back(change(s, Lifecycle::kTainted, cause, "restore refused: " + detail));
+  out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kRefused, detail});
+  if (u.restore) {
+    out.push_back(change(s, Lifecycle::kTainted, cause, "restore refused: " + detail));
+  } else {
+    out.push_back(change(s, Lifecycle::kSleeping, cause, "refused, still asleep: " + detail));
+  }
+}
+
+// What the engine's workers reported about device memory around a sleep or a wake-up.
+std::string memory_note(const DeviceMemory& m) {
+  if (!m.known) return "; device memory not reported";
+  const auto before = static_cast<std::int64_t>(m.free_bytes_before);
+  const auto after = static_cast<std::int64_t>(m.free_bytes_after);
+  return "; device free " + std::to_string(before) + " -> " + std::to_string(after) + " bytes (" +
+         std::to_string(after - before) + ")";
+}
+
+// A sleep or wake-up that provably did nothing: never sent, or refused by the route itself (a
+// 4xx: vLLM without its development routes answers 404, a bad level 400).
+bool provably_not_done(const HttpEvidence& h) {
+  return h.never_sent() ||
+         (h.transport == Transport::kOk && h.http_status >= 400 && h.http_status < 500);
 }
 
 std::string http_summary(const HttpEvidence& h) {
@@ -983,10 +1223,13 @@ void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out
   }
 }
 
-void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
-  if (!(e.http.ok_2xx() && e.is_paused_known && !e.is_paused)) return;
+void derive_resumed(const State& s, bool resumed, std::vector<Event>& out) {
+  if (!resumed) return;
   const UpdatePlan& u = *s.update;
-  if (u.validated) {
+  if (u.validated && u.wake_only) {
+    out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kCommitted,
+                              "awake, serving '" + u.target.label + "'"});
+  } else if (u.validated) {
     out.push_back(VersionPublished{u.update_id, u.target, u.identity, u.observed_digest.combined});
     out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kCommitted,
                               "engine serves '" + u.target.label + "'"});
@@ -994,6 +1237,54 @@ void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
     out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kRefused, u.abort_reason});
   }
   out.push_back(change(s, Lifecycle::kReady, Cause::kResumed, "engine resumed"));
+}
+
+void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
+  derive_resumed(s, e.http.ok_2xx() && e.is_paused_known && !e.is_paused, out);
+}
+
+void derive(const State& s, const SleepObserved& e, std::vector<Event>& out) {
+  const UpdatePlan& u = *s.update;
+  const std::string level = std::to_string(u.sleep_level);
+  if (e.http.ok_2xx() && (!e.is_sleeping_known || e.is_sleeping)) {
+    std::string why = "asleep at level " + level + memory_note(e.memory);
+    out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kCommitted, why});
+    out.push_back(change(s, Lifecycle::kSleeping, Cause::kSlept, std::move(why)));
+  } else if (provably_not_done(e.http)) {
+    if (e.http.never_sent() && !out_of_attempts(s)) return;  // retried
+    refuse(s, Cause::kSleepFailed, "sleep not done: " + http_summary(e.http), out);
+  } else {
+    // The sleep may have released memory (vLLM unmaps before its last check can fail): the
+    // weights are unknown until proven.
+    std::string why = e.http.ok_2xx() ? "the engine answered the sleep but reports not sleeping"
+                                      : "sleep at level " + level +
+                                            " may have released memory: " + http_summary(e.http);
+    taint(s, Cause::kSleepFailed, std::move(why), out);
+  }
+}
+
+void derive_weights_woken(const State& s, const WakeObserved& e, std::vector<Event>& out) {
+  if (e.http.ok_2xx()) {
+    if (s.update->wake_only) {
+      out.push_back(change(s, Lifecycle::kInvalidating, Cause::kWoken,
+                           "weights awake" + memory_note(e.memory)));
+    }
+  } else if (provably_not_done(e.http)) {
+    if (e.http.never_sent() && !out_of_attempts(s)) return;  // retried
+    refuse(s, Cause::kWakeFailed, "wake-up of the weights not done: " + http_summary(e.http), out);
+  } else {
+    taint(s, Cause::kWakeFailed,
+          "wake-up of the weights may have mapped or overwritten them: " + http_summary(e.http),
+          out);
+  }
+}
+
+void derive(const State& s, const WakeObserved& e, std::vector<Event>& out) {
+  if (e.tag == WakeTag::kKvCache) {
+    derive_resumed(s, e.http.ok_2xx() && e.is_paused_known && !e.is_paused, out);
+  } else {
+    derive_weights_woken(s, e, out);
+  }
 }
 
 void derive(const State& s, const RecoveryStarted&, std::vector<Event>& out) {
@@ -1014,8 +1305,20 @@ template <class T>
 void derive(const State& s, const T& e, std::vector<Event>& out) {
   if constexpr (std::is_same_v<T, UpdateRequested>) {
     (void)e;
-    out.push_back(change(s, Lifecycle::kDraining, Cause::kUpdateRequested,
-                         "target '" + s.update->target.label + "'"));
+    const std::string target = "target '" + s.update->target.label + "'";
+    if (s.update->from_sleep) {
+      out.push_back(change(s, Lifecycle::kQuiesced, Cause::kUpdateRequested,
+                           target + " (asleep at level " + std::to_string(s.sleep_level) + ")"));
+    } else {
+      out.push_back(change(s, Lifecycle::kDraining, Cause::kUpdateRequested, target));
+    }
+  } else if constexpr (std::is_same_v<T, SleepRequested>) {
+    out.push_back(change(s, Lifecycle::kDraining, Cause::kSleepRequested,
+                         "sleep at level " + std::to_string(e.level)));
+  } else if constexpr (std::is_same_v<T, WakeRequested>) {
+    (void)e;
+    out.push_back(change(s, Lifecycle::kUpdating, Cause::kWakeRequested,
+                         "wake-up on '" + s.committed.label + "'"));
   } else if constexpr (std::is_same_v<T, RestoreRequested>) {
     out.push_back(change(s, Lifecycle::kDraining, Cause::kRestoreRequested,
                          "restore to '" + e.label + "'" +
@@ -1117,6 +1420,22 @@ Result<std::vector<Event>> step(State& state, const Event& input) {
   return decided;
 }
 
+namespace {
+
+// UPDATING: a sleeper's weights are woken first (retried: an awake tag is a no-op), then the
+// transfer runs once (not idempotent: the observation decides); a wake-up has no transfer.
+Effect updating_effect(const State& s) {
+  const UpdatePlan& u = *s.update;
+  if (u.from_sleep && !u.weights_awake) {
+    if (s.attempts >= kEffectAttemptsMax) return {};
+    return Effect{EffectKind::kWake, CacheKind::kPrefix, WakeTag::kWeights};
+  }
+  if (u.wake_only || u.transfer_started) return {};
+  return Effect{EffectKind::kTransfer};
+}
+
+}  // namespace
+
 Effect next_effect(const State& s) {
   const bool can_retry = s.attempts < kEffectAttemptsMax;
   switch (s.lifecycle) {
@@ -1127,6 +1446,7 @@ Effect next_effect(const State& s) {
       if (s.engine_recheck && can_retry) return {EffectKind::kProbeEngine};
       return {};
     case Lifecycle::kTainted:
+    case Lifecycle::kSleeping:
       return {};
     case Lifecycle::kDraining:
       if (s.update->drain_seen && !s.active.empty()) return {EffectKind::kAwaitRollouts};
@@ -1140,10 +1460,10 @@ Effect next_effect(const State& s) {
         }
       }
 #endif
-      return can_retry ? Effect{EffectKind::kPreflight} : Effect{};
+      if (!can_retry) return {};
+      return Effect{s.update->sleep_level > 0 ? EffectKind::kSleep : EffectKind::kPreflight};
     case Lifecycle::kUpdating:
-      // The transfer is not idempotent: one attempt, then the observation decides.
-      return s.update->transfer_started ? Effect{} : Effect{EffectKind::kTransfer};
+      return updating_effect(s);
     case Lifecycle::kInvalidating:
       for (std::uint8_t c = 0; c < kCacheKinds; ++c) {
         if ((s.update->caches_reset_mask & (1u << c)) == 0) {
@@ -1154,7 +1474,11 @@ Effect next_effect(const State& s) {
     case Lifecycle::kValidating:
       return can_retry ? Effect{EffectKind::kValidate} : Effect{};
     case Lifecycle::kResuming:
-      return can_retry ? Effect{EffectKind::kResume} : Effect{};
+      if (!can_retry) return {};
+      // Waking the KV cache is what resumes a sleeper's scheduler: it is the resume.
+      if (s.update->from_sleep)
+        return Effect{EffectKind::kWake, CacheKind::kPrefix, WakeTag::kKvCache};
+      return Effect{EffectKind::kResume};
   }
   return {};
 }
@@ -1166,6 +1490,35 @@ std::string check_invariants(const State& s) {
   return check_invariants_cheap(s);
 }
 
+namespace {
+
+// What the engine released, and the plans that sleep or start asleep, agree with the lifecycle.
+std::string check_sleep_invariants(const State& s) {
+  const Lifecycle l = s.lifecycle;
+  if (s.sleep_level > kSleepLevelMax) return "sleep level out of range";
+  if (l == Lifecycle::kSleeping && s.sleep_level == 0) return "SLEEPING without a sleep level";
+  if ((l == Lifecycle::kReady || l == Lifecycle::kUninitialized) && s.sleep_level != 0) {
+    return "a sleep level on an awake engine";
+  }
+  if (!s.update.has_value()) return {};
+  const UpdatePlan& u = *s.update;
+  if (u.sleep_level > kSleepLevelMax) return "planned sleep level out of range";
+  if (u.sleep_level > 0 && (u.from_sleep || u.restore || u.wake_only || u.transfer_started)) {
+    return "a sleep plan that also updates, restores or wakes";
+  }
+  if (u.from_sleep && s.sleep_level == 0) return "a plan from sleep on an awake engine";
+  if (u.wake_only && (!u.from_sleep || u.restore || u.transfer_started)) {
+    return "a wake-up that transfers or restores";
+  }
+  if (u.weights_awake && !u.from_sleep) return "weights woken outside a plan from sleep";
+  if (u.transfer_started && u.from_sleep && !u.weights_awake) {
+    return "a transfer into weights still asleep";
+  }
+  return {};
+}
+
+}  // namespace
+
 std::string check_invariants_cheap(const State& s) {
   const Lifecycle l = s.lifecycle;
   if (static_cast<std::uint8_t>(l) > kLifecycleMax) return "lifecycle out of range";
@@ -1174,14 +1527,20 @@ std::string check_invariants_cheap(const State& s) {
     return "rollouts active while resuming a new version";
   }
   if (in_update_states(l) && !s.update.has_value()) return "update state without an update plan";
-  // A restore's plan exists in TAINTED only between its request and TAINTED -> DRAINING.
-  const bool restore_requested = l == Lifecycle::kTainted && s.update.has_value() &&
-                                 s.update->restore && !s.update->drain_seen &&
-                                 !s.update->transfer_started && s.update->caches_reset_mask == 0;
-  if ((l == Lifecycle::kUninitialized || l == Lifecycle::kTainted) && s.update.has_value() &&
-      !restore_requested) {
+  // A restore's plan exists in TAINTED, and a plan from sleep in SLEEPING, only between its
+  // request and the transition out.
+  const bool untouched = s.update.has_value() && !s.update->drain_seen &&
+                         !s.update->transfer_started && s.update->caches_reset_mask == 0 &&
+                         !s.update->weights_awake;
+  const bool requested = untouched && ((l == Lifecycle::kTainted && s.update->restore) ||
+                                       (l == Lifecycle::kSleeping && s.update->from_sleep));
+  const bool plan_free =
+      l == Lifecycle::kUninitialized || l == Lifecycle::kTainted || l == Lifecycle::kSleeping;
+  if (plan_free && s.update.has_value() && !requested) {
     return "update plan outside the update states";
   }
+  std::string sleep_broken = check_sleep_invariants(s);
+  if (!sleep_broken.empty()) return sleep_broken;
   if ((l == Lifecycle::kTainted) != s.taint.has_value()) return "taint record mismatch";
   if (l == Lifecycle::kUninitialized && (!s.active.empty() || s.committed.generation != 0)) {
     return "UNINITIALIZED with bindings or a committed generation";
@@ -1189,16 +1548,18 @@ std::string check_invariants_cheap(const State& s) {
   if (s.update.has_value()) {
     const UpdatePlan& u = *s.update;
     const bool published = s.committed == u.target;
+    if (u.keeps_version() && !published) return "a sleep or wake-up not on the committed version";
     if (!published && u.target.generation != s.committed.generation + 1) {
       return "target generation is not committed + 1";
     }
-    if (published && !(l == Lifecycle::kResuming && u.validated)) {
+    if (published && !u.keeps_version() && !(l == Lifecycle::kResuming && u.validated)) {
       return "target published outside a validated RESUMING";
     }
     if (l == Lifecycle::kValidating && u.caches_reset_mask != kAllCachesMask) {
       return "VALIDATING with a cache not reset";
     }
-    if (u.validated && (u.caches_reset_mask != kAllCachesMask || !u.transfer_started)) {
+    const bool written = u.wake_only ? u.weights_awake : u.transfer_started;
+    if (u.validated && (u.caches_reset_mask != kAllCachesMask || !written)) {
       return "validated without transfer and resets";
     }
     if (u.validated && u.aborting) return "validated and aborting at once";
@@ -1219,7 +1580,7 @@ std::string check_invariants_cheap(const State& s) {
   const bool recheck_probe = l == Lifecycle::kReady && s.engine_recheck && s.in_flight &&
                              s.in_flight->kind == EffectKind::kProbeEngine;
   if (s.in_flight.has_value() && !recheck_probe &&
-      (l == Lifecycle::kReady || l == Lifecycle::kTainted)) {
+      (l == Lifecycle::kReady || l == Lifecycle::kTainted || l == Lifecycle::kSleeping)) {
     return "effect in flight in a state without effects";
   }
   if (s.engine_recheck && (l == Lifecycle::kUninitialized || l == Lifecycle::kTainted)) {
@@ -1246,6 +1607,10 @@ bool admits(const State& s) { return admission_block_reason(s).empty(); }
 
 std::string admission_block_reason(const State& s) {
   if (s.lifecycle == Lifecycle::kTainted) return "the engine is TAINTED";
+  if (s.lifecycle == Lifecycle::kSleeping) {
+    return "the engine is asleep (level " + std::to_string(s.sleep_level) +
+           "): a colocated trainer holds its GPU memory";
+  }
   if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) {
     return std::string("an update is in progress (") + lifecycle_name(s.lifecycle) + ")";
   }
@@ -1287,7 +1652,8 @@ std::string digest_difference(const WeightDigest& was, const WeightDigest& now) 
 bool weights_match(const State& s, const WeightDigest& d) { return digest_mismatch(s, d).empty(); }
 
 std::uint64_t monitor_epoch(const State& s) {
-  return s.counters.updates_requested + s.counters.restores_requested + s.counters.recoveries;
+  return s.counters.updates_requested + s.counters.restores_requested + s.counters.recoveries +
+         s.counters.sleeps_requested + s.counters.wakes_requested;
 }
 
 }  // namespace rc

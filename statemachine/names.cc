@@ -26,6 +26,18 @@ const char* lifecycle_name(Lifecycle s) {
       return "RESUMING";
     case Lifecycle::kTainted:
       return "TAINTED";
+    case Lifecycle::kSleeping:
+      return "SLEEPING";
+  }
+  return "?";
+}
+
+const char* wake_tag_name(WakeTag t) {
+  switch (t) {
+    case WakeTag::kWeights:
+      return "weights";
+    case WakeTag::kKvCache:
+      return "kv_cache";
   }
   return "?";
 }
@@ -102,6 +114,10 @@ const char* effect_name(EffectKind e) {
       return "validate";
     case EffectKind::kResume:
       return "resume";
+    case EffectKind::kSleep:
+      return "sleep";
+    case EffectKind::kWake:
+      return "wake";
   }
   return "?";
 }
@@ -150,6 +166,20 @@ const char* cause_name(Cause c) {
       return "weights_changed";
     case Cause::kRestoreRequested:
       return "restore_requested";
+    case Cause::kSleepRequested:
+      return "sleep_requested";
+    case Cause::kSlept:
+      return "slept";
+    case Cause::kSleepFailed:
+      return "sleep_failed";
+    case Cause::kWakeRequested:
+      return "wake_requested";
+    case Cause::kWakeFailed:
+      return "wake_failed";
+    case Cause::kWoken:
+      return "woken";
+    case Cause::kEngineWokenExternally:
+      return "engine_woken_externally";
   }
   return "?";
 }
@@ -203,6 +233,10 @@ constexpr const char* name_of() {
   if constexpr (std::is_same_v<T, TrajectoryRecorded>) return "TrajectoryRecorded";
   if constexpr (std::is_same_v<T, EngineMonitored>) return "EngineMonitored";
   if constexpr (std::is_same_v<T, RestoreRequested>) return "RestoreRequested";
+  if constexpr (std::is_same_v<T, SleepRequested>) return "SleepRequested";
+  if constexpr (std::is_same_v<T, WakeRequested>) return "WakeRequested";
+  if constexpr (std::is_same_v<T, SleepObserved>) return "SleepObserved";
+  if constexpr (std::is_same_v<T, WakeObserved>) return "WakeObserved";
   return "?";
 }
 }  // namespace

@@ -15,7 +15,8 @@ namespace rc {
 
 struct Effect {
   EffectKind kind = EffectKind::kNone;
-  CacheKind cache = CacheKind::kPrefix;
+  CacheKind cache = CacheKind::kPrefix;  // kResetCache only
+  WakeTag wake = WakeTag::kWeights;      // kWake only
   bool operator==(const Effect&) const = default;
 };
 
@@ -43,6 +44,16 @@ struct UpdatePlan {
   // recorded for it): refused before mutation it returns to TAINTED, never to serving.
   bool restore = false;
   bool adopt = false;  // restore only: nothing is transferred, the engine is labelled and proven
+  // Colocated mode. A sleep (sleep_level 1 or 2) and a wake-up (wake_only) keep the committed
+  // version: their target is it. A plan from a sleeping engine (from_sleep: an update, a wake-up,
+  // or a restore of an engine tainted asleep) wakes the weights before the transfer and the KV
+  // cache last, as its resume; refused before mutation, it leaves the engine SLEEPING.
+  std::uint8_t sleep_level = 0;
+  bool wake_only = false;
+  bool from_sleep = false;
+  bool weights_awake = false;  // the weights were woken (POST /wake_up?tags=weights answered 2xx)
+  DeviceMemory sleep_memory;   // a sleep's device memory around /sleep (for its answer)
+  bool keeps_version() const { return sleep_level > 0 || wake_only; }
   bool operator==(const UpdatePlan&) const = default;
 };
 
@@ -68,6 +79,10 @@ struct Counters {
   std::uint64_t recoveries = 0;
   std::uint64_t restores_requested = 0;
   std::uint64_t restores_committed = 0;
+  std::uint64_t sleeps_requested = 0;
+  std::uint64_t sleeps_committed = 0;
+  std::uint64_t wakes_requested = 0;
+  std::uint64_t wakes_committed = 0;
   bool operator==(const Counters&) const = default;
 };
 
@@ -100,6 +115,10 @@ struct State {
   // Every label ever committed and the identity it named: a label names one policy for the
   // journal's life (re-committing it is allowed only for the same identity).
   std::map<std::string, WeightIdentity> labels;
+  // What the engine released to a colocated trainer: 0 awake, else the sleep level. Set on
+  // entering SLEEPING (or TAINTED by an ambiguous sleep), kept through a plan from sleep and a
+  // taint, cleared when the engine is READY again.
+  std::uint8_t sleep_level = 0;
   Counters counters;
   bool operator==(const State&) const = default;
 };

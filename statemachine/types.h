@@ -22,7 +22,7 @@ inline constexpr std::size_t kLabelsMax = 65536;          // distinct labels one
 // the worker extension's): bootstrap names such an engine; any other label is someone's.
 inline constexpr const char* kFreshEngineLabel = "default";
 
-// The nine lifecycle states. Values are part of the journal format: append only.
+// The lifecycle states. Values are part of the journal format: append only.
 enum class Lifecycle : std::uint8_t {
   kUninitialized = 0,
   kReady = 1,
@@ -33,8 +33,21 @@ enum class Lifecycle : std::uint8_t {
   kValidating = 6,
   kResuming = 7,
   kTainted = 8,
+  // Colocated mode: the engine released GPU memory (vLLM's /sleep) so a trainer can use it; it
+  // admits nothing until an update or a wake-up brings it back through validation.
+  kSleeping = 9,
 };
-inline constexpr std::uint8_t kLifecycleMax = 8;
+inline constexpr std::uint8_t kLifecycleMax = 9;
+
+// vLLM's sleep levels: 1 keeps the weights in host memory (a wake-up restores them), 2 discards
+// them (only an update covering every tensor makes the engine servable again).
+inline constexpr std::uint8_t kSleepLevelMax = 2;
+
+// The memory pools vLLM's /wake_up?tags= names, woken one at a time: the weights before an
+// update writes them, the KV cache last (waking it is what resumes the engine's scheduler).
+enum class WakeTag : std::uint8_t { kWeights = 0, kKvCache = 1 };
+inline constexpr std::uint8_t kWakeTagMax = 1;
+const char* wake_tag_name(WakeTag t);
 
 const char* lifecycle_name(Lifecycle s);
 
@@ -137,8 +150,10 @@ enum class EffectKind : std::uint8_t {
   kResetCache = 6,     // one of /reset_prefix_cache, /reset_encoder_cache, /reset_mm_cache
   kValidate = 7,       // GET /weight_info (+ optional checks) while paused
   kResume = 8,         // POST /resume then GET /is_paused
+  kSleep = 9,          // POST /sleep?level=L&mode=wait, the device memory read around it
+  kWake = 10,          // POST /wake_up?tags=<tag> (+ GET /is_paused after the KV cache)
 };
-inline constexpr std::uint8_t kEffectKindMax = 8;
+inline constexpr std::uint8_t kEffectKindMax = 10;
 const char* effect_name(EffectKind e);
 
 }  // namespace rc

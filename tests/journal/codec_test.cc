@@ -134,10 +134,10 @@ TEST(Codec, RejectsUnknownUnionType) {
       << r.status().message();
 }
 
-// Proves out-of-range enum values are rejected and named; catches a cast of 9 into Lifecycle.
+// Proves out-of-range enum values are rejected and named; catches a cast of 10 into Lifecycle.
 TEST(Codec, RejectsOutOfRangeEnums) {
   flatbuffers::FlatBufferBuilder b;
-  auto payload = fb::CreateStateChanged(b, fb::Lifecycle::Ready, static_cast<fb::Lifecycle>(9),
+  auto payload = fb::CreateStateChanged(b, fb::Lifecycle::Ready, static_cast<fb::Lifecycle>(10),
                                         fb::Cause::Resumed, b.CreateString("d"));
   std::vector<std::uint8_t> zeros(32, 0);
   auto prev = b.CreateVector(zeros);
@@ -146,7 +146,7 @@ TEST(Codec, RejectsOutOfRangeEnums) {
   const std::string bytes(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
   Result<Record> r = DecodeRecord(bytes);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("StateChanged.to value 9 out of range"), std::string::npos)
+  EXPECT_NE(r.status().message().find("StateChanged.to value 10 out of range"), std::string::npos)
       << r.status().message();
 
   flatbuffers::FlatBufferBuilder b2;
@@ -194,7 +194,8 @@ TEST(Codec, RoundTripsState) {
   s.committed_identity = SampleIdentity();
   s.bootstrap = BootstrapRequested{"rc-0", SampleIdentity()};
   s.attempts = 2;
-  s.in_flight = Effect{EffectKind::kResetCache, CacheKind::kEncoder};
+  s.in_flight = Effect{EffectKind::kWake, CacheKind::kEncoder, WakeTag::kKvCache};
+  s.sleep_level = 2;
   s.active["r1"] = ActiveRollout{WeightVersion{3, "rc-3"}};
   s.active["r2"] = ActiveRollout{WeightVersion{2, "rc-2"}};
   UpdatePlan u;
@@ -205,10 +206,17 @@ TEST(Codec, RoundTripsState) {
   u.drain_seen = u.transfer_started = u.validated = u.aborting = true;
   u.caches_reset_mask = 5;
   u.abort_reason = "why";
+  u.sleep_level = 1;
+  u.wake_only = u.from_sleep = u.weights_awake = true;
+  u.sleep_memory = DeviceMemory{true, 3, 4, 5};
   s.update = u;
   s.taint = TaintRecord{Lifecycle::kValidating, Cause::kValidationFailed, "u3",
                         WeightVersion{3, "x"}, "d"};
   s.counters = Counters{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  s.counters.sleeps_requested = 10;
+  s.counters.sleeps_committed = 11;
+  s.counters.wakes_requested = 12;
+  s.counters.wakes_committed = 13;
   const std::string bytes = EncodeState(s);
   Result<State> out = DecodeState(bytes);
   ASSERT_TRUE(out.ok()) << out.status().ToString();

@@ -63,6 +63,11 @@ inline std::vector<Event> SampleEvents() {
       EngineMonitored{http, "rc-2", true, false, "nonce-9", 1700000000123, 7},
       RestoreRequested{"restore-1", "rc-2", "safetensors:/ckpt/rc-2", false},
       RestoreRequested{"restore-2", "rc-2", "", true},
+      SleepRequested{"sleep-1", 2},
+      WakeRequested{"wake-1"},
+      SleepObserved{http, 1, true, true, DeviceMemory{true, 1 << 30, 70ull << 30, 80ull << 30}},
+      WakeObserved{http, WakeTag::kKvCache, true, false, DeviceMemory{true, 9, 8, 10}},
+      EffectStarted{EffectKind::kWake, CacheKind::kPrefix, 2500, WakeTag::kKvCache},
   };
 }
 
@@ -89,7 +94,11 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     for (auto& x : v) x = static_cast<std::int32_t>(u32());
     return v;
   };
-  switch (rng() % 20) {
+  auto memory = [&] {
+    const std::uint64_t total = u64() >> 1;
+    return b() ? DeviceMemory{true, total / 3, total / 2, total} : DeviceMemory{};
+  };
+  switch (rng() % 24) {
     case 0:
       return BootstrapRequested{str(), id()};
     case 1:
@@ -97,12 +106,22 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     case 2:
       return RecoveryStarted{str()};
     case 3:
-      return EffectStarted{static_cast<EffectKind>(rng() % 9), static_cast<CacheKind>(rng() % 3),
-                           u64()};
+      return EffectStarted{static_cast<EffectKind>(rng() % (kEffectKindMax + 1)),
+                           static_cast<CacheKind>(rng() % 3), u64(),
+                           static_cast<WakeTag>(rng() % (kWakeTagMax + 1))};
     case 4:
       return EngineProbed{http(), str(), str(), b(), b(), str(), str(), b()};
     case 19:
       return RestoreRequested{str(), str(), str(), b()};
+    case 20:
+      return SleepRequested{str(), static_cast<std::uint8_t>(rng())};
+    case 21:
+      return WakeRequested{str()};
+    case 22:
+      return SleepObserved{http(), static_cast<std::uint8_t>(rng()), b(), b(), memory()};
+    case 23:
+      return WakeObserved{http(), static_cast<WakeTag>(rng() % (kWakeTagMax + 1)), b(), b(),
+                          memory()};
     case 18:
       return EngineMonitored{http(), str(), b(), b(), str(), static_cast<std::int64_t>(u64()),
                              u64()};
@@ -126,7 +145,8 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     case 13:
       return RolloutFinished{str(), static_cast<RolloutOutcome>(rng() % 4), u32(), u32()};
     case 14:
-      return StateChanged{static_cast<Lifecycle>(rng() % 9), static_cast<Lifecycle>(rng() % 9),
+      return StateChanged{static_cast<Lifecycle>(rng() % (kLifecycleMax + 1)),
+                          static_cast<Lifecycle>(rng() % (kLifecycleMax + 1)),
                           static_cast<Cause>(rng() % (kCauseMax + 1)), str()};
     case 15:
       return VersionPublished{str(), ver(), id()};
