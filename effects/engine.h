@@ -27,6 +27,11 @@ class EngineControl {
   virtual ValidationObserved WeightInfo() = 0;
   // POST /resume then GET /is_paused.
   virtual ResumeObserved Resume() = 0;
+  // Colocated mode. POST /sleep?level=L&mode=wait (the engine is drained: nothing is running),
+  // then GET /is_sleeping, with the device memory read around the call when the engine reports it.
+  virtual SleepObserved Sleep(std::uint8_t level, std::uint64_t timeout_ms) = 0;
+  // POST /wake_up?tags=<tag>; after the KV cache (which resumes the scheduler), GET /is_paused.
+  virtual WakeObserved Wake(WakeTag tag, std::uint64_t timeout_ms) = 0;
 };
 
 }  // namespace rc::effects

@@ -17,6 +17,14 @@ std::string RestoreIdempotencyKey(const std::string& restore_id) {
   return "restore:" + encoding::Sha256Hex(restore_id);
 }
 
+std::string SleepIdempotencyKey(const std::string& sleep_id) {
+  return "sleep:" + encoding::Sha256Hex(sleep_id);
+}
+
+std::string WakeIdempotencyKey(const std::string& wake_id) {
+  return "wake:" + encoding::Sha256Hex(wake_id);
+}
+
 Runner::Runner(journal::Journal& journal, EngineControl& engine, WeightTransfer& transfer,
                Clock& clock, RunnerOptions options)
     : journal_(journal),
@@ -70,6 +78,9 @@ std::uint64_t Runner::deadline_for(EffectKind kind) const {
       return options_.drain_timeout_ms;
     case EffectKind::kTransfer:
       return options_.transfer_timeout_ms;
+    case EffectKind::kSleep:
+    case EffectKind::kWake:
+      return options_.sleep_timeout_ms;
     default:
       return options_.call_timeout_ms;
   }
@@ -132,6 +143,10 @@ Event Runner::observe(const Effect& effect, const State& s) {
       return engine_.WeightInfo();
     case EffectKind::kResume:
       return engine_.Resume();
+    case EffectKind::kSleep:
+      return engine_.Sleep(s.update->sleep_level, options_.sleep_timeout_ms);
+    case EffectKind::kWake:
+      return engine_.Wake(effect.wake, options_.sleep_timeout_ms);
     case EffectKind::kNone:
     case EffectKind::kAwaitRollouts:
       break;
@@ -182,8 +197,8 @@ EngineProbed Runner::probe_for_bootstrap(const BootstrapRequested& bootstrap) {
   return probed;
 }
 
-std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
-  switch (kind) {
+std::uint64_t* phase_slot(PhaseTimings& t, const Effect& effect) {
+  switch (effect.kind) {
     case EffectKind::kDrain:
     case EffectKind::kAwaitRollouts:
       return &t.drain_us;
@@ -197,6 +212,10 @@ std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
       return &t.validate_us;
     case EffectKind::kResume:
       return &t.resume_us;
+    case EffectKind::kSleep:
+      return &t.sleep_us;
+    case EffectKind::kWake:
+      return effect.wake == WakeTag::kWeights ? &t.wake_weights_us : &t.wake_kv_us;
     default:
       return nullptr;
   }
@@ -212,19 +231,25 @@ std::uint64_t* phase_slot(PhaseTimings& t, EffectKind kind) {
 // resume): after a crash the journal shows them not done and recovery simply redoes them. Their
 // intents ride with the next durable write, and Drive() syncs before it returns, so nothing is
 // acknowledged (update result, admission) before everything it depends on is durable.
+//  * kSleep and kWake release or map the engine's memory: the journal says so before they may
+//    have happened, so an incident's replay shows what was attempted.
 bool intent_must_be_durable(EffectKind kind) {
-  return kind == EffectKind::kDrain || kind == EffectKind::kTransfer;
+  return kind == EffectKind::kDrain || kind == EffectKind::kTransfer ||
+         kind == EffectKind::kSleep || kind == EffectKind::kWake;
 }
 
 Status Runner::perform(const Effect& effect, const State& state) {
   auto intent =
-      submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind)}, "",
+      submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind), effect.wake}, "",
              intent_must_be_durable(effect.kind) ? Durability::kNow : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
   const std::int64_t start_us = clock_.now_us();
   Event observation = observe(effect, state);
   if (const auto* probed = std::get_if<EngineProbed>(&observation)) last_probe_ = *probed;
-  if (std::uint64_t* slot = phase_slot(timings_, effect.kind)) *slot += elapsed_us(start_us);
+  if (const auto* slept = std::get_if<SleepObserved>(&observation)) {
+    last_sleep_memory_ = slept->memory;
+  }
+  if (std::uint64_t* slot = phase_slot(timings_, effect)) *slot += elapsed_us(start_us);
   // The observation becomes durable together with the next intent (one fsync for both): nothing
   // acts on its decisions before that intent's Wait, and Drive() syncs before it returns.
   auto decided = submit(observation, "", Durability::kWithNext);
@@ -349,6 +374,14 @@ Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {
 
 Result<UpdateEnded> Runner::Restore(const RestoreRequested& request) {
   return run_to_end(request, request.restore_id, RestoreIdempotencyKey(request.restore_id));
+}
+
+Result<UpdateEnded> Runner::Sleep(const SleepRequested& request) {
+  return run_to_end(request, request.sleep_id, SleepIdempotencyKey(request.sleep_id));
+}
+
+Result<UpdateEnded> Runner::Wake(const WakeRequested& request) {
+  return run_to_end(request, request.wake_id, WakeIdempotencyKey(request.wake_id));
 }
 
 Result<UpdateEnded> Runner::run_to_end(const Event& request, const std::string& id,

@@ -30,7 +30,9 @@ struct RunnerOptions {
   std::uint64_t await_rollouts_timeout_ms = 10000;
   std::uint64_t transfer_timeout_ms = 600000;  // the whole transfer, data plane included
   std::uint64_t call_timeout_ms = 10000;       // recorded deadline of the other effects
-  std::uint32_t backoff_ms_min = 20;           // between retries of a failed idempotent effect
+  // Colocated mode: a sleep (level 1 copies the weights to host memory) and each wake-up.
+  std::uint64_t sleep_timeout_ms = 300000;
+  std::uint32_t backoff_ms_min = 20;  // between retries of a failed idempotent effect
   std::uint32_t backoff_ms_max = 1000;
   std::uint32_t await_poll_ms = 1;            // polling interval while awaiting bindings
   std::uint32_t effects_per_drive_max = 256;  // bound on one Drive() call
@@ -55,7 +57,10 @@ struct PhaseTimings {
   std::uint64_t invalidate_us = 0;  // the three cache resets
   std::uint64_t validate_us = 0;
   std::uint64_t resume_us = 0;
-  std::uint64_t journal_us = 0;  // durable appends (intents, observations, decisions)
+  std::uint64_t sleep_us = 0;         // colocated: /sleep (+ the memory read around it)
+  std::uint64_t wake_weights_us = 0;  // colocated: /wake_up?tags=weights before the transfer
+  std::uint64_t wake_kv_us = 0;       // colocated: /wake_up?tags=kv_cache, the resume
+  std::uint64_t journal_us = 0;       // durable appends (intents, observations, decisions)
   std::uint64_t total_us = 0;
   void clear() { *this = PhaseTimings{}; }
 };
@@ -64,6 +69,9 @@ struct PhaseTimings {
 std::string UpdateIdempotencyKey(const std::string& update_id);
 // The same for a restore (its own key space: a restore never answers as an earlier update).
 std::string RestoreIdempotencyKey(const std::string& restore_id);
+// The same for a sleep and a wake-up (each its own key space).
+std::string SleepIdempotencyKey(const std::string& sleep_id);
+std::string WakeIdempotencyKey(const std::string& wake_id);
 
 class Runner {
  public:
@@ -89,10 +97,16 @@ class Runner {
   // The same for a restore of a TAINTED engine: committed (READY on the restored version, its
   // digest proven), refused (still TAINTED, nothing changed) or tainted (the reload failed).
   [[nodiscard]] Result<UpdateEnded> Restore(const RestoreRequested& request);
+  // Colocated mode: drains and puts the engine to sleep (committed: SLEEPING), or wakes a level-1
+  // sleeper on its weights after validating them (committed: READY). Ends like an update.
+  [[nodiscard]] Result<UpdateEnded> Sleep(const SleepRequested& request);
+  [[nodiscard]] Result<UpdateEnded> Wake(const WakeRequested& request);
   // Performs effects until none is due.
   [[nodiscard]] Status Drive();
 
   const PhaseTimings& last_timings() const { return timings_; }
+  // The device memory the last sleep observed around /sleep (unknown before any).
+  const DeviceMemory& last_sleep_memory() const { return last_sleep_memory_; }
   // Called for every event the runner journals (inputs and their decisions), in seq order, once
   // it is durable: an observer never reports what a crash could still take back.
   void set_observer(Observer observer) { observer_ = std::move(observer); }
@@ -131,6 +145,7 @@ class Runner {
   // Events journaled but not yet known durable, for the observer: (seq, event).
   std::vector<std::pair<std::uint64_t, Event>> unobserved_;
   std::optional<EngineProbed> last_probe_;  // the last probe's evidence (bootstrap errors)
+  DeviceMemory last_sleep_memory_;
 };
 
 }  // namespace rc::effects

@@ -48,6 +48,8 @@ void SimEngine::Die(std::uint32_t down_ms) {
     t_.weights = kInitialWeights;
     t_.paused = false;
     t_.prefix_cache.clear();
+    t_.sleep_level = 0;
+    t_.weights_asleep = t_.kv_asleep = false;
     t_.last_mutation_op = ++t_.op;
     ++t_.op;
     t_.last_reset_op.fill(t_.op);
@@ -65,6 +67,9 @@ std::uint64_t SimEngine::Start(const std::string& rollout_id, const std::string&
 
 void SimEngine::Begin(std::uint64_t id) {
   Request& r = requests_.at(id);
+  if (asleep() && violations_.size() < 32) {
+    violations_.push_back("rollout '" + r.rollout_id + "' served by a sleeping engine");
+  }
   r.started = true;
   r.token = next_token_++;
   // Prefix caching: blocks computed by other weights must never serve this request.
@@ -112,7 +117,32 @@ bool SimEngine::ResetCache(CacheKind c) {
   return true;
 }
 
+void SimEngine::Sleep(std::uint8_t level) {
+  t_.paused = true;
+  for (std::uint8_t c = 0; c < kCacheKinds; ++c) ResetCache(static_cast<CacheKind>(c));
+  if (asleep()) return;
+  t_.sleep_level = level;
+  t_.weights_asleep = t_.kv_asleep = true;
+  t_.weights_backup = t_.weights;
+}
+
+void SimEngine::Wake(WakeTag tag) {
+  bool& tag_asleep = tag == WakeTag::kWeights ? t_.weights_asleep : t_.kv_asleep;
+  if (!tag_asleep) {
+    if (!asleep()) Resume();
+    return;
+  }
+  tag_asleep = false;
+  if (tag == WakeTag::kWeights && t_.sleep_level >= 2) {
+    Mutate("discarded#" + std::to_string(t_.op));  // mapped again, contents undefined
+  }
+  if (!asleep()) Resume();
+}
+
 void SimEngine::Mutate(const std::string& weights) {
+  if (t_.weights_asleep && violations_.size() < 32) {
+    violations_.push_back("weights '" + weights + "' written while the weights sleep");
+  }
   t_.weights = weights;
   t_.last_mutation_op = ++t_.op;
   t_.transfer_epoch++;
@@ -340,6 +370,32 @@ TransferObserved SimControl::Transfer(const effects::TransferTarget& target,
   return t;
 }
 
+SleepObserved SimControl::Sleep(std::uint8_t level, std::uint64_t timeout_ms) {
+  (void)timeout_ms;
+  bool applied = false;
+  SleepObserved o;
+  o.level = level;
+  o.http = Call(&applied);
+  if (applied) e_.Sleep(level);
+  if (!o.http.ok_2xx()) return o;
+  o.is_sleeping_known = true;
+  o.is_sleeping = e_.truth().paused;
+  return o;
+}
+
+WakeObserved SimControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
+  (void)timeout_ms;
+  bool applied = false;
+  WakeObserved o;
+  o.tag = tag;
+  o.http = Call(&applied);
+  if (applied) e_.Wake(tag);
+  if (!o.http.ok_2xx() || tag != WakeTag::kKvCache) return o;
+  o.is_paused_known = true;
+  o.is_paused = e_.truth().paused;
+  return o;
+}
+
 EngineMonitored SimControl::Monitor() {
   EngineMonitored m;
   if (!e_.truth().alive) {
@@ -351,7 +407,7 @@ EngineMonitored SimControl::Monitor() {
   m.is_paused_known = true;
   m.is_paused = e_.truth().paused;
   m.engine_instance = e_.instance_name();
-  m.digest = SimDigest(e_.truth().weights);
+  if (!e_.asleep()) m.digest = SimDigest(e_.truth().weights);  // asleep: weights not mapped
   return m;
 }
 

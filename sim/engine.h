@@ -76,6 +76,11 @@ struct EngineTruth {
   std::uint64_t transfer_epoch = 0;  // transfers that touched the weights
   std::uint64_t restarts = 0;
   std::map<std::string, std::string> prefix_cache;  // key -> weights that computed the blocks
+  // Colocated mode: what /sleep released, as vLLM keeps it (a second sleep keeps the first level).
+  std::uint8_t sleep_level = 0;
+  bool weights_asleep = false;
+  bool kv_asleep = false;
+  std::string weights_backup;  // level 1: the host copy a wake-up of the weights restores
 };
 
 class SimEngine {
@@ -105,6 +110,12 @@ class SimEngine {
   // false: {"success": false} (blocks held); the 0.25.x line never reports.
   bool ResetCache(CacheKind c);
   void Mutate(const std::string& weights);  // a transfer step that changes the weights
+  // /sleep?level=L: a pause that resets the caches, then (unless asleep) releases both pools.
+  void Sleep(std::uint8_t level);
+  // /wake_up?tags=T: an asleep tag is mapped again (level-1 weights from the host copy, level-2
+  // weights as garbage); the scheduler resumes once nothing sleeps. An awake tag is a no-op.
+  void Wake(WakeTag tag);
+  bool asleep() const { return t_.weights_asleep || t_.kv_asleep; }
 
  private:
   struct Request {
@@ -156,6 +167,8 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   CacheResetObserved ResetCache(CacheKind cache) override;
   ValidationObserved WeightInfo() override;
   ResumeObserved Resume() override;
+  SleepObserved Sleep(std::uint8_t level, std::uint64_t timeout_ms) override;
+  WakeObserved Wake(WakeTag tag, std::uint64_t timeout_ms) override;
   PreflightObserved Preflight(const effects::TransferTarget& target) override;
   TransferObserved Transfer(const effects::TransferTarget& target,
                             std::uint64_t deadline_ms) override;

@@ -555,6 +555,25 @@ HttpReply EngineClient::Pause(PauseMode mode, bool clear_cache, const CallOption
       mode == PauseMode::kWait ? deadlines_.drain_timeout_ms : deadlines_.call_timeout_ms;
   return Call(post(std::move(path), std::nullopt, Shape::kJsonObject, &check_status, t), o);
 }
+HttpReply EngineClient::Sleep(std::uint8_t level, PauseMode mode, const CallOptions& o) {
+  RC_CHECK(level >= 1 && level <= kSleepLevelMax);
+  std::string path = "/sleep?level=" + std::to_string(level) + "&mode=" + pause_mode_name(mode);
+  return Call(
+      post(std::move(path), std::nullopt, Shape::kEmptyOrJson, nullptr, deadlines_.call_timeout_ms),
+      o);
+}
+HttpReply EngineClient::WakeUp(WakeTag tag, const CallOptions& o) {
+  return Call(post(std::string("/wake_up?tags=") + wake_tag_name(tag), std::nullopt,
+                   Shape::kEmptyOrJson, nullptr, deadlines_.call_timeout_ms),
+              o);
+}
+HttpReply EngineClient::IsSleeping(const CallOptions& o) {
+  return Call(
+      get("/is_sleeping", Shape::kJsonObject, &check_is_sleeping, deadlines_.call_timeout_ms), o);
+}
+HttpReply EngineClient::DeviceInfo(const CallOptions& o) {
+  return CollectiveRpc("rc_device_info", {}, o);
+}
 HttpReply EngineClient::ResumeRaw(const CallOptions& o) {
   return Call(
       post("/resume", std::nullopt, Shape::kJsonObject, &check_status, deadlines_.call_timeout_ms),

@@ -196,6 +196,13 @@ class EngineClient {
   HttpReply PostJson(const std::string& path, const nlohmann::json& body,
                      const CallOptions& o = {});
   HttpReply Pause(PauseMode mode, bool clear_cache, const CallOptions& o = {});
+  // Colocated mode (vLLM's development routes). POST /sleep?level=L&mode=M and
+  // POST /wake_up?tags=T answer an empty 200; GET /is_sleeping {"is_sleeping": bool}.
+  HttpReply Sleep(std::uint8_t level, PauseMode mode, const CallOptions& o = {});
+  HttpReply WakeUp(WakeTag tag, const CallOptions& o = {});
+  HttpReply IsSleeping(const CallOptions& o = {});
+  // The worker extension's rc_device_info: each worker's GPU UUID and device memory.
+  HttpReply DeviceInfo(const CallOptions& o = {});
   HttpReply ResumeRaw(const CallOptions& o = {});
   HttpReply IsPaused(const CallOptions& o = {});
   HttpReply ResetCacheRaw(CacheKind cache, const CallOptions& o = {});

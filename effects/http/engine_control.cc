@@ -1,5 +1,6 @@
 #include "effects/http/engine_control.h"
 
+#include "effects/http/response_parsers.h"
 #include "effects/http/weight_digest.h"
 
 namespace rc::effects {
@@ -27,6 +28,77 @@ DrainObserved HttpEngineControl::PauseWait(std::uint64_t timeout_ms) {
   observed.paused = reply.http.ok_2xx() && reply.body.is_object() &&
                     reply.body.value("status", std::string()) == "paused";
   return observed;
+}
+
+namespace {
+
+// The device memory summed over the engine's workers, or unknown (no worker extension, or an
+// answer that does not parse: the figure is evidence, never a reason to fail the effect).
+struct DeviceTotals {
+  bool known = false;
+  std::uint64_t free_bytes = 0;
+  std::uint64_t total_bytes = 0;
+};
+
+DeviceTotals read_device_totals(EngineClient& client) {
+  HttpReply reply = client.DeviceInfo();
+  if (!reply.http.ok_2xx()) return {};
+  Result<std::vector<WorkerDevice>> devices = parse_device_info(reply.body);
+  if (!devices.ok()) return {};
+  DeviceTotals t{true, 0, 0};
+  for (const WorkerDevice& d : devices.value()) {
+    t.free_bytes += d.free_bytes;
+    t.total_bytes += d.total_bytes;
+  }
+  return t;
+}
+
+DeviceMemory around(const DeviceTotals& before, const DeviceTotals& after) {
+  if (!before.known || !after.known || before.total_bytes != after.total_bytes) return {};
+  return DeviceMemory{true, before.free_bytes, after.free_bytes, after.total_bytes};
+}
+
+CallOptions within(std::uint64_t timeout_ms) {
+  CallOptions o;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+}  // namespace
+
+// /is_sleeping is read only after a 2xx sleep: its failure leaves the sleep's own evidence (the
+// fold then judges the sleep by its answer alone) rather than turning a done sleep into a failure.
+SleepObserved HttpEngineControl::Sleep(std::uint8_t level, std::uint64_t timeout_ms) {
+  RC_CHECK(level >= 1 && level <= kSleepLevelMax && timeout_ms > 0);
+  SleepObserved out;
+  out.level = level;
+  const DeviceTotals before = read_device_totals(client_);
+  out.http = client_.Sleep(level, PauseMode::kWait, within(timeout_ms)).http;
+  if (!out.http.ok_2xx()) return out;
+  HttpReply sleeping = client_.IsSleeping();
+  if (sleeping.http.ok_2xx()) {
+    out.is_sleeping_known = true;
+    out.is_sleeping = sleeping.body.at("is_sleeping").get<bool>();
+  }
+  out.memory = around(before, read_device_totals(client_));
+  return out;
+}
+
+WakeObserved HttpEngineControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
+  RC_CHECK(timeout_ms > 0);
+  WakeObserved out;
+  out.tag = tag;
+  const DeviceTotals before = read_device_totals(client_);
+  out.http = client_.WakeUp(tag, within(timeout_ms)).http;
+  if (!out.http.ok_2xx()) return out;
+  out.memory = around(before, read_device_totals(client_));
+  if (tag != WakeTag::kKvCache) return out;
+  HttpReply paused = client_.IsPaused();
+  if (paused.http.ok_2xx()) {
+    out.is_paused_known = true;
+    out.is_paused = paused.body.at("is_paused").get<bool>();
+  }
+  return out;
 }
 
 }  // namespace rc::effects

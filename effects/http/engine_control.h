@@ -20,6 +20,8 @@ class HttpEngineControl final : public EngineControl {
   CacheResetObserved ResetCache(CacheKind cache) override { return client_.ResetCache(cache); }
   ValidationObserved WeightInfo() override;
   ResumeObserved Resume() override { return client_.Resume(); }
+  SleepObserved Sleep(std::uint8_t level, std::uint64_t timeout_ms) override;
+  WakeObserved Wake(WakeTag tag, std::uint64_t timeout_ms) override;
 
  private:
   EngineClient& client_;

@@ -37,6 +37,57 @@ bool check_success(const json& j) {
   auto it = j.find("success");
   return it != j.end() && it->is_boolean();
 }
+bool check_is_sleeping(const json& j) {
+  auto it = j.find("is_sleeping");
+  return it != j.end() && it->is_boolean();
+}
+
+namespace {
+bool byte_count(const json& j, const char* key, std::uint64_t* out) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_unsigned()) return false;
+  *out = it->get<std::uint64_t>();
+  return true;
+}
+bool printable_id(const std::string& s) {
+  if (s.empty() || s.size() > kIdBytesMax) return false;
+  for (unsigned char c : s) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+Result<WorkerDevice> parse_worker_device(const json& j) {
+  WorkerDevice d;
+  auto uuid = j.is_object() ? j.find("gpu_uuid") : j.end();
+  if (!j.is_object() || uuid == j.end() || !uuid->is_string() ||
+      !printable_id(uuid->get_ref<const std::string&>())) {
+    return Status::InvalidArgument("a worker without a printable gpu_uuid");
+  }
+  d.gpu_uuid = uuid->get<std::string>();
+  if (!byte_count(j, "free_bytes", &d.free_bytes) ||
+      !byte_count(j, "total_bytes", &d.total_bytes) || d.free_bytes > d.total_bytes) {
+    return Status::InvalidArgument("worker on " + d.gpu_uuid +
+                                   ": free_bytes/total_bytes missing or inconsistent");
+  }
+  return d;
+}
+}  // namespace
+
+Result<std::vector<WorkerDevice>> parse_device_info(const json& body) {
+  auto results = body.is_object() ? body.find("results") : body.end();
+  if (!body.is_object() || results == body.end() || !results->is_array() || results->empty() ||
+      results->size() > kDeviceWorkersMax) {
+    return Status::InvalidArgument("rc_device_info: expected {\"results\": [one per worker]}");
+  }
+  std::vector<WorkerDevice> out;
+  out.reserve(results->size());
+  for (const json& w : *results) {
+    Result<WorkerDevice> d = parse_worker_device(w);
+    if (!d.ok()) return Status::InvalidArgument("rc_device_info: " + d.status().message());
+    out.push_back(std::move(d).value());
+  }
+  return out;
+}
 // {"results": [{"weight_version": s, ...}, ...]}: at least one worker, all reporting one label.
 bool check_rpc_label(const json& j) {
   auto it = j.find("results");

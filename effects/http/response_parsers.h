@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "effects/http/engine_client.h"
+#include "statemachine/status.h"
 
 namespace rc::effects {
 
@@ -22,6 +24,7 @@ bool check_weight_info(const nlohmann::json& j);  // {"weight_version": short st
 bool check_status(const nlohmann::json& j);       // {"status": short string} (/pause, /resume)
 bool check_is_paused(const nlohmann::json& j);    // {"is_paused": bool}
 bool check_success(const nlohmann::json& j);      // {"success": bool}
+bool check_is_sleeping(const nlohmann::json& j);  // {"is_sleeping": bool}
 // {"results": [{"weight_version": s, ...}, ...]}: at least one worker, all reporting one label.
 bool check_rpc_label(const nlohmann::json& j);
 bool check_world_size(const nlohmann::json& j);  // {"world_size": integer > 0}
@@ -47,6 +50,17 @@ struct SseState {
   // The end of a 2xx stream: the last event (without its blank line) and the verdict in ev.
   void Finish(HttpEvidence& ev);
 };
+
+// One engine worker's device, as the worker extension's rc_device_info reports it.
+inline constexpr std::size_t kDeviceWorkersMax = 1024;  // workers one engine may report
+struct WorkerDevice {
+  std::string gpu_uuid;  // as torch prints it ("GPU-…"), what vLLM's ipc backend keys handles by
+  std::uint64_t free_bytes = 0;
+  std::uint64_t total_bytes = 0;
+};
+// A {"results": [{"gpu_uuid", "free_bytes", "total_bytes", ...}, ...]} reply: one entry per
+// worker, each UUID a short printable string, free <= total. Errors say what was wrong.
+[[nodiscard]] Result<std::vector<WorkerDevice>> parse_device_info(const nlohmann::json& body);
 
 // A label RPC reply: checks it and normalises the body to {"weight_version", "workers"
 // [, "instance"]}; `want` (when set) is the label every worker must report.
