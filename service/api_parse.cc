@@ -32,14 +32,14 @@ Status ValidateSyntheticSource(const std::string& uri) {
 Result<std::string> SourcePath(const std::string& uri) {
   std::string path;
   bool file_scheme = false;
-  for (const char* scheme : {"safetensors:", "ipc:"}) {
+  for (const char* scheme : {"safetensors:", "ipc:", "vllm-ipc:"}) {
     if (uri.rfind(scheme, 0) != 0) continue;
     path = uri.substr(std::strlen(scheme));
     file_scheme = true;
   }
   if (!file_scheme) {
     return Status::InvalidArgument(
-        "'source' must start with safetensors:, ipc: or synthetic: (got '" +
+        "'source' must start with safetensors:, ipc:, vllm-ipc: or synthetic: (got '" +
         Esc(uri.substr(0, kSourceEchoBytesMax)) + "')");
   }
   if (path.empty() || path.front() != '/') {
@@ -162,6 +162,31 @@ Result<RestoreRequested> ParseRestore(const json& body, SourceReader reader) {
 Result<RestoreRequested> ParseRestoreBody(const std::string& body, SourceReader reader) {
   auto parsed = ParseObject(body, false);
   return parsed.ok() ? ParseRestore(*parsed, reader) : Result<RestoreRequested>(parsed.status());
+}
+
+Result<SleepRequested> ParseSleepBody(const std::string& req_body) {
+  auto body = ParseObject(req_body, false);
+  if (!body.ok()) return body.status();
+  RC_RETURN_IF_ERROR(OnlyFields(*body, {"sleep_id", "level"}, ""));
+  auto id = GetString(*body, "sleep_id", true);
+  if (!id.ok()) return id.status();
+  auto level = GetInt(*body, "level", 0, 1, kSleepLevelMax);
+  if (!level.ok()) return level.status();
+  if (*level == 0) {  // absent or null: the fallback, below the range a value must be in
+    return Status::InvalidArgument(
+        "'level' is required: 1 (weights kept in host memory) or 2 "
+        "(weights discarded)");
+  }
+  return SleepRequested{*id, static_cast<std::uint8_t>(*level)};
+}
+
+Result<WakeRequested> ParseWakeBody(const std::string& req_body) {
+  auto body = ParseObject(req_body, false);
+  if (!body.ok()) return body.status();
+  RC_RETURN_IF_ERROR(OnlyFields(*body, {"wake_id"}, ""));
+  auto id = GetString(*body, "wake_id", true);
+  if (!id.ok()) return id.status();
+  return WakeRequested{*id};
 }
 
 Result<AdmitBody> ParseAdmitBody(const std::string& req_body, std::uint64_t admit_wait_ms,

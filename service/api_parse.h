@@ -35,6 +35,10 @@ Result<UpdateRequested> ParseUpdateBody(const std::string& body,
 Result<RestoreRequested> ParseRestoreBody(const std::string& body,
                                           SourceReader reader = SourceReader::kExecutor);
 
+// POST /v1/sleep: {"sleep_id", "level": 1|2}. POST /v1/wake: {"wake_id"}.
+Result<SleepRequested> ParseSleepBody(const std::string& body);
+Result<WakeRequested> ParseWakeBody(const std::string& body);
+
 // POST /v1/rollouts: {"rollout_id"?, "wait_ms"?, "lease_ms"?} ("" allowed: all defaults).
 struct AdmitBody {
   std::string rollout_id;  // "" = the executor names it

@@ -177,6 +177,15 @@ const std::array kKeys = {
               kDeadlines,
               "deadline of one whole weight transfer (ms)",
               {}},
+    ConfigKey{"sleep_timeout_ms",
+              "sleep-timeout-ms",
+              &C::sleep_timeout_ms,
+              1,
+              kDay,
+              kDeadlines,
+              "colocated mode: deadline of one /sleep (a level-1 sleep copies the weights to host "
+              "memory) and of each /wake_up (ms)",
+              {}},
     ConfigKey{"request_timeout_ms",
               "request-timeout-ms",
               &C::request_timeout_ms,
@@ -279,8 +288,10 @@ const std::array kKeys = {
               "http: the GPU-free start/update/finish sequence (tests, demo); nccl: the NCCL "
               "sender (needs a CUDA/NCCL build and a GPU); reload: the engine loads a "
               "safetensors:/path checkpoint from its own disk (vLLM's reload_weights; needs the "
-              "worker extension, no NCCL, no second GPU)",
-              "http|nccl|reload"},
+              "worker extension, no NCCL, no second GPU); ipc: colocated mode, the engine reads a "
+              "vllm-ipc:/path export of the trainer's CUDA tensors on the same GPU (vLLM's ipc "
+              "backend; needs the worker extension)",
+              "http|nccl|reload|ipc"},
     ConfigKey{"packed_buffer_size_bytes",
               "packed-buffer-size-bytes",
               &C::packed_buffer_size_bytes,

@@ -60,6 +60,7 @@ struct ServeConfig {
   std::uint64_t call_timeout_ms = 10000;
   std::uint64_t drain_timeout_ms = 120000;
   std::uint64_t transfer_timeout_ms = 600000;
+  std::uint64_t sleep_timeout_ms = 300000;
   std::uint64_t request_timeout_ms = 600000;   // one proxied generation, end to end
   std::uint64_t admit_wait_ms = 30000;         // a proxied request waits this long for READY
   std::uint32_t retry_after_s = 2;             // Retry-After on 503

@@ -49,6 +49,15 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> restores_tainted{0};
   std::atomic<std::uint64_t> restores_conflict{0};
   std::atomic<std::uint64_t> restores_replayed{0};
+  // Colocated sleeps and wake-ups answered, by outcome (committed, refused, tainted, conflict).
+  std::atomic<std::uint64_t> sleeps_committed{0};
+  std::atomic<std::uint64_t> sleeps_refused{0};
+  std::atomic<std::uint64_t> sleeps_tainted{0};
+  std::atomic<std::uint64_t> sleeps_conflict{0};
+  std::atomic<std::uint64_t> wakes_committed{0};
+  std::atomic<std::uint64_t> wakes_refused{0};
+  std::atomic<std::uint64_t> wakes_tainted{0};
+  std::atomic<std::uint64_t> wakes_conflict{0};
   std::atomic<std::uint64_t> admission_rejected_overloaded{0};  // group-commit queue full
   std::atomic<std::uint64_t> admission_rejected_failed{0};      // after fail-stop
   std::atomic<std::uint64_t> finish_retries{0};  // FinishDurably retries (queue full)

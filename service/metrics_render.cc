@@ -123,6 +123,8 @@ void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m
   constexpr const char* kRefused = "rolloutcore_admissions_refused_total";
   constexpr const char* kUpdates = "rolloutcore_updates_total";
   constexpr const char* kRestores = "rolloutcore_restores_total";
+  constexpr const char* kSleeps = "rolloutcore_sleeps_total";
+  constexpr const char* kWakes = "rolloutcore_wakes_total";
   const LabeledRow rows[] = {
       {kFinished, "rollouts finished, by outcome (journal)", "outcome", "completed",
        c.rollouts_completed},
@@ -148,6 +150,16 @@ void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m
       {kRestores, nullptr, "outcome", "tainted", m.restores_tainted.load()},
       {kRestores, nullptr, "outcome", "conflict", m.restores_conflict.load()},
       {kRestores, nullptr, "outcome", "replayed", m.restores_replayed.load()},
+      {kSleeps, "colocated sleep requests answered, by outcome", "outcome", "committed",
+       m.sleeps_committed.load()},
+      {kSleeps, nullptr, "outcome", "refused", m.sleeps_refused.load()},
+      {kSleeps, nullptr, "outcome", "tainted", m.sleeps_tainted.load()},
+      {kSleeps, nullptr, "outcome", "conflict", m.sleeps_conflict.load()},
+      {kWakes, "colocated wake-up requests answered, by outcome", "outcome", "committed",
+       m.wakes_committed.load()},
+      {kWakes, nullptr, "outcome", "refused", m.wakes_refused.load()},
+      {kWakes, nullptr, "outcome", "tainted", m.wakes_tainted.load()},
+      {kWakes, nullptr, "outcome", "conflict", m.wakes_conflict.load()},
   };
   for (const LabeledRow& r : rows) {
     if (r.help != nullptr) AppendHead(out, r.family, "counter", r.help);

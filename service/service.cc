@@ -21,6 +21,7 @@
 
 #include "effects/clock.h"
 #include "effects/http/checkpoint_reload.h"
+#include "effects/http/ipc_transfer.h"
 #include "effects/http/sequence_transfer.h"
 #include "effects/http/weight_digest.h"
 #include "encoding/sha256.h"
@@ -502,6 +503,11 @@ Result<Service::TransferInit> Service::MakeTransfer() {
     transfer_ = std::make_unique<effects::CheckpointReload>(*control_client_);
     return TransferInit([] { return Status::OK(); });
   }
+  if (config_.transfer == "ipc") {
+    // The engine initialises its ipc backend on the first transfer ({"init_info": {}}).
+    transfer_ = std::make_unique<effects::IpcTransfer>(*control_client_);
+    return TransferInit([] { return Status::OK(); });
+  }
   return MakeHttpTransfer();
 }
 
@@ -543,6 +549,7 @@ void Service::MakeRunner() {
   ro.executor_id = config_.executor_id;
   ro.drain_timeout_ms = config_.drain_timeout_ms;
   ro.transfer_timeout_ms = config_.transfer_timeout_ms;
+  ro.sleep_timeout_ms = config_.sleep_timeout_ms;
   ro.call_timeout_ms = config_.call_timeout_ms;
   runner_ = std::make_unique<effects::Runner>(*journal_, *http_control_, *transfer_,
                                               effects::system_clock(), ro);
@@ -706,7 +713,8 @@ void Service::LogTaint(const std::optional<TaintRecord>& taint, const char* cont
       Esc(taint->detail), ReplayHint(config_.journal_path));
 }
 
-// The engine monitor: while READY, probes the engine every engine_monitor_interval_ms and
+// The engine monitor: while READY (and while SLEEPING, without weight digests: a sleeper's
+// weights are not mapped), probes the engine every engine_monitor_interval_ms and
 // journals EngineMonitored only when it changes something (reachability toggles, another engine
 // process, another label, paused behind our back, or a pending recheck now confirmed), so the
 // journal does not grow with time. The fold decides what it means (docs/lifecycle.md).
@@ -731,8 +739,10 @@ bool Service::WaitBackgroundTick(std::chrono::milliseconds interval) {
 // One probe, compared with the state read before it; false once the executor fail-stopped.
 bool Service::MonitorOnce() {
   const State before = MonitorView(*journal_);
-  if (before.lifecycle != Lifecycle::kReady) return true;  // the runner owns the engine now
-  const EngineProbe probe = ProbeEngine();
+  const bool asleep = before.lifecycle == Lifecycle::kSleeping;
+  // Anything else, or a plan in flight: the runner owns the engine now.
+  if ((before.lifecycle != Lifecycle::kReady && !asleep) || before.update.has_value()) return true;
+  const EngineProbe probe = ProbeEngine(/*digest_allowed=*/!asleep);
   const EngineMonitored& p = probe.seen;
   const bool ok = p.http.ok_2xx();
   // The fold's own rule decides what matches; only a change is journaled.
@@ -776,9 +786,9 @@ bool Service::DigestCheckDue(std::int64_t now_wall_ms) {
 }
 
 // GET the engine's view once; what it saw is kept for /metrics and /readyz.
-Service::EngineProbe Service::ProbeEngine() {
+Service::EngineProbe Service::ProbeEngine(bool digest_allowed) {
   EngineProbe probe{control_client_->Monitor(), wall_ms()};
-  if (probe.seen.http.ok_2xx() && DigestCheckDue(probe.wall_ms)) {
+  if (digest_allowed && probe.seen.http.ok_2xx() && DigestCheckDue(probe.wall_ms)) {
     probe.seen.digest = effects::ReadWeightDigest(*control_client_);
   }
   const EngineMonitored& p = probe.seen;

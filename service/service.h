@@ -255,6 +255,8 @@ class Service {
   void HandleVersion(const ApiRequest& req, HttpResponse& res);
   void HandleUpdate(const ApiRequest& req, HttpResponse& res);
   void HandleRestore(const ApiRequest& req, HttpResponse& res);  // restore_api.cc
+  void HandleSleep(const ApiRequest& req, HttpResponse& res);    // sleep_api.cc
+  void HandleWake(const ApiRequest& req, HttpResponse& res);     // sleep_api.cc
   void HandleAdmit(const ApiRequest& req, HttpResponse& res);
   void HandleFinish(const ApiRequest& req, HttpResponse& res);
   void HandleWatch(const ApiRequest& req, HttpResponse& res);
@@ -311,6 +313,19 @@ class Service {
   void SendRestoreOutcome(HttpResponse& res, const RestoreRequested& request,
                           const UpdateEnded& ended, bool replayed);
 
+  // HandleSleep's and HandleWake's steps (sleep_api.cc): one plan that keeps the version.
+  struct SameVersionPlan {
+    Event request;                          // SleepRequested or WakeRequested
+    std::string id;                         // its sleep_id or wake_id
+    const char* what;                       // "sleep" or "wake-up"
+    nlohmann::json ids;                     // echoed in the answer
+    std::atomic<std::uint64_t>* counts[4];  // answers: committed, refused, tainted, conflict
+  };
+  bool ReplayedSameVersion(const SameVersionPlan& plan, HttpResponse& res);
+  void RunSameVersion(const SameVersionPlan& plan, HttpResponse& res);
+  void AnswerUnfinished(const SameVersionPlan& plan, bool journaled, const Status& st,
+                        HttpResponse& res);
+
   // Engine monitor (see MonitorLoop) and lease expiry; both stop on FailStop and Shutdown.
   void MonitorLoop();
   bool WaitBackgroundTick(std::chrono::milliseconds interval);
@@ -319,7 +334,7 @@ class Service {
     EngineMonitored seen;
     std::int64_t wall_ms = 0;  // when it was seen
   };
-  EngineProbe ProbeEngine();
+  EngineProbe ProbeEngine(bool digest_allowed);
   bool DigestCheckDue(std::int64_t now_wall_ms);
   bool WeightsDrifted(const State& before, const WeightDigest& d, std::int64_t now_wall_ms);
   bool JournalEngineChange(const EngineMonitored& m, std::int64_t now_wall_ms);
@@ -337,6 +352,7 @@ class Service {
   void LogInterruptedUpdateEnd(const UpdatePlan& update) const;
   // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
   bool SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res);
+  [[nodiscard]] Result<std::string> ExecutorSourceManifest(const std::string& uri) const;
   std::uint64_t UpdatesRequested() const;
   void LogTaint(const std::optional<TaintRecord>& taint, const char* context) const;
   bool Authorized(const ApiRequest& req, HttpResponse& res);

@@ -39,7 +39,9 @@ inline nlohmann::json TimingsJson(const effects::PhaseTimings& t) {
   return {{"drain_us", t.drain_us},       {"preflight_us", t.preflight_us},
           {"transfer_us", t.transfer_us}, {"invalidate_us", t.invalidate_us},
           {"validate_us", t.validate_us}, {"resume_us", t.resume_us},
-          {"journal_us", t.journal_us},   {"total_us", t.total_us}};
+          {"sleep_us", t.sleep_us},       {"wake_weights_us", t.wake_weights_us},
+          {"wake_kv_us", t.wake_kv_us},   {"journal_us", t.journal_us},
+          {"total_us", t.total_us}};
 }
 
 // The HTTP status an ended update or restore answers with.

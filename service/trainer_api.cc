@@ -8,6 +8,7 @@
 #include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
+#include "effects/http/ipc_transfer.h"
 #include "effects/nccl/weight_source.h"
 #include "journal/json.h"
 #include "service/api_parse.h"
@@ -72,7 +73,10 @@ json SummaryJson(const State& s, const DurableHead& head) {
   if (s.update) {
     j["update"] = {{"update_id", s.update->update_id},
                    {"target", journal::WeightVersionToJson(s.update->target)},
-                   {"restore", s.update->restore}};
+                   {"restore", s.update->restore},
+                   {"sleep_level", s.update->sleep_level},
+                   {"wake", s.update->wake_only},
+                   {"from_sleep", s.update->from_sleep}};
   } else {
     j["update"] = nullptr;
   }
@@ -95,7 +99,10 @@ json SummaryJson(const State& s, const DurableHead& head) {
                    {"updates_refused", s.counters.updates_refused},
                    {"recoveries", s.counters.recoveries},
                    {"restores_requested", s.counters.restores_requested},
-                   {"restores_committed", s.counters.restores_committed}};
+                   {"restores_committed", s.counters.restores_committed},
+                   {"sleeps_committed", s.counters.sleeps_committed},
+                   {"wakes_committed", s.counters.wakes_committed}};
+  j["sleep_level"] = s.sleep_level;
   return j;
 }
 
@@ -193,8 +200,22 @@ std::uint64_t Service::UpdatesRequested() const {
   return n;
 }
 
+// The manifest of a source this executor reads: a colocated export, or what the NCCL sender (and
+// the GPU-free transfer) read. Each transfer takes only its own kind of source.
+Result<std::string> Service::ExecutorSourceManifest(const std::string& uri) const {
+  const bool colocated = uri.rfind(effects::kVllmIpcScheme, 0) == 0;
+  if (colocated != (config_.transfer == "ipc")) {
+    return Status::InvalidArgument(colocated ? "a vllm-ipc: source needs transfer 'ipc'"
+                                             : "transfer 'ipc' takes vllm-ipc: sources only");
+  }
+  if (!colocated) return effects::nccl::SourceManifestDigest(uri);
+  Result<effects::VllmIpcFile> file = effects::ReadVllmIpcFile(uri);
+  if (!file.ok()) return file.status();
+  return file->manifest.digest();
+}
+
 bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res) {
-  Result<std::string> digest = effects::nccl::SourceManifestDigest(request.source_uri);
+  Result<std::string> digest = ExecutorSourceManifest(request.source_uri);
   if (!digest.ok()) {
     metrics_.bad_requests++;
     SendError(res, 400, "invalid_source", "'source': " + digest.status().message());
@@ -646,6 +667,8 @@ HttpRouter Service::Routes() {
   r.Blocking(verb::get, "/v1/version", bind(&Service::HandleVersion));
   r.Blocking(verb::post, "/v1/updates", bind(&Service::HandleUpdate));
   r.Blocking(verb::post, "/v1/restores", bind(&Service::HandleRestore));
+  r.Blocking(verb::post, "/v1/sleep", bind(&Service::HandleSleep));
+  r.Blocking(verb::post, "/v1/wake", bind(&Service::HandleWake));
   r.Blocking(verb::post, "/v1/rollouts", bind(&Service::HandleAdmit));
   r.Blocking(verb::delete_, "/v1/rollouts/*", bind(&Service::HandleFinish));
   r.Blocking(verb::get, "/v1/watch", bind(&Service::HandleWatch));

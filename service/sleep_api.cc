@@ -1,0 +1,178 @@
+// POST /v1/sleep and POST /v1/wake: colocated mode (docs/lifecycle.md, "Colocated mode"). A sleep
+// drains the engine and releases its GPU memory to a trainer on the same GPU; a wake-up brings a
+// level-1 sleeper back on the weights it holds, validated before it serves. An update from a
+// sleeping engine goes through POST /v1/updates. One update, restore, sleep or wake-up runs at a
+// time; a re-POST of one that ended answers what the journal recorded.
+#include <algorithm>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "service/api_parse.h"
+#include "service/http_util.h"
+#include "service/service.h"
+#include "service/service_internal.h"
+
+namespace rc::service {
+
+using nlohmann::json;
+using namespace internal;  // NOLINT: the service's own helpers
+
+namespace {
+
+// Which answer counter an outcome increments: committed, refused, tainted.
+std::size_t outcome_slot(UpdateOutcome o) {
+  switch (o) {
+    case UpdateOutcome::kCommitted:
+      return 0;
+    case UpdateOutcome::kRefused:
+      return 1;
+    case UpdateOutcome::kTainted:
+      return 2;
+  }
+  return 2;
+}
+
+constexpr std::size_t kConflictSlot = 3;
+
+// What the engine's workers reported freed by the sleep (null when they did not report).
+json FreedBytes(const DeviceMemory& m) {
+  if (!m.known) return nullptr;
+  return static_cast<std::int64_t>(m.free_bytes_after) -
+         static_cast<std::int64_t>(m.free_bytes_before);
+}
+
+std::uint64_t Requested(journal::Journal& j, bool sleeps) {
+  std::uint64_t n = 0;
+  j.ReadState([&](const State& s) {
+    n = sleeps ? s.counters.sleeps_requested : s.counters.wakes_requested;
+  });
+  return n;
+}
+
+}  // namespace
+
+void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
+  Result<SleepRequested> request = ParseSleepBody(req.body());
+  if (!request.ok()) {
+    metrics_.bad_requests++;
+    SendStatus(res, request.status());
+    return;
+  }
+  SameVersionPlan plan{*request,
+                       request->sleep_id,
+                       "sleep",
+                       json{{"sleep_id", request->sleep_id}, {"level", request->level}},
+                       {&metrics_.sleeps_committed, &metrics_.sleeps_refused,
+                        &metrics_.sleeps_tainted, &metrics_.sleeps_conflict}};
+  if (RefusedFailStopped(res)) return;
+  std::unique_lock<std::timed_mutex> lock;
+  if (!TookUpdateSlot(lock, metrics_.sleeps_conflict, res)) return;
+  if (RefusedFailStopped(res) || ReplayedSameVersion(plan, res)) return;
+  RunSameVersion(plan, res);
+}
+
+void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
+  Result<WakeRequested> request = ParseWakeBody(req.body());
+  if (!request.ok()) {
+    metrics_.bad_requests++;
+    SendStatus(res, request.status());
+    return;
+  }
+  SameVersionPlan plan{*request,
+                       request->wake_id,
+                       "wake-up",
+                       json{{"wake_id", request->wake_id}},
+                       {&metrics_.wakes_committed, &metrics_.wakes_refused, &metrics_.wakes_tainted,
+                        &metrics_.wakes_conflict}};
+  if (RefusedFailStopped(res)) return;
+  std::unique_lock<std::timed_mutex> lock;
+  if (!TookUpdateSlot(lock, metrics_.wakes_conflict, res)) return;
+  if (RefusedFailStopped(res) || ReplayedSameVersion(plan, res)) return;
+  RunSameVersion(plan, res);
+}
+
+// An id the journal already holds: its recorded outcome, or 409 for another body.
+bool Service::ReplayedSameVersion(const SameVersionPlan& plan, HttpResponse& res) {
+  auto answer = [&](const Event& recorded, const std::optional<UpdateEnded>& ended) {
+    if (!ended) return false;
+    if (!(recorded == plan.request)) {
+      (*plan.counts[kConflictSlot])++;
+      SendError(res, 409, "conflict",
+                "'" + plan.id + "' was already used for another request; choose a new id");
+      return true;
+    }
+    SendOutcome(res, plan.ids, *ended, /*replayed=*/true);
+    return true;
+  };
+  const std::uint64_t head = CatchUpDurableHead().seq;
+  if (std::holds_alternative<SleepRequested>(plan.request)) {
+    auto found = LookUpRequest<SleepRequested>(*journal_, plan.id, head, kUpdateLookupRecordsMax,
+                                               [](const SleepRequested& r) { return r.sleep_id; });
+    return found.ok() && found->request && answer(Event(*found->request), found->ended);
+  }
+  auto found = LookUpRequest<WakeRequested>(*journal_, plan.id, head, kUpdateLookupRecordsMax,
+                                            [](const WakeRequested& r) { return r.wake_id; });
+  return found.ok() && found->request && answer(Event(*found->request), found->ended);
+}
+
+// Drives the sleep or wake-up to its end and answers; the caller holds update_mu_.
+void Service::RunSameVersion(const SameVersionPlan& plan, HttpResponse& res) {
+  const bool sleep = std::holds_alternative<SleepRequested>(plan.request);
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_ = plan.id;
+  }
+  spdlog::info("serve: {} '{}' requested", plan.what, Esc(plan.id));
+  const std::uint64_t requested_before = Requested(*journal_, sleep);
+  Result<UpdateEnded> ended = sleep ? runner_->Sleep(std::get<SleepRequested>(plan.request))
+                                    : runner_->Wake(std::get<WakeRequested>(plan.request));
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_.clear();
+    last_timings_ = runner_->last_timings();
+  }
+  NotifyLifecycle(journal_->head_seq());
+  if (!ended.ok()) {
+    return AnswerUnfinished(plan, Requested(*journal_, sleep) > requested_before, ended.status(),
+                            res);
+  }
+  RC_CHECK(ended->update_id == plan.id);
+  (*plan.counts[outcome_slot(ended->outcome)])++;
+  if (ended->outcome != UpdateOutcome::kCommitted) {
+    spdlog::warn("serve: {} '{}' {}: {}", plan.what, Esc(plan.id),
+                 update_outcome_name(ended->outcome), Esc(ended->reason));
+  }
+  json ids = plan.ids;
+  if (sleep) ids["freed_bytes"] = FreedBytes(runner_->last_sleep_memory());
+  SendOutcome(res, std::move(ids), *ended, /*replayed=*/false);
+}
+
+// Refused before anything was journaled (not READY, not asleep, a level-2 wake-up, bad input):
+// the fold's words. Journaled without an end: the outcome is unknown, the executor fail-stops.
+void Service::AnswerUnfinished(const SameVersionPlan& plan, bool journaled, const Status& st,
+                               HttpResponse& res) {
+  RC_CHECK(!st.ok());
+  const Code code = st.code();
+  if (!journaled &&
+      (code == Code::kRejected || code == Code::kConflict || code == Code::kInvalidArgument)) {
+    (*plan.counts[kConflictSlot])++;
+    spdlog::warn("serve: {} '{}' refused before anything was journaled: {}", plan.what,
+                 Esc(plan.id), Esc(st.ToString()));
+    SendStatus(res, st);
+    return;
+  }
+  metrics_.updates_outcome_unknown++;
+  FailStop(std::string(plan.what) + " '" + plan.id +
+           "' did not reach a recorded outcome: " + st.ToString());
+  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  SendError(res, 503, "outcome_unknown",
+            std::string("the outcome of ") + plan.what + " '" + plan.id + "' is unknown (" +
+                st.ToString() +
+                "); the executor fail-stopped and recovers on restart: re-POST the same id then "
+                "to read the recorded outcome");
+}
+
+}  // namespace rc::service
