@@ -105,7 +105,9 @@ class IpcExport:
     alone does not keep the memory alive. So this object holds a strong reference to every
     exported tensor until `release()`, which the trainer calls only once the update's answer
     (committed, refused or tainted) has arrived, and must not modify them before then. Use it as
-    a context manager to release on exit.
+    a context manager to release on exit. (After a tainted update vLLM may still hold the tensors
+    of the failed attempt, docs/vllm-protocol.md §8.1; torch keeps their blocks from reuse until
+    it lets go, whatever this object does.)
     """
 
     def __init__(self, path, names, dtype_names, shapes, gpu_uuids, tensors, nbytes):
