@@ -27,7 +27,8 @@ class UpdateConflict(RolloutCoreError):
 
 
 class UpdateFailed(RolloutCoreError):
-    """The update ended refused (422) or tainted (500); `outcome` and `reason` say which/why."""
+    """The update (restore, sleep, wake) ended refused (422) or tainted (500); `outcome` and
+    `reason` say which/why."""
 
     @property
     def outcome(self) -> Optional[str]:
@@ -39,11 +40,11 @@ class UpdateFailed(RolloutCoreError):
 
 
 class OutcomeUnknown(RolloutCoreError):
-    """503 outcome_unknown: the executor fail-stopped before the update's outcome was durable.
+    """503 outcome_unknown: the executor fail-stopped before the request's outcome was durable.
 
-    Nothing was decided for the trainer: once the executor is back, call `update(...)` again with
-    the SAME `update_id` (`self.update_id`) to read the outcome that was recorded; never assume
-    the update failed.
+    Nothing was decided for the trainer: once the executor is back, make the same call again
+    with the SAME id (`self.update_id`: the update_id, restore_id, sleep_id or wake_id sent) to
+    read the outcome that was recorded; never assume the request failed.
     """
 
     @property
@@ -100,6 +101,12 @@ class RolloutBinding:
         return self.version["generation"]
 
 
+# The routes that answer an outcome body (committed / refused / tainted), and their id fields.
+_OUTCOME_ROUTES = ("/v1/updates", "/v1/restores", "/v1/sleep", "/v1/wake")
+_REQUEST_IDS = ("update_id", "restore_id", "sleep_id", "wake_id")
+SLEEP_LEVELS = (1, 2)
+
+
 class Client:
     """Client(url, token): the trainer's handle on one `rolloutcore serve` process."""
 
@@ -135,14 +142,13 @@ class Client:
             if e.code == 409:
                 raise UpdateConflict(e.code, message, doc) from None
             if e.code == 503 and isinstance(err, dict) and err.get("type") == "outcome_unknown":
-                doc.setdefault("update_id", (body or {}).get("update_id") or
-                               (body or {}).get("restore_id", ""))
+                sent = body or {}
+                doc.setdefault("update_id", next((sent[k] for k in _REQUEST_IDS if sent.get(k)), ""))
                 raise OutcomeUnknown(e.code, message, doc) from None
             if e.code == 503:
                 ra = e.headers.get("Retry-After")
                 raise Unavailable(e.code, message, doc, int(ra) if ra else None) from None
-            if (path.startswith("/v1/updates") or path.startswith("/v1/restores")) and \
-                    e.code in (422, 500) and "outcome" in doc:
+            if path.startswith(_OUTCOME_ROUTES) and e.code in (422, 500) and "outcome" in doc:
                 raise UpdateFailed(e.code, message, doc) from None
             raise RolloutCoreError(e.code, message, doc) from None
 
@@ -166,7 +172,12 @@ class Client:
 
         Raises UpdateFailed (refused/tainted, with .outcome and .reason), UpdateConflict (409),
         OutcomeUnknown (503: the executor stopped before the outcome was durable).
-        `source`: "safetensors:/path", "ipc:/path/handles.json" or "synthetic:<n>x<dim>".
+        `source`: "safetensors:/path", "ipc:/path/handles.json", "vllm-ipc:/path/handles.json"
+        or "synthetic:<n>x<dim>". A `vllm-ipc:` source (rolloutcore.export_vllm_ipc) is the
+        colocated path: the engine sleeps (`sleep()`), and the update wakes its weights, has vLLM
+        read the trainer's GPU memory in place, and wakes its KV cache once the new version is
+        proven. Keep the exported tensors alive and unchanged until this call has returned or
+        raised (`IpcExport.release()` after it).
 
         `update_id` is the idempotency key: the same id with the same body answers the outcome
         recorded for it (a retry after a lost answer or an OutcomeUnknown); the same id with
@@ -215,6 +226,41 @@ class Client:
             body["source"] = source
         return self._request("POST", "/v1/restores", body, timeout_s=self.update_timeout_s,
                              auth=True)
+
+    def sleep(self, level: int, sleep_id: Optional[str] = None) -> dict:
+        """Colocated mode: drains the engine (rollouts in flight finish, none is admitted) and
+        puts it to sleep so the trainer can use its GPU memory; returns once it sleeps
+        (`lifecycle` "SLEEPING", `freed_bytes` as the engine's free memory changed, or None).
+
+        `level` 1 keeps the weights in host memory (`wake()` restores them, or an update replaces
+        them); 2 discards them, so only an update covering every parameter wakes it. Do not
+        allocate on the GPU until this returns: vLLM measures what its sleep freed and fails if
+        free memory shrank meanwhile.
+
+        Raises UpdateConflict (409: not READY, or the id was used for another request),
+        UpdateFailed (refused/tainted, with .outcome and .reason), OutcomeUnknown (503; retry
+        with the same `sleep_id`, default a fresh `sleep-<uuid>`), Unavailable (503).
+        """
+        if isinstance(level, bool) or level not in SLEEP_LEVELS:
+            raise ValueError(f"sleep(): level must be one of {SLEEP_LEVELS}, not {level!r}")
+        if sleep_id is None:
+            sleep_id = f"sleep-{uuid.uuid4().hex}"
+        return self._request("POST", "/v1/sleep", {"sleep_id": sleep_id, "level": level},
+                             timeout_s=self.update_timeout_s, auth=True)
+
+    def wake(self, wake_id: Optional[str] = None) -> dict:
+        """Wakes an engine asleep at level 1 on the version it served, without an update: the
+        weights come back from host memory and must prove equal to the committed ones (label and
+        weight digest) before it serves again; returns once it is READY.
+
+        Raises UpdateConflict (409: not SLEEPING at level 1 — after level 2 only an update wakes
+        it), UpdateFailed (refused/tainted), OutcomeUnknown (503; retry with the same `wake_id`,
+        default a fresh `wake-<uuid>`), Unavailable (503).
+        """
+        if wake_id is None:
+            wake_id = f"wake-{uuid.uuid4().hex}"
+        return self._request("POST", "/v1/wake", {"wake_id": wake_id},
+                             timeout_s=self.update_timeout_s, auth=True)
 
     def admit(self, rollout_id: Optional[str] = None, wait_ms: Optional[int] = None,
               lease_ms: Optional[int] = None) -> RolloutBinding:

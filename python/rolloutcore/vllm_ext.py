@@ -1,4 +1,5 @@
-"""RolloutCore's vLLM worker extension: the weight-version label for vLLM 0.25.x.
+"""RolloutCore's vLLM worker extension: the weight-version label for vLLM 0.25.x, the weight digest,
+the checkpoint manifest and the device the engine runs on.
 
 vLLM 0.25.x has no ``GET /weight_info`` or ``POST /update_weight_version`` (they came later), so
 the engine cannot say which weights it serves. Start it with
@@ -13,14 +14,18 @@ and RolloutCore reads and writes the label through vLLM's ``POST /collective_rpc
     {"method": "rc_set_weight_version", "args": [label]} -> the same, after setting it
     {"method": "rc_weight_digest"}                       -> {"results": [{"tensors", "combined", ...}]}
     {"method": "rc_checkpoint_manifest", "args": [path]} -> {"results": [{"manifest_digest", ...}]}
+    {"method": "rc_device_info"}                         -> {"results": [{"gpu_uuid", "free_bytes", ..}]}
 
 ``rc_checkpoint_manifest`` describes a checkpoint on the engine's own disk before RolloutCore asks
 vLLM's native ``reload_weights`` to load it (effects/http/checkpoint_reload.h).
 
 The label lives in the worker processes: a restarted engine reports "default" again and new
 instance nonces (one per worker process), which is how RolloutCore tells a restarted engine from
-the one it published weights to. Nothing here changes the weights or the caches;
-``rc_weight_digest`` reads every parameter (rolloutcore.digest, ~10 ms for 16 GB on an H200).
+the one it published weights to. ``rc_device_info`` names each worker's GPU the way vLLM's ipc
+backend looks it up in a handle dict, and its free memory (colocated mode: RolloutCore checks a
+``vllm-ipc:`` file against the UUIDs and measures what a sleep freed). Nothing here changes the
+weights or the caches; ``rc_weight_digest`` reads every parameter (rolloutcore.digest, ~10 ms
+for 16 GB on an H200).
 """
 
 import os
@@ -74,6 +79,20 @@ class RolloutCoreWorkerExtension:
         out["instance"] = self.rc_instance()
         return out
 
+    def rc_device_info(self) -> dict:
+        """This worker's GPU and its memory now: {"gpu_uuid", "free_bytes", "total_bytes",
+        "rank", "instance"}. ``gpu_uuid`` is ``str(torch.cuda.get_device_properties(dev).uuid)``
+        of the worker's own device, the exact key vLLM's ipc receiver looks up in every handle
+        dict; the byte counts are ``torch.cuda.mem_get_info`` and device-wide (a colocated
+        trainer's memory is not free). Allocates nothing, so it answers while the engine sleeps."""
+        import torch  # imported only when asked, like the digest
+
+        dev = _device_index(self, torch)
+        free_bytes, total_bytes = torch.cuda.mem_get_info(dev)
+        return {"gpu_uuid": str(torch.cuda.get_device_properties(dev).uuid),
+                "free_bytes": int(free_bytes), "total_bytes": int(total_bytes),
+                "rank": int(getattr(self, "rank", 0)), "instance": self.rc_instance()}
+
     def rc_checkpoint_manifest(self, path: str) -> dict:
         """What vLLM's ``reload_weights(weights_path=...)`` would load for the checkpoint at
         ``path`` (a .safetensors file alone in its directory, or a directory), read from the
@@ -98,3 +117,13 @@ class RolloutCoreWorkerExtension:
         except Exception as e:  # noqa: BLE001 - the RPC must answer; the type only, no content
             out["error"] = f"rc_checkpoint_manifest failed: {type(e).__name__}"
         return out
+
+
+def _device_index(worker, torch) -> int:
+    """The CUDA device the worker's model lives on: vLLM sets ``worker.device`` ("cuda:N") when
+    it initialises the device, and its ipc receiver uses that index; else the current device."""
+    device = getattr(worker, "device", None)
+    index = getattr(device, "index", None)
+    if getattr(device, "type", None) == "cuda" and index is not None:
+        return int(index)
+    return torch.cuda.current_device()

@@ -1,5 +1,7 @@
 """RolloutCore's vLLM worker extension (rolloutcore.vllm_ext), and the double's model of it."""
 import json
+import sys
+import types
 import urllib.error
 import urllib.request
 
@@ -77,3 +79,66 @@ def test_double_answers_like_the_extension(engine):
     with pytest.raises(urllib.error.HTTPError) as e:
         rpc(engine, "not_a_worker_method")
     assert e.value.code == 500
+
+
+class _Uuid:
+    def __str__(self):
+        return "GPU-5f0c1f3e-0000-1111-2222-333344445555"
+
+    def __repr__(self):
+        return "<not the form vLLM uses>"
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A stand-in torch.cuda that records which device each call named."""
+    asked = {"mem_get_info": [], "props": []}
+
+    def mem_get_info(dev):
+        asked["mem_get_info"].append(dev)
+        return (7 << 30, 80 << 30)
+
+    def props(dev):
+        asked["props"].append(dev)
+        return types.SimpleNamespace(uuid=_Uuid())
+
+    cuda = types.SimpleNamespace(mem_get_info=mem_get_info, get_device_properties=props,
+                                 current_device=lambda: 5)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    return asked
+
+
+def test_device_info_names_the_workers_own_gpu_as_vllms_ipc_receiver_does(fake_cuda):
+    # Proves rc_device_info answers str(get_device_properties(<the worker's device>).uuid) and
+    # that device's mem_get_info, with exactly the spec's keys; would catch repr() of the UUID
+    # or the current device instead of the worker's, either of which makes RolloutCore's
+    # preflight compare the handle file against a UUID vLLM does not look up.
+    w = FakeWorker(1)
+    w.device = types.SimpleNamespace(type="cuda", index=2)
+    info = w.rc_device_info()
+    assert info == {"gpu_uuid": "GPU-5f0c1f3e-0000-1111-2222-333344445555",
+                    "free_bytes": 7 << 30, "total_bytes": 80 << 30, "rank": 1,
+                    "instance": w.rc_instance()}
+    assert fake_cuda == {"mem_get_info": [2], "props": [2]}
+
+
+def test_device_info_without_a_device_uses_the_current_one(fake_cuda):
+    # Proves a worker whose device is not set yet falls back to the current CUDA device rather
+    # than failing; would catch an RPC that raises (500) on a worker vLLM set up differently.
+    assert FakeWorker(0).rc_device_info()["free_bytes"] == 7 << 30
+    assert fake_cuda == {"mem_get_info": [5], "props": [5]}
+
+
+def test_double_answers_device_info_like_the_extension(engine):
+    # Proves the double's rc_device_info answer has this class's keys per worker; would catch the
+    # C++ preflight being tested against a shape the real extension does not produce.
+    try:
+        got = rpc(engine, "rc_device_info")["results"]
+    except urllib.error.HTTPError as e:
+        if e.code == 500:
+            pytest.skip("this build's vllm-double does not model rc_device_info")
+        raise
+    assert [sorted(r) for r in got] == [["free_bytes", "gpu_uuid", "instance", "rank",
+                                         "total_bytes"]]
+    assert isinstance(got[0]["gpu_uuid"], str) and got[0]["gpu_uuid"]
+    assert 0 <= got[0]["free_bytes"] <= got[0]["total_bytes"]

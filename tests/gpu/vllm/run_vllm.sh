@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # The real-vLLM experiments (docs/experiments.md). Parts 125m, 8b and serve need one host with two
 # GPUs: vLLM on GPU 1, the RolloutCore driver (rank 0, the sender) on GPU 0. Parts proof125m and
-# proof8b need ONE GPU: vLLM on GPU 0 reloads checkpoints from its own disk (proof.py). What to
-# install and build first: tests/gpu/vllm/README.md. Run from the repository root.
+# proof8b need ONE GPU: vLLM on GPU 0 reloads checkpoints from its own disk (proof.py). Parts
+# colocated125m and colocated8b need ONE GPU too: vLLM (sleep mode, ipc weight transfer) and a
+# torch trainer share GPU 0 (colocated.py). What to install and build first:
+# tests/gpu/vllm/README.md. Run from the repository root.
 #   Usage: [RESIDENT=1] [RC_BUILD_DIR=build-gpu] [RC_WORKDIR=DIR] [RC_VLLM_PORT=8000] \
 #          tests/gpu/vllm/run_vllm.sh PART [budget_s]
 #   PART: 125m (E1-E5, E7 at 125M) | 8b (E2, E6, E7 at 8B) | serve (rolloutcore serve beside vLLM)
 #         | proof125m | proof8b (proof of content, P0-P9 of proof.py, one GPU)
+#         | colocated125m | colocated8b (colocated mode, C0-C7 of colocated.py, one GPU)
 #   RESIDENT=1: the driver sends from GPU 0 memory (as a trainer would), not from the file.
 #   RC_WORKDIR: models, engine logs and gate files (default: a fresh mktemp -d, so two runs never
 #   share a path); everything is appended to ONE log, $OUT/vllm.log if OUT is set, else
-#   $RC_WORKDIR/vllm.log (proof parts: PART.log, plus servePART.log and vllmPART.log, the serve and
-#   engine logs trimmed to their last 200 KB).
+#   $RC_WORKDIR/vllm.log (proof and colocated parts: PART.log, plus servePART.log and vllmPART.log,
+#   the serve and engine logs trimmed to their last 200 KB).
 # vLLM 0.25.1 has no /weight_info: it is started with RolloutCore's worker extension
 # (python/rolloutcore/vllm_ext.py), which keeps the label RolloutCore reads over /collective_rpc.
 set -u
-PART=${1:?part: 125m, 8b, serve, proof125m or proof8b}; BUDGET=${2:-560}
+PART=${1:?part: 125m, 8b, serve, proof125m, proof8b, colocated125m or colocated8b}; BUDGET=${2:-560}
 BUILD=${RC_BUILD_DIR:-build-gpu}
 W=${RC_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/rc_vllm_XXXXXX")}
 mkdir -p "$W" || exit 3
-case $PART in proof*) LOG=${OUT:-$W}/$PART.log ;; *) LOG=${OUT:-$W}/vllm.log ;; esac
+case $PART in proof*|colocated*) LOG=${OUT:-$W}/$PART.log ;; *) LOG=${OUT:-$W}/vllm.log ;; esac
 echo "run_vllm.sh: files in $W, log $LOG"
 exec >>"$LOG" 2>&1
 T0=$(date +%s.%N)
@@ -51,6 +54,25 @@ if [ "$PART" = proof125m ] || [ "$PART" = proof8b ]; then
   say "proof.py exit $?"
   [ -s "$PW/engine.pgid" ] && kill -9 -- -"$(cat "$PW/engine.pgid")" 2>/dev/null
   for f in serve engine; do [ -e "$PW/$f.log" ] && tail -c 200000 "$PW/$f.log" > "${OUT:-$W}/${f/engine/vllm}$SIZE.log"; done
+  say done; exit 0
+fi
+if [ "$PART" = colocated125m ] || [ "$PART" = colocated8b ]; then
+  # One GPU shared by vLLM (--enable-sleep-mode, ipc weight transfer) and the trainer, which is
+  # colocated.py itself; it starts vLLM and serve --transfer ipc and prints its provenance (C0).
+  SIZE=${PART#colocated}; PW=$W/c$SIZE
+  [ -x "$BUILD/cli/rolloutcore" ] || { say "build $BUILD/cli/rolloutcore first (tests/gpu/vllm/README.md)"; exit 3; }
+  # vLLM's ipc backend module imports these at the top: without them the engine cannot start.
+  python3 -c "import ray, pybase64, requests" 2>/dev/null ||
+    { say "vLLM's ipc weight transfer needs ray, pybase64 and requests importable: pip install them"; exit 3; }
+  rcwrap; sha256sum "$BUILD/cli/rolloutcore"; git log -1 --format='rolloutcore %H' 2>/dev/null
+  say "colocated: the trainer side alone first (export, a receiver opening the handles as vLLM does)"
+  timeout -s KILL 120 python3 $HERE/colocated.py --ipc-check "$PW/ipc-check"; say "ipc-check exit $?"
+  say "colocated $SIZE: vLLM and a torch trainer on GPU 0, rolloutcore serve --transfer ipc"
+  REM=$(python3 -c "print(int($BUDGET - $(el)))")
+  RC_COLO_BUDGET_S=$((REM - 20)) timeout -s KILL "$((REM - 5))" python3 $HERE/colocated.py "$W/rc.sh" "$SIZE" "$PW"
+  say "colocated.py exit $?"
+  [ -s "$PW/engine.pgid" ] && kill -9 -- -"$(cat "$PW/engine.pgid")" 2>/dev/null
+  for f in serve engine; do [ -e "$PW/$f.log" ] && tail -c 200000 "$PW/$f.log" > "${OUT:-$W}/${f/engine/vllm}$PART.log"; done
   say done; exit 0
 fi
 [ -x "$BUILD/tests/gpu/vllm_driver" ] || { say "build $BUILD/tests/gpu/vllm_driver first (tests/gpu/vllm/README.md)"; exit 3; }
