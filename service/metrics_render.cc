@@ -249,13 +249,16 @@ void AppendProxyCounters(std::string& out, const ServiceMetrics& m) {
 
 void AppendUpdatePhases(std::string& out, const effects::PhaseTimings& t) {
   AppendHead(out, "rolloutcore_update_phase_seconds", "gauge",
-             "phase durations of the last update");
+             "phase durations of the last update, restore, sleep or wake-up");
   for (auto [phase, us] : {std::pair{"drain", t.drain_us},
                            {"preflight", t.preflight_us},
                            {"transfer", t.transfer_us},
                            {"invalidate", t.invalidate_us},
                            {"validate", t.validate_us},
                            {"resume", t.resume_us},
+                           {"sleep", t.sleep_us},
+                           {"wake_weights", t.wake_weights_us},
+                           {"wake_kv", t.wake_kv_us},
                            {"journal", t.journal_us},
                            {"total", t.total_us}}) {
     AppendSample(out, Series("rolloutcore_update_phase_seconds", "phase", phase),
