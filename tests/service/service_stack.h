@@ -59,6 +59,8 @@ struct StackOptions {
   bool fault_env = false;  // the journal over a journal::testing::FaultEnv
   // Applied last: a test's own settings (http_threads, deadlines, ...).
   std::function<void(ServeConfig&)> tweak;
+  // Applied last to the engine double's options (colocated mode: the ipc backend, sleep mode).
+  std::function<void(fixtures::VllmDoubleOptions&)> engine_tweak;
 };
 
 class ServiceStack {
@@ -87,6 +89,7 @@ class ServiceStack {
     eo.http_threads = options_.engine_http_threads;
     eo.max_num_seqs = std::max(eo.max_num_seqs, options_.engine_http_threads);
     eo.max_model_len = options_.engine_max_model_len;
+    if (options_.engine_tweak) options_.engine_tweak(eo);
     return eo;
   }
 

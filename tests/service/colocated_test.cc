@@ -1,0 +1,267 @@
+// Colocated mode end to end: `serve --transfer ipc` against the vLLM double with vLLM 0.25.1's
+// ipc backend and sleep routes, a real journal and loopback HTTP. A sleep drains and releases
+// the engine; nothing is admitted while it sleeps; an update from sleep (a vllm-ipc: file of the
+// trainer's handles) or a level-1 wake-up brings it back only through validation; every failure
+// leaves the engine asleep (nothing changed), serving (the sleep was never done) or TAINTED.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "effects/http/engine_client.h"
+#include "effects/http/weight_digest.h"
+#include "encoding/base64.h"
+#include "fixtures/vllm_double.h"
+#include "service/service.h"
+#include "tests/service/service_stack.h"
+
+namespace rc::service {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kToken = "colocated-token";
+constexpr int kTensors = 4;  // the bootstrap's synthetic:4x64 layout
+
+json Answer(const httplib::Result& r) {
+  if (!r) return json{{"http", -1}};
+  json out = json::parse(r->body, nullptr, false);
+  if (!out.is_object()) out = json::object();
+  out["http"] = r->status;
+  return out;
+}
+
+// A real (protocol 2) pickle of [{uuid: "<step's handles>"}] per tensor: the shape of vLLM's
+// unpacked ipc_handles, with a string standing in for torch's rebuild arguments.
+std::string PickleString(const std::string& s) {
+  std::string out = "X";
+  for (int i = 0; i < 4; ++i) out += static_cast<char>((s.size() >> (8 * i)) & 0xff);
+  return out + s;
+}
+
+std::string HandlesPickle(const std::string& uuid, int step) {
+  std::string p = "\x80\x02]";
+  for (int i = 0; i < kTensors; ++i) {
+    p += "}" + PickleString(uuid) +
+         PickleString("step " + std::to_string(step) + " tensor " + std::to_string(i)) + "sa";
+  }
+  return p + ".";
+}
+
+struct Stack : stack::ServiceStack {
+  Stack() : ServiceStack(Options()) {}
+  static stack::StackOptions Options() {
+    stack::StackOptions o;
+    o.token = kToken;
+    o.dir_prefix = "rc-colocated";
+    o.tweak = [](ServeConfig& c) {
+      c.transfer = "ipc";
+      c.initial_source.clear();
+      c.initial_manifest_digest = stack::SyntheticDigest(stack::kStackSource);
+      c.engine_monitor_interval_ms = 50;
+      c.admit_wait_ms = 100;
+    };
+    o.engine_tweak = [](fixtures::VllmDoubleOptions& e) {
+      e.weight_transfer_backend = "ipc";
+      e.allow_insecure_serialization = true;
+      e.enable_sleep_mode = true;
+    };
+    return o;
+  }
+  json Post(const std::string& path, const json& body) {
+    httplib::Client c = client();
+    return Answer(c.Post(path, stack::Bearer(kToken), body.dump(), "application/json"));
+  }
+  json Sleep(const std::string& id, int level) {
+    return Post("/v1/sleep", {{"sleep_id", id}, {"level", level}});
+  }
+  json Wake(const std::string& id) { return Post("/v1/wake", {{"wake_id", id}}); }
+  // A trainer step's export: the engine's layout, handles under `uuid` (the engine's by
+  // default), values named by `step` (the double derives content from the pickled bytes).
+  std::string Export(int step, std::string uuid = "") {
+    if (uuid.empty()) uuid = engine->GpuUuids().at(0);
+    json f = {{"format", "rolloutcore-vllm-ipc"}, {"version", 1}, {"gpu_uuids", {uuid}}};
+    for (int i = 0; i < kTensors; ++i) {
+      f["names"].push_back("model.layers." + std::to_string(i) + ".weight");
+      f["dtype_names"].push_back("bfloat16");
+      f["shapes"].push_back({64, 64});
+    }
+    f["ipc_handles_pickled"] = encoding::Base64Encode(HandlesPickle(uuid, step));
+    const std::string path = (dir / ("step-" + std::to_string(step) + ".json")).string();
+    std::ofstream(path) << f.dump();
+    return "vllm-ipc:" + path;
+  }
+  json Update(const std::string& id, const std::string& label, int step, std::string source = "") {
+    if (source.empty()) source = Export(step);
+    return Post("/v1/updates", {{"update_id", id},
+                                {"target_label", label},
+                                {"identity",
+                                 {{"manifest_digest", stack::SyntheticDigest(stack::kStackSource)},
+                                  {"checkpoint", "step-" + std::to_string(step)},
+                                  {"step", step}}},
+                                {"source", source}});
+  }
+  State Fold() { return svc->journal().state(); }
+  json EngineState() { return engine->StateJson(); }
+  int Proxied() {
+    httplib::Client c = client(10);
+    auto r = c.Post("/v1/completions", json{{"prompt", "hello"}, {"max_tokens", 2}}.dump(),
+                    "application/json");
+    return r ? r->status : -1;
+  }
+  std::string EngineDigest() {
+    effects::EngineClient c(engine->base_url());
+    return effects::ReadWeightDigest(c).combined;
+  }
+};
+
+// The colocated step: the sleep answers with the memory freed, nothing is admitted asleep, the
+// update from sleep wakes the weights, transfers, validates and wakes the KV cache last, and a
+// re-POST answers the recorded sleep; catches admissions while asleep, a resume before
+// validation, and an engine left with a pool asleep under READY.
+TEST(Colocated, SleepThenUpdateFromSleep) {
+  Stack s;
+  const std::string d0 = s.EngineDigest();
+  json slept = s.Sleep("s-1", 1);
+  ASSERT_EQ(slept["http"], 200) << slept.dump();
+  EXPECT_EQ(slept["outcome"], "committed");
+  EXPECT_GT(slept["freed_bytes"].get<std::int64_t>(), 0) << slept.dump();
+  EXPECT_EQ(slept["state"]["lifecycle"], "SLEEPING");
+  EXPECT_EQ(slept["state"]["sleep_level"], 1);
+  EXPECT_GT(slept["timings"]["sleep_us"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(s.Proxied(), 503);
+  EXPECT_EQ(s.Post("/v1/rollouts", {{"wait_ms", 0}})["http"], 503);
+  EXPECT_TRUE(s.EngineState()["executor_sleeping"].get<bool>());
+
+  json u = s.Update("u-1", "rc-1", 1);
+  ASSERT_EQ(u["http"], 200) << u.dump();
+  EXPECT_EQ(u["state"]["lifecycle"], "READY");
+  EXPECT_EQ(u["state"]["committed"]["generation"], 1);
+  EXPECT_GT(u["timings"]["wake_weights_us"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(u["timings"]["wake_kv_us"].get<std::uint64_t>(), 0u);
+  EXPECT_NE(s.EngineDigest(), d0);
+  EXPECT_EQ(s.EngineDigest(), s.Fold().committed_digest.combined);
+  const json e = s.EngineState();
+  EXPECT_FALSE(e["executor_sleeping"].get<bool>()) << e.dump();
+  EXPECT_EQ(s.Proxied(), 200);
+
+  json again = s.Sleep("s-1", 1);
+  EXPECT_EQ(again["http"], 200);
+  EXPECT_TRUE(again["replayed"].get<bool>());
+  EXPECT_EQ(s.Sleep("s-1", 2)["http"], 409);  // the id names another request
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+}
+
+// A level-1 wake-up restores the host copy and is validated against the committed digest;
+// level 2 refuses a wake-up and takes an update; catches serving after level 2 without weights.
+TEST(Colocated, WakeUpAfterLevelOneUpdateAfterLevelTwo) {
+  Stack s;
+  const std::string d0 = s.EngineDigest();
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  json w = s.Wake("w-1");
+  ASSERT_EQ(w["http"], 200) << w.dump();
+  EXPECT_EQ(w["state"]["committed"]["generation"], 0);
+  EXPECT_EQ(s.EngineDigest(), d0);
+  ASSERT_EQ(s.Sleep("s-2", 2)["http"], 200);
+  json refused = s.Wake("w-2");
+  EXPECT_EQ(refused["http"], 409) << refused.dump();
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kSleeping);
+  ASSERT_EQ(s.Update("u-1", "rc-1", 1)["http"], 200);
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+  EXPECT_FALSE(s.EngineState()["weights_garbage"].get<bool>());
+}
+
+// Handles that name another GPU are refused in preflight: the engine stays asleep and nothing
+// was transferred; catches a transfer of handles the engine's workers cannot open.
+TEST(Colocated, HandlesForAnotherGpuAreRefusedAsleep) {
+  Stack s;
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  json u = s.Update("u-1", "rc-1", 1, s.Export(1, "GPU-00000000-0000-0000-0000-000000000000"));
+  EXPECT_EQ(u["http"], 422) << u.dump();
+  EXPECT_NE(u["reason"].get<std::string>().find("has no handles"), std::string::npos);
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kSleeping);
+  EXPECT_EQ(s.engine->RouteCount("/start_weight_update"), 0u);
+  EXPECT_EQ(s.Update("u-2", "rc-1", 2)["http"], 200);
+}
+
+// A sleep the engine refused at its route (404: no dev routes) resumes serving; one that may have
+// released memory (the freed-memory assertion: 500 after unmapping) taints, and a restore from
+// the trainer's export wakes the engine before its transfer; catches an engine believed asleep
+// or awake against the evidence.
+TEST(Colocated, SleepFailuresRefuseOrTaint) {
+  Stack s;
+  s.engine->SetRouteFault("/sleep", {.status = 404, .times = 1});
+  json refused = s.Sleep("s-1", 1);
+  EXPECT_EQ(refused["http"], 422) << refused.dump();
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(s.Proxied(), 200);
+
+  s.engine->SetSleepAssertionFault(true);
+  json tainted = s.Sleep("s-2", 1);
+  EXPECT_EQ(tainted["http"], 500) << tainted.dump();
+  ASSERT_EQ(s.Fold().lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(s.Fold().taint->cause, Cause::kSleepFailed);
+  EXPECT_EQ(s.Fold().sleep_level, 1);
+  EXPECT_EQ(s.Proxied(), 503);
+}
+
+// The wake-up of the weights failing after it may have run taints; failing at its route (never
+// done) leaves the engine asleep; catches a transfer into weights whose mapping is unknown.
+TEST(Colocated, WakeFailuresRefuseOrTaint) {
+  Stack s;
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  s.engine->SetRouteFault("/wake_up", {.status = 404, .times = 1});
+  json refused = s.Update("u-1", "rc-1", 1);
+  EXPECT_EQ(refused["http"], 422) << refused.dump();
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kSleeping);
+  s.engine->SetRouteFault("/wake_up", {.status = 500, .after = true, .times = 1});
+  json tainted = s.Update("u-2", "rc-1", 1);
+  EXPECT_EQ(tainted["http"], 500) << tainted.dump();
+  ASSERT_EQ(s.Fold().lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(s.Fold().taint->cause, Cause::kWakeFailed);
+  EXPECT_EQ(s.engine->RouteCount("/start_weight_update"), 0u);
+}
+
+// A transfer that fails after /start_weight_update taints (vLLM has the layers on meta); a
+// restore of the committed version from the trainer's export then proves it by its digest and
+// leaves nothing asleep; catches a restore that resumes a half-asleep engine.
+TEST(Colocated, AmbiguousTransferTaintsAndARestoreBringsItBack) {
+  Stack s;
+  ASSERT_EQ(s.Update("u-1", "rc-1", 1)["http"], 200);  // an update from READY works too
+  const std::string d1 = s.EngineDigest();
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  s.engine->SetRouteFault("/update_weights", {.status = 500, .times = 1});
+  EXPECT_EQ(s.Update("u-2", "rc-2", 2)["http"], 500);
+  ASSERT_EQ(s.Fold().lifecycle, Lifecycle::kTainted);
+  json r =
+      s.Post("/v1/restores", {{"restore_id", "x-1"}, {"label", "rc-1"}, {"source", s.Export(1)}});
+  ASSERT_EQ(r["http"], 200) << r.dump();
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(s.EngineDigest(), d1);
+  EXPECT_FALSE(s.EngineState()["executor_sleeping"].get<bool>());
+  EXPECT_EQ(s.Proxied(), 200);
+}
+
+// Bad requests change nothing: a level other than 1 or 2, a sleep while asleep, a wake-up while
+// awake, a source this transfer does not take; catches a malformed request reaching the engine.
+TEST(Colocated, BadRequestsChangeNothing) {
+  Stack s;
+  const std::uint64_t head = s.svc->journal().head_seq();
+  EXPECT_EQ(s.Sleep("s-1", 3)["http"], 400);
+  EXPECT_EQ(s.Post("/v1/sleep", {{"sleep_id", "s-1"}})["http"], 400);
+  EXPECT_EQ(s.Wake("w-1")["http"], 409);
+  EXPECT_EQ(s.Update("u-1", "rc-1", 1, "synthetic:4x64:1")["http"], 400);
+  EXPECT_EQ(s.svc->journal().head_seq(), head);
+  EXPECT_EQ(s.engine->RouteCount("/sleep"), 0u);
+  ASSERT_EQ(s.Sleep("s-2", 1)["http"], 200);
+  EXPECT_EQ(s.Sleep("s-3", 1)["http"], 409);
+  httplib::Client c = s.client();
+  EXPECT_EQ(Answer(c.Post("/v1/wake", json{{"wake_id", "w-2"}}.dump(), "application/json"))["http"],
+            401);
+}
+
+}  // namespace
+}  // namespace rc::service
