@@ -4,8 +4,10 @@
 // trainer's handles) or a level-1 wake-up brings it back only through validation; every failure
 // leaves the engine asleep (nothing changed), serving (the sleep was never done) or TAINTED.
 #include <filesystem>
+#include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -243,6 +245,29 @@ TEST(Colocated, AmbiguousTransferTaintsAndARestoreBringsItBack) {
   EXPECT_EQ(s.EngineDigest(), d1);
   EXPECT_FALSE(s.EngineState()["executor_sleeping"].get<bool>());
   EXPECT_EQ(s.Proxied(), 200);
+}
+
+// An executor that crashes while the engine sleeps comes back SLEEPING and the colocated update
+// still works (its validation re-verifies the engine); an engine that restarted meanwhile is
+// seen by the monitor and taints; catches a restart while asleep going unnoticed.
+TEST(Colocated, RestartsWhileAsleep) {
+  Stack s;
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  s.Kill();
+  s.Open();
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kSleeping);
+  EXPECT_EQ(s.Proxied(), 503);
+  ASSERT_EQ(s.Update("u-1", "rc-1", 1)["http"], 200);
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+
+  ASSERT_EQ(s.Sleep("s-2", 1)["http"], 200);
+  ASSERT_TRUE(s.RestartEngine());  // a fresh process: awake, label "default"
+  for (int i = 0; i < 200 && s.Fold().lifecycle == Lifecycle::kSleeping; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(s.Fold().lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(s.Fold().taint->cause, Cause::kEngineReplaced);
+  EXPECT_EQ(s.Proxied(), 503);
 }
 
 // Bad requests change nothing: a level other than 1 or 2, a sleep while asleep, a wake-up while
