@@ -1,13 +1,16 @@
-"""Client.sleep / Client.wake (colocated mode) against a local HTTP stub that answers as the trainer
-API promises: the request each sends, and how each answer maps to a return or an exception (the
-same mapping as update() and restore())."""
+"""Client.sleep / Client.wake (colocated mode): against a real `rolloutcore serve --transfer ipc`
+and vllm-double in colocated mode (the calls work end to end), and against a local HTTP stub for
+the exact request each sends and the answers a healthy serve cannot be made to give on cue
+(503 outcome_unknown after a fail-stop), mapped as update() and restore() map them."""
 import http.server
 import json
+import signal
 import threading
 
 import pytest
 
 import rolloutcore
+from conftest import BUILD, _start
 
 TOKEN = "stub-token"
 
@@ -138,3 +141,46 @@ def test_error_answers_map_as_for_updates(stub, route):
     with pytest.raises(rolloutcore.RolloutCoreError) as bad:
         call(stub, route)
     assert type(bad.value) is rolloutcore.RolloutCoreError and bad.value.status == 400
+
+
+# ---- against a real `rolloutcore serve --transfer ipc` and vllm-double in colocated mode ----
+
+
+def _colocated_stack(tmp_path):
+
+    engine, eaddr = _start([str(BUILD / "fixtures" / "vllm-double"), "--port", "0",
+                            "--token-delay-ms", "2", "--worker-extension-cls",
+                            "rolloutcore.vllm_ext.RolloutCoreWorkerExtension",
+                            "--weight-transfer-backend", "ipc", "--allow-insecure-serialization",
+                            "--enable-sleep-mode"], "vllm-double")
+    serve, saddr = _start([str(BUILD / "cli" / "rolloutcore"), "serve", "--engine-url",
+                           "http://" + eaddr, "--journal", str(tmp_path / "journal"), "--port",
+                           "0", "--auth-token", TOKEN, "--transfer", "ipc", "--initial-manifest",
+                           "a" * 64, "--initial-run", "py", "--initial-step", "0"],
+                           "rolloutcore serve")
+    return engine, serve, "http://" + saddr
+
+
+@pytest.fixture
+def colocated(tmp_path):
+    engine, serve, url = _colocated_stack(tmp_path)
+    yield url
+    for p in (serve, engine):
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+
+
+def test_real_serve_sleeps_wakes_and_refuses_a_level_two_wake(colocated):
+    # Proves the client's sleep() and wake() drive a real serve through SLEEPING and back
+    # (level 1), and that a wake-up after level 2 is the 409 UpdateConflict; would catch a body or
+    # route the real serve refuses, or a client that hides the refusal.
+    c = rolloutcore.Client(colocated, TOKEN)
+    slept = c.sleep(1, sleep_id="py-s1")
+    assert slept["outcome"] == "committed" and slept["state"]["lifecycle"] == "SLEEPING"
+    assert c.state()["sleep_level"] == 1
+    woke = c.wake(wake_id="py-w1")
+    assert woke["outcome"] == "committed" and woke["state"]["lifecycle"] == "READY"
+    assert c.sleep(2, sleep_id="py-s2")["state"]["sleep_level"] == 2
+    with pytest.raises(rolloutcore.UpdateConflict):
+        c.wake(wake_id="py-w2")
+    assert c.state()["lifecycle"] == "SLEEPING"
