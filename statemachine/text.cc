@@ -126,4 +126,12 @@ std::string escape_line(std::string_view s) {
   return out;
 }
 
+std::string utf8_prefix(std::string s, std::size_t max) {
+  if (s.size() <= max) return s;
+  std::size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  s.resize(end);
+  return s;
+}
+
 }  // namespace rc::text

@@ -24,4 +24,7 @@ std::string sanitize_utf8(std::string_view s);
 // result is valid UTF-8 and contains no byte below 0x20 or 0x7F, so it is safe for JSON too.
 std::string escape_line(std::string_view s);
 
+// `s` cut to at most `max` bytes without splitting a UTF-8 sequence (what bounds a text field).
+std::string utf8_prefix(std::string s, std::size_t max);
+
 }  // namespace rc::text

@@ -18,14 +18,7 @@ constexpr std::size_t kDigestHexBytes = 64;  // SHA-256
 constexpr std::size_t kWeightsPathBytesMax = 4096;
 constexpr std::uint64_t kCheckpointFilesMax = 1u << 16;
 
-// `s` cut to at most `max` bytes without splitting a UTF-8 sequence.
-std::string utf8_prefix(std::string s, std::size_t max) {
-  if (s.size() <= max) return s;
-  std::size_t end = max;
-  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
-  s.resize(end);
-  return s;
-}
+using text::utf8_prefix;
 
 // Text an engine wrote, as one escaped line of at most kEngineErrorBytesMax bytes.
 std::string engine_text(std::string_view s) {

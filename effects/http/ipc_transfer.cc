@@ -50,7 +50,9 @@ Status only_keys(const json& j) {
   for (const auto& [key, value] : j.items()) {
     (void)value;
     if (kKeys.count(key) == 0) {
-      return Status::InvalidArgument("unknown key '" + text::escape_line(key.substr(0, 64)) + "'");
+      return Status::InvalidArgument(
+          "a key other than format, version, gpu_uuids, names, dtype_names, shapes, "
+          "ipc_handles_pickled");
     }
   }
   return Status::OK();
@@ -95,21 +97,25 @@ Result<std::vector<std::uint64_t>> parse_shape(const json& s) {
   return shape;
 }
 
-Result<TensorSpec> parse_tensor(const json& name, const json& dtype, const json& shape) {
+// Tensors are named by position in errors: an error never quotes the file's content.
+Result<TensorSpec> parse_tensor(std::size_t i, const json& name, const json& dtype,
+                                const json& shape) {
+  const std::string who = "tensor #" + std::to_string(i) + ": ";
   if (!name.is_string() || !dtype.is_string()) {
-    return Status::InvalidArgument("names and dtype_names must be strings");
+    return Status::InvalidArgument(who + "names and dtype_names must be strings");
   }
   TensorSpec t;
   t.name = name.get<std::string>();
   if (t.name.empty() || t.name.size() > kTensorNameBytesMax || !printable_ascii(t.name)) {
-    return Status::InvalidArgument("a tensor name must be 1.." +
+    return Status::InvalidArgument(who + "a name must be 1.." +
                                    std::to_string(kTensorNameBytesMax) + " printable ASCII bytes");
   }
-  Result<DType> d = dtype_from_torch_name(dtype.get<std::string>());
-  if (!d.ok()) return Status::InvalidArgument("tensor '" + t.name + "': " + d.status().message());
-  t.dtype = *d;
+  if (!dtype_from_torch_name(dtype.get<std::string>()).ok()) {
+    return Status::InvalidArgument(who + "not a dtype vLLM's ipc backend can name");
+  }
+  t.dtype = *dtype_from_torch_name(dtype.get<std::string>());
   Result<std::vector<std::uint64_t>> s = parse_shape(shape);
-  if (!s.ok()) return Status::InvalidArgument("tensor '" + t.name + "': " + s.status().message());
+  if (!s.ok()) return Status::InvalidArgument(who + s.status().message());
   t.shape = std::move(s).value();
   return t;
 }
@@ -128,7 +134,7 @@ Result<Manifest> parse_manifest(const json& j) {
   Manifest m;
   m.tensors.reserve(names->size());
   for (std::size_t i = 0; i < names->size(); ++i) {
-    Result<TensorSpec> t = parse_tensor((*names)[i], (*dtypes)[i], (*shapes)[i]);
+    Result<TensorSpec> t = parse_tensor(i, (*names)[i], (*dtypes)[i], (*shapes)[i]);
     if (!t.ok()) return t.status();
     m.tensors.push_back(std::move(t).value());
   }
@@ -254,7 +260,7 @@ PreflightObserved IpcTransfer::Preflight(const TransferTarget& target) {
   p.memory_ok = true;  // nothing is staged: the engine reads the trainer's tensors in place
   Result<VllmIpcFile> file = ReadVllmIpcFile(target.source_uri);
   if (!file.ok()) {
-    p.detail = file.status().ToString().substr(0, kTextBytesMax);  // empty digest: refused
+    p.detail = text::utf8_prefix(file.status().ToString(), kTextBytesMax);  // no digest: refused
     return p;
   }
   p.source_manifest_digest = file->manifest.digest();
@@ -263,7 +269,7 @@ PreflightObserved IpcTransfer::Preflight(const TransferTarget& target) {
   p.detail = std::to_string(file->manifest.tensors.size()) + " tensors, " +
              std::to_string(file->manifest.total_bytes()) + " bytes over CUDA IPC" +
              (mismatch.empty() ? "" : "; " + mismatch);
-  p.detail = p.detail.substr(0, kTextBytesMax);
+  p.detail = text::utf8_prefix(std::move(p.detail), kTextBytesMax);
   RC_CHECK(!p.source_manifest_digest.empty());
   return p;
 }
@@ -323,7 +329,7 @@ TransferObserved IpcTransfer::Transfer(const TransferTarget& target, std::uint64
   const std::optional<StepFailed> failed = RunUpdate(target, deadline_at_ms, out);
   out.mutation = failed ? failed->mutation : MutationClass::kComplete;
   out.acknowledged = out.mutation == MutationClass::kComplete;
-  out.error = failed ? failed->error.substr(0, kTextBytesMax) : std::string();
+  out.error = failed ? text::utf8_prefix(failed->error, kTextBytesMax) : std::string();
   out.duration_us = static_cast<std::uint64_t>(steady_now_ms() - start_ms) * 1000;
   RC_CHECK(!out.acknowledged || (out.error.empty() && out.tensors_sent > 0));
   return out;

@@ -6,6 +6,7 @@
 
 #include "effects/clock.h"
 #include "encoding/base64.h"
+#include "statemachine/text.h"
 
 namespace rc::effects {
 
@@ -241,7 +242,7 @@ TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
   const std::optional<StepFailed> failed = RunSequence(target, deadline_at_ms, out);
   out.mutation = failed ? failed->mutation : MutationClass::kComplete;
   out.acknowledged = out.mutation == MutationClass::kComplete;
-  out.error = failed ? failed->error.substr(0, kTextBytesMax) : std::string();
+  out.error = failed ? text::utf8_prefix(failed->error, kTextBytesMax) : std::string();
   out.duration_us = elapsed_us(started);
   // Complete means every step answered: the bytes were counted and nothing is left to explain.
   RC_CHECK(!out.acknowledged || (out.error.empty() && out.tensors_sent > 0));
