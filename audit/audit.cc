@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "journal/json.h"
 #include "statemachine/describe.h"
@@ -38,6 +39,7 @@ class VersionTable {
       v.version = p->version;
       v.identity = p->identity;
       v.update_id = p->update_id;
+      v.restore = before.update.has_value() && before.update->restore;
       v.published_seq = r.seq;
       versions_[p->version.generation] = v;
     }
@@ -86,10 +88,11 @@ class EngineWatch {
     } else if (const auto* u = std::get_if<UpdateEnded>(&r.event)) {
       // The fold journals UpdateEnded before the transition it ends with, in the same group.
       if (u->outcome == UpdateOutcome::kTainted) {
-        tainted_end_ = "update '" + u->update_id + "' ended tainted at seq " +
+        tainted_end_ = PlanOf(u->update_id) + " '" + u->update_id + "' ended tainted at seq " +
                        std::to_string(r.seq) + " without a transition to TAINTED";
       }
     }
+    NotePlan(r.event);
     if (std::holds_alternative<RecoveryStarted>(r.event)) recovery_window_start_ = prev_wall_;
     if (r.cause_seq == 0) last_input_ = r.event;
     prev_wall_ = r.wall_time_ms;
@@ -98,11 +101,34 @@ class EngineWatch {
   EngineHealth Finish(const State& state) && {
     CloseGroup();
     h_.lifecycle = state.lifecycle;
-    if (state.taint) h_.taint_update_id = state.taint->update_id;
     return std::move(h_);
   }
 
  private:
+  // The plan each request starts: its ends name it by kind, so a sleep is never called an update.
+  void NotePlan(const Event& e) {
+    if (const auto* u = std::get_if<UpdateRequested>(&e)) {
+      plan_ = {"update", u->update_id};
+    } else if (const auto* q = std::get_if<RestoreRequested>(&e)) {
+      plan_ = {"restore", q->restore_id};
+    } else if (const auto* sl = std::get_if<SleepRequested>(&e)) {
+      plan_ = {"sleep", sl->sleep_id};
+    } else if (const auto* w = std::get_if<WakeRequested>(&e)) {
+      plan_ = {"wake-up", w->wake_id};
+    }
+  }
+
+  // "sleep_failed, sleep 's-3'": the open taint's cause and the plan it struck, if any.
+  std::string TaintCause() const {
+    std::string out = cause_name(h_.taint_cause);
+    if (!h_.taint_update_id.empty()) out += ", " + h_.taint_plan + " '" + h_.taint_update_id + "'";
+    return out;
+  }
+
+  std::string PlanOf(const std::string& id) const {
+    return id == plan_.second ? plan_.first : "update";
+  }
+
   void OnFinish(const RolloutFinished& f, const journal::Record& r) {
     auto it = active_.find(f.rollout_id);
     if (it == active_.end()) return;  // an illegal finish: the history checker names it
@@ -147,12 +173,14 @@ class EngineWatch {
     if (h_.restored.size() < kRolloutNotesMax) {
       h_.restored.push_back("seq " + std::to_string(r.seq) + ": READY again after a restore; it " +
                             "ends the taint at seq " + std::to_string(h_.taint_seq) + " (" +
-                            cause_name(h_.taint_cause) + ")");
+                            TaintCause() + ")");
     }
     h_.tainted = false;
     h_.taint_seq = 0;
     h_.taint_wall_ms = 0;
     h_.taint_detail.clear();
+    h_.taint_plan.clear();
+    h_.taint_update_id.clear();
   }
 
   void OnChange(const StateChanged& c, const journal::Record& r) {
@@ -169,7 +197,13 @@ class EngineWatch {
     h_.taint_cause = c.cause;
     h_.taint_from = c.from;
     h_.taint_detail = c.detail;
-    if (c.from != Lifecycle::kReady) return;  // an update's taint: no binding was active
+    const bool engine_taint = c.from == Lifecycle::kReady || c.from == Lifecycle::kSleeping;
+    h_.taint_plan = engine_taint ? "" : plan_.first;
+    h_.taint_update_id = engine_taint ? "" : plan_.second;
+    // A plan's taint: no binding was active while the weights could change. An engine taint
+    // while asleep opens the window like one in READY: the sleep drained the rollouts and admits
+    // none, but those that finished before it may have been served by the engine found now.
+    if (!engine_taint) return;
     SetWindow();
     CollectSuspects();
   }
@@ -221,6 +255,7 @@ class EngineWatch {
   std::int64_t ready_wall_ = 0;
   Event last_input_;
   std::string tainted_end_;  // an UpdateEnded{tainted} waiting for its group's transition
+  std::pair<std::string, std::string> plan_;  // the last plan requested: its kind and its id
 };
 
 // One pass over the journal: chain (by Scan), history entries, the version table.
@@ -508,7 +543,7 @@ Verdict MakeVerdict(const AuditReport& r) {
     v.engine_findings.push_back(
         "the engine is TAINTED since seq " + std::to_string(e.taint_seq) + " (" +
         lifecycle_name(e.taint_from) + " -> TAINTED, cause " + cause_name(e.taint_cause) +
-        (e.taint_update_id.empty() ? "" : ", update '" + e.taint_update_id + "'") +
+        (e.taint_update_id.empty() ? "" : ", " + e.taint_plan + " '" + e.taint_update_id + "'") +
         (e.taint_detail.empty() ? "" : ": " + e.taint_detail) + ")");
   }
   if (e.suspect_count > 0) {
@@ -526,14 +561,19 @@ void FormatSummary(const AuditReport& r, std::ostringstream& out) {
       << "; RocksDB checksums " << (r.checksums_ok ? "OK" : "FAILED") << "; lifecycle history "
       << (r.history.ok ? "OK" : "VIOLATED") << "\n";
   const HistorySummary& s = r.history.summary;
-  out << "updates: requested " << s.updates_requested << ", committed " << s.updates_committed
-      << ", refused " << s.updates_refused << ", tainted " << s.updates_tainted << "; recoveries "
-      << s.recoveries << "\n";
+  out << "updates: requested " << s.updates_requested << " (+ restores " << s.restores_requested
+      << "); committed " << s.updates_committed << ", refused " << s.updates_refused << ", tainted "
+      << s.updates_tainted << " (restores included); recoveries " << s.recoveries << "\n";
+  out << "sleeps: requested " << s.sleeps_requested << ", committed " << s.sleeps_committed
+      << "; wake-ups: requested " << s.wakes_requested << ", committed " << s.wakes_committed
+      << " (they keep the committed version)\n";
   out << "versions:\n";
   for (const VersionRecord& v : r.versions) {
     out << "  " << E(v.version.label) << " (generation " << v.version.generation << ") "
-        << (v.update_id.empty() ? "bootstrap" : "update '" + E(v.update_id) + "'") << " at seq "
-        << v.published_seq << ": ckpt=" << E(v.identity.checkpoint) << " step=" << v.identity.step
+        << (v.update_id.empty() ? std::string("bootstrap")
+                                : (v.restore ? "restore '" : "update '") + E(v.update_id) + "'")
+        << " at seq " << v.published_seq << ": ckpt=" << E(v.identity.checkpoint)
+        << " step=" << v.identity.step
         << " manifest=" << E(v.identity.manifest_digest.substr(0, 12)) << "; rollouts admitted "
         << v.rollouts_admitted << ", finished " << v.rollouts_finished << "\n";
   }
@@ -647,6 +687,8 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
       {"restored_count", e.restored_count}};
   if (e.tainted) {
     engine["taint"] = {{"seq", e.taint_seq},
+                       {"plan", e.taint_plan},
+                       {"plan_id", e.taint_update_id},
                        {"wall_ms", e.taint_wall_ms},
                        {"from", lifecycle_name(e.taint_from)},
                        {"cause", cause_name(e.taint_cause)},

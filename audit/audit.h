@@ -24,6 +24,7 @@ struct VersionRecord {
   WeightVersion version;
   WeightIdentity identity;
   std::string update_id;            // empty for the bootstrap generation
+  bool restore = false;             // published by a restore with proof, not by an update
   std::uint64_t published_seq = 0;  // seq of the VersionPublished (or of the bootstrap READY)
   std::uint64_t rollouts_admitted = 0;
   std::uint64_t rollouts_finished = 0;
@@ -46,9 +47,9 @@ inline constexpr std::size_t kRolloutNotesMax = 1u << 16;
 inline constexpr std::size_t kReportRolloutsMax = 20;
 
 // Whether the engine still serves what the journal committed. A READY->TAINTED taint (the
-// monitor or a post-restart probe saw another process, another label, or a pause) opens a
-// window [window_start_wall_ms, taint]: rollouts active at the taint or finished inside the
-// window may have been served by the other engine.
+// monitor or a post-restart probe saw another process, another label, or a pause), or a
+// SLEEPING->TAINTED one, opens a window [window_start_wall_ms, taint]: rollouts active at the
+// taint or finished inside the window may have been served by the other engine.
 struct EngineHealth {
   Lifecycle lifecycle = Lifecycle::kUninitialized;
   bool tainted = false;
@@ -56,9 +57,13 @@ struct EngineHealth {
   std::int64_t taint_wall_ms = 0;
   Cause taint_cause = Cause::kTransferAmbiguous;
   Lifecycle taint_from = Lifecycle::kUninitialized;
-  std::string taint_detail;     // raw
-  std::string taint_update_id;  // empty for a taint in READY
-  bool window_known = false;    // a READY taint: the window below applies
+  std::string taint_detail;  // raw
+  // The plan the taint struck ("update", "restore", "sleep" or "wake-up") and its id; both empty
+  // for a taint of the engine itself (in READY or SLEEPING). Sleeps and wake-ups keep the
+  // committed version: they are never counted or named as updates.
+  std::string taint_plan;
+  std::string taint_update_id;
+  bool window_known = false;  // a READY or SLEEPING taint: the window applies
   std::int64_t window_start_wall_ms = 0;
   std::string window_source;         // what the window start was taken from (fixed text)
   std::vector<RolloutNote> suspect;  // first kRolloutNotesMax, in admission order

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "journal/json.h"
@@ -27,6 +28,152 @@ struct PendingInput {
   std::vector<Event> expected;
   std::size_t matched = 0;
 };
+
+// The plan in flight (an update, a restore, a sleep or a wake-up), as the colocated lines and the
+// taint readings need it: what it was, and what the engine answered about its memory.
+struct PlanTrace {
+  enum class Kind : std::uint8_t { kUpdate, kRestore, kSleep, kWake };
+  Kind kind = Kind::kUpdate;
+  std::string id;
+  std::uint64_t request_seq = 0;
+  std::uint8_t level = 0;  // a sleep's level, or the level a plan from sleep woke the engine from
+  bool from_sleep = false;
+  bool sleep_answered = false;  // a SleepObserved arrived; sleep_memory is its memory
+  DeviceMemory sleep_memory;
+  std::optional<DeviceMemory> weights_woken;  // memory of the 2xx answer of each /wake_up tag
+  std::optional<DeviceMemory> kv_woken;
+  std::optional<UpdateEnded> end;
+  bool colocated() const { return kind == Kind::kSleep || kind == Kind::kWake || from_sleep; }
+};
+
+const char* KindName(const PlanTrace& p) {
+  switch (p.kind) {
+    case PlanTrace::Kind::kSleep:
+      return "sleep";
+    case PlanTrace::Kind::kWake:
+      return "wake-up";
+    case PlanTrace::Kind::kRestore:
+      return p.from_sleep ? "restore from sleep" : "restore";
+    case PlanTrace::Kind::kUpdate:
+      break;
+  }
+  return p.from_sleep ? "update from sleep" : "update";
+}
+
+std::string Upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  return s;
+}
+
+std::string Version(const WeightVersion& v) {
+  return "'" + E(v.label) + "' (generation " + std::to_string(v.generation) + ")";
+}
+
+// "60.00 GiB freed (device free 10.00 -> 70.00 of 80.00 GiB)": what the engine's workers reported
+// around /sleep (freed) or /wake_up (taken back), summed over workers.
+std::string MemoryMoved(const DeviceMemory& m, bool freed) {
+  if (!m.known) return "device memory not reported";
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const double before = static_cast<double>(m.free_bytes_before) / kGiB;
+  const double after = static_cast<double>(m.free_bytes_after) / kGiB;
+  char text[160];
+  std::snprintf(text, sizeof text, "%.2f GiB %s (device free %.2f -> %.2f of %.2f GiB)",
+                freed ? after - before : before - after, freed ? "freed" : "taken back", before,
+                after, static_cast<double>(m.total_bytes) / kGiB);
+  return text;
+}
+
+std::string WokenText(const char* pool, const std::optional<DeviceMemory>& m) {
+  return std::string(pool) + ": " + (m ? MemoryMoved(*m, false) : std::string("not woken"));
+}
+
+// What the engine's memory did during the plan.
+std::string MemoryText(const PlanTrace& p) {
+  if (p.kind == PlanTrace::Kind::kSleep) {
+    return p.sleep_answered ? "its workers reported " + MemoryMoved(p.sleep_memory, true)
+                            : std::string("/sleep never answered");
+  }
+  return WokenText("weights", p.weights_woken) + ", " + WokenText("KV cache", p.kv_woken);
+}
+
+// Where a refused plan left the engine.
+std::string AfterRefusal(const State& s) {
+  switch (s.lifecycle) {
+    case Lifecycle::kReady:
+      return "serving " + Version(s.committed) + " again";
+    case Lifecycle::kSleeping:
+      return "still asleep at level " + std::to_string(s.sleep_level);
+    default:
+      return std::string("now ") + lifecycle_name(s.lifecycle);
+  }
+}
+
+// How the plan ended, from its UpdateEnded and the state after the transition that ended it.
+std::string OutcomeText(const PlanTrace& p, const State& s, std::uint64_t end_seq) {
+  if (!p.end)
+    return std::string("in flight where replay stopped (") + lifecycle_name(s.lifecycle) + ")";
+  switch (p.end->outcome) {
+    case UpdateOutcome::kCommitted:
+      if (p.kind == PlanTrace::Kind::kSleep) return "committed: asleep on " + Version(s.committed);
+      if (p.kind == PlanTrace::Kind::kWake) {
+        return "committed: " + Version(s.committed) + " proven again, serving";
+      }
+      return "committed: published " + Version(s.committed);
+    case UpdateOutcome::kRefused:
+      return "refused: " + E(p.end->reason) + "; " + AfterRefusal(s);
+    case UpdateOutcome::kTainted:
+      return "tainted: " + E(p.end->reason) + " (see TAINTED at seq " + std::to_string(end_seq) +
+             ")";
+  }
+  return "ended with an unknown outcome";
+}
+
+ColocatedStep StepLine(const PlanTrace& p, const State& s, std::uint64_t end_seq) {
+  ColocatedStep step{p.request_seq, end_seq, p.id, KindName(p), ""};
+  step.line = Upper(step.kind) + " '" + E(p.id) + "' (seq " + std::to_string(p.request_seq) + "-" +
+              (end_seq == 0 ? std::string("") : std::to_string(end_seq)) +
+              "): " + (p.kind == PlanTrace::Kind::kSleep ? "level " : "from level ") +
+              std::to_string(p.level) + "; " + MemoryText(p) + "; " + OutcomeText(p, s, end_seq);
+  return step;
+}
+
+// One line of evidence for a TAINTED incident's timeline ("" when the record adds none).
+std::string EvidenceLine(const journal::Record& r) {
+  std::ostringstream out;
+  if (const auto* e = std::get_if<EffectStarted>(&r.event)) {
+    if (e->kind == EffectKind::kTransfer) {
+      out << "  seq " << r.seq << ": transfer intent durable (deadline " << e->deadline_ms
+          << " ms) - from here on the engine's weights may have changed\n";
+    } else if (e->kind == EffectKind::kSleep) {
+      out << "  seq " << r.seq << ": sleep intent durable (deadline " << e->deadline_ms
+          << " ms) - from here on the engine may release its memory\n";
+    }
+  } else if (const auto* o = std::get_if<TransferObserved>(&r.event)) {
+    out << "  seq " << r.seq << ": transfer " << (o->acknowledged ? "acknowledged" : "failed")
+        << ", mutation " << mutation_name(o->mutation) << ", " << o->bytes_sent << " bytes / "
+        << o->tensors_sent << " tensors in " << o->duration_us / 1000 << " ms"
+        << (o->error.empty() ? "" : ": " + E(o->error)) << "\n";
+  } else if (const auto* c = std::get_if<CacheResetObserved>(&r.event)) {
+    out << "  seq " << r.seq << ": " << cache_name(c->cache) << " cache reset "
+        << E(describe(c->http)) << " success=" << (c->reported_success ? "true" : "false")
+        << (c->success_unreported ? " (not reported by the engine)" : "") << "\n";
+  } else if (const auto* v = std::get_if<ValidationObserved>(&r.event)) {
+    out << "  seq " << r.seq << ": validation " << E(describe(v->http)) << " reported '"
+        << E(v->reported_label) << "'\n";
+  } else if (const auto* sl = std::get_if<SleepObserved>(&r.event)) {
+    out << "  seq " << r.seq << ": sleep at level " << static_cast<int>(sl->level) << " answered "
+        << E(describe(sl->http)) << ", is_sleeping "
+        << (sl->is_sleeping_known ? (sl->is_sleeping ? "true" : "false") : "unknown") << "; "
+        << MemoryMoved(sl->memory, true) << "\n";
+  } else if (const auto* w = std::get_if<WakeObserved>(&r.event)) {
+    out << "  seq " << r.seq << ": wake-up of the "
+        << (w->tag == WakeTag::kWeights ? "weights" : "KV cache") << " answered "
+        << E(describe(w->http)) << "; " << MemoryMoved(w->memory, false) << "\n";
+  } else if (std::holds_alternative<RecoveryStarted>(r.event)) {
+    out << "  seq " << r.seq << ": executor restarted\n";
+  }
+  return out.str();
+}
 
 class Replayer {
  public:
@@ -66,7 +213,10 @@ class Replayer {
     return Status::OK();
   }
 
-  void Finish() { CloseInput(); }
+  void Finish() {
+    if (!CloseInput()) return;
+    if (plan_ && plan_->colocated()) AddStep(StepLine(*plan_, report_.state, 0));
+  }
 
  private:
   bool CloseInput() {
@@ -88,12 +238,15 @@ class Replayer {
     return Status::OK();
   }
 
-  // Keeps the records of the update in flight so a TAINTED incident can be explained.
+  // Keeps the records of the plan in flight so a TAINTED incident can be explained.
   void Track(const journal::Record& r) {
     if (std::holds_alternative<UpdateRequested>(r.event) ||
-        std::holds_alternative<RestoreRequested>(r.event)) {
+        std::holds_alternative<RestoreRequested>(r.event) ||
+        std::holds_alternative<SleepRequested>(r.event) ||
+        std::holds_alternative<WakeRequested>(r.event)) {
       update_records_.clear();
     }
+    TrackPlan(r);
     if (report_.state.update.has_value() || std::holds_alternative<StateChanged>(r.event) ||
         std::holds_alternative<UpdateEnded>(r.event)) {
       if (update_records_.size() < kTimelineRecordsMax) update_records_.push_back(r);
@@ -107,10 +260,60 @@ class Replayer {
     if (published != nullptr && report_.state.update->restore) {
       report_.restores.push_back(ExplainRestore(r.seq, *published));
     }
-    if (changed != nullptr && changed->to == Lifecycle::kReady) update_records_.clear();
+    const bool settled = changed != nullptr &&
+                         (changed->to == Lifecycle::kReady || changed->to == Lifecycle::kSleeping);
+    if (settled) update_records_.clear();
+    if (plan_ && !report_.state.update.has_value()) EndPlan(r.seq);
+  }
+
+  // The plan a request starts (the state already holds it), then its evidence and its end.
+  void TrackPlan(const journal::Record& r) {
+    if (const auto* u = std::get_if<UpdateRequested>(&r.event)) {
+      StartPlan(PlanTrace::Kind::kUpdate, u->update_id, r.seq);
+    } else if (const auto* q = std::get_if<RestoreRequested>(&r.event)) {
+      StartPlan(PlanTrace::Kind::kRestore, q->restore_id, r.seq);
+    } else if (const auto* sl = std::get_if<SleepRequested>(&r.event)) {
+      StartPlan(PlanTrace::Kind::kSleep, sl->sleep_id, r.seq);
+    } else if (const auto* w = std::get_if<WakeRequested>(&r.event)) {
+      StartPlan(PlanTrace::Kind::kWake, w->wake_id, r.seq);
+    }
+    if (!plan_) return;
+    if (const auto* o = std::get_if<SleepObserved>(&r.event)) {
+      plan_->sleep_answered = true;
+      plan_->sleep_memory = o->memory;
+    } else if (const auto* w = std::get_if<WakeObserved>(&r.event); w && w->http.ok_2xx()) {
+      (w->tag == WakeTag::kWeights ? plan_->weights_woken : plan_->kv_woken) = w->memory;
+    } else if (const auto* e = std::get_if<UpdateEnded>(&r.event); e && e->update_id == plan_->id) {
+      plan_->end = *e;
+    }
+  }
+
+  void StartPlan(PlanTrace::Kind kind, const std::string& id, std::uint64_t seq) {
+    const UpdatePlan& u = *report_.state.update;
+    plan_ = PlanTrace{kind, id, seq};
+    plan_->from_sleep = u.from_sleep;
+    plan_->level = u.sleep_level > 0 ? u.sleep_level : report_.state.sleep_level;
+  }
+
+  void EndPlan(std::uint64_t seq) {
+    if (plan_->colocated()) AddStep(StepLine(*plan_, report_.state, seq));
+    if (plan_->kind == PlanTrace::Kind::kSleep && report_.state.lifecycle == Lifecycle::kSleeping) {
+      last_sleep_ = *plan_;
+      last_sleep_seq_ = seq;
+    }
+    plan_.reset();
+  }
+
+  void AddStep(ColocatedStep step) {
+    report_.colocated_count++;
+    if (report_.colocated.size() >= kColocatedStepsMax) report_.colocated.pop_front();
+    report_.colocated.push_back(std::move(step));
   }
 
   TaintIncident Explain(std::uint64_t taint_seq) const;
+  void ExplainPlan(const TaintRecord& t, std::ostringstream& out) const;
+  void ExplainReading(const TaintRecord& t, std::ostringstream& out) const;
+  void ExplainRecovery(std::ostringstream& out) const;
   RestoreProof ExplainRestore(std::uint64_t seq, const VersionPublished& p) const;
   const RestoreRequested* RestoreInFlight() const;
 
@@ -119,6 +322,9 @@ class Replayer {
   PendingInput pending_;
   std::vector<journal::Record> update_records_;
   std::uint64_t last_taint_seq_ = 0;
+  std::optional<PlanTrace> plan_;
+  std::optional<PlanTrace> last_sleep_;  // the sleep that put the engine to sleep last
+  std::uint64_t last_sleep_seq_ = 0;     // ... and the transition into SLEEPING that ended it
 };
 
 // The restore request among the records of the update in flight, if it is a restore.
@@ -145,6 +351,10 @@ RestoreProof Replayer::ExplainRestore(std::uint64_t seq, const VersionPublished&
   out << "  proof: the weight digest " << E(p.engine_digest.substr(0, 16))
       << " taken while paused equals the one recorded when '" << E(p.version.label)
       << "' was served; every cache was reset after the reload";
+  if (plan_ && plan_->from_sleep) {
+    out << "\n  the engine was tainted asleep (level " << static_cast<int>(plan_->level)
+        << "): the restore woke its weights before the reload and its KV cache last, as its resume";
+  }
   if (last_taint_seq_ != 0) out << "\n  it ends the TAINTED incident at seq " << last_taint_seq_;
   proof.explanation = out.str();
   return proof;
@@ -161,35 +371,48 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
   // by this code and never by what the journal holds.
   out << "TAINTED at seq " << taint_seq << " from " << lifecycle_name(t.from) << " ("
       << cause_name(t.cause) << "): " << E(t.detail) << "\n";
-  out << "  update '" << E(t.update_id) << "' targeted '" << E(t.target.label) << "' (generation "
-      << t.target.generation << "); last committed version '" << E(report_.state.committed.label)
-      << "' (generation " << report_.state.committed.generation << ")\n";
+  ExplainPlan(t, out);
+  for (const journal::Record& r : update_records_) out << EvidenceLine(r);
+  ExplainReading(t, out);
+  out << "  nothing was published and no rollout was admitted after this point.\n";
+  ExplainRecovery(out);
+  incident.explanation = out.str();
+  return incident;
+}
+
+// What was in flight when the taint struck: an update or restore, a sleep or a wake-up (both keep
+// the committed version), or nothing (the engine itself changed while serving or asleep).
+void Replayer::ExplainPlan(const TaintRecord& t, std::ostringstream& out) const {
+  const State& st = report_.state;
+  const std::string committed = Version(st.committed);
+  const PlanTrace::Kind kind = plan_ ? plan_->kind : PlanTrace::Kind::kUpdate;
+  if (t.update_id.empty()) {
+    out << "  no update in flight; committed version " << committed;
+    if (t.from == Lifecycle::kSleeping) {
+      out << ", asleep at level " << static_cast<int>(st.sleep_level);
+      if (last_sleep_) {
+        out << " since seq " << last_sleep_seq_ << " (sleep '" << E(last_sleep_->id) << "')";
+      }
+    }
+    out << "\n";
+  } else if (kind == PlanTrace::Kind::kSleep) {
+    out << "  sleep '" << E(t.update_id) << "' at level " << static_cast<int>(plan_->level)
+        << " kept " << committed << ", the committed version (a sleep publishes nothing)\n";
+  } else if (kind == PlanTrace::Kind::kWake) {
+    out << "  wake-up '" << E(t.update_id) << "' from level " << static_cast<int>(plan_->level)
+        << " kept " << committed << ", the committed version (a wake-up publishes nothing)\n";
+  } else {
+    out << "  update '" << E(t.update_id) << "' targeted '" << E(t.target.label) << "' (generation "
+        << t.target.generation << "); last committed version '" << E(st.committed.label)
+        << "' (generation " << st.committed.generation << ")\n";
+  }
+}
+
+void Replayer::ExplainReading(const TaintRecord& t, std::ostringstream& out) const {
   bool intent = false;
   for (const journal::Record& r : update_records_) {
-    if (const auto* e = std::get_if<EffectStarted>(&r.event);
-        e != nullptr && e->kind == EffectKind::kTransfer) {
-      intent = true;
-      out << "  seq " << r.seq << ": transfer intent durable (deadline " << e->deadline_ms
-          << " ms) - from here on the engine's weights may have changed\n";
-    }
-    if (const auto* o = std::get_if<TransferObserved>(&r.event)) {
-      out << "  seq " << r.seq << ": transfer " << (o->acknowledged ? "acknowledged" : "failed")
-          << ", mutation " << mutation_name(o->mutation) << ", " << o->bytes_sent << " bytes / "
-          << o->tensors_sent << " tensors in " << o->duration_us / 1000 << " ms"
-          << (o->error.empty() ? "" : ": " + E(o->error)) << "\n";
-    }
-    if (const auto* c = std::get_if<CacheResetObserved>(&r.event)) {
-      out << "  seq " << r.seq << ": " << cache_name(c->cache) << " cache reset "
-          << E(describe(c->http)) << " success=" << (c->reported_success ? "true" : "false")
-          << (c->success_unreported ? " (not reported by the engine)" : "") << "\n";
-    }
-    if (const auto* v = std::get_if<ValidationObserved>(&r.event)) {
-      out << "  seq " << r.seq << ": validation " << E(describe(v->http)) << " reported '"
-          << E(v->reported_label) << "'\n";
-    }
-    if (std::holds_alternative<RecoveryStarted>(r.event)) {
-      out << "  seq " << r.seq << ": executor restarted\n";
-    }
+    const auto* e = std::get_if<EffectStarted>(&r.event);
+    intent = intent || (e != nullptr && e->kind == EffectKind::kTransfer);
   }
   switch (t.cause) {
     case Cause::kTransferAmbiguous:
@@ -211,23 +434,46 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
                   : "  reading: after the mutation the engine did not prove it serves the "
                     "target; the weights it holds are unknown.\n");
       break;
+    case Cause::kSleepFailed:
+      out << "  reading: the sleep may have released the engine's memory without it reporting "
+             "asleep (vLLM unmaps before its last check can fail); what its weights and KV "
+             "cache hold is unknown until proven.\n";
+      break;
+    case Cause::kWakeFailed:
+      out << "  reading: the wake-up of the weights did not answer cleanly, so they may be mapped "
+             "again (after level 1, overwritten by the host copy) or still asleep; what the "
+             "engine holds is unknown until proven.\n";
+      break;
+    case Cause::kEngineWokenExternally:
+      out << "  reading: someone resumed the sleeping engine outside RolloutCore; it would serve "
+             "from memory it had released to the trainer, so nothing it holds can be claimed.\n";
+      break;
     default:
       break;
   }
-  out << "  nothing was published and no rollout was admitted after this point.\n";
+}
+
+// The restore that would bring it back, or why none can be proven.
+void Replayer::ExplainRecovery(std::ostringstream& out) const {
   const State& st = report_.state;
-  if (st.label_digests.count(st.committed.label) != 0) {
-    out << "  recover: restore it with proof, e.g. `rolloutcore restore --label '"
-        << E(st.committed.label) << "' --source <where its weights are>` (or --adopt for an "
-        << "engine restarted on that checkpoint): it serves again only if its weight digest "
-        << "equals the recorded one.";
-  } else {
+  if (st.label_digests.count(st.committed.label) == 0) {
     out << "  recover: no weight digest was recorded for '" << E(st.committed.label)
         << "', so no restore can be proven: restart the engine from a known checkpoint and "
            "start a new journal.";
+    return;
   }
-  incident.explanation = out.str();
-  return incident;
+  out << "  recover: restore it with proof, e.g. `rolloutcore restore --label '"
+      << E(st.committed.label) << "' --source <where its weights are>`";
+  if (st.sleep_level > 0) {
+    out << ": the engine may be asleep (level " << static_cast<int>(st.sleep_level)
+        << "), so the restore wakes its weights before the reload and its KV cache last"
+        << (st.sleep_level == 1 ? " (or --adopt: the weights it wakes with are proven as found)"
+                                : "")
+        << "; it serves again only if its weight digest equals the recorded one.";
+    return;
+  }
+  out << " (or --adopt for an engine restarted on that checkpoint): it serves again only if its "
+         "weight digest equals the recorded one.";
 }
 
 }  // namespace
@@ -258,13 +504,20 @@ std::string FormatReport(const ReplayReport& report) {
       << ", aborted " << c.rollouts_aborted << ", abandoned " << c.rollouts_abandoned
       << "; updates: requested " << c.updates_requested << ", committed " << c.updates_committed
       << ", refused " << c.updates_refused << "; restores: requested " << c.restores_requested
-      << ", proven " << c.restores_committed << "; recoveries " << c.recoveries << "\n";
+      << ", proven " << c.restores_committed << "; sleeps: requested " << c.sleeps_requested
+      << ", committed " << c.sleeps_committed << "; wake-ups: requested " << c.wakes_requested
+      << ", committed " << c.wakes_committed << "; recoveries " << c.recoveries << "\n";
   if (report.ok) {
     out << "verification: OK (hash chain, legality of every record, every decision reproduced)\n";
   } else {
     out << "verification: FAILED at seq " << report.first_bad_seq << ": " << E(report.error)
         << "\n";
   }
+  if (report.colocated_count > report.colocated.size()) {
+    out << "sleeps and wake-ups: the first " << report.colocated_count - report.colocated.size()
+        << " of " << report.colocated_count << " are not kept (replay --events shows them)\n";
+  }
+  for (const ColocatedStep& c : report.colocated) out << c.line << "\n";
   for (const TaintIncident& i : report.incidents) out << i.explanation << "\n";
   for (const RestoreProof& r : report.restores) out << r.explanation << "\n";
   return out.str();
@@ -296,6 +549,15 @@ std::string ReportJson(const ReplayReport& report) {
     j["restores"].push_back({{"publish_seq", r.publish_seq},
                              {"restore_id", r.restore_id},
                              {"explanation", r.explanation}});
+  }
+  j["colocated_count"] = report.colocated_count;
+  j["colocated"] = nlohmann::json::array();
+  for (const ColocatedStep& c : report.colocated) {
+    j["colocated"].push_back({{"request_seq", c.request_seq},
+                              {"end_seq", c.end_seq},
+                              {"plan_id", c.plan_id},
+                              {"kind", c.kind},
+                              {"line", c.line}});
   }
   return DumpSafe(j, 2);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,19 @@ struct RestoreProof {
   std::string explanation;
 };
 
+// Colocated mode, one line each: a sleep, a wake-up, or an update or restore that woke a sleeping
+// engine: what it asked, the device memory the engine's workers reported around /sleep and
+// /wake_up, and how it ended. Sleeps and wake-ups keep the committed version: never updates.
+struct ColocatedStep {
+  std::uint64_t request_seq = 0;
+  std::uint64_t end_seq = 0;  // the transition that ended it; 0: in flight where replay stopped
+  std::string plan_id;
+  std::string kind;  // "sleep", "wake-up", "update from sleep", "restore from sleep"
+  std::string line;  // escaped: one line whatever the journal holds
+};
+// The last ones are kept (a trainer sleeps once per step); colocated_count stays exact.
+inline constexpr std::size_t kColocatedStepsMax = 1024;
+
 struct ReplayReport {
   State state;                // folded state at until_seq (or head)
   std::uint64_t records = 0;  // records visited
@@ -40,6 +54,8 @@ struct ReplayReport {
   std::string error;  // what is wrong at first_bad_seq
   std::vector<TaintIncident> incidents;
   std::vector<RestoreProof> restores;
+  std::deque<ColocatedStep> colocated;  // the last kColocatedStepsMax, in journal order
+  std::uint64_t colocated_count = 0;
 };
 
 // Streams the journal once. Never fails on bad content: a broken chain, an illegal record or a
