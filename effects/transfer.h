@@ -18,6 +18,13 @@ struct TransferTarget {
   std::string source_uri;   // "safetensors:/path", "ipc:/path/to/handles.json", "synthetic:..."
 };
 
+// A step that ended a transfer short: how far the engine may have changed, and why (each
+// transfer's Transfer() turns it into the TransferObserved the fold classifies).
+struct TransferStepFailed {
+  MutationClass mutation = MutationClass::kNone;
+  std::string error;
+};
+
 class WeightTransfer {
  public:
   virtual ~WeightTransfer() = default;

@@ -87,11 +87,7 @@ class CheckpointReload final : public WeightTransfer {
   PreflightObserved Preflight(const TransferTarget& target) override;
   TransferObserved Transfer(const TransferTarget& target, std::uint64_t deadline_ms) override;
 
-  // A step that ended the transfer short: how far the engine may have changed, and why.
-  struct StepFailed {
-    MutationClass mutation = MutationClass::kNone;
-    std::string error;
-  };
+  using StepFailed = TransferStepFailed;
 
  private:
   // rc_checkpoint_manifest over the engine's workers; changes nothing.

@@ -72,10 +72,7 @@ class IpcTransfer final : public WeightTransfer {
   PreflightObserved Preflight(const TransferTarget& target) override;
   TransferObserved Transfer(const TransferTarget& target, std::uint64_t deadline_ms) override;
 
-  struct StepFailed {
-    MutationClass mutation = MutationClass::kNone;
-    std::string error;
-  };
+  using StepFailed = TransferStepFailed;
 
  private:
   // Why the engine's workers cannot open these handles ("" when every worker's GPU is named).

@@ -51,11 +51,7 @@ class HttpSequenceTransfer : public WeightTransfer {
     return p;
   }
 
-  // A step that ended a transfer short: how far the engine may have changed, and why.
-  struct StepFailed {
-    MutationClass mutation = MutationClass::kNone;
-    std::string error;
-  };
+  using StepFailed = TransferStepFailed;
 
  private:
   // /get_world_size then /init_weight_transfer_engine (once per engine).
