@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
     std::printf("replay with:\n  %s\n", rc::sim::ReplayCommand(o, plan).c_str());
     if (args.shrink) {
       std::fflush(stdout);
-      const rc::sim::FaultPlan minimal = rc::sim::Shrink(o, plan);
+      const rc::sim::FaultPlan minimal = rc::sim::Shrink("/proc/self/exe", o, plan);
       std::printf("minimal fault schedule (%zu of %zu faults):\n  %s\n", minimal.size(),
                   plan.size(), rc::sim::ReplayCommand(o, minimal).c_str());
     }

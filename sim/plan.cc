@@ -107,36 +107,62 @@ void SimStats::Add(const SimStats& o) {
   for (const auto& [k, n] : o.taints) taints[k] += n;
 }
 
+std::vector<std::string> ReplayArgs(const SimOptions& o, const FaultPlan& plan) {
+  std::vector<std::string> args = {"--seed", std::to_string(o.seed)};
+  if (o.cycles != SimOptions{}.cycles)
+    args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
+  if (!o.monitor_during_recovery) args.emplace_back("--no-monitor-during-recovery");
+  args.insert(args.end(), {"--faults", FormatPlan(plan)});
+  return args;
+}
+
 std::string ReplayCommand(const SimOptions& o, const FaultPlan& plan) {
-  std::string cmd = "rolloutcore-sim --seed " + std::to_string(o.seed);
-  if (o.cycles != SimOptions{}.cycles) cmd += " --cycles " + std::to_string(o.cycles);
-  if (!o.monitor_during_recovery) cmd += " --no-monitor-during-recovery";
-  cmd += " --faults '" + FormatPlan(plan) + "'";
+  std::string cmd = "rolloutcore-sim";
+  const std::vector<std::string> args = ReplayArgs(o, plan);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const bool faults = i > 0 && args[i - 1] == "--faults";  // may be empty: quoted
+    cmd += faults ? " '" + args[i] + "'" : " " + args[i];
+  }
   return cmd;
 }
 
 namespace {
 
-// Runs the plan in a forked child (the parent holds no journal, so forking is safe): true when
-// it fails, by a violation or by an aborting assertion.
-bool FailsIsolated(const SimOptions& options, const FaultPlan& plan) {
+enum class Trial : std::uint8_t { kPasses, kFails, kUnknown };
+
+// Runs the plan in a new process of the simulator (fork, then exec: RocksDB's background threads
+// do not survive a bare fork, and a child that closed a journal would wait on them forever).
+// Fails by a violation (exit 1) or an aborting assertion (a signal); 127 and up: no run.
+Trial RunIsolated(const std::string& sim_path, const SimOptions& options, const FaultPlan& plan) {
+  std::vector<std::string> args = ReplayArgs(options, plan);
+  args.insert(args.begin(), sim_path);
+  args.insert(args.end(), {"--no-shrink", "--quiet"});
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
-    const int null_fd = open("/dev/null", 1);
-    if (null_fd >= 0) dup2(null_fd, 2);  // the child's assertion text is not the report
-    SimResult r = Run(options, plan);
-    _exit(r.violations.empty() ? 0 : 1);
+    const int null_fd = open("/dev/null", O_WRONLY);
+    if (null_fd >= 0) {  // the child's report and assertion text are not the parent's
+      dup2(null_fd, 1);
+      dup2(null_fd, 2);
+    }
+    execv(sim_path.c_str(), argv.data());
+    _exit(127);
   }
-  if (pid < 0) return true;
+  if (pid < 0) return Trial::kUnknown;
   int status = 0;
-  waitpid(pid, &status, 0);
-  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (waitpid(pid, &status, 0) != pid) return Trial::kUnknown;
+  if (WIFSIGNALED(status)) return Trial::kFails;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) > 1) return Trial::kUnknown;
+  return WEXITSTATUS(status) == 1 ? Trial::kFails : Trial::kPasses;
 }
 
 }  // namespace
 
-FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t trials_max) {
+FaultPlan Shrink(const std::string& sim_path, const SimOptions& options, const FaultPlan& plan,
+                 std::uint32_t trials_max) {
   FaultPlan best = plan;
   std::uint32_t trials = 0;
   // Halves first (cheap big steps), then one fault at a time; keep any smaller plan that fails.
@@ -148,7 +174,9 @@ FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t
         if (i < start || i >= start + chunk) candidate.push_back(best[i]);
       }
       ++trials;
-      if (FailsIsolated(options, candidate)) {
+      const Trial t = RunIsolated(sim_path, options, candidate);
+      if (t == Trial::kUnknown) return best;  // the simulator cannot be run: keep what failed
+      if (t == Trial::kFails) {
         best = std::move(candidate);
       } else {
         start += chunk;

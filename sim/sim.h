@@ -89,11 +89,14 @@ struct SimResult {
 // aborts the process (assertions stay on), which the caller reports with the replay command.
 SimResult Run(const SimOptions& options, const FaultPlan& plan);
 
-// The command that replays a run exactly.
+// The command that replays a run exactly, and its arguments (without the program name).
 std::string ReplayCommand(const SimOptions& options, const FaultPlan& plan);
+std::vector<std::string> ReplayArgs(const SimOptions& options, const FaultPlan& plan);
 
-// Removes faults while the run still fails (each trial in a forked child, so that an aborting
-// fold is a failure too, not the end of the shrink); returns a minimal failing plan.
-FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t trials_max = 64);
+// Removes faults while the run still fails (each trial a new process of the simulator at
+// `sim_path`, so that an aborting fold is a failure too, not the end of the shrink); returns a
+// minimal failing plan.
+FaultPlan Shrink(const std::string& sim_path, const SimOptions& options, const FaultPlan& plan,
+                 std::uint32_t trials_max = 64);
 
 }  // namespace rc::sim
