@@ -44,6 +44,7 @@ void SimEngine::Die(std::uint32_t down_ms) {
     t_.alive = true;
     t_.instance++;
     t_.restarts++;
+    t_.up_since_us = s_.now_us();
     t_.label = kFreshEngineLabel;
     t_.weights = kInitialWeights;
     t_.paused = false;
@@ -69,6 +70,11 @@ void SimEngine::Begin(std::uint64_t id) {
   Request& r = requests_.at(id);
   if (asleep() && violations_.size() < 32) {
     violations_.push_back("rollout '" + r.rollout_id + "' served by a sleeping engine");
+  }
+  // A level-2 sleep discards the weights: mapped again they hold garbage until a transfer.
+  if (t_.weights.rfind(kDiscardedWeights, 0) == 0 && violations_.size() < 32) {
+    violations_.push_back("rollout '" + r.rollout_id + "' served by discarded weights '" +
+                          t_.weights + "'");
   }
   r.started = true;
   r.token = next_token_++;
@@ -134,9 +140,14 @@ void SimEngine::Wake(WakeTag tag) {
   }
   tag_asleep = false;
   if (tag == WakeTag::kWeights && t_.sleep_level >= 2) {
-    Mutate("discarded#" + std::to_string(t_.op));  // mapped again, contents undefined
+    Mutate(kDiscardedWeights + std::to_string(t_.op));  // mapped again, contents undefined
   }
   if (!asleep()) Resume();
+}
+
+void SimEngine::WakeAll() {
+  Wake(WakeTag::kWeights);
+  Wake(WakeTag::kKvCache);
 }
 
 void SimEngine::Mutate(const std::string& weights) {
@@ -279,8 +290,8 @@ ValidationObserved SimControl::WeightInfo() {
   v.engine_instance = e_.instance_name();
   const EngineTruth& t = e_.truth();
   v.digest = SimDigest(t.weights);
-  validated_ =
-      Validated{t.instance, t.weights, t.label, e_.CachesResetSinceMutation(), t.last_mutation_op};
+  validated_ = Validated{t.instance,         t.weights, t.label, e_.CachesResetSinceMutation(),
+                         t.last_mutation_op, t.paused};
   return v;
 }
 

@@ -15,11 +15,11 @@ namespace rc::sim {
 namespace {
 
 constexpr const char* kNames[] = {
-    "http_5xx",         "http_timeout",   "http_drop",    "http_refused",         "http_garbage",
-    "success_false",    "delay",          "engine_death", "engine_restart_ready", "relabel",
-    "external_pause",   "wal_fault",      "fsync_stall",  "executor_crash",       "clock_jump",
-    "preflight_refuse", "transfer_fail",  "disconnect",   "lease_stop",           "slow_rollout",
-    "silent_loss",      "external_update"};
+    "http_5xx",         "http_timeout",    "http_drop",    "http_refused",         "http_garbage",
+    "success_false",    "delay",           "engine_death", "engine_restart_ready", "relabel",
+    "external_pause",   "wal_fault",       "fsync_stall",  "executor_crash",       "clock_jump",
+    "preflight_refuse", "transfer_fail",   "disconnect",   "lease_stop",           "slow_rollout",
+    "silent_loss",      "external_update", "sleep_death",  "external_wake"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
 
 // Each fsync stall costs real time (the journal's stall deadline is a real-time bound): rare.
@@ -68,24 +68,46 @@ Result<FaultPlan> ParsePlan(const std::string& text) {
   return plan;
 }
 
-FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
-  const double intensities[] = {0.005, 0.02, 0.06, 0.15};
-  std::vector<std::pair<FaultKind, double>> enabled;
-  for (int k = 0; k < static_cast<int>(FaultKind::kCount); ++k) {
+namespace {
+
+constexpr double kIntensities[] = {0.005, 0.02, 0.06, 0.15};
+using Enabled = std::vector<std::pair<FaultKind, double>>;
+
+// The seed's subset of the kinds [from, to) and an intensity for each.
+Enabled EnableKinds(std::mt19937_64& rng, int from, int to) {
+  Enabled enabled;
+  for (int k = from; k < to; ++k) {
     const FaultKind kind = static_cast<FaultKind>(k);
     if (rng() % 2 != 0) continue;
     if (ExpensiveKind(kind) && rng() % 16 != 0) continue;
-    enabled.emplace_back(kind, ExpensiveKind(kind) ? 0.005 : intensities[rng() % 4]);
+    enabled.emplace_back(kind, ExpensiveKind(kind) ? 0.005 : kIntensities[rng() % 4]);
   }
-  FaultPlan plan;
+  return enabled;
+}
+
+void DrawCycle(std::mt19937_64& rng, const Enabled& enabled, std::uint32_t cycle, FaultPlan& plan) {
   std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (const auto& [kind, p] : enabled) {
+    if (u(rng) >= p) continue;
+    plan.push_back(Fault{kind, cycle, static_cast<std::uint32_t>(rng() % 64),
+                         static_cast<std::uint32_t>(rng() % 4096)});
+  }
+}
+
+}  // namespace
+
+// The colocated kinds come from a second stream: a seed's other faults are what they always were.
+FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
+  std::mt19937_64 colocated_rng(seed * 0xC2B2AE3D27D4EB4Full + 7);
+  const int first_colocated = static_cast<int>(kFirstColocatedFault);
+  const Enabled enabled = EnableKinds(rng, 0, first_colocated);
+  const Enabled colocated =
+      EnableKinds(colocated_rng, first_colocated, static_cast<int>(FaultKind::kCount));
+  FaultPlan plan;
   for (std::uint32_t c = 0; c < cycles; ++c) {
-    for (const auto& [kind, p] : enabled) {
-      if (u(rng) >= p) continue;
-      plan.push_back(Fault{kind, c, static_cast<std::uint32_t>(rng() % 64),
-                           static_cast<std::uint32_t>(rng() % 4096)});
-    }
+    DrawCycle(rng, enabled, c, plan);
+    DrawCycle(colocated_rng, colocated, c, plan);
   }
   return plan;
 }
@@ -105,6 +127,26 @@ void SimStats::Add(const SimStats& o) {
   restores += o.restores;
   restored += o.restored;
   for (const auto& [k, n] : o.taints) taints[k] += n;
+  colocated.Add(o.colocated);
+}
+
+void ColocatedStats::Add(const ColocatedStats& o) {
+  cycles += o.cycles;
+  began_asleep += o.began_asleep;
+  ended_asleep += o.ended_asleep;
+  sleeps += o.sleeps;
+  slept += o.slept;
+  wakes += o.wakes;
+  woken += o.woken;
+  updates_from_sleep += o.updates_from_sleep;
+  committed_from_sleep += o.committed_from_sleep;
+  refused_from_sleep += o.refused_from_sleep;
+  admissions_refused += o.admissions_refused;
+  refusals_probed += o.refusals_probed;
+  sleep_deaths += o.sleep_deaths;
+  external_wakes += o.external_wakes;
+  published_unpaused += o.published_unpaused;
+  for (const auto& [k, n] : o.taints) taints[k] += n;
 }
 
 std::vector<std::string> ReplayArgs(const SimOptions& o, const FaultPlan& plan) {
@@ -112,6 +154,10 @@ std::vector<std::string> ReplayArgs(const SimOptions& o, const FaultPlan& plan) 
   if (o.cycles != SimOptions{}.cycles)
     args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (!o.monitor_during_recovery) args.emplace_back("--no-monitor-during-recovery");
+  if (o.strict_paused) args.emplace_back("--strict-paused");
+  if (o.colocated_one_in != SimOptions{}.colocated_one_in) {
+    args.insert(args.end(), {"--colocated", std::to_string(o.colocated_one_in)});
+  }
   args.insert(args.end(), {"--faults", FormatPlan(plan)});
   return args;
 }
