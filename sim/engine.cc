@@ -133,6 +133,16 @@ void SimEngine::Sleep(std::uint8_t level) {
 }
 
 void SimEngine::Wake(WakeTag tag) {
+#ifdef RC_MUTANT_WAKE_KV_UNMAPPED
+  // Simulator mutant (off in every normal build): waking the KV cache resumes the scheduler but
+  // maps nothing, as vLLM does when its executor never marked itself sleeping (docs/
+  // vllm-protocol.md 8.2): the engine answers 200, reports not paused, and serves from memory it
+  // released.
+  if (tag == WakeTag::kKvCache && t_.kv_asleep) {
+    t_.paused = false;
+    return;
+  }
+#endif
   bool& tag_asleep = tag == WakeTag::kWeights ? t_.weights_asleep : t_.kv_asleep;
   if (!tag_asleep) {
     if (!asleep()) Resume();
