@@ -309,6 +309,7 @@ ResumeObserved SimControl::Resume() {
   bool applied = false;
   ResumeObserved r;
   r.http = Call(&applied);
+  mutation_op_at_resume_ = e_.truth().last_mutation_op;
   if (!applied) return r;
   e_.Resume();
   if (!r.http.ok_2xx()) return r;
@@ -411,6 +412,7 @@ WakeObserved SimControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
   o.tag = tag;
   o.http = Call(&applied);
   if (applied) e_.Wake(tag);
+  if (tag == WakeTag::kKvCache) mutation_op_at_resume_ = e_.truth().last_mutation_op;
   if (!o.http.ok_2xx() || tag != WakeTag::kKvCache) return o;
   o.is_paused_known = true;
   o.is_paused = e_.truth().paused;

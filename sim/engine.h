@@ -191,6 +191,10 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
     bool paused = false;  // nothing could be served while it answered
   };
   const std::optional<Validated>& validated() const { return validated_; }
+  // The weights' last mutation when the last resume (or KV wake-up, a sleeper's resume) answered:
+  // the point the fold publishes at. An outsider may change the engine after it, before the
+  // publish is durable and observed; that is the monitor's to taint.
+  std::uint64_t mutation_op_at_resume() const { return mutation_op_at_resume_; }
 
  private:
   // One call: latency, the death fault, then the injected fault. `applied` says whether the
@@ -201,6 +205,7 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   Scheduler& s_;
   CycleFaults f_;
   std::optional<Validated> validated_;
+  std::uint64_t mutation_op_at_resume_ = 0;
 };
 
 }  // namespace rc::sim

@@ -263,11 +263,15 @@ void World::CheckPublish(const VersionPublished& v) {
   // An engine restarted, or relabelled by someone else, after it answered the validation is
   // the monitor's to taint (checked at the end of the cycle): judge what validation vouched for.
   if (!t.alive || !val || val->instance != t.instance) return;
-  if (val->weights != v.identity.checkpoint || val->label != v.version.label ||
-      t.last_mutation_op != val->mutation_op) {
+  if (val->weights != v.identity.checkpoint || val->label != v.version.label) {
     Violate("published '" + v.version.label + "' (" + v.identity.checkpoint +
             ") but at validation the engine held '" + val->weights + "' labelled '" + val->label +
             "'");
+  }
+  if (ctl_.mutation_op_at_resume() != val->mutation_op) {
+    Violate("published '" + v.version.label +
+            "' though the weights changed between the validation " +
+            "and the resume that published them");
   }
   if (!val->caches_reset) {
     Violate("published '" + v.version.label + "' without every cache reset after the mutation");

@@ -77,6 +77,19 @@ TEST(Sim, MonitorDuringRecoveryBackoff) {
   ExpectPasses(o, PlanForSeed(o.seed, o.cycles));
 }
 
+// Regression seed (a false positive of the simulator, found by its campaign): an executor crash
+// after the intent of a sleeper's KV wake-up; the recovered runner woke it, published and, READY
+// but not yet re-verified, probed the engine before the publish was durable; meanwhile an outsider
+// replaced the weights, which the probe tainted. The publish check compared the validation with
+// the engine's weights when the publish was observed; it now judges them as they were when the
+// resume that published answered. Would catch that check blaming a publish on a later change.
+TEST(Sim, PublishJudgedAtItsResume) {
+  SimOptions o;
+  o.seed = 6000043;
+  o.cycles = 200;
+  ExpectPasses(o, PlanForSeed(o.seed, o.cycles));
+}
+
 // Proves that with no faults every cycle can be colocated (sleep at level 1 or 2, then a wake-up
 // or an update from sleep) and each plan commits, with every admission tried while asleep
 // refused; would catch a colocated path that cannot make progress, which would leave the
