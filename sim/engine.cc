@@ -44,6 +44,7 @@ void SimEngine::Die(std::uint32_t down_ms) {
     t_.alive = true;
     t_.instance++;
     t_.restarts++;
+    t_.up_since_us = s_.now_us();
     t_.label = kFreshEngineLabel;
     t_.weights = kInitialWeights;
     t_.paused = false;
@@ -69,6 +70,11 @@ void SimEngine::Begin(std::uint64_t id) {
   Request& r = requests_.at(id);
   if (asleep() && violations_.size() < 32) {
     violations_.push_back("rollout '" + r.rollout_id + "' served by a sleeping engine");
+  }
+  // A level-2 sleep discards the weights: mapped again they hold garbage until a transfer.
+  if (t_.weights.rfind(kDiscardedWeights, 0) == 0 && violations_.size() < 32) {
+    violations_.push_back("rollout '" + r.rollout_id + "' served by discarded weights '" +
+                          t_.weights + "'");
   }
   r.started = true;
   r.token = next_token_++;
@@ -127,6 +133,16 @@ void SimEngine::Sleep(std::uint8_t level) {
 }
 
 void SimEngine::Wake(WakeTag tag) {
+#ifdef RC_MUTANT_WAKE_KV_UNMAPPED
+  // Simulator mutant (off in every normal build): waking the KV cache resumes the scheduler but
+  // maps nothing, as vLLM does when its executor never marked itself sleeping (docs/
+  // vllm-protocol.md 8.2): the engine answers 200, reports not paused, and serves from memory it
+  // released.
+  if (tag == WakeTag::kKvCache && t_.kv_asleep) {
+    t_.paused = false;
+    return;
+  }
+#endif
   bool& tag_asleep = tag == WakeTag::kWeights ? t_.weights_asleep : t_.kv_asleep;
   if (!tag_asleep) {
     if (!asleep()) Resume();
@@ -134,9 +150,14 @@ void SimEngine::Wake(WakeTag tag) {
   }
   tag_asleep = false;
   if (tag == WakeTag::kWeights && t_.sleep_level >= 2) {
-    Mutate("discarded#" + std::to_string(t_.op));  // mapped again, contents undefined
+    Mutate(kDiscardedWeights + std::to_string(t_.op));  // mapped again, contents undefined
   }
   if (!asleep()) Resume();
+}
+
+void SimEngine::WakeAll() {
+  Wake(WakeTag::kWeights);
+  Wake(WakeTag::kKvCache);
 }
 
 void SimEngine::Mutate(const std::string& weights) {
@@ -279,8 +300,8 @@ ValidationObserved SimControl::WeightInfo() {
   v.engine_instance = e_.instance_name();
   const EngineTruth& t = e_.truth();
   v.digest = SimDigest(t.weights);
-  validated_ =
-      Validated{t.instance, t.weights, t.label, e_.CachesResetSinceMutation(), t.last_mutation_op};
+  validated_ = Validated{t.instance,         t.weights, t.label, e_.CachesResetSinceMutation(),
+                         t.last_mutation_op, t.paused};
   return v;
 }
 
@@ -288,6 +309,7 @@ ResumeObserved SimControl::Resume() {
   bool applied = false;
   ResumeObserved r;
   r.http = Call(&applied);
+  mutation_op_at_resume_ = e_.truth().last_mutation_op;
   if (!applied) return r;
   e_.Resume();
   if (!r.http.ok_2xx()) return r;
@@ -390,6 +412,7 @@ WakeObserved SimControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
   o.tag = tag;
   o.http = Call(&applied);
   if (applied) e_.Wake(tag);
+  if (tag == WakeTag::kKvCache) mutation_op_at_resume_ = e_.truth().last_mutation_op;
   if (!o.http.ok_2xx() || tag != WakeTag::kKvCache) return o;
   o.is_paused_known = true;
   o.is_paused = e_.truth().paused;

@@ -62,6 +62,8 @@ class SimClock final : public effects::Clock {
 enum class Line : std::uint8_t { k025, kNewer };  // vLLM 0.25.x vs the newer route behaviour
 
 inline constexpr const char* kInitialWeights = "ckpt/initial";
+// What a level-2 sleeper's weights hold once mapped again (followed by the op number).
+inline constexpr const char* kDiscardedWeights = "discarded#";
 
 // The engine's own truth, which the checks compare the journal against.
 struct EngineTruth {
@@ -75,6 +77,7 @@ struct EngineTruth {
   std::array<std::uint64_t, kCacheKinds> last_reset_op{};
   std::uint64_t transfer_epoch = 0;  // transfers that touched the weights
   std::uint64_t restarts = 0;
+  std::int64_t up_since_us = 0;                     // when this instance came up (virtual time)
   std::map<std::string, std::string> prefix_cache;  // key -> weights that computed the blocks
   // Colocated mode: what /sleep released, as vLLM keeps it (a second sleep keeps the first level).
   std::uint8_t sleep_level = 0;
@@ -102,6 +105,7 @@ class SimEngine {
                       std::uint32_t duration_ms, Done done);
   void Abort(std::uint64_t request_id);
   std::size_t running() const;
+  std::size_t requests() const { return requests_.size(); }  // running and queued
 
   // Route semantics (the fault-free effect of each call).
   void Pause() { t_.paused = true; }
@@ -115,6 +119,8 @@ class SimEngine {
   // /wake_up?tags=T: an asleep tag is mapped again (level-1 weights from the host copy, level-2
   // weights as garbage); the scheduler resumes once nothing sleeps. An awake tag is a no-op.
   void Wake(WakeTag tag);
+  // /wake_up without tags: every pool mapped again, then the scheduler resumes.
+  void WakeAll();
   bool asleep() const { return t_.weights_asleep || t_.kv_asleep; }
 
  private:
@@ -182,8 +188,13 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
     std::string weights, label;
     bool caches_reset = false;
     std::uint64_t mutation_op = 0;
+    bool paused = false;  // nothing could be served while it answered
   };
   const std::optional<Validated>& validated() const { return validated_; }
+  // The weights' last mutation when the last resume (or KV wake-up, a sleeper's resume) answered:
+  // the point the fold publishes at. An outsider may change the engine after it, before the
+  // publish is durable and observed; that is the monitor's to taint.
+  std::uint64_t mutation_op_at_resume() const { return mutation_op_at_resume_; }
 
  private:
   // One call: latency, the death fault, then the injected fault. `applied` says whether the
@@ -194,6 +205,7 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   Scheduler& s_;
   CycleFaults f_;
   std::optional<Validated> validated_;
+  std::uint64_t mutation_op_at_resume_ = 0;
 };
 
 }  // namespace rc::sim

@@ -4,6 +4,7 @@
 //   rolloutcore-sim --seed N [--faults SPEC] [--cycles C]    one seed (SPEC replaces its swarm)
 //   rolloutcore-sim --seeds A:B [--cycles C]                 seeds A..B-1, stops at the first
 //   failure
+//   --colocated N: one cycle in N (that starts READY) sleeps first; 0: no colocated cycles
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -35,7 +36,10 @@ struct Args {
   std::uint32_t cycles = rc::sim::SimOptions{}.cycles;
   bool shrink = true;
   bool quiet = false;
+  bool verbose = false;
+  bool strict_paused = false;
   bool monitor_during_recovery = true;
+  std::uint32_t colocated_one_in = rc::sim::SimOptions{}.colocated_one_in;
 };
 
 bool Parse(int argc, char** argv, Args& a) {
@@ -56,6 +60,9 @@ bool Parse(int argc, char** argv, Args& a) {
     } else if (arg == "--cycles" && next) {
       a.cycles = static_cast<std::uint32_t>(std::strtoul(next, nullptr, 10));
       ++i;
+    } else if (arg == "--colocated" && next) {
+      a.colocated_one_in = static_cast<std::uint32_t>(std::strtoul(next, nullptr, 10));
+      ++i;
     } else if (arg == "--monitor-during-recovery") {
       a.monitor_during_recovery = true;
     } else if (arg == "--no-monitor-during-recovery") {
@@ -64,6 +71,10 @@ bool Parse(int argc, char** argv, Args& a) {
       a.shrink = false;
     } else if (arg == "--quiet") {
       a.quiet = true;
+    } else if (arg == "--verbose") {
+      a.verbose = true;
+    } else if (arg == "--strict-paused") {
+      a.strict_paused = true;
     } else {
       return false;
     }
@@ -81,6 +92,18 @@ void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
       seeds, s.cycles, s.worlds, s.events, s.committed, s.refused, s.tainted, s.update_errors,
       s.restores, s.restored, s.restarts, s.admissions_acked, s.faults, s.full_checks,
       taints.c_str());
+  const rc::sim::ColocatedStats& c = s.colocated;
+  std::string colocated_taints;
+  for (const auto& [k, n] : c.taints) colocated_taints += " " + k + "=" + std::to_string(n);
+  std::printf(
+      "colocated: %lu cycles (%lu began asleep, %lu ended asleep); sleeps %lu slept %lu; wakes %lu "
+      "woken %lu; updates from sleep %lu committed %lu refused %lu; admissions refused while "
+      "asleep %lu; refusals probed %lu; deaths asleep %lu; external wakes %lu; published on an "
+      "unpaused validation %lu; taints:%s\n",
+      c.cycles, c.began_asleep, c.ended_asleep, c.sleeps, c.slept, c.wakes, c.woken,
+      c.updates_from_sleep, c.committed_from_sleep, c.refused_from_sleep, c.admissions_refused,
+      c.refusals_probed, c.sleep_deaths, c.external_wakes, c.published_unpaused,
+      colocated_taints.c_str());
 }
 
 }  // namespace
@@ -88,9 +111,11 @@ void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
 int main(int argc, char** argv) {
   Args args;
   if (!Parse(argc, argv, args)) {
-    std::fprintf(stderr,
-                 "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
-                 "[--cycles C] [--no-shrink] [--quiet] [--no-monitor-during-recovery]\n");
+    std::fprintf(
+        stderr,
+        "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
+        "[--cycles C] [--colocated N] [--strict-paused] [--no-shrink] [--quiet] [--verbose] "
+        "[--no-monitor-during-recovery]\n");
     return 2;
   }
   std::signal(SIGABRT, OnAbort);
@@ -100,6 +125,9 @@ int main(int argc, char** argv) {
     o.seed = seed;
     o.cycles = args.cycles;
     o.monitor_during_recovery = args.monitor_during_recovery;
+    o.colocated_one_in = args.colocated_one_in;
+    o.verbose = args.verbose;
+    o.strict_paused = args.strict_paused;
     rc::sim::FaultPlan plan = rc::sim::PlanForSeed(seed, o.cycles);
     if (args.explicit_faults) {
       auto parsed = rc::sim::ParsePlan(args.faults);
@@ -121,7 +149,7 @@ int main(int argc, char** argv) {
     std::printf("replay with:\n  %s\n", rc::sim::ReplayCommand(o, plan).c_str());
     if (args.shrink) {
       std::fflush(stdout);
-      const rc::sim::FaultPlan minimal = rc::sim::Shrink(o, plan);
+      const rc::sim::FaultPlan minimal = rc::sim::Shrink("/proc/self/exe", o, plan);
       std::printf("minimal fault schedule (%zu of %zu faults):\n  %s\n", minimal.size(),
                   plan.size(), rc::sim::ReplayCommand(o, minimal).c_str());
     }

@@ -15,11 +15,11 @@ namespace rc::sim {
 namespace {
 
 constexpr const char* kNames[] = {
-    "http_5xx",         "http_timeout",   "http_drop",    "http_refused",         "http_garbage",
-    "success_false",    "delay",          "engine_death", "engine_restart_ready", "relabel",
-    "external_pause",   "wal_fault",      "fsync_stall",  "executor_crash",       "clock_jump",
-    "preflight_refuse", "transfer_fail",  "disconnect",   "lease_stop",           "slow_rollout",
-    "silent_loss",      "external_update"};
+    "http_5xx",         "http_timeout",    "http_drop",    "http_refused",         "http_garbage",
+    "success_false",    "delay",           "engine_death", "engine_restart_ready", "relabel",
+    "external_pause",   "wal_fault",       "fsync_stall",  "executor_crash",       "clock_jump",
+    "preflight_refuse", "transfer_fail",   "disconnect",   "lease_stop",           "slow_rollout",
+    "silent_loss",      "external_update", "sleep_death",  "external_wake"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
 
 // Each fsync stall costs real time (the journal's stall deadline is a real-time bound): rare.
@@ -68,24 +68,46 @@ Result<FaultPlan> ParsePlan(const std::string& text) {
   return plan;
 }
 
-FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
-  const double intensities[] = {0.005, 0.02, 0.06, 0.15};
-  std::vector<std::pair<FaultKind, double>> enabled;
-  for (int k = 0; k < static_cast<int>(FaultKind::kCount); ++k) {
+namespace {
+
+constexpr double kIntensities[] = {0.005, 0.02, 0.06, 0.15};
+using Enabled = std::vector<std::pair<FaultKind, double>>;
+
+// The seed's subset of the kinds [from, to) and an intensity for each.
+Enabled EnableKinds(std::mt19937_64& rng, int from, int to) {
+  Enabled enabled;
+  for (int k = from; k < to; ++k) {
     const FaultKind kind = static_cast<FaultKind>(k);
     if (rng() % 2 != 0) continue;
     if (ExpensiveKind(kind) && rng() % 16 != 0) continue;
-    enabled.emplace_back(kind, ExpensiveKind(kind) ? 0.005 : intensities[rng() % 4]);
+    enabled.emplace_back(kind, ExpensiveKind(kind) ? 0.005 : kIntensities[rng() % 4]);
   }
-  FaultPlan plan;
+  return enabled;
+}
+
+void DrawCycle(std::mt19937_64& rng, const Enabled& enabled, std::uint32_t cycle, FaultPlan& plan) {
   std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (const auto& [kind, p] : enabled) {
+    if (u(rng) >= p) continue;
+    plan.push_back(Fault{kind, cycle, static_cast<std::uint32_t>(rng() % 64),
+                         static_cast<std::uint32_t>(rng() % 4096)});
+  }
+}
+
+}  // namespace
+
+// The colocated kinds come from a second stream: a seed's other faults are what they always were.
+FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
+  std::mt19937_64 colocated_rng(seed * 0xC2B2AE3D27D4EB4Full + 7);
+  const int first_colocated = static_cast<int>(kFirstColocatedFault);
+  const Enabled enabled = EnableKinds(rng, 0, first_colocated);
+  const Enabled colocated =
+      EnableKinds(colocated_rng, first_colocated, static_cast<int>(FaultKind::kCount));
+  FaultPlan plan;
   for (std::uint32_t c = 0; c < cycles; ++c) {
-    for (const auto& [kind, p] : enabled) {
-      if (u(rng) >= p) continue;
-      plan.push_back(Fault{kind, c, static_cast<std::uint32_t>(rng() % 64),
-                           static_cast<std::uint32_t>(rng() % 4096)});
-    }
+    DrawCycle(rng, enabled, c, plan);
+    DrawCycle(colocated_rng, colocated, c, plan);
   }
   return plan;
 }
@@ -105,38 +127,88 @@ void SimStats::Add(const SimStats& o) {
   restores += o.restores;
   restored += o.restored;
   for (const auto& [k, n] : o.taints) taints[k] += n;
+  colocated.Add(o.colocated);
+}
+
+void ColocatedStats::Add(const ColocatedStats& o) {
+  cycles += o.cycles;
+  began_asleep += o.began_asleep;
+  ended_asleep += o.ended_asleep;
+  sleeps += o.sleeps;
+  slept += o.slept;
+  wakes += o.wakes;
+  woken += o.woken;
+  updates_from_sleep += o.updates_from_sleep;
+  committed_from_sleep += o.committed_from_sleep;
+  refused_from_sleep += o.refused_from_sleep;
+  admissions_refused += o.admissions_refused;
+  refusals_probed += o.refusals_probed;
+  sleep_deaths += o.sleep_deaths;
+  external_wakes += o.external_wakes;
+  published_unpaused += o.published_unpaused;
+  for (const auto& [k, n] : o.taints) taints[k] += n;
+}
+
+std::vector<std::string> ReplayArgs(const SimOptions& o, const FaultPlan& plan) {
+  std::vector<std::string> args = {"--seed", std::to_string(o.seed)};
+  if (o.cycles != SimOptions{}.cycles)
+    args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
+  if (!o.monitor_during_recovery) args.emplace_back("--no-monitor-during-recovery");
+  if (o.strict_paused) args.emplace_back("--strict-paused");
+  if (o.colocated_one_in != SimOptions{}.colocated_one_in) {
+    args.insert(args.end(), {"--colocated", std::to_string(o.colocated_one_in)});
+  }
+  args.insert(args.end(), {"--faults", FormatPlan(plan)});
+  return args;
 }
 
 std::string ReplayCommand(const SimOptions& o, const FaultPlan& plan) {
-  std::string cmd = "rolloutcore-sim --seed " + std::to_string(o.seed);
-  if (o.cycles != SimOptions{}.cycles) cmd += " --cycles " + std::to_string(o.cycles);
-  if (!o.monitor_during_recovery) cmd += " --no-monitor-during-recovery";
-  cmd += " --faults '" + FormatPlan(plan) + "'";
+  std::string cmd = "rolloutcore-sim";
+  const std::vector<std::string> args = ReplayArgs(o, plan);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const bool faults = i > 0 && args[i - 1] == "--faults";  // may be empty: quoted
+    cmd += faults ? " '" + args[i] + "'" : " " + args[i];
+  }
   return cmd;
 }
 
 namespace {
 
-// Runs the plan in a forked child (the parent holds no journal, so forking is safe): true when
-// it fails, by a violation or by an aborting assertion.
-bool FailsIsolated(const SimOptions& options, const FaultPlan& plan) {
+enum class Trial : std::uint8_t { kPasses, kFails, kUnknown };
+
+// Runs the plan in a new process of the simulator (fork, then exec: RocksDB's background threads
+// do not survive a bare fork, and a child that closed a journal would wait on them forever).
+// Fails by a violation (exit 1) or an aborting assertion (a signal); 127 and up: no run.
+Trial RunIsolated(const std::string& sim_path, const SimOptions& options, const FaultPlan& plan) {
+  std::vector<std::string> args = ReplayArgs(options, plan);
+  args.insert(args.begin(), sim_path);
+  args.insert(args.end(), {"--no-shrink", "--quiet"});
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
-    const int null_fd = open("/dev/null", 1);
-    if (null_fd >= 0) dup2(null_fd, 2);  // the child's assertion text is not the report
-    SimResult r = Run(options, plan);
-    _exit(r.violations.empty() ? 0 : 1);
+    const int null_fd = open("/dev/null", O_WRONLY);
+    if (null_fd >= 0) {  // the child's report and assertion text are not the parent's
+      dup2(null_fd, 1);
+      dup2(null_fd, 2);
+    }
+    execv(sim_path.c_str(), argv.data());
+    _exit(127);
   }
-  if (pid < 0) return true;
+  if (pid < 0) return Trial::kUnknown;
   int status = 0;
-  waitpid(pid, &status, 0);
-  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (waitpid(pid, &status, 0) != pid) return Trial::kUnknown;
+  if (WIFSIGNALED(status)) return Trial::kFails;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) > 1) return Trial::kUnknown;
+  return WEXITSTATUS(status) == 1 ? Trial::kFails : Trial::kPasses;
 }
 
 }  // namespace
 
-FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t trials_max) {
+FaultPlan Shrink(const std::string& sim_path, const SimOptions& options, const FaultPlan& plan,
+                 std::uint32_t trials_max) {
   FaultPlan best = plan;
   std::uint32_t trials = 0;
   // Halves first (cheap big steps), then one fault at a time; keep any smaller plan that fails.
@@ -148,7 +220,9 @@ FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t
         if (i < start || i >= start + chunk) candidate.push_back(best[i]);
       }
       ++trials;
-      if (FailsIsolated(options, candidate)) {
+      const Trial t = RunIsolated(sim_path, options, candidate);
+      if (t == Trial::kUnknown) return best;  // the simulator cannot be run: keep what failed
+      if (t == Trial::kFails) {
         best = std::move(candidate);
       } else {
         start += chunk;

@@ -40,8 +40,13 @@ enum class FaultKind : std::uint8_t {
   kSlowRollout,         // a rollout runs 300..2300 ms: may outlive the drain
   kSilentLoss,          // the data plane drops chunks yet every call answers 2xx: weights partial
   kExternalUpdate,      // someone replaces the READY engine's weights (same process and label)
+  // Colocated faults: they act only while the engine sleeps (drawn from their own stream, so the
+  // kinds above are scheduled for a seed exactly as before they existed).
+  kSleepDeath,    // the sleeping engine dies a%100 ms into its sleep, back b%200 ms later
+  kExternalWake,  // someone wakes the sleeper a%100 ms into its sleep: /resume (b even) or /wake_up
   kCount
 };
+inline constexpr FaultKind kFirstColocatedFault = FaultKind::kSleepDeath;
 const char* FaultName(FaultKind k);
 
 struct Fault {
@@ -68,6 +73,27 @@ struct SimOptions {
   // The engine monitor also acts while a restarted runner recovers, as in the real executor
   // (--no-monitor-during-recovery pauses it there, to tell such interleavings apart).
   bool monitor_during_recovery = true;
+  // Colocated mode: one cycle in `colocated_one_in` that starts READY puts the engine to sleep
+  // first, then wakes it or updates it from sleep (0: never, every cycle is a plain update).
+  std::uint32_t colocated_one_in = 3;
+  // A plan from sleep on an engine that does not in fact sleep (restarted, or a sleep that never
+  // happened) resumes it at the wake-up of the weights (vLLM resumes a scheduler that does not
+  // sleep), so its transfer and validation run unpaused. The fold cannot tell those apart yet:
+  // such publishes are counted (published_unpaused), and are violations only when strict.
+  bool strict_paused = false;
+};
+
+// What the colocated cycles did (sleep, the asleep interval, the plan from sleep).
+struct ColocatedStats {
+  std::uint64_t cycles = 0, began_asleep = 0, ended_asleep = 0;
+  std::uint64_t sleeps = 0, slept = 0, wakes = 0, woken = 0;
+  std::uint64_t updates_from_sleep = 0, committed_from_sleep = 0, refused_from_sleep = 0;
+  std::uint64_t admissions_refused = 0;  // admissions tried while SLEEPING (every one refused)
+  std::uint64_t refusals_probed = 0;     // a wake or a wrong-manifest update after level 2
+  std::uint64_t sleep_deaths = 0, external_wakes = 0;
+  std::uint64_t published_unpaused = 0;         // see SimOptions::strict_paused
+  std::map<std::string, std::uint64_t> taints;  // taints in colocated cycles, by cause
+  void Add(const ColocatedStats& o);
 };
 
 struct SimStats {
@@ -76,6 +102,7 @@ struct SimStats {
   std::uint64_t full_checks = 0, faults = 0;
   std::uint64_t restores = 0, restored = 0;     // restores of a TAINTED engine; those committed
   std::map<std::string, std::uint64_t> taints;  // by cause
+  ColocatedStats colocated;
   void Add(const SimStats& o);
 };
 
@@ -89,11 +116,14 @@ struct SimResult {
 // aborts the process (assertions stay on), which the caller reports with the replay command.
 SimResult Run(const SimOptions& options, const FaultPlan& plan);
 
-// The command that replays a run exactly.
+// The command that replays a run exactly, and its arguments (without the program name).
 std::string ReplayCommand(const SimOptions& options, const FaultPlan& plan);
+std::vector<std::string> ReplayArgs(const SimOptions& options, const FaultPlan& plan);
 
-// Removes faults while the run still fails (each trial in a forked child, so that an aborting
-// fold is a failure too, not the end of the shrink); returns a minimal failing plan.
-FaultPlan Shrink(const SimOptions& options, const FaultPlan& plan, std::uint32_t trials_max = 64);
+// Removes faults while the run still fails (each trial a new process of the simulator at
+// `sim_path`, so that an aborting fold is a failure too, not the end of the shrink); returns a
+// minimal failing plan.
+FaultPlan Shrink(const std::string& sim_path, const SimOptions& options, const FaultPlan& plan,
+                 std::uint32_t trials_max = 64);
 
 }  // namespace rc::sim

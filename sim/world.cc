@@ -3,7 +3,10 @@
 #include <rocksdb/env.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -12,6 +15,7 @@
 #include "journal/testing/fault_env.h"
 #include "replay/replay.h"
 #include "sim/engine.h"
+#include "statemachine/describe.h"
 #include "statemachine/history.h"
 
 namespace rc::sim {
@@ -30,11 +34,34 @@ constexpr std::size_t kViolationsMax = 16;
 constexpr std::uint32_t kLeaseMs = 300;
 constexpr std::uint32_t kFinishRetriesMax = 200;  // an explicit client retries its finish (bounded)
 constexpr std::uint32_t kRestoresPerWorldMax = 3;  // failed restores in a row before retiring
+constexpr std::int64_t kTickUs = 10000;            // the monitor's and the reaper's period
+// The virtual time a colocated engine sleeps before it is woken or updated (the trainer's step).
+constexpr std::uint32_t kAsleepMsMin = 10;
+constexpr std::uint32_t kAsleepMsSpread = 140;
+constexpr std::uint32_t kAsleepAdmissionsMax = 4;  // clients that try to admit meanwhile
 const std::string kDigest(64, 'a');
 
+// Every checkpoint has the same manifest (one model, same tensors): after a level-2 sleep an
+// update carries the committed manifest, as the fold requires.
 WeightIdentity IdentityFor(const std::string& checkpoint, std::int64_t step) {
   return WeightIdentity{kDigest, "", checkpoint, "sim-run", step};
 }
+
+// The id a plan's request names ("" for any other event).
+std::string RequestId(const Event& e) {
+  if (const auto* u = std::get_if<UpdateRequested>(&e)) return u->update_id;
+  if (const auto* r = std::get_if<RestoreRequested>(&e)) return r->restore_id;
+  if (const auto* s = std::get_if<SleepRequested>(&e)) return s->sleep_id;
+  if (const auto* w = std::get_if<WakeRequested>(&e)) return w->wake_id;
+  return {};
+}
+
+// How one plan (an update, a restore, a sleep or a wake-up) ended for the world.
+struct PlanEnd {
+  bool world_ok = false;                 // false: a violation, or no journal to go on with
+  std::optional<UpdateOutcome> outcome;  // absent: the runner answered an error
+  bool is(UpdateOutcome o) const { return outcome == o; }
+};
 
 struct Client {
   std::string id;
@@ -64,7 +91,8 @@ class World {
         mem_(rocksdb::NewMemEnv(rocksdb::Env::Default())),
         faults_(std::make_unique<FaultEnv>(mem_.get())),
         path_("/sim/world-" + std::to_string(index)),
-        rng_(o.seed * 1000003 + index) {}
+        rng_(o.seed * 1000003 + index),
+        colocated_rng_(o.seed * 0x2545F4914F6CDD1Dull + index) {}
 
   ~World() {
     runner_.reset();
@@ -100,16 +128,35 @@ class World {
   void ClientDone(const std::string& id, bool ok);
   void ClientFinish(const std::string& id, RolloutOutcome outcome);
 
+  void RunPlans(std::uint32_t cycle);
   void RunUpdate(std::uint32_t cycle);
+  UpdateRequested UpdateFor(std::uint32_t cycle) const;
+  void CountUpdate(const PlanEnd& end);
   void RunRestore(std::uint32_t cycle);
   RestoreRequested PlanRestore(const State& s, std::uint32_t cycle);
+  PlanEnd RunPlan(const std::string& id, const std::function<Result<UpdateEnded>()>& run);
   [[nodiscard]] bool FinishEffect(const std::string& id, bool crashed, bool ok);
-  void CheckAdmissionsDuring(const std::string& update_id, std::uint64_t after_seq);
-  bool NeedsRestart(bool crashed, bool update_ok);
+  void EndPlan();
+  void CheckAdmissionsDuring(const std::string& id, std::uint64_t after_seq);
   bool Restart();
   void Sleep(std::uint32_t ms) { clock_.sleep_ms(ms); }
   void EndOfCycleChecks(std::uint32_t cycle);
+  void CheckSleeper(const State& s);
   void FullChecks(bool with_replay);
+
+  // Colocated mode (docs/lifecycle.md "Colocated mode: sleep and wake-up").
+  void RunColocated(std::uint32_t cycle);
+  void ContinueAsleep(std::uint32_t cycle);
+  void AsleepThenWake(std::uint32_t cycle, const std::string& sleep_id, std::uint64_t after_seq);
+  void AsleepInterval(std::uint32_t cycle);
+  void ArmAsleep();
+  [[nodiscard]] bool RunFromSleep(std::uint32_t cycle, const State& s);
+  void ProbeLevel2Refusals(std::uint32_t cycle);
+  void EndColocated(const std::string& sleep_id, std::uint64_t after_seq);
+  bool HealthySleeper(const State& s);
+  void CheckReadyAwake(const State& s);
+  void NoteTaint(const Event& e);
+  void Trace(std::uint64_t seq, const Event& e);
 
   const SimOptions& o_;
   std::uint64_t index_;
@@ -138,6 +185,11 @@ class World {
   std::set<std::string> wrong_sources_;  // restore ids sent the wrong checkpoint on purpose
   std::uint32_t cycles_ = 0, cycle_ = 0;
   std::string head_;
+  // Colocated choices draw from their own stream, so the other draws stay what they were.
+  std::mt19937_64 colocated_rng_;
+  bool colocated_ = false;  // a colocated plan is under way, or the engine sleeps
+  std::optional<Fault> sleep_death_, external_wake_;  // this cycle's, for the asleep interval
+  bool ready_asleep_reported_ = false;
 };
 
 // Someone updates the engine through its own routes, as a careful outsider would: once no
@@ -198,6 +250,8 @@ void World::NewRunner() {
 // The runner's observer: told of each event once durable. Where the executor "dies" on command.
 void World::OnDurable(std::uint64_t seq, const Event& e) {
   acked_.emplace_back(seq, e);
+  Trace(seq, e);
+  NoteTaint(e);
   if (const auto* v = std::get_if<VersionPublished>(&e)) CheckPublish(*v);
   if (crash_at_ > 0 && ++observed_ == crash_at_) faults_->Crash();
 }
@@ -209,21 +263,51 @@ void World::CheckPublish(const VersionPublished& v) {
   // An engine restarted, or relabelled by someone else, after it answered the validation is
   // the monitor's to taint (checked at the end of the cycle): judge what validation vouched for.
   if (!t.alive || !val || val->instance != t.instance) return;
-  if (val->weights != v.identity.checkpoint || val->label != v.version.label ||
-      t.last_mutation_op != val->mutation_op) {
+  if (val->weights != v.identity.checkpoint || val->label != v.version.label) {
     Violate("published '" + v.version.label + "' (" + v.identity.checkpoint +
             ") but at validation the engine held '" + val->weights + "' labelled '" + val->label +
             "'");
   }
+  if (ctl_.mutation_op_at_resume() != val->mutation_op) {
+    Violate("published '" + v.version.label +
+            "' though the weights changed between the validation " +
+            "and the resume that published them");
+  }
   if (!val->caches_reset) {
     Violate("published '" + v.version.label + "' without every cache reset after the mutation");
+  }
+  if (!val->paused) {
+    result_.stats.colocated.published_unpaused++;
+    if (o_.strict_paused) {
+      Violate("published '" + v.version.label + "' on a validation the engine answered unpaused");
+    }
   }
 }
 
 void World::Ack(const journal::Journal::Submitted& s, const Event& input) {
   acked_.emplace_back(s.ticket.result.first_seq, input);
+  Trace(s.ticket.result.first_seq, input);
   for (std::size_t i = 0; i < s.decisions.size(); ++i) {
     acked_.emplace_back(s.ticket.result.first_seq + 1 + i, s.decisions[i]);
+    Trace(s.ticket.result.first_seq + 1 + i, s.decisions[i]);
+    NoteTaint(s.decisions[i]);
+  }
+}
+
+// --verbose: every acknowledged event, as replay would print it, with the engine's truth.
+void World::Trace(std::uint64_t seq, const Event& e) {
+  if (!o_.verbose) return;
+  const EngineTruth& t = engine_.truth();
+  std::printf("w%lu c%u t=%ldms seq %lu %s  [engine %s%s %s '%s'%s%s]\n", index_, cycle_,
+              sched_.now_us() / 1000, seq, describe(e).c_str(), engine_.instance_name().c_str(),
+              t.alive ? "" : " dead", t.weights.c_str(), t.label.c_str(), t.paused ? " paused" : "",
+              engine_.asleep() ? " asleep" : "");
+}
+
+void World::NoteTaint(const Event& e) {
+  const auto* c = std::get_if<StateChanged>(&e);
+  if (colocated_ && c != nullptr && c->to == Lifecycle::kTainted) {
+    result_.stats.colocated.taints[cause_name(c->cause)]++;
   }
 }
 
@@ -283,7 +367,7 @@ bool World::Boot() {
   JournalTemplate::Get().CopyTo(faults_->env(), path_);
   if (!Open()) return false;
   NewRunner();
-  sched_.After(10000, [this] { Tick(); });
+  sched_.After(kTickUs, [this] { Tick(); });
   Status st = runner_->Bootstrap("rc-0", IdentityFor(kInitialWeights, 0));
   if (!st.ok()) Violate("bootstrap: " + st.ToString());
   return st.ok();
@@ -298,7 +382,7 @@ void World::Tick() {
     Reap();
     Monitor();
   }
-  sched_.After(10000, [this] { Tick(); });
+  sched_.After(kTickUs, [this] { Tick(); });
 }
 
 // The executor's lease reaper: an explicit rollout whose client stopped renewing is expired.
@@ -314,22 +398,51 @@ void World::Reap() {
   }
 }
 
-// The engine monitor: submits EngineMonitored only when something changed.
+// The engine monitor: submits EngineMonitored only when something changed. While SLEEPING it
+// watches too, without a weight digest (a sleeper's weights are not mapped), as serve does.
 void World::Monitor() {
   const State s = journal_->state();
-  if (s.lifecycle != Lifecycle::kReady || s.update.has_value()) return;
+  CheckReadyAwake(s);
+  const bool asleep = s.lifecycle == Lifecycle::kSleeping;
+  if ((s.lifecycle != Lifecycle::kReady && !asleep) || s.update.has_value()) return;
   if (recovering_ && !o_.monitor_during_recovery) return;
   EngineMonitored m = ctl_.Monitor();
+  if (asleep) m.digest = WeightDigest{};
   const bool reachable = m.http.ok_2xx();
   const bool drifted = !weights_match(s, m.digest);
-  const bool changed = reachable ? (!s.engine_reachable || s.engine_recheck ||
-                                    m.reported_label != s.committed.label || m.is_paused ||
-                                    m.engine_instance != s.engine_instance || drifted)
-                                 : s.engine_reachable;
+  const bool differs = asleep ? !engine_matches(s, m.reported_label, m.is_paused_known, m.is_paused,
+                                                m.engine_instance)
+                              : m.reported_label != s.committed.label || m.is_paused ||
+                                    m.engine_instance != s.engine_instance || drifted;
+  const bool changed =
+      reachable ? (!s.engine_reachable || s.engine_recheck || differs) : s.engine_reachable;
   if (!changed) return;
   m.updates_seen = monitor_epoch(s);
   m.last_ok_wall_ms = clock_.wall_ms();
+  const bool healthy_sleeper = asleep && HealthySleeper(s);
   SubmitAcked(m);  // a refusal (stale, an effect in flight) is the fold's word
+  if (healthy_sleeper && tainted()) {
+    Violate("the monitor tainted a healthy sleeper (same process and label, asleep, paused): " +
+            journal_->state().taint->detail);
+  }
+}
+
+// The engine's truth while SLEEPING: the process, the label and the sleep the fold knows.
+bool World::HealthySleeper(const State& s) {
+  const EngineTruth& t = engine_.truth();
+  return t.alive && engine_.instance_name() == s.engine_instance && t.label == s.committed.label &&
+         t.paused && engine_.asleep();
+}
+
+// READY never on an engine whose weights or KV cache sleep: it would serve from released memory.
+void World::CheckReadyAwake(const State& s) {
+  const EngineTruth& t = engine_.truth();
+  if (s.lifecycle != Lifecycle::kReady || s.update.has_value() || !t.alive) return;
+  if (!engine_.asleep() || ready_asleep_reported_) return;
+  ready_asleep_reported_ = true;
+  Violate("READY on '" + s.committed.label + "' while the engine's " +
+          (t.weights_asleep ? "weights sleep" : "KV cache sleeps") + " (level " +
+          std::to_string(t.sleep_level) + ")");
 }
 
 void World::ClientAdmit(const std::string& id) {
@@ -338,11 +451,15 @@ void World::ClientAdmit(const std::string& id) {
     c.alive = false;
     return;
   }
-  const RolloutAdmitted a = make_admission(journal_->state(), id, c.lease_ms);
-  if (!SubmitAcked(a)) {  // 503: refused while updating or tainted, or the journal failed
+  const State before = journal_->state();
+  const bool asleep = before.lifecycle == Lifecycle::kSleeping;
+  const RolloutAdmitted a = make_admission(before, id, c.lease_ms);
+  if (!SubmitAcked(a)) {  // 503: refused while updating, asleep or tainted, or the journal failed
+    if (asleep && !journal_->failed()) result_.stats.colocated.admissions_refused++;
     c.alive = false;
     return;
   }
+  if (asleep) Violate("admission of '" + id + "' acknowledged while SLEEPING");
   result_.stats.admissions_acked++;
   // Judged once the update is over: it may have ended (refused, say) inside a recovery that ran
   // before this admission, which is legal.
@@ -359,6 +476,9 @@ void World::ClientAdmit(const std::string& id) {
 
 void World::ClientSend(const std::string& id) {
   Client& c = clients_.at(id);
+  if (journal_->state().lifecycle == Lifecycle::kSleeping) {
+    Violate("rollout '" + id + "' sent a request to the engine while SLEEPING");
+  }
   // 0.25.x relies on the proxy's per-version cache_salt; the newer line on the resets.
   const std::string key =
       (engine_.line() == Line::k025 ? "salt-" + journal_->state().committed.label : std::string()) +
@@ -492,6 +612,12 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
     case FaultKind::kSlowRollout:
       if (!spawn.empty()) spawn[f.a % spawn.size()].duration_ms = 300 + f.b % 2000;
       break;
+    case FaultKind::kSleepDeath:
+      sleep_death_ = f;
+      break;
+    case FaultKind::kExternalWake:
+      external_wake_ = f;
+      break;
     case FaultKind::kCount:
       break;
   }
@@ -517,6 +643,8 @@ void World::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults) {
   result_.stats.cycles++;
   ctl_.faults() = CycleFaults{};
   restart_engine_ready_ = false;
+  sleep_death_.reset();
+  external_wake_.reset();
   std::mt19937_64 rng(o_.seed * 0x100000001B3ull ^ (std::uint64_t{cycle} << 20));
   std::vector<Client> spawn;
   Spawn(rng, spawn, cycle);
@@ -528,7 +656,7 @@ void World::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults) {
     sched_.After(at, [this, id] { ClientAdmit(id); });
   }
   Sleep(static_cast<std::uint32_t>(rng() % 20));
-  RunUpdate(cycle);
+  RunPlans(cycle);
   Sleep(60);  // rollouts finish, the monitor looks
   if (restart_engine_ready_ && journal_ && journal_->state().lifecycle == Lifecycle::kReady) {
     engine_.Die(static_cast<std::uint32_t>(rng() % 50));
@@ -542,39 +670,72 @@ void World::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults) {
   if (cycles_ % o_.check_every == 0) FullChecks(false);
 }
 
+// The cycle's plan: a restore of a TAINTED engine, a plan from sleep when the engine sleeps, a
+// colocated cycle (sleep, then a wake-up or an update from sleep) one time in colocated_one_in
+// when it is READY, else an update.
+void World::RunPlans(std::uint32_t cycle) {
+  const State s = journal_->state();
+  if (s.lifecycle == Lifecycle::kSleeping) return ContinueAsleep(cycle);
+  const bool can_sleep =
+      s.lifecycle == Lifecycle::kReady && !s.engine_recheck && !s.update.has_value();
+  if (can_sleep && o_.colocated_one_in > 0 && colocated_rng_() % o_.colocated_one_in == 0) {
+    return RunColocated(cycle);
+  }
+  RunUpdate(cycle);
+}
+
+// The trainer digests the checkpoint in the engine's layout: VALIDATING must see exactly it.
+UpdateRequested World::UpdateFor(std::uint32_t cycle) const {
+  const std::string ckpt = "ckpt/c" + std::to_string(cycle);
+  return UpdateRequested{"u" + std::to_string(index_) + "-" + std::to_string(cycle),
+                         "rc-c" + std::to_string(cycle), IdentityFor(ckpt, cycle),
+                         "synthetic:" + ckpt, SimDigest(ckpt).combined};
+}
+
+void World::CountUpdate(const PlanEnd& end) {
+  result_.stats.committed += end.is(UpdateOutcome::kCommitted);
+  result_.stats.refused += end.is(UpdateOutcome::kRefused);
+  result_.stats.tainted += end.is(UpdateOutcome::kTainted);
+}
+
 void World::RunUpdate(std::uint32_t cycle) {
   const State before = journal_->state();
   if (before.lifecycle == Lifecycle::kTainted) return RunRestore(cycle);
   if (before.lifecycle != Lifecycle::kReady || before.engine_recheck) return;
-  const std::string id = "u" + std::to_string(index_) + "-" + std::to_string(cycle);
-  const std::string ckpt = "ckpt/c" + std::to_string(cycle);
-  // The trainer digests the checkpoint in the engine's layout: VALIDATING must see exactly it.
-  const UpdateRequested request{id, "rc-c" + std::to_string(cycle), IdentityFor(ckpt, cycle),
-                                "synthetic:" + ckpt, SimDigest(ckpt).combined};
+  const UpdateRequested request = UpdateFor(cycle);
   update_open_ = true;
   const std::uint64_t request_after_seq = journal_->head_seq();
+  const PlanEnd end = RunPlan(request.update_id, [&] { return runner_->Update(request); });
+  CountUpdate(end);
+  if (!end.world_ok) return;
+  EndPlan();
+  CheckAdmissionsDuring(request.update_id, request_after_seq);
+}
+
+// Runs one plan to its end: the answer is recorded, its virtual time held to the budget, and the
+// executor restarted (when it died or failed) until nothing is in flight.
+PlanEnd World::RunPlan(const std::string& id, const std::function<Result<UpdateEnded>()>& run) {
   const std::int64_t start_ms = clock_.now_ms();
-  Result<UpdateEnded> ended = runner_->Update(request);
+  Result<UpdateEnded> ended = run();
   if (clock_.now_ms() - start_ms > kUpdateBudgetMs) {
-    Violate("update '" + id + "' ran " + std::to_string(clock_.now_ms() - start_ms) +
+    Violate("'" + id + "' ran " + std::to_string(clock_.now_ms() - start_ms) +
             " ms of virtual time (budget " + std::to_string(kUpdateBudgetMs) + ")");
   }
   const bool crashed = crash_at_ > 0 && observed_ >= crash_at_;
-  crash_at_ = 0;
+  if (crashed) crash_at_ = 0;
+  PlanEnd end;
   if (ended.ok()) {
     answers_[id] = ended->outcome;
-    result_.stats.committed += ended->outcome == UpdateOutcome::kCommitted;
-    result_.stats.refused += ended->outcome == UpdateOutcome::kRefused;
-    result_.stats.tainted += ended->outcome == UpdateOutcome::kTainted;
+    end.outcome = ended->outcome;
   } else {
     result_.stats.update_errors++;
   }
-  if (!FinishEffect(id, crashed, ended.ok())) return;
-  CheckAdmissionsDuring(id, request_after_seq);
+  end.world_ok = FinishEffect(id, crashed, ended.ok());
+  return end;
 }
 
-// After an update or a restore: restarts until nothing is in flight, then disarms the cycle's
-// faults that did not fire. False when the world cannot go on (a violation, or no journal).
+// After an update or a restore: restarts until nothing is in flight. False when the world cannot
+// go on (a violation, or no journal).
 bool World::FinishEffect(const std::string& id, bool crashed, bool ok) {
   bool restart = crashed || journal_->failed() || !ok;
   for (int k = 0; restart; ++k) {
@@ -586,10 +747,147 @@ bool World::FinishEffect(const std::string& id, bool crashed, bool ok) {
     if (!Restart()) return false;
     restart = journal_->state().update.has_value() || journal_->failed();
   }
-  update_open_ = false;
-  ctl_.faults() = CycleFaults{};  // what did not fire is disarmed
-  if (!journal_->failed()) faults_->Clear();
   return true;
+}
+
+// The cycle's last plan is over: what did not fire of its faults is disarmed.
+void World::EndPlan() {
+  update_open_ = false;
+  crash_at_ = 0;
+  ctl_.faults() = CycleFaults{};
+  sleep_death_.reset();
+  external_wake_.reset();
+  if (!journal_->failed()) faults_->Clear();
+}
+
+// A colocated cycle: the trainer puts the READY engine to sleep (level 1 or 2), trains while it
+// sleeps, then wakes it or updates it from sleep. The cycle's faults stay armed across both plans.
+void World::RunColocated(std::uint32_t cycle) {
+  ColocatedStats& st = result_.stats.colocated;
+  st.cycles++;
+  st.sleeps++;
+  const std::string id = "s" + std::to_string(index_) + "-" + std::to_string(cycle);
+  const auto level = static_cast<std::uint8_t>(1 + colocated_rng_() % 2);
+  const std::uint64_t after_seq = journal_->head_seq();
+  colocated_ = true;
+  update_open_ = true;
+  const PlanEnd slept = RunPlan(id, [&] { return runner_->Sleep(SleepRequested{id, level}); });
+  if (!slept.world_ok) return;
+  st.slept += slept.is(UpdateOutcome::kCommitted);
+  if (!journal_->failed() && journal_->state().lifecycle == Lifecycle::kSleeping) {
+    return AsleepThenWake(cycle, id, after_seq);
+  }
+  EndColocated(id, after_seq);
+}
+
+// The engine still sleeps from an earlier cycle (its plan from sleep was refused, or the journal
+// failed while it slept): this cycle wakes or updates it.
+void World::ContinueAsleep(std::uint32_t cycle) {
+  result_.stats.colocated.cycles++;
+  result_.stats.colocated.began_asleep++;
+  colocated_ = true;
+  update_open_ = true;
+  AsleepThenWake(cycle, "", journal_->head_seq());
+}
+
+void World::AsleepThenWake(std::uint32_t cycle, const std::string& sleep_id,
+                           std::uint64_t after_seq) {
+  AsleepInterval(cycle);
+  if (!journal_->failed() && journal_->state().lifecycle == Lifecycle::kSleeping) {
+    if (!RunFromSleep(cycle, journal_->state())) return;
+  }
+  EndColocated(sleep_id, after_seq);
+}
+
+// Virtual time passes with the engine asleep: clients keep trying to admit (each must be
+// refused), the monitor keeps watching, and the cycle's colocated faults strike.
+void World::AsleepInterval(std::uint32_t cycle) {
+  const auto interval_ms =
+      static_cast<std::uint32_t>(kAsleepMsMin + colocated_rng_() % kAsleepMsSpread);
+  const auto tries = static_cast<std::uint32_t>(1 + colocated_rng_() % kAsleepAdmissionsMax);
+  for (std::uint32_t i = 0; i < tries; ++i) {
+    Client c;
+    c.id = "z" + std::to_string(cycle) + "-" + std::to_string(i);
+    const std::string id = c.id;
+    const auto at_us = static_cast<std::int64_t>(colocated_rng_() % interval_ms) * 1000;
+    clients_[id] = std::move(c);
+    sched_.After(at_us, [this, id] { ClientAdmit(id); });
+  }
+  ArmAsleep();
+  Sleep(interval_ms);
+}
+
+// The colocated faults act on a sleeping engine only: one that was woken meanwhile is left be.
+void World::ArmAsleep() {
+  if (sleep_death_) {
+    const Fault f = *sleep_death_;
+    sched_.After(std::int64_t{f.a % 100} * 1000, [this, f] {
+      if (!engine_.truth().alive || !engine_.asleep()) return;
+      result_.stats.colocated.sleep_deaths++;
+      engine_.Die(f.b % 200);
+    });
+  }
+  if (external_wake_) {
+    const Fault f = *external_wake_;
+    sched_.After(std::int64_t{f.a % 100} * 1000, [this, f] {
+      if (!engine_.truth().alive || !engine_.asleep()) return;
+      result_.stats.colocated.external_wakes++;
+      if (f.b % 2 == 0) {
+        engine_.Resume();  // POST /resume: the scheduler runs on released memory
+      } else {
+        engine_.WakeAll();  // POST /wake_up without tags
+      }
+    });
+  }
+}
+
+// A wake-up (level 1 only, half the time) or an update from sleep; after level 2, one time in
+// four the refusals are probed first. False when the world cannot go on.
+bool World::RunFromSleep(std::uint32_t cycle, const State& s) {
+  ColocatedStats& st = result_.stats.colocated;
+  if (s.sleep_level >= 2 && colocated_rng_() % 4 == 0) ProbeLevel2Refusals(cycle);
+  if (s.sleep_level == 1 && colocated_rng_() % 2 == 0) {
+    const std::string id = "w" + std::to_string(index_) + "-" + std::to_string(cycle);
+    st.wakes++;
+    const PlanEnd woken = RunPlan(id, [&] { return runner_->Wake(WakeRequested{id}); });
+    st.woken += woken.is(UpdateOutcome::kCommitted);
+    return woken.world_ok;
+  }
+  const UpdateRequested request = UpdateFor(cycle);
+  st.updates_from_sleep++;
+  const PlanEnd end = RunPlan(request.update_id, [&] { return runner_->Update(request); });
+  CountUpdate(end);
+  st.committed_from_sleep += end.is(UpdateOutcome::kCommitted);
+  st.refused_from_sleep += end.is(UpdateOutcome::kRefused);
+  return end.world_ok;
+}
+
+// After a level-2 sleep the weights are garbage: a wake-up, and an update that does not carry the
+// committed manifest, must be refused with nothing journaled and the engine left asleep.
+void World::ProbeLevel2Refusals(std::uint32_t cycle) {
+  result_.stats.colocated.refusals_probed++;
+  const std::uint64_t head = journal_->head_seq();
+  const std::string wake_id = "w" + std::to_string(index_) + "-" + std::to_string(cycle) + "-l2";
+  const Result<UpdateEnded> woken = runner_->Wake(WakeRequested{wake_id});
+  UpdateRequested partial = UpdateFor(cycle);
+  partial.update_id += "-partial";
+  partial.identity.manifest_digest = std::string(64, 'b');
+  const Result<UpdateEnded> updated = runner_->Update(partial);
+  if (journal_->failed()) return;
+  const bool still_asleep = journal_->state().lifecycle == Lifecycle::kSleeping;
+  if (woken.ok() || updated.ok() || journal_->head_seq() != head || !still_asleep) {
+    Violate(std::string("after a level-2 sleep ") +
+            (woken.ok() ? "a wake-up" : "an update without the committed manifest") +
+            " was not refused (head " + std::to_string(head) + " -> " +
+            std::to_string(journal_->head_seq()) + ")");
+  }
+}
+
+// The colocated cycle is over (the engine may sleep on into the next one).
+void World::EndColocated(const std::string& sleep_id, std::uint64_t after_seq) {
+  EndPlan();
+  CheckAdmissionsDuring(sleep_id, after_seq);
+  colocated_ = !journal_->failed() && journal_->state().lifecycle == Lifecycle::kSleeping;
 }
 
 // The operator's restore of a TAINTED engine to the committed version: adopt (half the time)
@@ -612,43 +910,40 @@ void World::RunRestore(std::uint32_t cycle) {
   const RestoreRequested request = PlanRestore(before, cycle);
   update_open_ = true;
   const std::uint64_t request_after_seq = journal_->head_seq();
-  Result<UpdateEnded> ended = runner_->Restore(request);
-  const bool crashed = crash_at_ > 0 && observed_ >= crash_at_;
-  crash_at_ = 0;
-  const bool committed = ended.ok() && ended->outcome == UpdateOutcome::kCommitted;
-  if (ended.ok()) answers_[request.restore_id] = ended->outcome;
-  if (!ended.ok()) result_.stats.update_errors++;
+  const PlanEnd end = RunPlan(request.restore_id, [&] { return runner_->Restore(request); });
+  const bool committed = end.is(UpdateOutcome::kCommitted);
   result_.stats.restores++;
   result_.stats.restored += committed;
   if (committed && wrong_sources_.count(request.restore_id)) {
     Violate("restore '" + request.restore_id + "' from the wrong checkpoint was published");
   }
-  if (!FinishEffect(request.restore_id, crashed, ended.ok())) return;
+  if (!end.world_ok) return;
+  EndPlan();
   restores_failed_ = tainted() ? restores_failed_ + 1 : 0;
   CheckAdmissionsDuring(request.restore_id, request_after_seq);
 }
 
-// No admission between an update's request and its end: each admission acknowledged while the
-// update ran must come after the journal's UpdateEnded for it.
-void World::CheckAdmissionsDuring(const std::string& update_id, std::uint64_t after_seq) {
+// No admission while a plan, or the sleep it began, is open: the window opens at the request
+// named `id` (none: the cycle began asleep, so right after after_seq) and closes when the engine
+// is READY or TAINTED again (a committed sleep, or a refused plan from sleep, keeps it open).
+void World::CheckAdmissionsDuring(const std::string& id, std::uint64_t after_seq) {
   std::vector<std::pair<std::string, std::uint64_t>> admitted;
   admitted.swap(admitted_during_update_);
   if (admitted.empty() || !journal_ || journal_->failed()) return;
-  std::uint64_t requested_seq = 0, ended_seq = 0;
+  std::uint64_t opened = id.empty() ? after_seq : 0, closed = 0;
   Status st = journal_->Scan(after_seq + 1, 0, [&](const journal::Record& r) {
-    const auto* q = std::get_if<UpdateRequested>(&r.event);
-    if (q != nullptr && q->update_id == update_id) requested_seq = r.seq;
-    const auto* x = std::get_if<RestoreRequested>(&r.event);
-    if (x != nullptr && x->restore_id == update_id) requested_seq = r.seq;
-    const auto* e = std::get_if<UpdateEnded>(&r.event);
-    if (e != nullptr && e->update_id == update_id) ended_seq = r.seq;
+    if (opened == 0 && !id.empty() && RequestId(r.event) == id) opened = r.seq;
+    const auto* c = std::get_if<StateChanged>(&r.event);
+    const bool awake = c != nullptr && (c->to == Lifecycle::kReady || c->to == Lifecycle::kTainted);
+    if (opened != 0 && closed == 0 && awake) closed = r.seq;
     return Status::OK();
   });
-  if (!st.ok() || requested_seq == 0) return;  // refused before anything was journaled
+  if (!st.ok() || opened == 0) return;  // refused before anything was journaled
   for (const auto& [rollout_id, seq] : admitted) {
-    if (seq > requested_seq && (ended_seq == 0 || seq < ended_seq)) {
+    if (seq > opened && (closed == 0 || seq < closed)) {
       Violate("admission of '" + rollout_id + "' (seq " + std::to_string(seq) +
-              ") acknowledged while update '" + update_id + "' was open");
+              ") acknowledged while '" + (id.empty() ? std::string("the sleep") : id) +
+              "' was open");
     }
   }
 }
@@ -690,7 +985,8 @@ void World::EndOfCycleChecks(std::uint32_t cycle) {
   (void)cycle;
   if (!journal_ || journal_->failed()) return;
   const State s = journal_->state();
-  if (s.lifecycle != Lifecycle::kReady && s.lifecycle != Lifecycle::kTainted) {
+  if (s.lifecycle != Lifecycle::kReady && s.lifecycle != Lifecycle::kTainted &&
+      s.lifecycle != Lifecycle::kSleeping) {
     Violate(std::string("the cycle ended in ") + lifecycle_name(s.lifecycle));
     return;
   }
@@ -698,14 +994,39 @@ void World::EndOfCycleChecks(std::uint32_t cycle) {
     result_.stats.taints[cause_name(s.taint->cause)]++;
     return;
   }
+  if (s.lifecycle == Lifecycle::kSleeping) return CheckSleeper(s);
   const EngineTruth& t = engine_.truth();
   if (!s.engine_reachable || s.engine_recheck || !t.alive) return;
   const std::string want =
       s.committed.generation == 0 ? std::string(kInitialWeights) : s.committed_identity.checkpoint;
   if (t.weights != want || t.label != s.committed.label ||
-      engine_.instance_name() != s.engine_instance || t.paused) {
+      engine_.instance_name() != s.engine_instance || t.paused || engine_.asleep()) {
     Violate("READY on '" + s.committed.label + "' (" + want + ") but the engine holds '" +
-            t.weights + "' labelled '" + t.label + "'" + (t.paused ? ", paused" : ""));
+            t.weights + "' labelled '" + t.label + "'" + (t.paused ? ", paused" : "") +
+            (engine_.asleep() ? ", asleep" : ""));
+  }
+}
+
+// A cycle that ends SLEEPING: the engine the fold verified sleeps at the fold's level, paused,
+// holding no request. Another process is the monitor's to taint, within two ticks of its start.
+void World::CheckSleeper(const State& s) {
+  result_.stats.colocated.ended_asleep++;
+  const EngineTruth& t = engine_.truth();
+  if (!s.engine_reachable || s.engine_recheck || !t.alive) return;
+  if (engine_.instance_name() != s.engine_instance) {
+    if (sched_.now_us() - t.up_since_us > 2 * kTickUs) {
+      Violate("SLEEPING on '" + s.engine_instance + "' but '" + engine_.instance_name() +
+              "' answers since " + std::to_string((sched_.now_us() - t.up_since_us) / 1000) +
+              " ms");
+    }
+    return;
+  }
+  if (!engine_.asleep() || !t.paused || engine_.requests() > 0 || t.label != s.committed.label ||
+      t.sleep_level != s.sleep_level) {
+    Violate("SLEEPING at level " + std::to_string(s.sleep_level) + " on '" + s.committed.label +
+            "' but the engine is " + (engine_.asleep() ? "asleep" : "awake") + " at level " +
+            std::to_string(t.sleep_level) + (t.paused ? ", paused" : ", not paused") + ", holds " +
+            std::to_string(engine_.requests()) + " request(s), labelled '" + t.label + "'");
   }
 }
 
@@ -736,8 +1057,14 @@ void World::FullChecks(bool with_replay) {
   std::map<std::string, int> finishes;
   std::map<std::string, std::uint64_t> admitted_gen;
   std::uint64_t gen = 0;
+  Lifecycle lifecycle = Lifecycle::kUninitialized;  // as the journal's own StateChanged say
   for (const journal::Record& r : records) {
     history.push_back(HistoryEntry{r.seq, r.cause_seq, r.event});
+    if (const auto* c = std::get_if<StateChanged>(&r.event)) lifecycle = c->to;
+    if (std::holds_alternative<RolloutAdmitted>(r.event) && lifecycle != Lifecycle::kReady) {
+      Violate("admission journaled at seq " + std::to_string(r.seq) + " in " +
+              lifecycle_name(lifecycle));
+    }
     if (const auto* e = std::get_if<UpdateEnded>(&r.event)) ended[e->update_id] = e->outcome;
     if (const auto* v = std::get_if<VersionPublished>(&r.event)) gen = v->version.generation;
     if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) admitted_gen[a->rollout_id] = gen;

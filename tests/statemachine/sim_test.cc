@@ -1,10 +1,13 @@
 // Seeded simulator (TigerBeetle-style swarm testing): the production fold drives many update
 // cycles with many concurrent simulated rollouts, effect outcomes drawn from a per-seed fault mix,
-// and random executor restarts. After every step it checks the invariants and the contract; at the
-// end the refold and the history checker. Every failure message carries the seed to replay.
+// and random executor restarts; now and then a colocated sleep, then a wake-up or an update from
+// sleep. After every step it checks the invariants and the contract; at the end the refold and
+// the history checker. Every failure message carries the seed to replay.
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "tests/statemachine/gen.h"
@@ -14,9 +17,11 @@ namespace {
 
 struct SimResult {
   std::uint64_t steps = 0;
-  std::uint64_t committed = 0;
+  std::uint64_t committed = 0;  // updates and restores (sleeps and wake-ups apart)
   std::uint64_t refused = 0;
+  std::uint64_t updates_tainted = 0;
   bool tainted = false;
+  std::uint64_t slept = 0, woken = 0;  // sleeps and wake-ups committed
   std::uint64_t recoveries = 0;
   std::uint64_t drain_races = 0;  // drain observed while bindings were active
 };
@@ -49,6 +54,10 @@ class Sim {
  private:
   void tick() {
     res_.steps++;
+    if (std::optional<Event> colocated = colocated_input()) {
+      feed(*colocated);
+      return;
+    }
     // Client traffic in READY: keep many rollouts in flight.
     if (state_.lifecycle == Lifecycle::kReady && !state_.update &&
         state_.active.size() < rollouts_target_ && rng_.chance(60)) {
@@ -68,6 +77,58 @@ class Sim {
       return;
     }
     feed(gen_.next(state_, rng_));
+  }
+
+  // Colocated traffic, which the generator does not know: a READY engine is put to sleep now and
+  // then and a SLEEPING one is woken or updated; the sleep and wake-up effects get their intents
+  // (with the tag) and observations, good or bad as the seed's mix says.
+  std::optional<Event> colocated_input() {
+    if (state_.in_flight.has_value()) {
+      if (state_.in_flight->kind == EffectKind::kSleep) return sleep_observation();
+      if (state_.in_flight->kind == EffectKind::kWake)
+        return wake_observation(state_.in_flight->wake);
+      return std::nullopt;
+    }
+    const Effect due = next_effect(state_);
+    if (due.kind == EffectKind::kSleep || due.kind == EffectKind::kWake) {
+      return EffectStarted{due.kind, due.cache, 1000, due.wake};
+    }
+    if (state_.lifecycle == Lifecycle::kReady && !state_.update && rng_.chance(3)) {
+      const auto level = static_cast<std::uint8_t>(1 + rng_.below(2));
+      return SleepRequested{"s" + std::to_string(++ids_), level};
+    }
+    if (state_.lifecycle == Lifecycle::kSleeping && rng_.chance(80)) return plan_from_sleep();
+    return std::nullopt;
+  }
+
+  Event sleep_observation() {
+    const std::uint8_t level = state_.update->sleep_level;
+    if (rng_.chance(gen_.mix.resume_fail)) {
+      return rng_.chance(50) ? SleepObserved{random_bad_http(rng_), level, false, false, {}}
+                             : SleepObserved{ok_http(), level, true, false, {}};
+    }
+    return SleepObserved{ok_http(), level, true, true, {}};
+  }
+
+  Event wake_observation(WakeTag tag) {
+    const bool kv = tag == WakeTag::kKvCache;
+    if (rng_.chance(gen_.mix.resume_fail)) {
+      return rng_.chance(50) ? WakeObserved{random_bad_http(rng_), tag, false, true, {}}
+                             : WakeObserved{ok_http(), tag, kv, kv, {}};
+    }
+    return WakeObserved{ok_http(), tag, kv, false, {}};
+  }
+
+  // A wake-up (level 1 only) or an update carrying the committed manifest (required after level
+  // 2); now and then one with another manifest, which level 2 must refuse.
+  Event plan_from_sleep() {
+    const std::string n = std::to_string(++ids_);
+    if (state_.sleep_level == 1 && rng_.chance(50)) return WakeRequested{"w" + n};
+    WeightIdentity id = state_.committed_identity;
+    id.checkpoint = "/ckpt/s" + n;
+    if (rng_.chance(10)) id.manifest_digest = hex('9');
+    return UpdateRequested{"u" + n, "rc-" + std::to_string(state_.committed.generation + 1), id,
+                           "ipc:x"};
   }
 
   void feed(const Event& input) {
@@ -99,8 +160,10 @@ class Sim {
   }
 
   void account(const State& before, const Event& e) {
+    note_pools(e);
     if (const auto* a = std::get_if<RolloutAdmitted>(&e)) {
       ASSERT_EQ(before.lifecycle, Lifecycle::kReady) << where();
+      ASSERT_FALSE(weights_asleep_ || kv_asleep_) << where() << "admission while the engine sleeps";
       bound_[a->rollout_id] = a->version.generation;
     } else if (const auto* f = std::get_if<RolloutFinished>(&e)) {
       ASSERT_EQ(bound_.count(f->rollout_id), 1u) << where();
@@ -112,15 +175,43 @@ class Sim {
       ASSERT_EQ(p->version.generation, before.committed.generation + 1) << where();
       ASSERT_TRUE(bound_.empty()) << where() << "publish with live rollouts";
     } else if (const auto* u = std::get_if<UpdateEnded>(&e)) {
-      if (u->outcome == UpdateOutcome::kCommitted) res_.committed++;
-      if (u->outcome == UpdateOutcome::kRefused) res_.refused++;
-      if (u->outcome == UpdateOutcome::kTainted) res_.tainted = true;
+      account_end(*u);
+    } else if (const auto* c = std::get_if<StateChanged>(&e)) {
+      if (c->to == Lifecycle::kReady) {
+        ASSERT_FALSE(weights_asleep_ || kv_asleep_) << where() << "READY while the engine sleeps";
+      }
     } else if (const auto* x = std::get_if<EffectStarted>(&e)) {
       if (x->kind == EffectKind::kTransfer) {
         ASSERT_TRUE(before.active.empty()) << where() << "mutation with live rollouts";
+        ASSERT_FALSE(weights_asleep_) << where() << "transfer into sleeping weights";
       }
     } else if (std::holds_alternative<RecoveryStarted>(e)) {
       res_.recoveries++;
+    }
+  }
+
+  void account_end(const UpdateEnded& u) {
+    if (u.outcome == UpdateOutcome::kTainted) res_.tainted = true;
+    if (u.update_id[0] == 's' || u.update_id[0] == 'w') {  // a sleep or a wake-up
+      if (u.outcome == UpdateOutcome::kCommitted)
+        (u.update_id[0] == 's' ? res_.slept : res_.woken)++;
+      return;
+    }
+    if (u.outcome == UpdateOutcome::kCommitted) res_.committed++;
+    if (u.outcome == UpdateOutcome::kRefused) res_.refused++;
+    if (u.outcome == UpdateOutcome::kTainted) res_.updates_tainted++;
+  }
+
+  // The pools the engine certainly released, from the observations alone (an ambiguous answer
+  // proves nothing either way): the oracle for "no transfer into sleeping weights, nothing
+  // admitted or READY while asleep", independent of the fold's own fields.
+  void note_pools(const Event& e) {
+    if (const auto* sl = std::get_if<SleepObserved>(&e)) {
+      if (sl->http.ok_2xx() && sl->is_sleeping_known && sl->is_sleeping) {
+        weights_asleep_ = kv_asleep_ = true;
+      }
+    } else if (const auto* w = std::get_if<WakeObserved>(&e)) {
+      if (w->http.ok_2xx()) (w->tag == WakeTag::kWeights ? weights_asleep_ : kv_asleep_) = false;
     }
   }
 
@@ -132,7 +223,9 @@ class Sim {
     ASSERT_TRUE(rep.ok) << where() << rep.message;
     ASSERT_EQ(rep.summary.updates_committed, res_.committed) << where();
     ASSERT_EQ(rep.summary.updates_refused, res_.refused) << where();
-    ASSERT_EQ(rep.summary.updates_tainted, res_.tainted ? 1u : 0u) << where();
+    ASSERT_EQ(rep.summary.updates_tainted, res_.updates_tainted) << where();
+    ASSERT_EQ(rep.summary.sleeps_committed, res_.slept) << where();
+    ASSERT_EQ(rep.summary.wakes_committed, res_.woken) << where();
     std::uint64_t admitted = 0;
     for (const auto& [gen, v] : rep.summary.rollouts_by_generation) {
       admitted += v.admitted;
@@ -159,6 +252,7 @@ class Sim {
   std::vector<HistoryEntry> history_;
   std::vector<Event> accepted_;
   std::map<std::string, std::uint64_t> bound_;
+  bool weights_asleep_ = false, kv_asleep_ = false;
   SimResult res_;
 };
 
@@ -186,15 +280,18 @@ TEST(StatemachineSim, SwarmOfSeeds) {
     total.tainted = total.tainted || r.tainted;
     total.recoveries += r.recoveries;
     total.drain_races += r.drain_races;
+    total.slept += r.slept;
+    total.woken += r.woken;
   }
   std::printf(
       "sim: %d seeds, %llu steps, %llu committed, %llu refused, %llu recoveries, "
-      "%llu drain races\n",
+      "%llu drain races, %llu sleeps and %llu wake-ups committed\n",
       seeds, static_cast<unsigned long long>(total.steps),
       static_cast<unsigned long long>(total.committed),
       static_cast<unsigned long long>(total.refused),
       static_cast<unsigned long long>(total.recoveries),
-      static_cast<unsigned long long>(total.drain_races));
+      static_cast<unsigned long long>(total.drain_races),
+      static_cast<unsigned long long>(total.slept), static_cast<unsigned long long>(total.woken));
   // The simulator must actually exercise the lifecycle, or it proves nothing.
   if (std::getenv("RC_SIM_SEED") == nullptr) {
     EXPECT_GT(total.committed, 100u);
@@ -202,6 +299,8 @@ TEST(StatemachineSim, SwarmOfSeeds) {
     EXPECT_GT(total.drain_races, 10u);
     EXPECT_GT(total.recoveries, 10u);
     EXPECT_TRUE(total.tainted);
+    EXPECT_GT(total.slept, 10u);
+    EXPECT_GT(total.woken, 0u);
   }
 }
 
