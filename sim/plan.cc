@@ -145,7 +145,8 @@ void ColocatedStats::Add(const ColocatedStats& o) {
   refusals_probed += o.refusals_probed;
   sleep_deaths += o.sleep_deaths;
   external_wakes += o.external_wakes;
-  published_unpaused += o.published_unpaused;
+  restores_published_unpaused += o.restores_published_unpaused;
+  updates_published_unpaused += o.updates_published_unpaused;
   for (const auto& [k, n] : o.taints) taints[k] += n;
 }
 

@@ -277,9 +277,11 @@ void World::CheckPublish(const VersionPublished& v) {
     Violate("published '" + v.version.label + "' without every cache reset after the mutation");
   }
   if (!val->paused) {
-    result_.stats.colocated.published_unpaused++;
+    ColocatedStats& st = result_.stats.colocated;
+    (v.update_id[0] == 'x' ? st.restores_published_unpaused : st.updates_published_unpaused)++;
     if (o_.strict_paused) {
-      Violate("published '" + v.version.label + "' on a validation the engine answered unpaused");
+      Violate("'" + v.update_id + "' published '" + v.version.label +
+              "' on a validation the engine answered unpaused");
     }
   }
 }

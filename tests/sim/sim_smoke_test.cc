@@ -112,7 +112,7 @@ TEST(Sim, FaultFreeColocatedCyclesAllCommit) {
   EXPECT_GT(c.admissions_refused, 0u);
   EXPECT_EQ(r.stats.tainted, 0u);
   EXPECT_EQ(c.ended_asleep, 0u);
-  EXPECT_EQ(c.published_unpaused, 0u);
+  EXPECT_EQ(c.restores_published_unpaused + c.updates_published_unpaused, 0u);
 }
 
 // Proves that the swarm reaches the colocated paths under faults: sleeps, wake-ups and updates
@@ -121,7 +121,7 @@ TEST(Sim, FaultFreeColocatedCyclesAllCommit) {
 // that silently stopped exercising them (the checks would then pass vacuously).
 TEST(Sim, SwarmReachesColocatedPaths) {
   SimStats total;
-  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
     SimOptions o;
     o.seed = seed;
     o.cycles = 100;
@@ -147,7 +147,8 @@ TEST(Sim, SwarmReachesColocatedPaths) {
 // weights of an engine that no longer sleeps, which vLLM answers by resuming its scheduler, and
 // the transfer, resets and validation run unpaused before the version is published. The same
 // follows a sleeper that died and came back awake. Disabled until the fold or the runner tells an
-// awake engine from a sleeper (the simulator counts such publishes in published_unpaused).
+// awake engine from a sleeper (the simulator counts such publishes in
+// restores_published_unpaused).
 TEST(Sim, DISABLED_RestoreFromSleepValidatesPaused) {
   SimOptions o;
   o.seed = 3;
