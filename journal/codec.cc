@@ -339,8 +339,10 @@ HttpEvidence DecHttp(Decoder& d, const fb::HttpEvidence* v) {
   return h;
 }
 
+// Unknown memory decodes as the default value whatever figures a record carries beside it, so a
+// decoded event encodes back to the same bytes' meaning (EncMemory writes nothing for it).
 DeviceMemory DecMemory(const fb::DeviceMemory* v) {
-  if (v == nullptr) return {};
+  if (v == nullptr || !v->known()) return {};
   return DeviceMemory{v->known(), v->free_bytes_before(), v->free_bytes_after(), v->total_bytes()};
 }
 
