@@ -217,7 +217,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto digest = EncDigest(b, e.digest);
             return {fb::Payload::ValidationObserved,
                     fb::CreateValidationObserved(b, http, label, e.checks_passed, detail, instance,
-                                                 digest)
+                                                 digest, e.is_paused_known, e.is_paused)
                         .Union()};
           },
           [&](const ResumeObserved& e) -> Encoded {
@@ -445,7 +445,8 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       auto* e = r->payload_as_ValidationObserved();
       return ValidationObserved{DecHttp(d, e->http()),     Str(e->reported_label()),
                                 e->checks_passed(),        Str(e->detail()),
-                                Str(e->engine_instance()), DecDigest(e->digest())};
+                                Str(e->engine_instance()), DecDigest(e->digest()),
+                                e->is_paused_known(),      e->is_paused()};
     }
     case fb::Payload::ResumeObserved: {
       auto* e = r->payload_as_ResumeObserved();
@@ -655,7 +656,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
     update = fb::CreateUpdatePlan(b, update_id, target, id, uri, u.drain_seen, u.transfer_started,
                                   u.caches_reset_mask, u.validated, u.aborting, reason, expected,
                                   observed, u.restore, u.adopt, u.sleep_level, u.wake_only,
-                                  u.from_sleep, u.weights_awake, memory);
+                                  u.from_sleep, u.weights_awake, memory, u.wake_first, u.kv_awake);
   }
   Offset<fb::TaintRecord> taint;
   if (s.taint) {
@@ -757,6 +758,8 @@ State DecStateTable(Decoder& d, const fb::State* t) {
     p.from_sleep = u->from_sleep();
     p.weights_awake = u->weights_awake();
     p.sleep_memory = DecMemory(u->sleep_memory());
+    p.wake_first = u->wake_first();
+    p.kv_awake = u->kv_awake();
     s.update = std::move(p);
   }
   if (const auto* x = t->taint()) {

@@ -134,7 +134,8 @@ json Fields(const Event& event) {
             return json{
                 {"http", HttpEvidenceToJson(e.http)},   {"reported_label", e.reported_label},
                 {"checks_passed", e.checks_passed},     {"detail", e.detail},
-                {"engine_instance", e.engine_instance}, {"digest", WeightDigestToJson(e.digest)}};
+                {"engine_instance", e.engine_instance}, {"digest", WeightDigestToJson(e.digest)},
+                {"is_paused_known", e.is_paused_known}, {"is_paused", e.is_paused}};
           },
           [](const ResumeObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},
@@ -272,7 +273,9 @@ json StateToJson(const State& s) {
                          {"wake_only", u.wake_only},
                          {"from_sleep", u.from_sleep},
                          {"weights_awake", u.weights_awake},
-                         {"sleep_memory", DeviceMemoryToJson(u.sleep_memory)}};
+                         {"sleep_memory", DeviceMemoryToJson(u.sleep_memory)},
+                         {"wake_first", u.wake_first},
+                         {"kv_awake", u.kv_awake}};
   } else {
     out["update"] = nullptr;
   }

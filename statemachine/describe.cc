@@ -93,7 +93,8 @@ std::string one(const CacheResetObserved& e) {
 std::string one(const ValidationObserved& e) {
   return describe(e.http) + " label=" + q(e.reported_label) +
          " checks=" + (e.checks_passed ? "passed" : "failed") +
-         (e.detail.empty() ? "" : " " + e.detail) + instance(e.engine_instance) + digest(e.digest);
+         (e.detail.empty() ? "" : " " + e.detail) + instance(e.engine_instance) + digest(e.digest) +
+         (e.is_paused_known ? std::string(" is_paused=") + (e.is_paused ? "true" : "false") : "");
 }
 std::string one(const ResumeObserved& e) {
   return describe(e.http) +

@@ -184,6 +184,10 @@ struct ValidationObserved {
   std::string detail;
   std::string engine_instance;  // which engine process answered (see EngineProbed)
   WeightDigest digest;          // what the engine holds now, computed while paused
+  // GET /is_paused after the label and digest were read: evidence read from an engine someone
+  // resumed meanwhile was not checked paused (unknown: an engine without the route).
+  bool is_paused_known = false;
+  bool is_paused = true;
   bool operator==(const ValidationObserved&) const = default;
 };
 

@@ -188,6 +188,7 @@ bool legal_sleep_edge(Lifecycle from, Lifecycle to, Cause cause) {
   }
   if (is(L::kUpdating, L::kTainted)) return cause == C::kWakeFailed;
   if (is(L::kUpdating, L::kInvalidating)) return cause == C::kWoken;
+  if (is(L::kDraining, L::kTainted)) return cause == C::kWakeFailed;
   return false;
 }
 
@@ -332,7 +333,7 @@ Status apply_one(State& s, const RestoreRequested& e) {
   plan.expected_digest = s.label_digests.at(e.label);
   plan.restore = true;
   plan.adopt = e.adopt;
-  plan.from_sleep = s.sleep_level > 0;  // tainted while (possibly) asleep: wake it on the way
+  plan.wake_first = s.sleep_level > 0;  // tainted while (possibly) asleep: wake it, then drain
   s.update = std::move(plan);
   s.counters.restores_requested++;
   return Status::OK();
@@ -634,8 +635,14 @@ Status apply_one(State& s, const WakeObserved& e) {
   RC_RETURN_IF_ERROR(check_http(e.http));
   RC_RETURN_IF_ERROR(check_memory(e.memory));
   s.in_flight.reset();
-  if (e.tag == WakeTag::kWeights && e.http.ok_2xx()) {
+  if (!e.http.ok_2xx()) return Status::OK();
+  if (e.tag == WakeTag::kWeights) {
     s.update->weights_awake = true;
+    s.attempts = 0;
+  } else if (s.update->wake_first) {
+    // Both pools answered awake: whatever slept is mapped again, the engine no longer sleeps.
+    s.update->kv_awake = true;
+    s.sleep_level = 0;
     s.attempts = 0;
   }
   return Status::OK();
@@ -776,6 +783,7 @@ Status check_plan_kind(const UpdatePlan& u, const StateChanged& e) {
     ok = u.wake_only;
   }
   if (back_to_sleep) ok = ok && u.from_sleep && !u.restore;
+  if (e.from == L::kDraining && e.cause == Cause::kWakeFailed) ok = u.wake_first && !u.kv_awake;
   if (u.from_sleep && !u.restore && e.to == L::kResuming) ok = ok && e.cause == Cause::kValidated;
   if (ok) return Status::OK();
   return Status::Rejected(std::string("transition ") + lifecycle_name(e.from) + " -> " +
@@ -1206,6 +1214,11 @@ void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out
           "the engine process changed during the update (instance '" + e.engine_instance +
               "', verified '" + s.engine_instance + "')",
           out);
+  } else if (e.http.ok_2xx() && e.is_paused_known && !e.is_paused) {
+    taint(s, Cause::kValidationFailed,
+          "the engine was not paused when its weights were checked (resumed outside "
+          "RolloutCore during the update): the evidence proves nothing about what it served",
+          out);
   } else if (e.http.ok_2xx() && e.reported_label == want && e.checks_passed) {
     std::string why = digest_refusal(s, e.digest);
     if (!why.empty()) {
@@ -1279,8 +1292,21 @@ void derive_weights_woken(const State& s, const WakeObserved& e, std::vector<Eve
   }
 }
 
+// A restore wakes a possibly sleeping engine before it drains: the engine is TAINTED either way,
+// so a wake-up that did not answer 2xx (after its retries) ends the restore refused.
+void derive_woken_first(const State& s, const WakeObserved& e, std::vector<Event>& out) {
+  if (e.http.ok_2xx()) return;
+  if (e.http.transport != Transport::kTimeout && !out_of_attempts(s)) return;  // retried
+  refuse(s, Cause::kWakeFailed,
+         std::string("wake-up of the ") + wake_tag_name(e.tag) +
+             " before the restore's drain failed: " + http_summary(e.http),
+         out);
+}
+
 void derive(const State& s, const WakeObserved& e, std::vector<Event>& out) {
-  if (e.tag == WakeTag::kKvCache) {
+  if (s.lifecycle == Lifecycle::kDraining) {
+    derive_woken_first(s, e, out);
+  } else if (e.tag == WakeTag::kKvCache) {
     derive_resumed(s, e.http.ok_2xx() && e.is_paused_known && !e.is_paused, out);
   } else {
     derive_weights_woken(s, e, out);
@@ -1434,6 +1460,20 @@ Effect updating_effect(const State& s) {
   return Effect{EffectKind::kTransfer};
 }
 
+// DRAINING: a restore of a possibly sleeping engine wakes it fully first (the weights, then the
+// KV cache; an awake tag is a no-op), then drains and pauses it like any other.
+Effect draining_effect(const State& s) {
+  const UpdatePlan& u = *s.update;
+  const bool can_retry = s.attempts < kEffectAttemptsMax;
+  if (u.wake_first && !u.kv_awake) {
+    if (!can_retry) return {};
+    const WakeTag tag = u.weights_awake ? WakeTag::kKvCache : WakeTag::kWeights;
+    return Effect{EffectKind::kWake, CacheKind::kPrefix, tag};
+  }
+  if (u.drain_seen && !s.active.empty()) return {EffectKind::kAwaitRollouts};
+  return can_retry ? Effect{EffectKind::kDrain} : Effect{};
+}
+
 }  // namespace
 
 Effect next_effect(const State& s) {
@@ -1449,8 +1489,7 @@ Effect next_effect(const State& s) {
     case Lifecycle::kSleeping:
       return {};
     case Lifecycle::kDraining:
-      if (s.update->drain_seen && !s.active.empty()) return {EffectKind::kAwaitRollouts};
-      return can_retry ? Effect{EffectKind::kDrain} : Effect{};
+      return draining_effect(s);
     case Lifecycle::kQuiesced:
 #ifdef RC_MUTANT_RESET_BEFORE_TRANSFER
       // Simulator mutant (off in every normal build): caches reset before the mutation.
@@ -1492,6 +1531,24 @@ std::string check_invariants(const State& s) {
 
 namespace {
 
+// A restore that wakes first: only of a possibly sleeping engine, weights before the KV cache,
+// and nothing past DRAINING until both answered awake (which is when the sleep level clears).
+std::string check_wake_first(const State& s) {
+  const UpdatePlan& u = *s.update;
+  if (u.wake_first && (!u.restore || u.from_sleep))
+    return "a wake before the drain outside a restore";
+  if (u.kv_awake && (!u.wake_first || !u.weights_awake)) {
+    return "the KV cache woken before the weights, or outside a restore that wakes first";
+  }
+  if (!u.wake_first) return {};
+  if (u.kv_awake == (s.sleep_level > 0)) return "a restore's wake-up and the sleep level disagree";
+  const Lifecycle l = s.lifecycle;
+  if (!u.kv_awake && l != Lifecycle::kTainted && l != Lifecycle::kDraining) {
+    return "a restore left DRAINING before the engine was woken";
+  }
+  return {};
+}
+
 // What the engine released, and the plans that sleep or start asleep, agree with the lifecycle.
 std::string check_sleep_invariants(const State& s) {
   const Lifecycle l = s.lifecycle;
@@ -1510,11 +1567,13 @@ std::string check_sleep_invariants(const State& s) {
   if (u.wake_only && (!u.from_sleep || u.restore || u.transfer_started)) {
     return "a wake-up that transfers or restores";
   }
-  if (u.weights_awake && !u.from_sleep) return "weights woken outside a plan from sleep";
+  if (u.weights_awake && !u.from_sleep && !u.wake_first) {
+    return "weights woken outside a plan from sleep";
+  }
   if (u.transfer_started && u.from_sleep && !u.weights_awake) {
     return "a transfer into weights still asleep";
   }
-  return {};
+  return check_wake_first(s);
 }
 
 }  // namespace
@@ -1531,7 +1590,7 @@ std::string check_invariants_cheap(const State& s) {
   // request and the transition out.
   const bool untouched = s.update.has_value() && !s.update->drain_seen &&
                          !s.update->transfer_started && s.update->caches_reset_mask == 0 &&
-                         !s.update->weights_awake;
+                         !s.update->weights_awake && !s.update->kv_awake;
   const bool requested = untouched && ((l == Lifecycle::kTainted && s.update->restore) ||
                                        (l == Lifecycle::kSleeping && s.update->from_sleep));
   const bool plan_free =

@@ -45,14 +45,20 @@ struct UpdatePlan {
   bool restore = false;
   bool adopt = false;  // restore only: nothing is transferred, the engine is labelled and proven
   // Colocated mode. A sleep (sleep_level 1 or 2) and a wake-up (wake_only) keep the committed
-  // version: their target is it. A plan from a sleeping engine (from_sleep: an update, a wake-up,
-  // or a restore of an engine tainted asleep) wakes the weights before the transfer and the KV
-  // cache last, as its resume; refused before mutation, it leaves the engine SLEEPING.
+  // version: their target is it. A plan from a SLEEPING engine (from_sleep: an update or a
+  // wake-up) wakes the weights before the transfer and the KV cache last, as its resume; refused
+  // before mutation, it leaves the engine SLEEPING.
+  // A restore of an engine tainted while (possibly) asleep (wake_first) cannot know whether it
+  // still sleeps, and vLLM resumes the scheduler of any engine a wake-up finds awake: it wakes
+  // the weights, then the KV cache, and only then drains and pauses, so everything it checks is
+  // checked paused.
   std::uint8_t sleep_level = 0;
   bool wake_only = false;
   bool from_sleep = false;
   bool weights_awake = false;  // the weights were woken (POST /wake_up?tags=weights answered 2xx)
-  DeviceMemory sleep_memory;   // a sleep's device memory around /sleep (for its answer)
+  bool wake_first = false;
+  bool kv_awake = false;      // wake_first only: POST /wake_up?tags=kv_cache answered 2xx
+  DeviceMemory sleep_memory;  // a sleep's device memory around /sleep (for its answer)
   bool keeps_version() const { return sleep_level > 0 || wake_only; }
   bool operator==(const UpdatePlan&) const = default;
 };

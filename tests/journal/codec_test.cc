@@ -207,7 +207,7 @@ TEST(Codec, RoundTripsState) {
   u.caches_reset_mask = 5;
   u.abort_reason = "why";
   u.sleep_level = 1;
-  u.wake_only = u.from_sleep = u.weights_awake = true;
+  u.wake_only = u.from_sleep = u.weights_awake = u.wake_first = u.kv_awake = true;
   u.sleep_memory = DeviceMemory{true, 3, 4, 5};
   s.update = u;
   s.taint = TaintRecord{Lifecycle::kValidating, Cause::kValidationFailed, "u3",

@@ -52,7 +52,7 @@ inline std::vector<Event> SampleEvents() {
       PreflightObserved{"abc123", true, false, "not enough memory"},
       TransferObserved{true, MutationClass::kPossible, 1 << 20, 17, 99999, "rc-1", "eof"},
       CacheResetObserved{CacheKind::kEncoder, http, true},
-      ValidationObserved{http, "rc-1", false, "canary drift", "start:1.7e9"},
+      ValidationObserved{http, "rc-1", false, "canary drift", "start:1.7e9", {}, true, false},
       ResumeObserved{http, true, false},
       RolloutAdmitted{"r-1", WeightVersion{3, "rc-3"}, SampleIdentity(), 30000},
       RolloutFinished{"r-1", RolloutOutcome::kExpired, 100, 200},
@@ -137,7 +137,7 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     case 9:
       return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b(), b()};
     case 10:
-      return ValidationObserved{http(), str(), b(), str(), str()};
+      return ValidationObserved{http(), str(), b(), str(), str(), {}, b(), b()};
     case 11:
       return ResumeObserved{http(), b(), b()};
     case 12:

@@ -206,9 +206,11 @@ TEST(Colocated, SleepNotDoneResumesServing) {
 }
 
 // A sleep that may have released memory (500, timeout) taints, remembering the level, and a
-// restore then wakes the weights before its transfer and the KV cache as its resume; catches a
-// restore that writes into unmapped weights or resumes a half-asleep engine.
-TEST(Colocated, AmbiguousSleepTaintsAndTheRestoreWakesTheEngine) {
+// restore then wakes the engine fully (weights, then KV cache) before it drains, so the reload,
+// resets and validation all run paused; catches a restore that writes into unmapped weights, or
+// that wakes the engine after its pause (vLLM's wake-up resumes an awake engine's scheduler, so
+// the evidence would be checked while it serves).
+TEST(Colocated, AmbiguousSleepTaintsAndTheRestoreWakesTheEngineBeforeItsDrain) {
   SleepDriver d;
   d.start();
   d.sleep(1, http(Transport::kOk, 500, true));
@@ -216,21 +218,64 @@ TEST(Colocated, AmbiguousSleepTaintsAndTheRestoreWakesTheEngine) {
   EXPECT_EQ(d.s.taint->cause, Cause::kSleepFailed);
   EXPECT_EQ(d.s.sleep_level, 1);
   d.ok(RestoreRequested{"x-1", "rc-0", "vllm-ipc:/tmp/rc0.json", false});
-  EXPECT_TRUE(d.s.update->from_sleep);
+  ASSERT_EQ(d.s.lifecycle, Lifecycle::kDraining);
+  EXPECT_TRUE(d.s.update->wake_first);
+  EXPECT_FALSE(d.s.update->from_sleep);
+  EXPECT_EQ(next_effect(d.s), wake(WakeTag::kWeights));
+  EXPECT_EQ(d.rejected(intent(EffectKind::kDrain)), Code::kRejected);
+  d.woken(WakeTag::kWeights);
+  EXPECT_EQ(next_effect(d.s), wake(WakeTag::kKvCache));
+  EXPECT_EQ(d.s.sleep_level, 1) << "half awake is still asleep";
+  EXPECT_TRUE(d.woken(WakeTag::kKvCache).empty()) << "waking in DRAINING decides nothing";
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kDraining);
+  EXPECT_EQ(d.s.sleep_level, 0);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kDrain);
   d.effect(EffectKind::kDrain);
   d.ok(DrainObserved{ok_http(), true});
   d.effect(EffectKind::kPreflight);
   d.ok(d.good_preflight());
-  EXPECT_EQ(next_effect(d.s), wake(WakeTag::kWeights));
-  d.woken(WakeTag::kWeights);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kTransfer) << "the weights were woken already";
   d.effect(EffectKind::kTransfer);
   d.ok(d.good_transfer());
   d.resets();
   d.validate("rc-0", digest_of("111"));
-  EXPECT_EQ(next_effect(d.s), wake(WakeTag::kKvCache));
-  d.woken(WakeTag::kKvCache);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kResume) << "the engine is awake: a plain resume";
+  d.resume();
   EXPECT_EQ(d.s.lifecycle, Lifecycle::kReady);
-  EXPECT_EQ(d.s.sleep_level, 0);
+  EXPECT_EQ(d.s.counters.restores_committed, 1u);
+  expect_history_ok(d);
+}
+
+// A restore's wake-up before its drain that fails (refused after its retries, or timed out) ends
+// the restore refused: the engine stays TAINTED and still possibly asleep, so the next restore
+// wakes it again; catches a failed wake that drains anyway or forgets the sleep level.
+TEST(Colocated, ARestoresFailedWakeUpLeavesItTaintedAndAsleep) {
+  for (WakeTag failing : {WakeTag::kWeights, WakeTag::kKvCache}) {
+    SleepDriver d;
+    d.start();
+    d.sleep(2, http(Transport::kTimeout));
+    ASSERT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+    d.ok(RestoreRequested{"x-1", "rc-0", "vllm-ipc:/tmp/rc0.json", false});
+    if (failing == WakeTag::kKvCache) d.woken(WakeTag::kWeights);
+    std::vector<Event> out;
+    for (int i = 0; i < 3 && d.s.lifecycle == Lifecycle::kDraining; ++i) {
+      out = d.woken(failing, http(Transport::kOk, 500, true));
+    }
+    ASSERT_EQ(d.s.lifecycle, Lifecycle::kTainted) << describe(d.s);
+    EXPECT_EQ(d.s.taint->cause, Cause::kWakeFailed);
+    ASSERT_EQ(count_of<UpdateEnded>(out), 1);
+    EXPECT_EQ(std::get<UpdateEnded>(out[0]).outcome, UpdateOutcome::kRefused);
+    EXPECT_EQ(d.s.sleep_level, 2);
+    d.ok(RestoreRequested{"x-2", "rc-0", "vllm-ipc:/tmp/rc0.json", false});
+    EXPECT_EQ(next_effect(d.s), wake(WakeTag::kWeights)) << "the next restore wakes it again";
+    expect_history_ok(d);
+  }
+  SleepDriver d;
+  d.start();
+  d.sleep(1, http(Transport::kOk, 500, true));
+  d.ok(RestoreRequested{"x-1", "rc-0", "vllm-ipc:/tmp/rc0.json", false});
+  d.woken(WakeTag::kWeights, http(Transport::kTimeout));
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kTainted) << "a timed-out wake-up is not retried blindly";
   expect_history_ok(d);
 }
 
@@ -381,6 +426,29 @@ TEST(Colocated, ForgedEdgesAreRefused) {
   HistoryReport r = check_history(forged);
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.message.find("asleep"), std::string::npos) << r.message;
+}
+
+// A wake-up failure out of DRAINING belongs only to a restore still waking its engine; catches a
+// forged journal tainting an ordinary update (or a restore already awake) with a wake it never
+// attempted.
+TEST(Colocated, ForgedWakeFailureInDrainingIsRefused) {
+  const StateChanged forged{Lifecycle::kDraining, Lifecycle::kTainted, Cause::kWakeFailed, ""};
+  SleepDriver u;
+  u.start();
+  u.ok(u.colocated_update("rc-1"));
+  ASSERT_EQ(u.s.lifecycle, Lifecycle::kDraining);
+  EXPECT_FALSE(apply(u.s, forged).ok());
+  SleepDriver r;
+  r.start();
+  r.sleep(1, http(Transport::kOk, 500, true));
+  r.ok(RestoreRequested{"x-1", "rc-0", "vllm-ipc:/tmp/rc0.json", false});
+  r.woken(WakeTag::kWeights);
+  r.woken(WakeTag::kKvCache);
+  EXPECT_FALSE(apply(r.s, forged).ok());
+  EXPECT_FALSE(
+      apply(r.s, EffectStarted{EffectKind::kWake, CacheKind::kPrefix, 1000, WakeTag::kKvCache})
+          .ok())
+      << "no wake-up is due once both pools answered";
 }
 
 }  // namespace

@@ -376,6 +376,23 @@ TEST(Lifecycle, ValidationFailedChecksTaint) {
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
 }
 
+// Evidence read from an engine that reports itself not paused (someone resumed it during the
+// update) taints even with the right label and checks, and paused or unknown (an engine without
+// /is_paused) validates; catches publishing on evidence that was not checked paused.
+TEST(Lifecycle, ValidationOnAnUnpausedEngineTaints) {
+  Driver d;
+  d.to_ready();
+  d.to_validating();
+  Driver paused = d;
+  d.effect(EffectKind::kValidate);
+  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "", {}, true, false});
+  expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
+  EXPECT_NE(d.s.taint->detail.find("not paused"), std::string::npos) << d.s.taint->detail;
+  paused.effect(EffectKind::kValidate);
+  paused.ok(ValidationObserved{ok_http(), "rc-1", true, "", "", {}, true, true});
+  EXPECT_EQ(paused.s.lifecycle, Lifecycle::kResuming);
+}
+
 // An unreachable engine during validation is retried to the bound, then taints; catches
 // unbounded retries and publishing without evidence.
 TEST(Lifecycle, ValidationUnreachableTaintsAfterBound) {
