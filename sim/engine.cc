@@ -300,6 +300,8 @@ ValidationObserved SimControl::WeightInfo() {
   v.engine_instance = e_.instance_name();
   const EngineTruth& t = e_.truth();
   v.digest = SimDigest(t.weights);
+  v.is_paused_known = true;
+  v.is_paused = t.paused;
   validated_ = Validated{t.instance,         t.weights, t.label, e_.CachesResetSinceMutation(),
                          t.last_mutation_op, t.paused};
   return v;

@@ -37,7 +37,6 @@ struct Args {
   bool shrink = true;
   bool quiet = false;
   bool verbose = false;
-  bool strict_paused = false;
   bool monitor_during_recovery = true;
   std::uint32_t colocated_one_in = rc::sim::SimOptions{}.colocated_one_in;
 };
@@ -73,8 +72,6 @@ bool Parse(int argc, char** argv, Args& a) {
       a.quiet = true;
     } else if (arg == "--verbose") {
       a.verbose = true;
-    } else if (arg == "--strict-paused") {
-      a.strict_paused = true;
     } else {
       return false;
     }
@@ -111,11 +108,10 @@ void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
 int main(int argc, char** argv) {
   Args args;
   if (!Parse(argc, argv, args)) {
-    std::fprintf(
-        stderr,
-        "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
-        "[--cycles C] [--colocated N] [--strict-paused] [--no-shrink] [--quiet] [--verbose] "
-        "[--no-monitor-during-recovery]\n");
+    std::fprintf(stderr,
+                 "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
+                 "[--cycles C] [--colocated N] [--no-shrink] [--quiet] [--verbose] "
+                 "[--no-monitor-during-recovery]\n");
     return 2;
   }
   std::signal(SIGABRT, OnAbort);
@@ -127,7 +123,6 @@ int main(int argc, char** argv) {
     o.monitor_during_recovery = args.monitor_during_recovery;
     o.colocated_one_in = args.colocated_one_in;
     o.verbose = args.verbose;
-    o.strict_paused = args.strict_paused;
     rc::sim::FaultPlan plan = rc::sim::PlanForSeed(seed, o.cycles);
     if (args.explicit_faults) {
       auto parsed = rc::sim::ParsePlan(args.faults);

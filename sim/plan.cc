@@ -155,7 +155,6 @@ std::vector<std::string> ReplayArgs(const SimOptions& o, const FaultPlan& plan) 
   if (o.cycles != SimOptions{}.cycles)
     args.insert(args.end(), {"--cycles", std::to_string(o.cycles)});
   if (!o.monitor_during_recovery) args.emplace_back("--no-monitor-during-recovery");
-  if (o.strict_paused) args.emplace_back("--strict-paused");
   if (o.colocated_one_in != SimOptions{}.colocated_one_in) {
     args.insert(args.end(), {"--colocated", std::to_string(o.colocated_one_in)});
   }

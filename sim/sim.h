@@ -76,12 +76,6 @@ struct SimOptions {
   // Colocated mode: one cycle in `colocated_one_in` that starts READY puts the engine to sleep
   // first, then wakes it or updates it from sleep (0: never, every cycle is a plain update).
   std::uint32_t colocated_one_in = 3;
-  // A plan from sleep on an engine that does not in fact sleep (restarted, woken by someone, or a
-  // sleep that never happened) resumes it at the wake-up of the weights (vLLM resumes a scheduler
-  // that does not sleep), or finds it resumed already, so its transfer and validation run
-  // unpaused. The fold cannot tell those apart yet: such publishes are counted
-  // (*_published_unpaused), and are violations only when strict.
-  bool strict_paused = false;
 };
 
 // What the colocated cycles did (sleep, the asleep interval, the plan from sleep).
@@ -92,8 +86,9 @@ struct ColocatedStats {
   std::uint64_t admissions_refused = 0;  // admissions tried while SLEEPING (every one refused)
   std::uint64_t refusals_probed = 0;     // a wake or a wrong-manifest update after level 2
   std::uint64_t sleep_deaths = 0, external_wakes = 0;
-  // Publishes validated on an unpaused engine (see SimOptions::strict_paused): by a restore, or by
-  // an update from sleep (someone woke the sleeper meanwhile).
+  // Publishes validated on an unpaused engine (each also a violation): by a restore, or by an
+  // update from sleep (someone woke the sleeper meanwhile). The validation reads /is_paused, so
+  // both stay 0; they are counted apart to say which kind of plan broke the rule.
   std::uint64_t restores_published_unpaused = 0, updates_published_unpaused = 0;
   std::map<std::string, std::uint64_t> taints;  // taints in colocated cycles, by cause
   void Add(const ColocatedStats& o);

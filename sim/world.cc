@@ -279,10 +279,8 @@ void World::CheckPublish(const VersionPublished& v) {
   if (!val->paused) {
     ColocatedStats& st = result_.stats.colocated;
     (v.update_id[0] == 'x' ? st.restores_published_unpaused : st.updates_published_unpaused)++;
-    if (o_.strict_paused) {
-      Violate("'" + v.update_id + "' published '" + v.version.label +
-              "' on a validation the engine answered unpaused");
-    }
+    Violate("'" + v.update_id + "' published '" + v.version.label +
+            "' on a validation the engine answered unpaused");
   }
 }
 

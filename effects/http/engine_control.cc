@@ -11,10 +11,17 @@ EngineProbed HttpEngineControl::Probe() {
   return probed;
 }
 
-// The digest is computed while the engine is still paused, right after the label was read.
+// The digest is computed while the engine is still paused, right after the label was read;
+// /is_paused is read last, so a resume from outside at any point before it shows.
 ValidationObserved HttpEngineControl::WeightInfo() {
   ValidationObserved observed = client_.WeightInfo();
-  if (observed.http.ok_2xx()) observed.digest = ReadWeightDigest(client_);
+  if (!observed.http.ok_2xx()) return observed;
+  observed.digest = ReadWeightDigest(client_);
+  HttpReply paused = client_.IsPaused();
+  if (paused.http.ok_2xx()) {
+    observed.is_paused_known = true;
+    observed.is_paused = paused.body.at("is_paused").get<bool>();
+  }
   return observed;
 }
 

@@ -247,6 +247,42 @@ TEST(Colocated, AmbiguousTransferTaintsAndARestoreBringsItBack) {
   EXPECT_EQ(s.Proxied(), 200);
 }
 
+// A sleeper someone woke outside RolloutCore is TAINTED by the monitor; a restore then wakes
+// whatever may still sleep before its drain, so its reload, resets and validation run on a paused
+// engine (the journal's validation says so) and it commits; catches a restore that wakes an
+// awake engine after pausing it (vLLM resumes its scheduler then, and the evidence would be read
+// from a running engine).
+TEST(Colocated, RestoreOfASleeperWokenOutsideValidatesPaused) {
+  Stack s;
+  ASSERT_EQ(s.Update("u-1", "rc-1", 1)["http"], 200);
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  httplib::Client engine(s.engine->base_url());
+  auto woken = engine.Post("/wake_up", "", "application/json");
+  ASSERT_TRUE(woken && woken->status == 200);
+  for (int i = 0; i < 200 && s.Fold().lifecycle == Lifecycle::kSleeping; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(s.Fold().lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(s.Fold().taint->cause, Cause::kEngineWokenExternally);
+  EXPECT_EQ(s.Fold().sleep_level, 1) << "the fold cannot know what still sleeps";
+  json r =
+      s.Post("/v1/restores", {{"restore_id", "x-1"}, {"label", "rc-1"}, {"source", s.Export(1)}});
+  ASSERT_EQ(r["http"], 200) << r.dump();
+  EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(s.Fold().sleep_level, 0);
+  int validations = 0;
+  Status st = s.svc->journal().Scan(1, 0, [&](const journal::Record& rec) {
+    if (const auto* v = std::get_if<ValidationObserved>(&rec.event)) {
+      validations++;
+      EXPECT_TRUE(v->is_paused_known && v->is_paused) << "validation #" << validations;
+    }
+    return Status::OK();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(validations, 2) << "the update's and the restore's";
+  EXPECT_EQ(s.Proxied(), 200);
+}
+
 // An executor that crashes while the engine sleeps comes back SLEEPING and the colocated update
 // still works (its validation re-verifies the engine); an engine that restarted meanwhile is
 // seen by the monitor and taints; catches a restart while asleep going unnoticed.

@@ -141,19 +141,16 @@ TEST(Sim, SwarmReachesColocatedPaths) {
   EXPECT_FALSE(c.taints.empty());
 }
 
-// Proves that a restore planned from sleep validates a paused engine. Found by the simulator
-// (shrunk to two faults): someone wakes a level-1 sleeper (/wake_up), the monitor taints it
-// (engine_woken_externally) and the fold keeps the sleep level; the restore then wakes the
-// weights of an engine that no longer sleeps, which vLLM answers by resuming its scheduler, and
-// the transfer, resets and validation run unpaused before the version is published. The same
-// follows a sleeper that died and came back awake. Disabled until the fold or the runner tells an
-// awake engine from a sleeper (the simulator counts such publishes in
-// restores_published_unpaused).
-TEST(Sim, DISABLED_RestoreFromSleepValidatesPaused) {
+// Proves that a restore of an engine tainted asleep validates a paused engine. Found by the
+// simulator (shrunk to two faults): someone wakes a level-1 sleeper (/wake_up), the monitor
+// taints it (engine_woken_externally) and the fold keeps the sleep level; a restore that woke the
+// weights after its pause found an engine no longer asleep, which vLLM answers by resuming its
+// scheduler, and its transfer, resets and validation ran unpaused before it published. Would
+// catch any restore whose wake-up follows its drain.
+TEST(Sim, RestoreOfASleeperValidatesPaused) {
   SimOptions o;
   o.seed = 3;
   o.cycles = 100;
-  o.strict_paused = true;
   auto plan = ParsePlan("slow_rollout@82:22:3739,external_wake@84:13:2055");
   ASSERT_TRUE(plan.ok());
   ExpectPasses(o, *plan);
