@@ -159,7 +159,8 @@ std::string EvidenceLine(const journal::Record& r) {
         << (c->success_unreported ? " (not reported by the engine)" : "") << "\n";
   } else if (const auto* v = std::get_if<ValidationObserved>(&r.event)) {
     out << "  seq " << r.seq << ": validation " << E(describe(v->http)) << " reported '"
-        << E(v->reported_label) << "'\n";
+        << E(v->reported_label) << "'"
+        << (v->is_paused_known && !v->is_paused ? " from an engine not paused" : "") << "\n";
   } else if (const auto* sl = std::get_if<SleepObserved>(&r.event)) {
     out << "  seq " << r.seq << ": sleep at level " << static_cast<int>(sl->level) << " answered "
         << E(describe(sl->http)) << ", is_sleeping "
@@ -291,7 +292,7 @@ class Replayer {
   void StartPlan(PlanTrace::Kind kind, const std::string& id, std::uint64_t seq) {
     const UpdatePlan& u = *report_.state.update;
     plan_ = PlanTrace{kind, id, seq};
-    plan_->from_sleep = u.from_sleep;
+    plan_->from_sleep = u.from_sleep || u.wake_first;
     plan_->level = u.sleep_level > 0 ? u.sleep_level : report_.state.sleep_level;
   }
 
@@ -353,7 +354,8 @@ RestoreProof Replayer::ExplainRestore(std::uint64_t seq, const VersionPublished&
       << "' was served; every cache was reset after the reload";
   if (plan_ && plan_->from_sleep) {
     out << "\n  the engine was tainted asleep (level " << static_cast<int>(plan_->level)
-        << "): the restore woke its weights before the reload and its KV cache last, as its resume";
+        << "): the restore woke it fully (weights, then KV cache) before its drain, then reloaded "
+           "and validated it paused";
   }
   if (last_taint_seq_ != 0) out << "\n  it ends the TAINTED incident at seq " << last_taint_seq_;
   proof.explanation = out.str();
@@ -440,9 +442,12 @@ void Replayer::ExplainReading(const TaintRecord& t, std::ostringstream& out) con
              "cache hold is unknown until proven.\n";
       break;
     case Cause::kWakeFailed:
-      out << "  reading: the wake-up of the weights did not answer cleanly, so they may be mapped "
-             "again (after level 1, overwritten by the host copy) or still asleep; what the "
-             "engine holds is unknown until proven.\n";
+      out << (RestoreInFlight() != nullptr
+                  ? "  reading: the restore could not wake the engine before its drain; it stays "
+                    "TAINTED and may still sleep, and the next restore wakes it again.\n"
+                  : "  reading: the wake-up of the weights did not answer cleanly, so they may be "
+                    "mapped again (after level 1, overwritten by the host copy) or still asleep; "
+                    "what the engine holds is unknown until proven.\n");
       break;
     case Cause::kEngineWokenExternally:
       out << "  reading: someone resumed the sleeping engine outside RolloutCore; it would serve "
@@ -466,7 +471,7 @@ void Replayer::ExplainRecovery(std::ostringstream& out) const {
       << E(st.committed.label) << "' --source <where its weights are>`";
   if (st.sleep_level > 0) {
     out << ": the engine may be asleep (level " << static_cast<int>(st.sleep_level)
-        << "), so the restore wakes its weights before the reload and its KV cache last"
+        << "), so the restore wakes it fully (weights, then KV cache) before it drains and reloads"
         << (st.sleep_level == 1 ? " (or --adopt: the weights it wakes with are proven as found)"
                                 : "")
         << "; it serves again only if its weight digest equals the recorded one.";

@@ -251,7 +251,7 @@ TEST(ColocatedReplay, SleepsAndWakeUpsAreCountedApartFromUpdates) {
       "SLEEP 's-3' (seq 73-81): level 1; its workers reported 60.00 GiB freed (device free 10.00 "
       "-> 70.00 of 80.00 GiB); tainted: sleep at level 1 may have released memory: "
       "transport=ok status=500 error=out of memory (see TAINTED at seq 81)",
-      "RESTORE FROM SLEEP 'x-1' (seq 82-109): from level 1; weights: 16.00 GiB taken back (device "
+      "RESTORE FROM SLEEP 'x-1' (seq 82-111): from level 1; weights: 16.00 GiB taken back (device "
       "free 70.00 -> 54.00 of 80.00 GiB), KV cache: 44.00 GiB taken back (device free 54.00 -> "
       "10.00 of 80.00 GiB); committed: published 'rc-1' (generation 2)",
   };
@@ -319,14 +319,15 @@ TEST(ColocatedReplay, SleepFailedTaintIsExplained) {
                 "  nothing was published and no rollout was admitted after this point.",
                 "  recover: restore it with proof, e.g. `rolloutcore restore --label 'rc-1' "
                 "--source <where its weights are>`: the engine may be asleep (level 1), so the "
-                "restore wakes its weights before the reload and its KV cache last (or --adopt: "
+                "restore wakes it fully (weights, then KV cache) before it drains and reloads (or "
+                "--adopt: "
                 "the weights it wakes with are proven as found); it serves again only if its "
                 "weight digest equals the recorded one."}));
   const std::vector<std::string> restored = Lines(o.replay.restores[0].explanation);
   ASSERT_EQ(restored.size(), 4u) << o.replay.restores[0].explanation;
   EXPECT_EQ(restored[2],
-            "  the engine was tainted asleep (level 1): the restore woke its weights before the "
-            "reload and its KV cache last, as its resume");
+            "  the engine was tainted asleep (level 1): the restore woke it fully (weights, then "
+            "KV cache) before its drain, then reloaded and validated it paused");
   EXPECT_EQ(restored[3], "  it ends the TAINTED incident at seq 81");
 }
 
@@ -393,8 +394,7 @@ TEST(ColocatedReplay, EngineWokenExternallyIsExplained) {
   EXPECT_EQ(lines[2],
             "  reading: someone resumed the sleeping engine outside RolloutCore; it would serve "
             "from memory it had released to the trainer, so nothing it holds can be claimed.");
-  EXPECT_NE(lines[4].find("the restore wakes its weights before the reload"), std::string::npos)
-      << lines[4];
+  EXPECT_NE(lines[4].find("the restore wakes it fully"), std::string::npos) << lines[4];
   // The audit names it as the engine's taint (no plan), with nothing suspect: the monitor saw the
   // verified engine after every rollout finished.
   EXPECT_EQ(o.audit.engine.taint_plan, "");
@@ -460,7 +460,7 @@ TEST(ColocatedAudit, SleepEndsAreNotUpdateEpisodes) {
   EXPECT_EQ(Starting(o.audit_out.text, "  rc-1 (generation 2) ")[0].find("restore 'x-1' at seq"),
             std::string("  rc-1 (generation 2) ").size());
   EXPECT_EQ(Starting(o.audit_out.text, "restored: "),
-            std::vector<std::string>{"restored: seq 109: READY again after a restore; it ends "
+            std::vector<std::string>{"restored: seq 111: READY again after a restore; it ends "
                                      "the taint at seq 81 (sleep_failed, sleep 's-3')"});
   journal::Options ro;
   ro.read_only = true;
