@@ -49,6 +49,7 @@ using Hash = std::array<std::uint8_t, 32>;  // SHA-256
 inline constexpr std::size_t kRecordBytesMax = 64 * 1024;  // larger records are refused
 inline constexpr std::size_t kGroupEventsMax = 1024;       // events in one Append
 inline constexpr std::size_t kPendingAppendsMax = 4096;    // group-commit queue bound
+inline constexpr std::uint32_t kCommitWindowUsMax = 10000;  // Options::commit_window_us
 
 struct Record {
   std::uint64_t seq = 0;
@@ -93,6 +94,10 @@ struct Options {
   rocksdb::Env* env = nullptr;
   // A group commit not durable within this fails the journal (Wait returns Timeout); 0: no limit.
   std::uint32_t commit_stall_timeout_ms = 10000;
+  // Once a group is wanted durable, the committer waits this long before it takes the batch, so
+  // groups submitted meanwhile share its fsync; 0: it takes the batch at once. At most
+  // kCommitWindowUsMax.
+  std::uint32_t commit_window_us = 0;
   // Long scans (Scan, Refold, open) read RocksDB on a second thread while the caller decodes,
   // verifies and folds; false: one thread (benchmarks compare the two).
   bool scan_pipelined = true;

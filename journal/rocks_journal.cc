@@ -543,6 +543,7 @@ class RocksJournal final : public Journal {
   Result<std::optional<IdemEntry>> FindIdem(const std::string& key);  // requires mu_
   Status CheckRolloutIdsUnused(const std::vector<Event>& events);     // requires mu_
   void CommitterLoop();
+  void WaitCommitWindow(std::unique_lock<std::mutex>& l);
   // Runs (outside mu_, which `l` holds on entry and on return) every async waiter whose batch is
   // <= upto: with OK when durable, else with failed_. UINT64_MAX: all of them (the journal failed).
   void RunAsyncWaiters(std::unique_lock<std::mutex>& l, std::uint64_t upto) const;
@@ -1246,6 +1247,8 @@ void RocksJournal::CommitterLoop() {
       return (open_groups_ > 0 && wanted_batch_id_ >= open_batch_id_) || stopping_ || !failed_.ok();
     });
     if (!failed_.ok() || open_groups_ == 0) break;  // failed, or stopping with nothing open
+    WaitCommitWindow(l);
+    if (!failed_.ok()) break;
     rocksdb::WriteBatch batch;
     std::swap(batch, open_batch_);
     const std::uint64_t batch_id = open_batch_id_++;
@@ -1300,6 +1303,16 @@ void RocksJournal::CommitterLoop() {
     std::this_thread::yield();
     l.lock();
   }
+}
+
+// Groups submitted while the committer waits join the batch it is about to take; a stop ends the
+// wait at once.
+void RocksJournal::WaitCommitWindow(std::unique_lock<std::mutex>& l) {
+  const std::uint32_t window_us = std::min(options_.commit_window_us, kCommitWindowUsMax);
+  if (window_us == 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(window_us);
+  commit_cv_.wait_until(l, until, [&] { return stopping_ || !failed_.ok(); });
+  RC_CHECK(l.owns_lock() && open_groups_ > 0);
 }
 
 void RocksJournal::CheckStall() const {

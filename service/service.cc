@@ -446,6 +446,7 @@ Status Service::OpenJournal() {
   jo.sync = config_.journal_sync;
   jo.env = journal_env_;
   jo.commit_stall_timeout_ms = config_.journal_commit_stall_timeout_ms;
+  jo.commit_window_us = config_.journal_commit_window_us;
   auto opened = journal::Journal::Open(config_.journal_path, jo);
   if (!opened.ok()) return opened.status();
   journal_ = std::move(opened.value());

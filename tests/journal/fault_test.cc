@@ -198,6 +198,40 @@ TEST(WaitAsync, StalledSyncCallsBackWithTimeout) {
   faults.Clear();
 }
 
+// Proves a commit window makes a group submitted while the committer waits share the batch (and
+// the fsync) of a group already wanted durable, and that both are then durable; catches a window
+// that is ignored (each wanted group written alone) or one that strands the late group.
+TEST(CommitWindow, GroupsSubmittedWithinTheWindowShareOneCommit) {
+  TempDir dir;
+  Options o;
+  o.commit_window_us = kCommitWindowUsMax;  // 10 ms
+  auto j = OpenOk(dir.path(), o);
+  Bootstrap(*j);
+  int judged = 0;
+  for (int round = 0; round < 5 && judged == 0; ++round) {
+    const std::string id = "w" + std::to_string(round);
+    Result<Ticket> first = j->Enqueue(Group({make_admission(j->state(), id + "a")}));
+    ASSERT_TRUE(first.ok());
+    std::atomic<int> durable{0};
+    j->WaitAsync(*first, [&](Status st) { durable += st.ok() ? 1 : 100; });
+    const auto wanted_at = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));  // the committer is awake by now
+    Result<Ticket> late = j->Enqueue(Group({make_admission(j->state(), id + "b")}));
+    ASSERT_TRUE(late.ok());
+    const auto late_after = std::chrono::steady_clock::now() - wanted_at;
+    j->WaitAsync(*late, [&](Status st) { durable += st.ok() ? 1 : 100; });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (durable.load() < 2 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(durable.load(), 2) << "round " << round;
+    if (late_after >= std::chrono::milliseconds(8)) continue;  // a descheduled test thread
+    ++judged;
+    EXPECT_EQ(late->batch_id, first->batch_id) << "round " << round;
+  }
+  EXPECT_EQ(judged, 1) << "every round was descheduled past the window";
+}
+
 // Appends admissions from several threads until the WAL's sync fails, then crashes and drops
 // the unsynced bytes (whole or a torn prefix). Returns the acknowledged (seq -> hash).
 struct CrashRun {
