@@ -12,6 +12,7 @@
 #include "effects/clock.h"
 #include "journal/json.h"
 #include "service/http_util.h"
+#include "service/trajectory_line.h"
 #include "statemachine/text.h"
 
 namespace rc::service {
@@ -58,18 +59,6 @@ Status CheckGenerateBody(const json& body) {
     return Status::InvalidArgument("'sampling_params' must be an object");
   }
   return Status::OK();
-}
-
-// Each choice of a trace as the trajectory line records it.
-json OutputsJson(const Trajectory& trace) {
-  json outputs = json::array();
-  for (const auto& [index, ch] : trace.choices) {
-    outputs.push_back({{"index", index},
-                       {"token_ids", ch.token_ids},
-                       {"logprobs", ch.logprobs},
-                       {"finish_reason", ch.finish_reason}});
-  }
-  return outputs;
 }
 
 }  // namespace
@@ -547,23 +536,10 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
 }
 
 void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
-  const RolloutAdmitted& b = admission_.binding;
-  const json& prompt = trace_.prompt_token_ids;
-  const json line = {{"rollout_id", b.rollout_id},
-                     {"admission_seq", admission_.seq},
-                     {"route", ProxyRoutePath(route_)},
-                     {"stream", stream_},
-                     {"version", journal::WeightVersionToJson(b.version)},
-                     {"identity", journal::WeightIdentityToJson(b.identity)},
-                     {"cache_salt", cache_salt_},
-                     {"outcome", outcome_name(outcome)},
-                     {"note", note},
-                     {"prompt_token_ids", prompt},
-                     {"outputs", OutputsJson(trace_)},
-                     {"prompt_tokens", trace_.prompt_count()},
-                     {"completion_tokens", trace_.completion_count()},
-                     {"truncated", trace_.truncated}};
-  if (svc_.trajectories_.Append(line)) {
+  const TrajectoryLineFields line{admission_.binding,   admission_.seq, ProxyRoutePath(route_),
+                                  stream_,              cache_salt_,    outcome_name(outcome),
+                                  note,                 trace_};
+  if (svc_.trajectories_.Append(TrajectoryLineText(line))) {
     svc_.metrics_.trajectories_written++;
   } else {
     svc_.metrics_.trajectories_dropped++;

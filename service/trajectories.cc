@@ -20,8 +20,8 @@ Status TrajectoryLog::Open(const std::string& path, std::uint64_t bytes_max) {
   return Status::OK();
 }
 
-bool TrajectoryLog::Append(const nlohmann::json& line) {
-  std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+bool TrajectoryLog::Append(std::string text) {
+  RC_CHECK(text.find('\n') == std::string::npos);  // one record, one line
   if (text.size() + 1 > kTrajectoryLineBytesMax) return false;
   text.push_back('\n');
   std::lock_guard<std::mutex> lock(mu_);

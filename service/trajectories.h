@@ -11,8 +11,6 @@
 #include <mutex>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "statemachine/status.h"
 
 namespace rc::service {
@@ -27,8 +25,9 @@ class TrajectoryLog {
   TrajectoryLog& operator=(const TrajectoryLog&) = delete;
 
   [[nodiscard]] Status Open(const std::string& path, std::uint64_t bytes_max);
-  // Appends one line; returns false when it was dropped (too large or an I/O error).
-  bool Append(const nlohmann::json& line);
+  // Appends one line (one JSON document, no newline in it); returns false when it was dropped
+  // (too large or an I/O error).
+  bool Append(std::string line);
   void Close();
   const std::string& path() const { return path_; }
 

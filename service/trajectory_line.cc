@@ -1,0 +1,134 @@
+#include "service/trajectory_line.h"
+
+#include <charconv>
+
+#include "journal/json.h"
+#include "statemachine/status.h"
+
+namespace rc::service {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Printable ASCII other than '"' and '\\' is written as is by nlohmann; anything else goes
+// through its escaping (control characters, invalid UTF-8), so the text stays identical.
+void AppendString(std::string& out, std::string_view s) {
+  for (const char c : s) {
+    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
+      out += Dump(json(std::string(s)));
+      return;
+    }
+  }
+  out += '"';
+  out += s;
+  out += '"';
+}
+
+template <typename Int>
+void AppendInt(std::string& out, Int v) {
+  char buf[24];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  RC_CHECK(ec == std::errc());
+  out.append(buf, end);
+}
+
+void AppendKey(std::string& out, std::string_view key) {
+  out += out.back() == '{' ? "\"" : ",\"";
+  out += key;
+  out += "\":";
+}
+
+void AppendTokenIds(std::string& out, const std::vector<std::int64_t>& ids) {
+  out += '[';
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += ',';
+    AppendInt(out, ids[i]);
+  }
+  out += ']';
+}
+
+void AppendOutputs(std::string& out, const Trajectory& trace) {
+  out += '[';
+  for (const auto& [index, ch] : trace.choices) {
+    if (out.back() != '[') out += ',';
+    out += '{';
+    AppendKey(out, "finish_reason");
+    AppendString(out, ch.finish_reason);
+    AppendKey(out, "index");
+    AppendInt(out, index);
+    AppendKey(out, "logprobs");
+    out += Dump(ch.logprobs);
+    AppendKey(out, "token_ids");
+    AppendTokenIds(out, ch.token_ids);
+    out += '}';
+  }
+  out += ']';
+}
+
+}  // namespace
+
+// Keys in nlohmann's (std::map) order.
+std::string TrajectoryLineText(const TrajectoryLineFields& f) {
+  std::string out = "{";
+  AppendKey(out, "admission_seq");
+  AppendInt(out, f.admission_seq);
+  AppendKey(out, "cache_salt");
+  AppendString(out, f.cache_salt);
+  AppendKey(out, "completion_tokens");
+  AppendInt(out, f.trace.completion_count());
+  AppendKey(out, "identity");
+  out += Dump(journal::WeightIdentityToJson(f.binding.identity));
+  AppendKey(out, "note");
+  AppendString(out, f.note);
+  AppendKey(out, "outcome");
+  AppendString(out, f.outcome);
+  AppendKey(out, "outputs");
+  AppendOutputs(out, f.trace);
+  AppendKey(out, "prompt_token_ids");
+  out += Dump(f.trace.prompt_token_ids);
+  AppendKey(out, "prompt_tokens");
+  AppendInt(out, f.trace.prompt_count());
+  AppendKey(out, "rollout_id");
+  AppendString(out, f.binding.rollout_id);
+  AppendKey(out, "route");
+  AppendString(out, f.route);
+  AppendKey(out, "stream");
+  out += f.stream ? "true" : "false";
+  AppendKey(out, "truncated");
+  out += f.trace.truncated ? "true" : "false";
+  AppendKey(out, "version");
+  out += Dump(journal::WeightVersionToJson(f.binding.version));
+  out += '}';
+  RC_CHECK(out.front() == '{' && out.back() == '}');
+  return out;
+}
+
+json TrajectoryLineJson(const TrajectoryLineFields& f) {
+  json outputs = json::array();
+  for (const auto& [index, ch] : f.trace.choices) {
+    outputs.push_back({{"index", index},
+                       {"token_ids", ch.token_ids},
+                       {"logprobs", ch.logprobs},
+                       {"finish_reason", ch.finish_reason}});
+  }
+  return {{"rollout_id", f.binding.rollout_id},
+          {"admission_seq", f.admission_seq},
+          {"route", f.route},
+          {"stream", f.stream},
+          {"version", journal::WeightVersionToJson(f.binding.version)},
+          {"identity", journal::WeightIdentityToJson(f.binding.identity)},
+          {"cache_salt", f.cache_salt},
+          {"outcome", f.outcome},
+          {"note", f.note},
+          {"prompt_token_ids", f.trace.prompt_token_ids},
+          {"outputs", std::move(outputs)},
+          {"prompt_tokens", f.trace.prompt_count()},
+          {"completion_tokens", f.trace.completion_count()},
+          {"truncated", f.trace.truncated}};
+}
+
+}  // namespace rc::service

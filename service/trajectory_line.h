@@ -1,0 +1,34 @@
+// The trajectories file's line for one proxied rollout: what it was bound to and what it saw.
+// Written straight to text, since building the equivalent JSON object for every request was the
+// costliest part of a rollout's finish; the text is byte for byte what nlohmann's dump of that
+// object prints (sorted keys, invalid UTF-8 as U+FFFD), and TrajectoryLineJson builds the object
+// that the writer is tested against.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "service/proxy_stream.h"
+#include "statemachine/events.h"
+
+namespace rc::service {
+
+struct TrajectoryLineFields {
+  const RolloutAdmitted& binding;
+  std::uint64_t admission_seq = 0;
+  std::string_view route;
+  bool stream = false;
+  std::string_view cache_salt;
+  std::string_view outcome;
+  std::string_view note;
+  const Trajectory& trace;
+};
+
+// One line of JSON, without its newline.
+std::string TrajectoryLineText(const TrajectoryLineFields& f);
+nlohmann::json TrajectoryLineJson(const TrajectoryLineFields& f);
+
+}  // namespace rc::service
