@@ -1,9 +1,10 @@
 // TrajectoryLog: a bounded JSON-lines file of what each proxied rollout saw (prompt and output
-// token ids, logprobs), keyed by rollout id and the seq of its admission. A stop-gap until the
-// journal has a trajectory event type: lines are appended and flushed at rollout end; when the
-// file reaches bytes_max it is renamed to <path>.1 (replacing an older one) and a new file begins,
-// so at most 2 * bytes_max bytes are kept. A line larger than kTrajectoryLineBytesMax is dropped
-// (counted), never truncated into invalid JSON.
+// token ids, logprobs), keyed by rollout id and the seq of its admission. The journal's
+// TrajectoryRecorded parts hold choice 0; this file holds every choice as the engine reported
+// it, for `audit`. Lines are appended and flushed at rollout end; when the file reaches
+// bytes_max it is renamed to <path>.1 (replacing an older one) and a new file begins, so at most
+// 2 * bytes_max bytes are kept. A line larger than kTrajectoryLineBytesMax is dropped (counted),
+// never truncated into invalid JSON.
 #pragma once
 
 #include <cstdint>
