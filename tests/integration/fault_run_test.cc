@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <random>
@@ -229,6 +230,9 @@ TEST(FaultRun, ExecutorKillsAreReconciled) {
   for (std::uint32_t seed : Seeds(3)) {
     std::mt19937 rng(seed);
     auto x = std::make_unique<Executor>();
+    // Each kill after which no further update had committed doubles the next child's life (up to
+    // 16x): on a starved machine the children must still get far enough to show they carry on.
+    int stalled_kills = 0;
     for (int k = 0; k < 12; ++k) {
       // The parent holds no journal while the child runs (one writer per journal).
       x->runner.reset();
@@ -243,7 +247,8 @@ TEST(FaultRun, ExecutorKillsAreReconciled) {
               static_cast<char*>(nullptr));
         _exit(127);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(40 + rng() % 250));
+      const int life_ms = static_cast<int>(40 + rng() % 250) << std::min(stalled_kills, 4);
+      std::this_thread::sleep_for(std::chrono::milliseconds(life_ms));
       kill(pid, SIGKILL);
       int status = 0;
       waitpid(pid, &status, 0);
@@ -251,13 +256,18 @@ TEST(FaultRun, ExecutorKillsAreReconciled) {
       x->OpenJournal();
       x->runner = std::make_unique<effects::Runner>(*x->journal, *x->control, *x->transfer,
                                                     effects::system_clock(), x->runner_options);
-      if (x->journal->state().lifecycle == Lifecycle::kUninitialized) continue;
+      if (x->journal->state().lifecycle == Lifecycle::kUninitialized) {
+        ++stalled_kills;
+        continue;
+      }
       ASSERT_TRUE(x->runner->Recover().ok());
       const State s = x->journal->state();
       EXPECT_TRUE(s.active.empty()) << "bindings of the dead executor were not abandoned";
       EXPECT_TRUE(s.lifecycle == Lifecycle::kReady || s.lifecycle == Lifecycle::kTainted)
           << lifecycle_name(s.lifecycle);
-      journal_updates = static_cast<int>(s.counters.updates_committed);
+      const int committed = static_cast<int>(s.counters.updates_committed);
+      stalled_kills = committed > journal_updates ? 0 : stalled_kills + 1;
+      journal_updates = committed;
       CheckJournal(*x, seed, k);
       if (::testing::Test::HasFailure()) {
         ADD_FAILURE() << "rerun with RC_FAULT_SEED=" << seed;

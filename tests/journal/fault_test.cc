@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -212,19 +213,20 @@ TEST(CommitWindow, GroupsSubmittedWithinTheWindowShareOneCommit) {
     const std::string id = "w" + std::to_string(round);
     Result<Ticket> first = j->Enqueue(Group({make_admission(j->state(), id + "a")}));
     ASSERT_TRUE(first.ok());
-    std::atomic<int> durable{0};
-    j->WaitAsync(*first, [&](Status st) { durable += st.ok() ? 1 : 100; });
+    // Shared: a callback that comes after a round gave up must not write to a dead frame.
+    auto durable = std::make_shared<std::atomic<int>>(0);
+    j->WaitAsync(*first, [durable](Status st) { *durable += st.ok() ? 1 : 100; });
     const auto wanted_at = std::chrono::steady_clock::now();
     std::this_thread::sleep_for(std::chrono::milliseconds(3));  // the committer is awake by now
     Result<Ticket> late = j->Enqueue(Group({make_admission(j->state(), id + "b")}));
     ASSERT_TRUE(late.ok());
     const auto late_after = std::chrono::steady_clock::now() - wanted_at;
-    j->WaitAsync(*late, [&](Status st) { durable += st.ok() ? 1 : 100; });
+    j->WaitAsync(*late, [durable](Status st) { *durable += st.ok() ? 1 : 100; });
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (durable.load() < 2 && std::chrono::steady_clock::now() < until) {
+    while (durable->load() < 2 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    EXPECT_EQ(durable.load(), 2) << "round " << round;
+    EXPECT_EQ(durable->load(), 2) << "round " << round;
     if (late_after >= std::chrono::milliseconds(8)) continue;  // a descheduled test thread
     ++judged;
     EXPECT_EQ(late->batch_id, first->batch_id) << "round " << round;

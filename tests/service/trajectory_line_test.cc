@@ -5,6 +5,7 @@
 // (a key out of order, an escape nlohmann writes differently, a number printed another way).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "service/trajectory_line.h"
@@ -17,10 +18,10 @@ namespace {
 
 using json = nlohmann::json;
 
-// Bytes biased towards what needs escaping: controls, '"', '\\', and bytes >= 0x80 that may or
-// may not form valid UTF-8.
+// Bytes biased towards what needs escaping: controls (NUL included), '"', '\\', and bytes >= 0x80
+// that may or may not form valid UTF-8.
 std::string RandomText(std::mt19937_64& rng) {
-  static const std::string kAlphabet = std::string("ab-_:/.0 \"\\\t\n\x01\x1f\x7f", 18) +
+  static const std::string kAlphabet = std::string("ab-_:/.0 \"\\\t\n\x01\x1f\x7f", 17) +
                                        "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xff\xc0\x80";
   std::string s;
   const std::size_t n = rng() % 12;
