@@ -46,9 +46,9 @@ using Hash = std::array<std::uint8_t, 32>;  // SHA-256
 // Parses 64 hex digits (upper or lower case) into a Hash; InvalidArgument otherwise.
 [[nodiscard]] Result<Hash> ParseHashHex(std::string_view hex);
 
-inline constexpr std::size_t kRecordBytesMax = 64 * 1024;  // larger records are refused
-inline constexpr std::size_t kGroupEventsMax = 1024;       // events in one Append
-inline constexpr std::size_t kPendingAppendsMax = 4096;    // group-commit queue bound
+inline constexpr std::size_t kRecordBytesMax = 64 * 1024;   // larger records are refused
+inline constexpr std::size_t kGroupEventsMax = 1024;        // events in one Append
+inline constexpr std::size_t kPendingAppendsMax = 4096;     // group-commit queue bound
 inline constexpr std::uint32_t kCommitWindowUsMax = 10000;  // Options::commit_window_us
 
 struct Record {

@@ -536,9 +536,14 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
 }
 
 void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
-  const TrajectoryLineFields line{admission_.binding,   admission_.seq, ProxyRoutePath(route_),
-                                  stream_,              cache_salt_,    outcome_name(outcome),
-                                  note,                 trace_};
+  const TrajectoryLineFields line{admission_.binding,
+                                  admission_.seq,
+                                  ProxyRoutePath(route_),
+                                  stream_,
+                                  cache_salt_,
+                                  outcome_name(outcome),
+                                  note,
+                                  trace_};
   if (svc_.trajectories_.Append(TrajectoryLineText(line))) {
     svc_.metrics_.trajectories_written++;
   } else {

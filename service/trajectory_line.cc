@@ -10,9 +10,7 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string Dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // Printable ASCII other than '"' and '\\' is written as is by nlohmann; anything else goes
 // through its escaping (control characters, invalid UTF-8), so the text stays identical.

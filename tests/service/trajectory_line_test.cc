@@ -34,12 +34,18 @@ std::string RandomText(std::mt19937_64& rng) {
 
 json RandomScalar(std::mt19937_64& rng) {
   switch (rng() % 6) {
-    case 0: return nullptr;
-    case 1: return static_cast<std::int64_t>(rng() % 200000) - 100;
-    case 2: return -std::ldexp(static_cast<double>(rng() % 1000000), -static_cast<int>(rng() % 40));
-    case 3: return static_cast<double>(rng() % 7) - 3.0;
-    case 4: return RandomText(rng);
-    default: return rng() % 2 == 0;
+    case 0:
+      return nullptr;
+    case 1:
+      return static_cast<std::int64_t>(rng() % 200000) - 100;
+    case 2:
+      return -std::ldexp(static_cast<double>(rng() % 1000000), -static_cast<int>(rng() % 40));
+    case 3:
+      return static_cast<double>(rng() % 7) - 3.0;
+    case 4:
+      return RandomText(rng);
+    default:
+      return rng() % 2 == 0;
   }
 }
 
@@ -88,8 +94,8 @@ RC_GTEST_PROP(TrajectoryLine, TextIsTheDumpOfTheObject, (std::uint64_t seed)) {
     const RolloutAdmitted binding = RandomBinding(rng);
     const Trajectory trace = RandomTrace(rng);
     const std::string salt = RandomText(rng), note = RandomText(rng), route = RandomText(rng);
-    const TrajectoryLineFields f{binding, rng(), route, rng() % 2 == 0, salt, "completed", note,
-                                 trace};
+    const TrajectoryLineFields f{binding, rng(),       route, rng() % 2 == 0,
+                                 salt,    "completed", note,  trace};
     const std::string expected =
         TrajectoryLineJson(f).dump(-1, ' ', false, json::error_handler_t::replace);
     const std::string text = TrajectoryLineText(f);
