@@ -101,32 +101,7 @@ std::string TrajectoryLineText(const TrajectoryLineFields& f) {
   AppendKey(out, "version");
   out += Dump(journal::WeightVersionToJson(f.binding.version));
   out += '}';
-  RC_CHECK(out.front() == '{' && out.back() == '}');
   return out;
-}
-
-json TrajectoryLineJson(const TrajectoryLineFields& f) {
-  json outputs = json::array();
-  for (const auto& [index, ch] : f.trace.choices) {
-    outputs.push_back({{"index", index},
-                       {"token_ids", ch.token_ids},
-                       {"logprobs", ch.logprobs},
-                       {"finish_reason", ch.finish_reason}});
-  }
-  return {{"rollout_id", f.binding.rollout_id},
-          {"admission_seq", f.admission_seq},
-          {"route", f.route},
-          {"stream", f.stream},
-          {"version", journal::WeightVersionToJson(f.binding.version)},
-          {"identity", journal::WeightIdentityToJson(f.binding.identity)},
-          {"cache_salt", f.cache_salt},
-          {"outcome", f.outcome},
-          {"note", f.note},
-          {"prompt_token_ids", f.trace.prompt_token_ids},
-          {"outputs", std::move(outputs)},
-          {"prompt_tokens", f.trace.prompt_count()},
-          {"completion_tokens", f.trace.completion_count()},
-          {"truncated", f.trace.truncated}};
 }
 
 }  // namespace rc::service

@@ -1,15 +1,12 @@
 // The trajectories file's line for one proxied rollout: what it was bound to and what it saw.
 // Written straight to text, since building the equivalent JSON object for every request was the
 // costliest part of a rollout's finish; the text is byte for byte what nlohmann's dump of that
-// object prints (sorted keys, invalid UTF-8 as U+FFFD), and TrajectoryLineJson builds the object
-// that the writer is tested against.
+// object prints (sorted keys, invalid UTF-8 as U+FFFD); the test builds that object and compares.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "service/proxy_stream.h"
 #include "statemachine/events.h"
@@ -29,6 +26,5 @@ struct TrajectoryLineFields {
 
 // One line of JSON, without its newline.
 std::string TrajectoryLineText(const TrajectoryLineFields& f);
-nlohmann::json TrajectoryLineJson(const TrajectoryLineFields& f);
 
 }  // namespace rc::service

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "journal/json.h"
 #include "service/trajectory_line.h"
 
 #include <rapidcheck.h>
@@ -85,6 +86,31 @@ RolloutAdmitted RandomBinding(std::mt19937_64& rng) {
   b.identity.run = RandomText(rng);
   b.identity.step = static_cast<std::int64_t>(rng() % 1000) - 1;
   return b;
+}
+
+// The line as the proxy built it before: an nlohmann object, the reference the text must match.
+json TrajectoryLineJson(const TrajectoryLineFields& f) {
+  json outputs = json::array();
+  for (const auto& [index, ch] : f.trace.choices) {
+    outputs.push_back({{"index", index},
+                       {"token_ids", ch.token_ids},
+                       {"logprobs", ch.logprobs},
+                       {"finish_reason", ch.finish_reason}});
+  }
+  return {{"rollout_id", f.binding.rollout_id},
+          {"admission_seq", f.admission_seq},
+          {"route", f.route},
+          {"stream", f.stream},
+          {"version", journal::WeightVersionToJson(f.binding.version)},
+          {"identity", journal::WeightIdentityToJson(f.binding.identity)},
+          {"cache_salt", f.cache_salt},
+          {"outcome", f.outcome},
+          {"note", f.note},
+          {"prompt_token_ids", f.trace.prompt_token_ids},
+          {"outputs", std::move(outputs)},
+          {"prompt_tokens", f.trace.prompt_count()},
+          {"completion_tokens", f.trace.completion_count()},
+          {"truncated", f.trace.truncated}};
 }
 
 // Proves the text equals nlohmann's dump of the object for 200 random lines per case.
