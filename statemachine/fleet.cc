@@ -1,0 +1,593 @@
+// The fleet fold (see fleet.h): per-engine events go through the single-engine fold of their
+// engine after the fleet's own rules; fleet events change membership, policy and fleet updates.
+#include "statemachine/fleet.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "statemachine/text.h"
+
+namespace rc {
+namespace {
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+const State kUnbornEngine{};  // what the implicit engine "" is before its first event
+
+std::string quoted(const std::string& engine) { return "engine '" + engine + "'"; }
+
+Status check_engine_id(const std::string& id) {
+  if (id.empty()) return Status::InvalidArgument("engine id is empty");
+  if (id.size() > kIdBytesMax) {
+    return Status::InvalidArgument("engine id exceeds " + std::to_string(kIdBytesMax) + " bytes");
+  }
+  if (!text::printable_utf8(id)) {
+    return Status::InvalidArgument("engine id must be UTF-8 without control characters");
+  }
+  return Status::OK();
+}
+
+// The engine a per-engine event names: a member, or the implicit "" of a fleet nobody joined.
+Result<const State*> engine_of(const FleetState& f, const std::string& engine) {
+  if (auto it = f.engines.find(engine); it != f.engines.end()) return &it->second;
+  if (engine.empty() && f.engines.empty()) return &kUnbornEngine;
+  return Status::NotFound("no " + quoted(engine) + " in the fleet");
+}
+
+bool is_member_in_flight(const FleetState& f, const std::string& engine) {
+  if (!f.update) return false;
+  auto it = f.update->members.find(engine);
+  return it != f.update->members.end() && !member_ended(it->second);
+}
+
+std::size_t serving_except(const FleetState& f, const std::string& except) {
+  std::size_t n = 0;
+  for (const auto& [id, s] : f.engines) n += id != except && fleet_admits(f, id) ? 1 : 0;
+  return n;
+}
+
+std::size_t updating_members(const FleetUpdate& u) {
+  return static_cast<std::size_t>(std::count_if(u.members.begin(), u.members.end(), [](auto& m) {
+    return m.second == MemberStatus::kUpdating;
+  }));
+}
+
+// A label names one identity for the fleet's life, whichever engine served it.
+Status check_fleet_label(const FleetState& f, const std::string& label, const WeightIdentity& id) {
+  auto it = f.labels.find(label);
+  if (it == f.labels.end() || it->second == id) return Status::OK();
+  return Status::InvalidArgument("label '" + label +
+                                 "' names other weights in this fleet (checkpoint '" +
+                                 it->second.checkpoint + "')");
+}
+
+// The label of the newest generation an untainted engine holds ("" when none holds one).
+std::string newest_held_label(const FleetState& f) {
+  const std::optional<std::uint64_t> newest = newest_held_generation(f);
+  if (!newest) return {};
+  for (const auto& [label, g] : f.label_generation) {
+    if (g == *newest) return label;
+  }
+  return {};
+}
+
+// A joining engine starts where the fleet is: on the newest label an untainted engine holds.
+Status check_bootstrap(const FleetState& f, const BootstrapRequested& b) {
+  RC_RETURN_IF_ERROR(check_fleet_label(f, b.label, b.identity));
+  const std::string newest = newest_held_label(f);
+  if (newest.empty() || newest == b.label) return Status::OK();
+  return Status::Rejected("a joining engine bootstraps at the fleet's newest label '" + newest +
+                          "', not '" + b.label + "'");
+}
+
+// Keeping `min_serving` engines serving: an engine that serves may stop only if enough others do.
+Status check_min_serving(const FleetState& f, const std::string& engine, const char* what) {
+  if (!fleet_admits(f, engine)) return Status::OK();
+  const std::size_t others = serving_except(f, engine);
+  if (others >= f.policy.min_serving) return Status::OK();
+  return Status::Rejected(std::string(what) + " of " + quoted(engine) + " would leave " +
+                          std::to_string(others) + " engines serving; min_serving is " +
+                          std::to_string(f.policy.min_serving));
+}
+
+// A member's own update: exactly the fleet update's target, when the mode allows it.
+Status check_member_update(const FleetState& f, const std::string& engine,
+                           const UpdateRequested& u) {
+  const FleetUpdate& fu = *f.update;
+  auto it = fu.members.find(engine);
+  if (it == fu.members.end() || it->second != MemberStatus::kPending) {
+    return Status::Rejected(quoted(engine) + " is not a pending member of fleet update '" +
+                            fu.request.update_id + "'");
+  }
+  const FleetUpdateRequested& r = fu.request;
+  if (u.target_label != r.target_label || !(u.identity == r.identity) ||
+      u.source_uri != r.source_uri) {
+    return Status::InvalidArgument("a member's update must carry fleet update '" + r.update_id +
+                                   "''s label, identity and source");
+  }
+  if (r.mode == FleetUpdateMode::kAll) return Status::OK();
+  if (updating_members(fu) >= r.batch_max) {
+    return Status::Rejected("rolling update '" + r.update_id + "' already updates " +
+                            std::to_string(r.batch_max) + " engines at once");
+  }
+  return check_min_serving(f, engine, "rolling update");
+}
+
+Status check_update(const FleetState& f, const std::string& engine, const UpdateRequested& u) {
+  if (f.leaving.count(engine) != 0) return Status::Rejected(quoted(engine) + " is being removed");
+  RC_RETURN_IF_ERROR(check_fleet_label(f, u.target_label, u.identity));
+  if (f.update && u.update_id == f.update->request.update_id) {
+    return check_member_update(f, engine, u);
+  }
+  if (is_member_in_flight(f, engine)) {
+    return Status::Rejected(quoted(engine) + " belongs to fleet update '" +
+                            f.update->request.update_id + "'");
+  }
+  return check_min_serving(f, engine, "update");
+}
+
+Status check_admission(const FleetState& f, const std::string& engine, const RolloutAdmitted& a) {
+  if (std::string why = fleet_admission_block_reason(f, engine); !why.empty()) {
+    return Status::Rejected(why);
+  }
+  for (const auto& [id, s] : f.engines) {
+    if (id != engine && s.active.count(a.rollout_id) != 0) {
+      return Status::Conflict("rollout '" + a.rollout_id + "' is active on " + quoted(id));
+    }
+  }
+  return Status::OK();
+}
+
+// The fleet's rules for one per-engine event, before its own fold sees it.
+Status check_engine_rules(const FleetState& f, const std::string& engine, const Event& e) {
+  return std::visit(Overloaded{
+                        [&](const RolloutAdmitted& a) { return check_admission(f, engine, a); },
+                        [&](const BootstrapRequested& b) { return check_bootstrap(f, b); },
+                        [&](const UpdateRequested& u) { return check_update(f, engine, u); },
+                        [&](const SleepRequested&) {
+                          if (is_member_in_flight(f, engine)) {
+                            return Status::Rejected(quoted(engine) + " belongs to a fleet update");
+                          }
+                          return check_min_serving(f, engine, "sleep");
+                        },
+                        [&](const auto&) { return Status::OK(); },
+                    },
+                    e);
+}
+
+void note_label(FleetState& f, const std::string& label, const WeightIdentity& identity) {
+  if (f.label_generation.count(label) != 0) return;
+  f.label_generation[label] = f.next_generation++;
+  f.labels[label] = identity;
+}
+
+void note_member(FleetState& f, const std::string& engine, const State& s, const Event& e) {
+  if (!f.update) return;
+  auto it = f.update->members.find(engine);
+  if (it == f.update->members.end()) return;
+  MemberStatus& m = it->second;
+  const std::string& id = f.update->request.update_id;
+  if (const auto* u = std::get_if<UpdateRequested>(&e); u && u->update_id == id) {
+    m = MemberStatus::kUpdating;
+  } else if (const auto* end = std::get_if<UpdateEnded>(&e);
+             end && end->update_id == id && m == MemberStatus::kUpdating) {
+    m = end->outcome == UpdateOutcome::kCommitted ? MemberStatus::kCommitted
+        : end->outcome == UpdateOutcome::kRefused ? MemberStatus::kRefused
+                                                  : MemberStatus::kTainted;
+  }
+  if (m == MemberStatus::kPending && s.lifecycle == Lifecycle::kTainted) m = MemberStatus::kSkipped;
+}
+
+// What a per-engine event changes in the fleet's own records (after the engine's fold took it).
+void note_engine_event(FleetState& f, const std::string& engine, const Event& e) {
+  const State& s = f.engines.at(engine);
+  if (const auto* c = std::get_if<StateChanged>(&e);
+      c && c->from == Lifecycle::kUninitialized && c->to == Lifecycle::kReady) {
+    note_label(f, s.committed.label, s.committed_identity);
+  } else if (const auto* p = std::get_if<VersionPublished>(&e)) {
+    note_label(f, p->version.label, p->identity);
+  }
+  note_member(f, engine, s, e);
+}
+
+Status apply_engine_event(FleetState& f, const std::string& engine, const Event& e) {
+  Result<const State*> found = engine_of(f, engine);
+  if (!found.ok()) return found.status();
+  RC_RETURN_IF_ERROR(check_engine_rules(f, engine, e));
+  if (f.engines.count(engine) == 0) {  // the implicit engine's first event
+    State born;
+    RC_RETURN_IF_ERROR(apply(born, e));
+    f.engines.emplace(engine, std::move(born));
+  } else {
+    RC_RETURN_IF_ERROR(apply(f.engines.at(engine), e));
+  }
+  note_engine_event(f, engine, e);
+  return Status::OK();
+}
+
+// ---- fleet events ----
+
+Status apply_one(FleetState& f, const FleetConfigured& c) {
+  if (c.staleness_max > kFleetStalenessMax) {
+    return Status::InvalidArgument("staleness_max exceeds " + std::to_string(kFleetStalenessMax));
+  }
+  if (c.min_serving > kFleetEnginesMax) {
+    return Status::InvalidArgument("min_serving exceeds " + std::to_string(kFleetEnginesMax));
+  }
+  f.policy = c;
+  return Status::OK();
+}
+
+Status apply_one(FleetState& f, const EngineJoined& j) {
+  RC_RETURN_IF_ERROR(check_engine_id(j.engine));
+  if (f.engines.count("") != 0) {
+    return Status::Rejected("this journal drives one unnamed engine; no engine can join it");
+  }
+  if (f.engines.count(j.engine) != 0) {
+    return Status::Conflict(quoted(j.engine) + " is already in the fleet");
+  }
+  if (f.engines.size() >= kFleetEnginesMax) {
+    return Status::Rejected("the fleet has " + std::to_string(kFleetEnginesMax) + " engines");
+  }
+  f.engines.emplace(j.engine, State{});
+  return Status::OK();
+}
+
+Status apply_one(FleetState& f, const EngineRemovalRequested& r) {
+  auto it = f.engines.find(r.engine);
+  if (it == f.engines.end()) return Status::NotFound("no " + quoted(r.engine) + " in the fleet");
+  if (f.leaving.count(r.engine) != 0) return Status::Conflict(quoted(r.engine) + " is leaving");
+  if (is_member_in_flight(f, r.engine)) {
+    return Status::Rejected(quoted(r.engine) + " belongs to fleet update '" +
+                            f.update->request.update_id + "'");
+  }
+  if (it->second.update.has_value()) {
+    return Status::Rejected(quoted(r.engine) + " is in an update; remove it once that ends");
+  }
+  f.leaving.insert(r.engine);
+  return Status::OK();
+}
+
+Status apply_one(FleetState& f, const EngineRemoved& r) {
+  auto it = f.engines.find(r.engine);
+  if (it == f.engines.end() || f.leaving.count(r.engine) == 0) {
+    return Status::Rejected(quoted(r.engine) + " was not asked to leave");
+  }
+  if (!it->second.active.empty() || it->second.update.has_value()) {
+    return Status::Rejected(quoted(r.engine) + " still has rollouts or an update");
+  }
+  f.engines.erase(it);
+  f.leaving.erase(r.engine);
+  return Status::OK();
+}
+
+Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
+  RC_RETURN_IF_ERROR(check_engine_id(r.update_id));
+  RC_RETURN_IF_ERROR(check_engine_id(r.target_label));
+  if (static_cast<std::uint8_t>(r.mode) > kFleetUpdateModeMax) {
+    return Status::InvalidArgument("fleet update mode out of range");
+  }
+  if (r.batch_max == 0 || r.batch_max > kFleetEnginesMax) {
+    return Status::InvalidArgument("batch_max must be 1.." + std::to_string(kFleetEnginesMax));
+  }
+  if (r.min_healthy > kFleetEnginesMax) {
+    return Status::InvalidArgument("min_healthy exceeds " + std::to_string(kFleetEnginesMax));
+  }
+  if (r.source_uri.size() > kTextBytesMax || !text::printable_utf8(r.source_uri)) {
+    return Status::InvalidArgument("source_uri must be printable UTF-8 of at most " +
+                                   std::to_string(kTextBytesMax) + " bytes");
+  }
+  if (f.update) {
+    return Status::Rejected("fleet update '" + f.update->request.update_id + "' is in flight");
+  }
+  return check_fleet_label(f, r.target_label, r.identity);
+}
+
+Status apply_one(FleetState& f, const FleetUpdateRequested& r) {
+  RC_RETURN_IF_ERROR(check_fleet_update(f, r));
+  FleetUpdate u;
+  u.request = r;
+  for (const std::string& id : admitting_engines(f)) u.members[id] = MemberStatus::kPending;
+  f.update = std::move(u);
+  return Status::OK();
+}
+
+FleetUpdateEnded tally(const FleetUpdate& u) {
+  FleetUpdateEnded end;
+  end.update_id = u.request.update_id;
+  for (const auto& [id, m] : u.members) {
+    end.committed += m == MemberStatus::kCommitted ? 1 : 0;
+    end.refused += m == MemberStatus::kRefused ? 1 : 0;
+    end.tainted += m == MemberStatus::kTainted ? 1 : 0;
+    end.skipped += m == MemberStatus::kSkipped ? 1 : 0;
+  }
+  end.outcome = end.committed == 0                  ? FleetOutcome::kRefused
+                : end.committed == u.members.size() ? FleetOutcome::kCommitted
+                                                    : FleetOutcome::kPartial;
+  return end;
+}
+
+// Too few members to begin: nothing was asked of any engine.
+bool refused_whole(const FleetUpdate& u) {
+  const bool none_started = std::all_of(u.members.begin(), u.members.end(),
+                                        [](auto& m) { return m.second == MemberStatus::kPending; });
+  return none_started && (u.members.size() < u.request.min_healthy || u.members.empty());
+}
+
+bool every_member_ended(const FleetUpdate& u) {
+  return std::all_of(u.members.begin(), u.members.end(),
+                     [](auto& m) { return member_ended(m.second); });
+}
+
+Status apply_one(FleetState& f, const FleetUpdateEnded& e) {
+  if (!f.update || f.update->request.update_id != e.update_id) {
+    return Status::Rejected("fleet update '" + e.update_id + "' is not in flight");
+  }
+  if (e.reason.size() > kTextBytesMax) return Status::InvalidArgument("reason is too long");
+  const bool whole = refused_whole(*f.update);
+  if (!whole && !every_member_ended(*f.update)) {
+    return Status::Rejected("fleet update '" + e.update_id + "' has members still to end");
+  }
+  FleetUpdateEnded expect = tally(*f.update);
+  if (whole) expect.outcome = FleetOutcome::kRefused;
+  expect.reason = e.reason;
+  if (!(expect == e)) return Status::Rejected("fleet update end does not match its members");
+  f.update.reset();
+  f.fleet_updates_ended++;
+  return Status::OK();
+}
+
+Status apply_fleet_event(FleetState& f, const FleetEvent& e) {
+  if (!e.engine.empty()) return Status::InvalidArgument("a fleet event names no engine");
+  return std::visit(Overloaded{
+                        [&](const Event&) { return Status::Internal("not a fleet event"); },
+                        [&](const auto& x) { return apply_one(f, x); },
+                    },
+                    e.body);
+}
+
+// ---- decide ----
+
+std::string refusal_reason(const FleetUpdate& u) {
+  return "only " + std::to_string(u.members.size()) + " engines can serve; min_healthy is " +
+         std::to_string(u.request.min_healthy);
+}
+
+// The fleet decisions that follow once `after` holds an input and its per-engine consequences.
+void settle(const FleetState& after, std::vector<FleetEvent>& out) {
+  if (!after.update) return;
+  const FleetUpdate& u = *after.update;
+  if (refused_whole(u)) {
+    FleetUpdateEnded end = tally(u);
+    end.outcome = FleetOutcome::kRefused;
+    end.reason = refusal_reason(u);
+    out.push_back(FleetEvent{"", end});
+  } else if (every_member_ended(u)) {
+    out.push_back(FleetEvent{"", tally(u)});
+  }
+}
+
+bool is_decision(const FleetBody& b) {
+  if (const auto* e = std::get_if<Event>(&b)) return family_of(*e) == Family::kDecision;
+  return std::holds_alternative<EngineRemoved>(b) || std::holds_alternative<FleetUpdateEnded>(b);
+}
+
+// The engine's own fold speaks first (so one unnamed engine refuses exactly as before fleets),
+// then the fleet's rules. A binding derives nothing of its engine; its only fleet consequence is a
+// leaving engine's removal once its last rollout ends (decided without copying the fleet: the hot
+// path).
+Result<std::vector<FleetEvent>> decide_binding(const FleetState& f, const FleetEvent& in,
+                                               const State& s) {
+  const Event& e = std::get<Event>(in.body);
+  Result<std::vector<Event>> own = decide(s, e);
+  if (!own.ok()) return own.status();
+  RC_CHECK(own->empty());
+  RC_RETURN_IF_ERROR(check_engine_rules(f, in.engine, e));
+  std::vector<FleetEvent> out;
+  const auto* fin = std::get_if<RolloutFinished>(&e);
+  if (fin != nullptr && f.leaving.count(in.engine) != 0 && s.active.size() == 1) {
+    out.push_back(FleetEvent{"", EngineRemoved{in.engine}});
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* fleet_update_mode_name(FleetUpdateMode m) {
+  return m == FleetUpdateMode::kAll ? "all" : m == FleetUpdateMode::kRolling ? "rolling" : "?";
+}
+
+const char* fleet_outcome_name(FleetOutcome o) {
+  switch (o) {
+    case FleetOutcome::kCommitted:
+      return "committed";
+    case FleetOutcome::kPartial:
+      return "partial";
+    case FleetOutcome::kRefused:
+      return "refused";
+  }
+  return "?";
+}
+
+const char* member_status_name(MemberStatus s) {
+  static const char* const kNames[] = {"pending", "updating", "committed",
+                                       "refused", "tainted",  "skipped"};
+  const auto i = static_cast<std::size_t>(s);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
+
+bool member_ended(MemberStatus s) {
+  return s != MemberStatus::kPending && s != MemberStatus::kUpdating;
+}
+
+Status fleet_apply(FleetState& fleet, const FleetEvent& event) {
+  if (const auto* e = std::get_if<Event>(&event.body)) {
+    return apply_engine_event(fleet, event.engine, *e);
+  }
+  return apply_fleet_event(fleet, event);
+}
+
+Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const FleetEvent& input) {
+  if (is_decision(input.body)) {
+    return Status::InvalidArgument("a decision cannot be submitted as input");
+  }
+  const auto* e = std::get_if<Event>(&input.body);
+  if (e != nullptr && family_of(*e) == Family::kBinding) {
+    Result<const State*> s = engine_of(fleet, input.engine);
+    if (!s.ok()) return s.status();
+    return decide_binding(fleet, input, **s);
+  }
+  std::vector<FleetEvent> out;
+  if (e != nullptr) {
+    Result<const State*> s = engine_of(fleet, input.engine);
+    if (!s.ok()) return s.status();
+    Result<std::vector<Event>> own = decide(**s, *e);
+    if (!own.ok()) return own.status();
+    RC_RETURN_IF_ERROR(check_engine_rules(fleet, input.engine, *e));
+    for (Event& d : *own) out.push_back(FleetEvent{input.engine, std::move(d)});
+  }
+  FleetState after = fleet;
+  RC_RETURN_IF_ERROR(fleet_apply(after, input));
+  for (const FleetEvent& d : out) RC_CHECK(fleet_apply(after, d).ok());
+  if (const auto* r = std::get_if<EngineRemovalRequested>(&input.body);
+      r != nullptr && after.engines.at(r->engine).active.empty()) {
+    out.push_back(FleetEvent{"", EngineRemoved{r->engine}});
+  }
+  const std::size_t before_settle = out.size();
+  settle(after, out);
+  RC_CHECK(out.size() <= before_settle + 1);
+  return out;
+}
+
+Result<std::vector<FleetEvent>> fleet_step(FleetState& fleet, const FleetEvent& input) {
+  Result<std::vector<FleetEvent>> derived = fleet_decide(fleet, input);
+  if (!derived.ok()) return derived.status();
+  FleetState next = fleet;
+  RC_CHECK(fleet_apply(next, input).ok());
+  for (const FleetEvent& d : *derived) RC_CHECK(fleet_apply(next, d).ok());
+  fleet = std::move(next);
+  return derived;
+}
+
+std::optional<std::uint64_t> fleet_generation(const FleetState& fleet, const std::string& engine) {
+  auto it = fleet.engines.find(engine);
+  if (it == fleet.engines.end() || it->second.lifecycle == Lifecycle::kUninitialized) {
+    return std::nullopt;
+  }
+  auto g = fleet.label_generation.find(it->second.committed.label);
+  if (g == fleet.label_generation.end()) return std::nullopt;
+  return g->second;
+}
+
+std::optional<std::uint64_t> newest_held_generation(const FleetState& fleet) {
+  std::optional<std::uint64_t> newest;
+  for (const auto& [id, s] : fleet.engines) {
+    if (s.lifecycle == Lifecycle::kTainted) continue;
+    const std::optional<std::uint64_t> g = fleet_generation(fleet, id);
+    if (g && (!newest || *g > *newest)) newest = g;
+  }
+  return newest;
+}
+
+std::string fleet_admission_block_reason(const FleetState& fleet, const std::string& engine) {
+  auto it = fleet.engines.find(engine);
+  if (it == fleet.engines.end()) return "no " + quoted(engine) + " in the fleet";
+  if (fleet.leaving.count(engine) != 0) return quoted(engine) + " is being removed";
+  if (std::string why = admission_block_reason(it->second); !why.empty()) {
+    return engine.empty() ? why : quoted(engine) + ": " + why;
+  }
+  const std::optional<std::uint64_t> g = fleet_generation(fleet, engine);
+  const std::optional<std::uint64_t> newest = newest_held_generation(fleet);
+  RC_CHECK(g.has_value() && newest.has_value() && *g <= *newest);
+  if (*g + fleet.policy.staleness_max >= *newest) return {};
+  return quoted(engine) + " holds generation " + std::to_string(*g) + "; the fleet's newest is " +
+         std::to_string(*newest) + " and staleness_max is " +
+         std::to_string(fleet.policy.staleness_max);
+}
+
+bool fleet_admits(const FleetState& fleet, const std::string& engine) {
+  return fleet_admission_block_reason(fleet, engine).empty();
+}
+
+std::vector<std::string> admitting_engines(const FleetState& fleet) {
+  std::vector<std::string> out;
+  for (const auto& [id, s] : fleet.engines) {
+    if (fleet_admits(fleet, id)) out.push_back(id);
+  }
+  return out;
+}
+
+FleetEvent make_fleet_admission(const FleetState& fleet, const std::string& engine,
+                                std::string rollout_id) {
+  return FleetEvent{engine, make_admission(fleet.engines.at(engine), std::move(rollout_id))};
+}
+
+namespace {
+
+std::string check_rollouts_disjoint(const FleetState& f) {
+  std::map<std::string, const std::string*> owner;
+  for (const auto& [id, s] : f.engines) {
+    for (const auto& [rollout, r] : s.active) {
+      if (!owner.emplace(rollout, &id).second) {
+        return "rollout '" + rollout + "' is active on two engines";
+      }
+    }
+  }
+  return {};
+}
+
+std::string check_generations(const FleetState& f) {
+  std::set<std::uint64_t> seen;
+  for (const auto& [label, g] : f.label_generation) {
+    if (g >= f.next_generation || !seen.insert(g).second) return "fleet generations are not unique";
+    if (f.labels.count(label) == 0) return "a served label has no identity";
+  }
+  for (const auto& [id, s] : f.engines) {
+    const bool holds = s.lifecycle != Lifecycle::kUninitialized && !s.committed.label.empty();
+    if (holds && f.label_generation.count(s.committed.label) == 0) {
+      return quoted(id) + " holds a label the fleet never served";
+    }
+  }
+  return f.labels.size() == f.label_generation.size() ? "" : "labels and generations differ";
+}
+
+std::string check_update_members(const FleetState& f) {
+  if (!f.update) return {};
+  const FleetUpdate& u = *f.update;
+  for (const auto& [id, m] : u.members) {
+    if (member_ended(m)) continue;
+    auto it = f.engines.find(id);
+    if (it == f.engines.end()) return "a member in flight left the fleet";
+    const bool own = it->second.update && it->second.update->update_id == u.request.update_id;
+    if ((m == MemberStatus::kUpdating) != own) return quoted(id) + "'s member status is wrong";
+  }
+  if (u.request.mode == FleetUpdateMode::kRolling && updating_members(u) > u.request.batch_max) {
+    return "a rolling update exceeds batch_max";
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string check_fleet_invariants(const FleetState& fleet) {
+  if (fleet.engines.size() > kFleetEnginesMax) return "too many engines";
+  if (fleet.engines.count("") != 0 && fleet.engines.size() != 1) {
+    return "the unnamed engine shares a journal with named ones";
+  }
+  for (const auto& [id, s] : fleet.engines) {
+    if (std::string bad = check_invariants(s); !bad.empty()) return quoted(id) + ": " + bad;
+  }
+  for (const std::string& id : fleet.leaving) {
+    if (fleet.engines.count(id) == 0) return "a leaving engine is not in the fleet";
+  }
+  if (std::string bad = check_rollouts_disjoint(fleet); !bad.empty()) return bad;
+  if (std::string bad = check_generations(fleet); !bad.empty()) return bad;
+  return check_update_members(fleet);
+}
+
+}  // namespace rc

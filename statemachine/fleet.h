@@ -1,0 +1,167 @@
+// The fleet: N engines, each with its own lifecycle (State, the single-engine fold, unchanged),
+// and the rules that span them, as a pure fold of its own.
+//
+// A fleet event names its engine: every per-engine input, binding and decision of the single-
+// engine fold is carried with the id of the engine it belongs to. A journal written before fleets
+// existed names none: its events all belong to the implicit engine "" and fold exactly as before.
+//
+// What the fleet adds (each rule enforced by decide and by apply, so a forged history is refused):
+//   - membership: engines join by name and leave by a removal that first drains them;
+//   - generations: the fleet orders the labels it serves (the first served is generation 0, each
+//     label first served anywhere gets the next); an engine's fleet generation is that of the
+//     label it has committed;
+//   - staleness: a rollout is admitted to an engine only if its fleet generation is at least the
+//     newest one an untainted engine holds minus `staleness_max` (0: no rollout starts on an old
+//     generation once a newer one is committed anywhere). Quarantined engines do not count, so a
+//     fleet whose newest engines are TAINTED keeps serving what it still holds, and a single
+//     engine restored to an earlier label serves it;
+//   - fleet updates, `all` (every healthy engine at once) or `rolling` (at most `batch_max` at a
+//     time while at least `min_serving` engines keep serving); refused as a whole when fewer than
+//     `min_healthy` engines can take it; each member ends committed, refused or TAINTED on its own
+//     evidence, and the fleet update ends once every member has;
+//   - one label names one identity across the fleet; a rollout id is active on one engine at most.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "statemachine/state.h"
+
+namespace rc {
+
+inline constexpr std::size_t kFleetEnginesMax = 256;
+inline constexpr std::uint32_t kFleetStalenessMax = 1000000;  // generations
+
+// The admission and update rules of the fleet; journaled so that the fold reads them from its
+// history. Defaults: no staleness, nothing kept serving by an update outside an `all` update.
+struct FleetConfigured {
+  std::uint32_t staleness_max = 0;
+  std::uint32_t min_serving = 0;
+  bool operator==(const FleetConfigured&) const = default;
+};
+
+// A new engine: UNINITIALIZED until its bootstrap, which must name the fleet's newest label.
+struct EngineJoined {
+  std::string engine;
+  bool operator==(const EngineJoined&) const = default;
+};
+
+// The engine admits nothing from now on; it is removed (a decision) once its last rollout ends.
+struct EngineRemovalRequested {
+  std::string engine;
+  bool operator==(const EngineRemovalRequested&) const = default;
+};
+
+struct EngineRemoved {  // decision
+  std::string engine;
+  bool operator==(const EngineRemoved&) const = default;
+};
+
+enum class FleetUpdateMode : std::uint8_t { kAll = 0, kRolling = 1 };
+inline constexpr std::uint8_t kFleetUpdateModeMax = 1;
+const char* fleet_update_mode_name(FleetUpdateMode m);
+
+// A trainer asks every engine that can serve to move to `target_label`. Each member then gets a
+// per-engine UpdateRequested with this update_id, label, identity and source, in the order the
+// mode allows (the executor submits them; the fold refuses any the mode does not allow).
+struct FleetUpdateRequested {
+  std::string update_id;
+  FleetUpdateMode mode = FleetUpdateMode::kAll;
+  std::uint32_t batch_max = 1;    // rolling: members updating at once, at most
+  std::uint32_t min_healthy = 1;  // members needed, else the update is refused as a whole
+  std::string target_label;
+  WeightIdentity identity;
+  std::string source_uri;
+  bool operator==(const FleetUpdateRequested&) const = default;
+};
+
+enum class FleetOutcome : std::uint8_t {
+  kCommitted = 0,  // every member committed
+  kPartial = 1,    // some committed; the others were refused, TAINTED or skipped
+  kRefused = 2,    // none committed (refused as a whole, or every member failed)
+};
+inline constexpr std::uint8_t kFleetOutcomeMax = 2;
+const char* fleet_outcome_name(FleetOutcome o);
+
+struct FleetUpdateEnded {  // decision
+  std::string update_id;
+  FleetOutcome outcome = FleetOutcome::kCommitted;
+  std::uint32_t committed = 0, refused = 0, tainted = 0, skipped = 0;
+  std::string reason;
+  bool operator==(const FleetUpdateEnded&) const = default;
+};
+
+using FleetBody = std::variant<Event, FleetConfigured, EngineJoined, EngineRemovalRequested,
+                               EngineRemoved, FleetUpdateRequested, FleetUpdateEnded>;
+
+// `engine` names the engine of a per-engine event ("" = the implicit engine of a one-engine
+// journal); a fleet event (any alternative but Event) names none.
+struct FleetEvent {
+  std::string engine;
+  FleetBody body;
+  bool operator==(const FleetEvent&) const = default;
+};
+
+enum class MemberStatus : std::uint8_t {
+  kPending = 0,   // its UpdateRequested has not been taken yet
+  kUpdating = 1,  // its own update is in flight
+  kCommitted = 2,
+  kRefused = 3,
+  kTainted = 4,
+  kSkipped = 5,  // TAINTED (quarantined) before its own update started
+};
+const char* member_status_name(MemberStatus s);
+bool member_ended(MemberStatus s);
+
+struct FleetUpdate {
+  FleetUpdateRequested request;
+  std::map<std::string, MemberStatus> members;  // the engines that could serve when it began
+  bool operator==(const FleetUpdate&) const = default;
+};
+
+struct FleetState {
+  std::map<std::string, State> engines;
+  std::set<std::string> leaving;  // removal requested: no admissions, removed once idle
+  FleetConfigured policy;
+  std::map<std::string, std::uint64_t> label_generation;  // every label the fleet served
+  std::map<std::string, WeightIdentity> labels;           // one identity per label, fleet-wide
+  std::uint64_t next_generation = 0;                      // the generation the next new label gets
+  std::optional<FleetUpdate> update;
+  std::uint64_t fleet_updates_ended = 0;
+  bool operator==(const FleetState&) const = default;
+};
+
+// decide: the events an input causes (per-engine decisions named with their engine, then the
+// fleet's), or a rejection; never mutates. apply: the fold; an illegal event changes nothing.
+[[nodiscard]] Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet,
+                                                           const FleetEvent& input);
+[[nodiscard]] Status fleet_apply(FleetState& fleet, const FleetEvent& event);
+// decide, then apply the input and what it caused; returns the caused events.
+[[nodiscard]] Result<std::vector<FleetEvent>> fleet_step(FleetState& fleet,
+                                                         const FleetEvent& input);
+
+// "" when the fleet's invariants (and every engine's) hold.
+std::string check_fleet_invariants(const FleetState& fleet);
+
+// The fleet generation of the label `engine` has committed; nullopt before its bootstrap.
+std::optional<std::uint64_t> fleet_generation(const FleetState& fleet, const std::string& engine);
+// The newest fleet generation an engine that is neither UNINITIALIZED nor TAINTED holds.
+std::optional<std::uint64_t> newest_held_generation(const FleetState& fleet);
+
+// Whether a rollout may be admitted to `engine` now, and if not, why ("" when it may).
+std::string fleet_admission_block_reason(const FleetState& fleet, const std::string& engine);
+bool fleet_admits(const FleetState& fleet, const std::string& engine);
+
+// The engines a rollout may be admitted to now, in id order (the balancer's candidates).
+std::vector<std::string> admitting_engines(const FleetState& fleet);
+
+// A binding for a new rollout on `engine` (the caller checks fleet_admits first).
+FleetEvent make_fleet_admission(const FleetState& fleet, const std::string& engine,
+                                std::string rollout_id);
+
+}  // namespace rc

@@ -1,0 +1,122 @@
+// A driver for the fleet fold in tests: steps fleet events, asserts acceptance or rejection, and
+// walks one engine's own update with calm (or chosen) observations.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "statemachine/fleet.h"
+#include "tests/statemachine/gen.h"
+
+namespace rc::test {
+
+inline FaultMix calm_mix() {
+  FaultMix m;
+  m.probe_fail = m.drain_fail = m.drain_timeout = m.preflight_bad = 0;
+  m.transfer_refused = m.transfer_ambiguous = m.reset_fail = 0;
+  m.validate_fail = m.validate_wrong = m.resume_fail = m.garbage = 0;
+  return m;
+}
+
+inline std::string fleet_event_name(const FleetEvent& e) {
+  static const char* const kFleet[] = {"",
+                                       "FleetConfigured",
+                                       "EngineJoined",
+                                       "EngineRemovalRequested",
+                                       "EngineRemoved",
+                                       "FleetUpdateRequested",
+                                       "FleetUpdateEnded"};
+  if (const auto* ev = std::get_if<Event>(&e.body)) {
+    return "[" + e.engine + "] " + event_name(*ev);
+  }
+  return kFleet[e.body.index()];
+}
+
+struct FleetDriver {
+  FleetState f;
+  std::vector<FleetEvent> accepted;  // every event the fold took, in order
+  int rollouts = 0;
+
+  std::vector<FleetEvent> ok(const FleetEvent& input) {
+    Result<std::vector<FleetEvent>> r = fleet_step(f, input);
+    EXPECT_TRUE(r.ok()) << "rejected " << fleet_event_name(input) << ": " << r.status().ToString();
+    if (!r.ok()) return {};
+    EXPECT_EQ(check_fleet_invariants(f), "");
+    accepted.push_back(input);
+    accepted.insert(accepted.end(), r->begin(), r->end());
+    return *r;
+  }
+  std::vector<FleetEvent> ok(const std::string& engine, const Event& e) {
+    return ok(FleetEvent{engine, e});
+  }
+  Status rejected(const FleetEvent& input) {
+    const FleetState before = f;
+    Result<std::vector<FleetEvent>> r = fleet_step(f, input);
+    EXPECT_FALSE(r.ok()) << "accepted " << fleet_event_name(input);
+    EXPECT_EQ(f, before) << "a rejected input changed the fleet";
+    return r.ok() ? Status::OK() : r.status();
+  }
+  Status rejected(const std::string& engine, const Event& e) {
+    return rejected(FleetEvent{engine, e});
+  }
+
+  const State& engine(const std::string& id) const { return f.engines.at(id); }
+
+  void join(const std::string& id) { ok(FleetEvent{"", EngineJoined{id}}); }
+  void bootstrap(const std::string& id, const std::string& label = "rc-0", char ident = 'a') {
+    ok(id, BootstrapRequested{label, identity(ident)});
+    ok(id, EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000});
+    EngineProbed probe{ok_http(), "0.25.1", label};
+    probe.engine_instance = "i-" + id;
+    ok(id, probe);
+  }
+  std::string admit(const std::string& id) {
+    std::string rollout = "r" + std::to_string(++rollouts);
+    ok(make_fleet_admission(f, id, rollout));
+    return rollout;
+  }
+  FleetUpdateRequested fleet_update(const std::string& id, FleetUpdateMode mode,
+                                    const std::string& label, std::uint32_t batch_max = 1,
+                                    std::uint32_t min_healthy = 1) const {
+    return FleetUpdateRequested{
+        id, mode, batch_max, min_healthy, label, identity('b'), "safetensors:/ckpt/x"};
+  }
+  UpdateRequested member_update(const FleetUpdateRequested& u) const {
+    return UpdateRequested{u.update_id, u.target_label, u.identity, u.source_uri};
+  }
+
+  // Steps `id`'s own update until it ends or waits on rollouts; `ambiguous` breaks its transfer
+  // after bytes may have landed.
+  void run_update(const std::string& id, bool ambiguous = false) {
+    Rng rng(7);
+    const FaultMix calm = calm_mix();
+    for (int guard = 0; guard < 64 && engine(id).update.has_value(); ++guard) {
+      const State& s = engine(id);
+      if (s.in_flight.has_value()) {
+        if (ambiguous && s.in_flight->kind == EffectKind::kTransfer) {
+          ok(id, TransferObserved{false, MutationClass::kPossible, 7, 1, 1, "", "broken"});
+        } else {
+          ok(id, observation(s, rng, calm));
+        }
+        continue;
+      }
+      const Effect due = next_effect(s);
+      if (due.kind == EffectKind::kNone || due.kind == EffectKind::kAwaitRollouts) return;
+      ok(id, EffectStarted{due.kind, due.cache, 1000});
+    }
+  }
+
+  // The fold of everything accepted, from nothing: what a journal replay would give.
+  FleetState refold() const {
+    FleetState again;
+    for (const FleetEvent& e : accepted) {
+      const Status st = fleet_apply(again, e);
+      EXPECT_TRUE(st.ok()) << fleet_event_name(e) << ": " << st.ToString();
+    }
+    return again;
+  }
+};
+
+}  // namespace rc::test

@@ -1,0 +1,232 @@
+// The fleet fold's rules, one scenario each: staleness, rolling batches and min_serving, an
+// `all` update with one ambiguous failure, min_healthy, joining and leaving, rollout ids, and
+// forged fleet decisions.
+#include <gtest/gtest.h>
+
+#include "tests/statemachine/fleet_helpers.h"
+
+namespace rc {
+namespace {
+
+using namespace rc::test;
+
+// Engines `ids`, each READY on rc-0.
+FleetDriver ready_fleet(const std::vector<std::string>& ids) {
+  FleetDriver d;
+  for (const std::string& id : ids) d.join(id);
+  for (const std::string& id : ids) d.bootstrap(id);
+  return d;
+}
+
+bool has_end(const std::vector<FleetEvent>& events, FleetUpdateEnded* out) {
+  for (const FleetEvent& e : events) {
+    if (const auto* end = std::get_if<FleetUpdateEnded>(&e.body)) {
+      *out = *end;
+      return true;
+    }
+  }
+  return false;
+}
+
+// With staleness_max 0, once one engine commits a newer label, an engine still on the older one
+// admits nothing, and with staleness_max 1 it does; catches a balancer-visible rule missing from
+// the fold (a rollout started on a policy older than the bound).
+TEST(Fleet, StalenessBoundsWhichEnginesAdmit) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  d.run_update("a");
+  ASSERT_EQ(d.engine("a").committed.label, "rc-1");
+  EXPECT_EQ(fleet_generation(d.f, "a"), 1u);
+  EXPECT_EQ(fleet_generation(d.f, "b"), 0u);
+  const Status st = d.rejected(make_fleet_admission(d.f, "b", "late"));
+  EXPECT_EQ(st.code(), Code::kRejected);
+  EXPECT_NE(st.message().find("staleness_max is 0"), std::string::npos) << st.message();
+  EXPECT_EQ(admitting_engines(d.f), std::vector<std::string>{"a"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 0}});
+  d.admit("b");
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// A rolling update takes at most batch_max members at once and never leaves fewer than
+// min_serving engines serving; catches a rolling update that drains the whole fleet.
+TEST(Fleet, RollingHonoursBatchAndMinServing) {
+  FleetDriver d = ready_fleet({"a", "b", "c"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 2}});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1", 2);
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  // b would leave only c serving (a drains): min_serving 2 refuses it although batch_max is 2.
+  const Status st = d.rejected("b", d.member_update(u));
+  EXPECT_NE(st.message().find("min_serving is 2"), std::string::npos) << st.message();
+  d.run_update("a");
+  d.ok("b", d.member_update(u));
+  d.run_update("b");
+  d.ok("c", d.member_update(u));
+  std::vector<FleetEvent> last;
+  {
+    Rng rng(3);
+    for (int i = 0; i < 64 && d.engine("c").update; ++i) {
+      const State& s = d.engine("c");
+      if (s.in_flight) {
+        last = d.ok("c", observation(s, rng, calm_mix()));
+        continue;
+      }
+      const Effect due = next_effect(s);
+      last = d.ok("c", EffectStarted{due.kind, due.cache, 1000});
+    }
+  }
+  FleetUpdateEnded end;
+  ASSERT_TRUE(has_end(last, &end));
+  EXPECT_EQ(end.outcome, FleetOutcome::kCommitted);
+  EXPECT_EQ(end.committed, 3u);
+  EXPECT_FALSE(d.f.update.has_value());
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// An `all` update drains every member together; one member's ambiguous transfer makes it TAINTED
+// and quarantined while the other commits, and the fleet update ends partial with both counted;
+// catches a partial failure hidden in the fleet's outcome or a tainted engine still admitting.
+TEST(Fleet, AllModeIsolatesAnAmbiguousMember) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  d.ok("b", d.member_update(u));
+  d.run_update("a", /*ambiguous=*/true);
+  EXPECT_EQ(d.engine("a").lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kTainted);
+  d.run_update("b");
+  ASSERT_FALSE(d.f.update.has_value());
+  EXPECT_EQ(d.f.fleet_updates_ended, 1u);
+  const FleetEvent& end_event = d.accepted.back();
+  const auto* end = std::get_if<FleetUpdateEnded>(&end_event.body);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->outcome, FleetOutcome::kPartial);
+  EXPECT_EQ(end->committed, 1u);
+  EXPECT_EQ(end->tainted, 1u);
+  EXPECT_FALSE(fleet_admits(d.f, "a"));
+  EXPECT_NE(fleet_admission_block_reason(d.f, "a").find("TAINTED"), std::string::npos);
+  d.admit("b");
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// Fewer engines able to serve than min_healthy: the fleet update is refused in the same group
+// and no member may start; catches an update that begins on a fleet already too degraded.
+TEST(Fleet, TooFewHealthyRefusesTheWholeUpdate) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1", 1, 3);
+  const std::vector<FleetEvent> caused = d.ok(FleetEvent{"", u});
+  FleetUpdateEnded end;
+  ASSERT_TRUE(has_end(caused, &end));
+  EXPECT_EQ(end.outcome, FleetOutcome::kRefused);
+  EXPECT_NE(end.reason.find("min_healthy is 3"), std::string::npos) << end.reason;
+  EXPECT_FALSE(d.f.update.has_value());
+  EXPECT_EQ(d.engine("a").lifecycle, Lifecycle::kReady);
+}
+
+// A pending member that becomes TAINTED before its own update is skipped, so the fleet update
+// still ends; catches a fleet update that waits forever on a quarantined engine.
+TEST(Fleet, APendingMemberTaintedMeanwhileIsSkipped) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 0}});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  // b is seen answering as another process (restarted): the monitor taints it.
+  EngineMonitored m{ok_http(), "rc-0", true, false, "other-instance", 0, 1};
+  m.updates_seen = monitor_epoch(d.engine("b"));
+  d.ok("b", m);
+  ASSERT_EQ(d.engine("b").lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(d.f.update->members.at("b"), MemberStatus::kSkipped);
+  d.run_update("a");
+  ASSERT_FALSE(d.f.update.has_value());
+  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().body);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->outcome, FleetOutcome::kPartial);
+  EXPECT_EQ(end->skipped, 1u);
+}
+
+// An engine joining a fleet that moved on must bootstrap on the newest label, with the identity
+// the fleet recorded for it; catches a new replica serving an old policy.
+TEST(Fleet, AJoiningEngineBootstrapsAtTheNewestLabel) {
+  FleetDriver d = ready_fleet({"a"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  d.run_update("a");
+  d.join("b");
+  EXPECT_EQ(d.rejected("b", BootstrapRequested{"rc-0", identity('a')}).code(), Code::kRejected);
+  EXPECT_EQ(d.rejected("b", BootstrapRequested{"rc-1", identity('z')}).code(),
+            Code::kInvalidArgument);
+  d.bootstrap("b", "rc-1", 'b');
+  EXPECT_EQ(fleet_generation(d.f, "b"), 1u);
+  d.admit("b");
+}
+
+// A removal stops admissions at once and removes the engine in the group of its last rollout's
+// finish; catches a removal that cuts off a live rollout or never completes.
+TEST(Fleet, RemovalDrainsTheEngineFirst) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const std::string r = d.admit("a");
+  EXPECT_TRUE(d.ok(FleetEvent{"", EngineRemovalRequested{"a"}}).empty());
+  EXPECT_NE(fleet_admission_block_reason(d.f, "a").find("being removed"), std::string::npos);
+  EXPECT_EQ(d.rejected(make_fleet_admission(d.f, "a", "r-late")).code(), Code::kRejected);
+  const std::vector<FleetEvent> caused =
+      d.ok("a", RolloutFinished{r, RolloutOutcome::kCompleted, 1, 1});
+  ASSERT_EQ(caused.size(), 1u);
+  EXPECT_TRUE(std::holds_alternative<EngineRemoved>(caused[0].body));
+  EXPECT_EQ(d.f.engines.count("a"), 0u);
+  // An idle engine goes in the removal's own group.
+  EXPECT_EQ(d.ok(FleetEvent{"", EngineRemovalRequested{"b"}}).size(), 1u);
+  EXPECT_TRUE(d.f.engines.empty());
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// A rollout id is active on one engine at a time; catches two engines bound under one id (the
+// audit could not tell whose trajectory it holds).
+TEST(Fleet, ARolloutIdIsActiveOnOneEngine) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(make_fleet_admission(d.f, "a", "same"));
+  EXPECT_EQ(d.rejected(make_fleet_admission(d.f, "b", "same")).code(), Code::kConflict);
+}
+
+// Fleet decisions cannot be submitted, and forged ones are refused by apply with the state
+// unchanged; events for unknown engines are refused; catches a history that fakes a fleet outcome.
+TEST(Fleet, ForgedFleetEventsAreRefused) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateEnded forged_end{"u1", FleetOutcome::kCommitted, 2, 0, 0, 0, ""};
+  EXPECT_EQ(d.rejected(FleetEvent{"", EngineRemoved{"a"}}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(d.rejected(FleetEvent{"", forged_end}).code(), Code::kInvalidArgument);
+  const EffectStarted probe{EffectKind::kProbeEngine, CacheKind::kPrefix, 1};
+  EXPECT_EQ(d.rejected(FleetEvent{"zz", probe}).code(), Code::kNotFound);
+  // A fleet event names no engine.
+  EXPECT_EQ(d.rejected(FleetEvent{"a", FleetConfigured{}}).code(), Code::kInvalidArgument);
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  FleetState copy = d.f;
+  EXPECT_FALSE(fleet_apply(copy, FleetEvent{"", FleetUpdateEnded{"u1", FleetOutcome::kRefused, 0, 0,
+                                                                 0, 0, ""}})
+                   .ok());
+  EXPECT_EQ(copy, d.f);
+  // A member's update must be the fleet update's target.
+  UpdateRequested wrong = d.member_update(u);
+  wrong.target_label = "rc-9";
+  EXPECT_EQ(d.rejected("a", wrong).code(), Code::kInvalidArgument);
+  EXPECT_EQ(d.rejected(FleetEvent{"", EngineJoined{""}}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(d.rejected(FleetEvent{"", EngineJoined{"a"}}).code(), Code::kConflict);
+}
+
+// A journal of one unnamed engine cannot gain named ones, and named engines leave no room for
+// the unnamed one; catches a journal whose old records would change meaning.
+TEST(Fleet, TheUnnamedEngineStaysAlone) {
+  FleetDriver one;
+  one.bootstrap("");
+  EXPECT_EQ(one.rejected(FleetEvent{"", EngineJoined{"b"}}).code(), Code::kRejected);
+  FleetDriver named = ready_fleet({"a"});
+  EXPECT_EQ(named.rejected("", BootstrapRequested{"rc-0", identity('a')}).code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace rc
