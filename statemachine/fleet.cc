@@ -342,6 +342,23 @@ Status apply_one(FleetState& f, const FleetUpdateEnded& e) {
   return Status::OK();
 }
 
+Status apply_one(FleetState& f, const FleetUpdateCancelled& c) {
+  if (!f.update || f.update->request.update_id != c.update_id) {
+    return Status::NotFound("fleet update '" + c.update_id + "' is not in flight");
+  }
+  if (c.reason.size() > kTextBytesMax || !text::printable_utf8(c.reason)) {
+    return Status::InvalidArgument("reason must be printable UTF-8 of at most " +
+                                   std::to_string(kTextBytesMax) + " bytes");
+  }
+  if (f.update->cancelled)
+    return Status::Conflict("fleet update '" + c.update_id + "' is cancelled");
+  for (auto& [id, m] : f.update->members) {
+    if (m == MemberStatus::kPending) m = MemberStatus::kSkipped;
+  }
+  f.update->cancelled = c.reason;
+  return Status::OK();
+}
+
 Status apply_fleet_event(FleetState& f, const FleetEvent& e) {
   if (!e.engine.empty()) return Status::InvalidArgument("a fleet event names no engine");
   return std::visit(Overloaded{
@@ -368,7 +385,9 @@ void settle(const FleetState& after, std::vector<FleetEvent>& out) {
     end.reason = refusal_reason(u);
     out.push_back(FleetEvent{"", end});
   } else if (every_member_ended(u)) {
-    out.push_back(FleetEvent{"", tally(u)});
+    FleetUpdateEnded end = tally(u);
+    if (u.cancelled) end.reason = "cancelled: " + *u.cancelled;
+    out.push_back(FleetEvent{"", end});
   }
 }
 

@@ -80,6 +80,14 @@ struct FleetUpdateRequested {
   bool operator==(const FleetUpdateRequested&) const = default;
 };
 
+// The operator gives up on the members that have not started (they are skipped); members already
+// updating finish their own updates, which have deadlines. The fleet update ends once they have.
+struct FleetUpdateCancelled {
+  std::string update_id;
+  std::string reason;
+  bool operator==(const FleetUpdateCancelled&) const = default;
+};
+
 enum class FleetOutcome : std::uint8_t {
   kCommitted = 0,  // every member committed
   kPartial = 1,    // some committed; the others were refused, TAINTED or skipped
@@ -96,8 +104,9 @@ struct FleetUpdateEnded {  // decision
   bool operator==(const FleetUpdateEnded&) const = default;
 };
 
-using FleetBody = std::variant<Event, FleetConfigured, EngineJoined, EngineRemovalRequested,
-                               EngineRemoved, FleetUpdateRequested, FleetUpdateEnded>;
+using FleetBody =
+    std::variant<Event, FleetConfigured, EngineJoined, EngineRemovalRequested, EngineRemoved,
+                 FleetUpdateRequested, FleetUpdateEnded, FleetUpdateCancelled>;
 
 // `engine` names the engine of a per-engine event ("" = the implicit engine of a one-engine
 // journal); a fleet event (any alternative but Event) names none.
@@ -113,7 +122,7 @@ enum class MemberStatus : std::uint8_t {
   kCommitted = 2,
   kRefused = 3,
   kTainted = 4,
-  kSkipped = 5,  // TAINTED (quarantined) before its own update started
+  kSkipped = 5,  // TAINTED (quarantined) before its own update started, or cancelled
 };
 const char* member_status_name(MemberStatus s);
 bool member_ended(MemberStatus s);
@@ -121,6 +130,7 @@ bool member_ended(MemberStatus s);
 struct FleetUpdate {
   FleetUpdateRequested request;
   std::map<std::string, MemberStatus> members;  // the engines that could serve when it began
+  std::optional<std::string> cancelled;         // the cancel's reason
   bool operator==(const FleetUpdate&) const = default;
 };
 

@@ -27,7 +27,8 @@ inline std::string fleet_event_name(const FleetEvent& e) {
                                        "EngineRemovalRequested",
                                        "EngineRemoved",
                                        "FleetUpdateRequested",
-                                       "FleetUpdateEnded"};
+                                       "FleetUpdateEnded",
+                                       "FleetUpdateCancelled"};
   if (const auto* ev = std::get_if<Event>(&e.body)) {
     return "[" + e.engine + "] " + event_name(*ev);
   }

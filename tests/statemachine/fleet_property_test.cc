@@ -56,7 +56,11 @@ struct FleetGen {
     if (p < 5) return FleetEvent{"", EngineRemovalRequested{pick(ids, r)}};
     if (p < 7) return FleetEvent{"", FleetConfigured{r.below(3), r.below(3)}};
     if (p < 11 && !f.update) return fleet_update(r);
-    if (p < 26 && f.update) return member_update(f, r);
+    if (p < 26 && f.update) {
+      if (r.chance(5))
+        return FleetEvent{"", FleetUpdateCancelled{f.update->request.update_id, "x"}};
+      return member_update(f, r);
+    }
     const std::string& id = pick(ids, r);
     const State& s = f.engines.at(id);
     if (p < 46) return FleetEvent{id, make_admission(s, "r" + std::to_string(++counter))};

@@ -148,6 +148,32 @@ TEST(Fleet, APendingMemberTaintedMeanwhileIsSkipped) {
   EXPECT_EQ(end->skipped, 1u);
 }
 
+// Cancelling skips the members that have not started, lets the updating one finish, and ends
+// the fleet update once it has; catches a fleet update that waits forever on members nobody will
+// start (an executor gave up, an engine stays unable to update).
+TEST(Fleet, CancelSkipsPendingMembersAndWaitsForTheUpdatingOne) {
+  FleetDriver d = ready_fleet({"a", "b", "c"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 0}});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  EXPECT_TRUE(d.ok(FleetEvent{"", FleetUpdateCancelled{"u1", "operator"}}).empty());
+  EXPECT_EQ(d.f.update->members.at("b"), MemberStatus::kSkipped);
+  EXPECT_EQ(d.rejected("b", d.member_update(u)).code(), Code::kRejected);
+  EXPECT_EQ(d.rejected(FleetEvent{"", FleetUpdateCancelled{"u1", "again"}}).code(),
+            Code::kConflict);
+  d.run_update("a");
+  ASSERT_FALSE(d.f.update.has_value());
+  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().body);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->outcome, FleetOutcome::kPartial);
+  EXPECT_EQ(end->committed, 1u);
+  EXPECT_EQ(end->skipped, 2u);
+  EXPECT_EQ(end->reason, "cancelled: operator");
+  EXPECT_EQ(d.rejected(FleetEvent{"", FleetUpdateCancelled{"u1", "late"}}).code(), Code::kNotFound);
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // An engine joining a fleet that moved on must bootstrap on the newest label, with the identity
 // the fleet recorded for it; catches a new replica serving an old policy.
 TEST(Fleet, AJoiningEngineBootstrapsAtTheNewestLabel) {
