@@ -195,6 +195,24 @@ void note_engine_event(FleetState& f, const std::string& engine, const Event& e)
   note_member(f, engine, s, e);
 }
 
+bool member_updating(const FleetState& f, const std::string& engine) {
+  if (!f.update) return false;
+  auto it = f.update->members.find(engine);
+  return it != f.update->members.end() && it->second == MemberStatus::kUpdating;
+}
+
+// An updating member's plan ends only after its UpdateEnded told the fleet how: a history in
+// which the plan vanishes first is forged (the fold derives the end before the last edge).
+Status apply_to_updating_member(State& s, const std::string& update_id, const Event& e) {
+  State next = s;
+  RC_RETURN_IF_ERROR(apply(next, e));
+  if (!next.update || next.update->update_id != update_id) {
+    return Status::Rejected("the fleet update's plan on this engine ends without its UpdateEnded");
+  }
+  s = std::move(next);
+  return Status::OK();
+}
+
 Status apply_engine_event(FleetState& f, const std::string& engine, const Event& e) {
   Result<const State*> found = engine_of(f, engine);
   if (!found.ok()) return found.status();
@@ -203,6 +221,10 @@ Status apply_engine_event(FleetState& f, const std::string& engine, const Event&
     State born;
     RC_RETURN_IF_ERROR(apply(born, e));
     f.engines.emplace(engine, std::move(born));
+  } else if (member_updating(f, engine) && family_of(e) != Family::kBinding &&
+             !std::holds_alternative<UpdateEnded>(e)) {
+    RC_RETURN_IF_ERROR(
+        apply_to_updating_member(f.engines.at(engine), f.update->request.update_id, e));
   } else {
     RC_RETURN_IF_ERROR(apply(f.engines.at(engine), e));
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <memory>
 
 #include "tests/statemachine/fleet_helpers.h"
 
@@ -195,6 +196,64 @@ RC_GTEST_PROP(FleetProperty, RandomFleetsKeepTheContract, ()) {
   RC_CLASSIFY(w.published > 0, "published");
   RC_CLASSIFY(w.stale_refusals > 0, "staleness refused");
   RC_CLASSIFY(w.min_serving_refusals > 0, "min_serving refused");
+}
+
+// Forged fleet events, any engine's: fleet decisions with any counts, removals, and the
+// single-engine forgeries (decisions, stale observations) under any engine's name.
+FleetEvent forged(const FleetState& f, Rng& r) {
+  std::vector<std::string> ids{"", "ghost"};
+  for (const auto& [id, s] : f.engines) ids.push_back(id);
+  const std::string& id = pick(ids, r);
+  const std::string update_id = f.update && r.chance(70) ? f.update->request.update_id : "fu0";
+  switch (r.below(4)) {
+    case 0:
+      return FleetEvent{"", EngineRemoved{id}};
+    case 1:
+      return FleetEvent{
+          "", FleetUpdateEnded{update_id, static_cast<FleetOutcome>(r.below(kFleetOutcomeMax + 1)),
+                               r.below(3), r.below(3), r.below(3), r.below(3), ""}};
+    case 2:
+      return FleetEvent{r.chance(50) ? "" : id, FleetUpdateCancelled{update_id, "forged"}};
+    default: {
+      const auto it = f.engines.find(id);
+      return FleetEvent{id, garbage(it == f.engines.end() ? State{} : it->second, r)};
+    }
+  }
+}
+
+// Forged events applied straight to the fold are refused with the fleet unchanged, or accepted
+// with every invariant intact, and the fold keeps working from there; catches a replayed history
+// that fakes a fleet outcome, removes a busy engine, or corrupts one engine through another.
+RC_GTEST_PROP(FleetProperty, ApplyWithstandsForgedEvents, ()) {
+  const auto seeds = *step_seeds();
+  FleetGen gen{InputGen{FaultMix::draw(*std::make_unique<Rng>(seeds.front())), 1, 0}, 0};
+  gen.engine_gen.mix.garbage = 0;
+  FleetWalk w;
+  for (std::uint64_t seed : seeds) {
+    Rng r(seed);
+    if (!r.chance(10)) {
+      w.step_checked(gen.next(w.f, r));
+      continue;
+    }
+    FleetState copy = w.f;
+    const FleetEvent e = forged(copy, r);
+    if (!fleet_apply(copy, e).ok()) {
+      RC_ASSERT(copy == w.f);
+      continue;
+    }
+    if (std::string bad = check_fleet_invariants(copy); !bad.empty()) {
+      RC_FAIL("forged " + fleet_event_name(e) + " accepted: " + bad);
+    }
+    for (int k = 0; k < 60; ++k) {
+      Rng r2(seed + static_cast<std::uint64_t>(k));
+      const FleetEvent next = gen.next(copy, r2);
+      (void)fleet_step(copy, next).ok();
+      if (std::string bad = check_fleet_invariants(copy); !bad.empty()) {
+        RC_FAIL("after forged " + fleet_event_name(e) + ", " + fleet_event_name(next) + ": " + bad);
+      }
+    }
+  }
+  w.check_whole();
 }
 
 // A journal of one unnamed engine folds exactly as the single-engine fold: the same inputs are
