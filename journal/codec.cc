@@ -8,6 +8,7 @@
 
 #include "journal/events_generated.h"
 #include "statemachine/hex.h"
+#include "statemachine/overloaded.h"
 
 namespace rc::journal {
 namespace {
@@ -15,13 +16,6 @@ namespace {
 namespace fb = ::rc::fb;
 using flatbuffers::FlatBufferBuilder;
 using flatbuffers::Offset;
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 // ---- encode ----
 

@@ -2,18 +2,12 @@
 #include "journal/json.h"
 
 #include "journal/codec.h"
+#include "statemachine/overloaded.h"
 
 namespace rc::journal {
 namespace {
 
 using nlohmann::json;
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 const char* family_name(Family f) {
   switch (f) {

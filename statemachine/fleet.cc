@@ -5,17 +5,11 @@
 #include <algorithm>
 #include <iterator>
 
+#include "statemachine/overloaded.h"
 #include "statemachine/text.h"
 
 namespace rc {
 namespace {
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 const State kUnbornEngine{};  // what the implicit engine "" is before its first event
 

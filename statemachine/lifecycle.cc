@@ -21,18 +21,12 @@
 #include <utility>
 
 #include "statemachine/hex.h"
+#include "statemachine/overloaded.h"
 #include "statemachine/state.h"
 #include "statemachine/text.h"
 
 namespace rc {
 namespace {
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 Status check_id(const char* what, const std::string& s) {
   if (s.empty()) return Status::InvalidArgument(std::string(what) + " is empty");
