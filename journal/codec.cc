@@ -85,6 +85,26 @@ Offset<fb::DeviceMemory> EncMemory(FlatBufferBuilder& b, const DeviceMemory& m) 
   return fb::CreateDeviceMemory(b, m.known, m.free_bytes_before, m.free_bytes_after, m.total_bytes);
 }
 
+Encoded EncFleetUpdate(FlatBufferBuilder& b, const FleetUpdateRequested& e) {
+  auto update_id = b.CreateString(e.update_id);
+  auto target = b.CreateString(e.target_label);
+  auto id = EncIdentity(b, e.identity);
+  auto uri = OptString(b, e.source_uri);
+  return {fb::Payload::FleetUpdateRequested,
+          fb::CreateFleetUpdateRequested(b, update_id, static_cast<fb::FleetUpdateMode>(Fb(e.mode)),
+                                         e.batch_max, e.min_healthy, target, id, uri)
+              .Union()};
+}
+
+Encoded EncFleetUpdateEnded(FlatBufferBuilder& b, const FleetUpdateEnded& e) {
+  auto update_id = b.CreateString(e.update_id);
+  auto reason = OptString(b, e.reason);
+  return {fb::Payload::FleetUpdateEnded,
+          fb::CreateFleetUpdateEnded(b, update_id, static_cast<fb::FleetOutcome>(Fb(e.outcome)),
+                                     e.committed, e.refused, e.tainted, e.skipped, reason)
+              .Union()};
+}
+
 Encoded EncSleepRequested(FlatBufferBuilder& b, const SleepRequested& e) {
   auto id = b.CreateString(e.sleep_id);
   return {fb::Payload::SleepRequested, fb::CreateSleepRequested(b, id, e.level).Union()};
@@ -265,6 +285,31 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
                     fb::CreateUpdateEnded(b, update_id,
                                           static_cast<fb::UpdateOutcome>(Fb(e.outcome)), reason)
                         .Union()};
+          },
+          [&](const FleetConfigured& e) -> Encoded {
+            return {fb::Payload::FleetConfigured,
+                    fb::CreateFleetConfigured(b, e.staleness_max, e.min_serving).Union()};
+          },
+          [&](const EngineJoined& e) -> Encoded {
+            auto engine = b.CreateString(e.engine);
+            return {fb::Payload::EngineJoined, fb::CreateEngineJoined(b, engine).Union()};
+          },
+          [&](const EngineRemovalRequested& e) -> Encoded {
+            auto engine = b.CreateString(e.engine);
+            return {fb::Payload::EngineRemovalRequested,
+                    fb::CreateEngineRemovalRequested(b, engine).Union()};
+          },
+          [&](const EngineRemoved& e) -> Encoded {
+            auto engine = b.CreateString(e.engine);
+            return {fb::Payload::EngineRemoved, fb::CreateEngineRemoved(b, engine).Union()};
+          },
+          [&](const FleetUpdateRequested& e) { return EncFleetUpdate(b, e); },
+          [&](const FleetUpdateEnded& e) { return EncFleetUpdateEnded(b, e); },
+          [&](const FleetUpdateCancelled& e) -> Encoded {
+            auto update_id = b.CreateString(e.update_id);
+            auto reason = OptString(b, e.reason);
+            return {fb::Payload::FleetUpdateCancelled,
+                    fb::CreateFleetUpdateCancelled(b, update_id, reason).Union()};
           },
       },
       event);
@@ -492,6 +537,42 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       }
       return t;
     }
+    case fb::Payload::FleetConfigured: {
+      auto* e = r->payload_as_FleetConfigured();
+      return FleetConfigured{e->staleness_max(), e->min_serving()};
+    }
+    case fb::Payload::EngineJoined:
+      return EngineJoined{Str(r->payload_as_EngineJoined()->engine())};
+    case fb::Payload::EngineRemovalRequested:
+      return EngineRemovalRequested{Str(r->payload_as_EngineRemovalRequested()->engine())};
+    case fb::Payload::EngineRemoved:
+      return EngineRemoved{Str(r->payload_as_EngineRemoved()->engine())};
+    case fb::Payload::FleetUpdateRequested: {
+      auto* e = r->payload_as_FleetUpdateRequested();
+      return FleetUpdateRequested{
+          Str(e->update_id()),
+          d.Enum<FleetUpdateMode>(e->mode(), kFleetUpdateModeMax, "FleetUpdateRequested.mode"),
+          e->batch_max(),
+          e->min_healthy(),
+          Str(e->target_label()),
+          DecIdentity(e->identity()),
+          Str(e->source_uri())};
+    }
+    case fb::Payload::FleetUpdateEnded: {
+      auto* e = r->payload_as_FleetUpdateEnded();
+      return FleetUpdateEnded{
+          Str(e->update_id()),
+          d.Enum<FleetOutcome>(e->outcome(), kFleetOutcomeMax, "FleetUpdateEnded.outcome"),
+          e->committed(),
+          e->refused(),
+          e->tainted(),
+          e->skipped(),
+          Str(e->reason())};
+    }
+    case fb::Payload::FleetUpdateCancelled: {
+      auto* e = r->payload_as_FleetUpdateCancelled();
+      return FleetUpdateCancelled{Str(e->update_id()), Str(e->reason())};
+    }
     case fb::Payload::NONE:
       break;
   }
@@ -538,8 +619,9 @@ std::string EncodeRecord(const Record& record) {
   FlatBufferBuilder b(512);
   Encoded payload = EncEvent(b, record.event);
   auto prev = b.CreateVector(record.prev_hash.data(), record.prev_hash.size());
+  auto engine = OptString(b, record.engine);  // absent for one engine: its records keep v6 bytes
   auto root = fb::CreateRecord(b, record.seq, record.wall_time_ms, record.cause_seq, prev,
-                               payload.type, payload.value);
+                               payload.type, payload.value, engine);
   fb::FinishSizePrefixedRecordBuffer(b, root);
   return Finish(b);
 }
@@ -598,6 +680,7 @@ Result<Record> DecodeRecordImpl(std::string_view bytes, const Hash* bytes_sha256
   out.wall_time_ms = r->wall_time_ms();
   out.cause_seq = r->cause_seq();
   std::memcpy(out.prev_hash.data(), r->prev_hash()->data(), 32);
+  out.engine = Str(r->engine());
   Decoder d;
   out.event = DecEvent(d, r);
   if (!d.error.empty()) {

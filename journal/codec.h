@@ -5,8 +5,9 @@
 //                  truncated or extended value fails verification), file_identifier "RCJ1" at
 //                  bytes 8..11, 12 <= size <= kRecordBytesMax
 //   Record      := { seq: u64, wall_time_ms: i64, cause_seq: u64, prev_hash: [u8; 32],
-//                    payload_type: u8 in 1..18 (18 = TrajectoryRecorded, schema v2), payload:
-//                    <table for payload_type> }
+//                    payload_type: u8 in 1..31 (18 = TrajectoryRecorded, schema v2; 25..31 the
+//                    fleet's events, v7), payload: <table for payload_type>,
+//                    engine: string (v7; absent for one unnamed engine and for fleet events) }
 //   hash(record) := SHA-256(record bytes exactly as stored); record[n].prev_hash =
 //   hash(record[n-1]),
 //                   record[1].prev_hash = 32 zero bytes
@@ -34,7 +35,7 @@ namespace rc::journal {
 inline constexpr std::size_t kStateBytesMax = 64u * 1024 * 1024;  // snapshot bound (65536 rollouts)
 inline constexpr std::uint32_t kVerifierDepthMax = 16;
 inline constexpr std::uint32_t kVerifierTablesMax = 4096;
-inline constexpr std::uint8_t kPayloadTagMax = 24;  // rc::fb::Payload::MAX
+inline constexpr std::uint8_t kPayloadTagMax = 31;  // rc::fb::Payload::MAX
 inline constexpr std::uint32_t kSchemaVersion = 1;
 
 // hash(record) above; one SHA-256 for every layer (encoding/sha256.h).

@@ -58,6 +58,9 @@ struct Record {
   Hash prev_hash{};
   Hash hash{};  // SHA-256 over the stored bytes of this record
   Event event;
+  // The engine of a fleet a per-engine event belongs to; "" for a journal of one engine and for
+  // the fleet's own events (statemachine/fleet.h).
+  std::string engine;
 };
 
 struct AppendRequest {

@@ -176,6 +176,34 @@ json Fields(const Event& event) {
                         {"outcome", update_outcome_name(e.outcome)},
                         {"reason", e.reason}};
           },
+          [](const FleetConfigured& e) {
+            return json{{"staleness_max", e.staleness_max}, {"min_serving", e.min_serving}};
+          },
+          [](const EngineJoined& e) {
+            return json{{"engine", e.engine}};
+          },
+          [](const EngineRemovalRequested& e) {
+            return json{{"engine", e.engine}};
+          },
+          [](const EngineRemoved& e) {
+            return json{{"engine", e.engine}};
+          },
+          [](const FleetUpdateRequested& e) {
+            return json{
+                {"update_id", e.update_id},       {"mode", fleet_update_mode_name(e.mode)},
+                {"batch_max", e.batch_max},       {"min_healthy", e.min_healthy},
+                {"target_label", e.target_label}, {"identity", WeightIdentityToJson(e.identity)},
+                {"source_uri", e.source_uri}};
+          },
+          [](const FleetUpdateEnded& e) {
+            return json{{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
+                        {"committed", e.committed}, {"refused", e.refused},
+                        {"tainted", e.tainted},     {"skipped", e.skipped},
+                        {"reason", e.reason}};
+          },
+          [](const FleetUpdateCancelled& e) {
+            return json{{"update_id", e.update_id}, {"reason", e.reason}};
+          },
       },
       event);
 }
@@ -221,12 +249,14 @@ json EventToJson(const Event& event) {
 }
 
 json RecordToJson(const Record& record) {
-  return json{{"seq", record.seq},
-              {"wall_time_ms", record.wall_time_ms},
-              {"cause_seq", record.cause_seq},
-              {"prev_hash", HashHex(record.prev_hash)},
-              {"hash", HashHex(record.hash)},
-              {"event", EventToJson(record.event)}};
+  json out{{"seq", record.seq},
+           {"wall_time_ms", record.wall_time_ms},
+           {"cause_seq", record.cause_seq},
+           {"prev_hash", HashHex(record.prev_hash)},
+           {"hash", HashHex(record.hash)},
+           {"event", EventToJson(record.event)}};
+  if (!record.engine.empty()) out["engine"] = record.engine;  // a fleet's journal only
+  return out;
 }
 
 json StateToJson(const State& s) {

@@ -1394,6 +1394,16 @@ Result<AppendResult> RocksJournal::Append(const AppendRequest& request) {
   return t->result;
 }
 
+// This journal folds one engine: a record that names an engine, or a fleet's own event, comes
+// from a fleet's journal (or forged bytes) and is never folded as if it were that engine's.
+static Status CheckOneEngine(const Record& r) {
+  if (r.engine.empty() && !is_fleet_event(r.event)) return Status::OK();
+  return Status::Corruption(
+      "seq " + std::to_string(r.seq) + " is a fleet's record (" +
+      (r.engine.empty() ? std::string(event_name(r.event)) : std::string("it names an engine")) +
+      "); this journal holds one engine");
+}
+
 Result<Record> RocksJournal::Read(std::uint64_t seq) {
   std::string v;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kEventsCf], BE64(seq), &v);
@@ -1406,6 +1416,7 @@ Result<Record> RocksJournal::Read(std::uint64_t seq) {
     return Status::Corruption("seq " + std::to_string(seq) + ": stored record says seq " +
                               std::to_string(r->seq));
   }
+  RC_RETURN_IF_ERROR(CheckOneEngine(*r));
   return r;
 }
 
@@ -1447,6 +1458,7 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
       return Status::Corruption(name() + ": cause_seq " + std::to_string(r->cause_seq) +
                                 " is not before it");
     }
+    RC_RETURN_IF_ERROR(CheckOneEngine(*r));
     prev = r->hash;
     RC_RETURN_IF_ERROR(visit(*r));
     ++expect;

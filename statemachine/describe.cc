@@ -143,6 +143,28 @@ std::string one(const UpdateEnded& e) {
   return "update=" + q(e.update_id) + " " + update_outcome_name(e.outcome) +
          (e.reason.empty() ? "" : ": " + e.reason);
 }
+std::string one(const FleetConfigured& e) {
+  return "staleness_max=" + std::to_string(e.staleness_max) +
+         " min_serving=" + std::to_string(e.min_serving);
+}
+std::string one(const EngineJoined& e) { return "engine=" + q(e.engine); }
+std::string one(const EngineRemovalRequested& e) { return "engine=" + q(e.engine); }
+std::string one(const EngineRemoved& e) { return "engine=" + q(e.engine); }
+std::string one(const FleetUpdateRequested& e) {
+  return "update=" + q(e.update_id) + " mode=" + fleet_update_mode_name(e.mode) +
+         " batch_max=" + std::to_string(e.batch_max) +
+         " min_healthy=" + std::to_string(e.min_healthy) + " target=" + q(e.target_label) + " " +
+         identity(e.identity) + (e.source_uri.empty() ? "" : " source=" + e.source_uri);
+}
+std::string one(const FleetUpdateEnded& e) {
+  return "update=" + q(e.update_id) + " " + fleet_outcome_name(e.outcome) +
+         " committed=" + std::to_string(e.committed) + " refused=" + std::to_string(e.refused) +
+         " tainted=" + std::to_string(e.tainted) + " skipped=" + std::to_string(e.skipped) +
+         (e.reason.empty() ? "" : ": " + e.reason);
+}
+std::string one(const FleetUpdateCancelled& e) {
+  return "update=" + q(e.update_id) + (e.reason.empty() ? "" : ": " + e.reason);
+}
 
 const char* plan_kind(const UpdatePlan& u) {
   if (u.restore) return " restore=";

@@ -376,12 +376,19 @@ Status apply_one(FleetState& f, const FleetUpdateCancelled& c) {
 }
 
 Status apply_fleet_event(FleetState& f, const FleetEvent& e) {
+  RC_CHECK(is_fleet_event(e.event));
   if (!e.engine.empty()) return Status::InvalidArgument("a fleet event names no engine");
   return std::visit(Overloaded{
-                        [&](const Event&) { return Status::Internal("not a fleet event"); },
-                        [&](const auto& x) { return apply_one(f, x); },
+                        [&](const FleetConfigured& x) { return apply_one(f, x); },
+                        [&](const EngineJoined& x) { return apply_one(f, x); },
+                        [&](const EngineRemovalRequested& x) { return apply_one(f, x); },
+                        [&](const EngineRemoved& x) { return apply_one(f, x); },
+                        [&](const FleetUpdateRequested& x) { return apply_one(f, x); },
+                        [&](const FleetUpdateEnded& x) { return apply_one(f, x); },
+                        [&](const FleetUpdateCancelled& x) { return apply_one(f, x); },
+                        [&](const auto&) { return Status::Internal("not a fleet event"); },
                     },
-                    e.body);
+                    e.event);
 }
 
 // ---- decide ----
@@ -407,18 +414,13 @@ void settle(const FleetState& after, std::vector<FleetEvent>& out) {
   }
 }
 
-bool is_decision(const FleetBody& b) {
-  if (const auto* e = std::get_if<Event>(&b)) return family_of(*e) == Family::kDecision;
-  return std::holds_alternative<EngineRemoved>(b) || std::holds_alternative<FleetUpdateEnded>(b);
-}
-
 // The engine's own fold speaks first (so one unnamed engine refuses exactly as before fleets),
 // then the fleet's rules. A binding derives nothing of its engine; its only fleet consequence is a
 // leaving engine's removal once its last rollout ends (decided without copying the fleet: the hot
 // path).
 Result<std::vector<FleetEvent>> decide_binding(const FleetState& f, const FleetEvent& in,
                                                const State& s) {
-  const Event& e = std::get<Event>(in.body);
+  const Event& e = in.event;
   Result<std::vector<Event>> own = decide(s, e);
   if (!own.ok()) return own.status();
   RC_CHECK(own->empty());
@@ -433,22 +435,6 @@ Result<std::vector<FleetEvent>> decide_binding(const FleetState& f, const FleetE
 
 }  // namespace
 
-const char* fleet_update_mode_name(FleetUpdateMode m) {
-  return m == FleetUpdateMode::kAll ? "all" : m == FleetUpdateMode::kRolling ? "rolling" : "?";
-}
-
-const char* fleet_outcome_name(FleetOutcome o) {
-  switch (o) {
-    case FleetOutcome::kCommitted:
-      return "committed";
-    case FleetOutcome::kPartial:
-      return "partial";
-    case FleetOutcome::kRefused:
-      return "refused";
-  }
-  return "?";
-}
-
 const char* member_status_name(MemberStatus s) {
   static const char* const kNames[] = {"pending", "updating", "committed",
                                        "refused", "tainted",  "skipped"};
@@ -461,17 +447,15 @@ bool member_ended(MemberStatus s) {
 }
 
 Status fleet_apply(FleetState& fleet, const FleetEvent& event) {
-  if (const auto* e = std::get_if<Event>(&event.body)) {
-    return apply_engine_event(fleet, event.engine, *e);
-  }
-  return apply_fleet_event(fleet, event);
+  if (is_fleet_event(event.event)) return apply_fleet_event(fleet, event);
+  return apply_engine_event(fleet, event.engine, event.event);
 }
 
 Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const FleetEvent& input) {
-  if (is_decision(input.body)) {
+  if (family_of(input.event) == Family::kDecision) {
     return Status::InvalidArgument("a decision cannot be submitted as input");
   }
-  const auto* e = std::get_if<Event>(&input.body);
+  const Event* e = is_fleet_event(input.event) ? nullptr : &input.event;
   if (e != nullptr && family_of(*e) == Family::kBinding) {
     Result<const State*> s = engine_of(fleet, input.engine);
     if (!s.ok()) return s.status();
@@ -489,7 +473,7 @@ Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const Flee
   FleetState after = fleet;
   RC_RETURN_IF_ERROR(fleet_apply(after, input));
   for (const FleetEvent& d : out) RC_CHECK(fleet_apply(after, d).ok());
-  if (const auto* r = std::get_if<EngineRemovalRequested>(&input.body);
+  if (const auto* r = std::get_if<EngineRemovalRequested>(&input.event);
       r != nullptr && after.engines.at(r->engine).active.empty()) {
     out.push_back(FleetEvent{"", EngineRemoved{r->engine}});
   }

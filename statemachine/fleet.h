@@ -34,85 +34,11 @@
 
 namespace rc {
 
-inline constexpr std::size_t kFleetEnginesMax = 256;
-inline constexpr std::uint32_t kFleetStalenessMax = 1000000;  // generations
-
-// The admission and update rules of the fleet; journaled so that the fold reads them from its
-// history. Defaults: no staleness, nothing kept serving by an update outside an `all` update.
-struct FleetConfigured {
-  std::uint32_t staleness_max = 0;
-  std::uint32_t min_serving = 0;
-  bool operator==(const FleetConfigured&) const = default;
-};
-
-// A new engine: UNINITIALIZED until its bootstrap, which must name the fleet's newest label.
-struct EngineJoined {
-  std::string engine;
-  bool operator==(const EngineJoined&) const = default;
-};
-
-// The engine admits nothing from now on; it is removed (a decision) once its last rollout ends.
-struct EngineRemovalRequested {
-  std::string engine;
-  bool operator==(const EngineRemovalRequested&) const = default;
-};
-
-struct EngineRemoved {  // decision
-  std::string engine;
-  bool operator==(const EngineRemoved&) const = default;
-};
-
-enum class FleetUpdateMode : std::uint8_t { kAll = 0, kRolling = 1 };
-inline constexpr std::uint8_t kFleetUpdateModeMax = 1;
-const char* fleet_update_mode_name(FleetUpdateMode m);
-
-// A trainer asks every engine that can serve to move to `target_label`. Each member then gets a
-// per-engine UpdateRequested with this update_id, label, identity and source, in the order the
-// mode allows (the executor submits them; the fold refuses any the mode does not allow).
-struct FleetUpdateRequested {
-  std::string update_id;
-  FleetUpdateMode mode = FleetUpdateMode::kAll;
-  std::uint32_t batch_max = 1;    // rolling: members updating at once, at most
-  std::uint32_t min_healthy = 1;  // members needed, else the update is refused as a whole
-  std::string target_label;
-  WeightIdentity identity;
-  std::string source_uri;
-  bool operator==(const FleetUpdateRequested&) const = default;
-};
-
-// The operator gives up on the members that have not started (they are skipped); members already
-// updating finish their own updates, which have deadlines. The fleet update ends once they have.
-struct FleetUpdateCancelled {
-  std::string update_id;
-  std::string reason;
-  bool operator==(const FleetUpdateCancelled&) const = default;
-};
-
-enum class FleetOutcome : std::uint8_t {
-  kCommitted = 0,  // every member committed
-  kPartial = 1,    // some committed; the others were refused, TAINTED or skipped
-  kRefused = 2,    // none committed (refused as a whole, or every member failed)
-};
-inline constexpr std::uint8_t kFleetOutcomeMax = 2;
-const char* fleet_outcome_name(FleetOutcome o);
-
-struct FleetUpdateEnded {  // decision
-  std::string update_id;
-  FleetOutcome outcome = FleetOutcome::kCommitted;
-  std::uint32_t committed = 0, refused = 0, tainted = 0, skipped = 0;
-  std::string reason;
-  bool operator==(const FleetUpdateEnded&) const = default;
-};
-
-using FleetBody =
-    std::variant<Event, FleetConfigured, EngineJoined, EngineRemovalRequested, EngineRemoved,
-                 FleetUpdateRequested, FleetUpdateEnded, FleetUpdateCancelled>;
-
 // `engine` names the engine of a per-engine event ("" = the implicit engine of a one-engine
-// journal); a fleet event (any alternative but Event) names none.
+// journal); a fleet event (is_fleet_event) names none.
 struct FleetEvent {
   std::string engine;
-  FleetBody body;
+  Event event;
   bool operator==(const FleetEvent&) const = default;
 };
 

@@ -649,6 +649,16 @@ Status apply_one(State& s, const ResumeObserved& e) {
   return Status::OK();
 }
 
+// The fleet's own events belong to the fleet fold (statemachine/fleet.h), never to an engine's.
+template <class T>
+requires std::is_same_v<T, FleetConfigured> || std::is_same_v<T, EngineJoined> ||
+    std::is_same_v<T, EngineRemovalRequested> || std::is_same_v<T, EngineRemoved> ||
+    std::is_same_v<T, FleetUpdateRequested> || std::is_same_v<T, FleetUpdateEnded> ||
+    std::is_same_v<T, FleetUpdateCancelled>
+        Status apply_one(State&, const T&) {
+  return Status::InvalidArgument("a fleet event: no engine's own fold takes it");
+}
+
 Status check_binding(const State& s, const RolloutAdmitted& e) {
 #ifdef RC_MUTANT_ADMIT_IN_DRAINING
   // Simulator mutant (off in every normal build): DRAINING still admits.

@@ -237,6 +237,13 @@ constexpr const char* name_of() {
   if constexpr (std::is_same_v<T, WakeRequested>) return "WakeRequested";
   if constexpr (std::is_same_v<T, SleepObserved>) return "SleepObserved";
   if constexpr (std::is_same_v<T, WakeObserved>) return "WakeObserved";
+  if constexpr (std::is_same_v<T, FleetConfigured>) return "FleetConfigured";
+  if constexpr (std::is_same_v<T, EngineJoined>) return "EngineJoined";
+  if constexpr (std::is_same_v<T, EngineRemovalRequested>) return "EngineRemovalRequested";
+  if constexpr (std::is_same_v<T, EngineRemoved>) return "EngineRemoved";
+  if constexpr (std::is_same_v<T, FleetUpdateRequested>) return "FleetUpdateRequested";
+  if constexpr (std::is_same_v<T, FleetUpdateEnded>) return "FleetUpdateEnded";
+  if constexpr (std::is_same_v<T, FleetUpdateCancelled>) return "FleetUpdateCancelled";
   return "?";
 }
 }  // namespace
@@ -251,10 +258,42 @@ Family family_of(const Event& e) {
     return Family::kBinding;
   }
   if (std::holds_alternative<StateChanged>(e) || std::holds_alternative<VersionPublished>(e) ||
-      std::holds_alternative<UpdateEnded>(e)) {
+      std::holds_alternative<UpdateEnded>(e) || std::holds_alternative<EngineRemoved>(e) ||
+      std::holds_alternative<FleetUpdateEnded>(e)) {
     return Family::kDecision;
   }
   return Family::kInput;
+}
+
+bool is_fleet_event(const Event& e) {
+  return std::holds_alternative<FleetConfigured>(e) || std::holds_alternative<EngineJoined>(e) ||
+         std::holds_alternative<EngineRemovalRequested>(e) ||
+         std::holds_alternative<EngineRemoved>(e) ||
+         std::holds_alternative<FleetUpdateRequested>(e) ||
+         std::holds_alternative<FleetUpdateEnded>(e) ||
+         std::holds_alternative<FleetUpdateCancelled>(e);
+}
+
+const char* fleet_update_mode_name(FleetUpdateMode m) {
+  switch (m) {
+    case FleetUpdateMode::kAll:
+      return "all";
+    case FleetUpdateMode::kRolling:
+      return "rolling";
+  }
+  return "?";
+}
+
+const char* fleet_outcome_name(FleetOutcome o) {
+  switch (o) {
+    case FleetOutcome::kCommitted:
+      return "committed";
+    case FleetOutcome::kPartial:
+      return "partial";
+    case FleetOutcome::kRefused:
+      return "refused";
+  }
+  return "?";
 }
 
 }  // namespace rc

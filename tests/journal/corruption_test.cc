@@ -163,6 +163,31 @@ TEST(Corruption, ForgedValueBreaksTheChainAtTheNextSeq) {
   }
 }
 
+// Proves a record that names an engine (a fleet's record, or forged bytes with a valid chain up
+// to it) is refused by name, never folded as this journal's one engine; catches a reader that
+// ignores the engine field and binds rollouts of another engine to this one.
+TEST(Corruption, ARecordNamingAnEngineIsRefused) {
+  TempDir dir;
+  Options o;
+  o.snapshot_every = 0;
+  WriteJournal(dir.path(), 20, o, /*flush=*/false);
+  Record named;
+  {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok());
+    Result<Record> r = (*j)->Read(9);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    named = *r;
+  }
+  named.engine = "engine-b";
+  OverwriteEvent(dir.path(), 9, EncodeRecord(named));
+  Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), o);
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("seq 9 is a fleet's record (it names an engine)"),
+            std::string::npos)
+      << j.status().message();
+}
+
 // Proves a flipped byte inside a stored value is named by seq; catches a decoder error that
 // loses the position of the damage.
 TEST(Corruption, FlippedStoredValueIsNamedBySeq) {

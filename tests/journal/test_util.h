@@ -68,6 +68,14 @@ inline std::vector<Event> SampleEvents() {
       SleepObserved{http, 1, true, true, DeviceMemory{true, 1 << 30, 70ull << 30, 80ull << 30}},
       WakeObserved{http, WakeTag::kKvCache, true, false, DeviceMemory{true, 9, 8, 10}},
       EffectStarted{EffectKind::kWake, CacheKind::kPrefix, 2500, WakeTag::kKvCache},
+      FleetConfigured{2, 3},
+      EngineJoined{"engine-a"},
+      EngineRemovalRequested{"engine-a"},
+      EngineRemoved{"engine-a"},
+      FleetUpdateRequested{"fu-1", FleetUpdateMode::kRolling, 2, 3, "rc-5", SampleIdentity(),
+                           "safetensors:/ckpt/rc-5"},
+      FleetUpdateEnded{"fu-1", FleetOutcome::kPartial, 2, 1, 1, 1, "one engine tainted"},
+      FleetUpdateCancelled{"fu-1", "operator"},
   };
 }
 
@@ -98,7 +106,28 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     const std::uint64_t total = u64() >> 1;
     return b() ? DeviceMemory{true, total / 3, total / 2, total} : DeviceMemory{};
   };
-  switch (rng() % 24) {
+  switch (rng() % 31) {
+    case 24:
+      return FleetConfigured{u32(), u32()};
+    case 25:
+      return EngineJoined{str()};
+    case 26:
+      return EngineRemovalRequested{str()};
+    case 27:
+      return EngineRemoved{str()};
+    case 28:
+      return FleetUpdateRequested{
+          str(), static_cast<FleetUpdateMode>(rng() % (kFleetUpdateModeMax + 1)),
+          u32(), u32(),
+          str(), id(),
+          str()};
+    case 29:
+      return FleetUpdateEnded{str(), static_cast<FleetOutcome>(rng() % (kFleetOutcomeMax + 1)),
+                              u32(), u32(),
+                              u32(), u32(),
+                              str()};
+    case 30:
+      return FleetUpdateCancelled{str(), str()};
     case 0:
       return BootstrapRequested{str(), id()};
     case 1:

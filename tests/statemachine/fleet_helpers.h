@@ -21,18 +21,7 @@ inline FaultMix calm_mix() {
 }
 
 inline std::string fleet_event_name(const FleetEvent& e) {
-  static const char* const kFleet[] = {"",
-                                       "FleetConfigured",
-                                       "EngineJoined",
-                                       "EngineRemovalRequested",
-                                       "EngineRemoved",
-                                       "FleetUpdateRequested",
-                                       "FleetUpdateEnded",
-                                       "FleetUpdateCancelled"};
-  if (const auto* ev = std::get_if<Event>(&e.body)) {
-    return "[" + e.engine + "] " + event_name(*ev);
-  }
-  return kFleet[e.body.index()];
+  return "[" + e.engine + "] " + event_name(e.event);
 }
 
 struct FleetDriver {

@@ -126,13 +126,13 @@ struct FleetWalk {
   }
 
   void note(const FleetState& before, const FleetEvent& e) {
-    if (const auto* end = std::get_if<FleetUpdateEnded>(&e.body)) {
+    if (const auto* end = std::get_if<FleetUpdateEnded>(&e.event)) {
       const std::size_t members = before.update->members.size();
       RC_ASSERT(end->committed + end->refused + end->tainted + end->skipped <= members);
       ++fleet_updates_ended;
     }
-    const auto* ev = std::get_if<Event>(&e.body);
-    if (ev == nullptr) return;
+    if (is_fleet_event(e.event)) return;
+    const Event* ev = &e.event;
     const std::string& engine = e.engine;
     if (const auto* a = std::get_if<RolloutAdmitted>(ev)) {
       // Admitted only where the fleet admits: untainted, staying, and within the staleness bound.
@@ -279,7 +279,7 @@ RC_GTEST_PROP(FleetProperty, OneUnnamedEngineIsTheSingleEngineFold, ()) {
     RC_ASSERT(a->size() == b->size());
     for (std::size_t i = 0; i < a->size(); ++i) {
       RC_ASSERT((*b)[i].engine.empty());
-      RC_ASSERT(std::get<Event>((*b)[i].body) == (*a)[i]);
+      RC_ASSERT((*b)[i].event == (*a)[i]);
     }
     RC_ASSERT(fleet.engines.at("") == single);
   }

@@ -20,7 +20,7 @@ FleetDriver ready_fleet(const std::vector<std::string>& ids) {
 
 bool has_end(const std::vector<FleetEvent>& events, FleetUpdateEnded* out) {
   for (const FleetEvent& e : events) {
-    if (const auto* end = std::get_if<FleetUpdateEnded>(&e.body)) {
+    if (const auto* end = std::get_if<FleetUpdateEnded>(&e.event)) {
       *out = *end;
       return true;
     }
@@ -101,7 +101,7 @@ TEST(Fleet, AllModeIsolatesAnAmbiguousMember) {
   ASSERT_FALSE(d.f.update.has_value());
   EXPECT_EQ(d.f.fleet_updates_ended, 1u);
   const FleetEvent& end_event = d.accepted.back();
-  const auto* end = std::get_if<FleetUpdateEnded>(&end_event.body);
+  const auto* end = std::get_if<FleetUpdateEnded>(&end_event.event);
   ASSERT_NE(end, nullptr);
   EXPECT_EQ(end->outcome, FleetOutcome::kPartial);
   EXPECT_EQ(end->committed, 1u);
@@ -142,7 +142,7 @@ TEST(Fleet, APendingMemberTaintedMeanwhileIsSkipped) {
   EXPECT_EQ(d.f.update->members.at("b"), MemberStatus::kSkipped);
   d.run_update("a");
   ASSERT_FALSE(d.f.update.has_value());
-  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().body);
+  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().event);
   ASSERT_NE(end, nullptr);
   EXPECT_EQ(end->outcome, FleetOutcome::kPartial);
   EXPECT_EQ(end->skipped, 1u);
@@ -164,7 +164,7 @@ TEST(Fleet, CancelSkipsPendingMembersAndWaitsForTheUpdatingOne) {
             Code::kConflict);
   d.run_update("a");
   ASSERT_FALSE(d.f.update.has_value());
-  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().body);
+  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().event);
   ASSERT_NE(end, nullptr);
   EXPECT_EQ(end->outcome, FleetOutcome::kPartial);
   EXPECT_EQ(end->committed, 1u);
@@ -202,7 +202,7 @@ TEST(Fleet, RemovalDrainsTheEngineFirst) {
   const std::vector<FleetEvent> caused =
       d.ok("a", RolloutFinished{r, RolloutOutcome::kCompleted, 1, 1});
   ASSERT_EQ(caused.size(), 1u);
-  EXPECT_TRUE(std::holds_alternative<EngineRemoved>(caused[0].body));
+  EXPECT_TRUE(std::holds_alternative<EngineRemoved>(caused[0].event));
   EXPECT_EQ(d.f.engines.count("a"), 0u);
   // An idle engine goes in the removal's own group.
   EXPECT_EQ(d.ok(FleetEvent{"", EngineRemovalRequested{"b"}}).size(), 1u);
