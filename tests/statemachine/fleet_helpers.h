@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "statemachine/fleet.h"
+#include "statemachine/fleet_history.h"
 #include "tests/statemachine/gen.h"
 
 namespace rc::test {
@@ -26,7 +27,8 @@ inline std::string fleet_event_name(const FleetEvent& e) {
 
 struct FleetDriver {
   FleetState f;
-  std::vector<FleetEvent> accepted;  // every event the fold took, in order
+  std::vector<FleetEvent> accepted;        // every event the fold took, in order
+  std::vector<FleetHistoryEntry> history;  // the same, as a journal records them
   int rollouts = 0;
 
   std::vector<FleetEvent> ok(const FleetEvent& input) {
@@ -36,7 +38,15 @@ struct FleetDriver {
     EXPECT_EQ(check_fleet_invariants(f), "");
     accepted.push_back(input);
     accepted.insert(accepted.end(), r->begin(), r->end());
+    record(history, input, *r);
     return *r;
+  }
+  // Appends one group (an input and what it caused) with journal seqs.
+  static void record(std::vector<FleetHistoryEntry>& h, const FleetEvent& input,
+                     const std::vector<FleetEvent>& caused) {
+    const std::uint64_t in_seq = h.size() + 1;
+    h.push_back({in_seq, 0, input.engine, input.event});
+    for (const FleetEvent& c : caused) h.push_back({h.size() + 1, in_seq, c.engine, c.event});
   }
   std::vector<FleetEvent> ok(const std::string& engine, const Event& e) {
     return ok(FleetEvent{engine, e});

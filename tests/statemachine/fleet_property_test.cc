@@ -64,7 +64,8 @@ struct FleetGen {
     }
     const std::string& id = pick(ids, r);
     const State& s = f.engines.at(id);
-    if (p < 46) return FleetEvent{id, make_admission(s, "r" + std::to_string(++counter))};
+    // Ids unique for the walk, as the journal keeps them ("r" ids come from the engine inputs).
+    if (p < 46) return FleetEvent{id, make_admission(s, "q" + std::to_string(++counter))};
     if (p < 56 && !s.active.empty()) {
       return FleetEvent{id,
                         RolloutFinished{s.active.begin()->first, RolloutOutcome::kCompleted, 1, 1}};
@@ -75,7 +76,10 @@ struct FleetGen {
       return FleetEvent{
           id, BootstrapRequested{label, known == f.labels.end() ? identity('a') : known->second}};
     }
-    return FleetEvent{id, engine_gen.next(s, r)};
+    Event e = engine_gen.next(s, r);
+    // Garbage admissions take ids from per-engine counters: keep them unique fleet-wide too.
+    if (auto* a = std::get_if<RolloutAdmitted>(&e)) a->rollout_id = "x" + std::to_string(++counter);
+    return FleetEvent{id, std::move(e)};
   }
 
   FleetEvent fleet_update(Rng& r) {
@@ -102,6 +106,7 @@ struct FleetGen {
 struct FleetWalk {
   FleetState f;
   std::vector<FleetEvent> accepted;
+  std::vector<FleetHistoryEntry> history;
   std::map<std::string, std::pair<std::string, WeightVersion>> bound;  // rollout: engine, version
   std::uint64_t published = 0, fleet_updates_ended = 0;
   std::uint64_t stale_refusals = 0, min_serving_refusals = 0;
@@ -117,6 +122,7 @@ struct FleetWalk {
       return;
     }
     RC_ASSERT(check_fleet_invariants(f) == std::string());
+    FleetDriver::record(history, input, *r);
     accepted.push_back(input);
     note(before, input);
     for (const FleetEvent& d : *r) {
@@ -174,6 +180,12 @@ struct FleetWalk {
     FleetState refold;
     for (const FleetEvent& e : accepted) RC_ASSERT(fleet_apply(refold, e).ok());
     RC_ASSERT(refold == f);
+    const FleetHistoryReport rep = check_fleet_history(history);
+    if (!rep.ok) RC_FAIL(rep.message);
+    RC_ASSERT(rep.state == f);
+    std::uint64_t ended = 0;
+    for (const auto& [outcome, n] : rep.fleet_updates) ended += n;
+    RC_ASSERT(ended == fleet_updates_ended);
   }
 };
 
@@ -254,6 +266,37 @@ RC_GTEST_PROP(FleetProperty, ApplyWithstandsForgedEvents, ()) {
     }
   }
   w.check_whole();
+}
+
+// A fleet history with one derived event dropped, or one recorded fleet decision altered, is
+// refused at or before that group; catches a checker that trusts recorded decisions.
+RC_GTEST_PROP(FleetProperty, CheckerRejectsDroppedOrAlteredDecisions, ()) {
+  const auto seeds = *step_seeds();
+  Rng mix_rng(seeds.front());
+  FleetGen gen{InputGen{FaultMix::draw(mix_rng), 1, 0}, 0};
+  gen.engine_gen.mix.garbage = 0;
+  FleetWalk w;
+  for (std::uint64_t seed : seeds) {
+    Rng r(seed);
+    w.step_checked(gen.next(w.f, r));
+  }
+  std::vector<std::size_t> derived;
+  for (std::size_t i = 0; i < w.history.size(); ++i) {
+    if (w.history[i].cause_seq != 0) derived.push_back(i);
+  }
+  RC_PRE(!derived.empty());
+  const std::size_t pick = derived[*::rc::gen::inRange<std::size_t>(0, derived.size())];
+  const std::uint64_t cause = w.history[pick].cause_seq;
+  auto dropped = w.history;
+  dropped.erase(dropped.begin() + static_cast<long>(pick));
+  const FleetHistoryReport r1 = check_fleet_history(dropped);
+  RC_ASSERT(!r1.ok);
+  RC_ASSERT(r1.first_bad_seq <= cause);
+  auto altered = w.history;
+  if (auto* end = std::get_if<FleetUpdateEnded>(&altered[pick].event)) {
+    end->committed += 1;
+    RC_ASSERT(!check_fleet_history(altered).ok);
+  }
 }
 
 // A journal of one unnamed engine folds exactly as the single-engine fold: the same inputs are

@@ -256,3 +256,56 @@ TEST(Fleet, TheUnnamedEngineStaysAlone) {
 
 }  // namespace
 }  // namespace rc
+
+namespace rc {
+namespace {
+
+using namespace rc::test;
+
+// The checker accepts a real fleet history, refolds it to the live fleet, counts the fleet update
+// by outcome and each engine's own updates (each life of a name apart); catches a checker that
+// loses an engine's history or merges two lives of one name.
+TEST(FleetHistory, ChecksAFleetAndEachEngine) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  d.ok("b", d.member_update(u));
+  d.run_update("a", /*ambiguous=*/true);
+  d.run_update("b");
+  d.ok(FleetEvent{"", EngineRemovalRequested{"b"}});
+  d.join("b");
+  d.bootstrap("b", "rc-1", 'b');
+  const FleetHistoryReport rep = check_fleet_history(d.history);
+  ASSERT_TRUE(rep.ok) << rep.message;
+  EXPECT_EQ(rep.state, d.f);
+  EXPECT_EQ(rep.fleet_updates.at(FleetOutcome::kPartial), 1u);
+  EXPECT_EQ(rep.engines.at("a").updates_tainted, 1u);
+  EXPECT_EQ(rep.engines.at("b").updates_committed, 1u);
+  EXPECT_EQ(rep.engines.at("b#2").updates_requested, 0u);
+  EXPECT_EQ(rep.engines.size(), 3u);
+}
+
+// A recorded fleet outcome that is not what the fold decides is refused by seq; catches a journal
+// whose FleetUpdateEnded was rewritten to hide a tainted member.
+TEST(FleetHistory, RefusesARewrittenFleetOutcome) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  d.ok("b", d.member_update(u));
+  d.run_update("a", /*ambiguous=*/true);
+  d.run_update("b");
+  std::vector<FleetHistoryEntry> forged = d.history;
+  auto& end = std::get<FleetUpdateEnded>(forged.back().event);
+  end.outcome = FleetOutcome::kCommitted;
+  end.committed = 2;
+  end.tainted = 0;
+  const FleetHistoryReport rep = check_fleet_history(forged);
+  ASSERT_FALSE(rep.ok);
+  EXPECT_EQ(rep.first_bad_seq, forged.back().cause_seq);
+  EXPECT_NE(rep.message.find("differ from fleet_decide()"), std::string::npos) << rep.message;
+}
+
+}  // namespace
+}  // namespace rc
