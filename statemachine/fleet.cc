@@ -541,6 +541,47 @@ std::vector<std::string> admitting_engines(const FleetState& fleet) {
   return out;
 }
 
+UpdateRequested member_update_request(const FleetState& fleet) {
+  RC_CHECK(fleet.update.has_value());
+  const FleetUpdateRequested& r = fleet.update->request;
+  return UpdateRequested{r.update_id, r.target_label, r.identity, r.source_uri};
+}
+
+namespace {
+
+// Tries each pending member in id order on a copy of the fleet, as the executor would submit
+// them; `why` gets the first refusal.
+std::vector<std::string> fleet_next_members_why(const FleetState& fleet, std::string* why) {
+  std::vector<std::string> out;
+  if (!fleet.update) return out;
+  FleetState trial = fleet;
+  const UpdateRequested request = member_update_request(fleet);
+  for (const auto& [id, m] : fleet.update->members) {
+    if (m != MemberStatus::kPending) continue;
+    Result<std::vector<FleetEvent>> r = fleet_step(trial, FleetEvent{id, request});
+    if (r.ok()) {
+      out.push_back(id);
+    } else if (why != nullptr && why->empty()) {
+      *why = "'" + id + "': " + r.status().message();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> fleet_next_members(const FleetState& fleet) {
+  return fleet_next_members_why(fleet, nullptr);
+}
+
+std::string fleet_update_blocked_reason(const FleetState& fleet) {
+  if (!fleet.update || updating_members(*fleet.update) > 0) return {};
+  std::string why;
+  if (!fleet_next_members_why(fleet, &why).empty()) return {};
+  return "fleet update '" + fleet.update->request.update_id + "' cannot start a member" +
+         (why.empty() ? "" : " (" + why + ")");
+}
+
 FleetEvent make_fleet_admission(const FleetState& fleet, const std::string& engine,
                                 std::string rollout_id) {
   return FleetEvent{engine, make_admission(fleet.engines.at(engine), std::move(rollout_id))};

@@ -96,6 +96,17 @@ bool fleet_admits(const FleetState& fleet, const std::string& engine);
 // The engines a rollout may be admitted to now, in id order (the balancer's candidates).
 std::vector<std::string> admitting_engines(const FleetState& fleet);
 
+// The members of the open fleet update that may start now, in id order: submitting their
+// UpdateRequested (member_update_request) in that order is accepted by the fold (a rolling update
+// proposes at most what its batch and min_serving allow). Empty when none may.
+std::vector<std::string> fleet_next_members(const FleetState& fleet);
+// The per-engine UpdateRequested that starts `engine` as a member of the open fleet update.
+UpdateRequested member_update_request(const FleetState& fleet);
+// Why the open fleet update cannot progress ("" when a member may start or one is updating): no
+// member updates and none may start. An executor cancels it after its own deadline, so nothing
+// waits forever.
+std::string fleet_update_blocked_reason(const FleetState& fleet);
+
 // A binding for a new rollout on `engine` (the caller checks fleet_admits first).
 FleetEvent make_fleet_admission(const FleetState& fleet, const std::string& engine,
                                 std::string rollout_id);

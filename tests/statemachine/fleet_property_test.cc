@@ -111,7 +111,19 @@ struct FleetWalk {
   std::uint64_t published = 0, fleet_updates_ended = 0;
   std::uint64_t stale_refusals = 0, min_serving_refusals = 0;
 
+  // The planner's proposals are accepted in order, and a blocked update proposes none.
+  void check_plan() const {
+    if (!f.update) return;
+    FleetState trial = f;
+    const std::vector<std::string> next = fleet_next_members(f);
+    for (const std::string& id : next) {
+      RC_ASSERT(fleet_step(trial, FleetEvent{id, member_update_request(f)}).ok());
+    }
+    if (!fleet_update_blocked_reason(f).empty()) RC_ASSERT(next.empty());
+  }
+
   void step_checked(const FleetEvent& input) {
+    check_plan();
     const FleetState before = f;
     Result<std::vector<FleetEvent>> r = fleet_step(f, input);
     if (!r.ok()) {

@@ -309,3 +309,44 @@ TEST(FleetHistory, RefusesARewrittenFleetOutcome) {
 
 }  // namespace
 }  // namespace rc
+
+namespace rc {
+namespace {
+
+using namespace rc::test;
+
+// The planner proposes exactly the members a rolling update may start (batch and min_serving),
+// each accepted when submitted in order, none while the batch is full, the rest once it ends;
+// catches an executor plan the fold would refuse, or one that stalls a startable update.
+TEST(FleetPlan, ProposesWhatTheRollingRulesAllow) {
+  FleetDriver d = ready_fleet({"a", "b", "c"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 1}});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1", 2);
+  d.ok(FleetEvent{"", u});
+  EXPECT_EQ(fleet_next_members(d.f), (std::vector<std::string>{"a", "b"}));
+  for (const std::string& id : fleet_next_members(d.f)) d.ok(id, member_update_request(d.f));
+  EXPECT_TRUE(fleet_next_members(d.f).empty());
+  EXPECT_EQ(fleet_update_blocked_reason(d.f), "");  // two members are updating
+  d.run_update("a");
+  d.run_update("b");
+  EXPECT_EQ(fleet_next_members(d.f), std::vector<std::string>{"c"});
+}
+
+// A rolling update that no member can start (min_serving above what the fleet can spare) is
+// reported blocked with the fold's reason, and a cancel ends it; catches an update that would
+// wait forever without anyone knowing why.
+TEST(FleetPlan, ReportsAnUpdateNoMemberCanStart) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 2}});
+  d.ok(FleetEvent{"", d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1")});
+  EXPECT_TRUE(fleet_next_members(d.f).empty());
+  const std::string why = fleet_update_blocked_reason(d.f);
+  EXPECT_NE(why.find("min_serving is 2"), std::string::npos) << why;
+  const std::vector<FleetEvent> caused = d.ok(FleetEvent{"", FleetUpdateCancelled{"u1", why}});
+  ASSERT_EQ(caused.size(), 1u);
+  EXPECT_EQ(std::get<FleetUpdateEnded>(caused[0].event).outcome, FleetOutcome::kRefused);
+  EXPECT_EQ(fleet_update_blocked_reason(d.f), "");
+}
+
+}  // namespace
+}  // namespace rc
