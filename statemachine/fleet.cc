@@ -483,13 +483,12 @@ Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const Flee
   return out;
 }
 
+// In place: decide accepted the group, and every fleet_apply that fails changes nothing.
 Result<std::vector<FleetEvent>> fleet_step(FleetState& fleet, const FleetEvent& input) {
   Result<std::vector<FleetEvent>> derived = fleet_decide(fleet, input);
   if (!derived.ok()) return derived.status();
-  FleetState next = fleet;
-  RC_CHECK(fleet_apply(next, input).ok());
-  for (const FleetEvent& d : *derived) RC_CHECK(fleet_apply(next, d).ok());
-  fleet = std::move(next);
+  RC_CHECK(fleet_apply(fleet, input).ok());
+  for (const FleetEvent& d : *derived) RC_CHECK(fleet_apply(fleet, d).ok());
   return derived;
 }
 

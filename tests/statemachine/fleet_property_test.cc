@@ -1,4 +1,4 @@
-// Property tests of the fleet fold (rapidcheck): random fleets of up to 8 engines under fleet
+// Property tests of the fleet fold (rapidcheck): random fleets of up to 16 engines under fleet
 // updates of both modes, per-engine faults, joins, removals and policy changes, checked step by
 // step; and a journal of one unnamed engine folding exactly as the single-engine fold.
 #include <gtest/gtest.h>
@@ -51,7 +51,7 @@ struct FleetGen {
     std::vector<std::string> ids;
     for (const auto& [id, s] : f.engines) ids.push_back(id);
     const std::uint32_t p = r.below(100);
-    if (ids.empty() || (p < 3 && ids.size() < 8)) {
+    if (ids.empty() || (p < 3 && ids.size() < 16)) {
       return FleetEvent{"", EngineJoined{"e" + std::to_string(++counter)}};
     }
     if (p < 5) return FleetEvent{"", EngineRemovalRequested{pick(ids, r)}};
@@ -343,7 +343,7 @@ RC_GTEST_PROP(FleetProperty, OneUnnamedEngineIsTheSingleEngineFold, ()) {
 }  // namespace
 }  // namespace rc::test
 
-// 150 cases per property (each up to 800 steps over up to 8 engines); RC_PARAMS still wins.
+// 150 cases per property (each up to 800 steps over up to 16 engines); RC_PARAMS still wins.
 int main(int argc, char** argv) {
   setenv("RC_PARAMS", "max_success=150", /*overwrite=*/0);
   ::testing::InitGoogleTest(&argc, argv);
