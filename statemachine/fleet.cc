@@ -29,7 +29,7 @@ Status check_engine_id(const std::string& id) {
 // The engine a per-engine event names: a member, or the implicit "" of a fleet nobody joined.
 Result<const State*> engine_of(const FleetState& f, const std::string& engine) {
   if (auto it = f.engines.find(engine); it != f.engines.end()) return &it->second;
-  if (engine.empty() && f.engines.empty()) return &kUnbornEngine;
+  if (engine.empty() && f.engines.empty() && !f.named) return &kUnbornEngine;
   return Status::NotFound("no " + quoted(engine) + " in the fleet");
 }
 
@@ -51,13 +51,25 @@ std::size_t updating_members(const FleetUpdate& u) {
   }));
 }
 
+// The identity `label` names in the fleet: served already, or the target of a plan or bootstrap
+// in flight on some engine (two engines must never publish one label for different weights).
+const WeightIdentity* label_identity(const FleetState& f, const std::string& label) {
+  if (auto it = f.labels.find(label); it != f.labels.end()) return &it->second;
+  for (const auto& [id, s] : f.engines) {
+    if (s.update && s.update->target.label == label) return &s.update->identity;
+    if (s.bootstrap && s.bootstrap->label == label) return &s.bootstrap->identity;
+  }
+  if (f.update && f.update->request.target_label == label) return &f.update->request.identity;
+  return nullptr;
+}
+
 // A label names one identity for the fleet's life, whichever engine served it.
 Status check_fleet_label(const FleetState& f, const std::string& label, const WeightIdentity& id) {
-  auto it = f.labels.find(label);
-  if (it == f.labels.end() || it->second == id) return Status::OK();
+  const WeightIdentity* known = label_identity(f, label);
+  if (known == nullptr || *known == id) return Status::OK();
   return Status::InvalidArgument("label '" + label +
                                  "' names other weights in this fleet (checkpoint '" +
-                                 it->second.checkpoint + "')");
+                                 known->checkpoint + "')");
 }
 
 // The label of the newest generation an untainted engine holds ("" when none holds one).
@@ -137,8 +149,18 @@ Status check_admission(const FleetState& f, const std::string& engine, const Rol
   return Status::OK();
 }
 
+// A leaving engine starts nothing: no plan may keep it from being removed once idle.
+bool starts_a_plan(const Event& e) {
+  return std::holds_alternative<UpdateRequested>(e) ||
+         std::holds_alternative<RestoreRequested>(e) || std::holds_alternative<SleepRequested>(e) ||
+         std::holds_alternative<WakeRequested>(e) || std::holds_alternative<BootstrapRequested>(e);
+}
+
 // The fleet's rules for one per-engine event, before its own fold sees it.
 Status check_engine_rules(const FleetState& f, const std::string& engine, const Event& e) {
+  if (f.leaving.count(engine) != 0 && starts_a_plan(e)) {
+    return Status::Rejected(quoted(engine) + " is being removed");
+  }
   return std::visit(Overloaded{
                         [&](const RolloutAdmitted& a) { return check_admission(f, engine, a); },
                         [&](const BootstrapRequested& b) { return check_bootstrap(f, b); },
@@ -251,10 +273,12 @@ Status apply_one(FleetState& f, const EngineJoined& j) {
     return Status::Rejected("the fleet has " + std::to_string(kFleetEnginesMax) + " engines");
   }
   f.engines.emplace(j.engine, State{});
+  f.named = true;
   return Status::OK();
 }
 
 Status apply_one(FleetState& f, const EngineRemovalRequested& r) {
+  if (r.engine.empty()) return Status::Rejected("the one engine of this journal cannot leave it");
   auto it = f.engines.find(r.engine);
   if (it == f.engines.end()) return Status::NotFound("no " + quoted(r.engine) + " in the fleet");
   if (f.leaving.count(r.engine) != 0) return Status::Conflict(quoted(r.engine) + " is leaving");
@@ -298,6 +322,7 @@ Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
     return Status::InvalidArgument("source_uri must be printable UTF-8 of at most " +
                                    std::to_string(kTextBytesMax) + " bytes");
   }
+  RC_RETURN_IF_ERROR(check_weight_identity(r.identity));
   if (f.update) {
     return Status::Rejected("fleet update '" + f.update->request.update_id + "' is in flight");
   }
@@ -308,7 +333,10 @@ Status apply_one(FleetState& f, const FleetUpdateRequested& r) {
   RC_RETURN_IF_ERROR(check_fleet_update(f, r));
   FleetUpdate u;
   u.request = r;
-  for (const std::string& id : admitting_engines(f)) u.members[id] = MemberStatus::kPending;
+  for (const std::string& id : admitting_engines(f)) {
+    const bool holds = f.engines.at(id).committed.label == r.target_label;
+    u.members[id] = holds ? MemberStatus::kCommitted : MemberStatus::kPending;
+  }
   f.update = std::move(u);
   return Status::OK();
 }
@@ -362,9 +390,9 @@ Status apply_one(FleetState& f, const FleetUpdateCancelled& c) {
   if (!f.update || f.update->request.update_id != c.update_id) {
     return Status::NotFound("fleet update '" + c.update_id + "' is not in flight");
   }
-  if (c.reason.size() > kTextBytesMax || !text::printable_utf8(c.reason)) {
+  if (c.reason.size() > kFleetCancelReasonBytesMax || !text::printable_utf8(c.reason)) {
     return Status::InvalidArgument("reason must be printable UTF-8 of at most " +
-                                   std::to_string(kTextBytesMax) + " bytes");
+                                   std::to_string(kFleetCancelReasonBytesMax) + " bytes");
   }
   if (f.update->cancelled)
     return Status::Conflict("fleet update '" + c.update_id + "' is cancelled");
@@ -398,8 +426,17 @@ std::string refusal_reason(const FleetUpdate& u) {
          std::to_string(u.request.min_healthy);
 }
 
+// Leaving engines with nothing left (a last finish, a recovery's abandonments) are removed.
+void settle_removals(const FleetState& after, std::vector<FleetEvent>& out) {
+  for (const std::string& id : after.leaving) {
+    const State& s = after.engines.at(id);
+    if (s.active.empty() && !s.update) out.push_back(FleetEvent{"", EngineRemoved{id}});
+  }
+}
+
 // The fleet decisions that follow once `after` holds an input and its per-engine consequences.
 void settle(const FleetState& after, std::vector<FleetEvent>& out) {
+  settle_removals(after, out);
   if (!after.update) return;
   const FleetUpdate& u = *after.update;
   if (refused_whole(u)) {
@@ -427,7 +464,7 @@ Result<std::vector<FleetEvent>> decide_binding(const FleetState& f, const FleetE
   RC_RETURN_IF_ERROR(check_engine_rules(f, in.engine, e));
   std::vector<FleetEvent> out;
   const auto* fin = std::get_if<RolloutFinished>(&e);
-  if (fin != nullptr && f.leaving.count(in.engine) != 0 && s.active.size() == 1) {
+  if (fin != nullptr && f.leaving.count(in.engine) != 0 && s.active.size() == 1 && !s.update) {
     out.push_back(FleetEvent{"", EngineRemoved{in.engine}});
   }
   return out;
@@ -473,13 +510,7 @@ Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const Flee
   FleetState after = fleet;
   RC_RETURN_IF_ERROR(fleet_apply(after, input));
   for (const FleetEvent& d : out) RC_CHECK(fleet_apply(after, d).ok());
-  if (const auto* r = std::get_if<EngineRemovalRequested>(&input.event);
-      r != nullptr && after.engines.at(r->engine).active.empty()) {
-    out.push_back(FleetEvent{"", EngineRemoved{r->engine}});
-  }
-  const std::size_t before_settle = out.size();
   settle(after, out);
-  RC_CHECK(out.size() <= before_settle + 1);
   return out;
 }
 
@@ -583,7 +614,8 @@ std::string fleet_update_blocked_reason(const FleetState& fleet) {
 
 FleetEvent make_fleet_admission(const FleetState& fleet, const std::string& engine,
                                 std::string rollout_id) {
-  return FleetEvent{engine, make_admission(fleet.engines.at(engine), std::move(rollout_id))};
+  Result<const State*> s = engine_of(fleet, engine);
+  return FleetEvent{engine, make_admission(s.ok() ? **s : kUnbornEngine, std::move(rollout_id))};
 }
 
 namespace {
@@ -610,6 +642,9 @@ std::string check_generations(const FleetState& f) {
     const bool holds = s.lifecycle != Lifecycle::kUninitialized && !s.committed.label.empty();
     if (holds && f.label_generation.count(s.committed.label) == 0) {
       return quoted(id) + " holds a label the fleet never served";
+    }
+    if (holds && !(f.labels.at(s.committed.label) == s.committed_identity)) {
+      return quoted(id) + " serves '" + s.committed.label + "' for other weights than the fleet";
     }
   }
   return f.labels.size() == f.label_generation.size() ? "" : "labels and generations differ";

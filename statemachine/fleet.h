@@ -36,6 +36,9 @@ namespace rc {
 
 // `engine` names the engine of a per-engine event ("" = the implicit engine of a one-engine
 // journal); a fleet event (is_fleet_event) names none.
+// A cancel's reason, at most: the fleet update's end carries it after "cancelled: ".
+inline constexpr std::size_t kFleetCancelReasonBytesMax = kTextBytesMax - 64;
+
 struct FleetEvent {
   std::string engine;
   Event event;
@@ -67,6 +70,7 @@ struct FleetState {
   std::map<std::string, std::uint64_t> label_generation;  // every label the fleet served
   std::map<std::string, WeightIdentity> labels;           // one identity per label, fleet-wide
   std::uint64_t next_generation = 0;                      // the generation the next new label gets
+  bool named = false;  // an engine ever joined: the implicit unnamed engine never exists
   std::optional<FleetUpdate> update;
   std::uint64_t fleet_updates_ended = 0;
   bool operator==(const FleetState&) const = default;

@@ -81,19 +81,19 @@ std::optional<Failure> check_groups(const std::vector<FleetHistoryEntry>& histor
 }
 
 // Pass 2: each engine life's own events, as the single-engine history they must be.
-std::map<std::string, std::vector<HistoryEntry>> project(
+using EngineLife = std::pair<std::string, std::uint32_t>;
+std::map<EngineLife, std::vector<HistoryEntry>> project(
     const std::vector<FleetHistoryEntry>& history) {
-  std::map<std::string, int> life;  // current life of each name, from 1
-  std::map<std::string, std::vector<HistoryEntry>> out;
+  std::map<std::string, std::uint32_t> removed;  // lives ended so far, per name
+  std::map<EngineLife, std::vector<HistoryEntry>> out;
   for (const FleetHistoryEntry& h : history) {
-    if (const auto* removed = std::get_if<EngineRemoved>(&h.event)) {
-      life[removed->engine]++;
+    if (const auto* r = std::get_if<EngineRemoved>(&h.event)) {
+      removed[r->engine]++;
       continue;
     }
     if (is_fleet_event(h.event)) continue;
-    const int n = life.count(h.engine) == 0 ? 1 : life[h.engine] + 1;
-    const std::string key = n == 1 ? h.engine : h.engine + "#" + std::to_string(n);
-    out[key].push_back(HistoryEntry{h.seq, h.cause_seq, h.event});
+    const EngineLife life{h.engine, removed[h.engine] + 1};
+    out[life].push_back(HistoryEntry{h.seq, h.cause_seq, h.event});
   }
   return out;
 }
@@ -110,11 +110,12 @@ FleetHistoryReport check_fleet_history(const std::vector<FleetHistoryEntry>& his
   };
   if (std::optional<Failure> f = check_groups(history, report)) return fail(*f);
   std::optional<Failure> first;
-  for (auto& [engine, entries] : project(history)) {
+  for (auto& [life, entries] : project(history)) {
     HistoryReport r = check_history(entries);
-    report.engines[engine] = r.summary;
+    report.engines[life] = r.summary;
     if (r.ok || (first && first->seq <= r.first_bad_seq)) continue;
-    first = Failure{r.first_bad_seq, "engine '" + engine + "': " + r.message};  // r names the seq
+    first = Failure{r.first_bad_seq, "engine '" + life.first + "' (life " +
+                                         std::to_string(life.second) + "): " + r.message};
   }
   if (first) return fail(*first);
   return report;

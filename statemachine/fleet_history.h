@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "statemachine/fleet.h"
@@ -33,9 +34,9 @@ struct FleetHistoryReport {
   bool ok = true;
   std::uint64_t first_bad_seq = 0;  // 0 when ok
   std::string message;              // empty when ok
-  FleetState state;                 // the fold after the last accepted group (pass 1)
-  // Per engine life ("name" for the first, "name#2" after it left and joined again).
-  std::map<std::string, HistorySummary> engines;
+  FleetState state;                 // the fold up to the first refused event (pass 1)
+  // Per engine life: {name, 1} for the first, {name, 2} after it left and joined again.
+  std::map<std::pair<std::string, std::uint32_t>, HistorySummary> engines;
   std::map<FleetOutcome, std::uint64_t> fleet_updates;  // ended, by outcome
 };
 

@@ -1666,6 +1666,8 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id, std::
                          lease_ms};
 }
 
+Status check_weight_identity(const WeightIdentity& identity) { return check_identity(identity); }
+
 bool admits(const State& s) { return admission_block_reason(s).empty(); }
 
 std::string admission_block_reason(const State& s) {

@@ -152,6 +152,10 @@ std::string check_invariants_cheap(const State& state);
 RolloutAdmitted make_admission(const State& state, std::string rollout_id,
                                std::uint32_t lease_ms = 0);
 
+// The fold's rule for a declared identity (digests, checkpoint text, run id, step): the fleet
+// checks a fleet update's target with it before any member is asked.
+[[nodiscard]] Status check_weight_identity(const WeightIdentity& identity);
+
 // Whether the state admits rollouts, and if not, why (for 503 messages and /readyz).
 bool admits(const State& state);
 std::string admission_block_reason(const State& state);

@@ -280,9 +280,9 @@ TEST(FleetHistory, ChecksAFleetAndEachEngine) {
   ASSERT_TRUE(rep.ok) << rep.message;
   EXPECT_EQ(rep.state, d.f);
   EXPECT_EQ(rep.fleet_updates.at(FleetOutcome::kPartial), 1u);
-  EXPECT_EQ(rep.engines.at("a").updates_tainted, 1u);
-  EXPECT_EQ(rep.engines.at("b").updates_committed, 1u);
-  EXPECT_EQ(rep.engines.at("b#2").updates_requested, 0u);
+  EXPECT_EQ(rep.engines.at({"a", 1}).updates_tainted, 1u);
+  EXPECT_EQ(rep.engines.at({"b", 1}).updates_committed, 1u);
+  EXPECT_EQ(rep.engines.at({"b", 2}).updates_requested, 0u);
   EXPECT_EQ(rep.engines.size(), 3u);
 }
 
@@ -346,6 +346,92 @@ TEST(FleetPlan, ReportsAnUpdateNoMemberCanStart) {
   ASSERT_EQ(caused.size(), 1u);
   EXPECT_EQ(std::get<FleetUpdateEnded>(caused[0].event).outcome, FleetOutcome::kRefused);
   EXPECT_EQ(fleet_update_blocked_reason(d.f), "");
+}
+
+}  // namespace
+}  // namespace rc
+
+namespace rc {
+namespace {
+
+using namespace rc::test;
+
+// A cancel's reason at its bound still ends the fleet update (its end carries the reason after
+// "cancelled: "), and one past the bound is refused; catches a cancel whose end the fold refuses.
+TEST(FleetEdges, ACancelReasonAtItsBoundEndsTheUpdate) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 2}});
+  d.ok(FleetEvent{"", d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1")});
+  const std::string too_long(kFleetCancelReasonBytesMax + 1, 'x');
+  EXPECT_EQ(d.rejected(FleetEvent{"", FleetUpdateCancelled{"u1", too_long}}).code(),
+            Code::kInvalidArgument);
+  const std::vector<FleetEvent> caused = d.ok(
+      FleetEvent{"", FleetUpdateCancelled{"u1", std::string(kFleetCancelReasonBytesMax, 'x')}});
+  ASSERT_EQ(caused.size(), 1u);
+  EXPECT_FALSE(d.f.update.has_value());
+}
+
+// A leaving engine starts no plan (update, sleep, restore), and when a recovery abandons its last
+// rollouts it is removed in that group; catches a removal that never completes or a fold that
+// crashes deriving a removal for an engine still in an update.
+TEST(FleetEdges, ALeavingEngineStartsNothingAndLeavesWhenIdle) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.admit("a");
+  d.ok(FleetEvent{"", EngineRemovalRequested{"a"}});
+  EXPECT_NE(d.rejected("a", SleepRequested{"s1", 1}).message().find("being removed"),
+            std::string::npos);
+  EXPECT_EQ(d.rejected("a", UpdateRequested{"u9", "rc-9", identity('b'), "x"}).code(),
+            Code::kRejected);
+  const std::vector<FleetEvent> caused = d.ok("a", RecoveryStarted{"exec-2"});
+  ASSERT_FALSE(caused.empty());
+  EXPECT_TRUE(std::holds_alternative<EngineRemoved>(caused.back().event));
+  EXPECT_EQ(d.f.engines.count("a"), 0u);
+}
+
+// Two engines updating on their own to one new label with different weights: the second is
+// refused while the first is in flight; catches one label published for two identities.
+TEST(FleetEdges, ALabelInFlightNamesItsIdentityFleetWide) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok("a", UpdateRequested{"ua", "rc-1", identity('b'), "x"});
+  EXPECT_EQ(d.rejected("b", UpdateRequested{"ub", "rc-1", identity('c'), "x"}).code(),
+            Code::kInvalidArgument);
+  d.ok("b", UpdateRequested{"ub", "rc-1", identity('b'), "x"});
+}
+
+// A fleet update whose target a member already holds counts that member committed at once, and
+// a target with a malformed identity is refused before any member is asked; catches updates that
+// can never finish.
+TEST(FleetEdges, MembersHoldingTheTargetAreCommittedAndBadTargetsRefused) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 0}});
+  d.ok("a", UpdateRequested{"ua", "rc-1", identity('b'), "x"});
+  d.run_update("a");
+  FleetUpdateRequested bad = d.fleet_update("u0", FleetUpdateMode::kAll, "rc-2");
+  bad.identity.manifest_digest = "not hex";
+  EXPECT_EQ(d.rejected(FleetEvent{"", bad}).code(), Code::kInvalidArgument);
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kCommitted);
+  d.ok("b", d.member_update(u));
+  d.run_update("b");
+  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().event);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->outcome, FleetOutcome::kCommitted);
+  EXPECT_EQ(end->committed, 2u);
+}
+
+// The one unnamed engine cannot leave its journal, an emptied fleet of named engines never grows
+// the unnamed one, and an admission for an unknown engine is refused, not thrown; catches a
+// journal whose records change meaning, and a crash on a bad engine name.
+TEST(FleetEdges, TheUnnamedEngineNeitherLeavesNorReturns) {
+  FleetDriver one;
+  one.bootstrap("");
+  EXPECT_EQ(one.rejected(FleetEvent{"", EngineRemovalRequested{""}}).code(), Code::kRejected);
+  FleetDriver named = ready_fleet({"a"});
+  named.ok(FleetEvent{"", EngineRemovalRequested{"a"}});
+  ASSERT_TRUE(named.f.engines.empty());
+  EXPECT_EQ(named.rejected("", BootstrapRequested{"rc-0", identity('a')}).code(), Code::kNotFound);
+  EXPECT_EQ(named.rejected(make_fleet_admission(named.f, "zz", "r1")).code(), Code::kNotFound);
 }
 
 }  // namespace
