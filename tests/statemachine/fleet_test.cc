@@ -18,6 +18,25 @@ FleetDriver ready_fleet(const std::vector<std::string>& ids) {
   return d;
 }
 
+// Engines a and b in an `all` update to rc-1, both started; a's transfer was ambiguous (a is
+// TAINTED), b's update has not run yet.
+FleetDriver all_update_with_a_tainted() {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  d.ok("b", d.member_update(u));
+  d.run_update("a", /*ambiguous=*/true);
+  return d;
+}
+
+// The same, after b committed: the fleet update ended partial.
+FleetDriver partial_all_update() {
+  FleetDriver d = all_update_with_a_tainted();
+  d.run_update("b");
+  return d;
+}
+
 bool has_end(const std::vector<FleetEvent>& events, FleetUpdateEnded* out) {
   for (const FleetEvent& e : events) {
     if (const auto* end = std::get_if<FleetUpdateEnded>(&e.event)) {
@@ -89,12 +108,7 @@ TEST(Fleet, RollingHonoursBatchAndMinServing) {
 // and quarantined while the other commits, and the fleet update ends partial with both counted;
 // catches a partial failure hidden in the fleet's outcome or a tainted engine still admitting.
 TEST(Fleet, AllModeIsolatesAnAmbiguousMember) {
-  FleetDriver d = ready_fleet({"a", "b"});
-  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
-  d.ok(FleetEvent{"", u});
-  d.ok("a", d.member_update(u));
-  d.ok("b", d.member_update(u));
-  d.run_update("a", /*ambiguous=*/true);
+  FleetDriver d = all_update_with_a_tainted();
   EXPECT_EQ(d.engine("a").lifecycle, Lifecycle::kTainted);
   EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kTainted);
   d.run_update("b");
@@ -254,25 +268,11 @@ TEST(Fleet, TheUnnamedEngineStaysAlone) {
   EXPECT_EQ(named.rejected("", BootstrapRequested{"rc-0", identity('a')}).code(), Code::kNotFound);
 }
 
-}  // namespace
-}  // namespace rc
-
-namespace rc {
-namespace {
-
-using namespace rc::test;
-
 // The checker accepts a real fleet history, refolds it to the live fleet, counts the fleet update
 // by outcome and each engine's own updates (each life of a name apart); catches a checker that
 // loses an engine's history or merges two lives of one name.
 TEST(FleetHistory, ChecksAFleetAndEachEngine) {
-  FleetDriver d = ready_fleet({"a", "b"});
-  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
-  d.ok(FleetEvent{"", u});
-  d.ok("a", d.member_update(u));
-  d.ok("b", d.member_update(u));
-  d.run_update("a", /*ambiguous=*/true);
-  d.run_update("b");
+  FleetDriver d = partial_all_update();
   d.ok(FleetEvent{"", EngineRemovalRequested{"b"}});
   d.join("b");
   d.bootstrap("b", "rc-1", 'b');
@@ -289,13 +289,7 @@ TEST(FleetHistory, ChecksAFleetAndEachEngine) {
 // A recorded fleet outcome that is not what the fold decides is refused by seq; catches a journal
 // whose FleetUpdateEnded was rewritten to hide a tainted member.
 TEST(FleetHistory, RefusesARewrittenFleetOutcome) {
-  FleetDriver d = ready_fleet({"a", "b"});
-  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
-  d.ok(FleetEvent{"", u});
-  d.ok("a", d.member_update(u));
-  d.ok("b", d.member_update(u));
-  d.run_update("a", /*ambiguous=*/true);
-  d.run_update("b");
+  const FleetDriver d = partial_all_update();
   std::vector<FleetHistoryEntry> forged = d.history;
   auto& end = std::get<FleetUpdateEnded>(forged.back().event);
   end.outcome = FleetOutcome::kCommitted;
@@ -306,14 +300,6 @@ TEST(FleetHistory, RefusesARewrittenFleetOutcome) {
   EXPECT_EQ(rep.first_bad_seq, forged.back().cause_seq);
   EXPECT_NE(rep.message.find("differ from fleet_decide()"), std::string::npos) << rep.message;
 }
-
-}  // namespace
-}  // namespace rc
-
-namespace rc {
-namespace {
-
-using namespace rc::test;
 
 // The planner proposes exactly the members a rolling update may start (batch and min_serving),
 // each accepted when submitted in order, none while the batch is full, the rest once it ends;
@@ -347,14 +333,6 @@ TEST(FleetPlan, ReportsAnUpdateNoMemberCanStart) {
   EXPECT_EQ(std::get<FleetUpdateEnded>(caused[0].event).outcome, FleetOutcome::kRefused);
   EXPECT_EQ(fleet_update_blocked_reason(d.f), "");
 }
-
-}  // namespace
-}  // namespace rc
-
-namespace rc {
-namespace {
-
-using namespace rc::test;
 
 // A cancel's reason at its bound still ends the fleet update (its end carries the reason after
 // "cancelled: "), and one past the bound is refused; catches a cancel whose end the fold refuses.
