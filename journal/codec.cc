@@ -156,6 +156,43 @@ Encoded EncMonitored(FlatBufferBuilder& b, const EngineMonitored& e) {
               .Union()};
 }
 
+// The fleet's own events (statemachine/fleet.h); every other alternative is EncEvent's.
+Encoded EncFleetEvent(FlatBufferBuilder& b, const Event& event) {
+  return std::visit(
+      Overloaded{
+          [&](const FleetConfigured& e) -> Encoded {
+            return {fb::Payload::FleetConfigured,
+                    fb::CreateFleetConfigured(b, e.staleness_max, e.min_serving).Union()};
+          },
+          [&](const EngineJoined& e) -> Encoded {
+            auto engine = b.CreateString(e.engine);
+            return {fb::Payload::EngineJoined, fb::CreateEngineJoined(b, engine).Union()};
+          },
+          [&](const EngineRemovalRequested& e) -> Encoded {
+            auto engine = b.CreateString(e.engine);
+            return {fb::Payload::EngineRemovalRequested,
+                    fb::CreateEngineRemovalRequested(b, engine).Union()};
+          },
+          [&](const EngineRemoved& e) -> Encoded {
+            auto engine = b.CreateString(e.engine);
+            return {fb::Payload::EngineRemoved, fb::CreateEngineRemoved(b, engine).Union()};
+          },
+          [&](const FleetUpdateRequested& e) { return EncFleetUpdate(b, e); },
+          [&](const FleetUpdateEnded& e) { return EncFleetUpdateEnded(b, e); },
+          [&](const FleetUpdateCancelled& e) -> Encoded {
+            auto update_id = b.CreateString(e.update_id);
+            auto reason = OptString(b, e.reason);
+            return {fb::Payload::FleetUpdateCancelled,
+                    fb::CreateFleetUpdateCancelled(b, update_id, reason).Union()};
+          },
+          [&](const auto&) -> Encoded {
+            RC_CHECK(false && "not a fleet event");
+            return {};
+          },
+      },
+      event);
+}
+
 Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
   return std::visit(
       Overloaded{
@@ -286,31 +323,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
                                           static_cast<fb::UpdateOutcome>(Fb(e.outcome)), reason)
                         .Union()};
           },
-          [&](const FleetConfigured& e) -> Encoded {
-            return {fb::Payload::FleetConfigured,
-                    fb::CreateFleetConfigured(b, e.staleness_max, e.min_serving).Union()};
-          },
-          [&](const EngineJoined& e) -> Encoded {
-            auto engine = b.CreateString(e.engine);
-            return {fb::Payload::EngineJoined, fb::CreateEngineJoined(b, engine).Union()};
-          },
-          [&](const EngineRemovalRequested& e) -> Encoded {
-            auto engine = b.CreateString(e.engine);
-            return {fb::Payload::EngineRemovalRequested,
-                    fb::CreateEngineRemovalRequested(b, engine).Union()};
-          },
-          [&](const EngineRemoved& e) -> Encoded {
-            auto engine = b.CreateString(e.engine);
-            return {fb::Payload::EngineRemoved, fb::CreateEngineRemoved(b, engine).Union()};
-          },
-          [&](const FleetUpdateRequested& e) { return EncFleetUpdate(b, e); },
-          [&](const FleetUpdateEnded& e) { return EncFleetUpdateEnded(b, e); },
-          [&](const FleetUpdateCancelled& e) -> Encoded {
-            auto update_id = b.CreateString(e.update_id);
-            auto reason = OptString(b, e.reason);
-            return {fb::Payload::FleetUpdateCancelled,
-                    fb::CreateFleetUpdateCancelled(b, update_id, reason).Union()};
-          },
+          [&](const auto&) { return EncFleetEvent(b, event); },  // the fleet's own events
       },
       event);
 }
@@ -390,6 +403,108 @@ static_assert(kPayloadTagMax == static_cast<std::uint8_t>(fb::Payload::MAX));
 
 constexpr std::uint8_t kEffectKindMaxRaw = kEffectKindMax;
 constexpr std::uint8_t kCacheMaxRaw = kCacheKinds - 1;
+
+// Bindings and decisions; `r`'s payload is one of them.
+Event DecOutcomeEvent(Decoder& d, const fb::Record* r) {
+  switch (r->payload_type()) {
+    case fb::Payload::RolloutAdmitted: {
+      auto* e = r->payload_as_RolloutAdmitted();
+      return RolloutAdmitted{Str(e->rollout_id()), DecVersion(e->version()),
+                             DecIdentity(e->identity()), e->lease_ms()};
+    }
+    case fb::Payload::RolloutFinished: {
+      auto* e = r->payload_as_RolloutFinished();
+      return RolloutFinished{
+          Str(e->rollout_id()),
+          d.Enum<RolloutOutcome>(e->outcome(), kRolloutOutcomeMax, "RolloutFinished.outcome"),
+          e->prompt_tokens(), e->completion_tokens()};
+    }
+    case fb::Payload::StateChanged: {
+      auto* e = r->payload_as_StateChanged();
+      return StateChanged{d.Enum<Lifecycle>(e->from(), kLifecycleMax, "StateChanged.from"),
+                          d.Enum<Lifecycle>(e->to(), kLifecycleMax, "StateChanged.to"),
+                          d.Enum<Cause>(e->cause(), kCauseMax, "StateChanged.cause"),
+                          Str(e->detail())};
+    }
+    case fb::Payload::VersionPublished: {
+      auto* e = r->payload_as_VersionPublished();
+      return VersionPublished{Str(e->update_id()), DecVersion(e->version()),
+                              DecIdentity(e->identity()), Str(e->engine_digest())};
+    }
+    case fb::Payload::UpdateEnded: {
+      auto* e = r->payload_as_UpdateEnded();
+      return UpdateEnded{Str(e->update_id()),
+                         d.Enum<UpdateOutcome>(e->outcome(), 2, "UpdateEnded.outcome"),
+                         Str(e->reason())};
+    }
+    case fb::Payload::TrajectoryRecorded: {
+      auto* e = r->payload_as_TrajectoryRecorded();
+      TrajectoryRecorded t;
+      t.rollout_id = Str(e->rollout_id());
+      t.part = e->part();
+      if (e->prompt_token_ids()) {
+        t.prompt_token_ids.assign(e->prompt_token_ids()->begin(), e->prompt_token_ids()->end());
+      }
+      if (e->output_token_ids()) {
+        t.output_token_ids.assign(e->output_token_ids()->begin(), e->output_token_ids()->end());
+      }
+      if (e->output_logprobs()) {
+        t.output_logprobs.assign(e->output_logprobs()->begin(), e->output_logprobs()->end());
+      }
+      return t;
+    }
+    default:
+      break;
+  }
+  RC_CHECK(false && "not a binding or decision");
+  return Event{};
+}
+
+// The fleet's own events (statemachine/fleet.h); `r`'s payload is one of them.
+Event DecFleetEvent(Decoder& d, const fb::Record* r) {
+  switch (r->payload_type()) {
+    case fb::Payload::FleetConfigured: {
+      auto* e = r->payload_as_FleetConfigured();
+      return FleetConfigured{e->staleness_max(), e->min_serving()};
+    }
+    case fb::Payload::EngineJoined:
+      return EngineJoined{Str(r->payload_as_EngineJoined()->engine())};
+    case fb::Payload::EngineRemovalRequested:
+      return EngineRemovalRequested{Str(r->payload_as_EngineRemovalRequested()->engine())};
+    case fb::Payload::EngineRemoved:
+      return EngineRemoved{Str(r->payload_as_EngineRemoved()->engine())};
+    case fb::Payload::FleetUpdateRequested: {
+      auto* e = r->payload_as_FleetUpdateRequested();
+      return FleetUpdateRequested{
+          Str(e->update_id()),
+          d.Enum<FleetUpdateMode>(e->mode(), kFleetUpdateModeMax, "FleetUpdateRequested.mode"),
+          e->batch_max(),
+          e->min_healthy(),
+          Str(e->target_label()),
+          DecIdentity(e->identity()),
+          Str(e->source_uri())};
+    }
+    case fb::Payload::FleetUpdateEnded: {
+      auto* e = r->payload_as_FleetUpdateEnded();
+      return FleetUpdateEnded{
+          Str(e->update_id()),
+          d.Enum<FleetOutcome>(e->outcome(), kFleetOutcomeMax, "FleetUpdateEnded.outcome"),
+          e->committed(),
+          e->refused(),
+          e->tainted(),
+          e->skipped(),
+          Str(e->reason())};
+    }
+    case fb::Payload::FleetUpdateCancelled: {
+      auto* e = r->payload_as_FleetUpdateCancelled();
+      return FleetUpdateCancelled{Str(e->update_id()), Str(e->reason())};
+    }
+    default:
+      break;
+  }
+  RC_CHECK(false && "not a fleet event");
+  return Event{};
+}
 
 // Converts a verified payload; `table` is non-null (checked by the caller).
 Event DecEvent(Decoder& d, const fb::Record* r) {
@@ -491,88 +606,21 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
       auto* e = r->payload_as_ResumeObserved();
       return ResumeObserved{DecHttp(d, e->http()), e->is_paused_known(), e->is_paused()};
     }
-    case fb::Payload::RolloutAdmitted: {
-      auto* e = r->payload_as_RolloutAdmitted();
-      return RolloutAdmitted{Str(e->rollout_id()), DecVersion(e->version()),
-                             DecIdentity(e->identity()), e->lease_ms()};
-    }
-    case fb::Payload::RolloutFinished: {
-      auto* e = r->payload_as_RolloutFinished();
-      return RolloutFinished{
-          Str(e->rollout_id()),
-          d.Enum<RolloutOutcome>(e->outcome(), kRolloutOutcomeMax, "RolloutFinished.outcome"),
-          e->prompt_tokens(), e->completion_tokens()};
-    }
-    case fb::Payload::StateChanged: {
-      auto* e = r->payload_as_StateChanged();
-      return StateChanged{d.Enum<Lifecycle>(e->from(), kLifecycleMax, "StateChanged.from"),
-                          d.Enum<Lifecycle>(e->to(), kLifecycleMax, "StateChanged.to"),
-                          d.Enum<Cause>(e->cause(), kCauseMax, "StateChanged.cause"),
-                          Str(e->detail())};
-    }
-    case fb::Payload::VersionPublished: {
-      auto* e = r->payload_as_VersionPublished();
-      return VersionPublished{Str(e->update_id()), DecVersion(e->version()),
-                              DecIdentity(e->identity()), Str(e->engine_digest())};
-    }
-    case fb::Payload::UpdateEnded: {
-      auto* e = r->payload_as_UpdateEnded();
-      return UpdateEnded{Str(e->update_id()),
-                         d.Enum<UpdateOutcome>(e->outcome(), 2, "UpdateEnded.outcome"),
-                         Str(e->reason())};
-    }
-    case fb::Payload::TrajectoryRecorded: {
-      auto* e = r->payload_as_TrajectoryRecorded();
-      TrajectoryRecorded t;
-      t.rollout_id = Str(e->rollout_id());
-      t.part = e->part();
-      if (e->prompt_token_ids()) {
-        t.prompt_token_ids.assign(e->prompt_token_ids()->begin(), e->prompt_token_ids()->end());
-      }
-      if (e->output_token_ids()) {
-        t.output_token_ids.assign(e->output_token_ids()->begin(), e->output_token_ids()->end());
-      }
-      if (e->output_logprobs()) {
-        t.output_logprobs.assign(e->output_logprobs()->begin(), e->output_logprobs()->end());
-      }
-      return t;
-    }
-    case fb::Payload::FleetConfigured: {
-      auto* e = r->payload_as_FleetConfigured();
-      return FleetConfigured{e->staleness_max(), e->min_serving()};
-    }
+    case fb::Payload::RolloutAdmitted:
+    case fb::Payload::RolloutFinished:
+    case fb::Payload::StateChanged:
+    case fb::Payload::VersionPublished:
+    case fb::Payload::UpdateEnded:
+    case fb::Payload::TrajectoryRecorded:
+      return DecOutcomeEvent(d, r);
+    case fb::Payload::FleetConfigured:
     case fb::Payload::EngineJoined:
-      return EngineJoined{Str(r->payload_as_EngineJoined()->engine())};
     case fb::Payload::EngineRemovalRequested:
-      return EngineRemovalRequested{Str(r->payload_as_EngineRemovalRequested()->engine())};
     case fb::Payload::EngineRemoved:
-      return EngineRemoved{Str(r->payload_as_EngineRemoved()->engine())};
-    case fb::Payload::FleetUpdateRequested: {
-      auto* e = r->payload_as_FleetUpdateRequested();
-      return FleetUpdateRequested{
-          Str(e->update_id()),
-          d.Enum<FleetUpdateMode>(e->mode(), kFleetUpdateModeMax, "FleetUpdateRequested.mode"),
-          e->batch_max(),
-          e->min_healthy(),
-          Str(e->target_label()),
-          DecIdentity(e->identity()),
-          Str(e->source_uri())};
-    }
-    case fb::Payload::FleetUpdateEnded: {
-      auto* e = r->payload_as_FleetUpdateEnded();
-      return FleetUpdateEnded{
-          Str(e->update_id()),
-          d.Enum<FleetOutcome>(e->outcome(), kFleetOutcomeMax, "FleetUpdateEnded.outcome"),
-          e->committed(),
-          e->refused(),
-          e->tainted(),
-          e->skipped(),
-          Str(e->reason())};
-    }
-    case fb::Payload::FleetUpdateCancelled: {
-      auto* e = r->payload_as_FleetUpdateCancelled();
-      return FleetUpdateCancelled{Str(e->update_id()), Str(e->reason())};
-    }
+    case fb::Payload::FleetUpdateRequested:
+    case fb::Payload::FleetUpdateEnded:
+    case fb::Payload::FleetUpdateCancelled:
+      return DecFleetEvent(d, r);
     case fb::Payload::NONE:
       break;
   }

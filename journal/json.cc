@@ -28,6 +28,91 @@ json DeviceMemoryToJson(const DeviceMemory& m) {
               {"total_bytes", m.total_bytes}};
 }
 
+// The fleet's own events (statemachine/fleet.h); every other alternative is Fields'.
+json FleetFields(const Event& event) {
+  return std::visit(
+      Overloaded{
+          [](const FleetConfigured& e) {
+            return json{{"staleness_max", e.staleness_max}, {"min_serving", e.min_serving}};
+          },
+          [](const EngineJoined& e) {
+            return json{{"engine", e.engine}};
+          },
+          [](const EngineRemovalRequested& e) {
+            return json{{"engine", e.engine}};
+          },
+          [](const EngineRemoved& e) {
+            return json{{"engine", e.engine}};
+          },
+          [](const FleetUpdateRequested& e) {
+            return json{
+                {"update_id", e.update_id},       {"mode", fleet_update_mode_name(e.mode)},
+                {"batch_max", e.batch_max},       {"min_healthy", e.min_healthy},
+                {"target_label", e.target_label}, {"identity", WeightIdentityToJson(e.identity)},
+                {"source_uri", e.source_uri}};
+          },
+          [](const FleetUpdateEnded& e) {
+            return json{{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
+                        {"committed", e.committed}, {"refused", e.refused},
+                        {"tainted", e.tainted},     {"skipped", e.skipped},
+                        {"reason", e.reason}};
+          },
+          [](const FleetUpdateCancelled& e) {
+            return json{{"update_id", e.update_id}, {"reason", e.reason}};
+          },
+          [](const auto&) -> json { return nullptr; },
+      },
+      event);
+}
+
+// Bindings and decisions; the inputs are Fields', the fleet's own events FleetFields'.
+json OutcomeFields(const Event& event) {
+  return std::visit(Overloaded{
+                        [](const RolloutAdmitted& e) {
+                          return json{{"rollout_id", e.rollout_id},
+                                      {"version", WeightVersionToJson(e.version)},
+                                      {"identity", WeightIdentityToJson(e.identity)},
+                                      {"lease_ms", e.lease_ms}};
+                        },
+                        [](const RolloutFinished& e) {
+                          return json{{"rollout_id", e.rollout_id},
+                                      {"outcome", outcome_name(e.outcome)},
+                                      {"prompt_tokens", e.prompt_tokens},
+                                      {"completion_tokens", e.completion_tokens}};
+                        },
+                        [](const TrajectoryRecorded& e) {
+                          json logprobs = json::array();
+                          for (float lp : e.output_logprobs) {
+                            logprobs.push_back(lp == lp ? json(lp) : json());  // NaN: not reported
+                          }
+                          return json{{"rollout_id", e.rollout_id},
+                                      {"part", e.part},
+                                      {"prompt_token_ids", e.prompt_token_ids},
+                                      {"output_token_ids", e.output_token_ids},
+                                      {"output_logprobs", std::move(logprobs)}};
+                        },
+                        [](const StateChanged& e) {
+                          return json{{"from", lifecycle_name(e.from)},
+                                      {"to", lifecycle_name(e.to)},
+                                      {"cause", cause_name(e.cause)},
+                                      {"detail", e.detail}};
+                        },
+                        [](const VersionPublished& e) {
+                          return json{{"update_id", e.update_id},
+                                      {"version", WeightVersionToJson(e.version)},
+                                      {"identity", WeightIdentityToJson(e.identity)},
+                                      {"engine_digest", e.engine_digest}};
+                        },
+                        [](const UpdateEnded& e) {
+                          return json{{"update_id", e.update_id},
+                                      {"outcome", update_outcome_name(e.outcome)},
+                                      {"reason", e.reason}};
+                        },
+                        [](const auto&) -> json { return nullptr; },
+                    },
+                    event);
+}
+
 json Fields(const Event& event) {
   return std::visit(
       Overloaded{
@@ -136,73 +221,8 @@ json Fields(const Event& event) {
                         {"is_paused_known", e.is_paused_known},
                         {"is_paused", e.is_paused}};
           },
-          [](const RolloutAdmitted& e) {
-            return json{{"rollout_id", e.rollout_id},
-                        {"version", WeightVersionToJson(e.version)},
-                        {"identity", WeightIdentityToJson(e.identity)},
-                        {"lease_ms", e.lease_ms}};
-          },
-          [](const RolloutFinished& e) {
-            return json{{"rollout_id", e.rollout_id},
-                        {"outcome", outcome_name(e.outcome)},
-                        {"prompt_tokens", e.prompt_tokens},
-                        {"completion_tokens", e.completion_tokens}};
-          },
-          [](const TrajectoryRecorded& e) {
-            json logprobs = json::array();
-            for (float lp : e.output_logprobs) {
-              logprobs.push_back(lp == lp ? json(lp) : json());  // NaN: not reported
-            }
-            return json{{"rollout_id", e.rollout_id},
-                        {"part", e.part},
-                        {"prompt_token_ids", e.prompt_token_ids},
-                        {"output_token_ids", e.output_token_ids},
-                        {"output_logprobs", std::move(logprobs)}};
-          },
-          [](const StateChanged& e) {
-            return json{{"from", lifecycle_name(e.from)},
-                        {"to", lifecycle_name(e.to)},
-                        {"cause", cause_name(e.cause)},
-                        {"detail", e.detail}};
-          },
-          [](const VersionPublished& e) {
-            return json{{"update_id", e.update_id},
-                        {"version", WeightVersionToJson(e.version)},
-                        {"identity", WeightIdentityToJson(e.identity)},
-                        {"engine_digest", e.engine_digest}};
-          },
-          [](const UpdateEnded& e) {
-            return json{{"update_id", e.update_id},
-                        {"outcome", update_outcome_name(e.outcome)},
-                        {"reason", e.reason}};
-          },
-          [](const FleetConfigured& e) {
-            return json{{"staleness_max", e.staleness_max}, {"min_serving", e.min_serving}};
-          },
-          [](const EngineJoined& e) {
-            return json{{"engine", e.engine}};
-          },
-          [](const EngineRemovalRequested& e) {
-            return json{{"engine", e.engine}};
-          },
-          [](const EngineRemoved& e) {
-            return json{{"engine", e.engine}};
-          },
-          [](const FleetUpdateRequested& e) {
-            return json{
-                {"update_id", e.update_id},       {"mode", fleet_update_mode_name(e.mode)},
-                {"batch_max", e.batch_max},       {"min_healthy", e.min_healthy},
-                {"target_label", e.target_label}, {"identity", WeightIdentityToJson(e.identity)},
-                {"source_uri", e.source_uri}};
-          },
-          [](const FleetUpdateEnded& e) {
-            return json{{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
-                        {"committed", e.committed}, {"refused", e.refused},
-                        {"tainted", e.tainted},     {"skipped", e.skipped},
-                        {"reason", e.reason}};
-          },
-          [](const FleetUpdateCancelled& e) {
-            return json{{"update_id", e.update_id}, {"reason", e.reason}};
+          [&](const auto&) {
+            return is_fleet_event(event) ? FleetFields(event) : OutcomeFields(event);
           },
       },
       event);
