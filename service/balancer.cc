@@ -32,17 +32,14 @@ bool LessLoaded(const EngineLoad& a, const EngineLoad& b) {
 // Rendezvous hashing: the engine whose (key, engine) score is highest (ties: the lower id).
 const EngineLoad& Rendezvous(const std::vector<const EngineLoad*>& candidates, std::uint64_t key) {
   RC_CHECK(!candidates.empty());
-  const EngineLoad* best = candidates.front();
-  std::uint64_t best_score = 0;
-  for (const EngineLoad* e : candidates) {
-    const std::uint64_t score = Mix(key ^ Fnv1a(e->engine.data(), e->engine.size()));
-    if (e == candidates.front() || score > best_score ||
-        (score == best_score && e->engine < best->engine)) {
-      best = e;
-      best_score = score;
-    }
-  }
-  return *best;
+  auto score = [key](const EngineLoad* e) {
+    return Mix(key ^ Fnv1a(e->engine.data(), e->engine.size()));
+  };
+  auto lower = [&](const EngineLoad* a, const EngineLoad* b) {
+    const std::uint64_t sa = score(a), sb = score(b);
+    return sa != sb ? sa < sb : a->engine > b->engine;
+  };
+  return **std::max_element(candidates.begin(), candidates.end(), lower);
 }
 
 std::vector<const EngineLoad*> NewestGeneration(const std::vector<EngineLoad>& admitting) {

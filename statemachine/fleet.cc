@@ -3,7 +3,6 @@
 #include "statemachine/fleet.h"
 
 #include <algorithm>
-#include <iterator>
 
 #include "statemachine/overloaded.h"
 #include "statemachine/text.h"
@@ -14,17 +13,6 @@ namespace {
 const State kUnbornEngine{};  // what the implicit engine "" is before its first event
 
 std::string quoted(const std::string& engine) { return "engine '" + engine + "'"; }
-
-Status check_engine_id(const std::string& id) {
-  if (id.empty()) return Status::InvalidArgument("engine id is empty");
-  if (id.size() > kIdBytesMax) {
-    return Status::InvalidArgument("engine id exceeds " + std::to_string(kIdBytesMax) + " bytes");
-  }
-  if (!text::printable_utf8(id)) {
-    return Status::InvalidArgument("engine id must be UTF-8 without control characters");
-  }
-  return Status::OK();
-}
 
 // The engine a per-engine event names: a member, or the implicit "" of a fleet nobody joined.
 Result<const State*> engine_of(const FleetState& f, const std::string& engine) {
@@ -124,17 +112,22 @@ Status check_member_update(const FleetState& f, const std::string& engine,
   return check_min_serving(f, engine, "rolling update");
 }
 
+// An update or sleep of the engine's own, outside any fleet update it belongs to.
+Status check_own_plan(const FleetState& f, const std::string& engine, const char* what) {
+  if (is_member_in_flight(f, engine)) {
+    return Status::Rejected(quoted(engine) + " belongs to fleet update '" +
+                            f.update->request.update_id + "'");
+  }
+  return check_min_serving(f, engine, what);
+}
+
 Status check_update(const FleetState& f, const std::string& engine, const UpdateRequested& u) {
   if (f.leaving.count(engine) != 0) return Status::Rejected(quoted(engine) + " is being removed");
   RC_RETURN_IF_ERROR(check_fleet_label(f, u.target_label, u.identity));
   if (f.update && u.update_id == f.update->request.update_id) {
     return check_member_update(f, engine, u);
   }
-  if (is_member_in_flight(f, engine)) {
-    return Status::Rejected(quoted(engine) + " belongs to fleet update '" +
-                            f.update->request.update_id + "'");
-  }
-  return check_min_serving(f, engine, "update");
+  return check_own_plan(f, engine, "update");
 }
 
 Status check_admission(const FleetState& f, const std::string& engine, const RolloutAdmitted& a) {
@@ -165,12 +158,7 @@ Status check_engine_rules(const FleetState& f, const std::string& engine, const 
                         [&](const RolloutAdmitted& a) { return check_admission(f, engine, a); },
                         [&](const BootstrapRequested& b) { return check_bootstrap(f, b); },
                         [&](const UpdateRequested& u) { return check_update(f, engine, u); },
-                        [&](const SleepRequested&) {
-                          if (is_member_in_flight(f, engine)) {
-                            return Status::Rejected(quoted(engine) + " belongs to a fleet update");
-                          }
-                          return check_min_serving(f, engine, "sleep");
-                        },
+                        [&](const SleepRequested&) { return check_own_plan(f, engine, "sleep"); },
                         [&](const auto&) { return Status::OK(); },
                     },
                     e);
@@ -262,7 +250,7 @@ Status apply_one(FleetState& f, const FleetConfigured& c) {
 }
 
 Status apply_one(FleetState& f, const EngineJoined& j) {
-  RC_RETURN_IF_ERROR(check_engine_id(j.engine));
+  RC_RETURN_IF_ERROR(check_id("engine id", j.engine));
   if (f.engines.count("") != 0) {
     return Status::Rejected("this journal drives one unnamed engine; no engine can join it");
   }
@@ -307,8 +295,8 @@ Status apply_one(FleetState& f, const EngineRemoved& r) {
 }
 
 Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
-  RC_RETURN_IF_ERROR(check_engine_id(r.update_id));
-  RC_RETURN_IF_ERROR(check_engine_id(r.target_label));
+  RC_RETURN_IF_ERROR(check_id("update_id", r.update_id));
+  RC_RETURN_IF_ERROR(check_id("target_label", r.target_label));
   if (static_cast<std::uint8_t>(r.mode) > kFleetUpdateModeMax) {
     return Status::InvalidArgument("fleet update mode out of range");
   }
@@ -318,10 +306,7 @@ Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
   if (r.min_healthy > kFleetEnginesMax) {
     return Status::InvalidArgument("min_healthy exceeds " + std::to_string(kFleetEnginesMax));
   }
-  if (r.source_uri.size() > kTextBytesMax || !text::printable_utf8(r.source_uri)) {
-    return Status::InvalidArgument("source_uri must be printable UTF-8 of at most " +
-                                   std::to_string(kTextBytesMax) + " bytes");
-  }
+  RC_RETURN_IF_ERROR(check_client_text("source_uri", r.source_uri));
   RC_RETURN_IF_ERROR(check_weight_identity(r.identity));
   if (f.update) {
     return Status::Rejected("fleet update '" + f.update->request.update_id + "' is in flight");
@@ -471,13 +456,6 @@ Result<std::vector<FleetEvent>> decide_binding(const FleetState& f, const FleetE
 }
 
 }  // namespace
-
-const char* member_status_name(MemberStatus s) {
-  static const char* const kNames[] = {"pending", "updating", "committed",
-                                       "refused", "tainted",  "skipped"};
-  const auto i = static_cast<std::size_t>(s);
-  return i < std::size(kNames) ? kNames[i] : "?";
-}
 
 bool member_ended(MemberStatus s) {
   return s != MemberStatus::kPending && s != MemberStatus::kUpdating;

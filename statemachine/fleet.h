@@ -53,7 +53,6 @@ enum class MemberStatus : std::uint8_t {
   kTainted = 4,
   kSkipped = 5,  // TAINTED (quarantined) before its own update started, or cancelled
 };
-const char* member_status_name(MemberStatus s);
 bool member_ended(MemberStatus s);
 
 struct FleetUpdate {

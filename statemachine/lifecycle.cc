@@ -26,7 +26,6 @@
 #include "statemachine/text.h"
 
 namespace rc {
-namespace {
 
 Status check_id(const char* what, const std::string& s) {
   if (s.empty()) return Status::InvalidArgument(std::string(what) + " is empty");
@@ -40,6 +39,8 @@ Status check_id(const char* what, const std::string& s) {
   return Status::OK();
 }
 
+namespace {
+
 // Free text the executor recorded (errors, details, engine answers): bounded here, escaped by
 // every reader on output.
 Status check_text(const char* what, const std::string& s) {
@@ -50,7 +51,8 @@ Status check_text(const char* what, const std::string& s) {
   return Status::OK();
 }
 
-// Text a client declared (checkpoint, source): bounded and printable, so no reader can be fooled.
+}  // namespace
+
 Status check_client_text(const char* what, const std::string& s) {
   RC_RETURN_IF_ERROR(check_text(what, s));
   if (!text::printable_utf8(s)) {
@@ -58,6 +60,8 @@ Status check_client_text(const char* what, const std::string& s) {
   }
   return Status::OK();
 }
+
+namespace {
 
 Status check_digest(const char* what, const std::string& s, bool required) {
   if (s.empty()) {

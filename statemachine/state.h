@@ -152,6 +152,12 @@ std::string check_invariants_cheap(const State& state);
 RolloutAdmitted make_admission(const State& state, std::string rollout_id,
                                std::uint32_t lease_ms = 0);
 
+// The fold's rules for outside text: an id (label, update id, engine name) is 1..kIdBytesMax
+// bytes of printable UTF-8; text a client declared (checkpoint, source) is printable UTF-8 of at
+// most kTextBytesMax bytes. `what` names the field in the error.
+[[nodiscard]] Status check_id(const char* what, const std::string& s);
+[[nodiscard]] Status check_client_text(const char* what, const std::string& s);
+
 // The fold's rule for a declared identity (digests, checkpoint text, run id, step): the fleet
 // checks a fleet update's target with it before any member is asked.
 [[nodiscard]] Status check_weight_identity(const WeightIdentity& identity);
