@@ -9,6 +9,7 @@
 #include "journal/events_generated.h"
 #include "statemachine/hex.h"
 #include "statemachine/overloaded.h"
+#include "statemachine/text.h"
 
 namespace rc::journal {
 namespace {
@@ -85,15 +86,25 @@ Offset<fb::DeviceMemory> EncMemory(FlatBufferBuilder& b, const DeviceMemory& m) 
   return fb::CreateDeviceMemory(b, m.known, m.free_bytes_before, m.free_bytes_after, m.total_bytes);
 }
 
-Encoded EncFleetUpdate(FlatBufferBuilder& b, const FleetUpdateRequested& e) {
+// The event's table, and a fleet snapshot's open update's request.
+Offset<fb::FleetUpdateRequested> EncFleetUpdateRequest(FlatBufferBuilder& b,
+                                                       const FleetUpdateRequested& e) {
   auto update_id = b.CreateString(e.update_id);
   auto target = b.CreateString(e.target_label);
   auto id = EncIdentity(b, e.identity);
   auto uri = OptString(b, e.source_uri);
-  return {fb::Payload::FleetUpdateRequested,
-          fb::CreateFleetUpdateRequested(b, update_id, static_cast<fb::FleetUpdateMode>(Fb(e.mode)),
-                                         e.batch_max, e.min_healthy, target, id, uri)
-              .Union()};
+  auto expected = OptString(b, e.expected_digest);
+  return fb::CreateFleetUpdateRequested(b, update_id, static_cast<fb::FleetUpdateMode>(Fb(e.mode)),
+                                        e.batch_max, e.min_healthy, target, id, uri, expected);
+}
+
+Encoded EncFleetUpdate(FlatBufferBuilder& b, const FleetUpdateRequested& e) {
+  return {fb::Payload::FleetUpdateRequested, EncFleetUpdateRequest(b, e).Union()};
+}
+
+// The event's table, and a fleet snapshot's policy.
+Offset<fb::FleetConfigured> EncPolicy(FlatBufferBuilder& b, const FleetConfigured& c) {
+  return fb::CreateFleetConfigured(b, c.staleness_max, c.min_serving);
 }
 
 Encoded EncFleetUpdateEnded(FlatBufferBuilder& b, const FleetUpdateEnded& e) {
@@ -161,8 +172,7 @@ Encoded EncFleetEvent(FlatBufferBuilder& b, const Event& event) {
   return std::visit(
       Overloaded{
           [&](const FleetConfigured& e) -> Encoded {
-            return {fb::Payload::FleetConfigured,
-                    fb::CreateFleetConfigured(b, e.staleness_max, e.min_serving).Union()};
+            return {fb::Payload::FleetConfigured, EncPolicy(b, e).Union()};
           },
           [&](const EngineJoined& e) -> Encoded {
             auto engine = b.CreateString(e.engine);
@@ -460,6 +470,19 @@ Event DecOutcomeEvent(Decoder& d, const fb::Record* r) {
   return Event{};
 }
 
+// The event's table, and a fleet snapshot's open update's request; `e` is non-null.
+FleetUpdateRequested DecFleetUpdateRequest(Decoder& d, const fb::FleetUpdateRequested* e) {
+  return FleetUpdateRequested{
+      Str(e->update_id()),
+      d.Enum<FleetUpdateMode>(e->mode(), kFleetUpdateModeMax, "FleetUpdateRequested.mode"),
+      e->batch_max(),
+      e->min_healthy(),
+      Str(e->target_label()),
+      DecIdentity(e->identity()),
+      Str(e->source_uri()),
+      Str(e->expected_digest())};
+}
+
 // The fleet's own events (statemachine/fleet.h); `r`'s payload is one of them.
 Event DecFleetEvent(Decoder& d, const fb::Record* r) {
   switch (r->payload_type()) {
@@ -473,17 +496,8 @@ Event DecFleetEvent(Decoder& d, const fb::Record* r) {
       return EngineRemovalRequested{Str(r->payload_as_EngineRemovalRequested()->engine())};
     case fb::Payload::EngineRemoved:
       return EngineRemoved{Str(r->payload_as_EngineRemoved()->engine())};
-    case fb::Payload::FleetUpdateRequested: {
-      auto* e = r->payload_as_FleetUpdateRequested();
-      return FleetUpdateRequested{
-          Str(e->update_id()),
-          d.Enum<FleetUpdateMode>(e->mode(), kFleetUpdateModeMax, "FleetUpdateRequested.mode"),
-          e->batch_max(),
-          e->min_healthy(),
-          Str(e->target_label()),
-          DecIdentity(e->identity()),
-          Str(e->source_uri())};
-    }
+    case fb::Payload::FleetUpdateRequested:
+      return DecFleetUpdateRequest(d, r->payload_as_FleetUpdateRequested());
     case fb::Payload::FleetUpdateEnded: {
       auto* e = r->payload_as_FleetUpdateEnded();
       return FleetUpdateEnded{
@@ -650,11 +664,13 @@ class AlignedView {
   const std::uint8_t* data_ = nullptr;
 };
 
-// The snapshot path (up to kStateBytesMax) keeps its own copy.
+// The snapshot paths (up to kStateBytesMax, a fleet's up to kFleetStateBytesMax) keep their own
+// copy.
 struct AlignedCopy {
   std::vector<std::uint64_t> words;
   const std::uint8_t* data() const { return reinterpret_cast<const std::uint8_t*>(words.data()); }
   explicit AlignedCopy(std::string_view bytes) : words((bytes.size() + 7) / 8) {
+    RC_CHECK(bytes.size() <= kFleetStateBytesMax);  // the callers' bounds (and the compiler's)
     if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
   }
 };
@@ -743,6 +759,32 @@ Result<Record> DecodeRecordImpl(std::string_view bytes, const Hash* bytes_sha256
 
 namespace {
 
+using LabelIdentities = flatbuffers::Vector<Offset<fb::LabelIdentity>>;
+
+// An engine's label registry, and a fleet's (sorted by label, as the map is).
+Offset<LabelIdentities> EncLabels(FlatBufferBuilder& b,
+                                  const std::map<std::string, WeightIdentity>& labels) {
+  std::vector<Offset<fb::LabelIdentity>> out;
+  out.reserve(labels.size());
+  for (const auto& [label, identity] : labels) {
+    auto l = b.CreateString(label);
+    auto id = EncIdentity(b, identity);
+    out.push_back(fb::CreateLabelIdentity(b, l, id));
+  }
+  return b.CreateVector(out);
+}
+
+// Labels into `out`; a label named twice is the decoder's error.
+void DecLabelMap(Decoder& d, const LabelIdentities* labels,
+                 std::map<std::string, WeightIdentity>& out) {
+  if (labels == nullptr) return;
+  for (const fb::LabelIdentity* l : *labels) {
+    if (l == nullptr) continue;
+    auto [it, inserted] = out.emplace(Str(l->label()), DecIdentity(l->identity()));
+    if (!inserted && d.error.empty()) d.error = "duplicate label '" + it->first + "'";
+  }
+}
+
 Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   auto committed = EncVersion(b, s.committed);
   auto committed_id = EncIdentity(b, s.committed_identity);
@@ -798,14 +840,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
       c.rollouts_abandoned, c.updates_requested, c.updates_committed, c.updates_refused,
       c.recoveries, c.rollouts_expired, c.restores_requested, c.restores_committed,
       c.sleeps_requested, c.sleeps_committed, c.wakes_requested, c.wakes_committed);
-  std::vector<Offset<fb::LabelIdentity>> labels;
-  labels.reserve(s.labels.size());
-  for (const auto& [label, identity] : s.labels) {
-    auto l = b.CreateString(label);
-    auto id = EncIdentity(b, identity);
-    labels.push_back(fb::CreateLabelIdentity(b, l, id));
-  }
-  auto labels_vec = b.CreateVector(labels);
+  auto labels_vec = EncLabels(b, s.labels);
   auto instance = b.CreateString(s.engine_instance);
   auto committed_digest = EncDigest(b, s.committed_digest);
   std::vector<Offset<fb::LabelDigest>> label_digests;
@@ -831,12 +866,7 @@ void DecLabels(Decoder& d, const fb::State* t, State& s) {
       s.labels[s.committed.label] = s.committed_identity;
     return;
   }
-  if (t->labels() == nullptr) return;
-  for (const fb::LabelIdentity* l : *t->labels()) {
-    if (l == nullptr) continue;
-    auto [it, inserted] = s.labels.emplace(Str(l->label()), DecIdentity(l->identity()));
-    if (!inserted && d.error.empty()) d.error = "duplicate label '" + it->first + "'";
-  }
+  DecLabelMap(d, t->labels(), s.labels);
 }
 
 State DecStateTable(Decoder& d, const fb::State* t) {
@@ -930,28 +960,47 @@ State DecStateTable(Decoder& d, const fb::State* t) {
 
 }  // namespace
 
-std::string EncodeState(const State& state) {
-  FlatBufferBuilder b(1024 + state.active.size() * 96);
-  b.Finish(EncState(b, state));
+namespace {
+
+// A snapshot's framing: the finished flatbuffer followed by its SHA-256.
+std::string FinishHashed(FlatBufferBuilder& b) {
   std::string out = Finish(b);
   const Hash h = Sha256(out);
   out.append(reinterpret_cast<const char*>(h.data()), h.size());
   return out;
 }
 
-Result<State> DecodeState(std::string_view bytes) {
-  if (bytes.size() > kStateBytesMax) {
-    return Status::Corruption("snapshot of " + std::to_string(bytes.size()) +
-                              " bytes exceeds the bound of " + std::to_string(kStateBytesMax));
+// The flatbuffer of a snapshot of at most `bound` bytes whose trailing SHA-256 matches; `what`
+// names the snapshot in errors.
+Result<std::string_view> SnapshotBody(std::string_view bytes, std::size_t bound,
+                                      const std::string& what) {
+  if (bytes.size() > bound) {
+    return Status::Corruption(what + " of " + std::to_string(bytes.size()) +
+                              " bytes exceeds the bound of " + std::to_string(bound));
   }
   if (bytes.size() < 8 + 32) {
-    return Status::Corruption("snapshot truncated: " + std::to_string(bytes.size()) + " bytes");
+    return Status::Corruption(what + " truncated: " + std::to_string(bytes.size()) + " bytes");
   }
   const std::string_view body = bytes.substr(0, bytes.size() - 32);
   const Hash want = Sha256(body);
   if (std::memcmp(want.data(), bytes.data() + body.size(), 32) != 0) {
-    return Status::Corruption("snapshot hash mismatch (stored bytes altered)");
+    return Status::Corruption(what + " hash mismatch (stored bytes altered)");
   }
+  return body;
+}
+
+}  // namespace
+
+std::string EncodeState(const State& state) {
+  FlatBufferBuilder b(1024 + state.active.size() * 96);
+  b.Finish(EncState(b, state));
+  return FinishHashed(b);
+}
+
+Result<State> DecodeState(std::string_view bytes) {
+  Result<std::string_view> framed = SnapshotBody(bytes, kStateBytesMax, "snapshot");
+  if (!framed.ok()) return framed.status();
+  const std::string_view body = *framed;
   AlignedCopy copy(body);
   flatbuffers::Verifier::Options options;
   options.max_depth = kVerifierDepthMax;
@@ -975,6 +1024,276 @@ Result<State> DecodeState(std::string_view bytes) {
   State s = DecStateTable(d, t);
   if (!d.error.empty()) return Status::Corruption("snapshot: " + d.error);
   return s;
+}
+
+// ---- FleetState ----
+
+namespace {
+
+using FleetTable = fb::FleetSnapshotState;
+constexpr auto kMemberStatusMax = static_cast<std::uint8_t>(MemberStatus::kSkipped);
+
+// Each engine as its own snapshot bytes (EncodeState), so DecodeState bounds and checks it.
+Offset<flatbuffers::Vector<Offset<fb::FleetEngineState>>> EncEngines(
+    FlatBufferBuilder& b, const std::map<std::string, State>& engines) {
+  std::vector<Offset<fb::FleetEngineState>> out;
+  out.reserve(engines.size());
+  for (const auto& [name, state] : engines) {
+    const std::string bytes = EncodeState(state);
+    auto n = b.CreateString(name);
+    auto st = b.CreateVector(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+    out.push_back(fb::CreateFleetEngineState(b, n, st));
+  }
+  return b.CreateVector(out);
+}
+
+Offset<flatbuffers::Vector<Offset<fb::LabelGeneration>>> EncGenerations(
+    FlatBufferBuilder& b, const std::map<std::string, std::uint64_t>& generations) {
+  std::vector<Offset<fb::LabelGeneration>> out;
+  out.reserve(generations.size());
+  for (const auto& [label, generation] : generations) {
+    auto l = b.CreateString(label);
+    out.push_back(fb::CreateLabelGeneration(b, l, generation));
+  }
+  return b.CreateVector(out);
+}
+
+// No table for no open fleet update.
+Offset<fb::FleetUpdateState> EncFleetUpdateState(FlatBufferBuilder& b,
+                                                 const std::optional<FleetUpdate>& u) {
+  if (!u) return {};
+  auto request = EncFleetUpdateRequest(b, u->request);
+  std::vector<Offset<fb::FleetMember>> members;
+  members.reserve(u->members.size());
+  for (const auto& [engine, status] : u->members) {
+    auto e = b.CreateString(engine);
+    members.push_back(fb::CreateFleetMember(b, e, static_cast<std::uint8_t>(status)));
+  }
+  auto members_vec = b.CreateVector(members);
+  auto cancelled = u->cancelled ? b.CreateString(*u->cancelled) : Offset<flatbuffers::String>();
+  return fb::CreateFleetUpdateState(b, request, members_vec, cancelled, u->cancelled.has_value());
+}
+
+Offset<FleetTable> EncFleet(FlatBufferBuilder& b, const FleetState& f, std::uint64_t events) {
+  auto engines = EncEngines(b, f.engines);
+  auto leaving = b.CreateVectorOfStrings(f.leaving.begin(), f.leaving.end());
+  auto policy = EncPolicy(b, f.policy);
+  auto generations = EncGenerations(b, f.label_generation);
+  auto labels = EncLabels(b, f.labels);
+  auto update = EncFleetUpdateState(b, f.update);
+  return fb::CreateFleetSnapshotState(b, events, engines, leaving, policy, generations, labels,
+                                      f.next_generation, f.named, update, f.fleet_updates_ended);
+}
+
+// Stored bytes that break one of the fold's rules are corrupt, not a bad request.
+Status AsCorruption(const Status& st) { return st.ok() ? st : Status::Corruption(st.message()); }
+
+// An engine is named by an id, or is "" (the one unnamed engine of a journal).
+Status CheckEngineName(const char* what, const std::string& name) {
+  return name.empty() ? Status::OK() : AsCorruption(check_id(what, name));
+}
+
+template <class V>
+Status CheckCount(const V* v, std::size_t max, const char* what) {
+  if (v == nullptr || v->size() <= max) return Status::OK();
+  return Status::Corruption("more than " + std::to_string(max) + " " + what);
+}
+
+std::string_view Bytes(const flatbuffers::Vector<std::uint8_t>* v) {
+  return v == nullptr ? std::string_view()
+                      : std::string_view(reinterpret_cast<const char*>(v->data()), v->size());
+}
+
+Status DecEngines(const FleetTable* t, FleetState& f) {
+  RC_RETURN_IF_ERROR(CheckCount(t->engines(), kFleetEnginesMax, "engines"));
+  if (t->engines() == nullptr) return Status::OK();
+  for (const fb::FleetEngineState* e : *t->engines()) {
+    if (e == nullptr) return Status::Corruption("an engine entry is missing");
+    const std::string name = Str(e->name());
+    RC_RETURN_IF_ERROR(CheckEngineName("engine name", name));
+    if (f.engines.count(name) != 0) return Status::Corruption("duplicate engine '" + name + "'");
+    Result<State> state = DecodeState(Bytes(e->state()));
+    if (!state.ok())
+      return Status::Corruption("engine '" + name + "': " + state.status().message());
+    f.engines.emplace(name, std::move(state.value()));
+  }
+  return Status::OK();
+}
+
+Status DecLeaving(const FleetTable* t, FleetState& f) {
+  RC_RETURN_IF_ERROR(CheckCount(t->leaving(), kFleetEnginesMax, "leaving engines"));
+  if (t->leaving() == nullptr) return Status::OK();
+  for (const flatbuffers::String* s : *t->leaving()) {
+    const std::string name = Str(s);
+    RC_RETURN_IF_ERROR(AsCorruption(check_id("leaving engine", name)));
+    if (!f.leaving.insert(name).second) {
+      return Status::Corruption("engine '" + name + "' is leaving twice");
+    }
+  }
+  return Status::OK();
+}
+
+// The fold's bounds on a FleetConfigured; an absent policy is the default one.
+Status DecPolicy(const FleetTable* t, FleetState& f) {
+  if (const fb::FleetConfigured* p = t->policy()) {
+    f.policy = FleetConfigured{p->staleness_max(), p->min_serving()};
+  }
+  if (f.policy.staleness_max > kFleetStalenessMax || f.policy.min_serving > kFleetEnginesMax) {
+    return Status::Corruption("policy out of range (staleness_max " +
+                              std::to_string(f.policy.staleness_max) + ", min_serving " +
+                              std::to_string(f.policy.min_serving) + ")");
+  }
+  return Status::OK();
+}
+
+Status DecGenerations(const FleetTable* t, FleetState& f) {
+  RC_RETURN_IF_ERROR(CheckCount(t->label_generations(), kLabelsMax, "label generations"));
+  if (t->label_generations() == nullptr) return Status::OK();
+  for (const fb::LabelGeneration* g : *t->label_generations()) {
+    if (g == nullptr) return Status::Corruption("a label generation is missing");
+    const std::string label = Str(g->label());
+    RC_RETURN_IF_ERROR(AsCorruption(check_id("generation label", label)));
+    if (!f.label_generation.emplace(label, g->generation()).second) {
+      return Status::Corruption("duplicate label generation '" + label + "'");
+    }
+  }
+  return Status::OK();
+}
+
+// The fleet's label registry: one identity per label, as the fold checked each when it came.
+Status DecFleetLabels(const FleetTable* t, FleetState& f) {
+  RC_RETURN_IF_ERROR(CheckCount(t->labels(), kLabelsMax, "labels"));
+  Decoder d;
+  DecLabelMap(d, t->labels(), f.labels);
+  if (!d.error.empty()) return Status::Corruption(d.error);
+  for (const auto& [label, identity] : f.labels) {
+    RC_RETURN_IF_ERROR(AsCorruption(check_id("label", label)));
+    RC_RETURN_IF_ERROR(AsCorruption(check_weight_identity(identity)));
+  }
+  return Status::OK();
+}
+
+// The bounds the fold checked when it took the FleetUpdateRequested.
+Status CheckFleetRequest(const FleetUpdateRequested& r) {
+  RC_RETURN_IF_ERROR(AsCorruption(check_id("update_id", r.update_id)));
+  RC_RETURN_IF_ERROR(AsCorruption(check_id("target_label", r.target_label)));
+  if (r.batch_max == 0 || r.batch_max > kFleetEnginesMax || r.min_healthy > kFleetEnginesMax) {
+    return Status::Corruption("fleet update batch_max or min_healthy out of range");
+  }
+  RC_RETURN_IF_ERROR(AsCorruption(check_client_text("source_uri", r.source_uri)));
+  return AsCorruption(check_weight_identity(r.identity));
+}
+
+Status DecMembers(const fb::FleetUpdateState* u, FleetUpdate& out) {
+  RC_RETURN_IF_ERROR(CheckCount(u->members(), kFleetEnginesMax, "fleet update members"));
+  if (u->members() == nullptr) return Status::OK();
+  Decoder d;
+  for (const fb::FleetMember* m : *u->members()) {
+    if (m == nullptr) return Status::Corruption("a fleet update member is missing");
+    const std::string engine = Str(m->engine());
+    RC_RETURN_IF_ERROR(CheckEngineName("member engine", engine));
+    const auto status = d.Enum<MemberStatus>(m->status(), kMemberStatusMax, "FleetMember.status");
+    if (!d.error.empty()) return Status::Corruption(d.error);
+    if (!out.members.emplace(engine, status).second) {
+      return Status::Corruption("duplicate fleet update member '" + engine + "'");
+    }
+  }
+  return Status::OK();
+}
+
+Status DecCancelled(const fb::FleetUpdateState* u, FleetUpdate& out) {
+  if (!u->has_cancelled()) {
+    if (u->cancelled() == nullptr) return Status::OK();
+    return Status::Corruption("a cancel reason without has_cancelled");
+  }
+  std::string reason = Str(u->cancelled());
+  if (reason.size() > kFleetCancelReasonBytesMax || !text::printable_utf8(reason)) {
+    return Status::Corruption("cancel reason over " + std::to_string(kFleetCancelReasonBytesMax) +
+                              " bytes or unprintable");
+  }
+  out.cancelled = std::move(reason);
+  return Status::OK();
+}
+
+Status DecFleetUpdate(const FleetTable* t, FleetState& f) {
+  const fb::FleetUpdateState* u = t->update();
+  if (u == nullptr) return Status::OK();
+  if (u->request() == nullptr) return Status::Corruption("fleet update without its request");
+  FleetUpdate out;
+  Decoder d;
+  out.request = DecFleetUpdateRequest(d, u->request());
+  if (!d.error.empty()) return Status::Corruption(d.error);
+  RC_RETURN_IF_ERROR(CheckFleetRequest(out.request));
+  RC_RETURN_IF_ERROR(DecMembers(u, out));
+  RC_RETURN_IF_ERROR(DecCancelled(u, out));
+  f.update = std::move(out);
+  return Status::OK();
+}
+
+// What check_fleet_invariants leaves to the fold's history: the unnamed engine exists only in a
+// fleet nobody joined, and no engine applied more events than the fleet did.
+Status CheckFleetCounts(const FleetState& f, std::uint64_t events) {
+  std::uint64_t engine_events = 0;
+  for (const auto& [name, s] : f.engines) {
+    if (name.empty() == f.named) {
+      return Status::Corruption(f.named ? "the unnamed engine in a fleet engines joined"
+                                        : "a named engine in a fleet nobody joined");
+    }
+    if (s.counters.events > events - engine_events) {
+      return Status::Corruption("engines applied more events than the fleet's " +
+                                std::to_string(events));
+    }
+    engine_events += s.counters.events;
+  }
+  return Status::OK();
+}
+
+Result<FleetSnapshot> DecFleetTable(const FleetTable* t) {
+  FleetSnapshot out;
+  out.events = t->events();
+  FleetState& f = out.fleet;
+  RC_RETURN_IF_ERROR(DecEngines(t, f));
+  RC_RETURN_IF_ERROR(DecLeaving(t, f));
+  RC_RETURN_IF_ERROR(DecPolicy(t, f));
+  RC_RETURN_IF_ERROR(DecGenerations(t, f));
+  RC_RETURN_IF_ERROR(DecFleetLabels(t, f));
+  RC_RETURN_IF_ERROR(DecFleetUpdate(t, f));
+  f.next_generation = t->next_generation();
+  f.named = t->named();
+  f.fleet_updates_ended = t->fleet_updates_ended();
+  f.events = out.events;
+  RC_RETURN_IF_ERROR(CheckFleetCounts(f, out.events));
+  if (std::string bad = check_fleet_invariants(f); !bad.empty()) {
+    return Status::Corruption("fleet invariant broken: " + bad);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events) {
+  FlatBufferBuilder b(4096);
+  b.Finish(EncFleet(b, fleet, events));
+  return FinishHashed(b);
+}
+
+Result<FleetSnapshot> DecodeFleetState(std::string_view bytes) {
+  Result<std::string_view> body = SnapshotBody(bytes, kFleetStateBytesMax, "fleet snapshot");
+  if (!body.ok()) return body.status();
+  AlignedCopy copy(*body);
+  flatbuffers::Verifier::Options options;
+  options.max_depth = kVerifierDepthMax;
+  // Engines are nested bytes, not tables: two tables per engine (its entry, its member entry),
+  // three per label (generation, label, identity).
+  options.max_tables = kVerifierTablesMax + 2 * static_cast<std::uint32_t>(kFleetEnginesMax) +
+                       3 * static_cast<std::uint32_t>(kLabelsMax);
+  flatbuffers::Verifier verifier(copy.data(), body->size(), options);
+  if (!verifier.VerifyBuffer<FleetTable>(nullptr)) {
+    return Status::Corruption("fleet snapshot fails FlatBuffers verification");
+  }
+  Result<FleetSnapshot> out = DecFleetTable(flatbuffers::GetRoot<FleetTable>(copy.data()));
+  if (!out.ok()) return Status::Corruption("fleet snapshot: " + out.status().message());
+  return out;
 }
 
 }  // namespace rc::journal

@@ -1,4 +1,5 @@
-// Record and State codec: rc::Event + envelope <-> FlatBuffers bytes, and the SHA-256 hash chain.
+// Record, State and FleetState codec: rc::Event + envelope <-> FlatBuffers bytes, and the SHA-256
+// hash chain.
 //
 // Stored record (value of the `events` column family), grammar:
 //   record      := u32le(size - 4) ‖ flatbuffer(Record)   (FlatBuffers size-prefixed form, so a
@@ -13,6 +14,9 @@
 //                   record[1].prev_hash = 32 zero bytes
 // Stored snapshot (value of the `snapshots` column family):
 //   snapshot    := flatbuffer(State) ‖ SHA-256(flatbuffer(State))   (the last 32 bytes)
+//   fleet snapshot (v8) := flatbuffer(FleetSnapshotState) ‖ SHA-256(flatbuffer(...)), each
+//                  engine's State inside as its own `snapshot` bytes, 8 + 32 <= size <=
+//                  kFleetStateBytesMax
 // Decoding never trusts the bytes: length bound first, copy to 8-byte-aligned storage, FlatBuffers
 // Verifier (depth 16, tables 4096), identifier, unknown union tags and out-of-range enums rejected.
 #pragma once
@@ -27,12 +31,20 @@
 #include "encoding/sha256.h"
 #include "journal/journal.h"
 #include "statemachine/events.h"
+#include "statemachine/fleet.h"
 #include "statemachine/state.h"
 #include "statemachine/status.h"
 
 namespace rc::journal {
 
 inline constexpr std::size_t kStateBytesMax = 64u * 1024 * 1024;  // snapshot bound (65536 rollouts)
+// A fleet snapshot holds up to kFleetEnginesMax engine snapshots, but not each at its own bound:
+// 256 x 64 MiB is 16 GiB, past FlatBuffers' 2 GiB buffer limit (and RocksDB's for one value). Half
+// that limit, 1 GiB, holds 16 engines at kStateBytesMax, or a full fleet of 256 engines with 4 MiB
+// each (some 4000 active rollouts each at the 1 KiB per rollout kStateBytesMax allows); an engine
+// nearer its own bound than that is bounded by the fleet's bytes, not its own.
+inline constexpr std::size_t kFleetStateBytesMax = 16 * kStateBytesMax;
+static_assert(kFleetStateBytesMax < (std::size_t{1} << 31));
 inline constexpr std::uint32_t kVerifierDepthMax = 16;
 inline constexpr std::uint32_t kVerifierTablesMax = 4096;
 inline constexpr std::uint8_t kPayloadTagMax = 31;  // rc::fb::Payload::MAX
@@ -60,5 +72,17 @@ std::string EncodeEventOnly(const Event& event);
 // Snapshot bytes: State flatbuffer followed by its SHA-256.
 std::string EncodeState(const State& state);
 [[nodiscard]] Result<State> DecodeState(std::string_view bytes);
+
+// A fleet's folded state after `events` records (the snapshot's seq), as stored in the snapshots
+// column family of a journal of named engines. Same framing as EncodeState (FlatBuffers + SHA-256).
+// The writer must not store bytes over kFleetStateBytesMax: DecodeFleetState refuses them.
+std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events);
+struct FleetSnapshot {
+  FleetState fleet;  // fleet.events == events
+  std::uint64_t events = 0;
+};
+// Errors: Corruption naming what is wrong (size, hash, structure, a bound, a duplicate, an enum
+// range, an engine's own snapshot, or the fleet invariant that does not hold). Never throws.
+[[nodiscard]] Result<FleetSnapshot> DecodeFleetState(std::string_view bytes);
 
 }  // namespace rc::journal

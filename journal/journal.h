@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "statemachine/events.h"
+#include "statemachine/fleet.h"
 #include "statemachine/state.h"
 #include "statemachine/status.h"
 
@@ -73,6 +74,9 @@ struct AppendRequest {
   std::int64_t wall_time_ms = 0;
   // events[0] is the input (cause_seq 0); events[1..] are derived from it (cause_seq = its seq).
   std::vector<Event> events;
+  // The engine of each event (statemachine/fleet.h): empty when every event is the unnamed
+  // engine's (a journal of one engine); else exactly one per event, "" for a fleet event.
+  std::vector<std::string> engines;
 };
 
 struct AppendResult {
@@ -150,12 +154,30 @@ class Journal {
   [[nodiscard]] virtual Result<Submitted> Submit(const Event& input, std::int64_t wall_time_ms,
                                                  const std::string& client_event_id = "") = 0;
 
-  // The folded state after every enqueued group (a copy, taken under the lock).
+  // The fleet's submit: the same, for an input that names its engine (or a fleet event). The
+  // decisions name theirs. Submit(input) is SubmitFleet({"", input}) on a journal of one engine.
+  struct FleetSubmitted {
+    Ticket ticket;
+    std::vector<FleetEvent> decisions;
+  };
+  [[nodiscard]] virtual Result<FleetSubmitted> SubmitFleet(
+      const FleetEvent& input, std::int64_t wall_time_ms,
+      const std::string& client_event_id = "") = 0;
+
+  // The journal folds a FleetState (statemachine/fleet.h); one that never named an engine holds
+  // the unnamed engine "" alone, and folds exactly as the single-engine fold.
+  // The unnamed engine's state after every enqueued group (a copy, taken under the lock); an
+  // empty State for a journal of named engines (is_fleet()).
   virtual State state() const = 0;
-  // Calls `read` on the folded state under the lock, without copying it: for callers that need
-  // a few fields of a state whose active rollouts may number in the tens of thousands. `read`
-  // must be short and must not call back into the journal.
+  // Calls `read` on that state under the lock, without copying it: for callers that need a few
+  // fields of a state whose active rollouts may number in the tens of thousands. `read` must be
+  // short and must not call back into the journal.
   virtual void ReadState(const std::function<void(const State&)>& read) const = 0;
+  // The whole fleet's folded state (a copy), and the same without copying it.
+  virtual FleetState fleet_state() const = 0;
+  virtual void ReadFleetState(const std::function<void(const FleetState&)>& read) const = 0;
+  // True once an engine joined: the journal holds named engines, not the unnamed one.
+  virtual bool is_fleet() const = 0;
   // Blocks until the ticket's group is durable. If its commit failed, or was not durable within
   // commit_stall_timeout_ms (Timeout), returns the journal's failure; see fail-stop above.
   [[nodiscard]] virtual Status Wait(const Ticket& ticket) = 0;
@@ -187,10 +209,14 @@ class Journal {
       const std::string& rollout_id) = 0;
 
   // Folded state at head: latest snapshot + tail (equal to a full refold, checked in tests).
-  [[nodiscard]] virtual Result<State> LoadState() = 0;
+  [[nodiscard]] virtual Result<FleetState> LoadFleetState() = 0;
   // Full refold from seq 1 (no snapshot).
+  [[nodiscard]] virtual Result<FleetState> RefoldFleet(std::uint64_t until_seq = 0) = 0;
+  // The same, of the unnamed engine; FailedPrecondition for a journal of named engines.
+  [[nodiscard]] virtual Result<State> LoadState() = 0;
   [[nodiscard]] virtual Result<State> Refold(std::uint64_t until_seq = 0) = 0;
-  [[nodiscard]] virtual Status WriteSnapshot(std::uint64_t seq, const State& state) = 0;
+  // Stores `fleet` as the folded state at durable `seq` (it must count seq events).
+  [[nodiscard]] virtual Status WriteSnapshot(std::uint64_t seq, const FleetState& fleet) = 0;
 
   // For secondary readers: catch up with the live writer.
   [[nodiscard]] virtual Status CatchUp() = 0;

@@ -49,7 +49,7 @@ json FleetFields(const Event& event) {
                 {"update_id", e.update_id},       {"mode", fleet_update_mode_name(e.mode)},
                 {"batch_max", e.batch_max},       {"min_healthy", e.min_healthy},
                 {"target_label", e.target_label}, {"identity", WeightIdentityToJson(e.identity)},
-                {"source_uri", e.source_uri}};
+                {"source_uri", e.source_uri},     {"expected_digest", e.expected_digest}};
           },
           [](const FleetUpdateEnded& e) {
             return json{{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
@@ -358,6 +358,31 @@ json StateToJson(const State& s) {
   out["label_digests"] = s.label_digests;
   out["sleep_level"] = s.sleep_level;
   return out;
+}
+
+namespace {
+json FleetUpdateToJson(const FleetUpdate& u) {
+  json members = json::object();
+  for (const auto& [engine, status] : u.members) members[engine] = member_status_name(status);
+  return json{{"request", EventToJson(u.request)},
+              {"members", std::move(members)},
+              {"cancelled", u.cancelled ? json(*u.cancelled) : json(nullptr)}};
+}
+}  // namespace
+
+json FleetStateToJson(const FleetState& f) {
+  json engines = json::object();
+  for (const auto& [id, s] : f.engines) {
+    const std::optional<std::uint64_t> g = fleet_generation(f, id);
+    engines[id] = json{{"generation", g ? json(*g) : json(nullptr)}, {"state", StateToJson(s)}};
+  }
+  return json{{"engines", std::move(engines)},
+              {"leaving", f.leaving},
+              {"policy", EventToJson(f.policy)},
+              {"generations", f.label_generation},
+              {"update", f.update ? FleetUpdateToJson(*f.update) : json(nullptr)},
+              {"fleet_updates_ended", f.fleet_updates_ended},
+              {"events", f.events}};
 }
 
 }  // namespace rc::journal

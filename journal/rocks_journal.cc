@@ -8,7 +8,9 @@
 //   idempotency  client_event_id                -> BE64(first_seq) ‖ BE64(last_seq) ‖
 //   SHA-256(group)
 //                where group = concat over events of BE32(len) ‖ EncodeEventOnly(event)
-//   snapshots    BE64(seq)                      -> EncodeState(fold of 1..seq)
+//   snapshots    BE64(seq) ‖ "f"                -> EncodeFleetState(fold of 1..seq)
+//                BE64(seq)                      -> EncodeState(...): written before fleets; never
+//                                                  loaded (it lacks the fleet's label order)
 //   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64
 // Every group commit is one WriteBatch over all of them (WAL on, sync = Options.sync), written by
 // one committer thread; waiters sleep with the stall deadline.
@@ -107,14 +109,30 @@ const std::string* RolloutIdOf(const Event& e) {
   return nullptr;
 }
 
-Hash GroupDigest(const std::vector<Event>& events) {
+// A group of the unnamed engine hashes its events alone, as before fleets, so that keys used
+// then still match; a group naming an engine hashes each event's engine too.
+Hash GroupDigest(const std::vector<FleetEvent>& group) {
   std::string all;
-  for (const Event& e : events) {
-    const std::string bytes = EncodeEventOnly(e);
+  for (const FleetEvent& e : group) {
+    const std::string bytes = EncodeEventOnly(e.event);
     all += BE64(bytes.size()).substr(4);
     all += bytes;
   }
+  for (const FleetEvent& e : group) {
+    if (!e.engine.empty()) all += "engine " + BE64(e.engine.size()).substr(4) + e.engine;
+  }
   return Sha256(all);
+}
+
+// The snapshot keys (see above): a fleet snapshot is 9 bytes; 8 bytes is an older State's.
+constexpr char kFleetSnapshotTag = 'f';
+std::string FleetSnapshotKey(std::uint64_t seq) { return BE64(seq) + kFleetSnapshotTag; }
+
+const State kNoEngine{};  // the unnamed engine's state in a journal of named engines
+
+const State& UnnamedEngine(const FleetState& fleet) {
+  auto it = fleet.engines.find("");
+  return it != fleet.engines.end() ? it->second : kNoEngine;
 }
 
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
@@ -127,22 +145,39 @@ Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   return Status::IOError(msg);
 }
 
-std::string SeqList(const std::vector<Event>& events, std::size_t from) {
+std::string SeqList(const std::vector<FleetEvent>& events, std::size_t from) {
   std::string out = "[";
   for (std::size_t i = from; i < events.size(); ++i) {
     if (i > from) out += ", ";
-    out += event_name(events[i]);
+    out += event_name(events[i].event);
+    if (!events[i].engine.empty()) out += "@" + events[i].engine;
   }
   return out + "]";
+}
+
+// A request's events with their engines; InvalidArgument when the engines do not pair up.
+Result<std::vector<FleetEvent>> GroupOf(const AppendRequest& request) {
+  const std::size_t n = request.events.size();
+  if (!request.engines.empty() && request.engines.size() != n) {
+    return Status::InvalidArgument("append names " + std::to_string(request.engines.size()) +
+                                   " engines for " + std::to_string(n) + " events");
+  }
+  std::vector<FleetEvent> group;
+  group.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    group.push_back(
+        FleetEvent{request.engines.empty() ? "" : request.engines[i], request.events[i]});
+  }
+  return group;
 }
 
 struct IdemEntry {
   std::uint64_t first_seq = 0;
   std::uint64_t last_seq = 0;
   Hash digest{};
-  std::uint64_t batch_id = 0;  // 0: durable
-  std::vector<Event> events;   // kept while pending, for Submit's duplicate answer
-  Hash last_hash{};            // kept while pending; read from record last_seq once durable
+  std::uint64_t batch_id = 0;     // 0: durable
+  std::vector<FleetEvent> group;  // kept while pending, for Submit's duplicate answer
+  Hash last_hash{};               // kept while pending; read from record last_seq once durable
 };
 
 std::string EncodeIdem(const IdemEntry& e) {
@@ -453,10 +488,11 @@ class ScanQueue {
 
 // What a load from disk produced.
 struct Loaded {
-  State state;
+  FleetState fleet;
   std::uint64_t head_seq = 0;
   Hash head_hash{};
   std::uint64_t snapshot_seq = 0;
+  bool legacy_snapshot_passed = false;  // a newer snapshot of the older format was not loaded
 };
 
 class RocksJournal final : public Journal {
@@ -472,13 +508,27 @@ class RocksJournal final : public Journal {
   Result<Ticket> Enqueue(const AppendRequest& request) override;
   Result<Submitted> Submit(const Event& input, std::int64_t wall_time_ms,
                            const std::string& client_event_id) override;
+  Result<FleetSubmitted> SubmitFleet(const FleetEvent& input, std::int64_t wall_time_ms,
+                                     const std::string& client_event_id) override;
   State state() const override {
     std::lock_guard<std::mutex> l(mu_);
-    return state_;
+    return UnnamedEngine(fleet_);
   }
   void ReadState(const std::function<void(const State&)>& read) const override {
     std::lock_guard<std::mutex> l(mu_);
-    read(state_);
+    read(UnnamedEngine(fleet_));
+  }
+  FleetState fleet_state() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return fleet_;
+  }
+  void ReadFleetState(const std::function<void(const FleetState&)>& read) const override {
+    std::lock_guard<std::mutex> l(mu_);
+    read(fleet_);
+  }
+  bool is_fleet() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return fleet_.named;
   }
   Status Wait(const Ticket& ticket) override;
   void WaitAsync(const Ticket& ticket, DurableFn done) override;
@@ -510,9 +560,11 @@ class RocksJournal final : public Journal {
   Status Scan(std::uint64_t from_seq, std::uint64_t to_seq,
               const std::function<Status(const Record&)>& visit) override;
   Result<std::vector<std::uint64_t>> RolloutSeqs(const std::string& rollout_id) override;
+  Result<FleetState> LoadFleetState() override;
+  Result<FleetState> RefoldFleet(std::uint64_t until_seq) override;
   Result<State> LoadState() override;
   Result<State> Refold(std::uint64_t until_seq) override;
-  Status WriteSnapshot(std::uint64_t seq, const State& state) override;
+  Status WriteSnapshot(std::uint64_t seq, const FleetState& fleet) override;
   Status CatchUp() override;
   Status Checkpoint(const std::string& dir) override;
   Status VerifyChecksum() override;
@@ -538,10 +590,30 @@ class RocksJournal final : public Journal {
 
   Status Usable() const;    // requires mu_
   void CheckStall() const;  // requires mu_: fails the journal once a commit is past its deadline
-  Result<Ticket> EnqueueLocked(const AppendRequest& request, const std::vector<Event>* decided,
-                               std::vector<Event>* original_decisions);
-  Result<std::optional<IdemEntry>> FindIdem(const std::string& key);  // requires mu_
-  Status CheckRolloutIdsUnused(const std::vector<Event>& events);     // requires mu_
+  // `group` is the request's events with their engines (GroupOf); `decided`: its events[1..]
+  // are fleet_decide's already. Fills `original_decisions` (when given) with events[1..].
+  Result<Ticket> EnqueueLocked(const AppendRequest& request, const std::vector<FleetEvent>& group,
+                               bool decided, std::vector<FleetEvent>* original_decisions);
+  // The group an idempotency key recorded (requires mu_).
+  Result<std::vector<FleetEvent>> IdemGroup(const IdemEntry& entry);
+  Result<FleetSubmitted> ResubmitLocked(const FleetEvent& input, const std::string& key,
+                                        const IdemEntry& entry);
+  Result<std::optional<IdemEntry>> FindIdem(const std::string& key);   // requires mu_
+  Status CheckRolloutIdsUnused(const std::vector<FleetEvent>& group);  // requires mu_
+  Result<std::optional<FleetSnapshot>> LatestSnapshot(std::uint64_t head_seq, bool* legacy_passed);
+  // EnqueueLocked's steps (each requires mu_).
+  struct EncodedGroup {
+    std::vector<std::string> records;
+    std::vector<Hash> hashes;
+  };
+  Result<Ticket> DuplicateTicket(const std::string& key, const IdemEntry& entry, const Hash& digest,
+                                 std::vector<FleetEvent>* original_decisions);
+  Status CheckDecisions(const std::vector<FleetEvent>& group) const;
+  Result<EncodedGroup> EncodeGroup(std::int64_t wall_time_ms,
+                                   const std::vector<FleetEvent>& group) const;
+  Ticket StageGroup(const std::string& key, const Hash& digest,
+                    const std::vector<FleetEvent>& group, const EncodedGroup& encoded);
+  void StageRecord(std::uint64_t seq, const Event& event, const std::string& bytes);
   void CommitterLoop();
   void WaitCommitWindow(std::unique_lock<std::mutex>& l);
   // Runs (outside mu_, which `l` holds on entry and on return) every async waiter whose batch is
@@ -562,6 +634,7 @@ class RocksJournal final : public Journal {
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
   Recovery recovery_;    // set once by Open
   bool opened_ = false;  // Open succeeded: only then may a close record a clean close
+  bool legacy_snapshot_passed_ = false;  // set by LoadHead (see Loaded)
 
   mutable std::mutex mu_;
   // Waiters of batch b sleep on batch_cv_[b % 2]. Only two batches exist at a time (the one being
@@ -569,7 +642,7 @@ class RocksJournal final : public Journal {
   std::condition_variable batch_cv_[2];
   std::condition_variable& BatchCv(std::uint64_t batch_id) { return batch_cv_[batch_id % 2]; }
   std::condition_variable commit_cv_;  // wakes the committer: a group is open, or stop
-  State state_;
+  FleetState fleet_;
   std::uint64_t head_seq_ = 0;  // last enqueued seq
   Hash head_hash_{};
   std::uint64_t durable_seq_ = 0;
@@ -729,6 +802,11 @@ Status RocksJournal::OpenWriter() {
   CheckWalTail(*wals);
   // From here on a crash must not look like a clean close.
   if (mark->has_value()) RC_RETURN_IF_ERROR(RemoveClosedMark());
+  // A journal whose newest snapshot is of the older format refolded past it: snapshot the fleet
+  // now, so that the next open does not refold again.
+  if (legacy_snapshot_passed_ && head_seq_ > 0 && options_.snapshot_every > 0) {
+    RC_RETURN_IF_ERROR(WriteSnapshot(head_seq_, fleet_));
+  }
   committer_ = std::thread([this] { CommitterLoop(); });
   return Status::OK();
 }
@@ -850,7 +928,8 @@ Status RocksJournal::LoadHead() {
     return Status(loaded.status().code(), "journal at " + path_ + ": " + loaded.status().message());
   }
   std::lock_guard<std::mutex> l(mu_);
-  state_ = std::move(loaded->state);
+  legacy_snapshot_passed_ = loaded->legacy_snapshot_passed;
+  fleet_ = std::move(loaded->fleet);
   head_seq_ = durable_seq_ = loaded->head_seq;
   head_hash_ = loaded->head_hash;
   recovery_.head_seq = head_seq_;
@@ -944,35 +1023,18 @@ Result<Loaded> RocksJournal::LoadFromDb() {
   if (!head.ok()) return head.status();
   Loaded out;
   out.head_seq = *head;
-  // Latest snapshot at or below the head.
-  {
-    rocksdb::ReadOptions ro;
-    const std::string upper = BE64(out.head_seq + 1);
-    rocksdb::Slice upper_slice(upper);
-    ro.iterate_upper_bound = &upper_slice;
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_[kSnapshotsCf]));
-    it->SeekToLast();
-    if (it->Valid()) {
-      if (it->key().size() != 8) return Status::Corruption("snapshot key is not 8 bytes");
-      out.snapshot_seq = ParseBE64(View(it->key()));
-      Result<State> st = DecodeState(View(it->value()));
-      if (!st.ok()) {
-        return Status::Corruption("snapshot at seq " + std::to_string(out.snapshot_seq) + ": " +
-                                  st.status().message());
-      }
-      if (st->counters.events != out.snapshot_seq) {
-        return Status::Corruption("snapshot at seq " + std::to_string(out.snapshot_seq) +
-                                  " counts " + std::to_string(st->counters.events) + " events");
-      }
-      out.state = std::move(st.value());
-    }
-    RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan snapshots"));
+  Result<std::optional<FleetSnapshot>> snapshot =
+      LatestSnapshot(out.head_seq, &out.legacy_snapshot_passed);
+  if (!snapshot.ok()) return snapshot.status();
+  if (snapshot->has_value()) {
+    out.snapshot_seq = (*snapshot)->events;
+    out.fleet = std::move((*snapshot)->fleet);
   }
   Result<Hash> prev = HashAt(out.snapshot_seq);
   if (!prev.ok()) return prev.status();
   out.head_hash = *prev;
   RC_RETURN_IF_ERROR(ScanRange(out.snapshot_seq + 1, out.head_seq, *prev, [&](const Record& r) {
-    Status st = apply(out.state, r.event);
+    Status st = fleet_apply(out.fleet, FleetEvent{r.engine, r.event});
     if (!st.ok()) {
       return Status::Corruption("seq " + std::to_string(r.seq) + ": " + event_name(r.event) +
                                 " does not apply to the folded state: " + st.ToString());
@@ -996,6 +1058,40 @@ Result<Loaded> RocksJournal::LoadFromDb() {
   }
   RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan events past head"));
   return out;
+}
+
+// The newest fleet snapshot at or below the head. Snapshots an older version wrote (8-byte keys,
+// one engine's State) are passed over: they lack the fleet's label order, so the fold restarts
+// from the newest fleet snapshot before them, or from seq 1.
+Result<std::optional<FleetSnapshot>> RocksJournal::LatestSnapshot(std::uint64_t head_seq,
+                                                                  bool* legacy_passed) {
+  rocksdb::ReadOptions ro;
+  const std::string upper = BE64(head_seq + 1);
+  rocksdb::Slice upper_slice(upper);
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_[kSnapshotsCf]));
+  for (it->SeekToLast(); it->Valid(); it->Prev()) {
+    const std::string_view key = View(it->key());
+    if (key.size() == 8) {
+      *legacy_passed = true;
+      continue;
+    }
+    if (key.size() != 9 || key[8] != kFleetSnapshotTag) {
+      return Status::Corruption("snapshot key of " + std::to_string(key.size()) +
+                                " bytes is not a seq and its tag");
+    }
+    const std::string at = "snapshot at seq " + std::to_string(ParseBE64(key.substr(0, 8)));
+    Result<FleetSnapshot> snapshot = DecodeFleetState(View(it->value()));
+    if (!snapshot.ok()) return Status::Corruption(at + ": " + snapshot.status().message());
+    if (snapshot->events != ParseBE64(key.substr(0, 8)) ||
+        snapshot->fleet.events != snapshot->events) {
+      return Status::Corruption(at + " counts " + std::to_string(snapshot->fleet.events) +
+                                " events");
+    }
+    return std::optional<FleetSnapshot>(std::move(snapshot.value()));
+  }
+  RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan snapshots"));
+  return std::optional<FleetSnapshot>();
 }
 
 Status RocksJournal::Usable() const {
@@ -1023,14 +1119,13 @@ Result<std::optional<IdemEntry>> RocksJournal::FindIdem(const std::string& key) 
 }
 
 Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
-                                           const std::vector<Event>* decided,
-                                           std::vector<Event>* original_decisions) {
+                                           const std::vector<FleetEvent>& group, bool decided,
+                                           std::vector<FleetEvent>* original_decisions) {
   RC_RETURN_IF_ERROR(Usable());
-  const std::vector<Event>& events = request.events;
-  if (events.empty()) return Status::InvalidArgument("append of an empty group");
-  if (events.size() > kGroupEventsMax) {
-    return Status::InvalidArgument("group of " + std::to_string(events.size()) +
-                                   " events exceeds " + std::to_string(kGroupEventsMax));
+  if (group.empty()) return Status::InvalidArgument("append of an empty group");
+  if (group.size() > kGroupEventsMax) {
+    return Status::InvalidArgument("group of " + std::to_string(group.size()) + " events exceeds " +
+                                   std::to_string(kGroupEventsMax));
   }
   if (request.client_event_id.size() > kIdBytesMax) {
     return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
@@ -1039,34 +1134,11 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
   // Idempotency first: a retried group answers with its original seqs even if the head moved.
   Hash digest{};
   if (!request.client_event_id.empty()) {
-    digest = GroupDigest(events);
+    digest = GroupDigest(group);
     Result<std::optional<IdemEntry>> found = FindIdem(request.client_event_id);
     if (!found.ok()) return found.status();
     if (found->has_value()) {
-      const IdemEntry& e = **found;
-      if (e.digest != digest) {
-        return Status::Conflict("client_event_id '" + request.client_event_id +
-                                "' was used for seqs " + std::to_string(e.first_seq) + ".." +
-                                std::to_string(e.last_seq) + " with different events");
-      }
-      if (original_decisions != nullptr) {
-        if (e.batch_id != 0) {
-          original_decisions->assign(e.events.begin() + 1, e.events.end());
-        } else {
-          for (std::uint64_t seq = e.first_seq + 1; seq <= e.last_seq; ++seq) {
-            Result<Record> r = Read(seq);
-            if (!r.ok()) return r.status();
-            original_decisions->push_back(r->event);
-          }
-        }
-      }
-      Hash last_hash = e.last_hash;
-      if (e.batch_id == 0) {
-        Result<Record> last = Read(e.last_seq);
-        if (!last.ok()) return last.status();
-        last_hash = last->hash;
-      }
-      return Ticket{AppendResult{e.first_seq, e.last_seq, last_hash, true}, e.batch_id};
+      return DuplicateTicket(request.client_event_id, **found, digest, original_decisions);
     }
   }
   if (request.expected_head_seq.has_value() && *request.expected_head_seq != head_seq_) {
@@ -1077,82 +1149,146 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
     return Status::Busy("group-commit queue full (" + std::to_string(kPendingAppendsMax) +
                         " groups pending)");
   }
-  RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(events));
-  // events[1..] must be exactly what the fold decides for events[0].
-  if (decided == nullptr) {
-    Result<std::vector<Event>> d = decide(state_, events[0]);
-    if (!d.ok()) return d.status();
-    if (d->size() != events.size() - 1 || !std::equal(d->begin(), d->end(), events.begin() + 1)) {
-      return Status::InvalidArgument(std::string("events after the input ") +
-                                     event_name(events[0]) +
-                                     " are not its decisions: decide gives " + SeqList(*d, 0) +
-                                     ", the group has " + SeqList(events, 1));
-    }
+  RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(group));
+  if (!decided) RC_RETURN_IF_ERROR(CheckDecisions(group));
+  Result<EncodedGroup> encoded = EncodeGroup(request.wall_time_ms, group);
+  if (!encoded.ok()) return encoded.status();
+  const Ticket ticket = StageGroup(request.client_event_id, digest, group, *encoded);
+  if (original_decisions != nullptr) original_decisions->assign(group.begin() + 1, group.end());
+  return ticket;
+}
+
+// The answer to a retried idempotency key: the original seqs (and decisions), or Conflict.
+Result<Ticket> RocksJournal::DuplicateTicket(const std::string& key, const IdemEntry& e,
+                                             const Hash& digest,
+                                             std::vector<FleetEvent>* original_decisions) {
+  if (e.digest != digest) {
+    return Status::Conflict("client_event_id '" + key + "' was used for seqs " +
+                            std::to_string(e.first_seq) + ".." + std::to_string(e.last_seq) +
+                            " with different events");
   }
-  // Encode before touching any state so that a refusal changes nothing.
+  if (original_decisions != nullptr) {
+    Result<std::vector<FleetEvent>> original = IdemGroup(e);
+    if (!original.ok()) return original.status();
+    original_decisions->assign(original->begin() + 1, original->end());
+  }
+  Hash last_hash = e.last_hash;
+  if (e.batch_id == 0) {
+    Result<Record> last = Read(e.last_seq);
+    if (!last.ok()) return last.status();
+    last_hash = last->hash;
+  }
+  return Ticket{AppendResult{e.first_seq, e.last_seq, last_hash, true}, e.batch_id};
+}
+
+Result<std::vector<FleetEvent>> RocksJournal::IdemGroup(const IdemEntry& e) {
+  if (e.batch_id != 0) return e.group;
+  std::vector<FleetEvent> group;
+  for (std::uint64_t seq = e.first_seq; seq <= e.last_seq; ++seq) {
+    Result<Record> r = Read(seq);
+    if (!r.ok()) return r.status();
+    group.push_back(FleetEvent{r->engine, r->event});
+  }
+  return group;
+}
+
+// events[1..] must be exactly what the fold decides for events[0].
+Status RocksJournal::CheckDecisions(const std::vector<FleetEvent>& group) const {
+  Result<std::vector<FleetEvent>> d = fleet_decide(fleet_, group[0]);
+  if (!d.ok()) return d.status();
+  if (d->size() == group.size() - 1 && std::equal(d->begin(), d->end(), group.begin() + 1)) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(std::string("events after the input ") +
+                                 event_name(group[0].event) +
+                                 " are not its decisions: decide gives " + SeqList(*d, 0) +
+                                 ", the group has " + SeqList(group, 1));
+}
+
+// Encodes before anything changes, so that a refusal (a record over the bound) changes nothing.
+Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(
+    std::int64_t wall_time_ms, const std::vector<FleetEvent>& group) const {
   const std::uint64_t first_seq = head_seq_ + 1;
-  std::vector<std::string> encoded;
-  encoded.reserve(events.size());
+  EncodedGroup out;
+  out.records.reserve(group.size());
+  out.hashes.reserve(group.size());
   Hash prev = head_hash_;
-  std::vector<Hash> hashes;
-  hashes.reserve(events.size());
-  for (std::size_t i = 0; i < events.size(); ++i) {
+  for (std::size_t i = 0; i < group.size(); ++i) {
     Record r;
     r.seq = first_seq + i;
-    r.wall_time_ms = request.wall_time_ms;
+    r.wall_time_ms = wall_time_ms;
     r.cause_seq = i == 0 ? 0 : first_seq;
     r.prev_hash = prev;
-    r.event = events[i];
-    encoded.push_back(EncodeRecord(r));
-    if (encoded.back().size() > kRecordBytesMax) {
-      return Status::InvalidArgument(std::string(event_name(events[i])) + " encodes to " +
-                                     std::to_string(encoded.back().size()) + " bytes, over " +
+    r.event = group[i].event;
+    r.engine = group[i].engine;
+    out.records.push_back(EncodeRecord(r));
+    if (out.records.back().size() > kRecordBytesMax) {
+      return Status::InvalidArgument(std::string(event_name(r.event)) + " encodes to " +
+                                     std::to_string(out.records.back().size()) + " bytes, over " +
                                      std::to_string(kRecordBytesMax));
     }
-    prev = Sha256(encoded.back());
-    hashes.push_back(prev);
+    prev = Sha256(out.records.back());
+    out.hashes.push_back(prev);
   }
-  // Commit to the in-memory fold: decide() already applied these to a copy, so they must apply.
-  for (const Event& e : events) {
-    Status st = apply(state_, e);
+  return out;
+}
+
+// Folds the accepted group and puts it into the open batch.
+Ticket RocksJournal::StageGroup(const std::string& key, const Hash& digest,
+                                const std::vector<FleetEvent>& group, const EncodedGroup& encoded) {
+  // fleet_decide already applied these to a copy, so they must apply.
+  for (const FleetEvent& e : group) {
+    Status st = fleet_apply(fleet_, e);
     if (!st.ok()) std::fprintf(stderr, "rolloutcore: journal apply: %s\n", st.ToString().c_str());
     RC_CHECK(st.ok());
   }
-  const std::uint64_t last_seq = first_seq + events.size() - 1;
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const std::uint64_t seq = first_seq + i;
-    RC_CHECK(open_batch_.Put(cfs_[kEventsCf], BE64(seq), encoded[i]).ok());
-    if (const std::string* rid = RolloutIdOf(events[i])) {
-      RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
-    }
-    if (const auto* admitted = std::get_if<RolloutAdmitted>(&events[i])) {
-      RC_CHECK(
-          open_batch_.Put(cfs_[kRolloutsCf], RolloutIdKey(admitted->rollout_id), BE64(seq)).ok());
-      admitted_pending_[admitted->rollout_id] = PendingAdmission{seq, open_batch_id_};
-    }
+  const std::uint64_t first_seq = head_seq_ + 1;
+  const std::uint64_t last_seq = head_seq_ + group.size();
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    StageRecord(first_seq + i, group[i].event, encoded.records[i]);
   }
-  if (!request.client_event_id.empty()) {
-    IdemEntry entry{first_seq, last_seq, digest, open_batch_id_, events, hashes.back()};
-    RC_CHECK(open_batch_.Put(cfs_[kIdemCf], request.client_event_id, EncodeIdem(entry)).ok());
-    idem_pending_[request.client_event_id] = std::move(entry);
+  if (!key.empty()) {
+    IdemEntry entry{first_seq, last_seq, digest, open_batch_id_, group, encoded.hashes.back()};
+    RC_CHECK(open_batch_.Put(cfs_[kIdemCf], key, EncodeIdem(entry)).ok());
+    idem_pending_[key] = std::move(entry);
   }
   const std::uint64_t every = options_.snapshot_every;
   if (every > 0 && (head_seq_ / every) != (last_seq / every)) {
-    RC_CHECK(open_batch_.Put(cfs_[kSnapshotsCf], BE64(last_seq), EncodeState(state_)).ok());
+    RC_CHECK(fleet_.events == last_seq);
+    // A snapshot past the decoder's bound is not written (it would fail the next open): the
+    // fold restarts from an earlier one.
+    std::string snapshot = EncodeFleetState(fleet_, last_seq);
+    if (snapshot.size() <= kFleetStateBytesMax) {
+      RC_CHECK(open_batch_.Put(cfs_[kSnapshotsCf], FleetSnapshotKey(last_seq), snapshot).ok());
+    } else {
+      std::fprintf(stderr, "rolloutcore: journal: snapshot at seq %llu not written: %zu bytes\n",
+                   static_cast<unsigned long long>(last_seq), snapshot.size());
+    }
   }
   head_seq_ = last_seq;
-  head_hash_ = hashes.back();
+  head_hash_ = encoded.hashes.back();
   open_groups_++;  // committed once a waiter asks for it (Wait)
   pending_groups_++;
-  if (original_decisions != nullptr) original_decisions->assign(events.begin() + 1, events.end());
-  return Ticket{AppendResult{first_seq, last_seq, hashes.back(), false}, open_batch_id_};
+  return Ticket{AppendResult{first_seq, last_seq, head_hash_, false}, open_batch_id_};
 }
 
-// Rollout ids are unique for the journal's life: an admission of an id with any record in the
-// journal (its first use is a point key) or admitted by a pending group is refused.
-Status RocksJournal::CheckRolloutIdsUnused(const std::vector<Event>& events) {
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const auto* admitted = std::get_if<RolloutAdmitted>(&events[i]);
+void RocksJournal::StageRecord(std::uint64_t seq, const Event& event, const std::string& bytes) {
+  RC_CHECK(open_batch_.Put(cfs_[kEventsCf], BE64(seq), bytes).ok());
+  if (const std::string* rid = RolloutIdOf(event)) {
+    RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
+  }
+  if (const auto* admitted = std::get_if<RolloutAdmitted>(&event)) {
+    RC_CHECK(
+        open_batch_.Put(cfs_[kRolloutsCf], RolloutIdKey(admitted->rollout_id), BE64(seq)).ok());
+    admitted_pending_[admitted->rollout_id] = PendingAdmission{seq, open_batch_id_};
+  }
+}
+
+// Rollout ids are unique for the journal's life, fleet-wide: an admission of an id with any
+// record in the journal (its first use is a point key) or admitted by a pending group is refused.
+Status RocksJournal::CheckRolloutIdsUnused(const std::vector<FleetEvent>& group) {
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    const auto* admitted = std::get_if<RolloutAdmitted>(&group[i].event);
     if (admitted == nullptr) continue;
     const std::string& id = admitted->rollout_id;
     if (id.empty() || id.size() > kIdBytesMax) {
@@ -1164,7 +1300,7 @@ Status RocksJournal::CheckRolloutIdsUnused(const std::vector<Event>& events) {
                               std::to_string(seq));
     };
     for (std::size_t j = 0; j < i; ++j) {
-      const auto* earlier = std::get_if<RolloutAdmitted>(&events[j]);
+      const auto* earlier = std::get_if<RolloutAdmitted>(&group[j].event);
       if (earlier != nullptr && earlier->rollout_id == id) return used_at(head_seq_ + 1 + j);
     }
     if (auto it = admitted_pending_.find(id); it != admitted_pending_.end())
@@ -1183,55 +1319,69 @@ Status RocksJournal::CheckRolloutIdsUnused(const std::vector<Event>& events) {
 }
 
 Result<Ticket> RocksJournal::Enqueue(const AppendRequest& request) {
+  Result<std::vector<FleetEvent>> group = GroupOf(request);
+  if (!group.ok()) return group.status();
   std::lock_guard<std::mutex> l(mu_);
-  return EnqueueLocked(request, nullptr, nullptr);
+  return EnqueueLocked(request, *group, /*decided=*/false, nullptr);
 }
 
 Result<Journal::Submitted> RocksJournal::Submit(const Event& input, std::int64_t wall_time_ms,
                                                 const std::string& client_event_id) {
+  if (is_fleet_event(input)) {
+    return Status::InvalidArgument(std::string(event_name(input)) +
+                                   " is a fleet's event: submit it with SubmitFleet");
+  }
+  Result<FleetSubmitted> fleet = SubmitFleet(FleetEvent{"", input}, wall_time_ms, client_event_id);
+  if (!fleet.ok()) return fleet.status();
+  Submitted out{fleet->ticket, {}};
+  out.decisions.reserve(fleet->decisions.size());
+  for (FleetEvent& d : fleet->decisions) {
+    // The unnamed engine's input derives only its own decisions: it has no fleet to speak for.
+    RC_CHECK(d.engine.empty() && !is_fleet_event(d.event));
+    out.decisions.push_back(std::move(d.event));
+  }
+  return out;
+}
+
+Result<Journal::FleetSubmitted> RocksJournal::SubmitFleet(const FleetEvent& input,
+                                                          std::int64_t wall_time_ms,
+                                                          const std::string& client_event_id) {
   std::lock_guard<std::mutex> l(mu_);
   RC_RETURN_IF_ERROR(Usable());
-  AppendRequest request;
-  request.client_event_id = client_event_id;
-  request.wall_time_ms = wall_time_ms;
-  request.events.push_back(input);
   // With an idempotency key, a retry must be recognised before deciding (the state moved on).
   Result<std::optional<IdemEntry>> found = std::optional<IdemEntry>();
   if (!client_event_id.empty()) found = FindIdem(client_event_id);
   if (!found.ok()) return found.status();
-  if (found->has_value()) {
-    // Same key: compare against the recorded input only (decisions depend on the state then).
-    Submitted out;
-    const IdemEntry& e = **found;
-    Result<Record> first =
-        e.batch_id != 0 ? Result<Record>(Record{0, 0, 0, {}, {}, e.events[0]}) : Read(e.first_seq);
-    if (!first.ok()) return first.status();
-    if (!(first->event == input)) {
-      return Status::Conflict("client_event_id '" + client_event_id + "' was used for seq " +
-                              std::to_string(e.first_seq) + " with a different input");
-    }
-    AppendRequest original;
-    original.client_event_id = client_event_id;
-    original.events.push_back(input);
-    if (e.batch_id != 0) {
-      original.events = e.events;
-    } else {
-      for (std::uint64_t seq = e.first_seq + 1; seq <= e.last_seq; ++seq) {
-        Result<Record> r = Read(seq);
-        if (!r.ok()) return r.status();
-        original.events.push_back(r->event);
-      }
-    }
-    Result<Ticket> t = EnqueueLocked(original, &original.events, &out.decisions);
-    if (!t.ok()) return t.status();
-    out.ticket = *t;
-    return out;
-  }
-  Result<std::vector<Event>> d = decide(state_, input);
+  if (found->has_value()) return ResubmitLocked(input, client_event_id, **found);
+  Result<std::vector<FleetEvent>> d = fleet_decide(fleet_, input);
   if (!d.ok()) return d.status();
-  request.events.insert(request.events.end(), d->begin(), d->end());
-  Submitted out;
-  Result<Ticket> t = EnqueueLocked(request, &request.events, &out.decisions);
+  AppendRequest request;
+  request.client_event_id = client_event_id;
+  request.wall_time_ms = wall_time_ms;
+  std::vector<FleetEvent> group{input};
+  group.insert(group.end(), d->begin(), d->end());
+  FleetSubmitted out;
+  Result<Ticket> t = EnqueueLocked(request, group, /*decided=*/true, &out.decisions);
+  if (!t.ok()) return t.status();
+  out.ticket = *t;
+  return out;
+}
+
+// A retried key: compared against the recorded input only (its decisions depended on the state
+// then), and answered with the original seqs and decisions.
+Result<Journal::FleetSubmitted> RocksJournal::ResubmitLocked(const FleetEvent& input,
+                                                             const std::string& key,
+                                                             const IdemEntry& entry) {
+  Result<std::vector<FleetEvent>> original = IdemGroup(entry);
+  if (!original.ok()) return original.status();
+  if (!((*original)[0] == input)) {
+    return Status::Conflict("client_event_id '" + key + "' was used for seq " +
+                            std::to_string(entry.first_seq) + " with a different input");
+  }
+  AppendRequest request;
+  request.client_event_id = key;
+  FleetSubmitted out;
+  Result<Ticket> t = EnqueueLocked(request, *original, /*decided=*/true, &out.decisions);
   if (!t.ok()) return t.status();
   out.ticket = *t;
   return out;
@@ -1394,16 +1544,6 @@ Result<AppendResult> RocksJournal::Append(const AppendRequest& request) {
   return t->result;
 }
 
-// This journal folds one engine: a record that names an engine, or a fleet's own event, comes
-// from a fleet's journal (or forged bytes) and is never folded as if it were that engine's.
-static Status CheckOneEngine(const Record& r) {
-  if (r.engine.empty() && !is_fleet_event(r.event)) return Status::OK();
-  return Status::Corruption(
-      "seq " + std::to_string(r.seq) + " is a fleet's record (" +
-      (r.engine.empty() ? std::string(event_name(r.event)) : std::string("it names an engine")) +
-      "); this journal holds one engine");
-}
-
 Result<Record> RocksJournal::Read(std::uint64_t seq) {
   std::string v;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kEventsCf], BE64(seq), &v);
@@ -1416,7 +1556,6 @@ Result<Record> RocksJournal::Read(std::uint64_t seq) {
     return Status::Corruption("seq " + std::to_string(seq) + ": stored record says seq " +
                               std::to_string(r->seq));
   }
-  RC_RETURN_IF_ERROR(CheckOneEngine(*r));
   return r;
 }
 
@@ -1458,7 +1597,6 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
       return Status::Corruption(name() + ": cause_seq " + std::to_string(r->cause_seq) +
                                 " is not before it");
     }
-    RC_RETURN_IF_ERROR(CheckOneEngine(*r));
     prev = r->hash;
     RC_RETURN_IF_ERROR(visit(*r));
     ++expect;
@@ -1548,26 +1686,42 @@ Result<std::vector<std::uint64_t>> RocksJournal::RolloutSeqs(const std::string& 
   return out;
 }
 
-Result<State> RocksJournal::LoadState() {
+Result<FleetState> RocksJournal::LoadFleetState() {
   Result<Loaded> loaded = LoadFromDb();
   if (!loaded.ok()) return loaded.status();
-  return std::move(loaded->state);
+  return std::move(loaded->fleet);
 }
 
-Result<State> RocksJournal::Refold(std::uint64_t until_seq) {
-  State s;
+Result<FleetState> RocksJournal::RefoldFleet(std::uint64_t until_seq) {
+  FleetState fleet;
   RC_RETURN_IF_ERROR(Scan(1, until_seq, [&](const Record& r) {
-    Status st = apply(s, r.event);
+    Status st = fleet_apply(fleet, FleetEvent{r.engine, r.event});
     if (!st.ok()) {
       return Status::Corruption("seq " + std::to_string(r.seq) + ": " + event_name(r.event) +
                                 " does not apply: " + st.ToString());
     }
     return Status::OK();
   }));
-  return s;
+  return fleet;
 }
 
-Status RocksJournal::WriteSnapshot(std::uint64_t seq, const State& state) {
+namespace {
+Result<State> UnnamedEngineOf(Result<FleetState> fleet) {
+  if (!fleet.ok()) return fleet.status();
+  if (fleet->named) {
+    return Status::InvalidArgument("the journal holds a fleet of named engines, not one engine");
+  }
+  return UnnamedEngine(*fleet);
+}
+}  // namespace
+
+Result<State> RocksJournal::LoadState() { return UnnamedEngineOf(LoadFleetState()); }
+
+Result<State> RocksJournal::Refold(std::uint64_t until_seq) {
+  return UnnamedEngineOf(RefoldFleet(until_seq));
+}
+
+Status RocksJournal::WriteSnapshot(std::uint64_t seq, const FleetState& fleet) {
   {
     std::lock_guard<std::mutex> l(mu_);
     RC_RETURN_IF_ERROR(Usable());
@@ -1578,15 +1732,15 @@ Status RocksJournal::WriteSnapshot(std::uint64_t seq, const State& state) {
     }
   }
   // A cheap guard against a snapshot of the wrong point: the fold counts every event applied.
-  if (state.counters.events != seq) {
-    return Status::InvalidArgument("snapshot state counts " +
-                                   std::to_string(state.counters.events) + " events, not " +
-                                   std::to_string(seq));
+  if (fleet.events != seq) {
+    return Status::InvalidArgument("snapshot state counts " + std::to_string(fleet.events) +
+                                   " events, not " + std::to_string(seq));
   }
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
-  return FromRocks(db_->Put(wo, cfs_[kSnapshotsCf], BE64(seq), EncodeState(state)),
-                   "write snapshot");
+  return FromRocks(
+      db_->Put(wo, cfs_[kSnapshotsCf], FleetSnapshotKey(seq), EncodeFleetState(fleet, seq)),
+      "write snapshot");
 }
 
 Status RocksJournal::CatchUp() {
@@ -1599,15 +1753,15 @@ Status RocksJournal::CatchUp() {
     return Status::Corruption("primary head " + std::to_string(*head) + " is behind " +
                               std::to_string(head_seq_) + " seen before");
   }
-  State next = state_;
+  FleetState next = fleet_;
   Hash hash = head_hash_;
   RC_RETURN_IF_ERROR(ScanRange(head_seq_ + 1, *head, head_hash_, [&](const Record& r) {
-    Status st = apply(next, r.event);
+    Status st = fleet_apply(next, FleetEvent{r.engine, r.event});
     if (!st.ok()) return Status::Corruption("seq " + std::to_string(r.seq) + ": " + st.ToString());
     hash = r.hash;
     return Status::OK();
   }));
-  state_ = std::move(next);
+  fleet_ = std::move(next);
   head_seq_ = durable_seq_ = *head;
   head_hash_ = hash;
   return Status::OK();

@@ -449,6 +449,11 @@ Status Service::OpenJournal() {
   jo.commit_window_us = config_.journal_commit_window_us;
   auto opened = journal::Journal::Open(config_.journal_path, jo);
   if (!opened.ok()) return opened.status();
+  if ((*opened)->is_fleet()) {
+    // Serving drives one engine: the fleet's engines would be neither driven nor watched.
+    return Status::InvalidArgument("journal at " + config_.journal_path +
+                                   " holds a fleet of named engines; `serve` drives one engine");
+  }
   journal_ = std::move(opened.value());
   LogRecovery(journal_->recovery());
   RC_CHECK(journal_ != nullptr);

@@ -154,7 +154,8 @@ std::string one(const FleetUpdateRequested& e) {
   return "update=" + q(e.update_id) + " mode=" + fleet_update_mode_name(e.mode) +
          " batch_max=" + std::to_string(e.batch_max) +
          " min_healthy=" + std::to_string(e.min_healthy) + " target=" + q(e.target_label) + " " +
-         identity(e.identity) + (e.source_uri.empty() ? "" : " source=" + e.source_uri);
+         identity(e.identity) + (e.source_uri.empty() ? "" : " source=" + e.source_uri) +
+         (e.expected_digest.empty() ? "" : " expected_digest=" + e.expected_digest.substr(0, 16));
 }
 std::string one(const FleetUpdateEnded& e) {
   return "update=" + q(e.update_id) + " " + fleet_outcome_name(e.outcome) +

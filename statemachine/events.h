@@ -372,6 +372,9 @@ struct FleetUpdateRequested {
   std::string target_label;
   WeightIdentity identity;
   std::string source_uri;
+  // The trainer's digest of the target weights (lowercase hex), for engines of one layout: each
+  // member then publishes only if the digest it reads while paused equals it. "": none.
+  std::string expected_digest;
   bool operator==(const FleetUpdateRequested&) const = default;
 };
 

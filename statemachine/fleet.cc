@@ -14,10 +14,11 @@ const State kUnbornEngine{};  // what the implicit engine "" is before its first
 
 std::string quoted(const std::string& engine) { return "engine '" + engine + "'"; }
 
-// The engine a per-engine event names: a member, or the implicit "" of a fleet nobody joined.
+// The engine a per-engine event names: a member, or the implicit "" of a journal of one engine,
+// born by the journal's very first event (never after a fleet event).
 Result<const State*> engine_of(const FleetState& f, const std::string& engine) {
   if (auto it = f.engines.find(engine); it != f.engines.end()) return &it->second;
-  if (engine.empty() && f.engines.empty() && !f.named) return &kUnbornEngine;
+  if (engine.empty() && f.engines.empty() && !f.named && f.events == 0) return &kUnbornEngine;
   return Status::NotFound("no " + quoted(engine) + " in the fleet");
 }
 
@@ -100,9 +101,9 @@ Status check_member_update(const FleetState& f, const std::string& engine,
   }
   const FleetUpdateRequested& r = fu.request;
   if (u.target_label != r.target_label || !(u.identity == r.identity) ||
-      u.source_uri != r.source_uri) {
+      u.source_uri != r.source_uri || u.expected_digest != r.expected_digest) {
     return Status::InvalidArgument("a member's update must carry fleet update '" + r.update_id +
-                                   "''s label, identity and source");
+                                   "''s label, identity, source and expected digest");
   }
   if (r.mode == FleetUpdateMode::kAll) return Status::OK();
   if (updating_members(fu) >= r.batch_max) {
@@ -206,21 +207,23 @@ bool member_updating(const FleetState& f, const std::string& engine) {
 }
 
 // An updating member's plan ends only after its UpdateEnded told the fleet how: a history in
-// which the plan vanishes first is forged (the fold derives the end before the last edge).
+// which the plan vanishes first is forged (the fold derives the end before the last edge). A plan
+// ends only by a transition to READY, SLEEPING or TAINTED (lifecycle.cc), so that is refused
+// before the engine's fold takes the event, without copying the engine (O(labels) per event).
 Status apply_to_updating_member(State& s, const std::string& update_id, const Event& e) {
-  State next = s;
-  RC_RETURN_IF_ERROR(apply(next, e));
-  if (!next.update || next.update->update_id != update_id) {
+  const auto* c = std::get_if<StateChanged>(&e);
+  const bool ends = c != nullptr && (c->to == Lifecycle::kReady || c->to == Lifecycle::kSleeping ||
+                                     c->to == Lifecycle::kTainted);
+  if (ends || !s.update || s.update->update_id != update_id) {
     return Status::Rejected("the fleet update's plan on this engine ends without its UpdateEnded");
   }
-  s = std::move(next);
+  RC_RETURN_IF_ERROR(apply(s, e));
+  RC_CHECK(s.update && s.update->update_id == update_id);
   return Status::OK();
 }
 
-Status apply_engine_event(FleetState& f, const std::string& engine, const Event& e) {
-  Result<const State*> found = engine_of(f, engine);
-  if (!found.ok()) return found.status();
-  RC_RETURN_IF_ERROR(check_engine_rules(f, engine, e));
+// The engine's fold and the fleet's records of it, once the fleet's rules accepted the event.
+Status fold_engine_event(FleetState& f, const std::string& engine, const Event& e) {
   if (f.engines.count(engine) == 0) {  // the implicit engine's first event
     State born;
     RC_RETURN_IF_ERROR(apply(born, e));
@@ -234,6 +237,28 @@ Status apply_engine_event(FleetState& f, const std::string& engine, const Event&
   }
   note_engine_event(f, engine, e);
   return Status::OK();
+}
+
+Status apply_engine_event(FleetState& f, const std::string& engine, const Event& e) {
+  Result<const State*> found = engine_of(f, engine);
+  if (!found.ok()) return found.status();
+  RC_RETURN_IF_ERROR(check_engine_rules(f, engine, e));
+  return fold_engine_event(f, engine, e);
+}
+
+// What an engine's input can change in the fleet that settle() reads: that engine, and the
+// fleet's removal and update records (O(one engine), not O(fleet)). settle() on this view is
+// exact: no leaving engine other than this one is idle (check_fleet_invariants), and the label
+// registry is written here but never read by settle().
+FleetState engine_view(const FleetState& f, const std::string& engine, const State& s) {
+  FleetState view;
+  view.engines.emplace(engine, s);
+  if (f.leaving.count(engine) != 0) view.leaving.insert(engine);
+  view.policy = f.policy;
+  view.named = f.named;
+  view.next_generation = f.next_generation;
+  view.update = f.update;
+  return view;
 }
 
 // ---- fleet events ----
@@ -308,6 +333,7 @@ Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
   }
   RC_RETURN_IF_ERROR(check_client_text("source_uri", r.source_uri));
   RC_RETURN_IF_ERROR(check_weight_identity(r.identity));
+  RC_RETURN_IF_ERROR(check_digest("expected_digest", r.expected_digest, false));
   if (f.update) {
     return Status::Rejected("fleet update '" + f.update->request.update_id + "' is in flight");
   }
@@ -391,6 +417,11 @@ Status apply_one(FleetState& f, const FleetUpdateCancelled& c) {
 Status apply_fleet_event(FleetState& f, const FleetEvent& e) {
   RC_CHECK(is_fleet_event(e.event));
   if (!e.engine.empty()) return Status::InvalidArgument("a fleet event names no engine");
+  if (f.engines.count("") != 0) {
+    return Status::Rejected(
+        "this journal drives one unnamed engine; no engine can join it and it takes no fleet "
+        "event");
+  }
   return std::visit(Overloaded{
                         [&](const FleetConfigured& x) { return apply_one(f, x); },
                         [&](const EngineJoined& x) { return apply_one(f, x); },
@@ -461,9 +492,30 @@ bool member_ended(MemberStatus s) {
   return s != MemberStatus::kPending && s != MemberStatus::kUpdating;
 }
 
+const char* member_status_name(MemberStatus s) {
+  switch (s) {
+    case MemberStatus::kPending:
+      return "pending";
+    case MemberStatus::kUpdating:
+      return "updating";
+    case MemberStatus::kCommitted:
+      return "committed";
+    case MemberStatus::kRefused:
+      return "refused";
+    case MemberStatus::kTainted:
+      return "tainted";
+    case MemberStatus::kSkipped:
+      return "skipped";
+  }
+  return "unknown";
+}
+
 Status fleet_apply(FleetState& fleet, const FleetEvent& event) {
-  if (is_fleet_event(event.event)) return apply_fleet_event(fleet, event);
-  return apply_engine_event(fleet, event.engine, event.event);
+  Status applied = is_fleet_event(event.event)
+                       ? apply_fleet_event(fleet, event)
+                       : apply_engine_event(fleet, event.engine, event.event);
+  if (applied.ok()) fleet.events++;
+  return applied;
 }
 
 Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const FleetEvent& input) {
@@ -484,6 +536,11 @@ Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const Flee
     if (!own.ok()) return own.status();
     RC_RETURN_IF_ERROR(check_engine_rules(fleet, input.engine, *e));
     for (Event& d : *own) out.push_back(FleetEvent{input.engine, std::move(d)});
+    FleetState view = engine_view(fleet, input.engine, **s);
+    RC_RETURN_IF_ERROR(fold_engine_event(view, input.engine, *e));
+    for (const FleetEvent& d : out) RC_CHECK(fold_engine_event(view, d.engine, d.event).ok());
+    settle(view, out);
+    return out;
   }
   FleetState after = fleet;
   RC_RETURN_IF_ERROR(fleet_apply(after, input));
@@ -552,7 +609,7 @@ std::vector<std::string> admitting_engines(const FleetState& fleet) {
 UpdateRequested member_update_request(const FleetState& fleet) {
   RC_CHECK(fleet.update.has_value());
   const FleetUpdateRequested& r = fleet.update->request;
-  return UpdateRequested{r.update_id, r.target_label, r.identity, r.source_uri};
+  return UpdateRequested{r.update_id, r.target_label, r.identity, r.source_uri, r.expected_digest};
 }
 
 namespace {
@@ -655,7 +712,10 @@ std::string check_fleet_invariants(const FleetState& fleet) {
     if (std::string bad = check_invariants(s); !bad.empty()) return quoted(id) + ": " + bad;
   }
   for (const std::string& id : fleet.leaving) {
-    if (fleet.engines.count(id) == 0) return "a leaving engine is not in the fleet";
+    auto it = fleet.engines.find(id);
+    if (it == fleet.engines.end()) return "a leaving engine is not in the fleet";
+    // An engine that leaves is removed in the group that idles it (settle_removals).
+    if (it->second.active.empty() && !it->second.update) return quoted(id) + " left but stays";
   }
   if (std::string bad = check_rollouts_disjoint(fleet); !bad.empty()) return bad;
   if (std::string bad = check_generations(fleet); !bad.empty()) return bad;

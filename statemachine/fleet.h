@@ -54,6 +54,7 @@ enum class MemberStatus : std::uint8_t {
   kSkipped = 5,  // TAINTED (quarantined) before its own update started, or cancelled
 };
 bool member_ended(MemberStatus s);
+const char* member_status_name(MemberStatus s);
 
 struct FleetUpdate {
   FleetUpdateRequested request;
@@ -72,6 +73,7 @@ struct FleetState {
   bool named = false;  // an engine ever joined: the implicit unnamed engine never exists
   std::optional<FleetUpdate> update;
   std::uint64_t fleet_updates_ended = 0;
+  std::uint64_t events = 0;  // events applied: the journal seq this state is the fold of
   bool operator==(const FleetState&) const = default;
 };
 

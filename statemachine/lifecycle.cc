@@ -61,8 +61,6 @@ Status check_client_text(const char* what, const std::string& s) {
   return Status::OK();
 }
 
-namespace {
-
 Status check_digest(const char* what, const std::string& s, bool required) {
   if (s.empty()) {
     if (required) return Status::InvalidArgument(std::string(what) + " is empty");
@@ -74,6 +72,8 @@ Status check_digest(const char* what, const std::string& s, bool required) {
   }
   return Status::OK();
 }
+
+namespace {
 
 Status check_identity(const WeightIdentity& id) {
   RC_RETURN_IF_ERROR(check_digest("identity.manifest_digest", id.manifest_digest, true));

@@ -161,6 +161,8 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id,
 // The fold's rule for a declared identity (digests, checkpoint text, run id, step): the fleet
 // checks a fleet update's target with it before any member is asked.
 [[nodiscard]] Status check_weight_identity(const WeightIdentity& identity);
+// A digest: lowercase hex of at most kDigestBytesMax chars; empty only when not `required`.
+[[nodiscard]] Status check_digest(const char* what, const std::string& s, bool required);
 
 // Whether the state admits rollouts, and if not, why (for 503 messages and /readyz).
 bool admits(const State& state);

@@ -1,5 +1,6 @@
-// Writes the decoder fuzz seed corpus: one encoded record per event alternative (selector 0) and
-// a few encoded snapshots of folded legal histories (selector 1). usage: make_seeds DIR
+// Writes the decoder fuzz seed corpus: one encoded record per event alternative (selector 0), a
+// few encoded snapshots of folded legal histories (selector 1), and fleet snapshots (selector 3:
+// an empty fleet, and two engines bootstrapped). usage: make_seeds DIR
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -27,6 +28,15 @@ int main(int argc, char** argv) {
     rc::journal::testing::RandomHistory(seed, 60, &s);
     put('\1', rc::journal::EncodeState(s));
   }
+  rc::FleetState fleet;
+  put('\3', rc::journal::EncodeFleetState(fleet, 0));
+  for (const char* engine : {"a", "b"}) {
+    RC_CHECK(rc::fleet_step(fleet, rc::FleetEvent{"", rc::EngineJoined{engine}}).ok());
+    for (const std::vector<rc::Event>& group : rc::journal::testing::BootstrapGroups()) {
+      RC_CHECK(rc::fleet_step(fleet, rc::FleetEvent{engine, group[0]}).ok());
+    }
+  }
+  put('\3', rc::journal::EncodeFleetState(fleet, fleet.events));
   std::printf("%d seeds in %s\n", n, dir.c_str());
   return 0;
 }

@@ -10,6 +10,7 @@
 #include "journal/events_generated.h"
 #include "journal/json.h"
 #include "tests/journal/test_util.h"
+#include "tests/statemachine/fleet_helpers.h"
 
 namespace rc::journal {
 namespace {
@@ -274,6 +275,184 @@ TEST(Json, NamesTypesAndEnums) {
   EXPECT_EQ(sj["lifecycle"], "UNINITIALIZED");
   EXPECT_EQ(sj["active"]["r1"]["version"]["label"], "rc-0");
   EXPECT_TRUE(sj["update"].is_null());
+}
+
+// ---- fleet snapshots ----
+
+using rc::test::FleetDriver;
+
+// Engines a..e on rc-0, then: g joined and never bootstrapped (UNINITIALIZED), e leaving with a
+// rollout, u0 refused whole, and u1 (`all`, rc-1) cancelled with a committed on rc-1, b TAINTED by
+// an ambiguous transfer, c draining for its rollout (still updating) and d skipped.
+FleetDriver BusyFleet() {
+  FleetDriver d;
+  const std::vector<std::string> ids = {"a", "b", "c", "d", "e"};
+  for (const std::string& id : ids) d.join(id);
+  for (const std::string& id : ids) d.bootstrap(id);
+  d.join("g");
+  d.ok(FleetEvent{"", FleetConfigured{1, 0}});
+  d.admit("c");
+  d.admit("d");
+  d.admit("e");
+  d.ok(FleetEvent{"", EngineRemovalRequested{"e"}});
+  d.ok(FleetEvent{"", d.fleet_update("u0", FleetUpdateMode::kAll, "rc-1", 1, 10)});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  for (const std::string id : {"a", "b", "c"}) d.ok(id, d.member_update(u));
+  d.run_update("a");
+  d.run_update("b", /*ambiguous=*/true);
+  d.run_update("c");  // waits for its rollout
+  d.ok(FleetEvent{"", FleetUpdateCancelled{"u1", "operator: rollback window"}});
+  return d;
+}
+
+// Proves an empty fleet and a journal's one unnamed engine survive the fleet snapshot codec with
+// their event count; catches a default-valued field, or the unnamed engine's "" name, lost.
+TEST(FleetCodec, RoundTripsAnEmptyFleetAndTheUnnamedEngine) {
+  Result<FleetSnapshot> empty = DecodeFleetState(EncodeFleetState(FleetState{}, 0));
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ(empty->fleet, FleetState{});
+  EXPECT_EQ(empty->events, 0u);
+
+  FleetDriver one;
+  one.bootstrap("");
+  one.admit("");
+  ASSERT_EQ(one.f.engines.count(""), 1u);
+  Result<FleetSnapshot> out = DecodeFleetState(EncodeFleetState(one.f, one.f.events));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->fleet, one.f);
+  EXPECT_EQ(out->events, one.accepted.size());
+}
+
+// Proves a fleet with engines in four lifecycles, rollouts, a leaving engine, two generations, an
+// ended and an open cancelled fleet update survives the codec, re-encodes to the same bytes and
+// folds on exactly as the original; catches any FleetState or member field the codec drops.
+TEST(FleetCodec, RoundTripsABusyFleet) {
+  FleetDriver d = BusyFleet();
+  ASSERT_TRUE(d.f.update.has_value());
+  const std::map<std::string, MemberStatus> members = {{"a", MemberStatus::kCommitted},
+                                                       {"b", MemberStatus::kTainted},
+                                                       {"c", MemberStatus::kUpdating},
+                                                       {"d", MemberStatus::kSkipped}};
+  ASSERT_EQ(d.f.update->members, members);
+  ASSERT_EQ(d.f.update->cancelled, "operator: rollback window");
+  ASSERT_EQ(d.engine("a").lifecycle, Lifecycle::kReady);
+  ASSERT_EQ(d.engine("b").lifecycle, Lifecycle::kTainted);
+  ASSERT_EQ(d.engine("c").lifecycle, Lifecycle::kDraining);
+  ASSERT_EQ(d.engine("c").active.size(), 1u);
+  ASSERT_EQ(d.engine("g").lifecycle, Lifecycle::kUninitialized);
+  ASSERT_EQ(d.f.leaving, std::set<std::string>{"e"});
+  ASSERT_EQ(d.f.label_generation.size(), 2u);
+  ASSERT_EQ(d.f.fleet_updates_ended, 1u);
+
+  const std::string bytes = EncodeFleetState(d.f, d.f.events);
+  Result<FleetSnapshot> out = DecodeFleetState(bytes);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->events, d.accepted.size());
+  EXPECT_EQ(out->fleet, d.f);
+  EXPECT_EQ(out->fleet, d.refold());
+  EXPECT_EQ(EncodeFleetState(out->fleet, out->events), bytes);
+
+  FleetDriver again = d;
+  again.f = out->fleet;
+  for (FleetDriver* x : {&d, &again}) {
+    x->ok("c", RolloutFinished{"r1", RolloutOutcome::kCompleted, 1, 1});
+    x->run_update("c");
+  }
+  EXPECT_FALSE(again.f.update.has_value());
+  EXPECT_EQ(again.f, d.f);
+}
+
+// Proves every single-byte change of a fleet snapshot, its truncations and an extension are
+// refused as Corruption by the hash; catches a decoder that trusts altered bytes or crashes.
+TEST(FleetCodec, RefusesEveryByteFlipAndTruncation) {
+  const FleetDriver d = BusyFleet();
+  const std::string bytes = EncodeFleetState(d.f, d.f.events);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    std::string flipped = bytes;
+    flipped[i] = static_cast<char>(flipped[i] ^ (1 << (i % 8)));
+    Result<FleetSnapshot> r = DecodeFleetState(flipped);
+    ASSERT_FALSE(r.ok()) << "byte " << i;
+    ASSERT_EQ(r.status().code(), Code::kCorruption) << "byte " << i;
+    ASSERT_NE(r.status().message().find("fleet snapshot hash mismatch"), std::string::npos)
+        << "byte " << i << ": " << r.status().message();
+  }
+  for (std::size_t len :
+       {std::size_t{0}, std::size_t{39}, std::size_t{40}, bytes.size() / 2, bytes.size() - 1}) {
+    Result<FleetSnapshot> r = DecodeFleetState(std::string_view(bytes).substr(0, len));
+    ASSERT_FALSE(r.ok()) << "length " << len;
+    EXPECT_EQ(r.status().code(), Code::kCorruption);
+  }
+  EXPECT_EQ(DecodeFleetState(bytes + "x").status().code(), Code::kCorruption);
+}
+
+// A hand-built fleet snapshot with a valid hash (what a buggy writer could store). Its defaults
+// decode: engine "a" (UNINITIALIZED), named, and an open update whose member "a" is skipped.
+struct ForgedFleet {
+  std::vector<std::string> engines = {"a"};
+  std::vector<std::string> leaving;
+  std::uint8_t member_status = static_cast<std::uint8_t>(MemberStatus::kSkipped);
+  bool named = true;
+  bool engine_altered = false;  // one byte of engine "a"'s own snapshot changed
+
+  std::string Bytes() const {
+    flatbuffers::FlatBufferBuilder b;
+    std::vector<flatbuffers::Offset<fb::FleetEngineState>> list;
+    for (const std::string& name : engines) {
+      std::string state = EncodeState(State{});
+      if (engine_altered) state[4] = static_cast<char>(state[4] ^ 1);
+      auto n = b.CreateString(name);
+      auto s = b.CreateVector(reinterpret_cast<const std::uint8_t*>(state.data()), state.size());
+      list.push_back(fb::CreateFleetEngineState(b, n, s));
+    }
+    auto engines_vec = b.CreateVector(list);
+    auto leaving_vec = b.CreateVectorOfStrings(leaving);
+    const std::string digest(64, 'b');
+    auto id = fb::CreateWeightIdentityDirect(b, digest.c_str(), "", "/ckpt/b", "run-1", 1);
+    auto request =
+        fb::CreateFleetUpdateRequestedDirect(b, "u1", fb::FleetUpdateMode::All, 1, 1, "rc-1", id);
+    std::vector<flatbuffers::Offset<fb::FleetMember>> members = {
+        fb::CreateFleetMemberDirect(b, "a", member_status)};
+    auto update = fb::CreateFleetUpdateStateDirect(b, request, &members);
+    b.Finish(
+        fb::CreateFleetSnapshotState(b, 3, engines_vec, leaving_vec, 0, 0, 0, 0, named, update));
+    std::string out(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+    const Hash h = Sha256(out);
+    return out.append(reinterpret_cast<const char*>(h.data()), h.size());
+  }
+};
+
+std::string ForgedError(const ForgedFleet& forged) {
+  Result<FleetSnapshot> r = DecodeFleetState(forged.Bytes());
+  if (r.ok()) return "decoded";
+  EXPECT_EQ(r.status().code(), Code::kCorruption);
+  return r.status().message();
+}
+
+// Proves a forged snapshot whose hash is valid is still refused, naming why, when it holds two
+// engines of one name, a member status out of range, too many engines, an altered engine snapshot,
+// a leaving engine outside the fleet or a named engine in an unnamed fleet; catches a decoder that
+// trusts the hash alone (the forgery's defaults decode, so each refusal is the one change's).
+TEST(FleetCodec, RefusesForgedFleetsWithAValidHash) {
+  Result<FleetSnapshot> valid = DecodeFleetState(ForgedFleet{}.Bytes());
+  ASSERT_TRUE(valid.ok()) << valid.status().ToString();
+  EXPECT_EQ(valid->fleet.update->members.at("a"), MemberStatus::kSkipped);
+  EXPECT_EQ(valid->events, 3u);
+  EXPECT_EQ(valid->fleet.events, 3u);
+
+  const auto expect_refused = [](const ForgedFleet& forged, const std::string& why) {
+    const std::string error = ForgedError(forged);
+    EXPECT_NE(error.find(why), std::string::npos) << error;
+  };
+  expect_refused(ForgedFleet{.engines = {"a", "a"}}, "duplicate engine 'a'");
+  expect_refused(ForgedFleet{.member_status = 6}, "FleetMember.status value 6 out of range");
+  std::vector<std::string> many;
+  for (std::size_t i = 0; i <= kFleetEnginesMax; ++i) many.push_back("e" + std::to_string(i));
+  expect_refused(ForgedFleet{.engines = many}, "more than 256 engines");
+  expect_refused(ForgedFleet{.engine_altered = true}, "engine 'a': snapshot hash mismatch");
+  expect_refused(ForgedFleet{.leaving = {"z"}},
+                 "fleet invariant broken: a leaving engine is not in the fleet");
+  expect_refused(ForgedFleet{.named = false}, "a named engine in a fleet nobody joined");
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ TEST(FailStop, WalWriteAndSyncErrorsFailTheJournalForGood) {
         Result<AppendResult> later = Admit(*j, "r3");
         ASSERT_FALSE(later.ok());
         EXPECT_EQ(later.status().ToString(), failed.status().ToString());
-        EXPECT_FALSE(j->WriteSnapshot(acked, j->state()).ok());
+        EXPECT_FALSE(j->WriteSnapshot(acked, j->fleet_state()).ok());
       }
       auto reopened = OpenOk(dir.path(), o);
       EXPECT_FALSE(reopened->recovery().clean_close) << "a failed journal recorded a clean close";

@@ -257,11 +257,12 @@ TEST(Store, WriteSnapshotAndCheckpoint) {
   o.snapshot_every = 0;
   auto j = OpenOk(dir.path(), o);
   Bootstrap(*j);
-  Result<State> at3 = j->Refold(3);
+  Result<FleetState> at3 = j->RefoldFleet(3);
   ASSERT_TRUE(at3.ok());
   EXPECT_EQ(j->WriteSnapshot(4, *at3).code(), Code::kInvalidArgument);
   ASSERT_TRUE(j->WriteSnapshot(3, *at3).ok());
   EXPECT_EQ(*j->LoadState(), j->state());
+  EXPECT_EQ(*j->LoadFleetState(), j->fleet_state());
   ASSERT_TRUE(j->Checkpoint(dir.sub("cp")).ok());
   ASSERT_TRUE(j->Append(Group({make_admission(j->state(), "after")})).ok());
   ASSERT_TRUE(j->VerifyChecksum().ok());

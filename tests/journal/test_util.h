@@ -73,7 +73,7 @@ inline std::vector<Event> SampleEvents() {
       EngineRemovalRequested{"engine-a"},
       EngineRemoved{"engine-a"},
       FleetUpdateRequested{"fu-1", FleetUpdateMode::kRolling, 2, 3, "rc-5", SampleIdentity(),
-                           "safetensors:/ckpt/rc-5"},
+                           "safetensors:/ckpt/rc-5", std::string(64, 'e')},
       FleetUpdateEnded{"fu-1", FleetOutcome::kPartial, 2, 1, 1, 1, "one engine tainted"},
       FleetUpdateCancelled{"fu-1", "operator"},
   };
@@ -120,7 +120,7 @@ inline Event RandomEvent(std::mt19937_64& rng) {
           str(), static_cast<FleetUpdateMode>(rng() % (kFleetUpdateModeMax + 1)),
           u32(), u32(),
           str(), id(),
-          str()};
+          str(), str()};
     case 29:
       return FleetUpdateEnded{str(), static_cast<FleetOutcome>(rng() % (kFleetOutcomeMax + 1)),
                               u32(), u32(),
