@@ -10,6 +10,7 @@
 
 #include "journal/json.h"
 #include "statemachine/describe.h"
+#include "statemachine/fleet_history.h"
 #include "statemachine/text.h"
 
 namespace rc::audit {
@@ -258,26 +259,117 @@ class EngineWatch {
   std::pair<std::string, std::string> plan_;  // the last plan requested: its kind and its id
 };
 
-// One pass over the journal: chain (by Scan), history entries, the version table.
-struct Pass {
-  std::vector<HistoryEntry> history;
+// One engine's view while scanning: its version table and its health watch.
+struct EnginePass {
   VersionTable versions;
-  EngineWatch engine;
-  State state;
+  EngineWatch watch;
+};
+
+const State kNoEngine{};
+
+const State& EngineState(const FleetState& fleet, const std::string& engine) {
+  auto it = fleet.engines.find(engine);
+  return it != fleet.engines.end() ? it->second : kNoEngine;
+}
+
+// One pass over the journal: chain (by Scan), history entries, each engine's version table and
+// health. A journal of one engine is the fleet of the unnamed engine "". An engine removed and
+// joined again is a new life, audited apart ("e (life 2)"): its generations start again.
+struct Pass {
+  std::vector<FleetHistoryEntry> history;
+  std::map<std::string, EnginePass> engines;  // by LifeName
+  std::map<std::string, std::uint32_t> lives;
+  FleetState fleet;
+  bool named = false;  // some record names an engine or is the fleet's own
   Status scanned;
+
+  std::string LifeName(const std::string& engine) const {
+    auto it = lives.find(engine);
+    const std::uint32_t life = it == lives.end() ? 1 : it->second;
+    return life <= 1 ? engine : engine + " (life " + std::to_string(life) + ")";
+  }
+
+  void Observe(const journal::Record& r) {
+    named = named || !r.engine.empty() || is_fleet_event(r.event);
+    if (const auto* joined = std::get_if<EngineJoined>(&r.event)) lives[joined->engine]++;
+    if (!is_fleet_event(r.event)) {
+      EnginePass& e = engines[LifeName(r.engine)];
+      e.versions.Observe(r, EngineState(fleet, r.engine));
+      e.watch.Observe(r);
+    }
+    // The fold here only feeds the version tables; legality is the history checker's verdict.
+    fleet_apply(fleet, FleetEvent{r.engine, r.event}).IgnoreError();
+  }
 };
 
 Pass ScanAll(journal::Journal& journal) {
   Pass pass;
   pass.scanned = journal.Scan(1, 0, [&](const journal::Record& r) {
-    pass.versions.Observe(r, pass.state);
-    pass.engine.Observe(r);
-    // The fold here only feeds the version table; legality is the history checker's verdict.
-    apply(pass.state, r.event).IgnoreError();
-    pass.history.push_back(HistoryEntry{r.seq, r.cause_seq, r.event});
+    pass.Observe(r);
+    pass.history.push_back(FleetHistoryEntry{r.seq, r.cause_seq, r.engine, r.event});
     return Status::OK();
   });
   return pass;
+}
+
+void AddSummary(HistorySummary& sum, const HistorySummary& s) {
+  sum.entries += s.entries;
+  sum.inputs += s.inputs;
+  sum.updates_requested += s.updates_requested;
+  sum.updates_committed += s.updates_committed;
+  sum.updates_refused += s.updates_refused;
+  sum.updates_tainted += s.updates_tainted;
+  sum.recoveries += s.recoveries;
+  sum.restores_requested += s.restores_requested;
+  sum.sleeps_requested += s.sleeps_requested;
+  sum.sleeps_committed += s.sleeps_committed;
+  sum.wakes_requested += s.wakes_requested;
+  sum.wakes_committed += s.wakes_committed;
+}
+
+void AuditOneEngine(journal::Journal& journal, Pass& pass, AuditReport& report) {
+  std::vector<HistoryEntry> history;
+  history.reserve(pass.history.size());
+  for (FleetHistoryEntry& e : pass.history) {
+    history.push_back(HistoryEntry{e.seq, e.cause_seq, std::move(e.event)});
+  }
+  report.history = check_history(history);
+  EnginePass& engine = pass.engines[""];
+  report.versions = engine.versions.list();
+  report.state = report.history.state;
+  report.engine = std::move(engine.watch).Finish(report.state);
+  const State head = journal.state();
+  if (report.history.ok && report.chain_ok && !(head == report.state)) {
+    report.failures.push_back("the journal's folded state differs from the audit's refold");
+  }
+}
+
+void AuditFleet(journal::Journal& journal, Pass& pass, AuditReport& report) {
+  report.fleet = true;
+  const FleetHistoryReport checked = check_fleet_history(pass.history);
+  report.history.ok = checked.ok;
+  report.history.first_bad_seq = checked.first_bad_seq;
+  report.history.message = checked.message;
+  for (const auto& [life, summary] : checked.engines) AddSummary(report.history.summary, summary);
+  report.fleet_updates = checked.fleet_updates;
+  std::map<std::string, const State*> current;  // the fleet's engines, by life name
+  for (const auto& [name, state] : checked.state.engines) current[pass.LifeName(name)] = &state;
+  for (auto& [life, engine] : pass.engines) {
+    EngineAudit& out = report.engines[life];
+    out.versions = engine.versions.list();
+    auto it = current.find(life);
+    out.removed = it == current.end();
+    if (!out.removed) out.state = *it->second;
+    out.health = std::move(engine.watch).Finish(out.state);
+  }
+  // Engines that joined and journaled nothing of their own yet.
+  for (const auto& [life, state] : current) {
+    report.engines.try_emplace(life, EngineAudit{{}, *state, false, {}});
+  }
+  const FleetState head = journal.fleet_state();
+  if (checked.ok && report.chain_ok && !(head == checked.state)) {
+    report.failures.push_back("the journal's folded fleet differs from the audit's refold");
+  }
 }
 
 }  // namespace
@@ -295,17 +387,14 @@ Result<AuditReport> AuditJournal(journal::Journal& journal) {
     report.checksums_ok = false;
     report.failures.push_back("checksums: " + checksums.ToString());
   }
-  report.history = check_history(pass.history);
+  if (pass.named) {
+    AuditFleet(journal, pass, report);
+  } else {
+    AuditOneEngine(journal, pass, report);
+  }
   if (!report.history.ok) {
     report.failures.push_back("history: seq " + std::to_string(report.history.first_bad_seq) +
                               ": " + report.history.message);
-  }
-  report.versions = pass.versions.list();
-  report.state = report.history.state;
-  report.engine = std::move(pass.engine).Finish(report.state);
-  const State head = journal.state();
-  if (report.history.ok && report.chain_ok && !(head == report.state)) {
-    report.failures.push_back("the journal's folded state differs from the audit's refold");
   }
   report.ok = report.failures.empty();
   return report;
@@ -331,15 +420,18 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
   if (p.admitted_seq == 0) {
     return Status::Corruption("rollout '" + E(rollout_id) + "' is indexed but has no admission");
   }
-  // The generation's origin: scan up to the admission (bounded by the journal's size).
+  // The generation's origin: scan up to the admission (bounded by the journal's size). In a
+  // fleet, generations are the admitting engine's own.
+  Result<journal::Record> admission = journal.Read(p.admitted_seq);
+  if (!admission.ok()) return admission.status();
+  p.engine = admission->engine;
   Pass pass;
   Status st = journal.Scan(1, p.admitted_seq, [&](const journal::Record& r) {
-    pass.versions.Observe(r, pass.state);
-    apply(pass.state, r.event).IgnoreError();
+    pass.Observe(r);
     return Status::OK();
   });
   if (!st.ok()) return st;
-  auto v = pass.versions.find(p.binding.version.generation);
+  auto v = pass.engines[pass.LifeName(p.engine)].versions.find(p.binding.version.generation);
   if (!v) {
     return Status::Corruption("rollout '" + E(rollout_id) + "' is bound to generation " +
                               std::to_string(p.binding.version.generation) +
@@ -535,22 +627,39 @@ int Verdict::exit_code() const {
   return engine_healthy() ? kExitOk : kExitEngineUnhealthy;
 }
 
-Verdict MakeVerdict(const AuditReport& r) {
-  Verdict v;
-  v.journal_failures = r.failures;
-  const EngineHealth& e = r.engine;
-  if (r.state.lifecycle == Lifecycle::kTainted || e.tainted) {
+namespace {
+
+// One engine's findings; `who` is "the engine" or "engine 'a'" (raw: escaped when printed).
+void EngineFindings(const State& state, const EngineHealth& e, const std::string& who, Verdict& v) {
+  if (state.lifecycle == Lifecycle::kTainted || e.tainted) {
     v.engine_findings.push_back(
-        "the engine is TAINTED since seq " + std::to_string(e.taint_seq) + " (" +
+        who + " is TAINTED since seq " + std::to_string(e.taint_seq) + " (" +
         lifecycle_name(e.taint_from) + " -> TAINTED, cause " + cause_name(e.taint_cause) +
         (e.taint_update_id.empty() ? "" : ", " + e.taint_plan + " '" + e.taint_update_id + "'") +
         (e.taint_detail.empty() ? "" : ": " + e.taint_detail) + ")");
   }
+  const std::string of = who == "the engine" ? "" : " of " + who;
   if (e.suspect_count > 0) {
-    v.engine_findings.push_back(std::to_string(e.suspect_count) +
-                                " rollouts are suspect: another engine may have served them");
+    v.engine_findings.push_back(std::to_string(e.suspect_count) + " rollouts" + of +
+                                " are suspect: another engine may have served them");
   }
-  for (const std::string& u : e.unexplained_taints) v.engine_findings.push_back(u);
+  for (const std::string& u : e.unexplained_taints) {
+    v.engine_findings.push_back(of.empty() ? u : who + ": " + u);
+  }
+}
+
+}  // namespace
+
+Verdict MakeVerdict(const AuditReport& r) {
+  Verdict v;
+  v.journal_failures = r.failures;
+  if (!r.fleet) {
+    EngineFindings(r.state, r.engine, "the engine", v);
+    return v;
+  }
+  for (const auto& [name, engine] : r.engines) {
+    EngineFindings(engine.state, engine.health, "engine '" + name + "'", v);
+  }
   return v;
 }
 
@@ -567,8 +676,11 @@ void FormatSummary(const AuditReport& r, std::ostringstream& out) {
   out << "sleeps: requested " << s.sleeps_requested << ", committed " << s.sleeps_committed
       << "; wake-ups: requested " << s.wakes_requested << ", committed " << s.wakes_committed
       << " (they keep the committed version)\n";
+}
+
+void FormatVersions(const std::vector<VersionRecord>& versions, std::ostringstream& out) {
   out << "versions:\n";
-  for (const VersionRecord& v : r.versions) {
+  for (const VersionRecord& v : versions) {
     out << "  " << E(v.version.label) << " (generation " << v.version.generation << ") "
         << (v.update_id.empty() ? std::string("bootstrap")
                                 : (v.restore ? "restore '" : "update '") + E(v.update_id) + "'")
@@ -577,7 +689,6 @@ void FormatSummary(const AuditReport& r, std::ostringstream& out) {
         << " manifest=" << E(v.identity.manifest_digest.substr(0, 12)) << "; rollouts admitted "
         << v.rollouts_admitted << ", finished " << v.rollouts_finished << "\n";
   }
-  out << "state: " << E(describe(r.state)) << "\n";
 }
 
 // A bounded list: a header with the exact count, the first kReportRolloutsMax entries, then
@@ -643,13 +754,34 @@ void FormatVerdict(const Verdict& v, const std::string& journal_path, std::ostri
   }
 }
 
+// A fleet: how its updates ended, then each engine's versions, state and health.
+void FormatFleet(const AuditReport& r, std::ostringstream& out) {
+  out << "fleet: " << r.engines.size() << " engines audited; fleet updates ended:";
+  for (const auto& [outcome, n] : r.fleet_updates) {
+    out << " " << fleet_outcome_name(outcome) << " " << n;
+  }
+  out << (r.fleet_updates.empty() ? " none\n" : "\n");
+  for (const auto& [name, engine] : r.engines) {
+    out << "engine '" << E(name) << "'" << (engine.removed ? " (removed)" : "") << ":\n";
+    FormatVersions(engine.versions, out);
+    out << "state: " << E(describe(engine.state)) << "\n";
+    FormatEngine(engine.health, out);
+  }
+}
+
 }  // namespace
 
 AuditOutput RenderAudit(const AuditReport& report, const Verdict& verdict,
                         const std::string& journal_path) {
   std::ostringstream out;
   FormatSummary(report, out);
-  FormatEngine(report.engine, out);
+  if (report.fleet) {
+    FormatFleet(report, out);
+  } else {
+    FormatVersions(report.versions, out);
+    out << "state: " << E(describe(report.state)) << "\n";
+    FormatEngine(report.engine, out);
+  }
   FormatVerdict(verdict, journal_path, out);
   return AuditOutput{out.str(), verdict.exit_code()};
 }
@@ -675,9 +807,9 @@ json NotesJson(const std::vector<RolloutNote>& list) {
 
 }  // namespace
 
-std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
-                        const ReverifySummary* reverify) {
-  const EngineHealth& e = r.engine;
+namespace {
+
+json HealthJson(const EngineHealth& e) {
   json engine = {
       {"lifecycle", lifecycle_name(e.lifecycle)},   {"tainted", e.tainted},
       {"suspect_count", e.suspect_count},           {"suspect", NotesJson(e.suspect)},
@@ -699,28 +831,44 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
                         {"source", e.window_source},
                         {"end_wall_ms", e.taint_wall_ms}};
   }
+  return engine;
+}
+
+}  // namespace
+
+std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
+                        const ReverifySummary* reverify) {
   json out = {{"journal_intact", v.journal_intact()},
               {"journal_failures", v.journal_failures},
               {"engine_healthy", v.engine_healthy()},
               {"engine_findings", v.engine_findings},
               {"exit_code", v.exit_code()},
               {"records", r.records},
-              {"engine", engine}};
+              {"engine", r.fleet ? json(nullptr) : HealthJson(r.engine)}};
+  if (r.fleet) {
+    json engines = json::object();
+    for (const auto& [name, engine] : r.engines) {
+      engines[name] = HealthJson(engine.health);
+      engines[name]["removed"] = engine.removed;
+    }
+    out["engines"] = std::move(engines);
+  }
   if (reverify != nullptr) out["reverification"] = ReverifyJson(*reverify);
   return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 
 std::string ProvenanceJson(const RolloutProvenance& p, int indent) {
-  const json out = {{"rollout_id", p.rollout_id},
-                    {"admitted_seq", p.admitted_seq},
-                    {"binding", journal::EventToJson(p.binding)},
-                    {"finished_seq", p.finished_seq},
-                    {"finish", p.finish ? journal::EventToJson(*p.finish) : json()},
-                    {"version",
-                     {{"version", journal::WeightVersionToJson(p.version.version)},
-                      {"identity", journal::WeightIdentityToJson(p.version.identity)},
-                      {"update_id", p.version.update_id},
-                      {"published_seq", p.version.published_seq}}}};
+  json out = {{"rollout_id", p.rollout_id},
+              {"admitted_seq", p.admitted_seq},
+              {"binding", journal::EventToJson(p.binding)},
+              {"finished_seq", p.finished_seq},
+              {"finish", p.finish ? journal::EventToJson(*p.finish) : json()},
+              {"version",
+               {{"version", journal::WeightVersionToJson(p.version.version)},
+                {"identity", journal::WeightIdentityToJson(p.version.identity)},
+                {"update_id", p.version.update_id},
+                {"published_seq", p.version.published_seq}}}};
+  if (!p.engine.empty()) out["engine"] = p.engine;
   return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 

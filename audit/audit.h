@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 
 #include "effects/http/engine_client.h"
 #include "journal/journal.h"
+#include "statemachine/fleet.h"
 #include "statemachine/history.h"
 #include "statemachine/state.h"
 
@@ -81,6 +83,15 @@ struct EngineHealth {
   bool finishes_truncated = false;  // more than kRolloutNotesMax finishes in one READY period
 };
 
+// One engine of a fleet's journal, as AuditReport's own fields are for a journal of one engine.
+// An engine that left and joined again is one entry: its versions and health span its lives.
+struct EngineAudit {
+  std::vector<VersionRecord> versions;  // by its own generation numbers
+  State state;                          // empty once removed
+  bool removed = false;
+  EngineHealth health;
+};
+
 struct AuditReport {
   bool ok = true;  // the journal is intact (see Verdict for the engine)
   std::vector<std::string>
@@ -89,9 +100,17 @@ struct AuditReport {
   bool chain_ok = true;      // decode, contiguity, SHA-256 chain (Journal::Scan)
   bool checksums_ok = true;  // RocksDB block checksums of every file
   HistoryReport history;     // lifecycle invariants and decision re-derivation
+  // A journal of one engine: its versions, state and health.
   std::vector<VersionRecord> versions;
   State state;
   EngineHealth engine;
+  // A journal of named engines (a fleet): `history` is the fleet's check (statemachine/
+  // fleet_history.h; its summary sums the engines'), and each engine life is audited on its own,
+  // keyed by its name ("e"), or "e (life 2)" after it left and joined again. `engine` is unused
+  // (null in VerdictJson: read "engines").
+  bool fleet = false;
+  std::map<std::string, EngineAudit> engines;
+  std::map<FleetOutcome, std::uint64_t> fleet_updates;  // ended, by outcome
 };
 
 // Reads the whole journal once. Fails only when it cannot be read at all; every finding lands
@@ -101,6 +120,7 @@ struct AuditReport {
 // Where one rollout came from: its binding, its end, and the update that published its version.
 struct RolloutProvenance {
   std::string rollout_id;
+  std::string engine;  // the engine it was admitted to ("" in a journal of one engine)
   RolloutAdmitted binding;
   std::uint64_t admitted_seq = 0;
   std::optional<RolloutFinished> finish;

@@ -62,6 +62,7 @@ struct Opts {
   std::string rollout;
   std::string trajectories;
   std::string engine;
+  std::string fleet_engine;  // a fleet's journal: the engine --engine is
   // Not yet measured on a real engine (docs/audit.md, "Re-verification"); a bf16 engine may
   // score a token a little differently in prefill than when it sampled it.
   double logprob_tolerance = 0.5;  // nats; docs/audit.md: measured on vLLM 0.25.1, bf16
@@ -127,8 +128,11 @@ void CheckDigest(journal::Journal& j, const Opts& o, effects::EngineClient& engi
   }
   const WeightDigest live = effects::ReadWeightDigest(engine);
   audit::DigestCheck check;
-  j.ReadState(
-      [&](const State& s) { check = audit::CheckEngineDigest(s, served.reported_label, live); });
+  j.ReadFleetState([&](const FleetState& f) {
+    auto it = f.engines.find(o.fleet_engine);
+    check = audit::CheckEngineDigest(it != f.engines.end() ? it->second : State{},
+                                     served.reported_label, live);
+  });
   std::fprintf(o.lines(), "%s\n", text::escape_line(check.line).c_str());
   for (std::string& f : check.findings) verdict.engine_findings.push_back(std::move(f));
 }
@@ -158,6 +162,9 @@ Runner add_audit(CLI::App& app) {
   app.add_option("--engine", o->engine,
                  "Re-score trajectories (from --trajectories, else the journal's) of the version "
                  "this engine serves (URL)");
+  app.add_option("--fleet-engine", o->fleet_engine,
+                 "In a fleet's journal: the name of the engine --engine is (its digest is "
+                 "checked against that engine's recorded ones)");
   app.add_option("--logprob-tolerance,--tolerance", o->logprob_tolerance,
                  "Largest accepted |recorded - re-scored logprob| per output token, in nats "
                  "(default 0.5: 2.6x the largest difference measured between vLLM's batched "
@@ -200,6 +207,17 @@ Runner add_audit(CLI::App& app) {
     std::vector<audit::Trajectory> trajectories;
     if (int rc = CheckTrajectories(j, *o, verdict, trajectories); rc != audit::kExitOk) return rc;
     std::optional<audit::ReverifySummary> reverified;
+    if (!o->engine.empty() && j.is_fleet() != !o->fleet_engine.empty()) {
+      std::fprintf(stderr, "rolloutcore audit: %s\n",
+                   j.is_fleet() ? "the journal holds a fleet: name the engine with --fleet-engine"
+                                : "--fleet-engine names an engine of a fleet's journal");
+      return audit::kExitUsage;
+    }
+    if (!o->fleet_engine.empty() && j.fleet_state().engines.count(o->fleet_engine) == 0) {
+      std::fprintf(stderr, "rolloutcore audit: no engine '%s' in the fleet\n",
+                   text::escape_line(o->fleet_engine).c_str());
+      return audit::kExitUsage;
+    }
     if (!o->engine.empty()) {
       effects::EngineClient engine(o->engine);
       CheckDigest(j, *o, engine, verdict);

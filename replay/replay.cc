@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -25,9 +26,20 @@ std::string DumpSafe(const nlohmann::json& j, int indent) {
 // The decisions recorded after an input, waiting to be compared with decide()'s.
 struct PendingInput {
   std::uint64_t seq = 0;
-  std::vector<Event> expected;
+  std::vector<FleetEvent> expected;
   std::size_t matched = 0;
 };
+
+const State kNoEngine{};
+
+// "engine 'a': " for a fleet's engine; "" for the one engine of a journal that names none.
+std::string EnginePrefix(const std::string& engine) {
+  return engine.empty() ? "" : "engine '" + E(engine) + "': ";
+}
+
+std::string Describe(const FleetEvent& e) {
+  return (e.engine.empty() ? "" : "[" + e.engine + "] ") + describe(e.event);
+}
 
 // The plan in flight (an update, a restore, a sleep or a wake-up), as the colocated lines and the
 // taint readings need it: what it was, and what the engine answered about its memory.
@@ -129,7 +141,7 @@ std::string OutcomeText(const PlanTrace& p, const State& s, std::uint64_t end_se
 }
 
 ColocatedStep StepLine(const PlanTrace& p, const State& s, std::uint64_t end_seq) {
-  ColocatedStep step{p.request_seq, end_seq, p.id, KindName(p), ""};
+  ColocatedStep step{"", p.request_seq, end_seq, p.id, KindName(p), ""};
   step.line = Upper(step.kind) + " '" + E(p.id) + "' (seq " + std::to_string(p.request_seq) + "-" +
               (end_seq == 0 ? std::string("") : std::to_string(end_seq)) +
               "): " + (p.kind == PlanTrace::Kind::kSleep ? "level " : "from level ") +
@@ -176,71 +188,28 @@ std::string EvidenceLine(const journal::Record& r) {
   return out.str();
 }
 
-class Replayer {
+// What one engine's records say beyond legality: its plans, its TAINTED incidents and their
+// evidence, its restores and colocated steps. Reads the engine's state from the fleet's fold.
+class EngineTrace {
  public:
-  explicit Replayer(ReplayReport& report) : report_(report) {}
+  EngineTrace(ReplayReport& report, std::string engine)
+      : report_(report), engine_(std::move(engine)) {}
 
-  Status Visit(const journal::Record& r) {
-    report_.records++;
-    report_.last_seq = r.seq;
-    if (!report_.ok) return Status::OK();  // keep counting; the first failure is what matters
-    if (r.cause_seq == 0) {
-      if (!CloseInput()) return Status::OK();
-      Result<std::vector<Event>> decided = decide(report_.state, r.event);
-      if (!decided.ok()) {
-        return Fail(r.seq, std::string("recorded input ") + event_name(r.event) +
-                               " is rejected by decide(): " + decided.status().ToString());
-      }
-      pending_ = PendingInput{r.seq, std::move(decided.value()), 0};
-      report_.inputs++;
-    } else {
-      if (r.cause_seq != pending_.seq) {
-        return Fail(r.seq, "derived record names cause seq " + std::to_string(r.cause_seq) +
-                               " but the open input is seq " + std::to_string(pending_.seq));
-      }
-      if (pending_.matched >= pending_.expected.size() ||
-          !(pending_.expected[pending_.matched] == r.event)) {
-        std::string want = pending_.matched < pending_.expected.size()
-                               ? describe(pending_.expected[pending_.matched])
-                               : "nothing";
-        return Fail(r.seq, "non-determinism: recorded " + describe(r.event) +
-                               " but decide() derives " + want);
-      }
-      pending_.matched++;
-    }
-    Status applied = apply(report_.state, r.event);
-    if (!applied.ok()) return Fail(r.seq, "illegal record: " + applied.ToString());
-    Track(r);
-    return Status::OK();
-  }
+  // After the record was folded.
+  void Track(const journal::Record& r) { TrackRecord(r); }
 
   void Finish() {
-    if (!CloseInput()) return;
-    if (plan_ && plan_->colocated()) AddStep(StepLine(*plan_, report_.state, 0));
+    if (plan_ && plan_->colocated()) AddStep(StepLine(*plan_, st(), 0));
   }
 
  private:
-  bool CloseInput() {
-    if (pending_.seq != 0 && pending_.matched != pending_.expected.size()) {
-      Fail(pending_.seq, "non-determinism: decide() derives " +
-                             std::to_string(pending_.expected.size()) + " decisions for seq " +
-                             std::to_string(pending_.seq) + " but " +
-                             std::to_string(pending_.matched) + " were recorded")
-          .IgnoreError();
-      return false;
-    }
-    return true;
-  }
-
-  Status Fail(std::uint64_t seq, std::string why) {
-    report_.ok = false;
-    report_.first_bad_seq = seq;
-    report_.error = std::move(why);
-    return Status::OK();
+  const State& st() const {
+    auto it = report_.fleet.engines.find(engine_);
+    return it != report_.fleet.engines.end() ? it->second : kNoEngine;
   }
 
   // Keeps the records of the plan in flight so a TAINTED incident can be explained.
-  void Track(const journal::Record& r) {
+  void TrackRecord(const journal::Record& r) {
     if (std::holds_alternative<UpdateRequested>(r.event) ||
         std::holds_alternative<RestoreRequested>(r.event) ||
         std::holds_alternative<SleepRequested>(r.event) ||
@@ -248,7 +217,7 @@ class Replayer {
       update_records_.clear();
     }
     TrackPlan(r);
-    if (report_.state.update.has_value() || std::holds_alternative<StateChanged>(r.event) ||
+    if (st().update.has_value() || std::holds_alternative<StateChanged>(r.event) ||
         std::holds_alternative<UpdateEnded>(r.event)) {
       if (update_records_.size() < kTimelineRecordsMax) update_records_.push_back(r);
     }
@@ -258,13 +227,13 @@ class Replayer {
       last_taint_seq_ = r.seq;
     }
     const auto* published = std::get_if<VersionPublished>(&r.event);
-    if (published != nullptr && report_.state.update->restore) {
+    if (published != nullptr && st().update->restore) {
       report_.restores.push_back(ExplainRestore(r.seq, *published));
     }
     const bool settled = changed != nullptr &&
                          (changed->to == Lifecycle::kReady || changed->to == Lifecycle::kSleeping);
     if (settled) update_records_.clear();
-    if (plan_ && !report_.state.update.has_value()) EndPlan(r.seq);
+    if (plan_ && !st().update.has_value()) EndPlan(r.seq);
   }
 
   // The plan a request starts (the state already holds it), then its evidence and its end.
@@ -290,15 +259,15 @@ class Replayer {
   }
 
   void StartPlan(PlanTrace::Kind kind, const std::string& id, std::uint64_t seq) {
-    const UpdatePlan& u = *report_.state.update;
+    const UpdatePlan& u = *st().update;
     plan_ = PlanTrace{kind, id, seq};
     plan_->from_sleep = u.from_sleep || u.wake_first;
-    plan_->level = u.sleep_level > 0 ? u.sleep_level : report_.state.sleep_level;
+    plan_->level = u.sleep_level > 0 ? u.sleep_level : st().sleep_level;
   }
 
   void EndPlan(std::uint64_t seq) {
-    if (plan_->colocated()) AddStep(StepLine(*plan_, report_.state, seq));
-    if (plan_->kind == PlanTrace::Kind::kSleep && report_.state.lifecycle == Lifecycle::kSleeping) {
+    if (plan_->colocated()) AddStep(StepLine(*plan_, st(), seq));
+    if (plan_->kind == PlanTrace::Kind::kSleep && st().lifecycle == Lifecycle::kSleeping) {
       last_sleep_ = *plan_;
       last_sleep_seq_ = seq;
     }
@@ -306,6 +275,8 @@ class Replayer {
   }
 
   void AddStep(ColocatedStep step) {
+    step.engine = engine_;
+    if (!engine_.empty()) step.line = EnginePrefix(engine_) + step.line;
     report_.colocated_count++;
     if (report_.colocated.size() >= kColocatedStepsMax) report_.colocated.pop_front();
     report_.colocated.push_back(std::move(step));
@@ -320,7 +291,7 @@ class Replayer {
 
   static constexpr std::size_t kTimelineRecordsMax = 4096;
   ReplayReport& report_;
-  PendingInput pending_;
+  const std::string engine_;
   std::vector<journal::Record> update_records_;
   std::uint64_t last_taint_seq_ = 0;
   std::optional<PlanTrace> plan_;
@@ -329,20 +300,21 @@ class Replayer {
 };
 
 // The restore request among the records of the update in flight, if it is a restore.
-const RestoreRequested* Replayer::RestoreInFlight() const {
+const RestoreRequested* EngineTrace::RestoreInFlight() const {
   for (const journal::Record& r : update_records_) {
     if (const auto* q = std::get_if<RestoreRequested>(&r.event)) return q;
   }
   return nullptr;
 }
 
-RestoreProof Replayer::ExplainRestore(std::uint64_t seq, const VersionPublished& p) const {
+RestoreProof EngineTrace::ExplainRestore(std::uint64_t seq, const VersionPublished& p) const {
   RestoreProof proof;
+  proof.engine = engine_;
   proof.publish_seq = seq;
   proof.restore_id = p.update_id;
   const RestoreRequested* q = RestoreInFlight();
   std::ostringstream out;
-  out << "RESTORED at seq " << seq << ": restore '" << E(p.update_id)
+  out << EnginePrefix(engine_) << "RESTORED at seq " << seq << ": restore '" << E(p.update_id)
       << "' took the engine back to '" << E(p.version.label) << "' (generation "
       << p.version.generation << ", checkpoint '" << E(p.identity.checkpoint) << "')"
       << (q == nullptr ? ""
@@ -362,17 +334,18 @@ RestoreProof Replayer::ExplainRestore(std::uint64_t seq, const VersionPublished&
   return proof;
 }
 
-TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
+TaintIncident EngineTrace::Explain(std::uint64_t taint_seq) const {
   TaintIncident incident;
   incident.taint_seq = taint_seq;
   incident.timeline = update_records_;
-  const TaintRecord& t = *report_.state.taint;
+  const TaintRecord& t = *st().taint;
   incident.update_id = t.update_id;
+  incident.engine = engine_;
   std::ostringstream out;
   // One line per fact: every field below is escaped, so the explanation's line count is fixed
   // by this code and never by what the journal holds.
-  out << "TAINTED at seq " << taint_seq << " from " << lifecycle_name(t.from) << " ("
-      << cause_name(t.cause) << "): " << E(t.detail) << "\n";
+  out << EnginePrefix(engine_) << "TAINTED at seq " << taint_seq << " from "
+      << lifecycle_name(t.from) << " (" << cause_name(t.cause) << "): " << E(t.detail) << "\n";
   ExplainPlan(t, out);
   for (const journal::Record& r : update_records_) out << EvidenceLine(r);
   ExplainReading(t, out);
@@ -384,14 +357,14 @@ TaintIncident Replayer::Explain(std::uint64_t taint_seq) const {
 
 // What was in flight when the taint struck: an update or restore, a sleep or a wake-up (both keep
 // the committed version), or nothing (the engine itself changed while serving or asleep).
-void Replayer::ExplainPlan(const TaintRecord& t, std::ostringstream& out) const {
-  const State& st = report_.state;
-  const std::string committed = Version(st.committed);
+void EngineTrace::ExplainPlan(const TaintRecord& t, std::ostringstream& out) const {
+  const State& state = st();
+  const std::string committed = Version(state.committed);
   const PlanTrace::Kind kind = plan_ ? plan_->kind : PlanTrace::Kind::kUpdate;
   if (t.update_id.empty()) {
     out << "  no update in flight; committed version " << committed;
     if (t.from == Lifecycle::kSleeping) {
-      out << ", asleep at level " << static_cast<int>(st.sleep_level);
+      out << ", asleep at level " << static_cast<int>(state.sleep_level);
       if (last_sleep_) {
         out << " since seq " << last_sleep_seq_ << " (sleep '" << E(last_sleep_->id) << "')";
       }
@@ -405,12 +378,12 @@ void Replayer::ExplainPlan(const TaintRecord& t, std::ostringstream& out) const 
         << " kept " << committed << ", the committed version (a wake-up publishes nothing)\n";
   } else {
     out << "  update '" << E(t.update_id) << "' targeted '" << E(t.target.label) << "' (generation "
-        << t.target.generation << "); last committed version '" << E(st.committed.label)
-        << "' (generation " << st.committed.generation << ")\n";
+        << t.target.generation << "); last committed version '" << E(state.committed.label)
+        << "' (generation " << state.committed.generation << ")\n";
   }
 }
 
-void Replayer::ExplainReading(const TaintRecord& t, std::ostringstream& out) const {
+void EngineTrace::ExplainReading(const TaintRecord& t, std::ostringstream& out) const {
   bool intent = false;
   for (const journal::Record& r : update_records_) {
     const auto* e = std::get_if<EffectStarted>(&r.event);
@@ -421,7 +394,7 @@ void Replayer::ExplainReading(const TaintRecord& t, std::ostringstream& out) con
     case Cause::kRecoveredAmbiguous:
       out << "  reading: the transfer " << (intent ? "had started" : "state is unknown")
           << " and did not complete cleanly, so the engine may hold a mix of '"
-          << E(report_.state.committed.label) << "' and '" << E(t.target.label)
+          << E(st().committed.label) << "' and '" << E(t.target.label)
           << "' tensors. Neither version can be claimed.\n";
       break;
     case Cause::kCacheResetFailed:
@@ -459,27 +432,120 @@ void Replayer::ExplainReading(const TaintRecord& t, std::ostringstream& out) con
 }
 
 // The restore that would bring it back, or why none can be proven.
-void Replayer::ExplainRecovery(std::ostringstream& out) const {
-  const State& st = report_.state;
-  if (st.label_digests.count(st.committed.label) == 0) {
-    out << "  recover: no weight digest was recorded for '" << E(st.committed.label)
+void EngineTrace::ExplainRecovery(std::ostringstream& out) const {
+  const State& state = st();
+  if (state.label_digests.count(state.committed.label) == 0) {
+    out << "  recover: no weight digest was recorded for '" << E(state.committed.label)
         << "', so no restore can be proven: restart the engine from a known checkpoint and "
            "start a new journal.";
     return;
   }
   out << "  recover: restore it with proof, e.g. `rolloutcore restore --label '"
-      << E(st.committed.label) << "' --source <where its weights are>`";
-  if (st.sleep_level > 0) {
-    out << ": the engine may be asleep (level " << static_cast<int>(st.sleep_level)
+      << E(state.committed.label) << "' --source <where its weights are>`";
+  if (state.sleep_level > 0) {
+    out << ": the engine may be asleep (level " << static_cast<int>(state.sleep_level)
         << "), so the restore wakes it fully (weights, then KV cache) before it drains and reloads"
-        << (st.sleep_level == 1 ? " (or --adopt: the weights it wakes with are proven as found)"
-                                : "")
+        << (state.sleep_level == 1 ? " (or --adopt: the weights it wakes with are proven as found)"
+                                   : "")
         << "; it serves again only if its weight digest equals the recorded one.";
     return;
   }
   out << " (or --adopt for an engine restarted on that checkpoint): it serves again only if its "
          "weight digest equals the recorded one.";
 }
+
+// Re-derives every recorded decision with the fleet fold (a journal of one engine is the fleet of
+// the unnamed engine, folded exactly as the single-engine fold) and hands each engine's records
+// to its trace.
+class Replayer {
+ public:
+  explicit Replayer(ReplayReport& report) : report_(report) {}
+
+  Status Visit(const journal::Record& r) {
+    report_.records++;
+    report_.last_seq = r.seq;
+    if (!report_.ok) return Status::OK();  // keep counting; the first failure is what matters
+    const FleetEvent e{r.engine, r.event};
+    if (r.cause_seq == 0) {
+      if (!CloseInput()) return Status::OK();
+      Result<std::vector<FleetEvent>> decided = fleet_decide(report_.fleet, e);
+      if (!decided.ok()) {
+        return Fail(r.seq, std::string("recorded input ") + event_name(r.event) +
+                               " is rejected by decide(): " + decided.status().ToString());
+      }
+      pending_ = PendingInput{r.seq, std::move(decided.value()), 0};
+      report_.inputs++;
+    } else {
+      RC_RETURN_IF_ERROR(MatchDecision(r, e));
+      if (!report_.ok) return Status::OK();
+    }
+    if (const auto* gone = std::get_if<EngineRemoved>(&r.event)) EndTrace(gone->engine);
+    Status applied = fleet_apply(report_.fleet, e);
+    if (!applied.ok()) return Fail(r.seq, "illegal record: " + applied.ToString());
+    if (!is_fleet_event(r.event)) Trace(r.engine).Track(r);
+    return Status::OK();
+  }
+
+  void Finish() {
+    if (!CloseInput()) return;
+    for (auto& [engine, trace] : traces_) trace.Finish();
+  }
+
+ private:
+  Status MatchDecision(const journal::Record& r, const FleetEvent& e) {
+    if (r.cause_seq != pending_.seq) {
+      return Fail(r.seq, "derived record names cause seq " + std::to_string(r.cause_seq) +
+                             " but the open input is seq " + std::to_string(pending_.seq));
+    }
+    if (pending_.matched >= pending_.expected.size() ||
+        !(pending_.expected[pending_.matched] == e)) {
+      std::string want = pending_.matched < pending_.expected.size()
+                             ? Describe(pending_.expected[pending_.matched])
+                             : "nothing";
+      return Fail(r.seq,
+                  "non-determinism: recorded " + Describe(e) + " but decide() derives " + want);
+    }
+    pending_.matched++;
+    return Status::OK();
+  }
+
+  bool CloseInput() {
+    if (pending_.seq != 0 && pending_.matched != pending_.expected.size()) {
+      Fail(pending_.seq, "non-determinism: decide() derives " +
+                             std::to_string(pending_.expected.size()) + " decisions for seq " +
+                             std::to_string(pending_.seq) + " but " +
+                             std::to_string(pending_.matched) + " were recorded")
+          .IgnoreError();
+      return false;
+    }
+    return true;
+  }
+
+  Status Fail(std::uint64_t seq, std::string why) {
+    report_.ok = false;
+    report_.first_bad_seq = seq;
+    report_.error = std::move(why);
+    return Status::OK();
+  }
+
+  // One trace per engine life: an engine removed and joined again starts a new one.
+  EngineTrace& Trace(const std::string& engine) {
+    auto it = traces_.find(engine);
+    if (it == traces_.end()) it = traces_.try_emplace(engine, report_, engine).first;
+    return it->second;
+  }
+
+  void EndTrace(const std::string& engine) {
+    auto it = traces_.find(engine);
+    if (it == traces_.end()) return;
+    it->second.Finish();
+    traces_.erase(it);
+  }
+
+  ReplayReport& report_;
+  PendingInput pending_;
+  std::map<std::string, EngineTrace> traces_;
+};
 
 }  // namespace
 
@@ -493,25 +559,68 @@ Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& opti
     report.ok = false;
     report.error = scanned.ToString();
     if (report.first_bad_seq == 0) report.first_bad_seq = report.last_seq + 1;
-    return report;
+  } else if (report.ok) {
+    replayer.Finish();
   }
-  if (report.ok) replayer.Finish();
+  if (auto it = report.fleet.engines.find(""); it != report.fleet.engines.end()) {
+    report.state = it->second;
+  }
   return report;
 }
+
+namespace {
+
+// The state and counters of one engine: two lines, each prefixed by `prefix`.
+void EngineLines(const State& state, const std::string& prefix, std::ostringstream& out) {
+  out << prefix << "state: " << E(describe(state)) << "\n";
+  const Counters& c = state.counters;
+  out << prefix << "rollouts: admitted " << c.rollouts_admitted << ", completed "
+      << c.rollouts_completed << ", aborted " << c.rollouts_aborted << ", abandoned "
+      << c.rollouts_abandoned << "; updates: requested " << c.updates_requested << ", committed "
+      << c.updates_committed << ", refused " << c.updates_refused << "; restores: requested "
+      << c.restores_requested << ", proven " << c.restores_committed << "; sleeps: requested "
+      << c.sleeps_requested << ", committed " << c.sleeps_committed << "; wake-ups: requested "
+      << c.wakes_requested << ", committed " << c.wakes_committed << "; recoveries " << c.recoveries
+      << "\n";
+}
+
+std::string FleetUpdateText(const FleetUpdate& u) {
+  std::string out = "fleet update '" + E(u.request.update_id) + "' (" +
+                    fleet_update_mode_name(u.request.mode) + " to '" + E(u.request.target_label) +
+                    "') open:";
+  for (const auto& [engine, status] : u.members) {
+    out += " " + E(engine) + "=" + member_status_name(status);
+  }
+  return out + (u.cancelled ? "; cancelled: " + E(*u.cancelled) : "");
+}
+
+// A fleet of named engines: the fleet's line, then each engine's.
+void FleetLines(const FleetState& fleet, std::ostringstream& out) {
+  out << "fleet: " << fleet.engines.size() << " engines, " << fleet.leaving.size()
+      << " leaving; staleness_max " << fleet.policy.staleness_max << ", min_serving "
+      << fleet.policy.min_serving << "; " << fleet.label_generation.size()
+      << " generations; fleet updates ended " << fleet.fleet_updates_ended << "\n";
+  if (fleet.update) out << FleetUpdateText(*fleet.update) << "\n";
+  for (const auto& [engine, state] : fleet.engines) {
+    const std::optional<std::uint64_t> g = fleet_generation(fleet, engine);
+    EngineLines(state,
+                "engine '" + E(engine) + "' (fleet generation " +
+                    (g ? std::to_string(*g) : std::string("none")) + "): ",
+                out);
+  }
+}
+
+}  // namespace
 
 std::string FormatReport(const ReplayReport& report) {
   std::ostringstream out;
   out << "records: " << report.records << " (inputs re-decided: " << report.inputs << "), last seq "
       << report.last_seq << "\n";
-  out << "state: " << E(describe(report.state)) << "\n";
-  const Counters& c = report.state.counters;
-  out << "rollouts: admitted " << c.rollouts_admitted << ", completed " << c.rollouts_completed
-      << ", aborted " << c.rollouts_aborted << ", abandoned " << c.rollouts_abandoned
-      << "; updates: requested " << c.updates_requested << ", committed " << c.updates_committed
-      << ", refused " << c.updates_refused << "; restores: requested " << c.restores_requested
-      << ", proven " << c.restores_committed << "; sleeps: requested " << c.sleeps_requested
-      << ", committed " << c.sleeps_committed << "; wake-ups: requested " << c.wakes_requested
-      << ", committed " << c.wakes_committed << "; recoveries " << c.recoveries << "\n";
+  if (report.fleet.named) {
+    FleetLines(report.fleet, out);
+  } else {
+    EngineLines(report.state, "", out);
+  }
   if (report.ok) {
     out << "verification: OK (hash chain, legality of every record, every decision reproduced)\n";
   } else {
@@ -538,10 +647,13 @@ std::string ReportJson(const ReplayReport& report) {
     j["first_bad_seq"] = report.first_bad_seq;
     j["error"] = report.error;
   }
-  j["state"] = journal::StateToJson(report.state);
+  // A fleet has no one state: "state" is null and "fleet" holds each engine's.
+  j["state"] = report.fleet.named ? nlohmann::json(nullptr) : journal::StateToJson(report.state);
+  if (report.fleet.named) j["fleet"] = journal::FleetStateToJson(report.fleet);
   j["incidents"] = nlohmann::json::array();
   for (const TaintIncident& i : report.incidents) {
     nlohmann::json inc;
+    if (!i.engine.empty()) inc["engine"] = i.engine;
     inc["taint_seq"] = i.taint_seq;
     inc["update_id"] = i.update_id;
     inc["explanation"] = i.explanation;
@@ -551,18 +663,22 @@ std::string ReportJson(const ReplayReport& report) {
   }
   j["restores"] = nlohmann::json::array();
   for (const RestoreProof& r : report.restores) {
-    j["restores"].push_back({{"publish_seq", r.publish_seq},
-                             {"restore_id", r.restore_id},
-                             {"explanation", r.explanation}});
+    nlohmann::json proof = {{"publish_seq", r.publish_seq},
+                            {"restore_id", r.restore_id},
+                            {"explanation", r.explanation}};
+    if (!r.engine.empty()) proof["engine"] = r.engine;
+    j["restores"].push_back(std::move(proof));
   }
   j["colocated_count"] = report.colocated_count;
   j["colocated"] = nlohmann::json::array();
   for (const ColocatedStep& c : report.colocated) {
-    j["colocated"].push_back({{"request_seq", c.request_seq},
-                              {"end_seq", c.end_seq},
-                              {"plan_id", c.plan_id},
-                              {"kind", c.kind},
-                              {"line", c.line}});
+    nlohmann::json step = {{"request_seq", c.request_seq},
+                           {"end_seq", c.end_seq},
+                           {"plan_id", c.plan_id},
+                           {"kind", c.kind},
+                           {"line", c.line}};
+    if (!c.engine.empty()) step["engine"] = c.engine;
+    j["colocated"].push_back(std::move(step));
   }
   return DumpSafe(j, 2);
 }
@@ -570,7 +686,8 @@ std::string ReportJson(const ReplayReport& report) {
 std::string FormatRecordLine(const journal::Record& r) {
   char seq[32];
   std::snprintf(seq, sizeof seq, "%8llu ", static_cast<unsigned long long>(r.seq));
-  return seq + std::string(r.cause_seq == 0 ? "" : "  -> ") + E(describe(r.event));
+  return seq + std::string(r.cause_seq == 0 ? "" : "  -> ") +
+         (r.engine.empty() ? "" : "[" + E(r.engine) + "] ") + E(describe(r.event));
 }
 
 std::string RecordJsonLine(const journal::Record& r) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "journal/journal.h"
+#include "statemachine/fleet.h"
 #include "statemachine/state.h"
 
 namespace rc::replay {
@@ -18,6 +19,7 @@ struct ReplayOptions {
 
 // One TAINTED incident: the update's records from its request to the taint, and a reading.
 struct TaintIncident {
+  std::string engine;  // "" in a journal of one engine
   std::uint64_t taint_seq = 0;
   std::string update_id;
   std::vector<journal::Record> timeline;
@@ -26,6 +28,7 @@ struct TaintIncident {
 
 // One restore that brought a TAINTED engine back: what it restored, the proof, the taint it ended.
 struct RestoreProof {
+  std::string engine;
   std::uint64_t publish_seq = 0;
   std::string restore_id;
   std::string explanation;
@@ -35,6 +38,7 @@ struct RestoreProof {
 // engine: what it asked, the device memory the engine's workers reported around /sleep and
 // /wake_up, and how it ended. Sleeps and wake-ups keep the committed version: never updates.
 struct ColocatedStep {
+  std::string engine;
   std::uint64_t request_seq = 0;
   std::uint64_t end_seq = 0;  // the transition that ended it; 0: in flight where replay stopped
   std::string plan_id;
@@ -45,7 +49,8 @@ struct ColocatedStep {
 inline constexpr std::size_t kColocatedStepsMax = 1024;
 
 struct ReplayReport {
-  State state;                // folded state at until_seq (or head)
+  FleetState fleet;           // folded at until_seq (or head); a journal of one engine holds ""
+  State state;                // the unnamed engine's state (empty for a fleet of named engines)
   std::uint64_t records = 0;  // records visited
   std::uint64_t inputs = 0;   // inputs whose decisions were re-derived
   std::uint64_t last_seq = 0;
