@@ -44,20 +44,47 @@ std::uint64_t Runner::elapsed_us(std::int64_t since_us) const {
 Result<std::vector<Event>> Runner::submit(const Event& input, const std::string& client_event_id,
                                           Durability durability) {
   const std::int64_t start_us = clock_.now_us();
-  auto submitted = journal_.Submit(input, clock_.wall_ms(), client_event_id);
+  auto submitted =
+      journal_.SubmitFleet(FleetEvent{options_.engine, input}, clock_.wall_ms(), client_event_id);
   if (!submitted.ok()) return submitted.status();
   unsynced_ = submitted->ticket;
-  if (observer_ && !submitted->ticket.result.duplicate) {
-    std::uint64_t seq = submitted->ticket.result.first_seq;
-    unobserved_.emplace_back(seq, input);
-    for (const Event& d : submitted->decisions) unobserved_.emplace_back(++seq, d);
+  // This engine's decisions; the fleet's (named "") are the fleet executor's to read.
+  std::vector<Event> own;
+  std::uint64_t seq = submitted->ticket.result.first_seq;
+  const bool observe = observer_ && !submitted->ticket.result.duplicate;
+  if (observe) unobserved_.emplace_back(seq, input);
+  for (FleetEvent& d : submitted->decisions) {
+    ++seq;
+    if (is_fleet_event(d.event) && fleet_decisions_) fleet_decisions_(d.event);
+    if (d.engine != options_.engine || is_fleet_event(d.event)) continue;
+    if (observe) unobserved_.emplace_back(seq, d.event);
+    own.push_back(std::move(d.event));
   }
   if (durability == Durability::kNow) RC_RETURN_IF_ERROR(sync());
   timings_.journal_us += elapsed_us(start_us);
-  for (const Event& d : submitted->decisions) {
+  for (const Event& d : own) {
     if (const auto* ended = std::get_if<UpdateEnded>(&d)) ended_.push_back(*ended);
   }
-  return std::move(submitted->decisions);
+  return own;
+}
+
+void Runner::read_state(const std::function<void(const State&)>& read) const {
+  static const State kUnborn{};
+  journal_.ReadFleetState([&](const FleetState& fleet) {
+    auto it = fleet.engines.find(options_.engine);
+    read(it != fleet.engines.end() ? it->second : kUnborn);
+  });
+}
+
+State Runner::current_state() const {
+  State s;
+  read_state([&s](const State& state) { s = state; });
+  return s;
+}
+
+std::string Runner::engine_key(const std::string& key) const {
+  if (options_.engine.empty()) return key;
+  return key + ":" + encoding::Sha256Hex(options_.engine).substr(0, 16);
 }
 
 Status Runner::sync() {
@@ -93,13 +120,13 @@ std::uint64_t Runner::deadline_for(EffectKind kind) const {
 // Read under the journal's lock: no copy of the state (O(active rollouts)) per poll.
 std::size_t Runner::active_rollouts() const {
   std::size_t n = 0;
-  journal_.ReadState([&n](const State& s) { n = s.active.size(); });
+  read_state([&n](const State& s) { n = s.active.size(); });
   return n;
 }
 
 Effect Runner::due_effect() const {
   Effect e;
-  journal_.ReadState([&e](const State& s) { e = next_effect(s); });
+  read_state([&e](const State& s) { e = next_effect(s); });
   return e;
 }
 
@@ -262,7 +289,7 @@ Status Runner::await_rollouts(const State& state) {
   (void)state;
   while (true) {
     if (journal_.failed()) return journal_.failure();
-    const State now = journal_.state();
+    const State now = current_state();
     if (next_effect(now).kind != EffectKind::kAwaitRollouts) break;
     const std::int64_t waited_ms = clock_.now_ms() - start_ms;
     if (waited_ms >= static_cast<std::int64_t>(options_.await_rollouts_timeout_ms)) {
@@ -281,7 +308,7 @@ Status Runner::Drive() {
   std::uint32_t backoff_ms = options_.backoff_ms_min;
   Effect previous{};
   for (std::uint32_t i = 0; i < options_.effects_per_drive_max; ++i) {
-    const State state = journal_.state();
+    const State state = current_state();
     const Effect effect = next_effect(state);
     if (effect.kind == EffectKind::kNone) return sync();
     if (effect.kind == EffectKind::kAwaitRollouts) {
@@ -353,7 +380,7 @@ Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identit
   if (!r.ok()) return r.status();
   last_probe_.reset();
   RC_RETURN_IF_ERROR(Drive());
-  const State s = journal_.state();
+  const State s = current_state();
   if (s.lifecycle == Lifecycle::kReady) return Status::OK();
   std::string why = last_probe_ ? explain_bootstrap_refusal(request, *last_probe_)
                                 : std::string("no probe was made");
@@ -369,36 +396,53 @@ Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identit
 }
 
 Result<UpdateEnded> Runner::Update(const UpdateRequested& request) {
-  return run_to_end(request, request.update_id, UpdateIdempotencyKey(request.update_id));
+  return run_to_end(request, request.update_id,
+                    engine_key(UpdateIdempotencyKey(request.update_id)));
 }
 
 Result<UpdateEnded> Runner::Restore(const RestoreRequested& request) {
-  return run_to_end(request, request.restore_id, RestoreIdempotencyKey(request.restore_id));
+  return run_to_end(request, request.restore_id,
+                    engine_key(RestoreIdempotencyKey(request.restore_id)));
 }
 
 Result<UpdateEnded> Runner::Sleep(const SleepRequested& request) {
-  return run_to_end(request, request.sleep_id, SleepIdempotencyKey(request.sleep_id));
+  return run_to_end(request, request.sleep_id, engine_key(SleepIdempotencyKey(request.sleep_id)));
 }
 
 Result<UpdateEnded> Runner::Wake(const WakeRequested& request) {
-  return run_to_end(request, request.wake_id, WakeIdempotencyKey(request.wake_id));
+  return run_to_end(request, request.wake_id, engine_key(WakeIdempotencyKey(request.wake_id)));
+}
+
+Status Runner::StartUpdate(const UpdateRequested& request) {
+  return start_plan(request, engine_key(UpdateIdempotencyKey(request.update_id)));
+}
+
+Result<UpdateEnded> Runner::FinishUpdate(const std::string& update_id) {
+  return finish_plan(update_id);
 }
 
 Result<UpdateEnded> Runner::run_to_end(const Event& request, const std::string& id,
                                        const std::string& key) {
+  RC_RETURN_IF_ERROR(start_plan(request, key));
+  return finish_plan(id);
+}
+
+Status Runner::start_plan(const Event& request, const std::string& key) {
   timings_.clear();
   ended_.clear();
-  const std::int64_t start_us = clock_.now_us();
+  plan_start_us_ = clock_.now_us();
   // Durable with the drain's intent, before the engine is touched.
-  auto r = submit(request, key, Durability::kWithNext);
-  if (!r.ok()) return r.status();
+  return submit(request, key, Durability::kWithNext).status();
+}
+
+Result<UpdateEnded> Runner::finish_plan(const std::string& id) {
   Status driven = Drive();
-  timings_.total_us = elapsed_us(start_us);
+  timings_.total_us = elapsed_us(plan_start_us_);
   if (!driven.ok()) return driven;
   for (const UpdateEnded& e : ended_) {
     if (e.update_id == id) return e;
   }
-  const State s = journal_.state();
+  const State s = current_state();
   return Status::Unavailable("'" + id + "' did not end: state " + lifecycle_name(s.lifecycle) +
                              ", next effect " + effect_name(next_effect(s).kind) +
                              " (retries exhausted)");

@@ -23,6 +23,9 @@ namespace rc::effects {
 
 struct RunnerOptions {
   std::string executor_id = "rolloutcore";
+  // The fleet engine this runner drives (statemachine/fleet.h); "": the one engine of a journal
+  // that names none. Every input it journals names this engine, and it reads this engine's state.
+  std::string engine;
   std::uint64_t drain_timeout_ms = 600000;  // pause(mode=wait): running requests finish
   // After the engine reported drained, how long local bindings may stay active. A binding whose
   // request is still in transit (or queued behind the pause) cannot finish while the engine is
@@ -94,6 +97,11 @@ class Runner {
                                  const BootstrapOptions& options = {});
   // Submits the request and drives the update to its end (committed, refused or tainted).
   [[nodiscard]] Result<UpdateEnded> Update(const UpdateRequested& request);
+  // Update() in two halves, for a fleet executor that journals its members' requests in the
+  // order the fleet fold allows and drives each on its own thread: StartUpdate journals the
+  // request (a refusal changes nothing); FinishUpdate drives it to its end.
+  [[nodiscard]] Status StartUpdate(const UpdateRequested& request);
+  [[nodiscard]] Result<UpdateEnded> FinishUpdate(const std::string& update_id);
   // The same for a restore of a TAINTED engine: committed (READY on the restored version, its
   // digest proven), refused (still TAINTED, nothing changed) or tainted (the reload failed).
   [[nodiscard]] Result<UpdateEnded> Restore(const RestoreRequested& request);
@@ -110,6 +118,11 @@ class Runner {
   // Called for every event the runner journals (inputs and their decisions), in seq order, once
   // it is durable: an observer never reports what a crash could still take back.
   void set_observer(Observer observer) { observer_ = std::move(observer); }
+  // Called with each fleet decision (named "", e.g. FleetUpdateEnded) an input of this runner's
+  // engine caused, once journaled (not yet durable): the fleet executor learns a fleet update's
+  // end without reading the journal back.
+  using FleetDecisionFn = std::function<void(const Event& decision)>;
+  void set_fleet_decisions(FleetDecisionFn fn) { fleet_decisions_ = std::move(fn); }
 
  private:
   enum class Durability { kNow, kWithNext };
@@ -120,6 +133,11 @@ class Runner {
   [[nodiscard]] Status sync();
   std::size_t active_rollouts() const;
   Effect due_effect() const;
+  // This runner's engine in the journal's fold: read under its lock, or copied.
+  void read_state(const std::function<void(const State&)>& read) const;
+  State current_state() const;
+  // A request's idempotency key, made distinct per engine (a fleet's members share update ids).
+  std::string engine_key(const std::string& key) const;
   [[nodiscard]] Status perform(const Effect& effect, const State& state);
   [[nodiscard]] Status await_rollouts(const State& state);
   Event observe(const Effect& effect, const State& state);
@@ -128,6 +146,8 @@ class Runner {
   TransferObserved label_only(const UpdatePlan& plan);
   [[nodiscard]] Result<UpdateEnded> run_to_end(const Event& request, const std::string& id,
                                                const std::string& key);
+  [[nodiscard]] Status start_plan(const Event& request, const std::string& key);
+  [[nodiscard]] Result<UpdateEnded> finish_plan(const std::string& id);
   DrainObserved drain();
   [[nodiscard]] Status wait_for_engine(const BootstrapOptions& options);
   std::uint64_t elapsed_us(std::int64_t since_us) const;
@@ -140,11 +160,13 @@ class Runner {
   RunnerOptions options_;
   PhaseTimings timings_;
   Observer observer_;
+  FleetDecisionFn fleet_decisions_;
   std::vector<UpdateEnded> ended_;           // UpdateEnded decisions seen since the last Update()
   std::optional<journal::Ticket> unsynced_;  // the last ticket not yet known durable
   // Events journaled but not yet known durable, for the observer: (seq, event).
   std::vector<std::pair<std::uint64_t, Event>> unobserved_;
   std::optional<EngineProbed> last_probe_;  // the last probe's evidence (bootstrap errors)
+  std::int64_t plan_start_us_ = 0;          // when the plan in flight was journaled
   DeviceMemory last_sleep_memory_;
 };
 

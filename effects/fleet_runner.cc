@@ -1,0 +1,271 @@
+#include "effects/fleet_runner.h"
+
+#include <atomic>
+#include <thread>
+#include <utility>
+
+#include "encoding/sha256.h"
+
+namespace rc::effects {
+
+std::string FleetUpdateIdempotencyKey(const std::string& update_id) {
+  return "fleet-update:" + encoding::Sha256Hex(update_id);
+}
+
+// A member's own update, driven to its end on a thread of its own.
+struct FleetRunner::Member {
+  std::atomic<bool> done{false};
+  Status finished;  // FinishUpdate's error, if it failed (read once `done`)
+  std::thread thread;
+  ~Member() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+FleetRunner::FleetRunner(journal::Journal& journal, Clock& clock, FleetRunnerOptions options)
+    : journal_(journal), clock_(clock), options_(std::move(options)) {
+  RC_CHECK(options_.poll_ms > 0);
+  RC_CHECK(options_.runner.engine.empty());  // set per engine by Join
+}
+
+Status FleetRunner::SubmitFleetEvent(const Event& event, const std::string& key) {
+  RC_CHECK(is_fleet_event(event));
+  auto submitted = journal_.SubmitFleet(FleetEvent{"", event}, clock_.wall_ms(), key);
+  if (!submitted.ok()) return submitted.status();
+  NoteEnds(submitted->decisions);
+  return journal_.Wait(submitted->ticket);
+}
+
+void FleetRunner::NoteEnds(const std::vector<FleetEvent>& decisions) {
+  for (const FleetEvent& d : decisions) NoteEnd(d.event);
+}
+
+void FleetRunner::NoteEnd(const Event& decision) {
+  const auto* end = std::get_if<FleetUpdateEnded>(&decision);
+  if (end == nullptr) return;
+  std::lock_guard<std::mutex> l(ends_mu_);
+  if (ends_.size() >= kFleetEndsKept) ends_.erase(ends_.begin());
+  ends_[end->update_id] = *end;
+}
+
+std::optional<FleetUpdateEnded> FleetRunner::NotedEnd(const std::string& update_id) {
+  std::lock_guard<std::mutex> l(ends_mu_);
+  auto it = ends_.find(update_id);
+  if (it == ends_.end()) return std::nullopt;
+  return it->second;
+}
+
+Status FleetRunner::Configure(const FleetConfigured& policy) { return SubmitFleetEvent(policy); }
+
+Status FleetRunner::Join(const std::string& engine, EngineControl& control,
+                         WeightTransfer& transfer) {
+  if (runners_.count(engine) != 0) {
+    return Status::Conflict("engine '" + engine + "' already has a runner");
+  }
+  bool member = false;
+  journal_.ReadFleetState([&](const FleetState& f) { member = f.engines.count(engine) != 0; });
+  if (!member || engine.empty()) RC_RETURN_IF_ERROR(SubmitFleetEvent(EngineJoined{engine}));
+  RunnerOptions o = options_.runner;
+  o.engine = engine;
+  auto r = std::make_unique<Runner>(journal_, control, transfer, clock_, std::move(o));
+  r->set_fleet_decisions([this](const Event& decision) { NoteEnd(decision); });
+  runners_.emplace(engine, std::move(r));
+  return Status::OK();
+}
+
+Runner* FleetRunner::runner(const std::string& engine) {
+  auto it = runners_.find(engine);
+  return it == runners_.end() ? nullptr : it->second.get();
+}
+
+Status FleetRunner::Recover() {
+  std::vector<Status> recovered(runners_.size());
+  std::vector<std::thread> threads;
+  std::size_t i = 0;
+  for (auto& [engine, r] : runners_) {
+    threads.emplace_back([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); });
+    ++i;
+  }
+  for (std::thread& t : threads) t.join();
+  i = 0;
+  for (const auto& [engine, r] : runners_) {
+    if (!recovered[i].ok()) {
+      return Status(recovered[i].code(), "engine '" + engine + "': " + recovered[i].message());
+    }
+    ++i;
+  }
+  return Status::OK();
+}
+
+Status FleetRunner::Remove(const std::string& engine) {
+  return SubmitFleetEvent(EngineRemovalRequested{engine});
+}
+
+Status FleetRunner::Cancel(const std::string& update_id, const std::string& reason) {
+  return SubmitFleetEvent(FleetUpdateCancelled{update_id, reason});
+}
+
+// Who may start is computed on a copy of the fleet (fleet_next_members), so only when a member's
+// status changed since `last`, or every kReplanPolls looks (other engines may have changed what
+// min_serving allows); otherwise `last`'s answer stands.
+FleetRunner::Plan FleetRunner::Look(const std::string& update_id, const Plan* last) const {
+  Plan plan;
+  journal_.ReadFleetState([&](const FleetState& f) {
+    plan.open = f.update.has_value() && f.update->request.update_id == update_id;
+    if (!plan.open) return;
+    plan.members = f.update->members;
+    for (const auto& [engine, status] : plan.members) {
+      plan.pending += status == MemberStatus::kPending ? 1 : 0;
+    }
+    if (last != nullptr && last->members == plan.members && last->looks < kReplanPolls) {
+      plan.next = last->next;
+      plan.blocked = last->blocked;
+      plan.member_request = last->member_request;
+      plan.looks = last->looks + 1;
+      return;
+    }
+    plan.next = fleet_next_members(f);
+    plan.blocked = fleet_update_blocked_reason(f);
+    if (!plan.next.empty()) plan.member_request = member_update_request(f);
+  });
+  return plan;
+}
+
+// Journals each proposed member's request in the fold's order, then drives it on its thread. A
+// refused start (the fleet moved since the look, the journal's queue was full) is tried again at
+// the next look while the fold still proposes it; the last refusal is kept for the stuck reason.
+void FleetRunner::StartMembers(const Plan& plan, Members& members,
+                               std::map<std::string, Status>& refused) {
+  for (const std::string& engine : plan.next) {
+    if (members.count(engine) != 0) continue;
+    Runner* r = runner(engine);
+    const Status started = r == nullptr
+                               ? Status::NotFound("no runner drives engine '" + engine + "'")
+                               : r->StartUpdate(plan.member_request);
+    if (!started.ok()) {
+      refused[engine] = started;
+      continue;
+    }
+    refused.erase(engine);
+    auto member = std::make_unique<Member>();
+    Member* m = member.get();
+    const std::string id = plan.member_request.update_id;
+    m->thread = std::thread([m, r, id] {
+      Result<UpdateEnded> ended = r->FinishUpdate(id);
+      if (!ended.ok()) m->finished = ended.status();
+      m->done.store(true);
+    });
+    members.emplace(engine, std::move(member));
+  }
+}
+
+namespace {
+
+using Members = std::map<std::string, std::unique_ptr<FleetRunner::Member>>;
+
+bool AnyRunning(const Members& members) {
+  for (const auto& [engine, m] : members) {
+    if (!m->done.load()) return true;
+  }
+  return false;
+}
+
+void JoinAll(Members& members) {
+  for (auto& [engine, m] : members) {
+    if (m->thread.joinable()) m->thread.join();
+  }
+}
+
+// Why nothing progresses: the fold's reason, the members refused at their start, and those
+// whose runner stopped without an end.
+std::string StuckReason(const std::string& blocked, const Members& members,
+                        const std::map<std::string, Status>& refused) {
+  std::string why = blocked;
+  auto add = [&why](const std::string& engine, const Status& failed) {
+    if (!failed.ok())
+      why += (why.empty() ? "" : "; ") + ("engine '" + engine + "': ") + failed.ToString();
+  };
+  for (const auto& [engine, failed] : refused) add(engine, failed);
+  for (const auto& [engine, m] : members) add(engine, m->finished);
+  return why.empty() ? std::string("no member may start") : why;
+}
+
+}  // namespace
+
+// The update progresses while a member runs. Otherwise it is blocked (the fold lets none start,
+// or the runners of those it proposes stopped): after blocked_timeout_ms it is cancelled, which
+// skips its pending members; blocked as long again, it cannot end (a member's own update stopped
+// without ending, e.g. retries exhausted), and Update returns why.
+Status FleetRunner::CancelIfBlocked(const std::string& update_id, const Plan& plan,
+                                    const Members& members, Progress& progress) {
+  RC_CHECK(progress.refused != nullptr);
+  if (AnyRunning(members)) {
+    progress.blocked_since_ms = -1;
+    return Status::OK();
+  }
+  const std::int64_t now = clock_.now_ms();
+  if (progress.blocked_since_ms < 0) progress.blocked_since_ms = now;
+  const std::int64_t blocked_ms = now - progress.blocked_since_ms;
+  if (blocked_ms < static_cast<std::int64_t>(options_.blocked_timeout_ms)) return Status::OK();
+  const std::string why = StuckReason(plan.blocked, members, *progress.refused);
+  if (progress.cancelled) {
+    return Status::Unavailable("fleet update '" + update_id + "' cannot end: " + why);
+  }
+  progress.cancelled = true;
+  progress.blocked_since_ms = now;
+  std::string reason = "blocked for " + std::to_string(blocked_ms) + " ms: " + why;
+  if (reason.size() > kFleetCancelReasonBytesMax) reason.resize(kFleetCancelReasonBytesMax);
+  return Cancel(update_id, reason);
+}
+
+Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request) {
+  const std::string& id = request.update_id;
+  {
+    std::lock_guard<std::mutex> l(ends_mu_);
+    ends_.erase(id);  // an end noted under this id belongs to an earlier update
+  }
+  auto submitted = journal_.SubmitFleet(FleetEvent{"", request}, clock_.wall_ms(),
+                                        FleetUpdateIdempotencyKey(id));
+  if (!submitted.ok()) return submitted.status();
+  NoteEnds(submitted->decisions);
+  RC_RETURN_IF_ERROR(journal_.Wait(submitted->ticket));
+  Members members;
+  std::map<std::string, Status> refused;
+  Status stopped = Status::OK();
+  Progress progress;
+  progress.refused = &refused;
+  for (Plan plan = Look(id, nullptr); plan.open && stopped.ok(); plan = Look(id, &plan)) {
+    if (journal_.failed()) {
+      stopped = journal_.failure();
+      break;
+    }
+    StartMembers(plan, members, refused);
+    // Every member started (an `all` update at once): nothing is left to start, so the members'
+    // ends are awaited rather than polled for.
+    const bool all_started = plan.pending == plan.next.size() && AnyRunning(members);
+    if (all_started) JoinAll(members);
+    stopped = CancelIfBlocked(id, plan, members, progress);
+    if (!all_started) clock_.sleep_ms(options_.poll_ms);
+  }
+  members.clear();  // joins: each member's own update ends by its own deadlines
+  RC_RETURN_IF_ERROR(stopped);
+  return FindEnd(submitted->ticket.result.first_seq, id);
+}
+
+// The fold decided the end in some member's group (or in the request's own, when refused as a
+// whole, or in a cancel's): as a submit returned it, or else (an end decided before a restart)
+// read back from the journal, where it is the truth.
+Result<FleetUpdateEnded> FleetRunner::FindEnd(std::uint64_t from_seq,
+                                              const std::string& update_id) {
+  std::optional<FleetUpdateEnded> end = NotedEnd(update_id);
+  if (end) return *end;
+  RC_RETURN_IF_ERROR(journal_.Scan(from_seq, 0, [&](const journal::Record& r) {
+    const auto* e = std::get_if<FleetUpdateEnded>(&r.event);
+    if (e != nullptr && e->update_id == update_id) end = *e;
+    return Status::OK();
+  }));
+  if (!end) return Status::Internal("fleet update '" + update_id + "' closed without its end");
+  return *end;
+}
+
+}  // namespace rc::effects

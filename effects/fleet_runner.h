@@ -1,0 +1,116 @@
+// The fleet executor: one Runner per engine, driven by the fleet fold's plan (statemachine/
+// fleet.h).
+//
+// A fleet update is journaled as FleetUpdateRequested. Its members' own updates are journaled in
+// the order fleet_next_members proposes them (all at once in `all` mode; in `rolling` mode at most
+// batch_max at a time while min_serving engines keep serving), each then driven to its end by its
+// engine's Runner on a thread of its own, with the Runner's deadlines. The executor decides
+// nothing: the fold says which member may start, and the fleet update's end (FleetUpdateEnded) is
+// the fold's decision, read back from the journal.
+//
+// Nothing waits forever: a fleet update that cannot progress (no member updating and none may
+// start: too few engines serve, or every pending member is quarantined) is cancelled after
+// blocked_timeout_ms, naming why; the members already updating finish by their own deadlines.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "effects/clock.h"
+#include "effects/engine.h"
+#include "effects/runner.h"
+#include "effects/transfer.h"
+#include "journal/journal.h"
+#include "statemachine/fleet.h"
+
+namespace rc::effects {
+
+struct FleetRunnerOptions {
+  RunnerOptions runner;                      // every engine's runner; `engine` is set per engine
+  std::uint64_t blocked_timeout_ms = 30000;  // a fleet update that cannot progress is cancelled
+  // Between looks at the fleet while a rolling update's members run. A look computes which
+  // members may start on a copy of the fleet (O(its rollouts)) under the journal's lock, so it
+  // is not a busy poll: a rolling batch starts within this of the previous one's end.
+  std::uint32_t poll_ms = 20;
+};
+
+// The journal idempotency key of a fleet update request.
+std::string FleetUpdateIdempotencyKey(const std::string& update_id);
+
+class FleetRunner {
+ public:
+  struct Member;  // a member's update in flight (fleet_runner.cc)
+
+  FleetRunner(journal::Journal& journal, Clock& clock, FleetRunnerOptions options);
+
+  // Journals the fleet's policy.
+  [[nodiscard]] Status Configure(const FleetConfigured& policy);
+  // Journals EngineJoined unless the fleet already holds `engine` (an executor restart), and
+  // makes its runner. `control` and `transfer` must outlive this FleetRunner.
+  [[nodiscard]] Status Join(const std::string& engine, EngineControl& control,
+                            WeightTransfer& transfer);
+  // The runner of an engine joined through this executor (bootstrap, restore, recovery, sleep
+  // go through it); nullptr for any other name. A Runner is not thread-safe: never use it while
+  // Update() or Recover() runs (they drive it on threads of their own).
+  Runner* runner(const std::string& engine);
+  // After an executor restart, with every engine joined again: each runner recovers at once on
+  // its own thread (journals RecoveryStarted, drives whatever plan was interrupted to its end).
+  // Then Update() with the same request (its idempotency key answers with the original) goes on
+  // with the members still pending. Returns the first runner's error, naming its engine.
+  [[nodiscard]] Status Recover();
+  // Journals the request and drives every member to its end. Returns the fleet update's end as
+  // the fold decided it (committed, partial or refused, with each member's count).
+  [[nodiscard]] Result<FleetUpdateEnded> Update(const FleetUpdateRequested& request);
+  // Journals a cancel of the open fleet update (from any thread): members not started are
+  // skipped; Update() returns once the members in flight have ended.
+  [[nodiscard]] Status Cancel(const std::string& update_id, const std::string& reason);
+  // Journals the engine's removal: it admits nothing more and leaves once its last rollout ends.
+  [[nodiscard]] Status Remove(const std::string& engine);
+
+ private:
+  // One look at the open fleet update: whether `update_id` is still open, who may start, why
+  // none can.
+  struct Plan {
+    bool open = false;
+    std::vector<std::string> next;
+    std::string blocked;
+    std::size_t pending = 0;  // members not started yet
+    UpdateRequested member_request;
+    std::map<std::string, MemberStatus> members;
+    std::uint32_t looks = 0;  // looks since `next` was computed
+  };
+  static constexpr std::uint32_t kReplanPolls = 10;
+  using Members = std::map<std::string, std::unique_ptr<Member>>;
+  struct Progress {
+    std::int64_t blocked_since_ms = -1;  // -1: a member runs
+    bool cancelled = false;
+    const std::map<std::string, Status>* refused = nullptr;  // members whose start was refused
+  };
+  Plan Look(const std::string& update_id, const Plan* last) const;
+  [[nodiscard]] Status SubmitFleetEvent(const Event& event, const std::string& key = "");
+  void StartMembers(const Plan& plan, Members& members, std::map<std::string, Status>& refused);
+  [[nodiscard]] Status CancelIfBlocked(const std::string& update_id, const Plan& plan,
+                                       const Members& members, Progress& progress);
+  [[nodiscard]] Result<FleetUpdateEnded> FindEnd(std::uint64_t from_seq,
+                                                 const std::string& update_id);
+
+  // Keeps the FleetUpdateEnded decisions any submit returned (the request's own, a cancel's, a
+  // member's), so that Update() rarely reads the journal back.
+  void NoteEnds(const std::vector<FleetEvent>& decisions);
+  void NoteEnd(const Event& decision);
+  std::optional<FleetUpdateEnded> NotedEnd(const std::string& update_id);
+
+  journal::Journal& journal_;
+  Clock& clock_;
+  const FleetRunnerOptions options_;
+  std::map<std::string, std::unique_ptr<Runner>> runners_;
+  std::mutex ends_mu_;                            // member threads note ends
+  std::map<std::string, FleetUpdateEnded> ends_;  // by update id, the last kFleetEndsKept
+  static constexpr std::size_t kFleetEndsKept = 64;
+};
+
+}  // namespace rc::effects
