@@ -26,14 +26,20 @@ std::unique_ptr<journal::Journal> OpenOk(const std::string& path) {
   return std::move(j.value());
 }
 
-// Engines a and b at rc-0 with a rollout each; an `all` update to rc-1 commits on a and breaks b's
-// transfer ambiguously (b is TAINTED, the fleet update ends partial).
-FleetDriver PartialFleetUpdate() {
+// Engines a and b joined and bootstrapped at rc-0.
+FleetDriver TwoEngines() {
   FleetDriver d;
   d.join("a");
   d.join("b");
   d.bootstrap("a");
   d.bootstrap("b");
+  return d;
+}
+
+// TwoEngines with a rollout each; an `all` update to rc-1 commits on a and breaks b's transfer
+// ambiguously (b is TAINTED, the fleet update ends partial).
+FleetDriver PartialFleetUpdate() {
+  FleetDriver d = TwoEngines();
   d.admit("a");
   d.admit("b");
   d.ok("a", RolloutFinished{"r1", RolloutOutcome::kCompleted, 0});
@@ -198,11 +204,7 @@ TEST(FleetAudit, ProvenanceNamesTheEngine) {
 // versions and state; catches an audit that merges the lives (the second life's generation 0
 // overwriting the first's, its counts added to the first's).
 TEST(FleetAudit, ARejoinedEngineIsANewLife) {
-  FleetDriver d;
-  d.join("a");
-  d.join("b");
-  d.bootstrap("a");
-  d.bootstrap("b");
+  FleetDriver d = TwoEngines();
   d.admit("a");
   d.ok("a", RolloutFinished{"r1", RolloutOutcome::kCompleted, 0});
   d.ok(FleetEvent{"", EngineRemovalRequested{"a"}});  // idle: removed in the same group

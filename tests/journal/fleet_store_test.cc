@@ -26,41 +26,43 @@ std::unique_ptr<Journal> OpenOk(const std::string& path, const Options& options)
   return std::move(j.value());
 }
 
-// Puts one raw pair into a closed journal's column family, through RocksDB directly.
+// A closed journal opened through RocksDB directly, with one of its column families at hand.
+struct RawJournal {
+  RawJournal(const std::string& path, const std::string& cf, bool read_only) {
+    std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+    for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
+      if (name == cf) at = descs.size();
+      descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    }
+    const rocksdb::Status s =
+        read_only ? rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), path, descs, &handles, &db)
+                  : rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db);
+    RC_CHECK(s.ok());
+  }
+  ~RawJournal() {
+    for (auto* h : handles) RC_CHECK(db->DestroyColumnFamilyHandle(h).ok());
+    delete db;
+  }
+  rocksdb::ColumnFamilyHandle* cf() const { return handles[at]; }
+
+  rocksdb::DB* db = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  std::size_t at = 0;
+};
+
+// Puts one raw pair into a closed journal's column family (flushed, so it survives any WAL).
 void PutRaw(const std::string& path, const std::string& cf, const std::string& key,
             const std::string& value) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  std::size_t at = 0;
-  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
-    if (name == cf) at = descs.size();
-    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
-  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[at], key, value).ok());
-  ASSERT_TRUE(db->Flush(rocksdb::FlushOptions(), handles).ok());
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  ASSERT_TRUE(db->Close().ok());
-  delete db;
+  RawJournal raw(path, cf, /*read_only=*/false);
+  ASSERT_TRUE(raw.db->Put(rocksdb::WriteOptions(), raw.cf(), key, value).ok());
+  ASSERT_TRUE(raw.db->Flush(rocksdb::FlushOptions(), raw.handles).ok());
 }
 
-// Whether a closed journal's column family holds `key`, read through RocksDB directly.
+// Whether a closed journal's column family holds `key`.
 bool HasRaw(const std::string& path, const std::string& cf, const std::string& key) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  std::size_t at = 0;
-  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
-    if (name == cf) at = descs.size();
-    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  RC_CHECK(rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
+  RawJournal raw(path, cf, /*read_only=*/true);
   std::string value;
-  const bool found = db->Get(rocksdb::ReadOptions(), handles[at], key, &value).ok();
-  for (auto* h : handles) RC_CHECK(db->DestroyColumnFamilyHandle(h).ok());
-  delete db;
-  return found;
+  return raw.db->Get(rocksdb::ReadOptions(), raw.cf(), key, &value).ok();
 }
 
 std::string EncodeBE64(std::uint64_t v) {
