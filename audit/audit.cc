@@ -265,13 +265,6 @@ struct EnginePass {
   EngineWatch watch;
 };
 
-const State kNoEngine{};
-
-const State& EngineState(const FleetState& fleet, const std::string& engine) {
-  auto it = fleet.engines.find(engine);
-  return it != fleet.engines.end() ? it->second : kNoEngine;
-}
-
 // One pass over the journal: chain (by Scan), history entries, each engine's version table and
 // health. A journal of one engine is the fleet of the unnamed engine "". An engine removed and
 // joined again is a new life, audited apart ("e (life 2)"): its generations start again.
@@ -294,7 +287,7 @@ struct Pass {
     if (const auto* joined = std::get_if<EngineJoined>(&r.event)) lives[joined->engine]++;
     if (!is_fleet_event(r.event)) {
       EnginePass& e = engines[LifeName(r.engine)];
-      e.versions.Observe(r, EngineState(fleet, r.engine));
+      e.versions.Observe(r, engine_state(fleet, r.engine));
       e.watch.Observe(r);
     }
     // The fold here only feeds the version tables; legality is the history checker's verdict.

@@ -129,9 +129,7 @@ void CheckDigest(journal::Journal& j, const Opts& o, effects::EngineClient& engi
   const WeightDigest live = effects::ReadWeightDigest(engine);
   audit::DigestCheck check;
   j.ReadFleetState([&](const FleetState& f) {
-    auto it = f.engines.find(o.fleet_engine);
-    check = audit::CheckEngineDigest(it != f.engines.end() ? it->second : State{},
-                                     served.reported_label, live);
+    check = audit::CheckEngineDigest(engine_state(f, o.fleet_engine), served.reported_label, live);
   });
   std::fprintf(o.lines(), "%s\n", text::escape_line(check.line).c_str());
   for (std::string& f : check.findings) verdict.engine_findings.push_back(std::move(f));

@@ -69,11 +69,8 @@ Result<std::vector<Event>> Runner::submit(const Event& input, const std::string&
 }
 
 void Runner::read_state(const std::function<void(const State&)>& read) const {
-  static const State kUnborn{};
-  journal_.ReadFleetState([&](const FleetState& fleet) {
-    auto it = fleet.engines.find(options_.engine);
-    read(it != fleet.engines.end() ? it->second : kUnborn);
-  });
+  journal_.ReadFleetState(
+      [&](const FleetState& fleet) { read(engine_state(fleet, options_.engine)); });
 }
 
 State Runner::current_state() const {

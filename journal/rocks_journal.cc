@@ -128,12 +128,8 @@ Hash GroupDigest(const std::vector<FleetEvent>& group) {
 constexpr char kFleetSnapshotTag = 'f';
 std::string FleetSnapshotKey(std::uint64_t seq) { return BE64(seq) + kFleetSnapshotTag; }
 
-const State kNoEngine{};  // the unnamed engine's state in a journal of named engines
-
-const State& UnnamedEngine(const FleetState& fleet) {
-  auto it = fleet.engines.find("");
-  return it != fleet.engines.end() ? it->second : kNoEngine;
-}
+// The unnamed engine's state: empty in a journal of named engines.
+const State& UnnamedEngine(const FleetState& fleet) { return engine_state(fleet, ""); }
 
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return Status::OK();

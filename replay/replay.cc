@@ -30,8 +30,6 @@ struct PendingInput {
   std::size_t matched = 0;
 };
 
-const State kNoEngine{};
-
 // "engine 'a': " for a fleet's engine; "" for the one engine of a journal that names none.
 std::string EnginePrefix(const std::string& engine) {
   return engine.empty() ? "" : "engine '" + E(engine) + "': ";
@@ -195,46 +193,16 @@ class EngineTrace {
   EngineTrace(ReplayReport& report, std::string engine)
       : report_(report), engine_(std::move(engine)) {}
 
-  // After the record was folded.
-  void Track(const journal::Record& r) { TrackRecord(r); }
+  // Keeps the records of the plan in flight so a TAINTED incident can be explained; called after
+  // the record was folded.
+  void Track(const journal::Record& r);
 
   void Finish() {
     if (plan_ && plan_->colocated()) AddStep(StepLine(*plan_, st(), 0));
   }
 
  private:
-  const State& st() const {
-    auto it = report_.fleet.engines.find(engine_);
-    return it != report_.fleet.engines.end() ? it->second : kNoEngine;
-  }
-
-  // Keeps the records of the plan in flight so a TAINTED incident can be explained.
-  void TrackRecord(const journal::Record& r) {
-    if (std::holds_alternative<UpdateRequested>(r.event) ||
-        std::holds_alternative<RestoreRequested>(r.event) ||
-        std::holds_alternative<SleepRequested>(r.event) ||
-        std::holds_alternative<WakeRequested>(r.event)) {
-      update_records_.clear();
-    }
-    TrackPlan(r);
-    if (st().update.has_value() || std::holds_alternative<StateChanged>(r.event) ||
-        std::holds_alternative<UpdateEnded>(r.event)) {
-      if (update_records_.size() < kTimelineRecordsMax) update_records_.push_back(r);
-    }
-    const auto* changed = std::get_if<StateChanged>(&r.event);
-    if (changed != nullptr && changed->to == Lifecycle::kTainted) {
-      report_.incidents.push_back(Explain(r.seq));
-      last_taint_seq_ = r.seq;
-    }
-    const auto* published = std::get_if<VersionPublished>(&r.event);
-    if (published != nullptr && st().update->restore) {
-      report_.restores.push_back(ExplainRestore(r.seq, *published));
-    }
-    const bool settled = changed != nullptr &&
-                         (changed->to == Lifecycle::kReady || changed->to == Lifecycle::kSleeping);
-    if (settled) update_records_.clear();
-    if (plan_ && !st().update.has_value()) EndPlan(r.seq);
-  }
+  const State& st() const { return engine_state(report_.fleet, engine_); }
 
   // The plan a request starts (the state already holds it), then its evidence and its end.
   void TrackPlan(const journal::Record& r) {
@@ -298,6 +266,33 @@ class EngineTrace {
   std::optional<PlanTrace> last_sleep_;  // the sleep that put the engine to sleep last
   std::uint64_t last_sleep_seq_ = 0;     // ... and the transition into SLEEPING that ended it
 };
+
+void EngineTrace::Track(const journal::Record& r) {
+  if (std::holds_alternative<UpdateRequested>(r.event) ||
+      std::holds_alternative<RestoreRequested>(r.event) ||
+      std::holds_alternative<SleepRequested>(r.event) ||
+      std::holds_alternative<WakeRequested>(r.event)) {
+    update_records_.clear();
+  }
+  TrackPlan(r);
+  if (st().update.has_value() || std::holds_alternative<StateChanged>(r.event) ||
+      std::holds_alternative<UpdateEnded>(r.event)) {
+    if (update_records_.size() < kTimelineRecordsMax) update_records_.push_back(r);
+  }
+  const auto* changed = std::get_if<StateChanged>(&r.event);
+  if (changed != nullptr && changed->to == Lifecycle::kTainted) {
+    report_.incidents.push_back(Explain(r.seq));
+    last_taint_seq_ = r.seq;
+  }
+  const auto* published = std::get_if<VersionPublished>(&r.event);
+  if (published != nullptr && st().update->restore) {
+    report_.restores.push_back(ExplainRestore(r.seq, *published));
+  }
+  const bool settled = changed != nullptr &&
+                       (changed->to == Lifecycle::kReady || changed->to == Lifecycle::kSleeping);
+  if (settled) update_records_.clear();
+  if (plan_ && !st().update.has_value()) EndPlan(r.seq);
+}
 
 // The restore request among the records of the update in flight, if it is a restore.
 const RestoreRequested* EngineTrace::RestoreInFlight() const {

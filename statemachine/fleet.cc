@@ -558,6 +558,11 @@ Result<std::vector<FleetEvent>> fleet_step(FleetState& fleet, const FleetEvent& 
   return derived;
 }
 
+const State& engine_state(const FleetState& fleet, const std::string& engine) {
+  auto it = fleet.engines.find(engine);
+  return it != fleet.engines.end() ? it->second : kUnbornEngine;
+}
+
 std::optional<std::uint64_t> fleet_generation(const FleetState& fleet, const std::string& engine) {
   auto it = fleet.engines.find(engine);
   if (it == fleet.engines.end() || it->second.lifecycle == Lifecycle::kUninitialized) {

@@ -89,6 +89,10 @@ struct FleetState {
 // "" when the fleet's invariants (and every engine's) hold.
 std::string check_fleet_invariants(const FleetState& fleet);
 
+// The state of `engine`, or an empty State (UNINITIALIZED, nothing held) when the fleet holds no
+// such engine: not joined, removed, or the unnamed engine before its first event.
+const State& engine_state(const FleetState& fleet, const std::string& engine);
+
 // The fleet generation of the label `engine` has committed; nullopt before its bootstrap.
 std::optional<std::uint64_t> fleet_generation(const FleetState& fleet, const std::string& engine);
 // The newest fleet generation an engine that is neither UNINITIALIZED nor TAINTED holds.
