@@ -81,11 +81,15 @@ Runner add_serve(CLI::App& app) {
   // parsed into `flags` and applied over the file only when it was given.
   auto flags = std::make_shared<service::ServeConfig>();
   auto opts = std::make_shared<std::vector<std::pair<CLI::Option*, std::function<void()>>>>();
+  auto fleet_engines = std::make_shared<std::vector<std::string>>();
+  app.add_option("--fleet-engine", *fleet_engines,
+                 "NAME=URL: one engine of a fleet, once per engine (replaces the config file's "
+                 "`engines`; docs/fleet.md)");
   for (const service::ConfigKey& k : service::ConfigKeys()) {
     AddConfigFlag(app, k, cfg, flags, *opts);
   }
 
-  return [cfg, flags, config_file, opts, reference]() -> int {
+  return [cfg, flags, config_file, opts, reference, fleet_engines]() -> int {
     if (*reference) {
       std::fputs(service::ConfigReferenceMarkdown().c_str(), stdout);
       return 0;
@@ -99,6 +103,17 @@ Runner add_serve(CLI::App& app) {
     }
     for (auto& [opt, apply] : *opts) {
       if (opt->count() > 0) apply();
+    }
+    if (!fleet_engines->empty()) {
+      cfg->engines.clear();
+      for (const std::string& flag : *fleet_engines) {
+        auto engine = service::ParseFleetEngineFlag(flag);
+        if (!engine.ok()) {
+          std::fprintf(stderr, "rolloutcore serve: %s\n", engine.status().ToString().c_str());
+          return 2;
+        }
+        cfg->engines.push_back(std::move(engine.value()));
+      }
     }
     if (cfg->auth_token.empty()) {
       if (const char* t = std::getenv("RC_AUTH_TOKEN"); t != nullptr) cfg->auth_token = t;

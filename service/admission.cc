@@ -95,6 +95,10 @@ Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_
                                      std::uint32_t attempt) {
   RC_CHECK(lease_ms == 0 || (lease_ms >= kRolloutLeaseMsMin && lease_ms <= kRolloutLeaseMsMax));
   if (std::optional<AdmitRefusal> r = ExecutorRefusal()) return Refused(std::move(*r));
+  if (is_fleet()) {
+    RC_CHECK(lease_ms == 0);  // a fleet admits proxied rollouts only (fleet_api.cc)
+    return TryAdmitFleet(rollout_id, attempt);
+  }
   // The cached view on the first look; a fresh copy after a refusal or while waiting.
   const std::shared_ptr<const State> view = AdmitView(/*fresh=*/attempt > 0);
   const State& s = *view;
@@ -122,6 +126,7 @@ Service::AdmitResult Service::Admitted(AdmitStep step, const Status& durable,
   metrics_.journal_append.ObserveUs(effects::elapsed_us(t0));
   AdmitResult out;
   if (!durable.ok()) {
+    if (!step.engine.empty()) EngineCallEnded(step.engine);
     // Durable or not, nobody was told: recovery records it abandoned if it is.
     FailStop("commit of admission '" + step.binding.rollout_id + "' failed: " + durable.ToString());
     metrics_.admission_rejected_failed++;
@@ -131,8 +136,8 @@ Service::AdmitResult Service::Admitted(AdmitStep step, const Status& durable,
   metrics_.admissions++;
   const journal::AppendResult& r = step.ticket.result;
   RC_CHECK(r.first_seq >= 1 && r.last_seq >= r.first_seq);
-  out.admitted =
-      Admission{std::move(step.binding), r.first_seq, DurableHead{r.last_seq, r.last_hash}};
+  out.admitted = Admission{std::move(step.engine), std::move(step.binding), r.first_seq,
+                           DurableHead{r.last_seq, r.last_hash}};
   return out;
 }
 
@@ -245,15 +250,29 @@ void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
 
 // ---- finish ----
 
+// One of a finish's records, named with its engine in a fleet. The journal's Submitted and
+// FleetSubmitted differ only in how they name decisions; a finish needs only the ticket.
+Result<journal::Ticket> Service::SubmitFinishRecord(const FinishRecords& f) {
+  const Event& record = f.records[f.next];
+  if (f.engine.empty()) {
+    auto submitted = journal_->Submit(record, effects::wall_now_ms());
+    if (!submitted.ok()) return submitted.status();
+    return submitted->ticket;
+  }
+  auto submitted = journal_->SubmitFleet(FleetEvent{f.engine, record}, effects::wall_now_ms());
+  if (!submitted.ok()) return submitted.status();
+  return submitted->ticket;
+}
+
 // Submits records[from..] in order until one meets a full queue (returns kBusy with `from` at
 // it), all are enqueued (OK, `ticket` the last one's), or the finish cannot be recorded.
 Status Service::SubmitFinishFrom(FinishRecords& f) {
   for (; f.next < f.records.size(); ++f.next) {
     if (failed()) return Status::Unavailable("the executor has fail-stopped: " + failure());
     const bool is_finish = f.next + 1 == f.records.size();
-    auto submitted = journal_->Submit(f.records[f.next], effects::wall_now_ms());
+    auto submitted = SubmitFinishRecord(f);
     if (submitted.ok()) {
-      f.ticket = submitted->ticket;
+      f.ticket = *submitted;
       continue;
     }
     const Status& st = submitted.status();
@@ -273,11 +292,13 @@ Status Service::SubmitFinishFrom(FinishRecords& f) {
   return Status::OK();
 }
 
-Service::FinishRecords Service::MakeFinish(const std::string& rollout_id, RolloutOutcome outcome,
-                                           std::uint32_t prompt_tokens,
+Service::FinishRecords Service::MakeFinish(const std::string& engine, const std::string& rollout_id,
+                                           RolloutOutcome outcome, std::uint32_t prompt_tokens,
                                            std::uint32_t completion_tokens,
                                            const std::vector<TrajectoryRecorded>& parts) {
+  RC_CHECK(engine.empty() != is_fleet());  // a fleet's records name their engine
   FinishRecords f;
+  f.engine = engine;
   f.rollout_id = rollout_id;
   f.outcome = outcome;
   f.t0 = Clock::now();
@@ -327,7 +348,7 @@ Status Service::FinishCommitted(FinishRecords& f, const Status& durable) {
 Status Service::FinishDurably(const std::string& rollout_id, RolloutOutcome outcome,
                               std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
                               const std::vector<TrajectoryRecorded>& parts) {
-  FinishRecords f = MakeFinish(rollout_id, outcome, prompt_tokens, completion_tokens, parts);
+  FinishRecords f = MakeFinish("", rollout_id, outcome, prompt_tokens, completion_tokens, parts);
   for (;;) {
     Status st = SubmitFinishFrom(f);
     if (st.ok()) break;
@@ -370,13 +391,14 @@ struct Service::AsyncFinish : std::enable_shared_from_this<AsyncFinish> {
   FinishDone done;
 };
 
-void Service::FinishAsync(const std::string& rollout_id, RolloutOutcome outcome,
-                          std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+void Service::FinishAsync(const std::string& engine, const std::string& rollout_id,
+                          RolloutOutcome outcome, std::uint32_t prompt_tokens,
+                          std::uint32_t completion_tokens,
                           const std::vector<TrajectoryRecorded>& parts,
                           const asio::any_io_executor& executor, FinishDone done) {
   auto job = std::make_shared<AsyncFinish>(
-      *this, MakeFinish(rollout_id, outcome, prompt_tokens, completion_tokens, parts), executor,
-      std::move(done));
+      *this, MakeFinish(engine, rollout_id, outcome, prompt_tokens, completion_tokens, parts),
+      executor, std::move(done));
   job->Step();
 }
 

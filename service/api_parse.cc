@@ -9,6 +9,7 @@
 #include "effects/http/sequence_transfer.h"
 #include "service/config.h"
 #include "service/http_util.h"
+#include "statemachine/fleet.h"
 #include "statemachine/hex.h"
 #include "statemachine/text.h"
 
@@ -122,6 +123,58 @@ Result<UpdateRequested> ParseUpdate(const json& body, SourceReader reader) {
 Result<UpdateRequested> ParseUpdateBody(const std::string& body, SourceReader reader) {
   auto parsed = ParseObject(body, false);
   return parsed.ok() ? ParseUpdate(*parsed, reader) : Result<UpdateRequested>(parsed.status());
+}
+
+namespace {
+
+Result<FleetUpdateMode> GetFleetMode(const json& body) {
+  auto mode = GetString(body, "mode", false);
+  if (!mode.ok()) return mode.status();
+  if (mode->empty() || *mode == "all") return FleetUpdateMode::kAll;
+  if (*mode == "rolling") return FleetUpdateMode::kRolling;
+  return Status::InvalidArgument("'mode' must be \"all\" or \"rolling\", got '" +
+                                 Esc(mode->substr(0, kSourceEchoBytesMax)) + "'");
+}
+
+}  // namespace
+
+Result<FleetUpdateRequested> ParseFleetUpdateBody(const std::string& req_body,
+                                                  SourceReader reader) {
+  auto body = ParseObject(req_body, false);
+  if (!body.ok()) return body.status();
+  json member = *body;
+  for (const char* key : {"mode", "batch_max", "min_healthy"}) member.erase(key);
+  Result<UpdateRequested> update = ParseUpdate(member, reader);
+  if (!update.ok()) return update.status();
+  Result<FleetUpdateMode> mode = GetFleetMode(*body);
+  if (!mode.ok()) return mode.status();
+  auto batch = GetInt(*body, "batch_max", 1, 1, static_cast<std::int64_t>(kFleetEnginesMax));
+  if (!batch.ok()) return batch.status();
+  auto healthy = GetInt(*body, "min_healthy", 1, 0, static_cast<std::int64_t>(kFleetEnginesMax));
+  if (!healthy.ok()) return healthy.status();
+  UpdateRequested& u = update.value();
+  return FleetUpdateRequested{std::move(u.update_id),
+                              *mode,
+                              static_cast<std::uint32_t>(*batch),
+                              static_cast<std::uint32_t>(*healthy),
+                              std::move(u.target_label),
+                              std::move(u.identity),
+                              std::move(u.source_uri),
+                              std::move(u.expected_digest)};
+}
+
+Result<std::string> ParseFleetCancelBody(const std::string& req_body) {
+  if (req_body.empty()) return std::string("cancelled by the trainer");
+  auto body = ParseObject(req_body, false);
+  if (!body.ok()) return body.status();
+  RC_RETURN_IF_ERROR(OnlyFields(*body, {"reason"}, ""));
+  auto reason = GetString(*body, "reason", false);
+  if (!reason.ok()) return reason.status();
+  if (reason->size() > kFleetCancelReasonBytesMax || !text::printable_utf8(*reason)) {
+    return Status::InvalidArgument("'reason' must be printable UTF-8 of at most " +
+                                   std::to_string(kFleetCancelReasonBytesMax) + " bytes");
+  }
+  return reason->empty() ? std::string("cancelled by the trainer") : *reason;
 }
 
 namespace {

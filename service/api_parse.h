@@ -30,6 +30,14 @@ Result<UpdateRequested> ParseUpdate(const nlohmann::json& body,
 Result<UpdateRequested> ParseUpdateBody(const std::string& body,
                                         SourceReader reader = SourceReader::kExecutor);
 
+// POST /v1/fleet/updates: ParseUpdate's fields, plus "mode" ("all" or "rolling", default all),
+// "batch_max" (rolling: members updating at once, 1..kFleetEnginesMax, default 1) and
+// "min_healthy" (members needed, else refused as a whole: 0..kFleetEnginesMax, default 1).
+Result<FleetUpdateRequested> ParseFleetUpdateBody(const std::string& body,
+                                                  SourceReader reader = SourceReader::kExecutor);
+// POST /v1/fleet/updates/{id}/cancel: {"reason"?} (an empty body is allowed).
+Result<std::string> ParseFleetCancelBody(const std::string& body);
+
 // POST /v1/restores: {"restore_id", "label", "source"?, "adopt"?} — exactly one of a source and
 // adopt: true.
 Result<RestoreRequested> ParseRestoreBody(const std::string& body,

@@ -1,10 +1,15 @@
 #include "service/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <set>
+
+#include "statemachine/events.h"
+#include "statemachine/text.h"
 
 namespace rc::service {
 namespace {
@@ -15,6 +20,9 @@ constexpr std::uint64_t kHour = 3600 * kSecond;
 constexpr std::uint64_t kDay = 24 * kHour;
 constexpr std::uint64_t kPathBytesMax = 4096;
 constexpr std::uint64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+constexpr std::uint64_t kFleetStalenessMax = 1'000'000;
+constexpr std::size_t kEngineUrlBytesMax = 2048;
+constexpr std::size_t kEngineNameBytesMax = 64;
 constexpr std::size_t kKeyEchoBytesMax = 64;  // an unknown key is quoted at most this long
 
 constexpr const char* kWhere = "Where things are";
@@ -24,6 +32,7 @@ constexpr const char* kBounds = "Bounds";
 constexpr const char* kTransfer = "Weight transfer";
 constexpr const char* kGate = "Connections";
 constexpr const char* kTrust = "Trust under faults";
+constexpr const char* kFleet = "Fleet (with `engines`; docs/fleet.md)";
 
 // The single definition of every setting. Adding a ServeConfig member means adding its row here;
 // the parser, the flags, the validation and docs/config.md follow from it.
@@ -31,10 +40,11 @@ const std::array kKeys = {
     ConfigKey{"engine_url",
               "engine-url",
               &C::engine_url,
-              1,
-              2048,
+              0,
+              kEngineUrlBytesMax,
               kWhere,
-              "vLLM base URL (http://), e.g. http://127.0.0.1:8000",
+              "vLLM base URL (http://), e.g. http://127.0.0.1:8000; required unless `engines` "
+              "names a fleet",
               {}},
     ConfigKey{"journal_path",
               "journal",
@@ -477,6 +487,31 @@ const std::array kKeys = {
               "lease of an explicit rollout whose client names none, renewed by POST "
               "/v1/rollouts/ID/lease (ms)",
               {}},
+    ConfigKey{"fleet_staleness_max",
+              "fleet-staleness-max",
+              &C::fleet_staleness_max,
+              0,
+              kFleetStalenessMax,
+              kFleet,
+              "a rollout is admitted only to an engine whose generation is at least the newest "
+              "one held minus this (0: none starts on an old generation)",
+              {}},
+    ConfigKey{"fleet_min_serving",
+              "fleet-min-serving",
+              &C::fleet_min_serving,
+              0,
+              kFleetEnginesMax,
+              kFleet,
+              "engines that keep serving while a rolling update runs",
+              {}},
+    ConfigKey{"fleet_blocked_timeout_ms",
+              "fleet-blocked-timeout-ms",
+              &C::fleet_blocked_timeout_ms,
+              1,
+              kDay,
+              kFleet,
+              "a fleet update that cannot progress is cancelled after this (ms)",
+              {}},
 };
 
 // ---- JSON values into typed members (no exceptions: every get<> is on a checked type).
@@ -582,14 +617,65 @@ Status CheckRow(const ConfigKey& k, const ServeConfig& c) {
 
 // ---- Rules that join keys.
 
-Status CheckEngineUrl(const ServeConfig& c) {
-  if (c.engine_url.rfind("http://", 0) != 0) {
+Status CheckEngineUrl(const std::string& what, const std::string& url) {
+  if (url.rfind("http://", 0) != 0) {
     return Status::InvalidArgument(
-        "engine_url must start with http:// (the proxy speaks plain "
-        "HTTP to an engine on loopback or a private network; see "
-        "docs/security.md), got '" +
-        c.engine_url.substr(0, 256) + "'");
+        what +
+        " must start with http:// (the proxy speaks plain HTTP to an engine on loopback or a "
+        "private network; see docs/security.md), got '" +
+        text::escape_line(url.substr(0, 256)) + "'");
   }
+  if (url.size() > kEngineUrlBytesMax) {
+    return Status::InvalidArgument(what + " is longer than " + std::to_string(kEngineUrlBytesMax) +
+                                   " bytes");
+  }
+  return Status::OK();
+}
+
+// An engine's name travels in URL paths (/v1/fleet/engines/NAME), metric labels and log lines.
+bool IsEngineName(const std::string& name) {
+  if (name.empty() || name.size() > kEngineNameBytesMax) return false;
+  return std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '.' || ch == '_' || ch == '-';
+  });
+}
+
+Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names) {
+  if (!IsEngineName(e.name)) {
+    return Status::InvalidArgument(
+        "engines: the name '" + text::escape_line(e.name.substr(0, 256)) + "' is not 1.." +
+        std::to_string(kEngineNameBytesMax) + " bytes of A-Z, a-z, 0-9, '.', '_', '-'");
+  }
+  if (!names.insert(e.name).second) {
+    return Status::InvalidArgument("engines: the name '" + e.name + "' is given twice");
+  }
+  return CheckEngineUrl("engines['" + e.name + "'].engine_url", e.engine_url);
+}
+
+// One engine (engine_url) or a fleet (engines), never both; a fleet's transfer is per engine.
+Status CheckEngines(const ServeConfig& c) {
+  if (c.engines.empty()) {
+    if (c.engine_url.empty()) {
+      return Status::InvalidArgument(
+          "engine_url (--engine-url) is required, or `engines` (--fleet-engine NAME=URL) for a "
+          "fleet");
+    }
+    return CheckEngineUrl("engine_url", c.engine_url);
+  }
+  if (!c.engine_url.empty()) {
+    return Status::InvalidArgument("give engine_url (one engine) or engines (a fleet), not both");
+  }
+  if (c.engines.size() > kFleetEnginesMax) {
+    return Status::InvalidArgument("engines: at most " + std::to_string(kFleetEnginesMax) +
+                                   " engines, got " + std::to_string(c.engines.size()));
+  }
+  if (c.transfer == "nccl") {
+    return Status::InvalidArgument(
+        "transfer 'nccl' drives one engine's communicator; a fleet's engines take transfer "
+        "http, ipc or reload (docs/fleet.md)");
+  }
+  std::set<std::string> names;
+  for (const FleetEngineConfig& e : c.engines) RC_RETURN_IF_ERROR(CheckFleetEngine(e, names));
   return Status::OK();
 }
 
@@ -793,10 +879,65 @@ Result<HostPort> ParseHostPort(const std::string& text) {
   return HostPort{split->host, *port};
 }
 
+namespace {
+
+constexpr const char* kEnginesKey = "engines";
+
+Result<std::string> EngineField(const nlohmann::json& e, const char* field, std::size_t i) {
+  const auto it = e.find(field);
+  if (it == e.end() || !it->is_string()) {
+    return Status::InvalidArgument("engines[" + std::to_string(i) + "]." + field +
+                                   " must be a string");
+  }
+  return it->get<std::string>();
+}
+
+Result<FleetEngineConfig> EngineEntry(const nlohmann::json& e, std::size_t i) {
+  if (!e.is_object() || e.size() != 2) {
+    return Status::InvalidArgument("engines[" + std::to_string(i) +
+                                   "] must be {\"name\": ..., \"engine_url\": ...}");
+  }
+  Result<std::string> name = EngineField(e, "name", i);
+  if (!name.ok()) return name.status();
+  Result<std::string> url = EngineField(e, "engine_url", i);
+  if (!url.ok()) return url.status();
+  return FleetEngineConfig{*name, *url};
+}
+
+Status AssignEngines(const nlohmann::json& v, std::vector<FleetEngineConfig>& out) {
+  if (!v.is_array() || v.size() > kFleetEnginesMax) {
+    return Status::InvalidArgument("engines must be an array of at most " +
+                                   std::to_string(kFleetEnginesMax) + " engines");
+  }
+  std::vector<FleetEngineConfig> engines;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    Result<FleetEngineConfig> e = EngineEntry(v[i], i);
+    if (!e.ok()) return e.status();
+    engines.push_back(std::move(e.value()));
+  }
+  out = std::move(engines);
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<FleetEngineConfig> ParseFleetEngineFlag(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return Status::InvalidArgument("--fleet-engine takes NAME=URL, got '" +
+                                   text::escape_line(text.substr(0, 256)) + "'");
+  }
+  return FleetEngineConfig{text.substr(0, eq), text.substr(eq + 1)};
+}
+
 Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {
   if (!doc.is_object()) return Status::InvalidArgument("config must be a JSON object");
   ServeConfig merged = config;
   for (const auto& item : doc.items()) {
+    if (item.key() == kEnginesKey) {
+      RC_RETURN_IF_ERROR(AssignEngines(item.value(), merged.engines));
+      continue;
+    }
     const ConfigKey* k = FindConfigKey(item.key());
     if (k == nullptr) return UnknownKey(item.key());
     const nlohmann::json& value = item.value();
@@ -826,7 +967,7 @@ Status MergeConfigFile(const std::string& path, ServeConfig& config) {
 
 Status ValidateConfig(const ServeConfig& c) {
   for (const auto& k : kKeys) RC_RETURN_IF_ERROR(CheckRow(k, c));
-  RC_RETURN_IF_ERROR(CheckEngineUrl(c));
+  RC_RETURN_IF_ERROR(CheckEngines(c));
   RC_RETURN_IF_ERROR(CheckNccl(c));
   return CheckConnections(c);
 }
@@ -835,6 +976,13 @@ nlohmann::json ConfigToJson(const ServeConfig& c) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& k : kKeys) {
     std::visit([&](auto member) { j[std::string(k.key)] = c.*member; }, k.field);
+  }
+  if (!c.engines.empty()) {
+    nlohmann::json engines = nlohmann::json::array();
+    for (const FleetEngineConfig& e : c.engines) {
+      engines.push_back({{"name", e.name}, {"engine_url", e.engine_url}});
+    }
+    j[kEnginesKey] = std::move(engines);
   }
   j["auth_token"] = c.auth_token.empty() ? "" : "<redacted>";
   j["proxy_token"] = c.proxy_token.empty() ? "" : "<redacted>";
@@ -898,8 +1046,13 @@ Bounds are inclusive; string bounds are lengths in bytes.
 
 Rules that join several keys, checked after the bounds:
 
-- `engine_url` starts with `http://` (the engine sits on loopback or a private network; see
+- Exactly one of `engine_url` (one engine) and `engines` (a fleet) is given; each engine URL
+  starts with `http://` (the engine sits on loopback or a private network; see
   docs/security.md).
+- `engines` is a list of at most 256 `{"name": NAME, "engine_url": URL}` objects, names unique
+  (1..64 bytes of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`), or the flag
+  `--fleet-engine NAME=URL` given once per engine (the flags replace the file's list). A fleet's
+  `transfer` is `http`, `ipc` or `reload`.
 - `proxy_token`, when given, differs from `auth_token`.
 - `rendezvous`, when given, is `HOST:PORT` or `[IPv6]:PORT` (PORT 0..65535).
 - `nccl_world_size` is 0 (ask the engine) or 2 and more.

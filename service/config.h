@@ -33,11 +33,23 @@ inline constexpr std::uint32_t kPortMax = 65535;
 // The rendezvous the GPU-free transfer records in the engine's init_info when none is given.
 inline constexpr const char* kHttpRendezvousDefault = "127.0.0.1:29500";
 
+// One engine of a fleet (the `engines` list): the name its records carry in the journal, and
+// where it listens.
+struct FleetEngineConfig {
+  std::string name;
+  std::string engine_url;
+  bool operator==(const FleetEngineConfig&) const = default;
+};
+
 // A new member needs its row in ConfigKeys() (service/config.cc), then a regenerated
 // docs/config.md and a key in docs/serve.example.json (config_test checks both).
 struct ServeConfig {
   // Where things are.
-  std::string engine_url;         // vLLM (or the double), e.g. http://127.0.0.1:8000
+  std::string engine_url;  // vLLM (or the double), e.g. http://127.0.0.1:8000
+  // A fleet instead of one engine: N named engines (docs/fleet.md). Not a table row (it is a
+  // list): the JSON key `engines` ([{"name": ..., "engine_url": ...}]) or the flag
+  // `--fleet-engine NAME=URL`, repeated. Exactly one of engine_url and engines is given.
+  std::vector<FleetEngineConfig> engines;
   std::string journal_path;       // RocksDB directory
   std::string trajectories_path;  // "" = <journal_path>/../trajectories.jsonl
   std::string listen_host = "127.0.0.1";
@@ -133,6 +145,13 @@ struct ServeConfig {
   // groups share one fsync: less CPU per request under load, more latency per durable point
   // (0..10 ms).
   std::uint32_t journal_commit_window_us = 0;
+
+  // Fleet (with `engines` only).
+  std::uint32_t fleet_staleness_max = 0;  // admit only to generations >= newest - this
+  std::uint32_t fleet_min_serving = 0;    // engines kept serving through a rolling update
+  // A fleet update that cannot progress (too few serving, every pending member quarantined) is
+  // cancelled after this.
+  std::uint64_t fleet_blocked_timeout_ms = 30000;
 };
 
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMin = 10;
@@ -182,6 +201,8 @@ struct HostPort {
 // Merges the keys of `doc` into `config`. Unknown keys, wrong types and values the member's type
 // cannot hold are InvalidArgument; ranges are ValidateConfig's.
 [[nodiscard]] Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config);
+// "NAME=URL" (the --fleet-engine flag) as one engine of a fleet.
+[[nodiscard]] Result<FleetEngineConfig> ParseFleetEngineFlag(const std::string& text);
 // Reads and merges a JSON file (bounded by kConfigFileBytesMax).
 [[nodiscard]] Status MergeConfigFile(const std::string& path, ServeConfig& config);
 // Checks a complete configuration: every row's bounds, then the rules that join keys.

@@ -4,8 +4,10 @@
 // byte-stable for scrapers: some families' later labels (admissions_refused_total's overloaded
 // and failed, rollouts_finished_total's expired, updates_total's outcome_unknown and replayed)
 // follow other families' rows, where they have always been.
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "service/api_parse.h"
 #include "service/http_util.h"
@@ -289,22 +291,141 @@ void AppendHistograms(std::string& out, const ServiceMetrics& m) {
   }
 }
 
+// One fleet member as /metrics shows it, read under the journal's lock without its rollouts.
+struct MemberMetrics {
+  std::string engine;
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  std::uint64_t generation = 0;  // the fleet generation of its committed label
+  std::size_t active = 0;
+  bool admitting = false;
+  bool leaving = false;
+  std::uint64_t admitted = 0;
+};
+
+struct FleetMetrics {
+  std::vector<MemberMetrics> members;
+  Counters summed;  // every engine's counters added (the one-engine families)
+  std::uint64_t updates_ended = 0;
+};
+
+void AddCounters(Counters& sum, const Counters& c) {
+  sum.rollouts_admitted += c.rollouts_admitted;
+  sum.rollouts_completed += c.rollouts_completed;
+  sum.rollouts_aborted += c.rollouts_aborted;
+  sum.rollouts_abandoned += c.rollouts_abandoned;
+  sum.rollouts_expired += c.rollouts_expired;
+}
+
+FleetMetrics ReadFleetMetrics(const journal::Journal& journal) {
+  FleetMetrics out;
+  journal.ReadFleetState([&out](const FleetState& f) {
+    for (const auto& [name, s] : f.engines) {
+      out.members.push_back({name, s.lifecycle, fleet_generation(f, name).value_or(0),
+                             s.active.size(), fleet_admits(f, name), f.leaving.count(name) != 0,
+                             s.counters.rollouts_admitted});
+      AddCounters(out.summed, s.counters);
+    }
+    out.updates_ended = f.fleet_updates_ended;
+  });
+  return out;
+}
+
+std::string EngineSeries(std::string_view name, const std::string& engine) {
+  return Series(name, "engine", EscapeLabelValue(engine));
+}
+
+void AppendMemberStates(std::string& out, const std::vector<MemberMetrics>& members) {
+  constexpr const char* kState = "rolloutcore_fleet_engine_state";
+  AppendHead(out, kState, "gauge", "1 for each engine's current lifecycle state");
+  for (const MemberMetrics& m : members) {
+    for (std::uint8_t i = 0; i <= kLifecycleMax; ++i) {
+      const auto l = static_cast<Lifecycle>(i);
+      AppendSample(out,
+                   std::string(kState) + "{engine=\"" + EscapeLabelValue(m.engine) + "\",state=\"" +
+                       lifecycle_name(l) + "\"}",
+                   l == m.lifecycle ? "1" : "0");
+    }
+  }
+}
+
+// Per engine: `value` of each member, under one family head.
+template <class Value>
+void AppendPerEngine(std::string& out, const char* name, const char* type, const char* help,
+                     const std::vector<MemberMetrics>& members, Value value) {
+  AppendHead(out, name, type, help);
+  for (const MemberMetrics& m : members) {
+    AppendSample(out, EngineSeries(name, m.engine), std::to_string(value(m)));
+  }
+}
+
+void AppendMembers(std::string& out, const FleetMetrics& f,
+                   const std::map<std::string, std::uint32_t>& outstanding) {
+  const auto& ms = f.members;
+  AppendMemberStates(out, ms);
+  AppendPerEngine(out, "rolloutcore_fleet_engine_generation", "gauge",
+                  "the fleet generation of the label each engine has committed", ms,
+                  [](const MemberMetrics& m) { return m.generation; });
+  AppendPerEngine(out, "rolloutcore_fleet_engine_admitting", "gauge",
+                  "1 while a rollout may be admitted to the engine", ms,
+                  [](const MemberMetrics& m) { return m.admitting ? 1 : 0; });
+  AppendPerEngine(out, "rolloutcore_fleet_engine_leaving", "gauge",
+                  "1 once the engine's removal was requested", ms,
+                  [](const MemberMetrics& m) { return m.leaving ? 1 : 0; });
+  AppendPerEngine(out, "rolloutcore_fleet_engine_active_rollouts", "gauge",
+                  "rollouts admitted to the engine and not finished (journal)", ms,
+                  [](const MemberMetrics& m) { return m.active; });
+  AppendPerEngine(out, "rolloutcore_fleet_engine_outstanding", "gauge",
+                  "proxied requests in flight to the engine (the balancer's count)", ms,
+                  [&outstanding](const MemberMetrics& m) {
+                    const auto it = outstanding.find(m.engine);
+                    return it == outstanding.end() ? 0u : it->second;
+                  });
+  AppendPerEngine(out, "rolloutcore_fleet_engine_rollouts_admitted_total", "counter",
+                  "admissions journaled for the engine", ms,
+                  [](const MemberMetrics& m) { return m.admitted; });
+  AppendCounter(out, "rolloutcore_fleet_updates_ended_total", "fleet updates ended (journal)",
+                f.updates_ended);
+}
+
 }  // namespace
 
+std::string Service::RenderFleetMetrics() const {
+  const FleetMetrics f = ReadFleetMetrics(*journal_);
+  std::map<std::string, std::uint32_t> outstanding;
+  for (const auto& [name, m] : fleet_members_) outstanding[name] = m->outstanding.load();
+  std::string out;
+  AppendMembers(out, f, outstanding);
+  AppendGauge(out, "rolloutcore_fleet_engines", "engines in the fleet (journal)",
+              std::to_string(f.members.size()));
+  AppendGauge(out, "rolloutcore_proxy_in_flight", "proxied requests in flight",
+              std::to_string(metrics_.proxy_in_flight.load()));
+  AppendGauge(out, "rolloutcore_journal_head_seq", "last journal seq",
+              std::to_string(journal_->head_seq()));
+  AppendGauge(out, "rolloutcore_journal_failed",
+              "1 once the executor fail-stopped on a journal error", failed() ? "1" : "0");
+  AppendOutcomes(out, f.summed, metrics_);
+  AppendServiceCounters(out, metrics_);
+  if (http_) AppendHttp(out, http_->counters());
+  AppendProxyCounters(out, metrics_);
+  AppendHistograms(out, metrics_);
+  return out;
+}
+
 std::string Service::RenderMetrics() const {
+  if (is_fleet()) return RenderFleetMetrics();
   const MetricsState s = ReadMetricsState(*journal_);
   EngineProbes probes{failed(),
-                      engine_up_.load(),
-                      engine_last_probe_wall_ms_.load(),
-                      engine_last_ok_wall_ms_.load(),
+                      watch_.up.load(),
+                      watch_.last_probe_wall_ms.load(),
+                      watch_.last_ok_wall_ms.load(),
                       "",
                       ""};
   {
-    std::lock_guard<std::mutex> g(engine_info_mu_);
-    probes.instance = engine_instance_seen_;
-    probes.label = engine_label_seen_;
+    std::lock_guard<std::mutex> g(watch_.seen_mu);
+    probes.instance = watch_.instance_seen;
+    probes.label = watch_.label_seen;
   }
-  probes.last_digest_check_wall_ms = last_digest_check_wall_ms_.load();
+  probes.last_digest_check_wall_ms = watch_.last_digest_check_wall_ms.load();
   std::string out;
   AppendLifecycle(out, s.lifecycle);
   AppendJournalGauges(out, s, metrics_, journal_->head_seq());

@@ -161,7 +161,7 @@ void ProxyExchange::PrepareUpstream() {
   // Token in, token out: the engine answers without the prompt, which is the request's.
   if (route_ == ProxyRoute::kGenerate) trace_.Absorb(json{{"prompt_token_ids", up["token_ids"]}});
   namespace bhttp = beast::http;
-  const UpstreamTarget& t = svc_.engine_target_;
+  const UpstreamTarget& t = svc_.TargetOf(admission_.engine);
   upstream_request_ = {bhttp::verb::post, t.base_path + ProxyRoutePath(route_), 11};
   upstream_request_.set(bhttp::field::host, t.authority);
   upstream_request_.set(bhttp::field::content_type, "application/json");
@@ -187,6 +187,7 @@ HttpResponse ProxyExchange::BindingHead(int status) const {
   SetHeader(res, "X-RolloutCore-Step", std::to_string(b.identity.step));
   SetHeader(res, "X-RolloutCore-Admission-Seq", std::to_string(admission_.seq));
   SetHeader(res, "X-RolloutCore-Cache-Salt", cache_salt_);
+  if (!admission_.engine.empty()) SetHeader(res, "X-RolloutCore-Engine", admission_.engine);
   return res;
 }
 
@@ -217,12 +218,13 @@ void ProxyExchange::Connect() {
 }
 
 void ProxyExchange::AcquireUpstream(bool fresh_only) {
-  svc_.upstream_->Acquire(
-      ex_.executor(), svc_.config_.connect_timeout_ms,
-      [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
-        self->OnConnected(std::move(st), std::move(c), reused);
-      },
-      fresh_only);
+  svc_.UpstreamOf(admission_.engine)
+      .Acquire(
+          ex_.executor(), svc_.config_.connect_timeout_ms,
+          [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
+            self->OnConnected(std::move(st), std::move(c), reused);
+          },
+          fresh_only);
 }
 
 void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, bool reused) {
@@ -489,7 +491,7 @@ void ProxyExchange::Cancel() {
 
 void ProxyExchange::ReleaseUpstream(bool reusable) {
   if (conn_ == nullptr) return;
-  if (reusable) svc_.upstream_->Release(std::move(conn_));
+  if (reusable) svc_.UpstreamOf(admission_.engine).Release(std::move(conn_));
   conn_.reset();
 }
 
@@ -514,7 +516,8 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
   WriteTrajectoryLine(outcome, note);
   const std::uint64_t up_us = UpstreamElapsedUs();
   const RolloutAdmitted& b = admission_.binding;
-  svc_.FinishAsync(b.rollout_id, outcome, ClampU32(trace_.prompt_count()),
+  if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
+  svc_.FinishAsync(admission_.engine, b.rollout_id, outcome, ClampU32(trace_.prompt_count()),
                    ClampU32(trace_.completion_count()),
                    JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(),
                    [self = shared_from_this(), then = std::move(then), up_us](Status st) {
@@ -675,7 +678,9 @@ void Service::AddProxyRoutes(HttpRouter& router) {
   for (const auto& [method, path] : read_only) {
     router.Async(method, path, [this](Exchange ex) {
       if (!ProxyAuthorized(ex)) return;
-      std::make_shared<PassThrough>(std::move(ex), *upstream_, engine_target_, config_)->Start();
+      const std::string engine = PassThroughEngine();
+      std::make_shared<PassThrough>(std::move(ex), UpstreamOf(engine), TargetOf(engine), config_)
+          ->Start();
     });
   }
 }

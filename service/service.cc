@@ -28,6 +28,7 @@
 #include "effects/nccl/weight_source.h"
 #include "journal/json.h"
 #include "service/api_parse.h"
+#include "service/engine_startup.h"
 #include "service/http_util.h"
 #include "service/service_internal.h"
 #include "statemachine/hex.h"
@@ -60,16 +61,6 @@ inline constexpr std::uint64_t kDescriptorsPerConnection = 2;
 inline constexpr std::uint64_t kDescriptorsSpare = 256;
 // The destructor waits this long for blocking handlers (an update) to return.
 inline constexpr std::uint64_t kHandlersDrainMsMax = 24ull * 3600 * 1000;
-// Startup: GET /version is tried this often, and the wait logged this often, until it answers.
-inline constexpr std::uint64_t kEngineWaitPollMs = 250;
-inline constexpr std::uint64_t kEngineWaitLogMs = 5000;
-
-effects::PackingParams PackingOf(const ServeConfig& config) {
-  effects::PackingParams packing;
-  packing.packed_buffer_size_bytes = config.packed_buffer_size_bytes;
-  packing.packed_num_buffers = config.packed_num_buffers;
-  return packing;
-}
 
 #ifdef RC_HAVE_CUDA
 std::string CudaError(const char* what, cudaError_t e) {
@@ -201,72 +192,6 @@ Status InitNcclSender(ServeNcclTransfer& sender, const ServeConfig& config) {
 }
 #endif  // RC_HAVE_CUDA
 
-struct EngineVersionWait {
-  Status status;
-  std::string version;
-};
-
-// What one GET /version attempt that gave no version saw.
-std::string VersionAttemptFailure(const effects::HttpReply& v) {
-  if (v.http.ok_2xx()) {
-    return "HTTP " + std::to_string(v.http.http_status) + " without a 'version' string";
-  }
-  if (v.http.http_status != 0)
-    return "HTTP " + std::to_string(v.http.http_status) + " " + v.http.error;
-  return v.http.error;
-}
-
-void LogEngineWait(const ServeConfig& config, Clock::time_point start, const std::string& last) {
-  spdlog::info(
-      "serve: waiting for the engine at {} to answer GET /version ({} s so far, "
-      "up to {} s): {}",
-      Esc(config.engine_url), effects::elapsed_us(start) / 1000000,
-      config.engine_startup_timeout_ms / 1000, Esc(last));
-}
-
-Status EngineVersionTimeout(const ServeConfig& config, const std::string& last) {
-  return Status::Unavailable("engine " + Esc(config.engine_url) +
-                             " did not answer GET /version "
-                             "within engine_startup_timeout_ms " +
-                             std::to_string(config.engine_startup_timeout_ms) + " ms (last: " +
-                             Esc(last) + "); is it running and reachable from this host?");
-}
-
-// The version string of a GET /version answer, or nullopt.
-std::optional<std::string> VersionOf(const effects::HttpReply& v) {
-  if (!v.http.ok_2xx() || !v.body.is_object() || !v.body.value("version", json()).is_string()) {
-    return std::nullopt;
-  }
-  return v.body["version"].get<std::string>();
-}
-
-// Polls GET /version until the engine answers with a version string, logging progress every
-// kEngineWaitLogMs, for at most engine_startup_timeout_ms; then fails saying what the last
-// attempt saw.
-EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const ServeConfig& config) {
-  const auto start = Clock::now();
-  const auto deadline = start + std::chrono::milliseconds(config.engine_startup_timeout_ms);
-  auto next_log = start + std::chrono::milliseconds(kEngineWaitLogMs);
-  for (std::uint32_t attempt = 1;; ++attempt) {
-    const effects::HttpReply v = client.Version();
-    if (std::optional<std::string> version = VersionOf(v)) {
-      spdlog::info("serve: engine {} answers GET /version: '{}' (after {} ms, {} attempt(s))",
-                   Esc(config.engine_url), Esc(*version), effects::elapsed_us(start) / 1000,
-                   attempt);
-      return {Status::OK(), *version};
-    }
-    const std::string last = VersionAttemptFailure(v);
-    const auto now = Clock::now();
-    if (now >= deadline) return {EngineVersionTimeout(config, last), ""};
-    if (now >= next_log) {
-      LogEngineWait(config, start, last);
-      next_log = now + std::chrono::milliseconds(kEngineWaitLogMs);
-    }
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(std::chrono::milliseconds(kEngineWaitPollMs), deadline - now));
-  }
-}
-
 // A prefix no other executor (or restart of this one) gives its rollouts: "px-<48 random bits>-".
 std::string RandomRolloutPrefix() {
   std::random_device rd;
@@ -285,26 +210,6 @@ Lifecycle ReadLifecycle(const journal::Journal& journal) {
   Lifecycle lifecycle = Lifecycle::kUninitialized;
   journal.ReadState([&lifecycle](const State& st) { lifecycle = st.lifecycle; });
   return lifecycle;
-}
-
-// The state the engine monitor decides on, read under the journal's lock without the maps that
-// grow with the journal (active rollouts, committed labels): engine_matches and the monitor read
-// only the lifecycle, the committed version, the engine's fields and the counters.
-State MonitorView(const journal::Journal& journal) {
-  State view;
-  journal.ReadState([&view](const State& st) {
-    view.lifecycle = st.lifecycle;
-    view.committed = st.committed;
-    view.committed_identity = st.committed_identity;
-    view.update = st.update;
-    view.taint = st.taint;
-    view.engine_instance = st.engine_instance;
-    view.engine_reachable = st.engine_reachable;
-    view.engine_recheck = st.engine_recheck;
-    view.counters = st.counters;
-    view.committed_digest = st.committed_digest;
-  });
-  return view;
 }
 
 }  // namespace
@@ -338,6 +243,8 @@ Service::~Service() {
   StopBackground();
   if (http_) (void)http_->Stop(kHandlersDrainMsMax);
   upstream_.reset();
+  for (auto& [name, m] : fleet_members_) m->upstream.reset();
+  fleet_runner_.reset();
   runner_.reset();
   journal_.reset();
 }
@@ -421,6 +328,7 @@ Status Service::Init() {
   rollout_prefix_ = RandomRolloutPrefix();
   RC_RETURN_IF_ERROR(OpenJournal());
   RC_RETURN_IF_ERROR(OpenTrajectories());
+  if (is_fleet()) return InitFleet();
   RC_RETURN_IF_ERROR(OpenEngineClients());
   // Nothing below is decided before the engine answers GET /version: it may still be loading.
   RC_RETURN_IF_ERROR(AwaitEngineVersion());
@@ -449,10 +357,16 @@ Status Service::OpenJournal() {
   jo.commit_window_us = config_.journal_commit_window_us;
   auto opened = journal::Journal::Open(config_.journal_path, jo);
   if (!opened.ok()) return opened.status();
-  if ((*opened)->is_fleet()) {
-    // Serving drives one engine: the fleet's engines would be neither driven nor watched.
+  if ((*opened)->is_fleet() && !is_fleet()) {
+    // One engine configured: the fleet's engines would be neither driven nor watched.
     return Status::InvalidArgument("journal at " + config_.journal_path +
-                                   " holds a fleet of named engines; `serve` drives one engine");
+                                   " holds a fleet of named engines; serve it with `engines` "
+                                   "(--fleet-engine NAME=URL), not engine_url");
+  }
+  if (is_fleet() && !(*opened)->is_fleet() && (*opened)->head_seq() > 0) {
+    return Status::InvalidArgument("journal at " + config_.journal_path +
+                                   " holds one unnamed engine; serve it with engine_url, or "
+                                   "start the fleet on a new journal");
   }
   journal_ = std::move(opened.value());
   LogRecovery(journal_->recovery());
@@ -476,12 +390,8 @@ Status Service::OpenTrajectories() {
 }
 
 Status Service::OpenEngineClients() {
-  effects::EngineDeadlines control_deadlines;
-  control_deadlines.connect_timeout_ms = config_.connect_timeout_ms;
-  control_deadlines.call_timeout_ms = config_.call_timeout_ms;
-  control_deadlines.drain_timeout_ms = config_.drain_timeout_ms;
-  control_deadlines.update_timeout_ms = config_.transfer_timeout_ms;
-  control_client_ = std::make_unique<effects::EngineClient>(config_.engine_url, control_deadlines);
+  control_client_ =
+      std::make_unique<effects::EngineClient>(config_.engine_url, ControlDeadlines(config_));
   Result<UpstreamTarget> target = ParseEngineUrl(config_.engine_url);
   if (!target.ok()) return target.status();
   engine_target_ = std::move(target.value());
@@ -493,7 +403,8 @@ Status Service::OpenEngineClients() {
 
 Status Service::AwaitEngineVersion() {
   RC_CHECK(control_client_ != nullptr);
-  const EngineVersionWait waited = WaitForEngineVersion(*control_client_, config_);
+  const EngineVersionWait waited =
+      WaitForEngineVersion(*control_client_, config_.engine_url, config_.engine_startup_timeout_ms);
   if (!waited.status.ok()) return waited.status;
   engine_version_ = waited.version;
   return Status::OK();
@@ -504,17 +415,17 @@ Status Service::AwaitEngineVersion() {
 Result<Service::TransferInit> Service::MakeTransfer() {
   RC_CHECK(control_client_ != nullptr && transfer_ == nullptr);
   if (config_.transfer == "nccl") return MakeNcclTransfer();
-  if (config_.transfer == "reload") {
-    // Nothing to initialise: the engine reads the checkpoint itself, no data plane to set up.
-    transfer_ = std::make_unique<effects::CheckpointReload>(*control_client_);
-    return TransferInit([] { return Status::OK(); });
-  }
-  if (config_.transfer == "ipc") {
-    // The engine initialises its ipc backend on the first transfer ({"init_info": {}}).
-    transfer_ = std::make_unique<effects::IpcTransfer>(*control_client_);
-    return TransferInit([] { return Status::OK(); });
-  }
-  return MakeHttpTransfer();
+  auto transfer = MakeGpuFreeTransfer(config_, *control_client_, engine_version_);
+  if (!transfer.ok()) return transfer.status();
+  transfer_ = std::move(transfer.value());
+  if (config_.transfer != "http") return TransferInit([] { return Status::OK(); });
+  const effects::EngineProtocol protocol = effects::detect_protocol(engine_version_);
+  return TransferInit([this, protocol]() -> Status {
+    if (ReadLifecycle(*journal_) == Lifecycle::kReady) {
+      InitHttpWeightTransfer(*control_client_, protocol, config_);
+    }
+    return Status::OK();
+  });
 }
 
 Service::TransferInit Service::MakeNcclTransfer() {
@@ -532,60 +443,38 @@ Service::TransferInit Service::MakeNcclTransfer() {
 #endif
 }
 
-// The protocol line comes from the engine's own /version (waited for before), never a guess.
-Result<Service::TransferInit> Service::MakeHttpTransfer() {
-  const effects::EngineProtocol protocol = effects::detect_protocol(engine_version_);
-  if (protocol.line == effects::ProtocolLine::kUnknown) {
-    return Status::Unavailable("engine " + config_.engine_url + " reports version '" +
-                               Esc(engine_version_) +
-                               "', which no protocol line of this build speaks");
-  }
-  transfer_ = std::make_unique<effects::HttpSequenceTransfer>(*control_client_, protocol,
-                                                              PackingOf(config_));
-  RC_CHECK(protocol.line != effects::ProtocolLine::kUnknown);
-  return TransferInit([this, protocol]() -> Status {
-    if (ReadLifecycle(*journal_) == Lifecycle::kReady) InitWeightTransfer(protocol);
-    return Status::OK();
-  });
-}
-
 void Service::MakeRunner() {
   RC_CHECK(journal_ && http_control_ && transfer_ && runner_ == nullptr);
-  effects::RunnerOptions ro;
-  ro.executor_id = config_.executor_id;
-  ro.drain_timeout_ms = config_.drain_timeout_ms;
-  ro.transfer_timeout_ms = config_.transfer_timeout_ms;
-  ro.sleep_timeout_ms = config_.sleep_timeout_ms;
-  ro.call_timeout_ms = config_.call_timeout_ms;
   runner_ = std::make_unique<effects::Runner>(*journal_, *http_control_, *transfer_,
-                                              effects::system_clock(), ro);
+                                              effects::system_clock(), RunnerOptionsOf(config_));
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
     if (!IsDecision(e)) return;
-    LogDecision(seq, e);
+    LogDecision("", seq, e);
     NotifyLifecycle(seq);
   });
 }
 
 // Every lifecycle transition and every update's outcome, with its reason; taints at error level
 // with the command that explains them.
-void Service::LogDecision(std::uint64_t seq, const Event& e) const {
+void Service::LogDecision(const std::string& engine, std::uint64_t seq, const Event& e) const {
+  const std::string who = engine.empty() ? "" : "engine " + Esc(engine) + ": ";
   if (const auto* c = std::get_if<StateChanged>(&e)) {
     if (c->to == Lifecycle::kTainted) {
       spdlog::error(
-          "serve: seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted until an "
+          "serve: {}seq {}: {} -> TAINTED ({}): {}; no rollouts are admitted to it until an "
           "operator intervenes; {}",
-          seq, lifecycle_name(c->from), cause_name(c->cause), Esc(c->detail),
+          who, seq, lifecycle_name(c->from), cause_name(c->cause), Esc(c->detail),
           ReplayHint(config_.journal_path));
     } else {
-      spdlog::info("serve: seq {}: {} -> {} ({}): {}", seq, lifecycle_name(c->from),
+      spdlog::info("serve: {}seq {}: {} -> {} ({}): {}", who, seq, lifecycle_name(c->from),
                    lifecycle_name(c->to), cause_name(c->cause), Esc(c->detail));
     }
   } else if (const auto* u = std::get_if<UpdateEnded>(&e)) {
     if (u->outcome == UpdateOutcome::kCommitted) {
-      spdlog::info("serve: seq {}: update '{}' committed: {}", seq, Esc(u->update_id),
+      spdlog::info("serve: {}seq {}: update '{}' committed: {}", who, seq, Esc(u->update_id),
                    Esc(u->reason));
     } else {
-      spdlog::warn("serve: seq {}: update '{}' {}: {}; {}", seq, Esc(u->update_id),
+      spdlog::warn("serve: {}seq {}: update '{}' {}: {}; {}", who, seq, Esc(u->update_id),
                    update_outcome_name(u->outcome), Esc(u->reason),
                    ReplayHint(config_.journal_path));
     }
@@ -617,13 +506,9 @@ Status Service::RecoverJournal() {
 
 Status Service::BootstrapIfUninitialized() {
   if (ReadLifecycle(*journal_) != Lifecycle::kUninitialized) return Status::OK();
-  Result<WeightIdentity> id = BootstrapIdentity();
+  Result<WeightIdentity> id = BootstrapIdentity(*transfer_);
   if (!id.ok()) return id.status();
-  effects::BootstrapOptions bo;
-  bo.adopt = config_.adopt_engine;
-  bo.require_digest = config_.require_weight_digest;
-  bo.startup_timeout_ms = config_.engine_startup_timeout_ms;
-  bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", Esc(line)); };
+  const effects::BootstrapOptions bo = BootstrapOptionsOf();
   spdlog::info("serve: bootstrapping engine {} as '{}'{}", Esc(config_.engine_url),
                Esc(config_.initial_label), config_.adopt_engine ? " (adopt)" : "");
   Status booted = runner_->Bootstrap(config_.initial_label, *id, bo);
@@ -632,7 +517,16 @@ Status Service::BootstrapIfUninitialized() {
 
 // The declared initial identity; its manifest digest computed from initial_source when only
 // the source was given.
-Result<WeightIdentity> Service::BootstrapIdentity() {
+effects::BootstrapOptions Service::BootstrapOptionsOf() const {
+  effects::BootstrapOptions bo;
+  bo.adopt = config_.adopt_engine;
+  bo.require_digest = config_.require_weight_digest;
+  bo.startup_timeout_ms = config_.engine_startup_timeout_ms;
+  bo.progress = [](const std::string& line) { spdlog::info("serve: bootstrap: {}", Esc(line)); };
+  return bo;
+}
+
+Result<WeightIdentity> Service::BootstrapIdentity(effects::WeightTransfer& transfer) {
   WeightIdentity id;
   id.manifest_digest = config_.initial_manifest_digest;
   id.checkpoint = config_.initial_checkpoint;
@@ -640,7 +534,7 @@ Result<WeightIdentity> Service::BootstrapIdentity() {
   id.step = config_.initial_step;
   if (!id.manifest_digest.empty() || config_.initial_source.empty()) return id;
   PreflightObserved p =
-      transfer_->Preflight(effects::TransferTarget{"bootstrap", {}, {}, config_.initial_source});
+      transfer.Preflight(effects::TransferTarget{"bootstrap", {}, {}, config_.initial_source});
   if (p.source_manifest_digest.empty()) {
     return Status::InvalidArgument("initial_source '" + Esc(config_.initial_source) +
                                    "': no manifest (" + Esc(p.detail) + ")");
@@ -731,7 +625,11 @@ void Service::MonitorLoop() {
       FailStop(journal_->failure().ToString());
       return;
     }
-    if (!MonitorOnce()) return;
+    if (!is_fleet() && !MonitorOnce({"", *control_client_, watch_})) return;
+    // A fleet's members one after another: an unreachable one costs its connect timeout.
+    for (auto& [name, m] : fleet_members_) {
+      if (!MonitorOnce({name, *m->client, m->watch})) return;
+    }
   }
 }
 
@@ -742,34 +640,61 @@ bool Service::WaitBackgroundTick(std::chrono::milliseconds interval) {
   return !bg_stop_ && !failed();
 }
 
+// The state the engine monitor decides on, read under the journal's lock without the maps that
+// grow with the journal (active rollouts, committed labels): engine_matches and the monitor read
+// only the lifecycle, the committed version, the engine's fields and the counters.
+State Service::MonitorView(const std::string& engine) const {
+  State view;
+  auto copy = [&view](const State& st) {
+    view.lifecycle = st.lifecycle;
+    view.committed = st.committed;
+    view.committed_identity = st.committed_identity;
+    view.update = st.update;
+    view.taint = st.taint;
+    view.engine_instance = st.engine_instance;
+    view.engine_reachable = st.engine_reachable;
+    view.engine_recheck = st.engine_recheck;
+    view.counters = st.counters;
+    view.committed_digest = st.committed_digest;
+  };
+  if (engine.empty()) {
+    journal_->ReadState(copy);
+  } else {
+    journal_->ReadFleetState([&](const FleetState& f) { copy(engine_state(f, engine)); });
+  }
+  return view;
+}
+
 // One probe, compared with the state read before it; false once the executor fail-stopped.
-bool Service::MonitorOnce() {
-  const State before = MonitorView(*journal_);
+bool Service::MonitorOnce(const MonitorTarget& t) {
+  const State before = MonitorView(t.engine);
   const bool asleep = before.lifecycle == Lifecycle::kSleeping;
   // Anything else, or a plan in flight: the runner owns the engine now.
   if ((before.lifecycle != Lifecycle::kReady && !asleep) || before.update.has_value()) return true;
-  const EngineProbe probe = ProbeEngine(/*digest_allowed=*/!asleep);
+  const EngineProbe probe = ProbeEngine(t, /*digest_allowed=*/!asleep);
   const EngineMonitored& p = probe.seen;
   const bool ok = p.http.ok_2xx();
   // The fold's own rule decides what matches; only a change is journaled.
   const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
                                             p.is_paused, p.engine_instance);
-  if (matches) engine_last_ok_wall_ms_.store(probe.wall_ms);
-  const bool drift = ok && WeightsDrifted(before, p.digest, probe.wall_ms);
+  if (matches) t.watch.last_ok_wall_ms.store(probe.wall_ms);
+  const bool drift = ok && WeightsDrifted(t.watch, before, p.digest, probe.wall_ms);
   const bool changes = (ok != before.engine_reachable) || (ok && !matches) || drift ||
                        (matches && before.engine_recheck);
   if (!changes) return true;
   EngineMonitored m = p;
   // Weights can have changed any time since the last digest that matched (label and instance
   // checks cannot see it): the audit's window of suspect rollouts opens there.
-  m.last_ok_wall_ms = drift ? last_digest_match_wall_ms_.load() : engine_last_ok_wall_ms_.load();
+  m.last_ok_wall_ms =
+      drift ? t.watch.last_digest_match_wall_ms.load() : t.watch.last_ok_wall_ms.load();
   m.updates_seen = monitor_epoch(before);  // the fold's own definition, never restated
-  return JournalEngineChange(m, probe.wall_ms);
+  return JournalEngineChange(t.engine, m, probe.wall_ms);
 }
 
 // Whether a digest the monitor took shows weights other than the committed ones; counts the
 // check for /metrics either way.
-bool Service::WeightsDrifted(const State& before, const WeightDigest& d, std::int64_t now_wall_ms) {
+bool Service::WeightsDrifted(EngineWatch& watch, const State& before, const WeightDigest& d,
+                             std::int64_t now_wall_ms) {
   if (!d.present() && d.error.empty()) return false;  // no check this tick
   if (!d.present()) {
     metrics_.digest_checks_unavailable++;
@@ -777,36 +702,36 @@ bool Service::WeightsDrifted(const State& before, const WeightDigest& d, std::in
   }
   const bool drifted = !weights_match(before, d);
   (drifted ? metrics_.digest_checks_drift : metrics_.digest_checks_match)++;
-  if (!drifted) last_digest_match_wall_ms_.store(now_wall_ms);
+  if (!drifted) watch.last_digest_match_wall_ms.store(now_wall_ms);
   return drifted;
 }
 
 // Whether this tick also digests the weights (every weight_digest_check_interval_ms).
-bool Service::DigestCheckDue(std::int64_t now_wall_ms) {
+bool Service::DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms) {
   const std::uint64_t interval = config_.weight_digest_check_interval_ms;
   if (interval == 0) return false;
-  const std::int64_t last = last_digest_check_wall_ms_.load();
+  const std::int64_t last = watch.last_digest_check_wall_ms.load();
   if (last != 0 && now_wall_ms - last < static_cast<std::int64_t>(interval)) return false;
-  last_digest_check_wall_ms_.store(now_wall_ms);
+  watch.last_digest_check_wall_ms.store(now_wall_ms);
   return true;
 }
 
 // GET the engine's view once; what it saw is kept for /metrics and /readyz.
-Service::EngineProbe Service::ProbeEngine(bool digest_allowed) {
-  EngineProbe probe{control_client_->Monitor(), wall_ms()};
-  if (digest_allowed && probe.seen.http.ok_2xx() && DigestCheckDue(probe.wall_ms)) {
-    probe.seen.digest = effects::ReadWeightDigest(*control_client_);
+Service::EngineProbe Service::ProbeEngine(const MonitorTarget& t, bool digest_allowed) {
+  EngineProbe probe{t.client.Monitor(), wall_ms()};
+  if (digest_allowed && probe.seen.http.ok_2xx() && DigestCheckDue(t.watch, probe.wall_ms)) {
+    probe.seen.digest = effects::ReadWeightDigest(t.client);
   }
   const EngineMonitored& p = probe.seen;
   metrics_.engine_probes++;
-  engine_last_probe_wall_ms_.store(probe.wall_ms);
+  t.watch.last_probe_wall_ms.store(probe.wall_ms);
   const bool ok = p.http.ok_2xx();
-  engine_up_.store(ok);
+  t.watch.up.store(ok);
   if (!ok) metrics_.engine_probe_failures++;
   if (ok) {
-    std::lock_guard<std::mutex> g(engine_info_mu_);
-    engine_instance_seen_ = p.engine_instance;
-    engine_label_seen_ = p.reported_label;
+    std::lock_guard<std::mutex> g(t.watch.seen_mu);
+    t.watch.instance_seen = p.engine_instance;
+    t.watch.label_seen = p.reported_label;
   }
   RC_CHECK(metrics_.engine_probe_failures.load() <= metrics_.engine_probes.load());
   return probe;
@@ -815,72 +740,58 @@ Service::EngineProbe Service::ProbeEngine(bool digest_allowed) {
 // Submits the monitor's record and waits until it is durable; false once the executor
 // fail-stopped. A refusal that is not a journal failure is a stale look (an update or recovery
 // began after it, or the engine is no longer READY): the next tick looks again.
-bool Service::JournalEngineChange(const EngineMonitored& m, std::int64_t now_wall_ms) {
-  auto submitted = journal_->Submit(m, now_wall_ms);
-  if (!submitted.ok()) {
-    const Status& st = submitted.status();
-    if (!IsJournalFailure(st)) return true;
-    FailStop("the engine monitor's record was refused: " + st.ToString());
-    return false;
+bool Service::JournalEngineChange(const std::string& engine, const EngineMonitored& m,
+                                  std::int64_t now_wall_ms) {
+  journal::Ticket ticket;
+  std::vector<Event> decisions;
+  if (engine.empty()) {
+    auto submitted = journal_->Submit(m, now_wall_ms);
+    if (!submitted.ok())
+      return !IsJournalFailure(submitted.status()) || MonitorRefused(submitted.status());
+    ticket = submitted->ticket;
+    decisions = std::move(submitted->decisions);
+  } else {
+    auto submitted = journal_->SubmitFleet(FleetEvent{engine, m}, now_wall_ms);
+    if (!submitted.ok())
+      return !IsJournalFailure(submitted.status()) || MonitorRefused(submitted.status());
+    ticket = submitted->ticket;
+    for (FleetEvent& d : submitted->decisions) decisions.push_back(std::move(d.event));
   }
-  Status waited = journal_->Wait(submitted->ticket);
+  Status waited = journal_->Wait(ticket);
   if (!waited.ok()) {
     FailStop("commit of the engine monitor's record failed: " + waited.ToString());
     return false;
   }
   metrics_.engine_monitor_submits++;
-  LogEngineChange(m, *submitted);
-  NotifyLifecycle(submitted->ticket.result.last_seq);
+  LogEngineChange(engine, m, ticket.result.first_seq, decisions);
+  RC_CHECK(ticket.result.last_seq == ticket.result.first_seq + decisions.size());
+  NotifyLifecycle(ticket.result.last_seq);
   return true;
 }
 
-void Service::LogEngineChange(const EngineMonitored& m, const journal::Journal::Submitted& s) {
+bool Service::MonitorRefused(const Status& st) {
+  FailStop("the engine monitor's record was refused: " + st.ToString());
+  return false;
+}
+
+void Service::LogEngineChange(const std::string& engine, const EngineMonitored& m,
+                              std::uint64_t first_seq, const std::vector<Event>& decisions) {
+  const std::string who = engine.empty() ? "engine" : "engine " + Esc(engine);
   const bool ok = m.http.ok_2xx();
-  std::uint64_t seq = s.ticket.result.first_seq;
+  std::uint64_t seq = first_seq;
   spdlog::log(ok ? spdlog::level::warn : spdlog::level::err,
-              "serve: seq {}: engine monitor: {} (label '{}', instance '{}', paused {})", seq,
+              "serve: seq {}: {} monitor: {} (label '{}', instance '{}', paused {})", seq, who,
               ok ? "engine answers" : "engine unreachable: " + Esc(m.http.error),
               Esc(m.reported_label), Esc(m.engine_instance),
               m.is_paused_known ? (m.is_paused ? "yes" : "no") : "unknown");
-  for (const Event& d : s.decisions) {
+  for (const Event& d : decisions) {
     ++seq;
     if (const auto* c = std::get_if<StateChanged>(&d)) {
-      spdlog::error("serve: seq {}: {} -> {} ({}): {}; {}", seq, lifecycle_name(c->from),
+      spdlog::error("serve: seq {}: {}: {} -> {} ({}): {}; {}", seq, who, lifecycle_name(c->from),
                     lifecycle_name(c->to), cause_name(c->cause), Esc(c->detail),
                     ReplayHint(config_.journal_path));
     }
   }
-  RC_CHECK(seq == s.ticket.result.last_seq);  // the group is the record and its decisions
-}
-
-void Service::InitWeightTransfer(const effects::EngineProtocol& protocol) {
-  // The GPU-free transfer has no data plane, but the engine still needs its weight-transfer
-  // engine initialised (rendezvous recorded, no NCCL peer joins). Best effort: a failure here
-  // surfaces as a refused update, never as a silent success.
-  effects::NcclInitParams init;
-  auto rv = ParseHostPort(config_.rendezvous.empty() ? kHttpRendezvousDefault : config_.rendezvous);
-  RC_CHECK(rv.ok());  // ValidateConfig checked it
-  init.master_address = rv->host;
-  init.master_port = rv->port;
-  init.world_size = static_cast<std::uint32_t>(1 + std::max<std::int64_t>(1, EngineWorldSize()));
-  auto info = effects::build_init_info(protocol, init, PackingOf(config_));
-  if (!info.ok()) {
-    spdlog::warn("serve: weight-transfer init skipped: {}", info.status().ToString());
-    return;
-  }
-  effects::HttpReply r = control_client_->InitWeightTransferEngine(*info);
-  if (!r.http.ok_2xx()) {
-    spdlog::warn("serve: /init_weight_transfer_engine failed: HTTP {} {}", r.http.http_status,
-                 r.http.error);
-  }
-}
-
-// The engine's GET /get_world_size, or 1 when it does not say.
-std::int64_t Service::EngineWorldSize() {
-  effects::HttpReply ws = control_client_->GetWorldSize(true);
-  return ws.http.ok_2xx() && ws.body.value("world_size", json()).is_number_integer()
-             ? ws.body["world_size"].get<std::int64_t>()
-             : 1;
 }
 
 void Service::NotifyLifecycle(std::uint64_t seq) {
@@ -949,24 +860,37 @@ HttpServerOptions Service::ServerOptions() const {
   return o;
 }
 
-Status Service::Start() {
-  RC_CHECK(!http_ && !upstream_);
-  RaiseDescriptorLimit(config_.http_connections_max);
-  http_ = std::make_unique<HttpServer>(ServerOptions(), Routes());
+Result<std::unique_ptr<UpstreamPool>> Service::MakeUpstream(const UpstreamTarget& target) {
+  RC_CHECK(http_ != nullptr);  // the pool's sockets live on the server's loops
   boost::system::error_code ec;
   boost::asio::ip::tcp::resolver resolver(http_->io());
-  auto endpoints = resolver.resolve(engine_target_.host, std::to_string(engine_target_.port), ec);
+  auto endpoints = resolver.resolve(target.host, std::to_string(target.port), ec);
   if (ec || endpoints.empty()) {
-    return Status::Unavailable("cannot resolve the engine host '" + engine_target_.host +
+    return Status::Unavailable("cannot resolve the engine host '" + target.host +
                                "': " + ec.message());
   }
-  upstream_ = std::make_unique<UpstreamPool>(http_->io(), endpoints.begin()->endpoint(),
-                                             config_.engine_connections_max);
+  return std::make_unique<UpstreamPool>(http_->io(), endpoints.begin()->endpoint(),
+                                        config_.engine_connections_max);
+}
+
+Status Service::Listen() {
   Result<int> port = http_->Start();
   if (!port.ok()) return port.status();
   port_ = *port;
-  RC_CHECK(port_ > 0 && upstream_ != nullptr);
+  RC_CHECK(port_ > 0);
   spdlog::info("serve: listening on {}", url());
+  return Status::OK();
+}
+
+Status Service::Start() {
+  RC_CHECK(!http_ && !upstream_);
+  RaiseDescriptorLimit(config_.http_connections_max);
+  http_ = std::make_unique<HttpServer>(ServerOptions(), is_fleet() ? FleetRoutes() : Routes());
+  if (is_fleet()) return StartFleet();
+  auto pool = MakeUpstream(engine_target_);
+  if (!pool.ok()) return pool.status();
+  upstream_ = std::move(pool.value());
+  RC_RETURN_IF_ERROR(Listen());
   return FinishInterruptedUpdate();
 }
 
@@ -1080,6 +1004,8 @@ bool Service::StopServing() {
       std::chrono::duration_cast<std::chrono::milliseconds>(settle - Clock::now()).count());
   if (http_ && !http_->Stop(left_ms)) return false;
   upstream_.reset();  // its sockets belong to http_'s io_context
+  for (auto& [name, m] : fleet_members_) m->upstream.reset();
+  fleet_runner_.reset();
   runner_.reset();
   trajectories_.Close();
   journal_.reset();  // closes RocksDB; late commit callbacks only queue on the stopped loops

@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include "effects/engine.h"
+#include "effects/fleet_runner.h"
 #include "effects/http/engine_client.h"
 #include "effects/http/protocol.h"
 #include "effects/http/engine_control.h"
@@ -58,6 +59,7 @@
 #include "service/metrics.h"
 #include "service/trajectories.h"
 #include "service/upstream.h"
+#include "statemachine/fleet.h"
 #include "statemachine/state.h"
 
 namespace rocksdb {
@@ -84,9 +86,37 @@ struct DurableHead {
 
 // The binding a rollout was admitted under (what the response headers carry).
 struct Admission {
+  std::string engine;  // the fleet's engine it was admitted to; "" when serve drives one engine
   RolloutAdmitted binding;
   std::uint64_t seq = 0;  // journal seq of the RolloutAdmitted record
   DurableHead head;       // the head the admission made durable (X-RolloutCore-Head)
+};
+
+// What the engine monitor keeps of one engine between probes (serve's one engine, or each member
+// of a fleet), for /metrics, /readyz and the audit's window of suspect rollouts.
+struct EngineWatch {
+  std::atomic<bool> up{false};  // the last probe succeeded
+  std::atomic<std::int64_t> last_probe_wall_ms{0};
+  std::atomic<std::int64_t> last_ok_wall_ms{0};            // the last probe that matched
+  std::atomic<std::int64_t> last_digest_check_wall_ms{0};  // the monitor's last weight digest
+  std::atomic<std::int64_t> last_digest_match_wall_ms{0};  // ... the last one that matched
+  mutable std::mutex seen_mu;
+  std::string instance_seen;  // what the last probe that answered reported
+  std::string label_seen;
+};
+
+// One engine of a fleet, as serve drives it and proxies to it (fleet_service.cc).
+struct FleetMember {
+  std::string name;
+  std::string url;
+  std::string version;  // its GET /version at startup
+  std::unique_ptr<effects::EngineClient> client;
+  std::unique_ptr<effects::HttpEngineControl> control;
+  std::unique_ptr<effects::WeightTransfer> transfer;
+  UpstreamTarget target;
+  std::unique_ptr<UpstreamPool> upstream;     // on the HTTP server's loops, made by Start
+  std::atomic<std::uint32_t> outstanding{0};  // proxied rollouts admitted to it, not yet ended
+  EngineWatch watch;
 };
 
 // How many ended updates the update route remembers for idempotent re-POSTs (older ones are
@@ -155,10 +185,13 @@ class Service {
   void AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
                   const boost::asio::any_io_executor& executor, AdmitDone done);
   using FinishDone = std::function<void(Status)>;
-  void FinishAsync(const std::string& rollout_id, RolloutOutcome outcome,
+  // `engine`: the fleet engine the rollout was admitted to ("" with one engine).
+  void FinishAsync(const std::string& engine, const std::string& rollout_id, RolloutOutcome outcome,
                    std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
                    const std::vector<TrajectoryRecorded>& parts,
                    const boost::asio::any_io_executor& executor, FinishDone done);
+  // A fleet's proxied rollout on `engine` no longer occupies it (the balancer's count).
+  void EngineCallEnded(const std::string& engine);
 
   // Fail-stop: the journal (or the runner mid-update) failed, so nothing more may be decided or
   // acknowledged. Idempotent; the first reason wins. Logs at critical level, wakes WaitFailed().
@@ -189,18 +222,16 @@ class Service {
   using TransferInit = std::function<Status()>;
   [[nodiscard]] Result<TransferInit> MakeTransfer();
   TransferInit MakeNcclTransfer();
-  [[nodiscard]] Result<TransferInit> MakeHttpTransfer();
   void MakeRunner();
-  void LogDecision(std::uint64_t seq, const Event& e) const;
+  void LogDecision(const std::string& engine, std::uint64_t seq, const Event& e) const;
   [[nodiscard]] Status RecoverJournal();
   [[nodiscard]] Status BootstrapIfUninitialized();
-  [[nodiscard]] Result<WeightIdentity> BootstrapIdentity();
+  [[nodiscard]] Result<WeightIdentity> BootstrapIdentity(effects::WeightTransfer& transfer);
+  effects::BootstrapOptions BootstrapOptionsOf() const;
   Status BootstrapFailed(const Status& booted) const;
   void SeedDurableView();
   void RenewSurvivingLeases(const State& s);
   void NotifyLifecycle(std::uint64_t seq);
-  void InitWeightTransfer(const effects::EngineProtocol& protocol);
-  std::int64_t EngineWorldSize();
   std::string NextRolloutId();
   // The folded state as admissions read it: a copy refreshed only when the runner has journaled
   // a decision since (or when `fresh`), instead of one O(active rollouts) copy per admission.
@@ -214,6 +245,7 @@ class Service {
   struct AdmitStep {
     enum Kind : std::uint8_t { kSubmitted, kRefused, kWait, kAgain } kind = kRefused;
     journal::Ticket ticket;   // kSubmitted: the admission's group
+    std::string engine;       // kSubmitted: the fleet engine ("" with one engine)
     RolloutAdmitted binding;  // kSubmitted
     AdmitRefusal refusal;     // kRefused
     std::string waiting_on;   // kWait: why the engine cannot admit now
@@ -230,6 +262,7 @@ class Service {
   struct AsyncAdmission;
   // A finish's records (trajectory parts, then RolloutFinished) and how far they are submitted.
   struct FinishRecords {
+    std::string engine;  // "" with one engine
     std::string rollout_id;
     RolloutOutcome outcome = RolloutOutcome::kCompleted;
     std::vector<Event> records;
@@ -238,9 +271,11 @@ class Service {
     std::chrono::steady_clock::time_point t0, deadline;
     std::uint32_t backoff_ms = 0;
   };
-  FinishRecords MakeFinish(const std::string& rollout_id, RolloutOutcome outcome,
-                           std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
+  FinishRecords MakeFinish(const std::string& engine, const std::string& rollout_id,
+                           RolloutOutcome outcome, std::uint32_t prompt_tokens,
+                           std::uint32_t completion_tokens,
                            const std::vector<TrajectoryRecorded>& parts);
+  [[nodiscard]] Result<journal::Ticket> SubmitFinishRecord(const FinishRecords& f);
   [[nodiscard]] Status SubmitFinishFrom(FinishRecords& f);
   [[nodiscard]] Status FinishBackoff(FinishRecords& f, const Status& busy);
   [[nodiscard]] Status FinishCommitted(FinishRecords& f, const Status& durable);
@@ -272,7 +307,8 @@ class Service {
   // durable head), for every route that reports state. CatchUpDurable folds what became durable
   // since; it fail-stops on a record that does not apply (the journal and this fold disagree).
   struct DurableView {
-    State state;
+    State state;       // one engine
+    FleetState fleet;  // a fleet (is_fleet())
     DurableHead head;
     std::uint64_t decision_seq = 0;  // seq of the last lifecycle decision folded
   };
@@ -326,19 +362,65 @@ class Service {
   void AnswerUnfinished(const SameVersionPlan& plan, bool journaled, const Status& st,
                         HttpResponse& res);
 
+  // ---- A fleet (config_.engines given): fleet_service.cc, its routes in fleet_api.cc.
+  bool is_fleet() const { return !config_.engines.empty(); }
+  [[nodiscard]] Status InitFleet();
+  [[nodiscard]] Status OpenFleetMembers();
+  [[nodiscard]] Status OpenFleetMember(const FleetEngineConfig& engine);
+  void MakeFleetRunner();
+  [[nodiscard]] Status JoinFleet();
+  [[nodiscard]] Status BootstrapFleetMembers();
+  [[nodiscard]] Status BootstrapFleetMember(const std::string& engine, const std::string& label,
+                                            const WeightIdentity& identity);
+  void LogFleetStart();
+  [[nodiscard]] Status StartFleet();
+  [[nodiscard]] Result<std::unique_ptr<UpstreamPool>> MakeUpstream(const UpstreamTarget& target);
+  [[nodiscard]] Status Listen();
+  [[nodiscard]] Status FinishInterruptedFleetUpdate();
+  AdmitStep TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt);
+  std::optional<std::string> PickFleetEngine(const FleetState& fleet);
+  FleetMember& Member(const std::string& engine);
+  const UpstreamTarget& TargetOf(const std::string& engine) const;
+  UpstreamPool& UpstreamOf(const std::string& engine);
+  // The engine a read-only pass-through goes to: "" with one engine; in a fleet the least busy
+  // admitting member (else the first configured).
+  std::string PassThroughEngine();
+  std::string FleetNotReadyReason() const;
+  HttpRouter FleetRoutes();
+  void HandleFleetState(const ApiRequest& req, HttpResponse& res);
+  void HandleFleetUpdate(const ApiRequest& req, HttpResponse& res);
+  void HandleFleetCancel(const ApiRequest& req, HttpResponse& res);
+  void HandleFleetRemove(const ApiRequest& req, HttpResponse& res);
+  void HandleFleetReadyz(const ApiRequest& req, HttpResponse& res);
+  void HandleNotForFleet(const ApiRequest& req, HttpResponse& res);
+  void AnswerFleetUpdate(const FleetUpdateRequested& request, const Result<FleetUpdateEnded>& ended,
+                         HttpResponse& res);
+  std::string RenderFleetMetrics() const;
+
   // Engine monitor (see MonitorLoop) and lease expiry; both stop on FailStop and Shutdown.
   void MonitorLoop();
   bool WaitBackgroundTick(std::chrono::milliseconds interval);
-  bool MonitorOnce();
+  // The engine one monitor look probes: serve's one engine ("") or a fleet member.
+  struct MonitorTarget {
+    std::string engine;
+    effects::EngineClient& client;
+    EngineWatch& watch;
+  };
+  bool MonitorOnce(const MonitorTarget& target);
+  State MonitorView(const std::string& engine) const;
   struct EngineProbe {
     EngineMonitored seen;
     std::int64_t wall_ms = 0;  // when it was seen
   };
-  EngineProbe ProbeEngine(bool digest_allowed);
-  bool DigestCheckDue(std::int64_t now_wall_ms);
-  bool WeightsDrifted(const State& before, const WeightDigest& d, std::int64_t now_wall_ms);
-  bool JournalEngineChange(const EngineMonitored& m, std::int64_t now_wall_ms);
-  void LogEngineChange(const EngineMonitored& m, const journal::Journal::Submitted& s);
+  EngineProbe ProbeEngine(const MonitorTarget& target, bool digest_allowed);
+  bool DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms);
+  bool WeightsDrifted(EngineWatch& watch, const State& before, const WeightDigest& d,
+                      std::int64_t now_wall_ms);
+  bool JournalEngineChange(const std::string& engine, const EngineMonitored& m,
+                           std::int64_t now_wall_ms);
+  bool MonitorRefused(const Status& st);
+  void LogEngineChange(const std::string& engine, const EngineMonitored& m, std::uint64_t first_seq,
+                       const std::vector<Event>& decisions);
   void LeaseLoop();
   void StopBackground();
   // Shutdown's steps (service.cc).
@@ -409,15 +491,13 @@ class Service {
   bool bg_stop_ = false;
   std::thread monitor_thread_;
   std::thread lease_thread_;
-  std::atomic<std::int64_t> engine_last_probe_wall_ms_{0};
-  std::atomic<std::int64_t> engine_last_ok_wall_ms_{0};
-  std::atomic<std::int64_t> last_digest_check_wall_ms_{0};  // the monitor's last weight digest
-  std::atomic<std::int64_t> last_digest_match_wall_ms_{0};  // ... the last one that matched
-  std::atomic<bool> engine_up_{false};
-  mutable std::mutex engine_info_mu_;
-  std::string engine_instance_seen_;
-  std::string engine_label_seen_;
+  EngineWatch watch_;           // the one engine's (a fleet's members keep their own)
   std::string engine_version_;  // GET /version at startup
+
+  // A fleet: its members by name (the map is fixed after Init) and the executor that updates them.
+  std::map<std::string, std::unique_ptr<FleetMember>> fleet_members_;
+  std::unique_ptr<effects::FleetRunner> fleet_runner_;
+  std::optional<FleetUpdateRequested> interrupted_fleet_update_;  // found by Init, driven by Start
 
   // ---- the HTTP front and the proxied calls in flight. Declared last so they are destroyed
   // first, while what handlers use lives; upstream_ (sockets on http_'s io_context) before http_.

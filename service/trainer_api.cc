@@ -31,7 +31,8 @@ Service::DurableView Service::CatchUpDurable(bool copy_state) {
     // Scan stops at the durable head: whatever was only enqueued is not folded here.
     Status st = journal_->Scan(durable_.head.seq + 1, 0, [&](const journal::Record& r) {
       RC_CHECK(r.seq == durable_.head.seq + 1);  // dense seqs, in order
-      Status applied = apply(durable_.state, r.event);
+      Status applied = is_fleet() ? fleet_apply(durable_.fleet, FleetEvent{r.engine, r.event})
+                                  : apply(durable_.state, r.event);
       if (!applied.ok()) {
         return Status::Corruption("seq " + std::to_string(r.seq) +
                                   " does not apply to the "
@@ -49,7 +50,8 @@ Service::DurableView Service::CatchUpDurable(bool copy_state) {
   DurableView out;
   out.head = durable_.head;
   out.decision_seq = durable_.decision_seq;
-  if (copy_state) out.state = durable_.state;
+  if (copy_state && is_fleet()) out.fleet = durable_.fleet;
+  if (copy_state && !is_fleet()) out.state = durable_.state;
   return out;
 }
 
@@ -610,12 +612,17 @@ void Service::HandleHealthz(const ApiRequest&, HttpResponse& res) {
     SendJson(res, 503, {{"ok", false}, {"reason", "fail-stopped: " + failure()}});
     return;
   }
+  if (is_fleet()) {
+    SendJson(res, 200, {{"ok", true}, {"engines", fleet_members_.size()}});
+    return;
+  }
   Lifecycle lifecycle = Lifecycle::kUninitialized;
   journal_->ReadState([&lifecycle](const State& st) { lifecycle = st.lifecycle; });
   SendJson(res, 200, {{"ok", true}, {"lifecycle", lifecycle_name(lifecycle)}});
 }
 
 std::string Service::NotReadyReason() const {
+  if (is_fleet()) return FleetNotReadyReason();
   if (failed()) return "fail-stopped: " + failure();
   if (shutting_down_.load()) return "shutting down";
   std::string blocked;
@@ -631,7 +638,7 @@ std::string Service::NotReadyReason() const {
     }
   });
   if (!blocked.empty()) return blocked;
-  if (!engine_up_.load() && engine_last_probe_wall_ms_.load() != 0) {
+  if (!watch_.up.load() && watch_.last_probe_wall_ms.load() != 0) {
     return "the engine did not answer the last probe";
   }
   return "";

@@ -1,0 +1,235 @@
+// The trainer API of a fleet (docs/api.md, "A fleet"):
+//   GET    /v1/state                      the fleet, engine by engine (durable view); ?full
+//   POST   /v1/fleet/updates              a fleet update, all or rolling; answers its end
+//   POST   /v1/fleet/updates/<id>/cancel  members not started are skipped
+//   DELETE /v1/fleet/engines/<name>       the engine admits nothing more and leaves once idle
+//   /healthz, /readyz (ready while some engine admits), /metrics, and the proxy.
+// The one-engine routes (updates, restores, sleep, explicit rollouts, watch, events, manifest)
+// answer 409 naming the fleet's: they would act on one engine without the fleet's rules.
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "journal/json.h"
+#include "service/api_parse.h"
+#include "service/http_util.h"
+#include "service/service.h"
+#include "service/service_internal.h"
+
+namespace rc::service {
+namespace {
+
+using namespace internal;  // NOLINT: the service's own helpers
+using nlohmann::json;
+
+// The HTTP status of a fleet update's end: every member committed (200), some did (207: read
+// each engine's outcome), none did (422).
+int FleetOutcomeHttpStatus(FleetOutcome o) {
+  switch (o) {
+    case FleetOutcome::kCommitted:
+      return 200;
+    case FleetOutcome::kPartial:
+      return 207;
+    case FleetOutcome::kRefused:
+      return 422;
+  }
+  return 500;
+}
+
+json MemberJson(const FleetState& f, const std::string& name, const State& s,
+                std::uint32_t outstanding) {
+  json j = {{"lifecycle", lifecycle_name(s.lifecycle)},
+            {"committed", journal::WeightVersionToJson(s.committed)},
+            {"identity", journal::WeightIdentityToJson(s.committed_identity)},
+            {"admitting", fleet_admits(f, name)},
+            {"leaving", f.leaving.count(name) != 0},
+            {"active_rollouts", s.active.size()},
+            {"outstanding", outstanding}};
+  const std::optional<std::uint64_t> g = fleet_generation(f, name);
+  j["generation"] = g ? json(*g) : json(nullptr);
+  if (s.update) j["update_id"] = s.update->update_id;
+  if (s.lifecycle == Lifecycle::kTainted && s.taint) {
+    j["taint"] = {{"cause", cause_name(s.taint->cause)},
+                  {"update_id", s.taint->update_id},
+                  {"detail", s.taint->detail}};
+  }
+  return j;
+}
+
+json FleetUpdateJson(const FleetUpdate& u) {
+  json members = json::object();
+  for (const auto& [name, status] : u.members) members[name] = member_status_name(status);
+  json j = {{"update_id", u.request.update_id},
+            {"mode", fleet_update_mode_name(u.request.mode)},
+            {"target_label", u.request.target_label},
+            {"members", std::move(members)}};
+  if (u.cancelled) j["cancelled"] = *u.cancelled;
+  return j;
+}
+
+json FleetEndJson(const FleetUpdateEnded& e) {
+  return {{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
+          {"committed", e.committed}, {"refused", e.refused},
+          {"tainted", e.tainted},     {"skipped", e.skipped},
+          {"reason", e.reason}};
+}
+
+}  // namespace
+
+void Service::HandleFleetState(const ApiRequest& req, HttpResponse& res) {
+  const DurableView v = CatchUpDurable(true);
+  SetHeadHeader(res, v.head);
+  json j;
+  if (req.query("full").has_value()) {
+    j = journal::FleetStateToJson(v.fleet);
+  } else {
+    const FleetState& f = v.fleet;
+    json engines = json::object();
+    for (const auto& [name, s] : f.engines) {
+      const auto m = fleet_members_.find(name);
+      const std::uint32_t outstanding =
+          m == fleet_members_.end() ? 0 : m->second->outstanding.load();
+      engines[name] = MemberJson(f, name, s, outstanding);
+      engines[name]["configured"] = m != fleet_members_.end();
+    }
+    const std::optional<std::uint64_t> newest = newest_held_generation(f);
+    j = {{"engines", std::move(engines)},
+         {"policy",
+          {{"staleness_max", f.policy.staleness_max}, {"min_serving", f.policy.min_serving}}},
+         {"newest_generation", newest ? json(*newest) : json(nullptr)},
+         {"update", f.update ? FleetUpdateJson(*f.update) : json(nullptr)},
+         {"fleet_updates_ended", f.fleet_updates_ended}};
+  }
+  j["head_seq"] = v.head.seq;
+  j["head"] = v.head.ToString();
+  SendJson(res, 200, j);
+}
+
+void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res) || RefusedFailStopped(res)) return;
+  Result<FleetUpdateRequested> request =
+      ParseFleetUpdateBody(req.body(), SourceReaderForTransfer());
+  if (!request.ok()) {
+    metrics_.bad_requests++;
+    return SendError(res, 400, "invalid", request.status().message());
+  }
+  std::unique_lock<std::timed_mutex> lock;
+  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res)) return;
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    running_update_id_ = request->update_id;
+  }
+  spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),
+               fleet_update_mode_name(request->mode), Esc(request->target_label));
+  AnswerFleetUpdate(*request, fleet_runner_->Update(*request), res);
+}
+
+// The end as the fold decided it, with the fleet after it; or why there is none: a refusal
+// before anything was journaled (4xx), a journal failure (fail-stop, 503), or an update that
+// could not end (500: the journal and `rolloutcore replay` say where it stands).
+void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
+                                const Result<FleetUpdateEnded>& ended, HttpResponse& res) {
+  if (!ended.ok()) {
+    const Status& st = ended.status();
+    if (IsJournalFailure(st)) {
+      FailStop("fleet update '" + request.update_id + "': " + st.ToString());
+      return SendError(res, 503, "failed", "the executor has fail-stopped: " + failure());
+    }
+    if (st.code() == Code::kConflict) metrics_.updates_conflict++;
+    if (st.code() == Code::kUnavailable) metrics_.updates_outcome_unknown++;
+    return SendStatus(res, st);
+  }
+  const FleetUpdateEnded& e = *ended;
+  (e.outcome == FleetOutcome::kCommitted ? metrics_.updates_committed : metrics_.updates_refused)++;
+  if (e.outcome != FleetOutcome::kCommitted) {
+    spdlog::warn("serve: fleet update '{}' {}: {}; {}", Esc(e.update_id),
+                 fleet_outcome_name(e.outcome), Esc(e.reason), ReplayHint(config_.journal_path));
+  }
+  const DurableView v = CatchUpDurable(true);
+  SetHeadHeader(res, v.head);
+  json j = FleetEndJson(e);
+  json engines = json::object();
+  for (const auto& [name, s] : v.fleet.engines) {
+    engines[name] = MemberJson(v.fleet, name, s, 0);
+    engines[name].erase("outstanding");
+  }
+  j["engines"] = std::move(engines);
+  j["head_seq"] = v.head.seq;
+  SendJson(res, FleetOutcomeHttpStatus(e.outcome), j);
+}
+
+void Service::HandleFleetCancel(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res) || RefusedFailStopped(res)) return;
+  RC_CHECK(req.captures.size() == 1);
+  const std::string& id = req.captures[0];
+  Result<std::string> reason = ParseFleetCancelBody(req.body());
+  if (!reason.ok()) {
+    metrics_.bad_requests++;
+    return SendError(res, 400, "invalid", reason.status().message());
+  }
+  const Status st = fleet_runner_->Cancel(id, *reason);
+  if (IsJournalFailure(st)) FailStop("cancel of fleet update '" + id + "': " + st.ToString());
+  if (!st.ok()) return SendStatus(res, st);
+  spdlog::warn("serve: fleet update '{}' cancelled: {}", Esc(id), Esc(*reason));
+  SendJson(res, 202, {{"update_id", id}, {"cancelled", true}, {"reason", *reason}});
+}
+
+void Service::HandleFleetRemove(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res) || RefusedFailStopped(res)) return;
+  RC_CHECK(req.captures.size() == 1);
+  const std::string& engine = req.captures[0];
+  const Status st = fleet_runner_->Remove(engine);
+  if (IsJournalFailure(st)) FailStop("removal of engine '" + engine + "': " + st.ToString());
+  if (!st.ok()) return SendStatus(res, st);
+  spdlog::warn("serve: engine {} is leaving the fleet: nothing more is admitted to it",
+               Esc(engine));
+  SendJson(res, 202, {{"engine", engine}, {"leaving", true}});
+}
+
+void Service::HandleFleetReadyz(const ApiRequest&, HttpResponse& res) {
+  const std::string why = FleetNotReadyReason();
+  std::size_t admitting = 0;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    for (const auto& [name, m] : fleet_members_) admitting += fleet_admits(f, name) ? 1 : 0;
+  });
+  json j = {{"ready", why.empty()},
+            {"engines_admitting", admitting},
+            {"engines", fleet_members_.size()},
+            {"journal_failed", failed()}};
+  if (!why.empty()) j["reason"] = why;
+  SendJson(res, why.empty() ? 200 : 503, j);
+}
+
+void Service::HandleNotForFleet(const ApiRequest&, HttpResponse& res) {
+  SendError(res, 409, "fleet",
+            "this executor drives a fleet: use GET /v1/state, POST /v1/fleet/updates, POST "
+            "/v1/fleet/updates/<id>/cancel and DELETE /v1/fleet/engines/<name> (docs/api.md)");
+}
+
+HttpRouter Service::FleetRoutes() {
+  using bhttp::verb;
+  HttpRouter r;
+  auto bind = [this](void (Service::*fn)(const ApiRequest&, HttpResponse&)) {
+    return [this, fn](const ApiRequest& req, HttpResponse& res) { (this->*fn)(req, res); };
+  };
+  r.Blocking(verb::get, "/healthz", bind(&Service::HandleHealthz));
+  r.Blocking(verb::get, "/readyz", bind(&Service::HandleFleetReadyz));
+  r.Blocking(verb::get, "/v1/state", bind(&Service::HandleFleetState));
+  r.Blocking(verb::post, "/v1/fleet/updates", bind(&Service::HandleFleetUpdate));
+  r.Blocking(verb::post, "/v1/fleet/updates/*/cancel", bind(&Service::HandleFleetCancel));
+  r.Blocking(verb::delete_, "/v1/fleet/engines/*", bind(&Service::HandleFleetRemove));
+  r.Blocking(verb::get, "/metrics", bind(&Service::HandleMetrics));
+  const std::pair<verb, const char*> one_engine[] = {
+      {verb::get, "/v1/version"},        {verb::post, "/v1/updates"},
+      {verb::post, "/v1/restores"},      {verb::post, "/v1/sleep"},
+      {verb::post, "/v1/wake"},          {verb::post, "/v1/rollouts"},
+      {verb::delete_, "/v1/rollouts/*"}, {verb::post, "/v1/rollouts/*/lease"},
+      {verb::get, "/v1/watch"},          {verb::get, "/v1/events"},
+      {verb::get, "/v1/manifest"}};
+  for (const auto& [method, path] : one_engine) {
+    r.Blocking(method, path, bind(&Service::HandleNotForFleet));
+  }
+  AddProxyRoutes(r);
+  return r;
+}
+
+}  // namespace rc::service

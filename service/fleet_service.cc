@@ -1,0 +1,352 @@
+// A fleet behind one `serve`: its members (each an engine client, control, weight transfer and
+// upstream pool), the fleet executor that updates them (effects/fleet_runner.h), and admission
+// across them. The trainer API of a fleet is in fleet_api.cc.
+//
+// Startup, under update_mu_: every configured engine must answer GET /version; the journal's
+// policy is configured when it differs; every engine joins (a restart finds them joined); every
+// runner recovers; a member still UNINITIALIZED bootstraps at the fleet's newest label (the fold
+// refuses any other), or at initial_label on a new fleet. A fleet update found open is driven to
+// its end once the proxy listens (StartFleet), as one engine's interrupted update is.
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "effects/clock.h"
+#include "service/balancer.h"
+#include "service/engine_startup.h"
+#include "service/service.h"
+#include "service/service_internal.h"
+
+namespace rc::service {
+namespace {
+
+using namespace internal;  // NOLINT: the service's own helpers
+
+// The label a joining member bootstraps at: the fleet's newest, with its identity.
+struct NewestLabel {
+  std::string label;
+  WeightIdentity identity;
+};
+
+std::optional<NewestLabel> FleetNewestLabel(const FleetState& f) {
+  const auto newest =
+      std::max_element(f.label_generation.begin(), f.label_generation.end(),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (newest == f.label_generation.end()) return std::nullopt;
+  RC_CHECK(f.labels.count(newest->first) == 1);  // one identity per label served
+  return NewestLabel{newest->first, f.labels.at(newest->first)};
+}
+
+// Why no member admits now, each engine's reason, bounded (a 503's message and a log line).
+std::string FleetBlockReason(const FleetState& f,
+                             const std::map<std::string, std::unique_ptr<FleetMember>>& members) {
+  constexpr std::size_t kReasonBytesMax = 1024;
+  std::string why = "no engine of the fleet admits now:";
+  for (const auto& [name, m] : members) {
+    if (why.size() > kReasonBytesMax) return why + " ...";
+    const std::string r = fleet_admission_block_reason(f, name);
+    why += " " + name + ": " + (r.empty() ? "admits" : r) + ";";
+  }
+  return why;
+}
+
+// True when no configured member can admit again without an operator: each is TAINTED, leaving
+// or gone.
+bool FleetQuarantined(const FleetState& f,
+                      const std::map<std::string, std::unique_ptr<FleetMember>>& members) {
+  return std::all_of(members.begin(), members.end(), [&f](const auto& m) {
+    const auto it = f.engines.find(m.first);
+    return it == f.engines.end() || f.leaving.count(m.first) != 0 ||
+           it->second.lifecycle == Lifecycle::kTainted;
+  });
+}
+
+}  // namespace
+
+Status Service::InitFleet() {
+  RC_CHECK(is_fleet() && journal_ != nullptr && fleet_runner_ == nullptr);
+  RC_RETURN_IF_ERROR(OpenFleetMembers());
+  MakeFleetRunner();
+  std::lock_guard<std::timed_mutex> lock(update_mu_);
+  RC_RETURN_IF_ERROR(JoinFleet());
+  if (Status recovered = fleet_runner_->Recover(); !recovered.ok()) {
+    return RecoveryFailed(recovered);
+  }
+  RC_RETURN_IF_ERROR(BootstrapFleetMembers());
+  journal_->ReadFleetState([this](const FleetState& f) {
+    if (f.update) interrupted_fleet_update_ = f.update->request;
+  });
+  // The runners waited for every record they wrote: all of the journal is durable.
+  durable_.fleet = journal_->fleet_state();
+  durable_.head = DurableHead{journal_->head_seq(), journal_->head_hash()};
+  durable_.decision_seq = journal_->head_seq();
+  LogFleetStart();
+  // The monitor watches every member (a restart, a relabel, drifted weights, unreachable); a
+  // fleet has no explicit rollouts, so no lease thread.
+  monitor_thread_ = std::thread([this] { MonitorLoop(); });
+  RC_CHECK(fleet_members_.size() == config_.engines.size() && !rollout_prefix_.empty());
+  return Status::OK();
+}
+
+Status Service::OpenFleetMembers() {
+  for (const FleetEngineConfig& e : config_.engines) RC_RETURN_IF_ERROR(OpenFleetMember(e));
+  return Status::OK();
+}
+
+// Nothing is decided before the engine answers GET /version: it may still be loading.
+Status Service::OpenFleetMember(const FleetEngineConfig& e) {
+  auto m = std::make_unique<FleetMember>();
+  m->name = e.name;
+  m->url = e.engine_url;
+  Result<UpstreamTarget> target = ParseEngineUrl(e.engine_url);
+  if (!target.ok()) return target.status();
+  m->target = std::move(target.value());
+  m->client = std::make_unique<effects::EngineClient>(e.engine_url, ControlDeadlines(config_));
+  m->control = std::make_unique<effects::HttpEngineControl>(*m->client);
+  const EngineVersionWait waited =
+      WaitForEngineVersion(*m->client, e.engine_url, config_.engine_startup_timeout_ms);
+  if (!waited.status.ok()) {
+    return Status(waited.status.code(), "engine '" + e.name + "': " + waited.status.message());
+  }
+  m->version = waited.version;
+  auto transfer = MakeGpuFreeTransfer(config_, *m->client, m->version);
+  if (!transfer.ok()) return transfer.status();
+  m->transfer = std::move(transfer.value());
+  RC_CHECK(fleet_members_.count(e.name) == 0);  // ValidateConfig: names are unique
+  fleet_members_.emplace(e.name, std::move(m));
+  return Status::OK();
+}
+
+void Service::MakeFleetRunner() {
+  effects::FleetRunnerOptions o;
+  o.runner = RunnerOptionsOf(config_);
+  o.blocked_timeout_ms = config_.fleet_blocked_timeout_ms;
+  fleet_runner_ =
+      std::make_unique<effects::FleetRunner>(*journal_, effects::system_clock(), std::move(o));
+}
+
+// Configures the policy when the journal's differs, joins every configured engine (a restart
+// finds them joined), and names the journal's engines this configuration leaves out.
+Status Service::JoinFleet() {
+  const FleetConfigured policy{config_.fleet_staleness_max, config_.fleet_min_serving};
+  FleetConfigured held;
+  std::vector<std::string> unconfigured;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    held = f.policy;
+    for (const auto& [name, s] : f.engines) {
+      if (fleet_members_.count(name) == 0) unconfigured.push_back(name);
+    }
+  });
+  if (journal_->head_seq() == 0 || held != policy) {
+    if (Status st = fleet_runner_->Configure(policy); !st.ok()) {
+      return Status(st.code(), "configuring the fleet's policy: " + st.message());
+    }
+  }
+  for (auto& [name, m] : fleet_members_) {
+    Status joined = fleet_runner_->Join(name, *m->control, *m->transfer);
+    if (!joined.ok()) {
+      return Status(joined.code(), "engine '" + name + "' could not join: " + joined.message());
+    }
+    fleet_runner_->runner(name)->set_observer([this, name](std::uint64_t seq, const Event& e) {
+      if (!IsDecision(e)) return;
+      LogDecision(name, seq, e);
+      NotifyLifecycle(seq);
+    });
+  }
+  for (const std::string& name : unconfigured) {
+    spdlog::warn(
+        "serve: the journal's engine {} is not configured: nothing is routed to it or done "
+        "with it until it is (or DELETE /v1/fleet/engines/{} removes it)",
+        Esc(name), Esc(name));
+  }
+  return Status::OK();
+}
+
+Status Service::BootstrapFleetMembers() {
+  std::optional<NewestLabel> newest;
+  std::vector<std::string> uninitialized;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    newest = FleetNewestLabel(f);
+    for (const auto& [name, m] : fleet_members_) {
+      if (engine_state(f, name).lifecycle == Lifecycle::kUninitialized) {
+        uninitialized.push_back(name);
+      }
+    }
+  });
+  for (const std::string& name : uninitialized) {
+    if (!newest) {
+      Result<WeightIdentity> id = BootstrapIdentity(*Member(name).transfer);
+      if (!id.ok()) return id.status();
+      newest = NewestLabel{config_.initial_label, *id};
+    }
+    RC_RETURN_IF_ERROR(BootstrapFleetMember(name, newest->label, newest->identity));
+  }
+  return Status::OK();
+}
+
+Status Service::BootstrapFleetMember(const std::string& engine, const std::string& label,
+                                     const WeightIdentity& identity) {
+  FleetMember& m = Member(engine);
+  spdlog::info("serve: bootstrapping engine {} ({}) as '{}'{}", Esc(engine), Esc(m.url), Esc(label),
+               config_.adopt_engine ? " (adopt)" : "");
+  effects::Runner* runner = fleet_runner_->runner(engine);
+  RC_CHECK(runner != nullptr);  // joined by JoinFleet
+  Status booted = runner->Bootstrap(label, identity, BootstrapOptionsOf());
+  if (!booted.ok()) {
+    return Status(booted.code(), "bootstrap of engine '" + engine + "' (" + m.url + ") as '" +
+                                     label + "' failed: " + booted.message());
+  }
+  if (config_.transfer == "http") {
+    InitHttpWeightTransfer(*m.client, effects::detect_protocol(m.version), config_);
+  }
+  return Status::OK();
+}
+
+void Service::LogFleetStart() {
+  const FleetState& f = durable_.fleet;
+  spdlog::info("serve: fleet journal {} at seq {}: {} engine(s), staleness_max {}, min_serving {}",
+               Esc(config_.journal_path), durable_.head.seq, f.engines.size(),
+               f.policy.staleness_max, f.policy.min_serving);
+  for (const auto& [name, s] : f.engines) {
+    spdlog::info("serve: engine {}: {}, committed '{}' (fleet generation {}){}", Esc(name),
+                 lifecycle_name(s.lifecycle), Esc(s.committed.label),
+                 fleet_generation(f, name).value_or(0), f.leaving.count(name) ? ", leaving" : "");
+    if (s.lifecycle == Lifecycle::kTainted) LogTaint(s.taint, ("engine " + name).c_str());
+  }
+}
+
+Status Service::StartFleet() {
+  for (auto& [name, m] : fleet_members_) {
+    auto pool = MakeUpstream(m->target);
+    if (!pool.ok())
+      return Status(pool.status().code(), "engine '" + name + "': " + pool.status().message());
+    m->upstream = std::move(pool.value());
+  }
+  RC_RETURN_IF_ERROR(Listen());
+  return FinishInterruptedFleetUpdate();
+}
+
+// A fleet update the last run left open goes on now that clients can reach the executor: its
+// members' drains may wait for rollouts whose clients must be able to finish them.
+Status Service::FinishInterruptedFleetUpdate() {
+  if (!interrupted_fleet_update_) return Status::OK();
+  const FleetUpdateRequested request = *interrupted_fleet_update_;
+  interrupted_fleet_update_.reset();
+  std::lock_guard<std::timed_mutex> lock(update_mu_);
+  spdlog::info("serve: going on with the interrupted fleet update '{}'", Esc(request.update_id));
+  Result<FleetUpdateEnded> ended = fleet_runner_->Update(request);
+  if (!ended.ok()) {
+    FailStop("recovery of the interrupted fleet update failed: " + ended.status().ToString());
+    return RecoveryFailed(ended.status());
+  }
+  spdlog::warn("serve: this restart ended the interrupted fleet update '{}': {} ({}); {}",
+               Esc(request.update_id), fleet_outcome_name(ended->outcome), Esc(ended->reason),
+               ReplayHint(config_.journal_path));
+  return Status::OK();
+}
+
+// ---- admission across the fleet ----
+
+// Decided under the journal's lock without copying the fleet: the balancer's pick among the
+// configured engines that admit now, and its binding. The journal decides again on submit, so a
+// race with an update costs a retry (kAgain), never an admission past a drain.
+Service::AdmitStep Service::TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt) {
+  std::optional<FleetEvent> admission;
+  std::string blocked;
+  bool quarantined = false;
+  std::size_t active = 0;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    if (std::optional<std::string> engine = PickFleetEngine(f)) {
+      admission = make_fleet_admission(f, *engine, rollout_id);
+      active = engine_state(f, *engine).active.size();
+      return;
+    }
+    quarantined = FleetQuarantined(f, fleet_members_);
+    blocked = FleetBlockReason(f, fleet_members_);
+  });
+  if (quarantined) {
+    metrics_.admission_rejected_tainted++;
+    return Refused({503, "tainted",
+                    "every engine of the fleet is TAINTED or leaving; no rollouts are admitted (" +
+                        blocked + ")",
+                    0});
+  }
+  AdmitStep step;
+  if (!admission) {
+    step.kind = AdmitStep::kWait;
+    step.waiting_on = blocked;
+    return step;
+  }
+  FleetMember& m = Member(admission->engine);
+  m.outstanding++;  // counted at the pick, so concurrent picks spread
+  auto submitted = journal_->SubmitFleet(*admission, effects::wall_now_ms());
+  if (!submitted.ok()) {
+    EngineCallEnded(m.name);
+    return SubmitRefused(submitted.status(), rollout_id, attempt, active);
+  }
+  step.kind = AdmitStep::kSubmitted;
+  step.ticket = submitted->ticket;
+  step.engine = admission->engine;
+  step.binding = std::get<RolloutAdmitted>(admission->event);
+  return step;
+}
+
+// Least outstanding among the configured engines that admit now (admitting_engines holds the
+// staleness bound and quarantine); an engine of the journal that is not configured gets nothing.
+std::optional<std::string> Service::PickFleetEngine(const FleetState& fleet) {
+  std::vector<EngineLoad> loads;
+  for (const std::string& name : admitting_engines(fleet)) {
+    const auto it = fleet_members_.find(name);
+    if (it == fleet_members_.end()) continue;
+    loads.push_back({name, fleet_generation(fleet, name).value_or(0),
+                     it->second->outstanding.load(std::memory_order_relaxed)});
+  }
+  return PickEngine(loads, std::nullopt, 0);
+}
+
+void Service::EngineCallEnded(const std::string& engine) {
+  const std::uint32_t before = Member(engine).outstanding.fetch_sub(1);
+  RC_CHECK(before > 0);  // each counted pick ends exactly once
+}
+
+FleetMember& Service::Member(const std::string& engine) {
+  const auto it = fleet_members_.find(engine);
+  RC_CHECK(it != fleet_members_.end());  // only configured engines are picked
+  return *it->second;
+}
+
+const UpstreamTarget& Service::TargetOf(const std::string& engine) const {
+  if (engine.empty()) return engine_target_;
+  const auto it = fleet_members_.find(engine);
+  RC_CHECK(it != fleet_members_.end());
+  return it->second->target;
+}
+
+UpstreamPool& Service::UpstreamOf(const std::string& engine) {
+  UpstreamPool* pool = engine.empty() ? upstream_.get() : Member(engine).upstream.get();
+  RC_CHECK(pool != nullptr);  // made by Start before it listens
+  return *pool;
+}
+
+std::string Service::PassThroughEngine() {
+  if (!is_fleet()) return "";
+  std::optional<std::string> engine;
+  journal_->ReadFleetState([&](const FleetState& f) { engine = PickFleetEngine(f); });
+  return engine ? *engine : fleet_members_.begin()->first;
+}
+
+std::string Service::FleetNotReadyReason() const {
+  if (failed()) return "fail-stopped: " + failure();
+  if (shutting_down_.load()) return "shutting down";
+  std::string why;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    const bool any = std::any_of(fleet_members_.begin(), fleet_members_.end(),
+                                 [&f](const auto& m) { return fleet_admits(f, m.first); });
+    if (!any) why = FleetBlockReason(f, fleet_members_);
+  });
+  return why;
+}
+
+}  // namespace rc::service

@@ -1,0 +1,476 @@
+// `serve` in front of a fleet, over real loopback HTTP: N vLLM doubles, one RocksDB journal, the
+// Service with `engines` configured. The proxy spreads rollouts over the engines that admit and
+// names each rollout's engine; the trainer API updates the fleet in both modes; an engine that
+// fails is quarantined and gets no traffic; a removed engine gets none; a restart recovers the
+// fleet; and every answer agrees with the journal (history checker, replay).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "replay/replay.h"
+#include "statemachine/fleet_history.h"
+#include "tests/service/service_stack.h"
+
+namespace rc::service {
+namespace {
+
+using nlohmann::json;
+using stack::kStackSource;
+
+std::string Name(int i) { return "e" + std::to_string(i); }
+
+// N doubles on loopback and a fleet `serve` in front of them.
+class FleetStack {
+ public:
+  explicit FleetStack(int n, std::function<void(ServeConfig&)> tweak = nullptr,
+                      int token_delay_ms = 1)
+      : tweak_(std::move(tweak)) {
+    static int k = 0;
+    dir = std::filesystem::temp_directory_path() /
+          ("rc-fleet-serve-" + std::to_string(::getpid()) + "-" + std::to_string(k++));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    for (int i = 0; i < n; ++i) {
+      fixtures::VllmDoubleOptions o;
+      o.worker_extension_cls = effects::kWorkerExtensionClass;
+      o.token_delay_ms = token_delay_ms;
+      engines.push_back(std::make_unique<fixtures::VllmDouble>(o));
+      RC_CHECK(engines.back()->Start(0) > 0);
+    }
+    Open();
+  }
+  ~FleetStack() {
+    if (svc && !svc->failed()) (void)svc->Shutdown(5000);
+    svc.reset();
+    for (auto& e : engines) e->Stop();
+    std::filesystem::remove_all(dir);
+  }
+
+  ServeConfig Config() const {
+    ServeConfig c;
+    for (std::size_t i = 0; i < engines.size(); ++i) {
+      c.engines.push_back({Name(static_cast<int>(i)), engines[i]->base_url()});
+    }
+    c.journal_path = (dir / "journal").string();
+    c.listen_port = 0;
+    c.initial_source = kStackSource;
+    c.initial_checkpoint = "ckpt-0";
+    c.initial_run = "run-a";
+    c.initial_step = 0;
+    c.engine_startup_timeout_ms = 10000;
+    c.fleet_blocked_timeout_ms = 2000;
+    if (tweak_) tweak_(c);
+    return c;
+  }
+
+  void Open() {
+    auto opened = Service::Open(Config());
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    svc = std::move(opened.value());
+    ASSERT_TRUE(svc->Start().ok());
+  }
+
+  // Engine i's process restarts on its port: initial label, a new instance.
+  bool RestartEngine(std::size_t i) {
+    const int port = engines[i]->port();
+    fixtures::VllmDoubleOptions o;
+    o.worker_extension_cls = effects::kWorkerExtensionClass;
+    engines[i]->Stop();
+    engines[i] = std::make_unique<fixtures::VllmDouble>(o);
+    return engines[i]->Start(port) == port;
+  }
+
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", svc->port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+
+  // A proxied completion; the engine and generation it was bound to, from the headers.
+  struct Answer {
+    int status = 0;
+    std::string engine;
+    std::string label;
+    std::string rollout_id;
+  };
+  Answer Complete(int max_tokens = 2) const {
+    httplib::Client c = client();
+    auto r = c.Post("/v1/completions", json{{"prompt", "hello"}, {"max_tokens", max_tokens}}.dump(),
+                    "application/json");
+    if (!r) return {};
+    return {r->status, r->get_header_value("X-RolloutCore-Engine"),
+            r->get_header_value("X-RolloutCore-Version"),
+            r->get_header_value("X-RolloutCore-Rollout-Id")};
+  }
+
+  httplib::Result FleetUpdate(const std::string& id, const std::string& mode, int step,
+                              int batch_max = 1) const {
+    json body = stack::UpdateBody(id, "rc-" + std::to_string(step), step, "run-a");
+    body["mode"] = mode;
+    body["batch_max"] = batch_max;
+    return client().Post("/v1/fleet/updates", body.dump(), "application/json");
+  }
+
+  json State() const {
+    auto r = client().Get("/v1/state");
+    RC_CHECK(r && r->status == 200);
+    return json::parse(r->body);
+  }
+
+  // Every record of the journal, as the fleet history checker and replay read it: each rule of
+  // the fleet held (staleness, quarantine, one weight state per rollout), and replay re-derives
+  // every decision.
+  void CheckJournal() const {
+    std::vector<FleetHistoryEntry> history;
+    ASSERT_TRUE(svc->journal()
+                    .Scan(1, 0,
+                          [&](const journal::Record& r) {
+                            history.push_back({r.seq, r.cause_seq, r.engine, r.event});
+                            return Status::OK();
+                          })
+                    .ok());
+    const FleetHistoryReport h = check_fleet_history(history);
+    EXPECT_TRUE(h.ok) << "seq " << h.first_bad_seq << ": " << h.message;
+    auto report = replay::Replay(svc->journal(), {});
+    ASSERT_TRUE(report.ok());
+    EXPECT_TRUE(report->ok) << "seq " << report->first_bad_seq << ": " << report->error;
+  }
+
+  // rollout id -> the engine its RolloutAdmitted names in the journal.
+  std::map<std::string, std::string> AdmittedEngines() const {
+    std::map<std::string, std::string> out;
+    EXPECT_TRUE(svc->journal()
+                    .Scan(1, 0,
+                          [&](const journal::Record& r) {
+                            if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
+                              out[a->rollout_id] = r.engine;
+                            }
+                            return Status::OK();
+                          })
+                    .ok());
+    return out;
+  }
+
+  std::filesystem::path dir;
+  std::vector<std::unique_ptr<fixtures::VllmDouble>> engines;
+  std::unique_ptr<Service> svc;
+
+ private:
+  std::function<void(ServeConfig&)> tweak_;
+};
+
+// Runs `n` completions on `threads` client threads; the answers, in no order.
+std::vector<FleetStack::Answer> CompleteMany(const FleetStack& f, int n, int threads) {
+  std::vector<FleetStack::Answer> out(static_cast<std::size_t>(n));
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int i = next++; i < n; i = next++) out[static_cast<std::size_t>(i)] = f.Complete();
+    });
+  }
+  for (auto& t : pool) t.join();
+  return out;
+}
+
+// Proves concurrent proxied rollouts are spread over every engine (least outstanding), each
+// answer names the engine the journal admitted it to, and /metrics and /v1/state speak per
+// engine; catches a balancer that sends everything to one engine, or a header that names another
+// engine than the binding.
+TEST(FleetServe, ProxiedRolloutsSpreadAndNameTheirEngine) {
+  FleetStack f(3, nullptr, /*token_delay_ms=*/20);
+  const std::vector<FleetStack::Answer> answers = CompleteMany(f, 36, 9);
+  const std::map<std::string, std::string> journaled = f.AdmittedEngines();
+  std::map<std::string, int> per_engine;
+  for (const auto& a : answers) {
+    ASSERT_EQ(a.status, 200);
+    ASSERT_EQ(journaled.count(a.rollout_id), 1u) << a.rollout_id;
+    EXPECT_EQ(journaled.at(a.rollout_id), a.engine) << a.rollout_id;
+    EXPECT_EQ(a.label, "rc-0");
+    per_engine[a.engine]++;
+  }
+  EXPECT_EQ(per_engine.size(), 3u) << "every engine took some of the 9 concurrent clients";
+  const json s = f.State();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s["engines"][Name(i)]["lifecycle"], "READY");
+    EXPECT_EQ(s["engines"][Name(i)]["generation"], 0);
+    EXPECT_EQ(s["engines"][Name(i)]["active_rollouts"], 0);
+    EXPECT_EQ(s["engines"][Name(i)]["outstanding"], 0) << "every pick's count was released";
+  }
+  auto m = f.client().Get("/metrics");
+  ASSERT_TRUE(m && m->status == 200);
+  EXPECT_NE(m->body.find("rolloutcore_fleet_engine_state{engine=\"e1\",state=\"READY\"} 1"),
+            std::string::npos);
+  EXPECT_NE(m->body.find("rolloutcore_fleet_engine_rollouts_admitted_total{engine=\"e0\"} " +
+                         std::to_string(per_engine["e0"])),
+            std::string::npos);
+  f.CheckJournal();
+}
+
+// Proves an `all` update through the trainer API moves every engine to the new label (each
+// double reports it), answers committed with every engine's state, and new rollouts are bound to
+// the new generation on every engine; catches an update that leaves an engine behind, or a
+// binding that still names the old label.
+TEST(FleetServe, AnAllUpdateCommitsEveryEngineAndBindsNewRollouts) {
+  FleetStack f(3);
+  auto r = f.FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json end = json::parse(r->body);
+  EXPECT_EQ(end["outcome"], "committed");
+  EXPECT_EQ(end["committed"], 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(f.engines[static_cast<std::size_t>(i)]->weight_label(), "rc-1") << Name(i);
+    EXPECT_EQ(end["engines"][Name(i)]["generation"], 1);
+  }
+  for (const auto& a : CompleteMany(f, 9, 3)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_EQ(a.label, "rc-1");
+  }
+  auto again = f.FleetUpdate("u1", "all", 1);  // idempotent: the recorded end
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+  auto other = f.FleetUpdate("u1", "all", 2);  // the same id for another request
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 409) << other->body;
+  f.CheckJournal();
+}
+
+// Proves a rolling update under live traffic keeps serving: every request is answered 200 while
+// engines update one at a time, with staleness 0 no rollout starts on the old generation once the
+// first engine committed the new one (the history checker's rule), and each rollout has one
+// weight state; catches a rolling update that stops the proxy, or admissions past the bound.
+TEST(FleetServe, RollingUpdateUnderLiveTrafficKeepsServing) {
+  FleetStack f(
+      3, [](ServeConfig& c) { c.fleet_min_serving = 2; }, /*token_delay_ms=*/5);
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, bad{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&] {
+      while (!stop.load()) (f.Complete().status == 200 ? ok : bad)++;
+    });
+  }
+  auto r = f.FleetUpdate("roll-1", "rolling", 1);
+  stop = true;
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["committed"], 3);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(bad.load(), 0);
+  for (const auto& e : f.engines) EXPECT_EQ(e->weight_label(), "rc-1");
+  f.CheckJournal();
+}
+
+// Proves an engine whose transfer is lost ambiguously is TAINTED alone: the update answers 207
+// partial, /v1/state names the taint, /readyz stays ready, and no later rollout is routed to the
+// quarantined engine; catches a failure that is hidden, spreads, or keeps receiving traffic.
+TEST(FleetServe, ATaintedEngineIsQuarantinedFromTheProxy) {
+  FleetStack f(3);
+  fixtures::RouteFault fault;
+  fault.drop_connection = true;
+  fault.after = true;
+  f.engines[1]->SetRouteFault("/update_weights", fault);
+  auto r = f.FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 207) << r->body;
+  const json end = json::parse(r->body);
+  EXPECT_EQ(end["outcome"], "partial");
+  EXPECT_EQ(end["tainted"], 1);
+  const json s = f.State();
+  EXPECT_EQ(s["engines"]["e1"]["lifecycle"], "TAINTED");
+  EXPECT_TRUE(s["engines"]["e1"].contains("taint"));
+  EXPECT_EQ(s["engines"]["e1"]["admitting"], false);
+  auto ready = f.client().Get("/readyz");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 200) << ready->body;
+  for (const auto& a : CompleteMany(f, 12, 4)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.engine, "e1");
+    EXPECT_EQ(a.label, "rc-1");
+  }
+  f.CheckJournal();
+}
+
+bool Eventually(const std::function<bool()>& done, int timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// Proves the engine monitor watches every member: a member whose process is replaced behind the
+// fleet's back (an update committed, then a restart back to its initial weights) is TAINTED alone
+// within seconds and gets no rollout, while the others keep serving the committed generation;
+// catches a fleet whose restarted engine serves old weights under the new generation's binding.
+TEST(FleetServe, AMemberRestartedBehindTheFleetsBackIsTaintedAlone) {
+  FleetStack f(3, [](ServeConfig& c) { c.engine_monitor_interval_ms = 20; });
+  ASSERT_EQ(f.FleetUpdate("u1", "all", 1)->status, 200);
+  ASSERT_TRUE(f.RestartEngine(2));
+  ASSERT_TRUE(
+      Eventually([&] { return f.State()["engines"]["e2"]["lifecycle"] == "TAINTED"; }, 5000))
+      << "the replaced engine went unnoticed: " << f.State().dump();
+  for (const auto& a : CompleteMany(f, 12, 4)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.engine, "e2");
+    EXPECT_EQ(a.label, "rc-1");
+  }
+  EXPECT_EQ(f.State()["engines"]["e0"]["lifecycle"], "READY");
+  f.CheckJournal();
+}
+
+// Proves a member that stops answering is seen unreachable within 2 s and the proxy stops routing
+// to it, while the others serve; catches a proxy that keeps sending rollouts to a dead engine.
+TEST(FleetServe, ADeadMemberGetsNoTraffic) {
+  FleetStack f(3, [](ServeConfig& c) { c.engine_monitor_interval_ms = 20; });
+  f.engines[0]->Stop();
+  ASSERT_TRUE(Eventually([&] { return f.State()["engines"]["e0"]["admitting"] == false; }, 2000))
+      << f.State().dump();
+  for (const auto& a : CompleteMany(f, 12, 4)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.engine, "e0");
+  }
+  f.CheckJournal();
+}
+
+// Proves a removed engine receives no rollout afterwards and leaves the fleet, while the others
+// keep serving; catches a removal the balancer does not see.
+TEST(FleetServe, ARemovedEngineGetsNoTrafficAndLeaves) {
+  FleetStack f(3);
+  auto r = f.client().Delete("/v1/fleet/engines/e2");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 202) << r->body;
+  for (const auto& a : CompleteMany(f, 12, 4)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.engine, "e2");
+  }
+  EXPECT_FALSE(f.State()["engines"].contains("e2")) << "idle: removed at once";
+  auto unknown = f.client().Delete("/v1/fleet/engines/nope");
+  ASSERT_TRUE(unknown);
+  EXPECT_GE(unknown->status, 400);
+  EXPECT_LT(unknown->status, 500);
+  f.CheckJournal();
+}
+
+// Proves a restart of serve on its fleet journal recovers every engine at its committed label
+// without a second bootstrap, and serves again; catches a restart that re-joins or re-bootstraps
+// engines, or forgets the fleet's generation.
+TEST(FleetServe, ARestartRecoversTheFleet) {
+  auto f = std::make_unique<FleetStack>(2);
+  ASSERT_EQ(f->FleetUpdate("u1", "all", 1)->status, 200);
+  const std::uint64_t head = f->svc->journal().head_seq();
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  f->Open();
+  ASSERT_NE(f->svc, nullptr);
+  const json s = f->State();
+  EXPECT_EQ(s["engines"]["e0"]["committed"]["label"], "rc-1");
+  EXPECT_EQ(s["engines"]["e1"]["generation"], 1);
+  EXPECT_GT(f->svc->journal().head_seq(), head);  // the runners' recovery records
+  EXPECT_EQ(f->Complete().label, "rc-1");
+  f->CheckJournal();
+}
+
+// Proves the one-engine trainer routes answer 409 on a fleet instead of acting on one engine, and
+// bad fleet requests change nothing; catches a route that bypasses the fleet's rules.
+TEST(FleetServe, OneEngineRoutesAndBadRequestsChangeNothing) {
+  FleetStack f(2);
+  const std::uint64_t head = f.svc->journal().head_seq();
+  httplib::Client c = f.client();
+  auto update =
+      c.Post("/v1/updates", stack::UpdateBody("u", "rc-1", 1, "run-a").dump(), "application/json");
+  ASSERT_TRUE(update);
+  EXPECT_EQ(update->status, 409);
+  auto admit = c.Post("/v1/rollouts", "{}", "application/json");
+  ASSERT_TRUE(admit);
+  EXPECT_EQ(admit->status, 409);
+  for (const char* body :
+       {"", "[]", R"({"update_id": "x"})", R"({"update_id": "x", "mode": "some"})"}) {
+    auto bad = c.Post("/v1/fleet/updates", body, "application/json");
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 400) << body;
+  }
+  json body = stack::UpdateBody("u2", "rc-1", 1, "run-a");
+  body["batch_max"] = 0;
+  auto zero = c.Post("/v1/fleet/updates", body.dump(), "application/json");
+  ASSERT_TRUE(zero);
+  EXPECT_EQ(zero->status, 400);
+  auto cancel = c.Post("/v1/fleet/updates/none/cancel", R"({"reason": 5})", "application/json");
+  ASSERT_TRUE(cancel);
+  EXPECT_EQ(cancel->status, 400);
+  EXPECT_EQ(f.svc->journal().head_seq(), head);
+}
+
+// Proves the configuration of a fleet is checked before anything opens: one engine and a fleet
+// together, duplicate or malformed names, NCCL for a fleet, a one-engine journal served as a fleet
+// and a fleet journal served as one engine; catches a configuration that would drive engines the
+// journal does not describe.
+TEST(FleetServe, ConfigurationIsCheckedBeforeAnythingOpens) {
+  ServeConfig c;
+  c.journal_path = "/tmp/unused";
+  c.engines = {{"a", "http://127.0.0.1:1"}, {"a", "http://127.0.0.1:2"}};
+  EXPECT_NE(ValidateConfig(c).message().find("twice"), std::string::npos);
+  c.engines = {{"a/b", "http://127.0.0.1:1"}};
+  EXPECT_FALSE(ValidateConfig(c).ok());
+  c.engines = {{"a", "https://127.0.0.1:1"}};
+  EXPECT_FALSE(ValidateConfig(c).ok());
+  c.engines = {{"a", "http://127.0.0.1:1"}};
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.engine_url = "http://127.0.0.1:3";
+  EXPECT_NE(ValidateConfig(c).message().find("not both"), std::string::npos);
+  c.engine_url.clear();
+  c.transfer = "nccl";
+  c.rendezvous = "127.0.0.1:0";
+  EXPECT_NE(ValidateConfig(c).message().find("fleet"), std::string::npos);
+  c.engines.clear();
+  c.transfer = "http";
+  EXPECT_NE(ValidateConfig(c).message().find("required"), std::string::npos);
+
+  ServeConfig parsed;
+  ASSERT_TRUE(MergeConfigJson(json::parse(R"({"engines": [{"name": "x", "engine_url":
+      "http://127.0.0.1:5"}]})"),
+                              parsed)
+                  .ok());
+  ASSERT_EQ(parsed.engines.size(), 1u);
+  EXPECT_EQ(parsed.engines[0].name, "x");
+  EXPECT_FALSE(MergeConfigJson(json::parse(R"({"engines": [{"name": "x"}]})"), parsed).ok());
+  EXPECT_FALSE(MergeConfigJson(json::parse(R"({"engines": {"x": 1}})"), parsed).ok());
+  EXPECT_FALSE(ParseFleetEngineFlag("=http://x").ok());
+  EXPECT_EQ(ParseFleetEngineFlag("a=http://h:1")->engine_url, "http://h:1");
+
+  // A fleet journal is not served as one engine, nor a one-engine journal as a fleet.
+  FleetStack f(1);
+  const std::string fleet_journal = f.Config().journal_path;
+  ASSERT_TRUE(f.svc->Shutdown(5000));
+  f.svc.reset();
+  ServeConfig one = f.Config();
+  one.engines.clear();
+  one.engine_url = f.engines[0]->base_url();
+  auto refused = Service::Open(one);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("fleet"), std::string::npos);
+
+  stack::ServiceStack single(stack::StackOptions{});
+  ServeConfig as_fleet = single.Config();
+  as_fleet.engine_url.clear();
+  as_fleet.engines = {{"a", single.engine->base_url()}};
+  ASSERT_TRUE(single.svc->Shutdown(5000));
+  single.svc.reset();
+  auto refused_one = Service::Open(as_fleet);
+  ASSERT_FALSE(refused_one.ok());
+  EXPECT_NE(refused_one.status().message().find("one unnamed engine"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rc::service
