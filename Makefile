@@ -85,8 +85,9 @@ soak-serve: build
 	python3 tests/soak/crash_loop.py --build $(BUILD) --kills $(SOAK_KILLS) --seed $(SOAK_SEED)
 
 demo: build
-	rm -rf $(BUILD)/demo-journal
+	rm -rf $(BUILD)/demo-journal $(BUILD)/demo-fleet-journal
 	./$(BUILD)/cli/rolloutcore demo --journal $(BUILD)/demo-journal
+	./$(BUILD)/cli/rolloutcore demo --fleet 3 --journal $(BUILD)/demo-fleet-journal
 
 # The side-by-side proxy benchmark (bench/proxy/README.md): wrk and nginx, installed only for it.
 BENCH_PACKAGES := wrk nginx-light

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/fleet_demo.h"
 #include "effects/clock.h"
 #include "effects/http/engine_client.h"
 #include "effects/http/engine_control.h"
@@ -226,10 +227,22 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
 Runner add_demo(CLI::App& app) {
   auto journal_path = std::make_shared<std::string>("demo-journal");
   auto token_delay_ms = std::make_shared<int>(10);
+  auto fleet = std::make_shared<int>(0);
   app.add_option("--journal", *journal_path, "Directory for the demo's journal (must be new)");
   app.add_option("--token-delay-ms", *token_delay_ms, "The double's time per generated token")
       ->check(CLI::Range(1, 1000));
-  return [journal_path, token_delay_ms]() { return run_demo(*journal_path, *token_delay_ms); };
+#ifdef RC_CLI_HAVE_SERVICE
+  app.add_option("--fleet", *fleet,
+                 "N engines behind one serve: a rolling update under traffic, then an all update "
+                 "in which one engine is lost (2..16)")
+      ->check(CLI::Range(2, 16));
+#endif
+  return [journal_path, token_delay_ms, fleet]() {
+#ifdef RC_CLI_HAVE_SERVICE
+    if (*fleet > 0) return run_fleet_demo(*journal_path, *fleet, *token_delay_ms);
+#endif
+    return run_demo(*journal_path, *token_delay_ms);
+  };
 }
 
 }  // namespace rc::cli

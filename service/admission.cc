@@ -92,12 +92,13 @@ Service::AdmitStep Service::SubmitRefused(const Status& st, const std::string& r
 }
 
 Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms,
-                                     std::uint32_t attempt) {
+                                     std::uint32_t attempt,
+                                     std::optional<std::uint64_t> affinity_key) {
   RC_CHECK(lease_ms == 0 || (lease_ms >= kRolloutLeaseMsMin && lease_ms <= kRolloutLeaseMsMax));
   if (std::optional<AdmitRefusal> r = ExecutorRefusal()) return Refused(std::move(*r));
   if (is_fleet()) {
     RC_CHECK(lease_ms == 0);  // a fleet admits proxied rollouts only (fleet_api.cc)
-    return TryAdmitFleet(rollout_id, attempt);
+    return TryAdmitFleet(rollout_id, attempt, affinity_key);
   }
   // The cached view on the first look; a fresh copy after a refusal or while waiting.
   const std::shared_ptr<const State> view = AdmitView(/*fresh=*/attempt > 0);
@@ -136,8 +137,8 @@ Service::AdmitResult Service::Admitted(AdmitStep step, const Status& durable,
   metrics_.admissions++;
   const journal::AppendResult& r = step.ticket.result;
   RC_CHECK(r.first_seq >= 1 && r.last_seq >= r.first_seq);
-  out.admitted = Admission{std::move(step.engine), std::move(step.binding), r.first_seq,
-                           DurableHead{r.last_seq, r.last_hash}};
+  out.admitted = Admission{std::move(step.engine), step.fleet_generation, std::move(step.binding),
+                           r.first_seq, DurableHead{r.last_seq, r.last_hash}};
   return out;
 }
 
@@ -181,9 +182,10 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
 // the result to `done` on `executor` once the admission is durable (or refused).
 struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
   AsyncAdmission(Service& s, std::string id, std::uint64_t wait, asio::any_io_executor ex,
-                 AdmitDone fn)
+                 AdmitDone fn, std::optional<std::uint64_t> key)
       : svc(s),
         rollout_id(std::move(id)),
+        affinity_key(key),
         wait_ms(wait),
         executor(std::move(ex)),
         timer(executor),
@@ -193,7 +195,7 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
   void Step() {
     for (;; ++attempt) {
       const auto t0 = Clock::now();
-      AdmitStep step = svc.TryAdmit(rollout_id, 0, attempt);
+      AdmitStep step = svc.TryAdmit(rollout_id, 0, attempt, affinity_key);
       switch (step.kind) {
         case AdmitStep::kRefused:
           return Done(AdmitResult{std::nullopt, std::move(step.refusal)});
@@ -233,6 +235,7 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
 
   Service& svc;
   const std::string rollout_id;
+  const std::optional<std::uint64_t> affinity_key;
   const std::uint64_t wait_ms;
   asio::any_io_executor executor;
   asio::steady_timer timer;
@@ -242,9 +245,10 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
 };
 
 void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
-                         const asio::any_io_executor& executor, AdmitDone done) {
-  auto job =
-      std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor, std::move(done));
+                         const asio::any_io_executor& executor, AdmitDone done,
+                         std::optional<std::uint64_t> affinity_key) {
+  auto job = std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor, std::move(done),
+                                              affinity_key);
   job->Step();
 }
 

@@ -21,6 +21,8 @@ constexpr std::uint64_t kDay = 24 * kHour;
 constexpr std::uint64_t kPathBytesMax = 4096;
 constexpr std::uint64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 constexpr std::uint64_t kFleetStalenessMax = 1'000'000;
+constexpr std::uint64_t kAffinityPrefixBytesMax = 1 << 20;
+constexpr std::uint64_t kAffinitySlackMax = 1'000'000;
 constexpr std::size_t kEngineUrlBytesMax = 2048;
 constexpr std::size_t kEngineNameBytesMax = 64;
 constexpr std::size_t kKeyEchoBytesMax = 64;  // an unknown key is quoted at most this long
@@ -512,6 +514,25 @@ const std::array kKeys = {
               kFleet,
               "a fleet update that cannot progress is cancelled after this (ms)",
               {}},
+    ConfigKey{"fleet_affinity_prefix_bytes",
+              "fleet-affinity-prefix-bytes",
+              &C::fleet_affinity_prefix_bytes,
+              0,
+              kAffinityPrefixBytesMax,
+              kFleet,
+              "route by the first this-many bytes of the prompt (rendezvous hash among the engines "
+              "of the newest generation), so repeated prefixes meet their cached KV; 0 = by load "
+              "only",
+              {}},
+    ConfigKey{"fleet_affinity_slack",
+              "fleet-affinity-slack",
+              &C::fleet_affinity_slack,
+              0,
+              kAffinitySlackMax,
+              kFleet,
+              "an affine engine with more than this many requests in flight above the least busy "
+              "one gives the request to the least busy",
+              {}},
 };
 
 // ---- JSON values into typed members (no exceptions: every get<> is on a checked type).
@@ -640,7 +661,8 @@ bool IsEngineName(const std::string& name) {
   });
 }
 
-Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names) {
+Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names,
+                        std::set<std::string>& urls) {
   if (!IsEngineName(e.name)) {
     return Status::InvalidArgument(
         "engines: the name '" + text::escape_line(e.name.substr(0, 256)) + "' is not 1.." +
@@ -649,7 +671,13 @@ Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names
   if (!names.insert(e.name).second) {
     return Status::InvalidArgument("engines: the name '" + e.name + "' is given twice");
   }
-  return CheckEngineUrl("engines['" + e.name + "'].engine_url", e.engine_url);
+  RC_RETURN_IF_ERROR(CheckEngineUrl("engines['" + e.name + "'].engine_url", e.engine_url));
+  if (!urls.insert(e.engine_url).second) {
+    return Status::InvalidArgument("engines: '" + e.name +
+                                   "' has the engine_url of another "
+                                   "engine; two runners would drive one engine");
+  }
+  return Status::OK();
 }
 
 // One engine (engine_url) or a fleet (engines), never both; a fleet's transfer is per engine.
@@ -674,8 +702,15 @@ Status CheckEngines(const ServeConfig& c) {
         "transfer 'nccl' drives one engine's communicator; a fleet's engines take transfer "
         "http, ipc or reload (docs/fleet.md)");
   }
-  std::set<std::string> names;
-  for (const FleetEngineConfig& e : c.engines) RC_RETURN_IF_ERROR(CheckFleetEngine(e, names));
+  std::set<std::string> names, urls;
+  for (const FleetEngineConfig& e : c.engines) {
+    RC_RETURN_IF_ERROR(CheckFleetEngine(e, names, urls));
+  }
+  if (c.fleet_min_serving >= c.engines.size() && c.fleet_min_serving > 0) {
+    return Status::InvalidArgument("fleet_min_serving (" + std::to_string(c.fleet_min_serving) +
+                                   ") must be below the " + std::to_string(c.engines.size()) +
+                                   " engines: a rolling update takes one out of service at a time");
+  }
   return Status::OK();
 }
 
@@ -1050,9 +1085,10 @@ Rules that join several keys, checked after the bounds:
   starts with `http://` (the engine sits on loopback or a private network; see
   docs/security.md).
 - `engines` is a list of at most 256 `{"name": NAME, "engine_url": URL}` objects, names unique
-  (1..64 bytes of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`), or the flag
+  (1..64 bytes of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`) and URLs unique, or the flag
   `--fleet-engine NAME=URL` given once per engine (the flags replace the file's list). A fleet's
-  `transfer` is `http`, `ipc` or `reload`.
+  `transfer` is `http`, `ipc` or `reload`, and `fleet_min_serving` is below the number of
+  engines.
 - `proxy_token`, when given, differs from `auth_token`.
 - `rendezvous`, when given, is `HOST:PORT` or `[IPv6]:PORT` (PORT 0..65535).
 - `nccl_world_size` is 0 (ask the engine) or 2 and more.

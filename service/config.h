@@ -152,6 +152,12 @@ struct ServeConfig {
   // A fleet update that cannot progress (too few serving, every pending member quarantined) is
   // cancelled after this.
   std::uint64_t fleet_blocked_timeout_ms = 30000;
+  // Prefix affinity: a request goes to the engine its prompt's first this-many bytes hash to
+  // (among the engines of the newest generation that admit), so repeated prefixes meet their
+  // cached KV; 0: the least busy engine always.
+  std::uint64_t fleet_affinity_prefix_bytes = 0;
+  // ... unless that engine has more than this many requests in flight above the least busy one.
+  std::uint32_t fleet_affinity_slack = 8;
 };
 
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMin = 10;

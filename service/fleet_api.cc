@@ -4,7 +4,8 @@
 //   POST   /v1/fleet/updates/<id>/cancel  members not started are skipped
 //   DELETE /v1/fleet/engines/<name>       the engine admits nothing more and leaves once idle
 //   /healthz, /readyz (ready while some engine admits), /metrics, and the proxy.
-// The one-engine routes (updates, restores, sleep, explicit rollouts, watch, events, manifest)
+//   GET    /v1/manifest                   a source's manifest digest (the first member's transfer)
+// The one-engine routes (updates, restores, sleep, explicit rollouts, watch, events)
 // answer 409 naming the fleet's: they would act on one engine without the fleet's rules.
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -66,6 +67,11 @@ json FleetUpdateJson(const FleetUpdate& u) {
   return j;
 }
 
+// What SourceMatchesIdentity checks of a fleet update: its source and declared identity.
+UpdateRequested member_update_request_of(const FleetUpdateRequested& r) {
+  return UpdateRequested{r.update_id, r.target_label, r.identity, r.source_uri, r.expected_digest};
+}
+
 json FleetEndJson(const FleetUpdateEnded& e) {
   return {{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
           {"committed", e.committed}, {"refused", e.refused},
@@ -112,37 +118,57 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
     metrics_.bad_requests++;
     return SendError(res, 400, "invalid", request.status().message());
   }
+  // As for one engine: a source that cannot be read, or whose manifest is not the declared one,
+  // never drains an engine.
+  const bool engine_reads = SourceReaderForTransfer() == SourceReader::kEngine;
+  const UpdateRequested member = member_update_request_of(*request);
+  if (!engine_reads && !SourceMatchesIdentity(member, res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.updates_conflict, res)) return;
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_ = request->update_id;
-  }
+  SetRunningUpdate(request->update_id);
   spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),
                fleet_update_mode_name(request->mode), Esc(request->target_label));
-  AnswerFleetUpdate(*request, fleet_runner_->Update(*request), res);
+  const Result<FleetUpdateEnded> ended = fleet_runner_->Update(*request);
+  SetRunningUpdate("");
+  AnswerFleetUpdate(*request, ended, res);
+}
+
+void Service::SetRunningUpdate(const std::string& update_id) {
+  std::lock_guard<std::mutex> g(update_id_mu_);
+  running_update_id_ = update_id;
 }
 
 // The end as the fold decided it, with the fleet after it; or why there is none: a refusal
-// before anything was journaled (4xx), a journal failure (fail-stop, 503), or an update that
-// could not end (500: the journal and `rolloutcore replay` say where it stands).
+// before anything was journaled (4xx), or a journal failure or an update that could not end
+// (fail-stop, 503 outcome_unknown: a member's plan is stuck open, so nothing more may be decided
+// until a restart recovers it; the same request then reads the recorded end).
 void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
                                 const Result<FleetUpdateEnded>& ended, HttpResponse& res) {
   if (!ended.ok()) {
     const Status& st = ended.status();
-    if (IsJournalFailure(st)) {
-      FailStop("fleet update '" + request.update_id + "': " + st.ToString());
-      return SendError(res, 503, "failed", "the executor has fail-stopped: " + failure());
-    }
     if (st.code() == Code::kConflict) metrics_.updates_conflict++;
-    if (st.code() == Code::kUnavailable) metrics_.updates_outcome_unknown++;
-    return SendStatus(res, st);
+    const bool journaled = st.code() != Code::kConflict && st.code() != Code::kInvalidArgument &&
+                           st.code() != Code::kRejected && st.code() != Code::kBusy;
+    if (!journaled) return SendStatus(res, st);
+    metrics_.updates_outcome_unknown++;
+    FailStop("fleet update '" + request.update_id + "' did not end: " + st.ToString());
+    const json body = {
+        {"error",
+         {{"type", "outcome_unknown"},
+          {"message", "the executor has fail-stopped before the fleet update ended (" + failure() +
+                          "); after a restart, POST the same request again to read its end"}}},
+        {"update_id", request.update_id}};
+    return SendJson(res, 503, body);
   }
   const FleetUpdateEnded& e = *ended;
-  (e.outcome == FleetOutcome::kCommitted ? metrics_.updates_committed : metrics_.updates_refused)++;
+  (e.outcome == FleetOutcome::kCommitted ? metrics_.updates_committed
+   : e.tainted > 0                       ? metrics_.updates_tainted
+                                         : metrics_.updates_refused)++;
   if (e.outcome != FleetOutcome::kCommitted) {
-    spdlog::warn("serve: fleet update '{}' {}: {}; {}", Esc(e.update_id),
-                 fleet_outcome_name(e.outcome), Esc(e.reason), ReplayHint(config_.journal_path));
+    spdlog::warn(
+        "serve: fleet update '{}' {} (committed {}, refused {}, tainted {}, skipped {}){}{}; {}",
+        Esc(e.update_id), fleet_outcome_name(e.outcome), e.committed, e.refused, e.tainted,
+        e.skipped, e.reason.empty() ? "" : ": ", Esc(e.reason), ReplayHint(config_.journal_path));
   }
   const DurableView v = CatchUpDurable(true);
   SetHeadHeader(res, v.head);
@@ -202,7 +228,7 @@ void Service::HandleFleetReadyz(const ApiRequest&, HttpResponse& res) {
 void Service::HandleNotForFleet(const ApiRequest&, HttpResponse& res) {
   SendError(res, 409, "fleet",
             "this executor drives a fleet: use GET /v1/state, POST /v1/fleet/updates, POST "
-            "/v1/fleet/updates/<id>/cancel and DELETE /v1/fleet/engines/<name> (docs/api.md)");
+            "/v1/fleet/updates/<id>/cancel and DELETE /v1/fleet/engines/<name> (docs/fleet.md)");
 }
 
 HttpRouter Service::FleetRoutes() {
@@ -218,6 +244,7 @@ HttpRouter Service::FleetRoutes() {
   r.Blocking(verb::post, "/v1/fleet/updates/*/cancel", bind(&Service::HandleFleetCancel));
   r.Blocking(verb::delete_, "/v1/fleet/engines/*", bind(&Service::HandleFleetRemove));
   r.Blocking(verb::get, "/metrics", bind(&Service::HandleMetrics));
+  r.Blocking(verb::get, "/v1/manifest", bind(&Service::HandleManifest));
   const std::pair<verb, const char*> one_engine[] = {
       {verb::get, "/v1/version"},        {verb::post, "/v1/updates"},
       {verb::post, "/v1/restores"},      {verb::post, "/v1/sleep"},

@@ -30,13 +30,18 @@ struct NewestLabel {
   WeightIdentity identity;
 };
 
+// The newest generation an untainted engine holds, as the fold's bootstrap rule reads it; nullopt
+// when none holds one (a new fleet, or every holder TAINTED): the configured initial label then.
 std::optional<NewestLabel> FleetNewestLabel(const FleetState& f) {
-  const auto newest =
-      std::max_element(f.label_generation.begin(), f.label_generation.end(),
-                       [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (newest == f.label_generation.end()) return std::nullopt;
-  RC_CHECK(f.labels.count(newest->first) == 1);  // one identity per label served
-  return NewestLabel{newest->first, f.labels.at(newest->first)};
+  const std::optional<std::uint64_t> newest = newest_held_generation(f);
+  if (!newest) return std::nullopt;
+  for (const auto& [label, generation] : f.label_generation) {
+    if (generation != *newest) continue;
+    RC_CHECK(f.labels.count(label) == 1);  // one identity per label served
+    return NewestLabel{label, f.labels.at(label)};
+  }
+  RC_CHECK(false);  // a held generation names a label
+  return std::nullopt;
 }
 
 // Why no member admits now, each engine's reason, bounded (a 503's message and a log line).
@@ -75,6 +80,7 @@ Status Service::InitFleet() {
     return RecoveryFailed(recovered);
   }
   RC_RETURN_IF_ERROR(BootstrapFleetMembers());
+  InitHttpTransfers();
   journal_->ReadFleetState([this](const FleetState& f) {
     if (f.update) interrupted_fleet_update_ = f.update->request;
   });
@@ -83,9 +89,12 @@ Status Service::InitFleet() {
   durable_.head = DurableHead{journal_->head_seq(), journal_->head_hash()};
   durable_.decision_seq = journal_->head_seq();
   LogFleetStart();
-  // The monitor watches every member (a restart, a relabel, drifted weights, unreachable); a
-  // fleet has no explicit rollouts, so no lease thread.
-  monitor_thread_ = std::thread([this] { MonitorLoop(); });
+  // The monitor watches every member, each on its own thread (a restart, a relabel, drifted
+  // weights, unreachable); a fleet has no explicit rollouts, so no lease thread.
+  for (auto& [name, m] : fleet_members_) {
+    fleet_monitor_threads_.emplace_back(
+        [this, target = MonitorTarget{name, *m->client, m->watch}] { MonitorLoop(target); });
+  }
   RC_CHECK(fleet_members_.size() == config_.engines.size() && !rollout_prefix_.empty());
   return Status::OK();
 }
@@ -127,18 +136,29 @@ void Service::MakeFleetRunner() {
       std::make_unique<effects::FleetRunner>(*journal_, effects::system_clock(), std::move(o));
 }
 
-// Configures the policy when the journal's differs, joins every configured engine (a restart
-// finds them joined), and names the journal's engines this configuration leaves out.
+// Refuses a journal whose fleet holds an engine this configuration leaves out: without a runner
+// its rollouts would never be recovered, and the fleet's rules would still count it (members,
+// min_serving, staleness). Configures the policy when the journal's differs, and joins every
+// configured engine (a restart finds them joined; one that left joins again: the configuration
+// decides membership at start).
 Status Service::JoinFleet() {
   const FleetConfigured policy{config_.fleet_staleness_max, config_.fleet_min_serving};
   FleetConfigured held;
-  std::vector<std::string> unconfigured;
+  std::string unconfigured;
   journal_->ReadFleetState([&](const FleetState& f) {
     held = f.policy;
     for (const auto& [name, s] : f.engines) {
-      if (fleet_members_.count(name) == 0) unconfigured.push_back(name);
+      if (fleet_members_.count(name) == 0)
+        unconfigured += (unconfigured.empty() ? "" : ", ") + name;
     }
   });
+  if (!unconfigured.empty()) {
+    return Status::InvalidArgument(
+        "the journal's fleet holds engine(s) " + Esc(unconfigured) +
+        " that `engines` does not configure: configure them (they recover and serve), or remove "
+        "one for good: configure it, DELETE /v1/fleet/engines/NAME, and drop it from the "
+        "configuration once it has left");
+  }
   if (journal_->head_seq() == 0 || held != policy) {
     if (Status st = fleet_runner_->Configure(policy); !st.ok()) {
       return Status(st.code(), "configuring the fleet's policy: " + st.message());
@@ -155,12 +175,6 @@ Status Service::JoinFleet() {
       NotifyLifecycle(seq);
     });
   }
-  for (const std::string& name : unconfigured) {
-    spdlog::warn(
-        "serve: the journal's engine {} is not configured: nothing is routed to it or done "
-        "with it until it is (or DELETE /v1/fleet/engines/{} removes it)",
-        Esc(name), Esc(name));
-  }
   return Status::OK();
 }
 
@@ -169,8 +183,11 @@ Status Service::BootstrapFleetMembers() {
   std::vector<std::string> uninitialized;
   journal_->ReadFleetState([&](const FleetState& f) {
     newest = FleetNewestLabel(f);
+    // Only members the fleet still holds: one whose removal the recovery completed has left.
     for (const auto& [name, m] : fleet_members_) {
-      if (engine_state(f, name).lifecycle == Lifecycle::kUninitialized) {
+      const auto it = f.engines.find(name);
+      if (it != f.engines.end() && f.leaving.count(name) == 0 &&
+          it->second.lifecycle == Lifecycle::kUninitialized) {
         uninitialized.push_back(name);
       }
     }
@@ -198,10 +215,23 @@ Status Service::BootstrapFleetMember(const std::string& engine, const std::strin
     return Status(booted.code(), "bootstrap of engine '" + engine + "' (" + m.url + ") as '" +
                                      label + "' failed: " + booted.message());
   }
-  if (config_.transfer == "http") {
+  return Status::OK();
+}
+
+// Every READY member's weight-transfer engine is told the rendezvous on each start, as one
+// engine's is: a start that stopped between a bootstrap and this would otherwise leave it unset.
+void Service::InitHttpTransfers() {
+  if (config_.transfer != "http") return;
+  std::vector<std::string> ready;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    for (const auto& [name, m] : fleet_members_) {
+      if (engine_state(f, name).lifecycle == Lifecycle::kReady) ready.push_back(name);
+    }
+  });
+  for (const std::string& name : ready) {
+    FleetMember& m = Member(name);
     InitHttpWeightTransfer(*m.client, effects::detect_protocol(m.version), config_);
   }
-  return Status::OK();
 }
 
 void Service::LogFleetStart() {
@@ -209,6 +239,14 @@ void Service::LogFleetStart() {
   spdlog::info("serve: fleet journal {} at seq {}: {} engine(s), staleness_max {}, min_serving {}",
                Esc(config_.journal_path), durable_.head.seq, f.engines.size(),
                f.policy.staleness_max, f.policy.min_serving);
+  for (const auto& [name, m] : fleet_members_) {
+    if (f.engines.count(name) == 0) {
+      spdlog::warn(
+          "serve: engine {} left the fleet during recovery (its removal completed); it gets "
+          "nothing now, and joins again at the next start while configured",
+          Esc(name));
+    }
+  }
   for (const auto& [name, s] : f.engines) {
     spdlog::info("serve: engine {}: {}, committed '{}' (fleet generation {}){}", Esc(name),
                  lifecycle_name(s.lifecycle), Esc(s.committed.label),
@@ -228,15 +266,18 @@ Status Service::StartFleet() {
   return FinishInterruptedFleetUpdate();
 }
 
-// A fleet update the last run left open goes on now that clients can reach the executor: its
-// members' drains may wait for rollouts whose clients must be able to finish them.
+// A fleet update the last run left open goes on once the proxy listens (each member's own
+// interrupted plan was already driven to its end by the recovery): the members not started yet
+// drain, and their drains wait for rollouts whose clients must be able to finish them.
 Status Service::FinishInterruptedFleetUpdate() {
   if (!interrupted_fleet_update_) return Status::OK();
   const FleetUpdateRequested request = *interrupted_fleet_update_;
   interrupted_fleet_update_.reset();
   std::lock_guard<std::timed_mutex> lock(update_mu_);
+  SetRunningUpdate(request.update_id);
   spdlog::info("serve: going on with the interrupted fleet update '{}'", Esc(request.update_id));
   Result<FleetUpdateEnded> ended = fleet_runner_->Update(request);
+  SetRunningUpdate("");
   if (!ended.ok()) {
     FailStop("recovery of the interrupted fleet update failed: " + ended.status().ToString());
     return RecoveryFailed(ended.status());
@@ -252,15 +293,18 @@ Status Service::FinishInterruptedFleetUpdate() {
 // Decided under the journal's lock without copying the fleet: the balancer's pick among the
 // configured engines that admit now, and its binding. The journal decides again on submit, so a
 // race with an update costs a retry (kAgain), never an admission past a drain.
-Service::AdmitStep Service::TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt) {
+Service::AdmitStep Service::TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt,
+                                          std::optional<std::uint64_t> affinity_key) {
   std::optional<FleetEvent> admission;
   std::string blocked;
   bool quarantined = false;
   std::size_t active = 0;
+  std::uint64_t generation = 0;
   journal_->ReadFleetState([&](const FleetState& f) {
-    if (std::optional<std::string> engine = PickFleetEngine(f)) {
+    if (std::optional<std::string> engine = PickFleetEngine(f, affinity_key)) {
       admission = make_fleet_admission(f, *engine, rollout_id);
       active = engine_state(f, *engine).active.size();
+      generation = fleet_generation(f, *engine).value_or(0);
       return;
     }
     quarantined = FleetQuarantined(f, fleet_members_);
@@ -289,13 +333,16 @@ Service::AdmitStep Service::TryAdmitFleet(const std::string& rollout_id, std::ui
   step.kind = AdmitStep::kSubmitted;
   step.ticket = submitted->ticket;
   step.engine = admission->engine;
+  step.fleet_generation = generation;
   step.binding = std::get<RolloutAdmitted>(admission->event);
   return step;
 }
 
-// Least outstanding among the configured engines that admit now (admitting_engines holds the
-// staleness bound and quarantine); an engine of the journal that is not configured gets nothing.
-std::optional<std::string> Service::PickFleetEngine(const FleetState& fleet) {
+// Among the configured engines that admit now (admitting_engines holds the staleness bound and
+// quarantine): the affine one, or the least busy (balancer.h); an engine of the journal that is
+// not configured gets nothing.
+std::optional<std::string> Service::PickFleetEngine(const FleetState& fleet,
+                                                    std::optional<std::uint64_t> affinity_key) {
   std::vector<EngineLoad> loads;
   for (const std::string& name : admitting_engines(fleet)) {
     const auto it = fleet_members_.find(name);
@@ -303,7 +350,7 @@ std::optional<std::string> Service::PickFleetEngine(const FleetState& fleet) {
     loads.push_back({name, fleet_generation(fleet, name).value_or(0),
                      it->second->outstanding.load(std::memory_order_relaxed)});
   }
-  return PickEngine(loads, std::nullopt, 0);
+  return PickEngine(loads, affinity_key, config_.fleet_affinity_slack);
 }
 
 void Service::EngineCallEnded(const std::string& engine) {
@@ -333,7 +380,7 @@ UpstreamPool& Service::UpstreamOf(const std::string& engine) {
 std::string Service::PassThroughEngine() {
   if (!is_fleet()) return "";
   std::optional<std::string> engine;
-  journal_->ReadFleetState([&](const FleetState& f) { engine = PickFleetEngine(f); });
+  journal_->ReadFleetState([&](const FleetState& f) { engine = PickFleetEngine(f, std::nullopt); });
   return engine ? *engine : fleet_members_.begin()->first;
 }
 

@@ -358,8 +358,15 @@ void AppendPerEngine(std::string& out, const char* name, const char* type, const
   }
 }
 
+// What serve knows of a member beyond the journal: the balancer's count and the monitor's look.
+struct MemberLive {
+  std::uint32_t outstanding = 0;
+  bool up = false;
+  std::int64_t last_probe_wall_ms = 0;
+};
+
 void AppendMembers(std::string& out, const FleetMetrics& f,
-                   const std::map<std::string, std::uint32_t>& outstanding) {
+                   const std::map<std::string, MemberLive>& live) {
   const auto& ms = f.members;
   AppendMemberStates(out, ms);
   AppendPerEngine(out, "rolloutcore_fleet_engine_generation", "gauge",
@@ -376,10 +383,24 @@ void AppendMembers(std::string& out, const FleetMetrics& f,
                   [](const MemberMetrics& m) { return m.active; });
   AppendPerEngine(out, "rolloutcore_fleet_engine_outstanding", "gauge",
                   "proxied requests in flight to the engine (the balancer's count)", ms,
-                  [&outstanding](const MemberMetrics& m) {
-                    const auto it = outstanding.find(m.engine);
-                    return it == outstanding.end() ? 0u : it->second;
+                  [&live](const MemberMetrics& m) {
+                    const auto it = live.find(m.engine);
+                    return it == live.end() ? 0u : it->second.outstanding;
                   });
+  AppendPerEngine(out, "rolloutcore_fleet_engine_up", "gauge",
+                  "1 when the monitor's last probe of the engine succeeded", ms,
+                  [&live](const MemberMetrics& m) {
+                    const auto it = live.find(m.engine);
+                    return it != live.end() && it->second.up ? 1 : 0;
+                  });
+  AppendHead(out, "rolloutcore_fleet_engine_last_probe_age_seconds", "gauge",
+             "seconds since the monitor's last probe of the engine");
+  for (const MemberMetrics& m : ms) {
+    const auto it = live.find(m.engine);
+    const std::int64_t at = it == live.end() ? 0 : it->second.last_probe_wall_ms;
+    AppendSample(out, EngineSeries("rolloutcore_fleet_engine_last_probe_age_seconds", m.engine),
+                 at == 0 ? "NaN" : Seconds(wall_ms() - at));
+  }
   AppendPerEngine(out, "rolloutcore_fleet_engine_rollouts_admitted_total", "counter",
                   "admissions journaled for the engine", ms,
                   [](const MemberMetrics& m) { return m.admitted; });
@@ -391,16 +412,24 @@ void AppendMembers(std::string& out, const FleetMetrics& f,
 
 std::string Service::RenderFleetMetrics() const {
   const FleetMetrics f = ReadFleetMetrics(*journal_);
-  std::map<std::string, std::uint32_t> outstanding;
-  for (const auto& [name, m] : fleet_members_) outstanding[name] = m->outstanding.load();
+  std::map<std::string, MemberLive> live;
+  for (const auto& [name, m] : fleet_members_) {
+    live[name] = {m->outstanding.load(), m->watch.up.load(), m->watch.last_probe_wall_ms.load()};
+  }
   std::string out;
-  AppendMembers(out, f, outstanding);
+  AppendMembers(out, f, live);
   AppendGauge(out, "rolloutcore_fleet_engines", "engines in the fleet (journal)",
               std::to_string(f.members.size()));
+  std::size_t active = 0;
+  for (const MemberMetrics& m : f.members) active += m.active;
+  AppendGauge(out, "rolloutcore_active_rollouts", "rollouts admitted and not finished (journal)",
+              std::to_string(active));
   AppendGauge(out, "rolloutcore_proxy_in_flight", "proxied requests in flight",
               std::to_string(metrics_.proxy_in_flight.load()));
   AppendGauge(out, "rolloutcore_journal_head_seq", "last journal seq",
               std::to_string(journal_->head_seq()));
+  AppendCounter(out, "rolloutcore_rollouts_admitted_total",
+                "admissions journaled (journal counters)", f.summed.rollouts_admitted);
   AppendGauge(out, "rolloutcore_journal_failed",
               "1 once the executor fail-stopped on a journal error", failed() ? "1" : "0");
   AppendOutcomes(out, f.summed, metrics_);

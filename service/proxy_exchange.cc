@@ -11,6 +11,7 @@
 
 #include "effects/clock.h"
 #include "journal/json.h"
+#include "service/balancer.h"
 #include "service/http_util.h"
 #include "service/trajectory_line.h"
 #include "statemachine/text.h"
@@ -96,7 +97,22 @@ void ProxyExchange::Start() {
   if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
   svc_.AdmitAsync(
       rollout_id_, svc_.config_.admit_wait_ms, ex_.executor(),
-      [self = shared_from_this()](Service::AdmitResult a) { self->OnAdmitted(std::move(a)); });
+      [self = shared_from_this()](Service::AdmitResult a) { self->OnAdmitted(std::move(a)); },
+      AffinityKeyOf());
+}
+
+// With fleet_affinity_prefix_bytes, the key of the prompt's first bytes as the engine sees them
+// (the completion's prompt, the chat's messages, the generate route's token ids).
+std::optional<std::uint64_t> ProxyExchange::AffinityKeyOf() const {
+  const std::uint64_t prefix_bytes = svc_.config_.fleet_affinity_prefix_bytes;
+  if (prefix_bytes == 0 || svc_.config_.engines.empty()) return std::nullopt;
+  const char* field = route_ == ProxyRoute::kCompletions ? "prompt"
+                      : route_ == ProxyRoute::kChat      ? "messages"
+                                                         : "token_ids";
+  const auto it = upstream_body_.find(field);
+  if (it == upstream_body_.end()) return std::nullopt;
+  const std::string text = it->is_string() ? it->get<std::string>() : DumpSafe(*it);
+  return AffinityKey(text, prefix_bytes);
 }
 
 Status ProxyExchange::Parse() {
@@ -187,7 +203,10 @@ HttpResponse ProxyExchange::BindingHead(int status) const {
   SetHeader(res, "X-RolloutCore-Step", std::to_string(b.identity.step));
   SetHeader(res, "X-RolloutCore-Admission-Seq", std::to_string(admission_.seq));
   SetHeader(res, "X-RolloutCore-Cache-Salt", cache_salt_);
-  if (!admission_.engine.empty()) SetHeader(res, "X-RolloutCore-Engine", admission_.engine);
+  if (!admission_.engine.empty()) {
+    SetHeader(res, "X-RolloutCore-Engine", admission_.engine);
+    SetHeader(res, "X-RolloutCore-Fleet-Generation", std::to_string(admission_.fleet_generation));
+  }
   return res;
 }
 

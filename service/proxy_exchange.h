@@ -49,6 +49,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
 
   [[nodiscard]] Status Parse();
   [[nodiscard]] Status ParseRolloutId();
+  std::optional<std::uint64_t> AffinityKeyOf() const;
   void OnAdmitted(Service::AdmitResult admitted);
   void PrepareUpstream();
   HttpResponse BindingHead(int status) const;

@@ -255,8 +255,8 @@ void Service::StopBackground() {
     bg_stop_ = true;
   }
   bg_cv_.notify_all();
-  if (monitor_thread_.joinable() && monitor_thread_.get_id() != std::this_thread::get_id()) {
-    monitor_thread_.join();
+  for (std::thread* t : MonitorThreads()) {
+    if (t->joinable() && t->get_id() != std::this_thread::get_id()) t->join();
   }
   if (lease_thread_.joinable() && lease_thread_.get_id() != std::this_thread::get_id()) {
     lease_thread_.join();
@@ -343,7 +343,7 @@ Status Service::Init() {
   RC_RETURN_IF_ERROR((*init_transfer)());
   SeedDurableView();
   RenewSurvivingLeases(durable_.state);
-  monitor_thread_ = std::thread([this] { MonitorLoop(); });
+  monitor_thread_ = std::thread([this] { MonitorLoop({"", *control_client_, watch_}); });
   lease_thread_ = std::thread([this] { LeaseLoop(); });
   RC_CHECK(control_client_ && http_control_ && transfer_ && runner_ && !rollout_prefix_.empty());
   return Status::OK();
@@ -618,19 +618,23 @@ void Service::LogTaint(const std::optional<TaintRecord>& taint, const char* cont
 // journals EngineMonitored only when it changes something (reachability toggles, another engine
 // process, another label, paused behind our back, or a pending recheck now confirmed), so the
 // journal does not grow with time. The fold decides what it means (docs/lifecycle.md).
-void Service::MonitorLoop() {
+// One engine's probes, every engine_monitor_interval_ms until Shutdown or a fail-stop (a fleet
+// runs one loop per member, so an engine that hangs delays no other's).
+void Service::MonitorLoop(const MonitorTarget& target) {
   const auto interval = std::chrono::milliseconds(config_.engine_monitor_interval_ms);
   while (WaitBackgroundTick(interval)) {
     if (journal_->failed()) {
       FailStop(journal_->failure().ToString());
       return;
     }
-    if (!is_fleet() && !MonitorOnce({"", *control_client_, watch_})) return;
-    // A fleet's members one after another: an unreachable one costs its connect timeout.
-    for (auto& [name, m] : fleet_members_) {
-      if (!MonitorOnce({name, *m->client, m->watch})) return;
-    }
+    if (!MonitorOnce(target)) return;
   }
+}
+
+std::vector<std::thread*> Service::MonitorThreads() {
+  std::vector<std::thread*> out{&monitor_thread_};
+  for (std::thread& t : fleet_monitor_threads_) out.push_back(&t);
+  return out;
 }
 
 // False when the background threads are to stop (Shutdown, or a fail-stop).

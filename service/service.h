@@ -87,6 +87,9 @@ struct DurableHead {
 // The binding a rollout was admitted under (what the response headers carry).
 struct Admission {
   std::string engine;  // the fleet's engine it was admitted to; "" when serve drives one engine
+  // A fleet's generation of the bound label (the same number on every engine that serves it);
+  // binding.version.generation counts that one engine's commits.
+  std::uint64_t fleet_generation = 0;
   RolloutAdmitted binding;
   std::uint64_t seq = 0;  // journal seq of the RolloutAdmitted record
   DurableHead head;       // the head the admission made durable (X-RolloutCore-Head)
@@ -182,8 +185,10 @@ class Service {
   // The same two writes without blocking the caller: `done` runs once on `executor` with what
   // Admit / FinishDurably would have returned. Proxied rollouts only (lease_ms 0).
   using AdmitDone = std::function<void(AdmitResult)>;
+  // `affinity_key`: a fleet routes by it (fleet_affinity_prefix_bytes), else by load.
   void AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
-                  const boost::asio::any_io_executor& executor, AdmitDone done);
+                  const boost::asio::any_io_executor& executor, AdmitDone done,
+                  std::optional<std::uint64_t> affinity_key = std::nullopt);
   using FinishDone = std::function<void(Status)>;
   // `engine`: the fleet engine the rollout was admitted to ("" with one engine).
   void FinishAsync(const std::string& engine, const std::string& rollout_id, RolloutOutcome outcome,
@@ -244,13 +249,15 @@ class Service {
   // One look at whether a rollout can be admitted now (admission.cc).
   struct AdmitStep {
     enum Kind : std::uint8_t { kSubmitted, kRefused, kWait, kAgain } kind = kRefused;
-    journal::Ticket ticket;   // kSubmitted: the admission's group
-    std::string engine;       // kSubmitted: the fleet engine ("" with one engine)
-    RolloutAdmitted binding;  // kSubmitted
-    AdmitRefusal refusal;     // kRefused
-    std::string waiting_on;   // kWait: why the engine cannot admit now
+    journal::Ticket ticket;              // kSubmitted: the admission's group
+    std::string engine;                  // kSubmitted: the fleet engine ("" with one engine)
+    std::uint64_t fleet_generation = 0;  // kSubmitted, a fleet: the bound label's
+    RolloutAdmitted binding;             // kSubmitted
+    AdmitRefusal refusal;                // kRefused
+    std::string waiting_on;              // kWait: why the engine cannot admit now
   };
-  AdmitStep TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms, std::uint32_t attempt);
+  AdmitStep TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms, std::uint32_t attempt,
+                     std::optional<std::uint64_t> affinity_key = std::nullopt);
   static AdmitStep Refused(AdmitRefusal refusal);
   std::optional<AdmitRefusal> ExecutorRefusal();
   AdmitRefusal TaintedRefusal(const State& s);
@@ -373,12 +380,16 @@ class Service {
   [[nodiscard]] Status BootstrapFleetMember(const std::string& engine, const std::string& label,
                                             const WeightIdentity& identity);
   void LogFleetStart();
+  void InitHttpTransfers();
+  void SetRunningUpdate(const std::string& update_id);
   [[nodiscard]] Status StartFleet();
   [[nodiscard]] Result<std::unique_ptr<UpstreamPool>> MakeUpstream(const UpstreamTarget& target);
   [[nodiscard]] Status Listen();
   [[nodiscard]] Status FinishInterruptedFleetUpdate();
-  AdmitStep TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt);
-  std::optional<std::string> PickFleetEngine(const FleetState& fleet);
+  AdmitStep TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt,
+                          std::optional<std::uint64_t> affinity_key);
+  std::optional<std::string> PickFleetEngine(const FleetState& fleet,
+                                             std::optional<std::uint64_t> affinity_key);
   FleetMember& Member(const std::string& engine);
   const UpstreamTarget& TargetOf(const std::string& engine) const;
   UpstreamPool& UpstreamOf(const std::string& engine);
@@ -398,7 +409,7 @@ class Service {
   std::string RenderFleetMetrics() const;
 
   // Engine monitor (see MonitorLoop) and lease expiry; both stop on FailStop and Shutdown.
-  void MonitorLoop();
+
   bool WaitBackgroundTick(std::chrono::milliseconds interval);
   // The engine one monitor look probes: serve's one engine ("") or a fleet member.
   struct MonitorTarget {
@@ -406,6 +417,8 @@ class Service {
     effects::EngineClient& client;
     EngineWatch& watch;
   };
+  void MonitorLoop(const MonitorTarget& target);
+  std::vector<std::thread*> MonitorThreads();
   bool MonitorOnce(const MonitorTarget& target);
   State MonitorView(const std::string& engine) const;
   struct EngineProbe {
@@ -490,6 +503,7 @@ class Service {
   std::condition_variable bg_cv_;
   bool bg_stop_ = false;
   std::thread monitor_thread_;
+  std::vector<std::thread> fleet_monitor_threads_;  // one per fleet member
   std::thread lease_thread_;
   EngineWatch watch_;           // the one engine's (a fleet's members keep their own)
   std::string engine_version_;  // GET /version at startup

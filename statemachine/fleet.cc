@@ -344,7 +344,7 @@ Status apply_one(FleetState& f, const FleetUpdateRequested& r) {
   RC_RETURN_IF_ERROR(check_fleet_update(f, r));
   FleetUpdate u;
   u.request = r;
-  for (const std::string& id : admitting_engines(f)) {
+  for (const std::string& id : updatable_engines(f)) {
     const bool holds = f.engines.at(id).committed.label == r.target_label;
     u.members[id] = holds ? MemberStatus::kCommitted : MemberStatus::kPending;
   }
@@ -583,7 +583,11 @@ std::optional<std::uint64_t> newest_held_generation(const FleetState& fleet) {
   return newest;
 }
 
-std::string fleet_admission_block_reason(const FleetState& fleet, const std::string& engine) {
+namespace {
+
+// fleet_admission_block_reason with the fleet's newest held generation computed once.
+std::string block_reason(const FleetState& fleet, const std::string& engine,
+                         const std::optional<std::uint64_t>& newest) {
   auto it = fleet.engines.find(engine);
   if (it == fleet.engines.end()) return "no " + quoted(engine) + " in the fleet";
   if (fleet.leaving.count(engine) != 0) return quoted(engine) + " is being removed";
@@ -591,7 +595,6 @@ std::string fleet_admission_block_reason(const FleetState& fleet, const std::str
     return engine.empty() ? why : quoted(engine) + ": " + why;
   }
   const std::optional<std::uint64_t> g = fleet_generation(fleet, engine);
-  const std::optional<std::uint64_t> newest = newest_held_generation(fleet);
   RC_CHECK(g.has_value() && newest.has_value() && *g <= *newest);
   if (*g + fleet.policy.staleness_max >= *newest) return {};
   return quoted(engine) + " holds generation " + std::to_string(*g) + "; the fleet's newest is " +
@@ -599,14 +602,30 @@ std::string fleet_admission_block_reason(const FleetState& fleet, const std::str
          std::to_string(fleet.policy.staleness_max);
 }
 
+}  // namespace
+
+std::string fleet_admission_block_reason(const FleetState& fleet, const std::string& engine) {
+  return block_reason(fleet, engine, newest_held_generation(fleet));
+}
+
 bool fleet_admits(const FleetState& fleet, const std::string& engine) {
   return fleet_admission_block_reason(fleet, engine).empty();
 }
 
 std::vector<std::string> admitting_engines(const FleetState& fleet) {
+  const std::optional<std::uint64_t> newest = newest_held_generation(fleet);
   std::vector<std::string> out;
   for (const auto& [id, s] : fleet.engines) {
-    if (fleet_admits(fleet, id)) out.push_back(id);
+    if (block_reason(fleet, id, newest).empty()) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<std::string> updatable_engines(const FleetState& fleet) {
+  std::vector<std::string> out;
+  for (const auto& [id, s] : fleet.engines) {
+    const bool idle_ready = s.lifecycle == Lifecycle::kReady && !s.update.has_value();
+    if (idle_ready && fleet.leaving.count(id) == 0) out.push_back(id);
   }
   return out;
 }

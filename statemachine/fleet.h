@@ -58,7 +58,7 @@ const char* member_status_name(MemberStatus s);
 
 struct FleetUpdate {
   FleetUpdateRequested request;
-  std::map<std::string, MemberStatus> members;  // the engines that could serve when it began
+  std::map<std::string, MemberStatus> members;  // updatable_engines when it began
   std::optional<std::string> cancelled;         // the cancel's reason
   bool operator==(const FleetUpdate&) const = default;
 };
@@ -104,6 +104,10 @@ bool fleet_admits(const FleetState& fleet, const std::string& engine);
 
 // The engines a rollout may be admitted to now, in id order (the balancer's candidates).
 std::vector<std::string> admitting_engines(const FleetState& fleet);
+// The engines a fleet update takes as members, in id order: READY with no plan of their own and
+// not leaving, whatever their generation (a stale engine catches up) or reachability (an
+// unreachable one is then refused on its own evidence, never left behind unseen).
+std::vector<std::string> updatable_engines(const FleetState& fleet);
 
 // The members of the open fleet update that may start now, in id order: submitting their
 // UpdateRequested (member_update_request) in that order is accepted by the fold (a rolling update

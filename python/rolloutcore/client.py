@@ -102,7 +102,8 @@ class RolloutBinding:
 
 
 # The routes that answer an outcome body (committed / refused / tainted), and their id fields.
-_OUTCOME_ROUTES = ("/v1/updates", "/v1/restores", "/v1/sleep", "/v1/wake")
+_OUTCOME_ROUTES = ("/v1/updates", "/v1/restores", "/v1/sleep", "/v1/wake", "/v1/fleet/updates")
+FLEET_MODES = ("all", "rolling")
 _REQUEST_IDS = ("update_id", "restore_id", "sleep_id", "wake_id")
 SLEEP_LEVELS = (1, 2)
 
@@ -197,6 +198,44 @@ class Client:
         if expected_digest:
             body["expected_digest"] = expected_digest
         return self._request("POST", "/v1/updates", body, timeout_s=self.update_timeout_s,
+                             auth=True)
+
+    def fleet_update(self, label: str, identity: Identity, source: str, mode: str = "all",
+                     batch_max: int = 1, min_healthy: int = 1, update_id: Optional[str] = None,
+                     expected_digest: Optional[str] = None) -> dict:
+        """Moves a fleet (`serve` with `engines`) to a new version; returns when it ended.
+
+        `mode` "all": every engine that can serve drains and updates at once; "rolling": at most
+        `batch_max` at a time while the fleet's min_serving engines keep serving. Fewer than
+        `min_healthy` engines able to take it: refused as a whole. Each engine commits, is refused
+        or goes TAINTED on its own evidence.
+
+        Returns the end when some engine committed: `outcome` "committed" (all) or "partial"
+        (read each engine's state in `engines`). Raises UpdateFailed when none committed (422),
+        UpdateConflict (409: another update runs, or the id was used for another request),
+        OutcomeUnknown (503). `update_id` is the idempotency key, as update()'s.
+        """
+        if mode not in FLEET_MODES:
+            raise ValueError(f"mode must be one of {FLEET_MODES}")
+        if update_id is None:
+            update_id = f"fleet-{label}-{uuid.uuid4().hex}"[-128:]
+        body = {"update_id": update_id, "target_label": label, "identity": identity.to_json(),
+                "source": source, "mode": mode, "batch_max": batch_max,
+                "min_healthy": min_healthy}
+        if expected_digest:
+            body["expected_digest"] = expected_digest
+        return self._request("POST", "/v1/fleet/updates", body, timeout_s=self.update_timeout_s,
+                             auth=True)
+
+    def cancel_fleet_update(self, update_id: str, reason: Optional[str] = None) -> dict:
+        """Cancels an open fleet update: members not started are skipped."""
+        body = {"reason": reason} if reason else {}
+        return self._request("POST", f"/v1/fleet/updates/{urllib.parse.quote(update_id, safe='')}"
+                             "/cancel", body, auth=True)
+
+    def remove_engine(self, name: str) -> dict:
+        """The engine admits nothing more and leaves the fleet once its last rollout ended."""
+        return self._request("DELETE", f"/v1/fleet/engines/{urllib.parse.quote(name, safe='')}",
                              auth=True)
 
     def restore(self, label: str, source: Optional[str] = None, adopt: bool = False,

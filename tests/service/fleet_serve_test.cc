@@ -100,15 +100,17 @@ class FleetStack {
     std::string engine;
     std::string label;
     std::string rollout_id;
+    std::string fleet_generation;
   };
-  Answer Complete(int max_tokens = 2) const {
+  Answer Complete(int max_tokens = 2, const std::string& prompt = "hello") const {
     httplib::Client c = client();
-    auto r = c.Post("/v1/completions", json{{"prompt", "hello"}, {"max_tokens", max_tokens}}.dump(),
+    auto r = c.Post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", max_tokens}}.dump(),
                     "application/json");
     if (!r) return {};
     return {r->status, r->get_header_value("X-RolloutCore-Engine"),
             r->get_header_value("X-RolloutCore-Version"),
-            r->get_header_value("X-RolloutCore-Rollout-Id")};
+            r->get_header_value("X-RolloutCore-Rollout-Id"),
+            r->get_header_value("X-RolloutCore-Fleet-Generation")};
   }
 
   httplib::Result FleetUpdate(const std::string& id, const std::string& mode, int step,
@@ -195,6 +197,7 @@ TEST(FleetServe, ProxiedRolloutsSpreadAndNameTheirEngine) {
     ASSERT_EQ(journaled.count(a.rollout_id), 1u) << a.rollout_id;
     EXPECT_EQ(journaled.at(a.rollout_id), a.engine) << a.rollout_id;
     EXPECT_EQ(a.label, "rc-0");
+    EXPECT_EQ(a.fleet_generation, "0");
     per_engine[a.engine]++;
   }
   EXPECT_EQ(per_engine.size(), 3u) << "every engine took some of the 9 concurrent clients";
@@ -213,6 +216,28 @@ TEST(FleetServe, ProxiedRolloutsSpreadAndNameTheirEngine) {
                          std::to_string(per_engine["e0"])),
             std::string::npos);
   f.CheckJournal();
+}
+
+// Proves prefix affinity: with fleet_affinity_prefix_bytes, one prompt prefix always meets the same
+// engine while distinct prefixes spread over the fleet, and without it sequential requests all go
+// to the least busy (the first) engine; catches an affinity setting that is ignored, or a key
+// taken from bytes beyond the prefix.
+TEST(FleetServe, PrefixAffinityKeepsAPrefixOnOneEngine) {
+  FleetStack affine(3, [](ServeConfig& c) { c.fleet_affinity_prefix_bytes = 16; });
+  std::set<std::string> same, spread;
+  for (int i = 0; i < 8; ++i) {
+    // The same first 16 bytes, different tails: one engine.
+    same.insert(affine.Complete(2, "a shared prefix!" + std::to_string(i)).engine);
+    spread.insert(affine.Complete(2, "prompt number " + std::to_string(i) + " xxxxxxxx").engine);
+  }
+  EXPECT_EQ(same.size(), 1u);
+  EXPECT_GT(spread.size(), 1u) << "8 distinct prefixes all hashed to one engine";
+  FleetStack by_load(3);
+  std::set<std::string> engines;
+  for (int i = 0; i < 8; ++i) {
+    engines.insert(by_load.Complete(2, "prompt number " + std::to_string(i)).engine);
+  }
+  EXPECT_EQ(engines, std::set<std::string>{"e0"}) << "one at a time: the least busy, e0";
 }
 
 // Proves an `all` update through the trainer API moves every engine to the new label (each
@@ -234,6 +259,7 @@ TEST(FleetServe, AnAllUpdateCommitsEveryEngineAndBindsNewRollouts) {
   for (const auto& a : CompleteMany(f, 9, 3)) {
     EXPECT_EQ(a.status, 200);
     EXPECT_EQ(a.label, "rc-1");
+    EXPECT_EQ(a.fleet_generation, "1");
   }
   auto again = f.FleetUpdate("u1", "all", 1);  // idempotent: the recorded end
   ASSERT_TRUE(again);
@@ -249,8 +275,14 @@ TEST(FleetServe, AnAllUpdateCommitsEveryEngineAndBindsNewRollouts) {
 // first engine committed the new one (the history checker's rule), and each rollout has one
 // weight state; catches a rolling update that stops the proxy, or admissions past the bound.
 TEST(FleetServe, RollingUpdateUnderLiveTrafficKeepsServing) {
+  // A short admission wait: a drain of every engine at once would answer 503 here.
   FleetStack f(
-      3, [](ServeConfig& c) { c.fleet_min_serving = 2; }, /*token_delay_ms=*/5);
+      3,
+      [](ServeConfig& c) {
+        c.fleet_min_serving = 2;
+        c.admit_wait_ms = 300;
+      },
+      /*token_delay_ms=*/5);
   std::atomic<bool> stop{false};
   std::atomic<int> ok{0}, bad{0};
   std::vector<std::thread> clients;
@@ -382,6 +414,65 @@ TEST(FleetServe, ARestartRecoversTheFleet) {
   f->CheckJournal();
 }
 
+// Proves a fleet journal whose engine the configuration leaves out is refused at start (its
+// rollouts would never be recovered and the fleet's rules would still count it), a removed engine
+// that is still configured joins again at the next start as a new life, and an engine added to
+// an existing fleet bootstraps at the fleet's newest label; catches a restart that silently
+// orphans an engine, or a joining engine bootstrapped at a label the fold refuses.
+TEST(FleetServe, TheConfigurationDecidesMembershipAtStart) {
+  auto f = std::make_unique<FleetStack>(3);
+  ASSERT_EQ(f->FleetUpdate("u1", "all", 1)->status, 200);
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  ServeConfig two = f->Config();
+  two.engines.pop_back();
+  auto refused = Service::Open(two);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("e2"), std::string::npos)
+      << refused.status().ToString();
+
+  f->Open();
+  ASSERT_EQ(f->client().Delete("/v1/fleet/engines/e2")->status, 202);
+  EXPECT_FALSE(f->State()["engines"].contains("e2"));
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  ServeConfig adopt = f->Config();
+  adopt.adopt_engine = true;  // e2's double reports its initial label; the fleet serves rc-1
+  auto reopened = Service::Open(adopt);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  f->svc = std::move(reopened.value());
+  ASSERT_TRUE(f->svc->Start().ok());
+  const json s = f->State();
+  EXPECT_EQ(s["engines"]["e2"]["lifecycle"], "READY");
+  EXPECT_EQ(s["engines"]["e2"]["committed"]["label"], "rc-1");
+  EXPECT_EQ(s["engines"]["e2"]["generation"], 1);
+  EXPECT_EQ(f->engines[2]->weight_label(), "rc-1");
+  f->CheckJournal();
+}
+
+// Proves an engine the staleness bound left behind is still a member of the next fleet update
+// and catches up; catches members taken from the admitting engines only (a stale engine stranded
+// for good, since nothing else can update it through serve).
+TEST(FleetServe, AStaleEngineCatchesUpInTheNextUpdate) {
+  FleetStack f(3);
+  fixtures::RouteFault refused;
+  refused.status = 500;  // e1 cannot be paused: its update is refused untouched, left on rc-0
+  f.engines[1]->SetRouteFault("/pause", refused);
+  auto first = f.FleetUpdate("u1", "all", 1);
+  f.engines[1]->ClearFaults();
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 207) << first->body;
+  json s = f.State();
+  ASSERT_EQ(s["engines"]["e1"]["lifecycle"], "READY") << s.dump();
+  EXPECT_EQ(s["engines"]["e1"]["admitting"], false) << "staleness 0: rc-0 is behind";
+  auto second = f.FleetUpdate("u2", "all", 2);
+  ASSERT_TRUE(second);
+  ASSERT_EQ(second->status, 200) << second->body;
+  EXPECT_EQ(json::parse(second->body)["committed"], 3);
+  EXPECT_EQ(f.engines[1]->weight_label(), "rc-2");
+  f.CheckJournal();
+}
+
 // Proves the one-engine trainer routes answer 409 on a fleet instead of acting on one engine, and
 // bad fleet requests change nothing; catches a route that bypasses the fleet's rules.
 TEST(FleetServe, OneEngineRoutesAndBadRequestsChangeNothing) {
@@ -395,12 +486,17 @@ TEST(FleetServe, OneEngineRoutesAndBadRequestsChangeNothing) {
   auto admit = c.Post("/v1/rollouts", "{}", "application/json");
   ASSERT_TRUE(admit);
   EXPECT_EQ(admit->status, 409);
-  for (const char* body :
-       {"", "[]", R"({"update_id": "x"})", R"({"update_id": "x", "mode": "some"})"}) {
+  for (const char* body : {"", "[]", R"({"update_id": "x"})"}) {
     auto bad = c.Post("/v1/fleet/updates", body, "application/json");
     ASSERT_TRUE(bad);
     EXPECT_EQ(bad->status, 400) << body;
   }
+  json sideways = stack::UpdateBody("u3", "rc-1", 1, "run-a");
+  sideways["mode"] = "sideways";  // a whole valid body but its mode
+  auto mode = c.Post("/v1/fleet/updates", sideways.dump(), "application/json");
+  ASSERT_TRUE(mode);
+  EXPECT_EQ(mode->status, 400) << mode->body;
+  EXPECT_NE(mode->body.find("mode"), std::string::npos);
   json body = stack::UpdateBody("u2", "rc-1", 1, "run-a");
   body["batch_max"] = 0;
   auto zero = c.Post("/v1/fleet/updates", body.dump(), "application/json");
