@@ -169,11 +169,12 @@ Status Service::JoinFleet() {
     if (!joined.ok()) {
       return Status(joined.code(), "engine '" + name + "' could not join: " + joined.message());
     }
-    fleet_runner_->runner(name)->set_observer([this, name](std::uint64_t seq, const Event& e) {
-      if (!IsDecision(e)) return;
-      LogDecision(name, seq, e);
-      NotifyLifecycle(seq);
-    });
+    fleet_runner_->runner(name)->set_observer(
+        [this, engine = name](std::uint64_t seq, const Event& e) {
+          if (!IsDecision(e)) return;
+          LogDecision(engine, seq, e);
+          NotifyLifecycle(seq);
+        });
   }
   return Status::OK();
 }
