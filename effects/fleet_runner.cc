@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "encoding/sha256.h"
+#include "statemachine/text.h"
 
 namespace rc::effects {
 
@@ -213,9 +214,15 @@ Status FleetRunner::CancelIfBlocked(const std::string& update_id, const Plan& pl
   }
   progress.cancelled = true;
   progress.blocked_since_ms = now;
-  std::string reason = "blocked for " + std::to_string(blocked_ms) + " ms: " + why;
-  if (reason.size() > kFleetCancelReasonBytesMax) reason.resize(kFleetCancelReasonBytesMax);
-  return Cancel(update_id, reason);
+  const std::string reason = text::utf8_prefix(
+      "blocked for " + std::to_string(blocked_ms) + " ms: " + why, kFleetCancelReasonBytesMax);
+  const Status cancelled = Cancel(update_id, reason);
+  // Another cancel came first (a trainer's), or the update ended meanwhile: either way the next
+  // look sees it; only the journal failing stops here.
+  if (cancelled.code() == Code::kConflict || cancelled.code() == Code::kNotFound) {
+    return Status::OK();
+  }
+  return cancelled;
 }
 
 Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request) {

@@ -118,19 +118,41 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
     metrics_.bad_requests++;
     return SendError(res, 400, "invalid", request.status().message());
   }
-  // As for one engine: a source that cannot be read, or whose manifest is not the declared one,
-  // never drains an engine.
-  const bool engine_reads = SourceReaderForTransfer() == SourceReader::kEngine;
-  const UpdateRequested member = member_update_request_of(*request);
-  if (!engine_reads && !SourceMatchesIdentity(member, res)) return;
+  if (!FleetSourceChecked(*request, res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.updates_conflict, res)) return;
+  if (RefusedFailStopped(res)) return;  // it may have fail-stopped while we read the source
   SetRunningUpdate(request->update_id);
   spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),
                fleet_update_mode_name(request->mode), Esc(request->target_label));
   const Result<FleetUpdateEnded> ended = fleet_runner_->Update(*request);
   SetRunningUpdate("");
   AnswerFleetUpdate(*request, ended, res);
+}
+
+// As for one engine: a source that cannot be read, or whose manifest is not the declared one,
+// never drains an engine. A request the journal already holds passes (a re-POST reads its
+// recorded end, even once its source is gone).
+bool Service::FleetSourceChecked(const FleetUpdateRequested& request, HttpResponse& res) {
+  if (SourceReaderForTransfer() == SourceReader::kEngine) return true;
+  HttpResponse refusal;
+  if (SourceMatchesIdentity(member_update_request_of(request), refusal)) return true;
+  if (FleetUpdateJournaled(request.update_id)) return true;
+  res = std::move(refusal);
+  return false;
+}
+
+// Whether the journal holds a fleet update of this id: open now, or requested within the last
+// kUpdateLookupRecordsMax records.
+bool Service::FleetUpdateJournaled(const std::string& update_id) {
+  bool open = false;
+  journal_->ReadFleetState(
+      [&](const FleetState& f) { open = f.update && f.update->request.update_id == update_id; });
+  if (open) return true;
+  auto found = LookUpRequest<FleetUpdateRequested>(
+      *journal_, update_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
+      [](const FleetUpdateRequested& q) { return q.update_id; });
+  return found.ok() && found->request.has_value();
 }
 
 void Service::SetRunningUpdate(const std::string& update_id) {
@@ -147,9 +169,12 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
   if (!ended.ok()) {
     const Status& st = ended.status();
     if (st.code() == Code::kConflict) metrics_.updates_conflict++;
-    const bool journaled = st.code() != Code::kConflict && st.code() != Code::kInvalidArgument &&
-                           st.code() != Code::kRejected && st.code() != Code::kBusy;
-    if (!journaled) return SendStatus(res, st);
+    // Decided from the journal, not the code: stuck only while this update is still open there.
+    bool open = false;
+    journal_->ReadFleetState([&](const FleetState& f) {
+      open = f.update && f.update->request.update_id == request.update_id;
+    });
+    if (!open && !IsJournalFailure(st)) return SendStatus(res, st);
     metrics_.updates_outcome_unknown++;
     FailStop("fleet update '" + request.update_id + "' did not end: " + st.ToString());
     const json body = {
@@ -250,8 +275,7 @@ HttpRouter Service::FleetRoutes() {
       {verb::post, "/v1/restores"},      {verb::post, "/v1/sleep"},
       {verb::post, "/v1/wake"},          {verb::post, "/v1/rollouts"},
       {verb::delete_, "/v1/rollouts/*"}, {verb::post, "/v1/rollouts/*/lease"},
-      {verb::get, "/v1/watch"},          {verb::get, "/v1/events"},
-      {verb::get, "/v1/manifest"}};
+      {verb::get, "/v1/watch"},          {verb::get, "/v1/events"}};
   for (const auto& [method, path] : one_engine) {
     r.Blocking(method, path, bind(&Service::HandleNotForFleet));
   }

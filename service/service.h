@@ -404,6 +404,8 @@ class Service {
   void HandleFleetRemove(const ApiRequest& req, HttpResponse& res);
   void HandleFleetReadyz(const ApiRequest& req, HttpResponse& res);
   void HandleNotForFleet(const ApiRequest& req, HttpResponse& res);
+  bool FleetSourceChecked(const FleetUpdateRequested& request, HttpResponse& res);
+  bool FleetUpdateJournaled(const std::string& update_id);
   void AnswerFleetUpdate(const FleetUpdateRequested& request, const Result<FleetUpdateEnded>& ended,
                          HttpResponse& res);
   std::string RenderFleetMetrics() const;

@@ -624,8 +624,7 @@ std::vector<std::string> admitting_engines(const FleetState& fleet) {
 std::vector<std::string> updatable_engines(const FleetState& fleet) {
   std::vector<std::string> out;
   for (const auto& [id, s] : fleet.engines) {
-    const bool idle_ready = s.lifecycle == Lifecycle::kReady && !s.update.has_value();
-    if (idle_ready && fleet.leaving.count(id) == 0) out.push_back(id);
+    if (fleet.leaving.count(id) == 0 && admission_block_reason(s).empty()) out.push_back(id);
   }
   return out;
 }

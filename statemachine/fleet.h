@@ -104,9 +104,9 @@ bool fleet_admits(const FleetState& fleet, const std::string& engine);
 
 // The engines a rollout may be admitted to now, in id order (the balancer's candidates).
 std::vector<std::string> admitting_engines(const FleetState& fleet);
-// The engines a fleet update takes as members, in id order: READY with no plan of their own and
-// not leaving, whatever their generation (a stale engine catches up) or reachability (an
-// unreachable one is then refused on its own evidence, never left behind unseen).
+// The engines a fleet update takes as members, in id order: those that would admit but for the
+// staleness bound (READY, reachable and re-verified, no plan of their own, not leaving), so an
+// engine an earlier update left behind catches up instead of being stranded.
 std::vector<std::string> updatable_engines(const FleetState& fleet);
 
 // The members of the open fleet update that may start now, in id order: submitting their

@@ -421,7 +421,6 @@ TEST(FleetServe, ARestartRecoversTheFleet) {
 // orphans an engine, or a joining engine bootstrapped at a label the fold refuses.
 TEST(FleetServe, TheConfigurationDecidesMembershipAtStart) {
   auto f = std::make_unique<FleetStack>(3);
-  ASSERT_EQ(f->FleetUpdate("u1", "all", 1)->status, 200);
   ASSERT_TRUE(f->svc->Shutdown(5000));
   f->svc.reset();
   ServeConfig two = f->Config();
@@ -434,10 +433,12 @@ TEST(FleetServe, TheConfigurationDecidesMembershipAtStart) {
   f->Open();
   ASSERT_EQ(f->client().Delete("/v1/fleet/engines/e2")->status, 202);
   EXPECT_FALSE(f->State()["engines"].contains("e2"));
+  ASSERT_EQ(f->FleetUpdate("u1", "all", 1)->status, 200);  // e0 and e1 only
+  ASSERT_EQ(f->engines[2]->weight_label(), "rc-0") << "e2 left before u1";
   ASSERT_TRUE(f->svc->Shutdown(5000));
   f->svc.reset();
   ServeConfig adopt = f->Config();
-  adopt.adopt_engine = true;  // e2's double reports its initial label; the fleet serves rc-1
+  adopt.adopt_engine = true;  // e2's double still holds rc-0; the fleet serves rc-1
   auto reopened = Service::Open(adopt);
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
   f->svc = std::move(reopened.value());
@@ -446,8 +447,28 @@ TEST(FleetServe, TheConfigurationDecidesMembershipAtStart) {
   EXPECT_EQ(s["engines"]["e2"]["lifecycle"], "READY");
   EXPECT_EQ(s["engines"]["e2"]["committed"]["label"], "rc-1");
   EXPECT_EQ(s["engines"]["e2"]["generation"], 1);
-  EXPECT_EQ(f->engines[2]->weight_label(), "rc-1");
+  EXPECT_EQ(f->engines[2]->weight_label(), "rc-1") << "bootstrapped at the fleet's newest label";
   f->CheckJournal();
+}
+
+// Proves a fleet update while one member is dead leaves that member out (it is not reachable,
+// so not a member), commits on the others and keeps serve serving; catches a dead member taken
+// into the update, whose plan can then never end and stops the whole fleet.
+TEST(FleetServe, AnUpdateWithADeadMemberCommitsTheOthers) {
+  FleetStack f(3, [](ServeConfig& c) { c.engine_monitor_interval_ms = 20; });
+  f.engines[0]->Stop();
+  ASSERT_TRUE(Eventually([&] { return f.State()["engines"]["e0"]["admitting"] == false; }, 2000));
+  auto r = f.FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["committed"], 2);
+  EXPECT_FALSE(f.svc->failed());
+  EXPECT_EQ(f.State()["engines"]["e0"]["committed"]["label"], "rc-0");
+  for (const auto& a : CompleteMany(f, 6, 3)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_EQ(a.label, "rc-1");
+  }
+  f.CheckJournal();
 }
 
 // Proves an engine the staleness bound left behind is still a member of the next fleet update
@@ -521,7 +542,15 @@ TEST(FleetServe, ConfigurationIsCheckedBeforeAnythingOpens) {
   EXPECT_FALSE(ValidateConfig(c).ok());
   c.engines = {{"a", "https://127.0.0.1:1"}};
   EXPECT_FALSE(ValidateConfig(c).ok());
+  c.engines = {{"a", "http://127.0.0.1:1"}, {"b", "http://127.0.0.1:1"}};
+  EXPECT_NE(ValidateConfig(c).message().find("engine_url of another"), std::string::npos);
+  c.engines = {{"a", "http://127.0.0.1:1"}, {"b", "http://127.0.0.1:2"}};
+  c.fleet_min_serving = 2;
+  EXPECT_NE(ValidateConfig(c).message().find("fleet_min_serving"), std::string::npos);
+  c.fleet_min_serving = 1;
+  EXPECT_TRUE(ValidateConfig(c).ok());
   c.engines = {{"a", "http://127.0.0.1:1"}};
+  c.fleet_min_serving = 0;
   EXPECT_TRUE(ValidateConfig(c).ok());
   c.engine_url = "http://127.0.0.1:3";
   EXPECT_NE(ValidateConfig(c).message().find("not both"), std::string::npos);

@@ -68,6 +68,29 @@ TEST(Fleet, StalenessBoundsWhichEnginesAdmit) {
   EXPECT_EQ(d.refold(), d.f);
 }
 
+// An engine an earlier update left behind (cancelled before its turn, now outside staleness 0)
+// admits nothing but is a member of the next fleet update, so it catches up; catches members taken
+// from the admitting engines only, which strands such an engine for good.
+TEST(Fleet, AStaleEngineIsAMemberOfTheNextUpdate) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u1 = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  d.ok(FleetEvent{"", u1});
+  d.ok("a", d.member_update(u1));
+  d.run_update("a");
+  d.ok(FleetEvent{"", FleetUpdateCancelled{"u1", "stopped by the test"}});
+  ASSERT_FALSE(d.f.update.has_value());
+  ASSERT_EQ(admitting_engines(d.f), std::vector<std::string>{"a"});
+  EXPECT_EQ(updatable_engines(d.f), (std::vector<std::string>{"a", "b"}));
+  const FleetUpdateRequested u2 = d.fleet_update("u2", FleetUpdateMode::kAll, "rc-2");
+  d.ok(FleetEvent{"", u2});
+  ASSERT_TRUE(d.f.update.has_value());
+  EXPECT_EQ(d.f.update->members.at("b"), MemberStatus::kPending);
+  d.ok("b", d.member_update(u2));
+  d.run_update("b");
+  EXPECT_EQ(d.engine("b").committed.label, "rc-2");
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // A rolling update takes at most batch_max members at once and never leaves fewer than
 // min_serving engines serving; catches a rolling update that drains the whole fleet.
 TEST(Fleet, RollingHonoursBatchAndMinServing) {
