@@ -24,6 +24,7 @@
 #include "cli/fleet_demo.h"
 #include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
+#include "service/http_util.h"
 #include "service/service.h"
 #include "statemachine/text.h"
 
@@ -87,7 +88,7 @@ class Traffic {
       const json body = {
           {"prompt", "client " + std::to_string(client) + " asks " + std::to_string(n)},
           {"max_tokens", 8}};
-      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      auto r = c.Post("/v1/completions", service::DumpSafe(body), "application/json");
       answers_.Note(r ? r->status : 0, r ? r->get_header_value("X-RolloutCore-Engine") : "",
                     r ? r->get_header_value("X-RolloutCore-Version") : "");
     }
@@ -121,19 +122,20 @@ void PrintEngines(httplib::Client& c) {
     std::printf("  engine %-4s %-9s %-5s generation %s%s\n", text::escape_line(name).c_str(),
                 e.value("lifecycle", "?").c_str(),
                 text::escape_line(e["committed"].value("label", "?")).c_str(),
-                e["generation"].dump().c_str(), e.value("admitting", false) ? ", admitting" : "");
+                service::DumpSafe(e["generation"]).c_str(),
+                e.value("admitting", false) ? ", admitting" : "");
   }
 }
 
 // Posts a fleet update and prints its end; the HTTP status, or 0 when no answer came.
 int FleetUpdate(httplib::Client& c, const json& body) {
-  auto r = c.Post("/v1/fleet/updates", body.dump(), "application/json");
+  auto r = c.Post("/v1/fleet/updates", service::DumpSafe(body), "application/json");
   if (!r) return 0;
   const json end = json::parse(r->body, nullptr, false);
   std::printf("  HTTP %d: %s (committed %s, tainted %s)\n", r->status,
               text::escape_line(end.value("outcome", r->body)).c_str(),
-              end.contains("committed") ? end["committed"].dump().c_str() : "?",
-              end.contains("tainted") ? end["tainted"].dump().c_str() : "?");
+              end.contains("committed") ? service::DumpSafe(end["committed"]).c_str() : "?",
+              end.contains("tainted") ? service::DumpSafe(end["tainted"]).c_str() : "?");
   return r->status;
 }
 

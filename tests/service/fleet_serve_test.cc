@@ -342,6 +342,13 @@ bool Eventually(const std::function<bool()>& done, int timeout_ms) {
   return done();
 }
 
+// Stops engine i's process and waits (2 s at most) until the fleet admits nothing to it.
+bool KillAndAwaitUnrouted(FleetStack& f, std::size_t i) {
+  f.engines[i]->Stop();
+  const std::string name = Name(static_cast<int>(i));
+  return Eventually([&] { return f.State()["engines"][name]["admitting"] == false; }, 2000);
+}
+
 // Proves the engine monitor watches every member: a member whose process is replaced behind the
 // fleet's back (an update committed, then a restart back to its initial weights) is TAINTED alone
 // within seconds and gets no rollout, while the others keep serving the committed generation;
@@ -366,9 +373,7 @@ TEST(FleetServe, AMemberRestartedBehindTheFleetsBackIsTaintedAlone) {
 // to it, while the others serve; catches a proxy that keeps sending rollouts to a dead engine.
 TEST(FleetServe, ADeadMemberGetsNoTraffic) {
   FleetStack f(3, [](ServeConfig& c) { c.engine_monitor_interval_ms = 20; });
-  f.engines[0]->Stop();
-  ASSERT_TRUE(Eventually([&] { return f.State()["engines"]["e0"]["admitting"] == false; }, 2000))
-      << f.State().dump();
+  ASSERT_TRUE(KillAndAwaitUnrouted(f, 0)) << f.State().dump();
   for (const auto& a : CompleteMany(f, 12, 4)) {
     EXPECT_EQ(a.status, 200);
     EXPECT_NE(a.engine, "e0");
@@ -456,8 +461,7 @@ TEST(FleetServe, TheConfigurationDecidesMembershipAtStart) {
 // into the update, whose plan can then never end and stops the whole fleet.
 TEST(FleetServe, AnUpdateWithADeadMemberCommitsTheOthers) {
   FleetStack f(3, [](ServeConfig& c) { c.engine_monitor_interval_ms = 20; });
-  f.engines[0]->Stop();
-  ASSERT_TRUE(Eventually([&] { return f.State()["engines"]["e0"]["admitting"] == false; }, 2000));
+  ASSERT_TRUE(KillAndAwaitUnrouted(f, 0)) << f.State().dump();
   auto r = f.FleetUpdate("u1", "all", 1);
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
