@@ -85,11 +85,15 @@ Runner add_serve(CLI::App& app) {
   app.add_option("--fleet-engine", *fleet_engines,
                  "NAME=URL: one engine of a fleet, once per engine (replaces the config file's "
                  "`engines`; docs/fleet.md)");
+  auto retiring = std::make_shared<std::vector<std::string>>();
+  app.add_option("--fleet-retire", *retiring,
+                 "NAME: a configured engine that leaves the fleet at start without having to "
+                 "answer (one that died); once per engine");
   for (const service::ConfigKey& k : service::ConfigKeys()) {
     AddConfigFlag(app, k, cfg, flags, *opts);
   }
 
-  return [cfg, flags, config_file, opts, reference, fleet_engines]() -> int {
+  return [cfg, flags, config_file, opts, reference, fleet_engines, retiring]() -> int {
     if (*reference) {
       std::fputs(service::ConfigReferenceMarkdown().c_str(), stdout);
       return 0;
@@ -114,6 +118,10 @@ Runner add_serve(CLI::App& app) {
         }
         cfg->engines.push_back(std::move(engine.value()));
       }
+    }
+    if (Status marked = service::MarkRetiring(*retiring, *cfg); !marked.ok()) {
+      std::fprintf(stderr, "rolloutcore serve: %s\n", marked.ToString().c_str());
+      return 2;
     }
     if (cfg->auth_token.empty()) {
       if (const char* t = std::getenv("RC_AUTH_TOKEN"); t != nullptr) cfg->auth_token = t;

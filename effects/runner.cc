@@ -372,7 +372,8 @@ Status Runner::wait_for_engine(const BootstrapOptions& options) {
 Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identity,
                          const BootstrapOptions& options) {
   if (options.startup_timeout_ms > 0) RC_RETURN_IF_ERROR(wait_for_engine(options));
-  const BootstrapRequested request{label, identity, options.adopt, options.require_digest};
+  const BootstrapRequested request{label, identity, options.adopt, options.require_digest,
+                                   options.expected_digest};
   auto r = submit(request);
   if (!r.ok()) return r.status();
   last_probe_.reset();

@@ -47,6 +47,7 @@ struct RunnerOptions {
 struct BootstrapOptions {
   bool adopt = false;                    // accept another label (relabel) or a paused engine
   bool require_digest = false;           // refuse an engine that computes no weight digest
+  std::string expected_digest;           // refuse an engine whose combined digest is not this
   std::uint64_t startup_timeout_ms = 0;  // wait this long for /health first (0: no wait)
   // Told what the runner is waiting for (one line each, at most every startup_report_ms).
   std::function<void(const std::string&)> progress;

@@ -209,8 +209,10 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
           [&](const BootstrapRequested& e) -> Encoded {
             auto label = b.CreateString(e.label);
             auto id = EncIdentity(b, e.identity);
+            auto expected = b.CreateString(e.expected_digest);
             return {fb::Payload::BootstrapRequested,
-                    fb::CreateBootstrapRequested(b, label, id, e.adopt, e.require_digest).Union()};
+                    fb::CreateBootstrapRequested(b, label, id, e.adopt, e.require_digest, expected)
+                        .Union()};
           },
           [&](const UpdateRequested& e) -> Encoded {
             auto update_id = b.CreateString(e.update_id);
@@ -526,7 +528,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     case fb::Payload::BootstrapRequested: {
       auto* e = r->payload_as_BootstrapRequested();
       return BootstrapRequested{Str(e->label()), DecIdentity(e->identity()), e->adopt(),
-                                e->require_digest()};
+                                e->require_digest(), Str(e->expected_digest())};
     }
     case fb::Payload::UpdateRequested: {
       auto* e = r->payload_as_UpdateRequested();
@@ -792,8 +794,9 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   if (s.bootstrap) {
     auto label = b.CreateString(s.bootstrap->label);
     auto id = EncIdentity(b, s.bootstrap->identity);
-    bootstrap =
-        fb::CreateBootstrapRequested(b, label, id, s.bootstrap->adopt, s.bootstrap->require_digest);
+    auto expected = b.CreateString(s.bootstrap->expected_digest);
+    bootstrap = fb::CreateBootstrapRequested(b, label, id, s.bootstrap->adopt,
+                                             s.bootstrap->require_digest, expected);
   }
   Offset<fb::Effect> in_flight;
   if (s.in_flight) {
@@ -875,8 +878,9 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   s.committed = DecVersion(t->committed());
   s.committed_identity = DecIdentity(t->committed_identity());
   if (const auto* boot = t->bootstrap()) {
-    s.bootstrap = BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity()),
-                                     boot->adopt(), boot->require_digest()};
+    s.bootstrap =
+        BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity()), boot->adopt(),
+                           boot->require_digest(), Str(boot->expected_digest())};
   }
   s.attempts = t->attempts();
   if (const auto* e = t->in_flight()) {

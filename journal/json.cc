@@ -120,7 +120,8 @@ json Fields(const Event& event) {
             return json{{"label", e.label},
                         {"identity", WeightIdentityToJson(e.identity)},
                         {"adopt", e.adopt},
-                        {"require_digest", e.require_digest}};
+                        {"require_digest", e.require_digest},
+                        {"expected_digest", e.expected_digest}};
           },
           [](const UpdateRequested& e) {
             return json{{"update_id", e.update_id},

@@ -21,7 +21,6 @@ constexpr std::uint64_t kDay = 24 * kHour;
 constexpr std::uint64_t kPathBytesMax = 4096;
 constexpr std::uint64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 constexpr std::uint64_t kFleetStalenessMax = 1'000'000;
-constexpr std::uint64_t kAffinityPrefixBytesMax = 1 << 20;
 constexpr std::uint64_t kAffinitySlackMax = 1'000'000;
 constexpr std::size_t kEngineUrlBytesMax = 2048;
 constexpr std::size_t kEngineNameBytesMax = 64;
@@ -706,10 +705,16 @@ Status CheckEngines(const ServeConfig& c) {
   for (const FleetEngineConfig& e : c.engines) {
     RC_RETURN_IF_ERROR(CheckFleetEngine(e, names, urls));
   }
-  if (c.fleet_min_serving >= c.engines.size() && c.fleet_min_serving > 0) {
-    return Status::InvalidArgument("fleet_min_serving (" + std::to_string(c.fleet_min_serving) +
-                                   ") must be below the " + std::to_string(c.engines.size()) +
-                                   " engines: a rolling update takes one out of service at a time");
+  const auto staying = static_cast<std::size_t>(std::count_if(
+      c.engines.begin(), c.engines.end(), [](const FleetEngineConfig& e) { return !e.retire; }));
+  if (staying == 0) {
+    return Status::InvalidArgument("engines: every engine retires; at least one must stay");
+  }
+  if (c.fleet_min_serving >= staying && c.fleet_min_serving > 0) {
+    return Status::InvalidArgument(
+        "fleet_min_serving (" + std::to_string(c.fleet_min_serving) + ") must be below the " +
+        std::to_string(staying) +
+        " engines that stay: a rolling update takes one out of service at a time");
   }
   return Status::OK();
 }
@@ -928,15 +933,20 @@ Result<std::string> EngineField(const nlohmann::json& e, const char* field, std:
 }
 
 Result<FleetEngineConfig> EngineEntry(const nlohmann::json& e, std::size_t i) {
-  if (!e.is_object() || e.size() != 2) {
-    return Status::InvalidArgument("engines[" + std::to_string(i) +
-                                   "] must be {\"name\": ..., \"engine_url\": ...}");
+  const bool retire_given = e.is_object() && e.contains("retire");
+  if (!e.is_object() || e.size() != (retire_given ? 3U : 2U)) {
+    return Status::InvalidArgument(
+        "engines[" + std::to_string(i) +
+        "] must be {\"name\": ..., \"engine_url\": ...} with an optional \"retire\": true");
+  }
+  if (retire_given && !e["retire"].is_boolean()) {
+    return Status::InvalidArgument("engines[" + std::to_string(i) + "].retire must be a boolean");
   }
   Result<std::string> name = EngineField(e, "name", i);
   if (!name.ok()) return name.status();
   Result<std::string> url = EngineField(e, "engine_url", i);
   if (!url.ok()) return url.status();
-  return FleetEngineConfig{*name, *url};
+  return FleetEngineConfig{*name, *url, retire_given && e["retire"].get<bool>()};
 }
 
 Status AssignEngines(const nlohmann::json& v, std::vector<FleetEngineConfig>& out) {
@@ -963,6 +973,19 @@ Result<FleetEngineConfig> ParseFleetEngineFlag(const std::string& text) {
                                    text::escape_line(text.substr(0, 256)) + "'");
   }
   return FleetEngineConfig{text.substr(0, eq), text.substr(eq + 1)};
+}
+
+Status MarkRetiring(const std::vector<std::string>& names, ServeConfig& config) {
+  for (const std::string& name : names) {
+    const auto it = std::find_if(config.engines.begin(), config.engines.end(),
+                                 [&name](const FleetEngineConfig& e) { return e.name == name; });
+    if (it == config.engines.end()) {
+      return Status::InvalidArgument("--fleet-retire '" + text::escape_line(name.substr(0, 256)) +
+                                     "' names no configured engine");
+    }
+    it->retire = true;
+  }
+  return Status::OK();
 }
 
 Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {
@@ -1086,9 +1109,10 @@ Rules that join several keys, checked after the bounds:
   docs/security.md).
 - `engines` is a list of at most 256 `{"name": NAME, "engine_url": URL}` objects, names unique
   (1..64 bytes of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`) and URLs unique, or the flag
-  `--fleet-engine NAME=URL` given once per engine (the flags replace the file's list). A fleet's
-  `transfer` is `http`, `ipc` or `reload`, and `fleet_min_serving` is below the number of
-  engines.
+  `--fleet-engine NAME=URL` given once per engine (the flags replace the file's list). An entry
+  may add `"retire": true` (or the flag `--fleet-retire NAME`): that engine leaves the fleet at
+  start without having to answer. A fleet's `transfer` is `http`, `ipc` or `reload`, at least
+  one engine stays, and `fleet_min_serving` is below the number of engines that stay.
 - `proxy_token`, when given, differs from `auth_token`.
 - `rendezvous`, when given, is `HOST:PORT` or `[IPv6]:PORT` (PORT 0..65535).
 - `nccl_world_size` is 0 (ask the engine) or 2 and more.

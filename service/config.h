@@ -29,15 +29,19 @@ inline constexpr std::uint32_t kPackedNumBuffersMax = 64;
 inline constexpr int kCudaDeviceMax = 1023;
 inline constexpr int kNcclWorldSizeMax = 4096;
 inline constexpr std::size_t kRendezvousHostBytesMax = 255;
+// Bound on fleet_affinity_prefix_bytes: the affinity text a request costs.
+inline constexpr std::uint64_t kAffinityPrefixBytesMax = 1 << 20;
 inline constexpr std::uint32_t kPortMax = 65535;
 // The rendezvous the GPU-free transfer records in the engine's init_info when none is given.
 inline constexpr const char* kHttpRendezvousDefault = "127.0.0.1:29500";
 
 // One engine of a fleet (the `engines` list): the name its records carry in the journal, and
-// where it listens.
+// where it listens. A retiring engine is taken out of the fleet at start (its last plan ended,
+// its rollouts recovered) without having to answer: the way to drop an engine that died.
 struct FleetEngineConfig {
   std::string name;
   std::string engine_url;
+  bool retire = false;
   bool operator==(const FleetEngineConfig&) const = default;
 };
 
@@ -51,7 +55,7 @@ struct ServeConfig {
   // `--fleet-engine NAME=URL`, repeated. Exactly one of engine_url and engines is given.
   std::vector<FleetEngineConfig> engines;
   std::string journal_path;       // RocksDB directory
-  std::string trajectories_path;  // "" = <journal_path>/../trajectories.jsonl
+  std::string trajectories_path;  // "" = <journal_path>.trajectories.jsonl, beside the journal
   std::string listen_host = "127.0.0.1";
   int listen_port = 8100;      // 0 = ephemeral (printed on start)
   std::string auth_token;      // Bearer token for mutating trainer routes; "" = none
@@ -209,6 +213,9 @@ struct HostPort {
 [[nodiscard]] Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config);
 // "NAME=URL" (the --fleet-engine flag) as one engine of a fleet.
 [[nodiscard]] Result<FleetEngineConfig> ParseFleetEngineFlag(const std::string& text);
+// Marks each named engine of `config.engines` as retiring (the --fleet-retire flag); a name that
+// is not configured is InvalidArgument.
+[[nodiscard]] Status MarkRetiring(const std::vector<std::string>& names, ServeConfig& config);
 // Reads and merges a JSON file (bounded by kConfigFileBytesMax).
 [[nodiscard]] Status MergeConfigFile(const std::string& path, ServeConfig& config);
 // Checks a complete configuration: every row's bounds, then the rules that join keys.

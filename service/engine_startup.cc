@@ -46,14 +46,6 @@ Status EngineVersionTimeout(const std::string& url, std::uint64_t timeout_ms,
                              "); is it running and reachable from this host?");
 }
 
-// The version string of a GET /version answer, or nullopt.
-std::optional<std::string> VersionOf(const effects::HttpReply& v) {
-  if (!v.http.ok_2xx() || !v.body.is_object() || !v.body.value("version", json()).is_string()) {
-    return std::nullopt;
-  }
-  return v.body["version"].get<std::string>();
-}
-
 // The engine's GET /get_world_size, or 1 when it does not say.
 std::int64_t EngineWorldSize(effects::EngineClient& client) {
   effects::HttpReply ws = client.GetWorldSize(true);
@@ -62,7 +54,36 @@ std::int64_t EngineWorldSize(effects::EngineClient& client) {
              : 1;
 }
 
+class RefusingTransfer final : public effects::WeightTransfer {
+ public:
+  explicit RefusingTransfer(std::string why) : why_(std::move(why)) {}
+  PreflightObserved Preflight(const effects::TransferTarget&) override {
+    return PreflightObserved{"", false, false, why_};
+  }
+  TransferObserved Transfer(const effects::TransferTarget&, std::uint64_t) override {
+    TransferObserved refused;
+    refused.mutation = MutationClass::kNone;  // nothing was sent
+    refused.error = why_;
+    return refused;
+  }
+
+ private:
+  const std::string why_;
+};
+
 }  // namespace
+
+std::optional<std::string> VersionOf(const effects::HttpReply& v) {
+  if (!v.http.ok_2xx() || !v.body.is_object() || !v.body.value("version", json()).is_string()) {
+    return std::nullopt;
+  }
+  return v.body["version"].get<std::string>();
+}
+
+std::unique_ptr<effects::WeightTransfer> MakeRefusingTransfer(std::string why) {
+  RC_CHECK(!why.empty());  // a refusal says why
+  return std::make_unique<RefusingTransfer>(text::utf8_prefix(why, kTextBytesMax / 2));
+}
 
 effects::PackingParams PackingOf(const ServeConfig& config) {
   effects::PackingParams packing;

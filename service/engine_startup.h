@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "effects/http/engine_client.h"
@@ -36,6 +37,13 @@ struct EngineVersionWait {
 // attempt saw.
 EngineVersionWait WaitForEngineVersion(effects::EngineClient& client, const std::string& url,
                                        std::uint64_t startup_timeout_ms);
+
+// The version string of a GET /version answer, or nullopt.
+std::optional<std::string> VersionOf(const effects::HttpReply& reply);
+
+// A transfer for an engine that is not driven any more (a retiring one that did not answer):
+// its preflight refuses with `why`, and its transfer sends nothing (MutationClass::kNone).
+std::unique_ptr<effects::WeightTransfer> MakeRefusingTransfer(std::string why);
 
 // The GPU-free weight transfer (`transfer` http, ipc or reload) for an engine of `version`;
 // Unavailable when no protocol line of this build speaks that version (http only).

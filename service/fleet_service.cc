@@ -9,11 +9,13 @@
 // its end once the proxy listens (StartFleet), as one engine's interrupted update is.
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "effects/clock.h"
+#include "effects/http/weight_digest.h"
 #include "service/balancer.h"
 #include "service/engine_startup.h"
 #include "service/service.h"
@@ -24,11 +26,39 @@ namespace {
 
 using namespace internal;  // NOLINT: the service's own helpers
 
-// The label a joining member bootstraps at: the fleet's newest, with its identity.
+// A member's weights at a label: its layout (tensor names, in order, and bytes digested) and
+// the combined digest it recorded. Digests of one model differ by layout (a TP=2 worker digests
+// its shard), so a joining engine is held to the digest of a member with its own layout.
+struct MemberWeights {
+  std::string engine;
+  std::vector<std::string> tensor_names;
+  std::uint64_t bytes = 0;
+  std::string combined;
+};
+
+// The label a joining member bootstraps at: the fleet's newest, with its identity, and the
+// digests of the untainted members that hold it.
 struct NewestLabel {
   std::string label;
   WeightIdentity identity;
+  std::vector<MemberWeights> weights;
 };
+
+MemberWeights WeightsOf(const std::string& engine, const WeightDigest& d) {
+  MemberWeights w{engine, {}, d.bytes, d.combined};
+  w.tensor_names.reserve(d.tensors.size());
+  for (const TensorDigest& t : d.tensors) w.tensor_names.push_back(t.name);
+  return w;
+}
+
+std::vector<MemberWeights> MemberWeightsAt(const FleetState& f, const std::string& label) {
+  std::vector<MemberWeights> out;
+  for (const auto& [name, s] : f.engines) {
+    if (s.lifecycle == Lifecycle::kTainted || s.committed.label != label) continue;
+    if (s.committed_digest.present()) out.push_back(WeightsOf(name, s.committed_digest));
+  }
+  return out;
+}
 
 // The newest generation an untainted engine holds, as the fold's bootstrap rule reads it; nullopt
 // when none holds one (a new fleet, or every holder TAINTED): the configured initial label then.
@@ -38,10 +68,21 @@ std::optional<NewestLabel> FleetNewestLabel(const FleetState& f) {
   for (const auto& [label, generation] : f.label_generation) {
     if (generation != *newest) continue;
     RC_CHECK(f.labels.count(label) == 1);  // one identity per label served
-    return NewestLabel{label, f.labels.at(label)};
+    return NewestLabel{label, f.labels.at(label), MemberWeightsAt(f, label)};
   }
   RC_CHECK(false);  // a held generation names a label
   return std::nullopt;
+}
+
+const MemberWeights* SameLayout(const WeightDigest& d, const std::vector<MemberWeights>& members) {
+  for (const MemberWeights& m : members) {
+    const bool same =
+        m.bytes == d.bytes && m.tensor_names.size() == d.tensors.size() &&
+        std::equal(m.tensor_names.begin(), m.tensor_names.end(), d.tensors.begin(),
+                   [](const std::string& n, const TensorDigest& t) { return n == t.name; });
+    if (same) return &m;
+  }
+  return nullptr;
 }
 
 // Why no member admits now, each engine's reason, bounded (a 503's message and a log line).
@@ -68,6 +109,34 @@ bool FleetQuarantined(const FleetState& f,
   });
 }
 
+// The digest a joining engine must hold: that of a member of its layout at `label`. "" when no
+// member holding the label recorded a digest, or none has the joiner's layout: its label is then
+// the only check (as for any engine that computes no digest). When members hold digests, an
+// engine that computes none cannot be verified, and does not join.
+Result<std::string> JoinDigest(effects::EngineClient& client, const std::string& engine,
+                               const std::string& label,
+                               const std::vector<MemberWeights>& members) {
+  if (members.empty()) return std::string();
+  const WeightDigest d = effects::ReadWeightDigest(client);
+  if (!d.present()) {
+    return Status::Rejected(
+        "engine '" + engine + "' computes no weight digest (" + Esc(d.error) +
+        "), but the fleet's engines at '" + label + "' hold one (" + members.front().engine +
+        "): its weights cannot be verified; load the weight-digest extension on it");
+  }
+  const MemberWeights* peer = SameLayout(d, members);
+  if (peer == nullptr) {
+    spdlog::warn(
+        "serve: engine {} digests {} tensors ({} bytes), a layout no engine at '{}' has: it is "
+        "verified by its label only",
+        Esc(engine), d.tensors.size(), d.bytes, Esc(label));
+    return std::string();
+  }
+  spdlog::info("serve: engine {} must hold the weights engine {} holds at '{}' (digest {})",
+               Esc(engine), Esc(peer->engine), Esc(label), peer->combined);
+  return peer->combined;
+}
+
 }  // namespace
 
 Status Service::InitFleet() {
@@ -92,6 +161,7 @@ Status Service::InitFleet() {
   // The monitor watches every member, each on its own thread (a restart, a relabel, drifted
   // weights, unreachable); a fleet has no explicit rollouts, so no lease thread.
   for (auto& [name, m] : fleet_members_) {
+    if (m->retire) continue;
     fleet_monitor_threads_.emplace_back(
         [this, target = MonitorTarget{name, *m->client, m->watch}] { MonitorLoop(target); });
   }
@@ -104,20 +174,29 @@ Status Service::OpenFleetMembers() {
   return Status::OK();
 }
 
-// Nothing is decided before the engine answers GET /version: it may still be loading.
+// Nothing is decided before the engine answers GET /version: it may still be loading. A retiring
+// engine is not waited for.
 Status Service::OpenFleetMember(const FleetEngineConfig& e) {
   auto m = std::make_unique<FleetMember>();
   m->name = e.name;
   m->url = e.engine_url;
+  m->retire = e.retire;
   Result<UpstreamTarget> target = ParseEngineUrl(e.engine_url);
   if (!target.ok()) return target.status();
   m->target = std::move(target.value());
   m->client = std::make_unique<effects::EngineClient>(e.engine_url, ControlDeadlines(config_));
   m->control = std::make_unique<effects::HttpEngineControl>(*m->client);
+  if (m->retire) {
+    RC_RETURN_IF_ERROR(OpenRetiringMember(*m));
+    fleet_members_.emplace(e.name, std::move(m));
+    return Status::OK();
+  }
   const EngineVersionWait waited =
       WaitForEngineVersion(*m->client, e.engine_url, config_.engine_startup_timeout_ms);
   if (!waited.status.ok()) {
-    return Status(waited.status.code(), "engine '" + e.name + "': " + waited.status.message());
+    return Status(waited.status.code(),
+                  "engine '" + e.name + "': " + waited.status.message() +
+                      " (to drop an engine that died, mark it \"retire\": true)");
   }
   m->version = waited.version;
   auto transfer = MakeGpuFreeTransfer(config_, *m->client, m->version);
@@ -125,6 +204,25 @@ Status Service::OpenFleetMember(const FleetEngineConfig& e) {
   m->transfer = std::move(transfer.value());
   RC_CHECK(fleet_members_.count(e.name) == 0);  // ValidateConfig: names are unique
   fleet_members_.emplace(e.name, std::move(m));
+  return Status::OK();
+}
+
+// A retiring engine is asked once: one that answers gets its real transfer (an interrupted plan
+// may still need it); one that does not gets a transfer that refuses before sending anything,
+// so no plan can claim to have moved weights into it.
+Status Service::OpenRetiringMember(FleetMember& m) {
+  const std::optional<std::string> version = VersionOf(m.client->Version());
+  if (!version) {
+    spdlog::warn("serve: engine {} ({}) retires and does not answer GET /version", Esc(m.name),
+                 Esc(m.url));
+    m.transfer =
+        MakeRefusingTransfer("engine '" + m.name + "' retires and did not answer at start");
+    return Status::OK();
+  }
+  m.version = *version;
+  auto transfer = MakeGpuFreeTransfer(config_, *m.client, m.version);
+  m.transfer = transfer.ok() ? std::move(transfer.value())
+                             : MakeRefusingTransfer(transfer.status().message());
   return Status::OK();
 }
 
@@ -145,8 +243,10 @@ Status Service::JoinFleet() {
   const FleetConfigured policy{config_.fleet_staleness_max, config_.fleet_min_serving};
   FleetConfigured held;
   std::string unconfigured;
+  std::set<std::string> held_engines;
   journal_->ReadFleetState([&](const FleetState& f) {
     held = f.policy;
+    for (const auto& [name, s] : f.engines) held_engines.insert(name);
     for (const auto& [name, s] : f.engines) {
       if (fleet_members_.count(name) == 0)
         unconfigured += (unconfigured.empty() ? "" : ", ") + name;
@@ -156,7 +256,8 @@ Status Service::JoinFleet() {
     return Status::InvalidArgument(
         "the journal's fleet holds engine(s) " + Esc(unconfigured) +
         " that `engines` does not configure: configure them (they recover and serve), or remove "
-        "one for good: configure it, DELETE /v1/fleet/engines/NAME, and drop it from the "
+        "one for good: configure it with \"retire\": true (it leaves at start, answering or "
+        "not), or DELETE /v1/fleet/engines/NAME while it serves; drop it from the "
         "configuration once it has left");
   }
   if (journal_->head_seq() == 0 || held != policy) {
@@ -165,6 +266,7 @@ Status Service::JoinFleet() {
     }
   }
   for (auto& [name, m] : fleet_members_) {
+    if (m->retire && held_engines.count(name) == 0) continue;  // gone already: nothing to join
     Status joined = fleet_runner_->Join(name, *m->control, *m->transfer);
     if (!joined.ok()) {
       return Status(joined.code(), "engine '" + name + "' could not join: " + joined.message());
@@ -179,39 +281,52 @@ Status Service::JoinFleet() {
   return Status::OK();
 }
 
+// Members bootstrap one at a time, each at the fleet's newest label as it stands then: on a new
+// fleet the first sets the label (and its digest) that the others are held to.
 Status Service::BootstrapFleetMembers() {
-  std::optional<NewestLabel> newest;
-  std::vector<std::string> uninitialized;
-  journal_->ReadFleetState([&](const FleetState& f) {
-    newest = FleetNewestLabel(f);
-    // Only members the fleet still holds: one whose removal the recovery completed has left.
-    for (const auto& [name, m] : fleet_members_) {
-      const auto it = f.engines.find(name);
-      if (it != f.engines.end() && f.leaving.count(name) == 0 &&
-          it->second.lifecycle == Lifecycle::kUninitialized) {
-        uninitialized.push_back(name);
-      }
-    }
-  });
-  for (const std::string& name : uninitialized) {
+  for (const std::string& name : UninitializedMembers()) {
+    std::optional<NewestLabel> newest;
+    journal_->ReadFleetState([&](const FleetState& f) { newest = FleetNewestLabel(f); });
     if (!newest) {
       Result<WeightIdentity> id = BootstrapIdentity(*Member(name).transfer);
       if (!id.ok()) return id.status();
-      newest = NewestLabel{config_.initial_label, *id};
+      newest = NewestLabel{config_.initial_label, *id, {}};
     }
-    RC_RETURN_IF_ERROR(BootstrapFleetMember(name, newest->label, newest->identity));
+    Result<std::string> expected =
+        JoinDigest(*Member(name).client, name, newest->label, newest->weights);
+    if (!expected.ok()) return expected.status();
+    RC_RETURN_IF_ERROR(BootstrapFleetMember(name, newest->label, newest->identity, *expected));
   }
   return Status::OK();
 }
 
+// The configured members still UNINITIALIZED in the fleet (one whose removal the recovery
+// completed has left, and bootstraps at the next start).
+std::vector<std::string> Service::UninitializedMembers() const {
+  std::vector<std::string> out;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    for (const auto& [name, m] : fleet_members_) {
+      const auto it = f.engines.find(name);
+      if (!m->retire && it != f.engines.end() && f.leaving.count(name) == 0 &&
+          it->second.lifecycle == Lifecycle::kUninitialized) {
+        out.push_back(name);
+      }
+    }
+  });
+  return out;
+}
+
 Status Service::BootstrapFleetMember(const std::string& engine, const std::string& label,
-                                     const WeightIdentity& identity) {
+                                     const WeightIdentity& identity,
+                                     const std::string& expected_digest) {
   FleetMember& m = Member(engine);
   spdlog::info("serve: bootstrapping engine {} ({}) as '{}'{}", Esc(engine), Esc(m.url), Esc(label),
                config_.adopt_engine ? " (adopt)" : "");
   effects::Runner* runner = fleet_runner_->runner(engine);
   RC_CHECK(runner != nullptr);  // joined by JoinFleet
-  Status booted = runner->Bootstrap(label, identity, BootstrapOptionsOf());
+  effects::BootstrapOptions options = BootstrapOptionsOf();
+  options.expected_digest = expected_digest;
+  Status booted = runner->Bootstrap(label, identity, options);
   if (!booted.ok()) {
     return Status(booted.code(), "bootstrap of engine '" + engine + "' (" + m.url + ") as '" +
                                      label + "' failed: " + booted.message());
@@ -226,7 +341,9 @@ void Service::InitHttpTransfers() {
   std::vector<std::string> ready;
   journal_->ReadFleetState([&](const FleetState& f) {
     for (const auto& [name, m] : fleet_members_) {
-      if (engine_state(f, name).lifecycle == Lifecycle::kReady) ready.push_back(name);
+      if (!m->retire && engine_state(f, name).lifecycle == Lifecycle::kReady) {
+        ready.push_back(name);
+      }
     }
   });
   for (const std::string& name : ready) {
@@ -264,7 +381,34 @@ Status Service::StartFleet() {
     m->upstream = std::move(pool.value());
   }
   RC_RETURN_IF_ERROR(Listen());
-  return FinishInterruptedFleetUpdate();
+  RC_RETURN_IF_ERROR(FinishInterruptedFleetUpdate());
+  return RetireMembers();
+}
+
+// Each retiring engine the fleet still holds is asked to leave, once the fleet update a restart
+// found open has ended (a member of it cannot leave before): it admits nothing from now on, and
+// the fold removes it once it holds no rollouts (the recovery abandoned those of the last run).
+Status Service::RetireMembers() {
+  std::vector<std::string> staying_in_journal;
+  journal_->ReadFleetState([&](const FleetState& f) {
+    for (const auto& [name, m] : fleet_members_) {
+      if (m->retire && f.engines.count(name) != 0 && f.leaving.count(name) == 0) {
+        staying_in_journal.push_back(name);
+      }
+    }
+  });
+  std::lock_guard<std::timed_mutex> lock(update_mu_);
+  for (const std::string& name : staying_in_journal) {
+    if (Status st = fleet_runner_->Remove(name); !st.ok()) {
+      return Status(st.code(), "retiring engine '" + name + "': " + st.message());
+    }
+    spdlog::warn("serve: engine {} retires: it is leaving the fleet", Esc(name));
+  }
+  for (const auto& [name, m] : fleet_members_) {
+    if (m->retire)
+      spdlog::info("serve: engine {} retires; drop it from `engines` once it left", Esc(name));
+  }
+  return Status::OK();
 }
 
 // A fleet update the last run left open goes on once the proxy listens (each member's own
@@ -382,7 +526,12 @@ std::string Service::PassThroughEngine() {
   if (!is_fleet()) return "";
   std::optional<std::string> engine;
   journal_->ReadFleetState([&](const FleetState& f) { engine = PickFleetEngine(f, std::nullopt); });
-  return engine ? *engine : fleet_members_.begin()->first;
+  if (engine) return *engine;
+  for (const auto& [name, m] : fleet_members_) {
+    if (!m->retire) return name;
+  }
+  RC_CHECK(false);  // ValidateConfig: at least one engine stays
+  return "";
 }
 
 std::string Service::FleetNotReadyReason() const {

@@ -112,7 +112,8 @@ struct EngineWatch {
 struct FleetMember {
   std::string name;
   std::string url;
-  std::string version;  // its GET /version at startup
+  std::string version;  // its GET /version at startup ("" for a retiring engine that did not say)
+  bool retire = false;  // leaves the fleet at start (FleetEngineConfig::retire)
   std::unique_ptr<effects::EngineClient> client;
   std::unique_ptr<effects::HttpEngineControl> control;
   std::unique_ptr<effects::WeightTransfer> transfer;
@@ -377,8 +378,12 @@ class Service {
   void MakeFleetRunner();
   [[nodiscard]] Status JoinFleet();
   [[nodiscard]] Status BootstrapFleetMembers();
+  std::vector<std::string> UninitializedMembers() const;
+  [[nodiscard]] Status OpenRetiringMember(FleetMember& m);
+  [[nodiscard]] Status RetireMembers();
   [[nodiscard]] Status BootstrapFleetMember(const std::string& engine, const std::string& label,
-                                            const WeightIdentity& identity);
+                                            const WeightIdentity& identity,
+                                            const std::string& expected_digest);
   void LogFleetStart();
   void InitHttpTransfers();
   void SetRunningUpdate(const std::string& update_id);

@@ -71,9 +71,23 @@ std::string newest_held_label(const FleetState& f) {
   return {};
 }
 
-// A joining engine starts where the fleet is: on the newest label an untainted engine holds.
+// Whether a member of the fleet recorded `digest` as the weights of `label`.
+bool label_digest_recorded(const FleetState& f, const std::string& label,
+                           const std::string& digest) {
+  return std::any_of(f.engines.begin(), f.engines.end(), [&](const auto& e) {
+    const auto it = e.second.label_digests.find(label);
+    return it != e.second.label_digests.end() && it->second == digest;
+  });
+}
+
+// A joining engine starts where the fleet is: on the newest label an untainted engine holds, and
+// when it is held to a digest, one a member recorded for that label.
 Status check_bootstrap(const FleetState& f, const BootstrapRequested& b) {
   RC_RETURN_IF_ERROR(check_fleet_label(f, b.label, b.identity));
+  if (!b.expected_digest.empty() && !label_digest_recorded(f, b.label, b.expected_digest)) {
+    return Status::Rejected("no engine of the fleet recorded digest " + b.expected_digest +
+                            " for '" + b.label + "'");
+  }
   const std::string newest = newest_held_label(f);
   if (newest.empty() || newest == b.label) return Status::OK();
   return Status::Rejected("a joining engine bootstraps at the fleet's newest label '" + newest +

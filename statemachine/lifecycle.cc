@@ -240,6 +240,7 @@ Status apply_one(State& s, const BootstrapRequested& e) {
   if (s.lifecycle != Lifecycle::kUninitialized) return reject(s, "bootstrap");
   RC_RETURN_IF_ERROR(check_id("label", e.label));
   RC_RETURN_IF_ERROR(check_identity(e.identity));
+  RC_RETURN_IF_ERROR(check_digest("expected_digest", e.expected_digest, false));
   s.bootstrap = e;
   s.attempts = 0;
   return Status::OK();
@@ -1384,8 +1385,12 @@ std::string explain_bootstrap_refusal(const BootstrapRequested& b, const EngineP
   if (e.reported_label != b.label) {
     return "the engine reports '" + e.reported_label + "', not the declared '" + b.label + "'";
   }
-  if (b.require_digest && !e.digest.present()) {
+  if ((b.require_digest || !b.expected_digest.empty()) && !e.digest.present()) {
     return "the engine computed no weight digest (" + e.digest.error + ")";
+  }
+  if (!b.expected_digest.empty() && e.digest.combined != b.expected_digest) {
+    return "the engine's weight digest " + e.digest.combined + " is not the expected " +
+           b.expected_digest;
   }
   return {};
 }

@@ -183,6 +183,39 @@ TEST(Digest, RequiredDigestRefusesABootstrapWithoutOne) {
             std::string::npos);
 }
 
+// A bootstrap held to an expected digest (a fleet member of the same layout recorded it) goes
+// READY only on an engine whose digest is exactly that one; catches a joining engine that reports
+// the fleet's label over other weights, or computes no digest, being taken as holding them.
+TEST(Digest, ExpectedDigestHoldsABootstrapToThoseWeights) {
+  BootstrapRequested b{"rc-0", identity('a')};
+  b.expected_digest = digest_of("111").combined;
+  EngineProbed p{ok_http(), "0.25.1", "rc-0"};
+  p.digest = digest_of("112");
+  EXPECT_NE(explain_bootstrap_refusal(b, p).find("is not the expected"), std::string::npos);
+  p.digest = WeightDigest{};
+  p.digest.error = "no extension";
+  EXPECT_NE(explain_bootstrap_refusal(b, p).find("no weight digest"), std::string::npos);
+  p.digest = digest_of("111");
+  EXPECT_EQ(explain_bootstrap_refusal(b, p), "");
+
+  DigestDriver d;
+  d.ok(b);
+  d.effect(EffectKind::kProbeEngine);
+  p.digest = digest_of("112");
+  d.ok(p);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kUninitialized) << "other weights are not the fleet's";
+  d.effect(EffectKind::kProbeEngine);
+  p.digest = digest_of("111");
+  d.ok(p);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(d.s.label_digests.at("rc-0"), b.expected_digest);
+
+  State fresh;
+  BootstrapRequested bad = b;
+  bad.expected_digest = "not hex";
+  EXPECT_EQ(rc::apply(fresh, Event{bad}).code(), Code::kInvalidArgument);
+}
+
 // A re-verification probe in READY that finds other weights (same process, same label) taints
 // with weights_changed; catches an update made outside RolloutCore going unnoticed.
 TEST(Digest, ProbeInReadyThatFindsOtherWeightsTaints) {

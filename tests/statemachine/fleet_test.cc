@@ -228,6 +228,35 @@ TEST(Fleet, AJoiningEngineBootstrapsAtTheNewestLabel) {
   d.admit("b");
 }
 
+// A joining engine held to a digest may be held only to one a member recorded for its label, and
+// joins only holding exactly those weights; catches an executor that invents the proof, or a
+// join over other weights under the fleet's label.
+TEST(Fleet, AJoiningEngineIsHeldToAMembersDigest) {
+  FleetDriver d;
+  d.join("a");
+  d.ok("a", BootstrapRequested{"rc-0", identity('a')});
+  d.ok("a", EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000});
+  EngineProbed probe{ok_http(), "0.25.1", "rc-0"};
+  probe.digest = digest_of("111");
+  d.ok("a", probe);
+  ASSERT_EQ(engine_state(d.f, "a").lifecycle, Lifecycle::kReady);
+  d.join("b");
+  BootstrapRequested b{"rc-0", identity('a')};
+  b.expected_digest = digest_of("999").combined;
+  EXPECT_EQ(d.rejected("b", b).code(), Code::kRejected);
+  b.expected_digest = digest_of("111").combined;
+  d.ok("b", b);
+  d.ok("b", EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000});
+  probe.digest = digest_of("112");
+  d.ok("b", probe);
+  EXPECT_EQ(engine_state(d.f, "b").lifecycle, Lifecycle::kUninitialized);
+  d.ok("b", EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000});
+  probe.digest = digest_of("111");
+  d.ok("b", probe);
+  EXPECT_EQ(engine_state(d.f, "b").lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // A removal stops admissions at once and removes the engine in the group of its last rollout's
 // finish; catches a removal that cuts off a live rollout or never completes.
 TEST(Fleet, RemovalDrainsTheEngineFirst) {
