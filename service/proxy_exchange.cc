@@ -26,6 +26,37 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr const char* kRolloutIdHeader = "X-RolloutCore-Rollout-Id";
+
+// One element of a prompt as affinity text: a string or a chat message's role and text content
+// as they are, anything else as its JSON.
+void AppendPromptElement(const json& e, std::string& out) {
+  if (e.is_string()) {
+    out += e.get_ref<const std::string&>();
+  } else if (e.is_object() && e.value("content", json()).is_string()) {
+    out += e.value("role", json()).is_string() ? e["role"].get_ref<const std::string&>() : "";
+    out += ':';
+    out += e["content"].get_ref<const std::string&>();
+  } else {
+    out += DumpSafe(e);
+  }
+  out += '\n';
+}
+
+// The prompt's first `bytes` as affinity text, built element by element: a long prompt costs
+// what its prefix costs, never a dump of the whole.
+std::string PromptPrefix(const json& prompt, std::size_t bytes) {
+  std::string out;
+  if (!prompt.is_array()) {
+    AppendPromptElement(prompt, out);
+  } else {
+    for (const json& e : prompt) {
+      if (out.size() >= bytes) break;
+      AppendPromptElement(e, out);
+    }
+  }
+  if (out.size() > bytes) out.resize(bytes);
+  return out;
+}
 const std::string kDoneEvent = "data: [DONE]\n\n";
 
 std::uint32_t ClampU32(std::uint64_t v) {
@@ -111,8 +142,9 @@ std::optional<std::uint64_t> ProxyExchange::AffinityKeyOf() const {
                                                          : "token_ids";
   const auto it = upstream_body_.find(field);
   if (it == upstream_body_.end()) return std::nullopt;
-  const std::string text = it->is_string() ? it->get<std::string>() : DumpSafe(*it);
-  return AffinityKey(text, prefix_bytes);
+  RC_CHECK(prefix_bytes <= kAffinityPrefixBytesMax);  // ValidateConfig
+  const auto bytes = static_cast<std::size_t>(prefix_bytes);
+  return AffinityKey(PromptPrefix(*it, bytes), bytes);
 }
 
 Status ProxyExchange::Parse() {
@@ -565,7 +597,9 @@ void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::strin
                                   cache_salt_,
                                   outcome_name(outcome),
                                   note,
-                                  trace_};
+                                  trace_,
+                                  admission_.engine,
+                                  admission_.fleet_generation};
   if (svc_.trajectories_.Append(TrajectoryLineText(line))) {
     svc_.metrics_.trajectories_written++;
   } else {

@@ -78,6 +78,12 @@ std::string TrajectoryLineText(const TrajectoryLineFields& f) {
   AppendString(out, f.cache_salt);
   AppendKey(out, "completion_tokens");
   AppendInt(out, f.trace.completion_count());
+  if (!f.engine.empty()) {
+    AppendKey(out, "engine");
+    AppendString(out, f.engine);
+    AppendKey(out, "fleet_generation");
+    AppendInt(out, f.fleet_generation);
+  }
   AppendKey(out, "identity");
   out += Dump(journal::WeightIdentityToJson(f.binding.identity));
   AppendKey(out, "note");

@@ -22,6 +22,10 @@ struct TrajectoryLineFields {
   std::string_view outcome;
   std::string_view note;
   const Trajectory& trace;
+  // A fleet's rollout: the engine it was admitted to and that engine's fleet generation (both
+  // left out of the line when `engine` is empty: one engine).
+  std::string_view engine = {};
+  std::uint64_t fleet_generation = 0;
 };
 
 // One line of JSON, without its newline.

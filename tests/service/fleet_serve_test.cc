@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -169,6 +170,29 @@ class FleetStack {
   std::function<void(ServeConfig&)> tweak_;
 };
 
+bool Eventually(const std::function<bool()>& done, int timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// rollout id -> the engine its trajectory line names (lines without one, or at a fleet
+// generation other than 0, map to "?").
+std::map<std::string, std::string> TrajectoryEngines(const FleetStack& f) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(f.dir / "journal.trajectories.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_discarded()) continue;
+    const bool named = j.contains("engine") && j.value("fleet_generation", 1) == 0;
+    out[j.value("rollout_id", "")] = named ? j["engine"].get<std::string>() : "?";
+  }
+  return out;
+}
+
 // Runs `n` completions on `threads` client threads; the answers, in no order.
 std::vector<FleetStack::Answer> CompleteMany(const FleetStack& f, int n, int threads) {
   std::vector<FleetStack::Answer> out(static_cast<std::size_t>(n));
@@ -215,6 +239,16 @@ TEST(FleetServe, ProxiedRolloutsSpreadAndNameTheirEngine) {
   EXPECT_NE(m->body.find("rolloutcore_fleet_engine_rollouts_admitted_total{engine=\"e0\"} " +
                          std::to_string(per_engine["e0"])),
             std::string::npos);
+  // Each trajectory line names the engine (and fleet generation) its rollout was bound to.
+  const std::map<std::string, std::string> admitted = f.AdmittedEngines();
+  std::map<std::string, std::string> lines;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        lines = TrajectoryEngines(f);
+        return lines.size() >= admitted.size();
+      },
+      5000));
+  EXPECT_EQ(lines, admitted);
   f.CheckJournal();
 }
 
@@ -232,6 +266,20 @@ TEST(FleetServe, PrefixAffinityKeepsAPrefixOnOneEngine) {
   }
   EXPECT_EQ(same.size(), 1u);
   EXPECT_GT(spread.size(), 1u) << "8 distinct prefixes all hashed to one engine";
+  // A chat whose first message fills the prefix meets one engine, whatever follows it.
+  std::set<std::string> chats;
+  for (int i = 0; i < 6; ++i) {
+    const json body = {
+        {"max_tokens", 2},
+        {"messages",
+         {{{"role", "system"}, {"content", "one long system prompt"}},
+          {{"role", "user"}, {"content", std::string(200, 'q') + std::to_string(i)}}}}};
+    auto r = affine.client().Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    chats.insert(r->get_header_value("X-RolloutCore-Engine"));
+  }
+  EXPECT_EQ(chats.size(), 1u);
   FleetStack by_load(3);
   std::set<std::string> engines;
   for (int i = 0; i < 8; ++i) {
@@ -333,13 +381,19 @@ TEST(FleetServe, ATaintedEngineIsQuarantinedFromTheProxy) {
   f.CheckJournal();
 }
 
-bool Eventually(const std::function<bool()>& done, int timeout_ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return done();
+// The expected_digest of each BootstrapRequested the journal holds for `engine`, in order.
+std::vector<std::string> BootstrapDigests(const FleetStack& f, const std::string& engine) {
+  std::vector<std::string> out;
+  EXPECT_TRUE(f.svc->journal()
+                  .Scan(1, 0,
+                        [&](const journal::Record& r) {
+                          const auto* b = std::get_if<BootstrapRequested>(&r.event);
+                          if (b != nullptr && r.engine == engine) out.push_back(b->expected_digest);
+                          return Status::OK();
+                        })
+                  .ok());
+  if (out.empty()) out.emplace_back("(no bootstrap)");
+  return out;
 }
 
 // Stops engine i's process and waits (2 s at most) until the fleet admits nothing to it.
@@ -421,9 +475,9 @@ TEST(FleetServe, ARestartRecoversTheFleet) {
 
 // Proves a fleet journal whose engine the configuration leaves out is refused at start (its
 // rollouts would never be recovered and the fleet's rules would still count it), a removed engine
-// that is still configured joins again at the next start as a new life, and an engine added to
-// an existing fleet bootstraps at the fleet's newest label; catches a restart that silently
-// orphans an engine, or a joining engine bootstrapped at a label the fold refuses.
+// that is still configured joins again at the next start, held to a member's weight digest, and
+// an engine that reports the fleet's newest label over other weights does not join (it retires
+// instead); catches a restart that silently orphans an engine, or a join verified by label only.
 TEST(FleetServe, TheConfigurationDecidesMembershipAtStart) {
   auto f = std::make_unique<FleetStack>(3);
   ASSERT_TRUE(f->svc->Shutdown(5000));
@@ -438,22 +492,123 @@ TEST(FleetServe, TheConfigurationDecidesMembershipAtStart) {
   f->Open();
   ASSERT_EQ(f->client().Delete("/v1/fleet/engines/e2")->status, 202);
   EXPECT_FALSE(f->State()["engines"].contains("e2"));
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  f->Open();  // e2 is configured: it joins again, and must hold e0's weights at rc-0
+  EXPECT_EQ(f->State()["engines"]["e2"]["lifecycle"], "READY");
+  EXPECT_FALSE(BootstrapDigests(*f, "e2").back().empty()) << "the rejoin was not held to a digest";
+
+  ASSERT_EQ(f->client().Delete("/v1/fleet/engines/e2")->status, 202);
   ASSERT_EQ(f->FleetUpdate("u1", "all", 1)->status, 200);  // e0 and e1 only
   ASSERT_EQ(f->engines[2]->weight_label(), "rc-0") << "e2 left before u1";
   ASSERT_TRUE(f->svc->Shutdown(5000));
   f->svc.reset();
   ServeConfig adopt = f->Config();
-  adopt.adopt_engine = true;  // e2's double still holds rc-0; the fleet serves rc-1
+  adopt.adopt_engine = true;  // e2's double still holds rc-0's weights; the fleet serves rc-1
+  auto relabelled = Service::Open(adopt);
+  ASSERT_FALSE(relabelled.ok()) << "an engine holding rc-0's weights joined as rc-1";
+  EXPECT_NE(relabelled.status().message().find("digest"), std::string::npos)
+      << relabelled.status().ToString();
+
+  adopt.engines[2].retire = true;  // the operator drops it instead
   auto reopened = Service::Open(adopt);
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
   f->svc = std::move(reopened.value());
   ASSERT_TRUE(f->svc->Start().ok());
-  const json s = f->State();
-  EXPECT_EQ(s["engines"]["e2"]["lifecycle"], "READY");
-  EXPECT_EQ(s["engines"]["e2"]["committed"]["label"], "rc-1");
-  EXPECT_EQ(s["engines"]["e2"]["generation"], 1);
-  EXPECT_EQ(f->engines[2]->weight_label(), "rc-1") << "bootstrapped at the fleet's newest label";
+  EXPECT_FALSE(f->State()["engines"].contains("e2"));
+  EXPECT_EQ(f->Complete().label, "rc-1");
   f->CheckJournal();
+}
+
+// Proves an engine joining a fleet is held to the digest of a member of its layout: one with other
+// weights under the same tensor names is refused (serve does not start, and says why), one with
+// the members' weights joins, and one of another layout (two workers) joins on its label alone;
+// catches a replica serving other weights under the fleet's binding.
+TEST(FleetServe, AJoiningEngineMustHoldAMembersWeights) {
+  auto f = std::make_unique<FleetStack>(1);
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  fixtures::VllmDoubleOptions other;
+  other.worker_extension_cls = effects::kWorkerExtensionClass;
+  other.model_name = "another-model";  // same tensor names, other values
+  f->engines.push_back(std::make_unique<fixtures::VllmDouble>(other));
+  ASSERT_GT(f->engines.back()->Start(0), 0);
+  auto refused = Service::Open(f->Config());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("is not the expected"), std::string::npos)
+      << refused.status().ToString();
+
+  fixtures::VllmDoubleOptions same;
+  same.worker_extension_cls = effects::kWorkerExtensionClass;
+  f->engines.back()->Stop();
+  f->engines.back() = std::make_unique<fixtures::VllmDouble>(same);
+  ASSERT_GT(f->engines.back()->Start(0), 0);
+  fixtures::VllmDoubleOptions two_workers = same;
+  two_workers.world_size = 2;
+  f->engines.push_back(std::make_unique<fixtures::VllmDouble>(two_workers));
+  ASSERT_GT(f->engines.back()->Start(0), 0);
+  f->Open();
+  const json s = f->State();
+  EXPECT_EQ(s["engines"]["e1"]["lifecycle"], "READY");
+  EXPECT_EQ(s["engines"]["e2"]["lifecycle"], "READY");
+  std::string e0_digest;  // what e0's bootstrap probe read
+  ASSERT_TRUE(f->svc->journal()
+                  .Scan(1, 0,
+                        [&](const journal::Record& r) {
+                          const auto* p = std::get_if<EngineProbed>(&r.event);
+                          if (p != nullptr && r.engine == "e0" && e0_digest.empty()) {
+                            e0_digest = p->digest.combined;
+                          }
+                          return Status::OK();
+                        })
+                  .ok());
+  ASSERT_FALSE(e0_digest.empty());
+  EXPECT_EQ(BootstrapDigests(*f, "e1").back(), e0_digest);
+  EXPECT_EQ(BootstrapDigests(*f, "e2").back(), "") << "another layout has no member to match";
+  f->CheckJournal();
+}
+
+// Proves an engine that died while serve was down is dropped by marking it retiring: serve starts
+// without waiting for it, the engine leaves the fleet, and the others serve and update; and that
+// without the mark serve refuses to start, naming the way out; catches a fleet that can never
+// start again once one of its engines is gone.
+TEST(FleetServe, AnEngineThatDiedWhileServeWasDownRetires) {
+  auto f =
+      std::make_unique<FleetStack>(3, [](ServeConfig& c) { c.engine_startup_timeout_ms = 300; });
+  ASSERT_EQ(f->FleetUpdate("u1", "all", 1)->status, 200);
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  f->engines[1]->Stop();
+  auto refused = Service::Open(f->Config());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("retire"), std::string::npos)
+      << refused.status().ToString();
+
+  ServeConfig retire = f->Config();
+  retire.engines[1].retire = true;
+  auto opened = Service::Open(retire);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  f->svc = std::move(opened.value());
+  ASSERT_TRUE(f->svc->Start().ok());
+  EXPECT_FALSE(f->State()["engines"].contains("e1"));
+  for (const auto& a : CompleteMany(*f, 8, 4)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.engine, "e1");
+    EXPECT_EQ(a.label, "rc-1");
+  }
+  auto r = f->FleetUpdate("u2", "all", 2);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["committed"], 2);
+  f->CheckJournal();
+
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  auto again = Service::Open(retire);  // e1 is gone: nothing to do, nothing refused
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  f->svc = std::move(again.value());
+  ASSERT_TRUE(f->svc->Start().ok());
+  EXPECT_FALSE(f->State()["engines"].contains("e1"));
 }
 
 // Proves a fleet update while one member is dead leaves that member out (it is not reachable,
@@ -577,6 +732,31 @@ TEST(FleetServe, ConfigurationIsCheckedBeforeAnythingOpens) {
   EXPECT_FALSE(MergeConfigJson(json::parse(R"({"engines": {"x": 1}})"), parsed).ok());
   EXPECT_FALSE(ParseFleetEngineFlag("=http://x").ok());
   EXPECT_EQ(ParseFleetEngineFlag("a=http://h:1")->engine_url, "http://h:1");
+  ASSERT_TRUE(MergeConfigJson(json::parse(R"({"engines": [{"name": "x", "engine_url":
+      "http://127.0.0.1:5"}, {"name": "y", "engine_url": "http://127.0.0.1:6", "retire": true}]})"),
+                              parsed)
+                  .ok());
+  EXPECT_TRUE(parsed.engines[1].retire && !parsed.engines[0].retire);
+  EXPECT_FALSE(MergeConfigJson(json::parse(R"({"engines": [{"name": "x", "engine_url":
+      "http://127.0.0.1:5", "retire": "yes"}]})"),
+                               parsed)
+                   .ok());
+  EXPECT_FALSE(MergeConfigJson(json::parse(R"({"engines": [{"name": "x", "engine_url":
+      "http://127.0.0.1:5", "other": true}]})"),
+                               parsed)
+                   .ok());
+  c.engines = {{"a", "http://127.0.0.1:1"}, {"b", "http://127.0.0.1:2"}};
+  c.transfer = "http";
+  ASSERT_TRUE(MarkRetiring({"b"}, c).ok());
+  EXPECT_TRUE(c.engines[1].retire);
+  EXPECT_FALSE(MarkRetiring({"nope"}, c).ok());
+  c.fleet_min_serving = 1;  // one engine stays: a rolling update could not keep one serving
+  EXPECT_NE(ValidateConfig(c).message().find("stay"), std::string::npos);
+  c.fleet_min_serving = 0;
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.engines[0].retire = true;
+  EXPECT_NE(ValidateConfig(c).message().find("every engine retires"), std::string::npos);
+  c.engines.clear();
 
   // A fleet journal is not served as one engine, nor a one-engine journal as a fleet.
   FleetStack f(1);

@@ -97,20 +97,25 @@ json TrajectoryLineJson(const TrajectoryLineFields& f) {
                        {"logprobs", ch.logprobs},
                        {"finish_reason", ch.finish_reason}});
   }
-  return {{"rollout_id", f.binding.rollout_id},
-          {"admission_seq", f.admission_seq},
-          {"route", f.route},
-          {"stream", f.stream},
-          {"version", journal::WeightVersionToJson(f.binding.version)},
-          {"identity", journal::WeightIdentityToJson(f.binding.identity)},
-          {"cache_salt", f.cache_salt},
-          {"outcome", f.outcome},
-          {"note", f.note},
-          {"prompt_token_ids", f.trace.prompt_token_ids},
-          {"outputs", std::move(outputs)},
-          {"prompt_tokens", f.trace.prompt_count()},
-          {"completion_tokens", f.trace.completion_count()},
-          {"truncated", f.trace.truncated}};
+  json line = {{"rollout_id", f.binding.rollout_id},
+               {"admission_seq", f.admission_seq},
+               {"route", f.route},
+               {"stream", f.stream},
+               {"version", journal::WeightVersionToJson(f.binding.version)},
+               {"identity", journal::WeightIdentityToJson(f.binding.identity)},
+               {"cache_salt", f.cache_salt},
+               {"outcome", f.outcome},
+               {"note", f.note},
+               {"prompt_token_ids", f.trace.prompt_token_ids},
+               {"outputs", std::move(outputs)},
+               {"prompt_tokens", f.trace.prompt_count()},
+               {"completion_tokens", f.trace.completion_count()},
+               {"truncated", f.trace.truncated}};
+  if (!f.engine.empty()) {
+    line["engine"] = f.engine;
+    line["fleet_generation"] = f.fleet_generation;
+  }
+  return line;
 }
 
 // Proves the text equals nlohmann's dump of the object for 200 random lines per case.
@@ -120,8 +125,9 @@ RC_GTEST_PROP(TrajectoryLine, TextIsTheDumpOfTheObject, (std::uint64_t seed)) {
     const RolloutAdmitted binding = RandomBinding(rng);
     const Trajectory trace = RandomTrace(rng);
     const std::string salt = RandomText(rng), note = RandomText(rng), route = RandomText(rng);
-    const TrajectoryLineFields f{binding, rng(),       route, rng() % 2 == 0,
-                                 salt,    "completed", note,  trace};
+    const std::string engine = rng() % 2 == 0 ? "" : "engine-" + std::to_string(rng() % 100);
+    const TrajectoryLineFields f{binding,     rng(), route, rng() % 2 == 0, salt,
+                                 "completed", note,  trace, engine,         rng()};
     const std::string expected =
         TrajectoryLineJson(f).dump(-1, ' ', false, json::error_handler_t::replace);
     const std::string text = TrajectoryLineText(f);
