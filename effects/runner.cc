@@ -144,17 +144,52 @@ DrainObserved Runner::drain() {
   return engine_.PauseWait(static_cast<std::uint64_t>(left_ms));
 }
 
-Event Runner::observe(const Effect& effect, const State& s) {
+namespace {
+
+// The plan's fields an effect sends (next_step).
+UpdatePlan SentFieldsOf(const UpdatePlan& u) {
+  UpdatePlan sent;
+  sent.update_id = u.update_id;
+  sent.target = u.target;
+  sent.identity = u.identity;
+  sent.source_uri = u.source_uri;
+  sent.restore = u.restore;
+  sent.adopt = u.adopt;
+  sent.sleep_level = u.sleep_level;
+  return sent;
+}
+
+}  // namespace
+
+Runner::Step Runner::next_step() const {
+  Step step;
+  read_state([&step](const State& s) {
+    step.effect = next_effect(s);
+    step.attempts = s.attempts;
+    step.lifecycle = s.lifecycle;
+    const EffectKind k = step.effect.kind;
+    if (k == EffectKind::kProbeEngine) step.bootstrap = s.bootstrap;
+    const bool sends_plan =
+        k == EffectKind::kPreflight || k == EffectKind::kTransfer || k == EffectKind::kSleep;
+    if (sends_plan && s.update) step.plan = SentFieldsOf(*s.update);
+  });
+  return step;
+}
+
+Event Runner::observe(const Step& step) {
+  const Effect& effect = step.effect;
   switch (effect.kind) {
     case EffectKind::kProbeEngine:
       // In READY this re-verifies the engine after a restart: what it is, nothing changed.
-      if (s.lifecycle != Lifecycle::kUninitialized) return engine_.Probe();
-      return probe_for_bootstrap(*s.bootstrap);
+      if (step.lifecycle != Lifecycle::kUninitialized) return engine_.Probe();
+      RC_CHECK(step.bootstrap.has_value());  // UNINITIALIZED probes only for a bootstrap
+      return probe_for_bootstrap(*step.bootstrap);
     case EffectKind::kDrain:
       return drain();
     case EffectKind::kPreflight:
     case EffectKind::kTransfer: {
-      const UpdatePlan& u = *s.update;
+      RC_CHECK(step.plan.has_value());  // a plan's effects
+      const UpdatePlan& u = *step.plan;
       if (u.adopt && effect.kind == EffectKind::kPreflight) return adopt_preflight();
       if (u.adopt) return label_only(u);
       TransferTarget target{u.update_id, u.target, u.identity, u.source_uri};
@@ -168,7 +203,8 @@ Event Runner::observe(const Effect& effect, const State& s) {
     case EffectKind::kResume:
       return engine_.Resume();
     case EffectKind::kSleep:
-      return engine_.Sleep(s.update->sleep_level, options_.sleep_timeout_ms);
+      RC_CHECK(step.plan.has_value());
+      return engine_.Sleep(step.plan->sleep_level, options_.sleep_timeout_ms);
     case EffectKind::kWake:
       return engine_.Wake(effect.wake, options_.sleep_timeout_ms);
     case EffectKind::kNone:
@@ -262,13 +298,14 @@ bool intent_must_be_durable(EffectKind kind) {
          kind == EffectKind::kSleep || kind == EffectKind::kWake;
 }
 
-Status Runner::perform(const Effect& effect, const State& state) {
+Status Runner::perform(const Step& step) {
+  const Effect& effect = step.effect;
   auto intent =
       submit(EffectStarted{effect.kind, effect.cache, deadline_for(effect.kind), effect.wake}, "",
              intent_must_be_durable(effect.kind) ? Durability::kNow : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
   const std::int64_t start_us = clock_.now_us();
-  Event observation = observe(effect, state);
+  Event observation = observe(step);
   if (const auto* probed = std::get_if<EngineProbed>(&observation)) last_probe_ = *probed;
   if (const auto* slept = std::get_if<SleepObserved>(&observation)) {
     last_sleep_memory_ = slept->memory;
@@ -280,18 +317,16 @@ Status Runner::perform(const Effect& effect, const State& state) {
   return decided.status();
 }
 
-Status Runner::await_rollouts(const State& state) {
+Status Runner::await_rollouts() {
   const std::int64_t start_ms = clock_.now_ms();
   const std::int64_t start_us = clock_.now_us();
-  (void)state;
   while (true) {
     if (journal_.failed()) return journal_.failure();
-    const State now = current_state();
-    if (next_effect(now).kind != EffectKind::kAwaitRollouts) break;
+    if (due_effect().kind != EffectKind::kAwaitRollouts) break;
     const std::int64_t waited_ms = clock_.now_ms() - start_ms;
     if (waited_ms >= static_cast<std::int64_t>(options_.await_rollouts_timeout_ms)) {
       auto r = submit(DrainTimedOut{static_cast<std::uint64_t>(waited_ms),
-                                    static_cast<std::uint32_t>(now.active.size())});
+                                    static_cast<std::uint32_t>(active_rollouts())});
       if (!r.ok()) return r.status();
       break;
     }
@@ -305,15 +340,15 @@ Status Runner::Drive() {
   std::uint32_t backoff_ms = options_.backoff_ms_min;
   Effect previous{};
   for (std::uint32_t i = 0; i < options_.effects_per_drive_max; ++i) {
-    const State state = current_state();
-    const Effect effect = next_effect(state);
+    const Step step = next_step();
+    const Effect& effect = step.effect;
     if (effect.kind == EffectKind::kNone) return sync();
     if (effect.kind == EffectKind::kAwaitRollouts) {
-      RC_RETURN_IF_ERROR(await_rollouts(state));
+      RC_RETURN_IF_ERROR(await_rollouts());
       continue;
     }
     // The same effect due again means the last attempt failed: back off (bounded).
-    if (i > 0 && effect == previous && state.attempts > 0) {
+    if (i > 0 && effect == previous && step.attempts > 0) {
       clock_.sleep_ms(backoff_ms);
       backoff_ms = std::min(options_.backoff_ms_max, backoff_ms * 2);
       // Other inputs (the engine monitor, bindings) may have moved the state while we slept.
@@ -322,7 +357,7 @@ Status Runner::Drive() {
       backoff_ms = options_.backoff_ms_min;
     }
     previous = effect;
-    Status performed = perform(effect, state);
+    Status performed = perform(step);
     // An intent refused because another input made it no longer due: look again.
     if (performed.code() == Code::kRejected && !(due_effect() == effect)) continue;
     RC_RETURN_IF_ERROR(performed);

@@ -139,9 +139,21 @@ class Runner {
   State current_state() const;
   // A request's idempotency key, made distinct per engine (a fleet's members share update ids).
   std::string engine_key(const std::string& key) const;
-  [[nodiscard]] Status perform(const Effect& effect, const State& state);
-  [[nodiscard]] Status await_rollouts(const State& state);
-  Event observe(const Effect& effect, const State& state);
+  // What one step of Drive() reads of the engine's state, under the journal's lock and without
+  // copying the state (O(the labels it committed and its rollouts in flight)): the effect due,
+  // and what performing it sends.
+  struct Step {
+    Effect effect;
+    std::uint32_t attempts = 0;
+    Lifecycle lifecycle = Lifecycle::kUninitialized;
+    std::optional<BootstrapRequested> bootstrap;  // a bootstrap's probe
+    // A plan's preflight, transfer or sleep: the fields they send (never its observed digest).
+    std::optional<UpdatePlan> plan;
+  };
+  Step next_step() const;
+  [[nodiscard]] Status perform(const Step& step);
+  [[nodiscard]] Status await_rollouts();
+  Event observe(const Step& step);
   EngineProbed probe_for_bootstrap(const BootstrapRequested& bootstrap);
   PreflightObserved adopt_preflight();
   TransferObserved label_only(const UpdatePlan& plan);

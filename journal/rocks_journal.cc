@@ -605,6 +605,12 @@ class RocksJournal final : public Journal {
   Result<Ticket> DuplicateTicket(const std::string& key, const IdemEntry& entry, const Hash& digest,
                                  std::vector<FleetEvent>* original_decisions);
   Status CheckDecisions(const std::vector<FleetEvent>& group) const;
+  Status CheckQueueRoom() const;
+  void FoldGroup(const std::vector<FleetEvent>& group);
+  // SubmitFleet's steps once the input is new: every check that can refuse it, then the fold in
+  // place (fleet_step), then the records.
+  Status CheckSubmittable(const FleetEvent& input, const AppendRequest& request);
+  Result<FleetSubmitted> StepAndStage(const FleetEvent& input, const AppendRequest& request);
   Result<EncodedGroup> EncodeGroup(std::int64_t wall_time_ms,
                                    const std::vector<FleetEvent>& group) const;
   Ticket StageGroup(const std::string& key, const Hash& digest,
@@ -1141,14 +1147,12 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
     return Status::Conflict("expected head seq " + std::to_string(*request.expected_head_seq) +
                             " but the head is " + std::to_string(head_seq_));
   }
-  if (pending_groups_ >= kPendingAppendsMax) {
-    return Status::Busy("group-commit queue full (" + std::to_string(kPendingAppendsMax) +
-                        " groups pending)");
-  }
+  RC_RETURN_IF_ERROR(CheckQueueRoom());
   RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(group));
   if (!decided) RC_RETURN_IF_ERROR(CheckDecisions(group));
   Result<EncodedGroup> encoded = EncodeGroup(request.wall_time_ms, group);
   if (!encoded.ok()) return encoded.status();
+  FoldGroup(group);
   const Ticket ticket = StageGroup(request.client_event_id, digest, group, *encoded);
   if (original_decisions != nullptr) original_decisions->assign(group.begin() + 1, group.end());
   return ticket;
@@ -1230,14 +1234,24 @@ Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(
 }
 
 // Folds the accepted group and puts it into the open batch.
-Ticket RocksJournal::StageGroup(const std::string& key, const Hash& digest,
-                                const std::vector<FleetEvent>& group, const EncodedGroup& encoded) {
-  // fleet_decide already applied these to a copy, so they must apply.
+Status RocksJournal::CheckQueueRoom() const {
+  if (pending_groups_ < kPendingAppendsMax) return Status::OK();
+  return Status::Busy("group-commit queue full (" + std::to_string(kPendingAppendsMax) +
+                      " groups pending)");
+}
+
+// fleet_decide already applied these to a copy, so they must apply.
+void RocksJournal::FoldGroup(const std::vector<FleetEvent>& group) {
   for (const FleetEvent& e : group) {
     Status st = fleet_apply(fleet_, e);
     if (!st.ok()) std::fprintf(stderr, "rolloutcore: journal apply: %s\n", st.ToString().c_str());
     RC_CHECK(st.ok());
   }
+}
+
+// Stages a group the fold already holds (fleet_.events counts it).
+Ticket RocksJournal::StageGroup(const std::string& key, const Hash& digest,
+                                const std::vector<FleetEvent>& group, const EncodedGroup& encoded) {
   const std::uint64_t first_seq = head_seq_ + 1;
   const std::uint64_t last_seq = head_seq_ + group.size();
   for (std::size_t i = 0; i < group.size(); ++i) {
@@ -1349,17 +1363,45 @@ Result<Journal::FleetSubmitted> RocksJournal::SubmitFleet(const FleetEvent& inpu
   if (!client_event_id.empty()) found = FindIdem(client_event_id);
   if (!found.ok()) return found.status();
   if (found->has_value()) return ResubmitLocked(input, client_event_id, **found);
-  Result<std::vector<FleetEvent>> d = fleet_decide(fleet_, input);
-  if (!d.ok()) return d.status();
   AppendRequest request;
   request.client_event_id = client_event_id;
   request.wall_time_ms = wall_time_ms;
+  RC_RETURN_IF_ERROR(CheckSubmittable(input, request));
+  return StepAndStage(input, request);
+}
+
+// What could refuse the input apart from the fold: the key's size, a full queue, a rollout id
+// used before (an input's only; decisions admit nothing), and the input's record over the bound
+// (encoded as it will be: the group's first record).
+Status RocksJournal::CheckSubmittable(const FleetEvent& input, const AppendRequest& request) {
+  if (request.client_event_id.size() > kIdBytesMax) {
+    return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
+                                   " bytes");
+  }
+  RC_RETURN_IF_ERROR(CheckQueueRoom());
+  RC_RETURN_IF_ERROR(CheckRolloutIdsUnused({input}));
+  return EncodeGroup(request.wall_time_ms, {input}).status();
+}
+
+// The fold takes the input in place (a refusal changes nothing). Its decisions are the fold's and
+// bounded, so their records encode: one that did not would leave memory ahead of the journal.
+Result<Journal::FleetSubmitted> RocksJournal::StepAndStage(const FleetEvent& input,
+                                                           const AppendRequest& request) {
+  Result<std::vector<FleetEvent>> d = fleet_step(fleet_, input);
+  if (!d.ok()) return d.status();
   std::vector<FleetEvent> group{input};
   group.insert(group.end(), d->begin(), d->end());
+  RC_CHECK(group.size() <= kGroupEventsMax);  // an input causes a handful of decisions
+  Result<EncodedGroup> encoded = EncodeGroup(request.wall_time_ms, group);
+  if (!encoded.ok()) {
+    std::fprintf(stderr, "rolloutcore: journal: a decision does not encode: %s\n",
+                 encoded.status().ToString().c_str());
+  }
+  RC_CHECK(encoded.ok());
+  const Hash digest = request.client_event_id.empty() ? Hash{} : GroupDigest(group);
   FleetSubmitted out;
-  Result<Ticket> t = EnqueueLocked(request, group, /*decided=*/true, &out.decisions);
-  if (!t.ok()) return t.status();
-  out.ticket = *t;
+  out.ticket = StageGroup(request.client_event_id, digest, group, *encoded);
+  out.decisions = std::move(d.value());
   return out;
 }
 

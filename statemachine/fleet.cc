@@ -563,8 +563,47 @@ Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const Flee
   return out;
 }
 
+namespace {
+
+// Whether fleet_step folds the input without a copy: an engine's input that is neither a binding
+// (decided without a copy already) nor a decision (refused).
+bool folds_in_place(const FleetEvent& input) {
+  if (is_fleet_event(input.event)) return false;
+  const Family family = family_of(input.event);
+  return family != Family::kBinding && family != Family::kDecision;
+}
+
+// An engine's input folded into `f` itself. The fleet's rules read the state before the input, so
+// they are checked first; when they refuse, the engine's own fold is asked first on a copy (a
+// refusal, off the hot path), so the reason is fleet_decide's. The engine's fold refuses before
+// it changes anything, and what the input caused must apply.
+Result<std::vector<FleetEvent>> fold_engine_input(FleetState& f, const FleetEvent& input) {
+  const Result<const State*> s = engine_of(f, input.engine);
+  if (!s.ok()) return s.status();
+  const Event& e = input.event;
+  if (Status rules = check_engine_rules(f, input.engine, e); !rules.ok()) {
+    Result<std::vector<Event>> own = decide(**s, e);
+    return own.ok() ? rules : own.status();
+  }
+  RC_RETURN_IF_ERROR(fold_engine_event(f, input.engine, e));
+  f.events++;
+  std::vector<FleetEvent> out;
+  for (Event& d : derive_decisions(engine_state(f, input.engine), e)) {
+    RC_CHECK(fold_engine_event(f, input.engine, d).ok());
+    f.events++;
+    out.push_back(FleetEvent{input.engine, std::move(d)});
+  }
+  const std::size_t own_count = out.size();
+  settle(f, out);
+  for (std::size_t i = own_count; i < out.size(); ++i) RC_CHECK(fleet_apply(f, out[i]).ok());
+  return out;
+}
+
+}  // namespace
+
 // In place: decide accepted the group, and every fleet_apply that fails changes nothing.
 Result<std::vector<FleetEvent>> fleet_step(FleetState& fleet, const FleetEvent& input) {
+  if (folds_in_place(input)) return fold_engine_input(fleet, input);
   Result<std::vector<FleetEvent>> derived = fleet_decide(fleet, input);
   if (!derived.ok()) return derived.status();
   RC_CHECK(fleet_apply(fleet, input).ok());

@@ -82,7 +82,11 @@ struct FleetState {
 [[nodiscard]] Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet,
                                                            const FleetEvent& input);
 [[nodiscard]] Status fleet_apply(FleetState& fleet, const FleetEvent& event);
-// decide, then apply the input and what it caused; returns the caused events.
+// decide, then apply the input and what it caused; returns the caused events. The result is
+// fleet_decide's and fleet_apply's, but an engine's input that is not a binding (an update's
+// request, observation, intent) is folded into `fleet` itself, without the copy of its engine
+// fleet_decide makes: O(the event), not O(the labels and rollouts the engine holds). A refused
+// input leaves `fleet` unchanged either way.
 [[nodiscard]] Result<std::vector<FleetEvent>> fleet_step(FleetState& fleet,
                                                          const FleetEvent& input);
 

@@ -1413,6 +1413,12 @@ Status apply(State& state, const Event& event) {
   return Status::OK();
 }
 
+std::vector<Event> derive_decisions(const State& after, const Event& input) {
+  std::vector<Event> out;
+  std::visit([&](const auto& e) { derive(after, e, out); }, input);
+  return out;
+}
+
 Result<std::vector<Event>> decide(const State& state, const Event& input) {
   if (family_of(input) == Family::kDecision) {
     return Status::InvalidArgument(std::string(event_name(input)) +
@@ -1438,8 +1444,7 @@ Result<std::vector<Event>> decide(const State& state, const Event& input) {
   }
   State after = state;
   RC_RETURN_IF_ERROR(apply(after, input));
-  std::vector<Event> out;
-  std::visit([&](const auto& e) { derive(after, e, out); }, input);
+  std::vector<Event> out = derive_decisions(after, input);
   // The derived decisions must themselves be legal: a failure here is a bug in derive().
   for (const Event& d : out) {
     Status st = apply(after, d);

@@ -132,6 +132,9 @@ struct State {
 // decide: for an input (or a client binding), the events it causes, or a rejection
 // (kRejected for lifecycle refusals, kInvalidArgument for malformed fields). Never mutates.
 [[nodiscard]] Result<std::vector<Event>> decide(const State& state, const Event& input);
+// What decide derives once `after` holds `input` (applied by the caller, on its own state): the
+// decisions, not yet applied. decide() is a copy, apply(input), derive_decisions, apply(each).
+std::vector<Event> derive_decisions(const State& after, const Event& input);
 
 // apply: the fold. Returns an error and leaves the state unchanged if the event is not legal
 // in this state (a corrupt or forged history); asserts the invariants after every change.
