@@ -609,10 +609,15 @@ class RocksJournal final : public Journal {
   void FoldGroup(const std::vector<FleetEvent>& group);
   // SubmitFleet's steps once the input is new: every check that can refuse it, then the fold in
   // place (fleet_step), then the records.
-  Status CheckSubmittable(const FleetEvent& input, const AppendRequest& request);
-  Result<FleetSubmitted> StepAndStage(const FleetEvent& input, const AppendRequest& request);
-  Result<EncodedGroup> EncodeGroup(std::int64_t wall_time_ms,
-                                   const std::vector<FleetEvent>& group) const;
+  Result<EncodedGroup> CheckSubmittable(const std::vector<FleetEvent>& group,
+                                        const AppendRequest& request);
+  Status FoldRefusesFirst(const FleetEvent& input, const Status& refused) const;
+  Result<FleetSubmitted> StepAndStage(std::vector<FleetEvent> group, const AppendRequest& request,
+                                      EncodedGroup input_record);
+  // Encodes and chains the group's records; `done` holds those of its first events already
+  // encoded (the input's, by CheckSubmittable).
+  Result<EncodedGroup> EncodeGroup(std::int64_t wall_time_ms, const std::vector<FleetEvent>& group,
+                                   EncodedGroup done = {}) const;
   Ticket StageGroup(const std::string& key, const Hash& digest,
                     const std::vector<FleetEvent>& group, const EncodedGroup& encoded);
   void StageRecord(std::uint64_t seq, const Event& event, const std::string& bytes);
@@ -1206,14 +1211,15 @@ Status RocksJournal::CheckDecisions(const std::vector<FleetEvent>& group) const 
 }
 
 // Encodes before anything changes, so that a refusal (a record over the bound) changes nothing.
-Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(
-    std::int64_t wall_time_ms, const std::vector<FleetEvent>& group) const {
+Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(std::int64_t wall_time_ms,
+                                                             const std::vector<FleetEvent>& group,
+                                                             EncodedGroup out) const {
+  RC_CHECK(out.records.size() == out.hashes.size() && out.records.size() <= group.size());
   const std::uint64_t first_seq = head_seq_ + 1;
-  EncodedGroup out;
   out.records.reserve(group.size());
   out.hashes.reserve(group.size());
-  Hash prev = head_hash_;
-  for (std::size_t i = 0; i < group.size(); ++i) {
+  Hash prev = out.hashes.empty() ? head_hash_ : out.hashes.back();
+  for (std::size_t i = out.records.size(); i < group.size(); ++i) {
     Record r;
     r.seq = first_seq + i;
     r.wall_time_ms = wall_time_ms;
@@ -1366,33 +1372,47 @@ Result<Journal::FleetSubmitted> RocksJournal::SubmitFleet(const FleetEvent& inpu
   AppendRequest request;
   request.client_event_id = client_event_id;
   request.wall_time_ms = wall_time_ms;
-  RC_RETURN_IF_ERROR(CheckSubmittable(input, request));
-  return StepAndStage(input, request);
+  std::vector<FleetEvent> group{input};
+  Result<EncodedGroup> input_record = CheckSubmittable(group, request);
+  if (!input_record.ok()) return FoldRefusesFirst(input, input_record.status());
+  return StepAndStage(std::move(group), request, std::move(input_record.value()));
 }
 
 // What could refuse the input apart from the fold: the key's size, a full queue, a rollout id
-// used before (an input's only; decisions admit nothing), and the input's record over the bound
-// (encoded as it will be: the group's first record).
-Status RocksJournal::CheckSubmittable(const FleetEvent& input, const AppendRequest& request) {
+// used before (an input's only; decisions admit nothing), and the input's record over the bound.
+// Returns that record, encoded as the group's first.
+Result<RocksJournal::EncodedGroup> RocksJournal::CheckSubmittable(
+    const std::vector<FleetEvent>& group, const AppendRequest& request) {
+  RC_CHECK(group.size() == 1);  // the input alone
   if (request.client_event_id.size() > kIdBytesMax) {
     return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
                                    " bytes");
   }
   RC_RETURN_IF_ERROR(CheckQueueRoom());
-  RC_RETURN_IF_ERROR(CheckRolloutIdsUnused({input}));
-  return EncodeGroup(request.wall_time_ms, {input}).status();
+  if (std::holds_alternative<RolloutAdmitted>(group[0].event)) {
+    RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(group));
+  }
+  return EncodeGroup(request.wall_time_ms, group);
+}
+
+// The fold speaks first, as it did when it decided before these checks: an input it refuses is
+// answered with its reason (a caller tells a refusal from an unknown outcome by it), whatever
+// else would refuse it. Only on a refusal, so the copy fleet_decide makes is off the hot path.
+Status RocksJournal::FoldRefusesFirst(const FleetEvent& input, const Status& refused) const {
+  Result<std::vector<FleetEvent>> d = fleet_decide(fleet_, input);
+  return d.ok() ? refused : d.status();
 }
 
 // The fold takes the input in place (a refusal changes nothing). Its decisions are the fold's and
 // bounded, so their records encode: one that did not would leave memory ahead of the journal.
-Result<Journal::FleetSubmitted> RocksJournal::StepAndStage(const FleetEvent& input,
-                                                           const AppendRequest& request) {
-  Result<std::vector<FleetEvent>> d = fleet_step(fleet_, input);
+Result<Journal::FleetSubmitted> RocksJournal::StepAndStage(std::vector<FleetEvent> group,
+                                                           const AppendRequest& request,
+                                                           EncodedGroup input_record) {
+  Result<std::vector<FleetEvent>> d = fleet_step(fleet_, group[0]);
   if (!d.ok()) return d.status();
-  std::vector<FleetEvent> group{input};
   group.insert(group.end(), d->begin(), d->end());
   RC_CHECK(group.size() <= kGroupEventsMax);  // an input causes a handful of decisions
-  Result<EncodedGroup> encoded = EncodeGroup(request.wall_time_ms, group);
+  Result<EncodedGroup> encoded = EncodeGroup(request.wall_time_ms, group, std::move(input_record));
   if (!encoded.ok()) {
     std::fprintf(stderr, "rolloutcore: journal: a decision does not encode: %s\n",
                  encoded.status().ToString().c_str());

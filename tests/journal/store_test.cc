@@ -158,6 +158,37 @@ TEST(Store, SubmitJournalsDecisions) {
   EXPECT_EQ(rejected.status().code(), Code::kRejected);
 }
 
+// Proves the fold speaks first when the group-commit queue is full: an input the fold refuses is
+// answered Rejected (nothing was journaled, a caller may say so), one it would accept Busy, and
+// the journal is unchanged by both; catches a full queue turning a plain refusal into an unknown
+// outcome (which makes serve fail-stop).
+TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
+  TempDir dir;
+  auto j = OpenOk(dir.path());
+  Bootstrap(*j);
+  // Nobody waits, so nothing commits: each admission stays pending.
+  std::uint64_t n = 0;
+  while (true) {
+    Result<Journal::Submitted> s =
+        j->Submit(make_admission(j->state(), "r" + std::to_string(n)), 1);
+    if (!s.ok()) {
+      ASSERT_EQ(s.status().code(), Code::kBusy) << s.status().ToString();
+      break;
+    }
+    ASSERT_LT(++n, kPendingAppendsMax + 1);
+  }
+  EXPECT_EQ(n, kPendingAppendsMax);
+  const std::uint64_t head = j->head_seq();
+  Result<Journal::Submitted> refused =
+      j->Submit(BootstrapRequested{"rc-9", testing::SampleIdentity()}, 2);  // READY: refused
+  EXPECT_EQ(refused.status().code(), Code::kRejected) << refused.status().ToString();
+  Result<Journal::Submitted> busy =
+      j->Submit(UpdateRequested{"u1", "rc-1", testing::SampleIdentity(), "x"}, 3);
+  EXPECT_EQ(busy.status().code(), Code::kBusy) << busy.status().ToString();
+  EXPECT_EQ(j->head_seq(), head);
+  EXPECT_EQ(j->state().lifecycle, Lifecycle::kReady);
+}
+
 // Proves a second opener of a live journal gets Busy naming the LOCK file; catches two writers
 // interleaving seqs in one journal.
 TEST(Store, SecondOpenerIsBusy) {
