@@ -84,6 +84,7 @@ bool label_digest_recorded(const FleetState& f, const std::string& label,
 // when it is held to a digest, one a member recorded for that label.
 Status check_bootstrap(const FleetState& f, const BootstrapRequested& b) {
   RC_RETURN_IF_ERROR(check_fleet_label(f, b.label, b.identity));
+  RC_RETURN_IF_ERROR(check_digest("expected_digest", b.expected_digest, false));
   if (!b.expected_digest.empty() && !label_digest_recorded(f, b.label, b.expected_digest)) {
     return Status::Rejected("no engine of the fleet recorded digest " + b.expected_digest +
                             " for '" + b.label + "'");
@@ -309,13 +310,17 @@ Status apply_one(FleetState& f, const EngineRemovalRequested& r) {
   auto it = f.engines.find(r.engine);
   if (it == f.engines.end()) return Status::NotFound("no " + quoted(r.engine) + " in the fleet");
   if (f.leaving.count(r.engine) != 0) return Status::Conflict(quoted(r.engine) + " is leaving");
-  if (is_member_in_flight(f, r.engine)) {
-    return Status::Rejected(quoted(r.engine) + " belongs to fleet update '" +
+  MemberStatus* member = nullptr;
+  if (f.update && f.update->members.count(r.engine) != 0) member = &f.update->members[r.engine];
+  if (member != nullptr && *member == MemberStatus::kUpdating) {
+    return Status::Rejected(quoted(r.engine) + " is updating in fleet update '" +
                             f.update->request.update_id + "'");
   }
   if (it->second.update.has_value()) {
     return Status::Rejected(quoted(r.engine) + " is in an update; remove it once that ends");
   }
+  // A member not started yet is skipped: the fleet update goes on without it.
+  if (member != nullptr && *member == MemberStatus::kPending) *member = MemberStatus::kSkipped;
   f.leaving.insert(r.engine);
   return Status::OK();
 }
@@ -464,9 +469,27 @@ void settle_removals(const FleetState& after, std::vector<FleetEvent>& out) {
   }
 }
 
+void settle_update(const FleetState& after, std::vector<FleetEvent>& out);
+
 // The fleet decisions that follow once `after` holds an input and its per-engine consequences.
 void settle(const FleetState& after, std::vector<FleetEvent>& out) {
   settle_removals(after, out);
+  settle_update(after, out);
+}
+
+// settle() after an input of `engine` alone: only that engine can have become idle while leaving.
+void settle_engine(const FleetState& after, const std::string& engine,
+                   std::vector<FleetEvent>& out) {
+  const auto it = after.engines.find(engine);
+  if (after.leaving.count(engine) != 0 && it != after.engines.end() && it->second.active.empty() &&
+      !it->second.update) {
+    out.push_back(FleetEvent{"", EngineRemoved{engine}});
+  }
+  settle_update(after, out);
+}
+
+// A fleet update that every member ended, or too few can take, ends.
+void settle_update(const FleetState& after, std::vector<FleetEvent>& out) {
   if (!after.update) return;
   const FleetUpdate& u = *after.update;
   if (refused_whole(u)) {
@@ -594,7 +617,7 @@ Result<std::vector<FleetEvent>> fold_engine_input(FleetState& f, const FleetEven
     out.push_back(FleetEvent{input.engine, std::move(d)});
   }
   const std::size_t own_count = out.size();
-  settle(f, out);
+  settle_engine(f, input.engine, out);
   for (std::size_t i = own_count; i < out.size(); ++i) RC_CHECK(fleet_apply(f, out[i]).ok());
   return out;
 }

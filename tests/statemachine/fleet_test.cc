@@ -276,6 +276,23 @@ TEST(Fleet, RemovalDrainsTheEngineFirst) {
   EXPECT_EQ(d.refold(), d.f);
 }
 
+// Removing a member a rolling update has not started skips it (the update ends without it, and
+// it leaves), while a member updating cannot be removed; catches a removal that waits forever on a
+// dead pending member, or one that cuts an update short.
+TEST(Fleet, RemovingAPendingMemberSkipsIt) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1", 1);
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  EXPECT_EQ(d.rejected(FleetEvent{"", EngineRemovalRequested{"a"}}).code(), Code::kRejected);
+  d.ok(FleetEvent{"", EngineRemovalRequested{"b"}});
+  EXPECT_EQ(d.f.update->members.at("b"), MemberStatus::kSkipped);
+  EXPECT_EQ(d.f.engines.count("b"), 0u) << "idle: it left in the removal's group";
+  d.run_update("a");
+  EXPECT_FALSE(d.f.update.has_value()) << "the update ended without its skipped member";
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // A rollout id is active on one engine at a time; catches two engines bound under one id (the
 // audit could not tell whose trajectory it holds).
 TEST(Fleet, ARolloutIdIsActiveOnOneEngine) {
