@@ -96,6 +96,7 @@ void Service::HandleFleetState(const ApiRequest& req, HttpResponse& res) {
           m == fleet_members_.end() ? 0 : m->second->outstanding.load();
       engines[name] = MemberJson(f, name, s, outstanding);
       engines[name]["configured"] = m != fleet_members_.end();
+      engines[name]["retiring"] = m != fleet_members_.end() && m->second->retire;
     }
     const std::optional<std::uint64_t> newest = newest_held_generation(f);
     j = {{"engines", std::move(engines)},
@@ -240,7 +241,9 @@ void Service::HandleFleetReadyz(const ApiRequest&, HttpResponse& res) {
   const std::string why = FleetNotReadyReason();
   std::size_t admitting = 0;
   journal_->ReadFleetState([&](const FleetState& f) {
-    for (const auto& [name, m] : fleet_members_) admitting += fleet_admits(f, name) ? 1 : 0;
+    for (const auto& [name, m] : fleet_members_) {
+      admitting += !m->retire && fleet_admits(f, name) ? 1 : 0;
+    }
   });
   json j = {{"ready", why.empty()},
             {"engines_admitting", admitting},

@@ -26,11 +26,15 @@ namespace {
 
 using namespace internal;  // NOLINT: the service's own helpers
 
+constexpr int kJoinDigestAttempts = 3;
+constexpr int kJoinDigestRetryMs = 1000;
+
 // A member's weights at a label: its layout (tensor names, in order, and bytes digested) and
 // the combined digest it recorded. Digests of one model differ by layout (a TP=2 worker digests
 // its shard), so a joining engine is held to the digest of a member with its own layout.
 struct MemberWeights {
   std::string engine;
+  std::string algorithm;
   std::vector<std::string> tensor_names;
   std::uint64_t bytes = 0;
   std::string combined;
@@ -45,7 +49,7 @@ struct NewestLabel {
 };
 
 MemberWeights WeightsOf(const std::string& engine, const WeightDigest& d) {
-  MemberWeights w{engine, {}, d.bytes, d.combined};
+  MemberWeights w{engine, d.algorithm, {}, d.bytes, d.combined};
   w.tensor_names.reserve(d.tensors.size());
   for (const TensorDigest& t : d.tensors) w.tensor_names.push_back(t.name);
   return w;
@@ -77,7 +81,8 @@ std::optional<NewestLabel> FleetNewestLabel(const FleetState& f) {
 const MemberWeights* SameLayout(const WeightDigest& d, const std::vector<MemberWeights>& members) {
   for (const MemberWeights& m : members) {
     const bool same =
-        m.bytes == d.bytes && m.tensor_names.size() == d.tensors.size() &&
+        m.algorithm == d.algorithm && m.bytes == d.bytes &&
+        m.tensor_names.size() == d.tensors.size() &&
         std::equal(m.tensor_names.begin(), m.tensor_names.end(), d.tensors.begin(),
                    [](const std::string& n, const TensorDigest& t) { return n == t.name; });
     if (same) return &m;
@@ -104,7 +109,7 @@ bool FleetQuarantined(const FleetState& f,
                       const std::map<std::string, std::unique_ptr<FleetMember>>& members) {
   return std::all_of(members.begin(), members.end(), [&f](const auto& m) {
     const auto it = f.engines.find(m.first);
-    return it == f.engines.end() || f.leaving.count(m.first) != 0 ||
+    return m.second->retire || it == f.engines.end() || f.leaving.count(m.first) != 0 ||
            it->second.lifecycle == Lifecycle::kTainted;
   });
 }
@@ -117,12 +122,19 @@ Result<std::string> JoinDigest(effects::EngineClient& client, const std::string&
                                const std::string& label,
                                const std::vector<MemberWeights>& members) {
   if (members.empty()) return std::string();
-  const WeightDigest d = effects::ReadWeightDigest(client);
+  WeightDigest d = effects::ReadWeightDigest(client);
+  // A busy engine may time out or fail a read: asked again before it is judged.
+  for (int attempt = 1; !d.present() && attempt < kJoinDigestAttempts; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kJoinDigestRetryMs));
+    d = effects::ReadWeightDigest(client);
+  }
   if (!d.present()) {
     return Status::Rejected(
-        "engine '" + engine + "' computes no weight digest (" + Esc(d.error) +
-        "), but the fleet's engines at '" + label + "' hold one (" + members.front().engine +
-        "): its weights cannot be verified; load the weight-digest extension on it");
+        "engine '" + engine + "' gave no weight digest in " + std::to_string(kJoinDigestAttempts) +
+        " attempts (last: " + Esc(d.error) + "), but the fleet's engines at '" + label +
+        "' hold one (" + members.front().engine +
+        "): its weights cannot be verified; if it computes none, load the weight-digest "
+        "extension on it");
   }
   const MemberWeights* peer = SameLayout(d, members);
   if (peer == nullptr) {
@@ -380,33 +392,43 @@ Status Service::StartFleet() {
       return Status(pool.status().code(), "engine '" + name + "': " + pool.status().message());
     m->upstream = std::move(pool.value());
   }
+  RC_RETURN_IF_ERROR(RetireMembers(false));
   RC_RETURN_IF_ERROR(Listen());
   RC_RETURN_IF_ERROR(FinishInterruptedFleetUpdate());
-  return RetireMembers();
+  return RetireMembers(true);
 }
 
-// Each retiring engine the fleet still holds is asked to leave, once the fleet update a restart
-// found open has ended (a member of it cannot leave before): it admits nothing from now on, and
-// the fold removes it once it holds no rollouts (the recovery abandoned those of the last run).
-Status Service::RetireMembers() {
-  std::vector<std::string> staying_in_journal;
+// Each retiring engine the fleet still holds is asked to leave before the proxy listens: a member
+// of a fleet update the restart found open is skipped by it if it had not started. One the fold
+// cannot let leave yet (its own plan did not end, or it is updating in that fleet update) is asked
+// again once that update ended; if it still cannot, serve runs without it (never picked, no
+// monitor) and the log says why. The fold removes a leaving engine once it holds no rollouts (the
+// recovery abandoned those of the last run). Only the journal failing stops the start.
+Status Service::RetireMembers(bool last_try) {
+  std::vector<std::string> held;
   journal_->ReadFleetState([&](const FleetState& f) {
     for (const auto& [name, m] : fleet_members_) {
       if (m->retire && f.engines.count(name) != 0 && f.leaving.count(name) == 0) {
-        staying_in_journal.push_back(name);
+        held.push_back(name);
       }
     }
   });
   std::lock_guard<std::timed_mutex> lock(update_mu_);
-  for (const std::string& name : staying_in_journal) {
-    if (Status st = fleet_runner_->Remove(name); !st.ok()) {
+  for (const std::string& name : held) {
+    const Status st = fleet_runner_->Remove(name);
+    if (IsJournalFailure(st)) {
       return Status(st.code(), "retiring engine '" + name + "': " + st.message());
     }
-    spdlog::warn("serve: engine {} retires: it is leaving the fleet", Esc(name));
-  }
-  for (const auto& [name, m] : fleet_members_) {
-    if (m->retire)
-      spdlog::info("serve: engine {} retires; drop it from `engines` once it left", Esc(name));
+    if (st.ok()) {
+      spdlog::warn(
+          "serve: engine {} retires: it is leaving the fleet; drop it from `engines` once it left",
+          Esc(name));
+    } else if (last_try) {
+      spdlog::error(
+          "serve: engine {} retires but cannot leave yet: {}; it gets no traffic, and a later "
+          "start retires it once its plan ended",
+          Esc(name), Esc(st.message()));
+    }
   }
   return Status::OK();
 }
@@ -491,7 +513,7 @@ std::optional<std::string> Service::PickFleetEngine(const FleetState& fleet,
   std::vector<EngineLoad> loads;
   for (const std::string& name : admitting_engines(fleet)) {
     const auto it = fleet_members_.find(name);
-    if (it == fleet_members_.end()) continue;
+    if (it == fleet_members_.end() || it->second->retire) continue;
     loads.push_back({name, fleet_generation(fleet, name).value_or(0),
                      it->second->outstanding.load(std::memory_order_relaxed)});
   }
@@ -526,12 +548,15 @@ std::string Service::PassThroughEngine() {
   if (!is_fleet()) return "";
   std::optional<std::string> engine;
   journal_->ReadFleetState([&](const FleetState& f) { engine = PickFleetEngine(f, std::nullopt); });
-  if (engine) return *engine;
-  for (const auto& [name, m] : fleet_members_) {
-    if (!m->retire) return name;
+  return engine ? *engine : StayingMember().name;
+}
+
+FleetMember& Service::StayingMember() {
+  for (auto& [name, m] : fleet_members_) {
+    if (!m->retire) return *m;
   }
   RC_CHECK(false);  // ValidateConfig: at least one engine stays
-  return "";
+  return *fleet_members_.begin()->second;
 }
 
 std::string Service::FleetNotReadyReason() const {
@@ -539,8 +564,9 @@ std::string Service::FleetNotReadyReason() const {
   if (shutting_down_.load()) return "shutting down";
   std::string why;
   journal_->ReadFleetState([&](const FleetState& f) {
-    const bool any = std::any_of(fleet_members_.begin(), fleet_members_.end(),
-                                 [&f](const auto& m) { return fleet_admits(f, m.first); });
+    const bool any = std::any_of(fleet_members_.begin(), fleet_members_.end(), [&f](const auto& m) {
+      return !m.second->retire && fleet_admits(f, m.first);
+    });
     if (!any) why = FleetBlockReason(f, fleet_members_);
   });
   return why;

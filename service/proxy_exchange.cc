@@ -27,17 +27,46 @@ namespace {
 
 constexpr const char* kRolloutIdHeader = "X-RolloutCore-Rollout-Id";
 
-// One element of a prompt as affinity text: a string or a chat message's role and text content
-// as they are, anything else as its JSON.
-void AppendPromptElement(const json& e, std::string& out) {
+// A chat message's content as affinity text: a string as it is, or the text of each text part
+// (an image part adds nothing: its bytes would cost a dump and say nothing of the prefix).
+void AppendContent(const json& content, std::string& out) {
+  if (content.is_string()) {
+    out += content.get_ref<const std::string&>();
+    return;
+  }
+  if (!content.is_array()) return;
+  for (const json& part : content) {
+    if (!part.is_object()) continue;
+    const auto text = part.find("text");
+    if (text != part.end() && text->is_string()) out += text->get_ref<const std::string&>();
+  }
+}
+
+// A batch's prompt of token ids as affinity text: its scalars, comma-separated, up to `bytes`.
+void AppendScalars(const json& list, std::size_t bytes, std::string& out) {
+  for (const json& x : list) {
+    if (out.size() >= bytes) return;
+    if (x.is_primitive()) out += x.dump();
+    out += ',';
+  }
+}
+
+// One element of a prompt as affinity text, then a newline: a string as it is, a chat message as
+// role ':' content, a token id (or any other scalar) as its JSON, a list of token ids as its ids.
+// Nothing is dumped whole.
+void AppendPromptElement(const json& e, std::size_t bytes, std::string& out) {
   if (e.is_string()) {
     out += e.get_ref<const std::string&>();
-  } else if (e.is_object() && e.value("content", json()).is_string()) {
-    out += e.value("role", json()).is_string() ? e["role"].get_ref<const std::string&>() : "";
+  } else if (e.is_object()) {
+    const auto role = e.find("role");
+    if (role != e.end() && role->is_string()) out += role->get_ref<const std::string&>();
     out += ':';
-    out += e["content"].get_ref<const std::string&>();
-  } else {
-    out += DumpSafe(e);
+    const auto content = e.find("content");
+    if (content != e.end()) AppendContent(*content, out);
+  } else if (e.is_primitive()) {
+    out += e.dump();
+  } else if (e.is_array()) {
+    AppendScalars(e, bytes, out);
   }
   out += '\n';
 }
@@ -47,11 +76,11 @@ void AppendPromptElement(const json& e, std::string& out) {
 std::string PromptPrefix(const json& prompt, std::size_t bytes) {
   std::string out;
   if (!prompt.is_array()) {
-    AppendPromptElement(prompt, out);
+    AppendPromptElement(prompt, bytes, out);
   } else {
     for (const json& e : prompt) {
       if (out.size() >= bytes) break;
-      AppendPromptElement(e, out);
+      AppendPromptElement(e, bytes, out);
     }
   }
   if (out.size() > bytes) out.resize(bytes);

@@ -380,7 +380,8 @@ class Service {
   [[nodiscard]] Status BootstrapFleetMembers();
   std::vector<std::string> UninitializedMembers() const;
   [[nodiscard]] Status OpenRetiringMember(FleetMember& m);
-  [[nodiscard]] Status RetireMembers();
+  [[nodiscard]] Status RetireMembers(bool last_try);
+  FleetMember& StayingMember();  // the first configured engine that does not retire
   [[nodiscard]] Status BootstrapFleetMember(const std::string& engine, const std::string& label,
                                             const WeightIdentity& identity,
                                             const std::string& expected_digest);

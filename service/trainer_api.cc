@@ -595,8 +595,7 @@ void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {
     return;
   }
   // A preflight sends nothing to the engine; here it only computes the source's manifest.
-  effects::WeightTransfer& transfer =
-      is_fleet() ? *fleet_members_.begin()->second->transfer : *transfer_;
+  effects::WeightTransfer& transfer = is_fleet() ? *StayingMember().transfer : *transfer_;
   PreflightObserved p = transfer.Preflight(effects::TransferTarget{"manifest", {}, {}, source});
   if (p.source_manifest_digest.empty()) {
     spdlog::warn("serve: /v1/manifest: no manifest for {}: {}", Esc(source), Esc(p.detail));
