@@ -84,7 +84,11 @@ Status FleetRunner::Recover() {
   std::vector<std::thread> threads;
   std::size_t i = 0;
   for (auto& [engine, r] : runners_) {
-    threads.emplace_back([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); });
+    if (options_.members_inline) {
+      recovered[i] = r->Recover();
+    } else {
+      threads.emplace_back([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); });
+    }
     ++i;
   }
   for (std::thread& t : threads) t.join();
@@ -151,11 +155,16 @@ void FleetRunner::StartMembers(const Plan& plan, Members& members,
     auto member = std::make_unique<Member>();
     Member* m = member.get();
     const std::string id = plan.member_request.update_id;
-    m->thread = std::thread([m, r, id] {
+    auto drive = [m, r, id] {
       Result<UpdateEnded> ended = r->FinishUpdate(id);
       if (!ended.ok()) m->finished = ended.status();
       m->done.store(true);
-    });
+    };
+    if (options_.members_inline) {
+      drive();
+    } else {
+      m->thread = std::thread(drive);
+    }
     members.emplace(engine, std::move(member));
   }
 }
@@ -246,7 +255,10 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
       stopped = journal_.failure();
       break;
     }
+    const std::size_t started_before = members.size();
     StartMembers(plan, members, refused);
+    // A member started this look is progress, even one already ended (members_inline).
+    if (members.size() > started_before) progress.blocked_since_ms = -1;
     // Every member started (an `all` update at once): nothing is left to start, so the members'
     // ends are awaited rather than polled for.
     const bool all_started = plan.pending == plan.next.size() && AnyRunning(members);

@@ -36,6 +36,10 @@ struct FleetRunnerOptions {
   // members may start on a copy of the fleet (O(its rollouts)) under the journal's lock, so it
   // is not a busy poll: a rolling batch starts within this of the previous one's end.
   std::uint32_t poll_ms = 20;
+  // Each started member (and each runner's recovery) is driven to its end on the calling thread
+  // before the next starts: one legal schedule of the threaded default, for a single-threaded
+  // simulator whose clock and engines only move while that thread waits on the clock.
+  bool members_inline = false;
 };
 
 // The journal idempotency key of a fleet update request.

@@ -5,6 +5,7 @@
 //   rolloutcore-sim --seeds A:B [--cycles C]                 seeds A..B-1, stops at the first
 //   failure
 //   --colocated N: one cycle in N (that starts READY) sleeps first; 0: no colocated cycles
+//   --fleet N: a fleet of N engines (1..16), one fleet update per cycle
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,7 @@ struct Args {
   bool verbose = false;
   bool monitor_during_recovery = true;
   std::uint32_t colocated_one_in = rc::sim::SimOptions{}.colocated_one_in;
+  std::uint32_t fleet_engines = 0;
 };
 
 bool Parse(int argc, char** argv, Args& a) {
@@ -61,6 +63,10 @@ bool Parse(int argc, char** argv, Args& a) {
       ++i;
     } else if (arg == "--colocated" && next) {
       a.colocated_one_in = static_cast<std::uint32_t>(std::strtoul(next, nullptr, 10));
+      ++i;
+    } else if (arg == "--fleet" && next) {
+      a.fleet_engines = static_cast<std::uint32_t>(std::strtoul(next, nullptr, 10));
+      if (a.fleet_engines < 1 || a.fleet_engines > 16) return false;
       ++i;
     } else if (arg == "--monitor-during-recovery") {
       a.monitor_during_recovery = true;
@@ -110,7 +116,7 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, args)) {
     std::fprintf(stderr,
                  "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
-                 "[--cycles C] [--colocated N] [--no-shrink] [--quiet] [--verbose] "
+                 "[--cycles C] [--colocated N] [--fleet N] [--no-shrink] [--quiet] [--verbose] "
                  "[--no-monitor-during-recovery]\n");
     return 2;
   }
@@ -123,6 +129,7 @@ int main(int argc, char** argv) {
     o.monitor_during_recovery = args.monitor_during_recovery;
     o.colocated_one_in = args.colocated_one_in;
     o.verbose = args.verbose;
+    o.fleet_engines = args.fleet_engines;
     rc::sim::FaultPlan plan = rc::sim::PlanForSeed(seed, o.cycles);
     if (args.explicit_faults) {
       auto parsed = rc::sim::ParsePlan(args.faults);
@@ -133,7 +140,7 @@ int main(int argc, char** argv) {
       plan = *parsed;
     }
     std::snprintf(g_replay, sizeof(g_replay), "%s", rc::sim::ReplayCommand(o, plan).c_str());
-    rc::sim::SimResult r = rc::sim::Run(o, plan);
+    rc::sim::SimResult r = o.fleet_engines > 0 ? rc::sim::RunFleet(o, plan) : rc::sim::Run(o, plan);
     total.Add(r.stats);
     if (!args.quiet)
       std::printf("seed %lu: %s head %s\n", seed, r.violations.empty() ? "ok" : "FAILED",

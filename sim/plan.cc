@@ -158,6 +158,7 @@ std::vector<std::string> ReplayArgs(const SimOptions& o, const FaultPlan& plan) 
   if (o.colocated_one_in != SimOptions{}.colocated_one_in) {
     args.insert(args.end(), {"--colocated", std::to_string(o.colocated_one_in)});
   }
+  if (o.fleet_engines > 0) args.insert(args.end(), {"--fleet", std::to_string(o.fleet_engines)});
   args.insert(args.end(), {"--faults", FormatPlan(plan)});
   return args;
 }

@@ -76,6 +76,8 @@ struct SimOptions {
   // Colocated mode: one cycle in `colocated_one_in` that starts READY puts the engine to sleep
   // first, then wakes it or updates it from sleep (0: never, every cycle is a plain update).
   std::uint32_t colocated_one_in = 3;
+  // A fleet of this many engines (RunFleet; 0: one engine, Run). Each cycle is one fleet update.
+  std::uint32_t fleet_engines = 0;
 };
 
 // What the colocated cycles did (sleep, the asleep interval, the plan from sleep).
@@ -113,6 +115,8 @@ struct SimResult {
 // Runs one seed with the given fault plan. Never throws; an invariant violated inside the fold
 // aborts the process (assertions stay on), which the caller reports with the replay command.
 SimResult Run(const SimOptions& options, const FaultPlan& plan);
+// The same for a fleet (options.fleet_engines > 0; sim/fleet_world.cc).
+SimResult RunFleet(const SimOptions& options, const FaultPlan& plan);
 
 // The command that replays a run exactly, and its arguments (without the program name).
 std::string ReplayCommand(const SimOptions& options, const FaultPlan& plan);
