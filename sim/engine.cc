@@ -216,6 +216,38 @@ HttpEvidence SimControl::Health() {
   return e_.truth().alive ? Ok() : Failed(Transport::kConnectFailed, 0, "connection refused");
 }
 
+bool ArmCallFault(const Fault& f, CycleFaults& cf) {
+  switch (f.kind) {
+    case FaultKind::kHttp5xx:
+    case FaultKind::kHttpTimeout:
+    case FaultKind::kHttpDrop:
+    case FaultKind::kHttpRefused:
+    case FaultKind::kHttpGarbage:
+      cf.by_call[f.a % 14] = f;
+      return true;
+    case FaultKind::kSuccessFalse:
+      cf.success_false_left = 1 + f.b % 3;
+      return true;
+    case FaultKind::kDelay:
+      cf.delay_ms = f.b % 40;
+      return true;
+    case FaultKind::kEngineDeath:
+      cf.death = f;
+      return true;
+    case FaultKind::kPreflightRefuse:
+      cf.preflight = f;
+      return true;
+    case FaultKind::kTransferFail:
+      cf.transfer = f;
+      return true;
+    case FaultKind::kSilentLoss:
+      cf.silent_loss = true;
+      return true;
+    default:
+      return false;
+  }
+}
+
 WeightDigest SimDigest(const std::string& weights) {
   WeightDigest d;
   d.algorithm = "sim";

@@ -156,6 +156,11 @@ struct CycleFaults {
   std::uint32_t calls = 0;
 };
 
+// Arms, for this cycle, a fault that acts through the engine's calls: an HTTP fault, {"success":
+// false}, a delay, a death, a refused preflight, a failed transfer, a silent loss. False for any
+// other kind, which its world arms itself.
+bool ArmCallFault(const Fault& f, CycleFaults& cf);
+
 // The weight digest the engine's worker extension would compute over `weights` (and what a
 // trainer digesting the same checkpoint in the engine's layout computes).
 WeightDigest SimDigest(const std::string& weights);

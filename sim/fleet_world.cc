@@ -252,34 +252,9 @@ void FleetWorld::Arm(const Fault& seed_fault, std::vector<std::uint32_t>& durati
   FleetMember& m = *members_[seed_fault.a % n];
   Fault f = seed_fault;
   f.a = seed_fault.a / n;
-  CycleFaults& cf = m.ctl.faults();
   result_.stats.faults++;
+  if (ArmCallFault(f, m.ctl.faults())) return;
   switch (f.kind) {
-    case FaultKind::kHttp5xx:
-    case FaultKind::kHttpTimeout:
-    case FaultKind::kHttpDrop:
-    case FaultKind::kHttpRefused:
-    case FaultKind::kHttpGarbage:
-      cf.by_call[f.a % 14] = f;
-      break;
-    case FaultKind::kSuccessFalse:
-      cf.success_false_left = 1 + f.b % 3;
-      break;
-    case FaultKind::kDelay:
-      cf.delay_ms = f.b % 40;
-      break;
-    case FaultKind::kEngineDeath:
-      cf.death = f;
-      break;
-    case FaultKind::kPreflightRefuse:
-      cf.preflight = f;
-      break;
-    case FaultKind::kTransferFail:
-      cf.transfer = f;
-      break;
-    case FaultKind::kSilentLoss:
-      cf.silent_loss = true;
-      break;
     case FaultKind::kEngineRestartReady:
       // A restart behind the fleet's back: back with its initial weights 50 ms later.
       sched_.After(std::int64_t{f.b % 500} * 1000, [&m] {

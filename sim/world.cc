@@ -542,24 +542,8 @@ void World::ClientFinish(const std::string& id, RolloutOutcome outcome) {
 
 void World::Arm(const Fault& f, std::vector<Client>& spawn) {
   result_.stats.faults++;
-  CycleFaults& cf = ctl_.faults();
+  if (ArmCallFault(f, ctl_.faults())) return;
   switch (f.kind) {
-    case FaultKind::kHttp5xx:
-    case FaultKind::kHttpTimeout:
-    case FaultKind::kHttpDrop:
-    case FaultKind::kHttpRefused:
-    case FaultKind::kHttpGarbage:
-      cf.by_call[f.a % 14] = f;
-      break;
-    case FaultKind::kSuccessFalse:
-      cf.success_false_left = 1 + f.b % 3;
-      break;
-    case FaultKind::kDelay:
-      cf.delay_ms = f.b % 40;
-      break;
-    case FaultKind::kEngineDeath:
-      cf.death = f;
-      break;
     case FaultKind::kEngineRestartReady:
       restart_engine_ready_ = true;
       break;
@@ -587,12 +571,6 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
     case FaultKind::kClockJump:
       clock_.Jump((f.b % 2 ? 1 : -1) * std::int64_t{f.b % 3600} * 1000);
       break;
-    case FaultKind::kPreflightRefuse:
-      cf.preflight = f;
-      break;
-    case FaultKind::kTransferFail:
-      cf.transfer = f;
-      break;
     case FaultKind::kDisconnect:
       if (!spawn.empty()) spawn[f.a % spawn.size()].disconnect = true;
       break;
@@ -602,9 +580,6 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
         c.lease_ms = kLeaseMs;
         c.vanish = true;
       }
-      break;
-    case FaultKind::kSilentLoss:
-      cf.silent_loss = true;
       break;
     case FaultKind::kExternalUpdate:
       sched_.After(std::int64_t{f.b % 60} * 1000, [this] { ExternalUpdate(50); });
@@ -618,7 +593,7 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
     case FaultKind::kExternalWake:
       external_wake_ = f;
       break;
-    case FaultKind::kCount:
+    default:  // ArmCallFault's, and kCount
       break;
   }
 }
