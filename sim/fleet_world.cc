@@ -8,8 +8,10 @@
 // engine's own truth); each publish was validated on the target's weights, every cache reset,
 // paused; at the end of each world, the journal against check_fleet_history (the fold's rules:
 // staleness bound, quarantine, one generation per rollout) and replay re-deriving every decision.
+#include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
