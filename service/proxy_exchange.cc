@@ -46,7 +46,7 @@ void AppendContent(const json& content, std::string& out) {
 void AppendScalars(const json& list, std::size_t bytes, std::string& out) {
   for (const json& x : list) {
     if (out.size() >= bytes) return;
-    if (x.is_primitive()) out += x.dump();
+    if (x.is_primitive()) out += DumpSafe(x);
     out += ',';
   }
 }
@@ -64,7 +64,7 @@ void AppendPromptElement(const json& e, std::size_t bytes, std::string& out) {
     const auto content = e.find("content");
     if (content != e.end()) AppendContent(*content, out);
   } else if (e.is_primitive()) {
-    out += e.dump();
+    out += DumpSafe(e);
   } else if (e.is_array()) {
     AppendScalars(e, bytes, out);
   }
