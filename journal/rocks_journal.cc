@@ -605,6 +605,7 @@ class RocksJournal final : public Journal {
   Result<Ticket> DuplicateTicket(const std::string& key, const IdemEntry& entry, const Hash& digest,
                                  std::vector<FleetEvent>* original_decisions);
   Status CheckDecisions(const std::vector<FleetEvent>& group) const;
+  static Status CheckKeySize(const std::string& key);
   Status CheckQueueRoom() const;
   void FoldGroup(const std::vector<FleetEvent>& group);
   // SubmitFleet's steps once the input is new: every check that can refuse it, then the fold in
@@ -1134,10 +1135,7 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
     return Status::InvalidArgument("group of " + std::to_string(group.size()) + " events exceeds " +
                                    std::to_string(kGroupEventsMax));
   }
-  if (request.client_event_id.size() > kIdBytesMax) {
-    return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
-                                   " bytes");
-  }
+  RC_RETURN_IF_ERROR(CheckKeySize(request.client_event_id));
   // Idempotency first: a retried group answers with its original seqs even if the head moved.
   Hash digest{};
   if (!request.client_event_id.empty()) {
@@ -1240,6 +1238,12 @@ Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(std::int64_t wall_t
 }
 
 // Folds the accepted group and puts it into the open batch.
+Status RocksJournal::CheckKeySize(const std::string& key) {
+  if (key.size() <= kIdBytesMax) return Status::OK();
+  return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
+                                 " bytes");
+}
+
 Status RocksJournal::CheckQueueRoom() const {
   if (pending_groups_ < kPendingAppendsMax) return Status::OK();
   return Status::Busy("group-commit queue full (" + std::to_string(kPendingAppendsMax) +
@@ -1384,10 +1388,7 @@ Result<Journal::FleetSubmitted> RocksJournal::SubmitFleet(const FleetEvent& inpu
 Result<RocksJournal::EncodedGroup> RocksJournal::CheckSubmittable(
     const std::vector<FleetEvent>& group, const AppendRequest& request) {
   RC_CHECK(group.size() == 1);  // the input alone
-  if (request.client_event_id.size() > kIdBytesMax) {
-    return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
-                                   " bytes");
-  }
+  RC_RETURN_IF_ERROR(CheckKeySize(request.client_event_id));
   RC_RETURN_IF_ERROR(CheckQueueRoom());
   if (std::holds_alternative<RolloutAdmitted>(group[0].event)) {
     RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(group));
