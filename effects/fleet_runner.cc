@@ -268,12 +268,15 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
   }
   members.clear();  // joins: each member's own update ends by its own deadlines
   RC_RETURN_IF_ERROR(stopped);
+  // The fold closed the update in some group that may still be committing (a member's, the
+  // monitor's, a cancel's): the end is reported only once it is durable.
+  RC_RETURN_IF_ERROR(journal_.WaitForHead());
   return FindEnd(submitted->ticket.result.first_seq, id);
 }
 
 // The fold decided the end in some member's group (or in the request's own, when refused as a
-// whole, or in a cancel's): as a submit returned it, or else (an end decided before a restart)
-// read back from the journal, where it is the truth.
+// whole, or in a cancel's, or in the monitor's): as a submit returned it, or else read back from
+// the journal, where it is the truth. Everything up to the head is durable by now.
 Result<FleetUpdateEnded> FleetRunner::FindEnd(std::uint64_t from_seq,
                                               const std::string& update_id) {
   std::optional<FleetUpdateEnded> end = NotedEnd(update_id);

@@ -47,9 +47,13 @@ using Hash = std::array<std::uint8_t, 32>;  // SHA-256
 // Parses 64 hex digits (upper or lower case) into a Hash; InvalidArgument otherwise.
 [[nodiscard]] Result<Hash> ParseHashHex(std::string_view hex);
 
-inline constexpr std::size_t kRecordBytesMax = 64 * 1024;   // larger records are refused
-inline constexpr std::size_t kGroupEventsMax = 1024;        // events in one Append
-inline constexpr std::size_t kPendingAppendsMax = 4096;     // group-commit queue bound
+inline constexpr std::size_t kRecordBytesMax = 64 * 1024;  // larger records are refused
+inline constexpr std::size_t kGroupEventsMax = 1024;       // events in one Append
+inline constexpr std::size_t kPendingAppendsMax = 4096;    // group-commit queue bound
+// Beyond kPendingAppendsMax, room kept for the executor's own inputs (intents, observations, the
+// monitor's, the fleet's): clients' bindings filling the queue never leave an effect performed
+// without its observation. A few per engine at most are pending at once.
+inline constexpr std::size_t kControlGroupsReserve = 1024;
 inline constexpr std::uint32_t kCommitWindowUsMax = 10000;  // Options::commit_window_us
 
 struct Record {
@@ -181,6 +185,9 @@ class Journal {
   // Blocks until the ticket's group is durable. If its commit failed, or was not durable within
   // commit_stall_timeout_ms (Timeout), returns the journal's failure; see fail-stop above.
   [[nodiscard]] virtual Status Wait(const Ticket& ticket) = 0;
+  // Blocks until every group enqueued so far (by any caller) is durable, as Wait does: what the
+  // fold shows now is then what the journal says.
+  [[nodiscard]] virtual Status WaitForHead() = 0;
   // Wait without blocking: `done` runs exactly once, with OK when the ticket's group is durable
   // or with the journal's failure, on the committer thread (or on the caller's, when that is
   // already decided; or on the thread that detects a stalled commit through failed()). `done`

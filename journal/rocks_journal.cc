@@ -527,6 +527,7 @@ class RocksJournal final : public Journal {
     return fleet_.named;
   }
   Status Wait(const Ticket& ticket) override;
+  Status WaitForHead() override;
   void WaitAsync(const Ticket& ticket, DurableFn done) override;
   Result<AppendResult> Append(const AppendRequest& request) override;
   bool failed() const override {
@@ -606,7 +607,7 @@ class RocksJournal final : public Journal {
                                  std::vector<FleetEvent>* original_decisions);
   Status CheckDecisions(const std::vector<FleetEvent>& group) const;
   static Status CheckKeySize(const std::string& key);
-  Status CheckQueueRoom() const;
+  Status CheckQueueRoom(const Event& input) const;
   void FoldGroup(const std::vector<FleetEvent>& group);
   // SubmitFleet's steps once the input is new: every check that can refuse it, then the fold in
   // place (fleet_step), then the records.
@@ -1150,7 +1151,7 @@ Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
     return Status::Conflict("expected head seq " + std::to_string(*request.expected_head_seq) +
                             " but the head is " + std::to_string(head_seq_));
   }
-  RC_RETURN_IF_ERROR(CheckQueueRoom());
+  RC_RETURN_IF_ERROR(CheckQueueRoom(group.front().event));
   RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(group));
   if (!decided) RC_RETURN_IF_ERROR(CheckDecisions(group));
   Result<EncodedGroup> encoded = EncodeGroup(request.wall_time_ms, group);
@@ -1244,10 +1245,11 @@ Status RocksJournal::CheckKeySize(const std::string& key) {
                                  " bytes");
 }
 
-Status RocksJournal::CheckQueueRoom() const {
-  if (pending_groups_ < kPendingAppendsMax) return Status::OK();
-  return Status::Busy("group-commit queue full (" + std::to_string(kPendingAppendsMax) +
-                      " groups pending)");
+Status RocksJournal::CheckQueueRoom(const Event& input) const {
+  const bool binding = family_of(input) == Family::kBinding;
+  const std::size_t room = kPendingAppendsMax + (binding ? 0 : kControlGroupsReserve);
+  if (pending_groups_ < room) return Status::OK();
+  return Status::Busy("group-commit queue full (" + std::to_string(room) + " groups pending)");
 }
 
 // fleet_decide already applied these to a copy, so they must apply.
@@ -1389,7 +1391,7 @@ Result<RocksJournal::EncodedGroup> RocksJournal::CheckSubmittable(
     const std::vector<FleetEvent>& group, const AppendRequest& request) {
   RC_CHECK(group.size() == 1);  // the input alone
   RC_RETURN_IF_ERROR(CheckKeySize(request.client_event_id));
-  RC_RETURN_IF_ERROR(CheckQueueRoom());
+  RC_RETURN_IF_ERROR(CheckQueueRoom(group[0].event));
   if (std::holds_alternative<RolloutAdmitted>(group[0].event)) {
     RC_RETURN_IF_ERROR(CheckRolloutIdsUnused(group));
   }
@@ -1533,6 +1535,16 @@ void RocksJournal::CheckStall() const {
       Status::Timeout("journal at " + path_ + " failed: a group commit was not durable within " +
                       std::to_string(options_.commit_stall_timeout_ms) +
                       " ms (fsync stalled); exit and recover from what is durable");
+}
+
+// Groups commit in batch order: the open batch (or the one being written) is the last to wait for.
+Status RocksJournal::WaitForHead() {
+  Ticket last;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    last.batch_id = open_groups_ > 0 ? open_batch_id_ : open_batch_id_ - 1;
+  }
+  return Wait(last);
 }
 
 Status RocksJournal::Wait(const Ticket& ticket) {

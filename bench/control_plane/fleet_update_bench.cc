@@ -139,6 +139,7 @@ class TimedJournal final : public rc::journal::Journal {
     if (ticket.batch_id > seen) batches_++;
     return st;
   }
+  rc::Status WaitForHead() override { return j_->WaitForHead(); }
   void WaitAsync(const rc::journal::Ticket& t, DurableFn done) override {
     j_->WaitAsync(t, std::move(done));
   }

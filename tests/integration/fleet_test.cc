@@ -353,6 +353,28 @@ TEST(FleetIntegration, RefusedBelowMinHealthyAndCancelledWhenBlocked) {
   f.Check();
 }
 
+// Proves a fleet update ended in another caller's group that nobody has made durable yet (here a
+// cancel submitted straight to the journal; in serve, the monitor's taint of the last pending
+// member) is reported once durable, with that end; catches an executor that sees the update
+// closed in the fold, finds no durable end, and answers "closed without its end" (which serve
+// treats as a journal failure and fail-stops on), or reports an end the journal may still lose.
+TEST(FleetIntegration, AnEndDecidedInAnotherGroupIsReportedOnceDurable) {
+  Fleet f(2, FleetConfigured{0, 2});
+  std::thread canceller([&f] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto s =
+        f.journal->SubmitFleet(FleetEvent{"", FleetUpdateCancelled{"u1", "by hand"}}, WallMs());
+    EXPECT_TRUE(s.ok()) << s.status().ToString();  // not waited for: nothing commits it yet
+  });
+  Result<FleetUpdateEnded> end =
+      f.runner->Update(Fleet::Request("u1", FleetUpdateMode::kRolling, 1));
+  canceller.join();
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(end->reason, "cancelled: by hand");
+  EXPECT_EQ(end->skipped, 2u);
+  f.Check();
+}
+
 // Proves an executor that died after journaling a fleet update and one member's own request
 // comes back without losing or repeating anything: the new executor recovers each runner (the
 // interrupted member's update is driven to its end), then the same request (same idempotency

@@ -159,9 +159,11 @@ TEST(Store, SubmitJournalsDecisions) {
 }
 
 // Proves the fold speaks first when the group-commit queue is full: an input the fold refuses is
-// answered Rejected (nothing was journaled, a caller may say so), one it would accept Busy, and
-// the journal is unchanged by both; catches a full queue turning a plain refusal into an unknown
-// outcome (which makes serve fail-stop).
+// answered Rejected (nothing was journaled, a caller may say so), a binding it would accept Busy,
+// and the journal is unchanged by both, while the executor's own input still finds room (the
+// reserve); catches a full queue turning a plain refusal into an unknown outcome (which makes
+// serve fail-stop), and clients' admissions crowding out an effect's intent or observation (an
+// effect performed without its observation goes TAINTED at the next recovery).
 TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
   TempDir dir;
   auto j = OpenOk(dir.path());
@@ -182,11 +184,15 @@ TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
   Result<Journal::Submitted> refused =
       j->Submit(BootstrapRequested{"rc-9", testing::SampleIdentity()}, 2);  // READY: refused
   EXPECT_EQ(refused.status().code(), Code::kRejected) << refused.status().ToString();
-  Result<Journal::Submitted> busy =
-      j->Submit(UpdateRequested{"u1", "rc-1", testing::SampleIdentity(), "x"}, 3);
+  Result<Journal::Submitted> busy = j->Submit(make_admission(j->state(), "late"), 3);
   EXPECT_EQ(busy.status().code(), Code::kBusy) << busy.status().ToString();
   EXPECT_EQ(j->head_seq(), head);
   EXPECT_EQ(j->state().lifecycle, Lifecycle::kReady);
+  Result<Journal::Submitted> control =
+      j->Submit(UpdateRequested{"u1", "rc-1", testing::SampleIdentity(), "x"}, 3);
+  ASSERT_TRUE(control.ok()) << control.status().ToString();
+  EXPECT_GT(j->head_seq(), head);
+  EXPECT_EQ(j->state().lifecycle, Lifecycle::kDraining);
 }
 
 // Proves a second opener of a live journal gets Busy naming the LOCK file; catches two writers
