@@ -203,8 +203,10 @@ class EngineWatch {
     h_.taint_update_id = engine_taint ? "" : plan_.second;
     // A plan's taint: no binding was active while the weights could change. An engine taint
     // while asleep opens the window like one in READY: the sleep drained the rollouts and admits
-    // none, but those that finished before it may have been served by the engine found now.
-    if (!engine_taint) return;
+    // none, but those that finished before it may have been served by the engine found now. So
+    // does another process answering a plan's resume: a drain that gave up left rollouts bound,
+    // and the process that replaced the verified one may have served them.
+    if (!engine_taint && c.from != Lifecycle::kResuming) return;
     SetWindow();
     CollectSuspects();
   }

@@ -110,10 +110,11 @@ Offset<fb::FleetConfigured> EncPolicy(FlatBufferBuilder& b, const FleetConfigure
 Encoded EncFleetUpdateEnded(FlatBufferBuilder& b, const FleetUpdateEnded& e) {
   auto update_id = b.CreateString(e.update_id);
   auto reason = OptString(b, e.reason);
-  return {fb::Payload::FleetUpdateEnded,
-          fb::CreateFleetUpdateEnded(b, update_id, static_cast<fb::FleetOutcome>(Fb(e.outcome)),
-                                     e.committed, e.refused, e.tainted, e.skipped, reason)
-              .Union()};
+  return {
+      fb::Payload::FleetUpdateEnded,
+      fb::CreateFleetUpdateEnded(b, update_id, static_cast<fb::FleetOutcome>(Fb(e.outcome)),
+                                 e.committed, e.refused, e.tainted, e.skipped, reason, e.stalled)
+          .Union()};
 }
 
 Encoded EncSleepRequested(FlatBufferBuilder& b, const SleepRequested& e) {
@@ -137,9 +138,10 @@ Encoded EncSleepObserved(FlatBufferBuilder& b, const SleepObserved& e) {
 Encoded EncWakeObserved(FlatBufferBuilder& b, const WakeObserved& e) {
   auto http = EncHttp(b, e.http);
   auto memory = EncMemory(b, e.memory);
+  auto instance = OptString(b, e.engine_instance);
   return {fb::Payload::WakeObserved,
           fb::CreateWakeObserved(b, http, static_cast<fb::WakeTag>(Fb(e.tag)), e.is_paused_known,
-                                 e.is_paused, memory)
+                                 e.is_paused, memory, instance)
               .Union()};
 }
 
@@ -285,8 +287,10 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
           },
           [&](const ResumeObserved& e) -> Encoded {
             auto http = EncHttp(b, e.http);
+            auto instance = OptString(b, e.engine_instance);
             return {fb::Payload::ResumeObserved,
-                    fb::CreateResumeObserved(b, http, e.is_paused_known, e.is_paused).Union()};
+                    fb::CreateResumeObserved(b, http, e.is_paused_known, e.is_paused, instance)
+                        .Union()};
           },
           [&](const RolloutAdmitted& e) -> Encoded {
             auto rid = b.CreateString(e.rollout_id);
@@ -509,7 +513,8 @@ Event DecFleetEvent(Decoder& d, const fb::Record* r) {
           e->refused(),
           e->tainted(),
           e->skipped(),
-          Str(e->reason())};
+          Str(e->reason()),
+          e->stalled()};
     }
     case fb::Payload::FleetUpdateCancelled: {
       auto* e = r->payload_as_FleetUpdateCancelled();
@@ -563,9 +568,10 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::WakeObserved: {
       auto* e = r->payload_as_WakeObserved();
-      return WakeObserved{DecHttp(d, e->http()),
-                          d.Enum<WakeTag>(e->tag(), kWakeTagMax, "WakeObserved.tag"),
-                          e->is_paused_known(), e->is_paused(), DecMemory(e->memory())};
+      return WakeObserved{
+          DecHttp(d, e->http()),  d.Enum<WakeTag>(e->tag(), kWakeTagMax, "WakeObserved.tag"),
+          e->is_paused_known(),   e->is_paused(),
+          DecMemory(e->memory()), Str(e->engine_instance())};
     }
     case fb::Payload::EngineProbed: {
       auto* e = r->payload_as_EngineProbed();
@@ -620,7 +626,8 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::ResumeObserved: {
       auto* e = r->payload_as_ResumeObserved();
-      return ResumeObserved{DecHttp(d, e->http()), e->is_paused_known(), e->is_paused()};
+      return ResumeObserved{DecHttp(d, e->http()), e->is_paused_known(), e->is_paused(),
+                            Str(e->engine_instance())};
     }
     case fb::Payload::RolloutAdmitted:
     case fb::Payload::RolloutFinished:
@@ -1035,7 +1042,7 @@ Result<State> DecodeState(std::string_view bytes) {
 namespace {
 
 using FleetTable = fb::FleetSnapshotState;
-constexpr auto kMemberStatusMax = static_cast<std::uint8_t>(MemberStatus::kSkipped);
+constexpr auto kMemberStatusMax = static_cast<std::uint8_t>(MemberStatus::kStalled);
 
 // Each engine as its own snapshot bytes (EncodeState), so DecodeState bounds and checks it.
 Offset<flatbuffers::Vector<Offset<fb::FleetEngineState>>> EncEngines(

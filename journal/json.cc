@@ -55,7 +55,7 @@ json FleetFields(const Event& event) {
             return json{{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
                         {"committed", e.committed}, {"refused", e.refused},
                         {"tainted", e.tainted},     {"skipped", e.skipped},
-                        {"reason", e.reason}};
+                        {"stalled", e.stalled},     {"reason", e.reason}};
           },
           [](const FleetUpdateCancelled& e) {
             return json{{"update_id", e.update_id}, {"reason", e.reason}};
@@ -159,11 +159,10 @@ json Fields(const Event& event) {
                         {"memory", DeviceMemoryToJson(e.memory)}};
           },
           [](const WakeObserved& e) {
-            return json{{"http", HttpEvidenceToJson(e.http)},
-                        {"tags", wake_tag_name(e.tag)},
-                        {"is_paused_known", e.is_paused_known},
-                        {"is_paused", e.is_paused},
-                        {"memory", DeviceMemoryToJson(e.memory)}};
+            return json{
+                {"http", HttpEvidenceToJson(e.http)},     {"tags", wake_tag_name(e.tag)},
+                {"is_paused_known", e.is_paused_known},   {"is_paused", e.is_paused},
+                {"memory", DeviceMemoryToJson(e.memory)}, {"engine_instance", e.engine_instance}};
           },
           [](const EngineProbed& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},
@@ -220,7 +219,8 @@ json Fields(const Event& event) {
           [](const ResumeObserved& e) {
             return json{{"http", HttpEvidenceToJson(e.http)},
                         {"is_paused_known", e.is_paused_known},
-                        {"is_paused", e.is_paused}};
+                        {"is_paused", e.is_paused},
+                        {"engine_instance", e.engine_instance}};
           },
           [&](const auto&) {
             return is_fleet_event(event) ? FleetFields(event) : OutcomeFields(event);

@@ -47,7 +47,10 @@ json MemberJson(const FleetState& f, const std::string& name, const State& s,
             {"outstanding", outstanding}};
   const std::optional<std::uint64_t> g = fleet_generation(f, name);
   j["generation"] = g ? json(*g) : json(nullptr);
-  if (s.update) j["update_id"] = s.update->update_id;
+  if (s.update) {
+    j["update_id"] = s.update->update_id;
+    j["stalled"] = plan_stalled(s);
+  }
   if (s.lifecycle == Lifecycle::kTainted && s.taint) {
     j["taint"] = {{"cause", cause_name(s.taint->cause)},
                   {"update_id", s.taint->update_id},
@@ -76,7 +79,7 @@ json FleetEndJson(const FleetUpdateEnded& e) {
   return {{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},
           {"committed", e.committed}, {"refused", e.refused},
           {"tainted", e.tainted},     {"skipped", e.skipped},
-          {"reason", e.reason}};
+          {"stalled", e.stalled},     {"reason", e.reason}};
 }
 
 }  // namespace
@@ -175,7 +178,10 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
     journal_->ReadFleetState([&](const FleetState& f) {
       open = f.update && f.update->request.update_id == request.update_id;
     });
-    if (!open && !IsJournalFailure(st)) return SendStatus(res, st);
+    // A conflict refused this request before it journaled anything (the same id with another
+    // body), even while the update of that id is open (a restart going on with it).
+    const bool refused_here = st.code() == Code::kConflict;
+    if ((!open || refused_here) && !IsJournalFailure(st)) return SendStatus(res, st);
     metrics_.updates_outcome_unknown++;
     FailStop("fleet update '" + request.update_id + "' did not end: " + st.ToString());
     const json body = {
@@ -192,9 +198,11 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
                                          : metrics_.updates_refused)++;
   if (e.outcome != FleetOutcome::kCommitted) {
     spdlog::warn(
-        "serve: fleet update '{}' {} (committed {}, refused {}, tainted {}, skipped {}){}{}; {}",
+        "serve: fleet update '{}' {} (committed {}, refused {}, tainted {}, skipped {}, stalled "
+        "{}){}{}; {}",
         Esc(e.update_id), fleet_outcome_name(e.outcome), e.committed, e.refused, e.tainted,
-        e.skipped, e.reason.empty() ? "" : ": ", Esc(e.reason), ReplayHint(config_.journal_path));
+        e.skipped, e.stalled, e.reason.empty() ? "" : ": ", Esc(e.reason),
+        ReplayHint(config_.journal_path));
   }
   const DurableView v = CatchUpDurable(true);
   SetHeadHeader(res, v.head);

@@ -78,7 +78,8 @@ json SummaryJson(const State& s, const DurableHead& head) {
                    {"restore", s.update->restore},
                    {"sleep_level", s.update->sleep_level},
                    {"wake", s.update->wake_only},
-                   {"from_sleep", s.update->from_sleep}};
+                   {"from_sleep", s.update->from_sleep},
+                   {"stalled", plan_stalled(s)}};
   } else {
     j["update"] = nullptr;
   }

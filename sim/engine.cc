@@ -349,6 +349,7 @@ ResumeObserved SimControl::Resume() {
   if (!r.http.ok_2xx()) return r;
   r.is_paused_known = true;
   r.is_paused = e_.truth().paused;
+  r.engine_instance = e_.instance_name();
   return r;
 }
 
@@ -450,6 +451,7 @@ WakeObserved SimControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
   if (!o.http.ok_2xx() || tag != WakeTag::kKvCache) return o;
   o.is_paused_known = true;
   o.is_paused = e_.truth().paused;
+  o.engine_instance = e_.instance_name();
   return o;
 }
 

@@ -114,6 +114,7 @@ class FleetWorld {
   std::vector<std::unique_ptr<FleetMember>> members_;
   std::unique_ptr<journal::Journal> journal_;
   std::unique_ptr<effects::FleetRunner> runner_;
+  bool recovering_ = false;  // serve listens only once its recovery is done: no client meanwhile
   std::map<std::string, FleetClient> clients_;
   std::uint32_t cycle_ = 0;
   std::string head_;
@@ -185,8 +186,10 @@ bool FleetWorld::Restart() {
     if (c.request != 0) Member(c.engine).engine.Abort(c.request);
   }
   NewRunner();
+  recovering_ = true;
   Status st = JoinAll();
   if (st.ok()) st = runner_->Recover();
+  recovering_ = false;
   if (!st.ok()) Violate("executor restart: " + st.ToString());
   return st.ok();
 }
@@ -276,7 +279,7 @@ void FleetWorld::Arm(const Fault& seed_fault, std::vector<std::uint32_t>& durati
 // that engine, its finish journaled. An admission the journal refuses (an update began between
 // the pick and the submit) is the fold's word, not a failure.
 void FleetWorld::ClientAdmit(const std::string& id, std::uint32_t duration_ms) {
-  if (journal_->failed()) return;
+  if (journal_->failed() || recovering_) return;
   std::optional<FleetEvent> admission;
   journal_->ReadFleetState([&](const FleetState& f) {
     const std::vector<std::string> open = admitting_engines(f);
@@ -326,6 +329,7 @@ void FleetWorld::CountEnd(const FleetUpdateEnded& end) {
   result_.stats.committed += end.committed;
   result_.stats.refused += end.refused;
   result_.stats.tainted += end.tainted;
+  result_.stats.stalled += end.stalled;
 }
 
 // One fleet update under this cycle's faults and clients, then time for the clients to end and
@@ -355,6 +359,9 @@ void FleetWorld::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults)
   }
   if (!end.ok()) return Violate("fleet update never ended: " + end.status().ToString());
   CountEnd(*end);
+  // The fleet update ended without a member that stalled (its engine never resumed); the
+  // operator restarts the executor, whose recovery tries that plan again.
+  if (end->stalled > 0 && !Restart()) return;
   clock_.sleep_ms(kSettleMs);
   for (const auto& [id, c] : clients_) {
     if (!c.done) Violate("rollout '" + id + "' on " + c.engine + " never ended");

@@ -90,11 +90,11 @@ void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
   for (const auto& [k, n] : s.taints) taints += " " + k + "=" + std::to_string(n);
   std::printf(
       "sim: %lu seeds, %lu cycles, %lu worlds, %lu events; updates committed %lu refused "
-      "%lu tainted %lu errors %lu; restores %lu proven %lu; restarts %lu; admissions "
+      "%lu tainted %lu stalled %lu errors %lu; restores %lu proven %lu; restarts %lu; admissions "
       "acknowledged %lu; faults %lu; full checks %lu; taints:%s\n",
-      seeds, s.cycles, s.worlds, s.events, s.committed, s.refused, s.tainted, s.update_errors,
-      s.restores, s.restored, s.restarts, s.admissions_acked, s.faults, s.full_checks,
-      taints.c_str());
+      seeds, s.cycles, s.worlds, s.events, s.committed, s.refused, s.tainted, s.stalled,
+      s.update_errors, s.restores, s.restored, s.restarts, s.admissions_acked, s.faults,
+      s.full_checks, taints.c_str());
   const rc::sim::ColocatedStats& c = s.colocated;
   std::string colocated_taints;
   for (const auto& [k, n] : c.taints) colocated_taints += " " + k + "=" + std::to_string(n);

@@ -120,6 +120,7 @@ void SimStats::Add(const SimStats& o) {
   tainted += o.tainted;
   update_errors += o.update_errors;
   restarts += o.restarts;
+  stalled += o.stalled;
   admissions_acked += o.admissions_acked;
   events += o.events;
   full_checks += o.full_checks;

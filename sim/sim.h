@@ -100,6 +100,7 @@ struct SimStats {
   std::uint64_t cycles = 0, worlds = 0, committed = 0, refused = 0, tainted = 0;
   std::uint64_t update_errors = 0, restarts = 0, admissions_acked = 0, events = 0;
   std::uint64_t full_checks = 0, faults = 0;
+  std::uint64_t stalled = 0;                    // fleet members that ended a fleet update stalled
   std::uint64_t restores = 0, restored = 0;     // restores of a TAINTED engine; those committed
   std::map<std::string, std::uint64_t> taints;  // by cause
   ColocatedStats colocated;

@@ -99,7 +99,8 @@ std::string one(const ValidationObserved& e) {
 }
 std::string one(const ResumeObserved& e) {
   return describe(e.http) +
-         " is_paused=" + (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown");
+         " is_paused=" + (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown") +
+         instance(e.engine_instance);
 }
 std::string memory(const DeviceMemory& m) {
   if (!m.known) return " memory=unreported";
@@ -114,7 +115,7 @@ std::string one(const SleepObserved& e) {
 std::string one(const WakeObserved& e) {
   return std::string("tags=") + wake_tag_name(e.tag) + " " + describe(e.http) +
          " is_paused=" + (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown") +
-         memory(e.memory);
+         memory(e.memory) + instance(e.engine_instance);
 }
 std::string one(const RolloutAdmitted& e) {
   return "rollout=" + q(e.rollout_id) + " version=" + version(e.version) + " " +
@@ -162,6 +163,7 @@ std::string one(const FleetUpdateEnded& e) {
   return "update=" + q(e.update_id) + " " + fleet_outcome_name(e.outcome) +
          " committed=" + std::to_string(e.committed) + " refused=" + std::to_string(e.refused) +
          " tainted=" + std::to_string(e.tainted) + " skipped=" + std::to_string(e.skipped) +
+         (e.stalled == 0 ? "" : " stalled=" + std::to_string(e.stalled)) +
          (e.reason.empty() ? "" : ": " + e.reason);
 }
 std::string one(const FleetUpdateCancelled& e) {

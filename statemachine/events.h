@@ -200,6 +200,9 @@ struct ResumeObserved {
   HttpEvidence http;
   bool is_paused_known = false;
   bool is_paused = true;
+  // Which engine process answered after the resume (see EngineProbed; "" unknown): a process
+  // other than the one verified never serves what that one was verified for.
+  std::string engine_instance;
   bool operator==(const ResumeObserved&) const = default;
 };
 
@@ -230,6 +233,7 @@ struct WakeObserved {
   bool is_paused_known = false;
   bool is_paused = true;
   DeviceMemory memory;
+  std::string engine_instance;  // after the KV cache's wake-up, as ResumeObserved's
   bool operator==(const WakeObserved&) const = default;
 };
 
@@ -404,6 +408,7 @@ struct FleetUpdateEnded {  // decision
   FleetOutcome outcome = FleetOutcome::kCommitted;
   std::uint32_t committed = 0, refused = 0, tainted = 0, skipped = 0;
   std::string reason;
+  std::uint32_t stalled = 0;  // members whose own plan was still open, out of attempts
   bool operator==(const FleetUpdateEnded&) const = default;
 };
 

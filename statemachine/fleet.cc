@@ -34,6 +34,16 @@ std::size_t serving_except(const FleetState& f, const std::string& except) {
   return n;
 }
 
+// Whether a leaving engine may go now: no rollout holds it, and no plan, or one that nothing
+// moves any more (an engine that died paused leaves with its plan open; the journal keeps it).
+bool can_leave(const State& s) { return s.active.empty() && (!s.update || plan_stalled(s)); }
+
+// A member whose own plan is the fleet update's: updating, or stalled in it.
+bool plan_is_members(MemberStatus m) {
+  return m == MemberStatus::kUpdating || m == MemberStatus::kStalled;
+}
+
+// The members whose plan moves: a stalled one takes no place in a rolling batch.
 std::size_t updating_members(const FleetUpdate& u) {
   return static_cast<std::size_t>(std::count_if(u.members.begin(), u.members.end(), [](auto& m) {
     return m.second == MemberStatus::kUpdating;
@@ -195,12 +205,15 @@ void note_member(FleetState& f, const std::string& engine, const State& s, const
   if (const auto* u = std::get_if<UpdateRequested>(&e); u && u->update_id == id) {
     m = MemberStatus::kUpdating;
   } else if (const auto* end = std::get_if<UpdateEnded>(&e);
-             end && end->update_id == id && m == MemberStatus::kUpdating) {
+             end && end->update_id == id && plan_is_members(m)) {
     m = end->outcome == UpdateOutcome::kCommitted ? MemberStatus::kCommitted
         : end->outcome == UpdateOutcome::kRefused ? MemberStatus::kRefused
                                                   : MemberStatus::kTainted;
   }
   if (m == MemberStatus::kPending && s.lifecycle == Lifecycle::kTainted) m = MemberStatus::kSkipped;
+  // Stalled stays stalled for this fleet update, even once a restart gives the plan its attempts
+  // back: the batch slot it gave up may be taken, and its engine serves nothing either way.
+  if (m == MemberStatus::kUpdating && plan_stalled(s)) m = MemberStatus::kStalled;
 }
 
 // What a per-engine event changes in the fleet's own records (after the engine's fold took it).
@@ -218,7 +231,7 @@ void note_engine_event(FleetState& f, const std::string& engine, const Event& e)
 bool member_updating(const FleetState& f, const std::string& engine) {
   if (!f.update) return false;
   auto it = f.update->members.find(engine);
-  return it != f.update->members.end() && it->second == MemberStatus::kUpdating;
+  return it != f.update->members.end() && plan_is_members(it->second);
 }
 
 // An updating member's plan ends only after its UpdateEnded told the fleet how: a history in
@@ -312,11 +325,11 @@ Status apply_one(FleetState& f, const EngineRemovalRequested& r) {
   if (f.leaving.count(r.engine) != 0) return Status::Conflict(quoted(r.engine) + " is leaving");
   MemberStatus* member = nullptr;
   if (f.update && f.update->members.count(r.engine) != 0) member = &f.update->members[r.engine];
-  if (member != nullptr && *member == MemberStatus::kUpdating) {
+  if (member != nullptr && plan_is_members(*member)) {
     return Status::Rejected(quoted(r.engine) + " is updating in fleet update '" +
                             f.update->request.update_id + "'");
   }
-  if (it->second.update.has_value()) {
+  if (it->second.update.has_value() && !plan_stalled(it->second)) {
     return Status::Rejected(quoted(r.engine) + " is in an update; remove it once that ends");
   }
   // A member not started yet is skipped: the fleet update goes on without it.
@@ -330,8 +343,8 @@ Status apply_one(FleetState& f, const EngineRemoved& r) {
   if (it == f.engines.end() || f.leaving.count(r.engine) == 0) {
     return Status::Rejected(quoted(r.engine) + " was not asked to leave");
   }
-  if (!it->second.active.empty() || it->second.update.has_value()) {
-    return Status::Rejected(quoted(r.engine) + " still has rollouts or an update");
+  if (!can_leave(it->second)) {
+    return Status::Rejected(quoted(r.engine) + " still has rollouts or an update that can move");
   }
   f.engines.erase(it);
   f.leaving.erase(r.engine);
@@ -379,6 +392,7 @@ FleetUpdateEnded tally(const FleetUpdate& u) {
     end.refused += m == MemberStatus::kRefused ? 1 : 0;
     end.tainted += m == MemberStatus::kTainted ? 1 : 0;
     end.skipped += m == MemberStatus::kSkipped ? 1 : 0;
+    end.stalled += m == MemberStatus::kStalled ? 1 : 0;
   }
   end.outcome = end.committed == 0                  ? FleetOutcome::kRefused
                 : end.committed == u.members.size() ? FleetOutcome::kCommitted
@@ -465,7 +479,7 @@ std::string refusal_reason(const FleetUpdate& u) {
 void settle_removals(const FleetState& after, std::vector<FleetEvent>& out) {
   for (const std::string& id : after.leaving) {
     const State& s = after.engines.at(id);
-    if (s.active.empty() && !s.update) out.push_back(FleetEvent{"", EngineRemoved{id}});
+    if (can_leave(s)) out.push_back(FleetEvent{"", EngineRemoved{id}});
   }
 }
 
@@ -481,8 +495,7 @@ void settle(const FleetState& after, std::vector<FleetEvent>& out) {
 void settle_engine(const FleetState& after, const std::string& engine,
                    std::vector<FleetEvent>& out) {
   const auto it = after.engines.find(engine);
-  if (after.leaving.count(engine) != 0 && it != after.engines.end() && it->second.active.empty() &&
-      !it->second.update) {
+  if (after.leaving.count(engine) != 0 && it != after.engines.end() && can_leave(it->second)) {
     out.push_back(FleetEvent{"", EngineRemoved{engine}});
   }
   settle_update(after, out);
@@ -517,7 +530,8 @@ Result<std::vector<FleetEvent>> decide_binding(const FleetState& f, const FleetE
   RC_RETURN_IF_ERROR(check_engine_rules(f, in.engine, e));
   std::vector<FleetEvent> out;
   const auto* fin = std::get_if<RolloutFinished>(&e);
-  if (fin != nullptr && f.leaving.count(in.engine) != 0 && s.active.size() == 1 && !s.update) {
+  if (fin != nullptr && f.leaving.count(in.engine) != 0 && s.active.size() == 1 &&
+      (!s.update || plan_stalled(s))) {
     out.push_back(FleetEvent{"", EngineRemoved{in.engine}});
   }
   return out;
@@ -543,6 +557,8 @@ const char* member_status_name(MemberStatus s) {
       return "tainted";
     case MemberStatus::kSkipped:
       return "skipped";
+    case MemberStatus::kStalled:
+      return "stalled";
   }
   return "unknown";
 }
@@ -788,11 +804,11 @@ std::string check_update_members(const FleetState& f) {
   if (!f.update) return {};
   const FleetUpdate& u = *f.update;
   for (const auto& [id, m] : u.members) {
-    if (member_ended(m)) continue;
+    if (member_ended(m) && m != MemberStatus::kStalled) continue;
     auto it = f.engines.find(id);
     if (it == f.engines.end()) return "a member in flight left the fleet";
     const bool own = it->second.update && it->second.update->update_id == u.request.update_id;
-    if ((m == MemberStatus::kUpdating) != own) return quoted(id) + "'s member status is wrong";
+    if (plan_is_members(m) != own) return quoted(id) + "'s member status is wrong";
   }
   if (u.request.mode == FleetUpdateMode::kRolling && updating_members(u) > u.request.batch_max) {
     return "a rolling update exceeds batch_max";
@@ -814,7 +830,7 @@ std::string check_fleet_invariants(const FleetState& fleet) {
     auto it = fleet.engines.find(id);
     if (it == fleet.engines.end()) return "a leaving engine is not in the fleet";
     // An engine that leaves is removed in the group that idles it (settle_removals).
-    if (it->second.active.empty() && !it->second.update) return quoted(id) + " left but stays";
+    if (can_leave(it->second)) return quoted(id) + " left but stays";
   }
   if (std::string bad = check_rollouts_disjoint(fleet); !bad.empty()) return bad;
   if (std::string bad = check_generations(fleet); !bad.empty()) return bad;

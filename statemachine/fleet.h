@@ -18,7 +18,8 @@
 //   - fleet updates, `all` (every healthy engine at once) or `rolling` (at most `batch_max` at a
 //     time while at least `min_serving` engines keep serving); refused as a whole when fewer than
 //     `min_healthy` engines can take it; each member ends committed, refused or TAINTED on its own
-//     evidence, and the fleet update ends once every member has;
+//     evidence, or stalls (its own plan out of attempts), and the fleet update ends once every
+//     member has: one dead engine never holds the fleet;
 //   - one label names one identity across the fleet; a rollout id is active on one engine at most.
 #pragma once
 
@@ -52,6 +53,11 @@ enum class MemberStatus : std::uint8_t {
   kRefused = 3,
   kTainted = 4,
   kSkipped = 5,  // TAINTED (quarantined) before its own update started, or cancelled
+  // Its own update stalled (plan_stalled: an engine that never answered its resume). The fleet
+  // update does not wait for it, and it holds no rolling batch slot; its plan goes on alone once
+  // an executor restart retries it, and ends with its own UpdateEnded (which, while the fleet
+  // update is still open, gives the member that end's status).
+  kStalled = 6,
 };
 bool member_ended(MemberStatus s);
 const char* member_status_name(MemberStatus s);

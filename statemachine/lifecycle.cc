@@ -217,6 +217,7 @@ bool legal_update_edge(Lifecycle from, Lifecycle to, Cause cause) {
   if (is(L::kValidating, L::kResuming)) return cause == C::kValidated;
   if (is(L::kValidating, L::kTainted)) return cause == C::kValidationFailed;
   if (is(L::kResuming, L::kReady)) return cause == C::kResumed;
+  if (is(L::kResuming, L::kTainted)) return cause == C::kEngineReplaced;
   if (is(L::kReady, L::kTainted)) return is_engine_cause(cause);
   return false;
 }
@@ -633,6 +634,7 @@ Status apply_one(State& s, const WakeObserved& e) {
   }
   RC_RETURN_IF_ERROR(check_http(e.http));
   RC_RETURN_IF_ERROR(check_memory(e.memory));
+  RC_RETURN_IF_ERROR(check_text("engine_instance", e.engine_instance));
   s.in_flight.reset();
   if (!e.http.ok_2xx()) return Status::OK();
   if (e.tag == WakeTag::kWeights) {
@@ -650,6 +652,7 @@ Status apply_one(State& s, const WakeObserved& e) {
 Status apply_one(State& s, const ResumeObserved& e) {
   RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kResume, "ResumeObserved"));
   RC_RETURN_IF_ERROR(check_http(e.http));
+  RC_RETURN_IF_ERROR(check_text("engine_instance", e.engine_instance));
   s.in_flight.reset();
   return Status::OK();
 }
@@ -844,7 +847,8 @@ Status check_state_changed(const State& s, const StateChanged& e) {
   if (e.to == Lifecycle::kValidating && s.update->caches_reset_mask != kAllCachesMask) {
     return Status::Rejected("VALIDATING before every cache reset succeeded");
   }
-  if (e.from == Lifecycle::kResuming && s.update->validated && !(s.committed == s.update->target)) {
+  if (e.from == Lifecycle::kResuming && e.to == Lifecycle::kReady && s.update->validated &&
+      !(s.committed == s.update->target)) {
     return Status::Rejected("RESUMING -> READY before the validated target was published");
   }
   return Status::OK();
@@ -957,8 +961,9 @@ Status apply_one(State& s, const UpdateEnded& e) {
       if (!u.restore && !u.keeps_version()) s.counters.updates_refused++;
       break;
     case UpdateOutcome::kTainted:
+      // RESUMING: another process answered the resume (another_process).
       if (s.lifecycle != Lifecycle::kUpdating && s.lifecycle != Lifecycle::kInvalidating &&
-          s.lifecycle != Lifecycle::kValidating &&
+          s.lifecycle != Lifecycle::kValidating && s.lifecycle != Lifecycle::kResuming &&
           !(s.lifecycle == Lifecycle::kQuiesced && u.sleep_level > 0)) {
         return Status::Rejected("tainted outside a mutation state");
       }
@@ -1245,7 +1250,21 @@ void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out
   }
 }
 
-void derive_resumed(const State& s, bool resumed, std::vector<Event>& out) {
+// An engine restarted during the plan comes back unpaused with other weights: the resume must not
+// put it in service on what the process before it was verified for.
+bool another_process(const State& s, const std::string& instance) {
+  return !s.engine_instance.empty() && !instance.empty() && instance != s.engine_instance;
+}
+
+void derive_resumed(const State& s, bool answered, bool resumed, const std::string& instance,
+                    std::vector<Event>& out) {
+  if (answered && another_process(s, instance)) {
+    taint(s, Cause::kEngineReplaced,
+          "another engine process answers the resume (instance '" + instance + "', verified '" +
+              s.engine_instance + "')",
+          out);
+    return;
+  }
   if (!resumed) return;
   const UpdatePlan& u = *s.update;
   if (u.validated && u.wake_only) {
@@ -1262,7 +1281,8 @@ void derive_resumed(const State& s, bool resumed, std::vector<Event>& out) {
 }
 
 void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
-  derive_resumed(s, e.http.ok_2xx() && e.is_paused_known && !e.is_paused, out);
+  derive_resumed(s, e.http.ok_2xx(), e.http.ok_2xx() && e.is_paused_known && !e.is_paused,
+                 e.engine_instance, out);
 }
 
 void derive(const State& s, const SleepObserved& e, std::vector<Event>& out) {
@@ -1316,7 +1336,8 @@ void derive(const State& s, const WakeObserved& e, std::vector<Event>& out) {
   if (s.lifecycle == Lifecycle::kDraining) {
     derive_woken_first(s, e, out);
   } else if (e.tag == WakeTag::kKvCache) {
-    derive_resumed(s, e.http.ok_2xx() && e.is_paused_known && !e.is_paused, out);
+    derive_resumed(s, e.http.ok_2xx(), e.http.ok_2xx() && e.is_paused_known && !e.is_paused,
+                   e.engine_instance, out);
   } else {
     derive_weights_woken(s, e, out);
   }
@@ -1538,6 +1559,11 @@ Effect next_effect(const State& s) {
       return Effect{EffectKind::kResume};
   }
   return {};
+}
+
+bool plan_stalled(const State& s) {
+  return s.update.has_value() && !s.in_flight.has_value() && s.attempts >= kEffectAttemptsMax &&
+         next_effect(s).kind == EffectKind::kNone;
 }
 
 std::string check_invariants(const State& s) {

@@ -142,6 +142,10 @@ std::vector<Event> derive_decisions(const State& after, const Event& input);
 
 // next_effect: what the runner must perform now (kNone: nothing, wait for input).
 Effect next_effect(const State& state);
+// A plan that nothing moves any more: its effect failed kEffectAttemptsMax times and none is in
+// flight (a RESUMING whose engine never answered the resume). Only an executor restart
+// (RecoveryStarted) tries it again.
+bool plan_stalled(const State& state);
 
 // Invariants that must hold between any two events. Empty string when they hold.
 std::string check_invariants(const State& state);

@@ -728,6 +728,11 @@ std::string EngineClient::Instance(const HttpReply& label_reply) {
   return metrics.http.ok_2xx() ? start_time_instance(metrics.raw) : std::string();
 }
 
+std::string EngineClient::Instance() {
+  HttpReply info = ReadLabel();
+  return info.http.ok_2xx() ? Instance(info) : std::string();
+}
+
 EngineClient::EngineView EngineClient::ObserveView() {
   EngineView v;
   HttpReply info = ReadLabel();
@@ -794,6 +799,7 @@ ResumeObserved EngineClient::Resume() {
     out.is_paused_known = true;
     out.is_paused = is_paused_in(paused);
   }
+  out.engine_instance = Instance();
   return out;
 }
 

@@ -172,10 +172,13 @@ class EngineClient {
   // Which engine process answers: the worker extension's nonces when the label reply carries
   // them, else "start:<process_start_time_seconds>" from /metrics, else "" (unknown).
   std::string Instance(const HttpReply& label_reply);
+  // The same after a fresh label read; "" (unknown) when that read failed, as a failed read
+  // proves nothing about which process answers.
+  std::string Instance();
   DrainObserved PauseWait();  // POST /pause?mode=wait&clear_cache=false
   CacheResetObserved ResetCache(CacheKind cache);
   ValidationObserved WeightInfo();  // the label (ReadLabel) while paused
-  ResumeObserved Resume();          // POST /resume then GET /is_paused
+  ResumeObserved Resume();          // POST /resume, GET /is_paused, then the instance
 
   // ---- raw calls ----
   HttpReply Health(const CallOptions& o = {});

@@ -105,6 +105,7 @@ WakeObserved HttpEngineControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
     out.is_paused_known = true;
     out.is_paused = paused.body.at("is_paused").get<bool>();
   }
+  out.engine_instance = client_.Instance();
   return out;
 }
 

@@ -558,11 +558,23 @@ TEST(EngineClient, InitAndUpdateBodiesAreWrapped) {
   EXPECT_EQ(abort_seen, json({{"request_ids", {"a", "b"}}}));
 }
 
-// Proves Resume() reports is_paused from GET /is_paused after a 2xx /resume and stops at a failed
-// /resume; would catch a resume reported done while the engine still says paused.
+// Proves Resume() reports is_paused from GET /is_paused after a 2xx /resume, then which process
+// answers (the label route, then /metrics), reports that instance unknown when the label read
+// fails, and stops at a failed /resume; would catch a resume reported done while the engine
+// still says paused, and a failed label read mistaken for another process.
 TEST(EngineClient, ResumeReadsIsPaused) {
   ScriptedServer s;
   std::atomic<bool> fail{false};
+  std::atomic<bool> label_fails{false};
+  s.server().Get("/weight_info", [&](const auto&, auto& res) {
+    if (label_fails)
+      Json(res, R"({"error":"busy"})", 503);
+    else
+      Json(res, R"({"weight_version":"rc-0"})");
+  });
+  s.server().Get("/metrics", [](const auto&, auto& res) {
+    res.set_content("process_start_time_seconds 1.7649e+09\n", "text/plain");
+  });
   s.server().Post("/resume", [&](const auto&, auto& res) {
     if (fail)
       Json(res, R"({"error":"boom"})", 500);
@@ -576,6 +588,11 @@ TEST(EngineClient, ResumeReadsIsPaused) {
   EXPECT_TRUE(ok.http.ok_2xx());
   EXPECT_TRUE(ok.is_paused_known);
   EXPECT_FALSE(ok.is_paused);
+  EXPECT_EQ(ok.engine_instance, "start:1.7649e+09");
+  label_fails = true;
+  ResumeObserved unread = c.Resume();
+  EXPECT_TRUE(unread.http.ok_2xx());
+  EXPECT_EQ(unread.engine_instance, "") << "a failed label read proves no other process";
   fail = true;
   ResumeObserved bad = c.Resume();
   EXPECT_EQ(bad.http.http_status, 500);

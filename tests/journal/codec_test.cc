@@ -430,9 +430,10 @@ std::string ForgedError(const ForgedFleet& forged) {
 }
 
 // Proves a forged snapshot whose hash is valid is still refused, naming why, when it holds two
-// engines of one name, a member status out of range, too many engines, an altered engine snapshot,
-// a leaving engine outside the fleet or a named engine in an unnamed fleet; catches a decoder that
-// trusts the hash alone (the forgery's defaults decode, so each refusal is the one change's).
+// engines of one name, a member status out of range or stalled without a plan, too many engines, an
+// altered engine snapshot, a leaving engine outside the fleet or a named engine in an unnamed
+// fleet; catches a decoder that trusts the hash alone (the forgery's defaults decode, so each
+// refusal is the one change's).
 TEST(FleetCodec, RefusesForgedFleetsWithAValidHash) {
   Result<FleetSnapshot> valid = DecodeFleetState(ForgedFleet{}.Bytes());
   ASSERT_TRUE(valid.ok()) << valid.status().ToString();
@@ -445,7 +446,9 @@ TEST(FleetCodec, RefusesForgedFleetsWithAValidHash) {
     EXPECT_NE(error.find(why), std::string::npos) << error;
   };
   expect_refused(ForgedFleet{.engines = {"a", "a"}}, "duplicate engine 'a'");
-  expect_refused(ForgedFleet{.member_status = 6}, "FleetMember.status value 6 out of range");
+  expect_refused(ForgedFleet{.member_status = 7}, "FleetMember.status value 7 out of range");
+  // Stalled names a member whose own plan is open: 'a' has none.
+  expect_refused(ForgedFleet{.member_status = 6}, "'a''s member status is wrong");
   std::vector<std::string> many;
   for (std::size_t i = 0; i <= kFleetEnginesMax; ++i) many.push_back("e" + std::to_string(i));
   expect_refused(ForgedFleet{.engines = many}, "more than 256 engines");

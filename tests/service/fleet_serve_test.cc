@@ -611,6 +611,51 @@ TEST(FleetServe, AnEngineThatDiedWhileServeWasDownRetires) {
   EXPECT_FALSE(f->State()["engines"].contains("e1"));
 }
 
+// Proves a member whose engine dies paused (at its resume) stalls without holding the fleet: the
+// update answers 207 with that member stalled and the others committed, serve keeps serving them
+// and /v1/state says the engine's plan is stalled; a restart that retires the dead engine lets it
+// leave with its plan open, and the next update commits the rest. Catches one dead engine that
+// keeps the fleet update from ending, so serve fail-stops at this and every later start.
+TEST(FleetServe, AMemberThatDiesPausedStallsAndRetires) {
+  auto f =
+      std::make_unique<FleetStack>(3, [](ServeConfig& c) { c.engine_startup_timeout_ms = 300; });
+  fixtures::RouteFault dies;
+  dies.die = true;
+  f->engines[1]->SetRouteFault("/resume", dies);
+  auto r = f->FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 207) << r->body;
+  const json end = json::parse(r->body);
+  EXPECT_EQ(end["committed"], 2);
+  EXPECT_EQ(end["stalled"], 1);
+  EXPECT_FALSE(f->svc->failed());
+  const json e1 = f->State()["engines"]["e1"];
+  EXPECT_EQ(e1["lifecycle"], "RESUMING") << e1.dump();
+  EXPECT_EQ(e1["stalled"], true) << e1.dump();
+  EXPECT_EQ(e1["admitting"], false);
+  for (const auto& a : CompleteMany(*f, 6, 3)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.engine, "e1");
+    EXPECT_EQ(a.label, "rc-1");
+  }
+  f->CheckJournal();
+
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+  ServeConfig retire = f->Config();
+  retire.engines[1].retire = true;
+  auto opened = Service::Open(retire);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  f->svc = std::move(opened.value());
+  ASSERT_TRUE(f->svc->Start().ok());
+  EXPECT_FALSE(f->State()["engines"].contains("e1"));
+  auto next = f->FleetUpdate("u2", "all", 2);
+  ASSERT_TRUE(next);
+  ASSERT_EQ(next->status, 200) << next->body;
+  EXPECT_EQ(json::parse(next->body)["committed"], 2);
+  f->CheckJournal();
+}
+
 // Proves a fleet update while one member is dead leaves that member out (it is not reachable,
 // so not a member), commits on the others and keeps serve serving; catches a dead member taken
 // into the update, whose plan can then never end and stops the whole fleet.

@@ -194,6 +194,44 @@ TEST(EngineMonitor, ValidationRefusesAnotherEngineProcess) {
   EXPECT_EQ(last_change(ev).cause, Cause::kValidationFailed);
 }
 
+// A resume answered by another engine process taints the engine and publishes nothing, after a
+// validated update and after a refused one alike, while an unknown instance keeps the old rule;
+// catches an engine restarted between validation (or a refusal) and the resume coming back
+// unpaused on its initial weights and being put in service as the target or the old version.
+TEST(EngineMonitor, AResumeAnsweredByAnotherProcessTaints) {
+  for (const bool validated : {true, false}) {
+    SCOPED_TRACE(validated ? "validated" : "refused at preflight");
+    Driver d = ready_on_instance();
+    if (validated) {
+      d.to_resuming_validated("rc-1");
+    } else {
+      d.to_quiesced("rc-1");
+      d.effect(EffectKind::kPreflight);
+      d.ok(PreflightObserved{hex('f'), true, true, "manifest differs"});
+    }
+    ASSERT_EQ(d.s.lifecycle, Lifecycle::kResuming);
+    d.effect(EffectKind::kResume);
+    ResumeObserved r = d.good_resume();
+    r.engine_instance = "i-2";
+    auto ev = d.ok(r);
+    EXPECT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+    EXPECT_EQ(last_change(ev).cause, Cause::kEngineReplaced);
+    EXPECT_EQ(count_of<VersionPublished>(ev), 0);
+    EXPECT_EQ(d.s.committed.label, "rc-0");
+    EXPECT_EQ(d.rejected(make_admission(d.s, "late")), Code::kRejected);
+    HistoryReport h = check_history(d.history);
+    EXPECT_TRUE(h.ok) << h.message;
+  }
+  Driver same = ready_on_instance();
+  same.to_resuming_validated("rc-1");
+  same.effect(EffectKind::kResume);
+  ResumeObserved r = same.good_resume();
+  r.engine_instance = "i-1";
+  same.ok(r);
+  EXPECT_EQ(same.s.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(same.s.committed.label, "rc-1");
+}
+
 // Leased (explicit) rollouts survive recovery; proxied ones are abandoned; a lapsed lease ends
 // as expired, only for a leased rollout; catches explicit rollouts lost on an executor restart.
 TEST(Lease, ExplicitRolloutsSurviveRecoveryAndExpire) {

@@ -108,6 +108,26 @@ struct FleetDriver {
     }
   }
 
+  // Steps `id`'s own update as run_update does, but its engine never answers a resume (it died
+  // paused): the plan stops in RESUMING once the resume ran out of attempts.
+  void run_update_dead_at_resume(const std::string& id) {
+    Rng rng(7);
+    const FaultMix calm = calm_mix();
+    for (int guard = 0; guard < 64 && engine(id).update.has_value(); ++guard) {
+      const State& s = engine(id);
+      if (s.in_flight.has_value()) {
+        ok(id, s.in_flight->kind == EffectKind::kResume
+                   ? Event{ResumeObserved{HttpEvidence{Transport::kConnectFailed, 0, false, 0,
+                                                       "connection refused"}}}
+                   : observation(s, rng, calm));
+        continue;
+      }
+      const Effect due = next_effect(s);
+      if (due.kind == EffectKind::kNone || due.kind == EffectKind::kAwaitRollouts) return;
+      ok(id, EffectStarted{due.kind, due.cache, 1000});
+    }
+  }
+
   // The fold of everything accepted, from nothing: what a journal replay would give.
   FleetState refold() const {
     FleetState again;

@@ -211,6 +211,81 @@ TEST(Fleet, CancelSkipsPendingMembersAndWaitsForTheUpdatingOne) {
   EXPECT_EQ(d.refold(), d.f);
 }
 
+// A member whose engine dies paused (its resume never answered) stalls, and the fleet update ends
+// without it: partial, counted as stalled, the others committed; the dead engine admits nothing
+// and may leave with its plan open. Catches one dead engine holding the whole fleet's update open
+// forever (serve then fail-stops at every start while the engine stays dead).
+TEST(Fleet, AMemberThatNeverResumesStallsAndTheUpdateEnds) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  d.ok("b", d.member_update(u));
+  d.run_update("b");
+  ASSERT_TRUE(d.f.update.has_value()) << "a is still updating";
+  d.run_update_dead_at_resume("a");
+  EXPECT_EQ(d.engine("a").lifecycle, Lifecycle::kResuming);
+  EXPECT_TRUE(plan_stalled(d.engine("a")));
+  ASSERT_FALSE(d.f.update.has_value());
+  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().event);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->outcome, FleetOutcome::kPartial);
+  EXPECT_EQ(end->committed, 1u);
+  EXPECT_EQ(end->stalled, 1u);
+  EXPECT_FALSE(fleet_admits(d.f, "a"));
+  EXPECT_TRUE(fleet_admits(d.f, "b"));
+  const std::vector<FleetEvent> left = d.ok(FleetEvent{"", EngineRemovalRequested{"a"}});
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_TRUE(std::holds_alternative<EngineRemoved>(left[0].event));
+  EXPECT_EQ(d.f.engines.count("a"), 0u);
+  EXPECT_EQ(d.refold(), d.f);
+  const FleetHistoryReport h = check_fleet_history(d.history);
+  EXPECT_TRUE(h.ok) << h.message;
+}
+
+// After the fleet update ended without it, a stalled member's plan goes on alone once a restart
+// retries it, and ends on its own evidence (here: committed, publishing the target); a stalled
+// member takes no place in a rolling batch, even when a restart retries it while another member
+// holds the slot. Catches a stall that strands the engine for good, a rolling update that waits
+// on a dead engine's batch slot, and a restart that puts two members in one slot.
+TEST(Fleet, AStalledMemberGoesOnAloneAfterARestart) {
+  FleetDriver d = ready_fleet({"a", "b", "c"});
+  d.ok(FleetEvent{"", FleetConfigured{1, 0}});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  d.ok(FleetEvent{"", u});
+  EXPECT_EQ(fleet_next_members(d.f), std::vector<std::string>{"a"});
+  d.ok("a", d.member_update(u));
+  d.run_update_dead_at_resume("a");
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kStalled);
+  EXPECT_EQ(fleet_next_members(d.f), std::vector<std::string>{"b"});
+  EXPECT_EQ(d.rejected(FleetEvent{"", EngineRemovalRequested{"a"}}).code(), Code::kRejected);
+  // b takes the batch slot a gave up; then the executor restarts (b mid-drain). a's plan gets its
+  // attempts back but stays stalled for this fleet update: batch_max still holds (d.ok checks
+  // the invariants after each step), and a stalls again on its dead engine.
+  d.ok("b", d.member_update(u));
+  d.ok("a", RecoveryStarted{"exec-2"});
+  d.ok("b", RecoveryStarted{"exec-2"});
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kStalled);
+  EXPECT_FALSE(plan_stalled(d.engine("a")));
+  d.run_update_dead_at_resume("a");
+  EXPECT_TRUE(plan_stalled(d.engine("a")));
+  d.run_update("b");
+  d.ok("c", d.member_update(u));
+  d.run_update("c");
+  ASSERT_FALSE(d.f.update.has_value());
+  const auto* end = std::get_if<FleetUpdateEnded>(&d.accepted.back().event);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->committed, 2u);
+  EXPECT_EQ(end->stalled, 1u);
+  d.ok("a", RecoveryStarted{"exec-3"});
+  d.run_update("a");
+  EXPECT_EQ(d.engine("a").lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(d.engine("a").committed.label, "rc-1");
+  EXPECT_EQ(d.refold(), d.f);
+  const FleetHistoryReport h = check_fleet_history(d.history);
+  EXPECT_TRUE(h.ok) << h.message;
+}
+
 // An engine joining a fleet that moved on must bootstrap on the newest label, with the identity
 // the fleet recorded for it; catches a new replica serving an old policy.
 TEST(Fleet, AJoiningEngineBootstrapsAtTheNewestLabel) {
