@@ -79,6 +79,24 @@ class FleetStack {
     ASSERT_TRUE(svc->Start().ok());
   }
 
+  // Stops serve if it runs, and starts it again on `c`: the same journal and engines.
+  void Reopen(const ServeConfig& c) {
+    if (svc) {
+      ASSERT_TRUE(svc->Shutdown(5000));
+      svc.reset();
+    }
+    auto opened = Service::Open(c);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    svc = std::move(opened.value());
+    ASSERT_TRUE(svc->Start().ok());
+  }
+  // The configuration with engine i marked retiring.
+  ServeConfig Retiring(std::size_t i) const {
+    ServeConfig c = Config();
+    c.engines[i].retire = true;
+    return c;
+  }
+
   // Engine i's process restarts on its port: initial label, a new instance.
   bool RestartEngine(std::size_t i) {
     const int port = engines[i]->port();
@@ -584,12 +602,7 @@ TEST(FleetServe, AnEngineThatDiedWhileServeWasDownRetires) {
   EXPECT_NE(refused.status().message().find("retire"), std::string::npos)
       << refused.status().ToString();
 
-  ServeConfig retire = f->Config();
-  retire.engines[1].retire = true;
-  auto opened = Service::Open(retire);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  f->svc = std::move(opened.value());
-  ASSERT_TRUE(f->svc->Start().ok());
+  f->Reopen(f->Retiring(1));
   EXPECT_FALSE(f->State()["engines"].contains("e1"));
   for (const auto& a : CompleteMany(*f, 8, 4)) {
     EXPECT_EQ(a.status, 200);
@@ -602,12 +615,7 @@ TEST(FleetServe, AnEngineThatDiedWhileServeWasDownRetires) {
   EXPECT_EQ(json::parse(r->body)["committed"], 2);
   f->CheckJournal();
 
-  ASSERT_TRUE(f->svc->Shutdown(5000));
-  f->svc.reset();
-  auto again = Service::Open(retire);  // e1 is gone: nothing to do, nothing refused
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  f->svc = std::move(again.value());
-  ASSERT_TRUE(f->svc->Start().ok());
+  f->Reopen(f->Retiring(1));  // e1 is gone: nothing to do, nothing refused
   EXPECT_FALSE(f->State()["engines"].contains("e1"));
 }
 
@@ -640,14 +648,7 @@ TEST(FleetServe, AMemberThatDiesPausedStallsAndRetires) {
   }
   f->CheckJournal();
 
-  ASSERT_TRUE(f->svc->Shutdown(5000));
-  f->svc.reset();
-  ServeConfig retire = f->Config();
-  retire.engines[1].retire = true;
-  auto opened = Service::Open(retire);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  f->svc = std::move(opened.value());
-  ASSERT_TRUE(f->svc->Start().ok());
+  f->Reopen(f->Retiring(1));
   EXPECT_FALSE(f->State()["engines"].contains("e1"));
   auto next = f->FleetUpdate("u2", "all", 2);
   ASSERT_TRUE(next);
