@@ -361,7 +361,13 @@ TEST(FleetIntegration, RefusedBelowMinHealthyAndCancelledWhenBlocked) {
 TEST(FleetIntegration, AnEndDecidedInAnotherGroupIsReportedOnceDurable) {
   Fleet f(2, FleetConfigured{0, 2});
   std::thread canceller([&f] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // As soon as the update is open (its members cannot start: min_serving 2), well before the
+    // executor's own cancel at blocked_timeout_ms.
+    bool open = false;
+    while (!open) {
+      f.journal->ReadFleetState([&open](const FleetState& s) { open = s.update.has_value(); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     auto s =
         f.journal->SubmitFleet(FleetEvent{"", FleetUpdateCancelled{"u1", "by hand"}}, WallMs());
     EXPECT_TRUE(s.ok()) << s.status().ToString();  // not waited for: nothing commits it yet
