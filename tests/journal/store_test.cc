@@ -160,10 +160,10 @@ TEST(Store, SubmitJournalsDecisions) {
 
 // Proves the fold speaks first when the group-commit queue is full: an input the fold refuses is
 // answered Rejected (nothing was journaled, a caller may say so), a binding it would accept Busy,
-// and the journal is unchanged by both, while the executor's own input still finds room (the
-// reserve); catches a full queue turning a plain refusal into an unknown outcome (which makes
-// serve fail-stop), and clients' admissions crowding out an effect's intent or observation (an
-// effect performed without its observation goes TAINTED at the next recovery).
+// and the journal is unchanged by both, while the executor's own inputs still find room (the
+// reserve, and no more than it); catches a full queue turning a plain refusal into an unknown
+// outcome (which makes serve fail-stop), and clients' admissions crowding out an effect's intent or
+// observation (an effect performed without its observation goes TAINTED at the next recovery).
 TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
   TempDir dir;
   auto j = OpenOk(dir.path());
@@ -188,11 +188,23 @@ TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
   EXPECT_EQ(busy.status().code(), Code::kBusy) << busy.status().ToString();
   EXPECT_EQ(j->head_seq(), head);
   EXPECT_EQ(j->state().lifecycle, Lifecycle::kReady);
-  Result<Journal::Submitted> control =
+  // The executor's inputs (here the monitor's) take the reserve, and no more.
+  const State ready = j->state();
+  EngineMonitored seen{HttpEvidence{Transport::kOk, 200, true, 10, ""},
+                       ready.committed.label,
+                       true,
+                       false,
+                       ready.engine_instance,
+                       0,
+                       monitor_epoch(ready)};
+  std::size_t control = 0;
+  while (j->Submit(seen, 3).ok()) ASSERT_LE(++control, kControlGroupsReserve);
+  EXPECT_EQ(control, kControlGroupsReserve);
+  EXPECT_EQ(j->head_seq(), head + kControlGroupsReserve);
+  Result<Journal::Submitted> full =
       j->Submit(UpdateRequested{"u1", "rc-1", testing::SampleIdentity(), "x"}, 3);
-  ASSERT_TRUE(control.ok()) << control.status().ToString();
-  EXPECT_GT(j->head_seq(), head);
-  EXPECT_EQ(j->state().lifecycle, Lifecycle::kDraining);
+  EXPECT_EQ(full.status().code(), Code::kBusy) << full.status().ToString();
+  EXPECT_EQ(j->state().lifecycle, Lifecycle::kReady);
 }
 
 // Proves a second opener of a live journal gets Busy naming the LOCK file; catches two writers
