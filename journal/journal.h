@@ -50,9 +50,11 @@ using Hash = std::array<std::uint8_t, 32>;  // SHA-256
 inline constexpr std::size_t kRecordBytesMax = 64 * 1024;  // larger records are refused
 inline constexpr std::size_t kGroupEventsMax = 1024;       // events in one Append
 inline constexpr std::size_t kPendingAppendsMax = 4096;    // group-commit queue bound
-// Beyond kPendingAppendsMax, room kept for the executor's own inputs (intents, observations, the
-// monitor's, the fleet's): clients' bindings filling the queue never leave an effect performed
-// without its observation. A few per engine at most are pending at once.
+// Admissions fill the group-commit queue to kPendingAppendsMax. The other bindings (a finish ends
+// a rollout an admission already holds) get kControlGroupsReserve groups more, and the executor's
+// own inputs (intents, observations, the monitor's, the fleet's; a few per engine at once) twice
+// that: a flood of admissions never starves a finish (serve fail-stops on a finish it cannot make
+// durable), and nothing clients send leaves an effect performed without its observation.
 inline constexpr std::size_t kControlGroupsReserve = 1024;
 inline constexpr std::uint32_t kCommitWindowUsMax = 10000;  // Options::commit_window_us
 

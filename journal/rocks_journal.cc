@@ -1245,9 +1245,19 @@ Status RocksJournal::CheckKeySize(const std::string& key) {
                                  " bytes");
 }
 
+namespace {
+
+// The tiers of journal.h's kControlGroupsReserve.
+std::size_t QueueRoomFor(const Event& input) {
+  if (std::holds_alternative<RolloutAdmitted>(input)) return kPendingAppendsMax;
+  if (family_of(input) == Family::kBinding) return kPendingAppendsMax + kControlGroupsReserve;
+  return kPendingAppendsMax + 2 * kControlGroupsReserve;
+}
+
+}  // namespace
+
 Status RocksJournal::CheckQueueRoom(const Event& input) const {
-  const bool binding = family_of(input) == Family::kBinding;
-  const std::size_t room = kPendingAppendsMax + (binding ? 0 : kControlGroupsReserve);
+  const std::size_t room = QueueRoomFor(input);
   if (pending_groups_ < room) return Status::OK();
   return Status::Busy("group-commit queue full (" + std::to_string(room) + " groups pending)");
 }

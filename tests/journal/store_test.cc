@@ -160,8 +160,9 @@ TEST(Store, SubmitJournalsDecisions) {
 
 // Proves the fold speaks first when the group-commit queue is full: an input the fold refuses is
 // answered Rejected (nothing was journaled, a caller may say so), a binding it would accept Busy,
-// and the journal is unchanged by both, while the executor's own inputs still find room (the
-// reserve, and no more than it); catches a full queue turning a plain refusal into an unknown
+// and the journal is unchanged by both, while a finish and the executor's own inputs still find
+// room (their reserves, and no more); catches admissions starving a finish (serve fail-stops on
+// one it cannot make durable), a full queue turning a plain refusal into an unknown
 // outcome (which makes serve fail-stop), and clients' admissions crowding out an effect's intent or
 // observation (an effect performed without its observation goes TAINTED at the next recovery).
 TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
@@ -188,7 +189,11 @@ TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
   EXPECT_EQ(busy.status().code(), Code::kBusy) << busy.status().ToString();
   EXPECT_EQ(j->head_seq(), head);
   EXPECT_EQ(j->state().lifecycle, Lifecycle::kReady);
-  // The executor's inputs (here the monitor's) take the reserve, and no more.
+  // A finish still finds room: admissions never take the finishes' reserve.
+  Result<Journal::Submitted> finish =
+      j->Submit(RolloutFinished{"r0", RolloutOutcome::kCompleted, 1, 1}, 3);
+  ASSERT_TRUE(finish.ok()) << finish.status().ToString();
+  // The executor's inputs (here the monitor's) take their reserve, and no more.
   const State ready = j->state();
   EngineMonitored seen{HttpEvidence{Transport::kOk, 200, true, 10, ""},
                        ready.committed.label,
@@ -198,9 +203,9 @@ TEST(Store, AFullQueueDoesNotHideTheFoldsRefusal) {
                        0,
                        monitor_epoch(ready)};
   std::size_t control = 0;
-  while (j->Submit(seen, 3).ok()) ASSERT_LE(++control, kControlGroupsReserve);
-  EXPECT_EQ(control, kControlGroupsReserve);
-  EXPECT_EQ(j->head_seq(), head + kControlGroupsReserve);
+  while (j->Submit(seen, 3).ok()) ASSERT_LE(++control, 2 * kControlGroupsReserve);
+  EXPECT_EQ(control, 2 * kControlGroupsReserve - 1);  // the finish took one
+  EXPECT_EQ(j->head_seq(), head + 2 * kControlGroupsReserve);
   Result<Journal::Submitted> full =
       j->Submit(UpdateRequested{"u1", "rc-1", testing::SampleIdentity(), "x"}, 3);
   EXPECT_EQ(full.status().code(), Code::kBusy) << full.status().ToString();
