@@ -400,7 +400,7 @@ Status Service::StartFleet() {
 
 // Each retiring engine the fleet still holds is asked to leave before the proxy listens: a member
 // of a fleet update the restart found open is skipped by it if it had not started. One the fold
-// cannot let leave yet (its own plan did not end, or it is updating in that fleet update) is asked
+// cannot let leave yet (its own plan can still move, or it belongs to that fleet update) is asked
 // again once that update ended; if it still cannot, serve runs without it (never picked, no
 // monitor) and the log says why. The fold removes a leaving engine once it holds no rollouts (the
 // recovery abandoned those of the last run). Only the journal failing stops the start.

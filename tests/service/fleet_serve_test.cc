@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "replay/replay.h"
+#include "service/http_util.h"
 #include "statemachine/fleet_history.h"
 #include "tests/service/service_stack.h"
 
@@ -638,8 +639,8 @@ TEST(FleetServe, AMemberThatDiesPausedStallsAndRetires) {
   EXPECT_EQ(end["stalled"], 1);
   EXPECT_FALSE(f->svc->failed());
   const json e1 = f->State()["engines"]["e1"];
-  EXPECT_EQ(e1["lifecycle"], "RESUMING") << e1.dump();
-  EXPECT_EQ(e1["stalled"], true) << e1.dump();
+  EXPECT_EQ(e1["lifecycle"], "RESUMING") << DumpSafe(e1);
+  EXPECT_EQ(e1["stalled"], true) << DumpSafe(e1);
   EXPECT_EQ(e1["admitting"], false);
   for (const auto& a : CompleteMany(*f, 6, 3)) {
     EXPECT_EQ(a.status, 200);
