@@ -3,7 +3,8 @@
 
 Holds N streaming /v1/completions open through serve (a slow double: one token a second), and
 while they are open measures the latency of (a) new non-streaming admissions (max_tokens 1, one
-every 10 ms) and (b) trainer GET /v1/state calls; samples serve's RSS; at the end checks that
+every 10 ms), (b) trainer GET /v1/state calls and (c) the same admission sent straight to the
+double, so that what serve adds is the difference; samples serve's RSS; at the end checks that
 every stream ended with `data: [DONE]`. With --trickle N, N more connections send a request's
 bytes at 1 byte per second for the whole run. README.md explains the report.
 
@@ -28,8 +29,9 @@ PROMPT = "hello world"
 
 
 def probe_connections(args):
-    """Probes that can be open at once: two kinds, one each per interval, each up to its timeout."""
-    return 2 * math.ceil(args.request_timeout * 1000 / args.probe_interval_ms) + 256
+    """Probes that can be open at once: three kinds (the direct one goes to the double), one each
+    per interval, each up to its timeout."""
+    return 3 * math.ceil(args.request_timeout * 1000 / args.probe_interval_ms) + 256
 
 
 def parse_args():
@@ -230,7 +232,8 @@ class Latencies:
                 "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": s[-1] * 1e3 if s else None}
 
 
-async def probe(kind, lat, host, port, req, timeout):
+async def probe(kind, lat, target, req, timeout):
+    host, port = target
     t0 = time.monotonic()
     writer = None
     try:
@@ -247,7 +250,7 @@ async def probe(kind, lat, host, port, req, timeout):
             lat.fail(f"HTTP {status}", body)
         elif not complete:
             lat.fail("truncated body")
-        elif kind == "admit" and b'"choices"' not in body:
+        elif kind != "state" and b'"choices"' not in body:
             lat.fail("no choices in body")
         else:
             lat.ok.append(time.monotonic() - t0)
@@ -260,15 +263,20 @@ async def probe(kind, lat, host, port, req, timeout):
             close_writer(writer)
 
 
-async def run_probes(run, duration, admit, state):
-    """Open-loop: one admission and one /v1/state started every interval, whatever the answers."""
+async def run_probes(run, duration, admit, state, direct):
+    """Open-loop: one admission and one /v1/state through serve, and the same admission straight
+    to the double (what serve adds is the difference), started every interval, whatever the
+    answers."""
     interval = run.args.probe_interval_ms / 1e3
     tasks = set()
     end = time.monotonic() + duration
     next_t = time.monotonic()
     while time.monotonic() < end and not run.window_over.is_set():
-        for kind, lat, req in (("admit", admit, run.admit_req), ("state", state, run.state_req)):
-            t = asyncio.ensure_future(probe(kind, lat, run.host, run.port, req, run.args.request_timeout))
+        serve = (run.host, run.port)
+        for kind, lat, target, req in (("admit", admit, serve, run.admit_req),
+                                       ("state", state, serve, run.state_req),
+                                       ("direct", direct, run.double, run.direct_req)):
+            t = asyncio.ensure_future(probe(kind, lat, target, req, run.args.request_timeout))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
         next_t += interval
@@ -285,10 +293,13 @@ async def run_probes(run, duration, admit, state):
 
 
 class Run:
-    def __init__(self, args, host, port, model, token, serve_pid):
+    def __init__(self, args, host, port, double, model, token, serve_pid):
         self.args, self.host, self.port, self.serve_pid = args, host, port, serve_pid
+        self.double = double
         self.admit_req = request_bytes(host, port, "POST", "/v1/completions",
                                        {"model": model, "prompt": PROMPT, "max_tokens": 1})
+        self.direct_req = request_bytes(double[0], double[1], "POST", "/v1/completions",
+                                        {"model": model, "prompt": PROMPT, "max_tokens": 1})
         self.state_req = request_bytes(host, port, "GET", "/v1/state",
                                        headers=[f"Authorization: Bearer {token}"])
         self.stream_req = request_bytes(host, port, "POST", "/v1/completions",
@@ -459,6 +470,13 @@ class Run:
             await asyncio.sleep(0.25)
 
 
+def fmt_delta(through_ms, direct_ms):
+    """Serve's share of an admission's latency at one percentile: through serve minus direct."""
+    if through_ms is None or direct_ms is None or math.inf in (through_ms, direct_ms):
+        return "—"
+    return f"{through_ms - direct_ms:+.1f} ms"
+
+
 def md_code(text):
     """Text as inline code in a Markdown table cell."""
     return "`" + text.replace("|", "\\|").replace("`", "'").replace("\n", " ")[:200] + "`"
@@ -480,11 +498,12 @@ async def drive(args, run, serve):
     cpu0 = harness.cpu_seconds([serve.pid])
 
     # 1. baseline: nothing else open
-    base_a, base_s = Latencies("admit"), Latencies("state")
+    base_a, base_s, base_d = Latencies("admit"), Latencies("state"), Latencies("direct")
     if args.baseline_s > 0:
         log(f"baseline: probes for {args.baseline_s:g} s with nothing else open")
-        await run_probes(run, args.baseline_s, base_a, base_s)
-    out["baseline"] = {"admission": base_a.summary(), "state": base_s.summary()}
+        await run_probes(run, args.baseline_s, base_a, base_s, base_d)
+    out["baseline"] = {"admission": base_a.summary(), "state": base_s.summary(),
+                       "direct": base_d.summary()}
 
     # 2. open the trickles and the streams
     t_open = time.monotonic()
@@ -510,15 +529,16 @@ async def drive(args, run, serve):
         f"probing for up to {args.measure_s:g} s")
 
     # 3. the window: probes while the streams are open, until the first one finishes
-    win_a, win_s = Latencies("admit"), Latencies("state")
+    win_a, win_s, win_d = Latencies("admit"), Latencies("state"), Latencies("direct")
     open_at_start = run.open_now
     run.open_min_in_window = open_at_start
     run.window_floor = math.ceil(0.9 * open_at_start)
     run.window_active = True
     out["phases"]["window_s"] = await run_probes(
-        run, max(0.0, min(args.measure_s, deadline - time.monotonic())), win_a, win_s)
+        run, max(0.0, min(args.measure_s, deadline - time.monotonic())), win_a, win_s, win_d)
     run.window_active = False
     out["window"] = {"admission": win_a.summary(), "state": win_s.summary(),
+                     "direct": win_d.summary(),
                      "streams_open_at_start": open_at_start,
                      "streams_open_min": run.open_min_in_window,
                      "ended_early": run.window_over.is_set()}
@@ -573,7 +593,9 @@ def report(args, out, run, cfg, dbl_cmd, nofile):
                     "at least" if args.streams else "")
                  + (" (ended early: more than 10% of the streams finished)"
                     if w["ended_early"] else "")))
-    for label, key in (("admission (POST max_tokens 1)", "admission"), ("trainer GET /v1/state", "state")):
+    for label, key in (("admission (POST max_tokens 1)", "admission"),
+                       ("the same admission straight to the double", "direct"),
+                       ("trainer GET /v1/state", "state")):
         for phase, d in (("baseline", b), ("under load", w)):
             s = d[key]
             fails = "; failed " + ", ".join(f"{k}: {v}" for k, v in s["failed"].items()) if s["failed"] else ""
@@ -582,6 +604,10 @@ def report(args, out, run, cfg, dbl_cmd, nofile):
                          f"({s['ok']}/{s['count']} ok{fails})"))
             for reason, body in s["samples"].items():
                 rows.append((f"{label}, {phase}: a {reason} answer began", md_code(body)))
+    for phase, d in (("baseline", b), ("under load", w)):
+        rows.append((f"added by serve to an admission, {phase}: p50 / p99",
+                     f"{fmt_delta(d['admission']['p50_ms'], d['direct']['p50_ms'])} / "
+                     f"{fmt_delta(d['admission']['p99_ms'], d['direct']['p99_ms'])}"))
     rows += [
         ("serve RSS peak (sampled VmRSS / kernel VmHWM)",
          f"{run.rss['peak_kib'] / 1024:.0f} MiB / {run.rss['hwm_kib'] / 1024:.0f} MiB"),
@@ -600,7 +626,8 @@ def report(args, out, run, cfg, dbl_cmd, nofile):
         print(f"| {k} | {v} |")
     print(f"\nserve config: {json.dumps({k: v for k, v in cfg.items() if k not in ('auth_token', 'journal_path', 'engine_url')})}")
     print(f"double: {' '.join(os.path.basename(c) if i == 0 else c for i, c in enumerate(dbl_cmd))}")
-    probe_fail = any(out[p][k]["failed"] for p in ("baseline", "window") for k in ("admission", "state"))
+    probe_fail = any(out[p][k]["failed"] for p in ("baseline", "window")
+                     for k in ("admission", "state", "direct"))
     if not ok or probe_fail:
         print("\n**Not a clean run: streams that did not complete, or probes that failed, are listed "
               "above.**")
@@ -646,7 +673,8 @@ def main():
         log(f"double {dbl_url}, serve {url}")
 
         async def go():
-            run = Run(args, host, int(port), model, token, serve.pid)
+            dhost, dport = dbl_url[len("http://"):].rsplit(":", 1)
+            run = Run(args, host, int(port), (dhost, int(dport)), model, token, serve.pid)
             out = await drive(args, run, serve)
             return run, out
         run, out = asyncio.run(go())
