@@ -445,6 +445,16 @@ const std::array kKeys = {
               kTrust,
               "how often the engine is probed while READY (ms)",
               {}},
+    ConfigKey{"stalled_plan_retry_ms",
+              "stalled-plan-retry-ms",
+              &C::stalled_plan_retry_ms,
+              100,
+              3600000,
+              kTrust,
+              "a plan stalled at an engine that stopped answering is tried again once the engine "
+              "answers the monitor, at most this often; doubled after each try that stalls again, "
+              "up to 64 times (ms)",
+              {}},
     ConfigKey{"engine_startup_timeout_ms",
               "engine-startup-timeout-ms",
               &C::engine_startup_timeout_ms,

@@ -124,6 +124,10 @@ struct ServeConfig {
   // The engine monitor probes the engine this often while READY
   // (kEngineMonitorIntervalMs{Min,Max}).
   std::uint64_t engine_monitor_interval_ms = 200;
+  // A plan stalled at an engine that stopped answering is tried again once the engine answers
+  // the monitor, at most this often; the wait doubles after each try that stalls again, up to
+  // kStalledPlanRetryBackoffMax times it.
+  std::uint64_t stalled_plan_retry_ms = 5000;
   // Startup waits this long for the engine to answer (GET /version, then bootstrap/recovery),
   // logging progress, then fails saying why (1 ms..24 h).
   std::uint64_t engine_startup_timeout_ms = 300000;
@@ -166,6 +170,7 @@ struct ServeConfig {
 
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMin = 10;
 inline constexpr std::uint64_t kEngineMonitorIntervalMsMax = 60000;
+inline constexpr std::uint64_t kStalledPlanRetryBackoffMax = 64;
 inline constexpr std::uint32_t kRolloutLeaseMsMin = 1000;
 inline constexpr std::uint32_t kRolloutLeaseMsMax = kLeaseMsMax;
 

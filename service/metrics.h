@@ -70,6 +70,7 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> digest_checks_drift{0};
   std::atomic<std::uint64_t> digest_checks_unavailable{0};
   std::atomic<std::uint64_t> engine_probe_failures{0};
+  std::atomic<std::uint64_t> stalled_plan_retries{0};  // a stalled plan tried again (Recover)
   std::atomic<std::int64_t> proxy_in_flight{0};
   Histogram journal_append;  // Submit + Wait (admissions and finishes)
   Histogram proxy_total;     // proxy request, receipt to last byte handed to the socket

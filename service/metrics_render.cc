@@ -207,6 +207,8 @@ void AppendServiceCounters(std::string& out, const ServiceMetrics& m) {
         m.engine_probe_failures.load()},
        {"rolloutcore_engine_monitor_events_total", "EngineMonitored events journaled",
         m.engine_monitor_submits.load()},
+       {"rolloutcore_stalled_plan_retries_total",
+        "stalled plans tried again once their engine answered", m.stalled_plan_retries.load()},
        {"rolloutcore_weight_digest_checks_match_total",
         "monitor weight digests equal to the committed version's", m.digest_checks_match.load()},
        {"rolloutcore_weight_digest_checks_drift_total",

@@ -87,6 +87,7 @@ void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
     SendStatus(res, ended.status());
     return;
   }
+  if (AnsweredStalledPlan("restore", request.restore_id, ended.status(), res)) return;
   metrics_.updates_outcome_unknown++;
   FailStop("restore '" + request.restore_id +
            "' did not reach a recorded outcome: " + ended.status().ToString());

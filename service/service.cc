@@ -673,8 +673,9 @@ State Service::MonitorView(const std::string& engine) const {
 bool Service::MonitorOnce(const MonitorTarget& t) {
   const State before = MonitorView(t.engine);
   const bool asleep = before.lifecycle == Lifecycle::kSleeping;
-  // Anything else, or a plan in flight: the runner owns the engine now.
-  if ((before.lifecycle != Lifecycle::kReady && !asleep) || before.update.has_value()) return true;
+  // A plan in flight: the runner owns the engine, unless the plan stalled there.
+  if (before.update.has_value()) return RetryStalledPlan(t);
+  if (before.lifecycle != Lifecycle::kReady && !asleep) return true;
   const EngineProbe probe = ProbeEngine(t, /*digest_allowed=*/!asleep);
   const EngineMonitored& p = probe.seen;
   const bool ok = p.http.ok_2xx();

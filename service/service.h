@@ -106,6 +106,10 @@ struct EngineWatch {
   mutable std::mutex seen_mu;
   std::string instance_seen;  // what the last probe that answered reported
   std::string label_seen;
+  // The engine's monitor thread only: when its stalled plan may be tried again, and the wait
+  // after the next try that stalls (stalled_plan_retry.cc).
+  std::int64_t stalled_retry_due_ms = 0;
+  std::uint64_t stalled_retry_wait_ms = 0;
 };
 
 // One engine of a fleet, as serve drives it and proxies to it (fleet_service.cc).
@@ -428,6 +432,16 @@ class Service {
   void MonitorLoop(const MonitorTarget& target);
   std::vector<std::thread*> MonitorThreads();
   bool MonitorOnce(const MonitorTarget& target);
+  // A plan stalled at this engine is tried again once the engine answers (stalled_plan_retry.cc);
+  // false once the executor fail-stopped.
+  bool RetryStalledPlan(const MonitorTarget& target);
+  bool StalledPlanRetryDue(const MonitorTarget& target);
+  std::optional<std::string> StalledPlanOf(const std::string& engine) const;
+  effects::Runner* RunnerOf(const std::string& engine);
+  bool AnsweredStalledPlan(const std::string& what, const std::string& plan_id, const Status& st,
+                           HttpResponse& res);
+  void NoteStalledPlanRetry(const MonitorTarget& target, const std::string& plan_id,
+                            const Status& driven);
   State MonitorView(const std::string& engine) const;
   struct EngineProbe {
     EngineMonitored seen;

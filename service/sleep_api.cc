@@ -164,6 +164,7 @@ void Service::AnswerUnfinished(const SameVersionPlan& plan, bool journaled, cons
     SendStatus(res, st);
     return;
   }
+  if (AnsweredStalledPlan(plan.what, plan.id, st, res)) return;
   metrics_.updates_outcome_unknown++;
   FailStop(std::string(plan.what) + " '" + plan.id +
            "' did not reach a recorded outcome: " + st.ToString());

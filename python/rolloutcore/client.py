@@ -40,7 +40,9 @@ class UpdateFailed(RolloutCoreError):
 
 
 class OutcomeUnknown(RolloutCoreError):
-    """503 outcome_unknown: the executor fail-stopped before the request's outcome was durable.
+    """503 outcome_unknown: the executor fail-stopped before the request's outcome was durable,
+    or the plan stalled at an engine that stopped answering (serve tries it again once the
+    engine answers).
 
     Nothing was decided for the trainer: once the executor is back, make the same call again
     with the SAME id (`self.update_id`: the update_id, restore_id, sleep_id or wake_id sent) to

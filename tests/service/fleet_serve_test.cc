@@ -658,6 +658,53 @@ TEST(FleetServe, AMemberThatDiesPausedStallsAndRetires) {
   f->CheckJournal();
 }
 
+// Proves serve tries a stalled member again by itself once its engine answers: a member whose
+// engine died paused and came back as another process goes TAINTED (engine_replaced), one whose
+// resume was refused until it stalled resumes on the target and serves; neither needs a restart
+// of serve. Catches a stalled member left out of service, or a replaced engine left unverified,
+// until an operator restarts serve.
+TEST(FleetServe, AStalledMemberIsTriedAgainOnceItsEngineAnswers) {
+  FleetStack f(3, [](ServeConfig& c) {
+    c.engine_monitor_interval_ms = 50;
+    c.stalled_plan_retry_ms = 100;
+  });
+  fixtures::RouteFault dies;
+  dies.die = true;
+  f.engines[1]->SetRouteFault("/resume", dies);
+  fixtures::RouteFault refused;
+  refused.status = 503;
+  refused.times = static_cast<int>(kEffectAttemptsMax);
+  f.engines[2]->SetRouteFault("/resume", refused);
+  auto r = f.FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 207) << r->body;
+  EXPECT_EQ(json::parse(r->body)["stalled"], 2) << r->body;
+  auto lifecycle = [&f](const char* e) { return f.State()["engines"][e]["lifecycle"]; };
+  (void)Eventually([&] { return lifecycle("e2") == "READY"; }, 10000);
+  json e2 = f.State()["engines"]["e2"];
+  ASSERT_EQ(e2["lifecycle"], "READY") << DumpSafe(e2);
+  EXPECT_EQ(e2["committed"]["label"], "rc-1");
+  EXPECT_EQ(lifecycle("e1"), "RESUMING") << "nothing answers for e1: it stays stalled";
+  EXPECT_EQ(f.State()["engines"]["e1"]["stalled"], true);
+
+  ASSERT_TRUE(f.RestartEngine(1));
+  (void)Eventually([&] { return lifecycle("e1") == "TAINTED"; }, 10000);
+  const json e1 = f.State()["engines"]["e1"];
+  ASSERT_EQ(e1["lifecycle"], "TAINTED") << DumpSafe(e1);
+  EXPECT_EQ(e1["taint"]["cause"], "engine_replaced") << DumpSafe(e1);
+  EXPECT_EQ(f.engines[1]->weight_label(), "default") << "the new process was never touched";
+  EXPECT_FALSE(f.svc->failed());
+  std::set<std::string> served;
+  for (const auto& a : CompleteMany(f, 8, 4)) {
+    EXPECT_EQ(a.status, 200);
+    EXPECT_EQ(a.label, "rc-1");
+    served.insert(a.engine);
+  }
+  EXPECT_EQ(served.count("e1"), 0u);
+  EXPECT_EQ(served.count("e2"), 1u) << "the member that resumed serves";
+  f.CheckJournal();
+}
+
 // Proves a fleet update while one member is dead leaves that member out (it is not reachable,
 // so not a member), commits on the others and keeps serve serving; catches a dead member taken
 // into the update, whose plan can then never end and stops the whole fleet.

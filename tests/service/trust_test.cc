@@ -20,6 +20,7 @@
 #include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
 #include "journal/testing/fault_env.h"
+#include "service/http_util.h"
 #include "service/service.h"
 #include "statemachine/describe.h"
 #include "tests/service/service_stack.h"
@@ -400,6 +401,107 @@ TEST(TrustEngine, MonitorDetectsAReplacedEngine) {
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("rolloutcore_engine_info{instance=\""), std::string::npos);
   EXPECT_NE(m->body.find("rolloutcore_journal_failed 0"), std::string::npos);
+}
+
+json StateOf(httplib::Client& c) {
+  auto r = c.Get("/v1/state", auth());
+  RC_CHECK(r && r->status == 200);
+  return json::parse(r->body);
+}
+
+std::uint64_t StalledPlanRetries(httplib::Client& c) {
+  auto m = c.Get("/metrics");
+  RC_CHECK(m && m->status == 200);
+  const std::string name = "\nrolloutcore_stalled_plan_retries_total ";
+  const std::size_t at = m->body.find(name);
+  RC_CHECK(at != std::string::npos);
+  return std::stoull(m->body.substr(at + name.size()));
+}
+
+// Starts update `id` whose resume the engine never takes: the plan stalls in RESUMING, answered
+// 503 outcome_unknown without a fail-stop, shown stalled.
+void StallAtResume(Stack& s, httplib::Client& c, const std::string& id,
+                   const fixtures::RouteFault& fault) {
+  s.engine->SetRouteFault("/resume", fault);
+  auto u = c.Post("/v1/updates", auth(), update_body(id, "rc-1", 1).dump(), "application/json");
+  ASSERT_TRUE(u);
+  ASSERT_EQ(u->status, 503) << u->body;
+  EXPECT_NE(u->body.find("outcome_unknown"), std::string::npos) << u->body;
+  EXPECT_NE(u->body.find("stalled"), std::string::npos) << u->body;
+  EXPECT_FALSE(s.svc->failed()) << s.svc->failure();
+  const json st = StateOf(c);
+  EXPECT_EQ(st["lifecycle"], "RESUMING") << DumpSafe(st);
+  EXPECT_EQ(st["update"]["stalled"], true) << DumpSafe(st);
+}
+
+// Proves an engine that dies paused at its resume leaves its update stalled and visible, with no
+// fail-stop, and that once another process answers on its address serve notices by itself: the
+// plan is tried again and ends TAINTED (engine_replaced), and a re-POST reads that outcome.
+// Catches a stalled plan that waits for an operator's restart of serve while an engine nobody
+// verified sits behind it (the restart went unnoticed).
+TEST(TrustEngine, AnEngineThatDiesPausedAndComesBackAsAnotherProcessIsTainted) {
+  Stack s([](ServeConfig& c) {
+    c.engine_monitor_interval_ms = 50;
+    c.stalled_plan_retry_ms = 100;
+  });
+  httplib::Client c = s.client();
+  fixtures::RouteFault dies;
+  dies.die = true;
+  StallAtResume(s, c, "u-1", dies);
+  auto asked =
+      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+  ASSERT_TRUE(asked);
+  EXPECT_EQ(asked->status, 503) << "asked again while stalled: " << asked->body;
+  EXPECT_FALSE(s.svc->failed()) << s.svc->failure();
+  EXPECT_EQ(StalledPlanRetries(c), 0u) << "tried while nothing answers";
+  ASSERT_TRUE(s.RestartEngine());
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 10000))
+      << DumpSafe(StateOf(c));
+  const State st = s.svc->journal().state();
+  EXPECT_EQ(st.taint->cause, Cause::kEngineReplaced) << describe(st);
+  EXPECT_FALSE(st.update.has_value());
+  EXPECT_FALSE(s.svc->failed());
+  EXPECT_GE(StalledPlanRetries(c), 1u);
+  auto again =
+      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(json::parse(again->body)["outcome"], "tainted") << again->body;
+  EXPECT_EQ(s.engine->weight_label(), "default") << "the new process was never touched";
+}
+
+// Proves a resume refused until the plan stalled goes on when the same engine process answers
+// again: the validated target is published and serves, without a restart or a fail-stop, and a
+// re-POST reads "committed". Catches an engine that recovered but stays out of service (admitting
+// nothing) until an operator restarts serve.
+TEST(TrustEngine, AStalledResumeGoesOnWhenTheSameEngineAnswers) {
+  Stack s([](ServeConfig& c) {
+    c.engine_monitor_interval_ms = 50;
+    c.stalled_plan_retry_ms = 100;
+  });
+  httplib::Client c = s.client();
+  fixtures::RouteFault refused;
+  refused.status = 503;
+  refused.times = static_cast<int>(kEffectAttemptsMax);
+  StallAtResume(s, c, "u-1", refused);
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kReady; }, 10000))
+      << DumpSafe(StateOf(c));
+  const State st = s.svc->journal().state();
+  EXPECT_EQ(st.committed.label, "rc-1") << describe(st);
+  EXPECT_FALSE(s.svc->failed());
+  EXPECT_EQ(StalledPlanRetries(c), 1u);
+  auto again =
+      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+  EXPECT_EQ(json::parse(again->body)["outcome"], "committed") << again->body;
+  auto gen =
+      c.Post("/v1/completions", R"({"model": "rc-double-model", "prompt": "hi", "max_tokens": 2})",
+             "application/json");
+  ASSERT_TRUE(gen);
+  EXPECT_EQ(gen->status, 200) << gen->body;
+  EXPECT_EQ(gen->get_header_value("X-RolloutCore-Version"), "rc-1");
 }
 
 // Proves /v1/manifest needs the token and never quotes the file it opened, and that an update
