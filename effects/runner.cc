@@ -377,6 +377,18 @@ Status Runner::Recover() {
   return Drive();
 }
 
+Status Runner::RetryStalledPlan() {
+  std::string id = std::string(kStalledPlanRetryPrefix) + options_.executor_id;
+  // Within the id bound, cut on a UTF-8 character boundary (the fold refuses a broken one).
+  if (id.size() > kIdBytesMax) {
+    id.resize(kIdBytesMax);
+    while ((static_cast<unsigned char>(id.back()) & 0xC0) == 0x80) id.pop_back();
+    if (static_cast<unsigned char>(id.back()) >= 0xC0) id.pop_back();  // the cut character's lead
+  }
+  RC_RETURN_IF_ERROR(submit(RecoveryStarted{id}).status());
+  return Drive();
+}
+
 // Waits (unjournaled) until the engine answers /health: an engine still loading its weights is
 // not a failed bootstrap. Bounded by options.startup_timeout_ms.
 Status Runner::wait_for_engine(const BootstrapOptions& options) {

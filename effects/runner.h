@@ -91,6 +91,9 @@ class Runner {
   // that must be reachable by its clients (leased rollouts finishing) before an interrupted
   // update can go on.
   [[nodiscard]] Status BeginRecovery();
+  // Recover() while this executor runs, for a plan that stalled: the same RecoveryStarted (the
+  // plan gets its attempts back), its executor id prefixed with kStalledPlanRetryPrefix.
+  [[nodiscard]] Status RetryStalledPlan();
   // UNINITIALIZED -> READY once the engine reports `label`: a fresh engine (label "default") is
   // labelled; one that reports another label or is paused is refused unless adopted. Errors say
   // what the engine answered and what to do.

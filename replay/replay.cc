@@ -180,8 +180,11 @@ std::string EvidenceLine(const journal::Record& r) {
     out << "  seq " << r.seq << ": wake-up of the "
         << (w->tag == WakeTag::kWeights ? "weights" : "KV cache") << " answered "
         << E(describe(w->http)) << "; " << MemoryMoved(w->memory, false) << "\n";
-  } else if (std::holds_alternative<RecoveryStarted>(r.event)) {
-    out << "  seq " << r.seq << ": executor restarted\n";
+  } else if (const auto* rs = std::get_if<RecoveryStarted>(&r.event)) {
+    out << "  seq " << r.seq << ": "
+        << (is_stalled_plan_retry(*rs) ? "the stalled plan tried again: the engine answered"
+                                       : "executor restarted")
+        << "\n";
   }
   return out.str();
 }

@@ -108,7 +108,7 @@ struct EngineWatch {
   std::string label_seen;
   // The engine's monitor thread only: when its stalled plan may be tried again, and the wait
   // after the next try that stalls (stalled_plan_retry.cc).
-  std::int64_t stalled_retry_due_ms = 0;
+  std::chrono::steady_clock::time_point stalled_retry_due{};
   std::uint64_t stalled_retry_wait_ms = 0;
 };
 
@@ -436,11 +436,11 @@ class Service {
   // false once the executor fail-stopped.
   bool RetryStalledPlan(const MonitorTarget& target);
   bool StalledPlanRetryDue(const MonitorTarget& target);
-  std::optional<std::string> StalledPlanOf(const std::string& engine) const;
+  std::optional<std::string> StalledPlanOf(const std::string& engine, bool retryable) const;
   effects::Runner* RunnerOf(const std::string& engine);
   bool AnsweredStalledPlan(const std::string& what, const std::string& plan_id, const Status& st,
                            HttpResponse& res);
-  void NoteStalledPlanRetry(const MonitorTarget& target, const std::string& plan_id,
+  bool NoteStalledPlanRetry(const MonitorTarget& target, const std::string& plan_id,
                             const Status& driven);
   State MonitorView(const std::string& engine) const;
   struct EngineProbe {

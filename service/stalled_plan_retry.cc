@@ -24,10 +24,16 @@ using namespace internal;  // NOLINT: the service's own helpers
 
 namespace {
 
-// Safe to recover only with no proxied rollout bound to the engine: RecoveryStarted ends those as
-// abandoned (their clients were a dead executor's). A stalled plan drained the engine, so none
-// is; the check keeps it so if that ever changes.
-bool Stalled(const State& s) { return plan_stalled(s) && s.active.empty(); }
+using SteadyClock = std::chrono::steady_clock;
+
+// RecoveryStarted ends every proxied binding as abandoned (its client was a dead executor's), so
+// a plan is tried again in place only while none is bound: a drain that timed out resumes with
+// its rollouts still bound, and those end first (their engine is gone). Leased rollouts keep
+// their leases either way.
+bool NoProxiedBinding(const State& s) {
+  return std::none_of(s.active.begin(), s.active.end(),
+                      [](const auto& kv) { return kv.second.lease_ms == 0; });
+}
 
 std::string Who(const std::string& engine) {
   return engine.empty() ? "the engine" : "engine '" + Esc(engine) + "'";
@@ -35,16 +41,20 @@ std::string Who(const std::string& engine) {
 
 }  // namespace
 
-std::optional<std::string> Service::StalledPlanOf(const std::string& engine) const {
+// The id of the engine's plan when it is stalled; with `retryable`, only when it may be tried
+// again now (no proxied binding, and in a fleet not leaving: a leaving engine's stalled plan
+// leaves with it).
+std::optional<std::string> Service::StalledPlanOf(const std::string& engine, bool retryable) const {
   std::optional<std::string> id;
-  auto read = [&id](const State& s) {
-    if (Stalled(s)) id = s.update->update_id;
+  auto read = [&id, retryable](const State& s) {
+    if (plan_stalled(s) && (!retryable || NoProxiedBinding(s))) id = s.update->update_id;
   };
   if (engine.empty()) {
     journal_->ReadState(read);
   } else {
     journal_->ReadFleetState([&](const FleetState& f) {
-      if (f.engines.count(engine) != 0) read(f.engines.at(engine));
+      const bool leaving = f.leaving.count(engine) != 0;
+      if (f.engines.count(engine) != 0 && !(retryable && leaving)) read(f.engines.at(engine));
     });
   }
   return id;
@@ -56,11 +66,11 @@ std::optional<std::string> Service::StalledPlanOf(const std::string& engine) con
 // the plan named did not stall (the caller fail-stops).
 bool Service::AnsweredStalledPlan(const std::string& what, const std::string& plan_id,
                                   const Status& st, HttpResponse& res) {
-  if (journal_->failed() || StalledPlanOf("") != plan_id) return false;
+  if (failed() || journal_->failed() || StalledPlanOf("", false) != plan_id) return false;
   metrics_.updates_outcome_unknown++;
   spdlog::warn(
-      "serve: {} '{}' stalled ({}): the engine does not answer; it is tried again once "
-      "the engine answers",
+      "serve: {} '{}' stalled ({}): the engine does not answer; it is tried again once the "
+      "engine answers",
       what, Esc(plan_id), Esc(st.ToString()));
   SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
   SendError(res, 503, "outcome_unknown",
@@ -79,22 +89,17 @@ effects::Runner* Service::RunnerOf(const std::string& engine) {
 // Due when the wait since the last try is over and the engine answers now (the probe is not
 // journaled: nothing is recorded while the engine stays away).
 bool Service::StalledPlanRetryDue(const MonitorTarget& t) {
-  const std::int64_t now_ms = wall_ms();
-  if (now_ms < t.watch.stalled_retry_due_ms) return false;
-  const EngineProbe probe = ProbeEngine(t, /*digest_allowed=*/false);
-  if (probe.seen.http.ok_2xx()) return true;
-  t.watch.stalled_retry_due_ms =
-      now_ms + static_cast<std::int64_t>(config_.engine_monitor_interval_ms);
-  return false;
+  if (SteadyClock::now() < t.watch.stalled_retry_due) return false;
+  return ProbeEngine(t, /*digest_allowed=*/false).seen.http.ok_2xx();
 }
 
 bool Service::RetryStalledPlan(const MonitorTarget& t) {
-  if (shutting_down_.load() || !StalledPlanOf(t.engine)) return true;
+  if (shutting_down_.load() || !StalledPlanOf(t.engine, true)) return true;
   if (!StalledPlanRetryDue(t)) return true;
   // Another plan (a fleet update, a restore, the start) owns the runners; look again next tick.
   std::unique_lock<std::timed_mutex> lock(update_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return true;
-  const std::optional<std::string> plan = StalledPlanOf(t.engine);  // again, under the lock
+  const std::optional<std::string> plan = StalledPlanOf(t.engine, true);  // again, under the lock
   effects::Runner* runner = RunnerOf(t.engine);
   if (!plan || runner == nullptr || shutting_down_.load()) return true;
   {
@@ -104,42 +109,48 @@ bool Service::RetryStalledPlan(const MonitorTarget& t) {
   spdlog::warn("serve: {} answers again; trying its stalled plan '{}' again", Who(t.engine),
                Esc(*plan));
   metrics_.stalled_plan_retries++;
-  const Status driven = runner->Recover();
+  const Status driven = runner->RetryStalledPlan();
   {
     std::lock_guard<std::mutex> g(update_id_mu_);
     running_update_id_.clear();
   }
   NotifyLifecycle(journal_->head_seq());
-  if (journal_->failed()) {
-    FailStop(journal_->failure().ToString());
-    return false;
-  }
-  NoteStalledPlanRetry(t, *plan, driven);
-  return true;
+  return NoteStalledPlanRetry(t, *plan, driven);
 }
 
-// Logs how the try ended and sets the wait before the next one.
-void Service::NoteStalledPlanRetry(const MonitorTarget& t, const std::string& plan_id,
+// Logs how the try ended and sets the wait before the next one; false (fail-stopped) when the
+// plan is left open with nothing to drive it: the journal failed, or the runner stopped with the
+// plan neither ended nor stalled (a refused intent, a full queue).
+bool Service::NoteStalledPlanRetry(const MonitorTarget& t, const std::string& plan_id,
                                    const Status& driven) {
-  const std::uint64_t first_ms = config_.stalled_plan_retry_ms;
+  const State s = MonitorView(t.engine);
+  const bool open = s.update.has_value() && s.update->update_id == plan_id;
+  const bool stalled = StalledPlanOf(t.engine, false) == plan_id;
+  if (journal_->failed() || (!driven.ok() && open && !stalled)) {
+    FailStop("the stalled plan '" + plan_id + "' was tried again and left open: " +
+             (journal_->failed() ? journal_->failure().ToString() : driven.ToString()));
+    return false;
+  }
   EngineWatch& w = t.watch;
-  if (StalledPlanOf(t.engine) == plan_id) {
-    w.stalled_retry_wait_ms = std::min(first_ms * kStalledPlanRetryBackoffMax,
-                                       std::max(first_ms, w.stalled_retry_wait_ms * 2));
+  const std::uint64_t first_ms = config_.stalled_plan_retry_ms;
+  w.stalled_retry_wait_ms = stalled ? std::min(first_ms * kStalledPlanRetryBackoffMax,
+                                               std::max(first_ms, w.stalled_retry_wait_ms * 2))
+                                    : first_ms;
+  RC_CHECK(w.stalled_retry_wait_ms >= first_ms &&
+           w.stalled_retry_wait_ms <= first_ms * kStalledPlanRetryBackoffMax);
+  w.stalled_retry_due = SteadyClock::now() + std::chrono::milliseconds(w.stalled_retry_wait_ms);
+  if (stalled) {
     spdlog::warn("serve: the plan '{}' of {} stalled again ({}); next try in {} ms at the earliest",
                  Esc(plan_id), Who(t.engine),
                  driven.ok() ? "its attempts ran out" : Esc(driven.ToString()),
                  w.stalled_retry_wait_ms);
   } else {
-    w.stalled_retry_wait_ms = first_ms;
-    const State s = MonitorView(t.engine);
-    spdlog::warn("serve: the stalled plan '{}' of {} ended: it is {} on '{}'{}", Esc(plan_id),
-                 Who(t.engine), lifecycle_name(s.lifecycle), Esc(s.committed.label),
+    spdlog::warn("serve: the stalled plan '{}' of {} {}: it is {} on '{}'{}", Esc(plan_id),
+                 Who(t.engine), open ? "goes on" : "ended", lifecycle_name(s.lifecycle),
+                 Esc(s.committed.label),
                  s.taint ? " (" + Esc(s.taint->detail) + ")" : std::string());
   }
-  RC_CHECK(w.stalled_retry_wait_ms >= first_ms &&
-           w.stalled_retry_wait_ms <= first_ms * kStalledPlanRetryBackoffMax);
-  w.stalled_retry_due_ms = wall_ms() + static_cast<std::int64_t>(w.stalled_retry_wait_ms);
+  return true;
 }
 
 }  // namespace rc::service

@@ -83,11 +83,17 @@ struct WakeRequested {
   bool operator==(const WakeRequested&) const = default;
 };
 
-// The executor (re)started and is reconciling with the journal.
+// The executor (re)started and is reconciling with the journal; or, with an executor_id that
+// begins with kStalledPlanRetryPrefix, a running executor tries a stalled plan again (the fold
+// treats both alike; replay tells them apart).
 struct RecoveryStarted {
   std::string executor_id;
   bool operator==(const RecoveryStarted&) const = default;
 };
+inline constexpr const char* kStalledPlanRetryPrefix = "stalled-plan-retry:";
+inline bool is_stalled_plan_retry(const RecoveryStarted& e) {
+  return e.executor_id.rfind(kStalledPlanRetryPrefix, 0) == 0;
+}
 
 // ---- inputs: observations ----
 
