@@ -584,10 +584,22 @@ struct HttpServer::BlockingPool {
   std::size_t in_flight = 0;  // queued or running
 };
 
+namespace {
+
+std::vector<std::unique_ptr<asio::io_context>> MakeLoops(std::size_t n) {
+  RC_CHECK(n >= 1);
+  std::vector<std::unique_ptr<asio::io_context>> loops;
+  for (std::size_t i = 0; i < n; ++i) loops.push_back(std::make_unique<asio::io_context>(1));
+  return loops;
+}
+
+}  // namespace
+
 HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
     : options_(std::move(options)),
       router_(std::move(router)),
-      acceptor_(io_),
+      loops_(MakeLoops(options_.io_threads)),
+      acceptor_(*loops_.front()),
       blocking_(std::make_unique<BlockingPool>(options_.blocking_threads)) {
   RC_CHECK(options_.io_threads >= 1 && options_.blocking_threads >= 1);
   RC_CHECK(options_.connections_max >= 1 && options_.body_bytes_max >= 1);
@@ -602,10 +614,12 @@ Result<int> HttpServer::Start() {
   RC_RETURN_IF_ERROR(Listen());
   const int port = acceptor_.local_endpoint().port();
   Accept();
-  for (std::size_t i = 0; i < options_.io_threads; ++i) {
-    io_threads_.emplace_back([this] { RunLoop(); });
+  // A loop with no connection yet has no work: the guard keeps it running until Stop.
+  for (auto& loop : loops_) guards_.push_back(asio::make_work_guard(*loop));
+  for (std::size_t i = 0; i < loops_.size(); ++i) {
+    io_threads_.emplace_back([this, i] { RunLoop(i); });
   }
-  RC_CHECK(io_threads_.size() == options_.io_threads);
+  RC_CHECK(io_threads_.size() == options_.io_threads && loops_.size() == options_.io_threads);
   return port;
 }
 
@@ -628,11 +642,11 @@ Status HttpServer::Listen() {
   return Status::OK();
 }
 
-// One io thread: runs the loop until it is stopped; a handler bug must not take the loop down.
-void HttpServer::RunLoop() {
+// One io thread: runs its loop until it is stopped; a handler bug must not take the loop down.
+void HttpServer::RunLoop(std::size_t loop) {
   for (;;) {
     try {
-      io_.run();
+      loops_[loop]->run();
       return;
     } catch (const std::exception& e) {
       spdlog::critical("http: exception escaped a handler: {}", text::escape_line(e.what()));
@@ -641,7 +655,8 @@ void HttpServer::RunLoop() {
 }
 
 void HttpServer::Accept() {
-  auto strand = asio::make_strand(io_);
+  // Only this handler (on the first loop) advances next_loop_.
+  auto strand = asio::make_strand(*loops_[next_loop_++ % loops_.size()]);
   acceptor_.async_accept(strand, [this, strand](beast::error_code ec, tcp::socket socket) {
     if (stopping_.load() || !acceptor_.is_open()) return;
     if (!ec) {
@@ -739,7 +754,7 @@ void HttpServer::RunHandler(const BlockingHandler* handler,
 
 bool HttpServer::Stop(std::uint64_t deadline_ms) {
   if (stopping_.exchange(true)) return true;
-  asio::post(io_, [this] {
+  asio::post(*loops_.front(), [this] {
     beast::error_code ignored;
     acceptor_.close(ignored);
   });
@@ -758,8 +773,9 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
     drained = blocking_->idle_cv.wait_for(l, milliseconds(deadline_ms),
                                           [&] { return blocking_->in_flight == 0; });
   }
-  io_.stop();
+  for (auto& loop : loops_) loop->stop();
   for (auto& t : io_threads_) t.join();
+  guards_.clear();
   io_threads_.clear();
   if (!drained) return false;  // the pool's threads still run handlers: not joined
   blocking_->pool.join();

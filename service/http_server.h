@@ -5,12 +5,16 @@
 // costs a socket and a few KiB instead of a thread, back-pressure is the natural shape of an
 // async write, and the same library is the upstream client (upstream.h). It ships with Debian.
 //
-// Model: `io_threads` threads run one io_context; each connection is a Session serialised on its
-// own strand. A Session reads one request (idle deadline before its first byte, header deadline
-// for the head, body deadline for the body, bounded head and body), hands it to the router as an
-// Exchange, and reads the next request only once that Exchange has been answered (keep-alive).
-// Routes are either async (run on the strand; they must not block) or blocking (run on a bounded
-// pool: the trainer API's long polls and updates), answered back on the strand.
+// Model: `io_threads` event loops, each an io_context run by one thread of its own (as nginx's
+// workers: one io_context shared by many threads serialises them on its scheduler's lock, and
+// measured so, CPU per request rose with every thread added). Accepted connections are handed
+// to the loops round-robin; each connection is a Session serialised on its own strand of its
+// loop, and what it starts (engine connections, timers) lives on that loop. A Session reads one
+// request (idle deadline before its first byte, header deadline for the head, body deadline for the
+// body, bounded head and body), hands it to the router as an Exchange, and reads the next request
+// only once that Exchange has been answered (keep-alive). Routes are either async (run on the
+// strand; they must not block) or blocking (run on a bounded pool: the trainer API's long polls and
+// updates), answered back on the strand.
 //
 // Invariants: an Exchange is answered exactly once (Respond, or StartStream..EndStream); a write
 // the client does not take within write_timeout_ms closes the connection; connections beyond
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/http/message.hpp>
@@ -162,7 +167,8 @@ class HttpServer {
 
   const HttpServerCounters& counters() const { return counters_; }
   const HttpServerOptions& options() const { return options_; }
-  boost::asio::io_context& io() { return io_; }
+  // The first event loop (the acceptor's): for work that belongs to no connection.
+  boost::asio::io_context& io() { return *loops_.front(); }
 
   // Internal (Session): dispatch of a complete request.
   void Dispatch(const Exchange& exchange);
@@ -171,7 +177,7 @@ class HttpServer {
 
  private:
   [[nodiscard]] Status Listen();
-  void RunLoop();
+  void RunLoop(std::size_t loop);
   void Accept();
   void RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                    Exchange exchange);
@@ -182,10 +188,12 @@ class HttpServer {
   const HttpServerOptions options_;
   const HttpRouter router_;
   HttpServerCounters counters_;
-  // Before io_: sessions destroyed with io_'s pending handlers still unregister here.
+  // Before loops_: sessions destroyed with a loop's pending handlers still unregister here.
   std::mutex sessions_mu_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
-  boost::asio::io_context io_;
+  std::vector<std::unique_ptr<boost::asio::io_context>> loops_;  // one per io thread
+  std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guards_;
+  std::size_t next_loop_ = 0;  // the acceptor's handler only: the loop of the next connection
   boost::asio::ip::tcp::acceptor acceptor_;
   std::vector<std::thread> io_threads_;
   std::atomic<bool> stopping_{false};

@@ -874,7 +874,7 @@ Result<std::unique_ptr<UpstreamPool>> Service::MakeUpstream(const UpstreamTarget
     return Status::Unavailable("cannot resolve the engine host '" + target.host +
                                "': " + ec.message());
   }
-  return std::make_unique<UpstreamPool>(http_->io(), endpoints.begin()->endpoint(),
+  return std::make_unique<UpstreamPool>(endpoints.begin()->endpoint(),
                                         config_.engine_connections_max);
 }
 

@@ -61,23 +61,38 @@ Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
   return t;
 }
 
-UpstreamPool::UpstreamPool(asio::io_context& io, tcp::endpoint endpoint, std::size_t idle_max)
-    : io_(io), endpoint_(std::move(endpoint)), idle_max_(idle_max) {
+namespace {
+
+// The event loop an executor (an exchange's strand) runs on: a connection opened from it is
+// registered with that loop's reactor.
+const void* LoopOf(const asio::any_io_executor& executor) {
+  return &asio::query(executor, asio::execution::context);
+}
+
+}  // namespace
+
+UpstreamPool::UpstreamPool(tcp::endpoint endpoint, std::size_t idle_max)
+    : endpoint_(std::move(endpoint)), idle_max_(idle_max) {
   RC_CHECK(idle_max_ >= 1);
 }
 
 std::size_t UpstreamPool::idle() const {
   std::lock_guard<std::mutex> g(mu_);
-  return idle_.size();
+  return idle_count_;
 }
 
 // The most recently used idle connection whose peer has not closed it (a closed one reads EOF
 // at once; one with stray bytes is not at a response boundary either: both are dropped).
-std::unique_ptr<UpstreamConn> UpstreamPool::TakeIdle() {
+std::unique_ptr<UpstreamConn> UpstreamPool::TakeIdle(const void* loop) {
   std::lock_guard<std::mutex> g(mu_);
-  while (!idle_.empty()) {
-    std::unique_ptr<UpstreamConn> c = std::move(idle_.back());
-    idle_.pop_back();
+  auto it = idle_.find(loop);
+  if (it == idle_.end()) return nullptr;
+  std::deque<std::unique_ptr<UpstreamConn>>& idle = it->second;
+  while (!idle.empty()) {
+    std::unique_ptr<UpstreamConn> c = std::move(idle.back());
+    idle.pop_back();
+    RC_CHECK(idle_count_ > 0);
+    idle_count_--;
     char probe = 0;
     const ssize_t n = ::recv(c->socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return c;
@@ -87,7 +102,7 @@ std::unique_ptr<UpstreamConn> UpstreamPool::TakeIdle() {
 
 void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                            Ready done, bool fresh_only) {
-  if (std::unique_ptr<UpstreamConn> c = fresh_only ? nullptr : TakeIdle()) {
+  if (std::unique_ptr<UpstreamConn> c = fresh_only ? nullptr : TakeIdle(LoopOf(executor))) {
     asio::dispatch(executor, [c = std::move(c), done = std::move(done)]() mutable {
       done(Status::OK(), std::move(c), true);
     });
@@ -98,7 +113,8 @@ void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t 
 
 void UpstreamPool::Connect(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                            Ready done) {
-  auto conn = std::make_shared<std::unique_ptr<UpstreamConn>>(std::make_unique<UpstreamConn>(io_));
+  auto conn = std::make_shared<std::unique_ptr<UpstreamConn>>(
+      std::make_unique<UpstreamConn>(executor, LoopOf(executor)));
   auto timer = std::make_shared<asio::steady_timer>(executor);
   timer->expires_after(std::chrono::milliseconds(connect_timeout_ms));
   timer->async_wait([conn](boost::system::error_code ec) {
@@ -125,9 +141,11 @@ void UpstreamPool::Release(std::unique_ptr<UpstreamConn> conn) {
   if (!conn->socket.is_open() || conn->buffer.size() != 0) return;
   conn->uses++;
   std::lock_guard<std::mutex> g(mu_);
-  if (idle_.size() >= idle_max_) return;  // closed by its destructor
-  idle_.push_back(std::move(conn));
-  RC_CHECK(idle_.size() <= idle_max_);
+  if (idle_count_ >= idle_max_) return;  // closed by its destructor
+  const void* loop = conn->loop;
+  idle_[loop].push_back(std::move(conn));
+  idle_count_++;
+  RC_CHECK(idle_count_ <= idle_max_);
 }
 
 }  // namespace rc::service

@@ -1,15 +1,17 @@
 // UpstreamPool: keep-alive connections from the proxy to one engine, bounded.
 //
-// Sockets belong to no strand: every operation on a connection is started from, and completes
-// on, the strand of the one exchange that holds it (asio::bind_executor), so a connection moves
-// between exchanges without moving between threads' state. At most `idle_max` idle connections
-// are kept; a connection in use belongs to exactly one exchange (the client connection budget
+// A connection lives on the event loop of the exchange that opened it, and is reused only by
+// exchanges of that loop (each loop keeps its own idle list), so its reads and writes never cross
+// threads. Every operation on a connection is started from, and completes on, the strand of the
+// one exchange that holds it (asio::bind_executor). At most `idle_max` idle connections are kept
+// in all; a connection in use belongs to exactly one exchange (the client connection budget
 // bounds those). A pooled connection the engine closed meanwhile is detected before reuse.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,8 +26,11 @@
 namespace rc::service {
 
 struct UpstreamConn {
-  explicit UpstreamConn(boost::asio::io_context& io) : socket(io) {}
+  // `executor`: the opening exchange's strand; the socket is registered with its event loop.
+  UpstreamConn(const boost::asio::any_io_executor& executor, const void* loop)
+      : socket(executor), loop(loop) {}
   boost::asio::ip::tcp::socket socket;
+  const void* loop;                  // that event loop (a key, never dereferenced)
   boost::beast::flat_buffer buffer;  // bytes read past the last response
   std::uint64_t uses = 0;
 };
@@ -43,8 +48,7 @@ struct UpstreamTarget {
 
 class UpstreamPool {
  public:
-  UpstreamPool(boost::asio::io_context& io, boost::asio::ip::tcp::endpoint endpoint,
-               std::size_t idle_max);
+  UpstreamPool(boost::asio::ip::tcp::endpoint endpoint, std::size_t idle_max);
 
   // A connection: an idle one (reused = true) or a fresh one connecting within connect_timeout_ms;
   // `fresh_only`: never a pooled one (the retry after a pooled one turned out closed, since the
@@ -58,15 +62,15 @@ class UpstreamPool {
   std::size_t idle() const;
 
  private:
-  std::unique_ptr<UpstreamConn> TakeIdle();
+  std::unique_ptr<UpstreamConn> TakeIdle(const void* loop);
   void Connect(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                Ready done);
 
-  boost::asio::io_context& io_;
   const boost::asio::ip::tcp::endpoint endpoint_;
   const std::size_t idle_max_;
   mutable std::mutex mu_;
-  std::deque<std::unique_ptr<UpstreamConn>> idle_;
+  std::map<const void*, std::deque<std::unique_ptr<UpstreamConn>>> idle_;  // by event loop
+  std::size_t idle_count_ = 0;                                             // in all loops
 };
 
 }  // namespace rc::service
