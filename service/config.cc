@@ -260,7 +260,8 @@ const std::array kKeys = {
               0,
               256,
               kBounds,
-              "event-loop threads serving every connection; 0 = one per core, at most 16",
+              "event loops (a thread and an io_context each) serving the connections; 0 = one per "
+              "core, at most 4",
               {}},
     ConfigKey{"header_bytes_max",
               "header-bytes-max",

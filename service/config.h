@@ -86,7 +86,7 @@ struct ServeConfig {
   // Bounds.
   std::size_t body_bytes_max = std::size_t{8} << 20;
   int http_threads = 64;                      // threads for trainer calls that may block
-  std::uint64_t io_threads = 0;               // event-loop threads; 0: one per core, at most 16
+  std::uint64_t io_threads = 0;               // event loops; 0: one per core, at most 4
   std::uint64_t header_bytes_max = 16 << 10;  // request line + headers; larger = 431
   // Idle keep-alive connections (curl handles) the proxy keeps to the engine; about the number
   // of concurrent proxied requests, or calls beyond it reconnect.

@@ -52,7 +52,7 @@ using Clock = std::chrono::steady_clock;
 // aborted (their finish is durable before the journal closes), and the workers this long to exit.
 inline constexpr std::uint64_t kShutdownSettleMs = 2000;
 inline constexpr std::uint64_t kShutdownPollMs = 5;  // how often Shutdown looks at what is left
-inline constexpr std::uint64_t kIoThreadsAutoMax = 16;
+inline constexpr std::uint64_t kIoThreadsAutoMax = 4;
 // Trainer API calls queued or running per blocking thread, beyond which they are answered 503.
 inline constexpr std::size_t kBlockingQueuePerThread = 16;
 // Descriptors: a proxied rollout holds a client socket and an engine socket; the rest (journal,
@@ -846,8 +846,9 @@ HttpServerOptions Service::ServerOptions() const {
   HttpServerOptions o;
   o.host = config_.listen_host;
   o.port = config_.listen_port;
-  // One event loop per core by default: the proxy's work is CPU, and fewer loops than cores left
-  // a 16-core host serving at the speed of two.
+  // One event loop per core by default, at most 4: on a 16-core host 4 loops served the most
+  // requests at both 16 and 256 connections, and each loop past that cost CPU per request (fewer
+  // events per wake-up) without adding throughput (bench/proxy/RESULTS.md).
   const std::uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
   o.io_threads = config_.io_threads != 0 ? config_.io_threads
                                          : std::min<std::uint64_t>(cores, kIoThreadsAutoMax);
