@@ -599,7 +599,7 @@ HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
     : options_(std::move(options)),
       router_(std::move(router)),
       loops_(MakeLoops(options_.io_threads)),
-      acceptor_(*loops_.front()),
+      acceptor_(std::in_place, *loops_.front()),
       blocking_(std::make_unique<BlockingPool>(options_.blocking_threads)) {
   RC_CHECK(options_.io_threads >= 1 && options_.blocking_threads >= 1);
   RC_CHECK(options_.connections_max >= 1 && options_.body_bytes_max >= 1);
@@ -607,12 +607,17 @@ HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
 
 HttpServer::~HttpServer() {
   if (!io_threads_.empty()) (void)Stop(0);
+  // The first loop's queue may hold the accept handler with a strand of another loop: the
+  // acceptor and that loop go first, then the others, each before anything it refers to.
+  acceptor_.reset();
+  guards_.clear();
+  for (auto& loop : loops_) loop.reset();
 }
 
 Result<int> HttpServer::Start() {
   RC_CHECK(io_threads_.empty());
   RC_RETURN_IF_ERROR(Listen());
-  const int port = acceptor_.local_endpoint().port();
+  const int port = acceptor_->local_endpoint().port();
   Accept();
   // A loop with no connection yet has no work: the guard keeps it running until Stop.
   for (auto& loop : loops_) guards_.push_back(asio::make_work_guard(*loop));
@@ -628,15 +633,15 @@ Status HttpServer::Listen() {
   const auto address = asio::ip::make_address(options_.host, ec);
   if (ec) return Status::InvalidArgument("listen_host '" + options_.host + "': " + ec.message());
   const tcp::endpoint endpoint(address, static_cast<std::uint16_t>(options_.port));
-  if (acceptor_.open(endpoint.protocol(), ec); ec) {
+  if (acceptor_->open(endpoint.protocol(), ec); ec) {
     return Status::Unavailable("cannot open a socket: " + ec.message());
   }
-  acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-  if (acceptor_.bind(endpoint, ec); ec) {
+  acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+  if (acceptor_->bind(endpoint, ec); ec) {
     return Status::Unavailable("cannot bind " + options_.host + ":" +
                                std::to_string(options_.port) + ": " + ec.message());
   }
-  if (acceptor_.listen(asio::socket_base::max_listen_connections, ec); ec) {
+  if (acceptor_->listen(asio::socket_base::max_listen_connections, ec); ec) {
     return Status::Unavailable("cannot listen: " + ec.message());
   }
   return Status::OK();
@@ -657,8 +662,8 @@ void HttpServer::RunLoop(std::size_t loop) {
 void HttpServer::Accept() {
   // Only this handler (on the first loop) advances next_loop_.
   auto strand = asio::make_strand(*loops_[next_loop_++ % loops_.size()]);
-  acceptor_.async_accept(strand, [this, strand](beast::error_code ec, tcp::socket socket) {
-    if (stopping_.load() || !acceptor_.is_open()) return;
+  acceptor_->async_accept(strand, [this, strand](beast::error_code ec, tcp::socket socket) {
+    if (stopping_.load() || !acceptor_->is_open()) return;
     if (!ec) {
       counters_.accepted++;
       socket.set_option(tcp::no_delay(true), ec);
@@ -756,7 +761,7 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
   if (stopping_.exchange(true)) return true;
   asio::post(*loops_.front(), [this] {
     beast::error_code ignored;
-    acceptor_.close(ignored);
+    acceptor_->close(ignored);
   });
   std::vector<std::shared_ptr<Session>> open;
   {

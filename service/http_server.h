@@ -169,6 +169,7 @@ class HttpServer {
   const HttpServerOptions& options() const { return options_; }
   // The first event loop (the acceptor's): for work that belongs to no connection.
   boost::asio::io_context& io() { return *loops_.front(); }
+  std::size_t loop_count() const { return loops_.size(); }
 
   // Internal (Session): dispatch of a complete request.
   void Dispatch(const Exchange& exchange);
@@ -194,7 +195,7 @@ class HttpServer {
   std::vector<std::unique_ptr<boost::asio::io_context>> loops_;  // one per io thread
   std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guards_;
   std::size_t next_loop_ = 0;  // the acceptor's handler only: the loop of the next connection
-  boost::asio::ip::tcp::acceptor acceptor_;
+  std::optional<boost::asio::ip::tcp::acceptor> acceptor_;  // on loops_[0]; reset before the loops
   std::vector<std::thread> io_threads_;
   std::atomic<bool> stopping_{false};
 

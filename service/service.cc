@@ -876,7 +876,7 @@ Result<std::unique_ptr<UpstreamPool>> Service::MakeUpstream(const UpstreamTarget
                                "': " + ec.message());
   }
   return std::make_unique<UpstreamPool>(endpoints.begin()->endpoint(),
-                                        config_.engine_connections_max);
+                                        config_.engine_connections_max, http_->loop_count());
 }
 
 Status Service::Listen() {

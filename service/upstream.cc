@@ -7,6 +7,7 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 
 #include "service/config.h"
 #include "service/http_util.h"
@@ -69,11 +70,19 @@ const void* LoopOf(const asio::any_io_executor& executor) {
   return &asio::query(executor, asio::execution::context);
 }
 
+// The loop's own executor under an exchange's strand.
+asio::any_io_executor LoopExecutor(const asio::any_io_executor& executor) {
+  using Strand = asio::strand<asio::io_context::executor_type>;
+  if (const Strand* strand = executor.target<Strand>()) return strand->get_inner_executor();
+  return executor;
+}
+
 }  // namespace
 
-UpstreamPool::UpstreamPool(tcp::endpoint endpoint, std::size_t idle_max)
-    : endpoint_(std::move(endpoint)), idle_max_(idle_max) {
-  RC_CHECK(idle_max_ >= 1);
+UpstreamPool::UpstreamPool(tcp::endpoint endpoint, std::size_t idle_max, std::size_t loops)
+    : endpoint_(std::move(endpoint)),
+      idle_max_per_loop_(loops == 0 ? idle_max : (idle_max + loops - 1) / loops) {
+  RC_CHECK(idle_max >= 1 && loops >= 1 && idle_max_per_loop_ >= 1);
 }
 
 std::size_t UpstreamPool::idle() const {
@@ -114,7 +123,7 @@ void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t 
 void UpstreamPool::Connect(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                            Ready done) {
   auto conn = std::make_shared<std::unique_ptr<UpstreamConn>>(
-      std::make_unique<UpstreamConn>(executor, LoopOf(executor)));
+      std::make_unique<UpstreamConn>(LoopExecutor(executor), LoopOf(executor)));
   auto timer = std::make_shared<asio::steady_timer>(executor);
   timer->expires_after(std::chrono::milliseconds(connect_timeout_ms));
   timer->async_wait([conn](boost::system::error_code ec) {
@@ -141,11 +150,11 @@ void UpstreamPool::Release(std::unique_ptr<UpstreamConn> conn) {
   if (!conn->socket.is_open() || conn->buffer.size() != 0) return;
   conn->uses++;
   std::lock_guard<std::mutex> g(mu_);
-  if (idle_count_ >= idle_max_) return;  // closed by its destructor
-  const void* loop = conn->loop;
-  idle_[loop].push_back(std::move(conn));
+  std::deque<std::unique_ptr<UpstreamConn>>& idle = idle_[conn->loop];
+  if (idle.size() >= idle_max_per_loop_) return;  // closed by its destructor
+  idle.push_back(std::move(conn));
   idle_count_++;
-  RC_CHECK(idle_count_ <= idle_max_);
+  RC_CHECK(idle.size() <= idle_max_per_loop_);
 }
 
 }  // namespace rc::service

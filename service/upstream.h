@@ -3,8 +3,9 @@
 // A connection lives on the event loop of the exchange that opened it, and is reused only by
 // exchanges of that loop (each loop keeps its own idle list), so its reads and writes never cross
 // threads. Every operation on a connection is started from, and completes on, the strand of the
-// one exchange that holds it (asio::bind_executor). At most `idle_max` idle connections are kept
-// in all; a connection in use belongs to exactly one exchange (the client connection budget
+// one exchange that holds it (asio::bind_executor). Each of the `loops` event loops keeps at most
+// ceil(idle_max / loops) idle connections (so one busy loop cannot take every other loop's
+// share); a connection in use belongs to exactly one exchange (the client connection budget
 // bounds those). A pooled connection the engine closed meanwhile is detected before reuse.
 #pragma once
 
@@ -26,7 +27,8 @@
 namespace rc::service {
 
 struct UpstreamConn {
-  // `executor`: the opening exchange's strand; the socket is registered with its event loop.
+  // `executor`: the opening exchange's event loop (not its strand: a connection outlives the
+  // exchange, and every operation names the strand of the exchange that holds it).
   UpstreamConn(const boost::asio::any_io_executor& executor, const void* loop)
       : socket(executor), loop(loop) {}
   boost::asio::ip::tcp::socket socket;
@@ -48,7 +50,7 @@ struct UpstreamTarget {
 
 class UpstreamPool {
  public:
-  UpstreamPool(boost::asio::ip::tcp::endpoint endpoint, std::size_t idle_max);
+  UpstreamPool(boost::asio::ip::tcp::endpoint endpoint, std::size_t idle_max, std::size_t loops);
 
   // A connection: an idle one (reused = true) or a fresh one connecting within connect_timeout_ms;
   // `fresh_only`: never a pooled one (the retry after a pooled one turned out closed, since the
@@ -67,7 +69,7 @@ class UpstreamPool {
                Ready done);
 
   const boost::asio::ip::tcp::endpoint endpoint_;
-  const std::size_t idle_max_;
+  const std::size_t idle_max_per_loop_;
   mutable std::mutex mu_;
   std::map<const void*, std::deque<std::unique_ptr<UpstreamConn>>> idle_;  // by event loop
   std::size_t idle_count_ = 0;                                             // in all loops

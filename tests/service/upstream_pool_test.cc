@@ -66,12 +66,13 @@ Got AcquireOn(UpstreamPool& pool, asio::io_context& loop) {
 }
 
 // Proves a pooled connection is reused only by an exchange of the event loop it was opened on,
-// and that the idle bound holds across loops. Catches a connection handed to another loop, whose
-// reads and writes would then run on the first loop's reactor and cross threads on every request.
+// and that each loop keeps its share of the idle bound. Catches a connection handed to another
+// loop (its reads and writes would then cross threads on every request), and one busy loop
+// taking every idle place so the others reconnect on every request.
 TEST(UpstreamPool, AConnectionIsReusedOnlyOnItsOwnLoop) {
   SilentEngine engine;
-  UpstreamPool pool(engine.endpoint(), /*idle_max=*/3);
-  asio::io_context a(1), b(1);
+  asio::io_context a(1), b(1);  // outlive the pool: its idle sockets are registered with them
+  UpstreamPool pool(engine.endpoint(), /*idle_max=*/3, /*loops=*/2);
   Got first = AcquireOn(pool, a);
   ASSERT_TRUE(first.status.ok()) << first.status.ToString();
   EXPECT_FALSE(first.reused);
@@ -93,7 +94,7 @@ TEST(UpstreamPool, AConnectionIsReusedOnlyOnItsOwnLoop) {
   pool.Release(std::move(on_b.conn));
   pool.Release(std::move(again_a.conn));
   for (auto& c : more) pool.Release(std::move(c));
-  EXPECT_EQ(pool.idle(), 3u) << "five released, three kept in all";
+  EXPECT_EQ(pool.idle(), 3u) << "four released on b (two kept), one on a";
 }
 
 }  // namespace
