@@ -418,6 +418,12 @@ std::uint64_t StalledPlanRetries(httplib::Client& c) {
   return std::stoull(m->body.substr(at + name.size()));
 }
 
+// The monitor looks every 50 ms and a stalled plan is tried again 100 ms after the last try.
+void FastStalledPlanRetry(ServeConfig& c) {
+  c.engine_monitor_interval_ms = 50;
+  c.stalled_plan_retry_ms = 100;
+}
+
 // Starts update `id` whose resume the engine never takes: the plan stalls in RESUMING, answered
 // 503 outcome_unknown without a fail-stop, shown stalled.
 void StallAtResume(Stack& s, httplib::Client& c, const std::string& id,
@@ -440,10 +446,7 @@ void StallAtResume(Stack& s, httplib::Client& c, const std::string& id,
 // Catches a stalled plan that waits for an operator's restart of serve while an engine nobody
 // verified sits behind it (the restart went unnoticed).
 TEST(TrustEngine, AnEngineThatDiesPausedAndComesBackAsAnotherProcessIsTainted) {
-  Stack s([](ServeConfig& c) {
-    c.engine_monitor_interval_ms = 50;
-    c.stalled_plan_retry_ms = 100;
-  });
+  Stack s(FastStalledPlanRetry);
   httplib::Client c = s.client();
   fixtures::RouteFault dies;
   dies.die = true;
@@ -486,10 +489,7 @@ TEST(TrustEngine, AnEngineThatDiesPausedAndComesBackAsAnotherProcessIsTainted) {
 // re-POST reads "committed". Catches an engine that recovered but stays out of service (admitting
 // nothing) until an operator restarts serve.
 TEST(TrustEngine, AStalledResumeGoesOnWhenTheSameEngineAnswers) {
-  Stack s([](ServeConfig& c) {
-    c.engine_monitor_interval_ms = 50;
-    c.stalled_plan_retry_ms = 100;
-  });
+  Stack s(FastStalledPlanRetry);
   httplib::Client c = s.client();
   fixtures::RouteFault refused;
   refused.status = 503;
