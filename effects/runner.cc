@@ -2,6 +2,7 @@
 
 #include "encoding/sha256.h"
 #include "statemachine/describe.h"
+#include "statemachine/text.h"
 
 #include <utility>
 
@@ -378,13 +379,8 @@ Status Runner::Recover() {
 }
 
 Status Runner::RetryStalledPlan() {
-  std::string id = std::string(kStalledPlanRetryPrefix) + options_.executor_id;
-  // Within the id bound, cut on a UTF-8 character boundary (the fold refuses a broken one).
-  if (id.size() > kIdBytesMax) {
-    id.resize(kIdBytesMax);
-    while ((static_cast<unsigned char>(id.back()) & 0xC0) == 0x80) id.pop_back();
-    if (static_cast<unsigned char>(id.back()) >= 0xC0) id.pop_back();  // the cut character's lead
-  }
+  const std::string id =
+      text::utf8_prefix(std::string(kStalledPlanRetryPrefix) + options_.executor_id, kIdBytesMax);
   RC_RETURN_IF_ERROR(submit(RecoveryStarted{id}).status());
   return Drive();
 }

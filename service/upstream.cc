@@ -81,7 +81,7 @@ asio::any_io_executor LoopExecutor(const asio::any_io_executor& executor) {
 
 UpstreamPool::UpstreamPool(tcp::endpoint endpoint, std::size_t idle_max, std::size_t loops)
     : endpoint_(std::move(endpoint)),
-      idle_max_per_loop_(loops == 0 ? idle_max : (idle_max + loops - 1) / loops) {
+      idle_max_per_loop_((idle_max + loops - 1) / std::max<std::size_t>(loops, 1)) {
   RC_CHECK(idle_max >= 1 && loops >= 1 && idle_max_per_loop_ >= 1);
 }
 

@@ -106,7 +106,7 @@ TEST(TrustFaults, StalledFsyncNeverDropsAFinish) {
   EXPECT_TRUE(s.svc->journal().state().active.empty())
       << s.svc->journal().state().active.size() << " binding(s) left active";
   httplib::Client c = s.client();
-  auto u = c.Post("/v1/updates", auth(), update_body("u-after-stall", "rc-1", 1).dump(),
+  auto u = c.Post("/v1/updates", auth(), DumpSafe(update_body("u-after-stall", "rc-1", 1)),
                   "application/json");
   ASSERT_TRUE(u);
   EXPECT_EQ(u->status, 200) << u->body;
@@ -127,8 +127,8 @@ TEST(TrustFaults, FsyncErrorWhileDrainingFailStopsAndNeverContradicts) {
   int update_status = 0;
   std::thread trainer([&] {
     httplib::Client t = s.client();
-    auto r =
-        t.Post("/v1/updates", auth(), update_body("u-eio", "rc-1", 1).dump(), "application/json");
+    auto r = t.Post("/v1/updates", auth(), DumpSafe(update_body("u-eio", "rc-1", 1)),
+                    "application/json");
     update_status = r ? r->status : -1;
     update_answer = r ? r->body : "";
   });
@@ -160,7 +160,7 @@ TEST(TrustFaults, FsyncErrorWhileDrainingFailStopsAndNeverContradicts) {
   s.Open();
   httplib::Client c2 = s.client();
   auto again =
-      c2.Post("/v1/updates", auth(), update_body("u-eio", "rc-1", 1).dump(), "application/json");
+      c2.Post("/v1/updates", auth(), DumpSafe(update_body("u-eio", "rc-1", 1)), "application/json");
   ASSERT_TRUE(again);
   json j = json::parse(again->body, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << again->body;
@@ -180,7 +180,8 @@ void CrashWhileDraining(Stack& s) {
   }
   std::thread trainer([&] {
     httplib::Client t = s.client();
-    (void)t.Post("/v1/updates", auth(), update_body("u-mid", "rc-1", 1).dump(), "application/json");
+    (void)t.Post("/v1/updates", auth(), DumpSafe(update_body("u-mid", "rc-1", 1)),
+                 "application/json");
   });
   ASSERT_TRUE(
       eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; }, 5000));
@@ -259,18 +260,19 @@ TEST(TrustRecovery, EngineReplacedWhileDownIsCaughtAfterARefusedUpdate) {
 TEST(TrustIdempotency, RePostOfAnEndedUpdateAnswersTheRecordedOutcome) {
   Stack s;
   httplib::Client c = s.client();
-  auto u = c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+  auto u =
+      c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
   ASSERT_TRUE(u);
   ASSERT_EQ(u->status, 200) << u->body;
   EXPECT_FALSE(u->get_header_value("X-RolloutCore-Head").empty());
   auto again =
-      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+      c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
   ASSERT_TRUE(again);
   EXPECT_EQ(again->status, 200) << again->body;
   EXPECT_EQ(json::parse(again->body)["outcome"], "committed");
   EXPECT_EQ(json::parse(again->body)["replayed"], true);
   auto other =
-      c.Post("/v1/updates", auth(), update_body("u-1", "rc-9", 9).dump(), "application/json");
+      c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-9", 9)), "application/json");
   ASSERT_TRUE(other);
   EXPECT_EQ(other->status, 409) << other->body;
 
@@ -278,7 +280,7 @@ TEST(TrustIdempotency, RePostOfAnEndedUpdateAnswersTheRecordedOutcome) {
   s.Open();
   httplib::Client c2 = s.client();
   auto after =
-      c2.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+      c2.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200) << after->body;
   EXPECT_EQ(json::parse(after->body)["replayed"], true) << after->body;
@@ -294,10 +296,10 @@ TEST(TrustIdempotency, UpdateIdOfTheFullIdLimitIsAccepted) {
   httplib::Client c = s.client();
   const std::string long_id(kIdBytesMax, 'x');
   auto l =
-      c.Post("/v1/updates", auth(), update_body(long_id, "rc-2", 2).dump(), "application/json");
+      c.Post("/v1/updates", auth(), DumpSafe(update_body(long_id, "rc-2", 2)), "application/json");
   ASSERT_TRUE(l);
   EXPECT_EQ(l->status, 200) << "a " << kIdBytesMax << "-byte update_id: " << l->body;
-  auto over = c.Post("/v1/updates", auth(), update_body(long_id + "y", "rc-3", 3).dump(),
+  auto over = c.Post("/v1/updates", auth(), DumpSafe(update_body(long_id + "y", "rc-3", 3)),
                      "application/json");
   ASSERT_TRUE(over);
   EXPECT_EQ(over->status, 400) << over->body;
@@ -429,7 +431,7 @@ void FastStalledPlanRetry(ServeConfig& c) {
 void StallAtResume(Stack& s, httplib::Client& c, const std::string& id,
                    const fixtures::RouteFault& fault) {
   s.engine->SetRouteFault("/resume", fault);
-  auto u = c.Post("/v1/updates", auth(), update_body(id, "rc-1", 1).dump(), "application/json");
+  auto u = c.Post("/v1/updates", auth(), DumpSafe(update_body(id, "rc-1", 1)), "application/json");
   ASSERT_TRUE(u);
   ASSERT_EQ(u->status, 503) << u->body;
   EXPECT_NE(u->body.find("outcome_unknown"), std::string::npos) << u->body;
@@ -452,7 +454,7 @@ TEST(TrustEngine, AnEngineThatDiesPausedAndComesBackAsAnotherProcessIsTainted) {
   dies.die = true;
   StallAtResume(s, c, "u-1", dies);
   auto asked =
-      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+      c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
   ASSERT_TRUE(asked);
   EXPECT_EQ(asked->status, 503) << "asked again while stalled: " << asked->body;
   EXPECT_FALSE(s.svc->failed()) << s.svc->failure();
@@ -478,7 +480,7 @@ TEST(TrustEngine, AnEngineThatDiesPausedAndComesBackAsAnotherProcessIsTainted) {
                   .ok());
   EXPECT_EQ(retried_in_place, retries);
   auto again =
-      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+      c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
   ASSERT_TRUE(again);
   EXPECT_EQ(json::parse(again->body)["outcome"], "tainted") << again->body;
   EXPECT_EQ(s.engine->weight_label(), "default") << "the new process was never touched";
@@ -503,7 +505,7 @@ TEST(TrustEngine, AStalledResumeGoesOnWhenTheSameEngineAnswers) {
   EXPECT_FALSE(s.svc->failed());
   EXPECT_EQ(StalledPlanRetries(c), 1u);
   auto again =
-      c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+      c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
   ASSERT_TRUE(again);
   EXPECT_EQ(again->status, 200) << again->body;
   EXPECT_EQ(json::parse(again->body)["outcome"], "committed") << again->body;
