@@ -13,18 +13,60 @@ std::string FleetUpdateIdempotencyKey(const std::string& update_id) {
   return "fleet-update:" + encoding::Sha256Hex(update_id);
 }
 
-// A member's own update, driven to its end on a thread of its own.
+namespace {
+
+// One OS thread per drive.
+class OsThreads final : public MemberThreads {
+ public:
+  ~OsThreads() override { RC_CHECK(threads_.empty()); }
+  std::uint64_t Start(std::function<void()> drive) override {
+    std::lock_guard<std::mutex> l(mu_);
+    threads_.emplace(++last_id_, std::thread(std::move(drive)));
+    return last_id_;
+  }
+  void Join(std::uint64_t id) override {
+    std::thread t;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = threads_.find(id);
+      RC_CHECK(it != threads_.end());
+      t = std::move(it->second);
+      threads_.erase(it);
+    }
+    t.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::uint64_t, std::thread> threads_;
+  std::uint64_t last_id_ = 0;
+};
+
+}  // namespace
+
+// A member's own update, driven to its end by the executor's MemberThreads.
 struct FleetRunner::Member {
+  explicit Member(MemberThreads& t) : threads(t) {}
+  Member(const Member&) = delete;
+  Member& operator=(const Member&) = delete;
+  ~Member() { Join(); }
+  void Join() {
+    if (started) threads.Join(id);
+    started = false;
+  }
+  MemberThreads& threads;
   std::atomic<bool> done{false};
   Status finished;  // FinishUpdate's error, if it failed (read once `done`)
-  std::thread thread;
-  ~Member() {
-    if (thread.joinable()) thread.join();
-  }
+  bool started = false;
+  std::uint64_t id = 0;
 };
 
 FleetRunner::FleetRunner(journal::Journal& journal, Clock& clock, FleetRunnerOptions options)
-    : journal_(journal), clock_(clock), options_(std::move(options)) {
+    : journal_(journal),
+      clock_(clock),
+      options_(std::move(options)),
+      own_threads_(options_.threads == nullptr ? std::make_unique<OsThreads>() : nullptr),
+      threads_(options_.threads != nullptr ? *options_.threads : *own_threads_) {
   RC_CHECK(options_.poll_ms > 0);
   RC_CHECK(options_.runner.engine.empty());  // set per engine by Join
 }
@@ -81,17 +123,13 @@ Runner* FleetRunner::runner(const std::string& engine) {
 
 Status FleetRunner::Recover() {
   std::vector<Status> recovered(runners_.size());
-  std::vector<std::thread> threads;
+  std::vector<std::uint64_t> ids;
   std::size_t i = 0;
   for (auto& [engine, r] : runners_) {
-    if (options_.members_inline) {
-      recovered[i] = r->Recover();
-    } else {
-      threads.emplace_back([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); });
-    }
+    ids.push_back(threads_.Start([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); }));
     ++i;
   }
-  for (std::thread& t : threads) t.join();
+  for (std::uint64_t id : ids) threads_.Join(id);
   i = 0;
   for (const auto& [engine, r] : runners_) {
     if (!recovered[i].ok()) {
@@ -152,19 +190,15 @@ void FleetRunner::StartMembers(const Plan& plan, Members& members,
       continue;
     }
     refused.erase(engine);
-    auto member = std::make_unique<Member>();
+    auto member = std::make_unique<Member>(threads_);
     Member* m = member.get();
     const std::string id = plan.member_request.update_id;
-    auto drive = [m, r, id] {
+    m->id = threads_.Start([m, r, id] {
       Result<UpdateEnded> ended = r->FinishUpdate(id);
       if (!ended.ok()) m->finished = ended.status();
       m->done.store(true);
-    };
-    if (options_.members_inline) {
-      drive();
-    } else {
-      m->thread = std::thread(drive);
-    }
+    });
+    m->started = true;
     members.emplace(engine, std::move(member));
   }
 }
@@ -181,9 +215,7 @@ bool AnyRunning(const Members& members) {
 }
 
 void JoinAll(Members& members) {
-  for (auto& [engine, m] : members) {
-    if (m->thread.joinable()) m->thread.join();
-  }
+  for (auto& [engine, m] : members) m->Join();
 }
 
 // Why nothing progresses: the fold's reason, the members refused at their start, and those
@@ -257,7 +289,7 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
     }
     const std::size_t started_before = members.size();
     StartMembers(plan, members, refused);
-    // A member started this look is progress, even one already ended (members_inline).
+    // A member started this look is progress, even one that already ended.
     if (members.size() > started_before) progress.blocked_since_ms = -1;
     // Every member started (an `all` update at once): nothing is left to start, so the members'
     // ends are awaited rather than polled for.

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,18 @@
 
 namespace rc::effects {
 
+// Runs the members of a fleet update (and the runners' recoveries) side by side. The default gives
+// each a thread of its own; the simulator's interleaves them one at a time at its scheduling
+// points, so that a seed replays the same interleaving.
+class MemberThreads {
+ public:
+  virtual ~MemberThreads() = default;
+  // Starts `drive`; the returned id names it for Join.
+  [[nodiscard]] virtual std::uint64_t Start(std::function<void()> drive) = 0;
+  // Returns once that drive has returned. Each id is joined exactly once.
+  virtual void Join(std::uint64_t id) = 0;
+};
+
 struct FleetRunnerOptions {
   RunnerOptions runner;                      // every engine's runner; `engine` is set per engine
   std::uint64_t blocked_timeout_ms = 30000;  // a fleet update that cannot progress is cancelled
@@ -36,10 +49,8 @@ struct FleetRunnerOptions {
   // members may start on a copy of the fleet (O(its rollouts)) under the journal's lock, so it
   // is not a busy poll: a rolling batch starts within this of the previous one's end.
   std::uint32_t poll_ms = 20;
-  // Each started member (and each runner's recovery) is driven to its end on the calling thread
-  // before the next starts: one legal schedule of the threaded default, for a single-threaded
-  // simulator whose clock and engines only move while that thread waits on the clock.
-  bool members_inline = false;
+  // Where members run; nullptr: a thread of their own each. Not owned; outlives the runner.
+  MemberThreads* threads = nullptr;
 };
 
 // The journal idempotency key of a fleet update request.
@@ -111,6 +122,8 @@ class FleetRunner {
   journal::Journal& journal_;
   Clock& clock_;
   const FleetRunnerOptions options_;
+  std::unique_ptr<MemberThreads> own_threads_;  // used when options_.threads is nullptr
+  MemberThreads& threads_;
   std::map<std::string, std::unique_ptr<Runner>> runners_;
   std::mutex ends_mu_;                            // member threads note ends
   std::map<std::string, FleetUpdateEnded> ends_;  // by update id, the last kFleetEndsKept

@@ -6,22 +6,71 @@
 
 namespace rc::sim {
 
+namespace {
+// The calling thread's turn: a SimThreads thread sets its own in Await; any other thread (the
+// simulator's) has this one.
+thread_local Scheduler::Turn tl_default_turn;
+thread_local Scheduler::Turn* tl_turn = nullptr;
+Scheduler::Turn& CurrentTurn() { return tl_turn != nullptr ? *tl_turn : tl_default_turn; }
+}  // namespace
+
 void Scheduler::At(std::int64_t t_us, std::function<void()> fn) {
   RC_CHECK(queue_.size() < kEventsMax);
-  queue_.push(Item{std::max(t_us, now_us_), ++seq_, std::move(fn)});
+  queue_.push(Item{std::max(t_us, now_us_), false, ++seq_, std::move(fn), nullptr});
 }
 
 void Scheduler::RunUntil(std::int64_t t_us) {
   RC_CHECK(!running_);  // an event that advanced time would reorder the world
-  running_ = true;
-  while (!queue_.empty() && queue_.top().t <= t_us) {
+  Turn& me = CurrentTurn();
+  queue_.push(Item{std::max(t_us, now_us_), true, ++seq_, {}, &me});
+  Dispatch(&me);
+  RC_CHECK(now_us_ >= t_us);
+}
+
+void Scheduler::Enter(Turn& turn) {
+  RC_CHECK(queue_.size() < kEventsMax);
+  queue_.push(Item{now_us_, true, ++seq_, {}, &turn});
+}
+
+void Scheduler::Await(Turn& turn) {
+  tl_turn = &turn;
+  std::unique_lock<std::mutex> l(turns_mu_);
+  turn.cv.wait(l, [&turn] { return turn.go; });
+  turn.go = false;
+}
+
+void Scheduler::Leave() {
+  RC_CHECK(!running_);
+  Dispatch(nullptr);
+}
+
+// Runs the events due before the next turn; that turn's thread then takes over. `me` returns
+// when its own turn comes, handed back by whichever thread reached it; nullptr never does.
+void Scheduler::Dispatch(Turn* me) {
+  while (true) {
+    RC_CHECK(!queue_.empty());  // the waiting threads' turns at least
     Item item = queue_.top();
     queue_.pop();
     now_us_ = item.t;
-    item.fn();
+    if (item.turn == nullptr) {
+      running_ = true;
+      item.fn();
+      running_ = false;
+      continue;
+    }
+    if (item.turn != me) HandOver(item.turn, me);
+    return;
   }
-  now_us_ = std::max(now_us_, t_us);
-  running_ = false;
+}
+
+// The mutex orders everything `me` did before everything `next` does.
+void Scheduler::HandOver(Turn* next, Turn* me) {
+  std::unique_lock<std::mutex> l(turns_mu_);
+  next->go = true;
+  next->cv.notify_one();
+  if (me == nullptr) return;
+  me->cv.wait(l, [me] { return me->go; });
+  me->go = false;
 }
 
 SimEngine::SimEngine(Scheduler& s, Line line, std::vector<std::string>& violations)

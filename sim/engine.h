@@ -4,9 +4,11 @@
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <queue>
 #include <string>
@@ -22,25 +24,48 @@ namespace rc::sim {
 class Scheduler {
  public:
   static constexpr std::size_t kEventsMax = 1 << 16;  // a runaway producer is a bug
+  // A thread's place in virtual time. Several threads may run simulator code (SimThreads), but
+  // one at a time: a thread gives the simulator up only inside RunUntil, to whichever thread's
+  // time comes first, and waits there until its own comes.
+  struct Turn {
+    bool go = false;  // under the scheduler's turn mutex
+    std::condition_variable cv;
+  };
   std::int64_t now_us() const { return now_us_; }
   void At(std::int64_t t_us, std::function<void()> fn);
   void After(std::int64_t delay_us, std::function<void()> fn) {
     At(now_us_ + delay_us, std::move(fn));
   }
-  // Runs every event due up to t_us in time order, then sets the time to t_us.
+  // Runs every event due up to t_us in time order (and lets the other threads run up to their
+  // own times meanwhile), then sets the time to t_us. Events due at t_us run before it returns.
   void RunUntil(std::int64_t t_us);
+  // A new thread's first turn: `turn` comes up now, after the events already due; the thread
+  // waits for it in Await.
+  void Enter(Turn& turn);
+  void Await(Turn& turn);
+  // The calling thread ends: the next thread due takes the simulator.
+  void Leave();
 
  private:
   struct Item {
     std::int64_t t;
+    bool is_turn;  // at one time, events run before turns
     std::uint64_t seq;
     std::function<void()> fn;
-    bool operator>(const Item& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+    Turn* turn;
+    bool operator>(const Item& o) const {
+      if (t != o.t) return t > o.t;
+      if (is_turn != o.is_turn) return is_turn;
+      return seq > o.seq;
+    }
   };
+  void Dispatch(Turn* me);
+  void HandOver(Turn* next, Turn* me);
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue_;
   std::int64_t now_us_ = 1'000'000;
   std::uint64_t seq_ = 0;
   bool running_ = false;
+  std::mutex turns_mu_;
 };
 
 // The runner's clock: sleep_ms is the scheduling point where clients, the monitor and the

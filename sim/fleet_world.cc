@@ -1,8 +1,9 @@
 // The simulator's fleet (SimOptions::fleet_engines > 0): N simulated engines behind one real
-// journal and the real fleet executor, its members driven one after another on the simulator's
-// thread (FleetRunnerOptions::members_inline), with clients admitting across the fleet, the engine
-// monitor on every engine, and the seed's faults aimed at single engines. Each cycle is one fleet
-// update, `all` or `rolling`, under a policy drawn for the world.
+// journal and the real fleet executor, its members driven side by side on threads that take turns
+// in virtual time (SimThreads: members drain, transfer and validate at once, in an order the seed
+// fixes), with clients admitting across the fleet, the engine monitor on every engine, and the
+// seed's faults aimed at single engines. Each cycle is one fleet update, `all` or `rolling`, under
+// a policy drawn for the world.
 //
 // Checked: each rollout saw one weight state of its engine from admission to its end (the
 // engine's own truth); each publish was validated on the target's weights, every cache reset,
@@ -23,15 +24,20 @@
 #include "replay/replay.h"
 #include "sim/engine.h"
 #include "sim/sim.h"
+#include "sim/sim_threads.h"
 #include "statemachine/fleet.h"
 #include "statemachine/fleet_history.h"
 
 namespace rc::sim {
 namespace {
 
-constexpr std::int64_t kTickUs = 10'000;        // monitor period (virtual)
-constexpr std::uint32_t kStallTimeoutMs = 200;  // the journal's commit stall bound (real time)
-constexpr std::uint32_t kSettleMs = 2500;       // after an update: clients end, monitor looks
+constexpr std::int64_t kTickUs = 10'000;           // monitor period (virtual)
+constexpr std::uint32_t kStallTimeoutMs = 200;     // the journal's commit stall bound (real time)
+constexpr std::uint32_t kClientStartMsMax = 300;   // into a cycle
+constexpr std::uint32_t kSlowRolloutMsMax = 2300;  // the longest client (a slow rollout)
+// After an update: the clients end, the monitor looks. An update may end before the last client
+// starts (its members run side by side), so this outlasts the latest start plus the longest run.
+constexpr std::uint32_t kSettleMs = kClientStartMsMax + kSlowRolloutMsMax + 200;
 constexpr std::uint32_t kClientsPerCycleMax = 8;
 constexpr int kRestartsPerCycleMax = 5;
 constexpr std::uint32_t kRestartDelayMs = 300;  // the executor's restart, in virtual time
@@ -63,6 +69,7 @@ class FleetWorld {
         index_(index),
         result_(result),
         clock_(sched_),
+        threads_(sched_),
         mem_(rocksdb::NewMemEnv(rocksdb::Env::Default())),
         rng_(o.seed * 7919 + index) {
     for (std::uint32_t i = 0; i < o.fleet_engines; ++i) {
@@ -109,6 +116,7 @@ class FleetWorld {
   SimResult& result_;
   Scheduler sched_;
   SimClock clock_;
+  SimThreads threads_;  // every member thread is joined before the runner goes
   std::unique_ptr<rocksdb::Env> mem_;
   std::mt19937_64 rng_;
   std::vector<std::unique_ptr<FleetMember>> members_;
@@ -161,7 +169,7 @@ void FleetWorld::NewRunner() {
   fo.runner.transfer_timeout_ms = 3000;
   fo.runner.call_timeout_ms = 500;
   fo.blocked_timeout_ms = 3000;
-  fo.members_inline = true;
+  fo.threads = &threads_;
   runner_ = std::make_unique<effects::FleetRunner>(*journal_, clock_, fo);
 }
 
@@ -267,7 +275,8 @@ void FleetWorld::Arm(const Fault& seed_fault, std::vector<std::uint32_t>& durati
       });
       break;
     case FaultKind::kSlowRollout:  // may outlive the drain
-      if (!durations.empty()) durations[seed_fault.a % durations.size()] = 300 + f.b % 2000;
+      if (!durations.empty())
+        durations[seed_fault.a % durations.size()] = 300 + f.b % (kSlowRolloutMsMax - 300);
       break;
     default:
       result_.stats.faults--;  // the journal and executor faults are the one-engine world's
@@ -343,7 +352,7 @@ void FleetWorld::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults)
   for (const Fault& f : faults) Arm(f, durations);
   for (std::size_t i = 0; i < durations.size(); ++i) {
     const std::string id = "r" + std::to_string(cycle) + "-" + std::to_string(i);
-    sched_.After(static_cast<std::int64_t>(rng_() % 300'000),
+    sched_.After(static_cast<std::int64_t>(rng_() % (kClientStartMsMax * 1000)),
                  [this, id, d = durations[i]] { ClientAdmit(id, d); });
   }
   const FleetUpdateRequested request = RequestFor(cycle);
