@@ -100,6 +100,8 @@ struct Options {
   std::uint64_t snapshot_every = 10000;  // write a folded-state snapshot every N events (0: never)
   // Read-only: a journal no writer holds opens as a plain read-only DB (WAL tail checked); one a
   // writer holds opens as a secondary instance (works while the writer runs; tail not checked).
+  // A LOCK this process cannot take for another reason (a read-only mount, no permission) opens
+  // as a plain read-only DB with every check, refused (Busy) if the WAL changed meanwhile.
   bool read_only = false;
   std::string secondary_path;  // scratch dir for a secondary instance ("" = temp, removed)
   // The RocksDB Env (file system, threads, clock); nullptr: rocksdb::Env::Default(). Tests pass
@@ -139,8 +141,9 @@ class Journal {
 
   // Opens or creates the journal at `path`. Errors: Busy ("journal already open by another
   // process", naming the holder's LOCK path), Corruption (naming the path; never auto-repaired:
-  // a live file missing or of the wrong size, a missing head, fewer records than a clean close
-  // recorded). A torn WAL tail opens (crash recovery) and is reported by recovery().
+  // a live file missing or of the wrong size, a missing head, a snapshot past the head, a record
+  // missing that the head or a snapshot says exists, fewer records than a clean close recorded).
+  // A torn WAL tail opens (crash recovery) and is reported by recovery().
   [[nodiscard]] static Result<std::unique_ptr<Journal>> Open(const std::string& path,
                                                              const Options& options);
 
@@ -200,6 +203,11 @@ class Journal {
   // failure() is then the error every call returns, naming the journal's path.
   virtual bool failed() const = 0;
   virtual Status failure() const = 0;
+  // Fails the journal from outside (its owner fail-stopped for a reason of its own): from now on
+  // every call returns `why` and nothing more is written, so no thread still running can mutate
+  // anything on the journal's word. A group being written meanwhile may reach the disk, never
+  // acknowledged. No effect on a journal that already failed.
+  virtual void Stop(const Status& why) = 0;
   // What Open found about how the journal ended before (clean close, torn tail).
   virtual Recovery recovery() const = 0;
   // Enqueue + Wait.
@@ -208,6 +216,7 @@ class Journal {
   virtual std::uint64_t head_seq() const = 0;  // last durable-or-enqueued seq
   virtual Hash head_hash() const = 0;
 
+  // NotFound past the durable head; a record missing at or below it was lost: Corruption.
   [[nodiscard]] virtual Result<Record> Read(std::uint64_t seq) = 0;
   // Visits records from_seq..to_seq inclusive (to_seq 0 = head) in order; decodes, verifies the
   // FlatBuffers structure and the hash chain; stops at the first error or non-OK visitor status.

@@ -1258,6 +1258,9 @@ bool another_process(const State& s, const std::string& instance) {
 
 void derive_resumed(const State& s, bool answered, bool resumed, const std::string& instance,
                     std::vector<Event>& out) {
+  // An engine verified by its process instance must name it again: an answer without one (its
+  // read failed) cannot tell the same process from a new one, so the resume is tried again.
+  if (answered && !s.engine_instance.empty() && instance.empty()) return;
   if (answered && another_process(s, instance)) {
     taint(s, Cause::kEngineReplaced,
           "another engine process answers the resume (instance '" + instance + "', verified '" +

@@ -118,7 +118,7 @@ class Writer {
         return v;
       }
       case EffectKind::kResume:
-        return ResumeObserved{kOk, true, false};
+        return ResumeObserved{kOk, true, false, s.engine_instance};
       case EffectKind::kSleep: {
         const bool asleep = engine.sleep.ok_2xx();
         return SleepObserved{engine.sleep, s.update->sleep_level, asleep, asleep,
@@ -128,7 +128,7 @@ class Writer {
         if (e.wake == WakeTag::kWeights) {
           return WakeObserved{engine.wake_weights, e.wake, false, true, engine.wake_weights_memory};
         }
-        return WakeObserved{kOk, e.wake, true, false, engine.wake_kv_memory};
+        return WakeObserved{kOk, e.wake, true, false, engine.wake_kv_memory, s.engine_instance};
       default:
         ADD_FAILURE() << "unexpected effect " << effect_name(e.kind);
         return DrainTimedOut{};

@@ -33,6 +33,7 @@ struct SleepDriver : Driver {
     if (t == WakeTag::kKvCache && h.ok_2xx()) {
       w.is_paused_known = true;
       w.is_paused = false;
+      w.engine_instance = s.engine_instance;  // the same process
     }
     return ok(w);
   }

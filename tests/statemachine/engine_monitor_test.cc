@@ -232,6 +232,28 @@ TEST(EngineMonitor, AResumeAnsweredByAnotherProcessTaints) {
   EXPECT_EQ(same.s.committed.label, "rc-1");
 }
 
+// A resume whose answer names no process instance, after validation recorded one, publishes
+// nothing and is tried again until an answer names the process; catches an engine restarted
+// while paused whose instance read failed once being put in service on its predecessor's evidence.
+TEST(EngineMonitor, AResumeThatNamesNoInstanceIsTriedAgain) {
+  Driver d = ready_on_instance();
+  d.to_resuming_validated("rc-1");
+  d.effect(EffectKind::kResume);
+  ResumeObserved unnamed = d.good_resume();
+  unnamed.engine_instance.clear();
+  auto ev = d.ok(unnamed);
+  EXPECT_EQ(count_of<VersionPublished>(ev), 0);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kResuming);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kResume);
+  EXPECT_EQ(d.rejected(make_admission(d.s, "early")), Code::kRejected);
+  d.effect(EffectKind::kResume);
+  ResumeObserved named = d.good_resume();
+  named.engine_instance = "i-2";
+  ev = d.ok(named);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(count_of<VersionPublished>(ev), 0);
+}
+
 // Leased (explicit) rollouts survive recovery; proxied ones are abandoned; a lapsed lease ends
 // as expired, only for a leased rollout; catches explicit rollouts lost on an executor restart.
 TEST(Lease, ExplicitRolloutsSurviveRecoveryAndExpire) {

@@ -135,7 +135,7 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
         return r.chance(50) ? ResumeObserved{random_bad_http(r), false, true}
                             : ResumeObserved{ok_http(), r.chance(50), true};
       }
-      return ResumeObserved{ok_http(), true, false};
+      return ResumeObserved{ok_http(), true, false, s.engine_instance};  // the same process
     default:
       return RecoveryStarted{"exec-x"};
   }

@@ -132,7 +132,10 @@ struct Driver {
     effect(EffectKind::kValidate);
     ok(ValidationObserved{ok_http(), label, true, ""});
   }
-  ResumeObserved good_resume() const { return ResumeObserved{ok_http(), true, false}; }
+  // Answered unpaused by the process the fold knows (none known: names none).
+  ResumeObserved good_resume() const {
+    return ResumeObserved{ok_http(), true, false, s.engine_instance};
+  }
   void resume() {
     effect(EffectKind::kResume);
     ok(good_resume());
