@@ -8,6 +8,7 @@
 #include <sstream>
 #include <utility>
 
+#include "effects/http/response_parsers.h"
 #include "journal/json.h"
 #include "statemachine/describe.h"
 #include "statemachine/fleet_history.h"
@@ -395,6 +396,19 @@ Result<AuditReport> AuditJournal(journal::Journal& journal) {
   return report;
 }
 
+namespace {
+
+// The rollout index names only records it was written with: one it names that is not stored (past
+// the head: Read says NotFound) was lost, which is damage, never a usage error.
+Status IndexedRecordMissing(const std::string& rollout_id, std::uint64_t seq, const Status& read) {
+  if (read.code() != Code::kNotFound) return read;
+  return Status::Corruption("the rollout index names seq " + std::to_string(seq) + " for '" +
+                            E(rollout_id) + "' but no record is stored there (" + read.message() +
+                            ")");
+}
+
+}  // namespace
+
 Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::string& rollout_id) {
   auto seqs = journal.RolloutSeqs(rollout_id);
   if (!seqs.ok()) return seqs.status();
@@ -403,7 +417,7 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
   p.rollout_id = rollout_id;
   for (std::uint64_t seq : *seqs) {
     auto r = journal.Read(seq);
-    if (!r.ok()) return r.status();
+    if (!r.ok()) return IndexedRecordMissing(rollout_id, seq, r.status());
     if (const auto* a = std::get_if<RolloutAdmitted>(&r->event)) {
       p.binding = *a;
       p.admitted_seq = seq;
@@ -558,7 +572,7 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
       return Status::InvalidArgument(path + ": more than " + std::to_string(kTrajectoriesMax) +
                                      " trajectories");
     }
-    const json j = json::parse(line, nullptr, false);
+    const json j = effects::parse_outside_json(line);
     auto bad = [&](const std::string& why) {
       return Status::InvalidArgument(path + ":" + std::to_string(line_no) + ": " + why);
     };
@@ -804,6 +818,13 @@ json NotesJson(const std::vector<RolloutNote>& list) {
 
 namespace {
 
+// JSON of journal text, never thrown on (invalid UTF-8 is replaced) and printable ASCII only:
+// --json is read a line at a time, and a raw U+2028/U+2029, NEL, DEL or other C1 or bidi control
+// recorded from an engine's answer would split the line for consumers that honour it.
+std::string DumpAscii(const json& j, int indent) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+}
+
 json HealthJson(const EngineHealth& e) {
   json engine = {
       {"lifecycle", lifecycle_name(e.lifecycle)},   {"tainted", e.tainted},
@@ -849,7 +870,7 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
     out["engines"] = std::move(engines);
   }
   if (reverify != nullptr) out["reverification"] = ReverifyJson(*reverify);
-  return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+  return DumpAscii(out, indent);
 }
 
 std::string ProvenanceJson(const RolloutProvenance& p, int indent) {
@@ -864,7 +885,7 @@ std::string ProvenanceJson(const RolloutProvenance& p, int indent) {
                 {"update_id", p.version.update_id},
                 {"published_seq", p.version.published_seq}}}};
   if (!p.engine.empty()) out["engine"] = p.engine;
-  return out.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+  return DumpAscii(out, indent);
 }
 
 }  // namespace rc::audit

@@ -7,7 +7,6 @@
 #include "cli/commands.h"
 #include "journal/json.h"
 #include "replay/replay.h"
-#include "statemachine/describe.h"
 #include "statemachine/text.h"
 
 namespace rc::cli {
@@ -51,13 +50,9 @@ Runner add_replay(CLI::App& app) {
     const std::string torn = j.recovery().torn_tail;
     if (opts->events) {
       Status st = j.Scan(1, opts->until, [&](const journal::Record& r) {
-        if (opts->json) {
-          std::printf("%s\n", replay::RecordJsonLine(r).c_str());
-        } else {
-          std::printf("%8llu %s%s\n", static_cast<unsigned long long>(r.seq),
-                      r.cause_seq == 0 ? "" : "  -> ",
-                      text::escape_line(describe(r.event)).c_str());
-        }
+        const std::string line =
+            opts->json ? replay::RecordJsonLine(r) : replay::FormatRecordLine(r);
+        std::printf("%s\n", line.c_str());
         return Status::OK();
       });
       if (!st.ok())
@@ -75,8 +70,10 @@ Runner add_replay(CLI::App& app) {
         out["ok"] = false;
         out["torn_tail"] = text::sanitize_utf8(torn);
       }
+      // One line of printable ASCII (replay::ReportJson's reason): \u escapes, never raw text.
       std::printf("%s\n",
-                  out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+                  out.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace)
+                      .c_str());
     } else if (torn.empty()) {
       std::printf("%s", replay::FormatReport(*report).c_str());
     } else {

@@ -20,6 +20,7 @@
 #ifdef RC_CLI_HAVE_SERVICE
 #include "service/config.h"
 #include "service/service.h"
+#include "statemachine/text.h"
 #endif
 
 namespace rc::cli {
@@ -28,6 +29,12 @@ namespace rc::cli {
 namespace {
 
 using FlagAppliers = std::vector<std::pair<CLI::Option*, std::function<void()>>>;
+
+// Every message serve prints may quote outside text (a config path or value, a journal path, a
+// recorded field, a client's path segment): escaped, so that one message is one line.
+void PrintError(const std::string& what) {
+  std::fprintf(stderr, "rolloutcore serve: %s\n", text::escape_line(what).c_str());
+}
 
 // One flag for one row of the configuration table, with its default and bounds in the help.
 void AddConfigFlag(CLI::App& app, const service::ConfigKey& k,
@@ -58,12 +65,12 @@ bool EnsureJournalParent(const std::string& journal_path) {
   std::error_code ec;
   if (std::filesystem::is_directory(parent, ec)) return true;
   if (!std::filesystem::create_directories(parent, ec) || ec) {
-    std::fprintf(stderr,
-                 "rolloutcore serve: cannot create the journal's parent directory '%s': %s\n",
-                 parent.c_str(), ec ? ec.message().c_str() : "not created");
+    PrintError("cannot create the journal's parent directory '" + parent.string() +
+               "': " + (ec ? ec.message() : std::string("not created")));
     return false;
   }
-  spdlog::info("serve: created the journal's parent directory {}", parent.string());
+  spdlog::info("serve: created the journal's parent directory {}",
+               text::escape_line(parent.string()));
   return true;
 }
 
@@ -101,7 +108,7 @@ Runner add_serve(CLI::App& app) {
     if (!config_file->empty()) {
       Status st = service::MergeConfigFile(*config_file, *cfg);
       if (!st.ok()) {
-        std::fprintf(stderr, "rolloutcore serve: %s\n", st.ToString().c_str());
+        PrintError(st.ToString());
         return 2;
       }
     }
@@ -113,14 +120,14 @@ Runner add_serve(CLI::App& app) {
       for (const std::string& flag : *fleet_engines) {
         auto engine = service::ParseFleetEngineFlag(flag);
         if (!engine.ok()) {
-          std::fprintf(stderr, "rolloutcore serve: %s\n", engine.status().ToString().c_str());
+          PrintError(engine.status().ToString());
           return 2;
         }
         cfg->engines.push_back(std::move(engine.value()));
       }
     }
     if (Status marked = service::MarkRetiring(*retiring, *cfg); !marked.ok()) {
-      std::fprintf(stderr, "rolloutcore serve: %s\n", marked.ToString().c_str());
+      PrintError(marked.ToString());
       return 2;
     }
     if (cfg->auth_token.empty()) {
@@ -134,7 +141,7 @@ Runner add_serve(CLI::App& app) {
     }
     Status valid = service::ValidateConfig(*cfg);
     if (!valid.ok()) {
-      std::fprintf(stderr, "rolloutcore serve: %s\n", valid.ToString().c_str());
+      PrintError(valid.ToString());
       return 2;
     }
     if (!EnsureJournalParent(cfg->journal_path)) return 1;
@@ -152,16 +159,16 @@ Runner add_serve(CLI::App& app) {
 
     auto opened = service::Service::Open(*cfg);
     if (!opened.ok()) {
-      std::fprintf(stderr, "rolloutcore serve: %s\n", opened.status().ToString().c_str());
+      PrintError(opened.status().ToString());
       return 1;
     }
     std::unique_ptr<service::Service> svc = std::move(opened.value());
     Status started = svc->Start();
     if (!started.ok()) {
-      std::fprintf(stderr, "rolloutcore serve: %s\n", started.ToString().c_str());
+      PrintError(started.ToString());
       return 1;
     }
-    std::printf("listening on %s:%d\n", cfg->listen_host.c_str(), svc->port());
+    std::printf("listening on %s:%d\n", text::escape_line(cfg->listen_host).c_str(), svc->port());
     std::fflush(stdout);
     // Waits for SIGTERM/SIGINT or a fail-stop (a journal write/fsync error, a stalled fsync,
     // the runner failing mid-update): then nothing more may be decided, so the process exits
@@ -169,7 +176,7 @@ Runner add_serve(CLI::App& app) {
     int sig = 0;
     for (;;) {
       if (svc->failed()) {
-        std::fprintf(stderr, "rolloutcore serve: fail-stop: %s\n", svc->failure().c_str());
+        PrintError("fail-stop: " + svc->failure());
         std::fflush(stderr);
         std::_Exit(4);
       }
@@ -180,7 +187,7 @@ Runner add_serve(CLI::App& app) {
     spdlog::info("serve: signal {}: draining (grace {} ms)", sig, cfg->shutdown_grace_ms);
     const bool clean = svc->Shutdown(cfg->shutdown_grace_ms);
     if (svc->failed()) {
-      std::fprintf(stderr, "rolloutcore serve: fail-stop: %s\n", svc->failure().c_str());
+      PrintError("fail-stop: " + svc->failure());
       std::fflush(stderr);
       std::_Exit(4);
     }

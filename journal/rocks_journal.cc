@@ -544,6 +544,16 @@ class RocksJournal final : public Journal {
     RunAsyncWaiters(l, failure.ok() ? durable_batch_id_ : UINT64_MAX);
     return failure;
   }
+  void Stop(const Status& why) override {
+    RC_CHECK(!why.ok());
+    std::unique_lock<std::mutex> l(mu_);
+    if (!failed_.ok()) return;
+    failed_ = why;
+    BatchCv(open_batch_id_).notify_all();
+    BatchCv(open_batch_id_ + 1).notify_all();
+    commit_cv_.notify_all();
+    RunAsyncWaiters(l, UINT64_MAX);
+  }
   Recovery recovery() const override { return recovery_; }
   std::uint64_t head_seq() const override {
     std::lock_guard<std::mutex> l(mu_);
@@ -572,6 +582,9 @@ class RocksJournal final : public Journal {
   // Open, by role. Each leaves db_ open and the in-memory head loaded, or returns an error.
   Status OpenWriter();
   Status OpenReadOnly();
+  Status OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals);
+  Status CheckWalsUnchanged(const std::map<std::uint64_t, std::uint64_t>& before,
+                            const rocksdb::Status& lock_error);
   Status OpenSecondary();
   rocksdb::Options DbOptions() const;
   std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(const rocksdb::Options& opts) const;
@@ -632,7 +645,13 @@ class RocksJournal final : public Journal {
   Status ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, const Hash& prev_hash,
                    const std::function<Status(const Record&)>& visit);
   Result<std::uint64_t> ReadHeadSeq();
-  Result<Hash> HashAt(std::uint64_t seq);
+  Status CheckNoSnapshotPastHead(std::uint64_t head_seq);
+  // The stored record at `seq`: NotFound when none is stored.
+  Result<Record> ReadStored(std::uint64_t seq);
+  // The same, for a record that `claim` (the head, a snapshot, an index entry) says exists: a
+  // missing one is Corruption naming the seq and the claim. Neither takes mu_.
+  Result<Record> ReadExpected(std::uint64_t seq, const std::string& claim);
+  Result<Hash> HashAt(std::uint64_t seq, const std::string& claim);
 
   const std::string path_;
   const Options options_;
@@ -729,6 +748,13 @@ rocksdb::Options RocksJournal::DbOptions() const {
   opts.paranoid_checks = true;
   opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
   opts.keep_log_file_num = 4;
+  // Column families flush together. A group commit is one WriteBatch over all of them; a family
+  // flushed alone (its memtable filled first) would hold its part of later groups in SST files
+  // while the rest (the records, the head) lived in the WAL only, so a lost or cut WAL would
+  // leave, say, a snapshot past the head. RocksDB refuses atomic_flush only beside
+  // enable_pipelined_write and best_efforts_recovery (neither is set); the WAL filter reads the
+  // WAL at recovery whatever flushes; read-only and secondary opens never flush.
+  opts.atomic_flush = true;
   return opts;
 }
 
@@ -820,19 +846,41 @@ Status RocksJournal::OpenWriter() {
   return Status::OK();
 }
 
+// Whether LockFile failed because a process holds the LOCK. RocksDB's POSIX Env says "While lock
+// file" when fcntl refused the lock (another process holds it) and "lock hold by current
+// process" when this one does; its in-memory Env says "lock is already held". Any other failure
+// (the LOCK could not be opened for writing: a read-only mount, no permission) tells nothing
+// about a writer.
+bool LockHeldByAProcess(const rocksdb::Status& s) {
+  const std::string msg = s.ToString();
+  return msg.find("While lock file") != std::string::npos ||
+         msg.find("lock hold by current process") != std::string::npos ||
+         msg.find("lock is already held") != std::string::npos;
+}
+
 // A journal no writer holds opens as a plain read-only DB while this holds its LOCK (no writer
-// can start mid-open); one a writer holds opens as a secondary instance.
+// can start mid-open); one a writer holds opens as a secondary instance. A LOCK that cannot be
+// taken for another reason opens read-only with every check all the same (never a secondary:
+// it skips the tail and clean-close checks, and a torn journal would read as healthy); nothing
+// then kept a writer out, so the open stands only if the WAL did not change meanwhile.
 Status RocksJournal::OpenReadOnly() {
   if (!env_->FileExists(path_ + "/CURRENT").ok()) {
     return Status::NotFound("no journal at " + path_ + " (no CURRENT file)");
   }
   rocksdb::FileLock* lock = nullptr;
-  if (!env_->LockFile(path_ + "/LOCK", &lock).ok()) return OpenSecondary();
-  HeldLock held(env_, lock);
-  Result<std::optional<ClosedMark>> mark = ReadClosedMark();
-  if (!mark.ok()) return mark.status();
+  const rocksdb::Status locked = env_->LockFile(path_ + "/LOCK", &lock);
+  if (!locked.ok() && LockHeldByAProcess(locked)) return OpenSecondary();
+  HeldLock held(env_, locked.ok() ? lock : nullptr);
   Result<std::map<std::uint64_t, std::uint64_t>> wals = ListWals(env_, path_);
   if (!wals.ok()) return wals.status();
+  RC_RETURN_IF_ERROR(OpenReadOnlyChecked(*wals));
+  return locked.ok() ? Status::OK() : CheckWalsUnchanged(*wals, locked);
+}
+
+// The read-only open and its checks: live files, schema, head, clean close, WAL tail.
+Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals) {
+  Result<std::optional<ClosedMark>> mark = ReadClosedMark();
+  if (!mark.ok()) return mark.status();
   rocksdb::Options opts = DbOptions();
   opts.max_open_files = -1;  // every table file is opened (and its footer read) now
   opts.wal_filter = &wal_replay_;
@@ -845,8 +893,21 @@ Status RocksJournal::OpenReadOnly() {
   RC_RETURN_IF_ERROR(CheckSchema());
   RC_RETURN_IF_ERROR(LoadHead());
   RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
-  CheckWalTail(*wals);
+  CheckWalTail(wals);
   return Status::OK();
+}
+
+// Without the LOCK nothing kept a writer out while the journal was checked: what was checked is
+// the journal only if its WAL files (where a writer appends; its flushes remove them) are as they
+// were before the open.
+Status RocksJournal::CheckWalsUnchanged(const std::map<std::uint64_t, std::uint64_t>& before,
+                                        const rocksdb::Status& lock_error) {
+  Result<std::map<std::uint64_t, std::uint64_t>> after = ListWals(env_, path_);
+  if (!after.ok()) return after.status();
+  if (*after == before) return Status::OK();
+  return Status::Busy("journal at " + path_ + " changed while it was checked without its LOCK (" +
+                      lock_error.ToString() +
+                      "): a writer may be running; the journal cannot be checked now");
 }
 
 Status RocksJournal::OpenSecondary() {
@@ -1020,16 +1081,38 @@ Result<std::uint64_t> RocksJournal::ReadHeadSeq() {
   return ParseBE64(v);
 }
 
-Result<Hash> RocksJournal::HashAt(std::uint64_t seq) {
+Result<Hash> RocksJournal::HashAt(std::uint64_t seq, const std::string& claim) {
   if (seq == 0) return Hash{};
-  Result<Record> r = Read(seq);
+  Result<Record> r = ReadExpected(seq, claim);
   if (!r.ok()) return r.status();
   return r->hash;
+}
+
+// A group's snapshot is written in the group's batch, with the head: one past the head means the
+// records up to it (and the head that counted them) were lost while it survived, e.g. a cut WAL
+// beside flushed SST files. The last snapshot key alone tells.
+Status RocksJournal::CheckNoSnapshotPastHead(std::uint64_t head_seq) {
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions(), cfs_[kSnapshotsCf]));
+  it->SeekToLast();
+  if (!it->Valid()) return FromRocks(it->status(), "seek the last snapshot");
+  const std::string_view key = View(it->key());
+  if (key.size() < 8) {
+    return Status::Corruption("snapshot key of " + std::to_string(key.size()) +
+                              " bytes is not a seq and its tag");
+  }
+  const std::uint64_t seq = ParseBE64(key.substr(0, 8));
+  if (seq <= head_seq) return Status::OK();
+  return Status::Corruption("snapshot at seq " + std::to_string(seq) + " lies past the head seq " +
+                            std::to_string(head_seq) + ": records " + std::to_string(head_seq + 1) +
+                            ".." + std::to_string(seq) +
+                            " were written and then lost (a cut or lost WAL)");
 }
 
 Result<Loaded> RocksJournal::LoadFromDb() {
   Result<std::uint64_t> head = ReadHeadSeq();
   if (!head.ok()) return head.status();
+  RC_RETURN_IF_ERROR(CheckNoSnapshotPastHead(*head));
   Loaded out;
   out.head_seq = *head;
   Result<std::optional<FleetSnapshot>> snapshot =
@@ -1039,7 +1122,8 @@ Result<Loaded> RocksJournal::LoadFromDb() {
     out.snapshot_seq = (*snapshot)->events;
     out.fleet = std::move((*snapshot)->fleet);
   }
-  Result<Hash> prev = HashAt(out.snapshot_seq);
+  Result<Hash> prev =
+      HashAt(out.snapshot_seq, "the snapshot at seq " + std::to_string(out.snapshot_seq));
   if (!prev.ok()) return prev.status();
   out.head_hash = *prev;
   RC_RETURN_IF_ERROR(ScanRange(out.snapshot_seq + 1, out.head_seq, *prev, [&](const Record& r) {
@@ -1178,7 +1262,7 @@ Result<Ticket> RocksJournal::DuplicateTicket(const std::string& key, const IdemE
   }
   Hash last_hash = e.last_hash;
   if (e.batch_id == 0) {
-    Result<Record> last = Read(e.last_seq);
+    Result<Record> last = ReadExpected(e.last_seq, "idempotency key '" + key + "'");
     if (!last.ok()) return last.status();
     last_hash = last->hash;
   }
@@ -1188,8 +1272,10 @@ Result<Ticket> RocksJournal::DuplicateTicket(const std::string& key, const IdemE
 Result<std::vector<FleetEvent>> RocksJournal::IdemGroup(const IdemEntry& e) {
   if (e.batch_id != 0) return e.group;
   std::vector<FleetEvent> group;
+  const std::string claim = "the idempotency entry of seqs " + std::to_string(e.first_seq) + ".." +
+                            std::to_string(e.last_seq);
   for (std::uint64_t seq = e.first_seq; seq <= e.last_seq; ++seq) {
-    Result<Record> r = Read(seq);
+    Result<Record> r = ReadExpected(seq, claim);
     if (!r.ok()) return r.status();
     group.push_back(FleetEvent{r->engine, r->event});
   }
@@ -1625,7 +1711,26 @@ Result<AppendResult> RocksJournal::Append(const AppendRequest& request) {
   return t->result;
 }
 
+// Below the durable head every seq holds a record: a missing one was lost (Corruption); past it,
+// none is stored yet (NotFound).
 Result<Record> RocksJournal::Read(std::uint64_t seq) {
+  std::uint64_t durable = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    durable = durable_seq_;
+  }
+  if (seq == 0 || seq > durable) return ReadStored(seq);
+  return ReadExpected(seq, "the head (seq " + std::to_string(durable) + ")");
+}
+
+Result<Record> RocksJournal::ReadExpected(std::uint64_t seq, const std::string& claim) {
+  Result<Record> r = ReadStored(seq);
+  if (r.ok() || r.status().code() != Code::kNotFound) return r;
+  return Status::Corruption("the record at seq " + std::to_string(seq) + " is missing, but " +
+                            claim + " says it exists");
+}
+
+Result<Record> RocksJournal::ReadStored(std::uint64_t seq) {
   std::string v;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kEventsCf], BE64(seq), &v);
   if (s.IsNotFound()) return Status::NotFound("no record at seq " + std::to_string(seq));
@@ -1743,7 +1848,7 @@ Status RocksJournal::Scan(std::uint64_t from_seq, std::uint64_t to_seq,
   }
   if (from_seq == 0) from_seq = 1;
   if (from_seq > to_seq) return Status::OK();
-  Result<Hash> prev = HashAt(from_seq - 1);
+  Result<Hash> prev = HashAt(from_seq - 1, "the head (seq " + std::to_string(durable) + ")");
   if (!prev.ok()) return prev.status();
   return ScanRange(from_seq, to_seq, *prev, visit);
 }

@@ -18,9 +18,12 @@ namespace {
 // fields are client/engine text: a NUL truncated the report, a "\n" forged a verdict line).
 std::string E(const std::string& s) { return text::escape_line(s); }
 
-// JSON that holds journal strings: invalid UTF-8 is replaced, never thrown on.
+// JSON that holds journal strings: invalid UTF-8 is replaced, never thrown on, and everything
+// outside printable ASCII is a \u escape (ensure_ascii). Consumers read these outputs a line at a
+// time: raw U+2028/U+2029, NEL, DEL or another C1 or bidi control from an engine's answer would
+// split one record's line for those that honour them.
 std::string DumpSafe(const nlohmann::json& j, int indent) {
-  return j.dump(indent, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+  return j.dump(indent, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
 }
 
 // The decisions recorded after an input, waiting to be compared with decide()'s.

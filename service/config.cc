@@ -8,6 +8,7 @@
 #include <sstream>
 #include <set>
 
+#include "effects/http/response_parsers.h"
 #include "statemachine/events.h"
 #include "statemachine/text.h"
 
@@ -106,7 +107,8 @@ const std::array kKeys = {
               1,
               kIdBytesMax,
               kWhere,
-              "executor id recorded on recovery",
+              "executor id recorded on recovery; must not begin with `stalled-plan-retry:` "
+              "(reserved: it marks the stalled-plan retry's records)",
               {}},
     ConfigKey{"initial_label",
               "initial-label",
@@ -756,6 +758,18 @@ Status CheckNccl(const ServeConfig& c) {
   return Status::OK();
 }
 
+// The stalled-plan retry records RecoveryStarted with its executor id behind
+// kStalledPlanRetryPrefix, and replay tells a retry from a restart by that prefix alone: an
+// executor id of the same shape would make every restart of this executor read as a retry.
+// (The table's help names the prefix literally.)
+static_assert(std::string_view(kStalledPlanRetryPrefix) == "stalled-plan-retry:");
+Status CheckExecutorId(const ServeConfig& c) {
+  if (c.executor_id.rfind(kStalledPlanRetryPrefix, 0) != 0) return Status::OK();
+  return Status::InvalidArgument(std::string("executor_id (--executor-id) must not begin with '") +
+                                 kStalledPlanRetryPrefix +
+                                 "': that prefix marks the stalled-plan retry's records");
+}
+
 Status CheckConnections(const ServeConfig& c) {
   if (!c.proxy_token.empty() && c.proxy_token == c.auth_token) {
     return Status::InvalidArgument(
@@ -1027,8 +1041,11 @@ Status MergeConfigFile(const std::string& path, ServeConfig& config) {
     return Status::InvalidArgument("config file '" + path + "' exceeds " +
                                    std::to_string(kConfigFileBytesMax) + " bytes");
   }
-  nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return Status::InvalidArgument("config file '" + path + "' is not JSON");
+  nlohmann::json doc = effects::parse_outside_json(text);
+  if (doc.is_discarded()) {
+    return Status::InvalidArgument("config file '" + path + "' is not JSON (or nests deeper than " +
+                                   std::to_string(text::kJsonDepthMax) + ")");
+  }
   Status st = MergeConfigJson(doc, config);
   if (!st.ok()) return Status::InvalidArgument(path + ": " + st.message());
   return Status::OK();
@@ -1036,6 +1053,7 @@ Status MergeConfigFile(const std::string& path, ServeConfig& config) {
 
 Status ValidateConfig(const ServeConfig& c) {
   for (const auto& k : kKeys) RC_RETURN_IF_ERROR(CheckRow(k, c));
+  RC_RETURN_IF_ERROR(CheckExecutorId(c));
   RC_RETURN_IF_ERROR(CheckEngines(c));
   RC_RETURN_IF_ERROR(CheckNccl(c));
   return CheckConnections(c);

@@ -5,6 +5,7 @@
 // keep their verdict line, and serialise JSON without throwing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -191,6 +192,70 @@ TEST(Injection, ReplayJsonNeverThrows) {
   const auto j = nlohmann::json::parse(hostile.replay_json, nullptr, false);
   ASSERT_FALSE(j.is_discarded());
   EXPECT_EQ(j["incidents"].size(), 1u);
+}
+
+// Valid UTF-8 that is not printable: LINE SEPARATOR, PARAGRAPH SEPARATOR, NEL, DEL and a bidi
+// override, which readers that split on Unicode line ends (or show controls) take apart.
+const std::string kLineBreakers =
+    "label\xe2\x80\xa8"
+    "sep\xe2\x80\xa9"
+    "para\xc2\x85"
+    "nel\x7f"
+    "del\xe2\x80\xae"
+    "rlo";
+
+// Every byte printable ASCII (and '\n' where `newlines`: an indented document).
+bool PrintableAscii(const std::string& s, bool newlines) {
+  return std::all_of(s.begin(), s.end(),
+                     [&](char c) { return (c >= 0x20 && c < 0x7f) || (newlines && c == '\n'); });
+}
+
+void CollectStrings(const nlohmann::json& j, std::vector<std::string>& out) {
+  if (j.is_string()) {
+    out.push_back(j.get<std::string>());
+    return;
+  }
+  if (!j.is_structured()) return;
+  for (const auto& v : j) CollectStrings(v, out);
+}
+
+// Proves the JSON outputs of replay and audit (each `--events --json` record line, the replay
+// report, the audit verdict line) hold only printable ASCII whatever the engine answered, and
+// parse back to exactly the text recorded; catches ensure_ascii=false, which passed U+2028, NEL
+// or DEL through raw and split one record's line for consumers that honour them.
+TEST(Injection, JsonOutputsArePrintableAsciiAndRoundTrip) {
+  TempDir dir;
+  WriteJournal(dir.path(), kLineBreakers);
+  journal::Options ro;
+  ro.read_only = true;
+  ro.create_if_missing = false;
+  auto opened = journal::Journal::Open(dir.path(), ro);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  journal::Journal& j = **opened;
+  std::size_t round_trips = 0;
+  const Status scanned = j.Scan(1, 0, [&](const journal::Record& r) {
+    const std::string line = replay::RecordJsonLine(r);
+    EXPECT_TRUE(PrintableAscii(line, false)) << text::escape_line(line);
+    const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_FALSE(parsed.is_discarded()) << line;
+    std::vector<std::string> strings;
+    CollectStrings(parsed, strings);
+    round_trips +=
+        static_cast<std::size_t>(std::count(strings.begin(), strings.end(), kLineBreakers));
+    return Status::OK();
+  });
+  ASSERT_TRUE(scanned.ok()) << scanned.ToString();
+  EXPECT_GT(round_trips, 0u) << "no record's JSON parsed back to the recorded text";
+  auto replayed = replay::Replay(j, {});
+  ASSERT_TRUE(replayed.ok());
+  const std::string report = replay::ReportJson(*replayed);
+  EXPECT_TRUE(PrintableAscii(report, /*newlines=*/true)) << text::escape_line(report);
+  EXPECT_FALSE(nlohmann::json::parse(report, nullptr, false).is_discarded());
+  auto audited = audit::AuditJournal(j);
+  ASSERT_TRUE(audited.ok());
+  const std::string verdict = audit::VerdictJson(*audited, audit::MakeVerdict(*audited), -1);
+  EXPECT_TRUE(PrintableAscii(verdict, false)) << text::escape_line(verdict);
+  EXPECT_FALSE(nlohmann::json::parse(verdict, nullptr, false).is_discarded());
 }
 
 }  // namespace

@@ -4,10 +4,15 @@
 // journal; read-only opens leave no scratch directory behind.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <set>
 
 #include "journal/codec.h"
 #include "journal/journal.h"
@@ -169,6 +174,120 @@ void DeleteHeadKey(const std::string& path) {
   delete db;
 }
 
+// The journal's key of `seq` (big-endian, as journal/rocks_journal.cc stores it).
+std::string SeqKey(std::uint64_t seq) {
+  std::string key(8, '\0');
+  for (int i = 0; i < 8; ++i) key[7 - i] = static_cast<char>((seq >> (8 * i)) & 0xff);
+  return key;
+}
+
+using RawEdit = std::function<void(rocksdb::DB&, const std::vector<rocksdb::ColumnFamilyHandle*>&)>;
+
+// Opens the journal's RocksDB directly, as a tool outside the journal would, and applies `edit` to
+// its column families (handles in the journal's order: default, events, rollouts, idempotency,
+// snapshots, meta).
+void EditRaw(const std::string& path, const RawEdit& edit) {
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
+    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
+  edit(*db, handles);
+  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  ASSERT_TRUE(db->Close().ok());
+  delete db;
+}
+
+// Lowers the head of a closed journal to `head` (whose record hash is `head_hash`): deletes the
+// records after it and rewrites the head keys, leaving every other column family as it was.
+void LowerHead(const std::string& path, std::uint64_t head, const Hash& head_hash,
+               std::uint64_t old_head) {
+  EditRaw(path, [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    for (std::uint64_t seq = head + 1; seq <= old_head; ++seq) {
+      ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(seq)).ok());
+    }
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_seq", SeqKey(head)).ok());
+    const std::string hash(reinterpret_cast<const char*>(head_hash.data()), head_hash.size());
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_hash", hash).ok());
+  });
+}
+
+void DeleteRecord(const std::string& path, std::uint64_t seq) {
+  EditRaw(path, [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(seq)).ok());
+  });
+}
+
+// Proves a journal whose head lies below a stored snapshot (its last records and head lost, the
+// snapshot kept, as a cut WAL beside an already flushed snapshots column family leaves it) is
+// refused by the read-only tools and the writer with Corruption naming both seqs; catches the
+// open that skipped every snapshot past the head and read the journal as a healthy, shorter one.
+TEST(Shorter, SnapshotPastTheHeadIsCorruption) {
+  TempDir dir;
+  Options o;
+  o.snapshot_every = 10;
+  const std::uint64_t head = WriteJournal(dir.path(), 20, o);  // snapshots at seqs 10 and 20
+  ASSERT_EQ(head, 24u);
+  Hash hash_17{};
+  {
+    auto j = Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    Result<Record> r = (*j)->Read(17);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    hash_17 = r->hash;
+  }
+  LowerHead(dir.path(), 17, hash_17, head);
+  fs::remove(dir.path() + "/CLOSED");  // as if it had crashed: the head and snapshots must tell
+  Options writer = o;
+  writer.create_if_missing = false;
+  for (const Options& opened : {ReadOnly(), writer}) {
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), opened);
+    ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq() << ": snapshot 20 unseen";
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("snapshot at seq 20 lies past the head seq 17"),
+              std::string::npos)
+        << j.status().message();
+    EXPECT_NE(j.status().message().find(dir.path()), std::string::npos) << j.status().message();
+  }
+}
+
+// Proves a record missing where the head or a snapshot says one exists is Corruption naming its
+// seq (Read and Scan below the head; the open, for the record at the snapshot it loads from),
+// while a seq past the head stays NotFound; catches the NotFound that made `rolloutcore audit`
+// exit 2 (usage) for a damaged journal instead of 3.
+TEST(Shorter, MissingRecordTheJournalVouchesForIsCorruption) {
+  TempDir dir;
+  Options o;
+  o.snapshot_every = 10;
+  const std::uint64_t head = WriteJournal(dir.path(), 20, o);  // snapshots at seqs 10 and 20
+  ASSERT_EQ(head, 24u);
+  DeleteRecord(dir.path(), 7);  // hidden from the open by the snapshot at 20
+  {
+    auto j = Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    Result<Record> missing = (*j)->Read(7);
+    EXPECT_EQ(missing.status().code(), Code::kCorruption) << missing.status().ToString();
+    EXPECT_NE(missing.status().message().find("seq 7 is missing"), std::string::npos)
+        << missing.status().message();
+    EXPECT_EQ((*j)->Read(head + 1).status().code(), Code::kNotFound);
+    Status from_8 = (*j)->Scan(8, 0, [](const Record&) { return Status::OK(); });
+    EXPECT_EQ(from_8.code(), Code::kCorruption) << from_8.ToString();
+    EXPECT_NE(from_8.message().find("seq 7 is missing"), std::string::npos) << from_8.message();
+  }
+  DeleteRecord(dir.path(), 20);  // the record the snapshot at 20 continues from
+  for (const Options& opened : {ReadOnly(), o}) {
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), opened);
+    ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find(
+                  "the record at seq 20 is missing, but the snapshot at seq 20 says it exists"),
+              std::string::npos)
+        << j.status().message();
+  }
+}
+
 // Proves a missing head is Corruption, never an empty journal; catches the reproduced bug where
 // a lost head_seq read as 0 and the journal as "records: 0, verification: OK".
 TEST(Shorter, MissingHeadIsCorruption) {
@@ -238,6 +357,112 @@ TEST(Shorter, CutWalOfACrashedJournalIsReportedTorn) {
   EXPECT_TRUE((*j)->recovery().torn_tail.empty());
   EXPECT_EQ((*j)->head_seq(), witness.last_seq - 1);
   EXPECT_EQ((*j)->Read(witness.last_seq).status().code(), Code::kNotFound);
+}
+
+// Writes bootstrap + 66 admissions (70 records) without a clean close, then cuts the WAL 9 bytes
+// into its last batch: the head recovered is 69 and the tail is torn.
+void WriteTornJournal(const std::string& path) {
+  testing::FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.snapshot_every = 0;
+  fs::path wal;
+  std::uintmax_t before_last = 0;  // the WAL's size before the last group
+  {
+    auto j = Journal::Open(path, o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    wal = FilesWithExtension(path, ".log").at(0);
+    for (int i = 0; i < 66; ++i) {
+      before_last = fs::file_size(wal);
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    }
+    faults.Crash();  // no clean close: the records live in the WAL only
+  }
+  faults.Restart();
+  fs::resize_file(wal, before_last + 9);
+}
+
+// An Env whose LockFile fails as on a read-only mount (the LOCK cannot be opened for writing),
+// which says nothing about a writer. With `wal_grows`, every WAL file looks 100 bytes longer from
+// its second size query on: a writer appending while the journal is checked.
+class NoLockEnv final : public rocksdb::EnvWrapper {
+ public:
+  explicit NoLockEnv(bool wal_grows)
+      : rocksdb::EnvWrapper(rocksdb::Env::Default()), wal_grows_(wal_grows) {}
+  const char* Name() const override { return "RolloutCoreNoLockEnv"; }
+  rocksdb::Status LockFile(const std::string& f, rocksdb::FileLock** l) override {
+    *l = nullptr;
+    return rocksdb::Status::IOError("while open a file for lock: " + f, "Read-only file system");
+  }
+  rocksdb::Status GetFileSize(const std::string& f, std::uint64_t* size) override {
+    rocksdb::Status s = rocksdb::EnvWrapper::GetFileSize(f, size);
+    const bool wal = f.size() > 4 && f.compare(f.size() - 4, 4, ".log") == 0;
+    if (!s.ok() || !wal_grows_ || !wal) return s;
+    std::lock_guard<std::mutex> l(mu_);
+    if (!sized_.insert(f).second) *size += 100;
+    return s;
+  }
+
+ private:
+  const bool wal_grows_;
+  std::mutex mu_;
+  std::set<std::string> sized_;  // WAL files whose size was asked once
+};
+
+Options ReadOnlyOver(rocksdb::Env* env) {
+  Options o = ReadOnly();
+  o.env = env;
+  return o;
+}
+
+// Proves a journal whose LOCK cannot be taken while no process holds it (a read-only mount) opens
+// read-only with its torn WAL tail reported; catches the fallback to a secondary instance on any
+// lock failure, which skips the tail and clean-close checks and read the torn journal as healthy.
+TEST(Shorter, UnlockableJournalIsCheckedNotReadAsASecondary) {
+  TempDir dir;
+  WriteTornJournal(dir.path());
+  NoLockEnv env(/*wal_grows=*/false);
+  auto j = Journal::Open(dir.path(), ReadOnlyOver(&env));
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const Recovery rec = (*j)->recovery();
+  EXPECT_FALSE(rec.live_writer) << "read as beside a live writer: the tail went unchecked";
+  EXPECT_EQ((*j)->head_seq(), 69u);
+  EXPECT_EQ(rec.wal_bytes_unread, 9u) << rec.torn_tail;
+  EXPECT_NE(rec.torn_tail.find("from seq 70"), std::string::npos) << rec.torn_tail;
+}
+
+// Proves the same through the real file system: a LOCK without write permission (what a reader
+// of another user's journal meets) still yields the torn tail; catches the secondary fallback on
+// "permission denied". Skipped as root, for whom the permission bits refuse nothing.
+TEST(Shorter, ReadOnlyLockFileIsCheckedNotReadAsASecondary) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root opens a read-only LOCK for writing all the same";
+  TempDir dir;
+  WriteTornJournal(dir.path());
+  const fs::path lock = fs::path(dir.path()) / "LOCK";
+  ASSERT_TRUE(fs::exists(lock));
+  fs::permissions(lock, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  auto j = Journal::Open(dir.path(), ReadOnly());
+  fs::permissions(lock, fs::perms::owner_write, fs::perm_options::add);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_FALSE((*j)->recovery().live_writer);
+  EXPECT_EQ((*j)->recovery().wal_bytes_unread, 9u) << (*j)->recovery().torn_tail;
+}
+
+// Proves an open without the LOCK is refused (Busy, saying why) when the WAL changed while the
+// journal was checked; catches checks that would report a live writer's half-written batch as a
+// torn tail, or a journal that moved on as the one checked.
+TEST(Shorter, WalChangedDuringAnUnlockedOpenIsRefused) {
+  TempDir dir;
+  WriteTornJournal(dir.path());
+  NoLockEnv env(/*wal_grows=*/true);
+  auto j = Journal::Open(dir.path(), ReadOnlyOver(&env));
+  ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
+  EXPECT_EQ(j.status().code(), Code::kBusy) << j.status().ToString();
+  EXPECT_NE(j.status().message().find("changed while it was checked without its LOCK"),
+            std::string::npos)
+      << j.status().message();
 }
 
 std::size_t SecondaryDirsIn(const std::string& tmp) {

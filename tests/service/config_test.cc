@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "service/config.h"
+#include "statemachine/events.h"
 #include "tests/service/serve_process.h"
 
 namespace rc::service {
@@ -136,6 +137,21 @@ TEST(ConfigTable, BoundsAreEnforcedAndNamed) {
       EXPECT_NE(st.message().find(std::string(k.key)), std::string::npos) << st.ToString();
     }
   }
+}
+
+// Proves an executor_id that begins with the stalled-plan retry's reserved prefix is refused
+// naming the key and the prefix, while one that only contains it later is accepted; it would
+// catch an executor whose every restart replay reads as a stalled plan tried again.
+TEST(ConfigTable, ExecutorIdMustNotBeginWithTheRetryPrefix) {
+  ServeConfig c = Minimal();
+  c.executor_id = std::string(kStalledPlanRetryPrefix) + "exec-1";
+  const Status st = ValidateConfig(c);
+  ASSERT_FALSE(st.ok()) << c.executor_id << " was accepted";
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("executor_id"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find(kStalledPlanRetryPrefix), std::string::npos) << st.ToString();
+  c.executor_id = "exec-1/" + std::string(kStalledPlanRetryPrefix);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
 }
 
 // Proves an unknown key is refused with the closest valid keys (or, with none close, all of

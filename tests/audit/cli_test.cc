@@ -1,0 +1,252 @@
+// `rolloutcore replay` and `rolloutcore audit` as child processes on real RocksDB journals (no
+// engine): a journal its open refuses exits as damaged, naming the damage; `replay --events`
+// names each record's engine; every JSON line is printable ASCII that parses back to the text the
+// journal holds.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "journal/journal.h"
+#include "replay/replay.h"
+#include "statemachine/text.h"
+#include "tests/journal/test_util.h"
+#include "tests/statemachine/fleet_helpers.h"
+
+namespace rc {
+namespace {
+
+namespace fs = std::filesystem;
+using journal::testing::TempDir;
+
+struct CliRun {
+  int exit_code = -1;  // -1: did not exit normally
+  std::string out;     // stdout, and stderr too with `with_stderr`
+};
+
+// Runs `rolloutcore ARGS` (each argument single-quoted: test paths hold no quote).
+CliRun RunCli(const std::vector<std::string>& args, bool with_stderr) {
+  std::string cmd = RC_TEST_ROLLOUTCORE_BIN;
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += with_stderr ? " 2>&1" : " 2>/dev/null";
+  CliRun run;
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return run;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
+  const int status = ::pclose(p);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::vector<std::string> Lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  for (std::size_t at = s.find('\n'); at != std::string::npos; at = s.find('\n', start)) {
+    out.push_back(s.substr(start, at - start));
+    start = at + 1;
+  }
+  if (start < s.size()) out.push_back(s.substr(start));
+  return out;
+}
+
+journal::Options ReadOnly() {
+  journal::Options o;
+  o.read_only = true;
+  o.create_if_missing = false;
+  return o;
+}
+
+// Bootstrap (4 records) + `admissions` admissions of one record each, snapshots every 10; closed
+// cleanly, then its CLOSED record removed (as if it had crashed: the journal itself must tell).
+void WriteCrashedJournal(const std::string& path, int admissions) {
+  {
+    journal::Options o;
+    o.snapshot_every = 10;
+    auto j = journal::Journal::Open(path, o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : journal::testing::BootstrapGroups()) {
+      ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+    }
+    for (int i = 0; i < admissions; ++i) {
+      ASSERT_TRUE((*j)->Append(journal::testing::Group(
+                                   {make_admission((*j)->state(), "r" + std::to_string(i))}))
+                      .ok());
+    }
+  }
+  fs::remove(path + "/CLOSED");
+}
+
+std::string SeqKey(std::uint64_t seq) {
+  std::string key(8, '\0');
+  for (int i = 0; i < 8; ++i) key[7 - i] = static_cast<char>((seq >> (8 * i)) & 0xff);
+  return key;
+}
+
+using RawEdit = std::function<void(rocksdb::DB&, const std::vector<rocksdb::ColumnFamilyHandle*>&)>;
+
+// Edits the journal's RocksDB directly (handles in the journal's order: default, events,
+// rollouts, idempotency, snapshots, meta).
+void EditRaw(const std::string& path, const RawEdit& edit) {
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
+    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
+  edit(*db, handles);
+  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  ASSERT_TRUE(db->Close().ok());
+  delete db;
+}
+
+journal::Hash HashOf(const std::string& path, std::uint64_t seq) {
+  auto j = journal::Journal::Open(path, ReadOnly());
+  RC_CHECK(j.ok());
+  Result<journal::Record> r = (*j)->Read(seq);
+  RC_CHECK(r.ok());
+  return r->hash;
+}
+
+// Proves `audit` exits 3 (journal damaged) and `replay` fails, both naming the damage, for a
+// journal whose head lies below a stored snapshot and for one missing the record its snapshot
+// continues from; catches the healthy, shorter journal the first read as, and the NotFound that
+// made the second exit 2 (usage error).
+TEST(Cli, JournalsTheOpenRefusesExitAsDamaged) {
+  TempDir below;  // head 17 below the snapshot at 20: records 18..24 and the head lost
+  WriteCrashedJournal(below.path(), 20);
+  const journal::Hash hash_17 = HashOf(below.path(), 17);
+  EditRaw(below.path(), [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    for (std::uint64_t seq = 18; seq <= 24; ++seq) {
+      ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(seq)).ok());
+    }
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_seq", SeqKey(17)).ok());
+    const std::string hash(reinterpret_cast<const char*>(hash_17.data()), hash_17.size());
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_hash", hash).ok());
+  });
+  TempDir hole;  // the record at seq 20, where the snapshot at 20 continues from, lost
+  WriteCrashedJournal(hole.path(), 20);
+  EditRaw(hole.path(), [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(20)).ok());
+  });
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {below.path(), "snapshot at seq 20 lies past the head seq 17"},
+      {hole.path(), "the record at seq 20 is missing, but the snapshot at seq 20 says it exists"}};
+  for (const auto& [path, damage] : cases) {
+    const CliRun audited = RunCli({"audit", path}, /*with_stderr=*/true);
+    EXPECT_EQ(audited.exit_code, 3) << audited.out;
+    EXPECT_NE(audited.out.find(damage), std::string::npos) << audited.out;
+    const CliRun replayed = RunCli({"replay", path}, /*with_stderr=*/true);
+    EXPECT_NE(replayed.exit_code, 0) << replayed.out;
+    EXPECT_NE(replayed.out.find(damage), std::string::npos) << replayed.out;
+    EXPECT_EQ(replayed.out.find("verification: OK"), std::string::npos) << replayed.out;
+  }
+}
+
+// Proves `replay --events` prints each record with the formatter the rest of replay uses, so a
+// fleet's records name their engine ("[a] ", "[b] "); catches the command's own line format,
+// which dropped the engine of every fleet record.
+TEST(Cli, EventsLinesNameTheirEngine) {
+  test::FleetDriver d;
+  d.join("a");
+  d.join("b");
+  d.bootstrap("a");
+  d.bootstrap("b");
+  TempDir dir;
+  {
+    journal::Options o;
+    o.snapshot_every = 0;
+    auto j = journal::Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (const FleetHistoryEntry& e : d.history) {
+      if (e.cause_seq != 0) continue;
+      auto s = (*j)->SubmitFleet(FleetEvent{e.engine, e.event}, 1700000000000);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      ASSERT_TRUE((*j)->Wait(s->ticket).ok());
+    }
+  }
+  std::string expected;
+  {
+    auto j = journal::Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    ASSERT_TRUE((*j)->Scan(1, 0,
+                           [&](const journal::Record& r) {
+                             expected += replay::FormatRecordLine(r) + "\n";
+                             return Status::OK();
+                           })
+                    .ok());
+  }
+  EXPECT_NE(expected.find("[a] "), std::string::npos) << expected;
+  EXPECT_NE(expected.find("[b] "), std::string::npos) << expected;
+  const CliRun run = RunCli({"replay", dir.path(), "--events"}, /*with_stderr=*/false);
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_EQ(run.out.substr(0, expected.size()), expected);
+}
+
+bool PrintableAscii(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+void CollectStrings(const nlohmann::json& j, std::vector<std::string>& out) {
+  if (j.is_string()) {
+    out.push_back(j.get<std::string>());
+    return;
+  }
+  if (!j.is_structured()) return;
+  for (const auto& v : j) CollectStrings(v, out);
+}
+
+// Proves every line `replay --events --json`, `replay --json` and `audit --json` print is
+// printable ASCII and parses, and that an engine's answer holding U+2028, NEL and DEL parses
+// back to exactly what was recorded; catches raw line separators that split one JSON line.
+TEST(Cli, JsonLinesArePrintableAscii) {
+  const std::string answer =
+      "0.25.1 line\xe2\x80\xa8"
+      "sep\xc2\x85"
+      "nel\x7f"
+      "del";
+  TempDir dir;
+  {
+    auto j = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    const HttpEvidence http{Transport::kOk, 200, true, 10, answer};
+    for (const Event& e :
+         std::vector<Event>{BootstrapRequested{"rc-0", journal::testing::SampleIdentity()},
+                            EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000},
+                            EngineProbed{http, answer, "rc-0"}}) {
+      auto s = (*j)->Submit(e, 1700000000000);
+      ASSERT_TRUE(s.ok()) << text::escape_line(s.status().ToString());
+      ASSERT_TRUE((*j)->Wait(s->ticket).ok());
+    }
+  }
+  std::size_t round_trips = 0;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"replay", dir.path(), "--events", "--json"},
+        std::vector<std::string>{"replay", dir.path(), "--json"},
+        std::vector<std::string>{"audit", dir.path(), "--json"}}) {
+    const CliRun run = RunCli(args, /*with_stderr=*/false);
+    ASSERT_FALSE(run.out.empty()) << args[0] << " printed nothing (exit " << run.exit_code << ")";
+    for (const std::string& line : Lines(run.out)) {
+      EXPECT_TRUE(PrintableAscii(line)) << args[0] << ": " << text::escape_line(line);
+      const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_FALSE(parsed.is_discarded()) << args[0] << ": " << text::escape_line(line);
+      std::vector<std::string> strings;
+      CollectStrings(parsed, strings);
+      round_trips += static_cast<std::size_t>(std::count(strings.begin(), strings.end(), answer));
+    }
+  }
+  EXPECT_GT(round_trips, 0u) << "the engine's answer never parsed back as recorded";
+}
+
+}  // namespace
+}  // namespace rc
