@@ -167,7 +167,9 @@ void Service::SetRunningUpdate(const std::string& update_id) {
 // The end as the fold decided it, with the fleet after it; or why there is none: a refusal
 // before anything was journaled (4xx), or a journal failure or an update that could not end
 // (fail-stop, 503 outcome_unknown: a member's plan is stuck open, so nothing more may be decided
-// until a restart recovers it; the same request then reads the recorded end).
+// until a restart recovers it; the same request then reads the recorded end). Once serve has
+// fail-stopped, even an end the executor saw is not answered: the fleet around it may be ahead
+// of what is durable.
 void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
                                 const Result<FleetUpdateEnded>& ended, HttpResponse& res) {
   if (!ended.ok()) {
@@ -181,17 +183,13 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
     // A conflict refused this request before it journaled anything (the same id with another
     // body), even while the update of that id is open (a restart going on with it).
     const bool refused_here = st.code() == Code::kConflict;
-    if ((!open || refused_here) && !IsJournalFailure(st)) return SendStatus(res, st);
-    metrics_.updates_outcome_unknown++;
+    if ((!open || refused_here) && !IsJournalFailure(st) && !failed()) {
+      return SendStatus(res, st);
+    }
     FailStop("fleet update '" + request.update_id + "' did not end: " + st.ToString());
-    const json body = {
-        {"error",
-         {{"type", "outcome_unknown"},
-          {"message", "the executor has fail-stopped before the fleet update ended (" + failure() +
-                          "); after a restart, POST the same request again to read its end"}}},
-        {"update_id", request.update_id}};
-    return SendJson(res, 503, body);
+    return SendFleetOutcomeUnknown(request.update_id, res);
   }
+  if (failed()) return SendFleetOutcomeUnknown(request.update_id, res);
   const FleetUpdateEnded& e = *ended;
   (e.outcome == FleetOutcome::kCommitted ? metrics_.updates_committed
    : e.tainted > 0                       ? metrics_.updates_tainted
@@ -215,6 +213,18 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
   j["engines"] = std::move(engines);
   j["head_seq"] = v.head.seq;
   SendJson(res, FleetOutcomeHttpStatus(e.outcome), j);
+}
+
+void Service::SendFleetOutcomeUnknown(const std::string& update_id, HttpResponse& res) {
+  RC_CHECK(failed());
+  metrics_.updates_outcome_unknown++;
+  const json body = {
+      {"error",
+       {{"type", "outcome_unknown"},
+        {"message", "the executor fail-stopped while this fleet update ran (" + failure() +
+                        "); after a restart, POST the same request again to read its end"}}},
+      {"update_id", update_id}};
+  SendJson(res, 503, body);
 }
 
 void Service::HandleFleetCancel(const ApiRequest& req, HttpResponse& res) {

@@ -14,6 +14,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "replay/replay.h"
@@ -722,6 +724,37 @@ TEST(FleetServe, AnUpdateWithADeadMemberCommitsTheOthers) {
     EXPECT_EQ(a.label, "rc-1");
   }
   f.CheckJournal();
+}
+
+// Proves a fail-stop of serve for a reason of its own (not the journal's) stops a fleet update
+// whose members are mid-plan: nothing more is journaled, the member still draining goes no
+// further, and the update is answered 503 outcome_unknown. Catches member threads that checked
+// only the journal's health and went on draining, transferring and publishing after serve had
+// fail-stopped.
+TEST(FleetServe, AFailStopStopsAFleetUpdateInFlight) {
+  FleetStack f(2);
+  fixtures::RouteFault slow;
+  slow.delay_ms = 1500;  // e1's drain is in flight when serve fail-stops
+  slow.times = 1;
+  f.engines[1]->SetRouteFault("/pause", slow);
+  int status = 0;
+  std::string body;
+  std::thread update([&] {
+    auto r = f.FleetUpdate("u1", "all", 1);
+    if (r) std::tie(status, body) = std::make_pair(r->status, r->body);
+  });
+  for (int i = 0; i < 500 && f.engines[1]->RouteCount("/pause") == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(f.engines[1]->RouteCount("/pause"), 1u);
+  f.svc->FailStop("a test stops serve while e1 drains");
+  const std::uint64_t head = f.svc->journal().head_seq();
+  update.join();
+  ASSERT_EQ(status, 503) << body;
+  EXPECT_EQ(json::parse(body)["error"]["type"], "outcome_unknown") << body;
+  EXPECT_EQ(f.svc->journal().head_seq(), head) << "journaled after the fail-stop";
+  EXPECT_EQ(f.engines[1]->RouteCount("/resume"), 0u) << "e1's plan went on after the fail-stop";
+  EXPECT_NE(f.engines[1]->weight_label(), "rc-1");
 }
 
 // Proves an engine the staleness bound left behind is still a member of the next fleet update
