@@ -17,6 +17,7 @@
 
 #include "service/http_server.h"
 #include "statemachine/status.h"
+#include "statemachine/text.h"
 
 namespace rc::service {
 
@@ -54,6 +55,10 @@ inline void SetHeader(HttpResponse& res, std::string_view name, std::string_view
 // Parses a request body as a JSON object ("" allowed when empty_ok: yields {}).
 inline Result<nlohmann::json> ParseObject(const std::string& body, bool empty_ok) {
   if (body.empty() && empty_ok) return nlohmann::json::object();
+  if (!text::json_depth_within(body)) {
+    return Status::InvalidArgument("body nests arrays and objects deeper than " +
+                                   std::to_string(text::kJsonDepthMax));
+  }
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument("body is not valid JSON");
   if (!j.is_object()) return Status::InvalidArgument("body must be a JSON object");

@@ -134,4 +134,29 @@ std::string utf8_prefix(std::string s, std::size_t max) {
   return s;
 }
 
+namespace {
+
+// The index of the quote that closes the string opened just before `i` (s.size() if none).
+std::size_t string_end(std::string_view s, std::size_t i) {
+  while (i < s.size() && s[i] != '"') i += s[i] == '\\' ? 2 : 1;
+  return i;
+}
+
+}  // namespace
+
+bool json_depth_within(std::string_view s, std::size_t max_depth) {
+  std::size_t depth = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '"') {
+      i = string_end(s, i + 1);
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return false;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return true;
+}
+
 }  // namespace rc::text

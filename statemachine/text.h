@@ -27,4 +27,14 @@ std::string escape_line(std::string_view s);
 // `s` cut to at most `max` bytes without splitting a UTF-8 sequence (what bounds a text field).
 std::string utf8_prefix(std::string s, std::size_t max);
 
+// How deep JSON from outside may nest arrays and objects. A parser may accept any depth, but
+// copying, comparing or serialising a value recurses once per level: a small body nested 100,000
+// deep would overflow the stack of whoever touches it. Real requests (JSON Schema tools included)
+// stay far below.
+inline constexpr std::size_t kJsonDepthMax = 128;
+
+// True when `s`, read as JSON, nests arrays and objects at most `max_depth` deep (brackets inside
+// strings do not count). Linear, no allocation: checked before parsing outside text.
+bool json_depth_within(std::string_view s, std::size_t max_depth = kJsonDepthMax);
+
 }  // namespace rc::text

@@ -327,7 +327,7 @@ Transferred run_transfer(CURLM* multi, CURL* e, const TransferSetup& s, const En
 
 // A non-2xx body: kept as JSON when it is JSON, and quoted in the error.
 void read_error_body(std::int32_t status, HttpReply& reply) {
-  reply.body = json::parse(reply.raw, nullptr, false);
+  reply.body = parse_outside_json(reply.raw);
   reply.http.body_parsed = !reply.body.is_discarded();
   if (!reply.http.body_parsed) reply.body = nullptr;
   reply.http.error =

@@ -208,7 +208,7 @@ Result<std::string> VllmIpcPath(const std::string& source_uri) {
 }
 
 Result<VllmIpcFile> ParseVllmIpcFile(const std::string& text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json j = parse_outside_json(text);
   if (j.is_discarded()) return Status::InvalidArgument("not JSON");
   RC_RETURN_IF_ERROR(check_header(j));
   Result<std::vector<std::string>> uuids = parse_uuids(j);

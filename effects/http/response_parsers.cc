@@ -6,8 +6,14 @@
 #include <utility>
 
 #include "statemachine/status.h"
+#include "statemachine/text.h"
 
 namespace rc::effects {
+
+nlohmann::json parse_outside_json(std::string_view text) {
+  if (!text::json_depth_within(text)) return nlohmann::json(nlohmann::json::value_t::discarded);
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
 
 using nlohmann::json;
 
@@ -118,11 +124,11 @@ void interpret_by_shape(EngineClient::Shape shape, bool (*check)(const json&), H
         ev.body_parsed = true;
         return;
       }
-      reply.body = json::parse(reply.raw, nullptr, false);
+      reply.body = parse_outside_json(reply.raw);
       ev.body_parsed = !reply.body.is_discarded();
       break;
     case Shape::kJsonObject:
-      reply.body = json::parse(reply.raw, nullptr, false);
+      reply.body = parse_outside_json(reply.raw);
       ev.body_parsed = !reply.body.is_discarded() && reply.body.is_object() &&
                        (check == nullptr || check(reply.body));
       break;
@@ -149,11 +155,15 @@ namespace {
 
 // Where the first complete event in `pending` ends and the length of the blank line that ends
 // it ("\n\n" or "\r\n\r\n"); npos when none is complete.
-std::pair<std::size_t, std::size_t> first_event_end(const std::string& pending) {
-  const std::size_t lf = pending.find("\n\n");
-  const std::size_t crlf = pending.find("\r\n\r\n");
-  if (crlf != std::string::npos && (lf == std::string::npos || crlf < lf)) return {crlf, 4};
-  return {lf, 2};
+// The first blank line at or after `from`: its start and length ({npos, 0} if none). A CRLF end
+// is looked for only before the first LF end, so each look costs what it scans.
+std::pair<std::size_t, std::size_t> first_event_end(std::string_view pending, std::size_t from) {
+  const std::size_t lf = pending.find("\n\n", from);
+  const std::size_t limit = lf == std::string_view::npos ? pending.size() : lf;
+  const std::size_t crlf =
+      pending.substr(0, std::min(pending.size(), limit + 3)).find("\r\n\r\n", from);
+  if (crlf != std::string_view::npos) return {crlf, 4};
+  return {lf, lf == std::string_view::npos ? 0 : 2};
 }
 
 // The event's `data:` lines joined by '\n' ("" for a comment or keep-alive).
@@ -178,15 +188,24 @@ std::string event_data(const std::string& event) {
 
 }  // namespace
 
+// Linear in the bytes fed: each byte is searched for a blank line about once (`scanned`), and the
+// dispatched events leave the buffer in one erase.
 bool SseState::Feed(const char* p, std::size_t n) {
   pending.append(p, n);
-  for (;;) {
-    const auto [end, sep] = first_event_end(pending);
+  std::size_t start = 0;
+  bool go_on = true;
+  while (go_on) {
+    // A blank line split across reads begins at most 3 bytes before what was scanned.
+    const std::size_t from = std::max(start, scanned > 3 ? scanned - 3 : 0);
+    const auto [end, sep] = first_event_end(pending, from);
     if (end == std::string::npos) break;
-    std::string event = pending.substr(0, end);
-    pending.erase(0, end + sep);
-    if (!Dispatch(event)) return false;
+    go_on = Dispatch(pending.substr(start, end - start));
+    start = end + sep;
+    scanned = start;
   }
+  pending.erase(0, start);
+  scanned = pending.size();
+  if (!go_on) return false;
   if (pending.size() > kSseEventBytesMax) {
     too_big = true;
     return false;
@@ -203,7 +222,7 @@ bool SseState::Dispatch(const std::string& event) {
     return true;
   }
   ++events;
-  json j = json::parse(data, nullptr, false);
+  json j = parse_outside_json(data);
   if (j.is_discarded()) {
     bad_event = true;
     return true;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,10 @@
 namespace rc::effects {
 
 bool is_blank(const std::string& s);
+
+// JSON that came from outside (an engine's body, a client's), parsed: discarded when it is not
+// JSON or nests deeper than text::kJsonDepthMax. Never throws.
+nlohmann::json parse_outside_json(std::string_view text);
 
 // ---- route body checks (2xx JSON objects) ----
 bool check_version(const nlohmann::json& j);      // {"version": short string}
@@ -37,11 +42,12 @@ void interpret_body(EngineClient::Shape shape, bool (*check)(const nlohmann::jso
 // Server-sent events: accumulates bytes, hands each complete event's `data:` payload on.
 struct SseState {
   const EngineClient::ChunkFn* on_chunk = nullptr;
-  std::string pending;     // bytes of the event being received
-  bool done = false;       // saw `data: [DONE]`
-  bool stopped = false;    // on_chunk returned false
-  bool bad_event = false;  // a data payload was not JSON
-  bool too_big = false;    // one event exceeded kSseEventBytesMax
+  std::string pending;      // bytes of the event being received
+  std::size_t scanned = 0;  // no blank line begins in pending[0, scanned - 3)
+  bool done = false;        // saw `data: [DONE]`
+  bool stopped = false;     // on_chunk returned false
+  bool bad_event = false;   // a data payload was not JSON
+  bool too_big = false;     // one event exceeded kSseEventBytesMax
   std::size_t events = 0;
 
   // Returns false to stop the transfer.

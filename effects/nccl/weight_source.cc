@@ -10,6 +10,7 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 
+#include "effects/http/response_parsers.h"
 #include "effects/http/sequence_transfer.h"
 #include "encoding/base64.h"
 #include "statemachine/text.h"
@@ -284,9 +285,7 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
                                                 std::uint64_t file_bytes) {
   Result<std::uint64_t> header_len = ReadHeaderLength(prefix, file_bytes);
   if (!header_len.ok()) return header_len.status();
-  const json header = json::parse(
-      prefix.begin() + 8, prefix.begin() + 8 + static_cast<std::ptrdiff_t>(*header_len), nullptr,
-      /*allow_exceptions=*/false);
+  const json header = parse_outside_json(std::string_view(prefix).substr(8, *header_len));
   if (header.is_discarded() || !header.is_object()) {
     return Status::InvalidArgument("safetensors: header is not a JSON object");
   }
@@ -437,7 +436,7 @@ Status CheckWithinAllocations(const IpcHandleFile& file) {
 }  // namespace
 
 Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
-  const json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  const json doc = parse_outside_json(json_text);
   RC_RETURN_IF_ERROR(CheckIpcEnvelope(doc));
   IpcHandleFile out;
   for (const auto& t : doc["tensors"]) RC_RETURN_IF_ERROR(ReadIpcEntry(t, &out));

@@ -217,5 +217,18 @@ TEST(Text, EscapeLineIsOneLine) {
   }
 }
 
+// Proves json_depth_within counts only structural brackets: nesting past the bound is refused,
+// brackets inside strings (after escaped quotes and backslashes too) never count; catches a scan
+// that a string like "[[[" fools into refusing real requests, or that lets 100,000 levels through.
+TEST(Text, JsonDepthCountsOnlyStructuralBrackets) {
+  EXPECT_TRUE(json_depth_within(std::string(kJsonDepthMax, '[') + std::string(kJsonDepthMax, ']')));
+  EXPECT_FALSE(json_depth_within(std::string(kJsonDepthMax + 1, '[')));
+  EXPECT_FALSE(json_depth_within(std::string(100000, '[')));
+  EXPECT_TRUE(json_depth_within("{\"a\":\"" + std::string(1000, '[') + "\"}"));
+  EXPECT_TRUE(json_depth_within(R"({"a":"\"[[[[","b":[1]})", 2));
+  EXPECT_FALSE(json_depth_within(R"({"a":"\\","b":[[1]]})", 2));
+  EXPECT_TRUE(json_depth_within("[]{}[]{}", 1));
+}
+
 }  // namespace
 }  // namespace rc::text

@@ -1,0 +1,65 @@
+// The parsers the engine client runs on an engine's bytes: bounded JSON and the SSE splitter.
+#include "effects/http/response_parsers.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace rc::effects {
+namespace {
+
+using nlohmann::json;
+
+// Feeds `raw` to a fresh splitter in pieces of `step` bytes; returns the events' JSON as dumped.
+std::vector<std::string> Events(const std::string& raw, std::size_t step, bool* fed_ok) {
+  std::vector<std::string> seen;
+  EngineClient::ChunkFn fn = [&](const json& j) {
+    seen.push_back(j.dump());
+    return true;
+  };
+  SseState sse;
+  sse.on_chunk = &fn;
+  *fed_ok = true;
+  for (std::size_t at = 0; at < raw.size() && *fed_ok; at += step) {
+    *fed_ok = sse.Feed(raw.data() + at, std::min(step, raw.size() - at));
+  }
+  return seen;
+}
+
+// Proves an engine body nested past the bound is discarded, not parsed, while ordinary bodies
+// parse as before; catches a 200 KB body 100,000 levels deep reaching code that copies or dumps
+// it recursively (a stack overflow that kills serve).
+TEST(ResponseParsers, DeeplyNestedEngineJsonIsDiscarded) {
+  EXPECT_TRUE(
+      parse_outside_json(std::string(100000, '[') + std::string(100000, ']')).is_discarded());
+  EXPECT_TRUE(parse_outside_json("{\"a\":" + std::string(200, '[') + std::string(200, ']') + "}")
+                  .is_discarded());
+  EXPECT_EQ(parse_outside_json(R"({"text":"[[[[","n":[1,[2]]})")["n"][1][0], 2);
+  EXPECT_TRUE(parse_outside_json("not json").is_discarded());
+}
+
+// Proves the SSE splitter finds every event however the bytes are cut (LF and CRLF blank lines,
+// a blank line split across reads), including 30,000 keep-alive blank lines in one read, in time
+// linear in the bytes; catches a splitter that rescans and shifts its whole buffer per event
+// (quadratic: one 64 KiB read of blank lines held an event loop for seconds) or that loses a
+// separator split between two reads.
+TEST(ResponseParsers, SseSplitterIsLinearAndCutIndependent) {
+  std::string raw;
+  for (int i = 0; i < 50; ++i) {
+    raw += "data: {\"i\":" + std::to_string(i) + "}" + (i % 2 == 0 ? "\n\n" : "\r\n\r\n");
+    if (i == 25) raw += std::string(60000, '\n');
+  }
+  raw += "data: [DONE]\n\n";
+  for (std::size_t step : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{7},
+                           std::size_t{4096}, raw.size()}) {
+    bool fed_ok = false;
+    const std::vector<std::string> seen = Events(raw, step, &fed_ok);
+    EXPECT_TRUE(fed_ok) << step;
+    ASSERT_EQ(seen.size(), 50u) << step;
+    EXPECT_EQ(seen[49], "{\"i\":49}") << step;
+  }
+}
+
+}  // namespace
+}  // namespace rc::effects
