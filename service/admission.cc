@@ -230,7 +230,8 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
     RC_CHECK(done != nullptr);  // exactly once
     AdmitDone fn = std::move(done);
     done = nullptr;
-    fn(std::move(r));
+    fn(std::move(r));  // an admitted rollout counts in proxy_in_flight from here
+    svc.admissions_in_progress_--;
   }
 
   Service& svc;
@@ -247,6 +248,9 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
 void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
                          const asio::any_io_executor& executor, AdmitDone done,
                          std::optional<std::uint64_t> affinity_key) {
+  // Counted before its first look at shutting_down_: a shutdown that reads no admission in
+  // progress and no rollout in flight cannot miss one admitted after it looked.
+  admissions_in_progress_++;
   auto job = std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor, std::move(done),
                                               affinity_key);
   job->Step();

@@ -32,7 +32,8 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr std::size_t kReadChunkBytes = 4096;
-constexpr std::uint64_t kLingerMs = 1000;  // after a final answer, until the client's EOF
+constexpr std::uint64_t kLingerMs = 1000;     // after a final answer, until the client's EOF
+constexpr std::uint64_t kAcceptRetryMs = 50;  // after a failed accept
 
 std::string_view SplitPath(std::string_view target) {
   const std::size_t q = target.find('?');
@@ -131,6 +132,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnBody(beast::error_code ec, std::size_t);
   void OnRequest();
   void Linger();
+  void DrainUntilEof();
   // Releases this connection's place in connections_max: at close, or once it only lingers.
   void Uncount() {
     if (counted_) {
@@ -141,6 +143,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void OnResponseWritten(beast::error_code ec);
   void AfterExchange();
+  void WatchAgain();
   void OnWatch(beast::error_code ec, std::size_t n);
   void StopWatching();
   void WriteChunk(std::string bytes, std::function<void(beast::error_code)> then);
@@ -325,24 +328,29 @@ void Session::AfterExchange() {
 }
 
 // Closing a socket with unread input sends a reset that can destroy the answer before the
-// client read it: half-close, then drain what the client still sends for a bounded time.
+// client read it: half-close, then drain what the client still sends for a bounded time. The
+// connection no longer counts against connections_max, so the bound is on the whole linger,
+// however the client trickles: kLingerMs, then closed.
 void Session::Linger() {
   Uncount();
   beast::error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_send, ignored);
   if (closed_ || peer_closed_ || watch_pending_) return Close();
   Arm(Phase::kIdle, kLingerMs);
+  DrainUntilEof();
+}
+
+void Session::DrainUntilEof() {
   socket_.async_read_some(asio::buffer(watch_buf_),
                           [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                            self->Disarm();
                             if (ec || self->expired_) return self->Close();
-                            self->Linger();
+                            self->DrainUntilEof();
                           });
 }
 
 void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::WriteDone done) {
-  if (!Live(serial)) return;
-  RC_CHECK(stream_sr_ == nullptr);  // one stream per exchange
+  if (!Live(serial)) return done(false);  // the caller still finishes what it started
+  RC_CHECK(stream_sr_ == nullptr);        // one stream per exchange
   stream_head_ = std::make_unique<bhttp::response<bhttp::empty_body>>();
   stream_head_->base() = head.base();
   stream_head_->version(11);
@@ -411,16 +419,23 @@ void Session::WatchClient(std::uint64_t serial, std::function<void()> on_gone) {
                           beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
 }
 
+// Bytes the watch reads are the client's next request, early: kept for it, and the watch goes on
+// (a client that pipelines and then leaves is still seen leaving) while they fit the header
+// bound; beyond it the watch stops (back-pressure) and the request's own deadline still holds.
 void Session::OnWatch(beast::error_code ec, std::size_t n) {
   watch_pending_ = false;
-  if (n > 0) {  // the client's next request, early: kept for it
+  if (n > 0) {
     auto dst = buffer_.prepare(n);
     asio::buffer_copy(dst, asio::buffer(watch_buf_.data(), n));
     buffer_.commit(n);
   }
+  const bool gone_now = ec && ec != asio::error::operation_aborted;
+  const bool watch_on = !ec && !read_after_watch_ && !answered_ && on_gone_ &&
+                        buffer_.size() < server_.options().header_bytes_max;
+  if (watch_on) return WatchAgain();
   std::function<void()> gone = std::move(on_gone_);
   on_gone_ = nullptr;
-  if (ec && ec != asio::error::operation_aborted) {
+  if (gone_now) {
     peer_closed_ = true;
     if (!answered_ && gone) gone();
   }
@@ -429,6 +444,13 @@ void Session::OnWatch(beast::error_code ec, std::size_t n) {
     if (KeepReading()) return ReadRequest();
     return Close();
   }
+}
+
+void Session::WatchAgain() {
+  RC_CHECK(!watch_pending_ && on_gone_);
+  watch_pending_ = true;
+  socket_.async_read_some(asio::buffer(watch_buf_),
+                          beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
 }
 
 void Session::StopWatching() {
@@ -600,6 +622,7 @@ HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
       router_(std::move(router)),
       loops_(MakeLoops(options_.io_threads)),
       acceptor_(std::in_place, *loops_.front()),
+      accept_retry_(std::in_place, *loops_.front()),
       blocking_(std::make_unique<BlockingPool>(options_.blocking_threads)) {
   RC_CHECK(options_.io_threads >= 1 && options_.blocking_threads >= 1);
   RC_CHECK(options_.connections_max >= 1 && options_.body_bytes_max >= 1);
@@ -610,6 +633,7 @@ HttpServer::~HttpServer() {
   // The first loop's queue may hold the accept handler with a strand of another loop: the
   // acceptor and that loop go first, then the others, each before anything it refers to.
   acceptor_.reset();
+  accept_retry_.reset();
   guards_.clear();
   for (auto& loop : loops_) loop.reset();
 }
@@ -683,6 +707,18 @@ void HttpServer::Accept() {
         session->Start();
       });
     }
+    if (ec) return AcceptLater();
+    Accept();
+  });
+}
+
+// An accept failed (most likely out of file descriptors): tried again after a pause, since
+// trying at once would spin the first loop while nothing frees a descriptor.
+void HttpServer::AcceptLater() {
+  counters_.accept_errors++;
+  accept_retry_->expires_after(milliseconds(kAcceptRetryMs));
+  accept_retry_->async_wait([this](beast::error_code ec) {
+    if (ec || stopping_.load() || !acceptor_->is_open()) return;
     Accept();
   });
 }

@@ -38,6 +38,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 
@@ -67,6 +68,7 @@ struct HttpServerOptions {
 struct HttpServerCounters {
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> refused_over_budget{0};
+  std::atomic<std::uint64_t> accept_errors{0};  // e.g. out of file descriptors
   std::atomic<std::uint64_t> idle_timeouts{0};
   std::atomic<std::uint64_t> header_timeouts{0};
   std::atomic<std::uint64_t> body_timeouts{0};
@@ -180,6 +182,7 @@ class HttpServer {
   [[nodiscard]] Status Listen();
   void RunLoop(std::size_t loop);
   void Accept();
+  void AcceptLater();
   void RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                    Exchange exchange);
   bool TakeBlockingSlot();
@@ -196,6 +199,7 @@ class HttpServer {
   std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guards_;
   std::size_t next_loop_ = 0;  // the acceptor's handler only: the loop of the next connection
   std::optional<boost::asio::ip::tcp::acceptor> acceptor_;  // on loops_[0]; reset before the loops
+  std::optional<boost::asio::steady_timer> accept_retry_;   // likewise
   std::vector<std::thread> io_threads_;
   std::atomic<bool> stopping_{false};
 

@@ -33,6 +33,7 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> admission_rejected_unavailable{0};  // waited past admit_wait_ms
   std::atomic<std::uint64_t> admission_rejected_shutdown{0};
   std::atomic<std::uint64_t> bad_requests{0};
+  std::atomic<std::uint64_t> watches_refused{0};  // GET /v1/watch beyond its share of threads
   std::atomic<std::uint64_t> unauthorized{0};
   std::atomic<std::uint64_t> client_disconnects{0};
   std::atomic<std::uint64_t> upstream_errors{0};

@@ -219,6 +219,9 @@ void AppendServiceCounters(std::string& out, const ServiceMetrics& m) {
         m.digest_checks_unavailable.load()},
        {"rolloutcore_bad_requests_total", "requests refused as malformed (4xx)",
         m.bad_requests.load()},
+       {"rolloutcore_watches_refused_total",
+        "GET /v1/watch answered 503: a quarter of http_threads already wait",
+        m.watches_refused.load()},
        {"rolloutcore_unauthorized_total", "requests refused for a missing or wrong token",
         m.unauthorized.load()}});
 }
@@ -230,6 +233,9 @@ void AppendHttp(std::string& out, const HttpServerCounters& h) {
       out,
       {{"rolloutcore_http_connections_refused_total",
         "connections answered 503 beyond http_connections_max", h.refused_over_budget.load()},
+       {"rolloutcore_http_accept_errors_total",
+        "accepts that failed (e.g. out of file descriptors), each tried again 50 ms later",
+        h.accept_errors.load()},
        {"rolloutcore_http_header_timeouts_total", "requests cut at header_timeout_ms (408)",
         h.header_timeouts.load()},
        {"rolloutcore_http_body_timeouts_total", "requests cut at body_timeout_ms (408)",

@@ -11,6 +11,7 @@
 
 #include "effects/clock.h"
 #include "journal/json.h"
+#include "effects/http/response_parsers.h"
 #include "service/balancer.h"
 #include "service/http_util.h"
 #include "service/trajectory_line.h"
@@ -283,6 +284,7 @@ void ProxyExchange::OnStreamHeadSent(bool delivered) {
 
 void ProxyExchange::Connect() {
   if (client_gone_ || cancelled_) return Abort("before the engine call");
+  if (timed_out_) return UpstreamFailed(Transport::kTimeout, "");  // during a retry's wait
   if (connect_attempts_ == 0) {
     upstream_t0_ = Clock::now();
     deadline_.expires_after(std::chrono::milliseconds(svc_.config_.request_timeout_ms));
@@ -319,10 +321,11 @@ void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, b
   }
   conn_ = std::move(conn);
   conn_reused_ = reused;
-  if (Abandoned()) {
+  if (client_gone_ || cancelled_) {
     conn_.reset();
     return Abort("before the engine call");
   }
+  if (timed_out_) return UpstreamFailed(Transport::kTimeout, "");  // a 502, never a 499
   Send();
 }
 
@@ -361,6 +364,12 @@ void ProxyExchange::OnHead(error_code ec) {
     if (RetryAfterFailure(silent)) return;
     return UpstreamFailed(timed_out_ ? Transport::kTimeout : Transport::kBroken,
                           "response head: " + ec.message());
+  }
+  // The upstream request never asks for one (no Expect, no Upgrade): an interim 1xx relayed as
+  // the answer would leave the client waiting for a final one.
+  if (parser_->get().result_int() < 200) {
+    return UpstreamFailed(Transport::kOk, "the engine answered an interim status " +
+                                              std::to_string(parser_->get().result_int()));
   }
   ReadBody();
 }
@@ -463,7 +472,7 @@ void ProxyExchange::UpstreamDone() {
 }
 
 void ProxyExchange::AnswerCompletion() {
-  json doc = json::parse(body_, nullptr, false);
+  json doc = effects::parse_outside_json(body_);
   if (doc.is_discarded()) {
     transport_error_ = "engine answered HTTP 200 with a body that is not JSON";
     return AnswerEngineError();
@@ -505,7 +514,7 @@ void ProxyExchange::AnswerEngineError() {
     }
     json err = {
         {"error", {{"message", why}, {"type", "upstream"}, {"code", static_cast<int>(status)}}}};
-    json engine_body = json::parse(self->body_, nullptr, false);
+    json engine_body = effects::parse_outside_json(self->body_);
     if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
     self->ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
   });
@@ -701,6 +710,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   void Answer() {
     deadline_.cancel();
     auto& msg = parser_->get();
+    if (msg.result_int() < 200) return Fail("the engine answered an interim status");
     HttpResponse res;
     const auto type = msg[beast::http::field::content_type];
     SetBody(res, static_cast<int>(msg.result_int()), std::move(msg.body()),

@@ -26,8 +26,12 @@ const json* TokenIdsOf(const json& choice) {
 }
 
 // One item of chat's logprobs.content: its "logprob", or null.
+// A logprob is a number; anything else an engine sends in its place is kept as null, so that an
+// entry costs a few bytes whatever the engine sends.
+json NumberOrNull(const json& v) { return v.is_number() ? v : json(); }
+
 json ContentLogprob(const json& item) {
-  return item.is_object() ? item.value("logprob", json()) : json();
+  return item.is_object() ? NumberOrNull(item.value("logprob", json())) : json();
 }
 
 }  // namespace
@@ -68,10 +72,25 @@ void Trajectory::TakeUsage(const json& doc) {
 void Trajectory::TakeChoice(const json& choice) {
   RC_CHECK(choice.is_object());
   TakePrompt(choice);
-  ChoiceTrace& t = choices[ChoiceIndex(choice)];
-  if (const json* ids = TokenIdsOf(choice)) TakeTokenIds(*ids, t);
-  TakeLogprobs(choice, t);
-  if (choice.value("finish_reason", json()).is_string()) t.finish_reason = choice["finish_reason"];
+  ChoiceTrace* t = ChoiceOf(ChoiceIndex(choice));
+  if (t == nullptr) return;
+  if (const json* ids = TokenIdsOf(choice)) TakeTokenIds(*ids, *t);
+  TakeLogprobs(choice, *t);
+  const json reason = choice.value("finish_reason", json());
+  if (reason.is_string() && reason.get_ref<const std::string&>().size() <= kFinishReasonBytesMax) {
+    t->finish_reason = reason.get<std::string>();
+  }
+}
+
+// At most kTrajectoryChoicesMax choice indexes are kept: each costs a map node whatever it holds.
+ChoiceTrace* Trajectory::ChoiceOf(std::int64_t index) {
+  auto it = choices.find(index);
+  if (it != choices.end()) return &it->second;
+  if (choices.size() >= kTrajectoryChoicesMax) {
+    truncated = true;
+    return nullptr;
+  }
+  return &choices[index];
 }
 
 void Trajectory::TakeTokenIds(const json& ids, ChoiceTrace& trace) {
@@ -93,7 +112,7 @@ void Trajectory::TakeLogprobs(const json& choice, ChoiceTrace& trace) {
         ids != nullptr && ids->size() < tl->size() ? tl->size() - ids->size() : 0;
     for (auto v = tl->begin() + static_cast<std::ptrdiff_t>(echoed); v != tl->end(); ++v) {
       if (!TakeEntry()) break;
-      trace.logprobs.push_back(*v);
+      trace.logprobs.push_back(NumberOrNull(*v));
     }
   } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
     for (const json& item : *ct) {

@@ -41,6 +41,8 @@ struct AddedFields {
 AddedFields AddTraceFields(ProxyRoute route, bool stream, json& body);
 
 inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // per rollout
+inline constexpr std::size_t kTrajectoryChoicesMax = 1024;  // choice indexes per rollout
+inline constexpr std::size_t kFinishReasonBytesMax = 64;    // a longer one is not kept
 // Journal records one trajectory becomes, at most.
 inline constexpr std::size_t kTrajectoryPartsMax =
     kTrajectoryEntriesMax / kTrajectoryTokensPerRecordMax + 1;
@@ -77,6 +79,7 @@ struct Trajectory {
   void TakePrompt(const json& obj);
   void TakeUsage(const json& doc);
   void TakeChoice(const json& choice);
+  ChoiceTrace* ChoiceOf(std::int64_t index);
   void TakeTokenIds(const json& ids, ChoiceTrace& trace);
   void TakeLogprobs(const json& choice, ChoiceTrace& trace);
   // Counts one more entry against kTrajectoryEntriesMax; false (and `truncated`) once it is spent.

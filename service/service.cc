@@ -270,6 +270,9 @@ void Service::FailStop(const std::string& why) {
     failure_ = "journal " + config_.journal_path + ": " + why;
     failed_.store(true, std::memory_order_release);
   }
+  // Threads still driving a plan (a fleet update's members) check only the journal: failing it
+  // stops their next intent, so nothing mutates after the fail-stop.
+  if (journal_ != nullptr) journal_->Stop(Status::Unavailable("serve fail-stopped: " + why));
   spdlog::critical(
       "serve: FAIL-STOP: {}; refusing admissions and updates, stopping effects; "
       "the process must exit and restart to recover from what is durable ({})",
@@ -992,14 +995,17 @@ Service::RolloutsEnded Service::EndProxiedRollouts(Clock::time_point deadline) {
   return RolloutsEnded::kStillRunning;
 }
 
-// True once no proxied rollout is in flight; false at `until`.
+// True once no proxied rollout is in flight or being admitted; false at `until`.
 bool Service::WaitProxiedRollouts(Clock::time_point until) {
-  while (metrics_.proxy_in_flight.load() > 0 && Clock::now() < until) {
+  auto busy = [this] {
+    return metrics_.proxy_in_flight.load() > 0 || admissions_in_progress_.load() > 0;
+  };
+  while (busy() && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(kShutdownPollMs));
   }
-  const std::int64_t in_flight = metrics_.proxy_in_flight.load();
-  RC_CHECK(in_flight >= 0);  // each admitted rollout leaves exactly once
-  return in_flight == 0;
+  RC_CHECK(metrics_.proxy_in_flight.load() >= 0);  // each admitted rollout leaves exactly once
+  RC_CHECK(admissions_in_progress_.load() >= 0);
+  return !busy();
 }
 
 // Stops serving, then closes what the handlers used, the journal last but one; false (nothing

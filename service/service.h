@@ -307,6 +307,7 @@ class Service {
   void HandleAdmit(const ApiRequest& req, HttpResponse& res);
   void HandleFinish(const ApiRequest& req, HttpResponse& res);
   void HandleWatch(const ApiRequest& req, HttpResponse& res);
+  void WatchFor(const ApiRequest& req, HttpResponse& res);
   void HandleEvents(const ApiRequest& req, HttpResponse& res);
   void HandleManifest(const ApiRequest& req, HttpResponse& res);
   void HandleMetrics(const ApiRequest& req, HttpResponse& res);
@@ -418,6 +419,7 @@ class Service {
   bool FleetUpdateJournaled(const std::string& update_id);
   void AnswerFleetUpdate(const FleetUpdateRequested& request, const Result<FleetUpdateEnded>& ended,
                          HttpResponse& res);
+  void SendFleetOutcomeUnknown(const std::string& update_id, HttpResponse& res);
   std::string RenderFleetMetrics() const;
 
   // Engine monitor (see MonitorLoop) and lease expiry; both stop on FailStop and Shutdown.
@@ -527,6 +529,8 @@ class Service {
   std::thread monitor_thread_;
   std::vector<std::thread> fleet_monitor_threads_;  // one per fleet member
   std::thread lease_thread_;
+  std::atomic<std::size_t> watches_{0};                  // GET /v1/watch calls waiting
+  std::atomic<std::int64_t> admissions_in_progress_{0};  // AdmitAsync calls not yet answered
   EngineWatch watch_;           // the one engine's (a fleet's members keep their own)
   std::string engine_version_;  // GET /version at startup
 
@@ -536,11 +540,12 @@ class Service {
   std::optional<FleetUpdateRequested> interrupted_fleet_update_;  // found by Init, driven by Start
 
   // ---- the HTTP front and the proxied calls in flight. Declared last so they are destroyed
-  // first, while what handlers use lives; upstream_ (sockets on http_'s io_context) before http_.
-  InFlightCalls in_flight_calls_;
+  // first, while what handlers use lives, in reverse order: the calls in flight (their exchanges
+  // hold sessions and engine sockets on http_'s loops), then upstream_, then http_.
   UpstreamTarget engine_target_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<UpstreamPool> upstream_;
+  InFlightCalls in_flight_calls_;
 };
 
 // The cache_salt a proxied request is sent with: a digest of the committed version and identity

@@ -520,7 +520,28 @@ void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
            {{"rollout_id", id}, {"outcome", outcome_name(outcome)}, {"head", head.ToString()}});
 }
 
+// Each long poll holds a thread of the blocking pool for up to watch_timeout_ms_max: at most a
+// quarter of the pool watches at once, so that polls (which need no token) never hold off
+// updates, finishes and state reads.
 void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
+  const std::size_t watches_max = std::max<std::size_t>(1, config_.http_threads / 4);
+  if (watches_.fetch_add(1) >= watches_max) {
+    watches_--;
+    metrics_.watches_refused++;
+    SetHeader(res, "Retry-After",
+              std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+    SendError(res, 503, "overloaded",
+              std::to_string(watches_max) + " long polls already wait (a quarter of http_threads)");
+    return;
+  }
+  struct Leave {
+    std::atomic<std::size_t>& waiting;
+    ~Leave() { waiting--; }
+  } leave{watches_};
+  WatchFor(req, res);
+}
+
+void Service::WatchFor(const ApiRequest& req, HttpResponse& res) {
   auto after = QueryU64(req, "after", 0, 0, UINT64_MAX);
   auto timeout =
       QueryU64(req, "timeout_ms", config_.watch_timeout_ms_max, 0, config_.watch_timeout_ms_max);

@@ -278,6 +278,80 @@ TEST(ProxyText, RolloutIdHeaderIsVerbatimAndValidated) {
   }
 }
 
+// Proves a body nested 100,000 deep (about 200 KB, valid JSON) is refused 400 on every proxy and
+// trainer route, journals nothing and leaves serve serving. Catches: the parser accepting any
+// depth and the admitted request then overflowing the event loop's stack when the proxy copies or
+// dumps it for the engine (the whole process killed by one small request).
+TEST(ProxyText, DeeplyNestedJsonIsRefusedAndChangesNothing) {
+  Stack s;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::uint64_t head = s.svc->journal().head_seq();
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/inference/v1/generate",
+                            "/v1/updates", "/v1/rollouts"}) {
+    const std::string body = R"({"prompt":"a","max_tokens":2,"x":)" + deep + "}";
+    const std::string r = raw_exchange(s.svc->port(), post_bytes(route, body));
+    EXPECT_EQ(status_of(r), 400) << route << ": " << r.substr(0, 300);
+  }
+  EXPECT_EQ(s.svc->journal().head_seq(), head) << "a nested body reached the journal";
+  auto c = s.client();
+  auto ok = c.Post("/v1/completions", completion_body(false), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// Proves a client that keeps trickling bytes after its final answer (Connection: close) is
+// closed within the linger bound. Catches: a linger re-armed by every byte, which lets closed-out
+// connections (no longer counted against connections_max) stay open forever and exhaust the
+// process's file descriptors.
+TEST(ConnectionGate, ALingeringClientIsClosedWithinTheLingerBound) {
+  Stack s;
+  const int fd = connect_loopback(s.svc->port());
+  const std::string req = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  const auto t0 = Clock::now();
+  bool closed = false;
+  while (!closed && ms_since(t0) < 6000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // Once serve has closed, a byte sent draws a reset and a later send fails.
+    closed = ::send(fd, "x", 1, MSG_NOSIGNAL) < 0;
+  }
+  ::close(fd);
+  EXPECT_TRUE(closed) << "a trickling client kept its connection after the answer";
+  EXPECT_LT(ms_since(t0), 3000);
+}
+
+// Proves a client that pipelines a byte of its next request and then leaves, while its
+// non-streamed completion is still generating, is seen leaving: the engine call is cancelled
+// and the rollout recorded aborted. Catches: a disconnect watch that stops at the first byte it
+// reads, so the engine generates to the end and the rollout is recorded completed.
+TEST(ProxyDisconnect, AClientThatPipelinesAndLeavesIsSeenLeaving) {
+  stack::StackOptions o;
+  o.dir_prefix = "rc-proxyfault";
+  o.token_delay_ms = 50;
+  stack::ServiceStack s(o);
+  const int fd = connect_loopback(s.svc->port());
+  const std::string body = R"({"prompt":"hang up on me","max_tokens":200})";
+  const std::string req = post_bytes("/v1/completions", body);
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  const auto t0 = Clock::now();
+  while (s.svc->metrics().proxy_in_flight.load() == 0 && ms_since(t0) < 5000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(::send(fd, "G", 1, MSG_NOSIGNAL), 1);  // the next request, early
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::close(fd);
+  // 200 tokens x 50 ms = 10 s of generation: only a noticed disconnect ends it within 4 s.
+  const auto t1 = Clock::now();
+  while (s.svc->metrics().finishes_aborted.load() == 0 && ms_since(t1) < 4000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // Only the watch's cancel can have ended it this early (the double itself does not notice a
+  // non-streamed client leaving).
+  EXPECT_EQ(s.svc->metrics().finishes_aborted.load(), 1u);
+  EXPECT_GE(s.svc->metrics().client_disconnects.load(), 1u);
+}
+
 // Proves that Shutdown enforces its grace: with an engine request hung in flight it returns false
 // within grace + a small bound, the hung rollout is recorded aborted, and requests during the
 // grace are refused 503 with Retry-After. Catches: Shutdown joining workers that proxy for up to

@@ -75,6 +75,27 @@ TEST(ProxyStreamTrace, EntriesStopAtTheirBound) {
   EXPECT_TRUE(t.truncated);
 }
 
+// Proves what an engine sends beside the numbers costs the trace nothing: a logprob that is not a
+// number is kept as null, an over-long finish reason is dropped, and choice indexes stop at
+// kTrajectoryChoicesMax; catches an engine growing one rollout's trace without bound (megabyte
+// objects as logprobs, a new choice per chunk, a finish_reason of any length).
+TEST(ProxyStreamTrace, WhatIsNotANumberCostsNothing) {
+  Trajectory t;
+  const json big = json::object({{"pad", std::string(100000, 'x')}});
+  t.Absorb(json{{"choices", json::array({json{{"index", 0},
+                                              {"token_ids", {7}},
+                                              {"logprobs", {{"token_logprobs", {big}}}},
+                                              {"finish_reason", std::string(1000, 'r')}}})}});
+  ASSERT_EQ(t.choices.at(0).logprobs.size(), 1u);
+  EXPECT_TRUE(t.choices.at(0).logprobs[0].is_null());
+  EXPECT_TRUE(t.choices.at(0).finish_reason.empty());
+  for (std::size_t i = 1; i <= kTrajectoryChoicesMax + 5; ++i) {
+    t.Absorb(json{{"choices", json::array({json{{"index", i}, {"token_ids", {1}}}})}});
+  }
+  EXPECT_EQ(t.choices.size(), kTrajectoryChoicesMax);
+  EXPECT_TRUE(t.truncated);
+}
+
 // Proves how a trace becomes journal parts: prompt tokens first, then output tokens, at most
 // kTrajectoryTokensPerRecordMax per part, parts numbered densely from 0, logprobs aligned with
 // the output tokens (NaN where none was reported); would catch NextPart's cursors drifting across
