@@ -17,7 +17,9 @@
 
 #include "journal/journal.h"
 #include "replay/replay.h"
+#include "tests/audit/printable_json.h"
 #include "statemachine/text.h"
+#include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 #include "tests/statemachine/fleet_helpers.h"
 
@@ -25,6 +27,8 @@ namespace rc {
 namespace {
 
 namespace fs = std::filesystem;
+using journal::testing::EditRaw;
+using journal::testing::SeqKey;
 using journal::testing::TempDir;
 
 struct CliRun {
@@ -84,30 +88,6 @@ void WriteCrashedJournal(const std::string& path, int admissions) {
     }
   }
   fs::remove(path + "/CLOSED");
-}
-
-std::string SeqKey(std::uint64_t seq) {
-  std::string key(8, '\0');
-  for (int i = 0; i < 8; ++i) key[7 - i] = static_cast<char>((seq >> (8 * i)) & 0xff);
-  return key;
-}
-
-using RawEdit = std::function<void(rocksdb::DB&, const std::vector<rocksdb::ColumnFamilyHandle*>&)>;
-
-// Edits the journal's RocksDB directly (handles in the journal's order: default, events,
-// rollouts, idempotency, snapshots, meta).
-void EditRaw(const std::string& path, const RawEdit& edit) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
-    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
-  edit(*db, handles);
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  ASSERT_TRUE(db->Close().ok());
-  delete db;
 }
 
 journal::Hash HashOf(const std::string& path, std::uint64_t seq) {
@@ -193,18 +173,8 @@ TEST(Cli, EventsLinesNameTheirEngine) {
   EXPECT_EQ(run.out.substr(0, expected.size()), expected);
 }
 
-bool PrintableAscii(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-}
-
-void CollectStrings(const nlohmann::json& j, std::vector<std::string>& out) {
-  if (j.is_string()) {
-    out.push_back(j.get<std::string>());
-    return;
-  }
-  if (!j.is_structured()) return;
-  for (const auto& v : j) CollectStrings(v, out);
-}
+using json_testing::CollectStrings;
+using json_testing::PrintableAscii;
 
 // Proves every line `replay --events --json`, `replay --json` and `audit --json` print is
 // printable ASCII and parses, and that an engine's answer holding U+2028, NEL and DEL parses

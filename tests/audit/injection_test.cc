@@ -14,6 +14,7 @@
 #include "journal/journal.h"
 #include "replay/replay.h"
 #include "statemachine/text.h"
+#include "tests/audit/printable_json.h"
 #include "tests/journal/test_util.h"
 
 namespace rc {
@@ -204,20 +205,8 @@ const std::string kLineBreakers =
     "del\xe2\x80\xae"
     "rlo";
 
-// Every byte printable ASCII (and '\n' where `newlines`: an indented document).
-bool PrintableAscii(const std::string& s, bool newlines) {
-  return std::all_of(s.begin(), s.end(),
-                     [&](char c) { return (c >= 0x20 && c < 0x7f) || (newlines && c == '\n'); });
-}
-
-void CollectStrings(const nlohmann::json& j, std::vector<std::string>& out) {
-  if (j.is_string()) {
-    out.push_back(j.get<std::string>());
-    return;
-  }
-  if (!j.is_structured()) return;
-  for (const auto& v : j) CollectStrings(v, out);
-}
+using json_testing::CollectStrings;
+using json_testing::PrintableAscii;
 
 // Proves the JSON outputs of replay and audit (each `--events --json` record line, the replay
 // report, the audit verdict line) hold only printable ASCII whatever the engine answered, and

@@ -11,11 +11,13 @@
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "statemachine/text.h"
+#include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 
 namespace rc {
 namespace {
 
+using journal::testing::OverwriteEvent;
 using journal::testing::TempDir;
 
 const HttpEvidence kOk{Transport::kOk, 200, true, 10, ""};
@@ -172,23 +174,6 @@ TEST(Verdict, HealthyJournalIsOk) {
   EXPECT_EQ(out.exit_code, audit::kExitOk) << out.text;
   EXPECT_EQ(LastLine(out.text), "audit: OK") << out.text;
   EXPECT_EQ(report.engine.suspect_count, 0u);
-}
-
-// Replaces the stored value at `seq` (events column family) through RocksDB directly.
-void OverwriteEvent(const std::string& path, std::uint64_t seq, const std::string& value) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
-    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
-  std::string key(8, '\0');
-  for (int i = 0; i < 8; ++i) key[7 - i] = static_cast<char>((seq >> (8 * i)) & 0xff);
-  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1], key, value).ok());
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  ASSERT_TRUE(db->Close().ok());
-  delete db;
 }
 
 // Proves a forged record (the hash chain breaks after it) is "journal DAMAGED" with exit 3 even

@@ -10,12 +10,14 @@
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "journal/testing/fault_env.h"
+#include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 
 namespace rc::journal {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::OverwriteEvent;
 using testing::TempDir;
 
 // Writes bootstrap + `admissions` admission groups and closes the journal.
@@ -111,23 +113,6 @@ TEST(Corruption, SstByteFlipIsReported) {
   EXPECT_TRUE(reported.find("Corruption") != std::string::npos ||
               reported.find("checksum") != std::string::npos)
       << reported;
-}
-
-// Replaces the stored value at `seq` (events column family) through RocksDB directly.
-void OverwriteEvent(const std::string& path, std::uint64_t seq, const std::string& value) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
-    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
-  std::string key(8, '\0');
-  for (int i = 0; i < 8; ++i) key[7 - i] = static_cast<char>((seq >> (8 * i)) & 0xff);
-  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1], key, value).ok());
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  ASSERT_TRUE(db->Close().ok());
-  delete db;
 }
 
 // Proves a well-formed forged record (valid FlatBuffers, different content) stored at seq 7 is

@@ -17,13 +17,16 @@
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "journal/testing/fault_env.h"
+#include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 
 namespace rc::journal {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::EditRaw;
 using testing::Group;
+using testing::SeqKey;
 using testing::TempDir;
 
 Options ReadOnly() {
@@ -161,43 +164,9 @@ TEST(Shorter, FewerRecordsThanTheCleanCloseRecordedIsRefused) {
 
 // Deletes the meta head_seq key through RocksDB directly.
 void DeleteHeadKey(const std::string& path) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
-    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
-  ASSERT_TRUE(db->Delete(rocksdb::WriteOptions(), handles[5], "head_seq").ok());
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  ASSERT_TRUE(db->Close().ok());
-  delete db;
-}
-
-// The journal's key of `seq` (big-endian, as journal/rocks_journal.cc stores it).
-std::string SeqKey(std::uint64_t seq) {
-  std::string key(8, '\0');
-  for (int i = 0; i < 8; ++i) key[7 - i] = static_cast<char>((seq >> (8 * i)) & 0xff);
-  return key;
-}
-
-using RawEdit = std::function<void(rocksdb::DB&, const std::vector<rocksdb::ColumnFamilyHandle*>&)>;
-
-// Opens the journal's RocksDB directly, as a tool outside the journal would, and applies `edit` to
-// its column families (handles in the journal's order: default, events, rollouts, idempotency,
-// snapshots, meta).
-void EditRaw(const std::string& path, const RawEdit& edit) {
-  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  for (const char* name : {"default", "events", "rollouts", "idempotency", "snapshots", "meta"}) {
-    descs.emplace_back(name, rocksdb::ColumnFamilyOptions());
-  }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), path, descs, &handles, &db).ok());
-  edit(*db, handles);
-  for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  ASSERT_TRUE(db->Close().ok());
-  delete db;
+  EditRaw(path, [](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[5], "head_seq").ok());
+  });
 }
 
 // Lowers the head of a closed journal to `head` (whose record hash is `head_hash`): deletes the
