@@ -1555,6 +1555,7 @@ void RocksJournal::CommitterLoop() {
     });
     if (!failed_.ok() || open_groups_ == 0) break;  // failed, or stopping with nothing open
     WaitCommitWindow(l);
+    if (!failed_.ok()) break;  // stopped during the window: its waiters were told already
     rocksdb::WriteBatch batch;
     std::swap(batch, open_batch_);
     const std::uint64_t batch_id = open_batch_id_++;
@@ -1612,15 +1613,15 @@ void RocksJournal::CommitterLoop() {
 }
 
 // Groups submitted while the committer waits join the batch it is about to take; a stop ends the
-// wait at once. No write is in progress meanwhile, so nothing can fail the journal (CheckStall
-// needs one).
+// wait at once, and so does Stop() (the owner fail-stopped: the batch is then never written). No
+// write is in progress meanwhile, so nothing else can fail the journal (CheckStall needs one).
 void RocksJournal::WaitCommitWindow(std::unique_lock<std::mutex>& l) {
   RC_CHECK(failed_.ok() && writing_batch_id_ == 0);
   const std::uint32_t window_us = std::min(options_.commit_window_us, kCommitWindowUsMax);
   if (window_us == 0) return;
   const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(window_us);
-  commit_cv_.wait_until(l, until, [&] { return stopping_; });
-  RC_CHECK(l.owns_lock() && open_groups_ > 0 && failed_.ok());
+  commit_cv_.wait_until(l, until, [&] { return stopping_ || !failed_.ok(); });
+  RC_CHECK(l.owns_lock() && open_groups_ > 0);
 }
 
 void RocksJournal::CheckStall() const {

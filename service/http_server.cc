@@ -690,7 +690,8 @@ void HttpServer::Accept() {
     if (stopping_.load() || !acceptor_->is_open()) return;
     if (!ec) {
       counters_.accepted++;
-      socket.set_option(tcp::no_delay(true), ec);
+      beast::error_code option_ec;  // a socket option failing is no accept error
+      socket.set_option(tcp::no_delay(true), option_ec);
       auto session = std::make_shared<Session>(*this, std::move(socket), strand);
       const bool over = counters_.open_connections.fetch_add(1) >=
                         static_cast<std::int64_t>(options_.connections_max);

@@ -155,15 +155,16 @@ namespace {
 
 // Where the first complete event in `pending` ends and the length of the blank line that ends
 // it ("\n\n" or "\r\n\r\n"); npos when none is complete.
-// The first blank line at or after `from`: its start and length ({npos, 0} if none). A CRLF end
-// is looked for only before the first LF end, so each look costs what it scans.
+// The first blank line ("\n\n" or "\r\n\r\n") beginning at or after `from`: its start and
+// length ({npos, 0} if none). One pass: each '\n' is looked at once, so a look costs what it scans.
 std::pair<std::size_t, std::size_t> first_event_end(std::string_view pending, std::size_t from) {
-  const std::size_t lf = pending.find("\n\n", from);
-  const std::size_t limit = lf == std::string_view::npos ? pending.size() : lf;
-  const std::size_t crlf =
-      pending.substr(0, std::min(pending.size(), limit + 3)).find("\r\n\r\n", from);
-  if (crlf != std::string_view::npos) return {crlf, 4};
-  return {lf, lf == std::string_view::npos ? 0 : 2};
+  for (std::size_t nl = pending.find('\n', from); nl != std::string_view::npos;
+       nl = pending.find('\n', nl + 1)) {
+    // "\r\n\r\n" beginning at nl - 1 (when nl - 1 >= from) ends at nl + 2.
+    if (nl >= from + 1 && pending.substr(nl - 1, 4) == "\r\n\r\n") return {nl - 1, 4};
+    if (pending.substr(nl, 2) == "\n\n") return {nl, 2};
+  }
+  return {std::string_view::npos, 0};
 }
 
 // The event's `data:` lines joined by '\n' ("" for a comment or keep-alive).
@@ -204,7 +205,7 @@ bool SseState::Feed(const char* p, std::size_t n) {
     scanned = start;
   }
   pending.erase(0, start);
-  scanned = pending.size();
+  scanned = go_on ? pending.size() : 0;  // stopped: what is left was never searched
   if (!go_on) return false;
   if (pending.size() > kSseEventBytesMax) {
     too_big = true;

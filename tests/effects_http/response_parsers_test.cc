@@ -61,5 +61,28 @@ TEST(ResponseParsers, SseSplitterIsLinearAndCutIndependent) {
   }
 }
 
+// Proves a stream delimited only by CRLF blank lines splits in one pass (60,000 events in one
+// feed; a search that rescans the buffer per event takes minutes here and hits the test's
+// timeout), and that events left in the buffer when the caller stopped the feed are still found
+// by the next feed; catches the LF search that rescanned the whole buffer for every CRLF event,
+// and a stopped feed that marked unsearched bytes as searched (events merged and lost).
+TEST(ResponseParsers, CrlfStreamsAreLinearAndAStoppedFeedLosesNothing) {
+  std::string raw;
+  for (int i = 0; i < 60000; ++i) raw += "data: {\"i\":" + std::to_string(i) + "}\r\n\r\n";
+  bool fed_ok = false;
+  EXPECT_EQ(Events(raw, raw.size(), &fed_ok).size(), 60000u);
+  EXPECT_TRUE(fed_ok);
+
+  int seen = 0;
+  EngineClient::ChunkFn stop_at_first = [&](const json&) { return ++seen > 1; };
+  SseState sse;
+  sse.on_chunk = &stop_at_first;
+  const std::string three = "data: {\"a\":1}\n\ndata: {\"b\":2}\n\ndata: {\"c\":3}\n\n";
+  EXPECT_FALSE(sse.Feed(three.data(), three.size()));  // the caller stopped at the first event
+  EXPECT_TRUE(sse.Feed("", 0));                        // fed again: the rest is still found
+  EXPECT_EQ(seen, 3);
+  EXPECT_FALSE(sse.bad_event);
+}
+
 }  // namespace
 }  // namespace rc::effects

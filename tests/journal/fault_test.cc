@@ -234,6 +234,33 @@ TEST(CommitWindow, GroupsSubmittedWithinTheWindowShareOneCommit) {
   EXPECT_EQ(judged, 1) << "every round was descheduled past the window";
 }
 
+// Proves Stop() while the committer waits out its commit window fails the waiting group with the
+// owner's reason, writes nothing more and refuses every later submit, without tripping the
+// committer's invariants; catches a committer that asserted the journal could not fail during
+// the window (a fail-stop of serve crashed the process instead of answering 503).
+TEST(CommitWindow, StopDuringTheWindowFailsTheWaitersAndWritesNothing) {
+  TempDir dir;
+  Options o;
+  o.commit_window_us = kCommitWindowUsMax;  // 10 ms
+  auto j = OpenOk(dir.path(), o);
+  Bootstrap(*j);
+  const std::uint64_t durable_head = j->head_seq();
+  Result<Ticket> t = j->Enqueue(Group({make_admission(j->state(), "in-window")}));
+  ASSERT_TRUE(t.ok());
+  auto told = std::make_shared<std::atomic<int>>(-1);
+  j->WaitAsync(*t, [told](Status st) { *told = static_cast<int>(st.code()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the committer is in its window
+  j->Stop(Status::Unavailable("the owner fail-stopped"));
+  EXPECT_EQ(j->Wait(*t).code(), Code::kUnavailable);
+  EXPECT_EQ(told->load(), static_cast<int>(Code::kUnavailable));
+  EXPECT_EQ(j->failure().message(), "the owner fail-stopped");
+  EXPECT_FALSE(j->Enqueue(Group({make_admission(j->state(), "after")})).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the window
+  j.reset();
+  auto reopened = OpenOk(dir.path(), Options{});
+  EXPECT_EQ(reopened->head_seq(), durable_head) << "the stopped group was written";
+}
+
 // Appends admissions from several threads until the WAL's sync fails, then crashes and drops
 // the unsynced bytes (whole or a torn prefix). Returns the acknowledged (seq -> hash).
 struct CrashRun {
