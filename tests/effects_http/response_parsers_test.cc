@@ -15,7 +15,7 @@ using nlohmann::json;
 std::vector<std::string> Events(const std::string& raw, std::size_t step, bool* fed_ok) {
   std::vector<std::string> seen;
   EngineClient::ChunkFn fn = [&](const json& j) {
-    seen.push_back(j.dump());
+    seen.push_back(j.dump(-1, ' ', false, json::error_handler_t::replace));
     return true;
   };
   SseState sse;
