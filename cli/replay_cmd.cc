@@ -22,6 +22,13 @@ std::string ReplaceVerdict(std::string report, const std::string& ok_prefix,
   return report.replace(at, end == std::string::npos ? std::string::npos : end - at, verdict);
 }
 
+// Exit codes as audit's: 1 the journal does not verify, 2 it cannot be read (a wrong path, a
+// writer's lock), 3 it is damaged (the open or the refold found records lost or altered).
+int Refused(const Status& why) {
+  std::fprintf(stderr, "rolloutcore replay: %s\n", text::escape_line(why.ToString()).c_str());
+  return why.code() == Code::kCorruption ? 3 : 2;
+}
+
 }  // namespace
 
 Runner add_replay(CLI::App& app) {
@@ -41,11 +48,7 @@ Runner add_replay(CLI::App& app) {
     options.read_only = true;
     options.create_if_missing = false;
     auto opened = journal::Journal::Open(opts->path, options);
-    if (!opened.ok()) {
-      std::fprintf(stderr, "rolloutcore replay: %s\n",
-                   text::escape_line(opened.status().ToString()).c_str());
-      return 2;
-    }
+    if (!opened.ok()) return Refused(opened.status());
     journal::Journal& j = **opened;
     const std::string torn = j.recovery().torn_tail;
     if (opts->events) {
@@ -59,11 +62,7 @@ Runner add_replay(CLI::App& app) {
         std::fprintf(stderr, "scan stopped: %s\n", text::escape_line(st.ToString()).c_str());
     }
     auto report = replay::Replay(j, replay::ReplayOptions{opts->until});
-    if (!report.ok()) {
-      std::fprintf(stderr, "rolloutcore replay: %s\n",
-                   text::escape_line(report.status().ToString()).c_str());
-      return 2;
-    }
+    if (!report.ok()) return Refused(report.status());
     if (opts->json) {
       nlohmann::json out = nlohmann::json::parse(replay::ReportJson(*report));
       if (!torn.empty()) {
