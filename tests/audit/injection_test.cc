@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,13 +118,18 @@ struct Reports {
   std::string replay_text, replay_json, audit_text, events_text;
 };
 
-Reports Produce(const std::string& t) {
-  TempDir dir;
-  WriteJournal(dir.path(), t);
+// The journal at `path`, opened as replay and audit open it (read-only, never created).
+Result<std::unique_ptr<journal::Journal>> OpenAsReader(const std::string& path) {
   journal::Options ro;
   ro.read_only = true;
   ro.create_if_missing = false;
-  auto opened = journal::Journal::Open(dir.path(), ro);
+  return journal::Journal::Open(path, ro);
+}
+
+Reports Produce(const std::string& t) {
+  TempDir dir;
+  WriteJournal(dir.path(), t);
+  auto opened = OpenAsReader(dir.path());
   RC_CHECK(opened.ok());
   journal::Journal& j = **opened;
   Reports out;
@@ -215,10 +221,7 @@ using json_testing::PrintableAscii;
 TEST(Injection, JsonOutputsArePrintableAsciiAndRoundTrip) {
   TempDir dir;
   WriteJournal(dir.path(), kLineBreakers);
-  journal::Options ro;
-  ro.read_only = true;
-  ro.create_if_missing = false;
-  auto opened = journal::Journal::Open(dir.path(), ro);
+  auto opened = OpenAsReader(dir.path());
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   journal::Journal& j = **opened;
   std::size_t round_trips = 0;
