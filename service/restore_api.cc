@@ -91,7 +91,7 @@ void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
   metrics_.updates_outcome_unknown++;
   FailStop("restore '" + request.restore_id +
            "' did not reach a recorded outcome: " + ended.status().ToString());
-  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  SetRetryAfter(res);
   SendError(res, 503, "outcome_unknown",
             "the outcome of restore '" + request.restore_id + "' is unknown (" +
                 ended.status().ToString() +

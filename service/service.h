@@ -342,6 +342,8 @@ class Service {
                                     std::atomic<std::uint64_t>& conflicts, HttpResponse& res);
   // HandleUpdate's steps (trainer_api.cc).
   bool RefusedFailStopped(HttpResponse& res);
+  // Retry-After on a 503: retry_after_s, at least 1 s.
+  void SetRetryAfter(HttpResponse& res) const;
   bool ReplayedIfEnded(const UpdateRequested& request, HttpResponse& res);
   void ReplayEndedUpdate(const UpdateRequested& request, const EndedUpdate& e, HttpResponse& res);
   void RunUpdate(const UpdateRequested& request, HttpResponse& res);

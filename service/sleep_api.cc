@@ -168,7 +168,7 @@ void Service::AnswerUnfinished(const SameVersionPlan& plan, bool journaled, cons
   metrics_.updates_outcome_unknown++;
   FailStop(std::string(plan.what) + " '" + plan.id +
            "' did not reach a recorded outcome: " + st.ToString());
-  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  SetRetryAfter(res);
   SendError(res, 503, "outcome_unknown",
             std::string("the outcome of ") + plan.what + " '" + plan.id + "' is unknown (" +
                 st.ToString() +

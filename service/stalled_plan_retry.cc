@@ -72,7 +72,7 @@ bool Service::AnsweredStalledPlan(const std::string& what, const std::string& pl
       "serve: {} '{}' stalled ({}): the engine does not answer; it is tried again once the "
       "engine answers",
       what, Esc(plan_id), Esc(st.ToString()));
-  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  SetRetryAfter(res);
   SendError(res, 503, "outcome_unknown",
             "the " + what + " '" + plan_id + "' stalled: " + st.ToString() +
                 "; the engine does not answer, and the plan is tried again once it does (every "

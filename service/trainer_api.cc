@@ -364,7 +364,7 @@ void Service::AnswerUpdateOutcomeUnknown(const UpdateRequested& request, const S
   RC_CHECK(!st.ok());
   metrics_.updates_outcome_unknown++;
   FailStop("update '" + request.update_id + "' did not reach a recorded outcome: " + st.ToString());
-  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+  SetRetryAfter(res);
   SendError(res, 503, "outcome_unknown",
             "the outcome of update '" + request.update_id + "' is unknown (" + st.ToString() +
                 "); the executor fail-stopped and recovers on restart: re-POST the same "
@@ -520,6 +520,10 @@ void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
            {{"rollout_id", id}, {"outcome", outcome_name(outcome)}, {"head", head.ToString()}});
 }
 
+void Service::SetRetryAfter(HttpResponse& res) const {
+  SetHeader(res, "Retry-After", std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+}
+
 // Each long poll holds a thread of the blocking pool for up to watch_timeout_ms_max: at most a
 // quarter of the pool watches at once, so that polls (which need no token) never hold off
 // updates, finishes and state reads.
@@ -528,8 +532,7 @@ void Service::HandleWatch(const ApiRequest& req, HttpResponse& res) {
   if (watches_.fetch_add(1) >= watches_max) {
     watches_--;
     metrics_.watches_refused++;
-    SetHeader(res, "Retry-After",
-              std::to_string(std::max<std::uint32_t>(1, config_.retry_after_s)));
+    SetRetryAfter(res);
     SendError(res, 503, "overloaded",
               std::to_string(watches_max) + " long polls already wait (a quarter of http_threads)");
     return;
