@@ -68,6 +68,7 @@ FleetRunner::FleetRunner(journal::Journal& journal, Clock& clock, FleetRunnerOpt
       own_threads_(options_.threads == nullptr ? std::make_unique<OsThreads>() : nullptr),
       threads_(options_.threads != nullptr ? *options_.threads : *own_threads_) {
   RC_CHECK(options_.poll_ms > 0);
+  RC_CHECK(options_.update_timeout_ms > 0);
   RC_CHECK(options_.runner.engine.empty());  // set per engine by Join
 }
 
@@ -253,13 +254,27 @@ Status FleetRunner::CancelIfBlocked(const std::string& update_id, const Plan& pl
   if (progress.cancelled) {
     return Status::Unavailable("fleet update '" + update_id + "' cannot end: " + why);
   }
-  progress.cancelled = true;
   progress.blocked_since_ms = now;
-  const std::string reason = text::utf8_prefix(
-      "blocked for " + std::to_string(blocked_ms) + " ms: " + why, kFleetCancelReasonBytesMax);
-  const Status cancelled = Cancel(update_id, reason);
-  // Another cancel came first (a trainer's), or the update ended meanwhile: either way the next
-  // look sees it; only the journal failing stops here.
+  return CancelOnce(update_id, "blocked for " + std::to_string(blocked_ms) + " ms: " + why,
+                    progress);
+}
+
+Status FleetRunner::CancelIfPastDeadline(const std::string& update_id, Progress& progress) {
+  const std::int64_t open_ms = clock_.now_ms() - progress.requested_ms;
+  if (progress.cancelled || open_ms < static_cast<std::int64_t>(options_.update_timeout_ms)) {
+    return Status::OK();
+  }
+  return CancelOnce(update_id,
+                    "deadline: open for " + std::to_string(open_ms) + " ms (update_timeout_ms " +
+                        std::to_string(options_.update_timeout_ms) + ")",
+                    progress);
+}
+
+Status FleetRunner::CancelOnce(const std::string& update_id, const std::string& reason,
+                               Progress& progress) {
+  RC_CHECK(!progress.cancelled);
+  progress.cancelled = true;
+  const Status cancelled = Cancel(update_id, text::utf8_prefix(reason, kFleetCancelReasonBytesMax));
   if (cancelled.code() == Code::kConflict || cancelled.code() == Code::kNotFound) {
     return Status::OK();
   }
@@ -282,20 +297,23 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
   Status stopped = Status::OK();
   Progress progress;
   progress.refused = &refused;
+  progress.requested_ms = clock_.now_ms();
   for (Plan plan = Look(id, nullptr); plan.open && stopped.ok(); plan = Look(id, &plan)) {
     if (journal_.failed()) {
       stopped = journal_.failure();
       break;
     }
+    stopped = CancelIfPastDeadline(id, progress);
     const std::size_t started_before = members.size();
-    StartMembers(plan, members, refused);
+    // Once cancelled, the fold skips the pending members: none is started from an older look.
+    if (!progress.cancelled) StartMembers(plan, members, refused);
     // A member started this look is progress, even one that already ended.
     if (members.size() > started_before) progress.blocked_since_ms = -1;
     // Every member started (an `all` update at once): nothing is left to start, so the members'
     // ends are awaited rather than polled for.
     const bool all_started = plan.pending == plan.next.size() && AnyRunning(members);
     if (all_started) JoinAll(members);
-    stopped = CancelIfBlocked(id, plan, members, progress);
+    if (stopped.ok()) stopped = CancelIfBlocked(id, plan, members, progress);
     if (!all_started) clock_.sleep_ms(options_.poll_ms);
   }
   members.clear();  // joins: each member's own update ends by its own deadlines

@@ -10,7 +10,9 @@
 //
 // Nothing waits forever: a fleet update that cannot progress (no member updating and none may
 // start: too few engines serve, or every pending member is quarantined) is cancelled after
-// blocked_timeout_ms, naming why; the members already updating finish by their own deadlines.
+// blocked_timeout_ms, naming why; one still open update_timeout_ms after it was requested is
+// cancelled too. Either way the members already updating finish by their own deadlines, so
+// Update() returns within update_timeout_ms plus one member's deadlines.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,9 @@ class MemberThreads {
 struct FleetRunnerOptions {
   RunnerOptions runner;                      // every engine's runner; `engine` is set per engine
   std::uint64_t blocked_timeout_ms = 30000;  // a fleet update that cannot progress is cancelled
+  // A fleet update still open this long after its request is durable is cancelled: no member
+  // starts after it. A rolling update over many engines needs batches x a member's duration.
+  std::uint64_t update_timeout_ms = 3600000;
   // Between looks at the fleet while a rolling update's members run. A look computes which
   // members may start on a copy of the fleet (O(its rollouts)) under the journal's lock, so it
   // is not a busy poll: a rolling batch starts within this of the previous one's end.
@@ -102,7 +107,8 @@ class FleetRunner {
   using Members = std::map<std::string, std::unique_ptr<Member>>;
   struct Progress {
     std::int64_t blocked_since_ms = -1;  // -1: a member runs
-    bool cancelled = false;
+    bool cancelled = false;              // by this executor (blocked, or past the deadline)
+    std::int64_t requested_ms = 0;       // when the request was durable
     const std::map<std::string, Status>* refused = nullptr;  // members whose start was refused
   };
   Plan Look(const std::string& update_id, const Plan* last) const;
@@ -110,6 +116,11 @@ class FleetRunner {
   void StartMembers(const Plan& plan, Members& members, std::map<std::string, Status>& refused);
   [[nodiscard]] Status CancelIfBlocked(const std::string& update_id, const Plan& plan,
                                        const Members& members, Progress& progress);
+  [[nodiscard]] Status CancelIfPastDeadline(const std::string& update_id, Progress& progress);
+  // Journals this executor's cancel; one that came second (another cancel, or the update ended
+  // meanwhile) is no error: the next look sees the update as it is.
+  [[nodiscard]] Status CancelOnce(const std::string& update_id, const std::string& reason,
+                                  Progress& progress);
   [[nodiscard]] Result<FleetUpdateEnded> FindEnd(std::uint64_t from_seq,
                                                  const std::string& update_id);
 

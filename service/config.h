@@ -160,6 +160,9 @@ struct ServeConfig {
   // A fleet update that cannot progress (too few serving, every pending member quarantined) is
   // cancelled after this.
   std::uint64_t fleet_blocked_timeout_ms = 30000;
+  // A fleet update still open this long after its request is cancelled: members not started are
+  // skipped, those updating end by their own deadlines.
+  std::uint64_t fleet_update_timeout_ms = 3600000;
   // Prefix affinity: a request goes to the engine its prompt's first this-many bytes hash to
   // (among the engines of the newest generation that admit), so repeated prefixes meet their
   // cached KV; 0: the least busy engine always.

@@ -242,6 +242,7 @@ void Service::MakeFleetRunner() {
   effects::FleetRunnerOptions o;
   o.runner = RunnerOptionsOf(config_);
   o.blocked_timeout_ms = config_.fleet_blocked_timeout_ms;
+  o.update_timeout_ms = config_.fleet_update_timeout_ms;
   fleet_runner_ =
       std::make_unique<effects::FleetRunner>(*journal_, effects::system_clock(), std::move(o));
 }

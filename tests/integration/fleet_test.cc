@@ -59,13 +59,15 @@ struct FleetEngine {
 std::string Name(int i) { return "e" + std::to_string(i); }
 
 struct Fleet {
-  explicit Fleet(int n, FleetConfigured policy = {}) : dir(TempDir("fleet")) {
+  explicit Fleet(int n, FleetConfigured policy = {}, std::uint64_t update_timeout_ms = 3600000)
+      : dir(TempDir("fleet")) {
     auto j = journal::Journal::Open(dir, journal::Options{});
     RC_CHECK(j.ok());
     journal = std::move(j.value());
     effects::FleetRunnerOptions o;
     o.runner = Executor::FastRunner();
     o.blocked_timeout_ms = 300;
+    o.update_timeout_ms = update_timeout_ms;
     runner = std::make_unique<effects::FleetRunner>(*journal, effects::system_clock(), o);
     EXPECT_TRUE(runner->Configure(policy).ok());
     for (int i = 0; i < n; ++i) engines.push_back(std::make_unique<FleetEngine>());
@@ -350,6 +352,29 @@ TEST(FleetIntegration, RefusedBelowMinHealthyAndCancelledWhenBlocked) {
   EXPECT_EQ(refused->outcome, FleetOutcome::kRefused);
   EXPECT_EQ(refused->committed, 0u);
   EXPECT_EQ(f.state().engines.at("e1").committed.label, "rc-1");
+  f.Check();
+}
+
+// Proves a rolling update still open at its deadline is cancelled: the member updating then ends
+// by its own deadlines and commits, no member starts after the deadline, and the update ends
+// partial naming the deadline; catches a fleet update whose batches go on for as long as engines
+// keep answering, holding the trainer's call (and the update slot) without a bound.
+TEST(FleetIntegration, AnUpdatePastItsDeadlineStartsNoMoreMembers) {
+  Fleet f(3, FleetConfigured{0, 0}, /*update_timeout_ms=*/100);
+  fixtures::RouteFault slow;
+  slow.delay_ms = 600;  // e0 is the first member of the batch (names in order)
+  f.engines[0]->engine.SetRouteFault("/update_weights", slow);
+  Result<FleetUpdateEnded> end =
+      f.runner->Update(Fleet::Request("u1", FleetUpdateMode::kRolling, 1));
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(end->outcome, FleetOutcome::kPartial) << end->reason;
+  EXPECT_EQ(end->committed, 1u);
+  EXPECT_EQ(end->skipped, 2u);
+  EXPECT_NE(end->reason.find("deadline: open for"), std::string::npos) << end->reason;
+  const FleetState s = f.state();
+  EXPECT_EQ(s.engines.at("e0").committed.label, "rc-1");
+  EXPECT_EQ(s.engines.at("e1").committed.label, "rc-0");
+  EXPECT_EQ(s.engines.at("e2").committed.label, "rc-0");
   f.Check();
 }
 
