@@ -685,10 +685,14 @@ bool Service::MonitorOnce(const MonitorTarget& t) {
   // The fold's own rule decides what matches; only a change is journaled.
   const bool matches = ok && engine_matches(before, p.reported_label, p.is_paused_known,
                                             p.is_paused, p.engine_instance);
-  if (matches) t.watch.last_ok_wall_ms.store(probe.wall_ms);
+  const bool vouched = ok && engine_vouched(before, p.reported_label, p.is_paused_known,
+                                            p.is_paused, p.engine_instance);
+  if (vouched) t.watch.last_ok_wall_ms.store(probe.wall_ms);
   const bool drift = ok && WeightsDrifted(t.watch, before, p.digest, probe.wall_ms);
+  // An engine verified before instances were read adopts the first one that vouches.
+  const bool adopts = vouched && before.engine_instance.empty() && !p.engine_instance.empty();
   const bool changes = (ok != before.engine_reachable) || (ok && !matches) || drift ||
-                       (matches && before.engine_recheck);
+                       (vouched && before.engine_recheck) || adopts;
   if (!changes) return true;
   EngineMonitored m = p;
   // Weights can have changed any time since the last digest that matched (label and instance

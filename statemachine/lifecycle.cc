@@ -103,6 +103,8 @@ Status check_tensor_digests(const std::vector<TensorDigest>& tensors) {
   return Status::OK();
 }
 
+}  // namespace
+
 Status check_weight_digest(const WeightDigest& d) {
   if (d.algorithm.size() > kIdBytesMax || !text::printable_utf8(d.algorithm)) {
     return Status::InvalidArgument("digest algorithm over " + std::to_string(kIdBytesMax) +
@@ -115,6 +117,8 @@ Status check_weight_digest(const WeightDigest& d) {
   }
   return check_tensor_digests(d.tensors);
 }
+
+namespace {
 
 Status check_http(const HttpEvidence& h) {
   if (static_cast<std::uint8_t>(h.transport) > 3) {
@@ -493,7 +497,7 @@ Status apply_one(State& s, const EngineProbed& e) {
   } else {
     note_engine_seen(
         s, e.http.ok_2xx(),
-        engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
+        engine_vouched(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
             digest_mismatch(s, e.digest).empty(),
         e.engine_instance);
   }
@@ -518,7 +522,7 @@ Status apply_one(State& s, const EngineMonitored& e) {
   RC_RETURN_IF_ERROR(check_weight_digest(e.digest));
   note_engine_seen(
       s, e.http.ok_2xx(),
-      engine_matches(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
+      engine_vouched(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
           digest_mismatch(s, e.digest).empty(),
       e.engine_instance);
   return Status::OK();
@@ -1211,6 +1215,13 @@ std::string digest_refusal(const State& s, const WeightDigest& d) {
   return {};
 }
 
+// Evidence proves something only of a known process: an answer that names none (its read
+// failed) is read again within the attempts. A restore adopts the process that answers.
+bool validation_names_its_process(const State& s, const ValidationObserved& e) {
+  const bool required = !s.engine_instance.empty() || s.update->restore;
+  return !e.engine_instance.empty() || !required;
+}
+
 void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out) {
   const std::string& want = s.update->target.label;
   bool replaced = e.http.ok_2xx() && !s.engine_instance.empty() && !e.engine_instance.empty() &&
@@ -1233,6 +1244,13 @@ void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out
           "the engine was not paused when its weights were checked (resumed outside "
           "RolloutCore during the update): the evidence proves nothing about what it served",
           out);
+  } else if (e.http.ok_2xx() && !validation_names_its_process(s, e)) {
+    if (out_of_attempts(s)) {
+      taint(s, Cause::kValidationFailed,
+            "the validation never named the engine process that answered: its evidence cannot "
+            "be tied to the paused engine",
+            out);
+    }
   } else if (e.http.ok_2xx() && e.reported_label == want && e.checks_passed) {
     std::string why = digest_refusal(s, e.digest);
     if (!why.empty()) {
@@ -1398,11 +1416,21 @@ bool engine_matches(const State& s, const std::string& label, bool paused_known,
   return engine_mismatch(s, label, paused_known, paused, instance, &unused).empty();
 }
 
+bool engine_vouched(const State& s, const std::string& label, bool paused_known, bool paused,
+                    const std::string& instance) {
+  const bool named = !instance.empty() || s.engine_instance.empty();
+  return named && engine_matches(s, label, paused_known, paused, instance);
+}
+
 // The engine found at bootstrap is taken only as declared: a fresh engine (relabelled once), or
 // one that already reports the declared label; anything else only when the operator adopts it.
 std::string explain_bootstrap_refusal(const BootstrapRequested& b, const EngineProbed& e) {
   if (!e.http.ok_2xx()) return "engine not answering: " + http_summary(e.http);
   if (e.is_paused_known && e.is_paused) return "the engine is paused";
+  // The process verified now is the one every later answer is compared with.
+  if (e.engine_instance.empty()) {
+    return "the engine named no process instance (a restart could not be told from it)";
+  }
   const bool foreign =
       !e.label_before.empty() && e.label_before != kFreshEngineLabel && e.label_before != b.label;
   if ((foreign || e.resumed_before) && !b.adopt) return "the engine was changed without adopt";

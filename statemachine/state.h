@@ -170,6 +170,9 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id,
 [[nodiscard]] Status check_weight_identity(const WeightIdentity& identity);
 // A digest: lowercase hex of at most kDigestBytesMax chars; empty only when not `required`.
 [[nodiscard]] Status check_digest(const char* what, const std::string& s, bool required);
+// The fold's rule for a weight digest an engine computed (algorithm, combined, tensors sorted,
+// unique, bounded): the executor checks an engine's answer with it before recording it.
+[[nodiscard]] Status check_weight_digest(const WeightDigest& digest);
 
 // Whether the state admits rollouts, and if not, why (for 503 messages and /readyz).
 bool admits(const State& state);
@@ -182,6 +185,11 @@ std::string explain_bootstrap_refusal(const BootstrapRequested& bootstrap, const
 // Whether an engine answering with this label, pause state and instance is the one the committed
 // version was verified on (the fold's rule for EngineProbed and EngineMonitored in READY).
 bool engine_matches(const State& state, const std::string& label, bool paused_known, bool paused,
+                    const std::string& instance);
+// Whether such an answer vouches for the engine: it matches and names its process (unless none
+// was ever verified, as in journals from before instances). An answer that names none cannot
+// tell the verified process from a restarted one, so it never clears a pending re-verification.
+bool engine_vouched(const State& state, const std::string& label, bool paused_known, bool paused,
                     const std::string& instance);
 
 // "; N of M tensors differ: a, b, ..." naming at most kDigestTensorsNamedMax tensors of `now`

@@ -49,7 +49,7 @@ void DriveEffects(journal::Journal& j, const std::string& t) {
     SubmitOk(j, EffectStarted{e.kind, e.cache, 1000});
     switch (e.kind) {
       case EffectKind::kProbeEngine:
-        SubmitOk(j, EngineProbed{ok, "0.30.0 " + t, "rc-0"});
+        SubmitOk(j, EngineProbed{ok, "0.30.0 " + t, "rc-0", false, false, "i-0"});
         break;
       case EffectKind::kDrain:
         SubmitOk(j, DrainObserved{ok, true});

@@ -64,7 +64,7 @@ std::uint64_t SubmitDurable(Journal& j, const Event& input) {
                SubmitDurable(j, EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000}));
     } else {
       WriteSeq(fd, SubmitDurable(j, EngineProbed{HttpEvidence{Transport::kOk, 200, true, 1, ""},
-                                                 "0.25.1", "rc-0"}));
+                                                 "0.25.1", "rc-0", false, false, "i-0"}));
     }
   }
   WriteSeq(fd, 0);  // ready marker: appending starts now

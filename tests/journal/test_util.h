@@ -198,9 +198,10 @@ inline std::vector<std::vector<Event>> BootstrapGroups() {
   return {
       {BootstrapRequested{"rc-0", SampleIdentity()}},
       {EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000}},
-      {EngineProbed{HttpEvidence{Transport::kOk, 200, true, 10, ""}, "0.25.1", "rc-0"},
+      {EngineProbed{HttpEvidence{Transport::kOk, 200, true, 10, ""}, "0.25.1", "rc-0", false, false,
+                    "i-0"},
        StateChanged{Lifecycle::kUninitialized, Lifecycle::kReady, Cause::kBootstrapped,
-                    "engine 0.25.1 reports 'rc-0'"}},
+                    "engine 0.25.1 reports 'rc-0', instance 'i-0'"}},
   };
 }
 

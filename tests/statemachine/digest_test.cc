@@ -17,13 +17,13 @@ struct DigestDriver : Driver {
     b.require_digest = require;
     ok(b);
     effect(EffectKind::kProbeEngine);
-    EngineProbed p{ok_http(), "0.25.1", "rc-0"};
+    EngineProbed p{ok_http(), "0.25.1", "rc-0", false, false, "i-0"};
     p.digest = boot;
     ok(p);
   }
   std::vector<Event> validate(const std::string& label, const WeightDigest& seen) {
     effect(EffectKind::kValidate);
-    ValidationObserved v{ok_http(), label, true, ""};
+    ValidationObserved v{ok_http(), label, true, "", "i-0"};
     v.digest = seen;
     return ok(v);
   }
@@ -176,7 +176,7 @@ TEST(Digest, RequiredDigestRefusesABootstrapWithoutOne) {
   none.error = "no extension";
   d.bootstrap(none, /*require=*/true);
   EXPECT_EQ(d.s.lifecycle, Lifecycle::kUninitialized);
-  EngineProbed p{ok_http(), "0.25.1", "rc-0"};
+  EngineProbed p{ok_http(), "0.25.1", "rc-0", false, false, "i-0"};
   p.digest = none;
   EXPECT_NE(explain_bootstrap_refusal(BootstrapRequested{"rc-0", identity('a'), false, true}, p)
                 .find("no weight digest"),
@@ -189,7 +189,7 @@ TEST(Digest, RequiredDigestRefusesABootstrapWithoutOne) {
 TEST(Digest, ExpectedDigestHoldsABootstrapToThoseWeights) {
   BootstrapRequested b{"rc-0", identity('a')};
   b.expected_digest = digest_of("111").combined;
-  EngineProbed p{ok_http(), "0.25.1", "rc-0"};
+  EngineProbed p{ok_http(), "0.25.1", "rc-0", false, false, "i-0"};
   p.digest = digest_of("112");
   EXPECT_NE(explain_bootstrap_refusal(b, p).find("is not the expected"), std::string::npos);
   p.digest = WeightDigest{};
@@ -223,7 +223,7 @@ TEST(Digest, ProbeInReadyThatFindsOtherWeightsTaints) {
   d.bootstrap(digest_of("111"));
   d.ok(RecoveryStarted{"exec-2"});
   d.effect(EffectKind::kProbeEngine);
-  EngineProbed p{ok_http(), "0.25.1", "rc-0"};
+  EngineProbed p{ok_http(), "0.25.1", "rc-0", false, false, "i-0"};
   p.is_paused_known = true;
   p.engine_instance = d.s.engine_instance;
   p.digest = digest_of("121");
@@ -241,7 +241,7 @@ TEST(Digest, MalformedDigestsAreRejected) {
   d.ok(BootstrapRequested{"rc-0", identity('a')});
   d.effect(EffectKind::kProbeEngine);
   auto probe = [](WeightDigest dg) {
-    EngineProbed p{ok_http(), "0.25.1", "rc-0"};
+    EngineProbed p{ok_http(), "0.25.1", "rc-0", false, false, "i-0"};
     p.digest = std::move(dg);
     return p;
   };

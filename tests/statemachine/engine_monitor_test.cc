@@ -254,6 +254,69 @@ TEST(EngineMonitor, AResumeThatNamesNoInstanceIsTriedAgain) {
   EXPECT_EQ(count_of<VersionPublished>(ev), 0);
 }
 
+// A bootstrap probe that names no process is not taken: the instance verified then is what every
+// later answer is compared with; catches an engine whose one failed /metrics read at bootstrap
+// turned every restart check off for the journal's life.
+TEST(EngineMonitor, ABootstrapThatNamesNoProcessIsProbedAgain) {
+  Driver d;
+  d.ok(BootstrapRequested{"rc-0", identity('a')});
+  d.effect(EffectKind::kProbeEngine);
+  auto ev = d.ok(probe("rc-0", false, ""));
+  EXPECT_TRUE(ev.empty());
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kUninitialized);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kProbeEngine);
+  EXPECT_NE(explain_bootstrap_refusal(*d.s.bootstrap, probe("rc-0", false, ""))
+                .find("named no process instance"),
+            std::string::npos);
+  d.effect(EffectKind::kProbeEngine);
+  d.ok(probe("rc-0"));
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(d.s.engine_instance, "i-1");
+}
+
+// A validation whose answer names no process, once one is verified, is read again, and taints
+// when no read within the attempts names one; catches evidence of an engine restarted mid-update
+// (whose instance read failed) published as the paused engine's.
+TEST(EngineMonitor, AValidationThatNamesNoProcessIsReadAgain) {
+  for (const bool named_later : {true, false}) {
+    SCOPED_TRACE(named_later ? "named on a later read" : "never named");
+    Driver d = ready_on_instance();
+    d.to_validating("rc-1");
+    const ValidationObserved unnamed{ok_http(), "rc-1", true, "", ""};
+    for (std::uint32_t i = 0; i + 1 < kEffectAttemptsMax; ++i) {
+      d.effect(EffectKind::kValidate);
+      EXPECT_TRUE(d.ok(unnamed).empty());
+      EXPECT_EQ(d.s.lifecycle, Lifecycle::kValidating);
+    }
+    d.effect(EffectKind::kValidate);
+    ValidationObserved last = unnamed;
+    if (named_later) last.engine_instance = "i-1";
+    auto ev = d.ok(last);
+    EXPECT_EQ(last_change(ev).to, named_later ? Lifecycle::kResuming : Lifecycle::kTainted);
+    if (!named_later) {
+      EXPECT_EQ(last_change(ev).cause, Cause::kValidationFailed);
+    }
+  }
+}
+
+// An answer that names no process never clears a pending re-verification, from the recovery's
+// probe or the monitor; catches a restarted engine (same label given by its launcher) taken for
+// the verified one because its instance read failed.
+TEST(EngineMonitor, AnAnswerThatNamesNoProcessVouchesForNothing) {
+  Driver d = ready_on_instance();
+  d.ok(RecoveryStarted{"exec-2"});
+  d.effect(EffectKind::kProbeEngine);
+  d.ok(probe("rc-0", false, ""));
+  EXPECT_TRUE(d.s.engine_recheck);
+  EXPECT_EQ(d.rejected(make_admission(d.s, "x")), Code::kRejected);
+  EXPECT_FALSE(engine_vouched(d.s, "rc-0", true, false, ""));
+  EXPECT_TRUE(engine_matches(d.s, "rc-0", true, false, "")) << "unknown is no mismatch either";
+  d.effect(EffectKind::kProbeEngine);
+  d.ok(probe("rc-0"));
+  EXPECT_FALSE(d.s.engine_recheck);
+  d.admit();
+}
+
 // Leased (explicit) rollouts survive recovery; proxied ones are abandoned; a lapsed lease ends
 // as expired, only for a leased rollout; catches explicit rollouts lost on an executor restart.
 TEST(Lease, ExplicitRolloutsSurviveRecoveryAndExpire) {

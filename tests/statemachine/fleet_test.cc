@@ -311,7 +311,7 @@ TEST(Fleet, AJoiningEngineIsHeldToAMembersDigest) {
   d.join("a");
   d.ok("a", BootstrapRequested{"rc-0", identity('a')});
   d.ok("a", EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000});
-  EngineProbed probe{ok_http(), "0.25.1", "rc-0"};
+  EngineProbed probe{ok_http(), "0.25.1", "rc-0", false, false, "i-0"};
   probe.digest = digest_of("111");
   d.ok("a", probe);
   ASSERT_EQ(engine_state(d.f, "a").lifecycle, Lifecycle::kReady);

@@ -74,13 +74,20 @@ inline HttpEvidence random_bad_http(Rng& r) {
   }
 }
 
+// The engine process that answers a calm observation: the verified one (a fresh engine's at
+// bootstrap, and after a restore cleared it).
+inline std::string process_of(const State& s) {
+  return s.engine_instance.empty() ? "i-0" : s.engine_instance;
+}
+
 // The observation for the effect in flight, good or bad according to the mix.
 inline Event observation(const State& s, Rng& r, const FaultMix& m) {
   const Effect e = *s.in_flight;
   switch (e.kind) {
     case EffectKind::kProbeEngine:
       if (r.chance(m.probe_fail)) return EngineProbed{random_bad_http(r), "v", ""};
-      return EngineProbed{ok_http(), "0.25.1", s.bootstrap ? s.bootstrap->label : "?"};
+      return EngineProbed{ok_http(), "0.25.1", s.bootstrap ? s.bootstrap->label : "?",
+                          false,     false,    process_of(s)};
     case EffectKind::kDrain:
       if (r.chance(m.drain_timeout)) return DrainObserved{http(Transport::kTimeout), false};
       if (r.chance(m.drain_fail)) return DrainObserved{random_bad_http(r), r.chance(50)};
@@ -126,10 +133,10 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
     case EffectKind::kValidate:
       if (r.chance(m.validate_wrong)) {
         return ValidationObserved{ok_http(), r.chance(50) ? s.committed.label : "bogus",
-                                  r.chance(80), ""};
+                                  r.chance(80), "", process_of(s)};
       }
       if (r.chance(m.validate_fail)) return ValidationObserved{random_bad_http(r), "", true, ""};
-      return ValidationObserved{ok_http(), s.update->target.label, true, ""};
+      return ValidationObserved{ok_http(), s.update->target.label, true, "", process_of(s)};
     case EffectKind::kResume:
       if (r.chance(m.resume_fail)) {
         return r.chance(50) ? ResumeObserved{random_bad_http(r), false, true}

@@ -76,7 +76,7 @@ struct Driver {
   void to_ready(const std::string& label = "rc-0") {
     ok(BootstrapRequested{label, identity('a')});
     effect(EffectKind::kProbeEngine);
-    ok(EngineProbed{ok_http(), "0.25.1", label});
+    ok(EngineProbed{ok_http(), "0.25.1", label, false, false, "i-0"});
   }
   // The probe a restarted executor makes in READY, showing the same engine as before.
   void reverify() {
@@ -130,7 +130,8 @@ struct Driver {
   void to_resuming_validated(const std::string& label = "rc-1") {
     to_validating(label);
     effect(EffectKind::kValidate);
-    ok(ValidationObserved{ok_http(), label, true, ""});
+    ok(ValidationObserved{ok_http(), label, true, "",
+                          s.engine_instance.empty() ? "i-0" : s.engine_instance});
   }
   // Answered unpaused by the process the fold knows (none known: names none).
   ResumeObserved good_resume() const {

@@ -19,7 +19,7 @@ TEST(Lifecycle, HappyUpdatePublishesTheTargetAndReturnsToReady) {
   d.ok(BootstrapRequested{"rc-0", identity('a')});
   EXPECT_EQ(next_effect(d.s).kind, EffectKind::kProbeEngine);
   d.effect(EffectKind::kProbeEngine);
-  auto ev = d.ok(EngineProbed{ok_http(), "0.25.1", "rc-0"});
+  auto ev = d.ok(EngineProbed{ok_http(), "0.25.1", "rc-0", false, false, "i-0"});
   EXPECT_EQ(last_change(ev).to, Lifecycle::kReady);
   EXPECT_EQ(d.s.committed, (WeightVersion{0, "rc-0"}));
   const std::string r = d.admit();
@@ -49,7 +49,7 @@ TEST(Lifecycle, HappyUpdatePublishesTheTargetAndReturnsToReady) {
   EXPECT_EQ(d.s.lifecycle, Lifecycle::kValidating);
   EXPECT_EQ(next_effect(d.s).kind, EffectKind::kValidate);
   d.effect(EffectKind::kValidate);
-  ev = d.ok(ValidationObserved{ok_http(), "rc-1", true, ""});
+  ev = d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "i-0"});
   EXPECT_EQ(last_change(ev).to, Lifecycle::kResuming);
   EXPECT_EQ(next_effect(d.s).kind, EffectKind::kResume);
   d.effect(EffectKind::kResume);
@@ -361,7 +361,7 @@ TEST(Lifecycle, ValidationWrongLabelTaints) {
   d.to_ready();
   d.to_validating();
   d.effect(EffectKind::kValidate);
-  auto ev = d.ok(ValidationObserved{ok_http(), "rc-0", true, ""});
+  auto ev = d.ok(ValidationObserved{ok_http(), "rc-0", true, "", "i-0"});
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
 }
 
@@ -372,7 +372,7 @@ TEST(Lifecycle, ValidationFailedChecksTaint) {
   d.to_ready();
   d.to_validating();
   d.effect(EffectKind::kValidate);
-  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", false, "logprob drift"});
+  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", false, "logprob drift", "i-0"});
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
 }
 
@@ -385,11 +385,11 @@ TEST(Lifecycle, ValidationOnAnUnpausedEngineTaints) {
   d.to_validating();
   Driver paused = d;
   d.effect(EffectKind::kValidate);
-  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "", {}, true, false});
+  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "i-0", {}, true, false});
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
   EXPECT_NE(d.s.taint->detail.find("not paused"), std::string::npos) << d.s.taint->detail;
   paused.effect(EffectKind::kValidate);
-  paused.ok(ValidationObserved{ok_http(), "rc-1", true, "", "", {}, true, true});
+  paused.ok(ValidationObserved{ok_http(), "rc-1", true, "", "i-0", {}, true, true});
   EXPECT_EQ(paused.s.lifecycle, Lifecycle::kResuming);
 }
 
@@ -444,7 +444,7 @@ TEST(Lifecycle, TaintedIsTerminal) {
   d.to_ready();
   d.to_validating();
   d.effect(EffectKind::kValidate);
-  d.ok(ValidationObserved{ok_http(), "nope", true, ""});
+  d.ok(ValidationObserved{ok_http(), "nope", true, "", "i-0"});
   ASSERT_EQ(d.s.lifecycle, Lifecycle::kTainted);
   d.rejected(make_admission(d.s, "late"));
   d.rejected(d.update_request("rc-2"));

@@ -116,7 +116,7 @@ class Sim {
       return rng_.chance(50) ? WakeObserved{random_bad_http(rng_), tag, false, true, {}}
                              : WakeObserved{ok_http(), tag, kv, kv, {}};
     }
-    return WakeObserved{ok_http(), tag, kv, false, {}};
+    return WakeObserved{ok_http(), tag, kv, false, {}, kv ? process_of(state_) : ""};
   }
 
   // A wake-up (level 1 only) or an update carrying the committed manifest (required after level
