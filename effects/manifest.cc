@@ -90,9 +90,11 @@ Status Manifest::Validate() const {
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const TensorSpec& t = tensors[i];
     const std::string who = "tensor #" + std::to_string(i);
-    if (t.name.empty() || t.name.size() > kTensorNameBytesMax) {
-      return Status::InvalidArgument(who + ": name empty or longer than " +
-                                     std::to_string(kTensorNameBytesMax));
+    // Printable: the digest's canonical text separates fields by tab and tensors by newline,
+    // so a name holding either could make two manifests one digest.
+    if (t.name.empty() || t.name.size() > kTensorNameBytesMax || !text::printable_utf8(t.name)) {
+      return Status::InvalidArgument(who + ": name empty, longer than " +
+                                     std::to_string(kTensorNameBytesMax) + " or unprintable");
     }
     if (!names.insert(t.name).second) return Status::InvalidArgument(who + ": duplicate name");
     if (t.shape.size() > kTensorRankMax) return Status::InvalidArgument(who + ": rank too high");

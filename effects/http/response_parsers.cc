@@ -106,7 +106,8 @@ bool check_rpc_label(const json& j) {
 }
 bool check_world_size(const json& j) {
   auto it = j.find("world_size");
-  return it != j.end() && it->is_number_integer() && it->get<std::int64_t>() > 0;
+  return it != j.end() && it->is_number_integer() && it->get<std::int64_t>() > 0 &&
+         it->get<std::int64_t>() <= static_cast<std::int64_t>(kRpcWorkersMax);
 }
 
 namespace {
@@ -296,15 +297,25 @@ HttpReply label_from_rpc(HttpReply r, const std::string& method, const std::stri
   return r;
 }
 
+namespace {
+
+// An instance an engine names: 1..bytes_max printable bytes, so the record that carries it is
+// one the fold accepts and one line wherever it is printed.
+bool IsInstanceText(const json& v, std::size_t bytes_max) {
+  if (!v.is_string()) return false;
+  const std::string& s = v.get_ref<const std::string&>();
+  return !s.empty() && s.size() <= bytes_max && text::printable_utf8(s);
+}
+
+}  // namespace
+
 // The worker extension's per-process nonces, one per worker in answer order ("" when the
 // extension predates them). A restarted engine has new workers, hence new nonces.
 std::string rpc_instances(const json& results) {
   std::string out;
   for (const json& w : results) {
     auto it = w.find("instance");
-    if (it == w.end() || !it->is_string() || it->get_ref<const std::string&>().size() > 64) {
-      return {};
-    }
+    if (it == w.end() || !IsInstanceText(*it, 64)) return {};
     if (!out.empty()) out += ',';
     out += it->get<std::string>();
     if (out.size() > kTextBytesMax / 2) return {};
@@ -332,7 +343,7 @@ std::string start_time_instance(const std::string& metrics_text) {
 std::optional<std::string> instance_in_label_body(const json& body) {
   if (!body.is_object()) return std::nullopt;
   auto it = body.find("instance");
-  if (it == body.end() || !it->is_string()) return std::nullopt;
+  if (it == body.end() || !IsInstanceText(*it, kTextBytesMax / 2)) return std::nullopt;
   return it->get<std::string>();
 }
 

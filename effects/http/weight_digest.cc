@@ -8,6 +8,7 @@
 
 #include "encoding/sha256.h"
 #include "statemachine/hex.h"
+#include "statemachine/state.h"
 #include "statemachine/status.h"
 #include "statemachine/text.h"
 
@@ -122,8 +123,17 @@ WeightDigest Assemble(std::vector<WorkerDigest> workers) {
   const bool fits =
       d.tensors.size() <= kTensorDigestsMax && TensorBytes(d.tensors) <= kDigestTensorBytesMax;
   if (!fits) d.tensors = workers.size() > 1 ? WorkerEntries(workers) : std::vector<TensorDigest>{};
-  RC_CHECK(d.present() && d.tensors.size() <= kTensorDigestsMax);
+  if (d.tensors.size() > kTensorDigestsMax) d.tensors.clear();  // more workers than entries
+  RC_CHECK(d.present());
   return d;
+}
+
+// Two answers from one rank would name the same tensors twice.
+bool RanksUnique(const std::vector<WorkerDigest>& workers) {
+  std::vector<std::int64_t> ranks;
+  for (const WorkerDigest& w : workers) ranks.push_back(w.rank);
+  std::sort(ranks.begin(), ranks.end());
+  return std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end();
 }
 
 }  // namespace
@@ -145,7 +155,12 @@ WeightDigest ParseWeightDigestReply(const json& body) {
     }
     workers.push_back(std::move(parsed));
   }
-  return Assemble(std::move(workers));
+  if (!RanksUnique(workers)) return Absent("two workers report the same rank");
+  WeightDigest d = Assemble(std::move(workers));
+  // The fold refuses a record holding a digest it cannot check: say why here instead, so the
+  // engine's answer costs a missing digest, never a refused observation.
+  if (const Status st = check_weight_digest(d); !st.ok()) return Absent(st.message());
+  return d;
 }
 
 WeightDigest ReadWeightDigest(EngineClient& client) {

@@ -84,5 +84,19 @@ TEST(ResponseParsers, CrlfStreamsAreLinearAndAStoppedFeedLosesNothing) {
   EXPECT_FALSE(sse.bad_event);
 }
 
+// An instance an engine names is taken only as text a record can hold and print on one line
+// (1..bound printable bytes); anything else is no instance, so the /metrics start time or an
+// unknown instance stands in. Catches a 5,000-byte or control-character instance that the fold
+// refused, failing every update and every monitor record on that engine.
+TEST(ResponseParsers, AnInstanceIsBoundedPrintableText) {
+  EXPECT_EQ(instance_in_label_body(json{{"instance", "n-1,n-2"}}), "n-1,n-2");
+  for (const json& bad : {json(""), json(std::string(5000, 'x')), json("a\nb"), json(7)}) {
+    EXPECT_EQ(instance_in_label_body(json{{"instance", bad}}), std::nullopt) << bad.dump();
+  }
+  EXPECT_EQ(rpc_instances(json::array({json{{"instance", "a"}}, json{{"instance", "b"}}})), "a,b");
+  EXPECT_EQ(rpc_instances(json::array({json{{"instance", "a\u2028"}}})), "");
+  EXPECT_EQ(rpc_instances(json::array({json{{"instance", ""}}})), "");
+}
+
 }  // namespace
 }  // namespace rc::effects

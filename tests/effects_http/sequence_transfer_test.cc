@@ -73,6 +73,19 @@ EngineDeadlines Fast() {
   return d;
 }
 
+// Proves a manifest whose tensor names hold a tab or a newline is refused: the digest's canonical
+// text separates fields and tensors by those, so one tensor "x<TAB>bfloat16<TAB>2<LF>y" of [3]
+// float32 would give the digest of two tensors x and y, and a checkpoint could pass for another.
+TEST(Manifest, NamesThatCouldForgeTheCanonicalTextAreRefused) {
+  Manifest two;
+  two.tensors = {{"x", DType::kBFloat16, {2}}, {"y", DType::kFloat32, {3}}};
+  Manifest one;
+  one.tensors = {{"x\tbfloat16\t2\ny", DType::kFloat32, {3}}};
+  ASSERT_TRUE(two.Validate().ok());
+  EXPECT_EQ(one.digest(), two.digest()) << "the forgery this test guards against is gone";
+  EXPECT_FALSE(one.Validate().ok());
+}
+
 // Proves the synthetic manifest is deterministic, seed-independent and well-formed; would catch
 // a preflight digest that differs between runner and trainer for the same source.
 TEST(SyntheticSource, ManifestIsDeterministic) {

@@ -92,6 +92,36 @@ TEST(WeightDigest, MalformedRepliesAreAbsentWithAReason) {
   }
 }
 
+// Whatever an engine answers, the digest is one the fold accepts in a record (or absent with a
+// reason): more workers than digest entries, two workers of one rank, a name that the rank
+// prefix makes too long. Catches an abort in the executor (more workers than entries tripped an
+// assertion) and a digest the fold refuses, which failed the update and blinded the monitor.
+TEST(WeightDigest, EveryAnswerIsOneTheFoldAccepts) {
+  json many_workers = json::array();
+  for (int i = 0; i < static_cast<int>(kTensorDigestsMax) + 1; ++i) {
+    many_workers.push_back(Worker(i, H('a'), json{{"w", H('1')}}));
+  }
+  const WeightDigest wide = ParseWeightDigestReply(json{{"results", many_workers}});
+  ASSERT_TRUE(wide.present()) << wide.error;
+  EXPECT_TRUE(wide.tensors.empty());
+  EXPECT_TRUE(check_weight_digest(wide).ok());
+  json unranked = Worker(0, H('a'), json{{"w", H('1')}});
+  unranked.erase("rank");
+  const std::vector<json> refused = {
+      json{{"results", json::array({unranked, unranked})}},
+      json{{"results", json::array({Worker(3, H('a'), json{{"w", H('1')}}),
+                                    Worker(3, H('b'), json{{"v", H('2')}})})}},
+      json{{"results", json::array({Worker(0, H('a'), json{{std::string(256, 'n'), H('1')}}),
+                                    Worker(1, H('b'), json{{"w", H('2')}})})}},
+  };
+  for (const json& body : refused) {
+    const WeightDigest d = ParseWeightDigestReply(body);
+    EXPECT_FALSE(d.present()) << body.dump().substr(0, 200);
+    EXPECT_FALSE(d.error.empty());
+    EXPECT_TRUE(check_weight_digest(d).ok()) << check_weight_digest(d).ToString();
+  }
+}
+
 // Against the double over loopback: the extension answers a digest that changes with a completed
 // update and not otherwise; without the extension the digest is absent and says why. Catches a
 // double whose digest would let every validation pass.
