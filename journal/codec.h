@@ -48,7 +48,11 @@ static_assert(kFleetStateBytesMax < (std::size_t{1} << 31));
 inline constexpr std::uint32_t kVerifierDepthMax = 16;
 inline constexpr std::uint32_t kVerifierTablesMax = 4096;
 inline constexpr std::uint8_t kPayloadTagMax = 31;  // rc::fb::Payload::MAX
-inline constexpr std::uint32_t kSchemaVersion = 1;
+// The schema generation of journal/events.fbs: one above the last frozen journal/schema/events.v<N>
+// .fbs. A journal records the newest generation that wrote to it; a binary refuses one stamped
+// newer than its own, whose records may hold fields it would drop without a word. Journals from
+// before generations were counted hold 1.
+inline constexpr std::uint32_t kSchemaVersion = 9;
 
 // hash(record) above; one SHA-256 for every layer (encoding/sha256.h).
 using encoding::Sha256;

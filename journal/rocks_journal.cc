@@ -591,6 +591,7 @@ class RocksJournal final : public Journal {
   Status OpenError(const rocksdb::Status& s) const;
   Status CheckLiveFiles();
   Status CheckSchema();
+  Status StampSchemaVersion();
   Status LoadHead();
   Result<std::optional<ClosedMark>> ReadClosedMark();
   Status CheckClosedMark(const std::optional<ClosedMark>& mark);
@@ -608,8 +609,9 @@ class RocksJournal final : public Journal {
   Result<std::vector<FleetEvent>> IdemGroup(const IdemEntry& entry);
   Result<FleetSubmitted> ResubmitLocked(const FleetEvent& input, const std::string& key,
                                         const IdemEntry& entry);
-  Result<std::optional<IdemEntry>> FindIdem(const std::string& key);   // requires mu_
-  Status CheckRolloutIdsUnused(const std::vector<FleetEvent>& group);  // requires mu_
+  Result<std::optional<IdemEntry>> FindIdem(const std::string& key);       // requires mu_
+  Status CheckRolloutIdsUnused(const std::vector<FleetEvent>& group);      // requires mu_
+  Status CheckIndexedAdmission(const std::string& id, std::uint64_t seq);  // requires mu_
   Result<std::optional<FleetSnapshot>> LatestSnapshot(std::uint64_t head_seq, bool* legacy_passed);
   // EnqueueLocked's steps (each requires mu_).
   struct EncodedGroup {
@@ -662,7 +664,8 @@ class RocksJournal final : public Journal {
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
   Recovery recovery_;    // set once by Open
   bool opened_ = false;  // Open succeeded: only then may a close record a clean close
-  bool legacy_snapshot_passed_ = false;  // set by LoadHead (see Loaded)
+  bool legacy_snapshot_passed_ = false;                   // set by LoadHead (see Loaded)
+  std::uint64_t stored_schema_version_ = kSchemaVersion;  // as CheckSchema read it
 
   mutable std::mutex mu_;
   // Waiters of batch b sleep on batch_cv_[b % 2]. Only two batches exist at a time (the one being
@@ -837,6 +840,7 @@ Status RocksJournal::OpenWriter() {
   CheckWalTail(*wals);
   // From here on a crash must not look like a clean close.
   if (mark->has_value()) RC_RETURN_IF_ERROR(RemoveClosedMark());
+  RC_RETURN_IF_ERROR(StampSchemaVersion());
   // A journal whose newest snapshot is of the older format refolded past it: snapshot the fleet
   // now, so that the next open does not refold again.
   if (legacy_snapshot_passed_ && head_seq_ > 0 && options_.snapshot_every > 0) {
@@ -986,9 +990,28 @@ Status RocksJournal::CheckSchema() {
                               " has no schema_version (damaged, or not a journal)");
   }
   if (!s.ok()) return FromRocks(s, "read schema_version in " + path_);
-  if (version.size() != 8 || ParseBE64(version) != kSchemaVersion) {
-    return Status::Corruption("journal at " + path_ + " has an unsupported schema_version");
+  if (version.size() != 8 || ParseBE64(version) == 0) {
+    return Status::Corruption("journal at " + path_ + " has a malformed schema_version");
   }
+  stored_schema_version_ = ParseBE64(version);
+  if (stored_schema_version_ > kSchemaVersion) {
+    return Status::InvalidArgument(
+        "journal at " + path_ + " was written by a newer rolloutcore (schema " +
+        std::to_string(stored_schema_version_) + "; this one reads up to " +
+        std::to_string(kSchemaVersion) + "): its records may hold fields this one would drop");
+  }
+  return Status::OK();
+}
+
+// A writer about to append records of this binary's schema says so first, so that an older
+// binary refuses the journal instead of reading those records without their new fields.
+Status RocksJournal::StampSchemaVersion() {
+  if (stored_schema_version_ >= kSchemaVersion) return Status::OK();
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  RC_RETURN_IF_ERROR(FromRocks(db_->Put(wo, cfs_[kMetaCf], kSchemaKey, BE64(kSchemaVersion)),
+                               "write schema_version of " + path_));
+  stored_schema_version_ = kSchemaVersion;
   return Status::OK();
 }
 
@@ -1429,9 +1452,28 @@ Status RocksJournal::CheckRolloutIdsUnused(const std::vector<FleetEvent>& group)
     if (s.ok()) {
       if (v.size() != 8)
         return Status::Corruption("rollout index entry for '" + id + "' is malformed");
+      RC_RETURN_IF_ERROR(CheckIndexedAdmission(id, ParseBE64(v)));
       return used_at(ParseBE64(v));
     }
     if (!s.IsNotFound()) return FromRocks(s, "read rollout index");
+  }
+  return Status::OK();
+}
+
+// The rollout index vouches for an admission of `id` at `seq`: a seq past the head, or a record
+// there that admits another id, is a damaged journal (the id's refusal would rest on nothing).
+Status RocksJournal::CheckIndexedAdmission(const std::string& id, std::uint64_t seq) {
+  const std::string claim = "the rollout index says '" + id + "' was admitted there";
+  if (seq == 0 || seq > head_seq_) {
+    return Status::Corruption("rollout index: '" + id + "' admitted at seq " + std::to_string(seq) +
+                              ", past the head seq " + std::to_string(head_seq_));
+  }
+  Result<Record> r = ReadExpected(seq, claim);
+  if (!r.ok()) return r.status();
+  const auto* admitted = std::get_if<RolloutAdmitted>(&r->event);
+  if (admitted == nullptr || admitted->rollout_id != id) {
+    return Status::Corruption("the record at seq " + std::to_string(seq) +
+                              " is not the admission " + "of '" + id + "' the rollout index names");
   }
   return Status::OK();
 }

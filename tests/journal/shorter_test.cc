@@ -257,6 +257,77 @@ TEST(Shorter, MissingRecordTheJournalVouchesForIsCorruption) {
   }
 }
 
+// Proves a rollout index entry the events do not back (past the head, or at a record that admits
+// another id) makes a reuse of that id Corruption, not a 409; catches a damaged index that
+// refused ids forever with a conflict naming a record the journal never held.
+TEST(Shorter, ARolloutIndexEntryTheEventsDoNotBackIsCorruption) {
+  TempDir dir;
+  const std::uint64_t head = WriteJournal(dir.path(), 3);  // r0..r2 at seqs 5..7
+  ASSERT_EQ(head, 7u);
+  // An id's index key is its length byte, then the id (journal/rocks_journal.cc).
+  auto key = [](const std::string& id) {
+    return std::string(1, static_cast<char>(id.size())) + id;
+  };
+  EditRaw(dir.path(), [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[2], key("ghost"), SeqKey(head + 5)).ok());
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[2], key("r1"), SeqKey(5)).ok());  // r0's
+  });
+  auto j = Journal::Open(dir.path(), Options{});
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (const char* id : {"ghost", "r1"}) {
+    Status st = (*j)->Append(Group({make_admission((*j)->state(), id)})).status();
+    EXPECT_EQ(st.code(), Code::kCorruption) << id << ": " << st.ToString();
+  }
+  Status reused = (*j)->Append(Group({make_admission((*j)->state(), "r2")})).status();
+  EXPECT_EQ(reused.code(), Code::kConflict) << reused.ToString();  // a true reuse stays a 409
+}
+
+// Proves a journal stamped with a newer schema than this binary's is refused (read-only and
+// writer alike), and that a writer stamps an older journal with its own before appending;
+// catches an older binary reading records of a newer schema without their new fields (the
+// verifier skips unknown fields), which replay then folded as if they were not there.
+TEST(Shorter, AJournalOfANewerSchemaIsRefusedAndAnOlderOneIsStamped) {
+  auto stamp = [](const std::string& path, std::uint64_t version) {
+    EditRaw(path, [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+      ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "schema_version", SeqKey(version)).ok());
+    });
+  };
+  auto stamped = [](const std::string& path) {
+    std::string v;
+    EditRaw(path, [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+      ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[5], "schema_version", &v).ok());
+    });
+    return v;
+  };
+  TempDir newer;
+  WriteJournal(newer.path(), 2);
+  EXPECT_EQ(stamped(newer.path()), SeqKey(kSchemaVersion)) << "a new journal names its schema";
+  stamp(newer.path(), kSchemaVersion + 1);
+  for (const Options& o : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(newer.path(), o);
+    ASSERT_FALSE(j.ok());
+    EXPECT_EQ(j.status().code(), Code::kInvalidArgument) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("written by a newer rolloutcore"), std::string::npos);
+  }
+  TempDir older;
+  WriteJournal(older.path(), 2);
+  stamp(older.path(), 1);
+  EXPECT_TRUE(ReadableRecords(older.path()).ok());
+  EXPECT_EQ(stamped(older.path()), SeqKey(1)) << "a read-only open wrote to the journal";
+  { ASSERT_TRUE(Journal::Open(older.path(), Options{}).ok()); }
+  EXPECT_EQ(stamped(older.path()), SeqKey(kSchemaVersion));
+}
+
+// Proves kSchemaVersion is one above the last frozen schema; catches a schema frozen (a release)
+// without the generation that tells older binaries to keep out.
+TEST(Shorter, TheSchemaGenerationFollowsTheFrozenSchemas) {
+  std::uint32_t frozen = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(RC_JOURNAL_SCHEMA_DIR))) {
+    frozen += e.path().extension() == ".fbs" ? 1 : 0;
+  }
+  EXPECT_EQ(kSchemaVersion, frozen + 1);
+}
+
 // Proves a missing head is Corruption, never an empty journal; catches the reproduced bug where
 // a lost head_seq read as 0 and the journal as "records: 0, verification: OK".
 TEST(Shorter, MissingHeadIsCorruption) {
