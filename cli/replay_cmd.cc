@@ -80,6 +80,7 @@ Runner add_replay(CLI::App& app) {
                                        "verification: FAILED: " + text::escape_line(torn))
                             .c_str());
     }
+    if (report->read_failure != Code::kOk) return report->read_failure == Code::kCorruption ? 3 : 2;
     return report->ok && torn.empty() ? 0 : 1;
   };
 }

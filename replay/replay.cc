@@ -559,6 +559,7 @@ Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& opti
     // A chain, decode or contiguity failure: report it with the seq the journal named.
     report.ok = false;
     report.error = scanned.ToString();
+    report.read_failure = scanned.code();
     if (report.first_bad_seq == 0) report.first_bad_seq = report.last_seq + 1;
   } else if (report.ok) {
     replayer.Finish();

@@ -57,6 +57,9 @@ struct ReplayReport {
   bool ok = true;  // chain verified, every record legal, decisions reproduced
   std::uint64_t first_bad_seq = 0;
   std::string error;  // what is wrong at first_bad_seq
+  // The journal's own error while it was read (Corruption: damaged; IOError: unreadable), kOk
+  // when every record was read: a damaged journal explains nothing, whatever else the report says.
+  Code read_failure = Code::kOk;
   std::vector<TaintIncident> incidents;
   std::vector<RestoreProof> restores;
   std::deque<ColocatedStep> colocated;  // the last kColocatedStepsMax, in journal order

@@ -133,6 +133,22 @@ TEST(Cli, JournalsTheOpenRefusesExitAsDamaged) {
   }
 }
 
+// Proves a record lost below the last snapshot, which the open does not read, makes `replay`
+// exit 3 like `audit` once its full scan meets the gap; catches the exit 1 ("a decision
+// differs") that replay gave for a damaged journal its open had accepted.
+TEST(Cli, DamageOnlyAFullScanFindsExitsAsDamaged) {
+  TempDir dir;
+  WriteCrashedJournal(dir.path(), 20);
+  EditRaw(dir.path(), [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(6)).ok());
+  });
+  const CliRun audited = RunCli({"audit", dir.path()}, /*with_stderr=*/true);
+  EXPECT_EQ(audited.exit_code, 3) << audited.out;
+  const CliRun replayed = RunCli({"replay", dir.path()}, /*with_stderr=*/true);
+  EXPECT_EQ(replayed.exit_code, 3) << replayed.out;
+  EXPECT_EQ(replayed.out.find("verification: OK"), std::string::npos) << replayed.out;
+}
+
 // Proves `replay --events` prints each record with the formatter the rest of replay uses, so a
 // fleet's records name their engine ("[a] ", "[b] "); catches the command's own line format,
 // which dropped the engine of every fleet record.
@@ -193,7 +209,7 @@ TEST(Cli, JsonLinesArePrintableAscii) {
     for (const Event& e :
          std::vector<Event>{BootstrapRequested{"rc-0", journal::testing::SampleIdentity()},
                             EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000},
-                            EngineProbed{http, answer, "rc-0"}}) {
+                            EngineProbed{http, answer, "rc-0", false, false, "i-0"}}) {
       auto s = (*j)->Submit(e, 1700000000000);
       ASSERT_TRUE(s.ok()) << text::escape_line(s.status().ToString());
       ASSERT_TRUE((*j)->Wait(s->ticket).ok());
