@@ -473,7 +473,10 @@ Status Runner::start_plan(const Event& request, const std::string& key) {
   ended_.clear();
   plan_start_us_ = clock_.now_us();
   // Durable with the drain's intent, before the engine is touched.
-  return submit(request, key, Durability::kWithNext).status();
+  const Status submitted = submit(request, key, Durability::kWithNext).status();
+  const bool resubmitted = submitted.ok() && unsynced_ && unsynced_->result.duplicate;
+  resubmitted_seq_ = resubmitted ? unsynced_->result.first_seq : 0;
+  return submitted;
 }
 
 Result<UpdateEnded> Runner::finish_plan(const std::string& id) {
@@ -484,6 +487,14 @@ Result<UpdateEnded> Runner::finish_plan(const std::string& id) {
     if (e.update_id == id) return e;
   }
   const State s = current_state();
+  // A request the journal held already, whose plan is not the one in flight: it ended before,
+  // in some group this runner did not see. Its end is the journal's to tell, not a stuck plan.
+  if (resubmitted_seq_ != 0 && !(s.update && s.update->update_id == id)) {
+    return Status::Conflict("'" + id + "' was requested at seq " +
+                            std::to_string(resubmitted_seq_) +
+                            " and has ended (rolloutcore replay shows how); a new request needs a "
+                            "new id");
+  }
   return Status::Unavailable("'" + id + "' did not end: state " + lifecycle_name(s.lifecycle) +
                              ", next effect " + effect_name(next_effect(s).kind) +
                              " (retries exhausted)");

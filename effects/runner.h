@@ -183,6 +183,9 @@ class Runner {
   std::vector<std::pair<std::uint64_t, Event>> unobserved_;
   std::optional<EngineProbed> last_probe_;  // the last probe's evidence (bootstrap errors)
   std::int64_t plan_start_us_ = 0;          // when the plan in flight was journaled
+  // The seq at which the journal first recorded the plan's request when start_plan resubmitted
+  // it (its idempotency key answered with the original); 0 for a new request.
+  std::uint64_t resubmitted_seq_ = 0;
   DeviceMemory last_sleep_memory_;
 };
 

@@ -351,6 +351,7 @@ class Service {
                          HttpResponse& res);
   bool AnsweredUnjournaledUpdate(const UpdateRequested& request, const Status& st,
                                  HttpResponse& res);
+  void RefuseUnjournaledUpdate(const UpdateRequested& request, const Status& st, HttpResponse& res);
   void AnswerUpdateOutcomeUnknown(const UpdateRequested& request, const Status& st,
                                   HttpResponse& res);
 

@@ -338,22 +338,32 @@ void Service::AnswerUpdateEnded(const UpdateRequested& request, const UpdateEnde
 bool Service::AnsweredUnjournaledUpdate(const UpdateRequested& request, const Status& st,
                                         HttpResponse& res) {
   RC_CHECK(!st.ok());
-  if (st.code() == Code::kRejected || st.code() == Code::kConflict ||
-      st.code() == Code::kInvalidArgument) {
-    metrics_.updates_conflict++;
-    spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
-                 Esc(request.update_id), Esc(st.ToString()));
-    SendStatus(res, st);
+  if (st.code() == Code::kRejected || st.code() == Code::kInvalidArgument) {
+    RefuseUnjournaledUpdate(request, st, res);
     return true;
   }
   if (IsJournalFailure(st)) return false;
   auto found = LookUpRequest<UpdateRequested>(*journal_, request.update_id,
                                               CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
                                               [](const UpdateRequested& u) { return u.update_id; });
-  if (!found.ok() || !found->request || !found->ended) return false;
-  RememberEndedUpdate(*found->request, *found->ended);
-  ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);
+  if (found.ok() && found->request && found->ended) {
+    RememberEndedUpdate(*found->request, *found->ended);
+    ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);
+    return true;
+  }
+  // The id is the journal's already (another body, or an update that ended before the lookup
+  // window): nothing ran, so the answer is a conflict, not an unknown outcome.
+  if (st.code() != Code::kConflict) return false;
+  RefuseUnjournaledUpdate(request, st, res);
   return true;
+}
+
+void Service::RefuseUnjournaledUpdate(const UpdateRequested& request, const Status& st,
+                                      HttpResponse& res) {
+  metrics_.updates_conflict++;
+  spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
+               Esc(request.update_id), Esc(st.ToString()));
+  SendStatus(res, st);
 }
 
 // The request may be durable and its effects may have run: nobody can say how it ended. The
@@ -577,7 +587,13 @@ void Service::WatchFor(const ApiRequest& req, HttpResponse& res) {
   SendJson(res, 200, j);
 }
 
+// A page is at most this many bytes of records (and at least one record): each record is
+// serialised as it is read, so a page never holds more than one record's JSON tree.
+constexpr std::size_t kEventsPageBytesMax = 4u << 20;
+
+// The journal holds prompts and outputs (trajectories): reading it wants the trainer's token.
 void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
+  if (!Authorized(req, res)) return;
   auto since = QueryU64(req, "since", 0, 0, UINT64_MAX - 1);
   auto limit = QueryU64(req, "limit", config_.events_page_max, 1, config_.events_page_max);
   if (!since.ok() || !limit.ok()) {
@@ -587,26 +603,27 @@ void Service::HandleEvents(const ApiRequest& req, HttpResponse& res) {
   }
   // Only durable records: the durable head, never what is merely enqueued.
   const DurableHead head = CatchUpDurableHead();
-  json records = json::array();
+  std::string records = "[";
   std::uint64_t next = *since;
   if (*since < head.seq) {
     const std::uint64_t to = *limit >= head.seq - *since ? head.seq : *since + *limit;
+    bool page_full = false;
     Status st = journal_->Scan(*since + 1, to, [&](const journal::Record& r) {
-      records.push_back(journal::RecordToJson(r));
+      page_full = next > *since && records.size() >= kEventsPageBytesMax;
+      if (page_full) return Status::NotFound("the page is full");  // ends the scan here
+      records += (next > *since ? "," : "") + DumpSafe(journal::RecordToJson(r));
       next = r.seq;
       return Status::OK();
     });
-    if (!st.ok()) {
-      SendStatus(res, st);
-      return;
-    }
+    // A durable record that cannot be read is a damaged journal, as for any other read.
+    if (IsJournalFailure(st)) FailStop("reading the journal for /v1/events: " + st.ToString());
+    if (!st.ok() && !page_full) return SendStatus(res, st);
   }
+  records += "]";
   SetHeadHeader(res, head);
-  SendJson(res, 200,
-           {{"records", records},
-            {"next_since", next},
-            {"head_seq", head.seq},
-            {"head", head.ToString()}});
+  const json tail = {{"next_since", next}, {"head_seq", head.seq}, {"head", head.ToString()}};
+  const std::string rest = DumpSafe(tail);  // {"head":...,...}
+  SetBody(res, 200, "{\"records\":" + records + "," + rest.substr(1), "application/json");
 }
 
 void Service::HandleManifest(const ApiRequest& req, HttpResponse& res) {

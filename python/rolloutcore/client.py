@@ -390,7 +390,7 @@ class Client:
 
     def events(self, since: int = 0, limit: int = 1000) -> dict:
         """Journal records with seq > since, as JSON (a bounded page)."""
-        return self._request("GET", f"/v1/events?since={since}&limit={limit}")
+        return self._request("GET", f"/v1/events?since={since}&limit={limit}", auth=True)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=self.timeout_s) as resp:

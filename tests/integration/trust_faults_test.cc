@@ -713,5 +713,27 @@ TEST(TrustFaults, ReopenedStateEqualsRefoldAfterSnapshot) {
   EXPECT_EQ(monitor_epoch(reopened), monitor_epoch(*refold));
 }
 
+// Proves an update requested again with its id after it ended, by a runner that never saw its
+// end (a restarted executor; in serve, a re-POST older than the lookup window), is a Conflict
+// naming where it was requested, and changes nothing; catches the "did not end" (Unavailable) it
+// gave, on which serve fail-stopped.
+TEST(TrustFaults, AnEndedUpdateRequestedAgainIsAConflictNotAStuckPlan) {
+  Executor x;
+  x.Bootstrap();
+  auto first = x.runner->Update(Update("u-1", "rc-1", 1));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->outcome, UpdateOutcome::kCommitted) << first->reason;
+  x.Restart();
+  ASSERT_TRUE(x.runner->Recover().ok());
+  const std::uint64_t head = x.journal->head_seq();
+  auto again = x.runner->Update(Update("u-1", "rc-1", 1));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), Code::kConflict) << again.status().ToString();
+  EXPECT_NE(again.status().message().find("was requested at seq"), std::string::npos)
+      << again.status().message();
+  EXPECT_EQ(x.journal->head_seq(), head);
+  EXPECT_EQ(x.journal->state().lifecycle, Lifecycle::kReady);
+}
+
 }  // namespace
 }  // namespace rc::itest

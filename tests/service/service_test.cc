@@ -259,7 +259,7 @@ TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
       c.Delete("/v1/rollouts/ghost", auth(), R"({"outcome": "sideways"})", "application/json");
   ASSERT_TRUE(del);
   EXPECT_EQ(del->status, 400);
-  auto events = c.Get("/v1/events?since=abc");
+  auto events = c.Get("/v1/events?since=abc", auth());
   ASSERT_TRUE(events);
   EXPECT_EQ(events->status, 400);
   EXPECT_EQ(s.svc->journal().head_seq(), head) << "bad input reached the journal";
@@ -527,7 +527,7 @@ TEST(ServiceApi, RestartAbandonsAcknowledgedRollouts) {
   EXPECT_EQ(st.active.count("r-leased"), 1u) << "a leased rollout was abandoned by a restart";
   EXPECT_EQ(st.counters.rollouts_abandoned, 1u);
   httplib::Client c2 = s.client();
-  auto ev = c2.Get("/v1/events?since=0&limit=5");
+  auto ev = c2.Get("/v1/events?since=0&limit=5", auth());
   ASSERT_TRUE(ev);
   json page = json::parse(ev->body);
   EXPECT_EQ(page["records"].size(), 5u);

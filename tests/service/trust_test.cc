@@ -326,7 +326,7 @@ TEST(TrustDurability, ReadRoutesReportOnlyDurableRecords) {
   ASSERT_TRUE(st);
   EXPECT_EQ(json::parse(st->body)["head_seq"], before.seq) << "reported a record not yet durable";
   EXPECT_EQ(json::parse(st->body)["active_rollouts"], 0);
-  auto ev = c.Get("/v1/events?since=0&limit=1000");
+  auto ev = c.Get("/v1/events?since=0&limit=1000", auth());
   ASSERT_TRUE(ev);
   EXPECT_EQ(ev->status, 200) << ev->body;
   EXPECT_EQ(json::parse(ev->body)["head_seq"], before.seq);
@@ -554,6 +554,25 @@ TEST(TrustApi, ManifestNeedsTheTokenAndBadSourcesJournalNothing) {
   EXPECT_EQ(m->status, 422) << m->body;
   EXPECT_EQ(s.svc->journal().head_seq(), head) << "a mismatched manifest reached the journal";
   EXPECT_EQ(s.engine->RouteCount("/pause"), 0u) << "the engine was drained for a bad source";
+}
+
+// Proves /v1/events, which returns the journal (prompts and outputs included), wants the trainer's
+// token and still pages with it; catches anyone who reaches the port reading every trajectory,
+// or pulling 1,000 of the largest records per request into the executor's memory.
+TEST(TrustApi, EventsNeedTheToken) {
+  Stack s;
+  httplib::Client c = s.client();
+  auto noauth = c.Get("/v1/events?since=0&limit=5");
+  ASSERT_TRUE(noauth);
+  EXPECT_EQ(noauth->status, 401) << noauth->body;
+  auto page = c.Get("/v1/events?since=0&limit=2", auth());
+  ASSERT_TRUE(page);
+  ASSERT_EQ(page->status, 200) << page->body;
+  const json j = json::parse(page->body);
+  ASSERT_EQ(j["records"].size(), 2u) << page->body;
+  EXPECT_EQ(j["records"][1]["seq"], 2);
+  EXPECT_EQ(j["next_since"], 2);
+  EXPECT_GE(j["head_seq"].get<std::uint64_t>(), 2u);
 }
 
 // Hostile bodies, ids and queries on every trainer route: each gets a 4xx whose body is valid
