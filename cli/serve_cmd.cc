@@ -130,6 +130,11 @@ Runner add_serve(CLI::App& app) {
       PrintError(marked.ToString());
       return 2;
     }
+    if (!cfg->journal_sync) {
+      spdlog::warn(
+          "serve: journal_sync is off: admissions and outcomes are acknowledged before they are "
+          "on disk, and a power loss can lose them (use only for benchmarks)");
+    }
     if (cfg->auth_token.empty()) {
       if (const char* t = std::getenv("RC_AUTH_TOKEN"); t != nullptr) cfg->auth_token = t;
     }
@@ -147,7 +152,7 @@ Runner add_serve(CLI::App& app) {
     if (!EnsureJournalParent(cfg->journal_path)) return 1;
     if (cfg->auth_token.empty()) {
       spdlog::warn("serve: no auth token: mutating trainer routes are open to anyone on {}",
-                   cfg->listen_host);
+                   text::escape_line(cfg->listen_host));
     }
     // SIGTERM/SIGINT are taken by sigwait below; block them before any thread starts.
     sigset_t set;

@@ -116,7 +116,8 @@ const std::array kKeys = {
               1,
               kIdBytesMax,
               kBoot,
-              "weight-version label of the bootstrap version",
+              "weight-version label of the bootstrap version (not `default`, what a fresh engine "
+              "reports)",
               {}},
     ConfigKey{"initial_manifest_digest",
               "initial-manifest",
@@ -779,6 +780,16 @@ Status CheckExecutorId(const ServeConfig& c) {
                                  "': that prefix marks the stalled-plan retry's records");
 }
 
+// A fresh engine reports kFreshEngineLabel: committed under that label, a restarted engine (the
+// same URL, its weights back to the start) would read as the one verified.
+Status CheckInitialLabel(const ServeConfig& c) {
+  if (c.initial_label != kFreshEngineLabel) return Status::OK();
+  return Status::InvalidArgument(std::string("initial_label (--initial-label) must not be '") +
+                                 kFreshEngineLabel +
+                                 "', the label every freshly started engine reports: a restart "
+                                 "could not be told from the committed weights");
+}
+
 Status CheckConnections(const ServeConfig& c) {
   if (!c.proxy_token.empty() && c.proxy_token == c.auth_token) {
     return Status::InvalidArgument(
@@ -1063,6 +1074,7 @@ Status MergeConfigFile(const std::string& path, ServeConfig& config) {
 Status ValidateConfig(const ServeConfig& c) {
   for (const auto& k : kKeys) RC_RETURN_IF_ERROR(CheckRow(k, c));
   RC_RETURN_IF_ERROR(CheckExecutorId(c));
+  RC_RETURN_IF_ERROR(CheckInitialLabel(c));
   RC_RETURN_IF_ERROR(CheckEngines(c));
   RC_RETURN_IF_ERROR(CheckNccl(c));
   return CheckConnections(c);

@@ -154,6 +154,19 @@ TEST(ConfigTable, ExecutorIdMustNotBeginWithTheRetryPrefix) {
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
 }
 
+// Proves initial_label may not be the label every fresh engine reports; catches a configuration
+// under which an engine restarted with its initial weights matches the committed label, so the
+// monitor, the re-check and the sleeping engine's watch would all take it for the verified one.
+TEST(ConfigTable, InitialLabelMustNotBeTheFreshEnginesLabel) {
+  ServeConfig c = Minimal();
+  c.initial_label = kFreshEngineLabel;
+  const Status st = ValidateConfig(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("initial_label"), std::string::npos) << st.ToString();
+  c.initial_label = "rc-0";
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+}
+
 // Proves an unknown key is refused with the closest valid keys (or, with none close, all of
 // them) and outside bytes are not echoed raw; it would catch the bare "unknown config key" that
 // left users guessing (e.g. `journal` for `journal_path`).
