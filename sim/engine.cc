@@ -292,6 +292,9 @@ bool ArmCallFault(const Fault& f, CycleFaults& cf) {
     case FaultKind::kSilentLoss:
       cf.silent_loss = true;
       return true;
+    case FaultKind::kInstanceUnread:
+      cf.unnamed_left = 1 + f.b % 2;
+      return true;
     default:
       return false;
   }
@@ -306,6 +309,12 @@ WeightDigest SimDigest(const std::string& weights) {
   return d;
 }
 
+std::string SimControl::AnsweringInstance() {
+  if (f_.unnamed_left == 0) return e_.instance_name();
+  --f_.unnamed_left;
+  return {};
+}
+
 EngineProbed SimControl::Probe() {
   bool applied = false;
   EngineProbed p;
@@ -316,7 +325,7 @@ EngineProbed SimControl::Probe() {
   p.reported_label = t.label;
   p.is_paused_known = true;
   p.is_paused = t.paused;
-  p.engine_instance = e_.instance_name();
+  p.engine_instance = AnsweringInstance();
   p.digest = SimDigest(t.weights);
   return p;
 }
@@ -378,7 +387,7 @@ ValidationObserved SimControl::WeightInfo() {
   v.http = Call(&applied);
   if (!applied || !v.http.ok_2xx()) return v;
   v.reported_label = e_.truth().label;
-  v.engine_instance = e_.instance_name();
+  v.engine_instance = AnsweringInstance();
   const EngineTruth& t = e_.truth();
   v.digest = SimDigest(t.weights);
   v.is_paused_known = true;
@@ -398,7 +407,7 @@ ResumeObserved SimControl::Resume() {
   if (!r.http.ok_2xx()) return r;
   r.is_paused_known = true;
   r.is_paused = e_.truth().paused;
-  r.engine_instance = e_.instance_name();
+  r.engine_instance = AnsweringInstance();
   return r;
 }
 
@@ -500,7 +509,7 @@ WakeObserved SimControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
   if (!o.http.ok_2xx() || tag != WakeTag::kKvCache) return o;
   o.is_paused_known = true;
   o.is_paused = e_.truth().paused;
-  o.engine_instance = e_.instance_name();
+  o.engine_instance = AnsweringInstance();
   return o;
 }
 

@@ -178,6 +178,7 @@ struct CycleFaults {
   std::optional<Fault> preflight;
   std::optional<Fault> transfer;
   bool silent_loss = false;
+  std::uint32_t unnamed_left = 0;  // answers still to name no process (kInstanceUnread)
   std::uint32_t calls = 0;
 };
 
@@ -230,6 +231,8 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   // One call: latency, the death fault, then the injected fault. `applied` says whether the
   // route's effect happened (the caller performs it when true).
   HttpEvidence Call(bool* applied);
+  // The process an answer names: none while a kInstanceUnread fault has answers left.
+  std::string AnsweringInstance();
 
   SimEngine& e_;
   Scheduler& s_;

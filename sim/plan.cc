@@ -14,12 +14,31 @@
 namespace rc::sim {
 namespace {
 
-constexpr const char* kNames[] = {
-    "http_5xx",         "http_timeout",    "http_drop",    "http_refused",         "http_garbage",
-    "success_false",    "delay",           "engine_death", "engine_restart_ready", "relabel",
-    "external_pause",   "wal_fault",       "fsync_stall",  "executor_crash",       "clock_jump",
-    "preflight_refuse", "transfer_fail",   "disconnect",   "lease_stop",           "slow_rollout",
-    "silent_loss",      "external_update", "sleep_death",  "external_wake"};
+constexpr const char* kNames[] = {"http_5xx",
+                                  "http_timeout",
+                                  "http_drop",
+                                  "http_refused",
+                                  "http_garbage",
+                                  "success_false",
+                                  "delay",
+                                  "engine_death",
+                                  "engine_restart_ready",
+                                  "relabel",
+                                  "external_pause",
+                                  "wal_fault",
+                                  "fsync_stall",
+                                  "executor_crash",
+                                  "clock_jump",
+                                  "preflight_refuse",
+                                  "transfer_fail",
+                                  "disconnect",
+                                  "lease_stop",
+                                  "slow_rollout",
+                                  "silent_loss",
+                                  "external_update",
+                                  "sleep_death",
+                                  "external_wake",
+                                  "instance_unread"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
 
 // Each fsync stall costs real time (the journal's stall deadline is a real-time bound): rare.
@@ -100,14 +119,17 @@ void DrawCycle(std::mt19937_64& rng, const Enabled& enabled, std::uint32_t cycle
 FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
   std::mt19937_64 colocated_rng(seed * 0xC2B2AE3D27D4EB4Full + 7);
+  std::mt19937_64 answer_rng(seed * 0x165667B19E3779F9ull + 11);
   const int first_colocated = static_cast<int>(kFirstColocatedFault);
+  const int first_answer = static_cast<int>(kFirstAnswerFault);
   const Enabled enabled = EnableKinds(rng, 0, first_colocated);
-  const Enabled colocated =
-      EnableKinds(colocated_rng, first_colocated, static_cast<int>(FaultKind::kCount));
+  const Enabled colocated = EnableKinds(colocated_rng, first_colocated, first_answer);
+  const Enabled answer = EnableKinds(answer_rng, first_answer, static_cast<int>(FaultKind::kCount));
   FaultPlan plan;
   for (std::uint32_t c = 0; c < cycles; ++c) {
     DrawCycle(rng, enabled, c, plan);
     DrawCycle(colocated_rng, colocated, c, plan);
+    DrawCycle(answer_rng, answer, c, plan);
   }
   return plan;
 }

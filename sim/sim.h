@@ -44,9 +44,14 @@ enum class FaultKind : std::uint8_t {
   // kinds above are scheduled for a seed exactly as before they existed).
   kSleepDeath,    // the sleeping engine dies a%100 ms into its sleep, back b%200 ms later
   kExternalWake,  // someone wakes the sleeper a%100 ms into its sleep: /resume (b even) or /wake_up
+  // Partial answers (their own stream too): the next 1 + b%2 answers that would name the engine
+  // process (probe, validation, resume, KV wake-up) name none, as when the read of /metrics
+  // fails; with a death in the cycle, the process that answers may be a new one.
+  kInstanceUnread,
   kCount
 };
 inline constexpr FaultKind kFirstColocatedFault = FaultKind::kSleepDeath;
+inline constexpr FaultKind kFirstAnswerFault = FaultKind::kInstanceUnread;
 const char* FaultName(FaultKind k);
 
 struct Fault {
