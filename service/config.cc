@@ -702,6 +702,31 @@ Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names
   return Status::OK();
 }
 
+}  // namespace
+
+HostPort FleetMemberRendezvous(const ServeConfig& config, std::size_t index) {
+  Result<HostPort> base = ParseHostPort(config.rendezvous);
+  RC_CHECK(base.ok() && index < config.engines.size());  // ValidateConfig checked both
+  if (base->port != 0) base->port = static_cast<std::uint16_t>(base->port + index);
+  return *base;
+}
+
+namespace {
+
+// With transfer nccl, engine i of a fleet has a communicator of its own, rendezvousing at the
+// configured port + i: every such port must exist.
+Status CheckFleetRendezvous(const ServeConfig& c) {
+  auto base = ParseHostPort(c.rendezvous);
+  if (!base.ok()) return Status::OK();  // CheckNccl names it
+  const std::uint64_t last = std::uint64_t{base->port} + c.engines.size() - 1;
+  if (base->port != 0 && last > 65535) {
+    return Status::InvalidArgument("rendezvous: engine i of the fleet rendezvouses at port " +
+                                   std::to_string(base->port) + " + i, and " +
+                                   std::to_string(last) + " is past 65535");
+  }
+  return Status::OK();
+}
+
 // One engine (engine_url) or a fleet (engines), never both; a fleet's transfer is per engine.
 Status CheckEngines(const ServeConfig& c) {
   if (c.engines.empty()) {
@@ -719,11 +744,7 @@ Status CheckEngines(const ServeConfig& c) {
     return Status::InvalidArgument("engines: at most " + std::to_string(kFleetEnginesMax) +
                                    " engines, got " + std::to_string(c.engines.size()));
   }
-  if (c.transfer == "nccl") {
-    return Status::InvalidArgument(
-        "transfer 'nccl' drives one engine's communicator; a fleet's engines take transfer "
-        "http, ipc or reload (docs/fleet.md)");
-  }
+  if (c.transfer == "nccl") RC_RETURN_IF_ERROR(CheckFleetRendezvous(c));
   std::set<std::string> names, urls;
   for (const FleetEngineConfig& e : c.engines) {
     RC_RETURN_IF_ERROR(CheckFleetEngine(e, names, urls));
@@ -1161,8 +1182,10 @@ Rules that join several keys, checked after the bounds:
   (1..64 bytes of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`) and URLs unique, or the flag
   `--fleet-engine NAME=URL` given once per engine (the flags replace the file's list). An entry
   may add `"retire": true` (or the flag `--fleet-retire NAME`): that engine leaves the fleet at
-  start without having to answer. A fleet's `transfer` is `http`, `ipc` or `reload`, at least
-  one engine stays, and `fleet_min_serving` is below the number of engines that stay.
+  start without having to answer. At least one engine stays, and `fleet_min_serving` is below
+  the number of engines that stay. With `transfer` = `nccl`, engine i of the list (from 0) has a
+  communicator of its own whose rendezvous is `rendezvous`'s port + i (port 0: each its own
+  ephemeral port); the last such port is at most 65535.
 - `proxy_token`, when given, differs from `auth_token`.
 - `rendezvous`, when given, is `HOST:PORT` or `[IPv6]:PORT` (PORT 0..65535).
 - `nccl_world_size` is 0 (ask the engine) or 2 and more.

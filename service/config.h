@@ -215,6 +215,9 @@ struct HostPort {
   std::uint16_t port = 0;
 };
 [[nodiscard]] Result<HostPort> ParseHostPort(const std::string& text);
+// Where engine `index` of a fleet rendezvouses with its own NCCL communicator: `rendezvous` with
+// its port + index (port 0 stays 0: an ephemeral port each). Requires a valid configuration.
+HostPort FleetMemberRendezvous(const ServeConfig& config, std::size_t index);
 
 // Merges the keys of `doc` into `config`. Unknown keys, wrong types and values the member's type
 // cannot hold are InvalidArgument; ranges are ValidateConfig's.

@@ -18,6 +18,7 @@
 #include "effects/http/weight_digest.h"
 #include "service/balancer.h"
 #include "service/engine_startup.h"
+#include "service/nccl_transfer.h"
 #include "service/service.h"
 #include "service/service_internal.h"
 
@@ -162,6 +163,7 @@ Status Service::InitFleet() {
   }
   RC_RETURN_IF_ERROR(BootstrapFleetMembers());
   InitHttpTransfers();
+  RC_RETURN_IF_ERROR(InitNcclTransfers());
   journal_->ReadFleetState([this](const FleetState& f) {
     if (f.update) interrupted_fleet_update_ = f.update->request;
   });
@@ -182,13 +184,15 @@ Status Service::InitFleet() {
 }
 
 Status Service::OpenFleetMembers() {
-  for (const FleetEngineConfig& e : config_.engines) RC_RETURN_IF_ERROR(OpenFleetMember(e));
+  for (std::size_t i = 0; i < config_.engines.size(); ++i) {
+    RC_RETURN_IF_ERROR(OpenFleetMember(config_.engines[i], i));
+  }
   return Status::OK();
 }
 
 // Nothing is decided before the engine answers GET /version: it may still be loading. A retiring
 // engine is not waited for.
-Status Service::OpenFleetMember(const FleetEngineConfig& e) {
+Status Service::OpenFleetMember(const FleetEngineConfig& e, std::size_t index) {
   auto m = std::make_unique<FleetMember>();
   m->name = e.name;
   m->url = e.engine_url;
@@ -211,17 +215,41 @@ Status Service::OpenFleetMember(const FleetEngineConfig& e) {
                       " (to drop an engine that died, mark it \"retire\": true)");
   }
   m->version = waited.version;
-  auto transfer = MakeGpuFreeTransfer(config_, *m->client, m->version);
-  if (!transfer.ok()) return transfer.status();
-  m->transfer = std::move(transfer.value());
+  RC_RETURN_IF_ERROR(MakeMemberTransfer(*m, index));
   RC_CHECK(fleet_members_.count(e.name) == 0);  // ValidateConfig: names are unique
   fleet_members_.emplace(e.name, std::move(m));
   return Status::OK();
 }
 
+// With transfer nccl, each member has a communicator of its own (docs/fleet.md: isolation, at
+// the cost of sending the weights once per member); set up by InitNcclTransfers.
+Status Service::MakeMemberTransfer(FleetMember& m, std::size_t index) {
+  if (config_.transfer == "nccl") {
+    NcclTransfer nccl = MakeNcclTransfer(*m.client, config_,
+                                         {m.name, m.url, FleetMemberRendezvous(config_, index)});
+    m.transfer = std::move(nccl.transfer);
+    m.transfer_init = std::move(nccl.init);
+    return Status::OK();
+  }
+  auto transfer = MakeGpuFreeTransfer(config_, *m.client, m.version);
+  if (!transfer.ok()) return transfer.status();
+  m.transfer = std::move(transfer.value());
+  return Status::OK();
+}
+
+// Every staying member's communicator, one after another once the journal is recovered: a
+// member that cannot rendezvous is a startup error naming it (retire it, or bring it back).
+Status Service::InitNcclTransfers() {
+  for (auto& [name, m] : fleet_members_) {
+    if (m->transfer_init) RC_RETURN_IF_ERROR(m->transfer_init());
+  }
+  return Status::OK();
+}
+
 // A retiring engine is asked once: one that answers gets its real transfer (an interrupted plan
-// may still need it); one that does not gets a transfer that refuses before sending anything,
-// so no plan can claim to have moved weights into it.
+// may still need it; under nccl, whose communicator a retiring engine never gets, none); one
+// that does not gets a transfer that refuses before sending anything, so no plan can claim to
+// have moved weights into it.
 Status Service::OpenRetiringMember(FleetMember& m) {
   const std::optional<std::string> version = VersionOf(m.client->Version());
   if (!version) {
@@ -232,6 +260,10 @@ Status Service::OpenRetiringMember(FleetMember& m) {
     return Status::OK();
   }
   m.version = *version;
+  if (config_.transfer == "nccl") {
+    m.transfer = MakeRefusingTransfer("engine '" + m.name + "' retires: it has no communicator");
+    return Status::OK();
+  }
   auto transfer = MakeGpuFreeTransfer(config_, *m.client, m.version);
   m.transfer = transfer.ok() ? std::move(transfer.value())
                              : MakeRefusingTransfer(transfer.status().message());

@@ -30,15 +30,10 @@
 #include "service/api_parse.h"
 #include "service/engine_startup.h"
 #include "service/http_util.h"
+#include "service/nccl_transfer.h"
 #include "service/service_internal.h"
 #include "statemachine/hex.h"
 #include "statemachine/text.h"
-
-#ifdef RC_HAVE_CUDA  // defined (PUBLIC) by the effects target when CUDA and NCCL were found
-#include <cuda_runtime.h>
-
-#include "effects/nccl/nccl_sender.h"
-#endif
 
 namespace rc::service {
 namespace {
@@ -61,136 +56,6 @@ inline constexpr std::uint64_t kDescriptorsPerConnection = 2;
 inline constexpr std::uint64_t kDescriptorsSpare = 256;
 // The destructor waits this long for blocking handlers (an update) to return.
 inline constexpr std::uint64_t kHandlersDrainMsMax = 24ull * 3600 * 1000;
-
-#ifdef RC_HAVE_CUDA
-std::string CudaError(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-}
-
-// Checked before the journal is opened, so a host without the configured GPU changes nothing.
-Status CheckCudaDevice(int device) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count <= 0) {
-    return Status::Unavailable(
-        "transfer 'nccl': CUDA device " + std::to_string(device) + " is not usable: " +
-        (e != cudaSuccess ? CudaError("cudaGetDeviceCount", e) : std::string("no CUDA device")) +
-        " (no GPU or no driver on this host?)");
-  }
-  if (device >= count) {
-    return Status::InvalidArgument("transfer 'nccl': cuda_device " + std::to_string(device) +
-                                   " does not exist: this host has " + std::to_string(count) +
-                                   " CUDA device(s), 0.." + std::to_string(count - 1));
-  }
-  e = cudaSetDevice(device);
-  if (e != cudaSuccess) {
-    return Status::Unavailable("transfer 'nccl': CUDA device " + std::to_string(device) +
-                               " is not usable: " + CudaError("cudaSetDevice", e));
-  }
-  return Status::OK();
-}
-
-// The NcclSender as serve calls it: from httplib workers (the runner on the update route,
-// /v1/manifest on any worker). The sender needs the communicator's device current on the calling
-// thread and is not safe for concurrent calls (its source cache), so every call here makes the
-// device current and holds one lock. A manifest preflight waits at most preflight_wait_ms for a
-// running transfer, then answers without a digest (the route says why) instead of blocking.
-class ServeNcclTransfer final : public effects::WeightTransfer {
- public:
-  ServeNcclTransfer(effects::EngineClient& engine, effects::nccl::NcclSenderOptions options,
-                    std::uint64_t preflight_wait_ms)
-      : device_(options.device),
-        preflight_wait_ms_(preflight_wait_ms),
-        sender_(engine, std::move(options)) {}
-
-  [[nodiscard]] Status Init(std::uint64_t deadline_ms) {
-    std::lock_guard<std::timed_mutex> lock(mu_);
-    return sender_.Init(deadline_ms);  // sets this thread's device itself
-  }
-
-  PreflightObserved Preflight(const effects::TransferTarget& target) override {
-    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-    if (!lock.try_lock_for(std::chrono::milliseconds(preflight_wait_ms_))) {
-      PreflightObserved p;
-      p.detail = "the NCCL sender is busy with a transfer (waited " +
-                 std::to_string(preflight_wait_ms_) + " ms); try again";
-      return p;
-    }
-    // A failure leaves the thread on another device: the sender's own check then reports it.
-    (void)cudaSetDevice(device_);
-    return sender_.Preflight(target);
-  }
-
-  TransferObserved Transfer(const effects::TransferTarget& target,
-                            std::uint64_t deadline_ms) override {
-    const auto t0 = Clock::now();
-    TransferObserved refused;  // mutation kNone: nothing reached the engine
-    refused.finish_label = target.target.label;
-    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-    if (!lock.try_lock_for(std::chrono::milliseconds(deadline_ms))) {
-      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
-    }
-    const std::uint64_t waited_ms = effects::elapsed_us(t0) / 1000;
-    if (waited_ms >= deadline_ms) {
-      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
-    }
-    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-      refused.error = CudaError("cudaSetDevice", e).substr(0, kTextBytesMax);
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
-    }
-    return sender_.Transfer(target, deadline_ms - waited_ms);
-  }
-
-  const effects::nccl::NcclSender& sender() const { return sender_; }
-
- private:
-  const int device_;
-  const std::uint64_t preflight_wait_ms_;
-  std::timed_mutex mu_;
-  effects::nccl::NcclSender sender_;
-};
-
-effects::nccl::NcclSenderOptions NcclOptionsOf(const ServeConfig& config,
-                                               const HostPort& rendezvous) {
-  effects::nccl::NcclSenderOptions so;
-  so.device = config.cuda_device;
-  so.master_address = rendezvous.host;
-  so.master_port = rendezvous.port;
-  so.world_size = config.nccl_world_size;
-  so.packing = PackingOf(config);
-  so.http_timeout_ms = config.call_timeout_ms;
-  so.abort_reserve_ms = config.nccl_abort_reserve_ms;
-  return so;
-}
-
-// The sender's rendezvous with the engine, once the journal is recovered or bootstrapped.
-Status InitNcclSender(ServeNcclTransfer& sender, const ServeConfig& config) {
-  spdlog::info(
-      "serve: NCCL sender: rendezvous with {} (cuda_device {}, rendezvous {}, "
-      "deadline {} ms)",
-      config.engine_url, config.cuda_device, config.rendezvous, config.nccl_init_timeout_ms);
-  Status st = sender.Init(config.nccl_init_timeout_ms);
-  if (!st.ok()) {
-    return Status(st.code(), "transfer 'nccl': init with the engine at " + config.engine_url +
-                                 " (cuda_device " + std::to_string(config.cuda_device) +
-                                 ", rendezvous " + config.rendezvous + ", deadline " +
-                                 std::to_string(config.nccl_init_timeout_ms) +
-                                 " ms) failed: " + st.message());
-  }
-  spdlog::info(
-      "serve: NCCL sender ready: engine {} (protocol line of {}), rendezvous {}, "
-      "store port {}, abort reserve {} ms",
-      config.engine_url, sender.sender().protocol().version,
-      effects::nccl::rendezvous_name(sender.sender().rendezvous()), sender.sender().store_port(),
-      sender.sender().abort_reserve_ms());
-  return Status::OK();
-}
-#endif  // RC_HAVE_CUDA
 
 // A prefix no other executor (or restart of this one) gives its rollouts: "px-<48 random bits>-".
 std::string RandomRolloutPrefix() {
@@ -307,27 +172,15 @@ Result<std::unique_ptr<Service>> Service::Open(const ServeConfig& config,
   return s;
 }
 
-// `--transfer nccl` is checked before anything is opened: a build without CUDA, or a host without
-// the configured device, is refused with nothing started.
-static Status CheckTransferBuildAndDevice(const ServeConfig& config) {
-  if (config.transfer != "nccl") return Status::OK();
-#ifndef RC_HAVE_CUDA
-  return Status::Unavailable(
-      "transfer 'nccl' needs CUDA and NCCL, and this rolloutcore was built without them (CMake "
-      "found no CUDA toolkit/NCCL when it was configured): rebuild on a host with both, or use "
-      "--transfer http");
-#else
-  return CheckCudaDevice(config.cuda_device);
-#endif
-}
-
 // Opens everything the executor runs on, in the order each needs the one before: the journal,
 // the trajectories file, the engine clients (once the engine answers GET /version), the weight
 // transfer and the runner; then, under update_mu_, recovers or bootstraps the journal, seeds the
 // durable view and starts the monitor and lease threads.
 Status Service::Init() {
   RC_CHECK(journal_ == nullptr && runner_ == nullptr);  // once, from Open
-  RC_RETURN_IF_ERROR(CheckTransferBuildAndDevice(config_));
+  // A build without CUDA, or a host without the configured device, is refused with nothing
+  // opened.
+  RC_RETURN_IF_ERROR(CheckNcclDevice(config_));
   rollout_prefix_ = RandomRolloutPrefix();
   RC_RETURN_IF_ERROR(OpenJournal());
   RC_RETURN_IF_ERROR(OpenTrajectories());
@@ -417,7 +270,7 @@ Status Service::AwaitEngineVersion() {
 // is recovered or bootstrapped.
 Result<Service::TransferInit> Service::MakeTransfer() {
   RC_CHECK(control_client_ != nullptr && transfer_ == nullptr);
-  if (config_.transfer == "nccl") return MakeNcclTransfer();
+  if (config_.transfer == "nccl") return MakeOneNcclTransfer();
   auto transfer = MakeGpuFreeTransfer(config_, *control_client_, engine_version_);
   if (!transfer.ok()) return transfer.status();
   transfer_ = std::move(transfer.value());
@@ -431,19 +284,13 @@ Result<Service::TransferInit> Service::MakeTransfer() {
   });
 }
 
-Service::TransferInit Service::MakeNcclTransfer() {
-#ifdef RC_HAVE_CUDA
+Service::TransferInit Service::MakeOneNcclTransfer() {
   auto rendezvous = ParseHostPort(config_.rendezvous);
   RC_CHECK(rendezvous.ok());  // ValidateConfig requires a well-formed one for nccl
-  auto nccl = std::make_unique<ServeNcclTransfer>(
-      *control_client_, NcclOptionsOf(config_, *rendezvous), config_.call_timeout_ms);
-  ServeNcclTransfer* sender = nccl.get();
-  transfer_ = std::move(nccl);
-  return [this, sender] { return InitNcclSender(*sender, config_); };
-#else
-  RC_CHECK(false);  // CheckTransferBuildAndDevice refused it before anything was opened
-  return nullptr;
-#endif
+  NcclTransfer nccl =
+      MakeNcclTransfer(*control_client_, config_, {"", config_.engine_url, *rendezvous});
+  transfer_ = std::move(nccl.transfer);
+  return std::move(nccl.init);
 }
 
 void Service::MakeRunner() {

@@ -121,6 +121,8 @@ struct FleetMember {
   std::unique_ptr<effects::EngineClient> client;
   std::unique_ptr<effects::HttpEngineControl> control;
   std::unique_ptr<effects::WeightTransfer> transfer;
+  // transfer nccl: its communicator's rendezvous, once the journal is recovered (empty otherwise).
+  std::function<Status()> transfer_init;
   UpstreamTarget target;
   std::unique_ptr<UpstreamPool> upstream;     // on the HTTP server's loops, made by Start
   std::atomic<std::uint32_t> outstanding{0};  // proxied rollouts admitted to it, not yet ended
@@ -231,7 +233,7 @@ class Service {
   // Initialises the transfer with the engine once the journal is recovered or bootstrapped.
   using TransferInit = std::function<Status()>;
   [[nodiscard]] Result<TransferInit> MakeTransfer();
-  TransferInit MakeNcclTransfer();
+  TransferInit MakeOneNcclTransfer();
   void MakeRunner();
   void LogDecision(const std::string& engine, std::uint64_t seq, const Event& e) const;
   [[nodiscard]] Status RecoverJournal();
@@ -382,7 +384,9 @@ class Service {
   bool is_fleet() const { return !config_.engines.empty(); }
   [[nodiscard]] Status InitFleet();
   [[nodiscard]] Status OpenFleetMembers();
-  [[nodiscard]] Status OpenFleetMember(const FleetEngineConfig& engine);
+  [[nodiscard]] Status OpenFleetMember(const FleetEngineConfig& engine, std::size_t index);
+  [[nodiscard]] Status MakeMemberTransfer(FleetMember& member, std::size_t index);
+  [[nodiscard]] Status InitNcclTransfers();
   void MakeFleetRunner();
   [[nodiscard]] Status JoinFleet();
   [[nodiscard]] Status BootstrapFleetMembers();

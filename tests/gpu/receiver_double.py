@@ -24,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+PROCESS_START = time.time()  # what /metrics reports as process_start_time_seconds, as vLLM does
+
 # ---- stand-in for vllm.distributed.device_communicators.pynccl_wrapper.ncclUniqueId ----
 class ncclUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_byte * 128)]
@@ -234,6 +236,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
         self.close_connection = True
+    def reply_text(self, code, text):
+        body = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
     def body(self):
         n = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(n) if n else b""
@@ -248,6 +259,10 @@ class Handler(BaseHTTPRequestHandler):
         if p == "/is_paused": return self.reply(200, {"is_paused": e.paused})
         if p == "/get_world_size": return self.reply(200, {"world_size": 1})
         if p == "/health": return self.reply(200, None)  # vLLM: 200, empty body
+        if p == "/metrics":  # vLLM's Prometheus text includes the process collector's start time
+            return self.reply_text(200, "# HELP process_start_time_seconds Start time of the process "
+                                        "since unix epoch in seconds.\n# TYPE process_start_time_seconds "
+                                        f"gauge\nprocess_start_time_seconds {PROCESS_START:.2f}\n")
         if p == "/test/report": return self.reply(200, e.report)
         return self.reply(404, {"error": "not found"})
     def do_POST(self):

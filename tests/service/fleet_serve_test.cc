@@ -841,9 +841,17 @@ TEST(FleetServe, ConfigurationIsCheckedBeforeAnythingOpens) {
   c.engine_url = "http://127.0.0.1:3";
   EXPECT_NE(ValidateConfig(c).message().find("not both"), std::string::npos);
   c.engine_url.clear();
-  c.transfer = "nccl";
+  c.transfer = "nccl";  // a communicator per engine, at the rendezvous port + its index
+  c.engines = {{"a", "http://127.0.0.1:1"}, {"b", "http://127.0.0.1:2"}};
   c.rendezvous = "127.0.0.1:0";
-  EXPECT_NE(ValidateConfig(c).message().find("fleet"), std::string::npos);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+  EXPECT_EQ(FleetMemberRendezvous(c, 1).port, 0) << "port 0: each its own ephemeral port";
+  c.rendezvous = "10.0.0.7:29500";
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+  EXPECT_EQ(FleetMemberRendezvous(c, 1).port, 29501);
+  EXPECT_EQ(FleetMemberRendezvous(c, 1).host, "10.0.0.7");
+  c.rendezvous = "127.0.0.1:65535";
+  EXPECT_NE(ValidateConfig(c).message().find("past 65535"), std::string::npos);
   c.engines.clear();
   c.transfer = "http";
   EXPECT_NE(ValidateConfig(c).message().find("required"), std::string::npos);

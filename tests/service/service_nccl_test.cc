@@ -161,6 +161,29 @@ TEST(ServiceNccl, StartupWithoutUsableGpuIsRefusedBeforeAnythingStarts) {
   fs::remove_all(dir);
 }
 
+// Proves a fleet with transfer nccl (a communicator per engine) is refused on such a host as one
+// engine is, before its journal is opened or any engine asked to rendezvous; catches a fleet
+// that half-starts members before finding it cannot send to any of them.
+TEST(ServiceNccl, AFleetIsRefusedBeforeAnythingStarts) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is present: this test is for GPU-free hosts";
+  fixtures::VllmDouble a, b;
+  ASSERT_GT(a.Start(0), 0);
+  ASSERT_GT(b.Start(0), 0);
+  const fs::path dir = FreshDir("fleet");
+  ServeConfig c = NcclConfig("", dir);
+  c.engines = {{"a", a.base_url()}, {"b", b.base_url()}};
+  ASSERT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+  auto opened = Service::Open(c);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_FALSE(fs::exists(c.journal_path)) << "journal opened by a refused start";
+  for (fixtures::VllmDouble* e : {&a, &b}) {
+    EXPECT_EQ(e->RouteCount("/version"), 0u);
+    EXPECT_EQ(e->RouteCount("/init_weight_transfer_engine"), 0u);
+    e->Stop();
+  }
+  fs::remove_all(dir);
+}
+
 // Runs `rolloutcore serve` with args; stdout+stderr into one string; killed at `limit`.
 using ProcessRun = stack::ServeRun;
 ProcessRun RunServe(const std::vector<std::string>& args, Clock::duration limit) {

@@ -1,0 +1,188 @@
+#include "service/nccl_transfer.h"
+
+#include <spdlog/spdlog.h>
+
+#include "service/engine_startup.h"
+#include "statemachine/text.h"
+
+#ifdef RC_HAVE_CUDA  // defined (PUBLIC) by the effects target when CUDA and NCCL were found
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <mutex>
+
+#include "effects/clock.h"
+#include "effects/nccl/nccl_sender.h"
+#endif
+
+namespace rc::service {
+
+#ifdef RC_HAVE_CUDA
+namespace {
+
+std::string CudaError(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+// Checked before the journal is opened, so a host without the configured GPU changes nothing.
+Status CheckCudaDevice(int device) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count <= 0) {
+    return Status::Unavailable(
+        "transfer 'nccl': CUDA device " + std::to_string(device) + " is not usable: " +
+        (e != cudaSuccess ? CudaError("cudaGetDeviceCount", e) : std::string("no CUDA device")) +
+        " (no GPU or no driver on this host?)");
+  }
+  if (device >= count) {
+    return Status::InvalidArgument("transfer 'nccl': cuda_device " + std::to_string(device) +
+                                   " does not exist: this host has " + std::to_string(count) +
+                                   " CUDA device(s), 0.." + std::to_string(count - 1));
+  }
+  e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    return Status::Unavailable("transfer 'nccl': CUDA device " + std::to_string(device) +
+                               " is not usable: " + CudaError("cudaSetDevice", e));
+  }
+  return Status::OK();
+}
+
+// The NcclSender as serve calls it: from httplib workers (the runner on the update route,
+// /v1/manifest on any worker). The sender needs the communicator's device current on the calling
+// thread and is not safe for concurrent calls (its source cache), so every call here makes the
+// device current and holds one lock. A manifest preflight waits at most preflight_wait_ms for a
+// running transfer, then answers without a digest (the route says why) instead of blocking.
+class ServeNcclTransfer final : public effects::WeightTransfer {
+ public:
+  ServeNcclTransfer(effects::EngineClient& engine, effects::nccl::NcclSenderOptions options,
+                    std::uint64_t preflight_wait_ms)
+      : device_(options.device),
+        preflight_wait_ms_(preflight_wait_ms),
+        sender_(engine, std::move(options)) {}
+
+  [[nodiscard]] Status Init(std::uint64_t deadline_ms) {
+    std::lock_guard<std::timed_mutex> lock(mu_);
+    return sender_.Init(deadline_ms);  // sets this thread's device itself
+  }
+
+  PreflightObserved Preflight(const effects::TransferTarget& target) override {
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (!lock.try_lock_for(std::chrono::milliseconds(preflight_wait_ms_))) {
+      PreflightObserved p;
+      p.detail = "the NCCL sender is busy with a transfer (waited " +
+                 std::to_string(preflight_wait_ms_) + " ms); try again";
+      return p;
+    }
+    // A failure leaves the thread on another device: the sender's own check then reports it.
+    (void)cudaSetDevice(device_);
+    return sender_.Preflight(target);
+  }
+
+  TransferObserved Transfer(const effects::TransferTarget& target,
+                            std::uint64_t deadline_ms) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    TransferObserved refused;  // mutation kNone: nothing reached the engine
+    refused.finish_label = target.target.label;
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (!lock.try_lock_for(std::chrono::milliseconds(deadline_ms))) {
+      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
+      refused.duration_us = effects::elapsed_us(t0);
+      return refused;
+    }
+    const std::uint64_t waited_ms = effects::elapsed_us(t0) / 1000;
+    if (waited_ms >= deadline_ms) {
+      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
+      refused.duration_us = effects::elapsed_us(t0);
+      return refused;
+    }
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      refused.error = CudaError("cudaSetDevice", e).substr(0, kTextBytesMax);
+      refused.duration_us = effects::elapsed_us(t0);
+      return refused;
+    }
+    return sender_.Transfer(target, deadline_ms - waited_ms);
+  }
+
+  const effects::nccl::NcclSender& sender() const { return sender_; }
+
+ private:
+  const int device_;
+  const std::uint64_t preflight_wait_ms_;
+  std::timed_mutex mu_;
+  effects::nccl::NcclSender sender_;
+};
+
+effects::nccl::NcclSenderOptions NcclOptionsOf(const ServeConfig& config,
+                                               const HostPort& rendezvous) {
+  effects::nccl::NcclSenderOptions so;
+  so.device = config.cuda_device;
+  so.master_address = rendezvous.host;
+  so.master_port = rendezvous.port;
+  so.world_size = config.nccl_world_size;
+  so.packing = PackingOf(config);
+  so.http_timeout_ms = config.call_timeout_ms;
+  so.abort_reserve_ms = config.nccl_abort_reserve_ms;
+  return so;
+}
+
+std::string Describe(const NcclEngine& e, const ServeConfig& config) {
+  std::string who = e.name.empty() ? "the engine" : "engine '" + e.name + "'";
+  return who + " at " + text::escape_line(e.url) + " (cuda_device " +
+         std::to_string(config.cuda_device) + ", rendezvous " + e.rendezvous.host + ":" +
+         std::to_string(e.rendezvous.port) + ", deadline " +
+         std::to_string(config.nccl_init_timeout_ms) + " ms)";
+}
+
+// The sender's rendezvous with the engine, once the journal is recovered or bootstrapped.
+Status InitNcclSender(ServeNcclTransfer& sender, const ServeConfig& config,
+                      const NcclEngine& target) {
+  spdlog::info("serve: NCCL sender: rendezvous with {}", Describe(target, config));
+  Status st = sender.Init(config.nccl_init_timeout_ms);
+  if (!st.ok()) {
+    return Status(st.code(), "transfer 'nccl': init with " + Describe(target, config) +
+                                 " failed: " + st.message());
+  }
+  spdlog::info(
+      "serve: NCCL sender ready: {} (protocol line of {}), rendezvous {}, store port {}, abort "
+      "reserve {} ms",
+      Describe(target, config), sender.sender().protocol().version,
+      effects::nccl::rendezvous_name(sender.sender().rendezvous()), sender.sender().store_port(),
+      sender.sender().abort_reserve_ms());
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckNcclDevice(const ServeConfig& config) {
+  if (config.transfer != "nccl") return Status::OK();
+  return CheckCudaDevice(config.cuda_device);
+}
+
+NcclTransfer MakeNcclTransfer(effects::EngineClient& engine, const ServeConfig& config,
+                              NcclEngine target) {
+  auto sender = std::make_unique<ServeNcclTransfer>(
+      engine, NcclOptionsOf(config, target.rendezvous), config.call_timeout_ms);
+  ServeNcclTransfer* s = sender.get();
+  return NcclTransfer{std::move(sender), [s, &config, target = std::move(target)] {
+                        return InitNcclSender(*s, config, target);
+                      }};
+}
+
+#else  // no CUDA: nothing here can run
+
+Status CheckNcclDevice(const ServeConfig& config) {
+  if (config.transfer != "nccl") return Status::OK();
+  return Status::Unavailable(
+      "transfer 'nccl' needs CUDA and NCCL, and this rolloutcore was built without them (CMake "
+      "found no CUDA toolkit/NCCL when it was configured): rebuild on a host with both, or use "
+      "--transfer http");
+}
+
+NcclTransfer MakeNcclTransfer(effects::EngineClient&, const ServeConfig&, NcclEngine) {
+  RC_CHECK(false);  // CheckNcclDevice refused it before anything was opened
+  return {};
+}
+
+#endif  // RC_HAVE_CUDA
+
+}  // namespace rc::service
