@@ -400,11 +400,11 @@ FleetUpdateEnded tally(const FleetUpdate& u) {
   return end;
 }
 
-// Too few members to begin: nothing was asked of any engine.
+// Too few members to begin (members that already hold the target count: they can serve it).
+// The members are fixed by the request, so this holds from its own group on or never: nothing
+// was asked of any engine.
 bool refused_whole(const FleetUpdate& u) {
-  const bool none_started = std::all_of(u.members.begin(), u.members.end(),
-                                        [](auto& m) { return m.second == MemberStatus::kPending; });
-  return none_started && (u.members.size() < u.request.min_healthy || u.members.empty());
+  return u.members.size() < u.request.min_healthy || u.members.empty();
 }
 
 bool every_member_ended(const FleetUpdate& u) {

@@ -163,6 +163,28 @@ TEST(Fleet, TooFewHealthyRefusesTheWholeUpdate) {
   EXPECT_EQ(d.engine("a").lifecycle, Lifecycle::kReady);
 }
 
+// Members that already hold the target count towards min_healthy but do not lift the rule: too
+// few members is a refusal even when one of them holds the label; catches the 200/207 answered
+// for an update the fleet could not take (the rule was skipped once any member held the target).
+TEST(Fleet, MinHealthyHoldsWhenAMemberAlreadyHoldsTheTarget) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested first = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  d.ok(FleetEvent{"", first});
+  d.ok("a", d.member_update(first));
+  d.run_update("a");
+  d.ok(FleetEvent{"", FleetUpdateCancelled{"u1", "b stays behind"}});
+  ASSERT_FALSE(d.f.update.has_value());
+  ASSERT_EQ(d.engine("a").committed.label, "rc-1");
+  ASSERT_EQ(d.engine("b").committed.label, "rc-0");
+  const FleetUpdateRequested again = d.fleet_update("u2", FleetUpdateMode::kAll, "rc-1", 1, 3);
+  FleetUpdateEnded end;
+  ASSERT_TRUE(has_end(d.ok(FleetEvent{"", again}), &end));
+  EXPECT_EQ(end.outcome, FleetOutcome::kRefused);
+  EXPECT_NE(end.reason.find("min_healthy is 3"), std::string::npos) << end.reason;
+  EXPECT_EQ(d.engine("b").committed.label, "rc-0");
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // A pending member that becomes TAINTED before its own update is skipped, so the fleet update
 // still ends; catches a fleet update that waits forever on a quarantined engine.
 TEST(Fleet, APendingMemberTaintedMeanwhileIsSkipped) {
