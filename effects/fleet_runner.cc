@@ -273,8 +273,10 @@ Status FleetRunner::CancelIfPastDeadline(const std::string& update_id, Progress&
 Status FleetRunner::CancelOnce(const std::string& update_id, const std::string& reason,
                                Progress& progress) {
   RC_CHECK(!progress.cancelled);
-  progress.cancelled = true;
   const Status cancelled = Cancel(update_id, text::utf8_prefix(reason, kFleetCancelReasonBytesMax));
+  // A full queue refused it (not a failure of the journal): tried again at the next look.
+  if (cancelled.code() == Code::kBusy) return Status::OK();
+  progress.cancelled = true;
   if (cancelled.code() == Code::kConflict || cancelled.code() == Code::kNotFound) {
     return Status::OK();
   }

@@ -195,7 +195,7 @@ struct ValidationObserved {
   std::string engine_instance;  // which engine process answered (see EngineProbed)
   WeightDigest digest;          // what the engine holds now, computed while paused
   // GET /is_paused after the label and digest were read: evidence read from an engine someone
-  // resumed meanwhile was not checked paused (unknown: an engine without the route).
+  // resumed meanwhile was not checked paused (unknown: the read failed; read again).
   bool is_paused_known = false;
   bool is_paused = true;
   bool operator==(const ValidationObserved&) const = default;

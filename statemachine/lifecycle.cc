@@ -1215,11 +1215,12 @@ std::string digest_refusal(const State& s, const WeightDigest& d) {
   return {};
 }
 
-// Evidence proves something only of a known process: an answer that names none (its read
-// failed) is read again within the attempts. A restore adopts the process that answers.
-bool validation_names_its_process(const State& s, const ValidationObserved& e) {
+// Evidence proves something only of a known process, read while it was paused: an answer that
+// names no process or no pause state (a read that failed) is read again within the attempts. A
+// restore adopts the process that answers.
+bool validation_is_evidence(const State& s, const ValidationObserved& e) {
   const bool required = !s.engine_instance.empty() || s.update->restore;
-  return !e.engine_instance.empty() || !required;
+  return (!e.engine_instance.empty() || !required) && e.is_paused_known;
 }
 
 void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out) {
@@ -1244,11 +1245,11 @@ void derive(const State& s, const ValidationObserved& e, std::vector<Event>& out
           "the engine was not paused when its weights were checked (resumed outside "
           "RolloutCore during the update): the evidence proves nothing about what it served",
           out);
-  } else if (e.http.ok_2xx() && !validation_names_its_process(s, e)) {
+  } else if (e.http.ok_2xx() && !validation_is_evidence(s, e)) {
     if (out_of_attempts(s)) {
       taint(s, Cause::kValidationFailed,
-            "the validation never named the engine process that answered: its evidence cannot "
-            "be tied to the paused engine",
+            "the validation never read which engine process answered and whether it was "
+            "paused: its evidence cannot be tied to the paused engine",
             out);
     }
   } else if (e.http.ok_2xx() && e.reported_label == want && e.checks_passed) {

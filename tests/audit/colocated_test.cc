@@ -113,7 +113,7 @@ class Writer {
       case EffectKind::kResetCache:
         return CacheResetObserved{e.cache, kOk, true};
       case EffectKind::kValidate: {
-        ValidationObserved v{kOk, s.update->target.label, true, "", "i-1"};
+        ValidationObserved v{kOk, s.update->target.label, true, "", "i-1", {}, true, true};
         v.digest = DigestOf(s.update->target.label);
         return v;
       }

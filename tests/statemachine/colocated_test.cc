@@ -70,6 +70,7 @@ struct SleepDriver : Driver {
                               const std::string& instance = "i-1") {
     effect(EffectKind::kValidate);
     ValidationObserved v{ok_http(), label, true, ""};
+    v.is_paused_known = true;  // read while paused
     v.digest = d;
     v.engine_instance = instance;
     return ok(v);

@@ -23,7 +23,7 @@ struct DigestDriver : Driver {
   }
   std::vector<Event> validate(const std::string& label, const WeightDigest& seen) {
     effect(EffectKind::kValidate);
-    ValidationObserved v{ok_http(), label, true, "", "i-0"};
+    ValidationObserved v{ok_http(), label, true, "", "i-0", {}, true, true};
     v.digest = seen;
     return ok(v);
   }

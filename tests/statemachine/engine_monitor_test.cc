@@ -146,6 +146,7 @@ TEST(EngineMonitor, RecoveryMidUpdateReverifiesAfterAnAbortedUpdate) {
   v.effect(EffectKind::kValidate);
   ValidationObserved ok{ok_http(), "rc-1", true, ""};
   ok.engine_instance = "i-1";
+  ok.is_paused_known = true;
   v.ok(ok);
   v.resume();
   EXPECT_FALSE(v.s.engine_recheck) << "the validation vouched for the engine";
@@ -282,7 +283,7 @@ TEST(EngineMonitor, AValidationThatNamesNoProcessIsReadAgain) {
     SCOPED_TRACE(named_later ? "named on a later read" : "never named");
     Driver d = ready_on_instance();
     d.to_validating("rc-1");
-    const ValidationObserved unnamed{ok_http(), "rc-1", true, "", ""};
+    const ValidationObserved unnamed{ok_http(), "rc-1", true, "", "", {}, true, true};
     for (std::uint32_t i = 0; i + 1 < kEffectAttemptsMax; ++i) {
       d.effect(EffectKind::kValidate);
       EXPECT_TRUE(d.ok(unnamed).empty());
@@ -297,6 +298,23 @@ TEST(EngineMonitor, AValidationThatNamesNoProcessIsReadAgain) {
       EXPECT_EQ(last_change(ev).cause, Cause::kValidationFailed);
     }
   }
+}
+
+// A validation that could not read the pause state is read again, and taints when no read within
+// the attempts does; catches evidence published although an outside /resume may have unpaused
+// the engine while it was read (the /is_paused read failed and was taken as "no such route").
+TEST(EngineMonitor, AValidationWithoutThePauseStateIsReadAgain) {
+  Driver d = ready_on_instance();
+  d.to_validating("rc-1");
+  const ValidationObserved unknown{ok_http(), "rc-1", true, "", "i-1"};  // pause state unknown
+  for (std::uint32_t i = 0; i + 1 < kEffectAttemptsMax; ++i) {
+    d.effect(EffectKind::kValidate);
+    EXPECT_TRUE(d.ok(unknown).empty());
+  }
+  d.effect(EffectKind::kValidate);
+  auto ev = d.ok(unknown);
+  EXPECT_EQ(last_change(ev).to, Lifecycle::kTainted);
+  EXPECT_EQ(count_of<VersionPublished>(ev), 0);
 }
 
 // An answer that names no process never clears a pending re-verification, from the recovery's

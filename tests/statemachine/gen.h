@@ -133,10 +133,11 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
     case EffectKind::kValidate:
       if (r.chance(m.validate_wrong)) {
         return ValidationObserved{ok_http(), r.chance(50) ? s.committed.label : "bogus",
-                                  r.chance(80), "", process_of(s)};
+                                  r.chance(80), "", process_of(s), {}, true, true};
       }
       if (r.chance(m.validate_fail)) return ValidationObserved{random_bad_http(r), "", true, ""};
-      return ValidationObserved{ok_http(), s.update->target.label, true, "", process_of(s)};
+      return ValidationObserved{
+          ok_http(), s.update->target.label, true, "", process_of(s), {}, true, true};
     case EffectKind::kResume:
       if (r.chance(m.resume_fail)) {
         return r.chance(50) ? ResumeObserved{random_bad_http(r), false, true}

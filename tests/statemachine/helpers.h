@@ -130,8 +130,14 @@ struct Driver {
   void to_resuming_validated(const std::string& label = "rc-1") {
     to_validating(label);
     effect(EffectKind::kValidate);
-    ok(ValidationObserved{ok_http(), label, true, "",
-                          s.engine_instance.empty() ? "i-0" : s.engine_instance});
+    ok(ValidationObserved{ok_http(),
+                          label,
+                          true,
+                          "",
+                          s.engine_instance.empty() ? "i-0" : s.engine_instance,
+                          {},
+                          true,
+                          true});
   }
   // Answered unpaused by the process the fold knows (none known: names none).
   ResumeObserved good_resume() const {

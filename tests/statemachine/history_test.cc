@@ -44,7 +44,7 @@ Driver committed_update_with_rollouts() {
   d.reset_cache(CacheKind::kEncoder);
   d.reset_cache(CacheKind::kMultimodal);
   d.effect(EffectKind::kValidate);
-  d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "i-0"});
+  d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "i-0", {}, true, true});
   d.resume();
   d.admit();
   return d;
@@ -202,7 +202,7 @@ TEST(History, PublishWithoutValidation) {
   e.to_ready();
   e.to_validating();
   e.effect(EffectKind::kValidate);
-  e.record(ValidationObserved{ok_http(), "rc-0", true, "", "i-0"},
+  e.record(ValidationObserved{ok_http(), "rc-0", true, "", "i-0", {}, true, true},
            {VersionPublished{"u-rc-1", WeightVersion{1, "rc-1"}, identity('b')}});
   expect_bad(e.history, e.history.back().seq, "published but VALIDATING never saw it");
 }

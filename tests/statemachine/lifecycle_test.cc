@@ -49,7 +49,7 @@ TEST(Lifecycle, HappyUpdatePublishesTheTargetAndReturnsToReady) {
   EXPECT_EQ(d.s.lifecycle, Lifecycle::kValidating);
   EXPECT_EQ(next_effect(d.s).kind, EffectKind::kValidate);
   d.effect(EffectKind::kValidate);
-  ev = d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "i-0"});
+  ev = d.ok(ValidationObserved{ok_http(), "rc-1", true, "", "i-0", {}, true, true});
   EXPECT_EQ(last_change(ev).to, Lifecycle::kResuming);
   EXPECT_EQ(next_effect(d.s).kind, EffectKind::kResume);
   d.effect(EffectKind::kResume);
@@ -361,7 +361,7 @@ TEST(Lifecycle, ValidationWrongLabelTaints) {
   d.to_ready();
   d.to_validating();
   d.effect(EffectKind::kValidate);
-  auto ev = d.ok(ValidationObserved{ok_http(), "rc-0", true, "", "i-0"});
+  auto ev = d.ok(ValidationObserved{ok_http(), "rc-0", true, "", "i-0", {}, true, true});
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
 }
 
@@ -372,7 +372,7 @@ TEST(Lifecycle, ValidationFailedChecksTaint) {
   d.to_ready();
   d.to_validating();
   d.effect(EffectKind::kValidate);
-  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", false, "logprob drift", "i-0"});
+  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", false, "logprob drift", "i-0", {}, true, true});
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
 }
 
@@ -444,7 +444,7 @@ TEST(Lifecycle, TaintedIsTerminal) {
   d.to_ready();
   d.to_validating();
   d.effect(EffectKind::kValidate);
-  d.ok(ValidationObserved{ok_http(), "nope", true, "", "i-0"});
+  d.ok(ValidationObserved{ok_http(), "nope", true, "", "i-0", {}, true, true});
   ASSERT_EQ(d.s.lifecycle, Lifecycle::kTainted);
   d.rejected(make_admission(d.s, "late"));
   d.rejected(d.update_request("rc-2"));

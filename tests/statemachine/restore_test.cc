@@ -35,6 +35,7 @@ struct RestoreDriver : Driver {
                               const std::string& instance = "i-1") {
     effect(EffectKind::kValidate);
     ValidationObserved v{ok_http(), label, true, ""};
+    v.is_paused_known = true;  // read while paused
     v.digest = seen;
     v.engine_instance = instance;
     return ok(v);
