@@ -228,18 +228,12 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
     def reply(self, code, obj):
-        body = b"" if obj is None else json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        self.close_connection = True
+        self.send_body(code, b"" if obj is None else json.dumps(obj).encode(), "application/json")
     def reply_text(self, code, text):
-        body = text.encode()
+        self.send_body(code, text.encode(), "text/plain; version=0.0.4")
+    def send_body(self, code, body, content_type):
         self.send_response(code)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
         self.end_headers()

@@ -132,8 +132,10 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
       return CacheResetObserved{e.cache, ok_http(), true};
     case EffectKind::kValidate:
       if (r.chance(m.validate_wrong)) {
-        return ValidationObserved{ok_http(), r.chance(50) ? s.committed.label : "bogus",
-                                  r.chance(80), "", process_of(s), {}, true, true};
+        return ValidationObserved{ok_http(),     r.chance(50) ? s.committed.label : "bogus",
+                                  r.chance(80),  "",
+                                  process_of(s), {},
+                                  true,          true};
       }
       if (r.chance(m.validate_fail)) return ValidationObserved{random_bad_http(r), "", true, ""};
       return ValidationObserved{

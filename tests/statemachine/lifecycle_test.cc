@@ -372,7 +372,8 @@ TEST(Lifecycle, ValidationFailedChecksTaint) {
   d.to_ready();
   d.to_validating();
   d.effect(EffectKind::kValidate);
-  auto ev = d.ok(ValidationObserved{ok_http(), "rc-1", false, "logprob drift", "i-0", {}, true, true});
+  auto ev =
+      d.ok(ValidationObserved{ok_http(), "rc-1", false, "logprob drift", "i-0", {}, true, true});
   expect_tainted(d, ev, Lifecycle::kValidating, Cause::kValidationFailed);
 }
 
