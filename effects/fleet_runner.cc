@@ -254,16 +254,15 @@ Status FleetRunner::CancelIfBlocked(const std::string& update_id, const Plan& pl
   if (progress.cancelled) {
     return Status::Unavailable("fleet update '" + update_id + "' cannot end: " + why);
   }
-  progress.blocked_since_ms = now;
   return CancelOnce(update_id, "blocked for " + std::to_string(blocked_ms) + " ms: " + why,
                     progress);
 }
 
 Status FleetRunner::CancelIfPastDeadline(const std::string& update_id, Progress& progress) {
   const std::int64_t open_ms = clock_.now_ms() - progress.requested_ms;
-  if (progress.cancelled || open_ms < static_cast<std::int64_t>(options_.update_timeout_ms)) {
-    return Status::OK();
-  }
+  if (open_ms < static_cast<std::int64_t>(options_.update_timeout_ms)) return Status::OK();
+  progress.past_deadline = true;
+  if (progress.cancelled) return Status::OK();
   return CancelOnce(update_id,
                     "deadline: open for " + std::to_string(open_ms) + " ms (update_timeout_ms " +
                         std::to_string(options_.update_timeout_ms) + ")",
@@ -277,6 +276,7 @@ Status FleetRunner::CancelOnce(const std::string& update_id, const std::string& 
   // A full queue refused it (not a failure of the journal): tried again at the next look.
   if (cancelled.code() == Code::kBusy) return Status::OK();
   progress.cancelled = true;
+  progress.blocked_since_ms = clock_.now_ms();  // "cannot end" counts from the cancel
   if (cancelled.code() == Code::kConflict || cancelled.code() == Code::kNotFound) {
     return Status::OK();
   }
@@ -308,7 +308,7 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
     stopped = CancelIfPastDeadline(id, progress);
     const std::size_t started_before = members.size();
     // Once cancelled, the fold skips the pending members: none is started from an older look.
-    if (!progress.cancelled) StartMembers(plan, members, refused);
+    if (!progress.cancelled && !progress.past_deadline) StartMembers(plan, members, refused);
     // A member started this look is progress, even one that already ended.
     if (members.size() > started_before) progress.blocked_since_ms = -1;
     // Every member started (an `all` update at once): nothing is left to start, so the members'

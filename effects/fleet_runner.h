@@ -108,6 +108,7 @@ class FleetRunner {
   struct Progress {
     std::int64_t blocked_since_ms = -1;  // -1: a member runs
     bool cancelled = false;              // by this executor (blocked, or past the deadline)
+    bool past_deadline = false;          // no member starts, even before the cancel is journaled
     std::int64_t requested_ms = 0;       // when the request was durable
     const std::map<std::string, Status>* refused = nullptr;  // members whose start was refused
   };

@@ -425,7 +425,11 @@ Status Runner::Bootstrap(const std::string& label, const WeightIdentity& identit
   if (s.lifecycle == Lifecycle::kReady) return Status::OK();
   std::string why = last_probe_ ? explain_bootstrap_refusal(request, *last_probe_)
                                 : std::string("no probe was made");
-  if (last_probe_ && last_probe_->is_paused_known && last_probe_->is_paused) {
+  if (last_probe_ && last_probe_->http.ok_2xx() && last_probe_->engine_instance.empty()) {
+    why +=
+        " (the engine must expose its process: /metrics with process_start_time_seconds, or "
+        "the worker extension)";
+  } else if (last_probe_ && last_probe_->is_paused_known && last_probe_->is_paused) {
     why += " (resume it, or restart it from the declared weights; --adopt-engine resumes it)";
   } else if (last_probe_ && last_probe_->http.ok_2xx() && !options.adopt) {
     why +=
@@ -479,7 +483,22 @@ Status Runner::start_plan(const Event& request, const std::string& key) {
   return submitted;
 }
 
+// A request the journal held already, whose plan is not the one in flight: it ended before, in
+// some group this runner did not see. Its end is the journal's to tell, and nothing is driven.
+Status Runner::RefuseEndedResubmission(const std::string& id) const {
+  if (resubmitted_seq_ == 0) return Status::OK();
+  for (const UpdateEnded& e : ended_) {
+    if (e.update_id == id) return Status::OK();  // it ended in its own group: that end answers
+  }
+  const State s = current_state();
+  if (s.update && s.update->update_id == id) return Status::OK();
+  return Status::Conflict("'" + id + "' was requested at seq " + std::to_string(resubmitted_seq_) +
+                          " and has ended (rolloutcore replay shows how); a new request needs a "
+                          "new id");
+}
+
 Result<UpdateEnded> Runner::finish_plan(const std::string& id) {
+  RC_RETURN_IF_ERROR(RefuseEndedResubmission(id));
   Status driven = Drive();
   timings_.total_us = elapsed_us(plan_start_us_);
   if (!driven.ok()) return driven;
@@ -487,14 +506,6 @@ Result<UpdateEnded> Runner::finish_plan(const std::string& id) {
     if (e.update_id == id) return e;
   }
   const State s = current_state();
-  // A request the journal held already, whose plan is not the one in flight: it ended before,
-  // in some group this runner did not see. Its end is the journal's to tell, not a stuck plan.
-  if (resubmitted_seq_ != 0 && !(s.update && s.update->update_id == id)) {
-    return Status::Conflict("'" + id + "' was requested at seq " +
-                            std::to_string(resubmitted_seq_) +
-                            " and has ended (rolloutcore replay shows how); a new request needs a "
-                            "new id");
-  }
   return Status::Unavailable("'" + id + "' did not end: state " + lifecycle_name(s.lifecycle) +
                              ", next effect " + effect_name(next_effect(s).kind) +
                              " (retries exhausted)");

@@ -186,6 +186,7 @@ class Runner {
   // The seq at which the journal first recorded the plan's request when start_plan resubmitted
   // it (its idempotency key answered with the original); 0 for a new request.
   std::uint64_t resubmitted_seq_ = 0;
+  [[nodiscard]] Status RefuseEndedResubmission(const std::string& id) const;
   DeviceMemory last_sleep_memory_;
 };
 

@@ -407,6 +407,15 @@ bool refused_whole(const FleetUpdate& u) {
   return u.members.size() < u.request.min_healthy || u.members.empty();
 }
 
+// The rule of builds before members holding the target counted: only an update none of whose
+// members held it was refused whole. Their recorded ends still apply (a journal opens as it was
+// written); replay re-derives with the rule above and reports where the two differ.
+bool refused_whole_before_holders_counted(const FleetUpdate& u) {
+  const bool none_held = std::all_of(u.members.begin(), u.members.end(),
+                                     [](auto& m) { return m.second == MemberStatus::kPending; });
+  return none_held && refused_whole(u);
+}
+
 bool every_member_ended(const FleetUpdate& u) {
   return std::all_of(u.members.begin(), u.members.end(),
                      [](auto& m) { return member_ended(m.second); });
@@ -418,13 +427,17 @@ Status apply_one(FleetState& f, const FleetUpdateEnded& e) {
   }
   if (e.reason.size() > kTextBytesMax) return Status::InvalidArgument("reason is too long");
   const bool whole = refused_whole(*f.update);
-  if (!whole && !every_member_ended(*f.update)) {
+  const bool whole_before = refused_whole_before_holders_counted(*f.update);
+  const bool ended = every_member_ended(*f.update);
+  if (!whole && !ended) {
     return Status::Rejected("fleet update '" + e.update_id + "' has members still to end");
   }
   FleetUpdateEnded expect = tally(*f.update);
-  if (whole) expect.outcome = FleetOutcome::kRefused;
   expect.reason = e.reason;
-  if (!(expect == e)) return Status::Rejected("fleet update end does not match its members");
+  FleetUpdateEnded refused = expect;
+  refused.outcome = FleetOutcome::kRefused;
+  const bool matches = (whole && refused == e) || (ended && !whole_before && expect == e);
+  if (!matches) return Status::Rejected("fleet update end does not match its members");
   f.update.reset();
   f.fleet_updates_ended++;
   return Status::OK();

@@ -35,23 +35,20 @@ TEST(Experiments, E1ControlPlaneOnly) {
   const auto before = x.Complete(prompt, 32);
   ASSERT_TRUE(before.http.ok_2xx()) << before.http.error;
 
-  std::atomic<std::int64_t> finished_at_us{0};
-  const auto t0 = steady_clock::now();
   std::thread long_request([&] {
     auto r = x.Complete("a 256-token rollout", 256);
     EXPECT_TRUE(r.http.ok_2xx());
     EXPECT_EQ(r.body["usage"]["completion_tokens"], 256);
-    finished_at_us =
-        std::chrono::duration_cast<std::chrono::microseconds>(steady_clock::now() - t0).count();
   });
   ASSERT_TRUE(x.engine.engine().WaitUntil([](const auto& s) { return s.running == 1; }, 5000));
   DrainObserved drained = x.control->PauseWait(20000);
-  const auto paused_at_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(steady_clock::now() - t0).count();
+  // The engine's own count, read as the pause returns (not the client's clock, which a loaded
+  // host delays after the engine's last token).
+  const bool none_running =
+      x.engine.engine().WaitUntil([](const auto& s) { return s.running == 0; }, 0);
   long_request.join();
   ASSERT_TRUE(drained.http.ok_2xx() && drained.paused);
-  EXPECT_GE(paused_at_us, finished_at_us.load() - 2000)
-      << "pause(mode=wait) returned before the running request finished";
+  EXPECT_TRUE(none_running) << "pause(mode=wait) returned before the running request finished";
   EXPECT_GT(drained.http.latency_us, 256u * 2000 / 2) << "the drain did not wait";
   for (CacheKind c : {CacheKind::kPrefix, CacheKind::kEncoder, CacheKind::kMultimodal}) {
     CacheResetObserved reset = x.control->ResetCache(c);

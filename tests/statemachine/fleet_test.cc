@@ -182,6 +182,12 @@ TEST(Fleet, MinHealthyHoldsWhenAMemberAlreadyHoldsTheTarget) {
   EXPECT_EQ(end.outcome, FleetOutcome::kRefused);
   EXPECT_NE(end.reason.find("min_healthy is 3"), std::string::npos) << end.reason;
   EXPECT_EQ(d.engine("b").committed.label, "rc-0");
+  // With min_healthy 2, the holder counts: the update goes on, and only b has anything to do.
+  const FleetUpdateRequested enough = d.fleet_update("u3", FleetUpdateMode::kAll, "rc-1", 1, 2);
+  EXPECT_FALSE(has_end(d.ok(FleetEvent{"", enough}), &end));
+  ASSERT_TRUE(d.f.update.has_value());
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kCommitted);
+  EXPECT_EQ(d.f.update->members.at("b"), MemberStatus::kPending);
   EXPECT_EQ(d.refold(), d.f);
 }
 
