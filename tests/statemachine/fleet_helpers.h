@@ -17,7 +17,7 @@ inline FaultMix calm_mix() {
   FaultMix m;
   m.probe_fail = m.drain_fail = m.drain_timeout = m.preflight_bad = 0;
   m.transfer_refused = m.transfer_ambiguous = m.reset_fail = 0;
-  m.validate_fail = m.validate_wrong = m.resume_fail = m.garbage = 0;
+  m.validate_fail = m.validate_wrong = m.resume_fail = m.garbage = m.answer_partial = 0;
   return m;
 }
 

@@ -41,6 +41,9 @@ struct FaultMix {
   std::uint32_t validate_wrong = 2;
   std::uint32_t resume_fail = 10;
   std::uint32_t garbage = 5;
+  // A 2xx probe, validation or resume whose process (or, for a validation, pause state) read
+  // failed: the answer names none.
+  std::uint32_t answer_partial = 5;
   static FaultMix draw(Rng& r) {
     FaultMix m;
     auto p = [&](std::uint32_t max) { return r.chance(30) ? 0u : r.below(max + 1); };
@@ -55,6 +58,7 @@ struct FaultMix {
     m.validate_wrong = p(6);
     m.resume_fail = p(50);
     m.garbage = p(20);
+    m.answer_partial = p(30);
     return m;
   }
 };
@@ -80,6 +84,11 @@ inline std::string process_of(const State& s) {
   return s.engine_instance.empty() ? "i-0" : s.engine_instance;
 }
 
+// Whether this 2xx answer lost its process read (draws nothing when the mix has none).
+inline bool partial(Rng& r, const FaultMix& m) {
+  return m.answer_partial > 0 && r.chance(m.answer_partial);
+}
+
 // The observation for the effect in flight, good or bad according to the mix.
 inline Event observation(const State& s, Rng& r, const FaultMix& m) {
   const Effect e = *s.in_flight;
@@ -87,7 +96,7 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
     case EffectKind::kProbeEngine:
       if (r.chance(m.probe_fail)) return EngineProbed{random_bad_http(r), "v", ""};
       return EngineProbed{ok_http(), "0.25.1", s.bootstrap ? s.bootstrap->label : "?",
-                          false,     false,    process_of(s)};
+                          false,     false,    partial(r, m) ? "" : process_of(s)};
     case EffectKind::kDrain:
       if (r.chance(m.drain_timeout)) return DrainObserved{http(Transport::kTimeout), false};
       if (r.chance(m.drain_fail)) return DrainObserved{random_bad_http(r), r.chance(50)};
@@ -138,6 +147,12 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
                                   true,          true};
       }
       if (r.chance(m.validate_fail)) return ValidationObserved{random_bad_http(r), "", true, ""};
+      if (partial(r, m)) {  // the instance or the pause state unread
+        const bool named = r.chance(50);
+        return ValidationObserved{
+            ok_http(), s.update->target.label, true, "", named ? process_of(s) : "", {}, !named,
+            true};
+      }
       return ValidationObserved{
           ok_http(), s.update->target.label, true, "", process_of(s), {}, true, true};
     case EffectKind::kResume:
@@ -145,7 +160,8 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
         return r.chance(50) ? ResumeObserved{random_bad_http(r), false, true}
                             : ResumeObserved{ok_http(), r.chance(50), true};
       }
-      return ResumeObserved{ok_http(), true, false, s.engine_instance};  // the same process
+      // The same process, unless its read failed.
+      return ResumeObserved{ok_http(), true, false, partial(r, m) ? "" : s.engine_instance};
     default:
       return RecoveryStarted{"exec-x"};
   }

@@ -311,7 +311,7 @@ TEST(StatemachineSim, FaultFreeRunCommitsEveryCycle) {
   Driver d;
   d.to_ready();
   InputGen gen;
-  gen.mix = FaultMix{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  gen.mix = FaultMix{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   gen.recovery_percent = 0;
   Rng rng(42);
   for (int i = 0; i < 20000 && d.s.counters.updates_committed < 30; ++i) {
