@@ -39,6 +39,7 @@ const rc::State& ready() {
     p.http = rc::HttpEvidence{rc::Transport::kOk, 200, true, 10, ""};
     p.engine_version = "0.25.1";
     p.reported_label = "rc-0";
+    p.engine_instance = "i-0";  // the process the bootstrap verifies
     ok(p);
     ok(rc::make_admission(st, kActive, kLeaseMs));
     FUZZ_CHECK(st.lifecycle == rc::Lifecycle::kReady && st.active.count(kActive) == 1);
