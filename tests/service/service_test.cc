@@ -29,7 +29,6 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr const char* kToken = "test-token";
-constexpr const char* kSource = "synthetic:4x64";
 
 // The stack these tests use: a token, a double and a service sized for hundreds of streams.
 struct Stack : stack::ServiceStack {
