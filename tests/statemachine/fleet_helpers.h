@@ -108,6 +108,17 @@ struct FleetDriver {
     }
   }
 
+  // A rolling update to `label` of which only `engine` runs before it is cancelled: the others
+  // stay behind on their old label.
+  void update_only(const std::string& engine, const std::string& update_id,
+                   const std::string& label) {
+    const FleetUpdateRequested u = fleet_update(update_id, FleetUpdateMode::kRolling, label);
+    ok(FleetEvent{"", u});
+    ok(engine, member_update(u));
+    run_update(engine);
+    ok(FleetEvent{"", FleetUpdateCancelled{update_id, "the others stay behind"}});
+  }
+
   // Steps `id`'s own update as run_update does, but its engine never answers a resume (it died
   // paused): the plan stops in RESUMING once the resume ran out of attempts.
   void run_update_dead_at_resume(const std::string& id) {
