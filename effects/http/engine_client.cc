@@ -396,9 +396,18 @@ void conclude(const TransportVerdict& v, const Transferred& t, const EngineClien
 
 }  // namespace
 
+CallOptions WithOperationDeadline(const CallOptions& o, std::uint64_t default_timeout_ms) {
+  if (o.deadline) return o;
+  CallOptions bounded = o;
+  bounded.deadline = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(o.timeout_ms.value_or(default_timeout_ms));
+  return bounded;
+}
+
 HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
   RC_CHECK(!req.path.empty() && req.path.front() == '/');
-  const std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);
+  std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);
+  if (o.deadline) timeout_ms = std::min(timeout_ms, remaining_ms(*o.deadline));
   const std::size_t body_bytes = req.json_body ? req.json_body->size() : 0;
   std::optional<std::string> refused =
       refusal_before_sending(timeout_ms, call_cancelled(*this, o), body_bytes);
@@ -500,7 +509,8 @@ bool IsBearerToken(const std::string& token) {
   }
   return true;
 }
-HttpReply EngineClient::ReadLabel(const CallOptions& o) {
+HttpReply EngineClient::ReadLabel(const CallOptions& options) {
+  const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
   const LabelRoute route = label_route();
   HttpReply r = route == LabelRoute::kWorkerRpc ? LabelFromExtension(o) : LabelFromRoute(route, o);
   // ObserveView, WeightInfo and the runner read it without another check.
@@ -531,7 +541,8 @@ HttpReply EngineClient::LabelFromRoute(LabelRoute route, const CallOptions& o) {
   }
   return rpc;
 }
-HttpReply EngineClient::WriteLabel(const std::string& label, const CallOptions& o) {
+HttpReply EngineClient::WriteLabel(const std::string& label, const CallOptions& options) {
+  const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
   HttpEvidence found;
   if (label_route() == LabelRoute::kUnknown) {
     HttpReply r = ReadLabel(o);
@@ -640,7 +651,8 @@ HttpReply EngineClient::UpdateWeights(const json& update_info, const CallOptions
               o);
 }
 HttpReply EngineClient::FinishWeightUpdate(const std::optional<std::string>& label,
-                                           const CallOptions& o) {
+                                           const CallOptions& options) {
+  const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
   // Finish is always sent first: an engine left without it keeps layers mid-reload (0.25.x) and
   // refuses the next start. The body carries the label unless the engine is known to ignore it.
   std::optional<std::string> body;
@@ -722,15 +734,16 @@ EngineProbed EngineClient::Probe() {
   return p;
 }
 
-std::string EngineClient::Instance(const HttpReply& label_reply) {
+std::string EngineClient::Instance(const HttpReply& label_reply, const CallOptions& o) {
   if (std::optional<std::string> named = instance_in_label_body(label_reply.body)) return *named;
-  HttpReply metrics = MetricsRaw();
+  HttpReply metrics = MetricsRaw(o);
   return metrics.http.ok_2xx() ? start_time_instance(metrics.raw) : std::string();
 }
 
-std::string EngineClient::Instance() {
-  HttpReply info = ReadLabel();
-  return info.http.ok_2xx() ? Instance(info) : std::string();
+std::string EngineClient::Instance(const CallOptions& options) {
+  const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
+  HttpReply info = ReadLabel(o);
+  return info.http.ok_2xx() ? Instance(info, o) : std::string();
 }
 
 EngineClient::EngineView EngineClient::ObserveView() {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,7 +64,14 @@ struct CallOptions {
   // PostJson only: sent as "Authorization: Bearer <token>" (RolloutCore's own API, not an
   // engine). The caller has checked it is printable ASCII without spaces (IsBearerToken).
   std::string bearer_token;
+  // The end of the whole operation this call belongs to: the call gets at most what is left of
+  // it, so an operation of several calls ends by one deadline, not one per call.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
+
+// `o` with a deadline for an operation of several calls: its own, else now plus its timeout
+// (default_timeout_ms when it names none).
+CallOptions WithOperationDeadline(const CallOptions& o, std::uint64_t default_timeout_ms);
 
 // A token that can travel in an Authorization header: 1..4096 printable ASCII, no space.
 bool IsBearerToken(const std::string& token);
@@ -171,10 +179,10 @@ class EngineClient {
   EngineMonitored Monitor();
   // Which engine process answers: the worker extension's nonces when the label reply carries
   // them, else "start:<process_start_time_seconds>" from /metrics, else "" (unknown).
-  std::string Instance(const HttpReply& label_reply);
+  std::string Instance(const HttpReply& label_reply, const CallOptions& o = {});
   // The same after a fresh label read; "" (unknown) when that read failed, as a failed read
   // proves nothing about which process answers.
-  std::string Instance();
+  std::string Instance(const CallOptions& o = {});
   DrainObserved PauseWait();  // POST /pause?mode=wait&clear_cache=false
   CacheResetObserved ResetCache(CacheKind cache);
   ValidationObserved WeightInfo();  // the label (ReadLabel) while paused
@@ -188,7 +196,8 @@ class EngineClient {
   // /weight_info; on 404, /collective_rpc rc_weight_info). On success body is
   // {"weight_version": label} (+ "workers": n on the RPC route, every worker agreeing).
   HttpReply ReadLabel(const CallOptions& o = {});
-  // Sets the label (/update_weight_version or rc_set_weight_version on every worker).
+  // Sets the label (/update_weight_version or rc_set_weight_version on every worker). Like
+  // ReadLabel and FinishWeightUpdate it may take several calls; all of them end by one deadline.
   HttpReply WriteLabel(const std::string& label, const CallOptions& o = {});
   LabelRoute label_route() const { return label_route_.load(std::memory_order_acquire); }
   void set_label_route(LabelRoute r) { label_route_.store(r, std::memory_order_release); }

@@ -47,8 +47,8 @@ struct DeviceTotals {
   std::uint64_t total_bytes = 0;
 };
 
-DeviceTotals read_device_totals(EngineClient& client) {
-  HttpReply reply = client.DeviceInfo();
+DeviceTotals read_device_totals(EngineClient& client, const CallOptions& o) {
+  HttpReply reply = client.DeviceInfo(o);
   if (!reply.http.ok_2xx()) return {};
   Result<std::vector<WorkerDevice>> devices = parse_device_info(reply.body);
   if (!devices.ok()) return {};
@@ -65,10 +65,11 @@ DeviceMemory around(const DeviceTotals& before, const DeviceTotals& after) {
   return DeviceMemory{true, before.free_bytes, after.free_bytes, after.total_bytes};
 }
 
+// Every call of a sleep or a wake ends by the effect's one deadline.
 CallOptions within(std::uint64_t timeout_ms) {
   CallOptions o;
   o.timeout_ms = timeout_ms;
-  return o;
+  return WithOperationDeadline(o, timeout_ms);
 }
 
 }  // namespace
@@ -79,15 +80,16 @@ SleepObserved HttpEngineControl::Sleep(std::uint8_t level, std::uint64_t timeout
   RC_CHECK(level >= 1 && level <= kSleepLevelMax && timeout_ms > 0);
   SleepObserved out;
   out.level = level;
-  const DeviceTotals before = read_device_totals(client_);
-  out.http = client_.Sleep(level, PauseMode::kWait, within(timeout_ms)).http;
+  const CallOptions o = within(timeout_ms);
+  const DeviceTotals before = read_device_totals(client_, o);
+  out.http = client_.Sleep(level, PauseMode::kWait, o).http;
   if (!out.http.ok_2xx()) return out;
-  HttpReply sleeping = client_.IsSleeping();
+  HttpReply sleeping = client_.IsSleeping(o);
   if (sleeping.http.ok_2xx()) {
     out.is_sleeping_known = true;
     out.is_sleeping = sleeping.body.at("is_sleeping").get<bool>();
   }
-  out.memory = around(before, read_device_totals(client_));
+  out.memory = around(before, read_device_totals(client_, o));
   return out;
 }
 
@@ -95,17 +97,18 @@ WakeObserved HttpEngineControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
   RC_CHECK(timeout_ms > 0);
   WakeObserved out;
   out.tag = tag;
-  const DeviceTotals before = read_device_totals(client_);
-  out.http = client_.WakeUp(tag, within(timeout_ms)).http;
+  const CallOptions o = within(timeout_ms);
+  const DeviceTotals before = read_device_totals(client_, o);
+  out.http = client_.WakeUp(tag, o).http;
   if (!out.http.ok_2xx()) return out;
-  out.memory = around(before, read_device_totals(client_));
+  out.memory = around(before, read_device_totals(client_, o));
   if (tag != WakeTag::kKvCache) return out;
-  HttpReply paused = client_.IsPaused();
+  HttpReply paused = client_.IsPaused(o);
   if (paused.http.ok_2xx()) {
     out.is_paused_known = true;
     out.is_paused = paused.body.at("is_paused").get<bool>();
   }
-  out.engine_instance = client_.Instance();
+  out.engine_instance = client_.Instance(o);
   return out;
 }
 

@@ -210,6 +210,7 @@ struct RpcLabelServer {
   std::vector<std::string> finish_bodies;
   int workers = 2;
   bool extension = true;
+  int delay_ms = 0;  // before every finish and RPC answer
   RpcLabelServer() {
     s.server().Get("/health", [](const auto&, auto& res) { res.status = 200; });
     s.server().Get("/version",
@@ -219,11 +220,13 @@ struct RpcLabelServer {
     s.server().Get("/is_paused",
                    [](const auto&, auto& res) { Json(res, R"({"is_paused":false})"); });
     s.server().Post("/finish_weight_update", [this](const auto& req, auto& res) {
+      s.SlowSleep(delay_ms);
       std::lock_guard lk(mu);
       finish_bodies.push_back(req.body);
       Json(res, R"({"message":"Weight update finished"})");
     });
     s.server().Post("/collective_rpc", [this](const auto& req, auto& res) {
+      s.SlowSleep(delay_ms);
       std::lock_guard lk(mu);
       json body = json::parse(req.body);
       if (!extension) {
@@ -272,6 +275,23 @@ TEST(EngineClient, LabelThroughWorkerRpcOn025) {
   EXPECT_EQ(srv.label, "rc-1");
   const auto paths = srv.s.paths(8);
   EXPECT_EQ(std::count(paths.begin(), paths.end(), "GET /weight_info"), 1);
+}
+
+// Proves a finish that must also read and write the label (vLLM 0.25.x) ends by the one deadline
+// it was given: the label write is never sent once the time is spent; would catch each call of
+// the chain getting the whole timeout again (three calls, three times the bound), which let a
+// transfer step outlive its deadline and be taken as success.
+TEST(EngineClient, AFinishAndItsLabelWritesEndByOneDeadline) {
+  RpcLabelServer srv;
+  srv.delay_ms = 300;
+  EngineClient c(srv.s.url(), Fast());
+  CallOptions o;
+  o.timeout_ms = 500;  // the finish fits; the label read after it does not
+  HttpReply fin = c.FinishWeightUpdate(std::string("rc-1"), o);
+  EXPECT_FALSE(fin.http.ok_2xx()) << "three 300 ms calls cannot end within 500 ms";
+  std::lock_guard lk(srv.mu);
+  EXPECT_EQ(srv.finish_bodies.size(), 1u);
+  EXPECT_EQ(srv.label, "default") << "the label write was sent after the deadline";
 }
 
 // Proves an engine without /weight_info and without the worker extension fails the probe and the
