@@ -34,6 +34,9 @@ namespace {
 constexpr std::size_t kReadChunkBytes = 4096;
 constexpr std::uint64_t kLingerMs = 1000;     // after a final answer, until the client's EOF
 constexpr std::uint64_t kAcceptRetryMs = 50;  // after a failed accept
+// Beast's limits count a request's head and its body, not a chunk-size line or a trailer: the
+// read buffer's own bound caps those (and so each connection's buffer).
+constexpr std::size_t kFramingSlackBytes = 64 << 10;
 
 std::string_view SplitPath(std::string_view target) {
   const std::size_t q = target.find('?');
@@ -102,7 +105,11 @@ void SetBody(HttpResponse& res, int status, std::string body, std::string_view c
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(HttpServer& server, tcp::socket socket, Strand strand)
-      : server_(server), strand_(std::move(strand)), socket_(std::move(socket)), timer_(strand_) {}
+      : server_(server),
+        strand_(std::move(strand)),
+        socket_(std::move(socket)),
+        timer_(strand_),
+        buffer_(server.options().header_bytes_max + kFramingSlackBytes) {}
   ~Session() {
     Uncount();
     server_.SessionClosed(this);
@@ -233,6 +240,11 @@ bool Session::ReadFailed(beast::error_code ec, Phase phase) {
            "request head exceeds " + std::to_string(server_.options().header_bytes_max) + " bytes");
   } else if (ec == bhttp::error::body_limit) {
     Refuse(413, "too_large", "request body exceeds body_bytes_max");
+  } else if (ec == bhttp::error::buffer_overflow) {
+    server_.mutable_counters().bad_requests++;
+    Refuse(431, "too_large",
+           "a request head, chunk-size line or trailer exceeds " +
+               std::to_string(server_.options().header_bytes_max + kFramingSlackBytes) + " bytes");
   } else if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
              ec == asio::error::connection_reset) {
     Close();

@@ -26,14 +26,19 @@
 
 namespace rc::service {
 
+// A response head (64 KiB at most) and the framing around each body read.
+inline constexpr std::size_t kUpstreamBufferBytesMax = 192 << 10;
+
 struct UpstreamConn {
   // `executor`: the opening exchange's event loop (not its strand: a connection outlives the
   // exchange, and every operation names the strand of the exchange that holds it).
   UpstreamConn(const boost::asio::any_io_executor& executor, const void* loop)
       : socket(executor), loop(loop) {}
   boost::asio::ip::tcp::socket socket;
-  const void* loop;                  // that event loop (a key, never dereferenced)
-  boost::beast::flat_buffer buffer;  // bytes read past the last response
+  const void* loop;  // that event loop (a key, never dereferenced)
+  // Bytes read past the last response. Bounded: Beast's limits do not count an answer's
+  // chunk-size lines or trailer, so an engine sending one without end is cut off here.
+  boost::beast::flat_buffer buffer{kUpstreamBufferBytesMax};
   std::uint64_t uses = 0;
 };
 

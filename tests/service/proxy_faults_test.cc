@@ -430,6 +430,46 @@ TEST(ConnectionGate, HeadersReachRoutesVerbatim) {
   EXPECT_TRUE(http.Stop(5000));
 }
 
+// Sends `head`, then `filler` again and again (up to 8 MiB) until the server stops taking it, and
+// returns what the server answered.
+std::string endless_after(int port, const std::string& head, const std::string& filler) {
+  const int fd = connect_loopback(port);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  bool sent = ::send(fd, head.data(), head.size(), MSG_NOSIGNAL) > 0;
+  for (std::size_t total = 0; sent && total < (8u << 20); total += filler.size()) {
+    sent = ::send(fd, filler.data(), filler.size(), MSG_NOSIGNAL) > 0;
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) {
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// Proves a chunk-size line or a trailer that never ends is cut off at the connection's buffer
+// bound with 431, and the server goes on serving. Catches the read buffer growing with every
+// byte of it (Beast's head and body limits do not count chunk framing): one client could hold
+// gigabytes of memory per connection until the body deadline.
+TEST(ConnectionGate, ChunkFramingWithoutEndIsCutOffAtTheBufferBound) {
+  HttpServerOptions o;
+  o.io_threads = 1;
+  HttpServer http(o, EchoRoutes());
+  Result<int> port = http.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  const std::string head = "POST /ping HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string filler(64 << 10, 'a');
+  EXPECT_EQ(status_of(endless_after(*port, head + "1;", filler)), 431) << "a chunk extension";
+  EXPECT_EQ(status_of(endless_after(*port, head + "0\r\nX-T: ", filler)), 431) << "a trailer";
+  EXPECT_EQ(
+      body_of(raw_exchange(*port, "GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
+      "pong");
+  EXPECT_TRUE(http.Stop(5000));
+}
+
 // Proves the server alone (no Service): with one event-loop thread and 16 tricklers a plain
 // route keeps answering, and tricklers get 408 at the header deadline. Catches: a thread per
 // waiting connection, a missing header deadline, a server that never hands complete requests
