@@ -242,6 +242,13 @@ Result<WakeRequested> ParseWakeBody(const std::string& req_body) {
   return WakeRequested{*id};
 }
 
+Status CheckClientRolloutId(const std::string& id) {
+  if (id.rfind(kGeneratedRolloutIdPrefix, 0) != 0) return Status::OK();
+  return Status::InvalidArgument("a client's rollout id may not begin with '" +
+                                 std::string(kGeneratedRolloutIdPrefix) +
+                                 "': serve generates those");
+}
+
 Result<AdmitBody> ParseAdmitBody(const std::string& req_body, std::uint64_t admit_wait_ms,
                                  std::uint32_t rollout_lease_ms) {
   RC_CHECK(rollout_lease_ms >= kRolloutLeaseMsMin && rollout_lease_ms <= kRolloutLeaseMsMax);
@@ -255,6 +262,7 @@ Result<AdmitBody> ParseAdmitBody(const std::string& req_body, std::uint64_t admi
     return Status::InvalidArgument("'rollout_id' must be 1.." + std::to_string(kIdBytesMax) +
                                    " bytes of printable UTF-8");
   }
+  RC_RETURN_IF_ERROR(CheckClientRolloutId(*r));
   out.rollout_id = *r;
   auto w = GetInt(*body, "wait_ms", static_cast<std::int64_t>(admit_wait_ms), 0,
                   static_cast<std::int64_t>(admit_wait_ms));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,11 @@ struct AdmitBody {
   std::int64_t wait_ms = 0;
   std::int64_t lease_ms = 0;
 };
+// Ids serve generates for its rollouts begin with this. A client's own id may not: every answer
+// shows a generated id, so a client could otherwise take the ids serve is about to give others.
+inline constexpr std::string_view kGeneratedRolloutIdPrefix = "px-";
+[[nodiscard]] Status CheckClientRolloutId(const std::string& id);
+
 Result<AdmitBody> ParseAdmitBody(const std::string& body, std::uint64_t admit_wait_ms,
                                  std::uint32_t rollout_lease_ms);
 

@@ -13,6 +13,7 @@
 #include "journal/json.h"
 #include "effects/http/response_parsers.h"
 #include "service/balancer.h"
+#include "service/api_parse.h"
 #include "service/http_util.h"
 #include "service/trajectory_line.h"
 #include "statemachine/text.h"
@@ -201,7 +202,7 @@ Status ProxyExchange::ParseRolloutId() {
                                    " bytes, sent verbatim");
   }
   rollout_id_ = std::string(*v);
-  return Status::OK();
+  return CheckClientRolloutId(rollout_id_);
 }
 
 void ProxyExchange::OnAdmitted(Service::AdmitResult a) {
@@ -594,37 +595,52 @@ std::uint64_t ProxyExchange::UpstreamElapsedUs() const {
   return connect_attempts_ == 0 ? 0 : effects::elapsed_us(upstream_t0_);
 }
 
-// Exactly once per admitted rollout: the trajectory line, then its journal parts and
-// RolloutFinished, durable before `then` answers the client.
+// Exactly once per admitted rollout: its journal parts and RolloutFinished; once they are
+// durable, the trajectory line and `then` (the client's answer). A finish that is not durable
+// is never acknowledged and no line claims it: the client is told (AnswerNotDurable), and the
+// executor fail-stops, so a restart records the rollout from what is durable.
 void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::function<void()> then) {
   RC_CHECK(!finished_);
   finished_ = true;
   svc_.in_flight_calls_.Remove(in_flight_id_);
   in_flight_id_ = 0;
   if (client_gone_) svc_.metrics_.client_disconnects++;
-  WriteTrajectoryLine(outcome, note);
   const std::uint64_t up_us = UpstreamElapsedUs();
   const RolloutAdmitted& b = admission_.binding;
   if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
   svc_.FinishAsync(admission_.engine, b.rollout_id, outcome, ClampU32(trace_.prompt_count()),
                    ClampU32(trace_.completion_count()),
                    JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(),
-                   [self = shared_from_this(), then = std::move(then), up_us](Status st) {
-                     // Never dropped: FinishAsync fail-stops the executor when the journal cannot
-                     // make it durable, so a restart records the rollout from what is durable.
-                     if (!st.ok()) {
-                       spdlog::error("proxy: finish of rollout {} not durable: {}",
-                                     text::escape_line(self->admission_.binding.rollout_id),
-                                     text::escape_line(st.ToString()));
-                     }
-                     const std::uint64_t total_us = effects::elapsed_us(self->t0_);
-                     ServiceMetrics& m = self->svc_.metrics_;
-                     m.proxy_total.ObserveUs(total_us);
-                     m.proxy_upstream.ObserveUs(up_us);
-                     m.proxy_added.ObserveUs(total_us > up_us ? total_us - up_us : 0);
-                     m.proxy_in_flight--;
+                   [self = shared_from_this(), then = std::move(then), up_us, outcome,
+                    note = std::move(note)](Status st) {
+                     self->ObserveEnded(up_us);
+                     if (!st.ok()) return self->AnswerNotDurable(st);
+                     self->WriteTrajectoryLine(outcome, note);
                      then();
                    });
+}
+
+void ProxyExchange::ObserveEnded(std::uint64_t upstream_us) {
+  const std::uint64_t total_us = effects::elapsed_us(t0_);
+  ServiceMetrics& m = svc_.metrics_;
+  m.proxy_total.ObserveUs(total_us);
+  m.proxy_upstream.ObserveUs(upstream_us);
+  m.proxy_added.ObserveUs(total_us > upstream_us ? total_us - upstream_us : 0);
+  m.proxy_in_flight--;
+}
+
+// A streamed answer ends with the error event and without [DONE]: the stream did not complete.
+void ProxyExchange::AnswerNotDurable(const Status& st) {
+  const std::string why = "the rollout's finish could not be made durable: " + st.ToString();
+  spdlog::error("proxy: rollout {}: {}", text::escape_line(admission_.binding.rollout_id),
+                text::escape_line(why));
+  if (!stream_) {
+    HttpResponse res = BindingHead(503);
+    SendError(res, 503, "failed", why);
+    return ex_.Respond(std::move(res));
+  }
+  const json err = {{"error", {{"message", why}, {"type", "failed"}, {"code", 503}}}};
+  ex_.End("data: " + DumpSafe(err) + "\n\n");
 }
 
 void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {

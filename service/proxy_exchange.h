@@ -75,6 +75,8 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void AnswerStreamEnd(bool ok, const std::string& why);
   void Abort(std::string note);
   void Finish(RolloutOutcome outcome, std::string note, std::function<void()> then);
+  void ObserveEnded(std::uint64_t upstream_us);
+  void AnswerNotDurable(const Status& st);
   void WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note);
   void ReleaseUpstream(bool reusable);
   void CloseUpstream();

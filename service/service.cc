@@ -64,6 +64,7 @@ std::string RandomRolloutPrefix() {
   const int n = std::snprintf(prefix, sizeof(prefix), "px-%08x%04x-", static_cast<unsigned>(rd()),
                               static_cast<unsigned>(rd() & 0xffff));
   RC_CHECK(n > 0 && static_cast<std::size_t>(n) < sizeof(prefix));
+  RC_CHECK(std::string_view(prefix).rfind(kGeneratedRolloutIdPrefix, 0) == 0);
   return prefix;
 }
 

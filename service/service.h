@@ -313,7 +313,7 @@ class Service {
   void HandleEvents(const ApiRequest& req, HttpResponse& res);
   void HandleManifest(const ApiRequest& req, HttpResponse& res);
   void HandleMetrics(const ApiRequest& req, HttpResponse& res);
-  std::uint32_t ActiveLeaseMs(const std::string& id);
+  std::optional<std::uint32_t> ActiveLeaseMs(const std::string& id);
   void HandleLease(const ApiRequest& req, HttpResponse& res);
   void HandleReadyz(const ApiRequest& req, HttpResponse& res);
   void HandleHealthz(const ApiRequest& req, HttpResponse& res);

@@ -170,6 +170,84 @@ TEST(TrustFaults, FsyncErrorWhileDrainingFailStopsAndNeverContradicts) {
   EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 1u);
 }
 
+// Proves a proxied rollout whose finish cannot be made durable is never answered as done: the
+// non-streamed client gets 503, the streamed one an error event and no [DONE], and no trajectory
+// line claims either. Catches the answer (200, or [DONE]) going out whatever the finish's
+// status, and the trajectory line written before the finish was durable, both of which a
+// restart then contradicts by recording the rollout abandoned.
+TEST(TrustFaults, AProxiedFinishThatIsNotDurableIsNeverAcknowledged) {
+  Stack s(nullptr, /*fault_env=*/true, /*token_delay_ms=*/300);
+  int plain_status = 0;
+  std::string streamed;
+  std::thread plain([&] {
+    auto r = s.client().Post("/v1/completions", R"({"prompt": "a", "max_tokens": 4})",
+                             "application/json");
+    plain_status = r ? r->status : -1;
+  });
+  std::thread stream([&] {
+    auto r =
+        s.client().Post("/v1/completions", R"({"prompt": "b", "max_tokens": 4, "stream": true})",
+                        "application/json");
+    streamed = r ? r->body : "";
+  });
+  ASSERT_TRUE(eventually([&] { return s.svc->journal().state().active.size() == 2; }, 5000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both admissions durable
+  s.faults->Inject(FileKind::kWal, FileOp::kSync, Fault::kEio);
+  plain.join();
+  stream.join();
+  EXPECT_TRUE(s.svc->failed());
+  EXPECT_EQ(plain_status, 503) << "a finish that is not durable was answered as done";
+  EXPECT_EQ(streamed.find("[DONE]"), std::string::npos) << streamed;
+  EXPECT_NE(streamed.find("could not be made durable"), std::string::npos) << streamed;
+  std::ifstream lines(s.Config().journal_path + ".trajectories.jsonl");
+  std::string line;
+  EXPECT_FALSE(std::getline(lines, line)) << "a trajectory line for an undurable finish: " << line;
+}
+
+// Proves the trainer API cannot end a proxied rollout: DELETE answers 409 and the rollout stays
+// bound until its request ends, which then answers normally. Catches a DELETE that frees the
+// binding while the generation runs, so an update could pause and reload the engine under it.
+TEST(TrustApi, AProxiedRolloutEndsOnlyWithItsRequest) {
+  Stack s(nullptr, /*fault_env=*/false, /*token_delay_ms=*/200);
+  int status = 0;
+  std::thread client([&] {
+    auto r = s.client().Post("/v1/completions", R"({"prompt": "a", "max_tokens": 4})",
+                             "application/json");
+    status = r ? r->status : -1;
+  });
+  ASSERT_TRUE(eventually([&] { return s.svc->journal().state().active.size() == 1; }, 5000));
+  const std::string id = s.svc->journal().state().active.begin()->first;
+  auto d = s.client().Delete("/v1/rollouts/" + id, auth());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->status, 409) << d->body;
+  EXPECT_EQ(s.svc->journal().state().active.count(id), 1u) << "the binding was freed";
+  client.join();
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(s.svc->journal().state().active.empty());
+}
+
+// Proves a client cannot take an id of the kind serve generates ("px-..."), through the trainer
+// API or the proxy's rollout-id header, and that the refusal journals nothing. Catches clients
+// claiming the ids serve is about to give others (every answer shows one), which turned every
+// later generated admission into a 409.
+TEST(TrustApi, GeneratedRolloutIdsCannotBeClaimed) {
+  Stack s;
+  const std::uint64_t events = s.svc->journal().state().counters.events;
+  httplib::Client c = s.client();
+  auto a =
+      c.Post("/v1/rollouts", auth(), R"({"rollout_id": "px-0000000000-1"})", "application/json");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->status, 400) << a->body;
+  httplib::Headers h = {{"X-RolloutCore-Rollout-Id", "px-0000000000-2"}};
+  auto p = c.Post("/v1/completions", h, R"({"prompt": "a", "max_tokens": 1})", "application/json");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 400) << p->body;
+  EXPECT_EQ(s.svc->journal().state().counters.events, events) << "a refusal was journaled";
+  auto ok = c.Post("/v1/rollouts", auth(), R"({"rollout_id": "mine-px-1"})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 201) << ok->body;
+}
+
 // Puts the stack's journal in DRAINING with the leased rollout "held" active, as a process that
 // died mid-drain leaves it (fail-stopped by an fsync error on the finish of a second rollout).
 void CrashWhileDraining(Stack& s) {
