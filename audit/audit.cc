@@ -4,8 +4,10 @@
 #include <cmath>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include "effects/http/response_parsers.h"
@@ -548,23 +550,121 @@ DigestCheck CheckEngineDigest(const State& s, const std::string& engine_label,
   return Finding(R::kDrift, std::move(line));
 }
 
+namespace {
+
+// Typed reads of one trajectory line's fields: a field of another type is an error, never an
+// exception (the line is outside text). Absent fields read as their default.
+bool ReadText(const json& j, const char* key, std::string& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_string()) return false;
+  out = it->get<std::string>();
+  return true;
+}
+
+// An integer of Int's range; anything else (a float, a string, out of range) is refused.
+template <typename Int>
+bool AsInt(const json& v, Int& out) {
+  if (v.is_number_unsigned()) {
+    const std::uint64_t u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<Int>::max())) return false;
+    out = static_cast<Int>(u);
+    return true;
+  }
+  if (!v.is_number_integer() || !std::is_signed_v<Int>) return false;
+  const std::int64_t i = v.get<std::int64_t>();
+  if (i < static_cast<std::int64_t>(std::numeric_limits<Int>::min()) ||
+      i > static_cast<std::int64_t>(std::numeric_limits<Int>::max())) {
+    return false;
+  }
+  out = static_cast<Int>(i);
+  return true;
+}
+
+template <typename Int>
+bool ReadInt(const json& j, const char* key, Int& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  return AsInt(*it, out);
+}
+
+// An object field (absent or null: the empty object).
+bool ReadObject(const json& j, const char* key, const json*& out) {
+  static const json kEmpty = json::object();
+  auto it = j.find(key);
+  out = &kEmpty;
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_object()) return false;
+  out = &*it;
+  return true;
+}
+
+// null: the rollout ended before the engine reported any token (e.g. its client went away);
+// the line is still the product's own record and is read as "no tokens".
+bool ReadTokenIds(const json& a, std::vector<std::int32_t>& dst) {
+  if (a.is_null()) return true;
+  if (!a.is_array() || a.size() > kTrajectoryTokensMax) return false;
+  for (const json& t : a) {
+    std::int32_t id = 0;
+    if (!AsInt(t, id)) return false;
+    dst.push_back(id);
+  }
+  return true;
+}
+
+bool ReadFirstOutput(const json& j, Trajectory& t, std::string& why) {
+  auto it = j.find("outputs");
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_array()) return (why = "outputs is not an array", false);
+  if (it->empty()) return true;
+  const json& first = (*it)[0];  // choice 0: one trajectory per choice index
+  if (!first.is_object()) return (why = "outputs[0] is not an object", false);
+  auto ids = first.find("token_ids");
+  if (ids != first.end() && !ReadTokenIds(*ids, t.output)) return (why = "bad token_ids", false);
+  auto lps = first.find("logprobs");
+  if (lps == first.end() || !lps->is_array()) return true;
+  if (lps->size() > kTrajectoryTokensMax) return (why = "too many logprobs", false);
+  for (const json& lp : *lps) {
+    t.logprobs.push_back(lp.is_number() ? std::optional<double>(lp.get<double>()) : std::nullopt);
+  }
+  return true;
+}
+
+Result<Trajectory> ParseTrajectoryLine(const std::string& line) {
+  const json j = effects::parse_outside_json(line);
+  if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
+  Trajectory t;
+  const json* v = nullptr;
+  const json* id = nullptr;
+  const bool typed =
+      ReadText(j, "rollout_id", t.rollout_id) && ReadInt(j, "admission_seq", t.admission_seq) &&
+      ReadObject(j, "version", v) && ReadObject(j, "identity", id) &&
+      ReadInt(*v, "generation", t.version.generation) && ReadText(*v, "label", t.version.label) &&
+      ReadText(*id, "manifest_digest", t.identity.manifest_digest) &&
+      ReadText(*id, "content_digest", t.identity.content_digest) &&
+      ReadText(*id, "checkpoint", t.identity.checkpoint) && ReadText(*id, "run", t.identity.run) &&
+      ReadInt(*id, "step", t.identity.step);
+  if (!typed) return Status::InvalidArgument("a field has the wrong type or range");
+  if (t.rollout_id.empty() || t.admission_seq == 0) {
+    return Status::InvalidArgument("missing rollout_id/admission_seq");
+  }
+  auto prompt = j.find("prompt_token_ids");
+  if (prompt != j.end() && !ReadTokenIds(*prompt, t.prompt)) {
+    return Status::InvalidArgument("bad prompt_token_ids");
+  }
+  std::string why;
+  if (!ReadFirstOutput(j, t, why)) return Status::InvalidArgument(why);
+  return t;
+}
+
+}  // namespace
+
 Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::NotFound("cannot open trajectories file " + path);
   std::vector<Trajectory> out;
   std::string line;
   std::size_t line_no = 0;
-  // null: the rollout ended before the engine reported any token (e.g. its client went away);
-  // the line is still the product's own record and is read as "no tokens".
-  auto ints = [](const json& a, std::vector<std::int32_t>& dst) {
-    if (a.is_null()) return true;
-    if (!a.is_array() || a.size() > kTrajectoryTokensMax) return false;
-    for (const json& t : a) {
-      if (!t.is_number_integer()) return false;
-      dst.push_back(t.get<std::int32_t>());
-    }
-    return true;
-  };
   while (std::getline(in, line)) {
     ++line_no;
     if (line.empty()) continue;
@@ -572,41 +672,12 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
       return Status::InvalidArgument(path + ": more than " + std::to_string(kTrajectoriesMax) +
                                      " trajectories");
     }
-    const json j = effects::parse_outside_json(line);
-    auto bad = [&](const std::string& why) {
-      return Status::InvalidArgument(path + ":" + std::to_string(line_no) + ": " + why);
-    };
-    if (!j.is_object()) return bad("not a JSON object");
-    Trajectory t;
-    t.rollout_id = j.value("rollout_id", std::string());
-    t.admission_seq = j.value("admission_seq", std::uint64_t{0});
-    if (t.rollout_id.empty() || t.admission_seq == 0)
-      return bad("missing rollout_id/admission_seq");
-    const json& v = j.value("version", json::object());
-    t.version.generation = v.value("generation", std::uint64_t{0});
-    t.version.label = v.value("label", std::string());
-    const json& id = j.value("identity", json::object());
-    t.identity.manifest_digest = id.value("manifest_digest", std::string());
-    t.identity.content_digest = id.value("content_digest", std::string());
-    t.identity.checkpoint = id.value("checkpoint", std::string());
-    t.identity.run = id.value("run", std::string());
-    t.identity.step = id.value("step", std::int64_t{-1});
-    if (!ints(j.value("prompt_token_ids", json()), t.prompt)) return bad("bad prompt_token_ids");
-    const json& outputs = j.value("outputs", json::array());
-    if (!outputs.is_array() && !outputs.is_null()) return bad("outputs is not an array");
-    if (outputs.is_array() && !outputs.empty()) {  // choice 0: one trajectory per choice index
-      if (!outputs[0].is_object()) return bad("outputs[0] is not an object");
-      if (!ints(outputs[0].value("token_ids", json::array()), t.output))
-        return bad("bad token_ids");
-      const json& lps = outputs[0].value("logprobs", json::array());
-      if (lps.is_array()) {
-        for (const json& lp : lps) {
-          t.logprobs.push_back(lp.is_number() ? std::optional<double>(lp.get<double>())
-                                              : std::nullopt);
-        }
-      }
+    Result<Trajectory> t = ParseTrajectoryLine(line);
+    if (!t.ok()) {
+      return Status::InvalidArgument(path + ":" + std::to_string(line_no) + ": " +
+                                     t.status().message());
     }
-    out.push_back(std::move(t));
+    out.push_back(std::move(t.value()));
   }
   return out;
 }

@@ -183,6 +183,35 @@ TEST(Audit, TrajectoryLineOfAnAbortedRolloutIsRead) {
   EXPECT_TRUE((*loaded)[0].output.empty());
 }
 
+// Proves a trajectory line whose fields have the wrong type or range is refused with its line
+// number, never an exception; would catch `audit --trajectories` terminating on an uncaught
+// nlohmann::type_error (a hand-edited or damaged file) instead of exiting with a clear error.
+TEST(Audit, WronglyTypedTrajectoryLinesAreRefusedNotThrown) {
+  Executor x;
+  const std::string path = x.dir + "/typed.trajectories.jsonl";
+  for (const char* line : {
+           R"({"rollout_id": 7, "admission_seq": 1})",
+           R"({"rollout_id": "r", "admission_seq": "1"})",
+           R"({"rollout_id": "r", "admission_seq": -1})",
+           R"({"rollout_id": "r", "admission_seq": 1, "version": 3})",
+           R"({"rollout_id": "r", "admission_seq": 1, "version": {"label": 5}})",
+           R"({"rollout_id": "r", "admission_seq": 1, "identity": {"step": "x"}})",
+           R"({"rollout_id": "r", "admission_seq": 1, "prompt_token_ids": [1, 4294967296]})",
+           R"({"rollout_id": "r", "admission_seq": 1, "prompt_token_ids": [1.5]})",
+           R"({"rollout_id": "r", "admission_seq": 1, "outputs": [{"token_ids": ["a"]}]})",
+       }) {
+    {
+      std::ofstream(path) << R"({"rollout_id": "ok", "admission_seq": 2})"
+                          << "\n"
+                          << line << "\n";
+    }
+    Result<std::vector<audit::Trajectory>> loaded = audit::LoadTrajectories(path);
+    ASSERT_FALSE(loaded.ok()) << line;
+    EXPECT_NE(loaded.status().message().find(":2:"), std::string::npos)
+        << line << ": " << loaded.status().message();
+  }
+}
+
 // Proves `audit --engine`'s digest check: the engine's digest is compared with the one journaled
 // for the label it reports; would catch weights changed outside RolloutCore reading as healthy,
 // and an engine that computes no digest passing a journal that records them.
