@@ -51,6 +51,9 @@ void Trajectory::Absorb(const json& doc) {
 void Trajectory::TakePrompt(const json& obj) {
   auto p = obj.find("prompt_token_ids");
   if (p == obj.end() || !p->is_array() || !prompt_token_ids.is_null()) return;
+  // Token ids are integers; an array of anything else is no prompt and is not recorded.
+  const auto is_id = [](const json& id) { return id.is_number_integer(); };
+  if (!std::all_of(p->begin(), p->end(), is_id)) return;
   if (p->size() <= kTrajectoryEntriesMax) {
     prompt_token_ids = *p;
   } else {

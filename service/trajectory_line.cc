@@ -10,10 +10,12 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+// ASCII only: U+2028, U+2029 and U+0085 from an engine would otherwise end a line for readers
+// that split on them (Python's str.splitlines), and one record is one line.
+std::string Dump(const json& j) { return j.dump(-1, ' ', true, json::error_handler_t::replace); }
 
 // Printable ASCII other than '"' and '\\' is written as is by nlohmann; anything else goes
-// through its escaping (control characters, invalid UTF-8), so the text stays identical.
+// through its escaping (control characters, non-ASCII, invalid UTF-8), so the text is identical.
 void AppendString(std::string& out, std::string_view s) {
   for (const char c : s) {
     if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
