@@ -128,11 +128,20 @@ Effect Runner::due_effect() const {
   return e;
 }
 
+// The pause's own share of the drain deadline: the local wait stops this long before it, so a
+// pause sent after rollouts outlived the drain has time to be sent and answered (a pause given
+// 1 ms would fail unsent and the whole drain be tried again).
+std::int64_t Runner::pause_reserve_ms() const {
+  return static_cast<std::int64_t>(
+      std::min(options_.call_timeout_ms, options_.drain_timeout_ms / 2));
+}
+
 DrainObserved Runner::drain() {
   const std::int64_t deadline_ms =
       clock_.now_ms() + static_cast<std::int64_t>(options_.drain_timeout_ms);
+  const std::int64_t local_deadline_ms = deadline_ms - pause_reserve_ms();
   // A failed journal stops every effect at once (fail-stop): nothing waits out its deadline.
-  while (active_rollouts() > 0 && clock_.now_ms() < deadline_ms && !journal_.failed()) {
+  while (active_rollouts() > 0 && clock_.now_ms() < local_deadline_ms && !journal_.failed()) {
     clock_.sleep_ms(options_.await_poll_ms);
   }
   if (journal_.failed()) {
@@ -299,6 +308,27 @@ bool intent_must_be_durable(EffectKind kind) {
          kind == EffectKind::kSleep || kind == EffectKind::kWake;
 }
 
+namespace {
+
+// Every free text an effect reports is cut to what the fold accepts (kTextBytesMax, whole UTF-8
+// characters): an observation the fold refused would stop the executor, and stop it again at
+// every recovery that re-runs the effect.
+Event BoundedTexts(Event event) {
+  const auto bound = [](std::string& s) {
+    if (s.size() > kTextBytesMax) s = text::utf8_prefix(std::move(s), kTextBytesMax);
+  };
+  std::visit(
+      [&bound](auto& e) {
+        if constexpr (requires { e.detail; }) bound(e.detail);
+        if constexpr (requires { e.error; }) bound(e.error);
+        if constexpr (requires { e.http.error; }) bound(e.http.error);
+      },
+      event);
+  return event;
+}
+
+}  // namespace
+
 Status Runner::perform(const Step& step) {
   const Effect& effect = step.effect;
   auto intent =
@@ -306,7 +336,7 @@ Status Runner::perform(const Step& step) {
              intent_must_be_durable(effect.kind) ? Durability::kNow : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
   const std::int64_t start_us = clock_.now_us();
-  Event observation = observe(step);
+  Event observation = BoundedTexts(observe(step));
   if (const auto* probed = std::get_if<EngineProbed>(&observation)) last_probe_ = *probed;
   if (const auto* slept = std::get_if<SleepObserved>(&observation)) {
     last_sleep_memory_ = slept->memory;

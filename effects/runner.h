@@ -164,6 +164,7 @@ class Runner {
                                                const std::string& key);
   [[nodiscard]] Status start_plan(const Event& request, const std::string& key);
   [[nodiscard]] Result<UpdateEnded> finish_plan(const std::string& id);
+  std::int64_t pause_reserve_ms() const;
   DrainObserved drain();
   [[nodiscard]] Status wait_for_engine(const BootstrapOptions& options);
   std::uint64_t elapsed_us(std::int64_t since_us) const;

@@ -105,6 +105,20 @@ Status check_tensor_digests(const std::vector<TensorDigest>& tensors) {
 
 }  // namespace
 
+Status check_device_memory(const DeviceMemory& m) {
+  if (!m.known && (m.free_bytes_before | m.free_bytes_after | m.total_bytes) != 0) {
+    return Status::InvalidArgument("device memory figures marked unknown");
+  }
+  if (m.total_bytes > kDeviceBytesMax) {
+    return Status::InvalidArgument("device memory total above " + std::to_string(kDeviceBytesMax) +
+                                   " bytes");
+  }
+  if (m.free_bytes_before > m.total_bytes || m.free_bytes_after > m.total_bytes) {
+    return Status::InvalidArgument("device free memory above its total");
+  }
+  return Status::OK();
+}
+
 Status check_weight_digest(const WeightDigest& d) {
   if (d.algorithm.size() > kIdBytesMax || !text::printable_utf8(d.algorithm)) {
     return Status::InvalidArgument("digest algorithm over " + std::to_string(kIdBytesMax) +
@@ -604,20 +618,10 @@ Status apply_one(State& s, const ValidationObserved& e) {
   return Status::OK();
 }
 
-Status check_memory(const DeviceMemory& m) {
-  if (!m.known && (m.free_bytes_before | m.free_bytes_after | m.total_bytes) != 0) {
-    return Status::InvalidArgument("device memory figures marked unknown");
-  }
-  if (m.free_bytes_before > m.total_bytes || m.free_bytes_after > m.total_bytes) {
-    return Status::InvalidArgument("device free memory above its total");
-  }
-  return Status::OK();
-}
-
 Status apply_one(State& s, const SleepObserved& e) {
   RC_RETURN_IF_ERROR(observation_open(s, EffectKind::kSleep, "SleepObserved"));
   RC_RETURN_IF_ERROR(check_http(e.http));
-  RC_RETURN_IF_ERROR(check_memory(e.memory));
+  RC_RETURN_IF_ERROR(check_device_memory(e.memory));
   if (e.level != s.update->sleep_level) {
     return Status::Rejected("sleep observed at level " + std::to_string(e.level) + ", requested " +
                             std::to_string(s.update->sleep_level));
@@ -637,7 +641,7 @@ Status apply_one(State& s, const WakeObserved& e) {
                             wake_tag_name(s.in_flight->wake) + " was in flight");
   }
   RC_RETURN_IF_ERROR(check_http(e.http));
-  RC_RETURN_IF_ERROR(check_memory(e.memory));
+  RC_RETURN_IF_ERROR(check_device_memory(e.memory));
   RC_RETURN_IF_ERROR(check_text("engine_instance", e.engine_instance));
   s.in_flight.reset();
   if (!e.http.ok_2xx()) return Status::OK();
@@ -1466,9 +1470,25 @@ Status apply(State& state, const Event& event) {
   return Status::OK();
 }
 
+// A decision's text quotes its evidence behind a prefix, so it may exceed the bound the evidence
+// kept: cut to it (whole characters), as the fold refuses longer texts and its own decisions must
+// always apply.
+void bound_texts(Event& decision) {
+  const auto bound = [](std::string& t) {
+    if (t.size() > kTextBytesMax) t = text::utf8_prefix(std::move(t), kTextBytesMax);
+  };
+  std::visit(
+      [&bound](auto& e) {
+        if constexpr (requires { e.detail; }) bound(e.detail);
+        if constexpr (requires { e.reason; }) bound(e.reason);
+      },
+      decision);
+}
+
 std::vector<Event> derive_decisions(const State& after, const Event& input) {
   std::vector<Event> out;
   std::visit([&](const auto& e) { derive(after, e, out); }, input);
+  for (Event& decision : out) bound_texts(decision);
   return out;
 }
 

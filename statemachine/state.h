@@ -173,6 +173,11 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id,
 // The fold's rule for a weight digest an engine computed (algorithm, combined, tensors sorted,
 // unique, bounded): the executor checks an engine's answer with it before recording it.
 [[nodiscard]] Status check_weight_digest(const WeightDigest& digest);
+// Device memory an engine reported around a sleep or wake-up: each figure at most
+// kDeviceBytesMax (so differences of them never overflow), free never above total, nothing
+// when unknown. The executor checks its sums with it before recording them.
+inline constexpr std::uint64_t kDeviceBytesMax = std::uint64_t{1} << 50;  // 1 PiB
+[[nodiscard]] Status check_device_memory(const DeviceMemory& memory);
 
 // Whether the state admits rollouts, and if not, why (for 503 messages and /readyz).
 bool admits(const State& state);

@@ -643,7 +643,15 @@ HttpReply EngineClient::StartWeightUpdate(const CallOptions& o) {
   // restore does not replace; done once, and every byte after it is judged as before.
   HttpReply fin = FinishWeightUpdate(std::nullopt, o);
   if (!fin.http.ok_2xx()) return first;
-  return start();
+  HttpReply second = start();
+  if (!second.http.never_sent()) return second;
+  // The finish sent above may have changed the weights (0.25.x commits the reload it ends): a
+  // start not sent after it is no proof that nothing changed, so the sent refusal is the evidence.
+  first.http.error = bound_error(
+      "the stale weight session was finished, then the start was not "
+      "sent: " +
+      second.http.error);
+  return first;
 }
 HttpReply EngineClient::UpdateWeights(const json& update_info, const CallOptions& o) {
   return Call(post("/update_weights", dump(json{{"update_info", update_info}}), Shape::kJsonObject,

@@ -2,6 +2,7 @@
 
 #include "effects/http/response_parsers.h"
 #include "effects/http/weight_digest.h"
+#include "statemachine/state.h"
 
 namespace rc::effects {
 
@@ -54,15 +55,21 @@ DeviceTotals read_device_totals(EngineClient& client, const CallOptions& o) {
   if (!devices.ok()) return {};
   DeviceTotals t{true, 0, 0};
   for (const WorkerDevice& d : devices.value()) {
-    t.free_bytes += d.free_bytes;
-    t.total_bytes += d.total_bytes;
+    // A sum that wraps is no figure: unknown, like an answer that does not parse.
+    if (__builtin_add_overflow(t.free_bytes, d.free_bytes, &t.free_bytes) ||
+        __builtin_add_overflow(t.total_bytes, d.total_bytes, &t.total_bytes)) {
+      return {};
+    }
   }
   return t;
 }
 
+// Unknown unless both readings agree on the total and the fold accepts the figures: an
+// observation the fold refused would stop the executor on every recovery.
 DeviceMemory around(const DeviceTotals& before, const DeviceTotals& after) {
   if (!before.known || !after.known || before.total_bytes != after.total_bytes) return {};
-  return DeviceMemory{true, before.free_bytes, after.free_bytes, after.total_bytes};
+  const DeviceMemory m{true, before.free_bytes, after.free_bytes, after.total_bytes};
+  return check_device_memory(m).ok() ? m : DeviceMemory{};
 }
 
 // Every call of a sleep or a wake ends by the effect's one deadline.

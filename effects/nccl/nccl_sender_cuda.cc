@@ -17,6 +17,7 @@
 #include "effects/nccl/rendezvous.h"
 #include "effects/nccl/tcp_store.h"
 #include "encoding/base64.h"
+#include "statemachine/text.h"
 
 namespace rc::effects::nccl {
 namespace {
@@ -704,14 +705,14 @@ PreflightObserved NcclSender::Preflight(const TransferTarget& target) {
       PlanFor(manifest, m.opt.packing.packed, m.opt.packing.packed_buffer_size_bytes);
   if (Status packable = CheckPackable(manifest, plan); !packable.ok()) {
     p.source_manifest_digest.clear();  // the source cannot be sent as configured: refused
-    p.detail = packable.ToString().substr(0, kTextBytesMax);
+    p.detail = text::utf8_prefix(packable.ToString(), kTextBytesMax);
     return p;
   }
   detail += m.CheckMemory(**src, plan, &p.memory_ok);
   detail += std::to_string(manifest.tensors.size()) + " tensors, " +
             std::to_string(plan.total_bytes) + " bytes, " + std::to_string(plan.ops.size()) +
             " broadcasts";
-  p.detail = detail.substr(0, kTextBytesMax);
+  p.detail = text::utf8_prefix(detail, kTextBytesMax);
   return p;
 }
 
@@ -754,7 +755,7 @@ class TransferRun {
   TransferObserved Finish(const std::string& error) {
     RC_CHECK(out_.mutation != MutationClass::kNone || m_.progress.ops_enqueued == 0);
     RC_CHECK(out_.acknowledged == (out_.mutation == MutationClass::kComplete));
-    out_.error = error.substr(0, kTextBytesMax);
+    out_.error = text::utf8_prefix(error, kTextBytesMax);
     out_.duration_us = elapsed_us(t0_);
     std::lock_guard<std::mutex> lock(m_.timing_mu);
     m_.timing = timing_;

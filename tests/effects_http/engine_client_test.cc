@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "effects/clock.h"
+#include "effects/http/engine_control.h"
+#include "statemachine/state.h"
 #include "tests/effects_http/test_servers.h"
 #include "tests/support/engine_calls.h"
 
@@ -292,6 +294,60 @@ TEST(EngineClient, AFinishAndItsLabelWritesEndByOneDeadline) {
   std::lock_guard lk(srv.mu);
   EXPECT_EQ(srv.finish_bodies.size(), 1u);
   EXPECT_EQ(srv.label, "default") << "the label write was sent after the deadline";
+}
+
+// Proves device memory the workers report is recorded only as figures the fold accepts: sums that
+// wrap, or totals beyond kDeviceBytesMax, read as unknown. Catches a sleep observation the fold
+// refuses ("free memory above its total" after a wrapped sum), which stopped the executor, and
+// stopped it again at every recovery that re-ran the sleep.
+TEST(EngineClient, DeviceMemoryTheFoldWouldRefuseIsUnknown) {
+  for (const char* workers : {
+           R"([{"gpu_uuid": "GPU-a", "free_bytes": 18446744073709551615,
+                "total_bytes": 18446744073709551615},
+               {"gpu_uuid": "GPU-b", "free_bytes": 0, "total_bytes": 1}])",
+           R"([{"gpu_uuid": "GPU-a", "free_bytes": 1, "total_bytes": 4611686018427387904}])",
+           R"([{"gpu_uuid": "GPU-a", "free_bytes": 1000, "total_bytes": 4000}])",
+       }) {
+    ScriptedServer s;
+    const std::string body = std::string(R"({"results": )") + workers + "}";
+    s.server().Post("/collective_rpc", [&](const auto&, auto& res) { Json(res, body); });
+    s.server().Post("/sleep", [](const auto&, auto& res) { res.status = 200; });
+    s.server().Get("/is_sleeping",
+                   [](const auto&, auto& res) { Json(res, R"({"is_sleeping": true})"); });
+    s.Start();
+    EngineClient c(s.url(), Fast());
+    HttpEngineControl control(c);
+    const SleepObserved slept = control.Sleep(1, 2000);
+    ASSERT_TRUE(slept.http.ok_2xx()) << slept.http.error;
+    EXPECT_TRUE(check_device_memory(slept.memory).ok()) << workers;
+    EXPECT_EQ(slept.memory.known, std::string(workers).find("4000") != std::string::npos)
+        << workers;
+  }
+}
+
+// Proves a start refused for a stale weight session, whose finish then went through, is never
+// reported "not sent" when the second start cannot be sent; would catch an ambiguous transfer
+// (that finish may have committed a half-loaded reload) classed as provably nothing done, so the
+// update ends refused and the engine READY on weights nobody checked.
+TEST(EngineClient, AStartAfterFinishingAStaleSessionIsNeverNotSent) {
+  ScriptedServer s;
+  s.server().Post("/start_weight_update", [](const auto&, auto& res) {
+    Json(res,
+         R"({"detail": "A weight update is already active. Call finish_weight_update first."})",
+         500);
+  });
+  s.server().Post("/finish_weight_update", [&s](const auto&, auto& res) {
+    s.server().stop();  // the second start finds nothing listening: never sent
+    res.set_header("Connection", "close");
+    Json(res, R"({"message": "Weight update finished"})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  HttpReply r = c.StartWeightUpdate();
+  EXPECT_FALSE(r.http.ok_2xx());
+  EXPECT_FALSE(r.http.never_sent()) << r.http.error;
+  EXPECT_NE(r.http.error.find("stale weight session was finished"), std::string::npos)
+      << r.http.error;
 }
 
 // Proves an engine without /weight_info and without the worker extension fails the probe and the

@@ -27,6 +27,7 @@
 
 #include "journal/testing/fault_env.h"
 #include "replay/replay.h"
+#include "statemachine/text.h"
 #include "tests/integration/harness.h"
 
 namespace rc::itest {
@@ -732,6 +733,83 @@ TEST(TrustFaults, AnEndedUpdateRequestedAgainIsAConflictNotAStuckPlan) {
   EXPECT_NE(again.status().message().find("was requested at seq"), std::string::npos)
       << again.status().message();
   EXPECT_EQ(x.journal->head_seq(), head);
+  EXPECT_EQ(x.journal->state().lifecycle, Lifecycle::kReady);
+}
+
+// Proves a drain whose rollouts outlive it still pauses the engine (50 ms to answer) at its first
+// attempt, with time left for the pause; would catch the local wait taking the whole deadline and
+// leaving the pause 1 ms, so it timed out (or, unsent on a slower link, ran the whole drain again,
+// admitting nothing, up to three times its deadline).
+TEST(TrustFaults, ADrainThatRolloutsOutliveStillPausesAtOnce) {
+  effects::RunnerOptions ro = Executor::FastRunner();
+  ro.drain_timeout_ms = 600;
+  Executor x(Executor::Defaults(), ro);
+  x.Bootstrap();
+  fixtures::RouteFault slow;
+  slow.delay_ms = 50;  // an engine that takes a moment to pause
+  x.engine.SetRouteFault("/pause", slow);
+  ASSERT_TRUE(x.Admit("held").ok());
+  auto r = x.runner->Update(Update("u-1", "rc-1", 1));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<DrainObserved> drains;
+  for (const journal::Record& rec : x.Records()) {
+    if (const auto* d = std::get_if<DrainObserved>(&rec.event)) drains.push_back(*d);
+  }
+  ASSERT_EQ(drains.size(), 1u) << "the drain was tried again";
+  EXPECT_TRUE(drains[0].http.ok_2xx()) << drains[0].http.error;
+  EXPECT_TRUE(drains[0].paused);
+}
+
+// A transfer whose preflight and transfer report texts far longer than the fold's bound, in
+// two-byte characters, and then refuse (nothing sent), as a source path or an engine's error
+// may.
+class VerboseRefusingTransfer final : public effects::WeightTransfer {
+ public:
+  PreflightObserved Preflight(const effects::TransferTarget& target) override {
+    PreflightObserved p = inner_ ? inner_->Preflight(target) : PreflightObserved{};
+    p.detail = Long();
+    return p;
+  }
+  TransferObserved Transfer(const effects::TransferTarget&, std::uint64_t) override {
+    TransferObserved t;
+    t.mutation = MutationClass::kNone;
+    t.error = Long();
+    return t;
+  }
+  effects::WeightTransfer* inner_ = nullptr;
+
+ private:
+  static std::string Long() {
+    std::string s = "x";  // odd length: a byte cut would split a character
+    for (int i = 0; i < 5000; ++i) s += "\xc3\xa9";
+    return s;
+  }
+};
+
+// Proves an effect's texts longer than the fold accepts are cut to it (whole characters) before
+// they are journaled: the update ends refused and the executor goes on. Catches an observation
+// the fold refuses for its length (a source path in an error, an engine's long message), which
+// fail-stopped the executor and, since recovery re-runs the effect, every restart after it.
+TEST(TrustFaults, AnEffectsLongTextsAreBoundedNotRefused) {
+  Executor x;
+  x.Bootstrap();
+  VerboseRefusingTransfer transfer;
+  transfer.inner_ = x.transfer.get();
+  effects::Runner runner(*x.journal, *x.control, transfer, effects::system_clock(),
+                         x.runner_options);
+  auto r = runner.Update(Update("u-long", "rc-1", 1));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->outcome, UpdateOutcome::kCommitted) << r->reason;
+  EXPECT_FALSE(x.journal->failed());
+  bool saw_long = false;
+  for (const journal::Record& rec : x.Records()) {
+    if (const auto* p = std::get_if<PreflightObserved>(&rec.event)) {
+      EXPECT_LE(p->detail.size(), kTextBytesMax);
+      EXPECT_TRUE(rc::text::valid_utf8(p->detail));
+      saw_long = saw_long || p->detail.size() > kTextBytesMax - 2;
+    }
+  }
+  EXPECT_TRUE(saw_long) << "the preflight's text was not journaled at its bound";
   EXPECT_EQ(x.journal->state().lifecycle, Lifecycle::kReady);
 }
 
