@@ -248,6 +248,15 @@ const std::array kKeys = {
               kBounds,
               "request body bound (bytes); larger = 413",
               {}},
+    ConfigKey{"body_memory_bytes_max",
+              "body-memory-bytes-max",
+              &C::body_memory_bytes_max,
+              std::uint64_t{16} << 20,
+              std::uint64_t{1} << 40,
+              kBounds,
+              "request and response bodies all connections hold at once (bytes); a request "
+              "beyond it is answered 503",
+              {}},
     ConfigKey{"http_threads",
               "http-threads",
               &C::http_threads,
@@ -812,6 +821,12 @@ Status CheckInitialLabel(const ServeConfig& c) {
 }
 
 Status CheckConnections(const ServeConfig& c) {
+  if (c.body_memory_bytes_max < c.body_bytes_max) {
+    return Status::InvalidArgument(
+        "body_memory_bytes_max (" + std::to_string(c.body_memory_bytes_max) +
+        ") is below body_bytes_max (" + std::to_string(c.body_bytes_max) +
+        "): no request could be read");
+  }
   if (!c.proxy_token.empty() && c.proxy_token == c.auth_token) {
     return Status::InvalidArgument(
         "proxy_token must differ from auth_token: a rollout client "

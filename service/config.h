@@ -85,6 +85,8 @@ struct ServeConfig {
 
   // Bounds.
   std::size_t body_bytes_max = std::size_t{8} << 20;
+  // Request and response bodies all connections and proxied exchanges hold at once; beyond: 503.
+  std::uint64_t body_memory_bytes_max = std::uint64_t{1} << 30;
   int http_threads = 64;                      // threads for trainer calls that may block
   std::uint64_t io_threads = 0;               // event loops; 0: one per core, at most 4
   std::uint64_t header_bytes_max = 16 << 10;  // request line + headers; larger = 431

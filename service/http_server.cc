@@ -109,13 +109,15 @@ class Session : public std::enable_shared_from_this<Session> {
         strand_(std::move(strand)),
         socket_(std::move(socket)),
         timer_(strand_),
-        buffer_(server.options().header_bytes_max + kFramingSlackBytes) {}
+        buffer_(server.options().header_bytes_max + kFramingSlackBytes),
+        body_hold_(&server.body_budget()) {}
   ~Session() {
     Uncount();
     server_.SessionClosed(this);
   }
 
   void Start() { ReadRequest(); }
+  bool TakeBodyBudget();
   void Close();
   // A connection-level refusal (before any exchange): answered, then closed.
   void Refuse(int status, const std::string& type, const std::string& message);
@@ -129,6 +131,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void End(std::uint64_t serial, std::string last_bytes);
   void WatchClient(std::uint64_t serial, std::function<void()> on_gone);
   const Strand& strand() const { return strand_; }
+  HttpServer& server() const { return server_; }
 
  private:
   void ReadRequest();
@@ -172,6 +175,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Phase expired_phase_ = Phase::kIdle;
   bool expired_ = false;
   beast::flat_buffer buffer_;
+  BudgetHold body_hold_;  // the body budget the request being read or answered holds
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   HttpRequest request_;
   std::uint64_t serial_ = 0;
@@ -260,6 +264,7 @@ bool Session::ReadFailed(beast::error_code ec, Phase phase) {
 void Session::OnHead(beast::error_code ec, std::size_t) {
   Disarm();
   if (ReadFailed(ec, Phase::kHead)) return;
+  if (!parser_->is_done() && !TakeBodyBudget()) return;
   const auto& head = parser_->get();
   if (head[bhttp::field::expect] == "100-continue" && !parser_->is_done()) {
     out_chunk_ = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -273,6 +278,19 @@ void Session::OnHead(beast::error_code ec, std::size_t) {
     return;
   }
   ReadBody();
+}
+
+// The body's bytes come out of the server's budget before they are read: its declared length,
+// or the bound when chunked. None left: 503, and the connection closes unread.
+bool Session::TakeBodyBudget() {
+  const auto length = parser_->content_length();
+  const std::uint64_t bytes = length ? *length : server_.options().body_bytes_max;
+  if (bytes == 0 || body_hold_.Grow(bytes)) return true;
+  server_.mutable_counters().body_memory_refused++;
+  Refuse(503, "overloaded",
+         "the bodies other requests hold take the server's memory budget "
+         "(body_memory_bytes_max); try again");
+  return false;
 }
 
 void Session::ReadBody() {
@@ -301,6 +319,7 @@ void Session::OnRequest() {
 
 void Session::Refuse(int status, const std::string& type, const std::string& message) {
   RC_CHECK(answered_);
+  request_ = HttpRequest();  // the answer is to a request that never formed, not the last one
   keep_alive_ = false;
   answered_ = false;
   ++serial_;
@@ -315,6 +334,13 @@ void Session::Respond(std::uint64_t serial, HttpResponse res) {
   out_->version(11);
   out_->keep_alive(KeepReading());
   out_->prepare_payload();
+  if (request_.method() == bhttp::verb::head) {
+    // The head a GET would get, without its body: a client reads no body after HEAD, and any
+    // byte sent would be taken for the next response.
+    const std::size_t bytes = out_->body().size();
+    out_->body().clear();
+    out_->content_length(bytes);
+  }
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
   bhttp::async_write(socket_, *out_,
                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
@@ -331,6 +357,8 @@ void Session::OnResponseWritten(beast::error_code ec) {
 }
 
 void Session::AfterExchange() {
+  request_ = HttpRequest();  // the answered request's body is no longer held
+  body_hold_.Release();
   if (!KeepReading()) return Linger();
   if (watch_pending_) {
     read_after_watch_ = true;  // OnWatch continues once the cancelled read has returned
@@ -548,6 +576,7 @@ void Exchange::WatchClient(std::function<void()> on_gone) {
 }
 
 asio::any_io_executor Exchange::executor() const { return session_->strand(); }
+ByteBudget& Exchange::body_budget() const { return session_->server().body_budget(); }
 
 void Exchange::Post(std::function<void()> fn) const {
   asio::post(session_->strand(), std::move(fn));
@@ -604,7 +633,8 @@ HttpRouter::Match HttpRouter::Find(bhttp::verb method, std::string_view path) co
     m.captures = std::move(captures);
     return m;
   }
-  if (fallback_) m.async = &fallback_;
+  // A path some route has, asked with another method, is a 405, never the fallback's.
+  if (fallback_ && !m.path_known) m.async = &fallback_;
   return m;
 }
 
@@ -632,6 +662,7 @@ std::vector<std::unique_ptr<asio::io_context>> MakeLoops(std::size_t n) {
 HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
     : options_(std::move(options)),
       router_(std::move(router)),
+      body_budget_(options_.body_memory_bytes_max),
       loops_(MakeLoops(options_.io_threads)),
       acceptor_(std::in_place, *loops_.front()),
       accept_retry_(std::in_place, *loops_.front()),
@@ -741,15 +772,28 @@ void HttpServer::SessionClosed(Session* session) {
   sessions_.erase(session);
 }
 
+// HEAD is answered as GET without the body (Session::Respond drops it), on the routes the server
+// itself serves; the fallback (relayed to an engine) takes no HEAD.
+HttpRouter::Match HttpServer::RouteOf(const Exchange& ex) const {
+  if (ex.request().method() != bhttp::verb::head) {
+    return router_.Find(ex.request().method(), ex.path());
+  }
+  HttpRouter::Match m = router_.Find(bhttp::verb::get, ex.path());
+  if (m.async == router_.fallback()) m.async = nullptr;
+  return m;
+}
+
 void HttpServer::Dispatch(const Exchange& exchange) {
   Exchange ex = exchange;
-  const HttpRouter::Match m = router_.Find(ex.request().method(), ex.path());
+  const HttpRouter::Match m = RouteOf(ex);
   if (m.blocking != nullptr) return RunBlocking(m.blocking, m.captures, ex);
   if (m.async == nullptr) {
-    const std::string method(ex.request().method_string());
-    return ex.Respond(ErrorResponse(
-        404, "not_found",
-        "no route " + text::escape_line(method) + " " + text::escape_line(std::string(ex.path()))));
+    const std::string route = text::escape_line(std::string(ex.request().method_string())) + " " +
+                              text::escape_line(std::string(ex.path()));
+    if (m.path_known) {
+      return ex.Respond(ErrorResponse(405, "method_not_allowed", "no route " + route));
+    }
+    return ex.Respond(ErrorResponse(404, "not_found", "no route " + route));
   }
   try {
     (*m.async)(ex);

@@ -42,6 +42,7 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include "service/byte_budget.h"
 #include "statemachine/status.h"
 
 namespace rc::service {
@@ -57,6 +58,8 @@ struct HttpServerOptions {
   std::size_t connections_max = 4096;       // open connections; beyond: 503 and close
   std::size_t header_bytes_max = 16 << 10;  // request line + headers; beyond: 431
   std::size_t body_bytes_max = 8 << 20;     // beyond: 413
+  // Bodies all connections and exchanges hold at once (ByteBudget); a request beyond it: 503.
+  std::uint64_t body_memory_bytes_max = std::uint64_t{1} << 30;
   std::uint64_t idle_timeout_ms = 5000;     // connection open, no byte of a request yet
   std::uint64_t header_timeout_ms = 10000;  // first byte -> complete head, else 408
   std::uint64_t body_timeout_ms = 30000;    // complete head -> complete body, else 408
@@ -75,6 +78,7 @@ struct HttpServerCounters {
   std::atomic<std::uint64_t> write_timeouts{0};
   std::atomic<std::uint64_t> bad_requests{0};
   std::atomic<std::uint64_t> blocking_refused{0};
+  std::atomic<std::uint64_t> body_memory_refused{0};  // 503: body_memory_bytes_max taken
   std::atomic<std::int64_t> open_connections{0};
 };
 
@@ -107,6 +111,9 @@ class Exchange {
 
   boost::asio::any_io_executor executor() const;
   void Post(std::function<void()> fn) const;
+  // The server's budget for bodies held at once: an exchange holding a body beyond the
+  // request's (an engine's answer) takes from it.
+  ByteBudget& body_budget() const;
 
  private:
   std::shared_ptr<Session> session_;
@@ -142,6 +149,7 @@ class HttpRouter {
     bool path_known = false;  // some route has this path (another method: 405)
   };
   Match Find(bhttp::verb method, std::string_view path) const;
+  const AsyncHandler* fallback() const { return fallback_ ? &fallback_ : nullptr; }
 
  private:
   struct Route {
@@ -169,11 +177,13 @@ class HttpServer {
 
   const HttpServerCounters& counters() const { return counters_; }
   const HttpServerOptions& options() const { return options_; }
+  ByteBudget& body_budget() { return body_budget_; }
   // The first event loop (the acceptor's): for work that belongs to no connection.
   boost::asio::io_context& io() { return *loops_.front(); }
   std::size_t loop_count() const { return loops_.size(); }
 
   // Internal (Session): dispatch of a complete request.
+  HttpRouter::Match RouteOf(const Exchange& ex) const;
   void Dispatch(const Exchange& exchange);
   void SessionClosed(Session* session);
   HttpServerCounters& mutable_counters() { return counters_; }
@@ -192,6 +202,7 @@ class HttpServer {
   const HttpServerOptions options_;
   const HttpRouter router_;
   HttpServerCounters counters_;
+  ByteBudget body_budget_;  // declared before the sessions and loops: it outlives their holds
   // Before loops_: sessions destroyed with a loop's pending handlers still unregister here.
   std::mutex sessions_mu_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;

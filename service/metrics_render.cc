@@ -226,6 +226,12 @@ void AppendServiceCounters(std::string& out, const ServiceMetrics& m) {
         m.unauthorized.load()}});
 }
 
+void AppendBodyMemory(std::string& out, const ByteBudget& b) {
+  AppendGauge(out, "rolloutcore_http_body_memory_bytes",
+              "request and response bodies held now (bound: body_memory_bytes_max)",
+              std::to_string(b.used()));
+}
+
 void AppendHttp(std::string& out, const HttpServerCounters& h) {
   AppendGauge(out, "rolloutcore_http_open_connections", "client connections open",
               std::to_string(h.open_connections.load()));
@@ -243,7 +249,10 @@ void AppendHttp(std::string& out, const HttpServerCounters& h) {
        {"rolloutcore_http_write_timeouts_total",
         "connections closed at write_timeout_ms (client not reading)", h.write_timeouts.load()},
        {"rolloutcore_http_blocking_refused_total",
-        "trainer calls refused: the blocking pool's queue was full", h.blocking_refused.load()}});
+        "trainer calls refused: the blocking pool's queue was full", h.blocking_refused.load()},
+       {"rolloutcore_http_body_memory_refused_total",
+        "requests answered 503: the bodies others held took body_memory_bytes_max",
+        h.body_memory_refused.load()}});
 }
 
 void AppendProxyCounters(std::string& out, const ServiceMetrics& m) {
@@ -442,7 +451,10 @@ std::string Service::RenderFleetMetrics() const {
               "1 once the executor fail-stopped on a journal error", failed() ? "1" : "0");
   AppendOutcomes(out, f.summed, metrics_);
   AppendServiceCounters(out, metrics_);
-  if (http_) AppendHttp(out, http_->counters());
+  if (http_) {
+    AppendHttp(out, http_->counters());
+    AppendBodyMemory(out, http_->body_budget());
+  }
   AppendProxyCounters(out, metrics_);
   AppendHistograms(out, metrics_);
   return out;
@@ -469,7 +481,10 @@ std::string Service::RenderMetrics() const {
   AppendOutcomes(out, s.counters, metrics_);
   AppendEngine(out, probes, s);
   AppendServiceCounters(out, metrics_);
-  if (http_) AppendHttp(out, http_->counters());
+  if (http_) {
+    AppendHttp(out, http_->counters());
+    AppendBodyMemory(out, http_->body_budget());
+  }
   AppendProxyCounters(out, metrics_);
   effects::PhaseTimings timings;
   {

@@ -139,7 +139,11 @@ const char* ProxyRoutePath(ProxyRoute route) {
 }
 
 ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchange)
-    : svc_(service), route_(route), ex_(std::move(exchange)), deadline_(ex_.executor()) {
+    : svc_(service),
+      route_(route),
+      ex_(std::move(exchange)),
+      body_hold_(&ex_.body_budget()),
+      deadline_(ex_.executor()) {
   on_chunk_ = [this](const json& chunk) {
     const std::optional<std::string> event = PassChunk(trace_, chunk, added_);
     if (event) out_ += *event;  // nullopt: the usage-only chunk the client did not ask for
@@ -421,6 +425,12 @@ bool ProxyExchange::Absorb(const char* data, std::size_t n) {
                                        std::to_string(effects::kResponseBytesMax) + " bytes");
     return false;
   }
+  if (!body_hold_.Grow(n)) {
+    UpstreamFailed(Transport::kOk,
+                   "the bodies other requests hold take serve's memory budget "
+                   "(body_memory_bytes_max)");
+    return false;
+  }
   body_.append(data, n);
   RC_CHECK(body_.size() <= effects::kResponseBytesMax);
   return true;
@@ -674,7 +684,8 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
         pool_(pool),
         target_(target),
         config_(config),
-        deadline_(ex_.executor()) {}
+        deadline_(ex_.executor()),
+        body_hold_(&ex_.body_budget()) {}
 
   void Start() {
     namespace bhttp = beast::http;
@@ -715,6 +726,23 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
                             }));
   }
   void Read() {
+    beast::http::async_read_header(
+        conn_->socket, conn_->buffer, *parser_,
+        asio::bind_executor(ex_.executor(),
+                            [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                              if (ec) return self->Fail("response head: " + ec.message());
+                              self->ReadBody();
+                            }));
+  }
+  // The answer's body comes out of the server's body budget before it is read: its declared
+  // length, or the bound when it declares none.
+  void ReadBody() {
+    const auto length = parser_->content_length();
+    if (!body_hold_.Grow(length ? *length : effects::kResponseBytesMax)) {
+      return Fail(
+          "the bodies other requests hold take serve's memory budget "
+          "(body_memory_bytes_max)");
+    }
     beast::http::async_read(
         conn_->socket, conn_->buffer, *parser_,
         asio::bind_executor(ex_.executor(),
@@ -748,6 +776,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   std::unique_ptr<UpstreamConn> conn_;
   beast::http::request<beast::http::string_body> request_;
   std::optional<beast::http::response_parser<beast::http::string_body>> parser_;
+  BudgetHold body_hold_;
 };
 
 // ---- routes ----

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "effects/http/response_parsers.h"
+#include "service/byte_budget.h"
 #include "service/http_server.h"
 #include "service/proxy_stream.h"
 #include "service/service.h"
@@ -112,6 +113,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   std::optional<boost::beast::http::response_parser<boost::beast::http::buffer_body>> parser_;
   std::unique_ptr<char[]> read_buf_;  // kUpstreamReadBytes, allocated (not zeroed) on first read
   std::string body_;                  // non-streamed (or error) body, bounded
+  BudgetHold body_hold_;              // body_'s bytes, taken from the server's body budget
   std::string out_;                   // client events of one engine read
   effects::SseState sse_;
   effects::EngineClient::ChunkFn on_chunk_;

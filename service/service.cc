@@ -710,6 +710,7 @@ HttpServerOptions Service::ServerOptions() const {
   o.connections_max = config_.http_connections_max;
   o.header_bytes_max = config_.header_bytes_max;
   o.body_bytes_max = config_.body_bytes_max;
+  o.body_memory_bytes_max = config_.body_memory_bytes_max;
   o.idle_timeout_ms = config_.idle_timeout_ms;
   o.header_timeout_ms = config_.header_timeout_ms;
   o.body_timeout_ms = config_.body_timeout_ms;

@@ -167,6 +167,19 @@ TEST(ConfigTable, InitialLabelMustNotBeTheFreshEnginesLabel) {
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
 }
 
+// Proves the memory budget for bodies must hold at least one whole request body; it would catch a
+// configuration under which every request with a body is answered 503.
+TEST(ConfigTable, BodyMemoryMustHoldOneBody) {
+  ServeConfig c = Minimal();
+  c.body_bytes_max = std::size_t{64} << 20;
+  c.body_memory_bytes_max = std::uint64_t{32} << 20;
+  const Status st = ValidateConfig(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("body_memory_bytes_max"), std::string::npos) << st.ToString();
+  c.body_memory_bytes_max = std::uint64_t{64} << 20;
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+}
+
 // Proves an unknown key is refused with the closest valid keys (or, with none close, all of
 // them) and outside bytes are not echoed raw; it would catch the bare "unknown config key" that
 // left users guessing (e.g. `journal` for `journal_path`).

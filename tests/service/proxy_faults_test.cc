@@ -430,6 +430,14 @@ TEST(ConnectionGate, HeadersReachRoutesVerbatim) {
   EXPECT_TRUE(http.Stop(5000));
 }
 
+// Whether `value` reads 0 within 2 s.
+bool eventually_zero(const std::function<std::uint64_t()>& value) {
+  for (int i = 0; i < 400 && value() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return value() == 0;
+}
+
 // Sends `head`, then `filler` again and again (up to 8 MiB) until the server stops taking it, and
 // returns what the server answered.
 std::string endless_after(int port, const std::string& head, const std::string& filler) {
@@ -467,6 +475,75 @@ TEST(ConnectionGate, ChunkFramingWithoutEndIsCutOffAtTheBufferBound) {
   EXPECT_EQ(
       body_of(raw_exchange(*port, "GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
       "pong");
+  EXPECT_TRUE(http.Stop(5000));
+}
+
+// Proves HEAD gets GET's head without a body (keep-alive stays in step: the next response on the
+// connection is read whole), a route's path asked with another method gets 405, and HEAD of a
+// path no route serves gets a bodiless 404. Catches a body after HEAD, which a keep-alive client
+// takes for the start of the next response.
+TEST(ConnectionGate, HeadHasNoBodyAndAnotherMethodIs405) {
+  HttpServerOptions o;
+  o.io_threads = 1;
+  HttpServer http(o, EchoRoutes());
+  Result<int> port = http.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  const std::string both = raw_exchange(
+      *port,
+      "HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\nConnection: "
+      "close\r\n\r\n");
+  const std::size_t second = both.find("HTTP/1.1 ", 1);
+  ASSERT_NE(second, std::string::npos) << both;
+  const std::string head = both.substr(0, second);
+  EXPECT_EQ(status_of(head), 200) << head;
+  EXPECT_NE(head.find("Content-Length: 4"), std::string::npos) << head;
+  EXPECT_EQ(body_of(head), "") << "HEAD answered with a body";
+  EXPECT_EQ(body_of(both.substr(second)), "pong");
+  EXPECT_EQ(
+      status_of(raw_exchange(
+          *port,
+          "POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")),
+      405);
+  const std::string missing =
+      raw_exchange(*port, "HEAD /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(missing), 404) << missing;
+  EXPECT_EQ(body_of(missing), "") << missing;
+  EXPECT_TRUE(http.Stop(5000));
+}
+
+// Proves the bodies all connections hold share one budget: while one request holds most of it
+// (its body still arriving), another whose body would pass it is answered 503 at once, unread,
+// and served once the first is done. Catches each connection bounded alone (4,096 connections
+// times an 8 MiB body), with nothing bounding their sum.
+TEST(ConnectionGate, BodiesShareOneMemoryBudget) {
+  HttpServerOptions o;
+  o.io_threads = 1;
+  o.body_bytes_max = 64 << 10;
+  o.body_memory_bytes_max = 96 << 10;
+  HttpServer http(o, EchoRoutes());
+  Result<int> port = http.Start();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  const std::string big(60 << 10, 'a');
+  const int holder = connect_loopback(*port);
+  const std::string head =
+      "POST /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(big.size()) + "\r\n\r\n";
+  ASSERT_GT(::send(holder, head.data(), head.size(), MSG_NOSIGNAL), 0);
+  ASSERT_GT(::send(holder, big.data(), 100, MSG_NOSIGNAL), 0);  // the rest comes later
+  for (int i = 0; i < 200 && http.body_budget().used() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(http.body_budget().used(), big.size());
+  const std::string second = post_bytes("/ping", big, "Connection: close\r\n");
+  const std::string refused = raw_exchange(*port, second);
+  EXPECT_EQ(status_of(refused), 503) << refused;
+  EXPECT_EQ(http.counters().body_memory_refused.load(), 1u);
+  ASSERT_GT(::send(holder, big.data() + 100, big.size() - 100, MSG_NOSIGNAL), 0);
+  char buf[512];
+  EXPECT_GT(::recv(holder, buf, sizeof(buf), 0), 0);  // answered (no POST route: 405)
+  ::close(holder);
+  EXPECT_EQ(status_of(raw_exchange(*port, second)), 405) << "not served once the budget was back";
+  EXPECT_TRUE(eventually_zero([&] { return http.body_budget().used(); }));
   EXPECT_TRUE(http.Stop(5000));
 }
 
