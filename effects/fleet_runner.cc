@@ -283,6 +283,19 @@ Status FleetRunner::CancelOnce(const std::string& update_id, const std::string& 
   return cancelled;
 }
 
+// When the request was journaled, on this process's monotonic clock. A request asked again after
+// a restart is the one the earlier process journaled (same id, same bytes: its seq), and its
+// deadline still counts from then, by the wall clocks of the two records.
+std::int64_t FleetRunner::RequestedAtMs(std::uint64_t request_seq) {
+  const std::int64_t now_ms = clock_.now_ms();
+  Result<journal::Record> record = journal_.Read(request_seq);
+  if (!record.ok() || !std::holds_alternative<FleetUpdateRequested>(record->event)) {
+    return now_ms;
+  }
+  const std::int64_t age_ms = clock_.wall_ms() - record->wall_time_ms;
+  return now_ms - std::max<std::int64_t>(0, age_ms);
+}
+
 Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request) {
   const std::string& id = request.update_id;
   {
@@ -299,7 +312,7 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
   Status stopped = Status::OK();
   Progress progress;
   progress.refused = &refused;
-  progress.requested_ms = clock_.now_ms();
+  progress.requested_ms = RequestedAtMs(submitted->ticket.result.first_seq);
   for (Plan plan = Look(id, nullptr); plan.open && stopped.ok(); plan = Look(id, &plan)) {
     if (journal_.failed()) {
       stopped = journal_.failure();

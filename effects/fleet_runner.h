@@ -117,6 +117,7 @@ class FleetRunner {
   void StartMembers(const Plan& plan, Members& members, std::map<std::string, Status>& refused);
   [[nodiscard]] Status CancelIfBlocked(const std::string& update_id, const Plan& plan,
                                        const Members& members, Progress& progress);
+  std::int64_t RequestedAtMs(std::uint64_t request_seq);
   [[nodiscard]] Status CancelIfPastDeadline(const std::string& update_id, Progress& progress);
   // Journals this executor's cancel; one that came second (another cancel, or the update ended
   // meanwhile) is no error: the next look sees the update as it is.

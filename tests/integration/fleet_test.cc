@@ -378,6 +378,25 @@ TEST(FleetIntegration, AnUpdatePastItsDeadlineStartsNoMoreMembers) {
   f.Check();
 }
 
+// Proves a fleet update's deadline counts from its request even when the request is asked again
+// after a restart: the earlier process journaled it 10 s ago, the deadline is 1 s, so the
+// re-POST starts no member and ends it cancelled. Catches the deadline restarting with every
+// executor restart (a fresh full timeout per re-POST), so it never held across crashes.
+TEST(FleetIntegration, AnUpdatesDeadlineCountsFromItsRequestAcrossRestarts) {
+  Fleet f(3, FleetConfigured{0, 0}, /*update_timeout_ms=*/1000);
+  const FleetUpdateRequested request = Fleet::Request("u1", FleetUpdateMode::kRolling, 1);
+  auto earlier = f.journal->SubmitFleet(FleetEvent{"", request}, WallMs() - 10000,
+                                        effects::FleetUpdateIdempotencyKey("u1"));
+  ASSERT_TRUE(earlier.ok()) << earlier.status().ToString();
+  ASSERT_TRUE(f.journal->Wait(earlier->ticket).ok());
+  Result<FleetUpdateEnded> end = f.runner->Update(request);
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(end->committed, 0u) << end->reason;
+  EXPECT_EQ(end->skipped, 3u) << end->reason;
+  EXPECT_NE(end->reason.find("deadline"), std::string::npos) << end->reason;
+  f.Check();
+}
+
 // Proves a fleet update ended in another caller's group that nobody has made durable yet (here a
 // cancel submitted straight to the journal; in serve, the monitor's taint of the last pending
 // member) is reported once durable, with that end; catches an executor that sees the update
