@@ -308,27 +308,6 @@ bool intent_must_be_durable(EffectKind kind) {
          kind == EffectKind::kSleep || kind == EffectKind::kWake;
 }
 
-namespace {
-
-// Every free text an effect reports is cut to what the fold accepts (kTextBytesMax, whole UTF-8
-// characters): an observation the fold refused would stop the executor, and stop it again at
-// every recovery that re-runs the effect.
-Event BoundedTexts(Event event) {
-  const auto bound = [](std::string& s) {
-    if (s.size() > kTextBytesMax) s = text::utf8_prefix(std::move(s), kTextBytesMax);
-  };
-  std::visit(
-      [&bound](auto& e) {
-        if constexpr (requires { e.detail; }) bound(e.detail);
-        if constexpr (requires { e.error; }) bound(e.error);
-        if constexpr (requires { e.http.error; }) bound(e.http.error);
-      },
-      event);
-  return event;
-}
-
-}  // namespace
-
 Status Runner::perform(const Step& step) {
   const Effect& effect = step.effect;
   auto intent =
@@ -336,7 +315,10 @@ Status Runner::perform(const Step& step) {
              intent_must_be_durable(effect.kind) ? Durability::kNow : Durability::kWithNext);
   if (!intent.ok()) return intent.status();
   const std::int64_t start_us = clock_.now_us();
-  Event observation = BoundedTexts(observe(step));
+  // Cut to what the fold accepts: a refused observation would stop the executor, and stop it
+  // again at every recovery that re-runs the effect.
+  Event observation = observe(step);
+  bound_texts(observation);
   if (const auto* probed = std::get_if<EngineProbed>(&observation)) last_probe_ = *probed;
   if (const auto* slept = std::get_if<SleepObserved>(&observation)) {
     last_sleep_memory_ = slept->memory;

@@ -105,6 +105,20 @@ Status check_tensor_digests(const std::vector<TensorDigest>& tensors) {
 
 }  // namespace
 
+void bound_texts(Event& event) {
+  const auto bound = [](std::string& t) {
+    if (t.size() > kTextBytesMax) t = text::utf8_prefix(std::move(t), kTextBytesMax);
+  };
+  std::visit(
+      [&bound](auto& e) {
+        if constexpr (requires { e.detail; }) bound(e.detail);
+        if constexpr (requires { e.reason; }) bound(e.reason);
+        if constexpr (requires { e.error; }) bound(e.error);
+        if constexpr (requires { e.http.error; }) bound(e.http.error);
+      },
+      event);
+}
+
 Status check_device_memory(const DeviceMemory& m) {
   if (!m.known && (m.free_bytes_before | m.free_bytes_after | m.total_bytes) != 0) {
     return Status::InvalidArgument("device memory figures marked unknown");
@@ -1470,24 +1484,10 @@ Status apply(State& state, const Event& event) {
   return Status::OK();
 }
 
-// A decision's text quotes its evidence behind a prefix, so it may exceed the bound the evidence
-// kept: cut to it (whole characters), as the fold refuses longer texts and its own decisions must
-// always apply.
-void bound_texts(Event& decision) {
-  const auto bound = [](std::string& t) {
-    if (t.size() > kTextBytesMax) t = text::utf8_prefix(std::move(t), kTextBytesMax);
-  };
-  std::visit(
-      [&bound](auto& e) {
-        if constexpr (requires { e.detail; }) bound(e.detail);
-        if constexpr (requires { e.reason; }) bound(e.reason);
-      },
-      decision);
-}
-
 std::vector<Event> derive_decisions(const State& after, const Event& input) {
   std::vector<Event> out;
   std::visit([&](const auto& e) { derive(after, e, out); }, input);
+  // A decision quotes its evidence behind a prefix, so it may pass the bound the evidence kept.
   for (Event& decision : out) bound_texts(decision);
   return out;
 }

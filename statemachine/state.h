@@ -178,6 +178,10 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id,
 // when unknown. The executor checks its sums with it before recording them.
 inline constexpr std::uint64_t kDeviceBytesMax = std::uint64_t{1} << 50;  // 1 PiB
 [[nodiscard]] Status check_device_memory(const DeviceMemory& memory);
+// Cuts an event's free texts (detail, reason, error, http.error) to kTextBytesMax, whole UTF-8
+// characters: what the fold accepts. The executor applies it to what an effect reports, the fold
+// to its own decisions, so neither is ever refused for its length.
+void bound_texts(Event& event);
 
 // Whether the state admits rollouts, and if not, why (for 503 messages and /readyz).
 bool admits(const State& state);

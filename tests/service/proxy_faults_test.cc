@@ -412,17 +412,27 @@ std::string body_of(const std::string& response) {
   return at == std::string::npos ? "" : response.substr(at + 4);
 }
 
+HttpServerOptions OneLoop() {
+  HttpServerOptions o;
+  o.io_threads = 1;
+  return o;
+}
+
+// Starts the server and returns its port (a server that cannot start fails the test binary).
+int StartOrDie(HttpServer& http) {
+  Result<int> port = http.Start();
+  RC_CHECK(port.ok());
+  return *port;
+}
+
 // Proves a route reads a header verbatim (never percent-decoded), case-insensitively, and sees
 // duplicates. Catches: decoded or merged header values reaching validation.
 TEST(ConnectionGate, HeadersReachRoutesVerbatim) {
-  HttpServerOptions o;
-  o.io_threads = 1;
-  HttpServer http(o, EchoRoutes());
-  Result<int> port = http.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  HttpServer http(OneLoop(), EchoRoutes());
+  const int port = StartOrDie(http);
   const auto get = [&](const std::string& headers) {
     return body_of(raw_exchange(
-        *port, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers + "\r\n"));
+        port, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers + "\r\n"));
   };
   EXPECT_EQ(get("x-rolloutcore-rollout-id:  a%20b \r\n"), "a%20b");
   EXPECT_EQ(get("X-RolloutCore-Rollout-Id: a\r\nX-RolloutCore-Rollout-Id: b\r\n"), "dup");
@@ -463,17 +473,14 @@ std::string endless_after(int port, const std::string& head, const std::string& 
 // byte of it (Beast's head and body limits do not count chunk framing): one client could hold
 // gigabytes of memory per connection until the body deadline.
 TEST(ConnectionGate, ChunkFramingWithoutEndIsCutOffAtTheBufferBound) {
-  HttpServerOptions o;
-  o.io_threads = 1;
-  HttpServer http(o, EchoRoutes());
-  Result<int> port = http.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  HttpServer http(OneLoop(), EchoRoutes());
+  const int port = StartOrDie(http);
   const std::string head = "POST /ping HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
   const std::string filler(64 << 10, 'a');
-  EXPECT_EQ(status_of(endless_after(*port, head + "1;", filler)), 431) << "a chunk extension";
-  EXPECT_EQ(status_of(endless_after(*port, head + "0\r\nX-T: ", filler)), 431) << "a trailer";
+  EXPECT_EQ(status_of(endless_after(port, head + "1;", filler)), 431) << "a chunk extension";
+  EXPECT_EQ(status_of(endless_after(port, head + "0\r\nX-T: ", filler)), 431) << "a trailer";
   EXPECT_EQ(
-      body_of(raw_exchange(*port, "GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
+      body_of(raw_exchange(port, "GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
       "pong");
   EXPECT_TRUE(http.Stop(5000));
 }
@@ -483,13 +490,10 @@ TEST(ConnectionGate, ChunkFramingWithoutEndIsCutOffAtTheBufferBound) {
 // path no route serves gets a bodiless 404. Catches a body after HEAD, which a keep-alive client
 // takes for the start of the next response.
 TEST(ConnectionGate, HeadHasNoBodyAndAnotherMethodIs405) {
-  HttpServerOptions o;
-  o.io_threads = 1;
-  HttpServer http(o, EchoRoutes());
-  Result<int> port = http.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  HttpServer http(OneLoop(), EchoRoutes());
+  const int port = StartOrDie(http);
   const std::string both = raw_exchange(
-      *port,
+      port,
       "HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\nConnection: "
       "close\r\n\r\n");
   const std::size_t second = both.find("HTTP/1.1 ", 1);
@@ -501,11 +505,11 @@ TEST(ConnectionGate, HeadHasNoBodyAndAnotherMethodIs405) {
   EXPECT_EQ(body_of(both.substr(second)), "pong");
   EXPECT_EQ(
       status_of(raw_exchange(
-          *port,
+          port,
           "POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")),
       405);
   const std::string missing =
-      raw_exchange(*port, "HEAD /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+      raw_exchange(port, "HEAD /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(status_of(missing), 404) << missing;
   EXPECT_EQ(body_of(missing), "") << missing;
   EXPECT_TRUE(http.Stop(5000));
@@ -516,15 +520,13 @@ TEST(ConnectionGate, HeadHasNoBodyAndAnotherMethodIs405) {
 // and served once the first is done. Catches each connection bounded alone (4,096 connections
 // times an 8 MiB body), with nothing bounding their sum.
 TEST(ConnectionGate, BodiesShareOneMemoryBudget) {
-  HttpServerOptions o;
-  o.io_threads = 1;
+  HttpServerOptions o = OneLoop();
   o.body_bytes_max = 64 << 10;
   o.body_memory_bytes_max = 96 << 10;
   HttpServer http(o, EchoRoutes());
-  Result<int> port = http.Start();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  const int port = StartOrDie(http);
   const std::string big(60 << 10, 'a');
-  const int holder = connect_loopback(*port);
+  const int holder = connect_loopback(port);
   const std::string head =
       "POST /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
       std::to_string(big.size()) + "\r\n\r\n";
@@ -535,14 +537,14 @@ TEST(ConnectionGate, BodiesShareOneMemoryBudget) {
   }
   ASSERT_EQ(http.body_budget().used(), big.size());
   const std::string second = post_bytes("/ping", big, "Connection: close\r\n");
-  const std::string refused = raw_exchange(*port, second);
+  const std::string refused = raw_exchange(port, second);
   EXPECT_EQ(status_of(refused), 503) << refused;
   EXPECT_EQ(http.counters().body_memory_refused.load(), 1u);
   ASSERT_GT(::send(holder, big.data() + 100, big.size() - 100, MSG_NOSIGNAL), 0);
   char buf[512];
   EXPECT_GT(::recv(holder, buf, sizeof(buf), 0), 0);  // answered (no POST route: 405)
   ::close(holder);
-  EXPECT_EQ(status_of(raw_exchange(*port, second)), 405) << "not served once the budget was back";
+  EXPECT_EQ(status_of(raw_exchange(port, second)), 405) << "not served once the budget was back";
   EXPECT_TRUE(eventually_zero([&] { return http.body_budget().used(); }));
   EXPECT_TRUE(http.Stop(5000));
 }
