@@ -118,6 +118,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Start() { ReadRequest(); }
   bool TakeBodyBudget();
+  void ReadBodySome();
+  std::size_t WatchRoom() const;
   void Close();
   // A connection-level refusal (before any exchange): answered, then closed.
   void Refuse(int status, const std::string& type, const std::string& message);
@@ -264,7 +266,6 @@ bool Session::ReadFailed(beast::error_code ec, Phase phase) {
 void Session::OnHead(beast::error_code ec, std::size_t) {
   Disarm();
   if (ReadFailed(ec, Phase::kHead)) return;
-  if (!parser_->is_done() && !TakeBodyBudget()) return;
   const auto& head = parser_->get();
   if (head[bhttp::field::expect] == "100-continue" && !parser_->is_done()) {
     out_chunk_ = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -280,29 +281,37 @@ void Session::OnHead(beast::error_code ec, std::size_t) {
   ReadBody();
 }
 
-// The body's bytes come out of the server's budget before they are read: its declared length,
-// or the bound when chunked. None left: 503, and the connection closes unread.
+// The body's bytes come out of the server's budget as they arrive: a declared length costs
+// nothing until it is sent, so headers alone hold none of it.
 bool Session::TakeBodyBudget() {
-  const auto length = parser_->content_length();
-  const std::uint64_t bytes = length ? *length : server_.options().body_bytes_max;
-  if (bytes == 0 || body_hold_.Grow(bytes)) return true;
-  server_.mutable_counters().body_memory_refused++;
-  Refuse(503, "overloaded",
-         "the bodies other requests hold take the server's memory budget "
-         "(body_memory_bytes_max); try again");
-  return false;
+  const std::uint64_t have = parser_->get().body().size();
+  return have <= body_hold_.held() || body_hold_.Grow(have - body_hold_.held());
 }
 
+// One deadline for the whole body, read piece by piece so each piece is budgeted as it comes.
 void Session::ReadBody() {
   if (parser_->is_done()) return OnRequest();
   Arm(Phase::kBody, server_.options().body_timeout_ms);
-  bhttp::async_read(socket_, buffer_, *parser_,
-                    beast::bind_front_handler(&Session::OnBody, shared_from_this()));
+  ReadBodySome();
+}
+
+void Session::ReadBodySome() {
+  bhttp::async_read_some(socket_, buffer_, *parser_,
+                         beast::bind_front_handler(&Session::OnBody, shared_from_this()));
 }
 
 void Session::OnBody(beast::error_code ec, std::size_t) {
-  Disarm();
+  if (ec) Disarm();
   if (ReadFailed(ec, Phase::kBody)) return;
+  if (!TakeBodyBudget()) {
+    Disarm();
+    server_.mutable_counters().body_memory_refused++;
+    return Refuse(503, "overloaded",
+                  "the bodies other requests hold take the server's memory budget "
+                  "(body_memory_bytes_max); try again");
+  }
+  if (!parser_->is_done()) return ReadBodySome();
+  Disarm();
   OnRequest();
 }
 
@@ -454,9 +463,13 @@ void Session::End(std::uint64_t serial, std::string last_bytes) {
 void Session::WatchClient(std::uint64_t serial, std::function<void()> on_gone) {
   if (!Live(serial) || watch_pending_ || peer_closed_) return;
   on_gone_ = std::move(on_gone);
-  watch_pending_ = true;
-  socket_.async_read_some(asio::buffer(watch_buf_),
-                          beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
+  WatchAgain();
+}
+
+// What a watch read may take: the bytes it reads are kept, so never more than the read buffer's
+// bound leaves room for (0: the buffer is full, and the watch waits for the request's own read).
+std::size_t Session::WatchRoom() const {
+  return std::min(watch_buf_.size(), buffer_.max_size() - buffer_.size());
 }
 
 // Bytes the watch reads are the client's next request, early: kept for it, and the watch goes on
@@ -488,8 +501,10 @@ void Session::OnWatch(beast::error_code ec, std::size_t n) {
 
 void Session::WatchAgain() {
   RC_CHECK(!watch_pending_ && on_gone_);
+  const std::size_t room = WatchRoom();
+  if (room == 0) return;
   watch_pending_ = true;
-  socket_.async_read_some(asio::buffer(watch_buf_),
+  socket_.async_read_some(asio::buffer(watch_buf_.data(), room),
                           beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
 }
 
@@ -772,14 +787,15 @@ void HttpServer::SessionClosed(Session* session) {
   sessions_.erase(session);
 }
 
-// HEAD is answered as GET without the body (Session::Respond drops it), on the routes the server
-// itself serves; the fallback (relayed to an engine) takes no HEAD.
+// HEAD is answered as GET without the body (Session::Respond drops it), on the blocking routes
+// the server answers itself; an async route (proxied or relayed to an engine, which would answer
+// HEAD without the body its parser waits for) answers it 405, the fallback 404.
 HttpRouter::Match HttpServer::RouteOf(const Exchange& ex) const {
   if (ex.request().method() != bhttp::verb::head) {
     return router_.Find(ex.request().method(), ex.path());
   }
   HttpRouter::Match m = router_.Find(bhttp::verb::get, ex.path());
-  if (m.async == router_.fallback()) m.async = nullptr;
+  m.async = nullptr;
   return m;
 }
 

@@ -149,7 +149,6 @@ class HttpRouter {
     bool path_known = false;  // some route has this path (another method: 405)
   };
   Match Find(bhttp::verb method, std::string_view path) const;
-  const AsyncHandler* fallback() const { return fallback_ ? &fallback_ : nullptr; }
 
  private:
   struct Route {

@@ -313,7 +313,8 @@ class Service {
   void HandleEvents(const ApiRequest& req, HttpResponse& res);
   void HandleManifest(const ApiRequest& req, HttpResponse& res);
   void HandleMetrics(const ApiRequest& req, HttpResponse& res);
-  std::optional<std::uint32_t> ActiveLeaseMs(const std::string& id);
+  std::uint32_t ActiveLeaseMs(const std::string& id);
+  bool IsActiveProxied(const std::string& id);
   void HandleLease(const ApiRequest& req, HttpResponse& res);
   void HandleReadyz(const ApiRequest& req, HttpResponse& res);
   void HandleHealthz(const ApiRequest& req, HttpResponse& res);

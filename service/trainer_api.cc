@@ -421,19 +421,29 @@ void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
             {"head", head.ToString()}});
 }
 
-// The lease of an active rollout (0: a proxied rollout), nullopt when it is not active. The
-// admission view may be older than the admission, so a miss there is looked up in the journal's
-// own state, without a copy.
-std::optional<std::uint32_t> Service::ActiveLeaseMs(const std::string& id) {
+// The lease of an active rollout (0: not active, or proxied). The admission view may be older
+// than the admission, so a miss there is looked up in the journal's own state, without a copy.
+std::uint32_t Service::ActiveLeaseMs(const std::string& id) {
   const std::shared_ptr<const State> view = AdmitView(false);
   auto it = view->active.find(id);
   if (it != view->active.end()) return it->second.lease_ms;
-  std::optional<std::uint32_t> lease_ms;
+  std::uint32_t lease_ms = 0;
   journal_->ReadState([&](const State& s) {
     auto f = s.active.find(id);
     if (f != s.active.end()) lease_ms = f->second.lease_ms;
   });
   return lease_ms;
+}
+
+// Whether `id` is an active proxied rollout (no lease), in the journal's own state: the
+// admission view may still show one that has ended.
+bool Service::IsActiveProxied(const std::string& id) {
+  bool proxied = false;
+  journal_->ReadState([&](const State& s) {
+    auto f = s.active.find(id);
+    proxied = f != s.active.end() && f->second.lease_ms == 0;
+  });
+  return proxied;
 }
 
 void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
@@ -449,7 +459,7 @@ void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
     SendError(res, 503, "failed", "the executor has fail-stopped: " + failure());
     return;
   }
-  const std::uint32_t lease_ms = ActiveLeaseMs(id).value_or(0);
+  const std::uint32_t lease_ms = ActiveLeaseMs(id);
   std::lock_guard<std::mutex> g(lease_mu_);
   auto it = lease_deadline_ms_.find(id);
   if (it == lease_deadline_ms_.end() || lease_ms == 0) {
@@ -515,7 +525,7 @@ void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
   }
   // A proxied rollout (no lease) lives as long as its HTTP request: ending it here would let an
   // update start while its generation still runs.
-  if (ActiveLeaseMs(id) == std::optional<std::uint32_t>(0)) {
+  if (!failed() && IsActiveProxied(id)) {
     SendError(res, 409, "conflict",
               "rollout '" + id +
                   "' is a proxied rollout: it ends with its HTTP request (the client closing "

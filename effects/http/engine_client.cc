@@ -629,7 +629,8 @@ bool StaleSessionRefusal(const HttpReply& start) {
 
 }  // namespace
 
-HttpReply EngineClient::StartWeightUpdate(const CallOptions& o) {
+HttpReply EngineClient::StartWeightUpdate(const CallOptions& options) {
+  const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
   auto start = [&] {
     return Call(post("/start_weight_update", std::nullopt, Shape::kJsonObject, nullptr,
                      deadlines_.call_timeout_ms),

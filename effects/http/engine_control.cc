@@ -72,11 +72,17 @@ DeviceMemory around(const DeviceTotals& before, const DeviceTotals& after) {
   return check_device_memory(m).ok() ? m : DeviceMemory{};
 }
 
-// Every call of a sleep or a wake ends by the effect's one deadline.
+// Every call of a sleep or a wake ends by the effect's one deadline; each keeps its own
+// per-call timeout within it (the reads call_timeout_ms, the sleep or wake-up the effect's).
 CallOptions within(std::uint64_t timeout_ms) {
   CallOptions o;
+  o.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  return o;
+}
+
+CallOptions whole(CallOptions o, std::uint64_t timeout_ms) {
   o.timeout_ms = timeout_ms;
-  return WithOperationDeadline(o, timeout_ms);
+  return o;
 }
 
 }  // namespace
@@ -89,7 +95,7 @@ SleepObserved HttpEngineControl::Sleep(std::uint8_t level, std::uint64_t timeout
   out.level = level;
   const CallOptions o = within(timeout_ms);
   const DeviceTotals before = read_device_totals(client_, o);
-  out.http = client_.Sleep(level, PauseMode::kWait, o).http;
+  out.http = client_.Sleep(level, PauseMode::kWait, whole(o, timeout_ms)).http;
   if (!out.http.ok_2xx()) return out;
   HttpReply sleeping = client_.IsSleeping(o);
   if (sleeping.http.ok_2xx()) {
@@ -106,7 +112,7 @@ WakeObserved HttpEngineControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
   out.tag = tag;
   const CallOptions o = within(timeout_ms);
   const DeviceTotals before = read_device_totals(client_, o);
-  out.http = client_.WakeUp(tag, o).http;
+  out.http = client_.WakeUp(tag, whole(o, timeout_ms)).http;
   if (!out.http.ok_2xx()) return out;
   out.memory = around(before, read_device_totals(client_, o));
   if (tag != WakeTag::kKvCache) return out;

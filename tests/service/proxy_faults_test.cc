@@ -404,6 +404,9 @@ HttpRouter EchoRoutes() {
   });
   r.Async(bhttp::verb::get, "/ping",
           [](Exchange ex) { ex.Respond(MakeResponse(200, "pong", "text/plain")); });
+  r.Blocking(bhttp::verb::get, "/hello", [](const ApiRequest&, HttpResponse& res) {
+    res = MakeResponse(200, "hi", "text/plain");
+  });
   return r;
 }
 
@@ -485,40 +488,43 @@ TEST(ConnectionGate, ChunkFramingWithoutEndIsCutOffAtTheBufferBound) {
   EXPECT_TRUE(http.Stop(5000));
 }
 
-// Proves HEAD gets GET's head without a body (keep-alive stays in step: the next response on the
-// connection is read whole), a route's path asked with another method gets 405, and HEAD of a
-// path no route serves gets a bodiless 404. Catches a body after HEAD, which a keep-alive client
+// Proves HEAD gets GET's head without a body on the server's own (blocking) routes, keep-alive
+// staying in step (the next response on the connection is read whole); HEAD of an async route
+// (a relay to an engine) gets a bodiless 405, of a path no route serves a bodiless 404, and a
+// route's path asked with another method 405. Catches a body after HEAD, which a keep-alive client
 // takes for the start of the next response.
 TEST(ConnectionGate, HeadHasNoBodyAndAnotherMethodIs405) {
   HttpServer http(OneLoop(), EchoRoutes());
   const int port = StartOrDie(http);
   const std::string both = raw_exchange(
       port,
-      "HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\nConnection: "
+      "HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\nConnection: "
       "close\r\n\r\n");
   const std::size_t second = both.find("HTTP/1.1 ", 1);
   ASSERT_NE(second, std::string::npos) << both;
   const std::string head = both.substr(0, second);
   EXPECT_EQ(status_of(head), 200) << head;
-  EXPECT_NE(head.find("Content-Length: 4"), std::string::npos) << head;
+  EXPECT_NE(head.find("Content-Length: 2"), std::string::npos) << head;
   EXPECT_EQ(body_of(head), "") << "HEAD answered with a body";
   EXPECT_EQ(body_of(both.substr(second)), "pong");
-  EXPECT_EQ(
-      status_of(raw_exchange(
-          port,
-          "POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")),
-      405);
-  const std::string missing =
-      raw_exchange(port, "HEAD /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-  EXPECT_EQ(status_of(missing), 404) << missing;
-  EXPECT_EQ(body_of(missing), "") << missing;
+  const auto bodiless = [&](const std::string& request, int status) {
+    const std::string answer = raw_exchange(port, request);
+    EXPECT_EQ(status_of(answer), status) << request;
+    if (request.rfind("HEAD", 0) == 0) {
+      EXPECT_EQ(body_of(answer), "") << request;
+    }
+  };
+  // An async route may relay to an engine, which answers HEAD without the body it declares.
+  bodiless("HEAD /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405);
+  bodiless("HEAD /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404);
+  bodiless("POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", 405);
   EXPECT_TRUE(http.Stop(5000));
 }
 
-// Proves the bodies all connections hold share one budget: while one request holds most of it
-// (its body still arriving), another whose body would pass it is answered 503 at once, unread,
-// and served once the first is done. Catches each connection bounded alone (4,096 connections
-// times an 8 MiB body), with nothing bounding their sum.
+// Proves the bodies all connections hold share one budget, counted as the bytes arrive: while one
+// request holds most of it (its last bytes still to come), another whose body would pass it is
+// answered 503, and served once the first is done. Catches each connection bounded alone (4,096
+// connections times an 8 MiB body) with nothing bounding their sum.
 TEST(ConnectionGate, BodiesShareOneMemoryBudget) {
   HttpServerOptions o = OneLoop();
   o.body_bytes_max = 64 << 10;
@@ -531,16 +537,17 @@ TEST(ConnectionGate, BodiesShareOneMemoryBudget) {
       "POST /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
       std::to_string(big.size()) + "\r\n\r\n";
   ASSERT_GT(::send(holder, head.data(), head.size(), MSG_NOSIGNAL), 0);
-  ASSERT_GT(::send(holder, big.data(), 100, MSG_NOSIGNAL), 0);  // the rest comes later
-  for (int i = 0; i < 200 && http.body_budget().used() == 0; ++i) {
+  const std::size_t early = big.size() - 100;  // the last 100 bytes come later
+  ASSERT_EQ(::send(holder, big.data(), early, MSG_NOSIGNAL), static_cast<ssize_t>(early));
+  for (int i = 0; i < 400 && http.body_budget().used() < early; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ASSERT_EQ(http.body_budget().used(), big.size());
+  ASSERT_EQ(http.body_budget().used(), early) << "held as it arrived";
   const std::string second = post_bytes("/ping", big, "Connection: close\r\n");
   const std::string refused = raw_exchange(port, second);
   EXPECT_EQ(status_of(refused), 503) << refused;
   EXPECT_EQ(http.counters().body_memory_refused.load(), 1u);
-  ASSERT_GT(::send(holder, big.data() + 100, big.size() - 100, MSG_NOSIGNAL), 0);
+  ASSERT_GT(::send(holder, big.data() + early, big.size() - early, MSG_NOSIGNAL), 0);
   char buf[512];
   EXPECT_GT(::recv(holder, buf, sizeof(buf), 0), 0);  // answered (no POST route: 405)
   ::close(holder);
