@@ -117,9 +117,6 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Start() { ReadRequest(); }
-  bool TakeBodyBudget();
-  void ReadBodySome();
-  std::size_t WatchRoom() const;
   void Close();
   // A connection-level refusal (before any exchange): answered, then closed.
   void Refuse(int status, const std::string& type, const std::string& message);
@@ -141,6 +138,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadHead();
   void OnHead(beast::error_code ec, std::size_t);
   void ReadBody();
+  void ReadBodySome();
+  bool TakeBodyBudget();
   void OnBody(beast::error_code ec, std::size_t);
   void OnRequest();
   void Linger();
@@ -156,6 +155,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnResponseWritten(beast::error_code ec);
   void AfterExchange();
   void WatchAgain();
+  std::size_t WatchRoom() const;
   void OnWatch(beast::error_code ec, std::size_t n);
   void StopWatching();
   void WriteChunk(std::string bytes, std::function<void(beast::error_code)> then);
