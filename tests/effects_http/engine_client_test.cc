@@ -350,6 +350,32 @@ TEST(EngineClient, AStartAfterFinishingAStaleSessionIsNeverNotSent) {
       << r.http.error;
 }
 
+// Proves a start that must first finish a stale session ends by the one deadline it was given:
+// with 300 ms per call and 500 ms in all, the second start is cut off, not answered late; would
+// catch the finish and the second start each getting the whole timeout again.
+TEST(EngineClient, AStaleSessionRestartEndsByOneDeadline) {
+  ScriptedServer s;
+  std::atomic<int> starts{0};
+  s.server().Post("/start_weight_update", [&](const auto&, auto& res) {
+    if (starts.fetch_add(1) == 0) {
+      return Json(res, R"({"detail": "already active. Call finish_weight_update first."})", 500);
+    }
+    s.SlowSleep(300);
+    Json(res, R"({"message": "Weight update started"})");
+  });
+  s.server().Post("/finish_weight_update", [&](const auto&, auto& res) {
+    s.SlowSleep(300);
+    Json(res, R"({"message": "Weight update finished"})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  CallOptions o;
+  o.timeout_ms = 500;
+  HttpReply r = c.StartWeightUpdate(o);
+  EXPECT_EQ(starts.load(), 2);
+  EXPECT_FALSE(r.http.ok_2xx()) << "the second start outlived the deadline";
+}
+
 // Proves an engine without /weight_info and without the worker extension fails the probe and the
 // finish with an error that names the missing --worker-extension-cls, after sending the finish;
 // would catch a bootstrap that proceeds with an empty label, an error that leaves the operator
