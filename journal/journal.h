@@ -173,6 +173,14 @@ class Journal {
       const FleetEvent& input, std::int64_t wall_time_ms,
       const std::string& client_event_id = "") = 0;
 
+  // SubmitFleet without an idempotency key, refused with `holds`'s status (nothing written) unless
+  // holds(the fleet's state) is OK: checked under the lock that decides, so no other submit can
+  // change what it saw. `holds` must be short and must not call back into the journal.
+  using Precondition = std::function<Status(const FleetState&)>;
+  [[nodiscard]] virtual Result<FleetSubmitted> SubmitFleetIf(const FleetEvent& input,
+                                                             std::int64_t wall_time_ms,
+                                                             const Precondition& holds) = 0;
+
   // The journal folds a FleetState (statemachine/fleet.h); one that never named an engine holds
   // the unnamed engine "" alone, and folds exactly as the single-engine fold.
   // The unnamed engine's state after every enqueued group (a copy, taken under the lock); an

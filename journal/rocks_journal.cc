@@ -506,6 +506,10 @@ class RocksJournal final : public Journal {
                            const std::string& client_event_id) override;
   Result<FleetSubmitted> SubmitFleet(const FleetEvent& input, std::int64_t wall_time_ms,
                                      const std::string& client_event_id) override;
+  Result<FleetSubmitted> SubmitFleetIf(const FleetEvent& input, std::int64_t wall_time_ms,
+                                       const Precondition& holds) override;
+  Result<FleetSubmitted> SubmitFleetLocked(const FleetEvent& input, std::int64_t wall_time_ms,
+                                           const std::string& client_event_id);
   State state() const override {
     std::lock_guard<std::mutex> l(mu_);
     return UnnamedEngine(fleet_);
@@ -1507,6 +1511,21 @@ Result<Journal::FleetSubmitted> RocksJournal::SubmitFleet(const FleetEvent& inpu
                                                           std::int64_t wall_time_ms,
                                                           const std::string& client_event_id) {
   std::lock_guard<std::mutex> l(mu_);
+  return SubmitFleetLocked(input, wall_time_ms, client_event_id);
+}
+
+Result<Journal::FleetSubmitted> RocksJournal::SubmitFleetIf(const FleetEvent& input,
+                                                            std::int64_t wall_time_ms,
+                                                            const Precondition& holds) {
+  RC_CHECK(holds != nullptr);
+  std::lock_guard<std::mutex> l(mu_);
+  RC_RETURN_IF_ERROR(Usable());
+  RC_RETURN_IF_ERROR(holds(fleet_));
+  return SubmitFleetLocked(input, wall_time_ms, "");
+}
+
+Result<Journal::FleetSubmitted> RocksJournal::SubmitFleetLocked(
+    const FleetEvent& input, std::int64_t wall_time_ms, const std::string& client_event_id) {
   RC_RETURN_IF_ERROR(Usable());
   // With an idempotency key, a retry must be recognised before deciding (the state moved on).
   Result<std::optional<IdemEntry>> found = std::optional<IdemEntry>();

@@ -262,6 +262,12 @@ void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
 // FleetSubmitted differ only in how they name decisions; a finish needs only the ticket.
 Result<journal::Ticket> Service::SubmitFinishRecord(const FinishRecords& f) {
   const Event& record = f.records[f.next];
+  if (f.finish_holds && f.next + 1 == f.records.size()) {
+    auto submitted = journal_->SubmitFleetIf(FleetEvent{f.engine, record}, effects::wall_now_ms(),
+                                             f.finish_holds);
+    if (!submitted.ok()) return submitted.status();
+    return submitted->ticket;
+  }
   if (f.engine.empty()) {
     auto submitted = journal_->Submit(record, effects::wall_now_ms());
     if (!submitted.ok()) return submitted.status();
@@ -356,7 +362,25 @@ Status Service::FinishCommitted(FinishRecords& f, const Status& durable) {
 Status Service::FinishDurably(const std::string& rollout_id, RolloutOutcome outcome,
                               std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
                               const std::vector<TrajectoryRecorded>& parts) {
-  FinishRecords f = MakeFinish("", rollout_id, outcome, prompt_tokens, completion_tokens, parts);
+  return FinishRecordsDurably(
+      MakeFinish("", rollout_id, outcome, prompt_tokens, completion_tokens, parts));
+}
+
+Status Service::FinishLeased(const std::string& rollout_id, RolloutOutcome outcome,
+                             std::uint32_t prompt_tokens, std::uint32_t completion_tokens) {
+  FinishRecords f = MakeFinish("", rollout_id, outcome, prompt_tokens, completion_tokens, {});
+  f.finish_holds = [rollout_id](const FleetState& fleet) {
+    const State& s = engine_state(fleet, "");
+    auto it = s.active.find(rollout_id);
+    if (it == s.active.end() || it->second.lease_ms > 0) return Status::OK();
+    return Status::Conflict("rollout '" + rollout_id +
+                            "' is a proxied rollout: it ends with its HTTP request (the client "
+                            "closing the connection aborts it)");
+  };
+  return FinishRecordsDurably(std::move(f));
+}
+
+Status Service::FinishRecordsDurably(FinishRecords f) {
   for (;;) {
     Status st = SubmitFinishFrom(f);
     if (st.ok()) break;

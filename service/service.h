@@ -184,6 +184,11 @@ class Service {
   [[nodiscard]] Status FinishDurably(const std::string& rollout_id, RolloutOutcome outcome,
                                      std::uint32_t prompt_tokens, std::uint32_t completion_tokens,
                                      const std::vector<TrajectoryRecorded>& parts = {});
+  // The trainer API's finish (and a lapsed lease's): FinishDurably, refused with Conflict (nothing
+  // written) when the rollout is a proxied one, checked atomically with the finish: a proxied
+  // rollout ends only with its HTTP request, even one admitted while this call was under way.
+  [[nodiscard]] Status FinishLeased(const std::string& rollout_id, RolloutOutcome outcome,
+                                    std::uint32_t prompt_tokens, std::uint32_t completion_tokens);
   // FinishDurably without trajectory parts (kept for existing callers).
   [[nodiscard]] Status Finish(const std::string& rollout_id, RolloutOutcome outcome,
                               std::uint32_t prompt_tokens, std::uint32_t completion_tokens) {
@@ -284,7 +289,9 @@ class Service {
     std::optional<journal::Ticket> ticket;
     std::chrono::steady_clock::time_point t0, deadline;
     std::uint32_t backoff_ms = 0;
+    journal::Journal::Precondition finish_holds;  // checked with the finish record, when set
   };
+  [[nodiscard]] Status FinishRecordsDurably(FinishRecords f);
   FinishRecords MakeFinish(const std::string& engine, const std::string& rollout_id,
                            RolloutOutcome outcome, std::uint32_t prompt_tokens,
                            std::uint32_t completion_tokens,
@@ -314,7 +321,6 @@ class Service {
   void HandleManifest(const ApiRequest& req, HttpResponse& res);
   void HandleMetrics(const ApiRequest& req, HttpResponse& res);
   std::uint32_t ActiveLeaseMs(const std::string& id);
-  bool IsActiveProxied(const std::string& id);
   void HandleLease(const ApiRequest& req, HttpResponse& res);
   void HandleReadyz(const ApiRequest& req, HttpResponse& res);
   void HandleHealthz(const ApiRequest& req, HttpResponse& res);

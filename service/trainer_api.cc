@@ -435,17 +435,6 @@ std::uint32_t Service::ActiveLeaseMs(const std::string& id) {
   return lease_ms;
 }
 
-// Whether `id` is an active proxied rollout (no lease), in the journal's own state: the
-// admission view may still show one that has ended.
-bool Service::IsActiveProxied(const std::string& id) {
-  bool proxied = false;
-  journal_->ReadState([&](const State& s) {
-    auto f = s.active.find(id);
-    proxied = f != s.active.end() && f->second.lease_ms == 0;
-  });
-  return proxied;
-}
-
 void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
   const std::string id = req.captures.at(0);
@@ -499,7 +488,7 @@ void Service::LeaseLoop() {
       }
     }
     for (const std::string& id : lapsed) {
-      Status st = FinishDurably(id, RolloutOutcome::kExpired, 0, 0);
+      Status st = FinishLeased(id, RolloutOutcome::kExpired, 0, 0);
       if (st.ok()) {
         metrics_.leases_expired++;
         spdlog::warn(
@@ -524,21 +513,16 @@ void Service::HandleFinish(const ApiRequest& req, HttpResponse& res) {
     return;
   }
   // A proxied rollout (no lease) lives as long as its HTTP request: ending it here would let an
-  // update start while its generation still runs.
-  if (!failed() && IsActiveProxied(id)) {
-    SendError(res, 409, "conflict",
-              "rollout '" + id +
-                  "' is a proxied rollout: it ends with its HTTP request (the client closing "
-                  "the connection aborts it)");
-    return;
-  }
+  // update start while its generation still runs. FinishLeased refuses it.
   const RolloutOutcome outcome = parsed->outcome;
   const std::int64_t pt = parsed->prompt_tokens, ct = parsed->completion_tokens;
   Status done =
-      FinishDurably(id, outcome, static_cast<std::uint32_t>(pt), static_cast<std::uint32_t>(ct));
+      FinishLeased(id, outcome, static_cast<std::uint32_t>(pt), static_cast<std::uint32_t>(ct));
   if (!done.ok()) {
     if (done.code() == Code::kUnavailable) {
       SendError(res, 503, "failed", done.message());
+    } else if (done.code() == Code::kConflict) {
+      SendError(res, 409, "conflict", done.message());
     } else {
       SendStatus(res, done);
     }

@@ -119,6 +119,10 @@ class TimedJournal final : public rc::journal::Journal {
     submits_++;
     return out;
   }
+  rc::Result<FleetSubmitted> SubmitFleetIf(const rc::FleetEvent& input, std::int64_t wall_ms,
+                                           const Precondition& holds) override {
+    return j_->SubmitFleetIf(input, wall_ms, holds);
+  }
   rc::State state() const override { return j_->state(); }
   void ReadState(const std::function<void(const rc::State&)>& read) const override {
     j_->ReadState(read);

@@ -158,6 +158,34 @@ TEST(Store, SubmitJournalsDecisions) {
   EXPECT_EQ(rejected.status().code(), Code::kRejected);
 }
 
+// Proves SubmitFleetIf checks its precondition on the state the submit decides on, and that a
+// refused precondition writes nothing; catches a check-then-submit race (a caller's check made
+// outside the journal's lock, which another submit can invalidate before the write).
+TEST(Store, APreconditionIsCheckedWithTheSubmit) {
+  TempDir dir;
+  auto j = OpenOk(dir.path());
+  Bootstrap(*j);
+  Result<Journal::Submitted> admitted = j->Submit(make_admission(j->state(), "r1"), 1);
+  ASSERT_TRUE(admitted.ok()) << admitted.status().ToString();
+  const std::uint64_t head = j->head_seq();
+  const FleetEvent finish{"", RolloutFinished{"r1", RolloutOutcome::kCompleted, 1, 1}};
+  std::size_t seen_active = 0;
+  auto refuse = [&](const FleetState& f) {
+    seen_active = engine_state(f, "").active.size();
+    return Status::Conflict("not this one");
+  };
+  Result<Journal::FleetSubmitted> refused = j->SubmitFleetIf(finish, 2, refuse);
+  EXPECT_EQ(refused.status().code(), Code::kConflict);
+  EXPECT_EQ(seen_active, 1u) << "the precondition did not see the admission";
+  EXPECT_EQ(j->head_seq(), head);
+  EXPECT_EQ(j->state().active.count("r1"), 1u);
+  Result<Journal::FleetSubmitted> done =
+      j->SubmitFleetIf(finish, 3, [](const FleetState&) { return Status::OK(); });
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  ASSERT_TRUE(j->Wait(done->ticket).ok());
+  EXPECT_TRUE(j->state().active.empty());
+}
+
 // Proves the fold speaks first when the group-commit queue is full: an input the fold refuses is
 // answered Rejected (nothing was journaled, a caller may say so), a binding it would accept Busy,
 // and the journal is unchanged by both, while a finish and the executor's own inputs still find

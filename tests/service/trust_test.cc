@@ -226,6 +226,25 @@ TEST(TrustApi, AProxiedRolloutEndsOnlyWithItsRequest) {
   EXPECT_TRUE(s.svc->journal().state().active.empty());
 }
 
+// Proves the trainer's finish refuses a proxied rollout by the journal's own state at the moment
+// it would write, whatever the caller saw before: the proxied rollout is admitted after the
+// HTTP layer could have looked. Catches a check-then-finish race where a DELETE for an id not
+// yet used ended a proxied rollout admitted in between, freeing its binding mid-generation.
+TEST(TrustApi, TheTrainersFinishNeverEndsAProxiedRollout) {
+  Stack s;
+  Service::AdmitResult a = s.svc->Admit("raced", 1000);  // proxied: no lease
+  ASSERT_TRUE(a.admitted.has_value());
+  const std::uint64_t events = s.svc->journal().state().counters.events;
+  Status st = s.svc->FinishLeased("raced", RolloutOutcome::kCompleted, 1, 1);
+  EXPECT_EQ(st.code(), Code::kConflict) << st.ToString();
+  Status lapsed = s.svc->FinishLeased("raced", RolloutOutcome::kExpired, 0, 0);
+  EXPECT_EQ(lapsed.code(), Code::kConflict) << lapsed.ToString();
+  EXPECT_EQ(s.svc->journal().state().counters.events, events) << "a refused finish was journaled";
+  EXPECT_EQ(s.svc->journal().state().active.count("raced"), 1u);
+  EXPECT_TRUE(s.svc->FinishDurably("raced", RolloutOutcome::kCompleted, 1, 1).ok());
+  EXPECT_EQ(s.svc->FinishLeased("raced", RolloutOutcome::kCompleted, 1, 1).code(), Code::kNotFound);
+}
+
 // Proves a client cannot take an id of the kind serve generates ("px-..."), through the trainer
 // API or the proxy's rollout-id header, and that the refusal journals nothing. Catches clients
 // claiming the ids serve is about to give others (every answer shows one), which turned every
