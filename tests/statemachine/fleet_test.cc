@@ -263,6 +263,32 @@ TEST(Fleet, AMemberThatNeverResumesStallsAndTheUpdateEnds) {
   EXPECT_TRUE(h.ok) << h.message;
 }
 
+// A member whose drain succeeds on its last attempt is not stalled: the observation leaves it
+// with no attempt until the StateChanged in the same group moves the plan on. Catches a healthy
+// member counted stalled mid-group (sticky), which ended the fleet update "partial" while the
+// member went on to commit, and freed its rolling batch slot while it was still paused.
+TEST(Fleet, AMemberWhoseLastAttemptSucceedsIsNotStalled) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(FleetEvent{"", FleetConfigured{0, 0}});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  const HttpEvidence failed{Transport::kOk, 500, false, 0, "internal error"};
+  for (std::uint32_t attempt = 1; attempt < kEffectAttemptsMax; ++attempt) {
+    d.ok("a", EffectStarted{EffectKind::kDrain, CacheKind::kPrefix, 1000});
+    d.ok("a", DrainObserved{failed, false});
+  }
+  d.ok("a", EffectStarted{EffectKind::kDrain, CacheKind::kPrefix, 1000});
+  d.ok("a", DrainObserved{HttpEvidence{Transport::kOk, 200, true, 0, ""}, true});
+  EXPECT_FALSE(plan_stalled(d.engine("a")));
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kUpdating);
+  EXPECT_TRUE(fleet_next_members(d.f).empty()) << "a's batch slot was given away";
+  d.run_update("a");
+  EXPECT_EQ(d.engine("a").committed.label, "rc-1");
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kCommitted);
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // After the fleet update ended without it, a stalled member's plan goes on alone once a restart
 // retries it, and ends on its own evidence (here: committed, publishing the target); a stalled
 // member takes no place in a rolling batch, even when a restart retries it while another member
