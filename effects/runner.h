@@ -117,6 +117,9 @@ class Runner {
   [[nodiscard]] Status Drive();
 
   const PhaseTimings& last_timings() const { return timings_; }
+  // The seq of the last plan's request when the journal held it already (a re-submitted id), else
+  // 0: where that request's record, and its end after it, are found.
+  std::uint64_t resubmitted_seq() const { return resubmitted_seq_; }
   // The device memory the last sleep observed around /sleep (unknown before any).
   const DeviceMemory& last_sleep_memory() const { return last_sleep_memory_; }
   // Called for every event the runner journals (inputs and their decisions), in seq order, once

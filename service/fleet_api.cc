@@ -70,7 +70,7 @@ json FleetUpdateJson(const FleetUpdate& u) {
   return j;
 }
 
-// What SourceMatchesIdentity checks of a fleet update: its source and declared identity.
+// What SourceChecked checks of a fleet update: its source and declared identity.
 UpdateRequested member_update_request_of(const FleetUpdateRequested& r) {
   return UpdateRequested{r.update_id, r.target_label, r.identity, r.source_uri, r.expected_digest};
 }
@@ -117,7 +117,7 @@ void Service::HandleFleetState(const ApiRequest& req, HttpResponse& res) {
 void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res) || RefusedFailStopped(res)) return;
   Result<FleetUpdateRequested> request =
-      ParseFleetUpdateBody(req.body(), SourceReaderForTransfer());
+      ParseFleetUpdateBody(req.body(), SourceReader::kEngine);  // the source: FleetSourceChecked
   if (!request.ok()) {
     metrics_.bad_requests++;
     return SendError(res, 400, "invalid", request.status().message());
@@ -138,10 +138,10 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
 // never drains an engine. A request the journal already holds passes (a re-POST reads its
 // recorded end, even once its source is gone).
 bool Service::FleetSourceChecked(const FleetUpdateRequested& request, HttpResponse& res) {
-  if (SourceReaderForTransfer() == SourceReader::kEngine) return true;
   HttpResponse refusal;
-  if (SourceMatchesIdentity(member_update_request_of(request), refusal)) return true;
+  if (SourceChecked(member_update_request_of(request), refusal)) return true;
   if (FleetUpdateJournaled(request.update_id)) return true;
+  metrics_.bad_requests++;
   res = std::move(refusal);
   return false;
 }

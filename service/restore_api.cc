@@ -29,7 +29,9 @@ std::uint64_t Service::RestoresRequested() const {
 
 void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  Result<RestoreRequested> request = ParseRestoreBody(req.body(), SourceReaderForTransfer());
+  // The source is read only once the id is known not to have ended: a retry answers its recorded
+  // outcome even once its source is gone or rewritten.
+  Result<RestoreRequested> request = ParseRestoreBody(req.body(), SourceReader::kEngine);
   if (!request.ok()) {
     metrics_.bad_requests++;
     SendStatus(res, request.status());
@@ -38,15 +40,29 @@ void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.restores_conflict, res)) return;
-  if (RefusedFailStopped(res) || ReplayedRestore(*request, res)) return;
+  if (RefusedFailStopped(res) || !RestoreSourceUsable(*request, res)) return;
   RunRestore(*request, res);
 }
 
-// A restore_id the journal already holds: its recorded outcome, or 409 for another body.
-bool Service::ReplayedRestore(const RestoreRequested& request, HttpResponse& res) {
+// A source that cannot be read is refused (400), unless the restore_id already ended: its
+// recorded outcome answers a retry whose source is gone. The journal is scanned only then.
+bool Service::RestoreSourceUsable(const RestoreRequested& request, HttpResponse& res) {
+  if (request.adopt) return true;
+  Status readable = ValidateSource(request.source_uri, SourceReaderForTransfer());
+  if (readable.ok()) return true;
+  if (ReplayedRestore(request, 0, res)) return false;
+  metrics_.bad_requests++;
+  SendStatus(res, readable);
+  return false;
+}
+
+// A restore_id the journal already holds (its request at `from_seq` when not 0): its recorded
+// outcome, or 409 for another body.
+bool Service::ReplayedRestore(const RestoreRequested& request, std::uint64_t from_seq,
+                              HttpResponse& res) {
   auto found = LookUpRequest<RestoreRequested>(
       *journal_, request.restore_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
-      [](const RestoreRequested& r) { return r.restore_id; });
+      [](const RestoreRequested& r) { return r.restore_id; }, from_seq);
   if (!found.ok() || !found->request || !found->ended) return false;
   if (!(*found->request == request)) {
     metrics_.restores_conflict++;
@@ -77,6 +93,8 @@ void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
   }
   NotifyLifecycle(journal_->head_seq());
   if (ended.ok()) return AnswerRestoreEnded(request, *ended, res);
+  const std::uint64_t resubmitted_seq = runner_->resubmitted_seq();
+  if (resubmitted_seq != 0 && ReplayedRestore(request, resubmitted_seq, res)) return;
   const bool journaled = RestoresRequested() > requested_before;
   const Code code = ended.status().code();
   if (!journaled &&

@@ -367,7 +367,8 @@ class Service {
   // HandleRestore's steps (restore_api.cc).
   SourceReader SourceReaderForTransfer() const;
   std::uint64_t RestoresRequested() const;
-  bool ReplayedRestore(const RestoreRequested& request, HttpResponse& res);
+  bool RestoreSourceUsable(const RestoreRequested& request, HttpResponse& res);
+  bool ReplayedRestore(const RestoreRequested& request, std::uint64_t from_seq, HttpResponse& res);
   void RunRestore(const RestoreRequested& request, HttpResponse& res);
   void AnswerRestoreEnded(const RestoreRequested& request, const UpdateEnded& ended,
                           HttpResponse& res);
@@ -382,7 +383,7 @@ class Service {
     nlohmann::json ids;                     // echoed in the answer
     std::atomic<std::uint64_t>* counts[4];  // answers: committed, refused, tainted, conflict
   };
-  bool ReplayedSameVersion(const SameVersionPlan& plan, HttpResponse& res);
+  bool ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t from_seq, HttpResponse& res);
   void RunSameVersion(const SameVersionPlan& plan, HttpResponse& res);
   void AnswerUnfinished(const SameVersionPlan& plan, bool journaled, const Status& st,
                         HttpResponse& res);
@@ -484,7 +485,10 @@ class Service {
   [[nodiscard]] Status FinishInterruptedUpdate();
   void LogInterruptedUpdateEnd(const UpdatePlan& update) const;
   // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
-  bool SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res);
+  bool SourceUsable(const UpdateRequested& request, HttpResponse& res);
+  bool ReplayedFromJournal(const UpdateRequested& request, HttpResponse& res,
+                           std::uint64_t from_seq = 0);
+  bool SourceChecked(const UpdateRequested& request, HttpResponse& refusal) const;
   [[nodiscard]] Result<std::string> ExecutorSourceManifest(const std::string& uri) const;
   std::uint64_t UpdatesRequested() const;
   void LogTaint(const std::optional<TaintRecord>& taint, const char* context) const;

@@ -58,25 +58,29 @@ inline int OutcomeHttpStatus(UpdateOutcome o) {
 }
 
 // The journal's record of an update or a restore by its id: its request and, once it ended, its
-// outcome. Scans the durable journal, at most `records_max` records back from durable_seq.
+// outcome. Scans the durable journal, at most `records_max` records back from durable_seq. One
+// plan runs at a time, so the first UpdateEnded of the id after its request is that request's
+// end: a later one is another kind's plan of the same id (each kind has its own ids).
 template <class Request>
 struct RequestLookup {
   std::optional<Request> request;
   std::optional<UpdateEnded> ended;
 };
 
+// `from_seq` (when not 0, the request's own seq, as the runner found it) starts the scan there.
 template <class Request, class IdOf>
 Result<RequestLookup<Request>> LookUpRequest(journal::Journal& j, const std::string& id,
                                              std::uint64_t durable_seq, std::uint64_t records_max,
-                                             IdOf id_of) {
+                                             IdOf id_of, std::uint64_t from_seq = 0) {
   RequestLookup<Request> out;
-  const std::uint64_t from = durable_seq > records_max ? durable_seq - records_max + 1 : 1;
+  std::uint64_t from = durable_seq > records_max ? durable_seq - records_max + 1 : 1;
+  if (from_seq != 0 && from_seq <= durable_seq) from = std::max(from, from_seq);
   Status st = j.Scan(from, durable_seq, [&](const journal::Record& r) {
     if (const auto* q = std::get_if<Request>(&r.event); q != nullptr && id_of(*q) == id) {
       out.request = *q;
       out.ended.reset();
     } else if (const auto* e = std::get_if<UpdateEnded>(&r.event)) {
-      if (out.request && e->update_id == id) out.ended = *e;
+      if (out.request && !out.ended && e->update_id == id) out.ended = *e;
     }
     return Status::OK();
   });

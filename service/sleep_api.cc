@@ -69,7 +69,7 @@ void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.sleeps_conflict, res)) return;
-  if (RefusedFailStopped(res) || ReplayedSameVersion(plan, res)) return;
+  if (RefusedFailStopped(res)) return;
   RunSameVersion(plan, res);
 }
 
@@ -90,12 +90,14 @@ void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.wakes_conflict, res)) return;
-  if (RefusedFailStopped(res) || ReplayedSameVersion(plan, res)) return;
+  if (RefusedFailStopped(res)) return;
   RunSameVersion(plan, res);
 }
 
-// An id the journal already holds: its recorded outcome, or 409 for another body.
-bool Service::ReplayedSameVersion(const SameVersionPlan& plan, HttpResponse& res) {
+// An id the journal already holds (its request at `from_seq`): its recorded outcome, or 409 for
+// another body. Looked up only once the runner found the id journaled: a new id scans nothing.
+bool Service::ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t from_seq,
+                                  HttpResponse& res) {
   auto answer = [&](const Event& recorded, const std::optional<UpdateEnded>& ended) {
     if (!ended) return false;
     if (!(recorded == plan.request)) {
@@ -109,12 +111,14 @@ bool Service::ReplayedSameVersion(const SameVersionPlan& plan, HttpResponse& res
   };
   const std::uint64_t head = CatchUpDurableHead().seq;
   if (std::holds_alternative<SleepRequested>(plan.request)) {
-    auto found = LookUpRequest<SleepRequested>(*journal_, plan.id, head, kUpdateLookupRecordsMax,
-                                               [](const SleepRequested& r) { return r.sleep_id; });
+    auto found = LookUpRequest<SleepRequested>(
+        *journal_, plan.id, head, kUpdateLookupRecordsMax,
+        [](const SleepRequested& r) { return r.sleep_id; }, from_seq);
     return found.ok() && found->request && answer(Event(*found->request), found->ended);
   }
-  auto found = LookUpRequest<WakeRequested>(*journal_, plan.id, head, kUpdateLookupRecordsMax,
-                                            [](const WakeRequested& r) { return r.wake_id; });
+  auto found = LookUpRequest<WakeRequested>(
+      *journal_, plan.id, head, kUpdateLookupRecordsMax,
+      [](const WakeRequested& r) { return r.wake_id; }, from_seq);
   return found.ok() && found->request && answer(Event(*found->request), found->ended);
 }
 
@@ -136,6 +140,8 @@ void Service::RunSameVersion(const SameVersionPlan& plan, HttpResponse& res) {
   }
   NotifyLifecycle(journal_->head_seq());
   if (!ended.ok()) {
+    const std::uint64_t resubmitted_seq = runner_->resubmitted_seq();
+    if (resubmitted_seq != 0 && ReplayedSameVersion(plan, resubmitted_seq, res)) return;
     return AnswerUnfinished(plan, Requested(*journal_, sleep) > requested_before, ended.status(),
                             res);
   }

@@ -217,16 +217,33 @@ Result<std::string> Service::ExecutorSourceManifest(const std::string& uri) cons
   return file->manifest.digest();
 }
 
-bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse& res) {
+// The source's checks that read it; a refusal first asks the journal whether the id already ended
+// (its recorded outcome is the answer then). The journal is scanned only on a refusal.
+bool Service::SourceUsable(const UpdateRequested& request, HttpResponse& res) {
+  HttpResponse refusal;
+  if (SourceChecked(request, refusal)) return true;
+  if (ReplayedFromJournal(request, res)) return false;
+  metrics_.bad_requests++;
+  res = std::move(refusal);
+  return false;
+}
+
+// A source that cannot be read, or whose manifest is not the declared one: false, with the
+// refusal in `refusal`.
+bool Service::SourceChecked(const UpdateRequested& request, HttpResponse& refusal) const {
+  Status readable = ValidateSource(request.source_uri, SourceReaderForTransfer());
+  if (!readable.ok()) {
+    SendStatus(refusal, readable);
+    return false;
+  }
+  if (SourceReaderForTransfer() == SourceReader::kEngine) return true;
   Result<std::string> digest = ExecutorSourceManifest(request.source_uri);
   if (!digest.ok()) {
-    metrics_.bad_requests++;
-    SendError(res, 400, "invalid_source", "'source': " + digest.status().message());
+    SendError(refusal, 400, "invalid_source", "'source': " + digest.status().message());
     return false;
   }
   if (*digest != request.identity.manifest_digest) {
-    metrics_.bad_requests++;
-    SendError(res, 422, "manifest_mismatch",
+    SendError(refusal, 422, "manifest_mismatch",
               "the source's manifest " + digest->substr(0, 16) +
                   " is not the declared identity.manifest_digest " +
                   request.identity.manifest_digest.substr(0, 16) +
@@ -238,7 +255,9 @@ bool Service::SourceMatchesIdentity(const UpdateRequested& request, HttpResponse
 
 void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   if (!Authorized(req, res)) return;
-  Result<UpdateRequested> request = ParseUpdateBody(req.body(), SourceReaderForTransfer());
+  // The source is read only once the id is known not to have ended: a retry answers its recorded
+  // outcome even once its source is gone (an IPC export closed) or rewritten (one path per step).
+  Result<UpdateRequested> request = ParseUpdateBody(req.body(), SourceReader::kEngine);
   if (!request.ok()) {
     metrics_.bad_requests++;
     SendStatus(res, request.status());
@@ -247,8 +266,7 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
   // What can be checked without the engine is checked before anything is journaled: a source
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
-  const bool engine_reads = SourceReaderForTransfer() == SourceReader::kEngine;
-  if (!engine_reads && !SourceMatchesIdentity(*request, res)) return;
+  if (!SourceUsable(*request, res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.updates_conflict, res)) return;
   // It may have ended while we waited for the lock.
@@ -343,18 +361,25 @@ bool Service::AnsweredUnjournaledUpdate(const UpdateRequested& request, const St
     return true;
   }
   if (IsJournalFailure(st)) return false;
-  auto found = LookUpRequest<UpdateRequested>(*journal_, request.update_id,
-                                              CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
-                                              [](const UpdateRequested& u) { return u.update_id; });
-  if (found.ok() && found->request && found->ended) {
-    RememberEndedUpdate(*found->request, *found->ended);
-    ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);
-    return true;
-  }
+  if (ReplayedFromJournal(request, res, runner_->resubmitted_seq())) return true;
   // The id is the journal's already (another body, or an update that ended before the lookup
   // window): nothing ran, so the answer is a conflict, not an unknown outcome.
   if (st.code() != Code::kConflict) return false;
   RefuseUnjournaledUpdate(request, st, res);
+  return true;
+}
+
+// The journal's recorded end of this update_id (its request at `from_seq` when not 0), answered
+// as ReplayedIfEnded does; false when the journal holds no ended update of that id (within the
+// lookup window).
+bool Service::ReplayedFromJournal(const UpdateRequested& request, HttpResponse& res,
+                                  std::uint64_t from_seq) {
+  auto found = LookUpRequest<UpdateRequested>(
+      *journal_, request.update_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
+      [](const UpdateRequested& u) { return u.update_id; }, from_seq);
+  if (!found.ok() || !found->request || !found->ended) return false;
+  RememberEndedUpdate(*found->request, *found->ended);
+  ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);
   return true;
 }
 

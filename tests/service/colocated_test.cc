@@ -306,6 +306,46 @@ TEST(Colocated, RestartsWhileAsleep) {
   EXPECT_EQ(s.Proxied(), 503);
 }
 
+// A retry of an ended update answers its recorded outcome once its export is gone (the trainer's
+// `with` block closed it), before and after a restart (then from the journal); a new id with that
+// source is still refused. Catches the source read before the recorded answer was looked up,
+// which turned a retry after a lost answer into 400 invalid_source.
+TEST(Colocated, ARetryAnswersItsOutcomeOnceItsExportIsGone) {
+  Stack s;
+  const std::string source = s.Export(1);
+  ASSERT_EQ(s.Update("u-1", "rc-1", 1, source)["http"], 200);
+  std::filesystem::remove(source.substr(std::string("vllm-ipc:").size()));
+  json again = s.Update("u-1", "rc-1", 1, source);
+  EXPECT_EQ(again["http"], 200) << again.dump();
+  EXPECT_TRUE(again.value("replayed", false)) << again.dump();
+  s.Kill();
+  s.Open();
+  json after_restart = s.Update("u-1", "rc-1", 1, source);
+  EXPECT_EQ(after_restart["http"], 200) << after_restart.dump();
+  EXPECT_TRUE(after_restart.value("replayed", false)) << after_restart.dump();
+  const std::uint64_t head = s.svc->journal().head_seq();
+  EXPECT_EQ(s.Update("u-2", "rc-2", 1, source)["http"], 400);
+  EXPECT_EQ(s.svc->journal().head_seq(), head);
+}
+
+// Each kind of plan has its own ids: a sleep and an update both named "step-7" each replay their
+// own outcome. Catches the lookup taking the last end recorded under the id, so a re-POSTed
+// sleep that committed answered the refusal of the update that shared its id.
+TEST(Colocated, PlansSharingAnIdReplayTheirOwnOutcome) {
+  Stack s;
+  ASSERT_EQ(s.Sleep("step-7", 1)["http"], 200);
+  s.engine->SetRouteFault("/wake_up", {.status = 404, .times = 1});
+  json refused = s.Update("step-7", "rc-1", 1);
+  ASSERT_EQ(refused["http"], 422) << refused.dump();
+  json slept = s.Sleep("step-7", 1);
+  EXPECT_EQ(slept["http"], 200) << slept.dump();
+  EXPECT_EQ(slept.value("outcome", ""), "committed") << slept.dump();
+  EXPECT_TRUE(slept.value("replayed", false)) << slept.dump();
+  json update = s.Update("step-7", "rc-1", 1);
+  EXPECT_EQ(update["http"], 422) << update.dump();
+  EXPECT_TRUE(update.value("replayed", false)) << update.dump();
+}
+
 // Bad requests change nothing: a level other than 1 or 2, a sleep while asleep, a wake-up while
 // awake, a source this transfer does not take; catches a malformed request reaching the engine.
 TEST(Colocated, BadRequestsChangeNothing) {
