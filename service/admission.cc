@@ -150,9 +150,32 @@ AdmitRefusal Service::NotAdmittedWithin(const AdmitStep& step, std::uint64_t wai
           config_.retry_after_s};
 }
 
+// A blocking admission that waits holds a thread of the blocking pool: at most a quarter of the
+// pool waits at once, so that waiting admissions never hold off lease renewals, finishes and
+// probes (a lease that cannot be renewed lapses under a live client).
+struct Service::AdmitWaitSlot {
+  explicit AdmitWaitSlot(Service& s) : svc(s) {}
+  ~AdmitWaitSlot() {
+    if (held) svc.admits_waiting_--;
+  }
+  bool Take() {
+    if (held) return true;
+    const std::size_t waiting_max = std::max<std::size_t>(1, svc.config_.http_threads / 4);
+    if (svc.admits_waiting_.fetch_add(1) >= waiting_max) {
+      svc.admits_waiting_--;
+      return false;
+    }
+    held = true;
+    return true;
+  }
+  Service& svc;
+  bool held = false;
+};
+
 Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t wait_ms,
                                     std::uint32_t lease_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+  AdmitWaitSlot slot(*this);
   for (std::uint32_t attempt = 0;; ++attempt) {
     const auto t0 = Clock::now();
     AdmitStep step = TryAdmit(rollout_id, lease_ms, attempt);
@@ -167,6 +190,14 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
       }
       case AdmitStep::kWait:
         break;
+    }
+    if (Clock::now() < deadline && !slot.Take()) {
+      metrics_.admission_rejected_unavailable++;
+      return AdmitResult{
+          std::nullopt,
+          {503, "overloaded",
+           step.waiting_on + "; a quarter of http_threads already wait to be admitted",
+           config_.retry_after_s}};
     }
     std::unique_lock<std::mutex> lock(lifecycle_mu_);
     if (Clock::now() >= deadline) {

@@ -547,7 +547,9 @@ class Service {
   std::thread monitor_thread_;
   std::vector<std::thread> fleet_monitor_threads_;  // one per fleet member
   std::thread lease_thread_;
-  std::atomic<std::size_t> watches_{0};                  // GET /v1/watch calls waiting
+  std::atomic<std::size_t> watches_{0};         // GET /v1/watch calls waiting
+  std::atomic<std::size_t> admits_waiting_{0};  // blocking admissions waiting (Admit)
+  struct AdmitWaitSlot;
   std::atomic<std::int64_t> admissions_in_progress_{0};  // AdmitAsync calls not yet answered
   EngineWatch watch_;           // the one engine's (a fleet's members keep their own)
   std::string engine_version_;  // GET /version at startup

@@ -245,6 +245,46 @@ TEST(TrustApi, TheTrainersFinishNeverEndsAProxiedRollout) {
   EXPECT_EQ(s.svc->FinishLeased("raced", RolloutOutcome::kCompleted, 1, 1).code(), Code::kNotFound);
 }
 
+// Proves admissions that wait for a drain hold at most a quarter of the blocking pool: beyond it
+// they are refused at once (503 overloaded), and a lease renewal is served meanwhile. Catches
+// waiting admissions filling the pool, so that renewals queued until the lease lapsed under a
+// live client (recorded expired while it still generated) and health probes stalled.
+TEST(TrustApi, WaitingAdmissionsLeaveThreadsForLeaseRenewals) {
+  Stack s([](ServeConfig& c) { c.http_threads = 8; });
+  httplib::Client c = s.client();
+  auto held = c.Post("/v1/rollouts", auth(), R"({"rollout_id": "held"})", "application/json");
+  ASSERT_TRUE(held && held->status == 201);
+  int update_status = 0;
+  std::thread trainer([&] {
+    auto r = s.client().Post("/v1/updates", auth(), update_body("u1", "rc-1", 1).dump(),
+                             "application/json");
+    update_status = r ? r->status : -1;
+  });
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; }, 5000));
+  constexpr int kWaiting = 8;
+  std::vector<std::string> answers(kWaiting);
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < kWaiting; ++i) {
+    waiting.emplace_back([&, i] {
+      auto r = s.client().Post("/v1/rollouts", auth(), R"({"wait_ms": 3000})", "application/json");
+      answers[i] = r ? std::to_string(r->status) + " " + r->body : "none";
+    });
+  }
+  auto renewed = c.Post("/v1/rollouts/held/lease", auth(), "{}", "application/json");
+  for (std::thread& t : waiting) t.join();
+  ASSERT_TRUE(renewed);
+  EXPECT_EQ(renewed->status, 200) << renewed->body;
+  int overloaded = 0;
+  for (const std::string& a : answers) overloaded += a.find("overloaded") != std::string::npos;
+  EXPECT_GE(overloaded, kWaiting - 2) << "more than http_threads / 4 admissions waited";
+  auto done = c.Delete("/v1/rollouts/held", auth());
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->status, 200) << done->body;
+  trainer.join();
+  EXPECT_EQ(update_status, 200);
+}
+
 // Proves a client cannot take an id of the kind serve generates ("px-..."), through the trainer
 // API or the proxy's rollout-id header, and that the refusal journals nothing. Catches clients
 // claiming the ids serve is about to give others (every answer shows one), which turned every
