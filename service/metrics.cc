@@ -15,15 +15,15 @@ std::string FormatDouble(double v) {
 }
 
 std::string EscapeLabelValue(const std::string& v) {
-  // escape_line leaves no control byte and doubles backslashes; only '"' is left to escape.
+  // The value a scraper reads is escape_line(v): printable, one line. The exposition format knows
+  // only the escapes \\, \" and \n, so escape_line's own (\t, \xNN, \uNNNN) are written
+  // with their backslash escaped: a parser reads them as text, never as an unknown escape.
   const std::string line = rc::text::escape_line(v);
   std::string out;
-  out.reserve(line.size());
+  out.reserve(line.size() + 8);
   for (char c : line) {
-    if (c == '"')
-      out += "\\\"";
-    else
-      out.push_back(c);
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
   }
   RC_CHECK(out.find('\n') == std::string::npos);  // one sample line, whatever the value held
   return out;
