@@ -48,8 +48,26 @@ using Hash = std::array<std::uint8_t, 32>;  // SHA-256
 [[nodiscard]] Result<Hash> ParseHashHex(std::string_view hex);
 
 inline constexpr std::size_t kRecordBytesMax = 64 * 1024;  // larger records are refused
-inline constexpr std::size_t kGroupEventsMax = 1024;       // events in one Append
-inline constexpr std::size_t kPendingAppendsMax = 4096;    // group-commit queue bound
+// A group is an input and what the fold derives from it, so its bound is the fold's: a recovery
+// abandons every proxied rollout of its engine (kActiveRolloutsMax at most), beside a few
+// lifecycle decisions of that engine (an end and a transition) and the fleet's settlement (a
+// removal of each leaving engine, an update's end). Every group the fold derives fits: serve
+// must never refuse, let alone abort on, the recovery it submits at every start.
+inline constexpr std::size_t kLifecycleDecisionsMax = 16;
+inline constexpr std::size_t kGroupEventsMax =
+    1 + kActiveRolloutsMax + kLifecycleDecisionsMax + kFleetEnginesMax + 1;
+// An abandonment (RolloutFinished of an id and an engine name of kIdBytesMax each) encodes to
+// fewer bytes than this (tests/journal/store_test.cc checks the largest): a group's bytes are
+// bounded by kGroupBytesMax, which one WriteBatch and one WAL record hold (RocksDB counts a
+// batch's bytes and entries in 32 bits).
+inline constexpr std::size_t kAbandonRecordBytesMax = 1024;
+inline constexpr std::size_t kGroupBytesMax =
+    kActiveRolloutsMax * kAbandonRecordBytesMax +
+    (kGroupEventsMax - kActiveRolloutsMax) * kRecordBytesMax;
+static_assert(kGroupEventsMax > kActiveRolloutsMax + kFleetEnginesMax,
+              "a recovery abandoning every rollout of a full engine must fit one group");
+static_assert(kGroupBytesMax < (std::size_t{1} << 31), "a group must fit one WriteBatch");
+inline constexpr std::size_t kPendingAppendsMax = 4096;  // group-commit queue bound
 // Admissions fill the group-commit queue to kPendingAppendsMax. The other bindings (a finish ends
 // a rollout an admission already holds) get kControlGroupsReserve groups more, and the executor's
 // own inputs (intents, observations, the monitor's, the fleet's; a few per engine at once) twice
@@ -142,7 +160,9 @@ class Journal {
   // Opens or creates the journal at `path`. Errors: Busy ("journal already open by another
   // process", naming the holder's LOCK path), Corruption (naming the path; never auto-repaired:
   // a live file missing or of the wrong size, a missing head, a snapshot past the head, a record
-  // missing that the head or a snapshot says exists, fewer records than a clean close recorded).
+  // missing that the head or a snapshot says exists, fewer records than a clean close recorded,
+  // a column family the MANIFEST lacks, a journal's files without their CURRENT). Only a
+  // directory holding none of a journal's files is created (create_if_missing).
   // A torn WAL tail opens (crash recovery) and is reported by recovery().
   [[nodiscard]] static Result<std::unique_ptr<Journal>> Open(const std::string& path,
                                                              const Options& options);

@@ -16,7 +16,8 @@
 // one committer thread; waiters sleep with the stall deadline.
 //
 // A clean close commits what is pending, flushes every memtable (the WAL is then not needed),
-// and writes the file CLOSED beside the database: "seq N, hash H" and a SHA-256 of those lines.
+// and writes the file CLOSED beside the database: "seq N, hash H" and a SHA-256 of those lines,
+// written whole and synced as CLOSED.tmp, then renamed (a close that dies midway leaves no CLOSED).
 // A file and not a meta key: the record must survive the loss of the very SST files it vouches
 // for, so that "closed at seq N but holds only M records" can be said. A writer removes it
 // (synced) before it accepts appends, so a crash afterwards leaves no stale record.
@@ -31,6 +32,7 @@
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -64,6 +66,8 @@ const char kHeadSeqKey[] = "head_seq";
 const char kHeadHashKey[] = "head_hash";
 const char kSchemaKey[] = "schema_version";
 const char kClosedFile[] = "CLOSED";  // the clean-close record beside the database
+// CLOSED being written: never read, removed by the next writer (a close that died midway).
+const char kClosedTmpFile[] = "CLOSED.tmp";
 // A secondary reader may list a file the writer's compaction just deleted: it catches up and
 // checks again, this many times.
 constexpr int kLiveFileChecksMax = 3;
@@ -321,6 +325,21 @@ class WalReplay final : public rocksdb::WalFilter {
   std::uint64_t last_seq_ = 0;
 };
 
+// The number of a WAL file's name ("000012.log"); nullopt for any other name, including digits
+// past 64 bits (RocksDB never writes one: such a file is not a WAL it reads).
+std::optional<std::uint64_t> WalNumber(std::string_view name) {
+  constexpr std::string_view kSuffix = ".log";
+  if (name.size() <= kSuffix.size() || name.substr(name.size() - kSuffix.size()) != kSuffix) {
+    return std::nullopt;
+  }
+  const std::string_view digits = name.substr(0, name.size() - kSuffix.size());
+  if (digits.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  std::uint64_t number = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), number);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return number;
+}
+
 // WAL files of a database directory: number -> size in bytes.
 Result<std::map<std::uint64_t, std::uint64_t>> ListWals(rocksdb::Env* env, const std::string& dir) {
   std::vector<std::string> names;
@@ -328,13 +347,12 @@ Result<std::map<std::uint64_t, std::uint64_t>> ListWals(rocksdb::Env* env, const
   if (!s.ok()) return FromRocks(s, "list " + dir);
   std::map<std::uint64_t, std::uint64_t> out;
   for (const std::string& name : names) {
-    if (name.size() <= 4 || name.compare(name.size() - 4, 4, ".log") != 0) continue;
-    const std::string digits = name.substr(0, name.size() - 4);
-    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::optional<std::uint64_t> number = WalNumber(name);
+    if (!number.has_value()) continue;
     std::uint64_t size = 0;
     s = env->GetFileSize(dir + "/" + name, &size);
     if (!s.ok()) return FromRocks(s, "size of " + dir + "/" + name);
-    out[std::stoull(digits)] = size;
+    out[*number] = size;
   }
   return out;
 }
@@ -357,8 +375,10 @@ class ScratchDir {
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
   Status MakeTemp() {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "rc-journal-secondary-XXXXXX").string();
+    std::error_code ec;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) return Status::IOError("no temporary directory for a secondary: " + ec.message());
+    std::string tmpl = (tmp / "rc-journal-secondary-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) return Status::IOError("mkdtemp failed for " + tmpl);
     path_ = tmpl;
     owned_ = true;
@@ -593,6 +613,8 @@ class RocksJournal final : public Journal {
   rocksdb::Options DbOptions() const;
   std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(const rocksdb::Options& opts) const;
   Status OpenError(const rocksdb::Status& s) const;
+  Status CheckDirectory();
+  Status CheckColumnFamilies();
   Status CheckLiveFiles();
   Status CheckSchema();
   Status StampSchemaVersion();
@@ -614,6 +636,7 @@ class RocksJournal final : public Journal {
   Result<FleetSubmitted> ResubmitLocked(const FleetEvent& input, const std::string& key,
                                         const IdemEntry& entry);
   Result<std::optional<IdemEntry>> FindIdem(const std::string& key);       // requires mu_
+  Status CheckIdemSeqs(const std::string& key, const IdemEntry& e) const;  // requires mu_
   Status CheckRolloutIdsUnused(const std::vector<FleetEvent>& group);      // requires mu_
   Status CheckIndexedAdmission(const std::string& id, std::uint64_t seq);  // requires mu_
   Result<std::optional<FleetSnapshot>> LatestSnapshot(std::uint64_t head_seq, bool* legacy_passed);
@@ -668,6 +691,7 @@ class RocksJournal final : public Journal {
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
   Recovery recovery_;    // set once by Open
   bool opened_ = false;  // Open succeeded: only then may a close record a clean close
+  bool fresh_ = false;   // no journal in the directory yet (CheckDirectory)
   bool legacy_snapshot_passed_ = false;                   // set by LoadHead (see Loaded)
   std::uint64_t stored_schema_version_ = kSchemaVersion;  // as CheckSchema read it
 
@@ -726,7 +750,10 @@ RocksJournal::~RocksJournal() {
 }
 
 // Flush every memtable, then record where the journal ended; only if nothing failed. Written
-// while this process still holds the LOCK, so no other writer can have started.
+// while this process still holds the LOCK, so no other writer can have started. The record is
+// written whole to CLOSED.tmp and synced before the rename makes it CLOSED: a crash meanwhile
+// leaves no CLOSED (the journal reads as crashed, as it was), never a torn one that no open
+// accepts. Every step goes through the Env, where tests inject faults.
 void RocksJournal::CloseCleanly() {
   ClosedMark mark;
   {
@@ -735,11 +762,14 @@ void RocksJournal::CloseCleanly() {
     mark = ClosedMark{durable_seq_, head_hash_};
   }
   if (!Flush().ok()) return;
+  const std::string tmp = path_ + "/" + kClosedTmpFile;
   const std::string file = path_ + "/" + kClosedFile;
-  if (!rocksdb::WriteStringToFile(env_, EncodeClosedMark(mark), file, /*should_sync=*/true).ok()) {
-    env_->DeleteFile(file).PermitUncheckedError();
+  if (!rocksdb::WriteStringToFile(env_, EncodeClosedMark(mark), tmp, /*should_sync=*/true).ok() ||
+      !env_->RenameFile(tmp, file).ok()) {
+    env_->DeleteFile(tmp).PermitUncheckedError();
     return;
   }
+  // Not synced, the rename may be lost: the journal then reads as crashed, which it may.
   std::unique_ptr<rocksdb::Directory> dir;
   if (env_->NewDirectory(path_, &dir).ok()) dir->Fsync().PermitUncheckedError();
 }
@@ -749,8 +779,10 @@ inline constexpr std::size_t kArenaBlockBytes = 1 << 20;
 rocksdb::Options RocksJournal::DbOptions() const {
   rocksdb::Options opts;
   opts.env = env_;
-  opts.create_if_missing = options_.create_if_missing && !options_.read_only;
-  opts.create_missing_column_families = !options_.read_only;
+  // Only a journal that does not exist yet is created, with its column families: an existing
+  // one lacking a family is damaged (CheckColumnFamilies), never given an empty one.
+  opts.create_if_missing = options_.create_if_missing && !options_.read_only && fresh_;
+  opts.create_missing_column_families = opts.create_if_missing;
   opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   opts.paranoid_checks = true;
   opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
@@ -817,10 +849,11 @@ Status RocksJournal::OpenDb() {
 }
 
 Status RocksJournal::OpenWriter() {
+  RC_RETURN_IF_ERROR(CheckDirectory());
   Result<std::optional<ClosedMark>> mark = ReadClosedMark();
   if (!mark.ok()) return mark.status();
   Result<std::map<std::uint64_t, std::uint64_t>> wals = std::map<std::uint64_t, std::uint64_t>();
-  if (env_->FileExists(path_ + "/CURRENT").ok()) wals = ListWals(env_, path_);
+  if (!fresh_) wals = ListWals(env_, path_);
   if (!wals.ok()) return wals.status();
   rocksdb::Options opts = DbOptions();
   opts.wal_filter = &wal_replay_;
@@ -843,7 +876,7 @@ Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
   CheckWalTail(*wals);
   // From here on a crash must not look like a clean close.
-  if (mark->has_value()) RC_RETURN_IF_ERROR(RemoveClosedMark());
+  RC_RETURN_IF_ERROR(RemoveClosedMark());
   RC_RETURN_IF_ERROR(StampSchemaVersion());
   // A journal whose newest snapshot is of the older format refolded past it: snapshot the fleet
   // now, so that the next open does not refold again.
@@ -872,9 +905,8 @@ bool LockHeldByAProcess(const rocksdb::Status& s) {
 // it skips the tail and clean-close checks, and a torn journal would read as healthy); nothing
 // then kept a writer out, so the open stands only if the WAL did not change meanwhile.
 Status RocksJournal::OpenReadOnly() {
-  if (!env_->FileExists(path_ + "/CURRENT").ok()) {
-    return Status::NotFound("no journal at " + path_ + " (no CURRENT file)");
-  }
+  RC_RETURN_IF_ERROR(CheckDirectory());
+  if (fresh_) return Status::NotFound("no journal at " + path_ + " (no CURRENT file)");
   rocksdb::FileLock* lock = nullptr;
   const rocksdb::Status locked = env_->LockFile(path_ + "/LOCK", &lock);
   if (!locked.ok() && LockHeldByAProcess(locked)) return OpenSecondary();
@@ -942,6 +974,70 @@ Status RocksJournal::OpenSecondary() {
   RC_RETURN_IF_ERROR(live);
   RC_RETURN_IF_ERROR(CheckSchema());
   return LoadHead();
+}
+
+namespace {
+
+// Files only a journal's directory holds once it was created: RocksDB's (a MANIFEST, tables, WALs,
+// blobs, options, identity) and the clean-close record. Not LOCK and LOG: RocksDB writes them
+// before anything else, so a creation that died at once leaves only them.
+bool IsJournalFile(std::string_view name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  };
+  return name.rfind("MANIFEST-", 0) == 0 || name.rfind("OPTIONS-", 0) == 0 || name == "IDENTITY" ||
+         name == kClosedFile || name == kClosedTmpFile || ends_with(".sst") || ends_with(".log") ||
+         ends_with(".blob");
+}
+
+constexpr std::size_t kNamedFilesMax = 8;  // files an error names, at most
+
+}  // namespace
+
+// Sets fresh_: no CURRENT and nothing of a journal (a new one may be created there). Files of a
+// journal without its CURRENT are damage (Corruption): an open would otherwise create a new,
+// empty journal beside them. With a CURRENT, every column family must be in the MANIFEST.
+Status RocksJournal::CheckDirectory() {
+  const rocksdb::Status current = env_->FileExists(path_ + "/CURRENT");
+  if (current.ok()) return CheckColumnFamilies();
+  if (!current.IsNotFound()) return FromRocks(current, "look for " + path_ + "/CURRENT");
+  fresh_ = true;
+  if (env_->FileExists(path_).IsNotFound()) return Status::OK();
+  std::vector<std::string> names;
+  RC_RETURN_IF_ERROR(FromRocks(env_->GetChildren(path_, &names), "list " + path_));
+  std::sort(names.begin(), names.end());
+  std::string found;
+  std::size_t count = 0;
+  for (const std::string& name : names) {
+    if (!IsJournalFile(name)) continue;
+    if (++count <= kNamedFilesMax) found += (found.empty() ? "" : ", ") + name;
+  }
+  if (count == 0) return Status::OK();
+  return Status::Corruption(
+      "journal at " + path_ + " has no CURRENT file but holds " + std::to_string(count) +
+      " journal files (" + found + (count > kNamedFilesMax ? ", ..." : "") +
+      "): its CURRENT was lost; refusing to open or to create a new journal over them (never "
+      "auto-repaired; if a creation died before any record was written, remove the directory)");
+}
+
+// A family the MANIFEST lacks would be created empty by the open: a lost index read as an empty
+// one (admissions of used ids, retried keys written twice). Refused before the open.
+Status RocksJournal::CheckColumnFamilies() {
+  std::vector<std::string> names;
+  rocksdb::DBOptions db_options;
+  db_options.env = env_;
+  const rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options, path_, &names);
+  if (!s.ok()) return OpenError(s);
+  std::string missing;
+  for (const char* name : kCfNames) {
+    if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+    missing += std::string(missing.empty() ? "" : ", ") + name;
+  }
+  if (missing.empty()) return Status::OK();
+  return Status::Corruption("journal at " + path_ + " lacks the column famil" +
+                            (missing.find(',') == std::string::npos ? "y " : "ies ") + missing +
+                            " (its MANIFEST lists " + std::to_string(names.size()) +
+                            "): damaged; refusing to open (never auto-repaired)");
 }
 
 // Every live file the MANIFEST lists must exist with its recorded size, before anything is read.
@@ -1061,9 +1157,19 @@ Status RocksJournal::CheckClosedMark(const std::optional<ClosedMark>& mark) {
   return Status::OK();
 }
 
+// The clean-close record, and a CLOSED.tmp a close left when it died midway (never read: only
+// the rename makes a record), are removed (synced) before the writer accepts appends.
 Status RocksJournal::RemoveClosedMark() {
-  const std::string file = path_ + "/" + kClosedFile;
-  RC_RETURN_IF_ERROR(FromRocks(env_->DeleteFile(file), "remove the clean-close record " + file));
+  bool removed = false;
+  for (const char* name : {kClosedFile, kClosedTmpFile}) {
+    const std::string file = path_ + "/" + name;
+    const rocksdb::Status exists = env_->FileExists(file);
+    if (exists.IsNotFound()) continue;
+    RC_RETURN_IF_ERROR(FromRocks(exists, "look for " + file));
+    RC_RETURN_IF_ERROR(FromRocks(env_->DeleteFile(file), "remove the clean-close record " + file));
+    removed = true;
+  }
+  if (!removed) return Status::OK();
   std::unique_ptr<rocksdb::Directory> dir;
   RC_RETURN_IF_ERROR(FromRocks(env_->NewDirectory(path_, &dir), "open directory " + path_));
   return FromRocks(dir->Fsync(), "sync directory " + path_);
@@ -1235,7 +1341,21 @@ Result<std::optional<IdemEntry>> RocksJournal::FindIdem(const std::string& key) 
   e.first_seq = ParseBE64(std::string_view(v).substr(0, 8));
   e.last_seq = ParseBE64(std::string_view(v).substr(8, 8));
   std::memcpy(e.digest.data(), v.data() + 16, 32);
+  RC_RETURN_IF_ERROR(CheckIdemSeqs(key, e));
   return std::optional<IdemEntry>(std::move(e));
+}
+
+// A stored entry names one durable group: its seqs are read back (and copied, under the lock)
+// for every retry of its key, so a damaged range is refused before anything is read.
+Status RocksJournal::CheckIdemSeqs(const std::string& key, const IdemEntry& e) const {
+  if (e.first_seq >= 1 && e.first_seq <= e.last_seq && e.last_seq <= durable_seq_ &&
+      e.last_seq - e.first_seq < kGroupEventsMax) {
+    return Status::OK();
+  }
+  return Status::Corruption("idempotency entry for '" + key + "' names seqs " +
+                            std::to_string(e.first_seq) + ".." + std::to_string(e.last_seq) +
+                            ", not one group of the durable journal 1.." +
+                            std::to_string(durable_seq_));
 }
 
 Result<Ticket> RocksJournal::EnqueueLocked(const AppendRequest& request,
@@ -1331,6 +1451,8 @@ Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(std::int64_t wall_t
   out.records.reserve(group.size());
   out.hashes.reserve(group.size());
   Hash prev = out.hashes.empty() ? head_hash_ : out.hashes.back();
+  std::size_t bytes = 0;
+  for (const std::string& done : out.records) bytes += done.size();
   for (std::size_t i = out.records.size(); i < group.size(); ++i) {
     Record r;
     r.seq = first_seq + i;
@@ -1344,6 +1466,12 @@ Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(std::int64_t wall_t
       return Status::InvalidArgument(std::string(event_name(r.event)) + " encodes to " +
                                      std::to_string(out.records.back().size()) + " bytes, over " +
                                      std::to_string(kRecordBytesMax));
+    }
+    bytes += out.records.back().size();
+    if (bytes > kGroupBytesMax) {
+      return Status::InvalidArgument("a group of " + std::to_string(group.size()) +
+                                     " events encodes to more than " +
+                                     std::to_string(kGroupBytesMax) + " bytes");
     }
     prev = Sha256(out.records.back());
     out.hashes.push_back(prev);
@@ -1571,7 +1699,7 @@ Result<Journal::FleetSubmitted> RocksJournal::StepAndStage(std::vector<FleetEven
   Result<std::vector<FleetEvent>> d = fleet_step(fleet_, group[0]);
   if (!d.ok()) return d.status();
   group.insert(group.end(), d->begin(), d->end());
-  RC_CHECK(group.size() <= kGroupEventsMax);  // an input causes a handful of decisions
+  RC_CHECK(group.size() <= kGroupEventsMax);  // the fold's bound (journal.h)
   Result<EncodedGroup> encoded = EncodeGroup(request.wall_time_ms, group, std::move(input_record));
   if (!encoded.ok()) {
     std::fprintf(stderr, "rolloutcore: journal: a decision does not encode: %s\n",

@@ -83,6 +83,7 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
       --in.skip;
       return rocksdb::IOStatus::OK();
     }
+    if (in.fault == Fault::kCrash) crashed_ = true;
     return Fail(in.fault, op == FileOp::kAppend ? "append" : "sync", path);
   }
   rocksdb::IOStatus CheckAlive(const std::string& path) {

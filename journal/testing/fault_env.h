@@ -27,7 +27,9 @@ namespace rc::journal::testing {
 
 enum class FileKind : std::uint8_t { kWal, kSst, kManifest, kOther };
 enum class FileOp : std::uint8_t { kAppend, kSync };  // kSync: Sync and Fsync
-enum class Fault : std::uint8_t { kEio, kEnospc };
+// kCrash: the simulated process dies at that operation: it fails (EIO), and so does every later
+// one, as after Crash() (a close that dies midway, say).
+enum class Fault : std::uint8_t { kEio, kEnospc, kCrash };
 // What DropUnsyncedData leaves of a file's unsynced bytes.
 enum class Torn : std::uint8_t {
   kNone,          // nothing: the file ends at its last successful sync

@@ -1,7 +1,9 @@
 // The journal is never silently shorter: a closed journal whose SST files were truncated or
 // deleted, whose WAL was cut, whose head key is gone or that holds less than its clean close
 // recorded is refused (read-only tools and writer alike), never read as a shorter healthy
-// journal; read-only opens leave no scratch directory behind.
+// journal; nor is one that lost its CURRENT or a column family; a close that dies midway leaves a
+// journal that opens; odd file names and a bad TMPDIR are statuses, never exceptions; read-only
+// opens leave no scratch directory behind.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "journal/codec.h"
@@ -559,6 +562,135 @@ TEST(Shorter, ReadOnlyOpensLeaveNoScratchDirectory) {
   } else {
     unsetenv("TMPDIR");
   }
+}
+
+// Proves a clean close that dies while it writes its record (the process gone at the record's
+// sync, its unsynced bytes lost) leaves a journal that opens as a crashed one, for readers and
+// the writer, and that the writer removes the CLOSED.tmp left behind; catches CLOSED written in
+// place, whose torn record made every later open refuse the journal.
+TEST(Shorter, ACloseThatDiesWritingItsRecordLeavesAnOpenableJournal) {
+  TempDir dir;
+  testing::FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    // The close flushes (SST and MANIFEST files), then syncs its record: the process dies there.
+    faults.Inject(testing::FileKind::kOther, testing::FileOp::kSync, testing::Fault::kCrash);
+  }
+  ASSERT_TRUE(faults.DropUnsyncedData(testing::Torn::kNone, 1).ok());
+  faults.Restart();
+  EXPECT_FALSE(fs::exists(dir.sub("CLOSED")));
+  EXPECT_TRUE(fs::exists(dir.sub("CLOSED.tmp"))) << "the close did not die writing its record";
+  for (const Options& each : {ReadOnlyOver(faults.env()), o}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), 4u);
+    EXPECT_FALSE((*j)->recovery().clean_close);
+  }
+  EXPECT_FALSE(fs::exists(dir.sub("CLOSED.tmp"))) << "the writer left the torn record";
+  auto j = Journal::Open(dir.path(), ReadOnlyOver(faults.env()));
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_TRUE((*j)->recovery().clean_close) << "the writer's own close recorded nothing";
+}
+
+// Restores TMPDIR at scope exit.
+class ScopedTmpdir {
+ public:
+  explicit ScopedTmpdir(const std::string& value) {
+    const char* old = std::getenv("TMPDIR");
+    if (old != nullptr) saved_ = old;
+    setenv("TMPDIR", value.c_str(), 1);
+  }
+  ~ScopedTmpdir() {
+    if (saved_.has_value()) {
+      setenv("TMPDIR", saved_->c_str(), 1);
+    } else {
+      unsetenv("TMPDIR");
+    }
+  }
+  ScopedTmpdir(const ScopedTmpdir&) = delete;
+  ScopedTmpdir& operator=(const ScopedTmpdir&) = delete;
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// Proves a file named like a WAL whose number 64 bits cannot hold is ignored as RocksDB ignores
+// it, and a TMPDIR that is not a directory makes a secondary's open an IOError; catches the
+// std::out_of_range (std::stoull) and std::filesystem_error (temp_directory_path) that escaped
+// Journal::Open and ended `rolloutcore` with an uncaught exception.
+TEST(Shorter, OddWalNamesAndABadTmpdirAreStatusesNotExceptions) {
+  TempDir dir;
+  WriteJournal(dir.path(), 2);
+  std::ofstream(dir.sub("123456789012345678901234567890.log")) << "not a WAL";
+  for (const Options& o : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), 6u);
+  }
+  TempDir other;
+  const std::string not_a_dir = other.sub("file");
+  std::ofstream(not_a_dir) << "x";
+  auto writer = Journal::Open(dir.path(), Options{});
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  Result<std::unique_ptr<Journal>> reader = Status::Internal("not opened");
+  {
+    ScopedTmpdir tmpdir(not_a_dir);
+    reader = Journal::Open(dir.path(), ReadOnly());  // a secondary, in a temporary directory
+  }
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), Code::kIOError) << reader.status().ToString();
+  EXPECT_NE(reader.status().message().find("temporary directory"), std::string::npos)
+      << reader.status().message();
+}
+
+// Proves a journal whose MANIFEST lacks the rollout index or the idempotency column family is
+// Corruption naming it, for the writer and for readers (`audit` exits 3); catches the writer
+// that created the missing family empty (a lost index opened as a healthy, empty one) and the
+// readers' IOError ("cannot open", a usage error).
+TEST(Shorter, AMissingColumnFamilyIsCorruption) {
+  for (const std::size_t cf : {std::size_t{2}, std::size_t{3}}) {
+    const std::string name = cf == 2 ? "rollouts" : "idempotency";
+    TempDir dir;
+    WriteJournal(dir.path(), 2);
+    EditRaw(dir.path(), [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& h) {
+      ASSERT_TRUE(db.DropColumnFamily(h[cf]).ok());
+    });
+    for (const Options& o : {ReadOnly(), Options{}}) {
+      auto j = Journal::Open(dir.path(), o);
+      ASSERT_FALSE(j.ok()) << name << " opened with head " << (*j)->head_seq();
+      EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+      EXPECT_NE(j.status().message().find("lacks the column family " + name), std::string::npos)
+          << j.status().message();
+    }
+  }
+}
+
+// Proves a directory that lost its CURRENT but holds the journal's MANIFEST, SST and WAL files is
+// Corruption for the writer (which creates nothing there) and for readers, while a directory a
+// creation left with only LOCK and LOG still becomes a new journal; catches the writer that
+// created a fresh, empty journal over the old files (create_if_missing) and the readers' NotFound.
+TEST(Shorter, ALostCurrentIsCorruptionNotANewJournal) {
+  TempDir dir;
+  WriteJournal(dir.path(), 2);
+  ASSERT_TRUE(fs::remove(dir.sub("CURRENT")));
+  for (const Options& o : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("no CURRENT file but holds"), std::string::npos)
+        << j.status().message();
+  }
+  EXPECT_FALSE(fs::exists(dir.sub("CURRENT"))) << "a new journal was created over the old one";
+  TempDir early;
+  std::ofstream(early.sub("LOCK")) << "";
+  std::ofstream(early.sub("LOG")) << "a creation that died before its MANIFEST";
+  auto j = Journal::Open(early.path(), Options{});
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ((*j)->head_seq(), 0u);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <set>
 #include <thread>
 
+#include "journal/codec.h"
 #include "journal/journal.h"
+#include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 
 namespace rc::journal {
@@ -351,6 +353,98 @@ TEST(Store, WriteSnapshotAndCheckpoint) {
   auto cp = OpenOk(dir.sub("cp"), o);
   EXPECT_EQ(cp->head_seq(), 4u);
   EXPECT_EQ(*cp->Refold(), *j->Refold(4));
+}
+
+// Proves a recovery with more proxied rollouts active (1100) than a group held before the bound
+// followed the fold commits as one group that abandons every one of them, and that the journal
+// reopens with none active; catches the RC_CHECK on the group's size that aborted serve on every
+// restart once 1024 proxied rollouts were active at a crash.
+TEST(Store, ARecoveryAbandonsMoreRolloutsThanAThousand) {
+  constexpr std::size_t kRollouts = 1100;
+  TempDir dir;
+  {
+    Options o;
+    o.sync = false;  // the admissions are set-up: one fsync each would only slow the test
+    auto j = OpenOk(dir.path(), o);
+    Bootstrap(*j);
+    for (std::size_t i = 0; i < kRollouts; ++i) {
+      auto s = j->Submit(make_admission(j->state(), "r" + std::to_string(i)), 1700000000000);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+    }
+    ASSERT_TRUE(j->WaitForHead().ok());
+  }
+  auto j = OpenOk(dir.path());
+  ASSERT_EQ(j->state().active.size(), kRollouts);
+  // As effects/runner.cc's BeginRecovery submits it when serve starts again.
+  auto recovered = j->Submit(RecoveryStarted{"exec-1"}, 1700000000001);
+  ASSERT_TRUE(recovered.ok()) << recovered.status().ToString();
+  ASSERT_TRUE(j->Wait(recovered->ticket).ok());
+  ASSERT_EQ(recovered->decisions.size(), kRollouts);
+  for (const Event& d : recovered->decisions) {
+    const auto* f = std::get_if<RolloutFinished>(&d);
+    ASSERT_NE(f, nullptr) << event_name(d);
+    EXPECT_EQ(f->outcome, RolloutOutcome::kAbandoned);
+  }
+  const std::uint64_t head = 4 + kRollouts + 1 + kRollouts;
+  EXPECT_EQ(recovered->ticket.result.last_seq, head);
+  EXPECT_TRUE(j->state().active.empty());
+  j.reset();
+  j = OpenOk(dir.path());
+  EXPECT_EQ(j->head_seq(), head);
+  EXPECT_TRUE(j->state().active.empty());
+  EXPECT_EQ(j->state().counters.rollouts_abandoned, kRollouts);
+  EXPECT_EQ(*j->Refold(), j->state());
+}
+
+// Proves the largest abandonment (an id and an engine name of kIdBytesMax bytes, every envelope
+// field at its largest) encodes under kAbandonRecordBytesMax; catches a record grown past the
+// bound that kGroupBytesMax (a recovery's group fits one WriteBatch) rests on.
+TEST(Store, TheLargestAbandonmentFitsItsBound) {
+  Record r;
+  r.seq = r.cause_seq = ~std::uint64_t{0};
+  r.wall_time_ms = INT64_MAX;
+  r.prev_hash.fill(0xff);
+  r.engine = std::string(kIdBytesMax, 'e');
+  r.event = RolloutFinished{std::string(kIdBytesMax, 'r'), RolloutOutcome::kAbandoned, UINT32_MAX,
+                            UINT32_MAX};
+  EXPECT_LT(EncodeRecord(r).size(), kAbandonRecordBytesMax);
+}
+
+// Proves an idempotency entry whose seqs are not one durable group (first past last, first 0, or
+// last past the head) is Corruption naming the key when the key is retried; catches the entry
+// trusted as read, which answered a retry with seqs the journal never gave it, or read (and
+// copied under the lock) every record of a range as large as the damage made it.
+TEST(Store, AnIdempotencyEntryOfDamagedSeqsIsCorruption) {
+  TempDir dir;
+  AppendRequest req;
+  {
+    auto j = OpenOk(dir.path());
+    Bootstrap(*j);
+    req = Group({make_admission(j->state(), "r1")}, "client-7");
+    ASSERT_TRUE(j->Append(req).ok());  // seq 5
+    ASSERT_TRUE(j->Append(Group({make_admission(j->state(), "r2")})).ok());
+  }
+  std::string entry;
+  testing::EditRaw(dir.path(), [&](rocksdb::DB& db, const auto& cf) {
+    ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[3], "client-7", &entry).ok());
+  });
+  ASSERT_EQ(entry.size(), 48u);
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> damaged = {
+      {6, 5}, {0, 5}, {5, 1ull << 40}};
+  for (const auto& [first, last] : damaged) {
+    const std::string forged = testing::SeqKey(first) + testing::SeqKey(last) + entry.substr(16);
+    testing::EditRaw(dir.path(), [&](rocksdb::DB& db, const auto& cf) {
+      ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[3], "client-7", forged).ok());
+    });
+    auto j = OpenOk(dir.path());
+    Result<AppendResult> again = j->Append(req);
+    ASSERT_FALSE(again.ok()) << first << ".." << last << " answered seqs " << again->first_seq
+                             << ".." << again->last_seq;
+    EXPECT_EQ(again.status().code(), Code::kCorruption) << again.status().ToString();
+    EXPECT_NE(again.status().message().find("idempotency entry for 'client-7'"), std::string::npos)
+        << again.status().message();
+    EXPECT_EQ(j->head_seq(), 6u);
+  }
 }
 
 }  // namespace
