@@ -1,11 +1,14 @@
 #include "audit/audit.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <deque>
-#include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -400,48 +403,76 @@ Result<AuditReport> AuditJournal(journal::Journal& journal) {
 
 namespace {
 
-// The rollout index names only records it was written with: one it names that is not stored (past
-// the head: Read says NotFound) was lost, which is damage, never a usage error.
-Status IndexedRecordMissing(const std::string& rollout_id, std::uint64_t seq, const Status& read) {
-  if (read.code() != Code::kNotFound) return read;
-  return Status::Corruption("the rollout index names seq " + std::to_string(seq) + " for '" +
-                            E(rollout_id) + "' but no record is stored there (" + read.message() +
-                            ")");
+// The rollout a record names (its admission, finish or trajectory part); nullptr for any other.
+const std::string* RolloutNamed(const Event& e) {
+  if (const auto* a = std::get_if<RolloutAdmitted>(&e)) return &a->rollout_id;
+  if (const auto* f = std::get_if<RolloutFinished>(&e)) return &f->rollout_id;
+  if (const auto* t = std::get_if<TrajectoryRecorded>(&e)) return &t->rollout_id;
+  return nullptr;
+}
+
+// A record the rollout index names for p.rollout_id: it must name that rollout, and the first
+// one must be its admission (an id is used once, by its admission first); Corruption otherwise.
+Status TakeIndexed(const journal::Record& r, RolloutProvenance& p) {
+  const std::string* named = RolloutNamed(r.event);
+  const std::string at = "the rollout index names seq " + std::to_string(r.seq) + " for '" +
+                         E(p.rollout_id) + "' but ";
+  if (named == nullptr || *named != p.rollout_id) {
+    return Status::Corruption(at + "the record there is " + event_name(r.event) +
+                              (named == nullptr ? "" : " of '" + E(*named) + "'"));
+  }
+  const auto* admitted = std::get_if<RolloutAdmitted>(&r.event);
+  if ((admitted != nullptr) != (p.admitted_seq == 0)) {
+    return Status::Corruption(at + (admitted != nullptr ? "it was admitted before, at seq " +
+                                                              std::to_string(p.admitted_seq)
+                                                        : "its admission comes later or never"));
+  }
+  if (admitted != nullptr) {
+    p.binding = *admitted;
+    p.admitted_seq = r.seq;
+    p.engine = r.engine;
+  } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+    p.finish = *f;
+    p.finished_seq = r.seq;
+  }
+  return Status::OK();
 }
 
 }  // namespace
 
+// Every record the index names is read by one scan from seq 1 (decoded and chain-verified, so
+// nothing shown rests on a record the chain does not vouch for; bounded by the journal's size).
+// A record's bytes are vouched for by the next record's prev_hash, or by the head hash the open
+// checked: the scan goes one record past the last one named. The generation's origin is what
+// that scan saw up to the admission. In a fleet, generations are the admitting engine's own.
 Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::string& rollout_id) {
   auto seqs = journal.RolloutSeqs(rollout_id);
   if (!seqs.ok()) return seqs.status();
   if (seqs->empty()) return Status::NotFound("no rollout '" + E(rollout_id) + "' in the journal");
+  const std::uint64_t last = seqs->back();  // ascending: the index's keys end in BE64(seq)
+  // The index names only records it was written with: one past the head was lost (damage).
+  if (last > journal.head_seq()) {
+    return Status::Corruption("the rollout index names seq " + std::to_string(last) + " for '" +
+                              E(rollout_id) + "' but no record is stored there (the journal ends " +
+                              "at seq " + std::to_string(journal.head_seq()) + ")");
+  }
   RolloutProvenance p;
   p.rollout_id = rollout_id;
-  for (std::uint64_t seq : *seqs) {
-    auto r = journal.Read(seq);
-    if (!r.ok()) return IndexedRecordMissing(rollout_id, seq, r.status());
-    if (const auto* a = std::get_if<RolloutAdmitted>(&r->event)) {
-      p.binding = *a;
-      p.admitted_seq = seq;
-    } else if (const auto* f = std::get_if<RolloutFinished>(&r->event)) {
-      p.finish = *f;
-      p.finished_seq = seq;
-    }
-  }
-  if (p.admitted_seq == 0) {
-    return Status::Corruption("rollout '" + E(rollout_id) + "' is indexed but has no admission");
-  }
-  // The generation's origin: scan up to the admission (bounded by the journal's size). In a
-  // fleet, generations are the admitting engine's own.
-  Result<journal::Record> admission = journal.Read(p.admitted_seq);
-  if (!admission.ok()) return admission.status();
-  p.engine = admission->engine;
   Pass pass;
-  Status st = journal.Scan(1, p.admitted_seq, [&](const journal::Record& r) {
-    pass.Observe(r);
-    return Status::OK();
-  });
+  std::size_t next = 0;
+  Status st =
+      journal.Scan(1, std::min(last + 1, journal.head_seq()), [&](const journal::Record& r) {
+        if (p.admitted_seq == 0) pass.Observe(r);
+        if (next >= seqs->size() || (*seqs)[next] != r.seq) return Status::OK();
+        ++next;
+        return TakeIndexed(r, p);
+      });
   if (!st.ok()) return st;
+  if (next != seqs->size()) {  // only a seq 0 (no record has it) is left unvisited
+    return Status::Corruption("the rollout index names seq " + std::to_string((*seqs)[next]) +
+                              " for '" + E(rollout_id) + "', which no record has");
+  }
+  RC_CHECK(p.admitted_seq != 0);  // TakeIndexed took an admission first
   auto v = pass.engines[pass.LifeName(p.engine)].versions.find(p.binding.version.generation);
   if (!v) {
     return Status::Corruption("rollout '" + E(rollout_id) + "' is bound to generation " +
@@ -657,26 +688,52 @@ Result<Trajectory> ParseTrajectoryLine(const std::string& line) {
   return t;
 }
 
+// The trajectories file, closed on every path.
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+enum class LineRead : std::uint8_t { kLine, kEnd, kTooLong, kError };
+
+// One line without its newline, at most kTrajectoryLineBytesMax bytes; a last line without a
+// newline is a line. A read error is told from the end of the file (ferror).
+LineRead ReadLine(std::FILE* f, std::string& line) {
+  line.clear();
+  for (int c = std::getc(f); c != EOF; c = std::getc(f)) {
+    if (c == '\n') return LineRead::kLine;
+    if (line.size() >= kTrajectoryLineBytesMax) return LineRead::kTooLong;
+    line.push_back(static_cast<char>(c));
+  }
+  if (std::ferror(f) != 0) return LineRead::kError;
+  return line.empty() ? LineRead::kEnd : LineRead::kLine;
+}
+
 }  // namespace
 
 Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("cannot open trajectories file " + path);
+  File in(std::fopen(path.c_str(), "rb"));
+  if (in == nullptr) return Status::NotFound("cannot open trajectories file " + path);
   std::vector<Trajectory> out;
   std::string line;
-  std::size_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.empty()) continue;
-    if (out.size() >= kTrajectoriesMax) {
+  for (std::size_t line_no = 1;; ++line_no) {
+    const LineRead read = ReadLine(in.get(), line);
+    if (read == LineRead::kEnd) break;
+    const std::string at = path + ":" + std::to_string(line_no) + ": ";
+    if (read == LineRead::kError)
+      return Status::IOError(at + "read error: " + std::strerror(errno));
+    if (read == LineRead::kTooLong) {
+      return Status::InvalidArgument(at + "a line longer than " +
+                                     std::to_string(kTrajectoryLineBytesMax) + " bytes");
+    }
+    // Blank lines count too: every line the loop reads is bounded, not only trajectories.
+    if (line_no > kTrajectoriesMax) {
       return Status::InvalidArgument(path + ": more than " + std::to_string(kTrajectoriesMax) +
-                                     " trajectories");
+                                     " lines (a trajectory each)");
     }
+    if (line.empty()) continue;
     Result<Trajectory> t = ParseTrajectoryLine(line);
-    if (!t.ok()) {
-      return Status::InvalidArgument(path + ":" + std::to_string(line_no) + ": " +
-                                     t.status().message());
-    }
+    if (!t.ok()) return Status::InvalidArgument(at + t.status().message());
     out.push_back(std::move(t.value()));
   }
   return out;

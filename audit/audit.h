@@ -143,12 +143,16 @@ struct Trajectory {
 
 inline constexpr std::size_t kTrajectoriesMax = 1u << 20;
 inline constexpr std::size_t kTrajectoryTokensMax = 1u << 20;
+// One line of a trajectories file, at most: the writer's own bound (service/trajectories.h drops
+// a longer line, never writes it), so every line it wrote is read and nothing longer is buffered.
+inline constexpr std::size_t kTrajectoryLineBytesMax = std::size_t{16} << 20;
 
 // The trajectories the journal holds (TrajectoryRecorded parts joined in seq order), each with
 // its rollout's binding from the journal. Parts out of order are a Corruption naming the seq.
 [[nodiscard]] Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal);
 
-// Parses a trajectories JSON-lines file. Malformed lines are errors naming the line number.
+// Parses a trajectories JSON-lines file. Malformed lines, and lines over kTrajectoryLineBytesMax,
+// are errors naming the line number; a read error is IOError.
 [[nodiscard]] Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path);
 
 // Checks each trajectory's binding against the journal's RolloutAdmitted for that rollout (same

@@ -81,17 +81,28 @@ int ShowProvenance(journal::Journal& j, const Opts& o, const std::string& torn, 
     return p.status().code() == Code::kCorruption ? audit::kExitJournalDamaged : audit::kExitUsage;
   }
   std::printf("%s\n", audit::ProvenanceJson(*p, o.json ? -1 : 2).c_str());
-  if (!torn.empty()) std::printf("audit: JOURNAL DAMAGED: %s\n", text::escape_line(torn).c_str());
+  // With --json, stdout is the one JSON document: the damage goes to stderr (and the exit code).
+  if (!torn.empty()) {
+    std::fprintf(o.lines(), "audit: JOURNAL DAMAGED: %s\n", text::escape_line(torn).c_str());
+  }
   return head_ok && torn.empty() ? audit::kExitOk : audit::kExitJournalDamaged;
 }
 
 // The trajectories to re-verify: the file's (cross-checked against the journal's bindings), or
-// the journal's own when only --engine is given. A mismatch is an engine finding.
+// the journal's own when only --engine is given. A mismatch is an engine finding. A file that
+// cannot be read is a usage error; a journal whose trajectories cannot be read is damaged or
+// unverifiable: a journal finding, and the report goes on without them.
 int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdict,
                       std::vector<audit::Trajectory>& out) {
   if (o.trajectories.empty() && o.engine.empty()) return audit::kExitOk;
   auto ts = o.trajectories.empty() ? audit::TrajectoriesFromJournal(j)
                                    : audit::LoadTrajectories(o.trajectories);
+  if (!ts.ok() && o.trajectories.empty()) {
+    const std::string why = "trajectories in the journal: " + ts.status().ToString();
+    std::fprintf(o.lines(), "%s\n", text::escape_line(why).c_str());
+    verdict.journal_failures.push_back(why);
+    return audit::kExitOk;
+  }
   if (!ts.ok()) {
     std::fprintf(stderr, "rolloutcore audit: %s\n",
                  text::escape_line(ts.status().ToString()).c_str());

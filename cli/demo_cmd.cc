@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/fleet_demo.h"
 #include "effects/clock.h"
@@ -87,20 +88,28 @@ struct Demo {
                           {"return_token_ids", true}};
     effects::HttpReply reply = client.Completions(req);
     RolloutFinished finished{id, RolloutOutcome::kCompleted, 0, 0};
-    if (reply.http.ok_2xx() && reply.body.contains("usage")) {
-      finished.prompt_tokens = reply.body["usage"].value("prompt_tokens", 0u);
-      finished.completion_tokens = reply.body["usage"].value("completion_tokens", 0u);
-    } else {
-      finished.outcome = RolloutOutcome::kAborted;
-    }
+    static const nlohmann::json kNoUsage = nlohmann::json::object();
+    const nlohmann::json* usage = &kNoUsage;
+    const bool counted = reply.http.ok_2xx() && reply.body.contains("usage") &&
+                         ReadObject(reply.body, "usage", usage) &&
+                         ReadUint32(*usage, "prompt_tokens", finished.prompt_tokens) &&
+                         ReadUint32(*usage, "completion_tokens", finished.completion_tokens);
+    if (!counted) finished.outcome = RolloutOutcome::kAborted;
     auto done = submit(finished);
     return done.status();
   }
 };
 
+// The engine's version string; "" when its answer has none (or not as a string).
+std::string VersionOf(const nlohmann::json& body) {
+  std::string version;
+  if (!ReadString(body, "version", version)) version.clear();
+  return version;
+}
+
 int run_demo(const std::string& journal_path, int token_delay_ms) {
   const std::string shown_path = text::escape_line(journal_path);
-  if (std::filesystem::exists(journal_path) && !std::filesystem::is_empty(journal_path)) {
+  if (HoldsFiles(journal_path)) {
     std::fprintf(stderr,
                  "rolloutcore demo: %s already holds a journal; remove it or pass another "
                  "--journal (the demo never appends to an existing journal)\n",
@@ -134,8 +143,7 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   effects::EngineClient client("http://127.0.0.1:" + std::to_string(port), deadlines);
   effects::HttpEngineControl control(client);
   effects::HttpReply version = client.Version();
-  effects::HttpSequenceTransfer transfer(
-      client, effects::detect_protocol(version.body.value("version", std::string())));
+  effects::HttpSequenceTransfer transfer(client, effects::detect_protocol(VersionOf(version.body)));
   effects::RunnerOptions ropts;
   ropts.executor_id = "demo";
   ropts.drain_timeout_ms = 60000;

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "cli/cli_util.h"
 #include "cli/fleet_demo.h"
 #include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
@@ -113,18 +114,34 @@ json UpdateBody(const std::string& id, const std::string& mode, int step) {
           {"source", std::string(kSource) + ":" + std::to_string(step)}};
 }
 
+// One engine's line of /v1/state, its fields read with their types (a field of another type
+// reads as "?").
+void PrintEngine(const std::string& name, const json& e) {
+  static const json kNone = json::object();
+  std::string lifecycle = "?";
+  std::string label = "?";
+  bool admitting = false;
+  const json* committed = &kNone;
+  if (!ReadString(e, "lifecycle", lifecycle)) lifecycle = "?";
+  if (!ReadObject(e, "committed", committed) || !ReadString(*committed, "label", label)) {
+    label = "?";
+  }
+  if (!ReadBool(e, "admitting", admitting)) admitting = false;
+  const auto generation = e.is_object() ? e.find("generation") : e.end();
+  std::printf("  engine %-4s %-9s %-5s generation %s%s\n", text::escape_line(name).c_str(),
+              text::escape_line(lifecycle).c_str(), text::escape_line(label).c_str(),
+              generation == e.end() ? "?" : service::DumpSafe(*generation).c_str(),
+              admitting ? ", admitting" : "");
+}
+
 void PrintEngines(httplib::Client& c) {
   auto r = c.Get("/v1/state");
   if (!r || r->status != 200) return;
   const json s = json::parse(r->body, nullptr, false);
-  if (!s.is_object() || !s.contains("engines")) return;
-  for (const auto& [name, e] : s["engines"].items()) {
-    std::printf("  engine %-4s %-9s %-5s generation %s%s\n", text::escape_line(name).c_str(),
-                e.value("lifecycle", "?").c_str(),
-                text::escape_line(e["committed"].value("label", "?")).c_str(),
-                service::DumpSafe(e["generation"]).c_str(),
-                e.value("admitting", false) ? ", admitting" : "");
-  }
+  if (!s.is_object()) return;
+  const auto engines = s.find("engines");
+  if (engines == s.end() || !engines->is_object()) return;
+  for (const auto& [name, e] : engines->items()) PrintEngine(name, e);
 }
 
 // Posts a fleet update and prints its end; the HTTP status, or 0 when no answer came.
@@ -132,10 +149,13 @@ int FleetUpdate(httplib::Client& c, const json& body) {
   auto r = c.Post("/v1/fleet/updates", service::DumpSafe(body), "application/json");
   if (!r) return 0;
   const json end = json::parse(r->body, nullptr, false);
-  std::printf("  HTTP %d: %s (committed %s, tainted %s)\n", r->status,
-              text::escape_line(end.value("outcome", r->body)).c_str(),
-              end.contains("committed") ? service::DumpSafe(end["committed"]).c_str() : "?",
-              end.contains("tainted") ? service::DumpSafe(end["tainted"]).c_str() : "?");
+  std::string outcome = r->body;
+  if (!ReadString(end, "outcome", outcome)) outcome = r->body;
+  const bool object = end.is_object();
+  std::printf(
+      "  HTTP %d: %s (committed %s, tainted %s)\n", r->status, text::escape_line(outcome).c_str(),
+      object && end.contains("committed") ? service::DumpSafe(end["committed"]).c_str() : "?",
+      object && end.contains("tainted") ? service::DumpSafe(end["tainted"]).c_str() : "?");
   return r->status;
 }
 
@@ -171,7 +191,7 @@ service::ServeConfig FleetConfig(const std::string& journal_path,
 
 int run_fleet_demo(const std::string& journal_path, int engines_n, int token_delay_ms) {
   const std::string shown = text::escape_line(journal_path);
-  if (std::filesystem::exists(journal_path) && !std::filesystem::is_empty(journal_path)) {
+  if (HoldsFiles(journal_path)) {
     std::fprintf(stderr, "rolloutcore demo: %s already holds a journal\n", shown.c_str());
     return 2;
   }

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "effects/http/engine_client.h"
 #include "statemachine/text.h"
@@ -45,23 +46,38 @@ nlohmann::json RequestBody(const Opts& o) {
   return body;
 }
 
+// What an answer says, read with its types checked: the executor's answer is outside input.
+struct Outcome {
+  std::string restore_id;
+  std::string outcome;
+  std::string reason;
+  std::string lifecycle = "?";
+};
+
+// False when the answer is not the shape `serve` sends (no outcome, or a field of another type).
+bool ReadOutcome(const nlohmann::json& b, Outcome& out) {
+  static const nlohmann::json kNoState = nlohmann::json::object();
+  const nlohmann::json* state = &kNoState;
+  return b.is_object() && b.contains("outcome") && ReadString(b, "outcome", out.outcome) &&
+         ReadString(b, "restore_id", out.restore_id) && ReadString(b, "reason", out.reason) &&
+         ReadObject(b, "state", state) && ReadString(*state, "lifecycle", out.lifecycle);
+}
+
 // One line per fact of the answer; every field came from the executor: escaped.
 int Report(const effects::HttpReply& reply) {
   if (reply.http.transport != Transport::kOk) {
     std::printf("restore: no answer from the executor: %s\n", Esc(reply.http.error).c_str());
     return 2;
   }
-  const nlohmann::json& b = reply.body;
-  if (!b.is_object() || !b.contains("outcome")) {
+  Outcome o;
+  if (!ReadOutcome(reply.body, o)) {
     std::printf("restore: HTTP %d: %s\n", reply.http.http_status, Esc(reply.raw).c_str());
     return 2;
   }
-  const std::string outcome = b.value("outcome", "");
-  std::printf("restore %s: %s\n", Esc(b.value("restore_id", "")).c_str(), Esc(outcome).c_str());
-  std::printf("reason: %s\n", Esc(b.value("reason", "")).c_str());
-  const nlohmann::json state = b.value("state", nlohmann::json::object());
-  std::printf("lifecycle: %s\n", Esc(state.value("lifecycle", "?")).c_str());
-  return outcome == "committed" ? 0 : 1;
+  std::printf("restore %s: %s\n", Esc(o.restore_id).c_str(), Esc(o.outcome).c_str());
+  std::printf("reason: %s\n", Esc(o.reason).c_str());
+  std::printf("lifecycle: %s\n", Esc(o.lifecycle).c_str());
+  return o.outcome == "committed" ? 0 : 1;
 }
 
 int Run(const Opts& o) {

@@ -556,11 +556,16 @@ Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& opti
   Status scanned = journal.Scan(1, options.until_seq,
                                 [&](const journal::Record& r) { return replayer.Visit(r); });
   if (!scanned.ok()) {
-    // A chain, decode or contiguity failure: report it with the seq the journal named.
-    report.ok = false;
-    report.error = scanned.ToString();
+    // A chain, decode or contiguity failure. The report keeps its first failure (seq and reason):
+    // one a record showed before the scan stopped stays, with the scan's appended as a note.
     report.read_failure = scanned.code();
-    if (report.first_bad_seq == 0) report.first_bad_seq = report.last_seq + 1;
+    if (report.ok) {
+      report.ok = false;
+      report.first_bad_seq = report.last_seq + 1;
+      report.error = scanned.ToString();
+    } else {
+      report.error += "; then the scan stopped: " + scanned.ToString();
+    }
   } else if (report.ok) {
     replayer.Finish();
   }

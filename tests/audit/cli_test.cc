@@ -4,7 +4,6 @@
 // journal holds.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -18,6 +17,7 @@
 #include "journal/journal.h"
 #include "replay/replay.h"
 #include "tests/audit/printable_json.h"
+#include "tests/audit/run_cli.h"
 #include "statemachine/text.h"
 #include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
@@ -27,30 +27,11 @@ namespace rc {
 namespace {
 
 namespace fs = std::filesystem;
+using cli_testing::CliRun;
+using cli_testing::RunCli;
 using journal::testing::EditRaw;
 using journal::testing::SeqKey;
 using journal::testing::TempDir;
-
-struct CliRun {
-  int exit_code = -1;  // -1: did not exit normally
-  std::string out;     // stdout, and stderr too with `with_stderr`
-};
-
-// Runs `rolloutcore ARGS` (each argument single-quoted: test paths hold no quote).
-CliRun RunCli(const std::vector<std::string>& args, bool with_stderr) {
-  std::string cmd = RC_TEST_ROLLOUTCORE_BIN;
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += with_stderr ? " 2>&1" : " 2>/dev/null";
-  CliRun run;
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
-  const int status = ::pclose(p);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
 
 std::vector<std::string> Lines(const std::string& s) {
   std::vector<std::string> out;
@@ -232,6 +213,77 @@ TEST(Cli, JsonLinesArePrintableAscii) {
     }
   }
   EXPECT_GT(round_trips, 0u) << "the engine's answer never parsed back as recorded";
+}
+
+// Proves `audit --engine URL` on a journal whose full scan meets damage (a record lost below the
+// last snapshot) prints the whole report, the unreadable trajectories among its journal
+// failures, and exits 3; catches the exit 2 with no report, when the journal's trajectories
+// could not be read and that was taken for a usage error.
+TEST(Cli, AuditWithAnEngineReportsADamagedJournalAsDamaged) {
+  TempDir dir;
+  WriteCrashedJournal(dir.path(), 20);
+  EditRaw(dir.path(), [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(6)).ok());
+  });
+  for (bool json : {false, true}) {
+    std::vector<std::string> args = {"audit", "--engine", "http://127.0.0.1:1", dir.path()};
+    if (json) args.push_back("--json");
+    const CliRun run = RunCli(args, /*with_stderr=*/!json);
+    EXPECT_EQ(run.exit_code, 3) << run.out;
+    if (json) {
+      const nlohmann::json verdict = nlohmann::json::parse(run.out, nullptr, false);
+      ASSERT_FALSE(verdict.is_discarded()) << run.out;
+      EXPECT_NE(verdict.dump().find("trajectories in the journal: "), std::string::npos) << run.out;
+      continue;
+    }
+    EXPECT_NE(run.out.find("audit FAILURE: trajectories in the journal: "), std::string::npos)
+        << run.out;
+    EXPECT_NE(run.out.find("seq 6 is missing"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("\naudit: JOURNAL DAMAGED"), std::string::npos) << run.out;
+  }
+}
+
+// Bootstrap + `admissions` admissions, never closed cleanly (the journal is stopped: its records
+// live in the WAL only), then the WAL cut 9 bytes into its last batch: a torn tail.
+void WriteTornJournal(const std::string& path, int admissions) {
+  fs::path wal;
+  std::uintmax_t before_last = 0;
+  {
+    journal::Options o;
+    o.snapshot_every = 0;
+    auto j = journal::Journal::Open(path, o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : journal::testing::BootstrapGroups()) {
+      ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+    }
+    for (const auto& e : fs::directory_iterator(path)) {
+      if (e.path().extension() == ".log") wal = e.path();
+    }
+    ASSERT_FALSE(wal.empty());
+    for (int i = 0; i < admissions; ++i) {
+      before_last = fs::file_size(wal);
+      ASSERT_TRUE((*j)->Append(journal::testing::Group(
+                                   {make_admission((*j)->state(), "r" + std::to_string(i))}))
+                      .ok());
+    }
+    (*j)->Stop(Status::Unavailable("stopped by the test: no clean close"));
+  }
+  fs::resize_file(wal, before_last + 9);
+}
+
+// Proves `audit --rollout ID --json` on a journal with a torn WAL tail prints exactly one JSON
+// document on stdout (the damage on stderr) and exits 3; catches the torn-tail line printed on
+// stdout after the JSON, which no JSON reader of stdout could parse.
+TEST(Cli, ProvenanceJsonOfATornJournalIsOneDocument) {
+  TempDir dir;
+  WriteTornJournal(dir.path(), 8);
+  const CliRun out = RunCli({"audit", "--rollout", "r0", "--json", dir.path()}, false);
+  EXPECT_EQ(out.exit_code, 3) << out.out;
+  const nlohmann::json p = nlohmann::json::parse(out.out, nullptr, false);
+  ASSERT_FALSE(p.is_discarded()) << out.out;
+  EXPECT_NE(out.out.find("\"r0\""), std::string::npos) << out.out;
+  const CliRun all = RunCli({"audit", "--rollout", "r0", "--json", dir.path()}, true);
+  EXPECT_NE(all.out.find("audit: JOURNAL DAMAGED: torn WAL tail"), std::string::npos) << all.out;
 }
 
 }  // namespace

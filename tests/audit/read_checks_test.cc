@@ -1,0 +1,188 @@
+// What audit and replay read must be vouched for (real RocksDB journals, no engine): a
+// rollout's provenance rests only on records that name it and that the hash chain covers; a
+// trajectories file is read line by line within the writer's bound, a read error reported;
+// replay's first failure stays the one it reports.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "audit/audit.h"
+#include "journal/codec.h"
+#include "journal/journal.h"
+#include "replay/replay.h"
+#include "service/trajectories.h"
+#include "tests/journal/raw_edit.h"
+#include "tests/journal/test_util.h"
+
+namespace rc {
+namespace {
+
+namespace fs = std::filesystem;
+using journal::testing::EditRaw;
+using journal::testing::SeqKey;
+using journal::testing::TempDir;
+
+// The reader's bound is the writer's: every line serve writes is read, nothing longer buffered.
+static_assert(audit::kTrajectoryLineBytesMax == service::kTrajectoryLineBytesMax);
+
+using Cf = std::vector<rocksdb::ColumnFamilyHandle*>;
+
+journal::Options ReadOnly() {
+  journal::Options o;
+  o.read_only = true;
+  o.create_if_missing = false;
+  return o;
+}
+
+// Bootstrap (seqs 1..4), then one group per step: "+id" admits a rollout, "-id" finishes it;
+// snapshots every 10; closed cleanly.
+void WriteJournal(const std::string& path, const std::vector<std::string>& steps) {
+  journal::Options o;
+  o.snapshot_every = 10;
+  auto j = journal::Journal::Open(path, o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (auto& g : journal::testing::BootstrapGroups()) {
+    ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+  }
+  for (const std::string& step : steps) {
+    const std::string id = step.substr(1);
+    const Event e = step[0] == '+' ? Event{make_admission((*j)->state(), id)}
+                                   : Event{RolloutFinished{id, RolloutOutcome::kCompleted, 1, 1}};
+    auto s = (*j)->Submit(e, 1700000000000);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*j)->Wait(s->ticket).ok());
+  }
+}
+
+Result<audit::RolloutProvenance> ProvenanceOf(const std::string& path, const std::string& id) {
+  auto j = journal::Journal::Open(path, ReadOnly());
+  if (!j.ok()) return j.status();
+  return audit::Provenance(**j, id);
+}
+
+// Proves a provenance whose rollout index names a record of another rollout (r0's finish filed
+// under r1) is Corruption naming both; catches the audit that took any admission or finish at
+// an indexed seq as the rollout's own, and showed r0's finish as r1's.
+TEST(Provenance, AnIndexedRecordOfAnotherRolloutIsCorruption) {
+  TempDir dir;
+  WriteJournal(dir.path(), {"+r0", "+r1", "-r0", "-r1"});  // seqs 5..8
+  ASSERT_TRUE(ProvenanceOf(dir.path(), "r1").ok());
+  EditRaw(dir.path(), [](rocksdb::DB& db, const Cf& cf) {  // index key: length, id, seq
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[2], std::string("\x02r1") + SeqKey(7), "").ok());
+  });
+  Result<audit::RolloutProvenance> p = ProvenanceOf(dir.path(), "r1");
+  ASSERT_FALSE(p.ok()) << "r1 finished at seq " << p->finished_seq;
+  EXPECT_EQ(p.status().code(), Code::kCorruption) << p.status().ToString();
+  EXPECT_NE(p.status().message().find("names seq 7 for 'r1' but the record there is "),
+            std::string::npos)
+      << p.status().message();
+  EXPECT_NE(p.status().message().find(" of 'r0'"), std::string::npos) << p.status().message();
+}
+
+// Proves a rollout's finish that was altered after the fact (valid bytes, so the chain breaks at
+// the next record, below the snapshot the open starts from) makes its provenance Corruption;
+// catches the audit that read the records past the admission without checking the chain and
+// showed the forged finish.
+TEST(Provenance, AForgedFinishPastTheAdmissionIsCorruption) {
+  TempDir dir;  // r1 admitted at 5, finished at 6; the snapshot at 10 covers both
+  WriteJournal(dir.path(), {"+r1", "-r1", "+r2", "+r3", "+r4", "+r5", "+r6"});
+  ASSERT_TRUE(ProvenanceOf(dir.path(), "r1").ok());
+  std::string stored;
+  EditRaw(dir.path(), [&](rocksdb::DB& db, const Cf& cf) {
+    ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[1], SeqKey(6), &stored).ok());
+  });
+  Result<journal::Record> finish = journal::DecodeRecord(stored);
+  ASSERT_TRUE(finish.ok());
+  finish->event = RolloutFinished{"r1", RolloutOutcome::kAborted, 1, 1};
+  journal::testing::OverwriteEvent(dir.path(), 6, journal::EncodeRecord(*finish));
+  Result<audit::RolloutProvenance> p = ProvenanceOf(dir.path(), "r1");
+  ASSERT_FALSE(p.ok()) << "showed the forged finish at seq " << p->finished_seq;
+  EXPECT_EQ(p.status().code(), Code::kCorruption) << p.status().ToString();
+  EXPECT_NE(p.status().message().find("hash chain broken"), std::string::npos)
+      << p.status().message();
+}
+
+// Proves a trajectories file that cannot be read (a directory: every read fails) is an IOError
+// and a line past the writer's bound is refused by its number, while a line of exactly the bound
+// is read; catches the loader that never checked the stream (an unreadable file read as "no
+// trajectories") and buffered a line of any length.
+TEST(Trajectories, ReadErrorsAndOverlongLinesAreReported) {
+  TempDir dir;
+  Result<std::vector<audit::Trajectory>> unreadable = audit::LoadTrajectories(dir.path());
+  ASSERT_FALSE(unreadable.ok()) << unreadable->size() << " trajectories from a directory";
+  EXPECT_EQ(unreadable.status().code(), Code::kIOError) << unreadable.status().ToString();
+  const std::string head = R"({"rollout_id":"r0","admission_seq":5,"pad":")";
+  std::string fits = head + std::string(audit::kTrajectoryLineBytesMax - head.size() - 2, 'x');
+  fits += "\"}";
+  ASSERT_EQ(fits.size(), audit::kTrajectoryLineBytesMax);
+  const std::string path = dir.sub("t.jsonl");
+  std::ofstream(path) << fits << "\n" << fits << "y\n";
+  Result<std::vector<audit::Trajectory>> loaded = audit::LoadTrajectories(path);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find(":2: a line longer than"), std::string::npos)
+      << loaded.status().message().substr(0, 200);
+  std::ofstream(path, std::ios::trunc) << fits << "\n";
+  loaded = audit::LoadTrajectories(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message().substr(0, 200);
+  EXPECT_EQ(loaded->size(), 1u);
+}
+
+// Re-encodes the records from `from` to `head` of a closed journal, each chained to the one
+// before, after `edit` changed record `from`; the head hash follows, the clean-close record
+// (which names the old head hash) goes: a forgery that keeps the chain whole.
+void RechainFrom(const std::string& path, std::uint64_t from, std::uint64_t head,
+                 const std::function<void(journal::Record&)>& edit) {
+  EditRaw(path, [&](rocksdb::DB& db, const Cf& cf) {
+    std::string bytes;
+    ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[1], SeqKey(from - 1), &bytes).ok());
+    journal::Hash prev = journal::Sha256(bytes);
+    for (std::uint64_t seq = from; seq <= head; ++seq) {
+      ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[1], SeqKey(seq), &bytes).ok());
+      Result<journal::Record> r = journal::DecodeRecord(bytes);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (seq == from) edit(*r);
+      r->prev_hash = prev;
+      bytes = journal::EncodeRecord(*r);
+      prev = journal::Sha256(bytes);
+      ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[1], SeqKey(seq), bytes).ok());
+    }
+    const std::string hash(reinterpret_cast<const char*>(prev.data()), prev.size());
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_hash", hash).ok());
+  });
+  fs::remove(path + "/CLOSED");
+}
+
+// Proves replay keeps its first failure (a decision naming the wrong cause at seq 4) when the
+// scan later stops on damage (seq 6 lost): the report names seq 4 and its reason, then the
+// damage, and says the read failed; catches the report that paired seq 4 with the reason of
+// seq 6.
+TEST(Replay, TheFirstFailureStaysTheReportedOne) {
+  TempDir dir;
+  std::vector<std::string> admissions;
+  for (int i = 0; i < 20; ++i) admissions.push_back("+r" + std::to_string(i));
+  WriteJournal(dir.path(), admissions);  // head 24, snapshots at 10 and 20
+  RechainFrom(dir.path(), 4, 24, [](journal::Record& r) { r.cause_seq = 2; });
+  EditRaw(dir.path(), [](rocksdb::DB& db, const Cf& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(6)).ok());
+  });
+  auto j = journal::Journal::Open(dir.path(), ReadOnly());
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  Result<replay::ReplayReport> report = replay::Replay(**j, replay::ReplayOptions{});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->ok);
+  EXPECT_EQ(report->first_bad_seq, 4u);
+  EXPECT_EQ(report->error.rfind("derived record names cause seq 2", 0), 0u) << report->error;
+  EXPECT_NE(report->error.find("then the scan stopped: "), std::string::npos) << report->error;
+  EXPECT_NE(report->error.find("seq 6 is missing"), std::string::npos) << report->error;
+  EXPECT_EQ(report->read_failure, Code::kCorruption);
+}
+
+}  // namespace
+}  // namespace rc
