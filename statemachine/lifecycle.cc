@@ -417,6 +417,13 @@ Status apply_one(State& s, const WakeRequested& e) {
 
 Status apply_one(State& s, const RecoveryStarted& e) {
   RC_RETURN_IF_ERROR(check_id("executor_id", e.executor_id));
+  // A wake-up of a sleeper's weights whose answer was lost may have run: the plan's end must not
+  // record them asleep (refuse() reads weights_awake as "woken, or possibly").
+  if (s.lifecycle == Lifecycle::kUpdating && s.in_flight &&
+      s.in_flight->kind == EffectKind::kWake && s.in_flight->wake == WakeTag::kWeights &&
+      s.update->from_sleep) {
+    s.update->weights_awake = true;
+  }
   // The in-flight attempt (if any) is spent; idempotent steps are redone from their start.
   s.in_flight.reset();
   s.attempts = 0;
@@ -785,7 +792,14 @@ Status apply_one(State& s, const TrajectoryRecorded& e) { return check_binding(s
 // ambiguous restart) needs the transfer intent durable; a no-mutation restart or a failed wake-up
 // needs it absent; a wake-up alone leaves only once the weights answered awake. A forged
 // UPDATING -> INVALIDATING without the intent used to be accepted and later aborted the fold.
-Status check_updating_exit(const UpdatePlan& u, Cause c) {
+Status check_updating_exit(const UpdatePlan& u, const StateChanged& e) {
+  const Cause c = e.cause;
+  // A plan from sleep refused after the weights were woken (or may have been) taints as a failed
+  // wake-up, with or without a transfer intent: the engine does not sleep as recorded.
+  if (c == Cause::kWakeFailed && e.to == Lifecycle::kTainted && u.from_sleep && u.weights_awake &&
+      !u.restore) {
+    return Status::OK();
+  }
   const bool intent_needed = is_transfer_cause(c);
   const bool intent_forbidden = c == Cause::kRecoveredNoMutation || c == Cause::kWakeFailed;
   if ((intent_needed && !u.transfer_started) || (intent_forbidden && u.transfer_started)) {
@@ -861,7 +875,7 @@ Status check_state_changed(const State& s, const StateChanged& e) {
       e.cause != Cause::kValidated) {
     return Status::Rejected("a refused restore resumed the TAINTED engine");
   }
-  if (e.from == Lifecycle::kUpdating) RC_RETURN_IF_ERROR(check_updating_exit(*s.update, e.cause));
+  if (e.from == Lifecycle::kUpdating) RC_RETURN_IF_ERROR(check_updating_exit(*s.update, e));
   if (!engine_taint && s.update.has_value()) RC_RETURN_IF_ERROR(check_plan_kind(*s.update, e));
   if (e.to == Lifecycle::kQuiesced && !s.active.empty()) {
     return Status::Rejected("QUIESCED with active rollouts");
@@ -1009,11 +1023,20 @@ void taint(const State& s, Cause cause, std::string detail, std::vector<Event>& 
 
 // A failure proven to precede mutation: an update resumes on the old version; a restore ends
 // refused and the engine stays TAINTED (its weights were never proven).
-// A plan from a sleeping engine ends refused and the engine sleeps on, as it was.
+// A plan from a sleeping engine ends refused and the engine sleeps on, as it was, unless its
+// weights were woken (or may have been): they hold device memory the trainer was told is free,
+// and the engine sleeps no more as recorded. That is TAINTED (a restore wakes and proves it).
 void refuse(const State& s, Cause cause, std::string detail, std::vector<Event>& out) {
   const UpdatePlan& u = *s.update;
   if (!u.restore && !u.from_sleep) {
     out.push_back(change(s, Lifecycle::kResuming, cause, std::move(detail)));
+    return;
+  }
+  if (!u.restore && u.weights_awake) {
+    taint(s, Cause::kWakeFailed,
+          std::string("refused (") + cause_name(cause) +
+              ") after the weights were woken, or may have been: not asleep as recorded: " + detail,
+          out);
     return;
   }
   out.push_back(UpdateEnded{u.update_id, UpdateOutcome::kRefused, detail});

@@ -282,8 +282,11 @@ TEST(Colocated, ARestoresFailedWakeUpLeavesItTaintedAndAsleep) {
 }
 
 // Refusals before the weights may change leave the engine asleep (preflight refused, the wake of
-// the weights refused, a transfer proven unsent, an executor restart before the transfer intent);
-// ambiguous ones taint; catches a refused colocated update that resumes a sleeping engine.
+// the weights refused) while nothing woke them; once the weights were woken, or may have been (a
+// transfer proven unsent after the wake, an executor restart after the wake's intent or answer),
+// the engine is not asleep as recorded and taints as a failed wake-up; ambiguous ones taint.
+// Catches a refused colocated update that resumes a sleeping engine, and one recorded asleep
+// while its weights hold the device memory the trainer was told is free.
 TEST(Colocated, RefusalsLeaveTheEngineAsleepAmbiguityTaints) {
   {
     SleepDriver d;
@@ -316,7 +319,8 @@ TEST(Colocated, RefusalsLeaveTheEngineAsleepAmbiguityTaints) {
     d.woken(WakeTag::kWeights);
     d.effect(EffectKind::kTransfer);
     d.ok(TransferObserved{false, MutationClass::kNone, 0, 0, 10, "", "refused"});
-    EXPECT_EQ(d.s.lifecycle, Lifecycle::kSleeping);
+    EXPECT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+    EXPECT_EQ(d.s.taint->cause, Cause::kWakeFailed);
     EXPECT_EQ(d.s.sleep_level, 1);
     expect_history_ok(d);
   }
@@ -326,6 +330,27 @@ TEST(Colocated, RefusalsLeaveTheEngineAsleepAmbiguityTaints) {
     d.sleep(1);
     d.update_to_updating("rc-1");
     d.woken(WakeTag::kWeights);
+    d.ok(RecoveryStarted{"exec-2"});
+    EXPECT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+    EXPECT_EQ(d.s.taint->cause, Cause::kWakeFailed);
+    expect_history_ok(d);
+  }
+  {
+    SleepDriver d;  // the executor died with the wake's intent durable, its answer lost
+    d.start();
+    d.sleep(1);
+    d.update_to_updating("rc-1");
+    d.wake_effect(WakeTag::kWeights);
+    d.ok(RecoveryStarted{"exec-2"});
+    EXPECT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+    EXPECT_EQ(d.s.taint->cause, Cause::kWakeFailed);
+    expect_history_ok(d);
+  }
+  {
+    SleepDriver d;  // a restart before the wake's intent: nothing woke them
+    d.start();
+    d.sleep(1);
+    d.update_to_updating("rc-1");
     d.ok(RecoveryStarted{"exec-2"});
     EXPECT_EQ(d.s.lifecycle, Lifecycle::kSleeping);
     expect_history_ok(d);
