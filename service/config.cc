@@ -9,6 +9,7 @@
 #include <set>
 
 #include "effects/http/response_parsers.h"
+#include "service/upstream.h"
 #include "statemachine/events.h"
 #include "statemachine/text.h"
 
@@ -692,6 +693,17 @@ bool IsEngineName(const std::string& name) {
   });
 }
 
+// One engine's URL however it is spelled: the host's case, a default port and trailing slashes
+// do not name another engine. (Two names of one host are caught at start, by the process.)
+std::string EngineUrlKey(const std::string& url) {
+  Result<UpstreamTarget> t = ParseEngineUrl(url);
+  if (!t.ok()) return url;
+  std::string host = t->host;
+  std::transform(host.begin(), host.end(), host.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return host + ":" + std::to_string(t->port) + t->base_path;
+}
+
 Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names,
                         std::set<std::string>& urls) {
   if (!IsEngineName(e.name)) {
@@ -703,7 +715,7 @@ Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names
     return Status::InvalidArgument("engines: the name '" + e.name + "' is given twice");
   }
   RC_RETURN_IF_ERROR(CheckEngineUrl("engines['" + e.name + "'].engine_url", e.engine_url));
-  if (!urls.insert(e.engine_url).second) {
+  if (!urls.insert(EngineUrlKey(e.engine_url)).second) {
     return Status::InvalidArgument("engines: '" + e.name +
                                    "' has the engine_url of another "
                                    "engine; two runners would drive one engine");

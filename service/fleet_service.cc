@@ -155,6 +155,7 @@ Result<std::string> JoinDigest(effects::EngineClient& client, const std::string&
 Status Service::InitFleet() {
   RC_CHECK(is_fleet() && journal_ != nullptr && fleet_runner_ == nullptr);
   RC_RETURN_IF_ERROR(OpenFleetMembers());
+  RC_RETURN_IF_ERROR(CheckMembersAreDistinctEngines());
   MakeFleetRunner();
   std::lock_guard<std::timed_mutex> lock(update_mu_);
   RC_RETURN_IF_ERROR(JoinFleet());
@@ -180,6 +181,26 @@ Status Service::InitFleet() {
         [this, target = MonitorTarget{name, *m->client, m->watch}] { MonitorLoop(target); });
   }
   RC_CHECK(fleet_members_.size() == config_.engines.size() && !rollout_prefix_.empty());
+  return Status::OK();
+}
+
+// Two members that reach one engine process (URLs that differ only in spelling, or two names of
+// one host) would have two runners pause, load and resume it under each other's rollouts. The
+// worker extension's nonces name a process; a process start time ("start:...") does not (two
+// engines launched together share one), so only the former are compared.
+Status Service::CheckMembersAreDistinctEngines() {
+  std::map<std::string, std::string> member_of_instance;
+  for (auto& [name, m] : fleet_members_) {
+    if (m->retire) continue;
+    const std::string instance = m->client->Instance();
+    if (instance.empty() || instance.rfind("start:", 0) == 0) continue;
+    auto [it, fresh] = member_of_instance.emplace(instance, name);
+    if (!fresh) {
+      return Status::InvalidArgument(
+          "engines '" + it->second + "' and '" + name + "' reach one engine process (instance '" +
+          text::escape_line(instance) + "'): two runners would drive one engine");
+    }
+  }
   return Status::OK();
 }
 

@@ -369,6 +369,23 @@ Status apply_one(FleetState& f, const EngineRemoved& r) {
   return Status::OK();
 }
 
+// Generations number labels by first serve. A label served before, older than the newest by more
+// than staleness_max, would leave every engine it reaches admitting nothing while another holds
+// the newest: a rolling update back to it could never finish (min_serving), and any member that
+// fails leaves the others out of service. A rollback is an update under a new label.
+Status check_not_behind(const FleetState& f, const std::string& label) {
+  const auto g = f.label_generation.find(label);
+  const std::optional<std::uint64_t> newest = newest_held_generation(f);
+  if (g == f.label_generation.end() || !newest || g->second + f.policy.staleness_max >= *newest) {
+    return Status::OK();
+  }
+  return Status::Rejected("label '" + label + "' is generation " + std::to_string(g->second) +
+                          ", older than the fleet's newest " + std::to_string(*newest) +
+                          " by more than staleness_max " + std::to_string(f.policy.staleness_max) +
+                          ": the engines it reached would admit nothing; roll back under a new "
+                          "label (the same identity is allowed)");
+}
+
 Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
   RC_RETURN_IF_ERROR(check_id("update_id", r.update_id));
   RC_RETURN_IF_ERROR(check_id("target_label", r.target_label));
@@ -387,6 +404,7 @@ Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
   if (f.update) {
     return Status::Rejected("fleet update '" + f.update->request.update_id + "' is in flight");
   }
+  RC_RETURN_IF_ERROR(check_not_behind(f, r.target_label));
   return check_fleet_label(f, r.target_label, r.identity);
 }
 

@@ -815,6 +815,21 @@ TEST(FleetServe, OneEngineRoutesAndBadRequestsChangeNothing) {
   EXPECT_EQ(f.svc->journal().head_seq(), head);
 }
 
+// Proves two members that reach one engine process under two host names are refused at start,
+// before anything is journaled; catches two runners pausing, loading and resuming one engine
+// under each other's rollouts (a rolling update then changes the weights of a serving member).
+TEST(FleetServe, TwoNamesOfOneEngineAreRefusedAtStart) {
+  FleetStack f(1);
+  ServeConfig c = f.Config();
+  c.journal_path = (f.dir / "other-journal").string();
+  c.engines.push_back({"alias", "http://localhost:" + std::to_string(f.engines[0]->port())});
+  ASSERT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+  auto opened = Service::Open(c);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_NE(opened.status().message().find("one engine process"), std::string::npos)
+      << opened.status().ToString();
+}
+
 // Proves the configuration of a fleet is checked before anything opens: one engine and a fleet
 // together, duplicate or malformed names, NCCL for a fleet, a one-engine journal served as a fleet
 // and a fleet journal served as one engine; catches a configuration that would drive engines the
@@ -830,6 +845,11 @@ TEST(FleetServe, ConfigurationIsCheckedBeforeAnythingOpens) {
   EXPECT_FALSE(ValidateConfig(c).ok());
   c.engines = {{"a", "http://127.0.0.1:1"}, {"b", "http://127.0.0.1:1"}};
   EXPECT_NE(ValidateConfig(c).message().find("engine_url of another"), std::string::npos);
+  c.engines = {{"a", "http://Engine-1:80/"},
+               {"b", "http://engine-1"}};  // one engine, spelled twice
+  EXPECT_NE(ValidateConfig(c).message().find("engine_url of another"), std::string::npos);
+  c.engines = {{"a", "http://127.0.0.1:1/v1"}, {"b", "http://127.0.0.1:1/v2"}};
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
   c.engines = {{"a", "http://127.0.0.1:1"}, {"b", "http://127.0.0.1:2"}};
   c.fleet_min_serving = 2;
   EXPECT_NE(ValidateConfig(c).message().find("fleet_min_serving"), std::string::npos);

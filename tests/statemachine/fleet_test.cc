@@ -289,6 +289,29 @@ TEST(Fleet, AMemberWhoseLastAttemptSucceedsIsNotStalled) {
   EXPECT_EQ(d.refold(), d.f);
 }
 
+// A fleet update back to a label older than the newest by more than staleness_max is refused,
+// and the same weights under a new label are taken. Catches a rollback that, under staleness 0,
+// left every engine it reached admitting nothing: a rolling one could never finish (min_serving
+// refused the last member) and the fleet ended serving only the version rolled back from.
+TEST(Fleet, ARollbackIsAnUpdateUnderANewLabel) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const FleetUpdateRequested u1 = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  d.ok(FleetEvent{"", u1});
+  for (const char* e : {"a", "b"}) {
+    d.ok(e, d.member_update(u1));
+    d.run_update(e);
+  }
+  ASSERT_FALSE(d.f.update.has_value());
+  FleetUpdateRequested back = d.fleet_update("u2", FleetUpdateMode::kRolling, "rc-0");
+  back.identity = identity('a');  // rc-0's weights
+  const Status st = d.rejected(FleetEvent{"", back});
+  EXPECT_EQ(st.code(), Code::kRejected);
+  EXPECT_NE(st.message().find("new label"), std::string::npos) << st.message();
+  back.target_label = "rc-0-again";
+  d.ok(FleetEvent{"", back});
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // After the fleet update ended without it, a stalled member's plan goes on alone once a restart
 // retries it, and ends on its own evidence (here: committed, publishing the target); a stalled
 // member takes no place in a rolling batch, even when a restart retries it while another member
