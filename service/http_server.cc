@@ -128,6 +128,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void StartStream(std::uint64_t serial, HttpResponse head, Exchange::WriteDone done);
   void Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone done);
   void End(std::uint64_t serial, std::string last_bytes);
+  void AbandonWrite(std::uint64_t serial);
   void WatchClient(std::uint64_t serial, std::function<void()> on_gone);
   const Strand& strand() const { return strand_; }
   HttpServer& server() const { return server_; }
@@ -192,6 +193,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<bhttp::response<bhttp::empty_body>> stream_head_;
   std::unique_ptr<bhttp::response_serializer<bhttp::empty_body>> stream_sr_;
   std::string out_chunk_;
+  bool chunk_write_pending_ = false;  // a chunk's write waits on the client
 
   // Client watch: a read of the socket while the handler works (watch_buf_ is its only buffer).
   std::array<char, kReadChunkBytes> watch_buf_{};
@@ -420,9 +422,11 @@ void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::Wri
 void Session::WriteChunk(std::string bytes, std::function<void(beast::error_code)> then) {
   out_chunk_ = std::move(bytes);
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
+  chunk_write_pending_ = true;
   asio::async_write(
       socket_, bhttp::make_chunk(asio::buffer(out_chunk_)),
       [self = shared_from_this(), then = std::move(then)](beast::error_code ec, std::size_t) {
+        self->chunk_write_pending_ = false;
         self->Disarm();
         if (self->Expired(Phase::kWrite)) {
           self->server_.mutable_counters().write_timeouts++;
@@ -458,6 +462,12 @@ void Session::End(std::uint64_t serial, std::string last_bytes) {
   };
   if (last_bytes.empty()) return finish(beast::error_code());
   WriteChunk(std::move(last_bytes), std::move(finish));
+}
+
+// A chunk's write that waits on a client who stopped reading ends only at write_timeout_ms: a
+// shutdown that must end the stream now closes the connection, and the write fails at once.
+void Session::AbandonWrite(std::uint64_t serial) {
+  if (Live(serial) && chunk_write_pending_) Close();
 }
 
 void Session::WatchClient(std::uint64_t serial, std::function<void()> on_gone) {
@@ -583,6 +593,11 @@ void Exchange::Write(std::string bytes, WriteDone done) {
 void Exchange::End(std::string last_bytes) {
   RC_CHECK(session_->strand().running_in_this_thread());
   session_->End(serial_, std::move(last_bytes));
+}
+
+void Exchange::AbandonWrite() {
+  RC_CHECK(session_->strand().running_in_this_thread());
+  session_->AbandonWrite(serial_);
 }
 
 void Exchange::WatchClient(std::function<void()> on_gone) {

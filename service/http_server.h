@@ -105,6 +105,8 @@ class Exchange {
   void StartStream(HttpResponse head, WriteDone done);
   void Write(std::string bytes, WriteDone done);
   void End(std::string last_bytes);
+  // A Write that waits on the client fails now (the connection closes); no-op otherwise.
+  void AbandonWrite();
   // `on_gone` runs (once, on the executor) if the client closes its connection before the
   // exchange ended. Watching reads the socket; bytes that arrive meanwhile are kept.
   void WatchClient(std::function<void()> on_gone);

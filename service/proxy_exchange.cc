@@ -466,6 +466,9 @@ void ProxyExchange::UpstreamDone() {
   const unsigned status = parser_->get().result_int();
   const bool keep = parser_->keep_alive();
   ReleaseUpstream(keep);
+  // A client that left while the engine's last bytes arrived stopped the stream's parsing: what
+  // it took is not the whole answer, so the rollout is aborted, never completed on a cut trace.
+  if (client_gone_) return Abort("client disconnected");
   if (stream_ && Is2xx(status)) {
     HttpEvidence ev;
     sse_.Finish(ev);
@@ -584,9 +587,12 @@ void ProxyExchange::OnClientGone() {
   CloseUpstream();  // the engine sees the disconnect and aborts the generation
 }
 
+// Shutdown's cancel ends the rollout now: the engine request closes, and a write that waits on a
+// client who stopped reading fails (else it would end only at write_timeout_ms, past the settle).
 void ProxyExchange::Cancel() {
   cancelled_ = true;
   CloseUpstream();
+  ex_.AbandonWrite();
 }
 
 void ProxyExchange::ReleaseUpstream(bool reusable) {

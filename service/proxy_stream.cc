@@ -258,8 +258,11 @@ AddedFields AddTraceFields(ProxyRoute route, bool stream, json& body) {
     body["return_token_ids"] = true;
     if (stream) {
       json& so = body["stream_options"];
+      // As vLLM reads it: with stream_options given, include_usage defaults to true.
+      const bool asked =
+          so.is_object() && (!so.contains("include_usage") || so["include_usage"] == json(true));
       if (!so.is_object()) so = json::object();
-      added.usage = !(so.value("include_usage", json(false)) == json(true));
+      added.usage = !asked;
       so["include_usage"] = true;
     }
   }

@@ -10,6 +10,9 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -519,6 +522,66 @@ TEST(ConnectionGate, HeadHasNoBodyAndAnotherMethodIs405) {
   bodiless("HEAD /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404);
   bodiless("POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", 405);
   EXPECT_TRUE(http.Stop(5000));
+}
+
+// Proves AbandonWrite ends a chunk's write that waits on a client who stopped reading: the write
+// completes undelivered at once, not at write_timeout_ms (here ten minutes). Catches a shutdown
+// whose cancel could not end a stream to a stalled client: the rollout stayed unfinished past the
+// settle window and serve exited without closing its journal.
+TEST(ConnectionGate, AnAbandonedWriteToAStalledClientEndsAtOnce) {
+  HttpServerOptions o = OneLoop();
+  o.write_timeout_ms = 600000;
+  std::atomic<bool> undelivered{false};
+  std::atomic<int> writes{0};
+  std::mutex mu;
+  std::optional<Exchange> held;
+  std::vector<std::shared_ptr<std::function<void(bool)>>> pumps;  // each outlives its handler
+  HttpRouter r;
+  r.Async(bhttp::verb::get, "/flood", [&](Exchange ex) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      held = ex;
+    }
+    auto pump = std::make_shared<std::function<void(bool)>>();
+    *pump = [ex, weak = std::weak_ptr<std::function<void(bool)>>(pump), &undelivered,
+             &writes](bool delivered) mutable {
+      if (!delivered) {
+        undelivered = true;
+        return;
+      }
+      writes++;
+      if (auto next = weak.lock()) ex.Write(std::string(64 << 10, 'x'), *next);
+    };
+    ex.StartStream(MakeResponse(200, "", "text/plain"), *pump);
+    std::lock_guard<std::mutex> g(mu);
+    pumps.push_back(pump);
+  });
+  HttpServer http(o, std::move(r));
+  const int port = StartOrDie(http);
+  const int fd = connect_loopback(port);
+  const std::string req = "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  // The client reads nothing: the socket buffers fill and one write stays pending.
+  int seen = -1;
+  for (int i = 0; i < 200 && seen != writes.load(); ++i) {
+    seen = writes.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(undelivered.load());
+  {
+    std::lock_guard<std::mutex> g(mu);
+    ASSERT_TRUE(held.has_value());
+    held->Post([ex = *held]() mutable { ex.AbandonWrite(); });
+  }
+  for (int i = 0; i < 500 && !undelivered.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(undelivered.load()) << "the pending write did not end";
+  ::close(fd);
+  EXPECT_TRUE(http.Stop(5000));
+  std::lock_guard<std::mutex> g(mu);
+  held.reset();  // the session goes before its server
+  pumps.clear();
 }
 
 // Proves the bodies all connections hold share one budget, counted as the bytes arrive: while one

@@ -155,6 +155,27 @@ TEST(ProxyStreamEvents, AddedFieldsAreStrippedAfterTheTraceTookThem) {
   EXPECT_TRUE(PassChunk(t, usage, AddedFields{.token_ids = true}).has_value());
 }
 
+// Proves the proxy reads a client's stream_options as vLLM does: given as an object, it asks for
+// usage unless include_usage is false (or null); absent, it does not. Catches usage removed from
+// streams whose client asked for it through vLLM's default ({} or continuous_usage_stats alone).
+TEST(ProxyStreamEvents, UsageIsTheClientsAsVllmReadsStreamOptions) {
+  auto usage_added = [](const char* options) {
+    json body = json::parse(
+        std::string(R"({"prompt": "a", "stream": true)") +
+        (options[0] == '\0' ? "" : std::string(", \"stream_options\": ") + options) + "}");
+    const AddedFields added = AddTraceFields(ProxyRoute::kCompletions, true, body);
+    EXPECT_EQ(body["stream_options"]["include_usage"], json(true)) << options;
+    return added.usage;
+  };
+  EXPECT_TRUE(usage_added(""));
+  EXPECT_TRUE(usage_added("null"));
+  EXPECT_FALSE(usage_added("{}"));
+  EXPECT_FALSE(usage_added(R"({"continuous_usage_stats": true})"));
+  EXPECT_FALSE(usage_added(R"({"include_usage": true})"));
+  EXPECT_TRUE(usage_added(R"({"include_usage": false})"));
+  EXPECT_TRUE(usage_added(R"({"include_usage": null})"));
+}
+
 // Proves which requests get the sampled tokens' logprobs added, per route, in the form vLLM
 // 0.25.1 reads, and that a client's own logprobs request (or one the engine must refuse) is left
 // as written; would catch the proxy overriding a client's top-k, adding prompt logprobs through
