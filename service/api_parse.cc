@@ -11,6 +11,7 @@
 #include "service/http_util.h"
 #include "statemachine/fleet.h"
 #include "statemachine/hex.h"
+#include "statemachine/state.h"
 #include "statemachine/text.h"
 
 namespace rc::service {
@@ -18,6 +19,18 @@ namespace rc::service {
 using nlohmann::json;
 
 namespace {
+
+// A plan's id or label, checked as the fold checks it (1..kIdBytesMax bytes of printable UTF-8)
+// before anything waits on the plan slot: a malformed one is 400 at once, never a 409 because
+// another plan runs.
+Result<std::string> GetId(const json& body, const char* key) {
+  auto v = GetString(body, key, true);
+  if (!v.ok()) return v.status();
+  if (Status st = check_id(key, *v); !st.ok()) {
+    return Status::InvalidArgument("'" + std::string(key) + "': " + st.message());
+  }
+  return v;
+}
 
 constexpr std::size_t kSourceEchoBytesMax = 64;  // an unknown scheme is quoted at most this long
 
@@ -97,10 +110,10 @@ Result<UpdateRequested> ParseUpdate(const json& body, SourceReader reader) {
   RC_RETURN_IF_ERROR(
       OnlyFields(body, {"update_id", "target_label", "identity", "source", "expected_digest"}, ""));
   UpdateRequested r;
-  auto id = GetString(body, "update_id", true);
+  auto id = GetId(body, "update_id");
   if (!id.ok()) return id.status();
   r.update_id = *id;
-  auto label = GetString(body, "target_label", true);
+  auto label = GetId(body, "target_label");
   if (!label.ok()) return label.status();
   r.target_label = *label;
   auto source = GetString(body, "source", true);
@@ -189,10 +202,10 @@ Result<bool> GetAdopt(const json& body) {
 Result<RestoreRequested> ParseRestore(const json& body, SourceReader reader) {
   RC_RETURN_IF_ERROR(OnlyFields(body, {"restore_id", "label", "source", "adopt"}, ""));
   RestoreRequested r;
-  auto id = GetString(body, "restore_id", true);
+  auto id = GetId(body, "restore_id");
   if (!id.ok()) return id.status();
   r.restore_id = *id;
-  auto label = GetString(body, "label", true);
+  auto label = GetId(body, "label");
   if (!label.ok()) return label.status();
   r.label = *label;
   auto adopt = GetAdopt(body);
@@ -221,7 +234,7 @@ Result<SleepRequested> ParseSleepBody(const std::string& req_body) {
   auto body = ParseObject(req_body, false);
   if (!body.ok()) return body.status();
   RC_RETURN_IF_ERROR(OnlyFields(*body, {"sleep_id", "level"}, ""));
-  auto id = GetString(*body, "sleep_id", true);
+  auto id = GetId(*body, "sleep_id");
   if (!id.ok()) return id.status();
   auto level = GetInt(*body, "level", 0, 1, kSleepLevelMax);
   if (!level.ok()) return level.status();
@@ -237,7 +250,7 @@ Result<WakeRequested> ParseWakeBody(const std::string& req_body) {
   auto body = ParseObject(req_body, false);
   if (!body.ok()) return body.status();
   RC_RETURN_IF_ERROR(OnlyFields(*body, {"wake_id"}, ""));
-  auto id = GetString(*body, "wake_id", true);
+  auto id = GetId(*body, "wake_id");
   if (!id.ok()) return id.status();
   return WakeRequested{*id};
 }

@@ -124,7 +124,7 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
   }
   if (!FleetSourceChecked(*request, res)) return;
   std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res)) return;
+  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res, request->update_id)) return;
   if (RefusedFailStopped(res)) return;  // it may have fail-stopped while we read the source
   SetRunningUpdate(request->update_id);
   spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),

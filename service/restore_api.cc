@@ -39,7 +39,7 @@ void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
   }
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.restores_conflict, res)) return;
+  if (!TookUpdateSlot(lock, metrics_.restores_conflict, res, request->restore_id)) return;
   if (RefusedFailStopped(res) || !RestoreSourceUsable(*request, res)) return;
   RunRestore(*request, res);
 }

@@ -348,7 +348,11 @@ class Service {
                          const UpdateEnded& ended, bool replayed);
   void SendOutcome(HttpResponse& res, nlohmann::json out, const UpdateEnded& ended, bool replayed);
   [[nodiscard]] bool TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
-                                    std::atomic<std::uint64_t>& conflicts, HttpResponse& res);
+                                    std::atomic<std::uint64_t>& conflicts, HttpResponse& res,
+                                    const std::string& id);
+  bool RunningPlanIs(const std::string& id);
+  // How long a retry of the plan that holds the slot waits for it (then 409).
+  static constexpr std::uint64_t kSamePlanSlotWaitMs = 5000;
   // HandleUpdate's steps (trainer_api.cc).
   bool RefusedFailStopped(HttpResponse& res);
   // Retry-After on a 503: retry_after_s, at least 1 s.
@@ -392,6 +396,7 @@ class Service {
   bool is_fleet() const { return !config_.engines.empty(); }
   [[nodiscard]] Status InitFleet();
   [[nodiscard]] Status OpenFleetMembers();
+  [[nodiscard]] Status CheckMembersAreDistinctEngines();
   [[nodiscard]] Status OpenFleetMember(const FleetEngineConfig& engine, std::size_t index);
   [[nodiscard]] Status MakeMemberTransfer(FleetMember& member, std::size_t index);
   [[nodiscard]] Status InitNcclTransfers();

@@ -68,7 +68,7 @@ void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
                         &metrics_.sleeps_tainted, &metrics_.sleeps_conflict}};
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.sleeps_conflict, res)) return;
+  if (!TookUpdateSlot(lock, metrics_.sleeps_conflict, res, request->sleep_id)) return;
   if (RefusedFailStopped(res)) return;
   RunSameVersion(plan, res);
 }
@@ -89,7 +89,7 @@ void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
                         &metrics_.wakes_conflict}};
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.wakes_conflict, res)) return;
+  if (!TookUpdateSlot(lock, metrics_.wakes_conflict, res, request->wake_id)) return;
   if (RefusedFailStopped(res)) return;
   RunSameVersion(plan, res);
 }

@@ -181,20 +181,39 @@ void Service::SendOutcome(HttpResponse& res, json out, const UpdateEnded& ended,
 
 // The one slot for an update or a restore: 503 while shutting down, 409 while another runs
 // (counted in `conflicts`). The lock is held by the caller until it answered.
+// The plan slot, or 409 naming the plan that holds it. A retry of the very plan that holds it
+// (its first answer lost, or its stalled retry finishing) waits for it a bounded while: the caller
+// then answers its recorded outcome rather than a conflict with itself.
 bool Service::TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
-                             std::atomic<std::uint64_t>& conflicts, HttpResponse& res) {
+                             std::atomic<std::uint64_t>& conflicts, HttpResponse& res,
+                             const std::string& id) {
   RC_CHECK(!lock.owns_lock());
   if (shutting_down_.load()) {
     SendError(res, 503, "shutting_down", "the executor is shutting down");
     return false;
   }
   lock = std::unique_lock<std::timed_mutex>(update_mu_, std::try_to_lock);
+  if (!lock.owns_lock() && RunningPlanIs(id)) {
+    lock = std::unique_lock<std::timed_mutex>(update_mu_,
+                                              std::chrono::milliseconds(kSamePlanSlotWaitMs));
+  }
   if (lock.owns_lock()) return true;
   conflicts++;
+  if (shutting_down_.load()) {
+    SendError(res, 503, "shutting_down", "the executor is shutting down");
+    return false;
+  }
   std::lock_guard<std::mutex> g(update_id_mu_);
-  SendError(res, 409, "conflict",
-            "'" + running_update_id_ + "' is running; one update or restore at a time");
+  SendError(
+      res, 409, "conflict",
+      (running_update_id_.empty() ? std::string("another plan") : "'" + running_update_id_ + "'") +
+          " is running; one update or restore at a time");
   return false;
+}
+
+bool Service::RunningPlanIs(const std::string& id) {
+  std::lock_guard<std::mutex> g(update_id_mu_);
+  return !id.empty() && running_update_id_ == id;
 }
 
 std::uint64_t Service::UpdatesRequested() const {
@@ -268,7 +287,7 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
   if (!SourceUsable(*request, res)) return;
   std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res)) return;
+  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res, request->update_id)) return;
   // It may have ended while we waited for the lock.
   if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
   RunUpdate(*request, res);

@@ -285,6 +285,52 @@ TEST(TrustApi, WaitingAdmissionsLeaveThreadsForLeaseRenewals) {
   EXPECT_EQ(update_status, 200);
 }
 
+// Proves a restore after the engine restarted initializes the new process's transfer engine, and
+// commits. Catches a transfer initialized once per serve process: every restore after an engine
+// restart sent its weights to a process with no transfer engine, tainting it again until serve
+// itself restarted.
+TEST(TrustEngine, ARestoreAfterAnEngineRestartInitializesItsTransferAgain) {
+  Stack s;
+  httplib::Client c = s.client();
+  auto u = c.Post("/v1/updates", auth(), update_body("u1", "rc-1", 1).dump(), "application/json");
+  ASSERT_TRUE(u && u->status == 200) << (u ? u->body : "no answer");
+  ASSERT_TRUE(s.RestartEngine());
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 15000));
+  const json body = {{"restore_id", "r1"}, {"label", "rc-1"}, {"source", "synthetic:4x64:1"}};
+  auto r = c.Post("/v1/restores", auth(), body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kReady);
+}
+
+// Proves a malformed plan id is a bad request at once, even while another plan holds the slot:
+// 400, counted as a bad request, nothing journaled. Catches ids checked only by the fold, after
+// the slot: a 409 ("another plan runs") for a request that could never run.
+TEST(TrustApi, AMalformedPlanIdIsRefusedBeforeThePlanSlot) {
+  Stack s;
+  httplib::Client c = s.client();
+  auto held = c.Post("/v1/rollouts", auth(), R"({"rollout_id": "held"})", "application/json");
+  ASSERT_TRUE(held && held->status == 201);
+  std::thread trainer([&] {
+    (void)s.client().Post("/v1/updates", auth(), update_body("u1", "rc-1", 1).dump(),
+                          "application/json");
+  });
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; }, 5000));
+  const std::uint64_t events = s.svc->journal().state().counters.events;
+  const std::uint64_t bad = s.svc->metrics().bad_requests.load();
+  auto r =
+      c.Post("/v1/updates", auth(),
+             update_body(std::string(kIdBytesMax + 1, 'x'), "rc-2", 2).dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(s.svc->metrics().bad_requests.load(), bad + 1);
+  EXPECT_EQ(s.svc->journal().state().counters.events, events);
+  ASSERT_TRUE(c.Delete("/v1/rollouts/held", auth()));
+  trainer.join();
+}
+
 // Proves a client cannot take an id of the kind serve generates ("px-..."), through the trainer
 // API or the proxy's rollout-id header, and that the refusal journals nothing. Catches clients
 // claiming the ids serve is about to give others (every answer shows one), which turned every
