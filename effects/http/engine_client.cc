@@ -825,4 +825,10 @@ ResumeObserved EngineClient::Resume() {
   return out;
 }
 
+bool EngineRestarted(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms) {
+  if (instance.empty()) return false;
+  const std::string now = client.Instance(CallOptions{timeout_ms, std::nullopt});
+  return !now.empty() && now != instance;
+}
+
 }  // namespace rc::effects

@@ -277,15 +277,16 @@ PreflightObserved IpcTransfer::Preflight(const TransferTarget& target) {
 // /init_weight_transfer_engine {"init_info": {}} once per engine: the ipc backend needs nothing
 // (and refuses any key); it changes no weights, so a failure is a refusal.
 std::optional<StepFailed> IpcTransfer::InitializeOnce(std::uint64_t deadline_at_ms) {
-  if (initialized_) return std::nullopt;
   const std::uint64_t left = remaining_ms(deadline_at_ms);
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline spent before the first call"};
+  if (initialized_on_ && !EngineRestarted(client_, *initialized_on_, left)) return std::nullopt;
   HttpReply init =
       client_.InitWeightTransferEngine(json::object(), CallOptions{left, std::nullopt});
   if (!init.http.ok_2xx()) {
     return StepFailed{MutationClass::kNone, summary("/init_weight_transfer_engine", init.http)};
   }
-  initialized_ = true;
+  initialized_on_ = client_.Instance(
+      CallOptions{std::max<std::uint64_t>(1, remaining_ms(deadline_at_ms)), std::nullopt});
   return std::nullopt;
 }
 

@@ -82,7 +82,9 @@ class IpcTransfer final : public WeightTransfer {
                                       TransferObserved& out);
 
   EngineClient& client_;
-  bool initialized_ = false;  // touched by Transfer only (the runner's one thread)
+  // The engine process /init_weight_transfer_engine ran on ("" when it names none); unset until
+  // then. Touched by Transfer only (the runner's one thread).
+  std::optional<std::string> initialized_on_;
 };
 
 }  // namespace rc::effects

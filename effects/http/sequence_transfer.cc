@@ -1,5 +1,6 @@
 #include "effects/http/sequence_transfer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -113,7 +114,7 @@ HttpSequenceTransfer::HttpSequenceTransfer(EngineClient& client, EngineProtocol 
     : client_(client), protocol_(std::move(protocol)), packing_(packing) {}
 
 Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
-  RC_CHECK(timeout_ms > 0 && !initialized_);  // once per engine, with time left
+  RC_CHECK(timeout_ms > 0);  // with time left
   HttpReply world = client_.GetWorldSize(true, CallOptions{timeout_ms, std::nullopt});
   if (!world.http.ok_2xx() || !world.body.contains("world_size") ||
       !world.body["world_size"].is_number_unsigned()) {
@@ -209,10 +210,11 @@ std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t dea
   if (left == 0) {
     return StepFailed{MutationClass::kNone, "deadline spent before the first engine call"};
   }
-  if (initialized_) return std::nullopt;
+  if (initialized_on_ && !EngineRestarted(client_, *initialized_on_, left)) return std::nullopt;
   Status init = Initialize(left);
   if (!init.ok()) return StepFailed{MutationClass::kNone, init.ToString()};
-  initialized_ = true;
+  initialized_on_ = client_.Instance(
+      CallOptions{std::max<std::uint64_t>(1, remaining_ms(deadline_at_ms)), std::nullopt});
   return std::nullopt;
 }
 

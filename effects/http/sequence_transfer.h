@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string>
 
 #include "effects/http/engine_client.h"
 #include "effects/http/protocol.h"
@@ -65,7 +66,9 @@ class HttpSequenceTransfer : public WeightTransfer {
   EngineClient& client_;
   EngineProtocol protocol_;
   PackingParams packing_;
-  bool initialized_ = false;
+  // The engine process the transfer engine was initialized on ("" when it names none); unset
+  // until then. A restarted engine has no transfer engine: it is initialized again.
+  std::optional<std::string> initialized_on_;
 };
 
 }  // namespace rc::effects

@@ -120,9 +120,9 @@ TEST(HttpSequenceTransfer, PreflightComputesDigestOffline) {
   EXPECT_FALSE(bad.detail.empty());
 }
 
-// Proves the happy path is start -> (the source named to a content-modelling engine) ->
-// update(update_info of the manifest) -> finish(label) and yields kComplete with byte and tensor
-// counts; would catch a missing step, a wrong order or a finish without the target label. The
+// Proves the happy path is init -> the initialized process's label read -> start -> (the source
+// named to a content-modelling engine) -> update(update_info of the manifest) -> finish(label)
+// and yields kComplete with byte and tensor counts; would catch a missing step, a wrong order or a finish without the target label. The
 // loopback engine answers 404 to the data-plane stand-in, as a real one does: no effect.
 TEST(HttpSequenceTransfer, CompleteSequence) {
   Engine e(200, 200, 200);
@@ -137,10 +137,12 @@ TEST(HttpSequenceTransfer, CompleteSequence) {
   EXPECT_EQ(o.finish_label, "rc-1");
   EXPECT_GT(o.duration_us, 0u);
   EXPECT_TRUE(o.error.empty());
-  EXPECT_EQ(e.s.paths(6),
+  // After the init, the label read names the process it initialized (a restart re-initializes).
+  EXPECT_EQ(e.s.paths(7),
             (std::vector<std::string>{"GET /get_world_size", "POST /init_weight_transfer_engine",
-                                      "POST /start_weight_update", "POST /_double/data_plane",
-                                      "POST /update_weights", "POST /finish_weight_update"}));
+                                      "GET /weight_info", "POST /start_weight_update",
+                                      "POST /_double/data_plane", "POST /update_weights",
+                                      "POST /finish_weight_update"}));
   EXPECT_EQ(e.finish_body, json({{"weight_version", "rc-1"}}));
   const json& info = e.update_body["update_info"];
   EXPECT_EQ(info["names"].size(), 3u);
