@@ -97,7 +97,12 @@ Status Runner::sync() {
   return Status::OK();
 }
 
+// The bound journaled with an effect's intent: what the effect can take at most. An effect of
+// several engine calls, each bounded by call_timeout_ms, can take their sum: a probe (health,
+// version, label, is_paused, the instance's /metrics, the digest), a validation (label, instance,
+// digest, is_paused), a resume (resume, is_paused, the instance: one bound for its two reads).
 std::uint64_t Runner::deadline_for(EffectKind kind) const {
+  constexpr std::uint64_t kProbeCalls = 6, kValidateCalls = 4, kResumeCalls = 3;
   switch (kind) {
     case EffectKind::kDrain:
       return options_.drain_timeout_ms;
@@ -106,6 +111,12 @@ std::uint64_t Runner::deadline_for(EffectKind kind) const {
     case EffectKind::kSleep:
     case EffectKind::kWake:
       return options_.sleep_timeout_ms;
+    case EffectKind::kProbeEngine:
+      return kProbeCalls * options_.call_timeout_ms;
+    case EffectKind::kValidate:
+      return kValidateCalls * options_.call_timeout_ms;
+    case EffectKind::kResume:
+      return kResumeCalls * options_.call_timeout_ms;
     default:
       return options_.call_timeout_ms;
   }

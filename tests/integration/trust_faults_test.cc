@@ -760,6 +760,26 @@ TEST(TrustFaults, ADrainThatRolloutsOutliveStillPausesAtOnce) {
   EXPECT_TRUE(drains[0].paused);
 }
 
+// Proves each intent journals the bound of its whole effect: a probe, a validation and a resume
+// make several engine calls, each bounded by call_timeout_ms, and their intents say so. Catches a
+// journal claiming one call's deadline for effects that can take four or six times as long, which
+// misleads a replay's account of what overran.
+TEST(TrustFaults, AnIntentJournalsItsWholeEffectsBound) {
+  Executor x;
+  x.Bootstrap();
+  auto r = x.runner->Update(Update("u-1", "rc-1", 1));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::uint64_t call_ms = x.runner_options.call_timeout_ms;
+  std::map<EffectKind, std::uint64_t> journaled;
+  for (const journal::Record& rec : x.Records()) {
+    if (const auto* e = std::get_if<EffectStarted>(&rec.event)) journaled[e->kind] = e->deadline_ms;
+  }
+  EXPECT_EQ(journaled.at(EffectKind::kProbeEngine), 6 * call_ms);
+  EXPECT_EQ(journaled.at(EffectKind::kValidate), 4 * call_ms);
+  EXPECT_EQ(journaled.at(EffectKind::kResume), 3 * call_ms);
+  EXPECT_EQ(journaled.at(EffectKind::kTransfer), x.runner_options.transfer_timeout_ms);
+}
+
 // A transfer whose preflight and transfer report texts far longer than the fold's bound, in
 // two-byte characters, and then refuse (nothing sent), as a source path or an engine's error
 // may.
