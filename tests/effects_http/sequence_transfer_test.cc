@@ -122,8 +122,9 @@ TEST(HttpSequenceTransfer, PreflightComputesDigestOffline) {
 
 // Proves the happy path is init -> the initialized process's label read -> start -> (the source
 // named to a content-modelling engine) -> update(update_info of the manifest) -> finish(label)
-// and yields kComplete with byte and tensor counts; would catch a missing step, a wrong order or a finish without the target label. The
-// loopback engine answers 404 to the data-plane stand-in, as a real one does: no effect.
+// and yields kComplete with byte and tensor counts; would catch a missing step, a wrong order or a
+// finish without the target label. The loopback engine answers 404 to the data-plane stand-in, as a
+// real one does: no effect.
 TEST(HttpSequenceTransfer, CompleteSequence) {
   Engine e(200, 200, 200);
   EngineClient c(e.s.url(), Fast());
