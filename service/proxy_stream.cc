@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "service/http_util.h"
 #include "statemachine/status.h"
@@ -144,18 +146,43 @@ struct FlatTrace {
   bool any_logprob = false;
 };
 
-FlatTrace Flatten(const Trajectory& trace) {
+// A token id as the journal's 32-bit fields hold it exactly; nullopt for anything else.
+std::optional<std::int32_t> ExactTokenId(std::int64_t id) {
+  if (id < std::numeric_limits<std::int32_t>::min() ||
+      id > std::numeric_limits<std::int32_t>::max()) {
+    return std::nullopt;
+  }
+  return static_cast<std::int32_t>(id);
+}
+
+std::optional<std::int32_t> ExactTokenId(const json& id) {
+  if (id.is_number_unsigned()) {
+    const std::uint64_t v = id.get<std::uint64_t>();
+    if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) return {};
+    return static_cast<std::int32_t>(v);
+  }
+  if (!id.is_number_integer()) return std::nullopt;
+  return ExactTokenId(id.get<std::int64_t>());
+}
+
+// nullopt when an id does not fit the journal's fields: the parts would record other tokens than
+// the trajectory line (which keeps what the engine sent), so none are journaled.
+std::optional<FlatTrace> Flatten(const Trajectory& trace) {
   FlatTrace flat;
   if (trace.prompt_token_ids.is_array()) {
     for (const json& id : trace.prompt_token_ids) {
-      if (id.is_number_integer()) flat.prompt.push_back(id.get<std::int32_t>());
+      const std::optional<std::int32_t> exact = ExactTokenId(id);
+      if (!exact) return std::nullopt;
+      flat.prompt.push_back(*exact);
     }
   }
   auto it = trace.choices.find(0);
   if (it == trace.choices.end()) return flat;
   const ChoiceTrace& c = it->second;
   for (std::size_t i = 0; i < c.token_ids.size(); ++i) {
-    flat.output.push_back(static_cast<std::int32_t>(c.token_ids[i]));
+    const std::optional<std::int32_t> exact = ExactTokenId(c.token_ids[i]);
+    if (!exact) return std::nullopt;
+    flat.output.push_back(*exact);
     const json lp = i < c.logprobs.size() ? c.logprobs[i] : json();
     flat.any_logprob = flat.any_logprob || lp.is_number();
     flat.logprobs.push_back(lp.is_number() ? lp.get<float>() : std::nanf(""));
@@ -191,7 +218,9 @@ TrajectoryRecorded NextPart(const std::string& rollout_id, std::uint32_t index,
 
 std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollout_id,
                                                        const Trajectory& trace) {
-  const FlatTrace flat = Flatten(trace);
+  const std::optional<FlatTrace> flattened = Flatten(trace);
+  if (!flattened) return {};
+  const FlatTrace& flat = *flattened;
   std::vector<TrajectoryRecorded> parts;
   std::size_t p = 0, o = 0;
   while ((p < flat.prompt.size() || o < flat.output.size()) && parts.size() < kTrajectoryPartsMax) {

@@ -134,6 +134,23 @@ TEST(ProxyStreamParts, PromptFirstThenOutputWithinTheRecordBound) {
   EXPECT_TRUE(JournalTrajectoryParts("r2", Trajectory{}).empty());
 }
 
+// Proves token ids the journal's 32-bit fields cannot hold exactly (past 2^31, negative past its
+// range, not integers) journal no trajectory parts rather than other tokens. Catches ids narrowed
+// unchecked, which recorded in the journal other tokens than the trajectory line holds.
+TEST(ProxyStreamParts, IdsTheJournalCannotHoldExactlyJournalNoParts) {
+  auto parts_of = [](const json& prompt, const std::vector<std::int64_t>& output) {
+    Trajectory t;
+    t.prompt_token_ids = prompt;
+    t.choices[0].token_ids = output;
+    return JournalTrajectoryParts("r1", t).size();
+  };
+  EXPECT_EQ(parts_of(json::array({1, 2}), {3, 2147483647}), 1u);
+  EXPECT_EQ(parts_of(json::array({1, 2}), {3, 2147483648LL}), 0u);
+  EXPECT_EQ(parts_of(json::array({1, 4294967296ULL}), {3}), 0u);
+  EXPECT_EQ(parts_of(json::array({1, -2147483649LL}), {3}), 0u);
+  EXPECT_EQ(parts_of(json::array({1, 2.5}), {3}), 0u);
+}
+
 // Proves what a client receives of a streamed chunk: the fields the proxy added removed, and no
 // event at all for the usage-only chunk it did not ask for, while the trace still takes both;
 // would catch PassChunk stripping before the trace read the chunk.
