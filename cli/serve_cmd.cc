@@ -19,6 +19,7 @@
 
 #ifdef RC_CLI_HAVE_SERVICE
 #include "service/config.h"
+#include "service/http_util.h"
 #include "service/service.h"
 #include "statemachine/text.h"
 #endif
@@ -162,6 +163,8 @@ Runner add_serve(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
+    // The effective configuration, one line, its tokens redacted: what this process runs with.
+    spdlog::info("serve: configuration {}", service::DumpSafe(service::ConfigToJson(*cfg)));
     auto opened = service::Service::Open(*cfg);
     if (!opened.ok()) {
       PrintError(opened.status().ToString());

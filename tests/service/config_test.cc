@@ -256,6 +256,24 @@ TEST(ConfigCli, MissingJournalParentIsCreatedAndLogged) {
       << run.output;
   fs::remove_all(dir.parent_path());
 }
+
+// Proves serve logs its effective configuration at start on one line with every token redacted;
+// it would catch a token written to the log, or a startup that leaves no record of what it ran.
+TEST(ConfigCli, TheStartupLogShowsTheConfigurationWithoutItsTokens) {
+  const fs::path dir = FreshDir("startup-log");
+  const stack::ServeRun run =
+      RunServe({"--engine-url", "http://127.0.0.1:1", "--journal", (dir / "journal").string(),
+                "--port", "0", "--initial-source", "synthetic:4x64", "--engine-startup-timeout-ms",
+                "200", "--auth-token", "trainer-secret-1", "--proxy-token", "client-secret-2"},
+               dir / "out.txt");
+  const std::size_t at = run.output.find("serve: configuration {");
+  ASSERT_NE(at, std::string::npos) << run.output;
+  const std::string line = run.output.substr(at, run.output.find('\n', at) - at);
+  EXPECT_NE(line.find("\"auth_token\":\"<redacted>\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"engine_url\":\"http://127.0.0.1:1\""), std::string::npos) << line;
+  EXPECT_EQ(run.output.find("secret"), std::string::npos) << run.output;
+  fs::remove_all(dir.parent_path());
+}
 #endif
 
 }  // namespace
