@@ -196,24 +196,6 @@ void note_label(FleetState& f, const std::string& label, const WeightIdentity& i
   f.labels[label] = identity;
 }
 
-// Whether the engine's plan is stalled once `e`'s group is folded, `s` being the state after `e`.
-// An input's decisions follow it in its group and may move the plan on: an observation that
-// succeeds on the last attempt leaves no attempt until its StateChanged gives the next effect its
-// own. A decision is judged with its input. Copies the engine only for a non-binding input that
-// derives decisions: a handful per update.
-bool stalled_at_rest(const State& s, const Event& e) {
-  const Family family = family_of(e);
-  if (family == Family::kDecision) return false;
-  if (family == Family::kBinding) return plan_stalled(s);  // bindings derive no decisions
-  const std::vector<Event> decisions = derive_decisions(s, e);
-  if (decisions.empty()) return plan_stalled(s);
-  State rest = s;
-  for (const Event& d : decisions) {
-    if (!apply(rest, d).ok()) return false;  // the group is refused whole; nothing stalls
-  }
-  return plan_stalled(rest);
-}
-
 void note_member(FleetState& f, const std::string& engine, const State& s, const Event& e) {
   if (!f.update) return;
   auto it = f.update->members.find(engine);
@@ -231,7 +213,7 @@ void note_member(FleetState& f, const std::string& engine, const State& s, const
   if (m == MemberStatus::kPending && s.lifecycle == Lifecycle::kTainted) m = MemberStatus::kSkipped;
   // Stalled stays stalled for this fleet update, even once a restart gives the plan its attempts
   // back: the batch slot it gave up may be taken, and its engine serves nothing either way.
-  if (m == MemberStatus::kUpdating && stalled_at_rest(s, e)) m = MemberStatus::kStalled;
+  if (m == MemberStatus::kUpdating && plan_stalled(s)) m = MemberStatus::kStalled;
 }
 
 // What a per-engine event changes in the fleet's own records (after the engine's fold took it).
@@ -404,7 +386,6 @@ Status check_fleet_update(const FleetState& f, const FleetUpdateRequested& r) {
   if (f.update) {
     return Status::Rejected("fleet update '" + f.update->request.update_id + "' is in flight");
   }
-  RC_RETURN_IF_ERROR(check_not_behind(f, r.target_label));
   return check_fleet_label(f, r.target_label, r.identity);
 }
 
@@ -643,6 +624,10 @@ Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const Flee
     for (const FleetEvent& d : out) RC_CHECK(fold_engine_event(view, d.engine, d.event).ok());
     settle(view, out);
     return out;
+  }
+  // A rule for new requests only: a journal that recorded such an update opens as written.
+  if (const auto* u = std::get_if<FleetUpdateRequested>(&input.event)) {
+    RC_RETURN_IF_ERROR(check_not_behind(fleet, u->target_label));
   }
   FleetState after = fleet;
   RC_RETURN_IF_ERROR(fleet_apply(after, input));
