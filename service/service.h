@@ -351,6 +351,7 @@ class Service {
                                     std::atomic<std::uint64_t>& conflicts, HttpResponse& res,
                                     const std::string& id);
   bool RunningPlanIs(const std::string& id);
+  void WaitForSlot(std::unique_lock<std::timed_mutex>& lock);
   // How long a retry of the plan that holds the slot waits for it (then 409).
   static constexpr std::uint64_t kSamePlanSlotWaitMs = 5000;
   // HandleUpdate's steps (trainer_api.cc).
@@ -554,6 +555,7 @@ class Service {
   std::thread lease_thread_;
   std::atomic<std::size_t> watches_{0};         // GET /v1/watch calls waiting
   std::atomic<std::size_t> admits_waiting_{0};  // blocking admissions waiting (Admit)
+  std::atomic<std::size_t> slot_waiters_{0};    // retries waiting on their own plan's slot
   struct AdmitWaitSlot;
   std::atomic<std::int64_t> admissions_in_progress_{0};  // AdmitAsync calls not yet answered
   EngineWatch watch_;           // the one engine's (a fleet's members keep their own)

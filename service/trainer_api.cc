@@ -193,22 +193,31 @@ bool Service::TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
     return false;
   }
   lock = std::unique_lock<std::timed_mutex>(update_mu_, std::try_to_lock);
-  if (!lock.owns_lock() && RunningPlanIs(id)) {
-    lock = std::unique_lock<std::timed_mutex>(update_mu_,
-                                              std::chrono::milliseconds(kSamePlanSlotWaitMs));
-  }
-  if (lock.owns_lock()) return true;
-  conflicts++;
-  if (shutting_down_.load()) {
+  if (!lock.owns_lock() && RunningPlanIs(id)) WaitForSlot(lock);
+  if (shutting_down_.load()) {  // the slot may have been won from a shutdown that waits for it
+    if (lock.owns_lock()) lock.unlock();
     SendError(res, 503, "shutting_down", "the executor is shutting down");
     return false;
   }
+  if (lock.owns_lock()) return true;
+  conflicts++;
   std::lock_guard<std::mutex> g(update_id_mu_);
   SendError(
       res, 409, "conflict",
       (running_update_id_.empty() ? std::string("another plan") : "'" + running_update_id_ + "'") +
           " is running; one update or restore at a time");
   return false;
+}
+
+// At most a quarter of the blocking pool waits on the slot: a trainer retrying on a short
+// timeout must not take the threads lease renewals and finishes need.
+void Service::WaitForSlot(std::unique_lock<std::timed_mutex>& lock) {
+  const std::size_t waiting_max = std::max<std::size_t>(1, config_.http_threads / 4);
+  if (slot_waiters_.fetch_add(1) < waiting_max) {
+    lock = std::unique_lock<std::timed_mutex>(update_mu_,
+                                              std::chrono::milliseconds(kSamePlanSlotWaitMs));
+  }
+  slot_waiters_--;
 }
 
 bool Service::RunningPlanIs(const std::string& id) {
