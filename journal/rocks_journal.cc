@@ -982,12 +982,17 @@ namespace {
 // blobs, options, identity) and the clean-close record. Not LOCK and LOG: RocksDB writes them
 // before anything else, so a creation that died at once leaves only them.
 bool IsJournalFile(std::string_view name) {
-  auto ends_with = [&](std::string_view suffix) {
-    return name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  // RocksDB names its tables, WALs and blobs by number: an operator's "serve.log" is not one.
+  auto numbered = [&](std::string_view suffix) {
+    if (name.size() <= suffix.size() || name.substr(name.size() - suffix.size()) != suffix) {
+      return false;
+    }
+    const std::string_view digits = name.substr(0, name.size() - suffix.size());
+    return digits.find_first_not_of("0123456789") == std::string_view::npos;
   };
   return name.rfind("MANIFEST-", 0) == 0 || name.rfind("OPTIONS-", 0) == 0 || name == "IDENTITY" ||
-         name == kClosedFile || name == kClosedTmpFile || ends_with(".sst") || ends_with(".log") ||
-         ends_with(".blob");
+         name == kClosedFile || name == kClosedTmpFile || numbered(".sst") || numbered(".log") ||
+         numbered(".blob");
 }
 
 constexpr std::size_t kNamedFilesMax = 8;  // files an error names, at most

@@ -825,10 +825,13 @@ ResumeObserved EngineClient::Resume() {
   return out;
 }
 
-bool EngineRestarted(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms) {
-  if (instance.empty()) return false;
+bool SameEngineAs(EngineClient& client, std::string& instance, std::uint64_t timeout_ms) {
   const std::string now = client.Instance(CallOptions{timeout_ms, std::nullopt});
-  return !now.empty() && now != instance;
+  if (instance.empty()) {
+    instance = now;
+    return true;
+  }
+  return now.empty() || now == instance;
 }
 
 }  // namespace rc::effects

@@ -300,8 +300,9 @@ class EngineClient {
 // Bounds a string to kHttpErrorBytesMax bytes.
 std::string bound_error(std::string s);
 
-// Whether an engine process other than `instance` answers now (a restart): false when either is
-// unknown (""), as a failed read proves nothing. One label read (and /metrics), within timeout_ms.
-bool EngineRestarted(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms);
+// Whether the process that answers now is the one `instance` names (false: a restart). An unknown
+// instance ("": its read failed, or the engine names none) is read again and taken as that
+// process; a failed read now proves nothing. One label read (and /metrics), within timeout_ms.
+bool SameEngineAs(EngineClient& client, std::string& instance, std::uint64_t timeout_ms);
 
 }  // namespace rc::effects

@@ -279,7 +279,7 @@ PreflightObserved IpcTransfer::Preflight(const TransferTarget& target) {
 std::optional<StepFailed> IpcTransfer::InitializeOnce(std::uint64_t deadline_at_ms) {
   const std::uint64_t left = remaining_ms(deadline_at_ms);
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline spent before the first call"};
-  if (initialized_on_ && !EngineRestarted(client_, *initialized_on_, left)) return std::nullopt;
+  if (initialized_on_ && SameEngineAs(client_, *initialized_on_, left)) return std::nullopt;
   HttpReply init =
       client_.InitWeightTransferEngine(json::object(), CallOptions{left, std::nullopt});
   if (!init.http.ok_2xx()) {

@@ -82,8 +82,8 @@ class IpcTransfer final : public WeightTransfer {
                                       TransferObserved& out);
 
   EngineClient& client_;
-  // The engine process /init_weight_transfer_engine ran on ("" when it names none); unset until
-  // then. Touched by Transfer only (the runner's one thread).
+  // The engine process /init_weight_transfer_engine ran on ("" unknown: read at the next
+  // transfer); unset until then. Touched by Transfer only (the runner's one thread).
   std::optional<std::string> initialized_on_;
 };
 

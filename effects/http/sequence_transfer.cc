@@ -210,7 +210,7 @@ std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t dea
   if (left == 0) {
     return StepFailed{MutationClass::kNone, "deadline spent before the first engine call"};
   }
-  if (initialized_on_ && !EngineRestarted(client_, *initialized_on_, left)) return std::nullopt;
+  if (initialized_on_ && SameEngineAs(client_, *initialized_on_, left)) return std::nullopt;
   Status init = Initialize(left);
   if (!init.ok()) return StepFailed{MutationClass::kNone, init.ToString()};
   initialized_on_ = client_.Instance(

@@ -66,8 +66,9 @@ class HttpSequenceTransfer : public WeightTransfer {
   EngineClient& client_;
   EngineProtocol protocol_;
   PackingParams packing_;
-  // The engine process the transfer engine was initialized on ("" when it names none); unset
-  // until then. A restarted engine has no transfer engine: it is initialized again.
+  // The engine process the transfer engine was initialized on ("" unknown: read at the next
+  // transfer); unset until then. A restarted engine has no transfer engine: it is initialized
+  // again.
   std::optional<std::string> initialized_on_;
 };
 

@@ -671,8 +671,9 @@ TEST(Shorter, AMissingColumnFamilyIsCorruption) {
 
 // Proves a directory that lost its CURRENT but holds the journal's MANIFEST, SST and WAL files is
 // Corruption for the writer (which creates nothing there) and for readers, while a directory a
-// creation left with only LOCK and LOG still becomes a new journal; catches the writer that
-// created a fresh, empty journal over the old files (create_if_missing) and the readers' NotFound.
+// creation left with only LOCK and LOG (or an operator's own serve.log) still becomes a new
+// journal; catches the writer that created a fresh, empty journal over the old files
+// (create_if_missing) and the readers' NotFound.
 TEST(Shorter, ALostCurrentIsCorruptionNotANewJournal) {
   TempDir dir;
   WriteJournal(dir.path(), 2);
@@ -688,6 +689,7 @@ TEST(Shorter, ALostCurrentIsCorruptionNotANewJournal) {
   TempDir early;
   std::ofstream(early.sub("LOCK")) << "";
   std::ofstream(early.sub("LOG")) << "a creation that died before its MANIFEST";
+  std::ofstream(early.sub("serve.log")) << "an operator's own log beside the journal";
   auto j = Journal::Open(early.path(), Options{});
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   EXPECT_EQ((*j)->head_seq(), 0u);
