@@ -95,7 +95,8 @@ Offset<fb::FleetUpdateRequested> EncFleetUpdateRequest(FlatBufferBuilder& b,
   auto uri = OptString(b, e.source_uri);
   auto expected = OptString(b, e.expected_digest);
   return fb::CreateFleetUpdateRequested(b, update_id, static_cast<fb::FleetUpdateMode>(Fb(e.mode)),
-                                        e.batch_max, e.min_healthy, target, id, uri, expected);
+                                        e.batch_max, e.min_healthy, target, id, uri, expected,
+                                        e.stall_judged_per_group);
 }
 
 Encoded EncFleetUpdate(FlatBufferBuilder& b, const FleetUpdateRequested& e) {
@@ -486,7 +487,8 @@ FleetUpdateRequested DecFleetUpdateRequest(Decoder& d, const fb::FleetUpdateRequ
       Str(e->target_label()),
       DecIdentity(e->identity()),
       Str(e->source_uri()),
-      Str(e->expected_digest())};
+      Str(e->expected_digest()),
+      e->stall_judged_per_group()};
 }
 
 // The fleet's own events (statemachine/fleet.h); `r`'s payload is one of them.

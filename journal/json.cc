@@ -45,11 +45,15 @@ json FleetFields(const Event& event) {
             return json{{"engine", e.engine}};
           },
           [](const FleetUpdateRequested& e) {
-            return json{
-                {"update_id", e.update_id},       {"mode", fleet_update_mode_name(e.mode)},
-                {"batch_max", e.batch_max},       {"min_healthy", e.min_healthy},
-                {"target_label", e.target_label}, {"identity", WeightIdentityToJson(e.identity)},
-                {"source_uri", e.source_uri},     {"expected_digest", e.expected_digest}};
+            return json{{"update_id", e.update_id},
+                        {"mode", fleet_update_mode_name(e.mode)},
+                        {"batch_max", e.batch_max},
+                        {"min_healthy", e.min_healthy},
+                        {"target_label", e.target_label},
+                        {"identity", WeightIdentityToJson(e.identity)},
+                        {"source_uri", e.source_uri},
+                        {"expected_digest", e.expected_digest},
+                        {"stall_judged_per_group", e.stall_judged_per_group}};
           },
           [](const FleetUpdateEnded& e) {
             return json{{"update_id", e.update_id}, {"outcome", fleet_outcome_name(e.outcome)},

@@ -389,6 +389,10 @@ struct FleetUpdateRequested {
   // The trainer's digest of the target weights (lowercase hex), for engines of one layout: each
   // member then publishes only if the digest it reads while paused equals it. "": none.
   std::string expected_digest;
+  // How the fold judges a member stalled. true: once the group of the member's input is folded,
+  // so an observation that succeeds on its last attempt is no stall. false: after each event, as
+  // the updates journaled before this field were judged (their recorded decisions follow it).
+  bool stall_judged_per_group = true;
   bool operator==(const FleetUpdateRequested&) const = default;
 };
 

@@ -196,6 +196,28 @@ void note_label(FleetState& f, const std::string& label, const WeightIdentity& i
   f.labels[label] = identity;
 }
 
+// Whether the engine's plan is stalled once `e`'s group is folded, `s` being the state after `e`.
+// An input's decisions follow it in its group and may move the plan on: an observation that
+// succeeds on the last attempt leaves no attempt until its StateChanged gives the next effect its
+// own. A decision is judged with its input. Copies the engine only for a non-binding input that
+// derives decisions: a handful per update.
+bool stalled_at_rest(const State& s, const Event& e) {
+  const Family family = family_of(e);
+  if (family == Family::kDecision) return false;
+  if (family == Family::kBinding) return plan_stalled(s);  // bindings derive no decisions
+  const std::vector<Event> decisions = derive_decisions(s, e);
+  if (decisions.empty()) return plan_stalled(s);
+  State rest = s;
+  for (const Event& d : decisions) {
+    if (!apply(rest, d).ok()) return false;  // the group is refused whole; nothing stalls
+  }
+  return plan_stalled(rest);
+}
+
+bool member_stalled(const FleetUpdateRequested& r, const State& s, const Event& e) {
+  return r.stall_judged_per_group ? stalled_at_rest(s, e) : plan_stalled(s);
+}
+
 void note_member(FleetState& f, const std::string& engine, const State& s, const Event& e) {
   if (!f.update) return;
   auto it = f.update->members.find(engine);
@@ -213,7 +235,9 @@ void note_member(FleetState& f, const std::string& engine, const State& s, const
   if (m == MemberStatus::kPending && s.lifecycle == Lifecycle::kTainted) m = MemberStatus::kSkipped;
   // Stalled stays stalled for this fleet update, even once a restart gives the plan its attempts
   // back: the batch slot it gave up may be taken, and its engine serves nothing either way.
-  if (m == MemberStatus::kUpdating && plan_stalled(s)) m = MemberStatus::kStalled;
+  if (m == MemberStatus::kUpdating && member_stalled(f.update->request, s, e)) {
+    m = MemberStatus::kStalled;
+  }
 }
 
 // What a per-engine event changes in the fleet's own records (after the engine's fold took it).

@@ -68,6 +68,24 @@ TEST(Codec, RoundTripsTheEngineAndOmitsItWhenUnnamed) {
   EXPECT_GT(EncodeRecord(in).size(), unnamed.size());
 }
 
+// Proves a fleet update journaled before stall_judged_per_group existed reads as false (the rule
+// its recorded decisions followed) and a new one keeps true; catches the field's absence read as
+// the new rule, which would refuse every older journal holding such an update.
+TEST(Codec, AFleetUpdateWithoutTheStallRuleReadsAsTheOldRule) {
+  FleetUpdateRequested u{"u1", FleetUpdateMode::kRolling, 1, 1, "rc-1", SampleIdentity(), "", ""};
+  ASSERT_TRUE(u.stall_judged_per_group);
+  Result<Record> now = DecodeRecord(EncodeRecord(SampleRecord(u)));
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_TRUE(std::get<FleetUpdateRequested>(now->event).stall_judged_per_group);
+  const std::string current = EncodeRecord(SampleRecord(u));
+  u.stall_judged_per_group = false;
+  const std::string older = EncodeRecord(SampleRecord(u));
+  EXPECT_LT(older.size(), current.size()) << "false is what an older build wrote: no field";
+  Result<Record> old = DecodeRecord(older);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_FALSE(std::get<FleetUpdateRequested>(old->event).stall_judged_per_group);
+}
+
 // Proves Sha256 is standard SHA-256 (FIPS 180-2 vectors, including a two-block message); catches a
 // hashing rewrite (low-level SHA256_* instead of EVP) that changes the chain's digests.
 TEST(Codec, Sha256MatchesKnownAnswers) {

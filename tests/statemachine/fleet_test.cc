@@ -263,6 +263,56 @@ TEST(Fleet, AMemberThatNeverResumesStallsAndTheUpdateEnds) {
   EXPECT_TRUE(h.ok) << h.message;
 }
 
+// Drains member `u`'s first engine "a" so that its last attempt succeeds, the others failing.
+void drain_on_last_attempt(FleetDriver& d) {
+  const HttpEvidence failed{Transport::kOk, 500, false, 0, "internal error"};
+  for (std::uint32_t attempt = 1; attempt < kEffectAttemptsMax; ++attempt) {
+    d.ok("a", EffectStarted{EffectKind::kDrain, CacheKind::kPrefix, 1000});
+    d.ok("a", DrainObserved{failed, false});
+  }
+  d.ok("a", EffectStarted{EffectKind::kDrain, CacheKind::kPrefix, 1000});
+  d.ok("a", DrainObserved{HttpEvidence{Transport::kOk, 200, true, 0, ""}, true});
+}
+
+// A member whose drain succeeds on its last attempt is not stalled: the observation leaves it
+// with no attempt until the StateChanged in the same group moves the plan on. Catches a healthy
+// member counted stalled mid-group (sticky), which ended the fleet update "partial" while the
+// member went on to commit, and freed its rolling batch slot while it was still paused.
+TEST(Fleet, AMemberWhoseLastAttemptSucceedsIsNotStalled) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(FleetEvent{"", FleetConfigured{0, 0}});
+  const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  ASSERT_TRUE(u.stall_judged_per_group) << "a new request is judged by the current rule";
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  drain_on_last_attempt(d);
+  EXPECT_FALSE(plan_stalled(d.engine("a")));
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kUpdating);
+  EXPECT_TRUE(fleet_next_members(d.f).empty()) << "a's batch slot was given away";
+  d.run_update("a");
+  EXPECT_EQ(d.engine("a").committed.label, "rc-1");
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kCommitted);
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// An update journaled before the rule existed (no stall_judged_per_group) folds as it was
+// decided then: the member counted stalled after the observation, its slot given to the next.
+// Catches the new rule applied to recorded histories, whose recorded next members and ends the
+// fold would then refuse (such a journal would no longer open).
+TEST(Fleet, AnUpdateJournaledBeforeTheStallRuleFoldsAsRecorded) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  d.ok(FleetEvent{"", FleetConfigured{0, 0}});
+  FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1");
+  u.stall_judged_per_group = false;
+  d.ok(FleetEvent{"", u});
+  d.ok("a", d.member_update(u));
+  drain_on_last_attempt(d);
+  EXPECT_EQ(d.f.update->members.at("a"), MemberStatus::kStalled);
+  EXPECT_EQ(fleet_next_members(d.f), std::vector<std::string>{"b"});
+  d.ok("b", d.member_update(u));
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // A fleet update back to a label older than the newest by more than staleness_max is refused
 // (a journal that recorded one still folds), and the same weights under a new label are taken.
 // Catches a rollback that, under staleness 0, left every engine it reached admitting nothing: a
