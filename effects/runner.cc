@@ -100,9 +100,10 @@ Status Runner::sync() {
 // The bound journaled with an effect's intent: what the effect can take at most. An effect of
 // several engine calls, each bounded by call_timeout_ms, can take their sum: a probe (health,
 // version, label, is_paused, the instance's /metrics, the digest), a validation (label, instance,
-// digest, is_paused), a resume (resume, is_paused, the instance: one bound for its two reads).
+// digest, is_paused), a resume (resume, is_paused, is_sleeping, the instance: one bound for its
+// two reads).
 std::uint64_t Runner::deadline_for(EffectKind kind) const {
-  constexpr std::uint64_t kProbeCalls = 6, kValidateCalls = 4, kResumeCalls = 3;
+  constexpr std::uint64_t kProbeCalls = 6, kValidateCalls = 4, kResumeCalls = 4;
   switch (kind) {
     case EffectKind::kDrain:
       return options_.drain_timeout_ms;

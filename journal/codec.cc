@@ -290,7 +290,8 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto http = EncHttp(b, e.http);
             auto instance = OptString(b, e.engine_instance);
             return {fb::Payload::ResumeObserved,
-                    fb::CreateResumeObserved(b, http, e.is_paused_known, e.is_paused, instance)
+                    fb::CreateResumeObserved(b, http, e.is_paused_known, e.is_paused, instance,
+                                             e.is_sleeping_known, e.is_sleeping)
                         .Union()};
           },
           [&](const RolloutAdmitted& e) -> Encoded {
@@ -628,8 +629,8 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
     }
     case fb::Payload::ResumeObserved: {
       auto* e = r->payload_as_ResumeObserved();
-      return ResumeObserved{DecHttp(d, e->http()), e->is_paused_known(), e->is_paused(),
-                            Str(e->engine_instance())};
+      return ResumeObserved{DecHttp(d, e->http()),     e->is_paused_known(),   e->is_paused(),
+                            Str(e->engine_instance()), e->is_sleeping_known(), e->is_sleeping()};
     }
     case fb::Payload::RolloutAdmitted:
     case fb::Payload::RolloutFinished:

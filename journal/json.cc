@@ -224,7 +224,9 @@ json Fields(const Event& event) {
             return json{{"http", HttpEvidenceToJson(e.http)},
                         {"is_paused_known", e.is_paused_known},
                         {"is_paused", e.is_paused},
-                        {"engine_instance", e.engine_instance}};
+                        {"engine_instance", e.engine_instance},
+                        {"is_sleeping_known", e.is_sleeping_known},
+                        {"is_sleeping", e.is_sleeping}};
           },
           [&](const auto&) {
             return is_fleet_event(event) ? FleetFields(event) : OutcomeFields(event);

@@ -423,6 +423,11 @@ void EngineTrace::ExplainReading(const TaintRecord& t, std::ostringstream& out) 
                     "mapped again (after level 1, overwritten by the host copy) or still asleep; "
                     "what the engine holds is unknown until proven.\n");
       break;
+    case Cause::kEngineSleptExternally:
+      out << "  reading: someone slept the engine while the plan held it paused, and the resume "
+             "set its scheduler running on memory it had released; what it holds is unknown, and "
+             "a restore wakes it before proving its weights.\n";
+      break;
     case Cause::kEngineWokenExternally:
       out << "  reading: someone resumed the sleeping engine outside RolloutCore; it would serve "
              "from memory it had released to the trainer, so nothing it holds can be claimed.\n";

@@ -407,6 +407,10 @@ ResumeObserved SimControl::Resume() {
   if (!r.http.ok_2xx()) return r;
   r.is_paused_known = true;
   r.is_paused = e_.truth().paused;
+  if (!r.is_paused) {  // as vLLM reports it: a paused engine reads as sleeping too
+    r.is_sleeping_known = true;
+    r.is_sleeping = e_.asleep();
+  }
   r.engine_instance = AnsweringInstance();
   return r;
 }

@@ -101,12 +101,13 @@ void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
   std::printf(
       "colocated: %lu cycles (%lu began asleep, %lu ended asleep); sleeps %lu slept %lu; wakes %lu "
       "woken %lu; updates from sleep %lu committed %lu refused %lu; admissions refused while "
-      "asleep %lu; refusals probed %lu; deaths asleep %lu; external wakes %lu; published on an "
+      "asleep %lu; refusals probed %lu; deaths asleep %lu; external wakes %lu; external sleeps "
+      "%lu; published on an "
       "unpaused validation: restores %lu, updates %lu; taints:%s\n",
       c.cycles, c.began_asleep, c.ended_asleep, c.sleeps, c.slept, c.wakes, c.woken,
       c.updates_from_sleep, c.committed_from_sleep, c.refused_from_sleep, c.admissions_refused,
-      c.refusals_probed, c.sleep_deaths, c.external_wakes, c.restores_published_unpaused,
-      c.updates_published_unpaused, colocated_taints.c_str());
+      c.refusals_probed, c.sleep_deaths, c.external_wakes, c.external_sleeps,
+      c.restores_published_unpaused, c.updates_published_unpaused, colocated_taints.c_str());
 }
 
 }  // namespace

@@ -48,10 +48,14 @@ enum class FaultKind : std::uint8_t {
   // process (probe, validation, resume, KV wake-up) name none, as when the read of /metrics
   // fails; with a death in the cycle, the process that answers may be a new one.
   kInstanceUnread,
+  // Outside sleeps (their own stream too): someone sleeps the engine at level 1 + a%2, b%60 ms
+  // into the cycle, if a plan holds it paused then (the drain hides it from the monitor).
+  kExternalSleep,
   kCount
 };
 inline constexpr FaultKind kFirstColocatedFault = FaultKind::kSleepDeath;
 inline constexpr FaultKind kFirstAnswerFault = FaultKind::kInstanceUnread;
+inline constexpr FaultKind kFirstOutsideSleepFault = FaultKind::kExternalSleep;
 const char* FaultName(FaultKind k);
 
 struct Fault {
@@ -93,6 +97,7 @@ struct ColocatedStats {
   std::uint64_t admissions_refused = 0;  // admissions tried while SLEEPING (every one refused)
   std::uint64_t refusals_probed = 0;     // a wake or a wrong-manifest update after level 2
   std::uint64_t sleep_deaths = 0, external_wakes = 0;
+  std::uint64_t external_sleeps = 0;  // engines slept from outside while a plan held them paused
   // Publishes validated on an unpaused engine (each also a violation): by a restore, or by an
   // update from sleep (someone woke the sleeper meanwhile). The validation reads /is_paused, so
   // both stay 0; they are counted apart to say which kind of plan broke the rule.

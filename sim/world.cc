@@ -150,6 +150,7 @@ class World {
   void AsleepThenWake(std::uint32_t cycle, const std::string& sleep_id, std::uint64_t after_seq);
   void AsleepInterval(std::uint32_t cycle);
   void ArmAsleep();
+  void ExternalSleep(const Fault& f);
   [[nodiscard]] bool RunFromSleep(std::uint32_t cycle, const State& s);
   void ProbeLevel2Refusals(std::uint32_t cycle);
   void EndColocated(const std::string& sleep_id, std::uint64_t after_seq);
@@ -593,6 +594,9 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
     case FaultKind::kExternalWake:
       external_wake_ = f;
       break;
+    case FaultKind::kExternalSleep:
+      sched_.After(std::int64_t{f.b % 60} * 1000, [this, f] { ExternalSleep(f); });
+      break;
     default:  // ArmCallFault's, and kCount
       break;
   }
@@ -790,6 +794,15 @@ void World::AsleepInterval(std::uint32_t cycle) {
   }
   ArmAsleep();
   Sleep(interval_ms);
+}
+
+// Someone sleeps the engine while a plan holds it paused: the monitor sees only "paused", which
+// the plan expects, so only the plan's own reads can tell.
+void World::ExternalSleep(const Fault& f) {
+  if (!journal_ || !engine_.truth().alive || !engine_.truth().paused || engine_.asleep()) return;
+  if (!journal_->state().update) return;
+  result_.stats.colocated.external_sleeps++;
+  engine_.Sleep(static_cast<std::uint8_t>(1 + f.a % 2));
 }
 
 // The colocated faults act on a sleeping engine only: one that was woken meanwhile is left be.

@@ -100,6 +100,8 @@ std::string one(const ValidationObserved& e) {
 std::string one(const ResumeObserved& e) {
   return describe(e.http) +
          " is_paused=" + (e.is_paused_known ? (e.is_paused ? "true" : "false") : "unknown") +
+         (e.is_sleeping_known ? std::string(" is_sleeping=") + (e.is_sleeping ? "true" : "false")
+                              : "") +
          instance(e.engine_instance);
 }
 std::string memory(const DeviceMemory& m) {

@@ -201,7 +201,7 @@ struct ValidationObserved {
   bool operator==(const ValidationObserved&) const = default;
 };
 
-// POST /resume then GET /is_paused.
+// POST /resume, GET /is_paused, then (once unpaused) GET /is_sleeping.
 struct ResumeObserved {
   HttpEvidence http;
   bool is_paused_known = false;
@@ -209,6 +209,10 @@ struct ResumeObserved {
   // Which engine process answered after the resume (see EngineProbed; "" unknown): a process
   // other than the one verified never serves what that one was verified for.
   std::string engine_instance;
+  // An engine that still sleeps once resumed was slept by someone else while the plan held it
+  // paused: its scheduler now runs on memory it released. Unknown without the route.
+  bool is_sleeping_known = false;
+  bool is_sleeping = false;
   bool operator==(const ResumeObserved&) const = default;
 };
 
@@ -310,8 +314,9 @@ enum class Cause : std::uint8_t {
   kWakeFailed = 25,              // waking the weights was refused (-> SLEEPING) or ambiguous
   kWoken = 26,                   // UPDATING -> INVALIDATING: the weights are awake (no transfer)
   kEngineWokenExternally = 27,   // SLEEPING, but someone else resumed the engine
+  kEngineSleptExternally = 28,   // RESUMING, but the resumed engine sleeps: someone else slept it
 };
-inline constexpr std::uint8_t kCauseMax = 27;
+inline constexpr std::uint8_t kCauseMax = 28;
 const char* cause_name(Cause c);
 
 struct StateChanged {

@@ -249,7 +249,9 @@ bool legal_update_edge(Lifecycle from, Lifecycle to, Cause cause) {
   if (is(L::kValidating, L::kResuming)) return cause == C::kValidated;
   if (is(L::kValidating, L::kTainted)) return cause == C::kValidationFailed;
   if (is(L::kResuming, L::kReady)) return cause == C::kResumed;
-  if (is(L::kResuming, L::kTainted)) return cause == C::kEngineReplaced;
+  if (is(L::kResuming, L::kTainted)) {
+    return cause == C::kEngineReplaced || cause == C::kEngineSleptExternally;
+  }
   if (is(L::kReady, L::kTainted)) return is_engine_cause(cause);
   return false;
 }
@@ -928,6 +930,8 @@ Status apply_one(State& s, const StateChanged& e) {
     s.taint = TaintRecord{from, e.cause, s.update->update_id, s.update->target, e.detail};
     // An ambiguous sleep may have released the memory: a restore wakes the engine first.
     if (e.cause == Cause::kSleepFailed) s.sleep_level = s.update->sleep_level;
+    // Slept by someone else at a level nobody recorded: the weights may be discarded.
+    if (e.cause == Cause::kEngineSleptExternally) s.sleep_level = kSleepLevelMax;
     s.update.reset();
   } else if (e.to == Lifecycle::kTainted) {
     s.taint = TaintRecord{from, e.cause, "", s.committed, e.detail};
@@ -1317,7 +1321,7 @@ bool another_process(const State& s, const std::string& instance) {
 }
 
 void derive_resumed(const State& s, bool answered, bool resumed, const std::string& instance,
-                    std::vector<Event>& out) {
+                    bool asleep, std::vector<Event>& out) {
   // An engine verified by its process instance must name it again: an answer without one (its
   // read failed) cannot tell the same process from a new one, so the resume is tried again.
   if (answered && !s.engine_instance.empty() && instance.empty()) return;
@@ -1325,6 +1329,13 @@ void derive_resumed(const State& s, bool answered, bool resumed, const std::stri
     taint(s, Cause::kEngineReplaced,
           "another engine process answers the resume (instance '" + instance + "', verified '" +
               s.engine_instance + "')",
+          out);
+    return;
+  }
+  if (resumed && asleep) {
+    taint(s, Cause::kEngineSleptExternally,
+          "the resumed engine reports sleeping: someone slept it while the plan held it paused, "
+          "and it would serve from memory it released",
           out);
     return;
   }
@@ -1345,7 +1356,7 @@ void derive_resumed(const State& s, bool answered, bool resumed, const std::stri
 
 void derive(const State& s, const ResumeObserved& e, std::vector<Event>& out) {
   derive_resumed(s, e.http.ok_2xx(), e.http.ok_2xx() && e.is_paused_known && !e.is_paused,
-                 e.engine_instance, out);
+                 e.engine_instance, e.is_sleeping_known && e.is_sleeping, out);
 }
 
 void derive(const State& s, const SleepObserved& e, std::vector<Event>& out) {
@@ -1400,7 +1411,7 @@ void derive(const State& s, const WakeObserved& e, std::vector<Event>& out) {
     derive_woken_first(s, e, out);
   } else if (e.tag == WakeTag::kKvCache) {
     derive_resumed(s, e.http.ok_2xx(), e.http.ok_2xx() && e.is_paused_known && !e.is_paused,
-                   e.engine_instance, out);
+                   e.engine_instance, /*asleep=*/false, out);
   } else {
     derive_weights_woken(s, e, out);
   }

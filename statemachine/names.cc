@@ -180,6 +180,8 @@ const char* cause_name(Cause c) {
       return "woken";
     case Cause::kEngineWokenExternally:
       return "engine_woken_externally";
+    case Cause::kEngineSleptExternally:
+      return "engine_slept_externally";
   }
   return "?";
 }

@@ -821,8 +821,19 @@ ResumeObserved EngineClient::Resume() {
     out.is_paused_known = true;
     out.is_paused = is_paused_in(paused);
   }
+  // vLLM reports a paused engine as sleeping too: only an unpaused one's answer tells.
+  if (out.is_paused_known && !out.is_paused) ReadSleeping(out);
   out.engine_instance = Instance();
   return out;
+}
+
+// A failed read leaves it unknown, as an engine without the route: the resume stands on the
+// rest of its evidence.
+void EngineClient::ReadSleeping(ResumeObserved& out) {
+  HttpReply sleeping = IsSleeping();
+  if (!sleeping.http.ok_2xx()) return;
+  out.is_sleeping_known = true;
+  out.is_sleeping = sleeping.body.at("is_sleeping").get<bool>();
 }
 
 bool SameEngineAs(EngineClient& client, std::string& instance, std::uint64_t timeout_ms) {

@@ -186,7 +186,7 @@ class EngineClient {
   DrainObserved PauseWait();  // POST /pause?mode=wait&clear_cache=false
   CacheResetObserved ResetCache(CacheKind cache);
   ValidationObserved WeightInfo();  // the label (ReadLabel) while paused
-  ResumeObserved Resume();          // POST /resume, GET /is_paused, then the instance
+  ResumeObserved Resume();  // POST /resume, GET /is_paused, GET /is_sleeping, then the instance
 
   // ---- raw calls ----
   HttpReply Health(const CallOptions& o = {});
@@ -277,6 +277,7 @@ class EngineClient {
 
  private:
   struct Handle;
+  void ReadSleeping(ResumeObserved& out);
   std::unique_ptr<Handle> Acquire();
   void Release(std::unique_ptr<Handle> h);
   // Call's exchange once the call may be sent: one transfer on a pooled handle, classified.

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <thread>
 
+#include <httplib.h>
+
 #include "effects/http/engine_client.h"
 #include "effects/http/protocol.h"
 #include "effects/http/sequence_transfer.h"
@@ -145,6 +147,32 @@ TEST(VllmDoubleIntegration, PrefixResetFailureReported) {
   EXPECT_TRUE(bad.http.ok_2xx());
   EXPECT_FALSE(bad.reported_success);
   EXPECT_TRUE(c.ResetCache(CacheKind::kPrefix).reported_success);
+}
+
+// Proves the resume reads /is_sleeping once the engine answers unpaused: an engine someone slept
+// while it was held paused (as a drain holds it) reports sleeping after /resume, an awake one
+// does not. Catches a resume that returned a sleeper's scheduler to service unseen: vLLM reports a
+// sleeping engine as paused, so the monitor cannot tell it from the drain's own pause.
+TEST(VllmDoubleIntegration, AResumeReadsWhetherTheEngineSleeps) {
+  VllmDoubleOptions o;
+  o.worker_extension_cls = kWorkerExtensionClass;
+  o.enable_sleep_mode = true;
+  VllmDouble d(o);
+  ASSERT_GT(d.Start(0), 0);
+  EngineClient c(d.base_url(), Fast());
+  ASSERT_TRUE(c.Pause(PauseMode::kWait, false).http.ok_2xx());
+  ResumeObserved awake = c.Resume();
+  EXPECT_TRUE(awake.is_sleeping_known);
+  EXPECT_FALSE(awake.is_sleeping);
+  ASSERT_TRUE(c.Pause(PauseMode::kWait, false).http.ok_2xx());
+  httplib::Client outside(d.base_url());
+  auto slept = outside.Post("/sleep?level=1&mode=wait", "", "application/json");
+  ASSERT_TRUE(slept && slept->status == 200);
+  ResumeObserved r = c.Resume();
+  ASSERT_TRUE(r.http.ok_2xx()) << r.http.error;
+  EXPECT_FALSE(r.is_paused) << "vLLM's /resume unpauses a sleeper's scheduler";
+  EXPECT_TRUE(r.is_sleeping_known);
+  EXPECT_TRUE(r.is_sleeping);
 }
 
 // Proves injected faults map to the right mutation class: refused before start -> kNone,

@@ -776,7 +776,7 @@ TEST(TrustFaults, AnIntentJournalsItsWholeEffectsBound) {
   }
   EXPECT_EQ(journaled.at(EffectKind::kProbeEngine), 6 * call_ms);
   EXPECT_EQ(journaled.at(EffectKind::kValidate), 4 * call_ms);
-  EXPECT_EQ(journaled.at(EffectKind::kResume), 3 * call_ms);
+  EXPECT_EQ(journaled.at(EffectKind::kResume), 4 * call_ms);
   EXPECT_EQ(journaled.at(EffectKind::kTransfer), x.runner_options.transfer_timeout_ms);
 }
 

@@ -53,7 +53,7 @@ inline std::vector<Event> SampleEvents() {
       TransferObserved{true, MutationClass::kPossible, 1 << 20, 17, 99999, "rc-1", "eof"},
       CacheResetObserved{CacheKind::kEncoder, http, true},
       ValidationObserved{http, "rc-1", false, "canary drift", "start:1.7e9", {}, true, false},
-      ResumeObserved{http, true, false},
+      ResumeObserved{http, true, false, "i-9", true, true},
       RolloutAdmitted{"r-1", WeightVersion{3, "rc-3"}, SampleIdentity(), 30000},
       RolloutFinished{"r-1", RolloutOutcome::kExpired, 100, 200},
       StateChanged{Lifecycle::kUpdating, Lifecycle::kTainted, Cause::kTransferAmbiguous, "x"},
@@ -168,7 +168,7 @@ inline Event RandomEvent(std::mt19937_64& rng) {
     case 10:
       return ValidationObserved{http(), str(), b(), str(), str(), {}, b(), b()};
     case 11:
-      return ResumeObserved{http(), b(), b()};
+      return ResumeObserved{http(), b(), b(), "", b(), b()};
     case 12:
       return RolloutAdmitted{str(), ver(), id(), u32()};
     case 13:

@@ -161,7 +161,10 @@ inline Event observation(const State& s, Rng& r, const FaultMix& m) {
                             : ResumeObserved{ok_http(), r.chance(50), true};
       }
       // The same process, unless its read failed.
-      return ResumeObserved{ok_http(), true, false, partial(r, m) ? "" : s.engine_instance};
+      // Now and then slept by someone else while the plan held it paused.
+      return r.chance(2)
+                 ? ResumeObserved{ok_http(), true, false, s.engine_instance, true, true}
+                 : ResumeObserved{ok_http(), true, false, partial(r, m) ? "" : s.engine_instance};
     default:
       return RecoveryStarted{"exec-x"};
   }

@@ -438,6 +438,49 @@ TEST(Lifecycle, ResumeRetriesAreBounded) {
   expect_history_ok(d);
 }
 
+// A resumed engine that reports sleeping (slept from outside while the plan held it paused) is
+// TAINTED, never READY, whether its plan was refused or validated; its sleep level is taken as 2
+// (a restore then wakes it first). Catches a resume that put a sleeper's scheduler back in service
+// on released memory (READY, admitting) because the drain hid the sleep from the monitor.
+TEST(Lifecycle, AResumedEngineThatSleepsIsTainted) {
+  for (const bool validated : {false, true}) {
+    SCOPED_TRACE(validated ? "validated" : "refused by its preflight");
+    Driver d;
+    d.to_ready();
+    if (validated) {
+      d.to_resuming_validated();
+    } else {
+      d.to_quiesced();
+      d.effect(EffectKind::kPreflight);
+      PreflightObserved p = d.good_preflight();
+      p.device_ok = false;
+      d.ok(p);
+    }
+    ASSERT_EQ(next_effect(d.s).kind, EffectKind::kResume);
+    d.effect(EffectKind::kResume);
+    ResumeObserved r = d.good_resume();
+    r.is_sleeping_known = true;
+    r.is_sleeping = true;
+    const std::vector<Event> out = d.ok(r);
+    ASSERT_EQ(d.s.lifecycle, Lifecycle::kTainted);
+    EXPECT_EQ(d.s.taint->cause, Cause::kEngineSleptExternally);
+    EXPECT_EQ(last_change(out).from, Lifecycle::kResuming);
+    EXPECT_EQ(d.s.committed, (WeightVersion{0, "rc-0"})) << "published on a sleeping engine";
+    EXPECT_EQ(d.s.sleep_level, kSleepLevelMax);
+    EXPECT_FALSE(admits(d.s));
+    expect_history_ok(d);
+  }
+  Driver awake;  // the same answer, not sleeping (or the read failed): the resume stands
+  awake.to_ready();
+  awake.to_resuming_validated();
+  awake.effect(EffectKind::kResume);
+  ResumeObserved r = awake.good_resume();
+  r.is_sleeping_known = true;
+  awake.ok(r);
+  EXPECT_EQ(awake.s.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(awake.s.committed, (WeightVersion{1, "rc-1"}));
+}
+
 // TAINTED is terminal: no admission, no update, no effect, and recovery does not leave it;
 // catches any path out of TAINTED.
 TEST(Lifecycle, TaintedIsTerminal) {
