@@ -1,5 +1,7 @@
 #include "service/http_server.h"
 
+#include <poll.h>
+
 #include <array>
 #include <chrono>
 #include <condition_variable>
@@ -32,8 +34,9 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr std::size_t kReadChunkBytes = 4096;
-constexpr std::uint64_t kLingerMs = 1000;     // after a final answer, until the client's EOF
-constexpr std::uint64_t kAcceptRetryMs = 50;  // after a failed accept
+constexpr std::uint64_t kLingerMs = 1000;      // after a final answer, until the client's EOF
+constexpr std::uint64_t kAcceptRetryMs = 50;   // after a failed accept
+constexpr std::uint64_t kHangupCheckMs = 200;  // a watch whose buffer is full polls this often
 // Beast's limits count a request's head and its body, not a chunk-size line or a trailer: the
 // read buffer's own bound caps those (and so each connection's buffer).
 constexpr std::size_t kFramingSlackBytes = 64 << 10;
@@ -156,6 +159,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnResponseWritten(beast::error_code ec);
   void AfterExchange();
   void WatchAgain();
+  void WatchHangup();
+  bool PeerHungUp();
+  void ClientGone();
   std::size_t WatchRoom() const;
   void OnWatch(beast::error_code ec, std::size_t n);
   void StopWatching();
@@ -200,6 +206,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool watch_pending_ = false;
   bool read_after_watch_ = false;  // the next request's read waits for the watch read's end
   std::function<void()> on_gone_;
+  // With the buffer full the watch cannot read on; it polls for the peer's hang-up instead.
+  std::unique_ptr<asio::steady_timer> hangup_timer_;
 };
 
 void Session::ReadRequest() {
@@ -484,7 +492,7 @@ std::size_t Session::WatchRoom() const {
 
 // Bytes the watch reads are the client's next request, early: kept for it, and the watch goes on
 // (a client that pipelines and then leaves is still seen leaving) while they fit the header
-// bound; beyond it the watch stops (back-pressure) and the request's own deadline still holds.
+// bound; beyond it the watch reads no more (back-pressure) and looks for the hang-up alone.
 void Session::OnWatch(beast::error_code ec, std::size_t n) {
   watch_pending_ = false;
   if (n > 0) {
@@ -492,16 +500,10 @@ void Session::OnWatch(beast::error_code ec, std::size_t n) {
     asio::buffer_copy(dst, asio::buffer(watch_buf_.data(), n));
     buffer_.commit(n);
   }
-  const bool gone_now = ec && ec != asio::error::operation_aborted;
-  const bool watch_on = !ec && !read_after_watch_ && !answered_ && on_gone_ &&
-                        buffer_.size() < server_.options().header_bytes_max;
-  if (watch_on) return WatchAgain();
-  std::function<void()> gone = std::move(on_gone_);
+  const bool watching = !ec && !read_after_watch_ && !answered_ && on_gone_;
+  if (watching) return WatchAgain();
+  if (ec && ec != asio::error::operation_aborted) ClientGone();
   on_gone_ = nullptr;
-  if (gone_now) {
-    peer_closed_ = true;
-    if (!answered_ && gone) gone();
-  }
   if (read_after_watch_) {
     read_after_watch_ = false;
     if (KeepReading()) return ReadRequest();
@@ -509,17 +511,42 @@ void Session::OnWatch(beast::error_code ec, std::size_t n) {
   }
 }
 
+void Session::ClientGone() {
+  peer_closed_ = true;
+  std::function<void()> gone = std::move(on_gone_);
+  on_gone_ = nullptr;
+  if (!answered_ && gone) gone();
+}
+
 void Session::WatchAgain() {
   RC_CHECK(!watch_pending_ && on_gone_);
-  const std::size_t room = WatchRoom();
-  if (room == 0) return;
+  const std::size_t room = buffer_.size() < server_.options().header_bytes_max ? WatchRoom() : 0;
+  if (room == 0) return WatchHangup();
   watch_pending_ = true;
   socket_.async_read_some(asio::buffer(watch_buf_.data(), room),
                           beast::bind_front_handler(&Session::OnWatch, shared_from_this()));
 }
 
+void Session::WatchHangup() {
+  if (!hangup_timer_) hangup_timer_ = std::make_unique<asio::steady_timer>(strand_);
+  hangup_timer_->expires_after(milliseconds(kHangupCheckMs));
+  hangup_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
+    if (ec || self->answered_ || self->closed_ || !self->on_gone_) return;
+    if (!self->PeerHungUp()) return self->WatchHangup();
+    self->ClientGone();
+  });
+}
+
+// POLLRDHUP is the peer's FIN even behind unread bytes; POLLHUP/POLLERR a reset or a dead socket.
+bool Session::PeerHungUp() {
+  pollfd p{socket_.native_handle(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
 void Session::StopWatching() {
   on_gone_ = nullptr;
+  if (hangup_timer_) hangup_timer_->cancel();
   if (!watch_pending_) return;
   beast::error_code ignored;
   socket_.cancel(ignored);
@@ -529,6 +556,7 @@ void Session::Close() {
   if (closed_) return;
   closed_ = true;
   on_gone_ = nullptr;
+  if (hangup_timer_) hangup_timer_->cancel();
   Disarm();
   Uncount();
   beast::error_code ignored;

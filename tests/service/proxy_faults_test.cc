@@ -355,6 +355,35 @@ TEST(ProxyDisconnect, AClientThatPipelinesAndLeavesIsSeenLeaving) {
   EXPECT_GE(s.svc->metrics().client_disconnects.load(), 1u);
 }
 
+// Proves a client that pipelines more than the header bound (the watch can keep none of it) and
+// then leaves is still seen leaving: cancelled and recorded aborted. Catches a watch that stops
+// reading at the bound and with it stops looking, so the engine generates to the end for nobody
+// and the rollout is recorded completed.
+TEST(ProxyDisconnect, AClientThatPipelinesPastTheHeaderBoundAndLeavesIsSeenLeaving) {
+  stack::StackOptions o;
+  o.dir_prefix = "rc-proxyfault";
+  o.token_delay_ms = 50;
+  stack::ServiceStack s(o);
+  const int fd = connect_loopback(s.svc->port());
+  const std::string body = R"({"prompt":"hang up on me","max_tokens":200})";
+  const std::string req = post_bytes("/v1/completions", body);
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  const auto t0 = Clock::now();
+  while (s.svc->metrics().proxy_in_flight.load() == 0 && ms_since(t0) < 5000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string next = "GET /health HTTP/1.1\r\nX-Filler: " + std::string(48 << 10, 'a');
+  ASSERT_EQ(::send(fd, next.data(), next.size(), MSG_NOSIGNAL), static_cast<ssize_t>(next.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::close(fd);
+  const auto t1 = Clock::now();
+  while (s.svc->metrics().finishes_aborted.load() == 0 && ms_since(t1) < 4000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.svc->metrics().finishes_aborted.load(), 1u) << "the leaving client went unseen";
+  EXPECT_GE(s.svc->metrics().client_disconnects.load(), 1u);
+}
+
 // Proves that Shutdown enforces its grace: with an engine request hung in flight it returns false
 // within grace + a small bound, the hung rollout is recorded aborted, and requests during the
 // grace are refused 503 with Retry-After. Catches: Shutdown joining workers that proxy for up to
