@@ -52,6 +52,30 @@ inline void SetHeader(HttpResponse& res, std::string_view name, std::string_view
           boost::beast::string_view(value.data(), value.size()));
 }
 
+// An upper bound on the bytes a body takes once parsed by nlohmann::json and dumped again for the
+// engine: its text twice (string contents, the dumped copy) and, per structural byte outside
+// strings, the nodes it makes (an array or object with its container, an element's slot with the
+// vector's growth, a member's map node and key). "[]," is 3 bytes of text and ~70 in memory.
+inline std::uint64_t ParsedBytesBound(std::string_view body) {
+  constexpr std::uint64_t kContainerBytes = 64, kSlotBytes = 32, kMemberBytes = 96;
+  std::uint64_t bound = 2 * static_cast<std::uint64_t>(body.size()) + kContainerBytes;
+  bool in_string = false;
+  for (std::size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped byte is content
+      in_string = c != '"';
+      continue;
+    }
+    in_string = c == '"';
+    bound += c == '[' || c == '{' ? kContainerBytes
+             : c == ','           ? kSlotBytes
+             : c == ':'           ? kMemberBytes
+                                  : 0;
+  }
+  return bound;
+}
+
 // Parses a request body as a JSON object ("" allowed when empty_ok: yields {}).
 inline Result<nlohmann::json> ParseObject(const std::string& body, bool empty_ok) {
   if (body.empty() && empty_ok) return nlohmann::json::object();

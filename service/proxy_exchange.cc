@@ -157,7 +157,7 @@ ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchan
 void ProxyExchange::Start() {
   t0_ = Clock::now();
   if (Status bad = Parse(); !bad.ok()) {
-    svc_.metrics_.bad_requests++;
+    if (bad.code() != Code::kBusy) svc_.metrics_.bad_requests++;
     return ex_.Respond(ErrorResponse(HttpStatusFor(bad), code_name(bad.code()), bad.message()));
   }
   if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
@@ -183,7 +183,14 @@ std::optional<std::uint64_t> ProxyExchange::AffinityKeyOf() const {
 }
 
 Status ProxyExchange::Parse() {
-  Result<json> parsed = ParseObject(ex_.request().body(), false);
+  const std::string& body = ex_.request().body();
+  // The parsed tree and the engine's copy outweigh the body many times over: they are held
+  // against the body budget before either is built, so the budget bounds what clients hold.
+  if (!body_hold_.Grow(ParsedBytesBound(body))) {
+    return Status::Busy(
+        "the bodies other requests hold take serve's memory budget (body_memory_bytes_max)");
+  }
+  Result<json> parsed = ParseObject(body, false);
   if (!parsed.ok()) return parsed.status();
   upstream_body_ = std::move(parsed.value());
   RC_RETURN_IF_ERROR(ParseStreamAndSalt(upstream_body_, stream_, client_salt_));
@@ -256,6 +263,7 @@ void ProxyExchange::PrepareUpstream() {
   upstream_request_.body() = DumpSafe(up);
   upstream_request_.prepare_payload();
   RC_CHECK(!cache_salt_.empty() && up.contains("cache_salt"));  // never sent unsalted
+  upstream_body_ = json();  // the engine's copy is all that is sent from here
 }
 
 HttpResponse ProxyExchange::BindingHead(int status) const {

@@ -302,6 +302,32 @@ TEST(ProxyText, DeeplyNestedJsonIsRefusedAndChangesNothing) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+// Proves the parsed copy of a proxied body counts against body_memory_bytes_max: a 2 MiB body of
+// empty arrays (~50 MiB once parsed) is refused 503 under a 16 MiB budget, journals nothing, and
+// a long but ordinary prompt of token ids still passes. Catches only the raw bytes being charged:
+// clients holding the parse trees of many such bodies (10-25x their text) through an admission
+// wait or a generation, far past the budget, until serve is killed for memory.
+TEST(ProxyText, AParsedBodyIsHeldAgainstTheBodyBudget) {
+  Stack s([](ServeConfig& c) { c.body_memory_bytes_max = 16 << 20; });
+  std::string pad = "[";
+  while (pad.size() < (2u << 20)) pad += "[],";
+  pad += "[]]";
+  const std::uint64_t head = s.svc->journal().head_seq();
+  const std::string body = R"({"prompt":"a","max_tokens":2,"pad":)" + pad + "}";
+  const std::string r = raw_exchange(s.svc->port(), post_bytes("/v1/completions", body));
+  EXPECT_EQ(status_of(r), 503) << r.substr(0, 300);
+  EXPECT_NE(r.find("body_memory_bytes_max"), std::string::npos) << r.substr(0, 300);
+  EXPECT_EQ(s.svc->journal().head_seq(), head) << "the refused body reached the journal";
+  std::string ids = "[1";
+  for (int i = 0; i < 3000; ++i) ids += "," + std::to_string(100 + i % 900);
+  ids += "]";
+  auto c = s.client();
+  auto ok =
+      c.Post("/v1/completions", R"({"prompt":)" + ids + R"(,"max_tokens":2})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body.substr(0, 300);
+}
+
 // Proves a client that keeps trickling bytes after its final answer (Connection: close) is
 // closed within the linger bound. Catches: a linger re-armed by every byte, which lets closed-out
 // connections (no longer counted against connections_max) stay open forever and exhaust the
