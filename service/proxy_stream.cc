@@ -98,10 +98,21 @@ ChoiceTrace* Trajectory::ChoiceOf(std::int64_t index) {
   return &choices[index];
 }
 
+// An id that is no integer within int64 is no token: skipping it would pair the logprobs that
+// follow with other tokens, and narrowing it would record another token, so the trace is cut.
 void Trajectory::TakeTokenIds(const json& ids, ChoiceTrace& trace) {
   for (const json& id : ids) {
     if (!TakeEntry()) break;
-    if (id.is_number_integer()) trace.token_ids.push_back(id.get<std::int64_t>());
+    const bool in_range =
+        id.is_number_integer() &&
+        (!id.is_number_unsigned() ||
+         id.get<std::uint64_t>() <=
+             static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+    if (!in_range) {
+      truncated = true;
+      break;
+    }
+    trace.token_ids.push_back(id.get<std::int64_t>());
   }
 }
 
@@ -165,9 +176,11 @@ std::optional<std::int32_t> ExactTokenId(const json& id) {
   return ExactTokenId(id.get<std::int64_t>());
 }
 
-// nullopt when an id does not fit the journal's fields: the parts would record other tokens than
-// the trajectory line (which keeps what the engine sent), so none are journaled.
+// nullopt when the trace is not whole or an id does not fit the journal's fields: the parts
+// would record other tokens than the engine sent (the trajectory line keeps what it could, and
+// says truncated), so none are journaled.
 std::optional<FlatTrace> Flatten(const Trajectory& trace) {
+  if (trace.truncated) return std::nullopt;
   FlatTrace flat;
   if (trace.prompt_token_ids.is_array()) {
     for (const json& id : trace.prompt_token_ids) {
@@ -221,12 +234,17 @@ std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollou
   const std::optional<FlatTrace> flattened = Flatten(trace);
   if (!flattened) return {};
   const FlatTrace& flat = *flattened;
+  // Parts hold a trajectory whole or not at all: the journal has no mark for a cut one, and the
+  // audit would re-verify a prefix as the whole.
+  const std::size_t tokens = flat.prompt.size() + flat.output.size();
+  if (tokens > kTrajectoryPartsMax * kTrajectoryTokensPerRecordMax) return {};
   std::vector<TrajectoryRecorded> parts;
   std::size_t p = 0, o = 0;
   while ((p < flat.prompt.size() || o < flat.output.size()) && parts.size() < kTrajectoryPartsMax) {
     parts.push_back(NextPart(rollout_id, static_cast<std::uint32_t>(parts.size()), flat, p, o));
   }
-  RC_CHECK(parts.size() <= kTrajectoryPartsMax);
+  RC_CHECK(parts.size() <= kTrajectoryPartsMax && p == flat.prompt.size() &&
+           o == flat.output.size());
   return parts;
 }
 

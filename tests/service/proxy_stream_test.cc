@@ -46,16 +46,17 @@ TEST(ProxyStreamTrace, CompletionAndChatShapesFillOneTrace) {
 }
 
 // Proves that outside text of another shape is ignored, never fatal: a non-object document or
-// choice, a non-integer index (choice 0), non-integer token ids (counted, not kept); would catch
-// a split step that assumes the shape its caller used to check.
+// choice, a non-integer index (choice 0); a non-integer token id cuts the trace there (counted,
+// truncated); would catch a split step that assumes the shape its caller used to check.
 TEST(ProxyStreamTrace, OtherShapesAreIgnored) {
   Trajectory t;
   t.Absorb(json::parse("[1, 2]"));
   t.Absorb(json::parse(R"({"choices": "no", "usage": [1]})"));
   t.Absorb(json::parse(R"({"choices": [3, {"index": "x", "token_ids": [1, "a", 2.5, 4]}]})"));
   EXPECT_EQ(t.choices.size(), 1u);
-  EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{1, 4}));
-  EXPECT_EQ(t.entries, 4u);
+  EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(t.entries, 2u);
+  EXPECT_TRUE(t.truncated);
   EXPECT_FALSE(t.usage_prompt.has_value());
   EXPECT_TRUE(t.prompt_token_ids.is_null());
 }
@@ -149,6 +150,40 @@ TEST(ProxyStreamParts, IdsTheJournalCannotHoldExactlyJournalNoParts) {
   EXPECT_EQ(parts_of(json::array({1, 4294967296ULL}), {3}), 0u);
   EXPECT_EQ(parts_of(json::array({1, -2147483649LL}), {3}), 0u);
   EXPECT_EQ(parts_of(json::array({1, 2.5}), {3}), 0u);
+}
+
+// Proves an engine's token id that is no integer within int64 (2^64-1, 2^63, 11.5, "x") cuts the
+// trace (truncated, no journal parts) instead of being narrowed or skipped. Catches 2^64-1 read
+// as -1 (another token recorded in the line and the journal) and a skipped id that pairs every
+// later logprob with the wrong token in the journal's parts.
+TEST(ProxyStreamParts, AnIdThatIsNoTokenCutsTheTrace) {
+  for (const char* bad : {"18446744073709551615", "9223372036854775808", "11.5", "\"x\""}) {
+    Trajectory t;
+    t.Absorb(json::parse(std::string(R"({"choices": [{"token_ids": [5, )") + bad +
+                         R"(, 7], "logprobs": {"token_logprobs": [-1, -2, -3]}}]})"));
+    EXPECT_TRUE(t.truncated) << bad;
+    EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{5})) << bad;
+    EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty()) << bad;
+  }
+  Trajectory fine;
+  fine.Absorb(json::parse(R"({"choices": [{"token_ids": [5, 9223372036854775807]}]})"));
+  EXPECT_FALSE(fine.truncated);
+}
+
+// Proves a trajectory the parts cannot hold whole (a prompt and an output of the entry bound
+// each) journals no parts, and a cut trace none either. Catches parts silently stopping at
+// kTrajectoryPartsMax, which the audit would re-verify as the whole trajectory.
+TEST(ProxyStreamParts, ATrajectoryIsJournaledWholeOrNotAtAll) {
+  Trajectory t;
+  json ids = json::array();
+  for (std::size_t i = 0; i < kTrajectoryEntriesMax; ++i) ids.push_back(1);
+  t.prompt_token_ids = ids;
+  t.choices[0].token_ids.assign(kTrajectoryEntriesMax, 2);
+  EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty());
+  t.choices[0].token_ids.assign(kTrajectoryTokensPerRecordMax, 2);
+  EXPECT_EQ(JournalTrajectoryParts("r1", t).size(), kTrajectoryPartsMax);
+  t.truncated = true;
+  EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty());
 }
 
 // Proves what a client receives of a streamed chunk: the fields the proxy added removed, and no
