@@ -41,8 +41,6 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> updates_refused{0};
   std::atomic<std::uint64_t> updates_tainted{0};
   std::atomic<std::uint64_t> updates_conflict{0};
-  std::atomic<std::uint64_t> trajectories_written{0};
-  std::atomic<std::uint64_t> trajectories_dropped{0};
   std::atomic<std::uint64_t> updates_outcome_unknown{0};  // answered 503 outcome_unknown
   std::atomic<std::uint64_t> updates_replayed{0};         // a re-POST answered from the record
   std::atomic<std::uint64_t> restores_committed{0};       // restore answers, by outcome

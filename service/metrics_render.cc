@@ -255,15 +255,18 @@ void AppendHttp(std::string& out, const HttpServerCounters& h) {
         h.body_memory_refused.load()}});
 }
 
-void AppendProxyCounters(std::string& out, const ServiceMetrics& m) {
-  AppendCounters(out, {{"rolloutcore_client_disconnects_total",
-                        "proxied clients that hung up mid-request", m.client_disconnects.load()},
-                       {"rolloutcore_upstream_errors_total", "proxied requests the engine failed",
-                        m.upstream_errors.load()},
-                       {"rolloutcore_trajectories_written_total", "trajectory lines written",
-                        m.trajectories_written.load()},
-                       {"rolloutcore_trajectories_dropped_total",
-                        "trajectory lines dropped (size or I/O)", m.trajectories_dropped.load()}});
+void AppendProxyCounters(std::string& out, const ServiceMetrics& m,
+                         const TrajectoryLogStats& lines) {
+  AppendCounters(
+      out, {{"rolloutcore_client_disconnects_total", "proxied clients that hung up mid-request",
+             m.client_disconnects.load()},
+            {"rolloutcore_upstream_errors_total", "proxied requests the engine failed",
+             m.upstream_errors.load()},
+            {"rolloutcore_trajectories_written_total", "trajectory lines written", lines.written},
+            {"rolloutcore_trajectories_dropped_total",
+             "trajectory lines dropped (size, queue full, I/O, or not written at "
+             "shutdown)",
+             lines.dropped}});
 }
 
 void AppendUpdatePhases(std::string& out, const effects::PhaseTimings& t) {
@@ -455,7 +458,7 @@ std::string Service::RenderFleetMetrics() const {
     AppendHttp(out, http_->counters());
     AppendBodyMemory(out, http_->body_budget());
   }
-  AppendProxyCounters(out, metrics_);
+  AppendProxyCounters(out, metrics_, trajectories_.stats());
   AppendHistograms(out, metrics_);
   return out;
 }
@@ -485,7 +488,7 @@ std::string Service::RenderMetrics() const {
     AppendHttp(out, http_->counters());
     AppendBodyMemory(out, http_->body_budget());
   }
-  AppendProxyCounters(out, metrics_);
+  AppendProxyCounters(out, metrics_, trajectories_.stats());
   effects::PhaseTimings timings;
   {
     std::lock_guard<std::mutex> g(update_id_mu_);

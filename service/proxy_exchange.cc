@@ -678,11 +678,7 @@ void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::strin
                                   trace_,
                                   admission_.engine,
                                   admission_.fleet_generation};
-  if (svc_.trajectories_.Append(TrajectoryLineText(line))) {
-    svc_.metrics_.trajectories_written++;
-  } else {
-    svc_.metrics_.trajectories_dropped++;
-  }
+  (void)svc_.trajectories_.Append(TrajectoryLineText(line));  // counted in its stats()
 }
 
 // ---- read-only pass-through ----
