@@ -100,22 +100,34 @@ Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_
     RC_CHECK(lease_ms == 0);  // a fleet admits proxied rollouts only (fleet_api.cc)
     return TryAdmitFleet(rollout_id, attempt, affinity_key);
   }
-  // The cached view on the first look; a fresh copy after a refusal or while waiting.
-  const std::shared_ptr<const State> view = AdmitView(/*fresh=*/attempt > 0);
-  const State& s = *view;
-  if (s.lifecycle == Lifecycle::kTainted) return Refused(TaintedRefusal(s));
   AdmitStep step;
-  if (!admits(s)) {
-    step.kind = AdmitStep::kWait;
-    step.waiting_on = std::string("engine is ") + lifecycle_name(s.lifecycle) +
-                      (s.update ? " (update '" + s.update->update_id + "')" : "") + ": " +
-                      admission_block_reason(s);
-    return step;
+  bool submit = false;
+  std::size_t active = 0;
+  auto look = [&](const State& s) {
+    if (s.lifecycle == Lifecycle::kTainted) {
+      step = Refused(TaintedRefusal(s));
+    } else if (!admits(s)) {
+      step.kind = AdmitStep::kWait;
+      step.waiting_on = std::string("engine is ") + lifecycle_name(s.lifecycle) +
+                        (s.update ? " (update '" + s.update->update_id + "')" : "") + ": " +
+                        admission_block_reason(s);
+    } else {
+      step.binding = make_admission(s, rollout_id, lease_ms);
+      active = s.active.size();
+      submit = true;
+    }
+  };
+  // The first look takes the cached view (no lock). A look after a refusal or a wait reads the
+  // fold in place under the journal's lock: thousands of admissions waiting out an update must
+  // not each copy the whole state every poll.
+  if (attempt == 0) {
+    look(*AdmitView());
+  } else {
+    journal_->ReadState(look);
   }
-  step.binding = make_admission(s, rollout_id, lease_ms);
+  if (!submit) return step;
   auto submitted = journal_->Submit(step.binding, effects::wall_now_ms());
-  if (!submitted.ok())
-    return SubmitRefused(submitted.status(), rollout_id, attempt, s.active.size());
+  if (!submitted.ok()) return SubmitRefused(submitted.status(), rollout_id, attempt, active);
   step.kind = AdmitStep::kSubmitted;
   step.ticket = submitted->ticket;
   return step;

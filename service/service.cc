@@ -663,12 +663,12 @@ void Service::NotifyLifecycle(std::uint64_t seq) {
   lifecycle_cv_.notify_all();
 }
 
-std::shared_ptr<const State> Service::AdmitView(bool fresh) {
+std::shared_ptr<const State> Service::AdmitView() {
   std::lock_guard<std::mutex> lock(view_mu_);
   // The epoch is read before the state: the copy is at least as new as the epoch it is filed
   // under, so a decision journaled after this read bumps the epoch and forces the next refresh.
   const std::uint64_t epoch = lifecycle_epoch_.load(std::memory_order_acquire);
-  if (!fresh && view_ != nullptr && view_epoch_ == epoch) return view_;
+  if (view_ != nullptr && view_epoch_ == epoch) return view_;
   view_ = std::make_shared<const State>(journal_->state());
   view_epoch_ = epoch;
   RC_CHECK(view_epoch_ <= lifecycle_epoch_.load(std::memory_order_acquire));

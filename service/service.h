@@ -251,10 +251,10 @@ class Service {
   void NotifyLifecycle(std::uint64_t seq);
   std::string NextRolloutId();
   // The folded state as admissions read it: a copy refreshed only when the runner has journaled
-  // a decision since (or when `fresh`), instead of one O(active rollouts) copy per admission.
-  // A stale view is harmless: the journal decides every admission against its own state and
-  // refuses one bound to an outdated version (Admit then refreshes and looks again).
-  std::shared_ptr<const State> AdmitView(bool fresh);
+  // a decision since, instead of one O(active rollouts) copy per admission. A stale view is
+  // harmless: the journal decides every admission against its own state and refuses one bound to
+  // an outdated version (Admit then looks again, at the fold itself).
+  std::shared_ptr<const State> AdmitView();
 
   friend class ProxyExchange;
   friend class PassThrough;

@@ -477,7 +477,7 @@ void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
 // The lease of an active rollout (0: not active, or proxied). The admission view may be older
 // than the admission, so a miss there is looked up in the journal's own state, without a copy.
 std::uint32_t Service::ActiveLeaseMs(const std::string& id) {
-  const std::shared_ptr<const State> view = AdmitView(false);
+  const std::shared_ptr<const State> view = AdmitView();
   auto it = view->active.find(id);
   if (it != view->active.end()) return it->second.lease_ms;
   std::uint32_t lease_ms = 0;
