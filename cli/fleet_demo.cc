@@ -203,8 +203,10 @@ int run_fleet_demo(const std::string& journal_path, int engines_n, int token_del
   spdlog::set_level(spdlog::level::warn);  // the demo prints its own story
   auto opened = service::Service::Open(FleetConfig(journal_path, engines));
   if (!opened.ok() || !(*opened)->Start().ok()) {
-    std::fprintf(stderr, "rolloutcore demo: serve did not start: %s\n",
-                 opened.ok() ? "listen failed" : opened.status().ToString().c_str());
+    // The status quotes the journal path and RocksDB's text: escaped, one line.
+    const std::string why =
+        opened.ok() ? "listen failed" : text::escape_line(opened.status().ToString());
+    std::fprintf(stderr, "rolloutcore demo: serve did not start: %s\n", why.c_str());
     return 1;
   }
   std::unique_ptr<service::Service> svc = std::move(opened.value());

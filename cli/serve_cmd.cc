@@ -2,12 +2,15 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -19,8 +22,8 @@
 
 #ifdef RC_CLI_HAVE_SERVICE
 #include "service/config.h"
-#include "service/http_util.h"
 #include "service/service.h"
+#include "service/trajectories.h"
 #include "statemachine/text.h"
 #endif
 
@@ -35,6 +38,14 @@ using FlagAppliers = std::vector<std::pair<CLI::Option*, std::function<void()>>>
 // recorded field, a client's path segment): escaped, so that one message is one line.
 void PrintError(const std::string& what) {
   std::fprintf(stderr, "rolloutcore serve: %s\n", text::escape_line(what).c_str());
+}
+
+// `j` as one line of printable ASCII: config strings may hold line and paragraph separators,
+// NEL and other C1 controls, bidirectional controls, DEL or ill-formed UTF-8, and a log line must
+// stay one line that reads as written. Every control is escaped, every non-ASCII character and DEL
+// is a \uXXXX escape (ill-formed bytes \ufffd); nothing here throws past bad_alloc.
+std::string AsciiLine(const nlohmann::json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
 }
 
 // One flag for one row of the configuration table, with its default and bounds in the help.
@@ -73,6 +84,24 @@ bool EnsureJournalParent(const std::string& journal_path) {
   spdlog::info("serve: created the journal's parent directory {}",
                text::escape_line(parent.string()));
   return true;
+}
+
+// Closing flushes the journal and writes its clean-close record, which a stalled disk could hold
+// forever after SIGTERM. It gets twice the commit stall bound and the trajectory file's drain;
+// past that the caller exits unclean and the next start recovers from what is durable.
+std::uint64_t CloseTimeoutMs(const service::ServeConfig& c) {
+  return 2 * std::uint64_t{c.journal_commit_stall_timeout_ms} +
+         service::kTrajectoryDrainTimeoutMsDefault;
+}
+
+bool ClosedWithin(std::unique_ptr<service::Service> svc, std::uint64_t timeout_ms) {
+  auto closed = std::make_shared<std::promise<void>>();
+  std::future<void> done = closed->get_future();
+  std::thread([svc = std::move(svc), closed]() mutable {
+    svc.reset();
+    closed->set_value();
+  }).detach();  // past the deadline the process exits with it still inside the close
+  return done.wait_for(std::chrono::milliseconds(timeout_ms)) == std::future_status::ready;
 }
 
 }  // namespace
@@ -164,7 +193,7 @@ Runner add_serve(CLI::App& app) {
     signal(SIGPIPE, SIG_IGN);
 
     // The effective configuration, one line, its tokens redacted: what this process runs with.
-    spdlog::info("serve: configuration {}", service::DumpSafe(service::ConfigToJson(*cfg)));
+    spdlog::info("serve: configuration {}", AsciiLine(service::ConfigToJson(*cfg)));
     auto opened = service::Service::Open(*cfg);
     if (!opened.ok()) {
       PrintError(opened.status().ToString());
@@ -204,7 +233,14 @@ Runner add_serve(CLI::App& app) {
       std::fflush(stderr);
       std::_Exit(3);
     }
-    svc.reset();
+    const std::uint64_t close_ms = CloseTimeoutMs(*cfg);
+    if (!ClosedWithin(std::move(svc), close_ms)) {
+      PrintError("closing the journal did not end within " + std::to_string(close_ms) +
+                 " ms (a stalled disk?); exiting without its clean-close record: the next start "
+                 "recovers");
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
     spdlog::info("serve: stopped cleanly");
     return 0;
   };

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <set>
 
+#include "effects/http/engine_client.h"
 #include "effects/http/response_parsers.h"
 #include "service/upstream.h"
 #include "statemachine/events.h"
@@ -832,6 +833,33 @@ Status CheckInitialLabel(const ServeConfig& c) {
                                  "could not be told from the committed weights");
 }
 
+// The settings sent or compared as `Authorization: Bearer <token>`, and the environment
+// variable `serve` reads each from when it is not configured.
+struct TokenKey {
+  std::string_view key;
+  std::string_view env;
+};
+constexpr std::array kTokenKeys = {TokenKey{"auth_token", "RC_AUTH_TOKEN"},
+                                   TokenKey{"proxy_token", "RC_PROXY_TOKEN"},
+                                   TokenKey{"engine_api_key", "RC_ENGINE_API_KEY"}};
+
+// A CR or LF in a token (a key read from a CRLF file) would end its header and let the rest
+// forge headers or a second request: every token is IsBearerToken's, as the curl path demands.
+// The message names the key, never the value: it is a secret.
+Status CheckTokens(const ServeConfig& c) {
+  for (const TokenKey& t : kTokenKeys) {
+    const ConfigKey* k = FindConfigKey(t.key);
+    RC_CHECK(k != nullptr);
+    const std::string& token = c.*std::get<std::string ServeConfig::*>(k->field);
+    if (token.empty() || effects::IsBearerToken(token)) continue;
+    return Status::InvalidArgument(
+        std::string(k->key) + " (" + FlagOf(*k) + " or " + std::string(t.env) +
+        ") must be printable ASCII without spaces or control characters (a trailing newline read "
+        "from a file counts); the value is not shown");
+  }
+  return Status::OK();
+}
+
 Status CheckConnections(const ServeConfig& c) {
   if (c.body_memory_bytes_max < c.body_bytes_max) {
     return Status::InvalidArgument(
@@ -1121,6 +1149,7 @@ Status MergeConfigFile(const std::string& path, ServeConfig& config) {
 
 Status ValidateConfig(const ServeConfig& c) {
   for (const auto& k : kKeys) RC_RETURN_IF_ERROR(CheckRow(k, c));
+  RC_RETURN_IF_ERROR(CheckTokens(c));
   RC_RETURN_IF_ERROR(CheckExecutorId(c));
   RC_RETURN_IF_ERROR(CheckInitialLabel(c));
   RC_RETURN_IF_ERROR(CheckEngines(c));
@@ -1213,7 +1242,9 @@ Rules that join several keys, checked after the bounds:
   the number of engines that stay. With `transfer` = `nccl`, engine i of the list (from 0) has a
   communicator of its own whose rendezvous is `rendezvous`'s port + i (port 0: each its own
   ephemeral port); the last such port is at most 65535.
-- `proxy_token`, when given, differs from `auth_token`.
+- `auth_token`, `proxy_token` and `engine_api_key`, when given (or taken from the
+  environment), are printable ASCII without spaces or control characters: each travels in an
+  `Authorization: Bearer` header. `proxy_token` differs from `auth_token`.
 - `rendezvous`, when given, is `HOST:PORT` or `[IPv6]:PORT` (PORT 0..65535).
 - `nccl_world_size` is 0 (ask the engine) or 2 and more.
 - With `transfer` = `nccl`: `rendezvous` is required, and `nccl_abort_reserve_ms` is below both

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -180,6 +181,29 @@ TEST(ConfigTable, BodyMemoryMustHoldOneBody) {
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
 }
 
+// Proves each token setting (trainer token, proxy token, engine API key) with a CR LF, a lone LF or
+// a space inside is refused naming the key and never echoing the value, and that a plain token is
+// accepted; it would catch a key read from a CRLF file being sent raw in `Authorization: Bearer`,
+// splitting the proxied request (header injection), or a secret copied into an error message.
+TEST(ConfigTable, TokensMustBeSafeInAnAuthorizationHeader) {
+  for (const std::string key : {"auth_token", "proxy_token", "engine_api_key"}) {
+    for (const std::string bad :
+         {"secret-1\r\nX-Forged: 1", "secret-1\n", "secret 1", "secret-1\x7f", "secret-\xc3\xa9"}) {
+      ServeConfig c = Minimal();
+      ASSERT_TRUE(MergeConfigJson(nlohmann::json{{key, bad}}, c).ok()) << key;
+      const Status st = ValidateConfig(c);
+      ASSERT_FALSE(st.ok()) << key << " accepted a token with a byte a header cannot carry";
+      EXPECT_EQ(st.code(), Code::kInvalidArgument);
+      EXPECT_NE(st.message().find(key), std::string::npos) << st.ToString();
+      EXPECT_EQ(st.message().find("secret"), std::string::npos) << "value echoed: " << key;
+      EXPECT_EQ(st.message().find("Forged"), std::string::npos) << "value echoed: " << key;
+    }
+    ServeConfig c = Minimal();
+    ASSERT_TRUE(MergeConfigJson(nlohmann::json{{key, "tok-EN_1.a~+/="}}, c).ok());
+    EXPECT_TRUE(ValidateConfig(c).ok()) << key << ": " << ValidateConfig(c).ToString();
+  }
+}
+
 // Proves an unknown key is refused with the closest valid keys (or, with none close, all of
 // them) and outside bytes are not echoed raw; it would catch the bare "unknown config key" that
 // left users guessing (e.g. `journal` for `journal_path`).
@@ -272,6 +296,59 @@ TEST(ConfigCli, TheStartupLogShowsTheConfigurationWithoutItsTokens) {
   EXPECT_NE(line.find("\"auth_token\":\"<redacted>\""), std::string::npos) << line;
   EXPECT_NE(line.find("\"engine_url\":\"http://127.0.0.1:1\""), std::string::npos) << line;
   EXPECT_EQ(run.output.find("secret"), std::string::npos) << run.output;
+  fs::remove_all(dir.parent_path());
+}
+
+// Proves the startup configuration line stays one line of printable ASCII when a config string
+// holds U+2028, NEL, a bidi override, DEL and an ill-formed byte, each shown escaped; it would
+// catch those bytes written raw into the log, where a reader splitting on U+2028 or NEL sees a
+// forged second record and a terminal shows the line reordered.
+TEST(ConfigCli, TheStartupLogIsOneLineOfPrintableAscii) {
+  const fs::path dir = FreshDir("startup-ascii");
+  const std::string executor_id =
+      "exec\xe2\x80\xa8"  // U+2028
+      "a\xc2\x85"         // NEL
+      "b\xe2\x80\xae"     // RIGHT-TO-LEFT OVERRIDE
+      "c\x7f"             // DEL
+      "d\xff"             // never UTF-8
+      "e";
+  const stack::ServeRun run =
+      RunServe({"--engine-url", "http://127.0.0.1:1", "--journal", (dir / "journal").string(),
+                "--port", "0", "--initial-source", "synthetic:4x64", "--engine-startup-timeout-ms",
+                "200", "--executor-id", executor_id},
+               dir / "out.txt");
+  const std::size_t at = run.output.find("serve: configuration {");
+  ASSERT_NE(at, std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("serve: configuration {", at + 1), std::string::npos) << run.output;
+  const std::size_t end = run.output.find('\n', at);
+  ASSERT_NE(end, std::string::npos) << run.output;
+  const std::string line = run.output.substr(at, end - at);
+  for (const char ch : line) {
+    const auto byte = static_cast<unsigned char>(ch);
+    ASSERT_TRUE(byte >= 0x20 && byte < 0x7f) << "byte " << int{byte} << " in: " << line;
+  }
+  EXPECT_EQ(line.back(), '}') << line;
+  EXPECT_NE(line.find("\\u2028"), std::string::npos) << line;
+  EXPECT_NE(line.find("\\u0085"), std::string::npos) << line;
+  EXPECT_NE(line.find("\\u007f"), std::string::npos) << line;
+  fs::remove_all(dir.parent_path());
+}
+
+// Proves an engine key taken from RC_ENGINE_API_KEY with a CR LF in it (a key file written on
+// Windows) stops serve at start, exit 2, naming the variable without printing the key; it would
+// catch the environment path bypassing the check that the flag and the file get.
+TEST(ConfigCli, AnEngineKeyWithALineBreakFromTheEnvironmentIsRefused) {
+  const fs::path dir = FreshDir("env-key");
+  ASSERT_EQ(::setenv("RC_ENGINE_API_KEY", "engine-secret-3\r\nX-Forged: 1", 1), 0);
+  const stack::ServeRun run =
+      RunServe({"--engine-url", "http://127.0.0.1:1", "--journal", (dir / "journal").string(),
+                "--port", "0", "--initial-source", "synthetic:4x64"},
+               dir / "out.txt");
+  ::unsetenv("RC_ENGINE_API_KEY");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("RC_ENGINE_API_KEY"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("secret"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("Forged"), std::string::npos) << run.output;
   fs::remove_all(dir.parent_path());
 }
 #endif
