@@ -404,6 +404,17 @@ CallOptions WithOperationDeadline(const CallOptions& o, std::uint64_t default_ti
   return bounded;
 }
 
+CallOptions UntilDeadlineMs(std::uint64_t deadline_at_ms) {
+  constexpr std::int64_t kSteadyMsMax =
+      std::chrono::duration_cast<std::chrono::milliseconds>(SteadyTime::duration::max()).count();
+  const std::uint64_t at_ms = std::min(deadline_at_ms, static_cast<std::uint64_t>(kSteadyMsMax));
+  const auto now_ms = static_cast<std::uint64_t>(steady_now_ms());
+  CallOptions o;
+  o.timeout_ms = std::max<std::uint64_t>(1, at_ms > now_ms ? at_ms - now_ms : 0);
+  o.deadline = SteadyTime(std::chrono::milliseconds(static_cast<std::int64_t>(at_ms)));
+  return o;
+}
+
 HttpReply EngineClient::Call(const Request& req, const CallOptions& o) {
   RC_CHECK(!req.path.empty() && req.path.front() == '/');
   std::uint64_t timeout_ms = o.timeout_ms.value_or(req.timeout_ms);

@@ -72,6 +72,9 @@ struct CallOptions {
 // `o` with a deadline for an operation of several calls: its own, else now plus its timeout
 // (default_timeout_ms when it names none).
 CallOptions WithOperationDeadline(const CallOptions& o, std::uint64_t default_timeout_ms);
+// A call of an operation that must end by `deadline_at_ms` (steady_now_ms's clock): it may take
+// whatever is left of it when sent, and no more, so calls in a row end by the one deadline.
+CallOptions UntilDeadlineMs(std::uint64_t deadline_at_ms);
 
 // A token that can travel in an Authorization header: 1..4096 printable ASCII, no space.
 bool IsBearerToken(const std::string& token);

@@ -2,14 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
-#include <system_error>
 
 #include "effects/clock.h"
 #include "effects/http/response_parsers.h"
+#include "effects/nccl/weight_source.h"
 #include "encoding/sha256.h"
 #include "statemachine/describe.h"
 #include "statemachine/text.h"
@@ -159,22 +157,6 @@ Status check_header(const json& j) {
   return Status::OK();
 }
 
-Result<std::string> read_bounded(const std::string& path) {
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) return Status::IOError("cannot read '" + path + "': " + ec.message());
-  if (size > kVllmIpcFileBytesMax) {
-    return Status::InvalidArgument("'" + path + "' is " + std::to_string(size) + " bytes, over " +
-                                   std::to_string(kVllmIpcFileBytesMax));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string text(static_cast<std::size_t>(size), '\0');
-  if (!in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
-    return Status::IOError("cannot read '" + path + "'");
-  }
-  return text;
-}
-
 std::uint64_t remaining_ms(std::uint64_t deadline_at_ms) {
   const auto now_ms = static_cast<std::uint64_t>(steady_now_ms());
   return now_ms >= deadline_at_ms ? 0 : deadline_at_ms - now_ms;
@@ -231,15 +213,16 @@ Result<VllmIpcFile> ParseVllmIpcFile(const std::string& text) {
 Result<VllmIpcFile> ReadVllmIpcFile(const std::string& source_uri) {
   Result<std::string> path = VllmIpcPath(source_uri);
   if (!path.ok()) return path.status();
-  Result<std::string> text = read_bounded(*path);
+  // One guarded open: a FIFO (or any non-regular file) swapped in is refused, never waited on.
+  Result<std::string> text = nccl::ReadSmallFile(*path, kVllmIpcFileBytesMax);
   if (!text.ok()) return text.status();
   Result<VllmIpcFile> f = ParseVllmIpcFile(*text);
   if (!f.ok()) return Status::InvalidArgument("'" + *path + "': " + f.status().message());
   return f;
 }
 
-std::string IpcTransfer::DeviceMismatch(const VllmIpcFile& file) {
-  HttpReply reply = client_.DeviceInfo();
+std::string IpcTransfer::DeviceMismatch(const VllmIpcFile& file, const CallOptions& o) {
+  HttpReply reply = client_.DeviceInfo(o);
   if (!reply.http.ok_2xx()) {
     return "the engine did not report its GPUs (rc_device_info needs the worker extension): " +
            describe(reply.http);
@@ -264,7 +247,7 @@ PreflightObserved IpcTransfer::Preflight(const TransferTarget& target) {
     return p;
   }
   p.source_manifest_digest = file->manifest.digest();
-  const std::string mismatch = DeviceMismatch(*file);
+  const std::string mismatch = DeviceMismatch(*file, CallOptions{});
   p.device_ok = mismatch.empty();
   p.detail = std::to_string(file->manifest.tensors.size()) + " tensors, " +
              std::to_string(file->manifest.total_bytes()) + " bytes over CUDA IPC" +
@@ -279,14 +262,19 @@ PreflightObserved IpcTransfer::Preflight(const TransferTarget& target) {
 std::optional<StepFailed> IpcTransfer::InitializeOnce(std::uint64_t deadline_at_ms) {
   const std::uint64_t left = remaining_ms(deadline_at_ms);
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline spent before the first call"};
-  if (initialized_on_ && SameEngineAs(client_, *initialized_on_, left)) return std::nullopt;
+  // The instance check is one label read (and /metrics) within a call's timeout; whatever it
+  // leaves of the deadline is all the init gets.
+  if (initialized_on_ && SameEngineAs(client_, *initialized_on_,
+                                      std::min(left, client_.deadlines().call_timeout_ms))) {
+    return std::nullopt;
+  }
   HttpReply init =
-      client_.InitWeightTransferEngine(json::object(), CallOptions{left, std::nullopt});
+      client_.InitWeightTransferEngine(json::object(), UntilDeadlineMs(deadline_at_ms));
   if (!init.http.ok_2xx()) {
     return StepFailed{MutationClass::kNone, summary("/init_weight_transfer_engine", init.http)};
   }
-  initialized_on_ = client_.Instance(
-      CallOptions{std::max<std::uint64_t>(1, remaining_ms(deadline_at_ms)), std::nullopt});
+  initialized_on_ =
+      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "" once spent: read next time
   return std::nullopt;
 }
 
@@ -299,25 +287,24 @@ std::optional<StepFailed> IpcTransfer::RunUpdate(const TransferTarget& target,
     return StepFailed{MutationClass::kNone,
                       "the source file no longer holds the declared manifest"};
   }
-  if (std::string mismatch = DeviceMismatch(*file); !mismatch.empty()) {
+  if (std::string mismatch = DeviceMismatch(*file, UntilDeadlineMs(deadline_at_ms));
+      !mismatch.empty()) {
     return StepFailed{MutationClass::kNone, mismatch};
   }
   if (std::optional<StepFailed> failed = InitializeOnce(deadline_at_ms)) return failed;
-  HttpReply start =
-      client_.StartWeightUpdate(CallOptions{remaining_ms(deadline_at_ms), std::nullopt});
+  HttpReply start = client_.StartWeightUpdate(UntilDeadlineMs(deadline_at_ms));
   if (!start.http.ok_2xx()) return at_start(start);
-  const std::uint64_t left = remaining_ms(deadline_at_ms);
-  if (left == 0) return StepFailed{MutationClass::kPossible, "deadline passed after start"};
-  HttpReply update = client_.UpdateWeights(file->update_info, CallOptions{left, std::nullopt});
+  if (remaining_ms(deadline_at_ms) == 0) {
+    return StepFailed{MutationClass::kPossible, "deadline passed after start"};
+  }
+  HttpReply update = client_.UpdateWeights(file->update_info, UntilDeadlineMs(deadline_at_ms));
   if (!update.http.ok_2xx()) {
     return StepFailed{MutationClass::kPossible, summary("/update_weights", update.http)};
   }
   out.bytes_sent = file->manifest.total_bytes();
   out.tensors_sent = static_cast<std::uint32_t>(file->manifest.tensors.size());
   out.finish_label = target.target.label;
-  HttpReply fin = client_.FinishWeightUpdate(
-      target.target.label,
-      CallOptions{std::max<std::uint64_t>(1, remaining_ms(deadline_at_ms)), std::nullopt});
+  HttpReply fin = client_.FinishWeightUpdate(target.target.label, UntilDeadlineMs(deadline_at_ms));
   if (fin.http.ok_2xx()) return std::nullopt;
   return StepFailed{MutationClass::kPossible, summary("/finish_weight_update", fin.http)};
 }

@@ -62,7 +62,8 @@ struct VllmIpcFile {
 [[nodiscard]] Result<std::string> VllmIpcPath(const std::string& source_uri);
 // Pure: the file's text -> its parsed form. Never quotes the file's content in an error.
 [[nodiscard]] Result<VllmIpcFile> ParseVllmIpcFile(const std::string& text);
-// Reads (bounded by kVllmIpcFileBytesMax) and parses the file behind a vllm-ipc: URI.
+// Reads (bounded by kVllmIpcFileBytesMax) and parses the file behind a vllm-ipc: URI. Only a
+// regular file is read: a FIFO, socket or device at the path is refused without waiting on it.
 [[nodiscard]] Result<VllmIpcFile> ReadVllmIpcFile(const std::string& source_uri);
 
 class IpcTransfer final : public WeightTransfer {
@@ -76,7 +77,7 @@ class IpcTransfer final : public WeightTransfer {
 
  private:
   // Why the engine's workers cannot open these handles ("" when every worker's GPU is named).
-  std::string DeviceMismatch(const VllmIpcFile& file);
+  std::string DeviceMismatch(const VllmIpcFile& file, const CallOptions& o);
   std::optional<StepFailed> InitializeOnce(std::uint64_t deadline_at_ms);
   std::optional<StepFailed> RunUpdate(const TransferTarget& target, std::uint64_t deadline_at_ms,
                                       TransferObserved& out);

@@ -35,6 +35,13 @@ std::string summary(const char* step, const HttpEvidence& h) {
   return s;
 }
 
+// Milliseconds left until deadline_at_ms, or 0 when it has passed. Integer milliseconds: a
+// time_point (nanoseconds) overflows past ~292 years.
+std::uint64_t remaining_ms(std::uint64_t deadline_at_ms) {
+  const auto now_ms = static_cast<std::uint64_t>(steady_now_ms());
+  return now_ms >= deadline_at_ms ? 0 : deadline_at_ms - now_ms;
+}
+
 }  // namespace
 
 namespace {
@@ -113,9 +120,8 @@ HttpSequenceTransfer::HttpSequenceTransfer(EngineClient& client, EngineProtocol 
                                            PackingParams packing)
     : client_(client), protocol_(std::move(protocol)), packing_(packing) {}
 
-Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
-  RC_CHECK(timeout_ms > 0);  // with time left
-  HttpReply world = client_.GetWorldSize(true, CallOptions{timeout_ms, std::nullopt});
+Status HttpSequenceTransfer::Initialize(std::uint64_t deadline_at_ms) {
+  HttpReply world = client_.GetWorldSize(true, UntilDeadlineMs(deadline_at_ms));
   if (!world.http.ok_2xx() || !world.body.contains("world_size") ||
       !world.body["world_size"].is_number_unsigned()) {
     return Status::Unavailable(summary("/get_world_size", world.http));
@@ -124,7 +130,7 @@ Status HttpSequenceTransfer::Initialize(std::uint64_t timeout_ms) {
   params.world_size = 1 + world.body["world_size"].get<std::uint32_t>();
   Result<nlohmann::json> info = build_init_info(protocol_, params, packing_);
   if (!info.ok()) return info.status();
-  HttpReply init = client_.InitWeightTransferEngine(*info, CallOptions{timeout_ms, std::nullopt});
+  HttpReply init = client_.InitWeightTransferEngine(*info, UntilDeadlineMs(deadline_at_ms));
   if (!init.http.ok_2xx()) {
     return Status::Unavailable(summary("/init_weight_transfer_engine", init.http));
   }
@@ -149,20 +155,13 @@ PreflightObserved HttpSequenceTransfer::Preflight(const TransferTarget& target) 
 
 namespace {
 
-// Milliseconds left until deadline_at_ms, or 0 when it has passed. Integer milliseconds: a
-// time_point (nanoseconds) overflows past ~292 years.
-std::uint64_t remaining_ms(std::uint64_t deadline_at_ms) {
-  const auto now_ms = static_cast<std::uint64_t>(steady_now_ms());
-  return now_ms >= deadline_at_ms ? 0 : deadline_at_ms - now_ms;
-}
-
 using StepFailed = HttpSequenceTransfer::StepFailed;
 
 // 1. /start_weight_update: the first call that may change the engine.
 std::optional<StepFailed> start_update(EngineClient& client, std::uint64_t deadline_at_ms) {
   const std::uint64_t left = remaining_ms(deadline_at_ms);
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline passed before start"};
-  HttpReply start = client.StartWeightUpdate(CallOptions{left, std::nullopt});
+  HttpReply start = client.StartWeightUpdate(UntilDeadlineMs(deadline_at_ms));
   if (start.http.ok_2xx()) return std::nullopt;
   return StepFailed{start.http.never_sent() ? MutationClass::kNone : MutationClass::kPossible,
                     summary("/start_weight_update", start.http)};
@@ -171,20 +170,22 @@ std::optional<StepFailed> start_update(EngineClient& client, std::uint64_t deadl
 // The data plane's stand-in: names the source, whose bytes NCCL would carry, to an engine that
 // models content (the vLLM double's /_double/data_plane). A real engine answers 404; either way
 // the answer changes nothing here, because no byte of a weight moves over this call.
-void announce_content(EngineClient& client, const std::string& source_uri, std::uint64_t left) {
-  (void)client.PostJson(kDataPlaneRoute, nlohmann::json{{"content", source_uri}},
-                        CallOptions{std::min<std::uint64_t>(left, 1000), std::nullopt});
+void announce_content(EngineClient& client, const std::string& source_uri,
+                      std::uint64_t deadline_at_ms) {
+  CallOptions o = UntilDeadlineMs(deadline_at_ms);
+  o.timeout_ms = 1000;
+  (void)client.PostJson(kDataPlaneRoute, nlohmann::json{{"content", source_uri}}, o);
 }
 
 // 2. /update_weights from a second thread, as vLLM requires (the data plane would run here).
 std::optional<StepFailed> update_weights(EngineClient& client, const nlohmann::json& update_info,
                                          std::uint64_t deadline_at_ms) {
-  const std::uint64_t left = remaining_ms(deadline_at_ms);
-  if (left == 0) return StepFailed{MutationClass::kPossible, "deadline passed after start"};
+  if (remaining_ms(deadline_at_ms) == 0) {
+    return StepFailed{MutationClass::kPossible, "deadline passed after start"};
+  }
   HttpReply update;
-  std::thread updater([&] {
-    update = client.UpdateWeights(update_info, CallOptions{left, std::nullopt});
-  });
+  std::thread updater(
+      [&] { update = client.UpdateWeights(update_info, UntilDeadlineMs(deadline_at_ms)); });
   updater.join();  // bounded: the call carries the remaining deadline
   if (update.http.ok_2xx()) return std::nullopt;
   return StepFailed{MutationClass::kPossible, summary("/update_weights", update.http)};
@@ -193,10 +194,11 @@ std::optional<StepFailed> update_weights(EngineClient& client, const nlohmann::j
 // 3. /finish_weight_update {"weight_version": label}; out.finish_label once it is sent.
 std::optional<StepFailed> finish_update(EngineClient& client, const std::string& label,
                                         std::uint64_t deadline_at_ms, TransferObserved& out) {
-  const std::uint64_t left = remaining_ms(deadline_at_ms);
-  if (left == 0) return StepFailed{MutationClass::kPossible, "deadline passed before finish"};
+  if (remaining_ms(deadline_at_ms) == 0) {
+    return StepFailed{MutationClass::kPossible, "deadline passed before finish"};
+  }
   out.finish_label = label;
-  HttpReply fin = client.FinishWeightUpdate(label, CallOptions{left, std::nullopt});
+  HttpReply fin = client.FinishWeightUpdate(label, UntilDeadlineMs(deadline_at_ms));
   if (fin.http.ok_2xx()) return std::nullopt;
   return StepFailed{MutationClass::kPossible, summary("/finish_weight_update", fin.http)};
 }
@@ -210,11 +212,16 @@ std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t dea
   if (left == 0) {
     return StepFailed{MutationClass::kNone, "deadline spent before the first engine call"};
   }
-  if (initialized_on_ && SameEngineAs(client_, *initialized_on_, left)) return std::nullopt;
-  Status init = Initialize(left);
+  // The instance check is one label read (and /metrics) within a call's timeout; whatever it
+  // leaves of the deadline is all the initialization gets.
+  if (initialized_on_ && SameEngineAs(client_, *initialized_on_,
+                                      std::min(left, client_.deadlines().call_timeout_ms))) {
+    return std::nullopt;
+  }
+  Status init = Initialize(deadline_at_ms);
   if (!init.ok()) return StepFailed{MutationClass::kNone, init.ToString()};
-  initialized_on_ = client_.Instance(
-      CallOptions{std::max<std::uint64_t>(1, remaining_ms(deadline_at_ms)), std::nullopt});
+  initialized_on_ =
+      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "" once spent: read next time
   return std::nullopt;
 }
 
@@ -227,7 +234,7 @@ std::optional<StepFailed> HttpSequenceTransfer::RunSequence(const TransferTarget
   if (!update_info.ok()) return StepFailed{MutationClass::kNone, update_info.status().ToString()};
   if (std::optional<StepFailed> failed = InitializeOnce(deadline_at_ms)) return failed;
   if (std::optional<StepFailed> failed = start_update(client_, deadline_at_ms)) return failed;
-  announce_content(client_, target.source_uri, remaining_ms(deadline_at_ms));
+  announce_content(client_, target.source_uri, deadline_at_ms);
   if (std::optional<StepFailed> failed = update_weights(client_, *update_info, deadline_at_ms)) {
     return failed;
   }

@@ -55,8 +55,9 @@ class HttpSequenceTransfer : public WeightTransfer {
   using StepFailed = TransferStepFailed;
 
  private:
-  // /get_world_size then /init_weight_transfer_engine (once per engine).
-  [[nodiscard]] Status Initialize(std::uint64_t timeout_ms);
+  // /get_world_size then /init_weight_transfer_engine (once per engine), both ending by
+  // deadline_at_ms (on steady_now_ms()'s clock).
+  [[nodiscard]] Status Initialize(std::uint64_t deadline_at_ms);
   // Initialize unless done; deadline_at_ms is on steady_now_ms()'s clock.
   std::optional<StepFailed> InitializeOnce(std::uint64_t deadline_at_ms);
   // The source, then the engine steps in order; nullopt when every one succeeded.

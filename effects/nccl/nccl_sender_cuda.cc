@@ -867,7 +867,7 @@ class TransferRun {
       timing_.direct_ops++;
     } else {
       timing_.staged_ops++;
-      RC_RETURN_IF_ERROR(Stage(op, *slot));
+      RC_RETURN_IF_ERROR(Stage(op, *slot, w.deadline));
       buf = slot->dev;
     }
     return Enqueue(op, buf, slot, w);
@@ -884,15 +884,16 @@ class TransferRun {
   }
 
   // Copies the op's tensors into the slot's device buffer (through its pinned host buffer when
-  // the source is a file). StagingNeeds sized every slot of the ring for the largest staged op.
-  Status Stage(const BroadcastOp& op, const Impl::Slot& slot) {
+  // the source is a file; the file read stops at `deadline`). StagingNeeds sized every slot of the
+  // ring for the largest staged op.
+  Status Stage(const BroadcastOp& op, const Impl::Slot& slot, Clock::time_point deadline) {
     RC_CHECK(op.bytes <= slot.dev_bytes);
     char* dev = static_cast<char*>(slot.dev);
     cudaError_t e = cudaSuccess;
     if (source_->where() == WeightSource::Where::kHost) {
       RC_CHECK(op.bytes <= slot.host_bytes);
       char* host = static_cast<char*>(slot.host);
-      RC_RETURN_IF_ERROR(ReadToHost(op, host));
+      RC_RETURN_IF_ERROR(ReadToHost(op, host, deadline));
       e = cudaMemcpyAsync(dev, host, op.bytes, cudaMemcpyHostToDevice, slot.stream);
     } else {
       e = CopyOnDevice(op, dev, slot.stream);
@@ -901,10 +902,10 @@ class TransferRun {
     return Status::OK();
   }
 
-  Status ReadToHost(const BroadcastOp& op, char* host) const {
+  Status ReadToHost(const BroadcastOp& op, char* host, Clock::time_point deadline) const {
     std::uint64_t off = 0;
     for (std::size_t i = op.first_tensor; i < op.first_tensor + op.tensor_count; ++i) {
-      RC_RETURN_IF_ERROR(source_->ReadHost(i, host + off));
+      RC_RETURN_IF_ERROR(source_->ReadHost(i, host + off, deadline));
       off += source_->manifest().tensors[i].nbytes();
     }
     return Status::OK();

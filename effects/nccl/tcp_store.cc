@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -89,12 +90,13 @@ struct TcpStoreServer::Impl {
   int listen_fd = -1;
   int wake_fd = -1;
   std::thread thread;
+  // Set without `mu`: Stop() must not queue behind a round of serving for the lock.
+  std::atomic<bool> stop{false};
   mutable std::mutex mu;  // guards everything below
   std::map<std::string, std::string> store;
   std::size_t stored_bytes = 0;  // sum of key + value sizes in `store`
   std::vector<std::unique_ptr<Conn>> conns;
   TcpStoreStats stats;
-  bool stop = false;
 
   ~Impl() {
     if (listen_fd >= 0) ::close(listen_fd);
@@ -521,28 +523,27 @@ struct TcpStoreServer::Impl {
     return std::min(own, shared);
   }
 
-  // Reads what c sent and serves the complete queries. Only this connection is dropped when a
-  // bound is hit or an allocation fails.
+  // Reads at most one buffer of what c sent and serves the complete queries. One recv per poll
+  // round, not until EAGAIN: a peer that sends faster than its queries are served would otherwise
+  // keep the serving thread here, holding `mu`, so no other connection, Set or Stop would
+  // proceed. poll() is level-triggered: what is left is read next round. Only this connection is
+  // dropped when a bound is hit or an allocation fails.
   void Receive(Conn* c, char* buf, std::size_t buf_bytes) {
     try {
-      for (;;) {
-        const std::size_t room = std::min(buf_bytes, ReceiveRoom(c));
-        if (room == 0) {
-          ++stats.budget_refusals;
-          Disconnect(c);
-          return;
-        }
-        const ssize_t got = ::recv(c->fd, buf, room, 0);
-        if (got > 0) {
-          c->in.append(buf, static_cast<std::size_t>(got));
-          HandleInput(c);
-          if (c->closing) return;
-          continue;
-        }
-        if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          c->closing = true;  // peer closed: not a protocol error
-        }
+      const std::size_t room = std::min(buf_bytes, ReceiveRoom(c));
+      if (room == 0) {
+        ++stats.budget_refusals;
+        Disconnect(c);
         return;
+      }
+      const ssize_t got = ::recv(c->fd, buf, room, 0);
+      if (got > 0) {
+        c->in.append(buf, static_cast<std::size_t>(got));
+        HandleInput(c);
+        return;
+      }
+      if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c->closing = true;  // peer closed: not a protocol error
       }
     } catch (const std::bad_alloc&) {
       DropAfterAllocationFailure(c);
@@ -586,9 +587,8 @@ struct TcpStoreServer::Impl {
     char buf[64 * 1024];
     while (PollSet(&fds)) {
       const int n = ::poll(fds.data(), fds.size(), kPollTickMs);
-      if (n < 0 && errno != EINTR) break;
+      if ((n < 0 && errno != EINTR) || stop.load()) break;
       std::lock_guard<std::mutex> lock(mu);
-      if (stop) break;
       ServeReady(fds, buf, sizeof(buf));
     }
     CloseAll();
@@ -597,8 +597,8 @@ struct TcpStoreServer::Impl {
   // fds := listener, wake-up, then one entry per connection in `conns` order. False once stopped.
   bool PollSet(std::vector<pollfd>* fds) {
     fds->clear();
+    if (stop.load()) return false;
     std::lock_guard<std::mutex> lock(mu);
-    if (stop) return false;
     fds->push_back({listen_fd, POLLIN, 0});
     fds->push_back({wake_fd, POLLIN, 0});
     for (auto& c : conns) {
@@ -725,10 +725,7 @@ TcpStoreServer::~TcpStoreServer() { Stop(); }
 
 void TcpStoreServer::Stop() {
   if (!impl_) return;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->stop = true;
-  }
+  impl_->stop.store(true);
   impl_->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   RC_CHECK(impl_->conns.empty());  // the serving thread closed every connection on its way out

@@ -20,11 +20,13 @@
 //   PING(13)       u32 nonce                      -> u32 nonce
 // Keys are raw wire keys: torch's client prefixes user keys with "/" (but not "init/").
 //
-// One thread serves every connection with poll(). Every resource is bounded BEFORE it is allocated
-// (connections, key and value sizes, stored keys and stored bytes, buffered input/output per
-// connection and across all connections, the size of a reply computed before it is built); a
-// client that breaks a bound or the grammar is disconnected, and an allocation failure while
-// serving one connection drops that connection only. The store never grows beyond its limits.
+// One thread serves every connection with poll(), reading at most one buffer per connection per
+// round, so no peer can keep it (and the lock that Set and stats() share) to itself. Every
+// resource is bounded BEFORE it is allocated (connections, key and value sizes, stored keys and
+// stored bytes, buffered input/output per connection and across all connections, the size of a
+// reply computed before it is built); a client that breaks a bound or the grammar is
+// disconnected, and an allocation failure while serving one connection drops that connection
+// only. The store never grows beyond its limits.
 //
 // The master is unauthenticated (torch's protocol has no credentials), so it binds to one address
 // (the rendezvous host, loopback by default) and the rendezvous key is write-once and master-only:
@@ -109,7 +111,8 @@ class TcpStoreServer {
   // SET and refuses to change a write-once key that already holds a value.
   [[nodiscard]] Status Set(const std::string& wire_key, const std::string& value);
   std::optional<std::string> Get(const std::string& wire_key) const;
-  // Closes every connection and joins the serving thread. Idempotent; bounded by one poll tick.
+  // Closes every connection and joins the serving thread. Idempotent; bounded by one poll tick
+  // plus one serving round (at most one receive per connection).
   void Stop();
   TcpStoreStats stats() const;
 

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <numeric>
 #include <nlohmann/json.hpp>
 
+#include "effects/clock.h"
 #include "effects/http/response_parsers.h"
 #include "effects/http/sequence_transfer.h"
 #include "encoding/base64.h"
@@ -51,15 +54,21 @@ Status ReadShape(const json& j, const std::string& who, std::vector<std::uint64_
 
 // Reads exactly `bytes` at `offset`. Bounded: every pass either makes progress or returns, and
 // interrupted calls are retried at most kEintrRetriesMax times in a row. The descriptor is a
-// regular file (OpenRegularFile), so no pread here waits for a writer.
+// regular file (OpenRegularFile), so no pread here waits for a writer. The deadline is checked
+// before every chunk: a read of many chunks ends within one chunk's read of it.
 constexpr int kEintrRetriesMax = 64;
 constexpr std::uint64_t kReadChunkBytesMax = 64u << 20;
 
-Status ReadExact(int fd, std::uint64_t offset, void* dst, std::uint64_t bytes) {
+Status ReadExact(int fd, std::uint64_t offset, void* dst, std::uint64_t bytes,
+                 SteadyTime deadline = SteadyTime::max()) {
   RC_CHECK(fd >= 0 && (dst != nullptr || bytes == 0));
   auto* p = static_cast<char*>(dst);
   int interrupted = 0;
   while (bytes > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::Timeout("read passed its deadline with " + std::to_string(bytes) +
+                             " bytes left");
+    }
     const std::size_t want = static_cast<std::size_t>(std::min(bytes, kReadChunkBytesMax));
     const ssize_t got = ::pread(fd, p, want, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR && ++interrupted <= kEintrRetriesMax) continue;
@@ -91,22 +100,6 @@ Result<int> OpenRegularFile(const std::string& path, struct stat* st) {
   return fd;
 }
 
-Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t max_bytes) {
-  struct stat st {};
-  Result<int> fd = OpenRegularFile(path, &st);
-  if (!fd.ok()) return fd.status();
-  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
-    ::close(*fd);
-    return Status::InvalidArgument(path + ": larger than " + std::to_string(max_bytes) + " bytes");
-  }
-  std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  Status s = ReadExact(*fd, 0, text.data(), text.size());
-  ::close(*fd);
-  if (!s.ok()) return s;
-  RC_CHECK(text.size() <= max_bytes);
-  return text;
-}
-
 // The u64 little-endian at the start of `bytes` (at least 8 of them).
 std::uint64_t LittleEndian64(const std::string& bytes) {
   RC_CHECK(bytes.size() >= 8);
@@ -131,6 +124,24 @@ Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes) {
 }
 
 }  // namespace
+
+Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t max_bytes) {
+  struct stat st {};
+  Result<int> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return fd.status();
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    ::close(*fd);
+    return Status::InvalidArgument(path + ": " + std::to_string(size) + " bytes, over the " +
+                                   std::to_string(max_bytes) + "-byte bound");
+  }
+  std::string text(static_cast<std::size_t>(size), '\0');
+  Status s = ReadExact(*fd, 0, text.data(), text.size());
+  ::close(*fd);
+  if (!s.ok()) return s;
+  RC_CHECK(text.size() <= max_bytes);
+  return text;
+}
 
 namespace {
 
@@ -330,9 +341,9 @@ SafetensorsSource::~SafetensorsSource() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status SafetensorsSource::ReadHost(std::size_t i, void* dst) const {
+Status SafetensorsSource::ReadHost(std::size_t i, void* dst, SteadyTime deadline) const {
   RC_CHECK(i < index_.manifest.tensors.size());
-  return ReadExact(fd_, index_.file_offsets[i], dst, index_.manifest.tensors[i].nbytes());
+  return ReadExact(fd_, index_.file_offsets[i], dst, index_.manifest.tensors[i].nbytes(), deadline);
 }
 
 namespace {
@@ -393,10 +404,24 @@ Result<IpcTensorRef> ReadIpcRef(const json& t, const std::string& who) {
   return ref;
 }
 
+// A CUDA device ordinal: a JSON integer in [0, INT_MAX], checked as the integer it is before it
+// becomes an int (get<int>() of 4294967296 would silently be device 0).
+bool ReadDeviceOrdinal(const json& v, int* out) {
+  if (!v.is_number_integer()) return false;
+  const bool in_range = v.is_number_unsigned()
+                            ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT_MAX)
+                            : v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() <= INT_MAX;
+  if (in_range) *out = static_cast<int>(v.get<std::int64_t>());
+  return in_range;
+}
+
 // Every tensor lives on one device: the first entry's (`first`), which the others must match.
 Status ReadIpcDevice(const json& t, bool first, int* device) {
-  const int d = t["device"].get<int>();
-  if (d < 0) return Status::InvalidArgument("ipc file: negative device");
+  int d = 0;
+  if (!ReadDeviceOrdinal(t["device"], &d)) {
+    return Status::InvalidArgument("ipc file: device must be an integer in [0, " +
+                                   std::to_string(INT_MAX) + "]");
+  }
   if (!first && d != *device)
     return Status::InvalidArgument("ipc file: tensors on several devices");
   *device = d;

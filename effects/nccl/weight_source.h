@@ -3,6 +3,7 @@
 // host reads (a safetensors file, staged through pinned host memory by the sender).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -24,9 +25,16 @@ class WeightSource {
   // kDevice only: the CUDA device holding the tensors and tensor i's first byte there.
   virtual int device() const { return -1; }
   virtual const void* device_ptr(std::size_t /*i*/) const { return nullptr; }
-  // kHost only: copies tensor i's nbytes() bytes into dst.
-  [[nodiscard]] virtual Status ReadHost(std::size_t /*i*/, void* /*dst*/) const {
+  // kHost only: copies tensor i's nbytes() bytes into dst. The read goes in bounded chunks and
+  // stops with Timeout once `deadline` has passed between two of them, so one large tensor cannot
+  // hold its caller far past the deadline.
+  [[nodiscard]] virtual Status ReadHost(std::size_t /*i*/, void* /*dst*/,
+                                        std::chrono::steady_clock::time_point /*deadline*/) const {
     return Status::Internal("source has no host bytes");
+  }
+  // The same without a deadline.
+  [[nodiscard]] Status ReadHost(std::size_t i, void* dst) const {
+    return ReadHost(i, dst, std::chrono::steady_clock::time_point::max());
   }
 };
 
@@ -76,13 +84,21 @@ class SafetensorsSource final : public WeightSource {
   ~SafetensorsSource() override;
   const Manifest& manifest() const override { return index_.manifest; }
   Where where() const override { return Where::kHost; }
-  [[nodiscard]] Status ReadHost(std::size_t i, void* dst) const override;
+  using WeightSource::ReadHost;
+  [[nodiscard]] Status ReadHost(std::size_t i, void* dst,
+                                std::chrono::steady_clock::time_point deadline) const override;
 
  private:
   SafetensorsSource(int fd, SafetensorsIndex index) : fd_(fd), index_(std::move(index)) {}
   int fd_ = -1;
   SafetensorsIndex index_;
 };
+
+// The whole of the regular file at `path`, at most `max_bytes` of it. One open, which does not
+// wait for a FIFO's writer (O_NONBLOCK), and the opened descriptor must be a regular file, so a
+// FIFO, socket or device at the path (swapped in at any moment) is refused, never read; a size
+// over `max_bytes` is refused before reading. Errors name the path and sizes, never the content.
+[[nodiscard]] Result<std::string> ReadSmallFile(const std::string& path, std::uint64_t max_bytes);
 
 // ---- CUDA IPC handle file (written by a trainer process on this host; we only read) ----
 //

@@ -1,15 +1,28 @@
 // The vllm-ipc: weight-source file as IpcTransfer reads it: what it forwards to vLLM (the
 // unpacked update_info), its manifest, and a clear refusal — never an exception, never the file's
-// bytes echoed — for every malformed file a trainer (or anyone who can write the path) produces.
+// bytes echoed — for every malformed file a trainer (or anyone who can write the path) produces;
+// and IpcTransfer against scripted engines: every call of a transfer ends by its one deadline.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "effects/clock.h"
 #include "effects/http/ipc_transfer.h"
 #include "statemachine/text.h"
+#include "tests/effects_http/test_servers.h"
 
 namespace rc::effects {
 namespace {
@@ -132,6 +145,176 @@ TEST(VllmIpcFile, BoundedTextsStayUtf8) {
   EXPECT_EQ(cut.size(), 4095u);
   EXPECT_TRUE(text::valid_utf8(cut));
   EXPECT_EQ(text::utf8_prefix("short", 4096), "short");
+}
+
+// A directory under the temp directory, removed at the end of a test.
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Proves reading a vllm-ipc: source never waits on a FIFO, even one renamed over the path between
+// a size check and the open (a regular file and a FIFO swapped in turn while it is read); catches
+// file_size() by path followed by a blocking std::ifstream open of whatever the path names by
+// then, which waits forever for a writer.
+TEST(VllmIpcFile, SourceSwappedForAFifoIsRefusedWithoutBlocking) {
+  ScratchDir dir("rc-ipc-fifo-test");
+  const std::string path = (dir.path / "source.json").string();
+  const std::string fifo = (dir.path / "keep.fifo").string();
+  const std::string next = (dir.path / "next").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    const std::string text = GoodFile().dump();
+    while (!stop.load()) {
+      { std::ofstream(next) << text; }
+      std::rename(next.c_str(), path.c_str());
+      // `next` must never stay a FIFO: the writer above would then wait for a reader.
+      if (::link(fifo.c_str(), next.c_str()) == 0 && std::rename(next.c_str(), path.c_str()) != 0) {
+        ::unlink(next.c_str());
+      }
+    }
+  });
+  // Reads for half a second (thousands of swaps): the window between a size check by path and
+  // an open by path is then hit many times over. The bound below is only for a blocked read.
+  auto done = std::make_shared<std::promise<int>>();
+  std::future<int> result = done->get_future();
+  std::thread([done, uri = "vllm-ipc:" + path] {
+    int answered = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500)) {
+      (void)ReadVllmIpcFile(uri);  // the file, or a refusal: never a wait
+      ++answered;
+    }
+    done->set_value(answered);
+  }).detach();
+  const bool finished = result.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  stop = true;
+  swapper.join();
+  if (!finished) {  // a reader blocked in open(): give it the writer it waits for
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+  }
+  ASSERT_TRUE(finished) << "a read blocked on the FIFO";
+  EXPECT_GT(result.get(), 0);
+  Result<VllmIpcFile> plain = ReadVllmIpcFile("vllm-ipc:" + fifo);
+  ASSERT_FALSE(plain.ok());
+  EXPECT_NE(plain.status().message().find("not a regular file"), std::string::npos)
+      << plain.status().ToString();
+}
+
+using rc::testing::ScriptedServer;
+
+constexpr int kStallMs = 30000;  // outlasts every deadline below
+constexpr char kGpu[] = "53e453ed-62c9-48db-8fed-1e8c25d98d47";
+
+void Json(httplib::Response& res, const std::string& body) {
+  res.status = 200;
+  res.set_content(body, "application/json");
+}
+
+// An engine with the worker extension whose routes answer after the delays set in it, and whose
+// label read names the process it runs as ("proc-<generation>").
+struct SlowIpcEngine {
+  ScriptedServer s;
+  std::atomic<int> device_delay_ms{0}, init_delay_ms{0}, label_delay_ms{0};
+  std::atomic<int> generation{1};
+  SlowIpcEngine() {
+    s.server().Post("/collective_rpc", [this](const httplib::Request&, httplib::Response& res) {
+      s.SlowSleep(device_delay_ms.load());
+      const json worker = {{"gpu_uuid", kGpu}, {"free_bytes", 1}, {"total_bytes", 2}};
+      Json(res, json{{"results", {worker}}}.dump());
+    });
+    s.server().Get("/weight_info", [this](const httplib::Request&, httplib::Response& res) {
+      s.SlowSleep(label_delay_ms.load());
+      const std::string instance = "proc-" + std::to_string(generation.load());
+      Json(res, json{{"weight_version", "rc-0"}, {"instance", instance}}.dump());
+    });
+    s.server().Post("/init_weight_transfer_engine",
+                    [this](const httplib::Request&, httplib::Response& res) {
+                      s.SlowSleep(init_delay_ms.load());
+                      Json(res, R"({"message":"ok"})");
+                    });
+    for (const char* path : {"/start_weight_update", "/update_weights", "/finish_weight_update"}) {
+      s.server().Post(path, [](const httplib::Request&, httplib::Response& res) {
+        Json(res, R"({"message":"ok"})");
+      });
+    }
+    s.Start();
+  }
+};
+
+// Each call's own timeout is longer than the transfers' deadlines below: only the one deadline
+// can end them in time.
+EngineDeadlines Slow() {
+  EngineDeadlines d;
+  d.connect_timeout_ms = 500;
+  d.call_timeout_ms = 5000;
+  d.update_timeout_ms = 60000;
+  d.drain_timeout_ms = 5000;
+  return d;
+}
+
+// The good file on disk and a target that declares its manifest.
+struct IpcSourceOnDisk {
+  ScratchDir dir{"rc-ipc-transfer-test"};
+  TransferTarget target;
+  IpcSourceOnDisk() {
+    const std::string path = (dir.path / "step.json").string();
+    std::ofstream(path) << GoodFile().dump();
+    target.update_id = "u1";
+    target.target = WeightVersion{1, "rc-1"};
+    target.source_uri = "vllm-ipc:" + path;
+    target.identity.manifest_digest = ParseVllmIpcFile(GoodFile().dump())->manifest.digest();
+  }
+};
+
+// Proves the check that the engine is still the initialized process and the init after a restart
+// end by one deadline: a label read answered at 1.6 s of 2 s (naming a new process) leaves the
+// stalled init only the rest; catches SameEngineAs and the init each given the same `left` (the
+// transfer then ran to ~3.6 s, almost twice its journaled deadline).
+TEST(IpcTransfer, RestartCheckAndInitEndByOneDeadline) {
+  IpcSourceOnDisk source;
+  SlowIpcEngine e;
+  EngineClient c(e.s.url(), Slow());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);
+  IpcTransfer t(c);
+  TransferObserved first = t.Transfer(source.target, 5000);
+  ASSERT_EQ(first.mutation, MutationClass::kComplete) << first.error;
+  e.generation = 2;  // restarted: the transfer engine must be initialized again
+  e.label_delay_ms = 1600;
+  e.init_delay_ms = kStallMs;
+  const auto t0 = std::chrono::steady_clock::now();
+  TransferObserved o = t.Transfer(source.target, 2000);
+  EXPECT_LT(elapsed_ms(t0), 3000u);  // deadline 2000 ms; the stale timeout took >= 3600 ms
+  EXPECT_EQ(o.mutation, MutationClass::kNone);
+  EXPECT_NE(o.error.find("/init_weight_transfer_engine"), std::string::npos) << o.error;
+}
+
+// Proves the transfer's GPU check (rc_device_info) is bounded by the transfer's deadline, not by
+// the client's per-call timeout: a stalled answer ends the transfer near its 1 s deadline as a
+// refusal with nothing started; catches the check sent without the deadline (it then waited the
+// 5 s call timeout).
+TEST(IpcTransfer, DeviceCheckEndsByTheTransferDeadline) {
+  IpcSourceOnDisk source;
+  SlowIpcEngine e;
+  e.device_delay_ms = kStallMs;
+  EngineClient c(e.s.url(), Slow());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);
+  IpcTransfer t(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  TransferObserved o = t.Transfer(source.target, 1000);
+  EXPECT_LT(elapsed_ms(t0), 3000u);  // deadline 1000 ms; the call's own timeout is 5000 ms
+  EXPECT_EQ(o.mutation, MutationClass::kNone);
+  for (const std::string& p : e.s.paths()) EXPECT_NE(p, "POST /start_weight_update");
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -222,6 +224,89 @@ TEST(TcpStoreBounds, RendezvousKeyIsWriteOnceAndMasterOnly) {
   std::string got;
   ASSERT_TRUE(worker.ReadStr(&got));
   EXPECT_EQ(got, pickled);
+}
+
+// A loopback connection to the master that streams `bytes` again and again until Stop().
+class Flooder {
+ public:
+  Flooder(std::uint16_t port, std::string bytes) : bytes_(std::move(bytes)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    thread_ = std::thread([this] {
+      while (connected_ && !stop_.load()) {
+        const ssize_t n = ::send(fd_, bytes_.data(), bytes_.size(), MSG_NOSIGNAL);
+        if (n <= 0) return;
+        sent_bytes_ += static_cast<std::uint64_t>(n);
+      }
+    });
+  }
+  ~Flooder() { Stop(); }
+  // Ends the flood; shutdown() also wakes a send() blocked on a full socket.
+  void Stop() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  bool connected() const { return connected_; }
+  std::uint64_t sent_bytes() const { return sent_bytes_.load(); }
+
+ private:
+  std::string bytes_;
+  int fd_ = -1;
+  bool connected_ = false;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> sent_bytes_{0};
+  std::thread thread_;
+};
+
+// Proves a peer streaming SETs faster than the master serves them cannot keep the master to
+// itself: while the flood goes on, another client's GET is answered, the server-side Set returns
+// and Stop() returns; catches a Receive that reads one connection until EAGAIN while holding the
+// store's lock (a flood that outpaces the master keeps it from EAGAIN, and the GET, the Set or
+// Stop waits behind the flood).
+TEST(TcpStoreBounds, FloodingPeerCannotHoldTheStore) {
+  auto store = Start(TcpStoreOptions{});
+  ASSERT_TRUE(store->Set("/k", "v").ok());
+  // ~1 MiB of small SETs: cheap to send, far slower to serve one by one.
+  std::string flood;
+  auto put_string = [&flood](const std::string& v) {
+    const std::uint64_t n = v.size();
+    flood.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    flood.append(v);
+  };
+  for (int i = 0; i < 16384; ++i) {
+    flood.push_back(static_cast<char>(Q::kSet));
+    put_string("/flood");
+    put_string(std::string(40, 'f'));
+  }
+  Flooder flooder(store->port(), std::move(flood));
+  ASSERT_TRUE(flooder.connected());
+  for (int i = 0; i < 1000 && flooder.sent_bytes() < (4u << 20); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  StoreClient getter(store->port());
+  getter.Type(static_cast<std::uint8_t>(Q::kGet));
+  getter.Str("/k");
+  ASSERT_TRUE(getter.Flush());
+  std::uint64_t size = 0;
+  char value = 0;
+  const bool answered = getter.Read(&size, 5000) && size == 1 && getter.Read(&value, 5000);
+  auto set = std::async(std::launch::async, [&] { return store->Set("/after", "x").ok(); });
+  const bool set_returned = set.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  auto stop = std::async(std::launch::async, [&] { store->Stop(); });
+  const bool stop_returned = stop.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  flooder.Stop();  // before the futures are waited for again: frees a master stuck in the flood
+  EXPECT_TRUE(answered && value == 'v') << "the GET was not answered during the flood";
+  EXPECT_TRUE(set_returned) << "Set() waited behind the flood";
+  EXPECT_TRUE(stop_returned) << "Stop() waited behind the flood";
+  EXPECT_TRUE(set.get());
+  stop.get();
 }
 
 // True when a TCP connect to addr:port succeeds.

@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <chrono>
+#include <climits>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -112,6 +114,29 @@ TEST(Safetensors, OpenFromDiskAndRead) {
   std::remove(path.c_str());
 }
 
+// Proves a host read takes a deadline and stops with Timeout, having read nothing, once it has
+// passed, while a read before it copies the tensor in full; catches a ReadHost without one (the
+// sender checked its deadline only around a whole staged op, up to packed_buffer_size_bytes).
+TEST(Safetensors, ReadHostStopsAtItsDeadline) {
+  char tmpl[] = "/tmp/rc_st_XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string path = tmpl;
+  { std::ofstream(path, std::ios::binary) << File(kGoodHeader, kGoodData); }
+  auto src = SafetensorsSource::Open(path);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  std::string a(4, '\0');
+  const auto now = std::chrono::steady_clock::now();
+  const Status late = (*src)->ReadHost(0, a.data(), now - std::chrono::milliseconds(1));
+  EXPECT_EQ(late.code(), Code::kTimeout) << late.ToString();
+  EXPECT_EQ(a, std::string(4, '\0'));
+  const Status in_time = (*src)->ReadHost(0, a.data(), now + std::chrono::minutes(1));
+  ASSERT_TRUE(in_time.ok()) << in_time.ToString();
+  EXPECT_EQ(a, "AABB");
+  std::remove(path.c_str());
+}
+
 std::string IpcEntry(const std::string& name, std::uint64_t alloc, std::uint64_t off, int dev,
                      const std::string& handle_b64) {
   return R"({"name":")" + name + R"(","dtype":"bfloat16","shape":[4,2],"ipc_handle_b64":")" +
@@ -141,6 +166,27 @@ TEST(IpcHandleFile, ParseAndReject) {
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":2,"tensors":[]})").ok());
   EXPECT_FALSE(ParseIpcHandleFile(R"({"version":1,"tensors":[{"name":"w"}]})").ok());
   EXPECT_FALSE(ParseIpcHandleFile("{").ok());
+}
+
+// Proves an ipc file's device must be an integer in [0, INT_MAX]; catches 4294967296 passing
+// is_number_integer() and narrowing through get<int>() to device 0 (the tensors would then be
+// looked up on the wrong GPU).
+TEST(IpcHandleFile, DeviceOutsideIntRangeRefused) {
+  const std::string h = encoding::Base64Encode(std::string(64, '\x5a'));
+  auto file = [&](const std::string& device) {
+    return R"({"version":1,"tensors":[{"name":"w","dtype":"bfloat16","shape":[4,2],)"
+           R"("ipc_handle_b64":")" +
+           h + R"(","allocation_bytes":16,"offset":0,"device":)" + device + "}]}";
+  };
+  for (const char* bad :
+       {"4294967296", "2147483648", "18446744073709551615", "-1", "-4294967296", "1.0", "\"0\""}) {
+    auto r = ParseIpcHandleFile(file(bad));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("device"), std::string::npos) << r.status().ToString();
+  }
+  auto max = ParseIpcHandleFile(file("2147483647"));
+  ASSERT_TRUE(max.ok()) << max.status().ToString();
+  EXPECT_EQ(max->device, INT_MAX);
 }
 
 // A temp directory removed at the end of a test.
