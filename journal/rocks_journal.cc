@@ -1718,6 +1718,15 @@ Result<Journal::FleetSubmitted> RocksJournal::StepAndStage(std::vector<FleetEven
   return out;
 }
 
+// A retry is the recorded input whatever rule version each carries: a fleet update recorded
+// before stall_judged_per_group existed reads false, and the same request posted again says true.
+bool SameInput(const FleetEvent& recorded, FleetEvent retried) {
+  const auto* was = std::get_if<FleetUpdateRequested>(&recorded.event);
+  auto* now = std::get_if<FleetUpdateRequested>(&retried.event);
+  if (was != nullptr && now != nullptr) now->stall_judged_per_group = was->stall_judged_per_group;
+  return recorded == retried;
+}
+
 // A retried key: compared against the recorded input only (its decisions depended on the state
 // then), and answered with the original seqs and decisions.
 Result<Journal::FleetSubmitted> RocksJournal::ResubmitLocked(const FleetEvent& input,
@@ -1725,7 +1734,7 @@ Result<Journal::FleetSubmitted> RocksJournal::ResubmitLocked(const FleetEvent& i
                                                              const IdemEntry& entry) {
   Result<std::vector<FleetEvent>> original = IdemGroup(entry);
   if (!original.ok()) return original.status();
-  if (!((*original)[0] == input)) {
+  if (!SameInput((*original)[0], input)) {
     return Status::Conflict("client_event_id '" + key + "' was used for seq " +
                             std::to_string(entry.first_seq) + " with a different input");
   }

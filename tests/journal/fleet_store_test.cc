@@ -243,6 +243,31 @@ TEST(FleetStore, IdempotencyKeysCoverEngines) {
   EXPECT_EQ(j->Enqueue(raw).status().code(), Code::kConflict);
 }
 
+// Proves a fleet update recorded before stall_judged_per_group existed (false) is the same input as
+// its retry by a newer build (true): the retry answers the recorded seqs, while another body under
+// the key is still a Conflict. Catches a trainer's re-POST after an upgrade refused 409 when it
+// asked for the outcome the journal holds.
+TEST(FleetStore, ARetryOfAnUpdateRecordedBeforeTheStallRuleIsTheSameInput) {
+  TempDir dir;
+  auto j = OpenOk(dir.path(), NoSnapshots());
+  FleetDriver d = SampleFleet({"a", "b"});
+  SubmitHistory(*j, d);
+  ASSERT_TRUE(j->SubmitFleet(FleetEvent{"", FleetUpdateCancelled{"u1", "test"}}, 1000).ok());
+  FleetUpdateRequested older = d.fleet_update("u2", FleetUpdateMode::kAll, "rc-9");
+  older.stall_judged_per_group = false;
+  Result<Journal::FleetSubmitted> first = j->SubmitFleet(FleetEvent{"", older}, 1000, "k-u2");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(j->Wait(first->ticket).ok());
+  FleetUpdateRequested retried = older;
+  retried.stall_judged_per_group = true;
+  Result<Journal::FleetSubmitted> again = j->SubmitFleet(FleetEvent{"", retried}, 1000, "k-u2");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->ticket.result.duplicate);
+  EXPECT_EQ(again->ticket.result.first_seq, first->ticket.result.first_seq);
+  retried.target_label = "rc-10";
+  EXPECT_EQ(j->SubmitFleet(FleetEvent{"", retried}, 1000, "k-u2").status().code(), Code::kConflict);
+}
+
 // Proves a rollout id is used once across the whole fleet: admitting on engine b an id engine a
 // used is a Conflict naming its seq; catches per-engine id checks (one id, two engines' records).
 TEST(FleetStore, RolloutIdsAreUniqueFleetWide) {
