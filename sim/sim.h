@@ -49,7 +49,7 @@ enum class FaultKind : std::uint8_t {
   // fails; with a death in the cycle, the process that answers may be a new one.
   kInstanceUnread,
   // Outside sleeps (their own stream too): someone sleeps the engine at level 1 + a%2, b%60 ms
-  // into the cycle, if a plan holds it paused then (the drain hides it from the monitor).
+  // into the cycle, if a plan in RESUMING holds it paused then (hidden from the monitor).
   kExternalSleep,
   kCount
 };

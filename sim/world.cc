@@ -796,11 +796,15 @@ void World::AsleepInterval(std::uint32_t cycle) {
   Sleep(interval_ms);
 }
 
-// Someone sleeps the engine while a plan holds it paused: the monitor sees only "paused", which
-// the plan expects, so only the plan's own reads can tell.
+// Someone sleeps the engine while a plan in RESUMING holds it paused (a validated update, or a
+// refused one on its way back): the monitor sees only "paused", which the plan expects, so only
+// the resume's own reads can tell. Earlier in a plan such a sleep is not drawn: the transfer would
+// write into released memory, and a validation that fails on it taints without the sleep level
+// (docs/lifecycle.md: not handled yet).
 void World::ExternalSleep(const Fault& f) {
   if (!journal_ || !engine_.truth().alive || !engine_.truth().paused || engine_.asleep()) return;
-  if (!journal_->state().update) return;
+  const State s = journal_->state();
+  if (!s.update || s.lifecycle != Lifecycle::kResuming || s.update->from_sleep) return;
   result_.stats.colocated.external_sleeps++;
   engine_.Sleep(static_cast<std::uint8_t>(1 + f.a % 2));
 }

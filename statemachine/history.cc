@@ -148,7 +148,8 @@ struct Checker {
       if (c->to == Lifecycle::kSleeping && c->cause == Cause::kSlept) {
         weights_asleep = kv_asleep = true;
       }
-      if (c->to == Lifecycle::kTainted && c->cause == Cause::kSleepFailed) {
+      if (c->to == Lifecycle::kTainted &&
+          (c->cause == Cause::kSleepFailed || c->cause == Cause::kEngineSleptExternally)) {
         weights_asleep = kv_asleep = true;
       }
     }
