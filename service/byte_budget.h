@@ -52,6 +52,12 @@ class BudgetHold {
     held_ += n;
     return true;
   }
+  // Gives back what it holds beyond n bytes.
+  void ShrinkTo(std::uint64_t n) {
+    if (budget_ == nullptr || n >= held_) return;
+    budget_->Give(held_ - n);
+    held_ = n;
+  }
   void Release() {
     if (budget_ != nullptr && held_ > 0) budget_->Give(held_);
     held_ = 0;

@@ -55,9 +55,11 @@ inline void SetHeader(HttpResponse& res, std::string_view name, std::string_view
 // An upper bound on the bytes a body takes once parsed by nlohmann::json and dumped again for the
 // engine: its text twice (string contents, the dumped copy) and, per structural byte outside
 // strings, the nodes it makes (an array or object with its container, an element's slot with the
-// vector's growth, a member's map node and key). "[]," is 3 bytes of text and ~70 in memory.
+// vector's growth, a member's map node and key, a string's heap object). "[]," is 3 bytes of text
+// and ~70 in memory.
 inline std::uint64_t ParsedBytesBound(std::string_view body) {
   constexpr std::uint64_t kContainerBytes = 64, kSlotBytes = 32, kMemberBytes = 96;
+  constexpr std::uint64_t kStringBytes = 48;
   std::uint64_t bound = 2 * static_cast<std::uint64_t>(body.size()) + kContainerBytes;
   bool in_string = false;
   for (std::size_t i = 0; i < body.size(); ++i) {
@@ -71,6 +73,7 @@ inline std::uint64_t ParsedBytesBound(std::string_view body) {
     bound += c == '[' || c == '{' ? kContainerBytes
              : c == ','           ? kSlotBytes
              : c == ':'           ? kMemberBytes
+             : in_string          ? kStringBytes
                                   : 0;
   }
   return bound;

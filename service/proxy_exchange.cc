@@ -264,6 +264,11 @@ void ProxyExchange::PrepareUpstream() {
   upstream_request_.prepare_payload();
   RC_CHECK(!cache_salt_.empty() && up.contains("cache_salt"));  // never sent unsalted
   upstream_body_ = json();  // the engine's copy is all that is sent from here
+  // What stays held until the end: the engine's copy, and on generate the trace's prompt ids.
+  constexpr std::uint64_t kTraceIdBytes = 32;
+  const std::uint64_t prompt_ids =
+      trace_.prompt_token_ids.is_array() ? trace_.prompt_token_ids.size() : 0;
+  body_hold_.ShrinkTo(upstream_request_.body().size() + kTraceIdBytes * prompt_ids);
 }
 
 HttpResponse ProxyExchange::BindingHead(int status) const {
