@@ -161,6 +161,10 @@ class Service {
   journal::Journal& journal() { return *journal_; }
   const ServeConfig& config() const { return config_; }
   ServiceMetrics& metrics() { return metrics_; }
+  // True once every trajectory line queued so far is written or dropped; false at the deadline.
+  // Lines reach the file after their answers (one writer thread): readers of the file that need
+  // the lines of answers already given wait here.
+  bool DrainTrajectories(std::uint64_t timeout_ms) { return trajectories_.Drain(timeout_ms); }
 
   // Admission and finish, as the proxy and the explicit rollout routes use them.
   struct AdmitResult {

@@ -204,6 +204,7 @@ bool Eventually(const std::function<bool()>& done, int timeout_ms) {
 // generation other than 0, map to "?").
 std::map<std::string, std::string> TrajectoryEngines(const FleetStack& f) {
   std::map<std::string, std::string> out;
+  EXPECT_TRUE(f.svc->DrainTrajectories(10000)) << "the trajectory writer did not drain";
   std::ifstream in(f.dir / "journal.trajectories.jsonl");
   for (std::string line; std::getline(in, line);) {
     const json j = json::parse(line, nullptr, false);

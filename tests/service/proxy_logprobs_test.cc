@@ -76,6 +76,7 @@ std::vector<json> Choices(const Answer& a) {
 
 // The trajectories file's line for one rollout (null if none).
 json TrajectoryLine(const Stack& s, const std::string& rollout_id) {
+  EXPECT_TRUE(s.svc->DrainTrajectories(10000)) << "the trajectory writer did not drain";
   std::ifstream in(s.trajectories());
   std::string line;
   json found;

@@ -199,6 +199,7 @@ TEST(TrustFaults, AProxiedFinishThatIsNotDurableIsNeverAcknowledged) {
   EXPECT_EQ(plain_status, 503) << "a finish that is not durable was answered as done";
   EXPECT_EQ(streamed.find("[DONE]"), std::string::npos) << streamed;
   EXPECT_NE(streamed.find("could not be made durable"), std::string::npos) << streamed;
+  EXPECT_TRUE(s.svc->DrainTrajectories(10000));
   std::ifstream lines(s.Config().journal_path + ".trajectories.jsonl");
   std::string line;
   EXPECT_FALSE(std::getline(lines, line)) << "a trajectory line for an undurable finish: " << line;
