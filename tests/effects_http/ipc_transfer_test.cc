@@ -22,6 +22,7 @@
 #include "effects/clock.h"
 #include "effects/http/ipc_transfer.h"
 #include "statemachine/text.h"
+#include "tests/effects_http/slow_transfer_engine.h"
 #include "tests/effects_http/test_servers.h"
 
 namespace rc::effects {
@@ -213,55 +214,9 @@ TEST(VllmIpcFile, SourceSwappedForAFifoIsRefusedWithoutBlocking) {
 
 using rc::testing::ScriptedServer;
 
-constexpr int kStallMs = 30000;  // outlasts every deadline below
-constexpr char kGpu[] = "53e453ed-62c9-48db-8fed-1e8c25d98d47";
-
-void Json(httplib::Response& res, const std::string& body) {
-  res.status = 200;
-  res.set_content(body, "application/json");
-}
-
-// An engine with the worker extension whose routes answer after the delays set in it, and whose
-// label read names the process it runs as ("proc-<generation>").
-struct SlowIpcEngine {
-  ScriptedServer s;
-  std::atomic<int> device_delay_ms{0}, init_delay_ms{0}, label_delay_ms{0};
-  std::atomic<int> generation{1};
-  SlowIpcEngine() {
-    s.server().Post("/collective_rpc", [this](const httplib::Request&, httplib::Response& res) {
-      s.SlowSleep(device_delay_ms.load());
-      const json worker = {{"gpu_uuid", kGpu}, {"free_bytes", 1}, {"total_bytes", 2}};
-      Json(res, json{{"results", {worker}}}.dump());
-    });
-    s.server().Get("/weight_info", [this](const httplib::Request&, httplib::Response& res) {
-      s.SlowSleep(label_delay_ms.load());
-      const std::string instance = "proc-" + std::to_string(generation.load());
-      Json(res, json{{"weight_version", "rc-0"}, {"instance", instance}}.dump());
-    });
-    s.server().Post("/init_weight_transfer_engine",
-                    [this](const httplib::Request&, httplib::Response& res) {
-                      s.SlowSleep(init_delay_ms.load());
-                      Json(res, R"({"message":"ok"})");
-                    });
-    for (const char* path : {"/start_weight_update", "/update_weights", "/finish_weight_update"}) {
-      s.server().Post(path, [](const httplib::Request&, httplib::Response& res) {
-        Json(res, R"({"message":"ok"})");
-      });
-    }
-    s.Start();
-  }
-};
-
-// Each call's own timeout is longer than the transfers' deadlines below: only the one deadline
-// can end them in time.
-EngineDeadlines Slow() {
-  EngineDeadlines d;
-  d.connect_timeout_ms = 500;
-  d.call_timeout_ms = 5000;
-  d.update_timeout_ms = 60000;
-  d.drain_timeout_ms = 5000;
-  return d;
-}
+using rc::testing::kStallMs;
+using rc::testing::SlowDeadlines;
+using rc::testing::SlowTransferEngine;
 
 // The good file on disk and a target that declares its manifest.
 struct IpcSourceOnDisk {
@@ -283,8 +238,8 @@ struct IpcSourceOnDisk {
 // transfer then ran to ~3.6 s, almost twice its journaled deadline).
 TEST(IpcTransfer, RestartCheckAndInitEndByOneDeadline) {
   IpcSourceOnDisk source;
-  SlowIpcEngine e;
-  EngineClient c(e.s.url(), Slow());
+  SlowTransferEngine e;
+  EngineClient c(e.s.url(), SlowDeadlines());
   c.set_label_route(LabelRoute::kWeightInfoRoute);
   IpcTransfer t(c);
   TransferObserved first = t.Transfer(source.target, 5000);
@@ -305,9 +260,9 @@ TEST(IpcTransfer, RestartCheckAndInitEndByOneDeadline) {
 // 5 s call timeout).
 TEST(IpcTransfer, DeviceCheckEndsByTheTransferDeadline) {
   IpcSourceOnDisk source;
-  SlowIpcEngine e;
+  SlowTransferEngine e;
   e.device_delay_ms = kStallMs;
-  EngineClient c(e.s.url(), Slow());
+  EngineClient c(e.s.url(), SlowDeadlines());
   c.set_label_route(LabelRoute::kWeightInfoRoute);
   IpcTransfer t(c);
   const auto t0 = std::chrono::steady_clock::now();

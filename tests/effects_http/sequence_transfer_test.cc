@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "effects/clock.h"
+#include "tests/effects_http/slow_transfer_engine.h"
 #include "tests/effects_http/test_servers.h"
 
 namespace rc::effects {
@@ -64,47 +65,9 @@ struct Engine {
   }
 };
 
-// An engine whose routes answer after the delays set in it (a delay of kStallMs outlasts every
-// deadline here), and whose label read names the process it runs as ("proc-<generation>").
-constexpr int kStallMs = 30000;
-struct SlowEngine {
-  ScriptedServer s;
-  std::atomic<int> world_delay_ms{0}, init_delay_ms{0}, label_delay_ms{0};
-  std::atomic<int> generation{1};
-  SlowEngine() {
-    s.server().Get("/get_world_size", [this](const httplib::Request&, httplib::Response& res) {
-      s.SlowSleep(world_delay_ms.load());
-      Json(res, R"({"world_size":1})");
-    });
-    s.server().Get("/weight_info", [this](const httplib::Request&, httplib::Response& res) {
-      s.SlowSleep(label_delay_ms.load());
-      const std::string instance = "proc-" + std::to_string(generation.load());
-      Json(res, json{{"weight_version", "rc-0"}, {"instance", instance}}.dump());
-    });
-    s.server().Post("/init_weight_transfer_engine",
-                    [this](const httplib::Request&, httplib::Response& res) {
-                      s.SlowSleep(init_delay_ms.load());
-                      Json(res, R"({"message":"ok"})");
-                    });
-    for (const char* path : {"/start_weight_update", "/update_weights", "/finish_weight_update"}) {
-      s.server().Post(path, [](const httplib::Request&, httplib::Response& res) {
-        Json(res, R"({"message":"ok"})");
-      });
-    }
-    s.Start();
-  }
-};
-
-// Each call's own timeout is longer than the transfers' deadlines below: only the one deadline
-// can end them in time.
-EngineDeadlines Slow() {
-  EngineDeadlines d;
-  d.connect_timeout_ms = 500;
-  d.call_timeout_ms = 5000;
-  d.update_timeout_ms = 60000;
-  d.drain_timeout_ms = 5000;
-  return d;
-}
+using rc::testing::kStallMs;
+using rc::testing::SlowDeadlines;
+using rc::testing::SlowTransferEngine;
 
 EngineDeadlines Fast() {
   EngineDeadlines d;
@@ -312,10 +275,10 @@ TEST(HttpSequenceTransfer, SpentDeadlineIsARefusalNotACrash) {
 // the transfer ends near 2 s; catches the init handed the same `left` as the world size (the
 // transfer then ran to ~3.6 s, almost twice its journaled deadline).
 TEST(HttpSequenceTransfer, InitializationEndsByTheTransferDeadline) {
-  SlowEngine e;
+  SlowTransferEngine e;
   e.world_delay_ms = 1600;
   e.init_delay_ms = kStallMs;
-  EngineClient c(e.s.url(), Slow());
+  EngineClient c(e.s.url(), SlowDeadlines());
   c.set_label_route(LabelRoute::kWeightInfoRoute);
   HttpSequenceTransfer t(c);
   const auto t0 = std::chrono::steady_clock::now();
@@ -330,8 +293,8 @@ TEST(HttpSequenceTransfer, InitializationEndsByTheTransferDeadline) {
 // process) leaves the stalled init only the rest; catches SameEngineAs and the init each given
 // the same `left` (the transfer then ran to ~3.6 s).
 TEST(HttpSequenceTransfer, RestartCheckAndReinitEndByOneDeadline) {
-  SlowEngine e;
-  EngineClient c(e.s.url(), Slow());
+  SlowTransferEngine e;
+  EngineClient c(e.s.url(), SlowDeadlines());
   c.set_label_route(LabelRoute::kWeightInfoRoute);
   HttpSequenceTransfer t(c);
   ASSERT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);

@@ -349,57 +349,26 @@ TEST(ConnectionGate, ALingeringClientIsClosedWithinTheLingerBound) {
   EXPECT_LT(ms_since(t0), 3000);
 }
 
-// Proves a client that pipelines a byte of its next request and then leaves, while its
-// non-streamed completion is still generating, is seen leaving: the engine call is cancelled
-// and the rollout recorded aborted. Catches: a disconnect watch that stops at the first byte it
-// reads, so the engine generates to the end and the rollout is recorded completed.
-TEST(ProxyDisconnect, AClientThatPipelinesAndLeavesIsSeenLeaving) {
+// Sends a 10 s non-streamed completion (200 tokens at 50 ms), waits until it is in flight, sends
+// `pipelined` (the client's next request, early), hangs up, and says whether serve recorded the
+// rollout aborted within 4 s: only the disconnect watch's cancel can end it that early (the double
+// does not notice a non-streamed client leaving).
+void ExpectALeavingPipelinerSeen(const std::string& pipelined) {
   stack::StackOptions o;
   o.dir_prefix = "rc-proxyfault";
   o.token_delay_ms = 50;
   stack::ServiceStack s(o);
   const int fd = connect_loopback(s.svc->port());
-  const std::string body = R"({"prompt":"hang up on me","max_tokens":200})";
-  const std::string req = post_bytes("/v1/completions", body);
+  const std::string req =
+      post_bytes("/v1/completions", R"({"prompt":"hang up on me","max_tokens":200})");
   ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   const auto t0 = Clock::now();
   while (s.svc->metrics().proxy_in_flight.load() == 0 && ms_since(t0) < 5000) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_EQ(::send(fd, "G", 1, MSG_NOSIGNAL), 1);  // the next request, early
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ::close(fd);
-  // 200 tokens x 50 ms = 10 s of generation: only a noticed disconnect ends it within 4 s.
-  const auto t1 = Clock::now();
-  while (s.svc->metrics().finishes_aborted.load() == 0 && ms_since(t1) < 4000) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  // Only the watch's cancel can have ended it this early (the double itself does not notice a
-  // non-streamed client leaving).
-  EXPECT_EQ(s.svc->metrics().finishes_aborted.load(), 1u);
-  EXPECT_GE(s.svc->metrics().client_disconnects.load(), 1u);
-}
-
-// Proves a client that pipelines more than the header bound (the watch can keep none of it) and
-// then leaves is still seen leaving: cancelled and recorded aborted. Catches a watch that stops
-// reading at the bound and with it stops looking, so the engine generates to the end for nobody
-// and the rollout is recorded completed.
-TEST(ProxyDisconnect, AClientThatPipelinesPastTheHeaderBoundAndLeavesIsSeenLeaving) {
-  stack::StackOptions o;
-  o.dir_prefix = "rc-proxyfault";
-  o.token_delay_ms = 50;
-  stack::ServiceStack s(o);
-  const int fd = connect_loopback(s.svc->port());
-  const std::string body = R"({"prompt":"hang up on me","max_tokens":200})";
-  const std::string req = post_bytes("/v1/completions", body);
-  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
-  const auto t0 = Clock::now();
-  while (s.svc->metrics().proxy_in_flight.load() == 0 && ms_since(t0) < 5000) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  const std::string next = "GET /health HTTP/1.1\r\nX-Filler: " + std::string(48 << 10, 'a');
-  ASSERT_EQ(::send(fd, next.data(), next.size(), MSG_NOSIGNAL), static_cast<ssize_t>(next.size()));
+  ASSERT_EQ(::send(fd, pipelined.data(), pipelined.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(pipelined.size()));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   ::close(fd);
   const auto t1 = Clock::now();
@@ -408,6 +377,22 @@ TEST(ProxyDisconnect, AClientThatPipelinesPastTheHeaderBoundAndLeavesIsSeenLeavi
   }
   EXPECT_EQ(s.svc->metrics().finishes_aborted.load(), 1u) << "the leaving client went unseen";
   EXPECT_GE(s.svc->metrics().client_disconnects.load(), 1u);
+}
+
+// Proves a client that pipelines a byte of its next request and then leaves, while its
+// non-streamed completion is still generating, is seen leaving: the engine call is cancelled
+// and the rollout recorded aborted. Catches: a disconnect watch that stops at the first byte it
+// reads, so the engine generates to the end and the rollout is recorded completed.
+TEST(ProxyDisconnect, AClientThatPipelinesAndLeavesIsSeenLeaving) {
+  ExpectALeavingPipelinerSeen("G");
+}
+
+// Proves a client that pipelines more than the header bound (the watch can keep none of it) and
+// then leaves is still seen leaving: cancelled and recorded aborted. Catches a watch that stops
+// reading at the bound and with it stops looking, so the engine generates to the end for nobody
+// and the rollout is recorded completed.
+TEST(ProxyDisconnect, AClientThatPipelinesPastTheHeaderBoundAndLeavesIsSeenLeaving) {
+  ExpectALeavingPipelinerSeen("GET /health HTTP/1.1\r\nX-Filler: " + std::string(48 << 10, 'a'));
 }
 
 // Proves that Shutdown enforces its grace: with an engine request hung in flight it returns false
