@@ -238,6 +238,7 @@ TEST(ProxyLogprobs, AuditReverifiesWhatTheProxyRecorded) {
   effects::EngineClient engine(s.engine->base_url());
   auto journaled = audit::TrajectoriesFromJournal(s.svc->journal());
   ASSERT_TRUE(journaled.ok()) << journaled.status().ToString();
+  ASSERT_TRUE(s.svc->DrainTrajectories(10000)) << "the trajectory writer did not drain";
   auto filed = audit::LoadTrajectories(s.trajectories());
   ASSERT_TRUE(filed.ok()) << filed.status().ToString();
   for (const auto* ts : {&*journaled, &*filed}) {
