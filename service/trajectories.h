@@ -7,10 +7,11 @@
 // truncated into invalid JSON.
 //
 // Append only queues the line: one writer thread owns the file, so a stalled filesystem (NFS)
-// never blocks the event loops that call Append. The queue is bounded in lines and in bytes; a
-// line that does not fit is dropped and counted. A write that fails part-way is cut back off the
-// file (or, when that fails too, the next line starts on a fresh line), so a broken line never
-// merges with the next record.
+// never blocks the event loops that call Append. The writer takes the lines queued within a few
+// milliseconds of each other and writes them with one call. The queue is bounded in lines and in
+// bytes; a line that does not fit is dropped and counted. A write that fails part-way is cut back
+// off the file (or, when that fails too, the next line starts on a fresh line), so a broken line
+// never merges with the next record.
 #pragma once
 
 #include <cstdint>

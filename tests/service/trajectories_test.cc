@@ -99,6 +99,34 @@ TEST(TrajectoryLog, WritesEveryLineInOrder) {
   fs::remove_all(dir);
 }
 
+// Proves lines written together still rotate the file at a line boundary and by its bound: the
+// file and its predecessor hold the newest lines in order, each file at most bytes_max; it would
+// catch one write carrying many lines across the bound (a file past it, or a line split between
+// the two files).
+TEST(TrajectoryLog, LinesWrittenTogetherRotateAtALineBoundary) {
+  const fs::path dir = FreshDir();
+  const fs::path path = dir / "t.jsonl";
+  constexpr std::uint64_t kBytesMax = 1000;
+  TrajectoryLog log;
+  ASSERT_TRUE(log.Open(path.string(), kBytesMax).ok());
+  std::vector<std::string> appended;
+  for (int i = 0; i < 200; ++i) {
+    appended.push_back(Record(i, 30));
+    ASSERT_TRUE(log.Append(appended.back()));
+  }
+  EXPECT_EQ(log.Close(), 0u);
+  EXPECT_EQ(log.stats().written, 200u);
+  EXPECT_LE(fs::file_size(path), kBytesMax);
+  EXPECT_LE(fs::file_size(path.string() + ".1"), kBytesMax);
+  std::vector<std::string> kept = ReadLines(path.string() + ".1");
+  for (const std::string& line : ReadLines(path)) kept.push_back(line);
+  ASSERT_FALSE(kept.empty());
+  const std::vector<std::string> newest(appended.end() - static_cast<long>(kept.size()),
+                                        appended.end());
+  EXPECT_EQ(kept, newest);
+  fs::remove_all(dir);
+}
+
 // Proves a line too large for the file is dropped and counted, never cut into invalid JSON; it
 // would catch a bound lost in the move to the writer thread.
 TEST(TrajectoryLog, ALineAboveTheBoundIsDroppedWhole) {
