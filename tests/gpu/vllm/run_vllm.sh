@@ -3,26 +3,28 @@
 # GPUs: vLLM on GPU 1, the RolloutCore driver (rank 0, the sender) on GPU 0. Parts proof125m and
 # proof8b need ONE GPU: vLLM on GPU 0 reloads checkpoints from its own disk (proof.py). Parts
 # colocated125m and colocated8b need ONE GPU too: vLLM (sleep mode, ipc weight transfer) and a
-# torch trainer share GPU 0 (colocated.py). What to install and build first:
+# torch trainer share GPU 0 (colocated.py). Part fleet125m needs ONE GPU too: two vLLM engines share
+# GPU 0 and rolloutcore serve updates them as a fleet (fleet.py). What to install and build first:
 # tests/gpu/vllm/README.md. Run from the repository root.
 #   Usage: [RESIDENT=1] [RC_BUILD_DIR=build-gpu] [RC_WORKDIR=DIR] [RC_VLLM_PORT=8000] \
 #          tests/gpu/vllm/run_vllm.sh PART [budget_s]
 #   PART: 125m (E1-E5, E7 at 125M) | 8b (E2, E6, E7 at 8B) | serve (rolloutcore serve beside vLLM)
 #         | proof125m | proof8b (proof of content, P0-P9 of proof.py, one GPU)
 #         | colocated125m | colocated8b (colocated mode, C0-C7 of colocated.py, one GPU)
+#         | fleet125m (two engines on one GPU as a fleet, F0-F7 of fleet.py; ports RC_VLLM_PORT and +1)
 #   RESIDENT=1: the driver sends from GPU 0 memory (as a trainer would), not from the file.
 #   RC_WORKDIR: models, engine logs and gate files (default: a fresh mktemp -d, so two runs never
 #   share a path); everything is appended to ONE log, $OUT/vllm.log if OUT is set, else
 #   $RC_WORKDIR/vllm.log (proof and colocated parts: PART.log, plus servePART.log and vllmPART.log,
-#   the serve and engine logs trimmed to their last 200 KB).
+#   the serve and engine logs trimmed to their last 200 KB; fleet125m: vllmfleet125m_a.log and _b.log).
 # vLLM 0.25.1 has no /weight_info: it is started with RolloutCore's worker extension
 # (python/rolloutcore/vllm_ext.py), which keeps the label RolloutCore reads over /collective_rpc.
 set -u
-PART=${1:?part: 125m, 8b, serve, proof125m, proof8b, colocated125m or colocated8b}; BUDGET=${2:-560}
+PART=${1:?part: 125m, 8b, serve, proof125m, proof8b, colocated125m, colocated8b or fleet125m}; BUDGET=${2:-560}
 BUILD=${RC_BUILD_DIR:-build-gpu}
 W=${RC_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/rc_vllm_XXXXXX")}
 mkdir -p "$W" || exit 3
-case $PART in proof*|colocated*) LOG=${OUT:-$W}/$PART.log ;; *) LOG=${OUT:-$W}/vllm.log ;; esac
+case $PART in proof*|colocated*|fleet*) LOG=${OUT:-$W}/$PART.log ;; *) LOG=${OUT:-$W}/vllm.log ;; esac
 echo "run_vllm.sh: files in $W, log $LOG"
 exec >>"$LOG" 2>&1
 T0=$(date +%s.%N)
@@ -54,6 +56,23 @@ if [ "$PART" = proof125m ] || [ "$PART" = proof8b ]; then
   say "proof.py exit $?"
   [ -s "$PW/engine.pgid" ] && kill -9 -- -"$(cat "$PW/engine.pgid")" 2>/dev/null
   for f in serve engine; do [ -e "$PW/$f.log" ] && tail -c 200000 "$PW/$f.log" > "${OUT:-$W}/${f/engine/vllm}$SIZE.log"; done
+  say done; exit 0
+fi
+if [ "$PART" = fleet125m ]; then
+  # One GPU, two engines: fleet.py starts vLLM engines a and b on GPU 0 (--gpu-memory-utilization
+  # 0.3 each, one after the other) and serve --transfer reload in front of both, and prints its own
+  # provenance (F0). Its budget leaves 20 s for killing what is left and trimming the logs.
+  FW=$W/fleet125m
+  [ -x "$BUILD/cli/rolloutcore" ] || { say "build $BUILD/cli/rolloutcore first (tests/gpu/vllm/README.md)"; exit 3; }
+  rcwrap; sha256sum "$BUILD/cli/rolloutcore"; git log -1 --format='rolloutcore %H' 2>/dev/null
+  say "fleet 125m: vLLM engines a and b on GPU 0 (reload from their disk), rolloutcore serve --transfer reload"
+  RC_FLEET_BUDGET_S=$((BUDGET - 20)) timeout -s KILL "$((BUDGET - 5))" python3 $HERE/fleet.py "$W/rc.sh" 125m "$FW"
+  say "fleet.py exit $?"
+  for e in a b; do
+    [ -s "$FW/$e/engine.pgid" ] && kill -9 -- -"$(cat "$FW/$e/engine.pgid")" 2>/dev/null
+    [ -e "$FW/$e/engine.log" ] && tail -c 200000 "$FW/$e/engine.log" > "${OUT:-$W}/vllm${PART}_$e.log"
+  done
+  [ -e "$FW/serve.log" ] && tail -c 200000 "$FW/serve.log" > "${OUT:-$W}/serve$PART.log"
   say done; exit 0
 fi
 if [ "$PART" = colocated125m ] || [ "$PART" = colocated8b ]; then
