@@ -82,6 +82,9 @@ def left_s():
     return BUDGET_S - (time.time() - T0)
 
 
+TEXT_BYTES_MAX = 4 << 20  # a non-JSON answer kept for the caller (/metrics, error pages)
+
+
 def http(method, url, body=None, headers=None, timeout=30.0):
     """(status, headers, parsed JSON or text); status 0 with the error when nothing answered."""
     data = None if body is None else json.dumps(body).encode()
@@ -98,7 +101,9 @@ def http(method, url, body=None, headers=None, timeout=30.0):
     try:
         return status, hdrs, json.loads(raw)
     except ValueError:
-        return status, hdrs, raw.decode(errors="replace")[:2000]
+        # Whole up to a bound: vLLM's /metrics runs past 2000 characters before its prefix-cache
+        # counters, and a shorter cut read as an engine that exports none.
+        return status, hdrs, raw.decode(errors="replace")[:TEXT_BYTES_MAX]
 
 
 def wait_until(pred, timeout_s, every_s=0.1):
