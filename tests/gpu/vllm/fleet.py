@@ -46,6 +46,9 @@ import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL = os.environ.get("RC_FLEET_LOCAL") == "1"
+# F5 waits this long after seeing b in UPDATING before the kill, so it lands in the reload.
+KILL_DELAY_MS = int(os.environ.get("RC_FLEET_KILL_DELAY_MS", "40"))
+KILL_CASE = {"case": None}  # F5's finding, for F7: "before_mutation" when the kill beat the reload
 # proof.py reads these at import (its engine command and its dry-run switch); this script shares them.
 os.environ["RC_PROOF_LOCAL"] = "1" if LOCAL else "0"
 os.environ["RC_PROOF_GPU_UTIL"] = os.environ.get("RC_FLEET_GPU_UTIL", "0.3")
@@ -572,6 +575,16 @@ def f6a_two(svc, dirs, serve):
     return wall if ok else None
 
 
+def before_mutation_ok(res, sb, recs):
+    """A kill inside b's preflight (read-only calls, before any byte of the reload): b must not be
+    TAINTED (its weights are the committed ones), must admit nothing, and its plan must be judged
+    'no mutation' in the journal, while a commits and the update answers 207 partial."""
+    doc = res.get("doc") or {}
+    aborted = any(r.get("engine") == "b" and "no mutation" in json.dumps(r["event"]) for r in recs)
+    return (res.get("st") == 207 and doc.get("outcome") == "partial" and doc.get("committed") == 1
+            and sb.get("lifecycle") != "TAINTED" and not sb.get("admitting") and aborted)
+
+
 def f5_kill(svc, engines, dirs, serve):
     """F5 (E6 analogue): b's process group SIGKILLed while the update has it in UPDATING (its reload)
     goes TAINTED within 2 s while a commits (207 partial), and the proxy then sends everything to a
@@ -584,6 +597,10 @@ def f5_kill(svc, engines, dirs, serve):
     th.start()
     seen = proof.wait_until(lambda: eng_field(svc, "b", "lifecycle") == "UPDATING" or not th.is_alive(), 60, 0.005)
     phase = eng_field(svc, "b", "lifecycle")
+    if phase == "UPDATING" and not LOCAL:
+        # UPDATING opens with the preflight's read-only calls (~5 ms); the reload follows (~100 ms
+        # at 125M). A kill inside the preflight leaves the weights as they were: no taint is due.
+        time.sleep(KILL_DELAY_MS / 1000.0)
     t_kill = time.time()
     if phase == "UPDATING":
         b.kill()
@@ -599,9 +616,14 @@ def f5_kill(svc, engines, dirs, serve):
     ok = (phase == "UPDATING" and tainted and t_seen <= 2.0 and res.get("st") == 207
           and (res.get("doc") or {}).get("outcome") == "partial" and (res.get("doc") or {}).get("committed") == 1
           and (eng_field(svc, "a", "committed") or {}).get("label") == "rc-6")
+    if not ok and not tainted and phase == "UPDATING":
+        ok = before_mutation_ok(res, sb, recs)  # the kill landed in the preflight: judged as such
+        KILL_CASE["case"] = "before_mutation" if ok else None
     ok = ok and all(r["status"] == 200 and r["engine"] == "a" and r["label"] == "rc-6" for r in after)
     out({"step": "F5", "what": "SIGKILL b's process group while the `all` update rc-6 has b in UPDATING: b TAINTED "
          "<= 2 s, a commits, 207 partial, 20 proxied requests all on a", "pass": bool(ok),
+         "kill_case": KILL_CASE["case"] or ("mutation_possible" if tainted else "unexplained"),
+         "kill_delay_after_updating_ms": 0 if LOCAL else KILL_DELAY_MS,
          "killed_in_phase": phase if seen else f"never saw UPDATING (last {phase})",
          "how": ("the double's reload fault {\"reload\": \"hang\"} held b in UPDATING; then SIGKILL" if LOCAL else
                  "b's lifecycle polled every 5 ms on GET /v1/state; SIGKILL to its process group once UPDATING"),
@@ -645,12 +667,16 @@ def f7_verdicts(serve):
     findings = [ln for ln in al if ln.startswith("audit ENGINE")]
     # docs/audit.md: exit 1 = journal intact, an engine TAINTED; b's taint must be the only finding.
     only_b = len(findings) == 1 and "engine 'b' is TAINTED" in findings[0]
-    ok = serve_exit == 0 and rcode == 0 and verified and bool(b_taint) and intact and acode == 1 and only_b
+    if KILL_CASE["case"] == "before_mutation":  # b was never tainted: nothing to explain or find
+        b_taint, only_b, want_audit = ["(b not tainted: killed before the mutation)"], not findings, 0
+    else:
+        want_audit = 1
+    ok = serve_exit == 0 and rcode == 0 and verified and bool(b_taint) and intact and acode == want_audit and only_b
     out({"step": "F7", "what": "SIGTERM serve; replay explains b's taint; audit", "pass": bool(ok),
          "serve_exit": serve_exit, "replay_exit": rcode, "replay_verification_ok": verified,
          "replay_b_taint_lines": b_taint[:6],
          "replay_head": [ln for ln in rl if ln.startswith(("fleet", "state:"))][:6],
-         "audit_exit": acode, "audit_exit_expected": "1 (intact; engine b TAINTED)", "audit_journal_intact": intact,
+         "audit_exit": acode, "audit_exit_expected": want_audit, "audit_journal_intact": intact,
          "audit_findings": [f[:300] for f in findings[:4]],
          "audit_lines": [ln for ln in al if ln.startswith(("audit", "journal:", "engine", "taint", "state:"))][:12],
          "replay_stderr": rse[-300:] if rcode else ""})
