@@ -7,11 +7,11 @@
 #include <condition_variable>
 
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/chunk_encode.hpp>
 #include <boost/beast/http/empty_body.hpp>
@@ -28,7 +28,9 @@ namespace rc::service {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 using tcp = asio::ip::tcp;
-using Strand = asio::strand<asio::io_context::executor_type>;
+// A loop's executor. Each loop is one io_context run by one thread, so a connection's handlers
+// are serialised by running on its loop alone: no strand (one more queue and lock per handler).
+using LoopExecutor = asio::io_context::executor_type;
 using std::chrono::milliseconds;
 
 namespace {
@@ -107,11 +109,11 @@ void SetBody(HttpResponse& res, int status, std::string body, std::string_view c
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(HttpServer& server, tcp::socket socket, Strand strand)
+  Session(HttpServer& server, tcp::socket socket, LoopExecutor executor)
       : server_(server),
-        strand_(std::move(strand)),
+        executor_(std::move(executor)),
         socket_(std::move(socket)),
-        timer_(strand_),
+        timer_(executor_),
         buffer_(server.options().header_bytes_max + kFramingSlackBytes),
         body_hold_(&server.body_budget()) {}
   ~Session() {
@@ -124,7 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // A connection-level refusal (before any exchange): answered, then closed.
   void Refuse(int status, const std::string& type, const std::string& message);
 
-  // Exchange operations; all on the strand.
+  // Exchange operations; all on the connection's loop.
   bool Live(std::uint64_t serial) const { return serial == serial_ && !answered_ && !closed_; }
   const HttpRequest& request() const { return request_; }
   void Respond(std::uint64_t serial, HttpResponse res);
@@ -133,7 +135,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void End(std::uint64_t serial, std::string last_bytes);
   void AbandonWrite(std::uint64_t serial);
   void WatchClient(std::uint64_t serial, std::function<void()> on_gone);
-  const Strand& strand() const { return strand_; }
+  const LoopExecutor& executor() const { return executor_; }
   HttpServer& server() const { return server_; }
 
  private:
@@ -177,7 +179,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool Expired(Phase phase) const { return expired_ && expired_phase_ == phase; }
 
   HttpServer& server_;
-  Strand strand_;
+  LoopExecutor executor_;
   tcp::socket socket_;
   asio::steady_timer timer_;
   std::uint64_t armed_ = 0;  // generation of the armed deadline
@@ -528,7 +530,7 @@ void Session::WatchAgain() {
 }
 
 void Session::WatchHangup() {
-  if (!hangup_timer_) hangup_timer_ = std::make_unique<asio::steady_timer>(strand_);
+  if (!hangup_timer_) hangup_timer_ = std::make_unique<asio::steady_timer>(executor_);
   hangup_timer_->expires_after(milliseconds(kHangupCheckMs));
   hangup_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
     if (ec || self->answered_ || self->closed_ || !self->on_gone_) return;
@@ -604,40 +606,40 @@ std::optional<std::string_view> Exchange::header(std::string_view name, bool* du
 }
 
 void Exchange::Respond(HttpResponse response) {
-  RC_CHECK(session_->strand().running_in_this_thread());
+  RC_CHECK(session_->executor().running_in_this_thread());
   session_->Respond(serial_, std::move(response));
 }
 
 void Exchange::StartStream(HttpResponse head, WriteDone done) {
-  RC_CHECK(session_->strand().running_in_this_thread());
+  RC_CHECK(session_->executor().running_in_this_thread());
   session_->StartStream(serial_, std::move(head), std::move(done));
 }
 
 void Exchange::Write(std::string bytes, WriteDone done) {
-  RC_CHECK(session_->strand().running_in_this_thread());
+  RC_CHECK(session_->executor().running_in_this_thread());
   session_->Write(serial_, std::move(bytes), std::move(done));
 }
 
 void Exchange::End(std::string last_bytes) {
-  RC_CHECK(session_->strand().running_in_this_thread());
+  RC_CHECK(session_->executor().running_in_this_thread());
   session_->End(serial_, std::move(last_bytes));
 }
 
 void Exchange::AbandonWrite() {
-  RC_CHECK(session_->strand().running_in_this_thread());
+  RC_CHECK(session_->executor().running_in_this_thread());
   session_->AbandonWrite(serial_);
 }
 
 void Exchange::WatchClient(std::function<void()> on_gone) {
-  RC_CHECK(session_->strand().running_in_this_thread());
+  RC_CHECK(session_->executor().running_in_this_thread());
   session_->WatchClient(serial_, std::move(on_gone));
 }
 
-asio::any_io_executor Exchange::executor() const { return session_->strand(); }
+asio::any_io_executor Exchange::executor() const { return session_->executor(); }
 ByteBudget& Exchange::body_budget() const { return session_->server().body_budget(); }
 
 void Exchange::Post(std::function<void()> fn) const {
-  asio::post(session_->strand(), std::move(fn));
+  asio::post(session_->executor(), std::move(fn));
 }
 
 std::optional<std::string> ApiRequest::query(std::string_view key) const {
@@ -731,7 +733,7 @@ HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
 
 HttpServer::~HttpServer() {
   if (!io_threads_.empty()) (void)Stop(0);
-  // The first loop's queue may hold the accept handler with a strand of another loop: the
+  // The first loop's queue may hold the accept handler with the executor of another loop: the
   // acceptor and that loop go first, then the others, each before anything it refers to.
   acceptor_.reset();
   accept_retry_.reset();
@@ -786,14 +788,14 @@ void HttpServer::RunLoop(std::size_t loop) {
 
 void HttpServer::Accept() {
   // Only this handler (on the first loop) advances next_loop_.
-  auto strand = asio::make_strand(*loops_[next_loop_++ % loops_.size()]);
-  acceptor_->async_accept(strand, [this, strand](beast::error_code ec, tcp::socket socket) {
+  const LoopExecutor loop = loops_[next_loop_++ % loops_.size()]->get_executor();
+  acceptor_->async_accept(loop, [this, loop](beast::error_code ec, tcp::socket socket) {
     if (stopping_.load() || !acceptor_->is_open()) return;
     if (!ec) {
       counters_.accepted++;
       beast::error_code option_ec;  // a socket option failing is no accept error
       socket.set_option(tcp::no_delay(true), option_ec);
-      auto session = std::make_shared<Session>(*this, std::move(socket), strand);
+      auto session = std::make_shared<Session>(*this, std::move(socket), loop);
       const bool over = counters_.open_connections.fetch_add(1) >=
                         static_cast<std::int64_t>(options_.connections_max);
       {
@@ -801,7 +803,7 @@ void HttpServer::Accept() {
         sessions_.emplace(session.get(), session);
       }
       if (over) counters_.refused_over_budget++;
-      asio::dispatch(strand, [session, over] {
+      asio::dispatch(loop, [session, over] {
         if (over)
           return session->Refuse(503, "overloaded",
                                  "too many connections "
@@ -887,7 +889,7 @@ bool HttpServer::TakeBlockingSlot() {
   return true;
 }
 
-// On a pool thread: the handler's answer goes back to the exchange's strand, then the slot is
+// On a pool thread: the handler's answer goes back to the exchange's loop, then the slot is
 // given back.
 void HttpServer::RunHandler(const BlockingHandler* handler,
                             const std::vector<std::string>& captures, const Exchange& exchange) {
@@ -922,7 +924,7 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
       if (auto s = weak.lock()) open.push_back(std::move(s));
     }
   }
-  for (auto& s : open) asio::post(s->strand(), [s] { s->Close(); });
+  for (auto& s : open) asio::post(s->executor(), [s] { s->Close(); });
   open.clear();
   bool drained = false;
   {

@@ -8,13 +8,14 @@
 // Model: `io_threads` event loops, each an io_context run by one thread of its own (as nginx's
 // workers: one io_context shared by many threads serialises them on its scheduler's lock, and
 // measured so, CPU per request rose with every thread added). Accepted connections are handed
-// to the loops round-robin; each connection is a Session serialised on its own strand of its
-// loop, and what it starts (engine connections, timers) lives on that loop. A Session reads one
+// to the loops round-robin; each connection is a Session whose handlers all run on its loop's
+// one thread (so they never run at once), and what it starts (engine connections, timers) lives
+// on that loop. A Session reads one
 // request (idle deadline before its first byte, header deadline for the head, body deadline for the
 // body, bounded head and body), hands it to the router as an Exchange, and reads the next request
 // only once that Exchange has been answered (keep-alive). Routes are either async (run on the
-// strand; they must not block) or blocking (run on a bounded pool: the trainer API's long polls and
-// updates), answered back on the strand.
+// loop; they must not block) or blocking (run on a bounded pool: the trainer API's long polls and
+// updates), answered back on the loop.
 //
 // Invariants: an Exchange is answered exactly once (Respond, or StartStream..EndStream); a write
 // the client does not take within write_timeout_ms closes the connection; connections beyond

@@ -617,7 +617,7 @@ void ProxyExchange::ReleaseUpstream(bool reusable) {
 void ProxyExchange::CloseUpstream() {
   if (conn_ == nullptr) return;
   error_code ignored;
-  conn_->socket.close(ignored);  // pending operations complete with an error on the strand
+  conn_->socket.close(ignored);  // pending operations complete with an error on the loop
 }
 
 std::uint64_t ProxyExchange::UpstreamElapsedUs() const {

@@ -1,5 +1,5 @@
 // ProxyExchange: one proxied rollout, /v1/completions, /v1/chat/completions or
-// /inference/v1/generate, as a chain of small asynchronous steps on its connection's strand:
+// /inference/v1/generate, as a chain of small asynchronous steps on its connection's event loop:
 //
 //   Parse (400, nothing journaled) -> Admit (RolloutAdmitted durable before any byte reaches the
 //   engine; 503 + Retry-After while not READY past admit_wait_ms, or TAINTED) -> PrepareUpstream

@@ -64,13 +64,13 @@ Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
 
 namespace {
 
-// The event loop an executor (an exchange's strand) runs on: a connection opened from it is
+// The event loop an executor (an exchange's) runs on: a connection opened from it is
 // registered with that loop's reactor.
 const void* LoopOf(const asio::any_io_executor& executor) {
   return &asio::query(executor, asio::execution::context);
 }
 
-// The loop's own executor under an exchange's strand.
+// The loop's own executor, also when a caller hands a strand of it.
 asio::any_io_executor LoopExecutor(const asio::any_io_executor& executor) {
   using Strand = asio::strand<asio::io_context::executor_type>;
   if (const Strand* strand = executor.target<Strand>()) return strand->get_inner_executor();

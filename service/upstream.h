@@ -2,9 +2,9 @@
 //
 // A connection lives on the event loop of the exchange that opened it, and is reused only by
 // exchanges of that loop (each loop keeps its own idle list), so its reads and writes never cross
-// threads. Every operation on a connection is started from, and completes on, the strand of the
-// one exchange that holds it (asio::bind_executor). Each of the `loops` event loops keeps at most
-// ceil(idle_max / loops) idle connections (so one busy loop cannot take every other loop's
+// threads. Every operation on a connection is started from, and completes on, the event loop of
+// the one exchange that holds it (asio::bind_executor). Each of the `loops` event loops keeps at
+// most ceil(idle_max / loops) idle connections (so one busy loop cannot take every other loop's
 // share); a connection in use belongs to exactly one exchange (the client connection budget
 // bounds those). A pooled connection the engine closed meanwhile is detected before reuse.
 #pragma once
@@ -30,8 +30,8 @@ namespace rc::service {
 inline constexpr std::size_t kUpstreamBufferBytesMax = 192 << 10;
 
 struct UpstreamConn {
-  // `executor`: the opening exchange's event loop (not its strand: a connection outlives the
-  // exchange, and every operation names the strand of the exchange that holds it).
+  // `executor`: the opening exchange's event loop (a connection outlives the exchange, and every
+  // operation runs on the loop of the exchange that holds it).
   UpstreamConn(const boost::asio::any_io_executor& executor, const void* loop)
       : socket(executor), loop(loop) {}
   boost::asio::ip::tcp::socket socket;
