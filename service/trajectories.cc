@@ -66,6 +66,7 @@ class LineFile {
  private:
   bool OpenFd();
   void CloseFd();
+  void Resync();
   void Rotate();
   bool StartOnFreshLine();
   void CutBack(std::size_t partial_bytes);
@@ -123,7 +124,28 @@ bool LineFile::Write(const std::string& line) {
   return false;
 }
 
+// The file as it is now, once per batch: an operator may have truncated it (logrotate's
+// copytruncate: a size kept from before would rotate early, and a cut-back would extend the file
+// with zeros) or moved it away (the lines would follow it). A new file at the path is opened.
+void LineFile::Resync() {
+  if (fd_ < 0) return;
+  struct stat at_fd {
+  }, at_path{};
+  if (::fstat(fd_, &at_fd) != 0) return;
+  if (::stat(path_.c_str(), &at_path) != 0 || at_path.st_ino != at_fd.st_ino ||
+      at_path.st_dev != at_fd.st_dev) {
+    CloseFd();
+    OpenFd();  // on failure, the next batch tries again
+    return;
+  }
+  const auto size = static_cast<std::uint64_t>(at_fd.st_size);
+  if (!S_ISREG(at_fd.st_mode) || size == bytes_) return;
+  bytes_ = size;
+  fragment_open_ = EndsInsideLine(path_, size);
+}
+
 std::size_t LineFile::WriteLines(const std::vector<std::string>& lines) {
+  Resync();
   std::string joined;
   for (const std::string& line : lines) joined += line;
   const bool crosses_bound = bytes_max_ > 0 && bytes_ + joined.size() > bytes_max_;

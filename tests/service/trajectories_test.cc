@@ -127,6 +127,47 @@ TEST(TrajectoryLog, LinesWrittenTogetherRotateAtALineBoundary) {
   fs::remove_all(dir);
 }
 
+// Proves a file truncated from outside (logrotate's copytruncate) is taken at its new size: the
+// next lines go into it and nothing rotates early; it would catch a size kept from before the
+// truncation (an early rotation here; a failed write's cut-back would extend the file with zeros).
+TEST(TrajectoryLog, AFileTruncatedFromOutsideIsTakenAtItsNewSize) {
+  const fs::path dir = FreshDir();
+  const fs::path path = dir / "t.jsonl";
+  TrajectoryLog log;
+  ASSERT_TRUE(log.Open(path.string(), 1000).ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(log.Append(Record(i, 60)));
+  ASSERT_TRUE(log.Drain(kHangMs));
+  ASSERT_GT(fs::file_size(path), 700u);
+  fs::resize_file(path, 0);
+  std::vector<std::string> after;
+  for (int i = 10; i < 14; ++i) {
+    after.push_back(Record(i, 60));
+    ASSERT_TRUE(log.Append(after.back()));
+  }
+  EXPECT_EQ(log.Close(), 0u);
+  EXPECT_FALSE(fs::exists(path.string() + ".1")) << "rotated on the size from before";
+  EXPECT_EQ(ReadLines(path), after);
+  fs::remove_all(dir);
+}
+
+// Proves a file moved away from outside (rotation by rename) is followed by a new file at the
+// path; it would catch lines written on into the moved file, where nobody looks for them.
+TEST(TrajectoryLog, AFileMovedAwayIsReplacedAtItsPath) {
+  const fs::path dir = FreshDir();
+  const fs::path path = dir / "t.jsonl";
+  const fs::path moved = dir / "t.jsonl.old";
+  TrajectoryLog log;
+  ASSERT_TRUE(log.Open(path.string(), 0).ok());
+  ASSERT_TRUE(log.Append(Record(1, 3)));
+  ASSERT_TRUE(log.Drain(kHangMs));
+  fs::rename(path, moved);
+  ASSERT_TRUE(log.Append(Record(2, 3)));
+  EXPECT_EQ(log.Close(), 0u);
+  EXPECT_EQ(ReadLines(moved), std::vector<std::string>{Record(1, 3)});
+  EXPECT_EQ(ReadLines(path), std::vector<std::string>{Record(2, 3)});
+  fs::remove_all(dir);
+}
+
 // Proves a line too large for the file is dropped and counted, never cut into invalid JSON; it
 // would catch a bound lost in the move to the writer thread.
 TEST(TrajectoryLog, ALineAboveTheBoundIsDroppedWhole) {
