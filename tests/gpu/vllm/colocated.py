@@ -67,7 +67,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, HERE)
 import rolloutcore  # noqa: E402
-from proof import call, http  # noqa: E402  (pure helpers: one HTTP call, one client call)
+from proof import call, host_provenance, http  # noqa: E402  (pure helpers: HTTP, client call, provenance)
 from rolloutcore.manifest import manifest_digest, read_safetensors_manifest  # noqa: E402
 
 TOKEN = "colocated-token"
@@ -524,21 +524,8 @@ def short(d):
 
 # ---------------------------------------------------------------- steps
 def c0_provenance(rc_bin, size, trainer_uuid, eng):
-    from importlib import metadata
-    vers = {}
-    for pkg in ("vllm", "torch", "safetensors", "tokenizers", "ray", "pybase64", "requests"):
-        try:
-            vers[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            vers[pkg] = None
-    gpu = None
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    rev = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%H"], capture_output=True, text=True,
-                         timeout=10).stdout.strip()
+    vers, gpu, rev = host_provenance(
+        ("vllm", "torch", "safetensors", "tokenizers", "ray", "pybase64", "requests"))
     with open(rc_bin, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
     info = eng.device_info()

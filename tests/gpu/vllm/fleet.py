@@ -254,21 +254,7 @@ def double_fault(eng, body):
 # ---------------------------------------------------------------- steps
 def f0_provenance(rc_bin, size):
     """F0: records what ran (versions, GPU, commit); catches a result tied to the wrong build or host."""
-    from importlib import metadata
-    vers = {}
-    for pkg in ("vllm", "torch", "safetensors", "tokenizers"):
-        try:
-            vers[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            vers[pkg] = None
-    gpu = None
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    rev = subprocess.run(["git", "-C", proof.ROOT, "log", "-1", "--format=%H"], capture_output=True, text=True,
-                         timeout=10).stdout.strip()
+    vers, gpu, rev = proof.host_provenance(("vllm", "torch", "safetensors", "tokenizers"))
     out({"step": "F0", "what": "provenance", "pass": True,
          "mode": "local (two vllm-doubles)" if LOCAL else "two vLLM engines on GPU 0", "size": size,
          "versions": vers, "python": sys.version.split()[0], "gpu": gpu, "rolloutcore_commit": rev,

@@ -340,11 +340,11 @@ def digest_of(d):
     return (d or {}).get("combined") if isinstance(d, dict) else None
 
 
-# ---------------------------------------------------------------- steps
-def p0_provenance(rc_bin, size):
+def host_provenance(packages):
+    """(package versions, GPU line from nvidia-smi, the checkout's commit) for a step's F0/P0/C0."""
     from importlib import metadata
     vers = {}
-    for pkg in ("vllm", "torch", "safetensors", "tokenizers"):
+    for pkg in packages:
         try:
             vers[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -357,6 +357,12 @@ def p0_provenance(rc_bin, size):
         pass
     rev = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%H"], capture_output=True, text=True,
                          timeout=10).stdout.strip()
+    return vers, gpu, rev
+
+
+# ---------------------------------------------------------------- steps
+def p0_provenance(rc_bin, size):
+    vers, gpu, rev = host_provenance(("vllm", "torch", "safetensors", "tokenizers"))
     with open(rc_bin, "rb") as f:  # run_vllm.sh passes a wrapper script and prints the binary's own
         sha = hashlib.sha256(f.read()).hexdigest()
     out({"step": "P0", "what": "provenance", "pass": True, "mode": "local (vllm-double)" if LOCAL else "vLLM on GPU 0",
