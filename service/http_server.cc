@@ -710,6 +710,8 @@ struct HttpServer::BlockingPool {
 
 namespace {
 
+// Each loop is run by exactly one thread (RunLoop): a connection's handlers rely on that to never
+// run at once (they have no strand).
 std::vector<std::unique_ptr<asio::io_context>> MakeLoops(std::size_t n) {
   RC_CHECK(n >= 1);
   std::vector<std::unique_ptr<asio::io_context>> loops;

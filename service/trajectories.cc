@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -60,8 +62,8 @@ class LineFile {
   // Appends `line` (ending in '\n'); false when it is not in the file whole.
   bool Write(const std::string& line);
   // Appends `lines` (each ending in '\n'), in one write when no rotation falls inside them;
-  // returns how many are in the file whole.
-  std::size_t WriteLines(const std::vector<std::string>& lines);
+  // returns how many are in the file whole. Once `stop` is set, no further write starts.
+  std::size_t WriteLines(const std::vector<std::string>& lines, const std::atomic<bool>& stop);
 
  private:
   bool OpenFd();
@@ -70,7 +72,8 @@ class LineFile {
   void Rotate();
   bool StartOnFreshLine();
   void CutBack(std::size_t partial_bytes);
-  std::size_t WriteEach(const std::vector<std::string>& lines, std::size_t from);
+  std::size_t WriteEach(const std::vector<std::string>& lines, std::size_t from,
+                        const std::atomic<bool>& stop);
 
   int fd_ = -1;
   std::string path_;
@@ -144,14 +147,22 @@ void LineFile::Resync() {
   fragment_open_ = EndsInsideLine(path_, size);
 }
 
-std::size_t LineFile::WriteLines(const std::vector<std::string>& lines) {
+std::size_t LineFile::WriteLines(const std::vector<std::string>& lines,
+                                 const std::atomic<bool>& stop) {
   Resync();
+  std::size_t total = 0;
+  for (const std::string& line : lines) total += line.size();
+  const bool crosses_bound = bytes_max_ > 0 && bytes_ + total > bytes_max_;
+  // One write per line where a rotation may fall between two, or where the open or the
+  // fragment's newline failed (each line tries them again, as it would alone).
+  if (crosses_bound || lines.size() == 1 || (fd_ < 0 && !OpenFd()) ||
+      (fragment_open_ && !StartOnFreshLine())) {
+    return WriteEach(lines, 0, stop);
+  }
+  if (stop.load()) return 0;
   std::string joined;
+  joined.reserve(total);
   for (const std::string& line : lines) joined += line;
-  const bool crosses_bound = bytes_max_ > 0 && bytes_ + joined.size() > bytes_max_;
-  if (crosses_bound || lines.size() == 1) return WriteEach(lines, 0);
-  if (fd_ < 0 && !OpenFd()) return 0;
-  if (fragment_open_ && !StartOnFreshLine()) return 0;
   const std::size_t done = WriteBytes(fd_, joined);
   std::size_t whole = 0, whole_bytes = 0;
   while (whole < lines.size() && whole_bytes + lines[whole].size() <= done) {
@@ -160,13 +171,16 @@ std::size_t LineFile::WriteLines(const std::vector<std::string>& lines) {
   bytes_ += whole_bytes;
   if (whole == lines.size()) return whole;
   CutBack(done - whole_bytes);  // the line the write failed inside is dropped
-  return whole + WriteEach(lines, whole + 1);
+  return whole + WriteEach(lines, whole + 1, stop);
 }
 
 // Lines from `from` on, one write each (a rotation may fall between any two); how many went in.
-std::size_t LineFile::WriteEach(const std::vector<std::string>& lines, std::size_t from) {
+std::size_t LineFile::WriteEach(const std::vector<std::string>& lines, std::size_t from,
+                                const std::atomic<bool>& stop) {
   std::size_t written = 0;
-  for (std::size_t i = from; i < lines.size(); ++i) written += Write(lines[i]) ? 1 : 0;
+  for (std::size_t i = from; i < lines.size() && !stop.load(); ++i) {
+    written += Write(lines[i]) ? 1 : 0;
+  }
   return written;
 }
 
@@ -202,6 +216,7 @@ struct TrajectoryLog::Shared {
   bool writer_sleeping = false;     // waiting for a first line: Append wakes it
   bool stopping = false;   // nothing more is queued; the writer ends once the queue is empty
   bool abandoned = false;  // Close stopped waiting; it emptied the queue and counted the rest
+  std::atomic<bool> stop_writing{false};  // set with abandoned: the writer starts no more writes
   std::uint64_t written = 0;
   std::uint64_t dropped = 0;
 };
@@ -217,13 +232,20 @@ constexpr std::uint64_t kBatchBytes = std::uint64_t{1} << 20;
 
 bool Idle(const Shared& s) { return s.queue.empty() && s.in_flight_lines == 0; }
 
+// Enough queued to write now: a full batch, or half of what the queue may hold (a small queue
+// must not drop lines while the writer lingers).
+bool BatchReady(const Shared& s) {
+  return s.queued_bytes >= std::min(kBatchBytes, s.limits.bytes_max / 2) ||
+         s.queue.size() >= s.limits.lines_max / 2;
+}
+
 // Sleeps until a line is queued, then lingers until the batch is full, or stopping.
 void WaitForBatch(Shared& s, std::unique_lock<std::mutex>& lock) {
   s.writer_sleeping = true;
   s.wake.wait(lock, [&s] { return s.stopping || !s.queue.empty(); });
   s.writer_sleeping = false;
   s.wake.wait_for(lock, std::chrono::milliseconds(kBatchLingerMs),
-                  [&s] { return s.stopping || s.queued_bytes >= kBatchBytes; });
+                  [&s] { return s.stopping || BatchReady(s); });
 }
 
 // The next lines to write, oldest first; empty once stopping with nothing queued.
@@ -261,7 +283,7 @@ void WriterLoop(std::shared_ptr<Shared> s) {
   for (;;) {
     std::vector<std::string> batch = NextBatch(*s);
     if (batch.empty()) return;
-    const std::size_t written = s->file.WriteLines(batch);
+    const std::size_t written = s->file.WriteLines(batch, s->stop_writing);
     const std::size_t lines = batch.size();
     batch = {};  // freed before the lock is taken again
     FinishBatch(*s, lines, written);
@@ -274,6 +296,7 @@ std::uint64_t Abandon(Shared& s) {
   s.queue.clear();
   s.queued_bytes = 0;
   s.abandoned = true;
+  s.stop_writing.store(true);
   s.dropped += lost;
   return lost;
 }
@@ -310,7 +333,7 @@ bool TrajectoryLog::Append(std::string text) {
   }
   s.queued_bytes += text.size();
   s.queue.push_back(std::move(text));
-  if (s.writer_sleeping || s.queued_bytes >= kBatchBytes) s.wake.notify_one();
+  if (s.writer_sleeping || BatchReady(s)) s.wake.notify_one();
   RC_CHECK(s.queue.size() <= s.limits.lines_max && s.queued_bytes <= s.limits.bytes_max);
   return true;
 }

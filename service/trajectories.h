@@ -66,8 +66,9 @@ class TrajectoryLog {
   // True once every line queued so far is written or dropped; false at the deadline.
   bool Drain(std::uint64_t timeout_ms);
   // Stops the writer after it has written what is queued, waiting at most drain_timeout_ms; past
-  // that the writer is left to finish its write alone and the lines not written are dropped,
-  // logged, counted and returned. Idempotent; not concurrent with itself or Open.
+  // that the writer is left to finish the one write it is in (it starts no other) and the lines
+  // not written are dropped, logged, counted and returned (those of that write may still reach
+  // the file). Idempotent; not concurrent with itself or Open.
   std::uint64_t Close(std::uint64_t drain_timeout_ms = kTrajectoryDrainTimeoutMsDefault);
   TrajectoryLogStats stats() const;
   const std::string& path() const { return path_; }
