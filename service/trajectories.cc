@@ -132,8 +132,8 @@ bool LineFile::Write(const std::string& line) {
 // with zeros) or moved it away (the lines would follow it). A new file at the path is opened.
 void LineFile::Resync() {
   if (fd_ < 0) return;
-  struct stat at_fd {
-  }, at_path{};
+  struct stat at_fd {};
+  struct stat at_path {};
   if (::fstat(fd_, &at_fd) != 0) return;
   if (::stat(path_.c_str(), &at_path) != 0 || at_path.st_ino != at_fd.st_ino ||
       at_path.st_dev != at_fd.st_dev) {
