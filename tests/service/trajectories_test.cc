@@ -267,6 +267,42 @@ TEST(TrajectoryLog, AWriteFailingPartWayNeverMergesTwoRecords) {
   fs::remove_all(dir);
 }
 
+// In a child process: a file-size limit that cuts `b` part-way while `a`, `b` and `c` are queued
+// together (one batch), `c` short enough to fit once `b` is cut back. 0 when each step went as
+// planned, else the number of the step that did not.
+int WriteABatchAcrossAFileSizeLimit(const fs::path& path, const std::string& a,
+                                    const std::string& b, const std::string& c) {
+  ::signal(SIGXFSZ, SIG_IGN);
+  rlimit lifted{};
+  if (::getrlimit(RLIMIT_FSIZE, &lifted) != 0) return 1;
+  const rlimit cut{a.size() + 1 + b.size() / 2, lifted.rlim_max};
+  if (::setrlimit(RLIMIT_FSIZE, &cut) != 0) return 2;
+  TrajectoryLog log;
+  if (!log.Open(path.string(), 0).ok()) return 3;
+  if (!log.Append(a) || !log.Append(b) || !log.Append(c)) return 4;
+  if (log.Close(kHangMs) != 0) return 5;
+  if (log.stats().written != 2 || log.stats().dropped != 1) return 6;
+  return 0;
+}
+
+// Proves a write that fails inside a batch keeps the lines before the cut, drops only the line it
+// failed in, and still writes the lines after it; it would catch a batch dropped whole after one
+// failure, or the later lines appended to the failed one's fragment.
+TEST(TrajectoryLog, AWriteFailingInsideABatchKeepsTheLinesAroundIt) {
+  const fs::path dir = FreshDir();
+  const fs::path path = dir / "t.jsonl";
+  const std::string a = Record(1, 10), b = Record(2, 4096), c = Record(3, 10);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) ::_exit(WriteABatchAcrossAFileSizeLimit(path, a, b, c));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died, status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "step that failed (WriteABatchAcrossAFileSizeLimit)";
+  EXPECT_EQ(ReadLines(path), (std::vector<std::string>{a, c}));
+  fs::remove_all(dir);
+}
+
 // Proves a file an earlier process left ending inside a line gets the next record on a fresh
 // line, the fragment a line of its own (what the writer also does when a failed write cannot be
 // cut back); it would catch the first record after a crash merged with the fragment.
