@@ -228,10 +228,14 @@ TEST(TrajectoryLog, AStalledFileAndTheQueueHoldsItsByteBound) {
   fs::remove_all(dir);
 }
 
-// In a child process (the limit is per process): a file-size limit that cuts `b` part-way, then
-// lifted for `c`. 0 when each step went as planned, else the number of the step that did not.
+// Whether `c` is queued after `a` and `b` were written and the limit lifted, or with them (one
+// batch, `c` short enough to fit once `b` is cut back).
+enum class ThirdLine { kAfterTheLimitIsLifted, kInTheSameBatch };
+
+// In a child process (the limit is per process): a file-size limit that cuts `b` part-way. 0 when
+// each step went as planned, else the number of the step that did not.
 int WriteAcrossAFileSizeLimit(const fs::path& path, const std::string& a, const std::string& b,
-                              const std::string& c) {
+                              const std::string& c, ThirdLine third) {
   ::signal(SIGXFSZ, SIG_IGN);  // the write past the limit fails with EFBIG instead
   rlimit lifted{};
   if (::getrlimit(RLIMIT_FSIZE, &lifted) != 0) return 1;
@@ -240,25 +244,25 @@ int WriteAcrossAFileSizeLimit(const fs::path& path, const std::string& a, const 
   TrajectoryLog log;
   if (!log.Open(path.string(), 0).ok()) return 3;
   if (!log.Append(a) || !log.Append(b)) return 4;
-  if (!log.Drain(kHangMs)) return 5;
-  if (::setrlimit(RLIMIT_FSIZE, &lifted) != 0) return 6;
+  if (third == ThirdLine::kAfterTheLimitIsLifted) {
+    if (!log.Drain(kHangMs)) return 5;
+    if (::setrlimit(RLIMIT_FSIZE, &lifted) != 0) return 6;
+  }
   if (!log.Append(c)) return 7;
   if (log.Close(kHangMs) != 0) return 8;
   if (log.stats().written != 2 || log.stats().dropped != 1) return 9;
   return 0;
 }
 
-// Proves a write that fails part-way (disk full, EIO; here a file-size limit) leaves no fragment
-// for the next line to continue: the file holds the lines before and after it, each whole, and
-// the failed one is counted dropped; it would catch two records merged into one line, which makes
-// audit refuse the whole file.
-TEST(TrajectoryLog, AWriteFailingPartWayNeverMergesTwoRecords) {
+// The file after a, b (cut part-way by the limit) and c were written in a child process: a and c
+// whole, b dropped and counted.
+void ExpectTheCutLineAloneDropped(ThirdLine third) {
   const fs::path dir = FreshDir();
   const fs::path path = dir / "t.jsonl";
   const std::string a = Record(1, 10), b = Record(2, 4096), c = Record(3, 10);
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
-  if (pid == 0) ::_exit(WriteAcrossAFileSizeLimit(path, a, b, c));
+  if (pid == 0) ::_exit(WriteAcrossAFileSizeLimit(path, a, b, c, third));
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died, status " << status;
@@ -267,40 +271,19 @@ TEST(TrajectoryLog, AWriteFailingPartWayNeverMergesTwoRecords) {
   fs::remove_all(dir);
 }
 
-// In a child process: a file-size limit that cuts `b` part-way while `a`, `b` and `c` are queued
-// together (one batch), `c` short enough to fit once `b` is cut back. 0 when each step went as
-// planned, else the number of the step that did not.
-int WriteABatchAcrossAFileSizeLimit(const fs::path& path, const std::string& a,
-                                    const std::string& b, const std::string& c) {
-  ::signal(SIGXFSZ, SIG_IGN);
-  rlimit lifted{};
-  if (::getrlimit(RLIMIT_FSIZE, &lifted) != 0) return 1;
-  const rlimit cut{a.size() + 1 + b.size() / 2, lifted.rlim_max};
-  if (::setrlimit(RLIMIT_FSIZE, &cut) != 0) return 2;
-  TrajectoryLog log;
-  if (!log.Open(path.string(), 0).ok()) return 3;
-  if (!log.Append(a) || !log.Append(b) || !log.Append(c)) return 4;
-  if (log.Close(kHangMs) != 0) return 5;
-  if (log.stats().written != 2 || log.stats().dropped != 1) return 6;
-  return 0;
+// Proves a write that fails part-way (disk full, EIO; here a file-size limit) leaves no fragment
+// for the next line to continue: the file holds the lines before and after it, each whole, and
+// the failed one is counted dropped; it would catch two records merged into one line, which makes
+// audit refuse the whole file.
+TEST(TrajectoryLog, AWriteFailingPartWayNeverMergesTwoRecords) {
+  ExpectTheCutLineAloneDropped(ThirdLine::kAfterTheLimitIsLifted);
 }
 
 // Proves a write that fails inside a batch keeps the lines before the cut, drops only the line it
 // failed in, and still writes the lines after it; it would catch a batch dropped whole after one
 // failure, or the later lines appended to the failed one's fragment.
 TEST(TrajectoryLog, AWriteFailingInsideABatchKeepsTheLinesAroundIt) {
-  const fs::path dir = FreshDir();
-  const fs::path path = dir / "t.jsonl";
-  const std::string a = Record(1, 10), b = Record(2, 4096), c = Record(3, 10);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) ::_exit(WriteABatchAcrossAFileSizeLimit(path, a, b, c));
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died, status " << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "step that failed (WriteABatchAcrossAFileSizeLimit)";
-  EXPECT_EQ(ReadLines(path), (std::vector<std::string>{a, c}));
-  fs::remove_all(dir);
+  ExpectTheCutLineAloneDropped(ThirdLine::kInTheSameBatch);
 }
 
 // Proves a file an earlier process left ending inside a line gets the next record on a fresh
