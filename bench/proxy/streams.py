@@ -6,7 +6,9 @@ while they are open measures the latency of (a) new non-streaming admissions (ma
 every 10 ms), (b) trainer GET /v1/state calls and (c) the same admission sent straight to the
 double, so that what serve adds is the difference; samples serve's RSS; at the end checks that
 every stream ended with `data: [DONE]`. With --trickle N, N more connections send a request's
-bytes at 1 byte per second for the whole run. README.md explains the report.
+bytes at 1 byte per second for the whole run. The probes run in a process of their own, so their
+latency is serve's and the double's, not this client's event loop busy with the streams. README.md
+explains the report.
 
   bench/proxy/streams.py --build build                       # 10,000 streams
   bench/proxy/streams.py --build build --streams 0 --trickle 2000
@@ -17,9 +19,11 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -263,32 +267,98 @@ async def probe(kind, lat, target, req, timeout):
             close_writer(writer)
 
 
-async def run_probes(run, duration, admit, state, direct):
-    """Open-loop: one admission and one /v1/state through serve, and the same admission straight
-    to the double (what serve adds is the difference), started every interval, whatever the
-    answers."""
-    interval = run.args.probe_interval_ms / 1e3
+async def launch_probes(lats, stop, targets, reqs, interval, duration, timeout):
+    """Open-loop: one probe of each kind started every interval, whatever the answers, until
+    `duration` is up or `stop` is set; then waits for the last ones (each has its own timeout).
+    Returns the seconds it launched probes for."""
     tasks = set()
-    end = time.monotonic() + duration
-    next_t = time.monotonic()
-    while time.monotonic() < end and not run.window_over.is_set():
-        serve = (run.host, run.port)
-        for kind, lat, target, req in (("admit", admit, serve, run.admit_req),
-                                       ("state", state, serve, run.state_req),
-                                       ("direct", direct, run.double, run.direct_req)):
-            t = asyncio.ensure_future(probe(kind, lat, target, req, run.args.request_timeout))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
-        next_t += interval
-        delay = next_t - time.monotonic()
-        if delay > 0:
-            try:
-                await asyncio.wait_for(run.window_over.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
-    launched_s = time.monotonic() - (end - duration)
-    if tasks:  # the last ones still get their full timeout
+    start = time.monotonic()
+    next_t = start
+    while time.monotonic() < start + duration and not stop.is_set():
+        if time.monotonic() >= next_t:
+            for kind, lat in lats.items():
+                t = asyncio.ensure_future(probe(kind, lat, targets[kind], reqs[kind], timeout))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            next_t += interval
+        # Short naps, so that `stop` is seen soon even with a long --probe-interval-ms.
+        await asyncio.sleep(max(0.0, min(next_t - time.monotonic(), 0.05)))
+    launched_s = time.monotonic() - start
+    if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
+    return launched_s
+
+
+def probe_child(conn, stop, targets, reqs, interval, duration, timeout):
+    """The probe process: runs launch_probes in its own event loop and sends back ("ok", launched
+    seconds, {kind: (ok, failed, samples)}), or ("error", traceback)."""
+    try:
+        lats = {kind: Latencies(kind) for kind in reqs}
+        launched_s = asyncio.run(launch_probes(lats, stop, targets, reqs, interval, duration, timeout))
+        conn.send(("ok", launched_s, {k: (l.ok, l.failed, l.samples) for k, l in lats.items()}))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+async def child_result(proc, conn, stop, window_over, limit):
+    """The probe process's answer; sets `stop` once the window is over. Never blocks the event
+    loop, which still drives the streams and trickles. Raises if the process dies, fails or sends
+    nothing within `limit` seconds."""
+    loop = asyncio.get_running_loop()
+    end = time.monotonic() + limit
+    while not conn.poll():  # also true at EOF: the process closed the pipe or died
+        if window_over.is_set():
+            stop.set()
+        if time.monotonic() > end:
+            raise BenchError(f"the probe process (pid {proc.pid}) sent nothing within {limit:.0f} s")
+        await asyncio.sleep(0.05)
+    try:
+        msg = await loop.run_in_executor(None, conn.recv)
+    except (EOFError, OSError):
+        await loop.run_in_executor(None, proc.join, 5)
+        raise BenchError(f"the probe process (pid {proc.pid}) ended without sending its figures "
+                         f"(exit status {proc.exitcode})")
+    if msg[0] != "ok":
+        raise BenchError(f"the probe process failed:\n{msg[1]}")
+    return msg[1], msg[2]
+
+
+async def run_probes(run, duration, admit, state, direct):
+    """One admission and one /v1/state through serve, and the same admission straight to the
+    double (what serve adds is the difference), every interval, in a process of their own: in
+    this one they would queue behind thousands of streams and trickles, and measure that. Ends
+    early when run.window_over is set. Returns the seconds it launched probes for."""
+    serve = (run.host, run.port)
+    targets = {"admit": serve, "state": serve, "direct": run.double}
+    reqs = {"admit": run.admit_req, "state": run.state_req, "direct": run.direct_req}
+    timeout = run.args.request_timeout
+    # spawn, not fork: a forked child would hold the trickles' sockets open after they close here.
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    recv_end, send_end = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=probe_child, name="probes", daemon=True,
+                       args=(send_end, stop, targets, reqs, run.args.probe_interval_ms / 1e3,
+                             duration, timeout))
+    proc.start()
+    send_end.close()
+    try:
+        launched_s, figures = await child_result(proc, recv_end, stop, run.window_over,
+                                                 duration + timeout + 60)
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, proc.join, 10)
+        if proc.is_alive():
+            proc.kill()
+        recv_end.close()
+    for kind, lat in (("admit", admit), ("state", state), ("direct", direct)):
+        ok, failed, samples = figures[kind]
+        lat.ok.extend(ok)
+        lat.failed.update(failed)
+        lat.samples.update(samples)
     return launched_s
 
 
@@ -572,7 +642,8 @@ def report(args, out, run, cfg, dbl_cmd, nofile):
     print(f"### Streams through serve — {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n")
     print(f"{args.streams} streams (max_tokens {args.stream_tokens}, double --token-delay-ms "
           f"{args.token_delay_ms}), {args.trickle} trickle connections, probes every "
-          f"{args.probe_interval_ms:g} ms (timeout {args.request_timeout:g} s); {os.cpu_count()} CPUs; "
+          f"{args.probe_interval_ms:g} ms (timeout {args.request_timeout:g} s) from a process of their "
+          f"own, so their latency is not this client's queueing; {os.cpu_count()} CPUs; "
           f"open-file limit {nofile}.\n")
     ot = sorted(run.open_times)
     print("| figure | value |\n|---|---|")
