@@ -1,5 +1,6 @@
 #include "service/http_server.h"
 
+#include <pthread.h>
 #include <poll.h>
 
 #include <array>
@@ -778,6 +779,8 @@ Status HttpServer::Listen() {
 
 // One io thread: runs its loop until it is stopped; a handler bug must not take the loop down.
 void HttpServer::RunLoop(std::size_t loop) {
+  const std::string name = "rc-io-" + std::to_string(loop);  // at most 15 bytes for the kernel
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
   for (;;) {
     try {
       loops_[loop]->run();

@@ -1,5 +1,6 @@
 #include "service/service.h"
 
+#include <pthread.h>
 #include <openssl/crypto.h>
 
 #include <sys/resource.h>
@@ -472,6 +473,7 @@ void Service::LogTaint(const std::optional<TaintRecord>& taint, const char* cont
 // One engine's probes, every engine_monitor_interval_ms until Shutdown or a fail-stop (a fleet
 // runs one loop per member, so an engine that hangs delays no other's).
 void Service::MonitorLoop(const MonitorTarget& target) {
+  pthread_setname_np(pthread_self(), "rc-monitor");
   const auto interval = std::chrono::milliseconds(config_.engine_monitor_interval_ms);
   while (WaitBackgroundTick(interval)) {
     if (journal_->failed()) {

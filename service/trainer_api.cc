@@ -1,5 +1,6 @@
 // The trainer API: state and version reads, updates, explicit rollouts and their leases, watch,
 // events, manifest, health and readiness, and the routing table of the whole server.
+#include <pthread.h>
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -521,6 +522,7 @@ void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
 }
 
 void Service::LeaseLoop() {
+  pthread_setname_np(pthread_self(), "rc-lease");
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(bg_mu_);

@@ -1,5 +1,6 @@
 #include "service/trajectories.h"
 
+#include <pthread.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -280,6 +281,7 @@ void FinishBatch(Shared& s, std::size_t lines, std::size_t written) {
 // The writer thread. It holds its own reference: a writer stuck past Close's deadline outlives
 // the log and ends after its write.
 void WriterLoop(std::shared_ptr<Shared> s) {
+  pthread_setname_np(pthread_self(), "rc-trajectory");
   for (;;) {
     std::vector<std::string> batch = NextBatch(*s);
     if (batch.empty()) return;
