@@ -254,11 +254,10 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
   void AwaitDurable(AdmitStep step, Clock::time_point t0) {
     const journal::Ticket ticket = step.ticket;
     auto self = shared_from_this();
-    svc.journal_->WaitAsync(ticket, [self, step = std::move(step), t0](Status durable) mutable {
-      asio::post(self->executor, [self, step = std::move(step), t0, durable]() mutable {
-        self->Done(self->svc.Admitted(std::move(step), durable, t0));
-      });
-    });
+    svc.durable_waits_->Wait(ticket, executor,
+                             [self, step = std::move(step), t0](Status durable) mutable {
+                               self->Done(self->svc.Admitted(std::move(step), durable, t0));
+                             });
   }
   void WaitForReady(AdmitStep step) {
     const auto now = Clock::now();
@@ -442,9 +441,8 @@ struct Service::AsyncFinish : std::enable_shared_from_this<AsyncFinish> {
     Status st = svc.SubmitFinishFrom(f);
     if (st.code() == Code::kBusy) return Backoff(st);
     if (!st.ok()) return Done(st);
-    svc.journal_->WaitAsync(*f.ticket, [self = shared_from_this()](Status durable) {
-      asio::post(self->executor,
-                 [self, durable] { self->Done(self->svc.FinishCommitted(self->f, durable)); });
+    svc.durable_waits_->Wait(*f.ticket, executor, [self = shared_from_this()](Status durable) {
+      self->Done(self->svc.FinishCommitted(self->f, durable));
     });
   }
   void Backoff(const Status& busy) {

@@ -227,6 +227,7 @@ Status Service::OpenJournal() {
                                    "start the fleet on a new journal");
   }
   journal_ = std::move(opened.value());
+  durable_waits_ = std::make_unique<DurableWaits>(*journal_);
   LogRecovery(journal_->recovery());
   RC_CHECK(journal_ != nullptr);
   return Status::OK();

@@ -53,6 +53,7 @@
 #include "effects/transfer.h"
 #include "journal/journal.h"
 #include "service/config.h"
+#include "service/durable_waits.h"
 #include "service/http_server.h"
 #include "service/inflight_calls.h"
 #include "service/api_parse.h"
@@ -506,6 +507,7 @@ class Service {
 
   ServeConfig config_;
   std::unique_ptr<journal::Journal> journal_;
+  std::unique_ptr<DurableWaits> durable_waits_;            // on journal_, made with it
   std::unique_ptr<effects::EngineClient> control_client_;  // runner + transfer
   std::unique_ptr<effects::HttpEngineControl> http_control_;
   std::unique_ptr<effects::WeightTransfer> transfer_;
