@@ -284,6 +284,8 @@ def main():
     check_tools(args)
     rc_bin, dbl_bin = harness.resolve_binaries(args)
     settings = harness.parse_serve_sets(args.serve_set)
+    # Like for like: nginx runs one worker (worker_processes 1), so serve gets one event loop.
+    settings.setdefault("io_threads", 1)
     args.nofile = harness.raise_nofile(NOFILE)
     results = {p: {} for p in args.path_list}
     with harness.Lab(args, "rc-proxy-compare.") as lab:
