@@ -827,6 +827,11 @@ std::vector<rocksdb::ColumnFamilyDescriptor> RocksJournal::Descriptors(
     descs[kRolloutsCf].options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
     descs[kRolloutsCf].options.memtable_whole_key_filtering = true;
     descs[kRolloutsCf].options.memtable_prefix_bloom_size_ratio = 0.05;
+    // Ids serve mints share a prefix and count up, so an admission's two keys land next to the
+    // last admission's: the same one-hint insert as events (a finish's key, next to its own
+    // admission, searches as before).
+    descs[kRolloutsCf].options.memtable_insert_with_hint_prefix_extractor.reset(
+        rocksdb::NewFixedPrefixTransform(0));
   }
   return descs;
 }

@@ -31,8 +31,12 @@ class DurableWaits {
   // journal's failure. Never inline: always through `executor`.
   void Wait(const journal::Ticket& ticket, const boost::asio::any_io_executor& executor, Done done);
 
-  // Waiters not yet run (for tests and invariants).
-  std::size_t pending() const;
+  // Waiters whose batch's notice has not come yet. Once it comes they belong to the closure
+  // posted to their loop, so a loop's queue (destroyed with its io_context) owns every waiter
+  // still holding that loop's timers and sockets, never this object.
+  std::size_t waiting() const;
+  // Journal waiters registered so far: one per (loop, batch) that had any waiter.
+  std::uint64_t registrations() const;
 
  private:
   struct Waiter {
@@ -44,10 +48,12 @@ class DurableWaits {
     mutable std::mutex mu;
     std::map<Key, std::vector<Waiter>> waiting;  // bounded by the journal's pending groups
     std::size_t count = 0;
+    std::uint64_t registrations = 0;
   };
 
-  static void RunBatch(const std::shared_ptr<Shared>& shared, const Key& key,
-                       const boost::asio::any_io_executor& on, Status durable);
+  static std::vector<Waiter> Take(Shared& shared, const Key& key);
+  static void Run(std::vector<Waiter>& waiters, const boost::asio::any_io_executor& on,
+                  const Status& durable);
 
   journal::Journal& journal_;
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();

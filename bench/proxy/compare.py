@@ -284,8 +284,10 @@ def main():
     check_tools(args)
     rc_bin, dbl_bin = harness.resolve_binaries(args)
     settings = harness.parse_serve_sets(args.serve_set)
-    # Like for like: nginx runs one worker (worker_processes 1), so serve gets one event loop.
-    settings.setdefault("io_threads", 1)
+    # Like for like: nginx runs one worker (worker_processes 1), so serve gets one event loop
+    # (a serve from before the event-driven server has no such key, and runs as it is).
+    if "io_threads" in harness.serve_config_keys(rc_bin):
+        settings.setdefault("io_threads", 1)
     args.nofile = harness.raise_nofile(NOFILE)
     results = {p: {} for p in args.path_list}
     with harness.Lab(args, "rc-proxy-compare.") as lab:
@@ -333,7 +335,7 @@ def main():
     print(f"wrk {args.threads} threads, {args.duration} s per cell, POST /v1/completions "
           f"{{\"prompt\": \"{PROMPT}\", \"max_tokens\": {MAX_TOKENS}}}; double --token-delay-ms 0; "
           f"serve journal fsync {'on' if (serve_cfg or {}).get('journal_sync', True) else 'OFF'} "
-          f"({tmp_fs}); {os.cpu_count()} CPUs, load average {load_before} before, {load_after} after.\n")
+          f"({tmp_fs}), io_threads {(serve_cfg or {}).get('io_threads', 'default')}; {os.cpu_count()} CPUs, load average {load_before} before, {load_after} after.\n")
     print(table(args, results))
     print("\nCPU µs/request = (utime+stime of the process, all threads) over the cell / requests wrk "
           "counted. wrk runs on the same machine.")

@@ -62,6 +62,14 @@ def resolve_binaries(args):
     return os.path.abspath(rc), os.path.abspath(dbl)
 
 
+def serve_config_keys(binary):
+    """The config keys this rolloutcore's `serve --help` lists."""
+    known = set(re.findall(r"config key (\w+)", help_text(binary, "serve")))
+    if not known:
+        raise BenchError(f"{binary} serve --help lists no config keys; is it rolloutcore?")
+    return known
+
+
 def parse_serve_sets(items):
     out = {}
     for item in items:
@@ -307,10 +315,7 @@ class Lab:
     def start_serve(self, binary, engine_url, settings=None, nofile=None):
         """Writes serve.json (only keys this serve knows, per `serve --help`) and starts serve;
         waits for `listening on` and /readyz. Returns (child, base_url, token, config)."""
-        h = help_text(binary, "serve")
-        known = set(re.findall(r"config key (\w+)", h))
-        if not known:
-            raise BenchError(f"{binary} serve --help lists no config keys; is it rolloutcore?")
+        known = serve_config_keys(binary)
         token = "bench-" + secrets.token_hex(8)
         cfg = {
             "engine_url": engine_url,
