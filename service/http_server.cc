@@ -171,19 +171,29 @@ class Session : public std::enable_shared_from_this<Session> {
   void WriteChunk(std::string bytes, std::function<void(beast::error_code)> then);
   bool KeepReading() const { return keep_alive_ && !peer_closed_ && !closed_; }
 
-  // Deadlines: one timer, armed for one phase at a time. A read phase that expires cancels the
-  // read (its handler answers 408); a write that expires closes the socket.
+  // Deadlines: one deadline, armed for one phase at a time. A read phase that expires cancels the
+  // read (its handler answers 408); a write that expires closes the socket. The timer is lazy, as
+  // nginx's: a wait already due no later than the new deadline stays, and when it fires early it
+  // waits on for the deadline then armed. Re-arming it for every phase cost each request four
+  // cancelled waits run as handlers and, whenever it was the loop's earliest, a timerfd_settime.
   enum class Phase : std::uint8_t { kIdle, kHead, kBody, kWrite };
+  using DeadlineClock = asio::steady_timer::clock_type;
   void Arm(Phase phase, std::uint64_t ms);
+  void WaitUntil(DeadlineClock::time_point due);
+  void OnTimer(std::uint64_t wait);
   bool ReadFailed(beast::error_code ec, Phase phase);
-  void Disarm();
+  void Disarm() { armed_ = false; }
   bool Expired(Phase phase) const { return expired_ && expired_phase_ == phase; }
 
   HttpServer& server_;
   LoopExecutor executor_;
   tcp::socket socket_;
   asio::steady_timer timer_;
-  std::uint64_t armed_ = 0;  // generation of the armed deadline
+  DeadlineClock::time_point deadline_{};
+  Phase deadline_phase_ = Phase::kIdle;
+  bool armed_ = false;            // deadline_ applies
+  bool timer_waiting_ = false;    // a wait on timer_ is pending (its expiry is timer_.expiry())
+  std::uint64_t timer_wait_ = 0;  // the pending wait's number; earlier ones complete stale
   Phase expired_phase_ = Phase::kIdle;
   bool expired_ = false;
   beast::flat_buffer buffer_;
@@ -561,28 +571,42 @@ void Session::Close() {
   on_gone_ = nullptr;
   if (hangup_timer_) hangup_timer_->cancel();
   Disarm();
+  timer_.cancel();
   Uncount();
   beast::error_code ignored;
   socket_.close(ignored);
 }
 
 void Session::Arm(Phase phase, std::uint64_t ms) {
-  const std::uint64_t generation = ++armed_;
+  deadline_ = DeadlineClock::now() + milliseconds(ms);
+  deadline_phase_ = phase;
+  armed_ = true;
   expired_ = false;
-  timer_.expires_after(milliseconds(ms));
-  timer_.async_wait([self = shared_from_this(), phase, generation](beast::error_code ec) {
-    if (ec || generation != self->armed_) return;  // disarmed or re-armed meanwhile
-    self->expired_ = true;
-    self->expired_phase_ = phase;
-    beast::error_code ignored;
-    if (phase == Phase::kWrite) return self->Close();
-    self->socket_.cancel(ignored);  // the read completes with operation_aborted
+  if (timer_waiting_ && timer_.expiry() <= deadline_) return;  // fires first, then waits on
+  WaitUntil(deadline_);
+}
+
+// The wait holds the session weakly: a deadline never keeps a finished connection alive.
+void Session::WaitUntil(DeadlineClock::time_point due) {
+  timer_.expires_at(due);  // a pending later wait completes, stale
+  const std::uint64_t wait = ++timer_wait_;
+  timer_waiting_ = true;
+  timer_.async_wait([weak = weak_from_this(), wait](beast::error_code) {
+    if (auto self = weak.lock()) self->OnTimer(wait);
   });
 }
 
-void Session::Disarm() {
-  ++armed_;
-  timer_.cancel();
+void Session::OnTimer(std::uint64_t wait) {
+  if (wait != timer_wait_) return;  // replaced by a wait for an earlier deadline
+  timer_waiting_ = false;
+  if (!armed_ || closed_) return;
+  if (DeadlineClock::now() < deadline_) return WaitUntil(deadline_);  // re-armed later meanwhile
+  armed_ = false;
+  expired_ = true;
+  expired_phase_ = deadline_phase_;
+  if (deadline_phase_ == Phase::kWrite) return Close();
+  beast::error_code ignored;
+  socket_.cancel(ignored);  // the read completes with operation_aborted
 }
 
 // ---- Exchange ----
