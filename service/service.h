@@ -11,7 +11,7 @@
 //
 // Thread model: io_threads run every connection's event loop (parse, route, the proxy's whole
 // request path). Proxy admissions and finishes never block them: they wait on the journal's
-// group commit through Journal::WaitAsync. Trainer API routes that may block (updates, long
+// group commit through DurableWaits (one notice per loop per committed batch). Trainer API routes that may block (updates, long
 // polls, explicit rollouts) run on a bounded pool (api_threads). Runner calls (Recover,
 // Bootstrap, Update) are serialised by update_mu_; every admission is decided against the folded
 // state under the journal's lock, so an admission can never slip past the start of a drain.
