@@ -11,10 +11,11 @@
 //
 // Thread model: io_threads run every connection's event loop (parse, route, the proxy's whole
 // request path). Proxy admissions and finishes never block them: they wait on the journal's
-// group commit through DurableWaits (one notice per loop per committed batch). Trainer API routes that may block (updates, long
-// polls, explicit rollouts) run on a bounded pool (api_threads). Runner calls (Recover,
-// Bootstrap, Update) are serialised by update_mu_; every admission is decided against the folded
-// state under the journal's lock, so an admission can never slip past the start of a drain.
+// group commit through DurableWaits (one notice per loop per committed batch). Trainer API routes
+// that may block (updates, long polls, explicit rollouts) run on a bounded pool (api_threads).
+// Runner calls (Recover, Bootstrap, Update) are serialised by update_mu_; every admission is
+// decided against the folded state under the journal's lock, so an admission can never slip past
+// the start of a drain.
 //
 // Trust under faults:
 //  * fail-stop: any journal write/fsync failure (or a stalled fsync, or a runner error after an
