@@ -191,8 +191,10 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::steady_timer timer_;
   DeadlineClock::time_point deadline_{};
   Phase deadline_phase_ = Phase::kIdle;
-  bool armed_ = false;            // deadline_ applies
-  bool timer_waiting_ = false;    // a wait on timer_ is pending (its expiry is timer_.expiry())
+  bool armed_ = false;  // deadline_ applies
+  // A wait on timer_ is pending, due at timer_.expiry(). Only WaitUntil sets timer_'s expiry:
+  // Arm's shortcut (keep a wait due first) relies on it.
+  bool timer_waiting_ = false;
   std::uint64_t timer_wait_ = 0;  // the pending wait's number; earlier ones complete stale
   Phase expired_phase_ = Phase::kIdle;
   bool expired_ = false;
