@@ -2,26 +2,20 @@
 
 #include <exception>
 
-#include <boost/asio/execution/context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/query.hpp>
+
+#include "service/http_server.h"
 
 namespace rc::service {
 
 namespace asio = boost::asio;
-
-namespace {
-const void* LoopKey(const asio::any_io_executor& executor) {
-  return &asio::query(executor, asio::execution::context);
-}
-}  // namespace
 
 DurableWaits::DurableWaits(journal::Journal& journal) : journal_(journal) {}
 
 void DurableWaits::Wait(const journal::Ticket& ticket, const asio::any_io_executor& executor,
                         Done done) {
   RC_CHECK(done != nullptr);
-  const Key key{LoopKey(executor), ticket.batch_id};
+  const Key key{EventLoopOf(executor), ticket.batch_id};
   {
     std::lock_guard<std::mutex> g(shared_->mu);
     std::vector<Waiter>& waiters = shared_->waiting[key];

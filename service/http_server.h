@@ -36,9 +36,11 @@
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/execution/context.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/query.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
@@ -51,6 +53,11 @@ namespace rc::service {
 namespace bhttp = boost::beast::http;
 using HttpRequest = bhttp::request<bhttp::string_body>;
 using HttpResponse = bhttp::response<bhttp::string_body>;
+
+// The event loop (io_context) an executor runs on, a strand's included: a key, never dereferenced.
+inline const void* EventLoopOf(const boost::asio::any_io_executor& executor) {
+  return &boost::asio::query(executor, boost::asio::execution::context);
+}
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";

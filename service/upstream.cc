@@ -64,12 +64,6 @@ Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
 
 namespace {
 
-// The event loop an executor (an exchange's) runs on: a connection opened from it is
-// registered with that loop's reactor.
-const void* LoopOf(const asio::any_io_executor& executor) {
-  return &asio::query(executor, asio::execution::context);
-}
-
 // The loop's own executor, also when a caller hands a strand of it.
 asio::any_io_executor LoopExecutor(const asio::any_io_executor& executor) {
   using Strand = asio::strand<asio::io_context::executor_type>;
@@ -111,7 +105,7 @@ std::unique_ptr<UpstreamConn> UpstreamPool::TakeIdle(const void* loop) {
 
 void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                            Ready done, bool fresh_only) {
-  if (std::unique_ptr<UpstreamConn> c = fresh_only ? nullptr : TakeIdle(LoopOf(executor))) {
+  if (std::unique_ptr<UpstreamConn> c = fresh_only ? nullptr : TakeIdle(EventLoopOf(executor))) {
     asio::dispatch(executor, [c = std::move(c), done = std::move(done)]() mutable {
       done(Status::OK(), std::move(c), true);
     });
@@ -123,7 +117,7 @@ void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t 
 void UpstreamPool::Connect(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                            Ready done) {
   auto conn = std::make_shared<std::unique_ptr<UpstreamConn>>(
-      std::make_unique<UpstreamConn>(LoopExecutor(executor), LoopOf(executor)));
+      std::make_unique<UpstreamConn>(LoopExecutor(executor), EventLoopOf(executor)));
   auto timer = std::make_shared<asio::steady_timer>(executor);
   timer->expires_after(std::chrono::milliseconds(connect_timeout_ms));
   timer->async_wait([conn](boost::system::error_code ec) {
