@@ -42,6 +42,9 @@ def parse_args():
     p.add_argument("--paths", default="direct,nginx,serve", metavar="LIST",
                    help="which paths to drive, comma-separated from direct,nginx,serve (%(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the raw figures as JSON")
+    p.add_argument("--idle-probe", type=int, default=3, metavar="S",
+                   help="seconds to measure the double's CPU with the largest connection count held "
+                        "idle (keep-alive) before the cells; 0 skips it (%(default)s)")
     a = p.parse_args()
     try:
         a.conns = [int(x) for x in a.connections.split(",") if x.strip()]
@@ -51,6 +54,8 @@ def parse_args():
         p.error("--connections: at least one count, each >= 1")
     if a.duration < 1 or a.threads < 1 or a.wrk_timeout < 1:
         p.error("--duration, --threads and --wrk-timeout must be >= 1")
+    if a.idle_probe < 0:
+        p.error("--idle-probe must be >= 0")
     if any(c < a.threads for c in a.conns):
         p.error(f"wrk needs connections >= threads ({a.threads})")
     a.path_list = [x.strip() for x in a.paths.split(",") if x.strip()]
@@ -266,6 +271,31 @@ def table(args, results):
     return "\n".join(lines)
 
 
+def idle_keepalive_cost(base_url, pid, conns, seconds):
+    """The double's CPU, as % of one core, while `conns` keep-alive connections sit idle after one
+    answered request each. vLLM's server (an asyncio loop) spends nothing on an idle connection;
+    a double that does takes that CPU from whatever shares its cores, in proportion to how long
+    the engine connections wait between requests (longest behind the slowest middle)."""
+    host, port = base_url[len("http://"):].rsplit(":", 1)
+    socks = []
+    try:
+        for _ in range(conns):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            socks.append(s)
+            s.sendall(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+            if not s.recv(4096).startswith(b"HTTP/1.1 200"):
+                raise BenchError("the double's /health did not answer 200 on a fresh connection")
+        time.sleep(0.2)  # the answers' own work ends
+        cpu0 = harness.cpu_seconds([pid])
+        time.sleep(seconds)
+        return (harness.cpu_seconds([pid]) - cpu0) / seconds * 100
+    except OSError as e:
+        raise BenchError(f"idle keep-alive probe: {e}")
+    finally:
+        for s in socks:
+            s.close()
+
+
 def fs_type(path):
     try:
         r = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True, timeout=5)
@@ -314,6 +344,11 @@ def main():
             st, b = harness.http("POST", urls[path] + "/v1/completions", body, timeout=30)
             if st != 200 or b"choices" not in b:
                 raise BenchError(f"preflight through {path} answered {st}: {b[:300]!r}")
+        idle_pct = None
+        if args.idle_probe:
+            idle_pct = idle_keepalive_cost(dbl_url, double.pid, max(args.conns), args.idle_probe)
+            log(f"vllm-double with {max(args.conns)} idle keep-alive connections: "
+                f"{idle_pct:.0f}% of a core")
         lua = os.path.join(lab.dir, "completions.lua")
         with open(lua, "w") as f:
             f.write(LUA.format(body=json.dumps(body)))
@@ -339,6 +374,11 @@ def main():
     print(table(args, results))
     print("\nCPU µs/request = (utime+stime of the process, all threads) over the cell / requests wrk "
           "counted. wrk runs on the same machine.")
+    if idle_pct is not None:
+        print(f"\nThe double alone, {max(args.conns)} keep-alive connections idle after one request "
+              f"each: {idle_pct:.0f}% of one core (an idle connection costs vLLM's asyncio server "
+              "nothing). Behind a middle slower than the double, its engine connections wait longer "
+              "between requests, and this cost grows with that wait.")
     if any_err:
         print("\n**Some cells had errors (non-2xx answers or socket errors): their figures are not "
               "comparable.**")
@@ -346,6 +386,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "serve_set"},
                        "double_cmd": dbl_cmd, "serve_config": serve_cfg,
+                       "double_idle_keepalive_core_percent": idle_pct,
                        "results": results}, f, indent=1, default=str)
     return 3 if any_err else 0
 
