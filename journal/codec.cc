@@ -797,6 +797,36 @@ void DecLabelMap(Decoder& d, const LabelIdentities* labels,
   }
 }
 
+Offset<fb::Counters> EncCounters(FlatBufferBuilder& b, const Counters& c) {
+  return fb::CreateCounters(
+      b, c.events, c.rollouts_admitted, c.rollouts_completed, c.rollouts_aborted,
+      c.rollouts_abandoned, c.updates_requested, c.updates_committed, c.updates_refused,
+      c.recoveries, c.rollouts_expired, c.restores_requested, c.restores_committed,
+      c.sleeps_requested, c.sleeps_committed, c.wakes_requested, c.wakes_committed);
+}
+
+// By name: positional initialisation silently shifted every counter when one was added.
+Counters DecCounters(const fb::Counters& c) {
+  Counters n;
+  n.events = c.events();
+  n.rollouts_admitted = c.rollouts_admitted();
+  n.rollouts_completed = c.rollouts_completed();
+  n.rollouts_aborted = c.rollouts_aborted();
+  n.rollouts_abandoned = c.rollouts_abandoned();
+  n.rollouts_expired = c.rollouts_expired();
+  n.updates_requested = c.updates_requested();
+  n.updates_committed = c.updates_committed();
+  n.updates_refused = c.updates_refused();
+  n.recoveries = c.recoveries();
+  n.restores_requested = c.restores_requested();
+  n.restores_committed = c.restores_committed();
+  n.sleeps_requested = c.sleeps_requested();
+  n.sleeps_committed = c.sleeps_committed();
+  n.wakes_requested = c.wakes_requested();
+  n.wakes_committed = c.wakes_committed();
+  return n;
+}
+
 Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   auto committed = EncVersion(b, s.committed);
   auto committed_id = EncIdentity(b, s.committed_identity);
@@ -847,12 +877,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
     taint = fb::CreateTaintRecord(b, static_cast<fb::Lifecycle>(Fb(t.from)),
                                   static_cast<fb::Cause>(Fb(t.cause)), update_id, target, detail);
   }
-  const Counters& c = s.counters;
-  auto counters = fb::CreateCounters(
-      b, c.events, c.rollouts_admitted, c.rollouts_completed, c.rollouts_aborted,
-      c.rollouts_abandoned, c.updates_requested, c.updates_committed, c.updates_refused,
-      c.recoveries, c.rollouts_expired, c.restores_requested, c.restores_committed,
-      c.sleeps_requested, c.sleeps_committed, c.wakes_requested, c.wakes_committed);
+  auto counters = EncCounters(b, s.counters);
   auto labels_vec = EncLabels(b, s.labels);
   auto instance = b.CreateString(s.engine_instance);
   auto committed_digest = EncDigest(b, s.committed_digest);
@@ -936,26 +961,7 @@ State DecStateTable(Decoder& d, const fb::State* t) {
                           d.Enum<Cause>(x->cause(), kCauseMax, "State.taint.cause"),
                           Str(x->update_id()), DecVersion(x->target()), Str(x->detail())};
   }
-  if (const auto* c = t->counters()) {
-    // By name: positional initialisation silently shifted every counter when one was added.
-    Counters& n = s.counters;
-    n.events = c->events();
-    n.rollouts_admitted = c->rollouts_admitted();
-    n.rollouts_completed = c->rollouts_completed();
-    n.rollouts_aborted = c->rollouts_aborted();
-    n.rollouts_abandoned = c->rollouts_abandoned();
-    n.rollouts_expired = c->rollouts_expired();
-    n.updates_requested = c->updates_requested();
-    n.updates_committed = c->updates_committed();
-    n.updates_refused = c->updates_refused();
-    n.recoveries = c->recoveries();
-    n.restores_requested = c->restores_requested();
-    n.restores_committed = c->restores_committed();
-    n.sleeps_requested = c->sleeps_requested();
-    n.sleeps_committed = c->sleeps_committed();
-    n.wakes_requested = c->wakes_requested();
-    n.wakes_committed = c->wakes_committed();
-  }
+  if (const auto* c = t->counters()) s.counters = DecCounters(*c);
   s.engine_instance = Str(t->engine_instance());
   s.engine_reachable = t->engine_reachable();
   s.engine_recheck = t->engine_recheck();
@@ -1095,8 +1101,10 @@ Offset<FleetTable> EncFleet(FlatBufferBuilder& b, const FleetState& f, std::uint
   auto generations = EncGenerations(b, f.label_generation);
   auto labels = EncLabels(b, f.labels);
   auto update = EncFleetUpdateState(b, f.update);
+  auto removed = EncCounters(b, f.removed);
   return fb::CreateFleetSnapshotState(b, events, engines, leaving, policy, generations, labels,
-                                      f.next_generation, f.named, update, f.fleet_updates_ended);
+                                      f.next_generation, f.named, update, f.fleet_updates_ended,
+                                      removed);
 }
 
 // Stored bytes that break one of the fold's rules are corrupt, not a bad request.
@@ -1259,6 +1267,10 @@ Status CheckFleetCounts(const FleetState& f, std::uint64_t events) {
     }
     engine_events += s.counters.events;
   }
+  if (f.removed.events > events - engine_events) {
+    return Status::Corruption("removed engines applied more events than the fleet's " +
+                              std::to_string(events));
+  }
   return Status::OK();
 }
 
@@ -1275,6 +1287,7 @@ Result<FleetSnapshot> DecFleetTable(const FleetTable* t) {
   f.next_generation = t->next_generation();
   f.named = t->named();
   f.fleet_updates_ended = t->fleet_updates_ended();
+  if (const auto* removed = t->removed()) f.removed = DecCounters(*removed);
   f.events = out.events;
   RC_RETURN_IF_ERROR(CheckFleetCounts(f, out.events));
   if (std::string bad = check_fleet_invariants(f); !bad.empty()) {

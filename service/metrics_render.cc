@@ -324,17 +324,9 @@ struct MemberMetrics {
 
 struct FleetMetrics {
   std::vector<MemberMetrics> members;
-  Counters summed;  // every engine's counters added (the one-engine families)
+  Counters summed;  // every engine's counters added, removed ones too (the one-engine families)
   std::uint64_t updates_ended = 0;
 };
-
-void AddCounters(Counters& sum, const Counters& c) {
-  sum.rollouts_admitted += c.rollouts_admitted;
-  sum.rollouts_completed += c.rollouts_completed;
-  sum.rollouts_aborted += c.rollouts_aborted;
-  sum.rollouts_abandoned += c.rollouts_abandoned;
-  sum.rollouts_expired += c.rollouts_expired;
-}
 
 FleetMetrics ReadFleetMetrics(const journal::Journal& journal) {
   FleetMetrics out;
@@ -343,8 +335,9 @@ FleetMetrics ReadFleetMetrics(const journal::Journal& journal) {
       out.members.push_back({name, s.lifecycle, fleet_generation(f, name).value_or(0),
                              s.active.size(), fleet_admits(f, name), f.leaving.count(name) != 0,
                              s.counters.rollouts_admitted});
-      AddCounters(out.summed, s.counters);
+      add_counters(out.summed, s.counters);
     }
+    add_counters(out.summed, f.removed);  // a removed engine's totals stay counted
     out.updates_ended = f.fleet_updates_ended;
   });
   return out;

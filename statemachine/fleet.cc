@@ -370,6 +370,7 @@ Status apply_one(FleetState& f, const EngineRemoved& r) {
   if (!can_leave(it->second)) {
     return Status::Rejected(quoted(r.engine) + " still has rollouts or an update that can move");
   }
+  add_counters(f.removed, it->second.counters);
   f.engines.erase(it);
   f.leaving.erase(r.engine);
   return Status::OK();

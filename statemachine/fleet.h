@@ -79,6 +79,8 @@ struct FleetState {
   bool named = false;  // an engine ever joined: the implicit unnamed engine never exists
   std::optional<FleetUpdate> update;
   std::uint64_t fleet_updates_ended = 0;
+  // Removed engines' counters, added up: fleet-wide totals (engines plus this) never fall.
+  Counters removed;
   std::uint64_t events = 0;  // events applied: the journal seq this state is the fold of
   bool operator==(const FleetState&) const = default;
 };

@@ -61,6 +61,25 @@ Status check_client_text(const char* what, const std::string& s) {
   return Status::OK();
 }
 
+void add_counters(Counters& sum, const Counters& c) {
+  sum.events += c.events;
+  sum.rollouts_admitted += c.rollouts_admitted;
+  sum.rollouts_completed += c.rollouts_completed;
+  sum.rollouts_aborted += c.rollouts_aborted;
+  sum.rollouts_abandoned += c.rollouts_abandoned;
+  sum.rollouts_expired += c.rollouts_expired;
+  sum.updates_requested += c.updates_requested;
+  sum.updates_committed += c.updates_committed;
+  sum.updates_refused += c.updates_refused;
+  sum.recoveries += c.recoveries;
+  sum.restores_requested += c.restores_requested;
+  sum.restores_committed += c.restores_committed;
+  sum.sleeps_requested += c.sleeps_requested;
+  sum.sleeps_committed += c.sleeps_committed;
+  sum.wakes_requested += c.wakes_requested;
+  sum.wakes_committed += c.wakes_committed;
+}
+
 Status check_digest(const char* what, const std::string& s, bool required) {
   if (s.empty()) {
     if (required) return Status::InvalidArgument(std::string(what) + " is empty");

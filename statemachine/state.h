@@ -92,6 +92,9 @@ struct Counters {
   bool operator==(const Counters&) const = default;
 };
 
+// Adds every counter of `c` to `sum`.
+void add_counters(Counters& sum, const Counters& c);
+
 struct State {
   Lifecycle lifecycle = Lifecycle::kUninitialized;
   // Committed version and identity: what the engine serves (valid from READY on).

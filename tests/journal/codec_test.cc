@@ -299,9 +299,10 @@ TEST(Json, NamesTypesAndEnums) {
 
 using rc::test::FleetDriver;
 
-// Engines a..e on rc-0, then: g joined and never bootstrapped (UNINITIALIZED), e leaving with a
-// rollout, u0 refused whole, and u1 (`all`, rc-1) cancelled with a committed on rc-1, b TAINTED by
-// an ambiguous transfer, c draining for its rollout (still updating) and d skipped.
+// Engines a..e on rc-0, then: g joined and never bootstrapped (UNINITIALIZED), h removed after a
+// completed rollout (its counters in `removed`), e leaving with a rollout, u0 refused whole, and u1
+// (`all`, rc-1) cancelled with a committed on rc-1, b TAINTED by an ambiguous transfer, c draining
+// for its rollout (still updating) and d skipped.
 FleetDriver BusyFleet() {
   FleetDriver d;
   const std::vector<std::string> ids = {"a", "b", "c", "d", "e"};
@@ -312,6 +313,11 @@ FleetDriver BusyFleet() {
   d.admit("c");
   d.admit("d");
   d.admit("e");
+  d.join("h");
+  d.bootstrap("h");
+  const std::string rh = d.admit("h");
+  d.ok("h", RolloutFinished{rh, RolloutOutcome::kCompleted, 1, 1});
+  d.ok(FleetEvent{"", EngineRemovalRequested{"h"}});  // idle: removed in this group
   d.ok(FleetEvent{"", EngineRemovalRequested{"e"}});
   d.ok(FleetEvent{"", d.fleet_update("u0", FleetUpdateMode::kAll, "rc-1", 1, 10)});
   const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
@@ -343,8 +349,9 @@ TEST(FleetCodec, RoundTripsAnEmptyFleetAndTheUnnamedEngine) {
 }
 
 // Proves a fleet with engines in four lifecycles, rollouts, a leaving engine, two generations, an
-// ended and an open cancelled fleet update survives the codec, re-encodes to the same bytes and
-// folds on exactly as the original; catches any FleetState or member field the codec drops.
+// ended and an open cancelled fleet update and a removed engine's counters survive the codec,
+// re-encodes to the same bytes and folds on exactly as the original; catches any FleetState or
+// member field the codec drops.
 TEST(FleetCodec, RoundTripsABusyFleet) {
   FleetDriver d = BusyFleet();
   ASSERT_TRUE(d.f.update.has_value());
@@ -362,6 +369,8 @@ TEST(FleetCodec, RoundTripsABusyFleet) {
   ASSERT_EQ(d.f.leaving, std::set<std::string>{"e"});
   ASSERT_EQ(d.f.label_generation.size(), 2u);
   ASSERT_EQ(d.f.fleet_updates_ended, 1u);
+  ASSERT_EQ(d.f.engines.count("h"), 0u);
+  ASSERT_EQ(d.f.removed.rollouts_completed, 1u);
 
   const std::string bytes = EncodeFleetState(d.f, d.f.events);
   Result<FleetSnapshot> out = DecodeFleetState(bytes);

@@ -457,18 +457,41 @@ TEST(FleetServe, ADeadMemberGetsNoTraffic) {
   f.CheckJournal();
 }
 
+// The value of the series `name` (with its labels) in /metrics, or -1 when it is missing.
+long long MetricValue(FleetStack& f, const std::string& name) {
+  auto m = f.client().Get("/metrics");
+  if (!m || m->status != 200) return -1;
+  const std::string head = "\n" + name + " ";
+  const std::size_t at = m->body.find(head);
+  if (at == std::string::npos) return -1;
+  return std::stoll(m->body.substr(at + head.size()));
+}
+
 // Proves a removed engine receives no rollout afterwards and leaves the fleet, while the others
-// keep serving; catches a removal the balancer does not see.
+// keep serving, and its rollouts stay in the fleet's totals; catches a removal the balancer does
+// not see, or exported counters that fall when an engine leaves.
 TEST(FleetServe, ARemovedEngineGetsNoTrafficAndLeaves) {
-  FleetStack f(3);
+  FleetStack f(3, nullptr, /*token_delay_ms=*/20);
+  std::size_t on_e2 = 0;
+  for (const auto& a : CompleteMany(f, 36, 9)) {
+    ASSERT_EQ(a.status, 200);
+    on_e2 += a.engine == "e2" ? 1 : 0;
+  }
+  ASSERT_GT(on_e2, 0u) << "e2 took some of the 9 concurrent clients";
+  const std::string kCompleted = "rolloutcore_rollouts_finished_total{outcome=\"completed\"}";
+  EXPECT_EQ(MetricValue(f, "rolloutcore_rollouts_admitted_total"), 36);
+  EXPECT_EQ(MetricValue(f, kCompleted), 36);
   auto r = f.client().Delete("/v1/fleet/engines/e2");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 202) << r->body;
+  EXPECT_FALSE(f.State()["engines"].contains("e2")) << "idle: removed at once";
+  EXPECT_EQ(MetricValue(f, "rolloutcore_rollouts_admitted_total"), 36) << "never falls";
+  EXPECT_EQ(MetricValue(f, kCompleted), 36);
   for (const auto& a : CompleteMany(f, 12, 4)) {
     EXPECT_EQ(a.status, 200);
     EXPECT_NE(a.engine, "e2");
   }
-  EXPECT_FALSE(f.State()["engines"].contains("e2")) << "idle: removed at once";
+  EXPECT_EQ(MetricValue(f, "rolloutcore_rollouts_admitted_total"), 48);
   auto unknown = f.client().Delete("/v1/fleet/engines/nope");
   ASSERT_TRUE(unknown);
   EXPECT_GE(unknown->status, 400);

@@ -447,6 +447,30 @@ TEST(Fleet, RemovalDrainsTheEngineFirst) {
   EXPECT_EQ(d.refold(), d.f);
 }
 
+// Proves fleet-wide totals (every engine's counters plus the removed ones') never fall when an
+// engine leaves; catches a removal that drops its engine's admissions and outcomes from the
+// totals, which /metrics exports as counters (a fall reads as a restart and breaks rates).
+TEST(Fleet, RemovedEnginesKeepCountingInTheTotals) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  const std::string ra = d.admit("a");
+  d.ok("a", RolloutFinished{ra, RolloutOutcome::kCompleted, 1, 1});
+  d.admit("b");
+  auto totals = [&d] {
+    Counters sum = d.f.removed;
+    for (const auto& [name, s] : d.f.engines) add_counters(sum, s.counters);
+    return sum;
+  };
+  const Counters before = totals();
+  ASSERT_EQ(before.rollouts_admitted, 2u);
+  ASSERT_EQ(before.rollouts_completed, 1u);
+  EXPECT_EQ(d.ok(FleetEvent{"", EngineRemovalRequested{"a"}}).size(), 1u);
+  ASSERT_EQ(d.f.engines.count("a"), 0u);
+  EXPECT_EQ(d.f.removed.rollouts_admitted, 1u);
+  EXPECT_EQ(d.f.removed.rollouts_completed, 1u);
+  EXPECT_EQ(totals(), before);
+  EXPECT_EQ(d.refold(), d.f);
+}
+
 // Removing a member a rolling update has not started skips it (the update ends without it, and
 // it leaves), while a member updating cannot be removed; catches a removal that waits forever on a
 // dead pending member, or one that cuts an update short.
