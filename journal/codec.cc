@@ -1094,14 +1094,15 @@ Offset<fb::FleetUpdateState> EncFleetUpdateState(FlatBufferBuilder& b,
   return fb::CreateFleetUpdateState(b, request, members_vec, cancelled, u->cancelled.has_value());
 }
 
-Offset<FleetTable> EncFleet(FlatBufferBuilder& b, const FleetState& f, std::uint64_t events) {
+Offset<FleetTable> EncFleet(FlatBufferBuilder& b, const FleetState& f, std::uint64_t events,
+                            bool with_removed) {
   auto engines = EncEngines(b, f.engines);
   auto leaving = b.CreateVectorOfStrings(f.leaving.begin(), f.leaving.end());
   auto policy = EncPolicy(b, f.policy);
   auto generations = EncGenerations(b, f.label_generation);
   auto labels = EncLabels(b, f.labels);
   auto update = EncFleetUpdateState(b, f.update);
-  auto removed = EncCounters(b, f.removed);
+  auto removed = with_removed ? EncCounters(b, f.removed) : Offset<fb::Counters>();
   return fb::CreateFleetSnapshotState(b, events, engines, leaving, policy, generations, labels,
                                       f.next_generation, f.named, update, f.fleet_updates_ended,
                                       removed);
@@ -1267,6 +1268,9 @@ Status CheckFleetCounts(const FleetState& f, std::uint64_t events) {
     }
     engine_events += s.counters.events;
   }
+  if (!f.named && f.removed != Counters{}) {
+    return Status::Corruption("removed engines' counters in a fleet nobody joined");
+  }
   if (f.removed.events > events - engine_events) {
     return Status::Corruption("removed engines applied more events than the fleet's " +
                               std::to_string(events));
@@ -1287,7 +1291,8 @@ Result<FleetSnapshot> DecFleetTable(const FleetTable* t) {
   f.next_generation = t->next_generation();
   f.named = t->named();
   f.fleet_updates_ended = t->fleet_updates_ended();
-  if (const auto* removed = t->removed()) f.removed = DecCounters(*removed);
+  out.counts_removed = t->removed() != nullptr;
+  if (out.counts_removed) f.removed = DecCounters(*t->removed());
   f.events = out.events;
   RC_RETURN_IF_ERROR(CheckFleetCounts(f, out.events));
   if (std::string bad = check_fleet_invariants(f); !bad.empty()) {
@@ -1300,7 +1305,13 @@ Result<FleetSnapshot> DecFleetTable(const FleetTable* t) {
 
 std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events) {
   FlatBufferBuilder b(4096);
-  b.Finish(EncFleet(b, fleet, events));
+  b.Finish(EncFleet(b, fleet, events, /*with_removed=*/true));
+  return FinishHashed(b);
+}
+
+std::string EncodeFleetStateWithoutRemoved(const FleetState& fleet, std::uint64_t events) {
+  FlatBufferBuilder b(4096);
+  b.Finish(EncFleet(b, fleet, events, /*with_removed=*/false));
   return FinishHashed(b);
 }
 

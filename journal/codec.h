@@ -81,9 +81,14 @@ std::string EncodeState(const State& state);
 // column family of a journal of named engines. Same framing as EncodeState (FlatBuffers + SHA-256).
 // The writer must not store bytes over kFleetStateBytesMax: DecodeFleetState refuses them.
 std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events);
+// The bytes a writer from before `removed` existed stored (no removed engines' counters): for
+// tests of the journals such writers left.
+std::string EncodeFleetStateWithoutRemoved(const FleetState& fleet, std::uint64_t events);
 struct FleetSnapshot {
   FleetState fleet;  // fleet.events == events
   std::uint64_t events = 0;
+  // false: written before removed engines' counters were kept, so fleet.removed may undercount.
+  bool counts_removed = true;
 };
 // Errors: Corruption naming what is wrong (size, hash, structure, a bound, a duplicate, an enum
 // range, an engine's own snapshot, or the fleet invariant that does not hold). Never throws.

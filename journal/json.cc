@@ -286,6 +286,27 @@ json RecordToJson(const Record& record) {
   return out;
 }
 
+namespace {
+json CountersToJson(const Counters& c) {
+  return json{{"events", c.events},
+              {"rollouts_admitted", c.rollouts_admitted},
+              {"rollouts_completed", c.rollouts_completed},
+              {"rollouts_aborted", c.rollouts_aborted},
+              {"rollouts_abandoned", c.rollouts_abandoned},
+              {"updates_requested", c.updates_requested},
+              {"updates_committed", c.updates_committed},
+              {"updates_refused", c.updates_refused},
+              {"recoveries", c.recoveries},
+              {"rollouts_expired", c.rollouts_expired},
+              {"restores_requested", c.restores_requested},
+              {"restores_committed", c.restores_committed},
+              {"sleeps_requested", c.sleeps_requested},
+              {"sleeps_committed", c.sleeps_committed},
+              {"wakes_requested", c.wakes_requested},
+              {"wakes_committed", c.wakes_committed}};
+}
+}  // namespace
+
 json StateToJson(const State& s) {
   json out;
   out["lifecycle"] = lifecycle_name(s.lifecycle);
@@ -340,23 +361,7 @@ json StateToJson(const State& s) {
   } else {
     out["taint"] = nullptr;
   }
-  const Counters& c = s.counters;
-  out["counters"] = json{{"events", c.events},
-                         {"rollouts_admitted", c.rollouts_admitted},
-                         {"rollouts_completed", c.rollouts_completed},
-                         {"rollouts_aborted", c.rollouts_aborted},
-                         {"rollouts_abandoned", c.rollouts_abandoned},
-                         {"updates_requested", c.updates_requested},
-                         {"updates_committed", c.updates_committed},
-                         {"updates_refused", c.updates_refused},
-                         {"recoveries", c.recoveries},
-                         {"rollouts_expired", c.rollouts_expired},
-                         {"restores_requested", c.restores_requested},
-                         {"restores_committed", c.restores_committed},
-                         {"sleeps_requested", c.sleeps_requested},
-                         {"sleeps_committed", c.sleeps_committed},
-                         {"wakes_requested", c.wakes_requested},
-                         {"wakes_committed", c.wakes_committed}};
+  out["counters"] = CountersToJson(s.counters);
   out["engine"] = json{{"instance", s.engine_instance},
                        {"reachable", s.engine_reachable},
                        {"recheck", s.engine_recheck}};
@@ -389,6 +394,7 @@ json FleetStateToJson(const FleetState& f) {
               {"generations", f.label_generation},
               {"update", f.update ? FleetUpdateToJson(*f.update) : json(nullptr)},
               {"fleet_updates_ended", f.fleet_updates_ended},
+              {"removed", CountersToJson(f.removed)},
               {"events", f.events}};
 }
 

@@ -18,7 +18,8 @@ nlohmann::json RecordToJson(const Record& record);
 // Every field of rc::State; absent optionals are null; active rollouts as an object by id.
 nlohmann::json StateToJson(const State& state);
 // A fleet: {"engines": {id: {"generation", "state"}}, "leaving", "policy", "generations",
-// "update" (null when none), "fleet_updates_ended", "events"}.
+// "update" (null when none), "fleet_updates_ended", "removed" (removed engines' counters, added
+// up), "events"}.
 nlohmann::json FleetStateToJson(const FleetState& fleet);
 
 nlohmann::json WeightVersionToJson(const WeightVersion& v);

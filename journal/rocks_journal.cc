@@ -1302,9 +1302,10 @@ Result<Loaded> RocksJournal::LoadFromDb() {
   return out;
 }
 
-// The newest fleet snapshot at or below the head. Snapshots an older version wrote (8-byte keys,
-// one engine's State) are passed over: they lack the fleet's label order, so the fold restarts
-// from the newest fleet snapshot before them, or from seq 1.
+// The newest fleet snapshot at or below the head. Snapshots an older version wrote are passed
+// over: 8-byte keys (one engine's State) lack the fleet's label order, and a named fleet's
+// snapshot without `removed` may have dropped removed engines' counters. The fold restarts from
+// the newest fleet snapshot before them, or from seq 1.
 Result<std::optional<FleetSnapshot>> RocksJournal::LatestSnapshot(std::uint64_t head_seq,
                                                                   bool* legacy_passed) {
   rocksdb::ReadOptions ro;
@@ -1325,6 +1326,10 @@ Result<std::optional<FleetSnapshot>> RocksJournal::LatestSnapshot(std::uint64_t 
     const std::string at = "snapshot at seq " + std::to_string(ParseBE64(key.substr(0, 8)));
     Result<FleetSnapshot> snapshot = DecodeFleetState(View(it->value()));
     if (!snapshot.ok()) return Status::Corruption(at + ": " + snapshot.status().message());
+    if (!snapshot->counts_removed && snapshot->fleet.named) {
+      *legacy_passed = true;
+      continue;
+    }
     if (snapshot->events != ParseBE64(key.substr(0, 8)) ||
         snapshot->fleet.events != snapshot->events) {
       return Status::Corruption(at + " counts " + std::to_string(snapshot->fleet.events) +

@@ -371,6 +371,7 @@ TEST(FleetCodec, RoundTripsABusyFleet) {
   ASSERT_EQ(d.f.fleet_updates_ended, 1u);
   ASSERT_EQ(d.f.engines.count("h"), 0u);
   ASSERT_EQ(d.f.removed.rollouts_completed, 1u);
+  EXPECT_EQ(FleetStateToJson(d.f)["removed"]["rollouts_completed"], 1) << "replay --json shows it";
 
   const std::string bytes = EncodeFleetState(d.f, d.f.events);
   Result<FleetSnapshot> out = DecodeFleetState(bytes);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,15 @@ bool HasRaw(const std::string& path, const std::string& cf, const std::string& k
   RawJournal raw(path, cf, /*read_only=*/true);
   std::string value;
   return raw.db->Get(rocksdb::ReadOptions(), raw.cf(), key, &value).ok();
+}
+
+// The value of `key` in a closed journal's column family, if any.
+std::optional<std::string> GetRaw(const std::string& path, const std::string& cf,
+                                  const std::string& key) {
+  RawJournal raw(path, cf, /*read_only=*/true);
+  std::string value;
+  if (!raw.db->Get(rocksdb::ReadOptions(), raw.cf(), key, &value).ok()) return std::nullopt;
+  return value;
 }
 
 std::string EncodeBE64(std::uint64_t v) {
@@ -318,6 +328,45 @@ TEST(FleetStore, OneEngineJournalsAndOlderSnapshots) {
   }
   // The open that passed over it snapshotted the fleet at the head, so the next one loads that.
   EXPECT_TRUE(HasRaw(dir.path(), "snapshots", EncodeBE64(head) + "f"));
+}
+
+// Proves a named fleet's snapshot from before removed engines' counters were kept is passed over,
+// the fold restarting below it, and the fleet snapshotted again at the head; catches a journal
+// that loads the undercount, whose totals and audit refold would then disagree forever.
+TEST(FleetStore, AFleetSnapshotWithoutRemovedCountersIsPassedOver) {
+  FleetDriver d;
+  for (const std::string id : {"a", "b"}) {
+    d.join(id);
+    d.bootstrap(id);
+  }
+  const std::string r = d.admit("a");
+  d.ok("a", RolloutFinished{r, RolloutOutcome::kCompleted, 1, 1});
+  d.ok(FleetEvent{"", EngineRemovalRequested{"a"}});
+  ASSERT_EQ(d.f.removed.rollouts_completed, 1u);
+  TempDir dir;
+  Options o;
+  o.snapshot_every = 1000;  // no snapshot of its own until the older one is met
+  std::uint64_t head = 0;
+  {
+    auto j = OpenOk(dir.path(), o);
+    SubmitHistory(*j, d);
+    head = j->head_seq();
+    ASSERT_TRUE(j->Flush().ok());
+  }
+  const std::string key = EncodeBE64(head) + "f";
+  PutRaw(dir.path(), "snapshots", key, EncodeFleetStateWithoutRemoved(d.f, head));
+  {
+    auto j = OpenOk(dir.path(), o);
+    EXPECT_EQ(j->fleet_state(), d.f);
+    EXPECT_EQ(j->fleet_state().removed.rollouts_admitted, 1u);
+    EXPECT_EQ(*j->RefoldFleet(), j->fleet_state());
+  }
+  const std::optional<std::string> rewritten = GetRaw(dir.path(), "snapshots", key);
+  ASSERT_TRUE(rewritten.has_value());
+  Result<FleetSnapshot> now = DecodeFleetState(*rewritten);
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_TRUE(now->counts_removed) << "the open snapshotted the fleet again at the head";
+  EXPECT_EQ(now->fleet, d.f);
 }
 
 // Proves a journal of one unnamed engine takes no fleet event (Submit refuses one outright,
