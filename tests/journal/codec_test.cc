@@ -486,5 +486,26 @@ TEST(FleetCodec, RefusesForgedFleetsWithAValidHash) {
   expect_refused(ForgedFleet{.named = false}, "a named engine in a fleet nobody joined");
 }
 
+// Proves a snapshot's removed engines' counters are checked like its engines': none in a fleet
+// nobody joined (its one engine never leaves), and no more events than the snapshot folded;
+// catches a forged snapshot that inflates the fleet's totals past its own history.
+TEST(FleetCodec, RefusesRemovedCountersTheHistoryCannotHold) {
+  FleetState unnamed;
+  unnamed.removed.rollouts_admitted = 1;
+  Result<FleetSnapshot> a = DecodeFleetState(EncodeFleetState(unnamed, 0));
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), Code::kCorruption);
+  EXPECT_NE(a.status().message().find("in a fleet nobody joined"), std::string::npos)
+      << a.status().ToString();
+
+  FleetDriver d = BusyFleet();
+  FleetState inflated = d.f;
+  inflated.removed.events = inflated.events + 1;
+  Result<FleetSnapshot> b = DecodeFleetState(EncodeFleetState(inflated, inflated.events));
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("removed engines applied more events"), std::string::npos)
+      << b.status().ToString();
+}
+
 }  // namespace
 }  // namespace rc::journal
