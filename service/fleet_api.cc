@@ -174,7 +174,6 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
                                 const Result<FleetUpdateEnded>& ended, HttpResponse& res) {
   if (!ended.ok()) {
     const Status& st = ended.status();
-    if (st.code() == Code::kConflict) metrics_.updates_conflict++;
     // Decided from the journal, not the code: stuck only while this update is still open there.
     bool open = false;
     journal_->ReadFleetState([&](const FleetState& f) {
@@ -184,6 +183,8 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
     // body), even while the update of that id is open (a restart going on with it).
     const bool refused_here = st.code() == Code::kConflict;
     if ((!open || refused_here) && !IsJournalFailure(st) && !failed()) {
+      CountUnjournaledRefusal(st.code(), {&metrics_.updates_refused, &metrics_.updates_invalid,
+                                          &metrics_.updates_conflict});
       return SendStatus(res, st);
     }
     FailStop("fleet update '" + request.update_id + "' did not end: " + st.ToString());

@@ -141,6 +141,7 @@ void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m
       {kUpdates, nullptr, "outcome", "refused", m.updates_refused.load()},
       {kUpdates, nullptr, "outcome", "tainted", m.updates_tainted.load()},
       {kUpdates, nullptr, "outcome", "conflict", m.updates_conflict.load()},
+      {kUpdates, nullptr, "outcome", "invalid", m.updates_invalid.load()},
       {kRefused, nullptr, "reason", "overloaded", m.admission_rejected_overloaded.load()},
       {kRefused, nullptr, "reason", "failed", m.admission_rejected_failed.load()},
       {kFinished, nullptr, "outcome", "expired", c.rollouts_expired},
@@ -151,17 +152,20 @@ void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m
       {kRestores, nullptr, "outcome", "refused", m.restores_refused.load()},
       {kRestores, nullptr, "outcome", "tainted", m.restores_tainted.load()},
       {kRestores, nullptr, "outcome", "conflict", m.restores_conflict.load()},
+      {kRestores, nullptr, "outcome", "invalid", m.restores_invalid.load()},
       {kRestores, nullptr, "outcome", "replayed", m.restores_replayed.load()},
       {kSleeps, "colocated sleep requests answered, by outcome", "outcome", "committed",
        m.sleeps_committed.load()},
       {kSleeps, nullptr, "outcome", "refused", m.sleeps_refused.load()},
       {kSleeps, nullptr, "outcome", "tainted", m.sleeps_tainted.load()},
       {kSleeps, nullptr, "outcome", "conflict", m.sleeps_conflict.load()},
+      {kSleeps, nullptr, "outcome", "invalid", m.sleeps_invalid.load()},
       {kWakes, "colocated wake-up requests answered, by outcome", "outcome", "committed",
        m.wakes_committed.load()},
       {kWakes, nullptr, "outcome", "refused", m.wakes_refused.load()},
       {kWakes, nullptr, "outcome", "tainted", m.wakes_tainted.load()},
       {kWakes, nullptr, "outcome", "conflict", m.wakes_conflict.load()},
+      {kWakes, nullptr, "outcome", "invalid", m.wakes_invalid.load()},
   };
   for (const LabeledRow& r : rows) {
     if (r.help != nullptr) AppendHead(out, r.family, "counter", r.help);

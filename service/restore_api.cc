@@ -99,7 +99,8 @@ void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
   const Code code = ended.status().code();
   if (!journaled &&
       (code == Code::kRejected || code == Code::kConflict || code == Code::kInvalidArgument)) {
-    metrics_.restores_conflict++;
+    CountUnjournaledRefusal(code, {&metrics_.restores_refused, &metrics_.restores_invalid,
+                                   &metrics_.restores_conflict});
     spdlog::warn("serve: restore '{}' refused before anything was journaled: {}",
                  Esc(request.restore_id), Esc(ended.status().ToString()));
     SendStatus(res, ended.status());

@@ -388,11 +388,12 @@ class Service {
 
   // HandleSleep's and HandleWake's steps (sleep_api.cc): one plan that keeps the version.
   struct SameVersionPlan {
-    Event request;                          // SleepRequested or WakeRequested
-    std::string id;                         // its sleep_id or wake_id
-    const char* what;                       // "sleep" or "wake-up"
-    nlohmann::json ids;                     // echoed in the answer
-    std::atomic<std::uint64_t>* counts[4];  // answers: committed, refused, tainted, conflict
+    Event request;       // SleepRequested or WakeRequested
+    std::string id;      // its sleep_id or wake_id
+    const char* what;    // "sleep" or "wake-up"
+    nlohmann::json ids;  // echoed in the answer
+    // Answers: committed, refused, tainted, conflict, invalid.
+    std::atomic<std::uint64_t>* counts[5];
   };
   bool ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t from_seq, HttpResponse& res);
   void RunSameVersion(const SameVersionPlan& plan, HttpResponse& res);

@@ -2,6 +2,7 @@
 // metrics_render.cc, proxy_exchange.cc). Not part of the service's interface.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,6 +31,24 @@ inline std::string ReplayHint(const std::string& journal_path) {
 }
 
 // Journal errors after which nothing more may be decided or acknowledged.
+// The answer counters of a request refused before anything of it was journaled.
+struct UnjournaledRefusalCounters {
+  std::atomic<std::uint64_t>* refused;   // the fold's lifecycle refusal (Rejected)
+  std::atomic<std::uint64_t>* invalid;   // a request the fold found invalid (InvalidArgument)
+  std::atomic<std::uint64_t>* conflict;  // an id in use for another body (Conflict)
+};
+
+// Counts the refusal by why, so an invalid request never shows as a conflict on /metrics.
+inline void CountUnjournaledRefusal(Code code, const UnjournaledRefusalCounters& c) {
+  if (code == Code::kInvalidArgument) {
+    ++*c.invalid;
+  } else if (code == Code::kRejected) {
+    ++*c.refused;
+  } else {
+    ++*c.conflict;
+  }
+}
+
 inline bool IsJournalFailure(const Status& st) {
   return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
          st.code() == Code::kInternal || st.code() == Code::kTimeout;

@@ -33,7 +33,9 @@ std::size_t outcome_slot(UpdateOutcome o) {
   return 2;
 }
 
+constexpr std::size_t kRefusedSlot = 1;
 constexpr std::size_t kConflictSlot = 3;
+constexpr std::size_t kInvalidSlot = 4;
 
 // What the engine's workers reported freed by the sleep (null when they did not report).
 json FreedBytes(const DeviceMemory& m) {
@@ -60,12 +62,13 @@ void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
     SendStatus(res, request.status());
     return;
   }
-  SameVersionPlan plan{*request,
-                       request->sleep_id,
-                       "sleep",
-                       json{{"sleep_id", request->sleep_id}, {"level", request->level}},
-                       {&metrics_.sleeps_committed, &metrics_.sleeps_refused,
-                        &metrics_.sleeps_tainted, &metrics_.sleeps_conflict}};
+  SameVersionPlan plan{
+      *request,
+      request->sleep_id,
+      "sleep",
+      json{{"sleep_id", request->sleep_id}, {"level", request->level}},
+      {&metrics_.sleeps_committed, &metrics_.sleeps_refused, &metrics_.sleeps_tainted,
+       &metrics_.sleeps_conflict, &metrics_.sleeps_invalid}};
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.sleeps_conflict, res, request->sleep_id)) return;
@@ -86,7 +89,7 @@ void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
                        "wake-up",
                        json{{"wake_id", request->wake_id}},
                        {&metrics_.wakes_committed, &metrics_.wakes_refused, &metrics_.wakes_tainted,
-                        &metrics_.wakes_conflict}};
+                        &metrics_.wakes_conflict, &metrics_.wakes_invalid}};
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.wakes_conflict, res, request->wake_id)) return;
@@ -164,7 +167,8 @@ void Service::AnswerUnfinished(const SameVersionPlan& plan, bool journaled, cons
   const Code code = st.code();
   if (!journaled &&
       (code == Code::kRejected || code == Code::kConflict || code == Code::kInvalidArgument)) {
-    (*plan.counts[kConflictSlot])++;
+    CountUnjournaledRefusal(
+        code, {plan.counts[kRefusedSlot], plan.counts[kInvalidSlot], plan.counts[kConflictSlot]});
     spdlog::warn("serve: {} '{}' refused before anything was journaled: {}", plan.what,
                  Esc(plan.id), Esc(st.ToString()));
     SendStatus(res, st);

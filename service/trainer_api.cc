@@ -414,7 +414,8 @@ bool Service::ReplayedFromJournal(const UpdateRequested& request, HttpResponse& 
 
 void Service::RefuseUnjournaledUpdate(const UpdateRequested& request, const Status& st,
                                       HttpResponse& res) {
-  metrics_.updates_conflict++;
+  CountUnjournaledRefusal(st.code(), {&metrics_.updates_refused, &metrics_.updates_invalid,
+                                      &metrics_.updates_conflict});
   spdlog::warn("serve: update '{}' refused before anything was journaled: {}",
                Esc(request.update_id), Esc(st.ToString()));
   SendStatus(res, st);

@@ -182,7 +182,8 @@ TEST(RestoreApi, MissingSourceAndDeadEngineAreRefusedAndStayTainted) {
 }
 
 // Proves bad restore requests are refused with a clear status and journal nothing: unauthorised,
-// not TAINTED, a label never committed, both or neither of source and adopt, malformed JSON.
+// not TAINTED, a label never committed, both or neither of source and adopt, malformed JSON; and
+// that /metrics counts them by why. Catches an invalid request shown as a conflict.
 TEST(RestoreApi, BadRequestsJournalNothing) {
   Checkpoints ckpt;
   Stack s(ckpt.v0);
@@ -210,6 +211,16 @@ TEST(RestoreApi, BadRequestsJournalNothing) {
   EXPECT_EQ(bad->status, 400);
   EXPECT_EQ(s.svc->journal().head_seq(), head);
   EXPECT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kTainted);
+
+  // Counted by why: the lifecycle's refusal (READY), the fold's verdict on a label it never
+  // committed; none of them is a conflict.
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* sample : {"rolloutcore_restores_total{outcome=\"refused\"} 1\n",
+                             "rolloutcore_restores_total{outcome=\"invalid\"} 1\n",
+                             "rolloutcore_restores_total{outcome=\"conflict\"} 0\n"}) {
+    EXPECT_NE(m->body.find(sample), std::string::npos) << sample << m->body;
+  }
 }
 
 // Proves re-adoption, and that the monitor still watches after restores: the engine restarts

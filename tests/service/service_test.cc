@@ -211,9 +211,10 @@ TEST(ServiceE2E, ConcurrentRolloutsDuringUpdatesAreBoundToOneVersion) {
   EXPECT_TRUE(s.svc->journal().state().active.empty());
 }
 
-// Proves bad input is refused with a 4xx and a message and journals nothing. Catches: parsers
-// that accept unknown fields or wrong types, auth that lets a missing/wrong token through,
-// oversized bodies reaching the journal.
+// Proves bad input is refused with a 4xx and a message and journals nothing, and that /metrics
+// counts an update the fold finds invalid as "invalid". Catches: parsers that accept unknown
+// fields or wrong types, auth that lets a missing/wrong token through, oversized bodies reaching
+// the journal, an invalid update counted as a conflict.
 TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
   Stack s([](ServeConfig& c) { c.body_bytes_max = 4096; });
   httplib::Client c = s.client();
@@ -225,6 +226,8 @@ TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
   wrong_type["identity"]["step"] = "ten";
   json bad_source = good;
   bad_source["source"] = "ftp://x";
+  // Well-formed, but the fold finds it invalid: the label it would publish is the committed one.
+  const json same_label = update_body("same", s.svc->journal().state().committed.label, 1);
   struct Case {
     std::string path, body;
     httplib::Headers headers;
@@ -235,6 +238,7 @@ TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
       {"/v1/updates", unknown.dump(), auth(), 400},
       {"/v1/updates", wrong_type.dump(), auth(), 400},
       {"/v1/updates", bad_source.dump(), auth(), 400},
+      {"/v1/updates", same_label.dump(), auth(), 400},
       {"/v1/updates", good.dump(), {}, 401},
       {"/v1/updates", good.dump(), {{"Authorization", "Bearer nope"}}, 403},
       {"/v1/updates", std::string(8192, ' '), auth(), 413},
@@ -262,6 +266,12 @@ TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
   ASSERT_TRUE(events);
   EXPECT_EQ(events->status, 400);
   EXPECT_EQ(s.svc->journal().head_seq(), head) << "bad input reached the journal";
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* sample : {"rolloutcore_updates_total{outcome=\"invalid\"} 1\n",
+                             "rolloutcore_updates_total{outcome=\"conflict\"} 0\n"}) {
+    EXPECT_NE(m->body.find(sample), std::string::npos) << sample << m->body;
+  }
 }
 
 // Proves explicit admission binds to the committed version, blocks the update's mutation until
