@@ -47,7 +47,7 @@ Status CheckCudaDevice(int device) {
   return Status::OK();
 }
 
-// The NcclSender as serve calls it: from httplib workers (the runner on the update route,
+// The NcclSender as serve calls it: from its blocking-call workers (the runner on the update route,
 // /v1/manifest on any worker). The sender needs the communicator's device current on the calling
 // thread and is not safe for concurrent calls (its source cache), so every call here makes the
 // device current and holds one lock. A manifest preflight waits at most preflight_wait_ms for a
