@@ -183,8 +183,10 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
     // body), even while the update of that id is open (a restart going on with it).
     const bool refused_here = st.code() == Code::kConflict;
     if ((!open || refused_here) && !IsJournalFailure(st) && !failed()) {
-      CountUnjournaledRefusal(st.code(), {&metrics_.updates_refused, &metrics_.updates_invalid,
-                                          &metrics_.updates_conflict});
+      if (IsUnjournaledRefusal(st.code())) {
+        CountUnjournaledRefusal(st.code(), {&metrics_.updates_refused, &metrics_.updates_invalid,
+                                            &metrics_.updates_conflict});
+      }
       return SendStatus(res, st);
     }
     FailStop("fleet update '" + request.update_id + "' did not end: " + st.ToString());

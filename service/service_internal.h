@@ -30,7 +30,6 @@ inline std::string ReplayHint(const std::string& journal_path) {
   return "explain it with: rolloutcore replay " + Esc(journal_path);
 }
 
-// Journal errors after which nothing more may be decided or acknowledged.
 // The answer counters of a request refused before anything of it was journaled.
 struct UnjournaledRefusalCounters {
   std::atomic<std::uint64_t>* refused;   // the fold's lifecycle refusal (Rejected)
@@ -38,8 +37,14 @@ struct UnjournaledRefusalCounters {
   std::atomic<std::uint64_t>* conflict;  // an id in use for another body (Conflict)
 };
 
+// The codes of a refusal before anything was journaled (the fold's verdicts on the request).
+inline bool IsUnjournaledRefusal(Code code) {
+  return code == Code::kRejected || code == Code::kInvalidArgument || code == Code::kConflict;
+}
+
 // Counts the refusal by why, so an invalid request never shows as a conflict on /metrics.
 inline void CountUnjournaledRefusal(Code code, const UnjournaledRefusalCounters& c) {
+  RC_CHECK(IsUnjournaledRefusal(code));
   if (code == Code::kInvalidArgument) {
     ++*c.invalid;
   } else if (code == Code::kRejected) {
@@ -49,6 +54,7 @@ inline void CountUnjournaledRefusal(Code code, const UnjournaledRefusalCounters&
   }
 }
 
+// Journal errors after which nothing more may be decided or acknowledged.
 inline bool IsJournalFailure(const Status& st) {
   return st.code() == Code::kIOError || st.code() == Code::kCorruption ||
          st.code() == Code::kInternal || st.code() == Code::kTimeout;
