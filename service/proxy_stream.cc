@@ -53,13 +53,13 @@ void Trajectory::Absorb(const json& doc) {
 void Trajectory::TakePrompt(const json& obj) {
   auto p = obj.find("prompt_token_ids");
   if (p == obj.end() || !p->is_array() || !prompt_token_ids.is_null()) return;
-  // Token ids are integers; an array of anything else is no prompt and is not recorded.
+  // Token ids are integers; an array of anything else is a prompt the trace cannot hold exactly
+  // (journaling choice 0 without it would record another trajectory than the engine's).
   const auto is_id = [](const json& id) { return id.is_number_integer(); };
-  if (!std::all_of(p->begin(), p->end(), is_id)) return;
-  if (p->size() <= kTrajectoryEntriesMax) {
+  if (std::all_of(p->begin(), p->end(), is_id) && p->size() <= kTrajectoryEntriesMax) {
     prompt_token_ids = *p;
   } else {
-    truncated = true;
+    truncated = prompt_cut = true;
   }
 }
 
@@ -88,10 +88,11 @@ void Trajectory::TakeChoice(const json& choice) {
 }
 
 // At most kTrajectoryChoicesMax choice indexes are kept: each costs a map node whatever it holds.
+// Choice 0, the one journaled, always has its place.
 ChoiceTrace* Trajectory::ChoiceOf(std::int64_t index) {
   auto it = choices.find(index);
   if (it != choices.end()) return &it->second;
-  if (choices.size() >= kTrajectoryChoicesMax) {
+  if (choices.size() >= kTrajectoryChoicesMax && index != 0) {
     truncated = true;
     return nullptr;
   }
@@ -102,14 +103,17 @@ ChoiceTrace* Trajectory::ChoiceOf(std::int64_t index) {
 // follow with other tokens, and narrowing it would record another token, so the trace is cut.
 void Trajectory::TakeTokenIds(const json& ids, ChoiceTrace& trace) {
   for (const json& id : ids) {
-    if (!TakeEntry()) break;
+    if (!TakeEntry()) {
+      trace.cut = true;
+      break;
+    }
     const bool in_range =
         id.is_number_integer() &&
         (!id.is_number_unsigned() ||
          id.get<std::uint64_t>() <=
              static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
     if (!in_range) {
-      truncated = true;
+      truncated = trace.cut = true;
       break;
     }
     trace.token_ids.push_back(id.get<std::int64_t>());
@@ -127,12 +131,18 @@ void Trajectory::TakeLogprobs(const json& choice, ChoiceTrace& trace) {
     const std::size_t echoed =
         ids != nullptr && ids->size() < tl->size() ? tl->size() - ids->size() : 0;
     for (auto v = tl->begin() + static_cast<std::ptrdiff_t>(echoed); v != tl->end(); ++v) {
-      if (!TakeEntry()) break;
+      if (!TakeEntry()) {
+        trace.cut = true;
+        break;
+      }
       trace.logprobs.push_back(NumberOrNull(*v));
     }
   } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
     for (const json& item : *ct) {
-      if (!TakeEntry()) break;
+      if (!TakeEntry()) {
+        trace.cut = true;
+        break;
+      }
       trace.logprobs.push_back(ContentLogprob(item));
     }
   }
@@ -176,11 +186,11 @@ std::optional<std::int32_t> ExactTokenId(const json& id) {
   return ExactTokenId(id.get<std::int64_t>());
 }
 
-// nullopt when the trace is not whole or an id does not fit the journal's fields: the parts
-// would record other tokens than the engine sent (the trajectory line keeps what it could, and
-// says truncated), so none are journaled.
+// nullopt when the prompt or choice 0 is not whole or an id does not fit the journal's fields: the
+// parts would record other tokens than the engine sent (the trajectory line keeps what it could,
+// and says truncated), so none are journaled.
 std::optional<FlatTrace> Flatten(const Trajectory& trace) {
-  if (trace.truncated) return std::nullopt;
+  if (trace.prompt_cut) return std::nullopt;
   FlatTrace flat;
   if (trace.prompt_token_ids.is_array()) {
     for (const json& id : trace.prompt_token_ids) {
@@ -192,6 +202,7 @@ std::optional<FlatTrace> Flatten(const Trajectory& trace) {
   auto it = trace.choices.find(0);
   if (it == trace.choices.end()) return flat;
   const ChoiceTrace& c = it->second;
+  if (c.cut) return std::nullopt;
   for (std::size_t i = 0; i < c.token_ids.size(); ++i) {
     const std::optional<std::int32_t> exact = ExactTokenId(c.token_ids[i]);
     if (!exact) return std::nullopt;

@@ -51,6 +51,7 @@ struct ChoiceTrace {
   std::vector<std::int64_t> token_ids;
   json logprobs = json::array();  // one number (or null) per output token
   std::string finish_reason;
+  bool cut = false;  // token ids or logprobs of this choice were offered and not kept
 };
 
 struct Trajectory {
@@ -58,7 +59,8 @@ struct Trajectory {
   std::map<std::int64_t, ChoiceTrace> choices;
   std::optional<std::uint64_t> usage_prompt, usage_completion;
   std::size_t entries = 0;  // token ids and logprobs kept, at most kTrajectoryEntriesMax
-  bool truncated = false;   // more were offered than kept
+  bool truncated = false;   // more were offered than kept, anywhere
+  bool prompt_cut = false;  // the prompt's token ids were offered and not kept
 
   // Takes what one engine document (a completion, or one streamed chunk) tells: the prompt's
   // token ids, the usage, and per choice its token ids, logprobs and finish reason. Outside
@@ -88,7 +90,8 @@ struct Trajectory {
 
 // Splits choice 0 of a trace into TrajectoryRecorded parts of at most
 // kTrajectoryTokensPerRecordMax tokens: prompt tokens first, then output tokens with their
-// logprobs (NaN where the engine reported none). A truncated trace records what was kept.
+// logprobs (NaN where the engine reported none). None when the prompt or choice 0 was cut; a cut
+// in another choice does not keep choice 0 out of the journal.
 std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollout_id,
                                                        const Trajectory& trace);
 

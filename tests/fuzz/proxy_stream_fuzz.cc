@@ -123,11 +123,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (trace.prompt_token_ids.is_array()) {
     for (const json& id : trace.prompt_token_ids) int_prompt += id.is_number_integer() ? 1 : 0;
   }
-  // Parts hold the trajectory whole or not at all (a cut trace, ids the journal cannot hold
-  // exactly, or one past the parts' bound journal none).
+  // Parts hold choice 0's trajectory whole or not at all (a cut prompt or choice 0, ids the
+  // journal cannot hold exactly, or one past the parts' bound journal none); another choice's
+  // cut does not matter to them.
   auto c0 = trace.choices.find(0);
   if (!parts.empty()) {
-    FUZZ_CHECK(!trace.truncated);
+    FUZZ_CHECK(!trace.prompt_cut);
+    FUZZ_CHECK(c0 == trace.choices.end() || !c0->second.cut);
     FUZZ_CHECK(prompt == int_prompt);
     FUZZ_CHECK(output == (c0 == trace.choices.end() ? 0 : c0->second.token_ids.size()));
   }

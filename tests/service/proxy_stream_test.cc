@@ -47,7 +47,8 @@ TEST(ProxyStreamTrace, CompletionAndChatShapesFillOneTrace) {
 
 // Proves that outside text of another shape is ignored, never fatal: a non-object document or
 // choice, a non-integer index (choice 0); a non-integer token id cuts the trace there (counted,
-// truncated); would catch a split step that assumes the shape its caller used to check.
+// truncated), and a prompt of non-integer ids is a cut prompt; would catch a split step that
+// assumes the shape its caller used to check, or choice 0 journaled without its prompt.
 TEST(ProxyStreamTrace, OtherShapesAreIgnored) {
   Trajectory t;
   t.Absorb(json::parse("[1, 2]"));
@@ -59,6 +60,10 @@ TEST(ProxyStreamTrace, OtherShapesAreIgnored) {
   EXPECT_TRUE(t.truncated);
   EXPECT_FALSE(t.usage_prompt.has_value());
   EXPECT_TRUE(t.prompt_token_ids.is_null());
+  EXPECT_FALSE(t.prompt_cut);
+  t.Absorb(json::parse(R"({"prompt_token_ids": [1.0, 2]})"));  // no exact token ids
+  EXPECT_TRUE(t.prompt_token_ids.is_null());
+  EXPECT_TRUE(t.prompt_cut) << "choice 0 would be journaled without its prompt";
 }
 
 // Proves the per-rollout bound: offered one more entry than kTrajectoryEntriesMax, the trace keeps
@@ -74,6 +79,14 @@ TEST(ProxyStreamTrace, EntriesStopAtTheirBound) {
   EXPECT_EQ(t.entries, kTrajectoryEntriesMax);
   EXPECT_EQ(t.choices.at(0).token_ids.size(), kTrajectoryEntriesMax);
   EXPECT_TRUE(t.truncated);
+  EXPECT_TRUE(t.choices.at(0).cut) << "the choice that lost a token must say so";
+  t.Absorb(json::parse(R"({"choices": [{"index": 1, "logprobs": {"token_logprobs": [-1]}}]})"));
+  EXPECT_TRUE(t.choices.at(1).cut);
+  EXPECT_FALSE(t.prompt_cut);
+  json prompt = json::array();
+  for (std::size_t i = 0; i <= kTrajectoryEntriesMax; ++i) prompt.push_back(1);
+  t.Absorb(json{{"prompt_token_ids", std::move(prompt)}});
+  EXPECT_TRUE(t.prompt_cut);
 }
 
 // Proves what an engine sends beside the numbers costs the trace nothing: a logprob that is not a
@@ -182,8 +195,33 @@ TEST(ProxyStreamParts, ATrajectoryIsJournaledWholeOrNotAtAll) {
   EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty());
   t.choices[0].token_ids.assign(kTrajectoryTokensPerRecordMax, 2);
   EXPECT_EQ(JournalTrajectoryParts("r1", t).size(), kTrajectoryPartsMax);
-  t.truncated = true;
+  t.choices[0].cut = true;
   EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty());
+  t.choices[0].cut = false;
+  t.prompt_cut = true;
+  EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty());
+}
+
+// Proves a cut in another choice (an id that is no token, or choice indexes past their bound)
+// still journals choice 0 whole, and that choice 0 has its place after the bound; catches one
+// trace-wide flag that drops the journaled choice's parts for another choice's fault (the audit
+// then finds no trajectory for a rollout whose choice 0 the engine sent whole).
+TEST(ProxyStreamParts, ACutInAnotherChoiceStillJournalsChoiceZero) {
+  Trajectory t;
+  for (std::size_t i = 1; i <= kTrajectoryChoicesMax + 1; ++i) {
+    t.Absorb(json{{"choices", json::array({json{{"index", i}, {"token_ids", {1}}}})}});
+  }
+  t.Absorb(json::parse(R"({"prompt_token_ids": [3, 4], "choices": [
+      {"index": 0, "token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.5, -1.5]}},
+      {"index": 1, "token_ids": ["x"]}]})"));
+  EXPECT_TRUE(t.truncated);
+  EXPECT_TRUE(t.choices.at(1).cut);
+  EXPECT_FALSE(t.choices.at(0).cut);
+  const std::vector<TrajectoryRecorded> parts = JournalTrajectoryParts("r1", t);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].prompt_token_ids, (std::vector<std::int32_t>{3, 4}));
+  EXPECT_EQ(parts[0].output_token_ids, (std::vector<std::int32_t>{5, 6}));
+  EXPECT_EQ(parts[0].output_logprobs, (std::vector<float>{-0.5f, -1.5f}));
 }
 
 // Proves what a client receives of a streamed chunk: the fields the proxy added removed, and no
