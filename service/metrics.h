@@ -50,19 +50,24 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> restores_tainted{0};
   std::atomic<std::uint64_t> restores_conflict{0};
   std::atomic<std::uint64_t> restores_invalid{0};
+  std::atomic<std::uint64_t> restores_outcome_unknown{0};
   std::atomic<std::uint64_t> restores_replayed{0};
   // Colocated sleeps and wake-ups answered, by outcome (committed, refused, tainted, conflict,
-  // invalid).
+  // invalid, replayed, outcome unknown).
   std::atomic<std::uint64_t> sleeps_committed{0};
   std::atomic<std::uint64_t> sleeps_refused{0};
   std::atomic<std::uint64_t> sleeps_tainted{0};
   std::atomic<std::uint64_t> sleeps_conflict{0};
   std::atomic<std::uint64_t> sleeps_invalid{0};
+  std::atomic<std::uint64_t> sleeps_replayed{0};
+  std::atomic<std::uint64_t> sleeps_outcome_unknown{0};
   std::atomic<std::uint64_t> wakes_committed{0};
   std::atomic<std::uint64_t> wakes_refused{0};
   std::atomic<std::uint64_t> wakes_tainted{0};
   std::atomic<std::uint64_t> wakes_conflict{0};
   std::atomic<std::uint64_t> wakes_invalid{0};
+  std::atomic<std::uint64_t> wakes_replayed{0};
+  std::atomic<std::uint64_t> wakes_outcome_unknown{0};
   std::atomic<std::uint64_t> admission_rejected_overloaded{0};  // group-commit queue full
   std::atomic<std::uint64_t> admission_rejected_failed{0};      // after fail-stop
   std::atomic<std::uint64_t> finish_retries{0};  // FinishDurably retries (queue full)

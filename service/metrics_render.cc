@@ -154,18 +154,23 @@ void AppendOutcomes(std::string& out, const Counters& c, const ServiceMetrics& m
       {kRestores, nullptr, "outcome", "conflict", m.restores_conflict.load()},
       {kRestores, nullptr, "outcome", "invalid", m.restores_invalid.load()},
       {kRestores, nullptr, "outcome", "replayed", m.restores_replayed.load()},
+      {kRestores, nullptr, "outcome", "outcome_unknown", m.restores_outcome_unknown.load()},
       {kSleeps, "colocated sleep requests answered, by outcome", "outcome", "committed",
        m.sleeps_committed.load()},
       {kSleeps, nullptr, "outcome", "refused", m.sleeps_refused.load()},
       {kSleeps, nullptr, "outcome", "tainted", m.sleeps_tainted.load()},
       {kSleeps, nullptr, "outcome", "conflict", m.sleeps_conflict.load()},
       {kSleeps, nullptr, "outcome", "invalid", m.sleeps_invalid.load()},
+      {kSleeps, nullptr, "outcome", "replayed", m.sleeps_replayed.load()},
+      {kSleeps, nullptr, "outcome", "outcome_unknown", m.sleeps_outcome_unknown.load()},
       {kWakes, "colocated wake-up requests answered, by outcome", "outcome", "committed",
        m.wakes_committed.load()},
       {kWakes, nullptr, "outcome", "refused", m.wakes_refused.load()},
       {kWakes, nullptr, "outcome", "tainted", m.wakes_tainted.load()},
       {kWakes, nullptr, "outcome", "conflict", m.wakes_conflict.load()},
       {kWakes, nullptr, "outcome", "invalid", m.wakes_invalid.load()},
+      {kWakes, nullptr, "outcome", "replayed", m.wakes_replayed.load()},
+      {kWakes, nullptr, "outcome", "outcome_unknown", m.wakes_outcome_unknown.load()},
   };
   for (const LabeledRow& r : rows) {
     if (r.help != nullptr) AppendHead(out, r.family, "counter", r.help);

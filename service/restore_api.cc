@@ -106,8 +106,11 @@ void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
     SendStatus(res, ended.status());
     return;
   }
-  if (AnsweredStalledPlan("restore", request.restore_id, ended.status(), res)) return;
-  metrics_.updates_outcome_unknown++;
+  if (AnsweredStalledPlan("restore", request.restore_id, ended.status(),
+                          metrics_.restores_outcome_unknown, res)) {
+    return;
+  }
+  metrics_.restores_outcome_unknown++;
   FailStop("restore '" + request.restore_id +
            "' did not reach a recorded outcome: " + ended.status().ToString());
   SetRetryAfter(res);

@@ -392,8 +392,8 @@ class Service {
     std::string id;      // its sleep_id or wake_id
     const char* what;    // "sleep" or "wake-up"
     nlohmann::json ids;  // echoed in the answer
-    // Answers: committed, refused, tainted, conflict, invalid.
-    std::atomic<std::uint64_t>* counts[5];
+    // Answers: committed, refused, tainted, conflict, invalid, replayed, outcome unknown.
+    std::atomic<std::uint64_t>* counts[7];
   };
   bool ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t from_seq, HttpResponse& res);
   void RunSameVersion(const SameVersionPlan& plan, HttpResponse& res);
@@ -468,8 +468,9 @@ class Service {
   bool StalledPlanRetryDue(const MonitorTarget& target);
   std::optional<std::string> StalledPlanOf(const std::string& engine, bool retryable) const;
   effects::Runner* RunnerOf(const std::string& engine);
+  // `outcome_unknown`: the answer counter of the plan's family.
   bool AnsweredStalledPlan(const std::string& what, const std::string& plan_id, const Status& st,
-                           HttpResponse& res);
+                           std::atomic<std::uint64_t>& outcome_unknown, HttpResponse& res);
   bool NoteStalledPlanRetry(const MonitorTarget& target, const std::string& plan_id,
                             const Status& driven);
   State MonitorView(const std::string& engine) const;

@@ -36,6 +36,8 @@ std::size_t outcome_slot(UpdateOutcome o) {
 constexpr std::size_t kRefusedSlot = 1;
 constexpr std::size_t kConflictSlot = 3;
 constexpr std::size_t kInvalidSlot = 4;
+constexpr std::size_t kReplayedSlot = 5;
+constexpr std::size_t kUnknownSlot = 6;
 
 // What the engine's workers reported freed by the sleep (null when they did not report).
 json FreedBytes(const DeviceMemory& m) {
@@ -68,7 +70,8 @@ void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
       "sleep",
       json{{"sleep_id", request->sleep_id}, {"level", request->level}},
       {&metrics_.sleeps_committed, &metrics_.sleeps_refused, &metrics_.sleeps_tainted,
-       &metrics_.sleeps_conflict, &metrics_.sleeps_invalid}};
+       &metrics_.sleeps_conflict, &metrics_.sleeps_invalid, &metrics_.sleeps_replayed,
+       &metrics_.sleeps_outcome_unknown}};
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.sleeps_conflict, res, request->sleep_id)) return;
@@ -89,7 +92,8 @@ void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
                        "wake-up",
                        json{{"wake_id", request->wake_id}},
                        {&metrics_.wakes_committed, &metrics_.wakes_refused, &metrics_.wakes_tainted,
-                        &metrics_.wakes_conflict, &metrics_.wakes_invalid}};
+                        &metrics_.wakes_conflict, &metrics_.wakes_invalid, &metrics_.wakes_replayed,
+                        &metrics_.wakes_outcome_unknown}};
   if (RefusedFailStopped(res)) return;
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.wakes_conflict, res, request->wake_id)) return;
@@ -109,6 +113,7 @@ bool Service::ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t fro
                 "'" + plan.id + "' was already used for another request; choose a new id");
       return true;
     }
+    (*plan.counts[kReplayedSlot])++;
     SendOutcome(res, plan.ids, *ended, /*replayed=*/true);
     return true;
   };
@@ -174,8 +179,8 @@ void Service::AnswerUnfinished(const SameVersionPlan& plan, bool journaled, cons
     SendStatus(res, st);
     return;
   }
-  if (AnsweredStalledPlan(plan.what, plan.id, st, res)) return;
-  metrics_.updates_outcome_unknown++;
+  if (AnsweredStalledPlan(plan.what, plan.id, st, *plan.counts[kUnknownSlot], res)) return;
+  (*plan.counts[kUnknownSlot])++;
   FailStop(std::string(plan.what) + " '" + plan.id +
            "' did not reach a recorded outcome: " + st.ToString());
   SetRetryAfter(res);

@@ -65,9 +65,10 @@ std::optional<std::string> Service::StalledPlanOf(const std::string& engine, boo
 // 503 outcome_unknown (the trainer asks again with the same id) without a fail-stop; false when
 // the plan named did not stall (the caller fail-stops).
 bool Service::AnsweredStalledPlan(const std::string& what, const std::string& plan_id,
-                                  const Status& st, HttpResponse& res) {
+                                  const Status& st, std::atomic<std::uint64_t>& outcome_unknown,
+                                  HttpResponse& res) {
   if (failed() || journal_->failed() || StalledPlanOf("", false) != plan_id) return false;
-  metrics_.updates_outcome_unknown++;
+  outcome_unknown++;
   spdlog::warn(
       "serve: {} '{}' stalled ({}): the engine does not answer; it is tried again once the "
       "engine answers",

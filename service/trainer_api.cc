@@ -358,7 +358,10 @@ void Service::RunUpdate(const UpdateRequested& request, HttpResponse& res) {
   RC_CHECK(requested_after >= requested_before);  // journal counters never go back
   const bool journaled = requested_after > requested_before;
   if (!journaled && AnsweredUnjournaledUpdate(request, ended.status(), res)) return;
-  if (AnsweredStalledPlan("update", request.update_id, ended.status(), res)) return;
+  if (AnsweredStalledPlan("update", request.update_id, ended.status(),
+                          metrics_.updates_outcome_unknown, res)) {
+    return;
+  }
   AnswerUpdateOutcomeUnknown(request, ended.status(), res);
 }
 

@@ -122,8 +122,9 @@ struct Stack : stack::ServiceStack {
 
 // The colocated step: the sleep answers with the memory freed, nothing is admitted asleep, the
 // update from sleep wakes the weights, transfers, validates and wakes the KV cache last, and a
-// re-POST answers the recorded sleep; catches admissions while asleep, a resume before
-// validation, and an engine left with a pool asleep under READY.
+// re-POST answers the recorded sleep, counted as replayed; catches admissions while asleep, a
+// resume before validation, an engine left with a pool asleep under READY, and a replayed sleep
+// /metrics does not count.
 TEST(Colocated, SleepThenUpdateFromSleep) {
   Stack s;
   const std::string d0 = s.EngineDigest();
@@ -155,6 +156,15 @@ TEST(Colocated, SleepThenUpdateFromSleep) {
   EXPECT_TRUE(again["replayed"].get<bool>());
   EXPECT_EQ(s.Sleep("s-1", 2)["http"], 409);  // the id names another request
   EXPECT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+  httplib::Client c = s.client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* sample : {"rolloutcore_sleeps_total{outcome=\"committed\"} 1\n",
+                             "rolloutcore_sleeps_total{outcome=\"replayed\"} 1\n",
+                             "rolloutcore_sleeps_total{outcome=\"conflict\"} 1\n",
+                             "rolloutcore_updates_total{outcome=\"replayed\"} 0\n"}) {
+    EXPECT_NE(m->body.find(sample), std::string::npos) << sample << m->body;
+  }
 }
 
 // A level-1 wake-up restores the host copy and is validated against the committed digest;
