@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES := cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config \
   librocksdb-dev libsnappy-dev liblz4-dev libzstd-dev libbz2-dev zlib1g-dev libgflags-dev \
   flatbuffers-compiler libflatbuffers-dev libspdlog-dev libfmt-dev libcurl4-openssl-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev nlohmann-json3-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev nlohmann-json3-dev libsimdjson-dev \
   libcli11-dev libcpp-httplib-dev libssl-dev libbrotli-dev libboost1.81-dev libtcmalloc-minimal4 \
   clang-format-14 clang-tidy-14 python3 python3-pip python3-venv
 
