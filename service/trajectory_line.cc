@@ -1,6 +1,7 @@
 #include "service/trajectory_line.h"
 
 #include <charconv>
+#include <optional>
 
 #include "journal/json.h"
 #include "statemachine/status.h"
@@ -69,6 +70,24 @@ void AppendOutputs(std::string& out, const Trajectory& trace) {
   out += ']';
 }
 
+// The binding's identity and version as the line holds them. Every rollout of one version has
+// the same, so each event loop keeps the last text it built (dumping them cost a fifth of the
+// line).
+struct BindingText {
+  WeightIdentity identity;
+  WeightVersion version;
+  std::string identity_text = Dump(journal::WeightIdentityToJson(identity));
+  std::string version_text = Dump(journal::WeightVersionToJson(version));
+};
+
+const BindingText& BindingTextOf(const RolloutAdmitted& binding) {
+  thread_local std::optional<BindingText> last;
+  if (!last || last->identity != binding.identity || last->version != binding.version) {
+    last.emplace(BindingText{binding.identity, binding.version});
+  }
+  return *last;
+}
+
 }  // namespace
 
 // Keys in nlohmann's (std::map) order.
@@ -86,8 +105,9 @@ std::string TrajectoryLineText(const TrajectoryLineFields& f) {
     AppendKey(out, "fleet_generation");
     AppendInt(out, f.fleet_generation);
   }
+  const BindingText& binding = BindingTextOf(f.binding);
   AppendKey(out, "identity");
-  out += Dump(journal::WeightIdentityToJson(f.binding.identity));
+  out += binding.identity_text;
   AppendKey(out, "note");
   AppendString(out, f.note);
   AppendKey(out, "outcome");
@@ -107,7 +127,7 @@ std::string TrajectoryLineText(const TrajectoryLineFields& f) {
   AppendKey(out, "truncated");
   out += f.trace.truncated ? "true" : "false";
   AppendKey(out, "version");
-  out += Dump(journal::WeightVersionToJson(f.binding.version));
+  out += binding.version_text;
   out += '}';
   return out;
 }
