@@ -79,10 +79,18 @@ std::string ParseWorker(const json& w, WorkerDigest& out) {
   return {};
 }
 
-std::size_t TensorBytes(const std::vector<TensorDigest>& tensors) {
+// What the tensors add to an encoded record, at most (see kTensorDigestEntryOverheadBytes).
+std::size_t EncodedTensorBytes(const std::vector<TensorDigest>& tensors) {
   std::size_t n = 0;
-  for (const TensorDigest& t : tensors) n += t.name.size() + t.digest.size();
+  for (const TensorDigest& t : tensors) {
+    n += t.name.size() + t.digest.size() + kTensorDigestEntryOverheadBytes;
+  }
   return n;
+}
+
+bool FitsRecord(const std::vector<TensorDigest>& tensors) {
+  return tensors.size() <= kTensorDigestsMax &&
+         EncodedTensorBytes(tensors) <= kDigestTensorBytesMax;
 }
 
 std::vector<TensorDigest> NamedTensors(const std::vector<WorkerDigest>& workers) {
@@ -120,10 +128,10 @@ WeightDigest Assemble(std::vector<WorkerDigest> workers) {
   d.combined = Combined(workers);
   for (const WorkerDigest& w : workers) d.bytes += w.bytes;
   d.tensors = NamedTensors(workers);
-  const bool fits =
-      d.tensors.size() <= kTensorDigestsMax && TensorBytes(d.tensors) <= kDigestTensorBytesMax;
-  if (!fits) d.tensors = workers.size() > 1 ? WorkerEntries(workers) : std::vector<TensorDigest>{};
-  if (d.tensors.size() > kTensorDigestsMax) d.tensors.clear();  // more workers than entries
+  if (!FitsRecord(d.tensors) && workers.size() > 1) d.tensors = WorkerEntries(workers);
+  // What still does not fit (one worker's tensors, or worker entries past the bound) names no
+  // tensor: the combined digest alone decides.
+  if (!FitsRecord(d.tensors)) d.tensors.clear();
   RC_CHECK(d.present());
   return d;
 }

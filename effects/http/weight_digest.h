@@ -4,9 +4,10 @@
 // One worker: its tensors and combined digest as they are. Several (tensor or pipeline
 // parallel): tensor names get an "r<rank>/" prefix and the combined digest is the SHA-256 of the
 // workers' "<rank> <combined>" lines in rank order. When the tensors would not fit one journal
-// record (kTensorDigestsMax entries, kDigestTensorBytesMax bytes of names and digests), each
-// worker is named by one entry "r<rank>" holding its combined digest instead: a failed check
-// then names the worker, not the tensor. The verdict always rests on the combined digest.
+// record (kTensorDigestsMax entries, kDigestTensorBytesMax bytes as encoded), each worker is
+// named by one entry "r<rank>" holding its combined digest instead: a failed check then names
+// the worker, not the tensor. When those do not fit either, the digest names no tensor. The
+// verdict always rests on the combined digest.
 #pragma once
 
 #include <cstddef>
@@ -14,12 +15,32 @@
 #include <nlohmann/json.hpp>
 
 #include "effects/http/engine_client.h"
+#include "journal/journal.h"
 #include "statemachine/types.h"
 
 namespace rc::effects {
 
 inline constexpr char kWeightDigestMethod[] = "rc_weight_digest";
-inline constexpr std::size_t kDigestTensorBytesMax = 40 * 1024;
+
+// What one TensorDigest adds to an encoded record beyond its name's and digest's bytes: its
+// offset in the vector (4), its table (the vtable offset and two string offsets: 12; the vtable
+// itself is shared by every entry) and, per string, a length prefix, a NUL and up to 3 bytes of
+// padding (8 each). Exact when both lengths are multiples of 4, an upper bound otherwise.
+inline constexpr std::size_t kTensorDigestEntryOverheadBytes = 4 + 12 + 2 * 8;
+// The tensors one digest names, as encoded: names, digests and kTensorDigestEntryOverheadBytes
+// per entry; content alone understates it (1024 names "t0000".. with 32-hex digests: 37 KiB of
+// content, 68 KiB encoded).
+inline constexpr std::size_t kDigestTensorBytesMax = 36 * 1024;
+// What else a record carrying a digest holds, each field at the fold's bound: EngineProbed's
+// (the event with the most) five texts (http.error, engine_version, reported_label,
+// engine_instance, label_before), the digest's error, algorithm and combined digest, the record's
+// engine name, and the framing of record, event, evidence and digest (tables, vtables, scalars,
+// length prefixes, the 32-byte prev_hash), well under kDigestRecordFramingBytesMax.
+inline constexpr std::size_t kDigestRecordFramingBytesMax = 1024;
+inline constexpr std::size_t kDigestRecordOtherBytesMax =
+    6 * kTextBytesMax + 2 * kIdBytesMax + kDigestBytesMax + kDigestRecordFramingBytesMax;
+static_assert(kDigestTensorBytesMax + kDigestRecordOtherBytesMax <= journal::kRecordBytesMax,
+              "every digest the parser accepts must fit a journal record beside its event");
 
 // The digest the engine computes now; absent (with `error` saying why) when the engine has no
 // worker extension, an older one, or a worker failed.

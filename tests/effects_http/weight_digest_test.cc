@@ -3,11 +3,17 @@
 // vLLM double answers rc_weight_digest like the worker extension.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "effects/http/sequence_transfer.h"
 #include "effects/http/weight_digest.h"
 #include "fixtures/vllm_double.h"
+#include "journal/codec.h"
 #include "statemachine/state.h"
 
 namespace rc::effects {
@@ -21,6 +27,88 @@ json Worker(int rank, const std::string& combined, json tensors) {
 }
 
 std::string H(char c) { return std::string(32, c); }
+
+// One worker's tensors whose names, 128-hex digests and entry overheads add up to exactly
+// `bytes`, name lengths multiples of 4 where `bytes` allows: no entry then encodes with less
+// padding than kTensorDigestEntryOverheadBytes assumes.
+json TensorsOfEncodedBytes(std::size_t bytes) {
+  const std::size_t fixed = 128 + kTensorDigestEntryOverheadBytes;
+  const std::size_t n =
+      (bytes + rc::kTensorNameBytesMax + fixed - 1) / (rc::kTensorNameBytesMax + fixed);
+  const std::size_t quarters = (bytes - n * fixed) / 4;
+  json tensors = json::object();
+  for (std::size_t i = 0; i < n; ++i) {
+    std::size_t size = 4 * (quarters / n + (i < quarters % n ? 1 : 0));
+    if (i + 1 == n) size += (bytes - n * fixed) % 4;
+    std::string name = std::to_string(100000 + i);  // unique: every name is longer than this
+    name.resize(size, '.');
+    tensors[name] = std::string(128, 'e');
+  }
+  return tensors;
+}
+
+// 1024 tensors "t0000".."t1023" with 32-hex digests, dealt to `workers` workers.
+std::vector<json> ShortNamedTensors(int workers) {
+  std::vector<json> out(workers, json::object());
+  for (int i = 0; i < static_cast<int>(kTensorDigestsMax); ++i) {
+    out[i % workers]["t" + std::to_string(10000 + i).substr(1)] = H('1');
+  }
+  return out;
+}
+
+// Evidence at its largest: a text of kTextBytesMax, scalars off the defaults FlatBuffers omits.
+HttpEvidence LargestHttp() {
+  HttpEvidence h;
+  h.transport = Transport::kBroken;
+  h.http_status = 999;
+  h.body_parsed = true;
+  h.latency_us = ~std::uint64_t{0};
+  h.error = std::string(kTextBytesMax, 'x');
+  return h;
+}
+
+// The largest record that journals `digest`: each event that carries one, every other field (the
+// digest's error too) at the fold's bound, in a fleet's record (a named engine).
+std::size_t LargestRecordBytes(WeightDigest digest) {
+  const std::string text(kTextBytesMax, 'x');
+  digest.error = text;
+  EXPECT_TRUE(check_weight_digest(digest).ok()) << check_weight_digest(digest).ToString();
+  const EngineProbed probed{.http = LargestHttp(),
+                            .engine_version = text,
+                            .reported_label = text,
+                            .is_paused_known = true,
+                            .is_paused = true,
+                            .engine_instance = text,
+                            .label_before = text,
+                            .resumed_before = true,
+                            .digest = digest};
+  const ValidationObserved validated{.http = LargestHttp(),
+                                     .reported_label = text,
+                                     .checks_passed = false,
+                                     .detail = text,
+                                     .engine_instance = text,
+                                     .digest = digest,
+                                     .is_paused_known = true,
+                                     .is_paused = false};
+  const EngineMonitored monitored{.http = LargestHttp(),
+                                  .reported_label = text,
+                                  .is_paused_known = true,
+                                  .is_paused = true,
+                                  .engine_instance = text,
+                                  .last_ok_wall_ms = -1,
+                                  .updates_seen = ~std::uint64_t{0},
+                                  .digest = digest};
+  std::size_t largest = 0;
+  for (const Event& e : std::vector<Event>{probed, validated, monitored}) {
+    journal::Record r;
+    r.seq = r.cause_seq = ~std::uint64_t{0};
+    r.wall_time_ms = -1;
+    r.engine = std::string(kIdBytesMax, 'n');
+    r.event = e;
+    largest = std::max(largest, journal::EncodeRecord(r).size());
+  }
+  return largest;
+}
 
 // One worker's tensors and combined digest are taken as they are, sorted by name; catches a
 // parser that reorders, renames or recombines a single worker's answer.
@@ -120,6 +208,56 @@ TEST(WeightDigest, EveryAnswerIsOneTheFoldAccepts) {
     EXPECT_FALSE(d.error.empty());
     EXPECT_TRUE(check_weight_digest(d).ok()) << check_weight_digest(d).ToString();
   }
+}
+
+// A digest at the encoded bound keeps its tensors and journals within kRecordBytesMax beside
+// every other field of its event at its bound; catches a bound on content bytes alone, whose
+// digests encoded past a record, failed the update outcome_unknown and blinded the monitor.
+TEST(WeightDigest, ADigestAtTheBoundFitsAJournalRecord) {
+  json at_bound =
+      Worker(0, std::string(kDigestBytesMax, 'c'), TensorsOfEncodedBytes(kDigestTensorBytesMax));
+  at_bound["algorithm"] = std::string(kIdBytesMax, 'a');
+  const WeightDigest d = ParseWeightDigestReply(json{{"results", json::array({at_bound})}});
+  ASSERT_TRUE(d.present()) << d.error;
+  EXPECT_EQ(d.tensors.size(), at_bound["tensors"].size());
+  EXPECT_LE(LargestRecordBytes(d), journal::kRecordBytesMax);
+}
+
+// Past the encoded bound a digest falls back as before (worker entries, else no tensors; the
+// combined digest kept) and journals; catches 1024 short names whose content fits the bytes but
+// encode to ~70 KB, and worker entries that were never held to the bytes at all.
+TEST(WeightDigest, ADigestPastTheBoundFallsBackAndFitsAJournalRecord) {
+  const json past = TensorsOfEncodedBytes(kDigestTensorBytesMax + 1);
+  const WeightDigest one_past =
+      ParseWeightDigestReply(json{{"results", json::array({Worker(0, H('a'), past)})}});
+  ASSERT_TRUE(one_past.present()) << one_past.error;
+  EXPECT_TRUE(one_past.tensors.empty());
+  EXPECT_EQ(one_past.combined, H('a'));
+
+  const std::vector<json> all = ShortNamedTensors(1);
+  const WeightDigest one =
+      ParseWeightDigestReply(json{{"results", json::array({Worker(0, H('a'), all[0])})}});
+  ASSERT_TRUE(one.present()) << one.error;
+  EXPECT_TRUE(one.tensors.empty());
+  EXPECT_LE(LargestRecordBytes(one), journal::kRecordBytesMax);
+  const std::vector<json> halves = ShortNamedTensors(2);
+  const WeightDigest two = ParseWeightDigestReply(
+      json{{"results", json::array({Worker(0, H('a'), halves[0]), Worker(1, H('b'), halves[1])})}});
+  ASSERT_TRUE(two.present()) << two.error;
+  ASSERT_EQ(two.tensors.size(), 2u);
+  EXPECT_EQ(two.tensors[1], (TensorDigest{"r1", H('b')}));
+  EXPECT_LE(LargestRecordBytes(two), journal::kRecordBytesMax);
+
+  // As many workers as entries, with long ranks and digests: their entries do not fit either.
+  json wide = json::array();
+  for (int i = 0; i < static_cast<int>(kTensorDigestsMax); ++i) {
+    wide.push_back(Worker(0, std::string(kDigestBytesMax, 'f'), json{{"w", H('1')}}));
+    wide.back()["rank"] = std::int64_t{1000000000000000000} + i;
+  }
+  const WeightDigest workers = ParseWeightDigestReply(json{{"results", wide}});
+  ASSERT_TRUE(workers.present()) << workers.error;
+  EXPECT_TRUE(workers.tensors.empty());
+  EXPECT_LE(LargestRecordBytes(workers), journal::kRecordBytesMax);
 }
 
 // Against the double over loopback: the extension answers a digest that changes with a completed
