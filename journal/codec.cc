@@ -372,6 +372,16 @@ struct Decoder {
 
 std::string Str(const flatbuffers::String* s) { return s == nullptr ? std::string() : s->str(); }
 
+// Stored text in an error message, quoted: escaped onto one line (it may be anything a writer
+// hashed) and cut near kIdBytesMax.
+std::string Quote(const std::string& s) {
+  std::string escaped = text::escape_line(s);
+  if (escaped.size() > kIdBytesMax) {
+    escaped = text::utf8_prefix(std::move(escaped), kIdBytesMax) + "...";
+  }
+  return "'" + escaped + "'";
+}
+
 WeightVersion DecVersion(const fb::WeightVersion* v) {
   if (v == nullptr) return {};
   return WeightVersion{v->generation(), Str(v->label())};
@@ -793,7 +803,7 @@ void DecLabelMap(Decoder& d, const LabelIdentities* labels,
   for (const fb::LabelIdentity* l : *labels) {
     if (l == nullptr) continue;
     auto [it, inserted] = out.emplace(Str(l->label()), DecIdentity(l->identity()));
-    if (!inserted && d.error.empty()) d.error = "duplicate label '" + it->first + "'";
+    if (!inserted && d.error.empty()) d.error = "duplicate label " + Quote(it->first);
   }
 }
 
@@ -928,7 +938,7 @@ State DecStateTable(Decoder& d, const fb::State* t) {
       if (r == nullptr) continue;
       auto [it, inserted] = s.active.emplace(
           Str(r->rollout_id()), ActiveRollout{DecVersion(r->version()), r->lease_ms()});
-      if (!inserted && d.error.empty()) d.error = "duplicate active rollout '" + it->first + "'";
+      if (!inserted && d.error.empty()) d.error = "duplicate active rollout " + Quote(it->first);
     }
   }
   if (const auto* u = t->update()) {
@@ -972,10 +982,123 @@ State DecStateTable(Decoder& d, const fb::State* t) {
     for (const fb::LabelDigest* l : *digests) {
       if (l == nullptr) continue;
       auto [it, inserted] = s.label_digests.emplace(Str(l->label()), Str(l->combined()));
-      if (!inserted && d.error.empty()) d.error = "duplicate label digest '" + it->first + "'";
+      if (!inserted && d.error.empty()) d.error = "duplicate label digest " + Quote(it->first);
     }
   }
   return s;
+}
+
+// ---- the fold's rules on a decoded State ----
+//
+// A snapshot holds what the fold made of events it checked, so each of its strings passed the
+// check the fold applied to the event that carried it. Stored bytes need not (a hostile or buggy
+// writer hashes whatever it stores), and a State's strings reach the decisions derived from it:
+// RecoveryStarted abandons every active rollout by its id, and a decision the fold refuses stops
+// the process. So each field is checked here as the fold checked its source
+// (statemachine/lifecycle.cc), and a failure is Corruption naming the field.
+
+// The fold's refusal of a stored field, as Corruption naming where the field was found.
+Status Corrupt(const std::string& where, const Status& st) {
+  return st.ok() ? st : Status::Corruption(where + ": " + st.message());
+}
+
+// Free text the executor recorded (a transition's detail, an engine's instance): the fold bounds
+// its length and nothing more (statemachine's check_text); every reader escapes it on output.
+Status CheckFreeText(const char* what, const std::string& s) {
+  if (s.size() <= kTextBytesMax) return Status::OK();
+  return Status::InvalidArgument(std::string(what) + " exceeds " + std::to_string(kTextBytesMax) +
+                                 " bytes");
+}
+
+// In UNINITIALIZED nothing is committed and the defaults stand; from the bootstrap on, the version
+// and identity are a bootstrap's or a published update's. The digest is a probe's or a
+// validation's, recorded from the bootstrap probe on.
+Status CheckCommitted(const State& s) {
+  const bool none = s.lifecycle == Lifecycle::kUninitialized && s.committed == WeightVersion{} &&
+                    s.committed_identity == WeightIdentity{};
+  if (!none) {
+    RC_RETURN_IF_ERROR(Corrupt("committed", check_id("label", s.committed.label)));
+    RC_RETURN_IF_ERROR(Corrupt("committed", check_weight_identity(s.committed_identity)));
+  }
+  RC_RETURN_IF_ERROR(Corrupt("committed", check_weight_digest(s.committed_digest)));
+  return Corrupt("engine", CheckFreeText("engine_instance", s.engine_instance));
+}
+
+// A label registry (an engine's or the fleet's): each label and the identity a bootstrap, an
+// update or a fleet update named with it.
+Status CheckLabelMap(const std::map<std::string, WeightIdentity>& labels) {
+  for (const auto& [label, identity] : labels) {
+    Status st = check_id("label", label);
+    if (st.ok()) st = check_weight_identity(identity);
+    if (!st.ok()) return Corrupt("label " + Quote(label), st);
+  }
+  return Status::OK();
+}
+
+// A committed label's combined digest, recorded only when the engine computed one (never empty).
+Status CheckLabelDigests(const std::map<std::string, std::string>& digests) {
+  for (const auto& [label, combined] : digests) {
+    Status st = check_id("label", label);
+    if (st.ok()) st = check_digest("combined digest", combined, true);
+    if (!st.ok()) return Corrupt("label digest " + Quote(label), st);
+  }
+  return Status::OK();
+}
+
+Status CheckBootstrap(const BootstrapRequested& b) {
+  RC_RETURN_IF_ERROR(check_id("label", b.label));
+  RC_RETURN_IF_ERROR(check_weight_identity(b.identity));
+  return check_digest("expected_digest", b.expected_digest, false);
+}
+
+// A binding as RolloutAdmitted carried it: its version is the committed one it was bound to.
+Status CheckRollout(const std::string& id, const ActiveRollout& r) {
+  RC_RETURN_IF_ERROR(check_id("rollout_id", id));
+  RC_RETURN_IF_ERROR(check_id("version label", r.version.label));
+  if (r.lease_ms > kLeaseMsMax) {
+    return Status::InvalidArgument("lease_ms exceeds " + std::to_string(kLeaseMsMax));
+  }
+  return Status::OK();
+}
+
+// A plan as its request was checked (an update's; a restore's, sleep's or wake-up's names a
+// registered label or the committed version), and what its observations recorded into it.
+Status CheckPlan(const UpdatePlan& u) {
+  RC_RETURN_IF_ERROR(check_id("update_id", u.update_id));
+  RC_RETURN_IF_ERROR(check_id("target label", u.target.label));
+  RC_RETURN_IF_ERROR(check_weight_identity(u.identity));
+  RC_RETURN_IF_ERROR(check_client_text("source_uri", u.source_uri));
+  RC_RETURN_IF_ERROR(check_digest("expected_digest", u.expected_digest, false));
+  RC_RETURN_IF_ERROR(check_weight_digest(u.observed_digest));
+  RC_RETURN_IF_ERROR(CheckFreeText("abort_reason", u.abort_reason));
+  if ((u.caches_reset_mask | kAllCachesMask) != kAllCachesMask) {
+    return Status::InvalidArgument("caches_reset_mask " + std::to_string(u.caches_reset_mask) +
+                                   " has a bit of no cache kind");
+  }
+  return check_device_memory(u.sleep_memory);
+}
+
+// A taint names its plan's id and target, or no id and the committed version (the engine's own).
+Status CheckTaint(const TaintRecord& t) {
+  if (!t.update_id.empty()) RC_RETURN_IF_ERROR(check_id("update_id", t.update_id));
+  RC_RETURN_IF_ERROR(check_id("target label", t.target.label));
+  return CheckFreeText("detail", t.detail);
+}
+
+// Every string of a decoded State (its collections' sizes are bounded before decoding).
+Status CheckStateFields(const State& s) {
+  RC_RETURN_IF_ERROR(CheckCommitted(s));
+  RC_RETURN_IF_ERROR(CheckLabelMap(s.labels));
+  RC_RETURN_IF_ERROR(CheckLabelDigests(s.label_digests));
+  if (s.bootstrap) RC_RETURN_IF_ERROR(Corrupt("bootstrap", CheckBootstrap(*s.bootstrap)));
+  for (const auto& [id, rollout] : s.active) {
+    if (Status st = CheckRollout(id, rollout); !st.ok()) {
+      return Corrupt("active rollout " + Quote(id), st);
+    }
+  }
+  if (s.update) RC_RETURN_IF_ERROR(Corrupt("update plan", CheckPlan(*s.update)));
+  if (s.taint) RC_RETURN_IF_ERROR(Corrupt("taint", CheckTaint(*s.taint)));
+  return Status::OK();
 }
 
 }  // namespace
@@ -1040,9 +1163,16 @@ Result<State> DecodeState(std::string_view bytes) {
   if (t->labels() != nullptr && t->labels()->size() > kLabelsMax) {
     return Status::Corruption("snapshot has more than " + std::to_string(kLabelsMax) + " labels");
   }
+  if (t->label_digests() != nullptr && t->label_digests()->size() > kLabelsMax) {
+    return Status::Corruption("snapshot has more than " + std::to_string(kLabelsMax) +
+                              " label digests");
+  }
   Decoder d;
   State s = DecStateTable(d, t);
   if (!d.error.empty()) return Status::Corruption("snapshot: " + d.error);
+  if (Status st = CheckStateFields(s); !st.ok()) {
+    return Status::Corruption("snapshot: " + st.message());
+  }
   return s;
 }
 
@@ -1189,11 +1319,7 @@ Status DecFleetLabels(const FleetTable* t, FleetState& f) {
   Decoder d;
   DecLabelMap(d, t->labels(), f.labels);
   if (!d.error.empty()) return Status::Corruption(d.error);
-  for (const auto& [label, identity] : f.labels) {
-    RC_RETURN_IF_ERROR(AsCorruption(check_id("label", label)));
-    RC_RETURN_IF_ERROR(AsCorruption(check_weight_identity(identity)));
-  }
-  return Status::OK();
+  return CheckLabelMap(f.labels);
 }
 
 // The bounds the fold checked when it took the FleetUpdateRequested.
@@ -1204,7 +1330,8 @@ Status CheckFleetRequest(const FleetUpdateRequested& r) {
     return Status::Corruption("fleet update batch_max or min_healthy out of range");
   }
   RC_RETURN_IF_ERROR(AsCorruption(check_client_text("source_uri", r.source_uri)));
-  return AsCorruption(check_weight_identity(r.identity));
+  RC_RETURN_IF_ERROR(AsCorruption(check_weight_identity(r.identity)));
+  return AsCorruption(check_digest("expected_digest", r.expected_digest, false));
 }
 
 Status DecMembers(const fb::FleetUpdateState* u, FleetUpdate& out) {

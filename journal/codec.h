@@ -75,6 +75,9 @@ std::string EncodeEventOnly(const Event& event);
 
 // Snapshot bytes: State flatbuffer followed by its SHA-256.
 std::string EncodeState(const State& state);
+// Errors: Corruption naming what is wrong (size, hash, structure, a bound, a duplicate, an enum
+// range, or a field the fold would have refused in the event that carried it: the hash proves
+// only what the writer stored, and a decision derived from such a field would stop the process).
 [[nodiscard]] Result<State> DecodeState(std::string_view bytes);
 
 // A fleet's folded state after `events` records (the snapshot's seq), as stored in the snapshots

@@ -9,6 +9,7 @@
 #include "journal/codec.h"
 #include "journal/events_generated.h"
 #include "journal/json.h"
+#include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 #include "tests/statemachine/fleet_helpers.h"
 
@@ -268,6 +269,166 @@ TEST(Codec, RoundTripsState) {
   EXPECT_NE(bad.status().message().find("snapshot hash mismatch"), std::string::npos);
 }
 
+// A READY engine as the fold leaves it: bootstrapped at rc-0 (instance i-0), rollout "r1" bound.
+State ReadyState() {
+  State s;
+  s.lifecycle = Lifecycle::kReady;
+  s.committed = WeightVersion{0, "rc-0"};
+  s.committed_identity = SampleIdentity();
+  s.labels["rc-0"] = SampleIdentity();
+  s.engine_instance = "i-0";
+  s.active["r1"] = ActiveRollout{s.committed, 30000};
+  return s;
+}
+
+// The engine of `s` before its bootstrap probe: nothing committed, the request pending.
+void Bootstrapping(State& s) {
+  s = State{};
+  s.bootstrap = BootstrapRequested{"rc-0", SampleIdentity()};
+}
+
+// The engine of `s` draining, with no rollout left, for update u1 to rc-1.
+void Draining(State& s) {
+  s.lifecycle = Lifecycle::kDraining;
+  s.active.clear();
+  UpdatePlan u;
+  u.update_id = "u1";
+  u.target = WeightVersion{1, "rc-1"};
+  u.identity = SampleIdentity();
+  u.source_uri = "safetensors:/ckpt/m.safetensors";
+  s.update = u;
+}
+
+// The engine of `s` TAINTED by its own replacement: no plan, so no update id.
+void Tainted(State& s) {
+  s.lifecycle = Lifecycle::kTainted;
+  s.active.clear();
+  s.taint = TaintRecord{Lifecycle::kReady, Cause::kEngineReplaced, "", s.committed, "replaced"};
+}
+
+// DecodeState's refusal of the snapshot of `s` (Corruption), or "decoded".
+std::string SnapshotError(const State& s) {
+  Result<State> r = DecodeState(EncodeState(s));
+  if (r.ok()) return "decoded";
+  EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
+  return r.status().message();
+}
+
+// Proves a snapshot (valid hash, encoded by EncodeState) whose active rollout id holds '\n', or
+// is 200 bytes (over kIdBytesMax), is refused as Corruption naming the id escaped on one line;
+// catches a decoder that loads an id the fold never admitted, whose RolloutFinished{abandoned}
+// derived on RecoveryStarted then fails check_id and aborts serve at every start.
+TEST(Codec, SnapshotRefusesRolloutIdsTheFoldNeverAdmitted) {
+  ASSERT_EQ(SnapshotError(ReadyState()), "decoded");
+  State newline = ReadyState();
+  newline.active["a\nb"] = ActiveRollout{newline.committed};
+  const std::string error = SnapshotError(newline);
+  EXPECT_NE(error.find("snapshot: active rollout 'a\\nb': rollout_id must be UTF-8 without "
+                       "control characters"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << "the stored id is escaped";
+
+  State long_id = ReadyState();
+  long_id.active[std::string(200, 'x')] = ActiveRollout{long_id.committed};
+  const std::string too_long = SnapshotError(long_id);
+  EXPECT_NE(too_long.find("rollout_id exceeds 128 bytes"), std::string::npos) << too_long;
+  EXPECT_NE(too_long.find("'" + std::string(kIdBytesMax, 'x') + "...'"), std::string::npos)
+      << "the quoted id is cut: " << too_long;
+}
+
+// Proves every other string (and bound) of a snapshot's State is checked as the fold checked the
+// event that carried it: committed version, identity and digest, engine instance, label registry
+// and digests, bootstrap request, binding version and lease, update plan, taint; catches a field
+// the decoder trusts, which a decision derived from it would carry into an event the fold refuses
+// (the first four cases decode: each refusal is its one change's).
+TEST(Codec, SnapshotRefusesEveryStringTheFoldWouldRefuse) {
+  struct Case {
+    const char* why;
+    void (*edit)(State&);
+  };
+  const Case cases[] = {
+      {"decoded", [](State&) {}},
+      {"decoded", Bootstrapping},
+      {"decoded", Draining},
+      {"decoded", Tainted},
+      {"committed: label must be UTF-8 without control characters",
+       [](State& s) { s.committed.label = "rc-0\x1b"; }},
+      {"committed: identity.manifest_digest must be lowercase hex",
+       [](State& s) { s.committed_identity.manifest_digest = "ABC"; }},
+      {"committed: digest combined must be lowercase hex",
+       [](State& s) { s.committed_digest.combined = "not hex"; }},
+      {"engine: engine_instance exceeds 4096 bytes",
+       [](State& s) { s.engine_instance.assign(kTextBytesMax + 1, 'i'); }},
+      {"label 'rc-1\\n': label must be UTF-8 without control characters",
+       [](State& s) { s.labels["rc-1\n"] = SampleIdentity(); }},
+      {"label 'rc-0': identity.run must be UTF-8 without control characters",
+       [](State& s) { s.labels["rc-0"].run = "run\t1"; }},
+      {"label digest 'rc-0': combined digest is empty",
+       [](State& s) { s.label_digests["rc-0"] = ""; }},
+      {"bootstrap: expected_digest must be lowercase hex",
+       [](State& s) {
+         Bootstrapping(s);
+         s.bootstrap->expected_digest = "xyz";
+       }},
+      {"active rollout 'r1': version label is empty",
+       [](State& s) { s.active["r1"].version.label.clear(); }},
+      {"active rollout 'r1': lease_ms exceeds 3600000",
+       [](State& s) { s.active["r1"].lease_ms = kLeaseMsMax + 1; }},
+      {"update plan: update_id exceeds 128 bytes",
+       [](State& s) {
+         Draining(s);
+         s.update->update_id.assign(kIdBytesMax + 1, 'u');
+       }},
+      {"update plan: target label is empty",
+       [](State& s) {
+         Draining(s);
+         s.update->target.label.clear();
+       }},
+      {"update plan: source_uri must be UTF-8 without control characters",
+       [](State& s) {
+         Draining(s);
+         s.update->source_uri += '\r';
+       }},
+      {"update plan: digest tensors not sorted by name or not unique",
+       [](State& s) {
+         Draining(s);
+         s.update->observed_digest = WeightDigest{"rcd1", "ab", {{"b", "cd"}, {"a", "cd"}}};
+       }},
+      {"update plan: abort_reason exceeds 4096 bytes",
+       [](State& s) {
+         Draining(s);
+         s.update->abort_reason.assign(kTextBytesMax + 1, 'r');
+       }},
+      {"update plan: caches_reset_mask 8 has a bit of no cache kind",
+       [](State& s) {
+         Draining(s);
+         s.update->caches_reset_mask = 8;
+       }},
+      {"update plan: device free memory above its total",
+       [](State& s) {
+         Draining(s);
+         s.update->sleep_memory = DeviceMemory{true, 6, 0, 5};
+       }},
+      {"taint: update_id must be UTF-8 without control characters",
+       [](State& s) {
+         Tainted(s);
+         s.taint->update_id = "u\x7f";
+       }},
+      {"taint: detail exceeds 4096 bytes",
+       [](State& s) {
+         Tainted(s);
+         s.taint->detail.assign(kTextBytesMax + 1, 'd');
+       }},
+  };
+  for (const Case& c : cases) {
+    State s = ReadyState();
+    c.edit(s);
+    const std::string error = SnapshotError(s);
+    EXPECT_NE(error.find(c.why), std::string::npos) << c.why << " <- " << error;
+  }
+}
+
 // Proves the JSON view names the type, family and enum values by name; catches numeric enums
 // or a missing field in `replay --json`.
 TEST(Json, NamesTypesAndEnums) {
@@ -484,6 +645,62 @@ TEST(FleetCodec, RefusesForgedFleetsWithAValidHash) {
   expect_refused(ForgedFleet{.leaving = {"z"}},
                  "fleet invariant broken: a leaving engine is not in the fleet");
   expect_refused(ForgedFleet{.named = false}, "a named engine in a fleet nobody joined");
+}
+
+// Proves a fleet snapshot whose engine holds a rollout id with '\n' is refused as Corruption
+// naming the engine and the escaped id; catches the fleet path (the one a journal loads) trusting
+// an engine's strings, which the fleet invariants alone would pass.
+TEST(FleetCodec, RefusesAnEngineRolloutIdTheFoldNeverAdmitted) {
+  FleetDriver d;
+  d.join("a");
+  d.bootstrap("a");
+  const std::string r = d.admit("a");
+  FleetState forged = d.f;
+  State& a = forged.engines.at("a");
+  a.active.emplace("r\n1", a.active.at(r));
+  a.active.erase(r);
+  ASSERT_TRUE(check_fleet_invariants(forged).empty());
+  Result<FleetSnapshot> out = DecodeFleetState(EncodeFleetState(forged, forged.events));
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), Code::kCorruption);
+  EXPECT_NE(out.status().message().find("engine 'a': snapshot: active rollout 'r\\n1'"),
+            std::string::npos)
+      << out.status().message();
+}
+
+// Proves a journal whose newest snapshot (valid hash) binds a rollout id holding '\n' does not
+// open, Corruption naming the id; catches a journal that loads it and then aborts serve at every
+// start, when RecoveryStarted abandons the rollout by an id the fold refuses.
+TEST(Codec, AJournalWhoseSnapshotBindsAForgedRolloutIdDoesNotOpen) {
+  testing::TempDir dir;
+  Options o;
+  o.snapshot_every = 1000;
+  std::uint64_t head = 0;
+  FleetState forged;
+  {
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (const std::vector<Event>& g : testing::BootstrapGroups()) {
+      ASSERT_TRUE((*j)->Append(testing::Group(g)).ok());
+    }
+    ASSERT_TRUE((*j)->Append(testing::Group({make_admission((*j)->state(), "one")})).ok());
+    head = (*j)->head_seq();
+    forged = (*j)->fleet_state();
+  }
+  State& engine = forged.engines.at("");
+  engine.active.emplace("a\nb", engine.active.at("one"));
+  engine.active.erase("one");
+  testing::EditRaw(dir.path(), [&](rocksdb::DB& db,
+                                   const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    const std::string key = testing::SeqKey(head) + "f";  // the fleet snapshot at the head
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[4], key, EncodeFleetState(forged, head)).ok());
+    ASSERT_TRUE(db.Flush(rocksdb::FlushOptions(), cf).ok());  // survives however the WAL is read
+  });
+  Result<std::unique_ptr<Journal>> reopened = Journal::Open(dir.path(), o);
+  ASSERT_FALSE(reopened.ok()) << "opened with rollout 'a\\nb' bound";
+  EXPECT_EQ(reopened.status().code(), Code::kCorruption);
+  EXPECT_NE(reopened.status().message().find("active rollout 'a\\nb'"), std::string::npos)
+      << reopened.status().message();
 }
 
 // Proves a snapshot's removed engines' counters are checked like its engines': none in a fleet
