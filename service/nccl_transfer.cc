@@ -8,8 +8,10 @@
 #ifdef RC_HAVE_CUDA  // defined (PUBLIC) by the effects target when CUDA and NCCL were found
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include "effects/clock.h"
 #include "effects/nccl/nccl_sender.h"
@@ -52,17 +54,22 @@ Status CheckCudaDevice(int device) {
 // thread and is not safe for concurrent calls (its source cache), so every call here makes the
 // device current and holds one lock. A manifest preflight waits at most preflight_wait_ms for a
 // running transfer, then answers without a digest (the route says why) instead of blocking.
+// The communicator is trusted only with the engine process it was set up with: a transfer to
+// another one (a restart), or to one not known to be the same, sets up a new one first.
 class ServeNcclTransfer final : public effects::WeightTransfer {
  public:
   ServeNcclTransfer(effects::EngineClient& engine, effects::nccl::NcclSenderOptions options,
-                    std::uint64_t preflight_wait_ms)
-      : device_(options.device),
+                    std::uint64_t preflight_wait_ms, std::uint64_t init_timeout_ms)
+      : engine_(engine),
+        device_(options.device),
+        call_timeout_ms_(options.http_timeout_ms),
         preflight_wait_ms_(preflight_wait_ms),
+        init_timeout_ms_(init_timeout_ms),
         sender_(engine, std::move(options)) {}
 
   [[nodiscard]] Status Init(std::uint64_t deadline_ms) {
     std::lock_guard<std::timed_mutex> lock(mu_);
-    return sender_.Init(deadline_ms);  // sets this thread's device itself
+    return InitLocked(deadline_ms);
   }
 
   PreflightObserved Preflight(const effects::TransferTarget& target) override {
@@ -100,16 +107,56 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
       refused.duration_us = effects::elapsed_us(t0);
       return refused;
     }
-    return sender_.Transfer(target, deadline_ms - waited_ms);
+    const std::uint64_t left_ms = deadline_ms - waited_ms;
+    if (std::string why = EnsureCommunicator(left_ms); !why.empty()) {
+      refused.error = text::utf8_prefix(std::move(why), kTextBytesMax);
+      refused.duration_us = effects::elapsed_us(t0);
+      return refused;
+    }
+    const std::uint64_t spent_ms = effects::elapsed_us(t0) / 1000;
+    if (spent_ms >= deadline_ms) {
+      refused.error = "the transfer deadline was spent setting up a new NCCL communicator";
+      refused.duration_us = effects::elapsed_us(t0);
+      return refused;
+    }
+    return sender_.Transfer(target, deadline_ms - spent_ms);
   }
 
   const effects::nccl::NcclSender& sender() const { return sender_; }
 
  private:
+  // Holds mu_. Records the engine process the communicator was set up with ("" when that read
+  // fails: set up again at the next transfer).
+  Status InitLocked(std::uint64_t deadline_ms) {
+    initialized_on_.clear();
+    RC_RETURN_IF_ERROR(sender_.Init(deadline_ms));  // sets this thread's device itself
+    initialized_on_ = engine_.Instance(effects::CallOptions{call_timeout_ms_, std::nullopt});
+    return Status::OK();
+  }
+
+  // Holds mu_. "" when the communicator is the engine's; else why no transfer may start. Setting
+  // up a new one changes no weights, so its failure is a refusal. The instance read and the init
+  // each stay within what is left of the transfer's deadline.
+  std::string EnsureCommunicator(std::uint64_t left_ms) {
+    if (effects::SameEngineAs(engine_, initialized_on_, std::min(left_ms, call_timeout_ms_))) {
+      return "";
+    }
+    spdlog::warn("serve: NCCL sender: the engine is not known to be the process the communicator "
+                 "was set up with; setting up a new one");
+    Status st = InitLocked(std::min(left_ms, init_timeout_ms_));
+    if (st.ok()) return "";
+    return "the engine is not known to be the process the NCCL communicator was set up with "
+           "(restarted?), and setting up a new one failed: " + st.ToString();
+  }
+
+  effects::EngineClient& engine_;
   const int device_;
+  const std::uint64_t call_timeout_ms_;
   const std::uint64_t preflight_wait_ms_;
+  const std::uint64_t init_timeout_ms_;
   std::timed_mutex mu_;
   effects::nccl::NcclSender sender_;
+  std::string initialized_on_;  // guarded by mu_
 };
 
 effects::nccl::NcclSenderOptions NcclOptionsOf(const ServeConfig& config,
@@ -161,7 +208,8 @@ Status CheckNcclDevice(const ServeConfig& config) {
 NcclTransfer MakeNcclTransfer(effects::EngineClient& engine, const ServeConfig& config,
                               NcclEngine target) {
   auto sender = std::make_unique<ServeNcclTransfer>(
-      engine, NcclOptionsOf(config, target.rendezvous), config.call_timeout_ms);
+      engine, NcclOptionsOf(config, target.rendezvous), config.call_timeout_ms,
+      config.nccl_init_timeout_ms);
   ServeNcclTransfer* s = sender.get();
   return NcclTransfer{std::move(sender), [s, &config, target = std::move(target)] {
                         return InitNcclSender(*s, config, target);

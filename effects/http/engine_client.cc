@@ -847,13 +847,10 @@ void EngineClient::ReadSleeping(ResumeObserved& out) {
   out.is_sleeping = sleeping.body.at("is_sleeping").get<bool>();
 }
 
-bool SameEngineAs(EngineClient& client, std::string& instance, std::uint64_t timeout_ms) {
+bool SameEngineAs(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms) {
+  if (instance.empty()) return false;
   const std::string now = client.Instance(CallOptions{timeout_ms, std::nullopt});
-  if (instance.empty()) {
-    instance = now;
-    return true;
-  }
-  return now.empty() || now == instance;
+  return !now.empty() && now == instance;
 }
 
 }  // namespace rc::effects

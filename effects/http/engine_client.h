@@ -304,9 +304,10 @@ class EngineClient {
 // Bounds a string to kHttpErrorBytesMax bytes.
 std::string bound_error(std::string s);
 
-// Whether the process that answers now is the one `instance` names (false: a restart). An unknown
-// instance ("": its read failed, or the engine names none) is read again and taken as that
-// process; a failed read now proves nothing. One label read (and /metrics), within timeout_ms.
-bool SameEngineAs(EngineClient& client, std::string& instance, std::uint64_t timeout_ms);
+// Whether the process that answers now is known to be the one `instance` names. False for a
+// restart, and whenever either is unknown ("": a failed read, or an engine that names none):
+// what was set up on an engine is trusted only on that engine, so the caller sets it up again.
+// One label read (and /metrics), within timeout_ms.
+bool SameEngineAs(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms);
 
 }  // namespace rc::effects

@@ -264,7 +264,7 @@ std::optional<StepFailed> IpcTransfer::InitializeOnce(std::uint64_t deadline_at_
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline spent before the first call"};
   // The instance check is one label read (and /metrics) within a call's timeout; whatever it
   // leaves of the deadline is all the init gets.
-  if (initialized_on_ && SameEngineAs(client_, *initialized_on_,
+  if (SameEngineAs(client_, initialized_on_,
                                       std::min(left, client_.deadlines().call_timeout_ms))) {
     return std::nullopt;
   }
@@ -274,7 +274,7 @@ std::optional<StepFailed> IpcTransfer::InitializeOnce(std::uint64_t deadline_at_
     return StepFailed{MutationClass::kNone, summary("/init_weight_transfer_engine", init.http)};
   }
   initialized_on_ =
-      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "" once spent: read next time
+      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "": initialized again next time
   return std::nullopt;
 }
 

@@ -83,9 +83,9 @@ class IpcTransfer final : public WeightTransfer {
                                       TransferObserved& out);
 
   EngineClient& client_;
-  // The engine process /init_weight_transfer_engine ran on ("" unknown: read at the next
-  // transfer); unset until then. Touched by Transfer only (the runner's one thread).
-  std::optional<std::string> initialized_on_;
+  // The engine process /init_weight_transfer_engine ran on; "" until then, or when its read
+  // failed (initialized again). Touched by Transfer only (the runner's one thread).
+  std::string initialized_on_;
 };
 
 }  // namespace rc::effects

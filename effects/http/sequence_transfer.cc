@@ -214,14 +214,14 @@ std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t dea
   }
   // The instance check is one label read (and /metrics) within a call's timeout; whatever it
   // leaves of the deadline is all the initialization gets.
-  if (initialized_on_ && SameEngineAs(client_, *initialized_on_,
+  if (SameEngineAs(client_, initialized_on_,
                                       std::min(left, client_.deadlines().call_timeout_ms))) {
     return std::nullopt;
   }
   Status init = Initialize(deadline_at_ms);
   if (!init.ok()) return StepFailed{MutationClass::kNone, init.ToString()};
   initialized_on_ =
-      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "" once spent: read next time
+      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "": initialized again next time
   return std::nullopt;
 }
 

@@ -67,10 +67,9 @@ class HttpSequenceTransfer : public WeightTransfer {
   EngineClient& client_;
   EngineProtocol protocol_;
   PackingParams packing_;
-  // The engine process the transfer engine was initialized on ("" unknown: read at the next
-  // transfer); unset until then. A restarted engine has no transfer engine: it is initialized
-  // again.
-  std::optional<std::string> initialized_on_;
+  // The engine process the transfer engine was initialized on; "" until then, or when its read
+  // failed. A restarted engine, or one not known to be the same, is initialized again.
+  std::string initialized_on_;
 };
 
 }  // namespace rc::effects

@@ -31,13 +31,20 @@ TransferTarget Target(const std::string& uri = "synthetic:3x16:7") {
   return t;
 }
 
-// An engine whose three routes answer per the given statuses (0 = slow past any deadline).
+// An engine whose three routes answer per the given statuses (0 = slow past any deadline), and
+// whose label read names its process `instance` ("": it names none).
 struct Engine {
   ScriptedServer s;
   json update_body, finish_body, init_body;
+  std::string instance = "proc-1";
   Engine(int start, int update, int finish, int init = 200) {
     s.server().Get("/get_world_size", [](const httplib::Request&, httplib::Response& res) {
       Json(res, R"({"world_size":1})");
+    });
+    s.server().Get("/weight_info", [this](const httplib::Request&, httplib::Response& res) {
+      json label = {{"weight_version", "rc-0"}};
+      if (!instance.empty()) label["instance"] = instance;
+      Json(res, label.dump());
     });
     auto route = [this](const char* path, int status, json* seen) {
       s.server().Post(path, [this, status, seen](const httplib::Request& req, auto& res) {
@@ -179,9 +186,11 @@ TEST(HttpSequenceTransfer, ConnectRefusedIsNoMutation) {
   EXPECT_NE(o.error.find("/get_world_size"), std::string::npos) << o.error;
 }
 
-// Proves the weight-transfer engine is initialised once per engine (world size = 1 + the
-// engine's), and that a failed initialisation is a refusal (kNone) since it mutates no weight;
-// would catch a re-init before every update or an init failure tainting the controller.
+// Proves the weight-transfer engine is initialised once per engine process (world size = 1 + the
+// engine's), again at every transfer when the engine names no process, and that a failed
+// initialisation is a refusal (kNone) since it mutates no weight; would catch a re-init before
+// every update of a known process, an unknown one trusted (a restart then goes unseen), or an
+// init failure tainting the controller.
 TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
   {
     Engine e(200, 200, 200);
@@ -195,6 +204,19 @@ TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
     int inits = 0;
     for (const std::string& p : e.s.paths()) inits += p == "POST /init_weight_transfer_engine";
     EXPECT_EQ(inits, 1);
+  }
+  {
+    // An engine that names no process may have restarted unseen: it is initialized every time.
+    Engine e(200, 200, 200);
+    e.instance.clear();
+    EngineClient c(e.s.url(), Fast());
+    c.set_label_route(LabelRoute::kWeightInfoRoute);
+    HttpSequenceTransfer t(c);
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
+    int inits = 0;
+    for (const std::string& p : e.s.paths()) inits += p == "POST /init_weight_transfer_engine";
+    EXPECT_EQ(inits, 2);
   }
   Engine e(200, 200, 200, /*init=*/500);
   EngineClient c(e.s.url(), Fast());
