@@ -89,13 +89,23 @@ Status LineFile::Open(const std::string& path, std::uint64_t bytes_max) {
   path_ = path;
   bytes_max_ = bytes_max;
   if (OpenFd()) return Status::OK();
-  return Status::IOError("cannot open trajectories file '" + path + "': " + std::strerror(errno));
+  return Status::IOError("cannot open trajectories file '" + text::escape_line(path) +
+                         "': " + std::strerror(errno));
 }
 
 bool LineFile::OpenFd() {
   RC_CHECK(fd_ < 0);
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+  // Non-blocking only to open: a FIFO without a reader fails with ENXIO instead of blocking the
+  // opening thread (serve's start, or the writer) for ever; writes block as on any file.
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0666);
   if (fd_ < 0) return false;
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+    const int saved = errno;
+    CloseFd();
+    errno = saved;
+    return false;
+  }
   struct stat st {};
   const bool stated = ::fstat(fd_, &st) == 0;
   bytes_ = stated ? static_cast<std::uint64_t>(st.st_size) : 0;

@@ -207,6 +207,20 @@ TEST(TrajectoryLog, AStalledFileBlocksNoAppendAndTheQueueHoldsItsLineBound) {
   fs::remove_all(dir);
 }
 
+// Proves a trajectories path that is a FIFO nobody reads is refused at Open with a clear error
+// instead of blocking the opening thread (serve's start, holding the journal) for ever; it would
+// catch an open without O_NONBLOCK (this test would then hang until its timeout).
+TEST(TrajectoryLog, AFifoWithoutAReaderIsRefusedAtOpen) {
+  const fs::path dir = FreshDir();
+  const fs::path fifo = dir / "unread.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  TrajectoryLog log;
+  const Status st = log.Open(fifo.string(), 0, {4, std::uint64_t{64} << 20});
+  EXPECT_EQ(st.code(), Code::kIOError) << st.ToString();
+  EXPECT_NE(st.message().find("cannot open trajectories file"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 // Proves the queue is bounded in bytes as well as in lines: with the writer stuck, lines are
 // taken until their bytes reach the bound and the next is dropped and counted; it would catch a
 // queue that a few large trajectories grow past its memory bound.
