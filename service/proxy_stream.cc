@@ -167,6 +167,14 @@ struct FlatTrace {
   bool any_logprob = false;
 };
 
+// A logprob as the journal's float holds it: past float's range it is the infinity of its sign
+// (a plain conversion of such a double is undefined behaviour).
+float ToFloat(double v) {
+  if (v < -std::numeric_limits<float>::max()) return -std::numeric_limits<float>::infinity();
+  if (v > std::numeric_limits<float>::max()) return std::numeric_limits<float>::infinity();
+  return static_cast<float>(v);
+}
+
 // A token id as the journal's 32-bit fields hold it exactly; nullopt for anything else.
 std::optional<std::int32_t> ExactTokenId(std::int64_t id) {
   if (id < std::numeric_limits<std::int32_t>::min() ||
@@ -209,7 +217,7 @@ std::optional<FlatTrace> Flatten(const Trajectory& trace) {
     flat.output.push_back(*exact);
     const json lp = i < c.logprobs.size() ? c.logprobs[i] : json();
     flat.any_logprob = flat.any_logprob || lp.is_number();
-    flat.logprobs.push_back(lp.is_number() ? lp.get<float>() : std::nanf(""));
+    flat.logprobs.push_back(lp.is_number() ? ToFloat(lp.get<double>()) : std::nanf(""));
   }
   RC_CHECK(flat.logprobs.size() == flat.output.size());
   return flat;

@@ -165,6 +165,22 @@ TEST(ProxyStreamParts, IdsTheJournalCannotHoldExactlyJournalNoParts) {
   EXPECT_EQ(parts_of(json::array({1, 2.5}), {3}), 0u);
 }
 
+// Proves a logprob past float's range is journaled as the infinity of its sign, and one within
+// it as the nearest float; it would catch a plain double-to-float conversion of an out-of-range
+// value (undefined behaviour, which the sanitizer builds report).
+TEST(ProxyStreamParts, LogprobsPastFloatRangeAreJournaledAsInfinities) {
+  Trajectory t;
+  t.prompt_token_ids = json::array({1});
+  t.choices[0].token_ids = {2, 3, 4};
+  t.choices[0].logprobs = json::array({-1e39, 1e300, -0.5});
+  const std::vector<TrajectoryRecorded> parts = JournalTrajectoryParts("r1", t);
+  ASSERT_EQ(parts.size(), 1u);
+  ASSERT_EQ(parts[0].output_logprobs.size(), 3u);
+  EXPECT_TRUE(std::isinf(parts[0].output_logprobs[0]) && parts[0].output_logprobs[0] < 0);
+  EXPECT_TRUE(std::isinf(parts[0].output_logprobs[1]) && parts[0].output_logprobs[1] > 0);
+  EXPECT_EQ(parts[0].output_logprobs[2], -0.5f);
+}
+
 // Proves an engine's token id that is no integer within int64 (2^64-1, 2^63, 11.5, "x") cuts the
 // trace (truncated, no journal parts) instead of being narrowed or skipped. Catches 2^64-1 read
 // as -1 (another token recorded in the line and the journal) and a skipped id that pairs every
