@@ -1,4 +1,5 @@
 // `rolloutcore audit JOURNAL`: integrity, lifecycle history, provenance, trajectory checks.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -160,6 +161,19 @@ audit::ReverifySummary Reverify(const Opts& o, effects::EngineClient& engine,
   return s;
 }
 
+// A finite number >= 0. CLI::NonNegativeNumber refuses only what compares `< 0`, which NaN does
+// not: a NaN tolerance would count every re-scored token over it, an infinite one none. The text
+// is read with CLI11's own conversion, the one the option then stores.
+const CLI::Validator kFiniteNonNegative(
+    [](std::string& input) -> std::string {
+      double v = 0;
+      if (!CLI::detail::lexical_cast(input, v) || !std::isfinite(v) || v < 0) {
+        return "must be a finite number >= 0 (nats), got '" + text::escape_line(input) + "'";
+      }
+      return std::string();
+    },
+    "FINITE >= 0");
+
 }  // namespace
 
 Runner add_audit(CLI::App& app) {
@@ -178,7 +192,7 @@ Runner add_audit(CLI::App& app) {
                  "Largest accepted |recorded - re-scored logprob| per output token, in nats "
                  "(default 0.5: 2.6x the largest difference measured between vLLM's batched "
                  "sampling and its batch-1 re-scoring in bf16)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kFiniteNonNegative);
   app.add_flag("--greedy", o->greedy, "Trajectories were sampled greedily: require top-1 tokens");
   app.add_flag("--json", o->json,
                "JSON output (the verdict with its findings, or the provenance with --rollout)");

@@ -71,6 +71,9 @@ Status CheckReadableFile(const std::string& uri, const std::string& path) {
   return Status::OK();
 }
 
+// The declared identity, checked with the fold's own rule (check_weight_identity, which the
+// update and the fleet update apply to it unchanged): a malformed one is a 400 before the source
+// is read for its manifest, never a manifest_mismatch after, and never stricter than the fold.
 Result<WeightIdentity> ParseIdentity(const json& body) {
   auto it = body.find("identity");
   if (it == body.end() || !it->is_object()) {
@@ -89,7 +92,9 @@ Result<WeightIdentity> ParseIdentity(const json& body) {
   if (!run.ok()) return run.status();
   auto step = GetInt(idj, "step", -1, -1, INT64_MAX, "identity.");
   if (!step.ok()) return step.status();
-  return WeightIdentity{*md, *cd, *ck, *run, *step};
+  WeightIdentity identity{*md, *cd, *ck, *run, *step};
+  RC_RETURN_IF_ERROR(check_weight_identity(identity));  // its messages name the field
+  return identity;
 }
 
 }  // namespace

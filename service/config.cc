@@ -8,6 +8,8 @@
 #include <sstream>
 #include <set>
 
+#include <boost/asio/ip/address.hpp>
+
 #include "effects/http/engine_client.h"
 #include "effects/http/response_parsers.h"
 #include "service/upstream.h"
@@ -671,7 +673,65 @@ Status CheckRow(const ConfigKey& k, const ServeConfig& c) {
 
 // ---- Rules that join keys.
 
-Status CheckEngineUrl(const std::string& what, const std::string& url) {
+// Printable ASCII without spaces: no byte of it ends a header, a request line or a log line.
+bool IsPrintableAsciiWord(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return u > 0x20 && u < 0x7f;
+  });
+}
+
+// Start() binds listen_host with make_address only after the journal was recovered or
+// bootstrapped: a host name ("localhost") or a malformed literal must stop `serve` here. A
+// "%scope" is kept only on a link-local IPv6 address, which cannot be bound without one; on any
+// other address asio ignores what follows '%', so the text would be logged but never used.
+Status CheckListenHost(const ServeConfig& c) {
+  const std::string quoted = "listen_host (--host) '" + text::escape_line(c.listen_host) + "'";
+  boost::system::error_code ec;
+  const boost::asio::ip::address address = boost::asio::ip::make_address(c.listen_host, ec);
+  // make_address stops at a NUL byte: every byte must be one a literal or a scope is made of.
+  if (ec || !IsPrintableAsciiWord(c.listen_host)) {
+    return Status::InvalidArgument(
+        quoted + " is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1; names are not resolved)");
+  }
+  const bool link_local = address.is_v6() && address.to_v6().is_link_local();
+  if (!link_local && c.listen_host.find('%') != std::string::npos) {
+    return Status::InvalidArgument(quoted +
+                                   ": a %scope is allowed only on a link-local IPv6 address");
+  }
+  if (link_local && address.to_v6().scope_id() == 0) {
+    return Status::InvalidArgument(
+        quoted + ": a link-local address needs a %scope naming an interface (e.g. fe80::1%eth0)");
+  }
+  return Status::OK();
+}
+
+// The host of a parsed engine URL: a bracketed IPv6 literal, or a name or IPv4 literal (what the
+// resolver takes). ParseEngineUrl alone reads "http://[::1" as host "[:" and "http://::1:80" as
+// host "::1", whose authority is no valid Host header.
+Status CheckEngineHost(const std::string& what, const UpstreamTarget& t) {
+  bool ok = false;
+  if (!t.authority.empty() && t.authority.front() == '[') {
+    boost::system::error_code ec;
+    boost::asio::ip::make_address_v6(t.host, ec);  // only whether it parses
+    ok = !ec && t.host.find('%') == std::string::npos;
+  } else {
+    ok = std::all_of(t.host.begin(), t.host.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '.' || ch == '-' ||
+             ch == '_';
+    });
+  }
+  if (ok) return Status::OK();
+  return Status::InvalidArgument(what + ": the host '" + t.host +
+                                 "' is neither a name nor an IPv4 address (A-Z, a-z, 0-9, '.', '-', "
+                                 "'_') nor a bracketed IPv6 address such as [::1]");
+}
+
+// An engine URL exactly as the control client (curl) and the proxy use it: the proxy copies its
+// authority into the Host header and its path into every request line, so it is printable ASCII
+// without spaces, and ParseEngineUrl (port 1..65535) reads it, here rather than after the journal
+// was opened.
+Result<UpstreamTarget> CheckEngineUrl(const std::string& what, const std::string& url) {
   if (url.rfind("http://", 0) != 0) {
     return Status::InvalidArgument(
         what +
@@ -683,7 +743,19 @@ Status CheckEngineUrl(const std::string& what, const std::string& url) {
     return Status::InvalidArgument(what + " is longer than " + std::to_string(kEngineUrlBytesMax) +
                                    " bytes");
   }
-  return Status::OK();
+  if (!IsPrintableAsciiWord(url)) {
+    return Status::InvalidArgument(what +
+                                   " must be printable ASCII without spaces or control "
+                                   "characters, got '" +
+                                   text::escape_line(url.substr(0, 256)) + "'");
+  }
+  Result<UpstreamTarget> target = ParseEngineUrl(url);  // its message quotes the URL, printable
+  if (!target.ok()) {
+    return Status::InvalidArgument(what + " is not http://HOST[:PORT][/PATH] with PORT 1..65535: " +
+                                   target.status().message());
+  }
+  RC_RETURN_IF_ERROR(CheckEngineHost(what, *target));
+  return target;
 }
 
 // An engine's name travels in URL paths (/v1/fleet/engines/NAME), metric labels and log lines.
@@ -696,13 +768,11 @@ bool IsEngineName(const std::string& name) {
 
 // One engine's URL however it is spelled: the host's case, a default port and trailing slashes
 // do not name another engine. (Two names of one host are caught at start, by the process.)
-std::string EngineUrlKey(const std::string& url) {
-  Result<UpstreamTarget> t = ParseEngineUrl(url);
-  if (!t.ok()) return url;
-  std::string host = t->host;
+std::string EngineUrlKey(const UpstreamTarget& t) {
+  std::string host = t.host;
   std::transform(host.begin(), host.end(), host.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return host + ":" + std::to_string(t->port) + t->base_path;
+  return host + ":" + std::to_string(t.port) + t.base_path;
 }
 
 Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names,
@@ -715,8 +785,10 @@ Status CheckFleetEngine(const FleetEngineConfig& e, std::set<std::string>& names
   if (!names.insert(e.name).second) {
     return Status::InvalidArgument("engines: the name '" + e.name + "' is given twice");
   }
-  RC_RETURN_IF_ERROR(CheckEngineUrl("engines['" + e.name + "'].engine_url", e.engine_url));
-  if (!urls.insert(EngineUrlKey(e.engine_url)).second) {
+  Result<UpstreamTarget> target =
+      CheckEngineUrl("engines['" + e.name + "'].engine_url", e.engine_url);
+  if (!target.ok()) return target.status();
+  if (!urls.insert(EngineUrlKey(*target)).second) {
     return Status::InvalidArgument("engines: '" + e.name +
                                    "' has the engine_url of another "
                                    "engine; two runners would drive one engine");
@@ -757,7 +829,7 @@ Status CheckEngines(const ServeConfig& c) {
           "engine_url (--engine-url) is required, or `engines` (--fleet-engine NAME=URL) for a "
           "fleet");
     }
-    return CheckEngineUrl("engine_url", c.engine_url);
+    return CheckEngineUrl("engine_url", c.engine_url).status();
   }
   if (!c.engine_url.empty()) {
     return Status::InvalidArgument("give engine_url (one engine) or engines (a fleet), not both");
@@ -1150,6 +1222,7 @@ Status MergeConfigFile(const std::string& path, ServeConfig& config) {
 Status ValidateConfig(const ServeConfig& c) {
   for (const auto& k : kKeys) RC_RETURN_IF_ERROR(CheckRow(k, c));
   RC_RETURN_IF_ERROR(CheckTokens(c));
+  RC_RETURN_IF_ERROR(CheckListenHost(c));
   RC_RETURN_IF_ERROR(CheckExecutorId(c));
   RC_RETURN_IF_ERROR(CheckInitialLabel(c));
   RC_RETURN_IF_ERROR(CheckEngines(c));
@@ -1232,8 +1305,11 @@ Bounds are inclusive; string bounds are lengths in bytes.
 Rules that join several keys, checked after the bounds:
 
 - Exactly one of `engine_url` (one engine) and `engines` (a fleet) is given; each engine URL
-  starts with `http://` (the engine sits on loopback or a private network; see
-  docs/security.md).
+  is `http://HOST[:PORT][/PATH]` (the engine sits on loopback or a private network; see
+  docs/security.md) in printable ASCII without spaces, HOST a name or IPv4 address (`A-Z`,
+  `a-z`, `0-9`, `.`, `-`, `_`) or a bracketed IPv6 address, PORT 1..65535.
+- `listen_host` is an IP address, not a name (`127.0.0.1`, `0.0.0.0`, `::1`); a `%scope` only
+  on a link-local IPv6 address, which needs one.
 - `engines` is a list of at most 256 `{"name": NAME, "engine_url": URL}` objects, names unique
   (1..64 bytes of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`) and URLs unique, or the flag
   `--fleet-engine NAME=URL` given once per engine (the flags replace the file's list). An entry

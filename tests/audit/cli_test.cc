@@ -286,5 +286,23 @@ TEST(Cli, ProvenanceJsonOfATornJournalIsOneDocument) {
   EXPECT_NE(all.out.find("audit: JOURNAL DAMAGED: torn WAL tail"), std::string::npos) << all.out;
 }
 
+// Proves `audit --logprob-tolerance` refuses NaN, infinities, a negative and a non-number before
+// the journal is opened, naming the option, while a finite value gets as far as the open; it would
+// catch CLI11's NonNegativeNumber, which NaN passed (it compares false with 0) as did inf.
+TEST(Cli, AuditRefusesANonFiniteOrNegativeLogprobTolerance) {
+  TempDir dir;
+  const std::string missing = dir.path() + "/no-journal";
+  for (const std::string v : {"nan", "-nan", "NAN", "inf", "-inf", "-0.5", "x"}) {
+    const CliRun run = RunCli({"audit", "--logprob-tolerance=" + v, missing}, true);
+    EXPECT_NE(run.exit_code, 0) << v << ": " << run.out;
+    EXPECT_NE(run.out.find("--logprob-tolerance"), std::string::npos) << v << ": " << run.out;
+    EXPECT_NE(run.out.find("finite number >= 0"), std::string::npos) << v << ": " << run.out;
+    EXPECT_EQ(run.out.find("rolloutcore audit:"), std::string::npos) << v << ": " << run.out;
+  }
+  const CliRun finite = RunCli({"audit", "--logprob-tolerance=0.25", missing}, true);
+  EXPECT_EQ(finite.exit_code, 2) << finite.out;  // the journal cannot be opened
+  EXPECT_NE(finite.out.find("rolloutcore audit:"), std::string::npos) << finite.out;
+}
+
 }  // namespace
 }  // namespace rc

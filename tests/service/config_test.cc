@@ -19,6 +19,7 @@
 
 #include "service/config.h"
 #include "statemachine/events.h"
+#include "statemachine/text.h"
 #include "tests/service/serve_process.h"
 
 namespace rc::service {
@@ -204,6 +205,67 @@ TEST(ConfigTable, TokensMustBeSafeInAnAuthorizationHeader) {
   }
 }
 
+// Proves listen_host must be an IP literal that make_address reads whole, with a %scope only on a
+// link-local IPv6 address (where it is required), refused naming the key without a raw control
+// byte; it would catch "localhost" failing only in Start(), after the journal was recovered, and
+// "::1%\nFORGED" binding ::1 while its newline forges a line of the log.
+TEST(ConfigTable, ListenHostMustBeAnIpLiteralWithoutAForgedScope) {
+  const std::vector<std::string> bad = {"localhost",   "::1%\nFORGED", "::1%eth0",
+                                        "127.0.0.1%1", "127.0.0.1 ",   std::string("::1\0x", 5),
+                                        "10.0.0.256",  "[::1]",        "fe80::1",
+                                        "fe80::1%",    "fe80::1%eth 0"};
+  for (const std::string& host : bad) {
+    ServeConfig c = Minimal();
+    c.listen_host = host;
+    const Status st = ValidateConfig(c);
+    ASSERT_FALSE(st.ok()) << text::escape_line(host) << " was accepted";
+    EXPECT_EQ(st.code(), Code::kInvalidArgument);
+    EXPECT_NE(st.message().find("listen_host"), std::string::npos) << st.ToString();
+    EXPECT_EQ(st.message().find_first_of(std::string("\n\r\0", 3)), std::string::npos)
+        << text::escape_line(st.message());
+  }
+  for (const std::string host : {"127.0.0.1", "0.0.0.0", "::1", "::", "fe80::1%1"}) {
+    ServeConfig c = Minimal();
+    c.listen_host = host;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << host << ": " << ValidateConfig(c).ToString();
+  }
+}
+
+// Proves an engine URL, of one engine or of a fleet member, is refused naming its key unless
+// ParseEngineUrl reads it (port 1..65535, a well-formed host) and it is printable ASCII without
+// spaces; it would catch a port 0 or 99999 or an unclosed "[::1" that failed only after the
+// journal was created, and a space or CR LF that curl refused until the startup timeout or that
+// the proxy copied into its Host header and request line.
+TEST(ConfigTable, EngineUrlMustBeOneTheProxyAndCurlRead) {
+  const std::vector<std::string> bad = {
+      "http://h:0",          "http://h:99999",       "http://[::1",   "http://a b/",
+      "http://h:1/\r\nX: 1", "http://h:1/p\x7f",     "http://h:",     "http://::1:8000",
+      "http://[]:80",        "http://[::1%25lo]:80", "http://u@h:80", "http://"};
+  for (const std::string& url : bad) {
+    ServeConfig one = Minimal();
+    one.engine_url = url;
+    ServeConfig fleet = Minimal();
+    fleet.engine_url.clear();
+    fleet.engines = {{"a", url}};
+    const std::vector<std::pair<ServeConfig, std::string>> configs = {
+        {one, "engine_url"}, {fleet, "engines['a'].engine_url"}};
+    for (const auto& [c, key] : configs) {
+      const Status st = ValidateConfig(c);
+      ASSERT_FALSE(st.ok()) << key << " accepted " << text::escape_line(url);
+      EXPECT_EQ(st.code(), Code::kInvalidArgument);
+      EXPECT_EQ(st.message().rfind(key, 0), 0U) << st.ToString();
+      EXPECT_EQ(st.message().find_first_of("\n\r\x7f"), std::string::npos)
+          << text::escape_line(st.message());
+    }
+  }
+  for (const std::string url : {"http://127.0.0.1:8000", "http://[::1]:8000/v1", "http://engine-1",
+                                "http://Engine_2.local:65535/prefix/"}) {
+    ServeConfig c = Minimal();
+    c.engine_url = url;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << url << ": " << ValidateConfig(c).ToString();
+  }
+}
+
 // Proves an unknown key is refused with the closest valid keys (or, with none close, all of
 // them) and outside bytes are not echoed raw; it would catch the bare "unknown config key" that
 // left users guessing (e.g. `journal` for `journal_path`).
@@ -350,6 +412,26 @@ TEST(ConfigCli, AnEngineKeyWithALineBreakFromTheEnvironmentIsRefused) {
   EXPECT_EQ(run.output.find("secret"), std::string::npos) << run.output;
   EXPECT_EQ(run.output.find("Forged"), std::string::npos) << run.output;
   fs::remove_all(dir.parent_path());
+}
+
+// Proves a listen address that is a name, and an engine URL with port 0, stop serve with exit 2
+// before the journal's directory exists; it would catch either refused only by Start() or by the
+// engine client, after the journal was created and recovered or bootstrapped.
+TEST(ConfigCli, AnUnbindableHostOrEngineUrlStopsServeBeforeTheJournal) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"localhost", "http://127.0.0.1:1"}, {"127.0.0.1", "http://127.0.0.1:0"}};
+  for (const auto& [host, url] : cases) {
+    const fs::path dir = FreshDir("unbindable");
+    const stack::ServeRun run =
+        RunServe({"--engine-url", url, "--journal", (dir / "j" / "journal").string(), "--host",
+                  host, "--port", "0", "--initial-source", "synthetic:4x64"},
+                 dir / "out.txt");
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    const char* named = host == "localhost" ? "listen_host (--host)" : "engine_url is not";
+    EXPECT_NE(run.output.find(named), std::string::npos) << run.output;
+    EXPECT_FALSE(fs::exists(dir / "j")) << run.output;
+    fs::remove_all(dir.parent_path());
+  }
 }
 #endif
 

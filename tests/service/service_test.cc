@@ -19,7 +19,9 @@
 #include "effects/http/sequence_transfer.h"
 #include "effects/http/engine_client.h"
 #include "fixtures/vllm_double.h"
+#include "service/api_parse.h"
 #include "service/service.h"
+#include "statemachine/state.h"
 #include "tests/service/service_stack.h"
 
 namespace rc::service {
@@ -272,6 +274,80 @@ TEST(ServiceApi, BadInputIs4xxAndJournalsNothing) {
                              "rolloutcore_updates_total{outcome=\"conflict\"} 0\n"}) {
     EXPECT_NE(m->body.find(sample), std::string::npos) << sample << m->body;
   }
+}
+
+// Proves the update parsers (one engine and fleet) refuse exactly the identities the fold's
+// check_weight_identity refuses, naming the field, and accept what it accepts (no content digest,
+// checkpoint or run; step -1); it would catch a parser that lets a bad identity on to the source
+// read, or one stricter than the fold.
+TEST(ApiParse, UpdateIdentityIsCheckedWithTheFoldsRule) {
+  struct Case {
+    const char* field;
+    json value;
+    bool ok;
+  };
+  const std::vector<Case> cases = {
+      {"manifest_digest", "", false},
+      {"manifest_digest", "ABCD", false},
+      {"manifest_digest", std::string(kDigestBytesMax + 1, 'a'), false},
+      {"content_digest", "not-hex", false},
+      {"checkpoint", "ckpt\x01", false},
+      {"run", "run\n", false},
+      {"content_digest", "", true},
+      {"checkpoint", "", true},
+      {"run", "", true},
+      {"step", -1, true},
+  };
+  for (const Case& k : cases) {
+    json body = update_body("u-1", "rc-1", 1);
+    body["identity"][k.field] = k.value;
+    json fleet_body = body;
+    fleet_body["mode"] = "rolling";
+    const Result<UpdateRequested> one = ParseUpdateBody(body.dump(), SourceReader::kEngine);
+    const Result<FleetUpdateRequested> fleet =
+        ParseFleetUpdateBody(fleet_body.dump(), SourceReader::kEngine);
+    const std::string what = std::string("identity.") + k.field + " = " + k.value.dump();
+    ASSERT_EQ(one.ok(), k.ok) << what << ": " << one.status().ToString();
+    ASSERT_EQ(fleet.ok(), k.ok) << what << ": " << fleet.status().ToString();
+    if (k.ok) {
+      EXPECT_TRUE(check_weight_identity(one->identity).ok()) << what;
+      continue;
+    }
+    for (const Status& st : {one.status(), fleet.status()}) {
+      EXPECT_EQ(st.code(), Code::kInvalidArgument) << what;
+      EXPECT_NE(st.message().find(std::string("identity.") + k.field), std::string::npos)
+          << what << ": " << st.ToString();
+    }
+  }
+}
+
+// Proves an update declaring an identity the fold would refuse is a 400 naming the field before
+// its source is read for the manifest, journals nothing and is not counted as an update the fold
+// found invalid; it would catch the source read first, which answered an empty manifest_digest
+// 422 manifest_mismatch and let a control byte in the checkpoint on to the fold.
+TEST(ServiceApi, ABadIdentityIs400BeforeTheSourceIsRead) {
+  Stack s;
+  httplib::Client c = s.client();
+  const std::uint64_t head = s.svc->journal().head_seq();
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"manifest_digest", ""}, {"manifest_digest", "XYZ"}, {"checkpoint", "ckpt\x01"}};
+  for (const auto& [field, value] : bad) {
+    json body = update_body("bad-identity", "rc-bad", 1);
+    body["identity"][field] = value;
+    auto r = c.Post("/v1/updates", auth(), body.dump(), "application/json");
+    ASSERT_TRUE(r) << field;
+    EXPECT_EQ(r->status, 400) << field << " -> " << r->body;
+    json e = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << r->body;
+    EXPECT_EQ(e["error"]["type"].get<std::string>(), "InvalidArgument") << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("identity." + field), std::string::npos)
+        << r->body;
+  }
+  EXPECT_EQ(s.svc->journal().head_seq(), head) << "a bad identity reached the journal";
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const char* sample = "rolloutcore_updates_total{outcome=\"invalid\"} 0\n";
+  EXPECT_NE(m->body.find(sample), std::string::npos) << m->body;
 }
 
 // Proves explicit admission binds to the committed version, blocks the update's mutation until
