@@ -126,11 +126,10 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
   std::unique_lock<std::timed_mutex> lock;
   if (!TookUpdateSlot(lock, metrics_.updates_conflict, res, request->update_id)) return;
   if (RefusedFailStopped(res)) return;  // it may have fail-stopped while we read the source
-  SetRunningUpdate(request->update_id);
   spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),
                fleet_update_mode_name(request->mode), Esc(request->target_label));
-  const Result<FleetUpdateEnded> ended = fleet_runner_->Update(*request);
-  SetRunningUpdate("");
+  const Result<FleetUpdateEnded> ended = DrivePlan(
+      "fleet update", request->update_id, [&] { return fleet_runner_->Update(*request); });
   AnswerFleetUpdate(*request, ended, res);
 }
 
@@ -159,6 +158,7 @@ bool Service::FleetUpdateJournaled(const std::string& update_id) {
   return found.ok() && found->request.has_value();
 }
 
+// "" once no plan runs.
 void Service::SetRunningUpdate(const std::string& update_id) {
   std::lock_guard<std::mutex> g(update_id_mu_);
   running_update_id_ = update_id;

@@ -9,6 +9,9 @@
 // its end once the proxy listens (StartFleet), as one engine's interrupted update is.
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -26,6 +29,49 @@ namespace rc::service {
 namespace {
 
 using namespace internal;  // NOLINT: the service's own helpers
+
+// One OS thread per drive, as the fleet runner's own threads, each got from `start`.
+class StartedThreads final : public effects::MemberThreads {
+ public:
+  using StartFn = std::function<std::thread(std::function<void()>)>;
+  explicit StartedThreads(StartFn start) : start_(std::move(start)) {}
+  ~StartedThreads() override { RC_CHECK(threads_.empty()); }
+
+  // A thread that cannot start throws here (std::system_error), with nothing recorded.
+  std::uint64_t Start(std::function<void()> drive) override {
+    std::thread t = start_(std::move(drive));
+    RC_CHECK(t.joinable());
+    std::lock_guard<std::mutex> l(mu_);
+    const std::uint64_t id = ++last_id_;
+    // A map node that cannot be made would destroy a running std::thread (terminate): it is
+    // joined first, and the allocation failure goes on to the caller.
+    try {
+      threads_.emplace(id, std::move(t));
+    } catch (...) {
+      if (t.joinable()) t.join();
+      throw;
+    }
+    return id;
+  }
+
+  void Join(std::uint64_t id) override {
+    std::thread t;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = threads_.find(id);
+      RC_CHECK(it != threads_.end());
+      t = std::move(it->second);
+      threads_.erase(it);
+    }
+    t.join();
+  }
+
+ private:
+  const StartFn start_;
+  std::mutex mu_;
+  std::map<std::uint64_t, std::thread> threads_;
+  std::uint64_t last_id_ = 0;
+};
 
 constexpr int kJoinDigestAttempts = 3;
 constexpr int kJoinDigestRetryMs = 1000;
@@ -162,7 +208,10 @@ Status Service::InitFleet() {
   if (Status recovered = fleet_runner_->Recover(); !recovered.ok()) {
     return RecoveryFailed(recovered);
   }
+  // A member's recovery that threw fail-stopped the executor and left its own result OK.
+  if (failed()) return RecoveryFailed(Status::Internal("a fleet member's recovery failed"));
   RC_RETURN_IF_ERROR(BootstrapFleetMembers());
+  if (failed()) return Status::Internal("a fleet member's bootstrap failed");
   InitHttpTransfers();
   RC_RETURN_IF_ERROR(InitNcclTransfers());
   journal_->ReadFleetState([this](const FleetState& f) {
@@ -177,8 +226,9 @@ Status Service::InitFleet() {
   // weights, unreachable); a fleet has no explicit rollouts, so no lease thread.
   for (auto& [name, m] : fleet_members_) {
     if (m->retire) continue;
-    fleet_monitor_threads_.emplace_back(
-        [this, target = MonitorTarget{name, *m->client, m->watch}] { MonitorLoop(target); });
+    fleet_monitor_threads_.emplace_back([this, target = MonitorTarget{name, *m->client, m->watch}] {
+      RunGuarded("engine monitor", [this, &target] { MonitorLoop(target); });
+    });
   }
   RC_CHECK(fleet_members_.size() == config_.engines.size() && !rollout_prefix_.empty());
   return Status::OK();
@@ -296,8 +346,31 @@ void Service::MakeFleetRunner() {
   o.runner = RunnerOptionsOf(config_);
   o.blocked_timeout_ms = config_.fleet_blocked_timeout_ms;
   o.update_timeout_ms = config_.fleet_update_timeout_ms;
+  member_threads_ = std::make_unique<StartedThreads>(
+      [this](std::function<void()> drive) { return StartMemberThread(std::move(drive)); });
+  o.threads = member_threads_.get();
   fleet_runner_ =
       std::make_unique<effects::FleetRunner>(*journal_, effects::system_clock(), std::move(o));
+}
+
+void Service::set_member_thread_start(ThreadStart start) {
+  std::lock_guard<std::mutex> g(member_thread_start_mu_);
+  member_thread_start_ = std::move(start);
+}
+
+// A member's drive (its own update, or its runner's recovery) on a thread of its own; an
+// exception out of it fail-stops the executor. The member's `done` then never comes, but the
+// fleet runner stops at its next look at the failed journal, and joins the thread, which ended.
+std::thread Service::StartMemberThread(std::function<void()> drive) {
+  std::function<void()> guarded = [this, drive = std::move(drive)] {
+    RunGuarded("fleet member", drive);
+  };
+  ThreadStart start;
+  {
+    std::lock_guard<std::mutex> g(member_thread_start_mu_);
+    start = member_thread_start_;
+  }
+  return start ? start(std::move(guarded)) : std::thread(std::move(guarded));
 }
 
 // Refuses a journal whose fleet holds an engine this configuration leaves out: without a runner
@@ -495,10 +568,9 @@ Status Service::FinishInterruptedFleetUpdate() {
   const FleetUpdateRequested request = *interrupted_fleet_update_;
   interrupted_fleet_update_.reset();
   std::lock_guard<std::timed_mutex> lock(update_mu_);
-  SetRunningUpdate(request.update_id);
   spdlog::info("serve: going on with the interrupted fleet update '{}'", Esc(request.update_id));
-  Result<FleetUpdateEnded> ended = fleet_runner_->Update(request);
-  SetRunningUpdate("");
+  Result<FleetUpdateEnded> ended = DrivePlan("interrupted fleet update", request.update_id,
+                                             [&] { return fleet_runner_->Update(request); });
   if (!ended.ok()) {
     FailStop("recovery of the interrupted fleet update failed: " + ended.status().ToString());
     return RecoveryFailed(ended.status());

@@ -803,7 +803,9 @@ Status HttpServer::Listen() {
   return Status::OK();
 }
 
-// One io thread: runs its loop until it is stopped; a handler bug must not take the loop down.
+// One io thread: runs its loop until it is stopped; a handler bug must not take the loop down,
+// whatever it throws (logged on one line). A proxied rollout whose handler threw is not finished
+// here: the loop cannot tell which rollout that was.
 void HttpServer::RunLoop(std::size_t loop) {
   const std::string name = "rc-io-" + std::to_string(loop);  // at most 15 bytes for the kernel
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
@@ -813,6 +815,8 @@ void HttpServer::RunLoop(std::size_t loop) {
       return;
     } catch (const std::exception& e) {
       spdlog::critical("http: exception escaped a handler: {}", text::escape_line(e.what()));
+    } catch (...) {
+      spdlog::critical("http: an exception not derived from std::exception escaped a handler");
     }
   }
 }
@@ -892,6 +896,9 @@ void HttpServer::Dispatch(const Exchange& exchange) {
   } catch (const std::exception& e) {
     spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
     ex.Respond(ErrorResponse(500, "internal", "internal error"));
+  } catch (...) {
+    spdlog::error("http: handler failed: an exception not derived from std::exception");
+    ex.Respond(ErrorResponse(500, "internal", "internal error"));
   }
 }
 
@@ -921,7 +928,8 @@ bool HttpServer::TakeBlockingSlot() {
 }
 
 // On a pool thread: the handler's answer goes back to the exchange's loop, then the slot is
-// given back.
+// given back. A handler that throws is answered 500; an exception out of a plan's runner call
+// never comes here (Service::DrivePlan answers it 503 outcome_unknown).
 void HttpServer::RunHandler(const BlockingHandler* handler,
                             const std::vector<std::string>& captures, const Exchange& exchange) {
   HttpResponse res;
@@ -930,6 +938,9 @@ void HttpServer::RunHandler(const BlockingHandler* handler,
     (*handler)(api, res);
   } catch (const std::exception& e) {
     spdlog::error("http: handler failed: {}", text::escape_line(e.what()));
+    res = ErrorResponse(500, "internal", "internal error");
+  } catch (...) {
+    spdlog::error("http: handler failed: an exception not derived from std::exception");
     res = ErrorResponse(500, "internal", "internal error");
   }
   exchange.Post([exchange, res = std::move(res)]() mutable {

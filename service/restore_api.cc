@@ -78,19 +78,12 @@ bool Service::ReplayedRestore(const RestoreRequested& request, std::uint64_t fro
 
 // Drives the restore to its end and answers; the caller holds update_mu_.
 void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_ = request.restore_id;
-  }
   spdlog::warn("serve: restore '{}' requested: back to '{}' {}", Esc(request.restore_id),
                Esc(request.label), request.adopt ? "(adopt)" : "from " + Esc(request.source_uri));
   const std::uint64_t requested_before = RestoresRequested();
-  Result<UpdateEnded> ended = runner_->Restore(request);
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_.clear();
-    last_timings_ = runner_->last_timings();
-  }
+  Result<UpdateEnded> ended =
+      DrivePlan("restore", request.restore_id, [&] { return runner_->Restore(request); });
+  NoteTimings();
   NotifyLifecycle(journal_->head_seq());
   if (ended.ok()) return AnswerRestoreEnded(request, *ended, res);
   const std::uint64_t resubmitted_seq = runner_->resubmitted_seq();

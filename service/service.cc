@@ -201,7 +201,9 @@ Status Service::Init() {
   RC_RETURN_IF_ERROR((*init_transfer)());
   SeedDurableView();
   RenewSurvivingLeases(durable_.state);
-  monitor_thread_ = std::thread([this] { MonitorLoop({"", *control_client_, watch_}); });
+  monitor_thread_ = std::thread([this] {
+    RunGuarded("engine monitor", [this] { MonitorLoop({"", *control_client_, watch_}); });
+  });
   lease_thread_ = std::thread([this] { LeaseLoop(); });
   RC_CHECK(control_client_ && http_control_ && transfer_ && runner_ && !rollout_prefix_.empty());
   return Status::OK();
@@ -771,15 +773,13 @@ Status Service::FinishInterruptedUpdate() {
   const UpdatePlan before = *interrupted_update_;
   interrupted_update_.reset();
   std::lock_guard<std::timed_mutex> lock(update_mu_);
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_ = before.update_id;
-  }
   spdlog::info(
       "serve: going on with the interrupted update '{}' now that clients can reach "
       "the executor",
       Esc(before.update_id));
-  if (Status driven = runner_->Drive(); !driven.ok()) {
+  const Status driven = DrivePlan("interrupted update", before.update_id,
+                                  [this] { return runner_->Drive(); });
+  if (!driven.ok()) {
     FailStop("recovery of the interrupted update failed: " + driven.ToString());
     return RecoveryFailed(driven);
   }

@@ -19,9 +19,10 @@
 //
 // Trust under faults:
 //  * fail-stop: any journal write/fsync failure (or a stalled fsync, or a runner error after an
-//    update was journaled) calls FailStop(): admissions and updates are refused, the monitor and
-//    lease threads stop, /readyz and /healthz answer 503, and `rolloutcore serve` exits non-zero
-//    naming the journal and the error, so the next start recovers from what is durable;
+//    update was journaled, or an exception out of a plan or a background thread) calls
+//    FailStop(): admissions and updates are refused, the monitor and lease threads stop, /readyz
+//    and /healthz answer 503, and `rolloutcore serve` exits non-zero naming the journal and the
+//    error, so the next start recovers from what is durable;
 //  * a finish is never dropped (FinishDurably); a full group-commit queue is back-pressure on
 //    admission only (503 + Retry-After);
 //  * what the read routes report (/v1/state, /v1/version, /v1/watch, /v1/events) is durable: a
@@ -224,6 +225,12 @@ class Service {
   // Blocks until FailStop (true) or timeout_ms (false). serve_cmd exits non-zero on true.
   bool WaitFailed(std::uint64_t timeout_ms);
 
+  // How a fleet member's drive gets its thread (std::thread while none is set). Tests set one
+  // that throws, as std::thread's constructor does when the system refuses a thread, to fail a
+  // fleet update after its request is journaled.
+  using ThreadStart = std::function<std::thread(std::function<void()>)>;
+  void set_member_thread_start(ThreadStart start);
+
   // Whether rollouts can be served safely now, and if not why ("" = ready).
   std::string NotReadyReason() const;
   // The durable head, folded up to date (for tests and acknowledgements).
@@ -360,6 +367,40 @@ class Service {
   void WaitForSlot(std::unique_lock<std::timed_mutex>& lock);
   // How long a retry of the plan that holds the slot waits for it (then 409).
   static constexpr std::uint64_t kSamePlanSlotWaitMs = 5000;
+  // Names the plan that holds update_mu_ (a 409 names it; a retry of it waits: RunningPlanIs)
+  // until its runner call returns or throws.
+  class RunningPlan {
+   public:
+    RunningPlan(Service& service, const std::string& id) : service_(service) {
+      service_.SetRunningUpdate(id);
+    }
+    ~RunningPlan() { service_.SetRunningUpdate(""); }
+    RunningPlan(const RunningPlan&) = delete;
+    RunningPlan& operator=(const RunningPlan&) = delete;
+
+   private:
+    Service& service_;
+  };
+  // Every plan's runner call (an update, restore, sleep, wake-up, fleet update, a stalled plan
+  // tried again): what `call` returned, or PlanThrew's error when it threw. Nothing a plan's
+  // effects throw reaches the HTTP server's catch-all (a 500 with the plan left open).
+  template <class Call>
+  auto DrivePlan(const std::string& what, const std::string& id, const Call& call)
+      -> decltype(call()) {
+    const RunningPlan running(*this, id);
+    try {
+      return call();
+    } catch (...) {
+      return PlanThrew(what, id);
+    }
+  }
+  // Called from DrivePlan's catch block only.
+  [[nodiscard]] Status PlanThrew(const std::string& what, const std::string& id);
+  void NoteTimings();  // the runner's last timings, for /v1/state and /metrics
+  // A background thread's body (`role` names it in the failure): an exception out of it
+  // fail-stops the executor instead of ending the process through std::terminate.
+  void RunGuarded(const char* role, const std::function<void()>& body);
+
   // HandleUpdate's steps (trainer_api.cc).
   bool RefusedFailStopped(HttpResponse& res);
   // Retry-After on a 503: retry_after_s, at least 1 s.
@@ -409,6 +450,7 @@ class Service {
   [[nodiscard]] Status MakeMemberTransfer(FleetMember& member, std::size_t index);
   [[nodiscard]] Status InitNcclTransfers();
   void MakeFleetRunner();
+  std::thread StartMemberThread(std::function<void()> drive);
   [[nodiscard]] Status JoinFleet();
   [[nodiscard]] Status BootstrapFleetMembers();
   std::vector<std::string> UninitializedMembers() const;
@@ -488,6 +530,7 @@ class Service {
   void LogEngineChange(const std::string& engine, const EngineMonitored& m, std::uint64_t first_seq,
                        const std::vector<Event>& decisions);
   void LeaseLoop();
+  void ExpireLapsedLeases();
   void StopBackground();
   // Shutdown's steps (service.cc).
   enum class RolloutsEnded : std::uint8_t { kInGrace, kCancelled, kStillRunning };
@@ -572,6 +615,9 @@ class Service {
 
   // A fleet: its members by name (the map is fixed after Init) and the executor that updates them.
   std::map<std::string, std::unique_ptr<FleetMember>> fleet_members_;
+  std::mutex member_thread_start_mu_;
+  ThreadStart member_thread_start_;                         // empty: std::thread
+  std::unique_ptr<effects::MemberThreads> member_threads_;  // the fleet runner's; outlives it
   std::unique_ptr<effects::FleetRunner> fleet_runner_;
   std::optional<FleetUpdateRequested> interrupted_fleet_update_;  // found by Init, driven by Start
 

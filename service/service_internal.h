@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 
@@ -25,6 +26,17 @@ inline bool IsDecision(const Event& e) { return family_of(e) == Family::kDecisio
 
 // Outside text (engine bodies, client ids, journal details) as one log line.
 inline std::string Esc(const std::string& s) { return rc::text::escape_line(s); }
+
+// The exception being handled, as text: call only from inside a catch block.
+inline std::string CurrentExceptionText() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
 
 inline std::string ReplayHint(const std::string& journal_path) {
   return "explain it with: rolloutcore replay " + Esc(journal_path);

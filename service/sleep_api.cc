@@ -133,19 +133,13 @@ bool Service::ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t fro
 // Drives the sleep or wake-up to its end and answers; the caller holds update_mu_.
 void Service::RunSameVersion(const SameVersionPlan& plan, HttpResponse& res) {
   const bool sleep = std::holds_alternative<SleepRequested>(plan.request);
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_ = plan.id;
-  }
   spdlog::info("serve: {} '{}' requested", plan.what, Esc(plan.id));
   const std::uint64_t requested_before = Requested(*journal_, sleep);
-  Result<UpdateEnded> ended = sleep ? runner_->Sleep(std::get<SleepRequested>(plan.request))
-                                    : runner_->Wake(std::get<WakeRequested>(plan.request));
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_.clear();
-    last_timings_ = runner_->last_timings();
-  }
+  Result<UpdateEnded> ended = DrivePlan(plan.what, plan.id, [&] {
+    return sleep ? runner_->Sleep(std::get<SleepRequested>(plan.request))
+                 : runner_->Wake(std::get<WakeRequested>(plan.request));
+  });
+  NoteTimings();
   NotifyLifecycle(journal_->head_seq());
   if (!ended.ok()) {
     const std::uint64_t resubmitted_seq = runner_->resubmitted_seq();

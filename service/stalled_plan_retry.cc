@@ -103,18 +103,12 @@ bool Service::RetryStalledPlan(const MonitorTarget& t) {
   const std::optional<std::string> plan = StalledPlanOf(t.engine, true);  // again, under the lock
   effects::Runner* runner = RunnerOf(t.engine);
   if (!plan || runner == nullptr || shutting_down_.load()) return true;
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_ = *plan;
-  }
   spdlog::warn("serve: {} answers again; trying its stalled plan '{}' again", Who(t.engine),
                Esc(*plan));
   metrics_.stalled_plan_retries++;
-  const Status driven = runner->RetryStalledPlan();
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_.clear();
-  }
+  // A throw fail-stops in DrivePlan, so NoteStalledPlanRetry finds the journal failed.
+  const Status driven =
+      DrivePlan("stalled plan", *plan, [runner] { return runner->RetryStalledPlan(); });
   NotifyLifecycle(journal_->head_seq());
   return NoteStalledPlanRetry(t, *plan, driven);
 }

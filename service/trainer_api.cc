@@ -226,6 +226,38 @@ bool Service::RunningPlanIs(const std::string& id) {
   return !id.empty() && running_update_id_ == id;
 }
 
+// A plan's runner call threw (a thread the system refused, memory, a parse): its request may be
+// durable and its effects begun, and nothing drives it now, so its outcome is unknown. The
+// executor fail-stops here, before anything is answered, and the restart recovers the plan from
+// the journal. The error is Internal, a journal failure's code, so each family's answer takes its
+// unknown-outcome path (503 outcome_unknown, counted there): never an unjournaled refusal, and
+// never the stalled-plan answer, which is not given once fail-stopped.
+Status Service::PlanThrew(const std::string& what, const std::string& id) {
+  const std::string why = what + " '" + Esc(id) + "' threw: " + Esc(CurrentExceptionText());
+  spdlog::critical("serve: {}", why);  // FailStop logs nothing when the executor already failed
+  FailStop(why);
+  RC_CHECK(failed());
+  return Status::Internal(why);
+}
+
+void Service::NoteTimings() {
+  std::lock_guard<std::mutex> g(update_id_mu_);
+  last_timings_ = runner_->last_timings();
+}
+
+// Runs a thread's whole body: nothing escapes it (FailStop logs the exception, escaped, on one
+// line), so no background thread ends the process with nothing recorded.
+void Service::RunGuarded(const char* role, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (...) {
+    const std::string why = std::string("the ") + role + " thread threw: " +
+                            Esc(CurrentExceptionText());
+    spdlog::critical("serve: {}", why);  // FailStop logs nothing when the executor already failed
+    FailStop(why);
+  }
+}
+
 std::uint64_t Service::UpdatesRequested() const {
   std::uint64_t n = 0;
   journal_->ReadState([&n](const State& s) { n = s.counters.updates_requested; });
@@ -338,20 +370,13 @@ void Service::ReplayEndedUpdate(const UpdateRequested& request, const EndedUpdat
 
 // Drives the update to its end and answers; the caller holds update_mu_.
 void Service::RunUpdate(const UpdateRequested& request, HttpResponse& res) {
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_ = request.update_id;
-  }
   spdlog::info("serve: update '{}' requested: target '{}', manifest {}, source {}",
                Esc(request.update_id), Esc(request.target_label),
                Esc(request.identity.manifest_digest), Esc(request.source_uri));
   const std::uint64_t requested_before = UpdatesRequested();
-  Result<UpdateEnded> ended = runner_->Update(request);
-  {
-    std::lock_guard<std::mutex> g(update_id_mu_);
-    running_update_id_.clear();
-    last_timings_ = runner_->last_timings();
-  }
+  Result<UpdateEnded> ended =
+      DrivePlan("update", request.update_id, [&] { return runner_->Update(request); });
+  NoteTimings();
   NotifyLifecycle(journal_->head_seq());
   if (ended.ok()) return AnswerUpdateEnded(request, *ended, res);
   const std::uint64_t requested_after = UpdatesRequested();
@@ -525,39 +550,39 @@ void Service::HandleLease(const ApiRequest& req, HttpResponse& res) {
   SendJson(res, 200, {{"rollout_id", id}, {"lease_ms", lease_ms}});
 }
 
+// Every 100 ms until Shutdown or a fail-stop.
 void Service::LeaseLoop() {
   pthread_setname_np(pthread_self(), "rc-lease");
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(bg_mu_);
-      bg_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return bg_stop_ || failed(); });
-      if (bg_stop_ || failed()) return;
-    }
-    std::vector<std::string> lapsed;
-    {
-      std::lock_guard<std::mutex> g(lease_mu_);
-      const std::int64_t now_ms = effects::system_clock().now_ms();
-      for (auto it = lease_deadline_ms_.begin(); it != lease_deadline_ms_.end();) {
-        if (it->second <= now_ms) {
-          lapsed.push_back(it->first);
-          it = lease_deadline_ms_.erase(it);
-        } else {
-          ++it;
-        }
+  RunGuarded("lease expiry", [this] {
+    while (WaitBackgroundTick(std::chrono::milliseconds(100))) ExpireLapsedLeases();
+  });
+}
+
+void Service::ExpireLapsedLeases() {
+  std::vector<std::string> lapsed;
+  {
+    std::lock_guard<std::mutex> g(lease_mu_);
+    const std::int64_t now_ms = effects::system_clock().now_ms();
+    for (auto it = lease_deadline_ms_.begin(); it != lease_deadline_ms_.end();) {
+      if (it->second <= now_ms) {
+        lapsed.push_back(it->first);
+        it = lease_deadline_ms_.erase(it);
+      } else {
+        ++it;
       }
     }
-    for (const std::string& id : lapsed) {
-      Status st = FinishLeased(id, RolloutOutcome::kExpired, 0, 0);
-      if (st.ok()) {
-        metrics_.leases_expired++;
-        spdlog::warn(
-            "serve: the lease of rollout {} lapsed (its client stopped renewing): "
-            "recorded expired",
-            Esc(id));
-      } else if (st.code() != Code::kNotFound) {
-        spdlog::error("serve: recording the lapsed lease of rollout {} failed: {}", Esc(id),
-                      Esc(st.ToString()));
-      }
+  }
+  for (const std::string& id : lapsed) {
+    Status st = FinishLeased(id, RolloutOutcome::kExpired, 0, 0);
+    if (st.ok()) {
+      metrics_.leases_expired++;
+      spdlog::warn(
+          "serve: the lease of rollout {} lapsed (its client stopped renewing): "
+          "recorded expired",
+          Esc(id));
+    } else if (st.code() != Code::kNotFound) {
+      spdlog::error("serve: recording the lapsed lease of rollout {} failed: {}", Esc(id),
+                    Esc(st.ToString()));
     }
   }
 }
