@@ -69,8 +69,8 @@ json ToJson(dom::element e) {
 json ChoiceForTrace(dom::object choice) {
   json out = json::object();
   for (dom::key_value_pair kv : choice) {
-    if (OneOf(kv.key, {"index", "token_ids", "prompt_token_ids", "delta", "logprobs",
-                       "finish_reason"})) {
+    if (OneOf(kv.key,
+              {"index", "token_ids", "prompt_token_ids", "delta", "logprobs", "finish_reason"})) {
       out[std::string(kv.key)] = ToJson(kv.value);
     }
   }

@@ -722,9 +722,10 @@ Status CheckEngineHost(const std::string& what, const UpstreamTarget& t) {
     });
   }
   if (ok) return Status::OK();
-  return Status::InvalidArgument(what + ": the host '" + t.host +
-                                 "' is neither a name nor an IPv4 address (A-Z, a-z, 0-9, '.', '-', "
-                                 "'_') nor a bracketed IPv6 address such as [::1]");
+  return Status::InvalidArgument(
+      what + ": the host '" + t.host +
+      "' is neither a name nor an IPv4 address (A-Z, a-z, 0-9, '.', '-', "
+      "'_') nor a bracketed IPv6 address such as [::1]");
 }
 
 // An engine URL exactly as the control client (curl) and the proxy use it: the proxy copies its

@@ -128,8 +128,8 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
   if (RefusedFailStopped(res)) return;  // it may have fail-stopped while we read the source
   spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),
                fleet_update_mode_name(request->mode), Esc(request->target_label));
-  const Result<FleetUpdateEnded> ended = DrivePlan(
-      "fleet update", request->update_id, [&] { return fleet_runner_->Update(*request); });
+  const Result<FleetUpdateEnded> ended = DrivePlan("fleet update", request->update_id,
+                                                   [&] { return fleet_runner_->Update(*request); });
   AnswerFleetUpdate(*request, ended, res);
 }
 

@@ -141,12 +141,14 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
     if (effects::SameEngineAs(engine_, initialized_on_, std::min(left_ms, call_timeout_ms_))) {
       return "";
     }
-    spdlog::warn("serve: NCCL sender: the engine is not known to be the process the communicator "
-                 "was set up with; setting up a new one");
+    spdlog::warn(
+        "serve: NCCL sender: the engine is not known to be the process the communicator "
+        "was set up with; setting up a new one");
     Status st = InitLocked(std::min(left_ms, init_timeout_ms_));
     if (st.ok()) return "";
     return "the engine is not known to be the process the NCCL communicator was set up with "
-           "(restarted?), and setting up a new one failed: " + st.ToString();
+           "(restarted?), and setting up a new one failed: " +
+           st.ToString();
   }
 
   effects::EngineClient& engine_;
@@ -207,9 +209,9 @@ Status CheckNcclDevice(const ServeConfig& config) {
 
 NcclTransfer MakeNcclTransfer(effects::EngineClient& engine, const ServeConfig& config,
                               NcclEngine target) {
-  auto sender = std::make_unique<ServeNcclTransfer>(
-      engine, NcclOptionsOf(config, target.rendezvous), config.call_timeout_ms,
-      config.nccl_init_timeout_ms);
+  auto sender =
+      std::make_unique<ServeNcclTransfer>(engine, NcclOptionsOf(config, target.rendezvous),
+                                          config.call_timeout_ms, config.nccl_init_timeout_ms);
   ServeNcclTransfer* s = sender.get();
   return NcclTransfer{std::move(sender), [s, &config, target = std::move(target)] {
                         return InitNcclSender(*s, config, target);

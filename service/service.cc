@@ -777,8 +777,8 @@ Status Service::FinishInterruptedUpdate() {
       "serve: going on with the interrupted update '{}' now that clients can reach "
       "the executor",
       Esc(before.update_id));
-  const Status driven = DrivePlan("interrupted update", before.update_id,
-                                  [this] { return runner_->Drive(); });
+  const Status driven =
+      DrivePlan("interrupted update", before.update_id, [this] { return runner_->Drive(); });
   if (!driven.ok()) {
     FailStop("recovery of the interrupted update failed: " + driven.ToString());
     return RecoveryFailed(driven);

@@ -251,8 +251,8 @@ void Service::RunGuarded(const char* role, const std::function<void()>& body) {
   try {
     body();
   } catch (...) {
-    const std::string why = std::string("the ") + role + " thread threw: " +
-                            Esc(CurrentExceptionText());
+    const std::string why =
+        std::string("the ") + role + " thread threw: " + Esc(CurrentExceptionText());
     spdlog::critical("serve: {}", why);  // FailStop logs nothing when the executor already failed
     FailStop(why);
   }

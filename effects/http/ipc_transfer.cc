@@ -264,8 +264,7 @@ std::optional<StepFailed> IpcTransfer::InitializeOnce(std::uint64_t deadline_at_
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline spent before the first call"};
   // The instance check is one label read (and /metrics) within a call's timeout; whatever it
   // leaves of the deadline is all the init gets.
-  if (SameEngineAs(client_, initialized_on_,
-                                      std::min(left, client_.deadlines().call_timeout_ms))) {
+  if (SameEngineAs(client_, initialized_on_, std::min(left, client_.deadlines().call_timeout_ms))) {
     return std::nullopt;
   }
   HttpReply init =

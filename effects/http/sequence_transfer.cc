@@ -214,8 +214,7 @@ std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t dea
   }
   // The instance check is one label read (and /metrics) within a call's timeout; whatever it
   // leaves of the deadline is all the initialization gets.
-  if (SameEngineAs(client_, initialized_on_,
-                                      std::min(left, client_.deadlines().call_timeout_ms))) {
+  if (SameEngineAs(client_, initialized_on_, std::min(left, client_.deadlines().call_timeout_ms))) {
     return std::nullopt;
   }
   Status init = Initialize(deadline_at_ms);

@@ -109,9 +109,10 @@ TEST(AnswerRelay, TheEngineOrderStaysAndOnlyAddedFieldsGo) {
   EXPECT_EQ(RelayAnswer(text, t, AddedFields{.token_ids = true, .usage = true, .logprobs = true}),
             R"({"id":"c","choices":[{"text":"a","logprobs":null}]})");
   Trajectory own;
-  EXPECT_EQ(RelayAnswer(text, own, AddedFields{}),
-            R"({"id":"c","choices":[{"text":"a","token_ids":[1],"logprobs":{"token_logprobs":[-1]},)"
-            R"("prompt_token_ids":[2]}],"prompt_token_ids":[3],"usage":{"prompt_tokens":1}})");
+  EXPECT_EQ(
+      RelayAnswer(text, own, AddedFields{}),
+      R"({"id":"c","choices":[{"text":"a","token_ids":[1],"logprobs":{"token_logprobs":[-1]},)"
+      R"("prompt_token_ids":[2]}],"prompt_token_ids":[3],"usage":{"prompt_tokens":1}})");
   EXPECT_EQ(own.choices.at(0).token_ids, (std::vector<std::int64_t>{1}));
 }
 
