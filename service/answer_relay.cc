@@ -196,13 +196,12 @@ std::optional<std::string> Relay(dom::parser& parser, std::string_view text, Tra
 std::optional<std::string> RelayAnswer(std::string_view text, Trajectory& trace,
                                        const AddedFields& added) {
   // The same depth bound as every other parse of outside text; it also bounds ToJson's recursion.
-  if (!text::json_depth_within(text) || HasIntegerMinusZero(text)) return std::nullopt;
-  if (text.size() > kSharedAnswerParserBytesMax) {
-    dom::parser own;
-    return Relay(own, text, trace, added);
+  if (text.size() > kRelayAnswerBytesMax || !text::json_depth_within(text) ||
+      HasIntegerMinusZero(text)) {
+    return std::nullopt;
   }
-  thread_local dom::parser shared;
-  return Relay(shared, text, trace, added);
+  thread_local dom::parser parser;
+  return Relay(parser, text, trace, added);
 }
 
 }  // namespace rc::service

@@ -16,13 +16,14 @@
 
 namespace rc::service {
 
-// Documents above this size are read by a parser of their own, freed after; smaller ones share
-// the event loop's parser, whose buffers therefore stay within a few times this size.
-inline constexpr std::size_t kSharedAnswerParserBytesMax = std::size_t{1} << 20;
+// Larger answers take the nlohmann path: simdjson's document costs about 15 times its text, none
+// of it held against the body budget, so only answers this small are read by it, each event
+// loop's parser staying within about 15 MiB.
+inline constexpr std::size_t kRelayAnswerBytesMax = std::size_t{1} << 20;
 
-// The client's body for the engine's answer `text`, after `trace` absorbed it; nullopt when
-// simdjson does not read it as a JSON object (nothing absorbed: the caller reads it the slower
-// way, which decides what is and is not JSON as before).
+// The client's body for the engine's answer `text`, after `trace` absorbed it; nullopt when the
+// answer is above kRelayAnswerBytesMax or simdjson does not read it as a JSON object (nothing
+// absorbed: the caller reads it the slower way, which decides what is and is not JSON as before).
 std::optional<std::string> RelayAnswer(std::string_view text, Trajectory& trace,
                                        const AddedFields& added);
 

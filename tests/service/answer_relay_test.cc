@@ -117,13 +117,15 @@ TEST(AnswerRelay, TheEngineOrderStaysAndOnlyAddedFieldsGo) {
 }
 
 // Proves what simdjson does not read, or reads ambiguously, is left to the nlohmann path with the
-// trace untouched: not JSON, not an object, too deep, a number past 64 bits, a -0 token id (an
-// integer to nlohmann, a float to simdjson); would catch a relay that answers them itself and so
-// judges them differently, or a trace absorbed twice.
+// trace untouched: an answer past kRelayAnswerBytesMax (its document would sit outside the body
+// budget), not JSON, not an object, too deep, a number past 64 bits, a -0 token id (an integer
+// to nlohmann, the same 0 as "0" to simdjson); would catch a relay that answers them itself and
+// so judges them differently, or a trace absorbed twice.
 TEST(AnswerRelay, WhatItCannotReadAlikeIsLeftToTheSlowPath) {
   const std::string deep = std::string(200, '[') + std::string(200, ']');
+  const std::string large = R"({"text":")" + std::string(kRelayAnswerBytesMax, 'a') + R"("})";
   for (const std::string& text :
-       {std::string("not json"), std::string("[1]"), std::string(R"({"a":1} x)"),
+       {large, std::string("not json"), std::string("[1]"), std::string(R"({"a":1} x)"),
         std::string(R"({"a":"\ud800"})"), std::string(R"({"choices":[{"token_ids":[-0]}]})"),
         std::string(R"({"n":184467440737095516150})"), R"({"a":)" + deep + "}"}) {
     SCOPED_TRACE(text);
