@@ -107,8 +107,8 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
       refused.duration_us = effects::elapsed_us(t0);
       return refused;
     }
-    const std::uint64_t left_ms = deadline_ms - waited_ms;
-    if (std::string why = EnsureCommunicator(left_ms); !why.empty()) {
+    const SteadyClock::time_point until = t0 + std::chrono::milliseconds(deadline_ms);
+    if (std::string why = EnsureCommunicator(until); !why.empty()) {
       refused.error = text::utf8_prefix(std::move(why), kTextBytesMax);
       refused.duration_us = effects::elapsed_us(t0);
       return refused;
@@ -125,29 +125,52 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
   const effects::nccl::NcclSender& sender() const { return sender_; }
 
  private:
-  // Holds mu_. Records the engine process the communicator was set up with ("" when that read
-  // fails: set up again at the next transfer).
+  using SteadyClock = std::chrono::steady_clock;
+
+  static std::uint64_t MsUntil(SteadyClock::time_point until) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - SteadyClock::now());
+    return left.count() > 0 ? static_cast<std::uint64_t>(left.count()) : 0;
+  }
+
+  // The engine process that answers now ("" unknown), within a call's timeout and `until`.
+  std::string ReadInstance(SteadyClock::time_point until) {
+    const std::uint64_t left_ms = MsUntil(until);
+    if (left_ms == 0) return "";
+    return engine_.Instance(
+        effects::CallOptions{std::min(left_ms, call_timeout_ms_), std::nullopt});
+  }
+
+  // Holds mu_. Records the engine process the communicator was set up with, read before and
+  // after the setup and kept only when both name one process ("" otherwise: set up again at the
+  // next transfer), so a restart during the setup is never taken for the process set up. The
+  // reads and the setup together end by deadline_ms.
   Status InitLocked(std::uint64_t deadline_ms) {
+    const SteadyClock::time_point until =
+        SteadyClock::now() + std::chrono::milliseconds(deadline_ms);
     initialized_on_.clear();
-    RC_RETURN_IF_ERROR(sender_.Init(deadline_ms));  // sets this thread's device itself
-    initialized_on_ = engine_.Instance(effects::CallOptions{call_timeout_ms_, std::nullopt});
+    const std::string before = ReadInstance(until);
+    RC_RETURN_IF_ERROR(sender_.Init(MsUntil(until)));  // sets this thread's device itself
+    initialized_on_ = effects::OneInstance(before, ReadInstance(until));
     return Status::OK();
   }
 
-  // Holds mu_. "" when the communicator is the engine's; else why no transfer may start. Setting
-  // up a new one changes no weights, so its failure is a refusal. The instance read and the init
-  // each stay within what is left of the transfer's deadline.
-  std::string EnsureCommunicator(std::uint64_t left_ms) {
-    if (effects::SameEngineAs(engine_, initialized_on_, std::min(left_ms, call_timeout_ms_))) {
+  // Holds mu_. "" when a live communicator was set up with the process that answers now; else it
+  // sets up a new one (none left by an aborted transfer, or a restarted engine) and says why no
+  // transfer may start if that fails. Setting one up changes no weights, so its failure is a
+  // refusal. Everything here ends by `until`, the transfer's deadline.
+  std::string EnsureCommunicator(SteadyClock::time_point until) {
+    if (sender_.ready() && effects::SameEngineAs(engine_, initialized_on_,
+                                                 std::min(MsUntil(until), call_timeout_ms_))) {
       return "";
     }
     spdlog::warn(
-        "serve: NCCL sender: the engine is not known to be the process the communicator "
-        "was set up with; setting up a new one");
-    Status st = InitLocked(std::min(left_ms, init_timeout_ms_));
+        "serve: NCCL sender: no live communicator with the process the engine runs now; setting "
+        "up a new one");
+    Status st = InitLocked(std::min(MsUntil(until), init_timeout_ms_));
     if (st.ok()) return "";
-    return "the engine is not known to be the process the NCCL communicator was set up with "
-           "(restarted?), and setting up a new one failed: " +
+    return "no live NCCL communicator with the engine's process (an earlier transfer aborted it, "
+           "or the engine restarted), and setting up a new one failed: " +
            st.ToString();
   }
 

@@ -847,10 +847,12 @@ void EngineClient::ReadSleeping(ResumeObserved& out) {
   out.is_sleeping = sleeping.body.at("is_sleeping").get<bool>();
 }
 
-bool SameEngineAs(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms) {
+bool SameEngineAs(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms,
+                  std::string* now) {
   if (instance.empty()) return false;
-  const std::string now = client.Instance(CallOptions{timeout_ms, std::nullopt});
-  return !now.empty() && now == instance;
+  const std::string read = client.Instance(CallOptions{timeout_ms, std::nullopt});
+  if (now != nullptr) *now = read;
+  return !read.empty() && read == instance;
 }
 
 }  // namespace rc::effects

@@ -307,7 +307,15 @@ std::string bound_error(std::string s);
 // Whether the process that answers now is known to be the one `instance` names. False for a
 // restart, and whenever either is unknown ("": a failed read, or an engine that names none):
 // what was set up on an engine is trusted only on that engine, so the caller sets it up again.
-// One label read (and /metrics), within timeout_ms.
-bool SameEngineAs(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms);
+// One label read (and /metrics), within timeout_ms; `now` gets what it read ("" when it read
+// nothing, `instance` being unknown).
+bool SameEngineAs(EngineClient& client, const std::string& instance, std::uint64_t timeout_ms,
+                  std::string* now = nullptr);
+
+// The process something was set up on, from the instance read before and after the setup: that
+// instance when both name one process, else "" (a restart during the setup, or one unknown).
+inline std::string OneInstance(const std::string& before, const std::string& after) {
+  return !before.empty() && before == after ? after : std::string();
+}
 
 }  // namespace rc::effects

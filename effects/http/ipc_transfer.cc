@@ -264,16 +264,20 @@ std::optional<StepFailed> IpcTransfer::InitializeOnce(std::uint64_t deadline_at_
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline spent before the first call"};
   // The instance check is one label read (and /metrics) within a call's timeout; whatever it
   // leaves of the deadline is all the init gets.
-  if (SameEngineAs(client_, initialized_on_, std::min(left, client_.deadlines().call_timeout_ms))) {
+  std::string before;
+  if (SameEngineAs(client_, initialized_on_, std::min(left, client_.deadlines().call_timeout_ms),
+                   &before)) {
     return std::nullopt;
   }
+  // The process is read before (unless just read) and after: a restart in between is not the
+  // process initialized.
+  if (before.empty()) before = client_.Instance(UntilDeadlineMs(deadline_at_ms));
   HttpReply init =
       client_.InitWeightTransferEngine(json::object(), UntilDeadlineMs(deadline_at_ms));
   if (!init.http.ok_2xx()) {
     return StepFailed{MutationClass::kNone, summary("/init_weight_transfer_engine", init.http)};
   }
-  initialized_on_ =
-      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "": initialized again next time
+  initialized_on_ = OneInstance(before, client_.Instance(UntilDeadlineMs(deadline_at_ms)));
   return std::nullopt;
 }
 

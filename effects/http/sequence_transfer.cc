@@ -214,13 +214,17 @@ std::optional<StepFailed> HttpSequenceTransfer::InitializeOnce(std::uint64_t dea
   }
   // The instance check is one label read (and /metrics) within a call's timeout; whatever it
   // leaves of the deadline is all the initialization gets.
-  if (SameEngineAs(client_, initialized_on_, std::min(left, client_.deadlines().call_timeout_ms))) {
+  std::string before;
+  if (SameEngineAs(client_, initialized_on_, std::min(left, client_.deadlines().call_timeout_ms),
+                   &before)) {
     return std::nullopt;
   }
+  // The process is read before (unless just read) and after: a restart in between is not the
+  // process initialized.
+  if (before.empty()) before = client_.Instance(UntilDeadlineMs(deadline_at_ms));
   Status init = Initialize(deadline_at_ms);
   if (!init.ok()) return StepFailed{MutationClass::kNone, init.ToString()};
-  initialized_on_ =
-      client_.Instance(UntilDeadlineMs(deadline_at_ms));  // "": initialized again next time
+  initialized_on_ = OneInstance(before, client_.Instance(UntilDeadlineMs(deadline_at_ms)));
   return std::nullopt;
 }
 

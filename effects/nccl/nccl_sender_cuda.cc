@@ -430,19 +430,21 @@ struct NcclSender::Impl {
   }
 
   // ---- Preflight checks: each sets its verdict and returns what it found wrong ----
-  // The calling thread, the communicator and a device source on one device.
+  // The calling thread, the communicator and a device source on one device. Without a
+  // communicator (none yet, or an aborted transfer's) the configured device stands in: whoever
+  // transfers sets up a new one first (serve does), and Transfer refuses without one.
   std::string CheckDevices(const WeightSource& src, bool* device_ok) const {
     std::string detail;
     int current = -1;
     cudaError_t e = cudaGetDevice(&current);
-    *device_ok = e == cudaSuccess && comm != nullptr && current == comm_device;
+    const int device = comm != nullptr ? comm_device : opt.device;
+    *device_ok = e == cudaSuccess && current == device;
+    if (comm == nullptr) detail += "no communicator yet (set up before the transfer); ";
     if (!*device_ok) {
-      detail += comm == nullptr ? "no communicator (Init first); "
-                                : "calling thread's CUDA device " + std::to_string(current) +
-                                      " != communicator's device " + std::to_string(comm_device) +
-                                      " (would fail as 'invalid resource handle'); ";
+      detail += "calling thread's CUDA device " + std::to_string(current) + " != the sender's " +
+                std::to_string(device) + " (would fail as 'invalid resource handle'); ";
     }
-    if (src.where() == WeightSource::Where::kDevice && src.device() != comm_device) {
+    if (src.where() == WeightSource::Where::kDevice && src.device() != device) {
       *device_ok = false;
       detail += "source tensors on device " + std::to_string(src.device()) + "; ";
     }

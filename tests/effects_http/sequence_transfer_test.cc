@@ -37,6 +37,7 @@ struct Engine {
   ScriptedServer s;
   json update_body, finish_body, init_body;
   std::string instance = "proc-1";
+  int restarts_in_init = 0;  // inits during which the engine restarts (a new instance)
   Engine(int start, int update, int finish, int init = 200) {
     s.server().Get("/get_world_size", [](const httplib::Request&, httplib::Response& res) {
       Json(res, R"({"world_size":1})");
@@ -49,6 +50,10 @@ struct Engine {
     auto route = [this](const char* path, int status, json* seen) {
       s.server().Post(path, [this, status, seen](const httplib::Request& req, auto& res) {
         if (seen != nullptr) *seen = json::parse(req.body, nullptr, false);
+        if (seen == &init_body && restarts_in_init > 0) {
+          --restarts_in_init;
+          instance += "'";
+        }
         if (status == 0) {
           s.SlowSleep(5000);
           status_or_ok(res, 200);
@@ -150,12 +155,13 @@ TEST(HttpSequenceTransfer, CompleteSequence) {
   EXPECT_EQ(o.finish_label, "rc-1");
   EXPECT_GT(o.duration_us, 0u);
   EXPECT_TRUE(o.error.empty());
-  // After the init, the label read names the process it initialized (a restart re-initializes).
-  EXPECT_EQ(e.s.paths(7),
-            (std::vector<std::string>{"GET /get_world_size", "POST /init_weight_transfer_engine",
-                                      "GET /weight_info", "POST /start_weight_update",
-                                      "POST /_double/data_plane", "POST /update_weights",
-                                      "POST /finish_weight_update"}));
+  // Label reads before and after the init name the process it initialized (a restart
+  // re-initializes).
+  EXPECT_EQ(e.s.paths(8),
+            (std::vector<std::string>{"GET /weight_info", "GET /get_world_size",
+                                      "POST /init_weight_transfer_engine", "GET /weight_info",
+                                      "POST /start_weight_update", "POST /_double/data_plane",
+                                      "POST /update_weights", "POST /finish_weight_update"}));
   EXPECT_EQ(e.finish_body, json({{"weight_version", "rc-1"}}));
   const json& info = e.update_body["update_info"];
   EXPECT_EQ(info["names"].size(), 3u);
@@ -187,10 +193,10 @@ TEST(HttpSequenceTransfer, ConnectRefusedIsNoMutation) {
 }
 
 // Proves the weight-transfer engine is initialised once per engine process (world size = 1 + the
-// engine's), again at every transfer when the engine names no process, and that a failed
-// initialisation is a refusal (kNone) since it mutates no weight; would catch a re-init before
-// every update of a known process, an unknown one trusted (a restart then goes unseen), or an
-// init failure tainting the controller.
+// engine's), again at the next transfer when the engine names no process or restarted during the
+// init, and that a failed initialisation is a refusal (kNone) since it mutates no weight; would
+// catch a re-init before every update of a known process, an unknown process trusted (a restart
+// then goes unseen), or an init failure tainting the controller.
 TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
   {
     Engine e(200, 200, 200);
@@ -212,6 +218,20 @@ TEST(HttpSequenceTransfer, InitialisesOnceAndInitFailureIsNoMutation) {
     EngineClient c(e.s.url(), Fast());
     c.set_label_route(LabelRoute::kWeightInfoRoute);
     HttpSequenceTransfer t(c);
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
+    int inits = 0;
+    for (const std::string& p : e.s.paths()) inits += p == "POST /init_weight_transfer_engine";
+    EXPECT_EQ(inits, 2);
+  }
+  {
+    // A restart during the init: the process read after it is not the one initialized.
+    Engine e(200, 200, 200);
+    e.restarts_in_init = 1;
+    EngineClient c(e.s.url(), Fast());
+    c.set_label_route(LabelRoute::kWeightInfoRoute);
+    HttpSequenceTransfer t(c);
+    EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
     EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
     EXPECT_EQ(t.Transfer(Target(), 5000).mutation, MutationClass::kComplete);
     int inits = 0;
