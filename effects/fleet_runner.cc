@@ -18,11 +18,22 @@ namespace {
 // One OS thread per drive.
 class OsThreads final : public MemberThreads {
  public:
+  explicit OsThreads(ThreadStart start) : start_(std::move(start)) {}
   ~OsThreads() override { RC_CHECK(threads_.empty()); }
   std::uint64_t Start(std::function<void()> drive) override {
+    std::thread t = start_ ? start_(std::move(drive)) : std::thread(std::move(drive));
+    RC_CHECK(t.joinable());
     std::lock_guard<std::mutex> l(mu_);
-    threads_.emplace(++last_id_, std::thread(std::move(drive)));
-    return last_id_;
+    const std::uint64_t id = ++last_id_;
+    // A map node that cannot be made would destroy a running std::thread (terminate): it is
+    // joined first, and the allocation failure goes on to the caller.
+    try {
+      threads_.emplace(id, std::move(t));
+    } catch (...) {
+      if (t.joinable()) t.join();
+      throw;
+    }
+    return id;
   }
   void Join(std::uint64_t id) override {
     std::thread t;
@@ -37,12 +48,17 @@ class OsThreads final : public MemberThreads {
   }
 
  private:
+  const ThreadStart start_;
   std::mutex mu_;
   std::map<std::uint64_t, std::thread> threads_;
   std::uint64_t last_id_ = 0;
 };
 
 }  // namespace
+
+std::unique_ptr<MemberThreads> OsMemberThreads(ThreadStart start) {
+  return std::make_unique<OsThreads>(std::move(start));
+}
 
 // A member's own update, driven to its end by the executor's MemberThreads.
 struct FleetRunner::Member {
@@ -65,7 +81,7 @@ FleetRunner::FleetRunner(journal::Journal& journal, Clock& clock, FleetRunnerOpt
     : journal_(journal),
       clock_(clock),
       options_(std::move(options)),
-      own_threads_(options_.threads == nullptr ? std::make_unique<OsThreads>() : nullptr),
+      own_threads_(options_.threads == nullptr ? OsMemberThreads() : nullptr),
       threads_(options_.threads != nullptr ? *options_.threads : *own_threads_) {
   RC_CHECK(options_.poll_ms > 0);
   RC_CHECK(options_.update_timeout_ms > 0);

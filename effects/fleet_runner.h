@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "effects/clock.h"
 #include "effects/engine.h"
@@ -43,6 +44,11 @@ class MemberThreads {
   // Returns once that drive has returned. Each id is joined exactly once.
   virtual void Join(std::uint64_t id) = 0;
 };
+
+// One OS thread per drive, each got from `start` (std::thread's constructor when empty). A thread
+// that cannot start throws from Start, with nothing recorded.
+using ThreadStart = std::function<std::thread(std::function<void()>)>;
+std::unique_ptr<MemberThreads> OsMemberThreads(ThreadStart start = {});
 
 struct FleetRunnerOptions {
   RunnerOptions runner;                      // every engine's runner; `engine` is set per engine

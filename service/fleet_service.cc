@@ -30,49 +30,6 @@ namespace {
 
 using namespace internal;  // NOLINT: the service's own helpers
 
-// One OS thread per drive, as the fleet runner's own threads, each got from `start`.
-class StartedThreads final : public effects::MemberThreads {
- public:
-  using StartFn = std::function<std::thread(std::function<void()>)>;
-  explicit StartedThreads(StartFn start) : start_(std::move(start)) {}
-  ~StartedThreads() override { RC_CHECK(threads_.empty()); }
-
-  // A thread that cannot start throws here (std::system_error), with nothing recorded.
-  std::uint64_t Start(std::function<void()> drive) override {
-    std::thread t = start_(std::move(drive));
-    RC_CHECK(t.joinable());
-    std::lock_guard<std::mutex> l(mu_);
-    const std::uint64_t id = ++last_id_;
-    // A map node that cannot be made would destroy a running std::thread (terminate): it is
-    // joined first, and the allocation failure goes on to the caller.
-    try {
-      threads_.emplace(id, std::move(t));
-    } catch (...) {
-      if (t.joinable()) t.join();
-      throw;
-    }
-    return id;
-  }
-
-  void Join(std::uint64_t id) override {
-    std::thread t;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      auto it = threads_.find(id);
-      RC_CHECK(it != threads_.end());
-      t = std::move(it->second);
-      threads_.erase(it);
-    }
-    t.join();
-  }
-
- private:
-  const StartFn start_;
-  std::mutex mu_;
-  std::map<std::uint64_t, std::thread> threads_;
-  std::uint64_t last_id_ = 0;
-};
-
 constexpr int kJoinDigestAttempts = 3;
 constexpr int kJoinDigestRetryMs = 1000;
 
@@ -346,7 +303,7 @@ void Service::MakeFleetRunner() {
   o.runner = RunnerOptionsOf(config_);
   o.blocked_timeout_ms = config_.fleet_blocked_timeout_ms;
   o.update_timeout_ms = config_.fleet_update_timeout_ms;
-  member_threads_ = std::make_unique<StartedThreads>(
+  member_threads_ = effects::OsMemberThreads(
       [this](std::function<void()> drive) { return StartMemberThread(std::move(drive)); });
   o.threads = member_threads_.get();
   fleet_runner_ =
