@@ -729,15 +729,11 @@ HttpServerOptions Service::ServerOptions() const {
 
 Result<std::unique_ptr<UpstreamPool>> Service::MakeUpstream(const UpstreamTarget& target) {
   RC_CHECK(http_ != nullptr);  // the pool's sockets live on the server's loops
-  boost::system::error_code ec;
-  boost::asio::ip::tcp::resolver resolver(http_->io());
-  auto endpoints = resolver.resolve(target.host, std::to_string(target.port), ec);
-  if (ec || endpoints.empty()) {
-    return Status::Unavailable("cannot resolve the engine host '" + target.host +
-                               "': " + ec.message());
-  }
-  return std::make_unique<UpstreamPool>(endpoints.begin()->endpoint(),
-                                        config_.engine_connections_max, http_->loop_count());
+  // A host that does not resolve now is a mistake in the URL, reported at start; the pool
+  // resolves it again at every fresh connect, so an engine whose name moves is followed.
+  RC_RETURN_IF_ERROR(CheckEngineHostResolves(target.host, target.port));
+  return std::make_unique<UpstreamPool>(target.host, target.port, config_.engine_connections_max,
+                                        http_->loop_count());
 }
 
 Status Service::Listen() {

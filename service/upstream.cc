@@ -3,14 +3,20 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
 #include "service/config.h"
 #include "service/http_util.h"
+#include "statemachine/text.h"
 
 namespace rc::service {
 
@@ -64,6 +70,8 @@ Result<UpstreamTarget> ParseEngineUrl(const std::string& url) {
 
 namespace {
 
+using error_code = boost::system::error_code;
+
 // The loop's own executor, also when a caller hands a strand of it.
 asio::any_io_executor LoopExecutor(const asio::any_io_executor& executor) {
   using Strand = asio::strand<asio::io_context::executor_type>;
@@ -71,11 +79,152 @@ asio::any_io_executor LoopExecutor(const asio::any_io_executor& executor) {
   return executor;
 }
 
+// The address `host` is when it is an IP literal (ParseEngineUrl strips an IPv6 one's brackets).
+std::optional<tcp::endpoint> LiteralEndpoint(const std::string& host, std::uint16_t port) {
+  error_code ec;
+  const asio::ip::address address = asio::ip::make_address(host, ec);
+  if (ec) return std::nullopt;
+  return tcp::endpoint(address, port);
+}
+
+Status CannotResolve(const std::string& host, const std::string& why) {
+  return Status::Unavailable("cannot resolve the engine host '" + text::escape_line(host) +
+                             "': " + why);
+}
+
+// One fresh connect: for a name, a lookup and then a connect to each address it gave in turn;
+// for an IP literal, the connect alone. One deadline bounds it all. Every handler runs on the
+// exchange's executor, so `finished_` needs no lock: whichever ends first, the chain or the
+// deadline, calls `done_`, exactly once. The deadline ends a lookup itself rather than waiting
+// for its handler: asio runs the lookups of a loop one at a time on a thread of that loop's own,
+// and cancel() skips a lookup not yet started there but cannot stop one in progress (so a slow
+// DNS server delays the loop's later lookups, each still bounded by its own deadline).
+class Dial : public std::enable_shared_from_this<Dial> {
+ public:
+  Dial(const asio::any_io_executor& executor, std::uint64_t timeout_ms, UpstreamPool::Ready done)
+      : executor_(executor),
+        conn_(std::make_unique<UpstreamConn>(LoopExecutor(executor), EventLoopOf(executor))),
+        timer_(executor),
+        timeout_ms_(timeout_ms),
+        done_(std::move(done)) {}
+
+  void ConnectTo(const tcp::endpoint& endpoint) {
+    StartDeadline();
+    conn_->socket.async_connect(
+        endpoint, asio::bind_executor(executor_, [self = shared_from_this()](error_code ec) {
+          self->OnConnected(ec);
+        }));
+  }
+
+  void Resolve(const std::string& host, std::uint16_t port, const UpstreamPool::Resolve& seam) {
+    StartDeadline();
+    host_ = host;
+    resolving_ = true;
+    if (seam) return ResolveBy(seam, port);
+    resolver_.emplace(LoopExecutor(executor_));
+    resolver_->async_resolve(
+        host, std::to_string(port),
+        asio::bind_executor(executor_, [self = shared_from_this()](
+                                           error_code ec, tcp::resolver::results_type results) {
+          self->OnResolved(ec ? ec.message() : "", results);
+        }));
+  }
+
+ private:
+  // The test seam's answer, delivered as a lookup's is: later, on the executor.
+  void ResolveBy(const UpstreamPool::Resolve& seam, std::uint16_t port) {
+    Result<std::vector<tcp::endpoint>> r = seam(host_, port);
+    std::string error;
+    std::vector<tcp::endpoint> endpoints;
+    if (r.ok()) {
+      endpoints = std::move(r.value());
+    } else {
+      error = r.status().message();
+    }
+    asio::post(executor_,
+               [self = shared_from_this(), error = std::move(error),
+                endpoints = std::move(endpoints)] { self->OnResolved(error, endpoints); });
+  }
+
+  template <typename Endpoints>
+  void OnResolved(const std::string& error, const Endpoints& endpoints) {
+    if (finished_) return;
+    resolving_ = false;
+    if (!error.empty() || endpoints.empty()) {
+      return Finish(CannotResolve(host_, error.empty() ? "it has no address" : error));
+    }
+    asio::async_connect(conn_->socket, endpoints,
+                        asio::bind_executor(executor_, [self = shared_from_this()](
+                                                           error_code ec, const tcp::endpoint&) {
+                          self->OnConnected(ec);
+                        }));
+  }
+
+  void OnConnected(error_code ec) {
+    if (finished_) return;
+    if (ec) return Finish(Status::Unavailable("connect failed: " + ec.message()));
+    conn_->socket.set_option(tcp::no_delay(true), ec);
+    Finish(Status::OK());
+  }
+
+  void StartDeadline() {
+    timer_.expires_after(std::chrono::milliseconds(timeout_ms_));
+    timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (!ec) self->OnDeadline();
+    });
+  }
+
+  void OnDeadline() {
+    if (finished_) return;
+    if (resolver_) resolver_->cancel();
+    error_code ignored;
+    conn_->socket.close(ignored);  // a connect in progress completes with an error, ignored
+    const std::string after = " timed out after " + std::to_string(timeout_ms_) + " ms";
+    Finish(Status::Timeout(resolving_ ? "resolving the engine host '" + text::escape_line(host_) +
+                                            "'" + after
+                                      : "connect" + after));
+  }
+
+  void Finish(Status st) {
+    RC_CHECK(!finished_);
+    finished_ = true;
+    timer_.cancel();
+    std::unique_ptr<UpstreamConn> conn = st.ok() ? std::move(conn_) : nullptr;
+    UpstreamPool::Ready done = std::move(done_);
+    done(std::move(st), std::move(conn), false);
+  }
+
+  const asio::any_io_executor executor_;  // the exchange's: every handler runs on it
+  std::unique_ptr<UpstreamConn> conn_;
+  asio::steady_timer timer_;
+  std::optional<tcp::resolver> resolver_;  // a name's lookup only
+  const std::uint64_t timeout_ms_;
+  UpstreamPool::Ready done_;
+  std::string host_;  // a name's, for the messages
+  bool resolving_ = false;
+  bool finished_ = false;
+};
+
 }  // namespace
 
-UpstreamPool::UpstreamPool(tcp::endpoint endpoint, std::size_t idle_max, std::size_t loops)
-    : endpoint_(std::move(endpoint)),
+Status CheckEngineHostResolves(const std::string& host, std::uint16_t port) {
+  if (LiteralEndpoint(host, port)) return Status::OK();
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  error_code ec;
+  const tcp::resolver::results_type endpoints = resolver.resolve(host, std::to_string(port), ec);
+  if (!ec && !endpoints.empty()) return Status::OK();
+  return CannotResolve(host, ec ? ec.message() : "it has no address");
+}
+
+UpstreamPool::UpstreamPool(std::string host, std::uint16_t port, std::size_t idle_max,
+                           std::size_t loops, Resolve resolve)
+    : host_(std::move(host)),
+      port_(port),
+      literal_(LiteralEndpoint(host_, port_)),
+      resolve_(std::move(resolve)),
       idle_max_per_loop_((idle_max + loops - 1) / std::max<std::size_t>(loops, 1)) {
+  RC_CHECK(!host_.empty() && port_ != 0);
   RC_CHECK(idle_max >= 1 && loops >= 1 && idle_max_per_loop_ >= 1);
 }
 
@@ -116,27 +265,9 @@ void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t 
 
 void UpstreamPool::Connect(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                            Ready done) {
-  auto conn = std::make_shared<std::unique_ptr<UpstreamConn>>(
-      std::make_unique<UpstreamConn>(LoopExecutor(executor), EventLoopOf(executor)));
-  auto timer = std::make_shared<asio::steady_timer>(executor);
-  timer->expires_after(std::chrono::milliseconds(connect_timeout_ms));
-  timer->async_wait([conn](boost::system::error_code ec) {
-    if (!ec && *conn) (*conn)->socket.close(ec);  // the connect completes with an error
-  });
-  UpstreamConn& c = **conn;
-  c.socket.async_connect(
-      endpoint_, asio::bind_executor(executor, [conn, timer, done = std::move(done),
-                                                connect_timeout_ms](boost::system::error_code ec) {
-        timer->cancel();
-        if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) {
-          return done(Status::Timeout("connect timed out after " +
-                                      std::to_string(connect_timeout_ms) + " ms"),
-                      nullptr, false);
-        }
-        if (ec) return done(Status::Unavailable("connect failed: " + ec.message()), nullptr, false);
-        (*conn)->socket.set_option(tcp::no_delay(true), ec);
-        done(Status::OK(), std::move(*conn), false);
-      }));
+  auto dial = std::make_shared<Dial>(executor, connect_timeout_ms, std::move(done));
+  if (literal_) return dial->ConnectTo(*literal_);
+  dial->Resolve(host_, port_, resolve_);
 }
 
 void UpstreamPool::Release(std::unique_ptr<UpstreamConn> conn) {

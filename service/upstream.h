@@ -7,6 +7,11 @@
 // most ceil(idle_max / loops) idle connections (so one busy loop cannot take every other loop's
 // share); a connection in use belongs to exactly one exchange (the client connection budget
 // bounds those). A pooled connection the engine closed meanwhile is detected before reuse.
+//
+// The engine's host, when it is a name rather than an IP literal, is resolved again at every fresh
+// connect (asynchronously, within the connect deadline), as the control client does: an engine
+// whose name moves to a new address (a restarted pod, a Kubernetes Service) is dialed there. A
+// pooled connection keeps the address it was opened to until it is dropped.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +20,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/io_context.hpp>
@@ -59,11 +66,23 @@ struct UpstreamTarget {
 // or loopback beside the executor (docs/security.md).
 [[nodiscard]] Result<UpstreamTarget> ParseEngineUrl(const std::string& url);
 
+// Whether `host` resolves now, as a fresh connect would resolve it. Blocking: for the start (a
+// typo in an engine URL fails it), never on an event loop. The error is a fresh connect's.
+[[nodiscard]] Status CheckEngineHostResolves(const std::string& host, std::uint16_t port);
+
 class UpstreamPool {
  public:
-  UpstreamPool(boost::asio::ip::tcp::endpoint endpoint, std::size_t idle_max, std::size_t loops);
+  // The addresses a name stands for, in the order to try. Tests only, in place of the system
+  // resolver; called on the exchange's executor at each fresh connect to a name.
+  using Resolve = std::function<Result<std::vector<boost::asio::ip::tcp::endpoint>>(
+      const std::string& host, std::uint16_t port)>;
 
-  // A connection: an idle one (reused = true) or a fresh one connecting within connect_timeout_ms;
+  // `host`: an IP literal, connected to as is, or a name, resolved at every fresh connect.
+  UpstreamPool(std::string host, std::uint16_t port, std::size_t idle_max, std::size_t loops,
+               Resolve resolve = nullptr);
+
+  // A connection: an idle one (reused = true) or a fresh one resolving and connecting within
+  // connect_timeout_ms (a name that does not resolve: Unavailable);
   // `fresh_only`: never a pooled one (the retry after a pooled one turned out closed, since the
   // next pooled one may have been closed by the same engine timeout). `done` runs on `executor`.
   using Ready = std::function<void(Status, std::unique_ptr<UpstreamConn>, bool reused)>;
@@ -79,7 +98,10 @@ class UpstreamPool {
   void Connect(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                Ready done);
 
-  const boost::asio::ip::tcp::endpoint endpoint_;
+  const std::string host_;
+  const std::uint16_t port_;
+  const std::optional<boost::asio::ip::tcp::endpoint> literal_;  // when host_ is an IP literal
+  const Resolve resolve_;                                        // null: the system resolver
   const std::size_t idle_max_per_loop_;
   mutable std::mutex mu_;
   std::map<const void*, std::deque<std::unique_ptr<UpstreamConn>>> idle_;  // by event loop

@@ -1,8 +1,11 @@
 // The engine connection pool over real loopback TCP, with two event loops as serve runs them.
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -21,7 +24,8 @@ using tcp = asio::ip::tcp;
 // An engine that accepts and holds every connection open, saying nothing.
 class SilentEngine {
  public:
-  SilentEngine() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+  explicit SilentEngine(const std::string& address = "127.0.0.1", std::uint16_t port = 0)
+      : acceptor_(io_, tcp::endpoint(asio::ip::make_address(address), port)) {
     Accept();
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -51,18 +55,38 @@ struct Got {
   bool reused = false;
 };
 
-// Acquires on a strand of `loop`, running the loop until the connection is handed over.
-Got AcquireOn(UpstreamPool& pool, asio::io_context& loop) {
-  Got got;
-  bool done = false;
-  pool.Acquire(asio::make_strand(loop), 2000,
-               [&](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
-                 got = Got{st, std::move(c), reused};
-                 done = true;
-               });
+struct AcquireOptions {
+  std::uint64_t connect_timeout_ms = 2000;
+  bool fresh_only = false;
+};
+
+// Acquires on a strand of `loop`, running the loop until the connection is handed over; a
+// completion that does not come within the timeout and 5 s more is a failure, not a hang.
+Got AcquireOn(UpstreamPool& pool, asio::io_context& loop, AcquireOptions o = {}) {
+  auto got = std::make_shared<Got>();
+  auto done = std::make_shared<int>(0);  // completions: exactly one is expected
+  pool.Acquire(
+      asio::make_strand(loop), o.connect_timeout_ms,
+      [got, done](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
+        *got = Got{st, std::move(c), reused};
+        ++*done;
+      },
+      o.fresh_only);
   loop.restart();
-  while (!done) loop.run_one_for(std::chrono::seconds(5));
-  return got;
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(o.connect_timeout_ms + 5000);
+  while (*done == 0 && std::chrono::steady_clock::now() < give_up) {
+    loop.run_one_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(*done, 1) << "the acquire did not complete within its connect timeout";
+  loop.poll();  // a second completion, if any, would come now
+  EXPECT_LE(*done, 1) << "the acquire completed twice";
+  return std::move(*got);
+}
+
+std::uint16_t PortOf(const Got& got) { return got.conn->socket.remote_endpoint().port(); }
+std::string AddressOf(const Got& got) {
+  return got.conn->socket.remote_endpoint().address().to_string();
 }
 
 // Proves a pooled connection is reused only by an exchange of the event loop it was opened on,
@@ -72,7 +96,7 @@ Got AcquireOn(UpstreamPool& pool, asio::io_context& loop) {
 TEST(UpstreamPool, AConnectionIsReusedOnlyOnItsOwnLoop) {
   SilentEngine engine;
   asio::io_context a(1), b(1);  // outlive the pool: its idle sockets are registered with them
-  UpstreamPool pool(engine.endpoint(), /*idle_max=*/3, /*loops=*/2);
+  UpstreamPool pool("127.0.0.1", engine.endpoint().port(), /*idle_max=*/3, /*loops=*/2);
   Got first = AcquireOn(pool, a);
   ASSERT_TRUE(first.status.ok()) << first.status.ToString();
   EXPECT_FALSE(first.reused);
@@ -95,6 +119,120 @@ TEST(UpstreamPool, AConnectionIsReusedOnlyOnItsOwnLoop) {
   pool.Release(std::move(again_a.conn));
   for (auto& c : more) pool.Release(std::move(c));
   EXPECT_EQ(pool.idle(), 3u) << "four released on b (two kept), one on a";
+}
+
+// Proves a pool built from a host name, not an IP literal, resolves it and connects. Catches a
+// name handed to the literal path, and a lookup whose completion never reaches the exchange.
+TEST(UpstreamPool, ANameIsResolvedAndConnected) {
+  SilentEngine engine;  // on 127.0.0.1, which localhost names (maybe after ::1, refused)
+  asio::io_context loop(1);
+  UpstreamPool pool("localhost", engine.endpoint().port(), /*idle_max=*/1, /*loops=*/1);
+  Got got = AcquireOn(pool, loop);
+  ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+  EXPECT_FALSE(got.reused);
+  EXPECT_EQ(got.conn->socket.remote_endpoint(), engine.endpoint());
+}
+
+// Proves a name is resolved at every fresh connect while a pooled connection is reused without a
+// lookup: the name moves from 127.0.0.1 to 127.0.0.2 (same port) between two connects. Catches
+// an address fixed when the pool was built (the second connect would dial the old engine), and a
+// lookup on the reuse path.
+TEST(UpstreamPool, ANameIsResolvedAgainAtEveryFreshConnect) {
+  SilentEngine old_engine("127.0.0.1");
+  SilentEngine new_engine("127.0.0.2", old_engine.endpoint().port());
+  std::string address = "127.0.0.1";  // where the name points now
+  int lookups = 0;
+  auto resolve = [&](const std::string& host,
+                     std::uint16_t port) -> Result<std::vector<tcp::endpoint>> {
+    EXPECT_EQ(host, "engine.test");
+    ++lookups;
+    return std::vector<tcp::endpoint>{tcp::endpoint(asio::ip::make_address(address), port)};
+  };
+  asio::io_context loop(1);
+  UpstreamPool pool("engine.test", old_engine.endpoint().port(), /*idle_max=*/2, /*loops=*/1,
+                    resolve);
+  Got first = AcquireOn(pool, loop);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  EXPECT_EQ(AddressOf(first), "127.0.0.1");
+  const UpstreamConn* opened_first = first.conn.get();
+  pool.Release(std::move(first.conn));
+
+  address = "127.0.0.2";  // the engine restarted elsewhere
+  Got second = AcquireOn(pool, loop, {.fresh_only = true});
+  ASSERT_TRUE(second.status.ok()) << second.status.ToString();
+  EXPECT_EQ(AddressOf(second), "127.0.0.2") << "the fresh connect dialed the old address";
+  EXPECT_EQ(lookups, 2);
+
+  Got pooled = AcquireOn(pool, loop);
+  ASSERT_TRUE(pooled.status.ok()) << pooled.status.ToString();
+  EXPECT_TRUE(pooled.reused);
+  EXPECT_EQ(pooled.conn.get(), opened_first);
+  EXPECT_EQ(AddressOf(pooled), "127.0.0.1") << "a pooled connection keeps its address";
+  EXPECT_EQ(lookups, 2) << "a pooled connection was reused after a lookup";
+}
+
+// Proves the connect tries the addresses of a name in order until one answers, as localhost
+// resolving to ::1 and 127.0.0.1 with the engine on one of them needs. Catches a connect to the
+// first address alone.
+TEST(UpstreamPool, TheConnectTriesEachAddressOfTheName) {
+  SilentEngine engine("127.0.0.1");
+  const std::uint16_t port = engine.endpoint().port();  // nothing listens on 127.0.0.2:port
+  auto resolve = [](const std::string&, std::uint16_t p) -> Result<std::vector<tcp::endpoint>> {
+    return std::vector<tcp::endpoint>{tcp::endpoint(asio::ip::make_address("127.0.0.2"), p),
+                                      tcp::endpoint(asio::ip::make_address("127.0.0.1"), p)};
+  };
+  asio::io_context loop(1);
+  UpstreamPool pool("engine.test", port, /*idle_max=*/1, /*loops=*/1, resolve);
+  Got got = AcquireOn(pool, loop);
+  ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+  EXPECT_EQ(AddressOf(got), "127.0.0.1");
+  EXPECT_EQ(PortOf(got), port);
+}
+
+// Proves a name the system resolver does not know fails the acquire with Unavailable, once and
+// within the connect timeout. Catches a lookup error reported as a connect error or a timeout,
+// and an acquire that never completes. (Needs a resolver that answers NXDOMAIN for .invalid;
+// with no DNS reachable, the acquire ends at the deadline with Timeout instead.)
+TEST(UpstreamPool, ANameThatDoesNotResolveFailsTheAcquire) {
+  asio::io_context loop(1);
+  UpstreamPool pool("no-such-host.invalid", 8000, /*idle_max=*/1, /*loops=*/1);
+  const auto start = std::chrono::steady_clock::now();
+  Got got = AcquireOn(pool, loop, {.connect_timeout_ms = 3000});
+  const auto took = std::chrono::steady_clock::now() - start;
+  // Unavailable where DNS answers; Timeout where no DNS server answers within the deadline.
+  EXPECT_TRUE(got.status.code() == Code::kUnavailable || got.status.code() == Code::kTimeout)
+      << got.status.ToString();
+  EXPECT_NE(got.status.message().find("engine host 'no-such-host.invalid'"), std::string::npos)
+      << got.status.message();
+  EXPECT_EQ(got.conn, nullptr);
+  EXPECT_LT(took, std::chrono::milliseconds(3000 + 500));
+}
+
+// Proves a failed lookup completes the acquire with Unavailable, naming the host escaped (it comes
+// from a configuration file). Catches the failure reported as a connect error, and a control
+// character of the name written raw into a log line.
+TEST(UpstreamPool, AFailedLookupIsUnavailableAndNamesTheHostEscaped) {
+  auto resolve = [](const std::string&, std::uint16_t) -> Result<std::vector<tcp::endpoint>> {
+    return Status::NotFound("NXDOMAIN");
+  };
+  asio::io_context loop(1);
+  UpstreamPool pool("bad\nname", 8000, /*idle_max=*/1, /*loops=*/1, resolve);
+  Got got = AcquireOn(pool, loop);
+  EXPECT_EQ(got.status.code(), Code::kUnavailable) << got.status.ToString();
+  EXPECT_EQ(got.status.message(), "cannot resolve the engine host 'bad\\nname': NXDOMAIN");
+  EXPECT_EQ(got.conn, nullptr);
+}
+
+// Proves the engine host check of the start: a literal and localhost pass, an unknown name fails
+// with the message a fresh connect gives. Catches a typo in engine_url accepted at start.
+TEST(UpstreamPool, TheStartCheckResolvesTheHostNow) {
+  EXPECT_TRUE(CheckEngineHostResolves("127.0.0.1", 8000).ok());
+  EXPECT_TRUE(CheckEngineHostResolves("::1", 8000).ok());
+  EXPECT_TRUE(CheckEngineHostResolves("localhost", 8000).ok());
+  const Status st = CheckEngineHostResolves("no-such-host.invalid", 8000);
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("cannot resolve the engine host 'no-such-host.invalid'"),
+            std::string::npos);
 }
 
 }  // namespace
