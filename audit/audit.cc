@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -483,51 +484,111 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
   return p;
 }
 
-Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal) {
-  std::map<std::string, std::size_t> index;  // rollout id -> position in `out`
-  std::map<std::string, RolloutAdmitted> bindings;
-  std::map<std::string, std::uint64_t> admitted_at;
-  std::map<std::string, std::uint32_t> next_part;
-  std::vector<Trajectory> out;
-  Status st = journal.Scan(1, 0, [&](const journal::Record& r) -> Status {
+namespace {
+
+// A rollout admitted and not finished: its binding, and where its trajectory's parts go.
+struct OpenRollout {
+  RolloutAdmitted binding;
+  std::uint64_t admitted_seq = 0;
+  std::uint32_t next_part = 0;
+  std::optional<std::uint64_t> ordinal;  // its trajectory's number in the journal, from part 0
+};
+
+// The most recent `bound` trajectories of a journal, fed its records in seq order. Only open
+// rollouts are followed (a part is legal only while its rollout is active), so memory holds the
+// window and the open rollouts, never the whole run.
+class TrajectoryWindow {
+ public:
+  explicit TrajectoryWindow(std::size_t bound) : bound_(bound) { RC_CHECK(bound_ >= 1); }
+
+  Status Observe(const journal::Record& r) {
     if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
-      bindings[a->rollout_id] = *a;
-      admitted_at[a->rollout_id] = r.seq;
-      next_part[a->rollout_id] = 0;
-      index.erase(a->rollout_id);
-      return Status::OK();
-    }
-    const auto* t = std::get_if<TrajectoryRecorded>(&r.event);
-    if (t == nullptr) return Status::OK();
-    auto b = bindings.find(t->rollout_id);
-    if (b == bindings.end() || t->part != next_part[t->rollout_id]) {
-      return Status::Corruption("seq " + std::to_string(r.seq) + ": trajectory part " +
-                                std::to_string(t->part) + " of '" + E(t->rollout_id) +
-                                "' out of order or without an admission");
-    }
-    next_part[t->rollout_id]++;
-    auto [it, fresh] = index.try_emplace(t->rollout_id, out.size());
-    if (fresh) {
-      if (out.size() >= kTrajectoriesMax) return Status::InvalidArgument("too many trajectories");
-      Trajectory tr;
-      tr.rollout_id = t->rollout_id;
-      tr.admission_seq = admitted_at[t->rollout_id];
-      tr.version = b->second.version;
-      tr.identity = b->second.identity;
-      out.push_back(std::move(tr));
-    }
-    Trajectory& tr = out[it->second];
-    tr.prompt.insert(tr.prompt.end(), t->prompt_token_ids.begin(), t->prompt_token_ids.end());
-    tr.output.insert(tr.output.end(), t->output_token_ids.begin(), t->output_token_ids.end());
-    for (std::size_t i = 0; i < t->output_token_ids.size(); ++i) {
-      const bool has =
-          i < t->output_logprobs.size() && t->output_logprobs[i] == t->output_logprobs[i];
-      tr.logprobs.push_back(has ? std::optional<double>(t->output_logprobs[i]) : std::nullopt);
+      open_[a->rollout_id] = OpenRollout{*a, r.seq, 0, std::nullopt};
+    } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+      open_.erase(f->rollout_id);
+    } else if (const auto* t = std::get_if<TrajectoryRecorded>(&r.event)) {
+      return OnPart(*t, r.seq);
     }
     return Status::OK();
-  });
+  }
+
+  JournalTrajectories Finish() && {
+    RC_CHECK(kept_.size() <= bound_ && kept_.size() <= total_);
+    JournalTrajectories out;
+    out.total = total_;
+    out.trajectories.assign(std::make_move_iterator(kept_.begin()),
+                            std::make_move_iterator(kept_.end()));
+    return out;
+  }
+
+ private:
+  Status OnPart(const TrajectoryRecorded& t, std::uint64_t seq) {
+    auto it = open_.find(t.rollout_id);
+    if (it == open_.end() || t.part != it->second.next_part) {
+      return Status::Corruption("seq " + std::to_string(seq) + ": trajectory part " +
+                                std::to_string(t.part) + " of '" + E(t.rollout_id) +
+                                "' out of order or without an open admission");
+    }
+    OpenRollout& open = it->second;
+    open.next_part++;
+    if (t.part == 0) open.ordinal = Start(open);
+    Trajectory* kept = Kept(*open.ordinal);
+    if (kept != nullptr) Append(t, *kept);  // else it left the window: counted, not kept
+    return Status::OK();
+  }
+
+  // A new trajectory enters the window; the oldest leaves it past the bound.
+  std::uint64_t Start(const OpenRollout& open) {
+    Trajectory tr;
+    tr.rollout_id = open.binding.rollout_id;
+    tr.admission_seq = open.admitted_seq;
+    tr.version = open.binding.version;
+    tr.identity = open.binding.identity;
+    kept_.push_back(std::move(tr));
+    if (kept_.size() > bound_) kept_.pop_front();
+    return total_++;
+  }
+
+  // The window holds ordinals [total_ - kept_.size(), total_).
+  Trajectory* Kept(std::uint64_t ordinal) {
+    RC_CHECK(ordinal < total_);
+    const std::uint64_t first = total_ - kept_.size();
+    return ordinal < first ? nullptr : &kept_[ordinal - first];
+  }
+
+  static void Append(const TrajectoryRecorded& t, Trajectory& tr) {
+    tr.prompt.insert(tr.prompt.end(), t.prompt_token_ids.begin(), t.prompt_token_ids.end());
+    tr.output.insert(tr.output.end(), t.output_token_ids.begin(), t.output_token_ids.end());
+    for (std::size_t i = 0; i < t.output_token_ids.size(); ++i) {
+      const bool has = i < t.output_logprobs.size() && t.output_logprobs[i] == t.output_logprobs[i];
+      tr.logprobs.push_back(has ? std::optional<double>(t.output_logprobs[i]) : std::nullopt);
+    }
+  }
+
+  std::size_t bound_;
+  std::map<std::string, OpenRollout> open_;
+  std::deque<Trajectory> kept_;
+  std::uint64_t total_ = 0;  // trajectories seen (part 0s)
+};
+
+}  // namespace
+
+// Past the bound the most recent trajectories are offered, not the first or an even spread:
+// re-verification can check only those of the version the engine serves now, which is the
+// journal's latest, so older ones would mostly be skipped; and the recent ones are the rollouts
+// the engine under audit served.
+Result<JournalTrajectories> SampleTrajectoriesFromJournal(journal::Journal& journal,
+                                                          std::size_t bound) {
+  TrajectoryWindow window(bound);
+  Status st = journal.Scan(1, 0, [&](const journal::Record& r) { return window.Observe(r); });
   if (!st.ok()) return st;
-  return out;
+  return std::move(window).Finish();
+}
+
+Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal) {
+  Result<JournalTrajectories> t = SampleTrajectoriesFromJournal(journal);
+  if (!t.ok()) return t.status();
+  return std::move(t->trajectories);
 }
 
 namespace {
@@ -728,8 +789,12 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
     }
     // Blank lines count too: every line the loop reads is bounded, not only trajectories.
     if (line_no > kTrajectoriesMax) {
-      return Status::InvalidArgument(path + ": more than " + std::to_string(kTrajectoriesMax) +
-                                     " lines (a trajectory each)");
+      const std::string max = std::to_string(kTrajectoriesMax);
+      return Status::InvalidArgument("trajectories file " + E(path) + " has more than " + max +
+                                     " lines: a file may hold at most " + max +
+                                     " trajectories, split it (a journal's own may be more: "
+                                     "its most recent " +
+                                     max + " are re-verified)");
     }
     if (line.empty()) continue;
     Result<Trajectory> t = ParseTrajectoryLine(line);

@@ -141,18 +141,36 @@ struct Trajectory {
   std::vector<std::optional<double>> logprobs;  // per output token, when it was recorded
 };
 
+// Trajectories one audit re-verifies: all of a trajectories file (a longer file is refused), or
+// the most recent of a journal's (a journal may hold any number: see JournalTrajectories).
 inline constexpr std::size_t kTrajectoriesMax = 1u << 20;
 inline constexpr std::size_t kTrajectoryTokensMax = 1u << 20;
 // One line of a trajectories file, at most: the writer's own bound (service/trajectories.h drops
 // a longer line, never writes it), so every line it wrote is read and nothing longer is buffered.
 inline constexpr std::size_t kTrajectoryLineBytesMax = std::size_t{16} << 20;
 
-// The trajectories the journal holds (TrajectoryRecorded parts joined in seq order), each with
-// its rollout's binding from the journal. Parts out of order are a Corruption naming the seq.
+// The trajectories a journal offers for re-verification: every one it holds, or, past the bound,
+// the most recent `bound` of them. A long run holds more than any bound; that is no damage.
+struct JournalTrajectories {
+  std::vector<Trajectory> trajectories;  // in the order of their first part, at most the bound
+  std::uint64_t total = 0;               // trajectories the journal holds, exact
+  bool partial() const { return trajectories.size() < total; }
+};
+
+// The journal's trajectories (TrajectoryRecorded parts joined in seq order), each with its
+// rollout's binding from the journal; past `bound`, the most recent `bound` (by the seq of their
+// first part), and `total` counts them all. Memory holds at most `bound` trajectories and the
+// rollouts open at one time, whatever the journal's length. Parts out of order, or of a rollout
+// not admitted or already finished, are a Corruption naming the seq.
+[[nodiscard]] Result<JournalTrajectories> SampleTrajectoriesFromJournal(
+    journal::Journal& journal, std::size_t bound = kTrajectoriesMax);
+// SampleTrajectoriesFromJournal's trajectories alone: a caller that reports how many were
+// re-verified needs its `total` too.
 [[nodiscard]] Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal);
 
 // Parses a trajectories JSON-lines file. Malformed lines, and lines over kTrajectoryLineBytesMax,
-// are errors naming the line number; a read error is IOError.
+// are errors naming the line number; a read error is IOError; a file of more than
+// kTrajectoriesMax lines is InvalidArgument (the file's limit, nothing said of the journal).
 [[nodiscard]] Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path);
 
 // Checks each trajectory's binding against the journal's RolloutAdmitted for that rollout (same
@@ -195,6 +213,9 @@ struct ReverifySummary {
   double tolerance = 0;
   bool greedy = false;
   std::size_t trajectories = 0;  // offered
+  // Trajectories their source holds: more than offered when a journal past kTrajectoriesMax
+  // offered its most recent ones only (JournalTrajectories::partial).
+  std::uint64_t available = 0;
   std::size_t checked = 0;
   std::size_t failed = 0;          // checked, not ok
   std::size_t over_tolerance = 0;  // rollouts with at least one |diff| > tolerance
@@ -204,16 +225,25 @@ struct ReverifySummary {
   std::vector<ReverifyResult> rollouts;  // one per trajectory offered (<= kTrajectoriesMax)
   double mean_abs_diff() const { return compared == 0 ? 0 : sum_abs_diff / compared; }
   // Re-verification proved something, and nothing it checked failed. Never true for 0 checked.
+  // A partial one that verified is no failure: what it left out is reported, not counted.
   bool verified() const { return checked > 0 && failed == 0; }
+  bool partial() const { return available > trajectories; }
 };
 ReverifySummary ReverifyAll(effects::EngineClient& engine,
                             const std::vector<Trajectory>& trajectories, double tolerance,
                             bool greedy);
+// ReverifyAll over a journal's trajectories; `available` is the journal's total.
+ReverifySummary ReverifyFromJournal(effects::EngineClient& engine, const JournalTrajectories& from,
+                                    double tolerance, bool greedy);
 
 // One line per rollout ("REVERIFY 'ID': OK|FAILED|SKIPPED: figures"), escaped, no newline.
 std::string FormatReverify(const ReverifyResult& r);
-// The totals in one line, escaped; "NOTHING VERIFIED" when 0 were checked, never "OK" then.
+// The totals in one line, escaped; "NOTHING VERIFIED" when 0 were checked, never "OK" then. A
+// partial one ends "; PARTIAL: C of M trajectories re-verified (only the most recent N ...)".
 std::string FormatReverifySummary(const ReverifySummary& s, const std::string& engine_url);
+// "trajectories in the journal: M" (", the most recent N offered for re-verification" past the
+// bound): the count a report prints before re-verifying them.
+std::string FormatJournalTrajectories(const JournalTrajectories& t);
 // The engine findings of a re-verification (raw; escaped when printed): each failed rollout,
 // and "checked 0 of N" when trajectories were offered and none could be checked.
 std::vector<std::string> ReverifyFindings(const ReverifySummary& s);

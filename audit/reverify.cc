@@ -124,6 +124,16 @@ std::string Against(const ReverifyResult& r) {
   return o.str();
 }
 
+// "; PARTIAL: ..." when the source held more trajectories than were offered, else "".
+std::string Partial(const ReverifySummary& s) {
+  if (!s.partial()) return "";
+  std::ostringstream o;
+  o << "; PARTIAL: " << s.checked << " of " << s.available
+    << " trajectories re-verified (only the most recent " << s.trajectories << " were offered; the "
+    << (s.available - s.trajectories) << " older ones were not)";
+  return o.str();
+}
+
 }  // namespace
 
 ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, double tolerance,
@@ -172,6 +182,7 @@ ReverifySummary ReverifyAll(effects::EngineClient& engine,
   s.tolerance = tolerance;
   s.greedy = greedy;
   s.trajectories = trajectories.size();
+  s.available = trajectories.size();
   for (const Trajectory& t : trajectories) {
     ReverifyResult r = Reverify(engine, t, tolerance, greedy);
     if (r.checked) {
@@ -190,6 +201,14 @@ ReverifySummary ReverifyAll(effects::EngineClient& engine,
   return s;
 }
 
+ReverifySummary ReverifyFromJournal(effects::EngineClient& engine, const JournalTrajectories& from,
+                                    double tolerance, bool greedy) {
+  RC_CHECK(from.trajectories.size() <= from.total);
+  ReverifySummary s = ReverifyAll(engine, from.trajectories, tolerance, greedy);
+  s.available = from.total;
+  return s;
+}
+
 std::string FormatReverify(const ReverifyResult& r) {
   const char* verdict = !r.checked ? "SKIPPED" : r.ok ? "OK" : "FAILED";
   return "REVERIFY '" + E(r.rollout_id) + "': " + verdict + ": " + E(r.detail);
@@ -200,15 +219,24 @@ std::string FormatReverifySummary(const ReverifySummary& s, const std::string& e
   o << "re-verification against " << E(engine_url) << ": " << s.checked << " of " << s.trajectories
     << " rollouts checked";
   if (s.checked == 0) {
-    o << ": NOTHING VERIFIED";
+    o << ": NOTHING VERIFIED" << Partial(s);
     return o.str();
   }
   o << " (" << (s.trajectories - s.checked) << " skipped), "
     << Figures(s.compared, s.top1, s.tokens, s.greedy, s.max_abs_diff, s.mean_abs_diff(),
                s.tolerance)
     << ": " << s.over_tolerance << " rollouts over tolerance, " << s.failed
-    << " failed: " << (s.verified() ? "OK" : "FAILED");
+    << " failed: " << (s.verified() ? "OK" : "FAILED") << Partial(s);
   return o.str();
+}
+
+std::string FormatJournalTrajectories(const JournalTrajectories& t) {
+  std::string out = "trajectories in the journal: " + std::to_string(t.total);
+  if (t.partial()) {
+    out += ", the most recent " + std::to_string(t.trajectories.size()) +
+           " offered for re-verification";
+  }
+  return out;
 }
 
 std::vector<std::string> ReverifyFindings(const ReverifySummary& s) {
@@ -244,6 +272,8 @@ json ReverifyJson(const ReverifySummary& s) {
   return {{"tolerance", s.tolerance},
           {"greedy", s.greedy},
           {"trajectories", s.trajectories},
+          {"available", s.available},
+          {"partial", s.partial()},
           {"checked", s.checked},
           {"failed", s.failed},
           {"over_tolerance", s.over_tolerance},

@@ -89,42 +89,51 @@ int ShowProvenance(journal::Journal& j, const Opts& o, const std::string& torn, 
   return head_ok && torn.empty() ? audit::kExitOk : audit::kExitJournalDamaged;
 }
 
-// The trajectories to re-verify: the file's (cross-checked against the journal's bindings), or
-// the journal's own when only --engine is given. A mismatch is an engine finding. A file that
-// cannot be read is a usage error; a journal whose trajectories cannot be read is damaged or
-// unverifiable: a journal finding, and the report goes on without them.
-int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdict,
-                      std::vector<audit::Trajectory>& out) {
-  if (o.trajectories.empty() && o.engine.empty()) return audit::kExitOk;
-  auto ts = o.trajectories.empty() ? audit::TrajectoriesFromJournal(j)
-                                   : audit::LoadTrajectories(o.trajectories);
-  if (!ts.ok() && o.trajectories.empty()) {
+// The journal's trajectories for --engine: past kTrajectoriesMax its most recent ones, and the
+// report says how many of how many. Parts that cannot be joined are damage: a journal finding,
+// and the report goes on without them.
+void ReadJournalTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdict,
+                             audit::JournalTrajectories& out) {
+  auto ts = audit::SampleTrajectoriesFromJournal(j);
+  if (!ts.ok()) {
     const std::string why = "trajectories in the journal: " + ts.status().ToString();
     std::fprintf(o.lines(), "%s\n", text::escape_line(why).c_str());
     verdict.journal_failures.push_back(why);
+    return;
+  }
+  std::fprintf(o.lines(), "%s\n", text::escape_line(audit::FormatJournalTrajectories(*ts)).c_str());
+  out = std::move(ts.value());
+}
+
+// The trajectories to re-verify: the file's (cross-checked against the journal's bindings), or
+// the journal's own when only --engine is given. A mismatch is an engine finding. A file that
+// cannot be read, or holds more than kTrajectoriesMax, is a usage error.
+int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdict,
+                      audit::JournalTrajectories& out) {
+  if (o.trajectories.empty() && o.engine.empty()) return audit::kExitOk;
+  if (o.trajectories.empty()) {
+    ReadJournalTrajectories(j, o, verdict, out);
     return audit::kExitOk;
   }
+  auto ts = audit::LoadTrajectories(o.trajectories);
   if (!ts.ok()) {
     std::fprintf(stderr, "rolloutcore audit: %s\n",
                  text::escape_line(ts.status().ToString()).c_str());
     return audit::kExitUsage;
   }
-  if (!o.trajectories.empty()) {
-    auto failures = audit::CrossCheckTrajectories(j, *ts);
-    std::fprintf(o.lines(), "trajectories file: %zu, binding mismatches: %zu\n", ts->size(),
-                 failures.size());
-    for (const auto& f : failures) {
-      std::fprintf(o.lines(), "  MISMATCH: %s\n", text::escape_line(f).c_str());
-      verdict.engine_findings.push_back(f);
-    }
-    if (ts->empty()) {
-      verdict.engine_findings.push_back(
-          "the trajectories file holds no trajectory: nothing to check");
-    }
-  } else {
-    std::fprintf(o.lines(), "trajectories in the journal: %zu\n", ts->size());
+  auto failures = audit::CrossCheckTrajectories(j, *ts);
+  std::fprintf(o.lines(), "trajectories file: %zu, binding mismatches: %zu\n", ts->size(),
+               failures.size());
+  for (const auto& f : failures) {
+    std::fprintf(o.lines(), "  MISMATCH: %s\n", text::escape_line(f).c_str());
+    verdict.engine_findings.push_back(f);
   }
-  out = std::move(ts.value());
+  if (ts->empty()) {
+    verdict.engine_findings.push_back(
+        "the trajectories file holds no trajectory: nothing to check");
+  }
+  out.total = ts->size();  // a file's trajectories are all offered
+  out.trajectories = std::move(ts.value());
   return audit::kExitOk;
 }
 
@@ -149,10 +158,10 @@ void CheckDigest(journal::Journal& j, const Opts& o, effects::EngineClient& engi
 
 // Each rollout's line, then the totals; the failures (and "checked 0 of N") become findings.
 audit::ReverifySummary Reverify(const Opts& o, effects::EngineClient& engine,
-                                const std::vector<audit::Trajectory>& trajectories,
+                                const audit::JournalTrajectories& trajectories,
                                 audit::Verdict& verdict) {
   audit::ReverifySummary s =
-      audit::ReverifyAll(engine, trajectories, o.logprob_tolerance, o.greedy);
+      audit::ReverifyFromJournal(engine, trajectories, o.logprob_tolerance, o.greedy);
   for (const audit::ReverifyResult& r : s.rollouts) {
     std::fprintf(o.lines(), "  %s\n", audit::FormatReverify(r).c_str());
   }
@@ -227,7 +236,7 @@ Runner add_audit(CLI::App& app) {
       verdict.journal_failures.push_back(
           "--expect-head: the acknowledged head is not in the journal");
     }
-    std::vector<audit::Trajectory> trajectories;
+    audit::JournalTrajectories trajectories;
     if (int rc = CheckTrajectories(j, *o, verdict, trajectories); rc != audit::kExitOk) return rc;
     std::optional<audit::ReverifySummary> reverified;
     if (!o->engine.empty() && j.is_fleet() != !o->fleet_engine.empty()) {

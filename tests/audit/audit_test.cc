@@ -37,6 +37,41 @@ audit::Trajectory Generate(Executor& x, const std::string& id, const std::string
   return t;
 }
 
+// Journals one greedy rollout generated on the double as the proxy does: its admission, its
+// trajectory as one TrajectoryRecorded part, its finish.
+void JournalTrajectory(Executor& x, const std::string& id, const std::string& prompt) {
+  ASSERT_TRUE(x.Admit(id).ok());
+  const nlohmann::json req = {{"prompt", prompt},
+                              {"max_tokens", 12},
+                              {"temperature", 0},
+                              {"logprobs", 0},
+                              {"return_token_ids", true}};
+  const effects::HttpReply reply = x.client->Completions(req);
+  ASSERT_TRUE(reply.http.ok_2xx()) << reply.http.error;
+  const auto& c = reply.body["choices"][0];
+  TrajectoryRecorded part{id, 0, {}, {}, {}};
+  for (const auto& v : c["prompt_token_ids"]) part.prompt_token_ids.push_back(v.get<int>());
+  for (const auto& v : c["token_ids"]) part.output_token_ids.push_back(v.get<int>());
+  for (const auto& v : c["logprobs"]["token_logprobs"]) {
+    part.output_logprobs.push_back(v.get<float>());
+  }
+  auto s = x.journal->Submit(part, WallMs());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(x.journal->Wait(s->ticket).ok());
+  ASSERT_TRUE(x.Finish(id, reply.body).ok());
+}
+
+// Submits one trajectory part of rollout `id` (the rollout must be open).
+void SubmitPart(Executor& x, const std::string& id, std::uint32_t part,
+                std::vector<std::int32_t> output) {
+  TrajectoryRecorded t{id, part,
+                       part == 0 ? std::vector<std::int32_t>{1, 2} : std::vector<std::int32_t>{},
+                       output, std::vector<float>(output.size(), -0.5f)};
+  auto s = x.journal->Submit(t, WallMs());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(x.journal->Wait(s->ticket).ok());
+}
+
 // Proves a journal written by real update cycles audits clean, with one version record per
 // committed generation and per-version rollout counts; would catch an audit that misses a
 // published version or attributes rollouts to the wrong one.
@@ -436,6 +471,128 @@ TEST(Audit, HostileScoringAnswersAreCountedNotThrown) {
   const std::string line = audit::FormatReverify(r);
   EXPECT_EQ(line.find('\n'), std::string::npos) << line;
   EXPECT_EQ(line.rfind("REVERIFY 'r\\naudit: OK': FAILED: ", 0), 0u) << line;
+}
+
+// Proves a journal holding more trajectories than the bound is re-verified in part, never called
+// damaged: the most recent `bound` are offered whole, the total stays exact, the summary says
+// "PARTIAL: 3 of 7 trajectories re-verified", the journal is INTACT and the exit code 0, or 1
+// once an offered trajectory fails. Would catch the count past kTrajectoriesMax turned into a
+// journal failure (the "JOURNAL DAMAGED" exit 3 of a long run), a partial re-verification
+// printed as if it covered everything, or a sample of the oldest trajectories, which an engine
+// serving the latest version skips (here: all of rc-0's).
+TEST(Audit, AJournalPastTheBoundIsReverifiedInPartNotDamaged) {
+  Executor x;
+  x.Bootstrap();
+  for (int i = 0; i < 3; ++i) JournalTrajectory(x, "old-" + std::to_string(i), "old prompt");
+  ASSERT_TRUE(x.runner->Update(Update("u-1", "rc-1", 1)).ok());
+  for (int i = 0; i < 4; ++i) JournalTrajectory(x, "new-" + std::to_string(i), "new prompt");
+  Result<audit::JournalTrajectories> all = audit::SampleTrajectoriesFromJournal(*x.journal);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->total, 7u);
+  EXPECT_FALSE(all->partial());
+  Result<audit::JournalTrajectories> ts = audit::SampleTrajectoriesFromJournal(*x.journal, 3);
+  ASSERT_TRUE(ts.ok()) << ts.status().ToString();
+  EXPECT_EQ(ts->total, 7u);
+  EXPECT_TRUE(ts->partial());
+  ASSERT_EQ(ts->trajectories.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(ts->trajectories[i].rollout_id, "new-" + std::to_string(i + 1));
+    EXPECT_EQ(ts->trajectories[i].output, all->trajectories[i + 4].output);
+    EXPECT_EQ(ts->trajectories[i].version.label, "rc-1");
+  }
+  EXPECT_EQ(audit::FormatJournalTrajectories(*ts),
+            "trajectories in the journal: 7, the most recent 3 offered for re-verification");
+  Result<std::vector<audit::Trajectory>> plain = audit::TrajectoriesFromJournal(*x.journal);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->size(), 7u);
+
+  const audit::ReverifySummary s =
+      audit::ReverifyFromJournal(*x.client, *ts, 1e-5, /*greedy=*/true);
+  EXPECT_EQ(s.trajectories, 3u);
+  EXPECT_EQ(s.available, 7u);
+  EXPECT_EQ(s.checked, 3u);
+  EXPECT_TRUE(s.partial());
+  EXPECT_TRUE(s.verified());
+  EXPECT_TRUE(audit::ReverifyFindings(s).empty()) << "a partial re-verification is no failure";
+  const std::string line = audit::FormatReverifySummary(s, "E");
+  EXPECT_NE(line.find(": OK; PARTIAL: 3 of 7 trajectories re-verified (only the most recent 3 "
+                      "were offered; the 4 older ones were not)"),
+            std::string::npos)
+      << line;
+  const nlohmann::json j = audit::ReverifyJson(s);
+  EXPECT_EQ(j["available"], 7);
+  EXPECT_EQ(j["partial"], true);
+
+  auto report = audit::AuditJournal(*x.journal);
+  ASSERT_TRUE(report.ok());
+  audit::Verdict clean = audit::MakeVerdict(*report);
+  for (std::string& f : audit::ReverifyFindings(s)) clean.engine_findings.push_back(f);
+  const audit::AuditOutput out = audit::RenderAudit(*report, clean, x.dir);
+  EXPECT_EQ(out.exit_code, audit::kExitOk) << out.text;
+  EXPECT_NE(out.text.find("journal: INTACT"), std::string::npos) << out.text;
+
+  audit::JournalTrajectories doctored = *ts;
+  *doctored.trajectories[1].logprobs[4] -= 0.01;
+  const audit::ReverifySummary bad = audit::ReverifyFromJournal(*x.client, doctored, 1e-3, true);
+  EXPECT_EQ(bad.failed, 1u);
+  EXPECT_NE(audit::FormatReverifySummary(bad, "E").find("1 failed: FAILED; PARTIAL: 3 of 7"),
+            std::string::npos);
+  audit::Verdict failed = audit::MakeVerdict(*report);
+  for (std::string& f : audit::ReverifyFindings(bad)) failed.engine_findings.push_back(f);
+  EXPECT_EQ(failed.exit_code(), audit::kExitEngineUnhealthy);
+  EXPECT_TRUE(failed.journal_intact());
+}
+
+// Proves a trajectory that leaves the window while its rollout is still open is counted once,
+// and its later parts neither rejoin the window nor start a trajectory of their own, while a
+// trajectory kept whole gets every part; would catch the tail of a trajectory re-verified as a
+// whole (a false failure), parts counted as trajectories, or a part joined to the wrong one.
+TEST(Audit, TheTrajectoryWindowKeepsWholeTrajectoriesOnly) {
+  Executor x;
+  x.Bootstrap();
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(x.Admit(id).ok());
+  SubmitPart(x, "a", 0, {10});
+  SubmitPart(x, "b", 0, {20});
+  SubmitPart(x, "c", 0, {30});  // with a bound of 2, "a" leaves the window here
+  SubmitPart(x, "a", 1, {11});
+  SubmitPart(x, "c", 1, {31});
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(x.Finish(id, nlohmann::json::object()).ok());
+  Result<audit::JournalTrajectories> ts = audit::SampleTrajectoriesFromJournal(*x.journal, 2);
+  ASSERT_TRUE(ts.ok()) << ts.status().ToString();
+  EXPECT_EQ(ts->total, 3u);
+  ASSERT_EQ(ts->trajectories.size(), 2u);
+  EXPECT_EQ(ts->trajectories[0].rollout_id, "b");
+  EXPECT_EQ(ts->trajectories[1].rollout_id, "c");
+  EXPECT_EQ(ts->trajectories[1].prompt, (std::vector<std::int32_t>{1, 2}));
+  EXPECT_EQ(ts->trajectories[1].output, (std::vector<std::int32_t>{30, 31}));
+  EXPECT_EQ(ts->trajectories[1].logprobs.size(), 2u);
+  Result<audit::JournalTrajectories> all = audit::SampleTrajectoriesFromJournal(*x.journal);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->trajectories.size(), 3u);
+  EXPECT_EQ(all->trajectories[0].output, (std::vector<std::int32_t>{10, 11}));
+}
+
+// Proves a trajectories file past kTrajectoriesMax lines is refused as that file's limit, naming
+// the file and the way out and nothing of damage, while a file of exactly the bound is read;
+// would catch the file's bound worded as a damaged journal, or a bound off by one.
+TEST(Audit, ATrajectoriesFilePastTheBoundIsRefusedPlainly) {
+  Executor x;
+  const std::string path = x.dir + "/many.trajectories.jsonl";
+  std::ofstream(path) << std::string(audit::kTrajectoriesMax + 1, '\n');
+  Result<std::vector<audit::Trajectory>> over = audit::LoadTrajectories(path);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), Code::kInvalidArgument);
+  const std::string& m = over.status().message();
+  EXPECT_NE(m.find("trajectories file " + path + " has more than 1048576 lines"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("split it"), std::string::npos) << m;
+  for (const char* word : {"damage", "DAMAGED", "corrupt", "Corruption"}) {
+    EXPECT_EQ(m.find(word), std::string::npos) << m;
+  }
+  std::ofstream(path, std::ios::trunc) << std::string(audit::kTrajectoriesMax, '\n');
+  Result<std::vector<audit::Trajectory>> at = audit::LoadTrajectories(path);
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  EXPECT_TRUE(at->empty());
 }
 
 }  // namespace
