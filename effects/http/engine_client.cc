@@ -520,30 +520,73 @@ bool IsBearerToken(const std::string& token) {
   }
   return true;
 }
+namespace {
+
+// vLLM's answer to a collective_rpc naming a method no worker has (run_method's
+// NotImplementedError through the API server: docs/vllm-protocol.md, "Answers").
+bool UnknownRpcMethod(const HttpReply& r, const std::string& method) {
+  const bool status = r.http.http_status == 500 || r.http.http_status == 501;
+  return status && r.raw.find("Method '" + method + "' is not implemented") != std::string::npos;
+}
+
+// The engine answered that it has no such route or method: its route set is not the one the
+// route was found on (a restart onto another vLLM line). A timeout, a refused connection, a 5xx
+// or any other answer says nothing of the route set and keeps the route.
+bool RouteGone(LabelRoute route, const HttpReply& r, const std::string& rpc_method) {
+  if (route == LabelRoute::kUnknown || r.http.transport != Transport::kOk) return false;
+  if (r.http.http_status == 404) return true;
+  return route == LabelRoute::kWorkerRpc && UnknownRpcMethod(r, rpc_method);
+}
+
+const char* route_name(LabelRoute route) {
+  switch (route) {
+    case LabelRoute::kWeightInfoRoute:
+      return "the /weight_info route";
+    case LabelRoute::kWorkerRpc:
+      return "the worker extension's RPC";
+    case LabelRoute::kUnknown:
+      break;
+  }
+  return "no route";
+}
+
+}  // namespace
+
 HttpReply EngineClient::ReadLabel(const CallOptions& options) {
   const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
   const LabelRoute route = label_route();
-  HttpReply r = route == LabelRoute::kWorkerRpc ? LabelFromExtension(o) : LabelFromRoute(route, o);
+  HttpReply r = LabelThrough(route, o);
+  if (RouteGone(route, r, "rc_weight_info")) r = Reprobe(route, r.http, o, nullptr);
   // ObserveView, WeightInfo and the runner read it without another check.
   RC_CHECK(!r.http.ok_2xx() || has_string(r.body, "weight_version"));
   return r;
 }
+HttpReply EngineClient::LabelThrough(LabelRoute route, const CallOptions& o) {
+  switch (route) {
+    case LabelRoute::kWorkerRpc:
+      return LabelFromExtension(o);
+    case LabelRoute::kWeightInfoRoute:
+      return GetWeightInfo(o);
+    case LabelRoute::kUnknown:
+      break;
+  }
+  return ProbeLabel(o, nullptr);
+}
 HttpReply EngineClient::LabelFromExtension(const CallOptions& o) {
   return label_from_rpc(CollectiveRpc("rc_weight_info", {}, o), "rc_weight_info", nullptr);
 }
-HttpReply EngineClient::LabelFromRoute(LabelRoute route, const CallOptions& o) {
-  RC_CHECK(route != LabelRoute::kWorkerRpc);
+HttpReply EngineClient::ProbeLabel(const CallOptions& o, LabelRoute* found) {
   HttpReply info = GetWeightInfo(o);
   const bool absent = info.http.transport == Transport::kOk && info.http.http_status == 404;
-  if (!absent || route == LabelRoute::kWeightInfoRoute) {
-    if (info.http.ok_2xx()) set_label_route(LabelRoute::kWeightInfoRoute);
+  if (!absent) {
+    if (info.http.ok_2xx()) Found(LabelRoute::kWeightInfoRoute, found);
     return info;
   }
   // No /weight_info: vLLM 0.25.x. The label must come from the worker extension.
   HttpReply rpc = LabelFromExtension(o);
   rpc.http = chain(info.http, rpc.http);
   if (rpc.http.ok_2xx()) {
-    set_label_route(LabelRoute::kWorkerRpc);
+    Found(LabelRoute::kWorkerRpc, found);
   } else {
     rpc.http.error = bound_error(
         "GET /weight_info answered 404 (vLLM 0.25.x has no label "
@@ -552,23 +595,61 @@ HttpReply EngineClient::LabelFromRoute(LabelRoute route, const CallOptions& o) {
   }
   return rpc;
 }
+void EngineClient::Found(LabelRoute route, LabelRoute* found) {
+  RC_CHECK(route != LabelRoute::kUnknown);
+  set_label_route(route);
+  if (found != nullptr) *found = route;
+}
+// Another thread may have found the route again meanwhile: only `gone` itself is forgotten.
+void EngineClient::ForgetLabelRoute(LabelRoute gone) {
+  LabelRoute expected = gone;
+  label_route_.compare_exchange_strong(expected, LabelRoute::kUnknown, std::memory_order_acq_rel);
+}
+// The one probe a call makes after its route proved gone; never a loop.
+HttpReply EngineClient::Reprobe(LabelRoute gone, const HttpEvidence& refused, const CallOptions& o,
+                                LabelRoute* found) {
+  ForgetLabelRoute(gone);
+  HttpReply again = ProbeLabel(o, found);
+  again.http = chain(refused, again.http);
+  if (!again.http.ok_2xx()) {
+    again.http.error = bound_error(std::string(route_name(gone)) + " is gone (it answered " +
+                                   std::to_string(refused.http_status) +
+                                   ": no such route or method; the engine restarted onto another "
+                                   "vLLM line?); probed again: " +
+                                   again.http.error);
+  }
+  return again;
+}
 HttpReply EngineClient::WriteLabel(const std::string& label, const CallOptions& options) {
   const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
-  HttpEvidence found;
-  if (label_route() == LabelRoute::kUnknown) {
-    HttpReply r = ReadLabel(o);
-    if (!r.http.ok_2xx()) return r;
-    found = r.http;
+  const LabelRoute cached = label_route();
+  LabelRoute route = LabelRoute::kUnknown;
+  if (cached == LabelRoute::kUnknown) {
+    HttpReply found = ProbeLabel(o, &route);
+    return WriteLabelAfter(std::move(found), route, label, o);
   }
-  if (label_route() == LabelRoute::kWorkerRpc) {
-    HttpReply r = label_from_rpc(CollectiveRpc("rc_set_weight_version", {label}, o),
-                                 "rc_set_weight_version", &label);
-    r.http = chain(found, r.http);
-    return r;
+  HttpReply w = WriteLabelThrough(cached, label, o);
+  if (!RouteGone(cached, w, "rc_set_weight_version")) return w;
+  HttpReply found = Reprobe(cached, w.http, o, &route);
+  return WriteLabelAfter(std::move(found), route, label, o);
+}
+// The write once a probe found `route` (its reply `found`); the probe's failure otherwise.
+HttpReply EngineClient::WriteLabelAfter(HttpReply found, LabelRoute route, const std::string& label,
+                                        const CallOptions& o) {
+  if (!found.http.ok_2xx()) return found;
+  RC_CHECK(route != LabelRoute::kUnknown);  // a probe that succeeded named its route
+  HttpReply w = WriteLabelThrough(route, label, o);
+  w.http = chain(found.http, w.http);
+  return w;
+}
+HttpReply EngineClient::WriteLabelThrough(LabelRoute route, const std::string& label,
+                                          const CallOptions& o) {
+  RC_CHECK(route != LabelRoute::kUnknown);
+  if (route == LabelRoute::kWorkerRpc) {
+    return label_from_rpc(CollectiveRpc("rc_set_weight_version", {label}, o),
+                          "rc_set_weight_version", &label);
   }
-  HttpReply r = UpdateWeightVersion(label, o);
-  r.http = chain(found, r.http);
-  return r;
+  return UpdateWeightVersion(label, o);
 }
 HttpReply EngineClient::Pause(PauseMode mode, bool clear_cache, const CallOptions& o) {
   std::string path = std::string("/pause?mode=") + pause_mode_name(mode) +

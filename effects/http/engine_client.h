@@ -144,6 +144,10 @@ std::optional<std::string> refusal_before_sending(std::uint64_t timeout_ms, bool
 //                     POST /collective_rpc. vLLM must be started with
 //                     --worker-extension-cls rolloutcore.vllm_ext.RolloutCoreWorkerExtension
 //                     (python/rolloutcore/vllm_ext.py on the engine's PYTHONPATH).
+// The route found is cached per client. An engine restarted onto another line may lack it: when
+// the cached route answers that it does not exist (a 404, or the RPC's "Method '...' is not
+// implemented"), the call forgets it and probes once more. A timeout, a refused connection or any
+// other error says nothing of the route set and keeps it.
 enum class LabelRoute : std::uint8_t { kUnknown = 0, kWeightInfoRoute = 1, kWorkerRpc = 2 };
 inline constexpr char kWorkerExtensionClass[] = "rolloutcore.vllm_ext.RolloutCoreWorkerExtension";
 inline constexpr std::size_t kRpcWorkersMax = 4096;  // entries accepted in a collective_rpc reply
@@ -196,8 +200,9 @@ class EngineClient {
   HttpReply Version(const CallOptions& o = {});
   HttpReply GetWeightInfo(const CallOptions& o = {});
   // The engine's label through whichever route it has; the first call finds the route (GET
-  // /weight_info; on 404, /collective_rpc rc_weight_info). On success body is
-  // {"weight_version": label} (+ "workers": n on the RPC route, every worker agreeing).
+  // /weight_info; on 404, /collective_rpc rc_weight_info), and a call whose cached route is gone
+  // finds it again (LabelRoute). On success body is {"weight_version": label} (+ "workers": n on
+  // the RPC route, every worker agreeing).
   HttpReply ReadLabel(const CallOptions& o = {});
   // Sets the label (/update_weight_version or rc_set_weight_version on every worker). Like
   // ReadLabel and FinishWeightUpdate it may take several calls; all of them end by one deadline.
@@ -287,10 +292,21 @@ class EngineClient {
   HttpReply Send(const Request& req, const CallOptions& o, std::uint64_t timeout_ms);
   HttpReply Stream(const std::string& path, nlohmann::json request, const ChunkFn& on_chunk,
                    const CallOptions& o);
-  // ReadLabel's two routes: the worker extension's RPC, and /weight_info (which falls back to
-  // the RPC on a 404 unless the route is already known).
+  // The label through `route`: the worker extension's RPC, GET /weight_info, or (kUnknown) the
+  // probe that finds the route: GET /weight_info, and on its 404 the RPC. A probe that succeeds
+  // caches the route it found, and names it in *found when that is set.
+  HttpReply LabelThrough(LabelRoute route, const CallOptions& o);
   HttpReply LabelFromExtension(const CallOptions& o);
-  HttpReply LabelFromRoute(LabelRoute route, const CallOptions& o);
+  HttpReply ProbeLabel(const CallOptions& o, LabelRoute* found);
+  void Found(LabelRoute route, LabelRoute* found);
+  // The cached route `gone` answered `refused` (no such route or method): it is forgotten and
+  // the route probed again, once.
+  void ForgetLabelRoute(LabelRoute gone);
+  HttpReply Reprobe(LabelRoute gone, const HttpEvidence& refused, const CallOptions& o,
+                    LabelRoute* found);
+  HttpReply WriteLabelThrough(LabelRoute route, const std::string& label, const CallOptions& o);
+  HttpReply WriteLabelAfter(HttpReply found, LabelRoute route, const std::string& label,
+                            const CallOptions& o);
 
   std::string base_url_;
   EngineDeadlines deadlines_;

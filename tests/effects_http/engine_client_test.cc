@@ -418,6 +418,58 @@ TEST(EngineClient, RpcLabelWorkersMustAgree) {
   EXPECT_FALSE(c.WriteLabel("rc-2").http.ok_2xx());
 }
 
+// Proves a timeout, a 503, a 500 other than vLLM's unknown-method answer and a refused
+// connection keep the cached label route and send no probe, while that unknown-method answer
+// alone makes the call probe again; would catch a transient failure taken for a restart onto
+// another line (the route forgotten, and a 0.25.x engine's label looked for at /weight_info),
+// or the RPC's "not implemented" not recognised (a stale route kept forever).
+TEST(EngineClient, OnlyAnAbsentRouteIsForgotten) {
+  ScriptedServer s;
+  std::atomic<int> info_mode{0};  // 0: too slow, 1: 503, 2: the label
+  std::atomic<bool> rpc_unknown{false};
+  s.server().Get("/weight_info", [&](const auto&, auto& res) {
+    if (info_mode == 0) s.SlowSleep(1000);
+    if (info_mode == 2) return Json(res, R"({"weight_version":"rc-4"})");
+    Json(res, R"({"error": {"message": "busy", "code": 503}})", 503);
+  });
+  s.server().Post("/collective_rpc", [&](const auto&, auto& res) {
+    const std::string why =
+        rpc_unknown ? "Method 'rc_weight_info' is not implemented." : "CUDA error: out of memory";
+    Json(res,
+         json{{"error",
+               {{"message", "Call to collective_rpc method failed: " + why},
+                {"type", "InternalServerError"},
+                {"code", 500}}}}
+             .dump(),
+         500);
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  c.set_label_route(LabelRoute::kWeightInfoRoute);
+  EXPECT_EQ(c.ReadLabel(CallOptions{200, std::nullopt}).http.transport, Transport::kTimeout);
+  EXPECT_EQ(c.label_route(), LabelRoute::kWeightInfoRoute);
+  info_mode = 1;
+  EXPECT_EQ(c.ReadLabel().http.http_status, 503);
+  EXPECT_EQ(c.label_route(), LabelRoute::kWeightInfoRoute);
+  c.set_label_route(LabelRoute::kWorkerRpc);
+  EXPECT_EQ(c.ReadLabel().http.http_status, 500);
+  EXPECT_EQ(c.label_route(), LabelRoute::kWorkerRpc);
+  EXPECT_EQ(s.paths(3), (std::vector<std::string>{"GET /weight_info", "GET /weight_info",
+                                                  "POST /collective_rpc"}))
+      << "a transient failure sent a probe";
+  info_mode = 2;
+  rpc_unknown = true;
+  HttpReply found = c.ReadLabel();
+  ASSERT_TRUE(found.http.ok_2xx()) << found.http.error;
+  EXPECT_EQ(found.body["weight_version"], "rc-4");
+  EXPECT_EQ(c.label_route(), LabelRoute::kWeightInfoRoute);
+
+  EngineClient refused("http://127.0.0.1:" + std::to_string(ClosedPort()), Fast());
+  refused.set_label_route(LabelRoute::kWorkerRpc);
+  EXPECT_EQ(refused.ReadLabel().http.transport, Transport::kConnectFailed);
+  EXPECT_EQ(refused.label_route(), LabelRoute::kWorkerRpc);
+}
+
 // Proves a 200 with an unparseable body is evidence (body_parsed=false), not success, with
 // bounded error text; would catch a client that trusts 2xx alone.
 TEST(EngineClient, Unparseable200IsNotSuccess) {

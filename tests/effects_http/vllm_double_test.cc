@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ostream>
 #include <thread>
 
 #include <httplib.h>
@@ -268,6 +269,101 @@ TEST(VllmDoubleIntegration, MetricsAndGeneration) {
   EXPECT_TRUE(metric_present(*m, "vllm:num_requests_running"));
   EXPECT_TRUE(metric_present(*m, "vllm:prefix_cache_queries_total"));
   EXPECT_GT(read_engine_load(*m).prefix_cache_queries_total, 0.0);
+}
+
+VllmDoubleOptions LineOptions(const std::string& version, bool extension) {
+  VllmDoubleOptions o;
+  o.version = version;
+  o.token_delay_ms = 1;
+  if (extension) o.worker_extension_cls = kWorkerExtensionClass;
+  return o;
+}
+
+// The engine restarts on the same port as `options` says: another process, maybe another line.
+std::unique_ptr<VllmDouble> RestartAs(std::unique_ptr<VllmDouble> d, const VllmDoubleOptions& o) {
+  const int port = d->port();
+  d->Stop();
+  d.reset();
+  for (int i = 0; i < 200; ++i) {  // the port may take a moment to be free again
+    auto next = std::make_unique<VllmDouble>(o);
+    if (next->Start(port) == port) return next;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return nullptr;
+}
+
+struct LineChange {
+  const char* from;
+  bool from_extension;
+  const char* to;
+  bool to_extension;
+  LabelRoute before, after;
+};
+
+void PrintTo(const LineChange& k, std::ostream* os) {
+  *os << k.from << (k.from_extension ? "+extension" : "") << " -> " << k.to
+      << (k.to_extension ? "+extension" : "");
+}
+
+class LabelRouteAfterRestart : public ::testing::TestWithParam<LineChange> {};
+
+// Proves a client whose label route was cached reads and writes the label after the engine
+// restarts on the same port onto a line with another route set, with one probe, not a loop;
+// would catch the cached route kept once it answered 404 (/weight_info on 0.25.x) or "Method
+// 'rc_weight_info' is not implemented" (a 0.30 engine without the extension): every label read
+// then failed and no update could validate until the executor restarted.
+TEST_P(LabelRouteAfterRestart, TheRouteIsFoundAgainOnce) {
+  const LineChange& k = GetParam();
+  auto d = std::make_unique<VllmDouble>(LineOptions(k.from, k.from_extension));
+  ASSERT_GT(d->Start(0), 0);
+  EngineClient c(d->base_url(), Fast());
+  ASSERT_TRUE(c.ReadLabel().http.ok_2xx());
+  ASSERT_EQ(c.label_route(), k.before);
+
+  d = RestartAs(std::move(d), LineOptions(k.to, k.to_extension));
+  ASSERT_NE(d, nullptr);
+  HttpReply read = c.ReadLabel();
+  ASSERT_TRUE(read.http.ok_2xx()) << read.http.error;
+  EXPECT_EQ(read.body["weight_version"], "default");
+  EXPECT_EQ(c.label_route(), k.after);
+  EXPECT_EQ(d->RpcCount("rc_weight_info"), 1u);
+  EXPECT_EQ(d->RouteCount("/weight_info"), k.after == LabelRoute::kWorkerRpc ? 2u : 1u);
+
+  d = RestartAs(std::move(d), LineOptions(k.from, k.from_extension));
+  ASSERT_NE(d, nullptr);
+  HttpReply wrote = c.WriteLabel("rc-2");  // through the route cached on the other line
+  ASSERT_TRUE(wrote.http.ok_2xx()) << wrote.http.error;
+  EXPECT_EQ(c.label_route(), k.before);
+  EXPECT_EQ(d->weight_label(), "rc-2");
+  ValidationObserved v = c.WeightInfo();
+  EXPECT_EQ(v.reported_label, "rc-2") << v.http.error;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Lines, LabelRouteAfterRestart,
+    ::testing::Values(LineChange{"0.30.0", false, "0.25.1", true, LabelRoute::kWeightInfoRoute,
+                                 LabelRoute::kWorkerRpc},
+                      LineChange{"0.25.1", true, "0.30.0", false, LabelRoute::kWorkerRpc,
+                                 LabelRoute::kWeightInfoRoute}));
+
+// Proves an engine restarted onto a line where neither route answers (0.25.x without the worker
+// extension) fails the read after one probe, naming the route that went and the missing flag,
+// and leaves the route unknown; would catch a re-probe that loops, or an error that hides why
+// the label the engine had a moment ago is gone.
+TEST(VllmDoubleIntegration, ARestartOntoNoLabelRouteIsProbedOnce) {
+  auto d = std::make_unique<VllmDouble>(LineOptions("0.30.0", false));
+  ASSERT_GT(d->Start(0), 0);
+  EngineClient c(d->base_url(), Fast());
+  ASSERT_TRUE(c.ReadLabel().http.ok_2xx());
+  d = RestartAs(std::move(d), LineOptions("0.25.1", false));
+  ASSERT_NE(d, nullptr);
+  HttpReply r = c.ReadLabel();
+  EXPECT_FALSE(r.http.ok_2xx());
+  EXPECT_NE(r.http.error.find("the /weight_info route is gone"), std::string::npos) << r.http.error;
+  EXPECT_NE(r.http.error.find("--worker-extension-cls"), std::string::npos) << r.http.error;
+  EXPECT_EQ(c.label_route(), LabelRoute::kUnknown);
+  EXPECT_EQ(d->RouteCount("/weight_info"), 2u);
+  EXPECT_EQ(d->RpcCount("rc_weight_info"), 1u);
 }
 
 }  // namespace
