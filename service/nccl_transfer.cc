@@ -87,37 +87,23 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
 
   TransferObserved Transfer(const effects::TransferTarget& target,
                             std::uint64_t deadline_ms) override {
-    const auto t0 = std::chrono::steady_clock::now();
-    TransferObserved refused;  // mutation kNone: nothing reached the engine
-    refused.finish_label = target.target.label;
+    const auto t0 = SteadyClock::now();
     std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-    if (!lock.try_lock_for(std::chrono::milliseconds(deadline_ms))) {
-      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
-    }
-    const std::uint64_t waited_ms = effects::elapsed_us(t0) / 1000;
-    if (waited_ms >= deadline_ms) {
-      refused.error = "the NCCL sender stayed busy for the whole transfer deadline";
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
+    if (!lock.try_lock_for(std::chrono::milliseconds(deadline_ms)) ||
+        effects::elapsed_us(t0) / 1000 >= deadline_ms) {
+      return Refused(target, t0, "the NCCL sender stayed busy for the whole transfer deadline");
     }
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-      refused.error = CudaError("cudaSetDevice", e).substr(0, kTextBytesMax);
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
+      return Refused(target, t0, CudaError("cudaSetDevice", e));
     }
     const SteadyClock::time_point until = t0 + std::chrono::milliseconds(deadline_ms);
     if (std::string why = EnsureCommunicator(until); !why.empty()) {
-      refused.error = text::utf8_prefix(std::move(why), kTextBytesMax);
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
+      return Refused(target, t0, std::move(why));
     }
     const std::uint64_t spent_ms = effects::elapsed_us(t0) / 1000;
     if (spent_ms >= deadline_ms) {
-      refused.error = "the transfer deadline was spent setting up a new NCCL communicator";
-      refused.duration_us = effects::elapsed_us(t0);
-      return refused;
+      return Refused(target, t0,
+                     "the transfer deadline was spent setting up a new NCCL communicator");
     }
     return sender_.Transfer(target, deadline_ms - spent_ms);
   }
@@ -126,6 +112,16 @@ class ServeNcclTransfer final : public effects::WeightTransfer {
 
  private:
   using SteadyClock = std::chrono::steady_clock;
+
+  // A transfer that never reached the engine (mutation kNone).
+  static TransferObserved Refused(const effects::TransferTarget& target, SteadyClock::time_point t0,
+                                  std::string why) {
+    TransferObserved refused;
+    refused.finish_label = target.target.label;
+    refused.error = text::utf8_prefix(std::move(why), kTextBytesMax);
+    refused.duration_us = effects::elapsed_us(t0);
+    return refused;
+  }
 
   static std::uint64_t MsUntil(SteadyClock::time_point until) {
     const auto left =
