@@ -31,6 +31,15 @@ constexpr std::uint32_t kAdmitAttemptsMax = 1000;  // races with the journal's d
 constexpr std::uint64_t kAdmitPollMs = 20;         // a waiting admission looks again this often
 constexpr std::uint32_t kFinishBackoffMsMax = 50;
 
+// Called in a catch block: an asynchronous admission's or finish's step threw. A record may be in
+// the journal with nobody to own it: the executor fail-stops, and the restart records it.
+std::string AsyncStepThrew(Service& svc, const char* what) {
+  const std::string why = std::string(what) + " threw: " + Esc(CurrentExceptionText());
+  spdlog::critical("serve: {}", why);  // FailStop logs nothing when the executor already failed
+  svc.FailStop(why);
+  return why;
+}
+
 }  // namespace
 
 // ---- admission ----
@@ -67,7 +76,7 @@ AdmitRefusal Service::TaintedRefusal(const State& s) {
 // What a journal that did not take the admission means for the client; kAgain when the state
 // moved between our read and the journal's decision (look again).
 Service::AdmitStep Service::SubmitRefused(const Status& st, const std::string& rollout_id,
-                                          std::uint32_t attempt, std::size_t active) {
+                                          const AdmitTries& tries, std::size_t active) {
   RC_CHECK(!st.ok());
   if (st.code() == Code::kBusy) {
     // The group-commit queue is full: back-pressure on admission, never on finishing.
@@ -82,8 +91,8 @@ Service::AdmitStep Service::SubmitRefused(const Status& st, const std::string& r
   }
   if (st.code() == Code::kConflict) return Refused({409, "conflict", st.message(), 0});
   if (st.code() == Code::kInvalidArgument) return Refused({400, "invalid", st.message(), 0});
-  if (st.code() != Code::kRejected || attempt >= kAdmitAttemptsMax ||
-      (attempt > 0 && active >= kActiveRolloutsMax)) {  // a fresh view's count
+  if (st.code() != Code::kRejected || tries.races >= kAdmitAttemptsMax ||
+      (tries.looks > 0 && active >= kActiveRolloutsMax)) {  // a fresh view's count
     return Refused({503, "unavailable", st.message(), config_.retry_after_s});
   }
   AdmitStep again;
@@ -92,13 +101,13 @@ Service::AdmitStep Service::SubmitRefused(const Status& st, const std::string& r
 }
 
 Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms,
-                                     std::uint32_t attempt,
+                                     const AdmitTries& tries,
                                      std::optional<std::uint64_t> affinity_key) {
   RC_CHECK(lease_ms == 0 || (lease_ms >= kRolloutLeaseMsMin && lease_ms <= kRolloutLeaseMsMax));
   if (std::optional<AdmitRefusal> r = ExecutorRefusal()) return Refused(std::move(*r));
   if (is_fleet()) {
     RC_CHECK(lease_ms == 0);  // a fleet admits proxied rollouts only (fleet_api.cc)
-    return TryAdmitFleet(rollout_id, attempt, affinity_key);
+    return TryAdmitFleet(rollout_id, tries, affinity_key);
   }
   AdmitStep step;
   bool submit = false;
@@ -120,14 +129,14 @@ Service::AdmitStep Service::TryAdmit(const std::string& rollout_id, std::uint32_
   // The first look takes the cached view (no lock). A look after a refusal or a wait reads the
   // fold in place under the journal's lock: thousands of admissions waiting out an update must
   // not each copy the whole state every poll.
-  if (attempt == 0) {
+  if (tries.looks == 0) {
     look(*AdmitView());
   } else {
     journal_->ReadState(look);
   }
   if (!submit) return step;
   auto submitted = journal_->Submit(step.binding, effects::wall_now_ms());
-  if (!submitted.ok()) return SubmitRefused(submitted.status(), rollout_id, attempt, active);
+  if (!submitted.ok()) return SubmitRefused(submitted.status(), rollout_id, tries, active);
   step.kind = AdmitStep::kSubmitted;
   step.ticket = submitted->ticket;
   return step;
@@ -188,13 +197,14 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
                                     std::uint32_t lease_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
   AdmitWaitSlot slot(*this);
-  for (std::uint32_t attempt = 0;; ++attempt) {
+  for (AdmitTries tries;; ++tries.looks) {
     const auto t0 = Clock::now();
-    AdmitStep step = TryAdmit(rollout_id, lease_ms, attempt);
+    AdmitStep step = TryAdmit(rollout_id, lease_ms, tries);
     switch (step.kind) {
       case AdmitStep::kRefused:
         return AdmitResult{std::nullopt, std::move(step.refusal)};
       case AdmitStep::kAgain:
+        ++tries.races;
         continue;
       case AdmitStep::kSubmitted: {
         const Status durable = journal_->Wait(step.ticket);
@@ -236,13 +246,21 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
         deadline(Clock::now() + std::chrono::milliseconds(wait)) {}
 
   void Step() {
-    for (;; ++attempt) {
+    try {
+      TryStep();
+    } catch (...) {
+      Threw("an admission's step");
+    }
+  }
+  void TryStep() {
+    for (;; ++tries.looks) {
       const auto t0 = Clock::now();
-      AdmitStep step = svc.TryAdmit(rollout_id, 0, attempt, affinity_key);
+      AdmitStep step = svc.TryAdmit(rollout_id, 0, tries, affinity_key);
       switch (step.kind) {
         case AdmitStep::kRefused:
           return Done(AdmitResult{std::nullopt, std::move(step.refusal)});
         case AdmitStep::kAgain:
+          ++tries.races;
           continue;
         case AdmitStep::kSubmitted:
           return AwaitDurable(std::move(step), t0);
@@ -256,7 +274,11 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
     auto self = shared_from_this();
     svc.durable_waits_->Wait(ticket, executor,
                              [self, step = std::move(step), t0](Status durable) mutable {
-                               self->Done(self->svc.Admitted(std::move(step), durable, t0));
+                               try {
+                                 self->Done(self->svc.Admitted(std::move(step), durable, t0));
+                               } catch (...) {
+                                 self->Threw("a durable admission's hand-over");
+                               }
                              });
   }
   void WaitForReady(AdmitStep step) {
@@ -264,7 +286,7 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
     if (now >= deadline) {
       return Done(AdmitResult{std::nullopt, svc.NotAdmittedWithin(step, wait_ms)});
     }
-    ++attempt;
+    ++tries.looks;
     timer.expires_at(std::min(deadline, now + std::chrono::milliseconds(kAdmitPollMs)));
     timer.async_wait([self = shared_from_this()](boost::system::error_code) { self->Step(); });
   }
@@ -272,8 +294,19 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
     RC_CHECK(done != nullptr);  // exactly once
     AdmitDone fn = std::move(done);
     done = nullptr;
-    fn(std::move(r));  // an admitted rollout counts in proxy_in_flight from here
+    try {
+      fn(std::move(r));  // an admitted rollout counts in proxy_in_flight from here
+    } catch (...) {
+      svc.admissions_in_progress_--;
+      throw;
+    }
     svc.admissions_in_progress_--;
+  }
+  // An admission may have reached the journal with nobody to own it: fail-stop (the restart
+  // records it), and the caller is refused.
+  void Threw(const char* what) {
+    const std::string why = AsyncStepThrew(svc, what);
+    if (done != nullptr) Done(AdmitResult{std::nullopt, AdmitRefusal{503, "failed", why, 0}});
   }
 
   Service& svc;
@@ -284,7 +317,7 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
   asio::steady_timer timer;
   AdmitDone done;
   const Clock::time_point deadline;
-  std::uint32_t attempt = 0;
+  AdmitTries tries;
 };
 
 void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
@@ -438,11 +471,22 @@ struct Service::AsyncFinish : std::enable_shared_from_this<AsyncFinish> {
       : svc(s), f(std::move(r)), executor(std::move(ex)), timer(executor), done(std::move(fn)) {}
 
   void Step() {
+    try {
+      TryStep();
+    } catch (...) {
+      Threw("a finish's step");
+    }
+  }
+  void TryStep() {
     Status st = svc.SubmitFinishFrom(f);
     if (st.code() == Code::kBusy) return Backoff(st);
     if (!st.ok()) return Done(st);
     svc.durable_waits_->Wait(*f.ticket, executor, [self = shared_from_this()](Status durable) {
-      self->Done(self->svc.FinishCommitted(self->f, durable));
+      try {
+        self->Done(self->svc.FinishCommitted(self->f, durable));
+      } catch (...) {
+        self->Threw("a durable finish's hand-over");
+      }
     });
   }
   void Backoff(const Status& busy) {
@@ -455,6 +499,11 @@ struct Service::AsyncFinish : std::enable_shared_from_this<AsyncFinish> {
     FinishDone fn = std::move(done);
     done = nullptr;
     fn(st);
+  }
+  // Part of the finish may be in the journal: fail-stop, and the caller is told it is not durable.
+  void Threw(const char* what) {
+    const std::string why = AsyncStepThrew(svc, what);
+    if (done != nullptr) Done(Status::Unavailable("the executor has fail-stopped: " + why));
   }
 
   Service& svc;

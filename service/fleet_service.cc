@@ -543,7 +543,7 @@ Status Service::FinishInterruptedFleetUpdate() {
 // Decided under the journal's lock without copying the fleet: the balancer's pick among the
 // configured engines that admit now, and its binding. The journal decides again on submit, so a
 // race with an update costs a retry (kAgain), never an admission past a drain.
-Service::AdmitStep Service::TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt,
+Service::AdmitStep Service::TryAdmitFleet(const std::string& rollout_id, const AdmitTries& tries,
                                           std::optional<std::uint64_t> affinity_key) {
   std::optional<FleetEvent> admission;
   std::string blocked;
@@ -578,7 +578,7 @@ Service::AdmitStep Service::TryAdmitFleet(const std::string& rollout_id, std::ui
   auto submitted = journal_->SubmitFleet(*admission, effects::wall_now_ms());
   if (!submitted.ok()) {
     EngineCallEnded(m.name);
-    return SubmitRefused(submitted.status(), rollout_id, attempt, active);
+    return SubmitRefused(submitted.status(), rollout_id, tries, active);
   }
   step.kind = AdmitStep::kSubmitted;
   step.ticket = submitted->ticket;

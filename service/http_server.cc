@@ -135,6 +135,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone done);
   void End(std::uint64_t serial, std::string last_bytes);
   void AbandonWrite(std::uint64_t serial);
+  void CloseUnanswered(std::uint64_t serial) {
+    if (Live(serial)) Close();
+  }
   void WatchClient(std::uint64_t serial, std::function<void()> on_gone);
   const LoopExecutor& executor() const { return executor_; }
   HttpServer& server() const { return server_; }
@@ -657,12 +660,18 @@ void Exchange::AbandonWrite() {
   session_->AbandonWrite(serial_);
 }
 
+void Exchange::Close() {
+  RC_CHECK(session_->executor().running_in_this_thread());
+  session_->CloseUnanswered(serial_);
+}
+
 void Exchange::WatchClient(std::function<void()> on_gone) {
   RC_CHECK(session_->executor().running_in_this_thread());
   session_->WatchClient(serial_, std::move(on_gone));
 }
 
 asio::any_io_executor Exchange::executor() const { return session_->executor(); }
+bool Exchange::OnItsLoop() const { return session_->executor().running_in_this_thread(); }
 ByteBudget& Exchange::body_budget() const { return session_->server().body_budget(); }
 
 void Exchange::Post(std::function<void()> fn) const {
@@ -804,8 +813,8 @@ Status HttpServer::Listen() {
 }
 
 // One io thread: runs its loop until it is stopped; a handler bug must not take the loop down,
-// whatever it throws (logged on one line). A proxied rollout whose handler threw is not finished
-// here: the loop cannot tell which rollout that was.
+// whatever it throws (logged on one line). A proxied rollout's steps catch their own exceptions
+// and finish the rollout (ProxyExchange::Step): the loop cannot tell which rollout one was.
 void HttpServer::RunLoop(std::size_t loop) {
   const std::string name = "rc-io-" + std::to_string(loop);  // at most 15 bytes for the kernel
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());

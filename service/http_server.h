@@ -115,11 +115,15 @@ class Exchange {
   void End(std::string last_bytes);
   // A Write that waits on the client fails now (the connection closes); no-op otherwise.
   void AbandonWrite();
+  // Ends an exchange that cannot be answered (a handler failed mid-stream): the connection
+  // closes, and the client sees its answer cut. No-op once answered.
+  void Close();
   // `on_gone` runs (once, on the executor) if the client closes its connection before the
   // exchange ended. Watching reads the socket; bytes that arrive meanwhile are kept.
   void WatchClient(std::function<void()> on_gone);
 
   boost::asio::any_io_executor executor() const;
+  bool OnItsLoop() const;  // the caller runs on the connection's event loop, inside run()
   void Post(std::function<void()> fn) const;
   // The server's budget for bodies held at once: an exchange holding a body beyond the
   // request's (an engine's answer) takes from it.

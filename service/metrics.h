@@ -37,6 +37,7 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> unauthorized{0};
   std::atomic<std::uint64_t> client_disconnects{0};
   std::atomic<std::uint64_t> upstream_errors{0};
+  std::atomic<std::uint64_t> proxy_step_failures{0};  // a proxied rollout's step threw
   std::atomic<std::uint64_t> updates_committed{0};
   std::atomic<std::uint64_t> updates_refused{0};
   std::atomic<std::uint64_t> updates_tainted{0};

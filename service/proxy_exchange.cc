@@ -148,7 +148,8 @@ ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchan
   on_chunk_ = [this](const json& chunk) {
     const std::optional<std::string> event = PassChunk(trace_, chunk, added_);
     if (event) out_ += *event;  // nullopt: the usage-only chunk the client did not ask for
-    return !client_gone_;
+    if (!HoldTrace()) trace_over_budget_ = true;
+    return !client_gone_ && !trace_over_budget_;
   };
   sse_.on_chunk = &on_chunk_;
 }
@@ -157,15 +158,20 @@ ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchan
 
 void ProxyExchange::Start() {
   t0_ = Clock::now();
-  if (Status bad = Parse(); !bad.ok()) {
-    if (bad.code() != Code::kBusy) svc_.metrics_.bad_requests++;
-    return ex_.Respond(ErrorResponse(HttpStatusFor(bad), code_name(bad.code()), bad.message()));
-  }
-  if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
-  svc_.AdmitAsync(
-      rollout_id_, svc_.config_.admit_wait_ms, ex_.executor(),
-      [self = shared_from_this()](Service::AdmitResult a) { self->OnAdmitted(std::move(a)); },
-      AffinityKeyOf());
+  Step("parse", [this] {
+    if (Status bad = Parse(); !bad.ok()) {
+      if (bad.code() != Code::kBusy) svc_.metrics_.bad_requests++;
+      return ex_.Respond(ErrorResponse(HttpStatusFor(bad), code_name(bad.code()), bad.message()));
+    }
+    if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
+    svc_.AdmitAsync(
+        rollout_id_, svc_.config_.admit_wait_ms, ex_.executor(),
+        [self = shared_from_this()](Service::AdmitResult a) {
+          if (a.admitted) self->TakeAdmission(std::move(*a.admitted));  // before anything throws
+          self->Step("admitted", [&] { self->OnAdmitted(a.refusal); });
+        },
+        AffinityKeyOf());
+  });
 }
 
 // With fleet_affinity_prefix_bytes, the key of the prompt's first bytes as the engine sees them
@@ -217,30 +223,40 @@ Status ProxyExchange::ParseRolloutId() {
   return CheckClientRolloutId(rollout_id_);
 }
 
-void ProxyExchange::OnAdmitted(Service::AdmitResult a) {
-  if (!a.admitted) {
-    HttpResponse res = ErrorResponse(a.refusal.http_status, a.refusal.type, a.refusal.message);
-    if (a.refusal.retry_after_s > 0) {
-      SetHeader(res, "Retry-After", std::to_string(a.refusal.retry_after_s));
+// A durable admission is the exchange's before any step can throw: Failed and the destructor
+// then know there is a rollout to finish.
+void ProxyExchange::TakeAdmission(Admission&& admission) noexcept {
+  RC_CHECK(admission.binding.rollout_id == rollout_id_ && !admitted());
+  admission_ = std::move(admission);
+  svc_.metrics_.proxy_in_flight++;
+}
+
+void ProxyExchange::OnAdmitted(const AdmitRefusal& refusal) {
+  if (!admitted()) {
+    HttpResponse res = ErrorResponse(refusal.http_status, refusal.type, refusal.message);
+    if (refusal.retry_after_s > 0) {
+      SetHeader(res, "Retry-After", std::to_string(refusal.retry_after_s));
     }
     return ex_.Respond(std::move(res));
   }
-  RC_CHECK(a.admitted->binding.rollout_id == rollout_id_);
-  admission_ = std::move(*a.admitted);
-  svc_.metrics_.proxy_in_flight++;
   in_flight_id_ = svc_.in_flight_calls_.Add([weak = weak_from_this(), ex = ex_] {
     ex.Post([weak] {
-      if (auto self = weak.lock()) self->Cancel();
+      if (auto self = weak.lock()) self->Step("cancel", [&] { self->Cancel(); });
     });
   });
+  if (failed_) return Abort("internal error before the admission was answered");
   PrepareUpstream();
-  ex_.WatchClient([self = shared_from_this()] { self->OnClientGone(); });
+  // Weak: the session keeps the watcher, and the exchange keeps the session.
+  ex_.WatchClient([weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->Step("client gone", [&] { self->OnClientGone(); });
+  });
   if (!stream_) return Connect();
   HttpResponse head = BindingHead(200);
   SetHeader(head, "Content-Type", "text/event-stream");
   SetHeader(head, "Cache-Control", "no-cache");
+  stream_started_ = true;
   ex_.StartStream(std::move(head), [self = shared_from_this()](bool delivered) {
-    self->OnStreamHeadSent(delivered);
+    self->Next("stream head", [&] { self->OnStreamHeadSent(delivered); });
   });
 }
 
@@ -270,6 +286,17 @@ void ProxyExchange::PrepareUpstream() {
   const std::uint64_t prompt_ids =
       trace_.prompt_token_ids.is_array() ? trace_.prompt_token_ids.size() : 0;
   body_hold_.ShrinkTo(upstream_request_.body().size() + kTraceIdBytes * prompt_ids);
+  trace_entries_held_ = trace_.entries;
+}
+
+// The trace's entries held against the body budget as it grows, a batch of entries at a time.
+bool ProxyExchange::HoldTrace() {
+  if (trace_.entries <= trace_entries_held_) return true;
+  const std::uint64_t entries =
+      std::max<std::uint64_t>(trace_.entries - trace_entries_held_, kTraceEntriesPerHold);
+  if (!body_hold_.Grow(entries * kTraceEntryBytes)) return false;
+  trace_entries_held_ += entries;
+  return true;
 }
 
 HttpResponse ProxyExchange::BindingHead(int status) const {
@@ -310,7 +337,7 @@ void ProxyExchange::Connect() {
     deadline_.async_wait([self = shared_from_this()](error_code ec) {
       if (ec) return;  // cancelled: the call ended first
       self->timed_out_ = true;
-      self->CloseUpstream();
+      self->Step("deadline", [&] { self->CloseUpstream(); });
     });
   }
   ++connect_attempts_;
@@ -323,7 +350,8 @@ void ProxyExchange::AcquireUpstream(bool fresh_only) {
       .Acquire(
           ex_.executor(), svc_.config_.connect_timeout_ms,
           [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool reused) {
-            self->OnConnected(std::move(st), std::move(c), reused);
+            self->Next("connected",
+                       [&] { self->OnConnected(std::move(st), std::move(c), reused); });
           },
           fresh_only);
 }
@@ -333,7 +361,9 @@ void ProxyExchange::OnConnected(Status st, std::unique_ptr<UpstreamConn> conn, b
     if (!Abandoned() && connect_attempts_ < kConnectAttemptsMax) {
       auto retry = std::make_shared<asio::steady_timer>(ex_.executor());
       retry->expires_after(std::chrono::milliseconds(10u << connect_attempts_));
-      retry->async_wait([self = shared_from_this(), retry](error_code) { self->Connect(); });
+      retry->async_wait([self = shared_from_this(), retry](error_code) {
+        self->Next("connect again", [&] { self->Connect(); });
+      });
       return;
     }
     return UpstreamFailed(Transport::kConnectFailed, st.message());
@@ -357,7 +387,7 @@ void ProxyExchange::Send() {
   beast::http::async_write(
       conn_->socket, upstream_request_,
       asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
-        self->OnSent(ec);
+        self->Next("sent", [&] { self->OnSent(ec); });
       }));
 }
 
@@ -373,7 +403,7 @@ void ProxyExchange::ReadHead() {
   beast::http::async_read_header(
       conn_->socket, conn_->buffer, *parser_,
       asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
-        self->OnHead(ec);
+        self->Next("response head", [&] { self->OnHead(ec); });
       }));
 }
 
@@ -402,7 +432,7 @@ void ProxyExchange::ReadBody() {
   beast::http::async_read_some(
       conn_->socket, conn_->buffer, *parser_,
       asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
-        self->OnBody(ec);
+        self->Next("response body", [&] { self->OnBody(ec); });
       }));
 }
 
@@ -418,7 +448,7 @@ void ProxyExchange::OnBody(error_code ec) {
     const auto read_at = Clock::now();
     return ex_.Write(std::move(out_), [self = shared_from_this(), read_at](bool delivered) {
       if (delivered) self->svc_.metrics_.proxy_relay.ObserveUs(effects::elapsed_us(read_at));
-      self->OnClientTook(delivered);
+      self->Next("client took", [&] { self->OnClientTook(delivered); });
     });
   }
   ReadBody();
@@ -430,6 +460,10 @@ bool ProxyExchange::Absorb(const char* data, std::size_t n) {
   if (relay) {
     if (sse_.Feed(data, n)) return true;
     if (client_gone_) return true;  // OnClientTook/OnClientGone finish it
+    if (trace_over_budget_) {
+      UpstreamFailed(Transport::kOk, kTraceOverBudget);
+      return false;
+    }
     UpstreamFailed(Transport::kOk, "one SSE event exceeds " +
                                        std::to_string(effects::kSseEventBytesMax) + " bytes");
     return false;
@@ -489,8 +523,10 @@ void ProxyExchange::UpstreamDone() {
     if (!out_.empty()) {
       // The last event (no blank line after it) still goes out before [DONE].
       return ex_.Write(std::move(out_), [self = shared_from_this(), ev](bool delivered) {
-        if (!delivered) return self->Abort("client disconnected");
-        self->AnswerStreamEnd(ev.body_parsed, ev.error);
+        self->Next("client took the last event", [&] {
+          if (!delivered) return self->Abort("client disconnected");
+          self->AnswerStreamEnd(ev.body_parsed, ev.error);
+        });
       });
     }
     return AnswerStreamEnd(ev.body_parsed, ev.error);
@@ -501,6 +537,7 @@ void ProxyExchange::UpstreamDone() {
 
 void ProxyExchange::AnswerCompletion() {
   if (std::optional<std::string> text = RelayAnswer(body_, trace_, added_)) {
+    if (!HoldTrace()) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
     return Finish(RolloutOutcome::kCompleted, "",
                   [self = shared_from_this(), text = std::move(*text)]() mutable {
                     HttpResponse res = self->BindingHead(200);
@@ -515,6 +552,7 @@ void ProxyExchange::AnswerCompletion() {
     return AnswerEngineError();
   }
   trace_.Absorb(doc);
+  if (!HoldTrace()) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
   Finish(RolloutOutcome::kCompleted, "",
          [self = shared_from_this(), doc = std::move(doc)]() mutable {
            StripAdded(doc, self->added_);
@@ -639,24 +677,147 @@ std::uint64_t ProxyExchange::UpstreamElapsedUs() const {
 // is never acknowledged and no line claims it: the client is told (AnswerNotDurable), and the
 // executor fail-stops, so a restart records the rollout from what is durable.
 void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::function<void()> then) {
-  RC_CHECK(!finished_);
+  RC_CHECK(!finished_ && admitted());
   finished_ = true;
   svc_.in_flight_calls_.Remove(in_flight_id_);
   in_flight_id_ = 0;
   if (client_gone_) svc_.metrics_.client_disconnects++;
   const std::uint64_t up_us = UpstreamElapsedUs();
-  const RolloutAdmitted& b = admission_.binding;
   if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
+  outcome_ = outcome;
+  note_ = std::move(note);
+  SubmitFinish(outcome, [self = shared_from_this(), then = std::move(then), up_us](Status st) {
+    self->ObserveEnded(up_us);
+    self->answering_ = true;
+    self->Step("finished", [&] {
+      if (!st.ok()) return self->AnswerNotDurable(st);
+      self->WriteTrajectoryLine();
+      then();
+    });
+  });
+}
+
+void ProxyExchange::SubmitFinish(RolloutOutcome outcome, Service::FinishDone done) {
+  RC_CHECK(!finish_submitted_);
+  const RolloutAdmitted& b = admission_.binding;
   svc_.FinishAsync(admission_.engine, b.rollout_id, outcome, ClampU32(trace_.prompt_count()),
                    ClampU32(trace_.completion_count()),
-                   JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(),
-                   [self = shared_from_this(), then = std::move(then), up_us, outcome,
-                    note = std::move(note)](Status st) {
-                     self->ObserveEnded(up_us);
-                     if (!st.ok()) return self->AnswerNotDurable(st);
-                     self->WriteTrajectoryLine(outcome, note);
-                     then();
-                   });
+                   JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(), std::move(done));
+  finish_submitted_ = true;
+}
+
+// ---- a step that threw ----
+
+template <class F>
+void ProxyExchange::Step(const char* step, F&& f) noexcept {
+  try {
+    if (svc_.step_probe_) svc_.step_probe_(step);
+    f();
+  } catch (const std::exception& e) {
+    Failed(step, e.what());
+  } catch (...) {
+    Failed(step, "an exception not derived from std::exception");
+  }
+}
+
+// A completion of the rollout's own chain of steps: none goes on once the rollout finished (a
+// step that threw finished it while this operation was under way).
+template <class F>
+void ProxyExchange::Next(const char* step, F&& f) noexcept {
+  if (finished_) return;
+  Step(step, std::forward<F>(f));
+}
+
+// The rollout ends as aborted and the client is answered once that is durable. A finish that
+// threw before its writes reached the journal has an unknown end: the executor fail-stops, and
+// the restart records the rollout. A step beside the chain (the client leaving, the deadline,
+// a cancel) that throws while the finish is on its way leaves the answer to the finish.
+void ProxyExchange::Failed(const char* step, const char* what) noexcept {
+  try {
+    const std::string why = std::string("internal error in step '") + step + "': " + what;
+    spdlog::critical("proxy: rollout {}: {}", text::escape_line(rollout_id_),
+                     text::escape_line(why));
+    svc_.metrics_.proxy_step_failures++;
+    const bool again = failed_;
+    failed_ = true;
+    if (again) return CloseClient();         // what answers the failure failed too
+    if (!admitted()) return EndFailed(why);  // OnAdmitted aborts an admission still to come
+    if (!finished_) return FinishFailed(why);
+    if (!finish_submitted_) return FinishThrew(why);
+    if (answering_) return AnswerRecorded(why);
+  } catch (...) {
+    CloseClient();
+    if (admitted() && !finish_submitted_) FinishThrew("its end threw too");
+  }
+}
+
+void ProxyExchange::FinishFailed(const std::string& why) {
+  deadline_.cancel();
+  CloseUpstream();
+  Finish(RolloutOutcome::kAborted, why, [self = shared_from_this(), why] { self->EndFailed(why); });
+}
+
+// Its callback never runs: the gauge it would bring down is brought down here.
+void ProxyExchange::FinishThrew(const std::string& why) noexcept {
+  gave_up_ = true;
+  svc_.metrics_.proxy_in_flight--;
+  try {
+    svc_.FailStop("proxy: the finish of rollout '" + text::escape_line(rollout_id_) +
+                  "' could not be handed to the journal: " + why);
+  } catch (...) {
+  }
+  CloseClient();
+}
+
+// The end is durable and the answer failed: the line is still written, and the client is told
+// the outcome that was recorded (its rollout id is in the head).
+void ProxyExchange::AnswerRecorded(const std::string& why) {
+  if (!line_written_) WriteTrajectoryLine();
+  EndFailed(std::string("the rollout ended ") + outcome_name(outcome_) +
+            " and is recorded, but its answer failed: " + why);
+}
+
+// 500, or a cut stream once its head went out (a write may be under way).
+void ProxyExchange::EndFailed(const std::string& why) {
+  if (stream_started_) return CloseClient();
+  HttpResponse res = admitted() ? BindingHead(500) : HttpResponse();
+  SendError(res, 500, "internal", why);
+  ex_.Respond(std::move(res));
+}
+
+void ProxyExchange::CloseClient() noexcept {
+  try {
+    ex_.Close();  // a no-op once answered
+  } catch (...) {
+  }
+}
+
+// The last guard, on the exchange's loop: a rollout admitted with no finish handed to the
+// journal (a step's exception escaped where Step did not see it) is finished as aborted, so its
+// binding never stays open, and an unanswered client is closed. At teardown (no loop running)
+// the restart records the rollout instead.
+ProxyExchange::~ProxyExchange() {
+  if (!ex_.OnItsLoop()) return;
+  if (admitted() && !finish_submitted_ && !gave_up_) FinishDropped();
+  CloseClient();
+}
+
+void ProxyExchange::FinishDropped() noexcept {
+  try {
+    spdlog::critical("proxy: rollout {} was dropped unfinished; finishing it as aborted",
+                     text::escape_line(rollout_id_));
+    if (!finished_) {
+      svc_.in_flight_calls_.Remove(in_flight_id_);
+      if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
+      svc_.metrics_.proxy_in_flight--;
+    }
+    SubmitFinish(RolloutOutcome::kAborted, [](const Status&) {});
+  } catch (...) {
+    try {
+      svc_.FailStop("proxy: an unfinished rollout could not be finished");
+    } catch (...) {
+    }
+  }
 }
 
 void ProxyExchange::ObserveEnded(std::uint64_t upstream_us) {
@@ -673,7 +834,7 @@ void ProxyExchange::AnswerNotDurable(const Status& st) {
   const std::string why = "the rollout's finish could not be made durable: " + st.ToString();
   spdlog::error("proxy: rollout {}: {}", text::escape_line(admission_.binding.rollout_id),
                 text::escape_line(why));
-  if (!stream_) {
+  if (!stream_started_) {
     HttpResponse res = BindingHead(503);
     SendError(res, 503, "failed", why);
     return ex_.Respond(std::move(res));
@@ -682,14 +843,15 @@ void ProxyExchange::AnswerNotDurable(const Status& st) {
   ex_.End("data: " + DumpSafe(err) + "\n\n");
 }
 
-void ProxyExchange::WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note) {
+void ProxyExchange::WriteTrajectoryLine() {
+  line_written_ = true;
   const TrajectoryLineFields line{admission_.binding,
                                   admission_.seq,
                                   ProxyRoutePath(route_),
                                   stream_,
                                   cache_salt_,
-                                  outcome_name(outcome),
-                                  note,
+                                  outcome_name(outcome_),
+                                  note_,
                                   trace_,
                                   admission_.engine,
                                   admission_.fleet_generation};

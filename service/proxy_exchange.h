@@ -12,6 +12,10 @@
 //
 // A client that goes away closes the engine connection (vLLM aborts the request) and the rollout
 // is finished as aborted; so is one the shutdown cancels, or one past request_timeout_ms.
+//
+// Every step runs through Step(): whatever a step throws ends the rollout as aborted and the
+// client's exchange (500, or a cut stream), never the event loop, and never leaves the binding
+// open. An exchange destroyed with its rollout unfinished still finishes it (the destructor).
 #pragma once
 
 #include <cstdint>
@@ -39,19 +43,45 @@ inline constexpr std::size_t kUpstreamReadBytes = 64 << 10;  // one engine read,
 inline constexpr std::size_t kUpstreamHeadBytesMax = 64 << 10;
 inline constexpr std::uint32_t kConnectAttemptsMax = 4;  // connects that never reached the engine
 inline constexpr std::size_t kRolloutIdHeaderBytesMax = kIdBytesMax;  // a journal rollout id
+// A trace entry (a token id or a logprob) as held, with its container's slack; the body budget
+// is taken for kTraceEntriesPerHold of them at a time.
+inline constexpr std::uint64_t kTraceEntryBytes = 32;
+inline constexpr std::uint64_t kTraceEntriesPerHold = 256;
+inline constexpr const char* kTraceOverBudget =
+    "the rollout's trace would take more of serve's memory budget than is left "
+    "(body_memory_bytes_max)";
 
 class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
  public:
   ProxyExchange(Service& service, ProxyRoute route, Exchange exchange);
+  ~ProxyExchange();
+  ProxyExchange(const ProxyExchange&) = delete;
+  ProxyExchange& operator=(const ProxyExchange&) = delete;
   void Start();
 
  private:
   using error_code = boost::system::error_code;
 
+  // Runs `f`, the step named `step`; what it throws goes to Failed.
+  template <class F>
+  void Step(const char* step, F&& f) noexcept;
+  // Step, for a completion of the rollout's own chain: skipped once the rollout finished.
+  template <class F>
+  void Next(const char* step, F&& f) noexcept;
+  void Failed(const char* step, const char* what) noexcept;
+  void FinishFailed(const std::string& why);
+  void FinishThrew(const std::string& why) noexcept;
+  void FinishDropped() noexcept;
+  void AnswerRecorded(const std::string& why);
+  void EndFailed(const std::string& why);
+  void CloseClient() noexcept;
+  bool admitted() const { return !admission_.binding.rollout_id.empty(); }
+
   [[nodiscard]] Status Parse();
   [[nodiscard]] Status ParseRolloutId();
   std::optional<std::uint64_t> AffinityKeyOf() const;
-  void OnAdmitted(Service::AdmitResult admitted);
+  void TakeAdmission(Admission&& admission) noexcept;
+  void OnAdmitted(const AdmitRefusal& refusal);
   void PrepareUpstream();
   HttpResponse BindingHead(int status) const;
   void OnStreamHeadSent(bool delivered);
@@ -67,6 +97,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void ReadBody();
   void OnBody(error_code ec);
   bool Absorb(const char* data, std::size_t n);  // false: stop (client gone, bound exceeded)
+  [[nodiscard]] bool HoldTrace();                // false: the body budget refused the trace
   void OnClientTook(bool delivered);
   void UpstreamDone();
   void UpstreamFailed(Transport transport, std::string why);
@@ -76,9 +107,10 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void AnswerStreamEnd(bool ok, const std::string& why);
   void Abort(std::string note);
   void Finish(RolloutOutcome outcome, std::string note, std::function<void()> then);
+  void SubmitFinish(RolloutOutcome outcome, Service::FinishDone done);
   void ObserveEnded(std::uint64_t upstream_us);
   void AnswerNotDurable(const Status& st);
-  void WriteTrajectoryLine(RolloutOutcome outcome, const std::string& note);
+  void WriteTrajectoryLine();  // outcome_ and note_
   void ReleaseUpstream(bool reusable);
   void CloseUpstream();
   void OnClientGone();
@@ -102,6 +134,8 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   std::string cache_salt_;
   AddedFields added_;  // asked of the engine for the trace only: removed from the answer
   Trajectory trace_;
+  std::uint64_t trace_entries_held_ = 0;  // taken from the body budget (body_hold_)
+  bool trace_over_budget_ = false;
   std::uint64_t in_flight_id_ = 0;
 
   // The engine call.
@@ -124,7 +158,15 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   // End states.
   bool client_gone_ = false;
   bool cancelled_ = false;
-  bool finished_ = false;
+  bool stream_started_ = false;    // the stream's head was handed to the client's connection
+  bool finished_ = false;          // Finish ran (exactly once)
+  bool finish_submitted_ = false;  // its journal writes were handed to the service
+  bool answering_ = false;         // the finish is durable; the client is being answered
+  bool line_written_ = false;
+  bool failed_ = false;   // a step threw
+  bool gave_up_ = false;  // the finish could not be handed over: the executor fail-stopped
+  RolloutOutcome outcome_ = RolloutOutcome::kAborted;  // what Finish recorded
+  std::string note_;
 };
 
 }  // namespace rc::service

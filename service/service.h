@@ -230,6 +230,11 @@ class Service {
   // fleet update after its request is journaled.
   using ThreadStart = std::function<std::thread(std::function<void()>)>;
   void set_member_thread_start(ThreadStart start);
+  // Runs first in every step of every proxied rollout, with the step's name (none while unset).
+  // Tests set one that throws, as an allocation or a library call may in any step, to check that
+  // the rollout still finishes and the client is answered. Set before Start.
+  using StepProbe = std::function<void(const char* step)>;
+  void set_step_probe(StepProbe probe) { step_probe_ = std::move(probe); }
 
   // Whether rollouts can be served safely now, and if not why ("" = ready).
   std::string NotReadyReason() const;
@@ -281,12 +286,19 @@ class Service {
     AdmitRefusal refusal;                // kRefused
     std::string waiting_on;              // kWait: why the engine cannot admit now
   };
-  AdmitStep TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms, std::uint32_t attempt,
+  // An admission's tries so far: its looks at the state (the first takes the cached view), and
+  // its races lost to the journal's decision (bounded: kAdmitAttemptsMax), counted apart so a
+  // long wait's polls never use up the races.
+  struct AdmitTries {
+    std::uint32_t looks = 0;
+    std::uint32_t races = 0;
+  };
+  AdmitStep TryAdmit(const std::string& rollout_id, std::uint32_t lease_ms, const AdmitTries& tries,
                      std::optional<std::uint64_t> affinity_key = std::nullopt);
   static AdmitStep Refused(AdmitRefusal refusal);
   std::optional<AdmitRefusal> ExecutorRefusal();
   AdmitRefusal TaintedRefusal(const State& s);
-  AdmitStep SubmitRefused(const Status& st, const std::string& rollout_id, std::uint32_t attempt,
+  AdmitStep SubmitRefused(const Status& st, const std::string& rollout_id, const AdmitTries& tries,
                           std::size_t active);
   AdmitResult Admitted(AdmitStep step, const Status& durable,
                        std::chrono::steady_clock::time_point t0);
@@ -467,7 +479,7 @@ class Service {
   [[nodiscard]] Result<std::unique_ptr<UpstreamPool>> MakeUpstream(const UpstreamTarget& target);
   [[nodiscard]] Status Listen();
   [[nodiscard]] Status FinishInterruptedFleetUpdate();
-  AdmitStep TryAdmitFleet(const std::string& rollout_id, std::uint32_t attempt,
+  AdmitStep TryAdmitFleet(const std::string& rollout_id, const AdmitTries& tries,
                           std::optional<std::uint64_t> affinity_key);
   std::optional<std::string> PickFleetEngine(const FleetState& fleet,
                                              std::optional<std::uint64_t> affinity_key);
@@ -617,6 +629,7 @@ class Service {
   std::map<std::string, std::unique_ptr<FleetMember>> fleet_members_;
   std::mutex member_thread_start_mu_;
   ThreadStart member_thread_start_;                         // empty: std::thread
+  StepProbe step_probe_;                                    // fixed once serving
   std::unique_ptr<effects::MemberThreads> member_threads_;  // the fleet runner's; outlives it
   std::unique_ptr<effects::FleetRunner> fleet_runner_;
   std::optional<FleetUpdateRequested> interrupted_fleet_update_;  // found by Init, driven by Start

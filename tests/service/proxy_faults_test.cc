@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -697,6 +698,150 @@ TEST(ConnectionGate, GatedServerServesWhileTricklersWait) {
   EXPECT_GE(ms_since(t0), 900);
   EXPECT_EQ(http.counters().header_timeouts.load(), 16u);
   EXPECT_TRUE(http.Stop(5000));
+}
+
+// Throws once, at the step it is armed for (as an allocation or a library call may in any step).
+class StepFault {
+ public:
+  void Arm(const std::string& step) {
+    std::lock_guard<std::mutex> g(mu_);
+    armed_ = step;
+  }
+  void Hit(const char* step) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (armed_ != step) return;
+    armed_.clear();
+    ++thrown_;
+    throw std::runtime_error(std::string("injected at ") + step);
+  }
+  int thrown() {
+    std::lock_guard<std::mutex> g(mu_);
+    return thrown_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string armed_;
+  int thrown_ = 0;
+};
+
+// A stack whose serve runs every proxied step through `fault` (set before serving).
+void ServeWithStepFault(Stack& s, const std::shared_ptr<StepFault>& fault) {
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  s.svc->set_step_probe([fault](const char* step) { fault->Hit(step); });
+  ASSERT_TRUE(s.svc->Start().ok());
+}
+
+std::int64_t ActiveRollouts(const Stack& s) {
+  httplib::Client c = s.client();
+  auto r = c.Get("/v1/state");
+  if (!r || r->status != 200) return -1;
+  return json::parse(r->body)["active_rollouts"].get<std::int64_t>();
+}
+
+// Proves that an exception in any step of a non-streamed proxied rollout (before or after its
+// durable admission, during the engine call, or once its finish is durable) answers the client
+// 500, finishes the rollout as aborted, and leaves serve serving. Catches a step whose exception
+// escapes to the event loop and drops the rollout with its binding open (an update would then
+// wait for it until its drain timed out), or leaves the client waiting for an answer.
+TEST(ProxyStepFault, AStepThatThrowsEndsTheRolloutAndAnswersTheClient) {
+  Stack s;
+  auto fault = std::make_shared<StepFault>();
+  ServeWithStepFault(s, fault);
+  httplib::Client c = s.client();
+  int expected_thrown = 0;
+  for (const char* step :
+       {"parse", "admitted", "connected", "sent", "response head", "response body", "finished"}) {
+    SCOPED_TRACE(step);
+    const std::uint64_t aborted_before = s.svc->metrics().finishes_aborted.load();
+    fault->Arm(step);
+    auto r = c.Post("/v1/completions", completion_body(false), "application/json");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 500) << r->body;
+    EXPECT_NE(r->body.find("internal error in step"), std::string::npos) << r->body;
+    EXPECT_EQ(fault->thrown(), ++expected_thrown) << "the step was never reached";
+    EXPECT_EQ(ActiveRollouts(s), 0) << "a rollout stayed bound after its step threw";
+    const bool admitted = std::string(step) != "parse";
+    const bool finished_by_the_fault = admitted && std::string(step) != "finished";
+    EXPECT_EQ(s.svc->metrics().finishes_aborted.load(),
+              aborted_before + (finished_by_the_fault ? 1 : 0));
+    EXPECT_EQ(r->has_header("X-RolloutCore-Rollout-Id"), admitted);
+    auto ok = c.Post("/v1/completions", completion_body(false), "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << ok->body;
+  }
+  EXPECT_EQ(s.svc->metrics().proxy_step_failures.load(), 7u);
+  EXPECT_FALSE(s.svc->failed());
+}
+
+// Proves that an exception while a streamed answer is relayed cuts the client's stream, finishes
+// the rollout as aborted before the cut, and lets the next update commit. Catches a stream whose
+// step threw leaving the rollout admitted under the old version, so the update's drain waits for
+// it (and fails at drain_timeout_ms) while the client waits for more events.
+TEST(ProxyStepFault, AStreamWhoseStepThrowsIsCutAndDoesNotHoldTheUpdate) {
+  Stack s([](ServeConfig& c) { c.drain_timeout_ms = 3000; });
+  auto fault = std::make_shared<StepFault>();
+  ServeWithStepFault(s, fault);
+  fault->Arm("client took");
+  httplib::Client c = s.client();
+  auto cut = c.Post("/v1/completions", completion_body(true), "application/json");
+  if (cut) {
+    EXPECT_EQ(cut->body.find("data: [DONE]"), std::string::npos) << cut->body;
+  }
+  EXPECT_EQ(fault->thrown(), 1);
+  auto events = c.Post("/v1/completions", completion_body(true), "application/json");
+  ASSERT_TRUE(events);  // the connection after the cut one is served
+  EXPECT_EQ(events->status, 200);
+  EXPECT_NE(events->body.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(ActiveRollouts(s), 0);
+  auto u =
+      c.Post("/v1/updates", stack::UpdateBody("u1", "rc-1", 1, "run-a").dump(), "application/json");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->status, 200) << u->body;
+  EXPECT_EQ(s.svc->metrics().proxy_step_failures.load(), 1u);
+}
+
+// Proves that a step beside the rollout's chain that throws (the request deadline's, the client
+// leaving) while an engine read is under way finishes the rollout once, and the read that then
+// fails ends nothing more. Catches a second finish of the same rollout (an assertion that aborts
+// serve), and a retry that sends the request to the engine again for an aborted rollout.
+TEST(ProxyStepFault, AStepBesideTheChainThatThrowsFinishesTheRolloutOnce) {
+  Stack s([](ServeConfig& c) { c.request_timeout_ms = 300; });
+  auto fault = std::make_shared<StepFault>();
+  ServeWithStepFault(s, fault);
+  const std::string slow =
+      json{{"model", "rc-double-model"}, {"prompt", "hi"}, {"max_tokens", 2000}}.dump();
+  fault->Arm("deadline");
+  httplib::Client c = s.client();
+  auto r = c.Post("/v1/completions", slow, "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_EQ(fault->thrown(), 1);
+  EXPECT_EQ(ActiveRollouts(s), 0);
+
+  fault->Arm("client gone");
+  const std::string streamed = json{
+      {"model", "rc-double-model"},
+      {"prompt", "hi"},
+      {"max_tokens", 200},
+      {"stream", true}}.dump();
+  const int fd = connect_loopback(s.svc->port());
+  const std::string req = post_bytes("/v1/completions", streamed);
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  char buf[512];
+  ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);  // the stream began
+  ::close(fd);
+  const auto t0 = Clock::now();
+  while (ActiveRollouts(s) != 0 && ms_since(t0) < 10000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(ActiveRollouts(s), 0);
+  EXPECT_EQ(fault->thrown(), 2);
+  auto ok = c.Post("/v1/completions", completion_body(false), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_FALSE(s.svc->failed());
 }
 
 }  // namespace
