@@ -123,8 +123,8 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
     return SendError(res, 400, "invalid", request.status().message());
   }
   if (!FleetSourceChecked(*request, res)) return;
-  std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res, request->update_id)) return;
+  PlanSlot slot(*this);
+  if (!TookUpdateSlot(slot, metrics_.updates_conflict, res, request->update_id)) return;
   if (RefusedFailStopped(res)) return;  // it may have fail-stopped while we read the source
   spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),
                fleet_update_mode_name(request->mode), Esc(request->target_label));
@@ -159,9 +159,11 @@ bool Service::FleetUpdateJournaled(const std::string& update_id) {
 }
 
 // "" once no plan runs.
-void Service::SetRunningUpdate(const std::string& update_id) {
+std::string Service::SwapRunningUpdate(const std::string& update_id) {
   std::lock_guard<std::mutex> g(update_id_mu_);
+  std::string before = std::move(running_update_id_);
   running_update_id_ = update_id;
+  return before;
 }
 
 // The end as the fold decided it, with the fleet after it; or why there is none: a refusal

@@ -38,8 +38,8 @@ void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
     return;
   }
   if (RefusedFailStopped(res)) return;
-  std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.restores_conflict, res, request->restore_id)) return;
+  PlanSlot slot(*this);
+  if (!TookUpdateSlot(slot, metrics_.restores_conflict, res, request->restore_id)) return;
   if (RefusedFailStopped(res) || !RestoreSourceUsable(*request, res)) return;
   RunRestore(*request, res);
 }

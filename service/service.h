@@ -230,9 +230,10 @@ class Service {
   // fleet update after its request is journaled.
   using ThreadStart = std::function<std::thread(std::function<void()>)>;
   void set_member_thread_start(ThreadStart start);
-  // Runs first in every step of every proxied rollout, with the step's name (none while unset).
-  // Tests set one that throws, as an allocation or a library call may in any step, to check that
-  // the rollout still finishes and the client is answered. Set before Start.
+  // Runs at named points (none while unset): first in every step of every proxied rollout, and
+  // when a trainer API call takes and gives back the plan slot. Tests set one that throws, as an
+  // allocation or a library call may in any proxied step, or that sleeps to widen a window a
+  // race would need. Set before Start.
   using StepProbe = std::function<void(const char* step)>;
   void set_step_probe(StepProbe probe) { step_probe_ = std::move(probe); }
 
@@ -372,26 +373,46 @@ class Service {
   void SendUpdateOutcome(HttpResponse& res, const UpdateRequested& request,
                          const UpdateEnded& ended, bool replayed);
   void SendOutcome(HttpResponse& res, nlohmann::json out, const UpdateEnded& ended, bool replayed);
-  [[nodiscard]] bool TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
-                                    std::atomic<std::uint64_t>& conflicts, HttpResponse& res,
-                                    const std::string& id);
-  bool RunningPlanIs(const std::string& id);
-  void WaitForSlot(std::unique_lock<std::timed_mutex>& lock);
+  // The one plan slot (update_mu_) of a trainer API call, named after its plan from the moment
+  // it is taken until it is given back: the name and the lock change together under
+  // update_id_mu_, so a retry of the plan that holds the slot (its first answer lost) always
+  // finds its name, and waits for it rather than being answered 409 by itself.
+  class PlanSlot {
+   public:
+    explicit PlanSlot(Service& service) : service_(service) {}
+    ~PlanSlot() { Release(); }
+    PlanSlot(const PlanSlot&) = delete;
+    PlanSlot& operator=(const PlanSlot&) = delete;
+    bool held() const { return lock_.owns_lock(); }
+    void Release();
+
+   private:
+    friend class Service;
+    Service& service_;
+    std::unique_lock<std::timed_mutex> lock_;
+  };
+  // The slot, or 503 while shutting down, or 409 (counted in `conflicts`) naming the plan that
+  // holds it. The caller keeps `slot` until it has answered.
+  [[nodiscard]] bool TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflicts,
+                                    HttpResponse& res, const std::string& id);
+  // Takes the slot at once, naming it `id`; else whether it is `id` that holds it.
+  bool TookSlotOrHeldBy(PlanSlot& slot, const std::string& id);
+  void WaitForSlot(PlanSlot& slot, const std::string& id);
   // How long a retry of the plan that holds the slot waits for it (then 409).
   static constexpr std::uint64_t kSamePlanSlotWaitMs = 5000;
-  // Names the plan that holds update_mu_ (a 409 names it; a retry of it waits: RunningPlanIs)
-  // until its runner call returns or throws.
+  // Names the plan that holds update_mu_ (a 409 names it) while its runner call runs, then
+  // restores the name before it: a trainer API call's slot keeps its name until it answers.
   class RunningPlan {
    public:
-    RunningPlan(Service& service, const std::string& id) : service_(service) {
-      service_.SetRunningUpdate(id);
-    }
-    ~RunningPlan() { service_.SetRunningUpdate(""); }
+    RunningPlan(Service& service, const std::string& id)
+        : service_(service), before_(service.SwapRunningUpdate(id)) {}
+    ~RunningPlan() { (void)service_.SwapRunningUpdate(before_); }
     RunningPlan(const RunningPlan&) = delete;
     RunningPlan& operator=(const RunningPlan&) = delete;
 
    private:
     Service& service_;
+    const std::string before_;
   };
   // Every plan's runner call (an update, restore, sleep, wake-up, fleet update, a stalled plan
   // tried again): what `call` returned, or PlanThrew's error when it threw. Nothing a plan's
@@ -474,7 +495,8 @@ class Service {
                                             const std::string& expected_digest);
   void LogFleetStart();
   void InitHttpTransfers();
-  void SetRunningUpdate(const std::string& update_id);
+  // Names the plan that holds update_mu_ ("" for none); returns the name before.
+  std::string SwapRunningUpdate(const std::string& update_id);
   [[nodiscard]] Status StartFleet();
   [[nodiscard]] Result<std::unique_ptr<UpstreamPool>> MakeUpstream(const UpstreamTarget& target);
   [[nodiscard]] Status Listen();

@@ -73,8 +73,8 @@ void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
        &metrics_.sleeps_conflict, &metrics_.sleeps_invalid, &metrics_.sleeps_replayed,
        &metrics_.sleeps_outcome_unknown}};
   if (RefusedFailStopped(res)) return;
-  std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.sleeps_conflict, res, request->sleep_id)) return;
+  PlanSlot slot(*this);
+  if (!TookUpdateSlot(slot, metrics_.sleeps_conflict, res, request->sleep_id)) return;
   if (RefusedFailStopped(res)) return;
   RunSameVersion(plan, res);
 }
@@ -95,8 +95,8 @@ void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
                         &metrics_.wakes_conflict, &metrics_.wakes_invalid, &metrics_.wakes_replayed,
                         &metrics_.wakes_outcome_unknown}};
   if (RefusedFailStopped(res)) return;
-  std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.wakes_conflict, res, request->wake_id)) return;
+  PlanSlot slot(*this);
+  if (!TookUpdateSlot(slot, metrics_.wakes_conflict, res, request->wake_id)) return;
   if (RefusedFailStopped(res)) return;
   RunSameVersion(plan, res);
 }

@@ -180,27 +180,26 @@ void Service::SendOutcome(HttpResponse& res, json out, const UpdateEnded& ended,
   SendJson(res, OutcomeHttpStatus(ended.outcome), out);
 }
 
-// The one slot for an update or a restore: 503 while shutting down, 409 while another runs
-// (counted in `conflicts`). The lock is held by the caller until it answered.
-// The plan slot, or 409 naming the plan that holds it. A retry of the very plan that holds it
-// (its first answer lost, or its stalled retry finishing) waits for it a bounded while: the caller
-// then answers its recorded outcome rather than a conflict with itself.
-bool Service::TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
-                             std::atomic<std::uint64_t>& conflicts, HttpResponse& res,
-                             const std::string& id) {
-  RC_CHECK(!lock.owns_lock());
+// A retry of the very plan that holds the slot (its first answer lost, or its stalled retry
+// finishing) waits for it a bounded while: the caller then answers its recorded outcome rather
+// than a conflict with itself.
+bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflicts,
+                             HttpResponse& res, const std::string& id) {
+  RC_CHECK(!slot.held());
   if (shutting_down_.load()) {
     SendError(res, 503, "shutting_down", "the executor is shutting down");
     return false;
   }
-  lock = std::unique_lock<std::timed_mutex>(update_mu_, std::try_to_lock);
-  if (!lock.owns_lock() && RunningPlanIs(id)) WaitForSlot(lock);
+  if (TookSlotOrHeldBy(slot, id)) WaitForSlot(slot, id);
   if (shutting_down_.load()) {  // the slot may have been won from a shutdown that waits for it
-    if (lock.owns_lock()) lock.unlock();
+    slot.Release();
     SendError(res, 503, "shutting_down", "the executor is shutting down");
     return false;
   }
-  if (lock.owns_lock()) return true;
+  if (slot.held()) {
+    if (step_probe_) step_probe_("plan slot taken");
+    return true;
+  }
   conflicts++;
   std::lock_guard<std::mutex> g(update_id_mu_);
   SendError(
@@ -210,20 +209,35 @@ bool Service::TookUpdateSlot(std::unique_lock<std::timed_mutex>& lock,
   return false;
 }
 
-// At most a quarter of the blocking pool waits on the slot: a trainer retrying on a short
-// timeout must not take the threads lease renewals and finishes need.
-void Service::WaitForSlot(std::unique_lock<std::timed_mutex>& lock) {
-  const std::size_t waiting_max = std::max<std::size_t>(1, config_.http_threads / 4);
-  if (slot_waiters_.fetch_add(1) < waiting_max) {
-    lock = std::unique_lock<std::timed_mutex>(update_mu_,
-                                              std::chrono::milliseconds(kSamePlanSlotWaitMs));
+// True when the slot is held, and by `id`: the caller may wait for it.
+bool Service::TookSlotOrHeldBy(PlanSlot& slot, const std::string& id) {
+  std::lock_guard<std::mutex> g(update_id_mu_);
+  slot.lock_ = std::unique_lock<std::timed_mutex>(update_mu_, std::try_to_lock);
+  if (slot.held()) {
+    running_update_id_ = id;
+    return false;
   }
-  slot_waiters_--;
+  return !id.empty() && running_update_id_ == id;
 }
 
-bool Service::RunningPlanIs(const std::string& id) {
-  std::lock_guard<std::mutex> g(update_id_mu_);
-  return !id.empty() && running_update_id_ == id;
+// At most a quarter of the blocking pool waits on the slot: a trainer retrying on a short
+// timeout must not take the threads lease renewals and finishes need.
+void Service::WaitForSlot(PlanSlot& slot, const std::string& id) {
+  const std::size_t waiting_max = std::max<std::size_t>(1, config_.http_threads / 4);
+  if (slot_waiters_.fetch_add(1) < waiting_max) {
+    slot.lock_ = std::unique_lock<std::timed_mutex>(update_mu_,
+                                                    std::chrono::milliseconds(kSamePlanSlotWaitMs));
+  }
+  slot_waiters_--;
+  if (slot.held()) (void)SwapRunningUpdate(id);
+}
+
+void Service::PlanSlot::Release() {
+  if (!held()) return;
+  if (service_.step_probe_) service_.step_probe_("plan slot given back");
+  std::lock_guard<std::mutex> g(service_.update_id_mu_);
+  service_.running_update_id_.clear();
+  lock_.unlock();
 }
 
 // A plan's runner call threw (a thread the system refused, memory, a parse): its request may be
@@ -328,8 +342,8 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   // What can be checked without the engine is checked before anything is journaled: a source
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
   if (!SourceUsable(*request, res)) return;
-  std::unique_lock<std::timed_mutex> lock;
-  if (!TookUpdateSlot(lock, metrics_.updates_conflict, res, request->update_id)) return;
+  PlanSlot slot(*this);
+  if (!TookUpdateSlot(slot, metrics_.updates_conflict, res, request->update_id)) return;
   // It may have ended while we waited for the lock.
   if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
   RunUpdate(*request, res);

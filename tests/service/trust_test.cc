@@ -471,6 +471,43 @@ TEST(TrustIdempotency, RePostOfAnEndedUpdateAnswersTheRecordedOutcome) {
   EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 1u);
 }
 
+// Proves a retry of an update sent while its first call holds the plan slot outside the runner
+// call (the slot just taken, or the answer formed and the slot not yet given back) waits for it
+// and answers the recorded outcome. Catches the retry being answered 409 "another plan is
+// running" by its own first call, as when the slot's name was set only around the runner call.
+TEST(TrustIdempotency, ARetryWhileItsFirstCallHoldsTheSlotWaitsForIt) {
+  for (const char* window : {"plan slot taken", "plan slot given back"}) {
+    SCOPED_TRACE(window);
+    Stack s;
+    ASSERT_TRUE(s.svc->Shutdown(5000));
+    s.OpenWithoutStarting();
+    std::atomic<bool> in_window{false};
+    std::atomic<bool> widened{false};
+    s.svc->set_step_probe([&, window](const char* step) {
+      if (std::string(step) != window || widened.exchange(true)) return;
+      in_window = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    });
+    ASSERT_TRUE(s.svc->Start().ok());
+    std::thread first([&] {
+      httplib::Client c = s.client();
+      auto u = c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)),
+                      "application/json");
+      ASSERT_TRUE(u);
+      EXPECT_EQ(u->status, 200) << u->body;
+    });
+    ASSERT_TRUE(eventually([&] { return in_window.load(); }, 10000));
+    httplib::Client c = s.client();
+    auto retry =
+        c.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
+    first.join();
+    ASSERT_TRUE(retry);
+    EXPECT_EQ(retry->status, 200) << retry->body;
+    EXPECT_EQ(json::parse(retry->body)["outcome"], "committed") << retry->body;
+    EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 1u);
+  }
+}
+
 // Proves an update_id of the full id limit (128 bytes) is accepted: one limit, stated once.
 // Catches: an internal idempotency key ("update:" + id) that pushes ids of 122..128 bytes over
 // the journal's id limit (400 "client_event_id exceeds 128 bytes"). The key is derived in the
