@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -92,67 +93,110 @@ Status CannotResolve(const std::string& host, const std::string& why) {
                              "': " + why);
 }
 
-// One fresh connect: for a name, a lookup and then a connect to each address it gave in turn;
-// for an IP literal, the connect alone. One deadline bounds it all. Every handler runs on the
-// exchange's executor, so `finished_` needs no lock: whichever ends first, the chain or the
-// deadline, calls `done_`, exactly once. The deadline ends a lookup itself rather than waiting
-// for its handler: asio runs the lookups of a loop one at a time on a thread of that loop's own,
-// and cancel() skips a lookup not yet started there but cannot stop one in progress (so a slow
-// DNS server delays the loop's later lookups, each still bounded by its own deadline).
-class Dial : public std::enable_shared_from_this<Dial> {
+// The addresses `host` has now: a blocking lookup (never on an event loop). The error is the
+// resolver's own text.
+Result<std::vector<tcp::endpoint>> ResolveNow(const std::string& host, std::uint16_t port) {
+  if (std::optional<tcp::endpoint> literal = LiteralEndpoint(host, port)) {
+    return std::vector<tcp::endpoint>{*literal};
+  }
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  error_code ec;
+  const tcp::resolver::results_type results = resolver.resolve(host, std::to_string(port), ec);
+  if (ec) return Status::Unavailable(ec.message());
+  std::vector<tcp::endpoint> endpoints;
+  for (const auto& r : results) endpoints.push_back(r.endpoint());
+  return endpoints;
+}
+
+}  // namespace
+
+// The addresses of a named engine host (upstream.h). Shared with the lookup thread, which may
+// outlive the pool: `open` turns false when the pool goes, and nothing is posted after that.
+struct UpstreamPool::HostAddresses {
+  using Answer = std::function<void(const Result<std::vector<tcp::endpoint>>&)>;
+  struct Waiter {
+    asio::any_io_executor executor;
+    Answer answer;
+  };
+
+  HostAddresses(std::string h, std::uint16_t p, Resolve r)
+      : host(std::move(h)), port(p), seam(std::move(r)) {}
+
+  const std::string host;
+  const std::uint16_t port;
+  const Resolve seam;  // null: the system resolver
+  std::mutex mu;
+  bool open = true;
+  bool looking = false;  // a lookup runs
+  bool stale = false;    // a connect to `endpoints` failed: look again
+  std::chrono::steady_clock::time_point resolved_at;
+  std::vector<tcp::endpoint> endpoints;  // the last that resolved
+  std::vector<Waiter> waiters;           // connects with no addresses yet (kAddressWaitersMax)
+
+  // Requires mu. One lookup at a time, on a thread of its own: DNS blocks for as long as it
+  // likes, and neither an event loop nor the shutdown may wait for it.
+  static void LookUp(const std::shared_ptr<HostAddresses>& self) {
+    if (self->looking || !self->open) return;
+    self->looking = true;
+    try {
+      std::thread([self] {
+        self->Answered(self->seam ? self->seam(self->host, self->port)
+                                  : ResolveNow(self->host, self->port));
+      }).detach();
+    } catch (...) {  // no thread: this lookup fails, and the next connect tries again
+      self->looking = false;
+      self->Tell(CannotResolve(self->host, "no thread for the lookup"));
+    }
+  }
+
+  void Answered(const Result<std::vector<tcp::endpoint>>& r) {
+    std::lock_guard<std::mutex> g(mu);
+    looking = false;
+    if (!open) return;
+    if (!r.ok()) return Tell(CannotResolve(host, r.status().message()));
+    if (r->empty()) return Tell(CannotResolve(host, "it has no address"));
+    endpoints = *r;
+    resolved_at = std::chrono::steady_clock::now();
+    stale = false;
+    Tell(endpoints);
+  }
+
+  // Requires mu and open: the pool, and so its event loops, live while both hold.
+  void Tell(const Result<std::vector<tcp::endpoint>>& r) {
+    for (Waiter& w : waiters) {
+      asio::post(w.executor, [answer = std::move(w.answer), r] { answer(r); });
+    }
+    waiters.clear();
+  }
+};
+
+// One fresh connect: to the addresses it is given (an IP literal's, or the last a name resolved
+// to), or, for a name with none yet, to those its lookup answers. One deadline bounds it all.
+// Every handler runs on the exchange's executor, so `finished_` needs no lock: whichever ends
+// first, the chain or the deadline, calls `done_`, exactly once.
+class UpstreamDial : public std::enable_shared_from_this<UpstreamDial> {
  public:
-  Dial(const asio::any_io_executor& executor, std::uint64_t timeout_ms, UpstreamPool::Ready done)
+  // A name's: a failed connect has its addresses looked up again (the engine may have moved).
+  using Addresses = std::shared_ptr<UpstreamPool::HostAddresses>;
+  UpstreamDial(const asio::any_io_executor& executor, std::uint64_t timeout_ms,
+               UpstreamPool::Ready done, Addresses addresses)
       : executor_(executor),
         conn_(std::make_unique<UpstreamConn>(LoopExecutor(executor), EventLoopOf(executor))),
         timer_(executor),
         timeout_ms_(timeout_ms),
-        done_(std::move(done)) {}
+        done_(std::move(done)),
+        addresses_(std::move(addresses)) {}
 
-  void ConnectTo(const tcp::endpoint& endpoint) {
-    StartDeadline();
-    conn_->socket.async_connect(
-        endpoint, asio::bind_executor(executor_, [self = shared_from_this()](error_code ec) {
-          self->OnConnected(ec);
-        }));
+  void Start() {
+    timer_.expires_after(std::chrono::milliseconds(timeout_ms_));
+    timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (!ec) self->OnDeadline();
+    });
   }
 
-  void Resolve(const std::string& host, std::uint16_t port, const UpstreamPool::Resolve& seam) {
-    StartDeadline();
-    host_ = host;
-    resolving_ = true;
-    if (seam) return ResolveBy(seam, port);
-    resolver_.emplace(LoopExecutor(executor_));
-    resolver_->async_resolve(
-        host, std::to_string(port),
-        asio::bind_executor(executor_, [self = shared_from_this()](
-                                           error_code ec, tcp::resolver::results_type results) {
-          self->OnResolved(ec ? ec.message() : "", results);
-        }));
-  }
-
- private:
-  // The test seam's answer, delivered as a lookup's is: later, on the executor.
-  void ResolveBy(const UpstreamPool::Resolve& seam, std::uint16_t port) {
-    Result<std::vector<tcp::endpoint>> r = seam(host_, port);
-    std::string error;
-    std::vector<tcp::endpoint> endpoints;
-    if (r.ok()) {
-      endpoints = std::move(r.value());
-    } else {
-      error = r.status().message();
-    }
-    asio::post(executor_,
-               [self = shared_from_this(), error = std::move(error),
-                endpoints = std::move(endpoints)] { self->OnResolved(error, endpoints); });
-  }
-
-  template <typename Endpoints>
-  void OnResolved(const std::string& error, const Endpoints& endpoints) {
-    if (finished_) return;
-    resolving_ = false;
-    if (!error.empty() || endpoints.empty()) {
-      return Finish(CannotResolve(host_, error.empty() ? "it has no address" : error));
-    }
+  void ConnectTo(const std::vector<tcp::endpoint>& endpoints) {
+    RC_CHECK(!endpoints.empty());
     asio::async_connect(conn_->socket, endpoints,
                         asio::bind_executor(executor_, [self = shared_from_this()](
                                                            error_code ec, const tcp::endpoint&) {
@@ -160,29 +204,42 @@ class Dial : public std::enable_shared_from_this<Dial> {
                         }));
   }
 
+  // What the lookup this connect waits for answers (on the executor; the dial may be gone).
+  UpstreamPool::HostAddresses::Answer Await() {
+    return [weak = weak_from_this()](const Result<std::vector<tcp::endpoint>>& r) {
+      const std::shared_ptr<UpstreamDial> self = weak.lock();
+      if (self == nullptr || self->finished_) return;
+      if (!r.ok()) return self->Finish(r.status());
+      self->ConnectTo(*r);
+    };
+  }
+
+  void Fail(Status st) { Finish(std::move(st)); }
+
+ private:
   void OnConnected(error_code ec) {
     if (finished_) return;
-    if (ec) return Finish(Status::Unavailable("connect failed: " + ec.message()));
+    if (ec) {
+      LookAgain();
+      return Finish(Status::Unavailable("connect failed: " + ec.message()));
+    }
     conn_->socket.set_option(tcp::no_delay(true), ec);
     Finish(Status::OK());
   }
 
-  void StartDeadline() {
-    timer_.expires_after(std::chrono::milliseconds(timeout_ms_));
-    timer_.async_wait([self = shared_from_this()](error_code ec) {
-      if (!ec) self->OnDeadline();
-    });
-  }
-
   void OnDeadline() {
     if (finished_) return;
-    if (resolver_) resolver_->cancel();
     error_code ignored;
     conn_->socket.close(ignored);  // a connect in progress completes with an error, ignored
-    const std::string after = " timed out after " + std::to_string(timeout_ms_) + " ms";
-    Finish(Status::Timeout(resolving_ ? "resolving the engine host '" + text::escape_line(host_) +
-                                            "'" + after
-                                      : "connect" + after));
+    LookAgain();
+    Finish(Status::Timeout("connect timed out after " + std::to_string(timeout_ms_) + " ms"));
+  }
+
+  void LookAgain() {
+    if (addresses_ == nullptr) return;
+    std::lock_guard<std::mutex> g(addresses_->mu);
+    addresses_->stale = true;
+    UpstreamPool::HostAddresses::LookUp(addresses_);
   }
 
   void Finish(Status st) {
@@ -197,35 +254,37 @@ class Dial : public std::enable_shared_from_this<Dial> {
   const asio::any_io_executor executor_;  // the exchange's: every handler runs on it
   std::unique_ptr<UpstreamConn> conn_;
   asio::steady_timer timer_;
-  std::optional<tcp::resolver> resolver_;  // a name's lookup only
   const std::uint64_t timeout_ms_;
   UpstreamPool::Ready done_;
-  std::string host_;  // a name's, for the messages
-  bool resolving_ = false;
+  const Addresses addresses_;  // null for an IP literal
   bool finished_ = false;
 };
 
-}  // namespace
-
 Status CheckEngineHostResolves(const std::string& host, std::uint16_t port) {
-  if (LiteralEndpoint(host, port)) return Status::OK();
-  asio::io_context io;
-  tcp::resolver resolver(io);
-  error_code ec;
-  const tcp::resolver::results_type endpoints = resolver.resolve(host, std::to_string(port), ec);
-  if (!ec && !endpoints.empty()) return Status::OK();
-  return CannotResolve(host, ec ? ec.message() : "it has no address");
+  Result<std::vector<tcp::endpoint>> r = ResolveNow(host, port);
+  if (!r.ok()) return CannotResolve(host, r.status().message());
+  if (r->empty()) return CannotResolve(host, "it has no address");
+  return Status::OK();
 }
 
 UpstreamPool::UpstreamPool(std::string host, std::uint16_t port, std::size_t idle_max,
-                           std::size_t loops, Resolve resolve)
-    : host_(std::move(host)),
-      port_(port),
-      literal_(LiteralEndpoint(host_, port_)),
-      resolve_(std::move(resolve)),
+                           std::size_t loops, Resolve resolve, std::uint64_t refresh_ms)
+    : literal_(LiteralEndpoint(host, port)),
+      addresses_(literal_
+                     ? nullptr
+                     : std::make_shared<HostAddresses>(std::move(host), port, std::move(resolve))),
+      refresh_ms_(refresh_ms),
       idle_max_per_loop_((idle_max + loops - 1) / std::max<std::size_t>(loops, 1)) {
-  RC_CHECK(!host_.empty() && port_ != 0);
+  RC_CHECK(port != 0 && (literal_ || !addresses_->host.empty()));
   RC_CHECK(idle_max >= 1 && loops >= 1 && idle_max_per_loop_ >= 1);
+}
+
+// A lookup still running answers nobody.
+UpstreamPool::~UpstreamPool() {
+  if (addresses_ == nullptr) return;
+  std::lock_guard<std::mutex> g(addresses_->mu);
+  addresses_->open = false;
+  addresses_->waiters.clear();
 }
 
 std::size_t UpstreamPool::idle() const {
@@ -265,9 +324,34 @@ void UpstreamPool::Acquire(const asio::any_io_executor& executor, std::uint64_t 
 
 void UpstreamPool::Connect(const asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                            Ready done) {
-  auto dial = std::make_shared<Dial>(executor, connect_timeout_ms, std::move(done));
-  if (literal_) return dial->ConnectTo(*literal_);
-  dial->Resolve(host_, port_, resolve_);
+  auto dial =
+      std::make_shared<UpstreamDial>(executor, connect_timeout_ms, std::move(done), addresses_);
+  dial->Start();
+  if (literal_) return dial->ConnectTo({*literal_});
+  ConnectByName(*dial, executor);
+}
+
+// The last addresses the name resolved to, at once (looked up again in the background when a
+// connect to them failed or they are older than refresh_ms_); with none yet, the
+// connect waits for the lookup.
+void UpstreamPool::ConnectByName(UpstreamDial& dial, const asio::any_io_executor& executor) {
+  std::vector<tcp::endpoint> endpoints;
+  {
+    std::lock_guard<std::mutex> g(addresses_->mu);
+    HostAddresses& a = *addresses_;
+    const bool old =
+        std::chrono::steady_clock::now() - a.resolved_at >= std::chrono::milliseconds(refresh_ms_);
+    if (a.stale || old || a.endpoints.empty()) HostAddresses::LookUp(addresses_);
+    if (a.endpoints.empty()) {
+      if (a.waiters.size() >= kAddressWaitersMax) {
+        return dial.Fail(CannotResolve(a.host, "too many connects wait for its lookup"));
+      }
+      a.waiters.push_back({executor, dial.Await()});
+      return;
+    }
+    endpoints = a.endpoints;
+  }
+  dial.ConnectTo(endpoints);
 }
 
 void UpstreamPool::Release(std::unique_ptr<UpstreamConn> conn) {

@@ -8,10 +8,13 @@
 // share); a connection in use belongs to exactly one exchange (the client connection budget
 // bounds those). A pooled connection the engine closed meanwhile is detected before reuse.
 //
-// The engine's host, when it is a name rather than an IP literal, is resolved again at every fresh
-// connect (asynchronously, within the connect deadline), as the control client does: an engine
-// whose name moves to a new address (a restarted pod, a Kubernetes Service) is dialed there. A
-// pooled connection keeps the address it was opened to until it is dropped.
+// An engine host that is a name rather than an IP literal is looked up on a thread of its own:
+// a fresh connect dials the last addresses it resolved to at once, and the name is looked up
+// again in the background when a connect to them failed (the engine may have moved: a restarted
+// pod, a Kubernetes Service) or they are older than kAddressesRefreshMs. So an engine whose
+// name moves is followed within a retry, a DNS outage keeps the last addresses working, and
+// neither an event loop nor the shutdown ever waits on DNS (a lookup still running when the
+// pool goes is abandoned). A pooled connection keeps the address it was opened to.
 #pragma once
 
 #include <cstdint>
@@ -70,16 +73,26 @@ struct UpstreamTarget {
 // typo in an engine URL fails it), never on an event loop. The error is a fresh connect's.
 [[nodiscard]] Status CheckEngineHostResolves(const std::string& host, std::uint16_t port);
 
+// How often a name's addresses are looked up again while connects find them working.
+inline constexpr std::uint64_t kAddressesRefreshMs = 5000;
+// Fresh connects that may wait for a name's first lookup at once (the rest are refused).
+inline constexpr std::size_t kAddressWaitersMax = 1024;
+
+class UpstreamDial;
+
 class UpstreamPool {
  public:
   // The addresses a name stands for, in the order to try. Tests only, in place of the system
-  // resolver; called on the exchange's executor at each fresh connect to a name.
+  // resolver; called on the lookup's own thread.
   using Resolve = std::function<Result<std::vector<boost::asio::ip::tcp::endpoint>>(
       const std::string& host, std::uint16_t port)>;
 
-  // `host`: an IP literal, connected to as is, or a name, resolved at every fresh connect.
+  // `host`: an IP literal, connected to as is, or a name (see above).
   UpstreamPool(std::string host, std::uint16_t port, std::size_t idle_max, std::size_t loops,
-               Resolve resolve = nullptr);
+               Resolve resolve = nullptr, std::uint64_t refresh_ms = kAddressesRefreshMs);
+  ~UpstreamPool();
+  UpstreamPool(const UpstreamPool&) = delete;
+  UpstreamPool& operator=(const UpstreamPool&) = delete;
 
   // A connection: an idle one (reused = true) or a fresh one resolving and connecting within
   // connect_timeout_ms (a name that does not resolve: Unavailable);
@@ -94,14 +107,16 @@ class UpstreamPool {
   std::size_t idle() const;
 
  private:
+  friend class UpstreamDial;
+  struct HostAddresses;
   std::unique_ptr<UpstreamConn> TakeIdle(const void* loop);
   void Connect(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                Ready done);
+  void ConnectByName(UpstreamDial& dial, const boost::asio::any_io_executor& executor);
 
-  const std::string host_;
-  const std::uint16_t port_;
-  const std::optional<boost::asio::ip::tcp::endpoint> literal_;  // when host_ is an IP literal
-  const Resolve resolve_;                                        // null: the system resolver
+  const std::optional<boost::asio::ip::tcp::endpoint> literal_;  // when the host is an IP literal
+  const std::shared_ptr<HostAddresses> addresses_;               // when it is a name
+  const std::uint64_t refresh_ms_;
   const std::size_t idle_max_per_loop_;
   mutable std::mutex mu_;
   std::map<const void*, std::deque<std::unique_ptr<UpstreamConn>>> idle_;  // by event loop
