@@ -588,6 +588,12 @@ Result<JournalTrajectories> SampleTrajectoriesFromJournal(journal::Journal& jour
 Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal) {
   Result<JournalTrajectories> t = SampleTrajectoriesFromJournal(journal);
   if (!t.ok()) return t.status();
+  if (t->trajectories.size() < t->total) {
+    return Status::Rejected("the journal holds " + std::to_string(t->total) +
+                            " trajectories, more than the " + std::to_string(kTrajectoriesMax) +
+                            " one read returns: SampleTrajectoriesFromJournal reads the most "
+                            "recent and counts the rest");
+  }
   return std::move(t->trajectories);
 }
 

@@ -164,8 +164,8 @@ struct JournalTrajectories {
 // not admitted or already finished, are a Corruption naming the seq.
 [[nodiscard]] Result<JournalTrajectories> SampleTrajectoriesFromJournal(
     journal::Journal& journal, std::size_t bound = kTrajectoriesMax);
-// SampleTrajectoriesFromJournal's trajectories alone: a caller that reports how many were
-// re-verified needs its `total` too.
+// All of the journal's trajectories, or Rejected when they are more than kTrajectoriesMax (then
+// SampleTrajectoriesFromJournal reads the most recent and counts the rest).
 [[nodiscard]] Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal);
 
 // Parses a trajectories JSON-lines file. Malformed lines, and lines over kTrajectoryLineBytesMax,
