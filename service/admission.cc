@@ -235,14 +235,13 @@ Service::AdmitResult Service::Admit(const std::string& rollout_id, std::uint64_t
 // the result to `done` on `executor` once the admission is durable (or refused).
 struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
   AsyncAdmission(Service& s, std::string id, std::uint64_t wait, asio::any_io_executor ex,
-                 AdmitDone fn, std::optional<std::uint64_t> key)
+                 std::optional<std::uint64_t> key)
       : svc(s),
         rollout_id(std::move(id)),
         affinity_key(key),
         wait_ms(wait),
         executor(std::move(ex)),
         timer(executor),
-        done(std::move(fn)),
         deadline(Clock::now() + std::chrono::milliseconds(wait)) {}
 
   void Step() {
@@ -323,11 +322,17 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
 void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
                          const asio::any_io_executor& executor, AdmitDone done,
                          std::optional<std::uint64_t> affinity_key) {
+  std::shared_ptr<AsyncAdmission> job;
+  try {
+    job = std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor, affinity_key);
+  } catch (...) {
+    const std::string why = AsyncStepThrew(*this, "an admission's start");
+    return done(AdmitResult{std::nullopt, AdmitRefusal{503, "failed", why, 0}});
+  }
+  job->done = std::move(done);  // a job that exists answers `done` exactly once
   // Counted before its first look at shutting_down_: a shutdown that reads no admission in
   // progress and no rollout in flight cannot miss one admitted after it looked.
   admissions_in_progress_++;
-  auto job = std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor, std::move(done),
-                                              affinity_key);
   job->Step();
 }
 
@@ -467,8 +472,8 @@ Status Service::FinishRecordsDurably(FinishRecords f) {
 }
 
 struct Service::AsyncFinish : std::enable_shared_from_this<AsyncFinish> {
-  AsyncFinish(Service& s, FinishRecords r, asio::any_io_executor ex, FinishDone fn)
-      : svc(s), f(std::move(r)), executor(std::move(ex)), timer(executor), done(std::move(fn)) {}
+  AsyncFinish(Service& s, FinishRecords r, asio::any_io_executor ex)
+      : svc(s), f(std::move(r)), executor(std::move(ex)), timer(executor) {}
 
   void Step() {
     try {
@@ -518,9 +523,16 @@ void Service::FinishAsync(const std::string& engine, const std::string& rollout_
                           std::uint32_t completion_tokens,
                           const std::vector<TrajectoryRecorded>& parts,
                           const asio::any_io_executor& executor, FinishDone done) {
-  auto job = std::make_shared<AsyncFinish>(
-      *this, MakeFinish(engine, rollout_id, outcome, prompt_tokens, completion_tokens, parts),
-      executor, std::move(done));
+  std::shared_ptr<AsyncFinish> job;
+  try {
+    job = std::make_shared<AsyncFinish>(
+        *this, MakeFinish(engine, rollout_id, outcome, prompt_tokens, completion_tokens, parts),
+        executor);
+  } catch (...) {
+    const std::string why = AsyncStepThrew(*this, "a finish's start");
+    return done(Status::Unavailable("the executor has fail-stopped: " + why));
+  }
+  job->done = std::move(done);  // a job that exists answers `done` exactly once
   job->Step();
 }
 

@@ -255,7 +255,7 @@ const std::array kKeys = {
     ConfigKey{"body_memory_bytes_max",
               "body-memory-bytes-max",
               &C::body_memory_bytes_max,
-              std::uint64_t{16} << 20,
+              std::uint64_t{1} << 20,
               std::uint64_t{1} << 40,
               kBounds,
               "request and response bodies all connections hold at once (bytes); a request "

@@ -16,6 +16,7 @@
 #include "service/answer_relay.h"
 #include "service/api_parse.h"
 #include "service/http_util.h"
+#include "service/service_internal.h"
 #include "service/trajectory_line.h"
 #include "statemachine/text.h"
 
@@ -689,6 +690,7 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
   SubmitFinish(outcome, [self = shared_from_this(), then = std::move(then), up_us](Status st) {
     self->ObserveEnded(up_us);
     self->answering_ = true;
+    self->finish_durable_ = st.ok();
     self->Step("finished", [&] {
       if (!st.ok()) return self->AnswerNotDurable(st);
       self->WriteTrajectoryLine();
@@ -697,13 +699,15 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
   });
 }
 
+// From FinishAsync's call on, the service owns the finish: `done` runs exactly once (maybe within
+// the call), also when the service fails.
 void ProxyExchange::SubmitFinish(RolloutOutcome outcome, Service::FinishDone done) {
   RC_CHECK(!finish_submitted_);
   const RolloutAdmitted& b = admission_.binding;
-  svc_.FinishAsync(admission_.engine, b.rollout_id, outcome, ClampU32(trace_.prompt_count()),
-                   ClampU32(trace_.completion_count()),
-                   JournalTrajectoryParts(b.rollout_id, trace_), ex_.executor(), std::move(done));
+  const std::vector<TrajectoryRecorded> parts = JournalTrajectoryParts(b.rollout_id, trace_);
   finish_submitted_ = true;
+  svc_.FinishAsync(admission_.engine, b.rollout_id, outcome, ClampU32(trace_.prompt_count()),
+                   ClampU32(trace_.completion_count()), parts, ex_.executor(), std::move(done));
 }
 
 // ---- a step that threw ----
@@ -772,6 +776,7 @@ void ProxyExchange::FinishThrew(const std::string& why) noexcept {
 // The end is durable and the answer failed: the line is still written, and the client is told
 // the outcome that was recorded (its rollout id is in the head).
 void ProxyExchange::AnswerRecorded(const std::string& why) {
+  if (!finish_durable_) return EndFailed("the rollout's finish is not durable: " + why);
   if (!line_written_) WriteTrajectoryLine();
   EndFailed(std::string("the rollout ended ") + outcome_name(outcome_) +
             " and is recorded, but its answer failed: " + why);
@@ -866,13 +871,24 @@ void ProxyExchange::WriteTrajectoryLine() {
 class PassThrough : public std::enable_shared_from_this<PassThrough> {
  public:
   PassThrough(Exchange ex, UpstreamPool& pool, const UpstreamTarget& target,
-              const ServeConfig& config)
+              const ServeConfig& config, const Service::StepProbe& probe)
       : ex_(std::move(ex)),
         pool_(pool),
         target_(target),
         config_(config),
+        probe_(probe),
         deadline_(ex_.executor()),
         body_hold_(&ex_.body_budget()) {}
+  // An unanswered client is never left waiting, whatever ended the chain.
+  ~PassThrough() {
+    if (!ex_.OnItsLoop()) return;
+    try {
+      ex_.Close();
+    } catch (...) {
+    }
+  }
+  PassThrough(const PassThrough&) = delete;
+  PassThrough& operator=(const PassThrough&) = delete;
 
   void Start() {
     namespace bhttp = beast::http;
@@ -894,13 +910,33 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     });
     pool_.Acquire(ex_.executor(), config_.connect_timeout_ms,
                   [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool) {
-                    if (!st.ok()) return self->Fail(st.message());
-                    self->conn_ = std::move(c);
-                    self->Send();
+                    self->Step([&] {
+                      if (!st.ok()) return self->Fail(st.message());
+                      self->conn_ = std::move(c);
+                      self->Send();
+                    });
                   });
   }
 
  private:
+  // What a step throws ends the call with a 500, never the event loop.
+  template <class F>
+  void Step(F&& f) noexcept {
+    try {
+      if (probe_) probe_("pass-through");
+      f();
+    } catch (...) {
+      try {
+        spdlog::error("proxy: a pass-through call threw: {}",
+                      text::escape_line(internal::CurrentExceptionText()));
+        deadline_.cancel();
+        conn_.reset();
+        ex_.Respond(ErrorResponse(500, "internal", "internal error"));
+      } catch (...) {
+        ex_.Close();
+      }
+    }
+  }
   void Send() {
     parser_.emplace();
     parser_->body_limit(effects::kResponseBytesMax);
@@ -908,8 +944,10 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
         conn_->socket, request_,
         asio::bind_executor(ex_.executor(),
                             [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                              if (ec) return self->Fail("send: " + ec.message());
-                              self->Read();
+                              self->Step([&] {
+                                if (ec) return self->Fail("send: " + ec.message());
+                                self->Read();
+                              });
                             }));
   }
   void Read() {
@@ -917,8 +955,10 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
         conn_->socket, conn_->buffer, *parser_,
         asio::bind_executor(ex_.executor(),
                             [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                              if (ec) return self->Fail("response head: " + ec.message());
-                              self->ReadBody();
+                              self->Step([&] {
+                                if (ec) return self->Fail("response head: " + ec.message());
+                                self->ReadBody();
+                              });
                             }));
   }
   // The answer's body comes out of the server's body budget before it is read: its declared
@@ -934,8 +974,10 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
         conn_->socket, conn_->buffer, *parser_,
         asio::bind_executor(ex_.executor(),
                             [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                              if (ec) return self->Fail("response: " + ec.message());
-                              self->Answer();
+                              self->Step([&] {
+                                if (ec) return self->Fail("response: " + ec.message());
+                                self->Answer();
+                              });
                             }));
   }
   void Answer() {
@@ -959,6 +1001,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   UpstreamPool& pool_;
   const UpstreamTarget& target_;
   const ServeConfig& config_;
+  const Service::StepProbe& probe_;
   asio::steady_timer deadline_;
   std::unique_ptr<UpstreamConn> conn_;
   beast::http::request<beast::http::string_body> request_;
@@ -1003,7 +1046,8 @@ void Service::AddProxyRoutes(HttpRouter& router) {
     router.Async(method, path, [this](Exchange ex) {
       if (!ProxyAuthorized(ex)) return;
       const std::string engine = PassThroughEngine();
-      std::make_shared<PassThrough>(std::move(ex), UpstreamOf(engine), TargetOf(engine), config_)
+      std::make_shared<PassThrough>(std::move(ex), UpstreamOf(engine), TargetOf(engine), config_,
+                                    step_probe_)
           ->Start();
     });
   }

@@ -161,7 +161,8 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   bool stream_started_ = false;    // the stream's head was handed to the client's connection
   bool finished_ = false;          // Finish ran (exactly once)
   bool finish_submitted_ = false;  // its journal writes were handed to the service
-  bool answering_ = false;         // the finish is durable; the client is being answered
+  bool answering_ = false;         // the finish's callback ran; the client is being answered
+  bool finish_durable_ = false;    // ... and the finish is durable
   bool line_written_ = false;
   bool failed_ = false;   // a step threw
   bool gave_up_ = false;  // the finish could not be handed over: the executor fail-stopped

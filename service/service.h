@@ -202,7 +202,8 @@ class Service {
     return FinishDurably(rollout_id, outcome, prompt_tokens, completion_tokens);
   }
   // The same two writes without blocking the caller: `done` runs once on `executor` with what
-  // Admit / FinishDurably would have returned. Proxied rollouts only (lease_ms 0).
+  // Admit / FinishDurably would have returned (maybe within the call; whatever fails, it runs).
+  // Proxied rollouts only (lease_ms 0).
   using AdmitDone = std::function<void(AdmitResult)>;
   // `affinity_key`: a fleet routes by it (fleet_affinity_prefix_bytes), else by load.
   void AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
@@ -230,10 +231,10 @@ class Service {
   // fleet update after its request is journaled.
   using ThreadStart = std::function<std::thread(std::function<void()>)>;
   void set_member_thread_start(ThreadStart start);
-  // Runs at named points (none while unset): first in every step of every proxied rollout, and
-  // when a trainer API call takes and gives back the plan slot. Tests set one that throws, as an
-  // allocation or a library call may in any proxied step, or that sleeps to widen a window a
-  // race would need. Set before Start.
+  // Runs at named points (none while unset): first in every step of every proxied rollout and
+  // read-only pass-through call, and when a trainer API call takes and gives back the plan slot.
+  // Tests set one that throws, as an allocation or a library call may in any proxied step, or that
+  // sleeps to widen a window a race would need. Set before Start.
   using StepProbe = std::function<void(const char* step)>;
   void set_step_probe(StepProbe probe) { step_probe_ = std::move(probe); }
 

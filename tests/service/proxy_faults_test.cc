@@ -329,6 +329,40 @@ TEST(ProxyText, AParsedBodyIsHeldAgainstTheBodyBudget) {
   EXPECT_EQ(ok->status, 200) << ok->body.substr(0, 300);
 }
 
+// Proves a streamed rollout's trace is held against the body budget as it grows: a generation
+// whose token ids and logprobs outgrow what is left is ended with an error event and [DONE],
+// finished as aborted, and gives its share back (the next streams pass). Catches traces of
+// thousands of long streams held outside body_memory_bytes_max (up to 32 MiB each).
+TEST(ProxyText, AStreamsTraceIsHeldAgainstTheBodyBudget) {
+  stack::StackOptions o = Stack::Options([](ServeConfig& c) {
+    c.body_bytes_max = 64 << 10;
+    c.body_memory_bytes_max = 1 << 20;  // the least allowed: about 32,000 trace entries
+  });
+  o.token_delay_ms = 0;
+  o.engine_max_model_len = 1 << 17;
+  stack::ServiceStack s(o);
+  auto c = s.client(120);
+  const std::string long_stream = json{
+      {"model", "rc-double-model"},
+      {"prompt", "hi"},
+      {"max_tokens", 40000},
+      {"stream", true}}.dump();
+  auto cut = c.Post("/v1/completions", long_stream, "application/json");
+  ASSERT_TRUE(cut) << httplib::to_string(cut.error());
+  EXPECT_EQ(cut->status, 200);
+  EXPECT_NE(cut->body.find("body_memory_bytes_max"), std::string::npos)
+      << cut->body.substr(cut->body.size() > 600 ? cut->body.size() - 600 : 0);
+  EXPECT_NE(cut->body.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(s.svc->metrics().finishes_aborted.load(), 1u);
+  for (int i = 0; i < 3; ++i) {
+    auto ok = c.Post("/v1/completions", completion_body(true), "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->body.find("body_memory_bytes_max"), std::string::npos) << ok->body;
+    EXPECT_NE(ok->body.find("data: [DONE]"), std::string::npos);
+  }
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 3u);
+}
+
 // Proves a client that keeps trickling bytes after its final answer (Connection: close) is
 // closed within the linger bound. Catches: a linger re-armed by every byte, which lets closed-out
 // connections (no longer counted against connections_max) stay open forever and exhaust the
@@ -800,6 +834,24 @@ TEST(ProxyStepFault, AStreamWhoseStepThrowsIsCutAndDoesNotHoldTheUpdate) {
   ASSERT_TRUE(u);
   EXPECT_EQ(u->status, 200) << u->body;
   EXPECT_EQ(s.svc->metrics().proxy_step_failures.load(), 1u);
+}
+
+// Proves that an exception in a read-only pass-through call (GET /v1/models) answers 500 and
+// leaves the route serving. Catches the client left waiting with no answer until the call's
+// deadline closed it, or the exception taking the event loop's handler down.
+TEST(ProxyStepFault, APassThroughStepThatThrowsAnswers500) {
+  Stack s;
+  auto fault = std::make_shared<StepFault>();
+  ServeWithStepFault(s, fault);
+  httplib::Client c = s.client();
+  fault->Arm("pass-through");
+  auto r = c.Get("/v1/models");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_EQ(fault->thrown(), 1);
+  auto ok = c.Get("/v1/models");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
 // Proves that a step beside the rollout's chain that throws (the request deadline's, the client
