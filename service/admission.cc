@@ -33,11 +33,19 @@ constexpr std::uint32_t kFinishBackoffMsMax = 50;
 
 // Called in a catch block: an asynchronous admission's or finish's step threw. A record may be in
 // the journal with nobody to own it: the executor fail-stops, and the restart records it.
-std::string AsyncStepThrew(Service& svc, const char* what) {
-  const std::string why = std::string(what) + " threw: " + Esc(CurrentExceptionText());
-  spdlog::critical("serve: {}", why);  // FailStop logs nothing when the executor already failed
-  svc.FailStop(why);
-  return why;
+std::string AsyncStepThrew(Service& svc, const char* what) noexcept {
+  try {
+    const std::string why = std::string(what) + " threw: " + Esc(CurrentExceptionText());
+    spdlog::critical("serve: {}", why);  // FailStop logs nothing when the executor already failed
+    svc.FailStop(why);
+    return why;
+  } catch (...) {  // out of memory, most likely: the fail-stop still happens, its text short
+  }
+  try {
+    svc.FailStop(what);
+  } catch (...) {
+  }
+  return {};
 }
 
 }  // namespace

@@ -744,7 +744,10 @@ void ProxyExchange::Failed(const char* step, const char* what) noexcept {
     svc_.metrics_.proxy_step_failures++;
     const bool again = failed_;
     failed_ = true;
-    if (again) return CloseClient();         // what answers the failure failed too
+    if (again) {  // what answers the failure failed too
+      if (answering_ && finish_durable_ && !line_written_) WriteTrajectoryLine();
+      return CloseClient();
+    }
     if (!admitted()) return EndFailed(why);  // OnAdmitted aborts an admission still to come
     if (!finished_) return FinishFailed(why);
     if (!finish_submitted_) return FinishThrew(why);
@@ -764,6 +767,14 @@ void ProxyExchange::FinishFailed(const std::string& why) {
 // Its callback never runs: the gauge it would bring down is brought down here.
 void ProxyExchange::FinishThrew(const std::string& why) noexcept {
   gave_up_ = true;
+  if (!finished_) {  // it threw before Finish began: nothing of the chain goes on
+    finished_ = true;
+    try {
+      svc_.in_flight_calls_.Remove(in_flight_id_);
+      if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
+    } catch (...) {
+    }
+  }
   svc_.metrics_.proxy_in_flight--;
   try {
     svc_.FailStop("proxy: the finish of rollout '" + text::escape_line(rollout_id_) +
@@ -965,7 +976,11 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   // length, or the bound when it declares none.
   void ReadBody() {
     const auto length = parser_->content_length();
-    if (!body_hold_.Grow(length ? *length : effects::kResponseBytesMax)) {
+    // A share of the budget, so a small budget can still take an answer of undeclared length.
+    const std::uint64_t bound =
+        std::min<std::uint64_t>(effects::kResponseBytesMax, ex_.body_budget().max() / 4);
+    parser_->body_limit(bound);
+    if (!body_hold_.Grow(length ? std::min<std::uint64_t>(*length, bound) : bound)) {
       return Fail(
           "the bodies other requests hold take serve's memory budget "
           "(body_memory_bytes_max)");

@@ -729,11 +729,15 @@ HttpServerOptions Service::ServerOptions() const {
 
 Result<std::unique_ptr<UpstreamPool>> Service::MakeUpstream(const UpstreamTarget& target) {
   RC_CHECK(http_ != nullptr);  // the pool's sockets live on the server's loops
-  // A host that does not resolve now is a mistake in the URL, reported at start; the pool
-  // resolves it again at every fresh connect, so an engine whose name moves is followed.
-  RC_RETURN_IF_ERROR(CheckEngineHostResolves(target.host, target.port));
-  return std::make_unique<UpstreamPool>(target.host, target.port, config_.engine_connections_max,
-                                        http_->loop_count());
+  // A host that does not resolve now is a mistake in the URL, reported at start; the pool starts
+  // from these addresses and looks the name up again as upstream.h says.
+  Result<std::vector<boost::asio::ip::tcp::endpoint>> endpoints =
+      ResolveEngineHost(target.host, target.port);
+  if (!endpoints.ok()) return endpoints.status();
+  auto pool = std::make_unique<UpstreamPool>(target.host, target.port,
+                                             config_.engine_connections_max, http_->loop_count());
+  pool->SeedAddresses(std::move(endpoints.value()));
+  return pool;
 }
 
 Status Service::Listen() {

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -118,6 +119,7 @@ struct UpstreamPool::HostAddresses {
   struct Waiter {
     asio::any_io_executor executor;
     Answer answer;
+    std::weak_ptr<void> dial;  // expired: the connect ended (its deadline), nobody waits
   };
 
   HostAddresses(std::string h, std::uint16_t p, Resolve r)
@@ -141,6 +143,10 @@ struct UpstreamPool::HostAddresses {
     self->looking = true;
     try {
       std::thread([self] {
+        {
+          std::lock_guard<std::mutex> g(self->mu);
+          if (!self->open) return (void)(self->looking = false);
+        }
         self->Answered(self->seam ? self->seam(self->host, self->port)
                                   : ResolveNow(self->host, self->port));
       }).detach();
@@ -160,6 +166,14 @@ struct UpstreamPool::HostAddresses {
     resolved_at = std::chrono::steady_clock::now();
     stale = false;
     Tell(endpoints);
+  }
+
+  // Requires mu: whether another connect may wait for the lookup.
+  bool RoomToWait() {
+    waiters.erase(std::remove_if(waiters.begin(), waiters.end(),
+                                 [](const Waiter& w) { return w.dial.expired(); }),
+                  waiters.end());
+    return waiters.size() < kAddressWaitersMax;
   }
 
   // Requires mu and open: the pool, and so its event loops, live while both hold.
@@ -260,11 +274,11 @@ class UpstreamDial : public std::enable_shared_from_this<UpstreamDial> {
   bool finished_ = false;
 };
 
-Status CheckEngineHostResolves(const std::string& host, std::uint16_t port) {
+Result<std::vector<tcp::endpoint>> ResolveEngineHost(const std::string& host, std::uint16_t port) {
   Result<std::vector<tcp::endpoint>> r = ResolveNow(host, port);
   if (!r.ok()) return CannotResolve(host, r.status().message());
   if (r->empty()) return CannotResolve(host, "it has no address");
-  return Status::OK();
+  return r;
 }
 
 UpstreamPool::UpstreamPool(std::string host, std::uint16_t port, std::size_t idle_max,
@@ -328,30 +342,45 @@ void UpstreamPool::Connect(const asio::any_io_executor& executor, std::uint64_t 
       std::make_shared<UpstreamDial>(executor, connect_timeout_ms, std::move(done), addresses_);
   dial->Start();
   if (literal_) return dial->ConnectTo({*literal_});
-  ConnectByName(*dial, executor);
+  ConnectByName(dial, executor);
 }
 
 // The last addresses the name resolved to, at once (looked up again in the background when a
 // connect to them failed or they are older than refresh_ms_); with none yet, the
 // connect waits for the lookup.
-void UpstreamPool::ConnectByName(UpstreamDial& dial, const asio::any_io_executor& executor) {
+// A connect to addresses that just failed waits for their new lookup instead of failing again
+// (an engine that moved is followed as soon as the lookup answers, within the dial's deadline).
+void UpstreamPool::ConnectByName(const std::shared_ptr<UpstreamDial>& dial,
+                                 const asio::any_io_executor& executor) {
   std::vector<tcp::endpoint> endpoints;
+  std::string refused;
   {
     std::lock_guard<std::mutex> g(addresses_->mu);
     HostAddresses& a = *addresses_;
     const bool old =
         std::chrono::steady_clock::now() - a.resolved_at >= std::chrono::milliseconds(refresh_ms_);
     if (a.stale || old || a.endpoints.empty()) HostAddresses::LookUp(addresses_);
-    if (a.endpoints.empty()) {
-      if (a.waiters.size() >= kAddressWaitersMax) {
-        return dial.Fail(CannotResolve(a.host, "too many connects wait for its lookup"));
-      }
-      a.waiters.push_back({executor, dial.Await()});
+    const bool wait = a.endpoints.empty() || (a.stale && a.looking);
+    if (!wait) {
+      endpoints = a.endpoints;
+    } else if (!a.looking) {
+      refused = "no lookup could be started";
+    } else if (!a.RoomToWait()) {
+      refused = "too many connects wait for its lookup";
+    } else {
+      a.waiters.push_back({executor, dial->Await(), dial});
       return;
     }
-    endpoints = a.endpoints;
   }
-  dial.ConnectTo(endpoints);
+  if (!refused.empty()) return dial->Fail(CannotResolve(addresses_->host, refused));
+  dial->ConnectTo(endpoints);
+}
+
+void UpstreamPool::SeedAddresses(std::vector<tcp::endpoint> endpoints) {
+  if (addresses_ == nullptr || endpoints.empty()) return;
+  std::lock_guard<std::mutex> g(addresses_->mu);
+  addresses_->endpoints = std::move(endpoints);
+  addresses_->resolved_at = std::chrono::steady_clock::now();
 }
 
 void UpstreamPool::Release(std::unique_ptr<UpstreamConn> conn) {

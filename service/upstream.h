@@ -69,9 +69,10 @@ struct UpstreamTarget {
 // or loopback beside the executor (docs/security.md).
 [[nodiscard]] Result<UpstreamTarget> ParseEngineUrl(const std::string& url);
 
-// Whether `host` resolves now, as a fresh connect would resolve it. Blocking: for the start (a
-// typo in an engine URL fails it), never on an event loop. The error is a fresh connect's.
-[[nodiscard]] Status CheckEngineHostResolves(const std::string& host, std::uint16_t port);
+// The addresses `host` has now, as a fresh connect would look them up. Blocking: for the start
+// (a typo in an engine URL fails it), never on an event loop. The error is a fresh connect's.
+[[nodiscard]] Result<std::vector<boost::asio::ip::tcp::endpoint>> ResolveEngineHost(
+    const std::string& host, std::uint16_t port);
 
 // How often a name's addresses are looked up again while connects find them working.
 inline constexpr std::uint64_t kAddressesRefreshMs = 5000;
@@ -101,6 +102,8 @@ class UpstreamPool {
   using Ready = std::function<void(Status, std::unique_ptr<UpstreamConn>, bool reused)>;
   void Acquire(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                Ready done, bool fresh_only = false);
+  // A name's addresses as the start resolved them: the first connects need no lookup.
+  void SeedAddresses(std::vector<boost::asio::ip::tcp::endpoint> endpoints);
   // Returns a connection whose last response was read completely (keep-alive).
   void Release(std::unique_ptr<UpstreamConn> conn);
 
@@ -112,7 +115,8 @@ class UpstreamPool {
   std::unique_ptr<UpstreamConn> TakeIdle(const void* loop);
   void Connect(const boost::asio::any_io_executor& executor, std::uint64_t connect_timeout_ms,
                Ready done);
-  void ConnectByName(UpstreamDial& dial, const boost::asio::any_io_executor& executor);
+  void ConnectByName(const std::shared_ptr<UpstreamDial>& dial,
+                     const boost::asio::any_io_executor& executor);
 
   const std::optional<boost::asio::ip::tcp::endpoint> literal_;  // when the host is an IP literal
   const std::shared_ptr<HostAddresses> addresses_;               // when it is a name

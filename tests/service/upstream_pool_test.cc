@@ -139,6 +139,7 @@ struct FakeDns {
   std::mutex mu;
   std::string address = "127.0.0.1";
   std::string error;  // non-empty: the lookup fails with it
+  int delay_ms = 0;   // how long each lookup takes
   int lookups = 0;
 
   int lookups_now() {
@@ -148,6 +149,12 @@ struct FakeDns {
   static UpstreamPool::Resolve Of(const std::shared_ptr<FakeDns>& dns) {
     return [dns](const std::string& host,
                  std::uint16_t port) -> Result<std::vector<tcp::endpoint>> {
+      int delay_ms = 0;
+      {
+        std::lock_guard<std::mutex> g(dns->mu);
+        delay_ms = dns->delay_ms;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       std::lock_guard<std::mutex> g(dns->mu);
       EXPECT_EQ(host, "engine.test");
       ++dns->lookups;
@@ -157,12 +164,13 @@ struct FakeDns {
   }
 };
 
-// Proves an engine whose name moves is followed within a retry: once the engine at 127.0.0.1 is
-// gone and the name points at 127.0.0.2 (same port), the failed connect has the name looked up
-// again and the next fresh connect reaches the new address, while a pooled connection is reused
-// without a lookup. Catches an address fixed when the pool was built (every connect would dial
-// the old engine for the process's life), and a lookup on the reuse path.
-TEST(UpstreamPool, AnEngineWhoseNameMovesIsFollowedWithinARetry) {
+// Proves an engine whose name moves is followed by the next connect: once the engine at
+// 127.0.0.1 is gone and the name points at 127.0.0.2 (same port, a lookup taking 200 ms), the
+// refused connect has the name looked up again, and the next fresh connect waits for that lookup
+// and reaches the new address; a pooled connection is reused without a lookup. Catches an
+// address fixed when the pool was built, the retry dialing the dead address again while the
+// lookup runs (every retry of a rollout would fail within a slow lookup), and a lookup on reuse.
+TEST(UpstreamPool, AnEngineWhoseNameMovesIsFollowedByTheNextConnect) {
   auto old_engine = std::make_unique<SilentEngine>("127.0.0.1");
   const std::uint16_t port = old_engine->endpoint().port();
   SilentEngine new_engine("127.0.0.2", port);
@@ -181,20 +189,31 @@ TEST(UpstreamPool, AnEngineWhoseNameMovesIsFollowedWithinARetry) {
   {
     std::lock_guard<std::mutex> g(dns->mu);
     dns->address = "127.0.0.2";  // the engine restarted elsewhere
+    dns->delay_ms = 200;
   }
   old_engine.reset();  // connects to the old address are refused now
   Got refused = AcquireOn(pool, loop, {.fresh_only = true});
   EXPECT_EQ(refused.status.code(), Code::kUnavailable) << refused.status.ToString();
-  Got moved;
-  for (int i = 0; i < 100; ++i) {  // the lookup the refusal started runs in the background
-    moved = AcquireOn(pool, loop, {.fresh_only = true});
-    if (moved.status.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Got moved = AcquireOn(pool, loop, {.fresh_only = true});
   ASSERT_TRUE(moved.status.ok()) << moved.status.ToString();
   EXPECT_EQ(AddressOf(moved), "127.0.0.2") << "the fresh connect dialed the old address";
   EXPECT_EQ(AddressOf(pooled), "127.0.0.1") << "a pooled connection keeps its address";
   EXPECT_EQ(dns->lookups_now(), 2);
+}
+
+// Proves the start's addresses serve the first connects: a pool seeded with them connects with
+// no lookup. Catches every first connect after a start waiting on DNS (or failing with it down).
+TEST(UpstreamPool, SeededAddressesNeedNoLookup) {
+  SilentEngine engine("127.0.0.1");
+  auto dns = std::make_shared<FakeDns>();
+  dns->error = "SERVFAIL";
+  asio::io_context loop(1);
+  UpstreamPool pool("engine.test", engine.endpoint().port(), /*idle_max=*/1, /*loops=*/1,
+                    FakeDns::Of(dns));
+  pool.SeedAddresses({engine.endpoint()});
+  Got got = AcquireOn(pool, loop);
+  ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+  EXPECT_EQ(dns->lookups_now(), 0);
 }
 
 // Proves a DNS outage leaves the last addresses in use: with every lookup failing (looked up at
@@ -296,10 +315,10 @@ TEST(UpstreamPool, AFailedLookupIsUnavailableAndNamesTheHostEscaped) {
 // Proves the engine host check of the start: a literal and localhost pass, an unknown name fails
 // with the message a fresh connect gives. Catches a typo in engine_url accepted at start.
 TEST(UpstreamPool, TheStartCheckResolvesTheHostNow) {
-  EXPECT_TRUE(CheckEngineHostResolves("127.0.0.1", 8000).ok());
-  EXPECT_TRUE(CheckEngineHostResolves("::1", 8000).ok());
-  EXPECT_TRUE(CheckEngineHostResolves("localhost", 8000).ok());
-  const Status st = CheckEngineHostResolves("no-such-host.invalid", 8000);
+  EXPECT_TRUE(ResolveEngineHost("127.0.0.1", 8000).ok());
+  EXPECT_TRUE(ResolveEngineHost("::1", 8000).ok());
+  EXPECT_TRUE(ResolveEngineHost("localhost", 8000).ok());
+  const Status st = ResolveEngineHost("no-such-host.invalid", 8000).status();
   EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("cannot resolve the engine host 'no-such-host.invalid'"),
             std::string::npos);
