@@ -753,6 +753,7 @@ void ProxyExchange::Failed(const char* step, const char* what) noexcept {
     if (!finish_submitted_) return FinishThrew(why);
     if (answering_) return AnswerRecorded(why);
   } catch (...) {
+    failed_ = true;
     CloseClient();
     if (admitted() && !finish_submitted_) FinishThrew("its end threw too");
   }
@@ -766,10 +767,13 @@ void ProxyExchange::FinishFailed(const std::string& why) {
 
 // Its callback never runs: the gauge it would bring down is brought down here.
 void ProxyExchange::FinishThrew(const std::string& why) noexcept {
+  if (gave_up_) return;
   gave_up_ = true;
   if (!finished_) {  // it threw before Finish began: nothing of the chain goes on
     finished_ = true;
     try {
+      deadline_.cancel();
+      CloseUpstream();
       svc_.in_flight_calls_.Remove(in_flight_id_);
       if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
     } catch (...) {
@@ -780,6 +784,10 @@ void ProxyExchange::FinishThrew(const std::string& why) noexcept {
     svc_.FailStop("proxy: the finish of rollout '" + text::escape_line(rollout_id_) +
                   "' could not be handed to the journal: " + why);
   } catch (...) {
+    try {
+      svc_.FailStop("proxy: a rollout's finish could not be handed to the journal");
+    } catch (...) {
+    }
   }
   CloseClient();
 }
@@ -979,8 +987,12 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     // A share of the budget, so a small budget can still take an answer of undeclared length.
     const std::uint64_t bound =
         std::min<std::uint64_t>(effects::kResponseBytesMax, ex_.body_budget().max() / 4);
-    parser_->body_limit(bound);
-    if (!body_hold_.Grow(length ? std::min<std::uint64_t>(*length, bound) : bound)) {
+    if (length && *length > bound) {
+      return Fail("the engine's answer declares " + std::to_string(*length) +
+                  " bytes, more than serve takes for one (" + std::to_string(bound) + ")");
+    }
+    parser_->body_limit(bound);  // what an answer of undeclared length may take
+    if (!body_hold_.Grow(length ? *length : bound)) {
       return Fail(
           "the bodies other requests hold take serve's memory budget "
           "(body_memory_bytes_max)");

@@ -156,12 +156,19 @@ struct UpstreamPool::HostAddresses {
     }
   }
 
+  // A lookup that fails keeps the last addresses (a DNS outage is not a move): the connects that
+  // waited dial them, and later ones do so at once until a connect to them fails again.
   void Answered(const Result<std::vector<tcp::endpoint>>& r) {
     std::lock_guard<std::mutex> g(mu);
     looking = false;
     if (!open) return;
-    if (!r.ok()) return Tell(CannotResolve(host, r.status().message()));
-    if (r->empty()) return Tell(CannotResolve(host, "it has no address"));
+    if (!r.ok() || r->empty()) {
+      if (!endpoints.empty()) {
+        stale = false;
+        return Tell(endpoints);
+      }
+      return Tell(CannotResolve(host, r.ok() ? "it has no address" : r.status().message()));
+    }
     endpoints = *r;
     resolved_at = std::chrono::steady_clock::now();
     stale = false;
@@ -210,7 +217,8 @@ class UpstreamDial : public std::enable_shared_from_this<UpstreamDial> {
   }
 
   void ConnectTo(const std::vector<tcp::endpoint>& endpoints) {
-    RC_CHECK(!endpoints.empty());
+    RC_CHECK(!endpoints.empty() && !connecting_);
+    connecting_ = true;
     asio::async_connect(conn_->socket, endpoints,
                         asio::bind_executor(executor_, [self = shared_from_this()](
                                                            error_code ec, const tcp::endpoint&) {
@@ -222,10 +230,21 @@ class UpstreamDial : public std::enable_shared_from_this<UpstreamDial> {
   UpstreamPool::HostAddresses::Answer Await() {
     return [weak = weak_from_this()](const Result<std::vector<tcp::endpoint>>& r) {
       const std::shared_ptr<UpstreamDial> self = weak.lock();
-      if (self == nullptr || self->finished_) return;
+      if (self == nullptr || self->finished_ || self->connecting_) return;
       if (!r.ok()) return self->Finish(r.status());
       self->ConnectTo(*r);
     };
+  }
+
+  // A lookup that keeps a waiting connect past kLookupWaitMs (a DNS server that hangs) leaves it
+  // to dial `last`, the addresses that worked before.
+  void FallBackAfter(std::vector<tcp::endpoint> last) {
+    wait_timer_.emplace(executor_);
+    wait_timer_->expires_after(std::chrono::milliseconds(kLookupWaitMs));
+    wait_timer_->async_wait([self = shared_from_this(), last = std::move(last)](error_code ec) {
+      if (ec || self->finished_ || self->connecting_) return;
+      self->ConnectTo(last);
+    });
   }
 
   void Fail(Status st) { Finish(std::move(st)); }
@@ -260,6 +279,7 @@ class UpstreamDial : public std::enable_shared_from_this<UpstreamDial> {
     RC_CHECK(!finished_);
     finished_ = true;
     timer_.cancel();
+    if (wait_timer_) wait_timer_->cancel();
     std::unique_ptr<UpstreamConn> conn = st.ok() ? std::move(conn_) : nullptr;
     UpstreamPool::Ready done = std::move(done_);
     done(std::move(st), std::move(conn), false);
@@ -270,7 +290,9 @@ class UpstreamDial : public std::enable_shared_from_this<UpstreamDial> {
   asio::steady_timer timer_;
   const std::uint64_t timeout_ms_;
   UpstreamPool::Ready done_;
-  const Addresses addresses_;  // null for an IP literal
+  const Addresses addresses_;                     // null for an IP literal
+  std::optional<asio::steady_timer> wait_timer_;  // waiting for a lookup, with a fallback
+  bool connecting_ = false;
   bool finished_ = false;
 };
 
@@ -369,6 +391,7 @@ void UpstreamPool::ConnectByName(const std::shared_ptr<UpstreamDial>& dial,
       refused = "too many connects wait for its lookup";
     } else {
       a.waiters.push_back({executor, dial->Await(), dial});
+      if (!a.endpoints.empty()) dial->FallBackAfter(a.endpoints);
       return;
     }
   }

@@ -76,7 +76,9 @@ struct UpstreamTarget {
 
 // How often a name's addresses are looked up again while connects find them working.
 inline constexpr std::uint64_t kAddressesRefreshMs = 5000;
-// Fresh connects that may wait for a name's first lookup at once (the rest are refused).
+// How long a connect waits for a name's new lookup before it dials the last addresses instead.
+inline constexpr std::uint64_t kLookupWaitMs = 250;
+// Fresh connects that may wait for a name's lookup at once (the rest are refused).
 inline constexpr std::size_t kAddressWaitersMax = 1024;
 
 class UpstreamDial;

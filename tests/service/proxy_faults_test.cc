@@ -363,6 +363,30 @@ TEST(ProxyText, AStreamsTraceIsHeldAgainstTheBodyBudget) {
   EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 3u);
 }
 
+// Proves a pass-through answer is held to its share of the body budget (a quarter): one that
+// declares more is refused 502 before its body is read, and a small one passes. Catches an answer
+// charged less than it declares while its whole body is read (memory outside the budget), and
+// every answer of undeclared length refused when the budget is under 16 MiB.
+TEST(ProxyText, APassThroughAnswerIsHeldToItsShareOfTheBodyBudget) {
+  Stack s([](ServeConfig& c) {
+    c.body_bytes_max = 512 << 10;
+    c.body_memory_bytes_max = 1 << 20;  // a pass-through answer may take 256 KiB
+  });
+  auto c = s.client();
+  std::string words;
+  while (words.size() < (200u << 10)) words += "ab ";
+  const json big = {{"model", "rc-double-model"}, {"prompt", words}, {"return_token_strs", true}};
+  auto refused = c.Post("/tokenize", big.dump(), "application/json");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 502) << refused->body.substr(0, 300);
+  EXPECT_NE(refused->body.find("more than serve takes for one"), std::string::npos)
+      << refused->body.substr(0, 300);
+  const json small = {{"model", "rc-double-model"}, {"prompt", "ab ab"}};
+  auto ok = c.Post("/tokenize", small.dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
 // Proves a client that keeps trickling bytes after its final answer (Connection: close) is
 // closed within the linger bound. Catches: a linger re-armed by every byte, which lets closed-out
 // connections (no longer counted against connections_max) stay open forever and exhaust the

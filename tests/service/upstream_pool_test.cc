@@ -185,6 +185,7 @@ TEST(UpstreamPool, AnEngineWhoseNameMovesIsFollowedByTheNextConnect) {
   ASSERT_TRUE(pooled.status.ok()) << pooled.status.ToString();
   EXPECT_TRUE(pooled.reused);
   EXPECT_EQ(dns->lookups_now(), 1) << "a pooled connection was reused after a lookup";
+  EXPECT_EQ(AddressOf(pooled), "127.0.0.1") << "a pooled connection keeps its address";
 
   {
     std::lock_guard<std::mutex> g(dns->mu);
@@ -197,7 +198,6 @@ TEST(UpstreamPool, AnEngineWhoseNameMovesIsFollowedByTheNextConnect) {
   Got moved = AcquireOn(pool, loop, {.fresh_only = true});
   ASSERT_TRUE(moved.status.ok()) << moved.status.ToString();
   EXPECT_EQ(AddressOf(moved), "127.0.0.2") << "the fresh connect dialed the old address";
-  EXPECT_EQ(AddressOf(pooled), "127.0.0.1") << "a pooled connection keeps its address";
   EXPECT_EQ(dns->lookups_now(), 2);
 }
 
@@ -237,6 +237,42 @@ TEST(UpstreamPool, ADnsOutageKeepsTheLastAddresses) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the failing lookup end
   }
   EXPECT_GE(dns->lookups_now(), 2) << "no lookup was tried during the outage";
+}
+
+// Proves a failed connect during a DNS outage does not cut off an engine that never moved: the
+// engine restarts in place (one connect refused), every lookup fails, and then one hangs; the
+// next connects still reach it at its last address, at once or after kLookupWaitMs. Catches
+// connects that wait for a lookup that fails or hangs and then fail with it, for as long as DNS
+// is down, though the last address works.
+TEST(UpstreamPool, AFailedConnectDuringADnsOutageKeepsTheLastAddress) {
+  auto engine = std::make_unique<SilentEngine>("127.0.0.1");
+  const std::uint16_t port = engine->endpoint().port();
+  auto dns = std::make_shared<FakeDns>();
+  asio::io_context loop(1);
+  UpstreamPool pool("engine.test", port, /*idle_max=*/1, /*loops=*/1, FakeDns::Of(dns));
+  ASSERT_TRUE(AcquireOn(pool, loop).status.ok());
+  {
+    std::lock_guard<std::mutex> g(dns->mu);
+    dns->error = "SERVFAIL";
+  }
+  engine.reset();  // restarting in place: this connect is refused
+  EXPECT_FALSE(AcquireOn(pool, loop, {.fresh_only = true}).status.ok());
+  engine = std::make_unique<SilentEngine>("127.0.0.1", port);
+  Got back = AcquireOn(pool, loop, {.fresh_only = true});
+  ASSERT_TRUE(back.status.ok()) << back.status.ToString();
+  EXPECT_EQ(AddressOf(back), "127.0.0.1");
+
+  {
+    std::lock_guard<std::mutex> g(dns->mu);
+    dns->error.clear();
+    dns->delay_ms = 3000;  // the DNS server hangs now
+  }
+  engine.reset();
+  EXPECT_FALSE(AcquireOn(pool, loop, {.fresh_only = true}).status.ok());
+  engine = std::make_unique<SilentEngine>("127.0.0.1", port);
+  Got after_hang = AcquireOn(pool, loop, {.fresh_only = true});
+  ASSERT_TRUE(after_hang.status.ok()) << after_hang.status.ToString();
+  EXPECT_EQ(AddressOf(after_hang), "127.0.0.1");
 }
 
 // Proves a lookup that hangs holds neither the connect past its deadline nor the pool's end (the
