@@ -680,11 +680,9 @@ std::uint64_t ProxyExchange::UpstreamElapsedUs() const {
 void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::function<void()> then) {
   RC_CHECK(!finished_ && admitted());
   finished_ = true;
-  svc_.in_flight_calls_.Remove(in_flight_id_);
-  in_flight_id_ = 0;
+  LeaveCall();
   if (client_gone_) svc_.metrics_.client_disconnects++;
   const std::uint64_t up_us = UpstreamElapsedUs();
-  if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
   outcome_ = outcome;
   note_ = std::move(note);
   SubmitFinish(outcome, [self = shared_from_this(), then = std::move(then), up_us](Status st) {
@@ -701,6 +699,13 @@ void ProxyExchange::Finish(RolloutOutcome outcome, std::string note, std::functi
 
 // From FinishAsync's call on, the service owns the finish: `done` runs exactly once (maybe within
 // the call), also when the service fails.
+// The rollout no longer counts among the calls a shutdown cancels, nor on its fleet engine.
+void ProxyExchange::LeaveCall() {
+  svc_.in_flight_calls_.Remove(in_flight_id_);
+  in_flight_id_ = 0;
+  if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
+}
+
 void ProxyExchange::SubmitFinish(RolloutOutcome outcome, Service::FinishDone done) {
   RC_CHECK(!finish_submitted_);
   const RolloutAdmitted& b = admission_.binding;
@@ -774,8 +779,7 @@ void ProxyExchange::FinishThrew(const std::string& why) noexcept {
     try {
       deadline_.cancel();
       CloseUpstream();
-      svc_.in_flight_calls_.Remove(in_flight_id_);
-      if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
+      LeaveCall();
     } catch (...) {
     }
   }
@@ -831,8 +835,7 @@ void ProxyExchange::FinishDropped() noexcept {
     spdlog::critical("proxy: rollout {} was dropped unfinished; finishing it as aborted",
                      text::escape_line(rollout_id_));
     if (!finished_) {
-      svc_.in_flight_calls_.Remove(in_flight_id_);
-      if (!admission_.engine.empty()) svc_.EngineCallEnded(admission_.engine);
+      LeaveCall();
       svc_.metrics_.proxy_in_flight--;
     }
     SubmitFinish(RolloutOutcome::kAborted, [](const Status&) {});

@@ -108,6 +108,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void Abort(std::string note);
   void Finish(RolloutOutcome outcome, std::string note, std::function<void()> then);
   void SubmitFinish(RolloutOutcome outcome, Service::FinishDone done);
+  void LeaveCall();
   void ObserveEnded(std::uint64_t upstream_us);
   void AnswerNotDurable(const Status& st);
   void WriteTrajectoryLine();  // outcome_ and note_
