@@ -396,9 +396,13 @@ class Service {
   // holds it. The caller keeps `slot` until it has answered.
   [[nodiscard]] bool TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflicts,
                                     HttpResponse& res, const std::string& id);
-  // Takes the slot at once, naming it `id`; else whether it is `id` that holds it.
-  bool TookSlotOrHeldBy(PlanSlot& slot, const std::string& id);
+  // Takes the slot at once, naming it `id` (false); else, when `id` holds the slot or a retry of
+  // it waits for it, and the bound allows, counts the caller among its waiters (true).
+  bool TookSlotOrWaitsFor(PlanSlot& slot, const std::string& id);
+  // Waits a bounded while for the slot, names it `id` if taken, and leaves the waiters.
   void WaitForSlot(PlanSlot& slot, const std::string& id);
+  bool SamePlanHoldsOrAwaitsSlot(const std::string& id) const;  // under update_id_mu_
+  std::size_t SlotWaitersMax() const;
   // How long a retry of the plan that holds the slot waits for it (then 409).
   static constexpr std::uint64_t kSamePlanSlotWaitMs = 5000;
   // Names the plan that holds update_mu_ (a 409 names it) while its runner call runs, then
@@ -601,6 +605,11 @@ class Service {
   std::timed_mutex update_mu_;                    // held by the one runner call in progress
   mutable std::mutex update_id_mu_;
   std::string running_update_id_;
+  // Retries waiting for their own plan's slot, by plan, and in all (bounded by SlotWaitersMax):
+  // a plan keeps its entry from before its retry waits until the retry has named the slot, so a
+  // further retry of it always finds it held or waited for, never a gap answered 409.
+  std::map<std::string, std::size_t> slot_waiters_;
+  std::size_t slot_waiters_total_ = 0;
   effects::PhaseTimings last_timings_;  // copied under update_id_mu_ after each update
 
   mutable std::mutex lifecycle_mu_;
@@ -642,7 +651,6 @@ class Service {
   std::thread lease_thread_;
   std::atomic<std::size_t> watches_{0};         // GET /v1/watch calls waiting
   std::atomic<std::size_t> admits_waiting_{0};  // blocking admissions waiting (Admit)
-  std::atomic<std::size_t> slot_waiters_{0};    // retries waiting on their own plan's slot
   struct AdmitWaitSlot;
   std::atomic<std::int64_t> admissions_in_progress_{0};  // AdmitAsync calls not yet answered
   EngineWatch watch_;           // the one engine's (a fleet's members keep their own)

@@ -190,7 +190,7 @@ bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflic
     SendError(res, 503, "shutting_down", "the executor is shutting down");
     return false;
   }
-  if (TookSlotOrHeldBy(slot, id)) WaitForSlot(slot, id);
+  if (TookSlotOrWaitsFor(slot, id)) WaitForSlot(slot, id);
   if (shutting_down_.load()) {  // the slot may have been won from a shutdown that waits for it
     slot.Release();
     SendError(res, 503, "shutting_down", "the executor is shutting down");
@@ -209,27 +209,42 @@ bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflic
   return false;
 }
 
-// True when the slot is held, and by `id`: the caller may wait for it.
-bool Service::TookSlotOrHeldBy(PlanSlot& slot, const std::string& id) {
+bool Service::TookSlotOrWaitsFor(PlanSlot& slot, const std::string& id) {
   std::lock_guard<std::mutex> g(update_id_mu_);
   slot.lock_ = std::unique_lock<std::timed_mutex>(update_mu_, std::try_to_lock);
   if (slot.held()) {
     running_update_id_ = id;
     return false;
   }
-  return !id.empty() && running_update_id_ == id;
+  if (!SamePlanHoldsOrAwaitsSlot(id) || slot_waiters_total_ >= SlotWaitersMax()) return false;
+  slot_waiters_total_++;
+  slot_waiters_[id]++;
+  return true;
+}
+
+bool Service::SamePlanHoldsOrAwaitsSlot(const std::string& id) const {
+  return !id.empty() && (running_update_id_ == id || slot_waiters_.count(id) != 0);
 }
 
 // At most a quarter of the blocking pool waits on the slot: a trainer retrying on a short
 // timeout must not take the threads lease renewals and finishes need.
+std::size_t Service::SlotWaitersMax() const {
+  return std::max<std::size_t>(1, config_.http_threads / 4);
+}
+
 void Service::WaitForSlot(PlanSlot& slot, const std::string& id) {
-  const std::size_t waiting_max = std::max<std::size_t>(1, config_.http_threads / 4);
-  if (slot_waiters_.fetch_add(1) < waiting_max) {
-    slot.lock_ = std::unique_lock<std::timed_mutex>(update_mu_,
-                                                    std::chrono::milliseconds(kSamePlanSlotWaitMs));
+  slot.lock_ = std::unique_lock<std::timed_mutex>(update_mu_,
+                                                  std::chrono::milliseconds(kSamePlanSlotWaitMs));
+  try {
+    if (slot.held() && step_probe_) step_probe_("plan slot waited for");
+  } catch (...) {  // a probe only widens the window; the wait is left whatever it does
   }
-  slot_waiters_--;
-  if (slot.held()) (void)SwapRunningUpdate(id);
+  std::lock_guard<std::mutex> g(update_id_mu_);
+  if (slot.held()) running_update_id_ = id;
+  auto waiting = slot_waiters_.find(id);
+  RC_CHECK(waiting != slot_waiters_.end() && waiting->second > 0 && slot_waiters_total_ > 0);
+  if (--waiting->second == 0) slot_waiters_.erase(waiting);
+  slot_waiters_total_--;
 }
 
 void Service::PlanSlot::Release() {
