@@ -684,20 +684,21 @@ void Service::WatchFor(const ApiRequest& req, HttpResponse& res) {
     return;
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(*timeout);
-  // Only durable decisions are reported: a decision the runner journaled wakes us, and we look
-  // again (every 20 ms at most) until it is durable or the deadline passes.
+  // Only durable decisions are reported. A notice not yet durable is looked at again within 2 ms
+  // (its commit is under way); one that is durable and decided nothing past `after` (an engine
+  // observation, an admission under the head) waits for the next notice, or 20 ms: a watch looks
+  // at most once per notice or per 20 ms, never in a loop on a notice already seen.
   for (;;) {
-    if (CatchUpDurable(false).decision_seq > *after) break;
+    if (step_probe_) step_probe_("watch looked");
+    const DurableView looked = CatchUpDurable(false);
+    if (looked.decision_seq > *after) break;
     std::unique_lock<std::mutex> lock(lifecycle_mu_);
     if (Clock::now() >= deadline || shutting_down_.load() || failed()) break;
-    lifecycle_cv_.wait_until(
-        lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)),
-        [&] { return lifecycle_seq_ > *after || shutting_down_.load() || failed(); });
-    if (lifecycle_seq_ > *after) {
-      lock.unlock();
-      if (CatchUpDurable(false).decision_seq > *after) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    const std::uint64_t seen = lifecycle_seq_;
+    const auto next_look_ms = std::chrono::milliseconds(seen > looked.head.seq ? 2 : 20);
+    lifecycle_cv_.wait_until(lock, std::min(deadline, Clock::now() + next_look_ms), [&] {
+      return lifecycle_seq_ != seen || shutting_down_.load() || failed();
+    });
   }
   const DurableView v = CatchUpDurable(true);
   json j = SummaryJson(v.state, v.head);

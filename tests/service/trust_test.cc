@@ -577,6 +577,36 @@ TEST(TrustIdempotency, UpdateIdOfTheFullIdLimitIsAccepted) {
   EXPECT_EQ(over->status, 400) << over->body;
 }
 
+// Proves a long poll on /v1/watch looks at most once per notice or per 20 ms while the journal
+// grows by records that decide nothing (here the monitor's observation that the engine stopped
+// answering). Catches a watch that treats any notice past `after` as news and spins, looking
+// every 2 ms for its whole timeout, taking the journal's lock a thousand times a second.
+TEST(TrustWatch, ARecordThatDecidesNothingDoesNotSpinALongPoll) {
+  Stack s([](ServeConfig& c) { c.engine_monitor_interval_ms = 50; });
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<bool> counting{false};
+  std::atomic<int> looks{0};
+  s.svc->set_step_probe([&](const char* step) {
+    if (counting.load() && std::string(step) == "watch looked") looks++;
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  httplib::Client c = s.client();
+  auto now = c.Get("/v1/watch?after=0&timeout_ms=0");
+  ASSERT_TRUE(now && now->status == 200);
+  const std::uint64_t decided = json::parse(now->body)["seq"].get<std::uint64_t>();
+  const std::uint64_t head = s.svc->journal().head_seq();
+  s.engine->Stop();
+  ASSERT_TRUE(eventually([&] { return s.svc->journal().head_seq() > head; }, 10000))
+      << "the monitor journaled nothing about an engine that stopped answering";
+  counting = true;
+  auto w = c.Get(("/v1/watch?after=" + std::to_string(decided) + "&timeout_ms=2000").c_str());
+  counting = false;
+  ASSERT_TRUE(w && w->status == 200);
+  ASSERT_EQ(json::parse(w->body)["changed"], false) << "the observation decided something";
+  EXPECT_LE(looks.load(), 250) << "looks in a 2 s long poll (at most ~100 + one per notice)";
+}
+
 // Proves /v1/state, /v1/events and /v1/watch report only durable records while a commit is
 // stalled, and that acknowledgements carry the head they made durable. Catches: a watcher told
 // "committed" before it is durable, /v1/events answering 400 "past the durable head" mid-update.
