@@ -159,6 +159,7 @@ class Runner {
   Step next_step() const;
   [[nodiscard]] Status perform(const Step& step);
   [[nodiscard]] Status await_rollouts();
+  [[nodiscard]] Status time_out_rollouts(std::int64_t waited_ms);
   Event observe(const Step& step);
   EngineProbed probe_for_bootstrap(const BootstrapRequested& bootstrap);
   PreflightObserved adopt_preflight();

@@ -1,18 +1,30 @@
 // EngineClient and HttpSequenceTransfer against the vLLM double (fixtures/): the whole update
-// sequence per protocol line, injected faults, cancellation, metrics and streaming.
+// sequence per protocol line, injected faults, cancellation, metrics and streaming; and the
+// runners (Runner, FleetRunner) driving it through a journal where a race or a refused thread
+// must be made deterministic.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
 #include <ostream>
+#include <random>
+#include <system_error>
 #include <thread>
+#include <utility>
 
 #include <httplib.h>
 
+#include "effects/fleet_runner.h"
 #include "effects/http/engine_client.h"
+#include "effects/http/engine_control.h"
 #include "effects/http/protocol.h"
 #include "effects/http/sequence_transfer.h"
+#include "effects/runner.h"
 #include "fixtures/vllm_double.h"
+#include "journal/journal.h"
 #include "tests/support/engine_calls.h"
 
 namespace rc::effects {
@@ -364,6 +376,159 @@ TEST(VllmDoubleIntegration, ARestartOntoNoLabelRouteIsProbedOnce) {
   EXPECT_EQ(c.label_route(), LabelRoute::kUnknown);
   EXPECT_EQ(d->RouteCount("/weight_info"), 2u);
   EXPECT_EQ(d->RpcCount("rc_weight_info"), 1u);
+}
+
+// ---- the runners (Runner, FleetRunner) over a journal, driving the double ----
+
+// A journal in a fresh temporary directory, removed with it.
+struct TempJournal {
+  TempJournal() {
+    std::random_device rd;
+    dir = std::filesystem::temp_directory_path() /
+          ("rc-effects-" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(dir);
+    auto j = journal::Journal::Open(dir.string(), journal::Options{});
+    RC_CHECK(j.ok());
+    journal = std::move(j.value());
+  }
+  ~TempJournal() {
+    journal.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::filesystem::path dir;
+  std::unique_ptr<journal::Journal> journal;
+};
+
+// The double behind the HTTP adapter a runner drives.
+struct DrivenDouble {
+  DrivenDouble() : engine(StartDouble("0.30.0")) {
+    client = std::make_unique<EngineClient>(engine->base_url(), Fast());
+    control = std::make_unique<HttpEngineControl>(*client);
+    transfer = std::make_unique<HttpSequenceTransfer>(*client, detect_protocol("0.30.0"));
+  }
+  ~DrivenDouble() {
+    transfer.reset();
+    control.reset();
+    client.reset();  // closes its keep-alive connections before the double stops
+    engine->Stop();
+  }
+  std::unique_ptr<VllmDouble> engine;
+  std::unique_ptr<EngineClient> client;
+  std::unique_ptr<HttpEngineControl> control;
+  std::unique_ptr<HttpSequenceTransfer> transfer;
+};
+
+WeightIdentity SyntheticIdentity(int step) {
+  Result<Manifest> m = synthetic_manifest("synthetic:8x64");
+  RC_CHECK(m.ok());
+  return WeightIdentity{m->digest(), "", "ckpt/step-" + std::to_string(step), "run", step};
+}
+
+bool AwaitsRollouts(journal::Journal& j) {
+  return next_effect(j.state()).kind == EffectKind::kAwaitRollouts;
+}
+
+// Time that moves only when the runner sleeps. While the fold awaits rollouts, the first reading
+// `await_ms` after the first such reading runs `race` once, before it answers: that reading is
+// the one at which the runner, having just seen the fold await, times the wait out.
+class AwaitRaceClock final : public ::rc::effects::Clock {
+ public:
+  AwaitRaceClock(journal::Journal& j, std::int64_t await_ms, std::function<void()> race)
+      : journal_(j), await_ms_(await_ms), race_(std::move(race)) {}
+  std::int64_t now_ms() override {
+    if (race_ && AwaitsRollouts(journal_)) {
+      if (awaiting_since_ms_ < 0) awaiting_since_ms_ = now_ms_;
+      if (now_ms_ - awaiting_since_ms_ >= await_ms_) std::exchange(race_, nullptr)();
+    }
+    return now_ms_;
+  }
+  std::int64_t wall_ms() override { return wall_now_ms(); }
+  void sleep_ms(std::uint32_t ms) override { now_ms_ += ms; }
+  bool raced() const { return !race_; }
+
+ private:
+  journal::Journal& journal_;
+  const std::int64_t await_ms_;
+  std::function<void()> race_;
+  std::int64_t now_ms_ = 0;
+  std::int64_t awaiting_since_ms_ = -1;
+};
+
+// Proves an update whose last bound rollout finishes between the runner's look at the fold
+// (awaiting rollouts) and its DrainTimedOut goes on to commit once the wait is timed out. Catches
+// the refused timeout ("drain timeout while not awaiting rollouts") returned from Drive(), which
+// fail-stopped the service with the engine left paused.
+TEST(RunnerAwait, TheLastRolloutEndingAsTheWaitTimesOutLetsTheUpdateCommit) {
+  TempJournal tj;
+  journal::Journal& j = *tj.journal;
+  DrivenDouble d;
+  AwaitRaceClock clock(j, 100, [&j] {
+    auto finished =
+        j.Submit(RolloutFinished{"r-1", RolloutOutcome::kCompleted, 0, 0}, wall_now_ms());
+    ASSERT_TRUE(finished.ok()) << finished.status().ToString();
+    ASSERT_TRUE(j.Wait(finished->ticket).ok());
+  });
+  RunnerOptions o;
+  o.drain_timeout_ms = 20000;  // the local drain waits out 15 s of the clock's time, then pauses
+  o.call_timeout_ms = 5000;
+  o.await_rollouts_timeout_ms = 100;
+  o.await_poll_ms = 10;
+  Runner runner(j, *d.control, *d.transfer, clock, o);
+  ASSERT_TRUE(runner.Bootstrap("rc-0", SyntheticIdentity(0)).ok());
+  auto admitted = j.Submit(make_admission(j.state(), "r-1"), wall_now_ms());
+  ASSERT_TRUE(admitted.ok()) << admitted.status().ToString();
+  ASSERT_TRUE(j.Wait(admitted->ticket).ok());
+
+  auto ended =
+      runner.Update(UpdateRequested{"u-1", "rc-1", SyntheticIdentity(1), "synthetic:8x64:1"});
+  ASSERT_TRUE(clock.raced()) << "the rollout did not finish inside the window";
+  ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+  EXPECT_EQ(ended->outcome, UpdateOutcome::kCommitted) << ended->reason;
+  const State s = j.state();
+  EXPECT_EQ(s.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(s.committed.label, "rc-1");
+  EXPECT_EQ(d.engine->weight_label(), "rc-1");
+  Status scanned = j.Scan(1, 0, [](const journal::Record& r) {
+    EXPECT_FALSE(std::holds_alternative<DrainTimedOut>(r.event)) << "seq " << r.seq;
+    return Status::OK();
+  });
+  EXPECT_TRUE(scanned.ok()) << scanned.ToString();
+}
+
+// Proves a fleet recovery whose second thread is refused returns that refusal, naming its engine,
+// after joining the recovery that started. Catches the exception leaving Recover() with that
+// thread still running against the results it wrote into (gone with Recover's frame), and the
+// thread set then dying on the thread never joined.
+TEST(FleetRecover, ASecondThreadRefusedJoinsTheFirstAndIsAnError) {
+  TempJournal tj;
+  DrivenDouble d;  // never called: the engines are not bootstrapped, so recovery only journals
+  std::atomic<int> starts{0};
+  std::unique_ptr<MemberThreads> threads =
+      OsMemberThreads([&starts](std::function<void()> drive) -> std::thread {
+        if (++starts == 2) {
+          throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                                  "the test refuses the second thread");
+        }
+        return std::thread(std::move(drive));
+      });
+  FleetRunnerOptions o;
+  o.threads = threads.get();
+  auto fleet = std::make_unique<FleetRunner>(*tj.journal, system_clock(), o);
+  ASSERT_TRUE(fleet->Configure(FleetConfigured{}).ok());
+  ASSERT_TRUE(fleet->Join("e0", *d.control, *d.transfer).ok());
+  ASSERT_TRUE(fleet->Join("e1", *d.control, *d.transfer).ok());
+
+  const Status recovered = fleet->Recover();
+  EXPECT_EQ(starts.load(), 2);
+  EXPECT_EQ(recovered.code(), Code::kUnavailable) << recovered.ToString();
+  EXPECT_NE(recovered.message().find("engine 'e1'"), std::string::npos) << recovered.ToString();
+  EXPECT_NE(recovered.message().find("refuses the second thread"), std::string::npos)
+      << recovered.ToString();
+  const FleetState f = tj.journal->fleet_state();
+  EXPECT_EQ(f.engines.at("e0").counters.recoveries, 1u) << "e0's recovery did not run to its end";
+  EXPECT_EQ(f.engines.at("e1").counters.recoveries, 0u);
+  fleet.reset();  // before the threads it runs on; these must hold no thread by now
 }
 
 }  // namespace
