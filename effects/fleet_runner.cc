@@ -1,6 +1,7 @@
 #include "effects/fleet_runner.h"
 
 #include <atomic>
+#include <exception>
 #include <thread>
 #include <utility>
 
@@ -138,16 +139,34 @@ Runner* FleetRunner::runner(const std::string& engine) {
   return it == runners_.end() ? nullptr : it->second.get();
 }
 
+// Starts each runner's recovery on a thread of its own, writing its result into `recovered`. A
+// thread that cannot start (Start throws) ends the starts with that error, naming its engine; the
+// recoveries already started are in `ids`, for the caller to join.
+Status FleetRunner::StartRecoveries(std::vector<Status>& recovered,
+                                    std::vector<std::uint64_t>& ids) {
+  RC_CHECK(recovered.size() == runners_.size() && ids.capacity() >= runners_.size());
+  std::size_t i = 0;
+  for (auto& [engine, r] : runners_) {
+    try {
+      ids.push_back(threads_.Start([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); }));
+    } catch (const std::exception& e) {
+      return Status::Unavailable("engine '" + engine +
+                                 "': its recovery did not start: " + e.what());
+    }
+    ++i;
+  }
+  return Status::OK();
+}
+
 Status FleetRunner::Recover() {
   std::vector<Status> recovered(runners_.size());
   std::vector<std::uint64_t> ids;
-  std::size_t i = 0;
-  for (auto& [engine, r] : runners_) {
-    ids.push_back(threads_.Start([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); }));
-    ++i;
-  }
+  ids.reserve(runners_.size());  // no allocation between a thread's start and its id kept
+  const Status started = StartRecoveries(recovered, ids);
+  // Every started recovery writes into `recovered`: joined before it goes, whatever happened.
   for (std::uint64_t id : ids) threads_.Join(id);
-  i = 0;
+  RC_RETURN_IF_ERROR(started);
+  std::size_t i = 0;
   for (const auto& [engine, r] : runners_) {
     if (!recovered[i].ok()) {
       return Status(recovered[i].code(), "engine '" + engine + "': " + recovered[i].message());

@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "effects/clock.h"
 #include "effects/engine.h"
@@ -86,7 +87,8 @@ class FleetRunner {
   // After an executor restart, with every engine joined again: each runner recovers at once on
   // its own thread (journals RecoveryStarted, drives whatever plan was interrupted to its end).
   // Then Update() with the same request (its idempotency key answers with the original) goes on
-  // with the members still pending. Returns the first runner's error, naming its engine.
+  // with the members still pending. Returns the first runner's error, naming its engine; a
+  // runner whose thread cannot start is that error, once the recoveries started have ended.
   [[nodiscard]] Status Recover();
   // Journals the request and drives every member to its end. Returns the fleet update's end as
   // the fold decided it (committed, partial or refused, with each member's count).
@@ -120,6 +122,8 @@ class FleetRunner {
   };
   Plan Look(const std::string& update_id, const Plan* last) const;
   [[nodiscard]] Status SubmitFleetEvent(const Event& event, const std::string& key = "");
+  [[nodiscard]] Status StartRecoveries(std::vector<Status>& recovered,
+                                       std::vector<std::uint64_t>& ids);
   void StartMembers(const Plan& plan, Members& members, std::map<std::string, Status>& refused);
   [[nodiscard]] Status CancelIfBlocked(const std::string& update_id, const Plan& plan,
                                        const Members& members, Progress& progress);
