@@ -68,6 +68,9 @@ const char kHeadSeqKey[] = "head_seq";
 const char kHeadHashKey[] = "head_hash";
 const char kSchemaKey[] = "schema_version";
 const char kClosedFile[] = "CLOSED";  // the clean-close record beside the database
+// A clean-close record is three short lines and a check (under 200 bytes): a larger file is
+// damage, refused before it is read rather than allocated whole.
+constexpr std::uint64_t kClosedMarkBytesMax = 1024;
 // CLOSED being written: never read, removed by the next writer (a close that died midway).
 const char kClosedTmpFile[] = "CLOSED.tmp";
 // A secondary reader may list a file the writer's compaction just deleted: it catches up and
@@ -1155,8 +1158,16 @@ Result<std::optional<ClosedMark>> RocksJournal::ReadClosedMark() {
   const std::string file = path_ + "/" + kClosedFile;
   const rocksdb::Status exists = env_->FileExists(file);
   if (exists.IsNotFound()) return std::optional<ClosedMark>();
+  std::uint64_t bytes = 0;
+  rocksdb::Status s = exists.ok() ? env_->GetFileSize(file, &bytes) : exists;
+  if (!s.ok()) return FromRocks(s, "read the clean-close record " + file);
+  if (bytes > kClosedMarkBytesMax) {
+    return Status::Corruption("journal at " + path_ + ": the clean-close record " + file + " is " +
+                              std::to_string(bytes) + " bytes; one is at most " +
+                              std::to_string(kClosedMarkBytesMax));
+  }
   std::string text;
-  rocksdb::Status s = exists.ok() ? rocksdb::ReadFileToString(env_, file, &text) : exists;
+  s = rocksdb::ReadFileToString(env_, file, &text);
   if (!s.ok()) return FromRocks(s, "read the clean-close record " + file);
   std::optional<ClosedMark> mark = DecodeClosedMark(text);
   if (!mark.has_value()) {

@@ -596,6 +596,28 @@ TEST(Shorter, ACloseThatDiesWritingItsRecordLeavesAnOpenableJournal) {
   EXPECT_TRUE((*j)->recovery().clean_close) << "the writer's own close recorded nothing";
 }
 
+// Proves a clean-close record far larger than any real one (damage, or a file put in its place)
+// is refused by its size before it is read, as Corruption naming the size. Catches a CLOSED file
+// read whole into memory before it is checked: a file of gigabytes would be allocated at every
+// open of the journal by serve, replay and audit.
+TEST(Shorter, AnOversizedCloseRecordIsRefusedBeforeItIsRead) {
+  TempDir dir;
+  {
+    auto j = Journal::Open(dir.path(), Options{});
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+  }
+  ASSERT_TRUE(fs::exists(dir.sub("CLOSED")));
+  fs::resize_file(dir.sub("CLOSED"), 4u << 20);
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_FALSE(j.ok());
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("is 4194304 bytes; one is at most 1024"), std::string::npos)
+        << j.status().ToString();
+  }
+}
+
 // Restores TMPDIR at scope exit.
 class ScopedTmpdir {
  public:
