@@ -60,6 +60,8 @@ bool Service::RestoreSourceUsable(const RestoreRequested& request, HttpResponse&
 // outcome, or 409 for another body.
 bool Service::ReplayedRestore(const RestoreRequested& request, std::uint64_t from_seq,
                               HttpResponse& res) {
+  std::unique_lock<std::mutex> turn;
+  if (from_seq == 0 && !TookLookupTurn(turn, res)) return true;
   auto found = LookUpRequest<RestoreRequested>(
       *journal_, request.restore_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
       [](const RestoreRequested& r) { return r.restore_id; }, from_seq);

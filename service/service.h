@@ -582,6 +582,8 @@ class Service {
   void LogInterruptedUpdateEnd(const UpdatePlan& update) const;
   // False (with a 4xx sent) when the update's source is unreadable or not the declared weights.
   bool SourceUsable(const UpdateRequested& request, HttpResponse& res);
+  // Takes the one turn to look a refused source's id up in the journal, or answers 503 (retry).
+  [[nodiscard]] bool TookLookupTurn(std::unique_lock<std::mutex>& turn, HttpResponse& res);
   bool ReplayedFromJournal(const UpdateRequested& request, HttpResponse& res,
                            std::uint64_t from_seq = 0);
   bool SourceChecked(const UpdateRequested& request, HttpResponse& refusal) const;
@@ -605,6 +607,9 @@ class Service {
   std::timed_mutex update_mu_;                    // held by the one runner call in progress
   mutable std::mutex update_id_mu_;
   std::string running_update_id_;
+  // A refused source's id is looked up in the journal's whole lookup window (up to
+  // kUpdateLookupRecordsMax records), one lookup at a time.
+  std::mutex refusal_lookup_mu_;
   // Retries waiting for their own plan's slot, by plan, and in all (bounded by SlotWaitersMax):
   // a plan keeps its entry from before its retry waits until the retry has named the slot, so a
   // further retry of it always finds it held or waited for, never a gap answered 409.

@@ -463,6 +463,8 @@ bool Service::AnsweredUnjournaledUpdate(const UpdateRequested& request, const St
 // lookup window).
 bool Service::ReplayedFromJournal(const UpdateRequested& request, HttpResponse& res,
                                   std::uint64_t from_seq) {
+  std::unique_lock<std::mutex> turn;
+  if (from_seq == 0 && !TookLookupTurn(turn, res)) return true;
   auto found = LookUpRequest<UpdateRequested>(
       *journal_, request.update_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
       [](const UpdateRequested& u) { return u.update_id; }, from_seq);
@@ -470,6 +472,21 @@ bool Service::ReplayedFromJournal(const UpdateRequested& request, HttpResponse& 
   RememberEndedUpdate(*found->request, *found->ended);
   ReplayEndedUpdate(request, EndedUpdate{*found->request, *found->ended}, res);
   return true;
+}
+
+// Each lookup of a refused source's id may read millions of records: many at once would take the
+// blocking pool that lease renewals and finishes need, so a second one meanwhile is told to retry.
+bool Service::TookLookupTurn(std::unique_lock<std::mutex>& turn, HttpResponse& res) {
+  turn = std::unique_lock<std::mutex>(refusal_lookup_mu_, std::try_to_lock);
+  if (turn.owns_lock()) {
+    if (step_probe_) step_probe_("journal lookup");
+    return true;
+  }
+  SetRetryAfter(res);
+  SendError(res, 503, "overloaded",
+            "the source cannot be used, and whether this id already ended waits for another "
+            "request's journal lookup (one at a time); retry");
+  return false;
 }
 
 void Service::RefuseUnjournaledUpdate(const UpdateRequested& request, const Status& st,

@@ -559,6 +559,40 @@ TEST(TrustIdempotency, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
   EXPECT_EQ(s.svc->journal().state().counters.restores_requested, 1u);
 }
 
+// Proves the journal lookups that a refused source starts (has this id already ended?) run one
+// at a time: an update refused while another's lookup runs is told to retry (503 overloaded,
+// Retry-After), and the first still gets its refusal. Catches each refused update scanning up to
+// ten million records at once on its own thread, until bad sources retried in a loop take the
+// whole blocking pool and lease renewals wait behind them.
+TEST(TrustApi, RefusedSourcesLookTheJournalUpOneAtATime) {
+  Stack s;
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<bool> looking{false};
+  s.svc->set_step_probe([&](const char* step) {
+    if (std::string(step) == "journal lookup" && !looking.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    }
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  auto post = [&](const std::string& id) {
+    json body = update_body(id, "rc-1", 1);
+    body["source"] = "safetensors:/nonexistent/step-1.safetensors";
+    auto r = s.client().Post("/v1/updates", auth(), body.dump(), "application/json");
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string("no answer"));
+  };
+  std::pair<int, std::string> first;
+  std::thread first_call([&] { first = post("u-a"); });
+  ASSERT_TRUE(eventually([&] { return looking.load(); }, 10000));
+  const std::pair<int, std::string> second = post("u-b");
+  first_call.join();
+  EXPECT_EQ(first.first, 400) << first.second;
+  EXPECT_EQ(second.first, 503) << second.second;
+  EXPECT_NE(second.second.find("overloaded"), std::string::npos) << second.second;
+  EXPECT_EQ(post("u-b").first, 400) << "the turn was not given back";
+  EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 0u);
+}
+
 // Proves an update_id of the full id limit (128 bytes) is accepted: one limit, stated once.
 // Catches: an internal idempotency key ("update:" + id) that pushes ids of 122..128 bytes over
 // the journal's id limit (400 "client_event_id exceeds 128 bytes"). The key is derived in the
