@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -776,12 +777,89 @@ LineRead ReadLine(std::FILE* f, std::string& line) {
   return line.empty() ? LineRead::kEnd : LineRead::kLine;
 }
 
+// Keeps only where the parser stopped on an error; builds no document, so a line of any depth
+// costs no stack.
+struct ErrorPosition {
+  std::size_t position = 0;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) { return true; }
+  bool key(json::string_t&) { return true; }
+  bool end_object() { return true; }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t at, const std::string&, const nlohmann::detail::exception&) {
+    position = at;
+    return false;
+  }
+};
+
+// Whether `line` is a JSON text cut short: the parser ran out of input inside the document. Zero
+// bytes at its end are stripped first: a crash can leave a write's tail as zeros (the file's size
+// reached the disk, its data did not).
+bool CutShort(std::string_view line) {
+  while (!line.empty() && line.back() == '\0') line.remove_suffix(1);
+  if (line.empty()) return true;
+  ErrorPosition sax;
+  return !json::sax_parse(line, &sax) && sax.position > line.size();
+}
+
+// One line that holds no trajectory: counted as torn or damaged, named while few are.
+void Skip(TrajectoriesFile& file, std::size_t line_no, const std::string& line, const Status& why) {
+  const bool torn = CutShort(line);
+  (torn ? file.torn : file.damaged)++;
+  std::vector<SkippedLine>& named = torn ? file.torn_lines : file.damaged_lines;
+  if (named.size() >= kSkippedLinesNamedMax) return;
+  named.push_back(SkippedLine{
+      line_no, torn ? "cut short after " + std::to_string(line.size()) + " bytes" : why.message()});
+}
+
+// "line 3 (why), line 9 (why), and 4 more".
+std::string NamedLines(const std::vector<SkippedLine>& named, std::uint64_t count) {
+  std::string out;
+  for (const SkippedLine& l : named) {
+    out += (out.empty() ? "line " : ", line ") + std::to_string(l.line_no) + " (" + l.why + ")";
+  }
+  if (count > named.size()) out += ", and " + std::to_string(count - named.size()) + " more";
+  return out;
+}
+
 }  // namespace
 
-Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
+// Torn lines never change the exit code: the writer leaves one whenever its process dies inside a
+// write, and carries on after it, so any file of a run that crashed holds one, and what it tells
+// is only that one rollout's line is missing (the journal still holds its binding and its
+// trajectory). Failing the audit for it would fail every audit of that file for ever. Damaged
+// lines are an engine finding (exit 1), however few: the writer never writes one, so the file was
+// changed after it was written, and a verdict that the rollouts' outputs were checked cannot rest
+// on a file something else altered. Both name their lines, so many torn lines (more than the
+// executor's crashes) can be read for what they are.
+void AddSkippedLines(const TrajectoriesFile& file, const std::string& path, Verdict& verdict) {
+  const std::string of = "trajectories file " + path + ": ";
+  if (file.torn > 0) {
+    verdict.notes.push_back(of + std::to_string(file.torn) +
+                            " torn lines skipped (a write cut short by a crash or a failed "
+                            "write; their rollouts are missing from the file, not from the "
+                            "journal): " +
+                            NamedLines(file.torn_lines, file.torn));
+  }
+  if (file.damaged > 0) {
+    verdict.engine_findings.push_back(of + std::to_string(file.damaged) +
+                                      " lines hold no trajectory and are not what its writer "
+                                      "leaves (the file was damaged or edited), skipped: " +
+                                      NamedLines(file.damaged_lines, file.damaged));
+  }
+}
+
+Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path) {
   File in(std::fopen(path.c_str(), "rb"));
   if (in == nullptr) return Status::NotFound("cannot open trajectories file " + path);
-  std::vector<Trajectory> out;
+  TrajectoriesFile out;
   std::string line;
   for (std::size_t line_no = 1;; ++line_no) {
     const LineRead read = ReadLine(in.get(), line);
@@ -804,10 +882,28 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
     }
     if (line.empty()) continue;
     Result<Trajectory> t = ParseTrajectoryLine(line);
-    if (!t.ok()) return Status::InvalidArgument(at + t.status().message());
-    out.push_back(std::move(t.value()));
+    if (t.ok()) {
+      out.trajectories.push_back(std::move(t.value()));
+    } else {
+      Skip(out, line_no, line, t.status());
+    }
   }
   return out;
+}
+
+Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
+  Result<TrajectoriesFile> file = ReadTrajectoriesFile(path);
+  if (!file.ok()) return file.status();
+  const SkippedLine* first = nullptr;
+  for (const auto* named : {&file->torn_lines, &file->damaged_lines}) {
+    if (!named->empty() && (first == nullptr || named->front().line_no < first->line_no)) {
+      first = &named->front();
+    }
+  }
+  if (first != nullptr) {
+    return Status::InvalidArgument(path + ":" + std::to_string(first->line_no) + ": " + first->why);
+  }
+  return std::move(file->trajectories);
 }
 
 std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
@@ -948,6 +1044,7 @@ void FormatVerdict(const Verdict& v, const std::string& journal_path, std::ostri
   for (const std::string& f : v.journal_failures) out << "audit FAILURE: " << E(f) << "\n";
   out << "engine: " << (v.engine_healthy() ? "HEALTHY" : "NOT HEALTHY") << "\n";
   for (const std::string& f : v.engine_findings) out << "audit ENGINE: " << E(f) << "\n";
+  for (const std::string& n : v.notes) out << "audit NOTE: " << E(n) << "\n";
   switch (v.exit_code()) {
     case kExitOk:
       out << "audit: OK\n";
@@ -1057,6 +1154,7 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
               {"journal_failures", v.journal_failures},
               {"engine_healthy", v.engine_healthy()},
               {"engine_findings", v.engine_findings},
+              {"notes", v.notes},
               {"exit_code", v.exit_code()},
               {"records", r.records},
               {"engine", r.fleet ? json(nullptr) : HealthJson(r.engine)}};

@@ -168,9 +168,37 @@ struct JournalTrajectories {
 // SampleTrajectoriesFromJournal reads the most recent and counts the rest).
 [[nodiscard]] Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal);
 
-// Parses a trajectories JSON-lines file. Malformed lines, and lines over kTrajectoryLineBytesMax,
-// are errors naming the line number; a read error is IOError; a file of more than
-// kTrajectoriesMax lines is InvalidArgument (the file's limit, nothing said of the journal).
+// A line of a trajectories file that holds no trajectory: skipped, counted, and named in the
+// report up to kSkippedLinesNamedMax of each kind (the counts stay exact past it).
+struct SkippedLine {
+  std::size_t line_no = 0;
+  std::string why;  // raw; escaped when printed
+};
+inline constexpr std::size_t kSkippedLinesNamedMax = 5;
+
+// A trajectories file as read: the trajectories its lines hold, and the lines that hold none.
+// A torn line is a JSON document cut short (or only zero bytes): what the writer leaves when its
+// process dies inside a write, or when a failed write cannot be cut back off the file; it starts
+// the next record on a fresh line (service/trajectories.h). A damaged line is any other line that
+// holds no trajectory (not JSON, a document cut elsewhere than its end, JSON of another shape):
+// the writer never writes one, so something else changed the file.
+struct TrajectoriesFile {
+  std::vector<Trajectory> trajectories;
+  std::uint64_t torn = 0;
+  std::uint64_t damaged = 0;
+  std::vector<SkippedLine> torn_lines;     // the first kSkippedLinesNamedMax, in file order
+  std::vector<SkippedLine> damaged_lines;  // the first kSkippedLinesNamedMax, in file order
+  std::uint64_t skipped() const { return torn + damaged; }
+};
+
+// Parses a trajectories JSON-lines file as `audit --trajectories` reads it: lines that hold no
+// trajectory are skipped and counted (TrajectoriesFile), the rest read. A line over
+// kTrajectoryLineBytesMax is InvalidArgument naming its number; a read error is IOError; a file
+// of more than kTrajectoriesMax lines is InvalidArgument (the file's limit, nothing said of the
+// journal).
+[[nodiscard]] Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path);
+// The same, strictly: a line that holds no trajectory is InvalidArgument naming its number (for a
+// file that must be whole, e.g. one a test has just had written).
 [[nodiscard]] Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path);
 
 // Checks each trajectory's binding against the journal's RolloutAdmitted for that rollout (same
@@ -269,18 +297,29 @@ inline constexpr int kExitOk = 0;               // journal intact, engine health
 inline constexpr int kExitEngineUnhealthy = 1;  // journal intact; engine TAINTED / rollouts suspect
 inline constexpr int kExitUsage = 2;            // bad arguments, or the journal cannot be opened
 inline constexpr int kExitJournalDamaged = 3;   // the journal is damaged or unverifiable
+// The report could not be written whole to stdout (cli/main.cc, for `audit` and `replay`): no
+// verdict was delivered, whatever the journal and the engine are.
+inline constexpr int kExitOutputFailed = 4;
 struct Verdict {
   // Raw messages (escaped when printed). Callers add their own journal-level findings (a torn
   // WAL tail, an --expect-head mismatch) to journal_failures and rollout-level ones (trajectory
   // binding mismatches, failed re-verifications) to engine_findings before rendering.
   std::vector<std::string> journal_failures;
   std::vector<std::string> engine_findings;
+  // What the audit could not check but that is expected (a torn line of a trajectories file):
+  // reported with the verdict, never changing it or the exit code.
+  std::vector<std::string> notes;
   bool journal_intact() const { return journal_failures.empty(); }
   bool engine_healthy() const { return engine_findings.empty(); }
   // kExitJournalDamaged dominates kExitEngineUnhealthy: an unverifiable journal explains nothing.
   int exit_code() const;
 };
 [[nodiscard]] Verdict MakeVerdict(const AuditReport& report);
+
+// The skipped lines of the trajectories file at `path`, into the verdict: its torn lines as one
+// note, its damaged lines as one engine finding (exit 1), each naming the count and the first
+// kSkippedLinesNamedMax line numbers with why.
+void AddSkippedLines(const TrajectoriesFile& file, const std::string& path, Verdict& verdict);
 
 struct AuditOutput {
   std::string text;  // every line ends in '\n'; exactly one final "audit: ..." verdict line

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "audit/audit.h"
 #include "effects/http/weight_digest.h"
@@ -106,8 +107,9 @@ void ReadJournalTrajectories(journal::Journal& j, const Opts& o, audit::Verdict&
 }
 
 // The trajectories to re-verify: the file's (cross-checked against the journal's bindings), or
-// the journal's own when only --engine is given. A mismatch is an engine finding. A file that
-// cannot be read, or holds more than kTrajectoriesMax, is a usage error.
+// the journal's own when only --engine is given. A mismatch is an engine finding; the file's lines
+// that hold no trajectory are skipped and reported (audit::AddSkippedLines says which change the
+// exit code). A file that cannot be read, or holds more than kTrajectoriesMax, is a usage error.
 int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdict,
                       audit::JournalTrajectories& out) {
   if (o.trajectories.empty() && o.engine.empty()) return audit::kExitOk;
@@ -115,25 +117,31 @@ int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdic
     ReadJournalTrajectories(j, o, verdict, out);
     return audit::kExitOk;
   }
-  auto ts = audit::LoadTrajectories(o.trajectories);
-  if (!ts.ok()) {
+  auto file = audit::ReadTrajectoriesFile(o.trajectories);
+  if (!file.ok()) {
     std::fprintf(stderr, "rolloutcore audit: %s\n",
-                 text::escape_line(ts.status().ToString()).c_str());
+                 text::escape_line(file.status().ToString()).c_str());
     return audit::kExitUsage;
   }
-  auto failures = audit::CrossCheckTrajectories(j, *ts);
-  std::fprintf(o.lines(), "trajectories file: %zu, binding mismatches: %zu\n", ts->size(),
-               failures.size());
+  std::vector<audit::Trajectory>& ts = file->trajectories;
+  auto failures = audit::CrossCheckTrajectories(j, ts);
+  std::fprintf(o.lines(),
+               "trajectories file: %zu, binding mismatches: %zu, lines skipped: %llu (torn %llu, "
+               "damaged %llu)\n",
+               ts.size(), failures.size(), static_cast<unsigned long long>(file->skipped()),
+               static_cast<unsigned long long>(file->torn),
+               static_cast<unsigned long long>(file->damaged));
   for (const auto& f : failures) {
     std::fprintf(o.lines(), "  MISMATCH: %s\n", text::escape_line(f).c_str());
     verdict.engine_findings.push_back(f);
   }
-  if (ts->empty()) {
+  audit::AddSkippedLines(*file, o.trajectories, verdict);
+  if (ts.empty()) {
     verdict.engine_findings.push_back(
         "the trajectories file holds no trajectory: nothing to check");
   }
-  out.total = ts->size();  // a file's trajectories are all offered
-  out.trajectories = std::move(ts.value());
+  out.total = ts.size();  // a file's trajectories are all offered
+  out.trajectories = std::move(ts);
   return audit::kExitOk;
 }
 

@@ -1,29 +1,67 @@
 // rolloutcore: the update executor beside a trainer, and the tools around its journal.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 
+#include "audit/audit.h"
 #include "cli/commands.h"
+
+namespace {
+
+// A verdict is worth only the report that carries it: a report that did not reach stdout whole
+// (a full disk, a closed pipe's reader gone with SIGPIPE ignored) exits kExitOutputFailed, so a
+// script never takes an exit 0 for a report nobody can read. stdout is flushed here, while the
+// error can still be told; the flush at exit would fail silently.
+int CheckedOutput(const std::string& command, int verdict) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int flush_errno = errno;
+  if (flushed && std::ferror(stdout) == 0) return verdict;
+  std::fprintf(stderr,
+               "rolloutcore %s: the report could not be written to stdout (%s): exit %d in place "
+               "of its verdict's %d\n",
+               command.c_str(), flushed ? "an earlier write failed" : std::strerror(flush_errno),
+               rc::audit::kExitOutputFailed, verdict);
+  return rc::audit::kExitOutputFailed;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"RolloutCore: safe live policy-weight updates for vLLM"};
   app.require_subcommand(1);
   std::map<CLI::App*, rc::cli::Runner> runners;
-  auto add = [&](rc::cli::Runner (*fn)(CLI::App&), const char* name, const char* help) {
+  // `reports`: the command's product is its report on stdout (replay, audit), checked once run.
+  auto add = [&](rc::cli::Runner (*fn)(CLI::App&), const char* name, const char* help,
+                 bool reports) {
     CLI::App* sub = app.add_subcommand(name, help);
-    runners[sub] = fn(*sub);
+    rc::cli::Runner run = fn(*sub);
+    if (!reports) {
+      runners[sub] = std::move(run);
+      return;
+    }
+    runners[sub] = [command = std::string(name), run = std::move(run)]() {
+      return CheckedOutput(command, run());
+    };
   };
   add(&rc::cli::add_replay, "replay",
-      "Refold a journal, re-verify every decision and the hash chain, explain TAINTED incidents");
+      "Refold a journal, re-verify every decision and the hash chain, explain TAINTED incidents",
+      /*reports=*/true);
   add(&rc::cli::add_demo, "demo",
-      "Run an update scenario against the vLLM test double and print its timeline");
+      "Run an update scenario against the vLLM test double and print its timeline",
+      /*reports=*/false);
   add(&rc::cli::add_serve, "serve",
-      "Run the update executor: trainer API, enforcing admission proxy and /metrics");
+      "Run the update executor: trainer API, enforcing admission proxy and /metrics",
+      /*reports=*/false);
   add(&rc::cli::add_audit, "audit",
-      "Audit a journal offline: integrity, lifecycle history, provenance, trajectories");
+      "Audit a journal offline: integrity, lifecycle history, provenance, trajectories",
+      /*reports=*/true);
 #ifdef RC_CLI_HAVE_EFFECTS
   add(&rc::cli::add_restore, "restore",
-      "Ask a running executor to restore its TAINTED engine to an earlier version, with proof");
+      "Ask a running executor to restore its TAINTED engine to an earlier version, with proof",
+      /*reports=*/false);
 #endif
   CLI11_PARSE(app, argc, argv);
   for (auto& [sub, run] : runners) {

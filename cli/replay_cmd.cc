@@ -23,10 +23,49 @@ std::string ReplaceVerdict(std::string report, const std::string& ok_prefix,
 }
 
 // Exit codes as audit's: 1 the journal does not verify, 2 it cannot be read (a wrong path, a
-// writer's lock), 3 it is damaged (the open or the refold found records lost or altered).
+// writer's lock) or the command line asks for what it does not hold, 3 it is damaged (the open or
+// the refold found records lost or altered). main.cc adds 4: the report could not be written.
 int Refused(const Status& why) {
   std::fprintf(stderr, "rolloutcore replay: %s\n", text::escape_line(why.ToString()).c_str());
   return why.code() == Code::kCorruption ? 3 : 2;
+}
+
+// A seq past the head is a question the journal cannot answer, never a verification failure.
+int UntilRefused(std::uint64_t until, const Status& why) {
+  std::fprintf(stderr, "rolloutcore replay: --until %llu: %s\n",
+               static_cast<unsigned long long>(until), text::escape_line(why.message()).c_str());
+  return 2;
+}
+
+// --events: each record the report folds, through `end_seq` (0: the head), one line each.
+void PrintEvents(journal::Journal& j, std::uint64_t end_seq, bool json) {
+  Status st = j.Scan(1, end_seq, [&](const journal::Record& r) {
+    const std::string line = json ? replay::RecordJsonLine(r) : replay::FormatRecordLine(r);
+    std::printf("%s\n", line.c_str());
+    return Status::OK();
+  });
+  if (!st.ok())
+    std::fprintf(stderr, "scan stopped: %s\n", text::escape_line(st.ToString()).c_str());
+}
+
+void PrintReport(const replay::ReplayReport& report, const std::string& torn, bool json) {
+  if (json) {
+    nlohmann::json out = nlohmann::json::parse(replay::ReportJson(report));
+    if (!torn.empty()) {
+      out["ok"] = false;
+      out["torn_tail"] = text::sanitize_utf8(torn);
+    }
+    // One line of printable ASCII (replay::ReportJson's reason): \u escapes, never raw text.
+    std::printf(
+        "%s\n",
+        out.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace).c_str());
+  } else if (torn.empty()) {
+    std::printf("%s", replay::FormatReport(report).c_str());
+  } else {
+    std::printf("%s", ReplaceVerdict(replay::FormatReport(report), "verification: OK",
+                                     "verification: FAILED: " + text::escape_line(torn))
+                          .c_str());
+  }
 }
 
 }  // namespace
@@ -42,7 +81,9 @@ Runner add_replay(CLI::App& app) {
   app.add_option("journal", opts->path, "Journal directory")->required();
   app.add_flag("--json", opts->json, "Print the report as JSON");
   app.add_flag("--events", opts->events, "Print every record before the report");
-  app.add_option("--until", opts->until, "Fold only up to this seq (inclusive)");
+  app.add_option("--until", opts->until,
+                 "Fold up to this seq: through the end of its decision group (its input and the "
+                 "decisions derived from it), which the report names");
   return [opts]() -> int {
     journal::Options options;
     options.read_only = true;
@@ -51,35 +92,13 @@ Runner add_replay(CLI::App& app) {
     if (!opened.ok()) return Refused(opened.status());
     journal::Journal& j = **opened;
     const std::string torn = j.recovery().torn_tail;
-    if (opts->events) {
-      Status st = j.Scan(1, opts->until, [&](const journal::Record& r) {
-        const std::string line =
-            opts->json ? replay::RecordJsonLine(r) : replay::FormatRecordLine(r);
-        std::printf("%s\n", line.c_str());
-        return Status::OK();
-      });
-      if (!st.ok())
-        std::fprintf(stderr, "scan stopped: %s\n", text::escape_line(st.ToString()).c_str());
-    }
+    // Resolved before anything is printed, so --events lists exactly the records the report folds.
+    Result<replay::FoldEnd> until = replay::ResolveUntil(j, opts->until);
+    if (!until.ok()) return UntilRefused(opts->until, until.status());
+    if (opts->events) PrintEvents(j, until->end_seq, opts->json);
     auto report = replay::Replay(j, replay::ReplayOptions{opts->until});
     if (!report.ok()) return Refused(report.status());
-    if (opts->json) {
-      nlohmann::json out = nlohmann::json::parse(replay::ReportJson(*report));
-      if (!torn.empty()) {
-        out["ok"] = false;
-        out["torn_tail"] = text::sanitize_utf8(torn);
-      }
-      // One line of printable ASCII (replay::ReportJson's reason): \u escapes, never raw text.
-      std::printf("%s\n",
-                  out.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace)
-                      .c_str());
-    } else if (torn.empty()) {
-      std::printf("%s", replay::FormatReport(*report).c_str());
-    } else {
-      std::printf("%s", ReplaceVerdict(replay::FormatReport(*report), "verification: OK",
-                                       "verification: FAILED: " + text::escape_line(torn))
-                            .c_str());
-    }
+    PrintReport(*report, torn, opts->json);
     if (report->read_failure != Code::kOk) return report->read_failure == Code::kCorruption ? 3 : 2;
     return report->ok && torn.empty() ? 0 : 1;
   };

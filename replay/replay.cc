@@ -553,13 +553,45 @@ class Replayer {
   std::map<std::string, EngineTrace> traces_;
 };
 
+// The last seq from `seq` on that still belongs to the group of `input_seq` (its decisions follow
+// it contiguously). A record that cannot be read ends the span on itself: the scan reports it.
+std::uint64_t GroupEnd(journal::Journal& journal, std::uint64_t input_seq, std::uint64_t seq,
+                       std::uint64_t head) {
+  while (seq < head) {
+    Result<journal::Record> next = journal.Read(seq + 1);
+    if (next.ok() && next->cause_seq != input_seq) break;
+    ++seq;
+    if (!next.ok()) break;
+  }
+  return seq;
+}
+
 }  // namespace
 
+Result<FoldEnd> ResolveUntil(journal::Journal& journal, std::uint64_t until_seq) {
+  FoldEnd end{until_seq, 0, until_seq};
+  if (until_seq == 0) return end;
+  const std::uint64_t head = journal.head_seq();
+  if (until_seq > head) {
+    return Status::InvalidArgument("seq " + std::to_string(until_seq) +
+                                   " lies past the journal's head (seq " + std::to_string(head) +
+                                   "): nothing is recorded there");
+  }
+  Result<journal::Record> at = journal.Read(until_seq);
+  if (!at.ok()) return end;  // the scan meets the same record and reports it
+  end.input_seq = at->cause_seq == 0 ? at->seq : at->cause_seq;
+  end.end_seq = GroupEnd(journal, end.input_seq, until_seq, head);
+  return end;
+}
+
 Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& options) {
+  Result<FoldEnd> until = ResolveUntil(journal, options.until_seq);
+  if (!until.ok()) return until.status();
   ReplayReport report;
+  report.until = *until;
   Replayer replayer(report);
-  Status scanned = journal.Scan(1, options.until_seq,
-                                [&](const journal::Record& r) { return replayer.Visit(r); });
+  Status scanned =
+      journal.Scan(1, until->end_seq, [&](const journal::Record& r) { return replayer.Visit(r); });
   if (!scanned.ok()) {
     // A chain, decode or contiguity failure. The report keeps its first failure (seq and reason):
     // one a record showed before the scan stopped stays, with the scan's appended as a note.
@@ -622,12 +654,28 @@ void FleetLines(const FleetState& fleet, std::ostringstream& out) {
   }
 }
 
+// What the state lines reflect when a seq was asked for: the state after the end of its group.
+std::string UntilLine(const FoldEnd& u) {
+  const std::string asked = std::to_string(u.requested);
+  if (u.input_seq == 0) return "until: seq " + asked + " (its record could not be read)";
+  const std::string group = "input seq " + std::to_string(u.input_seq);
+  if (u.end_seq == u.requested) {
+    return "until: the state after seq " + asked + ", the end of the group of " + group;
+  }
+  const std::string end = std::to_string(u.end_seq);
+  return "until: seq " + asked + " lies inside the group of " + group + " (seqs " +
+         std::to_string(u.input_seq) + "-" + end +
+         "), which decide() derived and the journal wrote whole: folded through seq " + end +
+         ", so the state below is the state after seq " + end + ", the group's end";
+}
+
 }  // namespace
 
 std::string FormatReport(const ReplayReport& report) {
   std::ostringstream out;
   out << "records: " << report.records << " (inputs re-decided: " << report.inputs << "), last seq "
       << report.last_seq << "\n";
+  if (report.until.requested != 0) out << UntilLine(report.until) << "\n";
   if (report.fleet.named) {
     FleetLines(report.fleet, out);
   } else {
@@ -654,6 +702,11 @@ std::string ReportJson(const ReplayReport& report) {
   j["records"] = report.records;
   j["inputs"] = report.inputs;
   j["last_seq"] = report.last_seq;
+  if (report.until.requested != 0) {
+    j["until"] = {{"requested", report.until.requested},
+                  {"group_input_seq", report.until.input_seq},
+                  {"folded_through", report.until.end_seq}};
+  }
   j["ok"] = report.ok;
   if (!report.ok) {
     j["first_bad_seq"] = report.first_bad_seq;

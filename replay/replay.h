@@ -14,8 +14,24 @@
 namespace rc::replay {
 
 struct ReplayOptions {
-  std::uint64_t until_seq = 0;  // 0: the whole journal
+  // 0: the whole journal. Otherwise the fold ends with the decision group that holds this seq
+  // (see FoldEnd); a seq past the journal's head is InvalidArgument.
+  std::uint64_t until_seq = 0;
 };
+
+// Where a fold asked to stop at a seq stops. An input and the decisions decide() derived from it
+// are one group, appended in one batch: no reader ever saw a state between its records, and
+// decide()'s decisions can only be compared whole. A seq inside a group (its input, or any record
+// before its last decision) therefore folds through the end of that group, which includes it.
+struct FoldEnd {
+  std::uint64_t requested = 0;  // the seq asked for; 0: the whole journal
+  std::uint64_t input_seq = 0;  // the input of the group that holds it; 0: unknown or none asked
+  std::uint64_t end_seq = 0;    // the last record the fold visits; 0: the head
+};
+// Reads forward from `until_seq` to the end of its group (point reads: the fold's scan verifies
+// them). A record that cannot be read there ends the span on it, so the scan meets and reports
+// it. InvalidArgument when `until_seq` lies past the journal's head.
+[[nodiscard]] Result<FoldEnd> ResolveUntil(journal::Journal& journal, std::uint64_t until_seq);
 
 // One TAINTED incident: the update's records from its request to the taint, and a reading.
 struct TaintIncident {
@@ -54,6 +70,7 @@ struct ReplayReport {
   std::uint64_t records = 0;  // records visited
   std::uint64_t inputs = 0;   // inputs whose decisions were re-derived
   std::uint64_t last_seq = 0;
+  FoldEnd until;   // what ReplayOptions::until_seq asked for, and where the fold ended for it
   bool ok = true;  // chain verified, every record legal, decisions reproduced
   std::uint64_t first_bad_seq = 0;
   std::string error;  // what is wrong at first_bad_seq
@@ -68,7 +85,8 @@ struct ReplayReport {
 
 // Streams the journal once. Never fails on bad content: a broken chain, an illegal record or a
 // decision that decide() does not reproduce is reported in the report (ok=false, first_bad_seq).
-// Fails only when the journal cannot be read at all.
+// Fails only when the journal cannot be read at all, or until_seq lies past its head
+// (InvalidArgument: a usage error, never a verification failure).
 [[nodiscard]] Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& options);
 
 // Text output: every string taken from the journal is escaped (rc::text::escape_line), so each

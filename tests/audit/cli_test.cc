@@ -1,13 +1,15 @@
 // `rolloutcore replay` and `rolloutcore audit` as child processes on real RocksDB journals (no
 // engine): a journal its open refuses exits as damaged, naming the damage; `replay --events`
 // names each record's engine; every JSON line is printable ASCII that parses back to the text the
-// journal holds.
+// journal holds; `replay --until` inside a group folds through its end; a report that cannot be
+// written exits 4; a trajectories file is audited around its torn lines.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "journal/journal.h"
+#include "journal/json.h"
 #include "replay/replay.h"
 #include "tests/audit/printable_json.h"
 #include "tests/audit/run_cli.h"
@@ -29,6 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using cli_testing::CliRun;
 using cli_testing::RunCli;
+using cli_testing::RunCliStdoutTo;
 using journal::testing::EditRaw;
 using journal::testing::SeqKey;
 using journal::testing::TempDir;
@@ -302,6 +306,164 @@ TEST(Cli, AuditRefusesANonFiniteOrNegativeLogprobTolerance) {
   const CliRun finite = RunCli({"audit", "--logprob-tolerance=0.25", missing}, true);
   EXPECT_EQ(finite.exit_code, 2) << finite.out;  // the journal cannot be opened
   EXPECT_NE(finite.out.find("rolloutcore audit:"), std::string::npos) << finite.out;
+}
+
+// Bootstrap (seqs 1..4; seq 3 is an input whose decision is seq 4), then `admissions`
+// admissions of one record each (seqs 5..); closed cleanly.
+void WriteCleanJournal(const std::string& path, int admissions) {
+  auto j = journal::Journal::Open(path, journal::Options{});
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (auto& g : journal::testing::BootstrapGroups()) {
+    ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+  }
+  for (int i = 0; i < admissions; ++i) {
+    ASSERT_TRUE((*j)->Append(journal::testing::Group(
+                                 {make_admission((*j)->state(), "r" + std::to_string(i))}))
+                    .ok());
+  }
+}
+
+// Proves `replay --until 3`, where seq 3 is the input of a group that ends at seq 4, verifies a
+// healthy journal (exit 0), folds through seq 4 and says so, with --events and --json listing the
+// same records; and that an --until past the head is a usage error (exit 2) naming the head, never
+// "verification: FAILED". Catches the cut group reported as "non-determinism: decide() derives 1
+// decisions for seq 3 but 0 were recorded" (exit 1), and the scan's InvalidArgument printed as
+// "verification: FAILED at seq 1".
+TEST(Cli, ReplayUntilInsideAGroupFoldsThroughItsEnd) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 2);  // head 6
+  const CliRun text = RunCli({"replay", dir.path(), "--until", "3"}, /*with_stderr=*/true);
+  EXPECT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("records: 4 (inputs re-decided: 3), last seq 4\n"
+                          "until: seq 3 lies inside the group of input seq 3 (seqs 3-4)"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("state: READY"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("verification: OK"), std::string::npos) << text.out;
+  const CliRun at_end = RunCli({"replay", dir.path(), "--until", "4"}, true);
+  EXPECT_EQ(at_end.exit_code, 0) << at_end.out;
+  EXPECT_NE(at_end.out.find("until: the state after seq 4, the end of the group of input seq 3"),
+            std::string::npos)
+      << at_end.out;
+  const CliRun events = RunCli({"replay", dir.path(), "--until", "3", "--events"}, false);
+  EXPECT_EQ(events.exit_code, 0) << events.out;
+  const std::vector<std::string> lines = Lines(events.out);
+  ASSERT_GE(lines.size(), 5u) << events.out;
+  EXPECT_EQ(lines[3].rfind("       4   -> StateChanged", 0), 0u) << events.out;
+  EXPECT_EQ(lines[4].rfind("records: 4 ", 0), 0u) << events.out;
+  const CliRun json = RunCli({"replay", dir.path(), "--until", "3", "--json"}, false);
+  EXPECT_EQ(json.exit_code, 0) << json.out;
+  const nlohmann::json parsed = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(parsed.is_discarded()) << json.out;
+  EXPECT_EQ(parsed["ok"], true) << json.out;
+  EXPECT_EQ(parsed["until"]["requested"], 3) << json.out;
+  EXPECT_EQ(parsed["until"]["group_input_seq"], 3) << json.out;
+  EXPECT_EQ(parsed["until"]["folded_through"], 4) << json.out;
+  for (bool as_json : {false, true}) {
+    std::vector<std::string> args = {"replay", dir.path(), "--until", "7", "--events"};
+    if (as_json) args.push_back("--json");
+    const CliRun past = RunCli(args, /*with_stderr=*/true);
+    EXPECT_EQ(past.exit_code, 2) << past.out;
+    EXPECT_NE(past.out.find("rolloutcore replay: --until 7: seq 7 lies past the journal's head "
+                            "(seq 6)"),
+              std::string::npos)
+        << past.out;
+    EXPECT_EQ(past.out.find("FAILED"), std::string::npos) << past.out;
+    EXPECT_EQ(past.out.find("records:"), std::string::npos) << past.out;
+  }
+}
+
+// Proves `replay` and `audit` whose stdout cannot take their report (/dev/full) exit 4, distinct
+// from every verdict, with one line on stderr saying so, while the same commands with a writable
+// stdout exit 0; catches the exit 0 they gave when no printf was checked and stdout was never
+// flushed before exit.
+TEST(Cli, AReportThatCannotBeWrittenExitsFour) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 2);
+  const std::vector<std::vector<std::string>> commands = {{"replay", dir.path()},
+                                                          {"replay", dir.path(), "--json"},
+                                                          {"replay", dir.path(), "--events"},
+                                                          {"audit", dir.path()},
+                                                          {"audit", dir.path(), "--json"},
+                                                          {"audit", dir.path(), "--rollout", "r0"}};
+  for (const std::vector<std::string>& args : commands) {
+    const std::string what = args[0] + (args.size() > 2 ? " " + args[2] : "");
+    const CliRun written = RunCliStdoutTo(args, "/dev/null");
+    EXPECT_EQ(written.exit_code, 0) << what << ": " << written.out;
+    const CliRun full = RunCliStdoutTo(args, "/dev/full");
+    EXPECT_EQ(full.exit_code, 4) << what << ": " << full.out;
+    const std::string expected =
+        "rolloutcore " + args[0] + ": the report could not be written to stdout";
+    EXPECT_NE(full.out.find(expected), std::string::npos) << what << ": " << full.out;
+  }
+}
+
+// One line of a trajectories file for the rollout admitted at `seq`, as serve writes it (the
+// fields the audit reads).
+std::string TrajectoryLine(const std::string& path, std::uint64_t seq) {
+  auto j = journal::Journal::Open(path, ReadOnly());
+  RC_CHECK(j.ok());
+  Result<journal::Record> r = (*j)->Read(seq);
+  RC_CHECK(r.ok());
+  const auto& a = std::get<RolloutAdmitted>(r->event);
+  return nlohmann::json{{"rollout_id", a.rollout_id},
+                        {"admission_seq", seq},
+                        {"version", journal::WeightVersionToJson(a.version)},
+                        {"identity", journal::WeightIdentityToJson(a.identity)},
+                        {"prompt_token_ids", {1, 2, 3}},
+                        {"outputs", {{{"index", 0}, {"token_ids", {4, 5}}}}}}
+      .dump();
+}
+
+// Proves `audit --trajectories` reads a file around its torn lines (one mid-file, as the writer
+// leaves after a crash and starts the next record on a fresh line, and one at its end with no
+// newline): the two trajectories are cross-checked, the torn lines are a note naming them and the
+// verdict stays OK (exit 0); a damaged line (complete, not a trajectory) is an engine finding
+// (exit 1) and the rest is still read. Catches the whole file refused as a usage error (exit 2).
+TEST(Cli, AuditReadsATrajectoriesFileAroundItsTornLines) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 2);  // r0 admitted at seq 5, r1 at seq 6
+  const std::string r0 = TrajectoryLine(dir.path(), 5);
+  const std::string r1 = TrajectoryLine(dir.path(), 6);
+  const std::string file = dir.sub("t.jsonl");
+  std::ofstream(file) << r0 << "\n" << r1.substr(0, 40) << "\n" << r1 << "\n" << r0.substr(0, 25);
+  const CliRun torn = RunCli({"audit", dir.path(), "--trajectories", file}, /*with_stderr=*/true);
+  EXPECT_EQ(torn.exit_code, 0) << torn.out;
+  EXPECT_NE(torn.out.find("trajectories file: 2, binding mismatches: 0, lines skipped: 2 (torn 2, "
+                          "damaged 0)"),
+            std::string::npos)
+      << torn.out;
+  EXPECT_NE(torn.out.find("audit NOTE: trajectories file " + file + ": 2 torn lines skipped"),
+            std::string::npos)
+      << torn.out;
+  EXPECT_NE(torn.out.find("line 2 (cut short after 40 bytes), line 4 (cut short after 25 bytes)"),
+            std::string::npos)
+      << torn.out;
+  EXPECT_NE(torn.out.find("\naudit: OK\n"), std::string::npos) << torn.out;
+
+  std::ofstream(file, std::ios::trunc) << r0 << "\n{\"rollout_id\": 7}\n"
+                                       << r1 << "\n"
+                                       << r0.substr(0, 25);
+  const CliRun damaged = RunCli({"audit", dir.path(), "--trajectories", file}, true);
+  EXPECT_EQ(damaged.exit_code, 1) << damaged.out;
+  EXPECT_NE(damaged.out.find("lines skipped: 2 (torn 1, damaged 1)"), std::string::npos)
+      << damaged.out;
+  EXPECT_NE(damaged.out.find("audit ENGINE: trajectories file " + file +
+                             ": 1 lines hold no trajectory and are not what its writer leaves "
+                             "(the file was damaged or edited), skipped: line 2 (a field has the "
+                             "wrong type or range)"),
+            std::string::npos)
+      << damaged.out;
+  const CliRun json = RunCli({"audit", dir.path(), "--trajectories", file, "--json"}, false);
+  EXPECT_EQ(json.exit_code, 1) << json.out;
+  const nlohmann::json verdict = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(verdict.is_discarded()) << json.out;
+  ASSERT_EQ(verdict["notes"].size(), 1u) << json.out;
+  EXPECT_NE(verdict["notes"][0].get<std::string>().find("line 4 (cut short after 25 bytes)"),
+            std::string::npos)
+      << json.out;
+  EXPECT_EQ(verdict["exit_code"], 1) << json.out;
 }
 
 }  // namespace

@@ -294,6 +294,78 @@ TEST(ColocatedReplay, SleepInFlightWhereReplayStops) {
   EXPECT_EQ(report->colocated[0].end_seq, 0u);
 }
 
+// Each seq's decision group: the seq of its input and the seq of the group's last record.
+struct GroupSpan {
+  std::uint64_t input = 0;
+  std::uint64_t end = 0;
+};
+
+// The group of every seq of `j`, indexed by seq (entry 0 unused), from a full scan.
+std::vector<GroupSpan> GroupSpans(journal::Journal& j) {
+  std::vector<GroupSpan> spans(1);
+  const Status scanned = j.Scan(1, 0, [&](const journal::Record& r) {
+    const std::uint64_t input = r.cause_seq == 0 ? r.seq : r.cause_seq;
+    for (std::uint64_t seq = input; seq < r.seq; ++seq) spans[seq].end = r.seq;
+    spans.push_back(GroupSpan{input, r.seq});
+    return Status::OK();
+  });
+  RC_CHECK(scanned.ok());
+  return spans;
+}
+
+// Proves `replay --until S` verifies a healthy colocated journal for every S, an input or a
+// decision before its group's last included: it folds through the end of S's group (the state a
+// refold to that end gives), names the group, and the sleep that group ends gets its whole line.
+// Catches the cut group reported as "non-determinism: decide() derives N decisions for seq S but
+// M were recorded", which also dropped the colocated lines, and a seq past the head reported as a
+// verification failure instead of refused.
+TEST(ColocatedReplay, UntilAnySeqFoldsThroughTheEndOfItsGroup) {
+  TempDir dir;
+  WriteTrainerLoop(dir.path());
+  journal::Options ro;
+  ro.read_only = true;
+  ro.create_if_missing = false;
+  auto opened = journal::Journal::Open(dir.path(), ro);
+  ASSERT_TRUE(opened.ok());
+  journal::Journal& j = **opened;
+  const std::vector<GroupSpan> spans = GroupSpans(j);
+  for (std::uint64_t seq = 1; seq < spans.size(); ++seq) {
+    auto report = replay::Replay(j, replay::ReplayOptions{seq});
+    ASSERT_TRUE(report.ok()) << seq << ": " << report.status().ToString();
+    ASSERT_TRUE(report->ok) << "--until " << seq << ": " << report->error;
+    EXPECT_EQ(report->last_seq, spans[seq].end) << seq;
+    EXPECT_EQ(report->until.input_seq, spans[seq].input) << seq;
+    Result<State> refolded = j.Refold(spans[seq].end);
+    ASSERT_TRUE(refolded.ok()) << refolded.status().ToString();
+    EXPECT_EQ(report->state, *refolded) << seq;
+    if (seq >= 7 && seq <= 15) {
+      EXPECT_EQ(report->colocated.size(), 1u) << seq;  // s-1, in flight or ended
+    }
+  }
+  const GroupSpan ends_s1 = spans[15];  // the group whose last transition ends s-1 (seq 7-15)
+  ASSERT_LT(ends_s1.input, 15u);
+  ASSERT_EQ(ends_s1.end, 15u);
+  auto report = replay::Replay(j, replay::ReplayOptions{ends_s1.input});
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->colocated.size(), 1u);
+  EXPECT_EQ(report->colocated[0].end_seq, 15u) << report->colocated[0].line;
+  const std::string in = std::to_string(ends_s1.input);
+  const std::string text = replay::FormatReport(*report);
+  EXPECT_NE(text.find("\nuntil: seq " + in + " lies inside the group of input seq " + in +
+                      " (seqs " + in +
+                      "-15), which decide() derived and the journal wrote whole: "
+                      "folded through seq 15"),
+            std::string::npos)
+      << text;
+  auto past = replay::Replay(j, replay::ReplayOptions{spans.size()});
+  ASSERT_FALSE(past.ok()) << replay::FormatReport(*past);
+  EXPECT_EQ(past.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(past.status().message().find("past the journal's head (seq " +
+                                         std::to_string(spans.size() - 1) + ")"),
+            std::string::npos)
+      << past.status().message();
+}
+
 // Proves the sleep_failed incident reads as a sleep (its plan line, the /sleep evidence, a reading
 // and a recover hint saying the restore wakes the engine first) and the restore says it woke it;
 // catches a sleep's taint explained as an update that "targeted" a version, or with no reading.

@@ -1,7 +1,7 @@
 // What audit and replay read must be vouched for (real RocksDB journals, no engine): a
 // rollout's provenance rests only on records that name it and that the hash chain covers; a
-// trajectories file is read line by line within the writer's bound, a read error reported;
-// replay's first failure stays the one it reports.
+// trajectories file is read line by line within the writer's bound, a read error reported, its
+// torn and damaged lines skipped and counted; replay's first failure stays the one it reports.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
@@ -132,6 +132,71 @@ TEST(Trajectories, ReadErrorsAndOverlongLinesAreReported) {
   loaded = audit::LoadTrajectories(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message().substr(0, 200);
   EXPECT_EQ(loaded->size(), 1u);
+}
+
+// Proves a trajectories file is read around the lines that hold no trajectory: torn ones (a
+// document cut short mid-file, one whose tail is zero bytes, one at the end with no newline) are
+// counted and named as a note that leaves the verdict healthy; damaged ones (complete, not a
+// trajectory) are counted exactly, named up to kSkippedLinesNamedMax, and make one engine finding;
+// the strict LoadTrajectories still refuses the file at its first such line. Catches the loader
+// that refused the whole file over one torn line, and a report that names every bad line of a
+// damaged file without bound.
+TEST(Trajectories, TornAndDamagedLinesAreSkippedCountedAndNamed) {
+  TempDir dir;
+  const std::string good = R"({"rollout_id":"r0","admission_seq":5})";
+  const std::string torn = R"({"rollout_id":"r1","admiss)";
+  const std::string no_seq = R"({"rollout_id":"r2"})";
+  const std::string path = dir.sub("t.jsonl");
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << good << "\n" << torn << "\n" << good << "\n";  // lines 1-3
+    out << torn << std::string(4, '\0') << "\n";          // line 4: its tail zeros
+    for (int i = 0; i < 7; ++i) out << "{not json}\n";    // lines 5-11
+    out << no_seq << "\n" << good << "\n";                // lines 12-13
+    out << torn;                                          // line 14, no newline
+  }
+  Result<audit::TrajectoriesFile> file = audit::ReadTrajectoriesFile(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->trajectories.size(), 3u);
+  EXPECT_EQ(file->torn, 3u);
+  EXPECT_EQ(file->damaged, 8u);
+  std::vector<std::size_t> torn_at;
+  for (const audit::SkippedLine& l : file->torn_lines) torn_at.push_back(l.line_no);
+  EXPECT_EQ(torn_at, (std::vector<std::size_t>{2, 4, 14}));
+  ASSERT_EQ(file->damaged_lines.size(), audit::kSkippedLinesNamedMax);
+  EXPECT_EQ(file->damaged_lines.front().line_no, 5u);
+  EXPECT_EQ(file->damaged_lines.front().why, "not a JSON object");
+
+  audit::Verdict torn_only;
+  audit::TrajectoriesFile crashed = *file;
+  crashed.damaged = 0;
+  crashed.damaged_lines.clear();
+  audit::AddSkippedLines(crashed, path, torn_only);
+  EXPECT_TRUE(torn_only.engine_healthy());
+  EXPECT_EQ(torn_only.exit_code(), audit::kExitOk);
+  ASSERT_EQ(torn_only.notes.size(), 1u);
+  EXPECT_NE(torn_only.notes[0].find(": 3 torn lines skipped"), std::string::npos)
+      << torn_only.notes[0];
+  EXPECT_NE(torn_only.notes[0].find("line 2 (cut short after 26 bytes), line 4 (cut short after "
+                                    "30 bytes), line 14 (cut short after 26 bytes)"),
+            std::string::npos)
+      << torn_only.notes[0];
+
+  audit::Verdict v;
+  audit::AddSkippedLines(*file, path, v);
+  EXPECT_EQ(v.notes.size(), 1u);
+  ASSERT_EQ(v.engine_findings.size(), 1u);
+  EXPECT_EQ(v.exit_code(), audit::kExitEngineUnhealthy);
+  EXPECT_NE(v.engine_findings[0].find(": 8 lines hold no trajectory"), std::string::npos)
+      << v.engine_findings[0];
+  EXPECT_NE(v.engine_findings[0].find("line 9 (not a JSON object), and 3 more"), std::string::npos)
+      << v.engine_findings[0];
+
+  Result<std::vector<audit::Trajectory>> strict = audit::LoadTrajectories(path);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_EQ(strict.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(strict.status().message().find(":2: cut short after 26 bytes"), std::string::npos)
+      << strict.status().message();
 }
 
 // Re-encodes the records from `from` to `head` of a closed journal, each chained to the one

@@ -12,14 +12,15 @@ namespace rc::cli_testing {
 
 struct CliRun {
   int exit_code = -1;  // -1: did not exit normally
-  std::string out;     // stdout, and stderr too with `with_stderr`
+  std::string out;     // what the shell command sent to its stdout (see each runner)
 };
 
-// Runs `rolloutcore ARGS` (each argument single-quoted: test arguments hold no quote).
-inline CliRun RunCli(const std::vector<std::string>& args, bool with_stderr) {
+// `rolloutcore ARGS` as a shell command (each argument single-quoted: test arguments hold no
+// quote), followed by `redirections`.
+inline CliRun RunShell(const std::vector<std::string>& args, const std::string& redirections) {
   std::string cmd = RC_TEST_ROLLOUTCORE_BIN;
   for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += with_stderr ? " 2>&1" : " 2>/dev/null";
+  cmd += redirections;
   CliRun run;
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return run;
@@ -29,6 +30,17 @@ inline CliRun RunCli(const std::vector<std::string>& args, bool with_stderr) {
   const int status = ::pclose(p);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+// Runs `rolloutcore ARGS`; `out` is its stdout, and its stderr too with `with_stderr`.
+inline CliRun RunCli(const std::vector<std::string>& args, bool with_stderr) {
+  return RunShell(args, with_stderr ? " 2>&1" : " 2>/dev/null");
+}
+
+// Runs `rolloutcore ARGS` with its stdout sent to `stdout_path` (e.g. /dev/full); `out` is its
+// stderr.
+inline CliRun RunCliStdoutTo(const std::vector<std::string>& args, const std::string& stdout_path) {
+  return RunShell(args, " 2>&1 >'" + stdout_path + "'");  // stderr to the pipe, then stdout away
 }
 
 }  // namespace rc::cli_testing
