@@ -209,16 +209,18 @@ def errors_of(cell):
     return errs
 
 
-def run_cell(args, lab, url, conns, lua, middle_pids, double_pid):
+def run_cell(args, lab, url, conns, lua, middle_pids, double_pid, threads_pid=None):
     cmd = [args.wrk, f"-t{args.threads}", f"-c{conns}", f"-d{args.duration}s", "--latency",
            "--timeout", f"{args.wrk_timeout}s", "-s", lua, url + "/v1/completions"]
     mid0 = harness.cpu_seconds(middle_pids()) if middle_pids else None
+    thr0 = harness.thread_cpu_by_name(threads_pid) if threads_pid else {}
     dbl0 = harness.cpu_seconds([double_pid])
     try:
         w = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 60)
     except subprocess.TimeoutExpired:
         raise BenchError(f"wrk did not finish within {args.duration + 60} s: {' '.join(cmd)}")
     mid1 = harness.cpu_seconds(middle_pids()) if middle_pids else None
+    thr1 = harness.thread_cpu_by_name(threads_pid) if threads_pid else {}
     dbl1 = harness.cpu_seconds([double_pid])
     cell = parse_wrk(w.stdout)
     cell["wrk_rc"] = w.returncode
@@ -228,6 +230,8 @@ def run_cell(args, lab, url, conns, lua, middle_pids, double_pid):
     cell["double_cpu_s"] = dbl1 - dbl0
     cell["middle_us_per_req"] = None if mid0 is None or n == 0 else (mid1 - mid0) / n * 1e6
     cell["double_us_per_req"] = None if n == 0 else (dbl1 - dbl0) / n * 1e6
+    cell["threads_us_per_req"] = {} if n == 0 else {
+        name: (thr1[name] - thr0.get(name, 0)) / n * 1e6 for name in thr1}
     cell["errors"] = errors_of(cell)
     return cell
 
@@ -268,6 +272,17 @@ def table(args, results):
         row.append(" / ".join(fmt_num(results[path][c]["double_us_per_req"], 1) for c in cs))
         row.append("; ".join(errs) if errs else "none")
         lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def serve_threads(args, cells):
+    """Serve's CPU per request by thread name (event loops rc-io-*, the journal's committer
+    rc-journal, the trajectory writer rc-trajectory), one line per connection count."""
+    lines = ["Serve's CPU µs/request by thread:"]
+    for c in args.conns:
+        per = sorted(cells[c].get("threads_us_per_req", {}).items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{name} {us:.1f}" for name, us in per if us >= 0.05)
+        lines.append(f"- {c} conns: {shown or '—'}")
     return "\n".join(lines)
 
 
@@ -356,7 +371,8 @@ def main():
             for path in args.path_list:
                 for ch in lab.children:
                     ch.check_alive()
-                cell = run_cell(args, lab, urls[path], c, lua, middles[path], double.pid)
+                cell = run_cell(args, lab, urls[path], c, lua, middles[path], double.pid,
+                                threads_pid=srv.pid if path == "serve" else None)
                 results[path][c] = cell
                 log(f"{path:6} {c:4} conns: {fmt_num(cell['rps'])} req/s, p99 {fmt_ms(cell['p99_ms'])}, "
                     f"middle {fmt_num(cell['middle_us_per_req'], 1)} µs/req, double "
@@ -374,6 +390,8 @@ def main():
     print(table(args, results))
     print("\nCPU µs/request = (utime+stime of the process, all threads) over the cell / requests wrk "
           "counted. wrk runs on the same machine.")
+    if "serve" in args.path_list:
+        print("\n" + serve_threads(args, results["serve"]))
     if idle_pct is not None:
         print(f"\nThe double alone, {max(args.conns)} keep-alive connections idle after one request "
               f"each: {idle_pct:.0f}% of one core (an idle connection costs vLLM's asyncio server "

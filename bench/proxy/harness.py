@@ -119,6 +119,25 @@ def proc_stat_ticks(pid):
     return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
 
 
+def thread_cpu_by_name(pid):
+    """utime + stime of each live thread of a process, in seconds, summed by thread name."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue  # the thread ended between the listing and the read
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def children_of(pid):
     out = []
     for d in os.listdir("/proc"):
