@@ -1,6 +1,6 @@
 // POST /v1/restores: takes a TAINTED engine back to a version committed earlier in this journal,
 // with proof (docs/lifecycle.md, "Restore with proof"). One update or restore runs at a time; a
-// re-POST of a restore that ended answers what the journal recorded.
+// re-POST of a restore that ended answers what the journal recorded, even while another plan runs.
 #include <algorithm>
 #include <mutex>
 #include <optional>
@@ -37,11 +37,23 @@ void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
     SendStatus(res, request.status());
     return;
   }
-  if (RefusedFailStopped(res)) return;
+  if (RefusedFailStopped(res) || ReplayedIfRestoreEnded(*request, res)) return;
   PlanSlot slot(*this);
   if (!TookUpdateSlot(slot, metrics_.restores_conflict, res, request->restore_id)) return;
-  if (RefusedFailStopped(res) || !RestoreSourceUsable(*request, res)) return;
+  // It may have ended while we waited for the slot.
+  if (RefusedFailStopped(res) || ReplayedIfRestoreEnded(*request, res)) return;
+  if (!RestoreSourceUsable(*request, res)) return;
   RunRestore(*request, res);
+}
+
+// A re-POST of a restore remembered as ended answers what was recorded, without the plan slot: a
+// retry after a lost answer is never told 409 because another plan runs now.
+bool Service::ReplayedIfRestoreEnded(const RestoreRequested& request, HttpResponse& res) {
+  std::optional<EndedPlans<RestoreRequested>::Ended> ended =
+      ended_restores_.Find(request.restore_id);
+  if (!ended) return false;
+  ReplayEndedRestore(request, *ended, res);
+  return true;
 }
 
 // A source that cannot be read is refused (400), unless the restore_id already ended: its
@@ -66,16 +78,25 @@ bool Service::ReplayedRestore(const RestoreRequested& request, std::uint64_t fro
       *journal_, request.restore_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
       [](const RestoreRequested& r) { return r.restore_id; }, from_seq);
   if (!found.ok() || !found->request || !found->ended) return false;
-  if (!(*found->request == request)) {
+  const EndedPlans<RestoreRequested>::Ended ended{*found->request, *found->ended};
+  ended_restores_.Remember(request.restore_id, ended.request, ended.ended);
+  ReplayEndedRestore(request, ended, res);
+  return true;
+}
+
+// The recorded outcome, or 409 when the restore_id was used for another request.
+void Service::ReplayEndedRestore(const RestoreRequested& request,
+                                 const EndedPlans<RestoreRequested>::Ended& e, HttpResponse& res) {
+  RC_CHECK(e.request.restore_id == request.restore_id && e.ended.update_id == request.restore_id);
+  if (!(e.request == request)) {
     metrics_.restores_conflict++;
     SendError(res, 409, "conflict",
               "restore_id '" + request.restore_id +
                   "' was already used for another request; choose a new restore_id");
-    return true;
+    return;
   }
   metrics_.restores_replayed++;
-  SendRestoreOutcome(res, request, *found->ended, /*replayed=*/true);
-  return true;
+  SendRestoreOutcome(res, request, e.ended, /*replayed=*/true);
 }
 
 // Drives the restore to its end and answers; the caller holds update_mu_.
@@ -119,6 +140,7 @@ void Service::RunRestore(const RestoreRequested& request, HttpResponse& res) {
 void Service::AnswerRestoreEnded(const RestoreRequested& request, const UpdateEnded& ended,
                                  HttpResponse& res) {
   RC_CHECK(ended.update_id == request.restore_id);
+  ended_restores_.Remember(request.restore_id, request, ended);
   switch (ended.outcome) {
     case UpdateOutcome::kCommitted:
       metrics_.restores_committed++;

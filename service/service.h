@@ -56,6 +56,7 @@
 #include "journal/journal.h"
 #include "service/config.h"
 #include "service/durable_waits.h"
+#include "service/ended_plans.h"
 #include "service/http_server.h"
 #include "service/inflight_calls.h"
 #include "service/api_parse.h"
@@ -132,8 +133,8 @@ struct FleetMember {
   EngineWatch watch;
 };
 
-// How many ended updates the update route remembers for idempotent re-POSTs (older ones are
-// looked up in the journal).
+// How many ended plans of each kind (updates, restores, sleeps, wake-ups) are remembered for
+// idempotent re-POSTs (older ones are looked up in the journal).
 inline constexpr std::size_t kEndedUpdatesMax = 1024;
 // Bound on the journal records scanned to find an older update's outcome.
 inline constexpr std::uint64_t kUpdateLookupRecordsMax = 10'000'000;
@@ -458,7 +459,10 @@ class Service {
   SourceReader SourceReaderForTransfer() const;
   std::uint64_t RestoresRequested() const;
   bool RestoreSourceUsable(const RestoreRequested& request, HttpResponse& res);
+  bool ReplayedIfRestoreEnded(const RestoreRequested& request, HttpResponse& res);
   bool ReplayedRestore(const RestoreRequested& request, std::uint64_t from_seq, HttpResponse& res);
+  void ReplayEndedRestore(const RestoreRequested& request,
+                          const EndedPlans<RestoreRequested>::Ended& e, HttpResponse& res);
   void RunRestore(const RestoreRequested& request, HttpResponse& res);
   void AnswerRestoreEnded(const RestoreRequested& request, const UpdateEnded& ended,
                           HttpResponse& res);
@@ -474,7 +478,11 @@ class Service {
     // Answers: committed, refused, tainted, conflict, invalid, replayed, outcome unknown.
     std::atomic<std::uint64_t>* counts[7];
   };
+  EndedPlans<Event>& EndedOf(const SameVersionPlan& plan);
+  bool ReplayedIfSameVersionEnded(const SameVersionPlan& plan, HttpResponse& res);
   bool ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t from_seq, HttpResponse& res);
+  void ReplayEndedSameVersion(const SameVersionPlan& plan, const EndedPlans<Event>::Ended& e,
+                              HttpResponse& res);
   void RunSameVersion(const SameVersionPlan& plan, HttpResponse& res);
   void AnswerUnfinished(const SameVersionPlan& plan, bool journaled, const Status& st,
                         HttpResponse& res);
@@ -521,7 +529,9 @@ class Service {
   void HandleFleetState(const ApiRequest& req, HttpResponse& res);
   void HandleFleetUpdate(const ApiRequest& req, HttpResponse& res);
   void HandleFleetCancel(const ApiRequest& req, HttpResponse& res);
+  bool AnsweredAlreadyCancelled(const std::string& update_id, HttpResponse& res);
   void HandleFleetRemove(const ApiRequest& req, HttpResponse& res);
+  bool AnsweredAlreadyLeaving(const std::string& engine, HttpResponse& res);
   void HandleFleetReadyz(const ApiRequest& req, HttpResponse& res);
   void HandleNotForFleet(const ApiRequest& req, HttpResponse& res);
   bool FleetSourceChecked(const FleetUpdateRequested& request, HttpResponse& res);
@@ -642,6 +652,11 @@ class Service {
   std::mutex ended_mu_;
   std::map<std::string, EndedUpdate> ended_updates_;
   std::deque<std::string> ended_order_;  // FIFO eviction at kEndedUpdatesMax
+  // The other kinds' ended plans, each kind by its own ids; a sleep's or wake-up's request is kept
+  // as the Event it was journaled as.
+  EndedPlans<RestoreRequested> ended_restores_{kEndedUpdatesMax};
+  EndedPlans<Event> ended_sleeps_{kEndedUpdatesMax};
+  EndedPlans<Event> ended_wakes_{kEndedUpdatesMax};
 
   // Leases of explicit rollouts: id -> steady ms at which it lapses.
   std::mutex lease_mu_;

@@ -2,9 +2,12 @@
 // drains the engine and releases its GPU memory to a trainer on the same GPU; a wake-up brings a
 // level-1 sleeper back on the weights it holds, validated before it serves. An update from a
 // sleeping engine goes through POST /v1/updates. One update, restore, sleep or wake-up runs at a
-// time; a re-POST of one that ended answers what the journal recorded.
+// time; a re-POST of one that ended answers what the journal recorded, even while another plan
+// runs.
 #include <algorithm>
 #include <mutex>
+#include <optional>
+#include <variant>
 
 #include <spdlog/spdlog.h>
 
@@ -54,6 +57,16 @@ std::uint64_t Requested(journal::Journal& j, bool sleeps) {
   return n;
 }
 
+// The journal's ended request of this id (its request at `from_seq` when not 0), as an Event.
+template <class Request, class IdOf>
+std::optional<EndedPlans<Event>::Ended> LookUpEnded(journal::Journal& j, const std::string& id,
+                                                    std::uint64_t head, std::uint64_t from_seq,
+                                                    IdOf id_of) {
+  auto found = LookUpRequest<Request>(j, id, head, kUpdateLookupRecordsMax, id_of, from_seq);
+  if (!found.ok() || !found->request || !found->ended) return std::nullopt;
+  return EndedPlans<Event>::Ended{Event(*found->request), *found->ended};
+}
+
 }  // namespace
 
 void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
@@ -72,10 +85,11 @@ void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
       {&metrics_.sleeps_committed, &metrics_.sleeps_refused, &metrics_.sleeps_tainted,
        &metrics_.sleeps_conflict, &metrics_.sleeps_invalid, &metrics_.sleeps_replayed,
        &metrics_.sleeps_outcome_unknown}};
-  if (RefusedFailStopped(res)) return;
+  if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   PlanSlot slot(*this);
   if (!TookUpdateSlot(slot, metrics_.sleeps_conflict, res, request->sleep_id)) return;
-  if (RefusedFailStopped(res)) return;
+  // It may have ended while we waited for the slot.
+  if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   RunSameVersion(plan, res);
 }
 
@@ -94,40 +108,57 @@ void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
                        {&metrics_.wakes_committed, &metrics_.wakes_refused, &metrics_.wakes_tainted,
                         &metrics_.wakes_conflict, &metrics_.wakes_invalid, &metrics_.wakes_replayed,
                         &metrics_.wakes_outcome_unknown}};
-  if (RefusedFailStopped(res)) return;
+  if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   PlanSlot slot(*this);
   if (!TookUpdateSlot(slot, metrics_.wakes_conflict, res, request->wake_id)) return;
-  if (RefusedFailStopped(res)) return;
+  // It may have ended while we waited for the slot.
+  if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   RunSameVersion(plan, res);
+}
+
+// Sleeps and wake-ups have their own ids: each kind its own memory.
+EndedPlans<Event>& Service::EndedOf(const SameVersionPlan& plan) {
+  return std::holds_alternative<SleepRequested>(plan.request) ? ended_sleeps_ : ended_wakes_;
+}
+
+// A re-POST of a sleep or wake-up remembered as ended answers what was recorded, without the plan
+// slot: a retry after a lost answer is never told 409 because another plan runs now.
+bool Service::ReplayedIfSameVersionEnded(const SameVersionPlan& plan, HttpResponse& res) {
+  std::optional<EndedPlans<Event>::Ended> ended = EndedOf(plan).Find(plan.id);
+  if (!ended) return false;
+  ReplayEndedSameVersion(plan, *ended, res);
+  return true;
 }
 
 // An id the journal already holds (its request at `from_seq`): its recorded outcome, or 409 for
 // another body. Looked up only once the runner found the id journaled: a new id scans nothing.
 bool Service::ReplayedSameVersion(const SameVersionPlan& plan, std::uint64_t from_seq,
                                   HttpResponse& res) {
-  auto answer = [&](const Event& recorded, const std::optional<UpdateEnded>& ended) {
-    if (!ended) return false;
-    if (!(recorded == plan.request)) {
-      (*plan.counts[kConflictSlot])++;
-      SendError(res, 409, "conflict",
-                "'" + plan.id + "' was already used for another request; choose a new id");
-      return true;
-    }
-    (*plan.counts[kReplayedSlot])++;
-    SendOutcome(res, plan.ids, *ended, /*replayed=*/true);
-    return true;
-  };
   const std::uint64_t head = CatchUpDurableHead().seq;
-  if (std::holds_alternative<SleepRequested>(plan.request)) {
-    auto found = LookUpRequest<SleepRequested>(
-        *journal_, plan.id, head, kUpdateLookupRecordsMax,
-        [](const SleepRequested& r) { return r.sleep_id; }, from_seq);
-    return found.ok() && found->request && answer(Event(*found->request), found->ended);
+  const std::optional<EndedPlans<Event>::Ended> ended =
+      std::holds_alternative<SleepRequested>(plan.request)
+          ? LookUpEnded<SleepRequested>(*journal_, plan.id, head, from_seq,
+                                        [](const SleepRequested& r) { return r.sleep_id; })
+          : LookUpEnded<WakeRequested>(*journal_, plan.id, head, from_seq,
+                                       [](const WakeRequested& r) { return r.wake_id; });
+  if (!ended) return false;
+  EndedOf(plan).Remember(plan.id, ended->request, ended->ended);
+  ReplayEndedSameVersion(plan, *ended, res);
+  return true;
+}
+
+// The recorded outcome, or 409 when the id was used for another request.
+void Service::ReplayEndedSameVersion(const SameVersionPlan& plan, const EndedPlans<Event>::Ended& e,
+                                     HttpResponse& res) {
+  RC_CHECK(e.ended.update_id == plan.id && e.request.index() == plan.request.index());
+  if (!(e.request == plan.request)) {
+    (*plan.counts[kConflictSlot])++;
+    SendError(res, 409, "conflict",
+              "'" + plan.id + "' was already used for another request; choose a new id");
+    return;
   }
-  auto found = LookUpRequest<WakeRequested>(
-      *journal_, plan.id, head, kUpdateLookupRecordsMax,
-      [](const WakeRequested& r) { return r.wake_id; }, from_seq);
-  return found.ok() && found->request && answer(Event(*found->request), found->ended);
+  (*plan.counts[kReplayedSlot])++;
+  SendOutcome(res, plan.ids, e.ended, /*replayed=*/true);
 }
 
 // Drives the sleep or wake-up to its end and answers; the caller holds update_mu_.
@@ -148,6 +179,7 @@ void Service::RunSameVersion(const SameVersionPlan& plan, HttpResponse& res) {
                             res);
   }
   RC_CHECK(ended->update_id == plan.id);
+  EndedOf(plan).Remember(plan.id, plan.request, *ended);
   (*plan.counts[outcome_slot(ended->outcome)])++;
   if (ended->outcome != UpdateOutcome::kCommitted) {
     spdlog::warn("serve: {} '{}' {}: {}", plan.what, Esc(plan.id),

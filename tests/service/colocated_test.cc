@@ -3,6 +3,7 @@
 // the engine; nothing is admitted while it sleeps; an update from sleep (a vllm-ipc: file of the
 // trainer's handles) or a level-1 wake-up brings it back only through validation; every failure
 // leaves the engine asleep (nothing changed), serving (the sleep was never done) or TAINTED.
+#include <atomic>
 #include <filesystem>
 #include <chrono>
 #include <fstream>
@@ -354,6 +355,58 @@ TEST(Colocated, PlansSharingAnIdReplayTheirOwnOutcome) {
   json update = s.Update("step-7", "rc-1", 1);
   EXPECT_EQ(update["http"], 422) << update.dump();
   EXPECT_TRUE(update.value("replayed", false)) << update.dump();
+}
+
+// Proves a retry of a sleep and of a wake-up that ended, sent while another plan holds the plan
+// slot, answers at once with its recorded outcome (200, "replayed": true), counted as a replay,
+// and the same sleep_id with another body is 409 "already used". Catches sleeps and wake-ups
+// replayed only once they held the slot: a retry after a lost answer read 409 "'u-1' is running",
+// the type it also reads for an id used by another request, and could take its plan for refused.
+TEST(Colocated, EndedSleepsAndWakeUpsAnswerRetriesWhileAnotherPlanHoldsTheSlot) {
+  Stack s;
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<bool> armed{false};
+  std::atomic<bool> holding{false};
+  std::atomic<bool> answered{false};
+  s.svc->set_step_probe([&](const char* step) {
+    if (!armed.load() || std::string(step) != "plan slot taken" || holding.exchange(true)) return;
+    // The next plan keeps the slot until the retries are answered (10 s at most: never a hang).
+    for (int i = 0; i < 1000 && !answered.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  ASSERT_EQ(s.Wake("w-1")["http"], 200);
+  const std::string source = s.Export(1);
+  armed = true;
+  json next;
+  std::thread next_plan([&] { next = s.Update("u-1", "rc-1", 1, source); });
+  for (int i = 0; i < 1000 && !holding.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(holding.load()) << "the update never took the slot";
+  const json slept = s.Sleep("s-1", 1);
+  const json woken = s.Wake("w-1");
+  const json reused = s.Sleep("s-1", 2);
+  answered = true;
+  next_plan.join();
+  EXPECT_EQ(slept["http"], 200) << slept.dump();
+  EXPECT_EQ(slept.value("outcome", ""), "committed") << slept.dump();
+  EXPECT_TRUE(slept.value("replayed", false)) << slept.dump();
+  EXPECT_EQ(woken["http"], 200) << woken.dump();
+  EXPECT_EQ(woken.value("outcome", ""), "committed") << woken.dump();
+  EXPECT_TRUE(woken.value("replayed", false)) << woken.dump();
+  EXPECT_EQ(reused["http"], 409) << reused.dump();
+  EXPECT_NE(reused.dump().find("already used for another request"), std::string::npos)
+      << reused.dump();
+  EXPECT_EQ(next["http"], 200) << next.dump();
+  EXPECT_EQ(s.svc->metrics().sleeps_replayed.load(), 1u);
+  EXPECT_EQ(s.svc->metrics().wakes_replayed.load(), 1u);
+  EXPECT_EQ(s.svc->metrics().sleeps_conflict.load(), 1u);
+  EXPECT_EQ(s.Fold().counters.sleeps_requested, 1u);
+  EXPECT_EQ(s.Fold().counters.wakes_requested, 1u);
 }
 
 // Bad requests change nothing: a level other than 1 or 2, a sleep while asleep, a wake-up while

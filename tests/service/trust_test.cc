@@ -509,10 +509,11 @@ TEST(TrustIdempotency, ARetryWhileItsFirstCallHoldsTheSlotWaitsForIt) {
 }
 
 // Proves a third retry of a restore, sent while a second retry has just taken the slot its
-// first call gave back but not yet named it, waits for it too and answers the recorded outcome
-// (a restore, unlike an update, is looked up only once it holds the slot). Catches the slot's
-// name empty between a waiter's lock and its naming: the third retry answered 409 "another plan
-// is running" by its own plan.
+// first call gave back but not yet named it, answers the recorded outcome (the first call's end
+// is remembered, so the third is answered before the slot; a plan of a kind without that memory,
+// a fleet update, waits for the slot named after it). Catches the slot's name empty between a
+// waiter's lock and its naming: the third retry answered 409 "another plan is running" by its
+// own plan.
 TEST(TrustIdempotency, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
   Stack s;
   ASSERT_TRUE(s.svc->Shutdown(5000));
@@ -556,6 +557,66 @@ TEST(TrustIdempotency, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
   }
   EXPECT_EQ(json::parse(third.second, nullptr, false).value("outcome", ""), "committed")
       << third.second;
+  EXPECT_EQ(s.svc->journal().state().counters.restores_requested, 1u);
+}
+
+// Proves a retry of a restore that ended, sent while another plan holds the plan slot, answers at
+// once as it would with the slot free: 200 with the recorded outcome and "replayed": true, and
+// the same id with another body 409 "already used", counted as a replay and a conflict. Catches
+// restores replayed only once they held the slot: a trainer whose restore committed but whose
+// answer was lost read 409 "'u-2' is running" on its retry, the type it also reads for an id
+// used by another request, and could take its restore for refused.
+TEST(TrustIdempotency, AnEndedRestoreAnswersItsRetryWhileAnotherPlanHoldsTheSlot) {
+  Stack s;
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<bool> armed{false};
+  std::atomic<bool> holding{false};
+  std::atomic<bool> answered{false};
+  s.svc->set_step_probe([&](const char* step) {
+    if (!armed.load() || std::string(step) != "plan slot taken" || holding.exchange(true)) return;
+    // The next plan keeps the slot until the retries are answered (10 s at most: never a hang).
+    for (int i = 0; i < 1000 && !answered.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  httplib::Client c = s.client();
+  auto u = c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
+  ASSERT_TRUE(u && u->status == 200) << (u ? u->body : "no answer");
+  ASSERT_TRUE(s.RestartEngine());  // a restore runs only on a TAINTED engine
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 15000));
+  const json body = {{"restore_id", "r-1"}, {"label", "rc-1"}, {"source", "synthetic:4x64:1"}};
+  auto restored = c.Post("/v1/restores", auth(), body.dump(), "application/json");
+  ASSERT_TRUE(restored && restored->status == 200) << (restored ? restored->body : "no answer");
+  armed = true;
+  int next_status = 0;
+  std::thread next_plan([&] {
+    auto r = s.client().Post("/v1/updates", auth(), update_body("u-2", "rc-2", 2).dump(),
+                             "application/json");
+    next_status = r ? r->status : -1;
+  });
+  ASSERT_TRUE(eventually([&] { return holding.load(); }, 10000));
+  auto retry = c.Post("/v1/restores", auth(), body.dump(), "application/json");
+  json other = body;
+  other["source"] = "synthetic:4x64:2";
+  auto reused = c.Post("/v1/restores", auth(), other.dump(), "application/json");
+  answered = true;
+  next_plan.join();
+  ASSERT_TRUE(retry);
+  EXPECT_EQ(retry->status, 200) << retry->body;
+  const json replayed = json::parse(retry->body, nullptr, false);
+  EXPECT_EQ(replayed.value("outcome", ""), "committed") << retry->body;
+  EXPECT_EQ(replayed.value("replayed", false), true) << retry->body;
+  EXPECT_EQ(replayed.value("restore_id", ""), "r-1") << retry->body;
+  ASSERT_TRUE(reused);
+  EXPECT_EQ(reused->status, 409) << reused->body;
+  EXPECT_NE(reused->body.find("already used for another request"), std::string::npos)
+      << reused->body;
+  EXPECT_EQ(next_status, 200);
+  EXPECT_EQ(s.svc->metrics().restores_replayed.load(), 1u);
+  EXPECT_EQ(s.svc->metrics().restores_conflict.load(), 1u);
   EXPECT_EQ(s.svc->journal().state().counters.restores_requested, 1u);
 }
 
