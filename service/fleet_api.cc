@@ -7,6 +7,8 @@
 //   GET    /v1/manifest                   a source's manifest digest (the first member's transfer)
 // The one-engine routes (updates, restores, sleep, explicit rollouts, watch, events)
 // answer 409 naming the fleet's: they would act on one engine without the fleet's rules.
+#include <mutex>
+
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -139,6 +141,8 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
 bool Service::FleetSourceChecked(const FleetUpdateRequested& request, HttpResponse& res) {
   HttpResponse refusal;
   if (SourceChecked(member_update_request_of(request), refusal)) return true;
+  std::unique_lock<std::mutex> turn;
+  if (!TookLookupTurn(turn, res)) return false;
   if (FleetUpdateJournaled(request.update_id)) return true;
   metrics_.bad_requests++;
   res = std::move(refusal);
@@ -243,9 +247,25 @@ void Service::HandleFleetCancel(const ApiRequest& req, HttpResponse& res) {
   }
   const Status st = fleet_runner_->Cancel(id, *reason);
   if (IsJournalFailure(st)) FailStop("cancel of fleet update '" + id + "': " + st.ToString());
+  if (st.code() == Code::kConflict && AnsweredAlreadyCancelled(id, res)) return;
   if (!st.ok()) return SendStatus(res, st);
   spdlog::warn("serve: fleet update '{}' cancelled: {}", Esc(id), Esc(*reason));
   SendJson(res, 202, {{"update_id", id}, {"cancelled", true}, {"reason", *reason}});
+}
+
+// The fold refuses a second cancel (Conflict): a retry whose first 202 was lost is answered 202
+// again, with the reason recorded. Read from the durable fleet, so it never acknowledges a
+// cancel that is not durable yet (another caller's, in flight): that one is left the fold's 409.
+bool Service::AnsweredAlreadyCancelled(const std::string& update_id, HttpResponse& res) {
+  const DurableView v = CatchUpDurable(true);
+  const std::optional<FleetUpdate>& u = v.fleet.update;
+  if (!u || u->request.update_id != update_id || !u->cancelled) return false;
+  SendJson(res, 202,
+           {{"update_id", update_id},
+            {"cancelled", true},
+            {"reason", *u->cancelled},
+            {"already", true}});
+  return true;
 }
 
 void Service::HandleFleetRemove(const ApiRequest& req, HttpResponse& res) {
@@ -254,10 +274,19 @@ void Service::HandleFleetRemove(const ApiRequest& req, HttpResponse& res) {
   const std::string& engine = req.captures[0];
   const Status st = fleet_runner_->Remove(engine);
   if (IsJournalFailure(st)) FailStop("removal of engine '" + engine + "': " + st.ToString());
+  if (st.code() == Code::kConflict && AnsweredAlreadyLeaving(engine, res)) return;
   if (!st.ok()) return SendStatus(res, st);
   spdlog::warn("serve: engine {} is leaving the fleet: nothing more is admitted to it",
                Esc(engine));
   SendJson(res, 202, {{"engine", engine}, {"leaving", true}});
+}
+
+// The fold refuses the removal of an engine that already leaves (Conflict): a retry whose first
+// 202 was lost is answered 202 again. Read from the durable fleet, as a cancel's retry is.
+bool Service::AnsweredAlreadyLeaving(const std::string& engine, HttpResponse& res) {
+  if (CatchUpDurable(true).fleet.leaving.count(engine) == 0) return false;
+  SendJson(res, 202, {{"engine", engine}, {"leaving", true}, {"already", true}});
+  return true;
 }
 
 void Service::HandleFleetReadyz(const ApiRequest&, HttpResponse& res) {

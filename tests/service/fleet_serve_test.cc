@@ -499,6 +499,84 @@ TEST(FleetServe, ARemovedEngineGetsNoTrafficAndLeaves) {
   f.CheckJournal();
 }
 
+// Proves a removal retried while the engine still leaves (a rollout in flight on it) is answered
+// 202 again, with "already": true, and the engine leaves once idle. Catches the retry of a DELETE
+// whose 202 was lost answered 409 "is leaving", which a trainer reads as a refused removal.
+TEST(FleetServe, ARetriedRemovalOfALeavingEngineIsAcknowledgedAgain) {
+  FleetStack f(2);
+  fixtures::RouteFault hang;
+  hang.hang = true;  // the rollout stays on its engine until the faults are cleared
+  for (auto& e : f.engines) e->SetRouteFault("/v1/completions", hang);
+  FleetStack::Answer answer;
+  std::thread client([&] { answer = f.Complete(); });
+  std::string busy;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const json state = f.State();  // kept: items() holds a reference into it
+        for (const auto& [name, e] : state["engines"].items()) {
+          if (e.value("active_rollouts", 0) == 1) busy = name;
+        }
+        return !busy.empty();
+      },
+      10000));
+  auto first = f.client().Delete(("/v1/fleet/engines/" + busy).c_str());
+  auto retry = f.client().Delete(("/v1/fleet/engines/" + busy).c_str());
+  const json leaving = f.State()["engines"][busy];
+  for (auto& e : f.engines) e->ClearFaults();
+  client.join();
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 202) << first->body;
+  ASSERT_TRUE(retry);
+  EXPECT_EQ(retry->status, 202) << retry->body;
+  const json again = json::parse(retry->body, nullptr, false);
+  EXPECT_EQ(again.value("already", false), true) << retry->body;
+  EXPECT_EQ(again.value("leaving", false), true) << retry->body;
+  EXPECT_EQ(leaving.value("leaving", false), true) << DumpSafe(leaving);
+  EXPECT_EQ(answer.status, 200);
+  EXPECT_EQ(answer.engine, busy);
+  EXPECT_TRUE(Eventually([&] { return !f.State()["engines"].contains(busy); }, 10000))
+      << "the engine did not leave once idle";
+  f.CheckJournal();
+}
+
+// Proves a cancel retried while its fleet update is still open (a member mid-plan) is answered
+// 202 again, with "already": true and the reason the first cancel recorded, and the update ends
+// with the pending member skipped. Catches the retry of a cancel whose 202 was lost answered 409
+// "is cancelled", which a trainer reads as a refused cancel.
+TEST(FleetServe, ARetriedCancelIsAcknowledgedAgainWithTheRecordedReason) {
+  FleetStack f(2);
+  fixtures::RouteFault hang;
+  hang.hang = true;  // the first member's drain holds the update open until the faults are cleared
+  for (auto& e : f.engines) e->SetRouteFault("/pause", hang);
+  int status = 0;
+  std::string body;
+  std::thread update([&] {
+    auto r = f.FleetUpdate("u1", "rolling", 1);
+    if (r) std::tie(status, body) = std::make_pair(r->status, r->body);
+  });
+  ASSERT_TRUE(Eventually(
+      [&] { return f.engines[0]->RouteCount("/pause") + f.engines[1]->RouteCount("/pause") > 0; },
+      10000));
+  auto first = f.client().Post("/v1/fleet/updates/u1/cancel", R"({"reason": "operator stop"})",
+                               "application/json");
+  auto retry = f.client().Post("/v1/fleet/updates/u1/cancel", R"({"reason": "a second reason"})",
+                               "application/json");
+  for (auto& e : f.engines) e->ClearFaults();
+  update.join();
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 202) << first->body;
+  ASSERT_TRUE(retry);
+  EXPECT_EQ(retry->status, 202) << retry->body;
+  const json again = json::parse(retry->body, nullptr, false);
+  EXPECT_EQ(again.value("already", false), true) << retry->body;
+  EXPECT_EQ(again.value("cancelled", false), true) << retry->body;
+  EXPECT_EQ(again.value("reason", ""), "operator stop") << retry->body;
+  ASSERT_EQ(status, 207) << body;
+  EXPECT_EQ(json::parse(body)["skipped"], 1) << body;
+  EXPECT_FALSE(f.svc->failed());
+  f.CheckJournal();
+}
+
 // Proves a restart of serve on its fleet journal recovers every engine at its committed label
 // without a second bootstrap, and serves again; catches a restart that re-joins or re-bootstraps
 // engines, or forgets the fleet's generation.
