@@ -39,7 +39,10 @@ void Service::HandleRestore(const ApiRequest& req, HttpResponse& res) {
   }
   if (RefusedFailStopped(res) || ReplayedIfRestoreEnded(*request, res)) return;
   PlanSlot slot(*this);
-  if (!TookUpdateSlot(slot, metrics_.restores_conflict, res, request->restore_id)) return;
+  if (!TookUpdateSlot(slot, metrics_.restores_conflict, res, request->restore_id,
+                      [&](HttpResponse& r) { return ReplayedIfRestoreEnded(*request, r); })) {
+    return;
+  }
   // It may have ended while we waited for the slot.
   if (RefusedFailStopped(res) || ReplayedIfRestoreEnded(*request, res)) return;
   if (!RestoreSourceUsable(*request, res)) return;
@@ -62,7 +65,8 @@ bool Service::RestoreSourceUsable(const RestoreRequested& request, HttpResponse&
   if (request.adopt) return true;
   Status readable = ValidateSource(request.source_uri, SourceReaderForTransfer());
   if (readable.ok()) return true;
-  if (ReplayedRestore(request, 0, res)) return false;
+  std::unique_lock<std::mutex> turn;
+  if (!TookLookupTurn(turn, res) || ReplayedRestore(request, 0, res)) return false;
   metrics_.bad_requests++;
   SendStatus(res, readable);
   return false;
@@ -72,8 +76,6 @@ bool Service::RestoreSourceUsable(const RestoreRequested& request, HttpResponse&
 // outcome, or 409 for another body.
 bool Service::ReplayedRestore(const RestoreRequested& request, std::uint64_t from_seq,
                               HttpResponse& res) {
-  std::unique_lock<std::mutex> turn;
-  if (from_seq == 0 && !TookLookupTurn(turn, res)) return true;
   auto found = LookUpRequest<RestoreRequested>(
       *journal_, request.restore_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
       [](const RestoreRequested& r) { return r.restore_id; }, from_seq);

@@ -395,8 +395,11 @@ class Service {
   };
   // The slot, or 503 while shutting down, or 409 (counted in `conflicts`) naming the plan that
   // holds it. The caller keeps `slot` until it has answered.
-  [[nodiscard]] bool TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflicts,
-                                    HttpResponse& res, const std::string& id);
+  // `replayed_if_ended` (when set) answers a plan that ended while its retry waited for the slot
+  // and another plan took it: its recorded outcome, not 409.
+  [[nodiscard]] bool TookUpdateSlot(
+      PlanSlot& slot, std::atomic<std::uint64_t>& conflicts, HttpResponse& res,
+      const std::string& id, const std::function<bool(HttpResponse&)>& replayed_if_ended = nullptr);
   // Takes the slot at once, naming it `id` (false); else, when `id` holds the slot or a retry of
   // it waits for it, and the bound allows, counts the caller among its waiters (true).
   bool TookSlotOrWaitsFor(PlanSlot& slot, const std::string& id);

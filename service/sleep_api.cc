@@ -87,7 +87,10 @@ void Service::HandleSleep(const ApiRequest& req, HttpResponse& res) {
        &metrics_.sleeps_outcome_unknown}};
   if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   PlanSlot slot(*this);
-  if (!TookUpdateSlot(slot, metrics_.sleeps_conflict, res, request->sleep_id)) return;
+  if (!TookUpdateSlot(slot, metrics_.sleeps_conflict, res, request->sleep_id,
+                      [&](HttpResponse& r) { return ReplayedIfSameVersionEnded(plan, r); })) {
+    return;
+  }
   // It may have ended while we waited for the slot.
   if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   RunSameVersion(plan, res);
@@ -110,7 +113,10 @@ void Service::HandleWake(const ApiRequest& req, HttpResponse& res) {
                         &metrics_.wakes_outcome_unknown}};
   if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   PlanSlot slot(*this);
-  if (!TookUpdateSlot(slot, metrics_.wakes_conflict, res, request->wake_id)) return;
+  if (!TookUpdateSlot(slot, metrics_.wakes_conflict, res, request->wake_id,
+                      [&](HttpResponse& r) { return ReplayedIfSameVersionEnded(plan, r); })) {
+    return;
+  }
   // It may have ended while we waited for the slot.
   if (RefusedFailStopped(res) || ReplayedIfSameVersionEnded(plan, res)) return;
   RunSameVersion(plan, res);
@@ -158,7 +164,10 @@ void Service::ReplayEndedSameVersion(const SameVersionPlan& plan, const EndedPla
     return;
   }
   (*plan.counts[kReplayedSlot])++;
-  SendOutcome(res, plan.ids, e.ended, /*replayed=*/true);
+  json ids = plan.ids;
+  // The memory freed was measured around the first call only: a replay has the field, null.
+  if (std::holds_alternative<SleepRequested>(plan.request)) ids["freed_bytes"] = nullptr;
+  SendOutcome(res, std::move(ids), e.ended, /*replayed=*/true);
 }
 
 // Drives the sleep or wake-up to its end and answers; the caller holds update_mu_.

@@ -184,7 +184,8 @@ void Service::SendOutcome(HttpResponse& res, json out, const UpdateEnded& ended,
 // finishing) waits for it a bounded while: the caller then answers its recorded outcome rather
 // than a conflict with itself.
 bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflicts,
-                             HttpResponse& res, const std::string& id) {
+                             HttpResponse& res, const std::string& id,
+                             const std::function<bool(HttpResponse&)>& replayed_if_ended) {
   RC_CHECK(!slot.held());
   if (shutting_down_.load()) {
     SendError(res, 503, "shutting_down", "the executor is shutting down");
@@ -200,6 +201,7 @@ bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflic
     if (step_probe_) step_probe_("plan slot taken");
     return true;
   }
+  if (replayed_if_ended && replayed_if_ended(res)) return false;
   conflicts++;
   std::lock_guard<std::mutex> g(update_id_mu_);
   SendError(
@@ -217,8 +219,8 @@ bool Service::TookSlotOrWaitsFor(PlanSlot& slot, const std::string& id) {
     return false;
   }
   if (!SamePlanHoldsOrAwaitsSlot(id) || slot_waiters_total_ >= SlotWaitersMax()) return false;
+  slot_waiters_[id]++;  // first: a failed insert leaves the total as it was
   slot_waiters_total_++;
-  slot_waiters_[id]++;
   return true;
 }
 
@@ -233,6 +235,10 @@ std::size_t Service::SlotWaitersMax() const {
 }
 
 void Service::WaitForSlot(PlanSlot& slot, const std::string& id) {
+  try {
+    if (step_probe_) step_probe_("plan slot wait");
+  } catch (...) {  // a probe only widens the window; the wait goes on whatever it does
+  }
   slot.lock_ = std::unique_lock<std::timed_mutex>(update_mu_,
                                                   std::chrono::milliseconds(kSamePlanSlotWaitMs));
   try {
@@ -315,7 +321,8 @@ Result<std::string> Service::ExecutorSourceManifest(const std::string& uri) cons
 bool Service::SourceUsable(const UpdateRequested& request, HttpResponse& res) {
   HttpResponse refusal;
   if (SourceChecked(request, refusal)) return true;
-  if (ReplayedFromJournal(request, res)) return false;
+  std::unique_lock<std::mutex> turn;
+  if (!TookLookupTurn(turn, res) || ReplayedFromJournal(request, res)) return false;
   metrics_.bad_requests++;
   res = std::move(refusal);
   return false;
@@ -361,7 +368,10 @@ void Service::HandleUpdate(const ApiRequest& req, HttpResponse& res) {
   // that cannot be read, or whose manifest is not the declared one, never drains the engine.
   if (!SourceUsable(*request, res)) return;
   PlanSlot slot(*this);
-  if (!TookUpdateSlot(slot, metrics_.updates_conflict, res, request->update_id)) return;
+  if (!TookUpdateSlot(slot, metrics_.updates_conflict, res, request->update_id,
+                      [&](HttpResponse& r) { return ReplayedIfEnded(*request, r); })) {
+    return;
+  }
   // It may have ended while we waited for the lock.
   if (RefusedFailStopped(res) || ReplayedIfEnded(*request, res)) return;
   RunUpdate(*request, res);
@@ -463,8 +473,6 @@ bool Service::AnsweredUnjournaledUpdate(const UpdateRequested& request, const St
 // lookup window).
 bool Service::ReplayedFromJournal(const UpdateRequested& request, HttpResponse& res,
                                   std::uint64_t from_seq) {
-  std::unique_lock<std::mutex> turn;
-  if (from_seq == 0 && !TookLookupTurn(turn, res)) return true;
   auto found = LookUpRequest<UpdateRequested>(
       *journal_, request.update_id, CatchUpDurableHead().seq, kUpdateLookupRecordsMax,
       [](const UpdateRequested& u) { return u.update_id; }, from_seq);

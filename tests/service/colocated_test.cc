@@ -352,6 +352,7 @@ TEST(Colocated, PlansSharingAnIdReplayTheirOwnOutcome) {
   EXPECT_EQ(slept["http"], 200) << slept.dump();
   EXPECT_EQ(slept.value("outcome", ""), "committed") << slept.dump();
   EXPECT_TRUE(slept.value("replayed", false)) << slept.dump();
+  EXPECT_TRUE(slept.contains("freed_bytes") && slept["freed_bytes"].is_null()) << slept.dump();
   json update = s.Update("step-7", "rc-1", 1);
   EXPECT_EQ(update["http"], 422) << update.dump();
   EXPECT_TRUE(update.value("replayed", false)) << update.dump();

@@ -654,6 +654,61 @@ TEST(TrustApi, RefusedSourcesLookTheJournalUpOneAtATime) {
   EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 0u);
 }
 
+// Proves a retry that waited for its own plan's slot, and lost it to another plan once its own
+// had ended, answers its plan's recorded outcome (200, replayed), not a conflict. Catches the
+// retry told 409 "'u-2' is running" after its 5 s wait, though the update it retried had
+// committed and was remembered.
+TEST(TrustIdempotency, ARetryThatLostTheSlotToAnotherPlanAnswersItsEndedPlan) {
+  Stack s;
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<int> taken{0};
+  std::atomic<bool> retry_waits{false};
+  std::atomic<bool> other_holds{false};
+  std::atomic<bool> retry_answered{false};
+  auto wait_for = [](const std::atomic<bool>& flag) {
+    for (int i = 0; i < 2000 && !flag.load(); ++i) {  // 20 s at most: never a hang
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  s.svc->set_step_probe([&](const char* step) {
+    const std::string name(step);
+    if (name == "plan slot taken") {
+      const int n = ++taken;
+      if (n == 1) wait_for(retry_waits);  // u-1's call holds the slot until its retry waits
+      if (n == 2) {                       // u-2 holds the slot until the retry of u-1 is answered
+        other_holds = true;
+        wait_for(retry_answered);
+      }
+    } else if (name == "plan slot wait") {
+      retry_waits = true;
+      wait_for(other_holds);  // the retry starts its wait only once u-2 holds the slot
+    }
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  auto post = [&](const std::string& id, const std::string& label, int step) {
+    auto r = s.client().Post("/v1/updates", auth(), update_body(id, label, step).dump(),
+                             "application/json");
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string("no answer"));
+  };
+  std::pair<int, std::string> first, retry, other;
+  std::thread first_call([&] { first = post("u-1", "rc-1", 1); });
+  ASSERT_TRUE(eventually([&] { return taken.load() == 1; }, 10000));
+  std::thread retry_call([&] {
+    retry = post("u-1", "rc-1", 1);
+    retry_answered = true;
+  });
+  first_call.join();
+  std::thread other_call([&] { other = post("u-2", "rc-2", 2); });
+  retry_call.join();
+  other_call.join();
+  EXPECT_EQ(first.first, 200) << first.second;
+  EXPECT_EQ(retry.first, 200) << retry.second;
+  EXPECT_EQ(json::parse(retry.second, nullptr, false).value("replayed", false), true)
+      << retry.second;
+  EXPECT_EQ(other.first, 200) << other.second;
+}
+
 // Proves an update_id of the full id limit (128 bytes) is accepted: one limit, stated once.
 // Catches: an internal idempotency key ("update:" + id) that pushes ids of 122..128 bytes over
 // the journal's id limit (400 "client_event_id exceeds 128 bytes"). The key is derived in the
