@@ -499,6 +499,52 @@ TEST(FleetServe, ARemovedEngineGetsNoTrafficAndLeaves) {
   f.CheckJournal();
 }
 
+// Proves a third retry of a fleet update, sent while a second retry has just taken the slot the
+// first call gave back but not yet named it, waits for that slot too and answers the recorded end
+// (a fleet update's end is read back by its runner, only once it holds the slot). Catches the
+// slot held with no name between a waiter's lock and its naming: the third retry answered 409
+// "another plan is running" by its own plan.
+TEST(FleetServe, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
+  FleetStack f(1);
+  ASSERT_TRUE(f.svc->Shutdown(5000));
+  f.svc.reset();
+  auto opened = Service::Open(f.Config());
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  f.svc = std::move(opened.value());
+  std::atomic<int> taken{0};
+  std::atomic<bool> second_waits{false};
+  std::atomic<bool> in_gap{false};
+  f.svc->set_step_probe([&](const char* step) {
+    const std::string name(step);
+    if (name == "plan slot taken" && ++taken == 1) {  // the first call holds the slot until
+      for (int i = 0; i < 1000 && !second_waits.load(); ++i) {  // its retry waits (10 s at most)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } else if (name == "plan slot wait") {
+      second_waits = true;
+    } else if (name == "plan slot waited for" && !in_gap.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    }
+  });
+  ASSERT_TRUE(f.svc->Start().ok());
+  auto post = [&] {
+    auto r = f.FleetUpdate("u1", "all", 1);
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string("no answer"));
+  };
+  std::pair<int, std::string> first, second;
+  std::thread first_call([&] { first = post(); });
+  ASSERT_TRUE(Eventually([&] { return taken.load() == 1; }, 10000));
+  std::thread second_call([&] { second = post(); });
+  ASSERT_TRUE(Eventually([&] { return in_gap.load(); }, 20000));
+  const std::pair<int, std::string> third = post();
+  first_call.join();
+  second_call.join();
+  for (const auto& answer : {first, second, third}) {
+    EXPECT_EQ(answer.first, 200) << answer.second;
+  }
+  f.CheckJournal();
+}
+
 // Proves a removal retried while the engine still leaves (a rollout in flight on it) is answered
 // 202 again, with "already": true, and the engine leaves once idle. Catches the retry of a DELETE
 // whose 202 was lost answered 409 "is leaving", which a trainer reads as a refused removal.

@@ -508,58 +508,6 @@ TEST(TrustIdempotency, ARetryWhileItsFirstCallHoldsTheSlotWaitsForIt) {
   }
 }
 
-// Proves a third retry of a restore, sent while a second retry has just taken the slot its
-// first call gave back but not yet named it, answers the recorded outcome (the first call's end
-// is remembered, so the third is answered before the slot; a plan of a kind without that memory,
-// a fleet update, waits for the slot named after it). Catches the slot's name empty between a
-// waiter's lock and its naming: the third retry answered 409 "another plan is running" by its
-// own plan.
-TEST(TrustIdempotency, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
-  Stack s;
-  ASSERT_TRUE(s.svc->Shutdown(5000));
-  s.OpenWithoutStarting();
-  std::atomic<bool> armed{false};
-  std::atomic<bool> first_holds{false};
-  std::atomic<bool> second_took{false};
-  s.svc->set_step_probe([&](const char* step) {
-    const std::string name(step);
-    if (!armed.load()) return;
-    if (name == "plan slot taken" && !first_holds.exchange(true)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    } else if (name == "plan slot waited for" && !second_took.exchange(true)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    }
-  });
-  ASSERT_TRUE(s.svc->Start().ok());
-  auto u = s.client().Post("/v1/updates", auth(), update_body("u1", "rc-1", 1).dump(),
-                           "application/json");
-  ASSERT_TRUE(u && u->status == 200) << (u ? u->body : "no answer");
-  ASSERT_TRUE(s.RestartEngine());  // a restore runs only on a TAINTED engine
-  ASSERT_TRUE(
-      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kTainted; }, 15000));
-  armed = true;
-  const json body = {{"restore_id", "r-1"}, {"label", "rc-1"}, {"source", "synthetic:4x64:1"}};
-  auto post = [&] {
-    httplib::Client c = s.client();
-    auto r = c.Post("/v1/restores", auth(), body.dump(), "application/json");
-    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string("no answer"));
-  };
-  std::pair<int, std::string> first, second;
-  std::thread first_call([&] { first = post(); });
-  ASSERT_TRUE(eventually([&] { return first_holds.load(); }, 10000));
-  std::thread second_call([&] { second = post(); });
-  ASSERT_TRUE(eventually([&] { return second_took.load(); }, 10000));
-  const std::pair<int, std::string> third = post();
-  first_call.join();
-  second_call.join();
-  for (const auto& answer : {first, second, third}) {
-    EXPECT_EQ(answer.first, 200) << answer.second;
-  }
-  EXPECT_EQ(json::parse(third.second, nullptr, false).value("outcome", ""), "committed")
-      << third.second;
-  EXPECT_EQ(s.svc->journal().state().counters.restores_requested, 1u);
-}
-
 // Proves a retry of a restore that ended, sent while another plan holds the plan slot, answers at
 // once as it would with the slot free: 200 with the recorded outcome and "replayed": true, and
 // the same id with another body 409 "already used", counted as a replay and a conflict. Catches
