@@ -765,16 +765,25 @@ using File = std::unique_ptr<std::FILE, FileCloser>;
 enum class LineRead : std::uint8_t { kLine, kEnd, kTooLong, kError };
 
 // One line without its newline, at most kTrajectoryLineBytesMax bytes; a last line without a
-// newline is a line. A read error is told from the end of the file (ferror).
-LineRead ReadLine(std::FILE* f, std::string& line) {
+// newline is a line. A longer one keeps its first kTrajectoryLineBytesMax bytes in `line` and is
+// read past to its end, unstored; `rest_zeros` tells whether what was read past was all zero
+// bytes. A read error is told from the end of the file (ferror).
+LineRead ReadLine(std::FILE* f, std::string& line, bool& rest_zeros) {
   line.clear();
+  rest_zeros = true;
+  bool too_long = false;
   for (int c = std::getc(f); c != EOF; c = std::getc(f)) {
-    if (c == '\n') return LineRead::kLine;
-    if (line.size() >= kTrajectoryLineBytesMax) return LineRead::kTooLong;
-    line.push_back(static_cast<char>(c));
+    if (c == '\n') break;
+    too_long = too_long || line.size() >= kTrajectoryLineBytesMax;
+    if (too_long) {
+      rest_zeros = rest_zeros && c == '\0';
+    } else {
+      line.push_back(static_cast<char>(c));
+    }
   }
   if (std::ferror(f) != 0) return LineRead::kError;
-  return line.empty() ? LineRead::kEnd : LineRead::kLine;
+  if (too_long) return LineRead::kTooLong;
+  return line.empty() && std::feof(f) != 0 ? LineRead::kEnd : LineRead::kLine;
 }
 
 // Keeps only where the parser stopped on an error; builds no document, so a line of any depth
@@ -809,9 +818,10 @@ bool CutShort(std::string_view line) {
   return !json::sax_parse(line, &sax) && sax.position > line.size();
 }
 
-// One line that holds no trajectory: counted as torn or damaged, named while few are.
-void Skip(TrajectoriesFile& file, std::size_t line_no, const std::string& line, const Status& why) {
-  const bool torn = CutShort(line);
+// One line that holds no trajectory: counted as torn or damaged, named while few are. `torn`
+// when only its end is missing (the parser ran out of input), its zero tail aside.
+void Skip(TrajectoriesFile& file, std::size_t line_no, const std::string& line, bool torn,
+          const Status& why) {
   (torn ? file.torn : file.damaged)++;
   std::vector<SkippedLine>& named = torn ? file.torn_lines : file.damaged_lines;
   if (named.size() >= kSkippedLinesNamedMax) return;
@@ -862,15 +872,12 @@ Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path) {
   TrajectoriesFile out;
   std::string line;
   for (std::size_t line_no = 1;; ++line_no) {
-    const LineRead read = ReadLine(in.get(), line);
+    bool rest_zeros = true;
+    const LineRead read = ReadLine(in.get(), line, rest_zeros);
     if (read == LineRead::kEnd) break;
     const std::string at = path + ":" + std::to_string(line_no) + ": ";
     if (read == LineRead::kError)
       return Status::IOError(at + "read error: " + std::strerror(errno));
-    if (read == LineRead::kTooLong) {
-      return Status::InvalidArgument(at + "a line longer than " +
-                                     std::to_string(kTrajectoryLineBytesMax) + " bytes");
-    }
     // Blank lines count too: every line the loop reads is bounded, not only trajectories.
     if (line_no > kTrajectoriesMax) {
       const std::string max = std::to_string(kTrajectoriesMax);
@@ -880,12 +887,20 @@ Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path) {
                                      "its most recent " +
                                      max + " are re-verified)");
     }
+    // A write's tail lost in a crash can be a run of zeros longer than any line: torn, as a
+    // shorter one is. Anything else that long is no line the writer wrote.
+    if (read == LineRead::kTooLong) {
+      Skip(out, line_no, line, rest_zeros && CutShort(line),
+           Status::InvalidArgument("a line longer than " + std::to_string(kTrajectoryLineBytesMax) +
+                                   " bytes"));
+      continue;
+    }
     if (line.empty()) continue;
     Result<Trajectory> t = ParseTrajectoryLine(line);
     if (t.ok()) {
       out.trajectories.push_back(std::move(t.value()));
     } else {
-      Skip(out, line_no, line, t.status());
+      Skip(out, line_no, line, CutShort(line), t.status());
     }
   }
   return out;

@@ -192,8 +192,9 @@ struct TrajectoriesFile {
 };
 
 // Parses a trajectories JSON-lines file as `audit --trajectories` reads it: lines that hold no
-// trajectory are skipped and counted (TrajectoriesFile), the rest read. A line over
-// kTrajectoryLineBytesMax is InvalidArgument naming its number; a read error is IOError; a file
+// trajectory are skipped and counted (TrajectoriesFile), the rest read; a line over
+// kTrajectoryLineBytesMax among them (read past, unstored: torn when all that follows its first
+// kTrajectoryLineBytesMax bytes is zeros, else damaged). A read error is IOError; a file
 // of more than kTrajectoriesMax lines is InvalidArgument (the file's limit, nothing said of the
 // journal).
 [[nodiscard]] Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path);

@@ -109,7 +109,8 @@ TEST(Provenance, AForgedFinishPastTheAdmissionIsCorruption) {
 }
 
 // Proves a trajectories file that cannot be read (a directory: every read fails) is an IOError
-// and a line past the writer's bound is refused by its number, while a line of exactly the bound
+// and a line past the writer's bound is refused by its number by the strict loader, while a line
+// of exactly the bound
 // is read; catches the loader that never checked the stream (an unreadable file read as "no
 // trajectories") and buffered a line of any length.
 TEST(Trajectories, ReadErrorsAndOverlongLinesAreReported) {
@@ -132,6 +133,35 @@ TEST(Trajectories, ReadErrorsAndOverlongLinesAreReported) {
   loaded = audit::LoadTrajectories(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message().substr(0, 200);
   EXPECT_EQ(loaded->size(), 1u);
+}
+
+// Proves a line longer than any trajectory line is read past, not refused: a run of zeros that
+// long (a crash that left a large batched write's tail as zeros) is a torn line, anything else
+// that long a damaged one, and the lines after it are audited. Catches the whole file refused
+// (exit 2) at such a line, so a file its writer's crash left could never be audited again.
+TEST(Trajectories, AnOverlongLineIsSkippedAsTornOrDamaged) {
+  TempDir dir;
+  const std::string good = R"({"rollout_id":"r0","admission_seq":5})";
+  const std::string path = dir.sub("t.jsonl");
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << good << "\n";  // line 1
+    out << R"({"rollout_id":"r1")" << std::string(audit::kTrajectoryLineBytesMax + 9, '\0')
+        << "\n";                                                          // line 2: zeros
+    out << std::string(audit::kTrajectoryLineBytesMax + 9, 'x') << "\n";  // line 3
+    out << good << "\n";                                                  // line 4
+  }
+  Result<audit::TrajectoriesFile> file = audit::ReadTrajectoriesFile(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->trajectories.size(), 2u);
+  EXPECT_EQ(file->torn, 1u);
+  EXPECT_EQ(file->damaged, 1u);
+  ASSERT_EQ(file->torn_lines.size(), 1u);
+  EXPECT_EQ(file->torn_lines[0].line_no, 2u);
+  ASSERT_EQ(file->damaged_lines.size(), 1u);
+  EXPECT_EQ(file->damaged_lines[0].line_no, 3u);
+  EXPECT_NE(file->damaged_lines[0].why.find("longer than"), std::string::npos)
+      << file->damaged_lines[0].why;
 }
 
 // Proves a trajectories file is read around the lines that hold no trajectory: torn ones (a
