@@ -825,8 +825,20 @@ void Skip(TrajectoriesFile& file, std::size_t line_no, const std::string& line, 
   (torn ? file.torn : file.damaged)++;
   std::vector<SkippedLine>& named = torn ? file.torn_lines : file.damaged_lines;
   if (named.size() >= kSkippedLinesNamedMax) return;
+  const std::string kept = std::to_string(line.size()) + " bytes";
+  const bool whole = line.size() < kTrajectoryLineBytesMax;  // else only its start was kept
   named.push_back(SkippedLine{
-      line_no, torn ? "cut short after " + std::to_string(line.size()) + " bytes" : why.message()});
+      line_no, torn ? "cut short after " + (whole ? kept : "over " + kept) : why.message()});
+}
+
+// A whole line followed by a run of zeros past the line bound (a crash after a batched write):
+// its trajectory, as the same line with a shorter zero tail is read. False when it holds none.
+bool ReadZeroPadded(TrajectoriesFile& file, std::string line) {
+  while (!line.empty() && line.back() == '\0') line.pop_back();
+  Result<Trajectory> t = ParseTrajectoryLine(line);
+  if (!t.ok()) return false;
+  file.trajectories.push_back(std::move(t.value()));
+  return true;
 }
 
 // "line 3 (why), line 9 (why), and 4 more".
@@ -889,6 +901,7 @@ Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path) {
     }
     // A write's tail lost in a crash can be a run of zeros longer than any line: torn, as a
     // shorter one is. Anything else that long is no line the writer wrote.
+    if (read == LineRead::kTooLong && rest_zeros && ReadZeroPadded(out, line)) continue;
     if (read == LineRead::kTooLong) {
       Skip(out, line_no, line, rest_zeros && CutShort(line),
            Status::InvalidArgument("a line longer than " + std::to_string(kTrajectoryLineBytesMax) +

@@ -136,8 +136,9 @@ TEST(Trajectories, ReadErrorsAndOverlongLinesAreReported) {
 }
 
 // Proves a line longer than any trajectory line is read past, not refused: a run of zeros that
-// long (a crash that left a large batched write's tail as zeros) is a torn line, anything else
-// that long a damaged one, and the lines after it are audited. Catches the whole file refused
+// long (a crash that left a large batched write's tail as zeros) after a cut document is a torn
+// line, after a whole one its trajectory, anything else that long a damaged line, and the lines
+// after it are audited. Catches the whole file refused
 // (exit 2) at such a line, so a file its writer's crash left could never be audited again.
 TEST(Trajectories, AnOverlongLineIsSkippedAsTornOrDamaged) {
   TempDir dir;
@@ -150,16 +151,21 @@ TEST(Trajectories, AnOverlongLineIsSkippedAsTornOrDamaged) {
         << "\n";                                                          // line 2: zeros
     out << std::string(audit::kTrajectoryLineBytesMax + 9, 'x') << "\n";  // line 3
     out << good << "\n";                                                  // line 4
+    out << R"({"rollout_id":"r3")" << std::string(audit::kTrajectoryLineBytesMax, '\0')
+        << "x\n";  // line 5: not only zeros after the bound
+    out << good << std::string(audit::kTrajectoryLineBytesMax, '\0') << "\n";  // line 6
   }
   Result<audit::TrajectoriesFile> file = audit::ReadTrajectoriesFile(path);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
-  EXPECT_EQ(file->trajectories.size(), 2u);
+  EXPECT_EQ(file->trajectories.size(), 3u) << "line 6: a whole line, then zeros";
   EXPECT_EQ(file->torn, 1u);
-  EXPECT_EQ(file->damaged, 1u);
+  EXPECT_EQ(file->damaged, 2u);
   ASSERT_EQ(file->torn_lines.size(), 1u);
   EXPECT_EQ(file->torn_lines[0].line_no, 2u);
-  ASSERT_EQ(file->damaged_lines.size(), 1u);
+  EXPECT_EQ(file->torn_lines[0].why, "cut short after over 16777216 bytes");
+  ASSERT_EQ(file->damaged_lines.size(), 2u);
   EXPECT_EQ(file->damaged_lines[0].line_no, 3u);
+  EXPECT_EQ(file->damaged_lines[1].line_no, 5u);
   EXPECT_NE(file->damaged_lines[0].why.find("longer than"), std::string::npos)
       << file->damaged_lines[0].why;
 }
