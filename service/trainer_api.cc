@@ -201,7 +201,8 @@ bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflic
     if (step_probe_) step_probe_("plan slot taken");
     return true;
   }
-  if (replayed_if_ended && replayed_if_ended(res)) return false;
+  // As everywhere else, nothing is replayed once fail-stopped.
+  if (RefusedFailStopped(res) || (replayed_if_ended && replayed_if_ended(res))) return false;
   conflicts++;
   std::lock_guard<std::mutex> g(update_id_mu_);
   SendError(
@@ -484,6 +485,8 @@ bool Service::ReplayedFromJournal(const UpdateRequested& request, HttpResponse& 
 
 // Each lookup of a refused source's id may read millions of records: many at once would take the
 // blocking pool that lease renewals and finishes need, so a second one meanwhile is told to retry.
+// (The lookup after the journal refused an id runs under the plan slot, so at most one of those
+// runs beside it.)
 bool Service::TookLookupTurn(std::unique_lock<std::mutex>& turn, HttpResponse& res) {
   turn = std::unique_lock<std::mutex>(refusal_lookup_mu_, std::try_to_lock);
   if (turn.owns_lock()) {

@@ -514,6 +514,7 @@ TEST(FleetServe, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
   std::atomic<int> taken{0};
   std::atomic<bool> second_waits{false};
   std::atomic<bool> in_gap{false};
+  std::atomic<bool> third_came{false};  // the third call waits for the slot, or was answered
   f.svc->set_step_probe([&](const char* step) {
     const std::string name(step);
     if (name == "plan slot taken" && ++taken == 1) {  // the first call holds the slot until
@@ -521,9 +522,12 @@ TEST(FleetServe, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     } else if (name == "plan slot wait") {
+      if (in_gap.load()) third_came = true;
       second_waits = true;
     } else if (name == "plan slot waited for" && !in_gap.exchange(true)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      for (int i = 0; i < 1000 && !third_came.load(); ++i) {  // 10 s at most: never a hang
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
   });
   ASSERT_TRUE(f.svc->Start().ok());
@@ -537,6 +541,7 @@ TEST(FleetServe, ARetryFindsTheSlotNamedWhileAnEarlierRetryTakesIt) {
   std::thread second_call([&] { second = post(); });
   ASSERT_TRUE(Eventually([&] { return in_gap.load(); }, 20000));
   const std::pair<int, std::string> third = post();
+  third_came = true;
   first_call.join();
   second_call.join();
   for (const auto& answer : {first, second, third}) {

@@ -578,9 +578,12 @@ TEST(TrustApi, RefusedSourcesLookTheJournalUpOneAtATime) {
   ASSERT_TRUE(s.svc->Shutdown(5000));
   s.OpenWithoutStarting();
   std::atomic<bool> looking{false};
+  std::atomic<bool> second_answered{false};
   s.svc->set_step_probe([&](const char* step) {
     if (std::string(step) == "journal lookup" && !looking.exchange(true)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      for (int i = 0; i < 1000 && !second_answered.load(); ++i) {  // 10 s at most: never a hang
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
   });
   ASSERT_TRUE(s.svc->Start().ok());
@@ -594,6 +597,7 @@ TEST(TrustApi, RefusedSourcesLookTheJournalUpOneAtATime) {
   std::thread first_call([&] { first = post("u-a"); });
   ASSERT_TRUE(eventually([&] { return looking.load(); }, 10000));
   const std::pair<int, std::string> second = post("u-b");
+  second_answered = true;
   first_call.join();
   EXPECT_EQ(first.first, 400) << first.second;
   EXPECT_EQ(second.first, 503) << second.second;
