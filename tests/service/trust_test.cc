@@ -661,6 +661,45 @@ TEST(TrustIdempotency, ARetryThatLostTheSlotToAnotherPlanAnswersItsEndedPlan) {
   EXPECT_EQ(other.first, 200) << other.second;
 }
 
+// Proves an update_id reused with another body after a restart (the journal refuses it, and
+// nothing remembers its end) is answered 409 "already used" while a refused source's journal
+// lookup runs: only refused sources take the one lookup turn. Catches the reused id answered 503
+// "the source cannot be used ... retry" for a source that was fine.
+TEST(TrustApi, AReusedUpdateIdIsAConflictWhileARefusedSourceIsLookedUp) {
+  Stack s;
+  auto u = s.client().Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(),
+                           "application/json");
+  ASSERT_TRUE(u && u->status == 200) << (u ? u->body : "no answer");
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();  // a restart: no end is remembered
+  std::atomic<bool> looking{false};
+  std::atomic<bool> reused_answered{false};
+  s.svc->set_step_probe([&](const char* step) {
+    if (std::string(step) == "journal lookup" && !looking.exchange(true)) {
+      for (int i = 0; i < 1000 && !reused_answered.load(); ++i) {  // 10 s at most: never a hang
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  int refused_status = 0;
+  std::thread refused([&] {
+    json body = update_body("u-a", "rc-2", 2);
+    body["source"] = "safetensors:/nonexistent/step-2.safetensors";
+    auto r = s.client().Post("/v1/updates", auth(), body.dump(), "application/json");
+    refused_status = r ? r->status : -1;
+  });
+  ASSERT_TRUE(eventually([&] { return looking.load(); }, 10000));
+  auto reused = s.client().Post("/v1/updates", auth(), update_body("u-1", "rc-2", 2).dump(),
+                                "application/json");
+  reused_answered = true;
+  refused.join();
+  ASSERT_TRUE(reused);
+  EXPECT_EQ(reused->status, 409) << reused->body;
+  EXPECT_NE(reused->body.find("already used"), std::string::npos) << reused->body;
+  EXPECT_EQ(refused_status, 400);
+}
+
 // Proves an update_id of the full id limit (128 bytes) is accepted: one limit, stated once.
 // Catches: an internal idempotency key ("update:" + id) that pushes ids of 122..128 bytes over
 // the journal's id limit (400 "client_event_id exceeds 128 bytes"). The key is derived in the
