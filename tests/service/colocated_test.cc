@@ -370,13 +370,8 @@ TEST(Colocated, EndedSleepsAndWakeUpsAnswerRetriesWhileAnotherPlanHoldsTheSlot) 
   std::atomic<bool> armed{false};
   std::atomic<bool> holding{false};
   std::atomic<bool> answered{false};
-  s.svc->set_step_probe([&](const char* step) {
-    if (!armed.load() || std::string(step) != "plan slot taken" || holding.exchange(true)) return;
-    // The next plan keeps the slot until the retries are answered (10 s at most: never a hang).
-    for (int i = 0; i < 1000 && !answered.load(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  });
+  // The next plan keeps the slot until the retries are answered.
+  stack::HoldNextPlanSlot(*s.svc, armed, holding, answered);
   ASSERT_TRUE(s.svc->Start().ok());
   ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
   ASSERT_EQ(s.Wake("w-1")["http"], 200);

@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -156,5 +159,17 @@ class ServiceStack {
  private:
   StackOptions options_;
 };
+
+// Installs (before Start) a step probe that, once `armed`, holds the first plan to take the slot
+// there until `released` (10 s at most: never a hang); `holding` is set when it does.
+inline void HoldNextPlanSlot(Service& svc, std::atomic<bool>& armed, std::atomic<bool>& holding,
+                             std::atomic<bool>& released) {
+  svc.set_step_probe([&armed, &holding, &released](const char* step) {
+    if (!armed.load() || std::string(step) != "plan slot taken" || holding.exchange(true)) return;
+    for (int i = 0; i < 1000 && !released.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+}
 
 }  // namespace rc::service::stack

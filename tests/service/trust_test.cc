@@ -521,13 +521,8 @@ TEST(TrustIdempotency, AnEndedRestoreAnswersItsRetryWhileAnotherPlanHoldsTheSlot
   std::atomic<bool> armed{false};
   std::atomic<bool> holding{false};
   std::atomic<bool> answered{false};
-  s.svc->set_step_probe([&](const char* step) {
-    if (!armed.load() || std::string(step) != "plan slot taken" || holding.exchange(true)) return;
-    // The next plan keeps the slot until the retries are answered (10 s at most: never a hang).
-    for (int i = 0; i < 1000 && !answered.load(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  });
+  // The next plan keeps the slot until the retries are answered.
+  stack::HoldNextPlanSlot(*s.svc, armed, holding, answered);
   ASSERT_TRUE(s.svc->Start().ok());
   httplib::Client c = s.client();
   auto u = c.Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(), "application/json");
