@@ -1,5 +1,6 @@
 // rolloutcore: the update executor beside a trainer, and the tools around its journal.
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
       return;
     }
     runners[sub] = [command = std::string(name), run = std::move(run)]() {
+      // A reader that went away (a closed pipe) is a failed write (EPIPE), told as one, not a
+      // signal that ends the process with no word on stderr.
+      std::signal(SIGPIPE, SIG_IGN);
       return CheckedOutput(command, run());
     };
   };

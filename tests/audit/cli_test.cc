@@ -33,6 +33,7 @@ namespace fs = std::filesystem;
 using cli_testing::CliRun;
 using cli_testing::RunCli;
 using cli_testing::RunCliStdoutTo;
+using cli_testing::RunCliStdoutToClosedPipe;
 using journal::testing::EditRaw;
 using journal::testing::SeqKey;
 using journal::testing::TempDir;
@@ -397,6 +398,19 @@ TEST(Cli, AReportThatCannotBeWrittenExitsFour) {
         "rolloutcore " + args[0] + ": the report could not be written to stdout";
     EXPECT_NE(full.out.find(expected), std::string::npos) << what << ": " << full.out;
   }
+}
+
+// Proves a report sent into a pipe whose reader has gone (`| head` that exited) ends with exit 4
+// and the message on stderr. Catches the process killed by SIGPIPE (exit 141 in the shell), with
+// nothing said and no verdict's code.
+TEST(Cli, AReportIntoAClosedPipeExitsFour) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 400);  // its --events listing is far larger than a pipe's buffer
+  const CliRun run = RunCliStdoutToClosedPipe({"replay", dir.path(), "--events"});
+  EXPECT_NE(run.out.find("exit 4"), std::string::npos) << run.out.substr(0, 400);
+  EXPECT_NE(run.out.find("rolloutcore replay: the report could not be written to stdout"),
+            std::string::npos)
+      << run.out.substr(0, 400);
 }
 
 // One line of a trajectories file for the rollout admitted at `seq`, as serve writes it (the

@@ -43,4 +43,21 @@ inline CliRun RunCliStdoutTo(const std::vector<std::string>& args, const std::st
   return RunShell(args, " 2>&1 >'" + stdout_path + "'");  // stderr to the pipe, then stdout away
 }
 
+// Runs `rolloutcore ARGS` with its stdout into a pipe whose reader exits at once; `out` is its
+// stderr, then "exit N" with its exit status as the shell saw it (128 + a signal's number).
+inline CliRun RunCliStdoutToClosedPipe(const std::vector<std::string>& args) {
+  std::string cmd = "exec 3>&1; { " + std::string(RC_TEST_ROLLOUTCORE_BIN);
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " 2>&3; echo \"exit $?\" >&3; } | exec true";
+  CliRun run;
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return run;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
+  const int status = ::pclose(p);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
 }  // namespace rc::cli_testing
