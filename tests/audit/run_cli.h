@@ -15,12 +15,8 @@ struct CliRun {
   std::string out;     // what the shell command sent to its stdout (see each runner)
 };
 
-// `rolloutcore ARGS` as a shell command (each argument single-quoted: test arguments hold no
-// quote), followed by `redirections`.
-inline CliRun RunShell(const std::vector<std::string>& args, const std::string& redirections) {
-  std::string cmd = RC_TEST_ROLLOUTCORE_BIN;
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += redirections;
+// Runs the shell command `cmd`; `out` is what it sent to its stdout.
+inline CliRun RunCommand(const std::string& cmd) {
   CliRun run;
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return run;
@@ -30,6 +26,19 @@ inline CliRun RunShell(const std::vector<std::string>& args, const std::string& 
   const int status = ::pclose(p);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+// `rolloutcore ARGS` as a shell command line (each argument single-quoted: test arguments hold no
+// quote).
+inline std::string CliCommand(const std::vector<std::string>& args) {
+  std::string cmd = RC_TEST_ROLLOUTCORE_BIN;
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  return cmd;
+}
+
+// `rolloutcore ARGS` followed by `redirections`.
+inline CliRun RunShell(const std::vector<std::string>& args, const std::string& redirections) {
+  return RunCommand(CliCommand(args) + redirections);
 }
 
 // Runs `rolloutcore ARGS`; `out` is its stdout, and its stderr too with `with_stderr`.
@@ -46,18 +55,8 @@ inline CliRun RunCliStdoutTo(const std::vector<std::string>& args, const std::st
 // Runs `rolloutcore ARGS` with its stdout into a pipe whose reader exits at once; `out` is its
 // stderr, then "exit N" with its exit status as the shell saw it (128 + a signal's number).
 inline CliRun RunCliStdoutToClosedPipe(const std::vector<std::string>& args) {
-  std::string cmd = "exec 3>&1; { " + std::string(RC_TEST_ROLLOUTCORE_BIN);
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&3; echo \"exit $?\" >&3; } | exec true";
-  CliRun run;
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) run.out.append(buf, n);
-  const int status = ::pclose(p);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return RunCommand("exec 3>&1; { " + CliCommand(args) +
+                    " 2>&3; echo \"exit $?\" >&3; } | exec true");
 }
 
 }  // namespace rc::cli_testing
