@@ -584,6 +584,24 @@ Result<FoldEnd> ResolveUntil(journal::Journal& journal, std::uint64_t until_seq)
   return end;
 }
 
+namespace {
+
+// What serve restarts from is the newest snapshot and the records after it, not this refold:
+// a snapshot the hash chain does not cover (edited, copied from another journal, a codec fault)
+// would start serve from a state the records never reached, so the two must be equal.
+void CheckRestartState(const journal::Journal& journal, ReplayReport& report) {
+  RC_CHECK(report.ok);
+  if (journal.fleet_state() == report.fleet) return;
+  report.ok = false;
+  report.read_failure = Code::kCorruption;
+  report.first_bad_seq = report.last_seq;
+  report.error =
+      "the state a restart loads (the newest snapshot and the records after it) differs from "
+      "this refold of every record: the snapshot is damaged or not this journal's";
+}
+
+}  // namespace
+
 Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& options) {
   Result<FoldEnd> until = ResolveUntil(journal, options.until_seq);
   if (!until.ok()) return until.status();
@@ -605,6 +623,7 @@ Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& opti
     }
   } else if (report.ok) {
     replayer.Finish();
+    if (options.until_seq == 0) CheckRestartState(journal, report);
   }
   if (auto it = report.fleet.engines.find(""); it != report.fleet.engines.end()) {
     report.state = it->second;

@@ -285,5 +285,38 @@ TEST(Replay, TheFirstFailureStaysTheReportedOne) {
   EXPECT_EQ(report->read_failure, Code::kCorruption);
 }
 
+// Proves replay compares its refold with the state a restart loads (the newest snapshot and the
+// records after it): a snapshot whose counters were edited is damage (exit 3's Corruption),
+// while the same journal with its own snapshots replays OK; catches the replay that said
+// "verification: OK" of a journal serve would restart from a state its records never reached.
+TEST(Replay, ASnapshotUnlikeTheRecordsIsDamage) {
+  TempDir dir;
+  WriteJournal(dir.path(), {"+a", "-a", "+b", "-b", "+c", "-c", "+d", "-d"});  // snapshot at 10
+  auto replayed = [&] {
+    auto j = journal::Journal::Open(dir.path(), ReadOnly());
+    EXPECT_TRUE(j.ok()) << j.status().ToString();
+    return replay::Replay(**j, replay::ReplayOptions{});
+  };
+  Result<replay::ReplayReport> healthy = replayed();
+  ASSERT_TRUE(healthy.ok()) << healthy.status().ToString();
+  EXPECT_TRUE(healthy->ok) << healthy->error;
+  {
+    journal::Options o;
+    o.snapshot_every = 0;
+    auto j = journal::Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    Result<FleetState> edited = (*j)->RefoldFleet();
+    ASSERT_TRUE(edited.ok()) << edited.status().ToString();
+    edited->engines[""].counters.rollouts_completed += 7;
+    ASSERT_TRUE((*j)->WriteSnapshot((*j)->head_seq(), *edited).ok());
+  }
+  Result<replay::ReplayReport> report = replayed();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->ok);
+  EXPECT_EQ(report->read_failure, Code::kCorruption);
+  EXPECT_NE(report->error.find("the snapshot is damaged"), std::string::npos) << report->error;
+  EXPECT_NE(replay::FormatReport(*report).find("verification: FAILED"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace rc
