@@ -839,10 +839,23 @@ std::vector<rocksdb::ColumnFamilyDescriptor> RocksJournal::Descriptors(
   return descs;
 }
 
+// Whether LockFile failed because a process holds the LOCK. RocksDB's POSIX Env says "While lock
+// file" when fcntl refused the lock (another process holds it) and "lock hold by current
+// process" when this one does; its in-memory Env says "lock is already held". Any other failure
+// (the LOCK could not be opened for writing: a read-only mount, no permission) tells nothing
+// about a writer.
+bool LockHeldByAProcess(const rocksdb::Status& s) {
+  const std::string msg = s.ToString();
+  return msg.find("While lock file") != std::string::npos ||
+         msg.find("lock hold by current process") != std::string::npos ||
+         msg.find("lock is already held") != std::string::npos;
+}
+
+// Only RocksDB's wording of a held lock says Busy: the message names the journal's path too, and
+// a path with "lock" in it (".../block-store/...") must not make a damaged file read as busy.
 Status RocksJournal::OpenError(const rocksdb::Status& s) const {
   const std::string msg = s.ToString();
-  if (s.IsIOError() &&
-      (msg.find("lock") != std::string::npos || msg.find("LOCK") != std::string::npos)) {
+  if (s.IsIOError() && LockHeldByAProcess(s)) {
     return Status::Busy("journal already open by another process: " + path_ + "/LOCK (" + msg +
                         ")");
   }
@@ -905,18 +918,6 @@ Status RocksJournal::OpenWriter() {
   }
   committer_ = std::thread([this] { CommitterLoop(); });
   return Status::OK();
-}
-
-// Whether LockFile failed because a process holds the LOCK. RocksDB's POSIX Env says "While lock
-// file" when fcntl refused the lock (another process holds it) and "lock hold by current
-// process" when this one does; its in-memory Env says "lock is already held". Any other failure
-// (the LOCK could not be opened for writing: a read-only mount, no permission) tells nothing
-// about a writer.
-bool LockHeldByAProcess(const rocksdb::Status& s) {
-  const std::string msg = s.ToString();
-  return msg.find("While lock file") != std::string::npos ||
-         msg.find("lock hold by current process") != std::string::npos ||
-         msg.find("lock is already held") != std::string::npos;
 }
 
 // A journal no writer holds opens as a plain read-only DB while this holds its LOCK (no writer

@@ -717,5 +717,34 @@ TEST(Shorter, ALostCurrentIsCorruptionNotANewJournal) {
   EXPECT_EQ((*j)->head_seq(), 0u);
 }
 
+// Proves a live file that cannot be read (a table file replaced by a directory) is an I/O error
+// naming that file even when the journal's path holds the word "lock", for the read-only tools
+// and the writer; catches the open that matched "lock" anywhere in RocksDB's message, path
+// included, and reported a damaged journal as "already open by another process".
+TEST(Shorter, AnUnreadableFileUnderAPathNamingALockIsNotBusy) {
+  TempDir dir;
+  const std::string path = dir.path() + "/block-store";
+  WriteJournal(path, 66);
+  {
+    auto j = Journal::Open(path, Options{});
+    ASSERT_TRUE(j.ok());
+    ASSERT_TRUE((*j)->Compact().ok());
+  }
+  const std::vector<fs::path> ssts = FilesWithExtension(path, ".sst");
+  ASSERT_FALSE(ssts.empty());
+  fs::remove(ssts.front());
+  fs::create_directory(ssts.front());
+  Result<std::uint64_t> read = ReadableRecords(path);
+  ASSERT_FALSE(read.ok()) << "read " << *read << " records";
+  Result<std::unique_ptr<Journal>> writer = Journal::Open(path, Options{});
+  ASSERT_FALSE(writer.ok());
+  for (const Status& st : {read.status(), writer.status()}) {
+    EXPECT_NE(st.code(), Code::kBusy) << st.ToString();
+    EXPECT_EQ(st.message().find("already open"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find(ssts.front().filename().string()), std::string::npos)
+        << st.ToString();
+  }
+}
+
 }  // namespace
 }  // namespace rc::journal
