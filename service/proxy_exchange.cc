@@ -638,10 +638,25 @@ void ProxyExchange::Abort(std::string note) {
   CloseUpstream();
   if (!client_gone_ && cancelled_) note = "shutdown grace expired; " + note;
   if (client_gone_) note = "client disconnected";
-  Finish(RolloutOutcome::kAborted, note, [self = shared_from_this()] {
-    if (self->stream_) return self->ex_.End("");
-    self->ex_.Respond(ErrorResponse(499, "client_closed", "client closed the connection"));
-  });
+  Finish(RolloutOutcome::kAborted, note, [self = shared_from_this()] { self->AnswerAborted(); });
+}
+
+// A client still connected when the shutdown cancelled its rollout is told so, with when to come
+// back (its own disconnect is 499: it reads nothing, but a half-closed client may).
+void ProxyExchange::AnswerAborted() {
+  const bool shutdown = cancelled_ && !client_gone_;
+  const char* why = "the executor is shutting down: the rollout was cancelled at its grace's end";
+  if (stream_) {
+    if (!shutdown) return ex_.End("");
+    json err = {{"error", {{"message", why}, {"type", "shutting_down"}, {"code", 503}}}};
+    return ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
+  }
+  if (!shutdown) {
+    return ex_.Respond(ErrorResponse(499, "client_closed", "client closed the connection"));
+  }
+  HttpResponse res = ErrorResponse(503, "shutting_down", why);
+  SetHeader(res, "Retry-After", std::to_string(svc_.config_.retry_after_s));
+  ex_.Respond(std::move(res));
 }
 
 void ProxyExchange::OnClientGone() {

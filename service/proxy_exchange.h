@@ -106,6 +106,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void AnswerCompletion();
   void AnswerStreamEnd(bool ok, const std::string& why);
   void Abort(std::string note);
+  void AnswerAborted();
   void Finish(RolloutOutcome outcome, std::string note, std::function<void()> then);
   void SubmitFinish(RolloutOutcome outcome, Service::FinishDone done);
   void LeaveCall();

@@ -455,9 +455,11 @@ TEST(ProxyDisconnect, AClientThatPipelinesPastTheHeaderBoundAndLeavesIsSeenLeavi
 }
 
 // Proves that Shutdown enforces its grace: with an engine request hung in flight it returns false
-// within grace + a small bound, the hung rollout is recorded aborted, and requests during the
-// grace are refused 503 with Retry-After. Catches: Shutdown joining workers that proxy for up to
-// request_timeout_ms, a cancelled rollout left unfinished, refusals without Retry-After.
+// within grace + a small bound, the hung rollout is recorded aborted and its client, still
+// connected, is answered 503 shutting_down with Retry-After, and requests during the grace are
+// refused the same way. Catches: Shutdown joining workers that proxy for up to
+// request_timeout_ms, a cancelled rollout left unfinished, refusals without Retry-After, and the
+// 499 "client closed the connection" that told a connected client it had left.
 TEST(ProxyShutdown, GraceIsEnforcedWithAHungEngineRequest) {
   Stack s;
   fixtures::RouteFault hang;
@@ -466,7 +468,11 @@ TEST(ProxyShutdown, GraceIsEnforcedWithAHungEngineRequest) {
   s.engine->SetRouteFault("/v1/completions", hang);
   std::thread hung([&] {
     auto c = s.client();
-    (void)c.Post("/v1/completions", completion_body(false), "application/json");
+    auto r = c.Post("/v1/completions", completion_body(false), "application/json");
+    ASSERT_TRUE(r) << "no answer to the client the shutdown cancelled";
+    EXPECT_EQ(r->status, 503) << r->body;
+    EXPECT_NE(r->body.find("\"shutting_down\""), std::string::npos) << r->body;
+    EXPECT_TRUE(r->has_header("Retry-After")) << r->body;
   });
   const auto wait_start = Clock::now();
   while (s.svc->metrics().proxy_in_flight.load() == 0 && ms_since(wait_start) < 5000) {
