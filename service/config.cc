@@ -934,11 +934,13 @@ Status CheckTokens(const ServeConfig& c) {
 }
 
 Status CheckConnections(const ServeConfig& c) {
-  if (c.body_memory_bytes_max < c.body_bytes_max) {
+  // A chunked body's buffer grows by doubling, so it may reserve twice the bytes it holds.
+  if (c.body_memory_bytes_max / 2 < c.body_bytes_max) {
     return Status::InvalidArgument(
         "body_memory_bytes_max (" + std::to_string(c.body_memory_bytes_max) +
-        ") is below body_bytes_max (" + std::to_string(c.body_bytes_max) +
-        "): no request could be read");
+        ") is below twice body_bytes_max (" + std::to_string(c.body_bytes_max) +
+        "): a chunked request body's buffer may reserve twice its bytes, so the largest "
+        "request could never be read");
   }
   if (!c.proxy_token.empty() && c.proxy_token == c.auth_token) {
     return Status::InvalidArgument(

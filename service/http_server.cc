@@ -149,7 +149,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnHead(beast::error_code ec, std::size_t);
   void ReadBody();
   void ReadBodySome();
+  bool TakeDeclaredBody();
   bool TakeBodyBudget();
+  void RefuseOverBudget();
   void OnBody(beast::error_code ec, std::size_t);
   void OnRequest();
   void Linger();
@@ -163,6 +165,7 @@ class Session : public std::enable_shared_from_this<Session> {
     counted_ = false;
   }
   void OnResponseWritten(beast::error_code ec);
+  void OnStreamWritten(beast::error_code ec);
   void AfterExchange();
   void WatchAgain();
   void WatchHangup();
@@ -218,6 +221,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<bhttp::response_serializer<bhttp::empty_body>> stream_sr_;
   std::string out_chunk_;
   bool chunk_write_pending_ = false;  // a chunk's write waits on the client
+  // The stream's body is chunked (HTTP/1.1), or ends where the connection does (HTTP/1.0).
+  bool stream_chunked_ = true;
 
   // Client watch: a read of the socket while the handler works (watch_buf_ is its only buffer).
   std::array<char, kReadChunkBytes> watch_buf_{};
@@ -294,6 +299,7 @@ bool Session::ReadFailed(beast::error_code ec, Phase phase) {
 void Session::OnHead(beast::error_code ec, std::size_t) {
   Disarm();
   if (ReadFailed(ec, Phase::kHead)) return;
+  if (!TakeDeclaredBody()) return RefuseOverBudget();  // before a 100 Continue invites the body
   const auto& head = parser_->get();
   if (head[bhttp::field::expect] == "100-continue" && !parser_->is_done()) {
     out_chunk_ = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -309,11 +315,28 @@ void Session::OnHead(beast::error_code ec, std::size_t) {
   ReadBody();
 }
 
-// The body's bytes come out of the server's budget as they arrive: a declared length costs
-// nothing until it is sent, so headers alone hold none of it.
+// Beast's string body reserves a declared Content-Length whole as the body's first byte is
+// parsed: the budget takes it from the head, so clients that declare large bodies and send them
+// slowly (or never) cannot make the process reserve memory the budget never saw.
+bool Session::TakeDeclaredBody() {
+  RC_CHECK(body_hold_.held() == 0);  // the previous exchange gave its body back
+  const boost::optional<std::uint64_t> declared = parser_->content_length();
+  return !declared || body_hold_.Grow(*declared);
+}
+
+// The body is charged what its string has reserved, not its length: a chunked body's string
+// grows by doubling, so it may reserve up to twice the bytes received. A growth is charged once
+// the read that made it returns; one that does not fit ends the request with the memory.
 bool Session::TakeBodyBudget() {
-  const std::uint64_t have = parser_->get().body().size();
-  return have <= body_hold_.held() || body_hold_.Grow(have - body_hold_.held());
+  const std::uint64_t reserved = parser_->get().body().capacity();
+  return reserved <= body_hold_.held() || body_hold_.Grow(reserved - body_hold_.held());
+}
+
+void Session::RefuseOverBudget() {
+  server_.mutable_counters().body_memory_refused++;
+  Refuse(503, "overloaded",
+         "the bodies other requests hold take the server's memory budget "
+         "(body_memory_bytes_max); try again");
 }
 
 // One deadline for the whole body, read piece by piece so each piece is budgeted as it comes.
@@ -333,10 +356,7 @@ void Session::OnBody(beast::error_code ec, std::size_t) {
   if (ReadFailed(ec, Phase::kBody)) return;
   if (!TakeBodyBudget()) {
     Disarm();
-    server_.mutable_counters().body_memory_refused++;
-    return Refuse(503, "overloaded",
-                  "the bodies other requests hold take the server's memory budget "
-                  "(body_memory_bytes_max); try again");
+    return RefuseOverBudget();
   }
   if (!parser_->is_done()) return ReadBodySome();
   Disarm();
@@ -357,6 +377,7 @@ void Session::OnRequest() {
 void Session::Refuse(int status, const std::string& type, const std::string& message) {
   RC_CHECK(answered_);
   request_ = HttpRequest();  // the answer is to a request that never formed, not the last one
+  parser_.reset();           // nor is a body read in part kept past its charge (AfterExchange)
   keep_alive_ = false;
   answered_ = false;
   ++serial_;
@@ -428,11 +449,15 @@ void Session::DrainUntilEof() {
 void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::WriteDone done) {
   if (!Live(serial)) return done(false);  // the caller still finishes what it started
   RC_CHECK(stream_sr_ == nullptr);        // one stream per exchange
+  // HTTP/1.0 has no chunked coding (RFC 9112 6.1: no Transfer-Encoding to a 1.0 request): its
+  // stream's body ends with the connection, which is then the connection's last answer.
+  stream_chunked_ = request_.version() >= 11;
+  if (!stream_chunked_) keep_alive_ = false;
   stream_head_ = std::make_unique<bhttp::response<bhttp::empty_body>>();
   stream_head_->base() = head.base();
-  stream_head_->version(11);
+  stream_head_->version(11);  // as every answer (RFC 9110 6.2): a 1.0 client reads 1.1 heads
   stream_head_->keep_alive(KeepReading());
-  stream_head_->chunked(true);
+  stream_head_->chunked(stream_chunked_);
   stream_sr_ = std::make_unique<bhttp::response_serializer<bhttp::empty_body>>(*stream_head_);
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
   bhttp::async_write_header(socket_, *stream_sr_,
@@ -449,16 +474,20 @@ void Session::WriteChunk(std::string bytes, std::function<void(beast::error_code
   out_chunk_ = std::move(bytes);
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
   chunk_write_pending_ = true;
-  asio::async_write(
-      socket_, bhttp::make_chunk(asio::buffer(out_chunk_)),
-      [self = shared_from_this(), then = std::move(then)](beast::error_code ec, std::size_t) {
-        self->chunk_write_pending_ = false;
-        self->Disarm();
-        if (self->Expired(Phase::kWrite)) {
-          self->server_.mutable_counters().write_timeouts++;
-        }
-        then(ec);
-      });
+  auto written = [self = shared_from_this(), then = std::move(then)](beast::error_code ec,
+                                                                     std::size_t) {
+    self->chunk_write_pending_ = false;
+    self->Disarm();
+    if (self->Expired(Phase::kWrite)) {
+      self->server_.mutable_counters().write_timeouts++;
+    }
+    then(ec);
+  };
+  if (stream_chunked_) {
+    asio::async_write(socket_, bhttp::make_chunk(asio::buffer(out_chunk_)), std::move(written));
+  } else {
+    asio::async_write(socket_, asio::buffer(out_chunk_), std::move(written));
+  }
 }
 
 void Session::Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone done) {
@@ -477,17 +506,24 @@ void Session::End(std::uint64_t serial, std::string last_bytes) {
   StopWatching();
   auto finish = [self = shared_from_this()](beast::error_code ec) {
     if (ec) return self->Close();
+    // A close-delimited body ends as the connection is shut (not kept alive: Linger).
+    if (!self->stream_chunked_) return self->OnStreamWritten(ec);
     self->Arm(Phase::kWrite, self->server_.options().write_timeout_ms);
     asio::async_write(self->socket_, bhttp::make_chunk_last(),
                       [self](beast::error_code wec, std::size_t) {
                         self->Disarm();
-                        self->stream_sr_.reset();
-                        self->stream_head_.reset();
-                        self->OnResponseWritten(wec);
+                        self->OnStreamWritten(wec);
                       });
   };
   if (last_bytes.empty()) return finish(beast::error_code());
   WriteChunk(std::move(last_bytes), std::move(finish));
+}
+
+void Session::OnStreamWritten(beast::error_code ec) {
+  RC_CHECK(stream_chunked_ || !keep_alive_);  // nothing follows a close-delimited body
+  stream_sr_.reset();
+  stream_head_.reset();
+  OnResponseWritten(ec);
 }
 
 // A chunk's write that waits on a client who stopped reading ends only at write_timeout_ms: a

@@ -67,6 +67,8 @@ struct HttpServerOptions {
   std::size_t header_bytes_max = 16 << 10;  // request line + headers; beyond: 431
   std::size_t body_bytes_max = 8 << 20;     // beyond: 413
   // Bodies all connections and exchanges hold at once (ByteBudget); a request beyond it: 503.
+  // A request body counts its declared Content-Length from the head, a chunked one what its
+  // buffer has reserved.
   std::uint64_t body_memory_bytes_max = std::uint64_t{1} << 30;
   std::uint64_t idle_timeout_ms = 5000;     // connection open, no byte of a request yet
   std::uint64_t header_timeout_ms = 10000;  // first byte -> complete head, else 408
@@ -107,8 +109,10 @@ class Exchange {
 
   // Answers with a complete response (Content-Length, keep-alive as the request allows).
   void Respond(HttpResponse response);
-  // A chunked response: the head now, then Write()s, each completing only when the client took
-  // the bytes (back-pressure), then End(). `done(false)`: the client is gone or stalled.
+  // A streamed response: the head now, then Write()s, each completing only when the client took
+  // the bytes (back-pressure), then End(). `done(false)`: the client is gone or stalled. Chunked
+  // to an HTTP/1.1 request; to an HTTP/1.0 one (no chunked coding) the body ends where the
+  // connection does, and the connection is not kept alive.
   using WriteDone = std::function<void(bool delivered)>;
   void StartStream(HttpResponse head, WriteDone done);
   void Write(std::string bytes, WriteDone done);

@@ -169,8 +169,9 @@ TEST(ConfigTable, InitialLabelMustNotBeTheFreshEnginesLabel) {
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
 }
 
-// Proves the memory budget for bodies must hold at least one whole request body; it would catch a
-// configuration under which every request with a body is answered 503.
+// Proves the memory budget for bodies must hold twice one whole request body (what a chunked
+// body's buffer may reserve); it would catch a configuration under which the largest request
+// allowed is always answered 503.
 TEST(ConfigTable, BodyMemoryMustHoldOneBody) {
   ServeConfig c = Minimal();
   c.body_bytes_max = std::size_t{64} << 20;
@@ -178,7 +179,9 @@ TEST(ConfigTable, BodyMemoryMustHoldOneBody) {
   const Status st = ValidateConfig(c);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("body_memory_bytes_max"), std::string::npos) << st.ToString();
-  c.body_memory_bytes_max = std::uint64_t{64} << 20;
+  c.body_memory_bytes_max = (std::uint64_t{128} << 20) - 1;
+  EXPECT_FALSE(ValidateConfig(c).ok());
+  c.body_memory_bytes_max = std::uint64_t{128} << 20;
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
 }
 
