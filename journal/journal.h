@@ -275,6 +275,12 @@ class Journal {
   // Flushes, then compacts every column family to its bottom level and waits (offline
   // maintenance and benchmarks: a compacted journal scans without background work competing).
   [[nodiscard]] virtual Status Compact() = 0;
+  // The writer's clean close: commits what is open, flushes, and records where the journal ended
+  // (the next open then checks nothing was lost). The first failure on the way, or the journal's
+  // own earlier one: the journal then reads as crashed on the next open, and everything
+  // acknowledged is durable all the same. Call it last; the destructor closes a journal it was not
+  // called on (OK for a read-only one).
+  [[nodiscard]] virtual Status Close() = 0;
 };
 
 }  // namespace rc::journal

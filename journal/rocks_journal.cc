@@ -43,6 +43,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -606,6 +607,7 @@ class RocksJournal final : public Journal {
   Status VerifyChecksum() override;
   Status Flush() override;
   Status Compact() override;
+  Status Close() override;
 
  private:
   // Open, by role. Each leaves db_ open and the in-memory head loaded, or returns an error.
@@ -628,7 +630,8 @@ class RocksJournal final : public Journal {
   Status CheckClosedMark(const std::optional<ClosedMark>& mark);
   Status RemoveClosedMark();
   void CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before);
-  void CloseCleanly();
+  void StopCommitter();
+  Status CloseCleanly();
 
   Status Usable() const;    // requires mu_
   void CheckStall() const;  // requires mu_: fails the journal once a commit is past its deadline
@@ -694,9 +697,10 @@ class RocksJournal final : public Journal {
   WalReplay wal_replay_;      // RocksDB keeps a pointer to it: lives as long as db_
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
-  Recovery recovery_;    // set once by Open
-  bool opened_ = false;  // Open succeeded: only then may a close record a clean close
-  bool fresh_ = false;   // no journal in the directory yet (CheckDirectory)
+  Recovery recovery_;             // set once by Open
+  bool opened_ = false;           // Open succeeded: only then may a close record a clean close
+  std::optional<Status> closed_;  // Close()'s answer, once it ran
+  bool fresh_ = false;            // no journal in the directory yet (CheckDirectory)
   bool legacy_snapshot_passed_ = false;                   // set by LoadHead (see Loaded)
   std::uint64_t stored_schema_version_ = kSchemaVersion;  // as CheckSchema read it
 
@@ -733,25 +737,40 @@ class RocksJournal final : public Journal {
 };
 
 RocksJournal::~RocksJournal() {
-  if (committer_.joinable()) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stopping_ = true;
-    }
-    commit_cv_.notify_all();
-    committer_.join();  // commits what is open unless the journal failed
-    std::unique_lock<std::mutex> l(mu_);
-    if (failed_.ok() && !async_waiters_.empty()) {
-      failed_ = Status::Unavailable("journal at " + path_ + " closed before the commit");
-    }
-    RunAsyncWaiters(l, UINT64_MAX);
-  }
+  (void)Close();
   if (db_ == nullptr) return;
-  if (opened_ && !options_.read_only) CloseCleanly();
   for (auto* h : cfs_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
   cfs_.clear();
   db_->Close().PermitUncheckedError();
   db_.reset();
+}
+
+Status RocksJournal::Close() {
+  if (closed_) return *closed_;
+  StopCommitter();
+  closed_ = Status::OK();
+  if (db_ != nullptr && opened_ && !options_.read_only) closed_ = CloseCleanly();
+  std::lock_guard<std::mutex> l(mu_);
+  // Nothing is appended after the clean-close record: it names the journal's last record.
+  if (failed_.ok()) failed_ = Status::Unavailable("journal at " + path_ + " is closed");
+  return *closed_;
+}
+
+// The committer commits what is open unless the journal failed; a waiter still unanswered then
+// hears that the journal closed.
+void RocksJournal::StopCommitter() {
+  if (!committer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  commit_cv_.notify_all();
+  committer_.join();
+  std::unique_lock<std::mutex> l(mu_);
+  if (failed_.ok() && !async_waiters_.empty()) {
+    failed_ = Status::Unavailable("journal at " + path_ + " closed before the commit");
+  }
+  RunAsyncWaiters(l, UINT64_MAX);
 }
 
 // Flush every memtable, then record where the journal ended; only if nothing failed. Written
@@ -759,24 +778,30 @@ RocksJournal::~RocksJournal() {
 // written whole to CLOSED.tmp and synced before the rename makes it CLOSED: a crash meanwhile
 // leaves no CLOSED (the journal reads as crashed, as it was), never a torn one that no open
 // accepts. Every step goes through the Env, where tests inject faults.
-void RocksJournal::CloseCleanly() {
+Status RocksJournal::CloseCleanly() {
   ClosedMark mark;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (!failed_.ok() || pending_groups_ != 0) return;
+    if (!failed_.ok()) return failed_;
+    if (pending_groups_ != 0) {
+      return Status::Unavailable("journal at " + path_ + ": groups still uncommitted at close");
+    }
     mark = ClosedMark{durable_seq_, head_hash_};
   }
-  if (!Flush().ok()) return;
+  RC_RETURN_IF_ERROR(Flush());
   const std::string tmp = path_ + "/" + kClosedTmpFile;
   const std::string file = path_ + "/" + kClosedFile;
-  if (!rocksdb::WriteStringToFile(env_, EncodeClosedMark(mark), tmp, /*should_sync=*/true).ok() ||
-      !env_->RenameFile(tmp, file).ok()) {
+  rocksdb::Status written =
+      rocksdb::WriteStringToFile(env_, EncodeClosedMark(mark), tmp, /*should_sync=*/true);
+  if (written.ok()) written = env_->RenameFile(tmp, file);
+  if (!written.ok()) {
     env_->DeleteFile(tmp).PermitUncheckedError();
-    return;
+    return FromRocks(written, "record the clean close");
   }
   // Not synced, the rename may be lost: the journal then reads as crashed, which it may.
   std::unique_ptr<rocksdb::Directory> dir;
   if (env_->NewDirectory(path_, &dir).ok()) dir->Fsync().PermitUncheckedError();
+  return Status::OK();
 }
 
 inline constexpr std::size_t kArenaBlockBytes = 1 << 20;

@@ -825,7 +825,8 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
     return false;
   }
   StopBackground();
-  if (!StopServing()) {
+  Status closed = Status::OK();
+  if (!StopServing(closed)) {
     // A worker is still inside a handler: everything it uses must outlive it, so nothing is
     // torn down (the caller exits; everything acknowledged is already durable).
     update_mu_.unlock();
@@ -835,7 +836,13 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
     return false;
   }
   update_mu_.unlock();
-  return rollouts == RolloutsEnded::kInGrace;
+  if (!closed.ok()) {
+    spdlog::error(
+        "serve: the journal could not be closed cleanly ({}); everything acknowledged is durable, "
+        "and the next start recovers it as after a crash",
+        Esc(closed.ToString()));
+  }
+  return rollouts == RolloutsEnded::kInGrace && closed.ok();
 }
 
 // Proxied rollouts get until `deadline`; then their engine calls are cancelled (each is finished
@@ -864,9 +871,10 @@ bool Service::WaitProxiedRollouts(Clock::time_point until) {
   return !busy();
 }
 
-// Stops serving, then closes what the handlers used, the journal last but one; false (nothing
-// torn down) when an HTTP worker is still inside a handler after kShutdownSettleMs.
-bool Service::StopServing() {
+// Stops serving, then closes what the handlers used, the journal last but one (its close's answer
+// in `closed`); false (nothing torn down) when an HTTP worker is still inside a handler after
+// kShutdownSettleMs.
+bool Service::StopServing(Status& closed) {
   const auto settle = SettleDeadline();
   const auto left_ms = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(settle - Clock::now()).count());
@@ -876,7 +884,8 @@ bool Service::StopServing() {
   fleet_runner_.reset();
   runner_.reset();
   trajectories_.Close();
-  journal_.reset();  // closes RocksDB; late commit callbacks only queue on the stopped loops
+  closed = journal_ != nullptr ? journal_->Close() : Status::OK();
+  journal_.reset();  // late commit callbacks only queue on the stopped loops
   http_.reset();
   RC_CHECK(!journal_ && !runner_ && !http_ && !upstream_);
   return true;

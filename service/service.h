@@ -158,7 +158,8 @@ class Service {
   // Graceful stop: refuse new admissions (503), let in-flight proxied rollouts finish for up to
   // grace_ms, wait for a running update for what is left of it, stop serving, close the journal.
   // Returns false when something was still running at the deadline (the journal is then left
-  // open for the caller to exit without closing: everything acknowledged is already durable).
+  // open for the caller to exit without closing unless every rollout ended once cancelled), or
+  // when the journal's clean close failed; everything acknowledged is durable either way.
   bool Shutdown(std::uint64_t grace_ms);
 
   // In-process access for tests.
@@ -588,7 +589,7 @@ class Service {
   enum class RolloutsEnded : std::uint8_t { kInGrace, kCancelled, kStillRunning };
   RolloutsEnded EndProxiedRollouts(std::chrono::steady_clock::time_point deadline);
   bool WaitProxiedRollouts(std::chrono::steady_clock::time_point until);
-  bool StopServing();
+  bool StopServing(Status& closed);
   void LogRecovery(const journal::Recovery& r) const;
   Status RecoveryFailed(const Status& st) const;
   [[nodiscard]] Status FinishInterruptedUpdate();

@@ -178,6 +178,7 @@ class TimedJournal final : public rc::journal::Journal {
   rc::Status VerifyChecksum() override { return j_->VerifyChecksum(); }
   rc::Status Flush() override { return j_->Flush(); }
   rc::Status Compact() override { return j_->Compact(); }
+  rc::Status Close() override { return j_->Close(); }
 
  private:
   static std::uint64_t Ns(std::chrono::steady_clock::time_point t0) {

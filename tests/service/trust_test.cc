@@ -743,6 +743,27 @@ TEST(TrustWatch, ARecordThatDecidesNothingDoesNotSpinALongPoll) {
   EXPECT_LE(looks.load(), 250) << "looks in a 2 s long poll (at most ~100 + one per notice)";
 }
 
+// Proves a shutdown whose clean close of the journal fails (the clean-close record cannot be
+// written) is not reported clean: Shutdown returns false, no CLOSED is left, and the journal
+// reopens with every record it had. Catches the close that swallowed the failure, so serve
+// logged "stopped cleanly" and exited 0 over a journal the next start reads as crashed.
+TEST(TrustDurability, AFailedCleanCloseIsNotACleanShutdown) {
+  Stack s(nullptr, /*fault_env=*/true);
+  const std::uint64_t head = s.svc->journal().head_seq();
+  ASSERT_GT(head, 0u);
+  s.faults->Inject(FileKind::kOther, FileOp::kAppend, Fault::kEio);
+  EXPECT_FALSE(s.svc->Shutdown(5000));
+  const fs::path path = s.dir / "journal";
+  EXPECT_FALSE(fs::exists(path / "CLOSED"));
+  EXPECT_FALSE(fs::exists(path / "CLOSED.tmp"));
+  s.faults->Clear();
+  journal::Options o;
+  o.env = s.faults->env();
+  auto reopened = journal::Journal::Open(path.string(), o);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ((*reopened)->head_seq(), head);
+}
+
 // Proves /v1/state, /v1/events and /v1/watch report only durable records while a commit is
 // stalled, and that acknowledgements carry the head they made durable. Catches: a watcher told
 // "committed" before it is durable, /v1/events answering 400 "past the durable head" mid-update.
