@@ -260,6 +260,11 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
     }
   }
   void TryStep() {
+    if (abandoned) {
+      svc.metrics_.admissions_abandoned++;
+      return Done(AdmitResult{
+          std::nullopt, AdmitRefusal{499, "client_closed", "client closed the connection", 0}});
+    }
     for (;; ++tries.looks) {
       const auto t0 = Clock::now();
       AdmitStep step = svc.TryAdmit(rollout_id, 0, tries, affinity_key);
@@ -295,7 +300,17 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
     }
     ++tries.looks;
     timer.expires_at(std::min(deadline, now + std::chrono::milliseconds(kAdmitPollMs)));
-    timer.async_wait([self = shared_from_this()](boost::system::error_code) { self->Step(); });
+    waiting = true;
+    timer.async_wait([self = shared_from_this()](boost::system::error_code) {
+      self->waiting = false;
+      self->Step();
+    });
+  }
+  // Only a wait for the engine is cut short: a submitted admission's next step is its durable
+  // point, and a step that already ran Done has nothing left to end.
+  void Abandon() {
+    abandoned = true;
+    if (done != nullptr && waiting) timer.cancel();
   }
   void Done(AdmitResult r) {
     RC_CHECK(done != nullptr);  // exactly once
@@ -325,23 +340,29 @@ struct Service::AsyncAdmission : std::enable_shared_from_this<AsyncAdmission> {
   AdmitDone done;
   const Clock::time_point deadline;
   AdmitTries tries;
+  bool waiting = false;    // a timer wait is pending (its handler runs Step)
+  bool abandoned = false;  // the caller's client left (both only ever touched on `executor`)
 };
 
-void Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
-                         const asio::any_io_executor& executor, AdmitDone done,
-                         std::optional<std::uint64_t> affinity_key) {
+Service::AdmitAbandon Service::AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
+                                          const asio::any_io_executor& executor, AdmitDone done,
+                                          std::optional<std::uint64_t> affinity_key) {
   std::shared_ptr<AsyncAdmission> job;
   try {
     job = std::make_shared<AsyncAdmission>(*this, rollout_id, wait_ms, executor, affinity_key);
   } catch (...) {
     const std::string why = AsyncStepThrew(*this, "an admission's start");
-    return done(AdmitResult{std::nullopt, AdmitRefusal{503, "failed", why, 0}});
+    done(AdmitResult{std::nullopt, AdmitRefusal{503, "failed", why, 0}});
+    return [] {};
   }
   job->done = std::move(done);  // a job that exists answers `done` exactly once
   // Counted before its first look at shutting_down_: a shutdown that reads no admission in
   // progress and no rollout in flight cannot miss one admitted after it looked.
   admissions_in_progress_++;
   job->Step();
+  return [weak = std::weak_ptr<AsyncAdmission>(job)] {
+    if (auto j = weak.lock()) j->Abandon();
+  };
 }
 
 // ---- finish ----

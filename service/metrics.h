@@ -36,6 +36,7 @@ struct ServiceMetrics {
   std::atomic<std::uint64_t> watches_refused{0};  // GET /v1/watch beyond its share of threads
   std::atomic<std::uint64_t> unauthorized{0};
   std::atomic<std::uint64_t> client_disconnects{0};
+  std::atomic<std::uint64_t> admissions_abandoned{0};  // the client left while its admission waited
   std::atomic<std::uint64_t> upstream_errors{0};
   std::atomic<std::uint64_t> proxy_step_failures{0};  // a proxied rollout's step threw
   std::atomic<std::uint64_t> updates_committed{0};

@@ -98,6 +98,11 @@ std::uint32_t ClampU32(std::uint64_t v) {
 
 bool Is2xx(unsigned status) { return status >= 200 && status < 300; }
 
+// An engine status a client is answered with as it is: an error (400..599). Any other would
+// mislead it: a 3xx without the Location it needs, a 304 to a request that sent no validator, a
+// code outside HTTP's 100..599; a 2xx reaches here only when it is not the route's answer.
+bool IsRelayedError(unsigned status) { return status >= 400 && status <= 599; }
+
 // The optional boolean `stream`; the optional non-empty `cache_salt`.
 Status ParseStreamAndSalt(const json& body, bool& stream, std::string& salt) {
   auto s = body.find("stream");
@@ -165,13 +170,21 @@ void ProxyExchange::Start() {
       return ex_.Respond(ErrorResponse(HttpStatusFor(bad), code_name(bad.code()), bad.message()));
     }
     if (rollout_id_.empty()) rollout_id_ = svc_.NextRolloutId();
-    svc_.AdmitAsync(
+    WatchClient();  // from here: a client that leaves while its admission waits is not admitted
+    abandon_admission_ = svc_.AdmitAsync(
         rollout_id_, svc_.config_.admit_wait_ms, ex_.executor(),
         [self = shared_from_this()](Service::AdmitResult a) {
           if (a.admitted) self->TakeAdmission(std::move(*a.admitted));  // before anything throws
           self->Step("admitted", [&] { self->OnAdmitted(a.refusal); });
         },
         AffinityKeyOf());
+  });
+}
+
+// Weak: the session keeps the watcher, and the exchange keeps the session.
+void ProxyExchange::WatchClient() {
+  ex_.WatchClient([weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->Step("client gone", [&] { self->OnClientGone(); });
   });
 }
 
@@ -246,11 +259,8 @@ void ProxyExchange::OnAdmitted(const AdmitRefusal& refusal) {
     });
   });
   if (failed_) return Abort("internal error before the admission was answered");
+  if (client_gone_) return Abort("client disconnected");  // left once it was submitted
   PrepareUpstream();
-  // Weak: the session keeps the watcher, and the exchange keeps the session.
-  ex_.WatchClient([weak = weak_from_this()] {
-    if (auto self = weak.lock()) self->Step("client gone", [&] { self->OnClientGone(); });
-  });
   if (!stream_) return Connect();
   HttpResponse head = BindingHead(200);
   SetHeader(head, "Content-Type", "text/event-stream");
@@ -518,22 +528,27 @@ void ProxyExchange::UpstreamDone() {
   // A client that left while the engine's last bytes arrived stopped the stream's parsing: what
   // it took is not the whole answer, so the rollout is aborted, never completed on a cut trace.
   if (client_gone_) return Abort("client disconnected");
-  if (stream_ && Is2xx(status)) {
-    HttpEvidence ev;
-    sse_.Finish(ev);
-    if (!out_.empty()) {
-      // The last event (no blank line after it) still goes out before [DONE].
-      return ex_.Write(std::move(out_), [self = shared_from_this(), ev](bool delivered) {
-        self->Next("client took the last event", [&] {
-          if (!delivered) return self->Abort("client disconnected");
-          self->AnswerStreamEnd(ev.body_parsed, ev.error);
-        });
-      });
-    }
-    return AnswerStreamEnd(ev.body_parsed, ev.error);
-  }
+  if (stream_ && Is2xx(status)) return EndStream();
   if (!Is2xx(status)) return AnswerEngineError();
   AnswerCompletion();
+}
+
+// The engine's stream ended: its last event (no blank line after it) is taken, then the stream
+// is judged; only the engine's [DONE] completes it. A last event whose trace the budget refused
+// ends the rollout as that refusal does mid-stream (aborted, the client told, the event not
+// relayed), never as a stream the proxy chose to stop early.
+void ProxyExchange::EndStream() {
+  HttpEvidence ev;
+  sse_.Finish(ev);
+  if (trace_over_budget_) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
+  if (out_.empty()) return AnswerStreamEnd(ev.body_parsed, ev.error);
+  // The last event still goes out before [DONE] (or before the error event).
+  ex_.Write(std::move(out_), [self = shared_from_this(), ev](bool delivered) {
+    self->Next("client took the last event", [&] {
+      if (!delivered) return self->Abort("client disconnected");
+      self->AnswerStreamEnd(ev.body_parsed, ev.error);
+    });
+  });
 }
 
 void ProxyExchange::AnswerCompletion() {
@@ -576,20 +591,26 @@ void ProxyExchange::AnswerStreamEnd(bool ok, const std::string& why) {
   });
 }
 
-// The engine answered, but not with a completion: non-streamed, its status and body are passed
-// on (a 2xx that is not JSON becomes 502); streamed, an error event and [DONE].
+// The engine answered, but not with a completion. An engine error (400..599) is passed on:
+// non-streamed its status and body, streamed an error event with its code and [DONE]. Any other
+// status (a 2xx that is not the route's JSON, a 3xx, a code outside 100..599) is a 502 naming it.
 void ProxyExchange::AnswerEngineError() {
   svc_.metrics_.upstream_errors++;
   const unsigned status = parser_->get().result_int();
+  const bool relayed = IsRelayedError(status);
+  const int code = relayed ? static_cast<int>(status) : 502;
   const std::string why = EngineFailure();
-  Finish(RolloutOutcome::kAborted, why, [self = shared_from_this(), status, why] {
+  Finish(RolloutOutcome::kAborted, why, [self = shared_from_this(), relayed, code, why] {
     if (!self->stream_) {
-      HttpResponse res = self->BindingHead(Is2xx(status) ? 502 : static_cast<int>(status));
-      SetBody(res, res.result_int(), std::move(self->body_), "application/json");
+      HttpResponse res = self->BindingHead(code);
+      if (!relayed) {
+        SendError(res, code, "upstream", why);
+      } else {
+        SetBody(res, code, std::move(self->body_), "application/json");
+      }
       return self->ex_.Respond(std::move(res));
     }
-    json err = {
-        {"error", {{"message", why}, {"type", "upstream"}, {"code", static_cast<int>(status)}}}};
+    json err = {{"error", {{"message", why}, {"type", "upstream"}, {"code", code}}}};
     json engine_body = effects::parse_outside_json(self->body_);
     if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
     self->ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
@@ -646,7 +667,7 @@ void ProxyExchange::Abort(std::string note) {
 void ProxyExchange::AnswerAborted() {
   const bool shutdown = cancelled_ && !client_gone_;
   const char* why = "the executor is shutting down: the rollout was cancelled at its grace's end";
-  if (stream_) {
+  if (stream_started_) {
     if (!shutdown) return ex_.End("");
     json err = {{"error", {{"message", why}, {"type", "shutting_down"}, {"code", 503}}}};
     return ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
@@ -661,6 +682,7 @@ void ProxyExchange::AnswerAborted() {
 
 void ProxyExchange::OnClientGone() {
   client_gone_ = true;
+  if (!admitted() && abandon_admission_) return abandon_admission_();
   CloseUpstream();  // the engine sees the disconnect and aborts the generation
 }
 
@@ -768,7 +790,11 @@ void ProxyExchange::Failed(const char* step, const char* what) noexcept {
       if (answering_ && finish_durable_ && !line_written_) WriteTrajectoryLine();
       return CloseClient();
     }
-    if (!admitted()) return EndFailed(why);  // OnAdmitted aborts an admission still to come
+    if (!admitted()) {
+      // An admission still waiting ends unjournaled; one already submitted OnAdmitted aborts.
+      if (abandon_admission_) abandon_admission_();
+      return EndFailed(why);
+    }
     if (!finished_) return FinishFailed(why);
     if (!finish_submitted_) return FinishThrew(why);
     if (answering_) return AnswerRecorded(why);
@@ -1028,10 +1054,14 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   void Answer() {
     deadline_.cancel();
     auto& msg = parser_->get();
-    if (msg.result_int() < 200) return Fail("the engine answered an interim status");
+    const unsigned status = msg.result_int();
+    if (!Is2xx(status) && !IsRelayedError(status)) {
+      return Fail("the engine answered HTTP " + std::to_string(status) +
+                  ", neither an answer nor an error serve relays");
+    }
     HttpResponse res;
     const auto type = msg[beast::http::field::content_type];
-    SetBody(res, static_cast<int>(msg.result_int()), std::move(msg.body()),
+    SetBody(res, static_cast<int>(status), std::move(msg.body()),
             type.empty() ? "application/json" : std::string_view(type.data(), type.size()));
     if (parser_->keep_alive()) pool_.Release(std::move(conn_));
     ex_.Respond(std::move(res));

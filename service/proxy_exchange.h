@@ -11,7 +11,9 @@
 //   line, then the journal parts and RolloutFinished, durably, exactly once) -> Answer.
 //
 // A client that goes away closes the engine connection (vLLM aborts the request) and the rollout
-// is finished as aborted; so is one the shutdown cancels, or one past request_timeout_ms.
+// is finished as aborted; so is one the shutdown cancels, or one past request_timeout_ms. The
+// client is watched from the admission on: one that leaves while its admission waits for the
+// engine is never admitted (nothing journaled).
 //
 // Every step runs through Step(): whatever a step throws ends the rollout as aborted and the
 // client's exchange (500, or a cut stream), never the event loop, and never leaves the binding
@@ -100,6 +102,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   [[nodiscard]] bool HoldTrace();                // false: the body budget refused the trace
   void OnClientTook(bool delivered);
   void UpstreamDone();
+  void EndStream();
   void UpstreamFailed(Transport transport, std::string why);
   bool RetryAfterFailure(bool reused_and_silent);
   void AnswerEngineError();
@@ -107,6 +110,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void AnswerStreamEnd(bool ok, const std::string& why);
   void Abort(std::string note);
   void AnswerAborted();
+  void WatchClient();
   void Finish(RolloutOutcome outcome, std::string note, std::function<void()> then);
   void SubmitFinish(RolloutOutcome outcome, Service::FinishDone done);
   void LeaveCall();
@@ -139,6 +143,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   std::uint64_t trace_entries_held_ = 0;  // taken from the body budget (body_hold_)
   bool trace_over_budget_ = false;
   std::uint64_t in_flight_id_ = 0;
+  Service::AdmitAbandon abandon_admission_;  // until admitted: the client left, stop waiting
 
   // The engine call.
   std::unique_ptr<UpstreamConn> conn_;

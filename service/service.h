@@ -166,6 +166,7 @@ class Service {
   journal::Journal& journal() { return *journal_; }
   const ServeConfig& config() const { return config_; }
   ServiceMetrics& metrics() { return metrics_; }
+  std::int64_t admissions_in_progress() const { return admissions_in_progress_.load(); }
   // True once every trajectory line queued so far is written or dropped; false at the deadline.
   // Lines reach the file after their answers (one writer thread): readers of the file that need
   // the lines of answers already given wait here.
@@ -207,10 +208,15 @@ class Service {
   // Admit / FinishDurably would have returned (maybe within the call; whatever fails, it runs).
   // Proxied rollouts only (lease_ms 0).
   using AdmitDone = std::function<void(AdmitResult)>;
+  // Called on `executor` when the caller no longer wants the rollout (its client left): an
+  // admission still waiting for the engine ends at once, refused 499 with nothing journaled; one
+  // already submitted goes on (it is durable soon, and its caller finishes it). Idempotent.
+  using AdmitAbandon = std::function<void()>;
   // `affinity_key`: a fleet routes by it (fleet_affinity_prefix_bytes), else by load.
-  void AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
-                  const boost::asio::any_io_executor& executor, AdmitDone done,
-                  std::optional<std::uint64_t> affinity_key = std::nullopt);
+  [[nodiscard]] AdmitAbandon AdmitAsync(const std::string& rollout_id, std::uint64_t wait_ms,
+                                        const boost::asio::any_io_executor& executor,
+                                        AdmitDone done,
+                                        std::optional<std::uint64_t> affinity_key = std::nullopt);
   using FinishDone = std::function<void(Status)>;
   // `engine`: the fleet engine the rollout was admitted to ("" with one engine).
   void FinishAsync(const std::string& engine, const std::string& rollout_id, RolloutOutcome outcome,

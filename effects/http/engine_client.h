@@ -253,8 +253,8 @@ class EngineClient {
   // Streaming (SSE): sets "stream": true, calls on_chunk for each `data:` JSON event until
   // `data: [DONE]`; on_chunk returning false stops the stream (the reply then reports the
   // stop in http.error with transport kOk). raw holds the stream text (bounded by
-  // kResponseBytesMax); body_parsed is true when every event parsed and `[DONE]` (or the
-  // caller's stop) ended the stream.
+  // kResponseBytesMax); body_parsed is true only when every event parsed and the engine's
+  // `[DONE]` ended the stream (a caller's stop leaves it false, its reason in http.error).
   using ChunkFn = std::function<bool(const nlohmann::json& chunk)>;
   HttpReply CompletionsStream(const nlohmann::json& request, const ChunkFn& on_chunk,
                               const CallOptions& o = {});

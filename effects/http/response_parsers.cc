@@ -193,10 +193,11 @@ std::string event_data(const std::string& event) {
 // Linear in the bytes fed: each byte is searched for a blank line about once (`scanned`), and the
 // dispatched events leave the buffer in one erase.
 bool SseState::Feed(const char* p, std::size_t n) {
+  if (done) return true;  // nothing after [DONE] is the stream's: dropped unread
   pending.append(p, n);
   std::size_t start = 0;
   bool go_on = true;
-  while (go_on) {
+  while (go_on && !done) {
     // A blank line split across reads begins at most 3 bytes before what was scanned.
     const std::size_t from = std::max(start, scanned > 3 ? scanned - 3 : 0);
     const auto [end, sep] = first_event_end(pending, from);
@@ -204,6 +205,11 @@ bool SseState::Feed(const char* p, std::size_t n) {
     go_on = Dispatch(pending.substr(start, end - start));
     start = end + sep;
     scanned = start;
+  }
+  if (done) {
+    pending.clear();
+    scanned = 0;
+    return true;
   }
   pending.erase(0, start);
   scanned = go_on ? pending.size() : 0;  // stopped: what is left was never searched
@@ -217,6 +223,7 @@ bool SseState::Feed(const char* p, std::size_t n) {
 
 bool SseState::Dispatch(const std::string& event) {
   RC_CHECK(on_chunk != nullptr);
+  if (done) return true;  // the stream ended at [DONE]: later events are neither passed nor judged
   const std::string data = event_data(event);
   if (data.empty()) return true;  // comment or keep-alive
   if (data == "[DONE]") {
@@ -236,15 +243,18 @@ bool SseState::Dispatch(const std::string& event) {
   return true;
 }
 
+// Only the engine's [DONE] completes a stream: one the caller stopped (its consumer could not
+// take an event) is as cut short as one that ended without it.
 void SseState::Finish(HttpEvidence& ev) {
   if (!stopped && !is_blank(pending)) Dispatch(pending);
-  ev.body_parsed = !bad_event && (done || stopped);
+  ev.body_parsed = done && !stopped && !bad_event && ev.error.empty();
   if (stopped)
     ev.error = "stream stopped by the caller";
   else if (bad_event)
     ev.error = "an SSE event was not JSON";
   else if (!done)
     ev.error = "stream ended without [DONE]";
+  RC_CHECK(ev.body_parsed == ev.error.empty());
 }
 
 const char* cache_path(CacheKind c) {

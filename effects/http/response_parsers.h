@@ -39,12 +39,13 @@ bool check_world_size(const nlohmann::json& j);  // {"world_size": integer > 0}
 void interpret_body(EngineClient::Shape shape, bool (*check)(const nlohmann::json&),
                     const std::string& path, HttpReply& reply);
 
-// Server-sent events: accumulates bytes, hands each complete event's `data:` payload on.
+// Server-sent events: accumulates bytes, hands each complete event's `data:` payload on, up to
+// `data: [DONE]`; what follows it is dropped unread (never passed on, never judged).
 struct SseState {
   const EngineClient::ChunkFn* on_chunk = nullptr;
   std::string pending;      // bytes of the event being received
   std::size_t scanned = 0;  // no blank line begins in pending[0, scanned - 3)
-  bool done = false;        // saw `data: [DONE]`
+  bool done = false;        // saw `data: [DONE]`: the stream is complete
   bool stopped = false;     // on_chunk returned false
   bool bad_event = false;   // a data payload was not JSON
   bool too_big = false;     // one event exceeded kSseEventBytesMax
@@ -53,7 +54,8 @@ struct SseState {
   // Returns false to stop the transfer.
   bool Feed(const char* p, std::size_t n);
   bool Dispatch(const std::string& event);
-  // The end of a 2xx stream: the last event (without its blank line) and the verdict in ev.
+  // The end of a 2xx stream: the last event (without its blank line) and the verdict in ev,
+  // body_parsed only when [DONE] ended it, no event was refused JSON and the caller never stopped.
   void Finish(HttpEvidence& ev);
 };
 

@@ -84,6 +84,44 @@ TEST(ResponseParsers, CrlfStreamsAreLinearAndAStoppedFeedLosesNothing) {
   EXPECT_FALSE(sse.bad_event);
 }
 
+// Proves a stream ends at `data: [DONE]`: what follows it (an event, an event that is not JSON)
+// is never passed on nor judged, however the bytes are cut, and only [DONE] makes the stream
+// parsed: one the caller stopped at its unterminated last event is not. Catches events after
+// [DONE] relayed and recorded by the proxy, and a stream the proxy stopped itself (its trace over
+// the body budget) counted as complete.
+TEST(ResponseParsers, OnlyDoneEndsAStreamAndNothingAfterItIsPassed) {
+  const std::string raw =
+      "data: {\"i\":0}\n\ndata: [DONE]\n\ndata: {\"i\":1}\n\ndata: not json\n\ndata: {\"i\":2}";
+  for (std::size_t step : {std::size_t{1}, std::size_t{5}, raw.size()}) {
+    std::vector<std::string> seen;
+    EngineClient::ChunkFn fn = [&](const json& j) {
+      seen.push_back(j.dump());
+      return true;
+    };
+    SseState sse;
+    sse.on_chunk = &fn;
+    for (std::size_t at = 0; at < raw.size(); at += step) {
+      EXPECT_TRUE(sse.Feed(raw.data() + at, std::min(step, raw.size() - at))) << step;
+    }
+    HttpEvidence ev;
+    sse.Finish(ev);
+    EXPECT_EQ(seen, std::vector<std::string>{"{\"i\":0}"}) << step;
+    EXPECT_TRUE(ev.body_parsed) << step << ": " << ev.error;
+    EXPECT_FALSE(sse.bad_event) << step;
+  }
+
+  EngineClient::ChunkFn refuse_last = [](const json& j) { return !j.contains("last"); };
+  SseState stopped;
+  stopped.on_chunk = &refuse_last;
+  const std::string cut = "data: {\"i\":0}\n\ndata: {\"last\":true}";
+  EXPECT_TRUE(stopped.Feed(cut.data(), cut.size()));
+  HttpEvidence ev;
+  stopped.Finish(ev);  // the last event, without its blank line, is refused here
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_FALSE(ev.body_parsed);
+  EXPECT_NE(ev.error.find("stopped"), std::string::npos) << ev.error;
+}
+
 // An instance an engine names is taken only as text a record can hold and print on one line
 // (1..bound printable bytes); anything else is no instance, so the /metrics start time or an
 // unknown instance stands in. Catches a 5,000-byte or control-character instance that the fold

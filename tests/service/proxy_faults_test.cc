@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "fixtures/vllm_double.h"
 #include "service/http_server.h"
 #include "service/service.h"
+#include "tests/service/scripted_engine.h"
 #include "tests/service/service_stack.h"
 
 namespace rc::service {
@@ -498,6 +500,251 @@ TEST(ProxyShutdown, GraceIsEnforcedWithAHungEngineRequest) {
   EXPECT_EQ(s.svc->metrics().proxy_in_flight.load(), 0);
   late.join();
   hung.join();
+  s.svc.reset();
+}
+
+// ---- a misbehaving engine's streams and statuses ----
+
+// A Stack's tweak that puts `engine` in front of its double: serve calls `engine`, which passes
+// what it does not script on to the double.
+std::function<void(ServeConfig&)> Scripted(stack::ScriptedEngine& engine,
+                                           std::function<void(ServeConfig&)> tweak = nullptr) {
+  return [&engine, tweak = std::move(tweak)](ServeConfig& c) {
+    engine.ForwardTo(c.engine_url);
+    c.engine_url = engine.url();
+    if (tweak) tweak(c);
+  };
+}
+
+// One engine SSE event of a completion chunk: choice 0 with `text` and `token_ids`.
+std::string CompletionEvent(const std::string& text, const json& token_ids) {
+  const json chunk = {
+      {"id", "cmpl-scripted"},
+      {"object", "text_completion"},
+      {"choices",
+       {{{"index", 0}, {"text", text}, {"token_ids", token_ids}, {"prompt_token_ids", {1, 2}}}}}};
+  return "data: " + chunk.dump();
+}
+
+// The engine answers a streamed 200 of exactly `bytes`, then ends its body.
+stack::ScriptedEngine::Script SseBytes(std::string bytes) {
+  return [bytes = std::move(bytes)](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/event-stream", [bytes](size_t, httplib::DataSink& sink) {
+      sink.write(bytes.data(), bytes.size());
+      sink.done();
+      return true;
+    });
+  };
+}
+
+httplib::Result PostStream(httplib::Client& c, const std::string& rollout_id) {
+  return c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", rollout_id}},
+                completion_body(true), "application/json");
+}
+
+std::size_t Occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// What the journal holds of one rollout: its finish and choice 0's output token ids.
+struct JournaledRollout {
+  std::optional<RolloutFinished> finish;
+  std::vector<std::int32_t> output_ids;
+};
+
+JournaledRollout JournaledRolloutOf(Service& svc, const std::string& rollout_id) {
+  JournaledRollout out;
+  const Status st = svc.journal().Scan(1, 0, [&](const journal::Record& rec) {
+    const auto* f = std::get_if<RolloutFinished>(&rec.event);
+    if (f != nullptr && f->rollout_id == rollout_id) out.finish = *f;
+    const auto* t = std::get_if<TrajectoryRecorded>(&rec.event);
+    if (t != nullptr && t->rollout_id == rollout_id) {
+      out.output_ids.insert(out.output_ids.end(), t->output_token_ids.begin(),
+                            t->output_token_ids.end());
+    }
+    return Status::OK();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+// Proves an engine stream whose last event (no blank line, no [DONE]) holds more token ids than
+// the body budget has left is aborted with the budget's error event and [DONE], the refused event
+// not relayed, as the same refusal mid-stream is. Catches the caller's stop at the stream's end
+// counted as a complete stream: the rollout recorded completed on a cut trace, the client told
+// [DONE] as if the engine had finished.
+TEST(ProxyEngineStream, ALastEventOverTheBudgetAbortsAndIsNeverCompleted) {
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine, [](ServeConfig& c) {
+    c.body_bytes_max = 64 << 10;
+    c.body_memory_bytes_max = 1 << 20;  // the least allowed: about 32,000 trace entries
+  }));
+  json many = json::array();
+  for (int i = 0; i < 40000; ++i) many.push_back(100 + i % 900);
+  engine.Set("/v1/completions",
+             SseBytes(CompletionEvent("before", {11}) + "\n\n" + CompletionEvent("last", many)));
+  auto c = s.client();
+  auto r = PostStream(c, "over-budget-1");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("body_memory_bytes_max"), std::string::npos) << r->body;
+  EXPECT_EQ(r->body.find("\"last\""), std::string::npos) << "the refused event was relayed";
+  EXPECT_EQ(Occurrences(r->body, "data: [DONE]"), 1u) << r->body;
+  const JournaledRollout j = JournaledRolloutOf(*s.svc, "over-budget-1");
+  ASSERT_TRUE(j.finish.has_value());
+  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted);
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
+}
+
+// Proves nothing an engine sends after `data: [DONE]` reaches the client or the trajectory, that
+// the stream still completes, and that the next rollout is served as usual. Catches events after
+// [DONE] relayed (the client saw an event after the engine's end, then the proxy's [DONE]) and
+// recorded (the journaled trajectory held a token the engine never counted).
+TEST(ProxyEngineStream, EventsAfterDoneAreNeitherRelayedNorRecorded) {
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine));
+  engine.Set("/v1/completions",
+             SseBytes(CompletionEvent("before", {11}) + "\n\ndata: [DONE]\n\n" +
+                      CompletionEvent("after-done", {22}) + "\n\n" + "data: not json\n\n"));
+  auto c = s.client();
+  auto r = PostStream(c, "after-done-1");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("\"before\""), std::string::npos) << r->body;
+  EXPECT_EQ(r->body.find("after-done"), std::string::npos) << r->body;
+  EXPECT_EQ(r->body.find("\"error\""), std::string::npos) << r->body;
+  EXPECT_EQ(Occurrences(r->body, "data: [DONE]"), 1u) << r->body;
+  const JournaledRollout j = JournaledRolloutOf(*s.svc, "after-done-1");
+  ASSERT_TRUE(j.finish.has_value());
+  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kCompleted);
+  EXPECT_EQ(j.finish->completion_tokens, 1u);
+  EXPECT_EQ(j.output_ids, std::vector<std::int32_t>{11});
+  engine.Clear("/v1/completions");  // the double answers the next one
+  auto next = PostStream(c, "after-done-2");
+  ASSERT_TRUE(next) << httplib::to_string(next.error());
+  EXPECT_NE(next->body.find("data: [DONE]"), std::string::npos) << next->body;
+  EXPECT_EQ(next->body.find("\"error\""), std::string::npos) << next->body;
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 2u);
+}
+
+// Proves only engine errors (400..599) reach a client as the engine's status: a 302, a 304 or a
+// 999 is a 502 naming the engine's status, on a non-streamed and a streamed completion and on a
+// pass-through route, while a 404 and a 503 still pass with the engine's body. Catches engine
+// statuses passed straight on: a 302 without Location, a 304 to a POST, "999 <unknown-status>".
+TEST(ProxyEngineStatus, OnlyEngineErrorsArePassedOnAndAnyOtherStatusIsA502) {
+  Stack s;
+  auto c = s.client();
+  const auto fault = [&](const char* path, int status) {
+    fixtures::RouteFault f;
+    f.status = status;
+    f.times = 1;
+    s.engine->SetRouteFault(path, f);
+  };
+  for (int status : {302, 304, 999}) {
+    const std::string named = "HTTP " + std::to_string(status);
+    fault("/v1/completions", status);
+    auto plain = c.Post("/v1/completions", completion_body(false), "application/json");
+    ASSERT_TRUE(plain) << status;
+    EXPECT_EQ(plain->status, 502) << status << ": " << plain->body;
+    EXPECT_NE(plain->body.find(named), std::string::npos) << plain->body;
+    EXPECT_TRUE(plain->has_header("X-RolloutCore-Rollout-Id"));
+    fault("/v1/completions", status);
+    auto streamed = c.Post("/v1/completions", completion_body(true), "application/json");
+    ASSERT_TRUE(streamed) << status;
+    EXPECT_NE(streamed->body.find("\"code\":502"), std::string::npos) << streamed->body;
+    EXPECT_NE(streamed->body.find(named), std::string::npos) << streamed->body;
+    fault("/v1/models", status);
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models) << status;
+    EXPECT_EQ(models->status, 502) << status << ": " << models->body;
+    EXPECT_NE(models->body.find(named), std::string::npos) << models->body;
+  }
+  for (int status : {404, 503}) {
+    fault("/v1/completions", status);
+    auto plain = c.Post("/v1/completions", completion_body(false), "application/json");
+    ASSERT_TRUE(plain) << status;
+    EXPECT_EQ(plain->status, status) << plain->body;
+    EXPECT_NE(plain->body.find("vllm-double injected fault"), std::string::npos) << plain->body;
+    fault("/v1/models", status);
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models) << status;
+    EXPECT_EQ(models->status, status) << models->body;
+  }
+  EXPECT_EQ(s.svc->metrics().proxy_in_flight.load(), 0);
+}
+
+// Reads from `fd` into `out` until it holds `marker` (true), or the peer closes or 30 s pass.
+bool ReadUntil(int fd, const std::string& marker, std::string& out) {
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[4096];
+  while (out.find(marker) == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return false;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+// The body of a raw HTTP/1.1 response in chunked framing: its chunks joined, up to the last one
+// that arrived whole.
+std::string ChunkedBody(const std::string& response) {
+  std::size_t at = response.find("\r\n\r\n");
+  if (at == std::string::npos) return "";
+  at += 4;
+  std::string body;
+  for (;;) {
+    const std::size_t eol = response.find("\r\n", at);
+    if (eol == std::string::npos) return body;
+    const std::size_t size = std::strtoul(response.substr(at, eol - at).c_str(), nullptr, 16);
+    if (size == 0 || eol + 2 + size > response.size()) return body;
+    body += response.substr(eol + 2, size);
+    at = eol + 2 + size + 2;
+  }
+}
+
+// Proves a streamed rollout the shutdown cancels at its grace's end, its client still connected
+// and reading, ends with an error event of type shutting_down and then `data: [DONE]`, and is
+// recorded aborted. Catches the streamed branch of the cancel's answer cutting the stream
+// without telling the client (or telling it the engine failed), and a cancelled stream left
+// unfinished.
+TEST(ProxyShutdown, AStreamCancelledAtTheGracesEndIsToldShuttingDownThenDone) {
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine));
+  engine.Set("/v1/completions", [&engine](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider(
+        "text/event-stream", [&engine](size_t, httplib::DataSink& sink) {
+          const std::string first = CompletionEvent("first-of-hung", {11}) + "\n\n";
+          sink.write(first.data(), first.size());
+          engine.Hold();  // the engine hangs after its first event
+          return false;
+        });
+  });
+  const int fd = connect_loopback(s.svc->port());
+  const std::string req =
+      post_bytes("/v1/completions", completion_body(true), "Connection: close\r\n");
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string got;
+  ASSERT_TRUE(ReadUntil(fd, "first-of-hung", got)) << got;  // the stream is under way
+  std::thread reader([&] { ReadUntil(fd, "\r\n0\r\n\r\n", got); });
+  const std::uint64_t aborted_before = s.svc->metrics().finishes_aborted.load();
+  EXPECT_FALSE(s.svc->Shutdown(500));
+  reader.join();
+  ::close(fd);
+  engine.Release();
+  const std::string body = ChunkedBody(got);
+  const std::size_t error_at = body.find("\"type\":\"shutting_down\"");
+  ASSERT_NE(error_at, std::string::npos) << body;
+  EXPECT_EQ(body.find("\"upstream\""), std::string::npos) << body;
+  const std::size_t done_at = body.find("data: [DONE]\n\n", error_at);
+  ASSERT_NE(done_at, std::string::npos) << body;
+  EXPECT_EQ(done_at + 14, body.size()) << "the stream goes on after [DONE]: " << body;
+  EXPECT_EQ(s.svc->metrics().finishes_aborted.load(), aborted_before + 1);
+  EXPECT_EQ(s.svc->metrics().proxy_in_flight.load(), 0);
   s.svc.reset();
 }
 

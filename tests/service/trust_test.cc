@@ -354,6 +354,48 @@ TEST(TrustApi, GeneratedRolloutIdsCannotBeClaimed) {
   EXPECT_EQ(ok->status, 201) << ok->body;
 }
 
+// Proves a proxied client that leaves while its admission waits for the engine (an update is
+// draining) is never admitted: its wait ends when it leaves, and once the update commits nothing
+// names its rollout id. Catches the admission that went on for a client long gone (up to
+// admit_wait_ms), then journaled it on the new policy only to abort it at once.
+TEST(TrustProxy, AClientThatLeavesWhileItsAdmissionWaitsIsNeverAdmitted) {
+  Stack s;
+  httplib::Client c = s.client();
+  auto held =
+      c.Post("/v1/rollouts", auth(), json{{"rollout_id", "held"}}.dump(), "application/json");
+  ASSERT_TRUE(held && held->status == 201);
+  std::thread trainer([&] {
+    httplib::Client t = s.client();
+    auto u =
+        t.Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)), "application/json");
+    ASSERT_TRUE(u);
+    EXPECT_EQ(u->status, 200) << u->body;
+  });
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kDraining; }, 5000));
+  std::thread leaver([&] {
+    httplib::Client l = s.client();
+    l.set_read_timeout(3, 0);  // then it gives up and closes its connection
+    auto r = l.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", "gone-1"}},
+                    R"({"prompt": "x", "max_tokens": 2})", "application/json");
+    EXPECT_FALSE(r) << "answered while the engine drained: " << r->status;
+  });
+  EXPECT_TRUE(eventually([&] { return s.svc->admissions_in_progress() == 1; }, 5000));
+  leaver.join();
+  EXPECT_TRUE(eventually([&] { return s.svc->admissions_in_progress() == 0; }, 5000))
+      << "the admission still waits for a client that left";
+  auto done = c.Delete("/v1/rollouts/held", auth());
+  ASSERT_TRUE(done);
+  trainer.join();
+  ASSERT_TRUE(
+      eventually([&] { return s.svc->journal().state().lifecycle == Lifecycle::kReady; }, 5000));
+  auto seqs = s.svc->journal().RolloutSeqs("gone-1");
+  ASSERT_TRUE(seqs.ok()) << seqs.status().ToString();
+  EXPECT_TRUE(seqs->empty()) << "the rollout of a client that left was journaled";
+  EXPECT_EQ(s.svc->journal().state().counters.rollouts_admitted, 1u);
+  EXPECT_EQ(s.svc->metrics().admissions_abandoned.load(), 1u);
+}
+
 // Puts the stack's journal in DRAINING with the leased rollout "held" active, as a process that
 // died mid-drain leaves it (fail-stopped by an fsync error on the finish of a second rollout).
 void CrashWhileDraining(Stack& s) {
