@@ -9,6 +9,7 @@
 
 #include "audit/audit.h"
 #include "effects/http/weight_digest.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "journal/codec.h"
 #include "journal/json.h"
@@ -229,6 +230,7 @@ Runner add_audit(CLI::App& app) {
                                                          : audit::kExitUsage;
     }
     journal::Journal& j = **opened;
+    NoteLiveWriter(j, "audit");
     const std::string torn = j.recovery().torn_tail;
     const bool head_ok = o->expect_head.empty() || CheckExpectedHead(j, o->expect_head, o->lines());
     if (!o->rollout.empty()) return ShowProvenance(j, *o, torn, head_ok);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -11,7 +12,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "journal/journal.h"
+
 namespace rc::cli {
+
+// A journal a writer holds is read as the writer has it: its WAL tail and clean-close checks
+// cannot run there, and the report's verdict does not say so. stderr does (stdout keeps the
+// report's format).
+inline void NoteLiveWriter(const journal::Journal& j, const char* command) {
+  if (!j.recovery().live_writer) return;
+  std::fprintf(stderr,
+               "rolloutcore %s: note: a writer holds this journal, so its WAL tail and clean-close "
+               "checks were skipped; run again once the writer has stopped for those\n",
+               command);
+}
 
 // Whether `path` exists and is not an empty directory; a path that cannot be inspected counts as
 // holding files (the caller refuses to start over it).

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "journal/json.h"
 #include "replay/replay.h"
@@ -91,6 +92,7 @@ Runner add_replay(CLI::App& app) {
     auto opened = journal::Journal::Open(opts->path, options);
     if (!opened.ok()) return Refused(opened.status());
     journal::Journal& j = **opened;
+    NoteLiveWriter(j, "replay");
     const std::string torn = j.recovery().torn_tail;
     // Resolved before anything is printed, so --events lists exactly the records the report folds.
     Result<replay::FoldEnd> until = replay::ResolveUntil(j, opts->until);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -478,6 +479,34 @@ TEST(Cli, AuditReadsATrajectoriesFileAroundItsTornLines) {
             std::string::npos)
       << json.out;
   EXPECT_EQ(verdict["exit_code"], 1) << json.out;
+}
+
+// Proves replay and audit of a journal a writer holds say on stderr that its WAL tail and
+// clean-close checks were skipped, and say nothing of it once the writer has closed it; catches
+// the "verification: OK" of a live journal that a reader took for the full check.
+TEST(Cli, AJournalAWriterHoldsIsSaidToSkipItsTailChecks) {
+  TempDir dir;
+  const std::string note = "a writer holds this journal";
+  std::map<std::string, int> live_exit;
+  {
+    auto writer = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    for (auto& g : journal::testing::BootstrapGroups()) {
+      ASSERT_TRUE((*writer)->Append(journal::testing::Group(g)).ok());
+    }
+    for (const char* command : {"replay", "audit"}) {
+      const CliRun live = RunCli({command, dir.path()}, /*with_stderr=*/true);
+      EXPECT_NE(live.out.find(std::string("rolloutcore ") + command + ": note: " + note),
+                std::string::npos)
+          << live.out;
+      live_exit[command] = live.exit_code;
+    }
+  }
+  for (const char* command : {"replay", "audit"}) {
+    const CliRun closed = RunCli({command, dir.path()}, /*with_stderr=*/true);
+    EXPECT_EQ(closed.out.find(note), std::string::npos) << closed.out;
+    EXPECT_EQ(closed.exit_code, live_exit[command]) << closed.out;  // the same verdict
+  }
 }
 
 }  // namespace
