@@ -17,64 +17,21 @@
 
 #include "service/http_server.h"
 #include "service/service.h"
+#include "tests/service/raw_http.h"
 #include "tests/service/service_stack.h"
 
 namespace rc::service {
 namespace {
 
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  RC_CHECK(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  RC_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  timeval tv{10, 0};  // a server that never answers fails the test instead of hanging it
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  return fd;
-}
-
-bool send_all(int fd, const std::string& bytes) {
-  for (std::size_t at = 0; at < bytes.size();) {
-    const ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    at += static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// Everything the server sends until it closes (or goes quiet for the receive timeout).
-std::string read_to_close(int fd) {
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) {
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  return out;
-}
-
-std::string raw_exchange(int port, const std::string& bytes) {
-  const int fd = connect_loopback(port);
-  RC_CHECK(send_all(fd, bytes));
-  std::string out = read_to_close(fd);
-  ::close(fd);
-  return out;
-}
-
-int status_of(const std::string& response) {
-  if (response.size() < 12 || response.rfind("HTTP/1.1 ", 0) != 0) return 0;
-  return std::atoi(response.substr(9, 3).c_str());
-}
-
-std::string head_of(const std::string& response) {
-  return response.substr(0, response.find("\r\n\r\n"));
-}
-
-std::string body_of(const std::string& response) {
-  const std::size_t at = response.find("\r\n\r\n");
-  return at == std::string::npos ? "" : response.substr(at + 4);
-}
+using raw_http::body_of;
+using raw_http::connect_loopback;
+using raw_http::head_of;
+using raw_http::OneLoop;
+using raw_http::raw_exchange;
+using raw_http::read_to_close;
+using raw_http::send_all;
+using raw_http::StartOrDie;
+using raw_http::status_of;
 
 // Whether `value` reads `want` within 2 s.
 bool eventually(const std::function<std::uint64_t()>& value, std::uint64_t want) {
@@ -82,18 +39,6 @@ bool eventually(const std::function<std::uint64_t()>& value, std::uint64_t want)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return value() == want;
-}
-
-HttpServerOptions OneLoop() {
-  HttpServerOptions o;
-  o.io_threads = 1;
-  return o;
-}
-
-int StartOrDie(HttpServer& http) {
-  Result<int> port = http.Start();
-  RC_CHECK(port.ok());
-  return *port;
 }
 
 // GET /stream streams "hello " then ends with "world"; GET /ping answers "pong"; no POST route

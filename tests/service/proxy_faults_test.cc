@@ -28,10 +28,18 @@
 #include "service/http_server.h"
 #include "service/service.h"
 #include "tests/service/scripted_engine.h"
+#include "tests/service/raw_http.h"
 #include "tests/service/service_stack.h"
 
 namespace rc::service {
 namespace {
+
+using raw_http::body_of;
+using raw_http::connect_loopback;
+using raw_http::OneLoop;
+using raw_http::raw_exchange;
+using raw_http::StartOrDie;
+using raw_http::status_of;
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -56,44 +64,10 @@ struct Stack : stack::ServiceStack {
   httplib::Client client() const { return ServiceStack::client(30); }
 };
 
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  RC_CHECK(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  RC_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  return fd;
-}
-
-// Sends raw bytes as one request and returns everything the server answered until it closed.
-std::string raw_exchange(int port, const std::string& bytes) {
-  const int fd = connect_loopback(port);
-  timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  RC_CHECK(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-           static_cast<ssize_t>(bytes.size()));
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return out;
-}
-
 std::string post_bytes(const std::string& path, const std::string& body,
                        const std::string& extra_headers = "") {
   return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
          extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-}
-
-int status_of(const std::string& response) {
-  if (response.size() < 12 || response.rfind("HTTP/1.1 ", 0) != 0) return 0;
-  return std::atoi(response.substr(9, 3).c_str());
 }
 
 std::string completion_body(bool stream) {
@@ -763,24 +737,6 @@ HttpRouter EchoRoutes() {
     res = MakeResponse(200, "hi", "text/plain");
   });
   return r;
-}
-
-std::string body_of(const std::string& response) {
-  const std::size_t at = response.find("\r\n\r\n");
-  return at == std::string::npos ? "" : response.substr(at + 4);
-}
-
-HttpServerOptions OneLoop() {
-  HttpServerOptions o;
-  o.io_threads = 1;
-  return o;
-}
-
-// Starts the server and returns its port (a server that cannot start fails the test binary).
-int StartOrDie(HttpServer& http) {
-  Result<int> port = http.Start();
-  RC_CHECK(port.ok());
-  return *port;
 }
 
 // Proves a route reads a header verbatim (never percent-decoded), case-insensitively, and sees
