@@ -588,10 +588,20 @@ namespace {
 
 // What serve restarts from is the newest snapshot and the records after it, not this refold:
 // a snapshot the hash chain does not cover (edited, copied from another journal, a codec fault)
-// would start serve from a state the records never reached, so the two must be equal.
-void CheckRestartState(const journal::Journal& journal, ReplayReport& report) {
+// would start serve from a state the records never reached, so the two must be equal. A writer
+// may have appended since the scan read its head: its state then counts other records, and is
+// not compared.
+void CheckRestartState(journal::Journal& journal, ReplayReport& report) {
   RC_CHECK(report.ok);
-  if (journal.fleet_state() == report.fleet) return;
+  Result<FleetState> loaded = journal.LoadFleetState();
+  if (!loaded.ok()) {
+    report.ok = false;
+    report.read_failure = loaded.status().code();
+    report.first_bad_seq = report.last_seq;
+    report.error = "the state a restart loads could not be read: " + loaded.status().ToString();
+    return;
+  }
+  if (loaded->events != report.fleet.events || *loaded == report.fleet) return;
   report.ok = false;
   report.read_failure = Code::kCorruption;
   report.first_bad_seq = report.last_seq;
@@ -622,8 +632,8 @@ Result<ReplayReport> Replay(journal::Journal& journal, const ReplayOptions& opti
       report.error += "; then the scan stopped: " + scanned.ToString();
     }
   } else if (report.ok) {
-    replayer.Finish();
-    if (options.until_seq == 0) CheckRestartState(journal, report);
+    replayer.Finish();  // may find the last group short of its decisions
+    if (report.ok && options.until_seq == 0) CheckRestartState(journal, report);
   }
   if (auto it = report.fleet.engines.find(""); it != report.fleet.engines.end()) {
     report.state = it->second;

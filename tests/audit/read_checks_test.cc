@@ -318,5 +318,32 @@ TEST(Replay, ASnapshotUnlikeTheRecordsIsDamage) {
   EXPECT_NE(replay::FormatReport(*report).find("verification: FAILED"), std::string::npos);
 }
 
+// Proves a journal whose last input lacks the decision decide() derives (a probe recorded without
+// its READY transition, the chain intact) replays to "FAILED", never to an abort; catches the
+// restart-state check that asserted the report was still OK after the last group's own check
+// had failed it, killing replay on exactly the journals it exists to explain.
+TEST(Replay, ALastGroupShortOfItsDecisionsFailsTheReport) {
+  TempDir dir;
+  WriteJournal(dir.path(), {});  // the bootstrap: seq 4 is the probe's StateChanged
+  EditRaw(dir.path(), [](rocksdb::DB& db, const Cf& cf) {
+    std::string probe;
+    ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[1], SeqKey(3), &probe).ok());
+    const journal::Hash hash = journal::Sha256(probe);
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(4)).ok());
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_seq", SeqKey(3)).ok());
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_hash",
+                       std::string(reinterpret_cast<const char*>(hash.data()), hash.size()))
+                    .ok());
+  });
+  fs::remove(dir.path() + "/CLOSED");
+  auto j = journal::Journal::Open(dir.path(), ReadOnly());
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  Result<replay::ReplayReport> report = replay::Replay(**j, replay::ReplayOptions{});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->ok);
+  EXPECT_EQ(report->read_failure, Code::kOk) << report->error;
+  EXPECT_NE(replay::FormatReport(*report).find("verification: FAILED"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace rc
