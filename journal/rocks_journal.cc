@@ -1387,6 +1387,8 @@ Result<std::optional<FleetSnapshot>> RocksJournal::LatestSnapshot(std::uint64_t 
 Status RocksJournal::Usable() const {
   CheckStall();
   if (!failed_.ok()) return failed_;
+  // Once closing, no group is queued: the committer's last pass may already have run.
+  if (stopping_) return Status::Unavailable("journal at " + path_ + " is closing");
   if (options_.read_only)
     return Status::InvalidArgument("journal at " + path_ + " is open read-only");
   return Status::OK();
