@@ -258,8 +258,8 @@ const std::array kKeys = {
               std::uint64_t{1} << 20,
               std::uint64_t{1} << 40,
               kBounds,
-              "request and response bodies all connections hold at once (bytes); a request "
-              "beyond it is answered 503",
+              "request and response bodies all connections hold at once (bytes), at least twice "
+              "body_bytes_max; a request beyond it is answered 503",
               {}},
     ConfigKey{"http_threads",
               "http-threads",

@@ -675,7 +675,8 @@ void ProxyExchange::AnswerAborted() {
   if (!shutdown) {
     return ex_.Respond(ErrorResponse(499, "client_closed", "client closed the connection"));
   }
-  HttpResponse res = ErrorResponse(503, "shutting_down", why);
+  HttpResponse res = BindingHead(503);  // the rollout was journaled: its ids go with the answer
+  SendError(res, 503, "shutting_down", why);
   SetHeader(res, "Retry-After", std::to_string(svc_.config_.retry_after_s));
   ex_.Respond(std::move(res));
 }
