@@ -340,7 +340,11 @@ def main():
     results = {p: {} for p in args.path_list}
     with harness.Lab(args, "rc-proxy-compare.") as lab:
         load_before = loadavg()
-        want = max(args.conns) + 64
+        # The double serves each connection on a thread of its own (vLLM's asyncio server has no
+        # such bound), and the middles keep idle engine connections between cells: nginx up to
+        # 64 per worker, serve up to the last cell's connections. Too few threads would leave
+        # the next cell's connections queued until those idle ones time out (5 s).
+        want = 2 * max(args.conns) + 64 * args.workers + 64
         double, dbl_url, model, dbl_cmd = lab.start_double(
             dbl_bin, 0, http_threads=want, max_num_seqs=want, nofile=args.nofile, extra=args.double_arg)
         log(f"vllm-double at {dbl_url}, model {model!r}")
