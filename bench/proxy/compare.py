@@ -212,12 +212,44 @@ def errors_of(cell):
     return errs
 
 
-def run_cell(args, lab, url, conns, lua, middle_pids, double_pid, threads_pid=None):
+# Serve's latency histograms whose means split a request's time: the journal's durable waits,
+# the engine call, and what the proxy adds around it.
+SPLIT = (("rolloutcore_journal_append_seconds", "journal append (admission or finish, each)"),
+         ("rolloutcore_proxy_upstream_seconds", "engine call"),
+         ("rolloutcore_proxy_added_seconds", "added by serve"),
+         ("rolloutcore_proxy_request_seconds", "end to end"))
+
+
+def histogram_sums(url, token):
+    """{name: (sum_s, count)} of SPLIT's histograms from serve's /metrics."""
+    st, body = harness.http("GET", url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+    if st != 200:
+        raise BenchError(f"GET /metrics answered {st}: {body[:200]!r}")
+    got = {}
+    for line in body.decode("utf-8", "replace").splitlines():
+        for name, _ in SPLIT:
+            for suffix in ("_sum", "_count"):
+                if line.startswith(name + suffix + " "):
+                    got.setdefault(name, [0.0, 0.0])[suffix == "_count"] = float(line.split()[1])
+    return got
+
+
+def split_means_ms(before, after):
+    out = {}
+    for name, _ in SPLIT:
+        if name in after and name in before:
+            n = after[name][1] - before[name][1]
+            out[name] = None if n <= 0 else (after[name][0] - before[name][0]) / n * 1e3
+    return out
+
+
+def run_cell(args, lab, url, conns, lua, middle_pids, double_pid, threads_pid=None, metrics=None):
     cmd = [args.wrk, f"-t{args.threads}", f"-c{conns}", f"-d{args.duration}s", "--latency",
            "--timeout", f"{args.wrk_timeout}s", "-s", lua, url + "/v1/completions"]
     mid0 = harness.cpu_seconds(middle_pids()) if middle_pids else None
     thr0 = harness.thread_cpu_by_name(threads_pid) if threads_pid else {}
     dbl0 = harness.cpu_seconds([double_pid])
+    split0 = metrics() if metrics else None
     try:
         w = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 60)
     except subprocess.TimeoutExpired:
@@ -226,6 +258,7 @@ def run_cell(args, lab, url, conns, lua, middle_pids, double_pid, threads_pid=No
     thr1 = harness.thread_cpu_by_name(threads_pid) if threads_pid else {}
     dbl1 = harness.cpu_seconds([double_pid])
     cell = parse_wrk(w.stdout)
+    cell["split_ms"] = split_means_ms(split0, metrics()) if metrics else {}
     cell["wrk_rc"] = w.returncode
     cell["wrk_output"] = w.stdout + w.stderr
     n = cell["requests"] or 0
@@ -285,6 +318,12 @@ def serve_threads(args, cells):
     for c in args.conns:
         per = sorted(cells[c].get("threads_us_per_req", {}).items(), key=lambda kv: -kv[1])
         shown = ", ".join(f"{name} {us:.1f}" for name, us in per if us >= 0.05)
+        lines.append(f"- {c} conns: {shown or '—'}")
+    lines.append("\nServe's time per request, means from its histograms (ms):")
+    for c in args.conns:
+        split = cells[c].get("split_ms", {})
+        shown = ", ".join(f"{label} {split[name]:.3f}" for name, label in SPLIT
+                          if split.get(name) is not None)
         lines.append(f"- {c} conns: {shown or '—'}")
     return "\n".join(lines)
 
@@ -356,7 +395,7 @@ def main():
             middles["nginx"] = lambda: [ngx.pid] + harness.children_of(ngx.pid)
             log(f"nginx at {urls['nginx']} (pids {middles['nginx']()})")
         if "serve" in args.path_list:
-            srv, urls["serve"], _token, serve_cfg = lab.start_serve(rc_bin, dbl_url, settings,
+            srv, urls["serve"], token, serve_cfg = lab.start_serve(rc_bin, dbl_url, settings,
                                                                     nofile=args.nofile)
             middles["serve"] = lambda: [srv.pid]
             log(f"serve at {urls['serve']} (journal fsync "
@@ -379,7 +418,9 @@ def main():
                 for ch in lab.children:
                     ch.check_alive()
                 cell = run_cell(args, lab, urls[path], c, lua, middles[path], double.pid,
-                                threads_pid=srv.pid if path == "serve" else None)
+                                threads_pid=srv.pid if path == "serve" else None,
+                                metrics=(lambda: histogram_sums(urls["serve"], token))
+                                if path == "serve" else None)
                 results[path][c] = cell
                 log(f"{path:6} {c:4} conns: {fmt_num(cell['rps'])} req/s, p99 {fmt_ms(cell['p99_ms'])}, "
                     f"middle {fmt_num(cell['middle_us_per_req'], 1)} µs/req, double "
