@@ -1224,18 +1224,27 @@ Offset<fb::FleetUpdateState> EncFleetUpdateState(FlatBufferBuilder& b,
   return fb::CreateFleetUpdateState(b, request, members_vec, cancelled, u->cancelled.has_value());
 }
 
+// What a writer of each generation stored beside the fold itself.
+struct FleetExtras {
+  bool with_removed = true;
+  const Hash* chain_hash = nullptr;  // nullptr: none (before v9)
+};
+
 Offset<FleetTable> EncFleet(FlatBufferBuilder& b, const FleetState& f, std::uint64_t events,
-                            bool with_removed) {
+                            const FleetExtras& extras) {
   auto engines = EncEngines(b, f.engines);
   auto leaving = b.CreateVectorOfStrings(f.leaving.begin(), f.leaving.end());
   auto policy = EncPolicy(b, f.policy);
   auto generations = EncGenerations(b, f.label_generation);
   auto labels = EncLabels(b, f.labels);
   auto update = EncFleetUpdateState(b, f.update);
-  auto removed = with_removed ? EncCounters(b, f.removed) : Offset<fb::Counters>();
+  auto removed = extras.with_removed ? EncCounters(b, f.removed) : Offset<fb::Counters>();
+  auto chain_hash = extras.chain_hash == nullptr
+                        ? Offset<flatbuffers::Vector<std::uint8_t>>()
+                        : b.CreateVector(extras.chain_hash->data(), extras.chain_hash->size());
   return fb::CreateFleetSnapshotState(b, events, engines, leaving, policy, generations, labels,
                                       f.next_generation, f.named, update, f.fleet_updates_ended,
-                                      removed);
+                                      removed, chain_hash);
 }
 
 // Stored bytes that break one of the fold's rules are corrupt, not a bad request.
@@ -1405,6 +1414,20 @@ Status CheckFleetCounts(const FleetState& f, std::uint64_t events) {
   return Status::OK();
 }
 
+// Absent in a snapshot from before v9; present, it is exactly one SHA-256.
+Status DecChainHash(const FleetTable* t, FleetSnapshot& out) {
+  const flatbuffers::Vector<std::uint8_t>* v = t->chain_hash();
+  if (v == nullptr) return Status::OK();
+  Hash hash{};
+  if (v->size() != hash.size()) {
+    return Status::Corruption("chain hash of " + std::to_string(v->size()) + " bytes, not " +
+                              std::to_string(hash.size()));
+  }
+  std::memcpy(hash.data(), v->data(), hash.size());
+  out.chain_hash = hash;
+  return Status::OK();
+}
+
 Result<FleetSnapshot> DecFleetTable(const FleetTable* t) {
   FleetSnapshot out;
   out.events = t->events();
@@ -1420,6 +1443,7 @@ Result<FleetSnapshot> DecFleetTable(const FleetTable* t) {
   f.fleet_updates_ended = t->fleet_updates_ended();
   out.counts_removed = t->removed() != nullptr;
   if (out.counts_removed) f.removed = DecCounters(*t->removed());
+  RC_RETURN_IF_ERROR(DecChainHash(t, out));
   f.events = out.events;
   RC_RETURN_IF_ERROR(CheckFleetCounts(f, out.events));
   if (std::string bad = check_fleet_invariants(f); !bad.empty()) {
@@ -1430,15 +1454,22 @@ Result<FleetSnapshot> DecFleetTable(const FleetTable* t) {
 
 }  // namespace
 
+std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events,
+                             const Hash& chain_hash) {
+  FlatBufferBuilder b(4096);
+  b.Finish(EncFleet(b, fleet, events, FleetExtras{true, &chain_hash}));
+  return FinishHashed(b);
+}
+
 std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events) {
   FlatBufferBuilder b(4096);
-  b.Finish(EncFleet(b, fleet, events, /*with_removed=*/true));
+  b.Finish(EncFleet(b, fleet, events, FleetExtras{true, nullptr}));
   return FinishHashed(b);
 }
 
 std::string EncodeFleetStateWithoutRemoved(const FleetState& fleet, std::uint64_t events) {
   FlatBufferBuilder b(4096);
-  b.Finish(EncFleet(b, fleet, events, /*with_removed=*/false));
+  b.Finish(EncFleet(b, fleet, events, FleetExtras{false, nullptr}));
   return FinishHashed(b);
 }
 

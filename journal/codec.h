@@ -16,12 +16,14 @@
 //   snapshot    := flatbuffer(State) ‖ SHA-256(flatbuffer(State))   (the last 32 bytes)
 //   fleet snapshot (v8) := flatbuffer(FleetSnapshotState) ‖ SHA-256(flatbuffer(...)), each
 //                  engine's State inside as its own `snapshot` bytes, 8 + 32 <= size <=
-//                  kFleetStateBytesMax
+//                  kFleetStateBytesMax; chain_hash (v9, 32 bytes when present) = hash(record
+//                  `events`)
 // Decoding never trusts the bytes: length bound first, copy to 8-byte-aligned storage, FlatBuffers
 // Verifier (depth 16, tables 4096), identifier, unknown union tags and out-of-range enums rejected.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -81,20 +83,27 @@ std::string EncodeState(const State& state);
 [[nodiscard]] Result<State> DecodeState(std::string_view bytes);
 
 // A fleet's folded state after `events` records (the snapshot's seq), as stored in the snapshots
-// column family of a journal of named engines. Same framing as EncodeState (FlatBuffers + SHA-256).
+// column family. Same framing as EncodeState (FlatBuffers + SHA-256). `chain_hash` is the hash
+// of record `events`, which the journal compares with that record before it loads the snapshot.
 // The writer must not store bytes over kFleetStateBytesMax: DecodeFleetState refuses them.
+std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events, const Hash& chain_hash);
+// Without the chain hash, as writers before v9 stored a snapshot: for tests of the journals such
+// writers left, and for round trips of the state alone (a journal never writes this form).
 std::string EncodeFleetState(const FleetState& fleet, std::uint64_t events);
-// The bytes a writer from before `removed` existed stored (no removed engines' counters): for
-// tests of the journals such writers left.
+// The bytes a writer from before `removed` existed stored (no removed engines' counters, no chain
+// hash): for tests of the journals such writers left.
 std::string EncodeFleetStateWithoutRemoved(const FleetState& fleet, std::uint64_t events);
 struct FleetSnapshot {
   FleetState fleet;  // fleet.events == events
   std::uint64_t events = 0;
   // false: written before removed engines' counters were kept, so fleet.removed may undercount.
   bool counts_removed = true;
+  // The hash of record `events` the writer folded to; nullopt: written before v9 kept it.
+  std::optional<Hash> chain_hash;
 };
 // Errors: Corruption naming what is wrong (size, hash, structure, a bound, a duplicate, an enum
-// range, an engine's own snapshot, or the fleet invariant that does not hold). Never throws.
+// range, an engine's own snapshot, a chain hash that is not 32 bytes, or the fleet invariant that
+// does not hold). Never throws.
 [[nodiscard]] Result<FleetSnapshot> DecodeFleetState(std::string_view bytes);
 
 }  // namespace rc::journal

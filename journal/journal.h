@@ -123,9 +123,11 @@ struct Options {
   bool read_only = false;
   std::string secondary_path;  // scratch dir for a secondary instance ("" = temp, removed)
   // The RocksDB Env (file system, threads, clock); nullptr: rocksdb::Env::Default(). Tests pass
-  // an in-memory or fault-injecting one (journal/testing/fault_env.h). Must outlive the journal.
+  // an in-memory or fault-injecting one (journal/testing/fault_env.h). Must outlive the journal,
+  // and an open-time write left running past its deadline (see Open).
   rocksdb::Env* env = nullptr;
   // A group commit not durable within this fails the journal (Wait returns Timeout); 0: no limit.
+  // Each write the writer's Open performs has the same deadline (Open returns Timeout).
   std::uint32_t commit_stall_timeout_ms = 10000;
   // Once a group is wanted durable, the committer waits this long before it takes the batch, so
   // groups submitted meanwhile share its fsync; 0: it takes the batch at once. At most
@@ -160,10 +162,16 @@ class Journal {
   // Opens or creates the journal at `path`. Errors: Busy ("journal already open by another
   // process", naming the holder's LOCK path), Corruption (naming the path; never auto-repaired:
   // a live file missing or of the wrong size, a missing head, a snapshot past the head, a record
-  // missing that the head or a snapshot says exists, fewer records than a clean close recorded,
-  // a column family the MANIFEST lacks, a journal's files without their CURRENT). Only a
-  // directory holding none of a journal's files is created (create_if_missing).
+  // missing that the head or a snapshot says exists, a snapshot whose chain hash is not the hash
+  // of the record at its seq or that counts other than its seq's events, fewer records than a
+  // clean close recorded, a column family the MANIFEST lacks, a journal's files without their
+  // CURRENT). Only a directory holding none of a journal's files is created (create_if_missing).
   // A torn WAL tail opens (crash recovery) and is reported by recovery().
+  // The writer's open writes (RocksDB's own open and recovery, the schema and head keys, the
+  // removal of the clean-close record, a snapshot): each not done within
+  // Options::commit_stall_timeout_ms (when nonzero) is Timeout naming the path and the write.
+  // Such a write cannot be cancelled: it runs on, detached, holding the database open until it
+  // returns, and the caller is expected to exit (a later Open in this process meanwhile is Busy).
   [[nodiscard]] static Result<std::unique_ptr<Journal>> Open(const std::string& path,
                                                              const Options& options);
 
@@ -243,6 +251,9 @@ class Journal {
 
   virtual std::uint64_t head_seq() const = 0;  // last durable-or-enqueued seq
   virtual Hash head_hash() const = 0;
+  // The last seq whose group commit returned OK (<= head_seq()): what a crash now would keep.
+  // The default suits only a journal whose groups are durable once enqueued; a wrapper forwards.
+  virtual std::uint64_t durable_seq() const { return head_seq(); }
 
   // NotFound past the durable head; a record missing at or below it was lost: Corruption.
   [[nodiscard]] virtual Result<Record> Read(std::uint64_t seq) = 0;

@@ -8,7 +8,8 @@
 //   idempotency  client_event_id                -> BE64(first_seq) ‖ BE64(last_seq) ‖
 //   SHA-256(group)
 //                where group = concat over events of BE32(len) ‖ EncodeEventOnly(event)
-//   snapshots    BE64(seq) ‖ "f"                -> EncodeFleetState(fold of 1..seq)
+//   snapshots    BE64(seq) ‖ "f"                -> EncodeFleetState(fold of 1..seq, hash of
+//                                                  record seq; before v9 without the hash)
 //                BE64(seq)                      -> EncodeState(...): written before fleets; never
 //                                                  loaded (it lacks the fleet's label order)
 //   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64
@@ -413,6 +414,70 @@ class HeldLock {
   rocksdb::FileLock* lock_;
 };
 
+// The RocksDB instance, its column family handles and the WAL filter its recovery reads through.
+// The journal shares it with each open-time step running on a helper thread (RunBounded), and the
+// last owner closes it: a step left running past its deadline never touches a closed or freed
+// database, and the journal's destructor never closes one under it (a close waits for background
+// work that the same stalled storage may hold).
+struct RocksDb {
+  WalReplay wal_replay;  // RocksDB keeps a pointer to it: declared first, so destroyed last
+  std::unique_ptr<rocksdb::DB> db;
+  std::vector<rocksdb::ColumnFamilyHandle*> cfs;
+
+  RocksDb() = default;
+  RocksDb(const RocksDb&) = delete;
+  RocksDb& operator=(const RocksDb&) = delete;
+  ~RocksDb() {
+    if (db == nullptr) return;
+    for (auto* h : cfs) db->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    db->Close().PermitUncheckedError();
+  }
+};
+
+// What a helper thread of RunBounded reports, shared with the caller that may stop waiting.
+struct StepOutcome {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+};
+
+// Runs one open-time write, flush or sync with the deadline a group commit has: not done within
+// `deadline_ms` (0: no deadline, and it runs on the caller's thread), it is Timeout naming the
+// journal and `what`. A RocksDB or file system call cannot be cancelled, so the step runs on a
+// helper thread that owns (by shared_ptr, in `step`'s captures) everything it touches. One past
+// its deadline is detached and left to finish or hang; the caller is expected to exit. Nothing
+// ever joins a stuck helper: the one joined has finished, and dropped its captures before it said
+// so (nothing of the journal is destroyed on it).
+Status RunBounded(std::uint32_t deadline_ms, const std::string& path, const std::string& what,
+                  std::function<Status()> step) {
+  if (deadline_ms == 0) return step();
+  auto outcome = std::make_shared<StepOutcome>();
+  std::thread helper([outcome, step = std::move(step)]() mutable {
+    pthread_setname_np(pthread_self(), "rc-journal-open");
+    Status status = step();
+    step = nullptr;
+    std::lock_guard<std::mutex> l(outcome->mu);
+    outcome->status = std::move(status);
+    outcome->done = true;
+    outcome->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> l(outcome->mu);
+  if (!outcome->cv.wait_for(l, std::chrono::milliseconds(deadline_ms),
+                            [&] { return outcome->done; })) {
+    l.unlock();
+    helper.detach();
+    return Status::Timeout("journal at " + path + ": " + what + " did not finish within " +
+                           std::to_string(deadline_ms) +
+                           " ms (the storage stalled); the call cannot be cancelled and runs on: "
+                           "exit, and open the journal again once the storage answers");
+  }
+  Status status = outcome->status;
+  l.unlock();
+  helper.join();
+  return status;
+}
+
 // Raw (key, value) pairs copied out of the iterator, values 8-byte aligned so that DecodeRecord
 // reads them in place.
 struct ScanBatch {
@@ -593,6 +658,10 @@ class RocksJournal final : public Journal {
     std::lock_guard<std::mutex> l(mu_);
     return head_hash_;
   }
+  std::uint64_t durable_seq() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    return durable_seq_;
+  }
   Result<Record> Read(std::uint64_t seq) override;
   Status Scan(std::uint64_t from_seq, std::uint64_t to_seq,
               const std::function<Status(const Record&)>& visit) override;
@@ -610,7 +679,8 @@ class RocksJournal final : public Journal {
   Status Close() override;
 
  private:
-  // Open, by role. Each leaves db_ open and the in-memory head loaded, or returns an error.
+  // Open, by role. Each leaves the database open and the in-memory head loaded, or returns an
+  // error.
   Status OpenWriter();
   Status OpenReadOnly();
   Status OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals);
@@ -619,7 +689,9 @@ class RocksJournal final : public Journal {
   Status OpenSecondary();
   rocksdb::Options DbOptions() const;
   std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(const rocksdb::Options& opts) const;
-  Status OpenError(const rocksdb::Status& s) const;
+  Status OpenRocksWriter();
+  // RunBounded with the journal's path and commit_stall_timeout_ms.
+  Status OpenStep(const std::string& what, std::function<Status()> step) const;
   Status CheckDirectory();
   Status CheckColumnFamilies();
   Status CheckLiveFiles();
@@ -629,6 +701,10 @@ class RocksJournal final : public Journal {
   Result<std::optional<ClosedMark>> ReadClosedMark();
   Status CheckClosedMark(const std::optional<ClosedMark>& mark);
   Status RemoveClosedMark();
+  Status WriteAtOpen(const std::string& what, rocksdb::WriteBatch batch, bool sync) const;
+  Status SnapshotPastOlderFormat();
+  // The snapshot of `fleet` at durable `seq`, carrying the hash of record `seq`.
+  Result<std::string> SnapshotBytes(std::uint64_t seq, const FleetState& fleet);
   void CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before);
   void StopCommitter();
   Status CloseCleanly();
@@ -678,7 +754,10 @@ class RocksJournal final : public Journal {
   // Runs (outside mu_, which `l` holds on entry and on return) every async waiter whose batch is
   // <= upto: with OK when durable, else with failed_. UINT64_MAX: all of them (the journal failed).
   void RunAsyncWaiters(std::unique_lock<std::mutex>& l, std::uint64_t upto) const;
-  Result<Loaded> LoadFromDb();
+  // `strict`: a snapshot whose chain hash is not its record's is Corruption. A read-only open is
+  // not strict, so that replay and audit can read a damaged journal and report it (they ask
+  // LoadFleetState, which is); a writer's open is.
+  Result<Loaded> LoadFromDb(bool strict);
   Status ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, const Hash& prev_hash,
                    const std::function<Status(const Record&)>& visit);
   Result<std::uint64_t> ReadHeadSeq();
@@ -693,10 +772,9 @@ class RocksJournal final : public Journal {
   const std::string path_;
   const Options options_;
   rocksdb::Env* const env_;
-  ScratchDir secondary_dir_;  // declared before db_: removed after the DB closed
-  WalReplay wal_replay_;      // RocksDB keeps a pointer to it: lives as long as db_
-  std::unique_ptr<rocksdb::DB> db_;
-  std::vector<rocksdb::ColumnFamilyHandle*> cfs_;
+  ScratchDir secondary_dir_;  // declared before rocks_: removed after the DB closed
+  // The database, empty until opened; shared with open-time steps (RunBounded).
+  std::shared_ptr<RocksDb> rocks_ = std::make_shared<RocksDb>();
   Recovery recovery_;             // set once by Open
   bool opened_ = false;           // Open succeeded: only then may a close record a clean close
   std::optional<Status> closed_;  // Close()'s answer, once it ran
@@ -736,20 +814,14 @@ class RocksJournal final : public Journal {
   std::thread committer_;  // last: started after everything above exists
 };
 
-RocksJournal::~RocksJournal() {
-  (void)Close();
-  if (db_ == nullptr) return;
-  for (auto* h : cfs_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
-  cfs_.clear();
-  db_->Close().PermitUncheckedError();
-  db_.reset();
-}
+// The database closes with its last owner: here, unless an open-time step still runs on it.
+RocksJournal::~RocksJournal() { (void)Close(); }
 
 Status RocksJournal::Close() {
   if (closed_) return *closed_;
   StopCommitter();
   closed_ = Status::OK();
-  if (db_ != nullptr && opened_ && !options_.read_only) closed_ = CloseCleanly();
+  if (opened_ && !options_.read_only) closed_ = CloseCleanly();
   std::lock_guard<std::mutex> l(mu_);
   // Nothing is appended after the clean-close record: it names the journal's last record.
   if (failed_.ok()) failed_ = Status::Unavailable("journal at " + path_ + " is closed");
@@ -878,17 +950,48 @@ bool LockHeldByAProcess(const rocksdb::Status& s) {
 
 // Only RocksDB's wording of a held lock says Busy: the message names the journal's path too, and
 // a path with "lock" in it (".../block-store/...") must not make a damaged file read as busy.
-Status RocksJournal::OpenError(const rocksdb::Status& s) const {
+Status OpenError(const std::string& path, const rocksdb::Status& s) {
   const std::string msg = s.ToString();
   if (s.IsIOError() && LockHeldByAProcess(s)) {
-    return Status::Busy("journal already open by another process: " + path_ + "/LOCK (" + msg +
-                        ")");
+    return Status::Busy("journal already open by another process: " + path + "/LOCK (" + msg + ")");
   }
   if (s.IsCorruption()) {
-    return Status::Corruption("journal at " + path_ +
+    return Status::Corruption("journal at " + path +
                               " is corrupt; refusing to open (never auto-repaired): " + msg);
   }
-  return Status::IOError("cannot open journal at " + path_ + ": " + msg);
+  return Status::IOError("cannot open journal at " + path + ": " + msg);
+}
+
+Status RocksJournal::OpenStep(const std::string& what, std::function<Status()> step) const {
+  return RunBounded(options_.commit_stall_timeout_ms, path_, what, std::move(step));
+}
+
+// RocksDB's open replays the whole WAL, up to several memtables of records, where a group commit
+// writes one batch: it gets this many times the commit deadline, so that a large healthy journal
+// on a slow disk is not refused while a hung one still is.
+inline constexpr std::uint32_t kRocksOpenDeadlineFactor = 6;
+
+// RocksDB's open of the writer replays the WAL (through the WAL filter), may flush what it
+// replayed, and writes a new MANIFEST and OPTIONS file, each synced: an open-time step. It opens
+// into a database of its own, taken as the journal's only once the open returned in time.
+Status RocksJournal::OpenRocksWriter() {
+  auto opened = std::make_shared<RocksDb>();
+  rocksdb::Options opts = DbOptions();
+  opts.wal_filter = &opened->wal_replay;
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs = Descriptors(opts);
+  const std::uint64_t deadline_ms =
+      std::uint64_t{options_.commit_stall_timeout_ms} * kRocksOpenDeadlineFactor;
+  RC_RETURN_IF_ERROR(RunBounded(
+      static_cast<std::uint32_t>(std::min<std::uint64_t>(deadline_ms, UINT32_MAX)), path_,
+      "RocksDB's open (WAL recovery, MANIFEST)", [opened, opts, descs, path = path_] {
+        rocksdb::DB* raw = nullptr;
+        const rocksdb::Status s = rocksdb::DB::Open(opts, path, descs, &opened->cfs, &raw);
+        opened->db.reset(raw);
+        return s.ok() ? Status::OK() : OpenError(path, s);
+      }));
+  RC_CHECK(opened->db != nullptr && opened->cfs.size() == kCfCount);
+  rocks_ = std::move(opened);
+  return Status::OK();
 }
 
 Status RocksJournal::OpenDb() {
@@ -907,20 +1010,14 @@ Status RocksJournal::OpenWriter() {
   Result<std::map<std::uint64_t, std::uint64_t>> wals = std::map<std::uint64_t, std::uint64_t>();
   if (!fresh_) wals = ListWals(env_, path_);
   if (!wals.ok()) return wals.status();
-  rocksdb::Options opts = DbOptions();
-  opts.wal_filter = &wal_replay_;
-  rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(opts, path_, Descriptors(opts), &cfs_, &raw);
-  if (!s.ok()) return OpenError(s);
-  db_.reset(raw);
-  RC_CHECK(cfs_.size() == kCfCount);
+  RC_RETURN_IF_ERROR(OpenRocksWriter());
   {
     // Background compaction may already run: keep the files it obsoletes until the check ends.
     RC_RETURN_IF_ERROR(
-        FromRocks(db_->DisableFileDeletions(), "disable file deletions in " + path_));
+        FromRocks(rocks_->db->DisableFileDeletions(), "disable file deletions in " + path_));
     const Status live = CheckLiveFiles();
-    RC_RETURN_IF_ERROR(
-        FromRocks(db_->EnableFileDeletions(/*force=*/false), "enable file deletions in " + path_));
+    RC_RETURN_IF_ERROR(FromRocks(rocks_->db->EnableFileDeletions(/*force=*/false),
+                                 "enable file deletions in " + path_));
     RC_RETURN_IF_ERROR(live);
   }
   RC_RETURN_IF_ERROR(CheckSchema());
@@ -930,17 +1027,7 @@ Status RocksJournal::OpenWriter() {
   // From here on a crash must not look like a clean close.
   RC_RETURN_IF_ERROR(RemoveClosedMark());
   RC_RETURN_IF_ERROR(StampSchemaVersion());
-  // A journal whose newest snapshot is of the older format refolded past it: snapshot the fleet
-  // now, so that the next open does not refold again.
-  if (legacy_snapshot_passed_ && head_seq_ > 0 && options_.snapshot_every > 0) {
-    const Status st = WriteSnapshot(head_seq_, fleet_);
-    // Too large to decode: the fold keeps starting lower, as when StageGroup skips a snapshot.
-    if (st.code() == Code::kInvalidArgument) {
-      std::fprintf(stderr, "rolloutcore: journal: %s\n", st.message().c_str());
-    } else {
-      RC_RETURN_IF_ERROR(st);
-    }
-  }
+  RC_RETURN_IF_ERROR(SnapshotPastOlderFormat());
   committer_ = std::thread([this] { CommitterLoop(); });
   return Status::OK();
 }
@@ -969,12 +1056,13 @@ Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint
   if (!mark.ok()) return mark.status();
   rocksdb::Options opts = DbOptions();
   opts.max_open_files = -1;  // every table file is opened (and its footer read) now
-  opts.wal_filter = &wal_replay_;
+  opts.wal_filter = &rocks_->wal_replay;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(opts, path_, Descriptors(opts), &cfs_, &raw);
-  if (!s.ok()) return OpenError(s);
-  db_.reset(raw);
-  RC_CHECK(cfs_.size() == kCfCount);
+  rocksdb::Status s =
+      rocksdb::DB::OpenForReadOnly(opts, path_, Descriptors(opts), &rocks_->cfs, &raw);
+  if (!s.ok()) return OpenError(path_, s);
+  rocks_->db.reset(raw);
+  RC_CHECK(rocks_->cfs.size() == kCfCount);
   RC_RETURN_IF_ERROR(CheckLiveFiles());
   RC_RETURN_IF_ERROR(CheckSchema());
   RC_RETURN_IF_ERROR(LoadHead());
@@ -1006,15 +1094,15 @@ Status RocksJournal::OpenSecondary() {
   opts.max_open_files = -1;  // required by secondary instances
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_.path(),
-                                                   Descriptors(opts), &cfs_, &raw);
-  if (!s.ok()) return OpenError(s);
-  db_.reset(raw);
-  RC_CHECK(cfs_.size() == kCfCount);
+                                                   Descriptors(opts), &rocks_->cfs, &raw);
+  if (!s.ok()) return OpenError(path_, s);
+  rocks_->db.reset(raw);
+  RC_CHECK(rocks_->cfs.size() == kCfCount);
   recovery_.live_writer = true;
   Status live = CheckLiveFiles();
   for (int i = 1; !live.ok() && i < kLiveFileChecksMax; ++i) {
     RC_RETURN_IF_ERROR(
-        FromRocks(db_->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
+        FromRocks(rocks_->db->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
     live = CheckLiveFiles();
   }
   RC_RETURN_IF_ERROR(live);
@@ -1078,7 +1166,7 @@ Status RocksJournal::CheckColumnFamilies() {
   rocksdb::DBOptions db_options;
   db_options.env = env_;
   const rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options, path_, &names);
-  if (!s.ok()) return OpenError(s);
+  if (!s.ok()) return OpenError(path_, s);
   std::string missing;
   for (const char* name : kCfNames) {
     if (std::find(names.begin(), names.end(), name) != names.end()) continue;
@@ -1094,7 +1182,7 @@ Status RocksJournal::CheckColumnFamilies() {
 // Every live file the MANIFEST lists must exist with its recorded size, before anything is read.
 Status RocksJournal::CheckLiveFiles() {
   std::vector<rocksdb::LiveFileMetaData> files;
-  db_->GetLiveFilesMetaData(&files);
+  rocks_->db->GetLiveFilesMetaData(&files);
   for (const rocksdb::LiveFileMetaData& f : files) {
     const std::string file = f.directory + "/" + f.relative_filename;
     std::uint64_t size = 0;
@@ -1119,22 +1207,22 @@ Status RocksJournal::CheckLiveFiles() {
 // must carry the supported schema version.
 Status RocksJournal::CheckSchema() {
   std::string version;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kSchemaKey, &version);
+  rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kSchemaKey, &version);
   if (s.IsNotFound() && !options_.read_only) {
     std::unique_ptr<rocksdb::Iterator> it(
-        db_->NewIterator(rocksdb::ReadOptions(), cfs_[kEventsCf]));
+        rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->cfs[kEventsCf]));
     it->SeekToFirst();
     RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan events of " + path_));
     if (it->Valid()) {
       return Status::Corruption("journal at " + path_ + " holds records but no schema_version");
     }
     rocksdb::WriteBatch batch;
-    RC_CHECK(batch.Put(cfs_[kMetaCf], kSchemaKey, BE64(kSchemaVersion)).ok());
-    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(0)).ok());
-    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadHashKey, std::string(32, '\0')).ok());
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    return FromRocks(db_->Write(wo, &batch), "write schema_version of " + path_);
+    RC_CHECK(batch.Put(rocks_->cfs[kMetaCf], kSchemaKey, BE64(kSchemaVersion)).ok());
+    RC_CHECK(batch.Put(rocks_->cfs[kMetaCf], kHeadSeqKey, BE64(0)).ok());
+    RC_CHECK(batch.Put(rocks_->cfs[kMetaCf], kHeadHashKey, std::string(32, '\0')).ok());
+    return WriteAtOpen("the write of schema_version and the empty head", std::move(batch),
+                       /*sync=*/true);
   }
   if (s.IsNotFound()) {
     return Status::Corruption("journal at " + path_ +
@@ -1158,16 +1246,15 @@ Status RocksJournal::CheckSchema() {
 // binary refuses the journal instead of reading those records without their new fields.
 Status RocksJournal::StampSchemaVersion() {
   if (stored_schema_version_ >= kSchemaVersion) return Status::OK();
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  RC_RETURN_IF_ERROR(FromRocks(db_->Put(wo, cfs_[kMetaCf], kSchemaKey, BE64(kSchemaVersion)),
-                               "write schema_version of " + path_));
+  rocksdb::WriteBatch batch;
+  RC_CHECK(batch.Put(rocks_->cfs[kMetaCf], kSchemaKey, BE64(kSchemaVersion)).ok());
+  RC_RETURN_IF_ERROR(WriteAtOpen("the write of schema_version", std::move(batch), /*sync=*/true));
   stored_schema_version_ = kSchemaVersion;
   return Status::OK();
 }
 
 Status RocksJournal::LoadHead() {
-  Result<Loaded> loaded = LoadFromDb();
+  Result<Loaded> loaded = LoadFromDb(/*strict=*/!options_.read_only);
   if (!loaded.ok()) {
     return Status(loaded.status().code(), "journal at " + path_ + ": " + loaded.status().message());
   }
@@ -1216,33 +1303,77 @@ Status RocksJournal::CheckClosedMark(const std::optional<ClosedMark>& mark) {
   return Status::OK();
 }
 
+namespace {
+
 // The clean-close record, and a CLOSED.tmp a close left when it died midway (never read: only
-// the rename makes a record), are removed (synced) before the writer accepts appends.
-Status RocksJournal::RemoveClosedMark() {
+// the rename makes a record), removed and the directory synced.
+Status RemoveClosedMarkFiles(rocksdb::Env* env, const std::string& path) {
   bool removed = false;
   for (const char* name : {kClosedFile, kClosedTmpFile}) {
-    const std::string file = path_ + "/" + name;
-    const rocksdb::Status exists = env_->FileExists(file);
+    const std::string file = path + "/" + name;
+    const rocksdb::Status exists = env->FileExists(file);
     if (exists.IsNotFound()) continue;
     RC_RETURN_IF_ERROR(FromRocks(exists, "look for " + file));
-    RC_RETURN_IF_ERROR(FromRocks(env_->DeleteFile(file), "remove the clean-close record " + file));
+    RC_RETURN_IF_ERROR(FromRocks(env->DeleteFile(file), "remove the clean-close record " + file));
     removed = true;
   }
   if (!removed) return Status::OK();
   std::unique_ptr<rocksdb::Directory> dir;
-  RC_RETURN_IF_ERROR(FromRocks(env_->NewDirectory(path_, &dir), "open directory " + path_));
-  return FromRocks(dir->Fsync(), "sync directory " + path_);
+  RC_RETURN_IF_ERROR(FromRocks(env->NewDirectory(path, &dir), "open directory " + path));
+  return FromRocks(dir->Fsync(), "sync directory " + path);
+}
+
+}  // namespace
+
+// Before the writer accepts appends, as an open-time step. The step holds the database too, so
+// that a stuck removal leaves its close to the step's thread (RocksDb).
+Status RocksJournal::RemoveClosedMark() {
+  return OpenStep("the removal of the clean-close record",
+                  [env = env_, path = path_, rocks = rocks_] {
+                    (void)rocks;  // held, not used
+                    return RemoveClosedMarkFiles(env, path);
+                  });
+}
+
+// `batch` written (WAL synced when `sync`) as an open-time step; `what` names it.
+Status RocksJournal::WriteAtOpen(const std::string& what, rocksdb::WriteBatch batch,
+                                 bool sync) const {
+  return OpenStep(what, [rocks = rocks_, batch = std::move(batch), sync, what]() mutable {
+    rocksdb::WriteOptions wo;
+    wo.sync = sync;
+    return FromRocks(rocks->db->Write(wo, &batch), what);
+  });
+}
+
+// A journal whose newest snapshot is of an older format refolded past it: the fleet is
+// snapshotted at the head now, so that the next open does not refold again.
+Status RocksJournal::SnapshotPastOlderFormat() {
+  if (!legacy_snapshot_passed_ || head_seq_ == 0 || options_.snapshot_every == 0) {
+    return Status::OK();
+  }
+  Result<std::string> bytes = SnapshotBytes(head_seq_, fleet_);
+  // Too large to decode: the fold keeps starting lower, as when StageGroup skips a snapshot.
+  if (bytes.status().code() == Code::kInvalidArgument) {
+    std::fprintf(stderr, "rolloutcore: journal: %s\n", bytes.status().message().c_str());
+    return Status::OK();
+  }
+  if (!bytes.ok()) return bytes.status();
+  rocksdb::WriteBatch batch;
+  RC_CHECK(batch.Put(rocks_->cfs[kSnapshotsCf], FleetSnapshotKey(head_seq_), *bytes).ok());
+  return WriteAtOpen("the write of the snapshot at seq " + std::to_string(head_seq_),
+                     std::move(batch), options_.sync);
 }
 
 // Compares each WAL recovery read with its size on disk before the open: the difference is a
 // tail recovery dropped. What is knowable: the file, the bytes, the last seq recovered. The seqs
 // of a torn group are not (its batch is unreadable); they would follow the recovered head.
 void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before) {
-  if (!wal_replay_.min_log().has_value()) return;  // nothing was replayed (no WAL read)
+  const WalReplay& wal_replay = rocks_->wal_replay;
+  if (!wal_replay.min_log().has_value()) return;  // nothing was replayed (no WAL read)
   std::string detail;
   for (const auto& [number, size] : wals_before) {
-    if (number < *wal_replay_.min_log()) continue;  // flushed before: recovery does not read it
-    const std::uint64_t read = wal_replay_.read_bytes(number);
+    if (number < *wal_replay.min_log()) continue;  // flushed before: recovery does not read it
+    const std::uint64_t read = wal_replay.read_bytes(number);
     if (size == read) continue;
     if (!detail.empty()) detail += "; ";
     if (size < read) {
@@ -1264,7 +1395,8 @@ void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wa
 
 Result<std::uint64_t> RocksJournal::ReadHeadSeq() {
   std::string v;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kHeadSeqKey, &v);
+  rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kHeadSeqKey, &v);
   // Every journal has a head from its creation (0 when empty): a missing one is lost, never 0.
   if (s.IsNotFound())
     return Status::Corruption("meta head_seq is missing: the journal's head is lost");
@@ -1285,7 +1417,7 @@ Result<Hash> RocksJournal::HashAt(std::uint64_t seq, const std::string& claim) {
 // beside flushed SST files. The last snapshot key alone tells.
 Status RocksJournal::CheckNoSnapshotPastHead(std::uint64_t head_seq) {
   std::unique_ptr<rocksdb::Iterator> it(
-      db_->NewIterator(rocksdb::ReadOptions(), cfs_[kSnapshotsCf]));
+      rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->cfs[kSnapshotsCf]));
   it->SeekToLast();
   if (!it->Valid()) return FromRocks(it->status(), "seek the last snapshot");
   const std::string_view key = View(it->key());
@@ -1301,7 +1433,28 @@ Status RocksJournal::CheckNoSnapshotPastHead(std::uint64_t head_seq) {
                             " were written and then lost (a cut or lost WAL)");
 }
 
-Result<Loaded> RocksJournal::LoadFromDb() {
+namespace {
+
+// The fold starts from a snapshot only if the record at its seq is the one the snapshot was folded
+// to: one copied from another journal, or left by a damaged or partly restored one, would start
+// the process from a state these records never reached. A snapshot written before v9 carries no
+// chain hash; for it, what is checked is only that the record at its seq exists and decodes, that
+// it counts the events its key says, that its state keeps the fold's rules, and that the records
+// after it chain from that record and apply to it (a snapshot copied from another journal's same
+// seq can pass those).
+Status CheckSnapshotChain(std::uint64_t seq, const std::optional<Hash>& carried,
+                          const Hash& record_hash) {
+  if (!carried.has_value() || *carried == record_hash) return Status::OK();
+  return Status::Corruption(
+      "snapshot at seq " + std::to_string(seq) + " carries the chain hash " + HashHex(*carried) +
+      " but the record at seq " + std::to_string(seq) + " hashes to " + HashHex(record_hash) +
+      ": the snapshot is not of this journal's records (copied from another journal, or left by "
+      "a damaged or partial restore); refusing to start from it (never auto-repaired)");
+}
+
+}  // namespace
+
+Result<Loaded> RocksJournal::LoadFromDb(bool strict) {
   Result<std::uint64_t> head = ReadHeadSeq();
   if (!head.ok()) return head.status();
   RC_RETURN_IF_ERROR(CheckNoSnapshotPastHead(*head));
@@ -1310,13 +1463,16 @@ Result<Loaded> RocksJournal::LoadFromDb() {
   Result<std::optional<FleetSnapshot>> snapshot =
       LatestSnapshot(out.head_seq, &out.legacy_snapshot_passed);
   if (!snapshot.ok()) return snapshot.status();
+  std::optional<Hash> chain_hash;
   if (snapshot->has_value()) {
     out.snapshot_seq = (*snapshot)->events;
+    chain_hash = (*snapshot)->chain_hash;
     out.fleet = std::move((*snapshot)->fleet);
   }
   Result<Hash> prev =
       HashAt(out.snapshot_seq, "the snapshot at seq " + std::to_string(out.snapshot_seq));
   if (!prev.ok()) return prev.status();
+  if (strict) RC_RETURN_IF_ERROR(CheckSnapshotChain(out.snapshot_seq, chain_hash, *prev));
   out.head_hash = *prev;
   RC_RETURN_IF_ERROR(ScanRange(out.snapshot_seq + 1, out.head_seq, *prev, [&](const Record& r) {
     Status st = fleet_apply(out.fleet, FleetEvent{r.engine, r.event});
@@ -1329,14 +1485,16 @@ Result<Loaded> RocksJournal::LoadFromDb() {
   }));
   // The stored head hash must match the chain, and nothing may exist past the head.
   std::string stored_hash;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kMetaCf], kHeadHashKey, &stored_hash);
+  rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kHeadHashKey, &stored_hash);
   if (s.IsNotFound()) return Status::Corruption("meta head_hash is missing");
   if (!s.ok()) return FromRocks(s, "read head_hash");
   if (stored_hash.size() != 32 || std::memcmp(stored_hash.data(), out.head_hash.data(), 32) != 0) {
     return Status::Corruption("meta head_hash does not match the hash of seq " +
                               std::to_string(out.head_seq));
   }
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_[kEventsCf]));
+  std::unique_ptr<rocksdb::Iterator> it(
+      rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->cfs[kEventsCf]));
   it->Seek(BE64(out.head_seq + 1));
   if (it->Valid()) {
     return Status::Corruption("record stored past the head seq " + std::to_string(out.head_seq));
@@ -1355,7 +1513,7 @@ Result<std::optional<FleetSnapshot>> RocksJournal::LatestSnapshot(std::uint64_t 
   const std::string upper = BE64(head_seq + 1);
   rocksdb::Slice upper_slice(upper);
   ro.iterate_upper_bound = &upper_slice;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_[kSnapshotsCf]));
+  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(ro, rocks_->cfs[kSnapshotsCf]));
   for (it->SeekToLast(); it->Valid(); it->Prev()) {
     const std::string_view key = View(it->key());
     if (key.size() == 8) {
@@ -1369,10 +1527,12 @@ Result<std::optional<FleetSnapshot>> RocksJournal::LatestSnapshot(std::uint64_t 
     const std::string at = "snapshot at seq " + std::to_string(ParseBE64(key.substr(0, 8)));
     Result<FleetSnapshot> snapshot = DecodeFleetState(View(it->value()));
     if (!snapshot.ok()) return Status::Corruption(at + ": " + snapshot.status().message());
+    // The key's seq, the events the snapshot says it folded, and those its state counts agree.
     if (snapshot->events != ParseBE64(key.substr(0, 8)) ||
         snapshot->fleet.events != snapshot->events) {
       return Status::Corruption(at + " counts " + std::to_string(snapshot->fleet.events) +
-                                " events");
+                                " events, not the " + std::to_string(ParseBE64(key.substr(0, 8))) +
+                                " records up to its seq");
     }
     if (!snapshot->counts_removed && snapshot->fleet.named) {
       *legacy_passed = true;
@@ -1399,7 +1559,7 @@ Result<std::optional<IdemEntry>> RocksJournal::FindIdem(const std::string& key) 
     return std::optional<IdemEntry>(it->second);
   }
   std::string v;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kIdemCf], key, &v);
+  rocksdb::Status s = rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kIdemCf], key, &v);
   if (s.IsNotFound()) return std::optional<IdemEntry>();
   if (!s.ok()) return FromRocks(s, "read idempotency key");
   if (v.size() != 48) return Status::Corruption("idempotency entry for '" + key + "' is malformed");
@@ -1588,17 +1748,19 @@ Ticket RocksJournal::StageGroup(const std::string& key, const Hash& digest,
   }
   if (!key.empty()) {
     IdemEntry entry{first_seq, last_seq, digest, open_batch_id_, group, encoded.hashes.back()};
-    RC_CHECK(open_batch_.Put(cfs_[kIdemCf], key, EncodeIdem(entry)).ok());
+    RC_CHECK(open_batch_.Put(rocks_->cfs[kIdemCf], key, EncodeIdem(entry)).ok());
     idem_pending_[key] = std::move(entry);
   }
   const std::uint64_t every = options_.snapshot_every;
   if (every > 0 && (head_seq_ / every) != (last_seq / every)) {
     RC_CHECK(fleet_.events == last_seq);
     // A snapshot past the decoder's bound is not written (it would fail the next open): the
-    // fold restarts from an earlier one.
-    std::string snapshot = EncodeFleetState(fleet_, last_seq);
+    // fold restarts from an earlier one. It carries the hash of its seq's record, which the open
+    // compares with that record.
+    std::string snapshot = EncodeFleetState(fleet_, last_seq, encoded.hashes.back());
     if (snapshot.size() <= kFleetStateBytesMax) {
-      RC_CHECK(open_batch_.Put(cfs_[kSnapshotsCf], FleetSnapshotKey(last_seq), snapshot).ok());
+      RC_CHECK(
+          open_batch_.Put(rocks_->cfs[kSnapshotsCf], FleetSnapshotKey(last_seq), snapshot).ok());
     } else {
       std::fprintf(stderr, "rolloutcore: journal: snapshot at seq %llu not written: %zu bytes\n",
                    static_cast<unsigned long long>(last_seq), snapshot.size());
@@ -1612,13 +1774,14 @@ Ticket RocksJournal::StageGroup(const std::string& key, const Hash& digest,
 }
 
 void RocksJournal::StageRecord(std::uint64_t seq, const Event& event, const std::string& bytes) {
-  RC_CHECK(open_batch_.Put(cfs_[kEventsCf], BE64(seq), bytes).ok());
+  RC_CHECK(open_batch_.Put(rocks_->cfs[kEventsCf], BE64(seq), bytes).ok());
   if (const std::string* rid = RolloutIdOf(event)) {
-    RC_CHECK(open_batch_.Put(cfs_[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
+    RC_CHECK(open_batch_.Put(rocks_->cfs[kRolloutsCf], RolloutPrefix(*rid) + BE64(seq), "").ok());
   }
   if (const auto* admitted = std::get_if<RolloutAdmitted>(&event)) {
     RC_CHECK(
-        open_batch_.Put(cfs_[kRolloutsCf], RolloutIdKey(admitted->rollout_id), BE64(seq)).ok());
+        open_batch_.Put(rocks_->cfs[kRolloutsCf], RolloutIdKey(admitted->rollout_id), BE64(seq))
+            .ok());
     admitted_pending_[admitted->rollout_id] = PendingAdmission{seq, open_batch_id_};
   }
 }
@@ -1646,7 +1809,7 @@ Status RocksJournal::CheckRolloutIdsUnused(const std::vector<FleetEvent>& group)
       return used_at(it->second.seq);
     std::string v;
     const rocksdb::Status s =
-        db_->Get(rocksdb::ReadOptions(), cfs_[kRolloutsCf], RolloutIdKey(id), &v);
+        rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kRolloutsCf], RolloutIdKey(id), &v);
     if (s.ok()) {
       if (v.size() != 8)
         return Status::Corruption("rollout index entry for '" + id + "' is malformed");
@@ -1827,9 +1990,9 @@ void RocksJournal::CommitterLoop() {
     const std::size_t groups = open_groups_;
     open_groups_ = 0;
     const std::uint64_t head = head_seq_;
-    RC_CHECK(batch.Put(cfs_[kMetaCf], kHeadSeqKey, BE64(head)).ok());
+    RC_CHECK(batch.Put(rocks_->cfs[kMetaCf], kHeadSeqKey, BE64(head)).ok());
     RC_CHECK(batch
-                 .Put(cfs_[kMetaCf], kHeadHashKey,
+                 .Put(rocks_->cfs[kMetaCf], kHeadHashKey,
                       rocksdb::Slice(reinterpret_cast<const char*>(head_hash_.data()), 32))
                  .ok());
     writing_batch_id_ = batch_id;
@@ -1837,7 +2000,7 @@ void RocksJournal::CommitterLoop() {
     l.unlock();
     rocksdb::WriteOptions wo;
     wo.sync = options_.sync;
-    const rocksdb::Status s = db_->Write(wo, &batch);
+    const rocksdb::Status s = rocks_->db->Write(wo, &batch);
     l.lock();
     writing_batch_id_ = 0;
     if (!failed_.ok()) {  // the stall deadline passed while this write ran: it stays unacknowledged
@@ -1998,7 +2161,8 @@ Result<Record> RocksJournal::ReadExpected(std::uint64_t seq, const std::string& 
 
 Result<Record> RocksJournal::ReadStored(std::uint64_t seq) {
   std::string v;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_[kEventsCf], BE64(seq), &v);
+  rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kEventsCf], BE64(seq), &v);
   if (s.IsNotFound()) return Status::NotFound("no record at seq " + std::to_string(seq));
   if (!s.ok()) return FromRocks(s, "read seq " + std::to_string(seq));
   Result<Record> r = DecodeRecord(v);
@@ -2022,7 +2186,7 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
   ro.iterate_upper_bound = &upper_slice;
   ro.fill_cache = false;  // a scan reads each block once: keep it out of the block cache
   ro.readahead_size = kScanReadaheadBytes;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_[kEventsCf]));
+  std::unique_ptr<rocksdb::Iterator> it(rocks_->db->NewIterator(ro, rocks_->cfs[kEventsCf]));
   std::uint64_t expect = from_seq;
   Hash prev = prev_hash;
   auto name = [&] { return "seq " + std::to_string(expect); };  // built only on errors
@@ -2127,7 +2291,7 @@ Result<std::vector<std::uint64_t>> RocksJournal::RolloutSeqs(const std::string& 
   const std::string prefix = RolloutPrefix(rollout_id);
   std::vector<std::uint64_t> out;
   std::unique_ptr<rocksdb::Iterator> it(
-      db_->NewIterator(rocksdb::ReadOptions(), cfs_[kRolloutsCf]));
+      rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->cfs[kRolloutsCf]));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     if (it->key().size() == prefix.size()) continue;  // the id's point key (RolloutIdKey)
     if (it->key().size() != prefix.size() + 8)
@@ -2139,7 +2303,7 @@ Result<std::vector<std::uint64_t>> RocksJournal::RolloutSeqs(const std::string& 
 }
 
 Result<FleetState> RocksJournal::LoadFleetState() {
-  Result<Loaded> loaded = LoadFromDb();
+  Result<Loaded> loaded = LoadFromDb(/*strict=*/true);
   if (!loaded.ok()) return loaded.status();
   return std::move(loaded->fleet);
 }
@@ -2174,35 +2338,45 @@ Result<State> RocksJournal::Refold(std::uint64_t until_seq) {
 }
 
 Status RocksJournal::WriteSnapshot(std::uint64_t seq, const FleetState& fleet) {
+  Result<std::string> bytes = SnapshotBytes(seq, fleet);
+  if (!bytes.ok()) return bytes.status();
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  return FromRocks(rocks_->db->Put(wo, rocks_->cfs[kSnapshotsCf], FleetSnapshotKey(seq), *bytes),
+                   "write snapshot");
+}
+
+Result<std::string> RocksJournal::SnapshotBytes(std::uint64_t seq, const FleetState& fleet) {
+  std::uint64_t durable = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
     RC_RETURN_IF_ERROR(Usable());
-    if (seq == 0 || seq > durable_seq_) {
-      return Status::InvalidArgument("snapshot at seq " + std::to_string(seq) +
-                                     " outside the durable journal 1.." +
-                                     std::to_string(durable_seq_));
-    }
+    durable = durable_seq_;
+  }
+  if (seq == 0 || seq > durable) {
+    return Status::InvalidArgument("snapshot at seq " + std::to_string(seq) +
+                                   " outside the durable journal 1.." + std::to_string(durable));
   }
   // A cheap guard against a snapshot of the wrong point: the fold counts every event applied.
   if (fleet.events != seq) {
     return Status::InvalidArgument("snapshot state counts " + std::to_string(fleet.events) +
                                    " events, not " + std::to_string(seq));
   }
-  const std::string bytes = EncodeFleetState(fleet, seq);
+  Result<Hash> chain_hash = HashAt(seq, "the durable head (seq " + std::to_string(durable) + ")");
+  if (!chain_hash.ok()) return chain_hash.status();
+  std::string bytes = EncodeFleetState(fleet, seq, *chain_hash);
   if (bytes.size() > kFleetStateBytesMax) {  // the next open could not decode it
     return Status::InvalidArgument("snapshot at seq " + std::to_string(seq) + " is " +
                                    std::to_string(bytes.size()) + " bytes, over the bound of " +
                                    std::to_string(kFleetStateBytesMax) + ": not written");
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync;
-  return FromRocks(db_->Put(wo, cfs_[kSnapshotsCf], FleetSnapshotKey(seq), bytes),
-                   "write snapshot");
+  return bytes;
 }
 
 Status RocksJournal::CatchUp() {
   if (!options_.read_only) return Status::OK();
-  RC_RETURN_IF_ERROR(FromRocks(db_->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
+  RC_RETURN_IF_ERROR(
+      FromRocks(rocks_->db->TryCatchUpWithPrimary(), "catch up with primary at " + path_));
   Result<std::uint64_t> head = ReadHeadSeq();
   if (!head.ok()) return head.status();
   std::lock_guard<std::mutex> l(mu_);
@@ -2226,20 +2400,21 @@ Status RocksJournal::CatchUp() {
 
 Status RocksJournal::Checkpoint(const std::string& dir) {
   rocksdb::Checkpoint* raw = nullptr;
-  RC_RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(db_.get(), &raw), "create checkpoint"));
+  RC_RETURN_IF_ERROR(
+      FromRocks(rocksdb::Checkpoint::Create(rocks_->db.get(), &raw), "create checkpoint"));
   std::unique_ptr<rocksdb::Checkpoint> cp(raw);
   return FromRocks(cp->CreateCheckpoint(dir), "checkpoint into " + dir);
 }
 
 Status RocksJournal::VerifyChecksum() {
-  return FromRocks(db_->VerifyChecksum(), "verify checksums of " + path_);
+  return FromRocks(rocks_->db->VerifyChecksum(), "verify checksums of " + path_);
 }
 
 Status RocksJournal::Flush() {
   if (options_.read_only) return Status::InvalidArgument("flush on a read-only journal");
   rocksdb::FlushOptions fo;
   fo.wait = true;
-  return FromRocks(db_->Flush(fo, cfs_), "flush " + path_);
+  return FromRocks(rocks_->db->Flush(fo, rocks_->cfs), "flush " + path_);
 }
 
 Status RocksJournal::Compact() {
@@ -2248,7 +2423,7 @@ Status RocksJournal::Compact() {
   rocksdb::CompactRangeOptions co;
   co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
   for (std::size_t cf = 0; cf < kCfCount; ++cf) {
-    RC_RETURN_IF_ERROR(FromRocks(db_->CompactRange(co, cfs_[cf], nullptr, nullptr),
+    RC_RETURN_IF_ERROR(FromRocks(rocks_->db->CompactRange(co, rocks_->cfs[cf], nullptr, nullptr),
                                  std::string("compact ") + kCfNames[cf] + " of " + path_));
   }
   return Status::OK();

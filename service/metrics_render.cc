@@ -98,15 +98,22 @@ void AppendLifecycle(std::string& out, Lifecycle current) {
   }
 }
 
+// The durable head, as /v1/state's head_seq and the X-RolloutCore-Head header report it: groups
+// only queued for the next group commit are not counted (a crash now would take them back).
+void AppendJournalHead(std::string& out, std::uint64_t durable_seq) {
+  AppendGauge(out, "rolloutcore_journal_head_seq", "last durable journal seq",
+              std::to_string(durable_seq));
+}
+
 void AppendJournalGauges(std::string& out, const MetricsState& s, const ServiceMetrics& m,
-                         std::uint64_t head_seq) {
+                         std::uint64_t durable_seq) {
   AppendGauge(out, "rolloutcore_committed_generation", "committed weight generation",
               std::to_string(s.generation));
   AppendGauge(out, "rolloutcore_active_rollouts", "rollouts admitted and not finished (journal)",
               std::to_string(s.active));
   AppendGauge(out, "rolloutcore_proxy_in_flight", "proxied requests in flight",
               std::to_string(m.proxy_in_flight.load()));
-  AppendGauge(out, "rolloutcore_journal_head_seq", "last journal seq", std::to_string(head_seq));
+  AppendJournalHead(out, durable_seq);
   AppendCounter(out, "rolloutcore_rollouts_admitted_total",
                 "admissions journaled (journal counters)", s.counters.rollouts_admitted);
 }
@@ -455,8 +462,7 @@ std::string Service::RenderFleetMetrics() const {
               std::to_string(active));
   AppendGauge(out, "rolloutcore_proxy_in_flight", "proxied requests in flight",
               std::to_string(metrics_.proxy_in_flight.load()));
-  AppendGauge(out, "rolloutcore_journal_head_seq", "last journal seq",
-              std::to_string(journal_->head_seq()));
+  AppendJournalHead(out, journal_->durable_seq());
   AppendCounter(out, "rolloutcore_rollouts_admitted_total",
                 "admissions journaled (journal counters)", f.summed.rollouts_admitted);
   AppendGauge(out, "rolloutcore_journal_failed",
@@ -489,7 +495,7 @@ std::string Service::RenderMetrics() const {
   probes.last_digest_check_wall_ms = watch_.last_digest_check_wall_ms.load();
   std::string out;
   AppendLifecycle(out, s.lifecycle);
-  AppendJournalGauges(out, s, metrics_, journal_->head_seq());
+  AppendJournalGauges(out, s, metrics_, journal_->durable_seq());
   AppendOutcomes(out, s.counters, metrics_);
   AppendEngine(out, probes, s);
   AppendServiceCounters(out, metrics_);

@@ -155,6 +155,7 @@ class TimedJournal final : public rc::journal::Journal {
     return j_->Append(r);
   }
   std::uint64_t head_seq() const override { return j_->head_seq(); }
+  std::uint64_t durable_seq() const override { return j_->durable_seq(); }
   rc::journal::Hash head_hash() const override { return j_->head_hash(); }
   rc::Result<rc::journal::Record> Read(std::uint64_t seq) override { return j_->Read(seq); }
   rc::Status Scan(std::uint64_t from, std::uint64_t to,

@@ -582,7 +582,8 @@ struct ForgedFleet {
   std::vector<std::string> leaving;
   std::uint8_t member_status = static_cast<std::uint8_t>(MemberStatus::kSkipped);
   bool named = true;
-  bool engine_altered = false;  // one byte of engine "a"'s own snapshot changed
+  bool engine_altered = false;            // one byte of engine "a"'s own snapshot changed
+  std::optional<std::string> chain_hash;  // the chain hash field's bytes, when present
 
   std::string Bytes() const {
     flatbuffers::FlatBufferBuilder b;
@@ -603,8 +604,12 @@ struct ForgedFleet {
     std::vector<flatbuffers::Offset<fb::FleetMember>> members = {
         fb::CreateFleetMemberDirect(b, "a", member_status)};
     auto update = fb::CreateFleetUpdateStateDirect(b, request, &members);
-    b.Finish(
-        fb::CreateFleetSnapshotState(b, 3, engines_vec, leaving_vec, 0, 0, 0, 0, named, update));
+    auto chain = chain_hash.has_value()
+                     ? b.CreateVector(reinterpret_cast<const std::uint8_t*>(chain_hash->data()),
+                                      chain_hash->size())
+                     : flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>>();
+    b.Finish(fb::CreateFleetSnapshotState(b, 3, engines_vec, leaving_vec, 0, 0, 0, 0, named, update,
+                                          0, 0, chain));
     std::string out(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
     const Hash h = Sha256(out);
     return out.append(reinterpret_cast<const char*>(h.data()), h.size());
@@ -645,6 +650,34 @@ TEST(FleetCodec, RefusesForgedFleetsWithAValidHash) {
   expect_refused(ForgedFleet{.leaving = {"z"}},
                  "fleet invariant broken: a leaving engine is not in the fleet");
   expect_refused(ForgedFleet{.named = false}, "a named engine in a fleet nobody joined");
+}
+
+// Proves a fleet snapshot carries the chain hash it was encoded with, one in the older encoding
+// decodes without it, and a chain hash of any size but 32 bytes is refused under a valid hash;
+// catches a hash the journal could not compare (dropped, or truncated and read past its end).
+TEST(FleetCodec, CarriesTheChainHashAndReadsSnapshotsWithout) {
+  const FleetDriver d = BusyFleet();
+  Hash chain{};
+  for (std::size_t i = 0; i < chain.size(); ++i) chain[i] = static_cast<std::uint8_t>(i + 1);
+  Result<FleetSnapshot> with = DecodeFleetState(EncodeFleetState(d.f, d.f.events, chain));
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->chain_hash, std::optional<Hash>(chain));
+  EXPECT_EQ(with->fleet, d.f);
+  Result<FleetSnapshot> without = DecodeFleetState(EncodeFleetState(d.f, d.f.events));
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_FALSE(without->chain_hash.has_value());
+  EXPECT_EQ(without->fleet, d.f);
+
+  Result<FleetSnapshot> forged =
+      DecodeFleetState(ForgedFleet{.chain_hash = std::string(32, 'h')}.Bytes());
+  ASSERT_TRUE(forged.ok()) << forged.status().ToString();
+  EXPECT_EQ(forged->chain_hash->at(0), static_cast<std::uint8_t>('h'));
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{31}, std::size_t{33}}) {
+    const std::string error = ForgedError(ForgedFleet{.chain_hash = std::string(bytes, 'h')});
+    EXPECT_NE(error.find("chain hash of " + std::to_string(bytes) + " bytes, not 32"),
+              std::string::npos)
+        << error;
+  }
 }
 
 // Proves a fleet snapshot whose engine holds a rollout id with '\n' is refused as Corruption

@@ -120,6 +120,67 @@ TEST(FailStop, StalledSyncPastTheDeadlineTimesOut) {
   EXPECT_LE(reopened->head_seq(), acked + 1);
 }
 
+// Opens `path` once no open-time write left running past its deadline holds it (Busy), trying for
+// at most 10 s.
+Result<std::unique_ptr<Journal>> OpenOnceReleased(const std::string& path, const Options& o) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (true) {
+    Result<std::unique_ptr<Journal>> j = Journal::Open(path, o);
+    if (j.ok() || j.status().code() != Code::kBusy || std::chrono::steady_clock::now() > until) {
+      return j;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Proves a write of the writer's open stalled past commit_stall_timeout_ms (a new journal's schema
+// and head keys: a WAL sync; RocksDB's own open of an existing journal: a MANIFEST sync) makes
+// Open return Timeout naming the journal and the write well before the stall ends, and that once
+// the stalled call returns, its database is closed and the journal opens as it was; catches an
+// open that waits forever on a hung disk, and a timed-out open that keeps the journal locked or
+// changes it (the clean close it found lost).
+TEST(FailStop, AWriteAtOpenStalledPastTheDeadlineTimesOut) {
+  // Never destroyed: the stalled call runs on inside it after Open returned.
+  static FaultEnv* const faults = new FaultEnv();
+  struct Case {
+    bool existing;
+    FileKind stalled;
+    const char* write;
+    std::chrono::milliseconds deadline;  // RocksDB's open, replaying the WAL, gets 6x the 200 ms
+  };
+  for (const Case& c :
+       {Case{false, FileKind::kWal, "schema_version", std::chrono::milliseconds(200)},
+        Case{true, FileKind::kManifest, "RocksDB's open", std::chrono::milliseconds(1200)}}) {
+    SCOPED_TRACE(c.write);
+    TempDir dir;
+    Options o;
+    o.env = faults->env();
+    o.commit_stall_timeout_ms = 200;
+    std::uint64_t head = 0;
+    if (c.existing) {
+      auto j = OpenOk(dir.path(), o);
+      Bootstrap(*j);
+      head = j->head_seq();
+    }
+    faults->StallSync(c.stalled, 3000);
+    const auto t0 = std::chrono::steady_clock::now();
+    Result<std::unique_ptr<Journal>> stalled = Journal::Open(dir.path(), o);
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    faults->Clear();  // the stalled sync still sleeps out its 3 s
+    ASSERT_FALSE(stalled.ok()) << "opened while a write of its open was stalled";
+    EXPECT_EQ(stalled.status().code(), Code::kTimeout) << stalled.status().ToString();
+    EXPECT_NE(stalled.status().message().find(dir.path()), std::string::npos);
+    EXPECT_NE(stalled.status().message().find(c.write), std::string::npos)
+        << stalled.status().message();
+    EXPECT_LT(waited, c.deadline + std::chrono::milliseconds(1300));
+    EXPECT_GE(waited, c.deadline - std::chrono::milliseconds(50));
+    Result<std::unique_ptr<Journal>> again = OpenOnceReleased(dir.path(), o);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ((*again)->head_seq(), head);
+    EXPECT_EQ((*again)->recovery().clean_close, c.existing);
+  }
+}
+
 // Proves WaitAsync calls back exactly once with OK only after the group is durable (every
 // callback of one group commit sees the record readable), and with the failure when the WAL sync
 // fails; catches an event loop told "durable" before the fsync or never told at all.

@@ -39,13 +39,15 @@ Options ReadOnly() {
   return o;
 }
 
-// Writes bootstrap (4 records) + `admissions` admissions, one group each; returns the head.
-std::uint64_t WriteJournal(const std::string& path, int admissions, Options o = {}) {
+// Writes bootstrap (4 records) + `admissions` admissions (ids `prefix`0, `prefix`1, ...), one
+// group each; returns the head.
+std::uint64_t WriteJournal(const std::string& path, int admissions, Options o = {},
+                           const std::string& prefix = "r") {
   auto j = Journal::Open(path, o);
   RC_CHECK(j.ok());
   for (auto& g : testing::BootstrapGroups()) RC_CHECK((*j)->Append(Group(g)).ok());
   for (int i = 0; i < admissions; ++i) {
-    RC_CHECK((*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    RC_CHECK((*j)->Append(Group({make_admission((*j)->state(), prefix + std::to_string(i))})).ok());
   }
   return (*j)->head_seq();
 }
@@ -192,6 +194,29 @@ void DeleteRecord(const std::string& path, std::uint64_t seq) {
   });
 }
 
+// The stored fleet snapshot at `seq` of a closed journal ("" when there is none).
+std::string SnapshotAt(const std::string& path, std::uint64_t seq) {
+  std::string value;
+  EditRaw(path, [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[4], SeqKey(seq) + "f", &value).ok());
+  });
+  return value;
+}
+
+// Stores `value` as the fleet snapshot at `seq` of a closed journal, flushed (it survives however
+// the WAL is read).
+void PutSnapshot(const std::string& path, std::uint64_t seq, const std::string& value) {
+  EditRaw(path, [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[4], SeqKey(seq) + "f", value).ok());
+    ASSERT_TRUE(db.Flush(rocksdb::FlushOptions(), cf).ok());
+  });
+}
+
+Options Writer(Options o) {
+  o.create_if_missing = false;
+  return o;
+}
+
 // Proves a journal whose head lies below a stored snapshot (its last records and head lost, the
 // snapshot kept, as a cut WAL beside an already flushed snapshots column family leaves it) is
 // refused by the read-only tools and the writer with Corruption naming both seqs; catches the
@@ -257,6 +282,100 @@ TEST(Shorter, MissingRecordTheJournalVouchesForIsCorruption) {
                   "the record at seq 20 is missing, but the snapshot at seq 20 says it exists"),
               std::string::npos)
         << j.status().message();
+  }
+}
+
+// Proves the snapshots a writer stores carry the hash of their seq's record, and that one copied
+// from another journal (same seq, another history) is refused by the writer's open, and by the
+// state a restart loads as the read-only tools read it, with Corruption naming its seq and the
+// hash it carries; catches the open that started the fold from a state these records never
+// reached (another journal's rollouts active).
+TEST(Shorter, ASnapshotOfAnotherJournalIsCorruption) {
+  TempDir mine, other;
+  Options o;
+  o.snapshot_every = 10;
+  ASSERT_EQ(WriteJournal(mine.path(), 20, o, "m"), 24u);  // snapshots at seqs 10 and 20
+  ASSERT_EQ(WriteJournal(other.path(), 20, o, "o"), 24u);
+  const std::string foreign = SnapshotAt(other.path(), 20);
+  Result<FleetSnapshot> decoded = DecodeFleetState(foreign);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  ASSERT_TRUE(decoded->chain_hash.has_value()) << "a snapshot written without its record's hash";
+  {
+    auto j = Journal::Open(other.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    Result<Record> r20 = (*j)->Read(20);
+    ASSERT_TRUE(r20.ok()) << r20.status().ToString();
+    EXPECT_EQ(*decoded->chain_hash, r20->hash);
+  }
+  PutSnapshot(mine.path(), 20, foreign);
+  auto names_the_snapshot = [&](const Status& st) {
+    EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+    EXPECT_NE(st.message().find("snapshot at seq 20 carries the chain hash " +
+                                HashHex(*decoded->chain_hash)),
+              std::string::npos)
+        << st.message();
+  };
+  Result<std::unique_ptr<Journal>> writer = Journal::Open(mine.path(), Writer(o));
+  ASSERT_FALSE(writer.ok()) << "opened with rollouts of another journal active: "
+                            << (*writer)->state().active.count("o0");
+  names_the_snapshot(writer.status());
+  EXPECT_NE(writer.status().message().find(mine.path()), std::string::npos);
+  // The read-only tools open it, to report it: the state a restart loads is Corruption.
+  Result<std::unique_ptr<Journal>> tools = Journal::Open(mine.path(), ReadOnly());
+  ASSERT_TRUE(tools.ok()) << tools.status().ToString();
+  names_the_snapshot((*tools)->LoadFleetState().status());
+}
+
+// Proves a snapshot stored under a seq other than the one it folded to (the snapshot at 10 put
+// at 20) is refused by the read-only tools and the writer with Corruption naming the seq and
+// both counts; catches an open that trusts the key and folds records 21.. onto the state at 10,
+// ten records never applied.
+TEST(Shorter, ASnapshotUnderAnotherSeqIsCorruption) {
+  TempDir dir;
+  Options o;
+  o.snapshot_every = 10;
+  ASSERT_EQ(WriteJournal(dir.path(), 20, o), 24u);
+  PutSnapshot(dir.path(), 20, SnapshotAt(dir.path(), 10));
+  for (const Options& opened : {ReadOnly(), Writer(o)}) {
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), opened);
+    ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find(
+                  "snapshot at seq 20 counts 10 events, not the 20 records up to its seq"),
+              std::string::npos)
+        << j.status().message();
+  }
+}
+
+// Proves a journal whose newest snapshot was stored before snapshots carried a chain hash opens
+// (read-only and writer) from that snapshot: record 12 (above the snapshot at 10, below the one
+// at 20) is deleted, which only a fold starting at 20 never reads; catches a reader that refuses
+// the older encoding, or passes over it and refolds from below.
+TEST(Shorter, ASnapshotWithoutAChainHashStillOpens) {
+  TempDir dir;
+  Options o;
+  o.snapshot_every = 10;
+  ASSERT_EQ(WriteJournal(dir.path(), 20, o), 24u);
+  FleetState at_20;
+  State head_state;
+  {
+    auto j = Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    Result<FleetState> refolded = (*j)->RefoldFleet(20);
+    ASSERT_TRUE(refolded.ok()) << refolded.status().ToString();
+    at_20 = *refolded;
+    head_state = (*j)->state();
+  }
+  PutSnapshot(dir.path(), 20, EncodeFleetState(at_20, 20));  // the encoding without the hash
+  DeleteRecord(dir.path(), 12);
+  for (const Options& opened : {ReadOnly(), Writer(o)}) {
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), opened);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), 24u);
+    EXPECT_EQ((*j)->state(), head_state);
+    Result<FleetState> loaded = (*j)->LoadFleetState();
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    EXPECT_EQ(*loaded, (*j)->fleet_state());
   }
 }
 

@@ -53,6 +53,22 @@ TEST(Store, AppendsReadsAndScansWithChain) {
   EXPECT_EQ(j->Read(5).status().code(), Code::kNotFound);
 }
 
+// Proves durable_seq() counts only groups whose group commit returned, while head_seq() counts
+// enqueued ones too; catches a durability gauge (rolloutcore_journal_head_seq) that reports groups
+// a crash could still take back.
+TEST(Store, DurableSeqLagsTheHeadUntilTheCommit) {
+  TempDir dir;
+  auto j = OpenOk(dir.path());
+  Bootstrap(*j);
+  EXPECT_EQ(j->durable_seq(), 4u);
+  Result<Ticket> t = j->Enqueue(Group({make_admission(j->state(), "r1")}));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(j->head_seq(), 5u);
+  EXPECT_EQ(j->durable_seq(), 4u) << "a group no Wait asked for was counted durable";
+  ASSERT_TRUE(j->Wait(*t).ok());
+  EXPECT_EQ(j->durable_seq(), 5u);
+}
+
 // Proves a stale expected head is a Conflict naming both seqs and writes nothing; catches
 // lost-update races between controllers.
 TEST(Store, ExpectedSeqConflict) {
