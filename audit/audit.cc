@@ -275,16 +275,23 @@ struct EnginePass {
   EngineWatch watch;
 };
 
-// One pass over the journal: chain (by Scan), history entries, each engine's version table and
-// health. A journal of one engine is the fleet of the unnamed engine "". An engine removed and
+// The rollout a record names (its admission, finish or trajectory part); nullptr for any other.
+// The journal files these records, and only these, under the id in its rollout index.
+const std::string* RolloutNamed(const Event& e) {
+  if (const auto* a = std::get_if<RolloutAdmitted>(&e)) return &a->rollout_id;
+  if (const auto* f = std::get_if<RolloutFinished>(&e)) return &f->rollout_id;
+  if (const auto* t = std::get_if<TrajectoryRecorded>(&e)) return &t->rollout_id;
+  return nullptr;
+}
+
+// One pass over the journal's records: each engine's version table and health, and the fleet's
+// fold. A journal of one engine is the fleet of the unnamed engine "". An engine removed and
 // joined again is a new life, audited apart ("e (life 2)"): its generations start again.
 struct Pass {
-  std::vector<FleetHistoryEntry> history;
   std::map<std::string, EnginePass> engines;  // by LifeName
   std::map<std::string, std::uint32_t> lives;
   FleetState fleet;
   bool named = false;  // some record names an engine or is the fleet's own
-  Status scanned;
 
   std::string LifeName(const std::string& engine) const {
     auto it = lives.find(engine);
@@ -305,14 +312,177 @@ struct Pass {
   }
 };
 
-Pass ScanAll(journal::Journal& journal) {
+// Whether a trajectory part keeps the two rules the fold reads of its tokens (statemachine/
+// lifecycle.cc check_binding): at most kTrajectoryTokensPerRecordMax tokens, and no logprobs or
+// one per output token.
+bool WithinFoldRules(const TrajectoryRecorded& t) {
+  return t.prompt_token_ids.size() + t.output_token_ids.size() <= kTrajectoryTokensPerRecordMax &&
+         (t.output_logprobs.empty() || t.output_logprobs.size() == t.output_token_ids.size());
+}
+
+// What the history checker is given of a record. The fold reads of a trajectory part only its
+// rollout id and the rules above, and no message names an input's tokens, so a part recorded as
+// an input that keeps them is held as its id and part number: the checker's verdict and state
+// are those of the whole record, and the history holds no tokens. A part that breaks a rule, or
+// is recorded as a decision (whose message describes it), is held whole, as written.
+FleetHistoryEntry HistoryEntryOf(const journal::Record& r) {
+  const auto* t = std::get_if<TrajectoryRecorded>(&r.event);
+  if (t == nullptr || r.cause_seq != 0 || !WithinFoldRules(*t)) {
+    return FleetHistoryEntry{r.seq, r.cause_seq, r.engine, r.event};
+  }
+  return FleetHistoryEntry{r.seq, r.cause_seq, r.engine,
+                           TrajectoryRecorded{t->rollout_id, t->part}};
+}
+
+// Rollout-index mismatches named in a report; the rest are counted.
+constexpr std::size_t kIndexFindingsMax = 20;
+
+// Cross-checks the rollout index (Journal::RolloutSeqs) with the records as the scan meets them:
+// every record that names a rollout must be listed under that id, and every seq listed under it
+// must hold a record that names it. Memory: the listed seqs of the rollouts met and not finished
+// (a finished one's are let go once each was met) and the first kIndexFindingsMax findings. The
+// index's point key of an id (its admission seq) is not read: Journal does not expose it.
+class IndexCheck {
+ public:
+  explicit IndexCheck(journal::Journal& journal) : journal_(journal) {}
+
+  void Observe(const journal::Record& r) {
+    const std::string* id = RolloutNamed(r.event);
+    if (id == nullptr) return;
+    auto it = open_.find(*id);
+    if (it == open_.end()) it = Load(*id, r.seq);
+    Listed& listed = it->second;
+    Meet(it->first, listed, r);
+    listed.finished = listed.finished || std::holds_alternative<RolloutFinished>(r.event);
+    if (listed.finished && listed.next == listed.seqs.size()) open_.erase(it);
+  }
+
+  // The findings, raw. `whole`: the scan reached the head, so a listed seq the scan met no record
+  // of the rollout at is a mismatch, unless a writer appended that record after the scan ended
+  // (a journal read beside its writer); else the seqs past where the scan stopped were never
+  // checked.
+  std::vector<std::string> Finish(bool whole) && {
+    for (auto& [id, listed] : open_) {
+      for (; whole && listed.next < listed.seqs.size(); ++listed.next) {
+        if (!NamesAt(id, listed.seqs[listed.next])) Unmet(id, listed.seqs[listed.next]);
+      }
+    }
+    if (mismatches_ > findings_.size()) {
+      findings_.push_back("rollout index: " + std::to_string(mismatches_ - findings_.size()) +
+                          " more mismatches");
+    }
+    return std::move(findings_);
+  }
+
+ private:
+  struct Listed {
+    std::vector<std::uint64_t> seqs;  // ascending (the index's keys end in BE64(seq))
+    std::size_t next = 0;             // seqs[next] is the next record expected to name it
+    bool finished = false;
+  };
+
+  // The id's listed seqs, from a record at `seq`: the first this scan meets, or the first since
+  // its finish let them go. Seqs below it are that earlier life's (met and checked then) or
+  // records that do not name the rollout.
+  std::map<std::string, Listed>::iterator Load(const std::string& id, std::uint64_t seq) {
+    Listed listed;
+    Result<std::vector<std::uint64_t>> seqs = journal_.RolloutSeqs(id);
+    if (seqs.ok()) {
+      listed.seqs = std::move(seqs.value());
+    } else if (Named()) {
+      findings_.push_back("rollout index: the seqs of '" + E(id) +
+                          "' cannot be read: " + seqs.status().ToString());
+    }
+    for (; listed.next < listed.seqs.size() && listed.seqs[listed.next] < seq; ++listed.next) {
+      if (!NamesAt(id, listed.seqs[listed.next])) Unmet(id, listed.seqs[listed.next]);
+    }
+    return open_.emplace(id, std::move(listed)).first;
+  }
+
+  // A record naming `id`: the seqs listed before it hold records that do not name it, and it
+  // must be the next one listed.
+  void Meet(const std::string& id, Listed& listed, const journal::Record& r) {
+    for (; listed.next < listed.seqs.size() && listed.seqs[listed.next] < r.seq; ++listed.next) {
+      Unmet(id, listed.seqs[listed.next]);
+    }
+    if (listed.next < listed.seqs.size() && listed.seqs[listed.next] == r.seq) {
+      ++listed.next;
+    } else if (Named()) {
+      findings_.push_back("rollout index: seq " + std::to_string(r.seq) + " (" +
+                          event_name(r.event) + ") names rollout '" + E(id) +
+                          "' but the index does not list it under that id");
+    }
+  }
+
+  // A seq listed under `id` whose record does not name it.
+  void Unmet(const std::string& id, std::uint64_t seq) {
+    if (!Named()) return;
+    Result<journal::Record> r = journal_.Read(seq);
+    const std::string* named = r.ok() ? RolloutNamed(r->event) : nullptr;
+    const std::string there = !r.ok() ? "no record is there (" + r.status().ToString() + ")"
+                                      : std::string("the record there is ") + event_name(r->event) +
+                                            (named == nullptr ? "" : " of '" + E(*named) + "'");
+    findings_.push_back("rollout index: seq " + std::to_string(seq) + " is listed under '" + E(id) +
+                        "' but " + there);
+  }
+
+  bool NamesAt(const std::string& id, std::uint64_t seq) {
+    Result<journal::Record> r = journal_.Read(seq);
+    const std::string* named = r.ok() ? RolloutNamed(r->event) : nullptr;
+    return named != nullptr && *named == id;
+  }
+
+  // Counts a mismatch; true while it is among the first kIndexFindingsMax, named in full.
+  bool Named() { return ++mismatches_ <= kIndexFindingsMax; }
+
+  journal::Journal& journal_;
+  std::map<std::string, Listed> open_;
+  std::vector<std::string> findings_;
+  std::uint64_t mismatches_ = 0;
+};
+
+// The whole-journal scan: the pass, the rollout index's cross-check, and the history the
+// checker is given. The history is the one thing held per record (statemachine's checkers take
+// it whole): one entry each, a trajectory part's without its tokens (HistoryEntryOf). A deque,
+// so that it grows without a copy and is handed over a block at a time.
+struct Scanned {
   Pass pass;
-  pass.scanned = journal.Scan(1, 0, [&](const journal::Record& r) {
-    pass.Observe(r);
-    pass.history.push_back(FleetHistoryEntry{r.seq, r.cause_seq, r.engine, r.event});
+  std::deque<FleetHistoryEntry> history;
+  std::uint64_t records = 0;
+  Status scanned;
+  std::vector<std::string> index_failures;
+};
+
+Scanned ScanAll(journal::Journal& journal) {
+  Scanned out;
+  IndexCheck index(journal);
+  out.scanned = journal.Scan(1, 0, [&](const journal::Record& r) {
+    out.pass.Observe(r);
+    index.Observe(r);
+    out.history.push_back(HistoryEntryOf(r));
+    out.records++;
     return Status::OK();
   });
-  return pass;
+  out.index_failures = std::move(index).Finish(out.scanned.ok());
+  return out;
+}
+
+// The history as `Entry`s (HistoryEntry, or FleetHistoryEntry), taken from the front of `from` so
+// that only one copy of it is held at a time.
+template <typename Entry>
+std::vector<Entry> TakeHistory(std::deque<FleetHistoryEntry>& from) {
+  std::vector<Entry> out;
+  out.reserve(from.size());
+  while (!from.empty()) {
+    FleetHistoryEntry& e = from.front();
+    if constexpr (std::is_same_v<Entry, HistoryEntry>) {
+      out.push_back(HistoryEntry{e.seq, e.cause_seq, std::move(e.event)});
+    } else {
+      out.push_back(std::move(e));
+    }
+    from.pop_front();
+  }
+  return out;
 }
 
 void AddSummary(HistorySummary& sum, const HistorySummary& s) {
@@ -330,14 +500,9 @@ void AddSummary(HistorySummary& sum, const HistorySummary& s) {
   sum.wakes_committed += s.wakes_committed;
 }
 
-void AuditOneEngine(journal::Journal& journal, Pass& pass, AuditReport& report) {
-  std::vector<HistoryEntry> history;
-  history.reserve(pass.history.size());
-  for (FleetHistoryEntry& e : pass.history) {
-    history.push_back(HistoryEntry{e.seq, e.cause_seq, std::move(e.event)});
-  }
-  report.history = check_history(history);
-  EnginePass& engine = pass.engines[""];
+void AuditOneEngine(journal::Journal& journal, Scanned& scanned, AuditReport& report) {
+  report.history = check_history(TakeHistory<HistoryEntry>(scanned.history));
+  EnginePass& engine = scanned.pass.engines[""];
   report.versions = engine.versions.list();
   report.state = report.history.state;
   report.engine = std::move(engine.watch).Finish(report.state);
@@ -347,9 +512,11 @@ void AuditOneEngine(journal::Journal& journal, Pass& pass, AuditReport& report) 
   }
 }
 
-void AuditFleet(journal::Journal& journal, Pass& pass, AuditReport& report) {
+void AuditFleet(journal::Journal& journal, Scanned& scanned, AuditReport& report) {
   report.fleet = true;
-  const FleetHistoryReport checked = check_fleet_history(pass.history);
+  const FleetHistoryReport checked =
+      check_fleet_history(TakeHistory<FleetHistoryEntry>(scanned.history));
+  Pass& pass = scanned.pass;
   report.history.ok = checked.ok;
   report.history.first_bad_seq = checked.first_bad_seq;
   report.history.message = checked.message;
@@ -379,21 +546,28 @@ void AuditFleet(journal::Journal& journal, Pass& pass, AuditReport& report) {
 
 Result<AuditReport> AuditJournal(journal::Journal& journal) {
   AuditReport report;
-  Pass pass = ScanAll(journal);
-  report.records = pass.history.size();
-  if (!pass.scanned.ok()) {
+  Scanned scanned = ScanAll(journal);
+  report.records = scanned.records;
+  if (!scanned.scanned.ok()) {
     report.chain_ok = false;
-    report.failures.push_back("chain: " + pass.scanned.ToString());
+    report.failures.push_back("chain: " + scanned.scanned.ToString());
   }
   Status checksums = journal.VerifyChecksum();
   if (!checksums.ok()) {
     report.checksums_ok = false;
     report.failures.push_back("checksums: " + checksums.ToString());
   }
-  if (pass.named) {
-    AuditFleet(journal, pass, report);
+  for (std::string& f : scanned.index_failures) report.failures.push_back(std::move(f));
+  // What a restart loads (the newest snapshot and the records after it): a snapshot that is not
+  // of these records (its chain hash) would start serve from a state they never reached.
+  if (scanned.scanned.ok()) {
+    Status restart = journal.LoadFleetState().status();
+    if (!restart.ok()) report.failures.push_back("restart state: " + restart.ToString());
+  }
+  if (scanned.pass.named) {
+    AuditFleet(journal, scanned, report);
   } else {
-    AuditOneEngine(journal, pass, report);
+    AuditOneEngine(journal, scanned, report);
   }
   if (!report.history.ok) {
     report.failures.push_back("history: seq " + std::to_string(report.history.first_bad_seq) +
@@ -405,16 +579,9 @@ Result<AuditReport> AuditJournal(journal::Journal& journal) {
 
 namespace {
 
-// The rollout a record names (its admission, finish or trajectory part); nullptr for any other.
-const std::string* RolloutNamed(const Event& e) {
-  if (const auto* a = std::get_if<RolloutAdmitted>(&e)) return &a->rollout_id;
-  if (const auto* f = std::get_if<RolloutFinished>(&e)) return &f->rollout_id;
-  if (const auto* t = std::get_if<TrajectoryRecorded>(&e)) return &t->rollout_id;
-  return nullptr;
-}
-
-// A record the rollout index names for p.rollout_id: it must name that rollout, and the first
-// one must be its admission (an id is used once, by its admission first); Corruption otherwise.
+// A record the rollout index lists for p.rollout_id: it must name that rollout, the first one
+// must be its admission (an id is used once, by its admission first), and none may follow its
+// finish; Corruption otherwise.
 Status TakeIndexed(const journal::Record& r, RolloutProvenance& p) {
   const std::string* named = RolloutNamed(r.event);
   const std::string at = "the rollout index names seq " + std::to_string(r.seq) + " for '" +
@@ -429,6 +596,9 @@ Status TakeIndexed(const journal::Record& r, RolloutProvenance& p) {
                                                               std::to_string(p.admitted_seq)
                                                         : "its admission comes later or never"));
   }
+  if (p.finish) {
+    return Status::Corruption(at + "it finished before, at seq " + std::to_string(p.finished_seq));
+  }
   if (admitted != nullptr) {
     p.binding = *admitted;
     p.admitted_seq = r.seq;
@@ -440,49 +610,95 @@ Status TakeIndexed(const journal::Record& r, RolloutProvenance& p) {
   return Status::OK();
 }
 
+// A record the index does not list for `rollout_id` must not name it: a provenance without it
+// would show another end, or none, or no rollout at all.
+Status CheckUnlisted(const journal::Record& r, const std::string& rollout_id) {
+  const std::string* named = RolloutNamed(r.event);
+  if (named == nullptr || *named != rollout_id) return Status::OK();
+  return Status::Corruption("seq " + std::to_string(r.seq) + " (" + event_name(r.event) +
+                            ") names rollout '" + E(rollout_id) +
+                            "' but the rollout index does not list it");
+}
+
+// Provenance's scan: the seqs the rollout index lists for one rollout, met against the records
+// in seq order (see Provenance).
+class ProvenanceScan {
+ public:
+  ProvenanceScan(const std::string& rollout_id, std::vector<std::uint64_t> seqs)
+      : seqs_(std::move(seqs)) {
+    p_.rollout_id = rollout_id;
+  }
+
+  Status Run(journal::Journal& journal) {
+    const Status st = journal.Scan(1, 0, [&](const journal::Record& r) { return Visit(r); });
+    return complete_ ? Status::OK() : st;
+  }
+
+  Result<RolloutProvenance> Finish() && {
+    const std::string& id = p_.rollout_id;
+    if (next_ != seqs_.size()) {  // only a seq 0 (no record has it) is left unvisited
+      return Status::Corruption("the rollout index names seq " + std::to_string(seqs_[next_]) +
+                                " for '" + E(id) + "', which no record has");
+    }
+    if (p_.admitted_seq == 0) {  // the index lists nothing, and no record names it
+      return Status::NotFound("no rollout '" + E(id) + "' in the journal");
+    }
+    const std::uint64_t generation = p_.binding.version.generation;
+    auto v = pass_.engines[pass_.LifeName(p_.engine)].versions.find(generation);
+    if (!v) {
+      return Status::Corruption("rollout '" + E(id) + "' is bound to generation " +
+                                std::to_string(generation) + " which was never committed");
+    }
+    p_.version = *v;
+    return std::move(p_);
+  }
+
+ private:
+  // OK to go on; a non-OK status ends the scan: Corruption, or complete_ once one record past the
+  // finish (its prev_hash vouches for the finish) is reached with every listed seq met.
+  Status Visit(const journal::Record& r) {
+    if (p_.finish && next_ == seqs_.size()) {
+      complete_ = true;
+      return Status::Rejected("provenance complete");
+    }
+    if (p_.admitted_seq == 0) pass_.Observe(r);  // the generations, up to the admission
+    if (next_ < seqs_.size() && seqs_[next_] == r.seq) {
+      ++next_;
+      return TakeIndexed(r, p_);
+    }
+    return CheckUnlisted(r, p_.rollout_id);
+  }
+
+  std::vector<std::uint64_t> seqs_;  // ascending (the index's keys end in BE64(seq))
+  std::size_t next_ = 0;             // seqs_[next_] is the next record the index lists
+  RolloutProvenance p_;
+  Pass pass_;
+  bool complete_ = false;
+};
+
 }  // namespace
 
-// Every record the index names is read by one scan from seq 1 (decoded and chain-verified, so
-// nothing shown rests on a record the chain does not vouch for; bounded by the journal's size).
+// One scan from seq 1 reads every record the index lists and checks every other record against
+// it: the index lists exactly the records that name the rollout (decoded and chain-verified, so
+// nothing shown rests on a record the chain does not vouch for, nor on an index that lost one).
 // A record's bytes are vouched for by the next record's prev_hash, or by the head hash the open
-// checked: the scan goes one record past the last one named. The generation's origin is what
-// that scan saw up to the admission. In a fleet, generations are the admitting engine's own.
+// checked: the scan stops one record past the finish once every listed seq was met (no record of
+// an accepted history names a finished rollout), and reads to the head when the rollout has no
+// finish or the index lists nothing, since only then are "not finished" and "no such rollout"
+// proven. The generation's origin is what that scan saw up to the admission. In a fleet,
+// generations are the admitting engine's own.
 Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::string& rollout_id) {
   auto seqs = journal.RolloutSeqs(rollout_id);
   if (!seqs.ok()) return seqs.status();
-  if (seqs->empty()) return Status::NotFound("no rollout '" + E(rollout_id) + "' in the journal");
-  const std::uint64_t last = seqs->back();  // ascending: the index's keys end in BE64(seq)
   // The index names only records it was written with: one past the head was lost (damage).
-  if (last > journal.head_seq()) {
-    return Status::Corruption("the rollout index names seq " + std::to_string(last) + " for '" +
-                              E(rollout_id) + "' but no record is stored there (the journal ends " +
-                              "at seq " + std::to_string(journal.head_seq()) + ")");
+  if (!seqs->empty() && seqs->back() > journal.head_seq()) {
+    return Status::Corruption("the rollout index names seq " + std::to_string(seqs->back()) +
+                              " for '" + E(rollout_id) + "' but no record is stored there (the " +
+                              "journal ends at seq " + std::to_string(journal.head_seq()) + ")");
   }
-  RolloutProvenance p;
-  p.rollout_id = rollout_id;
-  Pass pass;
-  std::size_t next = 0;
-  Status st =
-      journal.Scan(1, std::min(last + 1, journal.head_seq()), [&](const journal::Record& r) {
-        if (p.admitted_seq == 0) pass.Observe(r);
-        if (next >= seqs->size() || (*seqs)[next] != r.seq) return Status::OK();
-        ++next;
-        return TakeIndexed(r, p);
-      });
-  if (!st.ok()) return st;
-  if (next != seqs->size()) {  // only a seq 0 (no record has it) is left unvisited
-    return Status::Corruption("the rollout index names seq " + std::to_string((*seqs)[next]) +
-                              " for '" + E(rollout_id) + "', which no record has");
-  }
-  RC_CHECK(p.admitted_seq != 0);  // TakeIndexed took an admission first
-  auto v = pass.engines[pass.LifeName(p.engine)].versions.find(p.binding.version.generation);
-  if (!v) {
-    return Status::Corruption("rollout '" + E(rollout_id) + "' is bound to generation " +
-                              std::to_string(p.binding.version.generation) +
-                              " which was never committed");
-  }
-  p.version = *v;
-  return p;
+  ProvenanceScan scan(rollout_id, std::move(seqs.value()));
+  RC_RETURN_IF_ERROR(scan.Run(journal));
+  return std::move(scan).Finish();
 }
 
 namespace {

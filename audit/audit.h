@@ -113,7 +113,10 @@ struct AuditReport {
   std::map<FleetOutcome, std::uint64_t> fleet_updates;  // ended, by outcome
 };
 
-// Reads the whole journal once. Fails only when it cannot be read at all; every finding lands
+// Reads the whole journal once, and the rollout index of each rollout it names (a record not
+// listed under its rollout, or a listed seq whose record does not name it, is a failure). Holds
+// one history entry per record (a trajectory part's without its tokens) and the index seqs of
+// the rollouts open at one time. Fails only when it cannot be read at all; every finding lands
 // in the report.
 [[nodiscard]] Result<AuditReport> AuditJournal(journal::Journal& journal);
 
@@ -127,6 +130,9 @@ struct RolloutProvenance {
   std::uint64_t finished_seq = 0;
   VersionRecord version;  // the generation the rollout ran under
 };
+// Reads the rollout index's seqs for `rollout_id` and scans the journal against them: each must
+// hold a record naming the rollout, and each record naming it must be listed (Corruption naming
+// the seq otherwise); NotFound when neither the index nor any record names it.
 [[nodiscard]] Result<RolloutProvenance> Provenance(journal::Journal& journal,
                                                    const std::string& rollout_id);
 

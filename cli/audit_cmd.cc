@@ -19,44 +19,55 @@
 namespace rc::cli {
 namespace {
 
-// `--expect-head SEQ:HEXHASH`: the journal must still hold record SEQ with that hash. This is the
-// only check that sees acknowledged groups cut away exactly at a WAL batch boundary of a crashed
-// journal: a client kept the head (AppendResult last_seq, last_hash) it was acknowledged.
-bool CheckExpectedHead(journal::Journal& j, const std::string& spec, std::FILE* out) {
-  const std::size_t colon = spec.find(':');
+// An acknowledged head a client kept (`--expect-head SEQ:HEXHASH`).
+struct ExpectedHead {
   std::uint64_t seq = 0;
+  journal::Hash hash{};
+};
+
+// `--expect-head`'s text: SEQ >= 1 (at most 19 digits: no overflow) and 64 hex digits; a usage
+// error naming the text otherwise.
+Result<ExpectedHead> ParseExpectedHead(const std::string& spec) {
+  const std::size_t colon = spec.find(':');
+  ExpectedHead head;
   Result<journal::Hash> hash = Status::InvalidArgument("missing ':'");
   if (colon != std::string::npos) {
     const std::string digits = spec.substr(0, colon);
     if (!digits.empty() && digits.size() <= 19 &&
         digits.find_first_not_of("0123456789") == std::string::npos) {
-      seq = std::strtoull(digits.c_str(), nullptr, 10);  // <= 19 digits: no overflow
+      head.seq = std::strtoull(digits.c_str(), nullptr, 10);
     }
     hash = journal::ParseHashHex(spec.substr(colon + 1));
   }
-  if (seq == 0 || !hash.ok()) {
-    std::fprintf(
-        out, "expected head: FAILED: '%s' is not SEQ:HEXHASH (%s)\n",
-        text::escape_line(spec).c_str(),
-        text::escape_line(hash.ok() ? "seq must be >= 1" : hash.status().message()).c_str());
-    return false;
+  if (head.seq == 0 || !hash.ok()) {
+    return Status::InvalidArgument("--expect-head: '" + spec + "' is not SEQ:HEXHASH (" +
+                                   (hash.ok() ? "seq must be >= 1" : hash.status().message()) +
+                                   ")");
   }
-  Result<journal::Record> r = j.Read(seq);
+  head.hash = *hash;
+  return head;
+}
+
+// The journal must still hold record `head.seq` with that hash. This is the only check that sees
+// acknowledged groups cut away exactly at a WAL batch boundary of a crashed journal: a client kept
+// the head (AppendResult last_seq, last_hash) it was acknowledged.
+bool CheckExpectedHead(journal::Journal& j, const ExpectedHead& head, std::FILE* out) {
+  const auto seq = static_cast<unsigned long long>(head.seq);
+  Result<journal::Record> r = j.Read(head.seq);
   if (!r.ok()) {
-    std::fprintf(
-        out, "expected head: FAILED: seq %llu is missing (the journal ends at seq %llu): %s\n",
-        static_cast<unsigned long long>(seq), static_cast<unsigned long long>(j.head_seq()),
-        text::escape_line(r.status().ToString()).c_str());
+    std::fprintf(out,
+                 "expected head: FAILED: seq %llu is missing (the journal ends at seq %llu): %s\n",
+                 seq, static_cast<unsigned long long>(j.head_seq()),
+                 text::escape_line(r.status().ToString()).c_str());
     return false;
   }
-  if (r->hash != *hash) {
-    std::fprintf(out, "expected head: FAILED: seq %llu has hash %s, not %s\n",
-                 static_cast<unsigned long long>(seq), journal::HashHex(r->hash).c_str(),
-                 journal::HashHex(*hash).c_str());
+  if (r->hash != head.hash) {
+    std::fprintf(out, "expected head: FAILED: seq %llu has hash %s, not %s\n", seq,
+                 journal::HashHex(r->hash).c_str(), journal::HashHex(head.hash).c_str());
     return false;
   }
-  std::fprintf(out, "expected head: OK: seq %llu hash %s is in the journal\n",
-               static_cast<unsigned long long>(seq), journal::HashHex(*hash).c_str());
+  std::fprintf(out, "expected head: OK: seq %llu hash %s is in the journal\n", seq,
+               journal::HashHex(head.hash).c_str());
   return true;
 }
 
@@ -110,19 +121,13 @@ void ReadJournalTrajectories(journal::Journal& j, const Opts& o, audit::Verdict&
 // The trajectories to re-verify: the file's (cross-checked against the journal's bindings), or
 // the journal's own when only --engine is given. A mismatch is an engine finding; the file's lines
 // that hold no trajectory are skipped and reported (audit::AddSkippedLines says which change the
-// exit code). A file that cannot be read, or holds more than kTrajectoriesMax, is a usage error.
-int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdict,
-                      audit::JournalTrajectories& out) {
-  if (o.trajectories.empty() && o.engine.empty()) return audit::kExitOk;
-  if (o.trajectories.empty()) {
-    ReadJournalTrajectories(j, o, verdict, out);
-    return audit::kExitOk;
-  }
-  auto file = audit::ReadTrajectoriesFile(o.trajectories);
-  if (!file.ok()) {
-    std::fprintf(stderr, "rolloutcore audit: %s\n",
-                 text::escape_line(file.status().ToString()).c_str());
-    return audit::kExitUsage;
+// exit code). The file was read before the audit (ReadTrajectoriesOption).
+void CheckTrajectories(journal::Journal& j, const Opts& o,
+                       std::optional<audit::TrajectoriesFile> file, audit::Verdict& verdict,
+                       audit::JournalTrajectories& out) {
+  if (!file.has_value()) {
+    if (!o.engine.empty()) ReadJournalTrajectories(j, o, verdict, out);
+    return;
   }
   std::vector<audit::Trajectory>& ts = file->trajectories;
   auto failures = audit::CrossCheckTrajectories(j, ts);
@@ -143,7 +148,6 @@ int CheckTrajectories(journal::Journal& j, const Opts& o, audit::Verdict& verdic
   }
   out.total = ts.size();  // a file's trajectories are all offered
   out.trajectories = std::move(ts);
-  return audit::kExitOk;
 }
 
 // Compares the weights the engine holds with the digest journaled for the version it reports.
@@ -192,6 +196,84 @@ const CLI::Validator kFiniteNonNegative(
     },
     "FINITE >= 0");
 
+// Option combinations that no journal makes valid; "" when none.
+std::string OptionsUsageError(const Opts& o) {
+  if (!o.rollout.empty() &&
+      (!o.trajectories.empty() || !o.engine.empty() || !o.fleet_engine.empty())) {
+    return "--rollout shows one rollout's provenance: --trajectories, --engine and "
+           "--fleet-engine audit the whole journal, give them without --rollout";
+  }
+  if (!o.fleet_engine.empty() && o.engine.empty()) {
+    return "--fleet-engine names the engine --engine is: give --engine too";
+  }
+  return {};
+}
+
+// --engine and --fleet-engine against what the journal holds; "" when they agree.
+std::string JournalUsageError(journal::Journal& j, const Opts& o) {
+  if (o.engine.empty()) return {};
+  if (j.is_fleet() && o.fleet_engine.empty()) {
+    return "the journal holds a fleet: name the engine with --fleet-engine";
+  }
+  if (!j.is_fleet() && !o.fleet_engine.empty()) {
+    return "--fleet-engine names an engine of a fleet's journal";
+  }
+  if (!o.fleet_engine.empty() && j.fleet_state().engines.count(o.fleet_engine) == 0) {
+    return "no engine '" + o.fleet_engine + "' in the fleet";
+  }
+  return {};
+}
+
+// A usage error on stderr (escaped: it may quote the command line); exit 2.
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "rolloutcore audit: %s\n", text::escape_line(why).c_str());
+  return audit::kExitUsage;
+}
+
+// `--trajectories FILE`, read whole before the audit: a file that cannot be read, or holds more
+// than kTrajectoriesMax lines, is a usage error found before any verdict exists to be dropped.
+Result<std::optional<audit::TrajectoriesFile>> ReadTrajectoriesOption(const Opts& o) {
+  if (o.trajectories.empty()) return std::optional<audit::TrajectoriesFile>();
+  auto file = audit::ReadTrajectoriesFile(o.trajectories);
+  if (!file.ok()) return file.status();
+  return std::optional<audit::TrajectoriesFile>(std::move(file.value()));
+}
+
+// The whole-journal audit, once every usage error has been refused: its report, the command's
+// own findings, and exactly one verdict.
+int AuditWhole(journal::Journal& j, const Opts& o, std::optional<audit::TrajectoriesFile> file,
+               const std::string& torn, bool head_ok) {
+  auto report = audit::AuditJournal(j);
+  if (!report.ok()) {
+    std::fprintf(stderr, "rolloutcore audit: %s\n",
+                 text::escape_line(report.status().ToString()).c_str());
+    return audit::kExitJournalDamaged;
+  }
+  audit::Verdict verdict = audit::MakeVerdict(*report);
+  if (!torn.empty()) verdict.journal_failures.push_back(torn);
+  if (!head_ok) {
+    verdict.journal_failures.push_back(
+        "--expect-head: the acknowledged head is not in the journal");
+  }
+  audit::JournalTrajectories trajectories;
+  CheckTrajectories(j, o, std::move(file), verdict, trajectories);
+  std::optional<audit::ReverifySummary> reverified;
+  if (!o.engine.empty()) {
+    effects::EngineClient engine(o.engine);
+    CheckDigest(j, o, engine, verdict);
+    reverified = Reverify(o, engine, trajectories, verdict);
+  }
+  const audit::AuditOutput out = audit::RenderAudit(*report, verdict, o.path);
+  if (o.json) {
+    std::printf(
+        "%s\n",
+        audit::VerdictJson(*report, verdict, -1, reverified ? &*reverified : nullptr).c_str());
+  } else {
+    std::printf("%s", out.text.c_str());
+  }
+  return out.exit_code;
+}
+
 }  // namespace
 
 Runner add_audit(CLI::App& app) {
@@ -217,7 +299,16 @@ Runner add_audit(CLI::App& app) {
   app.add_option("--expect-head", o->expect_head,
                  "SEQ:HEXHASH of an acknowledged head: the journal must still hold that record "
                  "with that hash");
+  // Every usage error is refused before the audit runs (before the journal is opened, where the
+  // options alone decide it): a verdict is printed whole or not computed.
   return [o]() -> int {
+    if (std::string why = OptionsUsageError(*o); !why.empty()) return Usage(why);
+    std::optional<ExpectedHead> expected;
+    if (!o->expect_head.empty()) {
+      Result<ExpectedHead> parsed = ParseExpectedHead(o->expect_head);
+      if (!parsed.ok()) return Usage(parsed.status().message());
+      expected = *parsed;
+    }
     journal::Options options;
     options.read_only = true;
     options.create_if_missing = false;
@@ -231,49 +322,13 @@ Runner add_audit(CLI::App& app) {
     }
     journal::Journal& j = **opened;
     NoteLiveWriter(j, "audit");
+    if (std::string why = JournalUsageError(j, *o); !why.empty()) return Usage(why);
+    auto file = ReadTrajectoriesOption(*o);
+    if (!file.ok()) return Usage(file.status().ToString());
     const std::string torn = j.recovery().torn_tail;
-    const bool head_ok = o->expect_head.empty() || CheckExpectedHead(j, o->expect_head, o->lines());
+    const bool head_ok = !expected || CheckExpectedHead(j, *expected, o->lines());
     if (!o->rollout.empty()) return ShowProvenance(j, *o, torn, head_ok);
-    auto report = audit::AuditJournal(j);
-    if (!report.ok()) {
-      std::fprintf(stderr, "rolloutcore audit: %s\n",
-                   text::escape_line(report.status().ToString()).c_str());
-      return audit::kExitJournalDamaged;
-    }
-    audit::Verdict verdict = audit::MakeVerdict(*report);
-    if (!torn.empty()) verdict.journal_failures.push_back(torn);
-    if (!head_ok) {
-      verdict.journal_failures.push_back(
-          "--expect-head: the acknowledged head is not in the journal");
-    }
-    audit::JournalTrajectories trajectories;
-    if (int rc = CheckTrajectories(j, *o, verdict, trajectories); rc != audit::kExitOk) return rc;
-    std::optional<audit::ReverifySummary> reverified;
-    if (!o->engine.empty() && j.is_fleet() != !o->fleet_engine.empty()) {
-      std::fprintf(stderr, "rolloutcore audit: %s\n",
-                   j.is_fleet() ? "the journal holds a fleet: name the engine with --fleet-engine"
-                                : "--fleet-engine names an engine of a fleet's journal");
-      return audit::kExitUsage;
-    }
-    if (!o->fleet_engine.empty() && j.fleet_state().engines.count(o->fleet_engine) == 0) {
-      std::fprintf(stderr, "rolloutcore audit: no engine '%s' in the fleet\n",
-                   text::escape_line(o->fleet_engine).c_str());
-      return audit::kExitUsage;
-    }
-    if (!o->engine.empty()) {
-      effects::EngineClient engine(o->engine);
-      CheckDigest(j, *o, engine, verdict);
-      reverified = Reverify(*o, engine, trajectories, verdict);
-    }
-    if (o->json) {
-      std::printf(
-          "%s\n",
-          audit::VerdictJson(*report, verdict, -1, reverified ? &*reverified : nullptr).c_str());
-      return audit::RenderAudit(*report, verdict, o->path).exit_code;
-    }
-    audit::AuditOutput out = audit::RenderAudit(*report, verdict, o->path);
-    std::printf("%s", out.text.c_str());
-    return out.exit_code;
+    return AuditWhole(j, *o, std::move(file.value()), torn, head_ok);
   };
 }
 

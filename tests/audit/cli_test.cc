@@ -2,7 +2,8 @@
 // engine): a journal its open refuses exits as damaged, naming the damage; `replay --events`
 // names each record's engine; every JSON line is printable ASCII that parses back to the text the
 // journal holds; `replay --until` inside a group folds through its end; a report that cannot be
-// written exits 4; a trajectories file is audited around its torn lines.
+// written exits 4; a trajectories file is audited around its torn lines; `audit --rollout` checks
+// the rollout index; usage errors are refused before the audit runs.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
@@ -139,25 +140,28 @@ TEST(Cli, DamageOnlyAFullScanFindsExitsAsDamaged) {
 // Proves `replay --events` prints each record with the formatter the rest of replay uses, so a
 // fleet's records name their engine ("[a] ", "[b] "); catches the command's own line format,
 // which dropped the engine of every fleet record.
-TEST(Cli, EventsLinesNameTheirEngine) {
+// A fleet's journal: engines "a" and "b" joined and bootstrapped; closed cleanly.
+void WriteFleetJournal(const std::string& path) {
   test::FleetDriver d;
   d.join("a");
   d.join("b");
   d.bootstrap("a");
   d.bootstrap("b");
-  TempDir dir;
-  {
-    journal::Options o;
-    o.snapshot_every = 0;
-    auto j = journal::Journal::Open(dir.path(), o);
-    ASSERT_TRUE(j.ok()) << j.status().ToString();
-    for (const FleetHistoryEntry& e : d.history) {
-      if (e.cause_seq != 0) continue;
-      auto s = (*j)->SubmitFleet(FleetEvent{e.engine, e.event}, 1700000000000);
-      ASSERT_TRUE(s.ok()) << s.status().ToString();
-      ASSERT_TRUE((*j)->Wait(s->ticket).ok());
-    }
+  journal::Options o;
+  o.snapshot_every = 0;
+  auto j = journal::Journal::Open(path, o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (const FleetHistoryEntry& e : d.history) {
+    if (e.cause_seq != 0) continue;
+    auto s = (*j)->SubmitFleet(FleetEvent{e.engine, e.event}, 1700000000000);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*j)->Wait(s->ticket).ok());
   }
+}
+
+TEST(Cli, EventsLinesNameTheirEngine) {
+  TempDir dir;
+  WriteFleetJournal(dir.path());
   std::string expected;
   {
     auto j = journal::Journal::Open(dir.path(), ReadOnly());
@@ -506,6 +510,101 @@ TEST(Cli, AJournalAWriterHoldsIsSaidToSkipItsTailChecks) {
     const CliRun closed = RunCli({command, dir.path()}, /*with_stderr=*/true);
     EXPECT_EQ(closed.out.find(note), std::string::npos) << closed.out;
     EXPECT_EQ(closed.exit_code, live_exit[command]) << closed.out;  // the same verdict
+  }
+}
+
+// Bootstrap (seqs 1..4), r0 admitted at seq 5, r1 at 6, r0 finished at 7, r1 at 8; closed
+// cleanly.
+void WriteFinishedJournal(const std::string& path) {
+  auto j = journal::Journal::Open(path, journal::Options{});
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (auto& g : journal::testing::BootstrapGroups()) {
+    ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+  }
+  for (const Event& e :
+       std::vector<Event>{make_admission((*j)->state(), "r0"), make_admission((*j)->state(), "r1"),
+                          RolloutFinished{"r0", RolloutOutcome::kCompleted, 1, 1},
+                          RolloutFinished{"r1", RolloutOutcome::kCompleted, 1, 1}}) {
+    ASSERT_TRUE((*j)->Append(journal::testing::Group({e})).ok());
+  }
+  ASSERT_EQ((*j)->head_seq(), 8u);
+}
+
+// The rollout index's key for `seq` under `rollout_id` (journal/rocks_journal.cc: the id's length
+// byte, the id, BE64(seq)).
+std::string IndexKey(const std::string& rollout_id, std::uint64_t seq) {
+  return std::string(1, static_cast<char>(rollout_id.size())) + rollout_id + SeqKey(seq);
+}
+
+void DeleteIndexKey(const std::string& path, const std::string& rollout_id, std::uint64_t seq) {
+  EditRaw(path, [&](rocksdb::DB& db, const std::vector<rocksdb::ColumnFamilyHandle*>& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[2], IndexKey(rollout_id, seq)).ok());
+  });
+}
+
+// Proves `audit --rollout r0` checks its rollout index against the records: an index that lost
+// r0's finish, then r0's admission too, exits 3 naming the record it does not list, and prints
+// no provenance; catches the provenance that trusted the index and showed r0 unfinished (exit 0),
+// then said there was no rollout 'r0' (exit 2).
+TEST(Cli, ProvenanceChecksTheRolloutIndexAgainstTheRecords) {
+  TempDir dir;
+  WriteFinishedJournal(dir.path());
+  const CliRun whole = RunCli({"audit", "--rollout", "r0", "--json", dir.path()}, false);
+  EXPECT_EQ(whole.exit_code, 0) << whole.out;
+  const nlohmann::json p = nlohmann::json::parse(whole.out, nullptr, false);
+  ASSERT_FALSE(p.is_discarded()) << whole.out;
+  EXPECT_EQ(p["finished_seq"], 7) << whole.out;
+  const std::vector<std::pair<std::uint64_t, std::string>> lost = {
+      {7, "seq 7 (RolloutFinished) names rollout 'r0' but the rollout index does not list it"},
+      {5, "seq 5 (RolloutAdmitted) names rollout 'r0' but the rollout index does not list it"}};
+  for (const auto& [seq, damage] : lost) {
+    DeleteIndexKey(dir.path(), "r0", seq);
+    const CliRun out = RunCli({"audit", "--rollout", "r0", "--json", dir.path()}, false);
+    EXPECT_EQ(out.exit_code, 3) << seq << ": " << out.out;
+    EXPECT_EQ(out.out, "") << seq;
+    const CliRun all = RunCli({"audit", "--rollout", "r0", dir.path()}, true);
+    EXPECT_EQ(all.exit_code, 3) << seq << ": " << all.out;
+    EXPECT_NE(all.out.find("rolloutcore audit: Corruption: " + damage), std::string::npos)
+        << seq << ": " << all.out;
+  }
+}
+
+// Proves every usage error of `audit` is refused before the audit runs: one `rolloutcore audit:`
+// line on stderr naming it, nothing on stdout, exit 2 (--engine on a fleet's journal without
+// --fleet-engine or with one naming no engine of it, --fleet-engine on a journal of one engine or
+// without --engine, --rollout with --engine, a malformed --expect-head, a --trajectories file that
+// cannot be read). Catches the report lines printed before a usage error found after the audit
+// dropped its verdict ("trajectories in the journal: N" on stdout, exit 2), and a malformed
+// --expect-head audited as damage (the whole report, exit 3).
+TEST(Cli, AuditUsageErrorsAreRefusedBeforeTheAudit) {
+  TempDir fleet;
+  WriteFleetJournal(fleet.path());
+  TempDir one;
+  WriteCleanJournal(one.path(), 1);
+  const std::string engine = "http://127.0.0.1:1";
+  const std::string missing = one.sub("missing.jsonl");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"audit", fleet.path(), "--engine", engine},
+       "the journal holds a fleet: name the engine with --fleet-engine"},
+      {{"audit", fleet.path(), "--engine", engine, "--fleet-engine", "c"},
+       "no engine 'c' in the fleet"},
+      {{"audit", one.path(), "--engine", engine, "--fleet-engine", "a"},
+       "--fleet-engine names an engine of a fleet's journal"},
+      {{"audit", one.path(), "--fleet-engine", "a"},
+       "--fleet-engine names the engine --engine is: give --engine too"},
+      {{"audit", one.path(), "--rollout", "r0", "--engine", engine},
+       "--rollout shows one rollout's provenance: "},
+      {{"audit", one.path(), "--expect-head", "7"},
+       "--expect-head: '7' is not SEQ:HEXHASH (missing ':')"},
+      {{"audit", one.path(), "--trajectories", missing},
+       "NotFound: cannot open trajectories file " + missing}};
+  for (const auto& [args, why] : cases) {
+    const CliRun out = RunCli(args, /*with_stderr=*/false);
+    EXPECT_EQ(out.exit_code, 2) << why << ": " << out.out;
+    EXPECT_EQ(out.out, "") << why;
+    const CliRun all = RunCli(args, /*with_stderr=*/true);
+    EXPECT_EQ(all.out.rfind("rolloutcore audit: " + why, 0), 0u) << all.out;
+    EXPECT_EQ(Lines(all.out).size(), 1u) << all.out;
   }
 }
 

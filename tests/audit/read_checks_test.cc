@@ -318,6 +318,40 @@ TEST(Replay, ASnapshotUnlikeTheRecordsIsDamage) {
   EXPECT_NE(replay::FormatReport(*report).find("verification: FAILED"), std::string::npos);
 }
 
+// Proves the whole-journal audit fails a journal whose newest snapshot is another journal's (same
+// seq, another history: its chain hash is not this record's), naming the snapshot, while the
+// same journal with its own snapshot audits OK; catches the audit that said OK of a journal
+// serve refuses to start from, or would restart from a state its records never reached.
+TEST(Audit, ASnapshotOfAnotherJournalIsDamage) {
+  TempDir mine, other;
+  WriteJournal(mine.path(), {"+a", "-a", "+b", "-b", "+c", "-c", "+d", "-d"});  // snapshot at 10
+  WriteJournal(other.path(), {"+x", "-x", "+y", "-y", "+z", "-z", "+w", "-w"});
+  auto audited = [&] {
+    auto j = journal::Journal::Open(mine.path(), ReadOnly());
+    EXPECT_TRUE(j.ok()) << j.status().ToString();
+    return audit::AuditJournal(**j);
+  };
+  Result<audit::AuditReport> healthy = audited();
+  ASSERT_TRUE(healthy.ok()) << healthy.status().ToString();
+  EXPECT_TRUE(healthy->failures.empty()) << healthy->failures.front();
+  std::string foreign;
+  EditRaw(other.path(), [&](rocksdb::DB& db, const Cf& cf) {
+    ASSERT_TRUE(db.Get(rocksdb::ReadOptions(), cf[4], SeqKey(10) + "f", &foreign).ok());
+  });
+  EditRaw(mine.path(), [&](rocksdb::DB& db, const Cf& cf) {
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[4], SeqKey(10) + "f", foreign).ok());
+    ASSERT_TRUE(db.Flush(rocksdb::FlushOptions(), cf).ok());
+  });
+  Result<audit::AuditReport> report = audited();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  bool named = false;
+  for (const std::string& f : report->failures) {
+    named = named || (f.rfind("restart state: ", 0) == 0 &&
+                      f.find("snapshot at seq 10 carries the chain hash") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << (report->failures.empty() ? "no failure" : report->failures.front());
+}
+
 // Proves a journal whose last input lacks the decision decide() derives (a probe recorded without
 // its READY transition, the chain intact) replays to "FAILED", never to an abort; catches the
 // restart-state check that asserted the report was still OK after the last group's own check

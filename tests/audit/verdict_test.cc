@@ -1,5 +1,6 @@
 // The audit's two-part verdict on real RocksDB journals (no engine): "the journal is intact"
-// apart from "the engine is healthy", the suspect rollouts of a READY taint, and the exit codes.
+// apart from "the engine is healthy", the suspect rollouts of a READY taint, the exit codes, and
+// the rollout index checked against the records.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
@@ -17,8 +18,11 @@
 namespace rc {
 namespace {
 
+using journal::testing::EditRaw;
 using journal::testing::OverwriteEvent;
+using journal::testing::SeqKey;
 using journal::testing::TempDir;
+using Cf = std::vector<rocksdb::ColumnFamilyHandle*>;
 
 const HttpEvidence kOk{Transport::kOk, 200, true, 10, ""};
 const WeightIdentity kIdentity{"ab12cd34ef56", "", "ckpt/step-0", "run-1", 0};
@@ -231,6 +235,73 @@ TEST(Verdict, CallerFindingsJoinTheVerdict) {
   audit::Verdict torn = engine;
   torn.journal_failures.push_back("torn WAL tail");
   EXPECT_EQ(audit::RenderAudit(report, torn, "j").exit_code, audit::kExitJournalDamaged);
+}
+
+// r0 admitted at seq 5, r1 at 6, r0 finished at 7, r1 at 8, r2 admitted at 9 and never finished;
+// closed cleanly.
+void WriteRollouts(const std::string& dir) {
+  auto opened = journal::Journal::Open(dir, journal::Options{});
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Bootstrap(**opened);
+  Admit(**opened, "r0", 2000);
+  Admit(**opened, "r1", 2001);
+  Finish(**opened, "r0", 2002);
+  Finish(**opened, "r1", 2003);
+  Admit(**opened, "r2", 2004);
+  ASSERT_EQ((*opened)->head_seq(), 9u);
+}
+
+// The rollout index's key for `seq` under `rollout_id` (journal/rocks_journal.cc: the id's length
+// byte, the id, BE64(seq)).
+std::string IndexKey(const std::string& rollout_id, std::uint64_t seq) {
+  return std::string(1, static_cast<char>(rollout_id.size())) + rollout_id + SeqKey(seq);
+}
+
+// Proves the whole-journal audit finds a record its rollout index does not list (r0's finish
+// deleted from the index) as a journal failure naming the seq and the rollout, exit 3, while the
+// same journal with its index whole is OK; catches the audit that never read the index, which
+// said OK of a journal whose `audit --rollout r0` showed r0 unfinished.
+TEST(Verdict, ARecordTheRolloutIndexDoesNotListIsDamage) {
+  TempDir dir;
+  WriteRollouts(dir.path());
+  const audit::AuditReport whole = AuditDir(dir.path());
+  EXPECT_TRUE(whole.ok) << audit::FormatReport(whole);
+  EditRaw(dir.path(), [](rocksdb::DB& db, const Cf& cf) {
+    ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[2], IndexKey("r0", 7)).ok());
+  });
+  const audit::AuditReport report = AuditDir(dir.path());
+  const audit::AuditOutput out = audit::RenderAudit(report, audit::MakeVerdict(report), "j");
+  EXPECT_EQ(out.exit_code, audit::kExitJournalDamaged) << out.text;
+  EXPECT_NE(out.text.find("\naudit FAILURE: rollout index: seq 7 (RolloutFinished) names rollout "
+                          "'r0' but the index does not list it under that id\n"),
+            std::string::npos)
+      << out.text;
+}
+
+// Proves the whole-journal audit finds the seqs its rollout index lists under a rollout that hold
+// no record of it: r0's admission listed under r1, and a seq past the head under r2 (never
+// finished, so only the end of the scan can tell), one journal failure each, exit 3; catches an
+// index that lists more than a rollout's own records (what `audit --rollout` reads) passing the
+// whole audit.
+TEST(Verdict, SeqsTheRolloutIndexListsForAnotherRolloutAreDamage) {
+  TempDir dir;
+  WriteRollouts(dir.path());
+  EditRaw(dir.path(), [](rocksdb::DB& db, const Cf& cf) {
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[2], IndexKey("r1", 5), "").ok());
+    ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[2], IndexKey("r2", 99), "").ok());
+  });
+  const audit::AuditReport report = AuditDir(dir.path());
+  const audit::AuditOutput out = audit::RenderAudit(report, audit::MakeVerdict(report), "j");
+  EXPECT_EQ(out.exit_code, audit::kExitJournalDamaged) << out.text;
+  EXPECT_NE(out.text.find("\naudit FAILURE: rollout index: seq 5 is listed under 'r1' but the "
+                          "record there is RolloutAdmitted of 'r0'\n"),
+            std::string::npos)
+      << out.text;
+  EXPECT_NE(out.text.find("\naudit FAILURE: rollout index: seq 99 is listed under 'r2' but no "
+                          "record is there"),
+            std::string::npos)
+      << out.text;
+  EXPECT_EQ(report.failures.size(), 2u) << out.text;
 }
 
 }  // namespace
