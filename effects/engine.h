@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "effects/clock.h"  // Clock, which the runner takes next to EngineControl
 #include "statemachine/events.h"
@@ -32,6 +33,24 @@ class EngineControl {
   virtual SleepObserved Sleep(std::uint8_t level, std::uint64_t timeout_ms) = 0;
   // POST /wake_up?tags=<tag>; after the KV cache (which resumes the scheduler), GET /is_paused.
   virtual WakeObserved Wake(WakeTag tag, std::uint64_t timeout_ms) = 0;
+  // The engine as the monitor sees it: the label, /is_paused and the process instance, and the
+  // weight digest when `with_digest` (a sleeper's weights are not mapped: never then), every read
+  // ending within `timeout_ms`. A plan reads it before its first effect, so that an engine
+  // someone else changed is recorded as the monitor records it before anything is sent.
+  // The default is one Probe(), whose calls each keep their own deadline (at most the effect
+  // bound of a probe): for controls that have no cheaper view.
+  virtual EngineMonitored Observe(bool with_digest, std::uint64_t timeout_ms) {
+    (void)timeout_ms;
+    EngineProbed p = Probe();
+    EngineMonitored m;
+    m.http = std::move(p.http);
+    m.reported_label = std::move(p.reported_label);
+    m.is_paused_known = p.is_paused_known;
+    m.is_paused = p.is_paused;
+    m.engine_instance = std::move(p.engine_instance);
+    if (with_digest) m.digest = std::move(p.digest);
+    return m;
+  }
 };
 
 }  // namespace rc::effects

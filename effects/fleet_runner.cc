@@ -210,17 +210,43 @@ FleetRunner::Plan FleetRunner::Look(const std::string& update_id, const Plan* la
   return plan;
 }
 
-// Journals each proposed member's request in the fold's order, then drives it on its thread. A
-// refused start (the fleet moved since the look, the journal's queue was full) is tried again at
-// the next look while the fold still proposes it; the last refusal is kept for the stuck reason.
-void FleetRunner::StartMembers(const Plan& plan, Members& members,
-                               std::map<std::string, Status>& refused) {
+// The look before a plan of each proposed member not started yet (an engine changed behind the
+// fleet is TAINTED by it, and the fold skips the member); a member whose look refused is not
+// started, its refusal kept.
+std::map<std::string, EngineLooked> FleetRunner::LookAtMembers(
+    const Plan& plan, const Members& members, std::map<std::string, Status>& refused) {
+  std::map<std::string, EngineLooked> looked;
   for (const std::string& engine : plan.next) {
     if (members.count(engine) != 0) continue;
     Runner* r = runner(engine);
-    const Status started = r == nullptr
-                               ? Status::NotFound("no runner drives engine '" + engine + "'")
-                               : r->StartUpdate(plan.member_request);
+    if (r == nullptr) {
+      refused[engine] = Status::NotFound("no runner drives engine '" + engine + "'");
+      continue;
+    }
+    Result<EngineLooked> look = r->LookBeforePlan(plan.member_request);
+    if (!look.ok()) {
+      refused[engine] = look.status();
+      continue;
+    }
+    looked.emplace(engine, look.value());
+  }
+  return looked;
+}
+
+// Journals the request of each proposed member found as committed, in the fold's order, then
+// drives it on its thread. Every member is looked at first, so the members of an `all` update
+// still all start before any ends. A refused look or start (the engine unread, the fleet moved
+// since the look, the journal's queue was full) is tried again at the next look while the fold
+// still proposes the member; the last refusal is kept for the stuck reason.
+void FleetRunner::StartMembers(const Plan& plan, Members& members,
+                               std::map<std::string, Status>& refused) {
+  const std::map<std::string, EngineLooked> looked = LookAtMembers(plan, members, refused);
+  for (const std::string& engine : plan.next) {
+    auto l = looked.find(engine);
+    if (l == looked.end()) continue;
+    Runner* r = runner(engine);
+    RC_CHECK(r != nullptr);  // looked at through it above
+    const Status started = r->StartUpdate(plan.member_request, l->second);
     if (!started.ok()) {
       refused[engine] = started;
       continue;

@@ -124,6 +124,8 @@ class FleetRunner {
   [[nodiscard]] Status SubmitFleetEvent(const Event& event, const std::string& key = "");
   [[nodiscard]] Status StartRecoveries(std::vector<Status>& recovered,
                                        std::vector<std::uint64_t>& ids);
+  std::map<std::string, EngineLooked> LookAtMembers(const Plan& plan, const Members& members,
+                                                    std::map<std::string, Status>& refused);
   void StartMembers(const Plan& plan, Members& members, std::map<std::string, Status>& refused);
   [[nodiscard]] Status CancelIfBlocked(const std::string& update_id, const Plan& plan,
                                        const Members& members, Progress& progress);

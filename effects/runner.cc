@@ -4,6 +4,7 @@
 #include "statemachine/describe.h"
 #include "statemachine/text.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace rc::effects {
@@ -152,14 +153,18 @@ DrainObserved Runner::drain() {
   const std::int64_t deadline_ms =
       clock_.now_ms() + static_cast<std::int64_t>(options_.drain_timeout_ms);
   const std::int64_t local_deadline_ms = deadline_ms - pause_reserve_ms();
-  // A failed journal stops every effect at once (fail-stop): nothing waits out its deadline.
-  while (active_rollouts() > 0 && clock_.now_ms() < local_deadline_ms && !journal_.failed()) {
+  // A failed journal stops every effect at once (fail-stop): nothing waits out its deadline. At
+  // shutdown the wait gives up too: the pause is not sent, and the plan ends refused.
+  bool stop = false;
+  while (active_rollouts() > 0 && clock_.now_ms() < local_deadline_ms && !journal_.failed() &&
+         !(stop = stop_waiting_ && stop_waiting_())) {
     clock_.sleep_ms(options_.await_poll_ms);
   }
-  if (journal_.failed()) {
+  if (journal_.failed() || (stop && active_rollouts() > 0)) {
     DrainObserved refused;
     refused.http.transport = Transport::kConnectFailed;
-    refused.http.error = "not sent: the journal failed";
+    refused.http.error = journal_.failed() ? "not sent: the journal failed"
+                                           : "not sent: the executor is shutting down";
     return refused;
   }
   const std::int64_t left_ms = std::max<std::int64_t>(1, deadline_ms - clock_.now_ms());
@@ -361,7 +366,8 @@ Status Runner::await_rollouts() {
     if (journal_.failed()) return journal_.failure();
     if (due_effect().kind != EffectKind::kAwaitRollouts) break;
     const std::int64_t waited_ms = clock_.now_ms() - start_ms;
-    if (waited_ms >= static_cast<std::int64_t>(options_.await_rollouts_timeout_ms)) {
+    const bool stop = stop_waiting_ && stop_waiting_();
+    if (stop || waited_ms >= static_cast<std::int64_t>(options_.await_rollouts_timeout_ms)) {
       RC_RETURN_IF_ERROR(time_out_rollouts(waited_ms));
       break;
     }
@@ -496,6 +502,37 @@ Status Runner::StartUpdate(const UpdateRequested& request) {
   return start_plan(request, engine_key(UpdateIdempotencyKey(request.update_id)));
 }
 
+Result<EngineLooked> Runner::LookBeforePlan(const UpdateRequested& request) {
+  if (look_due(request)) RC_RETURN_IF_ERROR(check_engine_before_plan());
+  return looked_now();
+}
+
+Status Runner::StartUpdate(const UpdateRequested& request, const EngineLooked& looked) {
+  return start_plan(request, engine_key(UpdateIdempotencyKey(request.update_id)), &looked);
+}
+
+// A restore starts from TAINTED: its validation proves the engine. A request refused for what it
+// is (malformed, a level-2 wake-up, another plan in flight) is refused before the engine is
+// looked at, as it was before any look: judged as if a look had found the engine answering and
+// re-verified, which is all a look can change.
+bool Runner::look_due(const Event& request) const {
+  if (std::holds_alternative<RestoreRequested>(request)) return false;
+  State s = current_state();
+  s.engine_reachable = true;
+  s.engine_recheck = false;
+  return decide(s, request).ok();
+}
+
+EngineLooked Runner::looked_now() const {
+  EngineLooked now;
+  read_state([&now](const State& s) {
+    now.epoch = monitor_epoch(s);
+    now.lifecycle = s.lifecycle;
+    now.committed_label = s.committed.label;
+  });
+  return now;
+}
+
 Result<UpdateEnded> Runner::FinishUpdate(const std::string& update_id) {
   return finish_plan(update_id);
 }
@@ -506,15 +543,146 @@ Result<UpdateEnded> Runner::run_to_end(const Event& request, const std::string& 
   return finish_plan(id);
 }
 
-Status Runner::start_plan(const Event& request, const std::string& key) {
+Status Runner::start_plan(const Event& request, const std::string& key,
+                          const EngineLooked* looked) {
   timings_.clear();
   ended_.clear();
+  resubmitted_seq_ = 0;
   plan_start_us_ = clock_.now_us();
+  const bool looked_still = looked != nullptr && *looked == looked_now();
+  if (!looked_still && look_due(request)) RC_RETURN_IF_ERROR(check_engine_before_plan());
   // Durable with the drain's intent, before the engine is touched.
   const Status submitted = submit(request, key, Durability::kWithNext).status();
   const bool resubmitted = submitted.ok() && unsynced_ && unsynced_->result.duplicate;
   resubmitted_seq_ = resubmitted ? unsynced_->result.first_seq : 0;
   return submitted;
+}
+
+namespace {
+
+// What a look at the engine left unread of what the fold compares ("" when nothing): a look that
+// names no process (once one was verified), no pause state or no digest (when the committed
+// version has one) cannot tell the committed engine from another.
+std::string unread_in(const State& before, const EngineMonitored& seen, bool with_digest) {
+  if (!seen.http.ok_2xx()) return "the engine did not answer (" + describe(seen.http) + ")";
+  if (!seen.is_paused_known) return "its /is_paused was not read";
+  if (seen.engine_instance.empty() && !before.engine_instance.empty()) {
+    return "it named no process instance";
+  }
+  if (with_digest && !seen.digest.present()) return "no weight digest (" + seen.digest.error + ")";
+  return {};
+}
+
+// The fold's own rules (engine_matches, weights_match): the look shows an engine other than the
+// one the committed version was verified on.
+bool shows_other_engine(const State& before, const EngineMonitored& seen) {
+  if (!seen.http.ok_2xx()) return false;
+  return !engine_matches(before, seen.reported_label, seen.is_paused_known, seen.is_paused,
+                         seen.engine_instance) ||
+         !weights_match(before, seen.digest);
+}
+
+// Whether the monitor would journal this look (service/service.cc, MonitorOnce): it changes
+// reachability, shows another engine, or vouches for an engine awaiting re-verification (or not
+// yet verified by its instance).
+bool changes_the_fold(const State& before, const EngineMonitored& seen) {
+  const bool ok = seen.http.ok_2xx();
+  const bool vouched = ok && engine_vouched(before, seen.reported_label, seen.is_paused_known,
+                                            seen.is_paused, seen.engine_instance);
+  const bool adopts = vouched && before.engine_instance.empty() && !seen.engine_instance.empty();
+  return ok != before.engine_reachable || shows_other_engine(before, seen) ||
+         (vouched && before.engine_recheck) || adopts;
+}
+
+}  // namespace
+
+State Runner::watched_state() const {
+  State view;
+  read_state([&view](const State& s) {
+    view.lifecycle = s.lifecycle;
+    view.committed = s.committed;
+    view.committed_identity = s.committed_identity;
+    view.committed_digest = s.committed_digest;
+    view.update = s.update;
+    view.taint = s.taint;
+    view.engine_instance = s.engine_instance;
+    view.engine_reachable = s.engine_reachable;
+    view.engine_recheck = s.engine_recheck;
+    view.sleep_level = s.sleep_level;
+    view.counters = s.counters;
+  });
+  return view;
+}
+
+// A read that failed proves nothing and the next may succeed; a look that shows another engine
+// is final. Every look ends by the one deadline.
+EngineMonitored Runner::look_at_engine(const State& before, bool with_digest) {
+  const std::int64_t deadline_ms =
+      clock_.now_ms() + static_cast<std::int64_t>(deadline_for(EffectKind::kProbeEngine));
+  std::uint32_t backoff_ms = options_.backoff_ms_min;
+  EngineMonitored seen;
+  for (std::uint32_t look = 0; look < kEffectAttemptsMax; ++look) {
+    if (look > 0) {
+      clock_.sleep_ms(backoff_ms);
+      backoff_ms = std::min(options_.backoff_ms_max, backoff_ms * 2);
+    }
+    const std::int64_t left_ms = deadline_ms - clock_.now_ms();
+    if (look > 0 && left_ms <= 0) break;
+    seen = engine_.Observe(with_digest,
+                           static_cast<std::uint64_t>(std::max<std::int64_t>(1, left_ms)));
+    if (shows_other_engine(before, seen) || unread_in(before, seen, with_digest).empty()) break;
+  }
+  RC_CHECK(with_digest || !seen.digest.present());  // a sleeper's look holds no digest
+  return seen;
+}
+
+Status Runner::journal_engine_look(const State& before, EngineMonitored seen, std::string* taint) {
+  RC_CHECK(taint != nullptr && !before.update.has_value());
+  RC_CHECK(before.lifecycle == Lifecycle::kReady || before.lifecycle == Lifecycle::kSleeping);
+  // When the verified engine was last seen is the monitor's to know, not the runner's: 0 opens
+  // the audit's window of suspect rollouts at the engine's verification (READY), the widest.
+  seen.last_ok_wall_ms = 0;
+  seen.updates_seen = monitor_epoch(before);
+  Event look = std::move(seen);
+  bound_texts(look);
+  // Durable now: a plan refused on it is answered only once the record is.
+  auto decided = submit(look);
+  if (!decided.ok() && decided.status().code() == Code::kRejected) {
+    return Status::Rejected("the look at the engine before the plan was refused: " +
+                            decided.status().message());
+  }
+  if (!decided.ok()) return decided.status();
+  for (const Event& d : decided.value()) {
+    const auto* c = std::get_if<StateChanged>(&d);
+    if (c != nullptr && c->to == Lifecycle::kTainted) *taint = c->detail;
+  }
+  return Status::OK();
+}
+
+Status Runner::check_engine_before_plan() {
+  const State before = watched_state();
+  const bool asleep = before.lifecycle == Lifecycle::kSleeping;
+  // Only a watched engine has a committed one to compare with; a plan in flight owns the engine
+  // already (its request is being submitted again).
+  if ((before.lifecycle != Lifecycle::kReady && !asleep) || before.update.has_value()) {
+    return Status::OK();
+  }
+  const bool with_digest = !asleep && before.committed_digest.present();
+  const EngineMonitored seen = look_at_engine(before, with_digest);
+  const bool other = shows_other_engine(before, seen);
+  std::string taint;
+  if (changes_the_fold(before, seen)) {
+    RC_RETURN_IF_ERROR(journal_engine_look(before, seen, &taint));
+  }
+  if (other) {
+    return Status::Rejected("the engine is not the one '" + before.committed.label +
+                            "' was verified on; it was recorded TAINTED and nothing was sent: " +
+                            (taint.empty() ? describe(Event{seen}) : taint));
+  }
+  const std::string unread = unread_in(before, seen, with_digest);
+  if (unread.empty()) return Status::OK();
+  return Status::Rejected("the engine could not be verified before the plan (" + unread +
+                          "); nothing was sent: ask again");
 }
 
 // A request the journal held already, whose plan is not the one in flight: it ended before, in

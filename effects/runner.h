@@ -69,6 +69,15 @@ struct PhaseTimings {
   void clear() { *this = PhaseTimings{}; }
 };
 
+// What a look at the engine before a plan compared it with (Runner::LookBeforePlan): its answer
+// holds while the engine's monitor epoch, lifecycle and committed label are these.
+struct EngineLooked {
+  std::uint64_t epoch = 0;
+  Lifecycle lifecycle = Lifecycle::kUninitialized;
+  std::string committed_label;
+  bool operator==(const EngineLooked&) const = default;
+};
+
 // The journal idempotency key of an update request (fixed size whatever the id's length).
 std::string UpdateIdempotencyKey(const std::string& update_id);
 // The same for a restore (its own key space: a restore never answers as an earlier update).
@@ -105,6 +114,14 @@ class Runner {
   // order the fleet fold allows and drives each on its own thread: StartUpdate journals the
   // request (a refusal changes nothing); FinishUpdate drives it to its end.
   [[nodiscard]] Status StartUpdate(const UpdateRequested& request);
+  // The look every plan but a restore makes before its request is journaled (an engine found
+  // changed is TAINTED; one that could not be read refuses the plan), taken on its own: a fleet
+  // executor looks at every member it starts before it journals any of their requests, so an
+  // `all` update still starts them all before any ends.
+  [[nodiscard]] Result<EngineLooked> LookBeforePlan(const UpdateRequested& request);
+  // StartUpdate after LookBeforePlan: the look is made again unless the engine is still as it
+  // was compared then.
+  [[nodiscard]] Status StartUpdate(const UpdateRequested& request, const EngineLooked& looked);
   [[nodiscard]] Result<UpdateEnded> FinishUpdate(const std::string& update_id);
   // The same for a restore of a TAINTED engine: committed (READY on the restored version, its
   // digest proven), refused (still TAINTED, nothing changed) or tainted (the reload failed).
@@ -130,6 +147,10 @@ class Runner {
   // end without reading the journal back.
   using FleetDecisionFn = std::function<void(const Event& decision)>;
   void set_fleet_decisions(FleetDecisionFn fn) { fleet_decisions_ = std::move(fn); }
+  // Asked while a drain waits for admitted rollouts to end: true (the executor is shutting down)
+  // gives up on them at once, as await_rollouts_timeout_ms does (the update ends refused and the
+  // engine resumes, nothing mutated).
+  void set_stop_waiting(std::function<bool()> stop) { stop_waiting_ = std::move(stop); }
 
  private:
   enum class Durability { kNow, kWithNext };
@@ -166,7 +187,25 @@ class Runner {
   TransferObserved label_only(const UpdatePlan& plan);
   [[nodiscard]] Result<UpdateEnded> run_to_end(const Event& request, const std::string& id,
                                                const std::string& key);
-  [[nodiscard]] Status start_plan(const Event& request, const std::string& key);
+  // `looked`: the plan's look, already made (nullptr: make it now).
+  [[nodiscard]] Status start_plan(const Event& request, const std::string& key,
+                                  const EngineLooked* looked = nullptr);
+  EngineLooked looked_now() const;
+  // Whether the plan's look is due: not for a restore (no committed engine to compare with),
+  // nor for a request the fold refuses whatever a look could find (its refusal answers).
+  bool look_due(const Event& request) const;
+  // Before a plan's request, the engine the monitor watches (READY, or SLEEPING) is looked at as
+  // the monitor looks at it, and what the fold must know is journaled as the monitor's
+  // observation: an engine that is not the committed one is TAINTED before anything is sent.
+  // Rejected when it is not, or when the look could not read what the fold compares.
+  [[nodiscard]] Status check_engine_before_plan();
+  // The fields of this engine's state a look at the engine is judged against.
+  State watched_state() const;
+  // Up to kEffectAttemptsMax looks within the deadline of a probe.
+  EngineMonitored look_at_engine(const State& before, bool with_digest);
+  // Journals the look (durable before the plan's answer); `taint` gets the taint it caused.
+  [[nodiscard]] Status journal_engine_look(const State& before, EngineMonitored seen,
+                                           std::string* taint);
   [[nodiscard]] Result<UpdateEnded> finish_plan(const std::string& id);
   std::int64_t pause_reserve_ms() const;
   DrainObserved drain();
@@ -182,6 +221,7 @@ class Runner {
   PhaseTimings timings_;
   Observer observer_;
   FleetDecisionFn fleet_decisions_;
+  std::function<bool()> stop_waiting_;
   std::vector<UpdateEnded> ended_;           // UpdateEnded decisions seen since the last Update()
   std::optional<journal::Ticket> unsynced_;  // the last ticket not yet known durable
   // Events journaled but not yet known durable, for the observer: (seq, event).

@@ -1235,8 +1235,16 @@ const std::string* recorded_digest(const State& s, const WeightIdentity& identit
   return nullptr;
 }
 
+// Declared byte-identical. Unchanged since journals were first written (replay re-derives with
+// it); a content digest claimed under another manifest is refused when requested instead.
 bool same_bytes(const WeightIdentity& a, const WeightIdentity& b) {
   return !a.content_digest.empty() && a.content_digest == b.content_digest;
+}
+
+// Whether VALIDATING judges a weight digest: the journal holds digests, or the plan names the
+// one it expects (a restore always does).
+bool digests_in_use(const State& s) {
+  return s.committed_digest.present() || !s.update->expected_digest.empty();
 }
 
 // VALIDATING's digest rules, once the journal holds digests (or the trainer sent one): the
@@ -1251,7 +1259,7 @@ std::string digest_refusal(const State& s, const WeightDigest& d) {
   return {};
 #endif
   const UpdatePlan& u = *s.update;
-  if (!s.committed_digest.present() && u.expected_digest.empty()) return {};
+  if (!digests_in_use(s)) return {};
   if (!d.present()) return "no weight digest while paused: " + d.error;
   const std::string got = d.combined.substr(0, 16);
   if (u.restore && d.combined != u.expected_digest) {
@@ -1545,6 +1553,21 @@ std::vector<Event> derive_decisions(const State& after, const Event& input) {
   return out;
 }
 
+Status check_new_request_rules(const State& s, const Event& input) {
+  const bool asks_engine =
+      std::holds_alternative<SleepRequested>(input) ||
+      (std::holds_alternative<UpdateRequested>(input) && s.lifecycle != Lifecycle::kSleeping);
+  if (asks_engine && !s.engine_reachable) {
+    return Status::Rejected(std::string(event_name(input)) +
+                            " while the engine is unreachable: it must answer as the committed "
+                            "engine before anything is asked of it");
+  }
+  if (const auto* u = std::get_if<UpdateRequested>(&input)) {
+    return check_identity_consistent(s.labels, u->identity);
+  }
+  return Status::OK();
+}
+
 Result<std::vector<Event>> decide(const State& state, const Event& input) {
   if (family_of(input) == Family::kDecision) {
     return Status::InvalidArgument(std::string(event_name(input)) +
@@ -1568,6 +1591,7 @@ Result<std::vector<Event>> decide(const State& state, const Event& input) {
     RC_RETURN_IF_ERROR(check_binding(state, *t));
     return std::vector<Event>{};
   }
+  RC_RETURN_IF_ERROR(check_new_request_rules(state, input));
   State after = state;
   RC_RETURN_IF_ERROR(apply(after, input));
   std::vector<Event> out = derive_decisions(after, input);
@@ -1812,6 +1836,22 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id, std::
 }
 
 Status check_weight_identity(const WeightIdentity& identity) { return check_identity(identity); }
+
+Status check_identity_consistent(const std::map<std::string, WeightIdentity>& labels,
+                                 const WeightIdentity& identity) {
+  if (identity.content_digest.empty()) return Status::OK();
+  for (const auto& [label, known] : labels) {
+    if (known.content_digest != identity.content_digest) continue;
+    if (known.manifest_digest == identity.manifest_digest) continue;
+    return Status::InvalidArgument(
+        "identity.content_digest " + identity.content_digest.substr(0, 16) +
+        " names the bytes committed as '" + label + "' (manifest " +
+        known.manifest_digest.substr(0, 16) + "), but the identity declares manifest " +
+        identity.manifest_digest.substr(0, 16) +
+        ": another manifest proves other bytes, so the identity contradicts itself");
+  }
+  return Status::OK();
+}
 
 bool admits(const State& s) { return admission_block_reason(s).empty(); }
 

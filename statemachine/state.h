@@ -171,6 +171,16 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id,
 // The fold's rule for a declared identity (digests, checkpoint text, run id, step): the fleet
 // checks a fleet update's target with it before any member is asked.
 [[nodiscard]] Status check_weight_identity(const WeightIdentity& identity);
+// A declared identity against the identities committed under `labels`: a content digest names
+// one set of bytes, so one already committed with another manifest cannot be declared again with
+// this one (the update and the fleet update are refused before anything is journaled).
+[[nodiscard]] Status check_identity_consistent(const std::map<std::string, WeightIdentity>& labels,
+                                               const WeightIdentity& identity);
+// Rules for new requests only: checked when an input is decided, never when a recorded one is
+// applied, so a journal that recorded such a request before the rule existed opens as written.
+// An update (of an awake engine) or a sleep only while the engine answers (`engine_reachable`);
+// an identity that does not claim, under another manifest, a content digest already committed.
+[[nodiscard]] Status check_new_request_rules(const State& s, const Event& input);
 // A digest: lowercase hex of at most kDigestBytesMax chars; empty only when not `required`.
 [[nodiscard]] Status check_digest(const char* what, const std::string& s, bool required);
 // The fold's rule for a weight digest an engine computed (algorithm, combined, tensors sorted,

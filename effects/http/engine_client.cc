@@ -694,9 +694,20 @@ HttpReply EngineClient::ResetCacheRaw(CacheKind cache, const CallOptions& o) {
               o);
 }
 HttpReply EngineClient::UpdateWeightVersion(const std::string& label, const CallOptions& o) {
-  return Call(post("/update_weight_version", dump(json{{"new_version", label}}), Shape::kJsonObject,
-                   &check_success, deadlines_.call_timeout_ms),
-              o);
+  HttpReply r = Call(post("/update_weight_version", dump(json{{"new_version", label}}),
+                          Shape::kJsonObject, &check_success, deadlines_.call_timeout_ms),
+                     o);
+  // The body check refused a 2xx: say so plainly when the engine reported a failed relabel.
+  const bool answered_2xx =
+      r.http.transport == Transport::kOk && r.http.http_status >= 200 && r.http.http_status < 300;
+  if (!answered_2xx || r.http.body_parsed || !r.body.is_object()) return r;
+  const auto success = r.body.find("success");
+  if (success != r.body.end() && success->is_boolean() && !success->get<bool>()) {
+    r.http.error =
+        "/update_weight_version answered {\"success\": false}: the engine did not set "
+        "the label";
+  }
+  return r;
 }
 HttpReply EngineClient::GetWorldSize(bool include_dp, const CallOptions& o) {
   return Call(get(std::string("/get_world_size?include_dp=") + (include_dp ? "true" : "false"),
@@ -847,19 +858,19 @@ std::string EngineClient::Instance(const CallOptions& options) {
   return info.http.ok_2xx() ? Instance(info, o) : std::string();
 }
 
-EngineClient::EngineView EngineClient::ObserveView() {
+EngineClient::EngineView EngineClient::ObserveView(const CallOptions& o) {
   EngineView v;
-  HttpReply info = ReadLabel();
+  HttpReply info = ReadLabel(o);
   v.http = info.http;
   if (!info.http.ok_2xx()) return v;
   v.label = info.body["weight_version"].get<std::string>();
-  HttpReply paused = IsPaused();
+  HttpReply paused = IsPaused(o);
   v.http = chain(v.http, paused.http);
   if (paused.http.ok_2xx()) {
     v.is_paused_known = true;
     v.is_paused = is_paused_in(paused);
   }
-  v.instance = Instance(info);
+  v.instance = Instance(info, o);
   return v;
 }
 

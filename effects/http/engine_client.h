@@ -244,8 +244,8 @@ class EngineClient {
     bool is_paused = false;
     std::string instance;
   };
-  // The label, /is_paused and the instance, evidence chained.
-  EngineView ObserveView();
+  // The label, /is_paused and the instance, evidence chained (each call within `o`).
+  EngineView ObserveView(const CallOptions& o = {});
 
   HttpReply Completions(const nlohmann::json& request, const CallOptions& o = {});
   HttpReply ChatCompletions(const nlohmann::json& request, const CallOptions& o = {});

@@ -1,5 +1,7 @@
 #include "effects/http/engine_control.h"
 
+#include <utility>
+
 #include "effects/http/response_parsers.h"
 #include "effects/http/weight_digest.h"
 #include "statemachine/state.h"
@@ -86,6 +88,28 @@ CallOptions whole(CallOptions o, std::uint64_t timeout_ms) {
 }
 
 }  // namespace
+
+// The monitor's reads (EngineClient::ObserveView, without /health: the label read answers that),
+// then the digest, all by one deadline.
+EngineMonitored HttpEngineControl::Observe(bool with_digest, std::uint64_t timeout_ms) {
+  RC_CHECK(timeout_ms > 0);
+  const CallOptions o = within(timeout_ms);
+  EngineMonitored seen;
+  // /health first, as the monitor reads it: the look and the monitor must agree on "reachable".
+  HttpReply health = client_.Health(o);
+  seen.http = health.http;
+  if (!health.http.ok_2xx()) return seen;
+  EngineClient::EngineView view = client_.ObserveView(o);
+  view.http.latency_us += seen.http.latency_us;  // the look's evidence: both reads' time
+  seen.http = std::move(view.http);
+  seen.reported_label = std::move(view.label);
+  seen.is_paused_known = view.is_paused_known;
+  seen.is_paused = view.is_paused;
+  seen.engine_instance = std::move(view.instance);
+  if (with_digest && seen.http.ok_2xx()) seen.digest = ReadWeightDigest(client_, o);
+  RC_CHECK(with_digest || !seen.digest.present());
+  return seen;
+}
 
 // /is_sleeping is read only after a 2xx sleep: its failure leaves the sleep's own evidence (the
 // fold then judges the sleep by its answer alone) rather than turning a done sleep into a failure.

@@ -22,6 +22,7 @@ class HttpEngineControl final : public EngineControl {
   ResumeObserved Resume() override { return client_.Resume(); }
   SleepObserved Sleep(std::uint8_t level, std::uint64_t timeout_ms) override;
   WakeObserved Wake(WakeTag tag, std::uint64_t timeout_ms) override;
+  EngineMonitored Observe(bool with_digest, std::uint64_t timeout_ms) override;
 
  private:
   EngineClient& client_;

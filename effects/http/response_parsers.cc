@@ -39,9 +39,11 @@ bool check_is_paused(const json& j) {
   auto it = j.find("is_paused");
   return it != j.end() && it->is_boolean();
 }
+// A route that answers whether it did what it was asked did it only when it says so: a 200 with
+// {"success": false} is a failure, never a success with an odd body.
 bool check_success(const json& j) {
   auto it = j.find("success");
-  return it != j.end() && it->is_boolean();
+  return it != j.end() && it->is_boolean() && it->get<bool>();
 }
 bool check_is_sleeping(const json& j) {
   auto it = j.find("is_sleeping");

@@ -28,7 +28,7 @@ bool check_version(const nlohmann::json& j);      // {"version": short string}
 bool check_weight_info(const nlohmann::json& j);  // {"weight_version": short string}
 bool check_status(const nlohmann::json& j);       // {"status": short string} (/pause, /resume)
 bool check_is_paused(const nlohmann::json& j);    // {"is_paused": bool}
-bool check_success(const nlohmann::json& j);      // {"success": bool}
+bool check_success(const nlohmann::json& j);      // {"success": true}
 bool check_is_sleeping(const nlohmann::json& j);  // {"is_sleeping": bool}
 // {"results": [{"weight_version": s, ...}, ...]}: at least one worker, all reporting one label.
 bool check_rpc_label(const nlohmann::json& j);

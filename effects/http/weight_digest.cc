@@ -171,14 +171,28 @@ WeightDigest ParseWeightDigestReply(const json& body) {
   return d;
 }
 
-WeightDigest ReadWeightDigest(EngineClient& client) {
-  HttpReply reply = client.CollectiveRpc(kWeightDigestMethod, {});
-  if (!reply.http.ok_2xx()) {
-    return Absent(std::string("the engine computes no weight digest (") + kWeightDigestMethod +
-                  ": transport " + transport_name(reply.http.transport) + ", status " +
-                  std::to_string(reply.http.http_status) + ")");
-  }
-  return ParseWeightDigestReply(reply.body);
+namespace {
+
+// The engine answered that it has no such route or method (no worker extension, or an older one):
+// vLLM's 404, or the NotImplementedError of a collective_rpc naming an unknown method.
+bool NoDigestMethod(const HttpReply& reply) {
+  if (reply.http.transport != Transport::kOk) return false;
+  if (reply.http.http_status == 404) return true;
+  const bool status = reply.http.http_status == 500 || reply.http.http_status == 501;
+  return status && reply.raw.find(std::string("Method '") + kWeightDigestMethod +
+                                  "' is not implemented") != std::string::npos;
+}
+
+}  // namespace
+
+WeightDigest ReadWeightDigest(EngineClient& client, const CallOptions& o) {
+  HttpReply reply = client.CollectiveRpc(kWeightDigestMethod, {}, o);
+  if (reply.http.ok_2xx()) return ParseWeightDigestReply(reply.body);
+  const std::string call = std::string(" (") + kWeightDigestMethod + ": transport " +
+                           transport_name(reply.http.transport) + ", status " +
+                           std::to_string(reply.http.http_status) + ")";
+  if (NoDigestMethod(reply)) return Absent("the engine computes no weight digest" + call);
+  return Absent(std::string(kDigestReadFailedPrefix) + call + ": " + reply.http.error);
 }
 
 }  // namespace rc::effects

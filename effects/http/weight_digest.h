@@ -42,9 +42,16 @@ inline constexpr std::size_t kDigestRecordOtherBytesMax =
 static_assert(kDigestTensorBytesMax + kDigestRecordOtherBytesMax <= journal::kRecordBytesMax,
               "every digest the parser accepts must fit a journal record beside its event");
 
-// The digest the engine computes now; absent (with `error` saying why) when the engine has no
-// worker extension, an older one, or a worker failed.
-WeightDigest ReadWeightDigest(EngineClient& client);
+// How an absent digest's `error` begins when the read failed (a timeout, a dropped connection, a
+// 5xx that is no "method not implemented"): the engine may compute one, it was not read. Any other
+// absent digest says why the engine has none ("the engine computes no weight digest ...") or what
+// was wrong with its answer. The fold reads neither (it reads a missing digest again within its
+// attempts either way); the journal keeps the text for the operator.
+inline constexpr char kDigestReadFailedPrefix[] = "the weight digest read failed";
+
+// The digest the engine computes now, within `o`'s deadline; absent (with `error` saying why)
+// when the read failed, the engine has no worker extension or an older one, or a worker failed.
+WeightDigest ReadWeightDigest(EngineClient& client, const CallOptions& o = {});
 
 // Pure: the RPC's 2xx body {"results": [one object per worker]} -> the digest. Anything
 // malformed gives an absent digest whose `error` says what (never an exception).

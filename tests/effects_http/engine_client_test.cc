@@ -488,6 +488,31 @@ TEST(EngineClient, Unparseable200IsNotSuccess) {
   EXPECT_FALSE(v.http.error.empty());
 }
 
+// Proves a relabel the engine answers 200 {"success": false} is a failure that says so, both for
+// /update_weight_version and for the label write the runner makes through it, while
+// {"success": true} still succeeds; catches a label the engine refused counted as set.
+TEST(EngineClient, ASuccessFalseRelabelIsAFailureThatSaysSo) {
+  ScriptedServer s;
+  std::atomic<bool> succeed{false};
+  s.server().Get("/weight_info",
+                 [](const auto&, auto& res) { Json(res, R"({"weight_version":"rc-0"})"); });
+  s.server().Post("/update_weight_version", [&](const auto&, auto& res) {
+    Json(res, succeed.load() ? R"({"success":true})" : R"({"success":false})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  const HttpReply refused = c.UpdateWeightVersion("rc-1");
+  EXPECT_EQ(refused.http.http_status, 200);
+  EXPECT_FALSE(refused.http.ok_2xx());
+  EXPECT_NE(refused.http.error.find(R"({"success": false})"), std::string::npos)
+      << refused.http.error;
+  HttpEngineControl control(c);
+  EXPECT_FALSE(control.SetLabel("rc-1").ok_2xx());
+  succeed.store(true);
+  EXPECT_TRUE(c.UpdateWeightVersion("rc-1").http.ok_2xx());
+  EXPECT_TRUE(control.SetLabel("rc-1").ok_2xx());
+}
+
 // Proves a refused connection is kConnectFailed with status 0 and quickly; would catch a refused
 // connect being classified as a possible mutation (kTimeout/kBroken).
 TEST(EngineClient, ConnectionRefusedIsNeverSent) {

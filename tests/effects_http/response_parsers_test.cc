@@ -136,5 +136,25 @@ TEST(ResponseParsers, AnInstanceIsBoundedPrintableText) {
   EXPECT_EQ(rpc_instances(json::array({json{{"instance", ""}}})), "");
 }
 
+// Proves a 2xx body {"success": false} fails the success check (body not what the route
+// promises, with an error), as do a missing or non-boolean "success", and only {"success": true}
+// passes; catches a route that reported failure counted as done because "success" was a boolean.
+TEST(ResponseParsers, OnlySuccessTrueIsSuccess) {
+  EXPECT_TRUE(check_success(json{{"success", true}, {"new_version", "rc-1"}}));
+  EXPECT_FALSE(check_success(json{{"success", false}}));
+  EXPECT_FALSE(check_success(json{{"success", "true"}}));
+  EXPECT_FALSE(check_success(json::object()));
+  for (const char* raw : {R"({"success": false})", R"({"success": true})"}) {
+    HttpReply reply;
+    reply.http = HttpEvidence{Transport::kOk, 200, false, 0, ""};
+    reply.raw = raw;
+    interpret_body(EngineClient::Shape::kJsonObject, &check_success, "/update_weight_version",
+                   reply);
+    const bool success = std::string(raw).find("true") != std::string::npos;
+    EXPECT_EQ(reply.http.ok_2xx(), success) << raw;
+    EXPECT_EQ(reply.http.error.empty(), success) << raw;
+  }
+}
+
 }  // namespace
 }  // namespace rc::effects

@@ -4,6 +4,7 @@
 // must be made deterministic.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -12,8 +13,10 @@
 #include <ostream>
 #include <random>
 #include <system_error>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <httplib.h>
 
@@ -494,6 +497,114 @@ TEST(RunnerAwait, TheLastRolloutEndingAsTheWaitTimesOutLetsTheUpdateCommit) {
     return Status::OK();
   });
   EXPECT_TRUE(scanned.ok()) << scanned.ToString();
+}
+
+// The names of the events journaled after `after_seq`, in order.
+std::vector<std::string> EventsAfter(journal::Journal& j, std::uint64_t after_seq) {
+  std::vector<std::string> names;
+  Status scanned = j.Scan(after_seq + 1, 0, [&names](const journal::Record& r) {
+    names.emplace_back(event_name(r.event));
+    return Status::OK();
+  });
+  EXPECT_TRUE(scanned.ok()) << scanned.ToString();
+  return names;
+}
+
+// A runner bootstrapped on `d` ("rc-0"), and a client of someone else's on the same engine.
+struct ChangedBehindTheRunner {
+  TempJournal tj;
+  DrivenDouble d;
+  Runner runner{*tj.journal, *d.control, *d.transfer, system_clock(), RunnerOptions{}};
+  EngineClient outsider{d.engine->base_url(), Fast()};
+  ChangedBehindTheRunner() {
+    const Status booted = runner.Bootstrap("rc-0", SyntheticIdentity(0));
+    EXPECT_TRUE(booted.ok()) << booted.ToString();
+  }
+};
+
+// Proves an update asked of an engine someone else paused (mode=abort) and relabelled between two
+// monitor looks is refused before anything is sent: the runner's look before the plan is journaled
+// as the monitor's observation and the engine goes TAINTED from READY with the monitor's cause
+// (so the audit opens its window of suspect rollouts). Catches the update that paused the engine
+// again, overwrote the outside label, committed, and journaled DrainObserved straight to publish.
+TEST(RunnerLook, AnEngineChangedBehindTheRunnerIsTaintedBeforeAnyDrain) {
+  struct Case {
+    const char* name;
+    bool relabel;
+    Cause cause;
+  };
+  for (const Case& c : {Case{"paused", false, Cause::kEnginePausedExternally},
+                        Case{"paused and relabelled", true, Cause::kEngineRelabelled}}) {
+    SCOPED_TRACE(c.name);
+    ChangedBehindTheRunner w;
+    journal::Journal& j = *w.tj.journal;
+    const std::uint64_t weights = w.d.engine->weights_generation();
+    ASSERT_TRUE(w.outsider.Pause(PauseMode::kAbort, /*clear_cache=*/false).http.ok_2xx());
+    if (c.relabel) {
+      ASSERT_TRUE(w.outsider.UpdateWeightVersion("outsider").http.ok_2xx());
+    }
+    const std::uint64_t head = j.head_seq();
+
+    auto ended =
+        w.runner.Update(UpdateRequested{"u-1", "rc-1", SyntheticIdentity(1), "synthetic:8x64:1"});
+    ASSERT_FALSE(ended.ok()) << "committed over an outside change: " << ended->reason;
+    EXPECT_EQ(ended.status().code(), Code::kRejected) << ended.status().ToString();
+    const State s = j.state();
+    ASSERT_EQ(s.lifecycle, Lifecycle::kTainted);
+    EXPECT_EQ(s.taint->from, Lifecycle::kReady);
+    EXPECT_EQ(s.taint->cause, c.cause) << s.taint->detail;
+    EXPECT_EQ(s.counters.updates_requested, 0u);
+    EXPECT_EQ(EventsAfter(j, head), (std::vector<std::string>{"EngineMonitored", "StateChanged"}));
+    EXPECT_EQ(w.d.engine->RouteCount("/pause"), 1u) << "paused again by the runner";
+    EXPECT_EQ(w.d.engine->weights_generation(), weights);
+    EXPECT_EQ(w.d.engine->weight_label(), c.relabel ? "outsider" : "rc-0");
+  }
+}
+
+// Proves an update asked of an engine whose weights someone else changed under the committed
+// label (a transfer of its own) is refused, the engine TAINTED with weights_changed naming the
+// tensors, because the runner's look before the plan digests the weights; catches an update that
+// starts from weights nobody committed and publishes them as the trainer's.
+TEST(RunnerLook, WeightsChangedUnderTheCommittedLabelAreTaintedBeforeAnyDrain) {
+  ChangedBehindTheRunner w;
+  journal::Journal& j = *w.tj.journal;
+  ASSERT_TRUE(j.state().committed_digest.present()) << "the double computes no digest";
+  HttpSequenceTransfer intruder(w.outsider, detect_protocol("0.30.0"));
+  TransferTarget same_label;
+  same_label.update_id = "outsider";
+  same_label.target = WeightVersion{1, "rc-0"};
+  same_label.source_uri = "synthetic:8x64:7";
+  ASSERT_TRUE(intruder.Transfer(same_label, 5000).acknowledged);
+  ASSERT_EQ(w.d.engine->weight_label(), "rc-0");
+
+  auto ended =
+      w.runner.Update(UpdateRequested{"u-1", "rc-1", SyntheticIdentity(1), "synthetic:8x64:1"});
+  ASSERT_FALSE(ended.ok()) << "committed over an outside change: " << ended->reason;
+  EXPECT_EQ(ended.status().code(), Code::kRejected) << ended.status().ToString();
+  const State s = j.state();
+  ASSERT_EQ(s.lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(s.taint->from, Lifecycle::kReady);
+  EXPECT_EQ(s.taint->cause, Cause::kWeightsChanged) << s.taint->detail;
+  EXPECT_NE(s.taint->detail.find("tensors differ"), std::string::npos) << s.taint->detail;
+  EXPECT_EQ(w.d.engine->RouteCount("/pause"), 0u);
+}
+
+// Proves an engine the runner's look finds as committed is updated as before, with nothing more
+// journaled than the plan; catches a look that refuses a healthy engine or grows the journal by
+// a record per update.
+TEST(RunnerLook, AnUnchangedEngineIsUpdatedAsBefore) {
+  ChangedBehindTheRunner w;
+  journal::Journal& j = *w.tj.journal;
+  const std::uint64_t head = j.head_seq();
+  auto ended =
+      w.runner.Update(UpdateRequested{"u-1", "rc-1", SyntheticIdentity(1), "synthetic:8x64:1"});
+  ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+  EXPECT_EQ(ended->outcome, UpdateOutcome::kCommitted) << ended->reason;
+  const std::vector<std::string> names = EventsAfter(j, head);
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "UpdateRequested");
+  EXPECT_EQ(std::count(names.begin(), names.end(), "EngineMonitored"), 0);
+  EXPECT_EQ(w.d.engine->weight_label(), "rc-1");
 }
 
 // Proves a fleet recovery whose second thread is refused returns that refusal, naming its engine,

@@ -462,5 +462,31 @@ TEST(FleetIntegration, AnExecutorRestartMidUpdateFinishesIt) {
   f.Check();
 }
 
+// Proves each member of a fleet update is looked at before its own plan: a member someone else
+// paused between two monitor looks goes TAINTED from READY with the monitor's cause and is
+// skipped, nothing sent to it, while the others commit; catches a fleet path whose members pause
+// and update an engine that is no longer the one their committed version was verified on.
+TEST(FleetIntegration, AMemberChangedBehindTheFleetIsTaintedAndSkipped) {
+  Fleet f(3);
+  effects::EngineClient outsider(f.engines[1]->engine.base_url());
+  ASSERT_TRUE(outsider.Pause(effects::PauseMode::kAbort, /*clear_cache=*/false).http.ok_2xx());
+  Result<FleetUpdateEnded> end = f.runner->Update(Fleet::Request("u1", FleetUpdateMode::kAll, 1));
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(end->outcome, FleetOutcome::kPartial) << end->reason;
+  EXPECT_EQ(end->committed, 2u);
+  EXPECT_EQ(end->skipped, 1u);
+  const FleetState s = f.state();
+  const State& e1 = s.engines.at("e1");
+  ASSERT_EQ(e1.lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(e1.taint->from, Lifecycle::kReady);
+  EXPECT_EQ(e1.taint->cause, Cause::kEnginePausedExternally) << e1.taint->detail;
+  EXPECT_EQ(e1.counters.updates_requested, 0u);
+  EXPECT_EQ(f.engines[1]->engine.RouteCount("/pause"), 1u) << "paused again by its runner";
+  EXPECT_EQ(f.engines[1]->engine.weights_generation(), 0u);
+  EXPECT_EQ(s.engines.at("e0").committed.label, "rc-1");
+  EXPECT_EQ(s.engines.at("e2").committed.label, "rc-1");
+  f.Check();
+}
+
 }  // namespace
 }  // namespace rc::itest

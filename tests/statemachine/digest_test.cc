@@ -27,7 +27,7 @@ struct DigestDriver : Driver {
     v.digest = seen;
     return ok(v);
   }
-  // The helpers' identities share one content digest; these name distinct bytes.
+  // An identity whose content digest is the hex of its letter (its own bytes).
   UpdateRequested distinct_request(const std::string& label, char ident) const {
     UpdateRequested u = update_request(label, ident);
     u.identity.content_digest = hex(ident);
@@ -101,11 +101,13 @@ TEST(Digest, UnchangedWeightsTaint) {
 }
 
 // Unchanged weights are fine when the source is declared byte-identical to what was served (same
-// content digest); catches refusing a legitimate relabel of identical bytes.
+// content digest over the same manifest); catches refusing a legitimate relabel of identical
+// bytes.
 TEST(Digest, UnchangedWeightsPassWhenTheSourceIsTheSameBytes) {
   DigestDriver d;
   d.bootstrap(digest_of("111"));
   UpdateRequested u = d.distinct_request("rc-1", 'b');
+  u.identity.manifest_digest = d.s.committed_identity.manifest_digest;
   u.identity.content_digest = d.s.committed_identity.content_digest;
   ASSERT_FALSE(u.identity.content_digest.empty());
   d.walk_to_validating(u);
@@ -166,6 +168,32 @@ TEST(Digest, AMissingDigestTaintsOnlyWhenDigestsAreInUse) {
   without.to_validating("rc-1");
   without.validate("rc-1", none);
   EXPECT_EQ(without.s.lifecycle, Lifecycle::kResuming);
+}
+
+// Proves an identity that claims the content digest of weights committed before under another
+// manifest is refused when the update is requested, nothing changing, while the same content
+// digest over the same manifest is still a relabel of identical bytes; catches an update to
+// {manifest M32, content "aa"} published on rc-1's "aa" although the engine ignored the transfer
+// and still holds rc-1's weights.
+TEST(Digest, AContentDigestClaimedUnderAnotherManifestIsRefused) {
+  DigestDriver d;
+  d.bootstrap(digest_of("111"));
+  d.commit("rc-1", 'b', digest_of("222"));
+  UpdateRequested other = d.distinct_request("rc-2", 'c');
+  other.identity.content_digest = d.s.committed_identity.content_digest;
+  ASSERT_NE(other.identity.manifest_digest, d.s.committed_identity.manifest_digest);
+  EXPECT_EQ(d.rejected(other), Code::kInvalidArgument);
+  other.identity.content_digest = identity('a').content_digest;  // rc-0's bytes, not committed
+  EXPECT_EQ(d.rejected(other), Code::kInvalidArgument);
+  EXPECT_EQ(d.s.counters.updates_requested, 1u);
+
+  UpdateRequested same = other;
+  same.identity.manifest_digest = d.s.committed_identity.manifest_digest;
+  same.identity.content_digest = d.s.committed_identity.content_digest;
+  d.walk_to_validating(same);
+  d.validate("rc-2", digest_of("222"));
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kResuming);
+  expect_history_ok(d);
 }
 
 // require_digest refuses a bootstrap on an engine that computes none; catches a journal that

@@ -80,6 +80,79 @@ TEST(EngineMonitor, UnreachableBlocksAdmissionUntilTheSameEngineAnswers) {
   d.admit();
 }
 
+// What the executor journals when it looks at the engine before a plan: the monitor's record,
+// with no last sight of the verified engine (the audit's window then opens at READY).
+EngineMonitored look(const State& s, const std::string& label, bool paused,
+                     const std::string& instance = "i-1") {
+  return EngineMonitored{ok_http(), label, true, paused, instance, 0, monitor_epoch(s)};
+}
+
+// Proves the look at the engine before an update taints an engine someone else changed (paused,
+// relabelled, restarted, other weights) from READY with the monitor's cause, and that the update
+// is then refused with no drain or transfer intent possible; catches an update that overwrites
+// an outside change to the engine with nothing recorded and no rollout suspected.
+TEST(EngineMonitor, ALookBeforeAnUpdateTaintsAChangedEngineAndRefusesTheUpdate) {
+  struct Case {
+    const char* name;
+    EngineMonitored (*make)(const State&);
+    Cause cause;
+  };
+  const Case cases[] = {
+      {"paused", [](const State& s) { return look(s, "rc-0", true); },
+       Cause::kEnginePausedExternally},
+      {"paused and relabelled", [](const State& s) { return look(s, "outsider", true); },
+       Cause::kEngineRelabelled},
+      {"restarted", [](const State& s) { return look(s, "default", false, "i-2"); },
+       Cause::kEngineReplaced},
+      {"other weights",
+       [](const State& s) {
+         EngineMonitored m = look(s, "rc-0", false);
+         m.digest = digest_of("191");
+         return m;
+       },
+       Cause::kWeightsChanged},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Driver d;
+    d.ok(BootstrapRequested{"rc-0", identity('a')});
+    d.effect(EffectKind::kProbeEngine);
+    EngineProbed p{ok_http(), "0.25.1", "rc-0", true, false, "i-1"};
+    p.digest = digest_of("111");
+    d.ok(p);
+    ASSERT_EQ(d.s.lifecycle, Lifecycle::kReady);
+    const std::string r = d.admit();
+    auto ev = d.ok(c.make(d.s));
+    EXPECT_EQ(last_change(ev).from, Lifecycle::kReady) << "an engine taint, not a plan's";
+    EXPECT_EQ(last_change(ev).to, Lifecycle::kTainted);
+    EXPECT_EQ(last_change(ev).cause, c.cause);
+    EXPECT_EQ(d.s.active.count(r), 1u) << "a rollout served in the window stays visible";
+    EXPECT_EQ(d.rejected(d.update_request("rc-1")), Code::kRejected);
+    EXPECT_EQ(d.rejected(intent(EffectKind::kDrain)), Code::kRejected);
+    EXPECT_EQ(d.rejected(intent(EffectKind::kTransfer)), Code::kRejected);
+    EXPECT_EQ(next_effect(d.s).kind, EffectKind::kNone);
+    EXPECT_EQ(d.s.counters.updates_requested, 0u);
+    HistoryReport h = check_history(d.history);
+    EXPECT_TRUE(h.ok) << h.message;
+  }
+}
+
+// Proves an update or a sleep is refused while the last look at the engine found it unreachable,
+// and taken once the same engine answers again; catches a plan that pauses an engine nobody
+// could verify as the committed one.
+TEST(EngineMonitor, AnUnreachableEngineTakesNoPlanUntilItAnswers) {
+  Driver d = ready_on_instance();
+  d.ok(EngineMonitored{http(Transport::kConnectFailed), "", false, false, "", 0,
+                       monitor_epoch(d.s)});
+  ASSERT_FALSE(d.s.engine_reachable);
+  EXPECT_EQ(d.rejected(d.update_request("rc-1")), Code::kRejected);
+  EXPECT_EQ(d.rejected(SleepRequested{"s-1", 1}), Code::kRejected);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kReady);
+  EXPECT_TRUE(d.ok(look(d.s, "rc-0", false)).empty());
+  d.to_draining("rc-1");
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kDraining);
+}
+
 // An observation taken before an update (or restart) began is refused as stale; catches the
 // race where a probe of the old generation lands after the new one committed and taints it.
 TEST(EngineMonitor, StaleObservationIsRefused) {

@@ -47,6 +47,18 @@ bool has_end(const std::vector<FleetEvent>& events, FleetUpdateEnded* out) {
   return false;
 }
 
+// Proves a fleet update whose identity claims the content digest of weights the fleet served
+// under another manifest is refused before any member is asked; catches a fleet whose members
+// publish unchanged weights on the "same bytes" exemption.
+TEST(Fleet, AnIdentityContradictingServedWeightsIsRefused) {
+  FleetDriver d = ready_fleet({"a", "b"});
+  FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1");
+  u.identity.content_digest = d.engine("a").committed_identity.content_digest;
+  ASSERT_NE(u.identity.manifest_digest, d.engine("a").committed_identity.manifest_digest);
+  EXPECT_EQ(d.rejected(FleetEvent{"", u}).code(), Code::kInvalidArgument);
+  EXPECT_FALSE(d.f.update.has_value());
+}
+
 // With staleness_max 0, once one engine commits a newer label, an engine still on the older one
 // admits nothing, and with staleness_max 1 it does; catches a balancer-visible rule missing from
 // the fold (a rollout started on a policy older than the bound).

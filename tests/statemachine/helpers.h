@@ -16,8 +16,11 @@ namespace rc::test {
 
 inline std::string hex(char c) { return std::string(64, c); }
 
+// One manifest and one content digest per `c` (steps of one `c` share both): a content digest
+// names one set of bytes, so two manifests never share one (the fold refuses such an identity).
 inline WeightIdentity identity(char c, std::int64_t step = 1) {
-  return WeightIdentity{hex(c), hex('e'), "/ckpt/" + std::string(1, c), "run-1", step};
+  return WeightIdentity{hex(c), std::string(63, 'e') + c, "/ckpt/" + std::string(1, c), "run-1",
+                        step};
 }
 
 inline HttpEvidence ok_http() { return HttpEvidence{Transport::kOk, 200, true, 10, ""}; }
