@@ -2,8 +2,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -85,24 +88,46 @@ bool EnsureJournalParent(const std::string& journal_path) {
   return true;
 }
 
-// From the signal on, the process ends within the shutdown grace, its settle and a bound for
-// closing: the journal's flush and clean-close record (twice the commit stall bound) and the
-// trajectory file's drain. A stalled disk or a stuck worker past that exits unclean (3), and the
-// next start recovers from what is durable.
-std::uint64_t ShutdownBoundMs(const service::ServeConfig& c) {
+// From the signal on, the process ends within the shutdown grace (or, while a plan's mutation of
+// the engine is in flight, that mutation's own deadline and the steps after it: Service::Shutdown
+// says how long), then a bound for the rest: its settle, the journal's flush and clean-close
+// record (twice the commit stall bound) and the trajectory file's drain. A stalled disk or a
+// stuck worker past that exits unclean (3), and the next start recovers from what is durable.
+std::uint64_t AfterPlansBoundMs(const service::ServeConfig& c) {
   constexpr std::uint64_t kSettleMs = 10000;  // cancelled rollouts' finishes, the loops' join
-  return std::uint64_t{c.shutdown_grace_ms} + kSettleMs +
-         2 * std::uint64_t{c.journal_commit_stall_timeout_ms} +
+  return kSettleMs + 2 * std::uint64_t{c.journal_commit_stall_timeout_ms} +
          service::kTrajectoryDrainTimeoutMsDefault;
 }
 
-void ExitUncleanAfter(std::uint64_t bound_ms) {
-  std::thread([bound_ms] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(bound_ms));
+using SteadyClock = std::chrono::steady_clock;
+
+std::int64_t SteadyMs(SteadyClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+// When the process exits unclean (steady-clock ms): moved later, never earlier.
+using ExitDeadline = std::shared_ptr<std::atomic<std::int64_t>>;
+
+void MoveLater(const ExitDeadline& exit_at_ms, std::int64_t at_ms) {
+  std::int64_t current = exit_at_ms->load();
+  while (at_ms > current && !exit_at_ms->compare_exchange_weak(current, at_ms)) {
+  }
+}
+
+void ExitUncleanAt(const ExitDeadline& exit_at_ms) {
+  const SteadyClock::time_point signalled = SteadyClock::now();
+  std::thread([exit_at_ms, signalled] {
+    constexpr std::int64_t kLookMs = 100;  // how often the deadline is read again
+    for (std::int64_t now = SteadyMs(SteadyClock::now()); now < exit_at_ms->load();
+         now = SteadyMs(SteadyClock::now())) {
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::min(kLookMs, exit_at_ms->load() - now)));
+    }
     std::fprintf(stderr,
-                 "rolloutcore serve: shutdown did not end within %llu ms (a stalled disk?); "
-                 "exiting without the journal's clean-close record: the next start recovers\n",
-                 static_cast<unsigned long long>(bound_ms));
+                 "rolloutcore serve: shutdown did not end within %lld ms of the signal (a stalled "
+                 "disk?); exiting without the journal's clean-close record: the next start "
+                 "recovers\n",
+                 static_cast<long long>(SteadyMs(SteadyClock::now()) - SteadyMs(signalled)));
     std::fflush(stderr);
     std::_Exit(3);
   }).detach();  // a clean shutdown returns from main first
@@ -201,6 +226,13 @@ Runner add_serve(CLI::App& app) {
     auto opened = service::Service::Open(*cfg);
     if (!opened.ok()) {
       PrintError(opened.status().ToString());
+      // A journal write of the open past its deadline still runs on a detached thread, inside
+      // the database: no destructor may run under it.
+      if (opened.status().code() == Code::kTimeout) {
+        spdlog::default_logger()->flush();
+        std::fflush(nullptr);
+        std::_Exit(1);
+      }
       return 1;
     }
     std::unique_ptr<service::Service> svc = std::move(opened.value());
@@ -226,8 +258,16 @@ Runner add_serve(CLI::App& app) {
       if (sig > 0) break;
     }
     spdlog::info("serve: signal {}: draining (grace {} ms)", sig, cfg->shutdown_grace_ms);
-    ExitUncleanAfter(ShutdownBoundMs(*cfg));
-    const bool clean = svc->Shutdown(cfg->shutdown_grace_ms);
+    const std::int64_t after_plans_ms = static_cast<std::int64_t>(AfterPlansBoundMs(*cfg));
+    auto exit_at_ms = std::make_shared<std::atomic<std::int64_t>>(
+        SteadyMs(SteadyClock::now()) + static_cast<std::int64_t>(cfg->shutdown_grace_ms) +
+        after_plans_ms);
+    ExitUncleanAt(exit_at_ms);
+    // A plan's mutation in flight is waited for past the grace: the exit waits as long.
+    const bool clean = svc->Shutdown(cfg->shutdown_grace_ms,
+                                     [exit_at_ms, after_plans_ms](SteadyClock::time_point until) {
+                                       MoveLater(exit_at_ms, SteadyMs(until) + after_plans_ms);
+                                     });
     if (svc->failed()) {
       PrintError("fail-stop: " + svc->failure());
       std::fflush(stderr);

@@ -17,12 +17,13 @@ namespace rc::service {
 
 // id -> the request journaled under it and its end. Bounded: the `max` newest ids are kept, older
 // ones are looked up in the journal again. Each kind of plan has its own ids, so its own memory.
-template <class Request>
+// `End` is the plan's end as the fold decided it (UpdateEnded, or a fleet's FleetUpdateEnded).
+template <class Request, class End = UpdateEnded>
 class EndedPlans {
  public:
   struct Ended {
     Request request;
-    UpdateEnded ended;
+    End ended;
   };
 
   explicit EndedPlans(std::size_t max) : max_(max) { RC_CHECK(max_ > 0); }
@@ -37,7 +38,7 @@ class EndedPlans {
   }
 
   // The first end remembered for an id stays: an id ends once.
-  void Remember(const std::string& id, const Request& request, const UpdateEnded& ended) {
+  void Remember(const std::string& id, const Request& request, const End& ended) {
     RC_CHECK(ended.update_id == id);
     std::lock_guard<std::mutex> lock(mu_);
     if (by_id_.emplace(id, Ended{request, ended}).second) order_.push_back(id);

@@ -124,15 +124,42 @@ void Service::HandleFleetUpdate(const ApiRequest& req, HttpResponse& res) {
     metrics_.bad_requests++;
     return SendError(res, 400, "invalid", request.status().message());
   }
+  // A re-POST of an update that ended answers its recorded end before the source is read or the
+  // slot asked for: its source may be gone, and another plan may hold the slot now.
+  if (ReplayedIfFleetEnded(*request, res)) return;
   if (!FleetSourceChecked(*request, res)) return;
   PlanSlot slot(*this);
-  if (!TookUpdateSlot(slot, metrics_.updates_conflict, res, request->update_id)) return;
-  if (RefusedFailStopped(res)) return;  // it may have fail-stopped while we read the source
+  if (!TookUpdateSlot(slot, metrics_.updates_conflict, res, request->update_id,
+                      [&](HttpResponse& r) { return ReplayedIfFleetEnded(*request, r); })) {
+    return;
+  }
+  // It may have fail-stopped while we read the source, or ended while we waited for the slot.
+  if (RefusedFailStopped(res) || ReplayedIfFleetEnded(*request, res)) return;
   spdlog::info("serve: fleet update '{}' ({}) to '{}' requested", Esc(request->update_id),
                fleet_update_mode_name(request->mode), Esc(request->target_label));
   const Result<FleetUpdateEnded> ended = DrivePlan("fleet update", request->update_id,
                                                    [&] { return fleet_runner_->Update(*request); });
   AnswerFleetUpdate(*request, ended, res);
+}
+
+bool Service::ReplayedIfFleetEnded(const FleetUpdateRequested& request, HttpResponse& res) {
+  const std::optional<EndedPlans<FleetUpdateRequested, FleetUpdateEnded>::Ended> e =
+      ended_fleet_updates_.Find(request.update_id);
+  if (!e) return false;
+  RC_CHECK(e->request.update_id == request.update_id && e->ended.update_id == request.update_id);
+  if (!(e->request == request)) {
+    metrics_.updates_conflict++;
+    SendError(res, 409, "conflict",
+              "update_id '" + request.update_id +
+                  "' was already used for another fleet update (different body); choose a new "
+                  "update_id");
+    return true;
+  }
+  metrics_.updates_replayed++;
+  spdlog::info("serve: fleet update '{}' re-POSTed: answering its recorded end ({})",
+               Esc(request.update_id), fleet_outcome_name(e->ended.outcome));
+  SendFleetOutcome(e->ended, /*replayed=*/true, res);
+  return true;
 }
 
 // As for one engine: a source that cannot be read, or whose manifest is not the declared one,
@@ -200,6 +227,8 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
   }
   if (failed()) return SendFleetOutcomeUnknown(request.update_id, res);
   const FleetUpdateEnded& e = *ended;
+  RC_CHECK(e.update_id == request.update_id);
+  ended_fleet_updates_.Remember(request.update_id, request, e);
   (e.outcome == FleetOutcome::kCommitted ? metrics_.updates_committed
    : e.tainted > 0                       ? metrics_.updates_tainted
                                          : metrics_.updates_refused)++;
@@ -211,6 +240,13 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
         e.skipped, e.stalled, e.reason.empty() ? "" : ": ", Esc(e.reason),
         ReplayHint(config_.journal_path));
   }
+  SendFleetOutcome(e, /*replayed=*/false, res);
+}
+
+// The end with every engine as the durable fleet has it now. One that ended refused once serve
+// began to shut down (its pending members skipped by the shutdown's cancel, the others refused
+// at the MutationGate) is answered 503 shutting_down, with the same body.
+void Service::SendFleetOutcome(const FleetUpdateEnded& e, bool replayed, HttpResponse& res) {
   const DurableView v = CatchUpDurable(true);
   SetHeadHeader(res, v.head);
   json j = FleetEndJson(e);
@@ -221,6 +257,17 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
   }
   j["engines"] = std::move(engines);
   j["head_seq"] = v.head.seq;
+  j["replayed"] = replayed;
+  if (!replayed && e.outcome == FleetOutcome::kRefused && mutation_gate_.closed()) {
+    j["error"] = {{"type", "shutting_down"},
+                  {"message",
+                   "serve is shutting down: this fleet update ended refused, as recorded "
+                   "(`reason` says why, `engines` where each is now); request it again, under a "
+                   "new id, once serve is back"}};
+    SetRetryAfter(res);
+    SendJson(res, 503, j);
+    return;
+  }
   SendJson(res, FleetOutcomeHttpStatus(e.outcome), j);
 }
 

@@ -149,7 +149,7 @@ Result<std::string> JoinDigest(effects::EngineClient& client, const std::string&
     return std::string();
   }
   spdlog::info("serve: engine {} must hold the weights engine {} holds at '{}' (digest {})",
-               Esc(engine), Esc(peer->engine), Esc(label), peer->combined);
+               Esc(engine), Esc(peer->engine), Esc(label), Esc(peer->combined));
   return peer->combined;
 }
 
@@ -363,7 +363,10 @@ Status Service::JoinFleet() {
   }
   for (auto& [name, m] : fleet_members_) {
     if (m->retire && held_engines.count(name) == 0) continue;  // gone already: nothing to join
-    Status joined = fleet_runner_->Join(name, *m->control, *m->transfer);
+    auto done = std::make_shared<EngineMutations>();
+    m->gated_control = GateControl(*m->control, mutation_gate_, config_.call_timeout_ms, done);
+    m->gated_transfer = GateTransfer(*m->transfer, mutation_gate_, done);
+    Status joined = fleet_runner_->Join(name, *m->gated_control, *m->gated_transfer);
     if (!joined.ok()) {
       return Status(joined.code(), "engine '" + name + "' could not join: " + joined.message());
     }
@@ -373,6 +376,7 @@ Status Service::JoinFleet() {
           LogDecision(engine, seq, e);
           NotifyLifecycle(seq);
         });
+    fleet_runner_->runner(name)->set_stop_waiting([this] { return mutation_gate_.closed(); });
   }
   return Status::OK();
 }

@@ -40,6 +40,7 @@ constexpr std::size_t kReadChunkBytes = 4096;
 constexpr std::uint64_t kLingerMs = 1000;      // after a final answer, until the client's EOF
 constexpr std::uint64_t kAcceptRetryMs = 50;   // after a failed accept
 constexpr std::uint64_t kHangupCheckMs = 200;  // a watch whose buffer is full polls this often
+constexpr std::uint64_t kStopFlushMs = 1000;   // Stop: each loop runs what it queued, at most
 // Beast's limits count a request's head and its body, not a chunk-size line or a trailer: the
 // read buffer's own bound caps those (and so each connection's buffer).
 constexpr std::size_t kFramingSlackBytes = 64 << 10;
@@ -949,8 +950,12 @@ void HttpServer::Dispatch(const Exchange& exchange) {
 
 void HttpServer::RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                              Exchange exchange) {
-  if (!TakeBlockingSlot()) {
-    HttpResponse res = ErrorResponse(503, "overloaded", "too many trainer API calls in flight");
+  const BlockingSlot slot = TakeBlockingSlot();
+  if (slot != BlockingSlot::kTaken) {
+    HttpResponse res =
+        slot == BlockingSlot::kStopping
+            ? ErrorResponse(503, "shutting_down", "the server is stopping")
+            : ErrorResponse(503, "overloaded", "too many trainer API calls in flight");
     res.set(bhttp::field::retry_after, "1");
     return exchange.Respond(std::move(res));
   }
@@ -959,17 +964,19 @@ void HttpServer::RunBlocking(const BlockingHandler* handler, std::vector<std::st
   });
 }
 
-// A place among the blocking_queue_max calls queued or running; false (counted) when all are
-// taken.
-bool HttpServer::TakeBlockingSlot() {
+// A place among the blocking_queue_max calls queued or running; kFull (counted) when all are
+// taken. Stop is seen under the pool's lock: Stop waits for every slot taken before it began,
+// and none is taken after.
+HttpServer::BlockingSlot HttpServer::TakeBlockingSlot() {
   std::lock_guard<std::mutex> g(blocking_->mu);
+  if (stopping_.load()) return BlockingSlot::kStopping;
   if (blocking_->in_flight >= options_.blocking_queue_max) {
     counters_.blocking_refused++;
-    return false;
+    return BlockingSlot::kFull;
   }
   blocking_->in_flight++;
   RC_CHECK(blocking_->in_flight <= options_.blocking_queue_max);
-  return true;
+  return BlockingSlot::kTaken;
 }
 
 // On a pool thread: the handler's answer goes back to the exchange's loop, then the slot is
@@ -1004,6 +1011,29 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
     beast::error_code ignored;
     acceptor_->close(ignored);
   });
+  // Blocking handlers end first, their connections still open: each posts its answer to its
+  // connection's loop before it gives its place back, so once none runs, every answer is queued
+  // ahead of the closes below and its write starts before its connection closes (an update's
+  // answer given as serve shuts down reaches the trainer). Calls that come meanwhile get 503.
+  const bool drained = WaitBlockingIdle(deadline_ms);
+  CloseSessions();
+  if (!io_threads_.empty()) FlushLoops(kStopFlushMs);  // loops that never ran flush nothing
+  for (auto& loop : loops_) loop->stop();
+  for (auto& t : io_threads_) t.join();
+  guards_.clear();
+  io_threads_.clear();
+  if (!drained) return false;  // the pool's threads still run handlers: not joined
+  blocking_->pool.join();
+  return true;
+}
+
+bool HttpServer::WaitBlockingIdle(std::uint64_t timeout_ms) {
+  std::unique_lock<std::mutex> l(blocking_->mu);
+  return blocking_->idle_cv.wait_for(l, milliseconds(timeout_ms),
+                                     [&] { return blocking_->in_flight == 0; });
+}
+
+void HttpServer::CloseSessions() {
   std::vector<std::shared_ptr<Session>> open;
   {
     std::lock_guard<std::mutex> g(sessions_mu_);
@@ -1012,20 +1042,28 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
     }
   }
   for (auto& s : open) asio::post(s->executor(), [s] { s->Close(); });
-  open.clear();
-  bool drained = false;
-  {
-    std::unique_lock<std::mutex> l(blocking_->mu);
-    drained = blocking_->idle_cv.wait_for(l, milliseconds(deadline_ms),
-                                          [&] { return blocking_->in_flight == 0; });
+}
+
+// Each loop runs what was queued on it before this call (answers, then closes), or `timeout_ms`
+// passes. Called off the loops (a loop waiting on itself would wait out the timeout).
+void HttpServer::FlushLoops(std::uint64_t timeout_ms) {
+  struct Flush {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::size_t left = 0;
+  };
+  auto flush = std::make_shared<Flush>();
+  flush->left = loops_.size();
+  for (auto& loop : loops_) {
+    asio::post(*loop, [flush] {
+      std::lock_guard<std::mutex> g(flush->mu);
+      RC_CHECK(flush->left > 0);
+      flush->left--;
+      flush->cv.notify_all();
+    });
   }
-  for (auto& loop : loops_) loop->stop();
-  for (auto& t : io_threads_) t.join();
-  guards_.clear();
-  io_threads_.clear();
-  if (!drained) return false;  // the pool's threads still run handlers: not joined
-  blocking_->pool.join();
-  return true;
+  std::unique_lock<std::mutex> l(flush->mu);
+  flush->cv.wait_for(l, milliseconds(timeout_ms), [&] { return flush->left == 0; });
 }
 
 }  // namespace rc::service

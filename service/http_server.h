@@ -188,8 +188,9 @@ class HttpServer {
 
   // Binds and starts the io threads. Returns the bound port.
   [[nodiscard]] Result<int> Start();
-  // Stops accepting, closes every connection, joins the threads. True when every blocking
-  // handler returned by `deadline_ms` from now; false leaves the pool's threads detached-safe.
+  // Stops accepting, lets the blocking handlers running end (up to `deadline_ms` from now; their
+  // answers are sent), closes every connection, joins the threads. True when every blocking
+  // handler returned by then; false leaves the pool's threads detached-safe.
   bool Stop(std::uint64_t deadline_ms);
 
   const HttpServerCounters& counters() const { return counters_; }
@@ -212,7 +213,12 @@ class HttpServer {
   void AcceptLater();
   void RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                    Exchange exchange);
-  bool TakeBlockingSlot();
+  enum class BlockingSlot { kTaken, kStopping, kFull };
+  BlockingSlot TakeBlockingSlot();
+  // Stop's steps.
+  bool WaitBlockingIdle(std::uint64_t timeout_ms);
+  void CloseSessions();
+  void FlushLoops(std::uint64_t timeout_ms);
   void RunHandler(const BlockingHandler* handler, const std::vector<std::string>& captures,
                   const Exchange& exchange);
 

@@ -19,6 +19,24 @@
 
 namespace rc::service {
 
+std::string DescribeNcclEngine(const NcclEngine& e, const ServeConfig& config) {
+  const std::string who =
+      e.name.empty() ? "the engine" : "engine '" + text::escape_line(e.name) + "'";
+  return who + " at " + text::escape_line(e.url) + " (cuda_device " +
+         std::to_string(config.cuda_device) + ", rendezvous " +
+         text::escape_line(e.rendezvous.host) + ":" + std::to_string(e.rendezvous.port) +
+         ", deadline " + std::to_string(config.nccl_init_timeout_ms) + " ms)";
+}
+
+std::string NcclReadyLine(const std::string& described, const std::string& protocol_version,
+                          const std::string& rendezvous_mode, std::uint16_t store_port,
+                          std::uint64_t abort_reserve_ms) {
+  return "NCCL sender ready: " + described + " (protocol line of " +
+         text::escape_line(protocol_version) + "), rendezvous " +
+         text::escape_line(rendezvous_mode) + ", store port " + std::to_string(store_port) +
+         ", abort reserve " + std::to_string(abort_reserve_ms) + " ms";
+}
+
 #ifdef RC_HAVE_CUDA
 namespace {
 
@@ -193,29 +211,19 @@ effects::nccl::NcclSenderOptions NcclOptionsOf(const ServeConfig& config,
   return so;
 }
 
-std::string Describe(const NcclEngine& e, const ServeConfig& config) {
-  std::string who = e.name.empty() ? "the engine" : "engine '" + e.name + "'";
-  return who + " at " + text::escape_line(e.url) + " (cuda_device " +
-         std::to_string(config.cuda_device) + ", rendezvous " + e.rendezvous.host + ":" +
-         std::to_string(e.rendezvous.port) + ", deadline " +
-         std::to_string(config.nccl_init_timeout_ms) + " ms)";
-}
-
 // The sender's rendezvous with the engine, once the journal is recovered or bootstrapped.
 Status InitNcclSender(ServeNcclTransfer& sender, const ServeConfig& config,
                       const NcclEngine& target) {
-  spdlog::info("serve: NCCL sender: rendezvous with {}", Describe(target, config));
+  spdlog::info("serve: NCCL sender: rendezvous with {}", DescribeNcclEngine(target, config));
   Status st = sender.Init(config.nccl_init_timeout_ms);
   if (!st.ok()) {
-    return Status(st.code(), "transfer 'nccl': init with " + Describe(target, config) +
+    return Status(st.code(), "transfer 'nccl': init with " + DescribeNcclEngine(target, config) +
                                  " failed: " + st.message());
   }
-  spdlog::info(
-      "serve: NCCL sender ready: {} (protocol line of {}), rendezvous {}, store port {}, abort "
-      "reserve {} ms",
-      Describe(target, config), sender.sender().protocol().version,
-      effects::nccl::rendezvous_name(sender.sender().rendezvous()), sender.sender().store_port(),
-      sender.sender().abort_reserve_ms());
+  spdlog::info("serve: {}",
+               NcclReadyLine(DescribeNcclEngine(target, config), sender.sender().protocol().version,
+                             effects::nccl::rendezvous_name(sender.sender().rendezvous()),
+                             sender.sender().store_port(), sender.sender().abort_reserve_ms()));
   return Status::OK();
 }
 

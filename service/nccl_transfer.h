@@ -5,6 +5,7 @@
 // CUDA and NCCL has none: CheckNcclDevice says so before anything is opened.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +27,16 @@ struct NcclEngine {
   std::string url;
   HostPort rendezvous;  // port 0: a fresh ephemeral port on every init
 };
+
+// How the log and errors name a sender's engine: its name, URL, device, rendezvous and deadline,
+// every piece of outside text escaped (one line whatever the configuration holds).
+std::string DescribeNcclEngine(const NcclEngine& engine, const ServeConfig& config);
+// The startup log's record of a sender ready with an engine (`described` as DescribeNcclEngine
+// says it): the engine's own protocol line (its GET /version) escaped, so that an engine cannot
+// split the record or forge another.
+std::string NcclReadyLine(const std::string& described, const std::string& protocol_version,
+                          const std::string& rendezvous_mode, std::uint16_t store_port,
+                          std::uint64_t abort_reserve_ms);
 
 struct NcclTransfer {
   std::unique_ptr<effects::WeightTransfer> transfer;

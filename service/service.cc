@@ -48,6 +48,11 @@ using Clock = std::chrono::steady_clock;
 // aborted (their finish is durable before the journal closes), and the workers this long to exit.
 inline constexpr std::uint64_t kShutdownSettleMs = 2000;
 inline constexpr std::uint64_t kShutdownPollMs = 5;  // how often Shutdown looks at what is left
+// How often Shutdown looks again at how long a running plan may still take.
+inline constexpr std::uint64_t kShutdownPlanPollMs = 50;
+// The steps of a plan after its mutation (each cache reset, the validation, the resume), each one
+// engine call: what a plan gets at shutdown once its mutation ended, call_timeout_ms each.
+inline constexpr std::uint64_t kStepsAfterMutation = kCacheKinds + 2;
 inline constexpr std::uint64_t kIoThreadsAutoMax = 4;
 // Trainer API calls queued or running per blocking thread, beyond which they are answered 503.
 inline constexpr std::size_t kBlockingQueuePerThread = 16;
@@ -300,8 +305,12 @@ Service::TransferInit Service::MakeOneNcclTransfer() {
 
 void Service::MakeRunner() {
   RC_CHECK(journal_ && http_control_ && transfer_ && runner_ == nullptr);
-  runner_ = std::make_unique<effects::Runner>(*journal_, *http_control_, *transfer_,
+  auto done = std::make_shared<EngineMutations>();
+  gated_control_ = GateControl(*http_control_, mutation_gate_, config_.call_timeout_ms, done);
+  gated_transfer_ = GateTransfer(*transfer_, mutation_gate_, done);
+  runner_ = std::make_unique<effects::Runner>(*journal_, *gated_control_, *gated_transfer_,
                                               effects::system_clock(), RunnerOptionsOf(config_));
+  runner_->set_stop_waiting([this] { return mutation_gate_.closed(); });
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
     if (!IsDecision(e)) return;
     LogDecision("", seq, e);
@@ -745,7 +754,7 @@ Status Service::Listen() {
   if (!port.ok()) return port.status();
   port_ = *port;
   RC_CHECK(port_ > 0);
-  spdlog::info("serve: listening on {}", url());
+  spdlog::info("serve: listening on {}", Esc(url()));
   return Status::OK();
 }
 
@@ -812,18 +821,23 @@ void Service::LogInterruptedUpdateEnd(const UpdatePlan& update) const {
   if (lifecycle == Lifecycle::kTainted) LogTaint(taint, "after recovery");
 }
 
-bool Service::Shutdown(std::uint64_t grace_ms) {
+bool Service::Shutdown(std::uint64_t grace_ms, const ShutdownExtended& extended) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(grace_ms);
+  // From here no new mutation of an engine starts; a running plan that has not begun one ends
+  // refused at the gate, and the engine resumes on its committed weights. Closed first: whoever
+  // sees the shutdown (/readyz, a plan's answer) sees the gate closed.
+  mutation_gate_.Close();
   shutting_down_.store(true);
   lifecycle_cv_.notify_all();
+  CancelFleetUpdateAtShutdown();
   const RolloutsEnded rollouts = EndProxiedRollouts(deadline);
-  if (rollouts == RolloutsEnded::kStillRunning) return false;
-  if (!update_mu_.try_lock_until(std::max(deadline, Clock::now()))) {
-    spdlog::warn(
-        "serve: an update is still running at the shutdown deadline; exiting without "
-        "closing the journal (recovery will classify it)");
+  if (rollouts == RolloutsEnded::kStillRunning) {
+    // The exit is unclean either way; a mutation in flight still gets its deadline, so that the
+    // restart does not find it half done.
+    WaitForMutationsAtShutdown(deadline, extended);
     return false;
   }
+  if (!TookPlanSlotAtShutdown(deadline, extended)) return false;
   StopBackground();
   Status closed = Status::OK();
   if (!StopServing(closed)) {
@@ -843,6 +857,93 @@ bool Service::Shutdown(std::uint64_t grace_ms) {
         Esc(closed.ToString()));
   }
   return rollouts == RolloutsEnded::kInGrace && closed.ok();
+}
+
+// The fleet's own cancel: members not started are skipped (the gate refuses their mutations
+// too); those already updating end by their own deadlines, and the update is answered.
+void Service::CancelFleetUpdateAtShutdown() {
+  if (!is_fleet() || fleet_runner_ == nullptr || journal_ == nullptr || failed()) return;
+  std::optional<std::string> open;
+  journal_->ReadFleetState([&open](const FleetState& f) {
+    if (f.update && !f.update->cancelled) open = f.update->request.update_id;
+  });
+  if (!open) return;
+  const Status st = fleet_runner_->Cancel(*open, "serve is shutting down");
+  if (IsJournalFailure(st)) {
+    FailStop("cancel of fleet update '" + *open + "' at shutdown: " + st.ToString());
+  } else if (st.ok()) {
+    spdlog::warn("serve: fleet update '{}' cancelled: serve is shutting down", Esc(*open));
+  }
+}
+
+// Takes the plan slot (update_mu_) for the rest of Shutdown: false while a plan still runs at its
+// bound. A plan gets the grace period; one whose mutation passed the gate before it closed gets
+// that mutation's own deadline and then the steps after it, so the grace period never cuts a
+// transfer short and leaves the engine TAINTED.
+bool Service::TookPlanSlotAtShutdown(Clock::time_point grace_deadline,
+                                     const ShutdownExtended& extended) {
+  Clock::time_point announced = grace_deadline;
+  for (;;) {
+    const Clock::time_point until = PlanBoundAtShutdown(grace_deadline);
+    if (until > announced) {
+      announced = until;
+      spdlog::warn(
+          "serve: a plan's mutation of the engine is in flight: shutdown waits for it up to its "
+          "own deadline and the steps after it ({} ms from now) rather than cut it short",
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count());
+      if (extended) extended(until);
+    }
+    const Clock::time_point now = Clock::now();
+    // Tried once even past the bound: with no plan running the slot is free at once.
+    const auto slice = std::min(until, now + std::chrono::milliseconds(kShutdownPlanPollMs));
+    if (update_mu_.try_lock_until(std::max(slice, now))) return true;
+    if (Clock::now() >= until) break;
+  }
+  LogPlanLeftRunning();
+  return false;
+}
+
+// Waits (without the plan slot) until no mutation that passed the gate binds a plan, or until
+// its bound: for an exit that cannot be clean, so that it does not cut a transfer short.
+void Service::WaitForMutationsAtShutdown(Clock::time_point grace_deadline,
+                                         const ShutdownExtended& extended) {
+  const Clock::time_point until = PlanBoundAtShutdown(grace_deadline);
+  if (until <= Clock::now()) return;
+  if (extended) extended(until);
+  while (mutation_gate_.in_flight() > 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kShutdownPlanPollMs));
+  }
+}
+
+// The grace deadline, or later while a mutation that passed the gate binds its plan.
+Clock::time_point Service::PlanBoundAtShutdown(Clock::time_point grace_deadline) const {
+  const std::optional<Clock::time_point> busy = mutation_gate_.BusyUntil();
+  if (!busy) return grace_deadline;
+  const auto after = std::chrono::milliseconds(kStepsAfterMutation * config_.call_timeout_ms);
+  return std::max(grace_deadline, *busy + after);
+}
+
+// Why serve exits with a plan still running, and what the restart makes of it.
+void Service::LogPlanLeftRunning() const {
+  std::string id;
+  {
+    std::lock_guard<std::mutex> g(update_id_mu_);
+    id = running_update_id_;
+  }
+  if (mutation_gate_.in_flight() > 0) {
+    spdlog::error(
+        "serve: plan '{}' still changes the engine past its own deadline: its OUTCOME IS "
+        "AMBIGUOUS; exiting without closing the journal: the restart records it TAINTED if its "
+        "transfer may have landed; {}",
+        Esc(id), ReplayHint(config_.journal_path));
+    return;
+  }
+  spdlog::warn(
+      "serve: plan '{}' still runs at the shutdown deadline with no mutation of the engine in "
+      "flight (waiting for rollouts to end, or for the engine); exiting without closing the "
+      "journal: the restart recovers it from what is durable and goes on with it, and a re-POST "
+      "of its id then reads its outcome",
+      Esc(id));
 }
 
 // Proxied rollouts get until `deadline`; then their engine calls are cancelled (each is finished

@@ -61,6 +61,7 @@
 #include "service/inflight_calls.h"
 #include "service/api_parse.h"
 #include "service/metrics.h"
+#include "service/mutation_gate.h"
 #include "service/trajectories.h"
 #include "service/upstream.h"
 #include "statemachine/fleet.h"
@@ -125,6 +126,9 @@ struct FleetMember {
   std::unique_ptr<effects::EngineClient> client;
   std::unique_ptr<effects::HttpEngineControl> control;
   std::unique_ptr<effects::WeightTransfer> transfer;
+  // What its runner drives: control and transfer behind the service's MutationGate.
+  std::unique_ptr<effects::EngineControl> gated_control;
+  std::unique_ptr<effects::WeightTransfer> gated_transfer;
   // transfer nccl: its communicator's rendezvous, once the journal is recovered (empty otherwise).
   std::function<Status()> transfer_init;
   UpstreamTarget target;
@@ -155,12 +159,18 @@ class Service {
   int port() const { return port_; }
   std::string url() const;
 
-  // Graceful stop: refuse new admissions (503), let in-flight proxied rollouts finish for up to
-  // grace_ms, wait for a running update for what is left of it, stop serving, close the journal.
-  // Returns false when something was still running at the deadline (the journal is then left
-  // open for the caller to exit without closing unless every rollout ended once cancelled), or
-  // when the journal's clean close failed; everything acknowledged is durable either way.
-  bool Shutdown(std::uint64_t grace_ms);
+  // Graceful stop: refuse new admissions (503) and new plans, close the MutationGate (no new
+  // mutation of an engine starts: a running plan that has not begun one ends refused and is
+  // answered 503 shutting_down), cancel an open fleet update (members not started are skipped),
+  // let in-flight proxied rollouts finish for up to grace_ms, wait for a running plan for what
+  // is left of it, stop serving, close the journal. A plan whose mutation is in flight is waited
+  // for beyond grace_ms, up to that mutation's own deadline and the steps after it: `extended`
+  // (when set) is told each later moment the wait may last until. Returns false when something
+  // was still running at the deadline (the journal is then left open for the caller to exit
+  // without closing unless every rollout ended once cancelled), or when the journal's clean
+  // close failed; everything acknowledged is durable either way.
+  using ShutdownExtended = std::function<void(std::chrono::steady_clock::time_point until)>;
+  bool Shutdown(std::uint64_t grace_ms, const ShutdownExtended& extended = nullptr);
 
   // In-process access for tests.
   journal::Journal& journal() { return *journal_; }
@@ -545,6 +555,10 @@ class Service {
   void HandleFleetReadyz(const ApiRequest& req, HttpResponse& res);
   void HandleNotForFleet(const ApiRequest& req, HttpResponse& res);
   bool FleetSourceChecked(const FleetUpdateRequested& request, HttpResponse& res);
+  // A re-POST of a fleet update this process saw end or already replayed: its recorded end (or
+  // 409 for another body), answered without the plan slot.
+  bool ReplayedIfFleetEnded(const FleetUpdateRequested& request, HttpResponse& res);
+  void SendFleetOutcome(const FleetUpdateEnded& e, bool replayed, HttpResponse& res);
   bool FleetUpdateJournaled(const std::string& update_id);
   void AnswerFleetUpdate(const FleetUpdateRequested& request, const Result<FleetUpdateEnded>& ended,
                          HttpResponse& res);
@@ -593,6 +607,17 @@ class Service {
   void StopBackground();
   // Shutdown's steps (service.cc).
   enum class RolloutsEnded : std::uint8_t { kInGrace, kCancelled, kStillRunning };
+  void CancelFleetUpdateAtShutdown();
+  void WaitForMutationsAtShutdown(std::chrono::steady_clock::time_point grace_deadline,
+                                  const ShutdownExtended& extended);
+  bool TookPlanSlotAtShutdown(std::chrono::steady_clock::time_point grace_deadline,
+                              const ShutdownExtended& extended);
+  std::chrono::steady_clock::time_point PlanBoundAtShutdown(
+      std::chrono::steady_clock::time_point grace_deadline) const;
+  void LogPlanLeftRunning() const;
+  // A plan of this process that ended refused once the MutationGate closed: answered 503
+  // shutting_down with its recorded outcome.
+  bool RefusedAtShutdown(UpdateOutcome outcome) const;
   RolloutsEnded EndProxiedRollouts(std::chrono::steady_clock::time_point deadline);
   bool WaitProxiedRollouts(std::chrono::steady_clock::time_point until);
   bool StopServing(Status& closed);
@@ -618,6 +643,11 @@ class Service {
   std::unique_ptr<effects::EngineClient> control_client_;  // runner + transfer
   std::unique_ptr<effects::HttpEngineControl> http_control_;
   std::unique_ptr<effects::WeightTransfer> transfer_;
+  // Closed by Shutdown; declared before the wrappers that hold it.
+  MutationGate mutation_gate_;
+  // What runner_ drives: http_control_ and transfer_ behind mutation_gate_.
+  std::unique_ptr<effects::EngineControl> gated_control_;
+  std::unique_ptr<effects::WeightTransfer> gated_transfer_;
   std::unique_ptr<effects::Runner> runner_;
   TrajectoryLog trajectories_;
   mutable ServiceMetrics metrics_;
@@ -667,6 +697,7 @@ class Service {
   EndedPlans<RestoreRequested> ended_restores_{kEndedUpdatesMax};
   EndedPlans<Event> ended_sleeps_{kEndedUpdatesMax};
   EndedPlans<Event> ended_wakes_{kEndedUpdatesMax};
+  EndedPlans<FleetUpdateRequested, FleetUpdateEnded> ended_fleet_updates_{kEndedUpdatesMax};
 
   // Leases of explicit rollouts: id -> steady ms at which it lapses.
   std::mutex lease_mu_;

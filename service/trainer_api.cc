@@ -177,7 +177,22 @@ void Service::SendOutcome(HttpResponse& res, json out, const UpdateEnded& ended,
     out["timings"] = TimingsJson(last_timings_);
   }
   SetHeadHeader(res, v.head);
+  if (!replayed && RefusedAtShutdown(ended.outcome)) {
+    out["error"] = {{"type", "shutting_down"},
+                    {"message",
+                     "serve is shutting down: this plan ended refused, proven before any "
+                     "mutation of the engine, as recorded (`reason` says why, `state` where the "
+                     "engine is now); request it again, under a new id, once serve is back"}};
+    SetRetryAfter(res);
+    SendJson(res, 503, out);
+    return;
+  }
   SendJson(res, OutcomeHttpStatus(ended.outcome), out);
+}
+
+// Refused is the only outcome the gate can cause: one that passed it ends as the engine says.
+bool Service::RefusedAtShutdown(UpdateOutcome outcome) const {
+  return outcome == UpdateOutcome::kRefused && mutation_gate_.closed();
 }
 
 // A retry of the very plan that holds the slot (its first answer lost, or its stalled retry

@@ -628,6 +628,99 @@ TEST(FleetServe, ARetriedCancelIsAcknowledgedAgainWithTheRecordedReason) {
   f.CheckJournal();
 }
 
+// Proves a re-POST of a fleet update that ended is answered its recorded end (200, "replayed":
+// true) while another fleet update holds the plan slot, and that the same id with another body is
+// still 409. Catches the 409 "is running" such a retry got (the slot was asked for before the
+// recorded end was looked up), which a trainer whose first answer was lost reads as a refusal.
+TEST(FleetServe, AnEndedUpdateIsReplayedWhileAnotherHoldsTheSlot) {
+  FleetStack f(2);
+  auto first = f.FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  const std::uint64_t pauses =
+      f.engines[0]->RouteCount("/pause") + f.engines[1]->RouteCount("/pause");
+  fixtures::RouteFault hang;
+  hang.hang = true;  // u2's drains hold it open, and the slot with it, until the faults are cleared
+  for (auto& e : f.engines) e->SetRouteFault("/pause", hang);
+  int status = 0;
+  std::string body;
+  std::thread second([&] {
+    auto r = f.FleetUpdate("u2", "all", 2);
+    if (r) std::tie(status, body) = std::make_pair(r->status, r->body);
+  });
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return f.engines[0]->RouteCount("/pause") + f.engines[1]->RouteCount("/pause") > pauses;
+      },
+      10000));
+  auto again = f.FleetUpdate("u1", "all", 1);
+  auto other = f.FleetUpdate("u1", "all", 3);  // the same id, another target
+  for (auto& e : f.engines) e->ClearFaults();
+  second.join();
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+  const json replayed = json::parse(again->body, nullptr, false);
+  EXPECT_EQ(replayed.value("replayed", false), true) << again->body;
+  EXPECT_EQ(replayed.value("update_id", ""), "u1") << again->body;
+  EXPECT_EQ(replayed.value("outcome", ""), "committed") << again->body;
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 409) << other->body;
+  EXPECT_EQ(status, 200) << body;
+  f.CheckJournal();
+}
+
+// Proves a shutdown during a rolling fleet update starts no transfer: the member draining when it
+// began ends refused at the gate (resumed on rc-0), the member not started is skipped by the
+// fleet's own cancel, the update is answered 503 shutting_down with its recorded end, and the
+// shutdown is clean. Catches the members' transfers started after the shutdown began (the update
+// went on to commit, or was cut mid-transfer at the grace deadline and left an engine TAINTED).
+TEST(FleetServe, AShutdownStartsNoTransferAndAnswersTheUpdate) {
+  FleetStack f(2);
+  fixtures::RouteFault hang;
+  hang.hang = true;  // the first member's drain holds it before its transfer until cleared
+  for (auto& e : f.engines) e->SetRouteFault("/pause", hang);
+  int status = 0;
+  std::string body;
+  std::thread update([&] {
+    auto r = f.FleetUpdate("u1", "rolling", 1);
+    if (r) std::tie(status, body) = std::make_pair(r->status, r->body);
+  });
+  ASSERT_TRUE(Eventually(
+      [&] { return f.engines[0]->RouteCount("/pause") + f.engines[1]->RouteCount("/pause") > 0; },
+      10000));
+  bool clean = false;
+  std::thread shutdown([&] { clean = f.svc->Shutdown(30000); });
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto r = f.client().Get("/readyz");
+        return r && json::parse(r->body, nullptr, false).value("reason", "") == "shutting down";
+      },
+      10000));
+  for (auto& e : f.engines) e->ClearFaults();
+  update.join();
+  shutdown.join();
+  EXPECT_EQ(status, 503) << body;
+  const json end = json::parse(body, nullptr, false);
+  ASSERT_TRUE(end.is_object()) << body;
+  EXPECT_EQ(end.value("/error/type"_json_pointer, ""), "shutting_down") << body;
+  EXPECT_EQ(end.value("outcome", ""), "refused") << body;
+  EXPECT_EQ(end.value("committed", -1), 0) << body;
+  EXPECT_EQ(end.value("tainted", -1), 0) << body;
+  EXPECT_TRUE(clean);
+  for (auto& e : f.engines) {
+    EXPECT_EQ(e->RouteCount("/start_weight_update"), 0u);
+    EXPECT_EQ(e->RouteCount("/update_weights"), 0u);
+    EXPECT_FALSE(e->StateJson().value("is_paused", true)) << "an engine was left paused";
+  }
+  f.Reopen(f.Config());
+  const json state = f.State();
+  for (const auto& [name, e] : state["engines"].items()) {
+    EXPECT_EQ(e.value("lifecycle", ""), "READY") << name;
+    EXPECT_EQ(e["committed"].value("label", ""), "rc-0") << name;
+  }
+  f.CheckJournal();
+}
+
 // Proves a restart of serve on its fleet journal recovers every engine at its committed label
 // without a second bootstrap, and serves again; catches a restart that re-joins or re-bootstraps
 // engines, or forgets the fleet's generation.

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -193,6 +194,43 @@ TEST(BodyBudget, AChunkedBodyIsChargedWhatItsBufferReserved) {
   ::close(fd);
   EXPECT_TRUE(eventually([&] { return http.body_budget().used(); }, 0));
   EXPECT_TRUE(http.Stop(5000));
+}
+
+// Proves that an answer a blocking handler gives while Stop is under way reaches its client: Stop
+// lets the running handlers end first, then closes the connections. Catches Stop closing every
+// connection before the handlers ended, which cut the answer of an update that ended as serve
+// shut down (the trainer got no answer although the outcome was journaled).
+TEST(HttpStop, AnAnswerGivenWhileStopWaitsReachesItsClient) {
+  std::atomic<bool> entered{false};
+  std::atomic<bool> released{false};
+  HttpRouter r;
+  r.Blocking(bhttp::verb::get, "/slow", [&](const ApiRequest&, HttpResponse& res) {
+    entered = true;
+    for (int i = 0; i < 1000 && !released.load(); ++i) {  // 10 s at most: never a hang
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    SetBody(res, 200, "done", "text/plain");
+  });
+  HttpServer http(OneLoop(), std::move(r));
+  const int port = StartOrDie(http);
+  std::string answer;
+  std::thread client([&] {
+    answer = raw_exchange(port, "GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  });
+  for (int i = 0; i < 1000 && !entered.load(); ++i) {  // 10 s at most
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(entered.load());
+  bool stopped = false;
+  std::thread stopper([&] { stopped = http.Stop(10000); });
+  // Stop is under way before the answer is given (the answer must not depend on it being so).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  released = true;
+  stopper.join();
+  client.join();
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(status_of(answer), 200) << answer;
+  EXPECT_EQ(body_of(answer), "done") << answer;
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "effects/http/engine_client.h"
 #include "fixtures/vllm_double.h"
 #include "service/config.h"
+#include "service/nccl_transfer.h"
 #include "service/service.h"
 #include "tests/service/serve_process.h"
 
@@ -127,6 +128,21 @@ TEST(ServiceNcclConfig, BadNcclValuesAreRefusedByName) {
   EXPECT_EQ(j.cuda_device, 1);
   EXPECT_EQ(j.nccl_abort_reserve_ms, 2000u);
   EXPECT_FALSE(MergeConfigJson(nlohmann::json{{"cuda_device", "0"}}, j).ok());
+}
+
+// Proves the startup log's record of a ready NCCL sender stays one line of printable text
+// whatever the engine's GET /version said and whatever the configuration names: outside text is
+// escaped. Catches the engine's protocol line logged raw, where a /version with a newline split
+// the record and could forge another.
+TEST(ServiceNcclLog, TheReadyRecordEscapesTheEnginesVersion) {
+  const NcclEngine engine{"e\n1", "http://127.0.0.1:1/\r\n", HostPort{"rv\nhost", 29500}};
+  const ServeConfig config;
+  const std::string line = NcclReadyLine(DescribeNcclEngine(engine, config),
+                                         "0.30.0\n[2026-01-01 00:00:00.000] [critical] forged",
+                                         "tcp_store", 29500, 1000);
+  for (const char c : line) EXPECT_GE(static_cast<unsigned char>(c), 0x20) << line;
+  EXPECT_NE(line.find("0.30.0"), std::string::npos) << line;
+  EXPECT_NE(line.find("forged"), std::string::npos) << line;
 }
 
 // Proves Service::Open with transfer nccl on a host without a usable GPU (or a build without
