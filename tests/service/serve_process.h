@@ -24,11 +24,9 @@ struct ServeRun {
   std::chrono::steady_clock::duration took{};
 };
 
-// Runs `binary serve ARGS...` with its output in `out`, and kills it at `limit`.
-inline ServeRun RunServeProcess(const std::string& binary, const std::vector<std::string>& args,
-                                const std::filesystem::path& out,
-                                std::chrono::steady_clock::duration limit) {
-  const auto t0 = std::chrono::steady_clock::now();
+// Starts `binary serve ARGS...` with stdout and stderr in `out`; its pid.
+inline pid_t SpawnServe(const std::string& binary, const std::vector<std::string>& args,
+                        const std::filesystem::path& out) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -42,6 +40,15 @@ inline ServeRun RunServeProcess(const std::string& binary, const std::vector<std
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
+  return pid;
+}
+
+// Runs `binary serve ARGS...` with its output in `out`, and kills it at `limit`.
+inline ServeRun RunServeProcess(const std::string& binary, const std::vector<std::string>& args,
+                                const std::filesystem::path& out,
+                                std::chrono::steady_clock::duration limit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t pid = SpawnServe(binary, args, out);
   ServeRun r;
   int status = 0;
   for (;;) {
@@ -71,19 +78,7 @@ class ServeChild {
   ServeChild(const std::string& binary, const std::vector<std::string>& args,
              std::filesystem::path out)
       : out_(std::move(out)) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<std::string> all = {binary, "serve"};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
+    pid_ = SpawnServe(binary, args, out_);
   }
   ~ServeChild() {
     if (exit_code_ != kRunning || pid_ <= 0) return;
