@@ -1659,6 +1659,7 @@ Result<std::vector<FleetEvent>> RocksJournal::IdemGroup(const IdemEntry& e) {
 Status RocksJournal::CheckDecisions(const std::vector<FleetEvent>& group) const {
   Result<std::vector<FleetEvent>> d = fleet_decide(fleet_, group[0]);
   if (!d.ok()) return d.status();
+  RC_RETURN_IF_ERROR(check_new_requests(fleet_, group[0]));  // a new group: today's rules
   if (d->size() == group.size() - 1 && std::equal(d->begin(), d->end(), group.begin() + 1)) {
     return Status::OK();
   }

@@ -903,16 +903,12 @@ bool Service::TookPlanSlotAtShutdown(Clock::time_point grace_deadline,
   return false;
 }
 
-// Waits (without the plan slot) until no mutation that passed the gate binds a plan, or until
-// its bound: for an exit that cannot be clean, so that it does not cut a transfer short.
+// For an exit that cannot be clean: waits for the running plan to end (its slot free) within the
+// bound a mutation in flight gives it, so that the exit does not cut a transfer short, nor leave
+// its observation unrecorded.
 void Service::WaitForMutationsAtShutdown(Clock::time_point grace_deadline,
                                          const ShutdownExtended& extended) {
-  const Clock::time_point until = PlanBoundAtShutdown(grace_deadline);
-  if (until <= Clock::now()) return;
-  if (extended) extended(until);
-  while (mutation_gate_.in_flight() > 0 && Clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(kShutdownPlanPollMs));
-  }
+  if (TookPlanSlotAtShutdown(grace_deadline, extended)) update_mu_.unlock();
 }
 
 // The grace deadline, or later while a mutation that passed the gate binds its plan.

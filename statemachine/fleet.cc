@@ -291,18 +291,6 @@ Status fold_engine_event(FleetState& f, const std::string& engine, const Event& 
   return Status::OK();
 }
 
-// Rules for new requests only, checked when an input is decided (fleet_decide, fleet_step) and
-// never when a recorded one is applied: a journal that recorded such a request before the rule
-// existed opens as written. The engine's own (check_new_request_rules), and an identity may not
-// claim the content digest of bytes any engine of the fleet committed under another manifest.
-Status check_new_engine_request(const FleetState& f, const std::string& engine, const Event& e) {
-  RC_RETURN_IF_ERROR(check_new_request_rules(engine_state(f, engine), e));
-  if (const auto* u = std::get_if<UpdateRequested>(&e)) {
-    return check_identity_consistent(f.labels, u->identity);
-  }
-  return Status::OK();
-}
-
 Status apply_engine_event(FleetState& f, const std::string& engine, const Event& e) {
   Result<const State*> found = engine_of(f, engine);
   if (!found.ok()) return found.status();
@@ -655,18 +643,12 @@ Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet, const Flee
     Result<std::vector<Event>> own = decide(**s, *e);
     if (!own.ok()) return own.status();
     RC_RETURN_IF_ERROR(check_engine_rules(fleet, input.engine, *e));
-    RC_RETURN_IF_ERROR(check_new_engine_request(fleet, input.engine, *e));
     for (Event& d : *own) out.push_back(FleetEvent{input.engine, std::move(d)});
     FleetState view = engine_view(fleet, input.engine, **s);
     RC_RETURN_IF_ERROR(fold_engine_event(view, input.engine, *e));
     for (const FleetEvent& d : out) RC_CHECK(fold_engine_event(view, d.engine, d.event).ok());
     settle(view, out);
     return out;
-  }
-  // A rule for new requests only: a journal that recorded such an update opens as written.
-  if (const auto* u = std::get_if<FleetUpdateRequested>(&input.event)) {
-    RC_RETURN_IF_ERROR(check_not_behind(fleet, u->target_label));
-    RC_RETURN_IF_ERROR(check_identity_consistent(fleet.labels, u->identity));
   }
   FleetState after = fleet;
   RC_RETURN_IF_ERROR(fleet_apply(after, input));
@@ -693,9 +675,7 @@ Result<std::vector<FleetEvent>> fold_engine_input(FleetState& f, const FleetEven
   const Result<const State*> s = engine_of(f, input.engine);
   if (!s.ok()) return s.status();
   const Event& e = input.event;
-  Status rules = check_engine_rules(f, input.engine, e);
-  if (rules.ok()) rules = check_new_engine_request(f, input.engine, e);
-  if (!rules.ok()) {
+  if (Status rules = check_engine_rules(f, input.engine, e); !rules.ok()) {
     Result<std::vector<Event>> own = decide(**s, e);
     return own.ok() ? rules : own.status();
   }
@@ -715,8 +695,27 @@ Result<std::vector<FleetEvent>> fold_engine_input(FleetState& f, const FleetEven
 
 }  // namespace
 
-// In place: decide accepted the group, and every fleet_apply that fails changes nothing.
+// Besides the rules fleet.h names: a fleet update may not target a label behind the served one.
+Status check_new_requests(const FleetState& fleet, const FleetEvent& input) {
+  if (const auto* u = std::get_if<FleetUpdateRequested>(&input.event)) {
+    RC_RETURN_IF_ERROR(check_not_behind(fleet, u->target_label));
+    return check_identity_consistent(fleet.labels, u->identity);
+  }
+  if (is_fleet_event(input.event)) return Status::OK();
+  RC_RETURN_IF_ERROR(check_new_request_rules(engine_state(fleet, input.engine), input.event));
+  if (const auto* u = std::get_if<UpdateRequested>(&input.event)) {
+    return check_identity_consistent(fleet.labels, u->identity);
+  }
+  return Status::OK();
+}
+
+// In place: decide accepted the group, and every fleet_apply that fails changes nothing. A new
+// request's rules refuse after the fold's own (the fold speaks first; off the hot path).
 Result<std::vector<FleetEvent>> fleet_step(FleetState& fleet, const FleetEvent& input) {
+  if (Status rules = check_new_requests(fleet, input); !rules.ok()) {
+    Result<std::vector<FleetEvent>> d = fleet_decide(fleet, input);
+    return d.ok() ? rules : d.status();
+  }
   if (folds_in_place(input)) return fold_engine_input(fleet, input);
   Result<std::vector<FleetEvent>> derived = fleet_decide(fleet, input);
   if (!derived.ok()) return derived.status();

@@ -90,6 +90,13 @@ struct FleetState {
 [[nodiscard]] Result<std::vector<FleetEvent>> fleet_decide(const FleetState& fleet,
                                                            const FleetEvent& input);
 [[nodiscard]] Status fleet_apply(FleetState& fleet, const FleetEvent& event);
+// Rules for requests submitted now, never for recorded ones: apply, and the replay and audit that
+// re-decide a recorded input, do not check them, so a journal that recorded such a request before
+// the rule existed opens, replays and audits as written. fleet_step checks them; a caller that
+// decides a new input with fleet_decide checks them too. An update of an awake engine or a sleep
+// only while it answers; no identity claiming, under another manifest, a content digest any
+// engine of the fleet committed.
+[[nodiscard]] Status check_new_requests(const FleetState& fleet, const FleetEvent& input);
 // decide, then apply the input and what it caused; returns the caused events. The result is
 // fleet_decide's and fleet_apply's, but an engine's input that is not a binding (an update's
 // request, observation, intent) is folded into `fleet` itself, without the copy of its engine

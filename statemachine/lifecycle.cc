@@ -1591,7 +1591,6 @@ Result<std::vector<Event>> decide(const State& state, const Event& input) {
     RC_RETURN_IF_ERROR(check_binding(state, *t));
     return std::vector<Event>{};
   }
-  RC_RETURN_IF_ERROR(check_new_request_rules(state, input));
   State after = state;
   RC_RETURN_IF_ERROR(apply(after, input));
   std::vector<Event> out = derive_decisions(after, input);
@@ -1607,6 +1606,7 @@ Result<std::vector<Event>> decide(const State& state, const Event& input) {
 Result<std::vector<Event>> step(State& state, const Event& input) {
   Result<std::vector<Event>> decided = decide(state, input);
   if (!decided.ok()) return decided;
+  RC_RETURN_IF_ERROR(check_new_request_rules(state, input));
   State next = state;
   RC_CHECK(apply(next, input).ok());
   for (const Event& d : decided.value()) RC_CHECK(apply(next, d).ok());

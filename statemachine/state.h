@@ -176,8 +176,9 @@ RolloutAdmitted make_admission(const State& state, std::string rollout_id,
 // this one (the update and the fleet update are refused before anything is journaled).
 [[nodiscard]] Status check_identity_consistent(const std::map<std::string, WeightIdentity>& labels,
                                                const WeightIdentity& identity);
-// Rules for new requests only: checked when an input is decided, never when a recorded one is
-// applied, so a journal that recorded such a request before the rule existed opens as written.
+// Rules for new requests only (step checks them, decide and apply do not: replay and audit
+// re-decide recorded inputs), so a journal that recorded such a request before the rule existed
+// opens, replays and audits as written.
 // An update (of an awake engine) or a sleep only while the engine answers (`engine_reachable`);
 // an identity that does not claim, under another manifest, a content digest already committed.
 [[nodiscard]] Status check_new_request_rules(const State& s, const Event& input);

@@ -89,8 +89,8 @@ CallOptions whole(CallOptions o, std::uint64_t timeout_ms) {
 
 }  // namespace
 
-// The monitor's reads (EngineClient::ObserveView, without /health: the label read answers that),
-// then the digest, all by one deadline.
+// The monitor's reads (/health, then EngineClient::ObserveView), then the digest, all by one
+// deadline.
 EngineMonitored HttpEngineControl::Observe(bool with_digest, std::uint64_t timeout_ms) {
   RC_CHECK(timeout_ms > 0);
   const CallOptions o = within(timeout_ms);

@@ -153,6 +153,27 @@ TEST(EngineMonitor, AnUnreachableEngineTakesNoPlanUntilItAnswers) {
   EXPECT_EQ(d.s.lifecycle, Lifecycle::kDraining);
 }
 
+// Proves the rule is for new requests only: a history recorded before it existed (an update
+// requested while the engine was marked unreachable, accepted then) is re-decided by the history
+// check (audit's and replay's) as it was recorded, while step refuses the same request now;
+// catches the upgrade after which replay and audit called such a healthy journal damaged.
+TEST(EngineMonitor, AnUpdateRecordedWhileUnreachableBeforeTheRuleStillChecks) {
+  Driver d = ready_on_instance();
+  d.ok(EngineMonitored{http(Transport::kConnectFailed), "", false, false, "", 0,
+                       monitor_epoch(d.s)});
+  ASSERT_FALSE(d.s.engine_reachable);
+  const UpdateRequested old = d.update_request("rc-1");
+  EXPECT_EQ(d.rejected(old), Code::kRejected);
+  Result<std::vector<Event>> decided = decide(d.s, old);  // what the older fold did
+  ASSERT_TRUE(decided.ok()) << decided.status().ToString();
+  ASSERT_TRUE(apply(d.s, old).ok());
+  for (const Event& e : *decided) ASSERT_TRUE(apply(d.s, e).ok());
+  d.record(old, *decided);
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kDraining);
+  const HistoryReport checked = check_history(d.history);
+  EXPECT_TRUE(checked.ok) << checked.first_bad_seq << ": " << checked.message;
+}
+
 // An observation taken before an update (or restart) began is refused as stale; catches the
 // race where a probe of the old generation lands after the new one committed and taints it.
 TEST(EngineMonitor, StaleObservationIsRefused) {
