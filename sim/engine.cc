@@ -81,21 +81,23 @@ bool SimEngine::CachesResetSinceMutation() const {
                      [&](std::uint64_t r) { return r > t_.last_mutation_op; });
 }
 
-void SimEngine::Die(std::uint32_t down_ms) {
+void SimEngine::Die(std::uint32_t down_ms, Comeback comeback) {
   if (!t_.alive) return;
   t_.alive = false;
   std::vector<Done> failed;
   for (auto& [id, r] : requests_) failed.push_back(std::move(r.done));
   requests_.clear();
   for (Done& d : failed) d(false);
-  s_.After(std::int64_t{down_ms} * 1000 + 1000, [this] {
-    // A new process: initial weights, the fresh label, empty caches (restart = a mutation).
+  const std::string label = t_.label;
+  const std::string weights = t_.weights;
+  s_.After(std::int64_t{down_ms} * 1000 + 1000, [this, comeback, label, weights] {
+    // A new process with empty caches: a restart is a mutation even when the weights come back.
     t_.alive = true;
     t_.instance++;
     t_.restarts++;
     t_.up_since_us = s_.now_us();
-    t_.label = kFreshEngineLabel;
-    t_.weights = kInitialWeights;
+    t_.label = comeback == Comeback::kFresh ? std::string(kFreshEngineLabel) : label;
+    t_.weights = comeback == Comeback::kLabelWeightsKept ? weights : std::string(kInitialWeights);
     t_.paused = false;
     t_.prefix_cache.clear();
     t_.sleep_level = 0;

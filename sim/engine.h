@@ -121,9 +121,14 @@ class SimEngine {
   std::string instance_name() const { return "sim-" + std::to_string(t_.instance); }
   bool CachesResetSinceMutation() const;
 
-  // The process dies now (requests fail) and is back `down_ms` later: a new instance, initial
-  // weights, label "default", unpaused, empty caches.
-  void Die(std::uint32_t down_ms);
+  // What a restarted process comes back with besides a new instance, unpaused, empty caches.
+  enum class Comeback : std::uint8_t {
+    kFresh,             // initial weights, label "default"
+    kLabelKept,         // initial weights under the label it had: a launcher that sets it
+    kLabelWeightsKept,  // the label and the weights it had: a launcher that reloads them
+  };
+  // The process dies now (requests fail) and is back `down_ms` later, as `comeback` says.
+  void Die(std::uint32_t down_ms, Comeback comeback = Comeback::kFresh);
   // A generate request. Runs `duration_ms` once the engine is unpaused; `done(false)` if the
   // engine dies or it is aborted. Returns 0 when the engine is down (connection refused).
   std::uint64_t Start(const std::string& rollout_id, const std::string& cache_key,
@@ -240,5 +245,10 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   std::optional<Validated> validated_;
   std::uint64_t mutation_op_at_resume_ = 0;
 };
+
+// kRestartKeepsLabel's comeback: b odd reloads the weights the process had.
+inline SimEngine::Comeback LabelKeepingComeback(const Fault& f) {
+  return f.b % 2 ? SimEngine::Comeback::kLabelWeightsKept : SimEngine::Comeback::kLabelKept;
+}
 
 }  // namespace rc::sim

@@ -274,6 +274,10 @@ void FleetWorld::Arm(const Fault& seed_fault, std::vector<std::uint32_t>& durati
         if (m.engine.truth().alive) m.engine.Die(50);
       });
       break;
+    case FaultKind::kRestartKeepsLabel:
+      sched_.After(std::int64_t{f.b % 500} * 1000,
+                   [&m, f] { m.engine.Die(50, LabelKeepingComeback(f)); });
+      break;
     case FaultKind::kSlowRollout:  // may outlive the drain
       if (!durations.empty())
         durations[seed_fault.a % durations.size()] = 300 + f.b % (kSlowRolloutMsMax - 300);

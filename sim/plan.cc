@@ -39,7 +39,8 @@ constexpr const char* kNames[] = {"http_5xx",
                                   "sleep_death",
                                   "external_wake",
                                   "instance_unread",
-                                  "external_sleep"};
+                                  "external_sleep",
+                                  "restart_keeps_label"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
 
 // Each fsync stall costs real time (the journal's stall deadline is a real-time bound): rare.
@@ -122,20 +123,25 @@ FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
   std::mt19937_64 colocated_rng(seed * 0xC2B2AE3D27D4EB4Full + 7);
   std::mt19937_64 answer_rng(seed * 0x165667B19E3779F9ull + 11);
   std::mt19937_64 outside_sleep_rng(seed * 0x27D4EB2F165667C5ull + 13);
+  std::mt19937_64 label_restart_rng(seed * 0x85EBCA77C2B2AE63ull + 17);
   const int first_colocated = static_cast<int>(kFirstColocatedFault);
   const int first_answer = static_cast<int>(kFirstAnswerFault);
   const int first_outside_sleep = static_cast<int>(kFirstOutsideSleepFault);
+  const int first_label_restart = static_cast<int>(kFirstLabelRestartFault);
   const Enabled enabled = EnableKinds(rng, 0, first_colocated);
   const Enabled colocated = EnableKinds(colocated_rng, first_colocated, first_answer);
   const Enabled answer = EnableKinds(answer_rng, first_answer, first_outside_sleep);
   const Enabled outside_sleep =
-      EnableKinds(outside_sleep_rng, first_outside_sleep, static_cast<int>(FaultKind::kCount));
+      EnableKinds(outside_sleep_rng, first_outside_sleep, first_label_restart);
+  const Enabled label_restart =
+      EnableKinds(label_restart_rng, first_label_restart, static_cast<int>(FaultKind::kCount));
   FaultPlan plan;
   for (std::uint32_t c = 0; c < cycles; ++c) {
     DrawCycle(rng, enabled, c, plan);
     DrawCycle(colocated_rng, colocated, c, plan);
     DrawCycle(answer_rng, answer, c, plan);
     DrawCycle(outside_sleep_rng, outside_sleep, c, plan);
+    DrawCycle(label_restart_rng, label_restart, c, plan);
   }
   return plan;
 }

@@ -51,11 +51,16 @@ enum class FaultKind : std::uint8_t {
   // Outside sleeps (their own stream too): someone sleeps the engine at level 1 + a%2, b%60 ms
   // into the cycle, if a plan in RESUMING holds it paused then (hidden from the monitor).
   kExternalSleep,
+  // Restarts behind the executor's back (their own stream too): b%60 ms into the cycle the engine
+  // dies and is back 50 ms later under the label it had, with its initial weights (b even: a
+  // launcher that sets the old label) or the weights it had (b odd: one that reloads them).
+  kRestartKeepsLabel,
   kCount
 };
 inline constexpr FaultKind kFirstColocatedFault = FaultKind::kSleepDeath;
 inline constexpr FaultKind kFirstAnswerFault = FaultKind::kInstanceUnread;
 inline constexpr FaultKind kFirstOutsideSleepFault = FaultKind::kExternalSleep;
+inline constexpr FaultKind kFirstLabelRestartFault = FaultKind::kRestartKeepsLabel;
 const char* FaultName(FaultKind k);
 
 struct Fault {

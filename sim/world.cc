@@ -597,6 +597,10 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
     case FaultKind::kExternalSleep:
       sched_.After(std::int64_t{f.b % 60} * 1000, [this, f] { ExternalSleep(f); });
       break;
+    case FaultKind::kRestartKeepsLabel:
+      sched_.After(std::int64_t{f.b % 60} * 1000,
+                   [this, f] { engine_.Die(50, LabelKeepingComeback(f)); });
+      break;
     default:  // ArmCallFault's, and kCount
       break;
   }

@@ -156,6 +156,26 @@ TEST(Sim, RestoreOfASleeperValidatesPaused) {
   ExpectPasses(o, *plan);
 }
 
+// Proves that engine restarts which come back under the label the engine had (on its initial
+// weights, or on the weights it had) are caught as a replaced engine and never leave READY on
+// weights the journal did not publish; would catch a monitor or fold that trusts the label and
+// misses the new process.
+TEST(Sim, RestartsThatKeepTheLabelAreCaught) {
+  SimOptions o;
+  o.seed = 12;
+  o.cycles = 60;
+  FaultPlan plan;
+  for (std::uint32_t c = 1; c < o.cycles; c += 2) {
+    plan.push_back(Fault{FaultKind::kRestartKeepsLabel, c, c, 7 * c});
+  }
+  const SimResult r = sim::Run(o, plan);
+  for (const std::string& v : r.violations) ADD_FAILURE() << v;
+  const auto replaced = r.stats.taints.find("engine_replaced");
+  ASSERT_NE(replaced, r.stats.taints.end());
+  EXPECT_GE(replaced->second, 10u);
+  EXPECT_GT(r.stats.committed, 0u);
+}
+
 // Proves that fleets of 2, 4 and 8 engines under each seed's faults, aimed at single engines,
 // keep every check of the fleet world (each rollout one weight state of its engine, each publish
 // validated on the target's weights with every cache reset and paused, the fleet's history rules,
