@@ -136,6 +136,14 @@ struct Options {
   // Long scans (Scan, Refold, open) read RocksDB on a second thread while the caller decodes,
   // verifies and folds; false: one thread (benchmarks compare the two).
   bool scan_pipelined = true;
+  // The writer records its durable head (seq and hash) in the file DURABLE beside the database at
+  // most this often (0: after every group commit): an open then refuses a journal whose records
+  // end before it (a WAL cut or removed, a stale MANIFEST), which would otherwise read as a crash
+  // that lost only unacknowledged writes.
+  std::uint32_t durable_mark_interval_ms = 250;
+  // RocksDB's own warnings and errors go to stderr, one escaped line each (never to a LOG file in
+  // the journal's directory); false drops them (the simulator, whose faults make thousands).
+  bool rocksdb_log_to_stderr = true;
 };
 
 // What Open found on disk about how the journal ended before.
@@ -208,6 +216,10 @@ class Journal {
   [[nodiscard]] virtual Result<FleetSubmitted> SubmitFleetIf(const FleetEvent& input,
                                                              std::int64_t wall_time_ms,
                                                              const Precondition& holds) = 0;
+
+  // Whether a group was enqueued under the idempotency key `key` (durable, or pending its group
+  // commit): a submit under it is then answered as that group's retry. Reads only.
+  [[nodiscard]] virtual Result<bool> KeyHeld(const std::string& key) = 0;
 
   // The journal folds a FleetState (statemachine/fleet.h); one that never named an engine holds
   // the unnamed engine "" alone, and folds exactly as the single-engine fold.

@@ -26,6 +26,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice_transform.h>
@@ -38,6 +39,8 @@
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -75,6 +78,9 @@ const char kClosedFile[] = "CLOSED";  // the clean-close record beside the datab
 constexpr std::uint64_t kClosedMarkBytesMax = 1024;
 // CLOSED being written: never read, removed by the next writer (a close that died midway).
 const char kClosedTmpFile[] = "CLOSED.tmp";
+// The durable mark (Options::durable_mark_interval_ms), written as CLOSED is.
+const char kDurableFile[] = "DURABLE";
+const char kDurableTmpFile[] = "DURABLE.tmp";
 // A secondary reader may list a file the writer's compaction just deleted: it catches up and
 // checks again, this many times.
 constexpr int kLiveFileChecksMax = 3;
@@ -206,32 +212,34 @@ struct ClosedMark {
   Hash hash{};
 };
 
-std::string ClosedMarkLines(const ClosedMark& m) {
-  return "rolloutcore journal closed cleanly\nseq " + std::to_string(m.seq) + "\nhash " +
-         HashHex(m.hash) + "\n";
+// The first line of each mark file says what it records.
+constexpr const char* kClosedTitle = "rolloutcore journal closed cleanly";
+constexpr const char* kDurableTitle = "rolloutcore journal durable through";
+
+std::string MarkLines(const char* title, const ClosedMark& m) {
+  return std::string(title) + "\nseq " + std::to_string(m.seq) + "\nhash " + HashHex(m.hash) + "\n";
 }
 
-std::string EncodeClosedMark(const ClosedMark& m) {
-  const std::string lines = ClosedMarkLines(m);
+std::string EncodeMark(const char* title, const ClosedMark& m) {
+  const std::string lines = MarkLines(title, m);
   return lines + "check " + HashHex(Sha256(lines)) + "\n";
 }
 
-std::optional<ClosedMark> DecodeClosedMark(const std::string& text) {
-  const std::size_t check_at = text.rfind("check ");
-  if (check_at == std::string::npos) return std::nullopt;
-  ClosedMark m;
-  const std::string lines = text.substr(0, check_at);
+std::string EncodeClosedMark(const ClosedMark& m) { return EncodeMark(kClosedTitle, m); }
+
+// Only the exact encoding of its own fields under `title` is a mark.
+std::optional<ClosedMark> DecodeMark(const char* title, const std::string& text) {
+  const std::size_t seq_at = std::string(title).size() + 1;
+  if (text.compare(0, seq_at, std::string(title) + "\n") != 0) return std::nullopt;
   std::uint64_t seq = 0;
   char hash_hex[65] = {0};
-  if (std::sscanf(lines.c_str(), "rolloutcore journal closed cleanly\nseq %lu\nhash %64s", &seq,
-                  hash_hex) != 2) {
+  if (std::sscanf(text.c_str() + seq_at, "seq %lu\nhash %64s", &seq, hash_hex) != 2) {
     return std::nullopt;
   }
   Result<Hash> hash = ParseHashHex(hash_hex);
   if (!hash.ok()) return std::nullopt;
-  m.seq = seq;
-  m.hash = *hash;
-  if (text != EncodeClosedMark(m)) return std::nullopt;
+  const ClosedMark m{seq, *hash};
+  if (text != EncodeMark(title, m)) return std::nullopt;
   return m;
 }
 
@@ -597,6 +605,7 @@ class RocksJournal final : public Journal {
                            const std::string& client_event_id) override;
   Result<FleetSubmitted> SubmitFleet(const FleetEvent& input, std::int64_t wall_time_ms,
                                      const std::string& client_event_id) override;
+  Result<bool> KeyHeld(const std::string& key) override;
   Result<FleetSubmitted> SubmitFleetIf(const FleetEvent& input, std::int64_t wall_time_ms,
                                        const Precondition& holds) override;
   Result<FleetSubmitted> SubmitFleetLocked(const FleetEvent& input, std::int64_t wall_time_ms,
@@ -693,13 +702,18 @@ class RocksJournal final : public Journal {
   // RunBounded with the journal's path and commit_stall_timeout_ms.
   Status OpenStep(const std::string& what, std::function<Status()> step) const;
   Status CheckDirectory();
+  Status CheckNoNewerManifest();
   Status CheckColumnFamilies();
   Status CheckLiveFiles();
   Status CheckSchema();
   Status StampSchemaVersion();
   Status LoadHead();
   Result<std::optional<ClosedMark>> ReadClosedMark();
+  Result<std::optional<ClosedMark>> ReadMark(const char* name, const char* title,
+                                             const std::string& what);
   Status CheckClosedMark(const std::optional<ClosedMark>& mark);
+  Status CheckDurableMark();
+  void MarkDurableIfDue(std::unique_lock<std::mutex>& l);
   Status RemoveClosedMark();
   Status WriteAtOpen(const std::string& what, rocksdb::WriteBatch batch, bool sync) const;
   Status SnapshotPastOlderFormat();
@@ -792,6 +806,7 @@ class RocksJournal final : public Journal {
   std::uint64_t head_seq_ = 0;  // last enqueued seq
   Hash head_hash_{};
   std::uint64_t durable_seq_ = 0;
+  Hash durable_hash_{};    // the hash of durable_seq_'s record
   mutable Status failed_;  // set once; never cleared (fail-stop)
   // Group commit: groups collect in open_batch_ while the committer writes the previous batch.
   rocksdb::WriteBatch open_batch_;
@@ -804,7 +819,9 @@ class RocksJournal final : public Journal {
   // crash outcomes.
   std::uint64_t wanted_batch_id_ = 0;
   std::uint64_t writing_batch_id_ = 0;  // 0: no write in flight
+  bool marking_ = false;                // the durable mark is being written (the stall clock runs)
   std::chrono::steady_clock::time_point write_started_;
+  std::optional<std::chrono::steady_clock::time_point> last_mark_;  // the committer's only
   bool stopping_ = false;
   std::size_t pending_groups_ = 0;
   std::unordered_map<std::string, IdemEntry> idem_pending_;
@@ -845,6 +862,21 @@ void RocksJournal::StopCommitter() {
   RunAsyncWaiters(l, UINT64_MAX);
 }
 
+namespace {
+
+// A mark written whole to `tmp_name` and synced before the rename makes it `name`: a crash
+// meanwhile leaves the previous mark (or none), never a torn one that no open accepts.
+rocksdb::Status WriteMarkFile(rocksdb::Env* env, const std::string& path, const char* tmp_name,
+                              const char* name, const std::string& text) {
+  const std::string tmp = path + "/" + tmp_name;
+  rocksdb::Status written = rocksdb::WriteStringToFile(env, text, tmp, /*should_sync=*/true);
+  if (written.ok()) written = env->RenameFile(tmp, path + "/" + name);
+  if (!written.ok()) env->DeleteFile(tmp).PermitUncheckedError();
+  return written;
+}
+
+}  // namespace
+
 // Flush every memtable, then record where the journal ended; only if nothing failed. Written
 // while this process still holds the LOCK, so no other writer can have started. The record is
 // written whole to CLOSED.tmp and synced before the rename makes it CLOSED: a crash meanwhile
@@ -861,15 +893,9 @@ Status RocksJournal::CloseCleanly() {
     mark = ClosedMark{durable_seq_, head_hash_};
   }
   RC_RETURN_IF_ERROR(Flush());
-  const std::string tmp = path_ + "/" + kClosedTmpFile;
-  const std::string file = path_ + "/" + kClosedFile;
-  rocksdb::Status written =
-      rocksdb::WriteStringToFile(env_, EncodeClosedMark(mark), tmp, /*should_sync=*/true);
-  if (written.ok()) written = env_->RenameFile(tmp, file);
-  if (!written.ok()) {
-    env_->DeleteFile(tmp).PermitUncheckedError();
-    return FromRocks(written, "record the clean close");
-  }
+  const rocksdb::Status written =
+      WriteMarkFile(env_, path_, kClosedTmpFile, kClosedFile, EncodeClosedMark(mark));
+  if (!written.ok()) return FromRocks(written, "record the clean close");
   // Not synced, the rename may be lost: the journal then reads as crashed, which it may.
   std::unique_ptr<rocksdb::Directory> dir;
   if (env_->NewDirectory(path_, &dir).ok()) dir->Fsync().PermitUncheckedError();
@@ -877,6 +903,54 @@ Status RocksJournal::CloseCleanly() {
 }
 
 inline constexpr std::size_t kArenaBlockBytes = 1 << 20;
+
+namespace {
+
+// RocksDB's own log goes to stderr, one escaped line a message, never to a LOG file in the
+// journal's directory: on a full disk that file's writer failed once and RocksDB's recovery
+// thread wrote to it again (an assertion in Debian's build, so an abort instead of a fail-stop).
+class StderrRocksLogger final : public rocksdb::Logger {
+ public:
+  explicit StderrRocksLogger(bool print)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL), print_(print) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char text[kLineBytesMax];
+    const int n = std::vsnprintf(text, sizeof text, format, ap);
+    if (n < 0 || !print_) return;
+    std::string_view message(text);
+    while (!message.empty() && message.back() == '\n') message.remove_suffix(1);
+    std::string line = "rolloutcore: journal: rocksdb: ";
+    for (char c : message) AppendEscaped(line, c);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+
+ private:
+  static constexpr std::size_t kLineBytesMax = 1024;  // longer messages are cut
+  const bool print_;
+  static void AppendEscaped(std::string& out, char c) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f && c != '\\') {
+      out += c;
+      return;
+    }
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "\\x%02x", u);
+    out += hex;
+  }
+};
+
+// A background write error (a full disk included) leaves RocksDB stopped: the journal fails and
+// the process exits and reopens, never a resume inside the process that could hide what failed.
+class NoAutoRecovery final : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/, rocksdb::Status /*error*/,
+                            bool* auto_recovery) override {
+    *auto_recovery = false;
+  }
+};
+
+}  // namespace
 
 rocksdb::Options RocksJournal::DbOptions() const {
   rocksdb::Options opts;
@@ -888,7 +962,12 @@ rocksdb::Options RocksJournal::DbOptions() const {
   opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   opts.paranoid_checks = true;
   opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-  opts.keep_log_file_num = 4;
+  opts.info_log = std::make_shared<StderrRocksLogger>(options_.rocksdb_log_to_stderr);
+  opts.listeners.push_back(std::make_shared<NoAutoRecovery>());
+  opts.max_bgerror_resume_count = 0;
+  // The MANIFEST records each WAL the writer creates (and a closed one's synced size): an open
+  // refuses a journal whose WAL file was removed or cut short, rather than recovering less.
+  opts.track_and_verify_wals_in_manifest = true;
   // Column families flush together. A group commit is one WriteBatch over all of them; a family
   // flushed alone (its memtable filled first) would hold its part of later groups in SST files
   // while the rest (the records, the head) lived in the WAL only, so a lost or cut WAL would
@@ -962,6 +1041,22 @@ Status OpenError(const std::string& path, const rocksdb::Status& s) {
   return Status::IOError("cannot open journal at " + path + ": " + msg);
 }
 
+// The open of a journal whose CURRENT exists: a file of it that is missing or not a file (its
+// MANIFEST, a table, a WAL) is damage to the journal, not a wrong path or a permission.
+Status ExistingOpenError(const std::string& path, const rocksdb::Status& s) {
+  const std::string msg = s.ToString();
+  const bool file_lost = msg.find("No such file or directory") != std::string::npos ||
+                         msg.find("Is a directory") != std::string::npos ||
+                         msg.find("Not a directory") != std::string::npos;
+  if (!s.IsIOError() || LockHeldByAProcess(s) || !(s.IsPathNotFound() || file_lost)) {
+    return OpenError(path, s);
+  }
+  return Status::Corruption("journal at " + path +
+                            " lacks a file its CURRENT or MANIFEST names, or one is not a file; "
+                            "damaged, refusing to open (never auto-repaired): " +
+                            msg);
+}
+
 Status RocksJournal::OpenStep(const std::string& what, std::function<Status()> step) const {
   return RunBounded(options_.commit_stall_timeout_ms, path_, what, std::move(step));
 }
@@ -983,11 +1078,13 @@ Status RocksJournal::OpenRocksWriter() {
       std::uint64_t{options_.commit_stall_timeout_ms} * kRocksOpenDeadlineFactor;
   RC_RETURN_IF_ERROR(RunBounded(
       static_cast<std::uint32_t>(std::min<std::uint64_t>(deadline_ms, UINT32_MAX)), path_,
-      "RocksDB's open (WAL recovery, MANIFEST)", [opened, opts, descs, path = path_] {
+      "RocksDB's open (WAL recovery, MANIFEST)",
+      [opened, opts, descs, path = path_, fresh = fresh_] {
         rocksdb::DB* raw = nullptr;
         const rocksdb::Status s = rocksdb::DB::Open(opts, path, descs, &opened->cfs, &raw);
         opened->db.reset(raw);
-        return s.ok() ? Status::OK() : OpenError(path, s);
+        if (s.ok()) return Status::OK();
+        return fresh ? OpenError(path, s) : ExistingOpenError(path, s);
       }));
   RC_CHECK(opened->db != nullptr && opened->cfs.size() == kCfCount);
   rocks_ = std::move(opened);
@@ -1005,6 +1102,7 @@ Status RocksJournal::OpenDb() {
 
 Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(CheckDirectory());
+  if (!fresh_) RC_RETURN_IF_ERROR(CheckNoNewerManifest());
   Result<std::optional<ClosedMark>> mark = ReadClosedMark();
   if (!mark.ok()) return mark.status();
   Result<std::map<std::uint64_t, std::uint64_t>> wals = std::map<std::uint64_t, std::uint64_t>();
@@ -1023,6 +1121,7 @@ Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(CheckSchema());
   RC_RETURN_IF_ERROR(LoadHead());
   RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
+  RC_RETURN_IF_ERROR(CheckDurableMark());
   CheckWalTail(*wals);
   // From here on a crash must not look like a clean close.
   RC_RETURN_IF_ERROR(RemoveClosedMark());
@@ -1044,6 +1143,7 @@ Status RocksJournal::OpenReadOnly() {
   const rocksdb::Status locked = env_->LockFile(path_ + "/LOCK", &lock);
   if (!locked.ok() && LockHeldByAProcess(locked)) return OpenSecondary();
   HeldLock held(env_, locked.ok() ? lock : nullptr);
+  RC_RETURN_IF_ERROR(CheckNoNewerManifest());  // no writer runs: no MANIFEST is being started
   Result<std::map<std::uint64_t, std::uint64_t>> wals = ListWals(env_, path_);
   if (!wals.ok()) return wals.status();
   RC_RETURN_IF_ERROR(OpenReadOnlyChecked(*wals));
@@ -1060,13 +1160,14 @@ Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s =
       rocksdb::DB::OpenForReadOnly(opts, path_, Descriptors(opts), &rocks_->cfs, &raw);
-  if (!s.ok()) return OpenError(path_, s);
+  if (!s.ok()) return ExistingOpenError(path_, s);
   rocks_->db.reset(raw);
   RC_CHECK(rocks_->cfs.size() == kCfCount);
   RC_RETURN_IF_ERROR(CheckLiveFiles());
   RC_RETURN_IF_ERROR(CheckSchema());
   RC_RETURN_IF_ERROR(LoadHead());
   RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
+  RC_RETURN_IF_ERROR(CheckDurableMark());
   CheckWalTail(wals);
   return Status::OK();
 }
@@ -1095,7 +1196,7 @@ Status RocksJournal::OpenSecondary() {
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_.path(),
                                                    Descriptors(opts), &rocks_->cfs, &raw);
-  if (!s.ok()) return OpenError(path_, s);
+  if (!s.ok()) return ExistingOpenError(path_, s);
   rocks_->db.reset(raw);
   RC_CHECK(rocks_->cfs.size() == kCfCount);
   recovery_.live_writer = true;
@@ -1125,8 +1226,8 @@ bool IsJournalFile(std::string_view name) {
     return digits.find_first_not_of("0123456789") == std::string_view::npos;
   };
   return name.rfind("MANIFEST-", 0) == 0 || name.rfind("OPTIONS-", 0) == 0 || name == "IDENTITY" ||
-         name == kClosedFile || name == kClosedTmpFile || numbered(".sst") || numbered(".log") ||
-         numbered(".blob");
+         name == kClosedFile || name == kClosedTmpFile || name == kDurableFile ||
+         name == kDurableTmpFile || numbered(".sst") || numbered(".log") || numbered(".blob");
 }
 
 constexpr std::size_t kNamedFilesMax = 8;  // files an error names, at most
@@ -1159,6 +1260,70 @@ Status RocksJournal::CheckDirectory() {
       "auto-repaired; if a creation died before any record was written, remove the directory)");
 }
 
+namespace {
+
+// The number of a "MANIFEST-<digits>" name; nullopt for any other name.
+std::optional<std::uint64_t> ManifestNumber(std::string_view name) {
+  constexpr std::string_view kPrefix = "MANIFEST-";
+  if (name.substr(0, kPrefix.size()) != kPrefix || name.size() == kPrefix.size()) return {};
+  std::uint64_t n = 0;
+  const char* end = name.data() + name.size();
+  const auto [at, ec] = std::from_chars(name.data() + kPrefix.size(), end, n);
+  if (ec != std::errc() || at != end) return {};
+  return n;
+}
+
+// The highest number of a table or WAL file among `names` (0: none).
+std::uint64_t NewestDataFileNumber(const std::vector<std::string>& names) {
+  std::uint64_t newest = 0;
+  for (const std::string& name : names) {
+    const std::size_t dot = name.find('.');
+    if (dot == std::string::npos || dot == 0) continue;
+    const std::string_view ext = std::string_view(name).substr(dot);
+    if (ext != ".sst" && ext != ".log") continue;
+    std::uint64_t n = 0;
+    const auto [at, ec] = std::from_chars(name.data(), name.data() + dot, n);
+    if (ec == std::errc() && at == name.data() + dot) newest = std::max(newest, n);
+  }
+  return newest;
+}
+
+}  // namespace
+
+// RocksDB starts each MANIFEST numbered past every file before it and then points CURRENT at
+// it: a MANIFEST newer than CURRENT's, with tables or WALs numbered after it, is a CURRENT (and
+// MANIFEST) older than the journal's other files, restored or copied over them. RocksDB would
+// recover the older state and delete the newer files as obsolete, so it is refused before any open.
+Status RocksJournal::CheckNoNewerManifest() {
+  std::string current;
+  RC_RETURN_IF_ERROR(FromRocks(rocksdb::ReadFileToString(env_, path_ + "/CURRENT", &current),
+                               "read " + path_ + "/CURRENT"));
+  while (!current.empty() && current.back() == '\n') current.pop_back();
+  const std::optional<std::uint64_t> named = ManifestNumber(current);
+  if (!named) {
+    return Status::Corruption("journal at " + path_ +
+                              ": CURRENT does not name a MANIFEST; damaged, refusing to open "
+                              "(never auto-repaired)");
+  }
+  std::vector<std::string> names;
+  RC_RETURN_IF_ERROR(FromRocks(env_->GetChildren(path_, &names), "list " + path_));
+  const std::uint64_t newest_data = NewestDataFileNumber(names);
+  for (const std::string& name : names) {
+    const std::optional<std::uint64_t> n = ManifestNumber(name);
+    // An open killed (or timed out) while it started its MANIFEST leaves the newest file of all
+    // unnamed by CURRENT; one that tables or WALs were numbered after was in use.
+    if (!n || *n <= *named || *n > newest_data) continue;
+    return Status::Corruption(
+        "journal at " + path_ + " holds " + name + ", newer than the MANIFEST-" +
+        std::to_string(*named) +
+        " its CURRENT names: CURRENT is older than the journal's files (restored or copied over "
+        "them); refusing to open, which would recover the older state and delete the newer files "
+        "(never auto-repaired; if the last start of this journal was killed while it opened, the "
+        "newer MANIFEST may be that start's unfinished one: move it aside)");
+  }
+  return Status::OK();
+}
+
 // A family the MANIFEST lacks would be created empty by the open: a lost index read as an empty
 // one (admissions of used ids, retried keys written twice). Refused before the open.
 Status RocksJournal::CheckColumnFamilies() {
@@ -1166,7 +1331,7 @@ Status RocksJournal::CheckColumnFamilies() {
   rocksdb::DBOptions db_options;
   db_options.env = env_;
   const rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options, path_, &names);
-  if (!s.ok()) return OpenError(path_, s);
+  if (!s.ok()) return ExistingOpenError(path_, s);
   std::string missing;
   for (const char* name : kCfNames) {
     if (std::find(names.begin(), names.end(), name) != names.end()) continue;
@@ -1176,7 +1341,9 @@ Status RocksJournal::CheckColumnFamilies() {
   return Status::Corruption("journal at " + path_ + " lacks the column famil" +
                             (missing.find(',') == std::string::npos ? "y " : "ies ") + missing +
                             " (its MANIFEST lists " + std::to_string(names.size()) +
-                            "): damaged; refusing to open (never auto-repaired)");
+                            "): damaged; refusing to open (never auto-repaired; a journal whose "
+                            "creation died before it was complete holds no records: remove the "
+                            "directory to create it again)");
 }
 
 // Every live file the MANIFEST lists must exist with its recorded size, before anything is read.
@@ -1262,32 +1429,64 @@ Status RocksJournal::LoadHead() {
   legacy_snapshot_passed_ = loaded->legacy_snapshot_passed;
   fleet_ = std::move(loaded->fleet);
   head_seq_ = durable_seq_ = loaded->head_seq;
-  head_hash_ = loaded->head_hash;
+  head_hash_ = durable_hash_ = loaded->head_hash;
   recovery_.head_seq = head_seq_;
   return Status::OK();
 }
 
 Result<std::optional<ClosedMark>> RocksJournal::ReadClosedMark() {
-  const std::string file = path_ + "/" + kClosedFile;
+  return ReadMark(kClosedFile, kClosedTitle, "the clean-close record");
+}
+
+// A mark file (`what`), absent or whole: one larger than a mark or not exactly one is damage.
+Result<std::optional<ClosedMark>> RocksJournal::ReadMark(const char* name, const char* title,
+                                                         const std::string& what) {
+  const std::string file = path_ + "/" + name;
   const rocksdb::Status exists = env_->FileExists(file);
   if (exists.IsNotFound()) return std::optional<ClosedMark>();
   std::uint64_t bytes = 0;
   rocksdb::Status s = exists.ok() ? env_->GetFileSize(file, &bytes) : exists;
-  if (!s.ok()) return FromRocks(s, "read the clean-close record " + file);
+  if (!s.ok()) return FromRocks(s, "read " + what + " " + file);
   if (bytes > kClosedMarkBytesMax) {
-    return Status::Corruption("journal at " + path_ + ": the clean-close record " + file + " is " +
+    return Status::Corruption("journal at " + path_ + ": " + what + " " + file + " is " +
                               std::to_string(bytes) + " bytes; one is at most " +
                               std::to_string(kClosedMarkBytesMax));
   }
   std::string text;
   s = rocksdb::ReadFileToString(env_, file, &text);
-  if (!s.ok()) return FromRocks(s, "read the clean-close record " + file);
-  std::optional<ClosedMark> mark = DecodeClosedMark(text);
+  if (!s.ok()) return FromRocks(s, "read " + what + " " + file);
+  std::optional<ClosedMark> mark = DecodeMark(title, text);
   if (!mark.has_value()) {
-    return Status::Corruption("journal at " + path_ + ": the clean-close record " + file +
-                              " is malformed");
+    return Status::Corruption("journal at " + path_ + ": " + what + " " + file + " is malformed");
   }
   return mark;
+}
+
+// Records up to the durable mark were acknowledged: a journal that ends before it, or holds
+// other records there, lost acknowledged records (a WAL cut or removed, a CURRENT or MANIFEST
+// older than the journal's files), which its open would otherwise take for a crash's torn tail.
+Status RocksJournal::CheckDurableMark() {
+  Result<std::optional<ClosedMark>> mark =
+      ReadMark(kDurableFile, kDurableTitle, "the durable mark");
+  if (!mark.ok() || !mark->has_value()) return mark.status();
+  const ClosedMark m = **mark;
+  const std::uint64_t head = head_seq_;
+  const std::string was = "seq " + std::to_string(m.seq) + " (hash " + HashHex(m.hash) +
+                          ") was durable, as its durable mark " + kDurableFile + " records";
+  if (m.seq > head) {
+    return Status::Corruption("journal at " + path_ + " holds records through seq " +
+                              std::to_string(head) + " but " + was + ": records " +
+                              std::to_string(head + 1) + ".." + std::to_string(m.seq) +
+                              " were lost after they were acknowledged (a WAL file cut or removed, "
+                              "or a CURRENT or MANIFEST older than the journal's files); refusing "
+                              "to open (never auto-repaired)");
+  }
+  Result<Hash> at = HashAt(m.seq, "the durable mark's seq " + std::to_string(m.seq));
+  if (!at.ok()) return at.status();
+  if (*at == m.hash) return Status::OK();
+  return Status::Corruption("journal at " + path_ + ": " + was +
+                            ", but the record there hashes to " + HashHex(*at) +
+                            ": the journal's records are not the ones acknowledged");
 }
 
 Status RocksJournal::CheckClosedMark(const std::optional<ClosedMark>& mark) {
@@ -1706,7 +1905,15 @@ Result<RocksJournal::EncodedGroup> RocksJournal::EncodeGroup(std::int64_t wall_t
   return out;
 }
 
-// Folds the accepted group and puts it into the open batch.
+Result<bool> RocksJournal::KeyHeld(const std::string& key) {
+  if (key.empty()) return Status::InvalidArgument("an idempotency key must not be empty");
+  RC_RETURN_IF_ERROR(CheckKeySize(key));
+  std::lock_guard<std::mutex> l(mu_);
+  Result<std::optional<IdemEntry>> found = FindIdem(key);
+  if (!found.ok()) return found.status();
+  return found->has_value();
+}
+
 Status RocksJournal::CheckKeySize(const std::string& key) {
   if (key.size() <= kIdBytesMax) return Status::OK();
   return Status::InvalidArgument("client_event_id exceeds " + std::to_string(kIdBytesMax) +
@@ -1991,6 +2198,7 @@ void RocksJournal::CommitterLoop() {
     const std::size_t groups = open_groups_;
     open_groups_ = 0;
     const std::uint64_t head = head_seq_;
+    const Hash head_hash = head_hash_;
     RC_CHECK(batch.Put(rocks_->cfs[kMetaCf], kHeadSeqKey, BE64(head)).ok());
     RC_CHECK(batch
                  .Put(rocks_->cfs[kMetaCf], kHeadHashKey,
@@ -2023,6 +2231,7 @@ void RocksJournal::CommitterLoop() {
     }
     durable_batch_id_ = batch_id;
     durable_seq_ = head;
+    durable_hash_ = head_hash;
     pending_groups_ -= groups;
     for (auto it = idem_pending_.begin(); it != idem_pending_.end();) {
       it = it->second.batch_id <= batch_id ? idem_pending_.erase(it) : std::next(it);
@@ -2038,7 +2247,33 @@ void RocksJournal::CommitterLoop() {
     l.unlock();
     std::this_thread::yield();
     l.lock();
+    MarkDurableIfDue(l);
   }
+}
+
+// The durable mark follows the durable head, at most every durable_mark_interval_ms, never ahead
+// of it (without fsync nothing is durable: no mark). It is written with the lock released, under
+// the group commit's stall deadline; a failed write fails the journal as a failed commit does.
+void RocksJournal::MarkDurableIfDue(std::unique_lock<std::mutex>& l) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto interval = std::chrono::milliseconds(options_.durable_mark_interval_ms);
+  if (!options_.sync || !failed_.ok() || (last_mark_ && now - *last_mark_ < interval)) return;
+  const ClosedMark mark{durable_seq_, durable_hash_};
+  last_mark_ = now;
+  marking_ = true;
+  write_started_ = now;
+  l.unlock();
+  const rocksdb::Status written =
+      WriteMarkFile(env_, path_, kDurableTmpFile, kDurableFile, EncodeMark(kDurableTitle, mark));
+  l.lock();
+  marking_ = false;
+  if (written.ok() || !failed_.ok()) return;
+  failed_ =
+      Status::IOError("journal at " + path_ + " failed: its durable mark (seq " +
+                      std::to_string(mark.seq) + ") could not be written: " + written.ToString());
+  BatchCv(open_batch_id_).notify_all();
+  BatchCv(open_batch_id_ + 1).notify_all();
+  RunAsyncWaiters(l, UINT64_MAX);
 }
 
 // Groups submitted while the committer waits join the batch it is about to take; a stop ends the
@@ -2054,7 +2289,8 @@ void RocksJournal::WaitCommitWindow(std::unique_lock<std::mutex>& l) {
 }
 
 void RocksJournal::CheckStall() const {
-  if (writing_batch_id_ == 0 || options_.commit_stall_timeout_ms == 0 || !failed_.ok()) return;
+  const bool writing = writing_batch_id_ != 0 || marking_;
+  if (!writing || options_.commit_stall_timeout_ms == 0 || !failed_.ok()) return;
   const auto late = std::chrono::steady_clock::now() - write_started_;
   if (late < std::chrono::milliseconds(options_.commit_stall_timeout_ms)) return;
   failed_ =
@@ -2094,7 +2330,7 @@ Status RocksJournal::Wait(const Ticket& ticket) {
     }
     if (timeout.count() == 0) {
       BatchCv(ticket.batch_id).wait(l);
-    } else if (writing_batch_id_ != 0) {
+    } else if (writing_batch_id_ != 0 || marking_) {
       BatchCv(ticket.batch_id).wait_until(l, write_started_ + timeout);
     } else {
       BatchCv(ticket.batch_id).wait_for(l, timeout);

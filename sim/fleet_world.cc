@@ -138,6 +138,7 @@ bool FleetWorld::Boot() {
   result_.stats.worlds++;
   journal::Options jo;
   jo.env = mem_.get();
+  jo.rocksdb_log_to_stderr = false;
   jo.snapshot_every = 256;
   jo.commit_stall_timeout_ms = kStallTimeoutMs;
   jo.scan_pipelined = false;  // no reader thread: the simulator stays single-threaded

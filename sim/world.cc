@@ -225,6 +225,7 @@ void World::Violate(const std::string& what) {
 bool World::Open() {
   journal::Options jo;
   jo.env = faults_->env();
+  jo.rocksdb_log_to_stderr = false;
   jo.snapshot_every = 64;  // small: reopening restores from a snapshot + tail
   jo.commit_stall_timeout_ms = kStallTimeoutMs;
   jo.scan_pipelined = false;  // no reader thread: the simulator stays single-threaded
@@ -339,6 +340,7 @@ struct JournalTemplate {
     const std::string dir = "/template";
     journal::Options jo;
     jo.env = mem.get();
+    jo.rocksdb_log_to_stderr = false;
     jo.scan_pipelined = false;
     {
       auto j = journal::Journal::Open(dir, jo);

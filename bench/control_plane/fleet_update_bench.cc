@@ -123,6 +123,7 @@ class TimedJournal final : public rc::journal::Journal {
                                            const Precondition& holds) override {
     return j_->SubmitFleetIf(input, wall_ms, holds);
   }
+  rc::Result<bool> KeyHeld(const std::string& key) override { return j_->KeyHeld(key); }
   rc::State state() const override { return j_->state(); }
   void ReadState(const std::function<void(const rc::State&)>& read) const override {
     j_->ReadState(read);

@@ -87,6 +87,61 @@ TEST(FailStop, WalWriteAndSyncErrorsFailTheJournalForGood) {
   }
 }
 
+// Proves a durable mark that cannot be written (its file's sync fails) fails the journal: the
+// group already durable stays acknowledged, every later call fails naming the mark, and a reopen
+// holds every acknowledged record; catches a mark failure ignored (the open's check would then
+// rest on a stale mark) or one that takes back an acknowledged group.
+TEST(FailStop, ADurableMarkThatCannotBeWrittenFailsTheJournal) {
+  TempDir dir;
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.durable_mark_interval_ms = 0;
+  std::uint64_t acked = 0;
+  {
+    auto j = OpenOk(dir.path(), o);
+    faults.Inject(FileKind::kOther, FileOp::kSync, testing::Fault::kEio);
+    Result<AppendResult> durable = j->Append(Group(BootstrapGroups().at(0)));
+    ASSERT_TRUE(durable.ok()) << durable.status().ToString();
+    acked = durable->last_seq;
+    // The mark follows the group's commit; the journal fails once its write did.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!j->failed() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    Result<AppendResult> later = j->Append(Group(BootstrapGroups().at(1)));
+    ASSERT_FALSE(later.ok());
+    EXPECT_NE(later.status().message().find("durable mark"), std::string::npos)
+        << later.status().ToString();
+    EXPECT_TRUE(j->failed());
+    faults.Clear();
+  }
+  auto reopened = OpenOk(dir.path(), o);
+  EXPECT_GE(reopened->head_seq(), acked);
+}
+
+// Proves a full disk under a flush fails the journal with RocksDB's own log kept out of the
+// journal's directory (no LOG file) and no recovery inside the process; catches the reproduced
+// abort where RocksDB's no-space recovery wrote to the failed LOG file of a full journal disk.
+TEST(FailStop, AFullDiskAtAFlushFailsTheJournalWithoutALogFile) {
+  TempDir dir;
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  auto j = OpenOk(dir.path(), o);
+  Bootstrap(*j);
+  ASSERT_TRUE(Admit(*j, "r1").ok());
+  faults.Inject(FileKind::kSst, FileOp::kAppend, testing::Fault::kEnospc);
+  EXPECT_FALSE(j->Flush().ok());
+  faults.Clear();
+  Result<AppendResult> after = Admit(*j, "r2");
+  EXPECT_FALSE(after.ok()) << "RocksDB resumed writes after a background error";
+  EXPECT_TRUE(j->failed());
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    EXPECT_NE(e.path().filename().string().rfind("LOG", 0), 0u) << e.path();
+  }
+}
+
 // Proves a WAL sync stalled past commit_stall_timeout_ms makes Wait return Timeout naming the
 // journal well before the stall ends, fails every later call, and never acknowledges the stalled
 // group; catches an unbounded wait on a hung disk and a journal that goes on after it.

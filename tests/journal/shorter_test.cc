@@ -476,6 +476,7 @@ TEST(Shorter, CutWalOfACrashedJournalIsReportedTorn) {
   Options o;
   o.env = faults.env();
   o.snapshot_every = 0;
+  o.durable_mark_interval_ms = UINT32_MAX;  // the cuts below lie after the mark (its first batch)
   AppendResult witness;
   std::vector<std::uintmax_t> wal_sizes;  // WAL size after each group
   fs::path wal;
@@ -521,6 +522,136 @@ TEST(Shorter, CutWalOfACrashedJournalIsReportedTorn) {
   EXPECT_EQ((*j)->Read(witness.last_seq).status().code(), Code::kNotFound);
 }
 
+// Writes bootstrap + `admissions` admissions without a clean close, the durable mark following
+// every group commit; returns the WAL file.
+fs::path WriteCrashedJournal(const std::string& path, int admissions) {
+  testing::FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.snapshot_every = 0;
+  o.durable_mark_interval_ms = 0;
+  fs::path wal;
+  {
+    auto j = Journal::Open(path, o);
+    RC_CHECK(j.ok());
+    for (auto& g : testing::BootstrapGroups()) RC_CHECK((*j)->Append(Group(g)).ok());
+    for (int i = 0; i < admissions; ++i) {
+      RC_CHECK((*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    }
+    wal = FilesWithExtension(path, ".log").at(0);
+    faults.Crash();  // no clean close: the records live in the WAL only
+  }
+  faults.Restart();
+  return wal;
+}
+
+// Proves that a crashed journal whose WAL was emptied, cut at a batch boundary or removed after
+// its records were durable is refused by read-only opens and the writer alike, naming the durable
+// mark or the missing WAL; catches the reproduced bug where such a journal audited "INTACT" and
+// serve reused the lost, acknowledged seqs.
+TEST(Shorter, AWalCutOrRemovedBelowTheDurableMarkIsRefused) {
+  for (const char* how : {"emptied", "cut at a batch", "removed"}) {
+    SCOPED_TRACE(how);
+    TempDir dir;
+    const fs::path wal = WriteCrashedJournal(dir.path(), 20);
+    if (std::string(how) == "removed") {
+      fs::remove(wal);
+    } else {
+      fs::resize_file(wal, std::string(how) == "emptied" ? 0 : fs::file_size(wal) / 2);
+    }
+    Result<std::uint64_t> read = ReadableRecords(dir.path());
+    ASSERT_FALSE(read.ok()) << "read " << *read << " of 24 records as a healthy journal";
+    EXPECT_EQ(read.status().code(), Code::kCorruption) << read.status().ToString();
+    Result<std::unique_ptr<Journal>> writer = Journal::Open(dir.path(), Options{});
+    ASSERT_FALSE(writer.ok()) << "the writer opened with head " << (*writer)->head_seq();
+    EXPECT_EQ(writer.status().code(), Code::kCorruption) << writer.status().ToString();
+    if (std::string(how) != "removed") {
+      EXPECT_NE(writer.status().message().find("durable mark"), std::string::npos)
+          << writer.status().ToString();
+    }
+  }
+}
+
+// Proves the durable mark is checked against the record at its seq, not only the head: a mark
+// whose hash is not that record's (the journal's records replaced) is Corruption; catches a check
+// that compares seqs alone.
+TEST(Shorter, ADurableMarkOfOtherRecordsIsRefused) {
+  TempDir dir;
+  WriteCrashedJournal(dir.path(), 5);
+  TempDir other;
+  WriteCrashedJournal(other.path(), 9);
+  fs::copy_file(fs::path(other.path()) / "DURABLE", fs::path(dir.path()) / "DURABLE",
+                fs::copy_options::overwrite_existing);
+  Result<std::uint64_t> read = ReadableRecords(dir.path());
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), Code::kCorruption) << read.status().ToString();
+  // The same journal's own mark opens.
+  TempDir fine;
+  WriteCrashedJournal(fine.path(), 5);
+  Result<std::uint64_t> ok = ReadableRecords(fine.path());
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, 9u);
+}
+
+// Proves a CURRENT (and its MANIFEST) older than the journal's other files is refused before
+// RocksDB opens, by read-only opens and the writer, and that the newer files are still there
+// afterwards; catches the reproduced bug where such a journal audited INTACT with fewer records
+// and the writer's open deleted the newer tables as obsolete.
+TEST(Shorter, AStaleCurrentIsRefusedAndNothingIsDeleted) {
+  TempDir dir;
+  TempDir saved;
+  WriteJournal(dir.path(), 10);
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    const std::string name = e.path().filename().string();
+    if (name == "CURRENT" || name.rfind("MANIFEST-", 0) == 0) {
+      fs::copy_file(e.path(), fs::path(saved.path()) / name);
+    }
+  }
+  {  // reopened: a newer MANIFEST, more tables
+    auto j = Journal::Open(dir.path(), Options{});
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (int i = 0; i < 10; ++i) {
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "s" + std::to_string(i))})).ok());
+    }
+  }
+  const std::vector<fs::path> tables = FilesWithExtension(dir.path(), ".sst");
+  ASSERT_FALSE(tables.empty());
+  for (const auto& e : fs::directory_iterator(saved.path())) {
+    fs::copy_file(e.path(), fs::path(dir.path()) / e.path().filename(),
+                  fs::copy_options::overwrite_existing);
+  }
+  fs::remove(fs::path(dir.path()) / "CLOSED");
+  Result<std::uint64_t> read = ReadableRecords(dir.path());
+  ASSERT_FALSE(read.ok()) << "read " << *read << " records of a stale CURRENT as healthy";
+  EXPECT_EQ(read.status().code(), Code::kCorruption) << read.status().ToString();
+  EXPECT_NE(read.status().message().find("newer than the MANIFEST"), std::string::npos)
+      << read.status().ToString();
+  Result<std::unique_ptr<Journal>> writer = Journal::Open(dir.path(), Options{});
+  ASSERT_FALSE(writer.ok());
+  EXPECT_EQ(writer.status().code(), Code::kCorruption) << writer.status().ToString();
+  for (const fs::path& table : tables) {
+    EXPECT_TRUE(fs::exists(table)) << table << " was deleted by a refused open";
+  }
+}
+
+// Proves a journal whose MANIFEST is gone (CURRENT names a missing file) is Corruption, the
+// journal damaged, not IOError (a wrong path or a permission); catches the reproduced exit 2
+// where the tools must say exit 3, JOURNAL DAMAGED.
+TEST(Shorter, AMissingManifestIsDamageNotAnIoError) {
+  TempDir dir;
+  WriteJournal(dir.path(), 3);
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    if (e.path().filename().string().rfind("MANIFEST-", 0) == 0) fs::remove(e.path());
+  }
+  for (bool read_only : {true, false}) {
+    Result<std::unique_ptr<Journal>> j =
+        Journal::Open(dir.path(), read_only ? ReadOnly() : Options{});
+    ASSERT_FALSE(j.ok());
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+  }
+}
+
 // Writes bootstrap + 66 admissions (70 records) without a clean close, then cuts the WAL 9 bytes
 // into its last batch: the head recovered is 69 and the tail is torn.
 void WriteTornJournal(const std::string& path) {
@@ -528,6 +659,7 @@ void WriteTornJournal(const std::string& path) {
   Options o;
   o.env = faults.env();
   o.snapshot_every = 0;
+  o.durable_mark_interval_ms = UINT32_MAX;  // the cut lies after the mark (its first batch)
   fs::path wal;
   std::uintmax_t before_last = 0;  // the WAL's size before the last group
   {

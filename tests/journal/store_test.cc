@@ -120,6 +120,33 @@ TEST(Store, IdempotentDuplicateAndConflictingDuplicate) {
   EXPECT_EQ(j->head_seq(), 6u);
 }
 
+// Proves KeyHeld answers whether a key was used (pending its group commit, durable, and after a
+// reopen) and writes nothing; catches a lookup that misses a pending key (a retry then looked at
+// the engine before its recorded answer) or one that reports unused keys as held.
+TEST(Store, KeyHeldSeesPendingAndDurableKeysAndWritesNothing) {
+  TempDir dir;
+  auto j = OpenOk(dir.path());
+  Bootstrap(*j);
+  Result<bool> before = j->KeyHeld("client-7");
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  EXPECT_FALSE(*before);
+  Result<Ticket> t = j->Enqueue(Group({make_admission(j->state(), "r1")}, "client-7"));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  Result<bool> pending = j->KeyHeld("client-7");
+  ASSERT_TRUE(pending.ok());
+  EXPECT_TRUE(*pending) << "a key pending its group commit was not seen";
+  ASSERT_TRUE(j->Wait(*t).ok());
+  EXPECT_TRUE(*j->KeyHeld("client-7"));
+  EXPECT_FALSE(*j->KeyHeld("client-8"));
+  EXPECT_EQ(j->KeyHeld("").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(j->KeyHeld(std::string(4096, 'k')).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(j->head_seq(), 5u);
+  j.reset();
+  j = OpenOk(dir.path());
+  EXPECT_TRUE(*j->KeyHeld("client-7"));
+  EXPECT_EQ(j->head_seq(), 5u);
+}
+
 // Proves illegal groups and groups whose decisions differ from decide() are refused whole with
 // nothing written or folded; catches a forged history entering the journal.
 TEST(Store, IllegalGroupRefusedAndNothingWritten) {
