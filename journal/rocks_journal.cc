@@ -206,18 +206,24 @@ struct PendingAdmission {
 // The point-lookup key of a rollout id (its first use): the RolloutSeqs prefix alone.
 std::string RolloutIdKey(const std::string& rollout_id) { return RolloutPrefix(rollout_id); }
 
-// Where a cleanly closed journal ended.
+// Where a cleanly closed journal ended, or (the durable mark) how far it was durable.
 struct ClosedMark {
   std::uint64_t seq = 0;
   Hash hash{};
+  std::uint64_t manifest = 0;  // the durable mark's only: the MANIFEST number the writer ran on
 };
 
 // The first line of each mark file says what it records.
 constexpr const char* kClosedTitle = "rolloutcore journal closed cleanly";
 constexpr const char* kDurableTitle = "rolloutcore journal durable through";
 
+bool IsDurableTitle(const char* title) { return std::string_view(title) == kDurableTitle; }
+
 std::string MarkLines(const char* title, const ClosedMark& m) {
-  return std::string(title) + "\nseq " + std::to_string(m.seq) + "\nhash " + HashHex(m.hash) + "\n";
+  std::string lines =
+      std::string(title) + "\nseq " + std::to_string(m.seq) + "\nhash " + HashHex(m.hash) + "\n";
+  if (IsDurableTitle(title)) lines += "manifest " + std::to_string(m.manifest) + "\n";
+  return lines;
 }
 
 std::string EncodeMark(const char* title, const ClosedMark& m) {
@@ -232,13 +238,15 @@ std::optional<ClosedMark> DecodeMark(const char* title, const std::string& text)
   const std::size_t seq_at = std::string(title).size() + 1;
   if (text.compare(0, seq_at, std::string(title) + "\n") != 0) return std::nullopt;
   std::uint64_t seq = 0;
+  std::uint64_t manifest = 0;
   char hash_hex[65] = {0};
-  if (std::sscanf(text.c_str() + seq_at, "seq %lu\nhash %64s", &seq, hash_hex) != 2) {
-    return std::nullopt;
-  }
+  const bool durable = IsDurableTitle(title);
+  const int fields = std::sscanf(text.c_str() + seq_at, "seq %lu\nhash %64s\nmanifest %lu", &seq,
+                                 hash_hex, &manifest);
+  if (fields != (durable ? 3 : 2)) return std::nullopt;
   Result<Hash> hash = ParseHashHex(hash_hex);
   if (!hash.ok()) return std::nullopt;
-  const ClosedMark m{seq, *hash};
+  const ClosedMark m{seq, *hash, durable ? manifest : 0};
   if (text != EncodeMark(title, m)) return std::nullopt;
   return m;
 }
@@ -692,7 +700,7 @@ class RocksJournal final : public Journal {
   // error.
   Status OpenWriter();
   Status OpenReadOnly();
-  Status OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals);
+  Status OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals, bool locked);
   Status CheckWalsUnchanged(const std::map<std::uint64_t, std::uint64_t>& before,
                             const rocksdb::Status& lock_error);
   Status OpenSecondary();
@@ -702,7 +710,9 @@ class RocksJournal final : public Journal {
   // RunBounded with the journal's path and commit_stall_timeout_ms.
   Status OpenStep(const std::string& what, std::function<Status()> step) const;
   Status CheckDirectory();
-  Status CheckNoNewerManifest();
+  Result<std::uint64_t> CurrentManifestNumber();
+  Status ReadDurableMark();
+  Status CheckCurrentNotStale();
   Status CheckColumnFamilies();
   Status CheckLiveFiles();
   Status CheckSchema();
@@ -714,6 +724,8 @@ class RocksJournal final : public Journal {
   Status CheckClosedMark(const std::optional<ClosedMark>& mark);
   Status CheckDurableMark();
   void MarkDurableIfDue(std::unique_lock<std::mutex>& l);
+  bool MarkPending() const;  // requires mu_
+  void WaitForWorkOrMark(std::unique_lock<std::mutex>& l);
   Status RemoveClosedMark();
   Status WriteAtOpen(const std::string& what, rocksdb::WriteBatch batch, bool sync) const;
   Status SnapshotPastOlderFormat();
@@ -822,6 +834,9 @@ class RocksJournal final : public Journal {
   bool marking_ = false;                // the durable mark is being written (the stall clock runs)
   std::chrono::steady_clock::time_point write_started_;
   std::optional<std::chrono::steady_clock::time_point> last_mark_;  // the committer's only
+  std::uint64_t marked_seq_ = 0;            // the seq of the last mark this writer wrote
+  std::uint64_t manifest_number_ = 0;       // the MANIFEST this writer runs on
+  std::optional<ClosedMark> durable_mark_;  // the durable mark found at open
   bool stopping_ = false;
   std::size_t pending_groups_ = 0;
   std::unordered_map<std::string, IdemEntry> idem_pending_;
@@ -1102,13 +1117,17 @@ Status RocksJournal::OpenDb() {
 
 Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(CheckDirectory());
-  if (!fresh_) RC_RETURN_IF_ERROR(CheckNoNewerManifest());
+  RC_RETURN_IF_ERROR(ReadDurableMark());
+  if (!fresh_) RC_RETURN_IF_ERROR(CheckCurrentNotStale());
   Result<std::optional<ClosedMark>> mark = ReadClosedMark();
   if (!mark.ok()) return mark.status();
   Result<std::map<std::uint64_t, std::uint64_t>> wals = std::map<std::uint64_t, std::uint64_t>();
   if (!fresh_) wals = ListWals(env_, path_);
   if (!wals.ok()) return wals.status();
   RC_RETURN_IF_ERROR(OpenRocksWriter());
+  Result<std::uint64_t> manifest = CurrentManifestNumber();
+  if (!manifest.ok()) return manifest.status();
+  manifest_number_ = *manifest;
   {
     // Background compaction may already run: keep the files it obsoletes until the check ends.
     RC_RETURN_IF_ERROR(
@@ -1143,24 +1162,31 @@ Status RocksJournal::OpenReadOnly() {
   const rocksdb::Status locked = env_->LockFile(path_ + "/LOCK", &lock);
   if (!locked.ok() && LockHeldByAProcess(locked)) return OpenSecondary();
   HeldLock held(env_, locked.ok() ? lock : nullptr);
-  RC_RETURN_IF_ERROR(CheckNoNewerManifest());  // no writer runs: no MANIFEST is being started
   Result<std::map<std::uint64_t, std::uint64_t>> wals = ListWals(env_, path_);
   if (!wals.ok()) return wals.status();
-  RC_RETURN_IF_ERROR(OpenReadOnlyChecked(*wals));
-  return locked.ok() ? Status::OK() : CheckWalsUnchanged(*wals, locked);
+  const Status checked = OpenReadOnlyChecked(*wals, locked.ok());
+  if (locked.ok()) return checked;
+  // Without the LOCK a writer may have run meanwhile: what failed (a mark past the records read,
+  // a file it deleted) then tells nothing about the journal.
+  const Status unchanged = CheckWalsUnchanged(*wals, locked);
+  return unchanged.ok() ? checked : unchanged;
 }
 
 // The read-only open and its checks: live files, schema, head, clean close, WAL tail.
-Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals) {
+Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals,
+                                         bool locked) {
   Result<std::optional<ClosedMark>> mark = ReadClosedMark();
   if (!mark.ok()) return mark.status();
+  // Read before the records: a mark only moves after what it names is durable.
+  RC_RETURN_IF_ERROR(ReadDurableMark());
+  RC_RETURN_IF_ERROR(CheckCurrentNotStale());
   rocksdb::Options opts = DbOptions();
   opts.max_open_files = -1;  // every table file is opened (and its footer read) now
   opts.wal_filter = &rocks_->wal_replay;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s =
       rocksdb::DB::OpenForReadOnly(opts, path_, Descriptors(opts), &rocks_->cfs, &raw);
-  if (!s.ok()) return ExistingOpenError(path_, s);
+  if (!s.ok()) return locked ? ExistingOpenError(path_, s) : OpenError(path_, s);
   rocks_->db.reset(raw);
   RC_CHECK(rocks_->cfs.size() == kCfCount);
   RC_RETURN_IF_ERROR(CheckLiveFiles());
@@ -1196,7 +1222,7 @@ Status RocksJournal::OpenSecondary() {
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::OpenAsSecondary(opts, path_, secondary_dir_.path(),
                                                    Descriptors(opts), &rocks_->cfs, &raw);
-  if (!s.ok()) return ExistingOpenError(path_, s);
+  if (!s.ok()) return OpenError(path_, s);  // a live writer may have moved a file meanwhile
   rocks_->db.reset(raw);
   RC_CHECK(rocks_->cfs.size() == kCfCount);
   recovery_.live_writer = true;
@@ -1273,55 +1299,37 @@ std::optional<std::uint64_t> ManifestNumber(std::string_view name) {
   return n;
 }
 
-// The highest number of a table or WAL file among `names` (0: none).
-std::uint64_t NewestDataFileNumber(const std::vector<std::string>& names) {
-  std::uint64_t newest = 0;
-  for (const std::string& name : names) {
-    const std::size_t dot = name.find('.');
-    if (dot == std::string::npos || dot == 0) continue;
-    const std::string_view ext = std::string_view(name).substr(dot);
-    if (ext != ".sst" && ext != ".log") continue;
-    std::uint64_t n = 0;
-    const auto [at, ec] = std::from_chars(name.data(), name.data() + dot, n);
-    if (ec == std::errc() && at == name.data() + dot) newest = std::max(newest, n);
-  }
-  return newest;
-}
-
 }  // namespace
 
-// RocksDB starts each MANIFEST numbered past every file before it and then points CURRENT at
-// it: a MANIFEST newer than CURRENT's, with tables or WALs numbered after it, is a CURRENT (and
-// MANIFEST) older than the journal's other files, restored or copied over them. RocksDB would
-// recover the older state and delete the newer files as obsolete, so it is refused before any open.
-Status RocksJournal::CheckNoNewerManifest() {
+// The MANIFEST number CURRENT names.
+Result<std::uint64_t> RocksJournal::CurrentManifestNumber() {
   std::string current;
   RC_RETURN_IF_ERROR(FromRocks(rocksdb::ReadFileToString(env_, path_ + "/CURRENT", &current),
                                "read " + path_ + "/CURRENT"));
   while (!current.empty() && current.back() == '\n') current.pop_back();
   const std::optional<std::uint64_t> named = ManifestNumber(current);
-  if (!named) {
-    return Status::Corruption("journal at " + path_ +
-                              ": CURRENT does not name a MANIFEST; damaged, refusing to open "
-                              "(never auto-repaired)");
-  }
-  std::vector<std::string> names;
-  RC_RETURN_IF_ERROR(FromRocks(env_->GetChildren(path_, &names), "list " + path_));
-  const std::uint64_t newest_data = NewestDataFileNumber(names);
-  for (const std::string& name : names) {
-    const std::optional<std::uint64_t> n = ManifestNumber(name);
-    // An open killed (or timed out) while it started its MANIFEST leaves the newest file of all
-    // unnamed by CURRENT; one that tables or WALs were numbered after was in use.
-    if (!n || *n <= *named || *n > newest_data) continue;
-    return Status::Corruption(
-        "journal at " + path_ + " holds " + name + ", newer than the MANIFEST-" +
-        std::to_string(*named) +
-        " its CURRENT names: CURRENT is older than the journal's files (restored or copied over "
-        "them); refusing to open, which would recover the older state and delete the newer files "
-        "(never auto-repaired; if the last start of this journal was killed while it opened, the "
-        "newer MANIFEST may be that start's unfinished one: move it aside)");
-  }
-  return Status::OK();
+  if (named) return *named;
+  return Status::Corruption("journal at " + path_ +
+                            ": CURRENT does not name a MANIFEST; damaged, refusing to open (never "
+                            "auto-repaired)");
+}
+
+// RocksDB numbers each new MANIFEST past every file before it, and the durable mark names the one
+// its writer ran on: a CURRENT naming an older one is a CURRENT (and MANIFEST) older than the
+// journal's other files, restored or copied over them. RocksDB would recover the older state and
+// delete the newer files as obsolete, so it is refused before any open. (A MANIFEST left by an
+// open that died before CURRENT named it is newer than both, and changes nothing.)
+Status RocksJournal::CheckCurrentNotStale() {
+  if (!durable_mark_ || durable_mark_->manifest == 0) return Status::OK();
+  Result<std::uint64_t> named = CurrentManifestNumber();
+  if (!named.ok() || *named >= durable_mark_->manifest) return named.status();
+  return Status::Corruption(
+      "journal at " + path_ + ": CURRENT names MANIFEST-" + std::to_string(*named) +
+      ", older than the MANIFEST-" + std::to_string(durable_mark_->manifest) +
+      " its writer ran on (its durable mark " + kDurableFile +
+      "): CURRENT is older than the journal's files (restored or copied over them); refusing to "
+      "open, which would recover the older state and delete the newer files (never "
+      "auto-repaired)");
 }
 
 // A family the MANIFEST lacks would be created empty by the open: a lost index read as an empty
@@ -1465,11 +1473,17 @@ Result<std::optional<ClosedMark>> RocksJournal::ReadMark(const char* name, const
 // Records up to the durable mark were acknowledged: a journal that ends before it, or holds
 // other records there, lost acknowledged records (a WAL cut or removed, a CURRENT or MANIFEST
 // older than the journal's files), which its open would otherwise take for a crash's torn tail.
-Status RocksJournal::CheckDurableMark() {
+Status RocksJournal::ReadDurableMark() {
   Result<std::optional<ClosedMark>> mark =
       ReadMark(kDurableFile, kDurableTitle, "the durable mark");
-  if (!mark.ok() || !mark->has_value()) return mark.status();
-  const ClosedMark m = **mark;
+  if (!mark.ok()) return mark.status();
+  durable_mark_ = *mark;
+  return Status::OK();
+}
+
+Status RocksJournal::CheckDurableMark() {
+  if (!durable_mark_) return Status::OK();
+  const ClosedMark m = *durable_mark_;
   const std::uint64_t head = head_seq_;
   const std::string was = "seq " + std::to_string(m.seq) + " (hash " + HashHex(m.hash) +
                           ") was durable, as its durable mark " + kDurableFile + " records";
@@ -2186,9 +2200,7 @@ void RocksJournal::CommitterLoop() {
   pthread_setname_np(pthread_self(), "rc-journal");  // for top -H, perf and gdb
   std::unique_lock<std::mutex> l(mu_);
   while (true) {
-    commit_cv_.wait(l, [&] {
-      return (open_groups_ > 0 && wanted_batch_id_ >= open_batch_id_) || stopping_ || !failed_.ok();
-    });
+    WaitForWorkOrMark(l);
     if (!failed_.ok() || open_groups_ == 0) break;  // failed, or stopping with nothing open
     WaitCommitWindow(l);
     if (!failed_.ok()) break;  // stopped during the window: its waiters were told already
@@ -2251,14 +2263,36 @@ void RocksJournal::CommitterLoop() {
   }
 }
 
+// A commit since the last mark that the next mark is still to cover.
+bool RocksJournal::MarkPending() const {
+  return options_.sync && failed_.ok() && durable_seq_ != marked_seq_ && last_mark_.has_value();
+}
+
+// Until a batch is wanted (or stop, or failure); meanwhile a pending mark is written once due, so
+// the mark trails the durable head by at most durable_mark_interval_ms, idle or not.
+void RocksJournal::WaitForWorkOrMark(std::unique_lock<std::mutex>& l) {
+  auto work = [&] {
+    return (open_groups_ > 0 && wanted_batch_id_ >= open_batch_id_) || stopping_ || !failed_.ok();
+  };
+  const auto interval = std::chrono::milliseconds(options_.durable_mark_interval_ms);
+  while (!work()) {
+    if (!MarkPending()) {
+      commit_cv_.wait(l);
+    } else if (!commit_cv_.wait_until(l, *last_mark_ + interval, work)) {
+      MarkDurableIfDue(l);
+    }
+  }
+}
+
 // The durable mark follows the durable head, at most every durable_mark_interval_ms, never ahead
 // of it (without fsync nothing is durable: no mark). It is written with the lock released, under
 // the group commit's stall deadline; a failed write fails the journal as a failed commit does.
 void RocksJournal::MarkDurableIfDue(std::unique_lock<std::mutex>& l) {
   const auto now = std::chrono::steady_clock::now();
   const auto interval = std::chrono::milliseconds(options_.durable_mark_interval_ms);
-  if (!options_.sync || !failed_.ok() || (last_mark_ && now - *last_mark_ < interval)) return;
-  const ClosedMark mark{durable_seq_, durable_hash_};
+  if (!options_.sync || !failed_.ok() || durable_seq_ == marked_seq_) return;
+  if (last_mark_ && now - *last_mark_ < interval) return;
+  const ClosedMark mark{durable_seq_, durable_hash_, manifest_number_};
   last_mark_ = now;
   marking_ = true;
   write_started_ = now;
@@ -2267,6 +2301,7 @@ void RocksJournal::MarkDurableIfDue(std::unique_lock<std::mutex>& l) {
       WriteMarkFile(env_, path_, kDurableTmpFile, kDurableFile, EncodeMark(kDurableTitle, mark));
   l.lock();
   marking_ = false;
+  if (written.ok()) marked_seq_ = mark.seq;
   if (written.ok() || !failed_.ok()) return;
   failed_ =
       Status::IOError("journal at " + path_ + " failed: its durable mark (seq " +
@@ -2293,10 +2328,11 @@ void RocksJournal::CheckStall() const {
   if (!writing || options_.commit_stall_timeout_ms == 0 || !failed_.ok()) return;
   const auto late = std::chrono::steady_clock::now() - write_started_;
   if (late < std::chrono::milliseconds(options_.commit_stall_timeout_ms)) return;
-  failed_ =
-      Status::Timeout("journal at " + path_ + " failed: a group commit was not durable within " +
-                      std::to_string(options_.commit_stall_timeout_ms) +
-                      " ms (fsync stalled); exit and recover from what is durable");
+  const std::string what =
+      marking_ ? "its durable mark was not written" : "a group commit was not durable";
+  failed_ = Status::Timeout("journal at " + path_ + " failed: " + what + " within " +
+                            std::to_string(options_.commit_stall_timeout_ms) +
+                            " ms (fsync stalled); exit and recover from what is durable");
 }
 
 // Groups commit in batch order: the open batch (or the one being written) is the last to wait for.
