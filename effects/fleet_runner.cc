@@ -1,5 +1,6 @@
 #include "effects/fleet_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <thread>
@@ -73,7 +74,8 @@ struct FleetRunner::Member {
   }
   MemberThreads& threads;
   std::atomic<bool> done{false};
-  Status finished;  // FinishUpdate's error, if it failed (read once `done`)
+  Status finished;       // FinishUpdate's error, if it failed (read once `done`)
+  bool stopped = false;  // its runner gave the plan up to its stop (read once joined)
   bool started = false;
   std::uint64_t id = 0;
 };
@@ -114,6 +116,21 @@ std::optional<FleetUpdateEnded> FleetRunner::NotedEnd(const std::string& update_
   auto it = ends_.find(update_id);
   if (it == ends_.end()) return std::nullopt;
   return it->second;
+}
+
+void FleetRunner::NoteMembersStopped(const std::string& update_id, const Members& members) {
+  const bool stopped =
+      std::any_of(members.begin(), members.end(), [](const auto& m) { return m.second->stopped; });
+  if (!stopped) return;
+  std::lock_guard<std::mutex> l(ends_mu_);
+  if (std::find(stopped_.begin(), stopped_.end(), update_id) != stopped_.end()) return;
+  stopped_.push_back(update_id);
+  if (stopped_.size() > kFleetEndsKept) stopped_.pop_front();
+}
+
+bool FleetRunner::MemberPlanStopped(const std::string& update_id) {
+  std::lock_guard<std::mutex> l(ends_mu_);
+  return std::find(stopped_.begin(), stopped_.end(), update_id) != stopped_.end();
 }
 
 Status FleetRunner::Configure(const FleetConfigured& policy) { return SubmitFleetEvent(policy); }
@@ -258,6 +275,7 @@ void FleetRunner::StartMembers(const Plan& plan, Members& members,
     m->id = threads_.Start([m, r, id] {
       Result<UpdateEnded> ended = r->FinishUpdate(id);
       if (!ended.ok()) m->finished = ended.status();
+      m->stopped = r->plan_stopped();
       m->done.store(true);
     });
     m->started = true;
@@ -361,7 +379,8 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
   const std::string& id = request.update_id;
   {
     std::lock_guard<std::mutex> l(ends_mu_);
-    ends_.erase(id);  // an end noted under this id belongs to an earlier update
+    ends_.erase(id);  // an end or a stop noted under this id belongs to an earlier update
+    stopped_.erase(std::remove(stopped_.begin(), stopped_.end(), id), stopped_.end());
   }
   auto submitted = journal_.SubmitFleet(FleetEvent{"", request}, clock_.wall_ms(),
                                         FleetUpdateIdempotencyKey(id));
@@ -392,7 +411,9 @@ Result<FleetUpdateEnded> FleetRunner::Update(const FleetUpdateRequested& request
     if (stopped.ok()) stopped = CancelIfBlocked(id, plan, members, progress);
     if (!all_started) clock_.sleep_ms(options_.poll_ms);
   }
-  members.clear();  // joins: each member's own update ends by its own deadlines
+  JoinAll(members);  // each member's own update ends by its own deadlines
+  NoteMembersStopped(id, members);
+  members.clear();
   RC_RETURN_IF_ERROR(stopped);
   // The fold closed the update in some group that may still be committing (a member's, the
   // monitor's, a cancel's): the end is reported only once it is durable.

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -98,6 +99,10 @@ class FleetRunner {
   [[nodiscard]] Status Cancel(const std::string& update_id, const std::string& reason);
   // Journals the engine's removal: it admits nothing more and leaves once its last rollout ends.
   [[nodiscard]] Status Remove(const std::string& engine);
+  // Whether a member whose own update Update(`update_id`) drove gave its plan up to its runner's
+  // stop (Runner::plan_stopped: a drain cut short, a mutation never sent while stopping): that
+  // member's refusal was the stop's, not its own. Known for the newest kFleetEndsKept updates.
+  bool MemberPlanStopped(const std::string& update_id);
 
  private:
   // One look at the open fleet update: whether `update_id` is still open, who may start, why
@@ -143,6 +148,8 @@ class FleetRunner {
   void NoteEnds(const std::vector<FleetEvent>& decisions);
   void NoteEnd(const Event& decision);
   std::optional<FleetUpdateEnded> NotedEnd(const std::string& update_id);
+  // Notes, once its members are joined, whether one of them gave its plan up to its stop.
+  void NoteMembersStopped(const std::string& update_id, const Members& members);
 
   journal::Journal& journal_;
   Clock& clock_;
@@ -152,6 +159,9 @@ class FleetRunner {
   std::map<std::string, std::unique_ptr<Runner>> runners_;
   std::mutex ends_mu_;                            // member threads note ends
   std::map<std::string, FleetUpdateEnded> ends_;  // by update id, the last kFleetEndsKept
+  // The updates a member of which gave its plan up to its stop, oldest first; at most
+  // kFleetEndsKept (under ends_mu_).
+  std::deque<std::string> stopped_;
   static constexpr std::size_t kFleetEndsKept = 64;
 };
 

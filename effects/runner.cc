@@ -161,6 +161,7 @@ DrainObserved Runner::drain() {
     clock_.sleep_ms(options_.await_poll_ms);
   }
   if (journal_.failed() || (stop && active_rollouts() > 0)) {
+    if (!journal_.failed()) plan_stopped_ = true;
     DrainObserved refused;
     refused.http.transport = Transport::kConnectFailed;
     refused.http.error = journal_.failed() ? "not sent: the journal failed"
@@ -325,6 +326,29 @@ bool intent_must_be_durable(EffectKind kind) {
          kind == EffectKind::kSleep || kind == EffectKind::kWake;
 }
 
+namespace {
+
+// A mutation the engine never received: a transfer (or an adopted engine's label) that changed
+// nothing and was not acknowledged, a sleep or a wake-up of the weights never sent.
+bool mutation_not_sent(const Event& observation) {
+  if (const auto* t = std::get_if<TransferObserved>(&observation)) {
+    return !t->acknowledged && t->mutation == MutationClass::kNone;
+  }
+  if (const auto* s = std::get_if<SleepObserved>(&observation)) return s->http.never_sent();
+  if (const auto* w = std::get_if<WakeObserved>(&observation)) {
+    return w->tag == WakeTag::kWeights && w->http.never_sent();
+  }
+  return false;
+}
+
+}  // namespace
+
+// Once stop_waiting says true the executor lets no new mutation reach the engine: one not sent
+// then was kept back by the stop.
+void Runner::note_stopped_mutation(const Event& observation) {
+  if (mutation_not_sent(observation) && stop_waiting_ && stop_waiting_()) plan_stopped_ = true;
+}
+
 Status Runner::perform(const Step& step) {
   const Effect& effect = step.effect;
   auto intent =
@@ -335,6 +359,7 @@ Status Runner::perform(const Step& step) {
   // Cut to what the fold accepts: a refused observation would stop the executor, and stop it
   // again at every recovery that re-runs the effect.
   Event observation = observe(step);
+  note_stopped_mutation(observation);
   bound_texts(observation);
   if (const auto* probed = std::get_if<EngineProbed>(&observation)) last_probe_ = *probed;
   if (const auto* slept = std::get_if<SleepObserved>(&observation)) {
@@ -368,6 +393,7 @@ Status Runner::await_rollouts() {
     const std::int64_t waited_ms = clock_.now_ms() - start_ms;
     const bool stop = stop_waiting_ && stop_waiting_();
     if (stop || waited_ms >= static_cast<std::int64_t>(options_.await_rollouts_timeout_ms)) {
+      if (stop) plan_stopped_ = true;
       RC_RETURN_IF_ERROR(time_out_rollouts(waited_ms));
       break;
     }
@@ -523,6 +549,17 @@ bool Runner::look_due(const Event& request) const {
   return decide(s, request).ok();
 }
 
+// A request the journal holds already is answered from the journal (its recorded end, or a
+// conflict for another body): an idempotent retry is never refused by a look at the engine, and
+// touches nothing there.
+Status Runner::look_unless_held(const Event& request, const std::string& key) {
+  if (!look_due(request)) return Status::OK();
+  if (key.empty()) return check_engine_before_plan();
+  Result<bool> held = journal_.KeyHeld(key);
+  if (!held.ok()) return held.status();
+  return *held ? Status::OK() : check_engine_before_plan();
+}
+
 EngineLooked Runner::looked_now() const {
   EngineLooked now;
   read_state([&now](const State& s) {
@@ -548,9 +585,10 @@ Status Runner::start_plan(const Event& request, const std::string& key,
   timings_.clear();
   ended_.clear();
   resubmitted_seq_ = 0;
+  plan_stopped_ = false;
   plan_start_us_ = clock_.now_us();
   const bool looked_still = looked != nullptr && *looked == looked_now();
-  if (!looked_still && look_due(request)) RC_RETURN_IF_ERROR(check_engine_before_plan());
+  if (!looked_still) RC_RETURN_IF_ERROR(look_unless_held(request, key));
   // Durable with the drain's intent, before the engine is touched.
   const Status submitted = submit(request, key, Durability::kWithNext).status();
   const bool resubmitted = submitted.ok() && unsynced_ && unsynced_->result.duplicate;
@@ -614,6 +652,10 @@ State Runner::watched_state() const {
   return view;
 }
 
+// The monitor's schedule of weight digests (weight_digest_check_interval_ms; 0: never) decides,
+// so a look never reads, nor journals, a digest the monitor would not.
+bool Runner::digest_due() const { return !digest_due_ || digest_due_(); }
+
 // A read that failed proves nothing and the next may succeed; a look that shows another engine
 // is final. Every look ends by the one deadline.
 EngineMonitored Runner::look_at_engine(const State& before, bool with_digest) {
@@ -667,7 +709,7 @@ Status Runner::check_engine_before_plan() {
   if ((before.lifecycle != Lifecycle::kReady && !asleep) || before.update.has_value()) {
     return Status::OK();
   }
-  const bool with_digest = !asleep && before.committed_digest.present();
+  const bool with_digest = !asleep && before.committed_digest.present() && digest_due();
   const EngineMonitored seen = look_at_engine(before, with_digest);
   const bool other = shows_other_engine(before, seen);
   std::string taint;

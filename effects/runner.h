@@ -149,8 +149,18 @@ class Runner {
   void set_fleet_decisions(FleetDecisionFn fn) { fleet_decisions_ = std::move(fn); }
   // Asked while a drain waits for admitted rollouts to end: true (the executor is shutting down)
   // gives up on them at once, as await_rollouts_timeout_ms does (the update ends refused and the
-  // engine resumes, nothing mutated).
+  // engine resumes, nothing mutated). Asked too after a mutation the engine never received:
+  // true makes that refusal the stop's (plan_stopped).
   void set_stop_waiting(std::function<bool()> stop) { stop_waiting_ = std::move(stop); }
+  // Whether the last plan gave something up to stop_waiting: a drain or a wait for rollouts it cut
+  // short, or a mutation (transfer, label, sleep, wake-up of the weights) the engine never
+  // received while stop_waiting said true. A refusal of that plan is the stop's, not its own.
+  bool plan_stopped() const { return plan_stopped_; }
+  // Asked once per look before a plan that would read the weight digest (an awake engine whose
+  // committed version has one): whether a digest check is due now on the engine monitor's own
+  // schedule (and taken as that check), so the look reads, and journals, what the monitor would.
+  // Unset: every such look reads the digest.
+  void set_digest_due(std::function<bool()> due) { digest_due_ = std::move(due); }
 
  private:
   enum class Durability { kNow, kWithNext };
@@ -194,10 +204,16 @@ class Runner {
   // Whether the plan's look is due: not for a restore (no committed engine to compare with),
   // nor for a request the fold refuses whatever a look could find (its refusal answers).
   bool look_due(const Event& request) const;
+  // The look before a request whose key the journal does not hold yet (see look_due).
+  [[nodiscard]] Status look_unless_held(const Event& request, const std::string& key);
+  bool digest_due() const;
+  // Notes a mutation the engine never received while stop_waiting says true (plan_stopped).
+  void note_stopped_mutation(const Event& observation);
   // Before a plan's request, the engine the monitor watches (READY, or SLEEPING) is looked at as
-  // the monitor looks at it, and what the fold must know is journaled as the monitor's
-  // observation: an engine that is not the committed one is TAINTED before anything is sent.
-  // Rejected when it is not, or when the look could not read what the fold compares.
+  // the monitor looks at it (the weight digest only when digest_due), and what the fold must
+  // know is journaled as the monitor's observation: an engine that is not the committed one is
+  // TAINTED before anything is sent. Rejected when it is not, or when the look could not read
+  // what the fold compares.
   [[nodiscard]] Status check_engine_before_plan();
   // The fields of this engine's state a look at the engine is judged against.
   State watched_state() const;
@@ -222,6 +238,8 @@ class Runner {
   Observer observer_;
   FleetDecisionFn fleet_decisions_;
   std::function<bool()> stop_waiting_;
+  std::function<bool()> digest_due_;
+  bool plan_stopped_ = false;                // since the last plan's start (plan_stopped)
   std::vector<UpdateEnded> ended_;           // UpdateEnded decisions seen since the last Update()
   std::optional<journal::Ticket> unsynced_;  // the last ticket not yet known durable
   // Events journaled but not yet known durable, for the observer: (seq, event).

@@ -1,13 +1,16 @@
 // The trainer API of a fleet (docs/api.md, "A fleet"):
 //   GET    /v1/state                      the fleet, engine by engine (durable view); ?full
 //   POST   /v1/fleet/updates              a fleet update, all or rolling; answers its end
-//   POST   /v1/fleet/updates/<id>/cancel  members not started are skipped
+//   POST   /v1/fleet/updates/<id>/cancel  members not started are skipped; once the update
+//                                         ended, its recorded end
 //   DELETE /v1/fleet/engines/<name>       the engine admits nothing more and leaves once idle
 //   /healthz, /readyz (ready while some engine admits), /metrics, and the proxy.
 //   GET    /v1/manifest                   a source's manifest digest (the first member's transfer)
 // The one-engine routes (updates, restores, sleep, explicit rollouts, watch, events)
 // answer 409 naming the fleet's: they would act on one engine without the fleet's rules.
 #include <mutex>
+#include <optional>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -82,6 +85,76 @@ json FleetEndJson(const FleetUpdateEnded& e) {
           {"committed", e.committed}, {"refused", e.refused},
           {"tainted", e.tainted},     {"skipped", e.skipped},
           {"stalled", e.stalled},     {"reason", e.reason}};
+}
+
+// Whether a fleet update's end was closed by the shutdown's own cancel
+// (CancelFleetUpdateAtShutdown): the fold's end names a cancel's reason after "cancelled: ".
+bool EndedByShutdownCancel(const FleetUpdateEnded& e) {
+  return e.reason == std::string("cancelled: ") + kShutdownCancelReason;
+}
+
+// Whether a fleet update that ended refused once the MutationGate closed was refused by the
+// shutdown, as one engine's plan is (Service::RefusedAtShutdown): a member's runner gave its plan
+// up to the stop (a drain cut short, a mutation the gate kept from the engine), or no member ran
+// a plan that ended it and the shutdown's own cancel skipped them all. One refused on its own
+// grounds (too few engines for min_healthy, its members refused by their engines, e.g. a source
+// whose manifest is not the declared one) answers as any refusal does.
+bool RefusedByShutdown(const FleetUpdateEnded& e, bool member_plan_stopped) {
+  if (e.outcome != FleetOutcome::kRefused) return false;
+  const bool only_skipped = e.refused == 0 && e.tainted == 0 && e.stalled == 0;
+  return member_plan_stopped || (only_skipped && EndedByShutdownCancel(e));
+}
+
+json AlreadyCancelledJson(const std::string& update_id, const std::string& reason) {
+  return {{"update_id", update_id}, {"cancelled", true}, {"reason", reason}, {"already", true}};
+}
+
+using EndedFleetUpdate = EndedPlans<FleetUpdateRequested, FleetUpdateEnded>::Ended;
+
+// The newest fleet update of this id that the journal holds, with its end, among the last
+// `records_max` records up to `durable_seq`; nullopt when it holds none, or none that ended.
+Result<std::optional<EndedFleetUpdate>> LookUpFleetEnd(journal::Journal& j,
+                                                       const std::string& update_id,
+                                                       std::uint64_t durable_seq,
+                                                       std::uint64_t records_max) {
+  if (durable_seq == 0) return std::optional<EndedFleetUpdate>();  // Scan's 0 is the head
+  std::optional<FleetUpdateRequested> request;
+  std::optional<FleetUpdateEnded> ended;
+  const std::uint64_t from = durable_seq > records_max ? durable_seq - records_max + 1 : 1;
+  RC_RETURN_IF_ERROR(j.Scan(from, durable_seq, [&](const journal::Record& r) {
+    if (const auto* q = std::get_if<FleetUpdateRequested>(&r.event);
+        q != nullptr && q->update_id == update_id) {
+      request = *q;
+      ended.reset();
+    } else if (const auto* e = std::get_if<FleetUpdateEnded>(&r.event);
+               e != nullptr && e->update_id == update_id && request && !ended) {
+      ended = *e;
+    }
+    return Status::OK();
+  }));
+  if (!request || !ended) return std::optional<EndedFleetUpdate>();
+  return std::optional<EndedFleetUpdate>(EndedFleetUpdate{*request, *ended});
+}
+
+// The end of a fleet update as this process remembers it, else as the journal holds it within the
+// lookup window (then remembered). That lookup may read millions of records, so it runs one at a
+// time under `lookup_mu`, the turn a refused source's id is looked up in: Busy while another runs.
+Result<std::optional<EndedFleetUpdate>> RecordedFleetEnd(
+    EndedPlans<FleetUpdateRequested, FleetUpdateEnded>& remembered, std::mutex& lookup_mu,
+    journal::Journal& j, const std::string& update_id, std::uint64_t durable_seq) {
+  if (std::optional<EndedFleetUpdate> e = remembered.Find(update_id)) return e;
+  const std::unique_lock<std::mutex> turn(lookup_mu, std::try_to_lock);
+  if (!turn.owns_lock()) {
+    return Status::Busy(
+        "whether this fleet update ended waits for another request's journal lookup (one at a "
+        "time); retry");
+  }
+  Result<std::optional<EndedFleetUpdate>> found =
+      LookUpFleetEnd(j, update_id, durable_seq, kUpdateLookupRecordsMax);
+  if (found.ok() && found->has_value()) {
+    remembered.Remember(update_id, (*found)->request, (*found)->ended);
+  }
+  return found;
 }
 
 }  // namespace
@@ -243,9 +316,9 @@ void Service::AnswerFleetUpdate(const FleetUpdateRequested& request,
   SendFleetOutcome(e, /*replayed=*/false, res);
 }
 
-// The end with every engine as the durable fleet has it now. One that ended refused once serve
-// began to shut down (its pending members skipped by the shutdown's cancel, the others refused
-// at the MutationGate) is answered 503 shutting_down, with the same body.
+// The end with every engine as the durable fleet has it now. One the shutdown refused (its members
+// given up to the stop, or skipped by the shutdown's own cancel) is answered 503 shutting_down,
+// with the same body; any other keeps its outcome's status.
 void Service::SendFleetOutcome(const FleetUpdateEnded& e, bool replayed, HttpResponse& res) {
   const DurableView v = CatchUpDurable(true);
   SetHeadHeader(res, v.head);
@@ -258,7 +331,8 @@ void Service::SendFleetOutcome(const FleetUpdateEnded& e, bool replayed, HttpRes
   j["engines"] = std::move(engines);
   j["head_seq"] = v.head.seq;
   j["replayed"] = replayed;
-  if (!replayed && e.outcome == FleetOutcome::kRefused && mutation_gate_.closed()) {
+  if (!replayed && mutation_gate_.closed() &&
+      RefusedByShutdown(e, fleet_runner_->MemberPlanStopped(e.update_id))) {
     j["error"] = {{"type", "shutting_down"},
                   {"message",
                    "serve is shutting down: this fleet update ended refused, as recorded "
@@ -294,24 +368,44 @@ void Service::HandleFleetCancel(const ApiRequest& req, HttpResponse& res) {
   }
   const Status st = fleet_runner_->Cancel(id, *reason);
   if (IsJournalFailure(st)) FailStop("cancel of fleet update '" + id + "': " + st.ToString());
-  if (st.code() == Code::kConflict && AnsweredAlreadyCancelled(id, res)) return;
+  const bool retry = st.code() == Code::kConflict || st.code() == Code::kNotFound;
+  if (retry && AnsweredAlreadyCancelled(id, res)) return;
   if (!st.ok()) return SendStatus(res, st);
   spdlog::warn("serve: fleet update '{}' cancelled: {}", Esc(id), Esc(*reason));
   SendJson(res, 202, {{"update_id", id}, {"cancelled", true}, {"reason", *reason}});
 }
 
-// The fold refuses a second cancel (Conflict): a retry whose first 202 was lost is answered 202
-// again, with the reason recorded. Read from the durable fleet, so it never acknowledges a
-// cancel that is not durable yet (another caller's, in flight): that one is left the fold's 409.
+// A cancel is retried (its answer lost) and may come after its update ended. The fold refuses a
+// second cancel (Conflict): answered 202 again, with the reason recorded. It refuses the cancel of
+// an update no longer in flight (NotFound): one the journal holds ended is answered its recorded
+// end, as a re-POST of it is (200, 207 or 422 by its outcome, "replayed": true); an id it holds
+// no fleet update of stays the fold's 404. The fold may be ahead of what is durable (the cancel or
+// the end it refused on still committing): that is made durable first, so the answer agrees with
+// the fold's refusal and acknowledges nothing a crash could take back.
 bool Service::AnsweredAlreadyCancelled(const std::string& update_id, HttpResponse& res) {
+  if (const Status durable = journal_->WaitForHead(); !durable.ok()) {
+    FailStop("cancel of fleet update '" + update_id + "': " + durable.ToString());
+    return RefusedFailStopped(res);
+  }
   const DurableView v = CatchUpDurable(true);
   const std::optional<FleetUpdate>& u = v.fleet.update;
-  if (!u || u->request.update_id != update_id || !u->cancelled) return false;
-  SendJson(res, 202,
-           {{"update_id", update_id},
-            {"cancelled", true},
-            {"reason", *u->cancelled},
-            {"already", true}});
+  if (u && u->request.update_id == update_id) {
+    if (u->cancelled) SendJson(res, 202, AlreadyCancelledJson(update_id, *u->cancelled));
+    return u->cancelled.has_value();
+  }
+  const Result<std::optional<EndedFleetUpdate>> ended =
+      RecordedFleetEnd(ended_fleet_updates_, refusal_lookup_mu_, *journal_, update_id, v.head.seq);
+  if (ended.status().code() == Code::kBusy) {
+    SetRetryAfter(res);
+    SendError(res, 503, "overloaded", ended.status().message());
+    return true;
+  }
+  if (!ended.ok()) {
+    FailStop("reading fleet update '" + update_id + "' back: " + ended.status().ToString());
+    return RefusedFailStopped(res);
+  }
+  if (!ended->has_value()) return false;
+  SendFleetOutcome((*ended)->ended, /*replayed=*/true, res);
   return true;
 }
 

@@ -377,6 +377,8 @@ Status Service::JoinFleet() {
           NotifyLifecycle(seq);
         });
     fleet_runner_->runner(name)->set_stop_waiting([this] { return mutation_gate_.closed(); });
+    fleet_runner_->runner(name)->set_digest_due(
+        [this, watch = &m->watch] { return DigestCheckDue(*watch, wall_ms()); });
   }
   return Status::OK();
 }

@@ -311,6 +311,7 @@ void Service::MakeRunner() {
   runner_ = std::make_unique<effects::Runner>(*journal_, *gated_control_, *gated_transfer_,
                                               effects::system_clock(), RunnerOptionsOf(config_));
   runner_->set_stop_waiting([this] { return mutation_gate_.closed(); });
+  runner_->set_digest_due([this] { return DigestCheckDue(watch_, wall_ms()); });
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
     if (!IsDecision(e)) return;
     LogDecision("", seq, e);
@@ -868,7 +869,7 @@ void Service::CancelFleetUpdateAtShutdown() {
     if (f.update && !f.update->cancelled) open = f.update->request.update_id;
   });
   if (!open) return;
-  const Status st = fleet_runner_->Cancel(*open, "serve is shutting down");
+  const Status st = fleet_runner_->Cancel(*open, kShutdownCancelReason);
   if (IsJournalFailure(st)) {
     FailStop("cancel of fleet update '" + *open + "' at shutdown: " + st.ToString());
   } else if (st.ok()) {

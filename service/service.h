@@ -413,19 +413,27 @@ class Service {
   // The slot, or 503 while shutting down, or 409 (counted in `conflicts`) naming the plan that
   // holds it. The caller keeps `slot` until it has answered.
   // `replayed_if_ended` (when set) answers a plan that ended while its retry waited for the slot
-  // and another plan took it: its recorded outcome, not 409.
+  // and another plan took it, or serve began to shut down: its recorded outcome, not 409 or 503.
   [[nodiscard]] bool TookUpdateSlot(
       PlanSlot& slot, std::atomic<std::uint64_t>& conflicts, HttpResponse& res,
       const std::string& id, const std::function<bool(HttpResponse&)>& replayed_if_ended = nullptr);
   // Takes the slot at once, naming it `id` (false); else, when `id` holds the slot or a retry of
   // it waits for it, and the bound allows, counts the caller among its waiters (true).
   bool TookSlotOrWaitsFor(PlanSlot& slot, const std::string& id);
-  // Waits a bounded while for the slot, names it `id` if taken, and leaves the waiters.
+  // Waits a bounded while for the slot (until serve stops), names it `id` if taken, and leaves
+  // the waiters.
   void WaitForSlot(PlanSlot& slot, const std::string& id);
+  // update_mu_ within `wait_ms`, or not held once serve shuts down or fail-stops.
+  std::unique_lock<std::timed_mutex> SlotUnlessStopping(std::uint64_t wait_ms);
+  // 503 shutting_down, or the recorded outcome of the plan when `replayed_if_ended` finds it.
+  void AnswerShuttingDown(HttpResponse& res,
+                          const std::function<bool(HttpResponse&)>& replayed_if_ended);
   bool SamePlanHoldsOrAwaitsSlot(const std::string& id) const;  // under update_id_mu_
   std::size_t SlotWaitersMax() const;
   // How long a retry of the plan that holds the slot waits for it (then 409).
   static constexpr std::uint64_t kSamePlanSlotWaitMs = 5000;
+  // How soon that wait sees a shutdown or a fail-stop begin.
+  static constexpr std::uint64_t kSlotWaitSliceMs = 10;
   // Names the plan that holds update_mu_ (a 409 names it) while its runner call runs, then
   // restores the name before it: a trainer API call's slot keeps its name until it answers.
   class RunningPlan {
@@ -615,8 +623,8 @@ class Service {
   std::chrono::steady_clock::time_point PlanBoundAtShutdown(
       std::chrono::steady_clock::time_point grace_deadline) const;
   void LogPlanLeftRunning() const;
-  // A plan of this process that ended refused once the MutationGate closed: answered 503
-  // shutting_down with its recorded outcome.
+  // A plan of this process that ended refused because of the shutdown (its runner gave it up
+  // once the MutationGate closed): answered 503 shutting_down with its recorded outcome.
   bool RefusedAtShutdown(UpdateOutcome outcome) const;
   RolloutsEnded EndProxiedRollouts(std::chrono::steady_clock::time_point deadline);
   bool WaitProxiedRollouts(std::chrono::steady_clock::time_point until);

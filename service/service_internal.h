@@ -128,6 +128,10 @@ Result<RequestLookup<Request>> LookUpRequest(journal::Journal& j, const std::str
 }  // namespace rc::service::internal
 
 namespace rc::service {
+
+// The reason Shutdown cancels an open fleet update with; its end then names it after
+// "cancelled: ", by which the fleet API tells the shutdown's cancel from an operator's.
+inline constexpr const char* kShutdownCancelReason = "serve is shutting down";
 struct DurableHead;
 // The state as the trainer API reports it (/v1/state and every update or restore answer).
 nlohmann::json SummaryJson(const State& s, const DurableHead& head);

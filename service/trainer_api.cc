@@ -190,9 +190,14 @@ void Service::SendOutcome(HttpResponse& res, json out, const UpdateEnded& ended,
   SendJson(res, OutcomeHttpStatus(ended.outcome), out);
 }
 
-// Refused is the only outcome the gate can cause: one that passed it ends as the engine says.
+// Refused is the only outcome the gate can cause: one that passed it ends as the engine says. It
+// is the shutdown's only when the runner gave the plan up to it (a drain or a wait for rollouts
+// cut short, a mutation the gate kept from the engine): a plan refused on its own grounds once
+// the gate closed (a source whose manifest is not the declared one, a failed pause) answers as
+// any refusal does.
 bool Service::RefusedAtShutdown(UpdateOutcome outcome) const {
-  return outcome == UpdateOutcome::kRefused && mutation_gate_.closed();
+  return outcome == UpdateOutcome::kRefused && mutation_gate_.closed() && runner_ != nullptr &&
+         runner_->plan_stopped();
 }
 
 // A retry of the very plan that holds the slot (its first answer lost, or its stalled retry
@@ -203,13 +208,15 @@ bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflic
                              const std::function<bool(HttpResponse&)>& replayed_if_ended) {
   RC_CHECK(!slot.held());
   if (shutting_down_.load()) {
-    SendError(res, 503, "shutting_down", "the executor is shutting down");
+    AnswerShuttingDown(res, replayed_if_ended);
     return false;
   }
   if (TookSlotOrWaitsFor(slot, id)) WaitForSlot(slot, id);
-  if (shutting_down_.load()) {  // the slot may have been won from a shutdown that waits for it
+  // The wait ends when the shutdown begins, and the slot may have been won from a shutdown that
+  // waits for it: no plan starts either way.
+  if (shutting_down_.load()) {
     slot.Release();
-    SendError(res, 503, "shutting_down", "the executor is shutting down");
+    AnswerShuttingDown(res, replayed_if_ended);
     return false;
   }
   if (slot.held()) {
@@ -225,6 +232,14 @@ bool Service::TookUpdateSlot(PlanSlot& slot, std::atomic<std::uint64_t>& conflic
       (running_update_id_.empty() ? std::string("another plan") : "'" + running_update_id_ + "'") +
           " is running; one update or restore at a time");
   return false;
+}
+
+// No plan starts once serve shuts down: 503, or the recorded outcome of a plan that ended (while
+// its retry waited for the slot). As everywhere else, nothing is replayed once fail-stopped.
+void Service::AnswerShuttingDown(HttpResponse& res,
+                                 const std::function<bool(HttpResponse&)>& replayed_if_ended) {
+  if (!failed() && replayed_if_ended && replayed_if_ended(res)) return;
+  SendError(res, 503, "shutting_down", "the executor is shutting down");
 }
 
 bool Service::TookSlotOrWaitsFor(PlanSlot& slot, const std::string& id) {
@@ -255,8 +270,7 @@ void Service::WaitForSlot(PlanSlot& slot, const std::string& id) {
     if (step_probe_) step_probe_("plan slot wait");
   } catch (...) {  // a probe only widens the window; the wait goes on whatever it does
   }
-  slot.lock_ = std::unique_lock<std::timed_mutex>(update_mu_,
-                                                  std::chrono::milliseconds(kSamePlanSlotWaitMs));
+  slot.lock_ = SlotUnlessStopping(kSamePlanSlotWaitMs);
   try {
     if (slot.held() && step_probe_) step_probe_("plan slot waited for");
   } catch (...) {  // a probe only widens the window; the wait is left whatever it does
@@ -267,6 +281,19 @@ void Service::WaitForSlot(PlanSlot& slot, const std::string& id) {
   RC_CHECK(waiting != slot_waiters_.end() && waiting->second > 0 && slot_waiters_total_ > 0);
   if (--waiting->second == 0) slot_waiters_.erase(waiting);
   slot_waiters_total_--;
+}
+
+// The slot, waited for up to `wait_ms` in slices of kSlotWaitSliceMs: a shutdown or a fail-stop
+// ends the wait within a slice, so a retry waiting here never holds a blocking thread past the
+// HTTP server's stop at shutdown (kShutdownSettleMs), which would make the exit unclean.
+std::unique_lock<std::timed_mutex> Service::SlotUnlessStopping(std::uint64_t wait_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+  std::unique_lock<std::timed_mutex> lock(update_mu_, std::defer_lock);
+  while (!shutting_down_.load() && !failed() && Clock::now() < deadline) {
+    const auto slice = Clock::now() + std::chrono::milliseconds(kSlotWaitSliceMs);
+    if (lock.try_lock_until(std::min(deadline, slice))) break;
+  }
+  return lock;
 }
 
 void Service::PlanSlot::Release() {

@@ -230,7 +230,12 @@ class Client:
                              auth=True)
 
     def cancel_fleet_update(self, update_id: str, reason: Optional[str] = None) -> dict:
-        """Cancels an open fleet update: members not started are skipped."""
+        """Cancels an open fleet update: members not started are skipped.
+
+        Returns the acknowledgement (202; a retry while the update is open says "already").
+        Once the update ended, returns its recorded end as a re-POST would (200 committed,
+        207 partial, "replayed": true) or raises UpdateFailed for a recorded refusal (422).
+        """
         body = {"reason": reason} if reason else {}
         return self._request("POST", f"/v1/fleet/updates/{urllib.parse.quote(update_id, safe='')}"
                              "/cancel", body, auth=True)

@@ -339,6 +339,31 @@ TEST(Colocated, ARetryAnswersItsOutcomeOnceItsExportIsGone) {
   EXPECT_EQ(s.svc->journal().head_seq(), head);
 }
 
+// Proves a re-POST of a sleep that ended, after a restart and while the engine does not answer,
+// is answered from the journal (200, its recorded outcome, "replayed") with no call to the engine
+// and no record written. Catches the look at the engine before a plan made ahead of the journal's
+// idempotency lookup: the retry was refused 409 ("could not be verified") and the engine journaled
+// unreachable, though the sleep had committed.
+TEST(Colocated, AnEndedSleepReplaysAfterARestartWithoutLookingAtTheEngine) {
+  Stack s;
+  ASSERT_EQ(s.Sleep("s-1", 1)["http"], 200);
+  ASSERT_EQ(s.Wake("w-1")["http"], 200);  // awake: the fold would take s-1, a look is due for it
+  s.Kill();
+  // The monitor stays quiet: every call the engine gets below is the re-POST's.
+  s.Open([](ServeConfig& c) { c.engine_monitor_interval_ms = 60000; });
+  ASSERT_EQ(s.Fold().lifecycle, Lifecycle::kReady);
+  s.engine->SetEngineDead(true);
+  const std::uint64_t head = s.svc->journal().head_seq();
+  const std::uint64_t health = s.engine->RouteCount("/health");
+  const json again = s.Sleep("s-1", 1);
+  EXPECT_EQ(again["http"], 200) << again.dump();
+  EXPECT_EQ(again.value("outcome", ""), "committed") << again.dump();
+  EXPECT_TRUE(again.value("replayed", false)) << again.dump();
+  EXPECT_EQ(s.engine->RouteCount("/health"), health) << "the engine was looked at";
+  EXPECT_EQ(s.svc->journal().head_seq(), head);
+  EXPECT_EQ(s.Fold().counters.sleeps_requested, 1u);
+}
+
 // Each kind of plan has its own ids: a sleep and an update both named "step-7" each replay their
 // own outcome. Catches the lookup taking the last end recorded under the id, so a re-POSTed
 // sleep that committed answered the refusal of the update that shared its id.

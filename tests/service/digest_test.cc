@@ -10,6 +10,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "effects/http/weight_digest.h"
 #include "fixtures/vllm_double.h"
 #include "service/service.h"
 #include "tests/service/service_stack.h"
@@ -163,6 +164,28 @@ TEST(ServiceDigest, MonitorCatchesWeightsChangedOutside) {
   EXPECT_GT(last_ok, 0);
   // At least one digest interval before the drift was seen, though labels matched until then.
   EXPECT_LE(last_ok, taint_wall - 300) << "window opens at the last label check, not the digest";
+}
+
+// Proves that with weight digests off (weight_digest_check_interval_ms 0) the look at the engine
+// before a plan reads no digest, as the monitor reads none, and the update still commits (its
+// validation digests what it loaded). Catches the look reading the weights' digest whenever the
+// committed version has one, whatever the configuration, so it journaled (and refused plans on)
+// a digest the monitor would never have read.
+TEST(ServiceDigest, WithDigestChecksOffTheLookBeforeAPlanReadsNoDigest) {
+  Stack s([](ServeConfig& c) { c.weight_digest_check_interval_ms = 0; });
+  // The pause answers late: a digest read before it answers is the look's.
+  s.engine->SetRouteFault("/pause", fixtures::RouteFault{.delay_ms = 1000, .times = 1});
+  const std::uint64_t pauses = s.engine->RouteCount("/pause");
+  const std::uint64_t digests = s.engine->RpcCount(effects::kWeightDigestMethod);
+  json r;
+  std::thread trainer([&] { r = s.Update("u1", "rc-1", 1); });
+  const bool pausing = Eventually([&] { return s.engine->RouteCount("/pause") > pauses; }, 10000);
+  const std::uint64_t looked = s.engine->RpcCount(effects::kWeightDigestMethod) - digests;
+  trainer.join();
+  ASSERT_TRUE(pausing);
+  EXPECT_EQ(looked, 0u) << "the look before the plan read the weight digest";
+  EXPECT_EQ(r["http"], 200) << r.dump();
+  EXPECT_EQ(r.value("outcome", ""), "committed") << r.dump();
 }
 
 // Two journals in one directory write two trajectories files; catches the shared default that

@@ -590,30 +590,59 @@ TEST(FleetServe, ARetriedRemovalOfALeavingEngineIsAcknowledgedAgain) {
   f.CheckJournal();
 }
 
+// A fleet update POSTed on a thread of its own and held at a member's drain until Release; its
+// answer is read after Release.
+struct HeldFleetUpdate {
+  explicit HeldFleetUpdate(FleetStack& stack) : f(stack) {}
+  HeldFleetUpdate(const HeldFleetUpdate&) = delete;
+  HeldFleetUpdate& operator=(const HeldFleetUpdate&) = delete;
+  ~HeldFleetUpdate() { Release(); }
+  // Every engine's faults cleared, the held drain goes on; returns once the update answered.
+  void Release() {
+    for (auto& e : f.engines) e->ClearFaults();
+    if (thread.joinable()) thread.join();
+  }
+  FleetStack& f;
+  std::thread thread;
+  int status = 0;
+  std::string body;
+};
+
+// Starts a rolling fleet update "u1" to rc-1 whose first member's drain hangs at its /pause (every
+// engine's /pause hangs until Release), and returns once that /pause came; nullptr when none came
+// within 10 s (the update released and answered).
+std::unique_ptr<HeldFleetUpdate> StartHeldFleetUpdate(FleetStack& f) {
+  fixtures::RouteFault hang;
+  hang.hang = true;
+  for (auto& e : f.engines) e->SetRouteFault("/pause", hang);
+  auto held = std::make_unique<HeldFleetUpdate>(f);
+  held->thread = std::thread([h = held.get()] {
+    auto r = h->f.FleetUpdate("u1", "rolling", 1);
+    if (r) std::tie(h->status, h->body) = std::make_pair(r->status, r->body);
+  });
+  const bool paused = Eventually(
+      [&f] {
+        std::uint64_t pauses = 0;
+        for (const auto& e : f.engines) pauses += e->RouteCount("/pause");
+        return pauses > 0;
+      },
+      10000);
+  return paused ? std::move(held) : nullptr;
+}
+
 // Proves a cancel retried while its fleet update is still open (a member mid-plan) is answered
 // 202 again, with "already": true and the reason the first cancel recorded, and the update ends
 // with the pending member skipped. Catches the retry of a cancel whose 202 was lost answered 409
 // "is cancelled", which a trainer reads as a refused cancel.
 TEST(FleetServe, ARetriedCancelIsAcknowledgedAgainWithTheRecordedReason) {
   FleetStack f(2);
-  fixtures::RouteFault hang;
-  hang.hang = true;  // the first member's drain holds the update open until the faults are cleared
-  for (auto& e : f.engines) e->SetRouteFault("/pause", hang);
-  int status = 0;
-  std::string body;
-  std::thread update([&] {
-    auto r = f.FleetUpdate("u1", "rolling", 1);
-    if (r) std::tie(status, body) = std::make_pair(r->status, r->body);
-  });
-  ASSERT_TRUE(Eventually(
-      [&] { return f.engines[0]->RouteCount("/pause") + f.engines[1]->RouteCount("/pause") > 0; },
-      10000));
+  const std::unique_ptr<HeldFleetUpdate> update = StartHeldFleetUpdate(f);
+  ASSERT_TRUE(update != nullptr) << "no member's drain sent its /pause";
   auto first = f.client().Post("/v1/fleet/updates/u1/cancel", R"({"reason": "operator stop"})",
                                "application/json");
   auto retry = f.client().Post("/v1/fleet/updates/u1/cancel", R"({"reason": "a second reason"})",
                                "application/json");
-  for (auto& e : f.engines) e->ClearFaults();
-  update.join();
+  update->Release();
   ASSERT_TRUE(first);
   ASSERT_EQ(first->status, 202) << first->body;
   ASSERT_TRUE(retry);
@@ -622,9 +651,47 @@ TEST(FleetServe, ARetriedCancelIsAcknowledgedAgainWithTheRecordedReason) {
   EXPECT_EQ(again.value("already", false), true) << retry->body;
   EXPECT_EQ(again.value("cancelled", false), true) << retry->body;
   EXPECT_EQ(again.value("reason", ""), "operator stop") << retry->body;
-  ASSERT_EQ(status, 207) << body;
-  EXPECT_EQ(json::parse(body)["skipped"], 1) << body;
+  ASSERT_EQ(update->status, 207) << update->body;
+  EXPECT_EQ(json::parse(update->body)["skipped"], 1) << update->body;
   EXPECT_FALSE(f.svc->failed());
+  f.CheckJournal();
+}
+
+// Proves a cancel of a fleet update that already ended (the update finished after a first cancel
+// whose answer was lost), whether this serve remembers it or reads it back from the journal after a
+// restart, is answered the recorded end, as a re-POST is (207 partial, "replayed": true), while a
+// cancel of an id never requested stays 404. Catches such a retry answered 404, which tells a
+// trainer no such update exists.
+TEST(FleetServe, ACancelRetriedAfterItsUpdateEndedAnswersTheRecordedEnd) {
+  FleetStack f(2);
+  const std::unique_ptr<HeldFleetUpdate> update = StartHeldFleetUpdate(f);
+  ASSERT_TRUE(update != nullptr) << "no member's drain sent its /pause";
+  auto first = f.client().Post("/v1/fleet/updates/u1/cancel", R"({"reason": "operator stop"})",
+                               "application/json");
+  update->Release();
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 202) << first->body;
+  ASSERT_EQ(update->status, 207) << update->body;
+  auto cancel = [&f](const std::string& id) {
+    auto r = f.client().Post(("/v1/fleet/updates/" + id + "/cancel").c_str(),
+                             R"({"reason": "a retry"})", "application/json");
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string("no answer"));
+  };
+  const auto remembered = cancel("u1");
+  f.Reopen(f.Config());  // the new process remembers no end: the journal's is read back
+  const auto read_back = cancel("u1");
+  for (const auto& [status, body] : {remembered, read_back}) {
+    EXPECT_EQ(status, 207) << body;
+    const json end = json::parse(body, nullptr, false);
+    ASSERT_TRUE(end.is_object()) << body;
+    EXPECT_EQ(end.value("update_id", ""), "u1") << body;
+    EXPECT_EQ(end.value("outcome", ""), "partial") << body;
+    EXPECT_EQ(end.value("committed", -1), 1) << body;
+    EXPECT_EQ(end.value("skipped", -1), 1) << body;
+    EXPECT_EQ(end.value("reason", ""), "cancelled: operator stop") << body;
+    EXPECT_EQ(end.value("replayed", false), true) << body;
+  }
+  EXPECT_EQ(cancel("never-requested").first, 404);
   f.CheckJournal();
 }
 
@@ -676,18 +743,8 @@ TEST(FleetServe, AnEndedUpdateIsReplayedWhileAnotherHoldsTheSlot) {
 // went on to commit, or was cut mid-transfer at the grace deadline and left an engine TAINTED).
 TEST(FleetServe, AShutdownStartsNoTransferAndAnswersTheUpdate) {
   FleetStack f(2);
-  fixtures::RouteFault hang;
-  hang.hang = true;  // the first member's drain holds it before its transfer until cleared
-  for (auto& e : f.engines) e->SetRouteFault("/pause", hang);
-  int status = 0;
-  std::string body;
-  std::thread update([&] {
-    auto r = f.FleetUpdate("u1", "rolling", 1);
-    if (r) std::tie(status, body) = std::make_pair(r->status, r->body);
-  });
-  ASSERT_TRUE(Eventually(
-      [&] { return f.engines[0]->RouteCount("/pause") + f.engines[1]->RouteCount("/pause") > 0; },
-      10000));
+  const std::unique_ptr<HeldFleetUpdate> update = StartHeldFleetUpdate(f);
+  ASSERT_TRUE(update != nullptr) << "no member's drain sent its /pause";
   bool clean = false;
   std::thread shutdown([&] { clean = f.svc->Shutdown(30000); });
   ASSERT_TRUE(Eventually(
@@ -696,10 +753,10 @@ TEST(FleetServe, AShutdownStartsNoTransferAndAnswersTheUpdate) {
         return r && json::parse(r->body, nullptr, false).value("reason", "") == "shutting down";
       },
       10000));
-  for (auto& e : f.engines) e->ClearFaults();
-  update.join();
+  update->Release();
   shutdown.join();
-  EXPECT_EQ(status, 503) << body;
+  const std::string& body = update->body;
+  EXPECT_EQ(update->status, 503) << body;
   const json end = json::parse(body, nullptr, false);
   ASSERT_TRUE(end.is_object()) << body;
   EXPECT_EQ(end.value("/error/type"_json_pointer, ""), "shutting_down") << body;
@@ -718,6 +775,64 @@ TEST(FleetServe, AShutdownStartsNoTransferAndAnswersTheUpdate) {
     EXPECT_EQ(e.value("lifecycle", ""), "READY") << name;
     EXPECT_EQ(e["committed"].value("label", ""), "rc-0") << name;
   }
+  f.CheckJournal();
+}
+
+// Proves a fleet update refused for a reason of its own while serve shuts down (min_healthy above
+// the fleet's two engines, requested just before the MutationGate closed and journaled after) keeps
+// its own answer, 422 refused naming that reason, rather than 503 shutting_down. Catches every
+// refusal answered 503 shutting_down once the gate closed, which tells the trainer to send the same
+// request again once serve is back, to be refused again.
+TEST(FleetServe, AnUpdateRefusedForItsOwnReasonAtShutdownKeepsItsAnswer) {
+  FleetStack f(2);
+  ASSERT_TRUE(f.svc->Shutdown(5000));
+  f.svc.reset();
+  auto opened = Service::Open(f.Config());
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  f.svc = std::move(opened.value());
+  std::atomic<bool> taken{false};
+  std::atomic<bool> release{false};
+  f.svc->set_step_probe([&](const char* step) {
+    if (std::string(step) != "plan slot taken" || taken.exchange(true)) return;
+    for (int i = 0; i < 1000 && !release.load(); ++i) {  // 10 s at most: never a hang
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  ASSERT_TRUE(f.svc->Start().ok());
+  json request = stack::UpdateBody("u1", "rc-1", 1, "run-a");
+  request["mode"] = "all";
+  request["min_healthy"] = 3;
+  int status = 0;
+  std::string body;
+  std::thread update([&] {
+    auto r = f.client().Post("/v1/fleet/updates", request.dump(), "application/json");
+    if (r) std::tie(status, body) = std::make_pair(r->status, r->body);
+  });
+  const bool held = Eventually([&] { return taken.load(); }, 10000);
+  bool clean = false;
+  std::thread shutdown([&] { clean = f.svc->Shutdown(30000); });
+  const bool gate_closed =
+      held &&
+      Eventually(
+          [&] {
+            auto r = f.client().Get("/readyz");
+            return r && json::parse(r->body, nullptr, false).value("reason", "") == "shutting down";
+          },
+          10000);
+  release = true;
+  update.join();
+  shutdown.join();
+  ASSERT_TRUE(held) << "the update never took the plan slot";
+  ASSERT_TRUE(gate_closed) << "serve never said it was shutting down";
+  EXPECT_EQ(status, 422) << body;
+  const json end = json::parse(body, nullptr, false);
+  ASSERT_TRUE(end.is_object()) << body;
+  EXPECT_FALSE(end.contains("error")) << body;
+  EXPECT_EQ(end.value("outcome", ""), "refused") << body;
+  EXPECT_NE(end.value("reason", "").find("min_healthy is 3"), std::string::npos) << body;
+  EXPECT_EQ(end.value("replayed", true), false) << body;
+  EXPECT_TRUE(clean);
+  f.Reopen(f.Config());
   f.CheckJournal();
 }
 

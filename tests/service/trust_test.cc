@@ -513,6 +513,38 @@ TEST(TrustIdempotency, RePostOfAnEndedUpdateAnswersTheRecordedOutcome) {
   EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 1u);
 }
 
+// Proves a re-POST of an update that ended, after a restart and while the engine does not answer,
+// is answered from the journal (200, its recorded outcome, "replayed") with no call to the engine
+// and no record written. Catches the look at the engine before a plan made ahead of the journal's
+// idempotency lookup: the retry was refused 409 ("could not be verified") and the engine journaled
+// unreachable, though the update had committed.
+TEST(TrustIdempotency, AnEndedUpdateReplaysAfterARestartWithoutLookingAtTheEngine) {
+  // The monitor stays quiet: every call the engine gets below is the re-POST's.
+  Stack s([](ServeConfig& c) { c.engine_monitor_interval_ms = 60000; });
+  for (int step : {1, 2}) {
+    const std::string n = std::to_string(step);
+    auto u = s.client().Post("/v1/updates", auth(),
+                             DumpSafe(update_body("u-" + n, "rc-" + n, step)), "application/json");
+    ASSERT_TRUE(u && u->status == 200) << (u ? u->body : "no answer");
+  }
+  s.Kill();
+  s.Open();  // nothing is remembered: u-1's end is the journal's alone
+  s.engine->SetEngineDead(true);
+  const std::uint64_t head = s.svc->journal().head_seq();
+  const std::uint64_t health = s.engine->RouteCount("/health");
+  // u-1 is not the committed version (rc-2 is): the fold would take it, so a look is due for it.
+  auto again = s.client().Post("/v1/updates", auth(), DumpSafe(update_body("u-1", "rc-1", 1)),
+                               "application/json");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200) << again->body;
+  const json answer = json::parse(again->body, nullptr, false);
+  EXPECT_EQ(answer.value("outcome", ""), "committed") << again->body;
+  EXPECT_EQ(answer.value("replayed", false), true) << again->body;
+  EXPECT_EQ(s.engine->RouteCount("/health"), health) << "the engine was looked at";
+  EXPECT_EQ(s.svc->journal().head_seq(), head);
+  EXPECT_EQ(s.svc->journal().state().counters.updates_requested, 2u);
+}
+
 // Proves a retry of an update sent while its first call holds the plan slot outside the runner
 // call (the slot just taken, or the answer formed and the slot not yet given back) waits for it
 // and answers the recorded outcome. Catches the retry being answered 409 "another plan is
@@ -696,6 +728,102 @@ TEST(TrustIdempotency, ARetryThatLostTheSlotToAnotherPlanAnswersItsEndedPlan) {
   EXPECT_EQ(json::parse(retry.second, nullptr, false).value("replayed", false), true)
       << retry.second;
   EXPECT_EQ(other.first, 200) << other.second;
+}
+
+// Proves a plan refused for a reason of its own once the MutationGate closed (every /pause fails,
+// nothing was kept from the engine by the gate) keeps its own answer: 422 with its refused
+// outcome and no shutting_down error, and the shutdown ends cleanly. Catches every refusal after
+// the gate closed answered 503 shutting_down, which tells the trainer its plan was cut short by
+// the shutdown when the engine refused it.
+TEST(TrustShutdown, APlanRefusedOnItsOwnGroundsAtShutdownKeepsItsAnswer) {
+  Stack s;
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<bool> armed{true};
+  std::atomic<bool> holding{false};
+  std::atomic<bool> released{false};
+  // The update holds the slot, before its runner call, until the shutdown has begun.
+  stack::HoldNextPlanSlot(*s.svc, armed, holding, released);
+  ASSERT_TRUE(s.svc->Start().ok());
+  s.engine->SetRouteFault("/pause", fixtures::RouteFault{.status = 500});
+  std::pair<int, std::string> answer{0, "no answer"};
+  std::thread trainer([&] {
+    auto r = s.client().Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(),
+                             "application/json");
+    if (r) answer = {r->status, r->body};
+  });
+  const bool held = eventually([&] { return holding.load(); }, 10000);
+  bool clean = false;
+  std::thread stopper([&] { clean = s.svc->Shutdown(20000); });
+  const bool stopping =
+      eventually([&] { return s.svc->NotReadyReason() == "shutting down"; }, 10000);
+  released = true;
+  trainer.join();
+  stopper.join();
+  ASSERT_TRUE(held && stopping);
+  EXPECT_EQ(answer.first, 422) << answer.second;
+  const json body = json::parse(answer.second, nullptr, false);
+  EXPECT_EQ(body.value("outcome", ""), "refused") << answer.second;
+  EXPECT_FALSE(body.contains("error")) << answer.second;
+  EXPECT_TRUE(clean);
+  s.svc.reset();  // shut down already
+}
+
+// Proves a retry waiting for its own plan's slot is answered as soon as the shutdown begins (503
+// shutting_down, well within the HTTP server's 2 s stop settle), while the plan it retried still
+// ends and the shutdown is clean. Catches the retry left waiting out its 5 s bound: at shutdown
+// it outlasted the HTTP server's stop, whose exit was then unclean and the trainer unanswered.
+TEST(TrustShutdown, ARetryWaitingForTheSlotIsAnsweredOnceTheShutdownBegins) {
+  Stack s;
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<bool> holding{false};
+  std::atomic<bool> retry_waits{false};
+  std::atomic<bool> released{false};
+  s.svc->set_step_probe([&](const char* step) {
+    const std::string name(step);
+    if (name == "plan slot taken" && !holding.exchange(true)) {
+      for (int i = 0; i < 1000 && !released.load(); ++i) {  // 10 s at most: never a hang
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } else if (name == "plan slot wait") {
+      retry_waits = true;
+    }
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  auto post = [&] {
+    auto r = s.client().Post("/v1/updates", auth(), update_body("u-1", "rc-1", 1).dump(),
+                             "application/json");
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string("no answer"));
+  };
+  std::pair<int, std::string> first, retry;
+  SteadyClock::time_point retry_answered{};
+  std::thread first_call([&] { first = post(); });
+  const bool held = eventually([&] { return holding.load(); }, 10000);
+  std::thread retry_call([&] {
+    retry = post();
+    retry_answered = SteadyClock::now();
+  });
+  const bool waits = eventually([&] { return retry_waits.load(); }, 10000);
+  const SteadyClock::time_point shutdown_began = SteadyClock::now();
+  bool clean = false;
+  std::thread stopper([&] { clean = s.svc->Shutdown(20000); });
+  // The plan retried keeps the slot until its retry is answered (or 10 s pass).
+  retry_call.join();
+  released = true;
+  first_call.join();
+  stopper.join();
+  ASSERT_TRUE(held && waits);
+  EXPECT_EQ(retry.first, 503) << retry.second;
+  EXPECT_NE(retry.second.find("shutting_down"), std::string::npos) << retry.second;
+  EXPECT_LT(retry_answered - shutdown_began, std::chrono::milliseconds(1000))
+      << "the retry waited on after the shutdown began";
+  // The plan retried ran once the gate had closed: its transfer was kept from the engine.
+  EXPECT_EQ(first.first, 503) << first.second;
+  EXPECT_EQ(json::parse(first.second, nullptr, false).value("outcome", ""), "refused")
+      << first.second;
+  EXPECT_TRUE(clean);
+  s.svc.reset();  // shut down already
 }
 
 // Proves an update_id reused with another body after a restart (the journal refuses it, and
