@@ -1150,6 +1150,65 @@ Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path) {
   return std::move(file->trajectories);
 }
 
+namespace {
+
+// A trajectory's field longer than this is quoted by its first bytes and its length.
+constexpr std::size_t kQuotedFieldBytesMax = 1024;
+
+// One field of a binding as a finding quotes it: raw (a finding is escaped whole where it is
+// printed, once), cut to kQuotedFieldBytesMax (a trajectories file's line may be 16 MiB, all of
+// it one field) with its length said.
+std::string QuotedField(const std::string& value) {
+  if (value.size() <= kQuotedFieldBytesMax) return "'" + value + "'";
+  return "'" + text::utf8_prefix(value, kQuotedFieldBytesMax) + "'... (" +
+         std::to_string(value.size()) + " bytes)";
+}
+std::string QuotedField(std::int64_t value) { return std::to_string(value); }
+std::string QuotedField(std::uint64_t value) { return std::to_string(value); }
+
+// "FIELD is A in the trajectory, B in the journal" when the two differ.
+template <typename T>
+void AddDifference(const char* field, const T& claimed, const T& bound,
+                   std::vector<std::string>& out) {
+  if (claimed == bound) return;
+  out.push_back(std::string(field) + " is " + QuotedField(claimed) + " in the trajectory, " +
+                QuotedField(bound) + " in the journal");
+}
+
+// Each field of a trajectory's version and identity that differs from the journal's binding,
+// named as the trajectories file names it. The structured bindings stop compiling when
+// WeightVersion or WeightIdentity gains a field: name it here too.
+std::vector<std::string> BindingDifferences(const Trajectory& t, const RolloutAdmitted& a) {
+  const auto& [generation, label] = t.version;
+  const auto& [manifest_digest, content_digest, checkpoint, run, step] = t.identity;
+  std::vector<std::string> out;
+  AddDifference("version.generation", generation, a.version.generation, out);
+  AddDifference("version.label", label, a.version.label, out);
+  AddDifference("identity.manifest_digest", manifest_digest, a.identity.manifest_digest, out);
+  AddDifference("identity.content_digest", content_digest, a.identity.content_digest, out);
+  AddDifference("identity.checkpoint", checkpoint, a.identity.checkpoint, out);
+  AddDifference("identity.run", run, a.identity.run, out);
+  AddDifference("identity.step", step, a.identity.step, out);
+  return out;
+}
+
+// What the record a trajectory names as its admission is, when it is not that admission.
+std::string WhatTheSeqHolds(const Result<journal::Record>& r, std::uint64_t seq) {
+  const std::string at = "seq " + std::to_string(seq);
+  if (!r.ok()) return at + " cannot be read (" + r.status().ToString() + ")";
+  const auto* a = std::get_if<RolloutAdmitted>(&r->event);
+  if (a == nullptr) return at + " holds " + event_name(r->event) + ", no admission";
+  return at + " admits rollout " + QuotedField(a->rollout_id);
+}
+
+std::string Join(const std::vector<std::string>& parts, const std::string& separator) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : separator) + p;
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
                                                 const std::vector<Trajectory>& trajectories) {
   std::vector<std::string> failures;
@@ -1157,14 +1216,18 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
     auto r = journal.Read(t.admission_seq);
     const RolloutAdmitted* a = r.ok() ? std::get_if<RolloutAdmitted>(&r->event) : nullptr;
     if (a == nullptr || a->rollout_id != t.rollout_id) {
-      failures.push_back("trajectory '" + E(t.rollout_id) + "' names admission seq " +
-                         std::to_string(t.admission_seq) + ", which is not its admission");
+      failures.push_back("trajectory " + QuotedField(t.rollout_id) + " names admission seq " +
+                         std::to_string(t.admission_seq) +
+                         ", which is not its admission: " + WhatTheSeqHolds(r, t.admission_seq));
       continue;
     }
-    if (!(a->version == t.version) || !(a->identity == t.identity)) {
-      failures.push_back("trajectory '" + E(t.rollout_id) + "' claims version '" +
-                         E(t.version.label) + "' but the journal bound it to '" +
-                         E(a->version.label) + "' (seq " + std::to_string(t.admission_seq) + ")");
+    const std::vector<std::string> differ = BindingDifferences(t, *a);
+    // The fields compared are the whole binding: no mismatch goes unnamed, none is invented.
+    RC_CHECK(differ.empty() == (a->version == t.version && a->identity == t.identity));
+    if (!differ.empty()) {
+      failures.push_back("trajectory " + QuotedField(t.rollout_id) +
+                         " differs from its binding at seq " + std::to_string(t.admission_seq) +
+                         ": " + Join(differ, "; "));
     }
   }
   return failures;

@@ -209,7 +209,11 @@ struct TrajectoriesFile {
 [[nodiscard]] Result<std::vector<Trajectory>> LoadTrajectories(const std::string& path);
 
 // Checks each trajectory's binding against the journal's RolloutAdmitted for that rollout (same
-// version, same identity, same admission seq). Returns one failure message per mismatch.
+// version, same identity, same admission seq). Returns one failure message per mismatching
+// trajectory, naming every field that differs (version.generation, version.label, identity.*)
+// with both values: "trajectory 'ID' differs from its binding at seq S: identity.checkpoint is
+// 'A' in the trajectory, 'B' in the journal; ...". Raw text, as every finding: escape it whole
+// where it is printed (text::escape_line; RenderAudit and the command's MISMATCH lines do).
 std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
                                                 const std::vector<Trajectory>& trajectories);
 

@@ -1,7 +1,7 @@
 // `rolloutcore audit JOURNAL`: integrity, lifecycle history, provenance, trajectory checks.
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +11,7 @@
 #include "effects/http/weight_digest.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/number_args.h"
 #include "journal/codec.h"
 #include "journal/json.h"
 #include "statemachine/describe.h"
@@ -25,27 +26,22 @@ struct ExpectedHead {
   journal::Hash hash{};
 };
 
-// `--expect-head`'s text: SEQ >= 1 (at most 19 digits: no overflow) and 64 hex digits; a usage
-// error naming the text otherwise.
+// `--expect-head: 'SPEC' is not SEQ:HEXHASH (WHY)`: a usage error.
+Status ExpectHeadUsage(const std::string& spec, const std::string& why) {
+  return Status::InvalidArgument("--expect-head: '" + spec + "' is not SEQ:HEXHASH (" + why + ")");
+}
+
+// `--expect-head`'s text: SEQ (a whole number >= 1, digits only: cli/number_args.h) and 64 hex
+// digits; a usage error quoting the text otherwise.
 Result<ExpectedHead> ParseExpectedHead(const std::string& spec) {
   const std::size_t colon = spec.find(':');
-  ExpectedHead head;
-  Result<journal::Hash> hash = Status::InvalidArgument("missing ':'");
-  if (colon != std::string::npos) {
-    const std::string digits = spec.substr(0, colon);
-    if (!digits.empty() && digits.size() <= 19 &&
-        digits.find_first_not_of("0123456789") == std::string::npos) {
-      head.seq = std::strtoull(digits.c_str(), nullptr, 10);
-    }
-    hash = journal::ParseHashHex(spec.substr(colon + 1));
-  }
-  if (head.seq == 0 || !hash.ok()) {
-    return Status::InvalidArgument("--expect-head: '" + spec + "' is not SEQ:HEXHASH (" +
-                                   (hash.ok() ? "seq must be >= 1" : hash.status().message()) +
-                                   ")");
-  }
-  head.hash = *hash;
-  return head;
+  if (colon == std::string::npos) return ExpectHeadUsage(spec, "missing ':'");
+  const Result<std::uint64_t> seq =
+      ParseWholeNumber(spec.substr(0, colon), 1, std::numeric_limits<std::uint64_t>::max());
+  if (!seq.ok()) return ExpectHeadUsage(spec, "seq " + seq.status().message());
+  const Result<journal::Hash> hash = journal::ParseHashHex(spec.substr(colon + 1));
+  if (!hash.ok()) return ExpectHeadUsage(spec, hash.status().message());
+  return ExpectedHead{*seq, *hash};
 }
 
 // The journal must still hold record `head.seq` with that hash. This is the only check that sees
@@ -77,12 +73,15 @@ struct Opts {
   std::string trajectories;
   std::string engine;
   std::string fleet_engine;  // a fleet's journal: the engine --engine is
-  // Not yet measured on a real engine (docs/audit.md, "Re-verification"); a bf16 engine may
-  // score a token a little differently in prefill than when it sampled it.
-  double logprob_tolerance = 0.5;  // nats; docs/audit.md: measured on vLLM 0.25.1, bf16
+  // docs/audit.md, "Re-verification": measured on vLLM 0.25.1, bf16; a bf16 engine may score a
+  // token a little differently in prefill than when it sampled it.
+  double logprob_tolerance_nats = 0.5;
+  std::string logprob_tolerance_typed;       // read by ReadNumberOptions
+  CLI::Option* logprob_tolerance = nullptr;  // whether it was given
   bool greedy = false;
   bool json = false;
-  std::string expect_head;
+  std::string expect_head_typed;       // read by ReadNumberOptions
+  CLI::Option* expect_head = nullptr;  // whether it was given (an empty text is, and is refused)
   // The report's lines: stdout, or stderr with --json so that stdout is one JSON document.
   std::FILE* lines() const { return json ? stderr : stdout; }
 };
@@ -174,7 +173,7 @@ audit::ReverifySummary Reverify(const Opts& o, effects::EngineClient& engine,
                                 const audit::JournalTrajectories& trajectories,
                                 audit::Verdict& verdict) {
   audit::ReverifySummary s =
-      audit::ReverifyFromJournal(engine, trajectories, o.logprob_tolerance, o.greedy);
+      audit::ReverifyFromJournal(engine, trajectories, o.logprob_tolerance_nats, o.greedy);
   for (const audit::ReverifyResult& r : s.rollouts) {
     std::fprintf(o.lines(), "  %s\n", audit::FormatReverify(r).c_str());
   }
@@ -183,18 +182,23 @@ audit::ReverifySummary Reverify(const Opts& o, effects::EngineClient& engine,
   return s;
 }
 
-// A finite number >= 0. CLI::NonNegativeNumber refuses only what compares `< 0`, which NaN does
-// not: a NaN tolerance would count every re-scored token over it, an infinite one none. The text
-// is read with CLI11's own conversion, the one the option then stores.
-const CLI::Validator kFiniteNonNegative(
-    [](std::string& input) -> std::string {
-      double v = 0;
-      if (!CLI::detail::lexical_cast(input, v) || !std::isfinite(v) || v < 0) {
-        return "must be a finite number >= 0 (nats), got '" + text::escape_line(input) + "'";
-      }
-      return std::string();
-    },
-    "FINITE >= 0");
+// Reads the options given as text (cli/number_args.h: CLI11's conversion is not strict) into
+// `o`; a usage error quoting the text otherwise. `--expect-head` into `expected`.
+Status ReadNumberOptions(Opts& o, std::optional<ExpectedHead>& expected) {
+  if (o.logprob_tolerance->count() > 0) {
+    const Result<double> nats = ParseNonNegativeDecimal(o.logprob_tolerance_typed);
+    if (!nats.ok()) {
+      return Status::InvalidArgument("--logprob-tolerance: " + nats.status().message());
+    }
+    o.logprob_tolerance_nats = *nats;
+  }
+  if (o.expect_head->count() > 0) {
+    Result<ExpectedHead> parsed = ParseExpectedHead(o.expect_head_typed);
+    if (!parsed.ok()) return parsed.status();
+    expected = *parsed;
+  }
+  return Status::OK();
+}
 
 // Option combinations that no journal makes valid; "" when none.
 std::string OptionsUsageError(const Opts& o) {
@@ -288,27 +292,25 @@ Runner add_audit(CLI::App& app) {
   app.add_option("--fleet-engine", o->fleet_engine,
                  "In a fleet's journal: the name of the engine --engine is (its digest is "
                  "checked against that engine's recorded ones)");
-  app.add_option("--logprob-tolerance,--tolerance", o->logprob_tolerance,
-                 "Largest accepted |recorded - re-scored logprob| per output token, in nats "
-                 "(default 0.5: 2.6x the largest difference measured between vLLM's batched "
-                 "sampling and its batch-1 re-scoring in bf16)")
-      ->check(kFiniteNonNegative);
+  o->logprob_tolerance =
+      app.add_option("--logprob-tolerance,--tolerance", o->logprob_tolerance_typed,
+                     "Largest accepted |recorded - re-scored logprob| per output token, in nats: "
+                     "a finite decimal number >= 0 such as 0.5 or 1e-3 (default 0.5: 2.6x the "
+                     "largest difference measured between vLLM's batched sampling and its "
+                     "batch-1 re-scoring in bf16)");
   app.add_flag("--greedy", o->greedy, "Trajectories were sampled greedily: require top-1 tokens");
   app.add_flag("--json", o->json,
                "JSON output (the verdict with its findings, or the provenance with --rollout)");
-  app.add_option("--expect-head", o->expect_head,
-                 "SEQ:HEXHASH of an acknowledged head: the journal must still hold that record "
-                 "with that hash");
+  o->expect_head =
+      app.add_option("--expect-head", o->expect_head_typed,
+                     "SEQ:HEXHASH of an acknowledged head: the journal must still hold that record "
+                     "with that hash");
   // Every usage error is refused before the audit runs (before the journal is opened, where the
   // options alone decide it): a verdict is printed whole or not computed.
   return [o]() -> int {
     if (std::string why = OptionsUsageError(*o); !why.empty()) return Usage(why);
     std::optional<ExpectedHead> expected;
-    if (!o->expect_head.empty()) {
-      Result<ExpectedHead> parsed = ParseExpectedHead(o->expect_head);
-      if (!parsed.ok()) return Usage(parsed.status().message());
-      expected = *parsed;
-    }
+    if (Status read = ReadNumberOptions(*o, expected); !read.ok()) return Usage(read.message());
     journal::Options options;
     options.read_only = true;
     options.create_if_missing = false;

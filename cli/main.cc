@@ -1,13 +1,16 @@
 // rolloutcore: the update executor beside a trainer, and the tools around its journal.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "audit/audit.h"
 #include "cli/commands.h"
+#include "statemachine/text.h"
 
 namespace {
 
@@ -28,12 +31,25 @@ int CheckedOutput(const std::string& command, int verdict) {
   return rc::audit::kExitOutputFailed;
 }
 
+// A command line CLI11 refuses (an unknown option, an option without its value, one given twice,
+// no journal) for a command with a report is a usage error as its own are: exit 2, one escaped
+// line on stderr (CLI11's message may quote the command line), nothing on stdout. Other commands,
+// and help (exit 0), keep CLI11's own handling.
+int ParseFailed(const CLI::App& app, const CLI::ParseError& e, const CLI::App* reporting) {
+  if (reporting == nullptr || e.get_exit_code() == 0) return app.exit(e);
+  std::fprintf(stderr, "rolloutcore %s: %s (rolloutcore %s --help lists its options)\n",
+               reporting->get_name().c_str(), rc::text::escape_line(e.what()).c_str(),
+               reporting->get_name().c_str());
+  return rc::audit::kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"RolloutCore: safe live policy-weight updates for vLLM"};
   app.require_subcommand(1);
   std::map<CLI::App*, rc::cli::Runner> runners;
+  std::vector<CLI::App*> reporting;  // the subcommands added with `reports`
   // `reports`: the command's product is its report on stdout (replay, audit), checked once run.
   auto add = [&](rc::cli::Runner (*fn)(CLI::App&), const char* name, const char* help,
                  bool reports) {
@@ -43,6 +59,7 @@ int main(int argc, char** argv) {
       runners[sub] = std::move(run);
       return;
     }
+    reporting.push_back(sub);
     runners[sub] = [command = std::string(name), run = std::move(run)]() {
       // A reader that went away (a closed pipe) is a failed write (EPIPE), told as one, not a
       // signal that ends the process with no word on stderr.
@@ -67,7 +84,14 @@ int main(int argc, char** argv) {
       "Ask a running executor to restore its TAINTED engine to an earlier version, with proof",
       /*reports=*/false);
 #endif
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // The subcommand whose options were being read when CLI11 refused them, if it reports.
+    const auto parsing = std::find_if(reporting.begin(), reporting.end(),
+                                      [](const CLI::App* sub) { return sub->parsed(); });
+    return ParseFailed(app, e, parsing == reporting.end() ? nullptr : *parsing);
+  }
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) return run();
   }

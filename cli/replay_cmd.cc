@@ -1,11 +1,14 @@
 // `rolloutcore replay JOURNAL`: works on a journal a live writer holds (secondary instance); a
 // journal no writer holds opens read-only with its live files and WAL tail checked.
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/number_args.h"
 #include "journal/json.h"
 #include "replay/replay.h"
 #include "statemachine/text.h"
@@ -31,11 +34,29 @@ int Refused(const Status& why) {
   return why.code() == Code::kCorruption ? 3 : 2;
 }
 
-// A seq past the head is a question the journal cannot answer, never a verification failure.
-int UntilRefused(std::uint64_t until, const Status& why) {
-  std::fprintf(stderr, "rolloutcore replay: --until %llu: %s\n",
-               static_cast<unsigned long long>(until), text::escape_line(why.message()).c_str());
+// A usage error on stderr, one escaped line (it quotes the command line); exit 2, nothing run.
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "rolloutcore replay: %s\n", text::escape_line(why).c_str());
   return 2;
+}
+
+// `--until`'s text as a seq, or a usage error quoting it. Seqs start at 1, so 0 names no record
+// and is refused like any other text that is not one: the whole journal is replayed by leaving
+// --until out, never by a value that looks like a seq.
+Result<std::uint64_t> ParseUntil(const std::string& typed) {
+  Result<std::uint64_t> seq =
+      ParseWholeNumberOption("--until", typed, 1, std::numeric_limits<std::uint64_t>::max());
+  if (!seq.ok()) {
+    return Status::InvalidArgument(seq.status().message() +
+                                   "; seqs start at 1: leave --until out to replay the whole "
+                                   "journal");
+  }
+  return seq;
+}
+
+// A seq past the head is a question the journal cannot answer, never a verification failure.
+int UntilRefused(const std::string& typed, const Status& why) {
+  return Usage("--until '" + typed + "': " + why.message());
 }
 
 // --events: each record the report folds, through `end_seq` (0: the head), one line each.
@@ -69,23 +90,35 @@ void PrintReport(const replay::ReplayReport& report, const std::string& torn, bo
   }
 }
 
+struct Opts {
+  std::string path;
+  bool json = false;
+  bool events = false;
+  std::string until_typed;       // --until as typed: read by ParseUntil
+  CLI::Option* until = nullptr;  // whether it was given (an empty text is given, and refused)
+};
+
+// The seq replay::ReplayOptions takes for --until: 0 (the whole journal) when it was left out.
+Result<std::uint64_t> UntilSeq(const Opts& o) {
+  if (o.until->count() == 0) return std::uint64_t{0};
+  return ParseUntil(o.until_typed);
+}
+
 }  // namespace
 
 Runner add_replay(CLI::App& app) {
-  struct Opts {
-    std::string path;
-    bool json = false;
-    bool events = false;
-    std::uint64_t until = 0;
-  };
   auto opts = std::make_shared<Opts>();
   app.add_option("journal", opts->path, "Journal directory")->required();
   app.add_flag("--json", opts->json, "Print the report as JSON");
   app.add_flag("--events", opts->events, "Print every record before the report");
-  app.add_option("--until", opts->until,
-                 "Fold up to this seq: through the end of its decision group (its input and the "
-                 "decisions derived from it), which the report names");
+  opts->until = app.add_option("--until", opts->until_typed,
+                               "Fold up to this seq (1 or more): through the end of its decision "
+                               "group (its input and the decisions derived from it), which the "
+                               "report names; without it, the whole journal");
   return [opts]() -> int {
+    // A usage error the options alone decide is refused before the journal is opened.
+    const Result<std::uint64_t> until_seq = UntilSeq(*opts);
+    if (!until_seq.ok()) return Usage(until_seq.status().message());
     journal::Options options;
     options.read_only = true;
     options.create_if_missing = false;
@@ -95,10 +128,10 @@ Runner add_replay(CLI::App& app) {
     NoteLiveWriter(j, "replay");
     const std::string torn = j.recovery().torn_tail;
     // Resolved before anything is printed, so --events lists exactly the records the report folds.
-    Result<replay::FoldEnd> until = replay::ResolveUntil(j, opts->until);
-    if (!until.ok()) return UntilRefused(opts->until, until.status());
+    Result<replay::FoldEnd> until = replay::ResolveUntil(j, *until_seq);
+    if (!until.ok()) return UntilRefused(opts->until_typed, until.status());
     if (opts->events) PrintEvents(j, until->end_seq, opts->json);
-    auto report = replay::Replay(j, replay::ReplayOptions{opts->until});
+    auto report = replay::Replay(j, replay::ReplayOptions{*until_seq});
     if (!report.ok()) return Refused(report.status());
     PrintReport(*report, torn, opts->json);
     if (report->read_failure != Code::kOk) return report->read_failure == Code::kCorruption ? 3 : 2;

@@ -2,8 +2,9 @@
 // engine): a journal its open refuses exits as damaged, naming the damage; `replay --events`
 // names each record's engine; every JSON line is printable ASCII that parses back to the text the
 // journal holds; `replay --until` inside a group folds through its end; a report that cannot be
-// written exits 4; a trajectories file is audited around its torn lines; `audit --rollout` checks
-// the rollout index; usage errors are refused before the audit runs.
+// written exits 4; a trajectories file is audited around its torn lines, and a binding mismatch
+// names each field that differs; `audit --rollout` checks the rollout index; usage errors are
+// refused before the audit runs.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
@@ -21,6 +22,7 @@
 #include "journal/journal.h"
 #include "journal/json.h"
 #include "replay/replay.h"
+#include "tests/audit/cli_journals.h"
 #include "tests/audit/printable_json.h"
 #include "tests/audit/run_cli.h"
 #include "statemachine/text.h"
@@ -33,30 +35,17 @@ namespace {
 
 namespace fs = std::filesystem;
 using cli_testing::CliRun;
+using cli_testing::HashOf;
+using cli_testing::Lines;
+using cli_testing::ReadOnly;
 using cli_testing::RunCli;
 using cli_testing::RunCliStdoutTo;
 using cli_testing::RunCliStdoutToClosedPipe;
+using cli_testing::TrajectoryLine;
+using cli_testing::WriteCleanJournal;
 using journal::testing::EditRaw;
 using journal::testing::SeqKey;
 using journal::testing::TempDir;
-
-std::vector<std::string> Lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  for (std::size_t at = s.find('\n'); at != std::string::npos; at = s.find('\n', start)) {
-    out.push_back(s.substr(start, at - start));
-    start = at + 1;
-  }
-  if (start < s.size()) out.push_back(s.substr(start));
-  return out;
-}
-
-journal::Options ReadOnly() {
-  journal::Options o;
-  o.read_only = true;
-  o.create_if_missing = false;
-  return o;
-}
 
 // Bootstrap (4 records) + `admissions` admissions of one record each, snapshots every 10; closed
 // cleanly, then its CLOSED record removed (as if it had crashed: the journal itself must tell).
@@ -76,14 +65,6 @@ void WriteCrashedJournal(const std::string& path, int admissions) {
     }
   }
   fs::remove(path + "/CLOSED");
-}
-
-journal::Hash HashOf(const std::string& path, std::uint64_t seq) {
-  auto j = journal::Journal::Open(path, ReadOnly());
-  RC_CHECK(j.ok());
-  Result<journal::Record> r = (*j)->Read(seq);
-  RC_CHECK(r.ok());
-  return r->hash;
 }
 
 // Proves `audit` and `replay` exit 3 (journal damaged), both naming the damage, for a
@@ -296,39 +277,6 @@ TEST(Cli, ProvenanceJsonOfATornJournalIsOneDocument) {
   EXPECT_NE(all.out.find("audit: JOURNAL DAMAGED: torn WAL tail"), std::string::npos) << all.out;
 }
 
-// Proves `audit --logprob-tolerance` refuses NaN, infinities, a negative and a non-number before
-// the journal is opened, naming the option, while a finite value gets as far as the open; it would
-// catch CLI11's NonNegativeNumber, which NaN passed (it compares false with 0) as did inf.
-TEST(Cli, AuditRefusesANonFiniteOrNegativeLogprobTolerance) {
-  TempDir dir;
-  const std::string missing = dir.path() + "/no-journal";
-  for (const std::string v : {"nan", "-nan", "NAN", "inf", "-inf", "-0.5", "x"}) {
-    const CliRun run = RunCli({"audit", "--logprob-tolerance=" + v, missing}, true);
-    EXPECT_NE(run.exit_code, 0) << v << ": " << run.out;
-    EXPECT_NE(run.out.find("--logprob-tolerance"), std::string::npos) << v << ": " << run.out;
-    EXPECT_NE(run.out.find("finite number >= 0"), std::string::npos) << v << ": " << run.out;
-    EXPECT_EQ(run.out.find("rolloutcore audit:"), std::string::npos) << v << ": " << run.out;
-  }
-  const CliRun finite = RunCli({"audit", "--logprob-tolerance=0.25", missing}, true);
-  EXPECT_EQ(finite.exit_code, 2) << finite.out;  // the journal cannot be opened
-  EXPECT_NE(finite.out.find("rolloutcore audit:"), std::string::npos) << finite.out;
-}
-
-// Bootstrap (seqs 1..4; seq 3 is an input whose decision is seq 4), then `admissions`
-// admissions of one record each (seqs 5..); closed cleanly.
-void WriteCleanJournal(const std::string& path, int admissions) {
-  auto j = journal::Journal::Open(path, journal::Options{});
-  ASSERT_TRUE(j.ok()) << j.status().ToString();
-  for (auto& g : journal::testing::BootstrapGroups()) {
-    ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
-  }
-  for (int i = 0; i < admissions; ++i) {
-    ASSERT_TRUE((*j)->Append(journal::testing::Group(
-                                 {make_admission((*j)->state(), "r" + std::to_string(i))}))
-                    .ok());
-  }
-}
-
 // Proves `replay --until 3`, where seq 3 is the input of a group that ends at seq 4, verifies a
 // healthy journal (exit 0), folds through seq 4 and says so, with --events and --json listing the
 // same records; and that an --until past the head is a usage error (exit 2) naming the head, never
@@ -370,7 +318,7 @@ TEST(Cli, ReplayUntilInsideAGroupFoldsThroughItsEnd) {
     if (as_json) args.push_back("--json");
     const CliRun past = RunCli(args, /*with_stderr=*/true);
     EXPECT_EQ(past.exit_code, 2) << past.out;
-    EXPECT_NE(past.out.find("rolloutcore replay: --until 7: seq 7 lies past the journal's head "
+    EXPECT_NE(past.out.find("rolloutcore replay: --until '7': seq 7 lies past the journal's head "
                             "(seq 6)"),
               std::string::npos)
         << past.out;
@@ -416,23 +364,6 @@ TEST(Cli, AReportIntoAClosedPipeExitsFour) {
   EXPECT_NE(run.out.find("rolloutcore replay: the report could not be written to stdout"),
             std::string::npos)
       << run.out.substr(0, 400);
-}
-
-// One line of a trajectories file for the rollout admitted at `seq`, as serve writes it (the
-// fields the audit reads).
-std::string TrajectoryLine(const std::string& path, std::uint64_t seq) {
-  auto j = journal::Journal::Open(path, ReadOnly());
-  RC_CHECK(j.ok());
-  Result<journal::Record> r = (*j)->Read(seq);
-  RC_CHECK(r.ok());
-  const auto& a = std::get<RolloutAdmitted>(r->event);
-  return nlohmann::json{{"rollout_id", a.rollout_id},
-                        {"admission_seq", seq},
-                        {"version", journal::WeightVersionToJson(a.version)},
-                        {"identity", journal::WeightIdentityToJson(a.identity)},
-                        {"prompt_token_ids", {1, 2, 3}},
-                        {"outputs", {{{"index", 0}, {"token_ids", {4, 5}}}}}}
-      .dump();
 }
 
 // Proves `audit --trajectories` reads a file around its torn lines (one mid-file, as the writer
@@ -483,6 +414,108 @@ TEST(Cli, AuditReadsATrajectoriesFileAroundItsTornLines) {
             std::string::npos)
       << json.out;
   EXPECT_EQ(verdict["exit_code"], 1) << json.out;
+}
+
+// A trajectory's field as a binding finding quotes it: a string in quotes, a number as is.
+std::string Quoted(const nlohmann::json& v) {
+  return v.is_string() ? "'" + v.get<std::string>() + "'" : v.dump();
+}
+
+// Runs `audit --trajectories` over `lines` (written to a file in `dir`) on the journal at `dir`.
+CliRun AuditTrajectories(const TempDir& dir, const std::vector<nlohmann::json>& lines, bool json) {
+  const std::string file = dir.sub("t.jsonl");
+  std::ofstream out(file, std::ios::trunc);
+  for (const nlohmann::json& l : lines) out << l.dump() << "\n";
+  out.close();
+  std::vector<std::string> args = {"audit", dir.path(), "--trajectories", file};
+  if (json) args.push_back("--json");
+  return RunCli(args, /*with_stderr=*/false);
+}
+
+// Proves `audit --trajectories` names every binding field a trajectory line changed with the value
+// the line claims and the value the journal bound (each of the seven alone, two at once, and a
+// hostile checkpoint as one escaped line that --json parses back whole), catching "claims version
+// 'rc-0' but the journal bound it to 'rc-0' (seq 6)" for an edited manifest digest or checkpoint.
+TEST(Cli, AuditNamesEveryBindingFieldATrajectoryChanged) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 2);  // r0 admitted at seq 5, r1 at seq 6
+  const nlohmann::json bound = cli_testing::TrajectoryJson(dir.path(), 6);
+  using Pointer = nlohmann::json::json_pointer;
+  const std::vector<std::pair<std::string, nlohmann::json>> edits = {
+      {"/version/generation", bound["version"]["generation"].get<std::uint64_t>() + 5},
+      {"/version/label", "rc-forged"},
+      {"/identity/manifest_digest", "forged-manifest"},
+      {"/identity/content_digest", "forged-content"},
+      {"/identity/checkpoint", "/ckpt/forged"},
+      {"/identity/run", "run-forged"},
+      {"/identity/step", bound["identity"]["step"].get<std::int64_t>() + 1}};
+  // "FIELD is CLAIMED in the trajectory, BOUND in the journal" for the edit at `at`.
+  auto differs = [&](const std::string& at, const nlohmann::json& claimed) {
+    std::string field = at.substr(1);
+    field[field.find('/')] = '.';
+    return field + " is " + Quoted(claimed) + " in the trajectory, " + Quoted(bound[Pointer(at)]) +
+           " in the journal";
+  };
+  const std::string prefix = "  MISMATCH: trajectory 'r1' differs from its binding at seq 6: ";
+  for (const auto& [at, claimed] : edits) {
+    nlohmann::json edited = bound;
+    edited[Pointer(at)] = claimed;
+    const CliRun run = AuditTrajectories(dir, {edited}, /*json=*/false);
+    EXPECT_EQ(run.exit_code, 1) << at << ": " << run.out;
+    EXPECT_NE(run.out.find(prefix + differs(at, claimed) + "\n"), std::string::npos)
+        << at << ": " << run.out;
+  }
+  nlohmann::json two = bound;
+  two["identity"]["manifest_digest"] = "forged-manifest";
+  two["identity"]["checkpoint"] = "/ckpt/forged";
+  const CliRun both = AuditTrajectories(dir, {two}, /*json=*/false);
+  EXPECT_NE(both.out.find(prefix + differs("/identity/manifest_digest", "forged-manifest") + "; " +
+                          differs("/identity/checkpoint", "/ckpt/forged") + "\n"),
+            std::string::npos)
+      << both.out;
+
+  const std::string hostile = "/ckpt/a\n  MISMATCH: none\x1b[2K\\n";
+  nlohmann::json forged = bound;
+  forged["identity"]["checkpoint"] = hostile;
+  const std::string finding =
+      prefix.substr(std::string("  MISMATCH: ").size()) + differs("/identity/checkpoint", hostile);
+  const CliRun text_run = AuditTrajectories(dir, {forged}, /*json=*/false);
+  EXPECT_NE(text_run.out.find("  MISMATCH: " + text::escape_line(finding) + "\n"),
+            std::string::npos)
+      << text_run.out;
+  EXPECT_NE(text_run.out.find("audit ENGINE: " + text::escape_line(finding) + "\n"),
+            std::string::npos)
+      << text_run.out;
+  const CliRun json_run = AuditTrajectories(dir, {forged}, /*json=*/true);
+  EXPECT_EQ(json_run.exit_code, 1) << json_run.out;
+  const nlohmann::json verdict = nlohmann::json::parse(json_run.out, nullptr, false);
+  ASSERT_FALSE(verdict.is_discarded()) << json_run.out;
+  EXPECT_NE(std::find(verdict["engine_findings"].begin(), verdict["engine_findings"].end(),
+                      nlohmann::json(finding)),
+            verdict["engine_findings"].end())
+      << json_run.out;
+}
+
+// Proves a trajectory line whose admission_seq is not its rollout's admission is reported with
+// what that seq holds (another rollout's admission, named; a record of another kind, named);
+// catches the bare "which is not its admission" that left the reader to find out why.
+TEST(Cli, AuditSaysWhatTheSeqATrajectoryNamesHolds) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 2);  // r0 admitted at seq 5, r1 at seq 6; seq 4 a StateChanged
+  nlohmann::json other = cli_testing::TrajectoryJson(dir.path(), 5);
+  other["admission_seq"] = 6;
+  nlohmann::json decision = cli_testing::TrajectoryJson(dir.path(), 5);
+  decision["admission_seq"] = 4;
+  const CliRun run = AuditTrajectories(dir, {other, decision}, /*json=*/false);
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find("  MISMATCH: trajectory 'r0' names admission seq 6, which is not its "
+                         "admission: seq 6 admits rollout 'r1'\n"),
+            std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("  MISMATCH: trajectory 'r0' names admission seq 4, which is not its "
+                         "admission: seq 4 holds StateChanged, no admission\n"),
+            std::string::npos)
+      << run.out;
 }
 
 // Proves replay and audit of a journal a writer holds say on stderr that its WAL tail and
