@@ -285,7 +285,8 @@ const std::array kKeys = {
               1024,
               1 << 20,
               kBounds,
-              "request line and headers bound (bytes); larger = 431",
+              "request line and headers bound (bytes), however many fields; larger, or more than "
+              "100 fields (a trailer's included) = 431",
               {}},
     ConfigKey{"engine_connections_max",
               "engine-connections-max",
@@ -419,7 +420,11 @@ const std::array kKeys = {
               4,
               65536,
               kGate,
-              "open connections; beyond: 503 and closed",
+              "open connections; beyond: 503 and closed. Lowered at start (with "
+              "engine_connections_max, logged) to what the open-file limit leaves room for: a "
+              "client and an engine socket per connection and the engine pools' idle ones, beside "
+              "the journal's files and a reserve; past a margin for refusals, connections wait "
+              "unaccepted",
               {}},
     ConfigKey{"journal_sync",
               "journal-sync",

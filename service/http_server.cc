@@ -11,6 +11,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/read_size.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -44,6 +45,18 @@ constexpr std::uint64_t kStopFlushMs = 1000;   // Stop: each loop runs what it q
 // Beast's limits count a request's head and its body, not a chunk-size line or a trailer: the
 // read buffer's own bound caps those (and so each connection's buffer).
 constexpr std::size_t kFramingSlackBytes = 64 << 10;
+// Sockets beyond connections_max a server keeps for refusals (503) and lingering closes, at
+// least.
+constexpr std::size_t kRefusalSocketsMin = 16;
+
+// More than `max` fields in `fields` (counted up to max + 1: each is a node the parser made).
+bool FieldsOver(const bhttp::fields& fields, std::size_t max) {
+  std::size_t n = 0;
+  for (auto it = fields.begin(); it != fields.end(); ++it) {
+    if (++n > max) return true;
+  }
+  return false;
+}
 
 std::string_view SplitPath(std::string_view target) {
   const std::size_t q = target.find('?');
@@ -94,6 +107,10 @@ std::string PercentDecode(std::string_view in, bool plus_is_space) {
 }
 
 }  // namespace
+
+std::size_t SocketsMaxFor(std::size_t connections_max) {
+  return connections_max + std::max(kRefusalSocketsMin, connections_max / 8);
+}
 
 HttpResponse MakeResponse(int status, std::string body, std::string_view content_type) {
   HttpResponse res;
@@ -147,6 +164,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadRequest();
   void OnFirstBytes(beast::error_code ec, std::size_t n);
   void ReadHead();
+  void ParseHead();
+  void OnHeadBytes(beast::error_code ec, std::size_t n);
+  beast::error_code HeadBound() const;
+  void RefuseFields();
   void OnHead(beast::error_code ec, std::size_t);
   void ReadBody();
   void ReadBodySome();
@@ -208,6 +229,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   BudgetHold body_hold_;  // the body budget the request being read or answered holds
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::size_t head_bytes_ = 0;  // of the head being read, those its parser consumed
   HttpRequest request_;
   std::uint64_t serial_ = 0;
   bool answered_ = true;  // no exchange open
@@ -261,8 +283,60 @@ void Session::OnFirstBytes(beast::error_code ec, std::size_t n) {
 
 void Session::ReadHead() {
   Arm(Phase::kHead, server_.options().header_timeout_ms);
-  bhttp::async_read_header(socket_, buffer_, *parser_,
-                           beast::bind_front_handler(&Session::OnHead, shared_from_this()));
+  head_bytes_ = 0;
+  ParseHead();
+}
+
+// The head is parsed here read by read rather than by async_read_header: Beast's header_limit
+// counts only the bytes one parse has not consumed (Boost 1.81: the fields a parse takes leave
+// the buffer, and the next parse counts from zero), so a head of many small fields passed any
+// limit. Here every byte the parser consumed counts against header_bytes_max (HeadBound).
+void Session::ParseHead() {
+  beast::error_code ec;
+  if (buffer_.size() > 0) {
+    const std::size_t used = parser_->put(buffer_.data(), ec);
+    buffer_.consume(used);
+    head_bytes_ += used;
+    if (ec == bhttp::error::need_more) ec = {};
+  }
+  if (!ec) ec = HeadBound();
+  if (!ec && FieldsOver(parser_->get(), kHeaderFieldsMax)) {
+    Disarm();
+    return RefuseFields();
+  }
+  if (ec || parser_->is_header_done()) return OnHead(ec, head_bytes_);
+  const std::size_t room = beast::read_size(buffer_, kReadChunkBytes);  // within max_size
+  if (room == 0) return OnHead(bhttp::error::buffer_overflow, head_bytes_);
+  socket_.async_read_some(buffer_.prepare(room),
+                          beast::bind_front_handler(&Session::OnHeadBytes, shared_from_this()));
+}
+
+// A read that completed as the deadline expired (the cancel found nothing to cancel) ends the
+// head as a timeout: the next read would have no deadline.
+void Session::OnHeadBytes(beast::error_code ec, std::size_t n) {
+  if (Expired(Phase::kHead)) return OnHead(asio::error::operation_aborted, head_bytes_);
+  if (ec == asio::error::eof) {  // as Beast's own read: a head cut by the close is malformed
+    ec = parser_->got_some() ? beast::error_code(bhttp::error::partial_message)
+                             : beast::error_code(bhttp::error::end_of_stream);
+  }
+  if (ec) return OnHead(ec, head_bytes_);
+  buffer_.commit(n);
+  ParseHead();
+}
+
+// header_limit when the head's bytes pass header_bytes_max: those consumed, and while the head is
+// incomplete every byte still buffered (its end is not among them: the parser would have
+// stopped there).
+beast::error_code Session::HeadBound() const {
+  const std::size_t pending = parser_->is_header_done() ? 0 : buffer_.size();
+  if (head_bytes_ + pending > server_.options().header_bytes_max) return bhttp::error::header_limit;
+  return {};
+}
+
+void Session::RefuseFields() {
+  server_.mutable_counters().bad_requests++;
+  Refuse(431, "too_large",
+         "request has more than " + std::to_string(kHeaderFieldsMax) + " header fields");
 }
 
 // Ends the connection on a failed read of a request (a deadline, a bound, a malformed or cut
@@ -361,6 +435,8 @@ void Session::OnBody(beast::error_code ec, std::size_t) {
   }
   if (!parser_->is_done()) return ReadBodySome();
   Disarm();
+  // A chunked body's trailer adds fields to the head's.
+  if (FieldsOver(parser_->get(), kHeaderFieldsMax)) return RefuseFields();
   OnRequest();
 }
 
@@ -797,6 +873,7 @@ std::vector<std::unique_ptr<asio::io_context>> MakeLoops(std::size_t n) {
 HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
     : options_(std::move(options)),
       router_(std::move(router)),
+      sockets_max_(SocketsMaxFor(options_.connections_max)),
       body_budget_(options_.body_memory_bytes_max),
       loops_(MakeLoops(options_.io_threads)),
       acceptor_(std::in_place, *loops_.front()),
@@ -867,7 +944,17 @@ void HttpServer::RunLoop(std::size_t loop) {
   }
 }
 
+// At sockets_max_ sessions the server accepts no more until one closes (SessionClosed accepts
+// again): the connections wait in the listen backlog, and the descriptors the rest of the
+// process needs (the engine monitor's, the journal's) are never taken by clients.
 void HttpServer::Accept() {
+  {
+    std::lock_guard<std::mutex> g(sessions_mu_);
+    if (sessions_.size() >= sockets_max_) {
+      accept_paused_ = true;
+      return;
+    }
+  }
   // Only this handler (on the first loop) advances next_loop_.
   const LoopExecutor loop = loops_[next_loop_++ % loops_.size()]->get_executor();
   acceptor_->async_accept(loop, [this, loop](beast::error_code ec, tcp::socket socket) {
@@ -911,6 +998,11 @@ void HttpServer::AcceptLater() {
 void HttpServer::SessionClosed(Session* session) {
   std::lock_guard<std::mutex> g(sessions_mu_);
   sessions_.erase(session);
+  if (!accept_paused_ || sessions_.size() >= sockets_max_ || stopping_.load()) return;
+  accept_paused_ = false;  // one Accept: none is pending while paused
+  asio::post(*loops_.front(), [this] {
+    if (!stopping_.load() && acceptor_ && acceptor_->is_open()) Accept();
+  });
 }
 
 // HEAD is answered as GET without the body (Session::Respond drops it), on the blocking routes

@@ -19,8 +19,11 @@
 //
 // Invariants: an Exchange is answered exactly once (Respond, or StartStream..EndStream); a write
 // the client does not take within write_timeout_ms closes the connection; connections beyond
-// connections_max are answered 503 and closed; nothing is buffered beyond one response or one
-// streamed chunk per connection.
+// connections_max are answered 503 and closed; at most SocketsMaxFor(connections_max) client
+// sockets are open at once (counted, refused and lingering ones): beyond it the server stops
+// accepting and connections wait in the listen backlog; a request head is at most
+// header_bytes_max bytes and kHeaderFieldsMax fields, whatever its shape (431); nothing is buffered
+// beyond one response or one streamed chunk per connection.
 #pragma once
 
 #include <atomic>
@@ -58,6 +61,17 @@ using HttpResponse = bhttp::response<bhttp::string_body>;
 inline const void* EventLoopOf(const boost::asio::any_io_executor& executor) {
   return &boost::asio::query(executor, boost::asio::execution::context);
 }
+
+// Fields of one request, its trailer's included, beyond which it is answered 431 (as Apache's
+// LimitRequestFields and Tomcat's maxHeaderCount). Each field is a node Beast allocates, about 80
+// bytes for a 4-byte "a:\r\n": header_bytes_max alone let a head hold thousands of them, at 20
+// times its size in memory.
+inline constexpr std::size_t kHeaderFieldsMax = 100;
+
+// The client sockets a server with `connections_max` holds open at most: its connections and a
+// margin (an eighth, at least 16) for those it refuses with 503 or that linger after their last
+// answer. The descriptors serve keeps for its clients.
+std::size_t SocketsMaxFor(std::size_t connections_max);
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
@@ -224,11 +238,13 @@ class HttpServer {
 
   const HttpServerOptions options_;
   const HttpRouter router_;
+  const std::size_t sockets_max_;  // SocketsMaxFor(connections_max): sessions at once
   HttpServerCounters counters_;
   ByteBudget body_budget_;  // declared before the sessions and loops: it outlives their holds
   // Before loops_: sessions destroyed with a loop's pending handlers still unregister here.
   std::mutex sessions_mu_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
+  bool accept_paused_ = false;  // under sessions_mu_: no accept pending, sockets_max_ reached
   std::vector<std::unique_ptr<boost::asio::io_context>> loops_;  // one per io thread
   std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guards_;
   std::size_t next_loop_ = 0;  // the acceptor's handler only: the loop of the next connection

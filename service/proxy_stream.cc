@@ -12,10 +12,45 @@
 namespace rc::service {
 namespace {
 
-// An engine chunk is outside text: a missing or non-integer "index" is choice 0.
-std::int64_t ChoiceIndex(const json& choice) {
+// A choice's index: absent, the one choice of a one-choice answer (0); present, an integer in
+// [0, kRequestChoicesMax), else nullopt. Any mapping of another value files tokens under a
+// choice the engine did not send (2^64-1 read as int64 was choice -1, "x" was choice 0).
+std::optional<std::int64_t> ChoiceIndex(const json& choice) {
   const auto at = choice.find("index");
-  return at != choice.end() && at->is_number_integer() ? at->get<std::int64_t>() : 0;
+  if (at == choice.end()) return 0;
+  if (!at->is_number_integer()) return std::nullopt;
+  const bool in_range =
+      at->is_number_unsigned()
+          ? at->get<std::uint64_t>() < kRequestChoicesMax
+          : at->get<std::int64_t>() >= 0 &&
+                static_cast<std::uint64_t>(at->get<std::int64_t>()) < kRequestChoicesMax;
+  if (!in_range) return std::nullopt;
+  return at->get<std::int64_t>();
+}
+
+// A token id as the journal's 32-bit fields hold it exactly; nullopt for anything else.
+std::optional<std::int32_t> ExactTokenId(std::int64_t id) {
+  if (id < std::numeric_limits<std::int32_t>::min() ||
+      id > std::numeric_limits<std::int32_t>::max()) {
+    return std::nullopt;
+  }
+  return static_cast<std::int32_t>(id);
+}
+
+std::optional<std::int32_t> ExactTokenId(const json& id) {
+  if (id.is_number_unsigned()) {
+    const std::uint64_t v = id.get<std::uint64_t>();
+    if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) return {};
+    return static_cast<std::int32_t>(v);
+  }
+  if (!id.is_number_integer()) return std::nullopt;
+  return ExactTokenId(id.get<std::int64_t>());
+}
+
+// A logprob the journal's float holds as the number the line holds (a plain conversion past
+// float's range would be undefined, a clamped one an infinity in the journal only).
+bool WithinFloat(double v) {
+  return std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max();
 }
 
 // A choice's output token ids: its own, or (chat streams) those of its delta; nullptr if none.
@@ -53,10 +88,11 @@ void Trajectory::Absorb(const json& doc) {
 void Trajectory::TakePrompt(const json& obj) {
   auto p = obj.find("prompt_token_ids");
   if (p == obj.end() || !p->is_array() || !prompt_token_ids.is_null()) return;
-  // Token ids are integers; an array of anything else is a prompt the trace cannot hold exactly
-  // (journaling choice 0 without it would record another trajectory than the engine's).
-  const auto is_id = [](const json& id) { return id.is_number_integer(); };
-  if (std::all_of(p->begin(), p->end(), is_id) && p->size() <= kTrajectoryEntriesMax) {
+  // Token ids are integers the journal holds (int32); an array of anything else is a prompt the
+  // trace cannot hold exactly (journaling choice 0 without it would record another trajectory
+  // than the engine's, and the line would hold ids the journal does not).
+  const auto is_id = [](const json& id) { return ExactTokenId(id).has_value(); };
+  if (p->size() <= kTrajectoryEntriesMax && std::all_of(p->begin(), p->end(), is_id)) {
     prompt_token_ids = *p;
   } else {
     truncated = prompt_cut = true;
@@ -74,10 +110,51 @@ void Trajectory::TakeUsage(const json& doc) {
   }
 }
 
+std::uint64_t Trajectory::prompt_ids() const {
+  return prompt_token_ids.is_array() ? prompt_token_ids.size() : 0;
+}
+
+std::uint64_t Trajectory::output_ids() const {
+  std::uint64_t n = 0;
+  for (const auto& [i, c] : choices) n += c.token_ids.size();
+  return n;
+}
+
+bool Trajectory::UsageBelievable() const {
+  const auto believable = [](const std::optional<std::uint64_t>& usage, std::uint64_t ids) {
+    return !usage || (*usage <= std::numeric_limits<std::uint32_t>::max() && *usage >= ids);
+  };
+  return believable(usage_prompt, prompt_ids()) && believable(usage_completion, output_ids());
+}
+
+bool Trajectory::Trusted() const {
+  const bool has_choice0 = choices.empty() || choices.contains(0);
+  return !bad_index && has_choice0 && UsageBelievable();
+}
+
+// Kept ids number at most kTrajectoryEntriesMax, a believable usage at most uint32's maximum.
+std::uint32_t Trajectory::prompt_count() const {
+  const std::uint64_t n = usage_prompt && UsageBelievable() ? *usage_prompt : prompt_ids();
+  RC_CHECK(n <= std::numeric_limits<std::uint32_t>::max());
+  return static_cast<std::uint32_t>(n);
+}
+
+std::uint32_t Trajectory::completion_count() const {
+  const std::uint64_t n = usage_completion && UsageBelievable() ? *usage_completion : output_ids();
+  RC_CHECK(n <= std::numeric_limits<std::uint32_t>::max());
+  return static_cast<std::uint32_t>(n);
+}
+
+// A choice whose index is no choice is not kept: its tokens belong to no choice of the answer.
 void Trajectory::TakeChoice(const json& choice) {
   RC_CHECK(choice.is_object());
   TakePrompt(choice);
-  ChoiceTrace* t = ChoiceOf(ChoiceIndex(choice));
+  const std::optional<std::int64_t> index = ChoiceIndex(choice);
+  if (!index) {
+    truncated = bad_index = true;
+    return;
+  }
+  ChoiceTrace* t = ChoiceOf(*index);
   if (t == nullptr) return;
   if (const json* ids = TokenIdsOf(choice)) TakeTokenIds(*ids, *t);
   TakeLogprobs(choice, *t);
@@ -99,24 +176,22 @@ ChoiceTrace* Trajectory::ChoiceOf(std::int64_t index) {
   return &choices[index];
 }
 
-// An id that is no integer within int64 is no token: skipping it would pair the logprobs that
-// follow with other tokens, and narrowing it would record another token, so the trace is cut.
+// An id that is no integer within int32 (the journal's field) is no token the journal can hold:
+// skipping it would pair the logprobs that follow with other tokens, narrowing it would record
+// another token, and keeping it would put in the line an id the journal lacks, so the trace is
+// cut.
 void Trajectory::TakeTokenIds(const json& ids, ChoiceTrace& trace) {
   for (const json& id : ids) {
     if (!TakeEntry()) {
       trace.cut = true;
       break;
     }
-    const bool in_range =
-        id.is_number_integer() &&
-        (!id.is_number_unsigned() ||
-         id.get<std::uint64_t>() <=
-             static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
-    if (!in_range) {
+    const std::optional<std::int32_t> exact = ExactTokenId(id);
+    if (!exact) {
       truncated = trace.cut = true;
       break;
     }
-    trace.token_ids.push_back(id.get<std::int64_t>());
+    trace.token_ids.push_back(*exact);
   }
 }
 
@@ -131,21 +206,29 @@ void Trajectory::TakeLogprobs(const json& choice, ChoiceTrace& trace) {
     const std::size_t echoed =
         ids != nullptr && ids->size() < tl->size() ? tl->size() - ids->size() : 0;
     for (auto v = tl->begin() + static_cast<std::ptrdiff_t>(echoed); v != tl->end(); ++v) {
-      if (!TakeEntry()) {
-        trace.cut = true;
-        break;
-      }
-      trace.logprobs.push_back(NumberOrNull(*v));
+      if (!TakeLogprob(NumberOrNull(*v), trace)) break;
     }
   } else if (auto ct = lp->find("content"); ct != lp->end() && ct->is_array()) {
     for (const json& item : *ct) {
-      if (!TakeEntry()) {
-        trace.cut = true;
-        break;
-      }
-      trace.logprobs.push_back(ContentLogprob(item));
+      if (!TakeLogprob(ContentLogprob(item), trace)) break;
     }
   }
+}
+
+// A number past float's range is cut like an id past int32: the journal would hold an infinity
+// where the line holds the number. False once the choice is cut.
+bool Trajectory::TakeLogprob(const json& logprob, ChoiceTrace& trace) {
+  RC_CHECK(logprob.is_null() || logprob.is_number());
+  if (!TakeEntry()) {
+    trace.cut = true;
+    return false;
+  }
+  if (logprob.is_number() && !WithinFloat(logprob.get<double>())) {
+    truncated = trace.cut = true;
+    return false;
+  }
+  trace.logprobs.push_back(logprob);
+  return true;
 }
 
 bool Trajectory::TakeEntry() {
@@ -175,30 +258,12 @@ float ToFloat(double v) {
   return static_cast<float>(v);
 }
 
-// A token id as the journal's 32-bit fields hold it exactly; nullopt for anything else.
-std::optional<std::int32_t> ExactTokenId(std::int64_t id) {
-  if (id < std::numeric_limits<std::int32_t>::min() ||
-      id > std::numeric_limits<std::int32_t>::max()) {
-    return std::nullopt;
-  }
-  return static_cast<std::int32_t>(id);
-}
-
-std::optional<std::int32_t> ExactTokenId(const json& id) {
-  if (id.is_number_unsigned()) {
-    const std::uint64_t v = id.get<std::uint64_t>();
-    if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) return {};
-    return static_cast<std::int32_t>(v);
-  }
-  if (!id.is_number_integer()) return std::nullopt;
-  return ExactTokenId(id.get<std::int64_t>());
-}
-
-// nullopt when the prompt or choice 0 is not whole or an id does not fit the journal's fields: the
-// parts would record other tokens than the engine sent (the trajectory line keeps what it could,
-// and says truncated), so none are journaled.
+// nullopt when the trace is untrusted, the prompt or choice 0 is not whole, or an id does not fit
+// the journal's fields (only a trace built by hand has one: Absorb cuts there): the parts would
+// record another trajectory than the engine's (the trajectory line keeps what it could, and says
+// truncated), so none are journaled.
 std::optional<FlatTrace> Flatten(const Trajectory& trace) {
-  if (trace.prompt_cut) return std::nullopt;
+  if (trace.prompt_cut || !trace.Trusted()) return std::nullopt;
   FlatTrace flat;
   if (trace.prompt_token_ids.is_array()) {
     for (const json& id : trace.prompt_token_ids) {

@@ -43,6 +43,14 @@ AddedFields AddTraceFields(ProxyRoute route, bool stream, json& body);
 inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // per rollout
 inline constexpr std::size_t kTrajectoryChoicesMax = 1024;  // choice indexes per rollout
 inline constexpr std::size_t kFinishReasonBytesMax = 64;    // a longer one is not kept
+// The most choices one request may ask for: vLLM numbers a completion's choices
+// prompt * n + i, so this bounds a request's prompts times its `n`. A choice index is an integer
+// in [0, kRequestChoicesMax); anything else in its place is no choice a request asks for, and the
+// trace is untrusted rather than filed under another index (a request that asked for more is
+// served, its trace untrusted). Between kTrajectoryChoicesMax and it, an index is a real choice
+// that is not kept (a cut in another choice: choice 0 is still journaled).
+inline constexpr std::uint64_t kRequestChoicesMax = std::uint64_t{1} << 16;
+static_assert(kTrajectoryChoicesMax <= kRequestChoicesMax);
 // Journal records one trajectory becomes, at most.
 inline constexpr std::size_t kTrajectoryPartsMax =
     kTrajectoryEntriesMax / kTrajectoryTokensPerRecordMax + 1;
@@ -54,44 +62,59 @@ struct ChoiceTrace {
   bool cut = false;  // token ids or logprobs of this choice were offered and not kept
 };
 
+// Every number a trace keeps is one the journal's fields hold exactly, so the journal and the
+// trajectory line record the same figures: token ids within int32, logprobs within float's
+// range, counts within uint32. An engine's number outside them cuts the trace where it stands
+// (as a token id that is no integer does); one that contradicts the rest of the answer (a choice
+// index that is no choice, a usage count below the token ids sent) makes it untrusted.
 struct Trajectory {
-  json prompt_token_ids;  // null until seen
-  std::map<std::int64_t, ChoiceTrace> choices;
-  std::optional<std::uint64_t> usage_prompt, usage_completion;
+  json prompt_token_ids;                        // null until seen; int32 ids only
+  std::map<std::int64_t, ChoiceTrace> choices;  // indexes in [0, kRequestChoicesMax)
+  std::optional<std::uint64_t> usage_prompt, usage_completion;  // as the engine sent them
   std::size_t entries = 0;  // token ids and logprobs kept, at most kTrajectoryEntriesMax
   bool truncated = false;   // more were offered than kept, anywhere
   bool prompt_cut = false;  // the prompt's token ids were offered and not kept
+  bool bad_index = false;   // a choice came with an index that is no choice (nothing of it kept)
 
   // Takes what one engine document (a completion, or one streamed chunk) tells: the prompt's
   // token ids, the usage, and per choice its token ids, logprobs and finish reason. Outside
   // text: anything of another shape is ignored.
   void Absorb(const json& doc);
-  std::uint64_t prompt_count() const {
-    if (usage_prompt) return *usage_prompt;
-    return prompt_token_ids.is_array() ? prompt_token_ids.size() : 0;
-  }
-  std::uint64_t completion_count() const {
-    if (usage_completion) return *usage_completion;
-    std::uint64_t n = 0;
-    for (const auto& [i, c] : choices) n += c.token_ids.size();
-    return n;
-  }
+
+  // The counts the journal's RolloutFinished and the trajectory line both record: the engine's
+  // usage where it is believable (UsageBelievable), else what the kept token ids count.
+  std::uint32_t prompt_count() const;
+  std::uint32_t completion_count() const;
+  // The usage the engine sent (if any) fits the journal's fields and counts no fewer tokens than
+  // the engine sent ids for (a usage chunk counts every choice of the request).
+  bool UsageBelievable() const;
+  // The trace stands for the engine's answer: no choice index that is no choice, a believable
+  // usage, and choice 0 among the choices if there are any (the journal's parts are choice 0's;
+  // recording an empty output for a choice the engine never sent would be another trajectory).
+  // An untrusted trace journals no parts, and its line says truncated.
+  bool Trusted() const;
+  // What the trajectory line says as "truncated": something was offered and not kept, or the
+  // trace is untrusted.
+  bool Truncated() const { return truncated || !Trusted(); }
 
  private:
+  std::uint64_t prompt_ids() const;
+  std::uint64_t output_ids() const;
   void TakePrompt(const json& obj);
   void TakeUsage(const json& doc);
   void TakeChoice(const json& choice);
   ChoiceTrace* ChoiceOf(std::int64_t index);
   void TakeTokenIds(const json& ids, ChoiceTrace& trace);
   void TakeLogprobs(const json& choice, ChoiceTrace& trace);
+  bool TakeLogprob(const json& logprob, ChoiceTrace& trace);
   // Counts one more entry against kTrajectoryEntriesMax; false (and `truncated`) once it is spent.
   bool TakeEntry();
 };
 
 // Splits choice 0 of a trace into TrajectoryRecorded parts of at most
 // kTrajectoryTokensPerRecordMax tokens: prompt tokens first, then output tokens with their
-// logprobs (NaN where the engine reported none). None when the prompt or choice 0 was cut; a cut
-// in another choice does not keep choice 0 out of the journal.
+// logprobs (NaN where the engine reported none). None when the prompt or choice 0 was cut or the
+// trace is untrusted; a cut in another choice does not keep choice 0 out of the journal.
 std::vector<TrajectoryRecorded> JournalTrajectoryParts(const std::string& rollout_id,
                                                        const Trajectory& trace);
 

@@ -3,11 +3,14 @@
 #include <pthread.h>
 #include <openssl/crypto.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -56,10 +60,18 @@ inline constexpr std::uint64_t kStepsAfterMutation = kCacheKinds + 2;
 inline constexpr std::uint64_t kIoThreadsAutoMax = 4;
 // Trainer API calls queued or running per blocking thread, beyond which they are answered 503.
 inline constexpr std::size_t kBlockingQueuePerThread = 16;
-// Descriptors: a proxied rollout holds a client socket and an engine socket; the rest (journal,
-// trajectories, listeners, engine control) fits in the spare.
-inline constexpr std::uint64_t kDescriptorsPerConnection = 2;
-inline constexpr std::uint64_t kDescriptorsSpare = 256;
+// Descriptors serve opens once its connection limit is fitted, beside those open then: each
+// event loop's epoll, eventfd and timerfd, and the listener.
+inline constexpr std::uint64_t kDescriptorsPerLoop = 3;
+inline constexpr std::uint64_t kListenerDescriptors = 1;
+// Per engine: the monitor's, the control's and a transfer's connections (libcurl keeps a few per
+// handle) and a name lookup's socket.
+inline constexpr std::uint64_t kDescriptorsPerEngine = 16;
+// Files the journal adds while serving (a flush's table, a compaction's outputs opened before its
+// inputs close, a new WAL and MANIFEST), the trajectories file's rotation, the logs.
+inline constexpr std::uint64_t kJournalDescriptorsReserve = 64;
+// The fewest client connections serve starts with (http_connections_max's lower bound).
+inline constexpr std::uint64_t kConnectionsFitMin = 4;
 // The destructor waits this long for blocking handlers (an update) to return.
 inline constexpr std::uint64_t kHandlersDrainMsMax = 24ull * 3600 * 1000;
 
@@ -82,6 +94,136 @@ Lifecycle ReadLifecycle(const journal::Journal& journal) {
   Lifecycle lifecycle = Lifecycle::kUninitialized;
   journal.ReadState([&lifecycle](const State& st) { lifecycle = st.lifecycle; });
   return lifecycle;
+}
+
+// ---- the client connection limit fitted to the open-file limit ----
+
+// Raises RLIMIT_NOFILE's soft limit to the hard one, before the journal opens its files.
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+  const rlim_t soft = lim.rlim_cur;
+  lim.rlim_cur = lim.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    spdlog::warn("serve: could not raise the open-file limit from {} to {}: {}",
+                 static_cast<std::uint64_t>(soft), static_cast<std::uint64_t>(lim.rlim_max),
+                 std::strerror(errno));
+  }
+}
+
+// Descriptors open now: /proc/self/fd's entries, or (without /proc) those below `limit` that are
+// open.
+std::uint64_t OpenDescriptors(std::uint64_t limit) {
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    std::uint64_t n = 0;
+    while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.' ? 1 : 0;
+    ::closedir(dir);
+    return n > 0 ? n - 1 : 0;  // not the directory's own
+  }
+  std::uint64_t n = 0;
+  for (std::uint64_t fd = 0; fd < std::min<std::uint64_t>(limit, 1 << 20); ++fd) {
+    n += ::fcntl(static_cast<int>(fd), F_GETFD) != -1 ? 1 : 0;
+  }
+  return n;
+}
+
+struct DescriptorBudget {
+  std::uint64_t limit = 0;     // RLIMIT_NOFILE's soft limit
+  std::uint64_t open = 0;      // open at the fit (the journal's files, the engine clients')
+  std::uint64_t reserved = 0;  // `open` and what serve opens besides client and engine sockets
+  std::uint64_t engines = 1;
+  std::uint64_t loops = 1;
+};
+
+DescriptorBudget BudgetOf(const ServeConfig& c, std::uint64_t loops) {
+  DescriptorBudget b;
+  rlimit lim{};
+  b.limit = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 ? static_cast<std::uint64_t>(lim.rlim_cur)
+                                                  : std::numeric_limits<std::uint64_t>::max();
+  b.open = OpenDescriptors(b.limit);
+  b.engines = std::max<std::uint64_t>(1, c.engines.size());
+  b.loops = loops;
+  b.reserved = b.open + loops * kDescriptorsPerLoop + kListenerDescriptors +
+               b.engines * kDescriptorsPerEngine + kJournalDescriptorsReserve;
+  return b;
+}
+
+// Descriptors the client and engine connections take at most with `connections` client
+// connections and `engine_idle` idle engine connections kept per engine: every client socket the
+// server holds (SocketsMaxFor: refused and lingering ones included), an engine socket per
+// proxied request, and each engine pool's idle ones (ceil(idle / loops) per loop).
+std::uint64_t ConnectionDescriptors(const DescriptorBudget& b, std::uint64_t connections,
+                                    std::uint64_t engine_idle) {
+  const std::uint64_t idle_per_pool = b.loops * ((engine_idle + b.loops - 1) / b.loops);
+  return SocketsMaxFor(connections) + connections + b.engines * idle_per_pool;
+}
+
+bool Fits(const DescriptorBudget& b, std::uint64_t connections, std::uint64_t engine_idle) {
+  return b.reserved <= b.limit &&
+         ConnectionDescriptors(b, connections, engine_idle) <= b.limit - b.reserved;
+}
+
+// The largest connection limit up to `configured` that fits, its engine pools keeping no more
+// idle connections than there can be proxied requests; 0 when none fits.
+std::uint64_t FittedConnections(const DescriptorBudget& b, std::uint64_t configured,
+                                std::uint64_t engine_idle) {
+  const auto fits = [&](std::uint64_t n) { return Fits(b, n, std::min(engine_idle, n)); };
+  std::uint64_t lo = 0, hi = configured;  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  RC_CHECK(lo <= configured && (lo == 0 || fits(lo)));
+  return lo;
+}
+
+// Clients must never take the descriptors the engine monitor, the engine calls and the journal
+// need (out of them, the monitor journals the engine unreachable and /readyz fails): when the
+// configured limits do not fit the open-file limit, http_connections_max becomes the largest
+// that does and engine_connections_max at most that; fewer than kConnectionsFitMin is an error.
+Status FitConnectionsToOpenFiles(ServeConfig& c, std::uint64_t loops) {
+  const DescriptorBudget b = BudgetOf(c, loops);
+  const std::uint64_t configured = c.http_connections_max, idle = c.engine_connections_max;
+  if (Fits(b, configured, idle)) return Status::OK();
+  const std::uint64_t needed = b.reserved + ConnectionDescriptors(b, configured, idle);
+  const std::uint64_t fitted = FittedConnections(b, configured, idle);
+  const std::string why = fmt::format(
+      "the open-file limit is {} (ulimit -n); {} descriptors are open (the journal's files and "
+      "the engine clients' among them) and {} more are kept for the event loops, the listener, "
+      "the engine monitor and calls, and the journal's new files; each connection takes a client "
+      "socket and an engine socket, with a margin of sockets for refused connections, and the "
+      "engine pool's idle connections count too",
+      b.limit, b.open, b.reserved - b.open);
+  if (fitted < kConnectionsFitMin) {
+    const std::uint64_t least =
+        b.reserved +
+        ConnectionDescriptors(b, kConnectionsFitMin, std::min(idle, kConnectionsFitMin));
+    return Status::Unavailable(fmt::format(
+        "{}: no room for {} client connections; raise the open-file limit to at least {} ({} "
+        "for the configured http_connections_max and engine_connections_max)",
+        why, kConnectionsFitMin, least, needed));
+  }
+  c.http_connections_max = fitted;
+  c.engine_connections_max = std::min(idle, fitted);
+  spdlog::warn(
+      "serve: http_connections_max lowered to {} (configured {}) and engine_connections_max to {} "
+      "(configured {}): {}; connections beyond it are answered 503 or wait to be accepted; the "
+      "configured values need an open-file limit of at least {}",
+      c.http_connections_max, configured, c.engine_connections_max, idle, why, needed);
+  RC_CHECK(Fits(b, c.http_connections_max, c.engine_connections_max));
+  return Status::OK();
+}
+
+// One event loop per core by default, at most 4: on a 16-core host 4 loops served the most
+// requests at both 16 and 256 connections, and each loop past that cost CPU per request (fewer
+// events per wake-up) without adding throughput (bench/proxy/RESULTS.md).
+std::size_t IoThreadsOf(const ServeConfig& c) {
+  const std::uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return c.io_threads != 0 ? c.io_threads : std::min<std::uint64_t>(cores, kIoThreadsAutoMax);
 }
 
 }  // namespace
@@ -173,6 +315,7 @@ std::string Service::url() const {
 Result<std::unique_ptr<Service>> Service::Open(const ServeConfig& config,
                                                rocksdb::Env* journal_env) {
   RC_RETURN_IF_ERROR(ValidateConfig(config));
+  RaiseOpenFileLimit();
   std::unique_ptr<Service> s(new Service(config));
   s->journal_env_ = journal_env;
   RC_RETURN_IF_ERROR(s->Init());
@@ -694,34 +837,11 @@ std::string Service::NextRolloutId() {
   return rollout_prefix_ + std::to_string(rollout_counter_.fetch_add(1) + 1);
 }
 
-// Connections cost descriptors, not threads: each proxied rollout holds a client socket and an
-// engine socket. The soft limit is raised to the hard one so http_connections_max can be met.
-static void RaiseDescriptorLimit(std::uint64_t connections_max) {
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
-  if (lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    (void)::setrlimit(RLIMIT_NOFILE, &lim);
-  }
-  const std::uint64_t needed = kDescriptorsPerConnection * connections_max + kDescriptorsSpare;
-  if (lim.rlim_cur < needed) {
-    spdlog::warn(
-        "serve: the descriptor limit ({}) is below what http_connections_max={} needs "
-        "({}); raise `ulimit -n`",
-        static_cast<std::uint64_t>(lim.rlim_cur), connections_max, needed);
-  }
-}
-
 HttpServerOptions Service::ServerOptions() const {
   HttpServerOptions o;
   o.host = config_.listen_host;
   o.port = config_.listen_port;
-  // One event loop per core by default, at most 4: on a 16-core host 4 loops served the most
-  // requests at both 16 and 256 connections, and each loop past that cost CPU per request (fewer
-  // events per wake-up) without adding throughput (bench/proxy/RESULTS.md).
-  const std::uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
-  o.io_threads = config_.io_threads != 0 ? config_.io_threads
-                                         : std::min<std::uint64_t>(cores, kIoThreadsAutoMax);
+  o.io_threads = IoThreadsOf(config_);
   o.connections_max = config_.http_connections_max;
   o.header_bytes_max = config_.header_bytes_max;
   o.body_bytes_max = config_.body_bytes_max;
@@ -761,7 +881,7 @@ Status Service::Listen() {
 
 Status Service::Start() {
   RC_CHECK(!http_ && !upstream_);
-  RaiseDescriptorLimit(config_.http_connections_max);
+  RC_RETURN_IF_ERROR(FitConnectionsToOpenFiles(config_, IoThreadsOf(config_)));
   http_ = std::make_unique<HttpServer>(ServerOptions(), is_fleet() ? FleetRoutes() : Routes());
   if (is_fleet()) return StartFleet();
   auto pool = MakeUpstream(engine_target_);

@@ -125,7 +125,7 @@ std::string TrajectoryLineText(const TrajectoryLineFields& f) {
   AppendKey(out, "stream");
   out += f.stream ? "true" : "false";
   AppendKey(out, "truncated");
-  out += f.trace.truncated ? "true" : "false";
+  out += f.trace.Truncated() ? "true" : "false";
   AppendKey(out, "version");
   out += binding.version_text;
   out += '}';

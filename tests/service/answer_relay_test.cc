@@ -67,6 +67,8 @@ void ExpectSameTrace(const Trajectory& a, const Trajectory& b) {
   EXPECT_EQ(a.entries, b.entries);
   EXPECT_EQ(a.truncated, b.truncated);
   EXPECT_EQ(a.prompt_cut, b.prompt_cut);
+  EXPECT_EQ(a.bad_index, b.bad_index);
+  EXPECT_EQ(a.Trusted(), b.Trusted());
   ASSERT_EQ(a.choices.size(), b.choices.size());
   for (const auto& [index, choice] : a.choices) {
     const ChoiceTrace& other = b.choices.at(index);

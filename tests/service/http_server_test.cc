@@ -1,17 +1,22 @@
 // The HTTP server's framing and memory bounds seen from a raw client over loopback: streams to
-// HTTP/1.0 clients (no chunked coding), and request bodies charged to the body budget for the
-// memory they take (a declared length from the head, a chunked body what its buffer reserved).
+// HTTP/1.0 clients (no chunked coding), request bodies charged to the body budget for the
+// memory they take (a declared length from the head, a chunked body what its buffer reserved),
+// request heads bounded in bytes and fields whatever their shape, and the client sockets held at
+// once.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -231,6 +236,166 @@ TEST(HttpStop, AnAnswerGivenWhileStopWaitsReachesItsClient) {
   EXPECT_TRUE(stopped);
   EXPECT_EQ(status_of(answer), 200) << answer;
   EXPECT_EQ(body_of(answer), "done") << answer;
+}
+
+// ---- request heads: header_bytes_max and kHeaderFieldsMax, whatever the head's shape ----
+
+// kHeaderFieldsMax and SocketsMaxFor(4) (4 + 16), written out so that these tests build, and
+// fail, against a server without those bounds.
+constexpr std::size_t kFieldsBound = 100;
+constexpr std::size_t kSocketsForFour = 20;
+
+// A proxied POST /v1/completions (Connection: close) whose head carries `fields` after its own
+// four (Host, Connection, Content-Type, Content-Length).
+std::string CompletionRequest(const std::vector<std::string>& fields) {
+  const std::string body = R"({"model":"rc-double-model","prompt":"hi","max_tokens":2})";
+  std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n";
+  for (const std::string& f : fields) head += f + "\r\n";
+  return head + "\r\n" + body;
+}
+
+// `n` fields "X-Pad-<i>: vvv..." of `value_bytes` value bytes each.
+std::vector<std::string> PadFields(std::size_t n, std::size_t value_bytes) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    out.push_back("X-Pad-" + std::to_string(i) + ": " + std::string(value_bytes, 'v'));
+  }
+  return out;
+}
+
+// The head's bytes: its request line through its blank line.
+std::size_t HeadBytes(const std::string& request) { return request.find("\r\n\r\n") + 4; }
+
+// `fields` with the last one's value grown so the request's head is exactly `head_bytes` long.
+std::string RequestWithHeadOf(std::size_t head_bytes, std::vector<std::string> fields) {
+  const std::size_t now = HeadBytes(CompletionRequest(fields));
+  RC_CHECK(!fields.empty() && now <= head_bytes);
+  fields.back() += std::string(head_bytes - now, 'w');
+  const std::string request = CompletionRequest(fields);
+  RC_CHECK(HeadBytes(request) == head_bytes);
+  return request;
+}
+
+// Sends `request` in `piece`-byte writes `gap_ms` apart (until the server stops taking them) and
+// returns everything the server answered.
+std::string TrickledExchange(int port, const std::string& request, std::size_t piece, int gap_ms) {
+  const int fd = connect_loopback(port);
+  for (std::size_t at = 0; at < request.size(); at += piece) {
+    if (!send_all(fd, request.substr(at, piece))) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+  }
+  std::string out = read_to_close(fd);
+  ::close(fd);
+  return out;
+}
+
+stack::StackOptions HeadStack() {
+  stack::StackOptions o;
+  o.dir_prefix = "rc-httphead";
+  o.tweak = [](ServeConfig& c) { c.header_bytes_max = 16 << 10; };
+  return o;
+}
+
+// Proves serve answers 431 to every request head past header_bytes_max whatever its shape (2,000
+// small fields of 20,916 bytes, 90 fields of 200 bytes sent at once or trickled, one byte past
+// the limit) and never processes it (no admission), while a head of exactly the limit is served.
+// Catches the reported failure: Beast's header_limit counting only the bytes one parse had not
+// consumed, so a head of many small fields passed any limit and reached the proxy.
+TEST(HttpHead, AHeadPastTheByteLimitIs431WhateverItsShape) {
+  stack::ServiceStack s(HeadStack());
+  const int port = s.svc->port();
+  std::vector<std::string> small;
+  for (int i = 0; i < 2000; ++i) small.push_back("X-H" + std::to_string(i) + ": v");
+  const std::string reported = CompletionRequest(small);
+  ASSERT_GT(HeadBytes(reported), 16u << 10);
+  EXPECT_EQ(status_of(raw_exchange(port, reported)), 431);
+  const std::string wide = CompletionRequest(PadFields(90, 200));  // fewer than kHeaderFieldsMax
+  ASSERT_GT(HeadBytes(wide), 16u << 10);
+  const std::string at_once = raw_exchange(port, wide);
+  EXPECT_EQ(status_of(at_once), 431) << head_of(at_once);
+  EXPECT_NE(body_of(at_once).find("exceeds 16384 bytes"), std::string::npos) << at_once;
+  EXPECT_EQ(status_of(TrickledExchange(port, wide, 700, 2)), 431) << "trickled";
+  const std::string over = RequestWithHeadOf((16 << 10) + 1, PadFields(60, 200));
+  EXPECT_EQ(status_of(raw_exchange(port, over)), 431) << "one byte past the limit";
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 0u) << "a head past the limit was processed";
+  const std::string at_limit = RequestWithHeadOf(16 << 10, PadFields(60, 200));
+  const std::string served = raw_exchange(port, at_limit);
+  EXPECT_EQ(status_of(served), 200) << served.substr(0, 300);
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 1u);
+}
+
+// Proves a request with more than kHeaderFieldsMax fields, in its head or in a chunked body's
+// trailer, is answered 431 and not processed even far below header_bytes_max, while one with
+// exactly kHeaderFieldsMax is served. Catches a head of thousands of 4-byte fields (each a node
+// the parser allocates, about 20 times the bytes) taken whole because its bytes fit the limit.
+TEST(HttpHead, MoreFieldsThanTheBoundAre431) {
+  stack::ServiceStack s(HeadStack());
+  const int port = s.svc->port();
+  constexpr std::size_t kOwnFields = 4;  // Host, Connection, Content-Type, Content-Length
+  std::vector<std::string> tiny;
+  for (std::size_t i = 0; i + kOwnFields <= kFieldsBound; ++i) {
+    tiny.push_back("a" + std::to_string(i) + ": v");
+  }
+  ASSERT_EQ(tiny.size() + kOwnFields, kFieldsBound + 1);
+  const std::string too_many = raw_exchange(port, CompletionRequest(tiny));
+  EXPECT_EQ(status_of(too_many), 431) << too_many.substr(0, 300);
+  EXPECT_NE(body_of(too_many).find("header fields"), std::string::npos) << too_many;
+  const std::string trailer_head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+      "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string body = R"({"model":"rc-double-model","prompt":"hi","max_tokens":2})";
+  std::string trailer;
+  for (std::size_t i = 0; i <= kFieldsBound; ++i) trailer += "t" + std::to_string(i) + ": v\r\n";
+  char chunk_size[16];
+  std::snprintf(chunk_size, sizeof(chunk_size), "%zx", body.size());
+  const std::string chunked =
+      trailer_head + chunk_size + "\r\n" + body + "\r\n0\r\n" + trailer + "\r\n";
+  EXPECT_EQ(status_of(raw_exchange(port, chunked)), 431) << "fields in the trailer";
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 0u) << "a request past the field bound ran";
+  tiny.pop_back();
+  const std::string served = raw_exchange(port, CompletionRequest(tiny));
+  EXPECT_EQ(status_of(served), 200) << served.substr(0, 300);
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 1u);
+}
+
+// Whether a connected socket has something to read (an answer, or the server's close) within
+// `ms`.
+bool Readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) > 0;
+}
+
+// Proves the server holds at most SocketsMaxFor(connections_max) client sockets: with 4
+// connections allowed, 40 idle clients get 4 connections and 16 refusals (503) and the other 20
+// wait unaccepted in the listen backlog, then are accepted once sockets close, and the server
+// serves on. Catches a server that accepts every connection (to refuse it), so idle clients take
+// every descriptor the process has and the engine monitor and journal find none.
+TEST(HttpAccept, SocketsBeyondTheMarginWaitInTheBacklog) {
+  HttpServerOptions o = OneLoop();
+  o.connections_max = 4;
+  o.idle_timeout_ms = 60000;
+  HttpServer http(o, StreamRoutes());
+  const int port = StartOrDie(http);
+  const std::size_t sockets_max = kSocketsForFour;
+  std::vector<int> fds;
+  for (int i = 0; i < 40; ++i) fds.push_back(connect_loopback(port));
+  ASSERT_TRUE(eventually([&] { return http.counters().accepted.load(); }, sockets_max));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // well within the refusals' linger
+  EXPECT_EQ(http.counters().accepted.load(), sockets_max) << "accepted past the socket bound";
+  EXPECT_EQ(http.counters().refused_over_budget.load(), sockets_max - 4);
+  std::size_t answered = 0;
+  for (int fd : fds) answered += Readable(fd, 0) ? 1 : 0;
+  EXPECT_EQ(answered, sockets_max - 4) << "only the refused are answered";
+  for (int fd : fds) ::close(fd);
+  EXPECT_TRUE(eventually([&] { return http.counters().accepted.load(); }, 40))
+      << "connections left in the backlog were never accepted";
+  EXPECT_EQ(
+      body_of(raw_exchange(port, "GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
+      "pong");
+  EXPECT_TRUE(http.Stop(5000));
 }
 
 }  // namespace

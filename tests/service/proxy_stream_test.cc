@@ -46,14 +46,14 @@ TEST(ProxyStreamTrace, CompletionAndChatShapesFillOneTrace) {
 }
 
 // Proves that outside text of another shape is ignored, never fatal: a non-object document or
-// choice, a non-integer index (choice 0); a non-integer token id cuts the trace there (counted,
-// truncated), and a prompt of non-integer ids is a cut prompt; would catch a split step that
-// assumes the shape its caller used to check, or choice 0 journaled without its prompt.
+// choice; a non-integer token id cuts the trace there (counted, truncated), and a prompt of
+// non-integer ids is a cut prompt; would catch a split step that assumes the shape its caller
+// used to check, or choice 0 journaled without its prompt.
 TEST(ProxyStreamTrace, OtherShapesAreIgnored) {
   Trajectory t;
   t.Absorb(json::parse("[1, 2]"));
   t.Absorb(json::parse(R"({"choices": "no", "usage": [1]})"));
-  t.Absorb(json::parse(R"({"choices": [3, {"index": "x", "token_ids": [1, "a", 2.5, 4]}]})"));
+  t.Absorb(json::parse(R"({"choices": [3, {"token_ids": [1, "a", 2.5, 4]}]})"));
   EXPECT_EQ(t.choices.size(), 1u);
   EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{1}));
   EXPECT_EQ(t.entries, 2u);
@@ -195,8 +195,110 @@ TEST(ProxyStreamParts, AnIdThatIsNoTokenCutsTheTrace) {
     EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty()) << bad;
   }
   Trajectory fine;
-  fine.Absorb(json::parse(R"({"choices": [{"token_ids": [5, 9223372036854775807]}]})"));
+  fine.Absorb(json::parse(R"({"choices": [{"token_ids": [5, 2147483647, -2147483648]}]})"));
   EXPECT_FALSE(fine.truncated);
+  EXPECT_EQ(JournalTrajectoryParts("r1", fine).size(), 1u);
+}
+
+// Proves every number a trace keeps from an engine is one the journal holds exactly: a token id
+// past int32 (output or prompt) and a logprob past float's range cut the trace (truncated, no
+// parts) instead of sitting in the trajectory line while the journal holds none or an infinity.
+// Catches 2^40 or 9223372036854775807 kept in the line with no journaled trajectory, and 1e300
+// written to the line as journaled +inf.
+TEST(ProxyStreamTrace, NumbersTheJournalCannotHoldCutTheTrace) {
+  for (const char* doc : {R"({"choices": [{"index": 0, "token_ids": [5, 1099511627776]}]})",
+                          R"({"choices": [{"index": 0, "token_ids": [5, 9223372036854775807]}]})",
+                          R"({"choices": [{"index": 0, "token_ids": [5, -2147483649]}]})",
+                          R"({"choices": [{"index": 0, "token_ids": [5, 6],
+            "logprobs": {"token_logprobs": [-0.5, 1e300]}}]})",
+                          R"({"choices": [{"index": 0, "token_ids": [5, 6],
+            "logprobs": {"content": [{"logprob": -1e39}, {"logprob": -1}]}}]})"}) {
+    Trajectory t;
+    t.Absorb(json::parse(doc));
+    EXPECT_TRUE(t.truncated) << doc;
+    EXPECT_TRUE(t.Truncated()) << doc;
+    EXPECT_TRUE(t.choices.at(0).cut) << doc;
+    EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty()) << doc;
+  }
+  Trajectory prompt;
+  prompt.Absorb(json::parse(R"({"prompt_token_ids": [1, 4294967296], "choices": []})"));
+  EXPECT_TRUE(prompt.prompt_cut);
+  EXPECT_TRUE(prompt.prompt_token_ids.is_null()) << "the line would hold an id the journal lacks";
+  EXPECT_EQ(prompt.prompt_count(), 0u);
+}
+
+// Proves a choice index that is no choice of the request (2^64-1, 2^32, 99999999,
+// kRequestChoicesMax, -1, 1.0, "0", null) makes the trace untrusted: the choice is not kept under
+// any index, the line says truncated, nothing is journaled, and the counts come from the ids it
+// kept. Catches 2^64-1 recorded as choice -1 and the journal holding choice 0 with an empty
+// output while the rollout counts the bogus choice's tokens.
+TEST(ProxyStreamTrace, AChoiceIndexThatIsNoChoiceMakesTheTraceUntrusted) {
+  for (const char* index :
+       {"18446744073709551615", "4294967296", "99999999", "65536", "-1", "1.0", "\"0\"", "null"}) {
+    Trajectory t;
+    t.Absorb(json::parse(std::string(R"({"prompt_token_ids": [1, 2], "choices": [{"index": )") +
+                         index + R"(, "token_ids": [7, 8, 9]}]})"));
+    EXPECT_TRUE(t.choices.empty()) << index;
+    EXPECT_TRUE(t.bad_index) << index;
+    EXPECT_FALSE(t.Trusted()) << index;
+    EXPECT_TRUE(t.Truncated()) << index;
+    EXPECT_EQ(t.completion_count(), 0u) << index;
+    EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty()) << index;
+  }
+  Trajectory last;
+  last.Absorb(json::parse(R"({"choices": [{"index": 0, "token_ids": [7]},
+      {"index": 65535, "token_ids": [8]}]})"));
+  EXPECT_TRUE(last.Trusted()) << "the largest index a request may ask for is a choice";
+  EXPECT_EQ(JournalTrajectoryParts("r1", last).size(), 1u);
+}
+
+// Proves choice 0's journal parts are not made up when the answer has choices but no choice 0:
+// nothing is journaled and the line says truncated. Catches the journal recording an empty
+// output for choice 0 while the line shows the engine's tokens under another index.
+TEST(ProxyStreamTrace, ChoicesWithoutChoiceZeroJournalNothing) {
+  Trajectory t;
+  t.Absorb(json::parse(R"({"prompt_token_ids": [1], "choices": [{"index": 3,
+      "token_ids": [7, 8, 9]}]})"));
+  EXPECT_FALSE(t.truncated);
+  EXPECT_FALSE(t.Trusted());
+  EXPECT_TRUE(t.Truncated());
+  EXPECT_EQ(t.completion_count(), 3u);
+  EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty());
+  Trajectory prompt_only;  // no choice yet (a stream cut before its first token): the prompt
+  prompt_only.Absorb(json::parse(R"({"prompt_token_ids": [1], "choices": []})"));
+  EXPECT_TRUE(prompt_only.Trusted());
+  EXPECT_EQ(JournalTrajectoryParts("r1", prompt_only).size(), 1u);
+}
+
+// Proves a usage the journal cannot hold (past uint32) or that counts fewer tokens than the ids
+// the engine sent is not believed: both counts fall back to the kept ids (the one figure the
+// journal's RolloutFinished and the line then share), the line says truncated and no parts are
+// journaled; a believable usage (even above the ids, which a cut stream may lack) is the count.
+// Catches completion_tokens 2^64-1 written to the line while the journal clamps it to 2^32-1.
+TEST(ProxyStreamTrace, AnUnbelievableUsageIsNotTheCount) {
+  const auto traced = [](const char* usage) {
+    Trajectory t;
+    t.Absorb(json::parse(std::string(R"({"prompt_token_ids": [1, 2], "usage": )") + usage +
+                         R"(, "choices": [{"index": 0, "token_ids": [7, 8, 9]}]})"));
+    return t;
+  };
+  for (const char* usage : {R"({"prompt_tokens": 2, "completion_tokens": 18446744073709551615})",
+                            R"({"prompt_tokens": 4294967296, "completion_tokens": 3})",
+                            R"({"prompt_tokens": 2, "completion_tokens": 2})",
+                            R"({"prompt_tokens": 1, "completion_tokens": 3})"}) {
+    const Trajectory t = traced(usage);
+    EXPECT_FALSE(t.UsageBelievable()) << usage;
+    EXPECT_EQ(t.prompt_count(), 2u) << usage;
+    EXPECT_EQ(t.completion_count(), 3u) << usage;
+    EXPECT_TRUE(t.Truncated()) << usage;
+    EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty()) << usage;
+  }
+  const Trajectory fine = traced(R"({"prompt_tokens": 4294967295, "completion_tokens": 30})");
+  EXPECT_TRUE(fine.UsageBelievable());
+  EXPECT_EQ(fine.prompt_count(), 4294967295u);
+  EXPECT_EQ(fine.completion_count(), 30u);
+  EXPECT_FALSE(fine.Truncated());
+  EXPECT_EQ(JournalTrajectoryParts("r1", fine).size(), 1u);
 }
 
 // Proves a trajectory the parts cannot hold whole (a prompt and an output of the entry bound

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,11 +26,17 @@ struct ServeRun {
   std::chrono::steady_clock::duration took{};
 };
 
-// Starts `binary serve ARGS...` with stdout and stderr in `out`; its pid.
+// Starts `binary serve ARGS...` with stdout and stderr in `out`; its pid. With `open_files`, the
+// child's RLIMIT_NOFILE (soft and hard, so serve cannot raise it) is set to it before the exec.
 inline pid_t SpawnServe(const std::string& binary, const std::vector<std::string>& args,
-                        const std::filesystem::path& out) {
+                        const std::filesystem::path& out,
+                        std::optional<rlim_t> open_files = std::nullopt) {
   const pid_t pid = ::fork();
   if (pid == 0) {
+    if (open_files) {
+      const rlimit lim{*open_files, *open_files};
+      if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(126);
+    }
     const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
@@ -76,9 +84,9 @@ inline ServeRun RunServeProcess(const std::string& binary, const std::vector<std
 class ServeChild {
  public:
   ServeChild(const std::string& binary, const std::vector<std::string>& args,
-             std::filesystem::path out)
+             std::filesystem::path out, std::optional<rlim_t> open_files = std::nullopt)
       : out_(std::move(out)) {
-    pid_ = SpawnServe(binary, args, out_);
+    pid_ = SpawnServe(binary, args, out_, open_files);
   }
   ~ServeChild() {
     if (exit_code_ != kRunning || pid_ <= 0) return;

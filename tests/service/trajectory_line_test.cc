@@ -113,7 +113,7 @@ json TrajectoryLineJson(const TrajectoryLineFields& f) {
                {"outputs", std::move(outputs)},
                {"prompt_tokens", f.trace.prompt_count()},
                {"completion_tokens", f.trace.completion_count()},
-               {"truncated", f.trace.truncated}};
+               {"truncated", f.trace.Truncated()}};
   if (!f.engine.empty()) {
     line["engine"] = f.engine;
     line["fleet_generation"] = f.fleet_generation;
