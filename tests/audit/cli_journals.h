@@ -47,8 +47,11 @@ inline journal::Hash HashOf(const std::string& path, std::uint64_t seq) {
 
 // Bootstrap (seqs 1..4; seq 3 is an input whose decision is seq 4), then `admissions`
 // admissions of one record each (seqs 5..: rollouts r0, r1, ...); closed cleanly.
-inline void WriteCleanJournal(const std::string& path, int admissions) {
-  auto j = journal::Journal::Open(path, journal::Options{});
+inline void WriteCleanJournal(const std::string& path, int admissions,
+                              std::uint64_t snapshot_every = journal::Options{}.snapshot_every) {
+  journal::Options o;
+  o.snapshot_every = snapshot_every;
+  auto j = journal::Journal::Open(path, o);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   for (auto& g : journal::testing::BootstrapGroups()) {
     ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());

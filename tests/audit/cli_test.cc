@@ -50,20 +50,7 @@ using journal::testing::TempDir;
 // Bootstrap (4 records) + `admissions` admissions of one record each, snapshots every 10; closed
 // cleanly, then its CLOSED record removed (as if it had crashed: the journal itself must tell).
 void WriteCrashedJournal(const std::string& path, int admissions) {
-  {
-    journal::Options o;
-    o.snapshot_every = 10;
-    auto j = journal::Journal::Open(path, o);
-    ASSERT_TRUE(j.ok()) << j.status().ToString();
-    for (auto& g : journal::testing::BootstrapGroups()) {
-      ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
-    }
-    for (int i = 0; i < admissions; ++i) {
-      ASSERT_TRUE((*j)->Append(journal::testing::Group(
-                                   {make_admission((*j)->state(), "r" + std::to_string(i))}))
-                      .ok());
-    }
-  }
+  WriteCleanJournal(path, admissions, /*snapshot_every=*/10);
   fs::remove(path + "/CLOSED");
 }
 
