@@ -654,7 +654,11 @@ State Runner::watched_state() const {
 
 // The monitor's schedule of weight digests (weight_digest_check_interval_ms; 0: never) decides,
 // so a look never reads, nor journals, a digest the monitor would not.
-bool Runner::digest_due() const { return !digest_due_ || digest_due_(); }
+bool Runner::digest_due() const { return !digest_schedule_.due || digest_schedule_.due(); }
+
+void Runner::digest_looked(const WeightDigest& digest) const {
+  if (digest_schedule_.looked) digest_schedule_.looked(digest);
+}
 
 // A read that failed proves nothing and the next may succeed; a look that shows another engine
 // is final. Every look ends by the one deadline.
@@ -711,6 +715,7 @@ Status Runner::check_engine_before_plan() {
   }
   const bool with_digest = !asleep && before.committed_digest.present() && digest_due();
   const EngineMonitored seen = look_at_engine(before, with_digest);
+  if (with_digest) digest_looked(seen.digest);
   const bool other = shows_other_engine(before, seen);
   std::string taint;
   if (changes_the_fold(before, seen)) {

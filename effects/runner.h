@@ -156,11 +156,17 @@ class Runner {
   // short, or a mutation (transfer, label, sleep, wake-up of the weights) the engine never
   // received while stop_waiting said true. A refusal of that plan is the stop's, not its own.
   bool plan_stopped() const { return plan_stopped_; }
-  // Asked once per look before a plan that would read the weight digest (an awake engine whose
-  // committed version has one): whether a digest check is due now on the engine monitor's own
-  // schedule (and taken as that check), so the look reads, and journals, what the monitor would.
-  // Unset: every such look reads the digest.
-  void set_digest_due(std::function<bool()> due) { digest_due_ = std::move(due); }
+  // The engine monitor's schedule of weight digests, which a look before a plan follows so that
+  // it reads, and journals, what the monitor would. `due` is asked once per look that would read
+  // the digest (an awake engine whose committed version has one): whether a check is due now (a
+  // question only). `looked` is told what each look that asked for the digest got (present, or
+  // absent with why): the schedule decides whether that counts as the check, so a digest that
+  // could not be read is not taken as read. Unset: every such look reads the digest.
+  struct DigestSchedule {
+    std::function<bool()> due;
+    std::function<void(const WeightDigest&)> looked;
+  };
+  void set_digest_schedule(DigestSchedule schedule) { digest_schedule_ = std::move(schedule); }
 
  private:
   enum class Durability { kNow, kWithNext };
@@ -207,6 +213,7 @@ class Runner {
   // The look before a request whose key the journal does not hold yet (see look_due).
   [[nodiscard]] Status look_unless_held(const Event& request, const std::string& key);
   bool digest_due() const;
+  void digest_looked(const WeightDigest& digest) const;
   // Notes a mutation the engine never received while stop_waiting says true (plan_stopped).
   void note_stopped_mutation(const Event& observation);
   // Before a plan's request, the engine the monitor watches (READY, or SLEEPING) is looked at as
@@ -238,7 +245,7 @@ class Runner {
   Observer observer_;
   FleetDecisionFn fleet_decisions_;
   std::function<bool()> stop_waiting_;
-  std::function<bool()> digest_due_;
+  DigestSchedule digest_schedule_;
   bool plan_stopped_ = false;                // since the last plan's start (plan_stopped)
   std::vector<UpdateEnded> ended_;           // UpdateEnded decisions seen since the last Update()
   std::optional<journal::Ticket> unsynced_;  // the last ticket not yet known durable

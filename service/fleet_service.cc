@@ -377,8 +377,7 @@ Status Service::JoinFleet() {
           NotifyLifecycle(seq);
         });
     fleet_runner_->runner(name)->set_stop_waiting([this] { return mutation_gate_.closed(); });
-    fleet_runner_->runner(name)->set_digest_due(
-        [this, watch = &m->watch] { return DigestCheckDue(*watch, wall_ms()); });
+    fleet_runner_->runner(name)->set_digest_schedule(DigestScheduleOf(m->watch));
   }
   return Status::OK();
 }

@@ -454,7 +454,7 @@ void Service::MakeRunner() {
   runner_ = std::make_unique<effects::Runner>(*journal_, *gated_control_, *gated_transfer_,
                                               effects::system_clock(), RunnerOptionsOf(config_));
   runner_->set_stop_waiting([this] { return mutation_gate_.closed(); });
-  runner_->set_digest_due([this] { return DigestCheckDue(watch_, wall_ms()); });
+  runner_->set_digest_schedule(DigestScheduleOf(watch_));
   runner_->set_observer([this](std::uint64_t seq, const Event& e) {
     if (!IsDecision(e)) return;
     LogDecision("", seq, e);
@@ -724,14 +724,30 @@ bool Service::WeightsDrifted(EngineWatch& watch, const State& before, const Weig
   return drifted;
 }
 
-// Whether this tick also digests the weights (every weight_digest_check_interval_ms).
-bool Service::DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms) {
+// Whether this tick also digests the weights (every weight_digest_check_interval_ms since the
+// last check done). A question only: the check is done once the engine answered it
+// (DigestCheckDone).
+bool Service::DigestCheckDue(const EngineWatch& watch, std::int64_t now_wall_ms) const {
   const std::uint64_t interval = config_.weight_digest_check_interval_ms;
   if (interval == 0) return false;
   const std::int64_t last = watch.last_digest_check_wall_ms.load();
-  if (last != 0 && now_wall_ms - last < static_cast<std::int64_t>(interval)) return false;
-  watch.last_digest_check_wall_ms.store(now_wall_ms);
-  return true;
+  return last == 0 || now_wall_ms - last >= static_cast<std::int64_t>(interval);
+}
+
+// A digest check is done once the engine answered it: a digest, or why it computes none (no
+// extension, an answer the parser refused), which asking again every tick would not change. A
+// read that failed (unreachable, a timeout, a 5xx) or was never made proves nothing: the next
+// tick (or look before a plan) asks again, not a whole weight_digest_check_interval_ms later.
+void Service::DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms) {
+  const bool answered =
+      d.present() || (!d.error.empty() && d.error.rfind(effects::kDigestReadFailedPrefix, 0) != 0);
+  if (answered) watch.last_digest_check_wall_ms.store(now_wall_ms);
+}
+
+// The runner's looks before a plan follow the monitor's schedule of `watch`'s engine.
+effects::Runner::DigestSchedule Service::DigestScheduleOf(EngineWatch& watch) {
+  return {[this, &watch] { return DigestCheckDue(watch, wall_ms()); },
+          [this, &watch](const WeightDigest& d) { DigestCheckDone(watch, d, wall_ms()); }};
 }
 
 // GET the engine's view once; what it saw is kept for /metrics and /readyz.
@@ -739,6 +755,7 @@ Service::EngineProbe Service::ProbeEngine(const MonitorTarget& t, bool digest_al
   EngineProbe probe{t.client.Monitor(), wall_ms()};
   if (digest_allowed && probe.seen.http.ok_2xx() && DigestCheckDue(t.watch, probe.wall_ms)) {
     probe.seen.digest = effects::ReadWeightDigest(t.client);
+    DigestCheckDone(t.watch, probe.seen.digest, probe.wall_ms);
   }
   const EngineMonitored& p = probe.seen;
   metrics_.engine_probes++;

@@ -602,7 +602,9 @@ class Service {
     std::int64_t wall_ms = 0;  // when it was seen
   };
   EngineProbe ProbeEngine(const MonitorTarget& target, bool digest_allowed);
-  bool DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms);
+  bool DigestCheckDue(const EngineWatch& watch, std::int64_t now_wall_ms) const;
+  static void DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms);
+  effects::Runner::DigestSchedule DigestScheduleOf(EngineWatch& watch);
   bool WeightsDrifted(EngineWatch& watch, const State& before, const WeightDigest& d,
                       std::int64_t now_wall_ms);
   bool JournalEngineChange(const std::string& engine, const EngineMonitored& m,

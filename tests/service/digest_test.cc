@@ -26,12 +26,15 @@ constexpr const char* kToken = "digest-token";
 httplib::Headers auth() { return stack::Bearer(kToken); }
 
 struct Stack : stack::ServiceStack {
-  explicit Stack(std::function<void(ServeConfig&)> t = nullptr)
-      : ServiceStack(Options(std::move(t))) {}
-  static stack::StackOptions Options(std::function<void(ServeConfig&)> t) {
+  explicit Stack(std::function<void(ServeConfig&)> t = nullptr,
+                 std::function<void(fixtures::VllmDoubleOptions&)> engine_tweak = nullptr)
+      : ServiceStack(Options(std::move(t), std::move(engine_tweak))) {}
+  static stack::StackOptions Options(std::function<void(ServeConfig&)> t,
+                                     std::function<void(fixtures::VllmDoubleOptions&)> e) {
     stack::StackOptions o;
     o.token = kToken;
     o.dir_prefix = "rc-digest";
+    o.engine_tweak = std::move(e);
     o.tweak = [t = std::move(t)](ServeConfig& c) {
       c.engine_monitor_interval_ms = 20;
       c.weight_digest_check_interval_ms = 20;
@@ -184,6 +187,40 @@ TEST(ServiceDigest, WithDigestChecksOffTheLookBeforeAPlanReadsNoDigest) {
   trainer.join();
   ASSERT_TRUE(pausing);
   EXPECT_EQ(looked, 0u) << "the look before the plan read the weight digest";
+  EXPECT_EQ(r["http"], 200) << r.dump();
+  EXPECT_EQ(r.value("outcome", ""), "committed") << r.dump();
+}
+
+// Proves a digest check whose read failed is not taken as done: the look before a plan that could
+// not read the digest (the engine's digest RPC answering 503) refuses the plan, and the next
+// plan's look reads the digest again although the interval (an hour) has not passed since.
+// Catches the check counted when it was asked for, which let the next plan go on with no digest
+// read for a whole weight_digest_check_interval_ms.
+TEST(ServiceDigest, ADigestReadThatFailedIsReadAgainAtTheNextLook) {
+  Stack s(
+      [](ServeConfig& c) {
+        c.engine_monitor_interval_ms = 60000;         // the monitor does not look meanwhile
+        c.weight_digest_check_interval_ms = 3600000;  // one check an hour: only the first is due
+      },
+      // The label is read through /weight_info: only the digest goes through /collective_rpc.
+      [](fixtures::VllmDoubleOptions& e) { e.version = "0.30.0"; });
+  s.engine->SetRouteFault("/collective_rpc", fixtures::RouteFault{.status = 503});
+  const json refused = s.Update("u1", "rc-1", 1);
+  EXPECT_NE(refused["http"], 200) << refused.dump();
+  EXPECT_NE(refused.dump().find("could not be verified before the plan"), std::string::npos)
+      << refused.dump();
+  s.engine->ClearFaults();
+  // The pause answers late: a digest read before it answers is the look's.
+  s.engine->SetRouteFault("/pause", fixtures::RouteFault{.delay_ms = 1000, .times = 1});
+  const std::uint64_t pauses = s.engine->RouteCount("/pause");
+  const std::uint64_t digests = s.engine->RpcCount(effects::kWeightDigestMethod);
+  json r;
+  std::thread trainer([&] { r = s.Update("u2", "rc-1", 1); });
+  const bool pausing = Eventually([&] { return s.engine->RouteCount("/pause") > pauses; }, 10000);
+  const std::uint64_t looked = s.engine->RpcCount(effects::kWeightDigestMethod) - digests;
+  trainer.join();
+  ASSERT_TRUE(pausing);
+  EXPECT_EQ(looked, 1u) << "the look before the second plan did not read the weight digest";
   EXPECT_EQ(r["http"], 200) << r.dump();
   EXPECT_EQ(r.value("outcome", ""), "committed") << r.dump();
 }
