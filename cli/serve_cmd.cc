@@ -90,12 +90,15 @@ bool EnsureJournalParent(const std::string& journal_path) {
 
 // From the signal on, the process ends within the shutdown grace (or, while a plan's mutation of
 // the engine is in flight, that mutation's own deadline and the steps after it: Service::Shutdown
-// says how long), then a bound for the rest: its settle, the journal's flush and clean-close
-// record (twice the commit stall bound) and the trajectory file's drain. A stalled disk or a
-// stuck worker past that exits unclean (3), and the next start recovers from what is durable.
+// says how long), then a bound for the rest: its settle, the journal's close and the trajectory
+// file's drain. The close writes up to four times, each within the commit stall bound: a durable
+// mark already in flight, the mark of the commits it did not cover, the flush, the clean-close
+// record. A stalled disk or a stuck worker past that exits unclean (3), and the next start
+// recovers from what is durable.
 std::uint64_t AfterPlansBoundMs(const service::ServeConfig& c) {
   constexpr std::uint64_t kSettleMs = 10000;  // cancelled rollouts' finishes, the loops' join
-  return kSettleMs + 2 * std::uint64_t{c.journal_commit_stall_timeout_ms} +
+  constexpr std::uint64_t kJournalCloseWritesMax = 4;
+  return kSettleMs + kJournalCloseWritesMax * std::uint64_t{c.journal_commit_stall_timeout_ms} +
          service::kTrajectoryDrainTimeoutMsDefault;
 }
 

@@ -14,12 +14,15 @@
 //
 // Never silently shorter: Open verifies that every live file the MANIFEST lists exists with its
 // recorded size, a missing head is Corruption, a clean close records where the journal ended
-// (seq and hash, in the file CLOSED beside the database) and a later open refuses a journal that
-// holds less, and a WAL tail that crash recovery could not read is reported (Recovery).
-// Limit: after a crash (no clean close), acknowledged groups cut away exactly at a WAL batch
-// boundary leave no trace in the journal itself; only an external witness of an acknowledged
-// head (AppendResult::last_seq/last_hash, checked with `rolloutcore audit --expect-head`)
-// detects that loss.
+// (seq and hash, in the file CLOSED beside the database) and the writer's durable mark how far it
+// was durable (DURABLE, see Options::durable_mark_interval_ms): a later open refuses a journal
+// whose records end before either or differ there, and a WAL tail that crash recovery could not
+// read is reported (Recovery).
+// Limit: after a crash (no clean close), acknowledged groups the mark did not cover yet (the last
+// durable_mark_interval_ms of commits) cut away exactly at a WAL batch boundary leave no trace in
+// the journal itself; only an external witness of an acknowledged head
+// (AppendResult::last_seq/last_hash, checked with `rolloutcore audit --expect-head`) detects
+// that loss.
 #pragma once
 
 #include <array>
@@ -117,9 +120,12 @@ struct Options {
   bool sync = true;                      // fsync each group commit (off only in benchmarks)
   std::uint64_t snapshot_every = 10000;  // write a folded-state snapshot every N events (0: never)
   // Read-only: a journal no writer holds opens as a plain read-only DB (WAL tail checked); one a
-  // writer holds opens as a secondary instance (works while the writer runs; tail not checked).
-  // A LOCK this process cannot take for another reason (a read-only mount, no permission) opens
-  // as a plain read-only DB with every check, refused (Busy) if the WAL changed meanwhile.
+  // writer holds opens as a secondary instance (works while the writer runs; tail not checked;
+  // the durable mark and a clean close are still checked: the records must reach them). A LOCK
+  // another process holds is tried again for a second first (another reader holds it only while
+  // it opens). A LOCK this process cannot take for another reason (a read-only mount, no
+  // permission) opens as a plain read-only DB with every check, refused (Busy) if the journal's
+  // files (CURRENT, MANIFEST, tables, WALs) changed meanwhile.
   bool read_only = false;
   std::string secondary_path;  // scratch dir for a secondary instance ("" = temp, removed)
   // The RocksDB Env (file system, threads, clock); nullptr: rocksdb::Env::Default(). Tests pass
@@ -140,7 +146,18 @@ struct Options {
   // most this often (0: after every group commit): an open then refuses a journal whose records
   // end before it (a WAL cut or removed, a stale MANIFEST), which would otherwise read as a crash
   // that lost only unacknowledged writes.
+  // The writer also marks the head it recovered at the end of its open, and a commit not yet
+  // marked when it closes (before the clean close, which may fail).
   std::uint32_t durable_mark_interval_ms = 250;
+  // Table files the writer keeps open at most (RocksDB's max_open_files; RocksDB raises a value
+  // below 20 to 20): past it the least recently used are closed and opened again when read.
+  // Nothing is ever deleted from a journal, so unbounded its open files would grow with it (about
+  // 16 a GB). Read-only opens keep every table open (each is checked as it opens).
+  std::uint32_t table_files_open_max = 256;
+  // The descriptors a writer over these options holds at most: its table files (above) and the
+  // files beside them (WALs, MANIFEST, LOCK, directories, the tables a flush and a compaction are
+  // writing, the durable mark being written). What its owner keeps free for the journal.
+  std::uint32_t OpenFilesMax() const;
   // RocksDB's own warnings and errors go to stderr, one escaped line each (never to a LOG file in
   // the journal's directory); false drops them (the simulator, whose faults make thousands).
   bool rocksdb_log_to_stderr = true;
@@ -172,11 +189,16 @@ class Journal {
   // a live file missing or of the wrong size, a missing head, a snapshot past the head, a record
   // missing that the head or a snapshot says exists, a snapshot whose chain hash is not the hash
   // of the record at its seq or that counts other than its seq's events, fewer records than a
-  // clean close recorded, a column family the MANIFEST lacks, a journal's files without their
-  // CURRENT). Only a directory holding none of a journal's files is created (create_if_missing).
-  // A torn WAL tail opens (crash recovery) and is reported by recovery().
+  // clean close recorded, records that end before the durable mark or differ at it, a CURRENT
+  // older than the durable mark's MANIFEST, a table file the MANIFEST does not list that holds
+  // records the journal lacks, a column family the MANIFEST lacks, a journal's files without
+  // their CURRENT). Only a directory holding none of a journal's files is created
+  // (create_if_missing). A torn WAL tail opens (crash recovery) and is reported by recovery().
+  // The writer checks the marks, CURRENT and the table files on a read-only open before RocksDB
+  // opens the journal for writing (which deletes the files its MANIFEST leaves obsolete): a
+  // journal refused for records it lost keeps every file it had.
   // The writer's open writes (RocksDB's own open and recovery, the schema and head keys, the
-  // removal of the clean-close record, a snapshot): each not done within
+  // removal of the clean-close record, a snapshot, the durable mark): each not done within
   // Options::commit_stall_timeout_ms (when nonzero) is Timeout naming the path and the write.
   // Such a write cannot be cancelled: it runs on, detached, holding the database open until it
   // returns, and the caller is expected to exit (a later Open in this process meanwhile is Busy).

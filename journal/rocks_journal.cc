@@ -22,6 +22,13 @@
 // A file and not a meta key: the record must survive the loss of the very SST files it vouches
 // for, so that "closed at seq N but holds only M records" can be said. A writer removes it
 // (synced) before it accepts appends, so a crash afterwards leaves no stale record.
+//
+// The durable mark, the file DURABLE, is written as CLOSED is, its rename then synced into the
+// directory: the seq and hash of the writer's durable head and the MANIFEST it runs on, at the end
+// of the writer's open, at most Options::durable_mark_interval_ms after each commit, and when the
+// writer stops. Every open reads both records before the records. The writer's open checks the
+// journal on a read-only open first (which writes and deletes nothing), and only then lets RocksDB
+// open it for writing, which deletes what its MANIFEST leaves obsolete.
 #include <pthread.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
@@ -30,8 +37,10 @@
 #include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice_transform.h>
+#include <rocksdb/sst_file_reader.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
+#include <rocksdb/version.h>
 #include <rocksdb/wal_filter.h>
 #include <rocksdb/write_batch.h>
 
@@ -45,15 +54,22 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "statemachine/hex.h"
+#include "statemachine/text.h"
+
+// The oldest RocksDB the journal is built and tested with: Debian 12's (docs/architecture.md).
+static_assert(ROCKSDB_MAJOR > 7 || (ROCKSDB_MAJOR == 7 && ROCKSDB_MINOR >= 8),
+              "the journal needs RocksDB 7.8 or later");
 
 namespace rc::journal {
 namespace {
@@ -84,6 +100,24 @@ const char kDurableTmpFile[] = "DURABLE.tmp";
 // A secondary reader may list a file the writer's compaction just deleted: it catches up and
 // checks again, this many times.
 constexpr int kLiveFileChecksMax = 3;
+// A reader that finds the LOCK held by another process tries again for this long before it reads
+// the journal as beside a live writer: another reader (replay, audit) holds it only while it opens.
+constexpr std::uint32_t kLockWaitMs = 1000;
+constexpr std::uint32_t kLockPollMs = 25;
+// A secondary whose records end before a mark it read before them catches up with the writer and
+// looks again, this many times in all (a live writer marks only what its WAL already holds).
+constexpr int kMarkChecksMax = 3;
+constexpr std::uint32_t kMarkCatchUpPauseMs = 20;
+// Without the LOCK, listing the column families may find the MANIFEST it read gone (a writer's
+// open switched CURRENT and deleted it): tried again while CURRENT changes, this many times in all.
+constexpr int kColumnFamilyListingsMax = 3;
+// RocksDB raises a max_open_files below this to it.
+constexpr std::uint32_t kTableFilesOpenMin = 20;
+// What a writer holds open beside its table files (Options::OpenFilesMax): the WALs not yet
+// flushed away, the MANIFEST, LOCK, RocksDB's directory handles and the journal's, the tables a
+// flush and compactions are writing, the mark or clean-close record being written. RocksDB's table
+// cache keeps 10 of max_open_files for such files too; this margin does not count on them.
+constexpr std::uint32_t kFilesBesideTablesMax = 32;
 // Scans read SST files sequentially: read ahead in large chunks instead of block by block.
 constexpr std::size_t kScanReadaheadBytes = 2 * 1024 * 1024;
 // Data blocks of `events` (RocksDB's default is 4 KiB): replay reads every block, and per-block
@@ -211,6 +245,7 @@ struct ClosedMark {
   std::uint64_t seq = 0;
   Hash hash{};
   std::uint64_t manifest = 0;  // the durable mark's only: the MANIFEST number the writer ran on
+  bool operator==(const ClosedMark&) const = default;
 };
 
 // The first line of each mark file says what it records.
@@ -363,19 +398,44 @@ std::optional<std::uint64_t> WalNumber(std::string_view name) {
   return number;
 }
 
-// WAL files of a database directory: number -> size in bytes.
-Result<std::map<std::uint64_t, std::uint64_t>> ListWals(rocksdb::Env* env, const std::string& dir) {
+// Whether `name` is RocksDB's name for a file numbered with `suffix` ("000012.sst"): an
+// operator's "serve.log" is not one.
+bool Numbered(std::string_view name, std::string_view suffix) {
+  if (name.size() <= suffix.size() || name.substr(name.size() - suffix.size()) != suffix) {
+    return false;
+  }
+  const std::string_view digits = name.substr(0, name.size() - suffix.size());
+  return digits.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// The files of a database directory a writer changes (CURRENT, MANIFESTs, tables, WALs): name ->
+// size in bytes. One deleted between the listing and its size (a writer's) is left out.
+using DbFiles = std::map<std::string, std::uint64_t>;
+
+Result<DbFiles> ListDbFiles(rocksdb::Env* env, const std::string& dir) {
   std::vector<std::string> names;
   rocksdb::Status s = env->GetChildren(dir, &names);
   if (!s.ok()) return FromRocks(s, "list " + dir);
-  std::map<std::uint64_t, std::uint64_t> out;
+  DbFiles out;
   for (const std::string& name : names) {
-    const std::optional<std::uint64_t> number = WalNumber(name);
-    if (!number.has_value()) continue;
+    if (name != "CURRENT" && name.rfind("MANIFEST-", 0) != 0 && !Numbered(name, ".sst") &&
+        !WalNumber(name).has_value()) {
+      continue;
+    }
     std::uint64_t size = 0;
     s = env->GetFileSize(dir + "/" + name, &size);
+    if (s.IsNotFound() || s.IsPathNotFound()) continue;
     if (!s.ok()) return FromRocks(s, "size of " + dir + "/" + name);
-    out[*number] = size;
+    out[name] = size;
+  }
+  return out;
+}
+
+// The WALs among `files`: number -> size in bytes.
+std::map<std::uint64_t, std::uint64_t> WalsOf(const DbFiles& files) {
+  std::map<std::uint64_t, std::uint64_t> out;
+  for (const auto& [name, size] : files) {
+    if (const std::optional<std::uint64_t> number = WalNumber(name)) out[*number] = size;
   }
   return out;
 }
@@ -699,31 +759,48 @@ class RocksJournal final : public Journal {
   // Open, by role. Each leaves the database open and the in-memory head loaded, or returns an
   // error.
   Status OpenWriter();
+  Status CheckBeforeWriting();
+  Status CheckMarkedRecordsBeforeWriting();
+  Status CheckMarksUnchanged();
   Status OpenReadOnly();
+  rocksdb::Status LockBriefly(rocksdb::FileLock** lock);
   Status OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals, bool locked);
-  Status CheckWalsUnchanged(const std::map<std::uint64_t, std::uint64_t>& before,
-                            const rocksdb::Status& lock_error);
+  // Reads the marks, checks CURRENT against the durable mark and the column families, opens the
+  // journal read-only into rocks_ (nothing written, nothing deleted) and checks its live files.
+  Status OpenReadOnlyView(int max_open_files, bool locked);
+  Status CheckFilesUnchanged(const DbFiles& before, const rocksdb::Status& lock_error);
   Status OpenSecondary();
+  Status CheckMarksBesideWriter();
   rocksdb::Options DbOptions() const;
   std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(const rocksdb::Options& opts) const;
   Status OpenRocksWriter();
   // RunBounded with the journal's path and commit_stall_timeout_ms.
   Status OpenStep(const std::string& what, std::function<Status()> step) const;
   Status CheckDirectory();
+  Result<std::string> ReadCurrent();
   Result<std::uint64_t> CurrentManifestNumber();
-  Status ReadDurableMark();
+  Status ReadMarks();
   Status CheckCurrentNotStale();
-  Status CheckColumnFamilies();
+  Status CheckColumnFamilies(bool locked);
+  Status ListFamilies(bool locked, std::vector<std::string>* names);
   Status CheckLiveFiles();
+  Status CheckObsoleteTables();
+  Status CheckObsoleteTable(const std::string& name);
+  Result<bool> NeverWritten();
   Status CheckSchema();
   Status StampSchemaVersion();
   Status LoadHead();
-  Result<std::optional<ClosedMark>> ReadClosedMark();
   Result<std::optional<ClosedMark>> ReadMark(const char* name, const char* title,
                                              const std::string& what);
-  Status CheckClosedMark(const std::optional<ClosedMark>& mark);
-  Status CheckDurableMark();
-  void MarkDurableIfDue(std::unique_lock<std::mutex>& l);
+  // The clean-close record found at open against the head read (`head_hash`: its record's).
+  Status CheckClosedMark(std::uint64_t head, const Hash& head_hash) const;
+  // The records reach `m` (its seq is at most `head`) and hold its record there.
+  Status CheckRecordsReach(const ClosedMark& m, std::uint64_t head, const std::string& mark);
+  Status CheckDurableMark(std::uint64_t head);
+  Status MarkAtOpen();
+  // Writes the durable mark if the durable head moved since the last one: once due
+  // (durable_mark_interval_ms after the last) or, with `due_now`, at once. Requires mu_.
+  void MarkDurable(std::unique_lock<std::mutex>& l, bool due_now);
   bool MarkPending() const;  // requires mu_
   void WaitForWorkOrMark(std::unique_lock<std::mutex>& l);
   Status RemoveClosedMark();
@@ -837,6 +914,11 @@ class RocksJournal final : public Journal {
   std::uint64_t marked_seq_ = 0;            // the seq of the last mark this writer wrote
   std::uint64_t manifest_number_ = 0;       // the MANIFEST this writer runs on
   std::optional<ClosedMark> durable_mark_;  // the durable mark found at open
+  std::optional<ClosedMark> closed_mark_;   // the clean-close record found at open
+  std::map<std::uint64_t, std::uint64_t> wals_at_open_;  // the writer's, before RocksDB's open
+  // The journal's directory, synced after each mark's rename (a rename is durable only then);
+  // opened by the writer's open, shared with the open-time step that writes the first mark.
+  std::shared_ptr<rocksdb::Directory> dir_;
   bool stopping_ = false;
   std::size_t pending_groups_ = 0;
   std::unordered_map<std::string, IdemEntry> idem_pending_;
@@ -861,7 +943,8 @@ Status RocksJournal::Close() {
 }
 
 // The committer commits what is open unless the journal failed; a waiter still unanswered then
-// hears that the journal closed.
+// hears that the journal closed. A commit the durable mark does not cover yet is marked now: the
+// clean close may fail (a flush on a full disk), and its record would then guard nothing.
 void RocksJournal::StopCommitter() {
   if (!committer_.joinable()) return;
   {
@@ -871,6 +954,7 @@ void RocksJournal::StopCommitter() {
   commit_cv_.notify_all();
   committer_.join();
   std::unique_lock<std::mutex> l(mu_);
+  MarkDurable(l, /*due_now=*/true);
   if (failed_.ok() && !async_waiters_.empty()) {
     failed_ = Status::Unavailable("journal at " + path_ + " closed before the commit");
   }
@@ -880,12 +964,15 @@ void RocksJournal::StopCommitter() {
 namespace {
 
 // A mark written whole to `tmp_name` and synced before the rename makes it `name`: a crash
-// meanwhile leaves the previous mark (or none), never a torn one that no open accepts.
-rocksdb::Status WriteMarkFile(rocksdb::Env* env, const std::string& path, const char* tmp_name,
-                              const char* name, const std::string& text) {
+// meanwhile leaves the previous mark (or none), never a torn one that no open accepts. The rename
+// is durable once `dir` (the journal's directory; nullptr: not synced) is synced: until then a
+// power loss may bring the previous mark back.
+rocksdb::Status WriteMarkFile(rocksdb::Env* env, rocksdb::Directory* dir, const std::string& path,
+                              const char* tmp_name, const char* name, const std::string& text) {
   const std::string tmp = path + "/" + tmp_name;
   rocksdb::Status written = rocksdb::WriteStringToFile(env, text, tmp, /*should_sync=*/true);
   if (written.ok()) written = env->RenameFile(tmp, path + "/" + name);
+  if (written.ok() && dir != nullptr) return dir->Fsync();
   if (!written.ok()) env->DeleteFile(tmp).PermitUncheckedError();
   return written;
 }
@@ -908,8 +995,8 @@ Status RocksJournal::CloseCleanly() {
     mark = ClosedMark{durable_seq_, head_hash_};
   }
   RC_RETURN_IF_ERROR(Flush());
-  const rocksdb::Status written =
-      WriteMarkFile(env_, path_, kClosedTmpFile, kClosedFile, EncodeClosedMark(mark));
+  const rocksdb::Status written = WriteMarkFile(env_, /*dir=*/nullptr, path_, kClosedTmpFile,
+                                                kClosedFile, EncodeClosedMark(mark));
   if (!written.ok()) return FromRocks(written, "record the clean close");
   // Not synced, the rename may be lost: the journal then reads as crashed, which it may.
   std::unique_ptr<rocksdb::Directory> dir;
@@ -929,30 +1016,24 @@ class StderrRocksLogger final : public rocksdb::Logger {
   explicit StderrRocksLogger(bool print)
       : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL), print_(print) {}
   using rocksdb::Logger::Logv;
+  // A message names paths and files, which may hold any bytes: escaped as every line from outside
+  // is (text::escape_line), cut between UTF-8 sequences, never inside one.
   void Logv(const char* format, va_list ap) override {
-    char text[kLineBytesMax];
-    const int n = std::vsnprintf(text, sizeof text, format, ap);
+    // A sequence is at most 4 bytes: the 3 past the bound tell whether the cut splits one.
+    char buf[kLineBytesMax + 4];
+    const int n = std::vsnprintf(buf, sizeof buf, format, ap);
     if (n < 0 || !print_) return;
-    std::string_view message(text);
-    while (!message.empty() && message.back() == '\n') message.remove_suffix(1);
-    std::string line = "rolloutcore: journal: rocksdb: ";
-    for (char c : message) AppendEscaped(line, c);
+    std::string message = text::utf8_prefix(std::string(buf), kLineBytesMax);
+    const bool cut = message.size() < static_cast<std::size_t>(n);
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    const std::string line =
+        "rolloutcore: journal: rocksdb: " + text::escape_line(message) + (cut ? " [cut]" : "");
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 
  private:
   static constexpr std::size_t kLineBytesMax = 1024;  // longer messages are cut
   const bool print_;
-  static void AppendEscaped(std::string& out, char c) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u != 0x7f && c != '\\') {
-      out += c;
-      return;
-    }
-    char hex[5];
-    std::snprintf(hex, sizeof hex, "\\x%02x", u);
-    out += hex;
-  }
 };
 
 // A background write error (a full disk included) leaves RocksDB stopped: the journal fails and
@@ -980,6 +1061,9 @@ rocksdb::Options RocksJournal::DbOptions() const {
   opts.info_log = std::make_shared<StderrRocksLogger>(options_.rocksdb_log_to_stderr);
   opts.listeners.push_back(std::make_shared<NoAutoRecovery>());
   opts.max_bgerror_resume_count = 0;
+  // Read-only and secondary opens keep every table open (they set -1).
+  opts.max_open_files = static_cast<int>(std::min<std::uint32_t>(
+      std::max(options_.table_files_open_max, kTableFilesOpenMin), INT32_MAX));
   // The MANIFEST records each WAL the writer creates (and a closed one's synced size): an open
   // refuses a journal whose WAL file was removed or cut short, rather than recovering less.
   opts.track_and_verify_wals_in_manifest = true;
@@ -1115,16 +1199,14 @@ Status RocksJournal::OpenDb() {
   return s;
 }
 
+// The writer's open: what RocksDB's open would change is checked first on a read-only view
+// (CheckBeforeWriting); then RocksDB opens the journal for writing and the head it loads is
+// checked again, before the writer marks it and accepts appends.
 Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(CheckDirectory());
-  RC_RETURN_IF_ERROR(ReadDurableMark());
-  if (!fresh_) RC_RETURN_IF_ERROR(CheckCurrentNotStale());
-  Result<std::optional<ClosedMark>> mark = ReadClosedMark();
-  if (!mark.ok()) return mark.status();
-  Result<std::map<std::uint64_t, std::uint64_t>> wals = std::map<std::uint64_t, std::uint64_t>();
-  if (!fresh_) wals = ListWals(env_, path_);
-  if (!wals.ok()) return wals.status();
+  if (!fresh_) RC_RETURN_IF_ERROR(CheckBeforeWriting());
   RC_RETURN_IF_ERROR(OpenRocksWriter());
+  if (!fresh_) RC_RETURN_IF_ERROR(CheckMarksUnchanged());
   Result<std::uint64_t> manifest = CurrentManifestNumber();
   if (!manifest.ok()) return manifest.status();
   manifest_number_ = *manifest;
@@ -1139,49 +1221,132 @@ Status RocksJournal::OpenWriter() {
   }
   RC_RETURN_IF_ERROR(CheckSchema());
   RC_RETURN_IF_ERROR(LoadHead());
-  RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
-  RC_RETURN_IF_ERROR(CheckDurableMark());
-  CheckWalTail(*wals);
+  RC_RETURN_IF_ERROR(CheckClosedMark(head_seq_, head_hash_));
+  recovery_.clean_close = closed_mark_.has_value();
+  RC_RETURN_IF_ERROR(CheckDurableMark(head_seq_));
+  CheckWalTail(wals_at_open_);
   // From here on a crash must not look like a clean close.
   RC_RETURN_IF_ERROR(RemoveClosedMark());
   RC_RETURN_IF_ERROR(StampSchemaVersion());
   RC_RETURN_IF_ERROR(SnapshotPastOlderFormat());
+  RC_RETURN_IF_ERROR(MarkAtOpen());
   committer_ = std::thread([this] { CommitterLoop(); });
   return Status::OK();
+}
+
+// RocksDB's open of the writer replays the WAL into table files, starts a new MANIFEST and
+// deletes every WAL and table file the MANIFEST CURRENT names leaves obsolete: a journal that lost
+// acknowledged records must be refused before that, while its files are as they were. So the
+// journal is first opened read-only (which writes and deletes nothing) and checked there: its
+// column families and live files, a CURRENT older than the durable mark's MANIFEST, records held
+// only by table files RocksDB would delete, records that end before a mark. Under the LOCK, so
+// that no writer starts meanwhile; RocksDB's open takes it again (Busy if a writer came between).
+Status RocksJournal::CheckBeforeWriting() {
+  rocksdb::FileLock* lock = nullptr;
+  const rocksdb::Status locked = LockBriefly(&lock);
+  if (!locked.ok()) return OpenError(path_, locked);
+  HeldLock held(env_, lock);
+  Result<DbFiles> files = ListDbFiles(env_, path_);
+  if (!files.ok()) return files.status();
+  wals_at_open_ = WalsOf(*files);
+  RC_RETURN_IF_ERROR(OpenReadOnlyView(DbOptions().max_open_files, /*locked=*/true));
+  RC_RETURN_IF_ERROR(CheckObsoleteTables());
+  RC_RETURN_IF_ERROR(CheckMarkedRecordsBeforeWriting());
+  rocks_ = std::make_shared<RocksDb>();  // the view closes before RocksDB's open
+  return Status::OK();
+}
+
+// Between the check and RocksDB's open (which holds the LOCK from its start) another writer may
+// have opened and closed the journal, moving its marks: what was checked is then not what opened.
+Status RocksJournal::CheckMarksUnchanged() {
+  const std::optional<ClosedMark> closed = closed_mark_;
+  const std::optional<ClosedMark> durable = durable_mark_;
+  RC_RETURN_IF_ERROR(ReadMarks());
+  if (closed == closed_mark_ && durable == durable_mark_) return Status::OK();
+  return Status::Busy("journal at " + path_ +
+                      ": another writer opened it between its check and RocksDB's open (its "
+                      "marks moved); open it again");
+}
+
+// The view's head against the marks: a clean close's head and hash, the durable mark's seq and
+// the record there (after the head's own first check, a snapshot past it, as LoadHead checks it
+// first). The rest (the chain, the snapshots' records) is checked once the writer opened:
+// RocksDB's open loses nothing those checks find missing. A journal that holds neither a schema
+// version nor a record (an emptied WAL, or a creation that died before its first write) is one
+// the writer would start empty (CheckSchema): its head is 0.
+Status RocksJournal::CheckMarkedRecordsBeforeWriting() {
+  if (!closed_mark_ && !durable_mark_) return Status::OK();
+  Result<bool> unwritten = NeverWritten();
+  if (!unwritten.ok()) return unwritten.status();
+  Result<std::uint64_t> head = *unwritten ? Result<std::uint64_t>(0) : ReadHeadSeq();
+  if (!head.ok()) return head.status();
+  RC_RETURN_IF_ERROR(CheckNoSnapshotPastHead(*head));
+  if (closed_mark_) {
+    Result<Hash> head_hash = HashAt(*head, "the head");
+    if (!head_hash.ok()) return head_hash.status();
+    RC_RETURN_IF_ERROR(CheckClosedMark(*head, *head_hash));
+  }
+  return CheckDurableMark(*head);
 }
 
 // A journal no writer holds opens as a plain read-only DB while this holds its LOCK (no writer
 // can start mid-open); one a writer holds opens as a secondary instance. A LOCK that cannot be
 // taken for another reason opens read-only with every check all the same (never a secondary:
-// it skips the tail and clean-close checks, and a torn journal would read as healthy); nothing
-// then kept a writer out, so the open stands only if the WAL did not change meanwhile.
+// it skips the tail check, and a torn journal would read as healthy); nothing then kept a writer
+// out, so the open stands only if the journal's files did not change meanwhile.
 Status RocksJournal::OpenReadOnly() {
   RC_RETURN_IF_ERROR(CheckDirectory());
   if (fresh_) return Status::NotFound("no journal at " + path_ + " (no CURRENT file)");
   rocksdb::FileLock* lock = nullptr;
-  const rocksdb::Status locked = env_->LockFile(path_ + "/LOCK", &lock);
+  const rocksdb::Status locked = LockBriefly(&lock);
   if (!locked.ok() && LockHeldByAProcess(locked)) return OpenSecondary();
   HeldLock held(env_, locked.ok() ? lock : nullptr);
-  Result<std::map<std::uint64_t, std::uint64_t>> wals = ListWals(env_, path_);
-  if (!wals.ok()) return wals.status();
-  const Status checked = OpenReadOnlyChecked(*wals, locked.ok());
+  Result<DbFiles> files = ListDbFiles(env_, path_);
+  if (!files.ok()) return files.status();
+  const Status checked = OpenReadOnlyChecked(WalsOf(*files), locked.ok());
   if (locked.ok()) return checked;
   // Without the LOCK a writer may have run meanwhile: what failed (a mark past the records read,
   // a file it deleted) then tells nothing about the journal.
-  const Status unchanged = CheckWalsUnchanged(*wals, locked);
+  const Status unchanged = CheckFilesUnchanged(*files, locked);
   return unchanged.ok() ? checked : unchanged;
 }
 
-// The read-only open and its checks: live files, schema, head, clean close, WAL tail.
+// The LOCK. Another process holding it is waited for up to kLockWaitMs: a reader (replay, audit)
+// holds it only while it opens, and one beside it would otherwise be read as beside a live writer.
+// A LOCK this process holds is not waited for (a writer here holds it for good).
+rocksdb::Status RocksJournal::LockBriefly(rocksdb::FileLock** lock) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockWaitMs);
+  while (true) {
+    const rocksdb::Status s = env_->LockFile(path_ + "/LOCK", lock);
+    const bool other_process = s.ToString().find("While lock file") != std::string::npos;
+    if (s.ok() || !other_process || std::chrono::steady_clock::now() >= until) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(kLockPollMs));
+  }
+}
+
+// The read-only open and its checks: live files, table files RocksDB would take for obsolete,
+// schema, head, clean close, durable mark, WAL tail.
 Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals,
                                          bool locked) {
-  Result<std::optional<ClosedMark>> mark = ReadClosedMark();
-  if (!mark.ok()) return mark.status();
+  // Every table file is opened (and its footer read) now.
+  RC_RETURN_IF_ERROR(OpenReadOnlyView(/*max_open_files=*/-1, locked));
+  RC_RETURN_IF_ERROR(CheckObsoleteTables());
+  RC_RETURN_IF_ERROR(CheckSchema());
+  RC_RETURN_IF_ERROR(LoadHead());
+  RC_RETURN_IF_ERROR(CheckClosedMark(head_seq_, head_hash_));
+  recovery_.clean_close = closed_mark_.has_value();
+  RC_RETURN_IF_ERROR(CheckDurableMark(head_seq_));
+  CheckWalTail(wals);
+  return Status::OK();
+}
+
+Status RocksJournal::OpenReadOnlyView(int max_open_files, bool locked) {
+  RC_RETURN_IF_ERROR(CheckColumnFamilies(locked));
   // Read before the records: a mark only moves after what it names is durable.
-  RC_RETURN_IF_ERROR(ReadDurableMark());
+  RC_RETURN_IF_ERROR(ReadMarks());
   RC_RETURN_IF_ERROR(CheckCurrentNotStale());
   rocksdb::Options opts = DbOptions();
-  opts.max_open_files = -1;  // every table file is opened (and its footer read) now
+  opts.max_open_files = max_open_files;
   opts.wal_filter = &rocks_->wal_replay;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s =
@@ -1189,34 +1354,33 @@ Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint
   if (!s.ok()) return locked ? ExistingOpenError(path_, s) : OpenError(path_, s);
   rocks_->db.reset(raw);
   RC_CHECK(rocks_->cfs.size() == kCfCount);
-  RC_RETURN_IF_ERROR(CheckLiveFiles());
-  RC_RETURN_IF_ERROR(CheckSchema());
-  RC_RETURN_IF_ERROR(LoadHead());
-  RC_RETURN_IF_ERROR(CheckClosedMark(*mark));
-  RC_RETURN_IF_ERROR(CheckDurableMark());
-  CheckWalTail(wals);
-  return Status::OK();
+  return CheckLiveFiles();
 }
 
 // Without the LOCK nothing kept a writer out while the journal was checked: what was checked is
-// the journal only if its WAL files (where a writer appends; its flushes remove them) are as they
-// were before the open.
-Status RocksJournal::CheckWalsUnchanged(const std::map<std::uint64_t, std::uint64_t>& before,
-                                        const rocksdb::Status& lock_error) {
-  Result<std::map<std::uint64_t, std::uint64_t>> after = ListWals(env_, path_);
-  if (!after.ok()) return after.status();
-  if (*after == before) return Status::OK();
+// the journal only if the files a writer changes (CURRENT and MANIFESTs at its open, WALs as it
+// appends, tables as it flushes and compacts) are as they were before the open.
+Status RocksJournal::CheckFilesUnchanged(const DbFiles& before, const rocksdb::Status& lock_error) {
+  Result<DbFiles> after = ListDbFiles(env_, path_);
+  if (after.ok() && *after == before) return Status::OK();
   return Status::Busy("journal at " + path_ + " changed while it was checked without its LOCK (" +
                       lock_error.ToString() +
                       "): a writer may be running; the journal cannot be checked now");
 }
 
+// Beside a live writer: a secondary instance, which follows it. The marks are read before the
+// records and checked against them (CheckMarksBesideWriter); the WAL tail is not checked (the
+// writer appends to it).
 Status RocksJournal::OpenSecondary() {
   if (options_.secondary_path.empty()) {
     RC_RETURN_IF_ERROR(secondary_dir_.MakeTemp());
   } else {
     secondary_dir_.Use(options_.secondary_path);
   }
+  RC_RETURN_IF_ERROR(CheckColumnFamilies(/*locked=*/false));
+  // Read before the records: a live writer marks only what its WAL already holds.
+  RC_RETURN_IF_ERROR(ReadMarks());
+  RC_RETURN_IF_ERROR(CheckCurrentNotStale());
   rocksdb::Options opts = DbOptions();
   opts.max_open_files = -1;  // required by secondary instances
   rocksdb::DB* raw = nullptr;
@@ -1234,7 +1398,27 @@ Status RocksJournal::OpenSecondary() {
   }
   RC_RETURN_IF_ERROR(live);
   RC_RETURN_IF_ERROR(CheckSchema());
-  return LoadHead();
+  RC_RETURN_IF_ERROR(LoadHead());
+  return CheckMarksBesideWriter();
+}
+
+// A writer only adds records past what the marks read before the records name (its open checked
+// the journal reached them; a clean close it started after included): records that end before a
+// mark, after catching up with the writer a few times, were lost. The clean close is not reported
+// (a writer removes its record before it appends).
+Status RocksJournal::CheckMarksBesideWriter() {
+  std::uint64_t floor = durable_mark_ ? durable_mark_->seq : 0;
+  if (closed_mark_) floor = std::max(floor, closed_mark_->seq);
+  for (int i = 1; head_seq() < floor && i < kMarkChecksMax; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kMarkCatchUpPauseMs));
+    RC_RETURN_IF_ERROR(CatchUp());
+  }
+  const std::uint64_t head = head_seq();
+  if (closed_mark_) {
+    RC_RETURN_IF_ERROR(CheckRecordsReach(*closed_mark_, head,
+                                         std::string("its clean-close record ") + kClosedFile));
+  }
+  return CheckDurableMark(head);
 }
 
 namespace {
@@ -1243,17 +1427,10 @@ namespace {
 // blobs, options, identity) and the clean-close record. Not LOCK and LOG: RocksDB writes them
 // before anything else, so a creation that died at once leaves only them.
 bool IsJournalFile(std::string_view name) {
-  // RocksDB names its tables, WALs and blobs by number: an operator's "serve.log" is not one.
-  auto numbered = [&](std::string_view suffix) {
-    if (name.size() <= suffix.size() || name.substr(name.size() - suffix.size()) != suffix) {
-      return false;
-    }
-    const std::string_view digits = name.substr(0, name.size() - suffix.size());
-    return digits.find_first_not_of("0123456789") == std::string_view::npos;
-  };
   return name.rfind("MANIFEST-", 0) == 0 || name.rfind("OPTIONS-", 0) == 0 || name == "IDENTITY" ||
          name == kClosedFile || name == kClosedTmpFile || name == kDurableFile ||
-         name == kDurableTmpFile || numbered(".sst") || numbered(".log") || numbered(".blob");
+         name == kDurableTmpFile || Numbered(name, ".sst") || Numbered(name, ".log") ||
+         Numbered(name, ".blob");
 }
 
 constexpr std::size_t kNamedFilesMax = 8;  // files an error names, at most
@@ -1262,10 +1439,11 @@ constexpr std::size_t kNamedFilesMax = 8;  // files an error names, at most
 
 // Sets fresh_: no CURRENT and nothing of a journal (a new one may be created there). Files of a
 // journal without its CURRENT are damage (Corruption): an open would otherwise create a new,
-// empty journal beside them. With a CURRENT, every column family must be in the MANIFEST.
+// empty journal beside them. With a CURRENT, each open checks its column families
+// (CheckColumnFamilies) once it knows whether it holds the LOCK.
 Status RocksJournal::CheckDirectory() {
   const rocksdb::Status current = env_->FileExists(path_ + "/CURRENT");
-  if (current.ok()) return CheckColumnFamilies();
+  if (current.ok()) return Status::OK();
   if (!current.IsNotFound()) return FromRocks(current, "look for " + path_ + "/CURRENT");
   fresh_ = true;
   if (env_->FileExists(path_).IsNotFound()) return Status::OK();
@@ -1301,11 +1479,19 @@ std::optional<std::uint64_t> ManifestNumber(std::string_view name) {
 
 }  // namespace
 
-// The MANIFEST number CURRENT names.
-Result<std::uint64_t> RocksJournal::CurrentManifestNumber() {
+// CURRENT's text: the name of the MANIFEST it points at, and a newline.
+Result<std::string> RocksJournal::ReadCurrent() {
   std::string current;
   RC_RETURN_IF_ERROR(FromRocks(rocksdb::ReadFileToString(env_, path_ + "/CURRENT", &current),
                                "read " + path_ + "/CURRENT"));
+  return current;
+}
+
+// The MANIFEST number CURRENT names.
+Result<std::uint64_t> RocksJournal::CurrentManifestNumber() {
+  Result<std::string> read = ReadCurrent();
+  if (!read.ok()) return read.status();
+  std::string current = std::move(read.value());
   while (!current.empty() && current.back() == '\n') current.pop_back();
   const std::optional<std::uint64_t> named = ManifestNumber(current);
   if (named) return *named;
@@ -1318,9 +1504,11 @@ Result<std::uint64_t> RocksJournal::CurrentManifestNumber() {
 // its writer ran on: a CURRENT naming an older one is a CURRENT (and MANIFEST) older than the
 // journal's other files, restored or copied over them. RocksDB would recover the older state and
 // delete the newer files as obsolete, so it is refused before any open. (A MANIFEST left by an
-// open that died before CURRENT named it is newer than both, and changes nothing.)
+// open that died before CURRENT named it is newer than both, and changes nothing.) A MANIFEST of
+// the mark's number but older (a copy, or one cut short) passes here: CheckObsoleteTables and the
+// mark's seq see what it lost.
 Status RocksJournal::CheckCurrentNotStale() {
-  if (!durable_mark_ || durable_mark_->manifest == 0) return Status::OK();
+  if (!durable_mark_) return Status::OK();
   Result<std::uint64_t> named = CurrentManifestNumber();
   if (!named.ok() || *named >= durable_mark_->manifest) return named.status();
   return Status::Corruption(
@@ -1334,12 +1522,9 @@ Status RocksJournal::CheckCurrentNotStale() {
 
 // A family the MANIFEST lacks would be created empty by the open: a lost index read as an empty
 // one (admissions of used ids, retried keys written twice). Refused before the open.
-Status RocksJournal::CheckColumnFamilies() {
+Status RocksJournal::CheckColumnFamilies(bool locked) {
   std::vector<std::string> names;
-  rocksdb::DBOptions db_options;
-  db_options.env = env_;
-  const rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options, path_, &names);
-  if (!s.ok()) return ExistingOpenError(path_, s);
+  RC_RETURN_IF_ERROR(ListFamilies(locked, &names));
   std::string missing;
   for (const char* name : kCfNames) {
     if (std::find(names.begin(), names.end(), name) != names.end()) continue;
@@ -1352,6 +1537,28 @@ Status RocksJournal::CheckColumnFamilies() {
                             "): damaged; refusing to open (never auto-repaired; a journal whose "
                             "creation died before it was complete holds no records: remove the "
                             "directory to create it again)");
+}
+
+// The column families the MANIFEST CURRENT names lists. Under the LOCK (`locked`) no writer moves
+// CURRENT meanwhile: a MANIFEST it names that cannot be read is damage. Without it, a writer's open
+// may have switched CURRENT and deleted the MANIFEST just read: the listing is tried again while
+// CURRENT changes, and a failure that stays is left to an open that holds the LOCK to call damage
+// (OpenError: Busy, or an I/O error).
+Status RocksJournal::ListFamilies(bool locked, std::vector<std::string>* names) {
+  rocksdb::DBOptions db_options;
+  db_options.env = env_;
+  Result<std::string> current = locked ? Result<std::string>(std::string()) : ReadCurrent();
+  rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options, path_, names);
+  for (int i = 1; !s.ok() && !locked && i < kColumnFamilyListingsMax; ++i) {
+    Result<std::string> now = ReadCurrent();
+    // CURRENT stayed: the failure stands.
+    if (!current.ok() || !now.ok() || *now == *current) break;
+    current = std::move(now);
+    names->clear();
+    s = rocksdb::DB::ListColumnFamilies(db_options, path_, names);
+  }
+  if (s.ok()) return Status::OK();
+  return locked ? ExistingOpenError(path_, s) : OpenError(path_, s);
 }
 
 // Every live file the MANIFEST lists must exist with its recorded size, before anything is read.
@@ -1376,6 +1583,74 @@ Status RocksJournal::CheckLiveFiles() {
     }
   }
   return Status::OK();
+}
+
+// RocksDB takes a table file the MANIFEST CURRENT names does not list for obsolete, and the
+// writer's open deletes it. What a flush, a compaction or an open that died leaves behind holds
+// only keys the journal still holds (in a WAL its recovery reads again, or in the tables they
+// were compacted from): one holding a key the journal as opened lacks holds records that would be
+// lost, under a CURRENT or MANIFEST older than the journal's tables (restored or copied over
+// them, or a MANIFEST cut short). A journal without a durable mark would open shorter, and a mark
+// alone misses such a loss below its seq; refused (never auto-repaired).
+Status RocksJournal::CheckObsoleteTables() {
+  std::vector<rocksdb::LiveFileMetaData> files;
+  rocks_->db->GetLiveFilesMetaData(&files);
+  std::set<std::string> live;
+  for (const rocksdb::LiveFileMetaData& f : files) live.insert(f.relative_filename);
+  std::vector<std::string> names;
+  RC_RETURN_IF_ERROR(FromRocks(env_->GetChildren(path_, &names), "list " + path_));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (!Numbered(name, ".sst") || live.count(name) != 0) continue;
+    RC_RETURN_IF_ERROR(CheckObsoleteTable(name));
+  }
+  return Status::OK();
+}
+
+// An obsolete table file (above) must hold no key the journal lacks. One that cannot be read (a
+// flush or compaction that died writing it) holds nothing RocksDB could read either.
+Status RocksJournal::CheckObsoleteTable(const std::string& name) {
+  rocksdb::SstFileReader reader(DbOptions());
+  if (!reader.Open(path_ + "/" + name).ok()) return Status::OK();
+  const std::shared_ptr<const rocksdb::TableProperties> props = reader.GetTableProperties();
+  if (props == nullptr) return Status::OK();
+  const auto named = std::find(std::begin(kCfNames), std::end(kCfNames), props->column_family_name);
+  if (named == std::end(kCfNames)) return Status::OK();  // not a family of the journal
+  const auto cf = static_cast<std::size_t>(named - std::begin(kCfNames));
+  std::unique_ptr<rocksdb::Iterator> obsolete(reader.NewIterator(rocksdb::ReadOptions()));
+  std::unique_ptr<rocksdb::Iterator> held(
+      rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->cfs[cf]));
+  for (obsolete->SeekToFirst(); obsolete->Valid(); obsolete->Next()) {
+    held->Seek(obsolete->key());
+    if (held->Valid() && held->key() == obsolete->key()) continue;
+    RC_RETURN_IF_ERROR(FromRocks(held->status(), "read " + path_));
+    const std::string_view key = View(obsolete->key());
+    const std::string what = cf == kEventsCf && key.size() == 8
+                                 ? "the record at seq " + std::to_string(ParseBE64(key))
+                                 : std::string("a key of the column family ") + kCfNames[cf];
+    return Status::Corruption(
+        "journal at " + path_ + ": table file " + name +
+        ", which the MANIFEST CURRENT names does not list (RocksDB would delete it), holds " +
+        what +
+        ", which the journal lacks: CURRENT or its MANIFEST is older than the journal's table "
+        "files (restored or copied over them, or cut short); refusing to open, which would lose "
+        "those records (never auto-repaired)");
+  }
+  return Status::OK();  // a table that cannot be read to its end: as one that cannot be opened
+}
+
+// Whether the journal holds neither a schema version nor a record.
+Result<bool> RocksJournal::NeverWritten() {
+  std::string version;
+  const rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kSchemaKey, &version);
+  if (s.ok()) return false;
+  if (!s.IsNotFound()) return FromRocks(s, "read schema_version in " + path_);
+  std::unique_ptr<rocksdb::Iterator> it(
+      rocks_->db->NewIterator(rocksdb::ReadOptions(), rocks_->cfs[kEventsCf]));
+  it->SeekToFirst();
+  RC_RETURN_IF_ERROR(FromRocks(it->status(), "scan events of " + path_));
+  return !it->Valid();
 }
 
 // A new journal gets its schema version and an explicit empty head in one write; an existing one
@@ -1442,10 +1717,6 @@ Status RocksJournal::LoadHead() {
   return Status::OK();
 }
 
-Result<std::optional<ClosedMark>> RocksJournal::ReadClosedMark() {
-  return ReadMark(kClosedFile, kClosedTitle, "the clean-close record");
-}
-
 // A mark file (`what`), absent or whole: one larger than a mark or not exactly one is damage.
 Result<std::optional<ClosedMark>> RocksJournal::ReadMark(const char* name, const char* title,
                                                          const std::string& what) {
@@ -1473,20 +1744,23 @@ Result<std::optional<ClosedMark>> RocksJournal::ReadMark(const char* name, const
 // Records up to the durable mark were acknowledged: a journal that ends before it, or holds
 // other records there, lost acknowledged records (a WAL cut or removed, a CURRENT or MANIFEST
 // older than the journal's files), which its open would otherwise take for a crash's torn tail.
-Status RocksJournal::ReadDurableMark() {
-  Result<std::optional<ClosedMark>> mark =
+// A clean close records where the journal ended. Both are read before the records.
+Status RocksJournal::ReadMarks() {
+  Result<std::optional<ClosedMark>> closed =
+      ReadMark(kClosedFile, kClosedTitle, "the clean-close record");
+  if (!closed.ok()) return closed.status();
+  Result<std::optional<ClosedMark>> durable =
       ReadMark(kDurableFile, kDurableTitle, "the durable mark");
-  if (!mark.ok()) return mark.status();
-  durable_mark_ = *mark;
+  if (!durable.ok()) return durable.status();
+  closed_mark_ = *closed;
+  durable_mark_ = *durable;
   return Status::OK();
 }
 
-Status RocksJournal::CheckDurableMark() {
-  if (!durable_mark_) return Status::OK();
-  const ClosedMark m = *durable_mark_;
-  const std::uint64_t head = head_seq_;
+Status RocksJournal::CheckRecordsReach(const ClosedMark& m, std::uint64_t head,
+                                       const std::string& mark) {
   const std::string was = "seq " + std::to_string(m.seq) + " (hash " + HashHex(m.hash) +
-                          ") was durable, as its durable mark " + kDurableFile + " records";
+                          ") was durable, as " + mark + " records";
   if (m.seq > head) {
     return Status::Corruption("journal at " + path_ + " holds records through seq " +
                               std::to_string(head) + " but " + was + ": records " +
@@ -1495,7 +1769,7 @@ Status RocksJournal::CheckDurableMark() {
                               "or a CURRENT or MANIFEST older than the journal's files); refusing "
                               "to open (never auto-repaired)");
   }
-  Result<Hash> at = HashAt(m.seq, "the durable mark's seq " + std::to_string(m.seq));
+  Result<Hash> at = HashAt(m.seq, mark);
   if (!at.ok()) return at.status();
   if (*at == m.hash) return Status::OK();
   return Status::Corruption("journal at " + path_ + ": " + was +
@@ -1503,17 +1777,19 @@ Status RocksJournal::CheckDurableMark() {
                             ": the journal's records are not the ones acknowledged");
 }
 
-Status RocksJournal::CheckClosedMark(const std::optional<ClosedMark>& mark) {
-  if (!mark.has_value()) return Status::OK();
-  std::lock_guard<std::mutex> l(mu_);
-  if (head_seq_ != mark->seq || head_hash_ != mark->hash) {
-    return Status::Corruption("journal at " + path_ + " was closed at seq " +
-                              std::to_string(mark->seq) + " hash " + HashHex(mark->hash) +
-                              " but holds only " + std::to_string(head_seq_) +
-                              " records (head hash " + HashHex(head_hash_) + ")");
+Status RocksJournal::CheckDurableMark(std::uint64_t head) {
+  if (!durable_mark_) return Status::OK();
+  return CheckRecordsReach(*durable_mark_, head, std::string("its durable mark ") + kDurableFile);
+}
+
+Status RocksJournal::CheckClosedMark(std::uint64_t head, const Hash& head_hash) const {
+  if (!closed_mark_ || (head == closed_mark_->seq && head_hash == closed_mark_->hash)) {
+    return Status::OK();
   }
-  recovery_.clean_close = true;
-  return Status::OK();
+  return Status::Corruption(
+      "journal at " + path_ + " was closed at seq " + std::to_string(closed_mark_->seq) + " hash " +
+      HashHex(closed_mark_->hash) + " but holds only " + std::to_string(head) +
+      " records (head hash " + HashHex(head_hash) + ")");
 }
 
 namespace {
@@ -2259,7 +2535,7 @@ void RocksJournal::CommitterLoop() {
     l.unlock();
     std::this_thread::yield();
     l.lock();
-    MarkDurableIfDue(l);
+    MarkDurable(l, /*due_now=*/false);
   }
 }
 
@@ -2279,26 +2555,49 @@ void RocksJournal::WaitForWorkOrMark(std::unique_lock<std::mutex>& l) {
     if (!MarkPending()) {
       commit_cv_.wait(l);
     } else if (!commit_cv_.wait_until(l, *last_mark_ + interval, work)) {
-      MarkDurableIfDue(l);
+      MarkDurable(l, /*due_now=*/false);
     }
   }
 }
 
+// The head the writer recovered is marked before it accepts appends, naming the MANIFEST it runs
+// on: an idle writer's journal is guarded from its open on, and a journal without a mark is one
+// no writer of this version opened yet (or a copy of one, a checkpoint). An open-time step; it
+// opens the directory handle that every mark's rename is then synced through.
+Status RocksJournal::MarkAtOpen() {
+  if (!options_.sync) return Status::OK();  // without fsync nothing is durable: no mark
+  const ClosedMark mark{durable_seq_, durable_hash_, manifest_number_};
+  auto dir = std::make_shared<std::unique_ptr<rocksdb::Directory>>();
+  RC_RETURN_IF_ERROR(OpenStep(
+      "the write of the durable mark",
+      [env = env_, path = path_, dir, text = EncodeMark(kDurableTitle, mark)] {
+        RC_RETURN_IF_ERROR(FromRocks(env->NewDirectory(path, dir.get()), "open directory " + path));
+        return FromRocks(WriteMarkFile(env, dir->get(), path, kDurableTmpFile, kDurableFile, text),
+                         "write the durable mark " + path + "/" + kDurableFile);
+      }));
+  std::lock_guard<std::mutex> l(mu_);
+  dir_ = std::shared_ptr<rocksdb::Directory>(std::move(*dir));
+  marked_seq_ = mark.seq;
+  last_mark_ = std::chrono::steady_clock::now();
+  return Status::OK();
+}
+
 // The durable mark follows the durable head, at most every durable_mark_interval_ms, never ahead
 // of it (without fsync nothing is durable: no mark). It is written with the lock released, under
-// the group commit's stall deadline; a failed write fails the journal as a failed commit does.
-void RocksJournal::MarkDurableIfDue(std::unique_lock<std::mutex>& l) {
+// the group commit's stall deadline, its rename synced into the directory; a failed write fails
+// the journal as a failed commit does.
+void RocksJournal::MarkDurable(std::unique_lock<std::mutex>& l, bool due_now) {
   const auto now = std::chrono::steady_clock::now();
   const auto interval = std::chrono::milliseconds(options_.durable_mark_interval_ms);
   if (!options_.sync || !failed_.ok() || durable_seq_ == marked_seq_) return;
-  if (last_mark_ && now - *last_mark_ < interval) return;
+  if (!due_now && last_mark_ && now - *last_mark_ < interval) return;
   const ClosedMark mark{durable_seq_, durable_hash_, manifest_number_};
   last_mark_ = now;
   marking_ = true;
   write_started_ = now;
   l.unlock();
-  const rocksdb::Status written =
-      WriteMarkFile(env_, path_, kDurableTmpFile, kDurableFile, EncodeMark(kDurableTitle, mark));
+  const rocksdb::Status written = WriteMarkFile(env_, dir_.get(), path_, kDurableTmpFile,
+                                                kDurableFile, EncodeMark(kDurableTitle, mark));
   l.lock();
   marking_ = false;
   if (written.ok()) marked_seq_ = mark.seq;
@@ -2713,6 +3012,12 @@ Result<Hash> ParseHashHex(std::string_view hex) {
   if (!decoded.ok())
     return Status::InvalidArgument("a hash is 64 hex digits: " + decoded.message());
   return out;
+}
+
+std::uint32_t Options::OpenFilesMax() const {
+  const std::uint32_t tables = std::min<std::uint32_t>(
+      std::max(table_files_open_max, kTableFilesOpenMin), INT32_MAX);  // as DbOptions sets it
+  return tables + kFilesBesideTablesMax;
 }
 
 Result<std::unique_ptr<Journal>> Journal::Open(const std::string& path, const Options& options) {

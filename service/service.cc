@@ -67,9 +67,9 @@ inline constexpr std::uint64_t kListenerDescriptors = 1;
 // Per engine: the monitor's, the control's and a transfer's connections (libcurl keeps a few per
 // handle) and a name lookup's socket.
 inline constexpr std::uint64_t kDescriptorsPerEngine = 16;
-// Files the journal adds while serving (a flush's table, a compaction's outputs opened before its
-// inputs close, a new WAL and MANIFEST), the trajectories file's rotation, the logs.
-inline constexpr std::uint64_t kJournalDescriptorsReserve = 64;
+// Beside the journal's own (journal::Options::OpenFilesMax): the trajectories file's rotation and
+// the logs.
+inline constexpr std::uint64_t kFilesDescriptorsReserve = 16;
 // The fewest client connections serve starts with (http_connections_max's lower bound).
 inline constexpr std::uint64_t kConnectionsFitMin = 4;
 // The destructor waits this long for blocking handlers (an update) to return.
@@ -128,12 +128,24 @@ std::uint64_t OpenDescriptors(std::uint64_t limit) {
 }
 
 struct DescriptorBudget {
-  std::uint64_t limit = 0;     // RLIMIT_NOFILE's soft limit
-  std::uint64_t open = 0;      // open at the fit (the journal's files, the engine clients')
-  std::uint64_t reserved = 0;  // `open` and what serve opens besides client and engine sockets
+  std::uint64_t limit = 0;  // RLIMIT_NOFILE's soft limit
+  std::uint64_t open = 0;   // open at the fit (the journal's files, the engine clients')
+  // `open` and what serve opens besides client and engine sockets; the journal's files open at the
+  // fit are counted in `open` and again in its bound (OpenFilesMax), which errs on the safe side.
+  std::uint64_t reserved = 0;
   std::uint64_t engines = 1;
   std::uint64_t loops = 1;
 };
+
+// How serve opens its journal (the descriptor budget reserves what these options may hold).
+journal::Options JournalOptionsOf(const ServeConfig& c, rocksdb::Env* env) {
+  journal::Options jo;
+  jo.sync = c.journal_sync;
+  jo.env = env;
+  jo.commit_stall_timeout_ms = c.journal_commit_stall_timeout_ms;
+  jo.commit_window_us = c.journal_commit_window_us;
+  return jo;
+}
 
 DescriptorBudget BudgetOf(const ServeConfig& c, std::uint64_t loops) {
   DescriptorBudget b;
@@ -144,7 +156,8 @@ DescriptorBudget BudgetOf(const ServeConfig& c, std::uint64_t loops) {
   b.engines = std::max<std::uint64_t>(1, c.engines.size());
   b.loops = loops;
   b.reserved = b.open + loops * kDescriptorsPerLoop + kListenerDescriptors +
-               b.engines * kDescriptorsPerEngine + kJournalDescriptorsReserve;
+               b.engines * kDescriptorsPerEngine + JournalOptionsOf(c, nullptr).OpenFilesMax() +
+               kFilesDescriptorsReserve;
   return b;
 }
 
@@ -358,12 +371,8 @@ Status Service::Init() {
 }
 
 Status Service::OpenJournal() {
-  journal::Options jo;
-  jo.sync = config_.journal_sync;
-  jo.env = journal_env_;
-  jo.commit_stall_timeout_ms = config_.journal_commit_stall_timeout_ms;
-  jo.commit_window_us = config_.journal_commit_window_us;
-  auto opened = journal::Journal::Open(config_.journal_path, jo);
+  auto opened =
+      journal::Journal::Open(config_.journal_path, JournalOptionsOf(config_, journal_env_));
   if (!opened.ok()) return opened.status();
   if ((*opened)->is_fleet() && !is_fleet()) {
     // One engine configured: the fleet's engines would be neither driven nor watched.

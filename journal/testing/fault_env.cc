@@ -1,5 +1,6 @@
 // FaultEnv: a FileSystemWrapper that tracks, per writable file, the bytes appended and the bytes
-// known synced, and fails or stalls operations on command (see fault_env.h).
+// known synced, fails or stalls operations on command, and runs a hook before a read (see
+// fault_env.h).
 #include "journal/testing/fault_env.h"
 
 #include <rocksdb/file_system.h>
@@ -7,10 +8,12 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 
 // Returns the IOStatus of `expr` when it is not OK.
 #define RC_RETURN_IF_ROCKS(expr)      \
@@ -44,13 +47,15 @@ const char* KindName(FileKind kind) {
       return "MANIFEST";
     case FileKind::kOther:
       return "file";
+    case FileKind::kDirectory:
+      return "directory";
   }
   return "file";
 }
 
 namespace {
 
-constexpr std::size_t kKinds = 4;
+constexpr std::size_t kKinds = 5;
 constexpr std::size_t kOps = 2;
 
 struct Injection {
@@ -74,10 +79,12 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
 
   // Non-OK when this operation must fail (crash state or an armed injection).
   rocksdb::IOStatus Check(const std::string& path, FileOp op) {
+    return CheckKind(KindOf(path), path, op);
+  }
+  rocksdb::IOStatus CheckKind(FileKind kind, const std::string& path, FileOp op) {
     std::lock_guard<std::mutex> l(mu_);
     if (crashed_) return Fail(Fault::kEio, "crashed", path);
-    Injection& in =
-        injections_[static_cast<std::size_t>(KindOf(path))][static_cast<std::size_t>(op)];
+    Injection& in = injections_[static_cast<std::size_t>(kind)][static_cast<std::size_t>(op)];
     if (!in.armed) return rocksdb::IOStatus::OK();
     if (in.skip > 0) {
       --in.skip;
@@ -90,9 +97,9 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
     std::lock_guard<std::mutex> l(mu_);
     return crashed_ ? Fail(Fault::kEio, "crashed", path) : rocksdb::IOStatus::OK();
   }
-  std::uint32_t StallMs(const std::string& path) {
+  std::uint32_t StallMs(FileKind kind) {
     std::lock_guard<std::mutex> l(mu_);
-    return stall_ms_[static_cast<std::size_t>(KindOf(path))];
+    return stall_ms_[static_cast<std::size_t>(kind)];
   }
   void Appended(const std::string& path, std::uint64_t bytes) {
     std::lock_guard<std::mutex> l(mu_);
@@ -117,6 +124,15 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
   rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
                                     std::unique_ptr<rocksdb::FSWritableFile>* r,
                                     rocksdb::IODebugContext* dbg) override;
+  rocksdb::IOStatus NewDirectory(const std::string& name, const rocksdb::IOOptions& o,
+                                 std::unique_ptr<rocksdb::FSDirectory>* r,
+                                 rocksdb::IODebugContext* dbg) override;
+  rocksdb::IOStatus NewSequentialFile(const std::string& f, const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSSequentialFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    TakeReadHook(f)();
+    return target()->NewSequentialFile(f, o, r, dbg);
+  }
   rocksdb::IOStatus ReopenWritableFile(const std::string& f, const rocksdb::FileOptions& o,
                                        std::unique_ptr<rocksdb::FSWritableFile>* r,
                                        rocksdb::IODebugContext* dbg) override;
@@ -166,6 +182,21 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
     std::lock_guard<std::mutex> l(mu_);
     injections_ = {};
     stall_ms_ = {};
+    read_hook_prefix_.clear();
+    read_hook_ = nullptr;
+  }
+  void SetReadHook(const std::string& prefix, std::function<void()> hook) {
+    std::lock_guard<std::mutex> l(mu_);
+    read_hook_prefix_ = prefix;
+    read_hook_ = std::move(hook);
+  }
+  // The read hook, taken (it runs once) when `path`'s name starts with its prefix; else a no-op.
+  std::function<void()> TakeReadHook(const std::string& path) {
+    const std::size_t slash = path.find_last_of('/');
+    const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+    std::lock_guard<std::mutex> l(mu_);
+    if (!read_hook_ || name.rfind(read_hook_prefix_, 0) != 0) return [] {};
+    return std::exchange(read_hook_, nullptr);
   }
   std::uint64_t failures() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -198,6 +229,8 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
   std::array<std::uint32_t, kKinds> stall_ms_{};
   std::uint64_t failures_ = 0;
   std::map<std::string, FileState> files_;
+  std::string read_hook_prefix_;
+  std::function<void()> read_hook_;
 };
 
 namespace {
@@ -260,7 +293,7 @@ class FaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
  private:
   template <typename F>
   rocksdb::IOStatus DoSync(F sync) {
-    const std::uint32_t stall_ms = fs_->StallMs(path_);
+    const std::uint32_t stall_ms = fs_->StallMs(KindOf(path_));
     if (stall_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
     rocksdb::IOStatus s = fs_->Check(path_, FileOp::kSync);
     if (s.ok()) s = sync();
@@ -272,7 +305,43 @@ class FaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
   FaultEnv::Fs* const fs_;
 };
 
+// A directory whose fsyncs pass through the fault checks of FileKind::kDirectory.
+class FaultDirectory final : public rocksdb::FSDirectoryWrapper {
+ public:
+  FaultDirectory(std::unique_ptr<rocksdb::FSDirectory> base, std::string path, FaultEnv::Fs* fs)
+      : FSDirectoryWrapper(std::move(base)), path_(std::move(path)), fs_(fs) {}
+
+  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override {
+    RC_RETURN_IF_ROCKS(Check());
+    return FSDirectoryWrapper::Fsync(o, dbg);
+  }
+  rocksdb::IOStatus FsyncWithDirOptions(const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg,
+                                        const rocksdb::DirFsyncOptions& dir_o) override {
+    RC_RETURN_IF_ROCKS(Check());
+    return FSDirectoryWrapper::FsyncWithDirOptions(o, dbg, dir_o);
+  }
+
+ private:
+  rocksdb::IOStatus Check() {
+    const std::uint32_t stall_ms = fs_->StallMs(FileKind::kDirectory);
+    if (stall_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+    return fs_->CheckKind(FileKind::kDirectory, path_, FileOp::kSync);
+  }
+
+  const std::string path_;
+  FaultEnv::Fs* const fs_;
+};
+
 }  // namespace
+
+rocksdb::IOStatus FaultEnv::Fs::NewDirectory(const std::string& name, const rocksdb::IOOptions& o,
+                                             std::unique_ptr<rocksdb::FSDirectory>* r,
+                                             rocksdb::IODebugContext* dbg) {
+  std::unique_ptr<rocksdb::FSDirectory> base;
+  RC_RETURN_IF_ROCKS(target()->NewDirectory(name, o, &base, dbg));
+  *r = std::make_unique<FaultDirectory>(std::move(base), name, this);
+  return rocksdb::IOStatus::OK();
+}
 
 rocksdb::IOStatus FaultEnv::Fs::NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
                                                 std::unique_ptr<rocksdb::FSWritableFile>* r,
@@ -337,6 +406,9 @@ void FaultEnv::Inject(FileKind kind, FileOp op, Fault fault, std::uint32_t skip)
   fs_->Inject(kind, op, fault, skip);
 }
 void FaultEnv::StallSync(FileKind kind, std::uint32_t stall_ms) { fs_->Stall(kind, stall_ms); }
+void FaultEnv::BeforeNextRead(const std::string& name_prefix, std::function<void()> hook) {
+  fs_->SetReadHook(name_prefix, std::move(hook));
+}
 void FaultEnv::Clear() { fs_->Clear(); }
 std::uint64_t FaultEnv::failures() const { return fs_->failures(); }
 std::uint64_t FaultEnv::UnsyncedBytes(FileKind kind) const { return fs_->Unsynced(kind); }

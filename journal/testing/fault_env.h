@@ -1,7 +1,8 @@
 // A fault-injecting RocksDB Env for tests and simulators: the real journal runs over it and,
-// on command, an Append or a Sync of a file of one kind (WAL, SST, MANIFEST) fails with EIO or
-// ENOSPC, a Sync stalls, or a simulated crash drops every byte that was not synced (whole, or
-// leaving a torn prefix of it).
+// on command, an Append or a Sync of a file of one kind (WAL, SST, MANIFEST, other) or the fsync
+// of a directory fails with EIO or ENOSPC, a Sync stalls, or a simulated crash drops every byte
+// that was not synced (whole, or leaving a torn prefix of it). A hook can run just before a file
+// is opened for reading (another process acting at that moment).
 //
 // Usage:
 //   FaultEnv faults;                       // wraps Env::Default() (or pass NewMemEnv(...))
@@ -17,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,7 +27,9 @@
 
 namespace rc::journal::testing {
 
-enum class FileKind : std::uint8_t { kWal, kSst, kManifest, kOther };
+// kDirectory: a directory opened with NewDirectory, whose fsync makes the files created, renamed
+// and deleted in it durable (only FileOp::kSync applies); KindOf never names it.
+enum class FileKind : std::uint8_t { kWal, kSst, kManifest, kOther, kDirectory };
 enum class FileOp : std::uint8_t { kAppend, kSync };  // kSync: Sync and Fsync
 // kCrash: the simulated process dies at that operation: it fails (EIO), and so does every later
 // one, as after Crash() (a close that dies midway, say).
@@ -56,7 +60,11 @@ class FaultEnv {
   void Inject(FileKind kind, FileOp op, Fault fault, std::uint32_t skip = 0);
   // Every later Sync/Fsync of a file of `kind` sleeps `stall_ms` before it runs (0: no stall).
   void StallSync(FileKind kind, std::uint32_t stall_ms);
-  // Removes every injected fault and stall (not the crash state).
+  // `hook` runs once, on the opening thread, just before the next file whose name (the part after
+  // the last '/') starts with `name_prefix` is opened for sequential reading (how RocksDB reads
+  // CURRENT, a MANIFEST or a WAL); nullptr removes it. The open then proceeds as the files are.
+  void BeforeNextRead(const std::string& name_prefix, std::function<void()> hook);
+  // Removes every injected fault, stall and hook (not the crash state).
   void Clear();
   // Operations failed by injection (or by the crash state) so far.
   std::uint64_t failures() const;

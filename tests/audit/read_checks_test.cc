@@ -236,8 +236,8 @@ TEST(Trajectories, TornAndDamagedLinesAreSkippedCountedAndNamed) {
 }
 
 // Re-encodes the records from `from` to `head` of a closed journal, each chained to the one
-// before, after `edit` changed record `from`; the head hash follows, the clean-close record
-// (which names the old head hash) goes: a forgery that keeps the chain whole.
+// before, after `edit` changed record `from`; the head hash follows, the clean-close record and
+// the durable mark (which name the old hashes) go: a forgery that keeps the chain whole.
 void RechainFrom(const std::string& path, std::uint64_t from, std::uint64_t head,
                  const std::function<void(journal::Record&)>& edit) {
   EditRaw(path, [&](rocksdb::DB& db, const Cf& cf) {
@@ -258,6 +258,7 @@ void RechainFrom(const std::string& path, std::uint64_t from, std::uint64_t head
     ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_hash", hash).ok());
   });
   fs::remove(path + "/CLOSED");
+  fs::remove(path + "/DURABLE");
 }
 
 // Proves replay keeps its first failure (a decision naming the wrong cause at seq 4) when the
@@ -369,7 +370,8 @@ TEST(Replay, ALastGroupShortOfItsDecisionsFailsTheReport) {
                        std::string(reinterpret_cast<const char*>(hash.data()), hash.size()))
                     .ok());
   });
-  fs::remove(dir.path() + "/CLOSED");
+  fs::remove(dir.path() + "/CLOSED");  // the marks name the lost seq 4
+  fs::remove(dir.path() + "/DURABLE");
   auto j = journal::Journal::Open(dir.path(), ReadOnly());
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   Result<replay::ReplayReport> report = replay::Replay(**j, replay::ReplayOptions{});

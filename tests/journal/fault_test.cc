@@ -14,6 +14,7 @@
 
 #include "journal/journal.h"
 #include "journal/testing/fault_env.h"
+#include "statemachine/text.h"
 #include "tests/journal/test_util.h"
 
 namespace rc::journal {
@@ -120,6 +121,38 @@ TEST(FailStop, ADurableMarkThatCannotBeWrittenFailsTheJournal) {
   EXPECT_GE(reopened->head_seq(), acked);
 }
 
+// Proves the durable mark's rename is synced into the journal's directory (through the journal's
+// Env) and that a failure of that sync fails the journal as a mark that cannot be written does:
+// the close that marks the last commit fails naming the mark, and a reopen holds every
+// acknowledged record; catches a mark renamed into place without the directory sync, which a
+// power loss can take back (an older mark, or none, guarding the journal).
+TEST(FailStop, ADurableMarkWhoseRenameCannotBeSyncedFailsTheJournal) {
+  TempDir dir;
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.durable_mark_interval_ms = UINT32_MAX;  // after the open's, the close writes the only mark
+  std::uint64_t acked = 0;
+  {
+    auto j = OpenOk(dir.path(), o);
+    // The first commit syncs the new WAL's directory entry (RocksDB's own directory sync): the
+    // close's mark is the next to sync the directory.
+    Bootstrap(*j);
+    faults.Inject(FileKind::kDirectory, FileOp::kSync, testing::Fault::kEio);
+    Result<AppendResult> durable = Admit(*j, "r1");
+    ASSERT_TRUE(durable.ok()) << durable.status().ToString();
+    acked = durable->last_seq;
+    const Status closed = j->Close();
+    ASSERT_FALSE(closed.ok()) << "the mark's directory sync failed unnoticed, or never ran";
+    EXPECT_NE(closed.message().find("durable mark"), std::string::npos) << closed.ToString();
+    EXPECT_NE(closed.message().find("fault injected"), std::string::npos) << closed.ToString();
+    faults.Clear();
+  }
+  EXPECT_FALSE(fs::exists(dir.path() + "/CLOSED")) << "a failed journal recorded a clean close";
+  auto reopened = OpenOk(dir.path(), o);
+  EXPECT_GE(reopened->head_seq(), acked);
+}
+
 // Proves a full disk under a flush fails the journal with RocksDB's own log kept out of the
 // journal's directory (no LOG file) and no recovery inside the process; catches the reproduced
 // abort where RocksDB's no-space recovery wrote to the failed LOG file of a full journal disk.
@@ -134,12 +167,57 @@ TEST(FailStop, AFullDiskAtAFlushFailsTheJournalWithoutALogFile) {
   faults.Inject(FileKind::kSst, FileOp::kAppend, testing::Fault::kEnospc);
   EXPECT_FALSE(j->Flush().ok());
   faults.Clear();
+  // RocksDB would try to resume every bgerror_resume_retry_interval (1 s by default): past two of
+  // them, an automatic resume would have happened.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   Result<AppendResult> after = Admit(*j, "r2");
   EXPECT_FALSE(after.ok()) << "RocksDB resumed writes after a background error";
   EXPECT_TRUE(j->failed());
   for (const auto& e : fs::directory_iterator(dir.path())) {
     EXPECT_NE(e.path().filename().string().rfind("LOG", 0), 0u) << e.path();
   }
+}
+
+// Proves RocksDB's own log lines reach stderr escaped as every line from outside is, and cut
+// between UTF-8 sequences: a failed flush of a journal whose path holds a line separator (U+2028)
+// and runs past the line bound in two-byte characters; catches bytes >= 0x80 passed raw (the
+// separator breaks the line in two for a reader that honours it) and a cut inside a character
+// (ill-formed UTF-8 on stderr).
+TEST(FailStop, RocksDbLogLinesAreEscapedAndCutBetweenCharacters) {
+  TempDir dir;
+  std::string path = dir.path() + "/line\u2028sep";
+  for (int i = 0; i < 5; ++i) {
+    std::string name;
+    for (int c = 0; c < 120; ++c) name += "\u00e9";  // U+00E9, two bytes
+    path += "/" + name;
+  }
+  fs::create_directories(fs::path(path).parent_path());
+  FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  auto j = OpenOk(path, o);
+  Bootstrap(*j);
+  faults.Inject(FileKind::kSst, FileOp::kAppend, testing::Fault::kEio);
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(j->Flush().ok());
+  // RocksDB logs the failed flush on its own thread, as it wakes the caller.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  faults.Clear();
+  std::size_t named = 0;
+  std::size_t from = 0;
+  while (from < err.size()) {
+    std::size_t end = err.find('\n', from);
+    if (end == std::string::npos) end = err.size();
+    const std::string line = err.substr(from, end - from);
+    from = end + 1;
+    if (line.rfind("rolloutcore: journal: rocksdb: ", 0) != 0) continue;
+    EXPECT_TRUE(text::valid_utf8(line)) << text::escape_line(line);
+    EXPECT_EQ(line.find("\u2028"), std::string::npos) << "a raw line separator";
+    EXPECT_EQ(line.find("\\xc3"), std::string::npos) << "a character cut in two";
+    named += line.find("line\\u2028sep") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GT(named, 0u) << "no RocksDB line named the journal's path: " << text::escape_line(err);
 }
 
 // Proves a WAL sync stalled past commit_stall_timeout_ms makes Wait return Timeout naming the

@@ -9,6 +9,8 @@
 #include <rocksdb/env.h>
 #include <unistd.h>
 
+#include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +19,6 @@
 #include <optional>
 #include <set>
 #include <thread>
-#include <chrono>
 
 #include "journal/codec.h"
 #include "journal/journal.h"
@@ -75,6 +76,71 @@ std::vector<fs::path> FilesWithExtension(const std::string& dir, const std::stri
   }
   return out;
 }
+
+// A number field of the journal's durable mark (DURABLE's "seq N", "manifest N" lines), or
+// nullopt when there is no mark or no such line.
+std::optional<std::uint64_t> MarkField(const std::string& path, const std::string& field) {
+  std::ifstream in(fs::path(path) / "DURABLE");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + " ", 0) != 0) continue;
+    std::uint64_t v = 0;
+    const char* begin = line.data() + field.size() + 1;
+    const char* end = line.data() + line.size();
+    const auto [at, ec] = std::from_chars(begin, end, v);
+    if (ec == std::errc() && at == end) return v;
+  }
+  return std::nullopt;
+}
+
+// Waits (at most 5 s) until the durable mark names `seq`: nothing the writer marks later can then
+// race a fault armed after it.
+bool WaitForMark(const std::string& path, std::uint64_t seq) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (MarkField(path, "seq") != seq) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// The name of the MANIFEST CURRENT names ("MANIFEST-000012").
+std::string CurrentManifestName(const std::string& path) {
+  std::ifstream in(fs::path(path) / "CURRENT");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// The MANIFEST number CURRENT names.
+std::uint64_t CurrentManifest(const std::string& path) {
+  const std::string name = CurrentManifestName(path);
+  const std::string prefix = "MANIFEST-";
+  RC_CHECK(name.rfind(prefix, 0) == 0);
+  std::uint64_t v = 0;
+  const auto [at, ec] = std::from_chars(name.data() + prefix.size(), name.data() + name.size(), v);
+  RC_CHECK(ec == std::errc() && at == name.data() + name.size());
+  return v;
+}
+
+// Holds a journal's LOCK, as another reader's open does while it runs, until released.
+class LockHolder {
+ public:
+  explicit LockHolder(const std::string& path) {
+    RC_CHECK(rocksdb::Env::Default()->LockFile(path + "/LOCK", &lock_).ok());
+  }
+  ~LockHolder() { Release(); }
+  LockHolder(const LockHolder&) = delete;
+  LockHolder& operator=(const LockHolder&) = delete;
+  void Release() {
+    if (lock_ == nullptr) return;
+    RC_CHECK(rocksdb::Env::Default()->UnlockFile(lock_).ok());
+    lock_ = nullptr;
+  }
+
+ private:
+  rocksdb::FileLock* lock_ = nullptr;
+};
 
 // Proves that truncating (to 0 bytes) or deleting the SST files of a compacted, closed journal
 // makes the read-only open and the writer's open fail with Corruption naming a missing or
@@ -524,27 +590,39 @@ TEST(Shorter, CutWalOfACrashedJournalIsReportedTorn) {
   EXPECT_EQ((*j)->Read(witness.last_seq).status().code(), Code::kNotFound);
 }
 
-// Writes bootstrap + `admissions` admissions without a clean close, the durable mark following
-// every group commit; returns the WAL file.
-fs::path WriteCrashedJournal(const std::string& path, int admissions) {
+// A journal left without a clean close: its WAL, and the WAL's size after each group.
+struct CrashedJournal {
+  fs::path wal;
+  std::vector<std::uintmax_t> wal_sizes;  // after each group, in order: each a batch boundary
+};
+
+// Writes bootstrap + `admissions` admissions (ids `prefix`0, `prefix`1, ...) without a clean
+// close, the durable mark following every group commit.
+CrashedJournal WriteCrashedJournal(const std::string& path, int admissions,
+                                   const std::string& prefix = "r") {
   testing::FaultEnv faults;
   Options o;
   o.env = faults.env();
   o.snapshot_every = 0;
   o.durable_mark_interval_ms = 0;
-  fs::path wal;
+  CrashedJournal out;
   {
     auto j = Journal::Open(path, o);
     RC_CHECK(j.ok());
-    for (auto& g : testing::BootstrapGroups()) RC_CHECK((*j)->Append(Group(g)).ok());
+    out.wal = FilesWithExtension(path, ".log").at(0);
+    auto append = [&](const AppendRequest& group) {
+      RC_CHECK((*j)->Append(group).ok());
+      out.wal_sizes.push_back(fs::file_size(out.wal));
+    };
+    for (auto& g : testing::BootstrapGroups()) append(Group(g));
     for (int i = 0; i < admissions; ++i) {
-      RC_CHECK((*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+      append(Group({make_admission((*j)->state(), prefix + std::to_string(i))}));
     }
-    wal = FilesWithExtension(path, ".log").at(0);
+    RC_CHECK(FilesWithExtension(path, ".log").size() == 1);
     faults.Crash();  // no clean close: the records live in the WAL only
   }
   faults.Restart();
-  return wal;
+  return out;
 }
 
 // Proves that a crashed journal whose WAL was emptied, cut at a batch boundary or removed after
@@ -555,11 +633,14 @@ TEST(Shorter, AWalCutOrRemovedBelowTheDurableMarkIsRefused) {
   for (const char* how : {"emptied", "cut at a batch", "removed"}) {
     SCOPED_TRACE(how);
     TempDir dir;
-    const fs::path wal = WriteCrashedJournal(dir.path(), 20);
+    const CrashedJournal crashed = WriteCrashedJournal(dir.path(), 20);
+    const fs::path& wal = crashed.wal;
     if (std::string(how) == "removed") {
       fs::remove(wal);
     } else {
-      fs::resize_file(wal, std::string(how) == "emptied" ? 0 : fs::file_size(wal) / 2);
+      // A boundary between groups halfway through: whole batches, far below the mark.
+      const std::uintmax_t at_batch = crashed.wal_sizes.at(crashed.wal_sizes.size() / 2);
+      fs::resize_file(wal, std::string(how) == "emptied" ? 0 : at_batch);
     }
     Result<std::uint64_t> read = ReadableRecords(dir.path());
     ASSERT_FALSE(read.ok()) << "read " << *read << " of 24 records as a healthy journal";
@@ -604,19 +685,32 @@ TEST(Shorter, AnIdleWritersLastCommitIsMarked) {
       << read.status().ToString();
 }
 
-// Proves the durable mark is checked against the record at its seq, not only the head: a mark
-// whose hash is not that record's (the journal's records replaced) is Corruption; catches a check
-// that compares seqs alone.
+// Proves the durable mark is checked against the record at its seq, not only the head: a mark at
+// a seq the journal holds, taken from a journal whose records differ there (other rollout ids),
+// is Corruption naming the hash, for readers and the writer; catches a check that compares seqs
+// alone (a copied mark past the head never reaches the hash comparison).
 TEST(Shorter, ADurableMarkOfOtherRecordsIsRefused) {
   TempDir dir;
-  WriteCrashedJournal(dir.path(), 5);
+  WriteCrashedJournal(dir.path(), 5);  // seqs 1..9, admissions r0..r4 at 5..9
   TempDir other;
-  WriteCrashedJournal(other.path(), 9);
+  WriteCrashedJournal(other.path(), 3, "o");  // seqs 1..7, admissions o0..o2 at 5..7
+  const std::optional<std::uint64_t> seq = MarkField(other.path(), "seq");
+  ASSERT_TRUE(seq.has_value());
+  ASSERT_GE(*seq, 5u) << "the mark must name a record that differs between the journals";
+  ASSERT_LE(*seq, 9u) << "the mark must name a record the journal holds";
+  ASSERT_EQ(MarkField(other.path(), "manifest"), MarkField(dir.path(), "manifest"))
+      << "journals written alike run on the same MANIFEST: the copied mark must pass that check";
   fs::copy_file(fs::path(other.path()) / "DURABLE", fs::path(dir.path()) / "DURABLE",
                 fs::copy_options::overwrite_existing);
   Result<std::uint64_t> read = ReadableRecords(dir.path());
-  ASSERT_FALSE(read.ok());
-  EXPECT_EQ(read.status().code(), Code::kCorruption) << read.status().ToString();
+  ASSERT_FALSE(read.ok()) << "read " << *read << " records under another journal's mark";
+  Result<std::unique_ptr<Journal>> writer = Journal::Open(dir.path(), Options{});
+  ASSERT_FALSE(writer.ok()) << "the writer opened under another journal's mark";
+  for (const Status& st : {read.status(), writer.status()}) {
+    EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+    EXPECT_NE(st.message().find("but the record there hashes to"), std::string::npos)
+        << st.ToString();
+  }
   // The same journal's own mark opens.
   TempDir fine;
   WriteCrashedJournal(fine.path(), 5);
@@ -627,41 +721,101 @@ TEST(Shorter, ADurableMarkOfOtherRecordsIsRefused) {
 
 // Proves a CURRENT (and its MANIFEST) older than the journal's other files is refused before
 // RocksDB opens, by read-only opens and the writer, and that the newer files are still there
-// afterwards; catches the reproduced bug where such a journal audited INTACT with fewer records
-// and the writer's open deleted the newer tables as obsolete.
+// afterwards, whether the journal holds a durable mark (whose MANIFEST is newer) or none (a
+// journal no writer of this version opened: the newer tables hold records the older MANIFEST
+// lacks); catches the reproduced bug where such a journal audited INTACT with fewer records and
+// the writer's open deleted the newer tables as obsolete.
 TEST(Shorter, AStaleCurrentIsRefusedAndNothingIsDeleted) {
-  TempDir dir;
-  TempDir saved;
-  WriteJournal(dir.path(), 10);
-  for (const auto& e : fs::directory_iterator(dir.path())) {
-    const std::string name = e.path().filename().string();
-    if (name == "CURRENT" || name.rfind("MANIFEST-", 0) == 0) {
-      fs::copy_file(e.path(), fs::path(saved.path()) / name);
+  for (bool marked : {true, false}) {
+    SCOPED_TRACE(marked ? "with a durable mark" : "without a durable mark");
+    TempDir dir;
+    TempDir saved;
+    WriteJournal(dir.path(), 10);
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      const std::string name = e.path().filename().string();
+      if (name == "CURRENT" || name.rfind("MANIFEST-", 0) == 0) {
+        fs::copy_file(e.path(), fs::path(saved.path()) / name);
+      }
+    }
+    {  // reopened: a newer MANIFEST, more tables
+      auto j = Journal::Open(dir.path(), Options{});
+      ASSERT_TRUE(j.ok()) << j.status().ToString();
+      for (int i = 0; i < 10; ++i) {
+        ASSERT_TRUE(
+            (*j)->Append(Group({make_admission((*j)->state(), "s" + std::to_string(i))})).ok());
+      }
+    }
+    const std::vector<fs::path> tables = FilesWithExtension(dir.path(), ".sst");
+    ASSERT_FALSE(tables.empty());
+    for (const auto& e : fs::directory_iterator(saved.path())) {
+      fs::copy_file(e.path(), fs::path(dir.path()) / e.path().filename(),
+                    fs::copy_options::overwrite_existing);
+    }
+    fs::remove(fs::path(dir.path()) / "CLOSED");
+    if (!marked) {
+      ASSERT_TRUE(fs::remove(fs::path(dir.path()) / "DURABLE"));
+    }
+    const std::string why = marked ? "older than the MANIFEST" : "RocksDB would delete it";
+    Result<std::uint64_t> read = ReadableRecords(dir.path());
+    ASSERT_FALSE(read.ok()) << "read " << *read << " records of a stale CURRENT as healthy";
+    Result<std::unique_ptr<Journal>> writer = Journal::Open(dir.path(), Options{});
+    ASSERT_FALSE(writer.ok()) << "the writer opened with head " << (*writer)->head_seq();
+    for (const Status& st : {read.status(), writer.status()}) {
+      EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+      EXPECT_NE(st.message().find(why), std::string::npos) << st.ToString();
+    }
+    for (const fs::path& table : tables) {
+      EXPECT_TRUE(fs::exists(table)) << table << " was deleted by a refused open";
     }
   }
-  {  // reopened: a newer MANIFEST, more tables
-    auto j = Journal::Open(dir.path(), Options{});
+}
+
+// Proves an older copy of the very MANIFEST CURRENT names (the number the durable mark names too,
+// cut back to before a flush) is refused by read-only opens and the writer, and that the writer's
+// refused open deletes none of the tables that copy does not list; catches the writer whose
+// RocksDB open deleted those tables (and with them every record flushed) before its checks
+// refused the journal.
+TEST(Shorter, AnOlderCopyOfTheCurrentManifestIsRefusedAndNothingIsDeleted) {
+  TempDir dir;
+  TempDir saved;
+  Options o;
+  o.snapshot_every = 0;
+  std::string manifest;
+  {
+    auto j = Journal::Open(dir.path(), o);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
-    for (int i = 0; i < 10; ++i) {
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    for (int i = 0; i < 20; ++i) {
       ASSERT_TRUE(
-          (*j)->Append(Group({make_admission((*j)->state(), "s" + std::to_string(i))})).ok());
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
     }
+    manifest = CurrentManifestName(dir.path());
+    ASSERT_TRUE(fs::exists(dir.sub(manifest))) << manifest;
+    fs::copy_file(dir.sub(manifest), fs::path(saved.path()) / manifest);
+    const fs::path first_wal = FilesWithExtension(dir.path(), ".log").at(0);
+    ASSERT_TRUE((*j)->Flush().ok());  // records 1..24 into tables; their WAL becomes obsolete
+    for (int i = 20; i < 30; ++i) {
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (fs::exists(first_wal) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_FALSE(fs::exists(first_wal)) << "RocksDB kept the flushed WAL";
+    (*j)->Stop(Status::Unavailable("stopped by the test: no clean close"));
   }
   const std::vector<fs::path> tables = FilesWithExtension(dir.path(), ".sst");
   ASSERT_FALSE(tables.empty());
-  for (const auto& e : fs::directory_iterator(saved.path())) {
-    fs::copy_file(e.path(), fs::path(dir.path()) / e.path().filename(),
-                  fs::copy_options::overwrite_existing);
+  fs::copy_file(fs::path(saved.path()) / manifest, dir.sub(manifest),
+                fs::copy_options::overwrite_existing);
+  for (const Options& opened : {ReadOnly(), Writer(o)}) {
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), opened);
+    ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("RocksDB would delete it"), std::string::npos)
+        << j.status().ToString();
   }
-  fs::remove(fs::path(dir.path()) / "CLOSED");
-  Result<std::uint64_t> read = ReadableRecords(dir.path());
-  ASSERT_FALSE(read.ok()) << "read " << *read << " records of a stale CURRENT as healthy";
-  EXPECT_EQ(read.status().code(), Code::kCorruption) << read.status().ToString();
-  EXPECT_NE(read.status().message().find("older than the MANIFEST"), std::string::npos)
-      << read.status().ToString();
-  Result<std::unique_ptr<Journal>> writer = Journal::Open(dir.path(), Options{});
-  ASSERT_FALSE(writer.ok());
-  EXPECT_EQ(writer.status().code(), Code::kCorruption) << writer.status().ToString();
   for (const fs::path& table : tables) {
     EXPECT_TRUE(fs::exists(table)) << table << " was deleted by a refused open";
   }
@@ -711,12 +865,13 @@ void WriteTornJournal(const std::string& path) {
 }
 
 // An Env whose LockFile fails as on a read-only mount (the LOCK cannot be opened for writing),
-// which says nothing about a writer. With `wal_grows`, every WAL file looks 100 bytes longer from
-// its second size query on: a writer appending while the journal is checked.
+// which says nothing about a writer. Files whose names end with `growing` look 100 bytes longer
+// from their second size query on: a writer at work while the journal is checked.
 class NoLockEnv final : public rocksdb::EnvWrapper {
  public:
-  explicit NoLockEnv(bool wal_grows)
-      : rocksdb::EnvWrapper(rocksdb::Env::Default()), wal_grows_(wal_grows) {}
+  // `growing`: "" none; ".log" a writer appending; ".sst" a writer flushing and compacting.
+  explicit NoLockEnv(std::string growing = "")
+      : rocksdb::EnvWrapper(rocksdb::Env::Default()), growing_(std::move(growing)) {}
   const char* Name() const override { return "RolloutCoreNoLockEnv"; }
   rocksdb::Status LockFile(const std::string& f, rocksdb::FileLock** l) override {
     *l = nullptr;
@@ -724,17 +879,18 @@ class NoLockEnv final : public rocksdb::EnvWrapper {
   }
   rocksdb::Status GetFileSize(const std::string& f, std::uint64_t* size) override {
     rocksdb::Status s = rocksdb::EnvWrapper::GetFileSize(f, size);
-    const bool wal = f.size() > 4 && f.compare(f.size() - 4, 4, ".log") == 0;
-    if (!s.ok() || !wal_grows_ || !wal) return s;
+    const bool grows = !growing_.empty() && f.size() > growing_.size() &&
+                       f.compare(f.size() - growing_.size(), growing_.size(), growing_) == 0;
+    if (!s.ok() || !grows) return s;
     std::lock_guard<std::mutex> l(mu_);
     if (!sized_.insert(f).second) *size += 100;
     return s;
   }
 
  private:
-  const bool wal_grows_;
+  const std::string growing_;
   std::mutex mu_;
-  std::set<std::string> sized_;  // WAL files whose size was asked once
+  std::set<std::string> sized_;  // growing files whose size was asked once
 };
 
 Options ReadOnlyOver(rocksdb::Env* env) {
@@ -749,7 +905,7 @@ Options ReadOnlyOver(rocksdb::Env* env) {
 TEST(Shorter, UnlockableJournalIsCheckedNotReadAsASecondary) {
   TempDir dir;
   WriteTornJournal(dir.path());
-  NoLockEnv env(/*wal_grows=*/false);
+  NoLockEnv env;
   auto j = Journal::Open(dir.path(), ReadOnlyOver(&env));
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   const Recovery rec = (*j)->recovery();
@@ -782,7 +938,7 @@ TEST(Shorter, ReadOnlyLockFileIsCheckedNotReadAsASecondary) {
 TEST(Shorter, WalChangedDuringAnUnlockedOpenIsRefused) {
   TempDir dir;
   WriteTornJournal(dir.path());
-  NoLockEnv env(/*wal_grows=*/true);
+  NoLockEnv env(".log");
   auto j = Journal::Open(dir.path(), ReadOnlyOver(&env));
   ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
   EXPECT_EQ(j.status().code(), Code::kBusy) << j.status().ToString();
@@ -860,6 +1016,8 @@ TEST(Shorter, ACloseThatDiesWritingItsRecordLeavesAnOpenableJournal) {
     auto j = Journal::Open(dir.path(), o);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    // The durable mark covers the head first: no mark written later syncs a file of that kind.
+    ASSERT_TRUE(WaitForMark(dir.path(), 4)) << "the durable mark never covered the head";
     // The close flushes (SST and MANIFEST files), then syncs its record: the process dies there.
     faults.Inject(testing::FileKind::kOther, testing::FileOp::kSync, testing::Fault::kCrash);
   }
@@ -1027,6 +1185,209 @@ TEST(Shorter, AnUnreadableFileUnderAPathNamingALockIsNotBusy) {
     EXPECT_NE(st.message().find(ssts.front().filename().string()), std::string::npos)
         << st.ToString();
   }
+}
+
+// Proves a read-only open that finds the LOCK held (as a second audit does while the first one
+// opens) and reads the journal as a secondary instance still refuses records that end before the
+// durable mark or the clean close, and still opens a healthy journal; catches the secondary
+// fallback that skipped every mark and read a WAL cut below the mark as INTACT, "beside a live
+// writer".
+TEST(Shorter, AReaderBesideTheLockHolderStillChecksTheMarks) {
+  TempDir healthy;
+  WriteCrashedJournal(healthy.path(), 20);
+  {
+    LockHolder other_reader(healthy.path());
+    auto j = Journal::Open(healthy.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_TRUE((*j)->recovery().live_writer) << "not read as a secondary";
+    EXPECT_EQ((*j)->head_seq(), 24u);
+  }
+  TempDir cut;
+  const CrashedJournal crashed = WriteCrashedJournal(cut.path(), 20);
+  fs::resize_file(crashed.wal, crashed.wal_sizes.at(crashed.wal_sizes.size() / 2));
+  {
+    LockHolder other_reader(cut.path());
+    auto j = Journal::Open(cut.path(), ReadOnly());
+    ASSERT_FALSE(j.ok()) << "a secondary read " << (*j)->head_seq() << " of 24 records as healthy";
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("durable mark"), std::string::npos)
+        << j.status().ToString();
+  }
+  TempDir closed;
+  const std::string path = closed.sub("journal");
+  const std::string old_copy = closed.sub("old");
+  {
+    auto j = Journal::Open(path, Options{});
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    ASSERT_TRUE((*j)->Checkpoint(old_copy).ok());  // 4 records, no mark
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    }
+  }
+  fs::copy_file(path + "/CLOSED", old_copy + "/CLOSED");  // closed at seq 10
+  LockHolder other_reader(old_copy);
+  auto j = Journal::Open(old_copy, ReadOnly());
+  ASSERT_FALSE(j.ok()) << "a secondary read " << (*j)->head_seq() << " of 10 records as healthy";
+  EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+  EXPECT_NE(j.status().message().find("clean-close record"), std::string::npos)
+      << j.status().ToString();
+}
+
+// Proves a read-only open without the LOCK (a read-only mount) whose check fails on records that
+// end before the durable mark answers Busy when the WALs changed meanwhile (a writer appending:
+// what it read tells nothing), and Corruption when nothing changed; catches a reader that called
+// a live writer's journal damaged because it read a mark newer than the records it saw.
+TEST(Shorter, ALockLessReaderWhoseWalChangedIsBusyNotDamaged) {
+  TempDir dir;
+  const CrashedJournal crashed = WriteCrashedJournal(dir.path(), 20);
+  fs::resize_file(crashed.wal, crashed.wal_sizes.at(crashed.wal_sizes.size() / 2));
+  NoLockEnv appending(".log");
+  auto busy = Journal::Open(dir.path(), ReadOnlyOver(&appending));
+  ASSERT_FALSE(busy.ok()) << "opened with head " << (*busy)->head_seq();
+  EXPECT_EQ(busy.status().code(), Code::kBusy) << busy.status().ToString();
+  NoLockEnv still;
+  auto damaged = Journal::Open(dir.path(), ReadOnlyOver(&still));
+  ASSERT_FALSE(damaged.ok()) << "opened with head " << (*damaged)->head_seq();
+  EXPECT_EQ(damaged.status().code(), Code::kCorruption) << damaged.status().ToString();
+  EXPECT_NE(damaged.status().message().find("durable mark"), std::string::npos)
+      << damaged.status().ToString();
+}
+
+// Proves a read-only open without the LOCK whose check fails on a table file (it changed size
+// while the journal was checked: a writer's flush or compaction, WAL files untouched) answers
+// Busy; catches the unlocked open that compared only WAL files and called a live writer's
+// compacted journal damaged ("live file missing or of the wrong size").
+TEST(Shorter, ALockLessReaderBesideACompactionIsBusyNotDamaged) {
+  TempDir dir;
+  WriteJournal(dir.path(), 6);  // closed cleanly: its records in table files
+  ASSERT_FALSE(FilesWithExtension(dir.path(), ".sst").empty());
+  NoLockEnv compacting(".sst");
+  auto j = Journal::Open(dir.path(), ReadOnlyOver(&compacting));
+  ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq();
+  EXPECT_EQ(j.status().code(), Code::kBusy) << j.status().ToString();
+  EXPECT_NE(j.status().message().find("changed while it was checked without its LOCK"),
+            std::string::npos)
+      << j.status().message();
+}
+
+// Proves the MANIFESTs (and recovered tables) that writer opens leave when they die before CURRENT
+// names their MANIFEST (twice: a stalled start killed, then another) do not make the journal
+// refused: read-only opens and the writer then open it with every acknowledged record; catches a
+// check that refuses a MANIFEST newer than CURRENT's with files numbered after it (both
+// leftovers), which no open ever got past.
+TEST(Shorter, ManifestsLeftByOpensThatDiedAreNotRefused) {
+  TempDir dir;
+  WriteCrashedJournal(dir.path(), 20);  // 24 records in the WAL only
+  Hash head_hash{};
+  {
+    auto j = Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    ASSERT_EQ((*j)->head_seq(), 24u);
+    head_hash = (*j)->head_hash();
+  }
+  for (int died = 0; died < 2; ++died) {
+    testing::FaultEnv faults;
+    Options o;
+    o.env = faults.env();
+    // RocksDB's open recovers the WAL into tables and writes and syncs a new MANIFEST, then syncs
+    // the file that would become CURRENT (the first "other" file it syncs): the process dies.
+    faults.Inject(testing::FileKind::kOther, testing::FileOp::kSync, testing::Fault::kCrash);
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_FALSE(j.ok()) << "the open did not die";
+    ASSERT_TRUE(faults.DropUnsyncedData(testing::Torn::kNone, 1).ok());
+    faults.Restart();
+  }
+  std::size_t manifests = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    manifests += e.path().filename().string().rfind("MANIFEST-", 0) == 0 ? 1 : 0;
+  }
+  ASSERT_GE(manifests, 3u) << "the opens that died left no MANIFEST behind";
+  for (const Options& each : {ReadOnly(), Writer(Options{})}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), 24u);
+    EXPECT_EQ((*j)->head_hash(), head_hash);
+    EXPECT_TRUE((*j)->Scan(1, 0, [](const Record&) { return Status::OK(); }).ok());
+  }
+}
+
+// Proves a read-only open beside the LOCK's holder whose listing of the column families finds the
+// MANIFEST it read gone (a writer's open switched CURRENT and deleted it just then) reads CURRENT
+// again and opens; catches the listing whose "No such file" made a healthy journal Corruption
+// ("damaged, never auto-repaired").
+TEST(Shorter, AManifestAWritersOpenReplacedMidListingIsNotDamage) {
+  TempDir dir;
+  WriteJournal(dir.path(), 6);
+  const std::string old_manifest = CurrentManifestName(dir.path());
+  testing::FaultEnv faults;
+  LockHolder other(dir.path());
+  bool replaced = false;
+  faults.BeforeNextRead("MANIFEST-", [&] {
+    other.Release();  // a writer starts: its open switches CURRENT and deletes the old MANIFEST
+    auto writer = Journal::Open(dir.path(), Options{});
+    replaced = writer.ok() && !fs::exists(dir.sub(old_manifest));
+  });
+  auto j = Journal::Open(dir.path(), ReadOnlyOver(faults.env()));
+  ASSERT_TRUE(replaced) << "the writer's open did not replace " << old_manifest;
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ((*j)->head_seq(), 10u);
+}
+
+// Proves the writer marks the head it recovered, and the MANIFEST it runs on, before it accepts
+// appends: after a crash whose last records no mark covered, a reopen that commits nothing leaves
+// a mark of those records; catches a writer that marked only after its first commit, so that an
+// idle writer guarded neither the records it recovered nor its MANIFEST.
+TEST(Shorter, AWriterMarksTheHeadItRecoversAtOpen) {
+  TempDir dir;
+  Options idle;
+  idle.durable_mark_interval_ms = UINT32_MAX;  // no mark after a commit: the open's alone
+  {
+    testing::FaultEnv faults;
+    Options o = idle;
+    o.env = faults.env();
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    }
+    faults.Crash();  // no clean close, and no mark at the close
+    j->reset();
+    faults.Restart();
+  }
+  ASSERT_NE(MarkField(dir.path(), "seq"), std::optional<std::uint64_t>(9));
+  auto j = Journal::Open(dir.path(), idle);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  ASSERT_EQ((*j)->head_seq(), 9u);
+  EXPECT_EQ(MarkField(dir.path(), "seq"), std::optional<std::uint64_t>(9));
+  EXPECT_EQ(MarkField(dir.path(), "manifest"),
+            std::optional<std::uint64_t>(CurrentManifest(dir.path())));
+}
+
+// Proves a writer that closes while its last commits are not marked yet (the interval not due)
+// marks them before its clean close, so that a clean close that then fails (a flush on a full
+// disk) leaves them guarded; catches a stop that dropped the pending mark, leaving the last
+// commits guarded by neither record.
+TEST(Shorter, AWriterMarksItsLastCommitsWhenItStops) {
+  TempDir dir;
+  testing::FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.durable_mark_interval_ms = UINT32_MAX;  // never due while it runs
+  {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    EXPECT_EQ(MarkField(dir.path(), "seq"), std::optional<std::uint64_t>(0));
+    faults.Inject(testing::FileKind::kSst, testing::FileOp::kAppend, testing::Fault::kEnospc);
+    EXPECT_FALSE((*j)->Close().ok()) << "the clean close's flush did not fail";
+  }
+  faults.Clear();
+  EXPECT_FALSE(fs::exists(dir.sub("CLOSED")));
+  EXPECT_EQ(MarkField(dir.path(), "seq"), std::optional<std::uint64_t>(4));
 }
 
 }  // namespace

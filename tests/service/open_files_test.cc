@@ -31,7 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr rlim_t kOpenFiles = 200;
+constexpr rlim_t kOpenFiles = 480;
 constexpr int kIdleClients = 260;
 
 fs::path FreshDir() {

@@ -921,9 +921,19 @@ TEST(TrustDurability, AFailedCleanCloseIsNotACleanShutdown) {
   Stack s(nullptr, /*fault_env=*/true);
   const std::uint64_t head = s.svc->journal().head_seq();
   ASSERT_GT(head, 0u);
+  const fs::path path = s.dir / "journal";
+  // The durable mark covers every commit first: no mark written later meets the armed fault.
+  const auto marked = [&] {
+    std::ifstream in(path / "DURABLE");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line == "seq " + std::to_string(s.svc->journal().durable_seq())) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(eventually(marked, 5000)) << "the durable mark never covered the durable head";
   s.faults->Inject(FileKind::kOther, FileOp::kAppend, Fault::kEio);
   EXPECT_FALSE(s.svc->Shutdown(5000));
-  const fs::path path = s.dir / "journal";
   EXPECT_FALSE(fs::exists(path / "CLOSED"));
   EXPECT_FALSE(fs::exists(path / "CLOSED.tmp"));
   s.faults->Clear();
