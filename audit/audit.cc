@@ -441,6 +441,43 @@ class IndexCheck {
   std::uint64_t mismatches_ = 0;
 };
 
+// The torn WAL tails executors' starts recorded. The same open's, recorded again by the next
+// member of a fleet (its sentence names the seq the open recovered through), is the one kept.
+class TornTails {
+ public:
+  void Observe(const journal::Record& r) {
+    const auto* rs = std::get_if<RecoveryStarted>(&r.event);
+    if (rs == nullptr || rs->journal_ending != JournalEnding::kTornTail) return;
+    if (rs->journal_torn_tail == last_) return;
+    last_ = rs->journal_torn_tail;
+    count_++;
+    if (kept_.size() >= kRecordedTornTailsMax) return;
+    kept_.push_back(
+        RecordedTornTail{r.engine, r.seq, rs->journal_bytes_unread, rs->journal_torn_tail});
+  }
+
+  // Into the report: each one kept is a journal failure naming its record, the rest counted.
+  void Finish(AuditReport& report) && {
+    for (const RecordedTornTail& t : kept_) {
+      report.failures.push_back(
+          "seq " + std::to_string(t.seq) + " (RecoveryStarted" +
+          (t.engine.empty() ? "" : " of engine '" + t.engine + "'") +
+          ") recorded what the journal's open before that executor start found: " + t.sentence);
+    }
+    if (count_ > kept_.size()) {
+      report.failures.push_back(std::to_string(count_ - kept_.size()) +
+                                " more torn WAL tails recorded");
+    }
+    report.torn_tails = std::move(kept_);
+    report.torn_tails_count = count_;
+  }
+
+ private:
+  std::vector<RecordedTornTail> kept_;
+  std::uint64_t count_ = 0;
+  std::string last_;  // the sentence of the last one met
+};
+
 // The whole-journal scan: the pass, the rollout index's cross-check, and the history the
 // checker is given. The history is the one thing held per record (statemachine's checkers take
 // it whole): one entry each, a trajectory part's without its tokens (HistoryEntryOf). A deque,
@@ -451,6 +488,7 @@ struct Scanned {
   std::uint64_t records = 0;
   Status scanned;
   std::vector<std::string> index_failures;
+  TornTails torn_tails;
 };
 
 Scanned ScanAll(journal::Journal& journal) {
@@ -459,6 +497,7 @@ Scanned ScanAll(journal::Journal& journal) {
   out.scanned = journal.Scan(1, 0, [&](const journal::Record& r) {
     out.pass.Observe(r);
     index.Observe(r);
+    out.torn_tails.Observe(r);
     out.history.push_back(HistoryEntryOf(r));
     out.records++;
     return Status::OK();
@@ -558,6 +597,7 @@ Result<AuditReport> AuditJournal(journal::Journal& journal) {
     report.failures.push_back("checksums: " + checksums.ToString());
   }
   for (std::string& f : scanned.index_failures) report.failures.push_back(std::move(f));
+  std::move(scanned.torn_tails).Finish(report);
   // What a restart loads (the newest snapshot and the records after it): a snapshot that is not
   // of these records (its chain hash) would start serve from a state they never reached.
   if (scanned.scanned.ok()) {
@@ -1453,6 +1493,16 @@ json HealthJson(const EngineHealth& e) {
   return engine;
 }
 
+json TornTailsJson(const std::vector<RecordedTornTail>& list) {
+  json out = json::array();
+  for (const RecordedTornTail& t : list) {
+    json torn = {{"seq", t.seq}, {"bytes_unread", t.bytes_unread}, {"sentence", t.sentence}};
+    if (!t.engine.empty()) torn["engine"] = t.engine;
+    out.push_back(std::move(torn));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
@@ -1473,6 +1523,8 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
     }
     out["engines"] = std::move(engines);
   }
+  out["recorded_torn_tails_count"] = r.torn_tails_count;
+  out["recorded_torn_tails"] = TornTailsJson(r.torn_tails);
   if (reverify != nullptr) out["reverification"] = ReverifyJson(*reverify);
   return DumpAscii(out, indent);
 }

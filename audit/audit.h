@@ -92,6 +92,19 @@ struct EngineAudit {
   EngineHealth health;
 };
 
+// A torn WAL tail an executor's start recorded (RecoveryStarted with JournalEnding::kTornTail):
+// the journal's open before that start could not read the tail of its WAL. A journal failure, as
+// a torn tail the command's own open finds: the records the torn batch held are lost. A fleet's
+// members each record the open they started from: one torn tail is named once.
+struct RecordedTornTail {
+  std::string engine;     // the engine whose record it is ("" in a journal of one engine)
+  std::uint64_t seq = 0;  // the RecoveryStarted record
+  std::uint64_t bytes_unread = 0;
+  std::string sentence;  // the journal's own account, raw (escaped when printed)
+};
+// The first ones are kept and named; torn_tails_count stays exact.
+inline constexpr std::size_t kRecordedTornTailsMax = 256;
+
 struct AuditReport {
   bool ok = true;  // the journal is intact (see Verdict for the engine)
   std::vector<std::string>
@@ -111,6 +124,9 @@ struct AuditReport {
   bool fleet = false;
   std::map<std::string, EngineAudit> engines;
   std::map<FleetOutcome, std::uint64_t> fleet_updates;  // ended, by outcome
+  // Torn WAL tails the records say an open found; each kept one is also in `failures`.
+  std::vector<RecordedTornTail> torn_tails;  // the first kRecordedTornTailsMax, in journal order
+  std::uint64_t torn_tails_count = 0;
 };
 
 // Reads the whole journal once, and the rollout index of each rollout it names (a record not

@@ -70,28 +70,37 @@ void PrintEvents(journal::Journal& j, std::uint64_t end_seq, bool json) {
     std::fprintf(stderr, "scan stopped: %s\n", text::escape_line(st.ToString()).c_str());
 }
 
+// Why the verdict fails for a torn WAL tail ("" when none): the one this open found (`torn`), or
+// the first one an executor's start recorded (replay lists them all). Either way the records the
+// torn batch held are lost, and the journal's WAL shows the recorded ones no more.
+std::string TornTailVerdict(const std::string& torn, const replay::ReplayReport& report) {
+  if (!torn.empty() || report.torn_tails.empty()) return torn;
+  const replay::RecordedTornTail& first = report.torn_tails.front();
+  return "torn WAL tail recorded at seq " + std::to_string(first.seq) + ": " + first.sentence;
+}
+
 void PrintReport(const replay::ReplayReport& report, const std::string& torn, bool json) {
+  const std::string failed = TornTailVerdict(torn, report);
   if (json) {
     nlohmann::json out = nlohmann::json::parse(replay::ReportJson(report));
-    if (!torn.empty()) {
-      out["ok"] = false;
-      out["torn_tail"] = text::sanitize_utf8(torn);
-    }
+    if (!torn.empty()) out["torn_tail"] = text::sanitize_utf8(torn);
+    if (!failed.empty()) out["ok"] = false;
     // One line of printable ASCII (replay::ReportJson's reason): \u escapes, never raw text.
     std::printf(
         "%s\n",
         out.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace).c_str());
-  } else if (torn.empty()) {
+  } else if (failed.empty()) {
     std::printf("%s", replay::FormatReport(report).c_str());
   } else {
     std::printf("%s", ReplaceVerdict(replay::FormatReport(report), "verification: OK",
-                                     "verification: FAILED: " + text::escape_line(torn))
+                                     "verification: FAILED: " + text::escape_line(failed))
                           .c_str());
   }
 }
 
 struct Opts {
   std::string path;
+  CLI::Option* path_given = nullptr;  // an empty text is given, and refused
   bool json = false;
   bool events = false;
   std::string until_typed;       // --until as typed: read by ParseUntil
@@ -135,7 +144,7 @@ Runner add_replay(CLI::App& app) {
     if (!report.ok()) return Refused(report.status());
     PrintReport(*report, torn, opts->json);
     if (report->read_failure != Code::kOk) return report->read_failure == Code::kCorruption ? 3 : 2;
-    return report->ok && torn.empty() ? 0 : 1;
+    return report->ok && TornTailVerdict(torn, *report).empty() ? 0 : 1;
   };
 }
 

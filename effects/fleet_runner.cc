@@ -159,13 +159,14 @@ Runner* FleetRunner::runner(const std::string& engine) {
 // Starts each runner's recovery on a thread of its own, writing its result into `recovered`. A
 // thread that cannot start (Start throws) ends the starts with that error, naming its engine; the
 // recoveries already started are in `ids`, for the caller to join.
-Status FleetRunner::StartRecoveries(std::vector<Status>& recovered,
+Status FleetRunner::StartRecoveries(const journal::Recovery& opened, std::vector<Status>& recovered,
                                     std::vector<std::uint64_t>& ids) {
   RC_CHECK(recovered.size() == runners_.size() && ids.capacity() >= runners_.size());
   std::size_t i = 0;
   for (auto& [engine, r] : runners_) {
     try {
-      ids.push_back(threads_.Start([&recovered, i, r = r.get()] { recovered[i] = r->Recover(); }));
+      ids.push_back(threads_.Start(
+          [&recovered, &opened, i, r = r.get()] { recovered[i] = r->Recover(opened); }));
     } catch (const std::exception& e) {
       return Status::Unavailable("engine '" + engine +
                                  "': its recovery did not start: " + e.what());
@@ -175,11 +176,11 @@ Status FleetRunner::StartRecoveries(std::vector<Status>& recovered,
   return Status::OK();
 }
 
-Status FleetRunner::Recover() {
+Status FleetRunner::Recover(const journal::Recovery& opened) {
   std::vector<Status> recovered(runners_.size());
   std::vector<std::uint64_t> ids;
   ids.reserve(runners_.size());  // no allocation between a thread's start and its id kept
-  const Status started = StartRecoveries(recovered, ids);
+  const Status started = StartRecoveries(opened, recovered, ids);
   // Every started recovery writes into `recovered`: joined before it goes, whatever happened.
   for (std::uint64_t id : ids) threads_.Join(id);
   RC_RETURN_IF_ERROR(started);

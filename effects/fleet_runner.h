@@ -86,11 +86,12 @@ class FleetRunner {
   // Update() or Recover() runs (they drive it on threads of their own).
   Runner* runner(const std::string& engine);
   // After an executor restart, with every engine joined again: each runner recovers at once on
-  // its own thread (journals RecoveryStarted, drives whatever plan was interrupted to its end).
+  // its own thread (journals RecoveryStarted with what the journal's open found, `opened`, and
+  // drives whatever plan was interrupted to its end).
   // Then Update() with the same request (its idempotency key answers with the original) goes on
   // with the members still pending. Returns the first runner's error, naming its engine; a
   // runner whose thread cannot start is that error, once the recoveries started have ended.
-  [[nodiscard]] Status Recover();
+  [[nodiscard]] Status Recover(const journal::Recovery& opened);
   // Journals the request and drives every member to its end. Returns the fleet update's end as
   // the fold decided it (committed, partial or refused, with each member's count).
   [[nodiscard]] Result<FleetUpdateEnded> Update(const FleetUpdateRequested& request);
@@ -127,7 +128,8 @@ class FleetRunner {
   };
   Plan Look(const std::string& update_id, const Plan* last) const;
   [[nodiscard]] Status SubmitFleetEvent(const Event& event, const std::string& key = "");
-  [[nodiscard]] Status StartRecoveries(std::vector<Status>& recovered,
+  [[nodiscard]] Status StartRecoveries(const journal::Recovery& opened,
+                                       std::vector<Status>& recovered,
                                        std::vector<std::uint64_t>& ids);
   std::map<std::string, EngineLooked> LookAtMembers(const Plan& plan, const Members& members,
                                                     std::map<std::string, Status>& refused);

@@ -9,6 +9,25 @@
 
 namespace rc::effects {
 
+// A torn tail is named first (its WAL shows it only until the journal is written on); an empty
+// journal that was never closed held nothing a crash could have lost. A reader beside a live
+// writer checks no tail, and records nothing.
+RecoveryStarted RecoveryStartedAfter(const std::string& executor_id,
+                                     const journal::Recovery& opened) {
+  RecoveryStarted e{executor_id};
+  if (opened.live_writer) return e;
+  if (!opened.torn_tail.empty()) {
+    e.journal_ending = JournalEnding::kTornTail;
+    e.journal_bytes_unread = opened.wal_bytes_unread;
+    e.journal_torn_tail = text::utf8_prefix(text::sanitize_utf8(opened.torn_tail), kTextBytesMax);
+  } else if (opened.clean_close) {
+    e.journal_ending = JournalEnding::kCleanClose;
+  } else {
+    e.journal_ending = opened.head_seq == 0 ? JournalEnding::kNewJournal : JournalEnding::kCrash;
+  }
+  return e;
+}
+
 // A fixed-size key, so the one limit on update ids (kIdBytesMax) is the only one: a prefix on the
 // id itself pushed ids near the limit over the journal's key bound.
 std::string UpdateIdempotencyKey(const std::string& update_id) {
@@ -434,13 +453,13 @@ Status Runner::Drive() {
                           " effects without settling");
 }
 
-Status Runner::BeginRecovery() {
-  auto r = submit(RecoveryStarted{options_.executor_id});
+Status Runner::BeginRecovery(const journal::Recovery& opened) {
+  auto r = submit(RecoveryStartedAfter(options_.executor_id, opened));
   return r.status();
 }
 
-Status Runner::Recover() {
-  RC_RETURN_IF_ERROR(BeginRecovery());
+Status Runner::Recover(const journal::Recovery& opened) {
+  RC_RETURN_IF_ERROR(BeginRecovery(opened));
   return Drive();
 }
 

@@ -78,6 +78,13 @@ struct EngineLooked {
   bool operator==(const EngineLooked&) const = default;
 };
 
+// The RecoveryStarted an executor's start journals: its id, and what the journal's open found
+// (`opened`: how the run before ended, a torn WAL tail's bytes and sentence, bounded to valid
+// UTF-8 of kTextBytesMax). The journal's WAL shows a torn tail only until it is written on; the
+// record tells it for good (replay and audit report it).
+RecoveryStarted RecoveryStartedAfter(const std::string& executor_id,
+                                     const journal::Recovery& opened);
+
 // The journal idempotency key of an update request (fixed size whatever the id's length).
 std::string UpdateIdempotencyKey(const std::string& update_id);
 // The same for a restore (its own key space: a restore never answers as an earlier update).
@@ -94,14 +101,16 @@ class Runner {
          RunnerOptions options);
 
   // Journals RecoveryStarted (abandons bindings whose clients are gone, classifies a crash in
-  // UPDATING) and redoes whatever idempotent step was interrupted.
-  [[nodiscard]] Status Recover();
+  // UPDATING), recording what the journal's open found (`opened`: the journal's recovery()), and
+  // redoes whatever idempotent step was interrupted.
+  [[nodiscard]] Status Recover(const journal::Recovery& opened);
   // Recover() in two halves: journal RecoveryStarted (no I/O) now, Drive() later — for an executor
   // that must be reachable by its clients (leased rollouts finishing) before an interrupted
   // update can go on.
-  [[nodiscard]] Status BeginRecovery();
+  [[nodiscard]] Status BeginRecovery(const journal::Recovery& opened);
   // Recover() while this executor runs, for a plan that stalled: the same RecoveryStarted (the
-  // plan gets its attempts back), its executor id prefixed with kStalledPlanRetryPrefix.
+  // plan gets its attempts back), its executor id prefixed with kStalledPlanRetryPrefix and no
+  // journal open recorded (JournalEnding::kNotRecorded).
   [[nodiscard]] Status RetryStalledPlan();
   // UNINITIALIZED -> READY once the engine reports `label`: a fresh engine (label "default") is
   // labelled; one that reports another label or is paused is refused unless adopted. Errors say

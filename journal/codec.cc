@@ -73,6 +73,18 @@ struct Encoded {
   Offset<void> value;
 };
 
+// What the journal's open found is written only when recorded: a record without it keeps its
+// v8 bytes.
+Encoded EncRecovery(FlatBufferBuilder& b, const RecoveryStarted& e) {
+  auto executor = b.CreateString(e.executor_id);
+  auto torn_tail = OptString(b, e.journal_torn_tail);
+  return {
+      fb::Payload::RecoveryStarted,
+      fb::CreateRecoveryStarted(b, executor, static_cast<fb::JournalEnding>(Fb(e.journal_ending)),
+                                e.journal_bytes_unread, torn_tail)
+          .Union()};
+}
+
 Encoded EncRestore(FlatBufferBuilder& b, const RestoreRequested& e) {
   auto restore_id = b.CreateString(e.restore_id);
   auto label = b.CreateString(e.label);
@@ -227,10 +239,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
                     fb::CreateUpdateRequested(b, update_id, target, id, uri, expected).Union()};
           },
           [&](const RestoreRequested& e) { return EncRestore(b, e); },
-          [&](const RecoveryStarted& e) -> Encoded {
-            auto executor = b.CreateString(e.executor_id);
-            return {fb::Payload::RecoveryStarted, fb::CreateRecoveryStarted(b, executor).Union()};
-          },
+          [&](const RecoveryStarted& e) { return EncRecovery(b, e); },
           [&](const EffectStarted& e) -> Encoded {
             return {fb::Payload::EffectStarted,
                     fb::CreateEffectStarted(b, static_cast<fb::EffectKind>(Fb(e.kind)),
@@ -368,6 +377,19 @@ struct Decoder {
     }
     return static_cast<E>(raw);
   }
+
+  // Text the journal recorded from outside: at most `max` bytes of valid UTF-8, else "" and the
+  // error (a reader escapes it on output; it must not hold what no writer could have written).
+  std::string Text(const flatbuffers::String* s, std::size_t max, const char* what) {
+    if (s == nullptr) return std::string();
+    const std::string_view v(s->c_str(), s->size());
+    if (v.size() <= max && text::valid_utf8(v)) return std::string(v);
+    if (error.empty()) {
+      error = std::string(what) + " of " + std::to_string(s->size()) +
+              " bytes is over its bound of " + std::to_string(max) + " or not UTF-8";
+    }
+    return std::string();
+  }
 };
 
 std::string Str(const flatbuffers::String* s) { return s == nullptr ? std::string() : s->str(); }
@@ -424,6 +446,17 @@ HttpEvidence DecHttp(Decoder& d, const fb::HttpEvidence* v) {
 DeviceMemory DecMemory(const fb::DeviceMemory* v) {
   if (v == nullptr || !v->known()) return {};
   return DeviceMemory{v->known(), v->free_bytes_before(), v->free_bytes_after(), v->total_bytes()};
+}
+
+// A RecoveryStarted of v8 or before decodes as kNotRecorded: it claims nothing about the open.
+RecoveryStarted DecRecovery(Decoder& d, const fb::RecoveryStarted* e) {
+  RecoveryStarted out{Str(e->executor_id())};
+  out.journal_ending = d.Enum<JournalEnding>(e->journal_ending(), kJournalEndingMax,
+                                             "RecoveryStarted.journal_ending");
+  out.journal_bytes_unread = e->journal_bytes_unread();
+  out.journal_torn_tail =
+      d.Text(e->journal_torn_tail(), kTextBytesMax, "RecoveryStarted.journal_torn_tail");
+  return out;
 }
 
 // A union member appended to the schema must be known to the decoder too.
@@ -560,7 +593,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
                               e->adopt()};
     }
     case fb::Payload::RecoveryStarted:
-      return RecoveryStarted{Str(r->payload_as_RecoveryStarted()->executor_id())};
+      return DecRecovery(d, r->payload_as_RecoveryStarted());
     case fb::Payload::EffectStarted: {
       auto* e = r->payload_as_EffectStarted();
       return EffectStarted{d.Enum<EffectKind>(e->kind(), kEffectKindMaxRaw, "EffectStarted.kind"),

@@ -135,7 +135,10 @@ json Fields(const Event& event) {
                         {"expected_digest", e.expected_digest}};
           },
           [](const RecoveryStarted& e) {
-            return json{{"executor_id", e.executor_id}};
+            return json{{"executor_id", e.executor_id},
+                        {"journal_ending", journal_ending_name(e.journal_ending)},
+                        {"journal_bytes_unread", e.journal_bytes_unread},
+                        {"journal_torn_tail", e.journal_torn_tail}};
           },
           [](const RestoreRequested& e) {
             return json{{"restore_id", e.restore_id},

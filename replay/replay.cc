@@ -150,6 +150,25 @@ ColocatedStep StepLine(const PlanTrace& p, const State& s, std::uint64_t end_seq
   return step;
 }
 
+// What an executor's start found of the journal, as its RecoveryStarted recorded it.
+std::string RestartText(const RecoveryStarted& rs) {
+  if (is_stalled_plan_retry(rs)) return "the stalled plan tried again: the engine answered";
+  switch (rs.journal_ending) {
+    case JournalEnding::kNotRecorded:
+      break;
+    case JournalEnding::kNewJournal:
+      return "executor started on a new journal";
+    case JournalEnding::kCleanClose:
+      return "executor restarted after a clean close";
+    case JournalEnding::kCrash:
+      return "executor restarted after a crash (no clean close)";
+    case JournalEnding::kTornTail:
+      return "executor restarted after a crash; the journal's open skipped a torn WAL tail: " +
+             E(rs.journal_torn_tail);
+  }
+  return "executor restarted";
+}
+
 // One line of evidence for a TAINTED incident's timeline ("" when the record adds none).
 std::string EvidenceLine(const journal::Record& r) {
   std::ostringstream out;
@@ -184,10 +203,7 @@ std::string EvidenceLine(const journal::Record& r) {
         << (w->tag == WakeTag::kWeights ? "weights" : "KV cache") << " answered "
         << E(describe(w->http)) << "; " << MemoryMoved(w->memory, false) << "\n";
   } else if (const auto* rs = std::get_if<RecoveryStarted>(&r.event)) {
-    out << "  seq " << r.seq << ": "
-        << (is_stalled_plan_retry(*rs) ? "the stalled plan tried again: the engine answered"
-                                       : "executor restarted")
-        << "\n";
+    out << "  seq " << r.seq << ": " << RestartText(*rs) << "\n";
   }
   return out.str();
 }
@@ -489,6 +505,7 @@ class Replayer {
     Status applied = fleet_apply(report_.fleet, e);
     if (!applied.ok()) return Fail(r.seq, "illegal record: " + applied.ToString());
     if (!is_fleet_event(r.event)) Trace(r.engine).Track(r);
+    NoteTornTail(r);
     return Status::OK();
   }
 
@@ -513,6 +530,19 @@ class Replayer {
     }
     pending_.matched++;
     return Status::OK();
+  }
+
+  // A torn tail an executor's start recorded; the same open's, recorded again by the next member
+  // of a fleet (its sentence names the seq the open recovered through), is the one already kept.
+  void NoteTornTail(const journal::Record& r) {
+    const auto* rs = std::get_if<RecoveryStarted>(&r.event);
+    if (rs == nullptr || rs->journal_ending != JournalEnding::kTornTail) return;
+    if (rs->journal_torn_tail == last_torn_tail_) return;
+    last_torn_tail_ = rs->journal_torn_tail;
+    report_.torn_tails_count++;
+    if (report_.torn_tails.size() >= kRecordedTornTailsMax) return;
+    report_.torn_tails.push_back(
+        RecordedTornTail{r.engine, r.seq, rs->journal_bytes_unread, rs->journal_torn_tail});
   }
 
   bool CloseInput() {
@@ -551,6 +581,7 @@ class Replayer {
   ReplayReport& report_;
   PendingInput pending_;
   std::map<std::string, EngineTrace> traces_;
+  std::string last_torn_tail_;  // the sentence of the last torn tail noted
 };
 
 // The last seq from `seq` on that still belongs to the group of `input_seq` (its decisions follow
@@ -698,6 +729,19 @@ std::string UntilLine(const FoldEnd& u) {
          ", so the state below is the state after seq " + end + ", the group's end";
 }
 
+// Each torn WAL tail the records say an open found: one line each, escaped.
+void TornTailLines(const ReplayReport& report, std::ostringstream& out) {
+  for (const RecordedTornTail& t : report.torn_tails) {
+    out << "TORN WAL TAIL recorded at seq " << t.seq
+        << (t.engine.empty() ? "" : " by engine '" + E(t.engine) + "'")
+        << " (the journal's open before that executor start): " << E(t.sentence) << "\n";
+  }
+  if (report.torn_tails_count > report.torn_tails.size()) {
+    out << "TORN WAL TAIL: " << report.torn_tails_count - report.torn_tails.size()
+        << " more recorded (replay --events shows them)\n";
+  }
+}
+
 }  // namespace
 
 std::string FormatReport(const ReplayReport& report) {
@@ -716,6 +760,7 @@ std::string FormatReport(const ReplayReport& report) {
     out << "verification: FAILED at seq " << report.first_bad_seq << ": " << E(report.error)
         << "\n";
   }
+  TornTailLines(report, out);
   if (report.colocated_count > report.colocated.size()) {
     out << "sleeps and wake-ups: the first " << report.colocated_count - report.colocated.size()
         << " of " << report.colocated_count << " are not kept (replay --events shows them)\n";
@@ -762,6 +807,14 @@ std::string ReportJson(const ReplayReport& report) {
                             {"explanation", r.explanation}};
     if (!r.engine.empty()) proof["engine"] = r.engine;
     j["restores"].push_back(std::move(proof));
+  }
+  j["recorded_torn_tails_count"] = report.torn_tails_count;
+  j["recorded_torn_tails"] = nlohmann::json::array();
+  for (const RecordedTornTail& t : report.torn_tails) {
+    nlohmann::json torn = {
+        {"seq", t.seq}, {"bytes_unread", t.bytes_unread}, {"sentence", t.sentence}};
+    if (!t.engine.empty()) torn["engine"] = t.engine;
+    j["recorded_torn_tails"].push_back(std::move(torn));
   }
   j["colocated_count"] = report.colocated_count;
   j["colocated"] = nlohmann::json::array();

@@ -64,6 +64,20 @@ struct ColocatedStep {
 // The last ones are kept (a trainer sleeps once per step); colocated_count stays exact.
 inline constexpr std::size_t kColocatedStepsMax = 1024;
 
+// A torn WAL tail an executor's start recorded (RecoveryStarted with JournalEnding::kTornTail):
+// the journal's open before that start could not read the tail of its WAL, and the records the
+// torn batch held, if any, are lost. The WAL that showed it is gone once the journal is written
+// on; the record keeps it. A fleet's members each record the open they started from: one torn
+// tail is listed once, at the first record that names it.
+struct RecordedTornTail {
+  std::string engine;     // the engine whose record it is ("" in a journal of one engine)
+  std::uint64_t seq = 0;  // the RecoveryStarted record
+  std::uint64_t bytes_unread = 0;
+  std::string sentence;  // the journal's own account, raw (escaped on output)
+};
+// The first ones are kept; torn_tails_count stays exact.
+inline constexpr std::size_t kRecordedTornTailsMax = 256;
+
 struct ReplayReport {
   FleetState fleet;           // folded at until_seq (or head); a journal of one engine holds ""
   State state;                // the unnamed engine's state (empty for a fleet of named engines)
@@ -81,6 +95,10 @@ struct ReplayReport {
   std::vector<RestoreProof> restores;
   std::deque<ColocatedStep> colocated;  // the last kColocatedStepsMax, in journal order
   std::uint64_t colocated_count = 0;
+  // Torn WAL tails the records say an open found (a journal-level incident, whatever `ok` says:
+  // `rolloutcore replay` fails its verdict on one, as on a torn tail its own open finds).
+  std::vector<RecordedTornTail> torn_tails;  // the first kRecordedTornTailsMax, in journal order
+  std::uint64_t torn_tails_count = 0;
 };
 
 // Streams the journal once. Never fails on bad content: a broken chain, an illegal record or a

@@ -162,7 +162,9 @@ Status Service::InitFleet() {
   MakeFleetRunner();
   std::lock_guard<std::timed_mutex> lock(update_mu_);
   RC_RETURN_IF_ERROR(JoinFleet());
-  if (Status recovered = fleet_runner_->Recover(); !recovered.ok()) {
+  // Each member's RecoveryStarted records what the journal's open found (service.cc
+  // RecoverJournal).
+  if (Status recovered = fleet_runner_->Recover(journal_->recovery()); !recovered.ok()) {
     return RecoveryFailed(recovered);
   }
   // A member's recovery that threw fail-stopped the executor and left its own result OK.

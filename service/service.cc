@@ -511,11 +511,14 @@ Status Service::RecoverJournal() {
   spdlog::info("serve: journal {} opened at seq {}: {}{}", Esc(config_.journal_path),
                journal_->head_seq(), lifecycle_name(lifecycle),
                update ? " (update '" + Esc(update->update_id) + "' interrupted)" : "");
+  // What the open found (a torn WAL tail above all) is recorded, not only logged: once this
+  // process writes on, the WAL no longer shows it, and replay and audit read it from the record.
+  const journal::Recovery opened = journal_->recovery();
   if (update) {
     interrupted_update_ = update;
-    Status begun = runner_->BeginRecovery();
+    Status begun = runner_->BeginRecovery(opened);
     if (!begun.ok()) return RecoveryFailed(begun);
-  } else if (Status recovered = runner_->Recover(); !recovered.ok()) {
+  } else if (Status recovered = runner_->Recover(opened); !recovered.ok()) {
     return RecoveryFailed(recovered);
   }
   return Status::OK();

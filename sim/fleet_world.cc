@@ -197,7 +197,11 @@ bool FleetWorld::Restart() {
   NewRunner();
   recovering_ = true;
   Status st = JoinAll();
-  if (st.ok()) st = runner_->Recover();
+  // The journal stays open across the restart (the executor died, not the journal): what the
+  // recovery records of it is a crash at its head, with no torn tail.
+  journal::Recovery crashed;
+  crashed.head_seq = journal_->head_seq();
+  if (st.ok()) st = runner_->Recover(crashed);
   recovering_ = false;
   if (!st.ok()) Violate("executor restart: " + st.ToString());
   return st.ok();

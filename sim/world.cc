@@ -972,7 +972,7 @@ bool World::Restart() {
   lease_seen_us_.clear();
   NewRunner();
   recovering_ = true;
-  Status rec = runner_->Recover();
+  Status rec = runner_->Recover(journal_->recovery());
   recovering_ = false;
   if (!rec.ok()) Violate("Recover: " + rec.ToString());
   FullChecks(false);  // no acknowledged event is lost across the crash

@@ -36,7 +36,14 @@ std::string one(const UpdateRequested& e) {
          (e.source_uri.empty() ? "" : " source=" + e.source_uri) +
          (e.expected_digest.empty() ? "" : " expected_digest=" + e.expected_digest.substr(0, 16));
 }
-std::string one(const RecoveryStarted& e) { return "executor=" + q(e.executor_id); }
+std::string one(const RecoveryStarted& e) {
+  std::string out = "executor=" + q(e.executor_id);
+  if (e.journal_ending == JournalEnding::kNotRecorded) return out;
+  out += std::string(" journal=") + journal_ending_name(e.journal_ending);
+  if (e.journal_ending != JournalEnding::kTornTail) return out;
+  return out + " bytes_unread=" + std::to_string(e.journal_bytes_unread) +
+         " torn_tail=" + q(e.journal_torn_tail);
+}
 std::string one(const RestoreRequested& e) {
   return "restore=" + q(e.restore_id) + " label=" + q(e.label) +
          (e.adopt ? " adopt" : " source=" + e.source_uri);

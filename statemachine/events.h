@@ -83,11 +83,46 @@ struct WakeRequested {
   bool operator==(const WakeRequested&) const = default;
 };
 
+// How the run before an executor's start left the journal, as the journal's open found it (the
+// executor records it in RecoveryStarted: once the journal is written on, its WAL no longer shows
+// a torn tail, and the record is what tells it). Values are part of the journal format: append
+// only.
+enum class JournalEnding : std::uint8_t {
+  kNotRecorded = 0,  // a record from before this was recorded, or no open (a stalled-plan retry)
+  kNewJournal = 1,   // the journal held no records: no run before this one wrote to it
+  kCleanClose = 2,   // the last run closed it cleanly, and the open found it whole
+  kCrash = 3,        // no clean close (a crash, a kill, a fail-stop); the WAL read whole
+  kTornTail = 4,     // a crash, and the open's recovery could not read the WAL's tail
+};
+inline constexpr std::uint8_t kJournalEndingMax = 4;
+inline const char* journal_ending_name(JournalEnding e) {
+  switch (e) {
+    case JournalEnding::kNotRecorded:
+      return "not_recorded";
+    case JournalEnding::kNewJournal:
+      return "new_journal";
+    case JournalEnding::kCleanClose:
+      return "clean_close";
+    case JournalEnding::kCrash:
+      return "crash";
+    case JournalEnding::kTornTail:
+      return "torn_tail";
+  }
+  return "?";
+}
+
 // The executor (re)started and is reconciling with the journal; or, with an executor_id that
 // begins with kStalledPlanRetryPrefix, a running executor tries a stalled plan again (the fold
 // treats both alike; replay tells them apart).
 struct RecoveryStarted {
   std::string executor_id;
+  // What the journal's open before this start found (kNotRecorded for a stalled-plan retry):
+  // with kTornTail, the WAL bytes its recovery could not read and the journal's own sentence
+  // naming the file(s), the bytes and the seqs (bounded text, escaped by every reader on output);
+  // 0 and "" otherwise.
+  JournalEnding journal_ending = JournalEnding::kNotRecorded;
+  std::uint64_t journal_bytes_unread = 0;
+  std::string journal_torn_tail;
   bool operator==(const RecoveryStarted&) const = default;
 };
 inline constexpr const char* kStalledPlanRetryPrefix = "stalled-plan-retry:";

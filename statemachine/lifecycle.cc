@@ -436,8 +436,28 @@ Status apply_one(State& s, const WakeRequested& e) {
   return Status::OK();
 }
 
+// What the journal's open found, as the executor recorded it: a torn tail's sentence is bounded
+// UTF-8 (escaped by every reader on output), and present exactly with kTornTail, as its bytes.
+Status check_journal_ending(const RecoveryStarted& e) {
+  if (static_cast<std::uint8_t>(e.journal_ending) > kJournalEndingMax) {
+    return Status::InvalidArgument("journal_ending out of range");
+  }
+  RC_RETURN_IF_ERROR(check_text("journal_torn_tail", e.journal_torn_tail));
+  if (!text::valid_utf8(e.journal_torn_tail)) {
+    return Status::InvalidArgument("journal_torn_tail must be UTF-8");
+  }
+  const bool torn = e.journal_ending == JournalEnding::kTornTail;
+  if (torn == e.journal_torn_tail.empty() || (!torn && e.journal_bytes_unread != 0)) {
+    return Status::InvalidArgument(
+        "journal_torn_tail and journal_bytes_unread are recorded with a torn_tail ending only, "
+        "and a torn tail names what was torn");
+  }
+  return Status::OK();
+}
+
 Status apply_one(State& s, const RecoveryStarted& e) {
   RC_RETURN_IF_ERROR(check_id("executor_id", e.executor_id));
+  RC_RETURN_IF_ERROR(check_journal_ending(e));
   // A wake-up of a sleeper's weights whose answer was lost may have run: the plan's end must not
   // record them asleep (refuse() reads weights_awake as "woken, or possibly").
   if (s.lifecycle == Lifecycle::kUpdating && s.in_flight &&

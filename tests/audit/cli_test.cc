@@ -1,10 +1,11 @@
 // `rolloutcore replay` and `rolloutcore audit` as child processes on real RocksDB journals (no
 // engine): a journal its open refuses exits as damaged, naming the damage; `replay --events`
 // names each record's engine; every JSON line is printable ASCII that parses back to the text the
-// journal holds; `replay --until` inside a group folds through its end; a report that cannot be
-// written exits 4; a trajectories file is audited around its torn lines, and a binding mismatch
-// names each field that differs; `audit --rollout` checks the rollout index; usage errors are
-// refused before the audit runs.
+// journal holds; a torn WAL tail an executor's start recorded is reported after its WAL is gone;
+// `replay --until` inside a group folds through its end; a report that cannot be written exits 4;
+// a trajectories file is audited around its torn lines, and a binding mismatch names each field
+// that differs; `audit --rollout` checks the rollout index; usage errors are refused before the
+// audit runs.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
@@ -19,6 +20,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "effects/clock.h"
+#include "effects/http/engine_client.h"
+#include "effects/http/engine_control.h"
+#include "effects/http/sequence_transfer.h"
+#include "effects/runner.h"
 #include "journal/journal.h"
 #include "journal/json.h"
 #include "replay/replay.h"
@@ -229,6 +235,9 @@ void WriteTornJournal(const std::string& path, int admissions) {
   {
     journal::Options o;
     o.snapshot_every = 0;
+    // The durable mark covers the first group only: the cut last batch reads as a crash's torn
+    // tail, never as acknowledged records lost (which the open refuses).
+    o.durable_mark_interval_ms = 600000;
     auto j = journal::Journal::Open(path, o);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     for (auto& g : journal::testing::BootstrapGroups()) {
@@ -262,6 +271,86 @@ TEST(Cli, ProvenanceJsonOfATornJournalIsOneDocument) {
   EXPECT_NE(out.out.find("\"r0\""), std::string::npos) << out.out;
   const CliRun all = RunCli({"audit", "--rollout", "r0", "--json", dir.path()}, true);
   EXPECT_NE(all.out.find("audit: JOURNAL DAMAGED: torn WAL tail"), std::string::npos) << all.out;
+}
+
+// Starts an executor on the journal at `path` as serve does (the writer's open, then the runner's
+// recovery given what the open found), then closes it cleanly: its WAL, torn tail included, is
+// gone. The engine is never called: the start only journals. Returns the open's torn tail and the
+// seq of the RecoveryStarted that recorded it.
+std::pair<std::string, std::uint64_t> StartExecutorAndClose(const std::string& path) {
+  auto j = journal::Journal::Open(path, journal::Options{});
+  EXPECT_TRUE(j.ok()) << j.status().ToString();
+  if (!j.ok()) return {};
+  const journal::Recovery opened = (*j)->recovery();
+  effects::EngineClient client("http://127.0.0.1:1");
+  effects::HttpEngineControl control(client);
+  effects::HttpSequenceTransfer transfer(client);
+  effects::RunnerOptions ro;
+  ro.executor_id = "serve-2";
+  effects::Runner runner(**j, control, transfer, effects::system_clock(), ro);
+  const std::uint64_t seq = (*j)->head_seq() + 1;
+  const Status begun = runner.BeginRecovery(opened);
+  EXPECT_TRUE(begun.ok()) << begun.ToString();
+  const Status closed = (*j)->Close();
+  EXPECT_TRUE(closed.ok()) << closed.ToString();
+  return {opened.torn_tail, seq};
+}
+
+// Proves a torn WAL tail found by an executor's start is reported by `replay` and `audit` after
+// the journal was written on and closed cleanly, when no open sees the tail any more: the start's
+// RecoveryStarted records it, replay lists it with that seq and fails its verdict (exit 1, JSON
+// recorded_torn_tails), audit names the record as a journal failure (exit 3). Catches the incident
+// forgotten once the WAL that showed it was flushed away (both commands then said OK).
+TEST(Cli, ATornTailAnExecutorStartRecordedIsReportedAfterItsWalIsGone) {
+  TempDir dir;
+  WriteTornJournal(dir.path(), 8);
+  const auto [torn, seq] = StartExecutorAndClose(dir.path());
+  ASSERT_FALSE(torn.empty()) << "the setup tore no WAL tail";
+  {
+    auto reopened = journal::Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+    ASSERT_TRUE((*reopened)->recovery().torn_tail.empty()) << "the WAL still shows the tail";
+    ASSERT_TRUE((*reopened)->recovery().clean_close);
+    const Result<journal::Record> record = (*reopened)->Read(seq);
+    ASSERT_TRUE(record.ok()) << record.status().ToString();
+    const auto* rs = std::get_if<RecoveryStarted>(&record->event);
+    ASSERT_NE(rs, nullptr) << "seq " << seq << " is not the start's RecoveryStarted";
+    EXPECT_EQ(rs->journal_ending, JournalEnding::kTornTail);
+    EXPECT_EQ(rs->journal_torn_tail, torn);
+  }
+  const std::string at = "seq " + std::to_string(seq);
+  const CliRun replayed = RunCli({"replay", dir.path()}, /*with_stderr=*/true);
+  EXPECT_EQ(replayed.exit_code, 1) << replayed.out;
+  EXPECT_NE(
+      replayed.out.find("verification: FAILED: torn WAL tail recorded at " + at + ": " + torn),
+      std::string::npos)
+      << replayed.out;
+  EXPECT_NE(replayed.out.find("TORN WAL TAIL recorded at " + at), std::string::npos)
+      << replayed.out;
+  const CliRun events = RunCli({"replay", dir.path(), "--events"}, false);
+  EXPECT_NE(events.out.find("journal=torn_tail"), std::string::npos) << events.out;
+  const nlohmann::json report =
+      nlohmann::json::parse(RunCli({"replay", dir.path(), "--json"}, false).out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded());
+  EXPECT_EQ(report["ok"], false) << report.dump();
+  EXPECT_FALSE(report.contains("torn_tail")) << "this open found no torn tail: " << report.dump();
+  ASSERT_EQ(report["recorded_torn_tails"].size(), 1u) << report.dump();
+  EXPECT_EQ(report["recorded_torn_tails"][0]["seq"], seq);
+  EXPECT_EQ(report["recorded_torn_tails"][0]["sentence"], torn);
+  const CliRun audited = RunCli({"audit", dir.path()}, /*with_stderr=*/true);
+  EXPECT_EQ(audited.exit_code, 3) << audited.out;
+  EXPECT_NE(audited.out.find("audit FAILURE: " + at +
+                             " (RecoveryStarted) recorded what the "
+                             "journal's open before that executor start found: " +
+                             torn),
+            std::string::npos)
+      << audited.out;
+  const nlohmann::json verdict =
+      nlohmann::json::parse(RunCli({"audit", dir.path(), "--json"}, false).out, nullptr, false);
+  ASSERT_FALSE(verdict.is_discarded());
+  EXPECT_EQ(verdict["journal_intact"], false) << verdict.dump();
+  ASSERT_EQ(verdict["recorded_torn_tails"].size(), 1u) << verdict.dump();
+  EXPECT_EQ(verdict["recorded_torn_tails"][0]["seq"], seq);
 }
 
 // Proves `replay --until 3`, where seq 3 is the input of a group that ends at seq 4, verifies a

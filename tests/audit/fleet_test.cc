@@ -229,5 +229,66 @@ TEST(FleetAudit, ARejoinedEngineIsANewLife) {
   EXPECT_EQ(second.versions[0].rollouts_admitted, 0u);
 }
 
+// The seq of every RecoveryStarted in the journal, in order.
+std::vector<std::uint64_t> RecoverySeqs(journal::Journal& j) {
+  std::vector<std::uint64_t> out;
+  EXPECT_TRUE(j.Scan(1, 0, [&](const journal::Record& r) {
+                 if (std::holds_alternative<RecoveryStarted>(r.event)) out.push_back(r.seq);
+                 return Status::OK();
+               }).ok());
+  return out;
+}
+
+// Proves the torn WAL tail that every member's RecoveryStarted of one executor start records is
+// reported once, at the first member's record, by replay and by audit (one journal failure),
+// while a later start's torn tail is reported on its own and a crash without one is not; catches
+// a fleet's torn tail counted once per member, and a later start's taken for the first's.
+TEST(FleetAudit, ATornTailEveryMemberRecordedIsReportedOnce) {
+  FleetDriver d = TwoEngines();
+  const std::string first = "torn WAL tail in /j: 000009.log: 9 of 90 bytes; recovered through 9";
+  const std::string later = "torn WAL tail in /j: 000012.log: 3 of 70 bytes; recovered through 14";
+  for (const char* engine : {"a", "b"}) {
+    d.ok(engine, RecoveryStarted{"exec-2", JournalEnding::kTornTail, 9, first});
+  }
+  for (const char* engine : {"a", "b"}) {
+    d.ok(engine, RecoveryStarted{"exec-3", JournalEnding::kCrash});
+  }
+  for (const char* engine : {"a", "b"}) {
+    d.ok(engine, RecoveryStarted{"exec-4", JournalEnding::kTornTail, 3, later});
+  }
+  TempDir dir;
+  auto j = OpenOk(dir.path());
+  Submit(*j, d);
+  const std::vector<std::uint64_t> starts = RecoverySeqs(*j);
+  ASSERT_EQ(starts.size(), 6u);
+  Result<replay::ReplayReport> r = replay::Replay(*j, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ok) << r->error << ": the records themselves verify";
+  EXPECT_EQ(r->torn_tails_count, 2u);
+  ASSERT_EQ(r->torn_tails.size(), 2u);
+  EXPECT_EQ(r->torn_tails[0].seq, starts[0]);
+  EXPECT_EQ(r->torn_tails[0].engine, "a");
+  EXPECT_EQ(r->torn_tails[0].bytes_unread, 9u);
+  EXPECT_EQ(r->torn_tails[0].sentence, first);
+  EXPECT_EQ(r->torn_tails[1].seq, starts[4]);
+  EXPECT_EQ(r->torn_tails[1].sentence, later);
+  const std::string text = replay::FormatReport(*r);
+  EXPECT_NE(text.find("TORN WAL TAIL recorded at seq " + std::to_string(starts[0]) +
+                      " by engine 'a' (the journal's open before that executor start): " + first),
+            std::string::npos)
+      << text;
+  Result<audit::AuditReport> a = audit::AuditJournal(*j);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_FALSE(a->ok);
+  EXPECT_EQ(a->torn_tails_count, 2u);
+  const audit::Verdict v = audit::MakeVerdict(*a);
+  ASSERT_EQ(v.journal_failures.size(), 2u);
+  EXPECT_EQ(v.journal_failures[0], "seq " + std::to_string(starts[0]) +
+                                       " (RecoveryStarted of engine 'a') recorded what "
+                                       "the journal's open before that executor start found: " +
+                                       first);
+  EXPECT_EQ(v.exit_code(), audit::kExitJournalDamaged);
+}
+
 }  // namespace
 }  // namespace rc

@@ -73,7 +73,8 @@ void DriveEffects(journal::Journal& j, const std::string& t) {
 const std::string kCheckpoint = "ckpt/\xc3\xa9t\xc3\xa9-step";  // "ckpt/été-step"
 
 // Writes bootstrap + one update that ends TAINTED, with `t` in every executor-recorded text
-// field (engine errors and versions, preflight and transfer details).
+// field (engine errors and versions, preflight and transfer details, and the torn WAL tail an
+// executor start recorded mid-update, made UTF-8 as the fold requires there).
 void WriteJournal(const std::string& dir, const std::string& t) {
   auto opened = journal::Journal::Open(dir, journal::Options{});
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
@@ -83,6 +84,8 @@ void WriteJournal(const std::string& dir, const std::string& t) {
   ASSERT_EQ(j.state().lifecycle, Lifecycle::kReady);
   SubmitOk(j, UpdateRequested{"u-1", "rc-1", WeightIdentity{kDigest, "", kCheckpoint, "run-1", 1},
                               "synthetic:8x64"});
+  SubmitOk(j, RecoveryStarted{"exec-2", JournalEnding::kTornTail, 9,
+                              "torn WAL tail in " + text::sanitize_utf8(t)});
   DriveEffects(j, t);
   ASSERT_EQ(j.state().lifecycle, Lifecycle::kTainted);
 }
@@ -166,6 +169,36 @@ TEST(Injection, ReplayReportKeepsItsShape) {
   EXPECT_NE(hostile.replay_text.find("ck\\nverification: OK (forged line)"), std::string::npos);
   EXPECT_NE(hostile.replay_text.find("a\\u0000b"), std::string::npos);
   EXPECT_NE(hostile.replay_text.find(kCheckpoint), std::string::npos) << "UTF-8 kept as is";
+}
+
+// Proves a torn WAL tail an executor start recorded is one escaped line wherever it is reported:
+// replay's list of recorded torn tails and the TAINTED incident's timeline, audit's journal
+// failure naming the record; catches the journal's sentence (it names a path) printed raw, where
+// a newline in it forged a verdict line.
+TEST(Injection, ARecordedTornTailIsOneEscapedLineInEveryReport) {
+  const Reports hostile = Produce(Hostile());
+  const std::string escaped =
+      "torn WAL tail in " + text::escape_line(text::sanitize_utf8(Hostile()));
+  const auto replay_lines = Lines(hostile.replay_text);
+  EXPECT_EQ(Count(replay_lines, "TORN WAL TAIL recorded at seq "), 1) << hostile.replay_text;
+  EXPECT_NE(hostile.replay_text.find("(the journal's open before that executor start): " + escaped +
+                                     "\n"),
+            std::string::npos)
+      << hostile.replay_text;
+  EXPECT_NE(hostile.replay_text.find(": executor restarted after a crash; the journal's open "
+                                     "skipped a torn WAL tail: " +
+                                     escaped + "\n"),
+            std::string::npos)
+      << hostile.replay_text;
+  const auto audit_lines = Lines(hostile.audit_text);
+  EXPECT_EQ(Count(audit_lines, "audit FAILURE: seq "), 1) << hostile.audit_text;
+  EXPECT_NE(hostile.audit_text.find("(RecoveryStarted) recorded what the journal's open before "
+                                    "that executor start found: " +
+                                    escaped + "\n"),
+            std::string::npos)
+      << hostile.audit_text;
+  ExpectInert(hostile.replay_text);
+  ExpectInert(hostile.audit_text);
 }
 
 // Proves every `replay --events` record is one line and every record's JSON parses, whatever it

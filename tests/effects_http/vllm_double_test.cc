@@ -630,7 +630,7 @@ TEST(FleetRecover, ASecondThreadRefusedJoinsTheFirstAndIsAnError) {
   ASSERT_TRUE(fleet->Join("e0", *d.control, *d.transfer).ok());
   ASSERT_TRUE(fleet->Join("e1", *d.control, *d.transfer).ok());
 
-  const Status recovered = fleet->Recover();
+  const Status recovered = fleet->Recover(tj.journal->recovery());
   EXPECT_EQ(starts.load(), 2);
   EXPECT_EQ(recovered.code(), Code::kUnavailable) << recovered.ToString();
   EXPECT_NE(recovered.message().find("engine 'e1'"), std::string::npos) << recovered.ToString();

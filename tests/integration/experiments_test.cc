@@ -243,7 +243,7 @@ TEST(Experiments, E6AmbiguousTransferTaints) {
   }
   // Restarting the executor does not hide it.
   x.Restart();
-  EXPECT_TRUE(x.runner->Recover().ok());
+  EXPECT_TRUE(x.runner->Recover(x.journal->recovery()).ok());
   EXPECT_EQ(x.journal->state().lifecycle, Lifecycle::kTainted);
   auto report = replay::Replay(*x.journal, {});
   ASSERT_TRUE(report.ok());
@@ -289,7 +289,7 @@ TEST(Experiments, RestartAbandonsDeadClientsAndFinishesTheUpdate) {
   x.Bootstrap();
   ASSERT_TRUE(x.Admit("r-orphan").ok());
   x.Restart();  // the process that held r-orphan's client is gone
-  ASSERT_TRUE(x.runner->Recover().ok());
+  ASSERT_TRUE(x.runner->Recover(x.journal->recovery()).ok());
   State s = x.journal->state();
   EXPECT_TRUE(s.active.empty());
   EXPECT_EQ(s.counters.rollouts_abandoned, 1u);

@@ -151,7 +151,7 @@ TEST(FaultRun, SeededFaultsKeepTheContract) {
       } else {
         // Retries exhausted in RESUMING: an executor restart resumes.
         x->Restart();
-        ASSERT_TRUE(x->runner->Recover().ok());
+        ASSERT_TRUE(x->runner->Recover(x->journal->recovery()).ok());
       }
       CheckJournal(*x, seed, cycle);
       if (::testing::Test::HasFailure()) {
@@ -184,7 +184,7 @@ int ChildMain(const std::string& dir, const std::string& url, std::uint32_t seed
   effects::Runner runner(**j, control, transfer, effects::system_clock(), Executor::FastRunner());
   if ((*j)->state().lifecycle == Lifecycle::kUninitialized) {
     if (!runner.Bootstrap("rc-0", Identity(0)).ok()) return 4;
-  } else if (!runner.Recover().ok()) {
+  } else if (!runner.Recover((*j)->recovery()).ok()) {
     return 5;
   }
   std::mt19937 rng(seed);
@@ -260,7 +260,7 @@ TEST(FaultRun, ExecutorKillsAreReconciled) {
         ++stalled_kills;
         continue;
       }
-      ASSERT_TRUE(x->runner->Recover().ok());
+      ASSERT_TRUE(x->runner->Recover(x->journal->recovery()).ok());
       const State s = x->journal->state();
       EXPECT_TRUE(s.active.empty()) << "bindings of the dead executor were not abandoned";
       EXPECT_TRUE(s.lifecycle == Lifecycle::kReady || s.lifecycle == Lifecycle::kTainted)

@@ -446,7 +446,7 @@ TEST(FleetIntegration, AnExecutorRestartMidUpdateFinishesIt) {
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(f.runner->Join(Name(i), *f.engines[i]->control, *f.engines[i]->transfer).ok());
   }
-  ASSERT_TRUE(f.runner->Recover().ok());
+  ASSERT_TRUE(f.runner->Recover(f.journal->recovery()).ok());
   EXPECT_EQ(f.state().update->members.at("e1"), MemberStatus::kCommitted);
   Result<FleetUpdateEnded> end = f.runner->Update(request);
   ASSERT_TRUE(end.ok()) << end.status().ToString();

@@ -418,7 +418,7 @@ void RestartProcess(World& w, std::mt19937& rng, Totals& totals, bool journal_fa
   ASSERT_TRUE(w.OpenJournal());
   w.engine->ClearFaults();
   w.NewRunner();
-  Status rec = Bounded("Recover", [&] { return w.runner->Recover(); });
+  Status rec = Bounded("Recover", [&] { return w.runner->Recover(w.journal->recovery()); });
   EXPECT_TRUE(rec.ok()) << "Recover: " << rec.ToString();
   const State s = w.journal->state();
   EXPECT_TRUE(s.active.empty() ||
@@ -725,7 +725,7 @@ TEST(TrustFaults, AnEndedUpdateRequestedAgainIsAConflictNotAStuckPlan) {
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   ASSERT_EQ(first->outcome, UpdateOutcome::kCommitted) << first->reason;
   x.Restart();
-  ASSERT_TRUE(x.runner->Recover().ok());
+  ASSERT_TRUE(x.runner->Recover(x.journal->recovery()).ok());
   const std::uint64_t head = x.journal->head_seq();
   auto again = x.runner->Update(Update("u-1", "rc-1", 1));
   ASSERT_FALSE(again.ok());

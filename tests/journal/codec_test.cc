@@ -87,6 +87,65 @@ TEST(Codec, AFleetUpdateWithoutTheStallRuleReadsAsTheOldRule) {
   EXPECT_FALSE(std::get<FleetUpdateRequested>(old->event).stall_judged_per_group);
 }
 
+// Proves a RecoveryStarted written before it recorded the journal's open (executor_id alone, as
+// v8 wrote it) decodes as kNotRecorded, that one recording nothing still encodes to those bytes,
+// and that every ending round trips; catches an old record read as a clean close, and every old
+// journal's hashes changing.
+TEST(Codec, ARecoveryStartedFromBeforeTheJournalEndingReadsAsNotRecorded) {
+  flatbuffers::FlatBufferBuilder b;
+  auto executor = b.CreateString("exec-1");
+  fb::RecoveryStartedBuilder older(b);  // v8's table: the executor id, nothing more
+  older.add_executor_id(executor);
+  auto payload = older.Finish();
+  std::vector<std::uint8_t> zeros(32, 0);
+  auto prev = b.CreateVector(zeros);
+  fb::FinishSizePrefixedRecordBuffer(
+      b, fb::CreateRecord(b, 3, 0, 0, prev, fb::Payload::RecoveryStarted, payload.Union()));
+  const std::string v8(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+  Result<Record> old = DecodeRecord(v8);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  const RecoveryStarted& read = std::get<RecoveryStarted>(old->event);
+  EXPECT_EQ(read.journal_ending, JournalEnding::kNotRecorded) << "an old record claims nothing";
+  EXPECT_EQ(read.journal_bytes_unread, 0u);
+  EXPECT_EQ(read.journal_torn_tail, "");
+  EXPECT_EQ(EncodeRecord(*old), v8) << "a record that recorded nothing keeps its v8 bytes";
+  for (const JournalEnding ending :
+       {JournalEnding::kNewJournal, JournalEnding::kCleanClose, JournalEnding::kCrash}) {
+    Result<Record> out = DecodeRecord(EncodeRecord(SampleRecord(RecoveryStarted{"e", ending})));
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(std::get<RecoveryStarted>(out->event).journal_ending, ending);
+  }
+}
+
+// Proves a recorded torn tail is read back only as the fold would have taken it: an ending past
+// the enum, a sentence over kTextBytesMax and one that is not UTF-8 are Corruption naming the
+// field; catches a forged record's text reaching replay and audit unchecked.
+TEST(Codec, RefusesARecordedTornTailNoWriterCouldHaveWritten) {
+  auto encoded = [](std::uint8_t ending, const std::string& sentence) {
+    flatbuffers::FlatBufferBuilder b;
+    auto payload = fb::CreateRecoveryStarted(b, b.CreateString("exec-1"),
+                                             static_cast<fb::JournalEnding>(ending), 9,
+                                             b.CreateString(sentence));
+    std::vector<std::uint8_t> zeros(32, 0);
+    auto prev = b.CreateVector(zeros);
+    fb::FinishSizePrefixedRecordBuffer(
+        b, fb::CreateRecord(b, 3, 0, 0, prev, fb::Payload::RecoveryStarted, payload.Union()));
+    return std::string(reinterpret_cast<const char*>(b.GetBufferPointer()), b.GetSize());
+  };
+  const auto torn = static_cast<std::uint8_t>(JournalEnding::kTornTail);
+  ASSERT_TRUE(DecodeRecord(encoded(torn, std::string(kTextBytesMax, 't'))).ok());
+  const std::vector<std::pair<std::string, std::string>> forged = {
+      {encoded(kJournalEndingMax + 1, "t"), "RecoveryStarted.journal_ending value 5 out of range"},
+      {encoded(torn, std::string(kTextBytesMax + 1, 't')), "RecoveryStarted.journal_torn_tail"},
+      {encoded(torn, "torn \xc3\x28 tail"), "RecoveryStarted.journal_torn_tail"}};
+  for (const auto& [bytes, named] : forged) {
+    Result<Record> r = DecodeRecord(bytes);
+    ASSERT_FALSE(r.ok()) << named;
+    EXPECT_EQ(r.status().code(), Code::kCorruption);
+    EXPECT_NE(r.status().message().find(named), std::string::npos) << r.status().message();
+  }
+}
+
 // Proves Sha256 is standard SHA-256 (FIPS 180-2 vectors, including a two-block message); catches a
 // hashing rewrite (low-level SHA256_* instead of EVP) that changes the chain's digests.
 TEST(Codec, Sha256MatchesKnownAnswers) {

@@ -44,7 +44,7 @@ inline std::vector<Event> SampleEvents() {
   return {
       BootstrapRequested{"rc-0", SampleIdentity(), /*adopt=*/true},
       UpdateRequested{"u1", "rc-1", SampleIdentity(), "safetensors:/ckpt/m.safetensors"},
-      RecoveryStarted{"exec-9"},
+      RecoveryStarted{"exec-9", JournalEnding::kTornTail, 4096, "torn WAL tail in /j: 000012.log"},
       EffectStarted{EffectKind::kResetCache, CacheKind::kMultimodal, 1500},
       EngineProbed{http, "0.25.1", "rc-0", true, true, "nonce-0,nonce-1", "default", true},
       DrainObserved{http, true},

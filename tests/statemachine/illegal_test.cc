@@ -301,6 +301,37 @@ TEST(Illegal, InvalidIdsLabelsDigests) {
   d.rejected(DrainObserved{h, true});
 }
 
+// Proves what a RecoveryStarted records of the journal's open is checked (a torn tail's sentence
+// bounded UTF-8, present exactly with a torn_tail ending, as its unread bytes) and changes
+// nothing the fold decides; catches an unbounded or ill-formed sentence from outside journaled,
+// a torn tail recorded without saying what was torn, and a fold that reads the new fields.
+TEST(Illegal, RecoveryStartedRecordsOnlyAWellFormedJournalEnding) {
+  Driver d;
+  d.to_ready();
+  const RecoveryStarted torn{"exec-2", JournalEnding::kTornTail, 9, "torn WAL tail in /j"};
+  RecoveryStarted bad = torn;
+  bad.journal_torn_tail.clear();
+  EXPECT_EQ(d.rejected(bad), Code::kInvalidArgument) << "a torn tail that names nothing";
+  bad = torn;
+  bad.journal_torn_tail = std::string(kTextBytesMax + 1, 't');
+  EXPECT_EQ(d.rejected(bad), Code::kInvalidArgument) << "over kTextBytesMax";
+  bad = torn;
+  bad.journal_torn_tail = "torn \xff tail";
+  EXPECT_EQ(d.rejected(bad), Code::kInvalidArgument) << "not UTF-8";
+  bad = RecoveryStarted{"exec-2", JournalEnding::kCrash, 0, "torn WAL tail in /j"};
+  EXPECT_EQ(d.rejected(bad), Code::kInvalidArgument) << "a sentence without a torn tail";
+  bad = RecoveryStarted{"exec-2", JournalEnding::kCleanClose, 9, ""};
+  EXPECT_EQ(d.rejected(bad), Code::kInvalidArgument) << "unread bytes without a torn tail";
+  bad = RecoveryStarted{"exec-2", static_cast<JournalEnding>(kJournalEndingMax + 1), 0, ""};
+  EXPECT_EQ(d.rejected(bad), Code::kInvalidArgument) << "an ending past the enum";
+  // The boundary is accepted, and the fold decides as for a recovery that recorded nothing.
+  Driver plain = d;
+  RecoveryStarted longest = torn;
+  longest.journal_torn_tail = std::string(kTextBytesMax, 't');
+  EXPECT_EQ(d.ok(longest), plain.ok(RecoveryStarted{"exec-2"}));
+  EXPECT_EQ(d.s, plain.s);
+}
+
 // The target label must differ from the committed one; catches an update that validation could
 // "confirm" without any change.
 TEST(Illegal, TargetLabelEqualToCommitted) {
