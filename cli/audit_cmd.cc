@@ -82,6 +82,12 @@ struct Opts {
   bool json = false;
   std::string expect_head_typed;       // read by ReadNumberOptions
   CLI::Option* expect_head = nullptr;  // whether it was given (an empty text is, and is refused)
+  // Whether each text option was given (an empty text is, and ReadTextOptions refuses it).
+  CLI::Option* path_given = nullptr;
+  CLI::Option* rollout_given = nullptr;
+  CLI::Option* trajectories_given = nullptr;
+  CLI::Option* engine_given = nullptr;
+  CLI::Option* fleet_engine_given = nullptr;
   // The report's lines: stdout, or stderr with --json so that stdout is one JSON document.
   std::FILE* lines() const { return json ? stderr : stdout; }
 };
@@ -200,6 +206,17 @@ Status ReadNumberOptions(Opts& o, std::optional<ExpectedHead>& expected) {
   return Status::OK();
 }
 
+// The text options given, each by the rule of what it names (cli/cli_util.h); a usage error
+// quoting the text otherwise. Once they pass, an empty text is an option left out.
+Status ReadTextOptions(const Opts& o) {
+  return CheckTextOptions(
+      {{"journal", o.path_given, &o.path, TextKind::kPath},
+       {"--rollout", o.rollout_given, &o.rollout, TextKind::kId},
+       {"--trajectories", o.trajectories_given, &o.trajectories, TextKind::kPath},
+       {"--engine", o.engine_given, &o.engine, TextKind::kUrl},
+       {"--fleet-engine", o.fleet_engine_given, &o.fleet_engine, TextKind::kId}});
+}
+
 // Option combinations that no journal makes valid; "" when none.
 std::string OptionsUsageError(const Opts& o) {
   if (!o.rollout.empty() &&
@@ -282,16 +299,19 @@ int AuditWhole(journal::Journal& j, const Opts& o, std::optional<audit::Trajecto
 
 Runner add_audit(CLI::App& app) {
   auto o = std::make_shared<Opts>();
-  app.add_option("journal", o->path, "Journal directory")->required();
-  app.add_option("--rollout", o->rollout, "Show the provenance of one rollout");
-  app.add_option("--trajectories", o->trajectories,
-                 "Trajectories JSON-lines file (written by `serve`) to cross-check");
-  app.add_option("--engine", o->engine,
-                 "Re-score trajectories (from --trajectories, else the journal's) of the version "
-                 "this engine serves (URL)");
-  app.add_option("--fleet-engine", o->fleet_engine,
-                 "In a fleet's journal: the name of the engine --engine is (its digest is "
-                 "checked against that engine's recorded ones)");
+  o->path_given = app.add_option("journal", o->path, "Journal directory")->required();
+  o->rollout_given = app.add_option("--rollout", o->rollout, "Show the provenance of one rollout");
+  o->trajectories_given =
+      app.add_option("--trajectories", o->trajectories,
+                     "Trajectories JSON-lines file (written by `serve`) to cross-check");
+  o->engine_given =
+      app.add_option("--engine", o->engine,
+                     "Re-score trajectories (from --trajectories, else the journal's) of the "
+                     "version this engine serves (an http:// or https:// URL)");
+  o->fleet_engine_given =
+      app.add_option("--fleet-engine", o->fleet_engine,
+                     "In a fleet's journal: the name of the engine --engine is (its digest is "
+                     "checked against that engine's recorded ones)");
   o->logprob_tolerance =
       app.add_option("--logprob-tolerance,--tolerance", o->logprob_tolerance_typed,
                      "Largest accepted |recorded - re-scored logprob| per output token, in nats: "
@@ -308,6 +328,7 @@ Runner add_audit(CLI::App& app) {
   // Every usage error is refused before the audit runs (before the journal is opened, where the
   // options alone decide it): a verdict is printed whole or not computed.
   return [o]() -> int {
+    if (Status texts = ReadTextOptions(*o); !texts.ok()) return Usage(texts.message());
     if (std::string why = OptionsUsageError(*o); !why.empty()) return Usage(why);
     std::optional<ExpectedHead> expected;
     if (Status read = ReadNumberOptions(*o, expected); !read.ok()) return Usage(read.message());

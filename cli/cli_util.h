@@ -1,20 +1,109 @@
-// Small helpers of the subcommands that must never throw: the file system (error_code overloads)
-// and typed reads of a server's JSON answer (outside input: any shape is a result, never an
-// exception out of a subcommand).
+// Small helpers of the subcommands that must never throw: the file system (error_code overloads),
+// the texts typed on their command lines, and typed reads of a server's JSON answer (outside
+// input: any shape is a result, never an exception out of a subcommand).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <system_error>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "journal/journal.h"
+#include "statemachine/status.h"
+#include "statemachine/text.h"
+#include "statemachine/types.h"
 
 namespace rc::cli {
+
+// What a text option names, and so the rule its text follows.
+enum class TextKind : std::uint8_t {
+  kId,    // a rollout id, label or engine name: the fold's rule for ids
+  kText,  // a source URI: text a client declares, as the fold bounds it
+  kPath,  // a file or directory: any text but the empty one
+  kUrl,   // an HTTP endpoint: http:// or https:// and a host, printable ASCII without spaces
+};
+
+// Whether `text` is http:// or https://, then a host (anything but '/' first), in printable ASCII
+// without spaces: what an HTTP client can be pointed at.
+inline bool IsHttpUrl(std::string_view text) {
+  const bool printable = std::all_of(text.begin(), text.end(), [](char c) {
+    return static_cast<unsigned char>(c) > ' ' && static_cast<unsigned char>(c) < 0x7f;
+  });
+  for (const std::string_view scheme :
+       {std::string_view("http://"), std::string_view("https://")}) {
+    if (text.substr(0, scheme.size()) != scheme) continue;
+    const std::string_view rest = text.substr(scheme.size());
+    return printable && !rest.empty() && rest.front() != '/';
+  }
+  return false;
+}
+
+// Whether `text` follows the rule of `kind`.
+inline bool FitsTextKind(const std::string& text, TextKind kind) {
+  switch (kind) {
+    case TextKind::kId:
+      return !text.empty() && text.size() <= kIdBytesMax && text::printable_utf8(text);
+    case TextKind::kText:
+      return !text.empty() && text.size() <= kTextBytesMax && text::printable_utf8(text);
+    case TextKind::kPath:
+      return !text.empty();
+    case TextKind::kUrl:
+      return IsHttpUrl(text);
+  }
+  return false;
+}
+
+// The rule of `kind`, as a usage error states it.
+inline std::string TextKindRule(TextKind kind) {
+  switch (kind) {
+    case TextKind::kId:
+      return "an id: 1 to " + std::to_string(kIdBytesMax) + " bytes of printable UTF-8";
+    case TextKind::kText:
+      return "1 to " + std::to_string(kTextBytesMax) + " bytes of printable UTF-8";
+    case TextKind::kPath:
+      return "a path (an empty one names nothing)";
+    case TextKind::kUrl:
+      return "an http:// or https:// URL naming a host (printable ASCII, no spaces)";
+  }
+  return "a value of its kind";
+}
+
+// `text` of option `name` against the rule of its kind. CLI11 takes `--opt ''` as the option
+// given with an empty text, which a command must never read as the option left out (an empty
+// `audit --rollout` would audit the whole journal). InvalidArgument "NAME: 'TEXT' is not RULE"
+// otherwise, the text quoted raw: whoever prints the message escapes the whole line, once.
+[[nodiscard]] inline Status CheckTextOption(std::string_view name, const std::string& text,
+                                            TextKind kind) {
+  if (FitsTextKind(text, kind)) return Status::OK();
+  return Status::InvalidArgument(std::string(name) + ": '" + text + "' is not " +
+                                 TextKindRule(kind));
+}
+
+// One text option of a command: its name as its messages show it, the CLI11 option (whether it
+// was given), its text and its kind.
+struct TextOption {
+  std::string_view name;
+  const CLI::Option* option;
+  const std::string* text;
+  TextKind kind;
+};
+
+// The first option given whose text breaks its rule (CheckTextOption); OK when none does. An
+// option left out is not read: its text is the command's default, or "" for none.
+[[nodiscard]] inline Status CheckTextOptions(std::initializer_list<TextOption> options) {
+  for (const TextOption& o : options) {
+    if (o.option->count() > 0) RC_RETURN_IF_ERROR(CheckTextOption(o.name, *o.text, o.kind));
+  }
+  return Status::OK();
+}
 
 // A journal a writer holds is read as the writer has it: its WAL tail and clean-close checks
 // cannot run there, and the report's verdict does not say so. stderr does (stdout keeps the

@@ -17,6 +17,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/fleet_demo.h"
+#include "cli/number_args.h"
 #include "effects/clock.h"
 #include "effects/http/engine_client.h"
 #include "effects/http/engine_control.h"
@@ -230,26 +231,74 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   return ok ? 0 : 1;
 }
 
+// demo's options as typed: each read strictly once given (ReadDemoOptions).
+struct DemoOpts {
+  std::string journal_path = "demo-journal";
+  CLI::Option* journal = nullptr;
+  std::string token_delay_typed;
+  CLI::Option* token_delay = nullptr;
+  std::string fleet_typed;
+  CLI::Option* fleet = nullptr;  // absent without the service (no fleet scenario)
+};
+
+// The numbers the scenario runs with.
+struct DemoArgs {
+  int token_delay_ms = 10;
+  int fleet = 0;  // engines behind serve; 0: the one-engine scenario
+};
+
+constexpr std::uint64_t kTokenDelayMsMax = 1000;
+// Each engine of the fleet scenario is a double in this process, with its own threads.
+constexpr std::uint64_t kFleetDemoEnginesMax = 16;
+
+// A usage error on stderr, one escaped line (it quotes the command line); exit 2, nothing run.
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "rolloutcore demo: %s\n", text::escape_line(why).c_str());
+  return 2;
+}
+
+// The options given, read strictly (cli/number_args.h, cli/cli_util.h): a usage error quoting the
+// text typed otherwise; an option left out keeps its default.
+Status ReadDemoOptions(const DemoOpts& o, DemoArgs& args) {
+  RC_RETURN_IF_ERROR(
+      CheckTextOptions({{"--journal", o.journal, &o.journal_path, TextKind::kPath}}));
+  if (o.token_delay->count() > 0) {
+    const Result<std::uint64_t> ms =
+        ParseWholeNumberOption("--token-delay-ms", o.token_delay_typed, 1, kTokenDelayMsMax);
+    if (!ms.ok()) return ms.status();
+    args.token_delay_ms = static_cast<int>(*ms);
+  }
+  if (o.fleet != nullptr && o.fleet->count() > 0) {
+    const Result<std::uint64_t> engines =
+        ParseWholeNumberOption("--fleet", o.fleet_typed, 2, kFleetDemoEnginesMax);
+    if (!engines.ok()) return engines.status();
+    args.fleet = static_cast<int>(*engines);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Runner add_demo(CLI::App& app) {
-  auto journal_path = std::make_shared<std::string>("demo-journal");
-  auto token_delay_ms = std::make_shared<int>(10);
-  auto fleet = std::make_shared<int>(0);
-  app.add_option("--journal", *journal_path, "Directory for the demo's journal (must be new)");
-  app.add_option("--token-delay-ms", *token_delay_ms, "The double's time per generated token")
-      ->check(CLI::Range(1, 1000));
+  auto o = std::make_shared<DemoOpts>();
+  o->journal = app.add_option("--journal", o->journal_path,
+                              "Directory for the demo's journal (must be new; default "
+                              "demo-journal)");
+  o->token_delay = app.add_option("--token-delay-ms", o->token_delay_typed,
+                                  "The double's time per generated token, 1 to 1000 ms "
+                                  "(default 10)");
 #ifdef RC_CLI_HAVE_SERVICE
-  app.add_option("--fleet", *fleet,
-                 "N engines behind one serve: a rolling update under traffic, then an all update "
-                 "in which one engine is lost (2..16)")
-      ->check(CLI::Range(2, 16));
+  o->fleet = app.add_option("--fleet", o->fleet_typed,
+                            "N engines behind one serve: a rolling update under traffic, then an "
+                            "all update in which one engine is lost (2..16)");
 #endif
-  return [journal_path, token_delay_ms, fleet]() {
+  return [o]() {
+    DemoArgs args;
+    if (Status read = ReadDemoOptions(*o, args); !read.ok()) return Usage(read.message());
 #ifdef RC_CLI_HAVE_SERVICE
-    if (*fleet > 0) return run_fleet_demo(*journal_path, *fleet, *token_delay_ms);
+    if (args.fleet > 0) return run_fleet_demo(o->journal_path, args.fleet, args.token_delay_ms);
 #endif
-    return run_demo(*journal_path, *token_delay_ms);
+    return run_demo(o->journal_path, args.token_delay_ms);
   };
 }
 

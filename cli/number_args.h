@@ -1,4 +1,5 @@
-// Numbers on the command lines of `replay` and `audit`, read strictly. CLI11's own conversion takes
+// Numbers on the command lines of `replay`, `audit`, `demo` and `restore`, read strictly (every
+// command but serve, whose flags are its configuration's). CLI11's own conversion takes
 // "-1" into an unsigned option by wrapping it, clamps a value past the type's range, and accepts
 // "0x10", "+3" and a leading space: the command would then run with a number nobody typed. So each
 // number reaches its command as the text typed and is read here, once: anything but the grammar

@@ -117,7 +117,7 @@ Result<std::uint64_t> UntilSeq(const Opts& o) {
 
 Runner add_replay(CLI::App& app) {
   auto opts = std::make_shared<Opts>();
-  app.add_option("journal", opts->path, "Journal directory")->required();
+  opts->path_given = app.add_option("journal", opts->path, "Journal directory")->required();
   app.add_flag("--json", opts->json, "Print the report as JSON");
   app.add_flag("--events", opts->events, "Print every record before the report");
   opts->until = app.add_option("--until", opts->until_typed,
@@ -126,6 +126,9 @@ Runner add_replay(CLI::App& app) {
                                "report names; without it, the whole journal");
   return [opts]() -> int {
     // A usage error the options alone decide is refused before the journal is opened.
+    const Status path =
+        CheckTextOptions({{"journal", opts->path_given, &opts->path, TextKind::kPath}});
+    if (!path.ok()) return Usage(path.message());
     const Result<std::uint64_t> until_seq = UntilSeq(*opts);
     if (!until_seq.ok()) return Usage(until_seq.status().message());
     journal::Options options;

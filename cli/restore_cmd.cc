@@ -3,6 +3,7 @@
 // outcome. Exit 0: restored (READY); 1: refused or failed (the engine stays TAINTED); 2: bad
 // arguments or no answer.
 #ifdef RC_CLI_HAVE_EFFECTS
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,19 +13,29 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/number_args.h"
 #include "effects/http/engine_client.h"
 #include "statemachine/text.h"
 
 namespace rc::cli {
 namespace {
 
+constexpr std::uint64_t kTimeoutSMax = 86400;
+
+// The options as typed: each read strictly once given (ReadOptions).
 struct Opts {
   std::string url = "http://127.0.0.1:8080";
   std::string label;
   std::string source;
   bool adopt = false;
   std::string restore_id;
-  std::uint64_t timeout_s = 3600;
+  std::string timeout_s_typed;
+  // Whether each was given (an empty text is, and is refused).
+  CLI::Option* url_given = nullptr;
+  CLI::Option* label_given = nullptr;
+  CLI::Option* source_given = nullptr;
+  CLI::Option* restore_id_given = nullptr;
+  CLI::Option* timeout_s_given = nullptr;
 };
 
 std::string Esc(const std::string& s) { return text::escape_line(s); }
@@ -80,17 +91,40 @@ int Report(const effects::HttpReply& reply) {
   return o.outcome == "committed" ? 0 : 1;
 }
 
-int Run(const Opts& o) {
-  if (o.adopt == !o.source.empty()) {
-    std::fprintf(stderr, "restore: give --source URI, or --adopt (not both)\n");
-    return 2;
+// A usage error on stderr, one escaped line (it may quote the command line); exit 2, nothing sent.
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "rolloutcore restore: %s\n", Esc(why).c_str());
+  return 2;
+}
+
+// The options given, read strictly (cli/cli_util.h, cli/number_args.h): a usage error quoting
+// the text typed otherwise. The timeout, in seconds, into `timeout_s` (3600 when left out).
+Status ReadOptions(const Opts& o, std::uint64_t& timeout_s) {
+  RC_RETURN_IF_ERROR(
+      CheckTextOptions({{"--url", o.url_given, &o.url, TextKind::kUrl},
+                        {"--label", o.label_given, &o.label, TextKind::kId},
+                        {"--source", o.source_given, &o.source, TextKind::kText},
+                        {"--restore-id", o.restore_id_given, &o.restore_id, TextKind::kId}}));
+  if (o.adopt == (o.source_given->count() > 0)) {
+    return Status::InvalidArgument("give --source URI, or --adopt (not both)");
   }
+  timeout_s = 3600;
+  if (o.timeout_s_given->count() == 0) return Status::OK();
+  const Result<std::uint64_t> typed =
+      ParseWholeNumberOption("--timeout-s", o.timeout_s_typed, 1, kTimeoutSMax);
+  if (!typed.ok()) return typed.status();
+  timeout_s = *typed;
+  return Status::OK();
+}
+
+int Run(const Opts& o) {
+  std::uint64_t timeout_s = 0;
+  if (Status read = ReadOptions(o, timeout_s); !read.ok()) return Usage(read.message());
   effects::CallOptions call;
-  call.timeout_ms = o.timeout_s * 1000;
+  call.timeout_ms = timeout_s * 1000;  // at most kTimeoutSMax * 1000: no overflow
   call.bearer_token = TokenFromEnvironment();
   if (!call.bearer_token.empty() && !effects::IsBearerToken(call.bearer_token)) {
-    std::fprintf(stderr, "restore: RC_AUTH_TOKEN is not a printable token without spaces\n");
-    return 2;
+    return Usage("RC_AUTH_TOKEN is not a printable token without spaces");
   }
   effects::EngineClient client(o.url);
   return Report(client.PostJson("/v1/restores", RequestBody(o), call));
@@ -100,16 +134,22 @@ int Run(const Opts& o) {
 
 Runner add_restore(CLI::App& app) {
   auto o = std::make_shared<Opts>();
-  app.add_option("--url", o->url, "the executor's trainer API (default http://127.0.0.1:8080)");
-  app.add_option("--label", o->label, "a label committed earlier in the executor's journal")
-      ->required();
-  app.add_option("--source", o->source,
-                 "where that version's weights are (safetensors:/path, as for an update)");
+  o->url_given = app.add_option("--url", o->url,
+                                "the executor's trainer API, an http:// or https:// URL (default "
+                                "http://127.0.0.1:8080)");
+  o->label_given =
+      app.add_option("--label", o->label, "a label committed earlier in the executor's journal")
+          ->required();
+  o->source_given =
+      app.add_option("--source", o->source,
+                     "where that version's weights are (safetensors:/path, as for an update)");
   app.add_flag("--adopt", o->adopt,
                "the engine already holds them (restarted on that checkpoint): label and prove");
-  app.add_option("--restore-id", o->restore_id, "idempotency key (default restore-<label>)");
-  app.add_option("--timeout-s", o->timeout_s, "how long to wait for the outcome (default 3600)")
-      ->check(CLI::Range(1, 86400));
+  o->restore_id_given =
+      app.add_option("--restore-id", o->restore_id, "idempotency key (default restore-<label>)");
+  o->timeout_s_given = app.add_option("--timeout-s", o->timeout_s_typed,
+                                      "how long to wait for the outcome, 1 to 86400 s (default "
+                                      "3600)");
   app.footer(
       "The bearer token of mutating routes is read from RC_AUTH_TOKEN, as `serve` reads it.\n"
       "The engine serves again only if its weight digest, taken while paused, equals the one\n"

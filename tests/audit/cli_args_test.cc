@@ -12,6 +12,7 @@
 #include "journal/journal.h"
 #include "statemachine/text.h"
 #include "tests/audit/cli_journals.h"
+#include "tests/audit/cli_usage.h"
 #include "tests/audit/run_cli.h"
 #include "tests/journal/test_util.h"
 
@@ -19,35 +20,13 @@ namespace rc {
 namespace {
 
 using cli_testing::CliRun;
+using cli_testing::ExpectUsageError;
 using cli_testing::HashOf;
+using cli_testing::kNotWholeNumbers;
 using cli_testing::Lines;
 using cli_testing::RunCli;
 using cli_testing::WriteCleanJournal;
 using journal::testing::TempDir;
-
-// Texts no whole-number option takes: a sign, spaces, another base, a fraction, an exponent, no
-// digits at all, a value past 2^64-1, and a line break (which the message must escape).
-const std::vector<std::string> kNotWholeNumbers = {"-1",
-                                                   "18446744073709551616",
-                                                   "99999999999999999999999",
-                                                   "+3",
-                                                   " 3",
-                                                   "3 ",
-                                                   "0x3",
-                                                   "3e0",
-                                                   "3.0",
-                                                   "three",
-                                                   "",
-                                                   "3\n4"};
-
-// `args` refused as a usage error: exit 2, nothing on stdout, and exactly `line` on stderr.
-void ExpectUsageError(const std::vector<std::string>& args, const std::string& line) {
-  const CliRun out = RunCli(args, /*with_stderr=*/false);
-  EXPECT_EQ(out.exit_code, 2) << text::escape_line(line) << ": " << text::escape_line(out.out);
-  EXPECT_EQ(out.out, "") << text::escape_line(line);
-  const CliRun all = RunCli(args, /*with_stderr=*/true);
-  EXPECT_EQ(all.out, line + "\n") << text::escape_line(all.out);
-}
 
 // `rolloutcore replay`'s refusal of the --until text `typed`.
 std::string UntilRefusal(const std::string& typed) {
@@ -143,6 +122,43 @@ TEST(CliArgs, AuditLogprobToleranceIsReadStrictly) {
     EXPECT_EQ(run.exit_code, 0) << typed << ": " << run.out;
     EXPECT_NE(run.out.find("\naudit: OK\n"), std::string::npos) << typed << ": " << run.out;
   }
+}
+
+// Proves `audit`'s text options and `replay`'s and `audit`'s journal refuse an empty text, and
+// audit's a text that is no value of its kind (a rollout id or engine name past 128 bytes or with
+// a line break, an engine URL without http:// or a host), as a usage error quoting it before the
+// journal is read, while a good one is taken. Catches `--rollout ''`, `--trajectories ''`,
+// `--engine ''` and `--fleet-engine ''` read as the option left out: the whole journal audited,
+// exit 0, as if nobody had asked for a rollout's provenance or an engine's re-scoring.
+TEST(CliArgs, TextOptionsGivenAreNeverReadAsLeftOut) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 1);
+  const std::string id = "' is not an id: 1 to 128 bytes of printable UTF-8";
+  const std::string url =
+      "' is not an http:// or https:// URL naming a host (printable ASCII, no spaces)";
+  const std::string path = "'' is not a path (an empty one names nothing)";
+  const std::string engine = "http://127.0.0.1:1";
+  const std::string long_id(129, 'r');
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"audit", dir.path(), "--rollout", ""}, "audit: --rollout: '" + id},
+      {{"audit", dir.path(), "--rollout", "r0\nr1"}, "audit: --rollout: 'r0\nr1" + id},
+      {{"audit", dir.path(), "--rollout", long_id}, "audit: --rollout: '" + long_id + id},
+      {{"audit", dir.path(), "--trajectories", ""}, "audit: --trajectories: " + path},
+      {{"audit", dir.path(), "--engine", ""}, "audit: --engine: '" + url},
+      {{"audit", dir.path(), "--engine", "127.0.0.1:8000"},
+       "audit: --engine: '127.0.0.1:8000" + url},
+      {{"audit", dir.path(), "--engine", "http://"}, "audit: --engine: 'http://" + url},
+      {{"audit", dir.path(), "--engine", "http://a b"}, "audit: --engine: 'http://a b" + url},
+      {{"audit", dir.path(), "--engine", engine, "--fleet-engine", ""},
+       "audit: --fleet-engine: '" + id},
+      {{"audit", ""}, "audit: journal: " + path},
+      {{"replay", ""}, "replay: journal: " + path}};
+  for (const auto& [args, why] : refused) {
+    ExpectUsageError(args, "rolloutcore " + text::escape_line(why));
+  }
+  const CliRun provenance = RunCli({"audit", dir.path(), "--rollout", "r0"}, true);
+  EXPECT_EQ(provenance.exit_code, 0) << provenance.out;
+  EXPECT_NE(provenance.out.find("\"rollout_id\": \"r0\""), std::string::npos) << provenance.out;
 }
 
 // Proves a command line CLI11 itself refuses for replay or audit (an option without its value or

@@ -1,0 +1,159 @@
+// `rolloutcore demo` and `rolloutcore restore` as child processes: the numbers on their command
+// lines (demo --token-delay-ms and --fleet, restore --timeout-s) are read strictly, their text
+// options given empty (or holding no value of their kind) are refused rather than read as left
+// out, and a command line CLI11 refuses is a usage error as replay's and audit's are: exit 2,
+// nothing on stdout, one escaped line on stderr quoting what was typed. Every refusal comes before
+// anything runs: no double started, no journal created, nothing sent to an executor.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "statemachine/text.h"
+#include "tests/audit/cli_journals.h"
+#include "tests/audit/cli_usage.h"
+#include "tests/audit/run_cli.h"
+#include "tests/journal/test_util.h"
+
+namespace rc {
+namespace {
+
+using cli_testing::CliRun;
+using cli_testing::ExpectUsageError;
+using cli_testing::kNotWholeNumbers;
+using cli_testing::Lines;
+using cli_testing::RunCli;
+using journal::testing::TempDir;
+
+// No executor listens here: a restore sent there is answered by the transport, never by serve.
+constexpr const char* kNoExecutor = "http://127.0.0.1:1";
+
+// `demo ARGS` with its journal in `dir` (which holds a file, so that a demo whose options passed
+// stops at once, refusing to append to it).
+std::vector<std::string> Demo(const TempDir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), {"demo", "--journal", dir.path()});
+  return args;
+}
+
+// `restore ARGS` of an adoption of rc-0 at kNoExecutor.
+std::vector<std::string> Restore(std::vector<std::string> args) {
+  args.insert(args.begin(), {"restore", "--url", kNoExecutor, "--label", "rc-0", "--adopt"});
+  return args;
+}
+
+// A whole-number option's refusal of `typed`: "rolloutcore COMMAND: OPTION: 'TYPED' is not a
+// whole number from MIN to MAX (digits only)".
+std::string NotANumber(const std::string& command, const std::string& option,
+                       const std::string& typed, const std::string& range) {
+  return "rolloutcore " + command + ": " + option + ": '" + text::escape_line(typed) +
+         "' is not a whole number from " + range + " (digits only)";
+}
+
+// Proves demo --token-delay-ms (1 to 1000), demo --fleet (2 to 16) and restore --timeout-s (1 to
+// 86400) refuse every text that is not a whole number in range, as a usage error quoting it (exit
+// 2, nothing on stdout, one escaped line), while leading zeros are digits. Catches CLI11's
+// conversion, which took "1e3", " 5" or "0x10", wrapped or clamped values out of range, and
+// refused the rest with its own exit codes (105, 106) and unescaped text; and a --timeout-s
+// whose milliseconds wrapped past 2^64 into a short deadline.
+TEST(CliOptions, DemoAndRestoreNumbersAreReadStrictly) {
+  TempDir dir;
+  std::ofstream(dir.sub("taken")) << "a file: the demo never appends to a directory holding one\n";
+  std::vector<std::string> not_numbers = kNotWholeNumbers;
+  for (const char* more : {"1e3", "0x10", " 5", "0"}) not_numbers.push_back(more);
+  for (const std::string& typed : not_numbers) {
+    ExpectUsageError(Demo(dir, {"--token-delay-ms", typed}),
+                     NotANumber("demo", "--token-delay-ms", typed, "1 to 1000"));
+    ExpectUsageError(Restore({"--timeout-s", typed}),
+                     NotANumber("restore", "--timeout-s", typed, "1 to 86400"));
+#ifdef RC_TEST_CLI_HAS_FLEET
+    ExpectUsageError(Demo(dir, {"--fleet", typed}),
+                     NotANumber("demo", "--fleet", typed, "2 to 16"));
+#endif
+  }
+  ExpectUsageError(Demo(dir, {"--token-delay-ms", "1001"}),
+                   NotANumber("demo", "--token-delay-ms", "1001", "1 to 1000"));
+  for (const char* typed : {"86401", "9223372036854775808", "18446744073709551615"}) {
+    ExpectUsageError(Restore({"--timeout-s", typed}),
+                     NotANumber("restore", "--timeout-s", typed, "1 to 86400"));
+  }
+#ifdef RC_TEST_CLI_HAS_FLEET
+  for (const char* typed : {"1", "17", "256"}) {
+    ExpectUsageError(Demo(dir, {"--fleet", typed}),
+                     NotANumber("demo", "--fleet", typed, "2 to 16"));
+  }
+#endif
+  // Options that pass: the demo stops at its journal, the restore at the transport.
+  const CliRun demo = RunCli(Demo(dir, {"--token-delay-ms", "0010"}), /*with_stderr=*/true);
+  EXPECT_EQ(demo.exit_code, 2) << demo.out;
+  EXPECT_NE(demo.out.find("already holds a journal"), std::string::npos) << demo.out;
+  const CliRun restore = RunCli(Restore({"--timeout-s", "0002"}), /*with_stderr=*/false);
+  EXPECT_EQ(restore.exit_code, 2) << restore.out;
+  EXPECT_EQ(restore.out.rfind("restore: no answer from the executor: ", 0), 0u) << restore.out;
+}
+
+// Proves demo's and restore's text options given empty (or with no value of their kind: a URL
+// without http:// or a host, a label with a line break) are usage errors quoting the text, never
+// the option left out, and that a restore with both or neither of --source and --adopt is one
+// too. Catches `restore --url ''` aborting on the HTTP client's check, `--restore-id ''` sent as
+// the default restore-<label>, `--adopt --source ''` sent as an adoption, and `demo --journal ''`
+// starting the double before its journal failed to open.
+TEST(CliOptions, DemoAndRestoreTextOptionsAreNeverReadAsLeftOut) {
+  const std::string id = "' is not an id: 1 to 128 bytes of printable UTF-8";
+  const std::string url =
+      "' is not an http:// or https:// URL naming a host (printable ASCII, no spaces)";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"demo", "--journal", ""}, "demo: --journal: '' is not a path (an empty one names nothing)"},
+      {{"restore", "--label", "", "--adopt"}, "restore: --label: '" + id},
+      {{"restore", "--label", "rc\n0", "--adopt"}, "restore: --label: 'rc\n0" + id},
+      {{"restore", "--url", "", "--label", "rc-0", "--adopt"}, "restore: --url: '" + url},
+      {{"restore", "--url", "/", "--label", "rc-0", "--adopt"}, "restore: --url: '/" + url},
+      {{"restore", "--url", "127.0.0.1:8080", "--label", "rc-0", "--adopt"},
+       "restore: --url: '127.0.0.1:8080" + url},
+      {Restore({"--restore-id", ""}), "restore: --restore-id: '" + id},
+      {Restore({"--source", ""}),
+       "restore: --source: '' is not 1 to 4096 bytes of printable UTF-8"},
+      {Restore({"--source", "safetensors:/ckpt"}),
+       "restore: give --source URI, or --adopt (not both)"},
+      {{"restore", "--url", kNoExecutor, "--label", "rc-0"},
+       "restore: give --source URI, or --adopt (not both)"}};
+  for (const auto& [args, why] : refused) {
+    ExpectUsageError(args, "rolloutcore " + text::escape_line(why));
+  }
+}
+
+// Proves a command line CLI11 itself refuses for demo or restore (no --label, an option without
+// its value or given twice, an unknown option holding a line break) exits 2 with nothing on
+// stdout and one escaped line on stderr naming the command, as for replay and audit, while
+// --help still exits 0. Catches CLI11's own exit codes (106, 109, 114) and its raw message, which
+// restore's documented "2: bad arguments" did not hold to.
+TEST(CliOptions, CommandLinesCli11RefusesExitAsUsageErrors) {
+  const std::vector<std::vector<std::string>> refused = {
+      {"restore", "--adopt"},
+      {"restore", "--label", "rc-0", "--adopt", "--timeout-s"},
+      {"restore", "--label", "rc-0", "--label", "rc-1", "--adopt"},
+      {"demo", "--token-delay-ms", "1", "--token-delay-ms", "2"},
+      {"demo", "--bogus\ntimeline: OK"}};
+  for (const std::vector<std::string>& args : refused) {
+    const CliRun out = RunCli(args, /*with_stderr=*/false);
+    EXPECT_EQ(out.exit_code, 2) << text::escape_line(args.back()) << ": " << out.out;
+    EXPECT_EQ(out.out, "") << text::escape_line(args.back());
+    const CliRun all = RunCli(args, /*with_stderr=*/true);
+    const std::vector<std::string> lines = Lines(all.out);
+    ASSERT_EQ(lines.size(), 1u) << text::escape_line(all.out);
+    EXPECT_EQ(lines[0].rfind("rolloutcore " + args[0] + ": ", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find("(rolloutcore " + args[0] + " --help lists its options)"),
+              std::string::npos)
+        << lines[0];
+  }
+  for (const auto& [command, option] : std::vector<std::pair<std::string, std::string>>{
+           {"demo", "--token-delay-ms"}, {"restore", "--timeout-s"}}) {
+    const CliRun help = RunCli({command, "--help"}, /*with_stderr=*/false);
+    EXPECT_EQ(help.exit_code, 0) << help.out;
+    EXPECT_NE(help.out.find(option), std::string::npos) << help.out;
+  }
+}
+
+}  // namespace
+}  // namespace rc
