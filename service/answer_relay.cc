@@ -77,6 +77,8 @@ json ChoiceForTrace(dom::object choice) {
   return out;
 }
 
+// One element for each of the answer's, objects or not: Absorb lets a choice leave its index out
+// only when the array holds exactly one element.
 json ChoicesForTrace(dom::array choices) {
   json out = json::array();
   for (dom::element c : choices) {

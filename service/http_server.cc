@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <condition_variable>
+#include <utility>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -38,7 +39,6 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr std::size_t kReadChunkBytes = 4096;
-constexpr std::uint64_t kLingerMs = 1000;      // after a final answer, until the client's EOF
 constexpr std::uint64_t kAcceptRetryMs = 50;   // after a failed accept
 constexpr std::uint64_t kHangupCheckMs = 200;  // a watch whose buffer is full polls this often
 constexpr std::uint64_t kStopFlushMs = 1000;   // Stop: each loop runs what it queued, at most
@@ -48,15 +48,9 @@ constexpr std::size_t kFramingSlackBytes = 64 << 10;
 // Sockets beyond connections_max a server keeps for refusals (503) and lingering closes, at
 // least.
 constexpr std::size_t kRefusalSocketsMin = 16;
-
-// More than `max` fields in `fields` (counted up to max + 1: each is a node the parser made).
-bool FieldsOver(const bhttp::fields& fields, std::size_t max) {
-  std::size_t n = 0;
-  for (auto it = fields.begin(); it != fields.end(); ++it) {
-    if (++n > max) return true;
-  }
-  return false;
-}
+// Accepting pauses as often as a connection closes and another waits at the socket bound: its
+// warnings are one line per pause, at most one this often.
+constexpr std::uint64_t kAcceptPauseLogIntervalMs = 10000;
 
 std::string_view SplitPath(std::string_view target) {
   const std::size_t q = target.find('?');
@@ -104,6 +98,13 @@ std::string PercentDecode(std::string_view in, bool plus_is_space) {
   }
   RC_CHECK(out.size() <= in.size());
   return out;
+}
+
+// Microseconds since `t` on the steady clock (never negative).
+std::uint64_t UsSince(std::chrono::steady_clock::time_point t) {
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t);
+  return static_cast<std::uint64_t>(std::max<std::int64_t>(0, us.count()));
 }
 
 }  // namespace
@@ -166,7 +167,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadHead();
   void ParseHead();
   void OnHeadBytes(beast::error_code ec, std::size_t n);
-  beast::error_code HeadBound() const;
   void RefuseFields();
   void OnHead(beast::error_code ec, std::size_t);
   void ReadBody();
@@ -229,7 +229,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   BudgetHold body_hold_;  // the body budget the request being read or answered holds
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
-  std::size_t head_bytes_ = 0;  // of the head being read, those its parser consumed
+  std::optional<HeadRead> head_read_;  // the head being read: header_bytes_max, kHeaderFieldsMax
   HttpRequest request_;
   std::uint64_t serial_ = 0;
   bool answered_ = true;  // no exchange open
@@ -283,54 +283,39 @@ void Session::OnFirstBytes(beast::error_code ec, std::size_t n) {
 
 void Session::ReadHead() {
   Arm(Phase::kHead, server_.options().header_timeout_ms);
-  head_bytes_ = 0;
+  head_read_.emplace(server_.options().header_bytes_max);
   ParseHead();
 }
 
-// The head is parsed here read by read rather than by async_read_header: Beast's header_limit
-// counts only the bytes one parse has not consumed (Boost 1.81: the fields a parse takes leave
-// the buffer, and the next parse counts from zero), so a head of many small fields passed any
-// limit. Here every byte the parser consumed counts against header_bytes_max (HeadBound).
+// The head is parsed here read by read rather than by async_read_header, whose header_limit a
+// head of many small fields passed (head_limits.h): every byte the parser consumed counts
+// against header_bytes_max, and its fields against kHeaderFieldsMax.
 void Session::ParseHead() {
   beast::error_code ec;
-  if (buffer_.size() > 0) {
-    const std::size_t used = parser_->put(buffer_.data(), ec);
-    buffer_.consume(used);
-    head_bytes_ += used;
-    if (ec == bhttp::error::need_more) ec = {};
+  switch (head_read_->Parse(*parser_, buffer_, ec)) {
+    case HeadState::kTooManyFields:
+      Disarm();
+      return RefuseFields();
+    case HeadState::kComplete:
+    case HeadState::kFailed:
+      return OnHead(ec, head_read_->bytes());
+    case HeadState::kIncomplete:
+      break;
   }
-  if (!ec) ec = HeadBound();
-  if (!ec && FieldsOver(parser_->get(), kHeaderFieldsMax)) {
-    Disarm();
-    return RefuseFields();
-  }
-  if (ec || parser_->is_header_done()) return OnHead(ec, head_bytes_);
   const std::size_t room = beast::read_size(buffer_, kReadChunkBytes);  // within max_size
-  if (room == 0) return OnHead(bhttp::error::buffer_overflow, head_bytes_);
+  if (room == 0) return OnHead(bhttp::error::buffer_overflow, head_read_->bytes());
   socket_.async_read_some(buffer_.prepare(room),
                           beast::bind_front_handler(&Session::OnHeadBytes, shared_from_this()));
 }
 
 // A read that completed as the deadline expired (the cancel found nothing to cancel) ends the
-// head as a timeout: the next read would have no deadline.
+// head as a timeout: the next read would have no deadline. A head cut by the close is malformed,
+// as in Beast's own read.
 void Session::OnHeadBytes(beast::error_code ec, std::size_t n) {
-  if (Expired(Phase::kHead)) return OnHead(asio::error::operation_aborted, head_bytes_);
-  if (ec == asio::error::eof) {  // as Beast's own read: a head cut by the close is malformed
-    ec = parser_->got_some() ? beast::error_code(bhttp::error::partial_message)
-                             : beast::error_code(bhttp::error::end_of_stream);
-  }
-  if (ec) return OnHead(ec, head_bytes_);
+  if (Expired(Phase::kHead)) return OnHead(asio::error::operation_aborted, head_read_->bytes());
+  if (ec) return OnHead(HeadReadError(ec, parser_->got_some()), head_read_->bytes());
   buffer_.commit(n);
   ParseHead();
-}
-
-// header_limit when the head's bytes pass header_bytes_max: those consumed, and while the head is
-// incomplete every byte still buffered (its end is not among them: the parser would have
-// stopped there).
-beast::error_code Session::HeadBound() const {
-  const std::size_t pending = parser_->is_header_done() ? 0 : buffer_.size();
-  if (head_bytes_ + pending > server_.options().header_bytes_max) return bhttp::error::header_limit;
-  return {};
 }
 
 void Session::RefuseFields() {
@@ -505,13 +490,13 @@ void Session::AfterExchange() {
 // Closing a socket with unread input sends a reset that can destroy the answer before the
 // client read it: half-close, then drain what the client still sends for a bounded time. The
 // connection no longer counts against connections_max, so the bound is on the whole linger,
-// however the client trickles: kLingerMs, then closed.
+// however the client trickles: linger_ms, then closed.
 void Session::Linger() {
   Uncount();
   beast::error_code ignored;
   socket_.shutdown(tcp::socket::shutdown_send, ignored);
   if (closed_ || peer_closed_ || watch_pending_) return Close();
-  Arm(Phase::kIdle, kLingerMs);
+  Arm(Phase::kIdle, server_.options().linger_ms);
   DrainUntilEof();
 }
 
@@ -949,9 +934,11 @@ void HttpServer::RunLoop(std::size_t loop) {
 // process needs (the engine monitor's, the journal's) are never taken by clients.
 void HttpServer::Accept() {
   {
-    std::lock_guard<std::mutex> g(sessions_mu_);
+    std::unique_lock<std::mutex> g(sessions_mu_);
     if (sessions_.size() >= sockets_max_) {
-      accept_paused_ = true;
+      const std::optional<std::uint64_t> unlogged = PauseAccepting();
+      g.unlock();
+      if (unlogged) LogAcceptPause(*unlogged);
       return;
     }
   }
@@ -995,11 +982,46 @@ void HttpServer::AcceptLater() {
   });
 }
 
+// Under sessions_mu_, from Accept, which never runs while paused (none is pending then, and only
+// SessionClosed starts one again). The pauses not logged since the last warning when this pause
+// is to be logged; nullopt when the last warning is too recent.
+std::optional<std::uint64_t> HttpServer::PauseAccepting() {
+  RC_CHECK(!accept_paused_);
+  accept_paused_ = true;
+  counters_.accept_pauses++;
+  paused_since_ = std::chrono::steady_clock::now();
+  if (pause_logged_ && paused_since_ - *pause_logged_ < milliseconds(kAcceptPauseLogIntervalMs)) {
+    pauses_unlogged_++;
+    return std::nullopt;
+  }
+  pause_logged_ = paused_since_;
+  return std::exchange(pauses_unlogged_, 0);
+}
+
+void HttpServer::LogAcceptPause(std::uint64_t unlogged) const {
+  const std::string since =
+      unlogged == 0 ? ""
+                    : " (" + std::to_string(unlogged) + " more pauses since the last such line)";
+  spdlog::warn(
+      "http: accepting paused: {} client sockets are open, the most serve keeps "
+      "(http_connections_max {} and a margin for refusals); new connections wait in the listen "
+      "backlog until one closes (rolloutcore_http_accept_pauses_total){}",
+      sockets_max_, options_.connections_max, since);
+}
+
+HttpServer::AcceptPaused HttpServer::accept_paused() const {
+  std::lock_guard<std::mutex> g(sessions_mu_);
+  AcceptPaused out{paused_us_, accept_paused_};
+  if (accept_paused_) out.paused_us += UsSince(paused_since_);
+  return out;
+}
+
 void HttpServer::SessionClosed(Session* session) {
   std::lock_guard<std::mutex> g(sessions_mu_);
   sessions_.erase(session);
   if (!accept_paused_ || sessions_.size() >= sockets_max_ || stopping_.load()) return;
   accept_paused_ = false;  // one Accept: none is pending while paused
+  paused_us_ += UsSince(paused_since_);
   asio::post(*loops_.front(), [this] {
     if (!stopping_.load() && acceptor_ && acceptor_->is_open()) Accept();
   });

@@ -21,12 +21,13 @@
 // the client does not take within write_timeout_ms closes the connection; connections beyond
 // connections_max are answered 503 and closed; at most SocketsMaxFor(connections_max) client
 // sockets are open at once (counted, refused and lingering ones): beyond it the server stops
-// accepting and connections wait in the listen backlog; a request head is at most
-// header_bytes_max bytes and kHeaderFieldsMax fields, whatever its shape (431); nothing is buffered
-// beyond one response or one streamed chunk per connection.
+// accepting (a pause, counted, timed and logged) and connections wait in the listen backlog; a
+// request head is at most header_bytes_max bytes and kHeaderFieldsMax fields, whatever its shape
+// (431); nothing is buffered beyond one response or one streamed chunk per connection.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,6 +50,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include "service/byte_budget.h"
+#include "service/head_limits.h"  // kHeaderFieldsMax: a request's, its trailer's included
 #include "statemachine/status.h"
 
 namespace rc::service {
@@ -61,12 +63,6 @@ using HttpResponse = bhttp::response<bhttp::string_body>;
 inline const void* EventLoopOf(const boost::asio::any_io_executor& executor) {
   return &boost::asio::query(executor, boost::asio::execution::context);
 }
-
-// Fields of one request, its trailer's included, beyond which it is answered 431 (as Apache's
-// LimitRequestFields and Tomcat's maxHeaderCount). Each field is a node Beast allocates, about 80
-// bytes for a 4-byte "a:\r\n": header_bytes_max alone let a head hold thousands of them, at 20
-// times its size in memory.
-inline constexpr std::size_t kHeaderFieldsMax = 100;
 
 // The client sockets a server with `connections_max` holds open at most: its connections and a
 // margin (an eighth, at least 16) for those it refuses with 503 or that linger after their last
@@ -90,6 +86,8 @@ struct HttpServerOptions {
   std::uint64_t write_timeout_ms = 60000;   // one write the client does not take: closed
   std::size_t blocking_threads = 16;        // threads running blocking routes
   std::size_t blocking_queue_max = 1024;    // blocking calls queued or running; beyond: 503
+  // After a connection's last answer (a refusal's included), until the client's EOF: then closed.
+  std::uint64_t linger_ms = 1000;
 };
 
 struct HttpServerCounters {
@@ -104,6 +102,8 @@ struct HttpServerCounters {
   std::atomic<std::uint64_t> blocking_refused{0};
   std::atomic<std::uint64_t> body_memory_refused{0};  // 503: body_memory_bytes_max taken
   std::atomic<std::int64_t> open_connections{0};
+  // Times accepting paused: SocketsMaxFor(connections_max) client sockets were open.
+  std::atomic<std::uint64_t> accept_pauses{0};
 };
 
 class Session;
@@ -208,6 +208,13 @@ class HttpServer {
   bool Stop(std::uint64_t deadline_ms);
 
   const HttpServerCounters& counters() const { return counters_; }
+  // Accepting paused at the socket bound: how long in all (the pause going on included, so the
+  // figure only grows) and whether it is paused now.
+  struct AcceptPaused {
+    std::uint64_t paused_us = 0;
+    bool now = false;
+  };
+  AcceptPaused accept_paused() const;
   const HttpServerOptions& options() const { return options_; }
   ByteBudget& body_budget() { return body_budget_; }
   // The first event loop (the acceptor's): for work that belongs to no connection.
@@ -225,6 +232,8 @@ class HttpServer {
   void RunLoop(std::size_t loop);
   void Accept();
   void AcceptLater();
+  [[nodiscard]] std::optional<std::uint64_t> PauseAccepting();
+  void LogAcceptPause(std::uint64_t unlogged) const;
   void RunBlocking(const BlockingHandler* handler, std::vector<std::string> captures,
                    Exchange exchange);
   enum class BlockingSlot { kTaken, kStopping, kFull };
@@ -242,9 +251,15 @@ class HttpServer {
   HttpServerCounters counters_;
   ByteBudget body_budget_;  // declared before the sessions and loops: it outlives their holds
   // Before loops_: sessions destroyed with a loop's pending handlers still unregister here.
-  std::mutex sessions_mu_;
+  mutable std::mutex sessions_mu_;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;
   bool accept_paused_ = false;  // under sessions_mu_: no accept pending, sockets_max_ reached
+  // Under sessions_mu_: the pauses' clock, and their warnings' rate (one line per pause, at most
+  // one per kAcceptPauseLogIntervalMs; the line says how many pauses went unlogged before it).
+  std::chrono::steady_clock::time_point paused_since_;
+  std::uint64_t paused_us_ = 0;  // the pauses that ended
+  std::optional<std::chrono::steady_clock::time_point> pause_logged_;
+  std::uint64_t pauses_unlogged_ = 0;
   std::vector<std::unique_ptr<boost::asio::io_context>> loops_;  // one per io thread
   std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guards_;
   std::size_t next_loop_ = 0;  // the acceptor's handler only: the loop of the next connection

@@ -248,7 +248,17 @@ void AppendBodyMemory(std::string& out, const ByteBudget& b) {
               std::to_string(b.used()));
 }
 
-void AppendHttp(std::string& out, const HttpServerCounters& h) {
+void AppendAcceptPaused(std::string& out, const HttpServer::AcceptPaused& paused) {
+  AppendHead(out, "rolloutcore_http_accept_paused_seconds_total", "counter",
+             "time accepting was paused, the pause going on included");
+  AppendSample(out, "rolloutcore_http_accept_paused_seconds_total",
+               FormatDouble(static_cast<double>(paused.paused_us) / 1e6));
+  AppendGauge(out, "rolloutcore_http_accept_paused", "1 while accepting is paused",
+              paused.now ? "1" : "0");
+}
+
+void AppendHttp(std::string& out, const HttpServer& http) {
+  const HttpServerCounters& h = http.counters();
   AppendGauge(out, "rolloutcore_http_open_connections", "client connections open",
               std::to_string(h.open_connections.load()));
   AppendCounters(
@@ -268,7 +278,12 @@ void AppendHttp(std::string& out, const HttpServerCounters& h) {
         "trainer calls refused: the blocking pool's queue was full", h.blocking_refused.load()},
        {"rolloutcore_http_body_memory_refused_total",
         "requests answered 503: the bodies others held took body_memory_bytes_max",
-        h.body_memory_refused.load()}});
+        h.body_memory_refused.load()},
+       {"rolloutcore_http_accept_pauses_total",
+        "times accepting paused: the client sockets serve keeps (http_connections_max and a "
+        "margin for refusals) were all open, new connections waited in the listen backlog",
+        h.accept_pauses.load()}});
+  AppendAcceptPaused(out, http.accept_paused());
 }
 
 void AppendProxyCounters(std::string& out, const ServiceMetrics& m,
@@ -470,7 +485,7 @@ std::string Service::RenderFleetMetrics() const {
   AppendOutcomes(out, f.summed, metrics_);
   AppendServiceCounters(out, metrics_);
   if (http_) {
-    AppendHttp(out, http_->counters());
+    AppendHttp(out, *http_);
     AppendBodyMemory(out, http_->body_budget());
   }
   AppendProxyCounters(out, metrics_, trajectories_.stats());
@@ -500,7 +515,7 @@ std::string Service::RenderMetrics() const {
   AppendEngine(out, probes, s);
   AppendServiceCounters(out, metrics_);
   if (http_) {
-    AppendHttp(out, http_->counters());
+    AppendHttp(out, *http_);
     AppendBodyMemory(out, http_->body_budget());
   }
   AppendProxyCounters(out, metrics_, trajectories_.stats());

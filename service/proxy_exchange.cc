@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 
 #include <boost/asio/bind_executor.hpp>
+#include <boost/beast/core/read_size.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 #include <spdlog/spdlog.h>
@@ -102,6 +103,41 @@ bool Is2xx(unsigned status) { return status >= 200 && status < 300; }
 // mislead it: a 3xx without the Location it needs, a 304 to a request that sent no validator, a
 // code outside HTTP's 100..599; a 2xx reaches here only when it is not the route's answer.
 bool IsRelayedError(unsigned status) { return status >= 400 && status <= 599; }
+
+// Why an engine answer's head was refused: a bound it passed, or what its read or parse met.
+std::string HeadFailure(HeadState state, boost::system::error_code ec) {
+  if (state == HeadState::kTooManyFields) {
+    return "response head has more than " + std::to_string(kHeaderFieldsMax) + " fields";
+  }
+  if (ec == beast::http::error::header_limit) {
+    return "response head exceeds " + std::to_string(kUpstreamHeadBytesMax) + " bytes";
+  }
+  return "response head: " + ec.message();
+}
+
+// A chunked answer's trailer adds fields to its head's: they are bounded together, as a
+// request's are (its text is bounded by the connection's buffer).
+bool TrailerFieldsOver(const beast::http::fields& fields) {
+  return FieldsOver(fields, kHeaderFieldsMax);
+}
+
+std::string TrailerFailure() {
+  return "response has more than " + std::to_string(kHeaderFieldsMax) +
+         " header and trailer fields";
+}
+
+static_assert(kUpstreamHeadBytesMax < kUpstreamBufferBytesMax);
+
+// More of an engine answer's head, read into `conn`'s buffer; `done(ec, n)` runs on `executor`.
+// HeadRead refuses a head once its buffered bytes pass kUpstreamHeadBytesMax, so an incomplete
+// head leaves the buffer room.
+template <class Done>
+void ReadHeadBytes(UpstreamConn& conn, const asio::any_io_executor& executor, Done&& done) {
+  const std::size_t room = beast::read_size(conn.buffer, kUpstreamReadHintBytes);
+  RC_CHECK(room > 0);
+  conn.socket.async_read_some(conn.buffer.prepare(room),
+                              asio::bind_executor(executor, std::forward<Done>(done)));
+}
 
 // The optional boolean `stream`; the optional non-empty `cache_salt`.
 Status ParseStreamAndSalt(const json& body, bool& stream, std::string& salt) {
@@ -216,6 +252,8 @@ Status ProxyExchange::Parse() {
   upstream_body_ = std::move(parsed.value());
   RC_RETURN_IF_ERROR(ParseStreamAndSalt(upstream_body_, stream_, client_salt_));
   if (route_ == ProxyRoute::kGenerate) RC_RETURN_IF_ERROR(CheckGenerateBody(upstream_body_));
+  // Before the admission: an answer whose choices a trace cannot record is never journaled.
+  RC_RETURN_IF_ERROR(CheckRequestChoices(route_, upstream_body_));
   return ParseRolloutId();
 }
 
@@ -410,12 +448,35 @@ void ProxyExchange::OnSent(error_code ec) {
   ReadHead();
 }
 
+// The engine's head is parsed read by read against kUpstreamHeadBytesMax and kHeaderFieldsMax
+// (head_limits.h), as a client's is: async_read_header let a head of many small fields past its
+// byte limit, and kept any number of fields for the whole answer. A head past a bound ends the
+// rollout as the engine's protocol error.
 void ProxyExchange::ReadHead() {
-  beast::http::async_read_header(
-      conn_->socket, conn_->buffer, *parser_,
-      asio::bind_executor(ex_.executor(), [self = shared_from_this()](error_code ec, std::size_t) {
-        self->Next("response head", [&] { self->OnHead(ec); });
-      }));
+  head_read_.emplace(kUpstreamHeadBytesMax);
+  ParseHead();
+}
+
+void ProxyExchange::ParseHead() {
+  error_code ec;
+  const HeadState state = head_read_->Parse(*parser_, conn_->buffer, ec);
+  if (state == HeadState::kComplete) return OnHead({});
+  if (state == HeadState::kIncomplete) {
+    return ReadHeadBytes(*conn_, ex_.executor(),
+                         [self = shared_from_this()](error_code rec, std::size_t n) {
+                           self->Next("response head", [&] { self->OnHeadBytes(rec, n); });
+                         });
+  }
+  if (state == HeadState::kTooManyFields || ec == beast::http::error::header_limit) {
+    return UpstreamFailed(Transport::kOk, HeadFailure(state, ec));
+  }
+  OnHead(ec);
+}
+
+void ProxyExchange::OnHeadBytes(error_code ec, std::size_t n) {
+  if (ec) return OnHead(HeadReadError(ec, parser_->got_some()));
+  conn_->buffer.commit(n);
+  ParseHead();
 }
 
 void ProxyExchange::OnHead(error_code ec) {
@@ -423,7 +484,7 @@ void ProxyExchange::OnHead(error_code ec) {
     const bool silent = conn_reused_ && !parser_->got_some();
     if (RetryAfterFailure(silent)) return;
     return UpstreamFailed(timed_out_ ? Transport::kTimeout : Transport::kBroken,
-                          "response head: " + ec.message());
+                          HeadFailure(HeadState::kFailed, ec));
   }
   // The upstream request never asks for one (no Expect, no Upgrade): an interim 1xx relayed as
   // the answer would leave the client waiting for a final one.
@@ -521,6 +582,7 @@ bool ProxyExchange::RetryAfterFailure(bool reused_and_silent) {
 
 void ProxyExchange::UpstreamDone() {
   RC_CHECK(parser_ && parser_->is_done());
+  if (TrailerFieldsOver(parser_->get())) return UpstreamFailed(Transport::kOk, TrailerFailure());
   deadline_.cancel();
   const unsigned status = parser_->get().result_int();
   const bool keep = parser_->keep_alive();
@@ -1014,16 +1076,26 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
                               });
                             }));
   }
+  // The head read by read, as the proxy's (ProxyExchange::ReadHead).
   void Read() {
-    beast::http::async_read_header(
-        conn_->socket, conn_->buffer, *parser_,
-        asio::bind_executor(ex_.executor(),
-                            [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                              self->Step([&] {
-                                if (ec) return self->Fail("response head: " + ec.message());
-                                self->ReadBody();
-                              });
-                            }));
+    parser_->header_limit(kUpstreamHeadBytesMax);
+    head_read_.emplace(kUpstreamHeadBytesMax);
+    ParseHead();
+  }
+  void ParseHead() {
+    boost::system::error_code ec;
+    const HeadState state = head_read_->Parse(*parser_, conn_->buffer, ec);
+    if (state == HeadState::kComplete) return ReadBody();
+    if (state != HeadState::kIncomplete) return Fail(HeadFailure(state, ec));
+    ReadHeadBytes(*conn_, ex_.executor(),
+                  [self = shared_from_this()](boost::system::error_code rec, std::size_t n) {
+                    self->Step([&] { self->OnHeadBytes(rec, n); });
+                  });
+  }
+  void OnHeadBytes(boost::system::error_code ec, std::size_t n) {
+    if (ec) return Fail(HeadFailure(HeadState::kFailed, HeadReadError(ec, parser_->got_some())));
+    conn_->buffer.commit(n);
+    ParseHead();
   }
   // The answer's body comes out of the server's body budget before it is read: its declared
   // length, or the bound when it declares none.
@@ -1053,6 +1125,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
                             }));
   }
   void Answer() {
+    if (TrailerFieldsOver(parser_->get())) return Fail(TrailerFailure());
     deadline_.cancel();
     auto& msg = parser_->get();
     const unsigned status = msg.result_int();
@@ -1082,6 +1155,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   std::unique_ptr<UpstreamConn> conn_;
   beast::http::request<beast::http::string_body> request_;
   std::optional<beast::http::response_parser<beast::http::string_body>> parser_;
+  std::optional<HeadRead> head_read_;
   BudgetHold body_hold_;
 };
 

@@ -32,6 +32,7 @@
 
 #include "effects/http/response_parsers.h"
 #include "service/byte_budget.h"
+#include "service/head_limits.h"
 #include "service/http_server.h"
 #include "service/proxy_stream.h"
 #include "service/service.h"
@@ -42,6 +43,9 @@ namespace rc::service {
 const char* ProxyRoutePath(ProxyRoute route);
 
 inline constexpr std::size_t kUpstreamReadBytes = 64 << 10;  // one engine read, one client write
+// An engine answer's head: at most this many bytes and kHeaderFieldsMax fields (its trailer's
+// fields counted with them), read by read (head_limits.h); past either the rollout ends as an
+// engine protocol error (502).
 inline constexpr std::size_t kUpstreamHeadBytesMax = 64 << 10;
 inline constexpr std::uint32_t kConnectAttemptsMax = 4;  // connects that never reached the engine
 inline constexpr std::size_t kRolloutIdHeaderBytesMax = kIdBytesMax;  // a journal rollout id
@@ -95,6 +99,8 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void Send();
   void OnSent(error_code ec);
   void ReadHead();
+  void ParseHead();
+  void OnHeadBytes(error_code ec, std::size_t n);
   void OnHead(error_code ec);
   void ReadBody();
   void OnBody(error_code ec);
@@ -152,6 +158,8 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   bool retried_stale_ = false;
   boost::beast::http::request<boost::beast::http::string_body> upstream_request_;
   std::optional<boost::beast::http::response_parser<boost::beast::http::buffer_body>> parser_;
+  // The answer's head while it is read (kUpstreamHeadBytesMax, kHeaderFieldsMax).
+  std::optional<HeadRead> head_read_;
   std::unique_ptr<char[]> read_buf_;  // kUpstreamReadBytes, allocated (not zeroed) on first read
   std::string body_;                  // non-streamed (or error) body, bounded
   BudgetHold body_hold_;              // body_'s bytes, taken from the server's body budget

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "service/http_util.h"
 #include "statemachine/status.h"
@@ -12,12 +13,13 @@
 namespace rc::service {
 namespace {
 
-// A choice's index: absent, the one choice of a one-choice answer (0); present, an integer in
-// [0, kRequestChoicesMax), else nullopt. Any mapping of another value files tokens under a
-// choice the engine did not send (2^64-1 read as int64 was choice -1, "x" was choice 0).
-std::optional<std::int64_t> ChoiceIndex(const json& choice) {
+// A choice's index: absent, choice 0 when it is the document's only choice (`choices` its
+// choices array's length); present, an integer in [0, kRequestChoicesMax), else nullopt. Any
+// mapping of another value files tokens under a choice the engine did not send (2^64-1 read as
+// int64 was choice -1, "x" was choice 0, an unnumbered second choice was appended to choice 0).
+std::optional<std::int64_t> ChoiceIndex(const json& choice, std::size_t choices) {
   const auto at = choice.find("index");
-  if (at == choice.end()) return 0;
+  if (at == choice.end()) return choices == 1 ? std::optional<std::int64_t>(0) : std::nullopt;
   if (!at->is_number_integer()) return std::nullopt;
   const bool in_range =
       at->is_number_unsigned()
@@ -47,10 +49,53 @@ std::optional<std::int32_t> ExactTokenId(const json& id) {
   return ExactTokenId(id.get<std::int64_t>());
 }
 
-// A logprob the journal's float holds as the number the line holds (a plain conversion past
-// float's range would be undefined, a clamped one an infinity in the journal only).
+// A logprob the journal's float can hold (a plain conversion past float's range would be
+// undefined, a clamped one an infinity in the journal only).
 bool WithinFloat(double v) {
   return std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max();
+}
+
+// The choice indexes one document (a completion, or one streamed chunk) has named. Within one
+// document each choice comes once: a repeated index would append another choice's tokens to the
+// first's. Across a stream's chunks an index comes again and again; each chunk is its own
+// document. Valid indexes are below kRequestChoicesMax, so the set is a bitmap of that many bits,
+// made only for a document of more than one choice.
+class IndexesSeen {
+ public:
+  explicit IndexesSeen(std::size_t choices) {
+    if (choices > 1) seen_.resize(kRequestChoicesMax);
+  }
+  // False when `index` came before in this document.
+  bool First(std::int64_t index) {
+    RC_CHECK(index >= 0 && static_cast<std::uint64_t>(index) < kRequestChoicesMax);
+    if (seen_.empty()) return true;  // the document's only choice
+    const auto at = static_cast<std::size_t>(index);
+    if (seen_[at]) return false;
+    seen_[at] = true;
+    return true;
+  }
+
+ private:
+  std::vector<bool> seen_;
+};
+
+// `choice`'s index within its document of `choices` choices: nullopt when it is no choice
+// (ChoiceIndex) or one the document named before.
+std::optional<std::int64_t> DocumentIndex(const json& choice, std::size_t choices,
+                                          IndexesSeen& seen) {
+  const std::optional<std::int64_t> index = ChoiceIndex(choice, choices);
+  if (!index || !seen.First(*index)) return std::nullopt;
+  return index;
+}
+
+// A logprob as the journal's float holds it, so that the trajectory line prints the very figure
+// the journal records (the engine's -0.1 is -0.10000000149011612 in both, 1e-50 is 0 in both).
+// Within float's range (WithinFloat), the conversion rounds to the nearest float.
+json AsJournaled(const json& logprob) {
+  if (!logprob.is_number()) return logprob;
+  const double v = logprob.get<double>();
+  RC_CHECK(WithinFloat(v));
+  return json(static_cast<double>(static_cast<float>(v)));
 }
 
 // A choice's output token ids: its own, or (chat streams) those of its delta; nullptr if none.
@@ -79,8 +124,9 @@ void Trajectory::Absorb(const json& doc) {
   TakeUsage(doc);
   auto cs = doc.find("choices");
   if (cs == doc.end() || !cs->is_array()) return;
+  IndexesSeen seen(cs->size());
   for (const json& c : *cs) {
-    if (c.is_object()) TakeChoice(c);
+    if (c.is_object()) TakeChoice(c, DocumentIndex(c, cs->size(), seen));
   }
   RC_CHECK(entries <= kTrajectoryEntriesMax);
 }
@@ -145,11 +191,11 @@ std::uint32_t Trajectory::completion_count() const {
   return static_cast<std::uint32_t>(n);
 }
 
-// A choice whose index is no choice is not kept: its tokens belong to no choice of the answer.
-void Trajectory::TakeChoice(const json& choice) {
+// A choice whose index is no choice (or repeats one of its document) is not kept: its tokens
+// belong to no choice of the answer that the trace could name.
+void Trajectory::TakeChoice(const json& choice, std::optional<std::int64_t> index) {
   RC_CHECK(choice.is_object());
   TakePrompt(choice);
-  const std::optional<std::int64_t> index = ChoiceIndex(choice);
   if (!index) {
     truncated = bad_index = true;
     return;
@@ -216,7 +262,8 @@ void Trajectory::TakeLogprobs(const json& choice, ChoiceTrace& trace) {
 }
 
 // A number past float's range is cut like an id past int32: the journal would hold an infinity
-// where the line holds the number. False once the choice is cut.
+// where the line holds the number. One within it is kept as the journal's float holds it
+// (AsJournaled). False once the choice is cut.
 bool Trajectory::TakeLogprob(const json& logprob, ChoiceTrace& trace) {
   RC_CHECK(logprob.is_null() || logprob.is_number());
   if (!TakeEntry()) {
@@ -227,7 +274,7 @@ bool Trajectory::TakeLogprob(const json& logprob, ChoiceTrace& trace) {
     truncated = trace.cut = true;
     return false;
   }
-  trace.logprobs.push_back(logprob);
+  trace.logprobs.push_back(AsJournaled(logprob));
   return true;
 }
 
@@ -423,6 +470,54 @@ std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk,
   json out = chunk;
   StripAdded(out, added);
   return "data: " + DumpSafe(out) + "\n\n";
+}
+
+namespace {
+
+// The prompts a completion's `key` (`prompt` or `prompt_embeds`) holds as vLLM counts them: a
+// list of integers is one prompt of token ids, any other list as many prompts as it has items
+// (strings, token-id lists, embeddings; a mixed list, which vLLM refuses, counts high), anything
+// else one, absent or null none.
+std::uint64_t PromptsIn(const json& body, const char* key) {
+  const auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return 0;
+  if (!it->is_array()) return 1;
+  const bool token_ids =
+      std::all_of(it->begin(), it->end(), [](const json& x) { return x.is_number_integer(); });
+  return token_ids ? 1 : it->size();
+}
+
+// The choices vLLM may number for one prompt: the larger of `n` and `best_of` in `params`, each
+// absent or null (1) or an integer in 1..kRequestChoicesMax; `where` prefixes the field's name.
+Result<std::uint64_t> ChoicesPerPrompt(const json& params, const std::string& where) {
+  constexpr auto kMax = static_cast<std::int64_t>(kRequestChoicesMax);
+  const Result<std::int64_t> n = GetInt(params, "n", 1, 1, kMax, where);
+  if (!n.ok()) return n.status();
+  const Result<std::int64_t> best_of = GetInt(params, "best_of", 1, 1, kMax, where);
+  if (!best_of.ok()) return best_of.status();
+  return static_cast<std::uint64_t>(std::max(*n, *best_of));
+}
+
+}  // namespace
+
+Status CheckRequestChoices(ProxyRoute route, const json& body) {
+  RC_CHECK(body.is_object());
+  if (route == ProxyRoute::kGenerate) {
+    const auto sp = body.find("sampling_params");
+    if (sp == body.end() || !sp->is_object()) return Status::OK();  // no n: one choice
+    return ChoicesPerPrompt(*sp, "sampling_params.").status();
+  }
+  const Result<std::uint64_t> per_prompt = ChoicesPerPrompt(body, "");
+  if (!per_prompt.ok() || route != ProxyRoute::kCompletions) return per_prompt.status();
+  RC_CHECK(*per_prompt >= 1 && *per_prompt <= kRequestChoicesMax);
+  const std::uint64_t prompts =
+      std::max<std::uint64_t>(1, PromptsIn(body, "prompt") + PromptsIn(body, "prompt_embeds"));
+  if (prompts <= kRequestChoicesMax / *per_prompt) return Status::OK();  // no product overflows
+  return Status::InvalidArgument(
+      "the request asks for " + std::to_string(prompts) + " x " + std::to_string(*per_prompt) +
+      " choices (its prompts times the larger of 'n' and 'best_of'), more than the " +
+      std::to_string(kRequestChoicesMax) +
+      " a request's trace can record (vLLM numbers choice i of prompt p as p * n + i)");
 }
 
 }  // namespace rc::service

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "statemachine/events.h"
+#include "statemachine/status.h"
 
 namespace rc::service {
 
@@ -44,29 +45,43 @@ inline constexpr std::size_t kTrajectoryEntriesMax = std::size_t{1} << 20;  // p
 inline constexpr std::size_t kTrajectoryChoicesMax = 1024;  // choice indexes per rollout
 inline constexpr std::size_t kFinishReasonBytesMax = 64;    // a longer one is not kept
 // The most choices one request may ask for: vLLM numbers a completion's choices
-// prompt * n + i, so this bounds a request's prompts times its `n`. A choice index is an integer
-// in [0, kRequestChoicesMax); anything else in its place is no choice a request asks for, and the
-// trace is untrusted rather than filed under another index (a request that asked for more is
-// served, its trace untrusted). Between kTrajectoryChoicesMax and it, an index is a real choice
-// that is not kept (a cut in another choice: choice 0 is still journaled).
+// prompt * n + i, so this bounds a request's prompts times its `n` (CheckRequestChoices refuses a
+// request that asks for more before it is admitted). A choice index is an integer in
+// [0, kRequestChoicesMax); anything else in its place is no choice the request asked for, and the
+// trace is untrusted rather than filed under another index. Between kTrajectoryChoicesMax and it,
+// an index is a real choice that is not kept (a cut in another choice: choice 0 is still
+// journaled).
 inline constexpr std::uint64_t kRequestChoicesMax = std::uint64_t{1} << 16;
 static_assert(kTrajectoryChoicesMax <= kRequestChoicesMax);
+// The choices a proxied request asks for, read before it is admitted, so that every index its
+// answer may carry is one a trace records: `n` and vLLM's `best_of` (on /inference/v1/generate,
+// `sampling_params.n` and `sampling_params.best_of`), each absent, null or an integer in
+// 1..kRequestChoicesMax; on /v1/completions times the prompts the request holds (a list of
+// strings or of token-id lists is that many prompts, a string or one list of token ids one, and
+// `prompt_embeds` add theirs), since vLLM numbers choice i of prompt p as p * n + i, and with
+// best_of an index reaches best_of - 1. InvalidArgument naming the field (a 400, nothing
+// journaled) for any other value, or for more than kRequestChoicesMax choices in all.
+[[nodiscard]] Status CheckRequestChoices(ProxyRoute route, const json& body);
+
 // Journal records one trajectory becomes, at most.
 inline constexpr std::size_t kTrajectoryPartsMax =
     kTrajectoryEntriesMax / kTrajectoryTokensPerRecordMax + 1;
 
 struct ChoiceTrace {
   std::vector<std::int64_t> token_ids;
-  json logprobs = json::array();  // one number (or null) per output token
+  // One number (or null) per output token: the engine's logprob rounded to the nearest float.
+  json logprobs = json::array();
   std::string finish_reason;
   bool cut = false;  // token ids or logprobs of this choice were offered and not kept
 };
 
 // Every number a trace keeps is one the journal's fields hold exactly, so the journal and the
-// trajectory line record the same figures: token ids within int32, logprobs within float's
-// range, counts within uint32. An engine's number outside them cuts the trace where it stands
-// (as a token id that is no integer does); one that contradicts the rest of the answer (a choice
-// index that is no choice, a usage count below the token ids sent) makes it untrusted.
+// trajectory line record the same figures: token ids within int32, counts within uint32, and
+// logprobs within float's range, kept as the journal's float holds them (the engine's double
+// rounded to the nearest float: -0.1 is -0.10000000149011612 in both records, 1e-50 is 0 in
+// both). An engine's number outside them cuts the trace where it stands (as a token id that is no
+// integer does); one that contradicts the rest of the answer (a choice index that is no choice, a
+// usage count below the token ids sent) makes it untrusted.
 struct Trajectory {
   json prompt_token_ids;                        // null until seen; int32 ids only
   std::map<std::int64_t, ChoiceTrace> choices;  // indexes in [0, kRequestChoicesMax)
@@ -74,11 +89,16 @@ struct Trajectory {
   std::size_t entries = 0;  // token ids and logprobs kept, at most kTrajectoryEntriesMax
   bool truncated = false;   // more were offered than kept, anywhere
   bool prompt_cut = false;  // the prompt's token ids were offered and not kept
-  bool bad_index = false;   // a choice came with an index that is no choice (nothing of it kept)
+  // A choice came with an index that is no choice (nothing of it kept): out of range or not an
+  // integer, absent beside other choices, or repeated within one document.
+  bool bad_index = false;
 
   // Takes what one engine document (a completion, or one streamed chunk) tells: the prompt's
   // token ids, the usage, and per choice its token ids, logprobs and finish reason. Outside
-  // text: anything of another shape is ignored.
+  // text: anything of another shape is ignored. Within one document each choice comes once, under
+  // its own index; only a document whose choices array holds exactly one element may leave the
+  // index out (choice 0). A stream's chunks name an index again and again, each chunk its own
+  // document.
   void Absorb(const json& doc);
 
   // The counts the journal's RolloutFinished and the trajectory line both record: the engine's
@@ -102,7 +122,8 @@ struct Trajectory {
   std::uint64_t output_ids() const;
   void TakePrompt(const json& obj);
   void TakeUsage(const json& doc);
-  void TakeChoice(const json& choice);
+  // `index`: the choice's index within its document, nullopt when it is no choice (bad_index).
+  void TakeChoice(const json& choice, std::optional<std::int64_t> index);
   ChoiceTrace* ChoiceOf(std::int64_t index);
   void TakeTokenIds(const json& ids, ChoiceTrace& trace);
   void TakeLogprobs(const json& choice, ChoiceTrace& trace);

@@ -6,10 +6,16 @@
 //
 // Input: one flags byte (strip token ids, strip usage, strip logprobs, chunking), then the
 // engine's SSE bytes.
-// The bytes go through the engine client's own SSE splitter (SseState), then PassChunk.
+// The bytes go through the engine client's own SSE splitter (SseState), then PassChunk. The same
+// bytes, and each event's JSON, are also read as a client's request body by CheckRequestChoices
+// on every route: it never throws, and what it lets through asks for at most kRequestChoicesMax
+// choices (`n` and `best_of` each absent, null or an integer in 1..kRequestChoicesMax; a list of
+// string prompts times the larger of them within the bound). A chunk with a choice that has no
+// "index" beside other choices leaves the trace untrusted.
 //
 // Regression: a chunk whose "choices" held an object without an "index" made Trajectory::Absorb
 // read a missing key of a const json and abort (tests/fuzz/regressions/).
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +51,59 @@ bool mentions_added(const json& doc, const svc::AddedFields& added) {
   return false;
 }
 
+// A chunk whose choices array holds an object without "index" beside another element: that
+// choice is no choice the trace can name (it must not be filed as choice 0).
+bool UnnumberedBesideOthers(const json& chunk) {
+  if (!chunk.is_object()) return false;
+  const auto cs = chunk.find("choices");
+  if (cs == chunk.end() || !cs->is_array() || cs->size() < 2) return false;
+  return std::any_of(cs->begin(), cs->end(),
+                     [](const json& c) { return c.is_object() && !c.contains("index"); });
+}
+
+// The larger of `n` and `best_of` in `params`, each absent or null (1) or an integer in
+// 1..kRequestChoicesMax; 0 when either is anything else. Written out apart from the check under
+// test.
+std::uint64_t ChoicesPerPromptOf(const json& params) {
+  std::uint64_t most = 1;
+  for (const char* key : {"n", "best_of"}) {
+    const auto it = params.find(key);
+    if (it == params.end() || it->is_null()) continue;
+    if (!it->is_number_integer()) return 0;
+    if (!it->is_number_unsigned() && it->get<std::int64_t>() < 1) return 0;
+    const auto v = it->get<std::uint64_t>();
+    if (v < 1 || v > svc::kRequestChoicesMax) return 0;
+    most = std::max(most, v);
+  }
+  return most;
+}
+
+// CheckRequestChoices on `body` as each route's request: never throws (an exception aborts the
+// target), its refusal is one line, and what it lets through asks for choices a trace records.
+void CheckChoicesOf(const json& body) {
+  if (!body.is_object()) return;
+  for (const svc::ProxyRoute route :
+       {svc::ProxyRoute::kCompletions, svc::ProxyRoute::kChat, svc::ProxyRoute::kGenerate}) {
+    const rc::Status st = svc::CheckRequestChoices(route, body);
+    FUZZ_CHECK(st.message().find_first_of("\r\n") == std::string::npos);
+    std::uint64_t per_prompt = ChoicesPerPromptOf(body);
+    if (route == svc::ProxyRoute::kGenerate) {
+      const auto sp = body.find("sampling_params");
+      per_prompt = sp != body.end() && sp->is_object() ? ChoicesPerPromptOf(*sp) : 1;
+    }
+    if (route != svc::ProxyRoute::kCompletions) {
+      FUZZ_CHECK(st.ok() == (per_prompt != 0));
+      continue;
+    }
+    if (per_prompt == 0) FUZZ_CHECK(!st.ok());
+    const auto prompt = body.find("prompt");
+    if (!st.ok() || prompt == body.end() || !prompt->is_array() || prompt->empty()) continue;
+    const bool strings =
+        std::all_of(prompt->begin(), prompt->end(), [](const json& p) { return p.is_string(); });
+    if (strings) FUZZ_CHECK(prompt->size() * per_prompt <= svc::kRequestChoicesMax);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -60,8 +119,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string client;             // what the client receives
   std::vector<std::string> sent;  // each event's JSON text
   std::size_t skipped = 0;
+  CheckChoicesOf(rc::effects::parse_outside_json(raw));
   rc::effects::EngineClient::ChunkFn on_chunk = [&](const json& chunk) {
+    CheckChoicesOf(chunk);
     const std::optional<std::string> event = svc::PassChunk(trace, chunk, added);
+    if (UnnumberedBesideOthers(chunk)) FUZZ_CHECK(trace.bad_index && !trace.Trusted());
     if (!event) {
       ++skipped;
       FUZZ_CHECK(added.usage && chunk.is_object() && chunk.contains("usage"));

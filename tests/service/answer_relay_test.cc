@@ -45,6 +45,12 @@ const std::vector<std::string>& Answers() {
       R"({"choices":[{"index":0,"token_ids":[18446744073709551615],"logprobs":null}]})",
       R"({})",
       R"({"a\"b\\c\u0001":"\ud83d\ude00","choices":[]})",
+      // Choices filed under no index of their own, and logprobs no float holds exactly.
+      R"({"prompt_token_ids":[1,2],"choices":[{"token_ids":[7,8]},{"token_ids":[9]}],
+          "usage":{"prompt_tokens":2,"completion_tokens":3}})",
+      R"({"choices":[{"index":0,"token_ids":[7,8]},{"index":0,"token_ids":[9]},null,
+          {"index":1,"index":0,"token_ids":[10]}]})",
+      R"({"choices":[{"token_ids":[7],"logprobs":{"token_logprobs":[-0.1,1e-50,-3]}}]})",
   };
   return answers;
 }
@@ -99,6 +105,32 @@ TEST(AnswerRelay, SameTraceAndSameClientDocumentAsTheNlohmannPath) {
       EXPECT_EQ(json::parse(*out), doc);
     }
   }
+}
+
+// Proves the simdjson path files choices as Absorb does, not merely alike: a choice without an
+// index beside another, or an index repeated within the answer (a key given twice counting as its
+// last), makes the trace untrusted and keeps nothing of the repeat, and a one-choice answer
+// without an index is choice 0. Catches the fast path merging [7, 8] and [9] into one trusted
+// choice 0 (both paths wrong alike would pass the comparison above).
+TEST(AnswerRelay, AChoiceWithoutAnIndexOfItsOwnIsUntrustedOnTheFastPath) {
+  for (const char* text :
+       {R"({"prompt_token_ids":[1,2],"choices":[{"token_ids":[7,8]},{"token_ids":[9]}],)"
+        R"("usage":{"prompt_tokens":2,"completion_tokens":3}})",
+        R"({"choices":[{"index":0,"token_ids":[7,8]},{"index":1,"index":0,"token_ids":[9]}]})"}) {
+    SCOPED_TRACE(text);
+    Trajectory t;
+    ASSERT_TRUE(RelayAnswer(text, t, AddedFields{.token_ids = true}).has_value());
+    EXPECT_TRUE(t.bad_index);
+    EXPECT_FALSE(t.Trusted());
+    EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty());
+    if (t.choices.contains(0)) {
+      EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{7, 8}));
+    }
+  }
+  Trajectory one;
+  ASSERT_TRUE(RelayAnswer(R"({"choices":[{"token_ids":[7,8]}]})", one, AddedFields{}));
+  EXPECT_TRUE(one.Trusted());
+  EXPECT_EQ(one.choices.at(0).token_ids, (std::vector<std::int64_t>{7, 8}));
 }
 
 // Proves the client's document keeps the engine's key order and leaves out exactly the added

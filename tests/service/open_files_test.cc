@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -52,6 +53,14 @@ bool Eventually(const std::function<bool()>& done, int timeout_ms) {
   return done();
 }
 
+// The value of the sample `name` (a metric without labels) in /metrics text; -1 when absent.
+double MetricValue(const std::string& metrics, const std::string& name) {
+  const std::string at_line_start = "\n" + name + " ";
+  const std::size_t at = metrics.find(at_line_start);
+  if (at == std::string::npos) return -1;
+  return std::strtod(metrics.c_str() + at + at_line_start.size(), nullptr);
+}
+
 // The test's own descriptors: the idle clients and the double's connections need more than a
 // default soft limit may give.
 void RaiseOwnOpenFileLimit() {
@@ -62,11 +71,13 @@ void RaiseOwnOpenFileLimit() {
   ASSERT_GE(lim.rlim_cur, static_cast<rlim_t>(kIdleClients + 256));
 }
 
-// Proves serve started with 200 open files fits http_connections_max to them (and says so), and
+// Proves serve started with 480 open files fits http_connections_max to them (and says so), and
 // that 260 idle clients held open against it (idle_timeout 60 s) never starve the engine monitor
-// (no "engine unreachable" journaled, /readyz 200, no accept failing for want of descriptors).
-// Catches the reported failure: the default limit of 4096 connections kept with a warning,
-// clients taking every descriptor, and the monitor journaling the engine unreachable.
+// (no "engine unreachable" journaled, /readyz 200, no accept failing for want of descriptors),
+// while the accept pause they cause is told: a warning, /metrics counting the pauses and the
+// seconds paused, and showing accepting resumed once they left. Catches the reported failure:
+// the default limit of 4096 connections kept with a warning, clients taking every descriptor,
+// and the monitor journaling the engine unreachable; and a pause no operator can see.
 TEST(OpenFiles, IdleClientsNeverStarveTheEngineMonitor) {
   RaiseOwnOpenFileLimit();
   fixtures::VllmDoubleOptions eo;
@@ -108,9 +119,14 @@ TEST(OpenFiles, IdleClientsNeverStarveTheEngineMonitor) {
   ASSERT_TRUE(metrics && metrics->status == 200);
   EXPECT_NE(metrics->body.find("rolloutcore_http_accept_errors_total 0\n"), std::string::npos)
       << "an accept failed for want of descriptors";
+  EXPECT_GE(MetricValue(metrics->body, "rolloutcore_http_accept_pauses_total"), 1) << during;
+  EXPECT_GT(MetricValue(metrics->body, "rolloutcore_http_accept_paused_seconds_total"), 0.5);
+  EXPECT_EQ(MetricValue(metrics->body, "rolloutcore_http_accept_paused"), 0)
+      << "accepting still paused once the idle clients left";
   serve.Signal(SIGTERM);
   EXPECT_EQ(serve.Wait(std::chrono::seconds(30)), 0) << serve.Output();
   EXPECT_EQ(serve.Output().find("engine unreachable"), std::string::npos) << serve.Output();
+  EXPECT_NE(serve.Output().find("http: accepting paused"), std::string::npos) << serve.Output();
   engine.Stop();
   fs::remove_all(dir);
 }

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -17,6 +18,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -303,6 +306,68 @@ TEST(ProxyText, AParsedBodyIsHeldAgainstTheBodyBudget) {
       c.Post("/v1/completions", R"({"prompt":)" + ids + R"(,"max_tokens":2})", "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body.substr(0, 300);
+}
+
+// Proves a proxied request asking for more choices than one trace records is refused 400 before
+// its admission, on each route that takes `n`: `n` or `best_of` past 65536, a list of prompts
+// (strings, token-id lists, embeddings) times them past it, and either one that is no integer
+// >= 1. Each refusal is one line in the OpenAI error shape naming the field, journals nothing and
+// admits nothing; exactly 65536 choices is still admitted (the double then refuses n > 1 itself),
+// and n 1 is served. Catches such a request admitted (a durable RolloutAdmitted) and only its
+// answer's trace going wrong.
+TEST(ProxyText, MoreChoicesThanATraceRecordsAreRefusedBeforeAdmission) {
+  Stack s;
+  auto c = s.client();
+  std::string prompts = "[\"a\"";
+  for (int i = 0; i < 65536; ++i) prompts += ",\"a\"";
+  prompts += "]";  // 65537 prompts
+  const std::string chat = R"({"messages":[{"role":"user","content":"a"}],)";
+  const std::vector<std::tuple<std::string, std::string, std::string>> refused = {
+      {"/v1/completions", R"({"prompt":"a","n":65537})", "'n' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","best_of":65537})", "'best_of' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","n":0})", "'n' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","n":-3})", "'n' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","n":1.5})", "'n' must be an integer"},
+      {"/v1/completions", R"({"prompt":"a","n":"2"})", "'n' must be an integer"},
+      {"/v1/completions", R"({"prompt":"a","n":18446744073709551617})", "'n' must be an integer"},
+      {"/v1/completions", R"({"prompt":["a","b"],"n":32769})", "asks for 2 x 32769 choices"},
+      {"/v1/completions", R"({"prompt":[[1,2],[3]],"best_of":32769})", "asks for 2 x 32769"},
+      {"/v1/completions", R"({"prompt":"a","prompt_embeds":["e","f"],"n":21846})",
+       "asks for 3 x 21846"},
+      {"/v1/completions", R"({"prompt":)" + prompts + "}", "asks for 65537 x 1 choices"},
+      {"/v1/chat/completions", chat + R"("n":65537})", "'n' must be in 1..65536"},
+      {"/v1/chat/completions", chat + R"("n":true})", "'n' must be an integer"},
+      {"/inference/v1/generate", R"({"token_ids":[1,2],"sampling_params":{"n":65537}})",
+       "'sampling_params.n' must be in 1..65536"},
+      {"/inference/v1/generate", R"({"token_ids":[1,2],"sampling_params":{"best_of":0}})",
+       "'sampling_params.best_of' must be in 1..65536"}};
+  const std::uint64_t head = s.svc->journal().head_seq();
+  const std::uint64_t bad_before = s.svc->metrics().bad_requests.load();
+  for (const auto& [route, body, why] : refused) {
+    auto r = c.Post(route, body, "application/json");
+    ASSERT_TRUE(r) << route << " " << body.substr(0, 100);
+    EXPECT_EQ(r->status, 400) << route << " " << body.substr(0, 100) << ": " << r->body;
+    EXPECT_EQ(r->body.find('\n'), std::string::npos) << r->body;
+    const json doc = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(doc.is_object() && doc.contains("error")) << r->body;
+    const json& error = doc["error"];
+    EXPECT_EQ(error.value("code", 0), 400) << r->body;
+    EXPECT_NE(error.value("message", "").find(why), std::string::npos) << why << ": " << r->body;
+  }
+  EXPECT_EQ(s.svc->journal().head_seq(), head) << "a refused request reached the journal";
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 0u);
+  EXPECT_EQ(s.svc->metrics().bad_requests.load(), bad_before + refused.size());
+
+  for (const char* at_bound : {R"({"prompt":"a","max_tokens":2,"n":65536})",
+                               R"({"prompt":["a","b"],"max_tokens":2,"best_of":32768})"}) {
+    auto r = c.Post("/v1/completions", at_bound, "application/json");
+    ASSERT_TRUE(r) << at_bound;
+    EXPECT_EQ(r->body.find("65536"), std::string::npos) << at_bound << ": " << r->body;
+  }
+  EXPECT_EQ(s.svc->metrics().admissions.load(), 2u) << "65536 choices are a trace's own";
+  auto ok = c.Post("/v1/completions", R"({"prompt":"a","max_tokens":2,"n":1})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
 // Proves a streamed rollout's trace is held against the body budget as it grows: a generation
@@ -649,6 +714,93 @@ TEST(ProxyEngineStatus, OnlyEngineErrorsArePassedOnAndAnyOtherStatusIsA502) {
     EXPECT_EQ(models->status, status) << models->body;
   }
   EXPECT_EQ(s.svc->metrics().proxy_in_flight.load(), 0);
+}
+
+// The engine answers 200 with `fields` ("Name: value" pairs) in its head beside its own, and
+// `body` as `type`.
+stack::ScriptedEngine::Script AnswerWithFields(
+    std::vector<std::pair<std::string, std::string>> fields, std::string body, std::string type) {
+  return [fields = std::move(fields), body = std::move(body), type = std::move(type)](
+             const httplib::Request&, httplib::Response& res) {
+    for (const auto& [name, value] : fields) res.headers.emplace(name, value);
+    res.set_content(body, type.c_str());
+  };
+}
+
+// `n` fields "X-Engine-<i>: vvv..." of `value_bytes` value bytes each.
+std::vector<std::pair<std::string, std::string>> EngineFields(std::size_t n,
+                                                              std::size_t value_bytes) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    out.emplace_back("X-Engine-" + std::to_string(i), std::string(value_bytes, 'v'));
+  }
+  return out;
+}
+
+// Proves an engine answer whose head passes a bound ends the exchange as an engine protocol error:
+// a head of 20 fields of 3,700 bytes (about 74 KiB: past kUpstreamHeadBytesMax, under the field
+// bound) and one of 200 one-byte fields (past kHeaderFieldsMax, about 3 KiB) are each a 502 naming
+// the bound on a non-streamed completion, an error event with code 502 on a streamed one (both
+// rollouts finished aborted, nothing journaled completed), and a 502 on a pass-through route;
+// a head of 60 fields of 900 bytes (under both) is served, and so is everything once the engine
+// behaves. Catches engine heads read by async_read_header, whose limit counts only the bytes one
+// parse has not consumed (the 74 KiB head, read 8 KiB at a time, passed it) and which bounds no
+// field count (18,000 fields, 1.5 MB of parser nodes held for a whole answer, passed).
+TEST(ProxyEngineHead, AnEngineHeadPastItsBoundsIsAnEngineError) {
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine));
+  auto c = s.client();
+  const std::string completion =
+      R"({"id":"c","object":"text_completion","choices":[{"index":0,"text":"a","token_ids":[7],)"
+      R"("finish_reason":"length"}],"prompt_token_ids":[1,2],)"
+      R"("usage":{"prompt_tokens":2,"completion_tokens":1}})";
+  const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>>
+      refused = {{EngineFields(20, 3700), "response head exceeds 65536 bytes"},
+                 {EngineFields(200, 1), "response head has more than 100 fields"}};
+  int n = 0;
+  for (const auto& [fields, why] : refused) {
+    engine.Set("/v1/completions", AnswerWithFields(fields, completion, "application/json"));
+    const std::string plain_id = "engine-head-" + std::to_string(n++);
+    auto plain = c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", plain_id}},
+                        completion_body(false), "application/json");
+    ASSERT_TRUE(plain) << why;
+    EXPECT_EQ(plain->status, 502) << why << ": " << plain->body;
+    EXPECT_NE(plain->body.find(why), std::string::npos) << plain->body;
+    engine.Set("/v1/completions",
+               AnswerWithFields(fields, "data: [DONE]\n\n", "text/event-stream"));
+    const std::string stream_id = "engine-head-" + std::to_string(n++);
+    auto streamed = PostStream(c, stream_id);
+    ASSERT_TRUE(streamed) << why;
+    EXPECT_NE(streamed->body.find("\"code\":502"), std::string::npos) << streamed->body;
+    EXPECT_NE(streamed->body.find(why), std::string::npos) << streamed->body;
+    for (const std::string& id : {plain_id, stream_id}) {
+      const JournaledRollout j = JournaledRolloutOf(*s.svc, id);
+      ASSERT_TRUE(j.finish.has_value()) << id;
+      EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted) << id;
+    }
+    engine.Set("/v1/models", AnswerWithFields(fields, R"({"data":[]})", "application/json"));
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models) << why;
+    EXPECT_EQ(models->status, 502) << why << ": " << models->body;
+    EXPECT_NE(models->body.find(why), std::string::npos) << models->body;
+  }
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
+
+  const auto within = EngineFields(60, 900);
+  engine.Set("/v1/completions", AnswerWithFields(within, completion, "application/json"));
+  engine.Set("/v1/models", AnswerWithFields(within, R"({"data":[]})", "application/json"));
+  auto served = c.Post("/v1/completions", completion_body(false), "application/json");
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200) << served->body;
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200) << models->body;
+  engine.Clear("/v1/completions");
+  engine.Clear("/v1/models");
+  auto next = c.Post("/v1/completions", completion_body(false), "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body;
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 2u);
 }
 
 // Reads from `fd` into `out` until it holds `marker` (true), or the peer closes or 30 s pass.

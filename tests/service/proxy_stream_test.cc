@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "service/proxy_stream.h"
+#include "service/trajectory_line.h"
 
 namespace rc::service {
 namespace {
@@ -53,7 +54,7 @@ TEST(ProxyStreamTrace, OtherShapesAreIgnored) {
   Trajectory t;
   t.Absorb(json::parse("[1, 2]"));
   t.Absorb(json::parse(R"({"choices": "no", "usage": [1]})"));
-  t.Absorb(json::parse(R"({"choices": [3, {"token_ids": [1, "a", 2.5, 4]}]})"));
+  t.Absorb(json::parse(R"({"choices": [3, {"index": 0, "token_ids": [1, "a", 2.5, 4]}]})"));
   EXPECT_EQ(t.choices.size(), 1u);
   EXPECT_EQ(t.choices.at(0).token_ids, (std::vector<std::int64_t>{1}));
   EXPECT_EQ(t.entries, 2u);
@@ -181,6 +182,35 @@ TEST(ProxyStreamParts, LogprobsPastFloatRangeAreJournaledAsInfinities) {
   EXPECT_EQ(parts[0].output_logprobs[2], -0.5f);
 }
 
+// Proves a logprob is the same figure in the trajectory line and in the journal: the engine's
+// -0.1 and 1e-50 (completions) and -0.3 (chat) are kept as the journal's float holds them, and
+// the line prints a number that parses back to exactly the journaled float. Catches the line
+// keeping the engine's double (-0.1 in the line, -0.10000000149011612 journaled; 1e-50 in the
+// line, 0 journaled) while both claim to hold the same trajectory.
+TEST(ProxyStreamParts, ALogprobIsTheSameFigureInTheLineAndTheJournal) {
+  for (const char* doc : {R"({"prompt_token_ids": [1], "choices": [{"index": 0,
+      "token_ids": [5, 6, 7], "logprobs": {"token_logprobs": [-0.1, 1e-50, -1e-50]}}]})",
+                          R"({"prompt_token_ids": [1], "choices": [{"index": 0,
+      "delta": {"token_ids": [5]}, "logprobs": {"content": [{"logprob": -0.3}]}}]})"}) {
+    Trajectory t;
+    t.Absorb(json::parse(doc));
+    const std::vector<TrajectoryRecorded> parts = JournalTrajectoryParts("r1", t);
+    ASSERT_EQ(parts.size(), 1u) << doc;
+    const std::vector<float>& journaled = parts[0].output_logprobs;
+    RolloutAdmitted binding;
+    binding.rollout_id = "r1";
+    const std::string line = TrajectoryLineText(
+        TrajectoryLineFields{binding, 1, "/v1/completions", false, "", "completed", "", t});
+    const json lps = json::parse(line)["outputs"][0]["logprobs"];
+    ASSERT_EQ(lps.size(), journaled.size()) << line;
+    for (std::size_t i = 0; i < journaled.size(); ++i) {
+      const double printed = lps[i].get<double>();
+      EXPECT_EQ(printed, static_cast<double>(journaled[i])) << line << " logprob " << i;
+      EXPECT_EQ(std::signbit(printed), std::signbit(journaled[i])) << line << " logprob " << i;
+    }
+  }
+}
+
 // Proves an engine's token id that is no integer within int64 (2^64-1, 2^63, 11.5, "x") cuts the
 // trace (truncated, no journal parts) instead of being narrowed or skipped. Catches 2^64-1 read
 // as -1 (another token recorded in the line and the journal) and a skipped id that pairs every
@@ -250,6 +280,56 @@ TEST(ProxyStreamTrace, AChoiceIndexThatIsNoChoiceMakesTheTraceUntrusted) {
       {"index": 65535, "token_ids": [8]}]})"));
   EXPECT_TRUE(last.Trusted()) << "the largest index a request may ask for is a choice";
   EXPECT_EQ(JournalTrajectoryParts("r1", last).size(), 1u);
+}
+
+// Proves a choice filed under no index of its own is no choice: one without "index" beside other
+// choices, or an index repeated within one document (a completion, or one streamed chunk), makes
+// the trace untrusted (the line says truncated, nothing is journaled, the repeat is not kept),
+// while a one-choice document without an index is choice 0 and a stream's chunks name an index
+// again and again. Catches the reported answer {"choices":[{"token_ids":[7,8]},{"token_ids":[9]}]}
+// journaled as choice 0 = [7, 8, 9], a trajectory the engine never produced, with truncated false.
+TEST(ProxyStreamTrace, AnUnnumberedOrRepeatedChoiceIsNoChoice) {
+  for (const char* choices :
+       {R"([{"token_ids": [7, 8]}, {"token_ids": [9]}])",
+        R"([{"index": 0, "token_ids": [7, 8]}, {"token_ids": [9]}])",
+        R"([{"index": 0, "token_ids": [7, 8]}, {"index": 0, "token_ids": [9]}])",
+        R"([{"index": 0, "token_ids": [7, 8]}, {"index": 1, "token_ids": [9]},
+            {"index": 1, "token_ids": [10]}])"}) {
+    Trajectory t;
+    t.Absorb(json::parse(std::string(R"({"prompt_token_ids": [1, 2], "choices": )") + choices +
+                         R"(, "usage": {"prompt_tokens": 2, "completion_tokens": 4}})"));
+    EXPECT_TRUE(t.bad_index) << choices;
+    EXPECT_FALSE(t.Trusted()) << choices;
+    EXPECT_TRUE(t.Truncated()) << choices;
+    EXPECT_TRUE(JournalTrajectoryParts("r1", t).empty()) << choices;
+    const auto zero = t.choices.find(0);
+    if (zero != t.choices.end()) {
+      EXPECT_EQ(zero->second.token_ids, (std::vector<std::int64_t>{7, 8})) << choices;
+    }
+  }
+  Trajectory repeated_in_a_chunk;
+  const json chunk = json::parse(R"({"choices": [{"index": 0, "delta": {"token_ids": [7]}},
+      {"index": 0, "delta": {"token_ids": [8]}}]})");
+  EXPECT_TRUE(PassChunk(repeated_in_a_chunk, chunk, AddedFields{}).has_value());
+  EXPECT_TRUE(repeated_in_a_chunk.bad_index) << "a repeat within one streamed chunk";
+
+  Trajectory one;
+  one.Absorb(json::parse(R"({"prompt_token_ids": [1], "choices": [{"token_ids": [7, 8]}]})"));
+  EXPECT_TRUE(one.Trusted()) << "a one-choice document may leave its index out";
+  EXPECT_EQ(one.choices.at(0).token_ids, (std::vector<std::int64_t>{7, 8}));
+  Trajectory streamed;
+  for (const char* chunk : {R"({"prompt_token_ids": [1], "choices": [{"index": 0,
+                               "delta": {"token_ids": [7]}}, {"index": 1, "delta": {}}]})",
+                            R"({"choices": [{"index": 1, "delta": {"token_ids": [9]}},
+                               {"index": 0, "delta": {"token_ids": [8]}}]})",
+                            R"({"choices": [{"delta": {"token_ids": [10]}}]})"}) {
+    ASSERT_TRUE(PassChunk(streamed, json::parse(chunk), AddedFields{}).has_value());
+  }
+  EXPECT_FALSE(streamed.bad_index) << "chunks naming an index again are how a stream goes on";
+  EXPECT_TRUE(streamed.Trusted());
+  EXPECT_EQ(streamed.choices.at(0).token_ids, (std::vector<std::int64_t>{7, 8, 10}));
+  EXPECT_EQ(streamed.choices.at(1).token_ids, (std::vector<std::int64_t>{9}));
+  EXPECT_EQ(JournalTrajectoryParts("r1", streamed).size(), 1u);
 }
 
 // Proves choice 0's journal parts are not made up when the answer has choices but no choice 0:
@@ -471,6 +551,41 @@ TEST(ProxyStreamTrace, EchoedCompletionLogprobsAlignToTheOutput) {
     "logprobs": {"token_logprobs": [null, -3.0, -0.5, -0.25]}}]})"));
   EXPECT_EQ(t.choices.at(0).logprobs, json::parse("[-0.5, -0.25]"));
   EXPECT_EQ(t.entries, 4u);
+}
+
+// Whether CheckRequestChoices lets `body` (JSON text, "IDS" standing for a long list of token
+// ids) through on `route`.
+bool ChoicesFit(ProxyRoute route, std::string body) {
+  json ids = json::array();
+  for (int i = 0; i < 100000; ++i) ids.push_back(7);
+  for (std::size_t at = body.find("IDS"); at != std::string::npos; at = body.find("IDS")) {
+    body.replace(at, 3, ids.dump());
+  }
+  return CheckRequestChoices(route, json::parse(body)).ok();
+}
+
+// Proves CheckRequestChoices counts a request's choices as vLLM numbers them: one list of token
+// ids is one prompt whatever its length, a list of strings or of token-id lists (or a mixed one)
+// as many prompts as items, prompt_embeds adding theirs, the larger of n and best_of per prompt;
+// chat and generate one prompt. Would catch a long token-id prompt counted by its length (a
+// request refused that the trace holds) or a batch counted as one prompt (2 x 65536 choices
+// admitted, indexes past the trace's bound).
+TEST(ProxyRequestChoices, ChoicesAreCountedAsVllmNumbersThem) {
+  constexpr auto kCompletions = ProxyRoute::kCompletions;
+  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": IDS, "n": 65536})"));
+  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": [IDS, IDS], "n": 32768})"));
+  EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": [IDS, IDS], "n": 32769})"));
+  EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": ["a", 1], "n": 32769})"));
+  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt_embeds": "e", "n": 65536})"));
+  EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": "a", "prompt_embeds": "e", "n": 32769})"));
+  EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": ["a", "b"], "n": 1, "best_of": 32769})"));
+  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": "a", "n": null, "best_of": null})"));
+  EXPECT_TRUE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [IDS, IDS, IDS], "n": 65536})"));
+  EXPECT_FALSE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [], "best_of": 65537})"));
+  EXPECT_TRUE(ChoicesFit(ProxyRoute::kGenerate, R"({"token_ids": IDS, "n": 70000})"));
+  EXPECT_TRUE(ChoicesFit(ProxyRoute::kGenerate, R"({"sampling_params": {"n": 65536}})"));
+  EXPECT_FALSE(ChoicesFit(ProxyRoute::kGenerate, R"({"sampling_params": {"n": 65537}})"));
+  EXPECT_FALSE(ChoicesFit(ProxyRoute::kGenerate, R"({"sampling_params": {"best_of": 2.0}})"));
 }
 
 }  // namespace
