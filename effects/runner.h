@@ -167,8 +167,9 @@ class Runner {
   bool plan_stopped() const { return plan_stopped_; }
   // The engine monitor's schedule of weight digests, which a look before a plan follows so that
   // it reads, and journals, what the monitor would. `due` is asked once per look that would read
-  // the digest (an awake engine whose committed version has one): whether a check is due now (a
-  // question only). `looked` is told what each look that asked for the digest got (present, or
+  // the digest (an awake engine whose committed version has one): whether a check is due now; a
+  // true answer takes the read (the schedule lets no one else read until it is told), so every
+  // `due` that answered true is followed by one `looked`, told what the look got (present, or
   // absent with why): the schedule decides whether that counts as the check, so a digest that
   // could not be read is not taken as read. Unset: every such look reads the digest.
   struct DigestSchedule {

@@ -736,24 +736,55 @@ bool Service::WeightsDrifted(EngineWatch& watch, const State& before, const Weig
   return drifted;
 }
 
-// Whether this tick also digests the weights (every weight_digest_check_interval_ms since the
-// last check done). A question only: the check is done once the engine answered it
-// (DigestCheckDone).
-bool Service::DigestCheckDue(const EngineWatch& watch, std::int64_t now_wall_ms) const {
-  const std::uint64_t interval = config_.weight_digest_check_interval_ms;
-  if (interval == 0) return false;
-  const std::int64_t last = watch.last_digest_check_wall_ms.load();
-  return last == 0 || now_wall_ms - last >= static_cast<std::int64_t>(interval);
+// A check is due every interval_ms since the last one answered (0: never). Taking the read
+// first, then asking, makes the two one step: of a monitor tick and a look before a plan that ask
+// at once, one at most reads, and nobody reads while a read is in flight.
+bool EngineWatch::TakeDigestCheck(std::uint64_t interval_ms, std::int64_t now_wall_ms) {
+  if (interval_ms == 0) return false;
+  bool idle = false;
+  if (!digest_reading.compare_exchange_strong(idle, true)) return false;
+  const std::int64_t last = last_digest_check_wall_ms.load();
+  const bool due = last == 0 || now_wall_ms - last >= static_cast<std::int64_t>(interval_ms);
+  const std::uint64_t backoff_ms = digest_backoff_ms.load();
+  const std::int64_t since_failed_ms = now_wall_ms - digest_failed_wall_ms.load();
+  const bool waited = backoff_ms == 0 || since_failed_ms >= static_cast<std::int64_t>(backoff_ms);
+  if (due && waited) return true;
+  digest_reading.store(false);
+  return false;
+}
+
+// A read that failed is no check, but the next waits a backoff counted from its end (a timeout
+// included), so an engine that cannot answer is asked once per backoff, not at every tick.
+void EngineWatch::DigestRead(bool answered, std::uint64_t interval_ms, std::int64_t now_wall_ms) {
+  RC_CHECK(digest_reading.load());  // only the taker of the read reports it
+  const std::uint64_t backoff_ms = digest_backoff_ms.load();
+  if (answered) {
+    last_digest_check_wall_ms.store(now_wall_ms);
+    digest_backoff_ms.store(0);
+  } else {
+    const std::uint64_t next_ms = backoff_ms == 0 ? kDigestRetryBackoffMsMin : 2 * backoff_ms;
+    digest_backoff_ms.store(std::min(next_ms, interval_ms));
+    digest_failed_wall_ms.store(now_wall_ms);
+  }
+  digest_reading.store(false);  // last: the next taker sees what this read left
+}
+
+// Whether this tick (or look before a plan) also digests the weights; true takes the read, which
+// DigestCheckDone reports.
+bool Service::DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms) const {
+  return watch.TakeDigestCheck(config_.weight_digest_check_interval_ms, now_wall_ms);
 }
 
 // A digest check is done once the engine answered it: a digest, or why it computes none (no
-// extension, an answer the parser refused), which asking again every tick would not change. A
-// read that failed (unreachable, a timeout, a 5xx) or was never made proves nothing: the next
-// tick (or look before a plan) asks again, not a whole weight_digest_check_interval_ms later.
-void Service::DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms) {
+// extension, an answer the parser refused), which asking again soon would not change. A read
+// that failed (unreachable, a timeout, a 5xx), or a look that never got to make it, proves
+// nothing: it is asked again after the backoff, not a whole weight_digest_check_interval_ms
+// later.
+void Service::DigestCheckDone(EngineWatch& watch, const WeightDigest& d,
+                              std::int64_t now_wall_ms) const {
   const bool answered =
       d.present() || (!d.error.empty() && d.error.rfind(effects::kDigestReadFailedPrefix, 0) != 0);
-  if (answered) watch.last_digest_check_wall_ms.store(now_wall_ms);
+  watch.DigestRead(answered, config_.weight_digest_check_interval_ms, now_wall_ms);
 }
 
 // The runner's looks before a plan follow the monitor's schedule of `watch`'s engine.
@@ -767,7 +798,7 @@ Service::EngineProbe Service::ProbeEngine(const MonitorTarget& t, bool digest_al
   EngineProbe probe{t.client.Monitor(), wall_ms()};
   if (digest_allowed && probe.seen.http.ok_2xx() && DigestCheckDue(t.watch, probe.wall_ms)) {
     probe.seen.digest = effects::ReadWeightDigest(t.client);
-    DigestCheckDone(t.watch, probe.seen.digest, probe.wall_ms);
+    DigestCheckDone(t.watch, probe.seen.digest, wall_ms());  // when the read ended
   }
   const EngineMonitored& p = probe.seen;
   metrics_.engine_probes++;

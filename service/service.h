@@ -100,14 +100,29 @@ struct Admission {
   DurableHead head;       // the head the admission made durable (X-RolloutCore-Head)
 };
 
+// The wait before the weight digest is read again after a read that failed (no answer, a
+// timeout, a 5xx); each failure in a row doubles it, up to weight_digest_check_interval_ms.
+inline constexpr std::uint64_t kDigestRetryBackoffMsMin = 1000;
+
 // What the engine monitor keeps of one engine between probes (serve's one engine, or each member
 // of a fleet), for /metrics, /readyz and the audit's window of suspect rollouts.
 struct EngineWatch {
   std::atomic<bool> up{false};  // the last probe succeeded
   std::atomic<std::int64_t> last_probe_wall_ms{0};
   std::atomic<std::int64_t> last_ok_wall_ms{0};            // the last probe that matched
-  std::atomic<std::int64_t> last_digest_check_wall_ms{0};  // the monitor's last weight digest
+  std::atomic<std::int64_t> last_digest_check_wall_ms{0};  // the last digest check answered
   std::atomic<std::int64_t> last_digest_match_wall_ms{0};  // ... the last one that matched
+  // The weight-digest schedule that the monitor's ticks and the looks before a plan share: a
+  // check is due every `interval_ms` since the last one answered; at most one read is in flight,
+  // and after a read that failed the next waits out the backoff counted from its end.
+  std::atomic<bool> digest_reading{false};  // taken by TakeDigestCheck, left by DigestRead
+  std::atomic<std::int64_t> digest_failed_wall_ms{0};  // when the last read failed
+  std::atomic<std::uint64_t> digest_backoff_ms{0};     // the wait after it (0: none failed)
+  // Whether a check is due now and no read is in flight or backing off; true takes the read
+  // (of concurrent askers one at most gets true), and its taker reports it with DigestRead.
+  bool TakeDigestCheck(std::uint64_t interval_ms, std::int64_t now_wall_ms);
+  // `answered`: the engine gave a digest, or why it computes none (the check is done).
+  void DigestRead(bool answered, std::uint64_t interval_ms, std::int64_t now_wall_ms);
   mutable std::mutex seen_mu;
   std::string instance_seen;  // what the last probe that answered reported
   std::string label_seen;
@@ -602,8 +617,8 @@ class Service {
     std::int64_t wall_ms = 0;  // when it was seen
   };
   EngineProbe ProbeEngine(const MonitorTarget& target, bool digest_allowed);
-  bool DigestCheckDue(const EngineWatch& watch, std::int64_t now_wall_ms) const;
-  static void DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms);
+  bool DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms) const;
+  void DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms) const;
   effects::Runner::DigestSchedule DigestScheduleOf(EngineWatch& watch);
   bool WeightsDrifted(EngineWatch& watch, const State& before, const WeightDigest& d,
                       std::int64_t now_wall_ms);

@@ -1,10 +1,14 @@
 // Weight digests through the whole service: `serve` against the vLLM double (which holds tensor
 // values and digests them like the worker extension) over loopback, with a real journal. Each
 // test names the failure it would catch.
+#include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -59,6 +63,13 @@ struct Stack : stack::ServiceStack {
     httplib::Client c = client();
     auto r = c.Get("/metrics");
     return r ? r->body : "";
+  }
+  // A counter's value on /metrics (0 when /metrics did not answer or lacks it).
+  std::uint64_t Counter(const std::string& name) {
+    const std::string text = Metrics();
+    const std::string key = "\n" + name + " ";
+    const std::size_t at = text.find(key);
+    return at == std::string::npos ? 0 : std::strtoull(text.c_str() + at + key.size(), nullptr, 10);
   }
 };
 
@@ -193,9 +204,9 @@ TEST(ServiceDigest, WithDigestChecksOffTheLookBeforeAPlanReadsNoDigest) {
 
 // Proves a digest check whose read failed is not taken as done: the look before a plan that could
 // not read the digest (the engine's digest RPC answering 503) refuses the plan, and the next
-// plan's look reads the digest again although the interval (an hour) has not passed since.
-// Catches the check counted when it was asked for, which let the next plan go on with no digest
-// read for a whole weight_digest_check_interval_ms.
+// plan's look, once the backoff after that failure passed, reads the digest again although the
+// interval (an hour) has not passed since. Catches the check counted when it was asked for, which
+// let the next plan go on with no digest read for a whole weight_digest_check_interval_ms.
 TEST(ServiceDigest, ADigestReadThatFailedIsReadAgainAtTheNextLook) {
   Stack s(
       [](ServeConfig& c) {
@@ -210,6 +221,10 @@ TEST(ServiceDigest, ADigestReadThatFailedIsReadAgainAtTheNextLook) {
   EXPECT_NE(refused.dump().find("could not be verified before the plan"), std::string::npos)
       << refused.dump();
   s.engine->ClearFaults();
+  // A failed read holds the next off for the first backoff, counted from the failed look's end
+  // (before the refusal was answered). The hour has not passed: the next look reads only because
+  // the failure was not taken as the check.
+  std::this_thread::sleep_for(std::chrono::milliseconds(kDigestRetryBackoffMsMin + 100));
   // The pause answers late: a digest read before it answers is the look's.
   s.engine->SetRouteFault("/pause", fixtures::RouteFault{.delay_ms = 1000, .times = 1});
   const std::uint64_t pauses = s.engine->RouteCount("/pause");
@@ -223,6 +238,93 @@ TEST(ServiceDigest, ADigestReadThatFailedIsReadAgainAtTheNextLook) {
   EXPECT_EQ(looked, 1u) << "the look before the second plan did not read the weight digest";
   EXPECT_EQ(r["http"], 200) << r.dump();
   EXPECT_EQ(r.value("outcome", ""), "committed") << r.dump();
+}
+
+// Proves a digest read that keeps failing is tried again only after a backoff, not at every
+// monitor tick: with the engine's digest RPC answering 503 and the monitor looking every 20 ms,
+// the engine gets at most 3 digest calls (and /metrics counts at most 3 unavailable checks) in
+// 1.5 s, where a retry at every tick makes about 75; and once the RPC answers again a digest is
+// read within the backoff's cap (weight_digest_check_interval_ms). Catches a failed read retried
+// at every tick (digests queued on the workers, the monitor blocked on them), and a backoff that
+// grows past its cap or never ends.
+TEST(ServiceDigest, ADigestReadThatKeepsFailingIsTriedAgainOnlyAfterABackoff) {
+  constexpr int kIntervalMs = 2 * static_cast<int>(kDigestRetryBackoffMsMin);  // backoffs 1 s, 2 s
+  constexpr const char* kUnavailable = "rolloutcore_weight_digest_checks_unavailable_total";
+  Stack s([](ServeConfig& c) { c.weight_digest_check_interval_ms = kIntervalMs; },
+          // The label is read through /weight_info: only the digest goes through /collective_rpc.
+          [](fixtures::VllmDoubleOptions& e) { e.version = "0.30.0"; });
+  s.engine->SetRouteFault("/collective_rpc", fixtures::RouteFault{.status = 503});
+  const std::uint64_t calls = s.engine->RouteCount("/collective_rpc");
+  const std::uint64_t unavailable = s.Counter(kUnavailable);
+  // The first read that fails: at the monitor's first check, or one interval after it.
+  ASSERT_TRUE(Eventually([&] { return s.engine->RouteCount("/collective_rpc") > calls; },
+                         kIntervalMs + 3000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_LE(s.engine->RouteCount("/collective_rpc") - calls, 3u) << "retried at every tick";
+  EXPECT_LE(s.Counter(kUnavailable) - unavailable, 3u);
+  // The third failure (the backoff at its cap since the second) is answered before the fault
+  // clears: the next read comes one cap after it, and succeeds.
+  ASSERT_TRUE(Eventually([&] { return s.Counter(kUnavailable) >= unavailable + 3; },
+                         2 * kIntervalMs + 1000));
+  s.engine->ClearFaults();
+  const std::uint64_t digests = s.engine->RpcCount(effects::kWeightDigestMethod);
+  const std::uint64_t matches = s.Counter("rolloutcore_weight_digest_checks_match_total");
+  EXPECT_TRUE(Eventually([&] { return s.engine->RpcCount(effects::kWeightDigestMethod) > digests; },
+                         kIntervalMs + 1000))
+      << "no digest read within the backoff's cap once the engine answered again";
+  EXPECT_TRUE(Eventually(
+      [&] { return s.Counter("rolloutcore_weight_digest_checks_match_total") > matches; }, 1000));
+}
+
+// Proves that of several askers of one engine's digest schedule at once (monitor ticks, looks
+// before a plan), one only is given the read, and nobody else until it reported what it got.
+// Catches a schedule that only answers whether a check is due, so that a look and a tick both
+// read the digest at the same time.
+TEST(ServiceDigest, OneAskerAtATimeTakesTheDigestRead) {
+  constexpr std::uint64_t kIntervalMs = 60000;
+  constexpr std::int64_t kNowMs = 1'000'000;
+  EngineWatch w;
+  std::atomic<int> taken{0};
+  std::vector<std::thread> askers;
+  for (int i = 0; i < 8; ++i) {
+    askers.emplace_back([&] {
+      if (w.TakeDigestCheck(kIntervalMs, kNowMs)) taken++;
+    });
+  }
+  for (std::thread& t : askers) t.join();
+  EXPECT_EQ(taken.load(), 1);
+  EXPECT_FALSE(w.TakeDigestCheck(kIntervalMs, kNowMs + 2 * kIntervalMs)) << "a read in flight";
+  w.DigestRead(/*answered=*/true, kIntervalMs, kNowMs + 5);
+  EXPECT_FALSE(w.TakeDigestCheck(kIntervalMs, kNowMs + 5 + kIntervalMs - 1));
+  EXPECT_TRUE(w.TakeDigestCheck(kIntervalMs, kNowMs + 5 + kIntervalMs));
+  EXPECT_FALSE(EngineWatch{}.TakeDigestCheck(/*interval_ms=*/0, kNowMs)) << "checks are off";
+}
+
+// Proves the backoff after failed digest reads: the first backoff after one failure, doubled after
+// each failure in a row, capped at the check interval, and ended by an answered check. Catches a
+// failed read tried again at once (every monitor tick), a backoff that does not grow or grows past
+// the interval, and one that outlives the answer.
+TEST(ServiceDigest, FailedDigestReadsBackOffUpToTheCheckInterval) {
+  constexpr auto kFirstMs = static_cast<std::int64_t>(kDigestRetryBackoffMsMin);
+  constexpr std::uint64_t kIntervalMs = 3 * kDigestRetryBackoffMsMin;
+  EngineWatch w;
+  std::int64_t now_ms = 1'000'000;
+  ASSERT_TRUE(w.TakeDigestCheck(kIntervalMs, now_ms));
+  for (const std::int64_t backoff_ms : {kFirstMs, 2 * kFirstMs, 3 * kFirstMs, 3 * kFirstMs}) {
+    w.DigestRead(/*answered=*/false, kIntervalMs, now_ms);
+    EXPECT_FALSE(w.TakeDigestCheck(kIntervalMs, now_ms + backoff_ms - 1)) << backoff_ms;
+    now_ms += backoff_ms;
+    ASSERT_TRUE(w.TakeDigestCheck(kIntervalMs, now_ms)) << backoff_ms;
+  }
+  // The answer is the check: the next is due one interval later, and a failure then waits the
+  // first backoff again.
+  w.DigestRead(/*answered=*/true, kIntervalMs, now_ms);
+  EXPECT_FALSE(w.TakeDigestCheck(kIntervalMs, now_ms + 3 * kFirstMs - 1));
+  now_ms += 3 * kFirstMs;
+  ASSERT_TRUE(w.TakeDigestCheck(kIntervalMs, now_ms));
+  w.DigestRead(/*answered=*/false, kIntervalMs, now_ms);
+  EXPECT_FALSE(w.TakeDigestCheck(kIntervalMs, now_ms + kFirstMs - 1));
+  EXPECT_TRUE(w.TakeDigestCheck(kIntervalMs, now_ms + kFirstMs));
 }
 
 // Two journals in one directory write two trajectories files; catches the shared default that
