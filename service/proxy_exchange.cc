@@ -252,7 +252,9 @@ Status ProxyExchange::Parse() {
   upstream_body_ = std::move(parsed.value());
   RC_RETURN_IF_ERROR(ParseStreamAndSalt(upstream_body_, stream_, client_salt_));
   if (route_ == ProxyRoute::kGenerate) RC_RETURN_IF_ERROR(CheckGenerateBody(upstream_body_));
-  // Before the admission: an answer whose choices a trace cannot record is never journaled.
+  // Before the admission: an answer whose choices a trace cannot record is never journaled. An
+  // `n` vLLM reads as an integer from another form is rewritten as that integer here, in the
+  // body PrepareUpstream sends, so the engine and the trace count the same choices.
   RC_RETURN_IF_ERROR(CheckRequestChoices(route_, upstream_body_));
   return ParseRolloutId();
 }

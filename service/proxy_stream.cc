@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "service/http_util.h"
@@ -487,20 +489,181 @@ std::uint64_t PromptsIn(const json& body, const char* key) {
   return token_ids ? 1 : it->size();
 }
 
-// The choices vLLM may number for one prompt: the larger of `n` and `best_of` in `params`, each
-// absent or null (1) or an integer in 1..kRequestChoicesMax; `where` prefixes the field's name.
-Result<std::uint64_t> ChoicesPerPrompt(const json& params, const std::string& where) {
-  constexpr auto kMax = static_cast<std::int64_t>(kRequestChoicesMax);
-  const Result<std::int64_t> n = GetInt(params, "n", 1, 1, kMax, where);
-  if (!n.ok()) return n.status();
-  const Result<std::int64_t> best_of = GetInt(params, "best_of", 1, 1, kMax, where);
-  if (!best_of.ok()) return best_of.status();
-  return static_cast<std::uint64_t>(std::max(*n, *best_of));
+// Unicode White_Space: what pydantic trims off a string before reading an integer in it (Rust's
+// str::trim).
+bool IsWhiteSpace(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+// The code point a UTF-8 sequence of exactly `bytes` encodes, nullopt when it is none.
+std::optional<char32_t> DecodeUtf8(std::string_view bytes) {
+  if (bytes.empty() || bytes.size() > 4) return std::nullopt;
+  const auto lead = static_cast<unsigned char>(bytes[0]);
+  const std::size_t want = lead < 0x80 ? 1 : lead >> 5 == 0x6 ? 2 : lead >> 4 == 0xE ? 3 : 4;
+  if (want != bytes.size() || (want == 4 && lead >> 3 != 0x1E)) return std::nullopt;
+  char32_t c = want == 1 ? lead : lead & (0x7F >> want);
+  for (std::size_t i = 1; i < want; ++i) {
+    const auto b = static_cast<unsigned char>(bytes[i]);
+    if (b >> 6 != 0x2) return std::nullopt;
+    c = (c << 6) | (b & 0x3F);
+  }
+  return c;
+}
+
+bool Utf8Continuation(char b) { return (static_cast<unsigned char>(b) & 0xC0) == 0x80; }
+
+// `text` without the White_Space code points at either end.
+std::string_view TrimWhiteSpace(std::string_view text) {
+  while (!text.empty()) {
+    std::size_t n = 1;  // the first code point's bytes
+    while (n < text.size() && n < 4 && Utf8Continuation(text[n])) ++n;
+    const std::optional<char32_t> c = DecodeUtf8(text.substr(0, n));
+    if (!c || !IsWhiteSpace(*c)) break;
+    text.remove_prefix(n);
+  }
+  while (!text.empty()) {
+    std::size_t n = 1;  // the last code point's bytes
+    while (n < text.size() && n < 4 && Utf8Continuation(text[text.size() - n])) ++n;
+    const std::optional<char32_t> c = DecodeUtf8(text.substr(text.size() - n));
+    if (!c || !IsWhiteSpace(*c)) break;
+    text.remove_suffix(n);
+  }
+  return text;
+}
+
+// A JSON integer's text: an optional minus, then 0 or digits without a leading zero.
+bool IsIntegerText(std::string_view text) {
+  if (!text.empty() && text.front() == '-') text.remove_prefix(1);
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) return false;
+  return text.size() == 1 || text.front() != '0';
+}
+
+// `s`, a number's text after its sign, without its leading zeros and the underscores among them;
+// one stays where nothing else follows them (its last character) or a '.' does (the one before
+// it). What follows them is kept as it is when it is a digit or '-' (pydantic reads "0-5" as -5).
+// nullopt when `s` starts with no digit, or its zeros are followed by anything else.
+std::optional<std::string_view> WithoutLeadingZeros(std::string_view s) {
+  if (s.empty() || s.front() < '0' || s.front() > '9') return std::nullopt;
+  if (s.front() != '0') return s;
+  std::size_t i = 1;
+  while (i < s.size() && (s[i] == '0' || s[i] == '_')) ++i;
+  if (i == s.size()) return s.substr(s.size() - 1);
+  if ((s[i] >= '1' && s[i] <= '9') || s[i] == '-') return s.substr(i);
+  if (s[i] == '.') return s.substr(i - 1);
+  return std::nullopt;
+}
+
+// The integer pydantic's lax mode reads in a string, as JSON integer text; nullopt when it reads
+// none (pydantic-core's str_as_int): White_Space trimmed, one sign ("+-", "-+", "--" are none),
+// leading zeros dropped, a '.' followed by zeros only dropped with them, and underscores dropped
+// where each stands alone between other characters ("1_000"; not "_1", "1_", "1__0"). What is
+// left must be a JSON integer: "2.", "2.5", "1e3", "0x10" are none.
+std::optional<std::string> LaxIntegerText(std::string_view raw) {
+  std::string_view s = TrimWhiteSpace(raw);
+  bool negative = false;
+  if (!s.empty() && s.front() == '+') {
+    s.remove_prefix(1);
+    if (!s.empty() && s.front() == '-') return std::nullopt;
+  }
+  if (!s.empty() && s.front() == '-') {
+    s.remove_prefix(1);
+    if (!s.empty() && (s.front() == '-' || s.front() == '+')) return std::nullopt;
+    negative = true;
+  }
+  const std::optional<std::string_view> digits = WithoutLeadingZeros(s);
+  if (!digits) return std::nullopt;
+  s = *digits;
+  if (const std::size_t dot = s.find('.'); dot != std::string_view::npos) {
+    const std::string_view fraction = s.substr(dot + 1);
+    if (!fraction.empty() && fraction.find_first_not_of('0') == std::string_view::npos) {
+      s = s.substr(0, dot);
+    }
+  }
+  std::string text = negative ? "-" : "";
+  const bool lone_underscores = s.find('_') != std::string_view::npos && s.front() != '_' &&
+                                s.back() != '_' && s.find("__") == std::string_view::npos;
+  for (const char c : s) {
+    if (!lone_underscores || c != '_') text += c;
+  }
+  if (!IsIntegerText(text)) return std::nullopt;
+  return text;
+}
+
+// JSON integer text as an int64, saturated at its bounds.
+std::int64_t SaturatedInt(std::string_view text) {
+  RC_CHECK(IsIntegerText(text));
+  const bool negative = text.front() == '-';
+  if (negative) text.remove_prefix(1);
+  std::uint64_t magnitude = 0;
+  for (const char c : text) {
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (magnitude > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) {
+      magnitude = std::numeric_limits<std::uint64_t>::max();
+      break;
+    }
+    magnitude = magnitude * 10 + digit;
+  }
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (!negative) return static_cast<std::int64_t>(std::min(magnitude, kMax));
+  if (magnitude > kMax) return std::numeric_limits<std::int64_t>::min();
+  return -static_cast<std::int64_t>(magnitude);
+}
+
+// A whole double as an int64, saturated at its bounds.
+std::int64_t SaturatedInt(double whole) {
+  RC_CHECK(std::isfinite(whole) && std::trunc(whole) == whole);
+  constexpr double kTwoTo63 = 9223372036854775808.0;
+  if (whole >= kTwoTo63) return std::numeric_limits<std::int64_t>::max();
+  if (whole < -kTwoTo63) return std::numeric_limits<std::int64_t>::min();
+  return static_cast<std::int64_t>(whole);
+}
+
+// The integer vLLM reads in `v` for an `int` field of its request models, which are pydantic
+// models in lax mode validating the body as Python's json module parsed it: an integer; a float
+// with no fractional part (2.0, 2e0, -0.0 as 0; not 2.5, not an infinity); a boolean (true 1,
+// false 0); a string LaxIntegerText reads. Saturated at int64's bounds (a larger one is out of
+// every range the proxy checks); nullopt for anything else.
+std::optional<std::int64_t> LaxInt(const json& v) {
+  if (v.is_number_unsigned()) {
+    constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    return static_cast<std::int64_t>(std::min(v.get<std::uint64_t>(), kMax));
+  }
+  if (v.is_number_integer()) return v.get<std::int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::trunc(d) != d) return std::nullopt;
+    return SaturatedInt(d);
+  }
+  if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
+  if (!v.is_string()) return std::nullopt;
+  const std::optional<std::string> text = LaxIntegerText(v.get_ref<const std::string&>());
+  if (!text) return std::nullopt;
+  return SaturatedInt(*text);
+}
+
+// The choices vLLM may number for one prompt: `n` in `params`, absent or null (1), or what
+// LaxInt reads in it, in 1..kRequestChoicesMax; an accepted value of another form is rewritten
+// as that JSON integer, so that the engine counts what the trace counts. `where` prefixes the
+// field's name. vLLM's request models have no `best_of` (it went with vLLM's V0 engine): an
+// extra field they ignore, as this does.
+Result<std::uint64_t> ChoicesPerPrompt(json& params, const std::string& where) {
+  const auto it = params.find("n");
+  if (it == params.end() || it->is_null()) return std::uint64_t{1};
+  const std::optional<std::int64_t> n = LaxInt(*it);
+  if (!n) return Status::InvalidArgument("'" + where + "n' must be an integer");
+  if (*n < 1 || static_cast<std::uint64_t>(*n) > kRequestChoicesMax) {
+    return Status::InvalidArgument("'" + where + "n' must be in 1.." +
+                                   std::to_string(kRequestChoicesMax));
+  }
+  if (!it->is_number_integer()) *it = *n;
+  return static_cast<std::uint64_t>(*n);
 }
 
 }  // namespace
 
-Status CheckRequestChoices(ProxyRoute route, const json& body) {
+Status CheckRequestChoices(ProxyRoute route, json& body) {
   RC_CHECK(body.is_object());
   if (route == ProxyRoute::kGenerate) {
     const auto sp = body.find("sampling_params");
@@ -515,8 +678,7 @@ Status CheckRequestChoices(ProxyRoute route, const json& body) {
   if (prompts <= kRequestChoicesMax / *per_prompt) return Status::OK();  // no product overflows
   return Status::InvalidArgument(
       "the request asks for " + std::to_string(prompts) + " x " + std::to_string(*per_prompt) +
-      " choices (its prompts times the larger of 'n' and 'best_of'), more than the " +
-      std::to_string(kRequestChoicesMax) +
+      " choices (its prompts times 'n'), more than the " + std::to_string(kRequestChoicesMax) +
       " a request's trace can record (vLLM numbers choice i of prompt p as p * n + i)");
 }
 

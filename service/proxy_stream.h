@@ -54,14 +54,17 @@ inline constexpr std::size_t kFinishReasonBytesMax = 64;    // a longer one is n
 inline constexpr std::uint64_t kRequestChoicesMax = std::uint64_t{1} << 16;
 static_assert(kTrajectoryChoicesMax <= kRequestChoicesMax);
 // The choices a proxied request asks for, read before it is admitted, so that every index its
-// answer may carry is one a trace records: `n` and vLLM's `best_of` (on /inference/v1/generate,
-// `sampling_params.n` and `sampling_params.best_of`), each absent, null or an integer in
-// 1..kRequestChoicesMax; on /v1/completions times the prompts the request holds (a list of
-// strings or of token-id lists is that many prompts, a string or one list of token ids one, and
-// `prompt_embeds` add theirs), since vLLM numbers choice i of prompt p as p * n + i, and with
-// best_of an index reaches best_of - 1. InvalidArgument naming the field (a 400, nothing
-// journaled) for any other value, or for more than kRequestChoicesMax choices in all.
-[[nodiscard]] Status CheckRequestChoices(ProxyRoute route, const json& body);
+// answer may carry is one a trace records: `n` (on /inference/v1/generate `sampling_params.n`),
+// absent, null, or an integer in 1..kRequestChoicesMax in any form vLLM's lax (pydantic) reading
+// of an `int` field takes as one: 2, 2.0, "2", " +2 ", "2.00", "1_0", true (1). A value of
+// another form than a JSON integer is rewritten in `body` as that JSON integer, so that the
+// engine is asked for the choices the trace counts. On /v1/completions times the prompts the
+// request holds (a list of strings or of token-id lists is that many prompts, a string or one
+// list of token ids one, and `prompt_embeds` add theirs), since vLLM numbers choice i of prompt p
+// as p * n + i. `best_of` is no field of vLLM's requests (it ignores one, and so does this).
+// InvalidArgument naming the field (a 400, nothing journaled) for any other value of `n` (2.5,
+// "two", 0, -1, false), or for more than kRequestChoicesMax choices in all.
+[[nodiscard]] Status CheckRequestChoices(ProxyRoute route, json& body);
 
 // Journal records one trajectory becomes, at most.
 inline constexpr std::size_t kTrajectoryPartsMax =

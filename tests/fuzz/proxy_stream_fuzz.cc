@@ -9,9 +9,10 @@
 // The bytes go through the engine client's own SSE splitter (SseState), then PassChunk. The same
 // bytes, and each event's JSON, are also read as a client's request body by CheckRequestChoices
 // on every route: it never throws, and what it lets through asks for at most kRequestChoicesMax
-// choices (`n` and `best_of` each absent, null or an integer in 1..kRequestChoicesMax; a list of
-// string prompts times the larger of them within the bound). A chunk with a choice that has no
-// "index" beside other choices leaves the trace untrusted.
+// choices (`n` absent, null or read as an integer in 1..kRequestChoicesMax, and then forwarded as
+// that JSON integer, nothing else in the body changed; a list of string prompts times it within
+// the bound; `best_of` ignored). A chunk with a choice that has no "index" beside other choices
+// leaves the trace untrusted.
 //
 // Regression: a chunk whose "choices" held an object without an "index" made Trajectory::Absorb
 // read a missing key of a const json and abort (tests/fuzz/regressions/).
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,46 +63,87 @@ bool UnnumberedBesideOthers(const json& chunk) {
                      [](const json& c) { return c.is_object() && !c.contains("index"); });
 }
 
-// The larger of `n` and `best_of` in `params`, each absent or null (1) or an integer in
-// 1..kRequestChoicesMax; 0 when either is anything else. Written out apart from the check under
-// test.
-std::uint64_t ChoicesPerPromptOf(const json& params) {
-  std::uint64_t most = 1;
-  for (const char* key : {"n", "best_of"}) {
-    const auto it = params.find(key);
-    if (it == params.end() || it->is_null()) continue;
-    if (!it->is_number_integer()) return 0;
-    if (!it->is_number_unsigned() && it->get<std::int64_t>() < 1) return 0;
-    const auto v = it->get<std::uint64_t>();
-    if (v < 1 || v > svc::kRequestChoicesMax) return 0;
-    most = std::max(most, v);
+// What `n` in `params` asks for per prompt, where it is plain to read: absent or null 1; a JSON
+// integer, a float with no fraction, true, or a string of ASCII digits only: its value when in
+// 1..kRequestChoicesMax, else 0 (refused); false, a fractional or non-finite float, a list or an
+// object 0; nullopt for any other string (CheckRequestChoices reads more of them than this
+// does). Written out apart from the check under test.
+std::optional<std::uint64_t> NOf(const json& params) {
+  const auto it = params.find("n");
+  if (it == params.end() || it->is_null()) return 1;
+  const auto within = [](double v) -> std::uint64_t {
+    const bool ok = v >= 1 && v <= static_cast<double>(svc::kRequestChoicesMax);
+    return ok ? static_cast<std::uint64_t>(v) : 0;
+  };
+  if (it->is_number_unsigned()) return within(static_cast<double>(it->get<std::uint64_t>()));
+  if (it->is_number_integer()) return within(static_cast<double>(it->get<std::int64_t>()));
+  if (it->is_number_float()) {
+    const double v = it->get<double>();
+    return std::isfinite(v) && std::trunc(v) == v ? within(v) : 0;
   }
-  return most;
+  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
+  if (!it->is_string()) return 0;
+  const std::optional<std::uint64_t> digits = rc::service::parse_u64(it->get<std::string>());
+  if (!digits) return std::nullopt;
+  return *digits <= svc::kRequestChoicesMax ? within(static_cast<double>(*digits)) : 0;
+}
+
+// `doc` without its `n` (in `sampling_params` on generate).
+json WithoutN(json doc, svc::ProxyRoute route) {
+  json* params = &doc;
+  if (route == svc::ProxyRoute::kGenerate) {
+    const auto sp = doc.find("sampling_params");
+    if (sp == doc.end() || !sp->is_object()) return doc;
+    params = &*sp;
+  }
+  params->erase("n");
+  return doc;
 }
 
 // CheckRequestChoices on `body` as each route's request: never throws (an exception aborts the
-// target), its refusal is one line, and what it lets through asks for choices a trace records.
+// target), its refusal is one line, what it lets through asks for choices a trace records, and
+// it changes nothing but `n`, which it forwards as the JSON integer it read.
 void CheckChoicesOf(const json& body) {
   if (!body.is_object()) return;
   for (const svc::ProxyRoute route :
        {svc::ProxyRoute::kCompletions, svc::ProxyRoute::kChat, svc::ProxyRoute::kGenerate}) {
-    const rc::Status st = svc::CheckRequestChoices(route, body);
+    json checked = body;
+    const rc::Status st = svc::CheckRequestChoices(route, checked);
     FUZZ_CHECK(st.message().find_first_of("\r\n") == std::string::npos);
-    std::uint64_t per_prompt = ChoicesPerPromptOf(body);
+    const json* params = &body;
+    const json* sent = &checked;
     if (route == svc::ProxyRoute::kGenerate) {
       const auto sp = body.find("sampling_params");
-      per_prompt = sp != body.end() && sp->is_object() ? ChoicesPerPromptOf(*sp) : 1;
+      if (sp == body.end() || !sp->is_object()) {
+        FUZZ_CHECK(st.ok() && checked == body);
+        continue;
+      }
+      params = &*sp;
+      sent = &checked["sampling_params"];
     }
-    if (route != svc::ProxyRoute::kCompletions) {
-      FUZZ_CHECK(st.ok() == (per_prompt != 0));
-      continue;
+    const std::optional<std::uint64_t> per_prompt = NOf(*params);
+    if (per_prompt == std::uint64_t{0}) FUZZ_CHECK(!st.ok());
+    // Off completions nothing but `n` is refused.
+    if (per_prompt.value_or(0) != 0 && route != svc::ProxyRoute::kCompletions) {
+      FUZZ_CHECK(st.ok());
     }
-    if (per_prompt == 0) FUZZ_CHECK(!st.ok());
+    if (!st.ok()) continue;
+    FUZZ_CHECK(WithoutN(checked, route) == WithoutN(body, route));
+    const auto n = sent->find("n");
+    std::uint64_t asked = 1;
+    if (n != sent->end() && !n->is_null()) {
+      FUZZ_CHECK(n->is_number_integer() && n->get<std::int64_t>() >= 1);
+      asked = n->get<std::uint64_t>();
+      FUZZ_CHECK(asked <= svc::kRequestChoicesMax);
+      if (params->at("n").is_number_integer()) FUZZ_CHECK(*n == params->at("n"));
+    }
+    if (per_prompt) FUZZ_CHECK(asked == *per_prompt);
+    if (route != svc::ProxyRoute::kCompletions) continue;
     const auto prompt = body.find("prompt");
-    if (!st.ok() || prompt == body.end() || !prompt->is_array() || prompt->empty()) continue;
+    if (prompt == body.end() || !prompt->is_array() || prompt->empty()) continue;
     const bool strings =
         std::all_of(prompt->begin(), prompt->end(), [](const json& p) { return p.is_string(); });
-    if (strings) FUZZ_CHECK(prompt->size() * per_prompt <= svc::kRequestChoicesMax);
+    if (strings) FUZZ_CHECK(prompt->size() * asked <= svc::kRequestChoicesMax);
   }
 }
 

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -308,13 +310,16 @@ TEST(ProxyText, AParsedBodyIsHeldAgainstTheBodyBudget) {
   EXPECT_EQ(ok->status, 200) << ok->body.substr(0, 300);
 }
 
-// Proves a proxied request asking for more choices than one trace records is refused 400 before
-// its admission, on each route that takes `n`: `n` or `best_of` past 65536, a list of prompts
-// (strings, token-id lists, embeddings) times them past it, and either one that is no integer
-// >= 1. Each refusal is one line in the OpenAI error shape naming the field, journals nothing and
-// admits nothing; exactly 65536 choices is still admitted (the double then refuses n > 1 itself),
-// and n 1 is served. Catches such a request admitted (a durable RolloutAdmitted) and only its
-// answer's trace going wrong.
+// Proves a proxied request asking for more choices than one trace records, or with an `n` vLLM
+// reads no integer in, is refused 400 before its admission, on each route that takes `n`: `n`
+// past 65536 in any form vLLM reads (65537, 65537.0, a number past 2^64), below 1 (0, -3, false,
+// "0"), a fraction, a string of no integer, a body number nlohmann cannot hold (1e400, which vLLM
+// refuses as no finite number), and a list of prompts (strings, token-id lists, embeddings) times
+// `n` past 65536. Each refusal is one line in the OpenAI error shape naming the field, journals
+// nothing and admits nothing; exactly 65536 choices is still admitted, as integer and as string
+// (the double then refuses n > 1 itself), a `best_of` vLLM ignores is too, and n 1 is served.
+// Catches such a request admitted (a durable RolloutAdmitted) and only its answer's trace going
+// wrong, or one vLLM serves refused.
 TEST(ProxyText, MoreChoicesThanATraceRecordsAreRefusedBeforeAdmission) {
   Stack s;
   auto c = s.client();
@@ -324,23 +329,27 @@ TEST(ProxyText, MoreChoicesThanATraceRecordsAreRefusedBeforeAdmission) {
   const std::string chat = R"({"messages":[{"role":"user","content":"a"}],)";
   const std::vector<std::tuple<std::string, std::string, std::string>> refused = {
       {"/v1/completions", R"({"prompt":"a","n":65537})", "'n' must be in 1..65536"},
-      {"/v1/completions", R"({"prompt":"a","best_of":65537})", "'best_of' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","n":65537.0})", "'n' must be in 1..65536"},
       {"/v1/completions", R"({"prompt":"a","n":0})", "'n' must be in 1..65536"},
       {"/v1/completions", R"({"prompt":"a","n":-3})", "'n' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","n":false})", "'n' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","n":"0"})", "'n' must be in 1..65536"},
       {"/v1/completions", R"({"prompt":"a","n":1.5})", "'n' must be an integer"},
-      {"/v1/completions", R"({"prompt":"a","n":"2"})", "'n' must be an integer"},
-      {"/v1/completions", R"({"prompt":"a","n":18446744073709551617})", "'n' must be an integer"},
+      {"/v1/completions", R"({"prompt":"a","n":"two"})", "'n' must be an integer"},
+      {"/v1/completions", R"({"prompt":"a","n":"2."})", "'n' must be an integer"},
+      {"/v1/completions", R"({"prompt":"a","n":18446744073709551617})", "'n' must be in 1..65536"},
+      {"/v1/completions", R"({"prompt":"a","n":1e400})", "body is not valid JSON"},
       {"/v1/completions", R"({"prompt":["a","b"],"n":32769})", "asks for 2 x 32769 choices"},
-      {"/v1/completions", R"({"prompt":[[1,2],[3]],"best_of":32769})", "asks for 2 x 32769"},
+      {"/v1/completions", R"({"prompt":[[1,2],[3]],"n":"32769"})", "asks for 2 x 32769"},
       {"/v1/completions", R"({"prompt":"a","prompt_embeds":["e","f"],"n":21846})",
        "asks for 3 x 21846"},
       {"/v1/completions", R"({"prompt":)" + prompts + "}", "asks for 65537 x 1 choices"},
       {"/v1/chat/completions", chat + R"("n":65537})", "'n' must be in 1..65536"},
-      {"/v1/chat/completions", chat + R"("n":true})", "'n' must be an integer"},
+      {"/v1/chat/completions", chat + R"("n":"1.5"})", "'n' must be an integer"},
       {"/inference/v1/generate", R"({"token_ids":[1,2],"sampling_params":{"n":65537}})",
        "'sampling_params.n' must be in 1..65536"},
-      {"/inference/v1/generate", R"({"token_ids":[1,2],"sampling_params":{"best_of":0}})",
-       "'sampling_params.best_of' must be in 1..65536"}};
+      {"/inference/v1/generate", R"({"token_ids":[1,2],"sampling_params":{"n":"0"}})",
+       "'sampling_params.n' must be in 1..65536"}};
   const std::uint64_t head = s.svc->journal().head_seq();
   const std::uint64_t bad_before = s.svc->metrics().bad_requests.load();
   for (const auto& [route, body, why] : refused) {
@@ -359,12 +368,16 @@ TEST(ProxyText, MoreChoicesThanATraceRecordsAreRefusedBeforeAdmission) {
   EXPECT_EQ(s.svc->metrics().bad_requests.load(), bad_before + refused.size());
 
   for (const char* at_bound : {R"({"prompt":"a","max_tokens":2,"n":65536})",
-                               R"({"prompt":["a","b"],"max_tokens":2,"best_of":32768})"}) {
+                               R"({"prompt":["a","b"],"max_tokens":2,"n":"32768"})"}) {
     auto r = c.Post("/v1/completions", at_bound, "application/json");
     ASSERT_TRUE(r) << at_bound;
     EXPECT_EQ(r->body.find("65536"), std::string::npos) << at_bound << ": " << r->body;
   }
   EXPECT_EQ(s.svc->metrics().admissions.load(), 2u) << "65536 choices are a trace's own";
+  auto best_of = c.Post("/v1/completions", R"({"prompt":"a","max_tokens":2,"best_of":65537})",
+                        "application/json");
+  ASSERT_TRUE(best_of);
+  EXPECT_EQ(best_of->status, 200) << "a best_of vLLM ignores was refused: " << best_of->body;
   auto ok = c.Post("/v1/completions", R"({"prompt":"a","max_tokens":2,"n":1})", "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
@@ -801,6 +814,82 @@ TEST(ProxyEngineHead, AnEngineHeadPastItsBoundsIsAnEngineError) {
   ASSERT_TRUE(next);
   EXPECT_EQ(next->status, 200) << next->body;
   EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 2u);
+}
+
+// The trajectory lines of the rollouts `svc` finished, by rollout id, once the file writer has
+// written them.
+std::map<std::string, json> TrajectoryLines(Stack& s) {
+  std::map<std::string, json> out;
+  EXPECT_TRUE(s.svc->DrainTrajectories(10000));
+  std::ifstream file(s.Config().journal_path + ".trajectories.jsonl");
+  for (std::string line; std::getline(file, line);) {
+    json doc = json::parse(line, nullptr, false);
+    if (doc.is_object()) out[doc.value("rollout_id", "")] = std::move(doc);
+  }
+  return out;
+}
+
+// Proves a completion whose `n` is 2 in a form vLLM's lax reading of an int takes (2.0, "2",
+// " 2 ", 2e0, "2.0") is admitted and reaches the engine as the JSON integer 2, and its trace
+// records the engine's two choices (both in the trajectory line, both counted in the journal's
+// finish), as n 2 is. Catches such a request refused 400 (vLLM serves it, and Python clients that
+// compute n send 2.0), and the body forwarded in the client's form, so that the engine's count of
+// choices would be its own reading of the text and not the value the trace was bounded by.
+TEST(ProxyText, AnNInAFormVllmReadsIsSentToTheEngineAsThatInteger) {
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine));
+  std::mutex mu;
+  std::vector<std::string> received;  // the bodies the engine was sent
+  engine.Set("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      received.push_back(req.body);
+    }
+    res.set_content(
+        R"({"id":"c","object":"text_completion","model":"rc-double-model","choices":[)"
+        R"({"index":0,"text":"a","token_ids":[7],"finish_reason":"length"},)"
+        R"({"index":1,"text":"b","token_ids":[8],"finish_reason":"length"}],)"
+        R"("prompt_token_ids":[1,2],"usage":{"prompt_tokens":2,"completion_tokens":2}})",
+        "application/json");
+  });
+  const std::vector<std::string> forms = {"2", "2.0", "\"2\"", "\" 2 \"", "2e0", "\"2.0\""};
+  auto c = s.client();
+  for (std::size_t i = 0; i < forms.size(); ++i) {
+    const std::string body =
+        R"({"model":"rc-double-model","prompt":"hi","max_tokens":2,"n":)" + forms[i] + "}";
+    auto r = c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", "lax-n-" + std::to_string(i)}},
+                    body, "application/json");
+    ASSERT_TRUE(r) << forms[i];
+    EXPECT_EQ(r->status, 200) << forms[i] << ": " << r->body;
+    const json answer = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(answer.is_object()) << r->body;
+    EXPECT_EQ(answer.value("choices", json::array()).size(), 2u) << r->body;
+  }
+  {
+    std::lock_guard<std::mutex> g(mu);
+    ASSERT_EQ(received.size(), forms.size());
+    for (std::size_t i = 0; i < forms.size(); ++i) {
+      const json sent = json::parse(received[i], nullptr, false);
+      ASSERT_TRUE(sent.is_object()) << received[i];
+      const json n = sent.value("n", json());
+      EXPECT_TRUE(n.is_number_integer()) << forms[i] << " sent as " << received[i];
+      EXPECT_EQ(n, 2) << forms[i] << " sent as " << received[i];
+    }
+  }
+  const std::map<std::string, json> lines = TrajectoryLines(s);
+  for (std::size_t i = 0; i < forms.size(); ++i) {
+    const std::string id = "lax-n-" + std::to_string(i);
+    ASSERT_EQ(lines.count(id), 1u) << forms[i];
+    const json outputs = lines.at(id).value("outputs", json::array());
+    ASSERT_EQ(outputs.size(), 2u) << forms[i] << ": " << lines.at(id);
+    EXPECT_EQ(outputs[0]["token_ids"], json::parse("[7]")) << forms[i];
+    EXPECT_EQ(outputs[1]["index"], 1) << forms[i];
+    EXPECT_EQ(outputs[1]["token_ids"], json::parse("[8]")) << forms[i];
+    const JournaledRollout j = JournaledRolloutOf(*s.svc, id);
+    ASSERT_TRUE(j.finish.has_value()) << id;
+    EXPECT_EQ(j.finish->outcome, RolloutOutcome::kCompleted) << id;
+    EXPECT_EQ(j.finish->completion_tokens, 2u) << id;
+  }
 }
 
 // Reads from `fd` into `out` until it holds `marker` (true), or the peer closes or 30 s pass.

@@ -2,7 +2,10 @@
 // trace takes from completions and chat chunks, its bound, the journal parts it becomes, and the
 // event a client receives.
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -561,31 +564,149 @@ bool ChoicesFit(ProxyRoute route, std::string body) {
   for (std::size_t at = body.find("IDS"); at != std::string::npos; at = body.find("IDS")) {
     body.replace(at, 3, ids.dump());
   }
-  return CheckRequestChoices(route, json::parse(body)).ok();
+  json doc = json::parse(body);
+  return CheckRequestChoices(route, doc).ok();
 }
 
 // Proves CheckRequestChoices counts a request's choices as vLLM numbers them: one list of token
 // ids is one prompt whatever its length, a list of strings or of token-id lists (or a mixed one)
-// as many prompts as items, prompt_embeds adding theirs, the larger of n and best_of per prompt;
-// chat and generate one prompt. Would catch a long token-id prompt counted by its length (a
-// request refused that the trace holds) or a batch counted as one prompt (2 x 65536 choices
-// admitted, indexes past the trace's bound).
+// as many prompts as items, prompt_embeds adding theirs, n per prompt; chat and generate one
+// prompt; `best_of`, no field of vLLM's requests, neither checked nor counted on any route. Would
+// catch a long token-id prompt counted by its length (a request refused that the trace holds), a
+// batch counted as one prompt (2 x 65536 choices admitted, indexes past the trace's bound), or a
+// request refused for a `best_of` vLLM ignores.
 TEST(ProxyRequestChoices, ChoicesAreCountedAsVllmNumbersThem) {
   constexpr auto kCompletions = ProxyRoute::kCompletions;
   EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": IDS, "n": 65536})"));
   EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": [IDS, IDS], "n": 32768})"));
   EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": [IDS, IDS], "n": 32769})"));
   EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": ["a", 1], "n": 32769})"));
+  EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": ["a", "b"], "n": "32769"})"));
   EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt_embeds": "e", "n": 65536})"));
   EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": "a", "prompt_embeds": "e", "n": 32769})"));
-  EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": ["a", "b"], "n": 1, "best_of": 32769})"));
+  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": ["a", "b"], "n": 1, "best_of": 32769})"));
+  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": "a", "best_of": "two"})"));
   EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": "a", "n": null, "best_of": null})"));
   EXPECT_TRUE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [IDS, IDS, IDS], "n": 65536})"));
-  EXPECT_FALSE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [], "best_of": 65537})"));
+  EXPECT_TRUE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [], "best_of": 65537})"));
+  EXPECT_FALSE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [], "n": 65537})"));
   EXPECT_TRUE(ChoicesFit(ProxyRoute::kGenerate, R"({"token_ids": IDS, "n": 70000})"));
   EXPECT_TRUE(ChoicesFit(ProxyRoute::kGenerate, R"({"sampling_params": {"n": 65536}})"));
   EXPECT_FALSE(ChoicesFit(ProxyRoute::kGenerate, R"({"sampling_params": {"n": 65537}})"));
-  EXPECT_FALSE(ChoicesFit(ProxyRoute::kGenerate, R"({"sampling_params": {"best_of": 2.0}})"));
+  EXPECT_TRUE(ChoicesFit(ProxyRoute::kGenerate, R"({"sampling_params": {"best_of": 2.5}})"));
+}
+
+// `body` after CheckRequestChoices on `route`, with the check's status.
+std::pair<Status, json> Checked(ProxyRoute route, json body) {
+  Status st = CheckRequestChoices(route, body);
+  return {std::move(st), std::move(body)};
+}
+
+// Proves `n` is read as vLLM's pydantic models read an `int` in lax mode, and that a value of
+// another form is forwarded as the JSON integer it was read as: a float with no fractional part
+// (65536.0 the bound), a string of digits with a sign, White_Space around (Unicode's too), leading
+// zeros, a ".0" tail or underscores between digits, and true; on chat and in generate's
+// sampling_params too. Would catch 2.0, "2" or 1.0 refused (the requests vLLM serves, as they
+// were before the bound), or let through unchanged so the engine counts choices the proxy did not
+// read (the engine's own reading of the text deciding the trace's choices).
+TEST(ProxyRequestChoices, NIsReadAsVllmReadsAnIntAndForwardedAsThatInteger) {
+  const std::vector<std::pair<json, std::int64_t>> accepted = {
+      {json::parse("2.0"), 2},
+      {json::parse("2e0"), 2},
+      {json::parse("1.0"), 1},
+      {json::parse("65536.0"), 65536},
+      {"2", 2},
+      {"  2 ", 2},
+      {"\t2\n", 2},
+      {"\u00a02\u3000", 2},  // NO-BREAK SPACE and IDEOGRAPHIC SPACE are White_Space
+      {"+2", 2},
+      {"002", 2},
+      {"2.00", 2},
+      {"1_0", 10},
+      {"0_7", 7},
+      {"65536", 65536},
+      {true, 1}};
+  for (const auto& [n, want] : accepted) {
+    const auto [st, body] = Checked(ProxyRoute::kCompletions, {{"prompt", "a"}, {"n", n}});
+    EXPECT_TRUE(st.ok()) << n.dump() << ": " << st.ToString();
+    EXPECT_TRUE(body["n"].is_number_integer()) << n.dump() << " forwarded as " << body["n"];
+    EXPECT_EQ(body["n"], want) << n.dump();
+  }
+  const auto [chat_st, chat] =
+      Checked(ProxyRoute::kChat, {{"messages", json::array()}, {"n", "3"}});
+  EXPECT_TRUE(chat_st.ok()) << chat_st.ToString();
+  EXPECT_EQ(chat["n"], 3);
+  EXPECT_TRUE(chat["n"].is_number_integer());
+  const auto [gen_st, gen] =
+      Checked(ProxyRoute::kGenerate, {{"token_ids", {1}}, {"sampling_params", {{"n", 4.0}}}});
+  EXPECT_TRUE(gen_st.ok()) << gen_st.ToString();
+  EXPECT_TRUE(gen["sampling_params"]["n"].is_number_integer());
+  EXPECT_EQ(gen["sampling_params"]["n"], 4);
+  // An integer is forwarded as the client wrote it.
+  const auto [int_st, as_sent] = Checked(ProxyRoute::kCompletions, {{"prompt", "a"}, {"n", 2}});
+  EXPECT_TRUE(int_st.ok());
+  EXPECT_EQ(as_sent.dump(), R"({"n":2,"prompt":"a"})");
+}
+
+// Proves every `n` vLLM refuses stays a one-line 400 naming the field, and nothing throws: a
+// fraction, a non-finite number (nlohmann's parser refuses 1e400 itself, so it is built here), a
+// string pydantic reads no integer in ("2." and "1e3" included, a zero-width space not being
+// White_Space), a list, and whole numbers outside 1..65536 in every form (65537.0, -0.0, false,
+// past int64). Would catch a lax reading wider than vLLM's (a request admitted that the engine
+// then refuses, or reads otherwise) or the bound checked on the wrong value.
+TEST(ProxyRequestChoices, AnNVllmRefusesIsStillRefused) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<json> not_integers = {json::parse("2.5"),
+                                          json::parse("1e-1"),
+                                          inf,
+                                          -inf,
+                                          std::nan(""),
+                                          "two",
+                                          "2.",
+                                          "2.5",
+                                          "2.0.0",
+                                          "1e3",
+                                          "0x10",
+                                          "",
+                                          "  ",
+                                          "1__0",
+                                          "_1",
+                                          "1_",
+                                          "1_.0",
+                                          "+-2",
+                                          "--2",
+                                          "-+2",
+                                          "++2",
+                                          "- 2",
+                                          "\u200b2",
+                                          "\uff12",
+                                          json::array({2}),
+                                          json::object()};
+  for (const json& n : not_integers) {
+    const auto [st, body] = Checked(ProxyRoute::kCompletions, {{"prompt", "a"}, {"n", n}});
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << n.dump();
+    EXPECT_EQ(st.message(), "'n' must be an integer") << n.dump();
+  }
+  const std::vector<json> out_of_range = {json::parse("65537.0"),
+                                          json::parse("-0.0"),
+                                          json::parse("18446744073709551617"),
+                                          json::parse("1e300"),
+                                          0,
+                                          -1,
+                                          false,
+                                          "0",
+                                          "-0",
+                                          "-1",
+                                          " 65537 ",
+                                          "99999999999999999999999999"};
+  for (const json& n : out_of_range) {
+    const auto [st, body] = Checked(ProxyRoute::kCompletions, {{"prompt", "a"}, {"n", n}});
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << n.dump();
+    EXPECT_EQ(st.message(), "'n' must be in 1..65536") << n.dump();
+  }
+  const auto [gen_st, gen] =
+      Checked(ProxyRoute::kGenerate, {{"token_ids", {1}}, {"sampling_params", {{"n", "2.5"}}}});
+  EXPECT_EQ(gen_st.message(), "'sampling_params.n' must be an integer");
 }
 
 }  // namespace
