@@ -486,6 +486,8 @@ class Replayer {
   Status Visit(const journal::Record& r) {
     report_.records++;
     report_.last_seq = r.seq;
+    // A recorded torn tail is listed whatever failed before it: audit lists every one too.
+    NoteTornTail(r);
     if (!report_.ok) return Status::OK();  // keep counting; the first failure is what matters
     const FleetEvent e{r.engine, r.event};
     if (r.cause_seq == 0) {
@@ -505,7 +507,6 @@ class Replayer {
     Status applied = fleet_apply(report_.fleet, e);
     if (!applied.ok()) return Fail(r.seq, "illegal record: " + applied.ToString());
     if (!is_fleet_event(r.event)) Trace(r.engine).Track(r);
-    NoteTornTail(r);
     return Status::OK();
   }
 

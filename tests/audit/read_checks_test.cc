@@ -286,6 +286,36 @@ TEST(Replay, TheFirstFailureStaysTheReportedOne) {
   EXPECT_EQ(report->read_failure, Code::kCorruption);
 }
 
+// Proves replay lists a torn WAL tail an executor's start recorded after an earlier record already
+// failed verification (a decision naming the wrong cause at seq 4); catches the replay that
+// stopped noting recorded torn tails at its first failure, saying 0 where audit lists one.
+TEST(Replay, ATornTailRecordedAfterAFailureIsStillListed) {
+  TempDir dir;
+  std::uint64_t head = 0;
+  {
+    auto j = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : journal::testing::BootstrapGroups()) {
+      ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+    }
+    const RecoveryStarted start{"exec-2", JournalEnding::kTornTail, 9, "torn WAL tail: 9 bytes"};
+    auto s = (*j)->Submit(Event{start}, 1700000000000);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*j)->Wait(s->ticket).ok());
+    head = (*j)->head_seq();
+  }
+  RechainFrom(dir.path(), 4, head, [](journal::Record& r) { r.cause_seq = 2; });
+  auto j = journal::Journal::Open(dir.path(), ReadOnly());
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  Result<replay::ReplayReport> report = replay::Replay(**j, replay::ReplayOptions{});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->ok);
+  EXPECT_EQ(report->first_bad_seq, 4u);
+  EXPECT_EQ(report->torn_tails_count, 1u);
+  ASSERT_EQ(report->torn_tails.size(), 1u);
+  EXPECT_EQ(report->torn_tails[0].sentence, "torn WAL tail: 9 bytes");
+}
+
 // Proves replay compares its refold with the state a restart loads (the newest snapshot and the
 // records after it): a snapshot whose counters were edited is damage (exit 3's Corruption),
 // while the same journal with its own snapshots replays OK; catches the replay that said
