@@ -824,7 +824,9 @@ std::map<std::string, json> TrajectoryLines(Stack& s) {
   std::ifstream file(s.Config().journal_path + ".trajectories.jsonl");
   for (std::string line; std::getline(file, line);) {
     json doc = json::parse(line, nullptr, false);
-    if (doc.is_object()) out[doc.value("rollout_id", "")] = std::move(doc);
+    if (!doc.is_object()) continue;
+    const std::string id = doc.value("rollout_id", "");  // read before the move below
+    out[id] = std::move(doc);
   }
   return out;
 }
