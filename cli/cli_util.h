@@ -105,14 +105,16 @@ struct TextOption {
   return Status::OK();
 }
 
-// A journal a writer holds is read as the writer has it: its WAL tail and clean-close checks
-// cannot run there, and the report's verdict does not say so. stderr does (stdout keeps the
-// report's format).
+// A journal whose LOCK another process held past the reader's wait (a writer, or a reader slow to
+// open) is read as a secondary: its WAL tail and the tables a dead open left cannot be checked
+// there (the durable mark and the clean close still are), and the report's verdict does not say
+// so. stderr does (stdout keeps the report's format).
 inline void NoteLiveWriter(const journal::Journal& j, const char* command) {
   if (!j.recovery().live_writer) return;
   std::fprintf(stderr,
-               "rolloutcore %s: note: a writer holds this journal, so its WAL tail and clean-close "
-               "checks were skipped; run again once the writer has stopped for those\n",
+               "rolloutcore %s: note: another process holds this journal's LOCK (a writer, or "
+               "another reader), so its WAL tail and leftover-table checks were skipped; run again "
+               "once it has stopped for those\n",
                command);
 }
 

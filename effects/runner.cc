@@ -453,9 +453,12 @@ Status Runner::Drive() {
                           " effects without settling");
 }
 
+// The journal keeps a torn tail its open found until an executor's record of it is durable: a
+// start that fails before this (the engine never comes up) must not let the next read as clean.
 Status Runner::BeginRecovery(const journal::Recovery& opened) {
   auto r = submit(RecoveryStartedAfter(options_.executor_id, opened));
-  return r.status();
+  if (!r.ok() || opened.torn_tail.empty()) return r.status();
+  return journal_.ForgetRecordedTornTail();
 }
 
 Status Runner::Recover(const journal::Recovery& opened) {

@@ -171,7 +171,14 @@ struct Recovery {
   // Bytes of the WAL that crash recovery could not read (a torn tail: a group cut mid-write). Its
   // seqs are unknowable (the torn batch is unreadable): they would follow head_seq.
   std::uint64_t wal_bytes_unread = 0;
-  std::string torn_tail;  // "" or a sentence naming the WAL file(s), the bytes and the seqs
+  // "" or a sentence of what was lost, the journal's path last: a torn WAL tail (the WAL file(s),
+  // the bytes, the seqs), and table files an open that died left holding seqs past the head and
+  // every mark (its recovery of a WAL whose last batch, never acknowledged, a power loss then
+  // took). What a writer's open found is kept in the journal until an executor's start recorded
+  // it (Journal::ForgetRecordedTornTail): every open until then reports it too, after its own
+  // findings, as "found by an earlier open, not yet recorded by an executor's start: ...", its
+  // bytes counted in wal_bytes_unread.
+  std::string torn_tail;
 };
 
 // A ticket for an enqueued group: seqs are assigned at Enqueue, durability is awaited at Wait.
@@ -191,17 +198,21 @@ class Journal {
   // of the record at its seq or that counts other than its seq's events, fewer records than a
   // clean close recorded, records that end before the durable mark or differ at it, a CURRENT
   // older than the durable mark's MANIFEST, a table file the MANIFEST does not list that holds
-  // records the journal lacks, a column family the MANIFEST lacks, a journal's files without
-  // their CURRENT). Only a directory holding none of a journal's files is created
-  // (create_if_missing). A torn WAL tail opens (crash recovery) and is reported by recovery().
+  // records the journal lacks at or below its head or a mark, or in a journal without a mark, a
+  // column family the MANIFEST lacks, a journal's files without their CURRENT). Only a directory
+  // holding none of a journal's files is created (create_if_missing). A torn WAL tail opens (crash
+  // recovery) and is reported by recovery(), as are table files an open that died left holding
+  // only seqs past the head, which reaches every mark (an unacknowledged tail).
   // The writer checks the marks, CURRENT and the table files on a read-only open before RocksDB
   // opens the journal for writing (which deletes the files its MANIFEST leaves obsolete): a
-  // journal refused for records it lost keeps every file it had.
+  // journal refused for records it lost keeps every file it had. A reader that takes the LOCK
+  // between that check and RocksDB's open is waited for (both run again, for a second at most).
   // The writer's open writes (RocksDB's own open and recovery, the schema and head keys, the
-  // removal of the clean-close record, a snapshot, the durable mark): each not done within
-  // Options::commit_stall_timeout_ms (when nonzero) is Timeout naming the path and the write.
-  // Such a write cannot be cancelled: it runs on, detached, holding the database open until it
-  // returns, and the caller is expected to exit (a later Open in this process meanwhile is Busy).
+  // removal of the clean-close record, the torn tail it found, a snapshot, the durable mark):
+  // each not done within Options::commit_stall_timeout_ms (when nonzero) is Timeout naming the
+  // path and the write. Such a write cannot be cancelled: it runs on, detached, holding the
+  // database open until it returns, and the caller is expected to exit (a later Open in this
+  // process meanwhile is Busy).
   [[nodiscard]] static Result<std::unique_ptr<Journal>> Open(const std::string& path,
                                                              const Options& options);
 
@@ -280,6 +291,11 @@ class Journal {
   virtual void Stop(const Status& why) = 0;
   // What Open found about how the journal ended before (clean close, torn tail).
   virtual Recovery recovery() const = 0;
+  // The writer's: forgets the torn tail its open found and kept (and any an earlier open kept),
+  // once the executor's record of it (a RecoveryStarted carrying recovery()) is durable; later
+  // opens then no longer report it. The removal is synced, under commit_stall_timeout_ms; its
+  // failure fails the journal. OK when nothing is kept; InvalidArgument on a read-only journal.
+  [[nodiscard]] virtual Status ForgetRecordedTornTail() = 0;
   // Enqueue + Wait.
   [[nodiscard]] virtual Result<AppendResult> Append(const AppendRequest& request) = 0;
 

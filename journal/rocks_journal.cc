@@ -12,7 +12,9 @@
 //                                                  record seq; before v9 without the hash)
 //                BE64(seq)                      -> EncodeState(...): written before fleets; never
 //                                                  loaded (it lacks the fleet's label order)
-//   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64
+//   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64,
+//                "open_torn_tail" -> BE64(bytes unread) ‖ sentence: what a writer's open found
+//                lost (a torn WAL tail), kept until an executor's start recorded it
 // Every group commit is one WriteBatch over all of them (WAL on, sync = Options.sync), written by
 // one committer thread; waiters sleep with the stall deadline.
 //
@@ -45,6 +47,7 @@
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
@@ -88,6 +91,15 @@ const char* const kCfNames[kCfCount] = {"default",     "events",    "rollouts",
 const char kHeadSeqKey[] = "head_seq";
 const char kHeadHashKey[] = "head_hash";
 const char kSchemaKey[] = "schema_version";
+// What a writer's open found lost, kept until an executor's start recorded it
+// (Journal::ForgetRecordedTornTail): RocksDB's open makes the torn WAL obsolete, and a start that
+// died before its RecoveryStarted would otherwise leave the finding nowhere.
+const char kOpenTornTailKey[] = "open_torn_tail";
+// The kept sentence at most (this open's findings and an earlier one's joined, each cut to half).
+constexpr std::size_t kKeptTornTailBytesMax = 2048;
+// How an open reports a finding an earlier open kept.
+constexpr const char* kEarlierFinding =
+    "found by an earlier open, not yet recorded by an executor's start: ";
 const char kClosedFile[] = "CLOSED";  // the clean-close record beside the database
 // A clean-close record is three short lines and a check (under 200 bytes): a larger file is
 // damage, refused before it is read rather than allocated whole.
@@ -239,6 +251,93 @@ struct PendingAdmission {
 
 // The point-lookup key of a rollout id (its first use): the RolloutSeqs prefix alone.
 std::string RolloutIdKey(const std::string& rollout_id) { return RolloutPrefix(rollout_id); }
+
+// What an open found lost: bytes of WAL it could not read, and a sentence naming what (without
+// the journal's path, which recovery() adds last).
+struct TornFinding {
+  std::uint64_t bytes_unread = 0;
+  std::string sentence;  // "" when nothing was found
+};
+
+std::string JoinFindings(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return a + b;
+  return a + " | " + b;
+}
+
+// The finding a writer's open keeps: its own and an earlier one still kept, each cut to half the
+// bound (the distinguishing parts come first in each), so that neither crowds the other out.
+TornFinding KeptFinding(const TornFinding& own, const TornFinding& earlier) {
+  constexpr std::size_t kHalf = (kKeptTornTailBytesMax - 3) / 2;
+  const std::size_t each = earlier.sentence.empty() ? kKeptTornTailBytesMax : kHalf;
+  return TornFinding{own.bytes_unread + earlier.bytes_unread,
+                     JoinFindings(text::utf8_prefix(own.sentence, each),
+                                  text::utf8_prefix(earlier.sentence, kHalf))};
+}
+
+std::string EncodeTornFinding(const TornFinding& f) { return BE64(f.bytes_unread) + f.sentence; }
+
+// The seqs a key of an obsolete table names (see the key layouts above), first..last.
+struct SeqSpan {
+  std::uint64_t first = UINT64_MAX;
+  std::uint64_t last = 0;
+  bool empty() const { return first > last; }
+  void Add(const SeqSpan& s) {
+    first = std::min(first, s.first);
+    last = std::max(last, s.last);
+  }
+  std::string Name() const {
+    return first == last ? "seq " + std::to_string(first)
+                         : "seqs " + std::to_string(first) + ".." + std::to_string(last);
+  }
+};
+
+// The seqs a key of column family `cf` names: an event's key is its seq; a rollout's index key
+// ends with it and its point key's value is the admission's; an idempotency value carries its
+// group's first and last; a snapshot's key starts with it. nullopt: the key names none (meta,
+// default, or malformed).
+std::optional<SeqSpan> SeqsOfKey(std::size_t cf, std::string_view key, std::string_view value) {
+  auto one = [](std::string_view be64) { return SeqSpan{ParseBE64(be64), ParseBE64(be64)}; };
+  switch (cf) {
+    case kEventsCf:
+      if (key.size() == 8) return one(key);
+      break;
+    case kRolloutsCf: {
+      if (key.empty()) break;
+      const std::size_t id_end = 1 + static_cast<std::uint8_t>(key[0]);
+      if (key.size() == id_end && value.size() == 8) return one(value);
+      if (key.size() == id_end + 8) return one(key.substr(id_end));
+      break;
+    }
+    case kIdemCf: {
+      if (value.size() != 48) break;
+      const SeqSpan group{ParseBE64(value.substr(0, 8)), ParseBE64(value.substr(8, 8))};
+      if (!group.empty()) return group;
+      break;
+    }
+    case kSnapshotsCf:
+      if (key.size() >= 8) return one(key.substr(0, 8));
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+// The table files RocksDB takes for obsolete that hold keys the journal lacks, all of seqs past
+// its head and every mark (CheckObsoleteTables): what an open that died left.
+struct UnackedTables {
+  SeqSpan seqs;
+  std::uint64_t head = 0;
+  std::size_t count = 0;
+  std::string names;  // the first kUnackedTablesNamedMax
+  static constexpr std::size_t kUnackedTablesNamedMax = 8;
+
+  void Add(const std::string& name, const SeqSpan& lacked, std::uint64_t at_head) {
+    seqs.Add(lacked);
+    head = at_head;
+    if (++count <= kUnackedTablesNamedMax) names += (names.empty() ? "" : ", ") + name;
+  }
+};
 
 // Where a cleanly closed journal ended, or (the durable mark) how far it was durable.
 struct ClosedMark {
@@ -518,13 +617,14 @@ struct StepOutcome {
   Status status;
 };
 
-// Runs one open-time write, flush or sync with the deadline a group commit has: not done within
-// `deadline_ms` (0: no deadline, and it runs on the caller's thread), it is Timeout naming the
-// journal and `what`. A RocksDB or file system call cannot be cancelled, so the step runs on a
-// helper thread that owns (by shared_ptr, in `step`'s captures) everything it touches. One past
-// its deadline is detached and left to finish or hang; the caller is expected to exit. Nothing
-// ever joins a stuck helper: the one joined has finished, and dropped its captures before it said
-// so (nothing of the journal is destroyed on it).
+// Runs one open-time write, flush or sync (or the removal of a kept torn tail) with the deadline a
+// group commit has: not done within `deadline_ms` (0: no deadline, and it runs on the caller's
+// thread), it is Timeout naming the journal and `what`. A RocksDB or file system call cannot be
+// cancelled, so the step runs on a helper thread that owns (by shared_ptr, in `step`'s captures)
+// everything it touches, the database included. One past its deadline is detached and left to
+// finish or hang; the caller is expected to exit. Nothing ever joins a stuck helper: the one
+// joined has finished, and dropped its captures before it said so (nothing of the journal is
+// destroyed on it).
 Status RunBounded(std::uint32_t deadline_ms, const std::string& path, const std::string& what,
                   std::function<Status()> step) {
   if (deadline_ms == 0) return step();
@@ -754,16 +854,22 @@ class RocksJournal final : public Journal {
   Status Flush() override;
   Status Compact() override;
   Status Close() override;
+  Status ForgetRecordedTornTail() override;
 
  private:
   // Open, by role. Each leaves the database open and the in-memory head loaded, or returns an
   // error.
   Status OpenWriter();
-  Status CheckBeforeWriting();
+  // The check before writing and RocksDB's open for writing, again while a reader took the LOCK
+  // between them.
+  Status CheckAndOpenForWriting();
+  Status CheckBeforeWriting(std::chrono::steady_clock::time_point lock_until);
   Status CheckMarkedRecordsBeforeWriting();
   Status CheckMarksUnchanged();
   Status OpenReadOnly();
-  rocksdb::Status LockBriefly(rocksdb::FileLock** lock);
+  // The LOCK, another process's waited for until `until`.
+  rocksdb::Status LockBriefly(rocksdb::FileLock** lock,
+                              std::chrono::steady_clock::time_point until);
   Status OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals, bool locked);
   // Reads the marks, checks CURRENT against the durable mark and the column families, opens the
   // journal read-only into rocks_ (nothing written, nothing deleted) and checks its live files.
@@ -773,7 +879,8 @@ class RocksJournal final : public Journal {
   Status CheckMarksBesideWriter();
   rocksdb::Options DbOptions() const;
   std::vector<rocksdb::ColumnFamilyDescriptor> Descriptors(const rocksdb::Options& opts) const;
-  Status OpenRocksWriter();
+  // `lock_taken`: set when the open failed because another process held the LOCK.
+  Status OpenRocksWriter(bool* lock_taken);
   // RunBounded with the journal's path and commit_stall_timeout_ms.
   Status OpenStep(const std::string& what, std::function<Status()> step) const;
   Status CheckDirectory();
@@ -785,8 +892,13 @@ class RocksJournal final : public Journal {
   Status ListFamilies(bool locked, std::vector<std::string>* names);
   Status CheckLiveFiles();
   Status CheckObsoleteTables();
-  Status CheckObsoleteTable(const std::string& name);
+  Status CheckObsoleteTable(const std::string& name, SeqSpan* lacked);
+  Status CheckUnacknowledged(const std::string& name, const SeqSpan& lacked,
+                             std::uint64_t head) const;
+  Status ObsoleteTableRefused(const std::string& name, const std::string& what,
+                              const std::string& why) const;
   Result<bool> NeverWritten();
+  Result<std::uint64_t> ViewHead();
   Status CheckSchema();
   Status StampSchemaVersion();
   Status LoadHead();
@@ -809,6 +921,10 @@ class RocksJournal final : public Journal {
   // The snapshot of `fleet` at durable `seq`, carrying the hash of record `seq`.
   Result<std::string> SnapshotBytes(std::uint64_t seq, const FleetState& fleet);
   void CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before);
+  void NoteUnackedTables();
+  Status ReadKeptTornTail();
+  void ReportTornTails();
+  Status KeepTornTail();
   void StopCommitter();
   Status CloseCleanly();
 
@@ -879,6 +995,12 @@ class RocksJournal final : public Journal {
   // The database, empty until opened; shared with open-time steps (RunBounded).
   std::shared_ptr<RocksDb> rocks_ = std::make_shared<RocksDb>();
   Recovery recovery_;             // set once by Open
+  TornFinding found_;             // what this open found lost (ReportTornTails)
+  TornFinding kept_;              // what an earlier writer's open found and kept (ReadKeptTornTail)
+  UnackedTables unacked_tables_;  // set by CheckObsoleteTables
+  // The writer's: the meta key holds a finding (ForgetRecordedTornTail removes it). Set by the
+  // open, then guarded by mu_.
+  bool torn_tail_kept_ = false;
   bool opened_ = false;           // Open succeeded: only then may a close record a clean close
   std::optional<Status> closed_;  // Close()'s answer, once it ran
   bool fresh_ = false;            // no journal in the directory yet (CheckDirectory)
@@ -1126,6 +1248,11 @@ bool LockHeldByAProcess(const rocksdb::Status& s) {
          msg.find("lock is already held") != std::string::npos;
 }
 
+// Whether LockFile failed because another process holds the LOCK (fcntl refused it).
+bool LockHeldByAnotherProcess(const rocksdb::Status& s) {
+  return s.ToString().find("While lock file") != std::string::npos;
+}
+
 // Only RocksDB's wording of a held lock says Busy: the message names the journal's path too, and
 // a path with "lock" in it (".../block-store/...") must not make a damaged file read as busy.
 Status OpenError(const std::string& path, const rocksdb::Status& s) {
@@ -1168,23 +1295,30 @@ inline constexpr std::uint32_t kRocksOpenDeadlineFactor = 6;
 // RocksDB's open of the writer replays the WAL (through the WAL filter), may flush what it
 // replayed, and writes a new MANIFEST and OPTIONS file, each synced: an open-time step. It opens
 // into a database of its own, taken as the journal's only once the open returned in time.
-Status RocksJournal::OpenRocksWriter() {
+Status RocksJournal::OpenRocksWriter(bool* lock_taken) {
+  *lock_taken = false;
   auto opened = std::make_shared<RocksDb>();
+  auto taken = std::make_shared<std::atomic<bool>>(false);
   rocksdb::Options opts = DbOptions();
   opts.wal_filter = &opened->wal_replay;
   std::vector<rocksdb::ColumnFamilyDescriptor> descs = Descriptors(opts);
   const std::uint64_t deadline_ms =
       std::uint64_t{options_.commit_stall_timeout_ms} * kRocksOpenDeadlineFactor;
-  RC_RETURN_IF_ERROR(RunBounded(
+  const Status s = RunBounded(
       static_cast<std::uint32_t>(std::min<std::uint64_t>(deadline_ms, UINT32_MAX)), path_,
       "RocksDB's open (WAL recovery, MANIFEST)",
-      [opened, opts, descs, path = path_, fresh = fresh_] {
+      [opened, taken, opts, descs, path = path_, fresh = fresh_] {
         rocksdb::DB* raw = nullptr;
         const rocksdb::Status s = rocksdb::DB::Open(opts, path, descs, &opened->cfs, &raw);
         opened->db.reset(raw);
         if (s.ok()) return Status::OK();
+        taken->store(LockHeldByAnotherProcess(s));  // read before the status is mapped
         return fresh ? OpenError(path, s) : ExistingOpenError(path, s);
-      }));
+      });
+  if (!s.ok()) {
+    *lock_taken = taken->load();
+    return s;
+  }
   RC_CHECK(opened->db != nullptr && opened->cfs.size() == kCfCount);
   rocks_ = std::move(opened);
   return Status::OK();
@@ -1204,8 +1338,7 @@ Status RocksJournal::OpenDb() {
 // checked again, before the writer marks it and accepts appends.
 Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(CheckDirectory());
-  if (!fresh_) RC_RETURN_IF_ERROR(CheckBeforeWriting());
-  RC_RETURN_IF_ERROR(OpenRocksWriter());
+  RC_RETURN_IF_ERROR(CheckAndOpenForWriting());
   if (!fresh_) RC_RETURN_IF_ERROR(CheckMarksUnchanged());
   Result<std::uint64_t> manifest = CurrentManifestNumber();
   if (!manifest.ok()) return manifest.status();
@@ -1225,8 +1358,12 @@ Status RocksJournal::OpenWriter() {
   recovery_.clean_close = closed_mark_.has_value();
   RC_RETURN_IF_ERROR(CheckDurableMark(head_seq_));
   CheckWalTail(wals_at_open_);
+  NoteUnackedTables();
+  RC_RETURN_IF_ERROR(ReadKeptTornTail());
+  ReportTornTails();
   // From here on a crash must not look like a clean close.
   RC_RETURN_IF_ERROR(RemoveClosedMark());
+  RC_RETURN_IF_ERROR(KeepTornTail());
   RC_RETURN_IF_ERROR(StampSchemaVersion());
   RC_RETURN_IF_ERROR(SnapshotPastOlderFormat());
   RC_RETURN_IF_ERROR(MarkAtOpen());
@@ -1234,16 +1371,32 @@ Status RocksJournal::OpenWriter() {
   return Status::OK();
 }
 
+// The check releases the LOCK and RocksDB's open takes it again. A reader (replay, audit) polls
+// the LOCK (LockBriefly) and may take it between the two: RocksDB's open then fails on a LOCK
+// another process holds, and the check and the open run again, for at most kLockWaitMs in all
+// (the reader holds it only while it opens). A writer that came between is Busy.
+Status RocksJournal::CheckAndOpenForWriting() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockWaitMs);
+  while (true) {
+    if (!fresh_) RC_RETURN_IF_ERROR(CheckBeforeWriting(until));
+    bool lock_taken = false;
+    const Status opened = OpenRocksWriter(&lock_taken);
+    if (opened.ok() || !lock_taken || std::chrono::steady_clock::now() >= until) return opened;
+    std::this_thread::sleep_for(std::chrono::milliseconds(kLockPollMs));
+  }
+}
+
 // RocksDB's open of the writer replays the WAL into table files, starts a new MANIFEST and
 // deletes every WAL and table file the MANIFEST CURRENT names leaves obsolete: a journal that lost
 // acknowledged records must be refused before that, while its files are as they were. So the
 // journal is first opened read-only (which writes and deletes nothing) and checked there: its
 // column families and live files, a CURRENT older than the durable mark's MANIFEST, records held
-// only by table files RocksDB would delete, records that end before a mark. Under the LOCK, so
-// that no writer starts meanwhile; RocksDB's open takes it again (Busy if a writer came between).
-Status RocksJournal::CheckBeforeWriting() {
+// only by table files RocksDB would delete, records that end before a mark. Under the LOCK
+// (another process's waited for until `lock_until`), so that no writer starts meanwhile;
+// RocksDB's open takes it again (CheckAndOpenForWriting).
+Status RocksJournal::CheckBeforeWriting(std::chrono::steady_clock::time_point lock_until) {
   rocksdb::FileLock* lock = nullptr;
-  const rocksdb::Status locked = LockBriefly(&lock);
+  const rocksdb::Status locked = LockBriefly(&lock, lock_until);
   if (!locked.ok()) return OpenError(path_, locked);
   HeldLock held(env_, lock);
   Result<DbFiles> files = ListDbFiles(env_, path_);
@@ -1273,12 +1426,10 @@ Status RocksJournal::CheckMarksUnchanged() {
 // first). The rest (the chain, the snapshots' records) is checked once the writer opened:
 // RocksDB's open loses nothing those checks find missing. A journal that holds neither a schema
 // version nor a record (an emptied WAL, or a creation that died before its first write) is one
-// the writer would start empty (CheckSchema): its head is 0.
+// the writer would start empty (CheckSchema): its head is 0 (ViewHead).
 Status RocksJournal::CheckMarkedRecordsBeforeWriting() {
   if (!closed_mark_ && !durable_mark_) return Status::OK();
-  Result<bool> unwritten = NeverWritten();
-  if (!unwritten.ok()) return unwritten.status();
-  Result<std::uint64_t> head = *unwritten ? Result<std::uint64_t>(0) : ReadHeadSeq();
+  Result<std::uint64_t> head = ViewHead();
   if (!head.ok()) return head.status();
   RC_RETURN_IF_ERROR(CheckNoSnapshotPastHead(*head));
   if (closed_mark_) {
@@ -1298,7 +1449,8 @@ Status RocksJournal::OpenReadOnly() {
   RC_RETURN_IF_ERROR(CheckDirectory());
   if (fresh_) return Status::NotFound("no journal at " + path_ + " (no CURRENT file)");
   rocksdb::FileLock* lock = nullptr;
-  const rocksdb::Status locked = LockBriefly(&lock);
+  const rocksdb::Status locked =
+      LockBriefly(&lock, std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockWaitMs));
   if (!locked.ok() && LockHeldByAProcess(locked)) return OpenSecondary();
   HeldLock held(env_, locked.ok() ? lock : nullptr);
   Result<DbFiles> files = ListDbFiles(env_, path_);
@@ -1311,21 +1463,23 @@ Status RocksJournal::OpenReadOnly() {
   return unchanged.ok() ? checked : unchanged;
 }
 
-// The LOCK. Another process holding it is waited for up to kLockWaitMs: a reader (replay, audit)
-// holds it only while it opens, and one beside it would otherwise be read as beside a live writer.
-// A LOCK this process holds is not waited for (a writer here holds it for good).
-rocksdb::Status RocksJournal::LockBriefly(rocksdb::FileLock** lock) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockWaitMs);
+// The LOCK. Another process holding it is waited for until `until` (kLockWaitMs from the open's
+// start): a reader (replay, audit) holds it only while it opens, and one beside it would
+// otherwise be read as beside a live writer. A LOCK this process holds is not waited for (a
+// writer here holds it for good).
+rocksdb::Status RocksJournal::LockBriefly(rocksdb::FileLock** lock,
+                                          std::chrono::steady_clock::time_point until) {
   while (true) {
     const rocksdb::Status s = env_->LockFile(path_ + "/LOCK", lock);
-    const bool other_process = s.ToString().find("While lock file") != std::string::npos;
-    if (s.ok() || !other_process || std::chrono::steady_clock::now() >= until) return s;
+    if (s.ok() || !LockHeldByAnotherProcess(s) || std::chrono::steady_clock::now() >= until) {
+      return s;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(kLockPollMs));
   }
 }
 
 // The read-only open and its checks: live files, table files RocksDB would take for obsolete,
-// schema, head, clean close, durable mark, WAL tail.
+// schema, head, clean close, durable mark, WAL tail, and what an earlier writer's open kept.
 Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint64_t>& wals,
                                          bool locked) {
   // Every table file is opened (and its footer read) now.
@@ -1337,6 +1491,9 @@ Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint
   recovery_.clean_close = closed_mark_.has_value();
   RC_RETURN_IF_ERROR(CheckDurableMark(head_seq_));
   CheckWalTail(wals);
+  NoteUnackedTables();
+  RC_RETURN_IF_ERROR(ReadKeptTornTail());
+  ReportTornTails();
   return Status::OK();
 }
 
@@ -1399,7 +1556,10 @@ Status RocksJournal::OpenSecondary() {
   RC_RETURN_IF_ERROR(live);
   RC_RETURN_IF_ERROR(CheckSchema());
   RC_RETURN_IF_ERROR(LoadHead());
-  return CheckMarksBesideWriter();
+  RC_RETURN_IF_ERROR(CheckMarksBesideWriter());
+  RC_RETURN_IF_ERROR(ReadKeptTornTail());
+  ReportTornTails();
+  return Status::OK();
 }
 
 // A writer only adds records past what the marks read before the records name (its open checked
@@ -1586,13 +1746,18 @@ Status RocksJournal::CheckLiveFiles() {
 }
 
 // RocksDB takes a table file the MANIFEST CURRENT names does not list for obsolete, and the
-// writer's open deletes it. What a flush, a compaction or an open that died leaves behind holds
-// only keys the journal still holds (in a WAL its recovery reads again, or in the tables they
-// were compacted from): one holding a key the journal as opened lacks holds records that would be
-// lost, under a CURRENT or MANIFEST older than the journal's tables (restored or copied over
-// them, or a MANIFEST cut short). A journal without a durable mark would open shorter, and a mark
-// alone misses such a loss below its seq; refused (never auto-repaired).
+// writer's open deletes it. What a flush or a compaction that died leaves behind holds only keys
+// the journal still holds (in a WAL its recovery reads again, or in the tables they were compacted
+// from). So does what an open that died leaves, with one exception: RocksDB's open writes the WAL
+// it recovers into synced tables before it switches CURRENT, without syncing that WAL first, so
+// its tables may hold a last batch that was in the page cache only (its writer killed before the
+// fsync: never acknowledged), which a power loss then took from the WAL. Any other key the
+// journal as opened lacks is a record that would be lost, under a CURRENT or MANIFEST older than
+// the journal's tables (restored or copied over them, or a MANIFEST cut short). The marks tell the
+// two apart (CheckUnacknowledged); a table that holds such an unacknowledged tail is reported
+// (NoteUnackedTables) and left for RocksDB to delete.
 Status RocksJournal::CheckObsoleteTables() {
+  unacked_tables_ = {};
   std::vector<rocksdb::LiveFileMetaData> files;
   rocks_->db->GetLiveFilesMetaData(&files);
   std::set<std::string> live;
@@ -1600,18 +1765,44 @@ Status RocksJournal::CheckObsoleteTables() {
   std::vector<std::string> names;
   RC_RETURN_IF_ERROR(FromRocks(env_->GetChildren(path_, &names), "list " + path_));
   std::sort(names.begin(), names.end());
+  std::optional<std::uint64_t> head;  // the journal's, read once a table holds a key it lacks
   for (const std::string& name : names) {
     if (!Numbered(name, ".sst") || live.count(name) != 0) continue;
-    RC_RETURN_IF_ERROR(CheckObsoleteTable(name));
+    SeqSpan lacked;
+    RC_RETURN_IF_ERROR(CheckObsoleteTable(name, &lacked));
+    if (lacked.empty()) continue;
+    if (!head.has_value()) {
+      Result<std::uint64_t> read = ViewHead();
+      if (!read.ok()) return read.status();
+      head = *read;
+    }
+    RC_RETURN_IF_ERROR(CheckUnacknowledged(name, lacked, *head));
+    unacked_tables_.Add(name, lacked, *head);
   }
   return Status::OK();
 }
 
-// An obsolete table file (above) must hold no key the journal lacks. One that cannot be read (a
-// flush or compaction that died writing it) holds nothing RocksDB could read either.
-Status RocksJournal::CheckObsoleteTable(const std::string& name) {
+namespace {
+
+constexpr const char* kOlderCurrent =
+    "CURRENT or its MANIFEST is older than the journal's table files (restored or copied over "
+    "them, or cut short)";
+
+}  // namespace
+
+// The seqs of the keys an obsolete table file holds that the journal lacks, into `lacked`. A table
+// that is damaged (Corruption: what a flush, compaction or open that died leaves cut short or
+// unfinished) holds nothing RocksDB could read past the damage either: what was read before it
+// counts, the rest is passed over. Any other error reading it (I/O, descriptors, memory) tells
+// nothing of the table: it is the open's error. A key that names no seq is refused here (nothing
+// shows it was never acknowledged), except the kept torn tail (a finding, not a record), which a
+// writer removes once it was recorded.
+Status RocksJournal::CheckObsoleteTable(const std::string& name, SeqSpan* lacked) {
+  const std::string file = path_ + "/" + name;
   rocksdb::SstFileReader reader(DbOptions());
-  if (!reader.Open(path_ + "/" + name).ok()) return Status::OK();
+  const rocksdb::Status opened = reader.Open(file);
+  if (opened.IsCorruption()) return Status::OK();
+  RC_RETURN_IF_ERROR(FromRocks(opened, "read the table file " + file));
   const std::shared_ptr<const rocksdb::TableProperties> props = reader.GetTableProperties();
   if (props == nullptr) return Status::OK();
   const auto named = std::find(std::begin(kCfNames), std::end(kCfNames), props->column_family_name);
@@ -1625,18 +1816,66 @@ Status RocksJournal::CheckObsoleteTable(const std::string& name) {
     if (held->Valid() && held->key() == obsolete->key()) continue;
     RC_RETURN_IF_ERROR(FromRocks(held->status(), "read " + path_));
     const std::string_view key = View(obsolete->key());
-    const std::string what = cf == kEventsCf && key.size() == 8
-                                 ? "the record at seq " + std::to_string(ParseBE64(key))
-                                 : std::string("a key of the column family ") + kCfNames[cf];
-    return Status::Corruption(
-        "journal at " + path_ + ": table file " + name +
-        ", which the MANIFEST CURRENT names does not list (RocksDB would delete it), holds " +
-        what +
-        ", which the journal lacks: CURRENT or its MANIFEST is older than the journal's table "
-        "files (restored or copied over them, or cut short); refusing to open, which would lose "
-        "those records (never auto-repaired)");
+    if (cf == kMetaCf && key == kOpenTornTailKey) continue;
+    const std::optional<SeqSpan> seqs = SeqsOfKey(cf, key, View(obsolete->value()));
+    if (!seqs.has_value()) {
+      return ObsoleteTableRefused(name, std::string("a key of the column family ") + kCfNames[cf],
+                                  "and it names no seq, so nothing shows it was never "
+                                  "acknowledged: " +
+                                      std::string(kOlderCurrent));
+    }
+    lacked->Add(*seqs);
   }
-  return Status::OK();  // a table that cannot be read to its end: as one that cannot be opened
+  const rocksdb::Status read = obsolete->status();
+  if (read.IsCorruption()) return Status::OK();
+  return FromRocks(read, "read the table file " + file);
+}
+
+// The seqs an obsolete table holds that the journal lacks (`lacked`) are an open's unacknowledged
+// tail only if they all lie past the head the journal holds and that head reaches every mark: the
+// durable mark and a clean close say how far records were acknowledged. A seq at or below the
+// head is a hole; records that end before a mark lost acknowledged ones (refused here as the mark
+// check would); and without a mark nothing shows the seqs were never acknowledged. Past the mark,
+// the commits of its last interval are the documented limit (journal.h), as for a cut WAL.
+Status RocksJournal::CheckUnacknowledged(const std::string& name, const SeqSpan& lacked,
+                                         std::uint64_t head) const {
+  const std::string at = "its head seq " + std::to_string(head);
+  std::uint64_t marked = 0;
+  if (durable_mark_) marked = durable_mark_->seq;
+  if (closed_mark_) marked = std::max(marked, closed_mark_->seq);
+  std::string why;
+  if (lacked.first <= head) {
+    why = "at or below " + at + ": " + kOlderCurrent;
+  } else if (!durable_mark_ && !closed_mark_) {
+    why = "past " + at +
+          ", but without a durable mark or a clean-close record nothing shows they were never "
+          "acknowledged: " +
+          kOlderCurrent + ", or an open died after RocksDB wrote them";
+  } else if (head < marked) {
+    why = "past " + at + ", which ends before the seq " + std::to_string(marked) +
+          " its marks name: " + kOlderCurrent;
+  } else {
+    return Status::OK();
+  }
+  return ObsoleteTableRefused(name, "keys of " + lacked.Name(), why);
+}
+
+Status RocksJournal::ObsoleteTableRefused(const std::string& name, const std::string& what,
+                                          const std::string& why) const {
+  return Status::Corruption("journal at " + path_ + ": table file " + name +
+                            ", which the MANIFEST CURRENT names does not list (RocksDB would "
+                            "delete it), holds " +
+                            what + ", which the journal lacks, " + why +
+                            "; refusing to open, which would lose those records (never "
+                            "auto-repaired)");
+}
+
+// The head the journal as opened holds: 0 for one that holds neither a schema version nor a
+// record (NeverWritten).
+Result<std::uint64_t> RocksJournal::ViewHead() {
+  Result<bool> unwritten = NeverWritten();
+  if (!unwritten.ok()) return unwritten.status();
+  return *unwritten ? Result<std::uint64_t>(0) : ReadHeadSeq();
 }
 
 // Whether the journal holds neither a schema version nor a record.
@@ -1855,7 +2094,9 @@ Status RocksJournal::SnapshotPastOlderFormat() {
 
 // Compares each WAL recovery read with its size on disk before the open: the difference is a
 // tail recovery dropped. What is knowable: the file, the bytes, the last seq recovered. The seqs
-// of a torn group are not (its batch is unreadable); they would follow the recovered head.
+// of a torn group are not (its batch is unreadable); they would follow the recovered head. The
+// sentence names them first: it is recorded cut to a bound, and the journal's path (any length)
+// comes last (ReportTornTails).
 void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before) {
   const WalReplay& wal_replay = rocks_->wal_replay;
   if (!wal_replay.min_log().has_value()) return;  // nothing was replayed (no WAL read)
@@ -1870,16 +2111,107 @@ void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wa
                 std::to_string(size) + "-byte file (framing not understood; tail unknown)";
       continue;
     }
-    recovery_.wal_bytes_unread += size - read;
+    found_.bytes_unread += size - read;
     detail += WalName(number) + ": " + std::to_string(size - read) + " of " + std::to_string(size) +
               " bytes after its last complete batch could not be read";
   }
   if (detail.empty()) return;
-  recovery_.torn_tail = "torn WAL tail in " + path_ + ": " + detail + "; recovered through seq " +
-                        std::to_string(recovery_.head_seq) + "; records from seq " +
-                        std::to_string(recovery_.head_seq + 1) +
-                        " on that the torn batch held, if any, are lost (unacknowledged unless "
-                        "a client holds a later acknowledged head)";
+  found_.sentence = JoinFindings(
+      found_.sentence, "torn WAL tail: " + detail + "; recovered through seq " +
+                           std::to_string(recovery_.head_seq) + "; records from seq " +
+                           std::to_string(recovery_.head_seq + 1) +
+                           " on that the torn batch held, if any, are lost (unacknowledged "
+                           "unless a client holds a later acknowledged head)");
+}
+
+// The tables an open that died left holding an unacknowledged tail (CheckObsoleteTables) are
+// reported as a torn tail is: records past the head were lost, unacknowledged as far as the marks
+// tell. The writer's open lets RocksDB delete them (and keeps the finding: KeepTornTail); a
+// read-only open leaves them.
+void RocksJournal::NoteUnackedTables() {
+  const UnackedTables& t = unacked_tables_;
+  if (t.count == 0) return;
+  const std::string names =
+      t.names + (t.count > UnackedTables::kUnackedTablesNamedMax ? ", ..." : "");
+  found_.sentence = JoinFindings(
+      found_.sentence,
+      "unacknowledged tail in tables an open that died left: " + std::to_string(t.count) +
+          " table file" + (t.count == 1 ? "" : "s") + " (" + names + ") held " + t.seqs.Name() +
+          ", past the head seq " + std::to_string(t.head) +
+          " and every mark, which the WAL they were recovered from lost (unacknowledged unless a "
+          "client holds a later acknowledged head); a writer's open deletes them");
+}
+
+// The finding an earlier writer's open kept (KeepTornTail), if any: a value that is not one is
+// damage.
+Status RocksJournal::ReadKeptTornTail() {
+  std::string v;
+  const rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kOpenTornTailKey, &v);
+  if (s.IsNotFound()) return Status::OK();
+  if (!s.ok()) return FromRocks(s, std::string("read ") + kOpenTornTailKey + " in " + path_);
+  if (v.size() <= 8 || v.size() > 8 + kKeptTornTailBytesMax) {
+    return Status::Corruption("journal at " + path_ + ": meta " + kOpenTornTailKey + " of " +
+                              std::to_string(v.size()) +
+                              " bytes is not a kept torn tail (bytes unread and a sentence)");
+  }
+  kept_ = TornFinding{ParseBE64(std::string_view(v).substr(0, 8)), v.substr(8)};
+  return Status::OK();
+}
+
+// What this open found, then what an earlier writer's open kept and no executor's start recorded
+// yet, then the journal's path.
+void RocksJournal::ReportTornTails() {
+  const std::string earlier = kept_.sentence.empty() ? "" : kEarlierFinding + kept_.sentence;
+  const std::string all = JoinFindings(found_.sentence, earlier);
+  recovery_.wal_bytes_unread = found_.bytes_unread + kept_.bytes_unread;
+  recovery_.torn_tail = all.empty() ? "" : all + " (journal at " + path_ + ")";
+}
+
+// A torn tail the writer's open found is kept (synced) before the writer accepts appends, with
+// one an earlier open kept: RocksDB's open made the torn WAL (or the dead open's tables) obsolete,
+// so until an executor's start records the finding and forgets it (ForgetRecordedTornTail), the
+// meta key is its only trace. An open-time step (WriteAtOpen).
+Status RocksJournal::KeepTornTail() {
+  torn_tail_kept_ = !kept_.sentence.empty();
+  if (found_.sentence.empty()) return Status::OK();
+  rocksdb::WriteBatch batch;
+  RC_CHECK(batch
+               .Put(rocks_->cfs[kMetaCf], kOpenTornTailKey,
+                    EncodeTornFinding(KeptFinding(found_, kept_)))
+               .ok());
+  RC_RETURN_IF_ERROR(
+      WriteAtOpen("the write of the torn tail it found", std::move(batch), /*sync=*/true));
+  torn_tail_kept_ = true;
+  return Status::OK();
+}
+
+// The finding kept is removed (synced) under the commit deadline, as an open-time step is: a
+// removal that fails or stalls fails the journal as a failed commit does.
+Status RocksJournal::ForgetRecordedTornTail() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    RC_RETURN_IF_ERROR(Usable());
+    if (!torn_tail_kept_) return Status::OK();
+  }
+  const Status removed =
+      RunBounded(options_.commit_stall_timeout_ms, path_, "the removal of the kept torn tail",
+                 [rocks = rocks_] {
+                   rocksdb::WriteOptions wo;
+                   wo.sync = true;
+                   return FromRocks(rocks->db->Delete(wo, rocks->cfs[kMetaCf], kOpenTornTailKey),
+                                    "remove the kept torn tail");
+                 });
+  if (removed.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    torn_tail_kept_ = false;
+    return Status::OK();
+  }
+  const std::string& msg = removed.message();
+  Stop(Status(removed.code(), msg.find(path_) != std::string::npos
+                                  ? msg
+                                  : "journal at " + path_ + " failed: " + msg));
+  return failure();
 }
 
 Result<std::uint64_t> RocksJournal::ReadHeadSeq() {
@@ -2563,14 +2895,17 @@ void RocksJournal::WaitForWorkOrMark(std::unique_lock<std::mutex>& l) {
 // The head the writer recovered is marked before it accepts appends, naming the MANIFEST it runs
 // on: an idle writer's journal is guarded from its open on, and a journal without a mark is one
 // no writer of this version opened yet (or a copy of one, a checkpoint). An open-time step; it
-// opens the directory handle that every mark's rename is then synced through.
+// opens the directory handle that every mark's rename is then synced through. The step holds the
+// database too: one left running past its deadline keeps the LOCK until it returns, so no other
+// writer rewrites DURABLE.tmp under it (which it could then rename, half written, over DURABLE).
 Status RocksJournal::MarkAtOpen() {
   if (!options_.sync) return Status::OK();  // without fsync nothing is durable: no mark
   const ClosedMark mark{durable_seq_, durable_hash_, manifest_number_};
   auto dir = std::make_shared<std::unique_ptr<rocksdb::Directory>>();
   RC_RETURN_IF_ERROR(OpenStep(
       "the write of the durable mark",
-      [env = env_, path = path_, dir, text = EncodeMark(kDurableTitle, mark)] {
+      [env = env_, path = path_, dir, text = EncodeMark(kDurableTitle, mark), rocks = rocks_] {
+        (void)rocks;  // held, not used
         RC_RETURN_IF_ERROR(FromRocks(env->NewDirectory(path, dir.get()), "open directory " + path));
         return FromRocks(WriteMarkFile(env, dir->get(), path, kDurableTmpFile, kDurableFile, text),
                          "write the durable mark " + path + "/" + kDurableFile);

@@ -152,6 +152,7 @@ class TimedJournal final : public rc::journal::Journal {
   rc::Status failure() const override { return j_->failure(); }
   void Stop(const rc::Status& why) override { j_->Stop(why); }
   rc::journal::Recovery recovery() const override { return j_->recovery(); }
+  rc::Status ForgetRecordedTornTail() override { return j_->ForgetRecordedTornTail(); }
   rc::Result<rc::journal::AppendResult> Append(const rc::journal::AppendRequest& r) override {
     return j_->Append(r);
   }

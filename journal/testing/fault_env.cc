@@ -184,6 +184,7 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
     stall_ms_ = {};
     read_hook_prefix_.clear();
     read_hook_ = nullptr;
+    directory_hook_ = nullptr;
   }
   void SetReadHook(const std::string& prefix, std::function<void()> hook) {
     std::lock_guard<std::mutex> l(mu_);
@@ -197,6 +198,16 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
     std::lock_guard<std::mutex> l(mu_);
     if (!read_hook_ || name.rfind(read_hook_prefix_, 0) != 0) return [] {};
     return std::exchange(read_hook_, nullptr);
+  }
+  void SetDirectoryHook(std::function<void()> hook) {
+    std::lock_guard<std::mutex> l(mu_);
+    directory_hook_ = std::move(hook);
+  }
+  // The directory hook, taken (it runs once); a no-op when none is set.
+  std::function<void()> TakeDirectoryHook() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!directory_hook_) return [] {};
+    return std::exchange(directory_hook_, nullptr);
   }
   std::uint64_t failures() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -231,6 +242,7 @@ class FaultEnv::Fs final : public rocksdb::FileSystemWrapper {
   std::map<std::string, FileState> files_;
   std::string read_hook_prefix_;
   std::function<void()> read_hook_;
+  std::function<void()> directory_hook_;
 };
 
 namespace {
@@ -337,6 +349,7 @@ class FaultDirectory final : public rocksdb::FSDirectoryWrapper {
 rocksdb::IOStatus FaultEnv::Fs::NewDirectory(const std::string& name, const rocksdb::IOOptions& o,
                                              std::unique_ptr<rocksdb::FSDirectory>* r,
                                              rocksdb::IODebugContext* dbg) {
+  TakeDirectoryHook()();
   std::unique_ptr<rocksdb::FSDirectory> base;
   RC_RETURN_IF_ROCKS(target()->NewDirectory(name, o, &base, dbg));
   *r = std::make_unique<FaultDirectory>(std::move(base), name, this);
@@ -408,6 +421,9 @@ void FaultEnv::Inject(FileKind kind, FileOp op, Fault fault, std::uint32_t skip)
 void FaultEnv::StallSync(FileKind kind, std::uint32_t stall_ms) { fs_->Stall(kind, stall_ms); }
 void FaultEnv::BeforeNextRead(const std::string& name_prefix, std::function<void()> hook) {
   fs_->SetReadHook(name_prefix, std::move(hook));
+}
+void FaultEnv::BeforeNextDirectory(std::function<void()> hook) {
+  fs_->SetDirectoryHook(std::move(hook));
 }
 void FaultEnv::Clear() { fs_->Clear(); }
 std::uint64_t FaultEnv::failures() const { return fs_->failures(); }

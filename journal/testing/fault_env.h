@@ -2,7 +2,7 @@
 // on command, an Append or a Sync of a file of one kind (WAL, SST, MANIFEST, other) or the fsync
 // of a directory fails with EIO or ENOSPC, a Sync stalls, or a simulated crash drops every byte
 // that was not synced (whole, or leaving a torn prefix of it). A hook can run just before a file
-// is opened for reading (another process acting at that moment).
+// is opened for reading, or a directory opened (another process acting at that moment).
 //
 // Usage:
 //   FaultEnv faults;                       // wraps Env::Default() (or pass NewMemEnv(...))
@@ -64,6 +64,10 @@ class FaultEnv {
   // the last '/') starts with `name_prefix` is opened for sequential reading (how RocksDB reads
   // CURRENT, a MANIFEST or a WAL); nullptr removes it. The open then proceeds as the files are.
   void BeforeNextRead(const std::string& name_prefix, std::function<void()> hook);
+  // `hook` runs once, on the opening thread, just before the next directory is opened with
+  // NewDirectory (RocksDB's open for writing opens the database's directory just before it takes
+  // the LOCK; a read-only open opens none); nullptr removes it.
+  void BeforeNextDirectory(std::function<void()> hook);
   // Removes every injected fault, stall and hook (not the crash state).
   void Clear();
   // Operations failed by injection (or by the crash state) so far.

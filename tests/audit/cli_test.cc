@@ -595,11 +595,11 @@ TEST(Cli, AuditSaysWhatTheSeqATrajectoryNamesHolds) {
 }
 
 // Proves replay and audit of a journal a writer holds say on stderr that its WAL tail and
-// clean-close checks were skipped, and say nothing of it once the writer has closed it; catches
+// leftover-table checks were skipped, and say nothing of it once the writer has closed it; catches
 // the "verification: OK" of a live journal that a reader took for the full check.
 TEST(Cli, AJournalAWriterHoldsIsSaidToSkipItsTailChecks) {
   TempDir dir;
-  const std::string note = "a writer holds this journal";
+  const std::string note = "another process holds this journal's LOCK";
   std::map<std::string, int> live_exit;
   {
     auto writer = journal::Journal::Open(dir.path(), journal::Options{});

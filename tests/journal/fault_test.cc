@@ -1,12 +1,17 @@
 // Journal under injected faults (journal/testing/fault_env.h over the real file system): write
 // and sync errors and stalls fail the journal for good, torn writes after a crash recover exactly
 // the acknowledged prefix, a torn WAL tail is reported, rollout ids are never reused.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <rocksdb/env.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -178,6 +183,40 @@ TEST(FailStop, AFullDiskAtAFlushFailsTheJournalWithoutALogFile) {
   }
 }
 
+// Captures what this process writes to stderr (fd 2) in `file`, readable while the capture goes on
+// (gtest's capture can be read only once it ended), until End().
+class StderrCapture {
+ public:
+  explicit StderrCapture(std::string file) : file_(std::move(file)) {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    RC_CHECK(saved_ >= 0 && fd >= 0 && ::dup2(fd, 2) == 2);
+    ::close(fd);
+  }
+  ~StderrCapture() { End(); }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+  void End() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  // The whole lines written so far.
+  std::string Lines() const {
+    std::ifstream in(file_, std::ios::binary);
+    const std::string all{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const std::size_t end = all.rfind('\n');
+    return end == std::string::npos ? "" : all.substr(0, end + 1);
+  }
+
+ private:
+  const std::string file_;
+  int saved_ = -1;
+};
+
 // Proves RocksDB's own log lines reach stderr escaped as every line from outside is, and cut
 // between UTF-8 sequences: a failed flush of a journal whose path holds a line separator (U+2028)
 // and runs past the line bound in two-byte characters; catches bytes >= 0x80 passed raw (the
@@ -198,11 +237,21 @@ TEST(FailStop, RocksDbLogLinesAreEscapedAndCutBetweenCharacters) {
   auto j = OpenOk(path, o);
   Bootstrap(*j);
   faults.Inject(FileKind::kSst, FileOp::kAppend, testing::Fault::kEio);
-  ::testing::internal::CaptureStderr();
+  TempDir captured;
+  StderrCapture capture(captured.sub("stderr"));
   EXPECT_FALSE(j->Flush().ok());
-  // RocksDB logs the failed flush on its own thread, as it wakes the caller.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  // RocksDB logs the failed flush on its own thread, as it wakes the caller: waited for (at most
+  // 10 s) until a line of it names the journal's directory, escaped or not.
+  std::string err;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (true) {
+    err = capture.Lines();
+    const std::size_t named = err.find("rolloutcore: journal: rocksdb: ");
+    if (named != std::string::npos && err.find("/line", named) != std::string::npos) break;
+    if (std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  capture.End();
   faults.Clear();
   std::size_t named = 0;
   std::size_t from = 0;
@@ -312,6 +361,49 @@ TEST(FailStop, AWriteAtOpenStalledPastTheDeadlineTimesOut) {
     EXPECT_EQ((*again)->head_seq(), head);
     EXPECT_EQ((*again)->recovery().clean_close, c.existing);
   }
+}
+
+// Proves the durable mark the writer's open writes last, stalled past commit_stall_timeout_ms,
+// keeps the journal locked until its write returns: Open is Timeout naming the mark, a reopen
+// meanwhile is Busy, and once the write ended the journal opens (its DURABLE well-formed) with the
+// head it had; catches the mark's write run without holding the database, whose close on the
+// caller's thread let a new writer rewrite DURABLE.tmp while the stalled write could still rename
+// it, half written, over DURABLE (every later open then refused a healthy journal as malformed).
+TEST(FailStop, AStalledMarkAtOpenKeepsTheJournalLockedUntilItsWriteEnds) {
+  // Never destroyed: the stalled write runs on inside it after Open returned.
+  static FaultEnv* const faults = new FaultEnv();
+  TempDir dir;
+  Options o;
+  o.env = faults->env();
+  o.commit_stall_timeout_ms = 200;
+  std::uint64_t head = 0;
+  {
+    auto j = OpenOk(dir.path(), o);
+    Bootstrap(*j);
+    head = j->head_seq();
+  }
+  // RocksDB's open syncs files of the same kind (CURRENT, OPTIONS): the stall starts once it
+  // returned, when the writer reads its marks again (its second read of DURABLE).
+  faults->BeforeNextRead("DURABLE", [] {
+    faults->BeforeNextRead("DURABLE", [] { faults->StallSync(FileKind::kOther, 3000); });
+  });
+  Result<std::unique_ptr<Journal>> stalled = Journal::Open(dir.path(), o);
+  faults->Clear();  // the stalled sync still sleeps out its 3 s
+  ASSERT_FALSE(stalled.ok()) << "opened while its durable mark's write was stalled";
+  EXPECT_EQ(stalled.status().code(), Code::kTimeout) << stalled.status().ToString();
+  EXPECT_NE(stalled.status().message().find("durable mark"), std::string::npos)
+      << stalled.status().ToString();
+  Result<std::unique_ptr<Journal>> meanwhile = Journal::Open(dir.path(), o);
+  ASSERT_FALSE(meanwhile.ok()) << "a writer opened while the stalled mark's write ran on";
+  EXPECT_EQ(meanwhile.status().code(), Code::kBusy) << meanwhile.status().ToString();
+  Result<std::unique_ptr<Journal>> again = OpenOnceReleased(dir.path(), o);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->head_seq(), head);
+  again->reset();
+  std::ifstream mark(dir.path() + "/DURABLE");
+  std::string title;
+  std::getline(mark, title);
+  EXPECT_EQ(title, "rolloutcore journal durable through");
 }
 
 // Proves WaitAsync calls back exactly once with OK only after the group is durable (every
@@ -548,11 +640,14 @@ TEST(FailStop, TornWritesRecoverTheAcknowledgedPrefix) {
             << rec.torn_tail;
       }
       if (read_only) continue;
-      // The writer recovered: the next open finds no torn tail (the WAL was flushed away).
+      // The writer recovered and kept what it found; an executor's start records it, then
+      // forgets it.
+      ASSERT_TRUE(j->ForgetRecordedTornTail().ok());
     }
     Options o;
     o.env = faults.env();
     auto again = OpenOk(dir.path(), o);
+    // The WAL was flushed away, and the finding forgotten.
     EXPECT_TRUE(again->recovery().torn_tail.empty()) << again->recovery().torn_tail;
     EXPECT_TRUE(again->recovery().clean_close);
   }

@@ -2,11 +2,16 @@
 // deleted, whose WAL was cut, whose head key is gone or that holds less than its clean close
 // recorded is refused (read-only tools and writer alike), never read as a shorter healthy
 // journal; nor is one that lost its CURRENT or a column family; a close that dies midway leaves a
-// journal that opens; odd file names and a bad TMPDIR are statuses, never exceptions; read-only
-// opens leave no scratch directory behind.
+// journal that opens, and so does one whose open died leaving tables of its unacknowledged tail;
+// a torn tail is reported until an executor recorded it; odd file names and a bad TMPDIR are
+// statuses, never exceptions; read-only opens leave no scratch directory behind.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -23,6 +28,7 @@
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "journal/testing/fault_env.h"
+#include "statemachine/text.h"
 #include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 
@@ -140,6 +146,56 @@ class LockHolder {
 
  private:
   rocksdb::FileLock* lock_ = nullptr;
+};
+
+// A child process that takes a journal's LOCK as RocksDB does (fcntl F_SETLK: a write lock on the
+// whole file), as another reader's open does while it runs, and holds it for `hold_ms`. The
+// constructor returns once the child holds it (held()), or failed to within 5 s.
+class ChildLockHolder {
+ public:
+  ChildLockHolder(const std::string& path, int hold_ms) {
+    const std::string lock_file = path + "/LOCK";
+    int ready[2];
+    RC_CHECK(::pipe(ready) == 0);
+    pid_ = ::fork();
+    RC_CHECK(pid_ >= 0);
+    if (pid_ == 0) HoldInChild(lock_file.c_str(), ready[1], hold_ms);
+    ::close(ready[1]);
+    pollfd p{ready[0], POLLIN, 0};
+    char byte = 0;
+    held_ = ::poll(&p, 1, 5000) == 1 && ::read(ready[0], &byte, 1) == 1;
+    ::close(ready[0]);
+  }
+  ~ChildLockHolder() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+  ChildLockHolder(const ChildLockHolder&) = delete;
+  ChildLockHolder& operator=(const ChildLockHolder&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  // Async-signal-safe calls only: the test process has threads (RocksDB's, a journal's).
+  [[noreturn]] static void HoldInChild(const char* lock_file, int ready_fd, int hold_ms) {
+    const int fd = ::open(lock_file, O_RDWR | O_CREAT, 0644);
+    struct flock whole {};
+    whole.l_type = F_WRLCK;
+    whole.l_whence = SEEK_SET;
+    const timespec pause{0, 1000 * 1000};
+    bool locked = false;
+    for (int i = 0; fd >= 0 && !locked && i < 5000; ++i) {
+      locked = ::fcntl(fd, F_SETLK, &whole) == 0;
+      if (!locked) ::nanosleep(&pause, nullptr);
+    }
+    const char byte = 1;
+    if (!locked || ::write(ready_fd, &byte, 1) != 1) ::_exit(1);
+    const timespec hold{hold_ms / 1000, (hold_ms % 1000) * 1000L * 1000L};
+    ::nanosleep(&hold, nullptr);
+    ::_exit(0);  // the LOCK is released with the process
+  }
+
+  pid_t pid_ = -1;
+  bool held_ = false;
 };
 
 // Proves that truncating (to 0 bytes) or deleting the SST files of a compacted, closed journal
@@ -673,8 +729,10 @@ TEST(Shorter, AnIdleWritersLastCommitIsMarked) {
     for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
     wal = FilesWithExtension(dir.path(), ".log").at(0);
     before_last = fs::file_size(wal);
-    ASSERT_TRUE((*j)->Append(Group({make_admission((*j)->state(), "last")})).ok());
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));  // idle past the interval
+    Result<AppendResult> last = (*j)->Append(Group({make_admission((*j)->state(), "last")}));
+    ASSERT_TRUE(last.ok());
+    // Idle from here on: only the writer's own schedule can mark the last commit.
+    ASSERT_TRUE(WaitForMark(dir.path(), last->last_seq)) << "the idle writer never marked it";
     faults.Crash();
   }
   faults.Restart();
@@ -1388,6 +1446,303 @@ TEST(Shorter, AWriterMarksItsLastCommitsWhenItStops) {
   faults.Clear();
   EXPECT_FALSE(fs::exists(dir.sub("CLOSED")));
   EXPECT_EQ(MarkField(dir.path(), "seq"), std::optional<std::uint64_t>(4));
+}
+
+// Proves a read-only open that finds the LOCK held by another process (another reader's open)
+// waits for it and then opens as a plain read-only DB with its WAL tail checked, no earlier than
+// the LOCK was released; catches a reader that took a LOCK another process holds for a live
+// writer at once (a secondary, which checks no tail), the retry the in-process LockHolder never
+// reaches.
+TEST(Shorter, AReaderWaitsOutAnotherProcessHoldingTheLockThenChecksTheTail) {
+  TempDir dir;
+  WriteTornJournal(dir.path());
+  ChildLockHolder other_reader(dir.path(), 300);
+  ASSERT_TRUE(other_reader.held()) << "the child never took the LOCK";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto j = Journal::Open(dir.path(), ReadOnly());
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_FALSE((*j)->recovery().live_writer) << "read as beside a live writer: no tail checked";
+  EXPECT_EQ((*j)->recovery().wal_bytes_unread, 9u) << (*j)->recovery().torn_tail;
+  EXPECT_GE(waited, std::chrono::milliseconds(250)) << "opened while another process held it";
+}
+
+// Proves a writer whose RocksDB open finds the LOCK taken by another process just after the
+// writer's own check released it (a reader polling the LOCK took it then) waits for that reader
+// and opens; catches the writer that failed Busy ("journal already open by another process")
+// because a reader slipped in between its check and RocksDB's open.
+TEST(Shorter, AWriterWaitsOutAReaderThatTookTheLockBetweenItsCheckAndItsOpen) {
+  TempDir dir;
+  const std::uint64_t head = WriteJournal(dir.path(), 3);
+  testing::FaultEnv faults;
+  std::optional<ChildLockHolder> reader;
+  // RocksDB's open for writing opens the journal's directory just before it takes the LOCK; the
+  // check before it (a read-only open) opens none.
+  faults.BeforeNextDirectory([&] { reader.emplace(dir.path(), 300); });
+  Options o;
+  o.env = faults.env();
+  auto j = Journal::Open(dir.path(), o);
+  ASSERT_TRUE(reader.has_value() && reader->held()) << "no reader took the LOCK in between";
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ((*j)->head_seq(), head);
+}
+
+// Proves a journal opens with its acknowledged head when an open that died left tables holding
+// a group past every mark, never acknowledged: its writer was killed at that group's WAL sync
+// (its bytes in the page cache only), the next open died after RocksDB recovered that WAL into
+// synced tables but before CURRENT named its MANIFEST, and a power loss then cut the WAL back to
+// what was synced. Read-only opens and the writer open, report those tables' seq, and the writer
+// lets RocksDB delete them; without a durable mark (nothing shows the seq was never acknowledged)
+// the journal is still refused. Catches the check that refused such a healthy journal for good
+// (a table "holds the record at seq 25, which the journal lacks").
+TEST(Shorter, TablesADeadOpenLeftPastEveryMarkAreAnUnacknowledgedTail) {
+  TempDir dir;
+  testing::FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.snapshot_every = 0;
+  o.durable_mark_interval_ms = 0;  // every acknowledged group is marked
+  fs::path wal;
+  std::uintmax_t acked_wal_bytes = 0;
+  std::uint64_t acked = 0;
+  Hash acked_hash{};
+  {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
+    }
+    acked = (*j)->head_seq();
+    acked_hash = (*j)->head_hash();
+    ASSERT_TRUE(WaitForMark(dir.path(), acked)) << "the mark never covered the head";
+    wal = FilesWithExtension(dir.path(), ".log").at(0);
+    acked_wal_bytes = fs::file_size(wal);
+    // Killed at the next group's WAL sync: its bytes reached the file, never acknowledged.
+    faults.Inject(testing::FileKind::kWal, testing::FileOp::kSync, testing::Fault::kCrash);
+    ASSERT_FALSE((*j)->Append(Group({make_admission((*j)->state(), "unacked")})).ok());
+  }
+  faults.Restart();  // a kill, not a power loss: the unsynced bytes stay in the WAL
+  ASSERT_GT(fs::file_size(wal), acked_wal_bytes);
+  {
+    // RocksDB's open recovers the WAL (the unacknowledged seq included) into synced tables and a
+    // new MANIFEST, then syncs the file that would become CURRENT (the first "other" file it
+    // syncs): the process dies there.
+    faults.Inject(testing::FileKind::kOther, testing::FileOp::kSync, testing::Fault::kCrash);
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_FALSE(j.ok()) << "the open did not die";
+  }
+  // The power fails: what was never synced is lost, the WAL's unacknowledged group with it.
+  ASSERT_TRUE(faults.DropUnsyncedData(testing::Torn::kNone, 1).ok());
+  faults.Restart();
+  fs::resize_file(wal, acked_wal_bytes);
+  std::vector<fs::path> dead_tables;
+  for (const fs::path& t : FilesWithExtension(dir.path(), ".sst")) {
+    if (fs::file_size(t) > 0) dead_tables.push_back(t);
+  }
+  ASSERT_FALSE(dead_tables.empty()) << "the open that died left no table";
+  const std::string seq = "seq " + std::to_string(acked + 1);
+  {
+    // No durable mark: nothing shows the table's seq was never acknowledged.
+    TempDir saved;
+    fs::copy_file(dir.sub("DURABLE"), saved.sub("DURABLE"));
+    fs::remove(dir.sub("DURABLE"));
+    Result<std::unique_ptr<Journal>> j = Journal::Open(dir.path(), ReadOnly());
+    fs::copy_file(saved.sub("DURABLE"), dir.sub("DURABLE"));
+    ASSERT_FALSE(j.ok()) << "opened with head " << (*j)->head_seq() << " without a mark";
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("RocksDB would delete it"), std::string::npos)
+        << j.status().ToString();
+  }
+  for (const Options& each : {ReadOnly(), o}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), acked);
+    EXPECT_EQ((*j)->head_hash(), acked_hash);
+    EXPECT_TRUE((*j)->Scan(1, 0, [](const Record&) { return Status::OK(); }).ok());
+    const std::string torn = (*j)->recovery().torn_tail;
+    EXPECT_NE(torn.find("unacknowledged tail in tables an open that died left"), std::string::npos)
+        << torn;
+    EXPECT_NE(torn.find("held " + seq + ", past the head"), std::string::npos) << torn;
+  }
+  for (const fs::path& t : dead_tables) {
+    EXPECT_FALSE(fs::exists(t)) << t << " outlived the writer's open";
+  }
+  auto j = Journal::Open(dir.path(), ReadOnly());
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ((*j)->head_seq(), acked);
+  EXPECT_NE((*j)->recovery().torn_tail.find("found by an earlier open"), std::string::npos)
+      << (*j)->recovery().torn_tail;
+}
+
+// Proves a table file the MANIFEST does not list that cannot be read for another reason than
+// damage (a dangling link in its place: it cannot even be sized, an I/O error) fails the open
+// (read-only and writer) naming it, and is left in place, while one cut short (what a flush,
+// compaction or open that died leaves) is passed over; catches the check that took any error
+// reading such a file for a harmless leftover, which RocksDB's open then deleted unread.
+TEST(Shorter, AnObsoleteTableThatCannotBeReadIsAnErrorUnlessItIsDamaged) {
+  TempDir dir;
+  const std::uint64_t head = WriteJournal(dir.path(), 6);
+  const std::vector<fs::path> tables = FilesWithExtension(dir.path(), ".sst");
+  ASSERT_FALSE(tables.empty());
+  fs::copy_file(tables.front(), dir.sub("999998.sst"));
+  fs::resize_file(dir.sub("999998.sst"), fs::file_size(tables.front()) / 2);
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), head);
+  }
+  fs::create_symlink(dir.sub("nowhere"), dir.sub("999999.sst"));
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_FALSE(j.ok()) << "opened past a table file it could not read";
+    EXPECT_EQ(j.status().code(), Code::kIOError) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("999999.sst"), std::string::npos) << j.status().ToString();
+  }
+  EXPECT_TRUE(fs::is_symlink(dir.sub("999999.sst")));
+}
+
+// Proves the torn-tail sentence names the WAL file, the bytes and the seq recovered through before
+// the journal's path, which comes last: the copy an executor's start records (cut to
+// kTextBytesMax) keeps them under a path of 4040 bytes; catches the sentence that began with the
+// path, whose cut kept little else (replay and audit tell recorded torn tails apart by it).
+TEST(Shorter, ATornTailSentenceNamesWhatWasTornBeforeTheJournalsPath) {
+  TempDir dir;
+  constexpr std::size_t kPathBytes = 4040;  // files in it stay below PATH_MAX
+  std::string path = dir.path();
+  ASSERT_LT(path.size() + 2, kPathBytes);
+  while (path.size() + 201 <= kPathBytes) path += "/" + std::string(200, 'p');
+  if (path.size() + 1 < kPathBytes) path += "/" + std::string(kPathBytes - path.size() - 1, 'q');
+  ASSERT_EQ(path.size(), kPathBytes);
+  fs::create_directories(path);
+  WriteTornJournal(path);
+  auto j = Journal::Open(path, ReadOnly());
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const std::string torn = (*j)->recovery().torn_tail;
+  const std::string recorded = text::utf8_prefix(torn, kTextBytesMax);
+  EXPECT_EQ(recorded.rfind("torn WAL tail: ", 0), 0u) << recorded;
+  EXPECT_NE(recorded.find(".log: 9 of "), std::string::npos) << recorded;
+  EXPECT_NE(recorded.find("recovered through seq 69"), std::string::npos) << recorded;
+  const std::string last = " (journal at " + path + ")";
+  ASSERT_GT(torn.size(), last.size());
+  EXPECT_EQ(torn.substr(torn.size() - last.size()), last) << "the path is not last";
+}
+
+// Proves the torn tail a writer's open found is kept in the journal until the executor forgets
+// it: after a clean close (nothing recorded it) the next opens, read-only and writer, report it
+// as found by an earlier open, with its bytes; once ForgetRecordedTornTail ran, none does (a
+// read-only journal cannot forget); catches the finding lost when serve's start failed before its
+// RecoveryStarted recorded it (the torn WAL made obsolete by RocksDB's open, then the clean close
+// read as a healthy ending).
+TEST(Shorter, ATornTailAWritersOpenFoundIsReportedUntilForgotten) {
+  TempDir dir;
+  WriteTornJournal(dir.path());
+  {
+    auto j = Journal::Open(dir.path(), Options{});
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    const Recovery rec = (*j)->recovery();
+    EXPECT_EQ(rec.wal_bytes_unread, 9u) << rec.torn_tail;
+    EXPECT_EQ(rec.torn_tail.rfind("torn WAL tail: ", 0), 0u) << rec.torn_tail;
+    ASSERT_TRUE((*j)->Close().ok());
+  }
+  ASSERT_TRUE(fs::exists(dir.sub("CLOSED")));
+  const std::string earlier =
+      "found by an earlier open, not yet recorded by an executor's start: torn WAL tail: ";
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    const Recovery rec = (*j)->recovery();
+    EXPECT_TRUE(rec.clean_close);
+    EXPECT_EQ(rec.wal_bytes_unread, 9u) << rec.torn_tail;
+    EXPECT_EQ(rec.torn_tail.rfind(earlier, 0), 0u) << rec.torn_tail;
+    EXPECT_NE(rec.torn_tail.find("recovered through seq 69"), std::string::npos) << rec.torn_tail;
+    const Status forgot = (*j)->ForgetRecordedTornTail();
+    if (each.read_only) {
+      EXPECT_EQ(forgot.code(), Code::kInvalidArgument) << forgot.ToString();
+    } else {
+      ASSERT_TRUE(forgot.ok()) << forgot.ToString();
+    }
+  }
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_TRUE((*j)->recovery().torn_tail.empty()) << (*j)->recovery().torn_tail;
+    EXPECT_EQ((*j)->recovery().wal_bytes_unread, 0u);
+  }
+}
+
+// Proves the torn tail a writer's open keeps survives a crash (it is synced with the open), is
+// reported by a reader beside the live writer too, and that a writer's open that finds a torn
+// tail of its own while an earlier one is still kept reports and keeps both, its own first, bytes
+// summed; catches a finding written without a sync, one only the writer's recovery() reports, and
+// an earlier finding replaced by the next.
+TEST(Shorter, AKeptTornTailSurvivesACrashAndIsKeptBesideANewOne) {
+  TempDir dir;
+  WriteTornJournal(dir.path());  // 9 bytes torn after seq 69
+  testing::FaultEnv faults;
+  Options o;
+  o.env = faults.env();
+  o.snapshot_every = 0;
+  o.durable_mark_interval_ms = UINT32_MAX;  // the open's mark alone: the next cut lies past it
+  const std::string earlier = "found by an earlier open";
+  fs::path wal;
+  std::uintmax_t before_last = 0;
+  {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    ASSERT_EQ((*j)->recovery().wal_bytes_unread, 9u) << (*j)->recovery().torn_tail;
+    {
+      auto beside = Journal::Open(dir.path(), ReadOnly());
+      ASSERT_TRUE(beside.ok()) << beside.status().ToString();
+      EXPECT_TRUE((*beside)->recovery().live_writer);
+      EXPECT_EQ((*beside)->recovery().wal_bytes_unread, 9u) << (*beside)->recovery().torn_tail;
+      EXPECT_NE((*beside)->recovery().torn_tail.find(earlier), std::string::npos)
+          << (*beside)->recovery().torn_tail;
+    }
+    const std::vector<fs::path> wals = FilesWithExtension(dir.path(), ".log");
+    ASSERT_EQ(wals.size(), 1u);
+    wal = wals.front();
+    for (int i = 0; i < 3; ++i) {
+      before_last = fs::file_size(wal);
+      ASSERT_TRUE(
+          (*j)->Append(Group({make_admission((*j)->state(), "s" + std::to_string(i))})).ok());
+    }
+    faults.Crash();  // no clean close
+  }
+  ASSERT_TRUE(faults.DropUnsyncedData(testing::Torn::kNone, 1).ok());
+  faults.Restart();
+  {
+    auto j = Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), 72u);
+    EXPECT_FALSE((*j)->recovery().clean_close);
+    EXPECT_EQ((*j)->recovery().wal_bytes_unread, 9u) << "the kept finding did not survive";
+    EXPECT_NE((*j)->recovery().torn_tail.find(earlier), std::string::npos)
+        << (*j)->recovery().torn_tail;
+  }
+  fs::resize_file(wal, before_last + 5);  // a torn tail of its own: 5 bytes of the last group
+  {
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    const Recovery rec = (*j)->recovery();
+    EXPECT_EQ((*j)->head_seq(), 71u);
+    EXPECT_EQ(rec.wal_bytes_unread, 14u) << rec.torn_tail;
+    const std::size_t own = rec.torn_tail.find(": 5 of ");
+    const std::size_t kept = rec.torn_tail.find(earlier);
+    ASSERT_NE(own, std::string::npos) << rec.torn_tail;
+    ASSERT_NE(kept, std::string::npos) << rec.torn_tail;
+    EXPECT_LT(own, kept) << rec.torn_tail;
+    EXPECT_NE(rec.torn_tail.find(": 9 of ", kept), std::string::npos) << rec.torn_tail;
+  }
+  auto j = Journal::Open(dir.path(), ReadOnly());
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  const Recovery rec = (*j)->recovery();
+  EXPECT_EQ(rec.wal_bytes_unread, 14u) << rec.torn_tail;
+  const std::size_t kept = rec.torn_tail.find(earlier);
+  ASSERT_NE(kept, std::string::npos) << rec.torn_tail;
+  EXPECT_NE(rec.torn_tail.find(": 5 of ", kept), std::string::npos) << rec.torn_tail;
+  EXPECT_NE(rec.torn_tail.find(": 9 of ", kept), std::string::npos) << rec.torn_tail;
 }
 
 }  // namespace
