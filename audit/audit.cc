@@ -441,20 +441,11 @@ class IndexCheck {
   std::uint64_t mismatches_ = 0;
 };
 
-// The torn WAL tails executors' starts recorded. The same open's, recorded again by the next
-// member of a fleet (its sentence names the seq the open recovered through), is the one kept.
+// The torn WAL tails executors' starts recorded (journal/recorded_torn_tails.h), each a journal
+// failure.
 class TornTails {
  public:
-  void Observe(const journal::Record& r) {
-    const auto* rs = std::get_if<RecoveryStarted>(&r.event);
-    if (rs == nullptr || rs->journal_ending != JournalEnding::kTornTail) return;
-    if (rs->journal_torn_tail == last_) return;
-    last_ = rs->journal_torn_tail;
-    count_++;
-    if (kept_.size() >= kRecordedTornTailsMax) return;
-    kept_.push_back(
-        RecordedTornTail{r.engine, r.seq, rs->journal_bytes_unread, rs->journal_torn_tail});
-  }
+  void Observe(const journal::Record& r) { journal::NoteRecordedTornTail(r, last_, kept_, count_); }
 
   // Into the report: each one kept is a journal failure naming its record, the rest counted.
   void Finish(AuditReport& report) && {

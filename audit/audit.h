@@ -15,6 +15,7 @@
 
 #include "effects/http/engine_client.h"
 #include "journal/journal.h"
+#include "journal/recorded_torn_tails.h"
 #include "statemachine/fleet.h"
 #include "statemachine/history.h"
 #include "statemachine/state.h"
@@ -92,18 +93,8 @@ struct EngineAudit {
   EngineHealth health;
 };
 
-// A torn WAL tail an executor's start recorded (RecoveryStarted with JournalEnding::kTornTail):
-// the journal's open before that start could not read the tail of its WAL. A journal failure, as
-// a torn tail the command's own open finds: the records the torn batch held are lost. A fleet's
-// members each record the open they started from: one torn tail is named once.
-struct RecordedTornTail {
-  std::string engine;     // the engine whose record it is ("" in a journal of one engine)
-  std::uint64_t seq = 0;  // the RecoveryStarted record
-  std::uint64_t bytes_unread = 0;
-  std::string sentence;  // the journal's own account, raw (escaped when printed)
-};
-// The first ones are kept and named; torn_tails_count stays exact.
-inline constexpr std::size_t kRecordedTornTailsMax = 256;
+using journal::kRecordedTornTailsMax;
+using journal::RecordedTornTail;  // journal/recorded_torn_tails.h
 
 struct AuditReport {
   bool ok = true;  // the journal is intact (see Verdict for the engine)

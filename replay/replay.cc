@@ -536,14 +536,7 @@ class Replayer {
   // A torn tail an executor's start recorded; the same open's, recorded again by the next member
   // of a fleet (its sentence names the seq the open recovered through), is the one already kept.
   void NoteTornTail(const journal::Record& r) {
-    const auto* rs = std::get_if<RecoveryStarted>(&r.event);
-    if (rs == nullptr || rs->journal_ending != JournalEnding::kTornTail) return;
-    if (rs->journal_torn_tail == last_torn_tail_) return;
-    last_torn_tail_ = rs->journal_torn_tail;
-    report_.torn_tails_count++;
-    if (report_.torn_tails.size() >= kRecordedTornTailsMax) return;
-    report_.torn_tails.push_back(
-        RecordedTornTail{r.engine, r.seq, rs->journal_bytes_unread, rs->journal_torn_tail});
+    journal::NoteRecordedTornTail(r, last_torn_tail_, report_.torn_tails, report_.torn_tails_count);
   }
 
   bool CloseInput() {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "journal/journal.h"
+#include "journal/recorded_torn_tails.h"
 #include "statemachine/fleet.h"
 #include "statemachine/state.h"
 
@@ -64,19 +65,8 @@ struct ColocatedStep {
 // The last ones are kept (a trainer sleeps once per step); colocated_count stays exact.
 inline constexpr std::size_t kColocatedStepsMax = 1024;
 
-// A torn WAL tail an executor's start recorded (RecoveryStarted with JournalEnding::kTornTail):
-// the journal's open before that start could not read the tail of its WAL, and the records the
-// torn batch held, if any, are lost. The WAL that showed it is gone once the journal is written
-// on; the record keeps it. A fleet's members each record the open they started from: one torn
-// tail is listed once, at the first record that names it.
-struct RecordedTornTail {
-  std::string engine;     // the engine whose record it is ("" in a journal of one engine)
-  std::uint64_t seq = 0;  // the RecoveryStarted record
-  std::uint64_t bytes_unread = 0;
-  std::string sentence;  // the journal's own account, raw (escaped on output)
-};
-// The first ones are kept; torn_tails_count stays exact.
-inline constexpr std::size_t kRecordedTornTailsMax = 256;
+using journal::kRecordedTornTailsMax;
+using journal::RecordedTornTail;  // journal/recorded_torn_tails.h
 
 struct ReplayReport {
   FleetState fleet;           // folded at until_seq (or head); a journal of one engine holds ""

@@ -175,24 +175,8 @@ TEST(CliArgs, CommandLinesCli11RefusesExitAsUsageErrors) {
       {"audit", dir.path(), "--tolerance"},
       {"audit", dir.path(), "--bogus\nverification: OK"},
       {"audit"}};
-  for (const std::vector<std::string>& args : refused) {
-    const CliRun out = RunCli(args, /*with_stderr=*/false);
-    EXPECT_EQ(out.exit_code, 2) << text::escape_line(args.back()) << ": " << out.out;
-    EXPECT_EQ(out.out, "") << text::escape_line(args.back());
-    const CliRun all = RunCli(args, /*with_stderr=*/true);
-    const std::vector<std::string> lines = Lines(all.out);
-    ASSERT_EQ(lines.size(), 1u) << text::escape_line(all.out);
-    EXPECT_EQ(lines[0].rfind("rolloutcore " + args[0] + ": ", 0), 0u) << lines[0];
-    EXPECT_NE(lines[0].find("(rolloutcore " + args[0] + " --help lists its options)"),
-              std::string::npos)
-        << lines[0];
-  }
-  for (const auto& [command, option] : std::vector<std::pair<std::string, std::string>>{
-           {"replay", "--until"}, {"audit", "--logprob-tolerance"}}) {
-    const CliRun help = RunCli({command, "--help"}, /*with_stderr=*/false);
-    EXPECT_EQ(help.exit_code, 0) << help.out;
-    EXPECT_NE(help.out.find(option), std::string::npos) << help.out;
-  }
+  cli_testing::ExpectCli11Refusals(refused,
+                                   {{"replay", "--until"}, {"audit", "--logprob-tolerance"}});
 }
 
 }  // namespace

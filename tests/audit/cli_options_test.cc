@@ -135,24 +135,8 @@ TEST(CliOptions, CommandLinesCli11RefusesExitAsUsageErrors) {
       {"restore", "--label", "rc-0", "--label", "rc-1", "--adopt"},
       {"demo", "--token-delay-ms", "1", "--token-delay-ms", "2"},
       {"demo", "--bogus\ntimeline: OK"}};
-  for (const std::vector<std::string>& args : refused) {
-    const CliRun out = RunCli(args, /*with_stderr=*/false);
-    EXPECT_EQ(out.exit_code, 2) << text::escape_line(args.back()) << ": " << out.out;
-    EXPECT_EQ(out.out, "") << text::escape_line(args.back());
-    const CliRun all = RunCli(args, /*with_stderr=*/true);
-    const std::vector<std::string> lines = Lines(all.out);
-    ASSERT_EQ(lines.size(), 1u) << text::escape_line(all.out);
-    EXPECT_EQ(lines[0].rfind("rolloutcore " + args[0] + ": ", 0), 0u) << lines[0];
-    EXPECT_NE(lines[0].find("(rolloutcore " + args[0] + " --help lists its options)"),
-              std::string::npos)
-        << lines[0];
-  }
-  for (const auto& [command, option] : std::vector<std::pair<std::string, std::string>>{
-           {"demo", "--token-delay-ms"}, {"restore", "--timeout-s"}}) {
-    const CliRun help = RunCli({command, "--help"}, /*with_stderr=*/false);
-    EXPECT_EQ(help.exit_code, 0) << help.out;
-    EXPECT_NE(help.out.find(option), std::string::npos) << help.out;
-  }
+  cli_testing::ExpectCli11Refusals(refused,
+                                   {{"demo", "--token-delay-ms"}, {"restore", "--timeout-s"}});
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "statemachine/text.h"
+#include "tests/audit/cli_journals.h"
 #include "tests/audit/run_cli.h"
 
 namespace rc::cli_testing {
@@ -34,6 +36,30 @@ inline void ExpectUsageError(const std::vector<std::string>& args, const std::st
   EXPECT_EQ(out.out, "") << text::escape_line(line);
   const CliRun all = RunCli(args, /*with_stderr=*/true);
   EXPECT_EQ(all.out, line + "\n") << text::escape_line(all.out);
+}
+
+// Each of `refused` (a command line CLI11 itself refuses: its first word the command) a usage
+// error: exit 2, nothing on stdout, one stderr line naming the command and pointing at its --help;
+// and `--help` of each command in `helped` exits 0 listing its option.
+inline void ExpectCli11Refusals(const std::vector<std::vector<std::string>>& refused,
+                                const std::vector<std::pair<std::string, std::string>>& helped) {
+  for (const std::vector<std::string>& args : refused) {
+    const CliRun out = RunCli(args, /*with_stderr=*/false);
+    EXPECT_EQ(out.exit_code, 2) << text::escape_line(args.back()) << ": " << out.out;
+    EXPECT_EQ(out.out, "") << text::escape_line(args.back());
+    const CliRun all = RunCli(args, /*with_stderr=*/true);
+    const std::vector<std::string> lines = Lines(all.out);
+    ASSERT_EQ(lines.size(), 1u) << text::escape_line(all.out);
+    EXPECT_EQ(lines[0].rfind("rolloutcore " + args[0] + ": ", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find("(rolloutcore " + args[0] + " --help lists its options)"),
+              std::string::npos)
+        << lines[0];
+  }
+  for (const auto& [command, option] : helped) {
+    const CliRun help = RunCli({command, "--help"}, /*with_stderr=*/false);
+    EXPECT_EQ(help.exit_code, 0) << help.out;
+    EXPECT_NE(help.out.find(option), std::string::npos) << help.out;
+  }
 }
 
 }  // namespace rc::cli_testing
