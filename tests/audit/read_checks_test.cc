@@ -60,6 +60,13 @@ void WriteJournal(const std::string& path, const std::vector<std::string>& steps
   }
 }
 
+// The replay of the journal at `path`, opened read-only (its open's failure as the error).
+Result<replay::ReplayReport> ReplayOf(const std::string& path) {
+  auto j = journal::Journal::Open(path, ReadOnly());
+  if (!j.ok()) return j.status();
+  return replay::Replay(**j, replay::ReplayOptions{});
+}
+
 Result<audit::RolloutProvenance> ProvenanceOf(const std::string& path, const std::string& id) {
   auto j = journal::Journal::Open(path, ReadOnly());
   if (!j.ok()) return j.status();
@@ -274,9 +281,7 @@ TEST(Replay, TheFirstFailureStaysTheReportedOne) {
   EditRaw(dir.path(), [](rocksdb::DB& db, const Cf& cf) {
     ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[1], SeqKey(6)).ok());
   });
-  auto j = journal::Journal::Open(dir.path(), ReadOnly());
-  ASSERT_TRUE(j.ok()) << j.status().ToString();
-  Result<replay::ReplayReport> report = replay::Replay(**j, replay::ReplayOptions{});
+  Result<replay::ReplayReport> report = ReplayOf(dir.path());
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_FALSE(report->ok);
   EXPECT_EQ(report->first_bad_seq, 4u);
@@ -305,9 +310,7 @@ TEST(Replay, ATornTailRecordedAfterAFailureIsStillListed) {
     head = (*j)->head_seq();
   }
   RechainFrom(dir.path(), 4, head, [](journal::Record& r) { r.cause_seq = 2; });
-  auto j = journal::Journal::Open(dir.path(), ReadOnly());
-  ASSERT_TRUE(j.ok()) << j.status().ToString();
-  Result<replay::ReplayReport> report = replay::Replay(**j, replay::ReplayOptions{});
+  Result<replay::ReplayReport> report = ReplayOf(dir.path());
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_FALSE(report->ok);
   EXPECT_EQ(report->first_bad_seq, 4u);
@@ -323,11 +326,7 @@ TEST(Replay, ATornTailRecordedAfterAFailureIsStillListed) {
 TEST(Replay, ASnapshotUnlikeTheRecordsIsDamage) {
   TempDir dir;
   WriteJournal(dir.path(), {"+a", "-a", "+b", "-b", "+c", "-c", "+d", "-d"});  // snapshot at 10
-  auto replayed = [&] {
-    auto j = journal::Journal::Open(dir.path(), ReadOnly());
-    EXPECT_TRUE(j.ok()) << j.status().ToString();
-    return replay::Replay(**j, replay::ReplayOptions{});
-  };
+  auto replayed = [&] { return ReplayOf(dir.path()); };
   Result<replay::ReplayReport> healthy = replayed();
   ASSERT_TRUE(healthy.ok()) << healthy.status().ToString();
   EXPECT_TRUE(healthy->ok) << healthy->error;
@@ -402,9 +401,7 @@ TEST(Replay, ALastGroupShortOfItsDecisionsFailsTheReport) {
   });
   fs::remove(dir.path() + "/CLOSED");  // the marks name the lost seq 4
   fs::remove(dir.path() + "/DURABLE");
-  auto j = journal::Journal::Open(dir.path(), ReadOnly());
-  ASSERT_TRUE(j.ok()) << j.status().ToString();
-  Result<replay::ReplayReport> report = replay::Replay(**j, replay::ReplayOptions{});
+  Result<replay::ReplayReport> report = ReplayOf(dir.path());
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_FALSE(report->ok);
   EXPECT_EQ(report->read_failure, Code::kOk) << report->error;
