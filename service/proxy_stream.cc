@@ -643,14 +643,15 @@ std::optional<std::int64_t> LaxInt(const json& v) {
   return SaturatedInt(*text);
 }
 
-// The choices vLLM may number for one prompt: `n` in `params`, absent or null (1), or what
-// LaxInt reads in it, in 1..kRequestChoicesMax; an accepted value of another form is rewritten
-// as that JSON integer, so that the engine counts what the trace counts. `where` prefixes the
-// field's name. vLLM's request models have no `best_of` (it went with vLLM's V0 engine): an
-// extra field they ignore, as this does.
-Result<std::uint64_t> ChoicesPerPrompt(json& params, const std::string& where) {
+// The choices vLLM may number for one prompt: `n` in `params`, absent (1), null where the
+// route's model declares it optional (`null_is_one`: chat's; 1), or what LaxInt reads in it, in
+// 1..kRequestChoicesMax; an accepted value of another form is rewritten as that JSON integer, so
+// that the engine counts what the trace counts. `where` prefixes the field's name. vLLM's
+// request models have no `best_of` (it went with vLLM's V0 engine): an extra field they ignore,
+// as this does.
+Result<std::uint64_t> ChoicesPerPrompt(json& params, const std::string& where, bool null_is_one) {
   const auto it = params.find("n");
-  if (it == params.end() || it->is_null()) return std::uint64_t{1};
+  if (it == params.end() || (null_is_one && it->is_null())) return std::uint64_t{1};
   const std::optional<std::int64_t> n = LaxInt(*it);
   if (!n) return Status::InvalidArgument("'" + where + "n' must be an integer");
   if (*n < 1 || static_cast<std::uint64_t>(*n) > kRequestChoicesMax) {
@@ -668,9 +669,10 @@ Status CheckRequestChoices(ProxyRoute route, json& body) {
   if (route == ProxyRoute::kGenerate) {
     const auto sp = body.find("sampling_params");
     if (sp == body.end() || !sp->is_object()) return Status::OK();  // no n: one choice
-    return ChoicesPerPrompt(*sp, "sampling_params.").status();
+    return ChoicesPerPrompt(*sp, "sampling_params.", /*null_is_one=*/false).status();
   }
-  const Result<std::uint64_t> per_prompt = ChoicesPerPrompt(body, "");
+  const Result<std::uint64_t> per_prompt =
+      ChoicesPerPrompt(body, "", /*null_is_one=*/route == ProxyRoute::kChat);
   if (!per_prompt.ok() || route != ProxyRoute::kCompletions) return per_prompt.status();
   RC_CHECK(*per_prompt >= 1 && *per_prompt <= kRequestChoicesMax);
   const std::uint64_t prompts =

@@ -709,5 +709,21 @@ TEST(ProxyRequestChoices, AnNVllmRefusesIsStillRefused) {
   EXPECT_EQ(gen_st.message(), "'sampling_params.n' must be an integer");
 }
 
+// Proves `n: null` is read per route as vLLM's models read it: chat's `n` is optional (null is
+// one choice), completions' and generate's are not (a 400 before admission, as vLLM answers).
+// Catches a request admitted durably that the engine then refuses for a null `n`.
+TEST(ProxyRequestChoices, AnNullNIsOneChoiceOnlyWhereVllmAllowsNull) {
+  const auto [chat_st, chat] =
+      Checked(ProxyRoute::kChat, {{"messages", json::array()}, {"n", nullptr}});
+  EXPECT_TRUE(chat_st.ok()) << chat_st.ToString();
+  const auto [cmpl_st, cmpl] = Checked(ProxyRoute::kCompletions, {{"prompt", "a"}, {"n", nullptr}});
+  EXPECT_EQ(cmpl_st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(cmpl_st.message(), "'n' must be an integer");
+  const auto [gen_st, gen] =
+      Checked(ProxyRoute::kGenerate, {{"token_ids", {1}}, {"sampling_params", {{"n", nullptr}}}});
+  EXPECT_EQ(gen_st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(gen_st.message(), "'sampling_params.n' must be an integer");
+}
+
 }  // namespace
 }  // namespace rc::service
