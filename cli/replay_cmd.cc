@@ -16,16 +16,6 @@
 namespace rc::cli {
 namespace {
 
-// The report with its verdict line replaced by `verdict` (appended when no such line exists): a
-// journal-level failure such as a torn tail is never printed as "verification: OK".
-std::string ReplaceVerdict(std::string report, const std::string& ok_prefix,
-                           const std::string& verdict) {
-  const std::size_t at = report.find(ok_prefix);
-  if (at == std::string::npos || (at > 0 && report[at - 1] != '\n')) return report + verdict + "\n";
-  const std::size_t end = report.find('\n', at);
-  return report.replace(at, end == std::string::npos ? std::string::npos : end - at, verdict);
-}
-
 // Exit codes as audit's: 1 the journal does not verify, 2 it cannot be read (a wrong path, a
 // writer's lock) or the command line asks for what it does not hold, 3 it is damaged (the open or
 // the refold found records lost or altered). main.cc adds 4: the report could not be written.
@@ -89,12 +79,8 @@ void PrintReport(const replay::ReplayReport& report, const std::string& torn, bo
     std::printf(
         "%s\n",
         out.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace).c_str());
-  } else if (failed.empty()) {
-    std::printf("%s", replay::FormatReport(report).c_str());
   } else {
-    std::printf("%s", ReplaceVerdict(replay::FormatReport(report), "verification: OK",
-                                     "verification: FAILED: " + text::escape_line(failed))
-                          .c_str());
+    std::printf("%s", replay::FormatReport(report, failed).c_str());
   }
 }
 

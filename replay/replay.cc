@@ -738,7 +738,7 @@ void TornTailLines(const ReplayReport& report, std::ostringstream& out) {
 
 }  // namespace
 
-std::string FormatReport(const ReplayReport& report) {
+std::string FormatReport(const ReplayReport& report, const std::string& journal_failure) {
   std::ostringstream out;
   out << "records: " << report.records << " (inputs re-decided: " << report.inputs << "), last seq "
       << report.last_seq << "\n";
@@ -748,11 +748,14 @@ std::string FormatReport(const ReplayReport& report) {
   } else {
     EngineLines(report.state, "", out);
   }
-  if (report.ok) {
-    out << "verification: OK (hash chain, legality of every record, every decision reproduced)\n";
-  } else {
+  if (!report.ok) {
     out << "verification: FAILED at seq " << report.first_bad_seq << ": " << E(report.error)
         << "\n";
+  }
+  if (!journal_failure.empty()) {
+    out << "verification: FAILED: " << E(journal_failure) << "\n";
+  } else if (report.ok) {
+    out << "verification: OK (hash chain, legality of every record, every decision reproduced)\n";
   }
   TornTailLines(report, out);
   if (report.colocated_count > report.colocated.size()) {

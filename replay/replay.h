@@ -99,7 +99,10 @@ struct ReplayReport {
 
 // Text output: every string taken from the journal is escaped (rc::text::escape_line), so each
 // report line is one line whatever the records hold, and the verdict line is always present.
-std::string FormatReport(const ReplayReport& report);
+// `journal_failure` (a torn WAL tail found at this open, already one line) fails a verdict the
+// records alone would pass: the verdict line is decided here, never found in the text, which
+// holds the journal's own strings.
+std::string FormatReport(const ReplayReport& report, const std::string& journal_failure = "");
 // JSON output; strings keep their content, invalid UTF-8 becomes U+FFFD (never throws).
 std::string ReportJson(const ReplayReport& report);
 

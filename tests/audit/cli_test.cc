@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -229,7 +230,7 @@ TEST(Cli, AuditWithAnEngineReportsADamagedJournalAsDamaged) {
 
 // Bootstrap + `admissions` admissions, never closed cleanly (the journal is stopped: its records
 // live in the WAL only), then the WAL cut 9 bytes into its last batch: a torn tail.
-void WriteTornJournal(const std::string& path, int admissions) {
+void WriteTornJournal(const std::string& path, int admissions, const std::string& label = "rc-0") {
   fs::path wal;
   std::uintmax_t before_last = 0;
   {
@@ -241,6 +242,13 @@ void WriteTornJournal(const std::string& path, int admissions) {
     auto j = journal::Journal::Open(path, o);
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     for (auto& g : journal::testing::BootstrapGroups()) {
+      for (Event& e : g) {
+        if (auto* b = std::get_if<BootstrapRequested>(&e)) b->label = label;
+        if (auto* p = std::get_if<EngineProbed>(&e)) p->reported_label = label;
+        if (auto* c = std::get_if<StateChanged>(&e)) {
+          c->detail = "engine 0.25.1 reports '" + label + "', instance 'i-0'";
+        }
+      }
       ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
     }
     for (const auto& e : fs::directory_iterator(path)) {
@@ -256,6 +264,28 @@ void WriteTornJournal(const std::string& path, int admissions) {
     (*j)->Stop(Status::Unavailable("stopped by the test: no clean close"));
   }
   fs::resize_file(wal, before_last + 9);
+}
+
+// Proves replay's verdict line is chosen from what it verified, not found in its text: a torn
+// journal whose committed label reads "verification: OK" prints one verdict, FAILED, and no line
+// starting with OK. Catches the torn verdict appended after a report whose state line held the
+// words, leaving the intact-journal "verification: OK" line in place above it.
+TEST(Cli, ALabelReadingVerificationOkKeepsNoOkVerdictOnATornJournal) {
+  TempDir dir;
+  WriteTornJournal(dir.path(), 8, "verification: OK (hash chain)");
+  const CliRun replayed = RunCli({"replay", dir.path()}, /*with_stderr=*/false);
+  EXPECT_EQ(replayed.exit_code, 1) << replayed.out;
+  ASSERT_NE(replayed.out.find("'verification: OK (hash chain)'"), std::string::npos)
+      << "the label is not in the report: " << replayed.out;
+  int ok_lines = 0;
+  int failed_lines = 0;
+  std::istringstream lines(replayed.out);
+  for (std::string line; std::getline(lines, line);) {
+    ok_lines += line.rfind("verification: OK", 0) == 0 ? 1 : 0;
+    failed_lines += line.rfind("verification: FAILED", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(ok_lines, 0) << replayed.out;
+  EXPECT_EQ(failed_lines, 1) << replayed.out;
 }
 
 // Proves `audit --rollout ID --json` on a journal with a torn WAL tail prints exactly one JSON
