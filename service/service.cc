@@ -709,7 +709,9 @@ bool Service::MonitorOnce(const MonitorTarget& t) {
   const bool drift = ok && WeightsDrifted(t.watch, before, p.digest, probe.wall_ms);
   // An engine verified before instances were read adopts the first one that vouches.
   const bool adopts = vouched && before.engine_instance.empty() && !p.engine_instance.empty();
-  const bool changes = (ok != before.engine_reachable) || (ok && !matches) || drift ||
+  // An unreachable engine is reachable again only on an answer that vouches (the fold's rule).
+  const bool reach_changes = before.engine_reachable ? !ok : vouched;
+  const bool changes = reach_changes || (ok && !matches) || drift ||
                        (vouched && before.engine_recheck) || adopts;
   if (!changes) return true;
   EngineMonitored m = p;

@@ -553,8 +553,10 @@ std::string digest_mismatch(const State& s, const WeightDigest& d) {
 }
 
 // Evidence that the READY engine is still the verified one clears a pending re-verification.
+// Only such evidence lifts an unreachable engine's block: an outage is what a restart looks like,
+// so an answer that names no process (or not the verified weights) proves nothing about it.
 void note_engine_seen(State& s, bool ok, bool matches, const std::string& instance) {
-  s.engine_reachable = ok;
+  s.engine_reachable = ok && (s.engine_reachable || matches);
   if (!ok || !matches) return;
   s.engine_recheck = false;
   if (s.engine_instance.empty()) s.engine_instance = instance;

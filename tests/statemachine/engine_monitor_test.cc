@@ -80,6 +80,22 @@ TEST(EngineMonitor, UnreachableBlocksAdmissionUntilTheSameEngineAnswers) {
   d.admit();
 }
 
+// Proves an answer that names no process cannot lift an unreachable engine's block, while one
+// naming the verified process can; catches admissions resumed onto an engine that may have
+// restarted during the outage (the label alone matches a restarted process too).
+TEST(EngineMonitor, AnUnnamedAnswerDoesNotLiftUnreachable) {
+  Driver d = ready_on_instance();
+  EngineMonitored down{
+      http(Transport::kConnectFailed), "", false, false, "", 0, monitor_epoch(d.s)};
+  EXPECT_TRUE(d.ok(down).empty());
+  EXPECT_TRUE(d.ok(seen(d.s, "rc-0", false, /*instance=*/"")).empty());
+  EXPECT_FALSE(d.s.engine_reachable);
+  EXPECT_FALSE(admits(d.s));
+  EXPECT_EQ(d.rejected(make_admission(d.s, "x")), Code::kRejected);
+  EXPECT_TRUE(d.ok(seen(d.s, "rc-0")).empty());
+  EXPECT_TRUE(admits(d.s));
+}
+
 // What the executor journals when it looks at the engine before a plan: the monitor's record,
 // with no last sight of the verified engine (the audit's window then opens at READY).
 EngineMonitored look(const State& s, const std::string& label, bool paused,
