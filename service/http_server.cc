@@ -243,7 +243,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<bhttp::response<bhttp::empty_body>> stream_head_;
   std::unique_ptr<bhttp::response_serializer<bhttp::empty_body>> stream_sr_;
   std::string out_chunk_;
-  bool chunk_write_pending_ = false;  // a chunk's write waits on the client
+  // The stream's head or a chunk of it is being written: a write a stalled client holds.
+  bool stream_write_pending_ = false;
   // The stream's body is chunked (HTTP/1.1), or ends where the connection does (HTTP/1.0).
   bool stream_chunked_ = true;
 
@@ -522,9 +523,11 @@ void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::Wri
   stream_head_->chunked(stream_chunked_);
   stream_sr_ = std::make_unique<bhttp::response_serializer<bhttp::empty_body>>(*stream_head_);
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
+  stream_write_pending_ = true;  // a head a stalled client holds is abandoned as a chunk is
   bhttp::async_write_header(socket_, *stream_sr_,
                             [self = shared_from_this(), serial, done = std::move(done)](
                                 beast::error_code ec, std::size_t) {
+                              self->stream_write_pending_ = false;
                               self->Disarm();
                               if (self->Expired(Phase::kWrite))
                                 self->server_.mutable_counters().write_timeouts++;
@@ -535,10 +538,10 @@ void Session::StartStream(std::uint64_t serial, HttpResponse head, Exchange::Wri
 void Session::WriteChunk(std::string bytes, std::function<void(beast::error_code)> then) {
   out_chunk_ = std::move(bytes);
   Arm(Phase::kWrite, server_.options().write_timeout_ms);
-  chunk_write_pending_ = true;
+  stream_write_pending_ = true;
   auto written = [self = shared_from_this(), then = std::move(then)](beast::error_code ec,
                                                                      std::size_t) {
-    self->chunk_write_pending_ = false;
+    self->stream_write_pending_ = false;
     self->Disarm();
     if (self->Expired(Phase::kWrite)) {
       self->server_.mutable_counters().write_timeouts++;
@@ -588,10 +591,11 @@ void Session::OnStreamWritten(beast::error_code ec) {
   OnResponseWritten(ec);
 }
 
-// A chunk's write that waits on a client who stopped reading ends only at write_timeout_ms: a
-// shutdown that must end the stream now closes the connection, and the write fails at once.
+// A stream's write (its head or a chunk) that waits on a client who stopped reading ends only at
+// write_timeout_ms: a shutdown that must end the stream now closes the connection, and the write
+// fails at once.
 void Session::AbandonWrite(std::uint64_t serial) {
-  if (Live(serial) && chunk_write_pending_) Close();
+  if (Live(serial) && stream_write_pending_) Close();
 }
 
 void Session::WatchClient(std::uint64_t serial, std::function<void()> on_gone) {

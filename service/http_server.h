@@ -131,7 +131,8 @@ class Exchange {
   void StartStream(HttpResponse head, WriteDone done);
   void Write(std::string bytes, WriteDone done);
   void End(std::string last_bytes);
-  // A Write that waits on the client fails now (the connection closes); no-op otherwise.
+  // A stream's write that waits on the client (its head's, or a Write's) fails now (the
+  // connection closes); no-op otherwise.
   void AbandonWrite();
   // Ends an exchange that cannot be answered (a handler failed mid-stream): the connection
   // closes, and the client sees its answer cut. No-op once answered.
