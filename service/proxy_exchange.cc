@@ -32,18 +32,26 @@ namespace {
 
 constexpr const char* kRolloutIdHeader = "X-RolloutCore-Rollout-Id";
 
-// A chat message's content as affinity text: a string as it is, or the text of each text part
-// (an image part adds nothing: its bytes would cost a dump and say nothing of the prefix).
-void AppendContent(const json& content, std::string& out) {
-  if (content.is_string()) {
-    out += content.get_ref<const std::string&>();
-    return;
-  }
+// What of `text` fits the prefix's first `bytes`: a long string costs the prefix's copy, never
+// its own.
+void AppendUpTo(std::string_view text, std::size_t bytes, std::string& out) {
+  if (out.size() >= bytes) return;
+  out.append(text.substr(0, bytes - out.size()));
+}
+
+// A chat message's content as affinity text, up to `bytes`: a string as it is, or the text of
+// each text part (an image part adds nothing: its bytes would cost a dump and say nothing of the
+// prefix).
+void AppendContent(const json& content, std::size_t bytes, std::string& out) {
+  if (content.is_string()) return AppendUpTo(content.get_ref<const std::string&>(), bytes, out);
   if (!content.is_array()) return;
   for (const json& part : content) {
+    if (out.size() >= bytes) return;
     if (!part.is_object()) continue;
     const auto text = part.find("text");
-    if (text != part.end() && text->is_string()) out += text->get_ref<const std::string&>();
+    if (text != part.end() && text->is_string()) {
+      AppendUpTo(text->get_ref<const std::string&>(), bytes, out);
+    }
   }
 }
 
@@ -58,16 +66,18 @@ void AppendScalars(const json& list, std::size_t bytes, std::string& out) {
 
 // One element of a prompt as affinity text, then a newline: a string as it is, a chat message as
 // role ':' content, a token id (or any other scalar) as its JSON, a list of token ids as its ids.
-// Nothing is dumped whole.
+// Nothing is dumped or copied whole.
 void AppendPromptElement(const json& e, std::size_t bytes, std::string& out) {
   if (e.is_string()) {
-    out += e.get_ref<const std::string&>();
+    AppendUpTo(e.get_ref<const std::string&>(), bytes, out);
   } else if (e.is_object()) {
     const auto role = e.find("role");
-    if (role != e.end() && role->is_string()) out += role->get_ref<const std::string&>();
+    if (role != e.end() && role->is_string()) {
+      AppendUpTo(role->get_ref<const std::string&>(), bytes, out);
+    }
     out += ':';
     const auto content = e.find("content");
-    if (content != e.end()) AppendContent(*content, out);
+    if (content != e.end()) AppendContent(*content, bytes, out);
   } else if (e.is_primitive()) {
     out += DumpSafe(e);
   } else if (e.is_array()) {
@@ -92,6 +102,20 @@ std::string PromptPrefix(const json& prompt, std::size_t bytes) {
   return out;
 }
 const std::string kDoneEvent = "data: [DONE]\n\n";
+
+// The engine's answer read into a tree is held against the body budget before it is built, as a
+// client's request is (Parse): 16 MiB of "[{},{},...]" is hundreds of MB of nodes.
+constexpr const char* kAnswerOverBudget =
+    "the engine's answer, parsed, would take more of serve's memory budget than is left "
+    "(body_memory_bytes_max)";
+
+// The trace's entries as the body budget holds them: the token ids and logprobs it kept, and the
+// prompt's token ids (the request's on generate, the engine's copy on completions and chat).
+std::uint64_t TraceEntries(const Trajectory& trace) {
+  const std::uint64_t prompt_ids =
+      trace.prompt_token_ids.is_array() ? trace.prompt_token_ids.size() : 0;
+  return trace.entries + prompt_ids;
+}
 
 std::uint32_t ClampU32(std::uint64_t v) {
   return v > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(v);
@@ -186,6 +210,7 @@ ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchan
       route_(route),
       ex_(std::move(exchange)),
       body_hold_(&ex_.body_budget()),
+      tree_hold_(&ex_.body_budget()),
       deadline_(ex_.executor()) {
   on_chunk_ = [this](const json& chunk) {
     const std::optional<std::string> event = PassChunk(trace_, chunk, added_);
@@ -332,19 +357,17 @@ void ProxyExchange::PrepareUpstream() {
   upstream_request_.prepare_payload();
   RC_CHECK(!cache_salt_.empty() && up.contains("cache_salt"));  // never sent unsalted
   upstream_body_ = json();  // the engine's copy is all that is sent from here
-  // What stays held until the end: the engine's copy, and on generate the trace's prompt ids.
-  constexpr std::uint64_t kTraceIdBytes = 32;
-  const std::uint64_t prompt_ids =
-      trace_.prompt_token_ids.is_array() ? trace_.prompt_token_ids.size() : 0;
-  body_hold_.ShrinkTo(upstream_request_.body().size() + kTraceIdBytes * prompt_ids);
-  trace_entries_held_ = trace_.entries;
+  // What stays held until the end: the engine's copy, and the trace (on generate its prompt ids).
+  trace_entries_held_ = TraceEntries(trace_);
+  body_hold_.ShrinkTo(upstream_request_.body().size() + kTraceEntryBytes * trace_entries_held_);
 }
 
 // The trace's entries held against the body budget as it grows, a batch of entries at a time.
 bool ProxyExchange::HoldTrace() {
-  if (trace_.entries <= trace_entries_held_) return true;
+  const std::uint64_t kept = TraceEntries(trace_);
+  if (kept <= trace_entries_held_) return true;
   const std::uint64_t entries =
-      std::max<std::uint64_t>(trace_.entries - trace_entries_held_, kTraceEntriesPerHold);
+      std::max<std::uint64_t>(kept - trace_entries_held_, kTraceEntriesPerHold);
   if (!body_hold_.Grow(entries * kTraceEntryBytes)) return false;
   trace_entries_held_ += entries;
   return true;
@@ -625,19 +648,32 @@ void ProxyExchange::AnswerCompletion() {
                     self->ex_.Respond(std::move(res));
                   });
   }
-  // What simdjson does not read (or reads ambiguously) is read as before, and judged as before.
+  // What simdjson does not read (or reads ambiguously) is read as before, and judged as before;
+  // its tree is held against the body budget until the client's answer is made of it.
+  if (!tree_hold_.Grow(ParsedBytesBound(body_))) {
+    return UpstreamFailed(Transport::kOk, kAnswerOverBudget);
+  }
   json doc = effects::parse_outside_json(body_);
   if (doc.is_discarded()) {
+    tree_hold_.Release();
     transport_error_ = "engine answered HTTP 200 with a body that is not JSON";
     return AnswerEngineError();
   }
   trace_.Absorb(doc);
-  if (!HoldTrace()) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
+  if (!HoldTrace()) {
+    doc = json();
+    tree_hold_.Release();  // the tree is gone
+    return UpstreamFailed(Transport::kOk, kTraceOverBudget);
+  }
   Finish(RolloutOutcome::kCompleted, "",
          [self = shared_from_this(), doc = std::move(doc)]() mutable {
-           StripAdded(doc, self->added_);
            HttpResponse res = self->BindingHead(200);
-           SendJson(res, 200, doc);
+           {
+             json answer = std::move(doc);
+             StripAdded(answer, self->added_);
+             SendJson(res, 200, answer);
+           }
+           self->tree_hold_.Release();  // the tree is gone
            self->ex_.Respond(std::move(res));
          });
 }
@@ -659,6 +695,10 @@ void ProxyExchange::AnswerStreamEnd(bool ok, const std::string& why) {
 // non-streamed its status and body, streamed an error event with its code and [DONE]. Any other
 // status (a 2xx that is not the route's JSON, a 3xx, a code outside 100..599) is a 502 naming it.
 void ProxyExchange::AnswerEngineError() {
+  // A streamed client gets the engine's body as JSON in its error event: its tree is held first.
+  if (stream_ && !tree_hold_.Grow(ParsedBytesBound(body_))) {
+    return UpstreamFailed(Transport::kOk, kAnswerOverBudget);
+  }
   svc_.metrics_.upstream_errors++;
   const unsigned status = parser_->get().result_int();
   const bool relayed = IsRelayedError(status);
@@ -674,10 +714,15 @@ void ProxyExchange::AnswerEngineError() {
       }
       return self->ex_.Respond(std::move(res));
     }
-    json err = {{"error", {{"message", why}, {"type", "upstream"}, {"code", code}}}};
-    json engine_body = effects::parse_outside_json(self->body_);
-    if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
-    self->ex_.End("data: " + DumpSafe(err) + "\n\n" + kDoneEvent);
+    std::string event;
+    {
+      json err = {{"error", {{"message", why}, {"type", "upstream"}, {"code", code}}}};
+      json engine_body = effects::parse_outside_json(self->body_);
+      if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
+      event = "data: " + DumpSafe(err) + "\n\n" + kDoneEvent;
+    }
+    self->tree_hold_.Release();  // the tree is gone
+    self->ex_.End(std::move(event));
   });
 }
 

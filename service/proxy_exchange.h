@@ -163,6 +163,7 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   std::unique_ptr<char[]> read_buf_;  // kUpstreamReadBytes, allocated (not zeroed) on first read
   std::string body_;                  // non-streamed (or error) body, bounded
   BudgetHold body_hold_;              // body_'s bytes, taken from the server's body budget
+  BudgetHold tree_hold_;              // the engine answer's parsed tree while it lives (bound)
   std::string out_;                   // client events of one engine read
   effects::SseState sse_;
   effects::EngineClient::ChunkFn on_chunk_;

@@ -652,6 +652,69 @@ TEST(ProxyEngineStream, ALastEventOverTheBudgetAbortsAndIsNeverCompleted) {
   EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
 }
 
+// Proves a non-streamed engine answer too large for the fast reader (over 1 MiB) is held against
+// the body budget before it is parsed: ~4 MiB of empty objects, whose tree would take well over the
+// 64 MiB budget, is a 502 naming the budget and an aborted rollout. Catches the parsed tree held
+// outside body_memory_bytes_max until the finish is durable (the answer was completed and relayed).
+TEST(ProxyEngineAnswer, ALargeAnswersParsedTreeIsHeldAgainstTheBodyBudget) {
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine, [](ServeConfig& c) {
+    c.body_bytes_max = 64 << 10;
+    c.body_memory_bytes_max = 64 << 20;
+  }));
+  std::string pad = "[{}";
+  while (pad.size() < (4u << 20)) pad += ",{}";
+  pad += "]";
+  const std::string answer =
+      R"({"id":"cmpl-scripted","object":"text_completion","choices":[{"index":0,"text":"x",)"
+      R"("token_ids":[11],"finish_reason":"length"}],"pad":)" +
+      pad + "}";
+  engine.Set("/v1/completions", [answer](const httplib::Request&, httplib::Response& res) {
+    res.set_content(answer, "application/json");
+  });
+  auto c = s.client();
+  auto r = c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", "big-answer-1"}},
+                  completion_body(false), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 502) << r->body.substr(0, 300);
+  EXPECT_NE(r->body.find("body_memory_bytes_max"), std::string::npos) << r->body.substr(0, 300);
+  const JournaledRollout j = JournaledRolloutOf(*s.svc, "big-answer-1");
+  ASSERT_TRUE(j.finish.has_value());
+  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted);
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
+}
+
+// Proves the prompt token ids an engine sends back on a completion count toward the trace's share
+// of the body budget: one chunk carrying ~400,000 of them (12.8 MB held) under an 8 MiB budget
+// ends with the trace's over-budget error event, [DONE], and an aborted rollout. Catches prompt
+// ids copied into the trace uncharged (only generate's were): the stream completed.
+TEST(ProxyEngineStream, PromptIdsTheEngineSendsAreHeldAgainstTheBodyBudget) {
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine, [](ServeConfig& c) {
+    c.body_bytes_max = 64 << 10;
+    c.body_memory_bytes_max = 8 << 20;
+  }));
+  json prompt = json::array();
+  for (int i = 0; i < 400000; ++i) prompt.push_back(100 + i % 900);
+  const json chunk = {
+      {"id", "cmpl-scripted"},
+      {"object", "text_completion"},
+      {"choices",
+       {{{"index", 0}, {"text", "a"}, {"token_ids", {11}}, {"prompt_token_ids", prompt}}}}};
+  engine.Set("/v1/completions", SseBytes("data: " + chunk.dump() + "\n\ndata: [DONE]\n\n"));
+  auto c = s.client();
+  auto r = PostStream(c, "prompt-ids-1");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("trace would take more of serve's memory budget"), std::string::npos)
+      << r->body.substr(0, 300);
+  EXPECT_EQ(Occurrences(r->body, "data: [DONE]"), 1u) << r->body.substr(0, 300);
+  const JournaledRollout j = JournaledRolloutOf(*s.svc, "prompt-ids-1");
+  ASSERT_TRUE(j.finish.has_value());
+  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted);
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
+}
+
 // Proves nothing an engine sends after `data: [DONE]` reaches the client or the trajectory, that
 // the stream still completes, and that the next rollout is served as usual. Catches events after
 // [DONE] relayed (the client saw an event after the engine's end, then the proxy's [DONE]) and
@@ -1133,6 +1196,56 @@ TEST(ConnectionGate, AnAbandonedWriteToAStalledClientEndsAtOnce) {
   std::lock_guard<std::mutex> g(mu);
   held.reset();  // the session goes before its server
   pumps.clear();
+}
+
+// Proves AbandonWrite also ends a stream's head write that waits on a client who stopped reading
+// (a ~30 MB head no socket buffer takes): it completes undelivered at once, not at
+// write_timeout_ms. Catches a shutdown whose cancel could not end a rollout whose stream head was
+// stalled: only chunk writes were abandoned, so the rollout stayed unfinished past the settle.
+TEST(ConnectionGate, AnAbandonedStreamHeadToAStalledClientEndsAtOnce) {
+  HttpServerOptions o = OneLoop();
+  o.write_timeout_ms = 600000;
+  std::atomic<int> head_done{-1};  // -1: pending; 0: undelivered; 1: delivered
+  std::mutex mu;
+  std::optional<Exchange> held;
+  HttpRouter r;
+  r.Async(bhttp::verb::get, "/big-head", [&](Exchange ex) {
+    HttpResponse head = MakeResponse(200, "", "text/plain");
+    const std::string value(60000, 'h');  // beast bounds one field's value to 65,535 bytes
+    for (int i = 0; i < 512; ++i) head.insert("X-Pad-" + std::to_string(i), value);
+    ex.StartStream(std::move(head), [&head_done](bool delivered) { head_done = delivered; });
+    std::lock_guard<std::mutex> g(mu);
+    held = ex;
+  });
+  HttpServer http(o, std::move(r));
+  const int port = StartOrDie(http);
+  const int fd = connect_loopback(port);
+  const std::string req = "GET /big-head HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  // The client reads nothing: the head's write fills the socket buffers and stays pending.
+  bool started = false;
+  for (int i = 0; i < 500 && !started; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::lock_guard<std::mutex> g(mu);
+    started = held.has_value();
+  }
+  ASSERT_TRUE(started);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(head_done.load(), -1) << "the head was taken: it must outgrow the socket buffers";
+  const auto t0 = Clock::now();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    held->Post([ex = *held]() mutable { ex.AbandonWrite(); });
+  }
+  for (int i = 0; i < 100 && head_done.load() == -1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(head_done.load(), 0) << "the pending head write did not end";
+  EXPECT_LT(ms_since(t0), 1000);
+  ::close(fd);
+  EXPECT_TRUE(http.Stop(5000));
+  std::lock_guard<std::mutex> g(mu);
+  held.reset();  // the session goes before its server
 }
 
 // Proves the bodies all connections hold share one budget, a declared length counted from the
