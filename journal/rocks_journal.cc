@@ -14,7 +14,9 @@
 //                                                  loaded (it lacks the fleet's label order)
 //   meta         "head_seq" -> BE64, "head_hash" -> 32 bytes, "schema_version" -> BE64,
 //                "open_torn_tail" -> BE64(bytes unread) ‖ sentence: what a writer's open found
-//                lost (a torn WAL tail), kept until an executor's start recorded it
+//                lost (a torn WAL tail), kept until an executor's start recorded it,
+//                "open_torn_tail_moved" -> SHA-256 of the TORN_TAIL file it was kept from,
+//                "durable_mark_written" -> BE64(1): a writer marked the journal (see DURABLE)
 // Every group commit is one WriteBatch over all of them (WAL on, sync = Options.sync), written by
 // one committer thread; waiters sleep with the stall deadline.
 //
@@ -30,7 +32,9 @@
 // of the writer's open, at most Options::durable_mark_interval_ms after each commit, and when the
 // writer stops. Every open reads both records before the records. The writer's open checks the
 // journal on a read-only open first (which writes and deletes nothing), and only then lets RocksDB
-// open it for writing, which deletes what its MANIFEST leaves obsolete.
+// open it for writing, which deletes what its MANIFEST leaves obsolete. What that check finds
+// lost (a torn WAL tail) is written first to the file TORN_TAIL beside the database, as the marks
+// are, and moved into the meta key open_torn_tail once RocksDB's open made the WAL obsolete.
 #include <pthread.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
@@ -62,6 +66,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -97,6 +102,22 @@ const char kSchemaKey[] = "schema_version";
 const char kOpenTornTailKey[] = "open_torn_tail";
 // The kept sentence at most (this open's findings and an earlier one's joined, each cut to half).
 constexpr std::size_t kKeptTornTailBytesMax = 2048;
+// The SHA-256 of the TORN_TAIL file (below) whose finding open_torn_tail holds: a writer that
+// died after keeping it and before removing the file leaves one that is not reported twice.
+const char kMovedFoundKey[] = "open_torn_tail_moved";
+// Present once a writer wrote a durable mark: a journal holding it without a mark file lost that
+// file. Flushed into a table file at once (RecordMarked), never left only in the WAL a cut takes.
+const char kMarkedKey[] = "durable_mark_written";
+// What a writer's check found lost (a torn WAL tail, an open's unacknowledged tables), written
+// beside the database before RocksDB's open makes the torn WAL obsolete, and removed once the
+// open kept it in open_torn_tail: between the two it is the finding's only trace. Written as the
+// durable mark is (whole, synced, renamed, the directory synced).
+const char kFoundFile[] = "TORN_TAIL";
+const char kFoundTmpFile[] = "TORN_TAIL.tmp";
+constexpr const char* kFoundTitle = "rolloutcore journal torn tail found by a writer's open";
+// Its title, the bytes, the sentence in hex (kKeptTornTailBytesMax at most) and a check: a larger
+// file is damage, refused before it is read.
+constexpr std::uint64_t kFoundFileBytesMax = 8192;
 // How an open reports a finding an earlier open kept.
 constexpr const char* kEarlierFinding =
     "found by an earlier open, not yet recorded by an executor's start: ";
@@ -275,6 +296,41 @@ TornFinding KeptFinding(const TornFinding& own, const TornFinding& earlier) {
 }
 
 std::string EncodeTornFinding(const TornFinding& f) { return BE64(f.bytes_unread) + f.sentence; }
+
+bool SameFinding(const TornFinding& a, const TornFinding& b) {
+  return a.bytes_unread == b.bytes_unread && a.sentence == b.sentence;
+}
+
+std::string EncodeFoundFile(const TornFinding& f) {
+  const std::string lines = std::string(kFoundTitle) + "\nbytes " + std::to_string(f.bytes_unread) +
+                            "\nsentence " + hex::encode(std::string_view(f.sentence)) + "\n";
+  return lines + "check " + HashHex(Sha256(lines)) + "\n";
+}
+
+// Only the exact encoding of a finding (a sentence of 1..kKeptTornTailBytesMax bytes) is one.
+std::optional<TornFinding> DecodeFoundFile(const std::string& text) {
+  const std::string head = std::string(kFoundTitle) + "\nbytes ";
+  if (text.compare(0, head.size(), head) != 0) return std::nullopt;
+  const std::size_t bytes_end = text.find('\n', head.size());
+  const std::string sentence_tag = "\nsentence ";
+  if (bytes_end == std::string::npos || text.compare(bytes_end, sentence_tag.size(), sentence_tag) != 0) {
+    return std::nullopt;
+  }
+  std::uint64_t bytes = 0;
+  const char* first = text.data() + head.size();
+  const auto [at, ec] = std::from_chars(first, text.data() + bytes_end, bytes);
+  if (ec != std::errc() || at != text.data() + bytes_end) return std::nullopt;
+  const std::size_t hex_at = bytes_end + sentence_tag.size();
+  const std::size_t hex_end = text.find('\n', hex_at);
+  if (hex_end == std::string::npos) return std::nullopt;
+  Result<std::string> sentence = hex::decode(std::string_view(text).substr(hex_at, hex_end - hex_at));
+  if (!sentence.ok() || sentence->empty() || sentence->size() > kKeptTornTailBytesMax) {
+    return std::nullopt;
+  }
+  TornFinding f{bytes, std::move(sentence.value())};
+  if (EncodeFoundFile(f) != text) return std::nullopt;
+  return f;
+}
 
 // The seqs a key of an obsolete table names (see the key layouts above), first..last.
 struct SeqSpan {
@@ -629,15 +685,20 @@ Status RunBounded(std::uint32_t deadline_ms, const std::string& path, const std:
                   std::function<Status()> step) {
   if (deadline_ms == 0) return step();
   auto outcome = std::make_shared<StepOutcome>();
-  std::thread helper([outcome, step = std::move(step)]() mutable {
-    pthread_setname_np(pthread_self(), "rc-journal-open");
-    Status status = step();
-    step = nullptr;
-    std::lock_guard<std::mutex> l(outcome->mu);
-    outcome->status = std::move(status);
-    outcome->done = true;
-    outcome->cv.notify_all();
-  });
+  std::thread helper;
+  try {
+    helper = std::thread([outcome, step = std::move(step)]() mutable {
+      pthread_setname_np(pthread_self(), "rc-journal-open");
+      Status status = step();
+      step = nullptr;
+      std::lock_guard<std::mutex> l(outcome->mu);
+      outcome->status = std::move(status);
+      outcome->done = true;
+      outcome->cv.notify_all();
+    });
+  } catch (const std::system_error& e) {  // a thread limit: the step never ran
+    return Status::Unavailable("journal at " + path + ": no thread for " + what + ": " + e.what());
+  }
   std::unique_lock<std::mutex> l(outcome->mu);
   if (!outcome->cv.wait_for(l, std::chrono::milliseconds(deadline_ms),
                             [&] { return outcome->done; })) {
@@ -920,9 +981,21 @@ class RocksJournal final : public Journal {
   Status SnapshotPastOlderFormat();
   // The snapshot of `fleet` at durable `seq`, carrying the hash of record `seq`.
   Result<std::string> SnapshotBytes(std::uint64_t seq, const FleetState& fleet);
-  void CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before);
+  // `head`: the head recovery reached (the torn batch's seqs would follow it).
+  void CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before, std::uint64_t head);
   void NoteUnackedTables();
+  // The writer's check: this open's finding, on the read-only view, kept in TORN_TAIL before
+  // RocksDB's open (`held`: the LOCK, held until the write returns).
+  Status FindBeforeWriting(const std::shared_ptr<HeldLock>& held);
+  Status ReadFoundFile();
+  void DropPendingFoundAgain();
+  TornFinding FindingToKeep() const;
+  Status RemoveFoundFile();
+  Result<bool> Marked();
+  Status CheckMarkFilesPresent();
+  Status RecordMarked();
   Status ReadKeptTornTail();
+  Status ReadMovedFound();
   void ReportTornTails();
   Status KeepTornTail();
   void StopCommitter();
@@ -997,6 +1070,12 @@ class RocksJournal final : public Journal {
   Recovery recovery_;             // set once by Open
   TornFinding found_;             // what this open found lost (ReportTornTails)
   TornFinding kept_;              // what an earlier writer's open found and kept (ReadKeptTornTail)
+  // What an earlier writer's check found and its open did not keep (TORN_TAIL; ReadFoundFile):
+  // empty once open_torn_tail holds it (its SHA-256 is kMovedFoundKey's) or this open found it
+  // again (the same torn WAL: DropPendingFoundAgain).
+  TornFinding pending_;
+  std::optional<std::string> found_file_;  // TORN_TAIL's text, as read or as this open wrote it
+  bool marked_key_ = false;                // the writer's: kMarkedKey was present at its open
   UnackedTables unacked_tables_;  // set by CheckObsoleteTables
   // The writer's: the meta key holds a finding (ForgetRecordedTornTail removes it). Set by the
   // open, then guarded by mu_.
@@ -1357,8 +1436,13 @@ Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(CheckClosedMark(head_seq_, head_hash_));
   recovery_.clean_close = closed_mark_.has_value();
   RC_RETURN_IF_ERROR(CheckDurableMark(head_seq_));
-  CheckWalTail(wals_at_open_);
-  NoteUnackedTables();
+  {
+    Result<bool> marked = Marked();
+    if (!marked.ok()) return marked.status();
+    marked_key_ = *marked;
+  }
+  // What this open found was found on the read-only view and kept in TORN_TAIL before RocksDB's
+  // open (FindBeforeWriting), which made the torn WAL obsolete.
   RC_RETURN_IF_ERROR(ReadKeptTornTail());
   ReportTornTails();
   // From here on a crash must not look like a clean close.
@@ -1367,7 +1451,13 @@ Status RocksJournal::OpenWriter() {
   RC_RETURN_IF_ERROR(StampSchemaVersion());
   RC_RETURN_IF_ERROR(SnapshotPastOlderFormat());
   RC_RETURN_IF_ERROR(MarkAtOpen());
-  committer_ = std::thread([this] { CommitterLoop(); });
+  RC_RETURN_IF_ERROR(RecordMarked());
+  try {
+    committer_ = std::thread([this] { CommitterLoop(); });
+  } catch (const std::system_error& e) {  // a thread limit: the journal never accepts appends
+    return Status::Unavailable("journal at " + path_ + ": no thread for its committer: " +
+                               e.what());
+  }
   return Status::OK();
 }
 
@@ -1398,13 +1488,14 @@ Status RocksJournal::CheckBeforeWriting(std::chrono::steady_clock::time_point lo
   rocksdb::FileLock* lock = nullptr;
   const rocksdb::Status locked = LockBriefly(&lock, lock_until);
   if (!locked.ok()) return OpenError(path_, locked);
-  HeldLock held(env_, lock);
+  const auto held = std::make_shared<HeldLock>(env_, lock);
   Result<DbFiles> files = ListDbFiles(env_, path_);
   if (!files.ok()) return files.status();
   wals_at_open_ = WalsOf(*files);
   RC_RETURN_IF_ERROR(OpenReadOnlyView(DbOptions().max_open_files, /*locked=*/true));
   RC_RETURN_IF_ERROR(CheckObsoleteTables());
   RC_RETURN_IF_ERROR(CheckMarkedRecordsBeforeWriting());
+  RC_RETURN_IF_ERROR(FindBeforeWriting(held));
   rocks_ = std::make_shared<RocksDb>();  // the view closes before RocksDB's open
   return Status::OK();
 }
@@ -1428,6 +1519,7 @@ Status RocksJournal::CheckMarksUnchanged() {
 // version nor a record (an emptied WAL, or a creation that died before its first write) is one
 // the writer would start empty (CheckSchema): its head is 0 (ViewHead).
 Status RocksJournal::CheckMarkedRecordsBeforeWriting() {
+  RC_RETURN_IF_ERROR(CheckMarkFilesPresent());
   if (!closed_mark_ && !durable_mark_) return Status::OK();
   Result<std::uint64_t> head = ViewHead();
   if (!head.ok()) return head.status();
@@ -1485,22 +1577,26 @@ Status RocksJournal::OpenReadOnlyChecked(const std::map<std::uint64_t, std::uint
   // Every table file is opened (and its footer read) now.
   RC_RETURN_IF_ERROR(OpenReadOnlyView(/*max_open_files=*/-1, locked));
   RC_RETURN_IF_ERROR(CheckObsoleteTables());
+  RC_RETURN_IF_ERROR(CheckMarkFilesPresent());
   RC_RETURN_IF_ERROR(CheckSchema());
   RC_RETURN_IF_ERROR(LoadHead());
   RC_RETURN_IF_ERROR(CheckClosedMark(head_seq_, head_hash_));
   recovery_.clean_close = closed_mark_.has_value();
   RC_RETURN_IF_ERROR(CheckDurableMark(head_seq_));
-  CheckWalTail(wals);
+  CheckWalTail(wals, recovery_.head_seq);
   NoteUnackedTables();
   RC_RETURN_IF_ERROR(ReadKeptTornTail());
+  DropPendingFoundAgain();
   ReportTornTails();
   return Status::OK();
 }
 
 Status RocksJournal::OpenReadOnlyView(int max_open_files, bool locked) {
   RC_RETURN_IF_ERROR(CheckColumnFamilies(locked));
-  // Read before the records: a mark only moves after what it names is durable.
+  // Read before the records: a mark only moves after what it names is durable, and a writer's
+  // open removes TORN_TAIL only after the records keep its finding.
   RC_RETURN_IF_ERROR(ReadMarks());
+  RC_RETURN_IF_ERROR(ReadFoundFile());
   RC_RETURN_IF_ERROR(CheckCurrentNotStale());
   rocksdb::Options opts = DbOptions();
   opts.max_open_files = max_open_files;
@@ -1537,6 +1633,7 @@ Status RocksJournal::OpenSecondary() {
   RC_RETURN_IF_ERROR(CheckColumnFamilies(/*locked=*/false));
   // Read before the records: a live writer marks only what its WAL already holds.
   RC_RETURN_IF_ERROR(ReadMarks());
+  RC_RETURN_IF_ERROR(ReadFoundFile());
   RC_RETURN_IF_ERROR(CheckCurrentNotStale());
   rocksdb::Options opts = DbOptions();
   opts.max_open_files = -1;  // required by secondary instances
@@ -1567,6 +1664,7 @@ Status RocksJournal::OpenSecondary() {
 // mark, after catching up with the writer a few times, were lost. The clean close is not reported
 // (a writer removes its record before it appends).
 Status RocksJournal::CheckMarksBesideWriter() {
+  RC_RETURN_IF_ERROR(CheckMarkFilesPresent());
   std::uint64_t floor = durable_mark_ ? durable_mark_->seq : 0;
   if (closed_mark_) floor = std::max(floor, closed_mark_->seq);
   for (int i = 1; head_seq() < floor && i < kMarkChecksMax; ++i) {
@@ -1589,7 +1687,8 @@ namespace {
 bool IsJournalFile(std::string_view name) {
   return name.rfind("MANIFEST-", 0) == 0 || name.rfind("OPTIONS-", 0) == 0 || name == "IDENTITY" ||
          name == kClosedFile || name == kClosedTmpFile || name == kDurableFile ||
-         name == kDurableTmpFile || Numbered(name, ".sst") || Numbered(name, ".log") ||
+         name == kDurableTmpFile || name == kFoundFile || name == kFoundTmpFile ||
+         Numbered(name, ".sst") || Numbered(name, ".log") ||
          Numbered(name, ".blob");
 }
 
@@ -1795,8 +1894,9 @@ constexpr const char* kOlderCurrent =
 // unfinished) holds nothing RocksDB could read past the damage either: what was read before it
 // counts, the rest is passed over. Any other error reading it (I/O, descriptors, memory) tells
 // nothing of the table: it is the open's error. A key that names no seq is refused here (nothing
-// shows it was never acknowledged), except the kept torn tail (a finding, not a record), which a
-// writer removes once it was recorded.
+// shows it was never acknowledged), except the kept torn tail and its file's hash (a finding, not
+// a record, which a writer removes once it was recorded) and the record that the journal is
+// marked (a flush that died after writing its table leaves a copy of it).
 Status RocksJournal::CheckObsoleteTable(const std::string& name, SeqSpan* lacked) {
   const std::string file = path_ + "/" + name;
   rocksdb::SstFileReader reader(DbOptions());
@@ -1816,7 +1916,9 @@ Status RocksJournal::CheckObsoleteTable(const std::string& name, SeqSpan* lacked
     if (held->Valid() && held->key() == obsolete->key()) continue;
     RC_RETURN_IF_ERROR(FromRocks(held->status(), "read " + path_));
     const std::string_view key = View(obsolete->key());
-    if (cf == kMetaCf && key == kOpenTornTailKey) continue;
+    if (cf == kMetaCf && (key == kOpenTornTailKey || key == kMovedFoundKey || key == kMarkedKey)) {
+      continue;
+    }
     const std::optional<SeqSpan> seqs = SeqsOfKey(cf, key, View(obsolete->value()));
     if (!seqs.has_value()) {
       return ObsoleteTableRefused(name, std::string("a key of the column family ") + kCfNames[cf],
@@ -2033,16 +2135,17 @@ Status RocksJournal::CheckClosedMark(std::uint64_t head, const Hash& head_hash) 
 
 namespace {
 
-// The clean-close record, and a CLOSED.tmp a close left when it died midway (never read: only
-// the rename makes a record), removed and the directory synced.
-Status RemoveClosedMarkFiles(rocksdb::Env* env, const std::string& path) {
+// A file and its .tmp (never read: only the rename makes the file), removed and the directory
+// synced; `what` names them.
+Status RemoveFilesSynced(rocksdb::Env* env, const std::string& path, const char* name,
+                         const char* tmp_name, const std::string& what) {
   bool removed = false;
-  for (const char* name : {kClosedFile, kClosedTmpFile}) {
-    const std::string file = path + "/" + name;
+  for (const char* each : {name, tmp_name}) {
+    const std::string file = path + "/" + each;
     const rocksdb::Status exists = env->FileExists(file);
     if (exists.IsNotFound()) continue;
     RC_RETURN_IF_ERROR(FromRocks(exists, "look for " + file));
-    RC_RETURN_IF_ERROR(FromRocks(env->DeleteFile(file), "remove the clean-close record " + file));
+    RC_RETURN_IF_ERROR(FromRocks(env->DeleteFile(file), "remove " + what + " " + file));
     removed = true;
   }
   if (!removed) return Status::OK();
@@ -2059,7 +2162,8 @@ Status RocksJournal::RemoveClosedMark() {
   return OpenStep("the removal of the clean-close record",
                   [env = env_, path = path_, rocks = rocks_] {
                     (void)rocks;  // held, not used
-                    return RemoveClosedMarkFiles(env, path);
+                    return RemoveFilesSynced(env, path, kClosedFile, kClosedTmpFile,
+                                             "the clean-close record");
                   });
 }
 
@@ -2097,7 +2201,8 @@ Status RocksJournal::SnapshotPastOlderFormat() {
 // of a torn group are not (its batch is unreadable); they would follow the recovered head. The
 // sentence names them first: it is recorded cut to a bound, and the journal's path (any length)
 // comes last (ReportTornTails).
-void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before) {
+void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before,
+                               std::uint64_t head) {
   const WalReplay& wal_replay = rocks_->wal_replay;
   if (!wal_replay.min_log().has_value()) return;  // nothing was replayed (no WAL read)
   std::string detail;
@@ -2118,8 +2223,8 @@ void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wa
   if (detail.empty()) return;
   found_.sentence = JoinFindings(
       found_.sentence, "torn WAL tail: " + detail + "; recovered through seq " +
-                           std::to_string(recovery_.head_seq) + "; records from seq " +
-                           std::to_string(recovery_.head_seq + 1) +
+                           std::to_string(head) + "; records from seq " +
+                           std::to_string(head + 1) +
                            " on that the torn batch held, if any, are lost (unacknowledged "
                            "unless a client holds a later acknowledged head)");
 }
@@ -2145,10 +2250,11 @@ void RocksJournal::NoteUnackedTables() {
 // The finding an earlier writer's open kept (KeepTornTail), if any: a value that is not one is
 // damage.
 Status RocksJournal::ReadKeptTornTail() {
+  kept_ = {};
   std::string v;
   const rocksdb::Status s =
       rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kOpenTornTailKey, &v);
-  if (s.IsNotFound()) return Status::OK();
+  if (s.IsNotFound()) return ReadMovedFound();
   if (!s.ok()) return FromRocks(s, std::string("read ") + kOpenTornTailKey + " in " + path_);
   if (v.size() <= 8 || v.size() > 8 + kKeptTornTailBytesMax) {
     return Status::Corruption("journal at " + path_ + ": meta " + kOpenTornTailKey + " of " +
@@ -2156,34 +2262,146 @@ Status RocksJournal::ReadKeptTornTail() {
                               " bytes is not a kept torn tail (bytes unread and a sentence)");
   }
   kept_ = TornFinding{ParseBE64(std::string_view(v).substr(0, 8)), v.substr(8)};
+  return ReadMovedFound();
+}
+
+// TORN_TAIL's finding is already in open_torn_tail when kMovedFoundKey holds its SHA-256 (a
+// writer's open died between keeping it and removing the file): not pending, not reported twice.
+Status RocksJournal::ReadMovedFound() {
+  std::string v;
+  const rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kMovedFoundKey, &v);
+  if (s.IsNotFound()) return Status::OK();
+  if (!s.ok()) return FromRocks(s, std::string("read ") + kMovedFoundKey + " in " + path_);
+  const Hash file_hash = found_file_ ? Sha256(*found_file_) : Hash{};
+  if (v.size() != file_hash.size()) {
+    return Status::Corruption("journal at " + path_ + ": meta " + kMovedFoundKey + " of " +
+                              std::to_string(v.size()) + " bytes is not a SHA-256");
+  }
+  if (found_file_ && std::memcmp(v.data(), file_hash.data(), file_hash.size()) == 0) {
+    pending_ = {};
+  }
   return Status::OK();
 }
 
-// What this open found, then what an earlier writer's open kept and no executor's start recorded
-// yet, then the journal's path.
+// TORN_TAIL, absent or whole (bounded, exactly one finding's encoding): anything else is damage.
+Status RocksJournal::ReadFoundFile() {
+  pending_ = {};
+  found_file_.reset();
+  const std::string file = path_ + "/" + kFoundFile;
+  const rocksdb::Status exists = env_->FileExists(file);
+  if (exists.IsNotFound()) return Status::OK();
+  std::uint64_t bytes = 0;
+  rocksdb::Status s = exists.ok() ? env_->GetFileSize(file, &bytes) : exists;
+  if (!s.ok()) return FromRocks(s, "read the torn tail found " + file);
+  if (bytes > kFoundFileBytesMax) {
+    return Status::Corruption("journal at " + path_ + ": the torn tail found " + file + " is " +
+                              std::to_string(bytes) + " bytes; one is at most " +
+                              std::to_string(kFoundFileBytesMax));
+  }
+  std::string text;
+  s = rocksdb::ReadFileToString(env_, file, &text);
+  if (!s.ok()) return FromRocks(s, "read the torn tail found " + file);
+  std::optional<TornFinding> found = DecodeFoundFile(text);
+  if (!found.has_value()) {
+    return Status::Corruption("journal at " + path_ + ": the torn tail found " + file +
+                              " is malformed");
+  }
+  pending_ = std::move(*found);
+  found_file_ = std::move(text);
+  return Status::OK();
+}
+
+// An earlier writer's open that died before RocksDB's open recovered the WAL leaves the same torn
+// tail for this open to find: one finding, reported once.
+void RocksJournal::DropPendingFoundAgain() {
+  if (SameFinding(pending_, found_)) pending_ = {};
+}
+
+// What TORN_TAIL must hold: this open's finding first, then one an earlier open's check kept
+// there, each cut to half the bound when both are present.
+TornFinding RocksJournal::FindingToKeep() const {
+  if (pending_.sentence.empty()) return found_;
+  if (found_.sentence.empty()) return pending_;
+  return KeptFinding(found_, pending_);
+}
+
+// The writer's check finds what RocksDB's open would lose on the read-only view (the same WAL
+// replay, the tables it would delete) and keeps it in TORN_TAIL, synced with its rename, before
+// that open: a crash or error anywhere after it leaves the finding for every later open. An
+// open-time step holding the LOCK, so that no other writer rewrites TORN_TAIL.tmp under a write
+// left running past its deadline.
+Status RocksJournal::FindBeforeWriting(const std::shared_ptr<HeldLock>& held) {
+  found_ = {};
+  Result<std::uint64_t> head = ViewHead();
+  if (!head.ok()) return head.status();
+  CheckWalTail(wals_at_open_, *head);
+  NoteUnackedTables();
+  RC_RETURN_IF_ERROR(ReadKeptTornTail());
+  DropPendingFoundAgain();
+  const TornFinding keep = FindingToKeep();
+  if (keep.sentence.empty()) return Status::OK();
+  const std::string text = EncodeFoundFile(keep);
+  if (found_file_ == text) return Status::OK();
+  RC_RETURN_IF_ERROR(OpenStep("the write of the torn tail it found", [env = env_, path = path_,
+                                                                       held, text] {
+    (void)held;  // held, not used
+    std::unique_ptr<rocksdb::Directory> dir;
+    RC_RETURN_IF_ERROR(FromRocks(env->NewDirectory(path, &dir), "open directory " + path));
+    return FromRocks(WriteMarkFile(env, dir.get(), path, kFoundTmpFile, kFoundFile, text),
+                     "write the torn tail found " + path + "/" + kFoundFile);
+  }));
+  found_file_ = text;
+  return Status::OK();
+}
+
+// TORN_TAIL once open_torn_tail keeps its finding: an open-time step holding the database.
+Status RocksJournal::RemoveFoundFile() {
+  RC_RETURN_IF_ERROR(OpenStep("the removal of the torn tail found",
+                              [env = env_, path = path_, rocks = rocks_] {
+                                (void)rocks;  // held, not used
+                                return RemoveFilesSynced(env, path, kFoundFile, kFoundTmpFile,
+                                                         "the torn tail found");
+                              }));
+  found_file_.reset();
+  return Status::OK();
+}
+
+// What this open found, then what an earlier writer's open found (TORN_TAIL) or kept and no
+// executor's start recorded yet, then the journal's path.
 void RocksJournal::ReportTornTails() {
-  const std::string earlier = kept_.sentence.empty() ? "" : kEarlierFinding + kept_.sentence;
+  const std::string kept = JoinFindings(pending_.sentence, kept_.sentence);
+  const std::string earlier = kept.empty() ? "" : kEarlierFinding + kept;
   const std::string all = JoinFindings(found_.sentence, earlier);
-  recovery_.wal_bytes_unread = found_.bytes_unread + kept_.bytes_unread;
+  recovery_.wal_bytes_unread = found_.bytes_unread + pending_.bytes_unread + kept_.bytes_unread;
   recovery_.torn_tail = all.empty() ? "" : all + " (journal at " + path_ + ")";
 }
 
-// A torn tail the writer's open found is kept (synced) before the writer accepts appends, with
-// one an earlier open kept: RocksDB's open made the torn WAL (or the dead open's tables) obsolete,
-// so until an executor's start records the finding and forgets it (ForgetRecordedTornTail), the
-// meta key is its only trace. An open-time step (WriteAtOpen).
+// A torn tail the writer's check found (TORN_TAIL) is kept (synced) in the meta key before the
+// writer accepts appends, with one an earlier open kept, and only then is TORN_TAIL removed:
+// RocksDB's open made the torn WAL (or the dead open's tables) obsolete, so until an executor's
+// start records the finding and forgets it (ForgetRecordedTornTail), the meta key is its only
+// trace. The file's SHA-256 is kept with it: a crash before the removal reports it once.
+// Open-time steps (WriteAtOpen, RemoveFoundFile).
 Status RocksJournal::KeepTornTail() {
   torn_tail_kept_ = !kept_.sentence.empty();
-  if (found_.sentence.empty()) return Status::OK();
+  const TornFinding keep = FindingToKeep();
+  if (keep.sentence.empty()) return found_file_ ? RemoveFoundFile() : Status::OK();
+  RC_CHECK(found_file_.has_value());  // FindBeforeWriting wrote it, or an earlier open did
   rocksdb::WriteBatch batch;
   RC_CHECK(batch
                .Put(rocks_->cfs[kMetaCf], kOpenTornTailKey,
-                    EncodeTornFinding(KeptFinding(found_, kept_)))
+                    EncodeTornFinding(KeptFinding(keep, kept_)))
+               .ok());
+  const Hash moved = Sha256(*found_file_);
+  RC_CHECK(batch
+               .Put(rocks_->cfs[kMetaCf], kMovedFoundKey,
+                    std::string(reinterpret_cast<const char*>(moved.data()), moved.size()))
                .ok());
   RC_RETURN_IF_ERROR(
       WriteAtOpen("the write of the torn tail it found", std::move(batch), /*sync=*/true));
   torn_tail_kept_ = true;
-  return Status::OK();
+  return RemoveFoundFile();
 }
 
 // The finding kept is removed (synced) under the commit deadline, as an open-time step is: a
@@ -2199,8 +2417,10 @@ Status RocksJournal::ForgetRecordedTornTail() {
                  [rocks = rocks_] {
                    rocksdb::WriteOptions wo;
                    wo.sync = true;
-                   return FromRocks(rocks->db->Delete(wo, rocks->cfs[kMetaCf], kOpenTornTailKey),
-                                    "remove the kept torn tail");
+                   rocksdb::WriteBatch batch;
+                   RC_CHECK(batch.Delete(rocks->cfs[kMetaCf], kOpenTornTailKey).ok());
+                   RC_CHECK(batch.Delete(rocks->cfs[kMetaCf], kMovedFoundKey).ok());
+                   return FromRocks(rocks->db->Write(wo, &batch), "remove the kept torn tail");
                  });
   if (removed.ok()) {
     std::lock_guard<std::mutex> l(mu_);
@@ -2917,6 +3137,58 @@ Status RocksJournal::MarkAtOpen() {
   return Status::OK();
 }
 
+// Whether a writer ever wrote a durable mark for this journal (kMarkedKey).
+Result<bool> RocksJournal::Marked() {
+  std::string v;
+  const rocksdb::Status s =
+      rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kMarkedKey, &v);
+  if (s.IsNotFound()) return false;
+  if (!s.ok()) return FromRocks(s, std::string("read ") + kMarkedKey + " in " + path_);
+  return true;
+}
+
+// A journal a writer marked holds its durable mark (DURABLE) from then on, and a clean close adds
+// CLOSED: with neither, the mark file was removed or never restored with the journal's files, and
+// with it the check that the records reach what was acknowledged (a WAL cut at a batch boundary
+// would otherwise read as a healthy, shorter journal). A journal never marked (written without
+// sync, by an older version, or whose creation died before its first mark) has no such key.
+Status RocksJournal::CheckMarkFilesPresent() {
+  if (durable_mark_ || closed_mark_) return Status::OK();
+  Result<bool> marked = Marked();
+  if (!marked.ok()) return marked.status();
+  if (!*marked) return Status::OK();
+  return Status::Corruption(
+      "journal at " + path_ + " records that its writer wrote a durable mark, but its durable mark " +
+      path_ + "/" + kDurableFile + " is missing (and there is no clean-close record " + kClosedFile +
+      "): the file was removed or not restored with the journal, and without it records lost "
+      "after they were acknowledged cannot be told from a crash; refusing to open (never "
+      "auto-repaired; restore " + kDurableFile + " from the journal's copy)");
+}
+
+// The first mark a writer wrote for this journal (MarkAtOpen, just before) is recorded in the
+// journal: a synced put, then every column family flushed, so that the key lives in a table file
+// (a key only in the WAL would be cut with it; flushing every family retires the WAL whole). After
+// the mark file, never before: a crash in between leaves a mark without the key (guarded as
+// before), never the key without a mark (a journal refused for good). An open-time step holding
+// the database.
+Status RocksJournal::RecordMarked() {
+  if (!options_.sync || marked_key_) return Status::OK();
+  RC_RETURN_IF_ERROR(OpenStep("the record that the journal is marked", [path = path_,
+                                                                         rocks = rocks_] {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    rocksdb::Status s = rocks->db->Put(wo, rocks->cfs[kMetaCf], kMarkedKey, BE64(1));
+    if (s.ok()) {
+      rocksdb::FlushOptions fo;
+      fo.wait = true;
+      s = rocks->db->Flush(fo, rocks->cfs);
+    }
+    return FromRocks(s, "record that the journal at " + path + " is marked");
+  }));
+  marked_key_ = true;
+  return Status::OK();
+}
+
 // The durable mark follows the durable head, at most every durable_mark_interval_ms, never ahead
 // of it (without fsync nothing is durable: no mark). It is written with the lock released, under
 // the group commit's stall deadline, its rename synced into the directory; a failed write fails
@@ -3136,18 +3408,24 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
     // this thread, in order, so errors and visitor stops are the serial scan's. On any error the
     // reader is stopped and joined first.
     ScanQueue queue;
-    std::thread reader([&] {
-      ScanBatch* b = queue.TakeFree();
-      for (it->Seek(lower); b != nullptr && it->Valid(); it->Next()) {
-        b->Add(it->key(), it->value());
-        if (b->bytes.size() >= kScanBatchBytes) {
-          queue.PushFilled(b);
-          b = queue.TakeFree();
+    std::thread reader;
+    try {
+      reader = std::thread([&] {
+        ScanBatch* b = queue.TakeFree();
+        for (it->Seek(lower); b != nullptr && it->Valid(); it->Next()) {
+          b->Add(it->key(), it->value());
+          if (b->bytes.size() >= kScanBatchBytes) {
+            queue.PushFilled(b);
+            b = queue.TakeFree();
+          }
         }
-      }
-      if (b != nullptr) queue.PushFilled(b);
-      queue.Finish(it->status());
-    });
+        if (b != nullptr) queue.PushFilled(b);
+        queue.Finish(it->status());
+      });
+    } catch (const std::system_error& e) {  // a thread limit: nothing was read
+      return Status::Unavailable("journal at " + path_ + ": no thread for a scan's reader: " +
+                                 e.what());
+    }
     Status failed;
     while (ScanBatch* b = queue.TakeFilled()) {
       for (const ScanBatch::Entry& e : b->entries) {
@@ -3305,12 +3583,23 @@ Status RocksJournal::CatchUp() {
   return Status::OK();
 }
 
+// The durable mark goes with the copy (read before it: it names only records the copy holds): a
+// journal whose writer marked it opens only beside its mark (CheckMarkFilesPresent).
 Status RocksJournal::Checkpoint(const std::string& dir) {
+  Result<std::optional<ClosedMark>> durable =
+      ReadMark(kDurableFile, kDurableTitle, "the durable mark");
+  if (!durable.ok()) return durable.status();
   rocksdb::Checkpoint* raw = nullptr;
   RC_RETURN_IF_ERROR(
       FromRocks(rocksdb::Checkpoint::Create(rocks_->db.get(), &raw), "create checkpoint"));
   std::unique_ptr<rocksdb::Checkpoint> cp(raw);
-  return FromRocks(cp->CreateCheckpoint(dir), "checkpoint into " + dir);
+  RC_RETURN_IF_ERROR(FromRocks(cp->CreateCheckpoint(dir), "checkpoint into " + dir));
+  if (!durable->has_value()) return Status::OK();
+  std::unique_ptr<rocksdb::Directory> copy_dir;
+  RC_RETURN_IF_ERROR(FromRocks(env_->NewDirectory(dir, &copy_dir), "open directory " + dir));
+  return FromRocks(WriteMarkFile(env_, copy_dir.get(), dir, kDurableTmpFile, kDurableFile,
+                                 EncodeMark(kDurableTitle, **durable)),
+                   "copy the durable mark into " + dir);
 }
 
 Status RocksJournal::VerifyChecksum() {

@@ -17,6 +17,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -1278,7 +1279,7 @@ TEST(Shorter, AReaderBesideTheLockHolderStillChecksTheMarks) {
     auto j = Journal::Open(path, Options{});
     ASSERT_TRUE(j.ok()) << j.status().ToString();
     for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
-    ASSERT_TRUE((*j)->Checkpoint(old_copy).ok());  // 4 records, no mark
+    ASSERT_TRUE((*j)->Checkpoint(old_copy).ok());  // 4 records
     for (int i = 0; i < 6; ++i) {
       ASSERT_TRUE(
           (*j)->Append(Group({make_admission((*j)->state(), "r" + std::to_string(i))})).ok());
@@ -1525,6 +1526,7 @@ TEST(Shorter, TablesADeadOpenLeftPastEveryMarkAreAnUnacknowledgedTail) {
   }
   faults.Restart();  // a kill, not a power loss: the unsynced bytes stay in the WAL
   ASSERT_GT(fs::file_size(wal), acked_wal_bytes);
+  const std::vector<fs::path> live_tables = FilesWithExtension(dir.path(), ".sst");
   {
     // RocksDB's open recovers the WAL (the unacknowledged seq included) into synced tables and a
     // new MANIFEST, then syncs the file that would become CURRENT (the first "other" file it
@@ -1539,7 +1541,8 @@ TEST(Shorter, TablesADeadOpenLeftPastEveryMarkAreAnUnacknowledgedTail) {
   fs::resize_file(wal, acked_wal_bytes);
   std::vector<fs::path> dead_tables;
   for (const fs::path& t : FilesWithExtension(dir.path(), ".sst")) {
-    if (fs::file_size(t) > 0) dead_tables.push_back(t);
+    const bool live = std::find(live_tables.begin(), live_tables.end(), t) != live_tables.end();
+    if (!live && fs::file_size(t) > 0) dead_tables.push_back(t);
   }
   ASSERT_FALSE(dead_tables.empty()) << "the open that died left no table";
   const std::string seq = "seq " + std::to_string(acked + 1);
@@ -1743,6 +1746,121 @@ TEST(Shorter, AKeptTornTailSurvivesACrashAndIsKeptBesideANewOne) {
   ASSERT_NE(kept, std::string::npos) << rec.torn_tail;
   EXPECT_NE(rec.torn_tail.find(": 5 of ", kept), std::string::npos) << rec.torn_tail;
   EXPECT_NE(rec.torn_tail.find(": 9 of ", kept), std::string::npos) << rec.torn_tail;
+}
+
+// Proves a torn tail the writer's open found survives a crash at each WAL sync of that open in
+// turn, those after RocksDB's open removed the torn WAL included (the sync of the meta key that
+// keeps the finding): a read-only open afterwards still reports the 9 bytes unread after seq 69,
+// and the next writer keeps them once and removes TORN_TAIL; catches the finding that lived only
+// in memory between RocksDB's open and that sync, so that a crash there read as an intact journal.
+TEST(Shorter, ATornTailSurvivesACrashAnywhereInTheWritersOpen) {
+  bool opened = false;       // the crash fell past the open: every sync of it was tried
+  bool window_seen = false;  // a crash fell after RocksDB's open removed the torn WAL
+  for (std::uint32_t skip = 0; skip < 8 && !opened; ++skip) {
+    SCOPED_TRACE("WAL syncs before the crash: " + std::to_string(skip));
+    TempDir dir;
+    WriteTornJournal(dir.path());
+    const std::vector<fs::path> torn_wals = FilesWithExtension(dir.path(), ".log");
+    ASSERT_EQ(torn_wals.size(), 1u);
+    testing::FaultEnv faults;
+    Options o;
+    o.env = faults.env();
+    o.snapshot_every = 0;
+    faults.Inject(testing::FileKind::kWal, testing::FileOp::kSync, testing::Fault::kCrash, skip);
+    opened = Journal::Open(dir.path(), o).ok();
+    if (opened) break;
+    // The power fails: the meta key's unsynced write goes with it.
+    ASSERT_TRUE(faults.DropUnsyncedData(testing::Torn::kNone, 1).ok());
+    faults.Restart();
+    window_seen = window_seen || !fs::exists(torn_wals.front());
+    {
+      auto j = Journal::Open(dir.path(), ReadOnly());
+      ASSERT_TRUE(j.ok()) << j.status().ToString();
+      EXPECT_EQ((*j)->head_seq(), 69u);
+      EXPECT_EQ((*j)->recovery().wal_bytes_unread, 9u) << "the finding was lost in the crash";
+      EXPECT_NE((*j)->recovery().torn_tail.find("from seq 70"), std::string::npos)
+          << (*j)->recovery().torn_tail;
+    }
+    {
+      auto j = Journal::Open(dir.path(), Options{});
+      ASSERT_TRUE(j.ok()) << j.status().ToString();
+      EXPECT_EQ((*j)->recovery().wal_bytes_unread, 9u) << (*j)->recovery().torn_tail;
+    }
+    EXPECT_FALSE(fs::exists(dir.sub("TORN_TAIL"))) << "kept, yet its file stayed";
+    auto j = Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->recovery().wal_bytes_unread, 9u) << (*j)->recovery().torn_tail;
+  }
+  EXPECT_TRUE(opened) << "every WAL sync tried failed the open";
+  EXPECT_TRUE(window_seen) << "no crash fell after RocksDB's open removed the torn WAL";
+}
+
+// Proves a found torn tail that cannot be parsed (TORN_TAIL damaged) is refused as Corruption by
+// read-only opens and the writer, naming the file; catches a damaged finding read as none.
+TEST(Shorter, ADamagedTornTailFileIsCorruption) {
+  TempDir dir;
+  WriteJournal(dir.path(), 2);
+  std::ofstream(dir.sub("TORN_TAIL")) << "rolloutcore journal torn tail found by a writer's open\n";
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_FALSE(j.ok()) << "opened past a damaged finding";
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("TORN_TAIL"), std::string::npos) << j.status().ToString();
+  }
+}
+
+// Proves a journal whose writer marked it is refused (Corruption naming DURABLE) by read-only
+// opens and the writer once its durable mark was removed and its WAL then cut at a batch
+// boundary, and that the refused writer marks nothing; catches the never-shorter check a missing
+// mark switched off, which read the cut journal as a healthy shorter one and marked its cut head.
+TEST(Shorter, AWalCutAfterTheDurableMarkWasRemovedIsRefused) {
+  TempDir dir;
+  const CrashedJournal crashed = WriteCrashedJournal(dir.path(), 20);
+  ASSERT_TRUE(fs::remove(dir.sub("DURABLE")));
+  fs::resize_file(crashed.wal, crashed.wal_sizes.at(crashed.wal_sizes.size() / 2));
+  Result<std::uint64_t> read = ReadableRecords(dir.path());
+  ASSERT_FALSE(read.ok()) << "read " << *read << " of 24 records as a healthy journal";
+  Result<std::unique_ptr<Journal>> writer = Journal::Open(dir.path(), Options{});
+  ASSERT_FALSE(writer.ok()) << "the writer opened with head " << (*writer)->head_seq();
+  for (const Status& st : {read.status(), writer.status()}) {
+    EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+    EXPECT_NE(st.message().find("DURABLE"), std::string::npos) << st.ToString();
+  }
+  EXPECT_FALSE(fs::exists(dir.sub("DURABLE"))) << "the refused writer marked the cut head";
+}
+
+// Proves a journal no writer ever marked (written without sync, left without a clean close) opens
+// read-only and for writing, and that once a syncing writer marked it, removing its mark is
+// refused; catches the check that refused every journal without a mark, and the record of the
+// first mark never written.
+TEST(Shorter, AJournalNeverMarkedOpensUntilAWriterMarksIt) {
+  TempDir dir;
+  Options unsynced;
+  unsynced.sync = false;
+  {
+    testing::FaultEnv faults;
+    Options o = unsynced;
+    o.env = faults.env();
+    auto j = Journal::Open(dir.path(), o);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    for (auto& g : testing::BootstrapGroups()) ASSERT_TRUE((*j)->Append(Group(g)).ok());
+    faults.Crash();  // a kill: no clean close, the files stay as written
+    j->reset();
+    faults.Restart();
+  }
+  ASSERT_FALSE(fs::exists(dir.sub("DURABLE")));
+  ASSERT_FALSE(fs::exists(dir.sub("CLOSED")));
+  for (const Options& each : {ReadOnly(), unsynced, Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    EXPECT_EQ((*j)->head_seq(), 4u);
+  }
+  ASSERT_TRUE(fs::exists(dir.sub("DURABLE")));
+  fs::remove(dir.sub("CLOSED"));
+  ASSERT_TRUE(fs::remove(dir.sub("DURABLE")));
+  auto j = Journal::Open(dir.path(), ReadOnly());
+  ASSERT_FALSE(j.ok()) << "opened a marked journal without its mark";
+  EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
 }
 
 }  // namespace
