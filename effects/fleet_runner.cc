@@ -156,17 +156,18 @@ Runner* FleetRunner::runner(const std::string& engine) {
   return it == runners_.end() ? nullptr : it->second.get();
 }
 
-// Starts each runner's recovery on a thread of its own, writing its result into `recovered`. A
+// Starts `recover` of each runner on a thread of its own, writing its result into `recovered`. A
 // thread that cannot start (Start throws) ends the starts with that error, naming its engine; the
 // recoveries already started are in `ids`, for the caller to join.
-Status FleetRunner::StartRecoveries(const journal::Recovery& opened, std::vector<Status>& recovered,
+Status FleetRunner::StartRecoveries(const std::function<Status(Runner&)>& recover,
+                                    std::vector<Status>& recovered,
                                     std::vector<std::uint64_t>& ids) {
   RC_CHECK(recovered.size() == runners_.size() && ids.capacity() >= runners_.size());
   std::size_t i = 0;
   for (auto& [engine, r] : runners_) {
     try {
-      ids.push_back(threads_.Start(
-          [&recovered, &opened, i, r = r.get()] { recovered[i] = r->Recover(opened); }));
+      ids.push_back(
+          threads_.Start([&recovered, &recover, i, r = r.get()] { recovered[i] = recover(*r); }));
     } catch (const std::exception& e) {
       return Status::Unavailable("engine '" + engine +
                                  "': its recovery did not start: " + e.what());
@@ -176,11 +177,11 @@ Status FleetRunner::StartRecoveries(const journal::Recovery& opened, std::vector
   return Status::OK();
 }
 
-Status FleetRunner::Recover(const journal::Recovery& opened) {
+Status FleetRunner::RecoverEach(const std::function<Status(Runner&)>& recover) {
   std::vector<Status> recovered(runners_.size());
   std::vector<std::uint64_t> ids;
   ids.reserve(runners_.size());  // no allocation between a thread's start and its id kept
-  const Status started = StartRecoveries(opened, recovered, ids);
+  const Status started = StartRecoveries(recover, recovered, ids);
   // Every started recovery writes into `recovered`: joined before it goes, whatever happened.
   for (std::uint64_t id : ids) threads_.Join(id);
   RC_RETURN_IF_ERROR(started);
@@ -192,6 +193,22 @@ Status FleetRunner::Recover(const journal::Recovery& opened) {
     ++i;
   }
   return Status::OK();
+}
+
+Status FleetRunner::Recover(const journal::Recovery& opened) {
+  return RecoverEach([&opened](Runner& r) { return r.Recover(opened); });
+}
+
+Status FleetRunner::BeginRecovery(const journal::Recovery& opened) {
+  for (auto& [engine, r] : runners_) {
+    const Status begun = r->BeginRecovery(opened);
+    if (!begun.ok()) return Status(begun.code(), "engine '" + engine + "': " + begun.message());
+  }
+  return Status::OK();
+}
+
+Status FleetRunner::DriveRecoveries() {
+  return RecoverEach([](Runner& r) { return r.Drive(); });
 }
 
 Status FleetRunner::Remove(const std::string& engine) {

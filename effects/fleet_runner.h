@@ -83,7 +83,7 @@ class FleetRunner {
                             WeightTransfer& transfer);
   // The runner of an engine joined through this executor (bootstrap, restore, recovery, sleep
   // go through it); nullptr for any other name. A Runner is not thread-safe: never use it while
-  // Update() or Recover() runs (they drive it on threads of their own).
+  // Update(), Recover() or DriveRecoveries() runs (they drive it on threads of their own).
   Runner* runner(const std::string& engine);
   // After an executor restart, with every engine joined again: each runner recovers at once on
   // its own thread (journals RecoveryStarted with what the journal's open found, `opened`, and
@@ -92,6 +92,16 @@ class FleetRunner {
   // with the members still pending. Returns the first runner's error, naming its engine; a
   // runner whose thread cannot start is that error, once the recoveries started have ended.
   [[nodiscard]] Status Recover(const journal::Recovery& opened);
+  // Recover() in two halves, for an executor that must listen before an interrupted plan goes on
+  // (a drain waits for rollouts whose clients must reach it, and one engine that hangs must not
+  // keep the others from serving). BeginRecovery journals each runner's RecoveryStarted (with
+  // `opened`), one runner after another, calling no engine; the first error names its engine.
+  [[nodiscard]] Status BeginRecovery(const journal::Recovery& opened);
+  // Then DriveRecoveries drives whatever each runner's recovery found interrupted to its end, each
+  // runner on its own thread with its own deadlines, and returns once every one has ended: the
+  // first runner's error, naming its engine (a thread that cannot start is that error, as in
+  // Recover).
+  [[nodiscard]] Status DriveRecoveries();
   // Journals the request and drives every member to its end. Returns the fleet update's end as
   // the fold decided it (committed, partial or refused, with each member's count).
   [[nodiscard]] Result<FleetUpdateEnded> Update(const FleetUpdateRequested& request);
@@ -128,7 +138,9 @@ class FleetRunner {
   };
   Plan Look(const std::string& update_id, const Plan* last) const;
   [[nodiscard]] Status SubmitFleetEvent(const Event& event, const std::string& key = "");
-  [[nodiscard]] Status StartRecoveries(const journal::Recovery& opened,
+  // Runs `recover` on every runner, each on a thread of its own, and joins them all.
+  [[nodiscard]] Status RecoverEach(const std::function<Status(Runner&)>& recover);
+  [[nodiscard]] Status StartRecoveries(const std::function<Status(Runner&)>& recover,
                                        std::vector<Status>& recovered,
                                        std::vector<std::uint64_t>& ids);
   std::map<std::string, EngineLooked> LookAtMembers(const Plan& plan, const Members& members,

@@ -4,16 +4,22 @@
 //
 // Startup, under update_mu_: every configured engine must answer GET /version; the journal's
 // policy is configured when it differs; every engine joins (a restart finds them joined); every
-// runner recovers; a member still UNINITIALIZED bootstraps at the fleet's newest label (the fold
-// refuses any other), or at initial_label on a new fleet. A fleet update found open is driven to
-// its end once the proxy listens (StartFleet), as one engine's interrupted update is.
+// runner journals its RecoveryStarted; a member still UNINITIALIZED bootstraps at the fleet's
+// newest label (the fold refuses any other), or at initial_label on a new fleet. Whatever each
+// runner's recovery found interrupted, and a fleet update found open after it, is driven to its
+// end once the proxy listens (StartFleet), as one engine's interrupted update is: on a thread of
+// its own when a plan was interrupted, so that one member's hung plan keeps no other from serving.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -153,6 +159,74 @@ Result<std::string> JoinDigest(effects::EngineClient& client, const std::string&
   return peer->combined;
 }
 
+using FleetMembers = std::map<std::string, std::unique_ptr<FleetMember>>;
+
+// The staying members `f` holds READY.
+std::set<std::string> ReadyMembers(const FleetState& f, const FleetMembers& members) {
+  std::set<std::string> ready;
+  for (const auto& [name, m] : members) {
+    if (!m->retire && engine_state(f, name).lifecycle == Lifecycle::kReady) ready.insert(name);
+  }
+  return ready;
+}
+
+// Each of `names`' weight-transfer engine is told the rendezvous (transfer http only).
+void InitHttpTransfersOf(const ServeConfig& config, const FleetMembers& members,
+                         const std::set<std::string>& names) {
+  if (config.transfer != "http") return;
+  for (const std::string& name : names) {
+    const FleetMember& m = *members.at(name);
+    InitHttpWeightTransfer(*m.client, effects::detect_protocol(m.version), config);
+  }
+}
+
+// Whether the plans a restart found interrupted are members' own only (a member that stalled
+// mid-plan: no fleet update is open to go on with after them). Driving one may take as long as
+// its deadlines.
+bool OnlyMemberPlansInterrupted(const FleetState& f) {
+  return !f.update.has_value() &&
+         std::any_of(f.engines.begin(), f.engines.end(),
+                     [](const auto& e) { return e.second.update.has_value(); });
+}
+
+// The plan slot (update_mu_) handed from Start to the thread that drives the fleet's recovery:
+// the thread holds it before the proxy listens, so no trainer call reaches a runner whose
+// interrupted plan is still to be driven, and drives only once Start says the proxy listens.
+class SlotHandover {
+ public:
+  // On the recovery's thread, holding the slot: tells Start, then waits for its word (whether
+  // the proxy listens).
+  bool TakenThenAwaitListening() {
+    std::unique_lock<std::mutex> l(mu_);
+    taken_ = true;
+    cv_.notify_all();
+    cv_.wait(l, [this] { return listening_.has_value(); });
+    return *listening_;
+  }
+  // On Start: true once the thread holds the slot; false once `gave_up` (the thread ended without
+  // taking it, fail-stopping the executor).
+  bool AwaitTaken(const std::function<bool()>& gave_up) {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!cv_.wait_for(l, kLookMs, [this] { return taken_; })) {
+      if (gave_up()) return false;
+    }
+    return true;
+  }
+  // The first word counts: a Start that failed or threw before it spoke says no.
+  void Listening(bool listening) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!listening_) listening_ = listening;
+    cv_.notify_all();
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kLookMs{10};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool taken_ = false;
+  std::optional<bool> listening_;
+};
+
 }  // namespace
 
 Status Service::InitFleet() {
@@ -162,13 +236,12 @@ Status Service::InitFleet() {
   MakeFleetRunner();
   std::lock_guard<std::timed_mutex> lock(update_mu_);
   RC_RETURN_IF_ERROR(JoinFleet());
-  // Each member's RecoveryStarted records what the journal's open found (service.cc
-  // RecoverJournal).
-  if (Status recovered = fleet_runner_->Recover(journal_->recovery()); !recovered.ok()) {
-    return RecoveryFailed(recovered);
+  // Only what must be durable first: each member's RecoveryStarted, recording what the journal's
+  // open found (service.cc RecoverJournal). No engine is called: what a member's recovery found
+  // interrupted is driven once the proxy listens (FinishInterruptedFleetUpdate).
+  if (Status begun = fleet_runner_->BeginRecovery(journal_->recovery()); !begun.ok()) {
+    return RecoveryFailed(begun);
   }
-  // A member's recovery that threw fail-stopped the executor and left its own result OK.
-  if (failed()) return RecoveryFailed(Status::Internal("a fleet member's recovery failed"));
   RC_RETURN_IF_ERROR(BootstrapFleetMembers());
   if (failed()) return Status::Internal("a fleet member's bootstrap failed");
   InitHttpTransfers();
@@ -439,20 +512,11 @@ Status Service::BootstrapFleetMember(const std::string& engine, const std::strin
 
 // Every READY member's weight-transfer engine is told the rendezvous on each start, as one
 // engine's is: a start that stopped between a bootstrap and this would otherwise leave it unset.
+// One whose interrupted plan ends READY is told after that plan (FinishInterruptedFleetUpdate).
 void Service::InitHttpTransfers() {
-  if (config_.transfer != "http") return;
-  std::vector<std::string> ready;
-  journal_->ReadFleetState([&](const FleetState& f) {
-    for (const auto& [name, m] : fleet_members_) {
-      if (!m->retire && engine_state(f, name).lifecycle == Lifecycle::kReady) {
-        ready.push_back(name);
-      }
-    }
-  });
-  for (const std::string& name : ready) {
-    FleetMember& m = Member(name);
-    InitHttpWeightTransfer(*m.client, effects::detect_protocol(m.version), config_);
-  }
+  std::set<std::string> ready;
+  journal_->ReadFleetState([&](const FleetState& f) { ready = ReadyMembers(f, fleet_members_); });
+  InitHttpTransfersOf(config_, fleet_members_, ready);
 }
 
 void Service::LogFleetStart() {
@@ -476,6 +540,15 @@ void Service::LogFleetStart() {
   }
 }
 
+// The recovery's second half (FinishInterruptedFleetUpdate, then the retiring members asked to
+// leave again) runs under the plan slot once the proxy listens, each member's drive on a thread of
+// its own, so a member whose plan waits on its engine keeps none of the others from admitting.
+// Start returns once it ended, as the one engine's Start does with its interrupted update, when a
+// fleet update is open (it goes on only after its members' own plans ended) or nothing waits on
+// an engine beyond a look at it. When only members' own plans were interrupted, it runs on a
+// thread of its own, as long as their deadlines: Start returns once the proxy listens. That
+// thread is joined with the background threads (StopBackground); a Shutdown waits for the plan
+// slot it holds, as for any plan, and the gate it closes ends the drives' waits.
 Status Service::StartFleet() {
   for (auto& [name, m] : fleet_members_) {
     auto pool = MakeUpstream(m->target);
@@ -483,18 +556,52 @@ Status Service::StartFleet() {
       return Status(pool.status().code(), "engine '" + name + "': " + pool.status().message());
     m->upstream = std::move(pool.value());
   }
-  RC_RETURN_IF_ERROR(RetireMembers(false));
+  {
+    std::lock_guard<std::timed_mutex> lock(update_mu_);
+    RC_RETURN_IF_ERROR(RetireMembers(false));
+  }
+  auto finish = [this]() -> Status {
+    RC_RETURN_IF_ERROR(FinishInterruptedFleetUpdate());
+    return RetireMembers(true);
+  };
+  bool members_only = false;
+  journal_->ReadFleetState(
+      [&members_only](const FleetState& f) { members_only = OnlyMemberPlansInterrupted(f); });
+  if (!members_only) {
+    std::lock_guard<std::timed_mutex> lock(update_mu_);
+    RC_RETURN_IF_ERROR(Listen());
+    return finish();
+  }
+  auto handover = std::make_shared<SlotHandover>();
+  fleet_monitor_threads_.emplace_back([this, handover, finish] {
+    RunGuarded("fleet recovery", [this, &handover, &finish] {
+      std::unique_lock<std::timed_mutex> slot(update_mu_);
+      if (!handover->TakenThenAwaitListening()) return;
+      const Status finished = finish();
+      if (!finished.ok()) FailStop("the fleet's recovery failed: " + finished.ToString());
+    });
+  });
+  // Whatever Start does now, even throw, the thread is told whether the proxy listens.
+  struct Verdict {
+    SlotHandover& handover;
+    bool listening = false;
+    ~Verdict() { handover.Listening(listening); }
+  } verdict{*handover};
+  if (!handover->AwaitTaken([this] { return failed(); })) {
+    return RecoveryFailed(Status::Internal("the fleet's recovery thread ended: " + failure()));
+  }
   RC_RETURN_IF_ERROR(Listen());
-  RC_RETURN_IF_ERROR(FinishInterruptedFleetUpdate());
-  return RetireMembers(true);
+  verdict.listening = true;
+  return Status::OK();
 }
 
 // Each retiring engine the fleet still holds is asked to leave before the proxy listens: a member
 // of a fleet update the restart found open is skipped by it if it had not started. One the fold
 // cannot let leave yet (its own plan can still move, or it belongs to that fleet update) is asked
-// again once that update ended; if it still cannot, serve runs without it (never picked, no
-// monitor) and the log says why. The fold removes a leaving engine once it holds no rollouts (the
-// recovery abandoned those of the last run). Only the journal failing stops the start.
+// again once its plan and that update ended; if it still cannot, serve runs without it (never
+// picked, no monitor) and the log says why. The fold removes a leaving engine once it holds no
+// rollouts (the recovery abandoned those of the last run). Only the journal failing stops the
+// start. The caller holds update_mu_.
 Status Service::RetireMembers(bool last_try) {
   std::vector<std::string> held;
   journal_->ReadFleetState([&](const FleetState& f) {
@@ -504,7 +611,6 @@ Status Service::RetireMembers(bool last_try) {
       }
     }
   });
-  std::lock_guard<std::timed_mutex> lock(update_mu_);
   for (const std::string& name : held) {
     const Status st = fleet_runner_->Remove(name);
     if (IsJournalFailure(st)) {
@@ -524,14 +630,31 @@ Status Service::RetireMembers(bool last_try) {
   return Status::OK();
 }
 
-// A fleet update the last run left open goes on once the proxy listens (each member's own
-// interrupted plan was already driven to its end by the recovery): the members not started yet
-// drain, and their drains wait for rollouts whose clients must be able to finish them.
+// The recovery's second half, once the proxy listens, under update_mu_ (the caller's): each
+// member's interrupted plan is driven to its end on a thread of its own (its drain may wait for
+// rollouts whose clients must be able to finish them), each member it left READY is told the
+// transfer's rendezvous, and then a fleet update the last run left open goes on: its members not
+// started yet drain and update.
 Status Service::FinishInterruptedFleetUpdate() {
-  if (!interrupted_fleet_update_) return Status::OK();
-  const FleetUpdateRequested request = *interrupted_fleet_update_;
-  interrupted_fleet_update_.reset();
-  std::lock_guard<std::timed_mutex> lock(update_mu_);
+  const std::optional<FleetUpdateRequested> open = std::exchange(interrupted_fleet_update_, {});
+  std::set<std::string> ready_before;
+  journal_->ReadFleetState(
+      [&](const FleetState& f) { ready_before = ReadyMembers(f, fleet_members_); });
+  const Status driven = DrivePlan("recovery of the fleet's members", open ? open->update_id : "",
+                                  [this] { return fleet_runner_->DriveRecoveries(); });
+  // A member's drive that threw fail-stopped the executor and left its own result OK.
+  if (!driven.ok() || failed()) {
+    const Status why = driven.ok() ? Status::Internal("a fleet member's recovery failed") : driven;
+    FailStop("recovery of the fleet's members failed: " + why.ToString());
+    return RecoveryFailed(why);
+  }
+  std::set<std::string> ready_now;
+  journal_->ReadFleetState(
+      [&](const FleetState& f) { ready_now = ReadyMembers(f, fleet_members_); });
+  for (const std::string& name : ready_before) ready_now.erase(name);
+  InitHttpTransfersOf(config_, fleet_members_, ready_now);
+  if (!open) return Status::OK();
+  const FleetUpdateRequested& request = *open;
   spdlog::info("serve: going on with the interrupted fleet update '{}'", Esc(request.update_id));
   Result<FleetUpdateEnded> ended = DrivePlan("interrupted fleet update", request.update_id,
                                              [&] { return fleet_runner_->Update(request); });

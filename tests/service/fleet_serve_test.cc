@@ -983,6 +983,18 @@ TEST(FleetServe, AnEngineThatDiedWhileServeWasDownRetires) {
   EXPECT_FALSE(f->State()["engines"].contains("e1"));
 }
 
+// A fleet update POSTed again while another plan holds the slot (409: after a restart, the drive
+// of an interrupted plan), for 10 s at most; a 409 changes nothing.
+httplib::Result FleetUpdateWhenFree(const FleetStack& f, const std::string& id,
+                                    const std::string& mode, int step) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    auto r = f.FleetUpdate(id, mode, step);
+    if (!r || r->status != 409 || std::chrono::steady_clock::now() >= until) return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // Proves a member whose engine dies paused (at its resume) stalls without holding the fleet: the
 // update answers 207 with that member stalled and the others committed, serve keeps serving them
 // and /v1/state says the engine's plan is stalled; a restart that retires the dead engine lets it
@@ -1013,12 +1025,84 @@ TEST(FleetServe, AMemberThatDiesPausedStallsAndRetires) {
   f->CheckJournal();
 
   f->Reopen(f->Retiring(1));
-  EXPECT_FALSE(f->State()["engines"].contains("e1"));
-  auto next = f->FleetUpdate("u2", "all", 2);
+  // Its plan is driven once serve listens (it stalls again, its engine dead), then it leaves.
+  EXPECT_TRUE(Eventually([&] { return !f->State()["engines"].contains("e1"); }, 10000));
+  auto next = FleetUpdateWhenFree(*f, "u2", "all", 2);
   ASSERT_TRUE(next);
   ASSERT_EQ(next->status, 200) << next->body;
   EXPECT_EQ(json::parse(next->body)["committed"], 2);
   f->CheckJournal();
+}
+
+// Proves a restart that finds a member's own plan interrupted (stalled at its resume) drives it
+// only once serve listens, on a thread of its own: with that engine hanging on /resume under a
+// 60 s call deadline, Open and Start return and the other member admits within seconds, and a
+// shutdown during that drive returns promptly once the engine answers. Catches the recovery that
+// drove every member's plan inside Open, before listening, so one hung engine kept the whole fleet
+// from admitting for minutes.
+TEST(FleetServe, AMemberHungInItsRecoveryKeepsNoOtherFromServing) {
+  FleetStack f(2, [](ServeConfig& c) { c.call_timeout_ms = 60000; });
+  fixtures::RouteFault refused;
+  refused.status = 503;  // every resume of e1 until cleared: its plan stalls in RESUMING
+  f.engines[1]->SetRouteFault("/resume", refused);
+  auto r = f.FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 207) << r->body;
+  ASSERT_TRUE(f.svc->Shutdown(5000));
+  f.svc.reset();
+
+  fixtures::RouteFault hang;
+  hang.hang = true;  // e1's recovery resends its resume, which now waits out the 60 s deadline
+  f.engines[1]->SetRouteFault("/resume", hang);
+  const std::uint64_t resumes = f.engines[1]->RouteCount("/resume");
+  const auto began = std::chrono::steady_clock::now();
+  std::unique_ptr<Service> svc;
+  Status started = Status::OK();
+  std::atomic<bool> returned{false};
+  std::thread opener([&] {
+    auto opened = Service::Open(f.Config());
+    if (opened.ok()) {
+      svc = std::move(opened.value());
+      started = svc->Start();
+    } else {
+      started = opened.status();
+    }
+    returned = true;
+  });
+  const bool in_time = Eventually([&] { return returned.load(); }, 10000);
+  if (!in_time) f.engines[1]->ClearFaults();  // the recovery held inside Open goes on
+  opener.join();
+  f.svc = std::move(svc);
+  ASSERT_TRUE(in_time) << "Open and Start did not return within 10 s while e1 hung at /resume";
+  ASSERT_TRUE(started.ok()) << started.ToString();
+  EXPECT_TRUE(Eventually([&] { return f.engines[1]->RouteCount("/resume") > resumes; }, 5000))
+      << "e1's interrupted plan was never driven";
+  const FleetStack::Answer a = f.Complete();
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(a.engine, "e0");
+  EXPECT_EQ(a.label, "rc-1");
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(15));
+  EXPECT_EQ(f.State()["engines"]["e1"]["lifecycle"], "RESUMING") << "e1's resume did not hang";
+
+  bool clean = false;
+  std::thread stop([&] { clean = f.svc->Shutdown(30000); });
+  const bool closing = Eventually(
+      [&] {
+        auto ready = f.client().Get("/readyz");
+        return ready &&
+               json::parse(ready->body, nullptr, false).value("reason", "") == "shutting down";
+      },
+      10000);
+  const auto released = std::chrono::steady_clock::now();
+  f.engines[1]->ClearFaults();  // e1 answers its resume: its drive ends, and the shutdown with it
+  stop.join();
+  EXPECT_TRUE(closing) << "serve never said it was shutting down";
+  EXPECT_TRUE(clean);
+  EXPECT_LT(std::chrono::steady_clock::now() - released, std::chrono::seconds(10));
+  EXPECT_FALSE(f.engines[1]->StateJson().value("is_paused", true)) << "e1 was left paused";
+  f.Reopen(f.Config());
+  EXPECT_EQ(f.State()["engines"]["e1"]["lifecycle"], "READY");
+  f.CheckJournal();
 }
 
 // Proves serve tries a stalled member again by itself once its engine answers: a member whose
