@@ -650,9 +650,7 @@ bool changes_the_fold(const State& before, const EngineMonitored& seen) {
   const bool vouched = ok && engine_vouched(before, seen.reported_label, seen.is_paused_known,
                                             seen.is_paused, seen.engine_instance);
   const bool adopts = vouched && before.engine_instance.empty() && !seen.engine_instance.empty();
-  // An unreachable engine is reachable again only on an answer that vouches (the fold's rule).
-  const bool reach_changes = before.engine_reachable ? !ok : vouched;
-  return reach_changes || shows_other_engine(before, seen) ||
+  return look_changes_reachability(before, seen) || shows_other_engine(before, seen) ||
          (vouched && before.engine_recheck) || adopts;
 }
 

@@ -709,9 +709,7 @@ bool Service::MonitorOnce(const MonitorTarget& t) {
   const bool drift = ok && WeightsDrifted(t.watch, before, p.digest, probe.wall_ms);
   // An engine verified before instances were read adopts the first one that vouches.
   const bool adopts = vouched && before.engine_instance.empty() && !p.engine_instance.empty();
-  // An unreachable engine is reachable again only on an answer that vouches (the fold's rule).
-  const bool reach_changes = before.engine_reachable ? !ok : vouched;
-  const bool changes = reach_changes || (ok && !matches) || drift ||
+  const bool changes = look_changes_reachability(before, p) || (ok && !matches) || drift ||
                        (vouched && before.engine_recheck) || adopts;
   if (!changes) return true;
   EngineMonitored m = p;

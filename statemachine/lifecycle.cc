@@ -553,10 +553,8 @@ std::string digest_mismatch(const State& s, const WeightDigest& d) {
 }
 
 // Evidence that the READY engine is still the verified one clears a pending re-verification.
-// Only such evidence lifts an unreachable engine's block: an outage is what a restart looks like,
-// so an answer that names no process (or not the verified weights) proves nothing about it.
 void note_engine_seen(State& s, bool ok, bool matches, const std::string& instance) {
-  s.engine_reachable = ok && (s.engine_reachable || matches);
+  s.engine_reachable = ok;
   if (!ok || !matches) return;
   s.engine_recheck = false;
   if (s.engine_instance.empty()) s.engine_instance = instance;
@@ -1522,6 +1520,13 @@ bool engine_vouched(const State& s, const std::string& label, bool paused_known,
                     const std::string& instance) {
   const bool named = !instance.empty() || s.engine_instance.empty();
   return named && engine_matches(s, label, paused_known, paused, instance);
+}
+
+bool look_changes_reachability(const State& s, const EngineMonitored& seen) {
+  const bool ok = seen.http.ok_2xx();
+  if (s.engine_reachable) return !ok;
+  return ok && engine_vouched(s, seen.reported_label, seen.is_paused_known, seen.is_paused,
+                              seen.engine_instance);
 }
 
 // The engine found at bootstrap is taken only as declared: a fresh engine (relabelled once), or

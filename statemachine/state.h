@@ -214,6 +214,12 @@ bool engine_matches(const State& state, const std::string& label, bool paused_kn
 // tell the verified process from a restarted one, so it never clears a pending re-verification.
 bool engine_vouched(const State& state, const std::string& label, bool paused_known, bool paused,
                     const std::string& instance);
+// Whether the executor records a look at the engine as a change of its reachability: a failed
+// answer while it was reachable, or, while it was unreachable, only an answer that vouches for it.
+// An outage is what a restart looks like, so an answer naming no process must not resume
+// admissions. (The fold sets reachability from what is recorded; journals written before this
+// rule may hold an unvouched return, which it still reads as it did.)
+bool look_changes_reachability(const State& state, const EngineMonitored& seen);
 
 // "; N of M tensors differ: a, b, ..." naming at most kDigestTensorsNamedMax tensors of `now`
 // whose digests are not those of `was` (or are in one only): the text a failed digest check
