@@ -102,6 +102,9 @@ const char kSchemaKey[] = "schema_version";
 const char kOpenTornTailKey[] = "open_torn_tail";
 // The kept sentence at most (this open's findings and an earlier one's joined, each cut to half).
 constexpr std::size_t kKeptTornTailBytesMax = 2048;
+// The bytes a kept or found torn tail may count: far past any journal's WALs, and low enough that
+// the three an open reports together cannot wrap a uint64.
+constexpr std::uint64_t kTornTailBytesUnreadMax = std::uint64_t{1} << 60;
 // The SHA-256 of the TORN_TAIL file (below) whose finding open_torn_tail holds: a writer that
 // died after keeping it and before removing the file leaves one that is not reported twice.
 const char kMovedFoundKey[] = "open_torn_tail_moved";
@@ -320,6 +323,7 @@ std::optional<TornFinding> DecodeFoundFile(const std::string& text) {
   const char* first = text.data() + head.size();
   const auto [at, ec] = std::from_chars(first, text.data() + bytes_end, bytes);
   if (ec != std::errc() || at != text.data() + bytes_end) return std::nullopt;
+  if (bytes > kTornTailBytesUnreadMax) return std::nullopt;
   const std::size_t hex_at = bytes_end + sentence_tag.size();
   const std::size_t hex_end = text.find('\n', hex_at);
   if (hex_end == std::string::npos) return std::nullopt;
@@ -2256,7 +2260,8 @@ Status RocksJournal::ReadKeptTornTail() {
       rocks_->db->Get(rocksdb::ReadOptions(), rocks_->cfs[kMetaCf], kOpenTornTailKey, &v);
   if (s.IsNotFound()) return ReadMovedFound();
   if (!s.ok()) return FromRocks(s, std::string("read ") + kOpenTornTailKey + " in " + path_);
-  if (v.size() <= 8 || v.size() > 8 + kKeptTornTailBytesMax) {
+  if (v.size() <= 8 || v.size() > 8 + kKeptTornTailBytesMax ||
+      ParseBE64(std::string_view(v).substr(0, 8)) > kTornTailBytesUnreadMax) {
     return Status::Corruption("journal at " + path_ + ": meta " + kOpenTornTailKey + " of " +
                               std::to_string(v.size()) +
                               " bytes is not a kept torn tail (bytes unread and a sentence)");
@@ -2293,6 +2298,8 @@ Status RocksJournal::ReadFoundFile() {
   if (exists.IsNotFound()) return Status::OK();
   std::uint64_t bytes = 0;
   rocksdb::Status s = exists.ok() ? env_->GetFileSize(file, &bytes) : exists;
+  // A writer beside this reader removes the file once its finding is kept: gone is absent.
+  if (s.IsNotFound() || s.IsPathNotFound()) return Status::OK();
   if (!s.ok()) return FromRocks(s, "read the torn tail found " + file);
   if (bytes > kFoundFileBytesMax) {
     return Status::Corruption("journal at " + path_ + ": the torn tail found " + file + " is " +
@@ -2301,6 +2308,7 @@ Status RocksJournal::ReadFoundFile() {
   }
   std::string text;
   s = rocksdb::ReadFileToString(env_, file, &text);
+  if (s.IsNotFound() || s.IsPathNotFound()) return Status::OK();
   if (!s.ok()) return FromRocks(s, "read the torn tail found " + file);
   std::optional<TornFinding> found = DecodeFoundFile(text);
   if (!found.has_value()) {
@@ -2315,13 +2323,13 @@ Status RocksJournal::ReadFoundFile() {
 // An earlier writer's open that died before RocksDB's open recovered the WAL leaves the same torn
 // tail for this open to find: one finding, reported once.
 void RocksJournal::DropPendingFoundAgain() {
-  if (SameFinding(pending_, found_)) pending_ = {};
+  if (SameFinding(pending_, KeptFinding(found_, {}))) pending_ = {};
 }
 
 // What TORN_TAIL must hold: this open's finding first, then one an earlier open's check kept
 // there, each cut to half the bound when both are present.
 TornFinding RocksJournal::FindingToKeep() const {
-  if (pending_.sentence.empty()) return found_;
+  if (pending_.sentence.empty()) return KeptFinding(found_, {});  // cut as TORN_TAIL holds it
   if (found_.sentence.empty()) return pending_;
   return KeptFinding(found_, pending_);
 }

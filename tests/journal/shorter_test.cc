@@ -26,6 +26,7 @@
 #include <set>
 #include <thread>
 
+#include "encoding/sha256.h"
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "journal/testing/fault_env.h"
@@ -1804,6 +1805,24 @@ TEST(Shorter, ADamagedTornTailFileIsCorruption) {
   for (const Options& each : {ReadOnly(), Options{}}) {
     auto j = Journal::Open(dir.path(), each);
     ASSERT_FALSE(j.ok()) << "opened past a damaged finding";
+    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
+    EXPECT_NE(j.status().message().find("TORN_TAIL"), std::string::npos) << j.status().ToString();
+  }
+}
+
+// Proves a TORN_TAIL well formed in every other way but counting more bytes than any journal
+// holds is Corruption, not a finding; catches a crafted count (2^64 - 1) that wrapped the sums of
+// bytes unread an open reports and keeps.
+TEST(Shorter, ATornTailFileCountingPastAnyJournalIsCorruption) {
+  TempDir dir;
+  WriteJournal(dir.path(), 2);
+  const std::string lines =
+      "rolloutcore journal torn tail found by a writer's open\nbytes 18446744073709551615\n"
+      "sentence 78\n";
+  std::ofstream(dir.sub("TORN_TAIL")) << lines << "check " << encoding::Sha256Hex(lines) << "\n";
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(dir.path(), each);
+    ASSERT_FALSE(j.ok()) << "opened with " << (*j)->recovery().wal_bytes_unread << " bytes unread";
     EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
     EXPECT_NE(j.status().message().find("TORN_TAIL"), std::string::npos) << j.status().ToString();
   }
