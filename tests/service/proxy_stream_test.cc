@@ -586,7 +586,7 @@ TEST(ProxyRequestChoices, ChoicesAreCountedAsVllmNumbersThem) {
   EXPECT_FALSE(ChoicesFit(kCompletions, R"({"prompt": "a", "prompt_embeds": "e", "n": 32769})"));
   EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": ["a", "b"], "n": 1, "best_of": 32769})"));
   EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": "a", "best_of": "two"})"));
-  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": "a", "n": null, "best_of": null})"));
+  EXPECT_TRUE(ChoicesFit(kCompletions, R"({"prompt": "a", "best_of": null})"));
   EXPECT_TRUE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [IDS, IDS, IDS], "n": 65536})"));
   EXPECT_TRUE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [], "best_of": 65537})"));
   EXPECT_FALSE(ChoicesFit(ProxyRoute::kChat, R"({"messages": [], "n": 65537})"));
