@@ -380,6 +380,7 @@ class Service {
   void HandleEvents(const ApiRequest& req, HttpResponse& res);
   void HandleManifest(const ApiRequest& req, HttpResponse& res);
   void HandleMetrics(const ApiRequest& req, HttpResponse& res);
+  void StartLease(const std::string& id, std::int64_t lease_ms);
   std::uint32_t ActiveLeaseMs(const std::string& id);
   void HandleLease(const ApiRequest& req, HttpResponse& res);
   void HandleReadyz(const ApiRequest& req, HttpResponse& res);

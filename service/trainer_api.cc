@@ -588,10 +588,7 @@ void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
     SendError(res, a.refusal.http_status, a.refusal.type, a.refusal.message);
     return;
   }
-  {
-    std::lock_guard<std::mutex> g(lease_mu_);
-    lease_deadline_ms_[id] = effects::system_clock().now_ms() + lease_ms;
-  }
+  StartLease(id, lease_ms);
   const RolloutAdmitted& b = a.admitted->binding;
   const DurableHead& head = a.admitted->head;
   RC_CHECK(head.seq >= a.admitted->seq);  // the admission's own group
@@ -604,6 +601,16 @@ void Service::HandleAdmit(const ApiRequest& req, HttpResponse& res) {
             {"cache_salt", DeriveCacheSalt(b, "")},
             {"lease_ms", lease_ms},
             {"head", head.ToString()}});
+}
+
+// The lease of a rollout just admitted runs from now, unless it already ended (a DELETE between
+// its durable admission and this): a deadline left for an ended rollout would expire the next
+// admission of the same id. Checked under lease_mu_, which every finish takes to erase its entry.
+void Service::StartLease(const std::string& id, std::int64_t lease_ms) {
+  std::lock_guard<std::mutex> g(lease_mu_);
+  bool active = false;
+  journal_->ReadState([&](const State& s) { active = s.active.count(id) > 0; });
+  if (active) lease_deadline_ms_[id] = effects::system_clock().now_ms() + lease_ms;
 }
 
 // The lease of an active rollout (0: not active, or proxied). The admission view may be older
