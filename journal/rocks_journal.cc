@@ -290,8 +290,10 @@ std::string JoinFindings(const std::string& a, const std::string& b) {
 
 // The finding a writer's open keeps: its own and an earlier one still kept, each cut to half the
 // bound (the distinguishing parts come first in each), so that neither crowds the other out.
+constexpr std::size_t kKeptFindingHalfBytes = (kKeptTornTailBytesMax - 3) / 2;
+
 TornFinding KeptFinding(const TornFinding& own, const TornFinding& earlier) {
-  constexpr std::size_t kHalf = (kKeptTornTailBytesMax - 3) / 2;
+  constexpr std::size_t kHalf = kKeptFindingHalfBytes;
   const std::size_t each = earlier.sentence.empty() ? kKeptTornTailBytesMax : kHalf;
   return TornFinding{own.bytes_unread + earlier.bytes_unread,
                      JoinFindings(text::utf8_prefix(own.sentence, each),
@@ -2322,8 +2324,20 @@ Status RocksJournal::ReadFoundFile() {
 
 // An earlier writer's open that died before RocksDB's open recovered the WAL leaves the same torn
 // tail for this open to find: one finding, reported once.
+// One that died after writing its own finding joined with an earlier one (KeptFinding) leaves
+// that join: its own part is found again, and only the earlier part stays pending.
 void RocksJournal::DropPendingFoundAgain() {
-  if (SameFinding(pending_, KeptFinding(found_, {}))) pending_ = {};
+  if (found_.sentence.empty()) return;
+  if (SameFinding(pending_, KeptFinding(found_, {}))) {
+    pending_ = {};
+    return;
+  }
+  const std::string own = text::utf8_prefix(found_.sentence, kKeptFindingHalfBytes) + " | ";
+  if (pending_.sentence.size() > own.size() && pending_.sentence.compare(0, own.size(), own) == 0 &&
+      pending_.bytes_unread >= found_.bytes_unread) {
+    pending_ = TornFinding{pending_.bytes_unread - found_.bytes_unread,
+                           pending_.sentence.substr(own.size())};
+  }
 }
 
 // What TORN_TAIL must hold: this open's finding first, then one an earlier open's check kept

@@ -30,6 +30,7 @@
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "journal/testing/fault_env.h"
+#include "statemachine/hex.h"
 #include "statemachine/text.h"
 #include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
@@ -1808,6 +1809,37 @@ TEST(Shorter, ADamagedTornTailFileIsCorruption) {
     EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
     EXPECT_NE(j.status().message().find("TORN_TAIL"), std::string::npos) << j.status().ToString();
   }
+}
+
+// Proves a TORN_TAIL that an open which died left holding its own finding joined with an earlier
+// one reports the torn tail found again once, beside the earlier finding, with the bytes of both
+// counted once; catches the finding reported twice, its bytes growing with each open that died.
+TEST(Shorter, AJoinedTornTailFileCountsTheFindingFoundAgainOnce) {
+  TempDir dir;
+  WriteTornJournal(dir.path());
+  std::string own;
+  std::uint64_t own_bytes = 0;
+  {
+    auto j = Journal::Open(dir.path(), ReadOnly());
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    own = (*j)->recovery().torn_tail;
+    own_bytes = (*j)->recovery().wal_bytes_unread;
+  }
+  const std::string suffix = " (journal at " + dir.path() + ")";
+  ASSERT_GT(own.size(), suffix.size());
+  ASSERT_EQ(own.substr(own.size() - suffix.size()), suffix) << own;
+  own.resize(own.size() - suffix.size());
+  const std::string joined = own + " | an earlier torn tail";
+  const std::string lines = "rolloutcore journal torn tail found by a writer's open\nbytes " +
+                            std::to_string(own_bytes + 5) + "\nsentence " + hex::encode(std::string_view(joined)) + "\n";
+  std::ofstream(dir.sub("TORN_TAIL")) << lines << "check " << encoding::Sha256Hex(lines) << "\n";
+  auto j = Journal::Open(dir.path(), ReadOnly());
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ((*j)->recovery().wal_bytes_unread, own_bytes + 5);
+  const std::string torn = (*j)->recovery().torn_tail;
+  EXPECT_EQ(torn.find(own), 0u) << torn;
+  EXPECT_EQ(torn.find(own, 1), std::string::npos) << "reported twice: " << torn;
+  EXPECT_NE(torn.find("an earlier torn tail"), std::string::npos) << torn;
 }
 
 // Proves a TORN_TAIL well formed in every other way but counting more bytes than any journal
