@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <type_traits>
@@ -390,8 +391,8 @@ class IndexCheck {
     if (seqs.ok()) {
       listed.seqs = std::move(seqs.value());
     } else if (Named()) {
-      findings_.push_back("rollout index: the seqs of '" + E(id) +
-                          "' cannot be read: " + seqs.status().ToString());
+      findings_.push_back("rollout index: the seqs of " + Quoted(E(id)) +
+                          " cannot be read: " + seqs.status().ToString());
     }
     for (; listed.next < listed.seqs.size() && listed.seqs[listed.next] < seq; ++listed.next) {
       if (!NamesAt(id, listed.seqs[listed.next])) Unmet(id, listed.seqs[listed.next]);
@@ -409,8 +410,8 @@ class IndexCheck {
       ++listed.next;
     } else if (Named()) {
       findings_.push_back("rollout index: seq " + std::to_string(r.seq) + " (" +
-                          event_name(r.event) + ") names rollout '" + E(id) +
-                          "' but the index does not list it under that id");
+                          event_name(r.event) + ") names rollout " + Quoted(E(id)) +
+                          " but the index does not list it under that id");
     }
   }
 
@@ -421,9 +422,9 @@ class IndexCheck {
     const std::string* named = r.ok() ? RolloutNamed(r->event) : nullptr;
     const std::string there = !r.ok() ? "no record is there (" + r.status().ToString() + ")"
                                       : std::string("the record there is ") + event_name(r->event) +
-                                            (named == nullptr ? "" : " of '" + E(*named) + "'");
-    findings_.push_back("rollout index: seq " + std::to_string(seq) + " is listed under '" + E(id) +
-                        "' but " + there);
+                                            (named == nullptr ? "" : " of " + Quoted(E(*named)));
+    findings_.push_back("rollout index: seq " + std::to_string(seq) + " is listed under " +
+                        Quoted(E(id)) + " but " + there);
   }
 
   bool NamesAt(const std::string& id, std::uint64_t seq) {
@@ -615,11 +616,11 @@ namespace {
 // finish; Corruption otherwise.
 Status TakeIndexed(const journal::Record& r, RolloutProvenance& p) {
   const std::string* named = RolloutNamed(r.event);
-  const std::string at = "the rollout index names seq " + std::to_string(r.seq) + " for '" +
-                         E(p.rollout_id) + "' but ";
+  const std::string at = "the rollout index names seq " + std::to_string(r.seq) + " for " +
+                         Quoted(E(p.rollout_id)) + " but ";
   if (named == nullptr || *named != p.rollout_id) {
     return Status::Corruption(at + "the record there is " + event_name(r.event) +
-                              (named == nullptr ? "" : " of '" + E(*named) + "'"));
+                              (named == nullptr ? "" : " of " + Quoted(E(*named))));
   }
   const auto* admitted = std::get_if<RolloutAdmitted>(&r.event);
   if ((admitted != nullptr) != (p.admitted_seq == 0)) {
@@ -647,8 +648,8 @@ Status CheckUnlisted(const journal::Record& r, const std::string& rollout_id) {
   const std::string* named = RolloutNamed(r.event);
   if (named == nullptr || *named != rollout_id) return Status::OK();
   return Status::Corruption("seq " + std::to_string(r.seq) + " (" + event_name(r.event) +
-                            ") names rollout '" + E(rollout_id) +
-                            "' but the rollout index does not list it");
+                            ") names rollout " + Quoted(E(rollout_id)) +
+                            " but the rollout index does not list it");
 }
 
 // Provenance's scan: the seqs the rollout index lists for one rollout, met against the records
@@ -669,15 +670,15 @@ class ProvenanceScan {
     const std::string& id = p_.rollout_id;
     if (next_ != seqs_.size()) {  // only a seq 0 (no record has it) is left unvisited
       return Status::Corruption("the rollout index names seq " + std::to_string(seqs_[next_]) +
-                                " for '" + E(id) + "', which no record has");
+                                " for " + Quoted(E(id)) + ", which no record has");
     }
     if (p_.admitted_seq == 0) {  // the index lists nothing, and no record names it
-      return Status::NotFound("no rollout '" + E(id) + "' in the journal");
+      return Status::NotFound("no rollout " + Quoted(E(id)) + " in the journal");
     }
     const std::uint64_t generation = p_.binding.version.generation;
     auto v = pass_.engines[pass_.LifeName(p_.engine)].versions.find(generation);
     if (!v) {
-      return Status::Corruption("rollout '" + E(id) + "' is bound to generation " +
+      return Status::Corruption("rollout " + Quoted(E(id)) + " is bound to generation " +
                                 std::to_string(generation) + " which was never committed");
     }
     p_.version = *v;
@@ -724,8 +725,9 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
   // The index names only records it was written with: one past the head was lost (damage).
   if (!seqs->empty() && seqs->back() > journal.head_seq()) {
     return Status::Corruption("the rollout index names seq " + std::to_string(seqs->back()) +
-                              " for '" + E(rollout_id) + "' but no record is stored there (the " +
-                              "journal ends at seq " + std::to_string(journal.head_seq()) + ")");
+                              " for " + Quoted(E(rollout_id)) +
+                              " but no record is stored there (the " + "journal ends at seq " +
+                              std::to_string(journal.head_seq()) + ")");
   }
   ProvenanceScan scan(rollout_id, std::move(seqs.value()));
   RC_RETURN_IF_ERROR(scan.Run(journal));
@@ -774,8 +776,8 @@ class TrajectoryWindow {
     auto it = open_.find(t.rollout_id);
     if (it == open_.end() || t.part != it->second.next_part) {
       return Status::Corruption("seq " + std::to_string(seq) + ": trajectory part " +
-                                std::to_string(t.part) + " of '" + E(t.rollout_id) +
-                                "' out of order or without an open admission");
+                                std::to_string(t.part) + " of " + Quoted(E(t.rollout_id)) +
+                                " out of order or without an open admission");
     }
     OpenRollout& open = it->second;
     open.next_part++;
@@ -945,6 +947,15 @@ bool ReadObject(const json& j, const char* key, const json*& out) {
   return true;
 }
 
+// A boolean field (absent or null: false).
+bool ReadBool(const json& j, const char* key, bool& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_boolean()) return false;
+  out = it->get<bool>();
+  return true;
+}
+
 // null: the rollout ended before the engine reported any token (e.g. its client went away);
 // the line is still the product's own record and is read as "no tokens".
 bool ReadTokenIds(const json& a, std::vector<std::int32_t>& dst) {
@@ -958,26 +969,78 @@ bool ReadTokenIds(const json& a, std::vector<std::int32_t>& dst) {
   return true;
 }
 
-bool ReadFirstOutput(const json& j, Trajectory& t, std::string& why) {
-  auto it = j.find("outputs");
-  if (it == j.end() || it->is_null()) return true;
-  if (!it->is_array()) return (why = "outputs is not an array", false);
-  if (it->empty()) return true;
-  const json& first = (*it)[0];  // choice 0: one trajectory per choice index
-  if (!first.is_object()) return (why = "outputs[0] is not an object", false);
-  auto ids = first.find("token_ids");
-  if (ids != first.end() && !ReadTokenIds(*ids, t.output)) return (why = "bad token_ids", false);
-  auto lps = first.find("logprobs");
-  if (lps == first.end() || !lps->is_array()) return true;
-  if (lps->size() > kTrajectoryTokensMax) return (why = "too many logprobs", false);
+// The writer's bounds on a line's choices (service/proxy_stream.h: kTrajectoryChoicesMax kept,
+// each index below kRequestChoicesMax); a line past them is none it wrote.
+constexpr std::size_t kLineChoicesMax = 1024;
+constexpr std::int64_t kChoiceIndexEnd = std::int64_t{1} << 16;
+
+// A choice's logprobs: absent or null (none), else an array of numbers and nulls (a token the
+// engine gave none for), one per output token.
+bool ReadLogprobs(const json& choice, std::vector<std::optional<double>>& dst) {
+  auto lps = choice.find("logprobs");
+  if (lps == choice.end() || lps->is_null()) return true;
+  if (!lps->is_array() || lps->size() > kTrajectoryTokensMax) return false;
   for (const json& lp : *lps) {
-    t.logprobs.push_back(lp.is_number() ? std::optional<double>(lp.get<double>()) : std::nullopt);
+    if (!lp.is_number() && !lp.is_null()) return false;
+    dst.push_back(lp.is_number() ? std::optional<double>(lp.get<double>()) : std::nullopt);
   }
   return true;
 }
 
+// Every choice, each by its own index (an integer in [0, kChoiceIndexEnd), given once): choice 0
+// into `t` (the journal's parts hold that one), the others read for their shape only. The writer
+// writes them as a map by index, so a repeated or missing index is no line it wrote; indexes may
+// skip (a choice the engine never answered).
+bool ReadOutputs(const json& j, Trajectory& t, std::string& why) {
+  auto it = j.find("outputs");
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_array()) return (why = "outputs is not an array", false);
+  if (it->size() > kLineChoicesMax) return (why = "more choices than the writer keeps", false);
+  std::set<std::int64_t> seen;
+  for (const json& choice : *it) {
+    if (!choice.is_object()) return (why = "a choice is not an object", false);
+    std::int64_t index = -1;
+    auto at = choice.find("index");
+    if (at == choice.end() || !AsInt(*at, index) || index < 0 || index >= kChoiceIndexEnd) {
+      return (why = "a choice without an index in [0, 65536)", false);
+    }
+    if (!seen.insert(index).second) {
+      return (why = "choice index " + std::to_string(index) + " given twice", false);
+    }
+    std::vector<std::int32_t> ids;
+    std::vector<std::optional<double>> lps;
+    auto tok = choice.find("token_ids");
+    if (tok != choice.end() && !ReadTokenIds(*tok, ids)) return (why = "bad token_ids", false);
+    if (!ReadLogprobs(choice, lps)) return (why = "bad logprobs", false);
+    if (index == 0) {
+      t.output = std::move(ids);
+      t.logprobs = std::move(lps);
+    } else {
+      t.other_tokens = t.other_tokens || !ids.empty();
+    }
+  }
+  t.choices = seen.size();
+  t.has_choice0 = seen.count(0) != 0;
+  return true;
+}
+
+// The line without the run of zero bytes a crash may leave at its end (the file's size reached
+// the disk, its data did not); nullopt when a zero byte is left inside it. A JSON parser stops
+// at a zero byte, so `<a valid line>\0<anything>` would read as the valid line: the writer never
+// writes a zero byte inside a line (its JSON escapes every control character).
+std::optional<std::string_view> WithoutZeroTail(std::string_view line) {
+  while (!line.empty() && line.back() == '\0') line.remove_suffix(1);
+  if (line.find('\0') != std::string_view::npos) return std::nullopt;
+  return line;
+}
+
 Result<Trajectory> ParseTrajectoryLine(const std::string& line) {
-  const json j = effects::parse_outside_json(line);
+  const std::optional<std::string_view> text = WithoutZeroTail(line);
+  if (!text) {
+    return Status::InvalidArgument("a zero byte at byte " + std::to_string(line.find('\0') + 1) +
+                                   ", before the line's end");
+  }
+  const json j = effects::parse_outside_json(*text);
   if (!j.is_object()) return Status::InvalidArgument("not a JSON object");
   Trajectory t;
   const json* v = nullptr;
@@ -989,7 +1052,8 @@ Result<Trajectory> ParseTrajectoryLine(const std::string& line) {
       ReadText(*id, "manifest_digest", t.identity.manifest_digest) &&
       ReadText(*id, "content_digest", t.identity.content_digest) &&
       ReadText(*id, "checkpoint", t.identity.checkpoint) && ReadText(*id, "run", t.identity.run) &&
-      ReadInt(*id, "step", t.identity.step);
+      ReadInt(*id, "step", t.identity.step) && ReadText(j, "engine", t.engine) &&
+      ReadInt(j, "fleet_generation", t.fleet_generation) && ReadBool(j, "truncated", t.truncated);
   if (!typed) return Status::InvalidArgument("a field has the wrong type or range");
   if (t.rollout_id.empty() || t.admission_seq == 0) {
     return Status::InvalidArgument("missing rollout_id/admission_seq");
@@ -999,7 +1063,7 @@ Result<Trajectory> ParseTrajectoryLine(const std::string& line) {
     return Status::InvalidArgument("bad prompt_token_ids");
   }
   std::string why;
-  if (!ReadFirstOutput(j, t, why)) return Status::InvalidArgument(why);
+  if (!ReadOutputs(j, t, why)) return Status::InvalidArgument(why);
   return t;
 }
 
@@ -1061,6 +1125,8 @@ struct ErrorPosition {
 bool CutShort(std::string_view line) {
   while (!line.empty() && line.back() == '\0') line.remove_suffix(1);
   if (line.empty()) return true;
+  // The parser stops at a zero byte as at the input's end: one inside is damage, never a cut.
+  if (line.find('\0') != std::string_view::npos) return false;
   ErrorPosition sax;
   return !json::sax_parse(line, &sax) && sax.position > line.size();
 }
@@ -1080,10 +1146,11 @@ void Skip(TrajectoriesFile& file, std::size_t line_no, const std::string& line, 
 
 // A whole line followed by a run of zeros past the line bound (a crash after a batched write):
 // its trajectory, as the same line with a shorter zero tail is read. False when it holds none.
-bool ReadZeroPadded(TrajectoriesFile& file, std::string line) {
+bool ReadZeroPadded(TrajectoriesFile& file, std::size_t line_no, std::string line) {
   while (!line.empty() && line.back() == '\0') line.pop_back();
   Result<Trajectory> t = ParseTrajectoryLine(line);
   if (!t.ok()) return false;
+  t->line_no = line_no;
   file.trajectories.push_back(std::move(t.value()));
   return true;
 }
@@ -1148,7 +1215,7 @@ Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path) {
     }
     // A write's tail lost in a crash can be a run of zeros longer than any line: torn, as a
     // shorter one is. Anything else that long is no line the writer wrote.
-    if (read == LineRead::kTooLong && rest_zeros && ReadZeroPadded(out, line)) continue;
+    if (read == LineRead::kTooLong && rest_zeros && ReadZeroPadded(out, line_no, line)) continue;
     if (read == LineRead::kTooLong) {
       Skip(out, line_no, line, rest_zeros && CutShort(line),
            Status::InvalidArgument("a line longer than " + std::to_string(kTrajectoryLineBytesMax) +
@@ -1158,6 +1225,7 @@ Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path) {
     if (line.empty()) continue;
     Result<Trajectory> t = ParseTrajectoryLine(line);
     if (t.ok()) {
+      t->line_no = line_no;
       out.trajectories.push_back(std::move(t.value()));
     } else {
       Skip(out, line_no, line, CutShort(line), t.status());
@@ -1190,8 +1258,8 @@ constexpr std::size_t kQuotedFieldBytesMax = 1024;
 // printed, once), cut to kQuotedFieldBytesMax (a trajectories file's line may be 16 MiB, all of
 // it one field) with its length said.
 std::string QuotedField(const std::string& value) {
-  if (value.size() <= kQuotedFieldBytesMax) return "'" + value + "'";
-  return "'" + text::utf8_prefix(value, kQuotedFieldBytesMax) + "'... (" +
+  if (value.size() <= kQuotedFieldBytesMax) return Quoted(value);
+  return Quoted(text::utf8_prefix(value, kQuotedFieldBytesMax)) + "... (" +
          std::to_string(value.size()) + " bytes)";
 }
 std::string QuotedField(std::int64_t value) { return std::to_string(value); }
@@ -1262,6 +1330,264 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
     }
   }
   return failures;
+}
+
+namespace {
+
+// Tokens a trajectory may hold and still be journaled (service/proxy_stream.h's
+// kTrajectoryPartsMax parts of kTrajectoryTokensPerRecordMax): past it the writer keeps only the
+// line.
+constexpr std::size_t kJournaledTokensMax =
+    (kTrajectoryTokensMax / kTrajectoryTokensPerRecordMax + 1) * kTrajectoryTokensPerRecordMax;
+
+// "FIELD has A entries in the line, B in the journal", or "FIELD[i] is X in the line, Y in the
+// journal (and K more)" at the first entry that differs; nothing when the lists are equal.
+template <typename T, typename Show>
+void AddListDifference(const std::string& field, const std::vector<T>& line,
+                       const std::vector<T>& journaled, Show show, std::vector<std::string>& out) {
+  if (line.size() != journaled.size()) {
+    out.push_back(field + " has " + std::to_string(line.size()) + " entries in the line, " +
+                  std::to_string(journaled.size()) + " in the journal");
+    return;
+  }
+  std::size_t first = line.size(), count = 0;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    if (line[i] == journaled[i]) continue;
+    first = std::min(first, i);
+    ++count;
+  }
+  if (count == 0) return;
+  out.push_back(field + "[" + std::to_string(first) + "] is " + show(line[first]) +
+                " in the line, " + show(journaled[first]) + " in the journal" +
+                (count > 1 ? " (and " + std::to_string(count - 1) + " more)" : ""));
+}
+
+std::string ShowId(std::int32_t id) { return std::to_string(id); }
+std::string ShowLogprob(const std::optional<double>& lp) {
+  if (!lp) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", *lp);
+  return buf;
+}
+
+// One logprob per output token: the recorded ones, none past them.
+std::vector<std::optional<double>> PerToken(const Trajectory& t, std::size_t tokens) {
+  std::vector<std::optional<double>> out(tokens);
+  for (std::size_t i = 0; i < tokens && i < t.logprobs.size(); ++i) out[i] = t.logprobs[i];
+  return out;
+}
+
+// Each field of a line's trajectory that differs from the journal's parts of it.
+std::vector<std::string> TokenDifferences(const Trajectory& line, const Trajectory& journaled) {
+  std::vector<std::string> out;
+  if (line.choices > 0 && !line.has_choice0) out.push_back("outputs holds no choice 0");
+  AddListDifference("prompt_token_ids", line.prompt, journaled.prompt, ShowId, out);
+  AddListDifference("outputs[0].token_ids", line.output, journaled.output, ShowId, out);
+  // Both hold each logprob as the same float32 value (docs/api.md): compared exactly.
+  const std::size_t tokens = std::max(line.output.size(), journaled.output.size());
+  AddListDifference("outputs[0].logprobs", PerToken(line, tokens), PerToken(journaled, tokens),
+                    ShowLogprob, out);
+  return out;
+}
+
+std::string LineOf(const Trajectory& t) {
+  return "trajectory " + QuotedField(t.rollout_id) + " (line " + std::to_string(t.line_no) + ")";
+}
+
+// Up to kSkippedLinesNamedMax names, then "and N more".
+void AddNamed(std::vector<std::string>& named, std::uint64_t& count, std::string name) {
+  if (count++ < kSkippedLinesNamedMax) named.push_back(std::move(name));
+}
+std::string NamedList(const std::vector<std::string>& named, std::uint64_t count) {
+  std::string out = Join(named, ", ");
+  if (count > named.size()) out += ", and " + std::to_string(count - named.size()) + " more";
+  return out;
+}
+
+// CompareTrajectoriesFile's scan: the journal's records in seq order against the file's lines,
+// indexed by (rollout_id, admission_seq).
+class FileComparer {
+ public:
+  FileComparer(const TrajectoriesFile& file, std::map<std::string, std::uint64_t> generations,
+               bool fleet)
+      : file_(file), generations_(std::move(generations)), fleet_(fleet) {
+    for (std::size_t i = 0; i < file.trajectories.size(); ++i) {
+      const Trajectory& t = file.trajectories[i];
+      lines_[{t.rollout_id, t.admission_seq}].push_back(i);
+    }
+    for (const auto& [key, at] : lines_) {
+      if (at.size() > 1) Duplicated(at);
+    }
+  }
+
+  Status Observe(const journal::Record& r) {
+    if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
+      Admitted(*a, r);
+    } else if (const auto* t = std::get_if<TrajectoryRecorded>(&r.event)) {
+      Part(*t, r.seq);
+    } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
+      auto it = open_.find(f->rollout_id);
+      if (it != open_.end()) {
+        Settle(it->second);
+        open_.erase(it);
+      }
+    }
+    return Status::OK();
+  }
+
+  FileComparison Finish() && {
+    for (auto& [id, open] : open_) Settle(open);
+    if (out_.missing > 0) {
+      out_.notes.push_back(std::to_string(out_.missing) +
+                           " of the journal's trajectories have no line in the file (a torn or "
+                           "damaged line, a line its writer dropped, or a rotated file; the "
+                           "journal's own are what is re-verified): " +
+                           NamedList(missing_named_, out_.missing));
+    }
+    if (unjournaled_ > 0) {
+      out_.notes.push_back(std::to_string(unjournaled_) +
+                           " lines hold tokens the journal recorded no trajectory for, as their "
+                           "writer does for a trace it cut (`truncated`) or one past the parts' "
+                           "bound: not checked, and not re-verifiable: " +
+                           NamedList(unjournaled_named_, unjournaled_));
+    }
+    return std::move(out_);
+  }
+
+ private:
+  // A rollout admitted and not finished, and its journal trajectory while it has a line.
+  struct Open {
+    std::string rollout_id;
+    std::uint64_t admitted_seq = 0;
+    const Trajectory* line = nullptr;  // the first of its lines, if any
+    std::uint64_t first_part_seq = 0;  // 0: no TrajectoryRecorded yet
+    Trajectory journaled;              // joined only when `line` is set
+  };
+
+  void Duplicated(const std::vector<std::size_t>& at) {
+    const Trajectory& first = file_.trajectories[at.front()];
+    std::vector<std::string> numbers;
+    for (std::size_t i = 0; i < at.size() && i < kSkippedLinesNamedMax; ++i) {
+      numbers.push_back(std::to_string(file_.trajectories[at[i]].line_no));
+    }
+    Found("trajectory " + QuotedField(first.rollout_id) + " admitted at seq " +
+          std::to_string(first.admission_seq) + " has " + std::to_string(at.size()) +
+          " lines in the file (lines " + Join(numbers, ", ") +
+          (at.size() > numbers.size() ? ", ..." : "") + "): its writer writes one per rollout");
+  }
+
+  void Found(std::string finding) {
+    out_.findings.push_back(std::move(finding));
+    out_.differing++;
+  }
+
+  void Admitted(const RolloutAdmitted& a, const journal::Record& r) {
+    Open open;
+    open.rollout_id = a.rollout_id;
+    open.admitted_seq = r.seq;
+    auto it = lines_.find({a.rollout_id, r.seq});
+    if (it != lines_.end()) {
+      open.line = &file_.trajectories[it->second.front()];
+      for (std::size_t i : it->second) CheckAdmitter(file_.trajectories[i], a, r);
+    }
+    open_[a.rollout_id] = std::move(open);
+  }
+
+  // In a fleet, the line's engine and fleet generation are those of the record that admitted it;
+  // in a journal of one engine it names neither.
+  void CheckAdmitter(const Trajectory& line, const RolloutAdmitted& a, const journal::Record& r) {
+    std::uint64_t generation = 0;
+    if (fleet_) {
+      auto g = generations_.find(a.version.label);
+      if (g != generations_.end()) generation = g->second;
+    }
+    std::vector<std::string> differ;
+    if (line.engine != r.engine) {
+      differ.push_back("engine is " + QuotedField(line.engine) + " in the line, " +
+                       QuotedField(r.engine) + " in the journal");
+    }
+    if (line.fleet_generation != generation) {
+      differ.push_back("fleet_generation is " + std::to_string(line.fleet_generation) +
+                       " in the line, " + std::to_string(generation) + " in the journal");
+    }
+    if (differ.empty()) return;
+    Found(LineOf(line) + " differs from its admitting record at seq " + std::to_string(r.seq) +
+          ": " + Join(differ, "; "));
+  }
+
+  void Part(const TrajectoryRecorded& t, std::uint64_t seq) {
+    auto it = open_.find(t.rollout_id);
+    if (it == open_.end()) return;  // damage SampleTrajectoriesFromJournal and the audit report
+    Open& open = it->second;
+    if (open.first_part_seq == 0) open.first_part_seq = seq;
+    if (open.line == nullptr) return;
+    Trajectory& j = open.journaled;
+    j.prompt.insert(j.prompt.end(), t.prompt_token_ids.begin(), t.prompt_token_ids.end());
+    j.output.insert(j.output.end(), t.output_token_ids.begin(), t.output_token_ids.end());
+    for (std::size_t i = 0; i < t.output_token_ids.size(); ++i) {
+      const bool has = i < t.output_logprobs.size() && !std::isnan(t.output_logprobs[i]);
+      j.logprobs.push_back(has ? std::optional<double>(t.output_logprobs[i]) : std::nullopt);
+    }
+  }
+
+  void Settle(const Open& open) {
+    if (open.line == nullptr) {
+      if (open.first_part_seq != 0) {
+        AddNamed(missing_named_, out_.missing,
+                 QuotedField(open.rollout_id) + " (TrajectoryRecorded at seq " +
+                     std::to_string(open.first_part_seq) + ")");
+      }
+      return;
+    }
+    const Trajectory& line = *open.line;
+    if (open.first_part_seq == 0) return Unjournaled(line);
+    const std::vector<std::string> differ = TokenDifferences(line, open.journaled);
+    if (differ.empty()) return;
+    Found(LineOf(line) + " differs from the journal's trajectory (TrajectoryRecorded from seq " +
+          std::to_string(open.first_part_seq) + "): " + Join(differ, "; "));
+  }
+
+  // A line of a rollout the journal holds no trajectory for: consistent when it holds no token;
+  // a note when its writer could not journal it; otherwise tokens nothing vouches for.
+  void Unjournaled(const Trajectory& line) {
+    if (line.prompt.empty() && line.output.empty() && !line.other_tokens) return;
+    if (line.truncated || line.prompt.size() + line.output.size() > kJournaledTokensMax) {
+      AddNamed(unjournaled_named_, unjournaled_, LineOf(line));
+      return;
+    }
+    Found(LineOf(line) +
+          " holds token ids, but the journal recorded no trajectory for its "
+          "rollout (admitted at seq " +
+          std::to_string(line.admission_seq) + ") and the line does not say truncated");
+  }
+
+  const TrajectoriesFile& file_;
+  std::map<std::string, std::uint64_t> generations_;  // a fleet's label -> fleet generation
+  bool fleet_;
+  std::map<std::pair<std::string, std::uint64_t>, std::vector<std::size_t>> lines_;
+  std::map<std::string, Open> open_;
+  FileComparison out_;
+  std::vector<std::string> missing_named_;
+  std::uint64_t unjournaled_ = 0;
+  std::vector<std::string> unjournaled_named_;
+};
+
+}  // namespace
+
+Result<FileComparison> CompareTrajectoriesFile(journal::Journal& journal,
+                                               const TrajectoriesFile& file) {
+  std::map<std::string, std::uint64_t> generations;
+  journal.ReadFleetState([&](const FleetState& f) { generations = f.label_generation; });
+  FileComparer comparer(file, std::move(generations), journal.is_fleet());
+  Status st = journal.Scan(1, 0, [&](const journal::Record& r) { return comparer.Observe(r); });
+  if (!st.ok()) return st;
+  return std::move(comparer).Finish();
+}
+
+std::string Quoted(std::string_view s) {
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
 }
 
 int Verdict::exit_code() const {
@@ -1341,8 +1667,8 @@ void FormatRollouts(const char* title, const char* tag, const std::vector<Rollou
   const std::size_t shown = std::min<std::size_t>(list.size(), kReportRolloutsMax);
   for (std::size_t i = 0; i < shown; ++i) {
     const RolloutNote& n = list[i];
-    out << "  " << tag << " '" << E(n.rollout_id) << "' version '" << E(n.version.label)
-        << "' admitted at seq " << n.admitted_seq << ", "
+    out << "  " << tag << " " << Quoted(E(n.rollout_id)) << " version "
+        << Quoted(E(n.version.label)) << " admitted at seq " << n.admitted_seq << ", "
         << (n.finished_seq == 0 ? std::string("not finished")
                                 : "finished at seq " + std::to_string(n.finished_seq))
         << ": " << E(n.why) << "\n";

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -143,6 +144,12 @@ struct RolloutProvenance {
 [[nodiscard]] Result<RolloutProvenance> Provenance(journal::Journal& journal,
                                                    const std::string& rollout_id);
 
+// `s` between single quotes, each quote inside doubled (`it's` is 'it''s'): a rollout id, label
+// or other outside text in a report line or finding, so that no quote inside it can close the
+// field and forge the rest of the line ("REVERIFY 'a'': OK...': FAILED" is rollout "a': OK...").
+// Raw otherwise: the line that holds it is escaped (text::escape_line), which leaves quotes be.
+std::string Quoted(std::string_view s);
+
 // A recorded trajectory (the proxy writes them; see service/trajectories.h for the format).
 struct Trajectory {
   std::string rollout_id;
@@ -150,8 +157,16 @@ struct Trajectory {
   WeightVersion version;
   WeightIdentity identity;
   std::vector<std::int32_t> prompt;
-  std::vector<std::int32_t> output;
+  std::vector<std::int32_t> output;  // choice 0's (the journal's parts hold choice 0 only)
   std::vector<std::optional<double>> logprobs;  // per output token, when it was recorded
+  // Read from a trajectories file's line only (a journal's trajectory leaves them as they are):
+  std::size_t line_no = 0;
+  std::string engine;                  // the fleet engine that admitted it ("" of one engine)
+  std::uint64_t fleet_generation = 0;  // that engine's fleet generation at the admission
+  bool truncated = false;              // the writer kept less than the engine sent
+  std::size_t choices = 0;             // choices the line holds, each with its own index
+  bool has_choice0 = false;            // one of them is index 0 (`output` is its tokens)
+  bool other_tokens = false;           // a choice other than 0 holds token ids
 };
 
 // Trajectories one audit re-verifies: all of a trajectories file (a longer file is refused), or
@@ -223,6 +238,32 @@ struct TrajectoriesFile {
 // where it is printed (text::escape_line; RenderAudit and the command's MISMATCH lines do).
 std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
                                                 const std::vector<Trajectory>& trajectories);
+
+// A trajectories file held against the journal's own trajectories, which are the authority
+// (audit re-verifies the journal's, never the file's). Findings (engine findings, exit 1), each
+// naming the rollout, its line and the seq of its first TrajectoryRecorded:
+// - a line whose prompt ids, choice 0's token ids or its logprobs differ from the journal's parts
+//   (logprobs compared exactly: both hold the same float32-rounded value), or that holds choices
+//   but no choice 0 while the journal holds the trajectory;
+// - a line whose engine or fleet_generation is not the admitting record's (a fleet), or that names
+//   an engine in a journal of one engine;
+// - two or more lines for one (rollout_id, admission_seq);
+// - a line that holds token ids for an admitted rollout the journal recorded no trajectory for,
+//   unless the line says `truncated` or holds more tokens than the parts' bound (the writer then
+//   journals none: those are notes, not re-verifiable).
+// Notes: the journal's trajectories with no line in the file (a torn or damaged line, a line the
+// writer dropped, a rotated file: docs/api.md makes the file a convenience copy), counted and
+// the first kSkippedLinesNamedMax named. Choices other than 0 are read (one each index) but the
+// journal holds none to compare them with. One scan; memory holds the trajectories of rollouts
+// open at one time that have a line.
+struct FileComparison {
+  std::vector<std::string> findings;  // raw
+  std::vector<std::string> notes;     // raw
+  std::uint64_t differing = 0;        // findings about lines the journal contradicts
+  std::uint64_t missing = 0;          // journal trajectories with no line
+};
+[[nodiscard]] Result<FileComparison> CompareTrajectoriesFile(journal::Journal& journal,
+                                                             const TrajectoriesFile& file);
 
 // One rollout re-scored: each output token's logprob as the engine scores it now (prompt_logprobs
 // over prompt + output) against the one recorded when it was sampled.

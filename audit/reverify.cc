@@ -148,8 +148,8 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, doub
     return out;
   }
   if (served.reported_label != t.version.label) {
-    out.detail = "engine serves '" + served.reported_label + "', trajectory ran under '" +
-                 t.version.label + "'";
+    out.detail = "engine serves " + Quoted(served.reported_label) + ", trajectory ran under " +
+                 Quoted(t.version.label);
     return out;
   }
   if (t.output.empty() || t.prompt.empty()) {
@@ -211,7 +211,7 @@ ReverifySummary ReverifyFromJournal(effects::EngineClient& engine, const Journal
 
 std::string FormatReverify(const ReverifyResult& r) {
   const char* verdict = !r.checked ? "SKIPPED" : r.ok ? "OK" : "FAILED";
-  return "REVERIFY '" + E(r.rollout_id) + "': " + verdict + ": " + E(r.detail);
+  return "REVERIFY " + Quoted(E(r.rollout_id)) + ": " + verdict + ": " + E(r.detail);
 }
 
 std::string FormatReverifySummary(const ReverifySummary& s, const std::string& engine_url) {
@@ -243,7 +243,8 @@ std::vector<std::string> ReverifyFindings(const ReverifySummary& s) {
   std::vector<std::string> findings;
   for (const ReverifyResult& r : s.rollouts) {
     if (r.checked && !r.ok) {
-      findings.push_back("re-verification of rollout '" + r.rollout_id + "' failed: " + r.detail);
+      findings.push_back("re-verification of rollout " + Quoted(r.rollout_id) +
+                         " failed: " + r.detail);
     }
   }
   if (s.trajectories > 0 && s.checked == 0) {

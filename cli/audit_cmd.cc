@@ -123,36 +123,57 @@ void ReadJournalTrajectories(journal::Journal& j, const Opts& o, audit::Verdict&
   out = std::move(ts.value());
 }
 
-// The trajectories to re-verify: the file's (cross-checked against the journal's bindings), or
-// the journal's own when only --engine is given. A mismatch is an engine finding; the file's lines
-// that hold no trajectory are skipped and reported (audit::AddSkippedLines says which change the
-// exit code). The file was read before the audit (ReadTrajectoriesOption).
-void CheckTrajectories(journal::Journal& j, const Opts& o,
-                       std::optional<audit::TrajectoriesFile> file, audit::Verdict& verdict,
-                       audit::JournalTrajectories& out) {
-  if (!file.has_value()) {
-    if (!o.engine.empty()) ReadJournalTrajectories(j, o, verdict, out);
-    return;
+// A trajectories file held against the journal: each line's binding, then its tokens, logprobs,
+// admitting engine and count against the journal's own trajectory (audit::CompareTrajectoriesFile).
+// Each difference is an engine finding printed as a MISMATCH line; the file's lines that hold no
+// trajectory are skipped and reported (audit::AddSkippedLines says which change the exit code);
+// the journal's trajectories it lacks are a note. The file was read before the audit
+// (ReadTrajectoriesOption).
+void CheckTrajectoriesFile(journal::Journal& j, const Opts& o, const audit::TrajectoriesFile& file,
+                           audit::Verdict& verdict) {
+  const std::vector<audit::Trajectory>& ts = file.trajectories;
+  std::vector<std::string> failures = audit::CrossCheckTrajectories(j, ts);
+  const std::size_t binding = failures.size();
+  Result<audit::FileComparison> compared = audit::CompareTrajectoriesFile(j, file);
+  if (!compared.ok()) {
+    const std::string why =
+        "trajectories file against the journal: " + compared.status().ToString();
+    std::fprintf(o.lines(), "%s\n", text::escape_line(why).c_str());
+    verdict.journal_failures.push_back(why);
   }
-  std::vector<audit::Trajectory>& ts = file->trajectories;
-  auto failures = audit::CrossCheckTrajectories(j, ts);
-  std::fprintf(o.lines(),
-               "trajectories file: %zu, binding mismatches: %zu, lines skipped: %llu (torn %llu, "
-               "damaged %llu)\n",
-               ts.size(), failures.size(), static_cast<unsigned long long>(file->skipped()),
-               static_cast<unsigned long long>(file->torn),
-               static_cast<unsigned long long>(file->damaged));
-  for (const auto& f : failures) {
+  const audit::FileComparison none;
+  const audit::FileComparison& c = compared.ok() ? *compared : none;
+  std::fprintf(
+      o.lines(),
+      "trajectories file: %zu, binding mismatches: %zu, lines skipped: %llu (torn %llu, "
+      "damaged %llu), lines the journal contradicts: %llu, journal trajectories without "
+      "a line: %llu\n",
+      ts.size(), binding, static_cast<unsigned long long>(file.skipped()),
+      static_cast<unsigned long long>(file.torn), static_cast<unsigned long long>(file.damaged),
+      static_cast<unsigned long long>(c.differing), static_cast<unsigned long long>(c.missing));
+  failures.insert(failures.end(), c.findings.begin(), c.findings.end());
+  for (const std::string& f : failures) {
     std::fprintf(o.lines(), "  MISMATCH: %s\n", text::escape_line(f).c_str());
     verdict.engine_findings.push_back(f);
   }
-  audit::AddSkippedLines(*file, o.trajectories, verdict);
+  for (const std::string& n : c.notes) {
+    verdict.notes.push_back("trajectories file " + o.trajectories + ": " + n);
+  }
+  audit::AddSkippedLines(file, o.trajectories, verdict);
   if (ts.empty()) {
     verdict.engine_findings.push_back(
         "the trajectories file holds no trajectory: nothing to check");
   }
-  out.total = ts.size();  // a file's trajectories are all offered
-  out.trajectories = std::move(ts);
+}
+
+// The journal is the authority on what each rollout produced: with --engine its own trajectories
+// are re-verified, whether or not a trajectories file is given (a file's line is only a copy,
+// which CheckTrajectoriesFile holds against them).
+void CheckTrajectories(journal::Journal& j, const Opts& o,
+                       const std::optional<audit::TrajectoriesFile>& file, audit::Verdict& verdict,
+                       audit::JournalTrajectories& out) {
+  if (file.has_value()) CheckTrajectoriesFile(j, o, *file, verdict);
+  if (!o.engine.empty()) ReadJournalTrajectories(j, o, verdict, out);
 }
 
 // Compares the weights the engine holds with the digest journaled for the version it reports.
@@ -277,7 +298,7 @@ int AuditWhole(journal::Journal& j, const Opts& o, std::optional<audit::Trajecto
         "--expect-head: the acknowledged head is not in the journal");
   }
   audit::JournalTrajectories trajectories;
-  CheckTrajectories(j, o, std::move(file), verdict, trajectories);
+  CheckTrajectories(j, o, file, verdict, trajectories);
   std::optional<audit::ReverifySummary> reverified;
   if (!o.engine.empty()) {
     effects::EngineClient engine(o.engine);
@@ -301,13 +322,13 @@ Runner add_audit(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   o->path_given = app.add_option("journal", o->path, "Journal directory")->required();
   o->rollout_given = app.add_option("--rollout", o->rollout, "Show the provenance of one rollout");
-  o->trajectories_given =
-      app.add_option("--trajectories", o->trajectories,
-                     "Trajectories JSON-lines file (written by `serve`) to cross-check");
+  o->trajectories_given = app.add_option(
+      "--trajectories", o->trajectories,
+      "Trajectories JSON-lines file (written by `serve`) to check against the journal");
   o->engine_given =
       app.add_option("--engine", o->engine,
-                     "Re-score trajectories (from --trajectories, else the journal's) of the "
-                     "version this engine serves (an http:// or https:// URL)");
+                     "Re-score the journal's trajectories of the version this engine serves (an "
+                     "http:// or https:// URL)");
   o->fleet_engine_given =
       app.add_option("--fleet-engine", o->fleet_engine,
                      "In a fleet's journal: the name of the engine --engine is (its digest is "

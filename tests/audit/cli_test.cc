@@ -480,8 +480,15 @@ TEST(Cli, AReportIntoAClosedPipeExitsFour) {
 TEST(Cli, AuditReadsATrajectoriesFileAroundItsTornLines) {
   TempDir dir;
   WriteCleanJournal(dir.path(), 2);  // r0 admitted at seq 5, r1 at seq 6
-  const std::string r0 = TrajectoryLine(dir.path(), 5);
-  const std::string r1 = TrajectoryLine(dir.path(), 6);
+  // Lines of rollouts that recorded no tokens yet, as the journal holds none for them.
+  const auto tokenless = [&](std::uint64_t seq) {
+    nlohmann::json line = cli_testing::TrajectoryJson(dir.path(), seq);
+    line["prompt_token_ids"] = nlohmann::json::array();
+    line["outputs"] = nlohmann::json::array();
+    return line.dump();
+  };
+  const std::string r0 = tokenless(5);
+  const std::string r1 = tokenless(6);
   const std::string file = dir.sub("t.jsonl");
   std::ofstream(file) << r0 << "\n" << r1.substr(0, 40) << "\n" << r1 << "\n" << r0.substr(0, 25);
   const CliRun torn = RunCli({"audit", dir.path(), "--trajectories", file}, /*with_stderr=*/true);
@@ -745,6 +752,150 @@ TEST(Cli, AuditUsageErrorsAreRefusedBeforeTheAudit) {
     EXPECT_EQ(all.out.rfind("rolloutcore audit: " + why, 0), 0u) << all.out;
     EXPECT_EQ(Lines(all.out).size(), 1u) << all.out;
   }
+}
+
+// Bootstrap, then r0 and r1 each admitted, given one trajectory part (prompt 1,2,3; output 4,5
+// with logprobs -0.25, -1.5) and finished, and r2 admitted and finished with no trajectory;
+// closed cleanly. Returns each rollout's seqs (its admission first, then its part).
+std::map<std::string, std::vector<std::uint64_t>> WriteTrajectoryJournal(const std::string& path) {
+  std::map<std::string, std::vector<std::uint64_t>> seqs;
+  auto j = journal::Journal::Open(path, journal::Options{});
+  EXPECT_TRUE(j.ok()) << j.status().ToString();
+  if (!j.ok()) return seqs;
+  for (auto& g : journal::testing::BootstrapGroups()) {
+    EXPECT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+  }
+  const auto submit = [&](const Event& e) {
+    auto s = (*j)->Submit(e, 1700000000000);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*j)->Wait(s->ticket).ok());
+  };
+  for (const std::string id : {"r0", "r1", "r2"}) {
+    submit(make_admission((*j)->state(), id));
+    if (id != "r2") submit(TrajectoryRecorded{id, 0, {1, 2, 3}, {4, 5}, {-0.25f, -1.5f}});
+    submit(RolloutFinished{id, RolloutOutcome::kCompleted, 3, 2});
+    seqs[id] = (*j)->RolloutSeqs(id).value();
+  }
+  EXPECT_TRUE((*j)->Close().ok());
+  return seqs;
+}
+
+// r0's, r1's or r2's line as serve writes it for the journal above (r2: no tokens).
+nlohmann::json JournaledLine(const std::string& path, std::uint64_t admission_seq, bool tokens) {
+  nlohmann::json line = cli_testing::TrajectoryJson(path, admission_seq);
+  line["truncated"] = false;
+  if (!tokens) {
+    line["prompt_token_ids"] = nullptr;
+    line["outputs"] = nlohmann::json::array();
+    return line;
+  }
+  line["outputs"][0]["logprobs"] = {-0.25, -1.5};
+  return line;
+}
+
+// Proves `audit --trajectories` holds each line against the journal's own trajectory of its
+// rollout: forged tokens and logprobs, emptied outputs, a nulled prompt, a duplicated line, tokens
+// for a rollout the journal recorded none for and an admitting engine the journal never named are
+// findings naming the rollout, its line and the seq of its TrajectoryRecorded, and a deleted or
+// torn line is a note naming the rollout the file lacks. Catches the audit that compared only the
+// binding and re-verified the file's tokens in place of the journal's (forgeries passed, an
+// emptied line turned a failing rollout SKIPPED, a deleted line went unnoticed).
+TEST(Cli, AuditHoldsTrajectoryLinesAgainstTheJournal) {
+  TempDir dir;
+  const auto seqs = WriteTrajectoryJournal(dir.path());
+  ASSERT_EQ(seqs.size(), 3u);
+  const std::uint64_t part1 = seqs.at("r1").at(1);
+  const nlohmann::json r0 = JournaledLine(dir.path(), seqs.at("r0").at(0), true);
+  const nlohmann::json r1 = JournaledLine(dir.path(), seqs.at("r1").at(0), true);
+  const nlohmann::json r2 = JournaledLine(dir.path(), seqs.at("r2").at(0), false);
+  const CliRun honest = AuditTrajectories(dir, {r0, r1, r2}, /*json=*/false);
+  EXPECT_EQ(honest.exit_code, 0) << honest.out;
+  EXPECT_NE(honest.out.find("lines the journal contradicts: 0, journal trajectories without a "
+                            "line: 0\n"),
+            std::string::npos)
+      << honest.out;
+  EXPECT_NE(honest.out.find("\naudit: OK\n"), std::string::npos) << honest.out;
+
+  const std::string differs =
+      "  MISMATCH: trajectory 'r1' (line 2) differs from the journal's "
+      "trajectory (TrajectoryRecorded from seq " +
+      std::to_string(part1) + "): ";
+  nlohmann::json forged = r1;
+  forged["outputs"][0]["token_ids"] = {4, 6};
+  forged["outputs"][0]["logprobs"] = {-0.25, -0.5};
+  nlohmann::json emptied = r1;
+  emptied["outputs"] = nlohmann::json::array();
+  nlohmann::json nulled = r1;
+  nulled["prompt_token_ids"] = nullptr;
+  const std::vector<std::pair<nlohmann::json, std::string>> edits = {
+      {forged,
+       "outputs[0].token_ids[1] is 6 in the line, 5 in the journal; outputs[0].logprobs[1] is "
+       "-0.5 in the line, -1.5 in the journal"},
+      {emptied,
+       "outputs[0].token_ids has 0 entries in the line, 2 in the journal; "
+       "outputs[0].logprobs[0] is null in the line, -0.25 in the journal (and 1 more)"},
+      {nulled, "prompt_token_ids has 0 entries in the line, 3 in the journal"}};
+  for (const auto& [line, why] : edits) {
+    const CliRun run = AuditTrajectories(dir, {r0, line, r2}, /*json=*/false);
+    EXPECT_EQ(run.exit_code, 1) << why << ": " << run.out;
+    EXPECT_NE(run.out.find(differs + why + "\n"), std::string::npos) << run.out;
+  }
+
+  const CliRun deleted = AuditTrajectories(dir, {r0, r2}, /*json=*/false);
+  EXPECT_NE(deleted.out.find("journal trajectories without a line: 1\n"), std::string::npos)
+      << deleted.out;
+  EXPECT_NE(deleted.out.find("audit NOTE: trajectories file " + dir.sub("t.jsonl") +
+                             ": 1 of the journal's trajectories have no line in the file"),
+            std::string::npos)
+      << deleted.out;
+  EXPECT_NE(deleted.out.find("): 'r1' (TrajectoryRecorded at seq " + std::to_string(part1) + ")\n"),
+            std::string::npos)
+      << deleted.out;
+
+  const std::string torn_file = dir.sub("torn.jsonl");
+  std::ofstream(torn_file) << r0.dump() << "\n"
+                           << r1.dump().substr(0, 30) << "\n"
+                           << r2.dump() << "\n";
+  const CliRun torn = RunCli({"audit", dir.path(), "--trajectories", torn_file}, false);
+  EXPECT_NE(torn.out.find("'r1' (TrajectoryRecorded at seq " + std::to_string(part1) + ")\n"),
+            std::string::npos)
+      << torn.out;
+
+  const CliRun twice = AuditTrajectories(dir, {r0, r1, r2, r1}, /*json=*/false);
+  EXPECT_EQ(twice.exit_code, 1) << twice.out;
+  EXPECT_NE(twice.out.find("  MISMATCH: trajectory 'r1' admitted at seq " +
+                           std::to_string(seqs.at("r1").at(0)) +
+                           " has 2 lines in the file (lines 2, 4): its writer writes one per "
+                           "rollout\n"),
+            std::string::npos)
+      << twice.out;
+
+  nlohmann::json claims = JournaledLine(dir.path(), seqs.at("r2").at(0), true);
+  const CliRun unjournaled = AuditTrajectories(dir, {r0, r1, claims}, /*json=*/false);
+  EXPECT_EQ(unjournaled.exit_code, 1) << unjournaled.out;
+  EXPECT_NE(unjournaled.out.find("  MISMATCH: trajectory 'r2' (line 3) holds token ids, but the "
+                                 "journal recorded no trajectory for its rollout"),
+            std::string::npos)
+      << unjournaled.out;
+  claims["truncated"] = true;
+  const CliRun cut = AuditTrajectories(dir, {r0, r1, claims}, /*json=*/false);
+  EXPECT_EQ(cut.exit_code, 0) << cut.out;
+  EXPECT_NE(cut.out.find("1 lines hold tokens the journal recorded no trajectory for"),
+            std::string::npos)
+      << cut.out;
+
+  nlohmann::json engine = r0;
+  engine["engine"] = "a";
+  engine["fleet_generation"] = 3;
+  const CliRun admitter = AuditTrajectories(dir, {engine, r1, r2}, /*json=*/false);
+  EXPECT_EQ(admitter.exit_code, 1) << admitter.out;
+  EXPECT_NE(admitter.out.find("  MISMATCH: trajectory 'r0' (line 1) differs from its admitting "
+                              "record at seq " +
+                              std::to_string(seqs.at("r0").at(0)) +
+                              ": engine is 'a' in the line, '' in the journal; fleet_generation "
+                              "is 3 in the line, 0 in the journal\n"),
+            std::string::npos)
+      << admitter.out;
 }
 
 }  // namespace

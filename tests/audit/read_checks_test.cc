@@ -245,6 +245,12 @@ TEST(Trajectories, TornAndDamagedLinesAreSkippedCountedAndNamed) {
 // Re-encodes the records from `from` to `head` of a closed journal, each chained to the one
 // before, after `edit` changed record `from`; the head hash follows, the clean-close record and
 // the durable mark (which name the old hashes) go: a forgery that keeps the chain whole.
+// What an editor who also removes the marks removes in the journal: the record that its writer
+// marked it (without it a journal with no mark file opens, as one never marked does).
+void ForgetMarks(rocksdb::DB& db, const Cf& cf) {
+  ASSERT_TRUE(db.Delete(rocksdb::WriteOptions(), cf[5], "durable_mark_written").ok());
+}
+
 void RechainFrom(const std::string& path, std::uint64_t from, std::uint64_t head,
                  const std::function<void(journal::Record&)>& edit) {
   EditRaw(path, [&](rocksdb::DB& db, const Cf& cf) {
@@ -263,9 +269,76 @@ void RechainFrom(const std::string& path, std::uint64_t from, std::uint64_t head
     }
     const std::string hash(reinterpret_cast<const char*>(prev.data()), prev.size());
     ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_hash", hash).ok());
+    ForgetMarks(db, cf);
   });
   fs::remove(path + "/CLOSED");
   fs::remove(path + "/DURABLE");
+}
+
+// Reads the trajectories file holding `text` as written (bytes, zeros included).
+Result<audit::TrajectoriesFile> ReadFileOf(const TempDir& dir, const std::string& text) {
+  const std::string path = dir.sub("t.jsonl");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  return audit::ReadTrajectoriesFile(path);
+}
+
+// Proves each choice of a line is read by its own index (choice 0 is the one whose tokens are
+// compared with the journal, wherever it stands) and a repeated, missing or ill-typed index, or a
+// malformed other choice, damages the line; catches the reader that took outputs[0] as choice 0
+// (choice 1's tokens held against the journal) and never looked at the other choices.
+TEST(Trajectories, EveryChoiceIsReadByItsIndex) {
+  TempDir dir;
+  const std::string head = R"({"rollout_id":"r0","admission_seq":5,"outputs":)";
+  Result<audit::TrajectoriesFile> file =
+      ReadFileOf(dir, head + R"([{"index":1,"token_ids":[9,9,9]},{"index":0,"token_ids":[4,5],)" +
+                          R"("logprobs":[-0.25,null]}]})" + "\n");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_EQ(file->trajectories.size(), 1u);
+  const audit::Trajectory& t = file->trajectories[0];
+  EXPECT_EQ(t.output, (std::vector<std::int32_t>{4, 5}));
+  ASSERT_EQ(t.logprobs.size(), 2u);
+  EXPECT_EQ(t.logprobs[0], -0.25);
+  EXPECT_FALSE(t.logprobs[1].has_value());
+  EXPECT_EQ(t.choices, 2u);
+  EXPECT_TRUE(t.has_choice0);
+  EXPECT_TRUE(t.other_tokens);
+
+  for (const std::string& outputs : {
+           std::string(R"([{"index":0,"token_ids":[4]},{"index":0,"token_ids":[5]}])"),
+           std::string(R"([{"token_ids":[4]}])"),
+           std::string(R"([{"index":"0","token_ids":[4]}])"),
+           std::string(R"([{"index":65536,"token_ids":[4]}])"),
+           std::string(R"([{"index":0,"token_ids":[4]},{"index":1,"token_ids":["a"]}])"),
+           std::string(R"([{"index":0,"token_ids":[4]},{"index":1,"logprobs":["x"]}])"),
+       }) {
+    Result<audit::TrajectoriesFile> bad = ReadFileOf(dir, head + outputs + "}\n");
+    ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+    EXPECT_EQ(bad->trajectories.size(), 0u) << outputs;
+    EXPECT_EQ(bad->damaged, 1u) << outputs;
+  }
+}
+
+// Proves a line with a zero byte inside it is damaged, whatever precedes it, while a line whose
+// only zeros are its tail (a crash's lost data) is still read; catches the JSON parser stopping
+// at the zero byte, which read `<a valid line>\0<anything>` as the valid line.
+TEST(Trajectories, AZeroByteInsideALineDamagesIt) {
+  TempDir dir;
+  const std::string good = R"({"rollout_id":"r0","admission_seq":5})";
+  Result<audit::TrajectoriesFile> inside =
+      ReadFileOf(dir, good + std::string(1, '\0') + R"({"forged":true})" + "\n" + good +
+                          std::string(1, '\0') + std::string(1, '\0') + "x\n");
+  ASSERT_TRUE(inside.ok()) << inside.status().ToString();
+  EXPECT_EQ(inside->trajectories.size(), 0u);
+  EXPECT_EQ(inside->damaged, 2u);
+  EXPECT_EQ(inside->torn, 0u);
+  ASSERT_EQ(inside->damaged_lines.size(), 2u);
+  EXPECT_NE(inside->damaged_lines[0].why.find("zero byte"), std::string::npos)
+      << inside->damaged_lines[0].why;
+
+  Result<audit::TrajectoriesFile> tail = ReadFileOf(dir, good + std::string(3, '\0') + "\n");
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  EXPECT_EQ(tail->trajectories.size(), 1u);
+  EXPECT_EQ(tail->skipped(), 0u);
 }
 
 // Proves replay keeps its first failure (a decision naming the wrong cause at seq 4) when the
@@ -398,6 +471,7 @@ TEST(Replay, ALastGroupShortOfItsDecisionsFailsTheReport) {
     ASSERT_TRUE(db.Put(rocksdb::WriteOptions(), cf[5], "head_hash",
                        std::string(reinterpret_cast<const char*>(hash.data()), hash.size()))
                     .ok());
+    ForgetMarks(db, cf);
   });
   fs::remove(dir.path() + "/CLOSED");  // the marks name the lost seq 4
   fs::remove(dir.path() + "/DURABLE");

@@ -304,5 +304,29 @@ TEST(Verdict, SeqsTheRolloutIndexListsForAnotherRolloutAreDamage) {
   EXPECT_EQ(report.failures.size(), 2u) << out.text;
 }
 
+// Proves a rollout id holding a quote is printed with the quote doubled inside its quotes, in a
+// REVERIFY line and in a re-verification finding, so it cannot close the field and forge the
+// line's verdict; catches `REVERIFY 'a': OK: 9 tokens compared': SKIPPED` from rollout
+// "a': OK: 9 tokens compared" reading as an OK rollout 'a'.
+TEST(Verdict, AQuoteInARolloutIdCannotForgeItsLine) {
+  audit::ReverifyResult r;
+  r.rollout_id = "a': OK: 9 tokens compared";
+  r.detail = "engine unreachable";
+  EXPECT_EQ(audit::FormatReverify(r),
+            "REVERIFY 'a'': OK: 9 tokens compared': SKIPPED: engine unreachable");
+  EXPECT_EQ(audit::FormatReverify(r).rfind("REVERIFY 'a': OK", 0), std::string::npos);
+
+  audit::ReverifySummary s;
+  r.checked = true;
+  r.detail = "1 over tolerance";
+  s.rollouts.push_back(r);
+  s.trajectories = s.checked = s.failed = 1;
+  const std::vector<std::string> findings = audit::ReverifyFindings(s);
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_EQ(findings[0],
+            "re-verification of rollout 'a'': OK: 9 tokens compared' failed: 1 over tolerance");
+  EXPECT_EQ(audit::Quoted("it's"), "'it''s'");
+}
+
 }  // namespace
 }  // namespace rc
