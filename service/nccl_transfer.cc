@@ -211,7 +211,7 @@ effects::nccl::NcclSenderOptions NcclOptionsOf(const ServeConfig& config,
   return so;
 }
 
-// The sender's rendezvous with the engine, once the journal is recovered or bootstrapped.
+// The sender's rendezvous with the engine, once its RecoveryStarted is recorded or it bootstrapped.
 Status InitNcclSender(ServeNcclTransfer& sender, const ServeConfig& config,
                       const NcclEngine& target) {
   spdlog::info("serve: NCCL sender: rendezvous with {}", DescribeNcclEngine(target, config));
