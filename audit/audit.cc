@@ -1370,10 +1370,19 @@ std::string ShowLogprob(const std::optional<double>& lp) {
   return buf;
 }
 
-// One logprob per output token: the recorded ones, none past them.
+// A logprob as the journal holds it: rounded to float32. Lines written before serve rounded them
+// hold the engine's double; one past float's range (no journaled value) is kept as it is.
+std::optional<double> AsJournaled(const std::optional<double>& lp) {
+  if (!lp || !std::isfinite(*lp) || std::fabs(*lp) > std::numeric_limits<float>::max()) return lp;
+  return static_cast<double>(static_cast<float>(*lp));
+}
+
+// One logprob per output token as the journal holds it: the recorded ones, none past them.
 std::vector<std::optional<double>> PerToken(const Trajectory& t, std::size_t tokens) {
   std::vector<std::optional<double>> out(tokens);
-  for (std::size_t i = 0; i < tokens && i < t.logprobs.size(); ++i) out[i] = t.logprobs[i];
+  for (std::size_t i = 0; i < tokens && i < t.logprobs.size(); ++i) {
+    out[i] = AsJournaled(t.logprobs[i]);
+  }
   return out;
 }
 
@@ -1383,7 +1392,8 @@ std::vector<std::string> TokenDifferences(const Trajectory& line, const Trajecto
   if (line.choices > 0 && !line.has_choice0) out.push_back("outputs holds no choice 0");
   AddListDifference("prompt_token_ids", line.prompt, journaled.prompt, ShowId, out);
   AddListDifference("outputs[0].token_ids", line.output, journaled.output, ShowId, out);
-  // Both hold each logprob as the same float32 value (docs/api.md): compared exactly.
+  // The journal holds each logprob as float32: the line's is compared as the journal would hold
+  // it (serve writes it rounded so; older files hold the engine's double).
   const std::size_t tokens = std::max(line.output.size(), journaled.output.size());
   AddListDifference("outputs[0].logprobs", PerToken(line, tokens), PerToken(journaled, tokens),
                     ShowLogprob, out);

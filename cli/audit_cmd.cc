@@ -353,6 +353,10 @@ Runner add_audit(CLI::App& app) {
     if (std::string why = OptionsUsageError(*o); !why.empty()) return Usage(why);
     std::optional<ExpectedHead> expected;
     if (Status read = ReadNumberOptions(*o, expected); !read.ok()) return Usage(read.message());
+    // Read before the journal is opened: serve writes a line only once its finish is durable, so
+    // beside a live writer every line read now is in the journal opened next.
+    auto file = ReadTrajectoriesOption(*o);
+    if (!file.ok()) return Usage(file.status().ToString());
     journal::Options options;
     options.read_only = true;
     options.create_if_missing = false;
@@ -367,8 +371,6 @@ Runner add_audit(CLI::App& app) {
     journal::Journal& j = **opened;
     NoteLiveWriter(j, "audit");
     if (std::string why = JournalUsageError(j, *o); !why.empty()) return Usage(why);
-    auto file = ReadTrajectoriesOption(*o);
-    if (!file.ok()) return Usage(file.status().ToString());
     const std::string torn = j.recovery().torn_tail;
     const bool head_ok = !expected || CheckExpectedHead(j, *expected, o->lines());
     if (!o->rollout.empty()) return ShowProvenance(j, *o, torn, head_ok);

@@ -757,7 +757,8 @@ TEST(Cli, AuditUsageErrorsAreRefusedBeforeTheAudit) {
 // Bootstrap, then r0 and r1 each admitted, given one trajectory part (prompt 1,2,3; output 4,5
 // with logprobs -0.25, -1.5) and finished, and r2 admitted and finished with no trajectory;
 // closed cleanly. Returns each rollout's seqs (its admission first, then its part).
-std::map<std::string, std::vector<std::uint64_t>> WriteTrajectoryJournal(const std::string& path) {
+std::map<std::string, std::vector<std::uint64_t>> WriteTrajectoryJournal(
+    const std::string& path, const std::vector<float>& logprobs = {-0.25f, -1.5f}) {
   std::map<std::string, std::vector<std::uint64_t>> seqs;
   auto j = journal::Journal::Open(path, journal::Options{});
   EXPECT_TRUE(j.ok()) << j.status().ToString();
@@ -772,7 +773,7 @@ std::map<std::string, std::vector<std::uint64_t>> WriteTrajectoryJournal(const s
   };
   for (const std::string id : {"r0", "r1", "r2"}) {
     submit(make_admission((*j)->state(), id));
-    if (id != "r2") submit(TrajectoryRecorded{id, 0, {1, 2, 3}, {4, 5}, {-0.25f, -1.5f}});
+    if (id != "r2") submit(TrajectoryRecorded{id, 0, {1, 2, 3}, {4, 5}, logprobs});
     submit(RolloutFinished{id, RolloutOutcome::kCompleted, 3, 2});
     seqs[id] = (*j)->RolloutSeqs(id).value();
   }
@@ -896,6 +897,30 @@ TEST(Cli, AuditHoldsTrajectoryLinesAgainstTheJournal) {
                               "is 3 in the line, 0 in the journal\n"),
             std::string::npos)
       << admitter.out;
+}
+
+// Proves a line holding the engine's logprob as a double (as files written before serve rounded
+// them do) matches the journal's float32 of it, while a logprob that differs after that rounding
+// is still a finding; catches every line of an older healthy file reported as contradicting the
+// journal (-0.1 against the journal's -0.100000001).
+TEST(Cli, AuditComparesALinesLogprobsAsTheJournalHoldsThem) {
+  TempDir dir;
+  const auto seqs = WriteTrajectoryJournal(dir.path(), {-0.1f, -1.3f});
+  ASSERT_EQ(seqs.size(), 3u);
+  nlohmann::json r0 = JournaledLine(dir.path(), seqs.at("r0").at(0), true);
+  nlohmann::json r1 = JournaledLine(dir.path(), seqs.at("r1").at(0), true);
+  const nlohmann::json r2 = JournaledLine(dir.path(), seqs.at("r2").at(0), false);
+  r0["outputs"][0]["logprobs"] = {-0.1, -1.3};
+  r1["outputs"][0]["logprobs"] = {static_cast<double>(-0.1f), static_cast<double>(-1.3f)};
+  const CliRun older = AuditTrajectories(dir, {r0, r1, r2}, /*json=*/false);
+  EXPECT_EQ(older.exit_code, 0) << older.out;
+  EXPECT_NE(older.out.find("lines the journal contradicts: 0,"), std::string::npos) << older.out;
+  r1["outputs"][0]["logprobs"] = {-0.1, -1.2};
+  const CliRun differs = AuditTrajectories(dir, {r0, r1, r2}, /*json=*/false);
+  EXPECT_EQ(differs.exit_code, 1) << differs.out;
+  EXPECT_NE(differs.out.find("outputs[0].logprobs[1] is -1.20000005 in the line"),
+            std::string::npos)
+      << differs.out;
 }
 
 }  // namespace
