@@ -1,7 +1,8 @@
 // `rolloutcore restore`: asks a running `rolloutcore serve` to take its TAINTED engine back to a
 // version committed earlier in its journal, with proof (POST /v1/restores), and prints the
 // outcome. Exit 0: restored (READY); 1: refused or failed (the engine stays TAINTED); 2: bad
-// arguments or no answer.
+// arguments, no connection (nothing sent) or an answer of another shape; 3: the request was sent
+// but no answer came (the restore may have run: rerun with the same --restore-id to read it).
 #ifdef RC_CLI_HAVE_EFFECTS
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "cli/number_args.h"
 #include "effects/http/engine_client.h"
 #include "statemachine/text.h"
+#include "statemachine/types.h"
 
 namespace rc::cli {
 namespace {
@@ -46,9 +48,17 @@ std::string TokenFromEnvironment() {
   return t == nullptr ? std::string() : std::string(t);
 }
 
+constexpr const char* kDefaultIdPrefix = "restore-";
+constexpr std::size_t kRawAnswerShownBytesMax = 4096;  // of an answer of another shape
+
+// The restore's idempotency key: --restore-id, else "restore-<label>" (one per label, so a rerun
+// reads the same restore's outcome).
+std::string RestoreId(const Opts& o) {
+  return o.restore_id.empty() ? kDefaultIdPrefix + o.label : o.restore_id;
+}
+
 nlohmann::json RequestBody(const Opts& o) {
-  nlohmann::json body{{"restore_id", o.restore_id.empty() ? "restore-" + o.label : o.restore_id},
-                      {"label", o.label}};
+  nlohmann::json body{{"restore_id", RestoreId(o)}, {"label", o.label}};
   if (o.adopt) {
     body["adopt"] = true;
   } else {
@@ -74,17 +84,37 @@ bool ReadOutcome(const nlohmann::json& b, Outcome& out) {
          ReadObject(b, "state", state) && ReadString(*state, "lifecycle", out.lifecycle);
 }
 
+// No answer: nothing was sent when no connection was made (exit 2); otherwise the restore may
+// have run, and a rerun under the same id reads its outcome (exit 3).
+int NoAnswer(const effects::HttpReply& reply, const std::string& restore_id) {
+  if (reply.http.transport == Transport::kConnectFailed) {
+    std::printf("restore: no answer from the executor (nothing was sent): %s\n",
+                Esc(reply.http.error).c_str());
+    return 2;
+  }
+  std::printf(
+      "restore: no answer from the executor after the request was sent (%s): the restore may "
+      "have run; rerun with --restore-id %s to read its outcome\n",
+      Esc(reply.http.error).c_str(), Esc(restore_id).c_str());
+  return 3;
+}
+
+// An answer of another shape: its first bytes, escaped, and its size.
+int OddAnswer(const effects::HttpReply& reply) {
+  const std::string shown = text::utf8_prefix(reply.raw, kRawAnswerShownBytesMax);
+  const std::string more = shown.size() < reply.raw.size()
+                               ? " ... (" + std::to_string(reply.raw.size()) + " bytes)"
+                               : std::string();
+  std::printf("restore: HTTP %d: %s%s\n", reply.http.http_status, Esc(shown).c_str(),
+              more.c_str());
+  return 2;
+}
+
 // One line per fact of the answer; every field came from the executor: escaped.
-int Report(const effects::HttpReply& reply) {
-  if (reply.http.transport != Transport::kOk) {
-    std::printf("restore: no answer from the executor: %s\n", Esc(reply.http.error).c_str());
-    return 2;
-  }
+int Report(const effects::HttpReply& reply, const std::string& restore_id) {
+  if (reply.http.transport != Transport::kOk) return NoAnswer(reply, restore_id);
   Outcome o;
-  if (!ReadOutcome(reply.body, o)) {
-    std::printf("restore: HTTP %d: %s\n", reply.http.http_status, Esc(reply.raw).c_str());
-    return 2;
-  }
+  if (!ReadOutcome(reply.body, o)) return OddAnswer(reply);
   std::printf("restore %s: %s\n", Esc(o.restore_id).c_str(), Esc(o.outcome).c_str());
   std::printf("reason: %s\n", Esc(o.reason).c_str());
   std::printf("lifecycle: %s\n", Esc(o.lifecycle).c_str());
@@ -108,6 +138,12 @@ Status ReadOptions(const Opts& o, std::uint64_t& timeout_s) {
   if (o.adopt == (o.source_given->count() > 0)) {
     return Status::InvalidArgument("give --source URI, or --adopt (not both)");
   }
+  if (RestoreId(o).size() > kIdBytesMax) {
+    return Status::InvalidArgument("--label is " + std::to_string(o.label.size()) +
+                                   " bytes: give --restore-id (the default '" + kDefaultIdPrefix +
+                                   "<label>' would exceed " + std::to_string(kIdBytesMax) +
+                                   " bytes)");
+  }
   timeout_s = 3600;
   if (o.timeout_s_given->count() == 0) return Status::OK();
   const Result<std::uint64_t> typed =
@@ -127,7 +163,7 @@ int Run(const Opts& o) {
     return Usage("RC_AUTH_TOKEN is not a printable token without spaces");
   }
   effects::EngineClient client(o.url);
-  return Report(client.PostJson("/v1/restores", RequestBody(o), call));
+  return Report(client.PostJson("/v1/restores", RequestBody(o), call), RestoreId(o));
 }
 
 }  // namespace

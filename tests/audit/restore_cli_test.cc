@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -23,8 +24,14 @@ class ScriptedExecutor {
  public:
   ScriptedExecutor() {
     server_.Post("/v1/restores", [this](const httplib::Request&, httplib::Response& res) {
-      std::lock_guard<std::mutex> l(mu_);
-      res.set_content(body_, "application/json");
+      std::chrono::milliseconds delay{0};
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        ++requests_;
+        delay = delay_;
+        res.set_content(body_, "application/json");
+      }
+      std::this_thread::sleep_for(delay);
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });  // bound: connects queue
@@ -40,12 +47,23 @@ class ScriptedExecutor {
     std::lock_guard<std::mutex> l(mu_);
     body_ = body;
   }
+  // Each answer leaves only after `delay`.
+  void Delay(std::chrono::milliseconds delay) {
+    std::lock_guard<std::mutex> l(mu_);
+    delay_ = delay;
+  }
+  int requests() {
+    std::lock_guard<std::mutex> l(mu_);
+    return requests_;
+  }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
  private:
   httplib::Server server_;
   std::mutex mu_;
   std::string body_;
+  std::chrono::milliseconds delay_{0};
+  int requests_ = 0;
   int port_ = 0;
   std::thread thread_;
 };
@@ -79,6 +97,58 @@ TEST(RestoreCli, AnswersOfAnUnexpectedShapeExit2WithTheRawBody) {
   EXPECT_EQ(refused.out, "restore restore-rc-0: refused\nreason: " +
                              text::escape_line("digest differs\nforged: yes") +
                              "\nlifecycle: TAINTED\n");
+}
+
+// Proves an answer of another shape too large for one line prints its first 4096 bytes, escaped,
+// and its size; catches a 1 MiB body printed whole on one line.
+TEST(RestoreCli, AnOddAnswerIsShownByItsFirstBytes) {
+  ScriptedExecutor executor;
+  const std::string body = "{\"outcome\":1,\"pad\":\"" + std::string(1 << 20, 'x') + "\"}";
+  executor.Answer(body);
+  const CliRun run = Restore(executor);
+  EXPECT_EQ(run.exit_code, 2) << run.out.substr(0, 200);
+  EXPECT_LT(run.out.size(), 4200u);
+  EXPECT_NE(run.out.find(" ... (" + std::to_string(body.size()) + " bytes)\n"), std::string::npos)
+      << run.out.substr(run.out.size() > 200 ? run.out.size() - 200 : 0);
+}
+
+// Proves a label whose default restore id ("restore-<label>") would pass the id bound is refused
+// before anything is sent, naming --restore-id, and is sent once an id is given; catches the
+// request the executor refused with a 400 the command could not explain.
+TEST(RestoreCli, ALabelTooLongForTheDefaultIdAsksForOne) {
+  ScriptedExecutor executor;
+  executor.Answer(R"({"restore_id":"r","outcome":"committed","reason":"",)"
+                  R"("state":{"lifecycle":"READY"}})");
+  const std::string label(125, 'l');
+  const CliRun refused =
+      RunCli({"restore", "--url", executor.url(), "--label", label, "--adopt"}, true);
+  EXPECT_EQ(refused.exit_code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("give --restore-id"), std::string::npos) << refused.out;
+  EXPECT_EQ(executor.requests(), 0);
+  const CliRun sent = RunCli(
+      {"restore", "--url", executor.url(), "--label", label, "--adopt", "--restore-id", "r"}, true);
+  EXPECT_EQ(sent.exit_code, 0) << sent.out;
+  EXPECT_EQ(executor.requests(), 1);
+}
+
+// Proves a request sent but never answered within --timeout-s exits 3 and says the restore may
+// have run, naming the id to rerun with, while one that could not connect exits 2 (nothing sent);
+// catches the timeout reported as "no answer" with the exit code of a request never sent.
+TEST(RestoreCli, ANoAnswerAfterSendingSaysToRerunWithTheSameId) {
+  ScriptedExecutor executor;
+  executor.Answer(R"({"outcome":"committed"})");
+  executor.Delay(std::chrono::milliseconds(2500));
+  const CliRun late = RunCli({"restore", "--url", executor.url(), "--label", "rc-0", "--adopt",
+                              "--timeout-s", "1"},
+                             true);
+  EXPECT_EQ(late.exit_code, 3) << late.out;
+  EXPECT_NE(late.out.find("the restore may have run; rerun with --restore-id restore-rc-0"),
+            std::string::npos)
+      << late.out;
+  const CliRun nobody =
+      RunCli({"restore", "--url", "http://127.0.0.1:1", "--label", "rc-0", "--adopt"}, true);
+  EXPECT_EQ(nobody.exit_code, 2) << nobody.out;
+  EXPECT_NE(nobody.out.find("nothing was sent"), std::string::npos) << nobody.out;
 }
 
 }  // namespace
