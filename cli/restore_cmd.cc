@@ -105,8 +105,7 @@ int OddAnswer(const effects::HttpReply& reply) {
   const std::string more = shown.size() < reply.raw.size()
                                ? " ... (" + std::to_string(reply.raw.size()) + " bytes)"
                                : std::string();
-  std::printf("restore: HTTP %d: %s%s\n", reply.http.http_status, Esc(shown).c_str(),
-              more.c_str());
+  std::printf("restore: HTTP %d: %s%s\n", reply.http.http_status, Esc(shown).c_str(), more.c_str());
   return 2;
 }
 

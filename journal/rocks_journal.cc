@@ -318,7 +318,8 @@ std::optional<TornFinding> DecodeFoundFile(const std::string& text) {
   if (text.compare(0, head.size(), head) != 0) return std::nullopt;
   const std::size_t bytes_end = text.find('\n', head.size());
   const std::string sentence_tag = "\nsentence ";
-  if (bytes_end == std::string::npos || text.compare(bytes_end, sentence_tag.size(), sentence_tag) != 0) {
+  if (bytes_end == std::string::npos ||
+      text.compare(bytes_end, sentence_tag.size(), sentence_tag) != 0) {
     return std::nullopt;
   }
   std::uint64_t bytes = 0;
@@ -329,7 +330,8 @@ std::optional<TornFinding> DecodeFoundFile(const std::string& text) {
   const std::size_t hex_at = bytes_end + sentence_tag.size();
   const std::size_t hex_end = text.find('\n', hex_at);
   if (hex_end == std::string::npos) return std::nullopt;
-  Result<std::string> sentence = hex::decode(std::string_view(text).substr(hex_at, hex_end - hex_at));
+  Result<std::string> sentence =
+      hex::decode(std::string_view(text).substr(hex_at, hex_end - hex_at));
   if (!sentence.ok() || sentence->empty() || sentence->size() > kKeptTornTailBytesMax) {
     return std::nullopt;
   }
@@ -1073,16 +1075,16 @@ class RocksJournal final : public Journal {
   ScratchDir secondary_dir_;  // declared before rocks_: removed after the DB closed
   // The database, empty until opened; shared with open-time steps (RunBounded).
   std::shared_ptr<RocksDb> rocks_ = std::make_shared<RocksDb>();
-  Recovery recovery_;             // set once by Open
-  TornFinding found_;             // what this open found lost (ReportTornTails)
-  TornFinding kept_;              // what an earlier writer's open found and kept (ReadKeptTornTail)
+  Recovery recovery_;  // set once by Open
+  TornFinding found_;  // what this open found lost (ReportTornTails)
+  TornFinding kept_;   // what an earlier writer's open found and kept (ReadKeptTornTail)
   // What an earlier writer's check found and its open did not keep (TORN_TAIL; ReadFoundFile):
   // empty once open_torn_tail holds it (its SHA-256 is kMovedFoundKey's) or this open found it
   // again (the same torn WAL: DropPendingFoundAgain).
   TornFinding pending_;
   std::optional<std::string> found_file_;  // TORN_TAIL's text, as read or as this open wrote it
   bool marked_key_ = false;                // the writer's: kMarkedKey was present at its open
-  UnackedTables unacked_tables_;  // set by CheckObsoleteTables
+  UnackedTables unacked_tables_;           // set by CheckObsoleteTables
   // The writer's: the meta key holds a finding (ForgetRecordedTornTail removes it). Set by the
   // open, then guarded by mu_.
   bool torn_tail_kept_ = false;
@@ -1461,8 +1463,8 @@ Status RocksJournal::OpenWriter() {
   try {
     committer_ = std::thread([this] { CommitterLoop(); });
   } catch (const std::system_error& e) {  // a thread limit: the journal never accepts appends
-    return Status::Unavailable("journal at " + path_ + ": no thread for its committer: " +
-                               e.what());
+    return Status::Unavailable("journal at " + path_ +
+                               ": no thread for its committer: " + e.what());
   }
   return Status::OK();
 }
@@ -1694,8 +1696,7 @@ bool IsJournalFile(std::string_view name) {
   return name.rfind("MANIFEST-", 0) == 0 || name.rfind("OPTIONS-", 0) == 0 || name == "IDENTITY" ||
          name == kClosedFile || name == kClosedTmpFile || name == kDurableFile ||
          name == kDurableTmpFile || name == kFoundFile || name == kFoundTmpFile ||
-         Numbered(name, ".sst") || Numbered(name, ".log") ||
-         Numbered(name, ".blob");
+         Numbered(name, ".sst") || Numbered(name, ".log") || Numbered(name, ".blob");
 }
 
 constexpr std::size_t kNamedFilesMax = 8;  // files an error names, at most
@@ -2165,12 +2166,11 @@ Status RemoveFilesSynced(rocksdb::Env* env, const std::string& path, const char*
 // Before the writer accepts appends, as an open-time step. The step holds the database too, so
 // that a stuck removal leaves its close to the step's thread (RocksDb).
 Status RocksJournal::RemoveClosedMark() {
-  return OpenStep("the removal of the clean-close record",
-                  [env = env_, path = path_, rocks = rocks_] {
-                    (void)rocks;  // held, not used
-                    return RemoveFilesSynced(env, path, kClosedFile, kClosedTmpFile,
-                                             "the clean-close record");
-                  });
+  return OpenStep(
+      "the removal of the clean-close record", [env = env_, path = path_, rocks = rocks_] {
+        (void)rocks;  // held, not used
+        return RemoveFilesSynced(env, path, kClosedFile, kClosedTmpFile, "the clean-close record");
+      });
 }
 
 // `batch` written (WAL synced when `sync`) as an open-time step; `what` names it.
@@ -2208,7 +2208,7 @@ Status RocksJournal::SnapshotPastOlderFormat() {
 // sentence names them first: it is recorded cut to a bound, and the journal's path (any length)
 // comes last (ReportTornTails).
 void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wals_before,
-                               std::uint64_t head) {
+                                std::uint64_t head) {
   const WalReplay& wal_replay = rocks_->wal_replay;
   if (!wal_replay.min_log().has_value()) return;  // nothing was replayed (no WAL read)
   std::string detail;
@@ -2229,8 +2229,7 @@ void RocksJournal::CheckWalTail(const std::map<std::uint64_t, std::uint64_t>& wa
   if (detail.empty()) return;
   found_.sentence = JoinFindings(
       found_.sentence, "torn WAL tail: " + detail + "; recovered through seq " +
-                           std::to_string(head) + "; records from seq " +
-                           std::to_string(head + 1) +
+                           std::to_string(head) + "; records from seq " + std::to_string(head + 1) +
                            " on that the torn batch held, if any, are lost (unacknowledged "
                            "unless a client holds a later acknowledged head)");
 }
@@ -2365,26 +2364,25 @@ Status RocksJournal::FindBeforeWriting(const std::shared_ptr<HeldLock>& held) {
   if (keep.sentence.empty()) return Status::OK();
   const std::string text = EncodeFoundFile(keep);
   if (found_file_ == text) return Status::OK();
-  RC_RETURN_IF_ERROR(OpenStep("the write of the torn tail it found", [env = env_, path = path_,
-                                                                       held, text] {
-    (void)held;  // held, not used
-    std::unique_ptr<rocksdb::Directory> dir;
-    RC_RETURN_IF_ERROR(FromRocks(env->NewDirectory(path, &dir), "open directory " + path));
-    return FromRocks(WriteMarkFile(env, dir.get(), path, kFoundTmpFile, kFoundFile, text),
-                     "write the torn tail found " + path + "/" + kFoundFile);
-  }));
+  RC_RETURN_IF_ERROR(
+      OpenStep("the write of the torn tail it found", [env = env_, path = path_, held, text] {
+        (void)held;  // held, not used
+        std::unique_ptr<rocksdb::Directory> dir;
+        RC_RETURN_IF_ERROR(FromRocks(env->NewDirectory(path, &dir), "open directory " + path));
+        return FromRocks(WriteMarkFile(env, dir.get(), path, kFoundTmpFile, kFoundFile, text),
+                         "write the torn tail found " + path + "/" + kFoundFile);
+      }));
   found_file_ = text;
   return Status::OK();
 }
 
 // TORN_TAIL once open_torn_tail keeps its finding: an open-time step holding the database.
 Status RocksJournal::RemoveFoundFile() {
-  RC_RETURN_IF_ERROR(OpenStep("the removal of the torn tail found",
-                              [env = env_, path = path_, rocks = rocks_] {
-                                (void)rocks;  // held, not used
-                                return RemoveFilesSynced(env, path, kFoundFile, kFoundTmpFile,
-                                                         "the torn tail found");
-                              }));
+  RC_RETURN_IF_ERROR(
+      OpenStep("the removal of the torn tail found", [env = env_, path = path_, rocks = rocks_] {
+        (void)rocks;  // held, not used
+        return RemoveFilesSynced(env, path, kFoundFile, kFoundTmpFile, "the torn tail found");
+      }));
   found_file_.reset();
   return Status::OK();
 }
@@ -2411,10 +2409,9 @@ Status RocksJournal::KeepTornTail() {
   if (keep.sentence.empty()) return found_file_ ? RemoveFoundFile() : Status::OK();
   RC_CHECK(found_file_.has_value());  // FindBeforeWriting wrote it, or an earlier open did
   rocksdb::WriteBatch batch;
-  RC_CHECK(batch
-               .Put(rocks_->cfs[kMetaCf], kOpenTornTailKey,
-                    EncodeTornFinding(KeptFinding(keep, kept_)))
-               .ok());
+  RC_CHECK(
+      batch.Put(rocks_->cfs[kMetaCf], kOpenTornTailKey, EncodeTornFinding(KeptFinding(keep, kept_)))
+          .ok());
   const Hash moved = Sha256(*found_file_);
   RC_CHECK(batch
                .Put(rocks_->cfs[kMetaCf], kMovedFoundKey,
@@ -3180,11 +3177,13 @@ Status RocksJournal::CheckMarkFilesPresent() {
   if (!marked.ok()) return marked.status();
   if (!*marked) return Status::OK();
   return Status::Corruption(
-      "journal at " + path_ + " records that its writer wrote a durable mark, but its durable mark " +
-      path_ + "/" + kDurableFile + " is missing (and there is no clean-close record " + kClosedFile +
+      "journal at " + path_ +
+      " records that its writer wrote a durable mark, but its durable mark " + path_ + "/" +
+      kDurableFile + " is missing (and there is no clean-close record " + kClosedFile +
       "): the file was removed or not restored with the journal, and without it records lost "
       "after they were acknowledged cannot be told from a crash; refusing to open (never "
-      "auto-repaired; restore " + kDurableFile + " from the journal's copy)");
+      "auto-repaired; restore " +
+      kDurableFile + " from the journal's copy)");
 }
 
 // The first mark a writer wrote for this journal (MarkAtOpen, just before) is recorded in the
@@ -3195,18 +3194,18 @@ Status RocksJournal::CheckMarkFilesPresent() {
 // the database.
 Status RocksJournal::RecordMarked() {
   if (!options_.sync || marked_key_) return Status::OK();
-  RC_RETURN_IF_ERROR(OpenStep("the record that the journal is marked", [path = path_,
-                                                                         rocks = rocks_] {
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    rocksdb::Status s = rocks->db->Put(wo, rocks->cfs[kMetaCf], kMarkedKey, BE64(1));
-    if (s.ok()) {
-      rocksdb::FlushOptions fo;
-      fo.wait = true;
-      s = rocks->db->Flush(fo, rocks->cfs);
-    }
-    return FromRocks(s, "record that the journal at " + path + " is marked");
-  }));
+  RC_RETURN_IF_ERROR(
+      OpenStep("the record that the journal is marked", [path = path_, rocks = rocks_] {
+        rocksdb::WriteOptions wo;
+        wo.sync = true;
+        rocksdb::Status s = rocks->db->Put(wo, rocks->cfs[kMetaCf], kMarkedKey, BE64(1));
+        if (s.ok()) {
+          rocksdb::FlushOptions fo;
+          fo.wait = true;
+          s = rocks->db->Flush(fo, rocks->cfs);
+        }
+        return FromRocks(s, "record that the journal at " + path + " is marked");
+      }));
   marked_key_ = true;
   return Status::OK();
 }
@@ -3445,8 +3444,8 @@ Status RocksJournal::ScanRange(std::uint64_t from_seq, std::uint64_t to_seq, con
         queue.Finish(it->status());
       });
     } catch (const std::system_error& e) {  // a thread limit: nothing was read
-      return Status::Unavailable("journal at " + path_ + ": no thread for a scan's reader: " +
-                                 e.what());
+      return Status::Unavailable("journal at " + path_ +
+                                 ": no thread for a scan's reader: " + e.what());
     }
     Status failed;
     while (ScanBatch* b = queue.TakeFilled()) {

@@ -90,7 +90,8 @@ TEST(CliOptions, DemoAndRestoreNumbersAreReadStrictly) {
   EXPECT_NE(demo.out.find("already holds a journal"), std::string::npos) << demo.out;
   const CliRun restore = RunCli(Restore({"--timeout-s", "0002"}), /*with_stderr=*/false);
   EXPECT_EQ(restore.exit_code, 2) << restore.out;
-  EXPECT_EQ(restore.out.rfind("restore: no answer from the executor (nothing was sent): ", 0), 0u) << restore.out;
+  EXPECT_EQ(restore.out.rfind("restore: no answer from the executor (nothing was sent): ", 0), 0u)
+      << restore.out;
 }
 
 // Proves demo's and restore's text options given empty (or with no value of their kind: a URL

@@ -138,9 +138,8 @@ TEST(RestoreCli, ANoAnswerAfterSendingSaysToRerunWithTheSameId) {
   ScriptedExecutor executor;
   executor.Answer(R"({"outcome":"committed"})");
   executor.Delay(std::chrono::milliseconds(2500));
-  const CliRun late = RunCli({"restore", "--url", executor.url(), "--label", "rc-0", "--adopt",
-                              "--timeout-s", "1"},
-                             true);
+  const CliRun late = RunCli(
+      {"restore", "--url", executor.url(), "--label", "rc-0", "--adopt", "--timeout-s", "1"}, true);
   EXPECT_EQ(late.exit_code, 3) << late.out;
   EXPECT_NE(late.out.find("the restore may have run; rerun with --restore-id restore-rc-0"),
             std::string::npos)

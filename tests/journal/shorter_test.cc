@@ -1831,7 +1831,8 @@ TEST(Shorter, AJoinedTornTailFileCountsTheFindingFoundAgainOnce) {
   own.resize(own.size() - suffix.size());
   const std::string joined = own + " | an earlier torn tail";
   const std::string lines = "rolloutcore journal torn tail found by a writer's open\nbytes " +
-                            std::to_string(own_bytes + 5) + "\nsentence " + hex::encode(std::string_view(joined)) + "\n";
+                            std::to_string(own_bytes + 5) + "\nsentence " +
+                            hex::encode(std::string_view(joined)) + "\n";
   std::ofstream(dir.sub("TORN_TAIL")) << lines << "check " << encoding::Sha256Hex(lines) << "\n";
   auto j = Journal::Open(dir.path(), ReadOnly());
   ASSERT_TRUE(j.ok()) << j.status().ToString();
