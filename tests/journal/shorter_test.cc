@@ -925,6 +925,17 @@ void WriteTornJournal(const std::string& path) {
   fs::resize_file(wal, before_last + 9);
 }
 
+// Both a read-only open and the writer's refuse the journal at `path` with `code`, naming `what`.
+void ExpectBothOpensRefuse(const std::string& path, Code code, const std::string& what) {
+  for (const Options& each : {ReadOnly(), Options{}}) {
+    auto j = Journal::Open(path, each);
+    ASSERT_FALSE(j.ok()) << (each.read_only ? "read-only" : "writer") << " opened with head "
+                         << (*j)->head_seq();
+    EXPECT_EQ(j.status().code(), code) << j.status().ToString();
+    EXPECT_NE(j.status().message().find(what), std::string::npos) << j.status().ToString();
+  }
+}
+
 // An Env whose LockFile fails as on a read-only mount (the LOCK cannot be opened for writing),
 // which says nothing about a writer. Files whose names end with `growing` look 100 bytes longer
 // from their second size query on: a writer at work while the journal is checked.
@@ -1111,13 +1122,7 @@ TEST(Shorter, AnOversizedCloseRecordIsRefusedBeforeItIsRead) {
   }
   ASSERT_TRUE(fs::exists(dir.sub("CLOSED")));
   fs::resize_file(dir.sub("CLOSED"), 4u << 20);
-  for (const Options& each : {ReadOnly(), Options{}}) {
-    auto j = Journal::Open(dir.path(), each);
-    ASSERT_FALSE(j.ok());
-    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
-    EXPECT_NE(j.status().message().find("is 4194304 bytes; one is at most 1024"), std::string::npos)
-        << j.status().ToString();
-  }
+  ExpectBothOpensRefuse(dir.path(), Code::kCorruption, "is 4194304 bytes; one is at most 1024");
 }
 
 // Restores TMPDIR at scope exit.
@@ -1599,12 +1604,7 @@ TEST(Shorter, AnObsoleteTableThatCannotBeReadIsAnErrorUnlessItIsDamaged) {
     EXPECT_EQ((*j)->head_seq(), head);
   }
   fs::create_symlink(dir.sub("nowhere"), dir.sub("999999.sst"));
-  for (const Options& each : {ReadOnly(), Options{}}) {
-    auto j = Journal::Open(dir.path(), each);
-    ASSERT_FALSE(j.ok()) << "opened past a table file it could not read";
-    EXPECT_EQ(j.status().code(), Code::kIOError) << j.status().ToString();
-    EXPECT_NE(j.status().message().find("999999.sst"), std::string::npos) << j.status().ToString();
-  }
+  ExpectBothOpensRefuse(dir.path(), Code::kIOError, "999999.sst");
   EXPECT_TRUE(fs::is_symlink(dir.sub("999999.sst")));
 }
 
@@ -1803,12 +1803,7 @@ TEST(Shorter, ADamagedTornTailFileIsCorruption) {
   TempDir dir;
   WriteJournal(dir.path(), 2);
   std::ofstream(dir.sub("TORN_TAIL")) << "rolloutcore journal torn tail found by a writer's open\n";
-  for (const Options& each : {ReadOnly(), Options{}}) {
-    auto j = Journal::Open(dir.path(), each);
-    ASSERT_FALSE(j.ok()) << "opened past a damaged finding";
-    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
-    EXPECT_NE(j.status().message().find("TORN_TAIL"), std::string::npos) << j.status().ToString();
-  }
+  ExpectBothOpensRefuse(dir.path(), Code::kCorruption, "TORN_TAIL");
 }
 
 // Proves a TORN_TAIL that an open which died left holding its own finding joined with an earlier
@@ -1853,12 +1848,7 @@ TEST(Shorter, ATornTailFileCountingPastAnyJournalIsCorruption) {
       "rolloutcore journal torn tail found by a writer's open\nbytes 18446744073709551615\n"
       "sentence 78\n";
   std::ofstream(dir.sub("TORN_TAIL")) << lines << "check " << encoding::Sha256Hex(lines) << "\n";
-  for (const Options& each : {ReadOnly(), Options{}}) {
-    auto j = Journal::Open(dir.path(), each);
-    ASSERT_FALSE(j.ok()) << "opened with " << (*j)->recovery().wal_bytes_unread << " bytes unread";
-    EXPECT_EQ(j.status().code(), Code::kCorruption) << j.status().ToString();
-    EXPECT_NE(j.status().message().find("TORN_TAIL"), std::string::npos) << j.status().ToString();
-  }
+  ExpectBothOpensRefuse(dir.path(), Code::kCorruption, "TORN_TAIL");
 }
 
 // Proves a journal whose writer marked it is refused (Corruption naming DURABLE) by read-only

@@ -624,6 +624,14 @@ JournaledRollout JournaledRolloutOf(Service& svc, const std::string& rollout_id)
   return out;
 }
 
+// The journal finished `rollout_id` aborted, and serve completed no rollout.
+void ExpectAbortedAndNoneCompleted(Service& svc, const std::string& rollout_id) {
+  const JournaledRollout j = JournaledRolloutOf(svc, rollout_id);
+  ASSERT_TRUE(j.finish.has_value()) << rollout_id << " has no finish";
+  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted);
+  EXPECT_EQ(svc.metrics().finishes_completed.load(), 0u);
+}
+
 // Proves an engine stream whose last event (no blank line, no [DONE]) holds more token ids than
 // the body budget has left is aborted with the budget's error event and [DONE], the refused event
 // not relayed, as the same refusal mid-stream is. Catches the caller's stop at the stream's end
@@ -646,10 +654,7 @@ TEST(ProxyEngineStream, ALastEventOverTheBudgetAbortsAndIsNeverCompleted) {
   EXPECT_NE(r->body.find("body_memory_bytes_max"), std::string::npos) << r->body;
   EXPECT_EQ(r->body.find("\"last\""), std::string::npos) << "the refused event was relayed";
   EXPECT_EQ(Occurrences(r->body, "data: [DONE]"), 1u) << r->body;
-  const JournaledRollout j = JournaledRolloutOf(*s.svc, "over-budget-1");
-  ASSERT_TRUE(j.finish.has_value());
-  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted);
-  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
+  ExpectAbortedAndNoneCompleted(*s.svc, "over-budget-1");
 }
 
 // Proves a non-streamed engine answer too large for the fast reader (over 1 MiB) is held against
@@ -678,10 +683,7 @@ TEST(ProxyEngineAnswer, ALargeAnswersParsedTreeIsHeldAgainstTheBodyBudget) {
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 502) << r->body.substr(0, 300);
   EXPECT_NE(r->body.find("body_memory_bytes_max"), std::string::npos) << r->body.substr(0, 300);
-  const JournaledRollout j = JournaledRolloutOf(*s.svc, "big-answer-1");
-  ASSERT_TRUE(j.finish.has_value());
-  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted);
-  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
+  ExpectAbortedAndNoneCompleted(*s.svc, "big-answer-1");
 }
 
 // Proves the prompt token ids an engine sends back on a completion count toward the trace's share
@@ -709,10 +711,7 @@ TEST(ProxyEngineStream, PromptIdsTheEngineSendsAreHeldAgainstTheBodyBudget) {
   EXPECT_NE(r->body.find("trace would take more of serve's memory budget"), std::string::npos)
       << r->body.substr(0, 300);
   EXPECT_EQ(Occurrences(r->body, "data: [DONE]"), 1u) << r->body.substr(0, 300);
-  const JournaledRollout j = JournaledRolloutOf(*s.svc, "prompt-ids-1");
-  ASSERT_TRUE(j.finish.has_value());
-  EXPECT_EQ(j.finish->outcome, RolloutOutcome::kAborted);
-  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), 0u);
+  ExpectAbortedAndNoneCompleted(*s.svc, "prompt-ids-1");
 }
 
 // Proves nothing an engine sends after `data: [DONE]` reaches the client or the trajectory, that
