@@ -98,8 +98,9 @@ class EngineWatch {
     } else if (const auto* u = std::get_if<UpdateEnded>(&r.event)) {
       // The fold journals UpdateEnded before the transition it ends with, in the same group.
       if (u->outcome == UpdateOutcome::kTainted) {
-        tainted_end_ = PlanOf(u->update_id) + " '" + u->update_id + "' ended tainted at seq " +
-                       std::to_string(r.seq) + " without a transition to TAINTED";
+        tainted_end_ = PlanOf(u->update_id) + " " + Quoted(u->update_id) +
+                       " ended tainted at seq " + std::to_string(r.seq) +
+                       " without a transition to TAINTED";
       }
     }
     NotePlan(r.event);
@@ -131,7 +132,7 @@ class EngineWatch {
   // "sleep_failed, sleep 's-3'": the open taint's cause and the plan it struck, if any.
   std::string TaintCause() const {
     std::string out = cause_name(h_.taint_cause);
-    if (!h_.taint_update_id.empty()) out += ", " + h_.taint_plan + " '" + h_.taint_update_id + "'";
+    if (!h_.taint_update_id.empty()) out += ", " + h_.taint_plan + " " + Quoted(h_.taint_update_id);
     return out;
   }
 
@@ -453,7 +454,7 @@ class TornTails {
     for (const RecordedTornTail& t : kept_) {
       report.failures.push_back(
           "seq " + std::to_string(t.seq) + " (RecoveryStarted" +
-          (t.engine.empty() ? "" : " of engine '" + t.engine + "'") +
+          (t.engine.empty() ? "" : " of engine " + Quoted(t.engine)) +
           ") recorded what the journal's open before that executor start found: " + t.sentence);
     }
     if (count_ > kept_.size()) {
@@ -882,18 +883,19 @@ DigestCheck CheckEngineDigest(const State& s, const std::string& engine_label,
     const std::string match = LabelWithDigest(s, live.combined);
     return Finding(
         R::kDrift,
-        "weight digest: the engine reports '" + engine_label +
-            "', which this journal never committed with a digest; its " + "weights " + short_live +
-            (match.empty() ? " match no committed version" : " are those of '" + match + "'"));
+        "weight digest: the engine reports " + Quoted(engine_label) +
+            ", which this journal never committed with a digest; its weights " + short_live +
+            (match.empty() ? " match no committed version" : " are those of " + Quoted(match)));
   }
   if (recorded->second == live.combined) {
     return DigestCheck{R::kMatch,
-                       "weight digest: the engine holds '" + engine_label + "' as journaled (" +
-                           live.algorithm + ":" + short_live + ")",
+                       "weight digest: the engine holds " + Quoted(engine_label) +
+                           " as journaled (" + live.algorithm + ":" + short_live + ")",
                        {}};
   }
-  std::string line = "weight drift: the engine reports '" + engine_label + "' but its digest " +
-                     short_live + " is not the journaled " + recorded->second.substr(0, 16);
+  std::string line = "weight drift: the engine reports " + Quoted(engine_label) +
+                     " but its digest " + short_live + " is not the journaled " +
+                     recorded->second.substr(0, 16);
   if (engine_label == s.committed.label) line += digest_difference(s.committed_digest, live);
   return Finding(R::kDrift, std::move(line));
 }
@@ -956,6 +958,24 @@ bool ReadBool(const json& j, const char* key, bool& out) {
   return true;
 }
 
+// A field the line may leave out (absent or null: nullopt); of another type, an error.
+bool ReadOptionalText(const json& j, const char* key, std::optional<std::string>& out) {
+  std::string text;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!ReadText(j, key, text)) return false;
+  out = std::move(text);
+  return true;
+}
+bool ReadOptionalCount(const json& j, const char* key, std::optional<std::uint64_t>& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  std::uint64_t n = 0;
+  if (!AsInt(*it, n)) return false;
+  out = n;
+  return true;
+}
+
 // null: the rollout ended before the engine reported any token (e.g. its client went away);
 // the line is still the product's own record and is read as "no tokens".
 bool ReadTokenIds(const json& a, std::vector<std::int32_t>& dst) {
@@ -1012,6 +1032,7 @@ bool ReadOutputs(const json& j, Trajectory& t, std::string& why) {
     auto tok = choice.find("token_ids");
     if (tok != choice.end() && !ReadTokenIds(*tok, ids)) return (why = "bad token_ids", false);
     if (!ReadLogprobs(choice, lps)) return (why = "bad logprobs", false);
+    t.output_tokens_all += ids.size();  // at most kLineChoicesMax * kTrajectoryTokensMax
     if (index == 0) {
       t.output = std::move(ids);
       t.logprobs = std::move(lps);
@@ -1053,7 +1074,10 @@ Result<Trajectory> ParseTrajectoryLine(const std::string& line) {
       ReadText(*id, "content_digest", t.identity.content_digest) &&
       ReadText(*id, "checkpoint", t.identity.checkpoint) && ReadText(*id, "run", t.identity.run) &&
       ReadInt(*id, "step", t.identity.step) && ReadText(j, "engine", t.engine) &&
-      ReadInt(j, "fleet_generation", t.fleet_generation) && ReadBool(j, "truncated", t.truncated);
+      ReadInt(j, "fleet_generation", t.fleet_generation) && ReadBool(j, "truncated", t.truncated) &&
+      ReadOptionalText(j, "outcome", t.outcome) &&
+      ReadOptionalCount(j, "prompt_tokens", t.prompt_tokens) &&
+      ReadOptionalCount(j, "completion_tokens", t.completion_tokens);
   if (!typed) return Status::InvalidArgument("a field has the wrong type or range");
   if (t.rollout_id.empty() || t.admission_seq == 0) {
     return Status::InvalidArgument("missing rollout_id/admission_seq");
@@ -1419,8 +1443,12 @@ std::string NamedList(const std::vector<std::string>& named, std::uint64_t count
 class FileComparer {
  public:
   FileComparer(const TrajectoriesFile& file, std::map<std::string, std::uint64_t> generations,
-               bool fleet)
-      : file_(file), generations_(std::move(generations)), fleet_(fleet) {
+               bool fleet, std::uint64_t head_seq)
+      : file_(file),
+        generations_(std::move(generations)),
+        fleet_(fleet),
+        head_seq_(head_seq),
+        contradicted_(file.trajectories.size(), false) {
     for (std::size_t i = 0; i < file.trajectories.size(); ++i) {
       const Trajectory& t = file.trajectories[i];
       lines_[{t.rollout_id, t.admission_seq}].push_back(i);
@@ -1438,7 +1466,7 @@ class FileComparer {
     } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
       auto it = open_.find(f->rollout_id);
       if (it != open_.end()) {
-        Settle(it->second);
+        Settle(it->second, f, r.seq);
         open_.erase(it);
       }
     }
@@ -1446,7 +1474,9 @@ class FileComparer {
   }
 
   FileComparison Finish() && {
-    for (auto& [id, open] : open_) Settle(open);
+    for (auto& [id, open] : open_) Settle(open, nullptr, 0);
+    out_.differing =
+        static_cast<std::uint64_t>(std::count(contradicted_.begin(), contradicted_.end(), true));
     if (out_.missing > 0) {
       out_.notes.push_back(std::to_string(out_.missing) +
                            " of the journal's trajectories have no line in the file (a torn or "
@@ -1480,15 +1510,21 @@ class FileComparer {
     for (std::size_t i = 0; i < at.size() && i < kSkippedLinesNamedMax; ++i) {
       numbers.push_back(std::to_string(file_.trajectories[at[i]].line_no));
     }
-    Found("trajectory " + QuotedField(first.rollout_id) + " admitted at seq " +
-          std::to_string(first.admission_seq) + " has " + std::to_string(at.size()) +
-          " lines in the file (lines " + Join(numbers, ", ") +
-          (at.size() > numbers.size() ? ", ..." : "") + "): its writer writes one per rollout");
+    out_.findings.push_back("trajectory " + QuotedField(first.rollout_id) + " admitted at seq " +
+                            std::to_string(first.admission_seq) + " has " +
+                            std::to_string(at.size()) + " lines in the file (lines " +
+                            Join(numbers, ", ") + (at.size() > numbers.size() ? ", ..." : "") +
+                            "): its writer writes one per rollout");
+    // The first is held against the journal; each one past it is a line the writer never wrote.
+    for (std::size_t i = 1; i < at.size(); ++i) contradicted_[at[i]] = true;
   }
 
-  void Found(std::string finding) {
+  // A finding about `line`, which the journal then contradicts (counted once however many).
+  void Found(const Trajectory& line, std::string finding) {
     out_.findings.push_back(std::move(finding));
-    out_.differing++;
+    const auto index = static_cast<std::size_t>(&line - file_.trajectories.data());
+    RC_CHECK(index < contradicted_.size());
+    contradicted_[index] = true;
   }
 
   void Admitted(const RolloutAdmitted& a, const journal::Record& r) {
@@ -1521,8 +1557,8 @@ class FileComparer {
                        " in the line, " + std::to_string(generation) + " in the journal");
     }
     if (differ.empty()) return;
-    Found(LineOf(line) + " differs from its admitting record at seq " + std::to_string(r.seq) +
-          ": " + Join(differ, "; "));
+    Found(line, LineOf(line) + " differs from its admitting record at seq " +
+                    std::to_string(r.seq) + ": " + Join(differ, "; "));
   }
 
   void Part(const TrajectoryRecorded& t, std::uint64_t seq) {
@@ -1540,7 +1576,8 @@ class FileComparer {
     }
   }
 
-  void Settle(const Open& open) {
+  // The rollout's end: `finish` at `finished_seq`, or none when the journal ends with it open.
+  void Settle(const Open& open, const RolloutFinished* finish, std::uint64_t finished_seq) {
     if (open.line == nullptr) {
       if (open.first_part_seq != 0) {
         AddNamed(missing_named_, out_.missing,
@@ -1550,30 +1587,89 @@ class FileComparer {
       return;
     }
     const Trajectory& line = *open.line;
-    if (open.first_part_seq == 0) return Unjournaled(line);
+    if (finish == nullptr) {
+      Unfinished(line);
+    } else {
+      CheckFinish(line, *finish, finished_seq);
+    }
+    if (open.first_part_seq == 0) {
+      if (finish != nullptr) Unjournaled(line, *finish, finished_seq);
+      return;
+    }
     const std::vector<std::string> differ = TokenDifferences(line, open.journaled);
     if (differ.empty()) return;
-    Found(LineOf(line) + " differs from the journal's trajectory (TrajectoryRecorded from seq " +
-          std::to_string(open.first_part_seq) + "): " + Join(differ, "; "));
+    Found(line, LineOf(line) +
+                    " differs from the journal's trajectory (TrajectoryRecorded from seq " +
+                    std::to_string(open.first_part_seq) + "): " + Join(differ, "; "));
   }
 
-  // A line of a rollout the journal holds no trajectory for: consistent when it holds no token;
-  // a note when its writer could not journal it; otherwise tokens nothing vouches for.
-  void Unjournaled(const Trajectory& line) {
+  // The writer writes a line only once the rollout's RolloutFinished is durable, and the file is
+  // read before the journal: a line that says anything of its rollout's end is none it wrote.
+  void Unfinished(const Trajectory& line) {
+    const bool says = line.outcome || line.prompt_tokens || line.completion_tokens ||
+                      !line.prompt.empty() || line.output_tokens_all > 0;
+    if (!says) return;
+    Found(line, LineOf(line) + " says how its rollout ended, but the journal has not finished it " +
+                    "(admitted at seq " + std::to_string(line.admission_seq) +
+                    ", no RolloutFinished through the journal's head at seq " +
+                    std::to_string(head_seq_) + "): its writer writes a line only once the " +
+                    "finish is durable");
+  }
+
+  // The line's outcome and counts (those it gives) against the RolloutFinished journaled from the
+  // same values, and its token ids against those counts (the writer's counts never fall below the
+  // ids it keeps).
+  void CheckFinish(const Trajectory& line, const RolloutFinished& f, std::uint64_t seq) {
+    std::vector<std::string> differ;
+    if (line.outcome && *line.outcome != outcome_name(f.outcome)) {
+      differ.push_back("outcome is " + QuotedField(*line.outcome) + " in the line, " +
+                       QuotedField(std::string(outcome_name(f.outcome))) + " in the journal");
+    }
+    AddCount("prompt_tokens", line.prompt_tokens, f.prompt_tokens, differ);
+    AddCount("completion_tokens", line.completion_tokens, f.completion_tokens, differ);
+    if (line.prompt.size() > f.prompt_tokens || line.output_tokens_all > f.completion_tokens) {
+      differ.push_back("the line holds " + std::to_string(line.prompt.size()) + " prompt and " +
+                       std::to_string(line.output_tokens_all) +
+                       " output token ids, more than the journal's prompt_tokens " +
+                       std::to_string(f.prompt_tokens) + " or completion_tokens " +
+                       std::to_string(f.completion_tokens) + " count");
+    }
+    if (differ.empty()) return;
+    Found(line, LineOf(line) + " differs from its rollout's RolloutFinished at seq " +
+                    std::to_string(seq) + ": " + Join(differ, "; "));
+  }
+
+  static void AddCount(const char* field, const std::optional<std::uint64_t>& line,
+                       std::uint32_t journaled, std::vector<std::string>& differ) {
+    if (!line || *line == journaled) return;
+    differ.push_back(std::string(field) + " is " + std::to_string(*line) + " in the line, " +
+                     std::to_string(journaled) + " in the journal");
+  }
+
+  // A line of a finished rollout the journal holds no trajectory for: consistent when it holds no
+  // token; a note when its writer could not journal it (CheckFinish has held its tokens within the
+  // finish's counts); otherwise tokens nothing vouches for.
+  void Unjournaled(const Trajectory& line, const RolloutFinished& f, std::uint64_t seq) {
     if (line.prompt.empty() && line.output.empty() && !line.other_tokens) return;
+    const bool within =
+        line.prompt.size() <= f.prompt_tokens && line.output_tokens_all <= f.completion_tokens;
+    if (!within) return;  // CheckFinish found it
     if (line.truncated || line.prompt.size() + line.output.size() > kJournaledTokensMax) {
       AddNamed(unjournaled_named_, unjournaled_, LineOf(line));
       return;
     }
-    Found(LineOf(line) +
-          " holds token ids, but the journal recorded no trajectory for its "
-          "rollout (admitted at seq " +
-          std::to_string(line.admission_seq) + ") and the line does not say truncated");
+    Found(line, LineOf(line) +
+                    " holds token ids, but the journal recorded no trajectory for its "
+                    "rollout (admitted at seq " +
+                    std::to_string(line.admission_seq) + ", finished at seq " +
+                    std::to_string(seq) + ") and the line does not say truncated");
   }
 
   const TrajectoriesFile& file_;
   std::map<std::string, std::uint64_t> generations_;  // a fleet's label -> fleet generation
   bool fleet_;
+  std::uint64_t head_seq_;
+  std::vector<bool> contradicted_;  // per line of file_.trajectories
   std::map<std::pair<std::string, std::uint64_t>, std::vector<std::size_t>> lines_;
   std::map<std::string, Open> open_;
   FileComparison out_;
@@ -1588,10 +1684,20 @@ Result<FileComparison> CompareTrajectoriesFile(journal::Journal& journal,
                                                const TrajectoriesFile& file) {
   std::map<std::string, std::uint64_t> generations;
   journal.ReadFleetState([&](const FleetState& f) { generations = f.label_generation; });
-  FileComparer comparer(file, std::move(generations), journal.is_fleet());
-  Status st = journal.Scan(1, 0, [&](const journal::Record& r) { return comparer.Observe(r); });
+  const std::uint64_t head = journal.head_seq();
+  FileComparer comparer(file, std::move(generations), journal.is_fleet(), head);
+  Status st = journal.Scan(1, head, [&](const journal::Record& r) { return comparer.Observe(r); });
   if (!st.ok()) return st;
   return std::move(comparer).Finish();
+}
+
+std::string FormatTrajectoriesFileCounts(const TrajectoriesFileCounts& c) {
+  return "trajectories file: " + std::to_string(c.trajectories) +
+         ", binding mismatches: " + std::to_string(c.binding_mismatches) +
+         ", lines skipped: " + std::to_string(c.torn + c.damaged) + " (torn " +
+         std::to_string(c.torn) + ", damaged " + std::to_string(c.damaged) +
+         "), lines the journal contradicts: " + std::to_string(c.contradicted) +
+         ", journal trajectories without a line: " + std::to_string(c.without_line);
 }
 
 std::string Quoted(std::string_view s) {
@@ -1613,7 +1719,7 @@ void EngineFindings(const State& state, const EngineHealth& e, const std::string
     v.engine_findings.push_back(
         who + " is TAINTED since seq " + std::to_string(e.taint_seq) + " (" +
         lifecycle_name(e.taint_from) + " -> TAINTED, cause " + cause_name(e.taint_cause) +
-        (e.taint_update_id.empty() ? "" : ", " + e.taint_plan + " '" + e.taint_update_id + "'") +
+        (e.taint_update_id.empty() ? "" : ", " + e.taint_plan + " " + Quoted(e.taint_update_id)) +
         (e.taint_detail.empty() ? "" : ": " + e.taint_detail) + ")");
   }
   const std::string of = who == "the engine" ? "" : " of " + who;
@@ -1636,7 +1742,7 @@ Verdict MakeVerdict(const AuditReport& r) {
     return v;
   }
   for (const auto& [name, engine] : r.engines) {
-    EngineFindings(engine.state, engine.health, "engine '" + name + "'", v);
+    EngineFindings(engine.state, engine.health, "engine " + Quoted(name), v);
   }
   return v;
 }
@@ -1661,7 +1767,7 @@ void FormatVersions(const std::vector<VersionRecord>& versions, std::ostringstre
   for (const VersionRecord& v : versions) {
     out << "  " << E(v.version.label) << " (generation " << v.version.generation << ") "
         << (v.update_id.empty() ? std::string("bootstrap")
-                                : (v.restore ? "restore '" : "update '") + E(v.update_id) + "'")
+                                : (v.restore ? "restore " : "update ") + Quoted(E(v.update_id)))
         << " at seq " << v.published_seq << ": ckpt=" << E(v.identity.checkpoint)
         << " step=" << v.identity.step
         << " manifest=" << E(v.identity.manifest_digest.substr(0, 12)) << "; rollouts admitted "
@@ -1741,7 +1847,7 @@ void FormatFleet(const AuditReport& r, std::ostringstream& out) {
   }
   out << (r.fleet_updates.empty() ? " none\n" : "\n");
   for (const auto& [name, engine] : r.engines) {
-    out << "engine '" << E(name) << "'" << (engine.removed ? " (removed)" : "") << ":\n";
+    out << "engine " << Quoted(E(name)) << (engine.removed ? " (removed)" : "") << ":\n";
     FormatVersions(engine.versions, out);
     out << "state: " << E(describe(engine.state)) << "\n";
     FormatEngine(engine.health, out);
@@ -1820,6 +1926,17 @@ json HealthJson(const EngineHealth& e) {
   return engine;
 }
 
+// The same counts, under the same names, as FormatTrajectoriesFileCounts's line.
+json TrajectoriesFileJson(const TrajectoriesFileCounts& c) {
+  return {{"trajectories", c.trajectories},
+          {"binding_mismatches", c.binding_mismatches},
+          {"lines_skipped", c.torn + c.damaged},
+          {"torn", c.torn},
+          {"damaged", c.damaged},
+          {"lines_the_journal_contradicts", c.contradicted},
+          {"journal_trajectories_without_a_line", c.without_line}};
+}
+
 json TornTailsJson(const std::vector<RecordedTornTail>& list) {
   json out = json::array();
   for (const RecordedTornTail& t : list) {
@@ -1853,6 +1970,7 @@ std::string VerdictJson(const AuditReport& r, const Verdict& v, int indent,
   out["recorded_torn_tails_count"] = r.torn_tails_count;
   out["recorded_torn_tails"] = TornTailsJson(r.torn_tails);
   if (reverify != nullptr) out["reverification"] = ReverifyJson(*reverify);
+  if (v.trajectories_file) out["trajectories_file"] = TrajectoriesFileJson(*v.trajectories_file);
   return DumpAscii(out, indent);
 }
 

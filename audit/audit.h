@@ -161,12 +161,18 @@ struct Trajectory {
   std::vector<std::optional<double>> logprobs;  // per output token, when it was recorded
   // Read from a trajectories file's line only (a journal's trajectory leaves them as they are):
   std::size_t line_no = 0;
-  std::string engine;                  // the fleet engine that admitted it ("" of one engine)
-  std::uint64_t fleet_generation = 0;  // that engine's fleet generation at the admission
-  bool truncated = false;              // the writer kept less than the engine sent
-  std::size_t choices = 0;             // choices the line holds, each with its own index
-  bool has_choice0 = false;            // one of them is index 0 (`output` is its tokens)
-  bool other_tokens = false;           // a choice other than 0 holds token ids
+  std::string engine;                   // the fleet engine that admitted it ("" of one engine)
+  std::uint64_t fleet_generation = 0;   // that engine's fleet generation at the admission
+  bool truncated = false;               // the writer kept less than the engine sent
+  std::size_t choices = 0;              // choices the line holds, each with its own index
+  bool has_choice0 = false;             // one of them is index 0 (`output` is its tokens)
+  bool other_tokens = false;            // a choice other than 0 holds token ids
+  std::uint64_t output_tokens_all = 0;  // token ids of every choice together
+  // What the line says of the rollout's end (each absent when the line does not say it); serve
+  // writes them from the values it journals in the rollout's RolloutFinished.
+  std::optional<std::string> outcome;
+  std::optional<std::uint64_t> prompt_tokens;
+  std::optional<std::uint64_t> completion_tokens;
 };
 
 // Trajectories one audit re-verifies: all of a trajectories file (a longer file is refused), or
@@ -240,30 +246,53 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
                                                 const std::vector<Trajectory>& trajectories);
 
 // A trajectories file held against the journal's own trajectories, which are the authority
-// (audit re-verifies the journal's, never the file's). Findings (engine findings, exit 1), each
-// naming the rollout, its line and the seq of its first TrajectoryRecorded:
+// (audit re-verifies the journal's, never the file's). Serve writes a rollout's line only once its
+// parts and RolloutFinished are durable, from the values it journaled. Findings (engine findings,
+// exit 1), each naming the rollout, its line and the seq it is held against:
 // - a line whose prompt ids, choice 0's token ids or its logprobs differ from the journal's parts
-//   (logprobs compared exactly: both hold the same float32-rounded value), or that holds choices
-//   but no choice 0 while the journal holds the trajectory;
+//   (logprobs compared as the journal holds them, float32), or that holds choices but no choice 0
+//   while the journal holds the trajectory;
 // - a line whose engine or fleet_generation is not the admitting record's (a fleet), or that names
 //   an engine in a journal of one engine;
+// - a line whose outcome, prompt_tokens or completion_tokens (those it gives) differ from its
+//   rollout's RolloutFinished, or that holds more prompt or output token ids (all choices) than
+//   those counts (the writer's counts are the engine's usage, never below the ids it kept, or the
+//   ids it kept);
+// - a line of a rollout the journal has not finished at its head, when the line says anything of
+//   its end (an outcome, a count, token ids); a line that holds only its binding says nothing the
+//   finish vouches for, and its binding is checked (CrossCheckTrajectories);
 // - two or more lines for one (rollout_id, admission_seq);
-// - a line that holds token ids for an admitted rollout the journal recorded no trajectory for,
-//   unless the line says `truncated` or holds more tokens than the parts' bound (the writer then
-//   journals none: those are notes, not re-verifiable).
+// - a line that holds token ids for a finished rollout the journal recorded no trajectory for,
+//   unless the line says `truncated` or holds more tokens than the parts' bound: the writer then
+//   journals none (a cut or untrusted trace, or one too long) and its line keeps what it could,
+//   within the counts above. Those are notes, not re-verifiable.
 // Notes: the journal's trajectories with no line in the file (a torn or damaged line, a line the
 // writer dropped, a rotated file: docs/api.md makes the file a convenience copy), counted and
 // the first kSkippedLinesNamedMax named. Choices other than 0 are read (one each index) but the
-// journal holds none to compare them with. One scan; memory holds the trajectories of rollouts
-// open at one time that have a line.
+// journal holds none to compare them with (only their count). One scan; memory holds the
+// trajectories of rollouts open at one time that have a line, and one flag per line.
 struct FileComparison {
   std::vector<std::string> findings;  // raw
   std::vector<std::string> notes;     // raw
-  std::uint64_t differing = 0;        // findings about lines the journal contradicts
+  std::uint64_t differing = 0;        // lines the journal contradicts (each once, however many)
   std::uint64_t missing = 0;          // journal trajectories with no line
 };
 [[nodiscard]] Result<FileComparison> CompareTrajectoriesFile(journal::Journal& journal,
                                                              const TrajectoriesFile& file);
+
+// A trajectories file's counts, as the text report's summary line and --json's
+// `trajectories_file` both give them.
+struct TrajectoriesFileCounts {
+  std::uint64_t trajectories = 0;        // lines that hold one
+  std::uint64_t binding_mismatches = 0;  // lines whose binding is not the journal's
+  std::uint64_t torn = 0;                // lines skipped as torn (a note)
+  std::uint64_t damaged = 0;             // lines skipped as damaged (a finding)
+  std::uint64_t contradicted = 0;        // lines the journal contradicts (FileComparison)
+  std::uint64_t without_line = 0;        // journal trajectories with no line
+};
+// "trajectories file: N, binding mismatches: M, lines skipped: K (torn T, damaged D), lines the
+// journal contradicts: C, journal trajectories without a line: W" (no newline).
+std::string FormatTrajectoriesFileCounts(const TrajectoriesFileCounts& c);
 
 // One rollout re-scored: each output token's logprob as the engine scores it now (prompt_logprobs
 // over prompt + output) against the one recorded when it was sampled.
@@ -368,6 +397,8 @@ struct Verdict {
   // What the audit could not check but that is expected (a torn line of a trajectories file):
   // reported with the verdict, never changing it or the exit code.
   std::vector<std::string> notes;
+  // With `audit --trajectories`: the file's counts (--json gives them as `trajectories_file`).
+  std::optional<TrajectoriesFileCounts> trajectories_file;
   bool journal_intact() const { return journal_failures.empty(); }
   bool engine_healthy() const { return engine_findings.empty(); }
   // kExitJournalDamaged dominates kExitEngineUnhealthy: an unverifiable journal explains nothing.

@@ -143,14 +143,15 @@ void CheckTrajectoriesFile(journal::Journal& j, const Opts& o, const audit::Traj
   }
   const audit::FileComparison none;
   const audit::FileComparison& c = compared.ok() ? *compared : none;
-  std::fprintf(
-      o.lines(),
-      "trajectories file: %zu, binding mismatches: %zu, lines skipped: %llu (torn %llu, "
-      "damaged %llu), lines the journal contradicts: %llu, journal trajectories without "
-      "a line: %llu\n",
-      ts.size(), binding, static_cast<unsigned long long>(file.skipped()),
-      static_cast<unsigned long long>(file.torn), static_cast<unsigned long long>(file.damaged),
-      static_cast<unsigned long long>(c.differing), static_cast<unsigned long long>(c.missing));
+  // The text's summary line and --json's `trajectories_file` are these same counts.
+  verdict.trajectories_file = audit::TrajectoriesFileCounts{.trajectories = ts.size(),
+                                                            .binding_mismatches = binding,
+                                                            .torn = file.torn,
+                                                            .damaged = file.damaged,
+                                                            .contradicted = c.differing,
+                                                            .without_line = c.missing};
+  std::fprintf(o.lines(), "%s\n",
+               audit::FormatTrajectoriesFileCounts(*verdict.trajectories_file).c_str());
   failures.insert(failures.end(), c.findings.begin(), c.findings.end());
   for (const std::string& f : failures) {
     std::fprintf(o.lines(), "  MISMATCH: %s\n", text::escape_line(f).c_str());
@@ -261,7 +262,7 @@ std::string JournalUsageError(journal::Journal& j, const Opts& o) {
     return "--fleet-engine names an engine of a fleet's journal";
   }
   if (!o.fleet_engine.empty() && j.fleet_state().engines.count(o.fleet_engine) == 0) {
-    return "no engine '" + o.fleet_engine + "' in the fleet";
+    return "no engine " + audit::Quoted(o.fleet_engine) + " in the fleet";
   }
   return {};
 }

@@ -923,5 +923,110 @@ TEST(Cli, AuditComparesALinesLogprobsAsTheJournalHoldsThem) {
       << differs.out;
 }
 
+// r0's, r1's or r2's line as serve writes it for the journal above, with the end serve journals
+// in each RolloutFinished: completed, 3 prompt tokens, 2 completion tokens.
+nlohmann::json LineWithEnd(const std::string& path, std::uint64_t admission_seq, bool tokens) {
+  nlohmann::json line = JournaledLine(path, admission_seq, tokens);
+  line["outcome"] = "completed";
+  line["prompt_tokens"] = 3;
+  line["completion_tokens"] = 2;
+  return line;
+}
+
+// Proves a line's outcome, prompt_tokens and completion_tokens are held against its rollout's
+// RolloutFinished (naming its seq), that a truncated line holding more token ids than that finish
+// counts and a line saying how a rollout the journal never finished ended are findings, while
+// serve's own lines (a truncated one within the counts included) pass; catches the comparison
+// that read none of the three, took any truncated line's tokens as a note, and passed a line for
+// an end the journal never recorded.
+TEST(Cli, AuditHoldsALinesEndAgainstItsRolloutFinished) {
+  TempDir dir;
+  const auto seqs = WriteTrajectoryJournal(dir.path());
+  ASSERT_EQ(seqs.size(), 3u);
+  const nlohmann::json r0 = LineWithEnd(dir.path(), seqs.at("r0").at(0), true);
+  const nlohmann::json r1 = LineWithEnd(dir.path(), seqs.at("r1").at(0), true);
+  const nlohmann::json r2 = LineWithEnd(dir.path(), seqs.at("r2").at(0), false);
+  const CliRun honest = AuditTrajectories(dir, {r0, r1, r2}, /*json=*/false);
+  EXPECT_EQ(honest.exit_code, 0) << honest.out;
+
+  nlohmann::json ended = r1;
+  ended["outcome"] = "aborted";
+  ended["completion_tokens"] = 9;
+  const CliRun differs = AuditTrajectories(dir, {r0, ended, r2}, /*json=*/false);
+  EXPECT_EQ(differs.exit_code, 1) << differs.out;
+  EXPECT_NE(differs.out.find("  MISMATCH: trajectory 'r1' (line 2) differs from its rollout's "
+                             "RolloutFinished at seq " +
+                             std::to_string(seqs.at("r1").back()) +
+                             ": outcome is 'aborted' in the line, 'completed' in the journal; "
+                             "completion_tokens is 9 in the line, 2 in the journal\n"),
+            std::string::npos)
+      << differs.out;
+
+  nlohmann::json cut = LineWithEnd(dir.path(), seqs.at("r2").at(0), true);
+  cut["truncated"] = true;
+  const CliRun within = AuditTrajectories(dir, {r0, r1, cut}, /*json=*/false);
+  EXPECT_EQ(within.exit_code, 0) << within.out;
+  EXPECT_NE(within.out.find("1 lines hold tokens the journal recorded no trajectory for"),
+            std::string::npos)
+      << within.out;
+  cut["outputs"].push_back({{"index", 1}, {"token_ids", {7, 8, 9}}});
+  const CliRun invented = AuditTrajectories(dir, {r0, r1, cut}, /*json=*/false);
+  EXPECT_EQ(invented.exit_code, 1) << invented.out;
+  EXPECT_NE(invented.out.find("  MISMATCH: trajectory 'r2' (line 3) differs from its rollout's "
+                              "RolloutFinished at seq " +
+                              std::to_string(seqs.at("r2").back()) +
+                              ": the line holds 3 prompt and 5 output token ids, more than the "
+                              "journal's prompt_tokens 3 or completion_tokens 2 count\n"),
+            std::string::npos)
+      << invented.out;
+
+  TempDir unfinished_dir;
+  WriteCleanJournal(unfinished_dir.path(), 1);  // r0 admitted at seq 5, never finished
+  nlohmann::json unfinished = cli_testing::TrajectoryJson(unfinished_dir.path(), 5);
+  unfinished["prompt_token_ids"] = nlohmann::json::array();
+  unfinished["outputs"] = nlohmann::json::array();
+  unfinished["outcome"] = "completed";
+  const CliRun never = AuditTrajectories(unfinished_dir, {unfinished}, /*json=*/false);
+  EXPECT_EQ(never.exit_code, 1) << never.out;
+  EXPECT_NE(never.out.find("  MISMATCH: trajectory 'r0' (line 1) says how its rollout ended, but "
+                           "the journal has not finished it (admitted at seq 5, no "
+                           "RolloutFinished through the journal's head at seq "),
+            std::string::npos)
+      << never.out;
+}
+
+// Proves `audit --trajectories --json` gives the file's counts as the text summary line does,
+// counting a line with two differences once among the lines the journal contradicts; catches a
+// JSON verdict without the counts and `differing` counted per finding (2 for one line).
+TEST(Cli, AuditJsonCountsTheFileAsItsSummaryLineDoes) {
+  TempDir dir;
+  const auto seqs = WriteTrajectoryJournal(dir.path());
+  ASSERT_EQ(seqs.size(), 3u);
+  nlohmann::json twice = JournaledLine(dir.path(), seqs.at("r0").at(0), true);
+  twice["engine"] = "a";                      // its admitting record names no engine
+  twice["outputs"][0]["token_ids"] = {4, 6};  // the journal's part holds 4, 5
+  const nlohmann::json r2 = JournaledLine(dir.path(), seqs.at("r2").at(0), false);
+  const CliRun text_run = AuditTrajectories(dir, {twice, r2}, /*json=*/false);  // r1's is gone
+  EXPECT_EQ(text_run.exit_code, 1) << text_run.out;
+  EXPECT_NE(text_run.out.find("trajectories file: 2, binding mismatches: 0, lines skipped: 0 "
+                              "(torn 0, damaged 0), lines the journal contradicts: 1, journal "
+                              "trajectories without a line: 1\n"),
+            std::string::npos)
+      << text_run.out;
+  const CliRun json_run = AuditTrajectories(dir, {twice, r2}, /*json=*/true);
+  EXPECT_EQ(json_run.exit_code, 1) << json_run.out;
+  const nlohmann::json verdict = nlohmann::json::parse(json_run.out, nullptr, false);
+  ASSERT_FALSE(verdict.is_discarded()) << json_run.out;
+  const nlohmann::json counts = {{"trajectories", 2},
+                                 {"binding_mismatches", 0},
+                                 {"lines_skipped", 0},
+                                 {"torn", 0},
+                                 {"damaged", 0},
+                                 {"lines_the_journal_contradicts", 1},
+                                 {"journal_trajectories_without_a_line", 1}};
+  EXPECT_EQ(verdict.value("trajectories_file", nlohmann::json()), counts) << json_run.out;
+  EXPECT_EQ(verdict["engine_findings"].size(), 2u) << json_run.out;
+}
+
 }  // namespace
 }  // namespace rc

@@ -328,5 +328,25 @@ TEST(Verdict, AQuoteInARolloutIdCannotForgeItsLine) {
   EXPECT_EQ(audit::Quoted("it's"), "'it''s'");
 }
 
+// Proves the label the engine reports on /weight_info (the engine's text) is printed between
+// quotes with each quote inside doubled in the digest check's line and finding, so it cannot close
+// its field and forge the sentence; catches a plain-quoted label reading as "the engine reports
+// 'x', which this journal committed; its weights are those of 'rc-0'".
+TEST(Verdict, AQuoteInTheEnginesLabelCannotForgeTheDigestLine) {
+  State s;
+  s.label_digests = {{"rc-0", std::string(32, 'a')}};
+  WeightDigest live;
+  live.algorithm = "rcd1";
+  live.combined = std::string(32, 'c');
+  const std::string label = "x', which this journal committed; its weights are those of 'rc-0";
+  const audit::DigestCheck c = audit::CheckEngineDigest(s, label, live);
+  EXPECT_EQ(c.line,
+            "weight digest: the engine reports 'x'', which this journal committed; its weights "
+            "are those of ''rc-0', which this journal never committed with a digest; its weights "
+            "cccccccccccccccc match no committed version");
+  ASSERT_EQ(c.findings.size(), 1u);
+  EXPECT_EQ(c.findings[0], c.line);
+}
+
 }  // namespace
 }  // namespace rc
