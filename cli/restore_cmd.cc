@@ -1,8 +1,11 @@
 // `rolloutcore restore`: asks a running `rolloutcore serve` to take its TAINTED engine back to a
 // version committed earlier in its journal, with proof (POST /v1/restores), and prints the
-// outcome. Exit 0: restored (READY); 1: refused or failed (the engine stays TAINTED); 2: bad
-// arguments, no connection (nothing sent) or an answer of another shape; 3: the request was sent
-// but no answer came (the restore may have run: rerun with the same --restore-id to read it).
+// outcome. Exit 0: restored (READY); 1: refused or failed (the engine stays TAINTED), including a
+// request the executor refused before it ran (4xx: not TAINTED, label never committed, ...); 2: bad
+// arguments, no connection (nothing sent), not authorized, the executor busy or failed before the
+// restore began, or an answer of another shape; 3: the outcome is unknown — the request was sent
+// but no answer came, or the executor answered outcome_unknown (the restore may have run: rerun
+// with the same --restore-id to read it).
 #ifdef RC_CLI_HAVE_EFFECTS
 #include <cstdint>
 #include <cstdio>
@@ -109,9 +112,38 @@ int OddAnswer(const effects::HttpReply& reply) {
   return 2;
 }
 
+// An error answer serve sends ({"error": {type, message}}), or false when it is not one.
+bool ReadError(const nlohmann::json& b, std::string& type, std::string& message) {
+  const nlohmann::json* error = nullptr;
+  return b.is_object() && b.contains("error") && ReadObject(b, "error", error) &&
+         error != nullptr && ReadString(*error, "type", type) &&
+         ReadString(*error, "message", message);
+}
+
+// serve's error answers: outcome_unknown may have run (exit 3); a refusal of the request (4xx
+// but authorization) changed nothing (exit 1); the rest (401/403, busy, fail-stopped) ran
+// nothing either and is not the restore's verdict (exit 2).
+int ErrorAnswer(int status, const std::string& type, const std::string& message,
+                const std::string& restore_id) {
+  if (type == "outcome_unknown") {
+    std::printf("restore %s: outcome unknown: %s; rerun with --restore-id %s to read it\n",
+                Esc(restore_id).c_str(), Esc(message).c_str(), Esc(restore_id).c_str());
+    return 3;
+  }
+  std::printf("restore %s: HTTP %d %s: %s\n", Esc(restore_id).c_str(), status, Esc(type).c_str(),
+              Esc(message).c_str());
+  const bool refused = status >= 400 && status < 500 && status != 401 && status != 403;
+  return refused ? 1 : 2;
+}
+
 // One line per fact of the answer; every field came from the executor: escaped.
 int Report(const effects::HttpReply& reply, const std::string& restore_id) {
   if (reply.http.transport != Transport::kOk) return NoAnswer(reply, restore_id);
+  std::string type;
+  std::string message;
+  if (ReadError(reply.body, type, message)) {
+    return ErrorAnswer(reply.http.http_status, type, message, restore_id);
+  }
   Outcome o;
   if (!ReadOutcome(reply.body, o)) return OddAnswer(reply);
   std::printf("restore %s: %s\n", Esc(o.restore_id).c_str(), Esc(o.outcome).c_str());

@@ -29,6 +29,7 @@ class ScriptedExecutor {
         std::lock_guard<std::mutex> l(mu_);
         ++requests_;
         delay = delay_;
+        res.status = status_;
         res.set_content(body_, "application/json");
       }
       std::this_thread::sleep_for(delay);
@@ -43,9 +44,10 @@ class ScriptedExecutor {
   ScriptedExecutor(const ScriptedExecutor&) = delete;
   ScriptedExecutor& operator=(const ScriptedExecutor&) = delete;
 
-  void Answer(const std::string& body) {
+  void Answer(const std::string& body, int status = 200) {
     std::lock_guard<std::mutex> l(mu_);
     body_ = body;
+    status_ = status;
   }
   // Each answer leaves only after `delay`.
   void Delay(std::chrono::milliseconds delay) {
@@ -62,6 +64,7 @@ class ScriptedExecutor {
   httplib::Server server_;
   std::mutex mu_;
   std::string body_;
+  int status_ = 200;
   std::chrono::milliseconds delay_{0};
   int requests_ = 0;
   int port_ = 0;
@@ -148,6 +151,31 @@ TEST(RestoreCli, ANoAnswerAfterSendingSaysToRerunWithTheSameId) {
       RunCli({"restore", "--url", "http://127.0.0.1:1", "--label", "rc-0", "--adopt"}, true);
   EXPECT_EQ(nobody.exit_code, 2) << nobody.out;
   EXPECT_NE(nobody.out.find("nothing was sent"), std::string::npos) << nobody.out;
+}
+
+// Proves serve's error answers exit by what they mean for the restore: outcome_unknown (the
+// executor fail-stopped after journaling it) exits 3 naming the id to rerun with, a refusal of the
+// request (409: not TAINTED) exits 1, an authorization failure exits 2; catches all three read as
+// an answer of another shape (exit 2), which told a user whose restore may have run nothing.
+TEST(RestoreCli, ServesErrorAnswersExitByWhatTheyMean) {
+  ScriptedExecutor executor;
+  const auto error = [](const std::string& type, int code) {
+    return R"({"error":{"message":"because\nof this","type":")" + type + R"(","code":)" +
+           std::to_string(code) + "}}";
+  };
+  executor.Answer(error("outcome_unknown", 503), 503);
+  const CliRun unknown = Restore(executor);
+  EXPECT_EQ(unknown.exit_code, 3) << unknown.out;
+  EXPECT_NE(unknown.out.find("outcome unknown: " + text::escape_line("because\nof this") +
+                             "; rerun with --restore-id restore-rc-0"),
+            std::string::npos)
+      << unknown.out;
+  executor.Answer(error("conflict", 409), 409);
+  const CliRun refused = Restore(executor);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("HTTP 409 conflict"), std::string::npos) << refused.out;
+  executor.Answer(error("unauthorized", 401), 401);
+  EXPECT_EQ(Restore(executor).exit_code, 2);
 }
 
 }  // namespace
