@@ -161,9 +161,11 @@ void CheckTrajectoriesFile(journal::Journal& j, const Opts& o, const audit::Traj
     verdict.notes.push_back("trajectories file " + o.trajectories + ": " + n);
   }
   audit::AddSkippedLines(file, o.trajectories, verdict);
+  // A file of torn lines only (its writer's first write cut by a crash) or none is what a writer
+  // leaves; the journal's trajectories it lacks are noted above, and damaged lines are findings.
   if (ts.empty()) {
-    verdict.engine_findings.push_back(
-        "the trajectories file holds no trajectory: nothing to check");
+    verdict.notes.push_back("trajectories file " + o.trajectories +
+                            " holds no trajectory: no line was checked");
   }
 }
 

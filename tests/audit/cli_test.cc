@@ -1028,5 +1028,21 @@ TEST(Cli, AuditJsonCountsTheFileAsItsSummaryLineDoes) {
   EXPECT_EQ(verdict["engine_findings"].size(), 2u) << json_run.out;
 }
 
+// Proves a trajectories file holding only a torn line (a writer's first write cut by a crash) is
+// a note, exit 0, as torn lines never change the exit code; catches the "holds no trajectory"
+// engine finding that failed the audit of a healthy journal (exit 1).
+TEST(Cli, AFileOfOnlyATornLineIsANote) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 1);
+  const std::string file = dir.sub("t.jsonl");
+  std::ofstream(file) << TrajectoryLine(dir.path(), 5).substr(0, 30);
+  const CliRun run = RunCli({"audit", dir.path(), "--trajectories", file}, /*with_stderr=*/true);
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find("audit NOTE: trajectories file " + file +
+                         " holds no trajectory: no line was checked"),
+            std::string::npos)
+      << run.out;
+}
+
 }  // namespace
 }  // namespace rc
