@@ -383,15 +383,21 @@ TEST(ProxyText, MoreChoicesThanATraceRecordsAreRefusedBeforeAdmission) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+// A serve whose client bodies are at most 64 KiB and whose body memory budget is `bytes` (1 MiB,
+// the least allowed, holds about 32,000 trace entries).
+std::function<void(ServeConfig&)> WithBodyMemory(std::uint64_t bytes) {
+  return [bytes](ServeConfig& c) {
+    c.body_bytes_max = 64 << 10;
+    c.body_memory_bytes_max = bytes;
+  };
+}
+
 // Proves a streamed rollout's trace is held against the body budget as it grows: a generation
 // whose token ids and logprobs outgrow what is left is ended with an error event and [DONE],
 // finished as aborted, and gives its share back (the next streams pass). Catches traces of
 // thousands of long streams held outside body_memory_bytes_max (up to 32 MiB each).
 TEST(ProxyText, AStreamsTraceIsHeldAgainstTheBodyBudget) {
-  stack::StackOptions o = Stack::Options([](ServeConfig& c) {
-    c.body_bytes_max = 64 << 10;
-    c.body_memory_bytes_max = 1 << 20;  // the least allowed: about 32,000 trace entries
-  });
+  stack::StackOptions o = Stack::Options(WithBodyMemory(1 << 20));
   o.token_delay_ms = 0;
   o.engine_max_model_len = 1 << 17;
   stack::ServiceStack s(o);
@@ -639,10 +645,7 @@ void ExpectAbortedAndNoneCompleted(Service& svc, const std::string& rollout_id) 
 // [DONE] as if the engine had finished.
 TEST(ProxyEngineStream, ALastEventOverTheBudgetAbortsAndIsNeverCompleted) {
   stack::ScriptedEngine engine;
-  Stack s(Scripted(engine, [](ServeConfig& c) {
-    c.body_bytes_max = 64 << 10;
-    c.body_memory_bytes_max = 1 << 20;  // the least allowed: about 32,000 trace entries
-  }));
+  Stack s(Scripted(engine, WithBodyMemory(1 << 20)));
   json many = json::array();
   for (int i = 0; i < 40000; ++i) many.push_back(100 + i % 900);
   engine.Set("/v1/completions",
@@ -663,10 +666,7 @@ TEST(ProxyEngineStream, ALastEventOverTheBudgetAbortsAndIsNeverCompleted) {
 // outside body_memory_bytes_max until the finish is durable (the answer was completed and relayed).
 TEST(ProxyEngineAnswer, ALargeAnswersParsedTreeIsHeldAgainstTheBodyBudget) {
   stack::ScriptedEngine engine;
-  Stack s(Scripted(engine, [](ServeConfig& c) {
-    c.body_bytes_max = 64 << 10;
-    c.body_memory_bytes_max = 64 << 20;
-  }));
+  Stack s(Scripted(engine, WithBodyMemory(64 << 20)));
   std::string pad = "[{}";
   while (pad.size() < (4u << 20)) pad += ",{}";
   pad += "]";
@@ -692,10 +692,7 @@ TEST(ProxyEngineAnswer, ALargeAnswersParsedTreeIsHeldAgainstTheBodyBudget) {
 // ids copied into the trace uncharged (only generate's were): the stream completed.
 TEST(ProxyEngineStream, PromptIdsTheEngineSendsAreHeldAgainstTheBodyBudget) {
   stack::ScriptedEngine engine;
-  Stack s(Scripted(engine, [](ServeConfig& c) {
-    c.body_bytes_max = 64 << 10;
-    c.body_memory_bytes_max = 8 << 20;
-  }));
+  Stack s(Scripted(engine, WithBodyMemory(8 << 20)));
   json prompt = json::array();
   for (int i = 0; i < 400000; ++i) prompt.push_back(100 + i % 900);
   const json chunk = {
