@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -70,19 +72,41 @@ CallOptions Within(std::uint64_t timeout_ms, std::optional<CancelToken> cancel =
   return o;
 }
 
+// Starts `body` on *t. Unavailable naming `what` when the system refuses the thread (a thread
+// limit, no memory for its stack or state): `body` then never runs.
+template <typename F>
+Status SpawnThread(std::thread* t, const char* what, F&& body) {
+  try {
+    *t = std::thread(std::forward<F>(body));
+    return Status::OK();
+  } catch (const std::system_error& e) {
+    return Status::Unavailable(std::string("no thread for ") + what + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    return Status::Unavailable(std::string("no thread for ") + what + ": out of memory");
+  }
+}
+
 // An HTTP call on its own thread; the sender polls done() while it drives NCCL. The call holds
-// `cancel`: Cancel() makes it return within ~50 ms, so Join() after Cancel() is prompt.
+// `cancel`: Cancel() makes it return within ~50 ms, so Join() after Cancel() is prompt. When the
+// system refuses the thread, the call never runs: started() says why, and it is done() and
+// failed() at once with a reply that never reached the engine.
 class AsyncCall {
  public:
   template <typename F>
   AsyncCall(CancelToken cancel, F&& f) : cancel_(std::move(cancel)) {
-    thread_ = std::thread([this, fn = std::forward<F>(f)]() mutable {
+    started_ = SpawnThread(&thread_, "the engine call", [this, fn = std::forward<F>(f)]() mutable {
       HttpReply r = fn(cancel_);
       std::lock_guard<std::mutex> lock(mu_);
       reply_ = std::move(r);
       done_.store(true, std::memory_order_release);
     });
+    if (!started_.ok()) {  // nothing was sent
+      reply_.http.transport = Transport::kConnectFailed;
+      reply_.http.error = started_.message();
+      done_.store(true, std::memory_order_release);
+    }
   }
+  const Status& started() const { return started_; }
   ~AsyncCall() {
     cancel_.Cancel();
     Join();
@@ -99,10 +123,37 @@ class AsyncCall {
 
  private:
   CancelToken cancel_;
+  Status started_;
   std::thread thread_;
   mutable std::mutex mu_;
   HttpReply reply_;
   std::atomic<bool> done_{false};
+};
+
+// A stream and an event owned by one call and destroyed on every way out of it, except after an
+// abort that may not have drained (`dirty`): aborted kernels may still use them.
+class CallStream {
+ public:
+  explicit CallStream(const bool& dirty) : dirty_(dirty) {}
+  ~CallStream() {
+    if (dirty_) return;
+    if (done != nullptr) cudaEventDestroy(done);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  CallStream(const CallStream&) = delete;
+  CallStream& operator=(const CallStream&) = delete;
+
+  cudaError_t Create() {
+    cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    return e;
+  }
+
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+
+ private:
+  const bool& dirty_;
 };
 
 // Tensors exported by a trainer on this host through cudaIpcGetMemHandle.
@@ -178,6 +229,7 @@ struct NcclSender::Impl {
   int comm_device = -1;
   int world_size = 0;
   bool dirty = false;  // device work may still run after an abort: never free buffers then
+  Status last_abort;   // the latest AbortComm's outcome (not OK: it left the sender dirty)
   // Sources by URI, reopened when the file behind them changed (weight_source.h).
   SourceCache sources{[](const std::string& uri) { return OpenUri(uri); }};
 
@@ -262,29 +314,40 @@ struct NcclSender::Impl {
   // ncclCommAbort normally returns well within the reserve. If it does not (a wedged proxy
   // thread), the sender stops waiting at `deadline` and leaves the abort running on its own
   // thread: the transfer is already ambiguous (TAINTED), the sender is marked dirty and refuses
-  // further work, and only a restart of the executor recovers NCCL.
-  static bool AbortWithin(ncclComm_t c, Clock::time_point deadline) {
+  // further work, and only a restart of the executor recovers NCCL. A refused thread is the same
+  // outcome without the abort: it is not run on the caller's thread, where a wedged abort would
+  // hold the caller past every deadline.
+  static Status AbortWithin(ncclComm_t c, Clock::time_point deadline) {
     auto done = std::make_shared<std::atomic<bool>>(false);
-    std::thread([c, done] {
+    std::thread aborter;
+    const Status started = SpawnThread(&aborter, "ncclCommAbort", [c, done] {
       ncclCommAbort(c);
       done->store(true, std::memory_order_release);
-    }).detach();
+    });
+    if (!started.ok()) {
+      return Status(started.code(), started.message() + " (the communicator was left unaborted)");
+    }
+    aborter.detach();
     while (!done->load(std::memory_order_acquire)) {
-      if (Clock::now() >= deadline) return false;
+      if (Clock::now() >= deadline) {
+        return Status::Timeout("ncclCommAbort did not return by the deadline; it runs on");
+      }
       std::this_thread::sleep_for(kPollSleep);
     }
-    return true;
+    return Status::OK();
   }
 
   // Aborts the communicator and gives kernels a bounded time to exit (drain_after_abort_ms, and
   // never past `hard_deadline`). Returns the abort's duration and records the longest one.
   std::uint64_t AbortComm(Clock::time_point hard_deadline = Clock::time_point::max()) {
+    last_abort = Status::OK();
     if (comm == nullptr) return 0;
     const auto t0 = Clock::now();
     const auto drain_deadline =
         std::min(hard_deadline, t0 + std::chrono::milliseconds(opt.drain_after_abort_ms));
-    bool drained = AbortWithin(
+    last_abort = AbortWithin(
         comm, std::min(hard_deadline, t0 + std::chrono::milliseconds(AbortReserveMs())));
+    bool drained = last_abort.ok();
     comm = nullptr;
     for (auto& s : slots) {
       while (s.done != nullptr && cudaEventQuery(s.done) == cudaErrorNotReady) {
@@ -473,6 +536,27 @@ struct NcclSender::Impl {
     }
   }
 
+  // The store serves one rendezvous and nothing after it: vLLM's workers read the id once (the
+  // broadcast_obj in PyNcclCommunicator's constructor, on the StatelessProcessGroup its NCCL
+  // weight-transfer engine makes) and use only NCCL from then on; the group's store client stays
+  // open but sends nothing. Once the warm-up all-reduce completed, every rank has read the id; a
+  // failed init leaves nothing worth serving (the next Init publishes a fresh id on a fresh
+  // store). Either way the store stops, listener included, so no peer can connect to it and hold
+  // its connections for the communicator's lifetime. The stopped object stays for store_port().
+  void EndRendezvous() {
+    if (store) store->Stop();
+  }
+
+  // Publishes `id` (on a store or in init_info) and joins the group with the engine's workers.
+  Status PublishAndJoin(const ncclUniqueId& id, Clock::time_point deadline,
+                        Clock::time_point hard_deadline) {
+    Result<NcclInitParams> init = PublishUniqueId(id);
+    if (!init.ok()) return init.status();
+    Result<nlohmann::json> built = build_init_info(protocol, *init, opt.packing);
+    if (!built.ok()) return built.status();
+    return JoinGroup(*built, id, deadline, hard_deadline);
+  }
+
   Status UseDevice() {
     cudaError_t e = cudaSetDevice(opt.device);
     if (e != cudaSuccess) return Status::Unavailable(CudaErr("cudaSetDevice", e));
@@ -575,6 +659,11 @@ struct NcclSender::Impl {
     AsyncCall http(CancelToken{}, [this, init_info, deadline](const CancelToken& cancel) {
       return engine.InitWeightTransferEngine(init_info, Within(remaining_ms(deadline), cancel));
     });
+    if (!http.started().ok()) {  // nothing reached the engine and no communicator exists yet
+      return Status(http.started().code(),
+                    "init (" + std::string(rendezvous_name(mode)) +
+                        "): POST /init_weight_transfer_engine: " + http.started().message());
+    }
     const Watch w{deadline, &http};
     WarmUp warm;
     Status s = InitComm(id, w);
@@ -674,11 +763,9 @@ Status NcclSender::Init(std::uint64_t deadline_ms) {
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
   if (r != ncclSuccess) return Status::Internal(NcclErr("ncclGetUniqueId", r));
-  Result<NcclInitParams> init = m.PublishUniqueId(id);
-  if (!init.ok()) return init.status();
-  Result<nlohmann::json> built = build_init_info(m.protocol, *init, m.opt.packing);
-  if (!built.ok()) return built.status();
-  RC_RETURN_IF_ERROR(m.JoinGroup(*built, id, deadline, hard_deadline));
+  const Status joined = m.PublishAndJoin(id, deadline, hard_deadline);
+  m.EndRendezvous();
+  RC_RETURN_IF_ERROR(joined);
   RC_CHECK(m.comm != nullptr && m.comm_device == m.opt.device && m.world_size >= 2);
   return Status::OK();
 }
@@ -838,6 +925,9 @@ class TransferRun {
                                      deadline = deadline_](const CancelToken& cancel) {
       return m.engine.UpdateWeights(update_info, Within(remaining_ms(deadline), cancel));
     });
+    if (!update.started().ok()) {  // nothing enqueued, nothing sent: the engine sits after start
+      return Status(update.started().code(), "POST /update_weights: " + update.started().message());
+    }
     const Impl::Watch w{deadline_, &update};
     Status s = SendAll(w);
     if (s.ok()) s = DrainSlots(w);
@@ -970,12 +1060,14 @@ class TransferRun {
     // within ~50 ms) while the communicator is aborted.
     update->Cancel();
     // The group is unusable once bytes were queued, or while the engine may sit in its receives.
-    if (enqueued || !update->done()) timing_.abort_us = m_.AbortComm(hard_deadline_);
+    const bool abort = enqueued || !update->done();
+    if (abort) timing_.abort_us = m_.AbortComm(hard_deadline_);
     const HttpReply& ur = update->Join();
     timing_.update_http_us = elapsed_us(update_t0);
     RC_CHECK(!enqueued || m_.comm == nullptr);
-    return Status::Unavailable("data plane: " + s.ToString() +
-                               (enqueued ? " (communicator aborted)" : "") + "; " +
+    std::string aborted = enqueued ? " (communicator aborted)" : "";
+    if (abort && !m_.last_abort.ok()) aborted = " (" + m_.last_abort.ToString() + ")";
+    return Status::Unavailable("data plane: " + s.ToString() + aborted + "; " +
                                Describe("POST /update_weights", ur));
   }
 
@@ -1037,31 +1129,29 @@ Result<std::uint64_t> NcclSender::RawBroadcast(const void* device_ptr, std::uint
   if (chunk_bytes == 0) return Status::InvalidArgument("chunk_bytes must be positive");
   const auto deadline = Clock::now() + std::chrono::milliseconds(deadline_ms);
   Impl::Watch w{deadline, nullptr};
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {
-    return Status::Internal("stream/event creation failed");
+  CallStream cs(m.dirty);  // destroyed on every return below, after the abort if there is one
+  if (cudaError_t e = cs.Create(); e != cudaSuccess) {
+    return Status::Internal(CudaErr("stream/event creation", e));
   }
   const auto t0 = Clock::now();
   Status s;
   char* p = static_cast<char*>(const_cast<void*>(device_ptr));
   for (std::uint64_t off = 0; off < bytes && s.ok(); off += chunk_bytes) {
     const std::uint64_t n = std::min(chunk_bytes, bytes - off);
-    s = m.Settle(ncclBroadcast(p + off, p + off, n, ncclUint8, 0, m.comm, stream), "ncclBroadcast",
-                 w);
+    s = m.Settle(ncclBroadcast(p + off, p + off, n, ncclUint8, 0, m.comm, cs.stream),
+                 "ncclBroadcast", w);
   }
   if (s.ok()) {
-    cudaEventRecord(done, stream);
-    s = m.WaitEvent(done, w);
+    const cudaError_t e = cudaEventRecord(cs.done, cs.stream);
+    s = e == cudaSuccess ? m.WaitEvent(cs.done, w)
+                         : Status::Internal(CudaErr("cudaEventRecord", e));
   }
   const std::uint64_t us = elapsed_us(t0);
   if (!s.ok()) {
     m.AbortComm(deadline + std::chrono::milliseconds(m.opt.drain_after_abort_ms));
+    if (!m.last_abort.ok()) return Status(s.code(), s.message() + "; " + m.last_abort.ToString());
     return s;
   }
-  cudaEventDestroy(done);
-  cudaStreamDestroy(stream);
   return us;
 }
 

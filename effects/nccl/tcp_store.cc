@@ -12,16 +12,20 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 namespace rc::effects::nccl {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 constexpr std::uint8_t kCheckReady = 0, kCheckNotReady = 1;
 constexpr std::uint8_t kWaitStop = 0, kWaitCanceled = 1;
@@ -71,6 +75,9 @@ struct Conn {
   std::string out;
   std::vector<std::string> wait_keys;  // non-empty while a WAIT is deferred
   bool closing = false;
+  // The last sign of life the idle deadline counts: accepted, a query served, a WAIT answered.
+  Clock::time_point active_at = Clock::now();
+  Clock::time_point wait_since;  // when the deferred WAIT began (meaningful with wait_keys)
 };
 
 template <typename T>
@@ -99,8 +106,14 @@ struct TcpStoreServer::Impl {
   TcpStoreStats stats;
 
   ~Impl() {
-    if (listen_fd >= 0) ::close(listen_fd);
+    CloseListener();
     if (wake_fd >= 0) ::close(wake_fd);
+  }
+
+  // Only once the serving thread is gone: it polls listen_fd.
+  void CloseListener() {
+    if (listen_fd >= 0) ::close(listen_fd);
+    listen_fd = -1;
   }
 
   void Configure(const TcpStoreOptions& options, std::size_t connections) {
@@ -168,7 +181,8 @@ struct TcpStoreServer::Impl {
     return fits;
   }
 
-  // A deferred WAIT's wake-up is one byte; a waiter that cannot take it is dropped.
+  // A deferred WAIT's wake-up is one byte; a waiter that cannot take it is dropped. A woken waiter
+  // gets a fresh idle deadline for the GET that follows.
   void WakeWaiters() {
     for (auto& c : conns) {
       if (!c->wait_keys.empty() && AllExist(c->wait_keys)) {
@@ -178,6 +192,7 @@ struct TcpStoreServer::Impl {
           continue;
         }
         PutPod<std::uint8_t>(&c->out, kWaitStop);
+        c->active_at = Clock::now();
       }
     }
   }
@@ -398,6 +413,7 @@ struct TcpStoreServer::Impl {
     if (!c->wait_keys.empty()) return Parse::kBad;  // one deferred wait per connection
     if (AllExist(keys)) return ReplyPod<std::uint8_t>(c, kWaitStop);
     c->wait_keys = std::move(keys);
+    c->wait_since = Clock::now();
     return Parse::kOk;
   }
   Parse OnCancelWait(Conn* c) {
@@ -499,6 +515,7 @@ struct TcpStoreServer::Impl {
       Disconnect(c);
       return false;
     }
+    c->active_at = Clock::now();
     c->in.erase(0, consumed);
     if (c->in.empty() && c->in.capacity() > kIdleBufferBytesMax) std::string().swap(c->in);
     if (c->out.size() > opt.output_bytes_max) {
@@ -615,8 +632,28 @@ struct TcpStoreServer::Impl {
     // Flush every connection (waiters may have been woken by another connection's SET).
     for (auto& c : conns) Flush(c.get());
     if (fds[0].revents & POLLIN) Accept();
+    ExpireIdle(Clock::now());  // after every ready input was served: a query just read counts
     Reap();
     PublishStats();
+  }
+
+  // Closes (not as protocol errors) the connections past their deadline: idle_timeout_ms since
+  // their last sign of life, or wait_timeout_ms in a deferred WAIT. A deferred WAIT is not idle:
+  // the store answers it as soon as another rank or the master sets the key.
+  void ExpireIdle(Clock::time_point now) {
+    const auto idle_timeout = std::chrono::milliseconds(opt.idle_timeout_ms);
+    const auto wait_timeout = std::chrono::milliseconds(opt.wait_timeout_ms);
+    for (auto& c : conns) {
+      if (c->closing) continue;
+      if (!c->wait_keys.empty()) {
+        if (now - c->wait_since < wait_timeout) continue;
+        ++stats.wait_timeouts;
+      } else {
+        if (now - c->active_at < idle_timeout) continue;
+        ++stats.idle_disconnects;
+      }
+      c->closing = true;
+    }
   }
 
   void DrainWakeFd() {
@@ -705,6 +742,9 @@ Status CheckBounds(const TcpStoreOptions& options) {
       options.buffered_bytes_max == 0 || options.store_bytes_max == 0) {
     return Status::InvalidArgument("tcp store byte bounds must be positive");
   }
+  if (options.idle_timeout_ms == 0 || options.wait_timeout_ms == 0) {
+    return Status::InvalidArgument("tcp store idle and wait timeouts must be positive");
+  }
   return Status::OK();
 }
 
@@ -717,7 +757,13 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreOpti
   Result<std::uint16_t> port = impl->Listen();
   if (!port.ok()) return port.status();
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->Loop(); });
+  try {
+    impl->thread = std::thread([raw] { raw->Loop(); });
+  } catch (const std::system_error& e) {  // a thread limit: nothing would serve the port
+    return Status::Unavailable(std::string("tcp store: no thread to serve it: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return Status::Unavailable("tcp store: no thread to serve it: out of memory");
+  }
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl), *port));
 }
 
@@ -729,6 +775,7 @@ void TcpStoreServer::Stop() {
   impl_->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   RC_CHECK(impl_->conns.empty());  // the serving thread closed every connection on its way out
+  impl_->CloseListener();          // a connect now is refused, not queued for no one to accept
 }
 
 Status TcpStoreServer::Set(const std::string& wire_key, const std::string& value) {

@@ -28,6 +28,15 @@
 // disconnected, and an allocation failure while serving one connection drops that connection
 // only. The store never grows beyond its limits.
 //
+// A connection that completes no query for idle_timeout_ms is closed, so peers that connect during
+// the init window and stay silent cannot hold every one of connections_max while the engine's
+// ranks are refused. A rank blocked in a deferred WAIT is not idle (the key may come from a rank
+// that has not got there yet); its wait is bounded by wait_timeout_ms instead. A peer that keeps
+// sending queries keeps its connection: without credentials it cannot be told from a rank, so the
+// bind address and the store's short life bound it. The master serves one rendezvous: its owner
+// calls Stop() once the rendezvous is over, which closes the listener too, so a later connect is
+// refused.
+//
 // The master is unauthenticated (torch's protocol has no credentials), so it binds to one address
 // (the rendezvous host, loopback by default) and the rendezvous key is write-once and master-only:
 // the server-side Set writes it once; any client SET / COMPARE_SET / ADD / APPEND / MULTI_SET /
@@ -83,6 +92,17 @@ struct TcpStoreOptions {
   std::size_t buffered_bytes_max = 128u << 20;  // input + output + waits, all connections
   // Wire keys only the server-side Set may write, once; no client may write or delete them.
   std::vector<std::string> write_once_keys = {std::string(kUniqueIdWireKey)};
+  // A connection that completes no query for this long is closed (checked once per poll tick, so
+  // it goes within idle_timeout_ms + 100 ms). torch's client sends its queries back to back
+  // (VALIDATE, PING, ADD init/ as it connects; WAIT, GET once its communicator asks for the id), so
+  // its silences last milliseconds. The bytes of a query still incomplete do not count: trickling
+  // one byte at a time does not keep a connection. Time spent in a deferred WAIT does not count
+  // either, and the clock restarts when the WAIT is answered.
+  std::uint32_t idle_timeout_ms = 30000;
+  // A WAIT deferred this long is closed. torch's client gives up after its store timeout (300 s in
+  // vLLM's StatelessProcessGroup) and sends CANCEL_WAIT; only a peer that ignores its own deadline
+  // waits longer.
+  std::uint32_t wait_timeout_ms = 300000;
 };
 
 struct TcpStoreStats {
@@ -93,6 +113,8 @@ struct TcpStoreStats {
   std::uint64_t write_once_refusals = 0;  // writes or deletes of a write-once key
   std::uint64_t budget_refusals = 0;      // a store, reply or buffer bound would be passed
   std::uint64_t allocation_failures = 0;  // bad_alloc while serving a connection (dropped)
+  std::uint64_t idle_disconnects = 0;     // closed after idle_timeout_ms without a query
+  std::uint64_t wait_timeouts = 0;        // closed after a WAIT deferred for wait_timeout_ms
   std::size_t stored_bytes = 0;
   std::size_t connections_open = 0;
   std::size_t waiters = 0;
@@ -111,8 +133,9 @@ class TcpStoreServer {
   // SET and refuses to change a write-once key that already holds a value.
   [[nodiscard]] Status Set(const std::string& wire_key, const std::string& value);
   std::optional<std::string> Get(const std::string& wire_key) const;
-  // Closes every connection and joins the serving thread. Idempotent; bounded by one poll tick
-  // plus one serving round (at most one receive per connection).
+  // Closes every connection, joins the serving thread and closes the listener, so a later connect
+  // is refused rather than left in the accept queue. Idempotent; bounded by one poll tick plus one
+  // serving round (at most one receive per connection). port() stays what it was.
   void Stop();
   TcpStoreStats stats() const;
 

@@ -1,6 +1,7 @@
 // Tests of the TCPStore master under hostile peers over real loopback sockets: every allocation
-// is bounded before it is made, the rendezvous key cannot be changed by a client, and the master
-// listens only where it was told to.
+// is bounded before it is made, the rendezvous key cannot be changed by a client, the master
+// listens only where it was told to, silent peers cannot hold its connections, and a stopped
+// master refuses connects.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -332,6 +333,149 @@ TEST(TcpStoreBounds, BindsOnlyTheConfiguredAddress) {
   any.bind_address = "0.0.0.0";
   auto open_store = Start(any);
   EXPECT_TRUE(Connects("127.0.0.2", open_store->port())) << "control: 127.0.0.2 is routable here";
+}
+
+// True once pred() holds, polled every 5 ms for at most timeout_ms.
+template <typename Pred>
+bool Eventually(Pred pred, int timeout_ms = 3000) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+TcpStoreOptions ShortDeadlines(std::uint32_t idle_timeout_ms, std::uint32_t wait_timeout_ms) {
+  TcpStoreOptions o;
+  o.idle_timeout_ms = idle_timeout_ms;
+  o.wait_timeout_ms = wait_timeout_ms;
+  return o;
+}
+
+// Proves peers that connect and send nothing are closed after idle_timeout_ms and counted, which
+// frees connections_max for a worker; catches silent strangers holding every connection forever.
+TEST(TcpStoreBounds, SilentConnectionsClosedAfterIdleDeadline) {
+  TcpStoreOptions o = ShortDeadlines(200, 10000);
+  o.connections_max = 2;
+  auto store = Start(o);
+  StoreClient silent_a(store->port()), silent_b(store->port());
+  ASSERT_TRUE(silent_a.connected() && silent_b.connected());
+  EXPECT_TRUE(silent_a.ClosedByServer(3000)) << "a silent connection outlived its idle deadline";
+  EXPECT_TRUE(silent_b.ClosedByServer(3000)) << "a silent connection outlived its idle deadline";
+  EXPECT_TRUE(Eventually([&] { return store->stats().connections_open == 0; }));
+  const TcpStoreStats st = store->stats();
+  EXPECT_EQ(st.idle_disconnects, 2u);
+  EXPECT_EQ(st.protocol_errors, 0u) << "an idle close is not a protocol error";
+  EXPECT_TRUE(StillServes(store->port())) << "the freed slots do not take a worker";
+}
+
+// Proves a rank blocked in a WAIT for a key set later is not cut by the idle deadline (while a
+// silent peer beside it is) and reads the value once the key is set; catches an idle rule that
+// counts a deferred WAIT as silence and breaks the rendezvous of a rank that arrives early.
+TEST(TcpStoreBounds, RankWaitingForAKeyIsNotIdle) {
+  auto store = Start(ShortDeadlines(300, 10000));
+  StoreClient waiter(store->port()), silent(store->port());
+  waiter.Type(static_cast<std::uint8_t>(Q::kValidate));
+  waiter.Pod<std::uint32_t>(kTcpStoreValidateMagic);
+  waiter.Type(static_cast<std::uint8_t>(Q::kWait));
+  waiter.Pod<std::uint64_t>(1);
+  waiter.Str("/late");
+  ASSERT_TRUE(waiter.Flush());
+  ASSERT_TRUE(Eventually([&] { return store->stats().waiters == 1; }));
+  EXPECT_TRUE(silent.ClosedByServer(3000)) << "control: the idle deadline is not running";
+  EXPECT_TRUE(waiter.Silent(1200)) << "the waiting rank was answered or cut before its key was set";
+  EXPECT_EQ(store->stats().idle_disconnects, 1u);
+  EXPECT_EQ(store->stats().wait_timeouts, 0u);
+  ASSERT_TRUE(store->Set("/late", "v").ok());
+  std::uint8_t stop = 9;
+  ASSERT_TRUE(waiter.Read(&stop));
+  EXPECT_EQ(stop, 0);  // STOP_WAITING
+  waiter.Type(static_cast<std::uint8_t>(Q::kGet));
+  waiter.Str("/late");
+  ASSERT_TRUE(waiter.Flush());
+  std::string got;
+  ASSERT_TRUE(waiter.ReadStr(&got));
+  EXPECT_EQ(got, "v");
+}
+
+// Proves a deferred WAIT is itself bounded by wait_timeout_ms and counted; catches a WAIT
+// exemption without a bound, which lets a peer park connections on a key no one sets.
+TEST(TcpStoreBounds, DeferredWaitIsBounded) {
+  auto store = Start(ShortDeadlines(2000, 100));
+  StoreClient c(store->port());
+  c.Type(static_cast<std::uint8_t>(Q::kWait));
+  c.Pod<std::uint64_t>(1);
+  c.Str("/never");
+  ASSERT_TRUE(c.Flush());
+  EXPECT_TRUE(c.ClosedByServer(3000)) << "a WAIT on a key no one sets was held past its bound";
+  EXPECT_TRUE(Eventually([&] { return store->stats().wait_timeouts == 1; }));
+  EXPECT_EQ(store->stats().idle_disconnects, 0u);
+}
+
+// Proves a connection that keeps sending valid queries is never cut, over several idle deadlines;
+// catches an idle deadline counted from the accept instead of from the last query served.
+TEST(TcpStoreBounds, ActiveConnectionIsNeverCut) {
+  auto store = Start(ShortDeadlines(250, 10000));
+  StoreClient c(store->port());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+  for (std::uint32_t nonce = 1; std::chrono::steady_clock::now() < until; ++nonce) {
+    c.Type(static_cast<std::uint8_t>(Q::kPing));
+    c.Pod<std::uint32_t>(nonce);
+    ASSERT_TRUE(c.Flush());
+    std::uint32_t echo = 0;
+    ASSERT_TRUE(c.Read(&echo)) << "an active connection was cut after " << nonce << " pings";
+    ASSERT_EQ(echo, nonce);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(store->stats().idle_disconnects, 0u);
+}
+
+// Proves bytes trickled into a query that never completes do not keep a connection past the idle
+// deadline; catches an idle clock reset by every received byte (one byte per deadline would then
+// hold a connection forever).
+TEST(TcpStoreBounds, TricklingAnUnfinishedQueryIsIdle) {
+  auto store = Start(ShortDeadlines(100, 10000));
+  StoreClient c(store->port());
+  c.Type(static_cast<std::uint8_t>(Q::kSet));
+  c.Str("/slow");
+  c.Pod<std::uint64_t>(1000);  // announces a 1000-byte value, then sends it a byte at a time
+  ASSERT_TRUE(c.Flush());
+  bool closed = false;
+  for (int i = 0; i < 300 && !closed; ++i) {
+    c.Pod<char>('t');
+    (void)c.Flush();  // fails once the server has closed: what counts is the EOF read below
+    closed = c.ClosedByServer(10);
+  }
+  EXPECT_TRUE(closed) << "a trickling peer held its connection for 3 s with a 100 ms deadline";
+  EXPECT_TRUE(Eventually([&] { return store->stats().idle_disconnects == 1; }));
+}
+
+// Proves zero deadlines are refused when the store starts; catches a 0 that would close every
+// connection at once (or be read as "no deadline").
+TEST(TcpStoreBounds, ZeroDeadlinesRefused) {
+  EXPECT_EQ(TcpStoreServer::Start(ShortDeadlines(0, 1000)).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(TcpStoreServer::Start(ShortDeadlines(1000, 0)).status().code(), Code::kInvalidArgument);
+}
+
+// Proves that once the owner ends the rendezvous (Stop) a new connect is refused and the worker's
+// connection is closed; catches a Stop that leaves the listener open, where connects complete into
+// an accept queue no one serves for the rest of the owner's life.
+TEST(TcpStoreBounds, StopRefusesNewConnections) {
+  auto store = Start(TcpStoreOptions{});
+  ASSERT_TRUE(store->Set(std::string(kUniqueIdWireKey), "id").ok());
+  StoreClient worker(store->port());
+  worker.Type(static_cast<std::uint8_t>(Q::kGet));
+  worker.Str(std::string(kUniqueIdWireKey));
+  ASSERT_TRUE(worker.Flush());
+  std::string got;
+  ASSERT_TRUE(worker.ReadStr(&got));
+  EXPECT_EQ(got, "id");
+  const std::uint16_t port = store->port();
+  store->Stop();
+  EXPECT_EQ(store->port(), port);
+  EXPECT_TRUE(worker.ClosedByServer());
+  EXPECT_FALSE(Connects("127.0.0.1", port)) << "the stopped store still accepts connections";
 }
 
 }  // namespace
