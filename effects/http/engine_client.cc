@@ -95,6 +95,14 @@ struct EngineClient::Handle {
     curl_easy_reset(easy);
     errbuf[0] = '\0';
   }
+  // Closes the cached connections (between transfers only: no easy handle is in multi), so the
+  // next call connects anew and the calls after it reuse that one connection.
+  void DropConnections() {
+    curl_multi_cleanup(multi);
+    multi = curl_multi_init();
+    RC_CHECK(multi != nullptr);
+    curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 4L);
+  }
 };
 
 EngineClient::EngineClient(std::string base_url, EngineDeadlines deadlines,
@@ -248,6 +256,15 @@ void set_transfer_options(CURL* e, const TransferSetup& s) {
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(kResponseBytesMax));
+}
+
+// Name lookups are kept as long as the proxy's upstream pool keeps its addresses (it looks again
+// every 5 s), so the monitor and the proxy do not reach different processes for long when the
+// engine's name moves; a fresh connection looks again at once.
+constexpr long kDnsCacheSeconds = 5;
+
+void set_connection_reuse(CURL* e, bool fresh) {
+  curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT, fresh ? 0L : kDnsCacheSeconds);
 }
 
 void set_method(CURL* e, const EngineClient::Request& req, bool reuse_connection) {
@@ -437,12 +454,14 @@ HttpReply EngineClient::Send(const Request& req, const CallOptions& o, std::uint
   WriteCtx sink{nullptr, &reply.raw, false, req.on_chunk ? &sse : nullptr};
   std::unique_ptr<Handle> h = Acquire();
   h->Reset();
+  if (o.fresh_connection) h->DropConnections();
   sink.easy = h->easy;
   const TransferSetup setup{
       base_url_ + req.path, deadlines_.connect_timeout_ms, timeout_ms, h->errbuf, &sink,
       request_headers(req)};
   set_transfer_options(h->easy, setup);
   set_method(h->easy, req, o.reuse_connection);
+  set_connection_reuse(h->easy, o.fresh_connection);
   const Transferred t = run_transfer(h->multi, h->easy, setup, *this, o);
   Release(std::move(h));
   conclude(classify_transport(t.end), t, req, sink, reply);
@@ -827,9 +846,18 @@ HttpReply EngineClient::GenerateStream(const json& request, const ChunkFn& on_ch
 
 // ---- typed evidence ----
 
+namespace {
+// The first read of a look, on a new connection (CallOptions::fresh_connection).
+CallOptions FreshLook() {
+  CallOptions o;
+  o.fresh_connection = true;
+  return o;
+}
+}  // namespace
+
 EngineProbed EngineClient::Probe() {
   EngineProbed p;
-  HttpReply health = Health();
+  HttpReply health = Health(FreshLook());
   p.http = health.http;
   if (!health.http.ok_2xx()) return p;
   HttpReply version = Version();
@@ -876,7 +904,7 @@ EngineClient::EngineView EngineClient::ObserveView(const CallOptions& o) {
 
 EngineMonitored EngineClient::Monitor() {
   EngineMonitored m;
-  HttpReply health = Health();
+  HttpReply health = Health(FreshLook());
   m.http = health.http;
   if (!health.http.ok_2xx()) return m;
   EngineView view = ObserveView();

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <random>
 #include <system_error>
@@ -19,6 +20,9 @@
 #include <vector>
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "effects/fleet_runner.h"
 #include "effects/http/engine_client.h"
@@ -640,6 +644,103 @@ TEST(FleetRecover, ASecondThreadRefusedJoinsTheFirstAndIsAnError) {
   EXPECT_EQ(f.engines.at("e0").counters.recoveries, 1u) << "e0's recovery did not run to its end";
   EXPECT_EQ(f.engines.at("e1").counters.recoveries, 0u);
   fleet.reset();  // before the threads it runs on; these must hold no thread by now
+}
+
+// A TCP forwarder standing for a virtual address in front of engine processes: each accepted
+// connection is relayed to the port `target` names when it is accepted, so connections made
+// before a switch keep reaching the old process, as through a load balancer.
+class SwitchingForwarder {
+ public:
+  explicit SwitchingForwarder(int target) : target_(target) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(listen_fd_, 64), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~SwitchingForwarder() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    ::close(listen_fd_);
+    acceptor_.join();
+    std::lock_guard<std::mutex> g(mu_);
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    for (std::thread& t : pumps_) t.join();
+    for (int fd : fds_) ::close(fd);
+  }
+  int port() const { return port_; }
+  void SwitchTo(int target) { target_.store(target); }
+
+ private:
+  void AcceptLoop() {
+    while (true) {
+      const int client = ::accept(listen_fd_, nullptr, nullptr);
+      if (client < 0) return;
+      const int engine = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<std::uint16_t>(target_.load()));
+      if (::connect(engine, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        ::close(engine);
+        ::close(client);
+        continue;
+      }
+      std::lock_guard<std::mutex> g(mu_);
+      fds_.push_back(client);
+      fds_.push_back(engine);
+      pumps_.emplace_back([client, engine] { Pump(client, engine); });
+      pumps_.emplace_back([client, engine] { Pump(engine, client); });
+    }
+  }
+  static void Pump(int from, int to) {
+    char buf[16384];
+    while (true) {
+      const ssize_t n = ::recv(from, buf, sizeof(buf), 0);
+      if (n <= 0 || ::send(to, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) break;
+    }
+    ::shutdown(to, SHUT_WR);
+  }
+
+  std::atomic<int> target_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> pumps_;
+};
+
+// Proves that each monitor look and each probe reads the process the engine's address reaches
+// now: after a second engine process takes over the address (a restart behind a virtual address),
+// the next look names the new process, not the old one still reachable over a kept-alive
+// connection; would catch a monitor whose reads all reuse a pooled connection, which kept
+// vouching for the old process while the proxy's new connections reached the new one.
+TEST(EngineMonitor, EachLookReadsTheProcessTheAddressReachesNow) {
+  VllmDoubleOptions o;
+  o.version = "0.28.0";  // every read of a look is a GET: nothing forces a new connection
+  VllmDouble first(o);
+  ASSERT_GT(first.Start(0), 0);
+  VllmDouble second(o);
+  ASSERT_GT(second.Start(0), 0);
+  SwitchingForwarder address(first.port());
+  EngineClient c("http://127.0.0.1:" + std::to_string(address.port()), Fast());
+  const EngineMonitored before = c.Monitor();
+  ASSERT_TRUE(before.http.ok_2xx()) << before.http.error;
+  ASSERT_FALSE(before.engine_instance.empty());
+  EXPECT_EQ(c.Monitor().engine_instance, before.engine_instance);  // same process, same name
+
+  address.SwitchTo(second.port());
+  const EngineMonitored after = c.Monitor();
+  ASSERT_TRUE(after.http.ok_2xx()) << after.http.error;
+  EXPECT_NE(after.engine_instance, before.engine_instance);
+  const EngineProbed probe = c.Probe();
+  ASSERT_TRUE(probe.http.ok_2xx()) << probe.http.error;
+  EXPECT_EQ(probe.engine_instance, after.engine_instance);
 }
 
 }  // namespace
