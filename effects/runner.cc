@@ -651,7 +651,7 @@ bool changes_the_fold(const State& before, const EngineMonitored& seen) {
                                             seen.is_paused, seen.engine_instance);
   const bool adopts = vouched && before.engine_instance.empty() && !seen.engine_instance.empty();
   return look_changes_reachability(before, seen) || shows_other_engine(before, seen) ||
-         (vouched && before.engine_recheck) || adopts;
+         look_clears_recheck(before, seen) || adopts;
 }
 
 }  // namespace
@@ -668,6 +668,7 @@ State Runner::watched_state() const {
     view.engine_instance = s.engine_instance;
     view.engine_reachable = s.engine_reachable;
     view.engine_recheck = s.engine_recheck;
+    view.fold_rules = s.fold_rules;
     view.sleep_level = s.sleep_level;
     view.counters = s.counters;
   });

@@ -73,6 +73,16 @@ struct Encoded {
   Offset<void> value;
 };
 
+// The event's table, and a snapshot's pending bootstrap. Rules 0 (what a record from before they
+// were recorded decodes as) write no field: such a record re-encodes to its own bytes.
+Offset<fb::BootstrapRequested> EncBootstrap(FlatBufferBuilder& b, const BootstrapRequested& e) {
+  auto label = b.CreateString(e.label);
+  auto id = EncIdentity(b, e.identity);
+  auto expected = b.CreateString(e.expected_digest);
+  return fb::CreateBootstrapRequested(b, label, id, e.adopt, e.require_digest, expected,
+                                      e.fold_rules);
+}
+
 // What the journal's open found is written only when recorded: a record without it keeps its
 // v8 bytes.
 Encoded EncRecovery(FlatBufferBuilder& b, const RecoveryStarted& e) {
@@ -222,12 +232,7 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
   return std::visit(
       Overloaded{
           [&](const BootstrapRequested& e) -> Encoded {
-            auto label = b.CreateString(e.label);
-            auto id = EncIdentity(b, e.identity);
-            auto expected = b.CreateString(e.expected_digest);
-            return {fb::Payload::BootstrapRequested,
-                    fb::CreateBootstrapRequested(b, label, id, e.adopt, e.require_digest, expected)
-                        .Union()};
+            return {fb::Payload::BootstrapRequested, EncBootstrap(b, e).Union()};
           },
           [&](const UpdateRequested& e) -> Encoded {
             auto update_id = b.CreateString(e.update_id);
@@ -389,6 +394,18 @@ struct Decoder {
               " bytes is over its bound of " + std::to_string(max) + " or not UTF-8";
     }
     return std::string();
+  }
+
+  // The fold rules a bootstrap recorded: at most this build's (a higher number is a journal from
+  // a newer RolloutCore, whose rules this build does not know and must not fold by).
+  std::uint32_t FoldRules(std::uint32_t raw, const char* what) {
+    if (raw <= kFoldRulesCurrent) return raw;
+    if (error.empty()) {
+      error = std::string(what) + " " + std::to_string(raw) +
+              ": written by a newer RolloutCore (this one folds by rules up to " +
+              std::to_string(kFoldRulesCurrent) + ")";
+    }
+    return 0;
   }
 };
 
@@ -573,14 +590,19 @@ Event DecFleetEvent(Decoder& d, const fb::Record* r) {
   return Event{};
 }
 
+// The event's table, and a snapshot's pending bootstrap (`what` names where, for the error).
+BootstrapRequested DecBootstrap(Decoder& d, const fb::BootstrapRequested* e, const char* what) {
+  BootstrapRequested out{Str(e->label()), DecIdentity(e->identity()), e->adopt(),
+                         e->require_digest(), Str(e->expected_digest())};
+  out.fold_rules = d.FoldRules(e->fold_rules(), what);
+  return out;
+}
+
 // Converts a verified payload; `table` is non-null (checked by the caller).
 Event DecEvent(Decoder& d, const fb::Record* r) {
   switch (r->payload_type()) {
-    case fb::Payload::BootstrapRequested: {
-      auto* e = r->payload_as_BootstrapRequested();
-      return BootstrapRequested{Str(e->label()), DecIdentity(e->identity()), e->adopt(),
-                                e->require_digest(), Str(e->expected_digest())};
-    }
+    case fb::Payload::BootstrapRequested:
+      return DecBootstrap(d, r->payload_as_BootstrapRequested(), "BootstrapRequested.fold_rules");
     case fb::Payload::UpdateRequested: {
       auto* e = r->payload_as_UpdateRequested();
       return UpdateRequested{Str(e->update_id()), Str(e->target_label()),
@@ -874,13 +896,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
   auto committed = EncVersion(b, s.committed);
   auto committed_id = EncIdentity(b, s.committed_identity);
   Offset<fb::BootstrapRequested> bootstrap;
-  if (s.bootstrap) {
-    auto label = b.CreateString(s.bootstrap->label);
-    auto id = EncIdentity(b, s.bootstrap->identity);
-    auto expected = b.CreateString(s.bootstrap->expected_digest);
-    bootstrap = fb::CreateBootstrapRequested(b, label, id, s.bootstrap->adopt,
-                                             s.bootstrap->require_digest, expected);
-  }
+  if (s.bootstrap) bootstrap = EncBootstrap(b, *s.bootstrap);
   Offset<fb::Effect> in_flight;
   if (s.in_flight) {
     in_flight = fb::CreateEffect(b, static_cast<fb::EffectKind>(Fb(s.in_flight->kind)),
@@ -936,7 +952,7 @@ Offset<fb::State> EncState(FlatBufferBuilder& b, const State& s) {
                          bootstrap, s.attempts, in_flight, active_vec, update, taint, counters,
                          instance, s.engine_reachable, s.engine_recheck, labels_vec,
                          /*labels_complete=*/true, committed_digest, label_digests_vec,
-                         s.sleep_level);
+                         s.sleep_level, s.fold_rules);
 }
 
 // A snapshot written before the label registry existed knows only the committed label; labels
@@ -956,10 +972,9 @@ State DecStateTable(Decoder& d, const fb::State* t) {
   s.committed = DecVersion(t->committed());
   s.committed_identity = DecIdentity(t->committed_identity());
   if (const auto* boot = t->bootstrap()) {
-    s.bootstrap =
-        BootstrapRequested{Str(boot->label()), DecIdentity(boot->identity()), boot->adopt(),
-                           boot->require_digest(), Str(boot->expected_digest())};
+    s.bootstrap = DecBootstrap(d, boot, "State.bootstrap.fold_rules");
   }
+  s.fold_rules = d.FoldRules(t->fold_rules(), "State.fold_rules");
   s.attempts = t->attempts();
   if (const auto* e = t->in_flight()) {
     s.in_flight = Effect{d.Enum<EffectKind>(e->kind(), kEffectKindMaxRaw, "State.in_flight.kind"),

@@ -679,6 +679,7 @@ State Service::MonitorView(const std::string& engine) const {
     view.engine_instance = st.engine_instance;
     view.engine_reachable = st.engine_reachable;
     view.engine_recheck = st.engine_recheck;
+    view.fold_rules = st.fold_rules;
     view.counters = st.counters;
     view.committed_digest = st.committed_digest;
   };
@@ -710,7 +711,7 @@ bool Service::MonitorOnce(const MonitorTarget& t) {
   // An engine verified before instances were read adopts the first one that vouches.
   const bool adopts = vouched && before.engine_instance.empty() && !p.engine_instance.empty();
   const bool changes = look_changes_reachability(before, p) || (ok && !matches) || drift ||
-                       (vouched && before.engine_recheck) || adopts;
+                       look_clears_recheck(before, p) || adopts;
   if (!changes) return true;
   EngineMonitored m = p;
   // Weights can have changed any time since the last digest that matched (label and instance

@@ -244,8 +244,8 @@ void FleetWorld::Monitor(const std::string& engine) {
   const bool reachable = m.http.ok_2xx();
   const bool differs = m.reported_label != s.committed.label || m.is_paused ||
                        m.engine_instance != s.engine_instance || !weights_match(s, m.digest);
-  const bool changed =
-      reachable ? (!s.engine_reachable || s.engine_recheck || differs) : s.engine_reachable;
+  const bool changed = reachable ? (!s.engine_reachable || look_clears_recheck(s, m) || differs)
+                                 : s.engine_reachable;
   if (!changed) return;
   m.updates_seen = monitor_epoch(s);
   m.last_ok_wall_ms = clock_.wall_ms();

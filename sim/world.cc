@@ -417,8 +417,8 @@ void World::Monitor() {
                                                 m.engine_instance)
                               : m.reported_label != s.committed.label || m.is_paused ||
                                     m.engine_instance != s.engine_instance || drifted;
-  const bool changed =
-      reachable ? (!s.engine_reachable || s.engine_recheck || differs) : s.engine_reachable;
+  const bool changed = reachable ? (!s.engine_reachable || look_clears_recheck(s, m) || differs)
+                                 : s.engine_reachable;
   if (!changed) return;
   m.updates_seen = monitor_epoch(s);
   m.last_ok_wall_ms = clock_.wall_ms();

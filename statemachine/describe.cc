@@ -24,7 +24,8 @@ std::string identity(const WeightIdentity& id) {
 std::string one(const BootstrapRequested& e) {
   return "label=" + q(e.label) + " " + identity(e.identity) + (e.adopt ? " adopt" : "") +
          (e.require_digest ? " require_digest" : "") +
-         (e.expected_digest.empty() ? "" : " expected_digest=" + e.expected_digest.substr(0, 16));
+         (e.expected_digest.empty() ? "" : " expected_digest=" + e.expected_digest.substr(0, 16)) +
+         " fold_rules=" + std::to_string(e.fold_rules);
 }
 std::string digest(const WeightDigest& d) {
   if (!d.present()) return d.error.empty() ? "" : " digest=none(" + d.error + ")";

@@ -23,6 +23,18 @@ namespace rc {
 
 // ---- inputs: commands ----
 
+// The versions of the fold's rules. A journal folds by the rules its BootstrapRequested recorded,
+// so a journal written by an earlier RolloutCore folds as it was folded then, and a new bootstrap
+// records the current rules. What each version changed:
+//   0  the rules before versions were recorded (a BootstrapRequested without the field).
+//   1  a pending re-verification (State::engine_recheck) is cleared by an observation
+//      (EngineProbed, EngineMonitored) only with a weight digest equal to the committed one,
+//      when one is committed: a look whose digest read failed no longer re-verifies the weights.
+// A rule change that would fold a recorded journal differently raises this number, never changes
+// what an existing number means. A record of a version above this build's is refused (the journal
+// is from a newer RolloutCore), never folded by rules this build does not know.
+inline constexpr std::uint32_t kFoldRulesCurrent = 1;
+
 // Start serving: the engine must report `label` before the controller goes READY.
 // With `adopt`, the operator accepts an engine found in another state: one that reports another
 // label (it is relabelled) or is paused (it is resumed); the probe journals what was seen.
@@ -37,6 +49,9 @@ struct BootstrapRequested {
   // same layout recorded for `label`, so that a joining engine is proven to hold the fleet's
   // weights, not only to report its label.
   std::string expected_digest;
+  // The fold rules the engine's journal folds by (kFoldRulesCurrent above): a new bootstrap
+  // records this build's, a record written before they were recorded reads 0.
+  std::uint32_t fold_rules = kFoldRulesCurrent;
   bool operator==(const BootstrapRequested&) const = default;
 };
 

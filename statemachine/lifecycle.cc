@@ -295,7 +295,13 @@ Status apply_one(State& s, const BootstrapRequested& e) {
   RC_RETURN_IF_ERROR(check_id("label", e.label));
   RC_RETURN_IF_ERROR(check_identity(e.identity));
   RC_RETURN_IF_ERROR(check_digest("expected_digest", e.expected_digest, false));
+  if (e.fold_rules > kFoldRulesCurrent) {
+    return Status::InvalidArgument(
+        "fold_rules " + std::to_string(e.fold_rules) + " are newer than this build's " +
+        std::to_string(kFoldRulesCurrent) + " (a journal from a newer RolloutCore)");
+  }
   s.bootstrap = e;
+  s.fold_rules = e.fold_rules;
   s.attempts = 0;
   return Status::OK();
 }
@@ -552,12 +558,24 @@ std::string digest_mismatch(const State& s, const WeightDigest& d) {
          digest_difference(s.committed_digest, d);
 }
 
-// Evidence that the READY engine is still the verified one clears a pending re-verification.
-void note_engine_seen(State& s, bool ok, bool matches, const std::string& instance) {
-  s.engine_reachable = ok;
-  if (!ok || !matches) return;
-  s.engine_recheck = false;
-  if (s.engine_instance.empty()) s.engine_instance = instance;
+// A look at the watched engine (EngineProbed, EngineMonitored) that vouches for the verified
+// process, and shows no other weights, clears a pending re-verification once its digest also
+// verifies the weights (weights_verified: the journal's fold rules decide); an engine verified
+// before instances were read adopts the instance it names.
+template <class Look>
+bool look_vouches(const State& s, const Look& e) {
+  return e.http.ok_2xx() &&
+         engine_vouched(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
+         digest_mismatch(s, e.digest).empty();
+}
+
+template <class Look>
+void note_engine_seen(State& s, const Look& e) {
+  const bool vouched = look_vouches(s, e);
+  s.engine_reachable = e.http.ok_2xx();
+  if (!vouched) return;
+  if (weights_verified(s, e.digest)) s.engine_recheck = false;
+  if (s.engine_instance.empty()) s.engine_instance = e.engine_instance;
 }
 
 Status apply_one(State& s, const EngineProbed& e) {
@@ -571,11 +589,7 @@ Status apply_one(State& s, const EngineProbed& e) {
     s.engine_instance = e.engine_instance;  // the bootstrap verifies this process
     s.committed_digest = e.digest;          // ... and these weights (committed from READY on)
   } else {
-    note_engine_seen(
-        s, e.http.ok_2xx(),
-        engine_vouched(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
-            digest_mismatch(s, e.digest).empty(),
-        e.engine_instance);
+    note_engine_seen(s, e);
   }
   return Status::OK();
 }
@@ -596,11 +610,7 @@ Status apply_one(State& s, const EngineMonitored& e) {
   }
   RC_RETURN_IF_ERROR(check_engine_view(e.http, e.reported_label, e.engine_instance));
   RC_RETURN_IF_ERROR(check_weight_digest(e.digest));
-  note_engine_seen(
-      s, e.http.ok_2xx(),
-      engine_vouched(s, e.reported_label, e.is_paused_known, e.is_paused, e.engine_instance) &&
-          digest_mismatch(s, e.digest).empty(),
-      e.engine_instance);
+  note_engine_seen(s, e);
   return Status::OK();
 }
 
@@ -1522,6 +1532,10 @@ bool engine_vouched(const State& s, const std::string& label, bool paused_known,
   return named && engine_matches(s, label, paused_known, paused, instance);
 }
 
+bool look_clears_recheck(const State& s, const EngineMonitored& seen) {
+  return s.engine_recheck && look_vouches(s, seen) && weights_verified(s, seen.digest);
+}
+
 bool look_changes_reachability(const State& s, const EngineMonitored& seen) {
   const bool ok = seen.http.ok_2xx();
   if (s.engine_reachable) return !ok;
@@ -1892,6 +1906,12 @@ std::string admission_block_reason(const State& s) {
     return std::string("an update is in progress (") + lifecycle_name(s.lifecycle) + ")";
   }
   if (!s.engine_reachable) return "the engine is unreachable";
+  if (s.engine_recheck && next_effect(s).kind == EffectKind::kNone && !s.in_flight) {
+    return "the engine is not re-verified since the executor restarted (its " +
+           std::to_string(kEffectAttemptsMax) +
+           " probes are spent: a look of the engine monitor that re-verifies it, or an executor "
+           "restart, lifts this)";
+  }
   if (s.engine_recheck) return "the engine is not re-verified since the executor restarted";
   return {};
 }
@@ -1927,6 +1947,11 @@ std::string digest_difference(const WeightDigest& was, const WeightDigest& now) 
 }
 
 bool weights_match(const State& s, const WeightDigest& d) { return digest_mismatch(s, d).empty(); }
+
+bool weights_verified(const State& s, const WeightDigest& d) {
+  if (s.fold_rules == 0 || !s.committed_digest.present()) return weights_match(s, d);
+  return d.present() && d.combined == s.committed_digest.combined;
+}
 
 std::uint64_t monitor_epoch(const State& s) {
   return s.counters.updates_requested + s.counters.restores_requested + s.counters.recoveries +

@@ -108,6 +108,9 @@ struct State {
   std::map<std::string, std::string> label_digests;
   // Bootstrap request awaiting the probe (UNINITIALIZED only).
   std::optional<BootstrapRequested> bootstrap;
+  // The fold rules the last bootstrap request recorded (BootstrapRequested::fold_rules), kept for
+  // the journal's life; 0 before any.
+  std::uint32_t fold_rules = 0;
   // Attempts of the current effect (counted from EffectStarted; reset when the effect changes).
   std::uint32_t attempts = 0;
   // The effect whose EffectStarted intent is durable and whose observation has not arrived.
@@ -119,7 +122,8 @@ struct State {
   std::string engine_instance;
   bool engine_reachable = true;  // the monitor's last word; false refuses admissions
   // An executor restarted and nothing has re-verified the engine since: no admissions (and, in
-  // READY, a probe is due) until a probe or the monitor shows the same engine, or a validation.
+  // READY, a probe is due, kEffectAttemptsMax times) until a probe or the monitor shows the same
+  // engine with the committed weights (weights_verified), or a validation does.
   bool engine_recheck = false;
   // Every label ever committed and the identity it named: a label names one policy for the
   // journal's life (re-committing it is allowed only for the same identity).
@@ -229,6 +233,20 @@ std::string digest_difference(const WeightDigest& was, const WeightDigest& now);
 // Whether a digest the READY engine computed is the committed weights' (true when either side
 // has none): the fold's rule for EngineProbed and EngineMonitored in READY.
 bool weights_match(const State& state, const WeightDigest& digest);
+
+// Whether a look's digest re-verifies the committed weights, by the journal's fold rules
+// (state.fold_rules): from rules 1, only a digest equal to the committed one (any look, when none
+// is committed); under rules 0, any that does not show other weights, one whose read failed
+// included. Together with engine_vouched, the fold's rule for clearing engine_recheck on
+// EngineProbed and EngineMonitored: a look that vouches for the process but fails this leaves the
+// re-verification pending (journaling it clears nothing).
+bool weights_verified(const State& state, const WeightDigest& digest);
+
+// Whether a look clears a pending re-verification: the fold's rule for EngineMonitored (a look
+// that answered, vouches for the verified process, shows no other weights, and re-verifies them
+// by weights_verified). The executors journal a look for this only when it does, so a look that
+// clears nothing is not recorded at every tick.
+bool look_clears_recheck(const State& state, const EngineMonitored& seen);
 
 // updates_requested + restores_requested + recoveries: what an EngineMonitored must name to be
 // current.

@@ -117,6 +117,50 @@ TEST(Codec, ARecoveryStartedFromBeforeTheJournalEndingReadsAsNotRecorded) {
   }
 }
 
+// Whether the BootstrapRequested in `record` stores a fold_rules field at all.
+bool StoresFoldRules(const std::string& record) {
+  const fb::Record* r = fb::GetSizePrefixedRecord(record.data());
+  // Every generated table is a flatbuffers::Table (privately): the field's vtable slot is read
+  // through it.
+  const auto* table = reinterpret_cast<const flatbuffers::Table*>(r->payload());
+  return table->CheckField(fb::BootstrapRequested::VT_FOLD_RULES);
+}
+
+// Proves a BootstrapRequested without a fold_rules field (as every build before the field wrote
+// it: rules 0 are written as no field) decodes as rules 0 and re-encodes to exactly its bytes (its
+// hash, and every hash chained on it, unchanged), that a new bootstrap carries the current rules
+// through the codec, and that rules newer than this build's are Corruption naming the field and a
+// newer RolloutCore; catches an old journal read under the new rules, a codec that drops the
+// field (a new journal read back under rules 0), and a journal from a newer build folded by rules
+// this one does not know.
+TEST(Codec, ABootstrapCarriesItsFoldRulesAndOneWithoutThemReadsZero) {
+  BootstrapRequested e{"rc-0", SampleIdentity(), /*adopt=*/true};
+  ASSERT_EQ(e.fold_rules, kFoldRulesCurrent) << "a new bootstrap records the current rules";
+  const std::string current = EncodeRecord(SampleRecord(e));
+  EXPECT_TRUE(StoresFoldRules(current));
+  Result<Record> read = DecodeRecord(current);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(std::get<BootstrapRequested>(read->event), e);
+
+  e.fold_rules = 0;
+  const std::string older = EncodeRecord(SampleRecord(e));
+  ASSERT_FALSE(StoresFoldRules(older)) << "rules 0 are the bytes an older build wrote";
+  Result<Record> old = DecodeRecord(older);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(std::get<BootstrapRequested>(old->event).fold_rules, 0u);
+  EXPECT_EQ(EncodeRecord(*old), older) << "a record from before the rules keeps its bytes";
+
+  e.fold_rules = kFoldRulesCurrent + 1;
+  Result<Record> refused = DecodeRecord(EncodeRecord(SampleRecord(e)));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kCorruption);
+  EXPECT_NE(refused.status().message().find("BootstrapRequested.fold_rules " +
+                                            std::to_string(kFoldRulesCurrent + 1)),
+            std::string::npos)
+      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("newer RolloutCore"), std::string::npos);
+}
+
 // Proves a recorded torn tail is read back only as the fold would have taken it: an ending past
 // the enum, a sentence over kTextBytesMax and one that is not UTF-8 are Corruption naming the
 // field; catches a forged record's text reaching replay and audit unchecked.
@@ -371,6 +415,84 @@ std::string SnapshotError(const State& s) {
   if (r.ok()) return "decoded";
   EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
   return r.status().message();
+}
+
+// A READY engine bootstrapped by `fold_rules` on an engine whose digest was 111, its executor
+// restarted: the re-verification probe is in flight.
+rc::test::Driver RestartedAwaitingItsProbe(std::uint32_t fold_rules) {
+  rc::test::Driver d;
+  BootstrapRequested b{"rc-0", rc::test::identity('a')};
+  b.fold_rules = fold_rules;
+  d.ok(b);
+  d.effect(EffectKind::kProbeEngine);
+  EngineProbed boot{rc::test::ok_http(), "0.25.1", "rc-0", true, false, "i-0"};
+  boot.digest = rc::test::digest_of("111");
+  d.ok(boot);
+  d.ok(RecoveryStarted{"exec-2"});
+  d.effect(EffectKind::kProbeEngine);
+  return d;
+}
+
+// Proves a snapshot keeps the engine's fold rules (after its bootstrap, and of a bootstrap still
+// pending), so that a state loaded from it folds a digest-less re-verification probe as the live
+// one does (pending); that a snapshot written before the field reads 0, as its journal's
+// bootstrap does; and that rules newer than this build's are refused; catches a snapshot-based
+// open folding a new journal by the old rules (the probe would clear the recheck), or an old one
+// by the new.
+TEST(Codec, SnapshotsKeepTheFoldRules) {
+  rc::test::Driver live = RestartedAwaitingItsProbe(kFoldRulesCurrent);
+  ASSERT_EQ(live.s.fold_rules, kFoldRulesCurrent);
+  Result<State> loaded = DecodeState(EncodeState(live.s));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, live.s);
+  EngineProbed unread{rc::test::ok_http(), "0.25.1", "rc-0", true, false, "i-0"};
+  unread.digest.error = "rc_weight_digest timed out";
+  State from_snapshot = *loaded;
+  ASSERT_TRUE(rc::step(from_snapshot, unread).ok());
+  live.ok(unread);
+  EXPECT_TRUE(from_snapshot.engine_recheck) << "the loaded state folds by the journal's rules";
+  EXPECT_EQ(from_snapshot, live.s);
+
+  State pending;
+  pending.bootstrap = BootstrapRequested{"rc-0", SampleIdentity()};
+  pending.fold_rules = kFoldRulesCurrent;
+  Result<State> pending_out = DecodeState(EncodeState(pending));
+  ASSERT_TRUE(pending_out.ok()) << pending_out.status().ToString();
+  EXPECT_EQ(pending_out->bootstrap->fold_rules, kFoldRulesCurrent);
+  EXPECT_EQ(*pending_out, pending);
+
+  // A journal bootstrapped before the rules: its state holds 0, which a snapshot writes as no
+  // field at all (what an older build wrote), and reads back as 0.
+  rc::test::Driver old = RestartedAwaitingItsProbe(0);
+  const std::string old_bytes = EncodeState(old.s);
+  State as_current = old.s;
+  as_current.fold_rules = kFoldRulesCurrent;
+  EXPECT_LT(old_bytes.size(), EncodeState(as_current).size()) << "no field for rules 0";
+  Result<State> old_out = DecodeState(old_bytes);
+  ASSERT_TRUE(old_out.ok()) << old_out.status().ToString();
+  EXPECT_EQ(old_out->fold_rules, 0u);
+  EXPECT_EQ(*old_out, old.s);
+
+  // A fleet snapshot holds each member's State: members bootstrapped under different rules (one
+  // before they were recorded, one after) keep their own.
+  rc::test::FleetDriver fleet;
+  fleet.join("a");
+  fleet.bootstrap("a");
+  fleet.join("b");
+  BootstrapRequested b_boot{"rc-0", rc::test::identity('a')};
+  b_boot.fold_rules = 0;
+  fleet.ok("b", b_boot);
+  Result<FleetSnapshot> fleet_out = DecodeFleetState(EncodeFleetState(fleet.f, fleet.f.events));
+  ASSERT_TRUE(fleet_out.ok()) << fleet_out.status().ToString();
+  EXPECT_EQ(fleet_out->fleet.engines.at("a").fold_rules, kFoldRulesCurrent);
+  EXPECT_EQ(fleet_out->fleet.engines.at("b").fold_rules, 0u);
+  EXPECT_EQ(fleet_out->fleet, fleet.f);
+
+  State newer = live.s;
+  newer.fold_rules = kFoldRulesCurrent + 1;
+  EXPECT_NE(SnapshotError(newer).find("State.fold_rules"), std::string::npos);
+  pending.bootstrap->fold_rules = kFoldRulesCurrent + 1;
+  EXPECT_NE(SnapshotError(pending).find("newer RolloutCore"), std::string::npos);
 }
 
 // Proves a snapshot (valid hash, encoded by EncodeState) whose active rollout id holds '\n', or

@@ -12,9 +12,11 @@ using namespace rc::test;
 
 // Walks bootstrap with `boot` digest, then validates `label` with `seen`.
 struct DigestDriver : Driver {
-  void bootstrap(const WeightDigest& boot, bool require = false) {
+  void bootstrap(const WeightDigest& boot, bool require = false,
+                 std::uint32_t fold_rules = kFoldRulesCurrent) {
     BootstrapRequested b{"rc-0", identity('a')};
     b.require_digest = require;
+    b.fold_rules = fold_rules;
     ok(b);
     effect(EffectKind::kProbeEngine);
     EngineProbed p{ok_http(), "0.25.1", "rc-0", false, false, "i-0"};
@@ -26,6 +28,13 @@ struct DigestDriver : Driver {
     ValidationObserved v{ok_http(), label, true, "", "i-0", {}, true, true};
     v.digest = seen;
     return ok(v);
+  }
+  // The engine the journal verified (its label and process, unpaused) answering a re-verification
+  // probe, with `seen` as its digest.
+  EngineProbed same_engine(const WeightDigest& seen) const {
+    EngineProbed p{ok_http(), "0.25.1", s.committed.label, true, false, s.engine_instance};
+    p.digest = seen;
+    return p;
   }
   // An identity whose content digest is the hex of its letter (its own bytes).
   UpdateRequested distinct_request(const std::string& label, char ident) const {
@@ -58,6 +67,13 @@ void expect_history_ok(const Driver& d) {
   HistoryReport r = check_history(d.history);
   EXPECT_TRUE(r.ok) << r.message;
   EXPECT_EQ(r.state, d.s) << "the checker's fold differs from the live state";
+}
+
+// A digest read that failed: no digest, and why.
+WeightDigest unread_digest() {
+  WeightDigest d;
+  d.error = "rc_weight_digest timed out";
+  return d;
 }
 
 std::string taint_detail(const std::vector<Event>& ev) {
@@ -288,6 +304,106 @@ TEST(Digest, MalformedDigestsAreRejected) {
   WeightDigest control = digest_of("123");
   control.tensors[0].name = "a\nb";
   EXPECT_EQ(d.rejected(probe(control)), Code::kInvalidArgument);
+}
+
+// Proves that under the current fold rules a re-verification probe that vouches for the process
+// (label, instance, unpaused) but read no weight digest leaves the recheck pending, with the
+// engine recorded reachable and admissions, updates and sleeps refused, and that the next probe,
+// reading the committed digest, clears it; catches a probe whose digest read failed putting
+// weights nobody checked back in service.
+TEST(Digest, ARecheckNeedsTheCommittedDigest) {
+  DigestDriver d;
+  d.bootstrap(digest_of("111"));
+  ASSERT_EQ(d.s.fold_rules, kFoldRulesCurrent);
+  d.ok(RecoveryStarted{"exec-2"});
+  d.effect(EffectKind::kProbeEngine);
+  EXPECT_TRUE(d.ok(d.same_engine(unread_digest())).empty()) << "no taint: nothing differs";
+  EXPECT_TRUE(d.s.engine_recheck);
+  EXPECT_TRUE(d.s.engine_reachable);
+  EXPECT_EQ(d.rejected(make_admission(d.s, "x")), Code::kRejected);
+  EXPECT_EQ(d.rejected(d.distinct_request("rc-1", 'b')), Code::kRejected);
+  EXPECT_EQ(d.rejected(SleepRequested{"s1", 1}), Code::kRejected);
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kProbeEngine) << "the probe is tried again";
+  d.effect(EffectKind::kProbeEngine);
+  EXPECT_TRUE(d.ok(d.same_engine(digest_of("111"))).empty());
+  EXPECT_FALSE(d.s.engine_recheck);
+  d.admit();
+  expect_history_ok(d);
+}
+
+// Proves the end of a re-verification whose digest is never read: kEffectAttemptsMax probes, then
+// nothing due (no plan stalls, no taint) and admissions refused saying the probes are spent; a
+// monitor look without a digest changes nothing, one with the committed digest clears it, and an
+// executor restart gives the probes back; catches a probe retried forever, or an engine served
+// once the probes ran out.
+TEST(Digest, ARecheckWhoseDigestIsNeverReadEndsRefusingAdmissions) {
+  DigestDriver d;
+  d.bootstrap(digest_of("111"));
+  d.ok(RecoveryStarted{"exec-2"});
+  for (std::uint32_t i = 0; i < kEffectAttemptsMax; ++i) {
+    ASSERT_EQ(next_effect(d.s).kind, EffectKind::kProbeEngine);
+    d.effect(EffectKind::kProbeEngine);
+    d.ok(d.same_engine(unread_digest()));
+  }
+  EXPECT_EQ(next_effect(d.s).kind, EffectKind::kNone);
+  EXPECT_EQ(d.rejected(intent(EffectKind::kProbeEngine)), Code::kRejected);
+  EXPECT_FALSE(plan_stalled(d.s));
+  EXPECT_EQ(d.s.lifecycle, Lifecycle::kReady);
+  EXPECT_NE(admission_block_reason(d.s).find("probes are spent"), std::string::npos)
+      << admission_block_reason(d.s);
+  EXPECT_EQ(d.rejected(make_admission(d.s, "x")), Code::kRejected);
+  {
+    DigestDriver restarted = d;
+    restarted.ok(RecoveryStarted{"exec-3"});
+    EXPECT_EQ(next_effect(restarted.s).kind, EffectKind::kProbeEngine);
+  }
+  EngineMonitored look{ok_http(),         "rc-0", true, false, d.s.engine_instance, 1000,
+                       monitor_epoch(d.s)};
+  look.digest = unread_digest();
+  EXPECT_FALSE(weights_verified(d.s, look.digest));
+  d.ok(look);
+  EXPECT_TRUE(d.s.engine_recheck);
+  look.digest = digest_of("111");
+  EXPECT_TRUE(weights_verified(d.s, look.digest));
+  d.ok(look);
+  EXPECT_FALSE(d.s.engine_recheck);
+  d.admit();
+  expect_history_ok(d);
+}
+
+// Proves a journal bootstrapped before fold rules were recorded (fold_rules 0, what such a record
+// decodes as) folds a digest-less re-verification probe as it always did: the recheck clears and
+// the admission after it is legal; and that the same history read under the current rules is
+// refused; catches the new rule applied to old journals, which would stop them from refolding.
+TEST(Digest, AJournalFromBeforeFoldRulesKeepsItsRecheckRule) {
+  DigestDriver d;
+  d.bootstrap(digest_of("111"), false, /*fold_rules=*/0);
+  ASSERT_EQ(d.s.fold_rules, 0u);
+  d.ok(RecoveryStarted{"exec-2"});
+  d.effect(EffectKind::kProbeEngine);
+  d.ok(d.same_engine(unread_digest()));
+  EXPECT_FALSE(d.s.engine_recheck);
+  d.admit();
+  expect_history_ok(d);
+
+  std::vector<HistoryEntry> current = d.history;
+  std::get<BootstrapRequested>(current.front().event).fold_rules = kFoldRulesCurrent;
+  const HistoryReport refolded = check_history(current);
+  EXPECT_FALSE(refolded.ok) << "under the current rules the recorded admission is refused";
+  EXPECT_EQ(refolded.first_bad_seq, d.history.back().seq) << refolded.message;
+}
+
+// Proves a bootstrap naming fold rules newer than this build's is refused before it changes
+// anything; catches a journal from a newer RolloutCore folded by rules this build does not know.
+TEST(Digest, FoldRulesNewerThanThisBuildAreRefused) {
+  BootstrapRequested b{"rc-0", identity('a')};
+  b.fold_rules = kFoldRulesCurrent + 1;
+  State fresh;
+  const State before = fresh;
+  const Status st = rc::apply(fresh, Event{b});
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("newer"), std::string::npos) << st.message();
+  EXPECT_EQ(fresh, before);
 }
 
 }  // namespace
