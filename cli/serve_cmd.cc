@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -23,6 +25,7 @@
 #include "cli/commands.h"
 
 #ifdef RC_CLI_HAVE_SERVICE
+#include "effects/thread_start.h"
 #include "service/config.h"
 #include "service/service.h"
 #include "service/trajectories.h"
@@ -108,32 +111,64 @@ std::int64_t SteadyMs(SteadyClock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
-// When the process exits unclean (steady-clock ms): moved later, never earlier.
-using ExitDeadline = std::shared_ptr<std::atomic<std::int64_t>>;
+// When the process exits unclean, once a signal armed it (steady-clock ms): moved later, never
+// earlier. Shared with the thread that watches it, which outlives a clean return from main.
+struct ExitDeadline {
+  std::mutex mu;
+  std::condition_variable armed_cv;
+  bool armed = false;  // under mu
+  SteadyClock::time_point signalled;
+  std::atomic<std::int64_t> at_ms{0};
+};
 
-void MoveLater(const ExitDeadline& exit_at_ms, std::int64_t at_ms) {
-  std::int64_t current = exit_at_ms->load();
-  while (at_ms > current && !exit_at_ms->compare_exchange_weak(current, at_ms)) {
+void MoveLater(ExitDeadline& deadline, std::int64_t at_ms) {
+  std::int64_t current = deadline.at_ms.load();
+  while (at_ms > current && !deadline.at_ms.compare_exchange_weak(current, at_ms)) {
   }
 }
 
-void ExitUncleanAt(const ExitDeadline& exit_at_ms) {
-  const SteadyClock::time_point signalled = SteadyClock::now();
-  std::thread([exit_at_ms, signalled] {
-    constexpr std::int64_t kLookMs = 100;  // how often the deadline is read again
-    for (std::int64_t now = SteadyMs(SteadyClock::now()); now < exit_at_ms->load();
-         now = SteadyMs(SteadyClock::now())) {
-      std::this_thread::sleep_for(
-          std::chrono::milliseconds(std::min(kLookMs, exit_at_ms->load() - now)));
-    }
-    std::fprintf(stderr,
-                 "rolloutcore serve: shutdown did not end within %lld ms of the signal (a stalled "
-                 "disk?); exiting without the journal's clean-close record: the next start "
-                 "recovers\n",
-                 static_cast<long long>(SteadyMs(SteadyClock::now()) - SteadyMs(signalled)));
-    std::fflush(stderr);
-    std::_Exit(3);
-  }).detach();  // a clean shutdown returns from main first
+// The watch's thread: idle until a signal arms the deadline, then exits the process unclean (3)
+// once it passes.
+void WatchExitDeadline(const std::shared_ptr<ExitDeadline>& deadline) {
+  SteadyClock::time_point signalled;
+  {
+    std::unique_lock<std::mutex> l(deadline->mu);
+    deadline->armed_cv.wait(l, [&] { return deadline->armed; });
+    signalled = deadline->signalled;
+  }
+  constexpr std::int64_t kLookMs = 100;  // how often the deadline is read again
+  for (std::int64_t now = SteadyMs(SteadyClock::now()); now < deadline->at_ms.load();
+       now = SteadyMs(SteadyClock::now())) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::min(kLookMs, deadline->at_ms.load() - now)));
+  }
+  std::fprintf(stderr,
+               "rolloutcore serve: shutdown did not end within %lld ms of the signal (a stalled "
+               "disk?); exiting without the journal's clean-close record: the next start "
+               "recovers\n",
+               static_cast<long long>(SteadyMs(SteadyClock::now()) - SteadyMs(signalled)));
+  std::fflush(stderr);
+  std::_Exit(3);
+}
+
+// Started with serve, before the journal opens, so that a shutdown never needs a thread the
+// system may refuse by then: a refusal here is a start failure, with nothing opened.
+Status StartExitDeadlineWatch(const std::shared_ptr<ExitDeadline>& deadline) {
+  Result<std::thread> watch = effects::StartThread("the shutdown's exit deadline watch",
+                                                   [deadline] { WatchExitDeadline(deadline); });
+  if (!watch.ok()) return watch.status();
+  watch->detach();  // a clean shutdown returns from main first
+  return Status::OK();
+}
+
+void ArmExitDeadline(ExitDeadline& deadline, std::int64_t at_ms) {
+  {
+    std::lock_guard<std::mutex> l(deadline.mu);
+    deadline.signalled = SteadyClock::now();
+    deadline.at_ms.store(at_ms);
+    deadline.armed = true;
+  }
+  deadline.armed_cv.notify_all();
 }
 
 }  // namespace
@@ -223,6 +258,11 @@ Runner add_serve(CLI::App& app) {
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     signal(SIGPIPE, SIG_IGN);
+    auto exit_deadline = std::make_shared<ExitDeadline>();
+    if (Status watching = StartExitDeadlineWatch(exit_deadline); !watching.ok()) {
+      PrintError(watching.ToString());
+      return 1;
+    }
 
     // The effective configuration, one line, its tokens redacted: what this process runs with.
     spdlog::info("serve: configuration {}", AsciiLine(service::ConfigToJson(*cfg)));
@@ -262,15 +302,14 @@ Runner add_serve(CLI::App& app) {
     }
     spdlog::info("serve: signal {}: draining (grace {} ms)", sig, cfg->shutdown_grace_ms);
     const std::int64_t after_plans_ms = static_cast<std::int64_t>(AfterPlansBoundMs(*cfg));
-    auto exit_at_ms = std::make_shared<std::atomic<std::int64_t>>(
-        SteadyMs(SteadyClock::now()) + static_cast<std::int64_t>(cfg->shutdown_grace_ms) +
-        after_plans_ms);
-    ExitUncleanAt(exit_at_ms);
+    ArmExitDeadline(*exit_deadline, SteadyMs(SteadyClock::now()) +
+                                        static_cast<std::int64_t>(cfg->shutdown_grace_ms) +
+                                        after_plans_ms);
     // A plan's mutation in flight is waited for past the grace: the exit waits as long.
-    const bool clean = svc->Shutdown(cfg->shutdown_grace_ms,
-                                     [exit_at_ms, after_plans_ms](SteadyClock::time_point until) {
-                                       MoveLater(exit_at_ms, SteadyMs(until) + after_plans_ms);
-                                     });
+    const bool clean = svc->Shutdown(
+        cfg->shutdown_grace_ms, [exit_deadline, after_plans_ms](SteadyClock::time_point until) {
+          MoveLater(*exit_deadline, SteadyMs(until) + after_plans_ms);
+        });
     if (svc->failed()) {
       PrintError("fail-stop: " + svc->failure());
       std::fflush(stderr);

@@ -254,15 +254,26 @@ Status Service::InitFleet() {
   durable_.head = DurableHead{journal_->head_seq(), journal_->head_hash()};
   durable_.decision_seq = journal_->head_seq();
   LogFleetStart();
-  // The monitor watches every member, each on its own thread (a restart, a relabel, drifted
-  // weights, unreachable); a fleet has no explicit rollouts, so no lease thread.
+  RC_RETURN_IF_ERROR(StartFleetMonitors());
+  RC_CHECK(fleet_members_.size() == config_.engines.size() && !rollout_prefix_.empty());
+  return Status::OK();
+}
+
+// The monitor watches every member, each on its own thread (a restart, a relabel, drifted
+// weights, unreachable); a fleet has no explicit rollouts, so no lease thread. A thread refused
+// fails the start (the destructor joins those that started).
+Status Service::StartFleetMonitors() {
   for (auto& [name, m] : fleet_members_) {
     if (m->retire) continue;
-    fleet_monitor_threads_.emplace_back([this, target = MonitorTarget{name, *m->client, m->watch}] {
-      RunGuarded("engine monitor", [this, &target] { MonitorLoop(target); });
-    });
+    // The slot is made before its thread starts: a running thread is never lost to an allocation.
+    std::thread& slot = fleet_monitor_threads_.emplace_back();
+    RC_RETURN_IF_ERROR(StartBackgroundThread(
+        "the engine monitor thread of engine '" + name + "'",
+        [this, target = MonitorTarget{name, *m->client, m->watch}] {
+          RunGuarded("engine monitor", [this, &target] { MonitorLoop(target); });
+        },
+        slot));
   }
-  RC_CHECK(fleet_members_.size() == config_.engines.size() && !rollout_prefix_.empty());
   return Status::OK();
 }
 
@@ -402,7 +413,10 @@ std::thread Service::StartMemberThread(std::function<void()> drive) {
     std::lock_guard<std::mutex> g(member_thread_start_mu_);
     start = member_thread_start_;
   }
-  return start ? start(std::move(guarded)) : std::thread(std::move(guarded));
+  if (start) return start(std::move(guarded));
+  // Throws when refused, as MemberThreads::Start's callers expect (effects/fleet_runner.h).
+  return thread_starter_ ? thread_starter_("a fleet member's drive thread", std::move(guarded))
+                         : std::thread(std::move(guarded));
 }
 
 // Refuses a journal whose fleet holds an engine this configuration leaves out: without a runner
@@ -573,14 +587,19 @@ Status Service::StartFleet() {
     return finish();
   }
   auto handover = std::make_shared<SlotHandover>();
-  fleet_monitor_threads_.emplace_back([this, handover, finish] {
-    RunGuarded("fleet recovery", [this, &handover, &finish] {
-      std::unique_lock<std::timed_mutex> slot(update_mu_);
-      if (!handover->TakenThenAwaitListening()) return;
-      const Status finished = finish();
-      if (!finished.ok()) FailStop("the fleet's recovery failed: " + finished.ToString());
-    });
-  });
+  // Refused, nothing waits on the handover: the start fails, and the restart recovers again.
+  std::thread& recovery = fleet_monitor_threads_.emplace_back();
+  RC_RETURN_IF_ERROR(StartBackgroundThread(
+      "the fleet's recovery thread",
+      [this, handover, finish] {
+        RunGuarded("fleet recovery", [this, &handover, &finish] {
+          std::unique_lock<std::timed_mutex> slot(update_mu_);
+          if (!handover->TakenThenAwaitListening()) return;
+          const Status finished = finish();
+          if (!finished.ok()) FailStop("the fleet's recovery failed: " + finished.ToString());
+        });
+      },
+      recovery));
   // Whatever Start does now, even throw, the thread is told whether the proxy listens.
   struct Verdict {
     SlotHandover& handover;

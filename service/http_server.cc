@@ -9,7 +9,6 @@
 #include <utility>
 
 #include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/read_size.hpp>
@@ -838,9 +837,52 @@ HttpRouter::Match HttpRouter::Find(bhttp::verb method, std::string_view path) co
 
 // ---- HttpServer ----
 
+// The threads that run blocking routes: one io_context that they all run, its threads started by
+// Start (asio::thread_pool starts its own in its constructor, where a refusal cannot be a Status,
+// and one refused after the first leaves the others waiting for work that never ends: a hang).
 struct HttpServer::BlockingPool {
-  explicit BlockingPool(std::size_t threads) : pool(threads) {}
-  asio::thread_pool pool;
+  explicit BlockingPool(std::size_t n)
+      : threads_max(n), context(n == 1 ? 1 : 0), work(asio::make_work_guard(context)) {}
+  ~BlockingPool() { Stop(); }
+  BlockingPool(const BlockingPool&) = delete;
+  BlockingPool& operator=(const BlockingPool&) = delete;
+
+  Status Start(const effects::ThreadStarter& starter) {
+    RC_CHECK(threads.empty());
+    threads.reserve(threads_max);  // no allocation between a thread's start and its keeping
+    for (std::size_t i = 0; i < threads_max; ++i) {
+      Result<std::thread> t = effects::StartThread(
+          "HTTP handler thread " + std::to_string(i),
+          [this, i] {
+            const std::string name = "rc-api-" + std::to_string(i);  // 15 bytes for the kernel
+            pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+            context.run();
+          },
+          starter);
+      if (!t.ok()) return t.status();
+      threads.push_back(std::move(t).value());
+    }
+    return Status::OK();
+  }
+  // Returns once every handler queued has run and the threads ended.
+  void Join() {
+    work.reset();
+    JoinThreads();
+  }
+  // Handlers not started are dropped; those running are waited for.
+  void Stop() {
+    context.stop();
+    JoinThreads();
+  }
+  void JoinThreads() {
+    for (std::thread& t : threads) t.join();
+    threads.clear();
+  }
+
+  const std::size_t threads_max;
+  asio::io_context context;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
   std::mutex mu;
   std::condition_variable idle_cv;
   std::size_t in_flight = 0;  // queued or running
@@ -889,11 +931,40 @@ Result<int> HttpServer::Start() {
   Accept();
   // A loop with no connection yet has no work: the guard keeps it running until Stop.
   for (auto& loop : loops_) guards_.push_back(asio::make_work_guard(*loop));
-  for (std::size_t i = 0; i < loops_.size(); ++i) {
-    io_threads_.emplace_back([this, i] { RunLoop(i); });
+  if (Status started = StartThreads(); !started.ok()) {
+    AbandonStart();
+    return started;
   }
   RC_CHECK(io_threads_.size() == options_.io_threads && loops_.size() == options_.io_threads);
   return port;
+}
+
+// The event loops' threads, then the blocking pool's; the first the system refuses ends it.
+Status HttpServer::StartThreads() {
+  io_threads_.reserve(loops_.size());  // no allocation between a thread's start and its keeping
+  for (std::size_t i = 0; i < loops_.size(); ++i) {
+    Result<std::thread> t = effects::StartThread(
+        "HTTP event loop thread " + std::to_string(i), [this, i] { RunLoop(i); },
+        options_.thread_starter);
+    if (!t.ok()) return t.status();
+    io_threads_.push_back(std::move(t).value());
+  }
+  return blocking_->Start(options_.thread_starter);
+}
+
+// A Start that failed part-way: the threads it started are stopped and joined (no connection was
+// announced, so nothing is drained), and the listening socket is closed. The server is stopping
+// from here: Stop returns at once, the destructor releases the rest.
+void HttpServer::AbandonStart() {
+  stopping_.store(true);
+  for (auto& loop : loops_) loop->stop();
+  for (auto& t : io_threads_) t.join();
+  io_threads_.clear();
+  guards_.clear();
+  blocking_->Stop();
+  beast::error_code ignored;
+  acceptor_->close(ignored);  // no loop runs now: its pending accept is destroyed with the loop
+  RC_CHECK(io_threads_.empty() && blocking_->threads.empty());
 }
 
 Status HttpServer::Listen() {
@@ -1077,7 +1148,7 @@ void HttpServer::RunBlocking(const BlockingHandler* handler, std::vector<std::st
     res.set(bhttp::field::retry_after, "1");
     return exchange.Respond(std::move(res));
   }
-  asio::post(blocking_->pool, [this, handler, captures = std::move(captures), exchange] {
+  asio::post(blocking_->context, [this, handler, captures = std::move(captures), exchange] {
     RunHandler(handler, captures, exchange);
   });
 }
@@ -1141,7 +1212,7 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
   guards_.clear();
   io_threads_.clear();
   if (!drained) return false;  // the pool's threads still run handlers: not joined
-  blocking_->pool.join();
+  blocking_->Join();
   return true;
 }
 

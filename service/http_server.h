@@ -49,6 +49,7 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include "effects/thread_start.h"
 #include "service/byte_budget.h"
 #include "service/head_limits.h"  // kHeaderFieldsMax: a request's, its trailer's included
 #include "statemachine/status.h"
@@ -88,6 +89,9 @@ struct HttpServerOptions {
   std::size_t blocking_queue_max = 1024;    // blocking calls queued or running; beyond: 503
   // After a connection's last answer (a refusal's included), until the client's EOF: then closed.
   std::uint64_t linger_ms = 1000;
+  // How Start gets the event loops' and the blocking pool's threads (empty: std::thread). Tests
+  // give one that refuses some, as the system does when out of threads.
+  effects::ThreadStarter thread_starter;
 };
 
 struct HttpServerCounters {
@@ -201,7 +205,9 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds and starts the io threads. Returns the bound port.
+  // Binds and starts the io threads and the blocking pool's. Returns the bound port. A thread the
+  // system refuses is Unavailable naming it: the threads started by then are stopped and joined,
+  // the listening socket is closed, and the server serves no more (Stop returns at once).
   [[nodiscard]] Result<int> Start();
   // Stops accepting, lets the blocking handlers running end (up to `deadline_ms` from now; their
   // answers are sent), closes every connection, joins the threads. True when every blocking
@@ -230,6 +236,8 @@ class HttpServer {
 
  private:
   [[nodiscard]] Status Listen();
+  [[nodiscard]] Status StartThreads();
+  void AbandonStart();
   void RunLoop(std::size_t loop);
   void Accept();
   void AcceptLater();

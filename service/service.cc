@@ -325,14 +325,39 @@ std::string Service::url() const {
   return "http://" + config_.listen_host + ":" + std::to_string(port_);
 }
 
-Result<std::unique_ptr<Service>> Service::Open(const ServeConfig& config,
-                                               rocksdb::Env* journal_env) {
+// An Init that fails returns here: `s` goes, and its destructor stops and joins the threads
+// Init started and closes what it opened.
+Result<std::unique_ptr<Service>> Service::Open(const ServeConfig& config, rocksdb::Env* journal_env,
+                                               effects::ThreadStarter thread_starter) {
   RC_RETURN_IF_ERROR(ValidateConfig(config));
   RaiseOpenFileLimit();
   std::unique_ptr<Service> s(new Service(config));
   s->journal_env_ = journal_env;
+  s->thread_starter_ = std::move(thread_starter);
   RC_RETURN_IF_ERROR(s->Init());
   return s;
+}
+
+Status Service::StartBackgroundThread(std::string_view what, std::function<void()> body,
+                                      std::thread& slot) {
+  RC_CHECK(!slot.joinable());
+  Result<std::thread> started = effects::StartThread(what, std::move(body), thread_starter_);
+  if (!started.ok()) return started.status();
+  slot = std::move(started).value();
+  return Status::OK();
+}
+
+// The one engine's monitor and the lease expiry; a refused one fails the start (the destructor
+// joins the one that started).
+Status Service::StartEngineThreads() {
+  RC_RETURN_IF_ERROR(StartBackgroundThread(
+      "the engine monitor thread",
+      [this] {
+        RunGuarded("engine monitor", [this] { MonitorLoop({"", *control_client_, watch_}); });
+      },
+      monitor_thread_));
+  return StartBackgroundThread(
+      "the lease expiry thread", [this] { LeaseLoop(); }, lease_thread_);
 }
 
 // Opens everything the executor runs on, in the order each needs the one before: the journal,
@@ -362,10 +387,7 @@ Status Service::Init() {
   RC_RETURN_IF_ERROR((*init_transfer)());
   SeedDurableView();
   RenewSurvivingLeases(durable_.state);
-  monitor_thread_ = std::thread([this] {
-    RunGuarded("engine monitor", [this] { MonitorLoop({"", *control_client_, watch_}); });
-  });
-  lease_thread_ = std::thread([this] { LeaseLoop(); });
+  RC_RETURN_IF_ERROR(StartEngineThreads());
   RC_CHECK(control_client_ && http_control_ && transfer_ && runner_ && !rollout_prefix_.empty());
   return Status::OK();
 }
@@ -404,7 +426,7 @@ Status Service::OpenTrajectories() {
   const std::string path = config_.trajectories_path.empty()
                                ? DefaultTrajectoriesPath(config_.journal_path)
                                : config_.trajectories_path;
-  return trajectories_.Open(path, config_.trajectories_bytes_max);
+  return trajectories_.Open(path, config_.trajectories_bytes_max, {}, thread_starter_);
 }
 
 Status Service::OpenEngineClients() {
@@ -913,6 +935,7 @@ HttpServerOptions Service::ServerOptions() const {
   o.write_timeout_ms = config_.write_timeout_ms;
   o.blocking_threads = static_cast<std::size_t>(config_.http_threads);
   o.blocking_queue_max = kBlockingQueuePerThread * static_cast<std::size_t>(config_.http_threads);
+  o.thread_starter = thread_starter_;
   RC_CHECK(o.io_threads >= 1 && o.blocking_threads >= 1 &&
            o.blocking_queue_max >= o.blocking_threads);  // ValidateConfig's bounds
   return o;

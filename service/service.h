@@ -40,6 +40,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -52,6 +53,7 @@
 #include "effects/http/protocol.h"
 #include "effects/http/engine_control.h"
 #include "effects/runner.h"
+#include "effects/thread_start.h"
 #include "effects/transfer.h"
 #include "journal/journal.h"
 #include "service/config.h"
@@ -163,8 +165,15 @@ class Service {
   // Opens the journal, recovers (abandons rollouts of dead clients, reconciles the engine) and
   // bootstraps if the journal is UNINITIALIZED. Does not listen yet.
   // journal_env: the journal's RocksDB Env (tests pass a fault-injecting one; nullptr: default).
-  [[nodiscard]] static Result<std::unique_ptr<Service>> Open(const ServeConfig& config,
-                                                             rocksdb::Env* journal_env = nullptr);
+  // thread_starter: how every thread of serve's own is started (the trajectories writer, the
+  // engine monitors, lease expiry, the fleet's recovery and member drives unless
+  // set_member_thread_start says otherwise, the HTTP server's); empty: std::thread. Tests pass
+  // one that refuses some, as the system does when out of threads. A thread refused by Open or
+  // Start fails it with Unavailable naming the thread; what was started is released by the
+  // destructor (threads stopped and joined, the journal closed).
+  [[nodiscard]] static Result<std::unique_ptr<Service>> Open(
+      const ServeConfig& config, rocksdb::Env* journal_env = nullptr,
+      effects::ThreadStarter thread_starter = {});
   ~Service();
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
@@ -259,9 +268,9 @@ class Service {
   // Blocks until FailStop (true) or timeout_ms (false). serve_cmd exits non-zero on true.
   bool WaitFailed(std::uint64_t timeout_ms);
 
-  // How a fleet member's drive gets its thread (std::thread while none is set). Tests set one
-  // that throws, as std::thread's constructor does when the system refuses a thread, to fail a
-  // fleet update after its request is journaled.
+  // How a fleet member's drive gets its thread (Open's thread_starter, else std::thread, while
+  // none is set). Tests set one that throws, as std::thread's constructor does when the system
+  // refuses a thread, to fail a fleet update after its request is journaled.
   using ThreadStart = std::function<std::thread(std::function<void()>)>;
   void set_member_thread_start(ThreadStart start);
   // Runs at named points (none while unset): first in every step of every proxied rollout and
@@ -282,6 +291,12 @@ class Service {
  private:
   explicit Service(ServeConfig config);
   rocksdb::Env* journal_env_ = nullptr;
+  effects::ThreadStarter thread_starter_;  // empty: std::thread; fixed by Open
+  // Starts `body` on `slot` (empty) through thread_starter_; the background threads so started
+  // are joined by StopBackground. Unavailable naming `what` when the system refuses it.
+  [[nodiscard]] Status StartBackgroundThread(std::string_view what, std::function<void()> body,
+                                             std::thread& slot);
+  [[nodiscard]] Status StartEngineThreads();
   // Init's steps, in order (service.cc).
   [[nodiscard]] Status Init();
   [[nodiscard]] Status OpenJournal();
@@ -534,6 +549,7 @@ class Service {
   // ---- A fleet (config_.engines given): fleet_service.cc, its routes in fleet_api.cc.
   bool is_fleet() const { return !config_.engines.empty(); }
   [[nodiscard]] Status InitFleet();
+  [[nodiscard]] Status StartFleetMonitors();
   [[nodiscard]] Status OpenFleetMembers();
   [[nodiscard]] Status CheckMembersAreDistinctEngines();
   [[nodiscard]] Status OpenFleetMember(const FleetEngineConfig& engine, std::size_t index);

@@ -318,15 +318,20 @@ std::uint64_t Abandon(Shared& s) {
 TrajectoryLog::~TrajectoryLog() { Close(); }
 
 Status TrajectoryLog::Open(const std::string& path, std::uint64_t bytes_max,
-                           TrajectoryQueueLimits limits) {
-  RC_CHECK(shared_ == nullptr);
+                           TrajectoryQueueLimits limits, const effects::ThreadStarter& starter) {
+  RC_CHECK(shared_ == nullptr && !writer_.joinable());
   RC_CHECK(limits.lines_max > 0 && limits.bytes_max > 0);
   auto s = std::make_shared<Shared>();
   s->limits = limits;
   RC_RETURN_IF_ERROR(s->file.Open(path, bytes_max));
+  // Kept only once the writer runs: a log whose writer was refused queues nothing it never writes.
+  Result<std::thread> writer = effects::StartThread(
+      "the trajectories writer thread", [s] { WriterLoop(s); }, starter);
+  if (!writer.ok()) return writer.status();
   shared_ = std::move(s);
   path_ = path;
-  writer_ = std::thread(WriterLoop, shared_);
+  writer_ = std::move(writer).value();
+  RC_CHECK(shared_ != nullptr && writer_.joinable());
   return Status::OK();
 }
 

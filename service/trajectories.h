@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "effects/thread_start.h"
 #include "statemachine/status.h"
 
 namespace rc::service {
@@ -56,9 +57,12 @@ class TrajectoryLog {
   TrajectoryLog(const TrajectoryLog&) = delete;
   TrajectoryLog& operator=(const TrajectoryLog&) = delete;
 
-  // Opens (creates) the file and starts the writer; once, before any Append.
+  // Opens (creates) the file and starts the writer (its thread got from `starter`; empty:
+  // std::thread); once, before any Append. A writer the system refuses is Unavailable naming it,
+  // and the log is left as never opened (the file closed, Append drops).
   [[nodiscard]] Status Open(const std::string& path, std::uint64_t bytes_max,
-                            TrajectoryQueueLimits limits = {});
+                            TrajectoryQueueLimits limits = {},
+                            const effects::ThreadStarter& starter = {});
   // Queues one line (one JSON document, no newline in it) without waiting for the file. False:
   // dropped now (too large, the queue full, not open). True: queued; the writer may still drop
   // it on an I/O error (stats().dropped).

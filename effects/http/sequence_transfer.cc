@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "effects/clock.h"
+#include "effects/thread_start.h"
 #include "encoding/base64.h"
 #include "statemachine/text.h"
 
@@ -177,16 +178,24 @@ void announce_content(EngineClient& client, const std::string& source_uri,
   (void)client.PostJson(kDataPlaneRoute, nlohmann::json{{"content", source_uri}}, o);
 }
 
-// 2. /update_weights from a second thread, as vLLM requires (the data plane would run here).
+// 2. /update_weights from a second thread, as vLLM requires (the data plane would run here). A
+//    thread the system refuses fails the step: /update_weights was never sent, but
+//    /start_weight_update was, so the engine may be mid-update (kPossible).
 std::optional<StepFailed> update_weights(EngineClient& client, const nlohmann::json& update_info,
-                                         std::uint64_t deadline_at_ms) {
+                                         std::uint64_t deadline_at_ms,
+                                         const ThreadStarter& starter) {
   if (remaining_ms(deadline_at_ms) == 0) {
     return StepFailed{MutationClass::kPossible, "deadline passed after start"};
   }
   HttpReply update;
-  std::thread updater(
-      [&] { update = client.UpdateWeights(update_info, UntilDeadlineMs(deadline_at_ms)); });
-  updater.join();  // bounded: the call carries the remaining deadline
+  Result<std::thread> updater = StartThread(
+      "the /update_weights thread",
+      [&] { update = client.UpdateWeights(update_info, UntilDeadlineMs(deadline_at_ms)); },
+      starter);
+  if (!updater.ok()) {
+    return StepFailed{MutationClass::kPossible, "/update_weights: " + updater.status().ToString()};
+  }
+  updater->join();  // bounded: the call carries the remaining deadline
   if (update.http.ok_2xx()) return std::nullopt;
   return StepFailed{MutationClass::kPossible, summary("/update_weights", update.http)};
 }
@@ -238,7 +247,8 @@ std::optional<StepFailed> HttpSequenceTransfer::RunSequence(const TransferTarget
   if (std::optional<StepFailed> failed = InitializeOnce(deadline_at_ms)) return failed;
   if (std::optional<StepFailed> failed = start_update(client_, deadline_at_ms)) return failed;
   announce_content(client_, target.source_uri, deadline_at_ms);
-  if (std::optional<StepFailed> failed = update_weights(client_, *update_info, deadline_at_ms)) {
+  if (std::optional<StepFailed> failed =
+          update_weights(client_, *update_info, deadline_at_ms, thread_starter_)) {
     return failed;
   }
   out.bytes_sent = manifest->total_bytes();

@@ -19,11 +19,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string>
+#include <utility>
 
 #include "effects/http/engine_client.h"
 #include "effects/http/protocol.h"
 #include "effects/manifest.h"
+#include "effects/thread_start.h"
 #include "effects/transfer.h"
 
 namespace rc::effects {
@@ -54,6 +55,10 @@ class HttpSequenceTransfer : public WeightTransfer {
 
   using StepFailed = TransferStepFailed;
 
+  // How the /update_weights thread is started (std::thread's constructor when unset). Tests set
+  // one that refuses it, as the system does when out of threads: the transfer then fails.
+  void set_thread_starter(ThreadStarter starter) { thread_starter_ = std::move(starter); }
+
  private:
   // /get_world_size then /init_weight_transfer_engine (once per engine), both ending by
   // deadline_at_ms (on steady_now_ms()'s clock).
@@ -70,6 +75,7 @@ class HttpSequenceTransfer : public WeightTransfer {
   // The engine process the transfer engine was initialized on; "" until then, or when its read
   // failed. A restarted engine, or one not known to be the same, is initialized again.
   std::string initialized_on_;
+  ThreadStarter thread_starter_;  // empty: std::thread
 };
 
 }  // namespace rc::effects
