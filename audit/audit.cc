@@ -20,6 +20,7 @@
 #include "journal/json.h"
 #include "statemachine/describe.h"
 #include "statemachine/fleet_history.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 
 namespace rc::audit {
@@ -1830,8 +1831,9 @@ void FormatVerdict(const Verdict& v, const std::string& journal_path, std::ostri
       out << "audit: OK\n";
       break;
     case kExitEngineUnhealthy:
+      // A command to copy: the path is one shell word (shell_quote: already one printable line).
       out << "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: rolloutcore replay "
-          << E(journal_path) << "\n";
+          << text::shell_quote(journal_path) << "\n";
       break;
     default:
       out << "audit: JOURNAL DAMAGED: nothing it says can be trusted\n";

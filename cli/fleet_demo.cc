@@ -27,6 +27,7 @@
 #include "fixtures/vllm_double.h"
 #include "service/http_util.h"
 #include "service/service.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 
 namespace rc::cli {
@@ -34,6 +35,10 @@ namespace {
 
 using nlohmann::json;
 constexpr const char* kSource = "synthetic:8x64";
+
+// A value from serve's answers as one printable line: DumpSafe keeps non-ASCII as is, and with it
+// U+2028, NEL, DEL and bidirectional controls, which would split or reorder the printed line.
+std::string JsonLine(const json& j) { return text::escape_line(service::DumpSafe(j)); }
 
 // Counts each client's answers by engine and version, printing the first of each pair.
 class Answers {
@@ -130,7 +135,7 @@ void PrintEngine(const std::string& name, const json& e) {
   const auto generation = e.is_object() ? e.find("generation") : e.end();
   std::printf("  engine %-4s %-9s %-5s generation %s%s\n", text::escape_line(name).c_str(),
               text::escape_line(lifecycle).c_str(), text::escape_line(label).c_str(),
-              generation == e.end() ? "?" : service::DumpSafe(*generation).c_str(),
+              generation == e.end() ? "?" : JsonLine(*generation).c_str(),
               admitting ? ", admitting" : "");
 }
 
@@ -152,10 +157,10 @@ int FleetUpdate(httplib::Client& c, const json& body) {
   std::string outcome = r->body;
   if (!ReadString(end, "outcome", outcome)) outcome = r->body;
   const bool object = end.is_object();
-  std::printf(
-      "  HTTP %d: %s (committed %s, tainted %s)\n", r->status, text::escape_line(outcome).c_str(),
-      object && end.contains("committed") ? service::DumpSafe(end["committed"]).c_str() : "?",
-      object && end.contains("tainted") ? service::DumpSafe(end["tainted"]).c_str() : "?");
+  std::printf("  HTTP %d: %s (committed %s, tainted %s)\n", r->status,
+              text::escape_line(outcome).c_str(),
+              object && end.contains("committed") ? JsonLine(end["committed"]).c_str() : "?",
+              object && end.contains("tainted") ? JsonLine(end["tainted"]).c_str() : "?");
   return r->status;
 }
 
@@ -241,10 +246,12 @@ int run_fleet_demo(const std::string& journal_path, int engines_n, int token_del
   (void)svc->Shutdown(5000);
   svc.reset();
   for (auto& e : engines) e->Stop();
+  // Commands to copy: the path is one shell word (shell_quote's result is one printable line).
+  const std::string word = text::shell_quote(journal_path);
   std::printf(
       "\njournal left at %s — inspect it with:\n  rolloutcore replay %s\n"
       "  rolloutcore audit %s\n",
-      shown.c_str(), shown.c_str(), shown.c_str());
+      shown.c_str(), word.c_str(), word.c_str());
   const bool ok = rolled == 200 && (engines_n == 1 || partial == 207) && answers.failed() == 0;
   return ok ? 0 : 1;
 }

@@ -1,11 +1,15 @@
 // rolloutcore: the update executor beside a trainer, and the tools around its journal.
+#include <sysexits.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "audit/audit.h"
@@ -13,6 +17,12 @@
 #include "statemachine/text.h"
 
 namespace {
+
+// Exit codes: each command's own (0 success; audit and replay: audit/audit.h, 0..4; serve: 1 its
+// start failed, 2 a usage or configuration error, 3 an unclean exit, 4 a fail-stop; a command line
+// CLI11 refuses: 2, or CLI11's own code, 104..114, for serve and a line naming no command
+// (ParseFailed)), and this one, which none of them uses: an exception reached main (Fatal).
+inline constexpr int kExitFatal = EX_SOFTWARE;  // 70, sysexits.h's "internal software error"
 
 // A verdict is worth only the report that carries it: a report that did not reach stdout whole
 // (a full disk, a closed pipe's reader gone with SIGPIPE ignored) exits kExitOutputFailed, so a
@@ -31,34 +41,129 @@ int CheckedOutput(const std::string& command, int verdict) {
   return rc::audit::kExitOutputFailed;
 }
 
-// A command line CLI11 refuses (an unknown option, an option without its value, one given twice,
-// no journal, no --label) for replay, audit, demo or restore is a usage error as their own are:
-// exit 2, one escaped line on stderr (CLI11's message may quote the command line), nothing on
-// stdout. serve, and help (exit 0), keep CLI11's own handling.
-int ParseFailed(const CLI::App& app, const CLI::ParseError& e, const CLI::App* strict) {
-  if (strict == nullptr || e.get_exit_code() == 0) return app.exit(e);
-  std::fprintf(stderr, "rolloutcore %s: %s (rolloutcore %s --help lists its options)\n",
-               strict->get_name().c_str(), rc::text::escape_line(e.what()).c_str(),
-               strict->get_name().c_str());
-  return rc::audit::kExitUsage;
-}
-
 // What a subcommand's run is. kReport: its product is its report on stdout (replay, audit),
-// checked once run. kReport and kTool (demo, restore) refuse a command line as a usage error
-// (ParseFailed); kServer (serve) keeps CLI11's handling.
+// checked once run. kReport and kTool (demo, restore) exit 2 on a command line CLI11 refuses, as
+// on their own usage errors; kServer (serve) exits with CLI11's code (ParseFailed).
 enum class Kind { kReport, kTool, kServer };
 
-}  // namespace
+struct Command {
+  CLI::App* app = nullptr;
+  Kind kind = Kind::kReport;
+};
 
-int main(int argc, char** argv) {
+// What a refusal shows of the arguments CLI11 did not expect: at most this many option names, each
+// cut to this many bytes.
+inline constexpr std::size_t kShownNamesMax = 8;
+inline constexpr std::size_t kShownNameBytesMax = 64;
+// CLI11's other messages (option and command names, counts) are cut to this many bytes.
+inline constexpr std::size_t kRefusalBytesMax = 1024;
+
+// The option name an argument typed gives, without the value it may carry: `--name` of
+// `--name=value`, `-x` of `-xvalue`; "" when the argument is not an option (a value).
+std::string OptionName(const std::string& arg) {
+  if (arg.size() < 2 || arg[0] != '-') return "";
+  const std::size_t end = arg[1] == '-' ? arg.find('=') : 2;
+  return rc::text::utf8_prefix(arg.substr(0, end), kShownNameBytesMax);
+}
+
+// The arguments CLI11 did not expect, by option name only: the value after a mistyped option may
+// be a secret (`--auth-tokn TOKEN`), so a value is counted, never shown.
+std::string NotExpected(const std::vector<std::string>& args) {
+  std::string names;
+  std::size_t options = 0;
+  std::size_t values = 0;
+  for (const std::string& arg : args) {
+    const std::string name = OptionName(arg);
+    if (name.empty()) {
+      ++values;
+    } else if (++options <= kShownNamesMax) {
+      names += (options == 1 ? "" : " ") + rc::text::escape_line(name);
+    }
+  }
+  if (options == 0 && values == 0) return "arguments not expected (not shown: one may be a secret)";
+  std::string out = "arguments not expected:";
+  if (options > 0) out += " " + names;
+  if (options > kShownNamesMax) {
+    out += " and " + std::to_string(options - kShownNamesMax) + " more options";
+  }
+  if (values > 0) {
+    out += std::string(options > 0 ? "," : "") + " " + std::to_string(values) +
+           (values == 1 ? " argument that is not an option" : " arguments that are not options") +
+           ", not shown (a value may be a secret)";
+  }
+  return out;
+}
+
+// CLI11's refusal of a value given to an option it knows, less the value: "Could not convert:
+// NAME = VALUE" names the option and the value's size. Messages that hold no value ("NAME: too
+// many inputs for a flag", "NAME: Should be true/false or a number") are kept; any other form is
+// replaced whole.
+std::string ValueRefused(const std::string& what) {
+  constexpr std::string_view kConvert = "Could not convert: ";
+  const std::size_t eq = what.find(" = ", kConvert.size());
+  if (what.starts_with(kConvert) && eq != std::string::npos) {
+    const std::string name = what.substr(kConvert.size(), eq - kConvert.size());
+    return rc::text::escape_line(rc::text::utf8_prefix(name, kShownNameBytesMax)) +
+           ": the value given could not be read (its " + std::to_string(what.size() - eq - 3) +
+           " bytes are not shown: a value may be a secret)";
+  }
+  if (what.ends_with(": too many inputs for a flag") ||
+      what.ends_with(": Should be true/false or a number")) {
+    return rc::text::escape_line(rc::text::utf8_prefix(what, kRefusalBytesMax));
+  }
+  return "a value given is not one its option takes (not shown: a value may be a secret)";
+}
+
+// What CLI11 refused, as one escaped line that never shows a value typed (docs/security.md: no
+// token is ever printed, and a token typed after a misspelt option is an unexpected argument).
+std::string RefusalText(const CLI::App& app, const CLI::ParseError& e) {
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) return NotExpected(app.remaining(true));
+  if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr ||
+      dynamic_cast<const CLI::ValidationError*>(&e) != nullptr) {
+    return ValueRefused(e.what());
+  }
+  return rc::text::escape_line(rc::text::utf8_prefix(e.what(), kRefusalBytesMax));
+}
+
+// A command line CLI11 refuses (an unknown option, an option without its value, one given twice,
+// a value it cannot convert, no journal, no --label, no command), for every command: one escaped
+// line on stderr naming the command (RefusalText), nothing on stdout. replay, audit, demo and
+// restore exit 2, as on their own usage errors; serve and a command line naming no command exit
+// with CLI11's code. Help (exit 0) is printed by CLI11.
+int ParseFailed(const CLI::App& app, const CLI::ParseError& e, const Command* command) {
+  if (e.get_exit_code() == 0) return app.exit(e);
+  const std::string who =
+      command == nullptr ? std::string("rolloutcore") : "rolloutcore " + command->app->get_name();
+  std::fprintf(stderr, "%s: %s (%s --help lists its %s)\n", who.c_str(),
+               RefusalText(app, e).c_str(), who.c_str(),
+               command == nullptr ? "commands" : "options");
+  const bool strict = command != nullptr && command->kind != Kind::kServer;
+  return strict ? rc::audit::kExitUsage : e.get_exit_code();
+}
+
+// An exception that reached main (a bug, or memory or threads the system refused where nothing
+// below turned the refusal into an error): one escaped line on stderr and kExitFatal, never
+// std::terminate's abort with "terminate called after throwing" and a core.
+int Fatal(const char* what) noexcept {
+  try {
+    std::fprintf(stderr, "rolloutcore: fatal: %s\n", rc::text::escape_line(what).c_str());
+  } catch (...) {  // no memory left even to escape the message: the line without it
+    std::fputs("rolloutcore: fatal: an error whose message could not be printed\n", stderr);
+  }
+  std::fflush(stderr);
+  return kExitFatal;
+}
+
+// Parses the command line and runs its subcommand; its exit code.
+int Run(int argc, char** argv) {
   CLI::App app{"RolloutCore: safe live policy-weight updates for vLLM"};
   app.require_subcommand(1);
   std::map<CLI::App*, rc::cli::Runner> runners;
-  std::vector<CLI::App*> strict;  // the subcommands whose refused command lines are usage errors
+  std::vector<Command> commands;
   auto add = [&](rc::cli::Runner (*fn)(CLI::App&), const char* name, const char* help, Kind kind) {
     CLI::App* sub = app.add_subcommand(name, help);
     rc::cli::Runner run = fn(*sub);
-    if (kind != Kind::kServer) strict.push_back(sub);
+    commands.push_back({sub, kind});
     if (kind != Kind::kReport) {
       runners[sub] = std::move(run);
       return;
@@ -89,13 +194,25 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // The subcommand whose options were being read when CLI11 refused them, if it is strict.
-    const auto parsing = std::find_if(strict.begin(), strict.end(),
-                                      [](const CLI::App* sub) { return sub->parsed(); });
-    return ParseFailed(app, e, parsing == strict.end() ? nullptr : *parsing);
+    // The subcommand whose options were being read when CLI11 refused them, if any.
+    const auto parsing = std::find_if(commands.begin(), commands.end(),
+                                      [](const Command& c) { return c.app->parsed(); });
+    return ParseFailed(app, e, parsing == commands.end() ? nullptr : &*parsing);
   }
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) return run();
   }
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    return Fatal(e.what());
+  } catch (...) {
+    return Fatal("an exception not derived from std::exception");
+  }
 }

@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/number_args.h"
 #include "effects/http/engine_client.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 #include "statemachine/types.h"
 
@@ -44,6 +45,13 @@ struct Opts {
 };
 
 std::string Esc(const std::string& s) { return text::escape_line(s); }
+
+// The option to rerun with, for the operator to copy: the id one shell word whatever it holds
+// (the default id holds the label, and a label may hold `'`, `;` or `$(...)`). shell_quote's
+// result is already one printable line.
+std::string RerunWith(const std::string& restore_id) {
+  return "rerun with --restore-id " + text::shell_quote(restore_id);
+}
 
 // RC_AUTH_TOKEN, as `serve` reads it; "" when unset.
 std::string TokenFromEnvironment() {
@@ -97,8 +105,8 @@ int NoAnswer(const effects::HttpReply& reply, const std::string& restore_id) {
   }
   std::printf(
       "restore: no answer from the executor after the request was sent (%s): the restore may "
-      "have run; rerun with --restore-id %s to read its outcome\n",
-      Esc(reply.http.error).c_str(), Esc(restore_id).c_str());
+      "have run; %s to read its outcome\n",
+      Esc(reply.http.error).c_str(), RerunWith(restore_id).c_str());
   return 3;
 }
 
@@ -126,8 +134,8 @@ bool ReadError(const nlohmann::json& b, std::string& type, std::string& message)
 int ErrorAnswer(int status, const std::string& type, const std::string& message,
                 const std::string& restore_id) {
   if (type == "outcome_unknown") {
-    std::printf("restore %s: outcome unknown: %s; rerun with --restore-id %s to read it\n",
-                Esc(restore_id).c_str(), Esc(message).c_str(), Esc(restore_id).c_str());
+    std::printf("restore %s: outcome unknown: %s; %s to read it\n", Esc(restore_id).c_str(),
+                Esc(message).c_str(), RerunWith(restore_id).c_str());
     return 3;
   }
   std::printf("restore %s: HTTP %d %s: %s\n", Esc(restore_id).c_str(), status, Esc(type).c_str(),

@@ -9,6 +9,7 @@
 
 #include "journal/json.h"
 #include "statemachine/describe.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 
 namespace rc::replay {
@@ -17,6 +18,11 @@ namespace {
 // Every string that reaches replay's text output passes through here, whatever its origin (event
 // fields are client/engine text: a NUL truncated the report, a "\n" forged a verdict line).
 std::string E(const std::string& s) { return text::escape_line(s); }
+
+// An id or label between quotes, escaped, each quote inside it doubled (`a'b` -> `'a''b'`, as
+// audit::Quoted writes them): an id holding `' took the engine back to '` cannot close its field
+// and forge the rest of the line.
+std::string Q(const std::string& s) { return text::quoted(E(s)); }
 
 // JSON that holds journal strings: invalid UTF-8 is replaced, never thrown on, and everything
 // outside printable ASCII is a \u escape (ensure_ascii). Consumers read these outputs a line at a
@@ -35,7 +41,7 @@ struct PendingInput {
 
 // "engine 'a': " for a fleet's engine; "" for the one engine of a journal that names none.
 std::string EnginePrefix(const std::string& engine) {
-  return engine.empty() ? "" : "engine '" + E(engine) + "': ";
+  return engine.empty() ? "" : "engine " + Q(engine) + ": ";
 }
 
 std::string Describe(const FleetEvent& e) {
@@ -79,7 +85,7 @@ std::string Upper(std::string s) {
 }
 
 std::string Version(const WeightVersion& v) {
-  return "'" + E(v.label) + "' (generation " + std::to_string(v.generation) + ")";
+  return Q(v.label) + " (generation " + std::to_string(v.generation) + ")";
 }
 
 // "60.00 GiB freed (device free 10.00 -> 70.00 of 80.00 GiB)": what the engine's workers reported
@@ -143,7 +149,7 @@ std::string OutcomeText(const PlanTrace& p, const State& s, std::uint64_t end_se
 
 ColocatedStep StepLine(const PlanTrace& p, const State& s, std::uint64_t end_seq) {
   ColocatedStep step{"", p.request_seq, end_seq, p.id, KindName(p), ""};
-  step.line = Upper(step.kind) + " '" + E(p.id) + "' (seq " + std::to_string(p.request_seq) + "-" +
+  step.line = Upper(step.kind) + " " + Q(p.id) + " (seq " + std::to_string(p.request_seq) + "-" +
               (end_seq == 0 ? std::string("") : std::to_string(end_seq)) +
               "): " + (p.kind == PlanTrace::Kind::kSleep ? "level " : "from level ") +
               std::to_string(p.level) + "; " + MemoryText(p) + "; " + OutcomeText(p, s, end_seq);
@@ -190,8 +196,8 @@ std::string EvidenceLine(const journal::Record& r) {
         << E(describe(c->http)) << " success=" << (c->reported_success ? "true" : "false")
         << (c->success_unreported ? " (not reported by the engine)" : "") << "\n";
   } else if (const auto* v = std::get_if<ValidationObserved>(&r.event)) {
-    out << "  seq " << r.seq << ": validation " << E(describe(v->http)) << " reported '"
-        << E(v->reported_label) << "'"
+    out << "  seq " << r.seq << ": validation " << E(describe(v->http)) << " reported "
+        << Q(v->reported_label)
         << (v->is_paused_known && !v->is_paused ? " from an engine not paused" : "") << "\n";
   } else if (const auto* sl = std::get_if<SleepObserved>(&r.event)) {
     out << "  seq " << r.seq << ": sleep at level " << static_cast<int>(sl->level) << " answered "
@@ -331,16 +337,16 @@ RestoreProof EngineTrace::ExplainRestore(std::uint64_t seq, const VersionPublish
   proof.restore_id = p.update_id;
   const RestoreRequested* q = RestoreInFlight();
   std::ostringstream out;
-  out << EnginePrefix(engine_) << "RESTORED at seq " << seq << ": restore '" << E(p.update_id)
-      << "' took the engine back to '" << E(p.version.label) << "' (generation "
-      << p.version.generation << ", checkpoint '" << E(p.identity.checkpoint) << "')"
+  out << EnginePrefix(engine_) << "RESTORED at seq " << seq << ": restore " << Q(p.update_id)
+      << " took the engine back to " << Q(p.version.label) << " (generation "
+      << p.version.generation << ", checkpoint " << Q(p.identity.checkpoint) << ")"
       << (q == nullptr ? ""
           : q->adopt   ? " by adopting the engine as found"
                        : " by reloading " + E(q->source_uri))
       << "\n";
   out << "  proof: the weight digest " << E(p.engine_digest.substr(0, 16))
-      << " taken while paused equals the one recorded when '" << E(p.version.label)
-      << "' was served; every cache was reset after the reload";
+      << " taken while paused equals the one recorded when " << Q(p.version.label)
+      << " was served; every cache was reset after the reload";
   if (plan_ && plan_->from_sleep) {
     out << "\n  the engine was tainted asleep (level " << static_cast<int>(plan_->level)
         << "): the restore woke it fully (weights, then KV cache) before its drain, then reloaded "
@@ -383,20 +389,20 @@ void EngineTrace::ExplainPlan(const TaintRecord& t, std::ostringstream& out) con
     if (t.from == Lifecycle::kSleeping) {
       out << ", asleep at level " << static_cast<int>(state.sleep_level);
       if (last_sleep_) {
-        out << " since seq " << last_sleep_seq_ << " (sleep '" << E(last_sleep_->id) << "')";
+        out << " since seq " << last_sleep_seq_ << " (sleep " << Q(last_sleep_->id) << ")";
       }
     }
     out << "\n";
   } else if (kind == PlanTrace::Kind::kSleep) {
-    out << "  sleep '" << E(t.update_id) << "' at level " << static_cast<int>(plan_->level)
+    out << "  sleep " << Q(t.update_id) << " at level " << static_cast<int>(plan_->level)
         << " kept " << committed << ", the committed version (a sleep publishes nothing)\n";
   } else if (kind == PlanTrace::Kind::kWake) {
-    out << "  wake-up '" << E(t.update_id) << "' from level " << static_cast<int>(plan_->level)
+    out << "  wake-up " << Q(t.update_id) << " from level " << static_cast<int>(plan_->level)
         << " kept " << committed << ", the committed version (a wake-up publishes nothing)\n";
   } else {
-    out << "  update '" << E(t.update_id) << "' targeted '" << E(t.target.label) << "' (generation "
-        << t.target.generation << "); last committed version '" << E(state.committed.label)
-        << "' (generation " << state.committed.generation << ")\n";
+    out << "  update " << Q(t.update_id) << " targeted " << Q(t.target.label) << " (generation "
+        << t.target.generation << "); last committed version " << Q(state.committed.label)
+        << " (generation " << state.committed.generation << ")\n";
   }
 }
 
@@ -410,9 +416,9 @@ void EngineTrace::ExplainReading(const TaintRecord& t, std::ostringstream& out) 
     case Cause::kTransferAmbiguous:
     case Cause::kRecoveredAmbiguous:
       out << "  reading: the transfer " << (intent ? "had started" : "state is unknown")
-          << " and did not complete cleanly, so the engine may hold a mix of '"
-          << E(st().committed.label) << "' and '" << E(t.target.label)
-          << "' tensors. Neither version can be claimed.\n";
+          << " and did not complete cleanly, so the engine may hold a mix of "
+          << Q(st().committed.label) << " and " << Q(t.target.label)
+          << " tensors. Neither version can be claimed.\n";
       break;
     case Cause::kCacheResetFailed:
       out << "  reading: the new weights landed but a cache computed by the old weights could "
@@ -457,13 +463,15 @@ void EngineTrace::ExplainReading(const TaintRecord& t, std::ostringstream& out) 
 void EngineTrace::ExplainRecovery(std::ostringstream& out) const {
   const State& state = st();
   if (state.label_digests.count(state.committed.label) == 0) {
-    out << "  recover: no weight digest was recorded for '" << E(state.committed.label)
-        << "', so no restore can be proven: restart the engine from a known checkpoint and "
+    out << "  recover: no weight digest was recorded for " << Q(state.committed.label)
+        << ", so no restore can be proven: restart the engine from a known checkpoint and "
            "start a new journal.";
     return;
   }
-  out << "  recover: restore it with proof, e.g. `rolloutcore restore --label '"
-      << E(state.committed.label) << "' --source <where its weights are>`";
+  // A command to copy: the label is one shell word (text::shell_quote), never text the shell
+  // runs, whatever the trainer named the version.
+  out << "  recover: restore it with proof, e.g. `rolloutcore restore --label "
+      << text::shell_quote(state.committed.label) << " --source <where its weights are>`";
   if (state.sleep_level > 0) {
     out << ": the engine may be asleep (level " << static_cast<int>(state.sleep_level)
         << "), so the restore wakes it fully (weights, then KV cache) before it drains and reloads"
@@ -683,9 +691,9 @@ void EngineLines(const State& state, const std::string& prefix, std::ostringstre
 }
 
 std::string FleetUpdateText(const FleetUpdate& u) {
-  std::string out = "fleet update '" + E(u.request.update_id) + "' (" +
-                    fleet_update_mode_name(u.request.mode) + " to '" + E(u.request.target_label) +
-                    "') open:";
+  std::string out = "fleet update " + Q(u.request.update_id) + " (" +
+                    fleet_update_mode_name(u.request.mode) + " to " + Q(u.request.target_label) +
+                    ") open:";
   for (const auto& [engine, status] : u.members) {
     out += " " + E(engine) + "=" + member_status_name(status);
   }
@@ -702,7 +710,7 @@ void FleetLines(const FleetState& fleet, std::ostringstream& out) {
   for (const auto& [engine, state] : fleet.engines) {
     const std::optional<std::uint64_t> g = fleet_generation(fleet, engine);
     EngineLines(state,
-                "engine '" + E(engine) + "' (fleet generation " +
+                "engine " + Q(engine) + " (fleet generation " +
                     (g ? std::to_string(*g) : std::string("none")) + "): ",
                 out);
   }
@@ -727,7 +735,7 @@ std::string UntilLine(const FoldEnd& u) {
 void TornTailLines(const ReplayReport& report, std::ostringstream& out) {
   for (const RecordedTornTail& t : report.torn_tails) {
     out << "TORN WAL TAIL recorded at seq " << t.seq
-        << (t.engine.empty() ? "" : " by engine '" + E(t.engine) + "'")
+        << (t.engine.empty() ? "" : " by engine " + Q(t.engine))
         << " (the journal's open before that executor start): " << E(t.sentence) << "\n";
   }
   if (report.torn_tails_count > report.torn_tails.size()) {

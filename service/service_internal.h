@@ -14,6 +14,7 @@
 #include "effects/runner.h"
 #include "journal/journal.h"
 #include "statemachine/events.h"
+#include "statemachine/quote.h"
 #include "statemachine/state.h"
 #include "statemachine/status.h"
 #include "statemachine/text.h"
@@ -38,8 +39,10 @@ inline std::string CurrentExceptionText() {
   }
 }
 
+// A command for the operator to copy: the journal's path is one shell word whatever it holds
+// (shell_quote's result is already one printable line; escape_line would double a backslash).
 inline std::string ReplayHint(const std::string& journal_path) {
-  return "explain it with: rolloutcore replay " + Esc(journal_path);
+  return "explain it with: rolloutcore replay " + rc::text::shell_quote(journal_path);
 }
 
 // The answer counters of a request refused before anything of it was journaled.

@@ -3,10 +3,14 @@
 #include <string>
 #include <type_traits>
 
+#include "statemachine/quote.h"
+
 namespace rc {
 namespace {
 
-std::string q(const std::string& s) { return "'" + s + "'"; }
+// An id or label between quotes, each quote inside it doubled (text::quoted), so an id cannot
+// close its field and forge the rest of the description; its printers escape the whole.
+std::string q(const std::string& s) { return text::quoted(s); }
 
 std::string version(const WeightVersion& v) {
   return q(v.label) + "#" + std::to_string(v.generation);

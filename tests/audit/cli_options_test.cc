@@ -3,7 +3,9 @@
 // options given empty (or holding no value of their kind) are refused rather than read as left
 // out, and a command line CLI11 refuses is a usage error as replay's and audit's are: exit 2,
 // nothing on stdout, one escaped line on stderr quoting what was typed. Every refusal comes before
-// anything runs: no double started, no journal created, nothing sent to an executor.
+// anything runs: no double started, no journal created, nothing sent to an executor. serve's
+// command lines CLI11 refuses, and one naming no command, are one escaped line too, and no refusal
+// shows a value typed.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -138,6 +140,50 @@ TEST(CliOptions, CommandLinesCli11RefusesExitAsUsageErrors) {
       {"demo", "--bogus\ntimeline: OK"}};
   cli_testing::ExpectCli11Refusals(refused,
                                    {{"demo", "--token-delay-ms"}, {"restore", "--timeout-s"}});
+}
+
+// Proves a command line CLI11 refuses, for serve, restore or naming no command, is one line on
+// stderr naming the command, nothing on stdout and the exit code (CLI11's for serve and no
+// command, 2 for restore), and shows no value typed: a misspelt `--auth-tokn SECRET` names the
+// option only, a `--port` value holding a line break is not echoed; catches CLI11's own message
+// for serve, which printed the secret and let the line break forge a second stderr line.
+TEST(CliOptions, RefusedCommandLinesNeverShowAValueTyped) {
+  const std::string secret = "s3cr3t-token-7f3a";
+  struct Refused {
+    std::vector<std::string> args;
+    int exit_code;
+    std::string command;  // how the line names it
+    std::string option;   // the option name it must show ("": none)
+  };
+  const std::vector<Refused> refused = {
+      {{"serve", "--auth-tokn", secret}, 109, "rolloutcore serve", "--auth-tokn"},
+      {{"serve", "--auth-tokn=" + secret}, 109, "rolloutcore serve", "--auth-tokn"},
+      {{"serve", "-a" + secret}, 109, "rolloutcore serve", "-a"},
+      {{"restore", "--label", "rc-0", "--adopt", "--auth-tokn", secret},
+       2,
+       "rolloutcore restore",
+       "--auth-tokn"},
+      {{"--auth-tokn", secret}, 106, "rolloutcore", ""},
+#ifdef RC_TEST_CLI_HAS_SERVE
+      {{"serve", "--port", "1\nrolloutcore serve: listening, token " + secret},
+       104,
+       "rolloutcore serve",
+       "--port"},
+#endif
+  };
+  for (const Refused& r : refused) {
+    const std::string typed = text::escape_line(r.args.back());
+    const CliRun out = RunCli(r.args, /*with_stderr=*/false);
+    EXPECT_EQ(out.exit_code, r.exit_code) << typed << ": " << text::escape_line(out.out);
+    EXPECT_EQ(out.out, "") << typed;
+    const CliRun all = RunCli(r.args, /*with_stderr=*/true);
+    const std::vector<std::string> lines = Lines(all.out);
+    ASSERT_EQ(lines.size(), 1u) << typed << ": " << text::escape_line(all.out);
+    EXPECT_EQ(lines[0].rfind(r.command + ": ", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find("(" + r.command + " --help lists its "), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find(r.option), std::string::npos) << lines[0];
+    EXPECT_EQ(all.out.find(secret), std::string::npos) << lines[0];
+  }
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // Replay and audit of colocated journals (real RocksDB, no engine): sleeps and wake-ups are plans
 // that keep the committed version, so they are counted and explained as such, never as updates,
-// and their UpdateEnded records are not update episodes.
+// and their UpdateEnded records are not update episodes. The trainer's ids and labels stay inside
+// their quotes on replay's lines, and one shell word in the restore command it suggests.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "journal/journal.h"
 #include "replay/replay.h"
 #include "statemachine/text.h"
+#include "tests/audit/quoting.h"
 #include "tests/journal/test_util.h"
 #include "tests/statemachine/helpers.h"
 
@@ -193,16 +196,24 @@ std::vector<std::string> Starting(const std::string& text, const std::string& pr
   return out;
 }
 
+// The names a trainer chose in the loop below: the label of its update (the one restored after the
+// taint), the id of the sleep that fails and the id of the restore.
+struct LoopNames {
+  std::string label = "rc-1";
+  std::string failed_sleep = "s-3";
+  std::string restore = "x-1";
+};
+
 // The colocated trainer loop with every kind of plan: bootstrap, a rollout, a sleep, an update
 // from SLEEPING, a rollout, a sleep, a level-1 wake-up, a rollout, a sleep that fails with a 500
 // (TAINTED, sleep_failed), a restore with proof (which wakes the engine first), a rollout.
-void WriteTrainerLoop(const std::string& dir) {
+void WriteTrainerLoop(const std::string& dir, const LoopNames& names = {}) {
   std::unique_ptr<journal::Journal> holder;
   Writer w(Open(holder, dir));
   w.Bootstrap();
   w.Rollout("r0");
   w.Sleep("s-1");
-  w.UpdateFromSleep("u-1", "rc-1");
+  w.UpdateFromSleep("u-1", names.label);
   w.Rollout("r1");
   w.Sleep("s-2");
   w.Submit(WakeRequested{"w-1"});
@@ -210,9 +221,9 @@ void WriteTrainerLoop(const std::string& dir) {
   w.Rollout("r2");
   EngineScript fails;
   fails.sleep = HttpEvidence{Transport::kOk, 500, true, 10, "out of memory"};
-  w.Sleep("s-3", fails);
+  w.Sleep(names.failed_sleep, fails);
   ASSERT_EQ(holder->state().lifecycle, Lifecycle::kTainted);
-  w.Submit(RestoreRequested{"x-1", "rc-1", "vllm-ipc:/run/rc/step-2.json"});
+  w.Submit(RestoreRequested{names.restore, names.label, "vllm-ipc:/run/rc/step-2.json"});
   w.Drive();
   ASSERT_EQ(holder->state().lifecycle, Lifecycle::kReady);
   w.Rollout("r3");
@@ -389,7 +400,7 @@ TEST(ColocatedReplay, SleepFailedTaintIsExplained) {
                 "asleep (vLLM unmaps before its last check can fail); what its weights and KV "
                 "cache hold is unknown until proven.",
                 "  nothing was published and no rollout was admitted after this point.",
-                "  recover: restore it with proof, e.g. `rolloutcore restore --label 'rc-1' "
+                "  recover: restore it with proof, e.g. `rolloutcore restore --label rc-1 "
                 "--source <where its weights are>`: the engine may be asleep (level 1), so the "
                 "restore wakes it fully (weights, then KV cache) before it drains and reloads (or "
                 "--adopt: "
@@ -599,6 +610,119 @@ TEST(ColocatedAudit, EngineReplacedWhileAsleepOpensTheWindow) {
   EXPECT_EQ(e.window_start_wall_ms, last_ok_wall_ms);
   ASSERT_EQ(e.suspect.size(), 1u) << o.audit_out.text;
   EXPECT_EQ(e.suspect[0].rollout_id, "after");
+}
+
+// The quoted fields of `line` as a report reader reads them (a doubled quote is one quote), where
+// the line is literals[0], a field, literals[1], a field, ..., the last literal, then anything;
+// where the line departs from that shape, one last entry says so.
+std::vector<std::string> QuotedFields(const std::string& line,
+                                      const std::vector<std::string>& literals) {
+  std::vector<std::string> fields;
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < literals.size(); ++i) {
+    if (line.compare(pos, literals[i].size(), literals[i]) != 0) {
+      fields.push_back("(departs at: " + line.substr(pos) + ")");
+      return fields;
+    }
+    pos += literals[i].size();
+    if (i + 1 == literals.size()) return fields;
+    const std::optional<std::string> field = quoting_testing::ReadQuoted(line, pos);
+    if (!field) {
+      fields.push_back("(no field at: " + line.substr(pos) + ")");
+      return fields;
+    }
+    fields.push_back(*field);
+  }
+  return fields;
+}
+
+// `line` from the first `from` on ("" when absent).
+std::string From(const std::string& line, const std::string& from) {
+  const std::size_t at = line.find(from);
+  return at == std::string::npos ? std::string() : line.substr(at);
+}
+
+// Proves the restore command replay suggests for a TAINTED engine hands the shell the committed
+// label as exactly one argument (quotes, `;`, `|`, `$(...)` and a backslash included), in the text
+// report and in --json's incidents[].explanation; catches the label printed between bare single
+// quotes, where `'; CMD; '` in a trainer's label ran CMD when the operator ran the command.
+TEST(ReplayQuoting, TheSuggestedRestoreCommandTakesTheLabelAsOneArgument) {
+  LoopNames names;
+  names.label = "rc-7'; echo INJECTED \\x $(echo sub) | cat; echo '";
+  TempDir dir;
+  WriteTrainerLoop(dir.path(), names);
+  const Outputs o = Read(dir.path());
+  ASSERT_TRUE(o.replay.ok) << o.replay.error;
+  ASSERT_EQ(o.replay.incidents.size(), 1u);
+  const auto json = nlohmann::json::parse(replay::ReportJson(o.replay), nullptr, false);
+  ASSERT_FALSE(json.is_discarded());
+  const std::string open = "`rolloutcore restore --label ";
+  const std::string close = " --source <where its weights are>`";
+  for (const std::string& explanation : {o.replay.incidents[0].explanation,
+                                         json["incidents"][0]["explanation"].get<std::string>()}) {
+    const std::vector<std::string> recover = Starting(explanation, "  recover: ");
+    ASSERT_EQ(recover.size(), 1u) << explanation;
+    const std::size_t from = recover[0].find(open);
+    const std::size_t to = recover[0].find(close);
+    ASSERT_NE(from, std::string::npos) << recover[0];
+    ASSERT_NE(to, std::string::npos) << recover[0];
+    ASSERT_LT(from + open.size(), to) << recover[0];
+    const std::string label_word = recover[0].substr(from + open.size(), to - from - open.size());
+    EXPECT_EQ(quoting_testing::ShellWords(label_word), std::vector<std::string>{names.label})
+        << recover[0];
+  }
+}
+
+// Proves an id or label holding `' took the engine back to '` stays inside its quotes on each
+// replay line that names it (the restore's proof, the colocated steps, the incident's plan line),
+// read back whole by a reader that takes a doubled quote as one, with the line's own words after
+// it; catches ids printed between bare quotes, where a restore id forged the version it restored.
+TEST(ReplayQuoting, AQuoteInAnIdCannotForgeTheLine) {
+  LoopNames names;
+  names.label = "rc-1' (generation 9) 'rc-good";
+  names.failed_sleep = "s-3' at level 2 kept 'rc-good";
+  names.restore = "x-1' took the engine back to 'rc-good";
+  TempDir dir;
+  WriteTrainerLoop(dir.path(), names);
+  const Outputs o = Read(dir.path());
+  ASSERT_TRUE(o.replay.ok) << o.replay.error;
+  ASSERT_EQ(o.replay.restores.size(), 1u);
+  const std::vector<std::string> restored = Lines(o.replay.restores[0].explanation);
+  ASSERT_GE(restored.size(), 2u) << o.replay.restores[0].explanation;
+  EXPECT_EQ(
+      QuotedFields(From(restored[0], ": restore "),
+                   {": restore ", " took the engine back to ", " (generation 2, checkpoint "}),
+      (std::vector<std::string>{names.restore, names.label}))
+      << restored[0];
+  EXPECT_EQ(QuotedFields(From(restored[1], " recorded when "), {" recorded when ", " was served;"}),
+            std::vector<std::string>{names.label})
+      << restored[1];
+  ASSERT_EQ(o.replay.incidents.size(), 1u);
+  const std::vector<std::string> incident = Lines(o.replay.incidents[0].explanation);
+  ASSERT_GE(incident.size(), 2u) << o.replay.incidents[0].explanation;
+  EXPECT_EQ(QuotedFields(incident[1], {"  sleep ", " at level 1 kept ",
+                                       " (generation 1), the committed version"}),
+            (std::vector<std::string>{names.failed_sleep, names.label}))
+      << incident[1];
+  std::vector<std::string> steps;
+  for (const replay::ColocatedStep& step : o.replay.colocated) {
+    if (step.plan_id == names.failed_sleep) {
+      steps.push_back(step.line);
+      EXPECT_EQ(QuotedFields(step.line, {"SLEEP ", " (seq "}),
+                std::vector<std::string>{names.failed_sleep})
+          << step.line;
+    } else if (step.plan_id == names.restore) {
+      steps.push_back(step.line);
+      EXPECT_EQ(QuotedFields(step.line, {"RESTORE FROM SLEEP ", " (seq "}),
+                std::vector<std::string>{names.restore})
+          << step.line;
+      EXPECT_EQ(QuotedFields(From(step.line, "; committed: published "),
+                             {"; committed: published ", " (generation 2)"}),
+                std::vector<std::string>{names.label})
+          << step.line;
+    }
+  }
+  EXPECT_EQ(steps.size(), 2u);
 }
 
 }  // namespace

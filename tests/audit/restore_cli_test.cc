@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "statemachine/text.h"
+#include "tests/audit/quoting.h"
 #include "tests/audit/run_cli.h"
 
 namespace rc {
@@ -176,6 +177,30 @@ TEST(RestoreCli, ServesErrorAnswersExitByWhatTheyMean) {
   EXPECT_NE(refused.out.find("HTTP 409 conflict"), std::string::npos) << refused.out;
   executor.Answer(error("unauthorized", 401), 401);
   EXPECT_EQ(Restore(executor).exit_code, 2);
+}
+
+// Proves the "rerun with --restore-id" hint hands the shell the default id ("restore-<label>") as
+// exactly one argument when the label holds a quote, `;`, `|` and `$(...)`; catches the id
+// printed bare, where the operator's rerun ran the commands the trainer's label held.
+TEST(RestoreCli, TheRerunHintTakesTheIdAsOneShellArgument) {
+  ScriptedExecutor executor;
+  executor.Answer(R"({"error":{"message":"journal failed","type":"outcome_unknown","code":503}})",
+                  503);
+  const std::string label = "rc-7'; echo INJECTED $(echo sub) | cat; echo '";
+  const CliRun run =
+      RunCli({"restore", "--url", executor.url(), "--label", label, "--adopt"}, true);
+  EXPECT_EQ(run.exit_code, 3) << run.out;
+  const std::string open = "; rerun with --restore-id ";
+  const std::string close = " to read it\n";
+  const std::size_t from = run.out.find(open);
+  const std::size_t to = run.out.rfind(close);
+  ASSERT_NE(from, std::string::npos) << run.out;
+  ASSERT_NE(to, std::string::npos) << run.out;
+  ASSERT_LT(from + open.size(), to) << run.out;
+  EXPECT_EQ(
+      quoting_testing::ShellWords(run.out.substr(from + open.size(), to - from - open.size())),
+      std::vector<std::string>{"restore-" + label})
+      << run.out;
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/audit/quoting.h"
+
 namespace rc::cli_testing {
 
 struct CliRun {
@@ -28,11 +30,11 @@ inline CliRun RunCommand(const std::string& cmd) {
   return run;
 }
 
-// `rolloutcore ARGS` as a shell command line (each argument single-quoted: test arguments hold no
-// quote).
+// `rolloutcore ARGS` as a shell command line (each argument one exact shell word, quotes in it
+// included).
 inline std::string CliCommand(const std::vector<std::string>& args) {
   std::string cmd = RC_TEST_ROLLOUTCORE_BIN;
-  for (const std::string& a : args) cmd += " '" + a + "'";
+  for (const std::string& a : args) cmd += " " + quoting_testing::ExactShellWord(a);
   return cmd;
 }
 

@@ -12,6 +12,7 @@
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "statemachine/text.h"
+#include "tests/audit/quoting.h"
 #include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
 
@@ -235,6 +236,35 @@ TEST(Verdict, CallerFindingsJoinTheVerdict) {
   audit::Verdict torn = engine;
   torn.journal_failures.push_back("torn WAL tail");
   EXPECT_EQ(audit::RenderAudit(report, torn, "j").exit_code, audit::kExitJournalDamaged);
+}
+
+// Proves the `rolloutcore replay` command on an unhealthy audit's final line hands the shell the
+// journal's path as exactly one argument (spaces, a quote, `;` and `$(...)` in it) and prints a
+// plain path as typed; catches the path printed bare, where a space split it and a `;` ran the
+// rest.
+TEST(Verdict, TheReplayCommandTakesTheJournalPathAsOneShellArgument) {
+  TempDir dir;
+  {
+    auto opened = journal::Journal::Open(dir.path(), journal::Options{});
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    Bootstrap(**opened);
+  }
+  const audit::AuditReport report = AuditDir(dir.path());
+  audit::Verdict v = audit::MakeVerdict(report);
+  v.engine_findings.push_back("REVERIFY FAILED r");
+  const std::string prefix =
+      "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: rolloutcore replay ";
+  for (const std::string& path :
+       {std::string("/var/lib/rc/my journal; echo INJECTED $(echo sub) 'x'"),
+        std::string("/var/lib/rc/journal")}) {
+    const std::string last = LastLine(audit::RenderAudit(report, v, path).text);
+    ASSERT_EQ(last.rfind(prefix, 0), 0u) << last;
+    EXPECT_EQ(quoting_testing::ShellWords(last.substr(prefix.size())),
+              std::vector<std::string>{path})
+        << last;
+  }
+  EXPECT_EQ(LastLine(audit::RenderAudit(report, v, "/var/lib/rc/journal").text),
+            prefix + "/var/lib/rc/journal");
 }
 
 // r0 admitted at seq 5, r1 at 6, r0 finished at 7, r1 at 8, r2 admitted at 9 and never finished;
