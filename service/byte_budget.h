@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "statemachine/status.h"
 
@@ -37,12 +38,23 @@ class ByteBudget {
 };
 
 // What one holder took from a budget; all of it goes back when the hold is released or dies.
+// Moving a hold hands what it holds over (no operation on the budget): the bytes it stands for
+// change hands with it, as an answer handed to the connection that writes it.
 class BudgetHold {
  public:
   BudgetHold() = default;
   explicit BudgetHold(ByteBudget* budget) : budget_(budget) {}
   BudgetHold(const BudgetHold&) = delete;
   BudgetHold& operator=(const BudgetHold&) = delete;
+  BudgetHold(BudgetHold&& other) noexcept
+      : budget_(other.budget_), held_(std::exchange(other.held_, 0)) {}
+  BudgetHold& operator=(BudgetHold&& other) noexcept {
+    if (this == &other) return *this;
+    Release();
+    budget_ = other.budget_;
+    held_ = std::exchange(other.held_, 0);
+    return *this;
+  }
   ~BudgetHold() { Release(); }
 
   // Takes n more bytes; false (holding what it held) when the budget cannot give them.
@@ -57,6 +69,15 @@ class BudgetHold {
     if (budget_ == nullptr || n >= held_) return;
     budget_->Give(held_ - n);
     held_ = n;
+  }
+  // Holds exactly n bytes: gives back the excess, or takes what is missing; false (holding what
+  // it held) when the budget cannot give that.
+  [[nodiscard]] bool ResizeTo(std::uint64_t n) {
+    if (n <= held_) {
+      ShrinkTo(n);
+      return true;
+    }
+    return Grow(n - held_);
   }
   void Release() {
     if (budget_ != nullptr && held_ > 0) budget_->Give(held_);

@@ -148,10 +148,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // Exchange operations; all on the connection's loop.
   bool Live(std::uint64_t serial) const { return serial == serial_ && !answered_ && !closed_; }
   const HttpRequest& request() const { return request_; }
-  void Respond(std::uint64_t serial, HttpResponse res);
+  void Respond(std::uint64_t serial, HttpResponse res, BudgetHold hold = BudgetHold());
   void StartStream(std::uint64_t serial, HttpResponse head, Exchange::WriteDone done);
   void Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone done);
-  void End(std::uint64_t serial, std::string last_bytes);
+  void End(std::uint64_t serial, std::string last_bytes, BudgetHold hold);
   void AbandonWrite(std::uint64_t serial);
   void CloseUnanswered(std::uint64_t serial) {
     if (Live(serial)) Close();
@@ -239,6 +239,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool counted_ = true;       // holds a place in connections_max
 
   std::unique_ptr<HttpResponse> out_;  // the response being written
+  // The body budget the answer being written holds (its maker's, handed over with it): given back
+  // once the answer is written or the connection closes.
+  BudgetHold out_hold_;
   std::unique_ptr<bhttp::response<bhttp::empty_body>> stream_head_;
   std::unique_ptr<bhttp::response_serializer<bhttp::empty_body>> stream_sr_;
   std::string out_chunk_;
@@ -446,11 +449,12 @@ void Session::Refuse(int status, const std::string& type, const std::string& mes
   Respond(serial_, ErrorResponse(status, type, message));
 }
 
-void Session::Respond(std::uint64_t serial, HttpResponse res) {
-  if (!Live(serial)) return;
+void Session::Respond(std::uint64_t serial, HttpResponse res, BudgetHold hold) {
+  if (!Live(serial)) return;  // the hold goes back with the answer nobody takes
   answered_ = true;
   StopWatching();
   out_ = std::make_unique<HttpResponse>(std::move(res));
+  out_hold_ = std::move(hold);
   out_->version(11);
   out_->keep_alive(KeepReading());
   out_->prepare_payload();
@@ -471,6 +475,7 @@ void Session::Respond(std::uint64_t serial, HttpResponse res) {
 
 void Session::OnResponseWritten(beast::error_code ec) {
   out_.reset();
+  out_hold_.Release();
   if (Expired(Phase::kWrite)) server_.mutable_counters().write_timeouts++;
   if (ec) return Close();
   AfterExchange();
@@ -541,6 +546,7 @@ void Session::WriteChunk(std::string bytes, std::function<void(beast::error_code
   auto written = [self = shared_from_this(), then = std::move(then)](beast::error_code ec,
                                                                      std::size_t) {
     self->stream_write_pending_ = false;
+    std::string().swap(self->out_chunk_);  // freed before `then`: a hold on it may go back there
     self->Disarm();
     if (self->Expired(Phase::kWrite)) {
       self->server_.mutable_counters().write_timeouts++;
@@ -564,10 +570,11 @@ void Session::Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone
              });
 }
 
-void Session::End(std::uint64_t serial, std::string last_bytes) {
+void Session::End(std::uint64_t serial, std::string last_bytes, BudgetHold hold) {
   if (!Live(serial) || stream_sr_ == nullptr) return;
   answered_ = true;
   StopWatching();
+  out_hold_ = std::move(hold);
   auto finish = [self = shared_from_this()](beast::error_code ec) {
     if (ec) return self->Close();
     // A close-delimited body ends as the connection is shut (not kept alive: Linger).
@@ -679,6 +686,7 @@ void Session::Close() {
   Disarm();
   timer_.cancel();
   Uncount();
+  out_hold_.Release();  // the answer's write, if any, fails now
   beast::error_code ignored;
   socket_.close(ignored);
 }
@@ -741,6 +749,11 @@ void Exchange::Respond(HttpResponse response) {
   session_->Respond(serial_, std::move(response));
 }
 
+void Exchange::Respond(HttpResponse response, BudgetHold hold) {
+  RC_CHECK(session_->executor().running_in_this_thread());
+  session_->Respond(serial_, std::move(response), std::move(hold));
+}
+
 void Exchange::StartStream(HttpResponse head, WriteDone done) {
   RC_CHECK(session_->executor().running_in_this_thread());
   session_->StartStream(serial_, std::move(head), std::move(done));
@@ -753,7 +766,12 @@ void Exchange::Write(std::string bytes, WriteDone done) {
 
 void Exchange::End(std::string last_bytes) {
   RC_CHECK(session_->executor().running_in_this_thread());
-  session_->End(serial_, std::move(last_bytes));
+  session_->End(serial_, std::move(last_bytes), BudgetHold());
+}
+
+void Exchange::End(std::string last_bytes, BudgetHold hold) {
+  RC_CHECK(session_->executor().running_in_this_thread());
+  session_->End(serial_, std::move(last_bytes), std::move(hold));
 }
 
 void Exchange::AbandonWrite() {

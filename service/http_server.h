@@ -127,14 +127,22 @@ class Exchange {
 
   // Answers with a complete response (Content-Length, keep-alive as the request allows).
   void Respond(HttpResponse response);
+  // Answers with `response`, whose bytes `hold` holds of body_budget(): the connection keeps the
+  // hold until the response is written or the connection ends, so an answer a client is slow to
+  // take stays charged while it waits (and none is charged past its write).
+  void Respond(HttpResponse response, BudgetHold hold);
   // A streamed response: the head now, then Write()s, each completing only when the client took
   // the bytes (back-pressure), then End(). `done(false)`: the client is gone or stalled. Chunked
   // to an HTTP/1.1 request; to an HTTP/1.0 one (no chunked coding) the body ends where the
-  // connection does, and the connection is not kept alive.
+  // connection does, and the connection is not kept alive. A Write's bytes are freed as it
+  // completes (written, failed or refused): a caller holding body budget for them gives it back
+  // in its `done`.
   using WriteDone = std::function<void(bool delivered)>;
   void StartStream(HttpResponse head, WriteDone done);
   void Write(std::string bytes, WriteDone done);
   void End(std::string last_bytes);
+  // End, with `hold` holding `last_bytes` of body_budget() until they are written (as Respond's).
+  void End(std::string last_bytes, BudgetHold hold);
   // A stream's write that waits on the client (its head's, or a Write's) fails now (the
   // connection closes); no-op otherwise.
   void AbandonWrite();

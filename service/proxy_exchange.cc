@@ -108,6 +108,10 @@ const std::string kDoneEvent = "data: [DONE]\n\n";
 constexpr const char* kAnswerOverBudget =
     "the engine's answer, parsed, would take more of serve's memory budget than is left "
     "(body_memory_bytes_max)";
+// The client's answer made of it is held in the engine body's place until the client took it.
+constexpr const char* kClientAnswerOverBudget =
+    "the client's answer would take more of serve's memory budget than is left "
+    "(body_memory_bytes_max)";
 
 // The trace's entries as the body budget holds them: the token ids and logprobs it kept, and the
 // prompt's token ids (the request's on generate, the engine's copy on completions and chat).
@@ -210,7 +214,10 @@ ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchan
       route_(route),
       ex_(std::move(exchange)),
       body_hold_(&ex_.body_budget()),
+      answer_hold_(&ex_.body_budget()),
       tree_hold_(&ex_.body_budget()),
+      event_hold_(&ex_.body_budget()),
+      stream_hold_(&ex_.body_budget()),
       deadline_(ex_.executor()) {
   on_chunk_ = [this](const json& chunk) {
     const std::optional<std::string> event = PassChunk(trace_, chunk, added_);
@@ -219,6 +226,9 @@ ProxyExchange::ProxyExchange(Service& service, ProxyRoute route, Exchange exchan
     return !client_gone_ && !trace_over_budget_;
   };
   sse_.on_chunk = &on_chunk_;
+  // Each streamed event's trees are held against the body budget before they are built.
+  before_parse_ = [this](std::string_view data) { return event_hold_.Take(data); };
+  sse_.before_parse = &before_parse_;
 }
 
 // ---- parse and admit ----
@@ -555,10 +565,20 @@ void ProxyExchange::OnBody(error_code ec) {
 bool ProxyExchange::Absorb(const char* data, std::size_t n) {
   const bool relay = stream_ && Is2xx(parser_->get().result_int());
   if (relay) {
-    if (sse_.Feed(data, n)) return true;
+    const bool go_on = sse_.Feed(data, n);
+    event_hold_.Release();  // the trees of the events fed are gone
+    if (go_on) {
+      if (HoldStreamBuffers()) return true;
+      UpstreamFailed(Transport::kOk, kStreamBufferOverBudget);
+      return false;
+    }
     if (client_gone_) return true;  // OnClientTook/OnClientGone finish it
     if (trace_over_budget_) {
       UpstreamFailed(Transport::kOk, kTraceOverBudget);
+      return false;
+    }
+    if (event_hold_.refused()) {
+      UpstreamFailed(Transport::kOk, kStreamEventOverBudget);
       return false;
     }
     UpstreamFailed(Transport::kOk, "one SSE event exceeds " +
@@ -570,7 +590,7 @@ bool ProxyExchange::Absorb(const char* data, std::size_t n) {
                                        std::to_string(effects::kResponseBytesMax) + " bytes");
     return false;
   }
-  if (!body_hold_.Grow(n)) {
+  if (!answer_hold_.Grow(n)) {
     UpstreamFailed(Transport::kOk,
                    "the bodies other requests hold take serve's memory budget "
                    "(body_memory_bytes_max)");
@@ -587,8 +607,29 @@ void ProxyExchange::OnClientTook(bool delivered) {
     CloseUpstream();
     return Abort("client disconnected");
   }
+  // The events written are freed: what stays held is what the stream still buffers.
+  if (!HoldStreamBuffers()) return UpstreamFailed(Transport::kOk, kStreamBufferOverBudget);
   ReadBody();
 }
+
+static_assert(kStreamBufferUnheldBytesMax == kUpstreamReadBytes);  // its ground (proxy_stream.h)
+
+// A pending SSE buffer past this capacity, holding under a quarter of it, is what a large event
+// left (erasing an event keeps the capacity it took): it is given back. Below it stays the
+// capacity a busy stream's reads settle at (about two reads), never reallocated read by read.
+constexpr std::size_t kSsePendingKeptBytesMax = std::size_t{1} << 20;
+
+// The bytes the stream buffers, as allocated: the SSE bytes of the event being received, and the
+// client events not yet handed to the client's connection.
+std::uint64_t ProxyExchange::StreamBuffered() {
+  std::string& pending = sse_.pending;
+  if (pending.capacity() > kSsePendingKeptBytesMax && pending.size() < pending.capacity() / 4) {
+    std::string(pending).swap(pending);
+  }
+  return pending.capacity() + out_.capacity();
+}
+
+bool ProxyExchange::HoldStreamBuffers() { return stream_hold_.HoldFor(StreamBuffered()); }
 
 // A pooled connection the engine closed between requests fails before any response byte: the
 // request is sent again once on a fresh connection (generation may run twice without harm; the
@@ -621,16 +662,21 @@ void ProxyExchange::UpstreamDone() {
 }
 
 // The engine's stream ended: its last event (no blank line after it) is taken, then the stream
-// is judged; only the engine's [DONE] completes it. A last event whose trace the budget refused
-// ends the rollout as that refusal does mid-stream (aborted, the client told, the event not
-// relayed), never as a stream the proxy chose to stop early.
+// is judged; only the engine's [DONE] completes it. A last event whose trace (or parse) the
+// budget refused ends the rollout as that refusal does mid-stream (aborted, the client told, the
+// event not relayed), never as a stream the proxy chose to stop early.
 void ProxyExchange::EndStream() {
   HttpEvidence ev;
   sse_.Finish(ev);
+  event_hold_.Release();             // the last event's trees are gone
+  std::string().swap(sse_.pending);  // taken: the stream buffers no more of the engine's
   if (trace_over_budget_) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
+  if (event_hold_.refused()) return UpstreamFailed(Transport::kOk, kStreamEventOverBudget);
+  if (!HoldStreamBuffers()) return UpstreamFailed(Transport::kOk, kStreamBufferOverBudget);
   if (out_.empty()) return AnswerStreamEnd(ev.body_parsed, ev.error);
   // The last event still goes out before [DONE] (or before the error event).
   ex_.Write(std::move(out_), [self = shared_from_this(), ev](bool delivered) {
+    self->stream_hold_.Release();  // written (or failed): the stream buffers nothing more
     self->Next("client took the last event", [&] {
       if (!delivered) return self->Abort("client disconnected");
       self->AnswerStreamEnd(ev.body_parsed, ev.error);
@@ -639,17 +685,16 @@ void ProxyExchange::EndStream() {
 }
 
 void ProxyExchange::AnswerCompletion() {
-  if (std::optional<std::string> text = RelayAnswer(body_, trace_, added_)) {
-    if (!HoldTrace()) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
-    return Finish(RolloutOutcome::kCompleted, "",
-                  [self = shared_from_this(), text = std::move(*text)]() mutable {
-                    HttpResponse res = self->BindingHead(200);
-                    SetBody(res, 200, std::move(text), "application/json");
-                    self->ex_.Respond(std::move(res));
-                  });
-  }
-  // What simdjson does not read (or reads ambiguously) is read as before, and judged as before;
-  // its tree is held against the body budget until the client's answer is made of it.
+  std::optional<std::string> text = RelayAnswer(body_, trace_, added_);
+  if (!text) return AnswerCompletionTree();
+  if (!HoldTrace()) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
+  AnswerCompleted(std::move(*text));
+}
+
+// What simdjson does not read (or reads ambiguously) is read as before, and judged as before;
+// its tree is held against the body budget while it lives, until the client's answer is made of
+// it (the bound's second copy of the text covers that answer).
+void ProxyExchange::AnswerCompletionTree() {
   if (!tree_hold_.Grow(ParsedBytesBound(body_))) {
     return UpstreamFailed(Transport::kOk, kAnswerOverBudget);
   }
@@ -660,21 +705,32 @@ void ProxyExchange::AnswerCompletion() {
     return AnswerEngineError();
   }
   trace_.Absorb(doc);
-  if (!HoldTrace()) {
-    doc = json();
-    tree_hold_.Release();  // the tree is gone
-    return UpstreamFailed(Transport::kOk, kTraceOverBudget);
+  const bool trace_held = HoldTrace();
+  std::string text;
+  if (trace_held) {
+    StripAdded(doc, added_);
+    text = DumpSafe(doc);
   }
+  doc = json();
+  tree_hold_.Release();  // the tree is gone
+  if (!trace_held) return UpstreamFailed(Transport::kOk, kTraceOverBudget);
+  AnswerCompleted(std::move(text));
+}
+
+// The completion's answer `text` takes the engine body's place in answer_hold_ before the finish,
+// so a budget that cannot hold it aborts the rollout as any refusal of the budget does; once the
+// finish is durable it goes with its hold to the client's connection, which gives the hold back
+// when the client took the answer or left.
+void ProxyExchange::AnswerCompleted(std::string text) {
+  std::string().swap(body_);
+  if (!answer_hold_.ResizeTo(text.size())) {
+    return UpstreamFailed(Transport::kOk, kClientAnswerOverBudget);
+  }
+  HttpResponse res = BindingHead(200);
+  SetBody(res, 200, std::move(text), "application/json");
   Finish(RolloutOutcome::kCompleted, "",
-         [self = shared_from_this(), doc = std::move(doc)]() mutable {
-           HttpResponse res = self->BindingHead(200);
-           {
-             json answer = std::move(doc);
-             StripAdded(answer, self->added_);
-             SendJson(res, 200, answer);
-           }
-           self->tree_hold_.Release();  // the tree is gone
-           self->ex_.Respond(std::move(res));
+         [self = shared_from_this(), res = std::move(res)]() mutable {
+           self->ex_.Respond(std::move(res), std::move(self->answer_hold_));
          });
 }
 
@@ -694,36 +750,52 @@ void ProxyExchange::AnswerStreamEnd(bool ok, const std::string& why) {
 // The engine answered, but not with a completion. An engine error (400..599) is passed on:
 // non-streamed its status and body, streamed an error event with its code and [DONE]. Any other
 // status (a 2xx that is not the route's JSON, a 3xx, a code outside 100..599) is a 502 naming it.
+// The engine's body relayed goes to the client's connection with its hold (answer_hold_).
 void ProxyExchange::AnswerEngineError() {
-  // A streamed client gets the engine's body as JSON in its error event: its tree is held first.
-  if (stream_ && !tree_hold_.Grow(ParsedBytesBound(body_))) {
-    return UpstreamFailed(Transport::kOk, kAnswerOverBudget);
-  }
-  svc_.metrics_.upstream_errors++;
   const unsigned status = parser_->get().result_int();
   const bool relayed = IsRelayedError(status);
   const int code = relayed ? static_cast<int>(status) : 502;
   const std::string why = EngineFailure();
-  Finish(RolloutOutcome::kAborted, why, [self = shared_from_this(), relayed, code, why] {
-    if (!self->stream_) {
-      HttpResponse res = self->BindingHead(code);
-      if (!relayed) {
-        SendError(res, code, "upstream", why);
-      } else {
-        SetBody(res, code, std::move(self->body_), "application/json");
-      }
-      return self->ex_.Respond(std::move(res));
-    }
-    std::string event;
-    {
-      json err = {{"error", {{"message", why}, {"type", "upstream"}, {"code", code}}}};
-      json engine_body = effects::parse_outside_json(self->body_);
-      if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
-      event = "data: " + DumpSafe(err) + "\n\n" + kDoneEvent;
-    }
-    self->tree_hold_.Release();  // the tree is gone
-    self->ex_.End(std::move(event));
-  });
+  if (stream_) return AnswerEngineErrorEvent(code, why);
+  svc_.metrics_.upstream_errors++;
+  HttpResponse res = BindingHead(code);
+  if (relayed) {
+    SetBody(res, code, std::move(body_), "application/json");
+  } else {
+    SendError(res, code, "upstream", why);
+  }
+  std::string().swap(body_);
+  if (!relayed) answer_hold_.Release();  // the body is not the answer: it is gone
+  Finish(RolloutOutcome::kAborted, why,
+         [self = shared_from_this(), res = std::move(res)]() mutable {
+           self->ex_.Respond(std::move(res), std::move(self->answer_hold_));
+         });
+}
+
+// A streamed client gets the engine's body as JSON in its error event: its tree is held while it
+// lives, and the event takes the body's place in answer_hold_ (a budget that cannot hold it
+// aborts the rollout with the budget's own error event).
+void ProxyExchange::AnswerEngineErrorEvent(int code, const std::string& why) {
+  if (!tree_hold_.Grow(ParsedBytesBound(body_))) {
+    return UpstreamFailed(Transport::kOk, kAnswerOverBudget);
+  }
+  std::string event;
+  {
+    json err = {{"error", {{"message", why}, {"type", "upstream"}, {"code", code}}}};
+    json engine_body = effects::parse_outside_json(body_);
+    if (!engine_body.is_discarded()) err["error"]["engine"] = std::move(engine_body);
+    event = "data: " + DumpSafe(err) + "\n\n" + kDoneEvent;
+  }
+  tree_hold_.Release();  // the tree is gone
+  std::string().swap(body_);
+  if (!answer_hold_.ResizeTo(event.size())) {
+    return UpstreamFailed(Transport::kOk, kClientAnswerOverBudget);
+  }
+  svc_.metrics_.upstream_errors++;
+  Finish(RolloutOutcome::kAborted, why,
+         [self = shared_from_this(), event = std::move(event)]() mutable {
+           self->ex_.End(std::move(event), std::move(self->answer_hold_));
+         });
 }
 
 std::string ProxyExchange::EngineFailure() const {
@@ -1077,17 +1149,17 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     }
     request_.keep_alive(true);
     request_.prepare_payload();
+    // call_timeout_ms bounds the whole call, its connect included (as a control call's): a
+    // deadline that passes before the connection arrives fails the call when it does.
     deadline_.expires_after(std::chrono::milliseconds(config_.call_timeout_ms));
     deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (!ec && self->conn_) self->conn_->socket.close(ec);
+      if (ec) return;  // cancelled: the call ended first
+      self->timed_out_ = true;
+      if (self->conn_) self->conn_->socket.close(ec);  // what is under way fails at once
     });
     pool_.Acquire(ex_.executor(), config_.connect_timeout_ms,
                   [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool) {
-                    self->Step([&] {
-                      if (!st.ok()) return self->Fail(st.message());
-                      self->conn_ = std::move(c);
-                      self->Send();
-                    });
+                    self->Step([&] { self->OnConnected(st, std::move(c)); });
                   });
   }
 
@@ -1109,6 +1181,12 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
         ex_.Close();
       }
     }
+  }
+  void OnConnected(const Status& st, std::unique_ptr<UpstreamConn> conn) {
+    if (!st.ok()) return Fail(st.message());
+    conn_ = std::move(conn);
+    if (timed_out_) return Fail("");  // the connect outlasted the call's deadline
+    Send();
   }
   void Send() {
     parser_.emplace();
@@ -1185,12 +1263,20 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     SetBody(res, static_cast<int>(status), std::move(msg.body()),
             type.empty() ? "application/json" : std::string_view(type.data(), type.size()));
     if (parser_->keep_alive()) pool_.Release(std::move(conn_));
-    ex_.Respond(std::move(res));
+    // The body stays held until the client took it: its hold goes with it, less what the bound
+    // of an undeclared length took beyond it.
+    body_hold_.ShrinkTo(res.body().capacity());
+    ex_.Respond(std::move(res), std::move(body_hold_));
   }
+  // Every failure past the deadline is the deadline's, whatever it cut (the connect, the send or
+  // a read): the client is told call_timeout_ms passed.
   void Fail(const std::string& why) {
     deadline_.cancel();
     conn_.reset();
-    ex_.Respond(ErrorResponse(502, "upstream", "engine call failed: " + why));
+    const std::string failure = timed_out_ ? "no answer within call_timeout_ms (" +
+                                                 std::to_string(config_.call_timeout_ms) + " ms)"
+                                           : why;
+    ex_.Respond(ErrorResponse(502, "upstream", "engine call failed: " + failure));
   }
 
   Exchange ex_;
@@ -1199,6 +1285,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   const ServeConfig& config_;
   const Service::StepProbe& probe_;
   asio::steady_timer deadline_;
+  bool timed_out_ = false;  // call_timeout_ms passed: the call fails wherever it stands
   std::unique_ptr<UpstreamConn> conn_;
   beast::http::request<beast::http::string_body> request_;
   std::optional<beast::http::response_parser<beast::http::string_body>> parser_;

@@ -10,6 +10,12 @@
 //   read, so a slow client slows the engine stream and nothing accumulates) -> Finish (trajectory
 //   line, then the journal parts and RolloutFinished, durably, exactly once) -> Answer.
 //
+// What the exchange holds in memory is held against the server's body budget
+// (body_memory_bytes_max) before it is made: the request's tree, the engine's body and its tree,
+// the trace, a streamed event's trees, and the bytes that wait on the client (a complete answer,
+// handed with its hold to the client's connection until written; a stream's buffered events until
+// their write ends). What the budget refuses ends the rollout as aborted, the client told why.
+//
 // A client that goes away closes the engine connection (vLLM aborts the request) and the rollout
 // is finished as aborted; so is one the shutdown cancels, or one past request_timeout_ms. The
 // client is watched from the admission on: one that leaves while its admission waits for the
@@ -106,13 +112,18 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   void OnBody(error_code ec);
   bool Absorb(const char* data, std::size_t n);  // false: stop (client gone, bound exceeded)
   [[nodiscard]] bool HoldTrace();                // false: the body budget refused the trace
+  std::uint64_t StreamBuffered();                // the bytes sse_.pending and out_ take
+  [[nodiscard]] bool HoldStreamBuffers();        // false: the body budget refused them
   void OnClientTook(bool delivered);
   void UpstreamDone();
   void EndStream();
   void UpstreamFailed(Transport transport, std::string why);
   bool RetryAfterFailure(bool reused_and_silent);
   void AnswerEngineError();
+  void AnswerEngineErrorEvent(int code, const std::string& why);
   void AnswerCompletion();
+  void AnswerCompletionTree();
+  void AnswerCompleted(std::string text);
   void AnswerStreamEnd(bool ok, const std::string& why);
   void Abort(std::string note);
   void AnswerAborted();
@@ -162,11 +173,18 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   std::optional<HeadRead> head_read_;
   std::unique_ptr<char[]> read_buf_;  // kUpstreamReadBytes, allocated (not zeroed) on first read
   std::string body_;                  // non-streamed (or error) body, bounded
-  BudgetHold body_hold_;              // body_'s bytes, taken from the server's body budget
-  BudgetHold tree_hold_;              // the engine answer's parsed tree while it lives (bound)
-  std::string out_;                   // client events of one engine read
+  // The request's parse, then the engine's copy of it and the trace, of the server's body budget.
+  BudgetHold body_hold_;
+  // body_'s bytes as read; then the client's answer made of it, which takes its place and is
+  // handed with it to the client's connection (held until the client took it).
+  BudgetHold answer_hold_;
+  BudgetHold tree_hold_;  // the engine answer's parsed tree while it lives (bound)
+  std::string out_;       // client events of one engine read
   effects::SseState sse_;
   effects::EngineClient::ChunkFn on_chunk_;
+  effects::SseState::BeforeParseFn before_parse_;
+  StreamEventHold event_hold_;    // the streamed event being parsed, taken from the body budget
+  StreamBufferHold stream_hold_;  // sse_.pending and out_ until the client took them
   boost::asio::steady_timer deadline_;
   bool timed_out_ = false;
   std::string transport_error_;

@@ -474,6 +474,24 @@ std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk,
   return "data: " + DumpSafe(out) + "\n\n";
 }
 
+std::uint64_t StreamEventBytesBound(std::string_view data) { return 2 * ParsedBytesBound(data); }
+
+bool StreamEventHold::Take(std::string_view data) {
+  hold_.Release();
+  if (data.size() <= kStreamEventUnheldBytesMax) return true;
+  if (hold_.Grow(StreamEventBytesBound(data))) return true;
+  refused_ = true;
+  return false;
+}
+
+bool StreamBufferHold::HoldFor(std::uint64_t bytes) {
+  if (bytes <= kStreamBufferUnheldBytesMax) {
+    hold_.Release();  // no operation when nothing is held
+    return true;
+  }
+  return hold_.ResizeTo(bytes);
+}
+
 namespace {
 
 // The prompts a completion's `key` (`prompt` or `prompt_embeds`) holds as vLLM counts them: a

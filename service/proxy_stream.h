@@ -1,18 +1,21 @@
 // The proxy's reading of engine exchanges: what it adds to a client's request so the trace gets
 // token ids and logprobs, what a completion (or each streamed chunk) tells about the rollout's
 // trajectory and token counts, the journal parts it becomes, and the client event a streamed
-// engine chunk is turned into (the fields the proxy added removed). Pure functions of the JSON,
-// apart from the proxy's sockets so that tests and fuzz targets run the same code.
+// engine chunk is turned into (the fields the proxy added removed), and what a streamed event's
+// parse and a stream's buffered bytes hold of the body budget. Pure functions of the JSON, apart
+// from the proxy's sockets so that tests and fuzz targets run the same code.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "service/byte_budget.h"
 #include "statemachine/events.h"
 #include "statemachine/status.h"
 
@@ -150,5 +153,80 @@ void StripAdded(json& doc, const AddedFields& added);
 // ("data: <json>\n\n"), or nullopt for the usage-only chunk the client did not ask for.
 std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk,
                                      const AddedFields& added);
+
+// What one streamed engine event takes while it is absorbed, its data `data`: the tree it is
+// parsed into and the copy PassChunk strips, each bounded as a request's parse is
+// (ParsedBytesBound: the nodes, and the text twice, which covers the client event dumped from the
+// copy and appended to the client's write buffer). 4 MiB of "[{},{},...]" is ~280 MB.
+std::uint64_t StreamEventBytesBound(std::string_view data);
+
+// Events of at most this many bytes (a token's chunk is a few hundred, with top logprobs a few
+// thousand) are parsed without a hold, sparing every chunk two atomic operations on the budget
+// all event loops share. The bound stays global: an event's trees are made and dropped within
+// one synchronous dispatch on its connection's event loop (parse, PassChunk, gone before the loop
+// runs anything else), so at most one unheld event's trees live per loop, io_threads (at most
+// 256) times StreamEventBytesBound of this many bytes (~1.4 MB) in all; the non-streamed path
+// leaves its small answers' simdjson documents out of the budget on the same per-loop ground.
+inline constexpr std::size_t kStreamEventUnheldBytesMax = std::size_t{16} << 10;
+
+inline constexpr const char* kStreamEventOverBudget =
+    "an engine stream event, parsed, would take more of serve's memory budget than is left "
+    "(body_memory_bytes_max)";
+
+// One stream's hold on the body budget (body_memory_bytes_max) for the event being parsed:
+// taken before each event's parse, given back once the events of one engine read are absorbed,
+// so no share outlives the synchronous dispatch that made the trees, and none waits on the client
+// or the engine. All of it goes back when the hold dies.
+class StreamEventHold {
+ public:
+  explicit StreamEventHold(ByteBudget* budget) : hold_(budget) {}
+
+  // Before the event `data` is parsed: the previous event's share goes back (its trees are gone
+  // by then) and this one's StreamEventBytesBound is held, unless the event is at most
+  // kStreamEventUnheldBytesMax. False, nothing held and refused() set, when the budget cannot
+  // give it: the event must not be parsed.
+  [[nodiscard]] bool Take(std::string_view data);
+  // Once the events taken are absorbed (their trees are gone).
+  void Release() { hold_.Release(); }
+  bool refused() const { return refused_; }
+  std::uint64_t held() const { return hold_.held(); }
+
+ private:
+  BudgetHold hold_;
+  bool refused_ = false;  // sticky: the stream ends at the first refusal
+};
+
+// What a stream buffers between its engine and its client: the SSE bytes of the event being
+// received (SseState::pending, up to kSseEventBytesMax and a read) and the client events of one
+// engine read (as large as its events) while their write waits on the client. A stream buffering
+// at most this many bytes holds none of the body budget: a token's events are a few hundred bytes
+// a read, and are spared the hold's two atomic operations on the budget all event loops share.
+// Each stream's engine read buffer (kUpstreamReadBytes) is this size and unheld too, so what
+// goes unheld per stream is at most doubled; past it, the hold costs two atomic operations per
+// engine read of tens of KiB, never per event.
+inline constexpr std::size_t kStreamBufferUnheldBytesMax = std::size_t{64} << 10;
+
+inline constexpr const char* kStreamBufferOverBudget =
+    "the stream's buffered events would take more of serve's memory budget than is left "
+    "(body_memory_bytes_max)";
+
+// One stream's hold on the body budget for the bytes it buffers: set after each engine read
+// (what it left pending, and the client events it made) and again once the client took those
+// events, so bytes a stalled client leaves buffered stay charged until the write of them ends.
+// All of it goes back when the hold dies.
+class StreamBufferHold {
+ public:
+  explicit StreamBufferHold(ByteBudget* budget) : hold_(budget) {}
+
+  // The stream now buffers `bytes`: held when past kStreamBufferUnheldBytesMax (nothing held, and
+  // no operation on the budget, at or below it). False, holding what it held, when the budget
+  // cannot give the bytes beyond that.
+  [[nodiscard]] bool HoldFor(std::uint64_t bytes);
+  void Release() { hold_.Release(); }  // the stream buffers nothing more
+  std::uint64_t held() const { return hold_.held(); }
+
+ private:
+  BudgetHold hold_;
+};
 
 }  // namespace rc::service

@@ -189,7 +189,10 @@ Result<std::string> VllmIpcPath(const std::string& source_uri) {
   return path;
 }
 
+// Bounded in bytes (kVllmIpcFileBytesMax) and, before it is parsed, in the tree it makes
+// (kFileJsonTreeBytesMax).
 Result<VllmIpcFile> ParseVllmIpcFile(const std::string& text) {
+  RC_RETURN_IF_ERROR(check_file_json_tree(text, "the file"));
   json j = parse_outside_json(text);
   if (j.is_discarded()) return Status::InvalidArgument("not JSON");
   RC_RETURN_IF_ERROR(check_header(j));

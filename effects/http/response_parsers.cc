@@ -15,6 +15,35 @@ nlohmann::json parse_outside_json(std::string_view text) {
   return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
+std::uint64_t json_tree_bytes_bound(std::string_view text) {
+  constexpr std::uint64_t kContainerBytes = 64, kSlotBytes = 32, kMemberBytes = 96;
+  constexpr std::uint64_t kStringBytes = 48;
+  std::uint64_t bound = static_cast<std::uint64_t>(text.size()) + kContainerBytes;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped byte is content
+      in_string = c != '"';
+      continue;
+    }
+    in_string = c == '"';
+    bound += c == '[' || c == '{' ? kContainerBytes
+             : c == ','           ? kSlotBytes
+             : c == ':'           ? kMemberBytes
+             : in_string          ? kStringBytes
+                                  : 0;
+  }
+  return bound;
+}
+
+Status check_file_json_tree(std::string_view text, const std::string& what) {
+  if (json_tree_bytes_bound(text) <= kFileJsonTreeBytesMax) return Status::OK();
+  return Status::InvalidArgument(what + " would take more than " +
+                                 std::to_string(kFileJsonTreeBytesMax) +
+                                 " bytes once parsed (the bound on a file's parsed JSON)");
+}
+
 using nlohmann::json;
 
 bool is_blank(const std::string& s) {
@@ -233,6 +262,10 @@ bool SseState::Dispatch(const std::string& event) {
     return true;
   }
   ++events;
+  if (before_parse != nullptr && !(*before_parse)(data)) {
+    stopped = true;
+    return false;
+  }
   json j = parse_outside_json(data);
   if (j.is_discarded()) {
     bad_event = true;

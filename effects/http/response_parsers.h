@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,6 +24,29 @@ bool is_blank(const std::string& s);
 // JSON that came from outside (an engine's body, a client's), parsed: discarded when it is not
 // JSON or nests deeper than text::kJsonDepthMax. Never throws.
 nlohmann::json parse_outside_json(std::string_view text);
+
+// An upper bound on the bytes nlohmann::json takes for the tree `text` parses into, beside the
+// text: its strings' contents once and, per structural byte outside strings, the node it makes
+// (an array or object with its container, an element's slot with the vector's growth, a member's
+// map node and key, a string's heap object). "[]," is 3 bytes of text and 99 here; a
+// safetensors header's entry (~110 bytes of text) about 1.1 KB. One pass, no allocation: asked
+// before a parse that might not fit.
+std::uint64_t json_tree_bytes_bound(std::string_view text);
+
+// The most the parsed JSON of one file a caller names (a safetensors header, an ipc: or
+// vllm-ipc: handle file) may take, by json_tree_bytes_bound. These files are parsed on the
+// trainer API's threads (the manifest route, an update's or restore's source checks), several at
+// once and outside serve's body budget, so each parse is bounded on its own: the text alone
+// (a 100 MiB header of "[[],[],...]") would otherwise make ~3 GB of nodes per call. 256 MiB
+// takes ~240,000 tensor entries of ~110 bytes of text (a 26 MB header): a checkpoint shard's
+// header holds a few thousand, and the largest open models hold under 100,000 tensors in all,
+// so even one of them saved as a single file passes with a margin of two and more.
+inline constexpr std::uint64_t kFileJsonTreeBytesMax = std::uint64_t{256} << 20;
+
+// OK when `text`, the JSON of `what` (a file's name and kind, as its errors name it), parses
+// within kFileJsonTreeBytesMax; else InvalidArgument naming `what` and the bound (never the
+// text, nor a figure read from it).
+[[nodiscard]] Status check_file_json_tree(std::string_view text, const std::string& what);
 
 // ---- route body checks (2xx JSON objects) ----
 bool check_version(const nlohmann::json& j);      // {"version": short string}
@@ -42,11 +67,17 @@ void interpret_body(EngineClient::Shape shape, bool (*check)(const nlohmann::jso
 // Server-sent events: accumulates bytes, hands each complete event's `data:` payload on, up to
 // `data: [DONE]`; what follows it is dropped unread (never passed on, never judged).
 struct SseState {
+  // Asked with an event's data before it is parsed (when set): false stops the stream there
+  // (stopped), the event never parsed. A caller that holds memory for the tree gives it back
+  // once Feed or Finish returns: no tree of theirs lives on.
+  using BeforeParseFn = std::function<bool(std::string_view data)>;
   const EngineClient::ChunkFn* on_chunk = nullptr;
+  const BeforeParseFn* before_parse = nullptr;
+
   std::string pending;      // bytes of the event being received
   std::size_t scanned = 0;  // no blank line begins in pending[0, scanned - 3)
   bool done = false;        // saw `data: [DONE]`: the stream is complete
-  bool stopped = false;     // on_chunk returned false
+  bool stopped = false;     // on_chunk or before_parse returned false
   bool bad_event = false;   // a data payload was not JSON
   bool too_big = false;     // one event exceeded kSseEventBytesMax
   std::size_t events = 0;

@@ -108,8 +108,18 @@ std::uint64_t LittleEndian64(const std::string& bytes) {
   return v;
 }
 
-// The index of the safetensors file open on `fd` (`file_bytes` from its fstat).
-Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes) {
+// `what` of the file at `path` (escaped: one line), as a refusal names it; `path` "" when the
+// bytes came from memory.
+std::string InFile(const std::string& path, const std::string& what) {
+  return path.empty() ? what : "'" + text::escape_line(path) + "': " + what;
+}
+
+Result<SafetensorsIndex> ParseHeaderOf(const std::string& prefix, std::uint64_t file_bytes,
+                                       const std::string& path);
+
+// The index of the safetensors file at `path`, open on `fd` (`file_bytes` from its fstat).
+Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes,
+                                         const std::string& path) {
   std::string prefix(std::min<std::uint64_t>(file_bytes, 8), '\0');
   RC_RETURN_IF_ERROR(ReadExact(fd, 0, prefix.data(), prefix.size()));
   if (prefix.size() == 8) {
@@ -120,7 +130,7 @@ Result<SafetensorsIndex> ReadIndexFromFd(int fd, std::uint64_t file_bytes) {
       RC_RETURN_IF_ERROR(ReadExact(fd, 8, prefix.data() + 8, header_len));
     }
   }
-  return ParseSafetensorsHeader(prefix, file_bytes);
+  return ParseHeaderOf(prefix, file_bytes, path);
 }
 
 }  // namespace
@@ -290,13 +300,15 @@ bool TilesDataSection(const SafetensorsIndex& index, std::uint64_t data_start) {
   return cursor == index.file_bytes;
 }
 
-}  // namespace
-
-Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
-                                                std::uint64_t file_bytes) {
+// The header is bounded in bytes (kSafetensorsHeaderBytesMax) and, before it is parsed, in the
+// tree it makes (kFileJsonTreeBytesMax): a refusal names the file at `path` and the bound.
+Result<SafetensorsIndex> ParseHeaderOf(const std::string& prefix, std::uint64_t file_bytes,
+                                       const std::string& path) {
   Result<std::uint64_t> header_len = ReadHeaderLength(prefix, file_bytes);
   if (!header_len.ok()) return header_len.status();
-  const json header = parse_outside_json(std::string_view(prefix).substr(8, *header_len));
+  const std::string_view text = std::string_view(prefix).substr(8, *header_len);
+  RC_RETURN_IF_ERROR(check_file_json_tree(text, InFile(path, "safetensors: the header")));
+  const json header = parse_outside_json(text);
   if (header.is_discarded() || !header.is_object()) {
     return Status::InvalidArgument("safetensors: header is not a JSON object");
   }
@@ -314,11 +326,19 @@ Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
   return index;
 }
 
+}  // namespace
+
+Result<SafetensorsIndex> ParseSafetensorsHeader(const std::string& prefix,
+                                                std::uint64_t file_bytes) {
+  return ParseHeaderOf(prefix, file_bytes, "");
+}
+
 Result<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
   struct stat st {};
   Result<int> fd = OpenRegularFile(path, &st);
   if (!fd.ok()) return fd.status();
-  Result<SafetensorsIndex> index = ReadIndexFromFd(*fd, static_cast<std::uint64_t>(st.st_size));
+  Result<SafetensorsIndex> index =
+      ReadIndexFromFd(*fd, static_cast<std::uint64_t>(st.st_size), path);
   ::close(*fd);
   return index;
 }
@@ -329,7 +349,8 @@ Result<std::unique_ptr<SafetensorsSource>> SafetensorsSource::Open(const std::st
   struct stat st {};
   Result<int> fd = OpenRegularFile(path, &st);
   if (!fd.ok()) return fd.status();
-  Result<SafetensorsIndex> index = ReadIndexFromFd(*fd, static_cast<std::uint64_t>(st.st_size));
+  Result<SafetensorsIndex> index =
+      ReadIndexFromFd(*fd, static_cast<std::uint64_t>(st.st_size), path);
   if (!index.ok()) {
     ::close(*fd);
     return index.status();
@@ -458,9 +479,10 @@ Status CheckWithinAllocations(const IpcHandleFile& file) {
   return Status::OK();
 }
 
-}  // namespace
-
-Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
+// The file's text is bounded in bytes (kIpcFileBytesMax) and, before it is parsed, in the tree
+// it makes (kFileJsonTreeBytesMax): a refusal names the file at `path` and the bound.
+Result<IpcHandleFile> ParseIpcFileOf(const std::string& json_text, const std::string& path) {
+  RC_RETURN_IF_ERROR(check_file_json_tree(json_text, InFile(path, "ipc file")));
   const json doc = parse_outside_json(json_text);
   RC_RETURN_IF_ERROR(CheckIpcEnvelope(doc));
   IpcHandleFile out;
@@ -471,10 +493,16 @@ Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
   return out;
 }
 
+}  // namespace
+
+Result<IpcHandleFile> ParseIpcHandleFile(const std::string& json_text) {
+  return ParseIpcFileOf(json_text, "");
+}
+
 Result<IpcHandleFile> ReadIpcHandleFile(const std::string& path) {
   auto text = ReadSmallFile(path, kIpcFileBytesMax);
   if (!text.ok()) return text.status();
-  return ParseIpcHandleFile(*text);
+  return ParseIpcFileOf(*text, path);
 }
 
 // ---- source URIs ----

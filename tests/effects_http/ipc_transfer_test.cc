@@ -21,6 +21,7 @@
 
 #include "effects/clock.h"
 #include "effects/http/ipc_transfer.h"
+#include "effects/http/response_parsers.h"
 #include "statemachine/text.h"
 #include "tests/effects_http/slow_transfer_engine.h"
 #include "tests/effects_http/test_servers.h"
@@ -111,6 +112,36 @@ TEST(VllmIpcFile, ErrorsNeverQuoteTheFile) {
   json g = GoodFile();
   g["dtype_names"] = {"bfloat16", "secret\ndtype"};
   EXPECT_EQ(Refusal(g).find("secret"), std::string::npos);
+}
+
+// Proves a vllm-ipc: file whose parse would pass kFileJsonTreeBytesMax (9 MiB of empty arrays
+// as its names, ~300 MB once parsed, well within the file's 64 MiB bound) is refused before it is
+// parsed, the error naming the file and the bound, while a good file still reads. Catches the
+// file parsed into a tree of ~30 times its text on a trainer API thread (the source check of
+// every colocated update), then refused for its names.
+TEST(VllmIpcFile, AFileWhoseTreeWouldPassItsBoundIsRefusedUnparsed) {
+  std::string names = "[[]";
+  while (names.size() < (9u << 20)) names += ",[]";
+  names += "]";
+  std::string text = GoodFile().dump();
+  const std::string key = R"("names":)";
+  const std::size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + key.size(), names + R"(,"unused":)");
+  ASSERT_GT(json_tree_bytes_bound(text), kFileJsonTreeBytesMax);
+  const std::string bound = std::to_string(kFileJsonTreeBytesMax);
+  const Status parsed = ParseVllmIpcFile(text).status();
+  EXPECT_EQ(parsed.code(), Code::kInvalidArgument) << parsed.ToString();
+  EXPECT_NE(parsed.message().find(bound), std::string::npos) << parsed.ToString();
+  const auto dir = std::filesystem::temp_directory_path() / "rc-ipc-tree-test";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "nodes.json").string();
+  std::ofstream(path) << text;
+  const Status read = ReadVllmIpcFile("vllm-ipc:" + path).status();
+  EXPECT_NE(read.message().find(path), std::string::npos) << read.ToString();
+  EXPECT_NE(read.message().find(bound), std::string::npos) << read.ToString();
+  EXPECT_TRUE(ParseVllmIpcFile(GoodFile().dump()).ok());
+  std::filesystem::remove_all(dir);
 }
 
 // The URI names an absolute, normal path; the file is read within its bound; catches a relative

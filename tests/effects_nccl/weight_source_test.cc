@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "effects/http/response_parsers.h"
 #include "encoding/base64.h"
 
 namespace rc::effects::nccl {
@@ -267,6 +268,72 @@ TEST(SourceCache, BoundedAndPinned) {
   EXPECT_EQ(p->get(), pinned.get());
   EXPECT_FALSE(cache.Get("safetensors:" + dir.path + "/missing").ok());
   EXPECT_EQ(cache.file_entries(), 4u);
+}
+
+// `bytes` of JSON text, about, whose tree is ~33 times the text: `{"x":[[],[],...]}`.
+std::string EmptyArrays(const std::string& key, std::size_t bytes) {
+  std::string text = "{\"" + key + "\":[[]";
+  text.reserve(bytes + 8);
+  while (text.size() < bytes) text += ",[]";
+  return text + "]}";
+}
+
+// Proves a safetensors header whose parse would pass kFileJsonTreeBytesMax (9 MiB of empty
+// arrays, ~300 MB once parsed, well under the 100 MiB header bound) is refused before it is
+// parsed, by every reader of a named file (the index, SourceManifestDigest, Open), with an error
+// naming the file and the bound; and that a real-shaped header of 20,000 tensors still indexes.
+// Catches a header parsed into a tree of ~30 times its text on each of the trainer API's threads
+// (GBs per call): it was parsed, then refused for its first entry instead.
+TEST(Safetensors, AHeaderWhoseTreeWouldPassItsBoundIsRefusedUnparsed) {
+  TempDir dir;
+  const std::string header = EmptyArrays("x", 9u << 20);
+  ASSERT_GT(json_tree_bytes_bound(header), kFileJsonTreeBytesMax);
+  const std::string path = dir.path + "/nodes.safetensors";
+  { std::ofstream(path, std::ios::binary) << File(header, ""); }
+  const std::string bound = std::to_string(kFileJsonTreeBytesMax);
+  for (const Status& st :
+       {ReadSafetensorsIndex(path).status(), SourceManifestDigest("safetensors:" + path).status(),
+        SafetensorsSource::Open(path).status()}) {
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find(path), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find(bound), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("once parsed"), std::string::npos) << st.ToString();
+  }
+  const Status in_memory = Parse(File(header, "")).status();
+  EXPECT_NE(in_memory.message().find(bound), std::string::npos) << in_memory.ToString();
+
+  constexpr int kTensors = 20000;
+  std::string real = "{";
+  for (int i = 0; i < kTensors; ++i) {
+    real += (i == 0 ? "\"" : ",\"") + std::string("model.layers.") + std::to_string(i / 100) +
+            ".mlp.experts." + std::to_string(i % 100) + R"(.down_proj.weight":{"dtype":"U8",)" +
+            R"("shape":[1],"data_offsets":[)" + std::to_string(i) + "," + std::to_string(i + 1) +
+            "]}";
+  }
+  real += "}";
+  ASSERT_LT(json_tree_bytes_bound(real), kFileJsonTreeBytesMax / 8);
+  auto idx = Parse(File(real, std::string(kTensors, 'w')));
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  EXPECT_EQ(idx->manifest.tensors.size(), static_cast<std::size_t>(kTensors));
+}
+
+// Proves an ipc: handle file whose parse would pass kFileJsonTreeBytesMax is refused before it is
+// parsed, the error naming the file and the bound. Catches the file (up to 256 MiB of text)
+// parsed into a tree of ~30 times its size, then refused for its envelope.
+TEST(IpcHandleFile, AFileWhoseTreeWouldPassItsBoundIsRefusedUnparsed) {
+  TempDir dir;
+  std::string text = EmptyArrays("pad", 9u << 20);
+  text.insert(1, R"("version":1,"tensors":[],)");
+  const std::string path = dir.path + "/nodes.json";
+  { std::ofstream(path, std::ios::binary) << text; }
+  const std::string bound = std::to_string(kFileJsonTreeBytesMax);
+  for (const Status& st :
+       {ReadIpcHandleFile(path).status(), SourceManifestDigest("ipc:" + path).status()}) {
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find(path), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find(bound), std::string::npos) << st.ToString();
+  }
+  EXPECT_NE(ParseIpcHandleFile(text).status().message().find(bound), std::string::npos);
 }
 
 }  // namespace

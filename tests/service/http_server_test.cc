@@ -201,6 +201,89 @@ TEST(BodyBudget, AChunkedBodyIsChargedWhatItsBufferReserved) {
   EXPECT_TRUE(http.Stop(5000));
 }
 
+// A connection to `port` with the smallest receive buffer the kernel allows (set before the
+// connect, as the window is negotiated there), having sent `request`: an answer larger than the
+// socket buffers stays in the server's write until the test reads it.
+int SendFromSmallWindow(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  RC_CHECK(fd >= 0);
+  int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  RC_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  RC_CHECK(send_all(fd, request));
+  return fd;
+}
+
+// Reads all `fd` is sent until the server closes, its receive buffer grown first: a window of a
+// few KiB would take a round of acknowledgements per few KiB.
+std::string ReadAllWidened(int fd) {
+  int wide = 4 << 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &wide, sizeof(wide));
+  return read_to_close(fd);
+}
+
+constexpr std::uint64_t kHeldAnswerBytes = std::uint64_t{16} << 20;  // past any socket buffers
+
+// GET /held answers kHeldAnswerBytes whose hold of the body budget goes with the answer; GET
+// /held-end streams them as its last bytes (End). A budget that cannot give them is a 503.
+HttpRouter HeldRoutes() {
+  HttpRouter r;
+  r.Async(bhttp::verb::get, "/held", [](Exchange ex) {
+    BudgetHold hold(&ex.body_budget());
+    if (!hold.Grow(kHeldAnswerBytes)) return ex.Respond(MakeResponse(503, "", "text/plain"));
+    ex.Respond(MakeResponse(200, std::string(kHeldAnswerBytes, 'h'), "text/plain"),
+               std::move(hold));
+  });
+  r.Async(bhttp::verb::get, "/held-end", [](Exchange ex) {
+    ex.StartStream(MakeResponse(200, "", "text/plain"), [ex](bool delivered) mutable {
+      if (!delivered) return ex.Close();
+      BudgetHold hold(&ex.body_budget());
+      if (!hold.Grow(kHeldAnswerBytes)) return ex.Close();
+      ex.End(std::string(kHeldAnswerBytes, 'e'), std::move(hold));
+    });
+  });
+  return r;
+}
+
+// Proves the hold handed with an answer (Respond, or a stream's End) stays charged while the
+// answer waits on a client that does not read, goes back once the client has read it all, and
+// goes back when a client leaves without reading. Catches an answer's bytes charged only until
+// they are handed to the connection (they then wait on a stalled client for write_timeout_ms
+// uncharged: 16 MiB per connection outside body_memory_bytes_max), and a hold kept past the
+// write or the client's leaving (the budget shrinking for good).
+TEST(BodyBudget, AnAnswersHoldStaysUntilItsClientTookIt) {
+  HttpServerOptions o = OneLoop();
+  o.body_memory_bytes_max = std::uint64_t{64} << 20;
+  HttpServer http(o, HeldRoutes());
+  const int port = StartOrDie(http);
+  const auto used = [&] { return http.body_budget().used(); };
+  for (const char* path : {"/held", "/held-end"}) {
+    const std::string request =
+        std::string("GET ") + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    const int reader = SendFromSmallWindow(port, request);
+    ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << path << ": charged " << used();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(used(), kHeldAnswerBytes) << path << ": the answer waiting on its client";
+    const std::string answer = ReadAllWidened(reader);
+    ::close(reader);
+    EXPECT_EQ(status_of(answer), 200) << path;
+    EXPECT_GT(answer.size(), kHeldAnswerBytes) << path;
+    EXPECT_TRUE(eventually(used, 0)) << path << ": a written answer kept " << used();
+
+    const int leaver = SendFromSmallWindow(port, request);
+    ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << path << ": charged " << used();
+    ::close(leaver);
+    EXPECT_TRUE(eventually(used, 0)) << path << ": a client that left kept " << used();
+  }
+  EXPECT_TRUE(http.Stop(5000));
+}
+
 // Proves that an answer a blocking handler gives while Stop is under way reaches its client: Stop
 // lets the running handlers end first, then closes the connections. Catches Stop closing every
 // connection before the handlers ended, which cut the answer of an update that ended as serve

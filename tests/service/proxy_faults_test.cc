@@ -31,6 +31,7 @@
 #include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
 #include "service/http_server.h"
+#include "service/proxy_stream.h"
 #include "service/service.h"
 #include "tests/service/scripted_engine.h"
 #include "tests/service/raw_http.h"
@@ -686,13 +687,304 @@ TEST(ProxyEngineAnswer, ALargeAnswersParsedTreeIsHeldAgainstTheBodyBudget) {
   ExpectAbortedAndNoneCompleted(*s.svc, "big-answer-1");
 }
 
+// ---- answers waiting on a client that does not read ----
+
+// A connection to `port` with the smallest receive buffer the kernel allows (set before the
+// connect, as the window is negotiated there), having sent `request`: an answer larger than the
+// socket buffers stays in serve's write while the test does not read.
+int SendFromSmallWindow(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  RC_CHECK(fd >= 0);
+  int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  RC_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  RC_CHECK(raw_http::send_all(fd, request));
+  return fd;
+}
+
+// The body budget's bytes held now (rolloutcore_http_body_memory_bytes).
+std::uint64_t BodyMemoryUsed(const Service& svc) {
+  const std::string metrics = svc.RenderMetrics();
+  const std::string series = "\nrolloutcore_http_body_memory_bytes ";
+  const std::size_t at = metrics.find(series);
+  RC_CHECK(at != std::string::npos);
+  return std::strtoull(metrics.c_str() + at + series.size(), nullptr, 10);
+}
+
+// Whether `done` holds within 10 s.
+bool Within10s(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// The outcomes the journal's RolloutFinished records give `rollout_id`, in order.
+std::vector<RolloutOutcome> OutcomesOf(Service& svc, const std::string& rollout_id) {
+  std::vector<RolloutOutcome> out;
+  const Status st = svc.journal().Scan(1, 0, [&](const journal::Record& rec) {
+    const auto* f = std::get_if<RolloutFinished>(&rec.event);
+    if (f != nullptr && f->rollout_id == rollout_id) out.push_back(f->outcome);
+    return Status::OK();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+// Proves a completed answer stays held against the body budget while it waits on a client that
+// does not read: 14 MiB of answer the client has not taken count in the budget once the rollout
+// is finished; a second answer that no longer fits beside it is a 502 naming
+// body_memory_bytes_max with its rollout finished aborted once; and when the stalled client
+// leaves, the budget is back at its idle value and the same answer is served. Catches the answer
+// dumped into the client's connection and charged no more (its exchange gone), so clients that
+// ask for large answers and read nothing (up to 16 MiB each, on every connection allowed) hold
+// memory far past the budget until serve is killed for it: the second answer was served.
+TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenStaysHeld) {
+  constexpr std::size_t kTextBytes = std::size_t{14} << 20;  // past any socket buffers
+  stack::ScriptedEngine engine;
+  // One answer's read and parse (~42 MiB: its body and the tree's bound) fits; not beside
+  // another answer still held (14 MiB).
+  Stack s(Scripted(engine, [](ServeConfig& c) { c.body_memory_bytes_max = 48u << 20; }));
+  const std::string answer =
+      R"({"id":"cmpl-scripted","object":"text_completion","choices":[{"index":0,"text":")" +
+      std::string(kTextBytes, 'a') +
+      R"(","token_ids":[11],"prompt_token_ids":[1,2],"finish_reason":"length"}]})";
+  engine.Set("/v1/completions", [answer](const httplib::Request&, httplib::Response& res) {
+    res.set_content(answer, "application/json");
+  });
+  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const int stalled = SendFromSmallWindow(
+      s.svc->port(), post_bytes("/v1/completions", completion_body(false),
+                                "X-RolloutCore-Rollout-Id: stalled-answer-1\r\n"));
+  char head[64];
+  const ssize_t began = ::recv(stalled, head, sizeof(head), 0);
+  ASSERT_GT(began, 0) << "no answer began";
+  EXPECT_EQ(status_of(std::string(head, static_cast<std::size_t>(began))), 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its exchange is gone by now
+  EXPECT_EQ(OutcomesOf(*s.svc, "stalled-answer-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
+  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + kTextBytes) << "the answer waiting is not held";
+
+  auto c = s.client();
+  auto refused = c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", "refused-answer-1"}},
+                        completion_body(false), "application/json");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 502) << refused->body.substr(0, 300);
+  EXPECT_NE(refused->body.find("body_memory_bytes_max"), std::string::npos)
+      << refused->body.substr(0, 300);
+  EXPECT_EQ(OutcomesOf(*s.svc, "refused-answer-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kAborted});
+
+  ::close(stalled);
+  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+  auto served = c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", "served-answer-1"}},
+                       completion_body(false), "application/json");
+  ASSERT_TRUE(served) << httplib::to_string(served.error());
+  EXPECT_EQ(served->status, 200) << served->body.substr(0, 300);
+  EXPECT_GT(served->body.size(), kTextBytes);
+  EXPECT_EQ(OutcomesOf(*s.svc, "served-answer-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
+  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }));
+}
+
+// Proves a pass-through answer stays held against the body budget while it waits on a client
+// that does not read (12 MiB of GET /v1/models), and goes back when the client leaves. Catches the
+// answer's hold dying with the call once the answer is handed to the client's connection.
+TEST(ProxyText, APassThroughAnswerAStalledClientHasNotTakenStaysHeld) {
+  stack::ScriptedEngine engine;
+  // A pass-through answer may take a quarter of the budget: 16 MiB.
+  Stack s(Scripted(engine, [](ServeConfig& c) { c.body_memory_bytes_max = 64u << 20; }));
+  const std::string models =
+      R"({"object":"list","data":[{"id":")" + std::string(12u << 20, 'm') + R"("}]})";
+  engine.Set("/v1/models", [models](const httplib::Request&, httplib::Response& res) {
+    res.set_content(models, "application/json");
+  });
+  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const int stalled =
+      SendFromSmallWindow(s.svc->port(), "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  char head[64];
+  ASSERT_GT(::recv(stalled, head, sizeof(head), 0), 0) << "no answer began";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the call is gone by now
+  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + models.size()) << "the answer waiting is not held";
+  ::close(stalled);
+  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+}
+
+// ---- the pass-through's deadline ----
+
+// A TCP front for the loopback port `target_port` whose accepting the test shuts: shut, its
+// accept queue is cut to one place and taken by a connection of its own, so a connect to it is
+// dropped and waits for the kernel's retry (a second on), as one to a slow or overloaded engine
+// host does. Open, it relays each connection it accepts to the port behind it.
+class TcpGate {
+ public:
+  explicit TcpGate(int target_port) : target_port_(target_port) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    RC_CHECK(listen_fd_ >= 0);
+    sockaddr_in a = Loopback(0);
+    RC_CHECK(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    RC_CHECK(::listen(listen_fd_, kOpenBacklog) == 0);
+    socklen_t len = sizeof(a);
+    RC_CHECK(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~TcpGate() {
+    stop_ = true;
+    acceptor_.join();
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);  // each relay's reads end
+    for (std::thread& t : relays_) t.join();
+    for (int fd : fds_) ::close(fd);
+    if (filler_ >= 0) ::close(filler_);
+    ::close(listen_fd_);
+  }
+  TcpGate(const TcpGate&) = delete;
+  TcpGate& operator=(const TcpGate&) = delete;
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  // Stops accepting and fills the accept queue: connects from here on are dropped until Open.
+  // False when a connect still completes at once (a network stack that queues past the backlog).
+  [[nodiscard]] bool Shut() {
+    idle_ = false;
+    shut_ = true;
+    for (int i = 0; i < 2000 && !idle_.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    RC_CHECK(idle_.load());
+    RC_CHECK(::listen(listen_fd_, 0) == 0);  // a queue of one place
+    filler_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    RC_CHECK(filler_ >= 0);
+    sockaddr_in a = Loopback(port_);
+    (void)::connect(filler_, reinterpret_cast<sockaddr*>(&a), sizeof(a));  // queued (in progress)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    RC_CHECK(probe >= 0);
+    (void)::connect(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    pollfd p{probe, POLLOUT, 0};
+    const bool waits = ::poll(&p, 1, 200) == 0;
+    ::close(probe);
+    return waits;
+  }
+  void Open() {
+    RC_CHECK(::listen(listen_fd_, kOpenBacklog) == 0);
+    shut_ = false;
+  }
+
+ private:
+  static constexpr int kOpenBacklog = 128;  // bursts of connects are never dropped while open
+
+  static sockaddr_in Loopback(int port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return a;
+  }
+  // Only this thread adds to fds_ and relays_ (the destructor reads them once it has ended).
+  void AcceptLoop() {
+    while (!stop_.load()) {
+      if (shut_.load()) {
+        idle_ = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        continue;
+      }
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 5) <= 0) continue;
+      const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) continue;
+      const int upstream = connect_loopback(target_port_);
+      fds_.push_back(client);
+      fds_.push_back(upstream);
+      relays_.emplace_back(&TcpGate::Relay, client, upstream);
+      relays_.emplace_back(&TcpGate::Relay, upstream, client);
+    }
+  }
+  // One direction of a connection, until its end (or the upstream's 30 s without a byte).
+  static void Relay(int from, int to) {
+    char buf[16 << 10];
+    for (ssize_t n; (n = ::recv(from, buf, sizeof(buf), 0)) > 0;) {
+      if (!raw_http::send_all(to, std::string(buf, static_cast<std::size_t>(n)))) break;
+    }
+    ::shutdown(to, SHUT_WR);
+  }
+
+  const int target_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int filler_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> shut_{false};
+  std::atomic<bool> idle_{false};  // shut, and the acceptor took its last connection
+  std::thread acceptor_;
+  std::vector<int> fds_;
+  std::vector<std::thread> relays_;
+};
+
+int PortOf(const std::string& url) { return std::atoi(url.substr(url.rfind(':') + 1).c_str()); }
+
+// Proves a pass-through call whose connect outlasts call_timeout_ms (configured below
+// connect_timeout_ms, which the config allows) fails when the connection arrives, with the same
+// 502 naming call_timeout_ms as any pass-through timeout, and never sends the request; and that the
+// route serves again once connects are prompt. Catches the deadline firing with no connection yet
+// and doing nothing: the request then went out with no deadline at all, and an engine that
+// accepts but never answers held the client, the engine socket and the answer's budget forever
+// (here: until the engine's hold ended, 10 s, and the client got its answer late).
+TEST(ProxyPassThrough, ADeadlinePassedDuringTheConnectFailsTheCallWhenItArrives) {
+  stack::ScriptedEngine engine;
+  TcpGate gate(PortOf(engine.url()));
+  Stack s([&](ServeConfig& c) {
+    engine.ForwardTo(c.engine_url);
+    c.engine_url = gate.url();
+    c.call_timeout_ms = 500;
+    c.connect_timeout_ms = 8000;
+  });
+  std::atomic<int> reached{0};
+  engine.Set("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+    reached++;
+    engine.Hold();  // accepts and never answers (10 s at most, or until released)
+    res.set_content(R"({"data":[]})", "application/json");
+  });
+  if (!gate.Shut()) GTEST_SKIP() << "this network stack completes connects past a full backlog";
+  // Opened past the call's deadline, before the kernel's first retry (a second on) of the
+  // connect it dropped: the connection arrives after the deadline.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    gate.Open();
+  });
+  auto c = s.client();
+  const auto t0 = Clock::now();
+  auto r = c.Get("/v1/models");
+  const std::int64_t waited_ms = ms_since(t0);
+  opener.join();
+  engine.Release();
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 502) << r->body;
+  EXPECT_NE(r->body.find("call_timeout_ms (500 ms)"), std::string::npos) << r->body;
+  EXPECT_LT(waited_ms, 7000) << "the call outlived its deadline";
+  EXPECT_EQ(reached.load(), 0) << "the request was sent past the call's deadline";
+
+  engine.Clear("/v1/models");
+  auto ok = c.Get("/v1/models");
+  ASSERT_TRUE(ok) << httplib::to_string(ok.error());
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
 // Proves the prompt token ids an engine sends back on a completion count toward the trace's share
-// of the body budget: one chunk carrying ~400,000 of them (12.8 MB held) under an 8 MiB budget
-// ends with the trace's over-budget error event, [DONE], and an aborted rollout. Catches prompt
-// ids copied into the trace uncharged (only generate's were): the stream completed.
+// of the body budget: one chunk carrying ~400,000 of them (12.8 MB held), under a budget with room
+// for the chunk's parse and 4 MiB more, ends with the trace's over-budget error event, [DONE], and
+// an aborted rollout. Catches prompt ids copied into the trace uncharged (only generate's were):
+// the stream completed.
 TEST(ProxyEngineStream, PromptIdsTheEngineSendsAreHeldAgainstTheBodyBudget) {
   stack::ScriptedEngine engine;
-  Stack s(Scripted(engine, WithBodyMemory(8 << 20)));
   json prompt = json::array();
   for (int i = 0; i < 400000; ++i) prompt.push_back(100 + i % 900);
   const json chunk = {
@@ -700,6 +992,8 @@ TEST(ProxyEngineStream, PromptIdsTheEngineSendsAreHeldAgainstTheBodyBudget) {
       {"object", "text_completion"},
       {"choices",
        {{{"index", 0}, {"text", "a"}, {"token_ids", {11}}, {"prompt_token_ids", prompt}}}}};
+  // The event's parse is held while the trace takes its ids: the budget fits the one, not both.
+  Stack s(Scripted(engine, WithBodyMemory(StreamEventBytesBound(chunk.dump()) + (4 << 20))));
   engine.Set("/v1/completions", SseBytes("data: " + chunk.dump() + "\n\ndata: [DONE]\n\n"));
   auto c = s.client();
   auto r = PostStream(c, "prompt-ids-1");

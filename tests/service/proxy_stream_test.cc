@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "service/byte_budget.h"
 #include "service/proxy_stream.h"
 #include "service/trajectory_line.h"
 
@@ -444,6 +445,134 @@ TEST(ProxyStreamEvents, AddedFieldsAreStrippedAfterTheTraceTookThem) {
   EXPECT_FALSE(PassChunk(t, usage, ids_and_usage).has_value());
   EXPECT_EQ(t.usage_completion, 1u);
   EXPECT_TRUE(PassChunk(t, usage, AddedFields{.token_ids = true}).has_value());
+}
+
+// A completion chunk's data padded with about `pad_bytes` of empty objects: a tree ~30 times its
+// text.
+std::string PaddedChunk(std::size_t pad_bytes) {
+  std::string data = R"({"choices":[{"index":0,"text":"a","token_ids":[5]}],"pad":[{})";
+  while (data.size() < pad_bytes) data += ",{}";
+  return data + "]}";
+}
+
+// Proves a streamed event's hold takes StreamEventBytesBound (its nodes, not its text) before a
+// large event is parsed, gives the previous event's share back before it takes the next one's,
+// holds nothing for a small event, and gives all back on Release and when it dies. Catches the
+// shares of the many events of one engine read added up (a stream refused for events long gone),
+// a share kept past its event, and small chunks charged (two shared atomics on every token).
+TEST(ProxyStreamEventHold, ALargeEventIsHeldWhileParsedAndASmallOneCostsNothing) {
+  const std::string small = R"({"choices":[{"index":0,"text":"a","token_ids":[5]}]})";
+  const std::string big = PaddedChunk(96 << 10);
+  const std::uint64_t bound = StreamEventBytesBound(big);
+  EXPECT_GT(bound, 30 * big.size()) << "the bound counts the text, not the nodes it makes";
+  ByteBudget budget(std::uint64_t{64} << 20);
+  ASSERT_LT(2 * bound, budget.max());
+  {
+    StreamEventHold hold(&budget);
+    EXPECT_TRUE(hold.Take(small));
+    EXPECT_EQ(budget.used(), 0u) << "a token's chunk was charged";
+    EXPECT_TRUE(hold.Take(big));
+    EXPECT_EQ(budget.used(), bound);
+    EXPECT_EQ(hold.held(), bound);
+    EXPECT_TRUE(hold.Take(big));
+    EXPECT_EQ(budget.used(), bound) << "the previous event's share was kept";
+    EXPECT_TRUE(hold.Take(small));
+    EXPECT_EQ(budget.used(), 0u) << "a large event's share outlived it";
+    EXPECT_TRUE(hold.Take(big));
+    hold.Release();
+    EXPECT_EQ(budget.used(), 0u);
+    EXPECT_TRUE(hold.Take(big));
+    EXPECT_FALSE(hold.refused());
+  }
+  EXPECT_EQ(budget.used(), 0u) << "a dying hold kept its share";
+}
+
+// Proves an event whose bound is more than the budget has left (though less than the budget) is
+// refused before it is parsed, holding nothing and leaving what others hold as it was, and that
+// the refusal stays while small events still pass. Catches a check against the budget's size
+// rather than what is left, and a refusal that keeps part of what it asked for.
+TEST(ProxyStreamEventHold, AnEventOverWhatIsLeftIsRefusedHoldingNothing) {
+  const std::string big = PaddedChunk(96 << 10);
+  const std::uint64_t bound = StreamEventBytesBound(big);
+  ByteBudget budget(bound + bound / 2);
+  BudgetHold other(&budget);
+  ASSERT_TRUE(other.Grow(bound));
+  StreamEventHold hold(&budget);
+  EXPECT_FALSE(hold.Take(big));
+  EXPECT_TRUE(hold.refused());
+  EXPECT_EQ(hold.held(), 0u);
+  EXPECT_EQ(budget.used(), bound) << "the refused event holds part of its bound";
+  EXPECT_TRUE(hold.Take(R"({"choices":[]})"));
+  EXPECT_TRUE(hold.refused()) << "the stream's refusal was forgotten";
+  other.Release();
+  EXPECT_TRUE(hold.Take(big)) << "refused with the whole budget free";
+  hold.Release();
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+// Proves a stream's buffer hold costs nothing up to kStreamBufferUnheldBytesMax, holds exactly
+// what the stream buffers past it (growing and shrinking with it, back to nothing once the stream
+// buffers little), refuses what the budget cannot give while keeping what it held, and gives
+// all back on Release and when it dies. Catches bytes a stalled client leaves buffered held
+// short of what they are, a hold kept once the buffers emptied, and every read of a token stream
+// charged (two shared atomics per event).
+TEST(ProxyStreamBufferHold, HoldsWhatAStreamBuffersPastItsThreshold) {
+  constexpr std::uint64_t kUnheld = kStreamBufferUnheldBytesMax;
+  ByteBudget budget(std::uint64_t{1} << 20);
+  BudgetHold other(&budget);
+  {
+    StreamBufferHold hold(&budget);
+    EXPECT_TRUE(hold.HoldFor(300));
+    EXPECT_TRUE(hold.HoldFor(kUnheld));
+    EXPECT_EQ(budget.used(), 0u) << "a token's events were charged";
+    EXPECT_TRUE(hold.HoldFor(kUnheld + 1));
+    EXPECT_EQ(budget.used(), kUnheld + 1);
+    EXPECT_TRUE(hold.HoldFor(600 << 10));
+    EXPECT_EQ(budget.used(), 600u << 10);
+    EXPECT_TRUE(hold.HoldFor(200 << 10));
+    EXPECT_EQ(budget.used(), 200u << 10) << "the events written were still held";
+    EXPECT_TRUE(hold.HoldFor(100));
+    EXPECT_EQ(budget.used(), 0u) << "a stream buffering little kept its hold";
+    EXPECT_TRUE(hold.HoldFor(300 << 10));
+    ASSERT_TRUE(other.Grow((1 << 20) - (500 << 10)));
+    EXPECT_FALSE(hold.HoldFor(600 << 10)) << "held past what the budget has left";
+    EXPECT_EQ(hold.held(), 300u << 10) << "a refusal changed what was held";
+    EXPECT_EQ(budget.used(), (1u << 20) - (200u << 10));
+    EXPECT_TRUE(hold.HoldFor(400 << 10));
+    hold.Release();
+    EXPECT_EQ(hold.held(), 0u);
+    EXPECT_TRUE(hold.HoldFor(150 << 10));
+  }
+  other.Release();
+  EXPECT_EQ(budget.used(), 0u) << "a dying hold kept its share";
+}
+
+// Proves a hold moved to another (an answer's, handed to the connection that writes it) moves
+// what it holds without touching the budget, the one moved from holding nothing, and that a hold
+// resized holds exactly what it is asked for or, refused, what it held. Catches a hand-over that
+// gives the answer's bytes back (or holds them twice) and a refused resize that half-applies.
+TEST(ProxyStreamBufferHold, AHoldMovesWithWhatItHolds) {
+  ByteBudget budget(1000);
+  BudgetHold answer(&budget);
+  ASSERT_TRUE(answer.Grow(600));
+  BudgetHold handed = std::move(answer);
+  EXPECT_EQ(handed.held(), 600u);
+  EXPECT_EQ(answer.held(), 0u);  // NOLINT(bugprone-use-after-move): what a move leaves
+  EXPECT_EQ(budget.used(), 600u);
+  answer.Release();
+  EXPECT_EQ(budget.used(), 600u);
+  EXPECT_TRUE(handed.ResizeTo(200));
+  EXPECT_EQ(budget.used(), 200u);
+  EXPECT_TRUE(handed.ResizeTo(900));
+  EXPECT_EQ(budget.used(), 900u);
+  EXPECT_FALSE(handed.ResizeTo(1001));
+  EXPECT_EQ(handed.held(), 900u);
+  BudgetHold later(&budget);
+  later = std::move(handed);
+  EXPECT_EQ(later.held(), 900u);
+  EXPECT_EQ(budget.used(), 900u);
+  later = BudgetHold(&budget);
+  EXPECT_EQ(budget.used(), 0u) << "a hold replaced kept what it held";
 }
 
 // Proves the proxy reads a client's stream_options as vLLM does: given as an object, it asks for

@@ -1,8 +1,10 @@
 // Streams through the event-driven proxy at scale and at length: thousands of concurrent streamed
 // rollouts each admitted durably before their first byte and finished in the journal, a stream
 // longer than any buffer relayed whole, and a client that stops reading cut at the write deadline
-// (the engine stream is not buffered for it). Real Service, real RocksDB, the in-process vLLM
-// double, loopback HTTP; the clients are one Boost.Beast event loop.
+// (the engine stream is not buffered for it), and each streamed event's parse held against the
+// body budget. Real Service, real RocksDB, the in-process vLLM double (behind a scripted engine
+// where a test needs events the double never sends), loopback HTTP; the clients are one
+// Boost.Beast event loop, httplib, or a raw socket.
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -11,6 +13,9 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -25,6 +30,9 @@
 #include <boost/beast/http.hpp>
 #include <gtest/gtest.h>
 
+#include "service/proxy_stream.h"
+#include "tests/service/raw_http.h"
+#include "tests/service/scripted_engine.h"
 #include "tests/service/service_stack.h"
 
 namespace rc::service {
@@ -281,6 +289,273 @@ TEST(ProxyStreams, AClientThatStopsReadingIsCutAtTheWriteDeadline) {
       << "the stream ran to its end although its client never read";
   EXPECT_EQ(s.svc->metrics().proxy_in_flight.load(), 0);
   ::close(fd);
+}
+
+// ---- streamed events held against the body budget ----
+
+// A serve in front of `engine` (which passes what it does not script on to the double) with
+// body_bytes_max `body_bytes` and body_memory_bytes_max `memory_bytes`.
+stack::StackOptions BudgetedBehind(stack::ScriptedEngine& engine, std::uint64_t memory_bytes,
+                                   std::size_t body_bytes) {
+  stack::StackOptions o;
+  o.dir_prefix = "rc-streambudget";
+  o.tweak = [&engine, memory_bytes, body_bytes](ServeConfig& c) {
+    engine.ForwardTo(c.engine_url);
+    c.engine_url = engine.url();
+    c.admit_wait_ms = 5000;
+    c.body_bytes_max = body_bytes;
+    c.body_memory_bytes_max = memory_bytes;
+  };
+  return o;
+}
+
+// A completion chunk's data with `text` in choice 0, padded with about `pad_bytes` of empty
+// objects: a tree ~30 times its text.
+std::string PaddedChunk(const std::string& text, std::size_t pad_bytes) {
+  const std::string head = R"({"id":"cmpl-scripted","object":"text_completion","choices":[)";
+  const std::string choice = R"({"index":0,"token_ids":[11],"prompt_token_ids":[1,2],"text":")";
+  std::string data = head + choice + text + R"("}],"pad":[{})";
+  while (data.size() < pad_bytes) data += ",{}";
+  return data + "]}";
+}
+
+// The engine streams `data` as one event, then `[DONE]`.
+stack::ScriptedEngine::Script EventThenDone(const std::string& data) {
+  const std::string bytes = "data: " + data + "\n\ndata: [DONE]\n\n";
+  return [bytes](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/event-stream", [bytes](size_t, httplib::DataSink& sink) {
+      sink.write(bytes.data(), bytes.size());
+      sink.done();
+      return true;
+    });
+  };
+}
+
+// The engine streams `data` as one event, then keeps the stream open with a comment every 10 ms
+// (10 s at most: never a hung test) until a write fails: `cut` is set once serve closed the
+// engine request.
+stack::ScriptedEngine::Script EventThenHang(const std::string& data, std::atomic<bool>& cut) {
+  const std::string bytes = "data: " + data + "\n\n";
+  return [bytes, &cut](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/event-stream",
+                                     [bytes, &cut](size_t, httplib::DataSink& sink) {
+                                       bool open = sink.write(bytes.data(), bytes.size());
+                                       for (int i = 0; open && i < 1000; ++i) {
+                                         std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                                         open = sink.write(": ping\n\n", 8);
+                                       }
+                                       if (!open) cut.store(true);
+                                       sink.done();
+                                       return open;
+                                     });
+  };
+}
+
+// The body budget's bytes held now (rolloutcore_http_body_memory_bytes).
+std::uint64_t BodyMemoryUsed(const Service& svc) {
+  const std::string metrics = svc.RenderMetrics();
+  const std::string series = "\nrolloutcore_http_body_memory_bytes ";
+  const std::size_t at = metrics.find(series);
+  RC_CHECK(at != std::string::npos);
+  return std::strtoull(metrics.c_str() + at + series.size(), nullptr, 10);
+}
+
+// Whether `done` holds within 10 s.
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// The outcomes the journal's RolloutFinished records give `rollout_id`, in order.
+std::vector<RolloutOutcome> FinishesOf(journal::Journal& j, const std::string& rollout_id) {
+  std::vector<RolloutOutcome> out;
+  Status st = j.Scan(1, 0, [&](const journal::Record& r) {
+    const auto* f = std::get_if<RolloutFinished>(&r.event);
+    if (f != nullptr && f->rollout_id == rollout_id) out.push_back(f->outcome);
+    return Status::OK();
+  });
+  RC_CHECK(st.ok());
+  return out;
+}
+
+std::size_t Occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+httplib::Result PostStream(httplib::Client& c, const std::string& rollout_id) {
+  return c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", rollout_id}}, stream_body(4),
+                "application/json");
+}
+
+// Proves a streamed event whose parse would take more of the body budget than is left (though
+// less than the budget: the same event passes while the budget is free) is never parsed: the
+// client gets an error event naming body_memory_bytes_max and one [DONE], the event is not
+// relayed, the rollout is finished aborted exactly once, the engine request is closed, the budget
+// returns to its idle value, and a normal stream then completes. Catches each stream's event
+// trees (hundreds of MB for 4 MiB of "[{},...]") built outside body_memory_bytes_max: without the
+// hold the refused event is relayed and the rollout completed.
+TEST(ProxyStreamBudget, AnEventParsedPastWhatIsLeftEndsTheStream) {
+  constexpr std::uint64_t kBudgetBytes = std::uint64_t{32} << 20;
+  constexpr std::size_t kDeclaredBytes = std::size_t{16} << 20;  // what a slow upload holds
+  stack::ScriptedEngine engine;
+  stack::ServiceStack s(BudgetedBehind(engine, kBudgetBytes, kDeclaredBytes));
+  const std::string event = PaddedChunk("held-event", 384 << 10);
+  const std::uint64_t bound = StreamEventBytesBound(event);
+  ASSERT_GT(bound, kBudgetBytes - kDeclaredBytes);
+  ASSERT_LT(bound + (std::uint64_t{1} << 20), kBudgetBytes);
+  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  auto c = s.client(60);
+
+  engine.Set("/v1/completions", EventThenDone(event));
+  auto fits = PostStream(c, "event-fits-1");
+  ASSERT_TRUE(fits) << httplib::to_string(fits.error());
+  EXPECT_NE(fits->body.find("held-event"), std::string::npos) << fits->body.substr(0, 300);
+  EXPECT_EQ(fits->body.find("body_memory_bytes_max"), std::string::npos);
+  EXPECT_EQ(FinishesOf(s.svc->journal(), "event-fits-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
+
+  // A client declaring a 16 MiB body and sending one byte holds 16 MiB from its head on.
+  const int uploader = raw_http::connect_loopback(s.svc->port());
+  ASSERT_TRUE(raw_http::send_all(uploader,
+                                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                 "Content-Type: application/json\r\nContent-Length: " +
+                                     std::to_string(kDeclaredBytes) + "\r\n\r\n{"));
+  ASSERT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) >= idle + kDeclaredBytes; }));
+  std::atomic<bool> engine_cut{false};
+  engine.Set("/v1/completions", EventThenHang(event, engine_cut));
+  const std::uint64_t completed = s.svc->metrics().finishes_completed.load();
+  auto refused = PostStream(c, "event-refused-1");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 200);
+  EXPECT_NE(refused->body.find("body_memory_bytes_max"), std::string::npos) << refused->body;
+  EXPECT_EQ(refused->body.find("held-event"), std::string::npos) << "the refused event was relayed";
+  EXPECT_EQ(Occurrences(refused->body, "data: [DONE]"), 1u) << refused->body;
+  EXPECT_EQ(FinishesOf(s.svc->journal(), "event-refused-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kAborted});
+  EXPECT_EQ(s.svc->metrics().finishes_completed.load(), completed);
+  EXPECT_TRUE(Eventually([&] { return engine_cut.load(); })) << "the engine request stayed open";
+  ::close(uploader);
+  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << BodyMemoryUsed(*s.svc) << " after the streams ended, " << idle << " idle";
+
+  engine.Clear("/v1/completions");  // the double's own stream
+  auto normal = PostStream(c, "normal-1");
+  ASSERT_TRUE(normal) << httplib::to_string(normal.error());
+  EXPECT_EQ(normal->body.find("body_memory_bytes_max"), std::string::npos) << normal->body;
+  EXPECT_EQ(Occurrences(normal->body, "data: [DONE]"), 1u) << normal->body;
+  EXPECT_EQ(FinishesOf(s.svc->journal(), "normal-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
+  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }));
+}
+
+// Proves a streamed event's share of the body budget goes back once the event is relayed, while
+// its stream goes on, and that a client that then leaves takes nothing with it: the rollout is
+// aborted once, the engine request closed, the budget back at its idle value. Catches a share
+// held until the stream ends (a few long streams with one large event each refusing everyone
+// else) and one kept by a stream its client left.
+TEST(ProxyStreamBudget, AnEventsShareGoesBackOnceRelayedAndWhenTheClientLeaves) {
+  stack::ScriptedEngine engine;
+  stack::ServiceStack s(BudgetedBehind(engine, std::uint64_t{64} << 20, 64 << 10));
+  const std::string event = PaddedChunk("held-event", 384 << 10);
+  const std::uint64_t bound = StreamEventBytesBound(event);
+  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  std::atomic<bool> engine_cut{false};
+  engine.Set("/v1/completions", EventThenHang(event, engine_cut));
+  const std::string body = stream_body(4);
+  const int fd = raw_http::connect_loopback(s.svc->port());
+  ASSERT_TRUE(raw_http::send_all(
+      fd,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "X-RolloutCore-Rollout-Id: leaver-1\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body));
+  std::string got;
+  char buf[4096];
+  while (got.find("held-event") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0) << "the stream ended before its event: " << got.substr(0, 300);
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  // The event was relayed; the stream still holds its request and trace, not the event's trees.
+  EXPECT_LT(BodyMemoryUsed(*s.svc), idle + bound / 2) << "the relayed event's share is still held";
+  EXPECT_FALSE(engine_cut.load());
+  ::close(fd);
+  EXPECT_TRUE(Eventually([&] { return !FinishesOf(s.svc->journal(), "leaver-1").empty(); }));
+  EXPECT_EQ(FinishesOf(s.svc->journal(), "leaver-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kAborted});
+  EXPECT_TRUE(Eventually([&] { return engine_cut.load(); })) << "the engine request stayed open";
+  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+}
+
+// The engine streams `events` events of `data` each, back to back, then keeps the stream open
+// with a comment every 10 ms (10 s at most: never a hung test) until a write fails.
+stack::ScriptedEngine::Script EventsThenHang(const std::string& data, int events) {
+  const std::string bytes = "data: " + data + "\n\n";
+  return [bytes, events](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/event-stream",
+                                     [bytes, events](size_t, httplib::DataSink& sink) {
+                                       bool open = true;
+                                       for (int i = 0; open && i < events; ++i)
+                                         open = sink.write(bytes.data(), bytes.size());
+                                       for (int i = 0; open && i < 1000; ++i) {
+                                         std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                                         open = sink.write(": ping\n\n", 8);
+                                       }
+                                       sink.done();
+                                       return open;
+                                     });
+  };
+}
+
+// Proves the events a stalled client has not taken stay held against the body budget: with the
+// engine streaming 3 MiB events to a client that reads nothing, the budget holds at least one
+// event's bytes for as long as the client stalls (not just while an event is parsed), and once
+// the client leaves the rollout is finished aborted once and the budget is back at its idle
+// value. Catches a stream's client events (and its pending SSE bytes)
+// held outside body_memory_bytes_max while the write of them waits on the client: up to ~8 MiB
+// per stream, on every connection allowed.
+TEST(ProxyStreamBudget, EventsAStalledClientHasNotTakenStayHeld) {
+  constexpr std::size_t kTextBytes = std::size_t{3} << 20;  // an event, under kSseEventBytesMax
+  stack::ScriptedEngine engine;
+  stack::ServiceStack s(BudgetedBehind(engine, std::uint64_t{64} << 20, 64 << 10));
+  const std::string data =
+      R"({"id":"cmpl-scripted","object":"text_completion","choices":[{"index":0,"text":")" +
+      std::string(kTextBytes, 'a') + R"(","token_ids":[11],"prompt_token_ids":[1,2]}]})";
+  engine.Set("/v1/completions", EventsThenHang(data, 6));  // past any socket buffers
+  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const std::string body = stream_body(4);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(s.svc->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_TRUE(raw_http::send_all(
+      fd,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "X-RolloutCore-Rollout-Id: stalled-stream-1\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body));
+  // Never read. Each event's parse holds more than this for an instant; what waits on the
+  // client must hold it for as long as the client stalls.
+  ASSERT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) >= idle + kTextBytes; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + kTextBytes) << "the events waiting are not held";
+  EXPECT_TRUE(FinishesOf(s.svc->journal(), "stalled-stream-1").empty());
+  ::close(fd);
+  EXPECT_TRUE(
+      Eventually([&] { return !FinishesOf(s.svc->journal(), "stalled-stream-1").empty(); }));
+  EXPECT_EQ(FinishesOf(s.svc->journal(), "stalled-stream-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kAborted});
+  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
 }
 
 }  // namespace
