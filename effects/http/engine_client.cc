@@ -847,7 +847,7 @@ HttpReply EngineClient::GenerateStream(const json& request, const ChunkFn& on_ch
 // ---- typed evidence ----
 
 namespace {
-// The first read of a look, on a new connection (CallOptions::fresh_connection).
+// A read of a look at the engine, on a new connection (CallOptions::fresh_connection).
 CallOptions FreshLook() {
   CallOptions o;
   o.fresh_connection = true;
@@ -860,12 +860,12 @@ EngineProbed EngineClient::Probe() {
   HttpReply health = Health(FreshLook());
   p.http = health.http;
   if (!health.http.ok_2xx()) return p;
-  HttpReply version = Version();
+  HttpReply version = Version(FreshLook());
   p.http = chain(p.http, version.http);
   if (!version.http.ok_2xx()) return p;
   RC_CHECK(has_string(version.body, "version"));  // check_version passed
   p.engine_version = version.body["version"].get<std::string>();
-  EngineView view = ObserveView();
+  EngineView view = ObserveView(FreshLook());
   p.http = chain(p.http, view.http);
   p.reported_label = std::move(view.label);
   p.is_paused_known = view.is_paused_known;
@@ -907,7 +907,7 @@ EngineMonitored EngineClient::Monitor() {
   HttpReply health = Health(FreshLook());
   m.http = health.http;
   if (!health.http.ok_2xx()) return m;
-  EngineView view = ObserveView();
+  EngineView view = ObserveView(FreshLook());
   m.http = chain(m.http, view.http);
   m.reported_label = std::move(view.label);
   m.is_paused_known = view.is_paused_known;

@@ -61,11 +61,13 @@ struct CallOptions {
   // without harm (generation): libcurl re-sends a POST whose reused connection dropped before
   // any response byte. Never for weight or lifecycle calls.
   bool reuse_connection = false;
-  // A new connection, its host name looked up again: the first read of a look at the engine
-  // (the monitor's, a probe's), so that the look reads the process the engine's address reaches
-  // now, never one that an older kept-alive connection still reaches (a restarted engine behind
-  // the same name or a virtual address). The handle's older connections are closed, so the reads
-  // after it in the same look (same thread, the same handle) reuse this one.
+  // A new connection, its host name looked up again, the handle's cached connections closed:
+  // every read of a look at the engine (the monitor's, a probe's, the look before a plan, a
+  // validation's), so that each reads the process the engine's address reaches now, never one an
+  // older kept-alive connection still reaches (a restarted engine behind the same name or a
+  // virtual address). Reads of one look that reach two processes disagree (instance, label) and
+  // the look vouches for neither. A look is a few GETs every monitor interval: the connects cost
+  // little beside what a stale look would hide.
   bool fresh_connection = false;
   // PostJson only: sent as "Authorization: Bearer <token>" (RolloutCore's own API, not an
   // engine). The caller has checked it is printable ASCII without spaces (IsBearerToken).

@@ -93,7 +93,8 @@ CallOptions whole(CallOptions o, std::uint64_t timeout_ms) {
 // deadline.
 EngineMonitored HttpEngineControl::Observe(bool with_digest, std::uint64_t timeout_ms) {
   RC_CHECK(timeout_ms > 0);
-  const CallOptions o = within(timeout_ms);
+  CallOptions o = within(timeout_ms);
+  o.fresh_connection = true;  // the process the address reaches now (CallOptions)
   EngineMonitored seen;
   // /health first, as the monitor reads it: the look and the monitor must agree on "reachable".
   HttpReply health = client_.Health(o);

@@ -715,11 +715,11 @@ class SwitchingForwarder {
   std::vector<std::thread> pumps_;
 };
 
-// Proves that each monitor look and each probe reads the process the engine's address reaches
-// now: after a second engine process takes over the address (a restart behind a virtual address),
-// the next look names the new process, not the old one still reachable over a kept-alive
-// connection; would catch a monitor whose reads all reuse a pooled connection, which kept
-// vouching for the old process while the proxy's new connections reached the new one.
+// Proves that each monitor look, probe and look before a plan reads the process the engine's
+// address reaches now: after a second engine process takes over the address (a restart behind a
+// virtual address), the next look names the new process, not the old one still reachable over a
+// kept-alive connection; would catch a monitor whose reads all reuse a pooled connection, which
+// kept vouching for the old process while the proxy's new connections reached the new one.
 TEST(EngineMonitor, EachLookReadsTheProcessTheAddressReachesNow) {
   VllmDoubleOptions o;
   o.version = "0.28.0";  // every read of a look is a GET: nothing forces a new connection
@@ -741,6 +741,13 @@ TEST(EngineMonitor, EachLookReadsTheProcessTheAddressReachesNow) {
   const EngineProbed probe = c.Probe();
   ASSERT_TRUE(probe.http.ok_2xx()) << probe.http.error;
   EXPECT_EQ(probe.engine_instance, after.engine_instance);
+
+  // The look before a plan (and a validation's reads) too: back to the first process.
+  address.SwitchTo(first.port());
+  HttpEngineControl control(c);
+  const EngineMonitored look = control.Observe(/*with_digest=*/false, 3000);
+  ASSERT_TRUE(look.http.ok_2xx()) << look.http.error;
+  EXPECT_EQ(look.engine_instance, before.engine_instance);
 }
 
 }  // namespace
