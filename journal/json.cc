@@ -125,7 +125,8 @@ json Fields(const Event& event) {
                         {"identity", WeightIdentityToJson(e.identity)},
                         {"adopt", e.adopt},
                         {"require_digest", e.require_digest},
-                        {"expected_digest", e.expected_digest}};
+                        {"expected_digest", e.expected_digest},
+                        {"fold_rules", e.fold_rules}};
           },
           [](const UpdateRequested& e) {
             return json{{"update_id", e.update_id},

@@ -720,7 +720,7 @@ bool Service::MonitorOnce(const MonitorTarget& t) {
   // A plan in flight: the runner owns the engine, unless the plan stalled there.
   if (before.update.has_value()) return RetryStalledPlan(t);
   if (before.lifecycle != Lifecycle::kReady && !asleep) return true;
-  const EngineProbe probe = ProbeEngine(t, /*digest_allowed=*/!asleep);
+  const EngineProbe probe = ProbeEngine(t, asleep ? 0 : DigestIntervalMs(before));
   const EngineMonitored& p = probe.seen;
   const bool ok = p.http.ok_2xx();
   // The fold's own rule decides what matches; only a change is journaled.
@@ -794,8 +794,21 @@ void EngineWatch::DigestRead(bool answered, std::uint64_t interval_ms, std::int6
 
 // Whether this tick (or look before a plan) also digests the weights; true takes the read, which
 // DigestCheckDone reports.
-bool Service::DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms) const {
-  return watch.TakeDigestCheck(config_.weight_digest_check_interval_ms, now_wall_ms);
+// While a re-verification is pending, only a digest equal to the committed one lifts it (fold
+// rules 1) and the engine admits nothing: the monitor asks for one every few seconds, whatever
+// weight_digest_check_interval_ms says (0 included), its failures backed off as ever.
+constexpr std::uint64_t kRecheckDigestIntervalMs = 2000;
+
+std::uint64_t Service::DigestIntervalMs(const State& before) const {
+  const std::uint64_t configured = config_.weight_digest_check_interval_ms;
+  if (!before.engine_recheck) return configured;
+  return configured == 0 ? kRecheckDigestIntervalMs
+                         : std::min(configured, kRecheckDigestIntervalMs);
+}
+
+bool Service::DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms,
+                             std::uint64_t interval_ms) const {
+  return watch.TakeDigestCheck(interval_ms, now_wall_ms);
 }
 
 // A digest check is done once the engine answered it: a digest, or why it computes none (no
@@ -803,25 +816,29 @@ bool Service::DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms) const
 // that failed (unreachable, a timeout, a 5xx), or a look that never got to make it, proves
 // nothing: it is asked again after the backoff, not a whole weight_digest_check_interval_ms
 // later.
-void Service::DigestCheckDone(EngineWatch& watch, const WeightDigest& d,
-                              std::int64_t now_wall_ms) const {
+void Service::DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms,
+                              std::uint64_t interval_ms) const {
   const bool answered =
       d.present() || (!d.error.empty() && d.error.rfind(effects::kDigestReadFailedPrefix, 0) != 0);
-  watch.DigestRead(answered, config_.weight_digest_check_interval_ms, now_wall_ms);
+  watch.DigestRead(answered, interval_ms, now_wall_ms);
 }
 
 // The runner's looks before a plan follow the monitor's schedule of `watch`'s engine.
 effects::Runner::DigestSchedule Service::DigestScheduleOf(EngineWatch& watch) {
-  return {[this, &watch] { return DigestCheckDue(watch, wall_ms()); },
-          [this, &watch](const WeightDigest& d) { DigestCheckDone(watch, d, wall_ms()); }};
+  const std::uint64_t interval_ms = config_.weight_digest_check_interval_ms;
+  return {[this, &watch, interval_ms] { return DigestCheckDue(watch, wall_ms(), interval_ms); },
+          [this, &watch, interval_ms](const WeightDigest& d) {
+            DigestCheckDone(watch, d, wall_ms(), interval_ms);
+          }};
 }
 
 // GET the engine's view once; what it saw is kept for /metrics and /readyz.
-Service::EngineProbe Service::ProbeEngine(const MonitorTarget& t, bool digest_allowed) {
+Service::EngineProbe Service::ProbeEngine(const MonitorTarget& t,
+                                          std::uint64_t digest_interval_ms) {
   EngineProbe probe{t.client.Monitor(), wall_ms()};
-  if (digest_allowed && probe.seen.http.ok_2xx() && DigestCheckDue(t.watch, probe.wall_ms)) {
+  if (probe.seen.http.ok_2xx() && DigestCheckDue(t.watch, probe.wall_ms, digest_interval_ms)) {
     probe.seen.digest = effects::ReadWeightDigest(t.client);
-    DigestCheckDone(t.watch, probe.seen.digest, wall_ms());  // when the read ended
+    DigestCheckDone(t.watch, probe.seen.digest, wall_ms(), digest_interval_ms);  // when it ended
   }
   const EngineMonitored& p = probe.seen;
   metrics_.engine_probes++;

@@ -633,9 +633,13 @@ class Service {
     EngineMonitored seen;
     std::int64_t wall_ms = 0;  // when it was seen
   };
-  EngineProbe ProbeEngine(const MonitorTarget& target, bool digest_allowed);
-  bool DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms) const;
-  void DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms) const;
+  // digest_interval_ms: how often this look may read a digest (DigestIntervalMs; 0: never).
+  EngineProbe ProbeEngine(const MonitorTarget& target, std::uint64_t digest_interval_ms);
+  std::uint64_t DigestIntervalMs(const State& before) const;
+  bool DigestCheckDue(EngineWatch& watch, std::int64_t now_wall_ms,
+                      std::uint64_t interval_ms) const;
+  void DigestCheckDone(EngineWatch& watch, const WeightDigest& d, std::int64_t now_wall_ms,
+                       std::uint64_t interval_ms) const;
   effects::Runner::DigestSchedule DigestScheduleOf(EngineWatch& watch);
   bool WeightsDrifted(EngineWatch& watch, const State& before, const WeightDigest& d,
                       std::int64_t now_wall_ms);

@@ -91,7 +91,7 @@ effects::Runner* Service::RunnerOf(const std::string& engine) {
 // journaled: nothing is recorded while the engine stays away).
 bool Service::StalledPlanRetryDue(const MonitorTarget& t) {
   if (SteadyClock::now() < t.watch.stalled_retry_due) return false;
-  return ProbeEngine(t, /*digest_allowed=*/false).seen.http.ok_2xx();
+  return ProbeEngine(t, /*digest_interval_ms=*/0).seen.http.ok_2xx();
 }
 
 bool Service::RetryStalledPlan(const MonitorTarget& t) {

@@ -240,6 +240,36 @@ TEST(ServiceDigest, ADigestReadThatFailedIsReadAgainAtTheNextLook) {
   EXPECT_EQ(r.value("outcome", ""), "committed") << r.dump();
 }
 
+// Proves a re-verification pending after an executor restart ends once a digest is read, even
+// with the monitor's scheduled digest checks off (weight_digest_check_interval_ms 0): while the
+// engine's digest RPC answers 503 the restart's probes verify nothing and the re-verification
+// stays pending; once the RPC answers again the monitor reads a digest within seconds and lifts
+// it. Catches a re-verification lifted with no digest read (the engine served unverified), and
+// one only a restart could lift with digest checks off (the engine admitted nothing forever).
+TEST(ServiceDigest, ARecheckWhoseDigestReadsFailedEndsAtTheMonitorsNextDigest) {
+  Stack s([](ServeConfig& c) { c.weight_digest_check_interval_ms = 0; },
+          // The label is read through /weight_info: only the digest goes through /collective_rpc.
+          [](fixtures::VllmDoubleOptions& e) { e.version = "0.30.0"; });
+  ASSERT_TRUE(s.svc->journal().state().committed_digest.present());
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.svc.reset();
+  s.engine->SetRouteFault("/collective_rpc", fixtures::RouteFault{.status = 503});
+  s.Open();
+  ASSERT_TRUE(s.svc->journal().state().engine_recheck);
+  // The restart's probes are spent, each without a digest: nothing else of the runner is due.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return admission_block_reason(s.svc->journal().state()).find("probes are spent") !=
+               std::string::npos;
+      },
+      15000))
+      << admission_block_reason(s.svc->journal().state());
+  EXPECT_TRUE(s.svc->journal().state().engine_recheck) << "lifted with no digest read";
+  s.engine->ClearFaults();
+  EXPECT_TRUE(Eventually([&] { return !s.svc->journal().state().engine_recheck; }, 15000))
+      << "the re-verification outlived the digest RPC's outage";
+}
+
 // Proves a digest read that keeps failing is tried again only after a backoff, not at every
 // monitor tick: with the engine's digest RPC answering 503 and the monitor looking every 20 ms,
 // the engine gets at most 3 digest calls (and /metrics counts at most 3 unavailable checks) in
