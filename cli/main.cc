@@ -21,7 +21,7 @@ namespace {
 // Exit codes: each command's own (0 success; audit and replay: audit/audit.h, 0..4; serve: 1 its
 // start failed, 2 a usage or configuration error, 3 an unclean exit, 4 a fail-stop; a command line
 // CLI11 refuses: 2, or CLI11's own code, 104..114, for serve and a line naming no command
-// (ParseFailed)), and this one, which none of them uses: an exception reached main (Fatal).
+// (ParseFailed)), and this one, which none of them uses: an exception no handler took (Fatal).
 inline constexpr int kExitFatal = EX_SOFTWARE;  // 70, sysexits.h's "internal software error"
 
 // A verdict is worth only the report that carries it: a report that did not reach stdout whole
@@ -141,17 +141,28 @@ int ParseFailed(const CLI::App& app, const CLI::ParseError& e, const Command* co
   return strict ? rc::audit::kExitUsage : e.get_exit_code();
 }
 
-// An exception that reached main (a bug, or memory or threads the system refused where nothing
-// below turned the refusal into an error): one escaped line on stderr and kExitFatal, never
-// std::terminate's abort with "terminate called after throwing" and a core.
-int Fatal(const char* what) noexcept {
+// An exception no handler takes (a bug, or memory or threads the system refused where nothing
+// below turned the refusal into an error) ends the process here, from std::terminate: one escaped
+// line on stderr and kExitFatal, never "terminate called after throwing" and a core. No handler
+// in main catches it on purpose: catching unwinds serve's frames, whose destructors would close
+// the journal cleanly (its CLOSED mark) for what is a crash, and tear the service down under
+// threads still running; terminate runs before any unwinding, so the next start recovers.
+[[noreturn]] void Fatal() noexcept {
+  const char* what = "an exception not derived from std::exception";
+  try {
+    if (std::exception_ptr e = std::current_exception()) std::rethrow_exception(e);
+    what = "std::terminate without an exception";
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
   try {
     std::fprintf(stderr, "rolloutcore: fatal: %s\n", rc::text::escape_line(what).c_str());
   } catch (...) {  // no memory left even to escape the message: the line without it
     std::fputs("rolloutcore: fatal: an error whose message could not be printed\n", stderr);
   }
   std::fflush(stderr);
-  return kExitFatal;
+  std::_Exit(kExitFatal);
 }
 
 // Parses the command line and runs its subcommand; its exit code.
@@ -208,11 +219,6 @@ int Run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    return Fatal(e.what());
-  } catch (...) {
-    return Fatal("an exception not derived from std::exception");
-  }
+  std::set_terminate(Fatal);
+  return Run(argc, argv);
 }

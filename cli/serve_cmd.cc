@@ -173,6 +173,20 @@ void ArmExitDeadline(ExitDeadline& deadline, std::int64_t at_ms) {
 
 }  // namespace
 
+namespace {
+// Secrets left out of the command line and the file come from the environment (kept out of
+// `ps` and of configuration files).
+void TokensFromEnvironment(service::ServeConfig& cfg) {
+  const auto take = [](std::string& value, const char* name) {
+    if (!value.empty()) return;
+    if (const char* t = std::getenv(name); t != nullptr) value = t;
+  };
+  take(cfg.auth_token, "RC_AUTH_TOKEN");
+  take(cfg.proxy_token, "RC_PROXY_TOKEN");
+  take(cfg.engine_api_key, "RC_ENGINE_API_KEY");
+}
+}  // namespace
+
 Runner add_serve(CLI::App& app) {
   auto cfg = std::make_shared<service::ServeConfig>();
   auto config_file = std::make_shared<std::string>();
@@ -232,15 +246,7 @@ Runner add_serve(CLI::App& app) {
           "serve: journal_sync is off: admissions and outcomes are acknowledged before they are "
           "on disk, and a power loss can lose them (use only for benchmarks)");
     }
-    if (cfg->auth_token.empty()) {
-      if (const char* t = std::getenv("RC_AUTH_TOKEN"); t != nullptr) cfg->auth_token = t;
-    }
-    if (cfg->proxy_token.empty()) {
-      if (const char* t = std::getenv("RC_PROXY_TOKEN"); t != nullptr) cfg->proxy_token = t;
-    }
-    if (cfg->engine_api_key.empty()) {
-      if (const char* t = std::getenv("RC_ENGINE_API_KEY"); t != nullptr) cfg->engine_api_key = t;
-    }
+    TokensFromEnvironment(*cfg);
     Status valid = service::ValidateConfig(*cfg);
     if (!valid.ok()) {
       PrintError(valid.ToString());
