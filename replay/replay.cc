@@ -695,7 +695,7 @@ std::string FleetUpdateText(const FleetUpdate& u) {
                     fleet_update_mode_name(u.request.mode) + " to " + Q(u.request.target_label) +
                     ") open:";
   for (const auto& [engine, status] : u.members) {
-    out += " " + E(engine) + "=" + member_status_name(status);
+    out += " " + Q(engine) + "=" + member_status_name(status);
   }
   return out + (u.cancelled ? "; cancelled: " + E(*u.cancelled) : "");
 }

@@ -113,7 +113,7 @@ TEST(FleetReplay, StopsMidUpdateAndNamesEnginesPerRecord) {
   EXPECT_TRUE(r->ok) << r->error;
   ASSERT_TRUE(r->fleet.update.has_value());
   EXPECT_EQ(r->fleet.update->members.at("b"), MemberStatus::kUpdating);
-  EXPECT_NE(replay::FormatReport(*r).find("b=updating"), std::string::npos);
+  EXPECT_NE(replay::FormatReport(*r).find("'b'=updating"), std::string::npos);
   Result<journal::Record> rec = j->Read(member_b);
   ASSERT_TRUE(rec.ok());
   EXPECT_NE(replay::FormatRecordLine(*rec).find("[b] "), std::string::npos)
