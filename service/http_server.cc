@@ -934,6 +934,12 @@ HttpServer::HttpServer(HttpServerOptions options, HttpRouter router)
 
 HttpServer::~HttpServer() {
   if (!io_threads_.empty()) (void)Stop(0);
+  // The blocking pool goes before the loops, while every loop still exists (stopped: nothing runs
+  // on them): its threads are joined first (a handler Stop left running past its deadline posts
+  // its answer to a loop, and uses blocking_, as it returns), then the handlers its queue dropped
+  // are destroyed, each holding a Session whose socket and timer are a loop's.
+  blocking_->Stop();
+  blocking_.reset();
   // The first loop's queue may hold the accept handler with the executor of another loop: the
   // acceptor and that loop go first, then the others, each before anything it refers to.
   acceptor_.reset();
@@ -957,8 +963,14 @@ Result<int> HttpServer::Start() {
   return port;
 }
 
-// The event loops' threads, then the blocking pool's; the first the system refuses ends it.
+// The blocking pool's threads, then the event loops'; the first the system refuses ends it.
+// The pool's first: only a loop's handler posts to the pool, so a pool thread refused before any
+// loop runs leaves no blocking call queued in a pool that will never run it (a connection already
+// in the backlog is never accepted). A loop refused later may have posted calls, which the
+// started pool runs or drops; either way each answer's Session is let go while the loops exist
+// (AbandonStart, the destructor).
 Status HttpServer::StartThreads() {
+  RC_RETURN_IF_ERROR(blocking_->Start(options_.thread_starter));
   io_threads_.reserve(loops_.size());  // no allocation between a thread's start and its keeping
   for (std::size_t i = 0; i < loops_.size(); ++i) {
     Result<std::thread> t = effects::StartThread(
@@ -967,11 +979,13 @@ Status HttpServer::StartThreads() {
     if (!t.ok()) return t.status();
     io_threads_.push_back(std::move(t).value());
   }
-  return blocking_->Start(options_.thread_starter);
+  return Status::OK();
 }
 
 // A Start that failed part-way: the threads it started are stopped and joined (no connection was
-// announced, so nothing is drained), and the listening socket is closed. The server is stopping
+// announced, so nothing is drained), and the listening socket is closed. The loops stop first,
+// so nothing posts to the pool while it stops; the blocking calls a loop posted before then are
+// dropped with the pool's queue, before the loops go (the destructor). The server is stopping
 // from here: Stop returns at once, the destructor releases the rest.
 void HttpServer::AbandonStart() {
   stopping_.store(true);
@@ -1229,7 +1243,10 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
   for (auto& t : io_threads_) t.join();
   guards_.clear();
   io_threads_.clear();
-  if (!drained) return false;  // the pool's threads still run handlers: not joined
+  // Not drained: the pool's threads still run handlers, not joined here. Each posts its answer to
+  // its connection's loop as it returns, which is safe while the loops exist: the destructor
+  // joins the pool before it destroys them.
+  if (!drained) return false;
   blocking_->Join();
   return true;
 }

@@ -213,13 +213,15 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds and starts the io threads and the blocking pool's. Returns the bound port. A thread the
+  // Binds and starts the blocking pool's threads, then the io threads (no loop runs, so nothing is
+  // posted to the pool, before all of the pool's started). Returns the bound port. A thread the
   // system refuses is Unavailable naming it: the threads started by then are stopped and joined,
   // the listening socket is closed, and the server serves no more (Stop returns at once).
   [[nodiscard]] Result<int> Start();
   // Stops accepting, lets the blocking handlers running end (up to `deadline_ms` from now; their
   // answers are sent), closes every connection, joins the threads. True when every blocking
-  // handler returned by then; false leaves the pool's threads detached-safe.
+  // handler returned by then; false leaves the pool's threads running those handlers, and the
+  // destructor joins them before it destroys the loops their answers are posted to.
   bool Stop(std::uint64_t deadline_ms);
 
   const HttpServerCounters& counters() const { return counters_; }

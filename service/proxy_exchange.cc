@@ -1,5 +1,6 @@
 #include "service/proxy_exchange.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <openssl/crypto.h>
@@ -112,6 +113,26 @@ constexpr const char* kAnswerOverBudget =
 constexpr const char* kClientAnswerOverBudget =
     "the client's answer would take more of serve's memory budget than is left "
     "(body_memory_bytes_max)";
+
+// Makes room in `text` for `n` more bytes, `hold` (which holds text's capacity) taking the new
+// capacity before it is allocated. It grows as an append does, doubling, so a body read piece by
+// piece is copied about once; but never past `bytes_max` (at least text.size() + n), where an
+// append's own doubling would take up to twice the bound. An answer is held as allocated, not by
+// its length: the whole buffer waits on the client. False when the budget cannot give it (text as
+// it was; the caller ends the call).
+bool ReserveHeld(std::string& text, std::size_t n, std::size_t bytes_max, BudgetHold& hold) {
+  const std::size_t need = text.size() + n;
+  RC_CHECK(need <= bytes_max);
+  if (need <= text.capacity()) return true;
+  const std::size_t capacity = std::min(std::max(need, 2 * text.capacity()), bytes_max);
+  if (!hold.ResizeTo(capacity)) return false;
+  std::string grown;
+  grown.reserve(capacity);  // from an empty string: exactly that (at least 30, past SSO's 15)
+  if (!hold.ResizeTo(grown.capacity())) return false;  // a library that rounds it up
+  grown.append(text);
+  text.swap(grown);
+  return true;
+}
 
 // The trace's entries as the body budget holds them: the token ids and logprobs it kept, and the
 // prompt's token ids (the request's on generate, the engine's copy on completions and chat).
@@ -369,7 +390,8 @@ void ProxyExchange::PrepareUpstream() {
   upstream_body_ = json();  // the engine's copy is all that is sent from here
   // What stays held until the end: the engine's copy, and the trace (on generate its prompt ids).
   trace_entries_held_ = TraceEntries(trace_);
-  body_hold_.ShrinkTo(upstream_request_.body().size() + kTraceEntryBytes * trace_entries_held_);
+  // The copy as allocated: a dump grows by appending, up to twice its length.
+  body_hold_.ShrinkTo(upstream_request_.body().capacity() + kTraceEntryBytes * trace_entries_held_);
 }
 
 // The trace's entries held against the body budget as it grows, a batch of entries at a time.
@@ -590,7 +612,7 @@ bool ProxyExchange::Absorb(const char* data, std::size_t n) {
                                        std::to_string(effects::kResponseBytesMax) + " bytes");
     return false;
   }
-  if (!answer_hold_.Grow(n)) {
+  if (!ReserveHeld(body_, n, effects::kResponseBytesMax, answer_hold_)) {
     UpstreamFailed(Transport::kOk,
                    "the bodies other requests hold take serve's memory budget "
                    "(body_memory_bytes_max)");
@@ -614,19 +636,13 @@ void ProxyExchange::OnClientTook(bool delivered) {
 
 static_assert(kStreamBufferUnheldBytesMax == kUpstreamReadBytes);  // its ground (proxy_stream.h)
 
-// A pending SSE buffer past this capacity, holding under a quarter of it, is what a large event
-// left (erasing an event keeps the capacity it took): it is given back. Below it stays the
-// capacity a busy stream's reads settle at (about two reads), never reallocated read by read.
-constexpr std::size_t kSsePendingKeptBytesMax = std::size_t{1} << 20;
-
 // The bytes the stream buffers, as allocated: the SSE bytes of the event being received, and the
-// client events not yet handed to the client's connection.
+// client events not yet handed to the client's connection. The pending buffer a large event left
+// is given back first (TrimSsePending): else the rest of the stream would hold it, and pay the
+// hold's atomics on every token read.
 std::uint64_t ProxyExchange::StreamBuffered() {
-  std::string& pending = sse_.pending;
-  if (pending.capacity() > kSsePendingKeptBytesMax && pending.size() < pending.capacity() / 4) {
-    std::string(pending).swap(pending);
-  }
-  return pending.capacity() + out_.capacity();
+  TrimSsePending(sse_.pending);
+  return sse_.pending.capacity() + out_.capacity();
 }
 
 bool ProxyExchange::HoldStreamBuffers() { return stream_hold_.HoldFor(StreamBuffered()); }
@@ -720,10 +736,11 @@ void ProxyExchange::AnswerCompletionTree() {
 // The completion's answer `text` takes the engine body's place in answer_hold_ before the finish,
 // so a budget that cannot hold it aborts the rollout as any refusal of the budget does; once the
 // finish is durable it goes with its hold to the client's connection, which gives the hold back
-// when the client took the answer or left.
+// when the client took the answer or left. It is held as allocated: text made by appending (a
+// dump, the fast reader's writer) sits in a buffer up to twice its length, all of which waits.
 void ProxyExchange::AnswerCompleted(std::string text) {
   std::string().swap(body_);
-  if (!answer_hold_.ResizeTo(text.size())) {
+  if (!answer_hold_.ResizeTo(text.capacity())) {
     return UpstreamFailed(Transport::kOk, kClientAnswerOverBudget);
   }
   HttpResponse res = BindingHead(200);
@@ -750,7 +767,8 @@ void ProxyExchange::AnswerStreamEnd(bool ok, const std::string& why) {
 // The engine answered, but not with a completion. An engine error (400..599) is passed on:
 // non-streamed its status and body, streamed an error event with its code and [DONE]. Any other
 // status (a 2xx that is not the route's JSON, a 3xx, a code outside 100..599) is a 502 naming it.
-// The engine's body relayed goes to the client's connection with its hold (answer_hold_).
+// The engine's body relayed goes to the client's connection with its hold (answer_hold_, which
+// holds its capacity: ReserveHeld).
 void ProxyExchange::AnswerEngineError() {
   const unsigned status = parser_->get().result_int();
   const bool relayed = IsRelayedError(status);
@@ -788,7 +806,7 @@ void ProxyExchange::AnswerEngineErrorEvent(int code, const std::string& why) {
   }
   tree_hold_.Release();  // the tree is gone
   std::string().swap(body_);
-  if (!answer_hold_.ResizeTo(event.size())) {
+  if (!answer_hold_.ResizeTo(event.capacity())) {  // as allocated, as a completion's answer
     return UpstreamFailed(Transport::kOk, kClientAnswerOverBudget);
   }
   svc_.metrics_.upstream_errors++;
@@ -1149,13 +1167,11 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     }
     request_.keep_alive(true);
     request_.prepare_payload();
-    // call_timeout_ms bounds the whole call, its connect included (as a control call's): a
-    // deadline that passes before the connection arrives fails the call when it does.
+    // call_timeout_ms bounds the whole call, its connect included (as a control call's).
     deadline_.expires_after(std::chrono::milliseconds(config_.call_timeout_ms));
     deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec) return;  // cancelled: the call ended first
-      self->timed_out_ = true;
-      if (self->conn_) self->conn_->socket.close(ec);  // what is under way fails at once
+      self->Step([&] { self->OnDeadline(); });
     });
     pool_.Acquire(ex_.executor(), config_.connect_timeout_ms,
                   [self = shared_from_this()](Status st, std::unique_ptr<UpstreamConn> c, bool) {
@@ -1176,16 +1192,34 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
                       text::escape_line(internal::CurrentExceptionText()));
         deadline_.cancel();
         conn_.reset();
-        ex_.Respond(ErrorResponse(500, "internal", "internal error"));
+        Reply(ErrorResponse(500, "internal", "internal error"));
       } catch (...) {
         ex_.Close();
       }
     }
   }
+  // call_timeout_ms passed. What is under way on the connection fails at once, and its failure
+  // answers the call. A connect still under way is not waited for (it may take up to
+  // connect_timeout_ms): the call is answered now, and the connection goes back unused when it
+  // arrives (OnConnected). A deadline whose wait completed as the call was answered is late.
+  void OnDeadline() {
+    if (answered_) return;
+    timed_out_ = true;
+    if (conn_) {
+      boost::system::error_code ignored;
+      conn_->socket.close(ignored);
+      return;
+    }
+    Fail("");
+    request_ = {};  // never sent: its copy goes now, not when the connect ends
+  }
   void OnConnected(const Status& st, std::unique_ptr<UpstreamConn> conn) {
+    if (answered_) {  // the deadline answered the call while it connected: nothing is sent
+      if (st.ok()) pool_.Release(std::move(conn));  // fresh and unused, as good as an idle one
+      return;
+    }
     if (!st.ok()) return Fail(st.message());
     conn_ = std::move(conn);
-    if (timed_out_) return Fail("");  // the connect outlasted the call's deadline
     Send();
   }
   void Send() {
@@ -1258,15 +1292,21 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
       return Fail("the engine answered HTTP " + std::to_string(status) +
                   ", neither an answer nor an error serve relays");
     }
+    // The body stays held until the client took it, as allocated: its declared length (reserved
+    // whole), or what the reads of an undeclared length grew it to, less than the bound took or,
+    // grown by doubling past half the bound, more (charged once the read returns, as a chunked
+    // request body is).
+    if (!body_hold_.ResizeTo(msg.body().capacity())) {
+      return Fail(
+          "the bodies other requests hold take serve's memory budget "
+          "(body_memory_bytes_max)");
+    }
     HttpResponse res;
     const auto type = msg[beast::http::field::content_type];
     SetBody(res, static_cast<int>(status), std::move(msg.body()),
             type.empty() ? "application/json" : std::string_view(type.data(), type.size()));
     if (parser_->keep_alive()) pool_.Release(std::move(conn_));
-    // The body stays held until the client took it: its hold goes with it, less what the bound
-    // of an undeclared length took beyond it.
-    body_hold_.ShrinkTo(res.body().capacity());
-    ex_.Respond(std::move(res), std::move(body_hold_));
+    Reply(std::move(res), std::move(body_hold_));
   }
   // Every failure past the deadline is the deadline's, whatever it cut (the connect, the send or
   // a read): the client is told call_timeout_ms passed.
@@ -1276,7 +1316,13 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     const std::string failure = timed_out_ ? "no answer within call_timeout_ms (" +
                                                  std::to_string(config_.call_timeout_ms) + " ms)"
                                            : why;
-    ex_.Respond(ErrorResponse(502, "upstream", "engine call failed: " + failure));
+    Reply(ErrorResponse(502, "upstream", "engine call failed: " + failure));
+  }
+  // The call's one answer; any later one (a step that threw after it) is dropped.
+  void Reply(HttpResponse res, BudgetHold hold = BudgetHold()) {
+    if (answered_) return;
+    answered_ = true;
+    ex_.Respond(std::move(res), std::move(hold));
   }
 
   Exchange ex_;
@@ -1286,6 +1332,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   const Service::StepProbe& probe_;
   asio::steady_timer deadline_;
   bool timed_out_ = false;  // call_timeout_ms passed: the call fails wherever it stands
+  bool answered_ = false;   // Reply ran: the connection that arrives after it is not used
   std::unique_ptr<UpstreamConn> conn_;
   beast::http::request<beast::http::string_body> request_;
   std::optional<beast::http::response_parser<beast::http::string_body>> parser_;

@@ -175,8 +175,9 @@ class ProxyExchange : public std::enable_shared_from_this<ProxyExchange> {
   std::string body_;                  // non-streamed (or error) body, bounded
   // The request's parse, then the engine's copy of it and the trace, of the server's body budget.
   BudgetHold body_hold_;
-  // body_'s bytes as read; then the client's answer made of it, which takes its place and is
-  // handed with it to the client's connection (held until the client took it).
+  // body_'s capacity (ReserveHeld); then the client's answer made of it, as allocated, which
+  // takes its place and is handed with it to the client's connection (held until the client took
+  // it).
   BudgetHold answer_hold_;
   BudgetHold tree_hold_;  // the engine answer's parsed tree while it lives (bound)
   std::string out_;       // client events of one engine read

@@ -484,6 +484,12 @@ bool StreamEventHold::Take(std::string_view data) {
   return false;
 }
 
+void TrimSsePending(std::string& pending) {
+  if (pending.capacity() > kSsePendingKeptBytesMax && pending.size() < pending.capacity() / 4) {
+    std::string(pending).swap(pending);  // a copy takes what its bytes need
+  }
+}
+
 bool StreamBufferHold::HoldFor(std::uint64_t bytes) {
   if (bytes <= kStreamBufferUnheldBytesMax) {
     hold_.Release();  // no operation when nothing is held

@@ -203,8 +203,23 @@ class StreamEventHold {
 // a read, and are spared the hold's two atomic operations on the budget all event loops share.
 // Each stream's engine read buffer (kUpstreamReadBytes) is this size and unheld too, so what
 // goes unheld per stream is at most doubled; past it, the hold costs two atomic operations per
-// engine read of tens of KiB, never per event.
+// engine read of tens of KiB, never per event. The bytes are counted as allocated, so a pending
+// buffer a large event left is trimmed (TrimSsePending) before they are: a token stream that once
+// relayed a large event is back under this bound, holding nothing and paying no atomics.
 inline constexpr std::size_t kStreamBufferUnheldBytesMax = std::size_t{64} << 10;
+
+// The most capacity a stream's pending SSE buffer keeps while it holds under a quarter of it:
+// half of kStreamBufferUnheldBytesMax, so a stream whose pending bytes are few buffers at most
+// that with up to as much again of client events and stays unheld. Erasing a dispatched event
+// keeps the capacity it took, so without the trim one large event (up to kSseEventBytesMax) left
+// its stream holding it to the end. A stream that reads 64 KiB at a time reallocates the buffer
+// about once a read, small beside the parse of the read's events.
+inline constexpr std::size_t kSsePendingKeptBytesMax = kStreamBufferUnheldBytesMax / 2;
+
+// Gives back the capacity of `pending` (SseState::pending) when it passes kSsePendingKeptBytesMax
+// and holds under a quarter of it; its bytes are kept. Otherwise leaves it as it is: an event
+// being received keeps the room it grows into.
+void TrimSsePending(std::string& pending);
 
 inline constexpr const char* kStreamBufferOverBudget =
     "the stream's buffered events would take more of serve's memory budget than is left "

@@ -14,10 +14,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <boost/asio/post.hpp>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -319,6 +321,60 @@ TEST(HttpStop, AnAnswerGivenWhileStopWaitsReachesItsClient) {
   EXPECT_TRUE(stopped);
   EXPECT_EQ(status_of(answer), 200) << answer;
   EXPECT_EQ(body_of(answer), "done") << answer;
+}
+
+// Runs `fn` as it is destroyed: held by a handler posted to a stopped loop, it runs as that loop
+// is destroyed.
+class AtDestruction {
+ public:
+  explicit AtDestruction(std::function<void()> fn) : fn_(std::move(fn)) {}
+  ~AtDestruction() { fn_(); }
+  AtDestruction(const AtDestruction&) = delete;
+  AtDestruction& operator=(const AtDestruction&) = delete;
+
+ private:
+  std::function<void()> fn_;
+};
+
+// Proves a blocking handler that Stop left running past its deadline (Stop returned false) ends,
+// and posts its answer to its connection's loop, before the server's destructor destroys the
+// loops: the destructor joins the pool first. Catches the loops destroyed while such a handler
+// still ran (its answer was then posted to a freed event loop as serve exited behind a slow
+// trainer call: a use-after-free).
+TEST(HttpStop, AHandlerStopLeftRunningEndsBeforeTheLoopsGo) {
+  std::atomic<bool> entered{false};
+  std::atomic<bool> destroying{false};
+  std::atomic<bool> loop_gone{false};
+  std::atomic<bool> ended_after_loop{false};
+  HttpRouter r;
+  r.Blocking(bhttp::verb::get, "/slow", [&](const ApiRequest&, HttpResponse& res) {
+    entered = true;
+    for (int i = 0; i < 1000 && !destroying.load(); ++i) {  // 10 s at most: never a hang
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // Well into the destructor: one that does not wait for this handler has destroyed the loops.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ended_after_loop = loop_gone.load();
+    SetBody(res, 200, "done", "text/plain");
+  });
+  auto http = std::make_unique<HttpServer>(OneLoop(), std::move(r));
+  const int port = StartOrDie(*http);
+  const int fd = connect_loopback(port);
+  ASSERT_TRUE(send_all(fd, "GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  for (int i = 0; i < 1000 && !entered.load(); ++i) {  // 10 s at most
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(entered.load());
+  EXPECT_FALSE(http->Stop(0)) << "a handler still running was counted as ended";
+  boost::asio::post(http->io(),
+                    [at = std::make_shared<AtDestruction>([&] { loop_gone = true; })] {});
+  destroying = true;
+  http.reset();
+  EXPECT_TRUE(loop_gone.load());
+  EXPECT_FALSE(ended_after_loop.load())
+      << "the loops were destroyed while a handler that posts its answer to one still ran";
+  EXPECT_EQ(read_to_close(fd), "") << "Stop closed the connection: no answer follows";
+  ::close(fd);
 }
 
 // ---- request heads: header_bytes_max and kHeaderFieldsMax, whatever the head's shape ----

@@ -30,7 +30,9 @@
 
 #include "effects/http/sequence_transfer.h"
 #include "fixtures/vllm_double.h"
+#include "effects/http/engine_client.h"
 #include "service/http_server.h"
+#include "service/http_util.h"
 #include "service/proxy_stream.h"
 #include "service/service.h"
 #include "tests/service/scripted_engine.h"
@@ -748,8 +750,8 @@ std::vector<RolloutOutcome> OutcomesOf(Service& svc, const std::string& rollout_
 TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenStaysHeld) {
   constexpr std::size_t kTextBytes = std::size_t{14} << 20;  // past any socket buffers
   stack::ScriptedEngine engine;
-  // One answer's read and parse (~42 MiB: its body and the tree's bound) fits; not beside
-  // another answer still held (14 MiB).
+  // One answer's read and parse (~44 MiB: its body's buffer, up to 16 MiB, and the tree's bound)
+  // fits; not beside another answer still held (14 MiB, in a buffer of up to twice that).
   Stack s(Scripted(engine, [](ServeConfig& c) { c.body_memory_bytes_max = 48u << 20; }));
   const std::string answer =
       R"({"id":"cmpl-scripted","object":"text_completion","choices":[{"index":0,"text":")" +
@@ -818,6 +820,79 @@ TEST(ProxyText, APassThroughAnswerAStalledClientHasNotTakenStaysHeld) {
       << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
 }
 
+// The engine's answer to a completion whose text is `text_bytes` long, with the token ids the
+// proxy asks for (and strips from the client's answer).
+std::string CompletionAnswer(std::size_t text_bytes) {
+  return R"({"id":"cmpl-scripted","object":"text_completion","choices":[{"index":0,"text":")" +
+         std::string(text_bytes, 'a') +
+         R"(","token_ids":[11],"prompt_token_ids":[1,2],"finish_reason":"length"}]})";
+}
+
+// The client's answer to completion_body(false) made of the engine's `answer` over 1 MiB as serve
+// makes it (parsed, the proxy's fields stripped, dumped): the same text in a buffer grown by the
+// same appends, so of the same capacity.
+std::string ClientAnswerOf(const std::string& answer) {
+  json request = json::parse(completion_body(false));
+  const AddedFields added = AddTraceFields(ProxyRoute::kCompletions, false, request);
+  json doc = json::parse(answer);
+  StripAdded(doc, added);
+  return DumpSafe(doc);
+}
+
+// Proves a completed answer waiting on a client that does not read is held as allocated, not by
+// its length: an answer sized just past a step of its buffer's doubling (its dump's buffer is
+// about twice its length) holds its whole buffer until the client has read it, and the client
+// then reads exactly that text and the budget is back at its idle value. Catches an answer charged
+// its length while the buffer that waits on the client for up to write_timeout_ms is up to twice
+// that (the budget short by up to 16 MiB per stalled connection).
+TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenIsHeldAsAllocated) {
+  // A dump grows its string by doubling from a capacity its first bytes set, the same for any
+  // text length (a 1 MiB probe's capacity is one of its steps): an answer a quarter past a step
+  // of at least 8 MiB sits in a buffer of the next step, 1.6 times its length. Past any socket
+  // buffers.
+  const std::string probe = ClientAnswerOf(CompletionAnswer(1 << 20));
+  std::size_t step = 4 * probe.capacity();
+  while (step < (std::size_t{8} << 20)) step *= 2;
+  const std::size_t text_bytes = (std::size_t{1} << 20) + step + step / 4 - probe.size();
+  const std::string answer = CompletionAnswer(text_bytes);
+  ASSERT_LT(answer.size(), effects::kResponseBytesMax);
+  const std::string expected = ClientAnswerOf(answer);
+  ASSERT_GT(expected.capacity(), expected.size() + expected.size() / 2)
+      << "size " << expected.size() << ", capacity " << expected.capacity();
+
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine));
+  engine.Set("/v1/completions", [answer](const httplib::Request&, httplib::Response& res) {
+    res.set_content(answer, "application/json");
+  });
+  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const int stalled = SendFromSmallWindow(
+      s.svc->port(),
+      post_bytes("/v1/completions", completion_body(false),
+                 "X-RolloutCore-Rollout-Id: allocated-answer-1\r\nConnection: close\r\n"));
+  char head[64];
+  const ssize_t began = ::recv(stalled, head, sizeof(head), 0);
+  ASSERT_GT(began, 0) << "no answer began";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its exchange is gone by now
+  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + expected.capacity())
+      << "an answer of " << expected.size() << " bytes in a buffer of " << expected.capacity()
+      << " is held short of its buffer";
+
+  int wide = 4 << 20;
+  ::setsockopt(stalled, SOL_SOCKET, SO_RCVBUF, &wide, sizeof(wide));
+  const std::string got =
+      std::string(head, static_cast<std::size_t>(began)) + raw_http::read_to_close(stalled);
+  ::close(stalled);
+  EXPECT_EQ(status_of(got), 200) << got.substr(0, 300);
+  EXPECT_TRUE(body_of(got) == expected)
+      << "the client's answer is not the text measured (" << body_of(got).size()
+      << " bytes, expected " << expected.size() << ")";
+  EXPECT_EQ(OutcomesOf(*s.svc, "allocated-answer-1"),
+            std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
+  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << BodyMemoryUsed(*s.svc) << " after the answer was read, " << idle << " idle";
+}
+
 // ---- the pass-through's deadline ----
 
 // A TCP front for the loopback port `target_port` whose accepting the test shuts: shut, its
@@ -878,6 +953,8 @@ class TcpGate {
     RC_CHECK(::listen(listen_fd_, kOpenBacklog) == 0);
     shut_ = false;
   }
+  // Connections accepted and relayed so far (Shut's own among them once open again).
+  int accepted() const { return accepted_.load(); }
 
  private:
   static constexpr int kOpenBacklog = 128;  // bursts of connects are never dropped while open
@@ -902,6 +979,7 @@ class TcpGate {
       const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) continue;
       const int upstream = connect_loopback(target_port_);
+      accepted_++;
       fds_.push_back(client);
       fds_.push_back(upstream);
       relays_.emplace_back(&TcpGate::Relay, client, upstream);
@@ -924,6 +1002,7 @@ class TcpGate {
   std::atomic<bool> stop_{false};
   std::atomic<bool> shut_{false};
   std::atomic<bool> idle_{false};  // shut, and the acceptor took its last connection
+  std::atomic<int> accepted_{0};
   std::thread acceptor_;
   std::vector<int> fds_;
   std::vector<std::thread> relays_;
@@ -932,13 +1011,13 @@ class TcpGate {
 int PortOf(const std::string& url) { return std::atoi(url.substr(url.rfind(':') + 1).c_str()); }
 
 // Proves a pass-through call whose connect outlasts call_timeout_ms (configured below
-// connect_timeout_ms, which the config allows) fails when the connection arrives, with the same
-// 502 naming call_timeout_ms as any pass-through timeout, and never sends the request; and that the
-// route serves again once connects are prompt. Catches the deadline firing with no connection yet
-// and doing nothing: the request then went out with no deadline at all, and an engine that
-// accepts but never answers held the client, the engine socket and the answer's budget forever
-// (here: until the engine's hold ended, 10 s, and the client got its answer late).
-TEST(ProxyPassThrough, ADeadlinePassedDuringTheConnectFailsTheCallWhenItArrives) {
+// connect_timeout_ms, which the config allows) is answered at its deadline, long before the
+// connect ends, with the same 502 naming call_timeout_ms as any pass-through timeout; that the
+// connection arriving later is never used to send the request; and that the route serves again
+// once connects are prompt. Catches the client's answer waiting for the connect (up to
+// connect_timeout_ms; here until the gate opens, 2.5 s on) with only a flag set at the deadline,
+// and the request sent on the late connection (the engine then held the client past the deadline).
+TEST(ProxyPassThrough, ADeadlinePassedDuringTheConnectAnswersTheCallAtTheDeadline) {
   stack::ScriptedEngine engine;
   TcpGate gate(PortOf(engine.url()));
   Stack s([&](ServeConfig& c) {
@@ -954,22 +1033,33 @@ TEST(ProxyPassThrough, ADeadlinePassedDuringTheConnectFailsTheCallWhenItArrives)
     res.set_content(R"({"data":[]})", "application/json");
   });
   if (!gate.Shut()) GTEST_SKIP() << "this network stack completes connects past a full backlog";
-  // Opened past the call's deadline, before the kernel's first retry (a second on) of the
-  // connect it dropped: the connection arrives after the deadline.
+  // Opened once the client has its answer, or 2.5 s on (a call that waits for its connect gets
+  // it at the kernel's next retry then, 3 s on): the dropped connect arrives past the deadline.
+  std::atomic<bool> answered{false};
   std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    for (int i = 0; i < 500 && !answered.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     gate.Open();
   });
   auto c = s.client();
   const auto t0 = Clock::now();
   auto r = c.Get("/v1/models");
   const std::int64_t waited_ms = ms_since(t0);
+  answered = true;
   opener.join();
-  engine.Release();
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 502) << r->body;
   EXPECT_NE(r->body.find("call_timeout_ms (500 ms)"), std::string::npos) << r->body;
-  EXPECT_LT(waited_ms, 7000) << "the call outlived its deadline";
+  EXPECT_LT(waited_ms, 2000) << "the answer waited for the connect, past the 500 ms deadline";
+  // The late connection arrives (the gate accepts it after its own queued one), and nothing is
+  // sent on it.
+  for (int i = 0; i < 1000 && gate.accepted() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(gate.accepted(), 2) << "the late connect never arrived";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  engine.Release();
   EXPECT_EQ(reached.load(), 0) << "the request was sent past the call's deadline";
 
   engine.Clear("/v1/models");

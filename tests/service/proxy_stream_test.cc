@@ -547,6 +547,40 @@ TEST(ProxyStreamBufferHold, HoldsWhatAStreamBuffersPastItsThreshold) {
   EXPECT_EQ(budget.used(), 0u) << "a dying hold kept its share";
 }
 
+// Proves the pending SSE buffer a large event left (its bytes erased, its capacity kept) is given
+// back to what it holds, so a token read's buffers count under kStreamBufferUnheldBytesMax again
+// and hold nothing; while a buffer receiving an event (a quarter of its capacity or more) or
+// within kSsePendingKeptBytesMax keeps its room. Catches a buffer of 64 KiB..1 MiB kept for the
+// rest of its stream (held, and two atomics on the shared budget per token read), and one
+// reallocated on every read while an event grows in it.
+TEST(ProxyStreamBufferHold, ThePendingBufferALargeEventLeftIsGivenBack) {
+  std::string left(std::size_t{300} << 10, 'b');
+  left.erase(0, left.size() - 100);  // the event dispatched, the next one's first bytes kept
+  ASSERT_GE(left.capacity(), std::size_t{300} << 10);
+  TrimSsePending(left);
+  EXPECT_EQ(left, std::string(100, 'b'));
+  EXPECT_LE(left.capacity(), kSsePendingKeptBytesMax) << "the large event's room was kept";
+  ByteBudget budget(std::uint64_t{1} << 20);
+  StreamBufferHold hold(&budget);
+  EXPECT_TRUE(hold.HoldFor(left.capacity() + (4 << 10)));  // and a token read's client events
+  EXPECT_EQ(budget.used(), 0u) << "a token read after a large event was charged";
+
+  std::string receiving(std::size_t{300} << 10, 'b');
+  receiving.erase(0, std::size_t{200} << 10);  // an event being received: a third of the room
+  const std::size_t room = receiving.capacity();
+  TrimSsePending(receiving);
+  EXPECT_EQ(receiving.capacity(), room) << "an event being received lost the room it grows into";
+  EXPECT_EQ(receiving.size(), std::size_t{100} << 10);
+
+  std::string within;
+  within.reserve(kSsePendingKeptBytesMax / 2);
+  within.append("ab");
+  const std::size_t kept = within.capacity();
+  TrimSsePending(within);
+  EXPECT_EQ(within.capacity(), kept) << "a buffer within the kept bound was reallocated";
+  EXPECT_EQ(within, "ab");
+}
+
 // Proves a hold moved to another (an answer's, handed to the connection that writes it) moves
 // what it holds without touching the budget, the one moved from holding nothing, and that a hold
 // resized holds exactly what it is asked for or, refused, what it held. Catches a hand-over that

@@ -558,5 +558,82 @@ TEST(ProxyStreamBudget, EventsAStalledClientHasNotTakenStayHeld) {
       << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
 }
 
+// The engine streams one event of `big` data, then up to `tokens` events of `token` data 2 ms
+// apart, then [DONE], stopping once a write fails.
+stack::ScriptedEngine::Script BigEventThenTokens(const std::string& big, const std::string& token,
+                                                 int tokens) {
+  const std::string first = "data: " + big + "\n\n";
+  const std::string each = "data: " + token + "\n\n";
+  return [first, each, tokens](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("text/event-stream",
+                                     [first, each, tokens](size_t, httplib::DataSink& sink) {
+                                       bool open = sink.write(first.data(), first.size());
+                                       for (int i = 0; open && i < tokens; ++i) {
+                                         std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                                         open = sink.write(each.data(), each.size());
+                                       }
+                                       if (open) open = sink.write("data: [DONE]\n\n", 14);
+                                       sink.done();
+                                       return open;
+                                     });
+  };
+}
+
+// Proves a stream that relayed one large event (300 KiB, whose SSE bytes grew the stream's
+// pending buffer to several hundred KiB) holds none of the body budget for its buffers while the
+// token events that follow stream on: once its client took the large event, the budget comes
+// back under its idle value plus kStreamBufferUnheldBytesMax (the request's copy and the trace
+// are all it holds) and stays there token after token. Catches the buffer a large event left kept
+// for the rest of the stream (it was given back only past 1 MiB): every stream that once relayed
+// such an event held it to its end, and paid two atomic operations on the shared budget for every
+// token read.
+TEST(ProxyStreamBudget, AStreamHoldsNothingForTheBufferALargeEventLeft) {
+  stack::ScriptedEngine engine;
+  stack::ServiceStack s(BudgetedBehind(engine, std::uint64_t{64} << 20, 64 << 10));
+  const std::string big = R"({"id":"cmpl-scripted","object":"text_completion",)"
+                          R"("choices":[{"index":0,"text":"big-event)" +
+                          std::string(300 << 10, 'b') +
+                          R"(","token_ids":[11],"prompt_token_ids":[1,2]}]})";
+  const std::string token = R"({"id":"cmpl-scripted","object":"text_completion",)"
+                            R"("choices":[{"index":0,"text":"tok-ev","token_ids":[12]}]})";
+  // Tokens for 20 s at least: the stream outlives the waits below (its end gives all back).
+  engine.Set("/v1/completions", BigEventThenTokens(big, token, 10000));
+  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const std::string body = stream_body(4);
+  const int fd = raw_http::connect_loopback(s.svc->port());
+  ASSERT_TRUE(raw_http::send_all(
+      fd,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "X-RolloutCore-Rollout-Id: after-big-1\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body));
+  std::string got;
+  // Reads until `tokens` token events came after the large one.
+  const auto read_tokens = [&](std::size_t tokens) {
+    char buf[16 << 10];
+    for (;;) {
+      const std::size_t at = got.find("big-event");
+      if (at != std::string::npos && Occurrences(got.substr(at), "tok-ev") >= tokens) return true;
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) return false;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+  };
+  const auto held = [&] {
+    const std::uint64_t used = BodyMemoryUsed(*s.svc);
+    return used > idle ? used - idle : 0;
+  };
+  ASSERT_TRUE(read_tokens(20)) << got.substr(got.size() > 300 ? got.size() - 300 : 0);
+  EXPECT_TRUE(Eventually([&] { return held() < kStreamBufferUnheldBytesMax; }))
+      << "a token stream holds " << held() << " bytes after its large event";
+  ASSERT_TRUE(read_tokens(40)) << got.substr(got.size() > 300 ? got.size() - 300 : 0);
+  EXPECT_LT(held(), kStreamBufferUnheldBytesMax) << "a token read after the large event was held";
+  EXPECT_EQ(got.find("body_memory_bytes_max"), std::string::npos) << "the stream was refused";
+  EXPECT_TRUE(FinishesOf(s.svc->journal(), "after-big-1").empty()) << "the stream ended early";
+  ::close(fd);
+  EXPECT_TRUE(Eventually([&] { return !FinishesOf(s.svc->journal(), "after-big-1").empty(); }));
+  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+}
+
 }  // namespace
 }  // namespace rc::service

@@ -18,12 +18,14 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include <boost/asio/post.hpp>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -262,6 +264,153 @@ TEST(ThreadRefusal, AThreadRefusedDuringTheHttpServersStartFailsItCleanly) {
     EXPECT_TRUE(http->Stop(0));
     http.reset();
   }
+}
+
+// Whether `done` holds within `ms`.
+bool Within(int ms, const std::function<bool()>& done) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Runs `fn` as it is destroyed: held by a handler posted to a stopped loop, it runs as that loop
+// is destroyed.
+class AtDestruction {
+ public:
+  explicit AtDestruction(std::function<void()> fn) : fn_(std::move(fn)) {}
+  ~AtDestruction() { fn_(); }
+  AtDestruction(const AtDestruction&) = delete;
+  AtDestruction& operator=(const AtDestruction&) = delete;
+
+ private:
+  std::function<void()> fn_;
+};
+
+// Proves the HTTP server starts every thread of its blocking pool before any event loop's, so a
+// pool thread the system refuses finds no loop running: a blocking request already waiting in the
+// listen backlog is never accepted (nothing is posted to a pool that will never run it), its
+// client sees the connection end unanswered, and the server is destroyed cleanly. Catches the
+// loops started first: a loop accepted the waiting request while the pool's thread was refused
+// and posted its call, whose handler, dropped with the pool's queue after the loops were
+// destroyed, released a connection whose socket was a destroyed loop's (a use-after-free).
+TEST(ThreadRefusal, ARequestWaitingWhenAHandlerThreadIsRefusedIsNeverTaken) {
+  for (const char* refused : {"HTTP handler thread 0", "HTTP handler thread 2"}) {
+    SCOPED_TRACE(refused);
+    auto asked = std::make_shared<Asked>();
+    const effects::ThreadStarter refusing = Refusing(refused, asked);
+    HttpServerOptions o = ThreeLoopsFourHandlers(nullptr);
+    o.port = FreePort();
+    int waiting = -1;
+    o.thread_starter = [&](std::string_view what, std::function<void()> body) -> std::thread {
+      if (what == refused) {
+        // The listener is bound by now: the request waits in its backlog, where a loop already
+        // running would take it within this pause.
+        waiting = raw_http::connect_loopback(o.port);
+        RC_CHECK(raw_http::send_all(
+            waiting, "GET /blocking HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      return refusing(what, std::move(body));
+    };
+    auto http = std::make_unique<HttpServer>(o, PingRoutes());
+    const Result<int> port = http->Start();
+    ASSERT_FALSE(port.ok());
+    EXPECT_EQ(port.status().code(), Code::kUnavailable) << port.status().ToString();
+    for (const std::string& name : asked->Names()) {
+      EXPECT_EQ(name.rfind("HTTP handler thread ", 0), 0u)
+          << "started before the pool's threads: " << Joined(asked->Names());
+    }
+    EXPECT_EQ(http->counters().accepted.load(), 0u)
+        << "a loop ran before the pool's threads and took the waiting request";
+    http.reset();
+    ASSERT_GE(waiting, 0);
+    EXPECT_EQ(raw_http::read_to_close(waiting), "") << "answered by a server that did not start";
+    ::close(waiting);
+    EXPECT_TRUE(ServeThreadsGone()) << "left running: " << Joined(ServeThreads());
+  }
+}
+
+// Proves a blocking call that a running loop queued before a later loop's thread was refused is
+// dropped with the pool before any loop is destroyed: its connection (holding 1000 bytes of the
+// body budget for its request's body) is gone by the time the first loop is destroyed. The pool
+// runs one call at a time and queues two; while one runs, the loop queues a second and refuses a
+// third (503), and the running call ends only after the start was abandoned, so the queued one is
+// dropped, never run. Catches the destructor destroying the loops before the pool: the dropped
+// call then released its connection, whose socket and timer belong to a destroyed loop, after
+// the loops were gone (a use-after-free; here its body's hold is still taken as the first loop
+// goes).
+TEST(ThreadRefusal, ACallQueuedWhenALoopIsRefusedIsDroppedBeforeTheLoopsGo) {
+  HttpServer* server = nullptr;
+  std::atomic<bool> running{false};
+  const BlockingHandler wait = [&](const ApiRequest&, HttpResponse& res) {
+    running = true;
+    // Until the abandoned start has stopped the loops, and well past it: the pool is stopped,
+    // with the call behind this one still queued, before this one returns.
+    (void)Within(10000, [&] { return server->io().stopped(); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    SetBody(res, 200, "done", "text/plain");
+  };
+  HttpRouter r;
+  r.Blocking(bhttp::verb::get, "/wait", wait);
+  r.Blocking(bhttp::verb::post, "/wait", wait);
+  HttpServerOptions o;
+  o.io_threads = 2;
+  o.blocking_threads = 1;
+  o.blocking_queue_max = 2;
+  o.port = FreePort();
+  const std::string post =
+      "POST /wait HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+      "Content-Length: 1000\r\n\r\n" +
+      std::string(1000, 'p');
+  std::vector<int> clients;
+  bool staged = false;
+  o.thread_starter = [&](std::string_view what, std::function<void()> body) -> std::thread {
+    if (what != "HTTP event loop thread 1") return std::thread(std::move(body));
+    // Connections go to the loops in turn: the 1st, 3rd and 5th to loop 0, which runs; the 2nd
+    // and 4th to loop 1, whose thread this refuses (they are never read).
+    const auto connect = [&](const std::string& request) {
+      clients.push_back(raw_http::connect_loopback(o.port));
+      RC_CHECK(request.empty() || raw_http::send_all(clients.back(), request));
+      const std::uint64_t n = clients.size();
+      return Within(5000, [&] { return server->counters().accepted.load() >= n; });
+    };
+    staged = connect("GET /wait HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") &&
+             Within(5000, [&] { return running.load(); }) && connect("") && connect(post) &&
+             connect("") && connect(post) &&
+             // One POST queued behind the running call, holding its body; the other refused,
+             // its body given back once its 503 was written.
+             Within(5000, [&] {
+               return server->counters().blocking_refused.load() == 1 &&
+                      server->body_budget().used() == 1000;
+             });
+    throw Refusal();
+  };
+  auto http = std::make_unique<HttpServer>(o, std::move(r));
+  server = http.get();
+  const Result<int> port = http->Start();
+  ASSERT_FALSE(port.ok());
+  EXPECT_NE(port.status().message().find("cannot start HTTP event loop thread 1"),
+            std::string::npos)
+      << port.status().message();
+  EXPECT_TRUE(staged) << "no call was queued behind a running one when the loop was refused";
+  std::optional<std::uint64_t> held_as_the_loop_went;
+  boost::asio::post(http->io(), [at = std::make_shared<AtDestruction>([&] {
+                                   held_as_the_loop_went = server->body_budget().used();
+                                 })] {});
+  http.reset();
+  ASSERT_TRUE(held_as_the_loop_went.has_value()) << "the first loop's queue was never destroyed";
+  EXPECT_EQ(*held_as_the_loop_went, 0u)
+      << "the call dropped with the pool still held its connection as the loops were destroyed";
+  int refusals = 0;
+  for (int fd : clients) {
+    refusals += raw_http::status_of(raw_http::read_to_close(fd)) == 503 ? 1 : 0;
+    ::close(fd);
+  }
+  EXPECT_EQ(refusals, 1);
+  EXPECT_TRUE(ServeThreadsGone()) << "left running: " << Joined(ServeThreads());
 }
 
 // ---- serve's start against the vLLM double
