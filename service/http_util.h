@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "effects/http/response_parsers.h"
 #include "service/http_server.h"
 #include "statemachine/status.h"
 #include "statemachine/text.h"
@@ -58,25 +59,7 @@ inline void SetHeader(HttpResponse& res, std::string_view name, std::string_view
 // vector's growth, a member's map node and key, a string's heap object). "[]," is 3 bytes of text
 // and ~70 in memory.
 inline std::uint64_t ParsedBytesBound(std::string_view body) {
-  constexpr std::uint64_t kContainerBytes = 64, kSlotBytes = 32, kMemberBytes = 96;
-  constexpr std::uint64_t kStringBytes = 48;
-  std::uint64_t bound = 2 * static_cast<std::uint64_t>(body.size()) + kContainerBytes;
-  bool in_string = false;
-  for (std::size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\') ++i;  // the escaped byte is content
-      in_string = c != '"';
-      continue;
-    }
-    in_string = c == '"';
-    bound += c == '[' || c == '{' ? kContainerBytes
-             : c == ','           ? kSlotBytes
-             : c == ':'           ? kMemberBytes
-             : in_string          ? kStringBytes
-                                  : 0;
-  }
-  return bound;
+  return effects::json_tree_bytes_bound(body) + body.size();  // the tree, and the dumped copy
 }
 
 // Parses a request body as a JSON object ("" allowed when empty_ok: yields {}).

@@ -203,25 +203,6 @@ TEST(BodyBudget, AChunkedBodyIsChargedWhatItsBufferReserved) {
   EXPECT_TRUE(http.Stop(5000));
 }
 
-// A connection to `port` with the smallest receive buffer the kernel allows (set before the
-// connect, as the window is negotiated there), having sent `request`: an answer larger than the
-// socket buffers stays in the server's write until the test reads it.
-int SendFromSmallWindow(int port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  RC_CHECK(fd >= 0);
-  int small = 4096;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  RC_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  RC_CHECK(send_all(fd, request));
-  return fd;
-}
-
 // Reads all `fd` is sent until the server closes, its receive buffer grown first: a window of a
 // few KiB would take a round of acknowledgements per few KiB.
 std::string ReadAllWidened(int fd) {
@@ -268,7 +249,7 @@ TEST(BodyBudget, AnAnswersHoldStaysUntilItsClientTookIt) {
   for (const char* path : {"/held", "/held-end"}) {
     const std::string request =
         std::string("GET ") + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    const int reader = SendFromSmallWindow(port, request);
+    const int reader = raw_http::send_from_small_window(port, request);
     ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << path << ": charged " << used();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_EQ(used(), kHeldAnswerBytes) << path << ": the answer waiting on its client";
@@ -278,7 +259,7 @@ TEST(BodyBudget, AnAnswersHoldStaysUntilItsClientTookIt) {
     EXPECT_GT(answer.size(), kHeldAnswerBytes) << path;
     EXPECT_TRUE(eventually(used, 0)) << path << ": a written answer kept " << used();
 
-    const int leaver = SendFromSmallWindow(port, request);
+    const int leaver = raw_http::send_from_small_window(port, request);
     ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << path << ": charged " << used();
     ::close(leaver);
     EXPECT_TRUE(eventually(used, 0)) << path << ": a client that left kept " << used();

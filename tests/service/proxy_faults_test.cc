@@ -691,34 +691,6 @@ TEST(ProxyEngineAnswer, ALargeAnswersParsedTreeIsHeldAgainstTheBodyBudget) {
 
 // ---- answers waiting on a client that does not read ----
 
-// A connection to `port` with the smallest receive buffer the kernel allows (set before the
-// connect, as the window is negotiated there), having sent `request`: an answer larger than the
-// socket buffers stays in serve's write while the test does not read.
-int SendFromSmallWindow(int port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  RC_CHECK(fd >= 0);
-  int small = 4096;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  RC_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  RC_CHECK(raw_http::send_all(fd, request));
-  return fd;
-}
-
-// The body budget's bytes held now (rolloutcore_http_body_memory_bytes).
-std::uint64_t BodyMemoryUsed(const Service& svc) {
-  const std::string metrics = svc.RenderMetrics();
-  const std::string series = "\nrolloutcore_http_body_memory_bytes ";
-  const std::size_t at = metrics.find(series);
-  RC_CHECK(at != std::string::npos);
-  return std::strtoull(metrics.c_str() + at + series.size(), nullptr, 10);
-}
-
 // Whether `done` holds within 10 s.
 bool Within10s(const std::function<bool()>& done) {
   for (int i = 0; i < 1000 && !done(); ++i) {
@@ -760,8 +732,8 @@ TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenStaysHeld) {
   engine.Set("/v1/completions", [answer](const httplib::Request&, httplib::Response& res) {
     res.set_content(answer, "application/json");
   });
-  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
-  const int stalled = SendFromSmallWindow(
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
+  const int stalled = raw_http::send_from_small_window(
       s.svc->port(), post_bytes("/v1/completions", completion_body(false),
                                 "X-RolloutCore-Rollout-Id: stalled-answer-1\r\n"));
   char head[64];
@@ -771,7 +743,7 @@ TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenStaysHeld) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its exchange is gone by now
   EXPECT_EQ(OutcomesOf(*s.svc, "stalled-answer-1"),
             std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
-  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + kTextBytes) << "the answer waiting is not held";
+  EXPECT_GE(stack::BodyMemoryUsed(*s.svc), idle + kTextBytes) << "the answer waiting is not held";
 
   auto c = s.client();
   auto refused = c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", "refused-answer-1"}},
@@ -784,8 +756,8 @@ TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenStaysHeld) {
             std::vector<RolloutOutcome>{RolloutOutcome::kAborted});
 
   ::close(stalled);
-  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }))
-      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+  EXPECT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
   auto served = c.Post("/v1/completions", {{"X-RolloutCore-Rollout-Id", "served-answer-1"}},
                        completion_body(false), "application/json");
   ASSERT_TRUE(served) << httplib::to_string(served.error());
@@ -793,7 +765,7 @@ TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenStaysHeld) {
   EXPECT_GT(served->body.size(), kTextBytes);
   EXPECT_EQ(OutcomesOf(*s.svc, "served-answer-1"),
             std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
-  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }));
+  EXPECT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }));
 }
 
 // Proves a pass-through answer stays held against the body budget while it waits on a client
@@ -808,16 +780,17 @@ TEST(ProxyText, APassThroughAnswerAStalledClientHasNotTakenStaysHeld) {
   engine.Set("/v1/models", [models](const httplib::Request&, httplib::Response& res) {
     res.set_content(models, "application/json");
   });
-  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
   const int stalled =
-      SendFromSmallWindow(s.svc->port(), "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+      raw_http::send_from_small_window(s.svc->port(), "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
   char head[64];
   ASSERT_GT(::recv(stalled, head, sizeof(head), 0), 0) << "no answer began";
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the call is gone by now
-  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + models.size()) << "the answer waiting is not held";
+  EXPECT_GE(stack::BodyMemoryUsed(*s.svc), idle + models.size())
+      << "the answer waiting is not held";
   ::close(stalled);
-  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }))
-      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+  EXPECT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
 }
 
 // The engine's answer to a completion whose text is `text_bytes` long, with the token ids the
@@ -865,8 +838,8 @@ TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenIsHeldAsAllocated) {
   engine.Set("/v1/completions", [answer](const httplib::Request&, httplib::Response& res) {
     res.set_content(answer, "application/json");
   });
-  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
-  const int stalled = SendFromSmallWindow(
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
+  const int stalled = raw_http::send_from_small_window(
       s.svc->port(),
       post_bytes("/v1/completions", completion_body(false),
                  "X-RolloutCore-Rollout-Id: allocated-answer-1\r\nConnection: close\r\n"));
@@ -874,7 +847,7 @@ TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenIsHeldAsAllocated) {
   const ssize_t began = ::recv(stalled, head, sizeof(head), 0);
   ASSERT_GT(began, 0) << "no answer began";
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its exchange is gone by now
-  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + expected.capacity())
+  EXPECT_GE(stack::BodyMemoryUsed(*s.svc), idle + expected.capacity())
       << "an answer of " << expected.size() << " bytes in a buffer of " << expected.capacity()
       << " is held short of its buffer";
 
@@ -889,8 +862,9 @@ TEST(ProxyEngineAnswer, AnAnswerAStalledClientHasNotTakenIsHeldAsAllocated) {
       << " bytes, expected " << expected.size() << ")";
   EXPECT_EQ(OutcomesOf(*s.svc, "allocated-answer-1"),
             std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
-  EXPECT_TRUE(Within10s([&] { return BodyMemoryUsed(*s.svc) == idle; }))
-      << "held " << BodyMemoryUsed(*s.svc) << " after the answer was read, " << idle << " idle";
+  EXPECT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the answer was read, " << idle
+      << " idle";
 }
 
 // ---- the pass-through's deadline ----

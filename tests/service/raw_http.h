@@ -18,9 +18,13 @@ namespace rc::service::raw_http {
 
 // A connected socket whose reads give up after 30 s: a server that never answers fails the test
 // instead of hanging it.
-inline int connect_loopback(int port) {
+inline int connect_loopback(int port, int receive_buffer_bytes = 0) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   RC_CHECK(fd >= 0);
+  // Before the connect: the receive window is negotiated there.
+  if (receive_buffer_bytes > 0) {
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer_bytes, sizeof(receive_buffer_bytes));
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(port));
@@ -38,6 +42,15 @@ inline bool send_all(int fd, const std::string& bytes) {
     at += static_cast<std::size_t>(n);
   }
   return true;
+}
+
+// A connection to `port` with the smallest receive buffer the kernel allows, having sent
+// `request`: an answer larger than the socket buffers stays in serve's write while the test does
+// not read.
+inline int send_from_small_window(int port, const std::string& request) {
+  const int fd = connect_loopback(port, 4096);
+  RC_CHECK(send_all(fd, request));
+  return fd;
 }
 
 // Everything the server sends until it closes (or goes quiet for the receive timeout).

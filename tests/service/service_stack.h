@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -170,6 +172,15 @@ inline void HoldNextPlanSlot(Service& svc, std::atomic<bool>& armed, std::atomic
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
+}
+
+// The body budget's bytes held now (rolloutcore_http_body_memory_bytes).
+inline std::uint64_t BodyMemoryUsed(const Service& svc) {
+  const std::string metrics = svc.RenderMetrics();
+  const std::string series = "\nrolloutcore_http_body_memory_bytes ";
+  const std::size_t at = metrics.find(series);
+  RC_CHECK(at != std::string::npos);
+  return std::strtoull(metrics.c_str() + at + series.size(), nullptr, 10);
 }
 
 }  // namespace rc::service::stack

@@ -351,15 +351,6 @@ stack::ScriptedEngine::Script EventThenHang(const std::string& data, std::atomic
   };
 }
 
-// The body budget's bytes held now (rolloutcore_http_body_memory_bytes).
-std::uint64_t BodyMemoryUsed(const Service& svc) {
-  const std::string metrics = svc.RenderMetrics();
-  const std::string series = "\nrolloutcore_http_body_memory_bytes ";
-  const std::size_t at = metrics.find(series);
-  RC_CHECK(at != std::string::npos);
-  return std::strtoull(metrics.c_str() + at + series.size(), nullptr, 10);
-}
-
 // Whether `done` holds within 10 s.
 bool Eventually(const std::function<bool()>& done) {
   for (int i = 0; i < 1000 && !done(); ++i) {
@@ -409,7 +400,7 @@ TEST(ProxyStreamBudget, AnEventParsedPastWhatIsLeftEndsTheStream) {
   const std::uint64_t bound = StreamEventBytesBound(event);
   ASSERT_GT(bound, kBudgetBytes - kDeclaredBytes);
   ASSERT_LT(bound + (std::uint64_t{1} << 20), kBudgetBytes);
-  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
   auto c = s.client(60);
 
   engine.Set("/v1/completions", EventThenDone(event));
@@ -426,7 +417,7 @@ TEST(ProxyStreamBudget, AnEventParsedPastWhatIsLeftEndsTheStream) {
                                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                                  "Content-Type: application/json\r\nContent-Length: " +
                                      std::to_string(kDeclaredBytes) + "\r\n\r\n{"));
-  ASSERT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) >= idle + kDeclaredBytes; }));
+  ASSERT_TRUE(Eventually([&] { return stack::BodyMemoryUsed(*s.svc) >= idle + kDeclaredBytes; }));
   std::atomic<bool> engine_cut{false};
   engine.Set("/v1/completions", EventThenHang(event, engine_cut));
   const std::uint64_t completed = s.svc->metrics().finishes_completed.load();
@@ -441,8 +432,9 @@ TEST(ProxyStreamBudget, AnEventParsedPastWhatIsLeftEndsTheStream) {
   EXPECT_EQ(s.svc->metrics().finishes_completed.load(), completed);
   EXPECT_TRUE(Eventually([&] { return engine_cut.load(); })) << "the engine request stayed open";
   ::close(uploader);
-  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
-      << "held " << BodyMemoryUsed(*s.svc) << " after the streams ended, " << idle << " idle";
+  EXPECT_TRUE(Eventually([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the streams ended, " << idle
+      << " idle";
 
   engine.Clear("/v1/completions");  // the double's own stream
   auto normal = PostStream(c, "normal-1");
@@ -451,7 +443,7 @@ TEST(ProxyStreamBudget, AnEventParsedPastWhatIsLeftEndsTheStream) {
   EXPECT_EQ(Occurrences(normal->body, "data: [DONE]"), 1u) << normal->body;
   EXPECT_EQ(FinishesOf(s.svc->journal(), "normal-1"),
             std::vector<RolloutOutcome>{RolloutOutcome::kCompleted});
-  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }));
+  EXPECT_TRUE(Eventually([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }));
 }
 
 // Proves a streamed event's share of the body budget goes back once the event is relayed, while
@@ -464,7 +456,7 @@ TEST(ProxyStreamBudget, AnEventsShareGoesBackOnceRelayedAndWhenTheClientLeaves) 
   stack::ServiceStack s(BudgetedBehind(engine, std::uint64_t{64} << 20, 64 << 10));
   const std::string event = PaddedChunk("held-event", 384 << 10);
   const std::uint64_t bound = StreamEventBytesBound(event);
-  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
   std::atomic<bool> engine_cut{false};
   engine.Set("/v1/completions", EventThenHang(event, engine_cut));
   const std::string body = stream_body(4);
@@ -482,15 +474,16 @@ TEST(ProxyStreamBudget, AnEventsShareGoesBackOnceRelayedAndWhenTheClientLeaves) 
     got.append(buf, static_cast<std::size_t>(n));
   }
   // The event was relayed; the stream still holds its request and trace, not the event's trees.
-  EXPECT_LT(BodyMemoryUsed(*s.svc), idle + bound / 2) << "the relayed event's share is still held";
+  EXPECT_LT(stack::BodyMemoryUsed(*s.svc), idle + bound / 2)
+      << "the relayed event's share is still held";
   EXPECT_FALSE(engine_cut.load());
   ::close(fd);
   EXPECT_TRUE(Eventually([&] { return !FinishesOf(s.svc->journal(), "leaver-1").empty(); }));
   EXPECT_EQ(FinishesOf(s.svc->journal(), "leaver-1"),
             std::vector<RolloutOutcome>{RolloutOutcome::kAborted});
   EXPECT_TRUE(Eventually([&] { return engine_cut.load(); })) << "the engine request stayed open";
-  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
-      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+  EXPECT_TRUE(Eventually([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
 }
 
 // The engine streams `events` events of `data` each, back to back, then keeps the stream open
@@ -528,7 +521,7 @@ TEST(ProxyStreamBudget, EventsAStalledClientHasNotTakenStayHeld) {
       R"({"id":"cmpl-scripted","object":"text_completion","choices":[{"index":0,"text":")" +
       std::string(kTextBytes, 'a') + R"(","token_ids":[11],"prompt_token_ids":[1,2]}]})";
   engine.Set("/v1/completions", EventsThenHang(data, 6));  // past any socket buffers
-  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
   const std::string body = stream_body(4);
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int small = 4096;
@@ -545,17 +538,17 @@ TEST(ProxyStreamBudget, EventsAStalledClientHasNotTakenStayHeld) {
           std::to_string(body.size()) + "\r\n\r\n" + body));
   // Never read. Each event's parse holds more than this for an instant; what waits on the
   // client must hold it for as long as the client stalls.
-  ASSERT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) >= idle + kTextBytes; }));
+  ASSERT_TRUE(Eventually([&] { return stack::BodyMemoryUsed(*s.svc) >= idle + kTextBytes; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  EXPECT_GE(BodyMemoryUsed(*s.svc), idle + kTextBytes) << "the events waiting are not held";
+  EXPECT_GE(stack::BodyMemoryUsed(*s.svc), idle + kTextBytes) << "the events waiting are not held";
   EXPECT_TRUE(FinishesOf(s.svc->journal(), "stalled-stream-1").empty());
   ::close(fd);
   EXPECT_TRUE(
       Eventually([&] { return !FinishesOf(s.svc->journal(), "stalled-stream-1").empty(); }));
   EXPECT_EQ(FinishesOf(s.svc->journal(), "stalled-stream-1"),
             std::vector<RolloutOutcome>{RolloutOutcome::kAborted});
-  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
-      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+  EXPECT_TRUE(Eventually([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
 }
 
 // The engine streams one event of `big` data, then up to `tokens` events of `token` data 2 ms
@@ -598,7 +591,7 @@ TEST(ProxyStreamBudget, AStreamHoldsNothingForTheBufferALargeEventLeft) {
                             R"("choices":[{"index":0,"text":"tok-ev","token_ids":[12]}]})";
   // Tokens for 20 s at least: the stream outlives the waits below (its end gives all back).
   engine.Set("/v1/completions", BigEventThenTokens(big, token, 10000));
-  const std::uint64_t idle = BodyMemoryUsed(*s.svc);
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
   const std::string body = stream_body(4);
   const int fd = raw_http::connect_loopback(s.svc->port());
   ASSERT_TRUE(raw_http::send_all(
@@ -619,7 +612,7 @@ TEST(ProxyStreamBudget, AStreamHoldsNothingForTheBufferALargeEventLeft) {
     }
   };
   const auto held = [&] {
-    const std::uint64_t used = BodyMemoryUsed(*s.svc);
+    const std::uint64_t used = stack::BodyMemoryUsed(*s.svc);
     return used > idle ? used - idle : 0;
   };
   ASSERT_TRUE(read_tokens(20)) << got.substr(got.size() > 300 ? got.size() - 300 : 0);
@@ -631,8 +624,8 @@ TEST(ProxyStreamBudget, AStreamHoldsNothingForTheBufferALargeEventLeft) {
   EXPECT_TRUE(FinishesOf(s.svc->journal(), "after-big-1").empty()) << "the stream ended early";
   ::close(fd);
   EXPECT_TRUE(Eventually([&] { return !FinishesOf(s.svc->journal(), "after-big-1").empty(); }));
-  EXPECT_TRUE(Eventually([&] { return BodyMemoryUsed(*s.svc) == idle; }))
-      << "held " << BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
+  EXPECT_TRUE(Eventually([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the client left, " << idle << " idle";
 }
 
 }  // namespace
