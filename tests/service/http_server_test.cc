@@ -304,19 +304,6 @@ TEST(HttpStop, AnAnswerGivenWhileStopWaitsReachesItsClient) {
   EXPECT_EQ(body_of(answer), "done") << answer;
 }
 
-// Runs `fn` as it is destroyed: held by a handler posted to a stopped loop, it runs as that loop
-// is destroyed.
-class AtDestruction {
- public:
-  explicit AtDestruction(std::function<void()> fn) : fn_(std::move(fn)) {}
-  ~AtDestruction() { fn_(); }
-  AtDestruction(const AtDestruction&) = delete;
-  AtDestruction& operator=(const AtDestruction&) = delete;
-
- private:
-  std::function<void()> fn_;
-};
-
 // Proves a blocking handler that Stop left running past its deadline (Stop returned false) ends,
 // and posts its answer to its connection's loop, before the server's destructor destroys the
 // loops: the destructor joins the pool first. Catches the loops destroyed while such a handler
@@ -348,7 +335,7 @@ TEST(HttpStop, AHandlerStopLeftRunningEndsBeforeTheLoopsGo) {
   ASSERT_TRUE(entered.load());
   EXPECT_FALSE(http->Stop(0)) << "a handler still running was counted as ended";
   boost::asio::post(http->io(),
-                    [at = std::make_shared<AtDestruction>([&] { loop_gone = true; })] {});
+                    [at = std::make_shared<stack::AtDestruction>([&] { loop_gone = true; })] {});
   destroying = true;
   http.reset();
   EXPECT_TRUE(loop_gone.load());

@@ -183,4 +183,17 @@ inline std::uint64_t BodyMemoryUsed(const Service& svc) {
   return std::strtoull(metrics.c_str() + at + series.size(), nullptr, 10);
 }
 
+// Runs `fn` as it is destroyed: held by a handler posted to a stopped loop, it runs as that loop
+// is destroyed.
+class AtDestruction {
+ public:
+  explicit AtDestruction(std::function<void()> fn) : fn_(std::move(fn)) {}
+  ~AtDestruction() { fn_(); }
+  AtDestruction(const AtDestruction&) = delete;
+  AtDestruction& operator=(const AtDestruction&) = delete;
+
+ private:
+  std::function<void()> fn_;
+};
+
 }  // namespace rc::service::stack

@@ -276,19 +276,6 @@ bool Within(int ms, const std::function<bool()>& done) {
   return true;
 }
 
-// Runs `fn` as it is destroyed: held by a handler posted to a stopped loop, it runs as that loop
-// is destroyed.
-class AtDestruction {
- public:
-  explicit AtDestruction(std::function<void()> fn) : fn_(std::move(fn)) {}
-  ~AtDestruction() { fn_(); }
-  AtDestruction(const AtDestruction&) = delete;
-  AtDestruction& operator=(const AtDestruction&) = delete;
-
- private:
-  std::function<void()> fn_;
-};
-
 // Proves the HTTP server starts every thread of its blocking pool before any event loop's, so a
 // pool thread the system refuses finds no loop running: a blocking request already waiting in the
 // listen backlog is never accepted (nothing is posted to a pool that will never run it), its
@@ -397,7 +384,7 @@ TEST(ThreadRefusal, ACallQueuedWhenALoopIsRefusedIsDroppedBeforeTheLoopsGo) {
       << port.status().message();
   EXPECT_TRUE(staged) << "no call was queued behind a running one when the loop was refused";
   std::optional<std::uint64_t> held_as_the_loop_went;
-  boost::asio::post(http->io(), [at = std::make_shared<AtDestruction>([&] {
+  boost::asio::post(http->io(), [at = std::make_shared<stack::AtDestruction>([&] {
                                    held_as_the_loop_went = server->body_budget().used();
                                  })] {});
   http.reset();
@@ -494,6 +481,16 @@ void ExpectServeStartsAgain(const ServeWorld& world) {
 
 class ServeStartRefused : public ::testing::TestWithParam<const char*> {};
 
+// serve's start refused with Unavailable naming `refused`, none of its threads left running,
+// and the journal closed (serve starts on it again).
+void ExpectRefusedAndReleased(ServeWorld& world, const Status& st, const std::string& refused) {
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("cannot start " + refused), std::string::npos) << st.ToString();
+  EXPECT_TRUE(ServeThreadsGone()) << "left running: " << Joined(ServeThreads());
+  ASSERT_NO_FATAL_FAILURE(ExpectServeStartsAgain(world));
+}
+
 // Proves that serve's start with one of its threads refused (the trajectories writer, the engine
 // monitor, lease expiry at Open; an event loop or a blocking handler at Start) fails with
 // Unavailable naming that thread, and that the destructor stops and joins every thread started
@@ -504,11 +501,7 @@ TEST_P(ServeStartRefused, FailsNamingTheThreadAndReleasesWhatStarted) {
   const std::string refused = GetParam();
   ServeWorld world(1);
   const Status st = StartServe(world, refused);
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
-  EXPECT_NE(st.message().find("cannot start " + refused), std::string::npos) << st.ToString();
-  EXPECT_TRUE(ServeThreadsGone()) << "left running: " << Joined(ServeThreads());
-  ASSERT_NO_FATAL_FAILURE(ExpectServeStartsAgain(world));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusedAndReleased(world, st, refused));
 }
 
 INSTANTIATE_TEST_SUITE_P(EachThread, ServeStartRefused,
@@ -524,11 +517,7 @@ TEST(ThreadRefusal, AFleetMembersMonitorRefusedFailsTheStart) {
   ServeWorld world(2);
   const std::string refused = "the engine monitor thread of engine 'e1'";
   const Status st = StartServe(world, refused);
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
-  EXPECT_NE(st.message().find("cannot start " + refused), std::string::npos) << st.ToString();
-  EXPECT_TRUE(ServeThreadsGone()) << "left running: " << Joined(ServeThreads());
-  ASSERT_NO_FATAL_FAILURE(ExpectServeStartsAgain(world));
+  ASSERT_NO_FATAL_FAILURE(ExpectRefusedAndReleased(world, st, refused));
 }
 
 // ---- the GPU-free transfer
