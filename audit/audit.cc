@@ -216,10 +216,18 @@ class EngineWatch {
     // while asleep opens the window like one in READY: the sleep drained the rollouts and admits
     // none, but those that finished before it may have been served by the engine found now. So
     // does another process answering a plan's resume: a drain that gave up left rollouts bound,
-    // and the process that replaced the verified one may have served them.
-    if (!engine_taint && c.from != Lifecycle::kResuming) return;
+    // and the process that replaced the verified one may have served them. So does a transfer
+    // that met someone else's open weight session: it may have changed the weights while the
+    // engine served, since the engine was last verified.
+    if (!engine_taint && c.from != Lifecycle::kResuming && !MetForeignSession()) return;
     SetWindow();
+    if (MetForeignSession()) h_.window_source += "; the update met someone else's weight session";
     CollectSuspects();
+  }
+
+  bool MetForeignSession() const {
+    const auto* t = std::get_if<TransferObserved>(&last_input_);
+    return t != nullptr && t->foreign_session;
   }
 
   // The window opens when the executor last knew the verified engine served: the monitor's

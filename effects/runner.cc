@@ -239,7 +239,7 @@ Event Runner::observe(const Step& step) {
       const UpdatePlan& u = *step.plan;
       if (u.adopt && effect.kind == EffectKind::kPreflight) return adopt_preflight();
       if (u.adopt) return label_only(u);
-      TransferTarget target{u.update_id, u.target, u.identity, u.source_uri};
+      TransferTarget target{u.update_id, u.target, u.identity, u.source_uri, u.restore};
       if (effect.kind == EffectKind::kPreflight) return transfer_.Preflight(target);
       return transfer_.Transfer(target, options_.transfer_timeout_ms);
     }
@@ -268,11 +268,13 @@ PreflightObserved Runner::adopt_preflight() {
   return PreflightObserved{"", true, true, "adopt: nothing is sent; the weight digest decides"};
 }
 
-// Adopt's transfer only labels the engine. The weights are never touched, so a failed label is
-// a refusal (the engine stays TAINTED), never an ambiguous mutation.
+// Adopt's transfer only labels the engine, after ending any weight session left open (the failed
+// transfer that tainted it may have left its own). A failed label is a refusal (the engine stays
+// TAINTED); whatever ending the session changed, the validation's digest judges.
 TransferObserved Runner::label_only(const UpdatePlan& plan) {
   RC_CHECK(plan.restore && plan.adopt);
   const std::int64_t start_us = clock_.now_us();
+  engine_.EndOpenWeightSession();
   const HttpEvidence set = engine_.SetLabel(plan.target.label);
   TransferObserved t;
   t.acknowledged = set.ok_2xx();

@@ -16,6 +16,10 @@ struct TransferTarget {
   WeightVersion target;     // target.label goes into /finish_weight_update
   WeightIdentity identity;  // declared; preflight compares its manifest with the source's
   std::string source_uri;   // "safetensors:/path", "ipc:/path/to/handles.json", "synthetic:..."
+  // A restore of a TAINTED engine (UpdatePlan::restore). Only a restore may finish a weight
+  // session it finds open (StaleSession::kFinish): on an engine trusted to hold its committed
+  // version, an open session is someone else's and the transfer fails as a possible mutation.
+  bool restore = false;
 };
 
 // A step that ended a transfer short: how far the engine may have changed, and why (each
@@ -23,6 +27,7 @@ struct TransferTarget {
 struct TransferStepFailed {
   MutationClass mutation = MutationClass::kNone;
   std::string error;
+  bool foreign_session = false;  // TransferObserved::foreign_session
 };
 
 class WeightTransfer {

@@ -277,9 +277,10 @@ Encoded EncEvent(FlatBufferBuilder& b, const Event& event) {
             auto label = b.CreateString(e.finish_label);
             auto error = b.CreateString(e.error);
             return {fb::Payload::TransferObserved,
-                    fb::CreateTransferObserved(
-                        b, e.acknowledged, static_cast<fb::MutationClass>(Fb(e.mutation)),
-                        e.bytes_sent, e.tensors_sent, e.duration_us, label, error)
+                    fb::CreateTransferObserved(b, e.acknowledged,
+                                               static_cast<fb::MutationClass>(Fb(e.mutation)),
+                                               e.bytes_sent, e.tensors_sent, e.duration_us, label,
+                                               error, e.foreign_session)
                         .Union()};
           },
           [&](const CacheResetObserved& e) -> Encoded {
@@ -677,7 +678,7 @@ Event DecEvent(Decoder& d, const fb::Record* r) {
           e->acknowledged(), d.Enum<MutationClass>(e->mutation(), 2, "TransferObserved.mutation"),
           e->bytes_sent(),   e->tensors_sent(),
           e->duration_us(),  Str(e->finish_label()),
-          Str(e->error())};
+          Str(e->error()),   e->foreign_session()};
     }
     case fb::Payload::CacheResetObserved: {
       auto* e = r->payload_as_CacheResetObserved();

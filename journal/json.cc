@@ -209,7 +209,8 @@ json Fields(const Event& event) {
                         {"tensors_sent", e.tensors_sent},
                         {"duration_us", e.duration_us},
                         {"finish_label", e.finish_label},
-                        {"error", e.error}};
+                        {"error", e.error},
+                        {"foreign_session", e.foreign_session}};
           },
           [](const CacheResetObserved& e) {
             return json{{"cache", cache_name(e.cache)},

@@ -96,6 +96,7 @@ std::string one(const TransferObserved& e) {
          " mutation=" + mutation_name(e.mutation) + " bytes=" + std::to_string(e.bytes_sent) +
          " tensors=" + std::to_string(e.tensors_sent) +
          " duration=" + std::to_string(e.duration_us) + "us finish_label=" + q(e.finish_label) +
+         (e.foreign_session ? " foreign_session" : "") +
          (e.error.empty() ? "" : " error=" + e.error);
 }
 std::string one(const CacheResetObserved& e) {

@@ -222,6 +222,11 @@ struct TransferObserved {
   std::uint64_t duration_us = 0;
   std::string finish_label;  // label sent in /finish_weight_update
   std::string error;
+  // The start met a weight session open that this controller did not start (someone else's):
+  // the engine's weights may have changed while it served the committed version, so the audit
+  // opens the taint's suspect window as for a taint found while READY. The fold reads only
+  // `mutation`; a record without the field reads false.
+  bool foreign_session = false;
   bool operator==(const TransferObserved&) const = default;
 };
 

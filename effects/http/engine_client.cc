@@ -749,32 +749,48 @@ bool StaleSessionRefusal(const HttpReply& start) {
   return lower.find("finish_weight_update first") != std::string::npos;
 }
 
+// StaleSession::kRefuse: the sent refusal stays the evidence (never "not sent", so the caller
+// classes it a possible mutation), its error led by the cause so a bound cuts the engine's words
+// first.
+HttpReply ForeignSession(HttpReply refused) {
+  RC_CHECK(!refused.http.never_sent() && !refused.http.ok_2xx());
+  refused.http.error = bound_error(std::string(kForeignWeightSession) + "; " + refused.http.error);
+  refused.foreign_weight_session = true;
+  return refused;
+}
+
 }  // namespace
 
-HttpReply EngineClient::StartWeightUpdate(const CallOptions& options) {
+HttpReply EngineClient::StartOnce(const CallOptions& o) {
+  return Call(post("/start_weight_update", std::nullopt, Shape::kJsonObject, nullptr,
+                   deadlines_.call_timeout_ms),
+              o);
+}
+
+HttpReply EngineClient::StartWeightUpdate(StaleSession stale, const CallOptions& options) {
   const CallOptions o = WithOperationDeadline(options, deadlines_.call_timeout_ms);
-  auto start = [&] {
-    return Call(post("/start_weight_update", std::nullopt, Shape::kJsonObject, nullptr,
-                     deadlines_.call_timeout_ms),
-                o);
-  };
-  HttpReply first = start();
+  HttpReply first = StartOnce(o);
   if (!StaleSessionRefusal(first)) return first;
-  // A transfer that failed after its start (the engine kept alive) leaves the session open, and
-  // the next start — the restore that follows the taint — is refused until it is finished. The
-  // engine already holds unproven weights, so finishing the stale session changes nothing the
-  // restore does not replace; done once, and every byte after it is judged as before.
+  if (stale == StaleSession::kRefuse) return ForeignSession(std::move(first));
+  return FinishStaleThenStart(std::move(first), o);
+}
+
+// A transfer that failed after its start (the engine kept alive) leaves the session open, and the
+// restore that follows the taint is refused until it is finished. The engine already holds
+// unproven weights, so finishing the stale session changes nothing the restore does not replace;
+// done once, and every byte after it is judged as before.
+HttpReply EngineClient::FinishStaleThenStart(HttpReply refused, const CallOptions& o) {
   HttpReply fin = FinishWeightUpdate(std::nullopt, o);
-  if (!fin.http.ok_2xx()) return first;
-  HttpReply second = start();
+  if (!fin.http.ok_2xx()) return refused;
+  HttpReply second = StartOnce(o);
   if (!second.http.never_sent()) return second;
   // The finish sent above may have changed the weights (0.25.x commits the reload it ends): a
   // start not sent after it is no proof that nothing changed, so the sent refusal is the evidence.
-  first.http.error = bound_error(
+  refused.http.error = bound_error(
       "the stale weight session was finished, then the start was not "
       "sent: " +
       second.http.error);
-  return first;
+  return refused;
 }
 HttpReply EngineClient::UpdateWeights(const json& update_info, const CallOptions& o) {
   return Call(post("/update_weights", dump(json{{"update_info", update_info}}), Shape::kJsonObject,

@@ -93,6 +93,9 @@ struct HttpReply {
   HttpEvidence http;
   nlohmann::json body;
   std::string raw;
+  // StartWeightUpdate(StaleSession::kRefuse) found a weight session open that this controller
+  // did not start (kForeignWeightSession): someone else may have changed the weights.
+  bool foreign_weight_session = false;
 };
 
 // ---- Transport classification (HttpEvidence::transport) ----
@@ -159,6 +162,28 @@ std::optional<std::string> refusal_before_sending(std::uint64_t timeout_ms, bool
 enum class LabelRoute : std::uint8_t { kUnknown = 0, kWeightInfoRoute = 1, kWorkerRpc = 2 };
 inline constexpr char kWorkerExtensionClass[] = "rolloutcore.vllm_ext.RolloutCoreWorkerExtension";
 inline constexpr std::size_t kRpcWorkersMax = 4096;  // entries accepted in a collective_rpc reply
+
+// What a start refused because a weight session is already open ("... Call
+// finish_weight_update first.") does with that session. No default: each caller says which.
+enum class StaleSession : std::uint8_t {
+  // Leave it open and fail the start, the sent refusal its evidence (a possible mutation: the fold
+  // taints) and kForeignWeightSession its cause; /finish_weight_update is never sent. An engine
+  // trusted to hold its committed version holds no session this controller left, so an open one is
+  // someone else's, who may have loaded weights: finishing it (vLLM 0.25.x commits the load) would
+  // hide that under the next update.
+  kRefuse = 0,
+  // Finish it once, then start again: only for a restore. Its engine is TAINTED (the session most
+  // likely left by this controller's own failed transfer, its weights unproven either way), and
+  // the restore replaces them, then proves them by digest.
+  kFinish = 1,
+};
+// A transfer's choice: a restore (TransferTarget::restore) may finish a stale session, no other.
+inline StaleSession StaleSessionFor(bool restore) {
+  return restore ? StaleSession::kFinish : StaleSession::kRefuse;
+}
+inline constexpr char kForeignWeightSession[] =
+    "an open weight session this controller did not start: the engine's weights may have been "
+    "changed from outside";
 
 // What the pause modes of POST /pause are.
 enum class PauseMode : std::uint8_t { kAbort = 0, kWait = 1, kKeep = 2 };
@@ -238,7 +263,9 @@ class EngineClient {
   HttpReply GetWorldSize(bool include_dp, const CallOptions& o = {});
   // Deadline: update_timeout_ms unless o.timeout_ms.
   HttpReply InitWeightTransferEngine(const nlohmann::json& init_info, const CallOptions& o = {});
-  HttpReply StartWeightUpdate(const CallOptions& o = {});
+  // POST /start_weight_update; `stale` says what a refusal for an open session leads to. Every
+  // call it makes ends by one deadline (call_timeout_ms unless `o` sets one).
+  HttpReply StartWeightUpdate(StaleSession stale, const CallOptions& o = {});
   HttpReply UpdateWeights(const nlohmann::json& update_info, const CallOptions& o = {});
   // Body {"weight_version": label} when label is set, no body otherwise. On kWorkerRpc engines
   // (which ignore the body) the label is then set with WriteLabel and the evidences chained.
@@ -315,6 +342,9 @@ class EngineClient {
   HttpReply WriteLabelThrough(LabelRoute route, const std::string& label, const CallOptions& o);
   HttpReply WriteLabelAfter(HttpReply found, LabelRoute route, const std::string& label,
                             const CallOptions& o);
+  HttpReply StartOnce(const CallOptions& o);
+  // StaleSession::kFinish after `refused`: the stale session finished, then the start again.
+  HttpReply FinishStaleThenStart(HttpReply refused, const CallOptions& o);
 
   std::string base_url_;
   EngineDeadlines deadlines_;

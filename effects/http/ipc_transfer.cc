@@ -170,7 +170,7 @@ using StepFailed = IpcTransfer::StepFailed;
 
 StepFailed at_start(const HttpReply& start) {
   return StepFailed{start.http.never_sent() ? MutationClass::kNone : MutationClass::kPossible,
-                    summary("/start_weight_update", start.http)};
+                    summary("/start_weight_update", start.http), start.foreign_weight_session};
 }
 
 }  // namespace
@@ -298,7 +298,8 @@ std::optional<StepFailed> IpcTransfer::RunUpdate(const TransferTarget& target,
     return StepFailed{MutationClass::kNone, mismatch};
   }
   if (std::optional<StepFailed> failed = InitializeOnce(deadline_at_ms)) return failed;
-  HttpReply start = client_.StartWeightUpdate(UntilDeadlineMs(deadline_at_ms));
+  HttpReply start =
+      client_.StartWeightUpdate(StaleSessionFor(target.restore), UntilDeadlineMs(deadline_at_ms));
   if (!start.http.ok_2xx()) return at_start(start);
   if (remaining_ms(deadline_at_ms) == 0) {
     return StepFailed{MutationClass::kPossible, "deadline passed after start"};
@@ -324,6 +325,7 @@ TransferObserved IpcTransfer::Transfer(const TransferTarget& target, std::uint64
   out.mutation = failed ? failed->mutation : MutationClass::kComplete;
   out.acknowledged = out.mutation == MutationClass::kComplete;
   out.error = failed ? text::utf8_prefix(failed->error, kTextBytesMax) : std::string();
+  out.foreign_session = failed && failed->foreign_session;
   out.duration_us = static_cast<std::uint64_t>(steady_now_ms() - start_ms) * 1000;
   RC_CHECK(!out.acknowledged || (out.error.empty() && out.tensors_sent > 0));
   return out;

@@ -27,7 +27,9 @@
 //              not named, the deadline was spent, the init failed, or /start_weight_update
 //              provably never reached the engine.
 //   kPossible  any other failure once /start_weight_update may have reached it (vLLM moves every
-//              layer to the meta device at start, so from then on the weights are in pieces).
+//              layer to the meta device at start, so from then on the weights are in pieces), a
+//              start refused for a weight session someone else left open included (only a
+//              restore finishes such a session: StaleSession).
 //   kComplete  start, update and finish answered 2xx (acknowledged = true).
 #pragma once
 

@@ -158,14 +158,17 @@ namespace {
 
 using StepFailed = HttpSequenceTransfer::StepFailed;
 
-// 1. /start_weight_update: the first call that may change the engine.
-std::optional<StepFailed> start_update(EngineClient& client, std::uint64_t deadline_at_ms) {
+// 1. /start_weight_update: the first call that may change the engine. A session found open is
+//    finished only by a restore (StaleSessionFor); refused, it fails the step as kPossible.
+std::optional<StepFailed> start_update(EngineClient& client, bool restore,
+                                       std::uint64_t deadline_at_ms) {
   const std::uint64_t left = remaining_ms(deadline_at_ms);
   if (left == 0) return StepFailed{MutationClass::kNone, "deadline passed before start"};
-  HttpReply start = client.StartWeightUpdate(UntilDeadlineMs(deadline_at_ms));
+  HttpReply start =
+      client.StartWeightUpdate(StaleSessionFor(restore), UntilDeadlineMs(deadline_at_ms));
   if (start.http.ok_2xx()) return std::nullopt;
   return StepFailed{start.http.never_sent() ? MutationClass::kNone : MutationClass::kPossible,
-                    summary("/start_weight_update", start.http)};
+                    summary("/start_weight_update", start.http), start.foreign_weight_session};
 }
 
 // The data plane's stand-in: names the source, whose bytes NCCL would carry, to an engine that
@@ -245,7 +248,9 @@ std::optional<StepFailed> HttpSequenceTransfer::RunSequence(const TransferTarget
   Result<nlohmann::json> update_info = build_update_info(protocol_, *manifest, packing_);
   if (!update_info.ok()) return StepFailed{MutationClass::kNone, update_info.status().ToString()};
   if (std::optional<StepFailed> failed = InitializeOnce(deadline_at_ms)) return failed;
-  if (std::optional<StepFailed> failed = start_update(client_, deadline_at_ms)) return failed;
+  if (std::optional<StepFailed> failed = start_update(client_, target.restore, deadline_at_ms)) {
+    return failed;
+  }
   announce_content(client_, target.source_uri, deadline_at_ms);
   if (std::optional<StepFailed> failed =
           update_weights(client_, *update_info, deadline_at_ms, thread_starter_)) {
@@ -265,6 +270,7 @@ TransferObserved HttpSequenceTransfer::Transfer(const TransferTarget& target,
   out.mutation = failed ? failed->mutation : MutationClass::kComplete;
   out.acknowledged = out.mutation == MutationClass::kComplete;
   out.error = failed ? text::utf8_prefix(failed->error, kTextBytesMax) : std::string();
+  out.foreign_session = failed && failed->foreign_session;
   out.duration_us = elapsed_us(started);
   // Complete means every step answered: the bytes were counted and nothing is left to explain.
   RC_CHECK(!out.acknowledged || (out.error.empty() && out.tensors_sent > 0));

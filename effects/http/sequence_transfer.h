@@ -12,7 +12,9 @@
 //   kNone      the source or update_info could not be built, the deadline passed before the
 //              first request, or /start_weight_update provably never reached the engine
 //              (HttpEvidence::never_sent()).
-//   kPossible  any other failure once /start_weight_update may have reached the engine.
+//   kPossible  any other failure once /start_weight_update may have reached the engine, a start
+//              refused for a weight session someone else left open included (only a restore
+//              finishes such a session: StaleSession).
 //   kComplete  start, update and finish all answered well-formed 2xx (acknowledged = true).
 #pragma once
 

@@ -908,12 +908,14 @@ class TransferRun {
   // ---- engine: start ----
   Status StartUpdate() {
     HttpReply start = m_.engine.StartWeightUpdate(
+        StaleSessionFor(target_.restore),
         Within(std::min(m_.opt.http_timeout_ms, remaining_ms(deadline_))));
     timing_.start_http_us = start.http.latency_us;
     // vLLM 0.25.x's start_weight_update already moves every layer's parameters to the meta device
     // (layerwise reload): from the moment start may have reached the engine, the weights it serves
     // are no longer the old ones, whatever happens next.
     if (!start.http.never_sent()) out_.mutation = MutationClass::kPossible;
+    out_.foreign_session = start.foreign_weight_session;
     if (!Ok2xx(start)) return Status::Unavailable(Describe("POST /start_weight_update", start));
     return Status::OK();
   }

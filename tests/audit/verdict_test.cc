@@ -163,6 +163,63 @@ TEST(Verdict, ProbeTaintAfterRestartOpensAtTheLastRecordBeforeIt) {
             audit::kExitEngineUnhealthy);
 }
 
+// Drives an update from READY through drain and preflight to a transfer that fails as a possible
+// mutation, `foreign_session` telling whether its start met someone else's weight session.
+void UpdateEndingInAPossibleMutation(journal::Journal& j, bool foreign_session,
+                                     std::int64_t wall_ms) {
+  const WeightIdentity target{"ab12cd34ef57", "", "ckpt/step-1", "run-1", 1};
+  SubmitAt(j, UpdateRequested{"u-1", "rc-1", target, "synthetic:8x64:1"}, wall_ms);
+  for (int step = 0; step < 16 && j.state().lifecycle != Lifecycle::kTainted; ++step) {
+    const Effect e = next_effect(j.state());
+    ASSERT_NE(e.kind, EffectKind::kNone) << "the update settled before its transfer";
+    SubmitAt(j, EffectStarted{e.kind, e.cache, 1000}, wall_ms);
+    if (e.kind == EffectKind::kDrain) {
+      SubmitAt(j, DrainObserved{kOk, true}, wall_ms);
+    } else if (e.kind == EffectKind::kPreflight) {
+      SubmitAt(j, PreflightObserved{target.manifest_digest, true, true, ""}, wall_ms);
+    } else {
+      ASSERT_EQ(e.kind, EffectKind::kTransfer) << effect_name(e.kind);
+      TransferObserved t{false, MutationClass::kPossible, 0, 0, 10, "", "start refused"};
+      t.foreign_session = foreign_session;
+      SubmitAt(j, t, wall_ms);
+    }
+  }
+  ASSERT_EQ(j.state().lifecycle, Lifecycle::kTainted);
+}
+
+// Proves an update whose start met someone else's open weight session opens the suspect window
+// at the engine's last verification, as a taint found in READY does (someone may have changed
+// the weights while it served), while an update's own ambiguous transfer opens none; catches an
+// audit that reports such a journal with no suspect rollout, hiding what the outsider served.
+TEST(Verdict, AnUpdateThatMetSomeoneElsesWeightSessionMakesTheServedRolloutsSuspect) {
+  for (const bool foreign : {true, false}) {
+    SCOPED_TRACE(foreign ? "foreign session" : "own transfer");
+    TempDir dir;
+    {
+      auto opened = journal::Journal::Open(dir.path(), journal::Options{});
+      ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      journal::Journal& j = **opened;
+      Bootstrap(j);
+      Admit(j, "served", 2000);
+      Finish(j, "served", 3000);
+      ASSERT_NO_FATAL_FAILURE(UpdateEndingInAPossibleMutation(j, foreign, 4000));
+    }
+    const audit::AuditReport report = AuditDir(dir.path());
+    EXPECT_TRUE(report.ok) << audit::FormatReport(report);
+    const audit::EngineHealth& e = report.engine;
+    EXPECT_TRUE(e.tainted);
+    EXPECT_EQ(e.taint_cause, Cause::kTransferAmbiguous);
+    if (foreign) {
+      EXPECT_EQ(e.window_start_wall_ms, 1000);
+      EXPECT_EQ(Ids(e.suspect), std::vector<std::string>{"served"});
+      EXPECT_NE(e.window_source.find("someone else's weight session"), std::string::npos)
+          << e.window_source;
+    } else {
+      EXPECT_EQ(e.suspect_count, 0u);
+    }
+  }
+}
+
 // Proves a healthy journal (rollouts served, no taint) audits "audit: OK" with exit 0; catches
 // a verdict that flags healthy journals (an exit code nobody can script against).
 TEST(Verdict, HealthyJournalIsOk) {

@@ -343,7 +343,7 @@ TEST(EngineClient, AStartAfterFinishingAStaleSessionIsNeverNotSent) {
   });
   s.Start();
   EngineClient c(s.url(), Fast());
-  HttpReply r = c.StartWeightUpdate();
+  HttpReply r = c.StartWeightUpdate(StaleSession::kFinish);
   EXPECT_FALSE(r.http.ok_2xx());
   EXPECT_FALSE(r.http.never_sent()) << r.http.error;
   EXPECT_NE(r.http.error.find("stale weight session was finished"), std::string::npos)
@@ -371,9 +371,34 @@ TEST(EngineClient, AStaleSessionRestartEndsByOneDeadline) {
   EngineClient c(s.url(), Fast());
   CallOptions o;
   o.timeout_ms = 500;
-  HttpReply r = c.StartWeightUpdate(o);
+  HttpReply r = c.StartWeightUpdate(StaleSession::kFinish, o);
   EXPECT_EQ(starts.load(), 2);
   EXPECT_FALSE(r.http.ok_2xx()) << "the second start outlived the deadline";
+}
+
+// Proves a start refused for an open weight session, under StaleSession::kRefuse, sends nothing
+// more and returns the sent refusal led by the foreign session's cause; would catch an update
+// that sends /finish_weight_update for a session someone else opened (committing and hiding
+// what they loaded), or a refusal reported "not sent" (refused, never tainted).
+TEST(EngineClient, AStaleSessionRefusedIsLeftOpenAndNamed) {
+  ScriptedServer s;
+  s.server().Post("/start_weight_update", [](const auto&, auto& res) {
+    Json(res,
+         R"({"detail": "A weight update is already active. Call finish_weight_update first."})",
+         500);
+  });
+  s.server().Post("/finish_weight_update", [](const auto&, auto& res) {
+    Json(res, R"({"message": "Weight update finished"})");
+  });
+  s.Start();
+  EngineClient c(s.url(), Fast());
+  HttpReply r = c.StartWeightUpdate(StaleSession::kRefuse);
+  EXPECT_FALSE(r.http.ok_2xx());
+  EXPECT_FALSE(r.http.never_sent()) << r.http.error;
+  EXPECT_EQ(r.http.http_status, 500);
+  EXPECT_EQ(r.http.error.rfind(kForeignWeightSession, 0), 0u) << r.http.error;
+  EXPECT_NE(r.http.error.find("finish_weight_update first"), std::string::npos) << r.http.error;
+  EXPECT_EQ(s.paths(), (std::vector<std::string>{"POST /start_weight_update"}));
 }
 
 // Proves an engine without /weight_info and without the worker extension fails the probe and the
@@ -518,7 +543,7 @@ TEST(EngineClient, ASuccessFalseRelabelIsAFailureThatSaysSo) {
 TEST(EngineClient, ConnectionRefusedIsNeverSent) {
   EngineClient c("http://127.0.0.1:" + std::to_string(ClosedPort()), Fast());
   const auto t0 = Clock::now();
-  HttpReply r = c.StartWeightUpdate();
+  HttpReply r = c.StartWeightUpdate(StaleSession::kRefuse);
   EXPECT_EQ(r.http.transport, Transport::kConnectFailed);
   EXPECT_TRUE(r.http.never_sent());
   EXPECT_EQ(r.http.http_status, 0);
@@ -571,7 +596,7 @@ TEST(EngineClient, PauseWaitUsesDrainDeadline) {
 TEST(EngineClient, ClosedWithoutResponseIsBroken) {
   RawServer raw([](int fd) { RawServer::ReadHead(fd); });
   EngineClient c(raw.url(), Fast());
-  HttpReply r = c.StartWeightUpdate();
+  HttpReply r = c.StartWeightUpdate(StaleSession::kRefuse);
   EXPECT_EQ(r.http.transport, Transport::kBroken) << r.http.error;
   EXPECT_EQ(r.http.http_status, 0);
   EXPECT_FALSE(r.http.never_sent());

@@ -307,7 +307,7 @@ TEST(HttpSequenceTransfer, SpentDeadlineIsARefusalNotACrash) {
   EXPECT_NE(o.error.find("deadline"), std::string::npos) << o.error;
   EXPECT_TRUE(e.s.paths().empty());
   // A call with a spent deadline is evidence that nothing was sent, for every route.
-  HttpReply r = c.StartWeightUpdate(CallOptions{0, std::nullopt});
+  HttpReply r = c.StartWeightUpdate(StaleSession::kRefuse, CallOptions{0, std::nullopt});
   EXPECT_TRUE(r.http.never_sent()) << r.http.error;
   EXPECT_TRUE(e.s.paths().empty());
 }

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -27,9 +28,11 @@
 #include "effects/fleet_runner.h"
 #include "effects/http/engine_client.h"
 #include "effects/http/engine_control.h"
+#include "effects/http/ipc_transfer.h"
 #include "effects/http/protocol.h"
 #include "effects/http/sequence_transfer.h"
 #include "effects/runner.h"
+#include "encoding/base64.h"
 #include "fixtures/vllm_double.h"
 #include "journal/journal.h"
 #include "tests/support/engine_calls.h"
@@ -609,6 +612,223 @@ TEST(RunnerLook, AnUnchangedEngineIsUpdatedAsBefore) {
   EXPECT_EQ(names.front(), "UpdateRequested");
   EXPECT_EQ(std::count(names.begin(), names.end(), "EngineMonitored"), 0);
   EXPECT_EQ(w.d.engine->weight_label(), "rc-1");
+}
+
+// ---- a weight session found open: only a restore may finish it ----
+
+// Someone else's client opens a weight session on `d` and loads `source` into it (init, start, the
+// data plane, /update_weights), leaving it unfinished: whoever sends the next
+// /finish_weight_update commits that load.
+void OpenOutsiderSession(VllmDouble& d, const std::string& version, const std::string& source) {
+  EngineClient outsider(d.base_url(), Fast());
+  const EngineProtocol p = detect_protocol(version);
+  ASSERT_NO_FATAL_FAILURE(InitTransfer(outsider, p, p.unique_id_rendezvous));
+  HttpReply start = outsider.StartWeightUpdate(StaleSession::kRefuse);
+  ASSERT_TRUE(start.http.ok_2xx()) << start.http.error;
+  ASSERT_TRUE(outsider.PostJson(kDataPlaneRoute, json{{"content", source}}).http.ok_2xx());
+  Result<Manifest> manifest = synthetic_manifest(source);
+  ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+  Result<json> info = build_update_info(p, *manifest, PackingParams{});
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  HttpReply update = outsider.UpdateWeights(*info);
+  ASSERT_TRUE(update.http.ok_2xx()) << update.http.error;
+  ASSERT_TRUE(d.StateJson()["update_active"].get<bool>());
+}
+
+// Proves an update (not a restore) that finds a weight session someone else opened fails as a
+// possible mutation naming that session, sends no /finish_weight_update, and leaves the session
+// open and its load uncommitted; catches the update that finished the session (committing the
+// outsider's load), started again and completed over it, so the change was never seen.
+TEST(OpenWeightSession, AnUpdateLeavesSomeoneElsesSessionOpenAndFailsPossible) {
+  for (const char* version : {"0.25.1", "0.30.0"}) {
+    SCOPED_TRACE(version);
+    auto d = StartDouble(version);
+    ASSERT_NO_FATAL_FAILURE(OpenOutsiderSession(*d, version, "synthetic:4x32:7"));
+    const std::uint64_t weights = d->weights_generation();
+    EngineClient c(d->base_url(), Fast());
+    HttpSequenceTransfer t(c, detect_protocol(version));
+    const TransferObserved o = t.Transfer(Target(), 10000);
+    EXPECT_FALSE(o.acknowledged);
+    EXPECT_EQ(o.mutation, MutationClass::kPossible) << o.error;
+    EXPECT_NE(o.error.find(kForeignWeightSession), std::string::npos) << o.error;
+    EXPECT_EQ(d->RouteCount("/finish_weight_update"), 0u) << "the outsider's session was finished";
+    EXPECT_EQ(d->RouteCount("/start_weight_update"), 2u);  // the outsider's, the refused one
+    EXPECT_EQ(d->RouteCount("/update_weights"), 1u);       // the outsider's
+    EXPECT_TRUE(d->StateJson()["update_active"].get<bool>());
+    EXPECT_EQ(d->weights_generation(), weights);
+    EXPECT_EQ(d->weight_label(), "default");
+  }
+}
+
+// Proves a restore that finds a weight session open finishes it once, starts again and completes;
+// catches a restore refused for good by the session it must clear (the engine then stays TAINTED
+// until restarted) or a transfer that drops its target's restore flag.
+TEST(OpenWeightSession, ARestoreFinishesTheStaleSessionAndCompletes) {
+  for (const char* version : {"0.25.1", "0.30.0"}) {
+    SCOPED_TRACE(version);
+    auto d = StartDouble(version);
+    ASSERT_NO_FATAL_FAILURE(OpenOutsiderSession(*d, version, "synthetic:4x32:7"));
+    EngineClient c(d->base_url(), Fast());
+    HttpSequenceTransfer t(c, detect_protocol(version));
+    TransferTarget restore = Target();
+    restore.restore = true;
+    const TransferObserved o = t.Transfer(restore, 10000);
+    EXPECT_TRUE(o.acknowledged) << o.error;
+    EXPECT_EQ(o.mutation, MutationClass::kComplete) << o.error;
+    EXPECT_EQ(d->RouteCount("/finish_weight_update"), 2u);  // the stale session's, the restore's
+    EXPECT_EQ(d->RouteCount("/start_weight_update"), 3u);   // the outsider's, refused, again
+    EXPECT_FALSE(d->StateJson()["update_active"].get<bool>());
+    EXPECT_EQ(d->weight_label(), "rc-1");
+  }
+}
+
+// A protocol-2 pickle string opcode (BINUNICODE, little-endian length): all the ipc double reads
+// of a handle pickle is the GPU UUID text inside it and the STOP byte at its end.
+std::string PickleString(const std::string& s) {
+  std::string out = "X";
+  for (int i = 0; i < 4; ++i) out += static_cast<char>((s.size() >> (8 * i)) & 0xff);
+  return out + s;
+}
+
+// A trainer's vllm-ipc: export in a fresh temporary directory (removed with it): four [32, 32]
+// bf16 tensors, handles under `uuid`; `target` names it and declares its manifest.
+struct IpcExport {
+  explicit IpcExport(const std::string& uuid) {
+    std::random_device rd;
+    dir = std::filesystem::temp_directory_path() /
+          ("rc-ipc-open-" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(dir);
+    json f = {{"format", kVllmIpcFormat}, {"version", 1}, {"gpu_uuids", {uuid}}};
+    for (int i = 0; i < 4; ++i) {
+      f["names"].push_back("model.layers." + std::to_string(i) + ".weight");
+      f["dtype_names"].push_back("bfloat16");
+      f["shapes"].push_back({32, 32});
+    }
+    const std::string pickle = "\x80\x02}" + PickleString(uuid) + PickleString("handles") + "s.";
+    f["ipc_handles_pickled"] = encoding::Base64Encode(pickle);
+    const std::string path = (dir / "step.json").string();
+    std::ofstream(path) << f.dump();
+    target = Target();
+    target.source_uri = kVllmIpcScheme + path;
+    Result<VllmIpcFile> parsed = ParseVllmIpcFile(f.dump());
+    RC_CHECK(parsed.ok());
+    target.identity.manifest_digest = parsed->manifest.digest();
+  }
+  ~IpcExport() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::filesystem::path dir;
+  TransferTarget target;
+};
+
+// Proves the colocated transfer (IpcTransfer, vLLM's ipc backend) passes its target's restore
+// flag to the start: an update that finds someone else's session open fails kPossible with no
+// /finish_weight_update sent, and a restore finishes it and completes; catches an ipc start that
+// finishes every stale session (hiding the outsider's load) or none (a restore stuck TAINTED).
+TEST(OpenWeightSession, TheIpcTransferFinishesAStaleSessionOnlyForARestore) {
+  VllmDoubleOptions options;
+  options.version = "0.30.0";
+  options.worker_extension_cls = kWorkerExtensionClass;  // rc_device_info
+  options.weight_transfer_backend = "ipc";
+  options.allow_insecure_serialization = true;
+  VllmDouble d(options);
+  ASSERT_GT(d.Start(0), 0);
+  IpcExport source(d.GpuUuids().at(0));
+  EngineClient outsider(d.base_url(), Fast());
+  ASSERT_TRUE(outsider.StartWeightUpdate(StaleSession::kRefuse).http.ok_2xx());
+  EngineClient c(d.base_url(), Fast());
+  IpcTransfer t(c);
+
+  const TransferObserved update = t.Transfer(source.target, 10000);
+  EXPECT_EQ(update.mutation, MutationClass::kPossible) << update.error;
+  EXPECT_NE(update.error.find(kForeignWeightSession), std::string::npos) << update.error;
+  EXPECT_EQ(d.RouteCount("/finish_weight_update"), 0u) << "the outsider's session was finished";
+  EXPECT_TRUE(d.StateJson()["update_active"].get<bool>());
+
+  TransferTarget restore = source.target;
+  restore.restore = true;
+  const TransferObserved restored = t.Transfer(restore, 10000);
+  EXPECT_EQ(restored.mutation, MutationClass::kComplete) << restored.error;
+  EXPECT_EQ(d.RouteCount("/finish_weight_update"), 2u);  // the stale session's, the restore's
+  EXPECT_FALSE(d.StateJson()["update_active"].get<bool>());
+  EXPECT_EQ(d.weight_label(), "rc-1");
+}
+
+// Proves a whole update (Runner, journal, HTTP, the double) that meets a weight session someone
+// else opened on its READY engine taints it durably (kTransferAmbiguous, the foreign session named
+// in the journaled taint) without sending /finish_weight_update, and that the restore which
+// follows finishes the session and commits the version back, its digest proven; catches the update
+// that finished the outsider's session, loaded over it and committed (the outside change hidden),
+// and a runner that does not tell the transfer it runs a restore (the engine then stays TAINTED).
+TEST(RunnerOpenSession, AnOutsidersSessionTaintsTheUpdateAndTheRestoreClearsIt) {
+  ChangedBehindTheRunner w;
+  journal::Journal& j = *w.tj.journal;
+  VllmDouble& engine = *w.d.engine;
+  auto first =
+      w.runner.Update(UpdateRequested{"u-1", "rc-1", SyntheticIdentity(1), "synthetic:8x64:1"});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->outcome, UpdateOutcome::kCommitted) << first->reason;
+  ASSERT_NO_FATAL_FAILURE(OpenOutsiderSession(engine, "0.30.0", "synthetic:8x64:7"));
+  const std::uint64_t finishes = engine.RouteCount("/finish_weight_update");
+
+  auto ended =
+      w.runner.Update(UpdateRequested{"u-2", "rc-2", SyntheticIdentity(2), "synthetic:8x64:2"});
+  ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+  EXPECT_EQ(ended->outcome, UpdateOutcome::kTainted) << ended->reason;
+  State s = j.state();
+  ASSERT_EQ(s.lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(s.taint->cause, Cause::kTransferAmbiguous) << s.taint->detail;
+  EXPECT_NE(s.taint->detail.find(kForeignWeightSession), std::string::npos) << s.taint->detail;
+  EXPECT_EQ(engine.RouteCount("/finish_weight_update"), finishes);
+  EXPECT_TRUE(engine.StateJson()["update_active"].get<bool>());
+  std::vector<bool> foreign;  // each transfer's record: only u-2's met someone else's session
+  ASSERT_TRUE(j.Scan(1, 0, [&](const journal::Record& r) {
+                 if (const auto* t = std::get_if<TransferObserved>(&r.event)) {
+                   foreign.push_back(t->foreign_session);
+                 }
+                 return Status::OK();
+               }).ok());
+  EXPECT_EQ(foreign, (std::vector<bool>{false, true}));
+
+  auto restored = w.runner.Restore(RestoreRequested{"r-1", "rc-1", "synthetic:8x64:1"});
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(restored->outcome, UpdateOutcome::kCommitted) << restored->reason;
+  s = j.state();
+  EXPECT_EQ(s.lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(s.committed.label, "rc-1");
+  EXPECT_EQ(engine.RouteCount("/finish_weight_update"), finishes + 2);
+  EXPECT_FALSE(engine.StateJson()["update_active"].get<bool>());
+  EXPECT_EQ(engine.weight_label(), "rc-1");
+}
+
+// Proves an adopting restore ends a weight session left open on its TAINTED engine (here one that
+// loaded nothing, as a start whose answer was lost leaves it), so the next update commits; catches
+// the adopt that only relabelled, leaving the session for every later update to meet and blame on
+// someone else (TAINTED again, foreign_session recorded).
+TEST(RunnerOpenSession, AnAdoptingRestoreEndsTheSessionLeftOpen) {
+  ChangedBehindTheRunner w;
+  journal::Journal& j = *w.tj.journal;
+  VllmDouble& engine = *w.d.engine;
+  auto first =
+      w.runner.Update(UpdateRequested{"u-1", "rc-1", SyntheticIdentity(1), "synthetic:8x64:1"});
+  ASSERT_TRUE(first.ok() && first->outcome == UpdateOutcome::kCommitted);
+  const EngineProtocol p = detect_protocol("0.30.0");
+  ASSERT_NO_FATAL_FAILURE(InitTransfer(w.outsider, p, p.unique_id_rendezvous));
+  ASSERT_TRUE(w.outsider.StartWeightUpdate(StaleSession::kRefuse).http.ok_2xx());
+  auto tainted =
+      w.runner.Update(UpdateRequested{"u-2", "rc-2", SyntheticIdentity(2), "synthetic:8x64:2"});
+  ASSERT_TRUE(tainted.ok() && tainted->outcome == UpdateOutcome::kTainted);
+
+  auto adopted = w.runner.Restore(RestoreRequested{"r-1", "rc-1", "", true});
+  ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+  EXPECT_EQ(adopted->outcome, UpdateOutcome::kCommitted) << adopted->reason;
+  EXPECT_FALSE(engine.StateJson()["update_active"].get<bool>());
+  auto next =
+      w.runner.Update(UpdateRequested{"u-3", "rc-3", SyntheticIdentity(3), "synthetic:8x64:3"});
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->outcome, UpdateOutcome::kCommitted) << next->reason;
+  EXPECT_EQ(j.state().committed.label, "rc-3");
 }
 
 // Proves a fleet recovery whose second thread is refused returns that refusal, naming its engine,

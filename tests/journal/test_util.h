@@ -50,7 +50,7 @@ inline std::vector<Event> SampleEvents() {
       DrainObserved{http, true},
       DrainTimedOut{30000, 3},
       PreflightObserved{"abc123", true, false, "not enough memory"},
-      TransferObserved{true, MutationClass::kPossible, 1 << 20, 17, 99999, "rc-1", "eof"},
+      TransferObserved{true, MutationClass::kPossible, 1 << 20, 17, 99999, "rc-1", "eof", true},
       CacheResetObserved{CacheKind::kEncoder, http, true},
       ValidationObserved{http, "rc-1", false, "canary drift", "start:1.7e9", {}, true, false},
       ResumeObserved{http, true, false, "i-9", true, true},
@@ -162,7 +162,7 @@ inline Event RandomEvent(std::mt19937_64& rng) {
       return PreflightObserved{str(), b(), b(), str()};
     case 8:
       return TransferObserved{
-          b(), static_cast<MutationClass>(rng() % 3), u64(), u32(), u64(), str(), str()};
+          b(), static_cast<MutationClass>(rng() % 3), u64(), u32(), u64(), str(), str(), b()};
     case 9:
       return CacheResetObserved{static_cast<CacheKind>(rng() % 3), http(), b(), b()};
     case 10:
