@@ -234,13 +234,15 @@ FleetRunner::Plan FleetRunner::Look(const std::string& update_id, const Plan* la
     if (last != nullptr && last->members == plan.members && last->looks < kReplanPolls) {
       plan.next = last->next;
       plan.blocked = last->blocked;
-      plan.member_request = last->member_request;
+      plan.member_requests = last->member_requests;
       plan.looks = last->looks + 1;
       return;
     }
     plan.next = fleet_next_members(f);
     plan.blocked = fleet_update_blocked_reason(f);
-    if (!plan.next.empty()) plan.member_request = member_update_request(f);
+    for (const std::string& engine : plan.next) {
+      plan.member_requests.emplace(engine, member_update_request(f, engine));
+    }
   });
   return plan;
 }
@@ -258,7 +260,7 @@ std::map<std::string, EngineLooked> FleetRunner::LookAtMembers(
       refused[engine] = Status::NotFound("no runner drives engine '" + engine + "'");
       continue;
     }
-    Result<EngineLooked> look = r->LookBeforePlan(plan.member_request);
+    Result<EngineLooked> look = r->LookBeforePlan(plan.member_requests.at(engine));
     if (!look.ok()) {
       refused[engine] = look.status();
       continue;
@@ -269,10 +271,11 @@ std::map<std::string, EngineLooked> FleetRunner::LookAtMembers(
 }
 
 // Journals the request of each proposed member found as committed, in the fold's order, then
-// drives it on its thread. Every member is looked at first, so the members of an `all` update
-// still all start before any ends. A refused look or start (the engine unread, the fleet moved
-// since the look, the journal's queue was full) is tried again at the next look while the fold
-// still proposes the member; the last refusal is kept for the stuck reason.
+// drives it on its thread. Every member is looked at first, so the members an `all` update
+// proposes together all start before any ends. A refused look or start (the engine unread, the
+// fleet moved since the look, the journal's queue was full, the digest it was to carry no longer
+// held) is tried again at the next look while the fold still proposes the member, with the
+// request computed then; the last refusal is kept for the stuck reason.
 void FleetRunner::StartMembers(const Plan& plan, Members& members,
                                std::map<std::string, Status>& refused) {
   const std::map<std::string, EngineLooked> looked = LookAtMembers(plan, members, refused);
@@ -281,7 +284,8 @@ void FleetRunner::StartMembers(const Plan& plan, Members& members,
     if (l == looked.end()) continue;
     Runner* r = runner(engine);
     RC_CHECK(r != nullptr);  // looked at through it above
-    const Status started = r->StartUpdate(plan.member_request, l->second);
+    const UpdateRequested& request = plan.member_requests.at(engine);
+    const Status started = r->StartUpdate(request, l->second);
     if (!started.ok()) {
       refused[engine] = started;
       continue;
@@ -289,7 +293,7 @@ void FleetRunner::StartMembers(const Plan& plan, Members& members,
     refused.erase(engine);
     auto member = std::make_unique<Member>(threads_);
     Member* m = member.get();
-    const std::string id = plan.member_request.update_id;
+    const std::string id = request.update_id;
     m->id = threads_.Start([m, r, id] {
       Result<UpdateEnded> ended = r->FinishUpdate(id);
       if (!ended.ok()) m->finished = ended.status();

@@ -3,10 +3,12 @@
 //
 // A fleet update is journaled as FleetUpdateRequested. Its members' own updates are journaled in
 // the order fleet_next_members proposes them (all at once in `all` mode; in `rolling` mode at most
-// batch_max at a time while min_serving engines keep serving), each then driven to its end by its
-// engine's Runner on a thread of its own, with the Runner's deadlines. The executor decides
-// nothing: the fold says which member may start, and the fleet update's end (FleetUpdateEnded) is
-// the fold's decision, read back from the journal.
+// batch_max at a time while min_serving engines keep serving; in either, when the fleet update
+// names no expected digest, the members of one weight layout wait for the first of them to read
+// the target's digest, and then carry it), each then driven to its end by its engine's Runner on
+// a thread of its own, with the Runner's deadlines. The executor decides nothing: the fold says
+// which member may start and with which request (member_update_request), and the fleet update's
+// end (FleetUpdateEnded) is the fold's decision, read back from the journal.
 //
 // Nothing waits forever: a fleet update that cannot progress (no member updating and none may
 // start: too few engines serve, or every pending member is quarantined) is cancelled after
@@ -123,7 +125,8 @@ class FleetRunner {
     std::vector<std::string> next;
     std::string blocked;
     std::size_t pending = 0;  // members not started yet
-    UpdateRequested member_request;
+    // Each proposed member's own request: the target, held to the digest of its layout.
+    std::map<std::string, UpdateRequested> member_requests;
     std::map<std::string, MemberStatus> members;
     std::uint32_t looks = 0;  // looks since `next` was computed
   };

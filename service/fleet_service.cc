@@ -5,7 +5,8 @@
 // Startup, under update_mu_: every configured engine must answer GET /version; the journal's
 // policy is configured when it differs; every engine joins (a restart finds them joined); every
 // runner journals its RecoveryStarted; a member still UNINITIALIZED bootstraps at the fleet's
-// newest label (the fold refuses any other), or at initial_label on a new fleet. Whatever each
+// newest label (the fold refuses any other), or at initial_label on a new fleet, held to the
+// digest its weight layout holds for that label (join_digest), or waits for one. Whatever each
 // runner's recovery found interrupted, and a fleet update found open after it, is driven to its
 // end once the proxy listens (StartFleet), as one engine's interrupted update is: on a thread of
 // its own when a plan was interrupted, so that one member's hung plan keeps no other from serving.
@@ -39,40 +40,11 @@ using namespace internal;  // NOLINT: the service's own helpers
 constexpr int kJoinDigestAttempts = 3;
 constexpr int kJoinDigestRetryMs = 1000;
 
-// A member's weights at a label: its layout (tensor names, in order, and bytes digested) and
-// the combined digest it recorded. Digests of one model differ by layout (a TP=2 worker digests
-// its shard), so a joining engine is held to the digest of a member with its own layout.
-struct MemberWeights {
-  std::string engine;
-  std::string algorithm;
-  std::vector<std::string> tensor_names;
-  std::uint64_t bytes = 0;
-  std::string combined;
-};
-
-// The label a joining member bootstraps at: the fleet's newest, with its identity, and the
-// digests of the untainted members that hold it.
+// The label a joining member bootstraps at: the fleet's newest, with its identity.
 struct NewestLabel {
   std::string label;
   WeightIdentity identity;
-  std::vector<MemberWeights> weights;
 };
-
-MemberWeights WeightsOf(const std::string& engine, const WeightDigest& d) {
-  MemberWeights w{engine, d.algorithm, {}, d.bytes, d.combined};
-  w.tensor_names.reserve(d.tensors.size());
-  for (const TensorDigest& t : d.tensors) w.tensor_names.push_back(t.name);
-  return w;
-}
-
-std::vector<MemberWeights> MemberWeightsAt(const FleetState& f, const std::string& label) {
-  std::vector<MemberWeights> out;
-  for (const auto& [name, s] : f.engines) {
-    if (s.lifecycle == Lifecycle::kTainted || s.committed.label != label) continue;
-    if (s.committed_digest.present()) out.push_back(WeightsOf(name, s.committed_digest));
-  }
-  return out;
-}
 
 // The newest generation an untainted engine holds, as the fold's bootstrap rule reads it; nullopt
 // when none holds one (a new fleet, or every holder TAINTED): the configured initial label then.
@@ -82,22 +54,10 @@ std::optional<NewestLabel> FleetNewestLabel(const FleetState& f) {
   for (const auto& [label, generation] : f.label_generation) {
     if (generation != *newest) continue;
     RC_CHECK(f.labels.count(label) == 1);  // one identity per label served
-    return NewestLabel{label, f.labels.at(label), MemberWeightsAt(f, label)};
+    return NewestLabel{label, f.labels.at(label)};
   }
   RC_CHECK(false);  // a held generation names a label
   return std::nullopt;
-}
-
-const MemberWeights* SameLayout(const WeightDigest& d, const std::vector<MemberWeights>& members) {
-  for (const MemberWeights& m : members) {
-    const bool same =
-        m.algorithm == d.algorithm && m.bytes == d.bytes &&
-        m.tensor_names.size() == d.tensors.size() &&
-        std::equal(m.tensor_names.begin(), m.tensor_names.end(), d.tensors.begin(),
-                   [](const std::string& n, const TensorDigest& t) { return n == t.name; });
-    if (same) return &m;
-  }
-  return nullptr;
 }
 
 // Why no member admits now, each engine's reason, bounded (a 503's message and a log line).
@@ -124,39 +84,62 @@ bool FleetQuarantined(const FleetState& f,
   });
 }
 
-// The digest a joining engine must hold: that of a member of its layout at `label`. "" when no
-// member holding the label recorded a digest, or none has the joiner's layout: its label is then
-// the only check (as for any engine that computes no digest). When members hold digests, an
-// engine that computes none cannot be verified, and does not join.
-Result<std::string> JoinDigest(effects::EngineClient& client, const std::string& engine,
-                               const std::string& label,
-                               const std::vector<MemberWeights>& members) {
-  if (members.empty()) return std::string();
+// Whether a joining engine's digest can decide anything at `label`: an engine of the fleet has a
+// weight layout (a committed digest) or holds a digest for the label. A fleet none of whose
+// engines computes a digest checks a joiner by its label only, without asking it.
+bool JoinReadsDigest(const FleetState& f, const std::string& label) {
+  if (!join_digest(f, label, WeightDigest{}).ok()) return true;
+  return std::any_of(f.engines.begin(), f.engines.end(),
+                     [](const auto& e) { return e.second.committed_digest.present(); });
+}
+
+// The engine's weight digest; a busy engine may time out or fail a read, so it is asked again
+// (kJoinDigestAttempts in all) before it is judged to compute none.
+WeightDigest ReadJoinerDigest(effects::EngineClient& client) {
   WeightDigest d = effects::ReadWeightDigest(client);
-  // A busy engine may time out or fail a read: asked again before it is judged.
   for (int attempt = 1; !d.present() && attempt < kJoinDigestAttempts; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(kJoinDigestRetryMs));
     d = effects::ReadWeightDigest(client);
   }
-  if (!d.present()) {
-    return Status::Rejected(
-        "engine '" + engine + "' gave no weight digest in " + std::to_string(kJoinDigestAttempts) +
-        " attempts (last: " + Esc(d.error) + "), but the fleet's engines at '" + label +
-        "' hold one (" + members.front().engine +
-        "): its weights cannot be verified; if it computes none, load the weight-digest "
-        "extension on it");
+  return d;
+}
+
+// What a joining engine is held to at a label: `digest` ("" none: its label is the only check),
+// or, while `waits` is not OK, nothing yet (join_digest's retryable refusal: an engine of its
+// layout updates to the label and has read no digest yet).
+struct JoinHold {
+  std::string digest;
+  Status waits;
+};
+
+// The joining engine's digest is read (outside the journal's lock), then the fleet says what its
+// layout holds for `label` (join_digest: the rule that holds a fleet update's members, counting
+// TAINTED engines' records and the digests of plans still open). A refusal other than the wait
+// (it computes no digest while the fleet holds one for the label) refuses the join.
+Result<JoinHold> JoinDigest(const journal::Journal& journal, effects::EngineClient& client,
+                            const std::string& engine, const std::string& label) {
+  bool read = false;
+  journal.ReadFleetState([&](const FleetState& f) { read = JoinReadsDigest(f, label); });
+  const WeightDigest d = read ? ReadJoinerDigest(client) : WeightDigest{};
+  Result<std::string> held = std::string();
+  journal.ReadFleetState([&](const FleetState& f) { held = join_digest(f, label, d); });
+  if (!held.ok() && d.present()) return JoinHold{"", held.status()};
+  if (!held.ok()) {
+    return Status::Rejected("engine '" + engine + "' gave no weight digest in " +
+                            std::to_string(kJoinDigestAttempts) +
+                            " attempts (last: " + Esc(d.error) + "): " + held.status().message() +
+                            "; if it computes none, load the weight-digest extension on it");
   }
-  const MemberWeights* peer = SameLayout(d, members);
-  if (peer == nullptr) {
+  if (held->empty() && d.present()) {
     spdlog::warn(
-        "serve: engine {} digests {} tensors ({} bytes), a layout no engine at '{}' has: it is "
-        "verified by its label only",
+        "serve: engine {} digests {} tensors ({} bytes), a layout no engine holds a digest of at "
+        "'{}': it is verified by its label only",
         Esc(engine), d.tensors.size(), d.bytes, Esc(label));
-    return std::string();
+  } else if (!held->empty()) {
+    spdlog::info("serve: engine {} must hold the weights its layout holds at '{}' (digest {})",
+                 Esc(engine), Esc(label), Esc(*held));
   }
-  spdlog::info("serve: engine {} must hold the weights engine {} holds at '{}' (digest {})",
-               Esc(engine), Esc(peer->engine), Esc(label), Esc(peer->combined));
-  return peer->combined;
+  return JoinHold{*held, Status::OK()};
 }
 
 using FleetMembers = std::map<std::string, std::unique_ptr<FleetMember>>;
@@ -472,7 +455,10 @@ Status Service::JoinFleet() {
 }
 
 // Members bootstrap one at a time, each at the fleet's newest label as it stands then: on a new
-// fleet the first sets the label (and its digest) that the others are held to.
+// fleet the first sets the label (and its digest) that the others are held to. A member whose
+// layout has a plan to that label open that has read no digest yet (one this start found
+// interrupted) waits, UNINITIALIZED: those plans are driven only once the proxy listens, so it is
+// asked again after them (FinishInterruptedFleetUpdate), and held to the digest they read.
 Status Service::BootstrapFleetMembers() {
   for (const std::string& name : UninitializedMembers()) {
     std::optional<NewestLabel> newest;
@@ -480,12 +466,18 @@ Status Service::BootstrapFleetMembers() {
     if (!newest) {
       Result<WeightIdentity> id = BootstrapIdentity(*Member(name).transfer);
       if (!id.ok()) return id.status();
-      newest = NewestLabel{config_.initial_label, *id, {}};
+      newest = NewestLabel{config_.initial_label, *id};
     }
-    Result<std::string> expected =
-        JoinDigest(*Member(name).client, name, newest->label, newest->weights);
-    if (!expected.ok()) return expected.status();
-    RC_RETURN_IF_ERROR(BootstrapFleetMember(name, newest->label, newest->identity, *expected));
+    Result<JoinHold> hold = JoinDigest(*journal_, *Member(name).client, name, newest->label);
+    if (!hold.ok()) return hold.status();
+    if (!hold->waits.ok()) {
+      spdlog::warn(
+          "serve: engine {} does not join yet: {}; it is asked again once the plans this start "
+          "found open have been driven, else at the next start",
+          Esc(name), Esc(hold->waits.message()));
+      continue;
+    }
+    RC_RETURN_IF_ERROR(BootstrapFleetMember(name, newest->label, newest->identity, hold->digest));
   }
   return Status::OK();
 }
@@ -651,9 +643,11 @@ Status Service::RetireMembers(bool last_try) {
 
 // The recovery's second half, once the proxy listens, under update_mu_ (the caller's): each
 // member's interrupted plan is driven to its end on a thread of its own (its drain may wait for
-// rollouts whose clients must be able to finish them), each member it left READY is told the
-// transfer's rendezvous, and then a fleet update the last run left open goes on: its members not
-// started yet drain and update.
+// rollouts whose clients must be able to finish them), a member whose join waited for one of
+// those plans bootstraps, each member left READY is told the transfer's rendezvous, and then a
+// fleet update the last run left open goes on: its members not started yet drain and update, each
+// with the request the executor builds for a first start (member_update_request: held to its
+// layout's digest, which an interrupted member's plan, now ended, may have recorded).
 Status Service::FinishInterruptedFleetUpdate() {
   const std::optional<FleetUpdateRequested> open = std::exchange(interrupted_fleet_update_, {});
   std::set<std::string> ready_before;
@@ -666,6 +660,17 @@ Status Service::FinishInterruptedFleetUpdate() {
     const Status why = driven.ok() ? Status::Internal("a fleet member's recovery failed") : driven;
     FailStop("recovery of the fleet's members failed: " + why.ToString());
     return RecoveryFailed(why);
+  }
+  // A member that waited to join joins now. One refused now leaves the others serving (at start,
+  // a refused join stops serve instead): it stays UNINITIALIZED, admits nothing, and is asked
+  // again at the next start.
+  if (const Status joined = BootstrapFleetMembers(); !joined.ok()) {
+    if (IsJournalFailure(joined) || failed()) {
+      FailStop("a fleet member's late join failed: " + joined.ToString());
+      return RecoveryFailed(joined);
+    }
+    spdlog::error("serve: {}; it gets nothing, and joins again at the next start",
+                  Esc(joined.message()));
   }
   std::set<std::string> ready_now;
   journal_->ReadFleetState(

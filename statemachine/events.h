@@ -45,9 +45,9 @@ struct BootstrapRequested {
   // The engine must compute a weight digest at the probe; without one the bootstrap is refused.
   // (Without this flag a digest is used whenever the engine computes one.)
   bool require_digest = false;
-  // The combined weight digest the engine must hold ("" = none): the digest a fleet member of the
-  // same layout recorded for `label`, so that a joining engine is proven to hold the fleet's
-  // weights, not only to report its label.
+  // The combined weight digest the engine must hold ("" = none): the digest the fleet's engines
+  // of the same layout hold for `label` (recorded, or read by an open plan's validation), so that
+  // a joining engine is proven to hold the fleet's weights, not only to report its label.
   std::string expected_digest;
   // The fold rules the engine's journal folds by (kFoldRulesCurrent above): a new bootstrap
   // records this build's, a record written before they were recorded reads 0.

@@ -8,6 +8,14 @@
 #include "statemachine/text.h"
 
 namespace rc {
+
+bool same_weight_layout(const WeightDigest& a, const WeightDigest& b) {
+  return a.present() && b.present() && a.algorithm == b.algorithm && a.bytes == b.bytes &&
+         a.tensors.size() == b.tensors.size() &&
+         std::equal(a.tensors.begin(), a.tensors.end(), b.tensors.begin(),
+                    [](const TensorDigest& x, const TensorDigest& y) { return x.name == y.name; });
+}
+
 namespace {
 
 const State kUnbornEngine{};  // what the implicit engine "" is before its first event
@@ -81,23 +89,55 @@ std::string newest_held_label(const FleetState& f) {
   return {};
 }
 
-// Whether a member of the fleet recorded `digest` as the weights of `label`.
-bool label_digest_recorded(const FleetState& f, const std::string& label,
-                           const std::string& digest) {
+// The combined digest `s` holds for `label`: the one recorded when it served `label`; else, in a
+// plan to `label` still open that may publish it, the one its validation read while paused or the
+// one it is held to. nullptr when none: such a plan may still publish `label` on any digest.
+const std::string* label_digest_of(const State& s, const std::string& label) {
+  if (const auto it = s.label_digests.find(label); it != s.label_digests.end()) return &it->second;
+  if (!s.update || s.update->target.label != label || s.update->aborting ||
+      s.update->keeps_version()) {
+    return nullptr;
+  }
+  const UpdatePlan& u = *s.update;
+  if (u.validated && u.observed_digest.present()) return &u.observed_digest.combined;
+  return u.expected_digest.empty() ? nullptr : &u.expected_digest;
+}
+
+// Whether an engine of the fleet holds `digest` for `label` (label_digest_of).
+bool label_digest_held(const FleetState& f, const std::string& label, const std::string& digest) {
   return std::any_of(f.engines.begin(), f.engines.end(), [&](const auto& e) {
-    const auto it = e.second.label_digests.find(label);
-    return it != e.second.label_digests.end() && it->second == digest;
+    const std::string* held = label_digest_of(e.second, label);
+    return held != nullptr && *held == digest;
   });
 }
 
+// An engine other than `except` whose committed digest is of `layout` and whose plan to `label`
+// may still publish it on a digest no engine holds (label_digest_of gives none): the first of its
+// layout, whose validation reads the digest the rest of the layout is then held to. nullptr when
+// none, or `layout` is absent (an engine that computes no digest has no known layout).
+const std::string* layout_pioneer(const FleetState& f, const WeightDigest& layout,
+                                  const std::string& label, const std::string& except) {
+  for (const auto& [id, s] : f.engines) {
+    if (id == except || !s.update || s.update->target.label != label) continue;
+    if (s.update->aborting || s.update->keeps_version() || label_digest_of(s, label) != nullptr) {
+      continue;
+    }
+    if (same_weight_layout(layout, s.committed_digest)) return &id;
+  }
+  return nullptr;
+}
+
 // A joining engine starts where the fleet is: on the newest label an untainted engine holds, and
-// when it is held to a digest, one a member recorded for that label.
+// when it is held to a digest, one an engine of the fleet holds for that label (label_digest_of:
+// recorded, or read validating a plan to it still open, as join_digest finds it). Accepting a
+// digest of an open plan only widens what the fold accepted before (it took recorded ones only):
+// a request it refused was never journaled, so every journal folds as it did.
 Status check_bootstrap(const FleetState& f, const BootstrapRequested& b) {
   RC_RETURN_IF_ERROR(check_fleet_label(f, b.label, b.identity));
   RC_RETURN_IF_ERROR(check_digest("expected_digest", b.expected_digest, false));
-  if (!b.expected_digest.empty() && !label_digest_recorded(f, b.label, b.expected_digest)) {
-    return Status::Rejected("no engine of the fleet recorded digest " + b.expected_digest +
-                            " for '" + b.label + "'");
+  if (!b.expected_digest.empty() && !label_digest_held(f, b.label, b.expected_digest)) {
+    return Status::Rejected("no engine of the fleet holds digest " + b.expected_digest + " for '" +
+                            b.label + "'");
   }
   const std::string newest = newest_held_label(f);
   if (newest.empty() || newest == b.label) return Status::OK();
@@ -115,6 +155,17 @@ Status check_min_serving(const FleetState& f, const std::string& engine, const c
                           std::to_string(f.policy.min_serving));
 }
 
+// The digest a member's update may be held to: the fleet update's, or, when it names none, one an
+// engine of the fleet holds for the target (layout_digest picks its layout's). This only widens
+// what the fold accepts: a request it refused before was never journaled, so every journal folds
+// as it did and the fold rules keep their version. Which digest a new request must carry is
+// check_new_requests' rule (check_member_digest).
+bool member_digest_allowed(const FleetState& f, const FleetUpdateRequested& r,
+                           const std::string& digest) {
+  if (digest == r.expected_digest) return true;
+  return r.expected_digest.empty() && label_digest_held(f, r.target_label, digest);
+}
+
 // A member's own update: exactly the fleet update's target, when the mode allows it.
 Status check_member_update(const FleetState& f, const std::string& engine,
                            const UpdateRequested& u) {
@@ -126,9 +177,15 @@ Status check_member_update(const FleetState& f, const std::string& engine,
   }
   const FleetUpdateRequested& r = fu.request;
   if (u.target_label != r.target_label || !(u.identity == r.identity) ||
-      u.source_uri != r.source_uri || u.expected_digest != r.expected_digest) {
+      u.source_uri != r.source_uri) {
     return Status::InvalidArgument("a member's update must carry fleet update '" + r.update_id +
-                                   "''s label, identity, source and expected digest");
+                                   "''s label, identity and source");
+  }
+  if (!member_digest_allowed(f, r, u.expected_digest)) {
+    return Status::InvalidArgument(
+        "a member's update must carry fleet update '" + r.update_id +
+        "''s expected digest or, when it names none, one an engine of the fleet holds for '" +
+        r.target_label + "'");
   }
   if (r.mode == FleetUpdateMode::kAll) return Status::OK();
   if (updating_members(fu) >= r.batch_max) {
@@ -693,9 +750,48 @@ Result<std::vector<FleetEvent>> fold_engine_input(FleetState& f, const FleetEven
   return out;
 }
 
+std::string digest_prefix(const std::string& digest) {
+  return digest.empty() ? std::string("none") : digest.substr(0, 16);
+}
+
+// One label, one content per weight layout. A member of the open fleet update is held to the
+// digest its layout holds for the target (layout_digest) when the fleet update names none; while
+// its layout holds none, one member of the layout at a time starts without a digest, and the
+// others wait for the digest its validation reads (otherwise members validated side by side could
+// each publish the label on other weights). With an expected digest, a member whose layout holds
+// another one for the target is refused: it could only publish the label on other weights than
+// its layout's, or fail its validation once its weights changed.
+Status check_member_digest(const FleetState& f, const std::string& engine,
+                           const UpdateRequested& u) {
+  if (!f.update || u.update_id != f.update->request.update_id) return Status::OK();
+  const FleetUpdateRequested& r = f.update->request;
+  const std::string held = layout_digest(f, engine, r.target_label);
+  if (!r.expected_digest.empty() && !held.empty() && held != r.expected_digest) {
+    return Status::Rejected("the weight layout of " + quoted(engine) + " holds digest " +
+                            digest_prefix(held) + " for '" + r.target_label +
+                            "', not fleet update '" + r.update_id + "''s expected " +
+                            digest_prefix(r.expected_digest));
+  }
+  const std::string& want = r.expected_digest.empty() ? held : r.expected_digest;
+  if (u.expected_digest != want) {
+    return Status::InvalidArgument(quoted(engine) + "'s update to '" + r.target_label +
+                                   "' must be held to digest " + digest_prefix(want) + ", not " +
+                                   digest_prefix(u.expected_digest));
+  }
+  if (!want.empty()) return Status::OK();
+  const WeightDigest& layout = engine_state(f, engine).committed_digest;
+  if (const std::string* first = layout_pioneer(f, layout, r.target_label, engine)) {
+    return Status::Rejected(quoted(engine) + " waits for the digest that " + quoted(*first) +
+                            ", of its weight layout, reads for '" + r.target_label +
+                            "' (fleet update '" + r.update_id + "' names none)");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
-// Besides the rules fleet.h names: a fleet update may not target a label behind the served one.
+// Besides the rules fleet.h names: a fleet update may not target a label behind the served one,
+// and a member's update carries its layout's digest (check_member_digest).
 Status check_new_requests(const FleetState& fleet, const FleetEvent& input) {
   if (const auto* u = std::get_if<FleetUpdateRequested>(&input.event)) {
     RC_RETURN_IF_ERROR(check_not_behind(fleet, u->target_label));
@@ -704,7 +800,8 @@ Status check_new_requests(const FleetState& fleet, const FleetEvent& input) {
   if (is_fleet_event(input.event)) return Status::OK();
   RC_RETURN_IF_ERROR(check_new_request_rules(engine_state(fleet, input.engine), input.event));
   if (const auto* u = std::get_if<UpdateRequested>(&input.event)) {
-    return check_identity_consistent(fleet.labels, u->identity);
+    RC_RETURN_IF_ERROR(check_identity_consistent(fleet.labels, u->identity));
+    return check_member_digest(fleet, input.engine, *u);
   }
   return Status::OK();
 }
@@ -795,24 +892,81 @@ std::vector<std::string> updatable_engines(const FleetState& fleet) {
   return out;
 }
 
-UpdateRequested member_update_request(const FleetState& fleet) {
+// Engines in id order: a journal written before the rule may hold two digests of one layout for a
+// label (it folds as written), and every caller then picks the same one.
+std::string layout_label_digest(const FleetState& fleet, const WeightDigest& layout,
+                                const std::string& label) {
+  for (const auto& [id, s] : fleet.engines) {
+    if (!same_weight_layout(layout, s.committed_digest)) continue;
+    if (const std::string* held = label_digest_of(s, label)) return *held;
+  }
+  return {};
+}
+
+// The engine's own digest for the label first: its own fold holds it to that one anyway.
+std::string layout_digest(const FleetState& fleet, const std::string& engine,
+                          const std::string& label) {
+  const State& self = engine_state(fleet, engine);
+  if (const std::string* own = label_digest_of(self, label)) return *own;
+  return layout_label_digest(fleet, self.committed_digest, label);
+}
+
+// The same layout's digest first: a plan of the layout that has read none yet is held to it too.
+// A joiner has no plan of its own, so no engine is left out of the search for the first.
+Result<std::string> join_digest(const FleetState& fleet, const std::string& label,
+                                const WeightDigest& probed) {
+  if (!probed.present()) {
+    for (const auto& [id, s] : fleet.engines) {
+      if (label_digest_of(s, label) == nullptr) continue;
+      return Status::Rejected(quoted(id) + " holds a weight digest for '" + label +
+                              "' and the joining engine computes none: its weights cannot be "
+                              "verified");
+    }
+    return std::string();
+  }
+  std::string held = layout_label_digest(fleet, probed, label);
+  if (!held.empty()) return held;
+  if (const std::string* first = layout_pioneer(fleet, probed, label, "")) {
+    return Status::Rejected(quoted(*first) + ", of the joining engine's weight layout, updates " +
+                            "to '" + label + "' and its validation has read no digest yet: the " +
+                            "join waits for that digest or the plan's end (retry then), so that '" +
+                            label + "' is not published on two contents");
+  }
+  return std::string();
+}
+
+namespace {
+
+// The fleet update's target as a member's request, held to the fleet update's expected digest
+// only: what the first member of a layout carries. Any other member carrying it is refused while
+// its layout holds a digest (check_member_digest), so it is only the base of
+// member_update_request(fleet, engine).
+UpdateRequested fleet_target_request(const FleetState& fleet) {
   RC_CHECK(fleet.update.has_value());
   const FleetUpdateRequested& r = fleet.update->request;
   return UpdateRequested{r.update_id, r.target_label, r.identity, r.source_uri, r.expected_digest};
 }
 
+}  // namespace
+
+UpdateRequested member_update_request(const FleetState& fleet, const std::string& engine) {
+  UpdateRequested u = fleet_target_request(fleet);
+  if (u.expected_digest.empty()) u.expected_digest = layout_digest(fleet, engine, u.target_label);
+  return u;
+}
+
 namespace {
 
 // Tries each pending member in id order on a copy of the fleet, as the executor would submit
-// them; `why` gets the first refusal.
+// them (each with member_update_request(fleet, id)); `why` gets the first refusal.
 std::vector<std::string> fleet_next_members_why(const FleetState& fleet, std::string* why) {
   std::vector<std::string> out;
   if (!fleet.update) return out;
   FleetState trial = fleet;
-  const UpdateRequested request = member_update_request(fleet);
   for (const auto& [id, m] : fleet.update->members) {
     if (m != MemberStatus::kPending) continue;
-    Result<std::vector<FleetEvent>> r = fleet_step(trial, FleetEvent{id, request});
+    Result<std::vector<FleetEvent>> r =
+        fleet_step(trial, FleetEvent{id, member_update_request(fleet, id)});
     if (r.ok()) {
       out.push_back(id);
     } else if (why != nullptr && why->empty()) {

@@ -20,7 +20,13 @@
 //     `min_healthy` engines can take it; each member ends committed, refused or TAINTED on its own
 //     evidence, or stalls (its own plan out of attempts), and the fleet update ends once every
 //     member has: one dead engine never holds the fleet;
-//   - one label names one identity across the fleet; a rollout id is active on one engine at most.
+//   - one label names one identity across the fleet, and one content per weight layout: a member
+//     of a fleet update that names no expected digest, or a joining engine, may be held only to a
+//     digest an engine holds for the label; as a rule for new requests (check_new_requests), a
+//     member must be held to its own layout's (layout_digest), and while its layout has none, one
+//     member of the layout at a time starts without one; a joining engine, whose layout only its
+//     own digest tells, is held the same way by join_digest, which its executor asks first;
+//   - a rollout id is active on one engine at most.
 #pragma once
 
 #include <cstdint>
@@ -95,7 +101,9 @@ struct FleetState {
 // the rule existed opens, replays and audits as written. fleet_step checks them; a caller that
 // decides a new input with fleet_decide checks them too. An update of an awake engine or a sleep
 // only while it answers; no identity claiming, under another manifest, a content digest any
-// engine of the fleet committed.
+// engine of the fleet committed; a member's update held to its layout's digest, and started
+// without one only as its layout's first (see member_update_request). A bootstrap's digest is
+// held by its executor (join_digest): the request does not say the joiner's layout.
 [[nodiscard]] Status check_new_requests(const FleetState& fleet, const FleetEvent& input);
 // decide, then apply the input and what it caused; returns the caused events. The result is
 // fleet_decide's and fleet_apply's, but an engine's input that is not a binding (an update's
@@ -128,12 +136,43 @@ std::vector<std::string> admitting_engines(const FleetState& fleet);
 // engine an earlier update left behind catches up instead of being stranded.
 std::vector<std::string> updatable_engines(const FleetState& fleet);
 
+// Whether two weight digests are of one layout: one algorithm, the same tensor names in the same
+// order and the same bytes digested (both present). Digests of one model differ by layout (a TP=2
+// worker digests its shard), so only digests of one layout say whether two engines hold the same
+// weights.
+bool same_weight_layout(const WeightDigest& a, const WeightDigest& b);
+// The combined digest the engines of `layout`'s weight layout (by their committed digests) hold
+// for `label`: one such an engine recorded for `label` (a TAINTED one's too: what a layout
+// published under a label stays its content for it), read validating a plan to `label` still
+// open, or is held to in such a plan; "" when none does, or `layout` is absent (an engine that
+// computes no digest has no known layout). The one notion of a layout's digest that holds fleet
+// update members (layout_digest) and joining engines (join_digest) alike.
+std::string layout_label_digest(const FleetState& fleet, const WeightDigest& layout,
+                                const std::string& label);
+// The combined digest `engine` must read to publish `label` when nothing else names one: the one
+// it holds for `label` itself, else layout_label_digest of its committed digest's layout.
+std::string layout_digest(const FleetState& fleet, const std::string& engine,
+                          const std::string& label);
+// The digest a joining engine whose own digest reads `probed` must be held to at `label`: its
+// layout's (layout_label_digest; "" when none, and the engine is checked by its label only).
+// Refused (kRejected) when `probed` is absent while an engine holds a digest for `label` (the
+// joiner's weights cannot be verified), and, retryable, while an engine of its layout has a plan
+// to `label` open that has read no digest yet (that plan may publish the label on other weights
+// than the joiner's; once it validated or ended, the join is held to what it read, or is first).
+// A BootstrapRequested does not carry the joiner's layout, so the fold cannot hold it to this:
+// the executor asks first, and the fold checks that the digest it carries is one the fleet holds.
+[[nodiscard]] Result<std::string> join_digest(const FleetState& fleet, const std::string& label,
+                                              const WeightDigest& probed);
+
 // The members of the open fleet update that may start now, in id order: submitting their
-// UpdateRequested (member_update_request) in that order is accepted by the fold (a rolling update
-// proposes at most what its batch and min_serving allow). Empty when none may.
+// UpdateRequested (member_update_request(fleet, id)) in that order is accepted by fleet_step (a
+// rolling update proposes at most what its batch and min_serving allow; a member whose layout
+// waits for a digest is not proposed). Empty when none may.
 std::vector<std::string> fleet_next_members(const FleetState& fleet);
-// The per-engine UpdateRequested that starts `engine` as a member of the open fleet update.
-UpdateRequested member_update_request(const FleetState& fleet);
+// The per-engine UpdateRequested that starts `engine` as a member of the open fleet update: the
+// fleet update's target, held to its expected digest or, when it names none, to
+// layout_digest(engine, target).
+UpdateRequested member_update_request(const FleetState& fleet, const std::string& engine);
 // Why the open fleet update cannot progress ("" when a member may start or one is updating): no
 // member updates and none may start. An executor cancels it after its own deadline, so nothing
 // waits forever.

@@ -31,11 +31,13 @@ using stack::kStackSource;
 
 std::string Name(int i) { return "e" + std::to_string(i); }
 
-// N doubles on loopback and a fleet `serve` in front of them.
+// N doubles on loopback and a fleet `serve` in front of them; `engine_tweak` sets engine i's
+// options last (its workers, say).
 class FleetStack {
  public:
-  explicit FleetStack(int n, std::function<void(ServeConfig&)> tweak = nullptr,
-                      int token_delay_ms = 1)
+  explicit FleetStack(
+      int n, std::function<void(ServeConfig&)> tweak = nullptr, int token_delay_ms = 1,
+      const std::function<void(int, fixtures::VllmDoubleOptions&)>& engine_tweak = nullptr)
       : tweak_(std::move(tweak)) {
     static int k = 0;
     dir = std::filesystem::temp_directory_path() /
@@ -46,6 +48,7 @@ class FleetStack {
       fixtures::VllmDoubleOptions o;
       o.worker_extension_cls = effects::kWorkerExtensionClass;
       o.token_delay_ms = token_delay_ms;
+      if (engine_tweak) engine_tweak(i, o);
       engines.push_back(std::make_unique<fixtures::VllmDouble>(o));
       RC_CHECK(engines.back()->Start(0) > 0);
     }
@@ -947,6 +950,168 @@ TEST(FleetServe, AJoiningEngineMustHoldAMembersWeights) {
   ASSERT_FALSE(e0_digest.empty());
   EXPECT_EQ(BootstrapDigests(*f, "e1").back(), e0_digest);
   EXPECT_EQ(BootstrapDigests(*f, "e2").back(), "") << "another layout has no member to match";
+  f->CheckJournal();
+}
+
+// What a fleet update's members were held to and what they published, by engine, as the journal
+// holds it: each member's UpdateRequested expected digest and each VersionPublished engine digest.
+struct MemberDigests {
+  std::map<std::string, std::string> held;
+  std::map<std::string, std::string> published;
+};
+MemberDigests MemberDigestsOf(const FleetStack& f, const std::string& update_id) {
+  MemberDigests out;
+  EXPECT_TRUE(f.svc->journal()
+                  .Scan(1, 0,
+                        [&](const journal::Record& r) {
+                          if (const auto* u = std::get_if<UpdateRequested>(&r.event);
+                              u != nullptr && u->update_id == update_id) {
+                            out.held[r.engine] = u->expected_digest;
+                          }
+                          if (const auto* p = std::get_if<VersionPublished>(&r.event);
+                              p != nullptr && p->update_id == update_id) {
+                            out.published[r.engine] = p->engine_digest;
+                          }
+                          return Status::OK();
+                        })
+                  .ok());
+  return out;
+}
+
+// Proves that in a fleet update naming no expected digest, in either mode, a member whose engine
+// ends up with other bytes than a member of its layout published for the label (its transfer
+// landed half the tensors) is held to that member's digest, goes TAINTED and does not publish the
+// label, while the other commits; catches members of one layout each validated on their own
+// digest, so that rollouts admitted under one label run other weights on each engine.
+TEST(FleetServe, AMemberIsHeldToTheDigestItsLayoutPublished) {
+  for (const char* mode : {"all", "rolling"}) {
+    SCOPED_TRACE(mode);
+    FleetStack f(2);
+    f.engines[1]->SetWeightsFault(fixtures::WeightsFault::kPartial);
+    auto r = f.FleetUpdate("u1", mode, 1);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 207) << r->body;
+    const json end = json::parse(r->body);
+    EXPECT_EQ(end["committed"], 1);
+    EXPECT_EQ(end["tainted"], 1);
+    const MemberDigests d = MemberDigestsOf(f, "u1");
+    ASSERT_EQ(d.published.count("e0"), 1u);
+    EXPECT_EQ(d.published.count("e1"), 0u) << "e1 published rc-1 on other weights";
+    EXPECT_EQ(d.held.at("e0"), "") << "the first of the layout has no digest to be held to";
+    EXPECT_EQ(d.held.at("e1"), d.published.at("e0"));
+    const json e1 = f.State()["engines"]["e1"];
+    EXPECT_EQ(e1["lifecycle"], "TAINTED") << DumpSafe(e1);
+    EXPECT_EQ(e1["committed"]["label"], "rc-0") << DumpSafe(e1);
+    EXPECT_NE(e1["taint"].value("detail", "").find(d.published.at("e0").substr(0, 16)),
+              std::string::npos)
+        << DumpSafe(e1);
+    for (const auto& a : CompleteMany(f, 6, 3)) {
+      EXPECT_EQ(a.status, 200);
+      EXPECT_EQ(a.engine, "e0");
+      EXPECT_EQ(a.label, "rc-1");
+    }
+    f.CheckJournal();
+  }
+}
+
+// Proves a fleet of two weight layouts (one worker; two workers, whose digests name each shard)
+// still commits an `all` update naming no expected digest: the first member of each layout
+// starts without a digest, a second member of the two-worker layout is held to the digest the
+// first of its layout published, never to the one-worker engine's; catches a member held to the
+// digest of another layout (refused for holding its own shard) or a fleet serialised across
+// layouts that never differ.
+TEST(FleetServe, AFleetOfTwoLayoutsCommitsEachOnItsOwnDigest) {
+  FleetStack f(3, nullptr, 1, [](int i, fixtures::VllmDoubleOptions& o) {
+    if (i > 0) o.world_size = 2;
+  });
+  auto r = f.FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["committed"], 3);
+  const MemberDigests d = MemberDigestsOf(f, "u1");
+  ASSERT_EQ(d.published.size(), 3u);
+  EXPECT_EQ(d.held.at("e0"), "");
+  EXPECT_EQ(d.held.at("e1"), "") << "held to a digest of the other layout";
+  EXPECT_EQ(d.held.at("e2"), d.published.at("e1"));
+  EXPECT_EQ(d.published.at("e2"), d.published.at("e1"));
+  EXPECT_NE(d.published.at("e0"), d.published.at("e1")) << "the layouts' digests do not differ";
+  for (const auto& e : f.engines) EXPECT_EQ(e->weight_label(), "rc-1");
+  f.CheckJournal();
+}
+
+// Proves a joining engine is held to the digest its weight layout published for the fleet's label
+// even when the only engine of that layout that published it has been TAINTED since: a fresh
+// one-worker engine (rc-0's weights) does not join at rc-1 beside a two-worker member, and says
+// why; catches a join that counted only untainted holders, so the fresh engine bootstrapped rc-1
+// by its label alone and served rc-0's weights under it.
+TEST(FleetServe, AJoinerIsHeldToItsLayoutsDigestOfATaintedEngine) {
+  auto f = std::make_unique<FleetStack>(
+      2, [](ServeConfig& c) { c.engine_monitor_interval_ms = 20; }, 1,
+      [](int i, fixtures::VllmDoubleOptions& o) {
+        if (i == 1) o.world_size = 2;
+      });
+  ASSERT_EQ(f->FleetUpdate("u1", "all", 1)->status, 200);
+  const MemberDigests published = MemberDigestsOf(*f, "u1");
+  ASSERT_EQ(published.published.count("e0"), 1u);
+  const std::string rc1 = published.published.at("e0");
+  ASSERT_TRUE(f->RestartEngine(0));  // e0's process is replaced: the monitor taints it
+  ASSERT_TRUE(
+      Eventually([&] { return f->State()["engines"]["e0"]["lifecycle"] == "TAINTED"; }, 5000))
+      << f->State().dump();
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+
+  fixtures::VllmDoubleOptions fresh;  // e0's layout, with the initial weights
+  fresh.worker_extension_cls = effects::kWorkerExtensionClass;
+  f->engines.push_back(std::make_unique<fixtures::VllmDouble>(fresh));
+  ASSERT_GT(f->engines.back()->Start(0), 0);
+  auto refused = Service::Open(f->Config());
+  ASSERT_FALSE(refused.ok()) << "e2 joined rc-1 on other weights than its layout published";
+  EXPECT_NE(refused.status().message().find("is not the expected"), std::string::npos)
+      << refused.status().ToString();
+
+  f->Reopen(f->Retiring(2));
+  EXPECT_EQ(BootstrapDigests(*f, "e2").back(), rc1) << "the join was not held to e0's record";
+  f->CheckJournal();
+}
+
+// Proves a joining engine is held to the digest an open plan of its layout validated: with the
+// only one-worker member stalled at its resume after validating rc-1 (unpublished) and a
+// two-worker member on rc-1, a fresh one-worker engine does not join at rc-1 on rc-0's weights,
+// and once that plan publishes, the join had been held to what it published; catches a join
+// blind to plans still open (the fresh engine joins by its label, then the stalled member
+// publishes rc-1 on other weights), or a fold that refuses a join held to a validated digest.
+TEST(FleetServe, AJoinerIsHeldToTheDigestAnOpenPlanOfItsLayoutValidated) {
+  auto f = std::make_unique<FleetStack>(2, nullptr, 1, [](int i, fixtures::VllmDoubleOptions& o) {
+    if (i == 1) o.world_size = 2;
+  });
+  fixtures::RouteFault refused;
+  refused.status = 503;  // every resume of e0 until cleared: its plan stalls in RESUMING
+  f->engines[0]->SetRouteFault("/resume", refused);
+  auto r = f->FleetUpdate("u1", "all", 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 207) << r->body;
+  ASSERT_EQ(f->State()["engines"]["e0"]["lifecycle"], "RESUMING");
+  ASSERT_TRUE(f->svc->Shutdown(5000));
+  f->svc.reset();
+
+  fixtures::VllmDoubleOptions fresh;  // e0's layout, with the initial weights
+  fresh.worker_extension_cls = effects::kWorkerExtensionClass;
+  f->engines.push_back(std::make_unique<fixtures::VllmDouble>(fresh));
+  ASSERT_GT(f->engines.back()->Start(0), 0);
+  auto joined = Service::Open(f->Config());
+  ASSERT_FALSE(joined.ok()) << "e2 joined rc-1 beside e0's validated plan, on other weights";
+  EXPECT_NE(joined.status().message().find("is not the expected"), std::string::npos)
+      << joined.status().ToString();
+
+  f->engines[0]->ClearFaults();
+  f->Reopen(f->Retiring(2));  // e0's plan is driven once serve listens: it publishes rc-1
+  ASSERT_TRUE(
+      Eventually([&] { return f->State()["engines"]["e0"]["lifecycle"] == "READY"; }, 10000))
+      << f->State().dump();
+  const MemberDigests d = MemberDigestsOf(*f, "u1");
+  ASSERT_EQ(d.published.count("e0"), 1u);
+  EXPECT_EQ(BootstrapDigests(*f, "e2").back(), d.published.at("e0"));
   f->CheckJournal();
 }
 

@@ -65,11 +65,17 @@ struct FleetDriver {
   const State& engine(const std::string& id) const { return f.engines.at(id); }
 
   void join(const std::string& id) { ok(FleetEvent{"", EngineJoined{id}}); }
-  void bootstrap(const std::string& id, const std::string& label = "rc-0", char ident = 'a') {
-    ok(id, BootstrapRequested{label, identity(ident)});
+  // `digest`: what the engine's probe reads (none by default: the journal then uses no digests);
+  // `expected`: the digest the bootstrap is held to ("" none).
+  void bootstrap(const std::string& id, const std::string& label = "rc-0", char ident = 'a',
+                 const WeightDigest& digest = {}, const std::string& expected = "") {
+    BootstrapRequested b{label, identity(ident)};
+    b.expected_digest = expected;
+    ok(id, b);
     ok(id, EffectStarted{EffectKind::kProbeEngine, CacheKind::kPrefix, 1000});
     EngineProbed probe{ok_http(), "0.25.1", label};
     probe.engine_instance = "i-" + id;
+    probe.digest = digest;
     ok(id, probe);
   }
   std::string admit(const std::string& id) {
@@ -131,6 +137,29 @@ struct FleetDriver {
                    ? Event{ResumeObserved{HttpEvidence{Transport::kConnectFailed, 0, false, 0,
                                                        "connection refused"}}}
                    : observation(s, rng, calm));
+        continue;
+      }
+      const Effect due = next_effect(s);
+      if (due.kind == EffectKind::kNone || due.kind == EffectKind::kAwaitRollouts) return;
+      ok(id, EffectStarted{due.kind, due.cache, 1000});
+    }
+  }
+
+  // Steps `id`'s own update as run_update does, its validation reading `seen` as the engine's
+  // weight digest; with `dead_at_resume` its engine never answers a resume (the plan stalls in
+  // RESUMING, validated).
+  void run_update_reading(const std::string& id, const WeightDigest& seen,
+                          bool dead_at_resume = false) {
+    Rng rng(7);
+    const FaultMix calm = calm_mix();
+    const ResumeObserved dead{HttpEvidence{Transport::kConnectFailed, 0, false, 0, "refused"}};
+    for (int guard = 0; guard < 64 && engine(id).update.has_value(); ++guard) {
+      const State& s = engine(id);
+      if (s.in_flight.has_value()) {
+        Event seen_now = observation(s, rng, calm);
+        if (auto* v = std::get_if<ValidationObserved>(&seen_now)) v->digest = seen;
+        if (dead_at_resume && s.in_flight->kind == EffectKind::kResume) seen_now = dead;
+        ok(id, seen_now);
         continue;
       }
       const Effect due = next_effect(s);

@@ -117,7 +117,7 @@ struct FleetWalk {
     FleetState trial = f;
     const std::vector<std::string> next = fleet_next_members(f);
     for (const std::string& id : next) {
-      RC_ASSERT(fleet_step(trial, FleetEvent{id, member_update_request(f)}).ok());
+      RC_ASSERT(fleet_step(trial, FleetEvent{id, member_update_request(f, id)}).ok());
     }
     if (!fleet_update_blocked_reason(f).empty()) RC_ASSERT(next.empty());
   }

@@ -586,7 +586,7 @@ TEST(FleetPlan, ProposesWhatTheRollingRulesAllow) {
   const FleetUpdateRequested u = d.fleet_update("u1", FleetUpdateMode::kRolling, "rc-1", 2);
   d.ok(FleetEvent{"", u});
   EXPECT_EQ(fleet_next_members(d.f), (std::vector<std::string>{"a", "b"}));
-  for (const std::string& id : fleet_next_members(d.f)) d.ok(id, member_update_request(d.f));
+  for (const std::string& id : fleet_next_members(d.f)) d.ok(id, member_update_request(d.f, id));
   EXPECT_TRUE(fleet_next_members(d.f).empty());
   EXPECT_EQ(fleet_update_blocked_reason(d.f), "");  // two members are updating
   d.run_update("a");
@@ -686,6 +686,212 @@ TEST(FleetEdges, TheUnnamedEngineNeitherLeavesNorReturns) {
   ASSERT_TRUE(named.f.engines.empty());
   EXPECT_EQ(named.rejected("", BootstrapRequested{"rc-0", identity('a')}).code(), Code::kNotFound);
   EXPECT_EQ(named.rejected(make_fleet_admission(named.f, "zz", "r1")).code(), Code::kNotFound);
+}
+
+// A digest of the layout two workers give (each tensor's shard named by its worker's rank), its
+// values named by `v` as digest_of's are.
+WeightDigest two_worker_digest(const std::string& v) {
+  WeightDigest d;
+  d.algorithm = "rcd1";
+  d.bytes = 6 * 1024;
+  for (const char* rank : {"r0/", "r1/"}) {
+    for (int i = 0; i < 3; ++i) {
+      d.tensors.push_back({std::string(rank) + "abc"[i], std::string(32, v[i])});
+    }
+  }
+  d.combined = std::string(61, 'f') + v;
+  return d;
+}
+
+// Engines a and b (one worker each) and c (two workers), READY on rc-0 with the digests of their
+// layouts, and an `all` fleet update to rc-1 that names no expected digest.
+FleetDriver digest_fleet() {
+  FleetDriver d;
+  for (const char* id : {"a", "b", "c"}) d.join(id);
+  d.bootstrap("a", "rc-0", 'a', digest_of("111"));
+  d.bootstrap("b", "rc-0", 'a', digest_of("111"));
+  d.bootstrap("c", "rc-0", 'a', two_worker_digest("111"));
+  d.ok(FleetEvent{"", d.fleet_update("u1", FleetUpdateMode::kAll, "rc-1")});
+  return d;
+}
+
+// Proves that in a fleet update naming no expected digest one member of each weight layout starts
+// without a digest, the others of its layout wait until its digest is known and then carry it,
+// and the fold itself still takes a digest-less member request (a journal written before the rule
+// folds as it was written); catches members of one layout validated side by side, each free to
+// publish the label on weights of its own.
+TEST(FleetDigest, OneMemberPerLayoutStartsWithoutADigest) {
+  FleetDriver d = digest_fleet();
+  EXPECT_EQ(fleet_next_members(d.f), (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(member_update_request(d.f, "a").expected_digest, "");
+  d.ok("a", member_update_request(d.f, "a"));
+  d.ok("c", member_update_request(d.f, "c"));
+  const UpdateRequested early = member_update_request(d.f, "b");
+  EXPECT_EQ(early.expected_digest, "") << "no engine holds a digest for rc-1 yet";
+  FleetState recorded = d.f;
+  EXPECT_TRUE(fleet_apply(recorded, FleetEvent{"b", early}).ok()) << "the fold's own rule changed";
+  const Status waits = d.rejected("b", early);
+  EXPECT_EQ(waits.code(), Code::kRejected);
+  EXPECT_NE(waits.message().find("waits for the digest that engine 'a'"), std::string::npos)
+      << waits.message();
+  EXPECT_TRUE(fleet_next_members(d.f).empty());
+  EXPECT_EQ(fleet_update_blocked_reason(d.f), "");  // a and c are updating
+  d.run_update_reading("a", digest_of("222"));
+  ASSERT_EQ(d.engine("a").committed.label, "rc-1");
+  EXPECT_EQ(fleet_next_members(d.f), std::vector<std::string>{"b"});
+  EXPECT_EQ(member_update_request(d.f, "b").expected_digest, digest_of("222").combined);
+  d.ok("b", member_update_request(d.f, "b"));
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// Proves a member held to the digest its layout published for the label publishes it on no other
+// weights (its engine reading other bytes goes TAINTED, still on rc-0), a member of another layout
+// commits on its own digest, and the fold refuses a member request held to a digest no engine
+// holds for the target; catches one label published across the fleet for two contents, and a
+// forged journal that holds a member to a digest nobody read.
+TEST(FleetDigest, AMemberHeldToItsLayoutsDigestPublishesNoOther) {
+  FleetDriver d = digest_fleet();
+  d.ok("a", member_update_request(d.f, "a"));
+  d.ok("c", member_update_request(d.f, "c"));
+  d.run_update_reading("a", digest_of("222"));
+  UpdateRequested forged = member_update_request(d.f, "b");
+  forged.expected_digest = digest_of("333").combined;
+  const Result<std::vector<FleetEvent>> decided = fleet_decide(d.f, FleetEvent{"b", forged});
+  ASSERT_FALSE(decided.ok());
+  EXPECT_EQ(decided.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(decided.status().message().find("holds for 'rc-1'"), std::string::npos)
+      << decided.status().message();
+  d.ok("b", member_update_request(d.f, "b"));
+  d.run_update_reading("b", digest_of("444"));
+  EXPECT_EQ(d.engine("b").lifecycle, Lifecycle::kTainted);
+  EXPECT_EQ(d.engine("b").committed.label, "rc-0");
+  EXPECT_EQ(d.engine("b").label_digests.count("rc-1"), 0u);
+  d.run_update_reading("c", two_worker_digest("222"));
+  EXPECT_EQ(d.engine("c").committed.label, "rc-1");
+  FleetUpdateEnded end;
+  ASSERT_TRUE(has_end(d.accepted, &end));
+  EXPECT_EQ(end.outcome, FleetOutcome::kPartial);
+  EXPECT_EQ(end.committed, 2u);
+  EXPECT_EQ(end.tainted, 1u);
+  const FleetHistoryReport rep = check_fleet_history(d.history);
+  EXPECT_TRUE(rep.ok) << rep.message;
+}
+
+// Proves a member that validated its digest and then stalled (its engine died paused) holds no
+// member of its layout back: they start held to the digest it validated, which the fold accepts;
+// catches one dead engine that keeps the rest of its layout out of the fleet update.
+TEST(FleetDigest, AValidatedMemberThatStallsLendsItsDigest) {
+  FleetDriver d = digest_fleet();
+  d.ok("a", member_update_request(d.f, "a"));
+  d.run_update_reading("a", digest_of("222"), /*dead_at_resume=*/true);
+  ASSERT_EQ(d.f.update->members.at("a"), MemberStatus::kStalled);
+  ASSERT_EQ(d.engine("a").committed.label, "rc-0");
+  EXPECT_EQ(fleet_next_members(d.f), (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(member_update_request(d.f, "b").expected_digest, digest_of("222").combined);
+  d.ok("b", member_update_request(d.f, "b"));
+  d.run_update_reading("b", digest_of("222"));
+  EXPECT_EQ(d.engine("b").committed.label, "rc-1");
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// Proves a fleet update whose expected digest differs from the one a member's layout published
+// for the target starts no member of that layout, and says why, while a member of another layout
+// may start; catches a label published on the trainer's digest on some engines of a layout and
+// on another on the rest.
+TEST(FleetDigest, AnExpectedDigestOtherThanTheLayoutsIsRefused) {
+  FleetDriver d = digest_fleet();
+  d.ok("a", member_update_request(d.f, "a"));
+  d.run_update_reading("a", digest_of("222"));
+  d.ok(FleetEvent{"", FleetUpdateCancelled{"u1", "b and c stay behind"}});
+  ASSERT_FALSE(d.f.update.has_value());
+  FleetUpdateRequested u2 = d.fleet_update("u2", FleetUpdateMode::kAll, "rc-1");
+  u2.expected_digest = digest_of("999").combined;
+  d.ok(FleetEvent{"", u2});
+  ASSERT_EQ(d.f.update->members.at("a"), MemberStatus::kCommitted);
+  EXPECT_EQ(fleet_next_members(d.f), std::vector<std::string>{"c"});
+  const Status refused = d.rejected("b", member_update_request(d.f, "b"));
+  EXPECT_EQ(refused.code(), Code::kRejected);
+  EXPECT_NE(refused.message().find("holds digest " + digest_of("222").combined.substr(0, 16)),
+            std::string::npos)
+      << refused.message();
+}
+
+// digest_fleet once c, the only engine of its layout, committed rc-1 in u1 (a and b have not
+// started), with engine j joined and not bootstrapped yet.
+FleetDriver fleet_with_c_on_rc1() {
+  FleetDriver d = digest_fleet();
+  d.ok("c", member_update_request(d.f, "c"));
+  d.run_update_reading("c", two_worker_digest("222"));
+  EXPECT_EQ(d.engine("c").committed.label, "rc-1");
+  d.join("j");
+  return d;
+}
+
+// Proves a joining engine is held to the digest a TAINTED engine of its layout published for the
+// label, the same one a member of that layout is held to, and a joiner that computes no digest is
+// refused there; catches a join that counts only untainted holders, so a fresh engine bootstraps
+// rc-1 on other weights than its layout published under it.
+TEST(FleetJoin, AJoinerIsHeldToATaintedEnginesRecordedDigest) {
+  FleetDriver d = fleet_with_c_on_rc1();
+  d.ok("a", member_update_request(d.f, "a"));
+  d.run_update_reading("a", digest_of("222"));
+  ASSERT_EQ(d.engine("a").committed.label, "rc-1");
+  d.ok(FleetEvent{"", FleetUpdateCancelled{"u1", "b stays behind"}});
+  EngineMonitored drifted{ok_http(), "rc-1", true, false, ""};
+  drifted.updates_seen = monitor_epoch(d.engine("a"));
+  drifted.digest = digest_of("555");  // a's weights changed behind the fleet's back
+  d.ok("a", drifted);
+  ASSERT_EQ(d.engine("a").lifecycle, Lifecycle::kTainted);
+  ASSERT_EQ(d.engine("a").label_digests.at("rc-1"), digest_of("222").combined);
+
+  const std::string held = digest_of("222").combined;
+  EXPECT_EQ(layout_label_digest(d.f, digest_of("999"), "rc-1"), held);
+  EXPECT_EQ(layout_digest(d.f, "b", "rc-1"), held) << "members and joiners differ";
+  const Result<std::string> joined = join_digest(d.f, "rc-1", digest_of("999"));
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  EXPECT_EQ(*joined, held);
+  const Result<std::string> other_layout = join_digest(d.f, "rc-1", two_worker_digest("999"));
+  ASSERT_TRUE(other_layout.ok());
+  EXPECT_EQ(*other_layout, two_worker_digest("222").combined);
+  EXPECT_EQ(join_digest(d.f, "rc-1", WeightDigest{}).status().code(), Code::kRejected);
+
+  d.bootstrap("j", "rc-1", 'b', digest_of("999"), *joined);  // other weights: refused by its probe
+  EXPECT_EQ(d.engine("j").lifecycle, Lifecycle::kUninitialized);
+  d.bootstrap("j", "rc-1", 'b', digest_of("222"), *joined);
+  EXPECT_EQ(d.engine("j").lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(d.refold(), d.f);
+}
+
+// Proves a joining engine is refused (retryable) while the first of its layout updates to the
+// label and has read no digest yet, then, once that plan validated (and stalled at its resume,
+// unpublished), is held to the digest it read and the fold takes that bootstrap; catches a join
+// held to nothing beside an open plan of its layout, after which the plan publishes the label on
+// one content and the joiner serves it on another.
+TEST(FleetJoin, AJoinerWaitsForTheFirstOfItsLayoutThenIsHeldToItsDigest) {
+  FleetDriver d = fleet_with_c_on_rc1();
+  d.ok("a", member_update_request(d.f, "a"));
+  ASSERT_FALSE(d.engine("a").update->validated);
+  const Result<std::string> early = join_digest(d.f, "rc-1", digest_of("999"));
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), Code::kRejected);
+  EXPECT_NE(early.status().message().find("engine 'a'"), std::string::npos)
+      << early.status().message();
+  EXPECT_NE(early.status().message().find("has read no digest yet"), std::string::npos)
+      << early.status().message();
+  const Result<std::string> other_layout = join_digest(d.f, "rc-1", two_worker_digest("999"));
+  ASSERT_TRUE(other_layout.ok()) << "a plan of another layout holds the join back";
+
+  d.run_update_reading("a", digest_of("222"), /*dead_at_resume=*/true);
+  ASSERT_EQ(d.engine("a").lifecycle, Lifecycle::kResuming);
+  ASSERT_TRUE(d.engine("a").update->validated);
+  ASSERT_EQ(d.engine("a").label_digests.count("rc-1"), 0u) << "a published";
+  const Result<std::string> joined = join_digest(d.f, "rc-1", digest_of("999"));
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  EXPECT_EQ(*joined, digest_of("222").combined);
+  d.bootstrap("j", "rc-1", 'b', digest_of("222"), *joined);
+  EXPECT_EQ(d.engine("j").lifecycle, Lifecycle::kReady);
+  EXPECT_EQ(d.engine("j").label_digests.at("rc-1"), digest_of("222").combined);
+  EXPECT_EQ(d.refold(), d.f);
 }
 
 }  // namespace
