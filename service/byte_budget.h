@@ -21,10 +21,13 @@ class ByteBudget {
   [[nodiscard]] bool Take(std::uint64_t n) {
     std::uint64_t used = used_.load(std::memory_order_relaxed);
     do {
-      if (n > max_ - used) return false;
+      if (used > max_ || n > max_ - used) return false;  // past it only through TakePastBound
     } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
     return true;
   }
+  // Takes n bytes even past the bound, for what cannot be refused any more (the answer of a
+  // request whose effects already ran): Take refuses everyone else until enough is given back.
+  void TakePastBound(std::uint64_t n) { used_.fetch_add(n, std::memory_order_relaxed); }
   void Give(std::uint64_t n) {
     const std::uint64_t before = used_.fetch_sub(n, std::memory_order_relaxed);
     RC_CHECK(before >= n);  // never more than was taken
@@ -63,6 +66,12 @@ class BudgetHold {
     if (!budget_->Take(n)) return false;
     held_ += n;
     return true;
+  }
+  // Takes n more bytes even past the budget's bound (ByteBudget::TakePastBound).
+  void GrowPastBound(std::uint64_t n) {
+    RC_CHECK(budget_ != nullptr);
+    budget_->TakePastBound(n);
+    held_ += n;
   }
   // Gives back what it holds beyond n bytes.
   void ShrinkTo(std::uint64_t n) {

@@ -106,6 +106,35 @@ std::uint64_t UsSince(std::chrono::steady_clock::time_point t) {
   return static_cast<std::uint64_t>(std::max<std::int64_t>(0, us.count()));
 }
 
+// Takes what `body`'s buffer holds beyond what `hold` holds once it passes kAnswerUnheldBytesMax
+// (a hold that holds nothing is made one of `budget`'s); false, holding what it held, when the
+// budget cannot give it. An answer that `must_answer` is held past the bound instead.
+bool HoldAnswer(const std::string& body, ByteBudget& budget, BudgetHold& hold,
+                bool must_answer = false) {
+  const std::uint64_t bytes = body.capacity();
+  if (bytes <= kAnswerUnheldBytesMax || bytes <= hold.held()) return true;
+  if (hold.held() == 0) hold = BudgetHold(&budget);
+  if (hold.Grow(bytes - hold.held())) return true;
+  if (!must_answer) return false;
+  hold.GrowPastBound(bytes - hold.held());
+  return true;
+}
+
+// Whether a trainer request's answer reports effects already run (an update, a restore, a fleet
+// change): refusing it for memory would hide their outcome from the caller, so it is held past
+// the bound. Such answers are at most one per blocking thread at a time.
+bool AnswersEffects(const HttpRequest& request) {
+  return request.method() != bhttp::verb::get && request.method() != bhttp::verb::head;
+}
+
+// The answer in place of one the body budget cannot hold, as a request body over it gets: small
+// and fixed, held nowhere. Nothing was done for the request, so the client may retry it.
+HttpResponse AnswerOverBudget() {
+  HttpResponse res = ErrorResponse(503, "overloaded", kBodyMemoryRefusal);
+  res.set(bhttp::field::retry_after, "1");
+  return res;
+}
+
 }  // namespace
 
 std::size_t SocketsMaxFor(std::size_t connections_max) {
@@ -397,9 +426,7 @@ bool Session::TakeBodyBudget() {
 
 void Session::RefuseOverBudget() {
   server_.mutable_counters().body_memory_refused++;
-  Refuse(503, "overloaded",
-         "the bodies other requests hold take the server's memory budget "
-         "(body_memory_bytes_max); try again");
+  Refuse(503, "overloaded", kBodyMemoryRefusal);
 }
 
 // One deadline for the whole body, read piece by piece so each piece is budgeted as it comes.
@@ -451,6 +478,11 @@ void Session::Refuse(int status, const std::string& type, const std::string& mes
 
 void Session::Respond(std::uint64_t serial, HttpResponse res, BudgetHold hold) {
   if (!Live(serial)) return;  // the hold goes back with the answer nobody takes
+  if (!HoldAnswer(res.body(), server_.body_budget(), hold)) {
+    server_.mutable_counters().body_memory_refused++;
+    res = AnswerOverBudget();  // the answer refused is freed here, its partial hold below
+    hold.Release();
+  }
   answered_ = true;
   StopWatching();
   out_ = std::make_unique<HttpResponse>(std::move(res));
@@ -572,6 +604,11 @@ void Session::Write(std::uint64_t serial, std::string bytes, Exchange::WriteDone
 
 void Session::End(std::uint64_t serial, std::string last_bytes, BudgetHold hold) {
   if (!Live(serial) || stream_sr_ == nullptr) return;
+  if (!HoldAnswer(last_bytes, server_.body_budget(), hold)) {
+    // A stream's head is sent: no other answer can take its place, and the client sees it cut.
+    server_.mutable_counters().body_memory_refused++;
+    return Close();
+  }
   answered_ = true;
   StopWatching();
   out_hold_ = std::move(hold);
@@ -1202,7 +1239,10 @@ HttpServer::BlockingSlot HttpServer::TakeBlockingSlot() {
 
 // On a pool thread: the handler's answer goes back to the exchange's loop, then the slot is
 // given back. A handler that throws is answered 500; an exception out of a plan's runner call
-// never comes here (Service::DrivePlan answers it 503 outcome_unknown).
+// never comes here (Service::DrivePlan answers it 503 outcome_unknown). An answer past
+// kAnswerUnheldBytesMax (a page of /v1/events, a full /v1/state) is held against the body budget
+// here, before it is queued for its loop, and its hold goes with it to the connection (held until
+// the client took it); one the budget cannot hold is freed here, and the client gets 503.
 void HttpServer::RunHandler(const BlockingHandler* handler,
                             const std::vector<std::string>& captures, const Exchange& exchange) {
   HttpResponse res;
@@ -1216,9 +1256,15 @@ void HttpServer::RunHandler(const BlockingHandler* handler,
     spdlog::error("http: handler failed: an exception not derived from std::exception");
     res = ErrorResponse(500, "internal", "internal error");
   }
-  exchange.Post([exchange, res = std::move(res)]() mutable {
+  auto hold = std::make_shared<BudgetHold>(&body_budget_);  // a posted function is copyable
+  if (!HoldAnswer(res.body(), body_budget_, *hold, AnswersEffects(exchange.request()))) {
+    counters_.body_memory_refused++;
+    res = AnswerOverBudget();
+    hold->Release();
+  }
+  exchange.Post([exchange, res = std::move(res), hold]() mutable {
     Exchange ex = exchange;
-    ex.Respond(std::move(res));
+    ex.Respond(std::move(res), std::move(*hold));
   });
   std::lock_guard<std::mutex> g(blocking_->mu);
   RC_CHECK(blocking_->in_flight > 0);
@@ -1227,7 +1273,8 @@ void HttpServer::RunHandler(const BlockingHandler* handler,
 }
 
 bool HttpServer::Stop(std::uint64_t deadline_ms) {
-  if (stopping_.exchange(true)) return true;
+  std::lock_guard<std::mutex> one_stop(stop_mu_);
+  if (stopping_.exchange(true)) return JoinBlocking(deadline_ms);
   asio::post(*loops_.front(), [this] {
     beast::error_code ignored;
     acceptor_->close(ignored);
@@ -1247,6 +1294,16 @@ bool HttpServer::Stop(std::uint64_t deadline_ms) {
   // its connection's loop as it returns, which is safe while the loops exist: the destructor
   // joins the pool before it destroys them.
   if (!drained) return false;
+  blocking_->Join();
+  return true;
+}
+
+// A Stop after the first, or after a Start that failed (AbandonStart stopped the pool): the
+// handlers an earlier Stop left running get `deadline_ms` more, then the pool is joined. A pool
+// joined already (or never started) has nothing left to run: true at once.
+bool HttpServer::JoinBlocking(std::uint64_t deadline_ms) {
+  if (blocking_->threads.empty()) return true;
+  if (!WaitBlockingIdle(deadline_ms)) return false;
   blocking_->Join();
   return true;
 }

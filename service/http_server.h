@@ -94,6 +94,20 @@ struct HttpServerOptions {
   effects::ThreadStarter thread_starter;
 };
 
+// An answer handed to a connection with no hold for its buffer (an error answer, a trainer
+// route's JSON, the last bytes of a stream) is held there against body_budget() once its buffer
+// passes this many bytes; at or below it, it is held nowhere. A connection writes one answer at a
+// time, so at most connections_max times this goes unheld in all (64 MiB at 4,096 connections).
+// Error answers and events are a few hundred bytes (fixed text, bounded excerpts of the engine's
+// body): they stay below it, as do the small JSON answers of the trainer routes polled most.
+inline constexpr std::size_t kAnswerUnheldBytesMax = std::size_t{16} << 10;
+
+// Why a request is answered 503 when the body budget cannot hold what serving it takes: its body,
+// the copy of it a pass-through sends, or its answer.
+inline constexpr const char* kBodyMemoryRefusal =
+    "the bodies other requests hold take the server's memory budget (body_memory_bytes_max); "
+    "try again";
+
 struct HttpServerCounters {
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> refused_over_budget{0};
@@ -129,7 +143,9 @@ class Exchange {
   void Respond(HttpResponse response);
   // Answers with `response`, whose bytes `hold` holds of body_budget(): the connection keeps the
   // hold until the response is written or the connection ends, so an answer a client is slow to
-  // take stays charged while it waits (and none is charged past its write).
+  // take stays charged while it waits (and none is charged past its write). A body whose buffer
+  // passes kAnswerUnheldBytesMax and what `hold` holds is held for the rest there; when the
+  // budget cannot give it, the client gets 503 (kBodyMemoryRefusal) instead.
   void Respond(HttpResponse response, BudgetHold hold);
   // A streamed response: the head now, then Write()s, each completing only when the client took
   // the bytes (back-pressure), then End(). `done(false)`: the client is gone or stalled. Chunked
@@ -141,7 +157,9 @@ class Exchange {
   void StartStream(HttpResponse head, WriteDone done);
   void Write(std::string bytes, WriteDone done);
   void End(std::string last_bytes);
-  // End, with `hold` holding `last_bytes` of body_budget() until they are written (as Respond's).
+  // End, with `hold` holding `last_bytes` of body_budget() until they are written (as Respond's,
+  // which holds what passes kAnswerUnheldBytesMax: last bytes the budget cannot hold are dropped
+  // and the connection closes, the client seeing its stream cut).
   void End(std::string last_bytes, BudgetHold hold);
   // A stream's write that waits on the client (its head's, or a Write's) fails now (the
   // connection closes); no-op otherwise.
@@ -221,7 +239,11 @@ class HttpServer {
   // Stops accepting, lets the blocking handlers running end (up to `deadline_ms` from now; their
   // answers are sent), closes every connection, joins the threads. True when every blocking
   // handler returned by then; false leaves the pool's threads running those handlers, and the
-  // destructor joins them before it destroys the loops their answers are posted to.
+  // destructor joins them before it destroys the loops their answers are posted to. A later call
+  // gives the handlers an earlier one left running `deadline_ms` more (their answers go to
+  // stopped loops, never written) and joins the pool once none runs: true only then, so that
+  // whoever owns what the handlers use may destroy it once Stop returned true. Never called from
+  // a loop or a pool thread: it joins them.
   bool Stop(std::uint64_t deadline_ms);
 
   const HttpServerCounters& counters() const { return counters_; }
@@ -258,6 +280,7 @@ class HttpServer {
   enum class BlockingSlot { kTaken, kStopping, kFull };
   BlockingSlot TakeBlockingSlot();
   // Stop's steps.
+  bool JoinBlocking(std::uint64_t deadline_ms);
   bool WaitBlockingIdle(std::uint64_t timeout_ms);
   void CloseSessions();
   void FlushLoops(std::uint64_t timeout_ms);
@@ -286,6 +309,7 @@ class HttpServer {
   std::optional<boost::asio::steady_timer> accept_retry_;   // likewise
   std::vector<std::thread> io_threads_;
   std::atomic<bool> stopping_{false};
+  std::mutex stop_mu_;  // one Stop at a time: a later one waits on the pool an earlier one left
 
   struct BlockingPool;
   std::unique_ptr<BlockingPool> blocking_;

@@ -1128,6 +1128,9 @@ void ProxyExchange::WriteTrajectoryLine() {
 
 // ---- read-only pass-through ----
 
+constexpr const char* kPassThroughOverBudget =
+    "the bodies other requests hold take serve's memory budget (body_memory_bytes_max)";
+
 // An engine route OpenAI clients call that reads nothing RolloutCore governs (models, tokenizer,
 // health, version): relayed as is, bounded, without an admission. Nothing else of the engine is
 // reachable through the proxy (never the dev-mode routes).
@@ -1141,6 +1144,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
         config_(config),
         probe_(probe),
         deadline_(ex_.executor()),
+        request_hold_(&ex_.body_budget()),
         body_hold_(&ex_.body_budget()) {}
   // An unanswered client is never left waiting, whatever ended the chain.
   ~PassThrough() {
@@ -1160,7 +1164,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     request_.set(bhttp::field::host, target_.authority);
     if (in.method() == bhttp::verb::post) {
       request_.set(bhttp::field::content_type, "application/json");
-      request_.body() = in.body();
+      if (!CopyBody(in.body())) return Reply(ErrorResponse(503, "overloaded", kBodyMemoryRefusal));
     }
     if (!config_.engine_api_key.empty()) {
       request_.set(bhttp::field::authorization, "Bearer " + config_.engine_api_key);
@@ -1198,6 +1202,18 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
       }
     }
   }
+  // The engine's copy of the client's body (the client's own stays held by its connection) is
+  // held before it is made, and given back once it is sent. False, nothing copied, when the
+  // budget cannot give it.
+  [[nodiscard]] bool CopyBody(const std::string& body) {
+    if (!request_hold_.Grow(body.size())) return false;
+    request_.body() = body;
+    return request_hold_.ResizeTo(request_.body().capacity());  // a library that rounds it up
+  }
+  void DropRequestBody() {
+    std::string().swap(request_.body());
+    request_hold_.Release();
+  }
   // call_timeout_ms passed. What is under way on the connection fails at once, and its failure
   // answers the call. A connect still under way is not waited for (it may take up to
   // connect_timeout_ms): the call is answered now, and the connection goes back unused when it
@@ -1212,6 +1228,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     }
     Fail("");
     request_ = {};  // never sent: its copy goes now, not when the connect ends
+    request_hold_.Release();
   }
   void OnConnected(const Status& st, std::unique_ptr<UpstreamConn> conn) {
     if (answered_) {  // the deadline answered the call while it connected: nothing is sent
@@ -1230,6 +1247,7 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
         asio::bind_executor(ex_.executor(),
                             [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
                               self->Step([&] {
+                                self->DropRequestBody();  // sent, or never to be
                                 if (ec) return self->Fail("send: " + ec.message());
                                 self->Read();
                               });
@@ -1256,32 +1274,47 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
     conn_->buffer.commit(n);
     ParseHead();
   }
-  // The answer's body comes out of the server's body budget before it is read: its declared
-  // length, or the bound when it declares none.
+  // The answer's body comes out of the server's body budget before it is allocated: a declared
+  // length from the head (Beast reserves it whole as the body starts); an undeclared one (chunked,
+  // or ending with the connection) read by read, each read's room held before it is reserved
+  // (BodyRoom), so the buffer never grows past its hold.
   void ReadBody() {
     const auto length = parser_->content_length();
     // A share of the budget, so a small budget can still take an answer of undeclared length.
-    const std::uint64_t bound =
-        std::min<std::uint64_t>(effects::kResponseBytesMax, ex_.body_budget().max() / 4);
-    if (length && *length > bound) {
+    body_bound_ = std::min<std::uint64_t>(effects::kResponseBytesMax, ex_.body_budget().max() / 4);
+    if (length && *length > body_bound_) {
       return Fail("the engine's answer declares " + std::to_string(*length) +
-                  " bytes, more than serve takes for one (" + std::to_string(bound) + ")");
+                  " bytes, more than serve takes for one (" + std::to_string(body_bound_) + ")");
     }
-    parser_->body_limit(bound);  // what an answer of undeclared length may take
-    if (!body_hold_.Grow(length ? *length : bound)) {
-      return Fail(
-          "the bodies other requests hold take serve's memory budget "
-          "(body_memory_bytes_max)");
-    }
-    beast::http::async_read(
+    parser_->body_limit(body_bound_);  // what an answer of undeclared length may take
+    // One parse step a read: a read then adds at most the connection buffer's bytes to the body
+    // (eager, one read could parse chunk after chunk past the room BodyRoom held).
+    parser_->eager(false);
+    if (length && !body_hold_.Grow(*length)) return Fail(kPassThroughOverBudget);
+    ReadBodySome();
+  }
+  void ReadBodySome() {
+    if (parser_->is_done()) return Answer();
+    if (!parser_->content_length() && !BodyRoom()) return Fail(kPassThroughOverBudget);
+    beast::http::async_read_some(
         conn_->socket, conn_->buffer, *parser_,
         asio::bind_executor(ex_.executor(),
                             [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
                               self->Step([&] {
                                 if (ec) return self->Fail("response: " + ec.message());
-                                self->Answer();
+                                self->ReadBodySome();
                               });
                             }));
+  }
+  // Room in an answer of undeclared length for what one read may add (the connection buffer's
+  // bytes, within the bound), held before it is reserved: Beast appends within that capacity and
+  // never reallocates past the hold. False when the budget cannot give it.
+  [[nodiscard]] bool BodyRoom() {
+    std::string& body = parser_->get().body();
+    RC_CHECK(body.size() <= body_bound_);  // the parser's body_limit
+    const std::size_t room =
+        std::min<std::uint64_t>(kUpstreamBufferBytesMax, body_bound_ - body.size());
+    return ReserveHeld(body, room, body_bound_, body_hold_);
   }
   void Answer() {
     if (TrailerFieldsOver(parser_->get())) return Fail(TrailerFailure());
@@ -1293,14 +1326,8 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
                   ", neither an answer nor an error serve relays");
     }
     // The body stays held until the client took it, as allocated: its declared length (reserved
-    // whole), or what the reads of an undeclared length grew it to, less than the bound took or,
-    // grown by doubling past half the bound, more (charged once the read returns, as a chunked
-    // request body is).
-    if (!body_hold_.ResizeTo(msg.body().capacity())) {
-      return Fail(
-          "the bodies other requests hold take serve's memory budget "
-          "(body_memory_bytes_max)");
-    }
+    // whole, a few bytes more for a tiny one), or the capacity BodyRoom held for an undeclared one.
+    if (!body_hold_.ResizeTo(msg.body().capacity())) return Fail(kPassThroughOverBudget);
     HttpResponse res;
     const auto type = msg[beast::http::field::content_type];
     SetBody(res, static_cast<int>(status), std::move(msg.body()),
@@ -1335,9 +1362,11 @@ class PassThrough : public std::enable_shared_from_this<PassThrough> {
   bool answered_ = false;   // Reply ran: the connection that arrives after it is not used
   std::unique_ptr<UpstreamConn> conn_;
   beast::http::request<beast::http::string_body> request_;
+  BudgetHold request_hold_;  // request_'s body, the engine's copy of the client's, until sent
   std::optional<beast::http::response_parser<beast::http::string_body>> parser_;
   std::optional<HeadRead> head_read_;
-  BudgetHold body_hold_;
+  std::uint64_t body_bound_ = 0;  // the most the answer's body may take (a share of the budget)
+  BudgetHold body_hold_;          // the answer's body buffer, as allocated
 };
 
 // ---- routes ----

@@ -160,6 +160,38 @@ std::optional<std::string> PassChunk(Trajectory& trace, const json& chunk,
 // copy and appended to the client's write buffer). 4 MiB of "[{},{},...]" is ~280 MB.
 std::uint64_t StreamEventBytesBound(std::string_view data);
 
+// ---- the body budget, and what stays outside it ----
+//
+// Whatever a client or an engine can make serve keep is held against body_memory_bytes_max before
+// it is allocated: request bodies (from their declared length, or as their buffers grow), a
+// proxied request's parse and the engine's copy of it, a pass-through's copy of the client's body
+// (until sent) and the engine's answer (its declared length, or each read's room before it is
+// reserved), the engine's body and its parse, the trace, a streamed event's parse past
+// kStreamEventUnheldBytesMax, a stream's buffered bytes past kStreamBufferUnheldBytesMax; and
+// every answer waiting on its client, from when it is made (a proxied answer) or handed to its
+// connection (a trainer route's, an error answer, a stream's last bytes) until written, past
+// kAnswerUnheldBytesMax (http_server.h). What the budget cannot give is refused: 503 for a
+// request or an answer, 502 or an error event naming body_memory_bytes_max for a rollout's engine
+// call, a cut stream for last bytes after its head. What stays outside, and its bound:
+//   Per connection, at most (about 440 KiB with the default header_bytes_max, 16 KiB):
+//   - its read buffer, header_bytes_max + 64 KiB (a head, chunk framing, pipelined bytes), the
+//     parsed head (header_bytes_max, kHeaderFieldsMax fields), and a 4 KiB watch buffer;
+//   - one answer or stream's last bytes handed over without a hold: kAnswerUnheldBytesMax;
+//   - while it proxies: its engine connection's buffer (kUpstreamBufferBytesMax, 192 KiB: the
+//     answer's head and the framing around each read), the stream's read buffer
+//     (kUpstreamReadBytes, 64 KiB) and up to kStreamBufferUnheldBytesMax of buffered SSE bytes
+//     and client events.
+//   Per event loop, one at a time (each made and dropped within one synchronous step): an unheld
+//   event's parse (StreamEventBytesBound of kStreamEventUnheldBytesMax, ~1.4 MB); a non-streamed
+//   answer's simdjson document (kRelayAnswerBytesMax, about 15 MiB) and the client's answer
+//   RelayAnswer makes of it before its hold takes it (up to about twice kRelayAnswerBytesMax);
+//   the old buffer of a body growing under its hold while it is copied into the new one
+//   (ReserveHeld).
+//   Per blocking thread (http_threads): the answer its trainer route is making, until the route
+//   returns (HttpServer::RunHandler then holds it, or refuses it), and the JSON of a file a
+//   trainer names, parsed under a bound of its own (256 MiB).
+// The journal's and the trajectory log's queues are bounded by their own settings.
+
 // Events of at most this many bytes (a token's chunk is a few hundred, with top logprobs a few
 // thousand) are parsed without a hold, sparing every chunk two atomic operations on the budget
 // all event loops share. The bound stays global: an event's trees are made and dropped within

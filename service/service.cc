@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <algorithm>
@@ -72,7 +73,10 @@ inline constexpr std::uint64_t kDescriptorsPerEngine = 16;
 inline constexpr std::uint64_t kFilesDescriptorsReserve = 16;
 // The fewest client connections serve starts with (http_connections_max's lower bound).
 inline constexpr std::uint64_t kConnectionsFitMin = 4;
-// The destructor waits this long for blocking handlers (an update) to return.
+// The destructor waits this long for blocking handlers (an update) to return. Every wait a
+// handler makes ends at one of serve's deadlines; a plan chains a few of them (drain, transfer,
+// the steps after it), each far below a day in any configuration a run uses: one still running
+// a day into the teardown is stuck, not slow.
 inline constexpr std::uint64_t kHandlersDrainMsMax = 24ull * 3600 * 1000;
 
 // A prefix no other executor (or restart of this one) gives its rollouts: "px-<48 random bits>-".
@@ -88,6 +92,20 @@ std::string RandomRolloutPrefix() {
 
 Clock::time_point SettleDeadline() {
   return Clock::now() + std::chrono::milliseconds(kShutdownSettleMs);
+}
+
+// Returns once no blocking handler runs and the pool is joined: the first Stop of `http`, or a
+// later one after a Stop (Shutdown's) that left handlers running. A handler still running after
+// kHandlersDrainMsMax is stuck past every deadline it has: serve ends here rather than free what
+// it uses under it.
+void JoinBlockingHandlers(HttpServer* http) {
+  if (http == nullptr || http->Stop(kHandlersDrainMsMax)) return;
+  spdlog::critical(
+      "serve: a trainer API handler still runs {} ms into serve's teardown, past every deadline "
+      "it has; aborting rather than destroy what it uses",
+      kHandlersDrainMsMax);
+  spdlog::default_logger()->flush();
+  std::abort();
 }
 
 Lifecycle ReadLifecycle(const journal::Journal& journal) {
@@ -263,12 +281,13 @@ std::string DurableHead::ToString() const {
 
 Service::Service(ServeConfig config) : config_(std::move(config)) {}
 
-// Also the path of a crash in tests (no Shutdown): the event loops stop and blocking handlers
-// finish first, then the engine connections and the journal go, and only then the io_context
-// that journal callbacks post to (they are queued, never run).
+// Also the path of a crash in tests (no Shutdown), and of a Shutdown that left a handler running
+// (its Stop not drained): the event loops stop and every blocking handler returns first, the pool
+// joined, then the engine connections and the journal go, and only then the io_context that
+// journal callbacks post to (they are queued, never run).
 Service::~Service() {
   StopBackground();
-  if (http_) (void)http_->Stop(kHandlersDrainMsMax);
+  JoinBlockingHandlers(http_.get());
   upstream_.reset();
   for (auto& [name, m] : fleet_members_) m->upstream.reset();
   fleet_runner_.reset();

@@ -1,8 +1,9 @@
 // The HTTP server's framing and memory bounds seen from a raw client over loopback: streams to
 // HTTP/1.0 clients (no chunked coding), request bodies charged to the body budget for the
 // memory they take (a declared length from the head, a chunked body what its buffer reserved),
-// request heads bounded in bytes and fields whatever their shape, and the client sockets held at
-// once.
+// answers charged until their clients took them, blocking handlers outliving a stop (the server's
+// and the Service's teardown wait for them), request heads bounded in bytes and fields whatever
+// their shape, and the client sockets held at once.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -267,6 +268,179 @@ TEST(BodyBudget, AnAnswersHoldStaysUntilItsClientTookIt) {
   EXPECT_TRUE(http.Stop(5000));
 }
 
+// GET /big answers kHeldAnswerBytes from a blocking route (a trainer route's large JSON, a page of
+// /v1/events) and GET /small a few bytes; neither takes a hold of its own.
+HttpRouter BlockingAnswerRoutes() {
+  HttpRouter r;
+  r.Blocking(bhttp::verb::get, "/big", [](const ApiRequest&, HttpResponse& res) {
+    SetBody(res, 200, std::string(kHeldAnswerBytes, 'b'), "application/json");
+  });
+  r.Blocking(bhttp::verb::get, "/small", [](const ApiRequest&, HttpResponse& res) {
+    SetBody(res, 200, "{}", "application/json");
+  });
+  r.Blocking(bhttp::verb::post, "/ran", [](const ApiRequest&, HttpResponse& res) {
+    SetBody(res, 200, std::string(kHeldAnswerBytes, 'r'), "application/json");  // its outcome
+  });
+  return r;
+}
+
+// Proves a blocking route's large answer is held against the body budget from when its handler
+// returns until its client took it: 16 MiB waiting on a client that does not read are charged,
+// a second such answer that the budget cannot hold beside it is answered 503 naming
+// body_memory_bytes_max (counted), a small answer is still served, and the budget is back at
+// zero once the first client read its answer. Catches trainer answers (a full /v1/state, a
+// 4 MiB page of /v1/events) handed to connections uncharged: clients that ask and never read
+// held that memory outside body_memory_bytes_max until write_timeout_ms.
+TEST(BodyBudget, ABlockingRoutesLargeAnswerIsHeldAndRefusedOnceTheBudgetIsSpent) {
+  HttpServerOptions o = OneLoop();
+  o.body_memory_bytes_max = std::uint64_t{24} << 20;  // one answer, not two
+  HttpServer http(o, BlockingAnswerRoutes());
+  const int port = StartOrDie(http);
+  const auto used = [&] { return http.body_budget().used(); };
+  const std::string big = "GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const int reader = raw_http::send_from_small_window(port, big);
+  ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << "charged " << used();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(used(), kHeldAnswerBytes) << "the answer waiting on its client";
+  const std::string refused = raw_exchange(port, big);
+  EXPECT_EQ(status_of(refused), 503) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("body_memory_bytes_max"), std::string::npos) << refused.substr(0, 300);
+  EXPECT_EQ(http.counters().body_memory_refused.load(), 1u);
+  const std::string small =
+      raw_exchange(port, "GET /small HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(small), 200) << small;
+  EXPECT_EQ(used(), kHeldAnswerBytes) << "the refused answer kept a charge";
+  const std::string answer = ReadAllWidened(reader);
+  ::close(reader);
+  EXPECT_EQ(status_of(answer), 200);
+  EXPECT_GT(answer.size(), kHeldAnswerBytes);
+  EXPECT_TRUE(eventually(used, 0)) << "a written answer kept " << used();
+  EXPECT_TRUE(http.Stop(5000));
+}
+
+// Proves the large answer of a request whose effects already ran (a POST: an update's outcome) is
+// served and held past the body budget when the budget cannot hold it, and given back once
+// written, while a GET's is refused; catches a 503 "overloaded, try again" for an update that
+// ran, whose caller could then not tell that it did.
+TEST(BodyBudget, TheAnswerOfARequestThatRanIsHeldPastTheBudgetNotRefused) {
+  HttpServerOptions o = OneLoop();
+  o.body_memory_bytes_max = std::uint64_t{24} << 20;  // one answer, not two
+  HttpServer http(o, BlockingAnswerRoutes());
+  const int port = StartOrDie(http);
+  const auto used = [&] { return http.body_budget().used(); };
+  const int reader = raw_http::send_from_small_window(
+      port, "GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << "charged " << used();
+  const std::string ran = raw_exchange(
+      port, "POST /ran HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(ran), 200) << ran.substr(0, 300);
+  EXPECT_GT(ran.size(), kHeldAnswerBytes);
+  EXPECT_EQ(http.counters().body_memory_refused.load(), 0u);
+  EXPECT_TRUE(eventually(used, kHeldAnswerBytes)) << "the POST's answer kept " << used();
+  const std::string refused =
+      raw_exchange(port, "GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(refused), 503) << refused.substr(0, 300);
+  const std::string answer = ReadAllWidened(reader);
+  ::close(reader);
+  EXPECT_EQ(status_of(answer), 200);
+  EXPECT_TRUE(eventually(used, 0)) << "a written answer kept " << used();
+  EXPECT_TRUE(http.Stop(5000));
+}
+
+// GET /plain answers kHeldAnswerBytes and GET /plain-end streams them as its last bytes, neither
+// with a hold: as any route that hands over an answer it made (an error answer, a relayed body).
+HttpRouter UnheldRoutes() {
+  HttpRouter r;
+  r.Async(bhttp::verb::get, "/plain", [](Exchange ex) {
+    ex.Respond(MakeResponse(200, std::string(kHeldAnswerBytes, 'p'), "text/plain"));
+  });
+  r.Async(bhttp::verb::get, "/plain-end", [](Exchange ex) {
+    ex.StartStream(MakeResponse(200, "", "text/plain"), [ex](bool delivered) mutable {
+      if (!delivered) return ex.Close();
+      ex.End(std::string(kHeldAnswerBytes, 'e'));
+    });
+  });
+  return r;
+}
+
+// Proves an answer handed to its connection without a hold is held there once its buffer passes
+// kAnswerUnheldBytesMax, whether a complete answer or a stream's last bytes: charged while its
+// client does not read, given back when the client read it or left; and with the budget taken by
+// one, the other is refused (a 503 naming body_memory_bytes_max, a stream cut after its head).
+// Catches answers without a hold written uncharged: every connection could keep one of any size
+// waiting on its client outside body_memory_bytes_max.
+TEST(BodyBudget, AnAnswerHandedOverWithoutAHoldIsHeldPastTheUnheldBound) {
+  HttpServerOptions o = OneLoop();
+  o.body_memory_bytes_max = std::uint64_t{24} << 20;  // one answer, not two
+  HttpServer http(o, UnheldRoutes());
+  const int port = StartOrDie(http);
+  const auto used = [&] { return http.body_budget().used(); };
+  const auto get = [](const char* path) {
+    return std::string("GET ") + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  };
+  for (const char* path : {"/plain", "/plain-end"}) {
+    const int reader = raw_http::send_from_small_window(port, get(path));
+    ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << path << ": charged " << used();
+    const char* other = std::string(path) == "/plain" ? "/plain-end" : "/plain";
+    const std::string refused = raw_exchange(port, get(other));
+    if (std::string(other) == "/plain") {
+      EXPECT_EQ(status_of(refused), 503) << refused.substr(0, 300);
+      EXPECT_NE(refused.find("body_memory_bytes_max"), std::string::npos);
+    } else {
+      EXPECT_EQ(status_of(refused), 200) << "its head went before its last bytes";
+      EXPECT_LT(refused.size(), std::size_t{64} << 10) << "the refused last bytes were sent";
+      EXPECT_EQ(refused.find("0\r\n\r\n"), std::string::npos) << "the cut stream was ended";
+    }
+    EXPECT_EQ(used(), kHeldAnswerBytes) << path << ": the refusal kept a charge";
+    const std::string answer = ReadAllWidened(reader);
+    ::close(reader);
+    EXPECT_EQ(status_of(answer), 200) << path;
+    EXPECT_GT(answer.size(), kHeldAnswerBytes) << path;
+    EXPECT_TRUE(eventually(used, 0)) << path << ": a written answer kept " << used();
+    const int leaver = raw_http::send_from_small_window(port, get(path));
+    ASSERT_TRUE(eventually(used, kHeldAnswerBytes)) << path << ": charged " << used();
+    ::close(leaver);
+    EXPECT_TRUE(eventually(used, 0)) << path << ": a client that left kept " << used();
+  }
+  EXPECT_EQ(http.counters().body_memory_refused.load(), 2u);
+  EXPECT_TRUE(http.Stop(5000));
+}
+
+// Proves the server's own error answer is held once it passes kAnswerUnheldBytesMax: a 404 naming
+// a 20 KiB path is 503 naming body_memory_bytes_max while a request body holds all but 16 KiB of
+// the budget, a 404 naming a short path (under the bound, held nowhere) is still served, and once
+// the budget is free the long 404 is served too. Catches error answers that quote what a client
+// sent (a path up to header_bytes_max, escaped) written uncharged whatever the budget holds.
+TEST(BodyBudget, ALargeErrorAnswerIsRefusedOnceTheBudgetIsSpent) {
+  HttpServerOptions o = OneLoop();
+  o.header_bytes_max = 64 << 10;
+  o.body_bytes_max = 64 << 10;
+  o.body_memory_bytes_max = 80 << 10;  // a 64 KiB body leaves 16 KiB
+  HttpServer http(o, StreamRoutes());
+  const int port = StartOrDie(http);
+  const auto used = [&] { return http.body_budget().used(); };
+  const auto get = [](const std::string& path) {
+    return "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  };
+  const std::string long_path = "/" + std::string(20 << 10, 'n');
+  const int holder = connect_loopback(port);
+  ASSERT_TRUE(send_all(holder, declaring(64 << 10)));
+  ASSERT_TRUE(eventually(used, 64 << 10)) << "charged " << used();
+  const std::string refused = raw_exchange(port, get(long_path));
+  EXPECT_EQ(status_of(refused), 503) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("body_memory_bytes_max"), std::string::npos) << refused.substr(0, 300);
+  EXPECT_EQ(http.counters().body_memory_refused.load(), 1u);
+  EXPECT_EQ(status_of(raw_exchange(port, get("/nowhere"))), 404);
+  EXPECT_EQ(used(), std::uint64_t{64} << 10) << "an answer kept a charge";
+  ::close(holder);
+  ASSERT_TRUE(eventually(used, 0));
+  const std::string served = raw_exchange(port, get(long_path));
+  EXPECT_EQ(status_of(served), 404) << served.substr(0, 300);
+  EXPECT_GT(served.size(), std::size_t{20} << 10);
+  EXPECT_TRUE(eventually(used, 0)) << "a written answer kept " << used();
+  EXPECT_TRUE(http.Stop(5000));
+}
+
 // Proves that an answer a blocking handler gives while Stop is under way reaches its client: Stop
 // lets the running handlers end first, then closes the connections. Catches Stop closing every
 // connection before the handlers ended, which cut the answer of an update that ended as serve
@@ -343,6 +517,98 @@ TEST(HttpStop, AHandlerStopLeftRunningEndsBeforeTheLoopsGo) {
       << "the loops were destroyed while a handler that posts its answer to one still ran";
   EXPECT_EQ(read_to_close(fd), "") << "Stop closed the connection: no answer follows";
   ::close(fd);
+}
+
+// Whether `done` holds within 10 s.
+bool Within10s(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// Proves a Stop after one that left a blocking handler running waits for that handler (up to its
+// own deadline) and joins the pool before it returns true: a second Stop whose deadline passes
+// first returns false, and a third returns true only once the handler has returned. Catches a
+// later Stop that returned true at once because the server was already stopping: its caller (the
+// Service's destructor, after a Shutdown whose Stop was not drained) then destroyed the journal
+// and the engine connections the handler still used.
+TEST(HttpStop, ALaterStopWaitsForTheHandlersAnEarlierOneLeftRunning) {
+  std::atomic<bool> entered{false};
+  std::atomic<bool> released{false};
+  std::atomic<bool> returned{false};
+  HttpRouter r;
+  r.Blocking(bhttp::verb::get, "/slow", [&](const ApiRequest&, HttpResponse& res) {
+    entered = true;
+    for (int i = 0; i < 1000 && !released.load(); ++i) {  // 10 s at most: never a hang
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    SetBody(res, 200, "done", "text/plain");
+    returned = true;
+  });
+  HttpServer http(OneLoop(), std::move(r));
+  const int port = StartOrDie(http);
+  const int fd = connect_loopback(port);
+  ASSERT_TRUE(send_all(fd, "GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  ASSERT_TRUE(Within10s([&] { return entered.load(); }));
+  EXPECT_FALSE(http.Stop(0)) << "a handler still running was counted as ended";
+  EXPECT_FALSE(http.Stop(100)) << "a later Stop returned while the handler still ran";
+  EXPECT_FALSE(returned.load());
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    released = true;
+  });
+  EXPECT_TRUE(http.Stop(10000));
+  EXPECT_TRUE(returned.load()) << "Stop returned true before the handler left running returned";
+  releaser.join();
+  EXPECT_TRUE(http.Stop(0)) << "a pool joined already has nothing left to wait for";
+  EXPECT_EQ(read_to_close(fd), "") << "the first Stop closed the connection: no answer follows";
+  ::close(fd);
+}
+
+// Proves a trainer call that Shutdown left running (its HTTP stop not drained by the settle
+// deadline) returns before the Service's destructor destroys anything it uses: a /v1/watch held
+// inside its first look past the shutdown reads the journal once released, and the destructor,
+// already running by then, ends only after it. Catches the destructor's Stop returning at once
+// (the server already stopping) and the engine connections, runner and journal reset under the
+// handler: released, it read the journal through a null pointer and crashed the test binary.
+TEST(ServiceTeardown, AHandlerShutdownLeftRunningEndsBeforeWhatItUsesGoes) {
+  stack::StackOptions o;
+  o.dir_prefix = "rc-teardown";
+  stack::ServiceStack s(o);
+  ASSERT_TRUE(s.svc->Shutdown(5000));
+  s.OpenWithoutStarting();
+  std::atomic<bool> armed{false};
+  std::atomic<bool> holding{false};
+  std::atomic<bool> released{false};
+  // The first look of the armed watch waits until released (10 s at most: never a hang); the
+  // handler then reads the journal (Service::CatchUpDurable).
+  s.svc->set_step_probe([&](const char* step) {
+    if (!armed.load() || std::string(step) != "watch looked" || holding.exchange(true)) return;
+    for (int i = 0; i < 1000 && !released.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  ASSERT_TRUE(s.svc->Start().ok());
+  armed = true;
+  std::thread watcher([&] {
+    httplib::Client c = s.client(30);
+    (void)c.Get("/v1/watch?after=1000000&timeout_ms=60000");  // its connection is closed unanswered
+  });
+  ASSERT_TRUE(Within10s([&] { return holding.load(); })) << "the watch never looked";
+  EXPECT_FALSE(s.svc->Shutdown(0)) << "the held watch was not left running";
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    s.svc.reset();
+    destroyed = true;
+  });
+  // Well into the destructor: one that does not wait for the handler has reset the journal.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(destroyed.load()) << "the Service went while a handler it serves still ran";
+  released = true;
+  destroyer.join();
+  watcher.join();
+  EXPECT_TRUE(destroyed.load());
 }
 
 // ---- request heads: header_bytes_max and kHeaderFieldsMax, whatever the head's shape ----

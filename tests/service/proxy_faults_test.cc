@@ -1042,6 +1042,185 @@ TEST(ProxyPassThrough, ADeadlinePassedDuringTheConnectAnswersTheCallAtTheDeadlin
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+// A pass-through's share of the budget below: 8 MiB of budget, so an answer may take 2 MiB; bodies
+// of up to 1 MiB.
+constexpr std::uint64_t kPassBudgetBytes = std::uint64_t{8} << 20;
+constexpr std::uint64_t kPassBodyBytesMax = std::uint64_t{1} << 20;
+constexpr std::uint64_t kPassAnswerBoundBytes = kPassBudgetBytes / 4;
+
+std::function<void(ServeConfig&)> PassBudget() {
+  return [](ServeConfig& c) {
+    c.body_bytes_max = kPassBodyBytesMax;
+    c.body_memory_bytes_max = kPassBudgetBytes;
+  };
+}
+
+// Connections whose heads declare bodies never sent, holding `bytes` of serve's body budget
+// between them (kPassBodyBytesMax each at most) until they are closed; waits until it holds them.
+std::vector<int> SpendBodyBudget(Service& svc, std::uint64_t bytes) {
+  const std::uint64_t before = stack::BodyMemoryUsed(svc);
+  std::vector<int> fds;
+  for (std::uint64_t left = bytes; left > 0;) {
+    const std::uint64_t n = std::min(left, kPassBodyBytesMax);
+    fds.push_back(connect_loopback(svc.port()));
+    EXPECT_TRUE(raw_http::send_all(fds.back(),
+                                   "POST /v1/rollouts HTTP/1.1\r\nHost: x\r\n"
+                                   "Content-Length: " +
+                                       std::to_string(n) + "\r\n\r\n"));
+    left -= n;
+  }
+  EXPECT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(svc) == before + bytes; }))
+      << "held " << stack::BodyMemoryUsed(svc) << ", " << before << " before";
+  return fds;
+}
+
+void CloseAll(const std::vector<int>& fds) {
+  for (int fd : fds) ::close(fd);
+}
+
+// Proves a pass-through POST's copy of the client's body (what it sends the engine) is held
+// against the body budget before it is made: with room left for the client's 600 KiB body but
+// not for a second copy, /tokenize is a 503 naming body_memory_bytes_max and never reaches the
+// engine; once the budget is free it is served, the copy given back once sent (while the engine
+// works, only the client's own body is held), and all of it after. Catches the copy made outside
+// the budget: every connection could double its body (up to body_bytes_max) uncharged.
+TEST(ProxyPassThrough, ThePostsCopyOfTheClientsBodyIsHeld) {
+  constexpr std::uint64_t kBodyBytes = 600 << 10;
+  std::atomic<int> reached{0};
+  std::atomic<bool> working{false};
+  std::atomic<bool> finish{false};
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine, PassBudget()));
+  engine.Set("/tokenize", [&](const httplib::Request& req, httplib::Response& res) {
+    reached++;
+    working = true;
+    for (int i = 0; i < 1000 && !finish.load(); ++i) {  // 10 s at most: never a hang
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    res.set_content(R"({"count":)" + std::to_string(req.body.size()) + "}", "application/json");
+  });
+  const std::string body =
+      json{{"model", "rc-double-model"}, {"prompt", std::string(kBodyBytes - 64, 't')}}.dump();
+  ASSERT_LE(body.size(), kBodyBytes);
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
+  const std::vector<int> spent =
+      SpendBodyBudget(*s.svc, kPassBudgetBytes - idle - kBodyBytes - kBodyBytes / 2);
+  auto c = s.client();
+  finish = true;  // a request that reaches the engine now is answered at once
+  auto refused = c.Post("/tokenize", body, "application/json");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 503) << refused->body.substr(0, 300);
+  EXPECT_NE(refused->body.find("body_memory_bytes_max"), std::string::npos)
+      << refused->body.substr(0, 300);
+  EXPECT_EQ(reached.load(), 0) << "the copy the budget could not hold was sent to the engine";
+  CloseAll(spent);
+  ASSERT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }));
+
+  finish = false;
+  std::optional<httplib::Result> served;
+  std::thread caller([&] {
+    auto c2 = s.client();
+    served.emplace(c2.Post("/tokenize", body, "application/json"));
+  });
+  ASSERT_TRUE(Within10s([&] { return working.load(); })) << "the call never reached the engine";
+  EXPECT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(*s.svc) == idle + body.size(); }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) - idle << " while the engine works, for a "
+      << body.size() << "-byte body sent";
+  finish = true;
+  caller.join();
+  ASSERT_TRUE(served && *served) << (served ? httplib::to_string(served->error()) : "no call");
+  EXPECT_EQ((*served)->status, 200) << (*served)->body.substr(0, 300);
+  EXPECT_EQ((*served)->body, R"({"count":)" + std::to_string(body.size()) + "}");
+  EXPECT_EQ(reached.load(), 1);
+  EXPECT_TRUE(Within10s([&] { return stack::BodyMemoryUsed(*s.svc) == idle; }))
+      << "held " << stack::BodyMemoryUsed(*s.svc) << " after the call, " << idle << " idle";
+}
+
+// The engine's answer to GET /v1/models: a JSON list `bytes` long, sent chunked (no length) 64 KiB
+// a write; while `hold_after` is set, the first `hold_after` bytes go out and the rest waits until
+// `released` (10 s at most).
+stack::ScriptedEngine::Script ChunkedModels(std::string answer, std::uint64_t hold_after,
+                                            std::atomic<bool>& released) {
+  return [answer = std::move(answer), hold_after, &released](const httplib::Request&,
+                                                             httplib::Response& res) {
+    res.set_chunked_content_provider(
+        "application/json",
+        [answer, hold_after, &released](size_t offset, httplib::DataSink& sink) {
+          if (offset >= answer.size()) {
+            sink.done();
+            return true;
+          }
+          if (hold_after > 0 && offset >= hold_after) {
+            for (int i = 0; i < 1000 && !released.load(); ++i) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+          }
+          std::size_t n = std::min<std::size_t>(64 << 10, answer.size() - offset);
+          if (hold_after > offset) n = std::min<std::size_t>(n, hold_after - offset);
+          return sink.write(answer.data() + offset, n);
+        });
+  };
+}
+
+// A /v1/models answer exactly `bytes` long.
+std::string ModelsOf(std::size_t bytes) {
+  const std::string head = R"({"object":"list","data":[{"id":")";
+  const std::string tail = R"("}]})";
+  return head + std::string(bytes - head.size() - tail.size(), 'm') + tail;
+}
+
+// Proves a pass-through answer of undeclared length (chunked) is held as its buffer grows, not
+// past it: with 256 KiB of it received and the rest held back by the engine, the budget holds at
+// least those bytes and at most twice them and one read's room (kUpstreamBufferBytesMax), where
+// the answer's whole share (2 MiB) was taken up front; the answer, just under its share, is
+// served whole, also with only its share of the budget left (its buffer never grows past it), and
+// is a 502 naming body_memory_bytes_max with half of that left. Catches the buffer grown by the
+// parser's own appends while only the share was held: doubling took it past the share, uncharged
+// until the read ended.
+TEST(ProxyPassThrough, AnAnswerOfUndeclaredLengthIsHeldAsItsBufferGrows) {
+  constexpr std::uint64_t kFirstBytes = 256 << 10;
+  const std::string models = ModelsOf(kPassAnswerBoundBytes - (4 << 10));
+  std::atomic<bool> released{false};
+  stack::ScriptedEngine engine;
+  Stack s(Scripted(engine, PassBudget()));
+  engine.Set("/v1/models", ChunkedModels(models, kFirstBytes, released));
+  const std::uint64_t idle = stack::BodyMemoryUsed(*s.svc);
+  const auto held = [&] { return stack::BodyMemoryUsed(*s.svc) - idle; };
+  std::optional<httplib::Result> first;
+  std::thread caller([&] {
+    auto c = s.client();
+    first.emplace(c.Get("/v1/models"));
+  });
+  EXPECT_TRUE(Within10s([&] { return held() >= kFirstBytes; })) << "held " << held();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // serve read what was sent
+  EXPECT_GE(held(), kFirstBytes);
+  EXPECT_LE(held(), 2 * (kFirstBytes + kUpstreamBufferBytesMax))
+      << "held " << held() << " for " << kFirstBytes << " bytes received";
+  released = true;
+  caller.join();
+  ASSERT_TRUE(first && *first) << (first ? httplib::to_string(first->error()) : "no call");
+  EXPECT_EQ((*first)->status, 200) << (*first)->body.substr(0, 300);
+  EXPECT_TRUE((*first)->body == models) << (*first)->body.size() << " bytes of " << models.size();
+  ASSERT_TRUE(Within10s([&] { return held() == 0; })) << "held " << held() << " after the call";
+
+  engine.Set("/v1/models", ChunkedModels(models, 0, released));
+  auto c = s.client();
+  std::vector<int> spent = SpendBodyBudget(*s.svc, kPassBudgetBytes - idle - kPassAnswerBoundBytes);
+  auto at_share = c.Get("/v1/models");
+  ASSERT_TRUE(at_share) << httplib::to_string(at_share.error());
+  EXPECT_EQ(at_share->status, 200) << at_share->body.substr(0, 300);
+  EXPECT_EQ(at_share->body.size(), models.size());
+  const std::vector<int> more = SpendBodyBudget(*s.svc, kPassAnswerBoundBytes / 2);
+  auto refused = c.Get("/v1/models");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 502) << refused->body.substr(0, 300);
+  EXPECT_NE(refused->body.find("body_memory_bytes_max"), std::string::npos)
+      << refused->body.substr(0, 300);
+  CloseAll(spent);
+  CloseAll(more);
+  EXPECT_TRUE(Within10s([&] { return held() == 0; })) << "held " << held() << " at the end";
+}
+
 // Proves the prompt token ids an engine sends back on a completion count toward the trace's share
 // of the body budget: one chunk carrying ~400,000 of them (12.8 MB held), under a budget with room
 // for the chunk's parse and 4 MiB more, ends with the trace's over-budget error event, [DONE], and
