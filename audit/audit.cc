@@ -1,5 +1,9 @@
 #include "audit/audit.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -746,12 +750,45 @@ Result<RolloutProvenance> Provenance(journal::Journal& journal, const std::strin
 
 namespace {
 
+// What one rollout's trajectory has joined so far, held against RolloutTrajectoryBounds.
+struct JoinedCount {
+  std::size_t parts = 0;
+  std::size_t tokens = 0;  // prompt and output
+};
+
+// Counts part `t`, recorded at `seq`, into `joined`; a Corruption naming the seq, the rollout and
+// the bound when it would pass one (nothing counted then), so that no rollout's joined trajectory
+// outgrows its bounds whatever the journal holds.
+Status CountPart(const TrajectoryRecorded& t, std::uint64_t seq,
+                 const RolloutTrajectoryBounds& bounds, JoinedCount& joined) {
+  RC_CHECK(joined.parts <= bounds.parts_per_rollout_max &&
+           joined.tokens <= bounds.tokens_per_rollout_max);
+  const std::string at =
+      "seq " + std::to_string(seq) + ": the trajectory of rollout " + Quoted(E(t.rollout_id));
+  if (joined.parts == bounds.parts_per_rollout_max) {
+    return Status::Corruption(at + " has more than " +
+                              std::to_string(bounds.parts_per_rollout_max) +
+                              " parts, the most one rollout's trajectory may hold");
+  }
+  const std::size_t tokens = t.prompt_token_ids.size() + t.output_token_ids.size();
+  if (tokens > bounds.tokens_per_rollout_max - joined.tokens) {
+    return Status::Corruption(at + " has more than " +
+                              std::to_string(bounds.tokens_per_rollout_max) +
+                              " tokens (prompt and output), the most one rollout's trajectory "
+                              "may hold");
+  }
+  joined.parts++;
+  joined.tokens += tokens;
+  return Status::OK();
+}
+
 // A rollout admitted and not finished: its binding, and where its trajectory's parts go.
 struct OpenRollout {
   RolloutAdmitted binding;
   std::uint64_t admitted_seq = 0;
   std::uint32_t next_part = 0;
   std::optional<std::uint64_t> ordinal;  // its trajectory's number in the journal, from part 0
+  JoinedCount joined;
 };
 
 // The most recent `bound` trajectories of a journal, fed its records in seq order. Only open
@@ -759,11 +796,14 @@ struct OpenRollout {
 // window and the open rollouts, never the whole run.
 class TrajectoryWindow {
  public:
-  explicit TrajectoryWindow(std::size_t bound) : bound_(bound) { RC_CHECK(bound_ >= 1); }
+  TrajectoryWindow(std::size_t bound, RolloutTrajectoryBounds per_rollout)
+      : bound_(bound), per_rollout_(per_rollout) {
+    RC_CHECK(bound_ >= 1);
+  }
 
   Status Observe(const journal::Record& r) {
     if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
-      open_[a->rollout_id] = OpenRollout{*a, r.seq, 0, std::nullopt};
+      open_[a->rollout_id] = OpenRollout{*a, r.seq, 0, std::nullopt, JoinedCount{}};
     } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
       open_.erase(f->rollout_id);
     } else if (const auto* t = std::get_if<TrajectoryRecorded>(&r.event)) {
@@ -790,6 +830,7 @@ class TrajectoryWindow {
                                 " out of order or without an open admission");
     }
     OpenRollout& open = it->second;
+    RC_RETURN_IF_ERROR(CountPart(t, seq, per_rollout_, open.joined));
     open.next_part++;
     if (t.part == 0) open.ordinal = Start(open);
     Trajectory* kept = Kept(*open.ordinal);
@@ -816,6 +857,7 @@ class TrajectoryWindow {
     return ordinal < first ? nullptr : &kept_[ordinal - first];
   }
 
+  // One logprob slot per output token, never more (the logprobs are bounded by the tokens).
   static void Append(const TrajectoryRecorded& t, Trajectory& tr) {
     tr.prompt.insert(tr.prompt.end(), t.prompt_token_ids.begin(), t.prompt_token_ids.end());
     tr.output.insert(tr.output.end(), t.output_token_ids.begin(), t.output_token_ids.end());
@@ -823,9 +865,11 @@ class TrajectoryWindow {
       const bool has = i < t.output_logprobs.size() && t.output_logprobs[i] == t.output_logprobs[i];
       tr.logprobs.push_back(has ? std::optional<double>(t.output_logprobs[i]) : std::nullopt);
     }
+    RC_CHECK(tr.logprobs.size() == tr.output.size());
   }
 
   std::size_t bound_;
+  RolloutTrajectoryBounds per_rollout_;
   std::map<std::string, OpenRollout> open_;
   std::deque<Trajectory> kept_;
   std::uint64_t total_ = 0;  // trajectories seen (part 0s)
@@ -838,8 +882,9 @@ class TrajectoryWindow {
 // journal's latest, so older ones would mostly be skipped; and the recent ones are the rollouts
 // the engine under audit served.
 Result<JournalTrajectories> SampleTrajectoriesFromJournal(journal::Journal& journal,
-                                                          std::size_t bound) {
-  TrajectoryWindow window(bound);
+                                                          std::size_t bound,
+                                                          RolloutTrajectoryBounds per_rollout) {
+  TrajectoryWindow window(bound, per_rollout);
   Status st = journal.Scan(1, 0, [&](const journal::Record& r) { return window.Observe(r); });
   if (!st.ok()) return st;
   return std::move(window).Finish();
@@ -1225,9 +1270,56 @@ void AddSkippedLines(const TrajectoriesFile& file, const std::string& path, Verd
   }
 }
 
+namespace {
+
+// What a file that is not a regular one is, as a refusal names it.
+const char* NotRegularKind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "a special file";
+}
+
+// The trajectories file at `path`, open for reading, or why not, decided before anything is read:
+// O_NONBLOCK keeps the open of a FIFO from waiting for ever for a writer, and anything but a
+// regular file (a FIFO, directory, socket or device, whose reads may block or never end) is
+// refused. A regular file's reads ignore O_NONBLOCK.
+Result<File> OpenTrajectoriesFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    return Status::NotFound("cannot open trajectories file " + path + " (" + std::strerror(errno) +
+                            ")");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::IOError("cannot stat trajectories file " + path + " (" + std::strerror(err) +
+                           ")");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument("trajectories file " + Quoted(path) + " is " +
+                                   NotRegularKind(st.st_mode) +
+                                   ", not a regular file: refused before reading it");
+  }
+  File in(::fdopen(fd, "rb"));
+  if (in == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    return Status::IOError("cannot read trajectories file " + path + " (" + std::strerror(err) +
+                           ")");
+  }
+  return in;
+}
+
+}  // namespace
+
 Result<TrajectoriesFile> ReadTrajectoriesFile(const std::string& path) {
-  File in(std::fopen(path.c_str(), "rb"));
-  if (in == nullptr) return Status::NotFound("cannot open trajectories file " + path);
+  Result<File> opened = OpenTrajectoriesFile(path);
+  if (!opened.ok()) return opened.status();
+  File in = std::move(opened.value());
   TrajectoriesFile out;
   std::string line;
   for (std::size_t line_no = 1;; ++line_no) {
@@ -1367,12 +1459,6 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
 
 namespace {
 
-// Tokens a trajectory may hold and still be journaled (service/proxy_stream.h's
-// kTrajectoryPartsMax parts of kTrajectoryTokensPerRecordMax): past it the writer keeps only the
-// line.
-constexpr std::size_t kJournaledTokensMax =
-    (kTrajectoryTokensMax / kTrajectoryTokensPerRecordMax + 1) * kTrajectoryTokensPerRecordMax;
-
 // "FIELD has A entries in the line, B in the journal", or "FIELD[i] is X in the line, Y in the
 // journal (and K more)" at the first entry that differs; nothing when the lists are equal.
 template <typename T, typename Show>
@@ -1452,11 +1538,12 @@ std::string NamedList(const std::vector<std::string>& named, std::uint64_t count
 class FileComparer {
  public:
   FileComparer(const TrajectoriesFile& file, std::map<std::string, std::uint64_t> generations,
-               bool fleet, std::uint64_t head_seq)
+               bool fleet, std::uint64_t head_seq, RolloutTrajectoryBounds per_rollout)
       : file_(file),
         generations_(std::move(generations)),
         fleet_(fleet),
         head_seq_(head_seq),
+        per_rollout_(per_rollout),
         contradicted_(file.trajectories.size(), false) {
     for (std::size_t i = 0; i < file.trajectories.size(); ++i) {
       const Trajectory& t = file.trajectories[i];
@@ -1471,7 +1558,7 @@ class FileComparer {
     if (const auto* a = std::get_if<RolloutAdmitted>(&r.event)) {
       Admitted(*a, r);
     } else if (const auto* t = std::get_if<TrajectoryRecorded>(&r.event)) {
-      Part(*t, r.seq);
+      return Part(*t, r.seq);
     } else if (const auto* f = std::get_if<RolloutFinished>(&r.event)) {
       auto it = open_.find(f->rollout_id);
       if (it != open_.end()) {
@@ -1510,6 +1597,7 @@ class FileComparer {
     std::uint64_t admitted_seq = 0;
     const Trajectory* line = nullptr;  // the first of its lines, if any
     std::uint64_t first_part_seq = 0;  // 0: no TrajectoryRecorded yet
+    JoinedCount joined;                // every part, joined or not, within per_rollout_
     Trajectory journaled;              // joined only when `line` is set
   };
 
@@ -1570,12 +1658,14 @@ class FileComparer {
                     std::to_string(r.seq) + ": " + Join(differ, "; "));
   }
 
-  void Part(const TrajectoryRecorded& t, std::uint64_t seq) {
+  // One logprob slot per output token, never more (the logprobs are bounded by the tokens).
+  Status Part(const TrajectoryRecorded& t, std::uint64_t seq) {
     auto it = open_.find(t.rollout_id);
-    if (it == open_.end()) return;  // damage SampleTrajectoriesFromJournal and the audit report
+    if (it == open_.end()) return Status::OK();  // damage SampleTrajectoriesFromJournal reports
     Open& open = it->second;
+    RC_RETURN_IF_ERROR(CountPart(t, seq, per_rollout_, open.joined));
     if (open.first_part_seq == 0) open.first_part_seq = seq;
-    if (open.line == nullptr) return;
+    if (open.line == nullptr) return Status::OK();
     Trajectory& j = open.journaled;
     j.prompt.insert(j.prompt.end(), t.prompt_token_ids.begin(), t.prompt_token_ids.end());
     j.output.insert(j.output.end(), t.output_token_ids.begin(), t.output_token_ids.end());
@@ -1583,6 +1673,8 @@ class FileComparer {
       const bool has = i < t.output_logprobs.size() && !std::isnan(t.output_logprobs[i]);
       j.logprobs.push_back(has ? std::optional<double>(t.output_logprobs[i]) : std::nullopt);
     }
+    RC_CHECK(j.logprobs.size() == j.output.size());
+    return Status::OK();
   }
 
   // The rollout's end: `finish` at `finished_seq`, or none when the journal ends with it open.
@@ -1663,7 +1755,9 @@ class FileComparer {
     const bool within =
         line.prompt.size() <= f.prompt_tokens && line.output_tokens_all <= f.completion_tokens;
     if (!within) return;  // CheckFinish found it
-    if (line.truncated || line.prompt.size() + line.output.size() > kJournaledTokensMax) {
+    // Past the parts' bound its writer journals no parts and keeps only the line.
+    const std::size_t tokens = line.prompt.size() + line.output.size();
+    if (line.truncated || tokens > kTrajectoryTokensPerRolloutMax) {
       AddNamed(unjournaled_named_, unjournaled_, LineOf(line));
       return;
     }
@@ -1678,6 +1772,7 @@ class FileComparer {
   std::map<std::string, std::uint64_t> generations_;  // a fleet's label -> fleet generation
   bool fleet_;
   std::uint64_t head_seq_;
+  RolloutTrajectoryBounds per_rollout_;
   std::vector<bool> contradicted_;  // per line of file_.trajectories
   std::map<std::pair<std::string, std::uint64_t>, std::vector<std::size_t>> lines_;
   std::map<std::string, Open> open_;
@@ -1690,11 +1785,12 @@ class FileComparer {
 }  // namespace
 
 Result<FileComparison> CompareTrajectoriesFile(journal::Journal& journal,
-                                               const TrajectoriesFile& file) {
+                                               const TrajectoriesFile& file,
+                                               RolloutTrajectoryBounds per_rollout) {
   std::map<std::string, std::uint64_t> generations;
   journal.ReadFleetState([&](const FleetState& f) { generations = f.label_generation; });
   const std::uint64_t head = journal.head_seq();
-  FileComparer comparer(file, std::move(generations), journal.is_fleet(), head);
+  FileComparer comparer(file, std::move(generations), journal.is_fleet(), head, per_rollout);
   Status st = journal.Scan(1, head, [&](const journal::Record& r) { return comparer.Observe(r); });
   if (!st.ok()) return st;
   return std::move(comparer).Finish();
@@ -1839,9 +1935,10 @@ void FormatVerdict(const Verdict& v, const std::string& journal_path, std::ostri
       out << "audit: OK\n";
       break;
     case kExitEngineUnhealthy:
-      // A command to copy: the path is one shell word (shell_quote: already one printable line).
-      out << "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: rolloutcore replay "
-          << text::shell_quote(journal_path) << "\n";
+      // A command to copy: the path is one shell word (shell_quote: already one printable line),
+      // after `--`, so that a path beginning with `-` is read as the journal, never as an option.
+      out << "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: "
+          << "rolloutcore replay -- " << text::shell_quote(journal_path) << "\n";
       break;
     default:
       out << "audit: JOURNAL DAMAGED: nothing it says can be trusted\n";

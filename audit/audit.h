@@ -183,6 +183,23 @@ inline constexpr std::size_t kTrajectoryTokensMax = 1u << 20;
 // a longer line, never writes it), so every line it wrote is read and nothing longer is buffered.
 inline constexpr std::size_t kTrajectoryLineBytesMax = std::size_t{16} << 20;
 
+// What the audit joins of one rollout's trajectory: at most its writer's bounds
+// (service/proxy_stream.h JournalTrajectoryParts: kTrajectoryPartsMax parts of at most
+// kTrajectoryTokensPerRecordMax tokens each). Each output token is joined with one logprob slot
+// (a 16-byte std::optional<double> for the journal's 4-byte float), never more, so the token bound
+// bounds the logprobs too: one joined trajectory holds at most about 20 bytes per token, 20 MiB.
+inline constexpr std::size_t kTrajectoryPartsPerRolloutMax =
+    kTrajectoryTokensMax / kTrajectoryTokensPerRecordMax + 1;
+inline constexpr std::size_t kTrajectoryTokensPerRolloutMax =
+    kTrajectoryPartsPerRolloutMax * kTrajectoryTokensPerRecordMax;  // prompt and output together
+
+// The per-rollout bounds a read of a journal's trajectories applies: the ones above, smaller only
+// in tests.
+struct RolloutTrajectoryBounds {
+  std::size_t parts_per_rollout_max = kTrajectoryPartsPerRolloutMax;
+  std::size_t tokens_per_rollout_max = kTrajectoryTokensPerRolloutMax;
+};
+
 // The trajectories a journal offers for re-verification: every one it holds, or, past the bound,
 // the most recent `bound` of them. A long run holds more than any bound; that is no damage.
 struct JournalTrajectories {
@@ -193,11 +210,14 @@ struct JournalTrajectories {
 
 // The journal's trajectories (TrajectoryRecorded parts joined in seq order), each with its
 // rollout's binding from the journal; past `bound`, the most recent `bound` (by the seq of their
-// first part), and `total` counts them all. Memory holds at most `bound` trajectories and the
-// rollouts open at one time, whatever the journal's length. Parts out of order, or of a rollout
-// not admitted or already finished, are a Corruption naming the seq.
+// first part), and `total` counts them all. Memory holds at most `bound` trajectories, each within
+// `per_rollout`, and the rollouts open at one time, whatever the journal's length. Parts out of
+// order, of a rollout not admitted or already finished, or past a bound of `per_rollout` (more
+// parts or tokens than one rollout's trajectory may hold) are a Corruption naming the seq, the
+// rollout and the bound.
 [[nodiscard]] Result<JournalTrajectories> SampleTrajectoriesFromJournal(
-    journal::Journal& journal, std::size_t bound = kTrajectoriesMax);
+    journal::Journal& journal, std::size_t bound = kTrajectoriesMax,
+    RolloutTrajectoryBounds per_rollout = {});
 // All of the journal's trajectories, or Rejected when they are more than kTrajectoriesMax (then
 // SampleTrajectoriesFromJournal reads the most recent and counts the rest).
 [[nodiscard]] Result<std::vector<Trajectory>> TrajectoriesFromJournal(journal::Journal& journal);
@@ -270,15 +290,18 @@ std::vector<std::string> CrossCheckTrajectories(journal::Journal& journal,
 // writer dropped, a rotated file: docs/api.md makes the file a convenience copy), counted and
 // the first kSkippedLinesNamedMax named. Choices other than 0 are read (one each index) but the
 // journal holds none to compare them with (only their count). One scan; memory holds the
-// trajectories of rollouts open at one time that have a line, and one flag per line.
+// trajectories of rollouts open at one time that have a line, each within `per_rollout`, and one
+// flag per line. A rollout whose parts pass a bound of `per_rollout` is a Corruption naming the
+// seq, the rollout and the bound (as SampleTrajectoriesFromJournal).
 struct FileComparison {
   std::vector<std::string> findings;  // raw
   std::vector<std::string> notes;     // raw
   std::uint64_t differing = 0;        // lines the journal contradicts (each once, however many)
   std::uint64_t missing = 0;          // journal trajectories with no line
 };
-[[nodiscard]] Result<FileComparison> CompareTrajectoriesFile(journal::Journal& journal,
-                                                             const TrajectoriesFile& file);
+[[nodiscard]] Result<FileComparison> CompareTrajectoriesFile(
+    journal::Journal& journal, const TrajectoriesFile& file,
+    RolloutTrajectoryBounds per_rollout = {});
 
 // A trajectories file's counts, as the text report's summary line and --json's
 // `trajectories_file` both give them.
@@ -320,7 +343,9 @@ struct ReverifyResult {
 // Re-scores prompt + output on an engine that serves the trajectory's version (checked through
 // /weight_info) with prompt_logprobs, and compares each output token's logprob with the recorded
 // one (|diff| <= tolerance). `greedy` also requires each output token to be the engine's top-1.
-// The engine's answer is outside input: any shape is a skip or a count, never an exception.
+// The engine's answer is outside input: any shape is a skip or a count, never an exception. A
+// trajectory of more than kTrajectoryTokensPerRolloutMax tokens (prompt and output) is skipped
+// before anything is sent, its detail naming the bound: no scoring request is built for it.
 ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& trajectory,
                         double tolerance, bool greedy);
 

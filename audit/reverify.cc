@@ -142,6 +142,14 @@ ReverifyResult Reverify(effects::EngineClient& engine, const Trajectory& t, doub
   out.rollout_id = t.rollout_id;
   out.tolerance = tolerance;
   out.greedy = greedy;
+  // The scoring request and its answer grow with every token: none is built past the bound.
+  const std::size_t tokens = t.prompt.size() + t.output.size();
+  if (tokens > kTrajectoryTokensPerRolloutMax) {
+    out.detail = std::to_string(tokens) + " tokens (prompt and output), more than the " +
+                 std::to_string(kTrajectoryTokensPerRolloutMax) +
+                 " one rollout's trajectory may hold: not sent for scoring";
+    return out;
+  }
   ValidationObserved served = engine.WeightInfo();
   if (!served.http.ok_2xx()) {
     out.detail = "engine unreachable: " + describe(served.http);

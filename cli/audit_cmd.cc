@@ -15,6 +15,7 @@
 #include "journal/codec.h"
 #include "journal/json.h"
 #include "statemachine/describe.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 
 namespace rc::cli {
@@ -28,7 +29,8 @@ struct ExpectedHead {
 
 // `--expect-head: 'SPEC' is not SEQ:HEXHASH (WHY)`: a usage error.
 Status ExpectHeadUsage(const std::string& spec, const std::string& why) {
-  return Status::InvalidArgument("--expect-head: '" + spec + "' is not SEQ:HEXHASH (" + why + ")");
+  return Status::InvalidArgument("--expect-head: " + text::quoted(spec) + " is not SEQ:HEXHASH (" +
+                                 why + ")");
 }
 
 // `--expect-head`'s text: SEQ (a whole number >= 1, digits only: cli/number_args.h) and 64 hex
@@ -360,6 +362,7 @@ Runner add_audit(CLI::App& app) {
     // beside a live writer every line read now is in the journal opened next.
     auto file = ReadTrajectoriesOption(*o);
     if (!file.ok()) return Usage(file.status().ToString());
+    if (Status files = CheckJournalFiles(o->path); !files.ok()) return Usage(files.ToString());
     journal::Options options;
     options.read_only = true;
     options.create_if_missing = false;

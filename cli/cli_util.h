@@ -3,6 +3,10 @@
 // input: any shape is a result, never an exception out of a subcommand).
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "journal/journal.h"
+#include "statemachine/quote.h"
 #include "statemachine/status.h"
 #include "statemachine/text.h"
 #include "statemachine/types.h"
@@ -79,11 +84,12 @@ inline std::string TextKindRule(TextKind kind) {
 // `text` of option `name` against the rule of its kind. CLI11 takes `--opt ''` as the option
 // given with an empty text, which a command must never read as the option left out (an empty
 // `audit --rollout` would audit the whole journal). InvalidArgument "NAME: 'TEXT' is not RULE"
-// otherwise, the text quoted raw: whoever prints the message escapes the whole line, once.
+// otherwise, the text between quotes with each quote in it doubled (text::quoted) and otherwise
+// raw: whoever prints the message escapes the whole line, once.
 [[nodiscard]] inline Status CheckTextOption(std::string_view name, const std::string& text,
                                             TextKind kind) {
   if (FitsTextKind(text, kind)) return Status::OK();
-  return Status::InvalidArgument(std::string(name) + ": '" + text + "' is not " +
+  return Status::InvalidArgument(std::string(name) + ": " + text::quoted(text) + " is not " +
                                  TextKindRule(kind));
 }
 
@@ -116,6 +122,54 @@ inline void NoteLiveWriter(const journal::Journal& j, const char* command) {
                "another reader), so its WAL tail and leftover-table checks were skipped; run again "
                "once it has stopped for those\n",
                command);
+}
+
+// What a file of `mode` that is not a regular file is, as a refusal names it.
+inline const char* NotRegularKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "a special file";
+}
+
+// The file at `path`, named `what` ("config file"), must be a regular file before anything reads
+// it: a FIFO with no writer blocks its reader's open and every read for ever, and a directory,
+// socket or device is no file to read. It is opened with O_PATH (which names the file without
+// opening it for reading: no wait on a FIFO, no side effect of a device's open) and fstat'ed.
+// InvalidArgument "WHAT 'PATH' is a FIFO, not a regular file:
+// ..." otherwise; a path that cannot be opened is left to the reader, which names its own error.
+[[nodiscard]] inline Status CheckRegularFile(std::string_view what, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);  // names the file, opens nothing
+  if (fd < 0) return Status::OK();
+  struct stat st {};
+  const bool stated = ::fstat(fd, &st) == 0;
+  ::close(fd);
+  if (!stated || S_ISREG(st.st_mode)) return Status::OK();
+  return Status::InvalidArgument(std::string(what) + " " + text::quoted(path) + " is " +
+                                 NotRegularKind(st.st_mode) +
+                                 ", not a regular file: refused before reading it");
+}
+
+// A journal's directory must hold only regular files and directories (no FIFO, socket or device,
+// nor a link to one): the journal's open reads its files (CURRENT, the MANIFEST, ...) with
+// blocking opens, and the open of a FIFO with no writer never returns. Each entry is stat'ed,
+// never opened, so the check itself cannot block. InvalidArgument naming the entry otherwise; a
+// path that is not a directory, or cannot be listed, is left to the journal's open, which names
+// its own error.
+[[nodiscard]] inline Status CheckJournalFiles(const std::string& path) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    struct stat st {};
+    if (::stat(it->path().c_str(), &st) != 0) continue;  // gone, or a dangling link
+    if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) continue;
+    return Status::InvalidArgument("journal " + text::quoted(path) + " holds " +
+                                   text::quoted(it->path().filename().string()) + ", " +
+                                   NotRegularKind(st.st_mode) +
+                                   ": refused before opening the journal (its open would wait on "
+                                   "it)");
+  }
+  return Status::OK();
 }
 
 // Whether `path` exists and is not an empty directory; a path that cannot be inspected counts as

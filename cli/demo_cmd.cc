@@ -26,6 +26,7 @@
 #include "fixtures/vllm_double.h"
 #include "journal/journal.h"
 #include "statemachine/describe.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 
 namespace rc::cli {
@@ -219,11 +220,16 @@ int run_demo(const std::string& journal_path, int token_delay_ms) {
   const State final_state = j.state();
   std::printf("\nfinal state: %s\n", text::escape_line(describe(final_state)).c_str());
   std::printf("rollout failures: %d\n", failures.load());
+  // Commands to copy: the binary and the path are each one shell word (shell_quote's result is
+  // one printable line), the path after `--`, so that one beginning with `-` is read as the
+  // journal, never as an option.
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  const std::string exe = text::escape_line(ec ? std::string("rolloutcore") : self);
-  std::printf("journal left at %s — inspect it with:\n  %s replay %s --events\n  %s audit %s\n",
-              shown_path.c_str(), exe.c_str(), shown_path.c_str(), exe.c_str(), shown_path.c_str());
+  const std::string exe = text::shell_quote(ec ? std::string("rolloutcore") : self);
+  const std::string word = text::shell_quote(journal_path);
+  std::printf(
+      "journal left at %s — inspect it with:\n  %s replay --events -- %s\n  %s audit -- %s\n",
+      shown_path.c_str(), exe.c_str(), word.c_str(), exe.c_str(), word.c_str());
   engine.Stop();
   const bool ok = failures.load() == 0 && first->outcome == UpdateOutcome::kCommitted &&
                   second->outcome == UpdateOutcome::kCommitted &&

@@ -246,11 +246,12 @@ int run_fleet_demo(const std::string& journal_path, int engines_n, int token_del
   (void)svc->Shutdown(5000);
   svc.reset();
   for (auto& e : engines) e->Stop();
-  // Commands to copy: the path is one shell word (shell_quote's result is one printable line).
+  // Commands to copy: the path is one shell word (shell_quote's result is one printable line),
+  // after `--`, so that a path beginning with `-` is read as the journal, never as an option.
   const std::string word = text::shell_quote(journal_path);
   std::printf(
-      "\njournal left at %s — inspect it with:\n  rolloutcore replay %s\n"
-      "  rolloutcore audit %s\n",
+      "\njournal left at %s — inspect it with:\n  rolloutcore replay -- %s\n"
+      "  rolloutcore audit -- %s\n",
       shown.c_str(), word.c_str(), word.c_str());
   const bool ok = rolled == 200 && (engines_n == 1 || partial == 207) && answers.failed() == 0;
   return ok ? 0 : 1;

@@ -5,8 +5,8 @@
 // number reaches its command as the text typed and is read here, once: anything but the grammar
 // below, or a value out of range, is a usage error that quotes the text as typed.
 //
-// The messages carry that text raw; whoever prints them escapes the whole line (text::escape_line),
-// exactly once.
+// The messages carry that text between quotes, each quote in it doubled (text::quoted), and
+// otherwise raw; whoever prints them escapes the whole line (text::escape_line), exactly once.
 #pragma once
 
 #include <charconv>
@@ -16,6 +16,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "statemachine/quote.h"
 #include "statemachine/status.h"
 
 namespace rc::cli {
@@ -41,7 +42,7 @@ inline std::size_t DigitsAt(std::string_view text, std::size_t at) {
                              ? std::from_chars(text.data(), text.data() + text.size(), value).ec
                              : std::errc::invalid_argument;
   if (read != std::errc() || value < min || value > max) {
-    return Status::InvalidArgument("'" + std::string(text) + "' is not a whole number from " +
+    return Status::InvalidArgument(text::quoted(text) + " is not a whole number from " +
                                    std::to_string(min) + " to " + std::to_string(max) +
                                    " (digits only)");
   }
@@ -76,8 +77,8 @@ inline bool IsPlainDecimal(std::string_view text) {
                              ? std::from_chars(text.data(), text.data() + text.size(), value).ec
                              : std::errc::invalid_argument;
   if (read != std::errc() || !std::isfinite(value)) {
-    return Status::InvalidArgument("'" + std::string(text) +
-                                   "' is not a finite number >= 0 written in decimal (such as 0.5 "
+    return Status::InvalidArgument(text::quoted(text) +
+                                   " is not a finite number >= 0 written in decimal (such as 0.5 "
                                    "or 1e-3)");
   }
   return value;

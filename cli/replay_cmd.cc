@@ -11,6 +11,7 @@
 #include "cli/number_args.h"
 #include "journal/json.h"
 #include "replay/replay.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 
 namespace rc::cli {
@@ -46,7 +47,7 @@ Result<std::uint64_t> ParseUntil(const std::string& typed) {
 
 // A seq past the head is a question the journal cannot answer, never a verification failure.
 int UntilRefused(const std::string& typed, const Status& why) {
-  return Usage("--until '" + typed + "': " + why.message());
+  return Usage("--until " + text::quoted(typed) + ": " + why.message());
 }
 
 // --events: each record the report folds, through `end_seq` (0: the head), one line each.
@@ -117,6 +118,7 @@ Runner add_replay(CLI::App& app) {
     if (!path.ok()) return Usage(path.message());
     const Result<std::uint64_t> until_seq = UntilSeq(*opts);
     if (!until_seq.ok()) return Usage(until_seq.status().message());
+    if (Status files = CheckJournalFiles(opts->path); !files.ok()) return Usage(files.ToString());
     journal::Options options;
     options.read_only = true;
     options.create_if_missing = false;

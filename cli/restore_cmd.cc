@@ -47,10 +47,11 @@ struct Opts {
 std::string Esc(const std::string& s) { return text::escape_line(s); }
 
 // The option to rerun with, for the operator to copy: the id one shell word whatever it holds
-// (the default id holds the label, and a label may hold `'`, `;` or `$(...)`). shell_quote's
-// result is already one printable line.
+// (the default id holds the label, and a label may hold `'`, `;` or `$(...)`), joined to the
+// option by `=` so that an id beginning with `-` is read as its value, never as an option.
+// shell_quote's result is already one printable line.
 std::string RerunWith(const std::string& restore_id) {
-  return "rerun with --restore-id " + text::shell_quote(restore_id);
+  return "rerun with --restore-id=" + text::shell_quote(restore_id);
 }
 
 // RC_AUTH_TOKEN, as `serve` reads it; "" when unset.

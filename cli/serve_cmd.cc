@@ -25,10 +25,12 @@
 #include "cli/commands.h"
 
 #ifdef RC_CLI_HAVE_SERVICE
+#include "cli/cli_util.h"
 #include "effects/thread_start.h"
 #include "service/config.h"
 #include "service/service.h"
 #include "service/trajectories.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 #endif
 
@@ -82,8 +84,8 @@ bool EnsureJournalParent(const std::string& journal_path) {
   std::error_code ec;
   if (std::filesystem::is_directory(parent, ec)) return true;
   if (!std::filesystem::create_directories(parent, ec) || ec) {
-    PrintError("cannot create the journal's parent directory '" + parent.string() +
-               "': " + (ec ? ec.message() : std::string("not created")));
+    PrintError("cannot create the journal's parent directory " + text::quoted(parent.string()) +
+               ": " + (ec ? ec.message() : std::string("not created")));
     return false;
   }
   spdlog::info("serve: created the journal's parent directory {}",
@@ -217,7 +219,8 @@ Runner add_serve(CLI::App& app) {
       return 0;
     }
     if (!config_file->empty()) {
-      Status st = service::MergeConfigFile(*config_file, *cfg);
+      Status st = CheckRegularFile("config file", *config_file);
+      if (st.ok()) st = service::MergeConfigFile(*config_file, *cfg);
       if (!st.ok()) {
         PrintError(st.ToString());
         return 2;
@@ -250,6 +253,10 @@ Runner add_serve(CLI::App& app) {
     Status valid = service::ValidateConfig(*cfg);
     if (!valid.ok()) {
       PrintError(valid.ToString());
+      return 2;
+    }
+    if (Status files = CheckJournalFiles(cfg->journal_path); !files.ok()) {
+      PrintError(files.ToString());
       return 2;
     }
     if (!EnsureJournalParent(cfg->journal_path)) return 1;

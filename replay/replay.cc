@@ -469,8 +469,9 @@ void EngineTrace::ExplainRecovery(std::ostringstream& out) const {
     return;
   }
   // A command to copy: the label is one shell word (text::shell_quote), never text the shell
-  // runs, whatever the trainer named the version.
-  out << "  recover: restore it with proof, e.g. `rolloutcore restore --label "
+  // runs, whatever the trainer named the version, and joined to its option by `=`, so that a
+  // label beginning with `-` is read as the option's value, never as an option.
+  out << "  recover: restore it with proof, e.g. `rolloutcore restore --label="
       << text::shell_quote(state.committed.label) << " --source <where its weights are>`";
   if (state.sleep_level > 0) {
     out << ": the engine may be asleep (level " << static_cast<int>(state.sleep_level)

@@ -12,8 +12,10 @@
 
 #include "effects/http/engine_client.h"
 #include "effects/http/response_parsers.h"
+#include "effects/nccl/weight_source.h"
 #include "service/upstream.h"
 #include "statemachine/events.h"
+#include "statemachine/quote.h"
 #include "statemachine/text.h"
 
 namespace rc::service {
@@ -1207,23 +1209,19 @@ Status MergeConfigJson(const nlohmann::json& doc, ServeConfig& config) {
   return Status::OK();
 }
 
+// Read through one descriptor opened without blocking and refused unless it is a regular file:
+// a FIFO named as the config would otherwise hold serve's start for ever.
 Status MergeConfigFile(const std::string& path, ServeConfig& config) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot open config file '" + path + "'");
-  std::string text(kConfigFileBytesMax + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > kConfigFileBytesMax) {
-    return Status::InvalidArgument("config file '" + path + "' exceeds " +
-                                   std::to_string(kConfigFileBytesMax) + " bytes");
-  }
-  nlohmann::json doc = effects::parse_outside_json(text);
+  const std::string named = "config file " + text::quoted(path);
+  Result<std::string> text = effects::nccl::ReadSmallFile(path, kConfigFileBytesMax);
+  if (!text.ok()) return Status(text.status().code(), "config file: " + text.status().message());
+  nlohmann::json doc = effects::parse_outside_json(*text);
   if (doc.is_discarded()) {
-    return Status::InvalidArgument("config file '" + path + "' is not JSON (or nests deeper than " +
+    return Status::InvalidArgument(named + " is not JSON (or nests deeper than " +
                                    std::to_string(text::kJsonDepthMax) + ")");
   }
   Status st = MergeConfigJson(doc, config);
-  if (!st.ok()) return Status::InvalidArgument(path + ": " + st.message());
+  if (!st.ok()) return Status::InvalidArgument(text::quoted(path) + ": " + st.message());
   return Status::OK();
 }
 

@@ -42,7 +42,7 @@ inline std::string CurrentExceptionText() {
 // A command for the operator to copy: the journal's path is one shell word whatever it holds
 // (shell_quote's result is already one printable line; escape_line would double a backslash).
 inline std::string ReplayHint(const std::string& journal_path) {
-  return "explain it with: rolloutcore replay " + rc::text::shell_quote(journal_path);
+  return "explain it with: rolloutcore replay -- " + rc::text::shell_quote(journal_path);
 }
 
 // The answer counters of a request refused before anything of it was journaled.

@@ -874,7 +874,7 @@ std::string Service::NotReadyReason() const {
           "engine is TAINTED" +
           (s.taint ? std::string(" (") + cause_name(s.taint->cause) + ": " + s.taint->detail + ")"
                    : std::string()) +
-          "; rolloutcore replay " + text::shell_quote(config_.journal_path) + " explains it";
+          "; rolloutcore replay -- " + text::shell_quote(config_.journal_path) + " explains it";
     } else if (!admits(s)) {
       blocked = admission_block_reason(s);
     }

@@ -179,5 +179,32 @@ TEST(CliArgs, CommandLinesCli11RefusesExitAsUsageErrors) {
                                    {{"replay", "--until"}, {"audit", "--logprob-tolerance"}});
 }
 
+// Proves a usage error quoting a value typed (replay --until, audit --expect-head,
+// --logprob-tolerance, --rollout) prints it as one escaped line whose quoted field a reader takes
+// whole when the value holds quotes, a line break and a control byte: each quote doubled, the rest
+// escaped, the message's own words after the field. Catches the value put between bare quotes,
+// where its own quote ended the field and the rest of it read as the message's words.
+TEST(CliArgs, AValueTypedIsOneQuotedFieldOfOneLine) {
+  TempDir dir;
+  WriteCleanJournal(dir.path(), 1);
+  const std::string typed = "7' is fine\n'\x1b[2K";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"replay", dir.path(), "--until", typed}, "rolloutcore replay: --until: "},
+      {{"audit", dir.path(), "--expect-head", typed}, "rolloutcore audit: --expect-head: "},
+      {{"audit", dir.path(), "--logprob-tolerance", typed},
+       "rolloutcore audit: --logprob-tolerance: "},
+      {{"audit", dir.path(), "--rollout", typed}, "rolloutcore audit: --rollout: "}};
+  for (const auto& [args, before] : cases) {
+    const CliRun out = RunCli(args, /*with_stderr=*/true);
+    EXPECT_EQ(out.exit_code, 2) << text::escape_line(out.out);
+    const std::vector<std::string> lines = Lines(out.out);
+    ASSERT_EQ(lines.size(), 1u) << text::escape_line(out.out);
+    ASSERT_EQ(lines[0].rfind(before, 0), 0u) << lines[0];
+    std::size_t pos = before.size();
+    EXPECT_EQ(quoting_testing::ReadQuoted(lines[0], pos), text::escape_line(typed)) << lines[0];
+    EXPECT_EQ(lines[0].substr(pos, 8), " is not ") << lines[0];
+  }
+}
+
 }  // namespace
 }  // namespace rc

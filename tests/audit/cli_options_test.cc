@@ -5,9 +5,14 @@
 // nothing on stdout, one escaped line on stderr quoting what was typed. Every refusal comes before
 // anything runs: no double started, no journal created, nothing sent to an executor. serve's
 // command lines CLI11 refuses, and one naming no command, are one escaped line too, and no refusal
-// shows a value typed.
+// shows a value typed. The commands `demo` prints name its journal when pasted back, and `serve`
+// refuses a FIFO for its config file or in its journal at once.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -27,6 +32,7 @@ using cli_testing::ExpectUsageError;
 using cli_testing::kNotWholeNumbers;
 using cli_testing::Lines;
 using cli_testing::RunCli;
+using cli_testing::RunCliIn;
 using journal::testing::TempDir;
 
 // No executor listens here: a restore sent there is answered by the transport, never by serve.
@@ -185,6 +191,64 @@ TEST(CliOptions, RefusedCommandLinesNeverShowAValueTyped) {
     EXPECT_EQ(all.out.find(secret), std::string::npos) << lines[0];
   }
 }
+
+// Proves each command `demo` prints for inspecting its journal (and `demo --fleet`'s) names that
+// journal when its path begins with `-`: pasted back through /bin/sh and the CLI's own parser,
+// replay verifies the demo's journal and audit finds it intact. Catches `replay -j --events` and
+// `rolloutcore audit -j`, which CLI11 reads as an option it does not know (exit 2, nothing read).
+TEST(CliOptions, TheCommandsADemoPrintsNameAJournalBeginningWithADash) {
+  std::vector<std::vector<std::string>> demos = {{"demo", "--journal=-j", "--token-delay-ms=1"}};
+#ifdef RC_TEST_CLI_HAS_FLEET
+  demos.push_back({"demo", "--journal=--fleet", "--fleet=2", "--token-delay-ms=1"});
+#endif
+  for (const std::vector<std::string>& demo : demos) {
+    TempDir dir;
+    const CliRun ran = RunCliIn(dir.path(), demo);
+    const std::vector<std::string> lines = Lines(ran.out);
+    const auto intro = std::find_if(lines.begin(), lines.end(), [](const std::string& l) {
+      return l.find(" — inspect it with:") != std::string::npos;
+    });
+    ASSERT_NE(intro, lines.end()) << ran.out;
+    ASSERT_GE(lines.end() - intro, 3) << ran.out;
+    for (const std::string& line : {intro[1], intro[2]}) {
+      ASSERT_EQ(line.rfind("  ", 0), 0u) << line;
+      const std::string printed = line.substr(2);
+      const CliRun inspected = cli_testing::RunPrinted(dir.path(), printed);
+      if (printed.find(" replay ") != std::string::npos) {
+        EXPECT_EQ(inspected.exit_code, 0) << printed << ": " << inspected.out;
+        EXPECT_NE(inspected.out.find("verification: OK"), std::string::npos) << inspected.out;
+      } else {  // audit: 1 when the fleet demo's tainted engine is its finding
+        EXPECT_TRUE(inspected.exit_code == 0 || inspected.exit_code == 1)
+            << printed << ": " << inspected.out;
+        EXPECT_NE(inspected.out.find("journal: INTACT\n"), std::string::npos) << inspected.out;
+      }
+    }
+  }
+}
+
+#ifdef RC_TEST_CLI_HAS_SERVE
+// Proves `serve` refuses at once, before anything is read or started, a FIFO given as its config
+// file and a journal whose directory holds a FIFO (CURRENT): exit 2 and one line naming it.
+// Catches the opens that waited for ever for a writer: each command runs under a 20 s limit, so
+// that regression exits 124 or 137 here rather than hanging the test.
+TEST(CliOptions, ServeRefusesAFifoWhereItReadsAFile) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.sub("config.json").c_str(), 0600), 0) << std::strerror(errno);
+  const CliRun config = RunCliIn(dir.path(), {"serve", "--config", "config.json"}, 20);
+  EXPECT_EQ(config.exit_code, 2) << config.out;
+  EXPECT_EQ(config.out,
+            "rolloutcore serve: InvalidArgument: config file 'config.json' is a FIFO, not a "
+            "regular file: refused before reading it\n");
+  ASSERT_EQ(::mkdir(dir.sub("j").c_str(), 0700), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo(dir.sub("j/CURRENT").c_str(), 0600), 0) << std::strerror(errno);
+  const CliRun journal = RunCliIn(
+      dir.path(), {"serve", "--journal", "j", "--port", "0", "--engine-url", kNoExecutor}, 20);
+  EXPECT_EQ(journal.exit_code, 2) << journal.out;
+  EXPECT_EQ(journal.out,
+            "rolloutcore serve: InvalidArgument: journal 'j' holds 'CURRENT', a FIFO: refused "
+            "before opening the journal (its open would wait on it)\n");
+}
+#endif
 
 }  // namespace
 }  // namespace rc

@@ -5,12 +5,16 @@
 // `replay --until` inside a group folds through its end; a report that cannot be written exits 4;
 // a trajectories file is audited around its torn lines, and a binding mismatch names each field
 // that differs; `audit --rollout` checks the rollout index; usage errors are refused before the
-// audit runs.
+// audit runs; the replay command an unhealthy audit prints names a journal whose path begins with
+// `-`; a FIFO where a file is read is refused at once.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -46,6 +50,7 @@ using cli_testing::HashOf;
 using cli_testing::Lines;
 using cli_testing::ReadOnly;
 using cli_testing::RunCli;
+using cli_testing::RunCliIn;
 using cli_testing::RunCliStdoutTo;
 using cli_testing::RunCliStdoutToClosedPipe;
 using cli_testing::TrajectoryLine;
@@ -1042,6 +1047,58 @@ TEST(Cli, AFileOfOnlyATornLineIsANote) {
                          " holds no trajectory: no line was checked"),
             std::string::npos)
       << run.out;
+}
+
+// Proves the `rolloutcore replay` command an unhealthy audit prints names the journal audited when
+// its path begins with `-` (`-j`, `--config`): pasted back through /bin/sh and the CLI's own
+// parser, it replays that journal (its 6 records, verified). Catches the command printed as
+// `rolloutcore replay -j`, which CLI11 reads as an option it does not know (exit 2, nothing read).
+TEST(Cli, TheReplayCommandAnAuditPrintsNamesAJournalBeginningWithADash) {
+  TempDir dir;
+  const std::string prefix = "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: ";
+  for (const std::string journal : {"-j", "--config"}) {
+    WriteCleanJournal(dir.sub(journal), 2);  // r0 admitted at seq 5, r1 at seq 6
+    nlohmann::json forged = cli_testing::TrajectoryJson(dir.sub(journal), 6);
+    forged["version"]["label"] = "rc-forged";  // a binding mismatch: an engine finding, exit 1
+    std::ofstream(dir.sub("t.jsonl"), std::ios::trunc) << forged.dump() << "\n";
+    const CliRun audit = RunCliIn(dir.path(), {"audit", "--trajectories=t.jsonl", "--", journal});
+    EXPECT_EQ(audit.exit_code, 1) << audit.out;
+    const std::vector<std::string> lines = Lines(audit.out);
+    const auto verdict = std::find_if(
+        lines.begin(), lines.end(), [&](const std::string& l) { return l.rfind(prefix, 0) == 0; });
+    ASSERT_NE(verdict, lines.end()) << audit.out;
+    const std::string printed = verdict->substr(prefix.size());
+    EXPECT_EQ(printed, "rolloutcore replay -- " + journal);
+    const CliRun replay = cli_testing::RunPrinted(dir.path(), printed);
+    EXPECT_EQ(replay.exit_code, 0) << printed << ": " << replay.out;
+    EXPECT_NE(replay.out.find("records: 6 "), std::string::npos) << printed << ": " << replay.out;
+    EXPECT_NE(replay.out.find("verification: OK"), std::string::npos) << replay.out;
+  }
+}
+
+// Proves a FIFO where audit or replay reads a file (`audit --trajectories`, or a file of the
+// journal's directory: CURRENT) is refused at once, before anything is read: exit 2 and one line
+// naming the FIFO. Catches the open that waited for ever for a writer: each command runs under a
+// 20 s limit, so that regression exits 124 or 137 here rather than hanging the test.
+TEST(Cli, AFifoWhereAFileIsReadIsRefusedAtOnce) {
+  TempDir dir;
+  WriteCleanJournal(dir.sub("j"), 1);
+  ASSERT_EQ(::mkfifo(dir.sub("fifo").c_str(), 0600), 0) << std::strerror(errno);
+  const CliRun file = RunCliIn(dir.path(), {"audit", "j", "--trajectories", "fifo"}, 20);
+  EXPECT_EQ(file.exit_code, 2) << file.out;
+  EXPECT_EQ(file.out,
+            "rolloutcore audit: InvalidArgument: trajectories file 'fifo' is a FIFO, not a regular "
+            "file: refused before reading it\n");
+
+  ASSERT_EQ(::mkdir(dir.sub("held").c_str(), 0700), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo(dir.sub("held/CURRENT").c_str(), 0600), 0) << std::strerror(errno);
+  for (const std::string command : {"audit", "replay"}) {
+    const CliRun journal = RunCliIn(dir.path(), {command, "held"}, 20);
+    EXPECT_EQ(journal.exit_code, 2) << command << ": " << journal.out;
+    EXPECT_EQ(journal.out, "rolloutcore " + command +
+                               ": InvalidArgument: journal 'held' holds 'CURRENT', a FIFO: refused "
+                               "before opening the journal (its open would wait on it)\n");
+  }
 }
 
 }  // namespace

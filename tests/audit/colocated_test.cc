@@ -400,7 +400,7 @@ TEST(ColocatedReplay, SleepFailedTaintIsExplained) {
                 "asleep (vLLM unmaps before its last check can fail); what its weights and KV "
                 "cache hold is unknown until proven.",
                 "  nothing was published and no rollout was admitted after this point.",
-                "  recover: restore it with proof, e.g. `rolloutcore restore --label rc-1 "
+                "  recover: restore it with proof, e.g. `rolloutcore restore --label=rc-1 "
                 "--source <where its weights are>`: the engine may be asleep (level 1), so the "
                 "restore wakes it fully (weights, then KV cache) before it drains and reloads (or "
                 "--adopt: "
@@ -643,33 +643,39 @@ std::string From(const std::string& line, const std::string& from) {
 }
 
 // Proves the restore command replay suggests for a TAINTED engine hands the shell the committed
-// label as exactly one argument (quotes, `;`, `|`, `$(...)` and a backslash included), in the text
-// report and in --json's incidents[].explanation; catches the label printed between bare single
-// quotes, where `'; CMD; '` in a trainer's label ran CMD when the operator ran the command.
+// label as exactly one argument (quotes, `;`, `|`, `$(...)` and a backslash included), joined to
+// `--label=` so that a label beginning with `-` is the option's value, in the text report and in
+// --json's incidents[].explanation; catches the label printed between bare single quotes, where
+// `'; CMD; '` in a trainer's label ran CMD when the operator ran the command, and a label printed
+// as a word of its own after `--label`, where a parser may take `--adopt` for an option.
 TEST(ReplayQuoting, TheSuggestedRestoreCommandTakesTheLabelAsOneArgument) {
-  LoopNames names;
-  names.label = "rc-7'; echo INJECTED \\x $(echo sub) | cat; echo '";
-  TempDir dir;
-  WriteTrainerLoop(dir.path(), names);
-  const Outputs o = Read(dir.path());
-  ASSERT_TRUE(o.replay.ok) << o.replay.error;
-  ASSERT_EQ(o.replay.incidents.size(), 1u);
-  const auto json = nlohmann::json::parse(replay::ReportJson(o.replay), nullptr, false);
-  ASSERT_FALSE(json.is_discarded());
-  const std::string open = "`rolloutcore restore --label ";
-  const std::string close = " --source <where its weights are>`";
-  for (const std::string& explanation : {o.replay.incidents[0].explanation,
-                                         json["incidents"][0]["explanation"].get<std::string>()}) {
-    const std::vector<std::string> recover = Starting(explanation, "  recover: ");
-    ASSERT_EQ(recover.size(), 1u) << explanation;
-    const std::size_t from = recover[0].find(open);
-    const std::size_t to = recover[0].find(close);
-    ASSERT_NE(from, std::string::npos) << recover[0];
-    ASSERT_NE(to, std::string::npos) << recover[0];
-    ASSERT_LT(from + open.size(), to) << recover[0];
-    const std::string label_word = recover[0].substr(from + open.size(), to - from - open.size());
-    EXPECT_EQ(quoting_testing::ShellWords(label_word), std::vector<std::string>{names.label})
-        << recover[0];
+  for (const std::string label :
+       {"rc-7'; echo INJECTED \\x $(echo sub) | cat; echo '", "--adopt"}) {
+    LoopNames names;
+    names.label = label;
+    TempDir dir;
+    WriteTrainerLoop(dir.path(), names);
+    const Outputs o = Read(dir.path());
+    ASSERT_TRUE(o.replay.ok) << o.replay.error;
+    ASSERT_EQ(o.replay.incidents.size(), 1u);
+    const auto json = nlohmann::json::parse(replay::ReportJson(o.replay), nullptr, false);
+    ASSERT_FALSE(json.is_discarded());
+    const std::string open = "`rolloutcore restore ";
+    const std::string close = " --source <where its weights are>`";
+    for (const std::string& explanation :
+         {o.replay.incidents[0].explanation,
+          json["incidents"][0]["explanation"].get<std::string>()}) {
+      const std::vector<std::string> recover = Starting(explanation, "  recover: ");
+      ASSERT_EQ(recover.size(), 1u) << explanation;
+      const std::size_t from = recover[0].find(open);
+      const std::size_t to = recover[0].find(close);
+      ASSERT_NE(from, std::string::npos) << recover[0];
+      ASSERT_NE(to, std::string::npos) << recover[0];
+      ASSERT_LT(from + open.size(), to) << recover[0];
+      const std::string option = recover[0].substr(from + open.size(), to - from - open.size());
+      EXPECT_EQ(quoting_testing::ShellWords(option), std::vector<std::string>{"--label=" + label})
+          << recover[0];
+    }
   }
 }
 

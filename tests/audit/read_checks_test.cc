@@ -1,21 +1,32 @@
 // What audit and replay read must be vouched for (real RocksDB journals, no engine): a
 // rollout's provenance rests only on records that name it and that the hash chain covers; a
 // trajectories file is read line by line within the writer's bound, a read error reported, its
-// torn and damaged lines skipped and counted; replay's first failure stays the one it reports.
+// torn and damaged lines skipped and counted, and one that is no regular file refused before any
+// read; one rollout's joined trajectory stays within its parts and token bounds; replay's first
+// failure stays the one it reports.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "audit/audit.h"
 #include "journal/codec.h"
 #include "journal/journal.h"
 #include "replay/replay.h"
+#include "service/proxy_stream.h"
 #include "service/trajectories.h"
 #include "tests/journal/raw_edit.h"
 #include "tests/journal/test_util.h"
@@ -30,6 +41,8 @@ using journal::testing::TempDir;
 
 // The reader's bound is the writer's: every line serve writes is read, nothing longer buffered.
 static_assert(audit::kTrajectoryLineBytesMax == service::kTrajectoryLineBytesMax);
+// The parts the audit joins of one rollout are at most what its writer journals, no fewer.
+static_assert(audit::kTrajectoryPartsPerRolloutMax == service::kTrajectoryPartsMax);
 
 using Cf = std::vector<rocksdb::ColumnFamilyHandle*>;
 
@@ -115,16 +128,18 @@ TEST(Provenance, AForgedFinishPastTheAdmissionIsCorruption) {
       << p.status().message();
 }
 
-// Proves a trajectories file that cannot be read (a directory: every read fails) is an IOError
-// and a line past the writer's bound is refused by its number by the strict loader, while a line
-// of exactly the bound
-// is read; catches the loader that never checked the stream (an unreadable file read as "no
-// trajectories") and buffered a line of any length.
+// Proves a trajectories file that cannot be read (a regular file whose reads fail:
+// /proc/self/mem at offset 0) is an IOError and a line past the writer's bound is refused by its
+// number by the strict loader, while a line of exactly the bound is read; catches the loader that
+// never checked the stream (an unreadable file read as "no trajectories") and buffered a line of
+// any length.
 TEST(Trajectories, ReadErrorsAndOverlongLinesAreReported) {
   TempDir dir;
-  Result<std::vector<audit::Trajectory>> unreadable = audit::LoadTrajectories(dir.path());
-  ASSERT_FALSE(unreadable.ok()) << unreadable->size() << " trajectories from a directory";
-  EXPECT_EQ(unreadable.status().code(), Code::kIOError) << unreadable.status().ToString();
+  if (fs::exists("/proc/self/mem")) {
+    Result<std::vector<audit::Trajectory>> unreadable = audit::LoadTrajectories("/proc/self/mem");
+    ASSERT_FALSE(unreadable.ok()) << unreadable->size() << " trajectories from unreadable memory";
+    EXPECT_EQ(unreadable.status().code(), Code::kIOError) << unreadable.status().ToString();
+  }
   const std::string head = R"({"rollout_id":"r0","admission_seq":5,"pad":")";
   std::string fits = head + std::string(audit::kTrajectoryLineBytesMax - head.size() - 2, 'x');
   fits += "\"}";
@@ -480,6 +495,180 @@ TEST(Replay, ALastGroupShortOfItsDecisionsFailsTheReport) {
   EXPECT_FALSE(report->ok);
   EXPECT_EQ(report->read_failure, Code::kOk) << report->error;
   EXPECT_NE(replay::FormatReport(*report).find("verification: FAILED"), std::string::npos);
+}
+
+// Proves a trajectories file that is no regular file (a FIFO no process writes, a directory) is
+// refused at once, before any read, as InvalidArgument naming what it is. Catches the open that
+// waited for ever for the FIFO's writer (bounded here: past 20 s the test opens the FIFO's write
+// end itself, so that the regression fails rather than hangs) and a directory read as a file.
+TEST(Trajectories, AFileThatIsNoRegularFileIsRefusedAtOnce) {
+  TempDir dir;
+  const std::string fifo = dir.sub("t.jsonl");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::promise<Status> read;
+  std::future<Status> done = read.get_future();
+  std::thread reader([&] { read.set_value(audit::ReadTrajectoriesFile(fifo).status()); });
+  const bool prompt = done.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // a blocked open returns
+    if (writer >= 0) ::close(writer);
+  }
+  reader.join();
+  EXPECT_TRUE(prompt) << "the read of a FIFO waited for a writer";
+  const Status refused = done.get();
+  EXPECT_EQ(refused.code(), Code::kInvalidArgument) << refused.ToString();
+  EXPECT_EQ(refused.message(), "trajectories file '" + fifo +
+                                   "' is a FIFO, not a regular file: refused before reading it");
+  Result<audit::TrajectoriesFile> directory = audit::ReadTrajectoriesFile(dir.path());
+  ASSERT_FALSE(directory.ok());
+  EXPECT_EQ(directory.status().code(), Code::kInvalidArgument) << directory.status().ToString();
+  EXPECT_EQ(directory.status().message(),
+            "trajectories file '" + dir.path() +
+                "' is a directory, not a regular file: refused before reading it");
+}
+
+// Bootstrap (seqs 1..4), then rollout r0 admitted at seq 5 and given one trajectory part per entry
+// of `outputs` (seqs 6..), each that many output tokens with their logprobs, the first after
+// `prompt` prompt tokens; finished; closed cleanly.
+void WriteParts(const std::string& path, const std::vector<std::size_t>& outputs,
+                std::size_t prompt) {
+  journal::Options o;
+  o.sync = false;  // the tests read the parts, not the disk
+  auto j = journal::Journal::Open(path, o);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  for (auto& g : journal::testing::BootstrapGroups()) {
+    ASSERT_TRUE((*j)->Append(journal::testing::Group(g)).ok());
+  }
+  const auto submit = [&](const Event& e) {
+    auto s = (*j)->Submit(e, 1700000000000);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*j)->Wait(s->ticket).ok());
+  };
+  submit(make_admission((*j)->state(), "r0"));
+  for (std::size_t p = 0; p < outputs.size(); ++p) {
+    submit(TrajectoryRecorded{
+        "r0", static_cast<std::uint32_t>(p), std::vector<std::int32_t>(p == 0 ? prompt : 0, 1),
+        std::vector<std::int32_t>(outputs[p], 2), std::vector<float>(outputs[p], -0.5f)});
+  }
+  submit(RolloutFinished{"r0", RolloutOutcome::kCompleted, 0, 0});
+  ASSERT_TRUE((*j)->Close().ok());
+}
+
+// A trajectories file of one line, r0's (admitted at seq 5): the file side of the comparison.
+audit::TrajectoriesFile LineOfR0() {
+  audit::Trajectory t;
+  t.rollout_id = "r0";
+  t.admission_seq = 5;
+  t.line_no = 1;
+  audit::TrajectoriesFile file;
+  file.trajectories.push_back(t);
+  return file;
+}
+
+// What a rollout's joined trajectory holds and how reading it ended, both where the journal's
+// trajectories are sampled and where a trajectories file is held against them.
+struct Joined {
+  Status sampled;
+  Status compared;
+  std::size_t prompt = 0, output = 0, logprobs = 0;  // of r0, when sampled
+};
+
+Joined JoinR0(const std::string& path, audit::RolloutTrajectoryBounds bounds) {
+  Joined out;
+  auto j = journal::Journal::Open(path, ReadOnly());
+  RC_CHECK(j.ok());
+  Result<audit::JournalTrajectories> sampled =
+      audit::SampleTrajectoriesFromJournal(**j, audit::kTrajectoriesMax, bounds);
+  out.sampled = sampled.status();
+  if (sampled.ok() && sampled->trajectories.size() == 1) {
+    const audit::Trajectory& t = sampled->trajectories[0];
+    out.prompt = t.prompt.size();
+    out.output = t.output.size();
+    out.logprobs = t.logprobs.size();
+  }
+  out.compared = audit::CompareTrajectoriesFile(**j, LineOfR0(), bounds).status();
+  return out;
+}
+
+// Proves a rollout's trajectory is joined up to kTrajectoryPartsPerRolloutMax parts (its writer's
+// most: 257 of one token each, every token with its logprob), and one part more is a Corruption
+// naming the seq, the rollout and the bound, where the journal's trajectories are sampled and
+// where a trajectories file is held against them. Catches the joins that appended parts for as
+// long as the journal held any, so a journal of endless parts grew one trajectory without limit.
+TEST(TrajectoryBounds, ARolloutsPartsAreJoinedUpToTheirBound) {
+  const std::size_t max = audit::kTrajectoryPartsPerRolloutMax;
+  TempDir at;
+  WriteParts(at.path(), std::vector<std::size_t>(max, 1), 0);
+  const Joined whole = JoinR0(at.path(), {});
+  EXPECT_TRUE(whole.sampled.ok()) << whole.sampled.ToString();
+  EXPECT_TRUE(whole.compared.ok()) << whole.compared.ToString();
+  EXPECT_EQ(whole.output, max);
+  EXPECT_EQ(whole.logprobs, max);
+
+  TempDir over;
+  WriteParts(over.path(), std::vector<std::size_t>(max + 1, 1), 0);
+  const Joined refused = JoinR0(over.path(), {});
+  const std::string why = "seq " + std::to_string(6 + max) +
+                          ": the trajectory of rollout 'r0' has more than " + std::to_string(max) +
+                          " parts, the most one rollout's trajectory may hold";
+  for (const Status& st : {refused.sampled, refused.compared}) {
+    EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+    EXPECT_EQ(st.message(), why);
+  }
+}
+
+// Proves a rollout's trajectory is joined up to its token bound (prompt and output together; a
+// bound of 10 here, where the real one, kTrajectoryTokensPerRolloutMax, is more than any journal
+// the fold accepts can pass) and a part that would pass it is a Corruption naming the seq, the
+// rollout and the bound, in both reads. Catches joins that bound the parts only, so that parts
+// past the fold's size rule (a damaged journal) grew one trajectory without limit.
+TEST(TrajectoryBounds, ARolloutsTokensAreJoinedUpToTheirBound) {
+  audit::RolloutTrajectoryBounds bounds;
+  bounds.tokens_per_rollout_max = 10;
+  TempDir at;
+  WriteParts(at.path(), {3, 5}, /*prompt=*/2);  // 2 + 3, then 5: 10 tokens
+  const Joined whole = JoinR0(at.path(), bounds);
+  EXPECT_TRUE(whole.sampled.ok()) << whole.sampled.ToString();
+  EXPECT_TRUE(whole.compared.ok()) << whole.compared.ToString();
+  EXPECT_EQ(whole.prompt, 2u);
+  EXPECT_EQ(whole.output, 8u);
+  EXPECT_EQ(whole.logprobs, 8u);
+
+  TempDir over;
+  WriteParts(over.path(), {3, 6}, /*prompt=*/2);  // 11 tokens: the part at seq 7 passes the bound
+  const Joined refused = JoinR0(over.path(), bounds);
+  for (const Status& st : {refused.sampled, refused.compared}) {
+    EXPECT_EQ(st.code(), Code::kCorruption) << st.ToString();
+    EXPECT_EQ(st.message(),
+              "seq 7: the trajectory of rollout 'r0' has more than 10 tokens (prompt and output), "
+              "the most one rollout's trajectory may hold");
+  }
+}
+
+// Proves re-verification builds no scoring request for a trajectory of more than
+// kTrajectoryTokensPerRolloutMax tokens (skipped, its detail naming the bound), while one of
+// exactly the bound goes on to ask the engine (unreachable here: nothing listens on port 1).
+// Catches the request built for a trajectory of any length: its JSON, and the answer it asks
+// for, grow with every token.
+TEST(TrajectoryBounds, ReverifySendsNothingPastTheTokenBound) {
+  const std::size_t max = audit::kTrajectoryTokensPerRolloutMax;
+  effects::EngineClient nobody("http://127.0.0.1:1");
+  audit::Trajectory t;
+  t.rollout_id = "r0";
+  t.version = WeightVersion{1, "rc-1"};
+  t.prompt.assign(max - 1, 7);
+  t.output = {8};
+  t.logprobs = {-0.5};
+  const audit::ReverifyResult at = audit::Reverify(nobody, t, 0.5, false);
+  EXPECT_FALSE(at.checked);
+  EXPECT_EQ(at.detail.rfind("engine unreachable", 0), 0u) << at.detail;
+  t.output.push_back(9);
+  t.logprobs.push_back(-0.5);
+  const audit::ReverifyResult over = audit::Reverify(nobody, t, 0.5, false);
+  EXPECT_FALSE(over.checked);
+  EXPECT_EQ(over.detail, std::to_string(max + 1) + " tokens (prompt and output), more than the " +
+                             std::to_string(max) +
+                             " one rollout's trajectory may hold: not sent for scoring");
 }
 
 }  // namespace

@@ -48,6 +48,28 @@ inline CliRun RunCli(const std::vector<std::string>& args, bool with_stderr) {
   return RunShell(args, with_stderr ? " 2>&1" : " 2>/dev/null");
 }
 
+// Runs `rolloutcore ARGS` from directory `cwd` (so that a relative path, one beginning with `-`
+// included, names a file there), its stderr with its stdout, killed after `limit_s` seconds: a
+// command that blocks exits 124 (timeout's code) and the test fails rather than hangs.
+inline CliRun RunCliIn(const std::string& cwd, const std::vector<std::string>& args,
+                       int limit_s = 60) {
+  return RunCommand("cd " + quoting_testing::ExactShellWord(cwd) + " && timeout -k 5 " +
+                    std::to_string(limit_s) + " " + CliCommand(args) + " 2>&1");
+}
+
+// Runs, from directory `cwd`, a command line a tool printed for an operator to paste, split into
+// arguments as /bin/sh splits it (quoting_testing::ShellWords), its first word `rolloutcore` read
+// as the binary under test; `out` is its stdout and stderr. Nothing the line holds but its words
+// reaches the command: it is run exactly as the shell would hand it to the binary.
+inline CliRun RunPrinted(const std::string& cwd, const std::string& printed) {
+  std::vector<std::string> words = quoting_testing::ShellWords(printed);
+  if (words.empty()) return CliRun{};
+  if (words[0] == "rolloutcore") words[0] = RC_TEST_ROLLOUTCORE_BIN;
+  std::string cmd = "cd " + quoting_testing::ExactShellWord(cwd) + " && timeout -k 5 60";
+  for (const std::string& w : words) cmd += " " + quoting_testing::ExactShellWord(w);
+  return RunCommand(cmd + " 2>&1");
+}
+
 // Runs `rolloutcore ARGS` with its stdout sent to `stdout_path` (e.g. /dev/full); `out` is its
 // stderr.
 inline CliRun RunCliStdoutTo(const std::vector<std::string>& args, const std::string& stdout_path) {

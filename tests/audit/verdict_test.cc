@@ -122,7 +122,8 @@ TEST(Verdict, MonitorTaintInReadyNamesTheSuspectRollouts) {
   EXPECT_NE(out.text.find("SUSPECT 'inside'"), std::string::npos) << out.text;
   EXPECT_NE(out.text.find("SUSPECT 'active'"), std::string::npos) << out.text;
   EXPECT_EQ(out.text.find("SUSPECT 'before'"), std::string::npos) << out.text;
-  EXPECT_NE(LastLine(out.text).find("rolloutcore replay /j/path"), std::string::npos) << out.text;
+  EXPECT_NE(LastLine(out.text).find("rolloutcore replay -- /j/path"), std::string::npos)
+      << out.text;
   const auto json = nlohmann::json::parse(audit::VerdictJson(report, v, -1), nullptr, false);
   ASSERT_FALSE(json.is_discarded());
   EXPECT_EQ(json["exit_code"], 1);
@@ -296,9 +297,10 @@ TEST(Verdict, CallerFindingsJoinTheVerdict) {
 }
 
 // Proves the `rolloutcore replay` command on an unhealthy audit's final line hands the shell the
-// journal's path as exactly one argument (spaces, a quote, `;` and `$(...)` in it) and prints a
-// plain path as typed; catches the path printed bare, where a space split it and a `;` ran the
-// rest.
+// journal's path as exactly one argument (spaces, a quote, `;` and `$(...)` in it) after `--`, so
+// that a path beginning with `-` is an operand, and prints a plain path as typed; catches the path
+// printed bare, where a space split it and a `;` ran the rest, and a `-j` printed where the CLI
+// reads an option.
 TEST(Verdict, TheReplayCommandTakesTheJournalPathAsOneShellArgument) {
   TempDir dir;
   {
@@ -313,15 +315,15 @@ TEST(Verdict, TheReplayCommandTakesTheJournalPathAsOneShellArgument) {
       "audit: ENGINE NOT HEALTHY: the journal is intact and explains it: rolloutcore replay ";
   for (const std::string& path :
        {std::string("/var/lib/rc/my journal; echo INJECTED $(echo sub) 'x'"),
-        std::string("/var/lib/rc/journal")}) {
+        std::string("/var/lib/rc/journal"), std::string("-j"), std::string("--until=1 x")}) {
     const std::string last = LastLine(audit::RenderAudit(report, v, path).text);
     ASSERT_EQ(last.rfind(prefix, 0), 0u) << last;
     EXPECT_EQ(quoting_testing::ShellWords(last.substr(prefix.size())),
-              std::vector<std::string>{path})
+              (std::vector<std::string>{"--", path}))
         << last;
   }
   EXPECT_EQ(LastLine(audit::RenderAudit(report, v, "/var/lib/rc/journal").text),
-            prefix + "/var/lib/rc/journal");
+            prefix + "-- /var/lib/rc/journal");
 }
 
 // r0 admitted at seq 5, r1 at 6, r0 finished at 7, r1 at 8, r2 admitted at 9 and never finished;

@@ -1,6 +1,7 @@
 // The configuration table (service/config.cc) against its committed reference, its example file,
 // its parser, its bounds and the `rolloutcore serve` flags it drives.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
 #include <sstream>
 #include <string>
@@ -305,6 +307,32 @@ TEST(ConfigParse, WrongTypesAndUnrepresentableValuesAreRefused) {
   std::ofstream(dir / "big.json") << std::string(kConfigFileBytesMax + 1, ' ');
   EXPECT_FALSE(MergeConfigFile((dir / "big.json").string(), c).ok());
   EXPECT_FALSE(MergeConfigFile((dir / "missing.json").string(), c).ok());
+  fs::remove_all(dir.parent_path());
+}
+
+// Proves a config file that is a FIFO (or a directory) is refused at once, naming what it is not,
+// and changes nothing; catches the plain stream read that waited for ever on a FIFO with no
+// writer (the test then opens the write end itself, so a regression fails instead of hanging).
+TEST(ConfigParse, AConfigFileThatIsNoRegularFileIsRefusedAtOnce) {
+  const fs::path dir = FreshDir("fifo");
+  const fs::path fifo = dir / "config.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ServeConfig c;
+  std::promise<Status> merged;
+  std::future<Status> answer = merged.get_future();
+  std::thread reader([&] { merged.set_value(MergeConfigFile(fifo.string(), c)); });
+  const bool at_once = answer.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!at_once) {
+    const int unblock = ::open(fifo.c_str(), O_WRONLY);  // lets a blocked reader see end of file
+    if (unblock >= 0) ::close(unblock);
+  }
+  reader.join();
+  EXPECT_TRUE(at_once) << "the read of a FIFO blocked";
+  const Status st = answer.get();
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st.ToString();
+  EXPECT_EQ(c.listen_port, ServeConfig{}.listen_port);
+  EXPECT_EQ(MergeConfigFile(dir.string(), c).code(), Code::kInvalidArgument);
   fs::remove_all(dir.parent_path());
 }
 
