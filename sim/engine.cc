@@ -311,6 +311,33 @@ WeightDigest SimDigest(const std::string& weights) {
   return d;
 }
 
+void SimControl::ArmDigestFaults(const Fault& f) {
+  digest_.per_mille = 250 * (1 + f.b % 4);
+  digest_.mode = f.a % 3;
+  digest_.reads = (f.a / 3) % 4;
+  digest_rng_.seed((std::uint64_t{f.cycle} << 32) ^ (std::uint64_t{f.a} << 16) ^ f.b ^
+                   0x5851F42D4C957F2Dull);
+}
+
+// What the real client records when the worker extension's digest RPC fails: an absent digest
+// whose error says why (effects/http/weight_digest.h); the label, pause and process still answer.
+WeightDigest SimControl::ReadDigest(DigestRead read) {
+  static constexpr const char* kFailures[] = {
+      "the weight digest read failed: /collective_rpc rc_weight_digest: timed out",
+      "the weight digest read failed: /collective_rpc rc_weight_digest: HTTP 500",
+      "2xx body is not what rc_weight_digest returns: results[0] has no combined digest",
+  };
+  if (digest_.per_mille == 0 || !digest_.targets(read) ||
+      digest_rng_() % 1000 >= digest_.per_mille) {
+    return SimDigest(e_.truth().weights);
+  }
+  ++digest_reads_failed_;
+  last_digest_failure_us_ = s_.now_us();
+  WeightDigest failed;
+  failed.error = kFailures[digest_.mode % 3];
+  return failed;
+}
+
 std::string SimControl::AnsweringInstance() {
   if (f_.unnamed_left == 0) return e_.instance_name();
   --f_.unnamed_left;
@@ -328,7 +355,8 @@ EngineProbed SimControl::Probe() {
   p.is_paused_known = true;
   p.is_paused = t.paused;
   p.engine_instance = AnsweringInstance();
-  p.digest = SimDigest(t.weights);
+  p.digest = ReadDigest(DigestRead::kProbe);
+  if (p.digest.present() && !e_.asleep()) last_digest_read_op_ = t.op;
   return p;
 }
 
@@ -391,11 +419,13 @@ ValidationObserved SimControl::WeightInfo() {
   v.reported_label = e_.truth().label;
   v.engine_instance = AnsweringInstance();
   const EngineTruth& t = e_.truth();
-  v.digest = SimDigest(t.weights);
+  v.digest = ReadDigest(DigestRead::kValidation);
+  validations_unread_ += v.digest.present() ? 0 : 1;
   v.is_paused_known = true;
   v.is_paused = t.paused;
-  validated_ = Validated{t.instance,         t.weights, t.label, e_.CachesResetSinceMutation(),
-                         t.last_mutation_op, t.paused};
+  validated_ =
+      Validated{t.instance,         t.weights, t.label,           e_.CachesResetSinceMutation(),
+                t.last_mutation_op, t.paused,  v.digest.present()};
   return v;
 }
 
@@ -519,7 +549,7 @@ WakeObserved SimControl::Wake(WakeTag tag, std::uint64_t timeout_ms) {
   return o;
 }
 
-EngineMonitored SimControl::Monitor() {
+EngineMonitored SimControl::Monitor(bool with_digest) {
   EngineMonitored m;
   if (!e_.truth().alive) {
     m.http = Failed(Transport::kConnectFailed, 0, "connection refused");
@@ -530,7 +560,9 @@ EngineMonitored SimControl::Monitor() {
   m.is_paused_known = true;
   m.is_paused = e_.truth().paused;
   m.engine_instance = e_.instance_name();
-  if (!e_.asleep()) m.digest = SimDigest(e_.truth().weights);  // asleep: weights not mapped
+  if (!with_digest || e_.asleep()) return m;  // asleep: the weights are not mapped
+  m.digest = ReadDigest(DigestRead::kMonitor);
+  if (m.digest.present()) last_digest_read_op_ = e_.truth().op;
   return m;
 }
 

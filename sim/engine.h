@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <queue>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,7 @@ class SimEngine {
   SimEngine(Scheduler& s, Line line, std::vector<std::string>& violations);
 
   EngineTruth& truth() { return t_; }
+  const EngineTruth& truth() const { return t_; }
   Line line() const { return line_; }
   std::string instance_name() const { return "sim-" + std::to_string(t_.instance); }
   bool CachesResetSinceMutation() const;
@@ -196,11 +198,35 @@ bool ArmCallFault(const Fault& f, CycleFaults& cf);
 // trainer digesting the same checkpoint in the engine's layout computes).
 WeightDigest SimDigest(const std::string& weights);
 
+// Who reads the engine's weight digest.
+enum class DigestRead : std::uint8_t { kValidation, kProbe, kMonitor };
+
+// kDigestUnread for one cycle: each weight-digest read of the kinds it targets fails with
+// probability per_mille / 1000.
+struct DigestFaults {
+  std::uint32_t per_mille = 0;  // 0: every read succeeds (and no draw is made)
+  std::uint32_t mode = 0;       // 0 timeout, 1 HTTP 5xx, 2 malformed body
+  std::uint32_t reads = 0;      // 0 every read, 1 validations, 2 probes, 3 monitor looks
+  bool targets(DigestRead r) const {
+    return reads == 0 || reads == 1 + static_cast<std::uint32_t>(r);
+  }
+};
+
 // The EngineControl and WeightTransfer the real runner drives.
 class SimControl final : public effects::EngineControl, public effects::WeightTransfer {
  public:
   SimControl(SimEngine& e, Scheduler& s) : e_(e), s_(s) {}
   CycleFaults& faults() { return f_; }
+  // kDigestUnread: armed until the next call of either (a cycle's start disarms it). Its draws come
+  // from a stream of the fault's own, so a read's fate depends on nothing else the seed does.
+  void ArmDigestFaults(const Fault& f);
+  void DisarmDigestFaults() { digest_ = DigestFaults{}; }
+  std::uint64_t digest_reads_failed() const { return digest_reads_failed_; }
+  std::uint64_t validations_unread() const { return validations_unread_; }
+  std::int64_t last_digest_failure_us() const { return last_digest_failure_us_; }
+  // The engine's op count when a probe or a monitor look last read its digest: a weight change
+  // after it (a larger last_mutation_op) has not been seen by any digest read yet.
+  std::uint64_t last_digest_read_op() const { return last_digest_read_op_; }
 
   HttpEvidence Health() override;
   EngineProbed Probe() override;
@@ -215,16 +241,17 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   TransferObserved Transfer(const effects::TransferTarget& target,
                             std::uint64_t deadline_ms) override;
 
-  // The engine as the executor's monitor sees it (no injected faults; a dead engine is
-  // unreachable).
-  EngineMonitored Monitor();
+  // The engine as the executor's monitor sees it (no HTTP faults, only kDigestUnread; a dead
+  // engine is unreachable), its weight digest read when `with_digest` and the weights are mapped.
+  EngineMonitored Monitor(bool with_digest = true);
   // The engine's truth when the last WeightInfo answered (what validation vouched for).
   struct Validated {
     std::uint64_t instance = 0;
     std::string weights, label;
     bool caches_reset = false;
     std::uint64_t mutation_op = 0;
-    bool paused = false;  // nothing could be served while it answered
+    bool paused = false;      // nothing could be served while it answered
+    bool digest_read = true;  // false: its weight-digest read failed (kDigestUnread)
   };
   const std::optional<Validated>& validated() const { return validated_; }
   // The weights' last mutation when the last resume (or KV wake-up, a sleeper's resume) answered:
@@ -238,12 +265,18 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   HttpEvidence Call(bool* applied);
   // The process an answer names: none while a kInstanceUnread fault has answers left.
   std::string AnsweringInstance();
+  // The digest a read returns: the engine's weights', or none with the failed read's error.
+  WeightDigest ReadDigest(DigestRead read);
 
   SimEngine& e_;
   Scheduler& s_;
   CycleFaults f_;
   std::optional<Validated> validated_;
   std::uint64_t mutation_op_at_resume_ = 0;
+  DigestFaults digest_;
+  std::mt19937_64 digest_rng_;
+  std::uint64_t digest_reads_failed_ = 0, validations_unread_ = 0, last_digest_read_op_ = 0;
+  std::int64_t last_digest_failure_us_ = 0;
 };
 
 // kRestartKeepsLabel's comeback: b odd reloads the weights the process had.

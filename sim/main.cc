@@ -6,6 +6,7 @@
 //   failure
 //   --colocated N: one cycle in N (that starts READY) sleeps first; 0: no colocated cycles
 //   --fleet N: a fleet of N engines (1..16), one fleet update per cycle
+//   --legacy N: one world in N starts from a journal without fold rules (rules 0); 0: none
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +42,7 @@ struct Args {
   bool monitor_during_recovery = true;
   std::uint32_t colocated_one_in = rc::sim::SimOptions{}.colocated_one_in;
   std::uint32_t fleet_engines = 0;
+  std::uint32_t legacy_one_in = rc::sim::SimOptions{}.legacy_one_in;
 };
 
 bool Parse(int argc, char** argv, Args& a) {
@@ -67,6 +69,9 @@ bool Parse(int argc, char** argv, Args& a) {
     } else if (arg == "--fleet" && next) {
       a.fleet_engines = static_cast<std::uint32_t>(std::strtoul(next, nullptr, 10));
       if (a.fleet_engines < 1 || a.fleet_engines > 16) return false;
+      ++i;
+    } else if (arg == "--legacy" && next) {
+      a.legacy_one_in = static_cast<std::uint32_t>(std::strtoul(next, nullptr, 10));
       ++i;
     } else if (arg == "--monitor-during-recovery") {
       a.monitor_during_recovery = true;
@@ -108,6 +113,16 @@ void Report(const rc::sim::SimStats& s, std::uint64_t seeds) {
       c.updates_from_sleep, c.committed_from_sleep, c.refused_from_sleep, c.admissions_refused,
       c.refusals_probed, c.sleep_deaths, c.external_wakes, c.external_sleeps,
       c.restores_published_unpaused, c.updates_published_unpaused, colocated_taints.c_str());
+  const rc::sim::RecheckStats& r = s.recheck;
+  std::printf(
+      "re-verification: digest reads failed %lu (validations %lu); monitor looks kept pending "
+      "%lu; journaled looks: cleared %lu, no digest kept pending %lu, rules 0 cleared without "
+      "digest %lu; admissions refused while pending %lu; legacy worlds: rules 0 %lu, bootstrapped "
+      "again %lu; rule changes refused %lu; restarts asleep %lu, sleepers checked pending %lu\n",
+      r.digest_reads_failed, r.validations_unread, r.monitor_looks_kept_pending, r.journaled_clears,
+      r.journaled_unread_kept, r.rules0_unread_clears, r.admissions_refused_pending,
+      r.rules0_worlds, r.rebootstrapped_worlds, r.rules_changes_refused, c.executor_restarts_asleep,
+      c.sleepers_checked_pending);
 }
 
 }  // namespace
@@ -117,8 +132,8 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, args)) {
     std::fprintf(stderr,
                  "usage: rolloutcore-sim (--seed N [--faults SPEC] | --seeds A:B) "
-                 "[--cycles C] [--colocated N] [--fleet N] [--no-shrink] [--quiet] [--verbose] "
-                 "[--no-monitor-during-recovery]\n");
+                 "[--cycles C] [--colocated N] [--fleet N] [--legacy N] [--no-shrink] [--quiet] "
+                 "[--verbose] [--no-monitor-during-recovery]\n");
     return 2;
   }
   std::signal(SIGABRT, OnAbort);
@@ -131,6 +146,7 @@ int main(int argc, char** argv) {
     o.colocated_one_in = args.colocated_one_in;
     o.verbose = args.verbose;
     o.fleet_engines = args.fleet_engines;
+    o.legacy_one_in = args.legacy_one_in;
     rc::sim::FaultPlan plan = rc::sim::PlanForSeed(seed, o.cycles);
     if (args.explicit_faults) {
       auto parsed = rc::sim::ParsePlan(args.faults);

@@ -40,7 +40,9 @@ constexpr const char* kNames[] = {"http_5xx",
                                   "external_wake",
                                   "instance_unread",
                                   "external_sleep",
-                                  "restart_keeps_label"};
+                                  "restart_keeps_label",
+                                  "digest_unread",
+                                  "executor_restart_asleep"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
 
 // Each fsync stall costs real time (the journal's stall deadline is a real-time bound): rare.
@@ -124,17 +126,20 @@ FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
   std::mt19937_64 answer_rng(seed * 0x165667B19E3779F9ull + 11);
   std::mt19937_64 outside_sleep_rng(seed * 0x27D4EB2F165667C5ull + 13);
   std::mt19937_64 label_restart_rng(seed * 0x85EBCA77C2B2AE63ull + 17);
+  std::mt19937_64 recheck_rng(seed * 0xD6E8FEB86659FD93ull + 19);
   const int first_colocated = static_cast<int>(kFirstColocatedFault);
   const int first_answer = static_cast<int>(kFirstAnswerFault);
   const int first_outside_sleep = static_cast<int>(kFirstOutsideSleepFault);
   const int first_label_restart = static_cast<int>(kFirstLabelRestartFault);
+  const int first_recheck = static_cast<int>(kFirstRecheckFault);
   const Enabled enabled = EnableKinds(rng, 0, first_colocated);
   const Enabled colocated = EnableKinds(colocated_rng, first_colocated, first_answer);
   const Enabled answer = EnableKinds(answer_rng, first_answer, first_outside_sleep);
   const Enabled outside_sleep =
       EnableKinds(outside_sleep_rng, first_outside_sleep, first_label_restart);
-  const Enabled label_restart =
-      EnableKinds(label_restart_rng, first_label_restart, static_cast<int>(FaultKind::kCount));
+  const Enabled label_restart = EnableKinds(label_restart_rng, first_label_restart, first_recheck);
+  const Enabled recheck =
+      EnableKinds(recheck_rng, first_recheck, static_cast<int>(FaultKind::kCount));
   FaultPlan plan;
   for (std::uint32_t c = 0; c < cycles; ++c) {
     DrawCycle(rng, enabled, c, plan);
@@ -142,6 +147,7 @@ FaultPlan PlanForSeed(std::uint64_t seed, std::uint32_t cycles) {
     DrawCycle(answer_rng, answer, c, plan);
     DrawCycle(outside_sleep_rng, outside_sleep, c, plan);
     DrawCycle(label_restart_rng, label_restart, c, plan);
+    DrawCycle(recheck_rng, recheck, c, plan);
   }
   return plan;
 }
@@ -163,6 +169,20 @@ void SimStats::Add(const SimStats& o) {
   restored += o.restored;
   for (const auto& [k, n] : o.taints) taints[k] += n;
   colocated.Add(o.colocated);
+  recheck.Add(o.recheck);
+}
+
+void RecheckStats::Add(const RecheckStats& o) {
+  digest_reads_failed += o.digest_reads_failed;
+  validations_unread += o.validations_unread;
+  monitor_looks_kept_pending += o.monitor_looks_kept_pending;
+  journaled_clears += o.journaled_clears;
+  journaled_unread_kept += o.journaled_unread_kept;
+  rules0_unread_clears += o.rules0_unread_clears;
+  admissions_refused_pending += o.admissions_refused_pending;
+  rules0_worlds += o.rules0_worlds;
+  rebootstrapped_worlds += o.rebootstrapped_worlds;
+  rules_changes_refused += o.rules_changes_refused;
 }
 
 void ColocatedStats::Add(const ColocatedStats& o) {
@@ -181,6 +201,8 @@ void ColocatedStats::Add(const ColocatedStats& o) {
   sleep_deaths += o.sleep_deaths;
   external_wakes += o.external_wakes;
   external_sleeps += o.external_sleeps;
+  executor_restarts_asleep += o.executor_restarts_asleep;
+  sleepers_checked_pending += o.sleepers_checked_pending;
   restores_published_unpaused += o.restores_published_unpaused;
   updates_published_unpaused += o.updates_published_unpaused;
   for (const auto& [k, n] : o.taints) taints[k] += n;
@@ -195,6 +217,9 @@ std::vector<std::string> ReplayArgs(const SimOptions& o, const FaultPlan& plan) 
     args.insert(args.end(), {"--colocated", std::to_string(o.colocated_one_in)});
   }
   if (o.fleet_engines > 0) args.insert(args.end(), {"--fleet", std::to_string(o.fleet_engines)});
+  if (o.legacy_one_in != SimOptions{}.legacy_one_in) {
+    args.insert(args.end(), {"--legacy", std::to_string(o.legacy_one_in)});
+  }
   args.insert(args.end(), {"--faults", FormatPlan(plan)});
   return args;
 }

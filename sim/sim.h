@@ -55,12 +55,22 @@ enum class FaultKind : std::uint8_t {
   // dies and is back 50 ms later under the label it had, with its initial weights (b even: a
   // launcher that sets the old label) or the weights it had (b odd: one that reloads them).
   kRestartKeepsLabel,
+  // Re-verification faults (their own stream too). Weight-digest reads of the cycle fail with
+  // probability (1 + b%4)/4, as a timeout (a%3 == 0), an HTTP 5xx (1) or a malformed body (2);
+  // the rest of each answer is read. (a/3)%4 picks the reads: 0 every one, 1 validations (while
+  // paused), 2 probes (a restarted executor's re-verification, the look before a plan), 3 the
+  // monitor's looks. Armed for the whole cycle, the monitor's looks after the plan included.
+  kDigestUnread,
+  // a%100 ms into the engine's sleep the executor restarts (crash, recovery) while it sleeps: the
+  // sleeper's re-verification is pending until a plan from sleep validates it (rules 1).
+  kExecutorRestartAsleep,
   kCount
 };
 inline constexpr FaultKind kFirstColocatedFault = FaultKind::kSleepDeath;
 inline constexpr FaultKind kFirstAnswerFault = FaultKind::kInstanceUnread;
 inline constexpr FaultKind kFirstOutsideSleepFault = FaultKind::kExternalSleep;
 inline constexpr FaultKind kFirstLabelRestartFault = FaultKind::kRestartKeepsLabel;
+inline constexpr FaultKind kFirstRecheckFault = FaultKind::kDigestUnread;
 const char* FaultName(FaultKind k);
 
 struct Fault {
@@ -92,6 +102,29 @@ struct SimOptions {
   std::uint32_t colocated_one_in = 3;
   // A fleet of this many engines (RunFleet; 0: one engine, Run). Each cycle is one fleet update.
   std::uint32_t fleet_engines = 0;
+  // One world in `legacy_one_in` (a seeded draw; 0: none) starts from a journal an earlier
+  // RolloutCore began: its BootstrapRequested recorded no fold rules (they read 0). An odd world
+  // index is taken over by this build's recovery and folds by rules 0 for its life; an even one is
+  // bootstrapped again by this build before it was READY, and folds by the current rules.
+  std::uint32_t legacy_one_in = 4;
+};
+
+// Weight-digest reads that failed, and what the fold did with the re-verifications they touched.
+// The journal's figures are counted once per world, from its final journal.
+struct RecheckStats {
+  std::uint64_t digest_reads_failed = 0;  // probes, looks, validations and monitor reads
+  std::uint64_t validations_unread = 0;   // validations whose digest read failed (none publishes)
+  // Monitor looks, journaled or not, that vouched for the process but read no digest while a
+  // re-verification was pending under rules 1: each must leave it pending.
+  std::uint64_t monitor_looks_kept_pending = 0;
+  // Journaled looks (probes, looks before a plan, monitor looks) while one was pending: those
+  // that cleared it; those that read no digest and, under rules 1, left it pending; those that
+  // read no digest and, under rules 0, cleared it by the process and label alone.
+  std::uint64_t journaled_clears = 0, journaled_unread_kept = 0, rules0_unread_clears = 0;
+  std::uint64_t admissions_refused_pending = 0;  // admissions tried while one was pending
+  std::uint64_t rules0_worlds = 0, rebootstrapped_worlds = 0;
+  std::uint64_t rules_changes_refused = 0;  // bootstraps naming other rules once READY
+  void Add(const RecheckStats& o);
 };
 
 // What the colocated cycles did (sleep, the asleep interval, the plan from sleep).
@@ -103,6 +136,10 @@ struct ColocatedStats {
   std::uint64_t refusals_probed = 0;     // a wake or a wrong-manifest update after level 2
   std::uint64_t sleep_deaths = 0, external_wakes = 0;
   std::uint64_t external_sleeps = 0;  // engines slept from outside while a plan held them paused
+  std::uint64_t executor_restarts_asleep = 0;  // kExecutorRestartAsleep faults that restarted it
+  // Sleepers judged against the engine's truth while their re-verification was pending (an
+  // executor restart while asleep: no look of a sleeper carries the digest rules 1 ask for).
+  std::uint64_t sleepers_checked_pending = 0;
   // Publishes validated on an unpaused engine (each also a violation): by a restore, or by an
   // update from sleep (someone woke the sleeper meanwhile). The validation reads /is_paused, so
   // both stay 0; they are counted apart to say which kind of plan broke the rule.
@@ -119,6 +156,7 @@ struct SimStats {
   std::uint64_t restores = 0, restored = 0;     // restores of a TAINTED engine; those committed
   std::map<std::string, std::uint64_t> taints;  // by cause
   ColocatedStats colocated;
+  RecheckStats recheck;
   void Add(const SimStats& o);
 };
 

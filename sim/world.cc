@@ -15,6 +15,7 @@
 #include "journal/testing/fault_env.h"
 #include "replay/replay.h"
 #include "sim/engine.h"
+#include "sim/oracle.h"
 #include "statemachine/describe.h"
 #include "statemachine/history.h"
 
@@ -39,6 +40,10 @@ constexpr std::int64_t kTickUs = 10000;            // the monitor's and the reap
 constexpr std::uint32_t kAsleepMsMin = 10;
 constexpr std::uint32_t kAsleepMsSpread = 140;
 constexpr std::uint32_t kAsleepAdmissionsMax = 4;  // clients that try to admit meanwhile
+// The monitor's looks (one a tick) a READY engine may need, once its digest reads succeed, to
+// clear a pending re-verification; and the ticks it may take to see an outside change.
+constexpr std::int64_t kRecheckTicksMax = 3;
+constexpr std::int64_t kMonitorGraceUs = 2 * kTickUs;
 const std::string kDigest(64, 'a');
 
 // Every checkpoint has the same manifest (one model, same tensors): after a level-2 sleep an
@@ -99,6 +104,10 @@ class World {
     journal_.reset();
   }
 
+  // A journal an earlier RolloutCore began (SimOptions::legacy_one_in): taken over by this
+  // build's recovery (rules 0), or bootstrapped again by this build before it was READY.
+  enum class Legacy : std::uint8_t { kNone, kTakenOver, kBootstrappedAgain };
+
   bool Boot();
   void RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults);
   void Close();
@@ -111,6 +120,10 @@ class World {
  private:
   void Violate(const std::string& what);
   void ExternalUpdate(int attempts_left);
+  Legacy LegacyFor() const;
+  [[nodiscard]] Status JournalLegacyBootstrap();
+  [[nodiscard]] Status TakeOverLegacy();
+  [[nodiscard]] bool ProbeRulesChange();
   bool Open();
   void NewRunner();
   void Ack(const journal::Journal::Submitted& s, const Event& input);
@@ -120,6 +133,7 @@ class World {
 
   void Tick();
   void Monitor();
+  void JudgeLook(const State& s, const EngineMonitored& m);
   void Reap();
   void Arm(const Fault& f, std::vector<Client>& spawn);
   void Spawn(std::mt19937_64& rng, std::vector<Client>& out, std::uint32_t cycle);
@@ -141,6 +155,10 @@ class World {
   bool Restart();
   void Sleep(std::uint32_t ms) { clock_.sleep_ms(ms); }
   void EndOfCycleChecks(std::uint32_t cycle);
+  std::string CommittedWeights(const State& s) const;
+  bool EngineIsCommitted(const State& s) const;
+  void CheckReadyEngine(const State& s);
+  void CheckRecheckProgress(const State& s);
   void CheckSleeper(const State& s);
   void FullChecks(bool with_replay);
 
@@ -148,7 +166,8 @@ class World {
   void RunColocated(std::uint32_t cycle);
   void ContinueAsleep(std::uint32_t cycle);
   void AsleepThenWake(std::uint32_t cycle, const std::string& sleep_id, std::uint64_t after_seq);
-  void AsleepInterval(std::uint32_t cycle);
+  [[nodiscard]] bool AsleepInterval(std::uint32_t cycle);
+  [[nodiscard]] bool RestartAsleep();
   void ArmAsleep();
   void ExternalSleep(const Fault& f);
   [[nodiscard]] bool RunFromSleep(std::uint32_t cycle, const State& s);
@@ -190,7 +209,12 @@ class World {
   std::mt19937_64 colocated_rng_;
   bool colocated_ = false;  // a colocated plan is under way, or the engine sleeps
   std::optional<Fault> sleep_death_, external_wake_;  // this cycle's, for the asleep interval
+  std::optional<Fault> restart_asleep_;               // this cycle's kExecutorRestartAsleep
   bool ready_asleep_reported_ = false;
+  Legacy legacy_ = Legacy::kNone;
+  std::uint32_t fold_rules_ = kFoldRulesCurrent;  // the rules the journal must fold by once READY
+  std::int64_t last_restart_us_ = 0;              // the last executor restart's end
+  std::int64_t outside_us_ = 0;  // the last outside action the monitor must see (relabel, wake)
 };
 
 // Someone updates the engine through its own routes, as a careful outsider would: once no
@@ -262,6 +286,13 @@ void World::OnDurable(std::uint64_t seq, const Event& e) {
 void World::CheckPublish(const VersionPublished& v) {
   const EngineTruth& t = engine_.truth();
   const auto& val = ctl_.validated();
+  // Every plan of this world names the digest it expects (updates, restores): a validation
+  // whose digest read failed proves nothing, whatever else it read.
+  if ((val && !val->digest_read) || v.engine_digest.empty()) {
+    Violate("'" + v.update_id + "' published '" + v.version.label + "' without a weight digest (" +
+            (v.engine_digest.empty() ? "none journaled" : "the validation's read failed") +
+            "), though its plan names the digest it expects");
+  }
   // An engine restarted, or relabelled by someone else, after it answered the validation is
   // the monitor's to taint (checked at the end of the cycle): judge what validation vouched for.
   if (!t.alive || !val || val->instance != t.instance) return;
@@ -371,9 +402,72 @@ bool World::Boot() {
   if (!Open()) return false;
   NewRunner();
   sched_.After(kTickUs, [this] { Tick(); });
-  Status st = runner_->Bootstrap("rc-0", IdentityFor(kInitialWeights, 0));
-  if (!st.ok()) Violate("bootstrap: " + st.ToString());
-  return st.ok();
+  legacy_ = LegacyFor();
+  fold_rules_ = legacy_ == Legacy::kTakenOver ? 0 : kFoldRulesCurrent;
+  Status st = legacy_ == Legacy::kNone ? Status::OK() : JournalLegacyBootstrap();
+  if (st.ok() && legacy_ == Legacy::kTakenOver) {
+    st = TakeOverLegacy();
+  } else if (st.ok()) {
+    st = runner_->Bootstrap("rc-0", IdentityFor(kInitialWeights, 0));
+  }
+  if (!st.ok()) {
+    Violate("bootstrap: " + st.ToString());
+    return false;
+  }
+  result_.stats.recheck.rules0_worlds += legacy_ == Legacy::kTakenOver ? 1 : 0;
+  result_.stats.recheck.rebootstrapped_worlds += legacy_ == Legacy::kBootstrappedAgain ? 1 : 0;
+  return ProbeRulesChange();
+}
+
+// A draw of its own (every other choice of the seed stays what it was); the world's index picks
+// which of the two legacy journals it is.
+World::Legacy World::LegacyFor() const {
+  if (o_.legacy_one_in == 0) return Legacy::kNone;
+  std::mt19937_64 pick(o_.seed * 0x9FB21C651E98DF25ull + index_);
+  if (pick() % o_.legacy_one_in != 0) return Legacy::kNone;
+  return index_ % 2 == 1 ? Legacy::kTakenOver : Legacy::kBootstrappedAgain;
+}
+
+// What an earlier RolloutCore journaled first: the bootstrap request, without fold rules (a
+// record without the field reads 0).
+Status World::JournalLegacyBootstrap() {
+  BootstrapRequested legacy{"rc-0", IdentityFor(kInitialWeights, 0)};
+  legacy.fold_rules = 0;
+  Status why;
+  if (SubmitAcked(legacy, &why)) return Status::OK();
+  return why.ok() ? Status::Unavailable("the journal failed") : why;
+}
+
+// This build's executor starts on that journal as after a restart: its recovery drives the
+// bootstrap's probe, and the journal folds by the rules its request recorded.
+Status World::TakeOverLegacy() {
+  RC_RETURN_IF_ERROR(runner_->Recover(journal_->recovery()));
+  const Lifecycle l = journal_->state().lifecycle;
+  if (l == Lifecycle::kReady) return Status::OK();
+  return Status::Unavailable(std::string("the legacy bootstrap ended in ") + lifecycle_name(l));
+}
+
+// A journal folds by the rules it reached READY under, for its life: a bootstrap naming other
+// rules is refused once READY, with nothing written. False (a violation) otherwise.
+bool World::ProbeRulesChange() {
+  if (journal_->state().fold_rules != fold_rules_) {
+    Violate("the journal folds by rules " + std::to_string(journal_->state().fold_rules) +
+            ", not the " + std::to_string(fold_rules_) + " it was bootstrapped under");
+    return false;
+  }
+  BootstrapRequested other{"rc-0", IdentityFor(kInitialWeights, 0)};
+  other.fold_rules = fold_rules_ == 0 ? kFoldRulesCurrent : 0;
+  const std::uint64_t head = journal_->head_seq();
+  auto submitted = journal_->Submit(other, clock_.wall_ms());
+  if (submitted.ok()) (void)journal_->Wait(submitted->ticket);
+  if (submitted.ok() || journal_->head_seq() != head ||
+      journal_->state().fold_rules != fold_rules_) {
+    Violate("a bootstrap naming fold rules " + std::to_string(other.fold_rules) +
+            " was accepted on a READY journal of rules " + std::to_string(fold_rules_));
+    return false;
+  }
+  result_.stats.recheck.rules_changes_refused++;
+  return true;
 }
 
 // Every 10 ms of virtual time: renewals, the lease reaper, the engine monitor.
@@ -409,8 +503,10 @@ void World::Monitor() {
   const bool asleep = s.lifecycle == Lifecycle::kSleeping;
   if ((s.lifecycle != Lifecycle::kReady && !asleep) || s.update.has_value()) return;
   if (recovering_ && !o_.monitor_during_recovery) return;
-  EngineMonitored m = ctl_.Monitor();
-  if (asleep) m.digest = WeightDigest{};
+  EngineMonitored m = ctl_.Monitor(!asleep);
+  m.updates_seen = monitor_epoch(s);
+  m.last_ok_wall_ms = clock_.wall_ms();
+  JudgeLook(s, m);
   const bool reachable = m.http.ok_2xx();
   const bool drifted = !weights_match(s, m.digest);
   const bool differs = asleep ? !engine_matches(s, m.reported_label, m.is_paused_known, m.is_paused,
@@ -420,13 +516,22 @@ void World::Monitor() {
   const bool changed = reachable ? (!s.engine_reachable || look_clears_recheck(s, m) || differs)
                                  : s.engine_reachable;
   if (!changed) return;
-  m.updates_seen = monitor_epoch(s);
-  m.last_ok_wall_ms = clock_.wall_ms();
   const bool healthy_sleeper = asleep && HealthySleeper(s);
   SubmitAcked(m);  // a refusal (stale, an effect in flight) is the fold's word
   if (healthy_sleeper && tainted()) {
     Violate("the monitor tainted a healthy sleeper (same process and label, asleep, paused): " +
             journal_->state().taint->detail);
+  }
+}
+
+// Every look, journaled or not, against the rules for a pending re-verification (sim/oracle.h).
+void World::JudgeLook(const State& s, const EngineMonitored& m) {
+  const LookJudgement j = JudgeMonitorLook(s, m);
+  if (!j.broken.empty()) return Violate("monitor look: " + j.broken);
+  // Awake and READY, a look reads the digest: one without it is a read that failed.
+  const bool failed_read = s.lifecycle == Lifecycle::kReady && j.unread;
+  if (j.judged && failed_read && j.vouched && !j.cleared && s.fold_rules >= 1) {
+    result_.stats.recheck.monitor_looks_kept_pending++;
   }
 }
 
@@ -459,10 +564,17 @@ void World::ClientAdmit(const std::string& id) {
   const RolloutAdmitted a = make_admission(before, id, c.lease_ms);
   if (!SubmitAcked(a)) {  // 503: refused while updating, asleep or tainted, or the journal failed
     if (asleep && !journal_->failed()) result_.stats.colocated.admissions_refused++;
+    if (before.engine_recheck && !journal_->failed()) {
+      result_.stats.recheck.admissions_refused_pending++;
+    }
     c.alive = false;
     return;
   }
   if (asleep) Violate("admission of '" + id + "' acknowledged while SLEEPING");
+  if (before.engine_recheck) {
+    Violate("admission of '" + id +
+            "' acknowledged while the engine's re-verification was pending");
+  }
   result_.stats.admissions_acked++;
   // Judged once the update is over: it may have ended (refused, say) inside a recovery that ran
   // before this admission, which is legal.
@@ -552,7 +664,9 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
       break;
     case FaultKind::kRelabel:
       sched_.After(std::int64_t{f.b % 60} * 1000, [this, f] {
-        if (engine_.truth().alive) engine_.SetLabel("intruder-" + std::to_string(f.a));
+        if (!engine_.truth().alive) return;
+        engine_.SetLabel("intruder-" + std::to_string(f.a));
+        outside_us_ = sched_.now_us();
       });
       break;
     case FaultKind::kExternalPause:
@@ -603,6 +717,12 @@ void World::Arm(const Fault& f, std::vector<Client>& spawn) {
       sched_.After(std::int64_t{f.b % 60} * 1000,
                    [this, f] { engine_.Die(50, LabelKeepingComeback(f)); });
       break;
+    case FaultKind::kDigestUnread:
+      ctl_.ArmDigestFaults(f);
+      break;
+    case FaultKind::kExecutorRestartAsleep:
+      restart_asleep_ = f;
+      break;
     default:  // ArmCallFault's, and kCount
       break;
   }
@@ -627,9 +747,11 @@ void World::RunCycle(std::uint32_t cycle, const std::vector<Fault>& faults) {
   cycles_++;
   result_.stats.cycles++;
   ctl_.faults() = CycleFaults{};
+  ctl_.DisarmDigestFaults();
   restart_engine_ready_ = false;
   sleep_death_.reset();
   external_wake_.reset();
+  restart_asleep_.reset();
   std::mt19937_64 rng(o_.seed * 0x100000001B3ull ^ (std::uint64_t{cycle} << 20));
   std::vector<Client> spawn;
   Spawn(rng, spawn, cycle);
@@ -742,6 +864,7 @@ void World::EndPlan() {
   ctl_.faults() = CycleFaults{};
   sleep_death_.reset();
   external_wake_.reset();
+  restart_asleep_.reset();
   if (!journal_->failed()) faults_->Clear();
 }
 
@@ -777,7 +900,7 @@ void World::ContinueAsleep(std::uint32_t cycle) {
 
 void World::AsleepThenWake(std::uint32_t cycle, const std::string& sleep_id,
                            std::uint64_t after_seq) {
-  AsleepInterval(cycle);
+  if (!AsleepInterval(cycle)) return;
   if (!journal_->failed() && journal_->state().lifecycle == Lifecycle::kSleeping) {
     if (!RunFromSleep(cycle, journal_->state())) return;
   }
@@ -785,8 +908,9 @@ void World::AsleepThenWake(std::uint32_t cycle, const std::string& sleep_id,
 }
 
 // Virtual time passes with the engine asleep: clients keep trying to admit (each must be
-// refused), the monitor keeps watching, and the cycle's colocated faults strike.
-void World::AsleepInterval(std::uint32_t cycle) {
+// refused), the monitor keeps watching, and the cycle's colocated faults strike. False when the
+// world cannot go on.
+bool World::AsleepInterval(std::uint32_t cycle) {
   const auto interval_ms =
       static_cast<std::uint32_t>(kAsleepMsMin + colocated_rng_() % kAsleepMsSpread);
   const auto tries = static_cast<std::uint32_t>(1 + colocated_rng_() % kAsleepAdmissionsMax);
@@ -799,7 +923,27 @@ void World::AsleepInterval(std::uint32_t cycle) {
     sched_.After(at_us, [this, id] { ClientAdmit(id); });
   }
   ArmAsleep();
-  Sleep(interval_ms);
+  if (!restart_asleep_) {
+    Sleep(interval_ms);
+    return true;
+  }
+  const std::uint32_t restart_ms = std::min(interval_ms, restart_asleep_->a % 100);
+  restart_asleep_.reset();
+  Sleep(restart_ms);
+  if (!RestartAsleep()) return false;
+  Sleep(interval_ms - restart_ms);
+  if (!journal_->failed() && journal_->state().lifecycle == Lifecycle::kSleeping) {
+    CheckSleeper(journal_->state());  // its re-verification pending, unless rules 0 cleared it
+  }
+  return true;
+}
+
+// kExecutorRestartAsleep: the executor restarts (as after a crash) while the engine sleeps and no
+// plan runs. False when the world cannot go on.
+bool World::RestartAsleep() {
+  if (journal_->failed() || journal_->state().lifecycle != Lifecycle::kSleeping) return true;
+  result_.stats.colocated.executor_restarts_asleep++;
+  return Restart();
 }
 
 // Someone sleeps the engine while a plan in RESUMING holds it paused (a validated update, or a
@@ -830,6 +974,7 @@ void World::ArmAsleep() {
     sched_.After(std::int64_t{f.a % 100} * 1000, [this, f] {
       if (!engine_.truth().alive || !engine_.asleep()) return;
       result_.stats.colocated.external_wakes++;
+      outside_us_ = sched_.now_us();
       if (f.b % 2 == 0) {
         engine_.Resume();  // POST /resume: the scheduler runs on released memory
       } else {
@@ -975,6 +1120,7 @@ bool World::Restart() {
   Status rec = runner_->Recover(journal_->recovery());
   recovering_ = false;
   if (!rec.ok()) Violate("Recover: " + rec.ToString());
+  last_restart_us_ = sched_.now_us();
   FullChecks(false);  // no acknowledged event is lost across the crash
   return rec.ok();
 }
@@ -992,12 +1138,34 @@ void World::EndOfCycleChecks(std::uint32_t cycle) {
     result_.stats.taints[cause_name(s.taint->cause)]++;
     return;
   }
-  if (s.lifecycle == Lifecycle::kSleeping) return CheckSleeper(s);
+  if (s.lifecycle == Lifecycle::kSleeping) {
+    result_.stats.colocated.ended_asleep++;
+    return CheckSleeper(s);
+  }
+  if (!s.engine_reachable || !engine_.truth().alive) return;
+  if (s.engine_recheck) return CheckRecheckProgress(s);
+  CheckReadyEngine(s);
+}
+
+std::string World::CommittedWeights(const State& s) const {
+  return s.committed.generation == 0 ? std::string(kInitialWeights)
+                                     : s.committed_identity.checkpoint;
+}
+
+// The engine is the one the fold verified, on the committed weights and label, awake, unpaused.
+bool World::EngineIsCommitted(const State& s) const {
   const EngineTruth& t = engine_.truth();
-  if (!s.engine_reachable || s.engine_recheck || !t.alive) return;
-  const std::string want =
-      s.committed.generation == 0 ? std::string(kInitialWeights) : s.committed_identity.checkpoint;
-  if (t.weights != want || t.label != s.committed.label ||
+  return t.alive && engine_.instance_name() == s.engine_instance && t.label == s.committed.label &&
+         !t.paused && !engine_.asleep() && t.weights == CommittedWeights(s);
+}
+
+// READY and re-verified: the engine is the committed one. Weights changed after the last digest
+// read that succeeded (kDigestUnread) are the monitor's still to find, at its next read.
+void World::CheckReadyEngine(const State& s) {
+  const EngineTruth& t = engine_.truth();
+  const std::string want = CommittedWeights(s);
+  const bool weights_read = ctl_.last_digest_read_op() >= t.last_mutation_op;
+  if ((t.weights != want && weights_read) || t.label != s.committed.label ||
       engine_.instance_name() != s.engine_instance || t.paused || engine_.asleep()) {
     Violate("READY on '" + s.committed.label + "' (" + want + ") but the engine holds '" +
             t.weights + "' labelled '" + t.label + "'" + (t.paused ? ", paused" : "") +
@@ -1005,31 +1173,35 @@ void World::EndOfCycleChecks(std::uint32_t cycle) {
   }
 }
 
-// A cycle that ends SLEEPING: the engine the fold verified sleeps at the fold's level, paused,
-// holding no request. Another process is the monitor's to taint, within two ticks of its start.
-void World::CheckSleeper(const State& s) {
-  result_.stats.colocated.ended_asleep++;
-  const EngineTruth& t = engine_.truth();
-  if (!s.engine_reachable || s.engine_recheck || !t.alive) return;
-  if (engine_.instance_name() != s.engine_instance) {
-    if (sched_.now_us() - t.up_since_us > 2 * kTickUs) {
-      Violate("SLEEPING on '" + s.engine_instance + "' but '" + engine_.instance_name() +
-              "' answers since " + std::to_string((sched_.now_us() - t.up_since_us) / 1000) +
-              " ms");
-    }
-    return;
-  }
-  if (!engine_.asleep() || !t.paused || engine_.requests() > 0 || t.label != s.committed.label ||
-      t.sleep_level != s.sleep_level) {
-    Violate("SLEEPING at level " + std::to_string(s.sleep_level) + " on '" + s.committed.label +
-            "' but the engine is " + (engine_.asleep() ? "asleep" : "awake") + " at level " +
-            std::to_string(t.sleep_level) + (t.paused ? ", paused" : ", not paused") + ", holds " +
-            std::to_string(engine_.requests()) + " request(s), labelled '" + t.label + "'");
-  }
+// READY with a re-verification pending admits nothing (every admission is checked too), and the
+// wait is bounded: once kRecheckTicksMax monitor looks read the committed engine's digest (none
+// failed, no executor restart since), the re-verification is over.
+void World::CheckRecheckProgress(const State& s) {
+  if (admits(s)) return Violate("READY admits while the engine's re-verification is pending");
+  const std::int64_t since_us = std::max(ctl_.last_digest_failure_us(), last_restart_us_);
+  const std::int64_t quiet_us = sched_.now_us() - since_us;
+  if (quiet_us <= kRecheckTicksMax * kTickUs || !EngineIsCommitted(s)) return;
+  Violate("READY on '" + s.committed.label + "' still awaits its re-verification " +
+          std::to_string(quiet_us / 1000) + " ms after the last failed digest read or " +
+          "executor restart, though the engine is the verified one on the committed weights");
 }
 
-// Scans the journal: acknowledged events, answers, the history checker, refold and snapshot
-// against the live state, bindings. Bounded by the world's size (cycles_per_world).
+// A SLEEPING fold, its re-verification pending or not (sim/oracle.h, JudgeSleeper): the engine it
+// verified sleeps at its level, paused, holding no request; anything else is the monitor's to
+// taint within two ticks.
+void World::CheckSleeper(const State& s) {
+  // The monitor sees nothing while the executor is down: what changed before a restart is its to
+  // see within the grace that follows the restart.
+  const SleeperJudgement j = JudgeSleeper(s, engine_, sched_.now_us(),
+                                          std::max(outside_us_, last_restart_us_), kMonitorGraceUs);
+  if (j.judged && s.engine_recheck) result_.stats.colocated.sleepers_checked_pending++;
+  if (!j.mismatch.empty()) Violate(j.mismatch);
+}
+
+// Scans the journal: acknowledged events, answers, the history checker, the rules of a pending
+// re-verification, refold and snapshot against the live state (the fold rules with it), bindings.
+// Bounded by the world's size (cycles_per_world). `with_replay`: the world's last check, at its
+// close, which replays the journal and counts its figures.
 void World::FullChecks(bool with_replay) {
   if (!journal_ || journal_->failed()) return;
   result_.stats.full_checks++;
@@ -1084,6 +1256,10 @@ void World::FullChecks(bool with_replay) {
     }
   }
   const State live = journal_->state();
+  if (live.lifecycle != Lifecycle::kUninitialized && live.fold_rules != fold_rules_) {
+    Violate("the journal folds by rules " + std::to_string(live.fold_rules) + ", not the " +
+            std::to_string(fold_rules_) + " it reached READY under");
+  }
   for (const auto& [id, c] : clients_) {
     if (!c.admitted) continue;
     const int n = finishes.count(id) ? finishes[id] : 0;
@@ -1094,6 +1270,14 @@ void World::FullChecks(bool with_replay) {
   }
   HistoryReport h = check_history(history);
   if (!h.ok) Violate("history: seq " + std::to_string(h.first_bad_seq) + ": " + h.message);
+  RecheckHistoryCounts counts;
+  const std::string recheck = CheckRecheckHistory(history, &counts);
+  if (!recheck.empty()) Violate("re-verification: " + recheck);
+  if (with_replay) {  // the world's last check: its final journal's figures
+    result_.stats.recheck.journaled_clears += counts.clears;
+    result_.stats.recheck.journaled_unread_kept += counts.unread_kept;
+    result_.stats.recheck.rules0_unread_clears += counts.rules0_unread_clears;
+  }
   auto refold = journal_->Refold();
   if (!refold.ok() || !(*refold == live)) Violate("refold differs from the live state");
   auto loaded = journal_->LoadState();
@@ -1111,6 +1295,8 @@ void World::FullChecks(bool with_replay) {
 
 // The world ends with a clean close and a reopen: everything acknowledged is still there.
 void World::Close() {
+  result_.stats.recheck.digest_reads_failed += ctl_.digest_reads_failed();
+  result_.stats.recheck.validations_unread += ctl_.validations_unread();
   if (!journal_) return;
   if (!journal_->failed()) FullChecks(true);
   result_.stats.events += journal_->head_seq();
