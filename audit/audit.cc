@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "effects/file_kind.h"
 #include "effects/http/response_parsers.h"
 #include "journal/json.h"
 #include "statemachine/describe.h"
@@ -1272,15 +1273,6 @@ void AddSkippedLines(const TrajectoriesFile& file, const std::string& path, Verd
 
 namespace {
 
-// What a file that is not a regular one is, as a refusal names it.
-const char* NotRegularKind(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  return "a special file";
-}
-
 // The trajectories file at `path`, open for reading, or why not, decided before anything is read:
 // O_NONBLOCK keeps the open of a FIFO from waiting for ever for a writer, and anything but a
 // regular file (a FIFO, directory, socket or device, whose reads may block or never end) is
@@ -1301,7 +1293,7 @@ Result<File> OpenTrajectoriesFile(const std::string& path) {
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     return Status::InvalidArgument("trajectories file " + Quoted(path) + " is " +
-                                   NotRegularKind(st.st_mode) +
+                                   effects::NotRegularKind(st.st_mode) +
                                    ", not a regular file: refused before reading it");
   }
   File in(::fdopen(fd, "rb"));

@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "effects/file_kind.h"
 #include "journal/journal.h"
 #include "statemachine/quote.h"
 #include "statemachine/status.h"
@@ -124,15 +125,6 @@ inline void NoteLiveWriter(const journal::Journal& j, const char* command) {
                command);
 }
 
-// What a file of `mode` that is not a regular file is, as a refusal names it.
-inline const char* NotRegularKind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  return "a special file";
-}
-
 // The file at `path`, named `what` ("config file"), must be a regular file before anything reads
 // it: a FIFO with no writer blocks its reader's open and every read for ever, and a directory,
 // socket or device is no file to read. It is opened with O_PATH (which names the file without
@@ -147,7 +139,7 @@ inline const char* NotRegularKind(mode_t mode) {
   ::close(fd);
   if (!stated || S_ISREG(st.st_mode)) return Status::OK();
   return Status::InvalidArgument(std::string(what) + " " + text::quoted(path) + " is " +
-                                 NotRegularKind(st.st_mode) +
+                                 effects::NotRegularKind(st.st_mode) +
                                  ", not a regular file: refused before reading it");
 }
 
@@ -165,7 +157,7 @@ inline const char* NotRegularKind(mode_t mode) {
     if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) continue;
     return Status::InvalidArgument("journal " + text::quoted(path) + " holds " +
                                    text::quoted(it->path().filename().string()) + ", " +
-                                   NotRegularKind(st.st_mode) +
+                                   effects::NotRegularKind(st.st_mode) +
                                    ": refused before opening the journal (its open would wait on "
                                    "it)");
   }
