@@ -277,7 +277,8 @@ void AppendHttp(std::string& out, const HttpServer& http) {
        {"rolloutcore_http_blocking_refused_total",
         "trainer calls refused: the blocking pool's queue was full", h.blocking_refused.load()},
        {"rolloutcore_http_body_memory_refused_total",
-        "requests answered 503: the bodies others held took body_memory_bytes_max",
+        "requests answered 503 or streams cut because the bodies others held took "
+        "body_memory_bytes_max",
         h.body_memory_refused.load()},
        {"rolloutcore_http_accept_pauses_total",
         "times accepting paused: the client sockets serve keeps (http_connections_max and a "
