@@ -23,9 +23,9 @@ class EngineControl {
   virtual HttpEvidence SetLabel(const std::string& label) = 0;
   // A restore that adopts ends a weight session left open on its TAINTED engine (POST
   // /finish_weight_update without a label), so that the next update does not meet it and blame
-  // someone else. Its answer is no evidence: the adopt's digest check proves what the engine holds
-  // afterwards. The default sends nothing, for controls of engines without weight sessions.
-  virtual void EndOpenWeightSession() {}
+  // someone else. Whatever the answer, the adopt's digest check proves what the engine holds
+  // afterwards; a finish that was sent may have committed a load (vLLM 0.25.x).
+  virtual HttpEvidence EndOpenWeightSession() = 0;
   // POST /pause?mode=wait&clear_cache=false — blocks until running requests finish.
   virtual DrainObserved PauseWait(std::uint64_t timeout_ms) = 0;
   virtual CacheResetObserved ResetCache(CacheKind cache) = 0;

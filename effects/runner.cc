@@ -269,19 +269,27 @@ PreflightObserved Runner::adopt_preflight() {
 }
 
 // Adopt's transfer only labels the engine, after ending any weight session left open (the failed
-// transfer that tainted it may have left its own). A failed label is a refusal (the engine stays
-// TAINTED); whatever ending the session changed, the validation's digest judges.
+// transfer that tainted it may have left its own). A failed label is a refusal when nothing else
+// reached the engine, a possible mutation after the finish did (the engine stays TAINTED either
+// way); whatever ending the session changed, the validation's digest judges.
 TransferObserved Runner::label_only(const UpdatePlan& plan) {
   RC_CHECK(plan.restore && plan.adopt);
   const std::int64_t start_us = clock_.now_us();
-  engine_.EndOpenWeightSession();
+  const HttpEvidence ended = engine_.EndOpenWeightSession();
   const HttpEvidence set = engine_.SetLabel(plan.target.label);
   TransferObserved t;
   t.acknowledged = set.ok_2xx();
-  t.mutation = t.acknowledged ? MutationClass::kComplete : MutationClass::kNone;
+  // A finish that reached the engine may have committed a session's load: a failed label after
+  // it is no proof that nothing changed.
+  const MutationClass failed = ended.never_sent() ? MutationClass::kNone : MutationClass::kPossible;
+  t.mutation = t.acknowledged ? MutationClass::kComplete : failed;
   t.finish_label = plan.target.label;
   t.duration_us = elapsed_us(start_us);
-  if (!t.acknowledged) t.error = "labelling the adopted engine failed: " + describe(set);
+  if (!t.acknowledged) {
+    t.error =
+        "labelling the adopted engine failed: " + describe(set) +
+        (ended.never_sent() ? "" : "; the open weight session was ended first: " + describe(ended));
+  }
   return t;
 }
 

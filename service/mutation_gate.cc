@@ -131,6 +131,11 @@ class GatedControl final : public effects::EngineControl {
     const MutationGate::Pass pass = gate_.Enter(call_timeout_ms_);
     return pass ? inner_.SetLabel(label) : NotSent();
   }
+  // Behind the gate: on vLLM 0.25.x a finish commits whatever the session loaded.
+  HttpEvidence EndOpenWeightSession() override {
+    const MutationGate::Pass pass = gate_.Enter(call_timeout_ms_);
+    return pass ? inner_.EndOpenWeightSession() : NotSent();
+  }
   DrainObserved PauseWait(std::uint64_t timeout_ms) override {
     return inner_.PauseWait(timeout_ms);
   }

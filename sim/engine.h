@@ -231,6 +231,12 @@ class SimControl final : public effects::EngineControl, public effects::WeightTr
   HttpEvidence Health() override;
   EngineProbed Probe() override;
   HttpEvidence SetLabel(const std::string& label) override;
+  // The simulated engine has no weight sessions: nothing to end, nothing sent.
+  HttpEvidence EndOpenWeightSession() override {
+    HttpEvidence h;
+    h.transport = Transport::kConnectFailed;
+    return h;
+  }
   DrainObserved PauseWait(std::uint64_t timeout_ms) override;
   CacheResetObserved ResetCache(CacheKind cache) override;
   ValidationObserved WeightInfo() override;

@@ -15,7 +15,9 @@ class HttpEngineControl final : public EngineControl {
   HttpEvidence SetLabel(const std::string& label) override {
     return client_.WriteLabel(label).http;
   }
-  void EndOpenWeightSession() override { (void)client_.FinishWeightUpdate(std::nullopt); }
+  HttpEvidence EndOpenWeightSession() override {
+    return client_.FinishWeightUpdate(std::nullopt).http;
+  }
   // The drain deadline is the client's drain_timeout_ms unless a shorter one is asked for.
   DrainObserved PauseWait(std::uint64_t timeout_ms) override;
   CacheResetObserved ResetCache(CacheKind cache) override { return client_.ResetCache(cache); }

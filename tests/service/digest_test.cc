@@ -96,6 +96,32 @@ TEST(ServiceDigest, BootstrapAndCommitsJournalTheEnginesDigest) {
   EXPECT_EQ(after.label_digests.at("rc-1"), after.committed_digest.combined);
 }
 
+// Proves that, through serve, an update meeting a weight session someone left open taints, and an
+// adopting restore ends that session before it relabels, so the next update commits; catches
+// serve's gated engine control dropping the adopt's finish (the session then stayed for every
+// later update to meet and blame on someone else: TAINTED again).
+TEST(ServiceDigest, AnAdoptingRestoreEndsTheWeightSessionLeftOpen) {
+  Stack s;
+  ASSERT_EQ(s.Update("u1", "rc-1", 1)["http"], 200);
+  httplib::Client outsider(s.engine->base_url());
+  auto started = outsider.Post("/start_weight_update", "", "application/json");
+  ASSERT_TRUE(started && started->status == 200) << (started ? started->body : "no answer");
+  const json tainted = s.Update("u2", "rc-2", 2);
+  EXPECT_EQ(tainted.value("outcome", ""), "tainted") << tainted.dump();
+  ASSERT_EQ(s.svc->journal().state().lifecycle, Lifecycle::kTainted);
+
+  httplib::Client c = s.client();
+  c.set_read_timeout(30, 0);
+  const json adopt = {{"restore_id", "a1"}, {"label", "rc-1"}, {"adopt", true}};
+  auto restored = c.Post("/v1/restores", auth(), adopt.dump(), "application/json");
+  ASSERT_TRUE(restored);
+  EXPECT_EQ(restored->status, 200) << restored->body;
+  EXPECT_FALSE(s.engine->StateJson()["update_active"].get<bool>());
+  const json next = s.Update("u3", "rc-3", 3);
+  EXPECT_EQ(next["http"], 200) << next.dump();
+  EXPECT_EQ(s.svc->journal().state().committed.label, "rc-3");
+}
+
 // An engine that acknowledges an update but drops its data keeps the old weights: the update is
 // TAINTED and never published; catches publishing an update nothing of which landed.
 TEST(ServiceDigest, AnUpdateThatChangedNothingTaints) {
