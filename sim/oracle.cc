@@ -1,5 +1,6 @@
 #include "sim/oracle.h"
 
+#include <algorithm>
 #include <string>
 #include <variant>
 
@@ -160,7 +161,8 @@ SleeperJudgement JudgeSleeper(const State& s, const SimEngine& e, std::int64_t n
   if (!s.engine_reachable || !t.alive) return j;
   const std::string pending = s.engine_recheck ? " (re-verification pending)" : "";
   if (e.instance_name() != s.engine_instance) {
-    if (now_us - t.up_since_us <= grace_us) return j;  // the monitor's to taint
+    if (now_us - std::max(t.up_since_us, outside_us) <= grace_us)
+      return j;  // the monitor's to taint
     j.judged = true;
     j.mismatch = "SLEEPING on '" + s.engine_instance + "'" + pending + " but '" +
                  e.instance_name() + "' answers since " +

@@ -47,8 +47,9 @@ std::string CheckRecheckHistory(const std::vector<HistoryEntry>& history,
                                 RecheckHistoryCounts* counts);
 
 // A SLEEPING fold against the engine's truth. `judged` false while the fold cannot know yet: the
-// engine is down or recorded unreachable, a new process came up, or someone outside acted on the
-// engine (at `outside_us`), less than `grace_us` ago. A pending re-verification changes nothing
+// engine is down or recorded unreachable, or a new process came up, someone outside acted on the
+// engine, or the executor (whose monitor watches) came back — the latter two at `outside_us` —
+// less than `grace_us` ago. A pending re-verification changes nothing
 // here: the monitor compares process, label and pause whether or not one is pending, and no look
 // of a sleeper reads the weights, which are all a re-verification adds.
 struct SleeperJudgement {

@@ -147,8 +147,10 @@ struct Fleet {
 
 // Proves an `all` update over 1, 2, 4 and 16 engines commits every engine to the new label, each
 // double then holds the new weights, and the fleet update ends committed with every member
-// counted; catches an executor that skips members, ends the fleet update early, or publishes on
-// one engine what another holds.
+// counted; and that the next one, its engines known to share a layout and no digest named, runs
+// the first member alone and then all the others at once, each held to the first's digest.
+// Catches an executor that skips members, ends the fleet update early, runs members one after
+// another, or starts one unheld (which could publish on one engine what another does not hold).
 TEST(FleetIntegration, AllModeCommitsEveryEngine) {
   for (int n : {1, 2, 4, 16}) {
     SCOPED_TRACE("engines " + std::to_string(n));
@@ -190,12 +192,18 @@ TEST(FleetIntegration, AllModeCommitsEveryEngine) {
     EXPECT_EQ(next->committed, static_cast<std::uint32_t>(n)) << next->reason;
     std::string first;
     EXPECT_TRUE(waves(before, first)) << "the members after the first ran one after another";
+    EXPECT_EQ(next->outcome, FleetOutcome::kCommitted) << next->reason;
+    const FleetState after = f.state();
+    const std::string held = after.engines.at(first).committed_digest.combined;
+    ASSERT_FALSE(held.empty()) << "the doubles computed no digest: nothing could be held";
     for (const journal::Record& r : ScanRecords(*f.journal)) {
       const auto* u = std::get_if<UpdateRequested>(&r.event);
       if (r.seq <= before || u == nullptr) continue;
-      const std::string want =
-          r.engine == first ? "" : f.state().engines.at(first).committed_digest.combined;
-      EXPECT_EQ(u->expected_digest, want) << r.engine;
+      EXPECT_EQ(u->expected_digest, r.engine == first ? "" : held) << r.engine;
+    }
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(after.engines.at(Name(i)).committed.label, "rc-2") << Name(i);
+      EXPECT_EQ(f.engines[i]->engine.weights_generation(), 2u) << Name(i);
     }
     f.Check();
   }
