@@ -1039,6 +1039,20 @@ TEST(FleetServe, AFleetOfTwoLayoutsCommitsEachOnItsOwnDigest) {
   f.CheckJournal();
 }
 
+// Adds a fresh one-worker engine (e0's layout, holding the initial weights) as e2 and expects
+// serve's start to refuse it as not holding the digest its layout holds for the label; `why`
+// names what a start that succeeded would mean.
+void JoinFreshEngineRefused(FleetStack& f, const char* why) {
+  fixtures::VllmDoubleOptions fresh;
+  fresh.worker_extension_cls = effects::kWorkerExtensionClass;
+  f.engines.push_back(std::make_unique<fixtures::VllmDouble>(fresh));
+  ASSERT_GT(f.engines.back()->Start(0), 0);
+  auto opened = Service::Open(f.Config());
+  ASSERT_FALSE(opened.ok()) << why;
+  EXPECT_NE(opened.status().message().find("is not the expected"), std::string::npos)
+      << opened.status().ToString();
+}
+
 // Proves a joining engine is held to the digest its weight layout published for the fleet's label
 // even when the only engine of that layout that published it has been TAINTED since: a fresh
 // one-worker engine (rc-0's weights) does not join at rc-1 beside a two-worker member, and says
@@ -1061,14 +1075,8 @@ TEST(FleetServe, AJoinerIsHeldToItsLayoutsDigestOfATaintedEngine) {
   ASSERT_TRUE(f->svc->Shutdown(5000));
   f->svc.reset();
 
-  fixtures::VllmDoubleOptions fresh;  // e0's layout, with the initial weights
-  fresh.worker_extension_cls = effects::kWorkerExtensionClass;
-  f->engines.push_back(std::make_unique<fixtures::VllmDouble>(fresh));
-  ASSERT_GT(f->engines.back()->Start(0), 0);
-  auto refused = Service::Open(f->Config());
-  ASSERT_FALSE(refused.ok()) << "e2 joined rc-1 on other weights than its layout published";
-  EXPECT_NE(refused.status().message().find("is not the expected"), std::string::npos)
-      << refused.status().ToString();
+  ASSERT_NO_FATAL_FAILURE(
+      JoinFreshEngineRefused(*f, "e2 joined rc-1 on other weights than its layout published"));
 
   f->Reopen(f->Retiring(2));
   EXPECT_EQ(BootstrapDigests(*f, "e2").back(), rc1) << "the join was not held to e0's record";
@@ -1095,14 +1103,8 @@ TEST(FleetServe, AJoinerIsHeldToTheDigestAnOpenPlanOfItsLayoutValidated) {
   ASSERT_TRUE(f->svc->Shutdown(5000));
   f->svc.reset();
 
-  fixtures::VllmDoubleOptions fresh;  // e0's layout, with the initial weights
-  fresh.worker_extension_cls = effects::kWorkerExtensionClass;
-  f->engines.push_back(std::make_unique<fixtures::VllmDouble>(fresh));
-  ASSERT_GT(f->engines.back()->Start(0), 0);
-  auto joined = Service::Open(f->Config());
-  ASSERT_FALSE(joined.ok()) << "e2 joined rc-1 beside e0's validated plan, on other weights";
-  EXPECT_NE(joined.status().message().find("is not the expected"), std::string::npos)
-      << joined.status().ToString();
+  ASSERT_NO_FATAL_FAILURE(
+      JoinFreshEngineRefused(*f, "e2 joined rc-1 beside e0's validated plan, on other weights"));
 
   f->engines[0]->ClearFaults();
   f->Reopen(f->Retiring(2));  // e0's plan is driven once serve listens: it publishes rc-1
